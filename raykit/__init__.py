@@ -1,0 +1,40 @@
+"""raykit: NeRF-style training data that is fast, safe and reproducible."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raykit.errors import (
+    CameraError,
+    ConfigError,
+    RaykitError,
+    ResumeError,
+    SourceError,
+    StoreCorruptError,
+    StoreError,
+    StoreNotFoundError,
+    StoreVersionError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CameraError",
+    "ConfigError",
+    "RaykitError",
+    "ResumeError",
+    "SourceError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreNotFoundError",
+    "StoreVersionError",
+    "__version__",
+    "open_store",
+]
+
+
+def open_store(path_or_url: str, **kwargs: Any) -> Any:
+    """Open a committed ray store from a local path or any fsspec URL (see ``raykit.store.open_store``)."""
+    from raykit.store import open_store as _open_store
+
+    return _open_store(path_or_url, **kwargs)

@@ -1,0 +1,3 @@
+from raykit.cli import main
+
+raise SystemExit(main())

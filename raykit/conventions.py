@@ -1,0 +1,152 @@
+"""The one place where coordinate conventions are converted.
+
+raykit's conventions (see ``docs/conventions.md``):
+
+* integer pixel ``(x, y)`` has its centre at ``(x + 0.5, y + 0.5)`` in COLMAP image coordinates, where
+  ``(0, 0)`` is the top-left corner of the top-left pixel;
+* camera frame is OpenCV: x right, y down, z forward;
+* poses are camera-to-world 4x4 matrices (``c2w``);
+* quaternions are COLMAP's ``(w, x, y, z)``; COLMAP stores world-to-camera ``(qvec, tvec)``.
+
+Every function accepts numpy arrays or torch tensors and returns the same type, vectorised over the
+leading dimensions.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+__all__ = [
+    "OPENGL_TO_OPENCV",
+    "c2w_from_colmap",
+    "colmap_from_c2w",
+    "colmap_pixel_to_opencv",
+    "opencv_pixel_to_colmap",
+    "opencv_to_opengl_c2w",
+    "opengl_to_opencv_c2w",
+    "pixel_centers",
+    "qvec_to_rotmat",
+    "rotmat_to_qvec",
+]
+
+ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+
+# OpenGL/Blender camera axes (x right, y up, z backward) -> OpenCV (x right, y down, z forward).
+# The matrix is its own inverse.
+OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
+
+
+def _like(matrix: np.ndarray, ref: ArrayT) -> ArrayT:
+    if isinstance(ref, torch.Tensor):
+        return torch.as_tensor(matrix, dtype=ref.dtype, device=ref.device)
+    return matrix.astype(ref.dtype if np.issubdtype(ref.dtype, np.floating) else np.float64)
+
+
+def opengl_to_opencv_c2w(c2w: ArrayT) -> ArrayT:
+    """Convert camera-to-world poses from an OpenGL/Blender camera frame to OpenCV.
+
+    Args:
+        c2w: (..., 4, 4) camera-to-world with camera axes x right, y up, z backward.
+
+    Returns:
+        (..., 4, 4) camera-to-world with camera axes x right, y down, z forward (same world frame).
+    """
+    # Flip the camera's y and z axes: right-multiply by diag(1, -1, -1, 1).
+    return c2w @ _like(OPENGL_TO_OPENCV, c2w)
+
+
+def opencv_to_opengl_c2w(c2w: ArrayT) -> ArrayT:
+    """Inverse of :func:`opengl_to_opencv_c2w`: (..., 4, 4) OpenCV c2w -> OpenGL c2w."""
+    return c2w @ _like(OPENGL_TO_OPENCV, c2w)
+
+
+def pixel_centers(pixels: ArrayT) -> ArrayT:
+    """(..., 2) integer pixels ``(x, y)`` -> (..., 2) float COLMAP image coordinates of their centres."""
+    if isinstance(pixels, torch.Tensor):
+        dtype = pixels.dtype if pixels.is_floating_point() else torch.float64
+        return pixels.to(dtype) + 0.5
+    return pixels.astype(np.float64) + 0.5
+
+
+def opencv_pixel_to_colmap(xy: ArrayT) -> ArrayT:
+    """(..., 2) OpenCV image coordinates (pixel centres at integers) -> COLMAP (centres at +0.5)."""
+    return xy + 0.5
+
+
+def colmap_pixel_to_opencv(xy: ArrayT) -> ArrayT:
+    """(..., 2) COLMAP image coordinates -> OpenCV image coordinates (pixel centres at integers)."""
+    return xy - 0.5
+
+
+def qvec_to_rotmat(qvec: ArrayT) -> ArrayT:
+    """(..., 4) unit quaternions ``(w, x, y, z)`` -> (..., 3, 3) rotation matrices.
+
+    The quaternion is normalised first, so slightly denormalised inputs from text files are accepted.
+    """
+    lib = torch if isinstance(qvec, torch.Tensor) else np
+    q = (
+        qvec / lib.linalg.norm(qvec, axis=-1, keepdims=True)
+        if lib is np
+        else qvec / qvec.norm(dim=-1, keepdim=True)
+    )
+    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    rows = [
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ]
+    stack = lib.stack
+    return stack([stack(r, -1) for r in rows], -2)  # type: ignore[no-any-return]
+
+
+def rotmat_to_qvec(rotmat: ArrayT) -> ArrayT:
+    """(..., 3, 3) rotation matrices -> (..., 4) unit quaternions ``(w, x, y, z)`` with ``w >= 0``.
+
+    Uses the eigenvector method (robust near 180-degree rotations).
+    """
+    is_torch = isinstance(rotmat, torch.Tensor)
+    r = rotmat.detach().cpu().double().numpy() if is_torch else np.asarray(rotmat, dtype=np.float64)
+    rxx, ryx, rzx = r[..., 0, 0], r[..., 0, 1], r[..., 0, 2]
+    rxy, ryy, rzy = r[..., 1, 0], r[..., 1, 1], r[..., 1, 2]
+    rxz, ryz, rzz = r[..., 2, 0], r[..., 2, 1], r[..., 2, 2]
+    k = (
+        np.stack(
+            [
+                np.stack([rxx - ryy - rzz, np.zeros_like(rxx), np.zeros_like(rxx), np.zeros_like(rxx)], -1),
+                np.stack([ryx + rxy, ryy - rxx - rzz, np.zeros_like(rxx), np.zeros_like(rxx)], -1),
+                np.stack([rzx + rxz, rzy + ryz, rzz - rxx - ryy, np.zeros_like(rxx)], -1),
+                np.stack([ryz - rzy, rzx - rxz, rxy - ryx, rxx + ryy + rzz], -1),
+            ],
+            -2,
+        )
+        / 3.0
+    )
+    _, vecs = np.linalg.eigh(k)
+    xyzw = vecs[..., :, -1]
+    q = np.stack([xyzw[..., 3], xyzw[..., 0], xyzw[..., 1], xyzw[..., 2]], -1)
+    q = np.where(q[..., :1] < 0, -q, q)
+    if is_torch:
+        return torch.as_tensor(q, dtype=rotmat.dtype, device=rotmat.device)
+    return q  # type: ignore[return-value]
+
+
+def c2w_from_colmap(qvec: np.ndarray, tvec: np.ndarray) -> np.ndarray:
+    """COLMAP world-to-camera ``(qvec (..., 4) wxyz, tvec (..., 3))`` -> (..., 4, 4) float64 c2w."""
+    rot = qvec_to_rotmat(np.asarray(qvec, dtype=np.float64))
+    t = np.asarray(tvec, dtype=np.float64)
+    c2w = np.zeros((*rot.shape[:-2], 4, 4))
+    c2w[..., :3, :3] = np.swapaxes(rot, -1, -2)
+    c2w[..., :3, 3] = -np.einsum("...ji,...j->...i", rot, t)
+    c2w[..., 3, 3] = 1.0
+    return c2w
+
+
+def colmap_from_c2w(c2w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(..., 4, 4) c2w -> COLMAP world-to-camera ``(qvec (..., 4) wxyz, tvec (..., 3))``."""
+    c2w = np.asarray(c2w, dtype=np.float64)
+    rot = np.swapaxes(c2w[..., :3, :3], -1, -2)
+    tvec = -np.einsum("...ij,...j->...i", rot, c2w[..., :3, 3])
+    return rotmat_to_qvec(rot), tvec

@@ -1,0 +1,59 @@
+"""raykit's single error hierarchy.
+
+Every error a caller can trigger derives from :class:`RaykitError` and from the builtin that best
+describes it, so ``except FileNotFoundError`` and ``except RaykitError`` both work.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CameraError",
+    "ConfigError",
+    "RaykitError",
+    "ResumeError",
+    "SourceError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreNotFoundError",
+    "StoreVersionError",
+]
+
+
+class RaykitError(Exception):
+    """Root of every error raised by raykit on purpose."""
+
+
+class CameraError(RaykitError, ValueError):
+    """An invalid camera record: unknown model, wrong parameter count, bad focal length, NaN/inf."""
+
+
+class ConfigError(RaykitError, ValueError):
+    """An invalid option or combination of options."""
+
+
+class StoreError(RaykitError):
+    """Any problem with a ray store."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """The store, its manifest or one of its payload files does not exist."""
+
+
+class StoreCorruptError(StoreError, OSError):
+    """A payload file fails its checksum, is truncated, or contradicts the manifest."""
+
+
+class StoreVersionError(StoreError, ValueError):
+    """The store was written by a newer (or unknown) format version."""
+
+
+class ResumeError(RaykitError, ValueError):
+    """A checkpoint or loader state cannot be resumed here (different store, incompatible settings)."""
+
+
+class SourceError(RaykitError, ValueError):
+    """A capture that cannot be converted. ``problems`` lists every problem found, one line each."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
