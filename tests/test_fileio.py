@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from raykit.fileio import atomic_path, atomic_write_json, sha256_bytes, sha256_file
+
+
+def test_atomic_write_json_round_trip(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "m.json"
+    atomic_write_json(target, {"b": 1, "a": [1, 2]})
+    assert json.loads(target.read_text()) == {"a": [1, 2], "b": 1}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m.json"]
+
+
+def test_failed_write_leaves_no_file(tmp_path: Path) -> None:
+    target = tmp_path / "x.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"partial")
+        raise RuntimeError("crash mid-write")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+
+
+def test_nan_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        atomic_write_json(tmp_path / "n.json", {"x": float("nan")})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hashes_agree(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 5000
+    (tmp_path / "d").write_bytes(data)
+    assert sha256_file(tmp_path / "d") == sha256_bytes(data) == hashlib.sha256(data).hexdigest()
