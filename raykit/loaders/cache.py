@@ -1,0 +1,168 @@
+"""Caches: a bounded LRU of decoded chunks (in memory) and a shared on-disk cache of fetched files.
+
+``ChunkCache`` holds decoded chunks (``RawRays``-like objects with numpy arrays) up to a budget in
+bytes and counts hits, misses and evictions. ``DiskCache`` keeps local copies of remote files in a
+directory that several worker processes share; each file is written under a temporary name and renamed
+(``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from raykit.errors import ConfigError
+from raykit.fileio import atomic_path
+
+__all__ = ["CacheStats", "ChunkCache", "DiskCache", "nbytes_of"]
+
+T = TypeVar("T")
+
+
+def nbytes_of(value: Any) -> int:
+    """Bytes held by ``value``: ``.nbytes`` of an array, or the sum over a dataclass's array fields."""
+    if hasattr(value, "nbytes"):
+        return int(value.nbytes)
+    fields = getattr(value, "__dataclass_fields__", None)
+    if fields is None:
+        raise ConfigError(f"chunk cache: cannot size a {type(value).__name__}; expected arrays")
+    return sum(int(getattr(getattr(value, name), "nbytes", 0)) for name in fields)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of a :class:`ChunkCache` (``bytes`` and ``items`` are current, the rest cumulative)."""
+
+    hits: int
+    misses: int
+    evictions: int
+    bytes: int
+    items: int
+    capacity: int
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "bytes": self.bytes,
+            "items": self.items,
+            "capacity": self.capacity,
+            "hit_rate": self.hit_rate,
+        }
+
+
+class ChunkCache(Generic[T]):
+    """Thread-safe LRU of decoded chunks, bounded by ``capacity`` bytes.
+
+    A value larger than the whole capacity is returned but not kept. ``capacity=0`` keeps nothing.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ConfigError(f"chunk cache: expected capacity >= 0 bytes, got {capacity}")
+        self.capacity = int(capacity)
+        self._items: OrderedDict[Hashable, tuple[T, int]] = OrderedDict()
+        self._bytes = 0
+        self._hits = self._misses = self._evictions = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> T | None:
+        """The cached value (now most recently used), or ``None``; counts a hit or a miss."""
+        with self._lock:
+            entry = self._items.get(key)
+            if entry is None:
+                self._misses += 1
+                return None
+            self._items.move_to_end(key)
+            self._hits += 1
+            return entry[0]
+
+    def put(self, key: Hashable, value: T) -> None:
+        """Keep ``value`` under ``key``, evicting least recently used values to stay within budget."""
+        size = nbytes_of(value)
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if size > self.capacity:
+                return
+            while self._bytes + size > self.capacity:
+                _, (_, evicted) = self._items.popitem(last=False)
+                self._bytes -= evicted
+                self._evictions += 1
+            self._items[key] = (value, size)
+            self._bytes += size
+
+    def get_or_load(self, key: Hashable, load: Callable[[], T]) -> T:
+        """The cached value, or ``load()`` (then cached)."""
+        value = self.get(key)
+        if value is None:
+            value = load()
+            self.put(key, value)
+        return value
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                self._hits, self._misses, self._evictions, self._bytes, len(self._items), self.capacity
+            )
+
+
+class DiskCache:
+    """A directory of local copies of remote files, shared by processes, each filled atomically.
+
+    Args:
+        root: cache directory (created on demand).
+        fetch: ``fetch(url) -> bytes``; called on a miss.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], fetch: Callable[[str], bytes]) -> None:
+        self.root = Path(root)
+        self._fetch = fetch
+        self.hits = 0
+        self.misses = 0
+
+    def path_for(self, url: str) -> Path:
+        """Local path of ``url``'s copy: a hash of the URL plus its file name, for readability."""
+        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+        name = url.rstrip("/").rsplit("/", 1)[-1] or "file"
+        return self.root / f"{digest}-{name}"
+
+    def get(self, url: str) -> Path:
+        """The local copy of ``url``, fetched first if no process has done so yet."""
+        path = self.path_for(url)
+        if path.exists():
+            self.hits += 1
+            return path
+        self.misses += 1
+        data = self._fetch(url)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+        return path
+
+    def read(self, url: str) -> bytes:
+        return self.get(url).read_bytes()

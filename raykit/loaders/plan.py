@@ -1,0 +1,228 @@
+"""The sampling plan: which rays batch ``k`` of epoch ``e`` holds, as a pure function.
+
+Vocabulary. A split holds ``n_rays`` rays in ``n_chunks`` chunks of ``chunk_rays`` rays (the last chunk
+may be shorter); the ray with *ray id* ``i`` is ray ``i % chunk_rays`` of chunk ``i // chunk_rays``.
+
+One epoch, for one rank:
+
+1. The chunks are laid end to end in a seeded per-epoch order (``chunk_order``), giving a virtual
+   sequence of ``n_rays`` *positions*.
+2. The sequence is cut into ``world_size`` contiguous *shares* whose lengths differ by at most one ray
+   (``share``); rank ``r`` reads only the chunks that overlap its share.
+3. Each share is cut into *windows* of ``mix_chunks * chunk_rays`` positions (the mixing buffer); the
+   rays of a window are permuted by a seeded permutation (``window_permutation``).
+4. Batch ``k`` is positions ``[k * batch_size, (k + 1) * batch_size)`` of the permuted share.
+
+Every rank has the same number of batches (``n_batches``). With ``drop_last=True`` every batch has
+exactly ``batch_size`` rays and the last ``share - n_batches * batch_size`` rays of each rank's
+permuted share (fewer than ``batch_size``) are skipped this epoch. With ``drop_last=False`` every ray
+of the split is used exactly once per epoch: the last batch of a rank holds what remains of its share,
+which is at most ``batch_size + 1`` rays (one more than ``batch_size`` only on ranks whose share is one
+ray longer than the shortest share).
+
+Nothing here depends on how chunks are read, on worker counts or on the store backend, so the batches
+are identical for any ``num_workers`` and for a Zarr store and its WebDataset copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from raykit.errors import ConfigError
+
+__all__ = ["SamplingPlan", "reference_epoch_ray_ids"]
+
+# Stream tags that keep the seeded generators of different purposes independent.
+_TAG_CHUNKS = 0
+_TAG_WINDOW = 1
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """Where every batch's rays come from, for one rank of one split.
+
+    Attributes:
+        n_rays: rays in the split.
+        chunk_rays: rays per chunk (the last chunk may be shorter).
+        batch_size: rays per batch.
+        seed: seed of every random choice.
+        shuffle: permute chunks and mix rays; ``False`` reads the split in stored order.
+        drop_last: see the module docstring.
+        mix_chunks: mixing-buffer size, in chunks.
+        world_size: number of ranks sharing the split.
+        rank: this rank, in ``[0, world_size)``.
+    """
+
+    n_rays: int
+    chunk_rays: int
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = True
+    mix_chunks: int = 8
+    world_size: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_rays", "chunk_rays", "batch_size", "mix_chunks", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"sampling plan: expected {name} a positive integer, got {value!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"sampling plan: expected rank in [0, {self.world_size}), got {self.rank}")
+        if self.seed < 0:
+            raise ConfigError(f"sampling plan: expected seed >= 0, got {self.seed}")
+        shortest = self.n_rays // self.world_size
+        if self.drop_last and shortest < self.batch_size:
+            raise ConfigError(
+                f"sampling plan: expected at least batch_size={self.batch_size} rays per rank with "
+                f"drop_last, got {shortest} ({self.n_rays} rays over {self.world_size} ranks)"
+            )
+        if shortest < 1:
+            raise ConfigError(f"sampling plan: expected at least one ray per rank, got {self.n_rays} rays")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def n_chunks(self) -> int:
+        return math.ceil(self.n_rays / self.chunk_rays)
+
+    @property
+    def window_rays(self) -> int:
+        return self.mix_chunks * self.chunk_rays
+
+    @property
+    def share(self) -> tuple[int, int]:
+        """``(start, stop)`` of this rank's share, in positions of the epoch's virtual sequence."""
+        base, extra = divmod(self.n_rays, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return start, start + base + (self.rank < extra)
+
+    @property
+    def share_rays(self) -> int:
+        start, stop = self.share
+        return stop - start
+
+    @property
+    def n_batches(self) -> int:
+        """Batches per epoch; the same on every rank."""
+        shortest = self.n_rays // self.world_size
+        if self.drop_last:
+            return shortest // self.batch_size
+        return math.ceil(shortest / self.batch_size)
+
+    @property
+    def epoch_rays(self) -> int:
+        """Rays this rank yields per epoch."""
+        if self.drop_last:
+            return self.n_batches * self.batch_size
+        return self.share_rays
+
+    @property
+    def n_windows(self) -> int:
+        return math.ceil(self.epoch_rays / self.window_rays) if self.epoch_rays else 0
+
+    # ---- batches and windows -----------------------------------------------------------------
+    def batch_span(self, k: int) -> tuple[int, int]:
+        """``(start, stop)`` of batch ``k`` in positions of the permuted share."""
+        if not 0 <= k < self.n_batches:
+            raise ConfigError(f"sampling plan: expected batch index in [0, {self.n_batches}), got {k}")
+        start = k * self.batch_size
+        if k == self.n_batches - 1 and not self.drop_last:
+            return start, self.share_rays
+        return start, start + self.batch_size
+
+    def window_span(self, j: int) -> tuple[int, int]:
+        """``(start, stop)`` of window ``j`` in positions of the share (before and after mixing)."""
+        start = j * self.window_rays
+        return start, min(start + self.window_rays, self.share_rays)
+
+    def chunk_order(self, epoch: int) -> np.ndarray:
+        """(n_chunks,) int64: the chunks of ``epoch`` in reading order (shared by all ranks)."""
+        if not self.shuffle:
+            return np.arange(self.n_chunks, dtype=np.int64)
+        rng = np.random.default_rng([self.seed, epoch, _TAG_CHUNKS])
+        return rng.permutation(self.n_chunks).astype(np.int64)
+
+    def chunk_sizes(self, order: np.ndarray) -> np.ndarray:
+        """(len(order),) int64: rays in each chunk of ``order``."""
+        last = self.n_rays - (self.n_chunks - 1) * self.chunk_rays
+        return np.where(order == self.n_chunks - 1, last, self.chunk_rays).astype(np.int64)
+
+    def window_segments(self, epoch: int, j: int) -> list[tuple[int, int, int]]:
+        """The pieces of chunks that window ``j`` covers, in order: ``(chunk, lo, hi)`` ray offsets."""
+        order = self.chunk_order(epoch)
+        starts = np.concatenate([[0], np.cumsum(self.chunk_sizes(order))])
+        w_start, w_stop = self.window_span(j)
+        lo_pos, hi_pos = self.share[0] + w_start, self.share[0] + w_stop
+        first = int(np.searchsorted(starts, lo_pos, side="right")) - 1
+        segments = []
+        for slot in range(first, len(order)):
+            c_start, c_stop = int(starts[slot]), int(starts[slot + 1])
+            if c_start >= hi_pos:
+                break
+            lo, hi = max(lo_pos, c_start) - c_start, min(hi_pos, c_stop) - c_start
+            segments.append((int(order[slot]), lo, hi))
+        return segments
+
+    def window_permutation(self, epoch: int, j: int) -> np.ndarray:
+        """(window length,) int64: position ``q`` of the mixed window holds unmixed position ``perm[q]``."""
+        start, stop = self.window_span(j)
+        if not self.shuffle:
+            return np.arange(stop - start, dtype=np.int64)
+        key = [self.seed, epoch, _TAG_WINDOW, self.world_size, self.rank, j]
+        return np.random.default_rng(key).permutation(stop - start).astype(np.int64)
+
+    def window_ray_ids(self, epoch: int, j: int) -> np.ndarray:
+        """(window length,) int64: ray ids of window ``j`` after mixing."""
+        ids = [c * self.chunk_rays + np.arange(lo, hi) for c, lo, hi in self.window_segments(epoch, j)]
+        return np.concatenate(ids)[self.window_permutation(epoch, j)]
+
+    def batch_windows(self, k: int) -> list[tuple[int, int, int]]:
+        """The pieces of windows batch ``k`` covers: ``(window, lo, hi)`` offsets in the mixed window."""
+        start, stop = self.batch_span(k)
+        pieces = []
+        for j in range(start // self.window_rays, (stop - 1) // self.window_rays + 1):
+            w_start, w_stop = self.window_span(j)
+            pieces.append((j, max(start, w_start) - w_start, min(stop, w_stop) - w_start))
+        return pieces
+
+    def batch_ray_ids(self, epoch: int, k: int) -> np.ndarray:
+        """(batch length,) int64: ray ids of batch ``k`` of ``epoch``, in batch order."""
+        parts = [self.window_ray_ids(epoch, j)[lo:hi] for j, lo, hi in self.batch_windows(k)]
+        return np.concatenate(parts)
+
+    # ---- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingPlan:
+        return cls(**d)
+
+
+def reference_epoch_ray_ids(plan: SamplingPlan, epoch: int) -> list[np.ndarray]:
+    """Simple twin of :meth:`SamplingPlan.batch_ray_ids`: every batch of ``epoch``, built ray by ray.
+
+    Returns:
+        ``n_batches`` int64 arrays of ray ids.
+    """
+    sequence = []
+    for chunk in plan.chunk_order(epoch).tolist():
+        size = min(plan.chunk_rays, plan.n_rays - chunk * plan.chunk_rays)
+        sequence.extend(chunk * plan.chunk_rays + offset for offset in range(size))
+    start, stop = plan.share
+    share = sequence[start:stop]
+    mixed: list[int] = []
+    for j in range(math.ceil(len(share) / plan.window_rays)):
+        window = share[j * plan.window_rays : (j + 1) * plan.window_rays]
+        mixed.extend(window[q] for q in plan.window_permutation(epoch, j).tolist())
+    batches = []
+    for k in range(plan.n_batches):
+        lo = k * plan.batch_size
+        hi = len(mixed) if (k == plan.n_batches - 1 and not plan.drop_last) else lo + plan.batch_size
+        batches.append(np.asarray(mixed[lo:hi], dtype=np.int64))
+    return batches

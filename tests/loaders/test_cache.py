@@ -1,0 +1,82 @@
+"""Chunk LRU cache (bytes budget, counters) and the shared on-disk cache."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raykit.errors import ConfigError
+from raykit.loaders.cache import ChunkCache, DiskCache
+from raykit.store.schema import RawRays
+
+
+def _raw(n: int) -> RawRays:
+    return RawRays(np.zeros((n, 4), np.uint8), np.zeros(n, np.uint32))
+
+
+def test_lru_respects_budget_and_counts() -> None:
+    cache: ChunkCache[RawRays] = ChunkCache(capacity=3 * 80)  # three chunks of 10 rays (8 B/ray)
+    for key in range(3):
+        cache.put(key, _raw(10))
+    assert cache.get(0) is not None  # 0 becomes most recent
+    cache.put(3, _raw(10))  # evicts 1
+    assert 1 not in cache and 0 in cache and 3 in cache
+    assert cache.get(1) is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.evictions, stats.items, stats.bytes) == (1, 1, 1, 3, 240)
+    assert stats.bytes <= stats.capacity and stats.to_dict()["hit_rate"] == 0.5
+
+
+def test_oversized_and_zero_capacity_keep_nothing() -> None:
+    cache: ChunkCache[RawRays] = ChunkCache(capacity=50)
+    loaded = cache.get_or_load("big", lambda: _raw(10))
+    assert len(loaded) == 10 and len(cache) == 0
+    zero: ChunkCache[RawRays] = ChunkCache(0)
+    zero.put(1, _raw(1))
+    assert len(zero) == 0
+    with pytest.raises(ConfigError):
+        ChunkCache(-1)
+
+
+def test_get_or_load_loads_once() -> None:
+    calls = []
+    cache: ChunkCache[RawRays] = ChunkCache(1000)
+    for _ in range(3):
+        cache.get_or_load("k", lambda: calls.append(1) or _raw(5))
+    assert len(calls) == 1 and cache.stats().hits == 2
+
+
+def test_threads_never_exceed_budget() -> None:
+    cache: ChunkCache[RawRays] = ChunkCache(capacity=800)
+
+    def work(offset: int) -> None:
+        for i in range(200):
+            cache.get_or_load((offset + i) % 37, lambda: _raw(7))
+            assert cache.stats().bytes <= 800
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = cache.stats()
+    assert stats.bytes == sum(56 for _ in range(stats.items)) and stats.hits + stats.misses == 800
+
+
+def test_disk_cache_fetches_once_and_atomically(tmp_path: Path) -> None:
+    fetched = []
+
+    def fetch(url: str) -> bytes:
+        fetched.append(url)
+        return url.encode() * 3
+
+    first = DiskCache(tmp_path / "c", fetch)
+    second = DiskCache(tmp_path / "c", fetch)  # another process sharing the directory
+    path = first.get("http://h/x/shard-0.tar")
+    assert path.read_bytes() == b"http://h/x/shard-0.tar" * 3
+    assert second.read("http://h/x/shard-0.tar") == path.read_bytes()
+    assert fetched == ["http://h/x/shard-0.tar"] and second.hits == 1
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [path.name]  # no temporary files left
