@@ -1,0 +1,274 @@
+"""Ray batches and the loader's hot path: (image, pixel) -> world-frame rays.
+
+:class:`RayGenerator` keeps, on the target device, one packed row per image (rotation, origin, near,
+far, intrinsics) and, when any camera is distorted, one concatenated direction lookup table of all
+cameras. A batch then costs one gather per ray plus a few element-wise ops, whatever the model.
+:meth:`RayGenerator.reference_generate` is the simple twin (a loop over images calling
+:func:`raykit.cameras.pixels_to_rays`) that tests compare against.
+
+Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from raykit.cameras import Camera, direction_lut, pixels_to_rays
+from raykit.errors import CameraError
+
+__all__ = ["RayBatch", "RayGenerator", "Rays"]
+
+Tensor = torch.Tensor
+
+# Columns of the packed per-image float table.
+_ROT, _ORIGIN, _NEAR, _FAR, _FOCAL, _PP = slice(0, 9), slice(9, 12), 12, 13, slice(14, 16), slice(16, 18)
+_TABLE_COLS = 18
+
+
+@dataclass
+class RayBatch:
+    """A batch of rays with their pixels' colours.
+
+    Attributes:
+        origins: (N, 3) world-frame ray origins.
+        directions: (N, 3) unit world-frame directions.
+        rgb: (N, 3) float colours in [0, 1] (straight, not premultiplied by alpha).
+        alpha: (N,) float coverage in [0, 1], or None for opaque images.
+        image: (N,) int64 row index into the store's camera/image table.
+        pixel: (N, 2) int64 integer pixels ``(x, y)``.
+        near: (N,) near bounds (distance along the unit ray).
+        far: (N,) far bounds.
+        z_scale: (N,) camera-frame z of the unit direction (``depth_z = t * z_scale``).
+    """
+
+    origins: Tensor
+    directions: Tensor
+    rgb: Tensor
+    alpha: Tensor | None
+    image: Tensor
+    pixel: Tensor
+    near: Tensor
+    far: Tensor
+    z_scale: Tensor
+
+    def __len__(self) -> int:
+        return int(self.origins.shape[0])
+
+    def _map(self, fn: Any) -> RayBatch:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RayBatch(**{k: None if v is None else fn(v) for k, v in values.items()})  # type: ignore[arg-type]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RayBatch:
+        """A copy with every tensor on ``device`` (``non_blocking`` for pinned host memory)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> RayBatch:
+        """A copy in page-locked host memory (for asynchronous host-to-GPU copies)."""
+        return self._map(lambda t: t.pin_memory())
+
+    def __getitem__(self, index: slice | Tensor) -> RayBatch:
+        """The sub-batch selected by a slice, an index tensor or a bool mask."""
+        return self._map(lambda t: t[index])
+
+    def composite(self, background: Tensor | Sequence[float]) -> Tensor:
+        """(N, 3) colours over ``background`` (3,): ``rgb * alpha + background * (1 - alpha)``.
+
+        Returns ``rgb`` unchanged when there is no alpha.
+        """
+        if self.alpha is None:
+            return self.rgb
+        bg = torch.as_tensor(background, dtype=self.rgb.dtype, device=self.rgb.device)
+        a = self.alpha[:, None].to(self.rgb.dtype)
+        return self.rgb * a + bg * (1.0 - a)
+
+
+class Rays(NamedTuple):
+    """Output of :meth:`RayGenerator.generate`; unpacks as a 5-tuple."""
+
+    origins: Tensor
+    directions: Tensor
+    z_scale: Tensor
+    near: Tensor
+    far: Tensor
+
+
+def _per_image(name: str, values: Any, n_images: int) -> np.ndarray:
+    arr = np.broadcast_to(np.asarray(values, dtype=np.float64), (n_images,))
+    if not np.isfinite(arr).all():
+        raise CameraError(f"RayGenerator: {name} must be finite")
+    return arr
+
+
+class RayGenerator:
+    """Vectorised (image, pixel) -> world-frame rays for a fixed set of images.
+
+    Args:
+        cameras: (C) cameras.
+        camera_index: (I,) int camera row of each image.
+        c2w: (I, 4, 4) camera-to-world poses (OpenCV camera frame), numpy or torch.
+        near: (I,) or scalar near bound per image.
+        far: (I,) or scalar far bound per image.
+        device: where rays are generated.
+        dtype: float dtype of the rays.
+        pixel_offset: (I,) or (I + 1,) int first global pixel id of each image; default: the running
+            sum of ``W * H`` in image order (``pid = pixel_offset[image] + y * W + x``).
+
+    Raises:
+        CameraError: inconsistent shapes or camera indices.
+    """
+
+    def __init__(
+        self,
+        cameras: Sequence[Camera],
+        camera_index: Any,
+        c2w: Any,
+        near: Any,
+        far: Any,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        pixel_offset: Any = None,
+    ) -> None:
+        self.cameras = tuple(cameras)
+        self.device, self.dtype = torch.device(device), dtype
+        cam_idx = np.asarray(camera_index, dtype=np.int64).reshape(-1)
+        n_images = len(cam_idx)
+        poses = np.asarray(c2w.cpu() if isinstance(c2w, Tensor) else c2w, dtype=np.float64)
+        if poses.shape != (n_images, 4, 4):
+            raise CameraError(f"RayGenerator: expected c2w of shape ({n_images}, 4, 4), got {poses.shape}")
+        if n_images and (cam_idx.min() < 0 or cam_idx.max() >= len(self.cameras)):
+            raise CameraError(f"RayGenerator: camera_index outside [0, {len(self.cameras)})")
+        self.camera_index = cam_idx
+        self.c2w = poses
+        self.near = _per_image("near", near, n_images)
+        self.far = _per_image("far", far, n_images)
+        sizes = np.array([(c.width, c.height) for c in self.cameras], dtype=np.int64).reshape(-1, 2)
+        self.widths = sizes[cam_idx, 0] if n_images else np.zeros(0, np.int64)
+        self.heights = sizes[cam_idx, 1] if n_images else np.zeros(0, np.int64)
+        self.pixel_offset = self._pixel_offsets(pixel_offset, n_images)
+        used = sorted(set(cam_idx.tolist()))
+        self.uses_lut = any(not self.cameras[c].is_pinhole for c in used)
+        self._table = torch.as_tensor(self._float_table(), device=self.device).to(dtype)
+        self._lut, lut_offset = self._build_lut(used)
+        ints = np.stack((lut_offset[cam_idx] if n_images else self.widths, self.widths), -1)
+        self._int_table = torch.as_tensor(ints.reshape(-1, 2), dtype=torch.int64, device=self.device)
+        self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
+        self._widths_t = torch.as_tensor(self.widths, device=self.device)
+
+    def _pixel_offsets(self, pixel_offset: Any, n_images: int) -> np.ndarray:
+        counts = self.widths * self.heights
+        if pixel_offset is None:
+            return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        offsets = np.asarray(pixel_offset, dtype=np.int64).reshape(-1)
+        if len(offsets) == n_images:
+            offsets = np.concatenate((offsets, [offsets[-1] + counts[-1]] if n_images else [0]))
+        if len(offsets) != n_images + 1 or np.any(offsets[1:] - offsets[:-1] < counts):
+            raise CameraError("RayGenerator: pixel_offset must give each image at least W * H ids, in order")
+        return offsets
+
+    def _float_table(self) -> np.ndarray:
+        table = np.zeros((len(self.camera_index), _TABLE_COLS))
+        table[:, _ROT] = self.c2w[:, :3, :3].reshape(-1, 9)
+        table[:, _ORIGIN] = self.c2w[:, :3, 3]
+        table[:, _NEAR], table[:, _FAR] = self.near, self.far
+        for row, c in enumerate(self.camera_index):
+            table[row, _FOCAL] = self.cameras[c].focal
+            table[row, _PP] = self.cameras[c].principal_point
+        return table
+
+    def _build_lut(self, used: list[int]) -> tuple[Tensor, np.ndarray]:
+        offsets = np.zeros(len(self.cameras), dtype=np.int64)
+        if not self.uses_lut:
+            return torch.zeros((0, 3), dtype=self.dtype, device=self.device), offsets
+        parts, total = [], 0
+        for c in used:
+            offsets[c] = total
+            lut = direction_lut(self.cameras[c], self.dtype, self.device).reshape(-1, 3)
+            parts.append(lut)
+            total += lut.shape[0]
+        return torch.cat(parts, 0), offsets
+
+    @property
+    def n_images(self) -> int:
+        return len(self.camera_index)
+
+    def _check(self, image: Tensor, pixel: Tensor) -> None:
+        if image.numel() == 0:
+            return
+        if int(image.min()) < 0 or int(image.max()) >= self.n_images:
+            raise CameraError(f"RayGenerator: image index outside [0, {self.n_images})")
+        w = self._widths_t[image]
+        h = torch.as_tensor(self.heights, device=self.device)[image]
+        if bool(((pixel < 0).any(-1) | (pixel[:, 0] >= w) | (pixel[:, 1] >= h)).any()):
+            raise CameraError("RayGenerator: pixel outside its image")
+
+    def generate(self, image: Tensor, pixel: Tensor, check: bool = False) -> Rays:
+        """World-frame rays through the centres of the given pixels.
+
+        Args:
+            image: (N,) int image indices (rows of ``c2w``).
+            pixel: (N, 2) int pixels ``(x, y)``.
+            check: validate indices first (costs a device sync); off in the hot path.
+
+        Returns:
+            :class:`Rays` ``(origins (N, 3), directions (N, 3) unit, z_scale (N,), near (N,), far (N,))``.
+        """
+        image = image.to(self.device, torch.int64, non_blocking=True)
+        pixel = pixel.to(self.device, torch.int64, non_blocking=True)
+        if check:
+            self._check(image, pixel)
+        row = self._table.index_select(0, image)
+        rot = row[:, _ROT].view(-1, 3, 3)
+        if self.uses_lut:
+            meta = self._int_table.index_select(0, image)
+            flat = meta[:, 0] + pixel[:, 1] * meta[:, 1] + pixel[:, 0]
+            d_cam = self._lut.index_select(0, flat)
+            directions = torch.bmm(rot, d_cam.unsqueeze(-1)).squeeze(-1)
+            z_scale = d_cam[:, 2]
+        else:
+            # Pixel centres: (x + 0.5, y + 0.5); normalised (u, v) = (centre - c) / f; ray (u, v, 1).
+            uv = (pixel.to(self.dtype) + 0.5 - row[:, _PP]) / row[:, _FOCAL]
+            z_scale = torch.rsqrt(uv.square().sum(-1) + 1.0)
+            unnorm = torch.baddbmm(rot[:, :, 2:], rot[:, :, :2], uv.unsqueeze(-1)).squeeze(-1)
+            directions = unnorm * z_scale[:, None]
+        return Rays(row[:, _ORIGIN], directions, z_scale, row[:, _NEAR], row[:, _FAR])
+
+    def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
+        """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
+        pid = pid.to(self.device).to(torch.int64)
+        image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
+        local = pid - self._offsets_t[image]
+        w = self._widths_t[image]
+        y = torch.div(local, w, rounding_mode="floor")
+        return image, torch.stack((local - y * w, y), dim=-1)
+
+    def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
+        """(N,) global pixel ids -> ``(image (N,), pixel (N, 2), rays)``; see :meth:`generate`."""
+        if check and pid.numel() and (int(pid.min()) < 0 or int(pid.max()) >= int(self.pixel_offset[-1])):
+            raise CameraError(f"RayGenerator: pixel id outside [0, {int(self.pixel_offset[-1])})")
+        image, pixel = self.decode_pids(pid)
+        return image, pixel, self.generate(image, pixel, check=check)
+
+    def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:
+        """Simple twin of :meth:`generate`: a loop over images calling ``pixels_to_rays``."""
+        image = image.to(self.device, torch.int64)
+        pixel = pixel.to(self.device, torch.int64)
+        self._check(image, pixel)
+        n = image.shape[0]
+        out = {k: torch.zeros(s, dtype=self.dtype, device=self.device) for k, s in _shapes(n).items()}
+        for i in torch.unique(image).tolist():
+            mask = image == i
+            cam = self.cameras[int(self.camera_index[i])]
+            pose = torch.as_tensor(self.c2w[i], dtype=self.dtype, device=self.device)
+            o, d, z = pixels_to_rays(cam, pose, pixel[mask], dtype=self.dtype)
+            out["origins"][mask], out["directions"][mask], out["z_scale"][mask] = o, d, z
+            out["near"][mask], out["far"][mask] = float(self.near[i]), float(self.far[i])
+        return Rays(**out)
+
+
+def _shapes(n: int) -> dict[str, tuple[int, ...]]:
+    return {"origins": (n, 3), "directions": (n, 3), "z_scale": (n,), "near": (n,), "far": (n,)}
