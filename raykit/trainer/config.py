@@ -1,0 +1,142 @@
+"""Training configuration: one frozen dataclass whose fields generate the command-line flags.
+
+Each field's ``metadata["help"]`` is its flag's help text; ``store`` is the positional argument and
+``--out`` is required. ``add_arguments(parser)`` builds the flags, ``from_args(args)`` reads them
+back, and ``to_dict``/``from_dict`` round-trip the JSON saved in every run directory and checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from raykit.errors import ConfigError
+
+__all__ = ["SAMPLERS", "TrainConfig", "add_arguments", "from_args"]
+
+SAMPLERS = ("stratified", "hierarchical", "occupancy")
+_POSITIONAL = ("store",)
+_REQUIRED = ("out",)
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run (with the store's content and the raykit version)."""
+
+    store: str = _opt("", "ray store path or URL")
+    out: str = _opt("", "run directory (created; holds config, logs, checkpoints, eval.json, renders)")
+    sampler: str = _opt("occupancy", "sampling strategy along rays", choices=SAMPLERS)
+    steps: int = _opt(5000, "optimisation steps (upper bound when --max-seconds is given)")
+    max_seconds: float | None = _opt(None, "training time budget in seconds; training stops, then evaluates")
+    batch_size: int = _opt(4096, "rays per step (per process under torchrun)")
+    lr: float = _opt(1e-2, "Adam learning rate at step 0")
+    lr_final: float = _opt(1e-3, "learning rate reached at the last step (exponential decay)")
+    seed: int = _opt(0, "seed for initialisation, the loader order and sample jitter")
+    background: str = _opt("white", "background colour: white, black or R,G,B in [0, 1]")
+    aabb: str = _opt("auto", "scene box XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX, or auto (from the store)")
+    train_split: str = _opt("train", "split trained on")
+    eval_splits: str = _opt("test", "comma-separated splits evaluated at the end")
+    n_samples: int = _opt(64, "stratified: samples per ray")
+    hier_coarse: int = _opt(32, "hierarchical: coarse samples per ray (density only, no gradient)")
+    hier_fine: int = _opt(32, "hierarchical: fine samples per ray drawn by inverse CDF")
+    hier_anneal_steps: int = _opt(300, "hierarchical: steps over which the uniform share decays")
+    hier_uniform: float = _opt(0.1, "hierarchical: final uniform share of the fine-sample distribution")
+    occ_resolution: int = _opt(64, "occupancy: grid cells per axis")
+    occ_update_every: int = _opt(16, "occupancy: steps between grid refreshes")
+    occ_threshold: float = _opt(0.01, "occupancy: opacity per step below which a cell is empty")
+    march_steps: int = _opt(256, "occupancy: marching steps across the scene box diagonal")
+    early_stop_eps: float = _opt(1e-4, "occupancy: drop samples behind this transmittance (0: keep)")
+    levels: int = _opt(4, "field: grid levels")
+    base_resolution: int = _opt(16, "field: coarsest grid resolution")
+    max_resolution: int = _opt(128, "field: finest grid resolution")
+    features: int = _opt(4, "field: features per grid level")
+    hidden: int = _opt(64, "field: MLP width")
+    log_every: int = _opt(50, "steps between log.jsonl records")
+    ckpt_every: int = _opt(500, "steps between checkpoints (a crash loses at most this many)")
+    keep_checkpoints: int = _opt(2, "checkpoints kept on disk")
+    eval_chunk: int = _opt(8192, "rays per forward pass when rendering full images")
+    eval_max_images: int | None = _opt(None, "evaluate at most this many images per split")
+    num_workers: int = _opt(0, "loader worker processes")
+    device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
+    mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")
+    threads: int | None = _opt(None, "torch CPU threads (default: torch's choice)")
+    resume: bool = _opt(False, "continue from the latest checkpoint in --out")
+    force: bool = _opt(False, "resume even if the store fingerprint differs from the checkpoint's")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.sampler not in SAMPLERS:
+            problems.append(f"sampler: expected one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        for name in ("steps", "batch_size", "n_samples", "hier_coarse", "hier_fine", "occ_resolution"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
+        for name in ("log_every", "ckpt_every", "occ_update_every", "march_steps", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.lr_final <= 0:
+            problems.append(f"lr, lr_final: expected > 0, got {self.lr}, {self.lr_final}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            problems.append(f"max_seconds: expected > 0, got {self.max_seconds}")
+        if problems:
+            raise ConfigError("invalid training config: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown training config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _base_type(annotation: Any) -> type:
+    """``int | None`` -> int; ``float`` -> float."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per :class:`TrainConfig` field (``store`` positional, ``--out`` required)."""
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        kind = _base_type(hints[f.name])
+        help_text = f.metadata["help"]
+        if f.name in _POSITIONAL:
+            parser.add_argument(f.name, help=help_text)
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+            continue
+        kwargs: dict[str, Any] = {"type": kind, "help": help_text, "dest": f.name}
+        if f.name in _REQUIRED:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = f.default
+            kwargs["help"] = f"{help_text} (default: {f.default})"
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(flag, **kwargs)
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` described by parsed arguments (extra attributes are ignored)."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})

@@ -1,0 +1,258 @@
+"""Where to evaluate the field along each ray: stratified, hierarchical (inverse CDF), occupancy grid.
+
+All three return :class:`Samples`: intervals ``[t_start, t_end)`` along each ray, padded ``(N, S)``
+for stratified and hierarchical sampling, packed ``(M,)`` with sorted ``ray_indices`` for the
+occupancy grid (a variable number of samples per ray). ``generator=None`` means deterministic
+(bin midpoints, ``linspace`` quantiles), used for evaluation; a ``torch.Generator`` jitters them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from raykit.trainer.render import render_weight_from_density, render_weight_from_density_packed
+
+__all__ = [
+    "DensityFn",
+    "Samples",
+    "hierarchical_samples",
+    "intervals_from_points",
+    "march_occupied",
+    "ray_aabb_intersect",
+    "reference_sample_pdf",
+    "sample_pdf",
+    "stratified_samples",
+    "uniform_fraction",
+]
+
+DensityFn = Callable[[Tensor], Tensor]
+"""positions (..., 3) -> densities (...,)."""
+
+
+@dataclass
+class Samples:
+    """Intervals along rays. Padded: t_starts/t_ends (N, S), ray_indices None. Packed: (M,) + (M,)."""
+
+    t_starts: Tensor
+    t_ends: Tensor
+    ray_indices: Tensor | None
+    n_rays: int
+
+    @property
+    def n_samples(self) -> int:
+        """Number of intervals with non-zero length (what the field is really asked about)."""
+        return int((self.t_ends > self.t_starts).sum())
+
+
+def ray_aabb_intersect(rays_o: Tensor, rays_d: Tensor, aabb: Tensor) -> tuple[Tensor, Tensor]:
+    """Entry and exit distances of rays through an axis-aligned box.
+
+    Args:
+        rays_o: (N, 3) origins.
+        rays_d: (N, 3) directions.
+        aabb: (6,) ``(xmin, ymin, zmin, xmax, ymax, zmax)``.
+
+    Returns:
+        ``(t_min (N,), t_max (N,))``; ``t_max <= t_min`` where the ray misses the box.
+    """
+    safe_d = torch.where(rays_d.abs() < 1e-12, torch.full_like(rays_d, 1e-12), rays_d)
+    t0 = (aabb[:3] - rays_o) / safe_d
+    t1 = (aabb[3:] - rays_o) / safe_d
+    t_min = torch.minimum(t0, t1).amax(dim=-1)
+    t_max = torch.maximum(t0, t1).amin(dim=-1)
+    return t_min, t_max
+
+
+def intervals_from_points(points: Tensor, near: Tensor, far: Tensor) -> tuple[Tensor, Tensor]:
+    """Contiguous intervals around sorted sample points: boundaries at midpoints, ends at near/far.
+
+    Args:
+        points: (N, S) sorted distances within ``[near, far]``.
+        near: (N,) start of the first interval.
+        far: (N,) end of the last interval.
+
+    Returns:
+        ``(t_starts, t_ends)``, each (N, S), covering ``[near, far]`` without gaps.
+    """
+    mids = 0.5 * (points[:, 1:] + points[:, :-1])
+    t_starts = torch.cat([near[:, None], mids], dim=1)
+    t_ends = torch.cat([mids, far[:, None]], dim=1)
+    return t_starts, t_ends
+
+
+def stratified_samples(
+    near: Tensor, far: Tensor, n_samples: int, generator: torch.Generator | None = None
+) -> Samples:
+    """``n_samples`` jittered points per ray, one in each of ``n_samples`` equal bins of [near, far].
+
+    Args:
+        near: (N,) start distances.
+        far: (N,) end distances (``far <= near`` gives empty intervals).
+        n_samples: S.
+        generator: jitter source; None puts each point at its bin's centre.
+    """
+    n_rays = near.shape[0]
+    far = torch.maximum(far, near)
+    if generator is None:
+        u = torch.full((n_rays, n_samples), 0.5, dtype=near.dtype, device=near.device)
+    else:
+        u = torch.rand((n_rays, n_samples), generator=generator, dtype=near.dtype, device=near.device)
+    bins = torch.arange(n_samples, dtype=near.dtype, device=near.device)
+    fraction = (bins + u) / n_samples
+    points = near[:, None] + (far - near)[:, None] * fraction
+    t_starts, t_ends = intervals_from_points(points, near, far)
+    return Samples(t_starts, t_ends, None, n_rays)
+
+
+def sample_pdf(
+    bins: Tensor, weights: Tensor, n_samples: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """Inverse-CDF sampling of a piecewise-constant density over bins.
+
+    Args:
+        bins: (N, B + 1) sorted bin edges.
+        weights: (N, B) non-negative bin weights (need not sum to one; all-zero means uniform).
+        n_samples: K.
+        generator: None for the ``K`` evenly spaced quantiles ``(k + 0.5) / K``.
+
+    Returns:
+        (N, K) sorted samples within ``[bins[:, 0], bins[:, -1]]``.
+    """
+    n_rays = weights.shape[0]
+    weights = weights + 1e-8
+    pdf = weights / weights.sum(dim=-1, keepdim=True)
+    cdf = torch.cat([torch.zeros_like(pdf[:, :1]), torch.cumsum(pdf, dim=-1)], dim=-1)
+    cdf[:, -1] = 1.0
+    if generator is None:
+        u = (torch.arange(n_samples, dtype=bins.dtype, device=bins.device) + 0.5) / n_samples
+        u = u.expand(n_rays, n_samples).contiguous()
+    else:
+        u = torch.rand((n_rays, n_samples), generator=generator, dtype=bins.dtype, device=bins.device)
+        u, _ = torch.sort(u, dim=-1)
+    upper = torch.searchsorted(cdf, u, right=True).clamp(1, cdf.shape[-1] - 1)
+    lower = upper - 1
+    cdf_lo, cdf_hi = cdf.gather(1, lower), cdf.gather(1, upper)
+    bin_lo, bin_hi = bins.gather(1, lower), bins.gather(1, upper)
+    span = torch.where(cdf_hi - cdf_lo < 1e-12, torch.ones_like(cdf_hi), cdf_hi - cdf_lo)
+    return bin_lo + (u - cdf_lo) / span * (bin_hi - bin_lo)
+
+
+def reference_sample_pdf(bins: Tensor, weights: Tensor, quantiles: Tensor) -> Tensor:
+    """Slow twin of :func:`sample_pdf` for given quantiles (N, K): a linear scan per ray and sample."""
+    out = torch.empty_like(quantiles)
+    for ray in range(weights.shape[0]):
+        w = weights[ray] + 1e-8
+        cdf = [0.0]
+        for value in (w / w.sum()).tolist():
+            cdf.append(cdf[-1] + value)
+        cdf[-1] = 1.0
+        for k, q in enumerate(quantiles[ray].tolist()):
+            b = max(i for i in range(len(cdf) - 1) if cdf[i] <= q)
+            frac = (q - cdf[b]) / (cdf[b + 1] - cdf[b]) if cdf[b + 1] - cdf[b] >= 1e-12 else q - cdf[b]
+            out[ray, k] = bins[ray, b] + frac * (bins[ray, b + 1] - bins[ray, b])
+    return out
+
+
+def uniform_fraction(step: int, anneal_steps: int, final_fraction: float) -> float:
+    """Coarse-to-fine schedule: the share of fine samples drawn uniformly (1 at step 0, then less).
+
+    Decays linearly from 1 to ``final_fraction`` over ``anneal_steps`` steps, then stays there.
+    """
+    if anneal_steps <= 0:
+        return final_fraction
+    progress = min(1.0, step / anneal_steps)
+    return 1.0 + (final_fraction - 1.0) * progress
+
+
+def hierarchical_samples(
+    density_fn: DensityFn,
+    rays_o: Tensor,
+    rays_d: Tensor,
+    near: Tensor,
+    far: Tensor,
+    n_coarse: int,
+    n_fine: int,
+    uniform: float,
+    generator: torch.Generator | None = None,
+) -> Samples:
+    """Coarse stratified pass (densities without gradient), then ``n_fine`` inverse-CDF samples.
+
+    The fine points follow the coarse compositing weights mixed with a uniform share ``uniform``
+    (see :func:`uniform_fraction`), so empty space keeps being visited while the field sharpens.
+
+    Args:
+        density_fn: positions (..., 3) -> densities (...,).
+        rays_o, rays_d: (N, 3) origins and directions.
+        near, far: (N,) the interval sampled.
+        n_coarse: samples in the coarse pass.
+        n_fine: samples returned.
+        uniform: weight of the uniform distribution in the mixture, in [0, 1].
+        generator: jitter source; None for deterministic samples.
+    """
+    coarse = stratified_samples(near, far, n_coarse, generator)
+    with torch.no_grad():
+        t_mid = 0.5 * (coarse.t_starts + coarse.t_ends)
+        sigmas = density_fn(rays_o[:, None, :] + rays_d[:, None, :] * t_mid[..., None])
+        weights = render_weight_from_density(coarse.t_starts, coarse.t_ends, sigmas)[0]
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-8)
+        lengths = coarse.t_ends - coarse.t_starts
+        uniform_pdf = lengths / lengths.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        mixed = (1.0 - uniform) * weights + uniform * uniform_pdf
+        bins = torch.cat([coarse.t_starts, coarse.t_ends[:, -1:]], dim=-1)
+        points = sample_pdf(bins, mixed, n_fine, generator)
+    t_starts, t_ends = intervals_from_points(points, near, torch.maximum(far, near))
+    return Samples(t_starts, t_ends, None, near.shape[0])
+
+
+def march_occupied(
+    rays_o: Tensor,
+    rays_d: Tensor,
+    t_min: Tensor,
+    t_max: Tensor,
+    step_size: float,
+    occupied: Callable[[Tensor], Tensor],
+    generator: torch.Generator | None = None,
+    density_fn: DensityFn | None = None,
+    early_stop_eps: float = 1e-4,
+) -> Samples:
+    """Equal steps along each ray, kept only where the occupancy test passes; packed output.
+
+    Args:
+        rays_o, rays_d: (N, 3) origins and directions.
+        t_min, t_max: (N,) the interval marched (e.g. near/far clipped to the scene box).
+        step_size: interval length.
+        occupied: positions (K, 3) -> (K,) bool.
+        generator: jitters the start of each ray's comb by a fraction of a step; None for none.
+        density_fn: when given, a no-gradient pass drops samples behind which the transmittance has
+            fallen below ``early_stop_eps`` (they would contribute less than that to the pixel).
+    """
+    n_rays = rays_o.shape[0]
+    t_max = torch.maximum(t_max, t_min)
+    longest = float((t_max - t_min).max()) if n_rays else 0.0
+    n_steps = max(1, math.ceil(longest / step_size))
+    shape = (n_rays, 1)
+    if generator is None:
+        offset = torch.full(shape, 0.5, dtype=rays_o.dtype, device=rays_o.device)
+    else:
+        offset = torch.rand(shape, generator=generator, dtype=rays_o.dtype, device=rays_o.device)
+    steps = torch.arange(n_steps, dtype=rays_o.dtype, device=rays_o.device)
+    t_mid = t_min[:, None] + (steps + offset) * step_size
+    keep = t_mid < t_max[:, None]
+    positions = rays_o[:, None, :] + rays_d[:, None, :] * t_mid[..., None]
+    keep[keep.clone()] = occupied(positions[keep])
+    t_mid_packed = t_mid[keep]
+    ray_indices = torch.nonzero(keep, as_tuple=True)[0]
+    t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min[ray_indices])
+    t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max[ray_indices])
+    if density_fn is not None and ray_indices.numel():
+        with torch.no_grad():
+            sigmas = density_fn(positions[keep])
+            _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
+        alive = trans > early_stop_eps
+        t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
+    return Samples(t_starts, t_ends, ray_indices, n_rays)
