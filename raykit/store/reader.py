@@ -1,0 +1,283 @@
+"""Read a committed ray store from a local path or any fsspec URL.
+
+Opening reads ``manifest.json`` and checks the small metadata files (camera table, chunk index, zarr
+metadata) against their recorded SHA-256. Every chunk read checks the CRC-32 of the decoded rays and,
+on first use of a payload file, its size; so corruption raises a ``StoreCorruptError`` naming the file
+instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import torch
+
+from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.store import wds_backend, zarr_backend
+from raykit.store.integrity import chunk_crc32
+from raykit.store.schema import FieldSpec, RawRays, SceneInfo, SplitInfo, check_manifest_header
+from raykit.store.table import CameraTable, ray_generator, read_camera_table
+
+__all__ = ["RayRangeError", "RayStore", "open_store"]
+
+_SMALL = ("cameras.parquet", "index.json")
+
+
+class RayRangeError(StoreError, IndexError):
+    """A split, chunk, ray range or image that the store does not have."""
+
+
+def _normalise(path_or_url: str | Path) -> str:
+    text = str(path_or_url)
+    if "://" in text and not text.startswith("file://"):
+        return text.rstrip("/")
+    return str(Path(text.removeprefix("file://")).resolve())
+
+
+def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
+    """Open the committed store at ``path_or_url`` (a local path or an fsspec URL).
+
+    Raises:
+        StoreNotFoundError: no store there, no manifest (e.g. an incomplete write), or a missing file.
+        StoreVersionError: the store was written by a newer format version.
+        StoreCorruptError: a metadata file fails its checksum (or, with ``verify``, any file).
+    """
+    return RayStore(_normalise(path_or_url), verify=verify)
+
+
+class RayStore:
+    """A committed ray store. See ``docs/format.md``."""
+
+    def __init__(self, url: str, *, verify: bool = False) -> None:
+        self.url = url
+        self._fs, self._root = fsspec.core.url_to_fs(url)
+        self.manifest: dict[str, Any] = self._read_manifest()
+        self.backend: str = self.manifest["backend"]
+        self.fields = FieldSpec.parse_all(self.manifest["fields"], self._where("manifest.json"))
+        self.splits = {k: SplitInfo.from_dict(v) for k, v in self.manifest["splits"].items()}
+        self.scene = SceneInfo.from_dict(self.manifest["scene"])
+        self.fingerprint: str = self.manifest["content_fingerprint"]
+        self._checked: set[str] = set()
+        small = {rel: self._read_checked(rel) for rel in self._metadata_files()}
+        self.cameras: pa.Table = read_camera_table(small["cameras.parquet"], self._where("cameras.parquet"))
+        self.index: dict[str, Any] = json.loads(small["index.json"])
+        self._crc = {k: np.asarray(v["crc32"], dtype=np.int64) for k, v in self.index.items()}
+        self._payload: Any = self._open_payload()
+        self._generators: dict[str, Any] = {}
+        if verify:
+            self.verify_files()
+
+    # -- opening -----------------------------------------------------------------------------------
+    def _where(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def _read_manifest(self) -> dict[str, Any]:
+        where = self._where("manifest.json")
+        try:
+            data = self._fs.cat_file(f"{self._root}/manifest.json")
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(self._no_manifest_message()) from exc
+        try:
+            manifest = json.loads(data)
+        except ValueError as exc:
+            raise StoreCorruptError(f"{where}: not valid JSON: {exc}") from exc
+        if not isinstance(manifest, dict):
+            raise StoreCorruptError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+        check_manifest_header(manifest, where)
+        return manifest
+
+    def _no_manifest_message(self) -> str:
+        if self.url.endswith(".partial") or self._fs.exists(f"{self._root}.partial"):
+            return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
+        if not self._fs.exists(self._root):
+            return f"no such store: {self.url}"
+        return f"not a raykit store (no manifest.json): {self.url}"
+
+    def _metadata_files(self) -> list[str]:
+        return [rel for rel in self.manifest["files"] if rel in _SMALL or rel.endswith("zarr.json")]
+
+    def _read_checked(self, rel: str) -> bytes:
+        expected = self.manifest["files"].get(rel)
+        if expected is None:
+            raise StoreCorruptError(f"{self._where('manifest.json')}: expected an entry for {rel}, not found")
+        try:
+            data = self._fs.cat_file(f"{self._root}/{rel}")
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
+        if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise StoreCorruptError(
+                f"{self._where(rel)}: checksum mismatch (expected {expected['size']} bytes with sha256 "
+                f"{expected['sha256'][:12]}..., got {len(data)} bytes with sha256 "
+                f"{hashlib.sha256(data).hexdigest()[:12]}...)"
+            )
+        self._checked.add(rel)
+        return bytes(data)
+
+    def _open_payload(self) -> Any:
+        if self.backend == "zarr":
+            return zarr_backend.ZarrReader(self.url, self.fields, self.manifest["layout"]["shard_chunks"])
+        if self.backend == "wds":
+            return wds_backend.WdsReader(self.url, self.fields, self.index)
+        raise StoreCorruptError(f"{self._where('manifest.json')}: unknown backend {self.backend!r}")
+
+    def _check_file(self, rel: str) -> None:
+        if rel in self._checked:
+            return
+        expected = self.manifest["files"].get(rel)
+        if expected is None:
+            raise StoreCorruptError(f"{self._where('manifest.json')}: expected an entry for {rel}, not found")
+        try:
+            size = self._fs.size(f"{self._root}/{rel}")
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self._where(rel)}: payload file missing") from exc
+        if size != expected["size"]:
+            raise StoreCorruptError(
+                f"{self._where(rel)}: expected {expected['size']} bytes, got {size} (truncated?)"
+            )
+        self._checked.add(rel)
+
+    def verify_files(self) -> None:
+        """Hash every file listed in the manifest; raise on the first mismatch."""
+        for rel in self.manifest["files"]:
+            self._read_checked(rel)
+
+    # -- metadata ----------------------------------------------------------------------------------
+    @property
+    def world_from_source(self) -> np.ndarray:
+        """(4, 4) similarity from the source frame to the store's world frame."""
+        return self.scene.matrix()
+
+    @cached_property
+    def table(self) -> CameraTable:
+        """The camera table as numpy arrays and ``Camera`` objects."""
+        return CameraTable.from_arrow(self.cameras)
+
+    def images(self, split: str) -> list[str]:
+        """Names of ``split``'s images in table (pid) order."""
+        self._split(split)
+        return [n for n, s in zip(self.table.names, self.table.splits, strict=True) if s == split]
+
+    def _split(self, split: str) -> SplitInfo:
+        if split not in self.splits:
+            raise RayRangeError(f"{self.url}: no split {split!r}; expected one of {sorted(self.splits)}")
+        return self.splits[split]
+
+    # -- raw reads ---------------------------------------------------------------------------------
+    def read_chunk(self, split: str, index: int) -> RawRays:
+        """Chunk ``index`` of ``split``, checked against its recorded CRC-32."""
+        info = self._split(split)
+        if not 0 <= index < info.n_chunks:
+            raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
+        files = self._payload.chunk_files(split, index)
+        for rel in files:
+            self._check_file(rel)
+        values = self._payload.read_chunk(info, index)
+        crc = chunk_crc32(values, list(self.fields))
+        if crc != self._crc[split][index]:
+            raise StoreCorruptError(
+                f"{self._where(files[0])}: chunk {index} of split {split!r} fails its checksum "
+                f"(expected crc32 {int(self._crc[split][index]):08x}, got {crc:08x})"
+            )
+        extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
+        return RawRays(values["rgba"], values["pid"], extra)
+
+    def read(self, split: str, start: int, stop: int) -> RawRays:
+        """Rays ``[start, stop)`` of ``split`` in stored order."""
+        info = self._split(split)
+        if not 0 <= start <= stop <= info.n_rays:
+            raise RayRangeError(
+                f"{self.url}: rays [{start}, {stop}) of split {split!r} outside [0, {info.n_rays}]"
+            )
+        if start == stop:
+            return self._empty()
+        first, last = start // info.chunk_rays, (stop - 1) // info.chunk_rays
+        raw = RawRays.concat([self.read_chunk(split, i) for i in range(first, last + 1)])
+        offset = first * info.chunk_rays
+        return raw.take(np.arange(start - offset, stop - offset))
+
+    def _empty(self) -> RawRays:
+        c = self.fields["rgba"].channels
+        extra = {
+            k: np.zeros((0, 3), dtype=s.dtype) for k, s in self.fields.items() if k not in ("rgba", "pid")
+        }
+        return RawRays(np.zeros((0, c), np.uint8), np.zeros(0, np.uint32), extra)
+
+    # -- rays --------------------------------------------------------------------------------------
+    def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) uint32 pids -> ``(image (N,) int64, pixel (N, 2) int64 (x, y))``."""
+        return self.table.decode(pid)
+
+    def ray_generator(self, device: torch.device | str = "cpu") -> Any:
+        """A ``raykit.rays.RayGenerator`` for this store's images on ``device`` (memoised)."""
+        key = str(torch.device(device))
+        if key not in self._generators:
+            self._generators[key] = ray_generator(
+                self.table, device, near=self.scene.near, far=self.scene.far
+            )
+        return self._generators[key]
+
+    def to_batch(self, raw: RawRays, device: torch.device | str = "cpu") -> Any:
+        """Generate a ``RayBatch`` on ``device`` from compact rays."""
+        from raykit.rays import RayBatch
+
+        generator = self.ray_generator(device)
+        pid = torch.from_numpy(raw.pid.astype(np.int64))
+        image, pixel, rays = generator.generate_from_pids(pid)
+        colour = torch.from_numpy(np.ascontiguousarray(raw.rgba)).to(generator.device)
+        scaled = colour.to(torch.float32) / 255.0
+        return RayBatch(
+            origins=rays.origins,
+            directions=rays.directions,
+            rgb=scaled[:, :3],
+            alpha=scaled[:, 3] if raw.rgba.shape[1] == 4 else None,
+            image=image,
+            pixel=pixel,
+            near=rays.near,
+            far=rays.far,
+            z_scale=rays.z_scale,
+        )
+
+    def image_index(self, name: str) -> int:
+        """Row of image ``name`` in the camera table."""
+        try:
+            return self.table.names.index(name)
+        except ValueError:
+            raise RayRangeError(f"{self.url}: no image named {name!r}") from None
+
+    def image_raw(self, name: str) -> RawRays:
+        """Compact rays of every pixel of image ``name`` in row-major order.
+
+        Evaluation splits read one contiguous range; a shuffled split is scanned chunk by chunk.
+        """
+        i = self.image_index(name)
+        split, start = self.table.splits[i], int(self.table.ray_start[i])
+        n = int(self.table.n_pixels[i])
+        if start >= 0:
+            return self.read(split, start, start + n)
+        lo = int(self.table.pixel_offset[i])
+        parts = []
+        for c in range(self.splits[split].n_chunks):
+            raw = self.read_chunk(split, c)
+            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
+        raw = RawRays.concat(parts)
+        return raw.take(np.argsort(raw.pid, kind="stable"))
+
+    def image_rays(self, name: str, device: torch.device | str = "cpu") -> Any:
+        """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""
+        return self.to_batch(self.image_raw(name), device)
+
+    @property
+    def files(self) -> Mapping[str, Any]:
+        return self.manifest["files"]
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}: {v.n_rays} rays" for k, v in self.splits.items())
+        return f"RayStore({self.url!r}, backend={self.backend!r}, {counts})"

@@ -1,0 +1,307 @@
+"""Metadata of a ray store: format version, scene and split records, image records, pixel ids.
+
+Vocabulary: ``N`` rays, ``I`` images, ``C`` = 3 or 4 colour channels. A ray's pixel identity is one
+``uint32`` global pixel id ``pid = pixel_offset[image] + y * W[image] + x`` where ``image`` is the row
+of ``cameras.parquet`` (images ordered by split, then name) and ``pixel_offset`` is the cumulative
+pixel count of the rows before it. Every split's images are therefore one contiguous pid range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
+
+if TYPE_CHECKING:
+    from raykit.cameras import Camera
+
+__all__ = [
+    "FIELD_ORDER",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MAX_PIXELS",
+    "SPLIT_ORDER",
+    "FieldSpec",
+    "ImageRecord",
+    "RawRays",
+    "SceneInfo",
+    "SplitInfo",
+    "check_manifest_header",
+    "decode_pids",
+    "encode_pids",
+    "split_sort_key",
+]
+
+FORMAT_NAME = "raykit-store"
+FORMAT_VERSION = 1
+SPLIT_ORDER = ("train", "val", "test")
+MAX_PIXELS = 2**32  # pids are uint32
+FIELD_ORDER = ("rgba", "pid", "origins", "directions")  # storage and checksum order of fields
+
+_IDENTITY = tuple(tuple(float(v) for v in row) for row in np.eye(4))
+
+
+def split_sort_key(split: str) -> tuple[int, str]:
+    """Sort key putting ``train``, ``val``, ``test`` first (in that order), then other splits by name."""
+    rank = SPLIT_ORDER.index(split) if split in SPLIT_ORDER else len(SPLIT_ORDER)
+    return rank, split
+
+
+def _matrix4(value: Any, what: str) -> tuple[tuple[float, ...], ...]:
+    array = np.asarray(value, dtype=np.float64)
+    if array.shape != (4, 4) or not np.all(np.isfinite(array)):
+        raise ConfigError(f"{what}: expected a finite 4x4 matrix, got shape {array.shape}")
+    return tuple(tuple(float(v) for v in row) for row in array)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class SceneInfo:
+    """Where the store's world frame comes from, and the scene's extent.
+
+    Attributes:
+        world_frame: short description of the store's world frame (axes, units).
+        world_from_source: (4, 4) similarity ``s * R | t`` mapping source-frame points to store-world
+            points; poses in the store are ``world_from_source @ c2w_source`` with rotation columns
+            renormalised (scale applies to positions only).
+        transform_method: how ``world_from_source`` was chosen (e.g. ``"identity"``,
+            ``"center-and-scale-cameras"``), with its parameters in ``transform_params``.
+        bounds: axis-aligned scene box ``((xmin, ymin, zmin), (xmax, ymax, zmax))`` in store world, or None.
+        near, far: scene-wide ray bounds when known (per-image values live in the camera table).
+    """
+
+    world_frame: str = "source"
+    world_from_source: tuple[tuple[float, ...], ...] = _IDENTITY
+    transform_method: str = "identity"
+    transform_params: Mapping[str, Any] = field(default_factory=dict)
+    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    near: float | None = None
+    far: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "world_from_source", _matrix4(self.world_from_source, "world_from_source"))
+        if self.bounds is not None:
+            lo, hi = (tuple(float(v) for v in corner) for corner in self.bounds)
+            if len(lo) != 3 or len(hi) != 3 or any(a > b for a, b in zip(lo, hi, strict=True)):
+                raise ConfigError(
+                    f"scene bounds: expected ((x0,y0,z0),(x1,y1,z1)) with lo<=hi, got {self.bounds}"
+                )
+            object.__setattr__(self, "bounds", (lo, hi))
+        object.__setattr__(self, "near", _opt_float(self.near))
+        object.__setattr__(self, "far", _opt_float(self.far))
+        object.__setattr__(self, "transform_params", dict(self.transform_params))
+
+    def matrix(self) -> np.ndarray:
+        """(4, 4) float64 ``world_from_source``."""
+        return np.array(self.world_from_source, dtype=np.float64)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_frame": self.world_frame,
+            "world_from_source": [list(row) for row in self.world_from_source],
+            "transform_method": self.transform_method,
+            "transform_params": dict(self.transform_params),
+            "bounds": None if self.bounds is None else [list(c) for c in self.bounds],
+            "near": self.near,
+            "far": self.far,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SceneInfo:
+        bounds = d.get("bounds")
+        return cls(
+            world_frame=str(d.get("world_frame", "source")),
+            world_from_source=d.get("world_from_source", _IDENTITY),
+            transform_method=str(d.get("transform_method", "identity")),
+            transform_params=dict(d.get("transform_params") or {}),
+            bounds=None if bounds is None else (tuple(bounds[0]), tuple(bounds[1])),
+            near=d.get("near"),
+            far=d.get("far"),
+        )
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split of a store: its rays are ``pid_start .. pid_start + n_rays`` in some order.
+
+    ``shuffled`` splits hold a seeded permutation of their rays; unshuffled (evaluation) splits hold
+    their images one after another, each in row-major order.
+    """
+
+    name: str
+    n_rays: int
+    n_images: int
+    chunk_rays: int
+    shuffled: bool
+    pid_start: int = 0
+
+    @property
+    def n_chunks(self) -> int:
+        return math.ceil(self.n_rays / self.chunk_rays)
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        """Ray range ``[start, stop)`` of chunk ``index`` within the split."""
+        start = index * self.chunk_rays
+        return start, min(start + self.chunk_rays, self.n_rays)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "n_rays": self.n_rays,
+            "n_images": self.n_images,
+            "n_chunks": self.n_chunks,
+            "chunk_rays": self.chunk_rays,
+            "shuffled": self.shuffled,
+            "pid_start": self.pid_start,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SplitInfo:
+        return cls(
+            name=str(d["name"]),
+            n_rays=int(d["n_rays"]),
+            n_images=int(d["n_images"]),
+            chunk_rays=int(d["chunk_rays"]),
+            shuffled=bool(d["shuffled"]),
+            pid_start=int(d.get("pid_start", 0)),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class ImageRecord:
+    """One source image handed to the writer by a converter.
+
+    Attributes:
+        name: unique image name (e.g. its path relative to the capture's image folder).
+        split: split name (``train``, ``val``, ``test`` or another).
+        camera: intrinsics of this image.
+        c2w: (4, 4) camera-to-world, OpenCV camera axes, in the store's world frame.
+        near, far: ray bounds for this image when known.
+        source_path: where the pixels came from (informational; hashed when it is a local file).
+        load: picklable callable returning the pixels ``uint8 (H, W, 3|4)``.
+        source_sha256: hex SHA-256 of the source file when the caller already knows it.
+    """
+
+    name: str
+    split: str
+    camera: Camera
+    c2w: np.ndarray
+    near: float | None
+    far: float | None
+    source_path: str
+    load: Callable[[], np.ndarray]
+    source_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One per-ray payload field: ``dtype`` and ``channels`` (0 for a scalar per ray)."""
+
+    name: str
+    dtype: str
+    channels: int
+
+    def shape(self, n: int) -> tuple[int, ...]:
+        return (n, self.channels) if self.channels else (n,)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "channels": self.channels}
+
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> FieldSpec:
+        return cls(name=name, dtype=str(d["dtype"]), channels=int(d["channels"]))
+
+    @staticmethod
+    def parse_all(d: Mapping[str, Any], where: str) -> dict[str, FieldSpec]:
+        """Manifest ``fields`` -> specs in :data:`FIELD_ORDER`; raises on unknown or missing fields."""
+        unknown = sorted(set(d) - set(FIELD_ORDER))
+        if unknown or "rgba" not in d or "pid" not in d:
+            raise StoreCorruptError(
+                f"{where}: expected fields rgba, pid [origins, directions], got {sorted(d)}"
+            )
+        return {name: FieldSpec.from_dict(name, d[name]) for name in FIELD_ORDER if name in d}
+
+
+@dataclass
+class RawRays:
+    """Compact rays as stored: ``rgba`` uint8 (N, 3|4) and ``pid`` uint32 (N,) global pixel ids.
+
+    ``extra`` holds materialised fields (``origins``, ``directions``) when the store has them.
+    """
+
+    rgba: np.ndarray
+    pid: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.pid.shape[0])
+
+    @classmethod
+    def concat(cls, parts: Sequence[RawRays]) -> RawRays:
+        """Concatenate ray blocks in order (all blocks must have the same fields)."""
+        keys = parts[0].extra.keys()
+        return cls(
+            rgba=np.concatenate([p.rgba for p in parts]),
+            pid=np.concatenate([p.pid for p in parts]),
+            extra={k: np.concatenate([p.extra[k] for p in parts]) for k in keys},
+        )
+
+    def take(self, index: np.ndarray) -> RawRays:
+        """(M,) indices -> the selected rays."""
+        return RawRays(self.rgba[index], self.pid[index], {k: v[index] for k, v in self.extra.items()})
+
+
+def encode_pids(
+    pixel_offset: np.ndarray, width: np.ndarray, image: np.ndarray, pixel: np.ndarray
+) -> np.ndarray:
+    """Global pixel ids of pixels.
+
+    Args:
+        pixel_offset: (I,) int64 first pid of every image.
+        width: (I,) int64 image widths.
+        image: (N,) int image rows.
+        pixel: (N, 2) int ``(x, y)``.
+
+    Returns:
+        (N,) uint32 ``pixel_offset[image] + y * width[image] + x``.
+    """
+    image = np.asarray(image, dtype=np.int64)
+    pixel = np.asarray(pixel, dtype=np.int64)
+    pid = pixel_offset[image] + pixel[:, 1] * width[image] + pixel[:, 0]
+    return pid.astype(np.uint32)
+
+
+def decode_pids(
+    pixel_offset: np.ndarray, width: np.ndarray, pid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`encode_pids`: (N,) pids -> (image (N,) int64, pixel (N, 2) int64 ``(x, y)``)."""
+    pid64 = np.asarray(pid).astype(np.int64)
+    image = np.searchsorted(pixel_offset, pid64, side="right") - 1
+    local = pid64 - pixel_offset[image]
+    w = width[image]
+    pixel = np.stack([local % w, local // w], axis=1)
+    return image.astype(np.int64), pixel
+
+
+def check_manifest_header(manifest: Mapping[str, Any], where: str) -> None:
+    """Raise unless ``manifest`` is a raykit store manifest of a format version this code reads."""
+    if manifest.get("format") != FORMAT_NAME:
+        raise StoreCorruptError(f"{where}: expected format {FORMAT_NAME!r}, got {manifest.get('format')!r}")
+    version = manifest.get("format_version")
+    if not isinstance(version, int):
+        raise StoreCorruptError(f"{where}: expected an integer format_version, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{where}: store format version {version} is newer than this raykit reads "
+            f"(<= {FORMAT_VERSION}); upgrade raykit"
+        )
+    if version < 1:
+        raise StoreVersionError(f"{where}: unknown store format version {version}")

@@ -1,0 +1,224 @@
+"""The camera table (``cameras.parquet``): one row per image, in pid order.
+
+Rows are ordered by split (``train``, ``val``, ``test``, then others by name) and then by image name;
+a row's index is the ``image`` value of its rays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raykit.errors import ConfigError, StoreCorruptError
+from raykit.store.schema import MAX_PIXELS, ImageRecord, decode_pids, split_sort_key
+
+if TYPE_CHECKING:
+    from raykit.cameras import Camera
+
+__all__ = [
+    "CAMERA_TABLE_SCHEMA",
+    "UNKNOWN_FAR",
+    "CameraTable",
+    "build_camera_table",
+    "order_records",
+    "ray_generator",
+    "read_camera_table",
+    "write_camera_table",
+]
+
+UNKNOWN_FAR = 1e10  # far bound of images whose far is unknown (neither per image nor per scene)
+
+CAMERA_TABLE_SCHEMA = pa.schema(
+    [
+        ("index", pa.int64()),
+        ("name", pa.string()),
+        ("split", pa.string()),
+        ("camera_id", pa.int64()),
+        ("model", pa.string()),
+        ("model_id", pa.int32()),
+        ("width", pa.int64()),
+        ("height", pa.int64()),
+        ("params", pa.list_(pa.float64())),
+        ("c2w", pa.list_(pa.float64(), 16)),
+        ("near", pa.float64()),
+        ("far", pa.float64()),
+        ("pixel_offset", pa.int64()),
+        ("n_pixels", pa.int64()),
+        ("ray_start", pa.int64()),
+        ("ray_stop", pa.int64()),
+        ("has_alpha", pa.bool_()),
+        ("source_path", pa.string()),
+        ("source_sha256", pa.string()),
+    ]
+)
+
+
+def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
+    """Records in table order (split, then name); raises ConfigError on duplicate names or no records."""
+    if not records:
+        raise ConfigError("write_store: expected at least one image record, got none")
+    names = [r.name for r in records]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"write_store: image names must be unique, got duplicates {dupes[:5]}")
+    ordered = sorted(records, key=lambda r: (split_sort_key(r.split), r.name))
+    total = sum(r.camera.width * r.camera.height for r in ordered)
+    if total >= MAX_PIXELS:
+        raise ConfigError(f"write_store: expected fewer than 2**32 pixels in one store, got {total}")
+    return ordered
+
+
+def build_camera_table(
+    records: Sequence[ImageRecord],
+    has_alpha: Sequence[bool],
+    source_sha256: Sequence[str],
+    shuffled_splits: set[str],
+) -> pa.Table:
+    """Camera table of ordered ``records`` (see :func:`order_records`)."""
+    n_pixels = np.array([r.camera.width * r.camera.height for r in records], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(n_pixels)[:-1]]).astype(np.int64)
+    split_start = {r.split: int(offsets[i]) for i, r in reversed(list(enumerate(records)))}
+    rows: dict[str, list[Any]] = {name: [] for name in CAMERA_TABLE_SCHEMA.names}
+    for i, rec in enumerate(records):
+        cam = rec.camera
+        start = None if rec.split in shuffled_splits else int(offsets[i]) - split_start[rec.split]
+        values = {
+            "index": i,
+            "name": rec.name,
+            "split": rec.split,
+            "camera_id": int(cam.camera_id),
+            "model": cam.model,
+            "model_id": int(cam.model_id),
+            "width": int(cam.width),
+            "height": int(cam.height),
+            "params": [float(p) for p in cam.params],
+            "c2w": [float(v) for v in np.asarray(rec.c2w, dtype=np.float64).reshape(16)],
+            "near": None if rec.near is None else float(rec.near),
+            "far": None if rec.far is None else float(rec.far),
+            "pixel_offset": int(offsets[i]),
+            "n_pixels": int(n_pixels[i]),
+            "ray_start": start,
+            "ray_stop": None if start is None else start + int(n_pixels[i]),
+            "has_alpha": bool(has_alpha[i]),
+            "source_path": rec.source_path,
+            "source_sha256": source_sha256[i],
+        }
+        for key, value in values.items():
+            rows[key].append(value)
+    return pa.table(rows, schema=CAMERA_TABLE_SCHEMA)
+
+
+def write_camera_table(table: pa.Table, path: str) -> None:
+    """Write ``table`` as parquet with fixed options (same bytes for the same table)."""
+    pq.write_table(table, path, compression="zstd", write_statistics=False, store_schema=False)
+
+
+def read_camera_table(data: bytes, where: str) -> pa.Table:
+    """Parse and check ``cameras.parquet`` bytes; ``where`` names the file in errors."""
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise StoreCorruptError(f"{where}: unreadable parquet: {exc}") from exc
+    missing = [n for n in CAMERA_TABLE_SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise StoreCorruptError(f"{where}: expected columns {missing}, not found")
+    return table.select(CAMERA_TABLE_SCHEMA.names)
+
+
+@dataclass(frozen=True)
+class CameraTable:
+    """The camera table as numpy arrays (I images, C distinct cameras)."""
+
+    names: list[str]
+    splits: list[str]
+    cameras: list[Camera]
+    camera_index: np.ndarray  # (I,) int64 into cameras
+    c2w: np.ndarray  # (I, 4, 4) float64
+    near: np.ndarray  # (I,) float64, NaN when unknown
+    far: np.ndarray  # (I,) float64, NaN when unknown
+    width: np.ndarray  # (I,) int64
+    height: np.ndarray  # (I,) int64
+    pixel_offset: np.ndarray  # (I,) int64
+    ray_start: np.ndarray  # (I,) int64, -1 in shuffled splits
+    has_alpha: np.ndarray  # (I,) bool
+
+    @property
+    def n_pixels(self) -> np.ndarray:
+        return self.width * self.height
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> CameraTable:
+        from raykit.cameras import Camera
+
+        d = table.to_pydict()
+        cameras: list[Camera] = []
+        lookup: dict[tuple[Any, ...], int] = {}
+        index = []
+        for i in range(table.num_rows):
+            key = (d["model"][i], d["width"][i], d["height"][i], tuple(d["params"][i]), d["camera_id"][i])
+            if key not in lookup:
+                lookup[key] = len(cameras)
+                cameras.append(
+                    Camera(
+                        model=key[0],
+                        width=key[1],
+                        height=key[2],
+                        params=key[3],
+                        camera_id=key[4],
+                        label=f"camera {key[4]} (image {d['name'][i]})",
+                    )
+                )
+            index.append(lookup[key])
+
+        def floats(name: str) -> np.ndarray:
+            return np.array([np.nan if v is None else v for v in d[name]], dtype=np.float64)
+
+        return cls(
+            names=list(d["name"]),
+            splits=list(d["split"]),
+            cameras=cameras,
+            camera_index=np.array(index, dtype=np.int64),
+            c2w=np.array(d["c2w"], dtype=np.float64).reshape(-1, 4, 4),
+            near=floats("near"),
+            far=floats("far"),
+            width=np.array(d["width"], dtype=np.int64),
+            height=np.array(d["height"], dtype=np.int64),
+            pixel_offset=np.array(d["pixel_offset"], dtype=np.int64),
+            ray_start=np.array([-1 if v is None else v for v in d["ray_start"]], dtype=np.int64),
+            has_alpha=np.array(d["has_alpha"], dtype=bool),
+        )
+
+    def decode(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) uint32 pids -> (image (N,) int64, pixel (N, 2) int64 ``(x, y)``)."""
+        return decode_pids(self.pixel_offset, self.width, pid)
+
+
+def ray_generator(
+    table: CameraTable, device: Any, *, near: float | None = None, far: float | None = None
+) -> Any:
+    """A ``raykit.rays.RayGenerator`` for ``table``'s images.
+
+    Unknown per-image near/far fall back to ``near``/``far`` (the scene's), then to 0 and
+    ``UNKNOWN_FAR`` (rays need finite bounds).
+    """
+    import torch
+
+    from raykit.rays import RayGenerator
+
+    near_arr = np.where(np.isnan(table.near), 0.0 if near is None else near, table.near)
+    far_arr = np.where(np.isnan(table.far), UNKNOWN_FAR if far is None else far, table.far)
+    return RayGenerator(
+        table.cameras,
+        torch.from_numpy(table.camera_index),
+        torch.from_numpy(table.c2w),
+        torch.from_numpy(near_arr),
+        torch.from_numpy(far_arr),
+        device=device,
+        dtype=torch.float32,
+        pixel_offset=table.pixel_offset,
+    )

@@ -1,0 +1,126 @@
+"""WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk.
+
+Sample ``{split}_{chunk:08d}`` holds one ``.npy`` member per field (``rgba.npy``, ``pid.npy``, and
+``origins.npy``/``directions.npy`` when materialised), members in that fixed order. Tars are
+deterministic: USTAR headers, mtime 0, uid/gid 0, empty owner names, mode 0644. Each member's data
+offset and size are recorded in the store index, so one chunk is two byte-range reads; the shards
+also stream through plain ``webdataset.WebDataset``.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.fileio import atomic_path
+from raykit.store.schema import FieldSpec, SplitInfo
+
+__all__ = ["WDS_DIR", "WdsReader", "npy_bytes", "sample_key", "shard_file", "write_shard"]
+
+WDS_DIR = "wds"
+_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
+
+
+def shard_file(split: str, shard: int) -> str:
+    """Relative path of tar shard ``shard`` of ``split``."""
+    return f"{WDS_DIR}/{split}-{shard:06d}.tar"
+
+
+def sample_key(split: str, chunk: int) -> str:
+    """WebDataset key of chunk ``chunk`` (no dots: webdataset splits keys from fields at the first dot)."""
+    return f"{split}_{chunk:08d}"
+
+
+def npy_bytes(values: np.ndarray) -> bytes:
+    """``.npy`` serialisation of ``values`` (C order, no pickle)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_shard(
+    root: Path, split: str, shard: int, first_chunk: int, chunks: Sequence[Mapping[str, np.ndarray]]
+) -> tuple[str, list[dict[str, list[int]]]]:
+    """Write one tar shard atomically.
+
+    Args:
+        chunks: per chunk, field name -> (n, ...) values, fields in the order they are stored.
+
+    Returns:
+        (relative path, per chunk: field -> ``[data offset, data size]`` within the tar).
+    """
+    rel = shard_file(split, shard)
+    members: list[dict[str, list[int]]] = []
+    with atomic_path(root / rel) as tmp, tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, chunk in enumerate(chunks):
+            key = sample_key(split, first_chunk + i)
+            where: dict[str, list[int]] = {}
+            for name, values in chunk.items():
+                data = npy_bytes(values)
+                where[name] = [tar.offset + _HEADER, len(data)]
+                tar.addfile(_member(f"{key}.{name}.npy", len(data)), io.BytesIO(data))
+            members.append(where)
+    return rel, members
+
+
+def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
+    try:
+        values = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise StoreCorruptError(f"{where}: member {spec.name}.npy unreadable: {exc}") from exc
+    if values.dtype != np.dtype(spec.dtype) or values.shape != spec.shape(n):
+        raise StoreCorruptError(
+            f"{where}: member {spec.name}.npy: expected {spec.dtype} {spec.shape(n)}, "
+            f"got {values.dtype} {values.shape}"
+        )
+    return values
+
+
+class WdsReader:
+    """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
+
+    def __init__(self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any]) -> None:
+        self._url = url.rstrip("/")
+        self._fs, self._root = fsspec.core.url_to_fs(self._url)
+        self._fields = fields
+        self._index = index
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        return [shard_file(split, int(self._index[split]["shard"][index]))]
+
+    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``."""
+        start, stop = info.chunk_range(index)
+        rel = self.chunk_files(info.name, index)[0]
+        path = f"{self._root}/{rel}"
+        members = self._index[info.name]["members"][index]
+        out = {}
+        for name, spec in self._fields.items():
+            offset, size = members[name]
+            try:
+                data = self._fs.cat_file(path, start=offset, end=offset + size)
+            except FileNotFoundError as exc:
+                raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
+            if len(data) != size:
+                raise StoreCorruptError(
+                    f"{self._url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
+                )
+            out[name] = _parse_npy(data, spec, stop - start, f"{self._url}/{rel}")
+        return out

@@ -1,0 +1,359 @@
+"""Write a ray store from image records (converters) or from another store (``raykit copy``).
+
+Three phases, all in ``<dst>.partial/`` beside ``dst``:
+
+1. one task per image decodes it into ``staging/{index:06d}.npy`` (uint8, atomic);
+2. one task per shard gathers its rays (train: through a seeded permutation) from memory-mapped
+   staging files and writes the shard atomically with the chosen backend;
+3. ``cameras.parquet``, ``index.json`` (per-chunk CRCs and, for WebDataset, member offsets) and last
+   ``manifest.json`` (every file's size and SHA-256 plus the content fingerprint); staging is removed
+   and ``<dst>.partial`` is renamed to ``dst``.
+
+A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
+bytes do not depend on the executor or the number of workers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from raykit.errors import ConfigError
+from raykit.fileio import atomic_path, atomic_write_json
+from raykit.store import wds_backend, zarr_backend
+from raykit.store.integrity import chunk_crc32, content_fingerprint, file_record, json_digest
+from raykit.store.schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FieldSpec,
+    ImageRecord,
+    SceneInfo,
+    SplitInfo,
+)
+from raykit.store.staging import StageJob, StagingSource, StoreSource, record_matches, stage_image
+from raykit.store.table import build_camera_table, order_records, write_camera_table
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_CHUNK_RAYS",
+    "DEFAULT_SHARD_CHUNKS",
+    "ShardJob",
+    "write_shard_task",
+    "write_store",
+]
+
+BACKENDS = ("zarr", "wds")
+DEFAULT_CHUNK_RAYS = 65536
+DEFAULT_SHARD_CHUNKS = 16
+SHUFFLED_SPLITS = frozenset({"train"})
+Source = StagingSource | StoreSource
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Phase-2 task: write shard ``shard`` of split ``info`` into ``root``."""
+
+    root: str
+    backend: str
+    info: SplitInfo
+    shard: int
+    fields: tuple[FieldSpec, ...]
+    layout: Mapping[str, Any]
+    source: Source
+    key: str
+
+
+def write_shard_task(job: ShardJob) -> dict[str, Any]:
+    """Phase-2 task. Returns ``{"files": {rel: record}, "crc32": [per chunk], "members": [...]}``."""
+    root = Path(job.root)
+    record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
+    done = record_matches(record_path, job.key, root)
+    if done is not None:
+        return done
+    shard_chunks = job.layout["shard_chunks"]
+    first = job.shard * shard_chunks
+    last = min(first + shard_chunks, job.info.n_chunks)
+    start, stop = job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
+    data = job.source.gather(job.info, start, stop)
+    fields = {spec.name: spec for spec in job.fields}
+    order = [spec.name for spec in job.fields]
+    chunks = []
+    for c in range(first, last):
+        lo, hi = (b - start for b in job.info.chunk_range(c))
+        chunks.append({name: data[name][lo:hi] for name in order})
+    result: dict[str, Any] = {"crc32": [chunk_crc32(ch, order) for ch in chunks]}
+    if job.backend == "zarr":
+        rels = zarr_backend.write_shard(root, job.info, job.shard, data, fields, job.layout)
+    else:
+        rel, members = wds_backend.write_shard(root, job.info.name, job.shard, first, chunks)
+        rels = [rel]
+        result["members"] = members
+    result["files"] = {rel: file_record(root / rel) for rel in rels}
+    atomic_write_json(record_path, {"key": job.key, "result": result})
+    return result
+
+
+def _run(
+    fn: Callable[[Any], Any], jobs: Sequence[Any], executor: Any, progress: bool, desc: str
+) -> list[Any]:
+    results: Iterable[Any] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
+    return list(tqdm(results, total=len(jobs), desc=desc, disable=not progress, unit="task"))
+
+
+def _check_options(backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None) -> None:
+    if backend not in BACKENDS:
+        raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
+    if chunk_rays < 1 or shard_chunks < 1:
+        raise ConfigError(f"expected chunk_rays >= 1 and shard_chunks >= 1, got {chunk_rays}, {shard_chunks}")
+    if materialize not in (None, "float16", "float32"):
+        raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {materialize!r}")
+
+
+def _partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool) -> Path:
+    if (dst / "manifest.json").exists() and not overwrite:
+        raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
+    if dst.exists() and not (dst / "manifest.json").exists() and any(dst.iterdir()):
+        raise ConfigError(f"{dst}: exists and is not a raykit store; refusing to replace it")
+    partial = dst.with_name(dst.name + ".partial")
+    key = json_digest(plan)
+    plan_path = partial / "plan.json"
+    if partial.exists() and (not plan_path.exists() or json.loads(plan_path.read_text()).get("key") != key):
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(plan_path, {"key": key, "plan": plan})
+    return partial
+
+
+def _record_plan(rec: ImageRecord) -> dict[str, Any]:
+    cam = rec.camera
+    return {
+        "name": rec.name,
+        "split": rec.split,
+        "camera": [cam.model, cam.width, cam.height, list(cam.params), cam.camera_id],
+        "c2w": np.asarray(rec.c2w, dtype=np.float64).reshape(16).tolist(),
+        "near": rec.near,
+        "far": rec.far,
+        "source_path": rec.source_path,
+        "source_sha256": rec.source_sha256,
+    }
+
+
+def _fields(channels: int, materialize: str | None) -> tuple[FieldSpec, ...]:
+    specs = [FieldSpec("rgba", "uint8", channels), FieldSpec("pid", "uint32", 0)]
+    if materialize:
+        specs += [FieldSpec("origins", materialize, 3), FieldSpec("directions", materialize, 3)]
+    return tuple(specs)
+
+
+def _split_infos(records: Sequence[ImageRecord], chunk_rays: int) -> dict[str, SplitInfo]:
+    infos: dict[str, SplitInfo] = {}
+    pid = 0
+    for rec in records:
+        n = rec.camera.width * rec.camera.height
+        old = infos.get(rec.split)
+        if old is None:
+            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, rec.split in SHUFFLED_SPLITS, pid)
+        else:
+            infos[rec.split] = SplitInfo(
+                rec.split, old.n_rays + n, old.n_images + 1, chunk_rays, old.shuffled, old.pid_start
+            )
+        pid += n
+    return infos
+
+
+def _write_permutations(partial: Path, splits: Mapping[str, SplitInfo], seed: int) -> None:
+    for info in splits.values():
+        path = partial / f"perm-{info.name}.npy"
+        if info.shuffled and not path.exists():
+            rng = np.random.default_rng([seed, zlib.crc32(info.name.encode())])
+            with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+                np.save(handle, rng.permutation(info.n_rays).astype(np.uint32), allow_pickle=False)
+
+
+def write_store(
+    dst: str | Path,
+    records: Sequence[ImageRecord],
+    *,
+    scene: SceneInfo,
+    backend: str = "zarr",
+    chunk_rays: int = DEFAULT_CHUNK_RAYS,
+    shard_chunks: int = DEFAULT_SHARD_CHUNKS,
+    seed: int = 0,
+    executor: concurrent.futures.Executor | None = None,
+    progress: bool = False,
+    materialize: str | None = None,
+    source: Mapping[str, Any] | None = None,
+    zstd_level: int = 3,
+    overwrite: bool = False,
+) -> Any:
+    """Write a ray store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
+
+    Args:
+        records: one per image; ``load()`` must be picklable when ``executor`` is a process pool.
+        scene: world frame, transform from the source frame, bounds.
+        backend: ``"zarr"`` or ``"wds"``.
+        chunk_rays: rays per chunk (the read unit); shard_chunks: chunks per shard (the write unit).
+        seed: seed of the train split's ray permutation.
+        executor: runs the per-image and per-shard tasks; None runs them in this process.
+        materialize: also store origins/directions as ``"float16"`` or ``"float32"``.
+        source: description of the source (format, path, ...) recorded in the manifest.
+        zstd_level: zstd level of the zarr backend.
+        overwrite: replace an existing store at ``dst``.
+    """
+    _check_options(backend, chunk_rays, shard_chunks, materialize)
+    dst = Path(dst)
+    ordered = order_records(records)
+    layout = {
+        "chunk_rays": chunk_rays,
+        "shard_chunks": shard_chunks,
+        "seed": seed,
+        "zstd_level": zstd_level,
+        "materialize": materialize,
+    }
+    plan = {
+        "format_version": FORMAT_VERSION,
+        "backend": backend,
+        "layout": layout,
+        "scene": scene.to_dict(),
+        "records": [_record_plan(r) for r in ordered],
+        "source": dict(source or {}),
+    }
+    partial = _partial_dir(dst, plan, overwrite)
+    plan_key = json_digest(plan)
+    stage_jobs = [StageJob(str(partial), i, r, json_digest(_record_plan(r))) for i, r in enumerate(ordered)]
+    staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+    channels = 4 if any(s["channels"] == 4 for s in staged) else 3
+    splits = _split_infos(ordered, chunk_rays)
+    table = build_camera_table(
+        ordered,
+        [s["channels"] == 4 for s in staged],
+        [s["source_sha256"] for s in staged],
+        {name for name, info in splits.items() if info.shuffled},
+    )
+    with atomic_path(partial / "cameras.parquet") as tmp:
+        write_camera_table(table, str(tmp))
+    _write_permutations(partial, splits, seed)
+    offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
+    gather = StagingSource(str(partial), offsets, channels, materialize)
+    src_digest = json_digest(
+        [
+            [r.name, s["source_sha256"], next(iter(s["files"].values()))["sha256"]]
+            for r, s in zip(ordered, staged, strict=True)
+        ]
+    )
+    source_info = {**dict(source or {}), "fingerprint": src_digest}
+    return _write_payload_and_commit(
+        partial,
+        dst,
+        backend,
+        table,
+        scene,
+        splits,
+        _fields(channels, materialize),
+        layout,
+        gather,
+        source_info,
+        plan_key,
+        executor,
+        progress,
+        overwrite,
+    )
+
+
+def _write_payload_and_commit(
+    partial: Path,
+    dst: Path,
+    backend: str,
+    table: Any,
+    scene: SceneInfo,
+    splits: Mapping[str, SplitInfo],
+    fields: tuple[FieldSpec, ...],
+    layout: Mapping[str, Any],
+    gather: Source,
+    source_info: Mapping[str, Any],
+    plan_key: str,
+    executor: Any,
+    progress: bool,
+    overwrite: bool,
+) -> Any:
+    files: dict[str, Any] = {}
+    if backend == "zarr":
+        specs = {spec.name: spec for spec in fields}
+        for rel in zarr_backend.write_metadata(partial, splits, specs, layout):
+            files[rel] = file_record(partial / rel)
+    jobs = [
+        ShardJob(
+            str(partial), backend, info, shard, fields, layout, gather, f"{plan_key}:{info.name}:{shard}"
+        )
+        for info in splits.values()
+        for shard in range(-(-info.n_chunks // layout["shard_chunks"]))
+    ]
+    results = _run(write_shard_task, jobs, executor, progress, f"write {backend} shards")
+    index: dict[str, dict[str, list[Any]]] = {name: {"crc32": []} for name in splits}
+    for job, res in zip(jobs, results, strict=True):
+        entry = index[job.info.name]
+        entry["crc32"] += res["crc32"]
+        if backend == "wds":
+            entry.setdefault("shard", []).extend([job.shard] * len(res["crc32"]))
+            entry.setdefault("members", []).extend(res["members"])
+        files.update(res["files"])
+    atomic_write_json(partial / "index.json", index)
+    for rel in ("cameras.parquet", "index.json"):
+        files[rel] = file_record(partial / rel)
+    split_dicts = {name: info.to_dict() for name, info in splits.items()}
+    field_dicts = {spec.name: spec.to_dict() for spec in fields}
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "raykit_version": _raykit_version(),
+        "backend": backend,
+        "layout": dict(layout),
+        "source": dict(source_info),
+        "scene": scene.to_dict(),
+        "splits": split_dicts,
+        "fields": field_dicts,
+        "n_images": table.num_rows,
+        "files": dict(sorted(files.items())),
+        "content_fingerprint": content_fingerprint(
+            table, scene.to_dict(), split_dicts, field_dicts, {k: v["crc32"] for k, v in index.items()}
+        ),
+    }
+    atomic_write_json(partial / "manifest.json", manifest)
+    return _commit(partial, dst, overwrite)
+
+
+def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:
+    for name in ("staging", "tasks"):
+        shutil.rmtree(partial / name, ignore_errors=True)
+    for path in [*partial.glob("perm-*.npy"), partial / "plan.json"]:
+        path.unlink(missing_ok=True)
+    for path in partial.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
+    if dst.exists():
+        if not overwrite and (dst / "manifest.json").exists():
+            raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
+        old = dst.with_name(dst.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        dst.rename(old)
+        partial.rename(dst)
+        shutil.rmtree(old)
+    else:
+        partial.rename(dst)
+    from raykit.store.reader import open_store
+
+    return open_store(str(dst))
+
+
+def _raykit_version() -> str:
+    from raykit import __version__
+
+    return __version__

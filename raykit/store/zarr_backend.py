@@ -1,0 +1,154 @@
+"""Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and zstd-compressed.
+
+Array ``zarr/{split}/{field}`` has shape ``(n_rays,)`` or ``(n_rays, channels)``, inner chunks of
+``chunk_rays`` rays (the read unit, each zstd-compressed then crc32c-checksummed) and shards of
+``shard_chunks`` chunks (the write unit, one file ``c/{shard}[/0]`` with a crc32c-checksummed index at
+its end). A writer encodes one whole shard in memory with zarr itself and writes it atomically, so the
+bytes are those zarr writes and do not depend on which process wrote them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from raykit.errors import StoreCorruptError
+from raykit.fileio import atomic_write_bytes
+from raykit.store.schema import FieldSpec, SplitInfo
+
+__all__ = ["ZARR_DIR", "ZarrReader", "shard_file", "write_metadata", "write_shard"]
+
+ZARR_DIR = "zarr"
+
+
+def _array_kwargs(
+    spec: FieldSpec, n_rays: int, chunk_rays: int, shard_chunks: int, level: int
+) -> dict[str, Any]:
+    shard_rays = chunk_rays * shard_chunks
+    tail = (spec.channels,) if spec.channels else ()
+    return {
+        "shape": (n_rays, *tail),
+        "dtype": spec.dtype,
+        "chunks": (chunk_rays, *tail),
+        "shards": (shard_rays, *tail),
+        "compressors": [ZstdCodec(level=level), Crc32cCodec()],
+        "fill_value": 0,
+        "attributes": {"raykit_field": spec.name},
+    }
+
+
+def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
+    """Relative path (from the store root) of the shard file holding ``shard`` of ``split``'s ``spec``."""
+    key = f"c/{shard}/0" if spec.channels else f"c/{shard}"
+    return f"{ZARR_DIR}/{split}/{spec.name}/{key}"
+
+
+def write_metadata(
+    root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
+) -> list[str]:
+    """Write the group and array ``zarr.json`` files under ``root/zarr``; returns their relative paths."""
+    store = zarr.storage.LocalStore(root / ZARR_DIR)
+    group = zarr.create_group(store, overwrite=True, attributes={"raykit": "ray store payload"})
+    written = [f"{ZARR_DIR}/zarr.json"]
+    for split, info in splits.items():
+        sub = group.create_group(split)
+        written.append(f"{ZARR_DIR}/{split}/zarr.json")
+        for spec in fields.values():
+            kwargs = _array_kwargs(
+                spec, info.n_rays, info.chunk_rays, layout["shard_chunks"], layout["zstd_level"]
+            )
+            sub.create_array(spec.name, **kwargs)
+            written.append(f"{ZARR_DIR}/{split}/{spec.name}/zarr.json")
+    return written
+
+
+def write_shard(
+    root: Path,
+    info: SplitInfo,
+    shard: int,
+    data: Mapping[str, np.ndarray],
+    fields: Mapping[str, FieldSpec],
+    layout: Mapping[str, Any],
+) -> list[str]:
+    """Encode shard ``shard`` of every field of split ``info`` and write each file atomically.
+
+    Args:
+        data: field name -> (n, ...) the rays of this shard (the last shard may be short).
+
+    Returns:
+        The relative paths written.
+    """
+    shard_rays = info.chunk_rays * layout["shard_chunks"]
+    start = shard * shard_rays
+    written = []
+    for name, values in data.items():
+        spec = fields[name]
+        mem = zarr.storage.MemoryStore()
+        kwargs = _array_kwargs(
+            spec, info.n_rays, info.chunk_rays, layout["shard_chunks"], layout["zstd_level"]
+        )
+        array = zarr.create_array(mem, **kwargs)
+        array[start : start + len(values)] = values
+        key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
+        buffer = mem._store_dict[key]
+        rel = shard_file(info.name, spec, shard)
+        atomic_write_bytes(root / rel, buffer.to_bytes())
+        written.append(rel)
+    return written
+
+
+def _open_store(url: str) -> Any:
+    if "://" in url and not url.startswith("file://"):
+        return zarr.storage.FsspecStore.from_url(url, read_only=True)
+    return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
+
+
+class ZarrReader:
+    """Reads chunks of a committed store's zarr payload (local path or fsspec URL)."""
+
+    def __init__(self, url: str, fields: Mapping[str, FieldSpec], shard_chunks: int) -> None:
+        self._url = url.rstrip("/")
+        self._fields = fields
+        self._shard_chunks = shard_chunks
+        self._store: Any = None
+        self._arrays: dict[tuple[str, str], Any] = {}
+
+    def _array(self, split: str, name: str) -> Any:
+        if (split, name) not in self._arrays:
+            if self._store is None:
+                self._store = _open_store(f"{self._url}/{ZARR_DIR}")
+            where = f"{self._url}/{ZARR_DIR}/{split}/{name}/zarr.json"
+            try:
+                self._arrays[split, name] = zarr.open_array(self._store, path=f"{split}/{name}", mode="r")
+            except FileNotFoundError as exc:
+                raise StoreCorruptError(f"{where}: zarr array metadata missing") from exc
+            except Exception as exc:
+                raise StoreCorruptError(f"{where}: cannot open zarr array: {exc}") from exc
+        return self._arrays[split, name]
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Relative paths of the files holding chunk ``index`` of ``split``."""
+        shard = index // self._shard_chunks
+        return [shard_file(split, spec, shard) for spec in self._fields.values()]
+
+    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``."""
+        start, stop = info.chunk_range(index)
+        out = {}
+        shard = index // self._shard_chunks
+        for name, spec in self._fields.items():
+            try:
+                out[name] = np.asarray(self._array(info.name, name)[start:stop])
+            except StoreCorruptError:
+                raise
+            except Exception as exc:
+                where = f"{self._url}/{shard_file(info.name, spec, shard)}"
+                raise StoreCorruptError(
+                    f"{where}: chunk {index} of split {info.name!r} unreadable: {exc}"
+                ) from exc
+        return out
