@@ -1,0 +1,177 @@
+"""What every source parser produces, and the checks they share.
+
+A parser turns a capture folder into a :class:`Capture`: one :class:`SourceView` per image with its
+camera (at the source image resolution), its OpenCV camera-to-world pose in the source's world frame,
+the image file, an optional fixed split (Blender) and optional near/far bounds. Parsers never stop at
+the first problem: they append one line per problem to a :class:`Problems` list and the caller raises
+a single :class:`~raykit.errors.SourceError` listing them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raykit.errors import SourceError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "Capture",
+    "Problems",
+    "SourceView",
+    "check_rigid",
+    "load_json",
+    "relative_name",
+    "resolve_image",
+]
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG", ".tif", ".tiff", ".bmp", ".webp")
+RIGID_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True, eq=False)
+class SourceView:
+    """One image of a capture as its source describes it.
+
+    Attributes:
+        name: unique image name, relative path with ``/`` separators.
+        camera: intrinsics at the resolution of the file at ``image_path``.
+        c2w: (4, 4) float64 camera-to-world, OpenCV camera axes, source world frame.
+        image_path: the image file.
+        split: the split the source assigns (Blender's files), or None to apply the split rule.
+        near, far: ray bounds in source units when the source knows them, else None.
+    """
+
+    name: str
+    camera: Any
+    c2w: np.ndarray
+    image_path: Path
+    split: str | None = None
+    near: float | None = None
+    far: float | None = None
+
+
+@dataclass
+class Capture:
+    """A parsed capture: its views and, when the source has them, scene points in the source frame.
+
+    Attributes:
+        source: format name (``colmap``, ``blender``, ``ngp``, ``llff``).
+        views: every image, in the source's order.
+        points: (P, 3) float64 scene points (COLMAP points3D), or None.
+        near, far: default ray bounds for views without their own, or None.
+        params: format-specific facts kept in the store's scene record (e.g. ``aabb_scale``).
+    """
+
+    source: str
+    views: list[SourceView]
+    points: np.ndarray | None = None
+    near: float | None = None
+    far: float | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Problems:
+    """An ordered list of problem lines; :meth:`raise_if_any` raises one SourceError with all of them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def extend(self, lines: list[str]) -> None:
+        self.lines.extend(lines)
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lines)
+
+    def capture(self, exc: SourceError) -> None:
+        self.lines.extend(exc.problems)
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            raise SourceError(self.lines)
+
+
+def load_json(path: Path) -> Any:
+    """Parse a JSON file; malformed JSON raises SourceError naming the file, line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SourceError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"{path}: cannot read ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+
+
+def check_rigid(matrix: Any, where: str) -> tuple[np.ndarray | None, str | None]:
+    """Validate a camera-to-world matrix and return it as a float64 (4, 4) with an exact rotation.
+
+    Accepts (4, 4) with last row ``0 0 0 1`` or (3, 4). The rotation must be orthonormal with
+    determinant +1 within ``1e-4`` (values stored as float32 text pass); it is then replaced by the
+    nearest rotation (SVD) so downstream rays are exactly unit.
+
+    Returns:
+        ``(c2w, None)`` or ``(None, problem line)``.
+    """
+    try:
+        m = np.asarray(matrix, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None, f"{where}: expected a 4x4 numeric matrix, got {str(matrix)[:60]}"
+    if m.shape not in ((4, 4), (3, 4)):
+        return None, f"{where}: expected a 4x4 (or 3x4) matrix, got shape {m.shape}"
+    if not np.all(np.isfinite(m)):
+        return None, f"{where}: matrix contains NaN or inf"
+    if m.shape == (4, 4) and np.max(np.abs(m[3] - [0, 0, 0, 1])) > RIGID_TOLERANCE:
+        return None, f"{where}: last row expected [0, 0, 0, 1], got {m[3].tolist()}"
+    rot = m[:3, :3]
+    err = float(np.max(np.abs(rot.T @ rot - np.eye(3))))
+    det = float(np.linalg.det(rot))
+    if err > RIGID_TOLERANCE or det <= 0:
+        return None, (
+            f"{where}: transform is not rigid (max |R^T R - I| = {err:.3g}, det R = {det:.4g}; "
+            "expected a rotation: no scale, shear or reflection)"
+        )
+    u, _, vt = np.linalg.svd(rot)
+    out = np.eye(4)
+    out[:3, :3] = u @ vt
+    out[:3, 3] = m[:3, 3]
+    return out, None
+
+
+def resolve_image(base: Path, file_path: str) -> Path | None:
+    """Find the image a transforms file refers to.
+
+    ``file_path`` may use Windows separators, start with ``./`` and lack an extension (Blender);
+    the first existing candidate among the path itself and the path with each known extension wins.
+    """
+    rel = file_path.replace("\\", "/")
+    candidate = base / rel
+    if candidate.is_file():
+        return candidate
+    for ext in IMAGE_EXTENSIONS:
+        with_ext = base / (rel + ext)
+        if with_ext.is_file():
+            return with_ext
+    return None
+
+
+def relative_name(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` with ``/`` separators (the path itself when not below base)."""
+    try:
+        return Path(os.path.relpath(path, base)).as_posix()
+    except ValueError:
+        return path.as_posix()

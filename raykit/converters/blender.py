@@ -1,0 +1,54 @@
+"""Blender ``nerf_synthetic`` captures: ``transforms_{train,val,test}.json`` beside the images.
+
+Each file's frames form the split named by the file. ``file_path`` is relative to the capture folder,
+usually ``./train/r_0`` without extension. Intrinsics: ``camera_angle_x`` (full horizontal field of
+view) with ``fx = fy = 0.5 * W / tan(camera_angle_x / 2)``, derived from the actual image size (so a
+half-resolution copy of the images gets half the focal length); ``camera_angle_y`` or ``fl_x``/``fl_y``
+/``cx``/``cy`` are used when present. Principal point defaults to the image centre ``(W/2, H/2)``.
+Poses are OpenGL camera-to-world and become OpenCV. RGBA PNGs keep their alpha.
+
+Near/far default to ``2`` and ``6``, the values every NeRF implementation uses for these scenes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from raykit.converters.base import Capture, Problems, load_json
+from raykit.converters.ngp import parse_frames, report_missing
+
+__all__ = ["BLENDER_FAR", "BLENDER_NEAR", "BLENDER_SPLITS", "parse_blender"]
+
+BLENDER_SPLITS = ("train", "val", "test")
+BLENDER_NEAR = 2.0
+BLENDER_FAR = 6.0
+
+
+def parse_blender(src: Path, *, skip_missing: bool = False) -> Capture:
+    """Parse every ``transforms_{split}.json`` in ``src``.
+
+    Raises:
+        SourceError: every problem found (all files, all frames), one line each.
+    """
+    problems = Problems()
+    files = [(split, src / f"transforms_{split}.json") for split in BLENDER_SPLITS]
+    files = [(split, path) for split, path in files if path.is_file()]
+    if not files:
+        problems.add(f"{src}: no transforms_{{train,val,test}}.json found")
+    views, skipped = [], []
+    for split, path in files:
+        try:
+            meta = load_json(path)
+        except Exception as exc:  # SourceError: keep going to report every file's problems
+            problems.extend(getattr(exc, "problems", [str(exc)]))
+            continue
+        if isinstance(meta, dict) and "camera_model" not in meta:
+            meta = {**meta, "camera_model": "PINHOLE"}
+        found, missing = parse_frames(path, meta, problems)
+        report_missing(path, missing, skip_missing, problems)
+        skipped += missing
+        views += [replace(v, split=split) for v in found]
+    problems.raise_if_any()
+    params = {"skipped_missing": sorted(skipped) if skip_missing else []}
+    return Capture(source="blender", views=views, near=BLENDER_NEAR, far=BLENDER_FAR, params=params)

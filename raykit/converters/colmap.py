@@ -1,0 +1,153 @@
+"""COLMAP sparse reconstructions (binary or text; rigs/frames files of COLMAP 3.12+ accepted).
+
+Where things are looked for:
+
+* the model: ``src`` itself, ``src/sparse/0``, ``src/sparse`` (the first with a ``cameras.bin`` or
+  ``cameras.txt``);
+* the images: the ``images`` argument (``--images``), else ``src/images``, ``<model>/../../images``,
+  ``<model>/../images``, ``<model>/images``, the model folder (the first existing folder). Image names
+  are COLMAP's, relative to that folder (they may contain spaces and subfolders).
+
+Poses are COLMAP's world-to-camera ``(qvec, tvec)`` of each image, turned into OpenCV camera-to-world.
+Views are ordered by image name.
+
+Near/far per image, from ``points3D`` (the rule of LLFF's ``imgs2poses``): the depths (camera-frame
+z) of the 3-D points the image observes, ``near`` = their 0.1th percentile and ``far`` = their 99.9th
+percentile (positive depths only). An image observing fewer than 3 points uses every point in front of
+it; a model without points uses the box around the camera centres (see
+:func:`raykit.converters.ngp.box_near_far`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from raykit.colmap_io import ColmapImage, Reconstruction, read_model
+from raykit.converters.base import Capture, Problems, SourceView
+from raykit.converters.ngp import box_near_far
+from raykit.errors import CameraError, SourceError
+
+__all__ = ["NEAR_PERCENTILE", "find_colmap_model", "image_near_far", "parse_colmap"]
+
+NEAR_PERCENTILE, FAR_PERCENTILE = 0.1, 99.9
+_MIN_POINTS = 3
+
+
+def find_colmap_model(src: Path) -> Path | None:
+    """The folder holding ``cameras.{bin,txt}``: ``src``, ``src/sparse/0`` or ``src/sparse``."""
+    for candidate in (src, src / "sparse" / "0", src / "sparse"):
+        if (candidate / "cameras.bin").is_file() or (candidate / "cameras.txt").is_file():
+            return candidate
+    return None
+
+
+def _find_images_dir(src: Path, model: Path, images: Path | None) -> Path:
+    if images is not None:
+        if not images.is_dir():
+            raise SourceError(f"{images}: images folder not found")
+        return images
+    for candidate in (
+        src / "images",
+        model.parent.parent / "images",
+        model.parent / "images",
+        model / "images",
+    ):
+        if candidate.is_dir():
+            return candidate
+    return model
+
+
+def image_near_far(c2w: np.ndarray, points: np.ndarray) -> tuple[float, float] | None:
+    """Percentile near/far of ``points`` (P, 3) seen from the camera ``c2w`` (4, 4); None if < 3 in front."""
+    if len(points) == 0:
+        return None
+    depth = (points - c2w[:3, 3]) @ c2w[:3, 2]
+    depth = depth[depth > 0]
+    if len(depth) < _MIN_POINTS:
+        return None
+    near, far = np.percentile(depth, [NEAR_PERCENTILE, FAR_PERCENTILE])
+    return float(near), float(max(far, near * 1.001))
+
+
+def _observed(image: ColmapImage, point_index: dict[int, int], xyz: np.ndarray) -> np.ndarray:
+    if image.point3d_ids is None:
+        return xyz[:0]
+    rows = [point_index[int(i)] for i in image.point3d_ids if int(i) in point_index]
+    return xyz[rows]
+
+
+def _view(
+    image: ColmapImage, rec: Reconstruction, model: Path, images_dir: Path, problems: Problems
+) -> SourceView | None:
+    where = f"{model}: image {image.image_id} ({image.name!r})"
+    col_cam = rec.cameras.get(image.camera_id)
+    camera = None
+    if col_cam is None:
+        problems.add(f"{where}: refers to camera {image.camera_id}, which the model does not have")
+    else:
+        try:
+            camera = col_cam.to_camera(label=f"{model}/cameras")
+        except CameraError as exc:
+            problems.add(f"{where}: {exc}")
+    values = np.asarray([*image.qvec, *image.tvec], dtype=np.float64)
+    if not np.all(np.isfinite(values)) or np.linalg.norm(values[:4]) < 1e-12:
+        problems.add(f"{where}: pose is not finite (qvec={list(image.qvec)}, tvec={list(image.tvec)})")
+        return None
+    if camera is None:
+        return None
+    return SourceView(name=image.name, camera=camera, c2w=image.c2w(), image_path=images_dir / image.name)
+
+
+def _with_bounds(
+    views: list[SourceView], rec: Reconstruction, by_name: dict[str, ColmapImage]
+) -> list[SourceView]:
+    ids = sorted(rec.points3d)
+    xyz = rec.points3d_xyz()
+    point_index = {pid: row for row, pid in enumerate(ids)}
+    centres = np.stack([v.c2w[:3, 3] for v in views])
+    lo, hi = centres.min(axis=0), centres.max(axis=0)
+    centre, half = (lo + hi) / 2, np.maximum(hi - lo, 1.0)
+    out = []
+    for view in views:
+        bounds = image_near_far(view.c2w, _observed(by_name[view.name], point_index, xyz))
+        bounds = bounds or image_near_far(view.c2w, xyz) or box_near_far(centre, half, view.c2w[:3, 3])
+        out.append(replace(view, near=bounds[0], far=bounds[1]))
+    return out
+
+
+def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = False) -> Capture:
+    """Parse a COLMAP project or model folder.
+
+    Raises:
+        SourceError: every problem found (model files, cameras, poses, missing images), one line each.
+    """
+    model = find_colmap_model(src)
+    if model is None:
+        raise SourceError(f"{src}: no COLMAP model (cameras.bin/.txt in it, sparse/0 or sparse)")
+    images_dir = _find_images_dir(src, model, images)
+    rec = read_model(model)
+    problems = Problems()
+    by_name = {image.name: image for image in rec.images.values()}
+    views, missing = [], []
+    for name in sorted(by_name):
+        view = _view(by_name[name], rec, model, images_dir, problems)
+        if view is not None and not view.image_path.is_file():
+            missing.append(name)
+            if not skip_missing:
+                problems.add(f"{view.image_path}: image of COLMAP image {name!r} not found")
+        elif view is not None:
+            views.append(view)
+    if not by_name:
+        problems.add(f"{model}: the model has no registered images")
+    problems.raise_if_any()
+    params = {
+        "model": str(model),
+        "images": str(images_dir),
+        "skipped_missing": missing if skip_missing else [],
+    }
+    return Capture(
+        source="colmap", views=_with_bounds(views, rec, by_name), points=rec.points3d_xyz(), params=params
+    )

@@ -1,0 +1,253 @@
+"""``convert``: a capture folder -> a validated, atomic ray store.
+
+Steps: detect the format, parse it (every problem listed at once), probe every image (exists, is
+readable and complete, has the size its camera expects, EXIF policy), rescale cameras for the
+downscale factor, assign splits, normalise the world, then hand picklable image records to
+:func:`raykit.store.write_store`, which writes in ``<dst>.partial`` and renames it to ``dst`` only
+when complete (a rerun resumes from the finished work). Nothing is written before every check passes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raykit.converters.base import Capture, Problems, SourceView
+from raykit.converters.executor import conversion_executor
+from raykit.converters.images import ImageLoader, probe_image
+from raykit.converters.normalize import apply_similarity, normalization
+from raykit.converters.splits import assign_splits
+from raykit.errors import CameraError, ConfigError, SourceError
+from raykit.store.schema import ImageRecord, SceneInfo
+
+__all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
+
+SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
+BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
+
+
+def detect_source(src: Path) -> str:
+    """The format of the capture at ``src`` (``blender``, ``ngp``, ``llff`` or ``colmap``)."""
+    from raykit.converters.colmap import find_colmap_model
+
+    if src.is_file() and src.suffix == ".json":
+        return "ngp"
+    if any((src / f"transforms_{s}.json").is_file() for s in ("train", "val", "test")):
+        return "blender"
+    if (src / "transforms.json").is_file():
+        return "ngp"
+    if (src / "poses_bounds.npy").is_file():
+        return "llff"
+    if find_colmap_model(src) is not None:
+        return "colmap"
+    raise SourceError(
+        f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
+        "or COLMAP model); pass --from"
+    )
+
+
+def parse_source(
+    src: Path, source: str, *, images: Path | None, skip_missing: bool, downscale: int
+) -> Capture:
+    """Parse ``src`` as ``source`` (``auto`` detects it)."""
+    if source not in SOURCES:
+        raise ConfigError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
+    if not src.exists():
+        raise SourceError(f"{src}: capture not found")
+    kind = detect_source(src) if source == "auto" else source
+    if images is not None and kind != "colmap":
+        raise ConfigError(f"--images applies to COLMAP captures only, got a {kind} capture")
+    if kind == "colmap":
+        from raykit.converters.colmap import parse_colmap
+
+        return parse_colmap(src, images=images, skip_missing=skip_missing)
+    if kind == "blender":
+        from raykit.converters.blender import parse_blender
+
+        return parse_blender(src, skip_missing=skip_missing)
+    if kind == "ngp":
+        from raykit.converters.ngp import parse_ngp
+
+        return parse_ngp(src, skip_missing=skip_missing)
+    from raykit.converters.llff import parse_llff
+
+    return parse_llff(src, downscale=downscale)
+
+
+def _check_images(views: Sequence[SourceView], exif: str) -> None:
+    problems = Problems()
+    for view in views:
+        try:
+            header = probe_image(view.image_path, exif=exif)
+        except SourceError as exc:
+            problems.capture(exc)
+            continue
+        cam = view.camera
+        if (header.width, header.height) != (cam.width, cam.height):
+            problems.add(
+                f"{view.image_path}: image is {header.width}x{header.height}, its camera "
+                f"({cam.label or cam.camera_id}) expects {cam.width}x{cam.height}"
+            )
+    problems.raise_if_any()
+
+
+def _scale_cameras(views: Sequence[SourceView], factor: int) -> list[Any]:
+    if not isinstance(factor, int) or factor < 1:
+        raise ConfigError(f"downscale: expected a positive integer, got {factor!r}")
+    problems, cameras = Problems(), []
+    for view in views:
+        try:
+            cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
+        except CameraError as exc:
+            problems.add(f"{view.image_path}: {exc}")
+    problems.raise_if_any()
+    return cameras
+
+
+def _scene_info(capture: Capture, matrix: np.ndarray, params: Mapping[str, Any], method: str,
+                nears: list[float], fars: list[float]) -> SceneInfo:  # fmt: skip
+    box: np.ndarray | None = None
+    if capture.source == "blender":
+        box = np.array(BLENDER_BOUNDS)
+    elif capture.points is not None and len(capture.points):
+        box = np.percentile(capture.points, [1.0, 99.0], axis=0)
+    bounds = None
+    if box is not None:
+        corners = box @ matrix[:3, :3].T + matrix[:3, 3]
+        bounds = (tuple(corners.min(axis=0).tolist()), tuple(corners.max(axis=0).tolist()))
+    return SceneInfo(
+        world_frame=f"{capture.source} source frame" + ("" if method == "identity" else f", {method}"),
+        world_from_source=tuple(tuple(row) for row in matrix.tolist()),
+        transform_method=method,
+        transform_params=dict(params),
+        bounds=bounds,
+        near=min(nears),
+        far=max(fars),
+    )
+
+
+def build_records(
+    capture: Capture,
+    *,
+    downscale: int = 1,
+    split: Any = None,
+    normalize: str = "none",
+    exif: str = "reject",
+    near: float | None = None,
+    far: float | None = None,
+) -> tuple[list[ImageRecord], SceneInfo]:
+    """Checked image records (store world frame) and the scene record for a parsed capture."""
+    views = capture.views
+    _check_images(views, exif)
+    factor = downscale // int(capture.params.get("prescaled", 1))
+    cameras = _scale_cameras(views, factor)
+    splits = assign_splits([v.name for v in views], [v.split for v in views], split)
+    centres = np.stack([v.c2w[:3, 3] for v in views])
+    matrix, params = normalization(normalize, centres, capture.points)
+    scale = float(np.cbrt(np.linalg.det(matrix[:3, :3])))
+    nears = [scale * _pick(near, v.near, capture.near, "near", v) for v in views]
+    fars = [scale * _pick(far, v.far, capture.far, "far", v) for v in views]
+    records = [
+        _record(view, camera, split_name, matrix, n, f, factor, exif)
+        for view, camera, split_name, n, f in zip(views, cameras, splits, nears, fars, strict=True)
+    ]
+    method = "identity" if normalize == "none" else f"normalize-{normalize}"
+    return records, _scene_info(capture, matrix, params, method, nears, fars)
+
+
+def _record(
+    view: SourceView,
+    camera: Any,
+    split: str,
+    matrix: np.ndarray,
+    near: float,
+    far: float,
+    factor: int,
+    exif: str,
+) -> ImageRecord:
+    source = view.camera
+    loader = ImageLoader(str(view.image_path), source.width, source.height, factor, exif, source.label)
+    c2w = apply_similarity(matrix, view.c2w)
+    return ImageRecord(view.name, split, camera, c2w, near, far, str(view.image_path), loader)
+
+
+def _pick(
+    override: float | None, own: float | None, default: float | None, what: str, view: SourceView
+) -> float:
+    value = override if override is not None else own if own is not None else default
+    if value is None:
+        raise SourceError(f"{view.image_path}: no {what} bound known; pass {what}=")
+    return float(value)
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    source: str = "auto",
+    backend: str = "zarr",
+    downscale: int = 1,
+    split: str | Mapping[str, Sequence[str]] | None = None,
+    normalize: str = "none",
+    workers: int = 1,
+    scheduler: str | None = None,
+    skip_missing: bool = False,
+    progress: bool = False,
+    images: str | os.PathLike[str] | None = None,
+    exif: str = "reject",
+    near: float | None = None,
+    far: float | None = None,
+    chunk_rays: int | None = None,
+    shard_chunks: int | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Any:
+    """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
+
+    Args:
+        source: ``auto``, ``colmap``, ``blender``, ``ngp`` or ``llff``.
+        backend: ``zarr`` or ``wds``.
+        downscale: integer area-filter factor (width and height must divide).
+        split: rule or explicit lists (see :mod:`raykit.converters.splits`).
+        normalize: ``none``, ``cameras`` or ``unit-box`` (see :mod:`raykit.converters.normalize`).
+        workers: > 1 runs decoding and writing on a local Dask cluster of that many processes.
+        scheduler: address of an existing Dask scheduler (``tcp://host:port``).
+        skip_missing: skip frames whose image is missing instead of failing.
+        images: COLMAP image folder (default: found beside the model).
+        exif: EXIF orientation policy ``reject``, ``ignore`` or ``apply`` (see
+            :mod:`raykit.converters.images`).
+        near, far: override every image's ray bounds (source units, before normalisation).
+        chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
+        overwrite: replace an existing store at ``dst``.
+
+    Raises:
+        SourceError: every problem with the capture, one line each; nothing is written.
+        ConfigError: invalid options.
+    """
+    capture = parse_source(
+        Path(src), source, images=None if images is None else Path(images), skip_missing=skip_missing,
+        downscale=downscale,
+    )  # fmt: skip
+    if not capture.views:
+        raise SourceError(f"{src}: no images to convert")
+    records, scene = build_records(
+        capture, downscale=downscale, split=split, normalize=normalize, exif=exif, near=near, far=far
+    )
+    layout: dict[str, Any] = {"seed": seed}
+    if chunk_rays is not None:
+        layout["chunk_rays"] = chunk_rays
+    if shard_chunks is not None:
+        layout["shard_chunks"] = shard_chunks
+    info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
+            "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
+    from raykit.store.writer import write_store
+
+    with conversion_executor(workers, scheduler) as executor:
+        return write_store(
+            Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
+            source=info, overwrite=overwrite, **layout,
+        )  # fmt: skip

@@ -1,0 +1,57 @@
+"""Executors for conversion tasks: in-process, a local Dask cluster, or an existing Dask scheduler.
+
+The store writer maps picklable tasks over an executor and its output does not depend on which one
+runs them, so these choices change speed only, never bytes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Iterator
+
+from raykit.errors import ConfigError
+
+__all__ = ["conversion_executor"]
+
+
+@contextlib.contextmanager
+def conversion_executor(
+    workers: int = 1, scheduler: str | None = None
+) -> Iterator[concurrent.futures.Executor | None]:
+    """Yield the executor for ``workers``/``scheduler`` and shut it down afterwards.
+
+    * ``scheduler`` (e.g. ``"tcp://10.0.0.1:8786"``): a Dask ``Client`` connected to it;
+    * ``workers > 1``: a Dask ``LocalCluster`` of ``workers`` single-threaded worker processes;
+    * otherwise None: the writer runs every task in this process.
+
+    Raises:
+        ConfigError: both given, ``workers < 1``, or the scheduler cannot be reached.
+    """
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers: expected a positive integer, got {workers!r}")
+    if scheduler is not None and workers > 1:
+        raise ConfigError("give either workers > 1 (local cluster) or scheduler (existing cluster), not both")
+    if scheduler is None and workers == 1:
+        yield None
+        return
+    from dask.distributed import Client, LocalCluster
+
+    with contextlib.ExitStack() as stack:
+        if scheduler is not None:
+            try:
+                client = stack.enter_context(Client(scheduler, timeout="20s"))
+            except (OSError, TimeoutError) as exc:
+                raise ConfigError(f"cannot connect to the Dask scheduler at {scheduler}: {exc}") from None
+        else:
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=40,
+                )
+            )
+            client = stack.enter_context(Client(cluster))
+        yield client.get_executor()

@@ -1,0 +1,280 @@
+"""Image decoding for converters: colour modes, bit depth, EXIF orientation, size checks, downscaling.
+
+Every converted image becomes ``uint8 (H, W, 3)`` (RGB) or ``uint8 (H, W, 4)`` (RGBA, straight alpha).
+
+Colour modes (Pillow names):
+
+* ``RGB`` as is; ``RGBA`` kept with its alpha (the background is chosen at load time);
+* ``L`` / ``1`` (grayscale, bilevel) replicated to RGB; ``LA`` to RGBA;
+* ``P`` (palette) expanded to RGBA when the palette has transparency, else RGB;
+* 16-bit grayscale PNG (``I;16``) converted to 8 bits with rounding: ``round(v * 255 / 65535)``;
+* 16-bit RGB/RGBA PNG is rejected: Pillow decodes it truncated to the high byte, which would silently
+  bias every pixel; convert such files to 8 bits with your own tool first;
+* anything else (CMYK, float, 32-bit integer, YCbCr, LAB) is rejected naming the mode.
+
+EXIF orientation (tag 274): a camera's intrinsics describe the pixel array as stored in the file, as
+COLMAP and every NeRF loader read it. A file whose EXIF orientation is not 1 shows differently in
+viewers than it is stored, so the two interpretations disagree and picking one silently can
+desynchronise pixels from intrinsics. Policy ``exif``:
+
+* ``"reject"`` (default): such files are an error naming the file and its orientation;
+* ``"ignore"``: use the pixels as stored (what COLMAP reconstructed from);
+* ``"apply"``: rotate/flip the pixels as a viewer shows them; the size check then compares the
+  displayed size against the camera, so a 90-degree rotation is caught unless the camera matches.
+
+Downscaling by an integer factor ``f`` is an exact box (area) filter: every output pixel is the mean of
+an ``f x f`` block, rounded half up in integer arithmetic. RGBA is averaged with premultiplied alpha
+(colours weighted by alpha, so transparent pixels do not bleed their colour into edges); a block with
+zero total alpha takes its plain colour mean. Width and height must be divisible by ``f`` (no
+cropping), so the intrinsics rescale exactly via ``Camera.scaled``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from raykit.errors import SourceError
+
+__all__ = [
+    "EXIF_POLICIES",
+    "ImageHeader",
+    "ImageLoader",
+    "decode_image",
+    "downscale_area",
+    "downscale_area_reference",
+    "probe_image",
+]
+
+EXIF_POLICIES = ("reject", "ignore", "apply")
+_ORIENTATION_TAG = 274
+_SWAPS_AXES = {5, 6, 7, 8}
+_SIXTEEN_BIT_RGB = {"RGB;16B", "RGB;16", "RGBA;16B", "RGBA;16", "RGB;16L", "RGBA;16L"}
+_ACCEPTED_MODES = {"RGB", "RGBA", "L", "LA", "1", "P", "PA", "I;16", "I;16B", "I;16L"}
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What can be learnt from a file without decoding its pixels.
+
+    Attributes:
+        width, height: size as the pixels will be used (after ``exif="apply"`` rotation).
+        channels: 3 or 4 after conversion.
+        orientation: EXIF orientation tag (1 when absent).
+    """
+
+    width: int
+    height: int
+    channels: int
+    orientation: int
+
+
+def _open(path: Path) -> Image.Image:
+    try:
+        return Image.open(path)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: image file not found") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise SourceError(f"{path}: cannot read image ({exc})") from None
+
+
+def _raw_mode(img: Image.Image) -> str:
+    tile = getattr(img, "tile", None) or []
+    args = getattr(tile[0], "args", None) if tile else None
+    if isinstance(args, tuple):
+        args = args[0] if args else None
+    return str(args) if args else ""
+
+
+def _channels(img: Image.Image, path: Path) -> int:
+    mode = img.mode
+    if img.format == "PNG" and _raw_mode(img) in _SIXTEEN_BIT_RGB:
+        raise SourceError(
+            f"{path}: 16-bit {mode} PNG is not supported (Pillow would truncate it to 8 bits); "
+            "convert it to 8-bit RGB/RGBA first"
+        )
+    if mode not in _ACCEPTED_MODES:
+        raise SourceError(
+            f"{path}: unsupported colour mode {mode!r}; expected 8-bit RGB, RGBA, grayscale or palette, "
+            "or 16-bit grayscale PNG"
+        )
+    if mode in ("RGBA", "LA", "PA"):
+        return 4
+    if mode == "P" and "transparency" in img.info:
+        return 4
+    return 3
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        value = img.getexif().get(_ORIENTATION_TAG, 1)
+    except Exception:  # malformed EXIF blocks: treat as absent, the pixels are still decodable
+        return 1
+    return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _check_orientation(orientation: int, exif: str, path: Path) -> None:
+    if exif not in EXIF_POLICIES:
+        raise SourceError(f"exif policy: expected one of {EXIF_POLICIES}, got {exif!r}")
+    if orientation != 1 and exif == "reject":
+        raise SourceError(
+            f"{path}: EXIF orientation is {orientation}, expected 1 (pixels are stored rotated/flipped "
+            "relative to how viewers show them); pass exif='ignore' (--exif ignore) to use the stored "
+            "pixels as COLMAP does, or exif='apply' (--exif apply) to rotate them"
+        )
+
+
+def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: bool = True) -> ImageHeader:
+    """Read an image's size, channel count and orientation without decoding its pixels.
+
+    With ``verify`` the file is also checked for structural integrity (PNG chunk CRCs and a complete
+    stream), which catches truncated files before any store is written.
+
+    Raises:
+        SourceError: missing, unreadable, truncated, unsupported mode, or rejected EXIF orientation.
+    """
+    path = Path(path)
+    with _open(path) as img:
+        channels = _channels(img, path)
+        orientation = _orientation(img)
+        width, height = img.size
+        if verify and img.format == "PNG":
+            try:
+                img.verify()
+            except Exception as exc:
+                raise SourceError(f"{path}: corrupt or truncated PNG ({exc})") from None
+    _check_orientation(orientation, exif, path)
+    if exif == "apply" and orientation in _SWAPS_AXES:
+        width, height = height, width
+    return ImageHeader(width=width, height=height, channels=channels, orientation=orientation)
+
+
+def _to_array(img: Image.Image, path: Path) -> np.ndarray:
+    mode = img.mode
+    if mode.startswith("I;16"):
+        raw = np.asarray(img).astype(np.uint32)
+        gray = ((raw * 255 * 2 + 65535) // (2 * 65535)).astype(np.uint8)  # round half up
+        return np.repeat(gray[..., None], 3, axis=-1)
+    if mode == "P":
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+    elif mode in ("LA", "PA"):
+        img = img.convert("RGBA")
+    elif mode in ("L", "1"):
+        img = img.convert("RGB")
+    array = np.asarray(img)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] not in (3, 4):
+        raise SourceError(f"{path}: decoded to {array.dtype} {array.shape}, expected uint8 (H, W, 3|4)")
+    return np.ascontiguousarray(array)
+
+
+def decode_image(path: str | os.PathLike[str], *, exif: str = "reject") -> np.ndarray:
+    """Decode an image file to ``uint8 (H, W, 3|4)`` following the module's colour and EXIF rules.
+
+    Raises:
+        SourceError: naming the file, for every unreadable, truncated or unsupported image.
+    """
+    path = Path(path)
+    with _open(path) as img:
+        _channels(img, path)
+        orientation = _orientation(img)
+        _check_orientation(orientation, exif, path)
+        try:
+            img.load()
+        except Exception as exc:
+            raise SourceError(f"{path}: cannot decode image ({exc})") from None
+        if exif == "apply" and orientation != 1:
+            img = ImageOps.exif_transpose(img)
+        return _to_array(img, path)
+
+
+def _check_factor(height: int, width: int, factor: int, where: str) -> None:
+    if not isinstance(factor, int | np.integer) or factor < 1:
+        raise SourceError(f"{where}: downscale factor must be a positive integer, got {factor!r}")
+    if height % factor or width % factor:
+        raise SourceError(
+            f"{where}: image size {width}x{height} is not divisible by the downscale factor {factor}"
+        )
+
+
+def downscale_area(image: np.ndarray, factor: int, *, where: str = "image") -> np.ndarray:
+    """Exact box-filter downscale.
+
+    Args:
+        image: (H, W, C) uint8, C = 3 or 4 (straight alpha).
+        factor: integer dividing both H and W.
+
+    Returns:
+        (H // factor, W // factor, C) uint8; RGBA averaged with premultiplied alpha.
+    """
+    height, width, channels = image.shape
+    _check_factor(height, width, factor, where)
+    if factor == 1:
+        return image
+    blocks = image.reshape(height // factor, factor, width // factor, factor, channels).astype(np.int64)
+    n = factor * factor
+    if channels == 3:
+        sums = blocks.sum(axis=(1, 3))
+        return ((2 * sums + n) // (2 * n)).astype(np.uint8)
+    alpha = blocks[..., 3:]
+    alpha_sum = alpha.sum(axis=(1, 3))
+    weighted = (blocks[..., :3] * alpha).sum(axis=(1, 3))
+    plain = blocks[..., :3].sum(axis=(1, 3))
+    safe = np.maximum(alpha_sum, 1)
+    rgb = np.where(alpha_sum > 0, (2 * weighted + safe) // (2 * safe), (2 * plain + n) // (2 * n))
+    out_alpha = (2 * alpha_sum + n) // (2 * n)
+    return np.concatenate([rgb, out_alpha], axis=-1).astype(np.uint8)
+
+
+def downscale_area_reference(image: np.ndarray, factor: int) -> np.ndarray:
+    """Loop-per-output-pixel twin of :func:`downscale_area` (tests compare the two)."""
+    height, width, channels = image.shape
+    out = np.zeros((height // factor, width // factor, channels), dtype=np.uint8)
+    n = factor * factor
+    for oy in range(height // factor):
+        for ox in range(width // factor):
+            block = image[oy * factor : (oy + 1) * factor, ox * factor : (ox + 1) * factor]
+            pixels = [[int(v) for v in px] for row in block for px in row]
+            for c in range(min(channels, 3)):
+                total_a = sum(p[3] for p in pixels) if channels == 4 else 0
+                if channels == 4 and total_a > 0:
+                    num = sum(p[c] * p[3] for p in pixels)
+                    out[oy, ox, c] = (2 * num + total_a) // (2 * total_a)
+                else:
+                    out[oy, ox, c] = (2 * sum(p[c] for p in pixels) + n) // (2 * n)
+            if channels == 4:
+                out[oy, ox, 3] = (2 * sum(p[3] for p in pixels) + n) // (2 * n)
+    return out
+
+
+@dataclass(frozen=True)
+class ImageLoader:
+    """Picklable ``load()`` for a store writer: decode, check the size, downscale.
+
+    Attributes:
+        path: image file.
+        width, height: size the camera expects at source resolution (before downscaling).
+        downscale: integer area-filter factor.
+        exif: EXIF orientation policy (see the module docstring).
+        label: camera/image label for messages.
+    """
+
+    path: str
+    width: int
+    height: int
+    downscale: int = 1
+    exif: str = "reject"
+    label: str = ""
+
+    def __call__(self) -> np.ndarray:
+        image = decode_image(self.path, exif=self.exif)
+        got_h, got_w = image.shape[:2]
+        if (got_w, got_h) != (self.width, self.height):
+            raise SourceError(
+                f"{self.path}: image is {got_w}x{got_h}, camera {self.label or '?'} expects "
+                f"{self.width}x{self.height}"
+            )
+        return downscale_area(image, self.downscale, where=self.path)

@@ -1,0 +1,215 @@
+"""instant-ngp / nerfstudio ``transforms.json`` captures.
+
+Intrinsics come from the top level and may be overridden per frame by the same keys:
+``fl_x``, ``fl_y`` (pixels) or ``camera_angle_x``/``camera_angle_y`` (radians, full field of view),
+``cx``, ``cy`` (default: image centre), ``w``, ``h`` (default: the image file's size), distortion
+``k1``-``k4``, ``p1``, ``p2`` and ``camera_model``:
+
+* ``OPENCV`` (default): no distortion -> ``PINHOLE``; ``k1, k2, p1, p2`` -> ``OPENCV``; with ``k3``
+  -> ``FULL_OPENCV`` (``k4..k6 = 0``); nerfstudio's ``k4`` (an r^8 numerator term) has no COLMAP
+  equivalent and is an error.
+* ``OPENCV_FISHEYE`` (or instant-ngp's ``"is_fisheye": true``): ``k1``-``k4``; tangential terms are
+  an error.
+* ``PINHOLE`` / ``SIMPLE_PINHOLE``: no distortion allowed.
+
+``cx``/``cy`` use COLMAP's convention (pixel centres at +0.5), as both instant-ngp and nerfstudio do.
+Poses are OpenGL camera-to-world (``transform_matrix``), converted to OpenCV. ``file_path`` may use
+Windows separators and may lack an extension. Frames whose image is missing are all listed in one
+error unless ``skip_missing``.
+
+Near/far: instant-ngp maps source points ``p`` into its unit cube by ``p * scale + offset`` (after
+cycling axes; defaults ``scale = 0.33``, ``offset = 0.5``) and the scene occupies a cube ``aabb_scale``
+times larger around the cube's centre. Without ``aabb_scale`` (nerfstudio) the box is the camera
+centres' bounding box doubled about its centre. Per view, ``far`` is the distance to the farthest box
+corner and ``near`` the distance to the box (at least 1% of the box half-size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raykit.cameras import Camera
+from raykit.conventions import opengl_to_opencv_c2w
+from raykit.converters.base import (
+    Capture,
+    Problems,
+    SourceView,
+    check_rigid,
+    load_json,
+    relative_name,
+    resolve_image,
+)
+from raykit.converters.images import probe_image
+from raykit.errors import CameraError, SourceError
+
+__all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
+
+INTRINSIC_KEYS = (
+    "fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "w", "h",
+    "k1", "k2", "k3", "k4", "p1", "p2", "camera_model", "is_fisheye",
+)  # fmt: skip
+
+
+def _num(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SourceError(f"{key}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _focal(d: Mapping[str, Any], width: int, height: int) -> tuple[float, float]:
+    if "fl_x" in d:
+        fx = _num(d, "fl_x")
+    elif "camera_angle_x" in d:
+        fx = 0.5 * width / math.tan(0.5 * _num(d, "camera_angle_x"))
+    else:
+        raise SourceError("no focal length: expected fl_x or camera_angle_x")
+    if "fl_y" in d:
+        fy = _num(d, "fl_y")
+    elif "camera_angle_y" in d:
+        fy = 0.5 * height / math.tan(0.5 * _num(d, "camera_angle_y"))
+    else:
+        fy = fx
+    return fx, fy
+
+
+def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, label: str) -> Camera:
+    """Build a :class:`Camera` from transforms-style intrinsics for an image of ``width x height``.
+
+    Raises:
+        SourceError: missing focal length, unsupported distortion combination or camera model.
+        CameraError: the resulting camera is invalid (e.g. non-positive focal length).
+    """
+    fx, fy = _focal(d, width, height)
+    cx, cy = _num(d, "cx", width / 2), _num(d, "cy", height / 2)
+    k1, k2, k3, k4, p1, p2 = (_num(d, k) for k in ("k1", "k2", "k3", "k4", "p1", "p2"))
+    model = str(d.get("camera_model", "OPENCV")).upper()
+    if d.get("is_fisheye") is True:
+        model = "OPENCV_FISHEYE"
+    base = (fx, fy, cx, cy)
+    if model == "OPENCV_FISHEYE":
+        if p1 or p2:
+            raise SourceError(f"camera_model OPENCV_FISHEYE has no tangential terms, got p1={p1}, p2={p2}")
+        return Camera("OPENCV_FISHEYE", width, height, (*base, k1, k2, k3, k4), label=label)
+    if model in ("PINHOLE", "SIMPLE_PINHOLE") and any((k1, k2, k3, k4, p1, p2)):
+        raise SourceError(f"camera_model {model} cannot have distortion coefficients")
+    if model not in ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE"):
+        raise SourceError(
+            f"unknown camera_model {model!r}; expected OPENCV, OPENCV_FISHEYE, PINHOLE or SIMPLE_PINHOLE"
+        )
+    if k4:
+        raise SourceError(f"k4={k4} with camera_model OPENCV (an r^8 term) has no COLMAP equivalent")
+    if k3:
+        return Camera("FULL_OPENCV", width, height, (*base, k1, k2, p1, p2, k3, 0.0, 0.0, 0.0), label=label)
+    if k1 or k2 or p1 or p2:
+        return Camera("OPENCV", width, height, (*base, k1, k2, p1, p2), label=label)
+    return Camera("PINHOLE", width, height, base, label=label)
+
+
+def box_near_far(center: np.ndarray, half: np.ndarray, origin: np.ndarray) -> tuple[float, float]:
+    """Near/far of a camera at ``origin`` (3,) for the box ``center`` (3,) +- ``half`` (3,)."""
+    outside = np.maximum(np.abs(origin - center) - half, 0.0)
+    near = max(float(np.linalg.norm(outside)), 0.01 * float(np.max(half)))
+    far = float(np.linalg.norm(np.abs(origin - center) + half))
+    return near, max(far, 2 * near)
+
+
+def _bounded(view: SourceView, centre: np.ndarray, half: np.ndarray) -> SourceView:
+    near, far = box_near_far(centre, half, view.c2w[:3, 3])
+    return replace(view, near=near, far=far)
+
+
+def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if "aabb_scale" not in meta:
+        lo, hi = centres.min(axis=0), centres.max(axis=0)
+        return (lo + hi) / 2, np.maximum(hi - lo, 1.0)
+    scale = float(meta.get("scale", 0.33))
+    offset = np.broadcast_to(np.asarray(meta.get("offset", 0.5), dtype=np.float64), (3,))
+    # instant-ngp cycles axes: ngp (x, y, z) = source (y, z, x).
+    centre_ngp = (0.5 - offset) / scale
+    centre = np.array([centre_ngp[2], centre_ngp[0], centre_ngp[1]])
+    half = np.full(3, float(meta["aabb_scale"]) * 0.5 / scale)
+    return centre, half
+
+
+def _frame_view(
+    frame: Any, index: int, meta: Mapping[str, Any], base: Path, json_path: Path, problems: Problems
+) -> tuple[SourceView | None, str | None]:
+    """One frame -> (view, missing file path or None); other problems go to ``problems``."""
+    where = f"{json_path}: frame {index}"
+    if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
+        problems.add(f"{where}: expected an object with a string file_path")
+        return None, None
+    where = f"{where} ({frame['file_path']})"
+    c2w_gl, bad = check_rigid(frame.get("transform_matrix"), f"{where}: transform_matrix")
+    if bad:
+        problems.add(bad)
+    image = resolve_image(base, frame["file_path"])
+    if image is None:
+        return None, frame["file_path"]
+    if c2w_gl is None:
+        return None, None
+    intr = {k: meta[k] for k in INTRINSIC_KEYS if k in meta}
+    intr.update({k: frame[k] for k in INTRINSIC_KEYS if k in frame})
+    try:
+        if "w" in intr and "h" in intr:
+            width, height = int(intr["w"]), int(intr["h"])
+        else:
+            header = probe_image(image, verify=False, exif="ignore")
+            width, height = header.width, header.height
+        camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
+    except (SourceError, CameraError) as exc:
+        problems.extend([f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])])
+        return None, None
+    name = relative_name(image, base)
+    return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
+
+
+def parse_frames(json_path: Path, meta: Any, problems: Problems) -> tuple[list[SourceView], list[str]]:
+    """Every frame of one transforms file -> (views, missing image paths)."""
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
+        problems.add(f"{json_path}: expected an object with a 'frames' list")
+        return [], []
+    views, missing = [], []
+    for index, frame in enumerate(meta["frames"]):
+        view, gone = _frame_view(frame, index, meta, json_path.parent, json_path, problems)
+        if gone is not None:
+            missing.append(gone)
+        elif view is not None:
+            views.append(view)
+    return views, missing
+
+
+def report_missing(json_path: Path, missing: list[str], skip_missing: bool, problems: Problems) -> None:
+    """Missing frames are one problem line each unless ``skip_missing``."""
+    if not skip_missing:
+        for rel in missing:
+            problems.add(f"{json_path}: frame image {rel!r} not found (pass --skip-missing to skip it)")
+
+
+def parse_ngp(src: Path, *, skip_missing: bool = False) -> Capture:
+    """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
+
+    Raises:
+        SourceError: every problem found, one line each.
+    """
+    json_path = src if src.is_file() else src / "transforms.json"
+    problems = Problems()
+    meta = load_json(json_path)
+    views, missing = parse_frames(json_path, meta, problems)
+    report_missing(json_path, missing, skip_missing, problems)
+    if not views and not problems:
+        problems.add(f"{json_path}: no frames with images")
+    problems.raise_if_any()
+    centres = np.stack([v.c2w[:3, 3] for v in views])
+    centre, half = _ngp_box(meta, centres)
+    views = [_bounded(v, centre, half) for v in views]
+    params = {k: meta[k] for k in ("aabb_scale", "scale", "offset") if k in meta}
+    params["skipped_missing"] = sorted(missing) if skip_missing else []
+    return Capture(source="ngp", views=views, params=params)
