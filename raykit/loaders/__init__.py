@@ -1,1 +1,17 @@
-"""raykit.loaders."""
+"""Ray loaders: shuffled, cached, resumable, multi-worker and multi-rank batches; evaluation; adapters."""
+
+from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache
+from raykit.loaders.loader import RayLoader
+from raykit.loaders.plan import SamplingPlan
+from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
+
+__all__ = [
+    "CacheStats",
+    "ChunkCache",
+    "ChunkSource",
+    "DiskCache",
+    "MemorySource",
+    "RayLoader",
+    "SamplingPlan",
+    "StoreSource",
+]

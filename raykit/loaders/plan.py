@@ -26,6 +26,7 @@ are identical for any ``num_workers`` and for a Zarr store and its WebDataset co
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -154,19 +155,24 @@ class SamplingPlan:
 
     def window_segments(self, epoch: int, j: int) -> list[tuple[int, int, int]]:
         """The pieces of chunks that window ``j`` covers, in order: ``(chunk, lo, hi)`` ray offsets."""
+        return self.epoch_segments(epoch, j, j + 1)[0]
+
+    def epoch_segments(self, epoch: int, first: int = 0, stop: int | None = None) -> list[list[tuple[int, int, int]]]:
+        """:meth:`window_segments` of windows ``first..stop`` (default: to the last), computed together."""
         order = self.chunk_order(epoch)
-        starts = np.concatenate([[0], np.cumsum(self.chunk_sizes(order))])
-        w_start, w_stop = self.window_span(j)
-        lo_pos, hi_pos = self.share[0] + w_start, self.share[0] + w_stop
-        first = int(np.searchsorted(starts, lo_pos, side="right")) - 1
-        segments = []
-        for slot in range(first, len(order)):
-            c_start, c_stop = int(starts[slot]), int(starts[slot + 1])
-            if c_start >= hi_pos:
-                break
-            lo, hi = max(lo_pos, c_start) - c_start, min(hi_pos, c_stop) - c_start
-            segments.append((int(order[slot]), lo, hi))
-        return segments
+        starts = np.concatenate([[0], np.cumsum(self.chunk_sizes(order))]).tolist()
+        out = []
+        for j in range(first, self.n_windows if stop is None else stop):
+            w_start, w_stop = self.window_span(j)
+            lo_pos, hi_pos = self.share[0] + w_start, self.share[0] + w_stop
+            slot = bisect.bisect_right(starts, lo_pos) - 1
+            segments = []
+            while slot < len(order) and starts[slot] < hi_pos:
+                c_start, c_stop = starts[slot], starts[slot + 1]
+                segments.append((int(order[slot]), max(lo_pos, c_start) - c_start, min(hi_pos, c_stop) - c_start))
+                slot += 1
+            out.append(segments)
+        return out
 
     def window_permutation(self, epoch: int, j: int) -> np.ndarray:
         """(window length,) int64: position ``q`` of the mixed window holds unmixed position ``perm[q]``."""

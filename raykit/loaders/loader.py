@@ -1,0 +1,292 @@
+"""``RayLoader``: shuffled, cached, resumable, multi-worker and multi-rank ray batches.
+
+The loader follows a :class:`~raykit.loaders.plan.SamplingPlan`: chunks are read whole in a seeded
+per-epoch order (by worker processes when ``num_workers > 0``, through a bounded LRU cache of decoded
+chunks), a window of ``mix_chunks`` chunks is mixed by a seeded permutation, and each batch is a
+vectorised gather from the window followed by ray generation on the target device. A background thread
+prepares the next ``prefetch`` batches while the consumer works.
+
+Its position is ``(epoch, batch)``, the next batch it will yield; ``state_dict()`` records it together
+with what the plan depends on, so a loader built the same way and given that state continues exactly as
+the saved one would have. When the world size (or batch size, or ``drop_last``) changed between save
+and resume, a state saved at an epoch boundary resumes exactly; one saved mid-epoch cannot (the new
+ranks would partition the epoch differently), so the loader skips the rest of that epoch, starts the
+next one and warns.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from raykit.errors import ConfigError, ResumeError
+from raykit.loaders.cache import CacheStats, ChunkCache
+from raykit.loaders.plan import SamplingPlan
+from raykit.loaders.source import as_source
+from raykit.loaders.workers import ChunkFetcher
+from raykit.store.schema import RawRays
+
+__all__ = ["STATE_VERSION", "RayLoader", "distributed_rank"]
+
+STATE_VERSION = 1
+_EXACT_KEYS = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks")
+_PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
+_DONE = object()
+
+
+def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: the given values, else ``torch.distributed``'s when initialised, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return (dist.get_rank() if rank is None else rank), (dist.get_world_size() if world_size is None else world_size)
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+
+class _Window:
+    """One mixed window: the window's rays in reading order plus the mixing permutation."""
+
+    def __init__(self, parts: list[RawRays], perm: np.ndarray) -> None:
+        rgba = parts[0].rgba if len(parts) == 1 else np.concatenate([p.rgba for p in parts])
+        self.pid = parts[0].pid if len(parts) == 1 else np.concatenate([p.pid for p in parts])
+        self.channels = rgba.shape[1]
+        # Four uint8 channels gather as one uint32 per ray.
+        self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
+        self.perm = perm
+
+    def take(self, lo: int, hi: int) -> RawRays:
+        index = self.perm[lo:hi]
+        rgba = self.rgba[index]
+        if self.channels == 4:
+            rgba = rgba.view(np.uint8).reshape(-1, 4)
+        return RawRays(rgba, self.pid[index])
+
+
+class RayLoader:
+    """Yields ray batches of one split, epoch after epoch.
+
+    Args:
+        store: a :class:`raykit.store.RayStore` (or any :class:`~raykit.loaders.source.ChunkSource`).
+        split: split to read.
+        batch_size: rays per batch.
+        seed: seed of the chunk order and the mixing.
+        shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
+        device: where batches are generated (``"cpu"``, ``"cuda"``...).
+        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread.
+        cache_bytes: budget of the decoded-chunk LRU cache.
+        rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
+        drop_last: see :mod:`raykit.loaders.plan`.
+        mix_chunks: mixing-buffer size in chunks.
+        prefetch: batches prepared ahead of the consumer.
+        make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
+            (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        split: str = "train",
+        batch_size: int = 4096,
+        seed: int = 0,
+        *,
+        shuffle: bool = True,
+        device: Any = "cpu",
+        num_workers: int = 0,
+        cache_bytes: int = 512 << 20,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = True,
+        mix_chunks: int = 8,
+        prefetch: int = 4,
+        make_batch: Callable[[RawRays], Any] | None = None,
+    ) -> None:
+        if num_workers < 0 or prefetch < 1:
+            raise ConfigError(f"loader: expected num_workers >= 0 and prefetch >= 1, got {num_workers}, {prefetch}")
+        self.store, self.split = store, split
+        self.source = as_source(store, split)
+        rank, world_size = distributed_rank(rank, world_size)
+        self.plan = SamplingPlan(
+            self.source.n_rays, self.source.chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank
+        )
+        self.cache: ChunkCache[RawRays] = ChunkCache(cache_bytes)
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.make_batch = make_batch if make_batch is not None else _default_maker(store, device)
+        self.epoch, self.batch = 0, 0
+        self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
+        self._fetcher: ChunkFetcher | None = None
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.plan.n_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        """The remaining batches of the current epoch; afterwards the position is the next epoch."""
+        if self.batch >= self.plan.n_batches:
+            self.epoch, self.batch = self.epoch + 1, 0
+        epoch = self.epoch
+        items: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-loader", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                item = items.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self.batch += 1
+                yield item
+            self.epoch, self.batch = epoch + 1, 0
+        finally:
+            stop.set()
+            while thread.is_alive():
+                try:
+                    items.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            thread.join()
+
+    def forever(self) -> Iterator[Any]:
+        """Batches without end, epoch after epoch."""
+        while True:
+            yield from self
+
+    def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
+        """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
+        for _, raw in self._raw_batches(epoch, start):
+            yield raw
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Small JSON-able position: the next batch to yield, and what the plan depends on."""
+        plan = self.plan
+        return {
+            "version": STATE_VERSION,
+            "split": self.split,
+            "fingerprint": str(getattr(self.store, "fingerprint", "")),
+            "epoch": self.epoch,
+            "batch": self.batch,
+            **{key: getattr(plan, key) for key in _EXACT_KEYS + _PARTITION_KEYS},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (see the module docstring for changed world sizes)."""
+        if state.get("version") != STATE_VERSION:
+            raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
+        mine = self.state_dict()
+        for key in ("split", "fingerprint", *_EXACT_KEYS):
+            if state.get(key) != mine[key]:
+                raise ResumeError(f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}")
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
+        if changed and batch > 0:
+            warnings.warn(
+                f"loader state saved mid-epoch {epoch} with different {', '.join(changed)}; "
+                f"skipping the rest of that epoch and starting epoch {epoch + 1}",
+                stacklevel=2,
+            )
+            epoch, batch = epoch + 1, 0
+        self.epoch, self.batch = epoch, batch
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
+
+    def __enter__(self) -> RayLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- the pipeline ------------------------------------------------------------------------
+    def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            for _, raw in self._raw_batches(epoch, start):
+                t0 = time.perf_counter()
+                batch = self.make_batch(raw)
+                self.seconds["generate"] += time.perf_counter() - t0
+                if not _put(items, batch, stop):
+                    return
+            _put(items, _DONE, stop)
+        except BaseException as exc:
+            _put(items, exc, stop)
+
+    def _raw_batches(self, epoch: int, start: int) -> Iterator[tuple[int, RawRays]]:
+        plan = self.plan
+        if start >= plan.n_batches:
+            return
+        first = plan.batch_windows(start)[0][0]
+        windows = self._windows(epoch, first)
+        loaded: dict[int, _Window] = {}
+        for k in range(start, plan.n_batches):
+            pieces = plan.batch_windows(k)
+            for j, _, _ in pieces:
+                if j not in loaded:
+                    loaded = {i: w for i, w in loaded.items() if i >= j - 1}
+                    loaded[j] = next(windows)
+            t0 = time.perf_counter()
+            parts = [loaded[j].take(lo, hi) for j, lo, hi in pieces]
+            raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
+            self.seconds["gather"] += time.perf_counter() - t0
+            yield k, raw
+
+    def _windows(self, epoch: int, first: int) -> Iterator[_Window]:
+        plan = self.plan
+        segments = plan.epoch_segments(epoch, first)
+        order = [c for segs in segments for c, _, _ in segs]
+        reads = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
+        if self._fetcher is None:
+            lookahead = plan.mix_chunks + 2 * self.num_workers
+            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, lookahead)
+        stream = self._timed(self._fetcher.fetch(reads))
+        held_index, held = -1, None
+        for offset, segs in enumerate(segments):
+            parts = []
+            for c, lo, hi in segs:
+                if c != held_index:
+                    held_index, held = next(stream)
+                assert held is not None
+                parts.append(RawRays(held.rgba[lo:hi], held.pid[lo:hi]))
+            yield _Window(parts, plan.window_permutation(epoch, first + offset))
+
+    def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:
+        while True:
+            t0 = time.perf_counter()
+            item = next(stream, None)
+            self.seconds["read"] += time.perf_counter() - t0
+            if item is None:
+                return
+            yield item
+
+
+def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _default_maker(store: Any, device: Any) -> Callable[[RawRays], Any]:
+    if hasattr(store, "splits"):
+        from raykit.loaders.batching import DeviceBatcher
+
+        return DeviceBatcher(store, device)
+    return lambda raw: raw

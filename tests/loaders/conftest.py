@@ -1,0 +1,48 @@
+"""Small real ray stores (Zarr and its WebDataset copy) written by ``raykit.store.write_store``."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raykit.cameras import Camera
+from raykit.store import ImageRecord, SceneInfo, open_store, write_store
+
+WIDTH, HEIGHT = 24, 16
+
+
+def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:
+    """(H, W, 4) uint8 seeded pixels (module level so records pickle)."""
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 4), dtype=np.uint8)
+
+
+def make_records(n_train: int, n_test: int, width: int = WIDTH, height: int = HEIGHT) -> list[ImageRecord]:
+    camera = Camera("PINHOLE", width, height, (30.0, 31.0, width / 2, height / 2))
+    records = []
+    for i in range(n_train + n_test):
+        c2w = np.eye(4)
+        c2w[:3, 3] = (0.1 * i, -0.2 * i, 3.0)
+        split = "train" if i < n_train else "test"
+        load = functools.partial(synthetic_image, i, height, width)
+        records.append(ImageRecord(f"img_{i:03d}.png", split, camera, c2w, 0.5, 6.0, f"mem://{i}", load))
+    return records
+
+
+def build_store(path: Path, backend: str, n_train: int = 6, n_test: int = 2, chunk_rays: int = 128) -> Any:
+    records = make_records(n_train, n_test)
+    return write_store(path, records, scene=SceneInfo(), backend=backend, chunk_rays=chunk_rays, shard_chunks=4)
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``{"zarr": RayStore, "wds": RayStore}`` holding the same rays."""
+    root = tmp_path_factory.mktemp("stores")
+    out = {}
+    for backend in ("zarr", "wds"):
+        build_store(root / backend, backend)
+        out[backend] = open_store(root / backend)
+    return out
