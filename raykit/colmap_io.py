@@ -253,8 +253,8 @@ class _BinReader:
     def count(self, what: str, min_size: int) -> int:
         (n,) = self.take("<Q", f"the number of {what}")
         if n * min_size > len(self.data) - self.pos:
-            raise _Stop(f"{self.path}: truncated or corrupt at byte 0: header declares {n} {what} "
-                        f"(>= {n * min_size} bytes), got {len(self.data) - self.pos} bytes")  # fmt: skip
+            raise _Stop(f"{self.path}: truncated or corrupt at byte 8: expected >= {n * min_size} bytes "
+                        f"for the {n} {what} the header declares, got {len(self.data) - self.pos} bytes")  # fmt: skip
         return int(n)
 
     def finish(self) -> None:
