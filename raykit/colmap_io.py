@@ -109,13 +109,23 @@ class ColmapCamera(_Record):
         return cls(cid, camera.model, camera.width, camera.height, tuple(camera.params))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"camera_id": self.camera_id, "model": self.model, "width": self.width,
-                "height": self.height, "params": list(self.params)}  # fmt: skip
+        return {
+            "camera_id": self.camera_id,
+            "model": self.model,
+            "width": self.width,
+            "height": self.height,
+            "params": list(self.params),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ColmapCamera:
-        return cls(int(d["camera_id"]), str(d["model"]), int(d["width"]), int(d["height"]),
-                   tuple(float(p) for p in d["params"]))  # fmt: skip
+        return cls(
+            int(d["camera_id"]),
+            str(d["model"]),
+            int(d["width"]),
+            int(d["height"]),
+            tuple(float(p) for p in d["params"]),
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,8 +231,9 @@ class _BinReader:
     def _need(self, size: int, what: str) -> None:
         left = len(self.data) - self.pos
         if size > left:
-            raise _Stop(f"{self.path}: truncated at byte {self.pos}: expected {what} ({size} bytes), "
-                        f"got {left} bytes")  # fmt: skip
+            raise _Stop(
+                f"{self.path}: truncated at byte {self.pos}: expected {what} ({size} bytes), got {left} bytes"
+            )
 
     def take(self, layout: str, what: str) -> tuple[Any, ...]:
         import struct
@@ -253,20 +264,26 @@ class _BinReader:
     def count(self, what: str, min_size: int) -> int:
         (n,) = self.take("<Q", f"the number of {what}")
         if n * min_size > len(self.data) - self.pos:
-            raise _Stop(f"{self.path}: truncated or corrupt at byte 8: expected >= {n * min_size} bytes "
-                        f"for the {n} {what} the header declares, got {len(self.data) - self.pos} bytes")  # fmt: skip
+            raise _Stop(
+                f"{self.path}: truncated or corrupt at byte 8: expected >= {n * min_size} bytes "
+                f"for the {n} {what} the header declares, got {len(self.data) - self.pos} bytes"
+            )
         return int(n)
 
     def finish(self) -> None:
         if self.pos != len(self.data):
-            raise _Stop(f"{self.path}: byte {self.pos}: expected end of file, got "
-                        f"{len(self.data) - self.pos} trailing bytes")  # fmt: skip
+            raise _Stop(
+                f"{self.path}: byte {self.pos}: expected end of file, got "
+                f"{len(self.data) - self.pos} trailing bytes"
+            )
 
 
 def _sensor_name(reader: _BinReader, type_id: int, where: str) -> str:
     if type_id not in SENSOR_TYPES:
-        raise _Stop(f"{reader.path}: byte {reader.pos - 8}: {where} has unknown sensor type {type_id} "
-                    f"(expected one of {sorted(SENSOR_TYPES)})")  # fmt: skip
+        raise _Stop(
+            f"{reader.path}: byte {reader.pos - 8}: {where} has unknown sensor type {type_id} "
+            f"(expected one of {sorted(SENSOR_TYPES)})"
+        )
     return SENSOR_TYPES[type_id]
 
 
@@ -275,8 +292,10 @@ def _read_cameras_bin(r: _BinReader) -> list[ColmapCamera]:
     for i in range(r.count("cameras", 24)):
         cid, model_id, width, height = r.take("<IiQQ", f"the header of camera #{i}")
         if model_id not in MODEL_NAMES_BY_ID:
-            raise _Stop(f"{r.path}: byte {r.pos - 20}: camera {cid} has unknown camera model id "
-                        f"{model_id} (expected 0-{max(MODEL_NAMES_BY_ID)})")  # fmt: skip
+            raise _Stop(
+                f"{r.path}: byte {r.pos - 20}: camera {cid} has unknown camera model id "
+                f"{model_id} (expected 0-{max(MODEL_NAMES_BY_ID)})"
+            )
         model = MODEL_NAMES_BY_ID[model_id]
         k = CAMERA_MODELS[model].num_params
         params = r.take(f"<{k}d", f"{k} params of camera {cid} ({model})")
@@ -320,9 +339,14 @@ def _read_rigs_bin(r: _BinReader) -> list[ColmapRig]:
         for j in range(1, n_sensors):
             t, sid, has_pose = r.take("<iIB", f"sensor #{j} of rig {rid}")
             pose = r.take("<7d", f"the pose of sensor {sid} of rig {rid}") if has_pose else None
-            sensors.append(ColmapRigSensor(_sensor_name(r, t, f"rig {rid}"), sid,
-                                           tuple(pose[:4]) if pose else None,
-                                           tuple(pose[4:]) if pose else None))  # fmt: skip
+            sensors.append(
+                ColmapRigSensor(
+                    _sensor_name(r, t, f"rig {rid}"),
+                    sid,
+                    tuple(pose[:4]) if pose else None,
+                    tuple(pose[4:]) if pose else None,
+                )
+            )
         out.append(ColmapRig(rid, ref, tuple(sensors)))
     return out
 
@@ -407,8 +431,10 @@ def _image_txt(t: _Tokens, points_line: str, load_points2d: bool) -> ColmapImage
     if load_points2d:
         values = points_line.split()
         if len(values) % 3:
-            raise _Bad(f"image {iid}: expected POINTS2D as (X, Y, POINT3D_ID) triples on the next line, "
-                       f"got {len(values)} values")  # fmt: skip
+            raise _Bad(
+                f"image {iid}: expected POINTS2D as (X, Y, POINT3D_ID) triples on the next line, "
+                f"got {len(values)} values"
+            )
         try:
             arr = np.array(values, dtype=np.float64).reshape(-1, 3)
         except ValueError:
@@ -478,8 +504,13 @@ def _read_text(name: str, path: Path, load_points2d: bool, problems: list[str]) 
 
 # ---------------------------------------------------------------------------------------------- reading
 
-_ID_FIELD = {"cameras": "camera_id", "images": "image_id", "points3D": "point3d_id", "rigs": "rig_id",
-             "frames": "frame_id"}  # fmt: skip
+_ID_FIELD = {
+    "cameras": "camera_id",
+    "images": "image_id",
+    "points3D": "point3d_id",
+    "rigs": "rig_id",
+    "frames": "frame_id",
+}
 
 
 def find_model_files(path: str | Path) -> dict[str, Path]:
@@ -547,8 +578,11 @@ def read_model(path: str | Path, *, load_points2d: bool = True, validate: bool =
             f"{root}: expected a COLMAP model directory, got {'a file' if root.exists() else 'nothing'}"
         )
     files = find_model_files(root)
-    problems = [f"{root}: expected {name}.bin or {name}.txt, found neither"
-                for name in ("cameras", "images") if name not in files]  # fmt: skip
+    problems = [
+        f"{root}: expected {name}.bin or {name}.txt, found neither"
+        for name in ("cameras", "images")
+        if name not in files
+    ]
     if ("rigs" in files) != ("frames" in files):
         have, lack = ("rigs", "frames") if "rigs" in files else ("frames", "rigs")
         problems.append(f"{root}: found {files[have].name} but no {lack}.bin or {lack}.txt")
@@ -556,8 +590,9 @@ def read_model(path: str | Path, *, load_points2d: bool = True, validate: bool =
     for name, file in files.items():
         read = _read_binary if file.suffix == ".bin" else _read_text
         tables[name] = _index(read(name, file, load_points2d, problems), name, file, problems)
-    rec = Reconstruction(tables["cameras"], tables["images"], tables["points3D"], tables["rigs"],
-                         tables["frames"])  # fmt: skip
+    rec = Reconstruction(
+        tables["cameras"], tables["images"], tables["points3D"], tables["rigs"], tables["frames"]
+    )
     if validate and not problems:
         problems += check_model(rec, {name: str(file) for name, file in files.items()})
     if problems:
@@ -579,18 +614,23 @@ def check_model(rec: Reconstruction, labels: dict[str, str] | None = None) -> li
         if image.camera_id not in rec.cameras:
             problems.append(f"{what}: refers to camera {image.camera_id}, which is not in {lab['cameras']}")
         if not _valid_pose(image.qvec, image.tvec):
-            problems.append(f"{what}: expected a finite pose with a non-zero quaternion, "
-                            f"got qvec={image.qvec}, tvec={image.tvec}")  # fmt: skip
+            problems.append(
+                f"{what}: expected a finite pose with a non-zero quaternion, "
+                f"got qvec={image.qvec}, tvec={image.tvec}"
+            )
         if image.name in names:
             problems.append(f"{what}: the same name as image {names[image.name]}")
         names.setdefault(image.name, iid)
     for fid, frame in sorted(rec.frames.items()):
         if frame.rig_id not in rec.rigs:
-            problems.append(f"{lab['frames']}: frame {fid} refers to rig {frame.rig_id}, "
-                            f"which is not in {lab['rigs']}")  # fmt: skip
+            problems.append(
+                f"{lab['frames']}: frame {fid} refers to rig {frame.rig_id}, which is not in {lab['rigs']}"
+            )
         if not _valid_pose(frame.qvec, frame.tvec):
-            problems.append(f"{lab['frames']}: frame {fid}: expected a finite pose with a non-zero "
-                            f"quaternion, got qvec={frame.qvec}, tvec={frame.tvec}")  # fmt: skip
+            problems.append(
+                f"{lab['frames']}: frame {fid}: expected a finite pose with a non-zero "
+                f"quaternion, got qvec={frame.qvec}, tvec={frame.tvec}"
+            )
     return problems
 
 
@@ -608,8 +648,10 @@ def _check_camera(camera: ColmapCamera) -> None:
     spec = CAMERA_MODELS.get(camera.model)
     if spec is None or len(camera.params) != spec.num_params:
         expected = f"{spec.num_params} params" if spec else f"a model in {list(CAMERA_MODELS)}"
-        raise CameraError(f"camera {camera.camera_id}: expected {expected}, got {camera.model} "
-                          f"with {len(camera.params)} params")  # fmt: skip
+        raise CameraError(
+            f"camera {camera.camera_id}: expected {expected}, got {camera.model} "
+            f"with {len(camera.params)} params"
+        )
 
 
 def _points2d(image: ColmapImage) -> tuple[np.ndarray, np.ndarray]:
@@ -636,8 +678,12 @@ def _binary_tables(rec: Reconstruction) -> dict[str, bytes]:
         xy, ids = _points2d(im)
         pts = np.zeros(len(xy), dtype=_POINT2D_DTYPE)
         pts["x"], pts["y"], pts["id"] = xy[:, 0], xy[:, 1], ids.astype(np.uint64)
-        imgs += [struct.pack("<I7dI", im.image_id, *im.qvec, *im.tvec, im.camera_id),
-                 im.name.encode("utf-8") + b"\0", struct.pack("<Q", len(pts)), pts.tobytes()]  # fmt: skip
+        imgs += [
+            struct.pack("<I7dI", im.image_id, *im.qvec, *im.tvec, im.camera_id),
+            im.name.encode("utf-8") + b"\0",
+            struct.pack("<Q", len(pts)),
+            pts.tobytes(),
+        ]
     pts3 = [struct.pack("<Q", len(rec.points3d))]
     for p in _sorted(rec.points3d):
         track = np.asarray(p.track, dtype="<u4").reshape(-1)
@@ -720,10 +766,13 @@ def _text_tables(rec: Reconstruction) -> dict[str, bytes]:
         )
     names = FILES if rec.rigs or rec.frames else FILES[:3]
     return {
-        name: (_HEADERS[name] + f"# Number of {name}: {len(lines[name]) // (2 if name == 'images' else 1)}\n"
-               + "".join(line.rstrip() + "\n" for line in lines[name])).encode("utf-8")
+        name: (
+            _HEADERS[name]
+            + f"# Number of {name}: {len(lines[name]) // (2 if name == 'images' else 1)}\n"
+            + "".join(line.rstrip() + "\n" for line in lines[name])
+        ).encode("utf-8")
         for name in names
-    }  # fmt: skip
+    }
 
 
 def write_model(rec: Reconstruction, path: str | Path, binary: bool = True) -> list[Path]:

@@ -247,7 +247,7 @@ def test_malformed_text_reports_every_line(written: tuple, tmp_path: Path) -> No
 
 
 def test_missing_files_dangling_ids_and_bad_poses(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="expected cameras.bin or cameras.txt"):
+    with pytest.raises(SourceError, match=r"expected cameras\.bin or cameras\.txt"):
         read_model(tmp_path)
     rec = Reconstruction(
         {1: ColmapCamera(1, "PINHOLE", 30, 20, (25.0, 25.0, 15.0, 10.0))},
