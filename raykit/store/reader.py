@@ -23,7 +23,14 @@ import torch
 from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_crc32
-from raykit.store.schema import FieldSpec, RawRays, SceneInfo, SplitInfo, check_manifest_header
+from raykit.store.schema import (
+    FieldSpec,
+    RawRays,
+    SceneInfo,
+    SplitInfo,
+    check_manifest_header,
+    split_sort_key,
+)
 from raykit.store.table import CameraTable, ray_generator, read_camera_table
 
 __all__ = ["RayRangeError", "RayStore", "open_store"]
@@ -62,11 +69,12 @@ class RayStore:
         self.manifest: dict[str, Any] = self._read_manifest()
         self.backend: str = self.manifest["backend"]
         self.fields = FieldSpec.parse_all(self.manifest["fields"], self._where("manifest.json"))
-        self.splits = {k: SplitInfo.from_dict(v) for k, v in self.manifest["splits"].items()}
+        names = sorted(self.manifest["splits"], key=split_sort_key)
+        self.splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
         self.scene = SceneInfo.from_dict(self.manifest["scene"])
         self.fingerprint: str = self.manifest["content_fingerprint"]
         self._checked: set[str] = set()
-        small = {rel: self._read_checked(rel) for rel in self._metadata_files()}
+        small = {rel: self.read_verified(rel) for rel in self._metadata_files()}
         self.cameras: pa.Table = read_camera_table(small["cameras.parquet"], self._where("cameras.parquet"))
         self.index: dict[str, Any] = json.loads(small["index.json"])
         self._crc = {k: np.asarray(v["crc32"], dtype=np.int64) for k, v in self.index.items()}
@@ -104,7 +112,8 @@ class RayStore:
     def _metadata_files(self) -> list[str]:
         return [rel for rel in self.manifest["files"] if rel in _SMALL or rel.endswith("zarr.json")]
 
-    def _read_checked(self, rel: str) -> bytes:
+    def read_verified(self, rel: str) -> bytes:
+        """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
         expected = self.manifest["files"].get(rel)
         if expected is None:
             raise StoreCorruptError(f"{self._where('manifest.json')}: expected an entry for {rel}, not found")
@@ -147,7 +156,7 @@ class RayStore:
     def verify_files(self) -> None:
         """Hash every file listed in the manifest; raise on the first mismatch."""
         for rel in self.manifest["files"]:
-            self._read_checked(rel)
+            self.read_verified(rel)
 
     # -- metadata ----------------------------------------------------------------------------------
     @property

@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_CHUNK_RAYS",
     "DEFAULT_SHARD_CHUNKS",
     "ShardJob",
+    "copy_store",
     "write_shard_task",
     "write_store",
 ]
@@ -357,3 +358,45 @@ def _raykit_version() -> str:
     from raykit import __version__
 
     return __version__
+
+
+def copy_store(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    backend: str,
+    executor: concurrent.futures.Executor | None = None,
+    progress: bool = False,
+    overwrite: bool = False,
+) -> Any:
+    """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
+
+    The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
+    content fingerprint equals the source's.
+    """
+    from raykit.store.reader import open_store
+
+    store = open_store(src)
+    layout = dict(store.manifest["layout"])
+    _check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
+    dst = Path(dst)
+    plan = {"copy_of": store.fingerprint, "backend": backend, "layout": layout}
+    partial = _partial_dir(dst, plan, overwrite)
+    with atomic_path(partial / "cameras.parquet") as tmp:
+        write_camera_table(store.cameras, str(tmp))
+    return _write_payload_and_commit(
+        partial,
+        dst,
+        backend,
+        store.cameras,
+        store.scene,
+        store.splits,
+        tuple(store.fields.values()),
+        layout,
+        StoreSource(store.url),
+        store.manifest["source"],
+        json_digest(plan),
+        executor,
+        progress,
+        overwrite,
+    )

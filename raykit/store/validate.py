@@ -1,0 +1,134 @@
+"""``raykit validate``: check everything a store claims, and report every problem found.
+
+Checks, in order: the manifest opens; every listed file exists with its size and SHA-256; the camera
+table matches the manifest (row count, split counts, pixel offsets, eval ray ranges) and holds valid
+cameras and rigid poses; every chunk decodes with its dtype, shape and CRC-32; every split holds each
+of its pixels exactly once (in row-major image order for evaluation splits); RGB images have alpha 255;
+materialised rays match the ones generated from the camera table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raykit.errors import RaykitError
+from raykit.store.reader import RayStore, open_store
+
+__all__ = ["validate_store"]
+
+
+def validate_store(path_or_url: str | Path) -> list[str]:
+    """Every problem found in the store at ``path_or_url``, one line each; empty when it is valid."""
+    try:
+        store = open_store(path_or_url)
+    except RaykitError as exc:
+        return [str(exc)]
+    problems = _check_files(store)
+    try:
+        problems += _check_table(store)
+    except RaykitError as exc:
+        return [*problems, f"{store.url}/cameras.parquet: {exc}"]
+    for split in store.splits:
+        problems += _check_split(store, split)
+    return problems
+
+
+def _check_files(store: RayStore) -> list[str]:
+    problems = []
+    for rel in store.files:
+        try:
+            store.read_verified(rel)
+        except RaykitError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _check_table(store: RayStore) -> list[str]:
+    table, where = store.table, f"{store.url}/cameras.parquet"
+    problems = []
+    if len(table.names) != store.manifest["n_images"]:
+        problems.append(f"{where}: expected {store.manifest['n_images']} rows, got {len(table.names)}")
+    expected_offsets = np.concatenate([[0], np.cumsum(table.n_pixels)[:-1]])
+    if not np.array_equal(table.pixel_offset, expected_offsets):
+        problems.append(f"{where}: pixel_offset is not the running sum of width * height")
+    for split, info in store.splits.items():
+        rows = np.flatnonzero(np.array(table.splits) == split)
+        n_rays = int(table.n_pixels[rows].sum())
+        if len(rows) != info.n_images or n_rays != info.n_rays:
+            problems.append(
+                f"{where}: split {split!r}: expected {info.n_images} images / {info.n_rays} rays, "
+                f"got {len(rows)} / {n_rays}"
+            )
+        elif len(rows) and int(table.pixel_offset[rows[0]]) != info.pid_start:
+            problems.append(f"{where}: split {split!r}: expected pid_start {info.pid_start}")
+        offsets = table.pixel_offset[rows] - info.pid_start
+        if not info.shuffled and not np.array_equal(table.ray_start[rows], offsets):
+            problems.append(f"{where}: split {split!r}: ray_start does not match the image order")
+    problems += _check_poses(table.c2w, table.names, where)
+    bad = np.flatnonzero(table.near >= table.far)
+    problems += [
+        f"{where}: image {table.names[i]!r}: near {table.near[i]} >= far {table.far[i]}" for i in bad
+    ]
+    return problems
+
+
+def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
+    problems = []
+    for i, pose in enumerate(c2w):
+        rot = pose[:3, :3]
+        if not np.all(np.isfinite(pose)) or not np.allclose(pose[3], [0, 0, 0, 1]):
+            problems.append(f"{where}: image {names[i]!r}: c2w is not a finite affine 4x4")
+        elif not np.allclose(rot.T @ rot, np.eye(3), atol=1e-5) or np.linalg.det(rot) <= 0:
+            problems.append(f"{where}: image {names[i]!r}: c2w rotation is not a proper rotation")
+    return problems
+
+
+def _check_split(store: RayStore, split: str) -> list[str]:
+    info = store.splits[split]
+    seen = np.zeros(info.n_rays, dtype=np.int64)
+    problems: list[str] = []
+    for index in range(info.n_chunks):
+        try:
+            raw = store.read_chunk(split, index)
+        except RaykitError as exc:
+            problems.append(str(exc))
+            continue
+        local = raw.pid.astype(np.int64) - info.pid_start
+        where = f"{store.url}: split {split!r} chunk {index}"
+        if local.size and (local.min() < 0 or local.max() >= info.n_rays):
+            problems.append(f"{where}: pixel ids outside the split's range")
+            continue
+        np.add.at(seen, local, 1)
+        start, stop = info.chunk_range(index)
+        if not info.shuffled and not np.array_equal(local, np.arange(start, stop)):
+            problems.append(f"{where}: evaluation rays are not in image, row-major order")
+        problems += _check_values(store, raw, where)
+    if not problems and not np.all(seen == 1):
+        problems.append(
+            f"{store.url}: split {split!r}: {int((seen == 0).sum())} pixels missing, "
+            f"{int((seen > 1).sum())} duplicated"
+        )
+    return problems
+
+
+def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
+    problems = []
+    image, _ = store.decode_pids(raw.pid)
+    if raw.rgba.shape[1] == 4:
+        no_alpha = ~store.table.has_alpha[image]
+        if np.any(raw.rgba[no_alpha, 3] != 255):
+            problems.append(f"{where}: images without alpha have alpha != 255")
+    if "directions" in raw.extra:
+        batch = store.to_batch(raw, "cpu")
+        tol = 2e-3 if raw.extra["directions"].dtype == np.float16 else 1e-5
+        for name in ("origins", "directions"):
+            stored = torch.from_numpy(raw.extra[name].astype(np.float32))
+            generated = getattr(batch, name)
+            scale = max(1.0, float(generated.abs().max()))
+            if not torch.allclose(stored, generated, atol=tol * scale, rtol=0):
+                problems.append(f"{where}: materialised {name} differ from generated rays")
+    return problems
