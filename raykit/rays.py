@@ -25,9 +25,13 @@ __all__ = ["RayBatch", "RayGenerator", "Rays"]
 
 Tensor = torch.Tensor
 
-# Columns of the packed per-image float table.
-_ROT, _ORIGIN, _NEAR, _FAR, _FOCAL, _PP = slice(0, 9), slice(9, 12), 12, 13, slice(14, 16), slice(16, 18)
-_TABLE_COLS = 18
+# Columns of the packed per-image float table: three 3-vectors c0, c1, c2 (pinhole: the columns of
+# R @ inv(K), so that R @ inv(K) @ (x, y, 1) = c0 * x + c1 * y + c2; LUT: the columns of R), then the
+# origin, near and far.
+_C0, _C1, _C2, _ORIGIN, _NEAR, _FAR = slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), 12, 13
+_TABLE_COLS = 14
+# Pixel-id decoding uses a block table while it stays this small (else a binary search).
+_MAX_BLOCKS = 1 << 22
 
 
 @dataclass
@@ -153,11 +157,14 @@ class RayGenerator:
         used = sorted(set(cam_idx.tolist()))
         self.uses_lut = any(not self.cameras[c].is_pinhole for c in used)
         self._table = torch.as_tensor(self._float_table(), device=self.device).to(dtype)
+        self._ones = torch.ones((3, 1), dtype=dtype, device=self.device)
         self._lut, lut_offset = self._build_lut(used)
         ints = np.stack((lut_offset[cam_idx] if n_images else self.widths, self.widths), -1)
         self._int_table = torch.as_tensor(ints.reshape(-1, 2), dtype=torch.int64, device=self.device)
         self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
         self._widths_t = torch.as_tensor(self.widths, device=self.device)
+        self._widths_f64 = self._widths_t.to(_index_float(self.device))
+        self._block_shift, self._blocks = self._block_table()
 
     def _pixel_offsets(self, pixel_offset: Any, n_images: int) -> np.ndarray:
         counts = self.widths * self.heights
@@ -171,14 +178,34 @@ class RayGenerator:
         return offsets
 
     def _float_table(self) -> np.ndarray:
-        table = np.zeros((len(self.camera_index), _TABLE_COLS))
-        table[:, _ROT] = self.c2w[:, :3, :3].reshape(-1, 9)
+        rot = self.c2w[:, :3, :3]
+        table = np.zeros((self.n_images, _TABLE_COLS))
         table[:, _ORIGIN] = self.c2w[:, :3, 3]
         table[:, _NEAR], table[:, _FAR] = self.near, self.far
+        if self.uses_lut:
+            table[:, _C0], table[:, _C1], table[:, _C2] = rot[:, :, 0], rot[:, :, 1], rot[:, :, 2]
+            return table
         for row, c in enumerate(self.camera_index):
-            table[row, _FOCAL] = self.cameras[c].focal
-            table[row, _PP] = self.cameras[c].principal_point
+            (fx, fy), (cx, cy) = self.cameras[c].focal, self.cameras[c].principal_point
+            r = rot[row]
+            # Pixel centre (x + 0.5, y + 0.5): fold the half-pixel shift into c2.
+            px, py = 0.5 - cx, 0.5 - cy
+            table[row, _C0], table[row, _C1] = r[:, 0] / fx, r[:, 1] / fy
+            table[row, _C2] = r[:, 2] + r[:, 0] * (px / fx) + r[:, 1] * (py / fy)
         return table
+
+    def _block_table(self) -> tuple[int, Tensor | None]:
+        counts = self.pixel_offset[1:] - self.pixel_offset[:-1]
+        if self.n_images == 0 or counts.min() <= 0:
+            return 0, None
+        # Blocks of 2**shift ids, no longer than the shortest image: each block meets at most two images.
+        shift = int(np.floor(np.log2(counts.min())))
+        n_blocks = (int(self.pixel_offset[-1]) >> shift) + 1
+        if n_blocks > _MAX_BLOCKS:
+            return 0, None
+        starts = np.arange(n_blocks, dtype=np.int64) << shift
+        first = np.searchsorted(self.pixel_offset, starts, side="right") - 1
+        return shift, torch.as_tensor(np.clip(first, 0, self.n_images - 1), device=self.device)
 
     def _build_lut(self, used: list[int]) -> tuple[Tensor, np.ndarray]:
         offsets = np.zeros(len(self.cameras), dtype=np.int64)
@@ -215,36 +242,43 @@ class RayGenerator:
             check: validate indices first (costs a device sync); off in the hot path.
 
         Returns:
-            :class:`Rays` ``(origins (N, 3), directions (N, 3) unit, z_scale (N,), near (N,), far (N,))``.
+            :class:`Rays` ``(origins (N, 3), directions (N, 3) unit, z_scale (N,), near (N,), far (N,))``;
+            ``origins``, ``near`` and ``far`` may be non-contiguous views.
         """
         image = image.to(self.device, torch.int64, non_blocking=True)
         pixel = pixel.to(self.device, torch.int64, non_blocking=True)
         if check:
             self._check(image, pixel)
         row = self._table.index_select(0, image)
-        rot = row[:, _ROT].view(-1, 3, 3)
         if self.uses_lut:
             meta = self._int_table.index_select(0, image)
             flat = meta[:, 0] + pixel[:, 1] * meta[:, 1] + pixel[:, 0]
             d_cam = self._lut.index_select(0, flat)
-            directions = torch.bmm(rot, d_cam.unsqueeze(-1)).squeeze(-1)
+            directions = torch.addcmul(row[:, _C2] * d_cam[:, 2:], row[:, _C0], d_cam[:, 0:1])
+            directions.addcmul_(row[:, _C1], d_cam[:, 1:2])
             z_scale = d_cam[:, 2]
         else:
-            # Pixel centres: (x + 0.5, y + 0.5); normalised (u, v) = (centre - c) / f; ray (u, v, 1).
-            uv = (pixel.to(self.dtype) + 0.5 - row[:, _PP]) / row[:, _FOCAL]
-            z_scale = torch.rsqrt(uv.square().sum(-1) + 1.0)
-            unnorm = torch.baddbmm(rot[:, :, 2:], rot[:, :, :2], uv.unsqueeze(-1)).squeeze(-1)
-            directions = unnorm * z_scale[:, None]
+            # (R @ inv(K)) @ (x, y, 1) with the +0.5 pixel-centre shift folded into c2.
+            p = pixel.to(self.dtype)
+            unnorm = torch.addcmul(row[:, _C2], row[:, _C0], p[:, 0:1]).addcmul_(row[:, _C1], p[:, 1:2])
+            inv_norm = torch.rsqrt(unnorm.square() @ self._ones)
+            directions = unnorm.mul_(inv_norm)
+            # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
+            z_scale = inv_norm[:, 0]
         return Rays(row[:, _ORIGIN], directions, z_scale, row[:, _NEAR], row[:, _FAR])
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
         pid = pid.to(self.device).to(torch.int64)
-        image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
-        local = pid - self._offsets_t[image]
-        w = self._widths_t[image]
-        y = torch.div(local, w, rounding_mode="floor")
-        return image, torch.stack((local - y * w, y), dim=-1)
+        if self._blocks is not None:
+            image = self._blocks.index_select(0, pid >> self._block_shift)
+            image += pid >= self._offsets_t.index_select(0, image + 1)
+        else:
+            image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
+        local = pid - self._offsets_t.index_select(0, image)
+        # local < 2**53 and w < 2**26: the float64 quotient truncates to the exact integer quotient.
+        y = (local.to(torch.float64) / self._widths_f64.index_select(0, image)).to(torch.int64)
+        return image, torch.stack((local - y * self._widths_t.index_select(0, image), y), dim=-1)
 
     def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
         """(N,) global pixel ids -> ``(image (N,), pixel (N, 2), rays)``; see :meth:`generate`."""
@@ -268,6 +302,10 @@ class RayGenerator:
             out["origins"][mask], out["directions"][mask], out["z_scale"][mask] = o, d, z
             out["near"][mask], out["far"][mask] = float(self.near[i]), float(self.far[i])
         return Rays(**out)
+
+
+def _index_float(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _shapes(n: int) -> dict[str, tuple[int, ...]]:
