@@ -142,7 +142,9 @@ def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: b
         channels = _channels(img, path)
         orientation = _orientation(img)
         width, height = img.size
-        if verify and img.format == "PNG":
+        is_png = img.format == "PNG"
+    if verify and is_png:
+        with _open(path) as img:
             try:
                 img.verify()
             except Exception as exc:

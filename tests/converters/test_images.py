@@ -1,0 +1,166 @@
+"""Image decoding: colour modes, 16-bit PNG, EXIF orientation, size checks, exact area downscale."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from raykit.converters.images import (
+    ImageLoader,
+    decode_image,
+    downscale_area,
+    downscale_area_reference,
+    probe_image,
+)
+from raykit.errors import SourceError
+
+
+def _png16(array: np.ndarray) -> bytes:
+    """A 16-bit PNG (grayscale/RGB/RGBA) written by hand: Pillow cannot write 16-bit colour PNGs."""
+    height, width, channels = array.shape
+    colour_type = {1: 0, 3: 2, 4: 6}[channels]
+    raw = b"".join(b"\x00" + array[y].astype(">u2").tobytes() for y in range(height))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def _save(tmp_path: Path, img: Image.Image, name: str, **kw) -> Path:
+    path = tmp_path / name
+    img.save(path, **kw)
+    return path
+
+
+def test_rgb_rgba_roundtrip_exactly(tmp_path: Path, make) -> None:
+    for channels in (3, 4):
+        array = make.random_image(channels, 5, 7, channels)
+        path = make.write_image(tmp_path / f"c{channels}.png", array)
+        assert np.array_equal(decode_image(path), array)
+        assert probe_image(path).channels == channels
+
+
+def test_grayscale_and_palette_expand(tmp_path: Path, make) -> None:
+    gray = make.random_image(1, 4, 6, 3)[..., 0]
+    path = _save(tmp_path, Image.fromarray(gray, mode="L"), "g.png")
+    out = decode_image(path)
+    assert out.shape == (4, 6, 3) and all(np.array_equal(out[..., c], gray) for c in range(3))
+    rgb = make.random_image(2, 4, 6, 3)
+    pal = Image.fromarray(rgb).quantize(colors=16)
+    out = decode_image(_save(tmp_path, pal, "p.png"))
+    assert np.array_equal(out, np.asarray(pal.convert("RGB")))
+    pal.info["transparency"] = 0
+    path = _save(tmp_path, pal, "pt.png", transparency=0)
+    out = decode_image(path)
+    assert out.shape[-1] == 4 and probe_image(path).channels == 4
+    assert np.all(out[..., 3][np.asarray(pal) == 0] == 0)
+
+
+def test_16bit_gray_rounds_and_16bit_rgb_is_rejected(tmp_path: Path) -> None:
+    values = np.array([0, 128, 129, 257, 32767, 32896, 65535], dtype=np.uint16)
+    path = tmp_path / "g16.png"
+    path.write_bytes(_png16(values.reshape(1, -1, 1)))
+    out = decode_image(path)
+    expected = np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
+    assert np.array_equal(out[0, :, 0], expected)
+    rgb = tmp_path / "rgb16.png"
+    rgb.write_bytes(_png16(np.zeros((2, 2, 3), dtype=np.uint16)))
+    with pytest.raises(SourceError, match="16-bit RGB PNG is not supported"):
+        probe_image(rgb)
+    with pytest.raises(SourceError, match=str(rgb)):
+        decode_image(rgb)
+
+
+def test_unsupported_mode_and_garbage_name_the_file(tmp_path: Path) -> None:
+    cmyk = _save(tmp_path, Image.new("CMYK", (3, 3)), "c.jpg")
+    with pytest.raises(SourceError, match="unsupported colour mode 'CMYK'"):
+        probe_image(cmyk)
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"not an image")
+    with pytest.raises(SourceError, match="junk.png: cannot read image"):
+        probe_image(junk)
+    with pytest.raises(SourceError, match="not found"):
+        probe_image(tmp_path / "missing.png")
+
+
+def test_truncated_png_is_caught_by_probe(tmp_path: Path, make) -> None:
+    path = make.write_image(tmp_path / "t.png", make.random_image(3, 40, 40, 3))
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(SourceError, match="t.png"):
+        probe_image(path)
+    with pytest.raises(SourceError, match="t.png"):
+        decode_image(path)
+
+
+def _rotated_jpeg(tmp_path: Path, orientation: int) -> tuple[Path, np.ndarray]:
+    array = np.zeros((4, 8, 3), dtype=np.uint8)
+    array[:, :4] = 255  # left half white: rotation is visible
+    img = Image.fromarray(array)
+    exif = img.getexif()
+    exif[274] = orientation
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", exif=exif.tobytes())
+    path = tmp_path / f"o{orientation}.png"
+    path.write_bytes(buf.getvalue())
+    return path, array
+
+
+def test_exif_orientation_policies(tmp_path: Path) -> None:
+    path, stored = _rotated_jpeg(tmp_path, 6)
+    with pytest.raises(SourceError, match="EXIF orientation is 6"):
+        probe_image(path)
+    with pytest.raises(SourceError, match="EXIF orientation is 6"):
+        decode_image(path)
+    assert np.array_equal(decode_image(path, exif="ignore"), stored)
+    applied = decode_image(path, exif="apply")
+    assert applied.shape == (8, 4, 3)
+    assert np.array_equal(applied, np.rot90(stored, k=-1))  # orientation 6: rotate 90 degrees clockwise
+    header = probe_image(path, exif="apply")
+    assert (header.width, header.height, header.orientation) == (4, 8, 6)
+    normal, _ = _rotated_jpeg(tmp_path, 1)
+    assert probe_image(normal).orientation == 1
+
+
+def test_loader_checks_size_and_pickles(tmp_path: Path, make) -> None:
+    array = make.random_image(4, 6, 8, 4)
+    path = make.write_image(tmp_path / "a.png", array)
+    loader = ImageLoader(str(path), 8, 6, 2, label="cam")
+    clone = pickle.loads(pickle.dumps(loader))
+    assert np.array_equal(clone(), downscale_area_reference(array, 2))
+    with pytest.raises(SourceError, match=r"is 8x6, camera cam expects 9x6"):
+        ImageLoader(str(path), 9, 6, label="cam")()
+
+
+def test_downscale_requires_divisible_size() -> None:
+    with pytest.raises(SourceError, match="not divisible by the downscale factor 4"):
+        downscale_area(np.zeros((6, 8, 3), dtype=np.uint8), 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    factor=st.integers(1, 4),
+    blocks=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    channels=st.sampled_from([3, 4]),
+    seed=st.integers(0, 2**16),
+    sparse_alpha=st.booleans(),
+)
+def test_downscale_matches_reference(factor, blocks, channels, seed, sparse_alpha) -> None:
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, (blocks[0] * factor, blocks[1] * factor, channels), dtype=np.uint8)
+    if channels == 4 and sparse_alpha:
+        image[..., 3] *= rng.random(image.shape[:2]) < 0.3  # fully transparent blocks occur
+    fast = downscale_area(image, factor)
+    assert np.array_equal(fast, downscale_area_reference(image, factor))
+    if channels == 3:  # a box average: the mean of the output equals the mean of the input within rounding
+        assert abs(fast.astype(float).mean() - image.astype(float).mean()) <= 0.5
