@@ -1,1 +1,15 @@
-"""raykit.trainer."""
+"""raykit.trainer: a compact radiance field trained from a ray store.
+
+``train(TrainConfig(store=..., out=...))`` trains, checkpoints and evaluates; ``render(run_dir)``
+re-evaluates a run; ``compare(run_a, run_b)`` diffs two runs' metrics. Sampling strategies:
+stratified, hierarchical (inverse CDF) and occupancy grid (see ``raykit.trainer.samplers``).
+"""
+
+from __future__ import annotations
+
+from raykit.trainer.compare import compare
+from raykit.trainer.config import SAMPLERS, TrainConfig
+from raykit.trainer.evaluate import render
+from raykit.trainer.loop import train
+
+__all__ = ["SAMPLERS", "TrainConfig", "compare", "render", "train"]

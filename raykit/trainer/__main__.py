@@ -1,0 +1,28 @@
+"""``python -m raykit.trainer STORE --out RUN_DIR ...``: the ``raykit train`` flags, for torchrun.
+
+Example: ``torchrun --nproc-per-node 2 -m raykit.trainer STORE --out RUN --device cpu`` trains with
+DDP over gloo; each rank reads its share of every epoch (the loader's rank sharding).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from raykit.errors import RaykitError
+from raykit.trainer.cli import build_train_parser
+from raykit.trainer.config import from_args
+from raykit.trainer.loop import train
+
+
+def main() -> int:
+    args = build_train_parser("python -m raykit.trainer").parse_args()
+    try:
+        train(from_args(args))
+    except RaykitError as exc:
+        print(f"raykit: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""Subcommands ``raykit train``, ``raykit render`` and ``raykit compare`` (train flags from TrainConfig)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from raykit.trainer.config import add_arguments, from_args
+
+__all__ = ["build_train_parser", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``train``, ``render`` and ``compare`` to the ``raykit`` parser."""
+    train = subparsers.add_parser("train", help="train a radiance field on a ray store")
+    add_arguments(train)
+    train.set_defaults(func=_train)
+    render = subparsers.add_parser("render", help="render and evaluate a run's newest checkpoint")
+    render.add_argument("run_dir", help="run directory written by raykit train")
+    render.add_argument("--split", default="test", help="split to render (default: test)")
+    render.add_argument("--device", default=None, help="device (default: the run's)")
+    render.set_defaults(func=_render)
+    compare = subparsers.add_parser("compare", help="metric differences between two runs")
+    compare.add_argument("run_a", help="first run directory")
+    compare.add_argument("run_b", help="second run directory")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compare.set_defaults(func=_compare)
+
+
+def build_train_parser(prog: str = "raykit train") -> argparse.ArgumentParser:
+    """A standalone parser with the ``train`` flags (used by ``python -m raykit.trainer``)."""
+    parser = argparse.ArgumentParser(prog=prog, description="train a radiance field on a ray store")
+    add_arguments(parser)
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from raykit.trainer.loop import train
+
+    run_dir = train(from_args(args))
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from raykit.trainer.evaluate import render
+
+    result = render(args.run_dir, args.split, args.device)
+    split = result["splits"][args.split]
+    print(
+        f"{args.split}: psnr {split['psnr']:.3f} dB, ssim {split['ssim']:.4f} over {split['n_images']} images"
+    )
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from raykit.trainer.compare import compare, format_table
+
+    rows = compare(args.run_a, args.run_b)
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows], indent=2))
+    else:
+        print(format_table(rows, "A", "B"))
+    return 0

@@ -1,0 +1,70 @@
+"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raykit.errors import ResumeError
+
+__all__ = ["MetricDiff", "compare", "format_table"]
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    """One split's metric in both runs; ``delta = b - a`` (None when a run lacks it)."""
+
+    split: str
+    metric: str
+    a: float | None
+    b: float | None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"split": self.split, "metric": self.metric, "a": self.a, "b": self.b, "delta": self.delta}
+
+
+def _read_eval(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        raise ResumeError(f"{path}: no eval.json (train the run or `raykit render {run_dir}` first)")
+    return json.loads(path.read_text())
+
+
+def _final_log(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "log.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
+    """Per-split PSNR/SSIM of both runs, then training figures from the last log record."""
+    a_dir, b_dir = Path(run_a), Path(run_b)
+    a, b = _read_eval(a_dir)["splits"], _read_eval(b_dir)["splits"]
+    rows = []
+    for split in sorted(set(a) | set(b)):
+        for metric in ("psnr", "ssim"):
+            rows.append(MetricDiff(split, metric, a.get(split, {}).get(metric), b.get(split, {}).get(metric)))
+    log_a, log_b = _final_log(a_dir), _final_log(b_dir)
+    for metric in ("step", "elapsed_s", "samples_per_ray", "rays_per_s", "psnr"):
+        rows.append(MetricDiff("train", metric, log_a.get(metric), log_b.get(metric)))
+    return rows
+
+
+def format_table(rows: list[MetricDiff], name_a: str = "A", name_b: str = "B") -> str:
+    """Plain-text table: split, metric, A, B, B - A."""
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    lines = [f"{'split':<8} {'metric':<16} {name_a:>14} {name_b:>14} {'B - A':>12}"]
+    for row in rows:
+        lines.append(
+            f"{row.split:<8} {row.metric:<16} {cell(row.a):>14} {cell(row.b):>14} {cell(row.delta):>12}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,293 @@
+"""``train(config)``: the training loop, readable top to bottom, and the run state it saves and restores.
+
+A step: next batch from the loader -> (refresh the occupancy grid) -> sample intervals -> field ->
+composite over the background -> MSE against the target composited the same way -> backward -> Adam.
+Everything random comes from two explicit generators (sample jitter, seeded per rank; grid refresh,
+identical on every rank), saved in each checkpoint with the loader position, so a resumed run
+continues the very same stream of batches and samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import raykit
+from raykit.errors import ResumeError
+from raykit.fileio import atomic_write_json
+from raykit.loaders import RayLoader
+from raykit.store import open_store
+from raykit.trainer.checkpoint import (
+    CheckpointMeta,
+    check_resumable,
+    decode_rng_state,
+    encode_rng_state,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.evaluate import build_models, evaluate_run
+from raykit.trainer.metrics import mse_to_psnr
+from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
+from raykit.trainer.runtime import (
+    JsonlLog,
+    Processes,
+    environment,
+    learning_rate,
+    parse_background,
+    peak_memory_mb,
+    resolve_device,
+    scene_aabb,
+    start_processes,
+)
+
+__all__ = ["TrainState", "parameter_digest", "train"]
+
+_PHASES = ("data", "sampling", "network", "rendering", "backward", "optimizer")
+
+
+@dataclass
+class TrainState:
+    """Loop counters that a checkpoint carries besides weights."""
+
+    step: int = 0
+    elapsed: float = 0.0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_PHASES, 0.0))
+    rays: int = 0
+    samples: int = 0
+
+
+def parameter_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer's bytes, in state-dict order (equal models, equal digests)."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def train(config: TrainConfig) -> Path:
+    """Train a radiance field on ``config.store``; evaluate; return the run directory."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    procs = start_processes(device)
+    run_dir = Path(config.out)
+    store = open_store(config.store)
+    field_, grid = build_models(config, scene_aabb(config, store), device)
+    model = DistributedDataParallel(field_) if procs.distributed else field_
+    optimizer = torch.optim.Adam(field_.parameters(), lr=config.lr, eps=1e-15)
+    loader = RayLoader(
+        store,
+        config.train_split,
+        config.batch_size,
+        config.seed,
+        device=device,
+        num_workers=config.num_workers,
+        rank=procs.rank,
+        world_size=procs.world_size,
+    )
+    jitter = torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank)
+    refresh = torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983)
+    background = parse_background(config.background).to(device)
+    state, log = TrainState(), JsonlLog(run_dir / "log.jsonl")
+    if config.resume and latest_checkpoint(run_dir) is not None:
+        state = _restore(config, run_dir, store, field_, grid, optimizer, loader, jitter, refresh, log)
+    elif procs.is_main:
+        _record_run(config, run_dir, store, field_.aabb, device, procs)
+    batches, window = loader.forever(), TrainState()
+    while state.step < config.steps and not _out_of_time(config, state, procs):
+        t = [time.perf_counter()]
+        batch = next(batches)
+        t.append(time.perf_counter())
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, state.step, state.elapsed)
+        if grid is not None and state.step % config.occ_update_every == 0:
+            grid.refresh(field_.density, march_step_size(field_.aabb, config.march_steps), refresh)
+        samples = sample_rays(
+            config, field_, grid, batch.origins, batch.directions, batch.near, batch.far, state.step, jitter
+        )
+        t.append(_sync(device))
+        sigmas, rgbs = query_field(model, samples, batch.origins, batch.directions, config.mixed_precision)
+        t.append(_sync(device))
+        rendered = composite_samples(samples, sigmas, rgbs, background)
+        loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
+        t.append(_sync(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t.append(_sync(device))
+        optimizer.step()
+        t.append(_sync(device))
+        _account(state, window, t, len(batch), samples.n_samples)
+        state.step += 1
+        if procs.is_main and (state.step % config.log_every == 0 or state.step == config.steps):
+            log.write(_log_record(state, window, loss.item(), device))
+            window = TrainState()
+        if state.step % config.ckpt_every == 0:
+            _checkpoint(
+                config, run_dir, store, state, field_, grid, optimizer, loader, jitter, refresh, procs
+            )
+    _checkpoint(config, run_dir, store, state, field_, grid, optimizer, loader, jitter, refresh, procs)
+    _write_rank_digest(run_dir, procs, field_, state.step)
+    loader.close()
+    if procs.is_main:
+        evaluate_run(run_dir, config, store, field_, grid, device)
+    if procs.distributed:
+        dist.barrier()
+    return run_dir
+
+
+def _sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _account(state: TrainState, window: TrainState, t: list[float], n_rays: int, n_samples: int) -> None:
+    """Add one step's phase times (from the time stamps ``t``), rays and samples to both tallies."""
+    for tally in (state, window):
+        for phase, (a, b) in zip(_PHASES, itertools.pairwise(t), strict=True):
+            tally.seconds[phase] += b - a
+        tally.elapsed += t[-1] - t[0]
+        tally.rays += n_rays
+        tally.samples += n_samples
+
+
+def _log_record(state: TrainState, window: TrainState, loss: float, device: torch.device) -> dict[str, Any]:
+    return {
+        "step": state.step,
+        "loss": loss,
+        "psnr": mse_to_psnr(loss),
+        "rays_per_s": window.rays / max(window.elapsed, 1e-9),
+        "samples_per_ray": window.samples / max(window.rays, 1),
+        "loader_wait_fraction": window.seconds["data"] / max(window.elapsed, 1e-9),
+        "step_time_s": window.elapsed,
+        "seconds": dict(window.seconds),
+        "elapsed_s": state.elapsed,
+        "peak_memory_mb": peak_memory_mb(device),
+    }
+
+
+def _out_of_time(config: TrainConfig, state: TrainState, procs: Processes) -> bool:
+    """True once the time budget is spent (rank 0 decides for all ranks, so they stop together)."""
+    if config.max_seconds is None:
+        return False
+    flag = torch.tensor([1.0 if state.elapsed >= config.max_seconds else 0.0])
+    if procs.distributed:
+        dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _rng_states(jitter: torch.Generator, refresh: torch.Generator) -> dict[str, str]:
+    return {
+        "jitter": encode_rng_state(jitter),
+        "refresh": encode_rng_state(refresh),
+        "torch": encode_rng_state(torch.default_generator),
+    }
+
+
+def _checkpoint(
+    config: TrainConfig,
+    run_dir: Path,
+    store: Any,
+    state: TrainState,
+    field_: Any,
+    grid: Any,
+    optimizer: Any,
+    loader: RayLoader,
+    jitter: torch.Generator,
+    refresh: torch.Generator,
+    procs: Processes,
+) -> None:
+    """Rank 0 writes the checkpoint (every rank's model is identical under DDP)."""
+    if not procs.is_main:
+        return
+    meta = CheckpointMeta(
+        step=state.step,
+        config=config.to_dict(),
+        loader_state=loader.state_dict(),
+        rng_states=_rng_states(jitter, refresh),
+        store_fingerprint=store.fingerprint,
+        raykit_version=raykit.__version__,
+        extra={
+            "elapsed": state.elapsed,
+            "seconds": state.seconds,
+            "rays": state.rays,
+            "samples": state.samples,
+        },
+    )
+    tensors = {
+        "field": field_.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "grid": grid.state_dict() if grid is not None else {},
+    }
+    save_checkpoint(run_dir, meta, tensors, keep=config.keep_checkpoints)
+
+
+def _restore(
+    config: TrainConfig,
+    run_dir: Path,
+    store: Any,
+    field_: Any,
+    grid: Any,
+    optimizer: Any,
+    loader: RayLoader,
+    jitter: torch.Generator,
+    refresh: torch.Generator,
+    log: JsonlLog,
+) -> TrainState:
+    """Load the newest checkpoint into the models, optimizer, loader and generators."""
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        raise ResumeError(f"{run_dir}: no checkpoint to resume from")
+    meta, tensors = load_checkpoint(path)
+    check_resumable(meta, store.fingerprint, config.force, str(path))
+    field_.load_state_dict(tensors["field"])
+    optimizer.load_state_dict(tensors["optimizer"])
+    if grid is not None and tensors["grid"]:
+        grid.load_state_dict(tensors["grid"])
+    if meta.store_fingerprint == store.fingerprint:
+        loader.load_state_dict(meta.loader_state)
+    jitter.set_state(decode_rng_state(meta.rng_states["jitter"]))
+    refresh.set_state(decode_rng_state(meta.rng_states["refresh"]))
+    torch.default_generator.set_state(decode_rng_state(meta.rng_states["torch"]))
+    log.truncate_after(meta.step)
+    extra = meta.extra
+    return TrainState(meta.step, extra["elapsed"], dict(extra["seconds"]), extra["rays"], extra["samples"])
+
+
+def _record_run(
+    config: TrainConfig, run_dir: Path, store: Any, aabb: torch.Tensor, device: torch.device, procs: Processes
+) -> None:
+    """config.json and run.json: everything needed to reproduce the run."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "log.jsonl").unlink(missing_ok=True)
+    atomic_write_json(run_dir / "config.json", config.to_dict())
+    atomic_write_json(
+        run_dir / "run.json",
+        {
+            "store": config.store,
+            "store_fingerprint": store.fingerprint,
+            "raykit_version": raykit.__version__,
+            "seed": config.seed,
+            "aabb": aabb.tolist(),
+            "environment": environment(device, procs),
+        },
+    )
+
+
+def _write_rank_digest(run_dir: Path, procs: Processes, field_: Any, step: int) -> None:
+    """ranks/rank-R.json: this rank's final parameter digest (equal on every rank under DDP)."""
+    atomic_write_json(
+        run_dir / "ranks" / f"rank-{procs.rank}.json",
+        {"rank": procs.rank, "step": step, "parameters_sha256": parameter_digest(field_)},
+    )

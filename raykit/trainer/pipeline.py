@@ -1,0 +1,123 @@
+"""One batch of rays through sampling, the field and volume rendering (shared by training and evaluation).
+
+``sample_rays`` picks the intervals with the configured strategy; ``render_rays`` evaluates the field
+on them and composites. Both are plain functions of the config, the models and tensors, so the
+training loop and the evaluator run exactly the same code; ``generator=None`` makes sampling
+deterministic (evaluation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.field import RadianceField
+from raykit.trainer.occupancy import OccupancyGrid
+from raykit.trainer.render import rendering
+from raykit.trainer.samplers import (
+    Samples,
+    hierarchical_samples,
+    march_occupied,
+    ray_aabb_intersect,
+    stratified_samples,
+    uniform_fraction,
+)
+
+__all__ = ["FieldFn", "composite_samples", "march_step_size", "query_field", "render_rays", "sample_rays"]
+
+FieldFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""positions (..., 3), directions (..., 3) -> (sigma (...,), rgb (..., 3)); the field or its DDP wrapper."""
+
+
+def march_step_size(aabb: Tensor, march_steps: int) -> float:
+    """Occupancy marching step: the scene box diagonal divided by ``march_steps``."""
+    return float((aabb[3:] - aabb[:3]).norm()) / march_steps
+
+
+def sample_rays(
+    config: TrainConfig,
+    field: RadianceField,
+    grid: OccupancyGrid | None,
+    rays_o: Tensor,
+    rays_d: Tensor,
+    near: Tensor,
+    far: Tensor,
+    step: int,
+    generator: torch.Generator | None,
+) -> Samples:
+    """Intervals along each ray, within ``[near, far]`` clipped to the field's scene box.
+
+    Args:
+        rays_o, rays_d: (N, 3) origins and unit directions.
+        near, far: (N,) ray bounds from the store.
+        step: training step (drives the hierarchical coarse-to-fine schedule).
+        generator: jitter source; None for deterministic evaluation samples.
+    """
+    t_min, t_max = ray_aabb_intersect(rays_o, rays_d, field.aabb)
+    t0 = torch.maximum(near, t_min)
+    t1 = torch.maximum(torch.minimum(far, t_max), t0)
+    if config.sampler == "stratified":
+        return stratified_samples(t0, t1, config.n_samples, generator)
+    if config.sampler == "hierarchical":
+        uniform = uniform_fraction(step, config.hier_anneal_steps, config.hier_uniform)
+        return hierarchical_samples(
+            field.density, rays_o, rays_d, t0, t1, config.hier_coarse, config.hier_fine, uniform, generator
+        )
+    if grid is None:
+        raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
+    density_fn = field.density if config.early_stop_eps > 0 else None
+    step_size = march_step_size(field.aabb, config.march_steps)
+    return march_occupied(
+        rays_o, rays_d, t0, t1, step_size, grid.is_occupied, generator, density_fn, config.early_stop_eps
+    )
+
+
+def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[object]:
+    if enabled and device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def query_field(
+    model: FieldFn, samples: Samples, rays_o: Tensor, rays_d: Tensor, mixed_precision: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Densities and colours at the samples' midpoints: (N, S) / (N, S, 3) padded or (M,) / (M, 3) packed.
+
+    ``mixed_precision`` autocasts the field to bfloat16 on CUDA only; the outputs are float32.
+    """
+    t_mid = 0.5 * (samples.t_starts + samples.t_ends)
+    if samples.ray_indices is None:
+        positions = rays_o[:, None, :] + rays_d[:, None, :] * t_mid[..., None]
+        directions = rays_d[:, None, :].expand_as(positions)
+    else:
+        positions = rays_o[samples.ray_indices] + rays_d[samples.ray_indices] * t_mid[:, None]
+        directions = rays_d[samples.ray_indices]
+    with _autocast(rays_o.device, mixed_precision):
+        sigmas, rgbs = model(positions, directions)
+    return sigmas.float(), rgbs.float()
+
+
+def composite_samples(
+    samples: Samples, sigmas: Tensor, rgbs: Tensor, background: Tensor
+) -> dict[str, Tensor]:
+    """Volume-render the samples over ``background``: :func:`raykit.trainer.render.rendering`'s dict."""
+    return rendering(
+        samples.t_starts, samples.t_ends, sigmas, rgbs, background, samples.ray_indices, samples.n_rays
+    )
+
+
+def render_rays(
+    model: FieldFn,
+    samples: Samples,
+    rays_o: Tensor,
+    rays_d: Tensor,
+    background: Tensor,
+    mixed_precision: bool = False,
+) -> dict[str, Tensor]:
+    """:func:`query_field` then :func:`composite_samples`: ``rgb (N, 3)``, ``opacity``, ``depth (N, 1)``."""
+    sigmas, rgbs = query_field(model, samples, rays_o, rays_d, mixed_precision)
+    return composite_samples(samples, sigmas, rgbs, background)

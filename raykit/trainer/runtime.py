@@ -1,0 +1,172 @@
+"""Small pieces of a run around the loop: device, processes, scene box, schedule, logs, run record."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import raykit
+from raykit.errors import ConfigError
+from raykit.trainer.config import TrainConfig
+
+__all__ = [
+    "JsonlLog",
+    "Processes",
+    "environment",
+    "learning_rate",
+    "parse_background",
+    "peak_memory_mb",
+    "resolve_device",
+    "scene_aabb",
+    "start_processes",
+]
+
+
+@dataclass(frozen=True)
+class Processes:
+    """This process's place among the training processes (torchrun sets the environment)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def start_processes(device: torch.device) -> Processes:
+    """Join the process group when launched by torchrun (gloo on CPU, nccl on CUDA); else a single process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return Processes(0, 1, 0)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Processes(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda (this process's LOCAL_RANK device) when available, else cpu."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device: expected cpu (CUDA is not available), got {name!r}")
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+def parse_background(text: str) -> torch.Tensor:
+    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> (3,) float32."""
+    named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+    try:
+        values = named[text] if text in named else tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0.0 <= v <= 1.0 for v in values):
+        raise ConfigError(f"background: expected white, black or R,G,B in [0, 1], got {text!r}")
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def scene_aabb(config: TrainConfig, store: Any) -> torch.Tensor:
+    """(6,) scene box: ``--aabb``, else the store's scene bounds, else the box around the cameras."""
+    if config.aabb != "auto":
+        try:
+            values = [float(v) for v in config.aabb.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 6 or any(values[i] >= values[i + 3] for i in range(3)):
+            raise ConfigError(
+                f"aabb: expected XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX with min < max, got {config.aabb!r}"
+            )
+        return torch.tensor(values, dtype=torch.float32)
+    bounds = store.scene.bounds
+    if bounds is not None:
+        return torch.tensor([*bounds[0], *bounds[1]], dtype=torch.float32)
+    centres = np.asarray(store.table.c2w)[:, :3, 3]
+    lo, hi = centres.min(axis=0), centres.max(axis=0)
+    pad = 0.05 * float(np.max(hi - lo)) + 1e-3
+    return torch.tensor([*(lo - pad), *(hi + pad)], dtype=torch.float32)
+
+
+def learning_rate(config: TrainConfig, step: int, elapsed: float) -> float:
+    """Exponential decay from ``lr`` to ``lr_final``.
+
+    Progress is ``step / steps``, or, with a time budget, the larger of that and
+    ``elapsed / max_seconds`` (so a budgeted run still anneals; then the schedule depends on speed).
+    """
+    progress = step / config.steps
+    if config.max_seconds is not None:
+        progress = max(progress, elapsed / config.max_seconds)
+    progress = min(progress, 1.0)
+    return config.lr * (config.lr_final / config.lr) ** progress
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory so far: CUDA allocator peak on CUDA, else this process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def environment(device: torch.device, processes: Processes) -> dict[str, Any]:
+    """What a reader needs to reproduce the run's software and hardware."""
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "raykit": raykit.__version__,
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "world_size": processes.world_size,
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+class JsonlLog:
+    """Append-only JSON-lines log that can be cut back to a step when a run resumes."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after ``step`` (written by a run that crashed after its checkpoint)."""
+        if not self.path.exists():
+            return
+        kept = [
+            line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step
+        ]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
