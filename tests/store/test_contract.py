@@ -1,0 +1,291 @@
+"""The store contract: written once, run against every backend (and with materialised rays)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from raykit.cameras import pixels_to_rays
+from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
+from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
+from raykit.store.reader import RayStore
+from raykit.store.validate import validate_store
+from raykit.store.writer import copy_store
+
+CHUNK_RAYS = 64
+SHARD_CHUNKS = 2
+
+
+def _all_rays(store: RayStore, split: str):
+    info = store.splits[split]
+    return [store.read_chunk(split, i) for i in range(info.n_chunks)]
+
+
+def _expected_rgba(records: list[ImageRecord], store: RayStore, pid: np.ndarray) -> np.ndarray:
+    image, pixel = store.decode_pids(pid)
+    by_name = {r.name: r.load() for r in records}
+    out = np.full((len(pid), 4), 255, dtype=np.uint8)
+    for k, (i, (x, y)) in enumerate(zip(image, pixel, strict=True)):
+        px = by_name[store.table.names[i]][y, x]
+        out[k, : len(px)] = px
+    return out
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _payload_kinds(store: RayStore) -> dict[str, str]:
+    """One payload file per kind (rgba shard, pid shard / tar) -> its relative path."""
+    kinds: dict[str, str] = {}
+    for rel in store.files:
+        if rel.startswith("wds/"):
+            kinds.setdefault("tar", rel)
+        elif rel.startswith("zarr/") and not rel.endswith("zarr.json"):
+            kinds.setdefault(rel.split("/")[2], rel)
+    return kinds
+
+
+def _data_offset(store: RayStore, rel: str) -> int:
+    """A byte offset inside ray data of file ``rel`` (not tar headers or padding)."""
+    if rel.startswith("wds/"):
+        split = rel.split("/")[1].rsplit("-", 1)[0]
+        index = store.index[split]
+        chunk = next(i for i, s in enumerate(index["shard"]) if rel.endswith(f"-{s:06d}.tar"))
+        offset, size = index["members"][chunk]["rgba"]
+        return offset + size - 7
+    return store.files[rel]["size"] // 3
+
+
+class StoreContract:
+    """Behaviour every backend must have; subclasses set ``backend`` and ``materialize``."""
+
+    backend = ""
+    materialize: str | None = None
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_dir(cls, tmp_path_factory: pytest.TempPathFactory, records, scene: SceneInfo) -> Path:
+        dst = tmp_path_factory.mktemp(cls.backend) / "store"
+        write_store(
+            dst,
+            records,
+            scene=scene,
+            backend=cls.backend,
+            chunk_rays=CHUNK_RAYS,
+            shard_chunks=SHARD_CHUNKS,
+            seed=3,
+            materialize=cls.materialize,
+        )
+        return dst
+
+    @pytest.fixture()
+    def scratch(self, store_dir: Path, tmp_path: Path) -> Path:
+        dst = tmp_path / "store"
+        shutil.copytree(store_dir, dst)
+        return dst
+
+    def test_metadata(self, store_dir: Path, records, scene: SceneInfo) -> None:
+        store = open_store(store_dir, verify=True)
+        assert store.backend == self.backend
+        assert list(store.splits) == ["train", "val", "test"]
+        assert store.splits["train"].shuffled and not store.splits["val"].shuffled
+        np.testing.assert_array_equal(store.world_from_source, scene.matrix())
+        assert store.scene == scene
+        by_name = {r.name: r for r in records}
+        assert store.cameras.num_rows == len(records)
+        for row in store.cameras.to_pylist():
+            rec = by_name[row["name"]]
+            assert row["split"] == rec.split and row["near"] == rec.near and row["far"] == rec.far
+            np.testing.assert_array_equal(np.reshape(row["c2w"], (4, 4)), rec.c2w)
+            assert tuple(row["params"]) == rec.camera.params and row["width"] == rec.camera.width
+        for split, info in store.splits.items():
+            assert store.images(split) == sorted(r.name for r in records if r.split == split)
+            assert info.n_rays == sum(
+                by_name[n].camera.width * by_name[n].camera.height for n in store.images(split)
+            )
+
+    def test_round_trip_every_field(self, store_dir: Path, records) -> None:
+        store = open_store(store_dir)
+        for split, info in store.splits.items():
+            chunks = _all_rays(store, split)
+            assert [len(c) for c in chunks[:-1]] == [CHUNK_RAYS] * (info.n_chunks - 1)
+            pid = np.concatenate([c.pid for c in chunks])
+            assert np.array_equal(np.sort(pid), np.arange(info.n_rays) + info.pid_start)
+            assert info.shuffled != np.array_equal(pid, np.sort(pid))
+            rgba = np.concatenate([c.rgba for c in chunks])
+            np.testing.assert_array_equal(rgba, _expected_rgba(records, store, pid))
+            if self.materialize:
+                batch = store.to_batch(chunks[0])
+                tol = 2e-3 if self.materialize == "float16" else 1e-6
+                for name in ("origins", "directions"):
+                    stored = torch.from_numpy(chunks[0].extra[name].astype(np.float32))
+                    torch.testing.assert_close(stored, getattr(batch, name), atol=tol * 4, rtol=0)
+
+    def test_random_access(self, store_dir: Path) -> None:
+        store = open_store(store_dir)
+        rng = np.random.default_rng(0)
+        for split, info in store.splits.items():
+            whole = store.read(split, 0, info.n_rays)
+            for _ in range(5):
+                start, stop = sorted(rng.integers(0, info.n_rays + 1, 2).tolist())
+                part = store.read(split, start, stop)
+                np.testing.assert_array_equal(part.pid, whole.pid[start:stop])
+                np.testing.assert_array_equal(part.rgba, whole.rgba[start:stop])
+            for i in rng.permutation(info.n_chunks)[:3].tolist():
+                lo, hi = info.chunk_range(i)
+                np.testing.assert_array_equal(store.read_chunk(split, i).pid, whole.pid[lo:hi])
+
+    def test_full_image_reads(self, store_dir: Path, records) -> None:
+        store = open_store(store_dir)
+        for rec in records:
+            batch = store.image_rays(rec.name, device="cpu")
+            pixels = rec.load()
+            h, w = pixels.shape[:2]
+            ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+            expected_pixel = np.stack([xs.ravel(), ys.ravel()], 1)
+            np.testing.assert_array_equal(batch.pixel.numpy(), expected_pixel)
+            assert torch.all(batch.image == store.image_index(rec.name))
+            got = np.rint(batch.rgb.numpy() * 255).astype(np.uint8).reshape(h, w, 3)
+            np.testing.assert_array_equal(got, pixels[..., :3])
+            alpha = np.rint(batch.alpha.numpy() * 255).astype(np.uint8).reshape(h, w)
+            np.testing.assert_array_equal(alpha, pixels[..., 3] if pixels.shape[2] == 4 else 255)
+            o, d, z = pixels_to_rays(rec.camera, torch.from_numpy(rec.c2w), torch.from_numpy(expected_pixel))
+            torch.testing.assert_close(batch.origins, o.float(), atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch.directions, d.float(), atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch.z_scale, z.float(), atol=1e-5, rtol=0)
+            assert torch.all(batch.near == rec.near) and torch.all(batch.far == rec.far)
+
+    def test_out_of_range(self, store_dir: Path) -> None:
+        store = open_store(store_dir)
+        info = store.splits["val"]
+        with pytest.raises(RayRangeError, match="chunk"):
+            store.read_chunk("val", info.n_chunks)
+        with pytest.raises(IndexError):
+            store.read_chunk("val", -1)
+        with pytest.raises(RayRangeError, match="outside"):
+            store.read("val", 0, info.n_rays + 1)
+        with pytest.raises(RayRangeError, match="split"):
+            store.read_chunk("nope", 0)
+        with pytest.raises(RayRangeError, match="image"):
+            store.image_rays("nope")
+        assert len(store.read("val", 3, 3)) == 0
+
+    def test_corrupt_payload_files_are_named(self, scratch: Path) -> None:
+        kinds = _payload_kinds(open_store(scratch))
+        assert kinds
+        for rel in kinds.values():
+            _flip_byte(scratch / rel, _data_offset(open_store(scratch), rel))
+        store = open_store(scratch)
+        for rel in kinds.values():
+            split = rel.split("/")[1].rsplit("-", 1)[0]
+            with pytest.raises(StoreCorruptError) as info:
+                for i in range(store.splits[split].n_chunks):
+                    store.read_chunk(split, i)
+            assert split in str(info.value)
+        problems = validate_store(scratch)
+        for rel in kinds.values():
+            assert any(rel in p and "checksum" in p for p in problems), (rel, problems)
+
+    @pytest.mark.parametrize("rel", ["cameras.parquet", "index.json"])
+    def test_corrupt_metadata_is_named(self, scratch: Path, rel: str) -> None:
+        _flip_byte(scratch / rel, (scratch / rel).stat().st_size // 2)
+        with pytest.raises(StoreCorruptError, match=re.escape(rel)):
+            open_store(scratch)
+        assert validate_store(scratch) and rel in validate_store(scratch)[0]
+
+    def test_truncated_shard(self, scratch: Path) -> None:
+        rel = next(iter(_payload_kinds(open_store(scratch)).values()))
+        path = scratch / rel
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        store = open_store(scratch)
+        split = rel.split("/")[1].rsplit("-", 1)[0]
+        with pytest.raises(StoreCorruptError, match=re.escape(rel)):
+            for i in range(store.splits[split].n_chunks):
+                store.read_chunk(split, i)
+
+    def test_missing_file(self, scratch: Path) -> None:
+        rel = next(iter(_payload_kinds(open_store(scratch)).values()))
+        (scratch / rel).unlink()
+        store = open_store(scratch)
+        split = rel.split("/")[1].rsplit("-", 1)[0]
+        with pytest.raises(StoreNotFoundError, match=re.escape(rel)):
+            for i in range(store.splits[split].n_chunks):
+                store.read_chunk(split, i)
+        assert any(rel in p for p in validate_store(scratch))
+
+    def test_newer_version_and_no_manifest(self, scratch: Path) -> None:
+        manifest = json.loads((scratch / "manifest.json").read_text())
+        manifest["format_version"] += 1
+        (scratch / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(StoreVersionError, match="newer"):
+            open_store(scratch)
+        (scratch / "manifest.json").unlink()
+        with pytest.raises(StoreNotFoundError, match=r"not a raykit store \(no manifest.json\)"):
+            open_store(scratch)
+        partial = scratch.with_name("other.partial")
+        partial.mkdir()
+        with pytest.raises(StoreNotFoundError, match="incomplete store"):
+            open_store(partial)
+
+    def test_validate_clean(self, store_dir: Path) -> None:
+        assert validate_store(store_dir) == []
+
+    def test_read_over_http(self, store_dir: Path, http_root) -> None:
+        root, url = http_root
+        name = f"{self.backend}-{self.materialize}"
+        shutil.copytree(store_dir, root / name, dirs_exist_ok=True)
+        local, remote = open_store(store_dir), open_store(f"{url}/{name}", verify=True)
+        assert remote.fingerprint == local.fingerprint
+        for split, info in local.splits.items():
+            for i in range(info.n_chunks):
+                a, b = local.read_chunk(split, i), remote.read_chunk(split, i)
+                np.testing.assert_array_equal(a.pid, b.pid)
+                np.testing.assert_array_equal(a.rgba, b.rgba)
+        name0 = local.images("val")[0]
+        torch.testing.assert_close(remote.image_rays(name0).rgb, local.image_rays(name0).rgb)
+        (root / name / "index.json").unlink()
+        with pytest.raises(StoreNotFoundError, match=r"index\.json"):
+            open_store(f"{url}/{name}")
+
+    def test_copy_to_other_backend_gives_identical_batches(self, store_dir: Path, tmp_path: Path) -> None:
+        other = "wds" if self.backend == "zarr" else "zarr"
+        copy = copy_store(store_dir, tmp_path / "copy", backend=other)
+        store = open_store(store_dir)
+        assert copy.backend == other and copy.fingerprint == store.fingerprint
+        assert validate_store(copy.url) == []
+        for split, info in store.splits.items():
+            for i in range(info.n_chunks):
+                a, b = store.to_batch(store.read_chunk(split, i)), copy.to_batch(copy.read_chunk(split, i))
+                for name in ("origins", "directions", "rgb", "alpha", "image", "pixel", "near", "far"):
+                    assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+class TestZarr(StoreContract):
+    backend = "zarr"
+
+
+class TestWebDataset(StoreContract):
+    backend = "wds"
+
+
+class TestZarrMaterialized(StoreContract):
+    backend = "zarr"
+    materialize = "float16"
+
+
+class TestWebDatasetMaterialized(StoreContract):
+    backend = "wds"
+    materialize = "float32"
+
+
+def test_errors_are_raykit_errors() -> None:
+    assert issubclass(RayRangeError, RaykitError) and issubclass(RayRangeError, IndexError)
