@@ -1,0 +1,170 @@
+"""RayGenerator against its reference twin, pixel-id decoding, and RayBatch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raykit import rays as rays_module
+from raykit.cameras import Camera
+from raykit.errors import CameraError
+from raykit.rays import RayBatch, RayGenerator
+
+PINHOLES = [
+    Camera("PINHOLE", 24, 16, (20.0, 21.0, 12.5, 7.5)),
+    Camera("SIMPLE_PINHOLE", 9, 13, (11.0, 4.0, 6.0)),
+]
+DISTORTED = [
+    Camera("OPENCV", 24, 16, (20.0, 21.0, 12.5, 7.5, 0.05, -0.01, 0.001, -0.002)),
+    Camera("OPENCV_FISHEYE", 17, 11, (9.0, 9.5, 8.0, 5.0, 0.02, -0.005, 0.001, 0.0)),
+]
+
+
+def random_poses(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c2w = np.tile(np.eye(4), (n, 1, 1))
+    for i in range(n):
+        q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+        c2w[i, :3, :3] = q * np.sign(np.linalg.det(q))
+        c2w[i, :3, 3] = rng.normal(size=3)
+    return c2w
+
+
+def make_generator(
+    cameras: list[Camera], n_images: int = 7, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw
+) -> RayGenerator:
+    rng = np.random.default_rng(1)
+    camera_index = rng.integers(0, len(cameras), n_images)
+    near = rng.uniform(0.1, 1.0, n_images)
+    return RayGenerator(
+        cameras, camera_index, random_poses(n_images, 2), near, near + 4.0, device, dtype, **kw
+    )
+
+
+def random_rays(gen: RayGenerator, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, gen.n_images, n)
+    x = (rng.random(n) * gen.widths[image]).astype(np.int64)
+    y = (rng.random(n) * gen.heights[image]).astype(np.int64)
+    return torch.from_numpy(image), torch.from_numpy(np.stack([x, y], -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "cameras", [PINHOLES, DISTORTED, PINHOLES + DISTORTED], ids=["pinhole", "lut", "mixed"]
+)
+def test_generate_matches_reference(cameras: list[Camera], dtype: torch.dtype) -> None:
+    gen = make_generator(cameras, dtype=dtype)
+    assert gen.uses_lut == any(not c.is_pinhole for c in cameras)
+    image, pixel = random_rays(gen, 500, 3)
+    fast, ref = gen.generate(image, pixel), gen.reference_generate(image, pixel)
+    atol = 1e-6 if dtype == torch.float32 else 1e-12
+    for name, a, b in zip(fast._fields, fast, ref, strict=True):
+        assert a.dtype == dtype and a.shape == b.shape, name
+        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=name)
+    norms = torch.linalg.vector_norm(fast.directions, dim=-1)
+    torch.testing.assert_close(norms, torch.ones_like(norms), atol=atol * 2, rtol=0)
+
+
+def test_pixel_ids_decode_row_major() -> None:
+    gen = make_generator(PINHOLES + DISTORTED, n_images=5)
+    counts = gen.widths * gen.heights
+    assert gen.pixel_offset.tolist() == [0, *np.cumsum(counts).tolist()]
+    pid = torch.arange(int(gen.pixel_offset[-1]))
+    image, pixel = gen.decode_pids(pid.to(torch.int32))
+    expected_image = torch.repeat_interleave(torch.arange(5), torch.from_numpy(counts))
+    assert torch.equal(image, expected_image)
+    local = pid - torch.from_numpy(gen.pixel_offset)[image]
+    w = torch.from_numpy(gen.widths)[image]
+    assert torch.equal(pixel[:, 1] * w + pixel[:, 0], local)
+    assert bool((pixel[:, 0] < w).all())
+
+
+@pytest.mark.parametrize("max_blocks", [1 << 22, 1], ids=["block-table", "binary-search"])
+def test_generate_from_pids(max_blocks: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rays_module, "_MAX_BLOCKS", max_blocks)
+    # Image sizes of 1 pixel and gaps between images stress the decoder.
+    cameras = [*DISTORTED, Camera("PINHOLE", 1, 1, (1.0, 1.0, 0.5, 0.5))]
+    gen = RayGenerator(
+        cameras, [2, 0, 1, 2, 0], random_poses(5, 4), 0.5, 3.0, pixel_offset=[0, 5, 400, 600, 601]
+    )
+    assert (gen._blocks is None) == (max_blocks == 1)
+    image, pixel = random_rays(gen, 300, 5)
+    pid = (
+        torch.from_numpy(gen.pixel_offset)[image]
+        + pixel[:, 1] * torch.from_numpy(gen.widths)[image]
+        + pixel[:, 0]
+    )
+    got_image, got_pixel, rays = gen.generate_from_pids(pid, check=True)
+    assert torch.equal(got_image, image) and torch.equal(got_pixel, pixel)
+    torch.testing.assert_close(rays.directions, gen.generate(image, pixel).directions)
+
+
+def test_checks_raise_camera_errors() -> None:
+    gen = make_generator(DISTORTED, n_images=3)
+    with pytest.raises(CameraError, match="image index"):
+        gen.generate(torch.tensor([3]), torch.tensor([[0, 0]]), check=True)
+    with pytest.raises(CameraError, match="pixel outside"):
+        gen.generate(torch.tensor([0]), torch.tensor([[int(gen.widths[0]), 0]]), check=True)
+    with pytest.raises(CameraError, match="pixel id"):
+        gen.generate_from_pids(torch.tensor([int(gen.pixel_offset[-1])]), check=True)
+    with pytest.raises(CameraError, match="c2w"):
+        RayGenerator(DISTORTED, [0, 1], np.eye(4)[None], 1.0, 2.0)
+    with pytest.raises(CameraError, match="camera_index"):
+        RayGenerator(DISTORTED, [0, 2], random_poses(2, 0), 1.0, 2.0)
+    with pytest.raises(CameraError, match="pixel_offset"):
+        RayGenerator(DISTORTED, [0, 1], random_poses(2, 0), 1.0, 2.0, pixel_offset=[0, 10])
+
+
+def make_batch(n: int, alpha: bool) -> RayBatch:
+    g = torch.Generator().manual_seed(0)
+    return RayBatch(
+        origins=torch.rand(n, 3, generator=g),
+        directions=torch.nn.functional.normalize(torch.rand(n, 3, generator=g), dim=-1),
+        rgb=torch.rand(n, 3, generator=g),
+        alpha=torch.rand(n, generator=g) if alpha else None,
+        image=torch.arange(n),
+        pixel=torch.zeros(n, 2, dtype=torch.int64),
+        near=torch.zeros(n),
+        far=torch.ones(n),
+        z_scale=torch.ones(n),
+    )
+
+
+def test_ray_batch_composite_len_index_and_to() -> None:
+    batch = make_batch(10, alpha=True)
+    assert len(batch) == 10
+    white = batch.composite(torch.ones(3))
+    torch.testing.assert_close(white, batch.rgb * batch.alpha[:, None] + (1 - batch.alpha[:, None]))  # type: ignore[index]
+    # Opaque pixels ignore the background; transparent ones show it.
+    opaque = RayBatch(**{**batch.__dict__, "alpha": torch.ones(10)})
+    torch.testing.assert_close(opaque.composite([0.0, 0.5, 1.0]), batch.rgb)
+    clear = RayBatch(**{**batch.__dict__, "alpha": torch.zeros(10)})
+    torch.testing.assert_close(
+        clear.composite([0.0, 0.5, 1.0]), torch.tensor([[0.0, 0.5, 1.0]]).expand(10, 3)
+    )
+    no_alpha = make_batch(4, alpha=False)
+    assert no_alpha.composite(torch.zeros(3)) is no_alpha.rgb
+    sub = batch[2:5]
+    assert len(sub) == 3 and torch.equal(sub.image, torch.tensor([2, 3, 4]))
+    moved = no_alpha.to("cpu", non_blocking=True)
+    assert moved.alpha is None and torch.equal(moved.rgb, no_alpha.rgb)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cameras", [PINHOLES, PINHOLES + DISTORTED], ids=["pinhole", "mixed"])
+def test_cuda_generator_matches_cpu(cameras: list[Camera]) -> None:
+    cpu, cuda = make_generator(cameras), make_generator(cameras, device="cuda")
+    image, pixel = random_rays(cpu, 1000, 6)
+    a, b = cpu.generate(image, pixel), cuda.generate(image.cuda(), pixel.cuda())
+    for x, y in zip(a, b, strict=True):
+        assert y.device.type == "cuda"
+        torch.testing.assert_close(y.cpu(), x, atol=1e-6, rtol=0)
+    pid = torch.from_numpy(cpu.pixel_offset[:-1])[image] + pixel[:, 1] * torch.from_numpy(cpu.widths)[image]
+    pid += pixel[:, 0]
+    img_cuda, pix_cuda, _ = cuda.generate_from_pids(pid.cuda())
+    assert torch.equal(img_cuda.cpu(), image) and torch.equal(pix_cuda.cpu(), pixel)
+    batch = make_batch(8, alpha=True).pin_memory().to("cuda", non_blocking=True)
+    assert batch.rgb.device.type == "cuda"
