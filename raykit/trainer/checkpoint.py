@@ -26,6 +26,7 @@ import torch
 from raykit.errors import ResumeError
 
 __all__ = [
+    "RESUMABLE_CHANGES",
     "CheckpointMeta",
     "check_resumable",
     "decode_rng_state",
@@ -144,10 +145,45 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[CheckpointMeta, dict[
     return meta, tensors
 
 
-def check_resumable(meta: CheckpointMeta, store_fingerprint: str, force: bool, where: str) -> None:
-    """Refuse to resume against a different store unless ``force``; raises :class:`ResumeError`."""
-    if meta.store_fingerprint != store_fingerprint and not force:
+# Config fields that may differ between a checkpoint and the run resuming it: they change where the
+# run writes, how often it reports, or how fast it runs, never the numbers it computes.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "store",
+        "out",
+        "resume",
+        "force",
+        "max_seconds",
+        "log_every",
+        "ckpt_every",
+        "keep_checkpoints",
+        "eval_splits",
+        "eval_chunk",
+        "eval_max_images",
+        "num_workers",
+        "device",
+        "threads",
+    }
+)
+
+
+def check_resumable(
+    meta: CheckpointMeta, store_fingerprint: str, config: dict[str, Any], force: bool, where: str
+) -> None:
+    """Refuse to resume against a different store or with different numerics unless ``force``.
+
+    Raises:
+        ResumeError: naming the checkpoint and every mismatch ("checkpoint has X, got Y").
+    """
+    problems = []
+    if meta.store_fingerprint != store_fingerprint:
+        problems.append(
+            f"store fingerprint: checkpoint has {meta.store_fingerprint}, got {store_fingerprint}"
+        )
+    for key in sorted(set(meta.config) | set(config)):
+        if key not in RESUMABLE_CHANGES and meta.config.get(key) != config.get(key):
+            problems.append(f"config {key}: checkpoint has {meta.config.get(key)!r}, got {config.get(key)!r}")
+    if problems and not force:
         raise ResumeError(
-            f"{where}: checkpoint was trained on store fingerprint {meta.store_fingerprint}, "
-            f"got {store_fingerprint}; pass --force to resume anyway"
+            f"{where}: cannot resume exactly: " + "; ".join(problems) + "; pass --force to resume anyway"
         )

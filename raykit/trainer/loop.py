@@ -250,7 +250,7 @@ def _restore(
     if path is None:
         raise ResumeError(f"{run_dir}: no checkpoint to resume from")
     meta, tensors = load_checkpoint(path)
-    check_resumable(meta, store.fingerprint, config.force, str(path))
+    check_resumable(meta, store.fingerprint, config.to_dict(), config.force, str(path))
     field_.load_state_dict(tensors["field"])
     optimizer.load_state_dict(tensors["optimizer"])
     if grid is not None and tensors["grid"]:

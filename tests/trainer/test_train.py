@@ -1,0 +1,150 @@
+"""End-to-end runs on a tiny real store: run directory, samplers, time budget, exact resume, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import raykit
+from raykit.errors import ResumeError
+from raykit.trainer import TrainConfig, train
+from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+TINY = {
+    "steps": 8,
+    "batch_size": 128,
+    "levels": 2,
+    "base_resolution": 8,
+    "max_resolution": 16,
+    "features": 2,
+    "hidden": 16,
+    "n_samples": 24,
+    "hier_coarse": 12,
+    "hier_fine": 12,
+    "hier_anneal_steps": 4,
+    "occ_resolution": 16,
+    "occ_update_every": 3,
+    "march_steps": 48,
+    "log_every": 1,
+    "ckpt_every": 4,
+    "threads": 1,
+    "device": "cpu",
+}
+
+
+def tiny_config(store: Path, out: Path, **changes: Any) -> TrainConfig:
+    return TrainConfig(store=str(store), out=str(out), **{**TINY, **changes})
+
+
+def _log(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def _final_state(run: Path) -> dict[str, torch.Tensor]:
+    path = latest_checkpoint(run)
+    assert path is not None
+    return load_checkpoint(path)[1]["field"]
+
+
+def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> None:
+    run = train(tiny_config(tiny_store, tmp_path / "run", sampler="stratified"))
+    config = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+    assert config == tiny_config(tiny_store, tmp_path / "run", sampler="stratified")
+    info = json.loads((run / "run.json").read_text())
+    assert info["store_fingerprint"] == raykit.open_store(str(tiny_store)).fingerprint
+    assert info["raykit_version"] == raykit.__version__ and info["seed"] == 0
+    assert {"python", "torch", "platform", "device"} <= set(info["environment"])
+    records = _log(run)
+    assert [r["step"] for r in records] == list(range(1, 9))
+    for key in (
+        "loss",
+        "psnr",
+        "rays_per_s",
+        "samples_per_ray",
+        "loader_wait_fraction",
+        "step_time_s",
+        "peak_memory_mb",
+    ):
+        assert all(r[key] >= 0 for r in records), key
+    assert all(0 <= r["loader_wait_fraction"] <= 1 for r in records)
+    result = json.loads((run / "eval.json").read_text())
+    test = result["splits"]["test"]
+    assert result["step"] == 8 and test["n_images"] == 2 and len(test["images"]) == 2
+    assert test["psnr"] == pytest.approx(sum(i["psnr"] for i in test["images"]) / 2)
+    assert 0 < test["ssim"] <= 1
+    assert len(list((run / "renders" / "test").glob("*.png"))) == 2
+
+
+@pytest.mark.parametrize("sampler", ["stratified", "hierarchical", "occupancy"])
+def test_samplers_reduce_the_loss(tiny_store: Path, tmp_path: Path, sampler: str) -> None:
+    run = train(tiny_config(tiny_store, tmp_path / sampler, sampler=sampler, steps=30, log_every=10, lr=3e-2))
+    losses = [r["loss"] for r in _log(run)]
+    assert losses[-1] < losses[0]
+    assert all(r["samples_per_ray"] > 0 for r in _log(run))
+
+
+def test_same_seed_same_run_different_seed_different_run(tiny_store: Path, tmp_path: Path) -> None:
+    a = train(tiny_config(tiny_store, tmp_path / "a", sampler="hierarchical", steps=4))
+    b = train(tiny_config(tiny_store, tmp_path / "b", sampler="hierarchical", steps=4))
+    c = train(tiny_config(tiny_store, tmp_path / "c", sampler="hierarchical", steps=4, seed=1))
+    assert [r["loss"] for r in _log(a)] == [r["loss"] for r in _log(b)]
+    assert [r["loss"] for r in _log(a)] != [r["loss"] for r in _log(c)]
+
+
+def test_time_budget_stops_then_evaluates(tiny_store: Path, tmp_path: Path) -> None:
+    run = train(tiny_config(tiny_store, tmp_path / "t", steps=100000, max_seconds=1.0, log_every=5))
+    last = _log(run)[-1]
+    assert last["step"] < 100000 and last["elapsed_s"] < 5.0
+    assert (run / "eval.json").is_file()
+
+
+@pytest.mark.parametrize("sampler", ["hierarchical", "occupancy"])
+def test_resume_after_sigkill_is_exact(tiny_store: Path, tmp_path: Path, sampler: str) -> None:
+    straight = train(tiny_config(tiny_store, tmp_path / "straight", sampler=sampler, ckpt_every=2))
+    crashed = tmp_path / "crashed"
+    config = tiny_config(tiny_store, crashed, sampler=sampler, ckpt_every=2)
+    args = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in config.to_dict().items()
+        if k not in ("store", "resume", "force", "mixed_precision", "max_seconds", "eval_max_images")
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raykit.trainer", str(tiny_store), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(crashed) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = latest_checkpoint(crashed)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+    assert killed_at is not None and int(killed_at.name.split("-")[-1]) < 8  # killed mid-run
+    resumed = train(config.replace(resume=True))
+    assert [r["step"] for r in _log(resumed)] == list(range(1, 9))
+    assert [r["loss"] for r in _log(resumed)] == [r["loss"] for r in _log(straight)]
+    a, b = _final_state(straight), _final_state(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_a_different_store_unless_forced(
+    tiny_store: Path, other_store: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(tiny_store, run, steps=4))
+    with pytest.raises(ResumeError, match="fingerprint"):
+        train(tiny_config(other_store, run, steps=8, resume=True))
+    with pytest.raises(ResumeError, match="config sampler"):
+        train(tiny_config(tiny_store, run, steps=4, resume=True, sampler="stratified"))
+    train(tiny_config(other_store, run, steps=6, resume=True, force=True))
+    assert _log(run)[-1]["step"] == 6
