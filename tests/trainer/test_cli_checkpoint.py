@@ -90,7 +90,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, _meta(step), {"w": torch.full((3,), float(step))}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
-    with pytest.raises(Exception, match="pickle|Can't"):
+    with pytest.raises(Exception, match=r"pickle|Can't"):
         save_checkpoint(tmp_path, _meta(4), {"w": lambda: None}, keep=2)
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-00000003"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
