@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raykit.colmap_io import ColmapImage, Reconstruction, read_model
+from raykit.colmap_io import ColmapImage, Reconstruction, check_model, find_model_files, read_model
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.ngp import box_near_far
 from raykit.errors import CameraError, SourceError
@@ -82,21 +82,15 @@ def _observed(image: ColmapImage, point_index: dict[int, int], xyz: np.ndarray) 
 def _view(
     image: ColmapImage, rec: Reconstruction, model: Path, images_dir: Path, problems: Problems
 ) -> SourceView | None:
-    where = f"{model}: image {image.image_id} ({image.name!r})"
+    """The view of one image; problems check_model already reported (ids, poses) just skip it."""
     col_cam = rec.cameras.get(image.camera_id)
-    camera = None
-    if col_cam is None:
-        problems.add(f"{where}: refers to camera {image.camera_id}, which the model does not have")
-    else:
-        try:
-            camera = col_cam.to_camera(label=f"{model}/cameras")
-        except CameraError as exc:
-            problems.add(f"{where}: {exc}")
     values = np.asarray([*image.qvec, *image.tvec], dtype=np.float64)
-    if not np.all(np.isfinite(values)) or np.linalg.norm(values[:4]) < 1e-12:
-        problems.add(f"{where}: pose is not finite (qvec={list(image.qvec)}, tvec={list(image.tvec)})")
+    if col_cam is None or not np.all(np.isfinite(values)) or np.linalg.norm(values[:4]) < 1e-12:
         return None
-    if camera is None:
+    try:
+        camera = col_cam.to_camera(label=f"{model}/cameras")
+    except CameraError as exc:
+        problems.add(f"{model}: image {image.image_id} ({image.name!r}): {exc}")
         return None
     return SourceView(name=image.name, camera=camera, c2w=image.c2w(), image_path=images_dir / image.name)
 
@@ -128,8 +122,9 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
     if model is None:
         raise SourceError(f"{src}: no COLMAP model (cameras.bin/.txt in it, sparse/0 or sparse)")
     images_dir = _find_images_dir(src, model, images)
-    rec = read_model(model)
+    rec = read_model(model, validate=False)
     problems = Problems()
+    problems.extend(check_model(rec, {name: str(file) for name, file in find_model_files(model).items()}))
     by_name = {image.name: image for image in rec.images.values()}
     views, missing = [], []
     for name in sorted(by_name):

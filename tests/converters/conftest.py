@@ -61,7 +61,9 @@ def make_blender(
             seed += 1
             write_image(root / split / f"r_{i}.png", random_image(seed, height, width, 4))
             c2w_gl = opencv_to_opengl_c2w(look_at_c2w(seed))
-            frames.append({"file_path": f"./{split}/r_{i}", "rotation": 0.1, "transform_matrix": c2w_gl.tolist()})
+            frames.append(
+                {"file_path": f"./{split}/r_{i}", "rotation": 0.1, "transform_matrix": c2w_gl.tolist()}
+            )
         text = json.dumps({"camera_angle_x": angle_x, "frames": frames}, indent=4)
         (root / f"transforms_{split}.json").write_text(text)
     return root
@@ -74,7 +76,9 @@ def make_ngp(root: Path, frames: list[dict[str, Any]], **meta: Any) -> Path:
     return root
 
 
-def ngp_frame(root: Path, index: int, size: tuple[int, int], file_path: str | None = None, **extra: Any) -> dict:
+def ngp_frame(
+    root: Path, index: int, size: tuple[int, int], file_path: str | None = None, **extra: Any
+) -> dict:
     """Write image ``images/f_{index}.png`` of ``size`` and return its frame entry."""
     width, height = size
     write_image(root / "images" / f"f_{index}.png", random_image(100 + index, height, width))
@@ -121,7 +125,7 @@ def make_colmap(
     pycolmap.set_random_seed(seed)
     options = pycolmap.SyntheticDatasetOptions(
         num_rigs=1, num_cameras_per_rig=len(models), num_frames_per_rig=2, num_points3D=40,
-        camera_width=size[0], camera_height=size[1],
+        camera_width=size[0], camera_height=size[1], camera_params=[30.0, size[0] / 2, size[1] / 2, 0.0],
     )  # fmt: skip
     rec = pycolmap.synthesize_dataset(options)
     for camera_id, model in zip(sorted(rec.cameras), models, strict=True):

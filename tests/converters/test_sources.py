@@ -50,7 +50,9 @@ def test_blender_downscale_rescales_focal(tmp_path: Path, make) -> None:
     meta = json.loads((src / "transforms_train.json").read_text())
     c2w = opengl_to_opencv_c2w(np.array(meta["frames"][0]["transform_matrix"]))
     f = make.blender_focal(8, 0.8) / 2
-    np.testing.assert_allclose(dirs, make.pinhole_directions(c2w, f, f, 2.0, 1.5, pixel.astype(float)), atol=1e-5)
+    np.testing.assert_allclose(
+        dirs, make.pinhole_directions(c2w, f, f, 2.0, 1.5, pixel.astype(float)), atol=1e-5
+    )
     del cam
 
 

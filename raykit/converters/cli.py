@@ -1,0 +1,77 @@
+"""``raykit convert SRC DST``: the command line of :func:`raykit.converters.convert`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from raykit.converters.convert import SOURCES, convert
+from raykit.converters.images import EXIF_POLICIES
+from raykit.converters.normalize import NORMALIZE_MODES
+
+__all__ = ["register", "run_convert"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``convert`` subcommand."""
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a COLMAP, Blender, instant-ngp/nerfstudio or LLFF capture into a ray store",
+        description="Convert a capture into a ray store. Every problem with the capture is listed, one per "
+        "line, and nothing is written; the store appears at DST only when complete, and rerunning an "
+        "interrupted conversion resumes it.",
+    )
+    parser.add_argument("src", metavar="SRC", help="capture folder (or a transforms.json file)")
+    parser.add_argument("dst", metavar="DST", help="store to create")
+    parser.add_argument("--from", dest="source", choices=SOURCES, default="auto", help="capture format")
+    parser.add_argument(
+        "--format", dest="backend", choices=("zarr", "wds"), default="zarr", help="store backend"
+    )
+    parser.add_argument("--downscale", type=int, default=1, metavar="N", help="area-downscale images by N")
+    parser.add_argument(
+        "--split",
+        default="auto",
+        help="auto | source | all | every:N | test=FILE[,val=FILE][,train=FILE] (default: auto = the "
+        "source's own splits, else every 8th sorted image is test)",
+    )
+    parser.add_argument("--normalize", choices=NORMALIZE_MODES, default="none", help="world normalisation")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--workers", type=int, default=1, metavar="N", help="N > 1: local Dask cluster")
+    group.add_argument("--scheduler", metavar="ADDRESS", help="existing Dask scheduler, e.g. tcp://host:8786")
+    parser.add_argument("--skip-missing", action="store_true", help="skip frames whose image is missing")
+    parser.add_argument(
+        "--images", metavar="DIR", help="COLMAP image folder (default: found beside the model)"
+    )
+    parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
+    parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
+    parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.set_defaults(func=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """Handler of ``raykit convert``; returns the exit status."""
+    store = convert(
+        args.src,
+        args.dst,
+        source=args.source,
+        backend=args.backend,
+        downscale=args.downscale,
+        split=args.split,
+        normalize=args.normalize,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        skip_missing=args.skip_missing,
+        progress=args.progress,
+        images=args.images,
+        exif=args.exif,
+        near=args.near,
+        far=args.far,
+        overwrite=args.overwrite,
+    )
+    splits = ", ".join(
+        f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()
+    )
+    print(f"wrote {args.dst} ({store.backend}; {splits})")
+    return 0

@@ -1,0 +1,143 @@
+"""Bad captures: non-zero exit, one line per problem (all of them), and no store at DST."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import raykit.cli
+from raykit.converters.cli import register
+
+MODULE = "raykit.converters.cli"
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run ``raykit ...`` in-process with the convert command registered; returns (status, stderr lines)."""
+    if MODULE not in raykit.cli.COMMAND_MODULES:
+        monkeypatch.setattr(raykit.cli, "COMMAND_MODULES", (*raykit.cli.COMMAND_MODULES, MODULE))
+
+    def run(*argv: str) -> tuple[int, list[str]]:
+        status = raykit.cli.main([str(a) for a in argv])
+        return status, capsys.readouterr().err.strip().splitlines()
+
+    return run
+
+
+def _fails(cli, src: Path, dst: Path, *flags: str, expect: list[str]) -> list[str]:
+    status, lines = cli("convert", src, dst, "--no-progress", *flags)
+    assert status == 2
+    assert all(line.startswith("raykit: error: ") for line in lines)
+    assert len(lines) == len(expect), lines
+    for line, needle in zip(lines, expect, strict=True):
+        assert needle in line, (needle, line)
+    assert not dst.exists() and not dst.with_name(dst.name + ".partial").exists()
+    return lines
+
+
+def test_register_adds_convert() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="raykit")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["convert", "a", "b", "--from", "llff", "--downscale", "2", "--workers", "2"])
+    assert (args.source, args.downscale, args.workers, args.func.__name__) == ("llff", 2, 2, "run_convert")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["convert", "a", "b", "--workers", "2", "--scheduler", "tcp://x:1"])
+
+
+def test_blender_every_bad_frame_listed(tmp_path: Path, make, cli) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 4, "test": 2})
+    meta = json.loads((src / "transforms_train.json").read_text())
+    meta["frames"][0]["transform_matrix"][0][3] = float("nan")
+    meta["frames"][1]["transform_matrix"][0][0] *= 2.0  # a scale: not rigid
+    meta["frames"][2]["file_path"] = "./train/nope"
+    (src / "transforms_train.json").write_text(json.dumps(meta).replace("NaN", "NaN"))
+    (src / "transforms_test.json").write_text('{"camera_angle_x": 0.8,\n "frames": [}\n')
+    _fails(cli, src, tmp_path / "out.zarr", expect=[
+        "frame 0 (./train/r_0): transform_matrix: matrix contains NaN or inf",
+        "frame 1 (./train/r_1): transform_matrix: transform is not rigid",
+        "frame image './train/nope' not found",
+        "transforms_test.json:2:13: malformed JSON",
+    ])  # fmt: skip
+
+
+def test_image_problems_all_listed_before_writing(tmp_path: Path, make, cli) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 3}, size=(8, 6))
+    make.write_image(src / "train" / "r_0.png", make.random_image(1, 6, 9, 4))  # wrong size
+    broken = src / "train" / "r_1.png"
+    broken.write_bytes(broken.read_bytes()[:40])  # truncated
+    # Blender derives intrinsics from each image's own size; a mismatch shows with ngp's explicit w/h.
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (6, 4)) for i in range(3)]
+    frames[0]["w"], frames[0]["h"] = 8, 4
+    make.write_image(root / "images" / "f_2.png", make.random_image(2, 4, 6, 3), exif=_exif(6))
+    make.ngp(root, frames, fl_x=5.0)
+    _fails(
+        cli, root, tmp_path / "a.zarr", expect=["f_0.png: image is 6x4, its camera", "EXIF orientation is 6"]
+    )
+    _fails(cli, src, tmp_path / "b.zarr", expect=["r_1.png: cannot read image"])
+
+
+def _exif(orientation: int) -> bytes:
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[274] = orientation
+    return exif.tobytes()
+
+
+def test_colmap_truncated_and_bad_models(tmp_path: Path, make, cli) -> None:
+    make.colmap(tmp_path / "cap", ["PINHOLE", "OPENCV"], seed=1)
+    images_bin = tmp_path / "cap" / "sparse" / "0" / "images.bin"
+    images_bin.write_bytes(images_bin.read_bytes()[:-37])
+    status, lines = cli("convert", tmp_path / "cap", tmp_path / "out.zarr", "--no-progress")
+    assert status == 2 and lines and all("images.bin" in line for line in lines)
+    assert not (tmp_path / "out.zarr").exists()
+
+    make.colmap(tmp_path / "txt", ["PINHOLE", "OPENCV"], seed=1, binary=False)
+    model = tmp_path / "txt" / "sparse" / "0"
+    cams = (model / "cameras.txt").read_text().replace(" OPENCV ", " NOT_A_MODEL ")
+    (model / "cameras.txt").write_text(cams)
+    status, lines = cli("convert", tmp_path / "txt", tmp_path / "out.zarr", "--no-progress")
+    assert status == 2 and any("NOT_A_MODEL" in line and "cameras.txt" in line for line in lines)
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_colmap_nan_pose_and_missing_images(tmp_path: Path, make, cli) -> None:
+    rec = make.colmap(tmp_path / "cap", ["PINHOLE", "PINHOLE"], seed=2, binary=False)
+    model = tmp_path / "cap" / "sparse" / "0"
+    lines = (model / "images.txt").read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    parts = lines[first].split()
+    parts[5] = "nan"
+    lines[first] = " ".join(parts)
+    (model / "images.txt").write_text("\n".join(lines) + "\n")
+    gone = sorted(im.name for im in rec.images.values())[-2:]
+    for name in gone:
+        (tmp_path / "cap" / "images" / name).unlink()
+    status, err = cli("convert", tmp_path / "cap", tmp_path / "out.zarr", "--no-progress")
+    assert status == 2
+    assert sum("not finite" in line or "nan" in line.lower() for line in err) >= 1
+    assert sum("not found" in line for line in err) == 2
+
+
+def test_llff_and_unknown_format(tmp_path: Path, make, cli) -> None:
+    src = make.llff(tmp_path / "llff", n=4)
+    poses = np.load(src / "poses_bounds.npy")
+    poses[1, 15:] = [5.0, 1.0]  # near > far
+    poses[2, 3] = np.inf
+    np.save(src / "poses_bounds.npy", poses)
+    (src / "images" / "IMG_0003.png").unlink()
+    _fails(cli, src, tmp_path / "a.zarr", expect=["4 poses but 3 images", "pose 1", "pose 2"])
+    (tmp_path / "empty").mkdir()
+    _fails(cli, tmp_path / "empty", tmp_path / "b.zarr", expect=["cannot tell the capture format"])
+    _fails(cli, tmp_path / "nowhere", tmp_path / "c.zarr", expect=["capture not found"])
+
+
+def test_downscale_must_divide(tmp_path: Path, make, cli) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 2}, size=(8, 6))
+    _fails(cli, src, tmp_path / "a.zarr", "--downscale", "4", expect=["r_0.png", "r_1.png"])
