@@ -51,19 +51,24 @@ def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
 def write_metadata(
     root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
 ) -> list[str]:
-    """Write the group and array ``zarr.json`` files under ``root/zarr``; returns their relative paths."""
-    store = zarr.storage.LocalStore(root / ZARR_DIR)
-    group = zarr.create_group(store, overwrite=True, attributes={"raykit": "ray store payload"})
-    written = [f"{ZARR_DIR}/zarr.json"]
+    """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
+
+    The metadata is built in memory by zarr and copied out, so existing shards are left untouched.
+    """
+    mem = zarr.storage.MemoryStore()
+    group = zarr.create_group(mem, attributes={"raykit": "ray store payload"})
     for split, info in splits.items():
         sub = group.create_group(split)
-        written.append(f"{ZARR_DIR}/{split}/zarr.json")
         for spec in fields.values():
             kwargs = _array_kwargs(
                 spec, info.n_rays, info.chunk_rays, layout["shard_chunks"], layout["zstd_level"]
             )
             sub.create_array(spec.name, **kwargs)
-            written.append(f"{ZARR_DIR}/{split}/{spec.name}/zarr.json")
+    written = []
+    for key, buffer in sorted(mem._store_dict.items()):
+        rel = f"{ZARR_DIR}/{key}"
+        atomic_write_bytes(root / rel, buffer.to_bytes())
+        written.append(rel)
     return written
 
 

@@ -1,0 +1,62 @@
+"""Shuffle quality of a split: how close batches built from whole chunks are to iid samples.
+
+A loader that reads ``k`` random chunks and draws a batch from their rays is compared with an ideal
+loader drawing the batch uniformly from the whole split. Two figures per batch: the number of distinct
+images, and the total-variation distance between the batch's image histogram and the split's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from raykit.store.reader import RayStore
+
+__all__ = ["shuffle_quality"]
+
+
+def _batch_stats(image: np.ndarray, share: np.ndarray) -> tuple[int, float]:
+    counts = np.bincount(image, minlength=len(share)) / max(len(image), 1)
+    return int(np.count_nonzero(counts)), 0.5 * float(np.abs(counts - share).sum())
+
+
+def shuffle_quality(
+    store: RayStore,
+    split: str = "train",
+    *,
+    batch_rays: int = 4096,
+    chunks_per_batch: int = 1,
+    n_batches: int = 32,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Mean distinct images and mean TV distance per batch: chunk-built batches vs iid batches.
+
+    Returns:
+        ``{"chunked": {"distinct", "tv"}, "iid": {"distinct", "tv"}, "distinct_ratio", ...}``.
+    """
+    info = store.splits[split]
+    table = store.table
+    rows = np.flatnonzero(np.array(table.splits) == split)
+    share = table.n_pixels[rows] / info.n_rays
+    first = int(rows[0])
+    rng = np.random.default_rng(seed)
+    chunked, iid = [], []
+    for _ in range(n_batches):
+        picks = rng.choice(info.n_chunks, size=min(chunks_per_batch, info.n_chunks), replace=False)
+        pid = np.concatenate([store.read_chunk(split, int(i)).pid for i in picks])
+        batch = rng.choice(pid, size=min(batch_rays, len(pid)), replace=False)
+        chunked.append(_batch_stats(store.decode_pids(batch)[0] - first, share))
+        ideal = rng.choice(info.n_rays, size=len(batch), replace=False) + info.pid_start
+        iid.append(_batch_stats(store.decode_pids(ideal.astype(np.uint32))[0] - first, share))
+    c, i = np.mean(chunked, axis=0), np.mean(iid, axis=0)
+    return {
+        "split": split,
+        "batch_rays": batch_rays,
+        "chunks_per_batch": chunks_per_batch,
+        "n_batches": n_batches,
+        "n_images": len(rows),
+        "chunked": {"distinct": float(c[0]), "tv": float(c[1])},
+        "iid": {"distinct": float(i[0]), "tv": float(i[1])},
+        "distinct_ratio": float(c[0] / i[0]),
+    }

@@ -1,0 +1,179 @@
+"""Writer: determinism across executors, resume after a crash, input checks, shuffle quality."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raykit.cameras import Camera
+from raykit.errors import ConfigError, SourceError, StoreNotFoundError
+from raykit.store import ImageRecord, SceneInfo, open_store, write_store
+from raykit.store.stats import shuffle_quality
+from raykit.store.writer import write_shard_task
+
+OPTIONS: dict[str, Any] = {"chunk_rays": 64, "shard_chunks": 2, "seed": 1}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _shard_of(rel: Path) -> tuple[str, ...]:
+    """(split, shard) of a zarr shard file ``zarr/{split}/{field}/c/{shard}[/0]``, or the tar's name."""
+    parts = rel.parts
+    return (parts[1], parts[4]) if parts[0] == "zarr" else parts
+
+
+class LoggedLoad:
+    """Picklable ``load`` that logs each call to a file and fails while ``fail_flag`` exists."""
+
+    def __init__(self, pixels: np.ndarray, name: str, log: Path, fail_flag: Path) -> None:
+        self.pixels, self.name, self.log, self.fail_flag = pixels, name, log, fail_flag
+
+    def __call__(self) -> np.ndarray:
+        with open(self.log, "a") as handle:
+            handle.write(self.name + "\n")
+        if self.fail_flag.exists():
+            raise RuntimeError(f"simulated crash loading {self.name}")
+        return self.pixels
+
+
+class CrashingExecutor(concurrent.futures.Executor):
+    """Runs tasks inline; raises once ``limit`` shard tasks have run (a crash in phase 2)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.shards = limit, 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        if fn is write_shard_task:
+            if self.shards >= self.limit:
+                raise RuntimeError("simulated crash in phase 2")
+            self.shards += 1
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_bytes_do_not_depend_on_executor(tmp_path: Path, records, scene: SceneInfo, backend: str) -> None:
+    write_store(tmp_path / "serial", records, scene=scene, backend=backend, **OPTIONS)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        write_store(tmp_path / "pool", records, scene=scene, backend=backend, executor=pool, **OPTIONS)
+    serial, pooled = _tree(tmp_path / "serial"), _tree(tmp_path / "pool")
+    assert serial.keys() == pooled.keys() and serial == pooled
+    assert not (tmp_path / "pool.partial").exists()
+
+
+def test_input_order_does_not_matter(tmp_path: Path, records, scene: SceneInfo) -> None:
+    a = write_store(tmp_path / "a", records, scene=scene, **OPTIONS)
+    b = write_store(tmp_path / "b", records[::-1], scene=scene, **OPTIONS)
+    assert _tree(tmp_path / "a") == _tree(tmp_path / "b") and a.fingerprint == b.fingerprint
+    c = write_store(tmp_path / "c", records, scene=scene, **{**OPTIONS, "seed": 2})
+    assert c.fingerprint != a.fingerprint
+
+
+def test_resume_after_crash_in_phase_1(tmp_path: Path, records, scene: SceneInfo) -> None:
+    log, flag = tmp_path / "log.txt", tmp_path / "fail"
+    logged = [
+        dataclasses.replace(r, load=LoggedLoad(r.load(), r.name, log, flag if i == 4 else tmp_path / "never"))
+        for i, r in enumerate(records)
+    ]
+    flag.touch()
+    dst = tmp_path / "store"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        write_store(dst, logged, scene=scene, **OPTIONS)
+    assert not dst.exists() and (tmp_path / "store.partial").exists()
+    with pytest.raises(StoreNotFoundError, match="incomplete store"):
+        open_store(dst)
+    flag.unlink()
+    store = write_store(dst, logged, scene=scene, **OPTIONS)
+    calls = log.read_text().split()
+    assert sorted(calls) == sorted([r.name for r in records] + [records[4].name])
+    fresh = write_store(tmp_path / "fresh", records, scene=scene, **OPTIONS)
+    assert _tree(dst) == _tree(tmp_path / "fresh") and store.fingerprint == fresh.fingerprint
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_resume_after_crash_in_phase_2(tmp_path: Path, records, scene: SceneInfo, backend: str) -> None:
+    dst = tmp_path / "store"
+    with pytest.raises(RuntimeError, match="phase 2"):
+        write_store(dst, records, scene=scene, backend=backend, executor=CrashingExecutor(3), **OPTIONS)
+    partial = tmp_path / "store.partial"
+    records_dir = sorted((partial / "tasks").glob("*.json"))
+    assert len(records_dir) == 3
+    payload = [p for p in partial.rglob("*") if p.is_file() and p.parent.name in ("c", "0", "wds")]
+    payload = [p for p in payload if "zarr.json" not in p.name]
+    stamps = {p.relative_to(partial): p.stat().st_mtime_ns for p in payload}
+    damaged = sorted(stamps)[0]
+    data = bytearray((partial / damaged).read_bytes())
+    data[len(data) // 2] ^= 1
+    (partial / damaged).write_bytes(bytes(data))
+    write_store(dst, records, scene=scene, backend=backend, **OPTIONS)
+    for rel, stamp in stamps.items():
+        if _shard_of(rel) != _shard_of(damaged):
+            assert (dst / rel).stat().st_mtime_ns == stamp, f"{rel} was rewritten instead of reused"
+    fresh = write_store(tmp_path / "fresh", records, scene=scene, backend=backend, **OPTIONS)
+    assert _tree(dst) == _tree(tmp_path / "fresh")
+
+
+def test_bad_inputs(tmp_path: Path, records, scene: SceneInfo) -> None:
+    with pytest.raises(ConfigError, match="unique"):
+        write_store(tmp_path / "a", [records[0], records[0]], scene=scene)
+    with pytest.raises(ConfigError, match="backend"):
+        write_store(tmp_path / "a", records, scene=scene, backend="hdf5")
+    with pytest.raises(ConfigError, match="at least one"):
+        write_store(tmp_path / "a", [], scene=scene)
+    wrong = dataclasses.replace(records[0], load=lambda: np.zeros((3, 3, 3), np.uint8), source_path="x.png")
+    with pytest.raises(SourceError, match=r"x\.png: expected uint8 pixels of shape \(12, 16, 3\|4\)"):
+        write_store(tmp_path / "b", [wrong], scene=scene)
+    write_store(tmp_path / "c", records[:2], scene=scene, **OPTIONS)
+    with pytest.raises(ConfigError, match="already exists"):
+        write_store(tmp_path / "c", records[:2], scene=scene, **OPTIONS)
+    store = write_store(tmp_path / "c", records[:3], scene=scene, overwrite=True, **OPTIONS)
+    assert store.splits["train"].n_images == 3
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "precious.txt").write_text("keep")
+    with pytest.raises(ConfigError, match="not a raykit store"):
+        write_store(tmp_path / "d", records, scene=scene)
+
+
+def test_source_hash_of_local_files(tmp_path: Path, records, scene: SceneInfo) -> None:
+    source = tmp_path / "image.bin"
+    source.write_bytes(b"pixels")
+    rec = dataclasses.replace(records[0], source_path=str(source))
+    store = write_store(tmp_path / "s", [rec], scene=scene, source={"format": "test"}, **OPTIONS)
+    import hashlib
+
+    assert store.cameras.column("source_sha256")[0].as_py() == hashlib.sha256(b"pixels").hexdigest()
+    assert store.manifest["source"]["format"] == "test" and store.manifest["source"]["fingerprint"]
+
+
+def test_shuffled_chunks_mix_like_iid(tmp_path: Path, record_factory, scene: SceneInfo) -> None:
+    images = [(8, 8, "train", 3)] * 24 + [(8, 8, "val", 3)] * 24
+    records = record_factory(1, images)
+    store = write_store(tmp_path / "s", records, scene=scene, chunk_rays=128, shard_chunks=2)
+    shuffled = shuffle_quality(store, "train", batch_rays=128, chunks_per_batch=2, n_batches=16)
+    ordered = shuffle_quality(store, "val", batch_rays=128, chunks_per_batch=2, n_batches=16)
+    assert shuffled["distinct_ratio"] > 0.9
+    assert shuffled["chunked"]["tv"] < 1.2 * shuffled["iid"]["tv"]
+    assert ordered["distinct_ratio"] < 0.5
+
+
+def test_rgb_only_store_has_three_channels(tmp_path: Path, scene: SceneInfo) -> None:
+    pixels = np.arange(5 * 4 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    rec = ImageRecord(
+        "a", "val", Camera("PINHOLE", 5, 4, (5.0, 5.0, 2.5, 2.0)), np.eye(4), None, None, "", pixels.copy
+    )
+    store = write_store(tmp_path / "s", [rec], scene=SceneInfo(near=0.1, far=3.0))
+    batch = store.image_rays("a")
+    assert store.fields["rgba"].channels == 3 and batch.alpha is None
+    np.testing.assert_array_equal(np.rint(batch.rgb.numpy() * 255).reshape(4, 5, 3), pixels)
+    assert float(batch.near[0]) == pytest.approx(0.1) and float(batch.far[0]) == pytest.approx(3.0)
