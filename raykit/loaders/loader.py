@@ -86,6 +86,8 @@ class RayLoader:
         drop_last: see :mod:`raykit.loaders.plan`.
         mix_chunks: mixing-buffer size in chunks.
         prefetch: batches prepared ahead of the consumer.
+        group_rays: rays gathered and generated together (consecutive batches of one epoch), which
+            amortises per-call overhead at small batch sizes; batches are then views of the group.
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
     """
@@ -106,6 +108,7 @@ class RayLoader:
         drop_last: bool = True,
         mix_chunks: int = 8,
         prefetch: int = 4,
+        group_rays: int = 1 << 16,
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
         if num_workers < 0 or prefetch < 1:
@@ -117,7 +120,7 @@ class RayLoader:
             self.source.n_rays, self.source.chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank
         )
         self.cache: ChunkCache[RawRays] = ChunkCache(cache_bytes)
-        self.num_workers, self.prefetch = num_workers, prefetch
+        self.num_workers, self.prefetch, self.group_rays = num_workers, prefetch, group_rays
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, device)
         self.epoch, self.batch = 0, 0
         self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
@@ -164,8 +167,9 @@ class RayLoader:
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
-        for _, raw in self._raw_batches(epoch, start):
-            yield raw
+        for bounds, raw in self._raw_groups(epoch, start):
+            for lo, hi in bounds:
+                yield _slice(raw, lo, hi)
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -216,34 +220,39 @@ class RayLoader:
     # ---- the pipeline ------------------------------------------------------------------------
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
         try:
-            for _, raw in self._raw_batches(epoch, start):
+            for bounds, raw in self._raw_groups(epoch, start):
                 t0 = time.perf_counter()
-                batch = self.make_batch(raw)
+                group = self.make_batch(raw)
                 self.seconds["generate"] += time.perf_counter() - t0
-                if not _put(items, batch, stop):
-                    return
+                for lo, hi in bounds:
+                    if not _put(items, _slice(group, lo, hi), stop):
+                        return
             _put(items, _DONE, stop)
         except BaseException as exc:
             _put(items, exc, stop)
 
-    def _raw_batches(self, epoch: int, start: int) -> Iterator[tuple[int, RawRays]]:
+    def _raw_groups(self, epoch: int, start: int) -> Iterator[tuple[list[tuple[int, int]], RawRays]]:
+        """Consecutive batches gathered together (about ``group_rays`` rays), with each batch's bounds."""
         plan = self.plan
         if start >= plan.n_batches:
             return
-        first = plan.batch_windows(start)[0][0]
-        windows = self._windows(epoch, first)
+        per_group = max(1, self.group_rays // plan.batch_size)
+        windows = self._windows(epoch, plan.batch_windows(start)[0][0])
         loaded: dict[int, _Window] = {}
-        for k in range(start, plan.n_batches):
-            pieces = plan.batch_windows(k)
+        for k0 in range(start, plan.n_batches, per_group):
+            k1 = min(k0 + per_group, plan.n_batches)
+            lo, hi = plan.batch_span(k0)[0], plan.batch_span(k1 - 1)[1]
+            pieces = plan.span_windows(lo, hi)
             for j, _, _ in pieces:
                 if j not in loaded:
-                    loaded = {i: w for i, w in loaded.items() if i >= j - 1}
+                    loaded = {i: w for i, w in loaded.items() if i >= pieces[0][0]}
                     loaded[j] = next(windows)
             t0 = time.perf_counter()
-            parts = [loaded[j].take(lo, hi) for j, lo, hi in pieces]
+            parts = [loaded[j].take(a, b) for j, a, b in pieces]
             raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
             self.seconds["gather"] += time.perf_counter() - t0
-            yield k, raw
+            bounds = [(a - lo, b - lo) for a, b in map(plan.batch_span, range(k0, k1))]
+            yield bounds, raw
 
     def _windows(self, epoch: int, first: int) -> Iterator[_Window]:
         plan = self.plan
@@ -282,6 +291,12 @@ def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
+
+
+def _slice(batch: Any, lo: int, hi: int) -> Any:
+    if isinstance(batch, RawRays):
+        return RawRays(batch.rgba[lo:hi], batch.pid[lo:hi], {k: v[lo:hi] for k, v in batch.extra.items()})
+    return batch[lo:hi]
 
 
 def _default_maker(store: Any, device: Any) -> Callable[[RawRays], Any]:

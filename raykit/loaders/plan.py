@@ -189,7 +189,10 @@ class SamplingPlan:
 
     def batch_windows(self, k: int) -> list[tuple[int, int, int]]:
         """The pieces of windows batch ``k`` covers: ``(window, lo, hi)`` offsets in the mixed window."""
-        start, stop = self.batch_span(k)
+        return self.span_windows(*self.batch_span(k))
+
+    def span_windows(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """The pieces of windows that positions ``[start, stop)`` of the permuted share cover."""
         pieces = []
         for j in range(start // self.window_rays, (stop - 1) // self.window_rays + 1):
             w_start, w_stop = self.window_span(j)

@@ -1,0 +1,70 @@
+"""Evaluation loading: every image of a split, whole and in order, for rendering and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from raykit.errors import ConfigError
+from raykit.loaders.batching import DeviceBatcher
+from raykit.rays import RayBatch
+
+__all__ = ["EvalImage", "EvalLoader"]
+
+
+@dataclass
+class EvalImage:
+    """One whole image's rays in row-major order.
+
+    Attributes:
+        name: image name in the store.
+        index: row of the image in the store's camera table.
+        height, width: image size; ``rays`` has ``height * width`` rays.
+        rays: the image's rays (pixel ``(x, y)`` is ray ``y * width + x``).
+    """
+
+    name: str
+    index: int
+    height: int
+    width: int
+    rays: RayBatch
+
+    def batches(self, max_rays: int) -> Iterator[RayBatch]:
+        """The rays in consecutive pieces of at most ``max_rays`` (to render in bounded memory)."""
+        if max_rays < 1:
+            raise ConfigError(f"eval image: expected max_rays >= 1, got {max_rays}")
+        for start in range(0, len(self.rays), max_rays):
+            yield self.rays[start : start + max_rays]
+
+
+class EvalLoader:
+    """Yields :class:`EvalImage` for every image of ``split``, in the store's image order.
+
+    Args:
+        store: a :class:`raykit.store.RayStore`.
+        split: split to read (usually ``"test"`` or ``"val"``).
+        device: where rays are generated.
+        limit: at most this many images (the first ones), or all.
+    """
+
+    def __init__(self, store: Any, split: str = "test", device: Any = "cpu", limit: int | None = None) -> None:
+        if split not in store.splits:
+            raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")
+        self.store, self.split = store, split
+        self.names = store.images(split)[:limit]
+        self._batcher = DeviceBatcher(store, device)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __iter__(self) -> Iterator[EvalImage]:
+        for name in self.names:
+            yield self.image(name)
+
+    def image(self, name: str) -> EvalImage:
+        """One image of the split by name."""
+        index = self.store.image_index(name)
+        table = self.store.table
+        rays = self._batcher(self.store.image_raw(name))
+        return EvalImage(name, index, int(table.height[index]), int(table.width[index]), rays)
