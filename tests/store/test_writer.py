@@ -120,7 +120,7 @@ def test_resume_after_crash_in_phase_2(tmp_path: Path, records, scene: SceneInfo
     for rel, stamp in stamps.items():
         if _shard_of(rel) != _shard_of(damaged):
             assert (dst / rel).stat().st_mtime_ns == stamp, f"{rel} was rewritten instead of reused"
-    fresh = write_store(tmp_path / "fresh", records, scene=scene, backend=backend, **OPTIONS)
+    write_store(tmp_path / "fresh", records, scene=scene, backend=backend, **OPTIONS)
     assert _tree(dst) == _tree(tmp_path / "fresh")
 
 
