@@ -7,13 +7,17 @@ images, and the total-variation distance between the batch's image histogram and
 
 from __future__ import annotations
 
+import argparse
+import json
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from raykit.store.reader import RayStore
+from raykit.store.reader import RayStore, open_store
 
-__all__ = ["shuffle_quality"]
+__all__ = ["main", "read_throughput", "shuffle_quality"]
 
 
 def _batch_stats(image: np.ndarray, share: np.ndarray) -> tuple[int, float]:
@@ -60,3 +64,42 @@ def shuffle_quality(
         "iid": {"distinct": float(i[0]), "tv": float(i[1])},
         "distinct_ratio": float(c[0] / i[0]),
     }
+
+
+def read_throughput(
+    store: RayStore, split: str = "train", n_chunks: int = 16, seed: int = 0
+) -> dict[str, float]:
+    """Random-order ``read_chunk`` throughput (checksums included) over up to ``n_chunks`` chunks."""
+    info = store.splits[split]
+    order = np.random.default_rng(seed).permutation(info.n_chunks)[:n_chunks]
+    start = time.perf_counter()
+    rays = sum(len(store.read_chunk(split, int(i))) for i in order)
+    seconds = time.perf_counter() - start
+    return {"chunks": len(order), "rays": rays, "seconds": seconds, "rays_per_s": rays / seconds}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m raykit.store.stats STORE``: shuffle quality per chunks-per-batch and read throughput."""
+    parser = argparse.ArgumentParser(prog="python -m raykit.store.stats", description=__doc__)
+    parser.add_argument("store")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--batch-rays", type=int, default=4096)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--batches", type=int, default=32)
+    args = parser.parse_args(argv)
+    store = open_store(args.store)
+    report = {
+        "shuffle": [
+            shuffle_quality(
+                store, args.split, batch_rays=args.batch_rays, chunks_per_batch=k, n_batches=args.batches
+            )
+            for k in args.chunks
+        ],
+        "read": read_throughput(store, args.split),
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
