@@ -63,6 +63,10 @@ class TrainConfig:
     keep_checkpoints: int = _opt(2, "checkpoints kept on disk")
     eval_chunk: int = _opt(8192, "rays per forward pass when rendering full images")
     eval_max_images: int | None = _opt(None, "evaluate at most this many images per split")
+    progress_every_s: float | None = _opt(
+        None, "seconds of training between quick test-PSNR checks (progress.jsonl; not counted as training)"
+    )
+    progress_images: int = _opt(4, "images of the first eval split used by the quick checks")
     num_workers: int = _opt(0, "loader worker processes")
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")

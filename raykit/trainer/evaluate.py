@@ -31,7 +31,7 @@ from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import render_rays, sample_rays
 from raykit.trainer.runtime import parse_background, resolve_device
 
-__all__ = ["build_models", "evaluate_run", "render", "render_image"]
+__all__ = ["build_models", "evaluate_run", "quick_psnr", "render", "render_image"]
 
 
 def build_models(
@@ -77,6 +77,24 @@ def render_image(
     pred = torch.cat(parts).clamp(0, 1).view(height, width, 3).cpu()
     target = batch.composite(background).view(height, width, 3).cpu()
     return pred, target
+
+
+def quick_psnr(
+    config: TrainConfig,
+    store: Any,
+    field: RadianceField,
+    grid: OccupancyGrid | None,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Mean PSNR over the first ``progress_images`` images of the first eval split (no files written)."""
+    split = config.eval_splits.split(",")[0]
+    names = store.images(split)[: config.progress_images]
+    values = [psnr(*render_image(config, store, name, field, grid, device)) for name in names]
+    return {
+        "split": split,
+        "n_images": len(values),
+        "psnr": float(np.mean(values)) if values else float("nan"),
+    }
 
 
 def _save_png(path: Path, image: torch.Tensor) -> None:

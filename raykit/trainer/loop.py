@@ -35,8 +35,10 @@ from raykit.trainer.checkpoint import (
     save_checkpoint,
 )
 from raykit.trainer.config import TrainConfig
-from raykit.trainer.evaluate import build_models, evaluate_run
+from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
+from raykit.trainer.field import RadianceField
 from raykit.trainer.metrics import mse_to_psnr
+from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
 from raykit.trainer.runtime import (
     JsonlLog,
@@ -75,75 +77,118 @@ def parameter_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class _Run:
+    """What one training process holds (built by :func:`_setup`)."""
+
+    config: TrainConfig
+    run_dir: Path
+    store: Any
+    device: torch.device
+    procs: Processes
+    field: RadianceField
+    grid: OccupancyGrid | None
+    model: Any
+    optimizer: torch.optim.Optimizer
+    loader: RayLoader
+    jitter: torch.Generator
+    refresh: torch.Generator
+    log: JsonlLog
+    progress: JsonlLog
+
+
 def train(config: TrainConfig) -> Path:
     """Train a radiance field on ``config.store``; evaluate; return the run directory."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
-    procs = start_processes(device)
-    run_dir = Path(config.out)
-    store = open_store(config.store)
-    field_, grid = build_models(config, scene_aabb(config, store), device)
-    model = DistributedDataParallel(field_) if procs.distributed else field_
-    optimizer = torch.optim.Adam(field_.parameters(), lr=config.lr, eps=1e-15)
-    loader = RayLoader(
-        store,
-        config.train_split,
-        config.batch_size,
-        config.seed,
-        device=device,
-        num_workers=config.num_workers,
-        rank=procs.rank,
-        world_size=procs.world_size,
-    )
-    jitter = torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank)
-    refresh = torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983)
+    run = _setup(config)
+    field_, grid, device = run.field, run.grid, run.device
     background = parse_background(config.background).to(device)
-    state, log = TrainState(), JsonlLog(run_dir / "log.jsonl")
-    if config.resume and latest_checkpoint(run_dir) is not None:
-        state = _restore(config, run_dir, store, field_, grid, optimizer, loader, jitter, refresh, log)
-    elif procs.is_main:
-        _record_run(config, run_dir, store, field_.aabb, device, procs)
-    batches, window = loader.forever(), TrainState()
-    while state.step < config.steps and not _out_of_time(config, state, procs):
+    state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
+    batches, window, last_loss = run.loader.forever(), TrainState(), float("nan")
+    while state.step < config.steps and not _out_of_time(config, state, run.procs):
         t = [time.perf_counter()]
         batch = next(batches)
         t.append(time.perf_counter())
-        for group in optimizer.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = learning_rate(config, state.step, state.elapsed)
         if grid is not None and state.step % config.occ_update_every == 0:
-            grid.refresh(field_.density, march_step_size(field_.aabb, config.march_steps), refresh)
+            grid.refresh(field_.density, march_step_size(field_.aabb, config.march_steps), run.refresh)
         samples = sample_rays(
-            config, field_, grid, batch.origins, batch.directions, batch.near, batch.far, state.step, jitter
+            config,
+            field_,
+            grid,
+            batch.origins,
+            batch.directions,
+            batch.near,
+            batch.far,
+            state.step,
+            run.jitter,
         )
         t.append(_sync(device))
-        sigmas, rgbs = query_field(model, samples, batch.origins, batch.directions, config.mixed_precision)
+        sigmas, rgbs = query_field(
+            run.model, samples, batch.origins, batch.directions, config.mixed_precision
+        )
         t.append(_sync(device))
         rendered = composite_samples(samples, sigmas, rgbs, background)
         loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
         t.append(_sync(device))
-        optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         t.append(_sync(device))
-        optimizer.step()
+        run.optimizer.step()
         t.append(_sync(device))
+        before = state.elapsed
         _account(state, window, t, len(batch), samples.n_samples)
         state.step += 1
-        if procs.is_main and (state.step % config.log_every == 0 or state.step == config.steps):
-            log.write(_log_record(state, window, loss.item(), device))
+        last_loss = loss.item()
+        if run.procs.is_main and state.step % config.log_every == 0:
+            run.log.write(_log_record(state, window, last_loss, device))
             window = TrainState()
+        if _progress_due(config, before, state.elapsed):
+            _write_progress(run, state)
         if state.step % config.ckpt_every == 0:
-            _checkpoint(
-                config, run_dir, store, state, field_, grid, optimizer, loader, jitter, refresh, procs
-            )
-    _checkpoint(config, run_dir, store, state, field_, grid, optimizer, loader, jitter, refresh, procs)
-    _write_rank_digest(run_dir, procs, field_, state.step)
-    loader.close()
-    if procs.is_main:
-        evaluate_run(run_dir, config, store, field_, grid, device)
-    if procs.distributed:
+            _checkpoint(run, state)
+    if run.procs.is_main and window.rays:  # the last, partial logging window
+        run.log.write(_log_record(state, window, last_loss, device))
+    _checkpoint(run, state)
+    _write_progress(run, state)
+    _write_rank_digest(run.run_dir, run.procs, field_, state.step)
+    run.loader.close()
+    if run.procs.is_main:
+        evaluate_run(run.run_dir, config, run.store, field_, grid, device)
+    if run.procs.distributed:
         dist.barrier()
-    return run_dir
+    return run.run_dir
+
+
+def _setup(config: TrainConfig) -> _Run:
+    """Device, processes, store, models, optimizer, loader and generators for ``config``."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    procs = start_processes(device)
+    store = open_store(config.store)
+    field_, grid = build_models(config, scene_aabb(config, store), device)
+    loader = RayLoader(
+        store, config.train_split, config.batch_size, config.seed, device=device,
+        num_workers=config.num_workers, rank=procs.rank, world_size=procs.world_size,
+    )  # fmt: skip
+    run_dir = Path(config.out)
+    return _Run(
+        config=config,
+        run_dir=run_dir,
+        store=store,
+        device=device,
+        procs=procs,
+        field=field_,
+        grid=grid,
+        model=DistributedDataParallel(field_) if procs.distributed else field_,
+        optimizer=torch.optim.Adam(field_.parameters(), lr=config.lr, eps=1e-15),
+        loader=loader,
+        jitter=torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank),
+        refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
+        log=JsonlLog(run_dir / "log.jsonl"),
+        progress=JsonlLog(run_dir / "progress.jsonl"),
+    )
 
 
 def _sync(device: torch.device) -> float:
@@ -187,36 +232,37 @@ def _out_of_time(config: TrainConfig, state: TrainState, procs: Processes) -> bo
     return bool(flag.item())
 
 
-def _rng_states(jitter: torch.Generator, refresh: torch.Generator) -> dict[str, str]:
+def _progress_due(config: TrainConfig, before: float, after: float) -> bool:
+    """True when this step's training time crossed a multiple of ``progress_every_s``."""
+    every = config.progress_every_s
+    return every is not None and int(after // every) > int(before // every)
+
+
+def _write_progress(run: _Run, state: TrainState) -> None:
+    """progress.jsonl: quick test PSNR against training time (rank 0; the time is not counted)."""
+    if run.procs.is_main and run.config.progress_every_s is not None:
+        quick = quick_psnr(run.config, run.store, run.field, run.grid, run.device)
+        run.progress.write({"step": state.step, "elapsed_s": state.elapsed, **quick})
+
+
+def _rng_states(run: _Run) -> dict[str, str]:
     return {
-        "jitter": encode_rng_state(jitter),
-        "refresh": encode_rng_state(refresh),
+        "jitter": encode_rng_state(run.jitter),
+        "refresh": encode_rng_state(run.refresh),
         "torch": encode_rng_state(torch.default_generator),
     }
 
 
-def _checkpoint(
-    config: TrainConfig,
-    run_dir: Path,
-    store: Any,
-    state: TrainState,
-    field_: Any,
-    grid: Any,
-    optimizer: Any,
-    loader: RayLoader,
-    jitter: torch.Generator,
-    refresh: torch.Generator,
-    procs: Processes,
-) -> None:
+def _checkpoint(run: _Run, state: TrainState) -> None:
     """Rank 0 writes the checkpoint (every rank's model is identical under DDP)."""
-    if not procs.is_main:
+    if not run.procs.is_main:
         return
     meta = CheckpointMeta(
         step=state.step,
-        config=config.to_dict(),
-        loader_state=loader.state_dict(),
-        rng_states=_rng_states(jitter, refresh),
-        store_fingerprint=store.fingerprint,
+        config=run.config.to_dict(),
+        loader_state=run.loader.state_dict(),
+        rng_states=_rng_states(run),
+        store_fingerprint=run.store.fingerprint,
         raykit_version=raykit.__version__,
         extra={
             "elapsed": state.elapsed,
@@ -226,43 +272,41 @@ def _checkpoint(
         },
     )
     tensors = {
-        "field": field_.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "grid": grid.state_dict() if grid is not None else {},
+        "field": run.field.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "grid": run.grid.state_dict() if run.grid is not None else {},
     }
-    save_checkpoint(run_dir, meta, tensors, keep=config.keep_checkpoints)
+    save_checkpoint(run.run_dir, meta, tensors, keep=run.config.keep_checkpoints)
 
 
-def _restore(
-    config: TrainConfig,
-    run_dir: Path,
-    store: Any,
-    field_: Any,
-    grid: Any,
-    optimizer: Any,
-    loader: RayLoader,
-    jitter: torch.Generator,
-    refresh: torch.Generator,
-    log: JsonlLog,
-) -> TrainState:
+def _restore(run: _Run) -> TrainState:
     """Load the newest checkpoint into the models, optimizer, loader and generators."""
-    path = latest_checkpoint(run_dir)
+    path = latest_checkpoint(run.run_dir)
     if path is None:
-        raise ResumeError(f"{run_dir}: no checkpoint to resume from")
+        raise ResumeError(f"{run.run_dir}: no checkpoint to resume from")
     meta, tensors = load_checkpoint(path)
-    check_resumable(meta, store.fingerprint, config.to_dict(), config.force, str(path))
-    field_.load_state_dict(tensors["field"])
-    optimizer.load_state_dict(tensors["optimizer"])
-    if grid is not None and tensors["grid"]:
-        grid.load_state_dict(tensors["grid"])
-    if meta.store_fingerprint == store.fingerprint:
-        loader.load_state_dict(meta.loader_state)
-    jitter.set_state(decode_rng_state(meta.rng_states["jitter"]))
-    refresh.set_state(decode_rng_state(meta.rng_states["refresh"]))
+    check_resumable(meta, run.store.fingerprint, run.config.to_dict(), run.config.force, str(path))
+    run.field.load_state_dict(tensors["field"])
+    run.optimizer.load_state_dict(tensors["optimizer"])
+    if run.grid is not None and tensors["grid"]:
+        run.grid.load_state_dict(tensors["grid"])
+    if meta.store_fingerprint == run.store.fingerprint:
+        run.loader.load_state_dict(meta.loader_state)
+    run.jitter.set_state(decode_rng_state(meta.rng_states["jitter"]))
+    run.refresh.set_state(decode_rng_state(meta.rng_states["refresh"]))
     torch.default_generator.set_state(decode_rng_state(meta.rng_states["torch"]))
-    log.truncate_after(meta.step)
+    if run.procs.is_main:
+        run.log.truncate_after(meta.step)
+        run.progress.truncate_after(meta.step)
     extra = meta.extra
     return TrainState(meta.step, extra["elapsed"], dict(extra["seconds"]), extra["rays"], extra["samples"])
+
+
+def _start(run: _Run) -> TrainState:
+    """A fresh run: rank 0 records the run directory."""
+    if run.procs.is_main:
+        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs)
+    return TrainState()
 
 
 def _record_run(
@@ -271,6 +315,7 @@ def _record_run(
     """config.json and run.json: everything needed to reproduce the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "log.jsonl").unlink(missing_ok=True)
+    (run_dir / "progress.jsonl").unlink(missing_ok=True)
     atomic_write_json(run_dir / "config.json", config.to_dict())
     atomic_write_json(
         run_dir / "run.json",

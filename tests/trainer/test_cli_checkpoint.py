@@ -27,7 +27,7 @@ from raykit.trainer.checkpoint import (
 from raykit.trainer.cli import register
 from raykit.trainer.config import TrainConfig, add_arguments, from_args
 
-from .test_train import TINY, tiny_config
+from .test_train import TINY, config_flags, tiny_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,11 +150,7 @@ def test_render_and_compare_subcommands(
 
 def test_ddp_two_gloo_processes_keep_parameters_identical(tiny_store: Path, tmp_path: Path) -> None:
     config = tiny_config(tiny_store, tmp_path / "ddp", sampler="occupancy", steps=4, eval_max_images=1)
-    args = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in config.to_dict().items()
-        if k not in ("store", "resume", "force", "mixed_precision", "max_seconds", "eval_max_images")
-    ]
+    args = config_flags(config)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -167,8 +163,6 @@ def test_ddp_two_gloo_processes_keep_parameters_identical(tiny_store: Path, tmp_
         "raykit.trainer",
         str(tiny_store),
         *args,
-        "--eval-max-images",
-        "1",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -45,6 +45,19 @@ def tiny_config(store: Path, out: Path, **changes: Any) -> TrainConfig:
     return TrainConfig(store=str(store), out=str(out), **{**TINY, **changes})
 
 
+def config_flags(config: TrainConfig) -> list[str]:
+    """The command-line flags that reproduce ``config`` (without the positional store)."""
+    flags = []
+    for key, value in config.to_dict().items():
+        name = key.replace("_", "-")
+        if key == "store" or value is None:
+            continue
+        flags.append(
+            f"--{name}" if value is True else f"--no-{name}" if value is False else f"--{name}={value}"
+        )
+    return flags
+
+
 def _log(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
 
@@ -101,10 +114,22 @@ def test_same_seed_same_run_different_seed_different_run(tiny_store: Path, tmp_p
 
 
 def test_time_budget_stops_then_evaluates(tiny_store: Path, tmp_path: Path) -> None:
-    run = train(tiny_config(tiny_store, tmp_path / "t", steps=100000, max_seconds=1.0, log_every=5))
+    config = tiny_config(
+        tiny_store,
+        tmp_path / "t",
+        steps=100000,
+        max_seconds=1.0,
+        log_every=5,
+        progress_every_s=0.4,
+        progress_images=1,
+    )
+    run = train(config)
     last = _log(run)[-1]
-    assert last["step"] < 100000 and last["elapsed_s"] < 5.0
+    assert last["step"] < 100000 and 1.0 <= last["elapsed_s"] < 5.0
     assert (run / "eval.json").is_file()
+    progress = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    assert len(progress) >= 3 and progress[-1]["step"] == last["step"]
+    assert all(p["n_images"] == 1 and p["psnr"] > 0 for p in progress)
 
 
 @pytest.mark.parametrize("sampler", ["hierarchical", "occupancy"])
@@ -112,11 +137,7 @@ def test_resume_after_sigkill_is_exact(tiny_store: Path, tmp_path: Path, sampler
     straight = train(tiny_config(tiny_store, tmp_path / "straight", sampler=sampler, ckpt_every=2))
     crashed = tmp_path / "crashed"
     config = tiny_config(tiny_store, crashed, sampler=sampler, ckpt_every=2)
-    args = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in config.to_dict().items()
-        if k not in ("store", "resume", "force", "mixed_precision", "max_seconds", "eval_max_images")
-    ]
+    args = config_flags(config)
     proc = subprocess.Popen(
         [sys.executable, "-m", "raykit.trainer", str(tiny_store), *args],
         stdout=subprocess.DEVNULL,
