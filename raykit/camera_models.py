@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-Params = Sequence[float]
+# Parameters in COLMAP order: floats (one camera) or (...) tensors broadcasting against the points
+# (one camera per element, e.g. per ray).
+Params = Sequence[Any]
 
 
 @dataclass(frozen=True)
@@ -329,24 +331,29 @@ def _project_fisheye(spec: CameraModel, params: Params, x: Tensor, y: Tensor, z:
     return _nan_where(valid[..., None], _to_pixels(spec, params, uu + du, vv + dv))
 
 
+def _fov_omega(params: Params, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(|omega|, tan(|omega| / 2), |omega|^2 < eps)``; the FOV model is even in omega."""
+    omega = torch.as_tensor(params[4], dtype=like.dtype, device=like.device).abs()
+    return omega, torch.tan(omega / 2.0), omega * omega < _FOV_EPS
+
+
 def _project_fov(spec: CameraModel, params: Params, x: Tensor, y: Tensor, z: Tensor) -> Tensor:
-    omega = abs(params[4])  # the model is even in omega
+    omega, tan_half, tiny_omega = _fov_omega(params, z)
     forward = z >= torch.finfo(z.dtype).eps
     safe_z = torch.where(forward, z, 1.0)
     u, v = x / safe_z, y / safe_z
     r2 = u * u + v * v
-    if omega * omega < _FOV_EPS:
-        factor = (omega * omega * r2) / 3.0 - omega * omega / 12.0 + 1.0
-        return _nan_where(forward[..., None], _to_pixels(spec, params, u * factor, v * factor))
-    tan_half = torch.tan(torch.as_tensor(omega / 2.0, dtype=torch.float64)).item()
     rho = torch.sqrt(x * x + y * y)
-    small = forward & (r2 < _FOV_EPS)
-    taylor = (-2.0 * tan_half * (4.0 * r2 * tan_half * tan_half - 3.0)) / (3.0 * omega)
+    # COLMAP's Taylor expansions, in omega and in the radius.
+    taylor_omega = (omega * omega * r2) / 3.0 - omega * omega / 12.0 + 1.0
+    taylor_r = (-2.0 * tan_half * (4.0 * r2 * tan_half * tan_half - 3.0)) / (3.0 * omega)
+    use_taylor = tiny_omega | (forward & (r2 < _FOV_EPS))
+    taylor = torch.where(tiny_omega, taylor_omega, taylor_r)
     # atan(r * 2 tan(omega/2)) / (r * omega) applied to (u, v) == atan2(rho * s, z) / (rho * omega) to (x, y)
     exact = torch.atan2(rho * 2.0 * tan_half, z) / (torch.where(rho > 0, rho, 1.0) * omega)
-    ud = torch.where(small, u * taylor, x * exact)
-    vd = torch.where(small, v * taylor, y * exact)
-    valid = small | (rho > 0)
+    ud = torch.where(use_taylor, u * taylor, x * exact)
+    vd = torch.where(use_taylor, v * taylor, y * exact)
+    valid = torch.where(tiny_omega, forward, use_taylor | (rho > 0))
     return _nan_where(valid[..., None], _to_pixels(spec, params, ud, vd))
 
 
@@ -400,7 +407,7 @@ def _unit(x: Tensor, y: Tensor, z: Tensor) -> Tensor:
 
 def _undistort(spec: CameraModel, params: Params, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     extra = _extra(spec, params)
-    if not any(extra):
+    if all(isinstance(e, float) and e == 0.0 for e in extra):
         return u, v, torch.isfinite(u) & torch.isfinite(v)
     return undistort_newton(spec.distortion, extra, u, v)  # type: ignore[arg-type]
 
@@ -421,23 +428,21 @@ def _unproject_fisheye(spec: CameraModel, params: Params, xy: Tensor) -> tuple[T
 
 
 def _unproject_fov(spec: CameraModel, params: Params, xy: Tensor) -> tuple[Tensor, Tensor]:
-    omega = abs(params[4])
     ud, vd = _normalized(spec, params, xy)
+    omega, tan_half, tiny_omega = _fov_omega(params, ud)
     r2 = ud * ud + vd * vd
-    ok = torch.isfinite(r2)
-    if omega * omega < _FOV_EPS:
-        factor = (omega * omega * r2) / 3.0 - omega * omega / 12.0 + 1.0
-        return _unit(ud * factor, vd * factor, torch.ones_like(ud)), ok
-    tan_half = torch.tan(torch.as_tensor(omega / 2.0, dtype=torch.float64)).item()
     rd = torch.sqrt(r2)
-    small = r2 < _FOV_EPS
-    taylor = (omega * (omega * omega * r2 + 3.0)) / (6.0 * tan_half)
+    small_r = r2 < _FOV_EPS
+    taylor_omega = (omega * omega * r2) / 3.0 - omega * omega / 12.0 + 1.0
+    taylor_r = (omega * (omega * omega * r2 + 3.0)) / (6.0 * tan_half)
+    use_taylor = tiny_omega | small_r
+    taylor = torch.where(tiny_omega, taylor_omega, taylor_r)
     # tan(rd * omega) / (rd * 2 tan(omega/2)) on (ud, vd, 1), written without the tan pole at 90 degrees.
-    sin_r = torch.sin(rd * omega) / torch.where(small, 1.0, rd)
-    x = torch.where(small, ud * taylor, ud * sin_r)
-    y = torch.where(small, vd * taylor, vd * sin_r)
-    z = torch.where(small, 1.0, 2.0 * tan_half * torch.cos(rd * omega))
-    return _unit(x, y, z), ok & (rd * omega < torch.pi)
+    sin_r = torch.sin(rd * omega) / torch.where(small_r, 1.0, rd)
+    x = torch.where(use_taylor, ud * taylor, ud * sin_r)
+    y = torch.where(use_taylor, vd * taylor, vd * sin_r)
+    z = torch.where(use_taylor, 1.0, 2.0 * tan_half * torch.cos(rd * omega))
+    return _unit(x, y, z), torch.isfinite(r2) & (use_taylor | (rd * omega < torch.pi))
 
 
 def _unproject_division(spec: CameraModel, params: Params, xy: Tensor) -> tuple[Tensor, Tensor]:

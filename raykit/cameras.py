@@ -275,7 +275,9 @@ def direction_lut(
     Returns:
         (H, W, 3) tensor; ``lut[y, x]`` is the direction through the centre of pixel ``(x, y)``.
     """
-    return _cached_lut(camera, dtype, torch.device(device))
+    # Key on the intrinsics only: cameras that differ in camera_id or label share one table.
+    key = Camera(camera.model, camera.width, camera.height, camera.params)
+    return _cached_lut(key, dtype, torch.device(device))
 
 
 def _camera_directions(camera: Camera, pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from raykit.camera_models import CAMERA_MODELS, CameraModel, unproject_model
 from raykit.cameras import Camera, direction_lut, pixels_to_rays
 from raykit.errors import CameraError
 
@@ -121,6 +122,12 @@ class RayGenerator:
         dtype: float dtype of the rays.
         pixel_offset: (I,) or (I + 1,) int first global pixel id of each image; default: the running
             sum of ``W * H`` in image order (``pid = pixel_offset[image] + y * W + x``).
+        lut_max_bytes: memory limit of the concatenated direction table. Above it (e.g. thousands of
+            distorted per-image cameras) rays are unprojected per batch instead (``mode ==
+            "unproject"``): exact, but slower.
+
+    Attributes:
+        mode: ``"pinhole"`` (analytic), ``"lut"`` (one table gather) or ``"unproject"``.
 
     Raises:
         CameraError: inconsistent shapes or camera indices.
@@ -136,6 +143,7 @@ class RayGenerator:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         pixel_offset: Any = None,
+        lut_max_bytes: int = 2 << 30,
     ) -> None:
         self.cameras = tuple(cameras)
         self.device, self.dtype = torch.device(device), dtype
@@ -155,12 +163,13 @@ class RayGenerator:
         self.heights = sizes[cam_idx, 1] if n_images else np.zeros(0, np.int64)
         self.pixel_offset = self._pixel_offsets(pixel_offset, n_images)
         used = sorted(set(cam_idx.tolist()))
-        self.uses_lut = any(not self.cameras[c].is_pinhole for c in used)
+        self.mode = self._choose_mode(used, lut_max_bytes)
         self._table = torch.as_tensor(self._float_table(), device=self.device).to(dtype)
         self._ones = torch.ones((3, 1), dtype=dtype, device=self.device)
         self._lut, lut_offset = self._build_lut(used)
-        ints = np.stack((lut_offset[cam_idx] if n_images else self.widths, self.widths), -1)
-        self._int_table = torch.as_tensor(ints.reshape(-1, 2), dtype=torch.int64, device=self.device)
+        self._groups, group, group_row = self._param_groups(used)
+        ints = np.stack([a[cam_idx] for a in (lut_offset, sizes[:, 0], group, group_row)], -1)
+        self._int_table = torch.as_tensor(ints.reshape(-1, 4), dtype=torch.int64, device=self.device)
         self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
         self._widths_t = torch.as_tensor(self.widths, device=self.device)
         self._widths_f64 = self._widths_t.to(_index_float(self.device))
@@ -177,12 +186,51 @@ class RayGenerator:
             raise CameraError("RayGenerator: pixel_offset must give each image at least W * H ids, in order")
         return offsets
 
+    def _choose_mode(self, used: list[int], lut_max_bytes: int) -> str:
+        if all(self.cameras[c].is_pinhole for c in used):
+            return "pinhole"
+        n_bytes = sum(self.cameras[c].width * self.cameras[c].height for c in used) * 3 * self.dtype.itemsize
+        return "lut" if n_bytes <= lut_max_bytes else "unproject"
+
+    @property
+    def uses_lut(self) -> bool:
+        return self.mode == "lut"
+
+    def _param_groups(
+        self, used: list[int]
+    ) -> tuple[list[tuple[CameraModel, Tensor]], np.ndarray, np.ndarray]:
+        """Per-model parameter tables for ``mode == "unproject"``, with each camera's group and row."""
+        group = np.zeros(len(self.cameras), dtype=np.int64)
+        row = np.zeros(len(self.cameras), dtype=np.int64)
+        if self.mode != "unproject":
+            return [], group, row
+        models = sorted({self.cameras[c].model for c in used})
+        groups = []
+        for g, name in enumerate(models):
+            members = [c for c in used if self.cameras[c].model == name]
+            group[members], row[members] = g, np.arange(len(members))
+            params = torch.tensor([self.cameras[c].params for c in members], dtype=torch.float64)
+            groups.append((CAMERA_MODELS[name], params.to(self.device, _index_float(self.device))))
+        return groups, group, row
+
+    def _unproject_rays(self, meta: Tensor, pixel: Tensor) -> Tensor:
+        """(N, 3) camera-frame unit rays of pixel centres, unprojected now with per-ray parameters."""
+        compute = _index_float(self.device)
+        xy = pixel.to(compute) + 0.5
+        out = torch.empty((pixel.shape[0], 3), dtype=self.dtype, device=self.device)
+        for g, (spec, table) in enumerate(self._groups):
+            sel = torch.nonzero(meta[:, 2] == g).squeeze(1)
+            params = table.index_select(0, meta[sel, 3])
+            rays, _ = unproject_model(spec, params.unbind(-1), xy[sel])
+            out[sel] = rays.to(self.dtype)
+        return out
+
     def _float_table(self) -> np.ndarray:
         rot = self.c2w[:, :3, :3]
         table = np.zeros((self.n_images, _TABLE_COLS))
         table[:, _ORIGIN] = self.c2w[:, :3, 3]
         table[:, _NEAR], table[:, _FAR] = self.near, self.far
-        if self.uses_lut:
+        if self.mode != "pinhole":
             table[:, _C0], table[:, _C1], table[:, _C2] = rot[:, :, 0], rot[:, :, 1], rot[:, :, 2]
             return table
         for row, c in enumerate(self.camera_index):
@@ -250,10 +298,12 @@ class RayGenerator:
         if check:
             self._check(image, pixel)
         row = self._table.index_select(0, image)
-        if self.uses_lut:
+        if self.mode != "pinhole":
             meta = self._int_table.index_select(0, image)
-            flat = meta[:, 0] + pixel[:, 1] * meta[:, 1] + pixel[:, 0]
-            d_cam = self._lut.index_select(0, flat)
+            if self.mode == "lut":
+                d_cam = self._lut.index_select(0, meta[:, 0] + pixel[:, 1] * meta[:, 1] + pixel[:, 0])
+            else:
+                d_cam = self._unproject_rays(meta, pixel)
             directions = torch.addcmul(row[:, _C2] * d_cam[:, 2:], row[:, _C0], d_cam[:, 0:1])
             directions.addcmul_(row[:, _C1], d_cam[:, 1:2])
             z_scale = d_cam[:, 2]

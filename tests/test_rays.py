@@ -19,6 +19,13 @@ DISTORTED = [
     Camera("OPENCV", 24, 16, (20.0, 21.0, 12.5, 7.5, 0.05, -0.01, 0.001, -0.002)),
     Camera("OPENCV_FISHEYE", 17, 11, (9.0, 9.5, 8.0, 5.0, 0.02, -0.005, 0.001, 0.0)),
 ]
+OTHERS = [
+    Camera("OPENCV", 24, 16, (22.0, 21.0, 12.0, 8.5, -0.03, 0.01, -0.001, 0.002)),
+    Camera("FOV", 15, 12, (14.0, 13.0, 7.0, 6.5, 0.8)),
+    Camera("FOV", 15, 12, (14.0, 13.0, 7.0, 6.5, 0.005)),
+    Camera("EUCM", 20, 14, (15.0, 15.0, 10.0, 7.0, 0.6, 1.1)),
+    Camera("DIVISION", 20, 14, (15.0, 16.0, 10.0, 7.0, -0.1)),
+]
 
 
 def random_poses(n: int, seed: int) -> np.ndarray:
@@ -35,7 +42,7 @@ def make_generator(
     cameras: list[Camera], n_images: int = 7, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw
 ) -> RayGenerator:
     rng = np.random.default_rng(1)
-    camera_index = rng.integers(0, len(cameras), n_images)
+    camera_index = rng.permutation(np.arange(n_images) % len(cameras))
     near = rng.uniform(0.1, 1.0, n_images)
     return RayGenerator(
         cameras, camera_index, random_poses(n_images, 2), near, near + 4.0, device, dtype, **kw
@@ -52,11 +59,19 @@ def random_rays(gen: RayGenerator, n: int, seed: int) -> tuple[torch.Tensor, tor
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(
-    "cameras", [PINHOLES, DISTORTED, PINHOLES + DISTORTED], ids=["pinhole", "lut", "mixed"]
+    ("cameras", "mode"),
+    [
+        (PINHOLES, "pinhole"),
+        (DISTORTED, "lut"),
+        (PINHOLES + DISTORTED + OTHERS, "lut"),
+        (PINHOLES + DISTORTED + OTHERS, "unproject"),
+    ],
+    ids=["pinhole", "lut", "mixed", "unproject"],
 )
-def test_generate_matches_reference(cameras: list[Camera], dtype: torch.dtype) -> None:
-    gen = make_generator(cameras, dtype=dtype)
-    assert gen.uses_lut == any(not c.is_pinhole for c in cameras)
+def test_generate_matches_reference(cameras: list[Camera], mode: str, dtype: torch.dtype) -> None:
+    budget = 0 if mode == "unproject" else 2**30
+    gen = make_generator(cameras, n_images=12, dtype=dtype, lut_max_bytes=budget)
+    assert gen.mode == mode and gen.uses_lut == (mode == "lut")
     image, pixel = random_rays(gen, 500, 3)
     fast, ref = gen.generate(image, pixel), gen.reference_generate(image, pixel)
     atol = 1e-6 if dtype == torch.float32 else 1e-12
