@@ -13,6 +13,8 @@ from raykit.converters.colmap import image_near_far, parse_colmap
 MODEL_SETS = [
     ["SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL"],
     ["OPENCV", "FULL_OPENCV", "OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE"],
+    ["FOV", "RADIAL_FISHEYE", "THIN_PRISM_FISHEYE", "RAD_TAN_THIN_PRISM_FISHEYE"],
+    ["SIMPLE_DIVISION", "DIVISION", "SIMPLE_FISHEYE", "FISHEYE", "EUCM"],
 ]
 
 
@@ -27,8 +29,9 @@ def _pycolmap_rays(rec, image, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["bin", "txt"])
-@pytest.mark.parametrize("models", MODEL_SETS, ids=["pinholes", "distorted"])
+@pytest.mark.parametrize("models", MODEL_SETS, ids=["pinholes", "opencv", "fisheyes", "division-eucm"])
 def test_rays_equal_pycolmap(tmp_path: Path, make, models: list[str], binary: bool) -> None:
+    """All 17 COLMAP models (ids 0-16), binary and text models with rigs/frames, names with spaces."""
     rec = make.colmap(tmp_path / "cap", models, seed=len(models) + binary, binary=binary,
                       names={1: "sub dir/first image.png"})  # fmt: skip
     store = convert(tmp_path / "cap", tmp_path / "out.zarr")
@@ -78,3 +81,26 @@ def test_normalize_unit_box_records_similarity(tmp_path: Path, make) -> None:
         np.testing.assert_allclose(b.origins.double().numpy(), expected, atol=1e-5)
         np.testing.assert_allclose(b.near.numpy(), a.near.numpy() * scale, rtol=1e-5)
         assert np.all(np.abs(b.origins.numpy()) <= 1 + 1e-5)
+
+
+def test_noncontiguous_ids_images_flag_and_no_points(tmp_path: Path, make) -> None:
+    from raykit.colmap_io import ColmapCamera, ColmapImage, Reconstruction, write_model
+    from raykit.conventions import colmap_from_c2w
+
+    cameras = {7: ColmapCamera(7, "PINHOLE", 8, 6, (6.0, 6.5, 4.0, 3.0)),
+               3: ColmapCamera(3, "SIMPLE_RADIAL", 10, 6, (7.0, 5.0, 3.0, 0.01))}  # fmt: skip
+    images = {}
+    for image_id, camera_id in ((42, 7), (5, 3), (1000, 7)):
+        qvec, tvec = colmap_from_c2w(make.look_at_c2w(image_id))
+        name = f"cam {camera_id}/img {image_id}.png"
+        images[image_id] = ColmapImage(image_id, tuple(qvec), tuple(tvec), camera_id, name)
+        cam = cameras[camera_id]
+        make.write_image(tmp_path / "pics" / name, make.random_image(image_id, cam.height, cam.width))
+    write_model(Reconstruction(cameras, images, {}, {}, {}), tmp_path / "model", binary=True)
+    store = convert(tmp_path / "model", tmp_path / "out.zarr", images=tmp_path / "pics", split="all")
+    assert store.images("train") == sorted(image.name for image in images.values())
+    for image in images.values():
+        batch = store.image_rays(image.name)
+        c2w = make.look_at_c2w(image.image_id)
+        np.testing.assert_allclose(batch.origins.double().numpy()[0], c2w[:3, 3], atol=1e-6)
+        assert 0 < float(batch.near[0]) < float(batch.far[0])

@@ -29,15 +29,21 @@ def _assert_same_bytes(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_local_dask_cluster_gives_identical_bytes(tmp_path: Path, make) -> None:
+def test_dask_clusters_give_identical_bytes(tmp_path: Path, make) -> None:
     src = make.blender(tmp_path / "src", counts={"train": 4, "test": 2}, size=(16, 12))
     layout = {"chunk_rays": 128, "shard_chunks": 2}
     single = convert(src, tmp_path / "one" / "s.zarr", **layout)
     double = convert(src, tmp_path / "two" / "s.zarr", workers=2, **layout)
     assert single.fingerprint == double.fingerprint
     _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "two" / "s.zarr")
-    wds = convert(src, tmp_path / "wds", backend="wds", split="every:3", **layout)
-    assert wds.splits["test"].n_images == 2
+    from dask.distributed import LocalCluster
+
+    cluster_options = {"n_workers": 1, "threads_per_worker": 2, "processes": False, "protocol": "tcp"}
+    with LocalCluster(dashboard_address=None, **cluster_options) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        remote = convert(src, tmp_path / "sched" / "s.zarr", scheduler=cluster.scheduler_address, **layout)
+    assert remote.fingerprint == single.fingerprint
+    _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "sched" / "s.zarr")
 
 
 SCRIPT = """
@@ -60,7 +66,9 @@ def test_sigkill_leaves_no_store_and_rerun_resumes(tmp_path: Path, make, backend
     src = make.blender(tmp_path / "src", counts={"train": 12, "test": 4}, size=(64, 64))
     dst = tmp_path / "kill" / "store"
     partial = dst.with_name(dst.name + ".partial")
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(src), str(dst), backend], env=os.environ.copy())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(src), str(dst), backend], env=os.environ.copy()
+    )
     deadline = time.monotonic() + 120
     while not list(partial.glob("tasks/*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
