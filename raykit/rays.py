@@ -172,8 +172,11 @@ class RayGenerator:
         self._int_table = torch.as_tensor(ints.reshape(-1, 4), dtype=torch.int64, device=self.device)
         self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
         self._widths_t = torch.as_tensor(self.widths, device=self.device)
-        self._widths_f64 = self._widths_t.to(_index_float(self.device))
+        self._offset_width = torch.stack((self._offsets_t[:-1], self._widths_t), dim=-1)
+        self._index_float = _index_float(self.device)
         self._block_shift, self._blocks = self._block_table()
+        if self._blocks is not None:
+            self._block_next = self._offsets_t.index_select(0, self._blocks + 1)
 
     def _pixel_offsets(self, pixel_offset: Any, n_images: int) -> np.ndarray:
         counts = self.widths * self.heights
@@ -321,14 +324,16 @@ class RayGenerator:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
         pid = pid.to(self.device).to(torch.int64)
         if self._blocks is not None:
-            image = self._blocks.index_select(0, pid >> self._block_shift)
-            image += pid >= self._offsets_t.index_select(0, image + 1)
+            block = pid >> self._block_shift
+            # The block's first image, plus one where the id lies past that image's end.
+            image = self._blocks.index_select(0, block).add_(pid >= self._block_next.index_select(0, block))
         else:
             image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
-        local = pid - self._offsets_t.index_select(0, image)
+        meta = self._offset_width.index_select(0, image)
+        local, w = pid - meta[:, 0], meta[:, 1]
         # local < 2**53 and w < 2**26: the float64 quotient truncates to the exact integer quotient.
-        y = (local.to(torch.float64) / self._widths_f64.index_select(0, image)).to(torch.int64)
-        return image, torch.stack((local - y * self._widths_t.index_select(0, image), y), dim=-1)
+        y = (local.to(self._index_float) / w.to(self._index_float)).to(torch.int64)
+        return image, torch.stack((local - y * w, y), dim=-1)
 
     def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
         """(N,) global pixel ids -> ``(image (N,), pixel (N, 2), rays)``; see :meth:`generate`."""
