@@ -48,7 +48,9 @@ class EvalLoader:
         limit: at most this many images (the first ones), or all.
     """
 
-    def __init__(self, store: Any, split: str = "test", device: Any = "cpu", limit: int | None = None) -> None:
+    def __init__(
+        self, store: Any, split: str = "test", device: Any = "cpu", limit: int | None = None
+    ) -> None:
         if split not in store.splits:
             raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")
         self.store, self.split = store, split

@@ -47,7 +47,9 @@ def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return (dist.get_rank() if rank is None else rank), (dist.get_world_size() if world_size is None else world_size)
+        return (dist.get_rank() if rank is None else rank), (
+            dist.get_world_size() if world_size is None else world_size
+        )
     return (0 if rank is None else rank), (1 if world_size is None else world_size)
 
 
@@ -112,12 +114,22 @@ class RayLoader:
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
         if num_workers < 0 or prefetch < 1:
-            raise ConfigError(f"loader: expected num_workers >= 0 and prefetch >= 1, got {num_workers}, {prefetch}")
+            raise ConfigError(
+                f"loader: expected num_workers >= 0 and prefetch >= 1, got {num_workers}, {prefetch}"
+            )
         self.store, self.split = store, split
         self.source = as_source(store, split)
         rank, world_size = distributed_rank(rank, world_size)
         self.plan = SamplingPlan(
-            self.source.n_rays, self.source.chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank
+            self.source.n_rays,
+            self.source.chunk_rays,
+            batch_size,
+            seed,
+            shuffle,
+            drop_last,
+            mix_chunks,
+            world_size,
+            rank,
         )
         self.cache: ChunkCache[RawRays] = ChunkCache(cache_bytes)
         self.num_workers, self.prefetch, self.group_rays = num_workers, prefetch, group_rays
@@ -191,7 +203,9 @@ class RayLoader:
         mine = self.state_dict()
         for key in ("split", "fingerprint", *_EXACT_KEYS):
             if state.get(key) != mine[key]:
-                raise ResumeError(f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}")
+                raise ResumeError(
+                    f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}"
+                )
         epoch, batch = int(state["epoch"]), int(state["batch"])
         changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
         if changed and batch > 0:

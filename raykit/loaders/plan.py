@@ -157,7 +157,9 @@ class SamplingPlan:
         """The pieces of chunks that window ``j`` covers, in order: ``(chunk, lo, hi)`` ray offsets."""
         return self.epoch_segments(epoch, j, j + 1)[0]
 
-    def epoch_segments(self, epoch: int, first: int = 0, stop: int | None = None) -> list[list[tuple[int, int, int]]]:
+    def epoch_segments(
+        self, epoch: int, first: int = 0, stop: int | None = None
+    ) -> list[list[tuple[int, int, int]]]:
         """:meth:`window_segments` of windows ``first..stop`` (default: to the last), computed together."""
         order = self.chunk_order(epoch)
         starts = np.concatenate([[0], np.cumsum(self.chunk_sizes(order))]).tolist()
@@ -169,7 +171,9 @@ class SamplingPlan:
             segments = []
             while slot < len(order) and starts[slot] < hi_pos:
                 c_start, c_stop = starts[slot], starts[slot + 1]
-                segments.append((int(order[slot]), max(lo_pos, c_start) - c_start, min(hi_pos, c_stop) - c_start))
+                segments.append(
+                    (int(order[slot]), max(lo_pos, c_start) - c_start, min(hi_pos, c_stop) - c_start)
+                )
                 slot += 1
             out.append(segments)
         return out

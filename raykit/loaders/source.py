@@ -45,7 +45,9 @@ class MemorySource:
 
     def __init__(self, rgba: np.ndarray, pid: np.ndarray, chunk_rays: int) -> None:
         if rgba.shape[0] != pid.shape[0]:
-            raise ConfigError(f"memory source: expected as many colours as pids, got {rgba.shape[0]} and {pid.shape[0]}")
+            raise ConfigError(
+                f"memory source: expected as many colours as pids, got {rgba.shape[0]} and {pid.shape[0]}"
+            )
         if chunk_rays < 1:
             raise ConfigError(f"memory source: expected chunk_rays >= 1, got {chunk_rays}")
         self.rgba, self.pid = rgba, pid

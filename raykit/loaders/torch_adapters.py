@@ -85,7 +85,9 @@ class RayDataset(Dataset):  # type: ignore[type-arg]
     def __init__(self, store: Any, split: str = "train", cache_bytes: int = 256 << 20) -> None:
         self.store = _open(store)
         if split not in self.store.splits:
-            raise ConfigError(f"{self.store.url}: no split {split!r}; expected one of {sorted(self.store.splits)}")
+            raise ConfigError(
+                f"{self.store.url}: no split {split!r}; expected one of {sorted(self.store.splits)}"
+            )
         self.split, self.info = split, self.store.splits[split]
         self.cache: ChunkCache[RawRays] = ChunkCache(cache_bytes)
         self._batcher: DeviceBatcher | None = None
@@ -100,7 +102,9 @@ class RayDataset(Dataset):  # type: ignore[type-arg]
         """(B,) ray ids -> a ``RayBatch`` of B rays in the given order."""
         ids = np.asarray(indices, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
-            raise ConfigError(f"RayDataset: ray ids must lie in [0, {len(self)}), got {ids.min()}..{ids.max()}")
+            raise ConfigError(
+                f"RayDataset: ray ids must lie in [0, {len(self)}), got {ids.min()}..{ids.max()}"
+            )
         chunk = ids // self.info.chunk_rays
         rgba = np.empty((len(ids), self.store.fields["rgba"].channels), np.uint8)
         pid = np.empty(len(ids), np.uint32)

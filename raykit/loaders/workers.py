@@ -43,13 +43,17 @@ class ChunkFetcher:
         lookahead: chunk reads kept in flight ahead of the consumer (workers only).
     """
 
-    def __init__(self, source: ChunkSource, cache: ChunkCache[RawRays], num_workers: int, lookahead: int) -> None:
+    def __init__(
+        self, source: ChunkSource, cache: ChunkCache[RawRays], num_workers: int, lookahead: int
+    ) -> None:
         self.source, self.cache = source, cache
         self.lookahead = max(1, lookahead)
         self._pool: ProcessPoolExecutor | None = None
         if num_workers > 0:
             context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(num_workers, mp_context=context, initializer=_init_worker, initargs=(source,))
+            self._pool = ProcessPoolExecutor(
+                num_workers, mp_context=context, initializer=_init_worker, initargs=(source,)
+            )
         self.read_seconds = 0.0
 
     def fetch(self, indices: Iterable[int]) -> Iterator[tuple[int, RawRays]]:
