@@ -1,0 +1,19 @@
+"""The built-in procedural scene that raykit renders itself (see :func:`render_scene`).
+
+Deterministic from a seed: textured spheres, boxes, a cylinder and a checkered ground disc under one
+directional light with shadows, viewed from a hemisphere of cameras. Writers produce a Blender
+``nerf_synthetic`` folder or a COLMAP capture (optionally through a distorted OPENCV camera).
+"""
+
+from raykit.scene.builtin import SIZES, SceneData, render_scene, scene_camera
+from raykit.scene.writers import scene_reconstruction, write_blender, write_colmap
+
+__all__ = [
+    "SIZES",
+    "SceneData",
+    "render_scene",
+    "scene_camera",
+    "scene_reconstruction",
+    "write_blender",
+    "write_colmap",
+]

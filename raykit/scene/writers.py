@@ -1,0 +1,199 @@
+"""Write the built-in scene as a Blender ``nerf_synthetic`` folder or as a COLMAP capture.
+
+Both writers are deterministic: PNGs are encoded with fixed settings and no metadata (no timestamps),
+JSON and COLMAP files are written in a fixed order, so the same scene gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from raykit.cameras import Camera, pixels_to_rays, project
+from raykit.colmap_io import (
+    ColmapCamera,
+    ColmapFrame,
+    ColmapImage,
+    ColmapPoint3D,
+    ColmapRig,
+    Reconstruction,
+    write_model,
+)
+from raykit.conventions import colmap_from_c2w, opencv_to_opengl_c2w
+from raykit.errors import ConfigError
+from raykit.fileio import atomic_write_bytes
+from raykit.scene.builtin import SPLITS, SceneData
+from raykit.scene.geometry import intersect
+from raykit.scene.render import shade
+
+__all__ = [
+    "BLENDER_ROTATION",
+    "encode_png",
+    "scene_reconstruction",
+    "surface_points",
+    "write_blender",
+    "write_colmap",
+]
+
+# The constant per-frame "rotation" that Blender's nerf_synthetic export script writes (2 pi / 500).
+BLENDER_ROTATION = 0.012566370614359171
+_N_POINTS = {"tiny": 200, "small": 1000, "realistic": 4000}
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """(H, W, 3|4) uint8 -> PNG bytes with fixed settings and no metadata chunks."""
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", compress_level=6, optimize=False)
+    return buf.getvalue()
+
+
+def _over_black(image: np.ndarray) -> np.ndarray:
+    """(H, W, 4) straight-alpha uint8 -> (H, W, 3) uint8 composited over black."""
+    return np.round(image[..., :3] * (image[..., 3:] / 255.0)).astype(np.uint8)
+
+
+def _check_blender_camera(camera: Camera) -> float:
+    fx, fy, cx, cy = camera.params[:4] if camera.model == "PINHOLE" else (0.0, 1.0, 0.0, 0.0)
+    if camera.model != "PINHOLE" or fx != fy or (cx, cy) != (camera.width / 2, camera.height / 2):
+        raise ConfigError(
+            f"Blender layout: expected a PINHOLE camera with fx == fy and a centred principal "
+            f"point, got {camera.model} {camera.params}"
+        )
+    return 2 * math.atan(camera.width / (2 * fx))
+
+
+def write_blender(scene: SceneData, root: str | Path) -> Path:
+    """Write ``root/{train,val,test}/r_{i}.png`` (RGBA) and ``root/transforms_{split}.json``.
+
+    The JSON is laid out as the original dataset's: ``{"camera_angle_x": ..., "frames": [{"file_path":
+    "./train/r_0", "rotation": ..., "transform_matrix": OpenGL c2w 4x4}]}``, 4-space indent.
+
+    Raises:
+        ConfigError: the scene's camera is not a centred PINHOLE with fx == fy.
+    """
+    root = Path(root)
+    angle_x = _check_blender_camera(scene.camera)
+    gl = opencv_to_opengl_c2w(scene.c2w)
+    for split in SPLITS:
+        frames = []
+        for i in scene.indices(split):
+            atomic_write_bytes(root / f"{scene.names[i]}.png", encode_png(scene.images[i]))
+            frames.append(
+                {
+                    "file_path": f"./{scene.names[i]}",
+                    "rotation": BLENDER_ROTATION,
+                    "transform_matrix": gl[i].tolist(),
+                }
+            )
+        text = json.dumps({"camera_angle_x": angle_x, "frames": frames}, indent=4)
+        atomic_write_bytes(root / f"transforms_{split}.json", text.encode())
+    return root
+
+
+def surface_points(scene: SceneData, n_points: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Visible surface points: rays through random pixels of random training views.
+
+    Returns:
+        ``(xyz (P, 3) float64, rgb (P, 3) uint8)``; P <= n_points (rays that miss are dropped); the
+        colour is the shaded colour seen along the sampling ray.
+    """
+    rng = np.random.default_rng([scene.seed, seed, 7])
+    train = scene.indices("train")
+    views = rng.choice(train, 4 * n_points)  # about half of the rays miss; keep the first n_points hits
+    pixels = np.stack(
+        [rng.integers(0, scene.camera.width, len(views)), rng.integers(0, scene.camera.height, len(views))],
+        -1,
+    )
+    xyz, rgb = [], []
+    for view in sorted(set(views.tolist())):
+        px = torch.as_tensor(pixels[views == view])
+        origins, dirs, _ = pixels_to_rays(
+            scene.camera, torch.as_tensor(scene.c2w[view], dtype=torch.float32), px
+        )
+        color, t, index = shade(scene.geometry, origins[:1], dirs)
+        hit = index >= 0
+        xyz.append((origins[:1] + t[:, None] * dirs)[hit].double().numpy())
+        rgb.append(torch.round(color[hit] * 255).to(torch.uint8).numpy())
+    return np.concatenate(xyz)[:n_points], np.concatenate(rgb)[:n_points]
+
+
+def _observations(scene: SceneData, view: int, xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points of ``xyz`` (P, 3) seen unoccluded in ``view``: (indices (Q,), image coordinates (Q, 2))."""
+    c2w = scene.c2w[view]
+    cam_pts = (xyz - c2w[:3, 3]) @ c2w[:3, :3]
+    xy = project(scene.camera, torch.as_tensor(cam_pts)).numpy()
+    w, h = scene.camera.width, scene.camera.height
+    inside = (cam_pts[:, 2] > 0) & np.isfinite(xy).all(-1)
+    inside &= (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
+    idx = np.nonzero(inside)[0]
+    offset = xyz[idx] - c2w[:3, 3]
+    dist = np.linalg.norm(offset, axis=-1)
+    dirs = torch.as_tensor(offset / dist[:, None], dtype=torch.float32)
+    t, _ = intersect(scene.geometry, torch.as_tensor(c2w[None, :3, 3], dtype=torch.float32), dirs)
+    visible = np.abs(t.double().numpy() - dist) < 2e-3 * dist
+    return idx[visible], xy[idx[visible]]
+
+
+def scene_reconstruction(
+    scene: SceneData, n_points: int | None = None, image_ext: str = ".png"
+) -> Reconstruction:
+    """The scene as a COLMAP model.
+
+    One camera (id 1), images 1..I named ``{name}{image_ext}``, surface points with their visibility
+    tracks in every view, and a trivial rig and frame per image (as COLMAP 3.12+ writes).
+    """
+    n = _N_POINTS.get(scene.size, 1000) if n_points is None else n_points
+    xyz, rgb = surface_points(scene, n)
+    qvecs, tvecs = colmap_from_c2w(scene.c2w)
+    tracks: list[list[tuple[int, int]]] = [[] for _ in range(len(xyz))]
+    images, frames = {}, {}
+    for view in range(len(scene.names)):
+        image_id = view + 1
+        idx, xy = _observations(scene, view, xyz)
+        for k, p in enumerate(idx.tolist()):
+            tracks[p].append((image_id, k))
+        q, t = tuple(qvecs[view].tolist()), tuple(tvecs[view].tolist())
+        images[image_id] = ColmapImage(
+            image_id, q, t, 1, scene.names[view] + image_ext, xy, idx.astype(np.int64) + 1
+        )
+        frames[image_id] = ColmapFrame(image_id, 1, q, t, (("CAMERA", 1, image_id),))
+    points = {
+        p + 1: ColmapPoint3D(
+            p + 1,
+            tuple(xyz[p].tolist()),
+            tuple(rgb[p].tolist()),
+            0.0,
+            np.array(tracks[p], dtype=np.int64).reshape(-1, 2),
+        )
+        for p in range(len(xyz))
+    }
+    cameras = {1: ColmapCamera.from_camera(scene.camera, camera_id=1)}
+    return Reconstruction(cameras, images, points, {1: ColmapRig(1, ("CAMERA", 1))}, frames)
+
+
+def write_colmap(
+    scene: SceneData, root: str | Path, binary: bool = True, alpha: bool = True, n_points: int | None = None
+) -> Path:
+    """Write ``root/images/{name}.png`` and the sparse model ``root/sparse/0/`` (binary or text).
+
+    Args:
+        binary: ``.bin`` files (else ``.txt``).
+        alpha: RGBA images (alpha = coverage); False writes RGB with a black background.
+        n_points: number of surface points sampled for ``points3D`` (default by size).
+
+    Images of every split are included (names keep the split as a subfolder, e.g.
+    ``images/train/r_0.png``). Returns ``root``.
+    """
+    root = Path(root)
+    for name, image in zip(scene.names, scene.images, strict=True):
+        atomic_write_bytes(
+            root / "images" / f"{name}.png", encode_png(image if alpha else _over_black(image))
+        )
+    write_model(scene_reconstruction(scene, n_points), root / "sparse" / "0", binary=binary)
+    return root
