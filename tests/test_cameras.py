@@ -170,6 +170,19 @@ def test_fisheye_beyond_90_degrees(model: str) -> None:
     np.testing.assert_allclose(rays.numpy()[front], colmap_rays(camera, xy.numpy()[front]), atol=1e-6)
 
 
+@pytest.mark.parametrize("omega", [0.0, 0.005, -0.7, 0.7])
+def test_fov_taylor_branches_match_pycolmap(omega: float) -> None:
+    camera = Camera("FOV", 30, 20, (25.0, 26.0, 14.7, 10.2, omega))
+    # Points within 0.01 focal lengths of the principal point take COLMAP's small-radius branch.
+    near_axis = np.array([[14.7, 10.2], [14.8, 10.25], [14.6, 10.1]])
+    xy = np.concatenate([image_points(camera), near_axis])
+    rays = unproject(camera, torch.from_numpy(xy))
+    np.testing.assert_allclose(rays.numpy(), colmap_rays(camera, xy), atol=1e-6)
+    expected = np.asarray(colmap_camera(camera).img_from_cam(rays.numpy() * 2.0))
+    np.testing.assert_allclose(project(camera, rays * 2.0).numpy(), expected, atol=1e-9)
+    assert float((project(camera, rays) - torch.from_numpy(xy)).abs().max()) < 1e-4
+
+
 def test_project_marks_points_behind_perspective_camera() -> None:
     camera = random_camera("OPENCV", 0)
     out = project(camera, torch.tensor([[0.1, 0.2, -1.0], [0.1, 0.2, 1.0]], dtype=torch.float64))
