@@ -61,15 +61,17 @@ class CrashingExecutor(concurrent.futures.Executor):
         return future
 
 
-@pytest.mark.parametrize("backend", ["zarr", "wds"])
-def test_bytes_do_not_depend_on_executor(tmp_path: Path, records, scene: SceneInfo, backend: str) -> None:
-    write_store(tmp_path / "serial", records, scene=scene, backend=backend, **OPTIONS)
+def test_bytes_do_not_depend_on_executor(tmp_path: Path, records, scene: SceneInfo) -> None:
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
-        write_store(tmp_path / "pool", records, scene=scene, backend=backend, executor=pool, **OPTIONS)
-    serial, pooled = _tree(tmp_path / "serial"), _tree(tmp_path / "pool")
-    assert serial.keys() == pooled.keys() and serial == pooled
-    assert not (tmp_path / "pool.partial").exists()
+        for backend in ("zarr", "wds"):
+            write_store(tmp_path / f"serial-{backend}", records, scene=scene, backend=backend, **OPTIONS)
+            write_store(
+                tmp_path / f"pool-{backend}", records, scene=scene, backend=backend, executor=pool, **OPTIONS
+            )
+            serial, pooled = _tree(tmp_path / f"serial-{backend}"), _tree(tmp_path / f"pool-{backend}")
+            assert serial.keys() == pooled.keys() and serial == pooled
+            assert not (tmp_path / f"pool-{backend}.partial").exists()
 
 
 def test_input_order_does_not_matter(tmp_path: Path, records, scene: SceneInfo) -> None:
