@@ -179,3 +179,18 @@ def test_rgb_only_store_has_three_channels(tmp_path: Path, scene: SceneInfo) -> 
     assert store.fields["rgba"].channels == 3 and batch.alpha is None
     np.testing.assert_array_equal(np.rint(batch.rgb.numpy() * 255).reshape(4, 5, 3), pixels)
     assert float(batch.near[0]) == pytest.approx(0.1) and float(batch.far[0]) == pytest.approx(3.0)
+
+
+def test_dask_executor_gives_same_bytes(tmp_path: Path, records, scene: SceneInfo) -> None:
+    distributed = pytest.importorskip("distributed")
+    write_store(tmp_path / "serial", records, scene=scene, backend="wds", **OPTIONS)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        write_store(
+            tmp_path / "dask", records, scene=scene, backend="wds", executor=client.get_executor(), **OPTIONS
+        )
+    assert _tree(tmp_path / "serial") == _tree(tmp_path / "dask")
