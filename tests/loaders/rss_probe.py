@@ -1,13 +1,13 @@
 """Peak-memory probe (run as a script: ``python rss_probe.py URL CACHE_BYTES``); prints JSON.
 
-Reports the peak resident set size after the loader produced its first batch (``baseline``) and after
-two full epochs (``peak``), in bytes.
+Reports the resident set size after the loader produced its first batch (``baseline``) and the largest
+one sampled after every batch of two full epochs (``peak``), in bytes.
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import os
 import sys
 
 import torch
@@ -16,8 +16,9 @@ from raykit.loaders import RayLoader
 from raykit.store import open_store
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def main(url: str, cache_bytes: int) -> None:
@@ -26,11 +27,12 @@ def main(url: str, cache_bytes: int) -> None:
                        mix_chunks=2, group_rays=16384, prefetch=2)
     batches = loader.forever()
     next(batches)
-    baseline = _peak_rss()
+    baseline = peak = _rss()
     for _ in range(2 * len(loader)):
         next(batches)
+        peak = max(peak, _rss())
     stats = loader.cache_stats()
-    print(json.dumps({"baseline": baseline, "peak": _peak_rss(), "cache_bytes": stats.bytes,
+    print(json.dumps({"baseline": baseline, "peak": peak, "cache_bytes": stats.bytes,
                       "misses": stats.misses}))
 
 
