@@ -218,6 +218,7 @@ def write_store(
         "shard_chunks": shard_chunks,
         "seed": seed,
         "zstd_level": zstd_level,
+        "blosc_clevel": zarr_backend.BLOSC_CLEVEL,
         "materialize": materialize,
     }
     plan = {

@@ -21,33 +21,33 @@ from raykit.errors import StoreCorruptError
 from raykit.fileio import atomic_write_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
-__all__ = ["ZARR_DIR", "ZarrReader", "shard_file", "write_metadata", "write_shard"]
+__all__ = ["BLOSC_CLEVEL", "ZARR_DIR", "ZarrReader", "shard_file", "write_metadata", "write_shard"]
 
 ZARR_DIR = "zarr"
+BLOSC_CLEVEL = 5  # blosc-zstd level for multi-byte fields (5 beats 3 and 7 on shuffled pids; docs/format.md)
 
 
-def _compressor(spec: FieldSpec, level: int) -> Any:
+def _compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
     """zstd for bytes (rgba); blosc-zstd with byte shuffle for wider types (pids, floats).
 
     Byte shuffle groups the high bytes of pids together: sequential evaluation pids shrink from
     2.7 to 0.014 bytes/ray, shuffled train pids from 3.3 to 2.7 (their entropy); see docs/format.md.
     """
     if np.dtype(spec.dtype).itemsize == 1:
-        return ZstdCodec(level=level)
-    return BloscCodec(cname="zstd", clevel=level, shuffle="shuffle")
+        return ZstdCodec(level=layout["zstd_level"])
+    return BloscCodec(cname="zstd", clevel=layout.get("blosc_clevel", BLOSC_CLEVEL), shuffle="shuffle")
 
 
-def _array_kwargs(
-    spec: FieldSpec, n_rays: int, chunk_rays: int, shard_chunks: int, level: int
-) -> dict[str, Any]:
-    shard_rays = chunk_rays * shard_chunks
+def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
+    n_rays, chunk_rays = info.n_rays, info.chunk_rays
+    shard_rays = chunk_rays * layout["shard_chunks"]
     tail = (spec.channels,) if spec.channels else ()
     return {
         "shape": (n_rays, *tail),
         "dtype": spec.dtype,
         "chunks": (chunk_rays, *tail),
         "shards": (shard_rays, *tail),
-        "compressors": [_compressor(spec, level), Crc32cCodec()],
+        "compressors": [_compressor(spec, layout), Crc32cCodec()],
         "fill_value": 0,
         "attributes": {"raykit_field": spec.name},
     }
@@ -71,9 +71,7 @@ def write_metadata(
     for split, info in splits.items():
         sub = group.create_group(split)
         for spec in fields.values():
-            kwargs = _array_kwargs(
-                spec, info.n_rays, info.chunk_rays, layout["shard_chunks"], layout["zstd_level"]
-            )
+            kwargs = _array_kwargs(spec, info, layout)
             sub.create_array(spec.name, **kwargs)
     written = []
     for key, buffer in sorted(mem._store_dict.items()):
@@ -105,9 +103,7 @@ def write_shard(
     for name, values in data.items():
         spec = fields[name]
         mem = zarr.storage.MemoryStore()
-        kwargs = _array_kwargs(
-            spec, info.n_rays, info.chunk_rays, layout["shard_chunks"], layout["zstd_level"]
-        )
+        kwargs = _array_kwargs(spec, info, layout)
         array = zarr.create_array(mem, **kwargs)
         array[start : start + len(values)] = values
         key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
