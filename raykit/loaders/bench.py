@@ -1,0 +1,206 @@
+"""Loader profiling: rays/s and MB/s, cold and warm, by stage, and how well batches are mixed.
+
+Stages, each timed on its own over the same rays:
+
+* ``read``: read and decompress chunks from the store (what worker processes do);
+* ``gather``: mixing-window assembly and per-batch gathers from cached chunks;
+* ``generate``: compact rays -> ``RayBatch`` (pixel-id decoding and ray generation);
+* ``h2d``: host-to-device copy of the compact arrays (pinned, non-blocking), CUDA only.
+
+``end_to_end`` runs the loader itself, cold (empty cache) and then warm (the same batches again, their
+chunks now cached when the budget allows). ``shuffle_quality`` is the mean number of distinct images
+in a batch divided by its expectation for rays drawn uniformly at random from the split (1.0 is as
+good as a perfect shuffle).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from raykit.loaders.batching import DeviceBatcher
+from raykit.loaders.loader import RayLoader
+from raykit.store.schema import RawRays
+
+__all__ = ["expected_distinct_images", "format_table", "run_bench", "shuffle_quality", "write_png"]
+
+MB = 1 << 20
+
+
+def expected_distinct_images(n_pixels: np.ndarray, batch_size: int) -> float:
+    """Expected distinct images among ``batch_size`` rays drawn uniformly from images of (I,) sizes."""
+    p = n_pixels / n_pixels.sum()
+    return float(np.sum(1.0 - np.power(1.0 - p, batch_size)))
+
+
+def shuffle_quality(image_ids: list[np.ndarray], n_pixels: np.ndarray) -> dict[str, float]:
+    """Mixing of batches: mean distinct images per batch vs a uniform draw (ratio 1.0 is ideal)."""
+    distinct = np.array([len(np.unique(ids)) for ids in image_ids], dtype=np.float64)
+    expected = expected_distinct_images(n_pixels, len(image_ids[0]))
+    return {"distinct_images": float(distinct.mean()), "uniform_expected": expected,
+            "ratio": float(distinct.mean() / expected)}
+
+
+def _rate(rays: int, seconds: float, bytes_per_ray: float) -> dict[str, float]:
+    seconds = max(seconds, 1e-9)
+    return {"seconds": seconds, "rays_per_s": rays / seconds, "mb_per_s": rays * bytes_per_ray / seconds / MB}
+
+
+def _end_to_end(loader: RayLoader, batches: int, bytes_per_ray: float) -> dict[str, float]:
+    start = time.perf_counter()
+    iterator = iter(loader)
+    first = next(iterator)
+    first_s = time.perf_counter() - start
+    rays = len(first)
+    for _, batch in zip(range(batches - 1), iterator, strict=False):
+        rays += len(batch)
+    _sync(loader)
+    out = _rate(rays, time.perf_counter() - start, bytes_per_ray)
+    del iterator
+    return {**out, "first_batch_s": first_s, "batches": batches}
+
+
+def _sync(loader: RayLoader) -> None:
+    device = getattr(loader.make_batch, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stage_read(store: Any, split: str, chunks: list[int], bytes_per_ray: float) -> dict[str, float]:
+    from raykit.store import open_store
+
+    fresh = open_store(store.url)
+    start = time.perf_counter()
+    rays = sum(len(fresh.read_chunk(split, c)) for c in chunks)
+    return _rate(rays, time.perf_counter() - start, bytes_per_ray)
+
+
+def _stage_generate(store: Any, raws: list[RawRays], device: Any, bytes_per_ray: float) -> dict[str, float]:
+    batcher = DeviceBatcher(store, device)
+    batcher(raws[0])
+    start = time.perf_counter()
+    for raw in raws:
+        batcher(raw)
+    if batcher.device.type == "cuda":
+        torch.cuda.synchronize(batcher.device)
+    return _rate(sum(len(r) for r in raws), time.perf_counter() - start, bytes_per_ray)
+
+
+def _stage_h2d(raws: list[RawRays], device: torch.device, bytes_per_ray: float) -> dict[str, float] | None:
+    if device.type != "cuda":
+        return None
+    pinned = [(torch.from_numpy(r.rgba).pin_memory(), torch.from_numpy(r.pid.view(np.int32)).pin_memory()) for r in raws]
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for rgba, pid in pinned:
+        rgba.to(device, non_blocking=True), pid.to(device, non_blocking=True)
+    torch.cuda.synchronize(device)
+    return _rate(sum(len(r) for r in raws), time.perf_counter() - start, bytes_per_ray)
+
+
+def run_bench(
+    store: Any,
+    split: str = "train",
+    batch_size: int = 4096,
+    workers: int = 0,
+    cache_mb: float = 512,
+    device: Any = "cpu",
+    batches: int = 200,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report."""
+    device = torch.device(device)
+    info = store.splits[split]
+    bytes_per_ray = store.fields["rgba"].channels + 4
+    kwargs = {"batch_size": batch_size, "seed": seed, "device": device, "num_workers": workers,
+              "cache_bytes": int(cache_mb * MB)}
+    loader = RayLoader(store, split, **kwargs)
+    batches = max(1, min(batches, len(loader)))
+    cold = _end_to_end(loader, batches, bytes_per_ray)
+    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
+    warm = _end_to_end(loader, batches, bytes_per_ray)
+    cache = loader.cache_stats().to_dict()
+    loader.close()
+    stage_loader = RayLoader(store, split, **{**kwargs, "num_workers": 0})
+    stage_loader.cache = loader.cache  # warm: the chunks the end-to-end runs cached
+    gather_start = time.perf_counter()
+    raws = [raw for _, raw in zip(range(batches), stage_loader.raw_batches(0), strict=False)]
+    gather = _rate(sum(len(r) for r in raws), time.perf_counter() - gather_start, bytes_per_ray)
+    needed = min(info.n_chunks, -(-batches * batch_size // info.chunk_rays) + loader.plan.mix_chunks)
+    stages = {
+        "read": _stage_read(store, split, loader.plan.chunk_order(0)[:needed].tolist(), bytes_per_ray),
+        "gather": gather,
+        "generate": _stage_generate(store, raws, device, bytes_per_ray),
+        "h2d": _stage_h2d(raws, device, bytes_per_ray),
+    }
+    pixels = store.table.n_pixels[[s == split for s in store.table.splits]]
+    images = [store.decode_pids(r.pid)[0] for r in raws[:50] if len(r) == batch_size]
+    return {
+        "store": store.url,
+        "backend": store.backend,
+        "split": split,
+        "n_rays": info.n_rays,
+        "settings": {"batch_size": batch_size, "workers": workers, "cache_mb": cache_mb, "device": str(device),
+                     "batches": batches, "seed": seed, "torch_threads": torch.get_num_threads()},
+        "cold": cold,
+        "warm": warm,
+        "cache": cache,
+        "stages": stages,
+        "shuffle_quality": shuffle_quality(images, pixels) if images else None,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a plain-text table."""
+    rows = [("stage", "rays/s", "MB/s", "seconds")]
+    for name in ("cold", "warm"):
+        r = report[name]
+        rows.append((f"end-to-end {name}", f"{r['rays_per_s'] / 1e6:.2f} M", f"{r['mb_per_s']:.0f}", f"{r['seconds']:.3f}"))
+    for name, r in report["stages"].items():
+        if r is not None:
+            rows.append((name, f"{r['rays_per_s'] / 1e6:.2f} M", f"{r['mb_per_s']:.0f}", f"{r['seconds']:.3f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    s = report["settings"]
+    header = (f"{report['store']} ({report['backend']}, split {report['split']}, {report['n_rays']} rays) "
+              f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_mb']} MB, {s['device']}")
+    q = report["shuffle_quality"]
+    footer = [
+        f"first batch: cold {report['cold']['first_batch_s'] * 1e3:.1f} ms, warm {report['warm']['first_batch_s'] * 1e3:.1f} ms",
+        f"cache: hit rate {report['cache']['hit_rate']:.2f}, {report['cache']['bytes'] / MB:.1f} MB held",
+    ]
+    if q is not None:
+        footer.append(f"shuffle quality: {q['distinct_images']:.1f} distinct images per batch, "
+                      f"{q['uniform_expected']:.1f} for a uniform draw (ratio {q['ratio']:.3f})")
+    return "\n".join([header, *lines, *footer])
+
+
+def write_png(report: dict[str, Any], path: str) -> None:
+    """Bar chart of rays/s by stage and end to end (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, values = [], []
+    for name in ("cold", "warm"):
+        names.append(f"end-to-end\n{name}")
+        values.append(report[name]["rays_per_s"] / 1e6)
+    for name, r in report["stages"].items():
+        if r is not None:
+            names.append(name)
+            values.append(r["rays_per_s"] / 1e6)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, values, color=["#4c72b0"] * 2 + ["#55a868"] * (len(names) - 2))
+    ax.set_ylabel("M rays/s")
+    q = report["shuffle_quality"]
+    title = f"raykit bench: batch {report['settings']['batch_size']}, {report['settings']['device']}"
+    if q is not None:
+        title += f", shuffle quality {q['ratio']:.2f}"
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
