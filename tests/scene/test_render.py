@@ -155,6 +155,7 @@ def test_culled_intersection_equals_brute_force(tiny_pinhole: SceneData) -> None
     t, index = intersect(g, origins, dirs)
     brute = torch.stack([_intersect_one(p, origins, dirs) for p in g.primitives])
     assert torch.equal(t, brute.min(0).values)
+    assert torch.equal(index[torch.isfinite(t)], brute.min(0).indices[torch.isfinite(t)])
     assert int(torch.isfinite(t).sum()) > 300
     assert all(bounding_radius(p) > 0 for p in g.primitives)
 
