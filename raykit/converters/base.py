@@ -66,6 +66,7 @@ class Capture:
         views: every image, in the source's order.
         points: (P, 3) float64 scene points (COLMAP points3D), or None.
         near, far: default ray bounds for views without their own, or None.
+        bounds: the scene box ``((x0, y0, z0), (x1, y1, z1))`` in the source frame when known.
         params: format-specific facts kept in the store's scene record (e.g. ``aabb_scale``).
     """
 
@@ -74,6 +75,7 @@ class Capture:
     points: np.ndarray | None = None
     near: float | None = None
     far: float | None = None
+    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
 
 

@@ -7,7 +7,11 @@ half-resolution copy of the images gets half the focal length); ``camera_angle_y
 /``cx``/``cy`` are used when present. Principal point defaults to the image centre ``(W/2, H/2)``.
 Poses are OpenGL camera-to-world and become OpenCV. RGBA PNGs keep their alpha.
 
-Near/far default to ``2`` and ``6``, the values every NeRF implementation uses for these scenes.
+Scene box and near/far: nerf_synthetic objects lie in the box ``[-1.5, 1.5]^3`` (the box instant-ngp
+and nerfacc use for them); per view, ``far`` is the distance to the box's farthest corner and ``near``
+the distance to the box (see :func:`raykit.converters.ngp.box_near_far`). For the original scenes
+(cameras 4.03 from the origin) this gives about 2.3-2.5 and 6.6, close to NeRF's constants 2 and 6
+but never clipping the box.
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from raykit.converters.base import Capture, Problems, load_json
-from raykit.converters.ngp import parse_frames, report_missing
+import numpy as np
 
-__all__ = ["BLENDER_FAR", "BLENDER_NEAR", "BLENDER_SPLITS", "parse_blender"]
+from raykit.converters.base import Capture, Problems, SourceView, load_json
+from raykit.converters.ngp import box_near_far, parse_frames, report_missing
+
+__all__ = ["BLENDER_BOUNDS", "BLENDER_SPLITS", "parse_blender"]
 
 BLENDER_SPLITS = ("train", "val", "test")
-BLENDER_NEAR = 2.0
-BLENDER_FAR = 6.0
+BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
 
 
 def parse_blender(src: Path, *, skip_missing: bool = False) -> Capture:
@@ -48,7 +53,13 @@ def parse_blender(src: Path, *, skip_missing: bool = False) -> Capture:
         found, missing = parse_frames(path, meta, problems)
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
-        views += [replace(v, split=split) for v in found]
+        views += [_in_split(v, split) for v in found]
     problems.raise_if_any()
     params = {"skipped_missing": sorted(skipped) if skip_missing else []}
-    return Capture(source="blender", views=views, near=BLENDER_NEAR, far=BLENDER_FAR, params=params)
+    return Capture(source="blender", views=views, bounds=BLENDER_BOUNDS, params=params)
+
+
+def _in_split(view: SourceView, split: str) -> SourceView:
+    lo, hi = np.array(BLENDER_BOUNDS)
+    near, far = box_near_far((lo + hi) / 2, (hi - lo) / 2, view.c2w[:3, 3])
+    return replace(view, split=split, near=near, far=far)

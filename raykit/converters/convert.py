@@ -27,7 +27,6 @@ from raykit.store.schema import ImageRecord, SceneInfo
 __all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
 SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
-BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
 
 
 def detect_source(src: Path) -> str:
@@ -111,8 +110,8 @@ def _scale_cameras(views: Sequence[SourceView], factor: int) -> list[Any]:
 def _scene_info(capture: Capture, matrix: np.ndarray, params: Mapping[str, Any], method: str,
                 nears: list[float], fars: list[float]) -> SceneInfo:  # fmt: skip
     box: np.ndarray | None = None
-    if capture.source == "blender":
-        box = np.array(BLENDER_BOUNDS)
+    if capture.bounds is not None:
+        box = np.array(capture.bounds)
     elif capture.points is not None and len(capture.points):
         box = np.percentile(capture.points, [1.0, 99.0], axis=0)
     bounds = None

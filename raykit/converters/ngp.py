@@ -212,4 +212,5 @@ def parse_ngp(src: Path, *, skip_missing: bool = False) -> Capture:
     views = [_bounded(v, centre, half) for v in views]
     params = {k: meta[k] for k in ("aabb_scale", "scale", "offset") if k in meta}
     params["skipped_missing"] = sorted(missing) if skip_missing else []
-    return Capture(source="ngp", views=views, params=params)
+    box = (tuple((centre - half).tolist()), tuple((centre + half).tolist())) if "aabb_scale" in meta else None
+    return Capture(source="ngp", views=views, bounds=box, params=params)

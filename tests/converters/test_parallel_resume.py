@@ -53,6 +53,9 @@ convert(sys.argv[1], sys.argv[2], backend=sys.argv[3], chunk_rays=1024, shard_ch
 """
 
 
+DONE = "tasks/[!.]*.json"  # shard records (atomic: temporary files start with a dot)
+
+
 def _opens(path: Path) -> bool:
     try:
         open_store(str(path), verify=True)
@@ -70,12 +73,12 @@ def test_sigkill_leaves_no_store_and_rerun_resumes(tmp_path: Path, make, backend
         [sys.executable, "-c", SCRIPT, str(src), str(dst), backend], env=os.environ.copy()
     )
     deadline = time.monotonic() + 120
-    while not list(partial.glob("tasks/*")) and proc.poll() is None and time.monotonic() < deadline:
+    while not list(partial.glob(DONE)) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the conversion finished before it could be killed"
-    finished = [json.loads(p.read_text()) for p in sorted(partial.glob("tasks/*.json"))]
+    finished = [json.loads(p.read_text()) for p in sorted(partial.glob(DONE))]
     kept = {rel: (partial / rel).stat().st_mtime_ns for rec in finished for rel in rec["result"]["files"]}
     assert kept, "no shard was complete when the process was killed"
     assert not _opens(dst) and not _opens(partial)

@@ -1,0 +1,145 @@
+"""Conversion benchmark: throughput of ``raykit.converters.convert`` against the machine's PNG decode rate.
+
+The built-in "realistic" scene (800x800; 100 train + 10 val + 10 test views) is rendered once and
+written in Blender form to ``benchmarks/data/convert-<size>/`` (reused on later runs). The same run
+then measures:
+
+* ``decode``: single-core PNG decode rate (Pillow, every image of the capture, in this process),
+  megapixels per second;
+* ``convert``: wall time of a full conversion to a Zarr store with 1 worker (in-process) and with 2
+  workers (a local Dask cluster; its start-up is included and also reported on its own),
+  megapixels per second of source images.
+
+Target: per worker, conversion at least 0.8x the decode rate (conversion is decode-bound).
+
+    /work/venv/bin/python benchmarks/bench_convert.py                   # the full benchmark
+    /work/venv/bin/python benchmarks/bench_convert.py --size small --out /tmp/c.json   # a quick look
+
+Results go to ``benchmarks/results/convert.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from raykit.converters import convert
+
+ROOT = Path(__file__).resolve().parent
+TARGET_RATIO = 0.8
+
+
+def build_capture(size: str, seed: int, workers: int) -> Path:
+    """Render the built-in scene and write its Blender form (reused when already there)."""
+    from raykit.scene import render_scene, write_blender
+
+    path = ROOT / "data" / f"convert-{size}-{seed}"
+    if (path / "transforms_test.json").exists():
+        return path
+    scene = render_scene(size, seed=seed, workers=workers)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_blender(scene, tmp)
+    tmp.rename(path)
+    return path
+
+
+def decode_rate(images: list[Path], repeats: int) -> dict[str, float]:
+    """Single-core Pillow decode of every image, best of ``repeats`` passes."""
+    best = float("inf")
+    pixels = 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        pixels = 0
+        for path in images:
+            with Image.open(path) as img:
+                pixels += _decoded(img)
+        best = min(best, time.perf_counter() - start)
+    return {"seconds": best, "megapixels": pixels / 1e6, "mp_per_s": pixels / 1e6 / best}
+
+
+def _decoded(img: Image.Image) -> int:
+    array = np.asarray(img)
+    return int(array.shape[0] * array.shape[1])
+
+
+def timed_convert(src: Path, workers: int, megapixels: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
+        start = time.perf_counter()
+        store = convert(src, Path(tmp) / "store.zarr", workers=workers)
+        seconds = time.perf_counter() - start
+        size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
+        fingerprint = store.fingerprint
+    rate = megapixels / seconds
+    return {"workers": workers, "seconds": seconds, "mp_per_s": rate, "mp_per_s_per_worker": rate / workers,
+            "store_bytes": size, "fingerprint": fingerprint}  # fmt: skip
+
+
+def cluster_startup(workers: int) -> float:
+    """Seconds to start and stop a local Dask cluster of ``workers`` processes (included in convert)."""
+    from raykit.converters.executor import conversion_executor
+
+    start = time.perf_counter()
+    with conversion_executor(workers) as executor:
+        if executor is not None:
+            executor.submit(int, 1).result()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="realistic", choices=("tiny", "small", "realistic"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--render-workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="decode passes (best is kept)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "convert.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    src = build_capture(args.size, args.seed, args.render_workers)
+    images = sorted(src.glob("*/r_*.png"))
+    decode = decode_rate(images, args.repeats)
+    runs = [timed_convert(src, workers, decode["megapixels"]) for workers in (1, 2)]
+    startup = cluster_startup(2)
+    result = {
+        "benchmark": "convert",
+        "scene": {
+            "size": args.size,
+            "seed": args.seed,
+            "images": len(images),
+            "megapixels": decode["megapixels"],
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_1m_at_end": os.getloadavg()[0],
+        },
+        "decode_single_core": decode,
+        "convert": runs,
+        "dask_cluster_startup_s": startup,
+        "ratio_per_worker_vs_decode": {
+            str(r["workers"]): r["mp_per_s_per_worker"] / decode["mp_per_s"] for r in runs
+        },
+        "target_ratio": TARGET_RATIO,
+        "identical_across_workers": len({r["fingerprint"] for r in runs}) == 1,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
