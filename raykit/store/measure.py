@@ -1,0 +1,106 @@
+"""Reproduce the measurements of ``docs/format.md``: ``python -m raykit.store.measure OUT_DIR``.
+
+Builds a photo-like capture (seeded random crops of matplotlib's sample photo ``grace_hopper.jpg``,
+PINHOLE cameras, the last 8 images as val/test), in RGB and in RGBA (circular alpha mask, black
+background), writes each in both backends, and prints bytes per ray (per split and field), write time,
+read throughput and shuffle quality as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raykit.store.cli import store_summary
+from raykit.store.reader import RayStore
+from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store.stats import read_throughput, shuffle_quality
+from raykit.store.writer import write_store
+
+__all__ = ["main", "photo_records"]
+
+
+def _crop(photo: np.ndarray, x: int, y: int, w: int, h: int, alpha: bool) -> np.ndarray:
+    pixels = photo[y : y + h, x : x + w]
+    if not alpha:
+        return pixels.copy()
+    yy, xx = np.mgrid[:h, :w]
+    inside = ((xx - w / 2) ** 2 + (yy - h / 2) ** 2) < (0.35 * min(w, h)) ** 2
+    return np.concatenate([pixels * inside[..., None], 255 * inside[..., None]], -1).astype(np.uint8)
+
+
+def photo_records(
+    n: int = 72, width: int = 256, height: int = 192, alpha: bool = False, seed: int = 0
+) -> list[Any]:
+    """``n`` image records cropped from the sample photo; the last 8 are 4 val and 4 test images."""
+    import matplotlib.cbook
+    from PIL import Image
+
+    from raykit.cameras import Camera
+
+    path = matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    photo = np.asarray(Image.open(path).convert("RGB"))
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(n):
+        x, y = int(rng.integers(0, photo.shape[1] - width)), int(rng.integers(0, photo.shape[0] - height))
+        split = "train" if i < n - 8 else ("val" if i < n - 4 else "test")
+        c2w = np.eye(4)
+        c2w[:3, 3] = rng.normal(size=3)
+        camera = Camera("PINHOLE", width, height, (0.8 * width, 0.8 * width, width / 2, height / 2))
+        load = functools.partial(_crop, photo, x, y, width, height, alpha)
+        records.append(ImageRecord(f"r_{i:03d}", split, camera, c2w, 0.1, 6.0, str(path), load))
+    return records
+
+
+def _bytes_per_ray(store: RayStore) -> dict[str, float]:
+    sizes: dict[str, int] = {}
+    for rel, entry in store.files.items():
+        parts = rel.split("/")
+        if parts[0] == "zarr" and not rel.endswith("zarr.json"):
+            key = f"{parts[1]}/{parts[2]}"
+        elif parts[0] == "wds":
+            key = parts[1].rsplit("-", 1)[0] + "/tar"
+        else:
+            continue
+        sizes[key] = sizes.get(key, 0) + entry["size"]
+    return {k: round(v / store.splits[k.split("/")[0]].n_rays, 3) for k, v in sorted(sizes.items())}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raykit.store.measure", description=__doc__)
+    parser.add_argument("out", type=Path, help="directory for the stores (overwritten)")
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {}
+    for alpha in (False, True):
+        records = photo_records(alpha=alpha)
+        for backend in ("zarr", "wds"):
+            name = f"{backend}-{'rgba' if alpha else 'rgb'}"
+            start = time.perf_counter()
+            store = write_store(args.out / name, records, scene=SceneInfo(), backend=backend, overwrite=True)
+            summary = store_summary(store)
+            report[name] = {
+                "n_rays": summary["n_rays"],
+                "bytes_per_ray": round(summary["bytes_per_ray"], 3),
+                "by_split_field": _bytes_per_ray(store),
+                "write_s": round(time.perf_counter() - start, 2),
+                "read": read_throughput(store, "train", 32),
+            }
+            if name == "zarr-rgb":
+                report["shuffle_train"] = [
+                    shuffle_quality(store, "train", chunks_per_batch=k, n_batches=64) for k in (1, 2, 4)
+                ]
+                report["shuffle_val_image_order"] = shuffle_quality(store, "val", n_batches=64)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
