@@ -141,3 +141,15 @@ def test_llff_and_unknown_format(tmp_path: Path, make, cli) -> None:
 def test_downscale_must_divide(tmp_path: Path, make, cli) -> None:
     src = make.blender(tmp_path / "src", counts={"train": 2}, size=(8, 6))
     _fails(cli, src, tmp_path / "a.zarr", "--downscale", "4", expect=["r_0.png", "r_1.png"])
+
+
+def test_cli_success_prints_summary(tmp_path: Path, make, cli, capsys) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 2, "test": 1})
+    status = raykit.cli.main(["convert", str(src), str(tmp_path / "out"), "--format", "wds", "--normalize",
+                              "cameras", "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0 and "train: 2 images" in out and "test: 1 images" in out
+    status, lines = cli("convert", src, tmp_path / "out", "--no-progress")
+    assert status == 2 and "already exists" in lines[0]
+    status, _ = cli("convert", src, tmp_path / "out", "--no-progress", "--overwrite", "--split", "all")
+    assert status == 0
