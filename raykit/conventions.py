@@ -14,7 +14,8 @@ leading dimensions.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -86,20 +87,20 @@ def qvec_to_rotmat(qvec: ArrayT) -> ArrayT:
 
     The quaternion is normalised first, so slightly denormalised inputs from text files are accepted.
     """
-    lib = torch if isinstance(qvec, torch.Tensor) else np
-    q = (
-        qvec / lib.linalg.norm(qvec, axis=-1, keepdims=True)
-        if lib is np
-        else qvec / qvec.norm(dim=-1, keepdim=True)
-    )
+    if isinstance(qvec, torch.Tensor):
+        return _rotmat_from_unit_qvec(qvec / qvec.norm(dim=-1, keepdim=True), torch.stack)
+    q = np.asarray(qvec)
+    return _rotmat_from_unit_qvec(q / np.linalg.norm(q, axis=-1, keepdims=True), np.stack)
+
+
+def _rotmat_from_unit_qvec(q: Any, stack: Callable[..., Any]) -> Any:
     w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
     rows = [
         [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
         [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
         [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
     ]
-    stack = lib.stack
-    return stack([stack(r, -1) for r in rows], -2)  # type: ignore[no-any-return]
+    return stack([stack(r, -1) for r in rows], -2)
 
 
 def rotmat_to_qvec(rotmat: ArrayT) -> ArrayT:
@@ -107,8 +108,13 @@ def rotmat_to_qvec(rotmat: ArrayT) -> ArrayT:
 
     Uses the eigenvector method (robust near 180-degree rotations).
     """
-    is_torch = isinstance(rotmat, torch.Tensor)
-    r = rotmat.detach().cpu().double().numpy() if is_torch else np.asarray(rotmat, dtype=np.float64)
+    if isinstance(rotmat, torch.Tensor):
+        q = _qvec_from_rotmat(rotmat.detach().cpu().double().numpy())
+        return torch.as_tensor(q, dtype=rotmat.dtype, device=rotmat.device)
+    return _qvec_from_rotmat(np.asarray(rotmat, dtype=np.float64))
+
+
+def _qvec_from_rotmat(r: np.ndarray) -> np.ndarray:
     rxx, ryx, rzx = r[..., 0, 0], r[..., 0, 1], r[..., 0, 2]
     rxy, ryy, rzy = r[..., 1, 0], r[..., 1, 1], r[..., 1, 2]
     rxz, ryz, rzz = r[..., 2, 0], r[..., 2, 1], r[..., 2, 2]
@@ -127,10 +133,7 @@ def rotmat_to_qvec(rotmat: ArrayT) -> ArrayT:
     _, vecs = np.linalg.eigh(k)
     xyzw = vecs[..., :, -1]
     q = np.stack([xyzw[..., 3], xyzw[..., 0], xyzw[..., 1], xyzw[..., 2]], -1)
-    q = np.where(q[..., :1] < 0, -q, q)
-    if is_torch:
-        return torch.as_tensor(q, dtype=rotmat.dtype, device=rotmat.device)
-    return q  # type: ignore[return-value]
+    return np.where(q[..., :1] < 0, -q, q)
 
 
 def c2w_from_colmap(qvec: np.ndarray, tvec: np.ndarray) -> np.ndarray:
