@@ -40,10 +40,13 @@ class DeviceBatcher:
 
     def __call__(self, raw: RawRays) -> RayBatch:
         """(N,) compact rays -> a ``RayBatch`` of N rays on the device."""
-        pid = self._to_device(raw.pid.view(np.int32)).to(torch.int64) & 0xFFFFFFFF
+        if self.pinned:  # 4 bytes per id over the bus, widened on the device
+            pid = self._to_device(raw.pid.view(np.int32)).to(torch.int64) & 0xFFFFFFFF
+        else:
+            pid = torch.from_numpy(raw.pid.astype(np.int64))
         colour = self._to_device(raw.rgba)
         image, pixel, rays = self.generator.generate_from_pids(pid)
-        scaled = colour.to(torch.float32) / 255.0
+        scaled = colour.to(torch.float32).div_(255.0)
         return RayBatch(
             origins=rays.origins,
             directions=rays.directions,

@@ -32,10 +32,12 @@ from raykit.loaders.source import as_source
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.schema import RawRays
 
-__all__ = ["STATE_VERSION", "RayLoader", "distributed_rank"]
+__all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 
 STATE_VERSION = 1
-_EXACT_KEYS = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks")
+_EXACT_KEYS = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks", "mix_run")
+# Rays moved together by the mixing permutation when the stored split is already shuffled.
+SHUFFLED_SPLIT_MIX_RUN = 16
 _PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
 _DONE = object()
 
@@ -87,6 +89,8 @@ class RayLoader:
         rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
         drop_last: see :mod:`raykit.loaders.plan`.
         mix_chunks: mixing-buffer size in chunks.
+        mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when the
+            stored split is shuffled, else 1.
         prefetch: batches prepared ahead of the consumer.
         group_rays: rays gathered and generated together (consecutive batches of one epoch), which
             amortises per-call overhead at small batch sizes; batches are then views of the group.
@@ -109,6 +113,7 @@ class RayLoader:
         world_size: int | None = None,
         drop_last: bool = True,
         mix_chunks: int = 8,
+        mix_run: int | None = None,
         prefetch: int = 4,
         group_rays: int = 1 << 16,
         make_batch: Callable[[RawRays], Any] | None = None,

@@ -10,7 +10,10 @@ One epoch, for one rank:
 2. The sequence is cut into ``world_size`` contiguous *shares* whose lengths differ by at most one ray
    (``share``); rank ``r`` reads only the chunks that overlap its share.
 3. Each share is cut into *windows* of ``mix_chunks * chunk_rays`` positions (the mixing buffer); the
-   rays of a window are permuted by a seeded permutation (``window_permutation``).
+   rays of a window are permuted by a seeded permutation (``window_permutation``) that moves runs of
+   ``mix_run`` consecutive rays together. ``mix_run=1`` is a full shuffle of the window; larger runs
+   cost ``mix_run`` times less to draw and gather faster, and lose nothing when the store's split is
+   itself shuffled (consecutive rays of a shuffled split are already independent draws).
 4. Batch ``k`` is positions ``[k * batch_size, (k + 1) * batch_size)`` of the permuted share.
 
 Every rank has the same number of batches (``n_batches``). With ``drop_last=True`` every batch has
@@ -54,6 +57,7 @@ class SamplingPlan:
         shuffle: permute chunks and mix rays; ``False`` reads the split in stored order.
         drop_last: see the module docstring.
         mix_chunks: mixing-buffer size, in chunks.
+        mix_run: rays moved together by the mixing permutation.
         world_size: number of ranks sharing the split.
         rank: this rank, in ``[0, world_size)``.
     """
@@ -67,9 +71,10 @@ class SamplingPlan:
     mix_chunks: int = 8
     world_size: int = 1
     rank: int = 0
+    mix_run: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_rays", "chunk_rays", "batch_size", "mix_chunks", "world_size"):
+        for name in ("n_rays", "chunk_rays", "batch_size", "mix_chunks", "world_size", "mix_run"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"sampling plan: expected {name} a positive integer, got {value!r}")
@@ -181,10 +186,15 @@ class SamplingPlan:
     def window_permutation(self, epoch: int, j: int) -> np.ndarray:
         """(window length,) int64: position ``q`` of the mixed window holds unmixed position ``perm[q]``."""
         start, stop = self.window_span(j)
+        size = stop - start
         if not self.shuffle:
-            return np.arange(stop - start, dtype=np.int64)
+            return np.arange(size, dtype=np.int64)
         key = [self.seed, epoch, _TAG_WINDOW, self.world_size, self.rank, j]
-        return np.random.default_rng(key).permutation(stop - start).astype(np.int64)
+        runs = np.random.default_rng(key).permutation(-(-size // self.mix_run))
+        if self.mix_run == 1:
+            return runs
+        positions = (runs[:, None] * self.mix_run + np.arange(self.mix_run)).reshape(-1)
+        return positions[positions < size] if size % self.mix_run else positions
 
     def window_ray_ids(self, epoch: int, j: int) -> np.ndarray:
         """(window length,) int64: ray ids of window ``j`` after mixing."""

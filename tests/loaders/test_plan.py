@@ -23,6 +23,7 @@ from raykit.loaders.plan import SamplingPlan, reference_epoch_ray_ids
     drop_last=st.booleans(),
     shuffle=st.booleans(),
     seed=st.integers(0, 5),
+    mix_run=st.sampled_from([1, 3, 8]),
 )
 def test_fast_path_matches_reference(
     n_rays: int,
@@ -33,11 +34,12 @@ def test_fast_path_matches_reference(
     drop_last: bool,
     shuffle: bool,
     seed: int,
+    mix_run: int,
 ) -> None:
     if drop_last and n_rays // world_size < batch_size:
         batch_size = max(1, n_rays // world_size)
     for rank in range(world_size):
-        plan = SamplingPlan(n_rays, chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank)
+        plan = SamplingPlan(n_rays, chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank, mix_run)
         for epoch in (0, 3):
             reference = reference_epoch_ray_ids(plan, epoch)
             fast = [plan.batch_ray_ids(epoch, k) for k in range(plan.n_batches)]
@@ -64,6 +66,18 @@ def test_ranks_share_the_split(n_rays: int, world_size: int, batch_size: int, dr
             assert all(s == batch_size for s in sizes[:-1]) and 1 <= sizes[-1] <= batch_size + 1
     shares = [p.share_rays for p in plans]
     assert max(shares) - min(shares) <= 1
+
+
+@pytest.mark.parametrize("mix_run", [1, 4, 7])
+def test_window_permutation_is_a_permutation(mix_run: int) -> None:
+    plan = SamplingPlan(1000, 64, 10, mix_chunks=3, mix_run=mix_run)
+    for j in range(plan.n_windows):
+        perm = plan.window_permutation(1, j)
+        start, stop = plan.window_span(j)
+        np.testing.assert_array_equal(np.sort(perm), np.arange(stop - start))
+    if plan.window_rays % mix_run == 0:
+        runs = plan.window_permutation(1, 0).reshape(-1, mix_run)
+        assert (np.diff(runs, axis=1) == 1).all()  # runs of mix_run consecutive rays move together
 
 
 def test_epochs_differ_and_are_reproducible() -> None:
