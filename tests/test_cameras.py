@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raykit.camera_models import Dual
 from raykit.cameras import (
     CAMERA_MODELS,
     Camera,
@@ -181,6 +182,33 @@ def test_fov_taylor_branches_match_pycolmap(omega: float) -> None:
     expected = np.asarray(colmap_camera(camera).img_from_cam(rays.numpy() * 2.0))
     np.testing.assert_allclose(project(camera, rays * 2.0).numpy(), expected, atol=1e-9)
     assert float((project(camera, rays) - torch.from_numpy(xy)).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        m
+        for m in MODELS
+        if CAMERA_MODELS[m].extra_idx and CAMERA_MODELS[m].family in ("perspective", "fisheye")
+    ],
+)
+def test_distortion_jacobian_matches_finite_differences(model: str) -> None:
+    spec = CAMERA_MODELS[model]
+    camera = random_camera(model, 11)
+    extra = tuple(camera.params[i] for i in spec.extra_idx)
+    u, v = (
+        torch.linspace(-0.8, 0.8, 9, dtype=torch.float64),
+        torch.linspace(0.7, -0.6, 9, dtype=torch.float64),
+    )
+    du, dv = spec.distortion(Dual(u, 1.0, 0.0), Dual(v, 0.0, 1.0), extra)  # type: ignore[misc]
+    h = 1e-6
+    for d, (plus, minus) in (
+        ("du", (spec.distortion(u + h, v, extra), spec.distortion(u - h, v, extra))),  # type: ignore[misc]
+        ("dv", (spec.distortion(u, v + h, extra), spec.distortion(u, v - h, extra))),  # type: ignore[misc]
+    ):
+        for k, out in enumerate((du, dv)):
+            numeric = (plus[k] - minus[k]) / (2 * h)
+            torch.testing.assert_close(getattr(out, d) + 0 * u, numeric, atol=1e-7, rtol=0)
 
 
 def test_project_marks_points_behind_perspective_camera() -> None:
