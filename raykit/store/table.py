@@ -6,6 +6,7 @@ a row's index is the ``image`` value of its rays.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ __all__ = [
     "write_camera_table",
 ]
 
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 UNKNOWN_FAR = 1e10  # far bound of images whose far is unknown (neither per image nor per scene)
 
 CAMERA_TABLE_SCHEMA = pa.schema(
@@ -66,11 +68,33 @@ def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"write_store: image names must be unique, got duplicates {dupes[:5]}")
+    problems = [p for r in records for p in _record_problems(r)]
+    if problems:
+        raise ConfigError("write_store: invalid image records: " + "; ".join(problems[:10]))
     ordered = sorted(records, key=lambda r: (split_sort_key(r.split), r.name))
     total = sum(r.camera.width * r.camera.height for r in ordered)
     if total >= MAX_PIXELS:
         raise ConfigError(f"write_store: expected fewer than 2**32 pixels in one store, got {total}")
     return ordered
+
+
+def _record_problems(rec: ImageRecord) -> list[str]:
+    """Problems of one record (empty when valid): split name, pose, near/far."""
+    who = f"image {rec.name!r}"
+    problems = []
+    if not _SPLIT_NAME.fullmatch(rec.split):
+        problems.append(f"{who}: expected a split name of letters, digits, '_' or '-', got {rec.split!r}")
+    c2w = np.asarray(rec.c2w, dtype=np.float64)
+    if c2w.shape != (4, 4) or not np.all(np.isfinite(c2w)) or not np.allclose(c2w[3], [0, 0, 0, 1]):
+        problems.append(f"{who}: expected c2w a finite 4x4 with last row [0, 0, 0, 1], got {c2w.tolist()}")
+    elif not np.allclose(c2w[:3, :3].T @ c2w[:3, :3], np.eye(3), atol=1e-4) or np.linalg.det(c2w[:3, :3]) < 0:
+        problems.append(f"{who}: expected c2w with an orthonormal right-handed rotation")
+    bounds = [v for v in (rec.near, rec.far) if v is not None]
+    if not all(np.isfinite(v) and v >= 0 for v in bounds):
+        problems.append(f"{who}: expected finite non-negative near/far, got {rec.near}, {rec.far}")
+    elif len(bounds) == 2 and not bounds[0] < bounds[1]:
+        problems.append(f"{who}: expected near < far, got {rec.near}, {rec.far}")
+    return problems
 
 
 def build_camera_table(

@@ -133,6 +133,15 @@ def test_bad_inputs(tmp_path: Path, records, scene: SceneInfo) -> None:
         write_store(tmp_path / "a", records, scene=scene, backend="hdf5")
     with pytest.raises(ConfigError, match="at least one"):
         write_store(tmp_path / "a", [], scene=scene)
+    for bad, message in [
+        ({"split": "tr.ain"}, "split name"),
+        ({"c2w": np.diag([1.0, 1.0, 2.0, 1.0])}, "orthonormal"),
+        ({"c2w": np.full((4, 4), np.nan)}, "finite 4x4"),
+        ({"near": 3.0, "far": 1.0}, "near < far"),
+        ({"near": -1.0}, "non-negative"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            write_store(tmp_path / "a", [dataclasses.replace(records[0], **bad)], scene=scene)
     wrong = dataclasses.replace(records[0], load=lambda: np.zeros((3, 3, 3), np.uint8), source_path="x.png")
     with pytest.raises(SourceError, match=r"x\.png: expected uint8 pixels of shape \(12, 16, 3\|4\)"):
         write_store(tmp_path / "b", [wrong], scene=scene)
