@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from raykit.cameras import Camera
 from raykit.errors import SourceError
 
 __all__ = [
@@ -49,7 +50,7 @@ class SourceView:
     """
 
     name: str
-    camera: Any
+    camera: Camera
     c2w: np.ndarray
     image_path: Path
     split: str | None = None

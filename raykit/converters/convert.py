@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageLoader, probe_image
@@ -77,34 +78,41 @@ def parse_source(
     return parse_llff(src, downscale=downscale)
 
 
-def _check_images(views: Sequence[SourceView], exif: str) -> None:
-    problems = Problems()
-    for view in views:
-        try:
-            header = probe_image(view.image_path, exif=exif)
-        except SourceError as exc:
-            problems.capture(exc)
-            continue
-        cam = view.camera
-        if (header.width, header.height) != (cam.width, cam.height):
-            problems.add(
-                f"{view.image_path}: image is {header.width}x{header.height}, its camera "
-                f"({cam.label or cam.camera_id}) expects {cam.width}x{cam.height}"
-            )
-    problems.raise_if_any()
+def _image_problems(view: SourceView, exif: str) -> list[str]:
+    try:
+        header = probe_image(view.image_path, exif=exif)
+    except SourceError as exc:
+        return exc.problems
+    cam = view.camera
+    if (header.width, header.height) != (cam.width, cam.height):
+        return [
+            f"{view.image_path}: image is {header.width}x{header.height}, its camera "
+            f"({cam.label or cam.camera_id}) expects {cam.width}x{cam.height}"
+        ]
+    return []
 
 
-def _scale_cameras(views: Sequence[SourceView], factor: int) -> list[Any]:
+def _checked_cameras(views: Sequence[SourceView], exif: str, factor: int) -> list[Camera]:
+    """Probe every image (size, integrity, EXIF) and rescale every camera; all problems at once."""
     if not isinstance(factor, int) or factor < 1:
         raise ConfigError(f"downscale: expected a positive integer, got {factor!r}")
     problems, cameras = Problems(), []
     for view in views:
+        problems.extend(_image_problems(view, exif))
         try:
             cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
     problems.raise_if_any()
     return cameras
+
+
+def _check_bounds(near: float | None, far: float | None) -> None:
+    for name, value in (("near", near), ("far", far)):
+        if value is not None and not (np.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name}: expected a finite value >= 0, got {value}")
+    if near is not None and far is not None and not near < far:
+        raise ConfigError(f"expected near < far, got near={near}, far={far}")
 
 
 def _scene_info(capture: Capture, matrix: np.ndarray, params: Mapping[str, Any], method: str,
@@ -141,9 +149,9 @@ def build_records(
 ) -> tuple[list[ImageRecord], SceneInfo]:
     """Checked image records (store world frame) and the scene record for a parsed capture."""
     views = capture.views
-    _check_images(views, exif)
+    _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras = _scale_cameras(views, factor)
+    cameras = _checked_cameras(views, exif, factor)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -160,7 +168,7 @@ def build_records(
 
 def _record(
     view: SourceView,
-    camera: Any,
+    camera: Camera,
     split: str,
     matrix: np.ndarray,
     near: float,

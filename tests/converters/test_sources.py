@@ -146,3 +146,16 @@ def test_llff_poses_bounds_and_prescaled_folder(tmp_path: Path, make) -> None:
     assert len(batch.pixel) == 8 * 6
     expected = np.asarray(__import__("PIL.Image").Image.open(src / "images_2" / names[1]))
     np.testing.assert_allclose(batch.rgb.numpy() * 255, expected.reshape(-1, 3), atol=1e-3)
+
+
+def test_near_far_override(tmp_path: Path, make) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 2})
+    store = convert(src, tmp_path / "a.zarr", near=0.5, far=3.0, normalize="cameras")
+    scale = float(np.cbrt(np.linalg.det(store.world_from_source[:3, :3])))
+    batch = store.image_rays("train/r_1.png")
+    np.testing.assert_allclose(batch.near.numpy(), 0.5 * scale, rtol=1e-6)
+    np.testing.assert_allclose(batch.far.numpy(), 3.0 * scale, rtol=1e-6)
+    from raykit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="near < far"):
+        convert(src, tmp_path / "b.zarr", near=3.0, far=1.0)
