@@ -66,7 +66,7 @@ def random_camera(model: str, seed: int, width: int = 37, height: int = 23) -> C
     if model == "FOV":
         extra = [rng.uniform(0.3, 1.2)]
     elif model == "EUCM":
-        extra = [rng.uniform(0.0, 1.0), rng.uniform(0.5, 1.5)]
+        extra = [rng.uniform(0.0, 1.0), rng.uniform(0.5, 1.2)]
     else:
         extra = [rng.uniform(-r, r) for r in PARAM_RANGES.get(model, [])]
     return Camera(model, width, height, tuple(focal + pp + extra), camera_id=seed, label="random")
