@@ -8,7 +8,6 @@ directory that several worker processes share; each file is written under a temp
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -133,11 +132,15 @@ class ChunkCache(Generic[T]):
 
 
 class DiskCache:
-    """A directory of local copies of remote files, shared by processes, each filled atomically.
+    """Local copies of remote files under ``root``, shared by processes, each filled atomically.
+
+    File ``rel`` (a relative path such as ``zarr/train/rgba/c/0/0``) is kept at ``root / rel``; a
+    reader sees a complete file or none, and two processes fetching the same file at once both succeed.
+    Nothing is evicted: the directory grows to at most the remote store's size.
 
     Args:
         root: cache directory (created on demand).
-        fetch: ``fetch(url) -> bytes``; called on a miss.
+        fetch: ``fetch(rel) -> bytes``; called on a miss.
     """
 
     def __init__(self, root: str | os.PathLike[str], fetch: Callable[[str], bytes]) -> None:
@@ -146,23 +149,23 @@ class DiskCache:
         self.hits = 0
         self.misses = 0
 
-    def path_for(self, url: str) -> Path:
-        """Local path of ``url``'s copy: a hash of the URL plus its file name, for readability."""
-        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-        name = url.rstrip("/").rsplit("/", 1)[-1] or "file"
-        return self.root / f"{digest}-{name}"
+    def path_for(self, rel: str) -> Path:
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ConfigError(f"disk cache {self.root}: expected a relative path inside the cache, got {rel!r}")
+        return self.root.joinpath(*parts)
 
-    def get(self, url: str) -> Path:
-        """The local copy of ``url``, fetched first if no process has done so yet."""
-        path = self.path_for(url)
+    def get(self, rel: str) -> Path:
+        """The local copy of ``rel``, fetched first if no process has done so yet."""
+        path = self.path_for(rel)
         if path.exists():
             self.hits += 1
             return path
         self.misses += 1
-        data = self._fetch(url)
+        data = self._fetch(rel)
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
         return path
 
-    def read(self, url: str) -> bytes:
-        return self.get(url).read_bytes()
+    def read(self, rel: str) -> bytes:
+        return self.get(rel).read_bytes()

@@ -16,6 +16,7 @@ next one and warns.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -86,6 +87,8 @@ class RayLoader:
         device: where batches are generated (``"cpu"``, ``"cuda"``...).
         num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread.
         cache_bytes: budget of the decoded-chunk LRU cache.
+        disk_cache: directory for local copies of a remote store's shards (shared by worker
+            processes, filled atomically); ignored for local stores.
         rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
         drop_last: see :mod:`raykit.loaders.plan`.
         mix_chunks: mixing-buffer size in chunks.
@@ -109,6 +112,7 @@ class RayLoader:
         device: Any = "cpu",
         num_workers: int = 0,
         cache_bytes: int = 512 << 20,
+        disk_cache: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = True,
@@ -123,7 +127,7 @@ class RayLoader:
                 f"loader: expected num_workers >= 0 and prefetch >= 1, got {num_workers}, {prefetch}"
             )
         self.store, self.split = store, split
-        self.source = as_source(store, split)
+        self.source = as_source(store, split, disk_cache)
         rank, world_size = distributed_rank(rank, world_size)
         self.plan = SamplingPlan(
             self.source.n_rays,

@@ -8,14 +8,17 @@ A chunk source is one split of something chunked: ``n_rays`` rays in ``n_chunks`
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from raykit.errors import ConfigError
+from raykit.loaders.cache import DiskCache
 from raykit.store.schema import RawRays
 
-__all__ = ["ChunkSource", "MemorySource", "StoreSource", "as_source"]
+__all__ = ["CachedStoreSource", "ChunkSource", "MemorySource", "StoreSource", "as_source", "is_remote"]
 
 
 @runtime_checkable
@@ -109,12 +112,72 @@ class StoreSource:
         self.__init__(open_store(state["url"]), state["split"])  # type: ignore[misc]
 
 
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names a remote store (an fsspec URL other than ``file://``)."""
+    return "://" in url and not url.startswith("file://")
+
+
+def payload_files(store: Any, split: str, index: int) -> list[str]:
+    """Relative paths of the payload files holding chunk ``index`` of ``split``."""
+    from raykit.store import wds_backend, zarr_backend
+
+    if store.backend == "wds":
+        return [wds_backend.shard_file(split, int(store.index[split]["shard"][index]))]
+    shard = index // int(store.manifest["layout"]["shard_chunks"])
+    return [zarr_backend.shard_file(split, spec, shard) for spec in store.fields.values()]
+
+
+class CachedStoreSource(StoreSource):
+    """A remote store's split read through an on-disk cache of whole payload files.
+
+    The store's metadata files are copied into ``cache_dir/<fingerprint>/`` when the source is made;
+    each payload file (a shard) is fetched whole the first time one of its chunks is needed, written
+    atomically, and read locally from then on. Worker processes given the same ``cache_dir`` share it.
+    """
+
+    def __init__(self, url: str, split: str, cache_dir: str | os.PathLike[str]) -> None:
+        import fsspec
+
+        from raykit.store import open_store
+
+        self.url, self.cache_dir = url, Path(cache_dir)
+        fs, base = fsspec.core.url_to_fs(url)
+        remote = open_store(url)
+        self.disk = DiskCache(self.cache_dir / remote.fingerprint[:16], lambda rel: fs.cat_file(f"{base}/{rel}"))
+        info = remote.splits.get(split)
+        payload = {rel for name, i in _all_chunks(remote) for rel in payload_files(remote, name, i)}
+        for rel in ["manifest.json", *(rel for rel in remote.files if rel not in payload)]:
+            self.disk.get(rel)
+        super().__init__(open_store(self.disk.root), split)
+        self.info = info if info is not None else self.info
+
+    def read_chunk(self, index: int) -> RawRays:
+        for rel in payload_files(self.store, self.split, index):
+            self.disk.get(rel)
+        return super().read_chunk(index)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "split": self.split, "cache_dir": str(self.cache_dir)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["split"], state["cache_dir"])  # type: ignore[misc]
+
+
+def _all_chunks(store: Any) -> list[tuple[str, int]]:
+    return [(name, i) for name, info in store.splits.items() for i in range(info.n_chunks)]
+
+
 def _where(store: Any) -> str:
     return str(getattr(store, "url", None) or getattr(store, "path", None) or "ray store")
 
 
-def as_source(store: Any, split: str) -> ChunkSource:
-    """``store`` if it is already a chunk source, else the split ``split`` of a ray store."""
+def as_source(store: Any, split: str, disk_cache: str | os.PathLike[str] | None = None) -> ChunkSource:
+    """``store`` if it is already a chunk source, else the split ``split`` of a ray store.
+
+    With ``disk_cache``, a remote store is read through a :class:`CachedStoreSource` there.
+    """
     if isinstance(store, ChunkSource) and not hasattr(store, "splits"):
         return store
+    if disk_cache is not None and is_remote(store.url):
+        return CachedStoreSource(store.url, split, disk_cache)
     return StoreSource(store, split)

@@ -69,14 +69,27 @@ def test_threads_never_exceed_budget() -> None:
 def test_disk_cache_fetches_once_and_atomically(tmp_path: Path) -> None:
     fetched = []
 
-    def fetch(url: str) -> bytes:
-        fetched.append(url)
-        return url.encode() * 3
+    def fetch(rel: str) -> bytes:
+        fetched.append(rel)
+        return rel.encode() * 3
 
     first = DiskCache(tmp_path / "c", fetch)
     second = DiskCache(tmp_path / "c", fetch)  # another process sharing the directory
-    path = first.get("http://h/x/shard-0.tar")
-    assert path.read_bytes() == b"http://h/x/shard-0.tar" * 3
-    assert second.read("http://h/x/shard-0.tar") == path.read_bytes()
-    assert fetched == ["http://h/x/shard-0.tar"] and second.hits == 1
-    assert [p.name for p in (tmp_path / "c").iterdir()] == [path.name]  # no temporary files left
+    path = first.get("wds/train-000000.tar")
+    assert path == tmp_path / "c" / "wds" / "train-000000.tar"
+    assert path.read_bytes() == b"wds/train-000000.tar" * 3
+    assert second.read("wds/train-000000.tar") == path.read_bytes()
+    assert fetched == ["wds/train-000000.tar"] and second.hits == 1
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left
+    for bad in ("../x", "/etc/passwd", ""):
+        with pytest.raises(ConfigError):
+            first.get(bad)
+
+
+def test_failed_fetch_leaves_nothing(tmp_path: Path) -> None:
+    def fetch(rel: str) -> bytes:
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError):
+        DiskCache(tmp_path, fetch).get("a/b.bin")
+    assert not (tmp_path / "a" / "b.bin").exists()
