@@ -10,8 +10,9 @@ Vectorised over leading dimensions; float32 and float64; any torch device.
 
 from __future__ import annotations
 
-import functools
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,11 +258,32 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-@functools.lru_cache(maxsize=32)
-def _cached_lut(camera: Camera, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _compute_lut(camera: Camera, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     # Pixel centres: integer pixel (x, y) -> COLMAP image coordinates (x + 0.5, y + 0.5).
     centers = pixel_grid(camera.width, camera.height, device).to(_compute_dtype(device)) + 0.5
     return unproject(camera, centers).to(dtype).contiguous()
+
+
+# Memoised direction tables, least recently used first, bounded by total bytes.
+_LUT_CACHE: OrderedDict[tuple[Camera, torch.dtype, torch.device], torch.Tensor] = OrderedDict()
+_LUT_CACHE_BYTES = 1 << 30
+_LUT_LOCK = threading.Lock()
+
+
+def _cached_lut(camera: Camera, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (camera, dtype, device)
+    with _LUT_LOCK:
+        if key in _LUT_CACHE:
+            _LUT_CACHE.move_to_end(key)
+            return _LUT_CACHE[key]
+    lut = _compute_lut(camera, dtype, device)
+    with _LUT_LOCK:
+        _LUT_CACHE[key] = lut
+        total = sum(t.numel() * t.element_size() for t in _LUT_CACHE.values())
+        while total > _LUT_CACHE_BYTES and len(_LUT_CACHE) > 1:
+            _, evicted = _LUT_CACHE.popitem(last=False)
+            total -= evicted.numel() * evicted.element_size()
+    return lut
 
 
 def direction_lut(
@@ -269,8 +291,9 @@ def direction_lut(
 ) -> torch.Tensor:
     """Unit camera-frame directions of every pixel centre, computed once per camera.
 
-    Computed in float64 (float32 on MPS) and memoised on ``(camera, dtype, device)``; the returned
-    tensor is shared, so never modify it in place.
+    Computed in float64 (float32 on MPS) and memoised on ``(camera intrinsics, dtype, device)``
+    (least recently used tables are dropped beyond 1 GiB); the returned tensor is shared, so never
+    modify it in place.
 
     Returns:
         (H, W, 3) tensor; ``lut[y, x]`` is the direction through the centre of pixel ``(x, y)``.
