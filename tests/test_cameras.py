@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pycolmap
@@ -255,6 +256,7 @@ def test_registry_matches_colmap(model: str) -> None:
 def test_dict_round_trip_and_model_id(model: str) -> None:
     camera = random_camera(model, 6)
     assert Camera.from_dict(camera.to_dict()) == camera
+    assert pickle.loads(pickle.dumps(camera)) == camera  # loader workers receive cameras pickled
     by_id = Camera(camera.model_id, camera.width, camera.height, camera.params)  # type: ignore[arg-type]
     assert by_id.model == model
     assert Camera.from_dict({k: v for k, v in camera.to_dict().items() if k != "model"}) == camera
