@@ -200,6 +200,12 @@ def test_dask_executor_gives_same_bytes(tmp_path: Path, records, scene: SceneInf
         distributed.Client(cluster) as client,
     ):
         write_store(
-            tmp_path / "dask", records, scene=scene, backend="wds", executor=client.get_executor(), **OPTIONS
+            tmp_path / "dask",
+            records,
+            scene=scene,
+            backend="wds",
+            executor=client.get_executor(),
+            progress=True,
+            **OPTIONS,
         )
     assert _tree(tmp_path / "serial") == _tree(tmp_path / "dask")
