@@ -289,3 +289,18 @@ def test_random_corruption_raises_only_source_error(written: tuple, tmp_path: Pa
             outcomes.add("error")
         path.write_bytes(originals[path])
     assert "error" in outcomes
+
+
+@pytest.mark.parametrize("form", ["bin", "txt"])
+def test_skipping_points2d_keeps_everything_else(written: tuple, form: str) -> None:
+    _, bin_dir, txt_dir = written
+    full = read_model(bin_dir if form == "bin" else txt_dir)
+    light = read_model(bin_dir if form == "bin" else txt_dir, load_points2d=False)
+    assert all(im.points2d is None and im.point3d_ids is None for im in light.images.values())
+    assert light.cameras == full.cameras and light.points3d == full.points3d and light.frames == full.frames
+    for iid, image in full.images.items():
+        assert (light.images[iid].name, light.images[iid].qvec, light.images[iid].tvec) == (
+            image.name,
+            image.qvec,
+            image.tvec,
+        )
