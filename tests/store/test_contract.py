@@ -323,3 +323,20 @@ class TestWebDatasetMaterialized(WebDatasetNative, StoreContract):
 
 def test_errors_are_raykit_errors() -> None:
     assert issubclass(RayRangeError, RaykitError) and issubclass(RayRangeError, IndexError)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batches_on_cuda_match_cpu(tmp_path: Path, records, scene: SceneInfo) -> None:
+    store = write_store(
+        tmp_path / "s", records, scene=scene, chunk_rays=CHUNK_RAYS, shard_chunks=SHARD_CHUNKS
+    )
+    raw = store.read_chunk("train", 0)
+    cpu, gpu = store.to_batch(raw, "cpu"), store.to_batch(raw, "cuda")
+    assert gpu.origins.is_cuda and gpu.rgb.is_cuda
+    for name in ("origins", "directions", "rgb", "alpha", "image", "pixel", "near", "far", "z_scale"):
+        torch.testing.assert_close(getattr(gpu, name).cpu(), getattr(cpu, name), atol=1e-5, rtol=1e-5)
+    name = store.images("val")[0]
+    torch.testing.assert_close(
+        store.image_rays(name, "cuda").directions.cpu(), store.image_rays(name).directions
+    )
