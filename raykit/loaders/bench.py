@@ -40,8 +40,11 @@ def shuffle_quality(image_ids: list[np.ndarray], n_pixels: np.ndarray) -> dict[s
     """Mixing of batches: mean distinct images per batch vs a uniform draw (ratio 1.0 is ideal)."""
     distinct = np.array([len(np.unique(ids)) for ids in image_ids], dtype=np.float64)
     expected = expected_distinct_images(n_pixels, len(image_ids[0]))
-    return {"distinct_images": float(distinct.mean()), "uniform_expected": expected,
-            "ratio": float(distinct.mean() / expected)}
+    return {
+        "distinct_images": float(distinct.mean()),
+        "uniform_expected": expected,
+        "ratio": float(distinct.mean() / expected),
+    }
 
 
 def _rate(rays: int, seconds: float, bytes_per_ray: float) -> dict[str, float]:
@@ -92,7 +95,10 @@ def _stage_generate(store: Any, raws: list[RawRays], device: Any, bytes_per_ray:
 def _stage_h2d(raws: list[RawRays], device: torch.device, bytes_per_ray: float) -> dict[str, float] | None:
     if device.type != "cuda":
         return None
-    pinned = [(torch.from_numpy(r.rgba).pin_memory(), torch.from_numpy(r.pid.view(np.int32)).pin_memory()) for r in raws]
+    pinned = [
+        (torch.from_numpy(r.rgba).pin_memory(), torch.from_numpy(r.pid.view(np.int32)).pin_memory())
+        for r in raws
+    ]
     torch.cuda.synchronize(device)
     start = time.perf_counter()
     for rgba, pid in pinned:
@@ -115,8 +121,13 @@ def run_bench(
     device = torch.device(device)
     info = store.splits[split]
     bytes_per_ray = store.fields["rgba"].channels + 4
-    kwargs = {"batch_size": batch_size, "seed": seed, "device": device, "num_workers": workers,
-              "cache_bytes": int(cache_mb * MB)}
+    kwargs = {
+        "batch_size": batch_size,
+        "seed": seed,
+        "device": device,
+        "num_workers": workers,
+        "cache_bytes": int(cache_mb * MB),
+    }
     loader = RayLoader(store, split, **kwargs)
     batches = max(1, min(batches, len(loader)))
     cold = _end_to_end(loader, batches, bytes_per_ray)
@@ -143,8 +154,15 @@ def run_bench(
         "backend": store.backend,
         "split": split,
         "n_rays": info.n_rays,
-        "settings": {"batch_size": batch_size, "workers": workers, "cache_mb": cache_mb, "device": str(device),
-                     "batches": batches, "seed": seed, "torch_threads": torch.get_num_threads()},
+        "settings": {
+            "batch_size": batch_size,
+            "workers": workers,
+            "cache_mb": cache_mb,
+            "device": str(device),
+            "batches": batches,
+            "seed": seed,
+            "torch_threads": torch.get_num_threads(),
+        },
         "cold": cold,
         "warm": warm,
         "cache": cache,
@@ -158,23 +176,37 @@ def format_table(report: dict[str, Any]) -> str:
     rows = [("stage", "rays/s", "MB/s", "seconds")]
     for name in ("cold", "warm"):
         r = report[name]
-        rows.append((f"end-to-end {name}", f"{r['rays_per_s'] / 1e6:.2f} M", f"{r['mb_per_s']:.0f}", f"{r['seconds']:.3f}"))
+        rows.append(
+            (
+                f"end-to-end {name}",
+                f"{r['rays_per_s'] / 1e6:.2f} M",
+                f"{r['mb_per_s']:.0f}",
+                f"{r['seconds']:.3f}",
+            )
+        )
     for name, r in report["stages"].items():
         if r is not None:
-            rows.append((name, f"{r['rays_per_s'] / 1e6:.2f} M", f"{r['mb_per_s']:.0f}", f"{r['seconds']:.3f}"))
+            rows.append(
+                (name, f"{r['rays_per_s'] / 1e6:.2f} M", f"{r['mb_per_s']:.0f}", f"{r['seconds']:.3f}")
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     s = report["settings"]
-    header = (f"{report['store']} ({report['backend']}, split {report['split']}, {report['n_rays']} rays) "
-              f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_mb']} MB, {s['device']}")
+    header = (
+        f"{report['store']} ({report['backend']}, split {report['split']}, {report['n_rays']} rays) "
+        f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_mb']} MB, {s['device']}"
+    )
     q = report["shuffle_quality"]
     footer = [
-        f"first batch: cold {report['cold']['first_batch_s'] * 1e3:.1f} ms, warm {report['warm']['first_batch_s'] * 1e3:.1f} ms",
+        f"first batch: cold {report['cold']['first_batch_s'] * 1e3:.1f} ms, "
+        f"warm {report['warm']['first_batch_s'] * 1e3:.1f} ms",
         f"cache: hit rate {report['cache']['hit_rate']:.2f}, {report['cache']['bytes'] / MB:.1f} MB held",
     ]
     if q is not None:
-        footer.append(f"shuffle quality: {q['distinct_images']:.1f} distinct images per batch, "
-                      f"{q['uniform_expected']:.1f} for a uniform draw (ratio {q['ratio']:.3f})")
+        footer.append(
+            f"shuffle quality: {q['distinct_images']:.1f} distinct images per batch, "
+            f"{q['uniform_expected']:.1f} for a uniform draw (ratio {q['ratio']:.3f})"
+        )
     return "\n".join([header, *lines, *footer])
 
 

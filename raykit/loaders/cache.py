@@ -152,7 +152,9 @@ class DiskCache:
     def path_for(self, rel: str) -> Path:
         parts = Path(rel).parts
         if not parts or Path(rel).is_absolute() or ".." in parts:
-            raise ConfigError(f"disk cache {self.root}: expected a relative path inside the cache, got {rel!r}")
+            raise ConfigError(
+                f"disk cache {self.root}: expected a relative path inside the cache, got {rel!r}"
+            )
         return self.root.joinpath(*parts)
 
     def get(self, rel: str) -> Path:

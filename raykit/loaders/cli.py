@@ -13,7 +13,8 @@ __all__ = ["register", "run"]
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "bench", help="measure loader throughput by stage, cold and warm",
+        "bench",
+        help="measure loader throughput by stage, cold and warm",
         description="Measure rays/s and MB/s of loading a ray store: cold and warm, by stage "
         "(read+decompress, shuffle/gather, ray generation, host-to-device), and the shuffle quality.",
     )
@@ -21,7 +22,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--split", default="train", help="split to read (default: train)")
     parser.add_argument("--batch-size", type=int, default=4096, help="rays per batch (default: 4096)")
     parser.add_argument("--workers", type=int, default=0, help="chunk-reading worker processes (default: 0)")
-    parser.add_argument("--cache-mb", type=float, default=512, help="decoded-chunk cache budget in MB (default: 512)")
+    parser.add_argument(
+        "--cache-mb", type=float, default=512, help="decoded-chunk cache budget in MB (default: 512)"
+    )
     parser.add_argument("--device", default="cpu", help="where rays are generated (default: cpu)")
     parser.add_argument("--batches", type=int, default=200, help="batches per measurement (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
@@ -35,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from raykit.store import open_store
 
     report = run_bench(
-        open_store(args.store), split=args.split, batch_size=args.batch_size, workers=args.workers,
-        cache_mb=args.cache_mb, device=args.device, batches=args.batches, seed=args.seed,
+        open_store(args.store),
+        split=args.split,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        cache_mb=args.cache_mb,
+        device=args.device,
+        batches=args.batches,
+        seed=args.seed,
     )
     print(format_table(report))
     if args.json:

@@ -16,6 +16,7 @@ next one and warns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -44,7 +45,7 @@ _DONE = object()
 
 
 def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: the given values, else ``torch.distributed``'s when initialised, else (0, 1)."""
+    """``(rank, world_size)``: as given, else ``torch.distributed``'s when initialised, else (0, 1)."""
     if rank is not None and world_size is not None:
         return rank, world_size
     import torch.distributed as dist
@@ -175,10 +176,8 @@ class RayLoader:
         finally:
             stop.set()
             while thread.is_alive():
-                try:
+                with contextlib.suppress(queue.Empty):
                     items.get(timeout=0.05)
-                except queue.Empty:
-                    pass
             thread.join()
 
     def forever(self) -> Iterator[Any]:

@@ -233,7 +233,7 @@ def reference_epoch_ray_ids(plan: SamplingPlan, epoch: int) -> list[np.ndarray]:
     Returns:
         ``n_batches`` int64 arrays of ray ids.
     """
-    sequence = []
+    sequence: list[int] = []
     for chunk in plan.chunk_order(epoch).tolist():
         size = min(plan.chunk_rays, plan.n_rays - chunk * plan.chunk_rays)
         sequence.extend(chunk * plan.chunk_rays + offset for offset in range(size))

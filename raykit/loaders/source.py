@@ -143,7 +143,9 @@ class CachedStoreSource(StoreSource):
         self.url, self.cache_dir = url, Path(cache_dir)
         fs, base = fsspec.core.url_to_fs(url)
         remote = open_store(url)
-        self.disk = DiskCache(self.cache_dir / remote.fingerprint[:16], lambda rel: fs.cat_file(f"{base}/{rel}"))
+        self.disk = DiskCache(
+            self.cache_dir / remote.fingerprint[:16], lambda rel: fs.cat_file(f"{base}/{rel}")
+        )
         info = remote.splits.get(split)
         payload = {rel for name, i in _all_chunks(remote) for rel in payload_files(remote, name, i)}
         for rel in ["manifest.json", *(rel for rel in remote.files if rel not in payload)]:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ def _open(store: Any) -> Any:
     return open_store(store) if isinstance(store, str) else store
 
 
-class RayIterableDataset(IterableDataset):  # type: ignore[type-arg]
+class RayIterableDataset(IterableDataset[RayBatch]):
     """Batches of :class:`RayLoader` as an ``IterableDataset`` (CPU batches; pin and move them yourself).
 
     Args:
@@ -73,7 +74,7 @@ class RayIterableDataset(IterableDataset):  # type: ignore[type-arg]
                 yield loader.make_batch(raw)
 
 
-class RayDataset(Dataset):  # type: ignore[type-arg]
+class RayDataset(Dataset[RayBatch]):
     """Single rays of a split in stored order (ray ``i`` is ray ``i % chunk_rays`` of its chunk).
 
     Args:
@@ -110,7 +111,7 @@ class RayDataset(Dataset):  # type: ignore[type-arg]
         pid = np.empty(len(ids), np.uint32)
         for c in np.unique(chunk).tolist():
             rows = np.flatnonzero(chunk == c)
-            raw = self.cache.get_or_load(c, lambda c=c: self.store.read_chunk(self.split, c))
+            raw = self.cache.get_or_load(c, functools.partial(self.store.read_chunk, self.split, c))
             offset = ids[rows] - c * self.info.chunk_rays
             rgba[rows], pid[rows] = raw.rgba[offset], raw.pid[offset]
         if self._batcher is None:
@@ -129,7 +130,7 @@ def collate_rays(items: Any) -> RayBatch:
     if isinstance(items, RayBatch):
         return items
     first = items[0]
-    values = {
+    values: dict[str, Any] = {
         name: None if getattr(first, name) is None else torch.cat([getattr(b, name) for b in items])
         for name in first.__dataclass_fields__
     }

@@ -8,6 +8,7 @@ changes its contents, so batches do not depend on ``num_workers``.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -60,18 +61,18 @@ class ChunkFetcher:
         """Yield ``(index, chunk)`` for every index, in order, reading ahead on the pool."""
         if self._pool is None:
             for index in indices:
-                yield index, self.cache.get_or_load(index, lambda i=index: self.source.read_chunk(i))
+                yield index, self.cache.get_or_load(index, functools.partial(self.source.read_chunk, index))
             return
         pending: deque[tuple[int, Future[RawRays] | RawRays]] = deque()
         iterator = iter(indices)
         exhausted = False
         while True:
             while not exhausted and len(pending) < self.lookahead:
-                index = next(iterator, None)
-                if index is None:
+                upcoming = next(iterator, None)
+                if upcoming is None:
                     exhausted = True
                     break
-                pending.append((index, self._submit(index)))
+                pending.append((upcoming, self._submit(upcoming)))
             if not pending:
                 return
             index, item = pending.popleft()

@@ -34,7 +34,9 @@ def make_records(n_train: int, n_test: int, width: int = WIDTH, height: int = HE
 
 def build_store(path: Path, backend: str, n_train: int = 6, n_test: int = 2, chunk_rays: int = 128) -> Any:
     records = make_records(n_train, n_test)
-    return write_store(path, records, scene=SceneInfo(), backend=backend, chunk_rays=chunk_rays, shard_chunks=4)
+    return write_store(
+        path, records, scene=SceneInfo(), backend=backend, chunk_rays=chunk_rays, shard_chunks=4
+    )
 
 
 @pytest.fixture(scope="session")

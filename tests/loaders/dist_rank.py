@@ -22,8 +22,9 @@ def main(rank: int, world: int, url: str, out: str) -> None:
 
 
 def one_epoch(rank: int, world: int, url: str, out: str, drop_last: bool) -> None:
-    loader = RayLoader(open_store(url), "train", batch_size=96, seed=11, drop_last=drop_last,
-                       make_batch=lambda raw: raw)
+    loader = RayLoader(
+        open_store(url), "train", batch_size=96, seed=11, drop_last=drop_last, make_batch=lambda raw: raw
+    )
     gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(gathered, torch.tensor([len(loader)]))
     pids, sizes = [], []
@@ -31,8 +32,13 @@ def one_epoch(rank: int, world: int, url: str, out: str, drop_last: bool) -> Non
         dist.barrier()
         pids.append(batch.pid)
         sizes.append(len(batch))
-    np.savez(f"{out}/rank{rank}_{int(drop_last)}.npz", pids=np.concatenate(pids), sizes=np.array(sizes),
-             counts=torch.cat(gathered).numpy(), world=np.array([loader.plan.world_size]))
+    np.savez(
+        f"{out}/rank{rank}_{int(drop_last)}.npz",
+        pids=np.concatenate(pids),
+        sizes=np.array(sizes),
+        counts=torch.cat(gathered).numpy(),
+        world=np.array([loader.plan.world_size]),
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,16 @@ def _rss() -> int:
 
 def main(url: str, cache_bytes: int) -> None:
     torch.set_num_threads(1)
-    loader = RayLoader(open_store(url), "train", batch_size=4096, seed=0, cache_bytes=cache_bytes,
-                       mix_chunks=2, group_rays=16384, prefetch=2)
+    loader = RayLoader(
+        open_store(url),
+        "train",
+        batch_size=4096,
+        seed=0,
+        cache_bytes=cache_bytes,
+        mix_chunks=2,
+        group_rays=16384,
+        prefetch=2,
+    )
     batches = loader.forever()
     next(batches)
     baseline = peak = _rss()
@@ -32,8 +40,9 @@ def main(url: str, cache_bytes: int) -> None:
         next(batches)
         peak = max(peak, _rss())
     stats = loader.cache_stats()
-    print(json.dumps({"baseline": baseline, "peak": peak, "cache_bytes": stats.bytes,
-                      "misses": stats.misses}))
+    print(
+        json.dumps({"baseline": baseline, "peak": peak, "cache_bytes": stats.bytes, "misses": stats.misses})
+    )
 
 
 if __name__ == "__main__":

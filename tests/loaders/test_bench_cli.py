@@ -21,8 +21,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_bench_command_writes_json_and_png(stores: dict[str, Any], tmp_path: Path, capsys: Any) -> None:
-    args = _parser().parse_args(["bench", stores["wds"].url, "--batch-size", "64", "--batches", "10",
-                                 "--cache-mb", "1", "--json", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png")])
+    args = _parser().parse_args(
+        [
+            "bench",
+            stores["wds"].url,
+            "--batch-size",
+            "64",
+            "--batches",
+            "10",
+            "--cache-mb",
+            "1",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--png",
+            str(tmp_path / "r.png"),
+        ]
+    )
     assert args.func(args) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["backend"] == "wds" and report["settings"]["batch_size"] == 64

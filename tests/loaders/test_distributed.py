@@ -19,14 +19,19 @@ def rank_results(stores: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
     """Run both ranks once (one epoch with drop_last False, then True); their outputs' directory."""
     out = tmp_path_factory.mktemp("ranks")
     url = stores["zarr"].url
-    procs = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(r), str(WORLD), url, str(out)]) for r in range(WORLD)]
+    procs = [
+        subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(r), str(WORLD), url, str(out)])
+        for r in range(WORLD)
+    ]
     codes = [p.wait(timeout=120) for p in procs]
     assert codes == [0] * WORLD
     return out
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_two_gloo_ranks_partition_the_split(stores: dict[str, Any], rank_results: Path, drop_last: bool) -> None:
+def test_two_gloo_ranks_partition_the_split(
+    stores: dict[str, Any], rank_results: Path, drop_last: bool
+) -> None:
     store = stores["zarr"]
     results = [np.load(rank_results / f"rank{r}_{int(drop_last)}.npz") for r in range(WORLD)]
     assert all(int(r["world"][0]) == WORLD for r in results)  # taken from torch.distributed

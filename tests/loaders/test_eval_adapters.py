@@ -43,8 +43,13 @@ def test_map_dataset_gathers_batches(stores: dict[str, Any]) -> None:
     store = stores["zarr"]
     dataset = RayDataset(store.url, "train", cache_bytes=1 << 20)
     everything = store.read("train", 0, len(dataset))
-    loader = DataLoader(dataset, batch_size=50, shuffle=True, collate_fn=collate_rays,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        dataset,
+        batch_size=50,
+        shuffle=True,
+        collate_fn=collate_rays,
+        generator=torch.Generator().manual_seed(0),
+    )
     seen = []
     for batch in loader:
         seen.append(batch.image * 10**6 + batch.pixel[:, 1] * 1000 + batch.pixel[:, 0])

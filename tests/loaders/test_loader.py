@@ -1,4 +1,4 @@
-"""RayLoader on real stores: batches follow the plan, equal for any worker count and backend, resume exactly."""
+"""RayLoader on real stores: batches follow the plan, equal for any workers and backend, resume exactly."""
 
 from __future__ import annotations
 

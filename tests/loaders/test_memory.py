@@ -22,12 +22,19 @@ MB = 1 << 20
 def big_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """3 M rays (24 MB decoded), 16 K rays per chunk."""
     path = tmp_path_factory.mktemp("big") / "store"
-    return write_store(path, make_records(12, 0, 500, 500), scene=SceneInfo(), chunk_rays=16384, shard_chunks=8)
+    return write_store(
+        path, make_records(12, 0, 500, 500), scene=SceneInfo(), chunk_rays=16384, shard_chunks=8
+    )
 
 
 def _probe(url: str, cache_bytes: int) -> dict[str, int]:
-    out = subprocess.run([sys.executable, str(PROBE), url, str(cache_bytes)], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, str(PROBE), url, str(cache_bytes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 

@@ -39,7 +39,9 @@ def test_fast_path_matches_reference(
     if drop_last and n_rays // world_size < batch_size:
         batch_size = max(1, n_rays // world_size)
     for rank in range(world_size):
-        plan = SamplingPlan(n_rays, chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank, mix_run)
+        plan = SamplingPlan(
+            n_rays, chunk_rays, batch_size, seed, shuffle, drop_last, mix_chunks, world_size, rank, mix_run
+        )
         for epoch in (0, 3):
             reference = reference_epoch_ray_ids(plan, epoch)
             fast = [plan.batch_ray_ids(epoch, k) for k in range(plan.n_batches)]
@@ -51,7 +53,9 @@ def test_fast_path_matches_reference(
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize(("n_rays", "world_size", "batch_size"), [(1000, 2, 64), (1001, 3, 50), (999, 2, 7)])
 def test_ranks_share_the_split(n_rays: int, world_size: int, batch_size: int, drop_last: bool) -> None:
-    plans = [SamplingPlan(n_rays, 37, batch_size, 1, True, drop_last, 3, world_size, r) for r in range(world_size)]
+    plans = [
+        SamplingPlan(n_rays, 37, batch_size, 1, True, drop_last, 3, world_size, r) for r in range(world_size)
+    ]
     assert len({p.n_batches for p in plans}) == 1
     seen = np.concatenate([p.batch_ray_ids(2, k) for p in plans for k in range(p.n_batches)])
     assert len(np.unique(seen)) == len(seen)  # no ray twice

@@ -42,14 +42,25 @@ def server(stores: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("backend", ["zarr", "wds"])
-def test_remote_store_through_disk_cache(stores: dict[str, Any], server: tuple[str, list[str]], tmp_path: Path,
-                                         backend: str) -> None:
+def test_remote_store_through_disk_cache(
+    stores: dict[str, Any], server: tuple[str, list[str]], tmp_path: Path, backend: str
+) -> None:
     base, requests = server
     remote = open_store(f"{base}/{backend}")
-    expected = [b.pid for b in RayLoader(stores[backend], "train", batch_size=100, seed=3, make_batch=lambda r: r)]
+    expected = [
+        b.pid for b in RayLoader(stores[backend], "train", batch_size=100, seed=3, make_batch=lambda r: r)
+    ]
     for workers in (0, 1):
-        loader = RayLoader(remote, "train", batch_size=100, seed=3, disk_cache=tmp_path, num_workers=workers,
-                           cache_bytes=0, make_batch=lambda r: r)
+        loader = RayLoader(
+            remote,
+            "train",
+            batch_size=100,
+            seed=3,
+            disk_cache=tmp_path,
+            num_workers=workers,
+            cache_bytes=0,
+            make_batch=lambda r: r,
+        )
         got = [b.pid for b in loader]
         loader.close()
         assert len(got) == len(expected)
@@ -57,8 +68,12 @@ def test_remote_store_through_disk_cache(stores: dict[str, Any], server: tuple[s
             np.testing.assert_array_equal(a, b)
         if workers == 0:
             shard_requests = [r for r in requests if "/c/" in r or r.endswith(".tar")]
-            assert shard_requests and len(shard_requests) == len(set(shard_requests))  # each shard fetched once
+            assert shard_requests and len(shard_requests) == len(
+                set(shard_requests)
+            )  # each shard fetched once
             requests.clear()
     assert not [r for r in requests if "/c/" in r or r.endswith(".tar")]  # the worker read the shared cache
     cached = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name == "manifest.json" for p in cached) and not [p for p in cached if p.name.endswith(".tmp")]
+    assert any(p.name == "manifest.json" for p in cached) and not [
+        p for p in cached if p.name.endswith(".tmp")
+    ]
