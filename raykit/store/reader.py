@@ -22,7 +22,7 @@ import torch
 
 from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.store import wds_backend, zarr_backend
-from raykit.store.integrity import chunk_crc32
+from raykit.store.integrity import chunk_crc32, json_digest
 from raykit.store.schema import (
     FieldSpec,
     RawRays,
@@ -67,23 +67,33 @@ class RayStore:
         self.url = url
         self._fs, self._root = fsspec.core.url_to_fs(url)
         self.manifest: dict[str, Any] = self._read_manifest()
-        self.backend: str = self.manifest["backend"]
-        self.fields = FieldSpec.parse_all(self.manifest["fields"], self._where("manifest.json"))
-        names = sorted(self.manifest["splits"], key=split_sort_key)
-        self.splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
-        self.scene = SceneInfo.from_dict(self.manifest["scene"])
-        self.fingerprint: str = self.manifest["content_fingerprint"]
         self._checked: set[str] = set()
-        small = {rel: self.read_verified(rel) for rel in self._metadata_files()}
-        self.cameras: pa.Table = read_camera_table(small["cameras.parquet"], self._where("cameras.parquet"))
-        self.index: dict[str, Any] = json.loads(small["index.json"])
-        self._crc = {k: np.asarray(v["crc32"], dtype=np.int64) for k, v in self.index.items()}
+        try:
+            self._parse_manifest()
+            small = {rel: self.read_verified(rel) for rel in self._metadata_files()}
+            self.cameras: pa.Table = read_camera_table(
+                small["cameras.parquet"], self._where("cameras.parquet")
+            )
+            self.index: dict[str, Any] = json.loads(small["index.json"])
+            self._crc = {k: np.asarray(self.index[k]["crc32"], dtype=np.int64) for k in self.splits}
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
         self._payload: Any = self._open_payload()
         self._generators: dict[str, Any] = {}
         if verify:
             self.verify_files()
 
     # -- opening -----------------------------------------------------------------------------------
+    def _parse_manifest(self) -> None:
+        self.backend: str = self.manifest["backend"]
+        self.fields = FieldSpec.parse_all(self.manifest["fields"], self._where("manifest.json"))
+        names = sorted(self.manifest["splits"], key=split_sort_key)
+        self.splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
+        self.scene = SceneInfo.from_dict(self.manifest["scene"])
+        self.fingerprint: str = self.manifest["content_fingerprint"]
+
     def _where(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
@@ -100,6 +110,9 @@ class RayStore:
         if not isinstance(manifest, dict):
             raise StoreCorruptError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
         check_manifest_header(manifest, where)
+        body = {k: v for k, v in manifest.items() if k != "manifest_digest"}
+        if manifest.get("manifest_digest") != json_digest(body):
+            raise StoreCorruptError(f"{where}: manifest_digest does not match the manifest's content")
         return manifest
 
     def _no_manifest_message(self) -> str:

@@ -329,6 +329,7 @@ def _write_payload_and_commit(
             table, scene.to_dict(), split_dicts, field_dicts, {k: v["crc32"] for k, v in index.items()}
         ),
     }
+    manifest["manifest_digest"] = json_digest(manifest)
     atomic_write_json(partial / "manifest.json", manifest)
     return _commit(partial, dst, overwrite)
 

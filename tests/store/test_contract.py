@@ -202,6 +202,16 @@ class StoreContract:
             open_store(scratch)
         assert validate_store(scratch) and rel in validate_store(scratch)[0]
 
+    def test_any_flipped_manifest_byte_is_refused(self, scratch: Path) -> None:
+        path = scratch / "manifest.json"
+        original = path.read_bytes()
+        for offset in np.random.default_rng(0).choice(len(original), 40, replace=False).tolist():
+            _flip_byte(path, offset)
+            with pytest.raises(RaykitError):
+                open_store(scratch)
+            path.write_bytes(original)
+        assert open_store(scratch).fingerprint
+
     def test_truncated_shard(self, scratch: Path) -> None:
         rel = next(iter(_payload_kinds(open_store(scratch)).values()))
         path = scratch / rel
