@@ -1,0 +1,275 @@
+"""Loader benchmark: raykit's RayLoader against two classic ways of feeding a NeRF, on the same data.
+
+The built-in "realistic" scene (800x800; 100 train views) is rendered once, written in Blender form
+(``benchmarks/data/convert-realistic-0`` is reused when the conversion benchmark made it) and converted
+to a Zarr store under ``benchmarks/data/loader-realistic-0/``. Batch 4096, CPU, torch on 2 threads.
+
+* ``raykit``: ``RayLoader`` (compact cached chunks, mixing windows, grouped on-device generation),
+  each case in its own subprocess so that its peak RSS is its own. Time to first batch counts from a
+  closed store (``open_store`` + ``RayLoader`` + first batch); steady state is measured in epoch 1,
+  after epoch 0 filled the cache. Host bytes per cached ray: cache bytes / cached rays, and the RSS
+  growth over epoch 0 / rays. The "4x" case gives the cache a quarter of the split's decoded size.
+* baseline ``a`` (vanilla NeRF): decode every PNG to float32, generate every ray, keep
+  origins+directions+rgba (40 B/ray), reshuffle the whole array each epoch and slice batches; the
+  reshuffle is amortised into its rays/s.
+* baseline ``b`` (nerfstudio-like): decode every PNG to float32 RGB (12 B/ray), then per batch draw
+  random pixels and generate their rays with the same ``RayGenerator``.
+
+    /work/venv/bin/python benchmarks/bench_loader.py                  # the full benchmark
+    /work/venv/bin/python benchmarks/bench_loader.py --size small --batches 300 --out /tmp/l.json
+
+Results go to ``benchmarks/results/loader.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent
+BATCH = 4096
+MB = 1 << 20
+
+
+def build_capture(size: str, seed: int) -> Path:
+    """The Blender capture of the built-in scene (rendered once, reused afterwards)."""
+    shared = ROOT / "data" / f"convert-{size}-{seed}"
+    if (shared / "transforms_test.json").exists():
+        return shared
+    path = ROOT / "data" / f"loader-{size}-{seed}" / "capture"
+    if (path / "transforms_test.json").exists():
+        return path
+    from raykit.scene import render_scene, write_blender
+
+    scene = render_scene(size, seed=seed, workers=2)
+    tmp = path.with_name("capture.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_blender(scene, tmp)
+    tmp.rename(path)
+    return path
+
+
+def build_store(capture: Path, size: str, seed: int) -> Path:
+    from raykit.converters import convert
+
+    path = ROOT / "data" / f"loader-{size}-{seed}" / "store.zarr"
+    if not (path / "manifest.json").exists():
+        convert(capture, path)
+    return path
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---- raykit, one case per subprocess ---------------------------------------------------------------
+def raykit_case(store_path: str, cache_bytes: int, batches: int) -> dict[str, Any]:
+    from raykit.loaders import RayLoader
+    from raykit.store import open_store
+
+    rss_start = _rss()
+    start = time.perf_counter()
+    store = open_store(store_path)
+    loader = RayLoader(store, "train", batch_size=BATCH, seed=0, cache_bytes=cache_bytes)
+    epoch = iter(loader)
+    next(epoch)
+    first = time.perf_counter() - start
+    rss_before = _rss()
+    warm_start = time.perf_counter()
+    for _ in epoch:  # the rest of epoch 0 fills the cache
+        pass
+    epoch0 = time.perf_counter() - warm_start
+    rss_after = _rss()
+    stats = loader.cache_stats()
+    cached_rays = stats.items * store.splits["train"].chunk_rays
+    rays = 0
+    start = time.perf_counter()
+    for _, batch in zip(range(batches), iter(loader), strict=False):
+        rays += len(batch)
+    steady = time.perf_counter() - start
+    loader.close()
+    return {
+        "cache_bytes_budget": cache_bytes,
+        "time_to_first_batch_s": first,
+        "epoch0_rays_per_s": len(loader) * BATCH / epoch0,
+        "steady_rays_per_s": rays / steady,
+        "steady_batches": batches,
+        "cache": stats.to_dict(),
+        "host_bytes_per_cached_ray": stats.bytes / max(cached_rays, 1),
+        "rss_growth_per_cached_ray": (rss_after - rss_before) / max(cached_rays, 1),
+        "rss_start_bytes": rss_start,
+        "peak_rss_bytes": _peak_rss(),
+        "loader_seconds": dict(loader.seconds),
+    }
+
+
+def run_raykit_case(store: Path, cache_bytes: int, batches: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--case", str(store), str(cache_bytes), str(batches)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- baselines ---------------------------------------------------------------------------------------
+def _train_images(store: Any, capture: Path) -> list[tuple[int, Path]]:
+    return [(store.image_index(name), capture / name) for name in store.images("train")]
+
+
+def _decode(path: Path, channels: int) -> np.ndarray:
+    with Image.open(path) as img:
+        mode = "RGBA" if channels == 4 else "RGB"
+        return np.asarray(img.convert(mode), dtype=np.float32) / 255.0
+
+
+def baseline_a(store: Any, capture: Path, batches: int) -> dict[str, Any]:
+    """Decode everything, precompute every ray, reshuffle per epoch, slice."""
+    gen = store.ray_generator("cpu")
+    start = time.perf_counter()
+    images = _train_images(store, capture)
+    h, w = (int(v) for v in (store.table.height[images[0][0]], store.table.width[images[0][0]]))
+    n = len(images) * h * w
+    rays = np.empty((n, 10), dtype=np.float32)  # origins, directions, rgba
+    ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    pixel = torch.from_numpy(np.stack([xs.ravel(), ys.ravel()], -1))
+    for i, (row, path) in enumerate(images):
+        block = rays[i * h * w : (i + 1) * h * w]
+        block[:, 6:] = _decode(path, 4).reshape(-1, 4)
+        out = gen.generate(torch.full((h * w,), row, dtype=torch.int64), pixel)
+        block[:, 0:3], block[:, 3:6] = out.origins.numpy(), out.directions.numpy()
+    rng = np.random.default_rng(0)
+    perm_start = time.perf_counter()
+    perm = rng.permutation(n)
+    perm_s = time.perf_counter() - perm_start
+    first_batch = torch.from_numpy(rays[perm[:BATCH]])
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for k in range(1, batches + 1):
+        batch = torch.from_numpy(rays[perm[k * BATCH : (k + 1) * BATCH]])
+    loop = time.perf_counter() - start
+    per_ray = loop / (batches * BATCH) + perm_s / n
+    del first_batch, batch
+    return {
+        "time_to_first_batch_s": first,
+        "steady_rays_per_s": 1.0 / per_ray,
+        "reshuffle_s": perm_s,
+        "host_bytes_per_cached_ray": rays.nbytes / n,
+        "steady_batches": batches,
+    }
+
+
+def baseline_b(store: Any, capture: Path, batches: int) -> dict[str, Any]:
+    """Cache decoded float32 RGB images; per batch draw random pixels and generate their rays."""
+    gen = store.ray_generator("cpu")
+    start = time.perf_counter()
+    images = _train_images(store, capture)
+    rgb = torch.from_numpy(np.stack([_decode(path, 3) for _, path in images]))
+    rows = torch.tensor([row for row, _ in images])
+    n_img, h, w, _ = rgb.shape
+    g = torch.Generator().manual_seed(0)
+
+    def one_batch() -> tuple[torch.Tensor, ...]:
+        i = torch.randint(0, n_img, (BATCH,), generator=g)
+        y = torch.randint(0, h, (BATCH,), generator=g)
+        x = torch.randint(0, w, (BATCH,), generator=g)
+        colour = rgb[i, y, x]
+        out = gen.generate(rows[i], torch.stack([x, y], -1))
+        return out.origins, out.directions, colour
+
+    one_batch()
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(batches):
+        one_batch()
+    loop = time.perf_counter() - start
+    return {
+        "time_to_first_batch_s": first,
+        "steady_rays_per_s": batches * BATCH / loop,
+        "host_bytes_per_cached_ray": rgb.element_size() * rgb.numel() / (n_img * h * w),
+        "steady_batches": batches,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="realistic")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batches", type=int, default=3000, help="batches per steady-state measurement")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "loader.json")
+    parser.add_argument(
+        "--case", nargs=3, metavar=("STORE", "CACHE_BYTES", "BATCHES"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    if args.case:
+        print(json.dumps(raykit_case(args.case[0], int(args.case[1]), int(args.case[2]))))
+        return
+    from raykit.store import open_store
+
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
+    capture = build_capture(args.size, args.seed)
+    store_path = build_store(capture, args.size, args.seed)
+    store = open_store(store_path)
+    split_bytes = store.splits["train"].n_rays * 8
+    cached = run_raykit_case(store_path, 2 * split_bytes, args.batches)
+    bounded = run_raykit_case(store_path, split_bytes // 4, args.batches)
+    a = baseline_a(store, capture, args.batches)
+    b = baseline_b(store, capture, args.batches)
+    result = {
+        "benchmark": "loader",
+        "command": " ".join([sys.executable, *sys.argv]),
+        "scene": {
+            "size": args.size,
+            "seed": args.seed,
+            "train_rays": store.splits["train"].n_rays,
+            "store": str(store_path),
+            "chunk_rays": store.splits["train"].chunk_rays,
+        },
+        "batch_size": BATCH,
+        "raykit": cached,
+        "raykit_store_4x_cache": bounded,
+        "baseline_a_precomputed_rays": a,
+        "baseline_b_cached_images": b,
+        "ratios": {
+            "steady_vs_b": cached["steady_rays_per_s"] / b["steady_rays_per_s"],
+            "steady_vs_a": cached["steady_rays_per_s"] / a["steady_rays_per_s"],
+            "first_batch_vs_a": cached["time_to_first_batch_s"] / a["time_to_first_batch_s"],
+            "first_batch_vs_b": cached["time_to_first_batch_s"] / b["time_to_first_batch_s"],
+            "store_4x_vs_cached_throughput": bounded["steady_rays_per_s"] / cached["steady_rays_per_s"],
+            "store_4x_peak_rss_minus_budget_mb": (bounded["peak_rss_bytes"] - split_bytes // 4) / MB,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "loadavg_1m_at_start_and_end": [load_start, os.getloadavg()[0]],
+        },
+        "wall_s": time.perf_counter() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
