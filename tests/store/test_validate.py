@@ -1,0 +1,87 @@
+"""``validate_store`` finds semantic problems even when every checksum has been recomputed to match."""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raykit.fileio import sha256_file
+from raykit.store import SceneInfo, open_store, write_store
+from raykit.store.integrity import json_digest
+from raykit.store.validate import validate_store
+from raykit.store.wds_backend import npy_bytes
+
+
+def _rewrite_chunk(root: Path, split: str, chunk: int, values: dict[str, np.ndarray]) -> None:
+    """Overwrite a wds chunk's members in place, then re-sign index, file records and manifest."""
+    store = open_store(root)
+    index = json.loads((root / "index.json").read_text())
+    rel = f"wds/{split}-{index[split]['shard'][chunk]:06d}.tar"
+    data = bytearray((root / rel).read_bytes())
+    for name, array in values.items():
+        offset, size = index[split]["members"][chunk][name]
+        blob = npy_bytes(array)
+        assert len(blob) == size
+        data[offset : offset + size] = blob
+    (root / rel).write_bytes(bytes(data))
+    fields = {**_members(root, index, split, chunk), **values}
+    crc = 0
+    for name in store.fields:
+        crc = zlib.crc32(np.ascontiguousarray(fields[name]).tobytes(), crc)
+    index[split]["crc32"][chunk] = crc
+    (root / "index.json").write_text(json.dumps(index))
+    manifest = json.loads((root / "manifest.json").read_text())
+    for path in (rel, "index.json"):
+        manifest["files"][path] = {"size": (root / path).stat().st_size, "sha256": sha256_file(root / path)}
+    manifest.pop("manifest_digest")
+    manifest["manifest_digest"] = json_digest(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _members(root: Path, index: dict, split: str, chunk: int) -> dict[str, np.ndarray]:
+    rel = f"wds/{split}-{index[split]['shard'][chunk]:06d}.tar"
+    data = (root / rel).read_bytes()
+    out = {}
+    for name, (offset, size) in index[split]["members"][chunk].items():
+        out[name] = np.load(io.BytesIO(data[offset : offset + size]))
+    return out
+
+
+@pytest.fixture()
+def wds_store(tmp_path: Path, records, scene: SceneInfo) -> Path:
+    write_store(tmp_path / "s", records, scene=scene, backend="wds", chunk_rays=64, shard_chunks=2)
+    assert validate_store(tmp_path / "s") == []
+    return tmp_path / "s"
+
+
+def test_duplicated_pixel_is_reported(wds_store: Path) -> None:
+    pid = open_store(wds_store).read_chunk("train", 0).pid.copy()
+    pid[1] = pid[0]
+    _rewrite_chunk(wds_store, "train", 0, {"pid": pid})
+    problems = validate_store(wds_store)
+    assert problems == [f"{open_store(wds_store).url}: split 'train': 1 pixels missing, 1 duplicated"]
+
+
+def test_eval_rays_out_of_order_are_reported(wds_store: Path) -> None:
+    pid = open_store(wds_store).read_chunk("val", 0).pid.copy()
+    pid[[0, 1]] = pid[[1, 0]]
+    _rewrite_chunk(wds_store, "val", 0, {"pid": pid})
+    problems = validate_store(wds_store)
+    assert len(problems) == 1 and "row-major" in problems[0] and "'val' chunk 0" in problems[0]
+
+
+def test_alpha_of_rgb_image_is_reported(wds_store: Path) -> None:
+    store = open_store(wds_store)
+    raw = store.read_chunk("val", 0)
+    image, _ = store.decode_pids(raw.pid)
+    assert not store.table.has_alpha[image].all()
+    rgba = raw.rgba.copy()
+    rgba[~store.table.has_alpha[image], 3] = 7
+    _rewrite_chunk(wds_store, "val", 0, {"rgba": rgba})
+    problems = validate_store(wds_store)
+    assert len(problems) == 1 and "alpha != 255" in problems[0]
