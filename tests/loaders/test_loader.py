@@ -106,3 +106,35 @@ def test_device_batcher_matches_store_to_batch(stores: dict[str, Any]) -> None:
     batch = next(iter(loader))
     assert len(batch) == 64 and batch.origins.dtype == torch.float32
     assert torch.allclose(batch.directions.norm(dim=-1), torch.ones(64), atol=1e-5)
+
+
+def test_unshuffled_loader_reads_in_stored_order(stores: dict[str, Any]) -> None:
+    store = stores["zarr"]
+    loader = RayLoader(
+        store, "test", batch_size=100, shuffle=False, drop_last=False, make_batch=lambda raw: raw
+    )
+    got = np.concatenate([b.pid for b in loader])
+    np.testing.assert_array_equal(got, _split_rays(store, "test").pid)
+
+
+def test_cache_counts_hits_across_epochs(stores: dict[str, Any]) -> None:
+    store = stores["zarr"]
+    loader = _raw_loader(store, seed=1, cache_bytes=1 << 20)
+    list(loader)
+    cold = loader.cache_stats()
+    list(loader)
+    warm = loader.cache_stats()
+    n_chunks = store.splits["train"].n_chunks
+    assert cold.misses == n_chunks and warm.misses == n_chunks and warm.hits - cold.hits == n_chunks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_match_cpu(stores: dict[str, Any]) -> None:
+    store = stores["zarr"]
+    cpu = list(RayLoader(store, "train", batch_size=256, seed=2))
+    cuda = list(RayLoader(store, "train", batch_size=256, seed=2, device="cuda"))
+    for a, b in zip(cpu, cuda, strict=True):
+        assert b.origins.is_cuda
+        assert torch.equal(a.pixel, b.pixel.cpu()) and torch.equal(a.rgb, b.rgb.cpu())
+        assert torch.allclose(a.directions, b.directions.cpu(), atol=1e-6)
