@@ -300,6 +300,10 @@ class RayStore:
     def files(self) -> Mapping[str, Any]:
         return self.manifest["files"]
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Pickle as its location: unpickling reopens the store (worker processes, dask tasks)."""
+        return open_store, (self.url,)
+
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}: {v.n_rays} rays" for k, v in self.splits.items())
         return f"RayStore({self.url!r}, backend={self.backend!r}, {counts})"

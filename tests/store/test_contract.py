@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -248,6 +249,12 @@ class StoreContract:
 
     def test_validate_clean(self, store_dir: Path) -> None:
         assert validate_store(store_dir) == []
+
+    def test_pickles_as_its_location(self, store_dir: Path) -> None:
+        store = open_store(store_dir)
+        clone = pickle.loads(pickle.dumps(store))
+        assert clone.url == store.url and clone.fingerprint == store.fingerprint
+        np.testing.assert_array_equal(clone.read_chunk("train", 1).pid, store.read_chunk("train", 1).pid)
 
     def test_read_over_http(self, store_dir: Path, http_root) -> None:
         root, url = http_root

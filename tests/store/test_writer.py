@@ -195,7 +195,7 @@ def test_dask_executor_gives_same_bytes(tmp_path: Path, records, scene: SceneInf
     write_store(tmp_path / "serial", records, scene=scene, backend="wds", **OPTIONS)
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
