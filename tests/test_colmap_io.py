@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from raykit.camera_models import CAMERA_MODELS
 from raykit.colmap_io import (
@@ -304,3 +306,46 @@ def test_skipping_points2d_keeps_everything_else(written: tuple, form: str) -> N
             image.qvec,
             image.tvec,
         )
+
+
+_NAME = st.text(st.sampled_from("abcXYZ019 _-./éü"), min_size=1, max_size=12).map(lambda s: s.strip() or "x")
+_FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+@st.composite
+def _reconstructions(draw: st.DrawFn) -> Reconstruction:
+    cameras = {}
+    for cid in draw(st.sets(st.integers(1, 2**31), min_size=1, max_size=3)):
+        model = draw(st.sampled_from(list(CAMERA_MODELS)))
+        params = tuple(
+            draw(
+                st.lists(
+                    _FLOAT, min_size=CAMERA_MODELS[model].num_params, max_size=CAMERA_MODELS[model].num_params
+                )
+            )
+        )
+        cameras[cid] = ColmapCamera(
+            cid, model, draw(st.integers(1, 10**5)), draw(st.integers(1, 10**5)), params
+        )
+    images = {}
+    for k, iid in enumerate(draw(st.sets(st.integers(1, 2**31), max_size=4))):
+        n = draw(st.integers(0, 3))
+        xy = np.array(draw(st.lists(_FLOAT, min_size=2 * n, max_size=2 * n)), dtype=np.float64).reshape(n, 2)
+        ids = np.array(draw(st.lists(st.integers(-1, 2**40), min_size=n, max_size=n)), dtype=np.int64)
+        q, t = (
+            tuple(draw(st.lists(_FLOAT, min_size=4, max_size=4))),
+            tuple(draw(st.lists(_FLOAT, min_size=3, max_size=3))),
+        )
+        name = f"{k}/{draw(_NAME)}"
+        images[iid] = ColmapImage(iid, q, t, draw(st.sampled_from(sorted(cameras))), name, xy, ids)  # type: ignore[arg-type]
+    return Reconstruction(cameras, images, {}, {}, {})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rec=_reconstructions())
+def test_write_read_round_trip_is_exact(tmp_path: Path, rec: Reconstruction) -> None:
+    for binary in (True, False):
+        out = tmp_path / ("bin" if binary else "txt")
+        shutil.rmtree(out, ignore_errors=True)
+        write_model(rec, out, binary=binary)
+        assert read_model(out, validate=False) == rec
