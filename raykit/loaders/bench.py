@@ -36,14 +36,35 @@ def expected_distinct_images(n_pixels: np.ndarray, batch_size: int) -> float:
     return float(np.sum(1.0 - np.power(1.0 - p, batch_size)))
 
 
-def shuffle_quality(image_ids: list[np.ndarray], n_pixels: np.ndarray) -> dict[str, float]:
-    """Mixing of batches: mean distinct images per batch vs a uniform draw (ratio 1.0 is ideal)."""
+def _tv_distance(counts: np.ndarray, p: np.ndarray) -> float:
+    return float(0.5 * np.abs(counts / counts.sum() - p).sum())
+
+
+def shuffle_quality(image_ids: list[np.ndarray], n_pixels: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """How well batches are mixed, against rays drawn uniformly at random from the split.
+
+    Args:
+        image_ids: batches of (B,) image indices in ``[0, I)``.
+        n_pixels: (I,) rays per image.
+
+    Returns:
+        ``ratio``: mean distinct images per batch over its uniform expectation (1.0 is ideal, lower is
+        worse); ``tv_ratio``: mean total-variation distance between a batch's image histogram and the
+        split's, over the same for uniform draws (1.0 is ideal, higher is worse).
+    """
+    p = n_pixels / n_pixels.sum()
     distinct = np.array([len(np.unique(ids)) for ids in image_ids], dtype=np.float64)
     expected = expected_distinct_images(n_pixels, len(image_ids[0]))
+    tv = np.mean([_tv_distance(np.bincount(ids, minlength=len(p)), p) for ids in image_ids])
+    rng = np.random.default_rng(seed)
+    tv_uniform = np.mean([_tv_distance(rng.multinomial(len(image_ids[0]), p), p) for _ in range(64)])
     return {
         "distinct_images": float(distinct.mean()),
         "uniform_expected": expected,
         "ratio": float(distinct.mean() / expected),
+        "tv": float(tv),
+        "tv_uniform": float(tv_uniform),
+        "tv_ratio": float(tv / tv_uniform),
     }
 
 
@@ -147,8 +168,9 @@ def run_bench(
         "generate": _stage_generate(store, raws, device, bytes_per_ray),
         "h2d": _stage_h2d(raws, device, bytes_per_ray),
     }
-    pixels = store.table.n_pixels[[s == split for s in store.table.splits]]
-    images = [store.decode_pids(r.pid)[0] for r in raws[:50] if len(r) == batch_size]
+    in_split = np.flatnonzero([s == split for s in store.table.splits])
+    pixels = store.table.n_pixels[in_split]
+    images = [store.decode_pids(r.pid)[0] - in_split[0] for r in raws[:50] if len(r) == batch_size]
     return {
         "store": store.url,
         "backend": store.backend,
@@ -205,7 +227,8 @@ def format_table(report: dict[str, Any]) -> str:
     if q is not None:
         footer.append(
             f"shuffle quality: {q['distinct_images']:.1f} distinct images per batch, "
-            f"{q['uniform_expected']:.1f} for a uniform draw (ratio {q['ratio']:.3f})"
+            f"{q['uniform_expected']:.1f} for a uniform draw (ratio {q['ratio']:.3f}); "
+            f"histogram distance {q['tv_ratio']:.2f}x a uniform draw's"
         )
     return "\n".join([header, *lines, *footer])
 

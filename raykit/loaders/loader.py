@@ -70,10 +70,10 @@ class _Window:
 
     def take(self, lo: int, hi: int) -> RawRays:
         index = self.perm[lo:hi]
-        rgba = self.rgba[index]
+        rgba = np.take(self.rgba, index, axis=0)
         if self.channels == 4:
             rgba = rgba.view(np.uint8).reshape(-1, 4)
-        return RawRays(rgba, self.pid[index])
+        return RawRays(rgba, np.take(self.pid, index))
 
 
 class RayLoader:

@@ -53,7 +53,9 @@ def test_shuffle_quality_of_uniform_and_sorted_batches() -> None:
     rng = np.random.default_rng(0)
     pixel_image = np.repeat(np.arange(20), 500)
     uniform = [pixel_image[rng.choice(10_000, 256, replace=False)] for _ in range(50)]
-    assert shuffle_quality(uniform, sizes)["ratio"] == pytest.approx(1.0, abs=0.05)
+    good = shuffle_quality(uniform, sizes)
+    assert good["ratio"] == pytest.approx(1.0, abs=0.05) and good["tv_ratio"] == pytest.approx(1.0, abs=0.25)
     sorted_batches = [pixel_image[i * 256 : (i + 1) * 256] for i in range(30)]
-    assert shuffle_quality(sorted_batches, sizes)["ratio"] < 0.2
+    bad = shuffle_quality(sorted_batches, sizes)
+    assert bad["ratio"] < 0.2 and bad["tv_ratio"] > 5
     assert expected_distinct_images(np.array([1, 1]), 1) == pytest.approx(1.0)
