@@ -104,7 +104,8 @@ def write_shard(
         spec = fields[name]
         mem = zarr.storage.MemoryStore()
         kwargs = _array_kwargs(spec, info, layout)
-        array = zarr.create_array(mem, **kwargs)
+        # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
+        array = zarr.create_array(mem, **kwargs, config={"write_empty_chunks": True})
         array[start : start + len(values)] = values
         key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
         buffer = mem._store_dict[key]

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, SourceError, StoreNotFoundError
@@ -209,3 +211,36 @@ def test_dask_executor_gives_same_bytes(tmp_path: Path, records, scene: SceneInf
             **OPTIONS,
         )
     assert _tree(tmp_path / "serial") == _tree(tmp_path / "dask")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    images=st.lists(
+        st.tuples(
+            st.integers(1, 9),
+            st.integers(1, 7),
+            st.sampled_from(["train", "val", "x-1"]),
+            st.sampled_from([3, 4]),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    chunk_rays=st.integers(1, 40),
+    shard_chunks=st.integers(1, 4),
+    backend=st.sampled_from(["zarr", "wds"]),
+)
+def test_any_layout_round_trips(
+    tmp_path_factory: pytest.TempPathFactory, record_factory, images, chunk_rays, shard_chunks, backend
+) -> None:
+    records = record_factory(7, images)
+    dst = tmp_path_factory.mktemp("prop") / "s"
+    store = write_store(
+        dst, records, scene=SceneInfo(), backend=backend, chunk_rays=chunk_rays, shard_chunks=shard_chunks
+    )
+    for rec in records:
+        raw = store.image_raw(rec.name)
+        pixels = rec.load()
+        np.testing.assert_array_equal(raw.rgba[:, : pixels.shape[2]], pixels.reshape(-1, pixels.shape[2]))
+    for split, info in store.splits.items():
+        whole = store.read(split, 0, info.n_rays)
+        assert np.array_equal(np.sort(whole.pid), np.arange(info.n_rays) + info.pid_start)
