@@ -4,7 +4,8 @@ Stages, each timed on its own over the same rays:
 
 * ``read``: read and decompress chunks from the store (what worker processes do);
 * ``gather``: mixing-window assembly and per-batch gathers from cached chunks;
-* ``generate``: compact rays -> ``RayBatch`` (pixel-id decoding and ray generation);
+* ``generate``: compact rays -> ``RayBatch`` (pixel-id decoding and ray generation), in groups of
+  ``group_rays`` on ``gen_threads`` threads as the loader does;
 * ``h2d``: host-to-device copy of the compact arrays (pinned, non-blocking), CUDA only.
 
 ``end_to_end`` runs the loader itself, cold (empty cache) and then warm (the same batches again, their
@@ -16,6 +17,7 @@ good as a perfect shuffle).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -102,15 +104,21 @@ def _stage_read(store: Any, split: str, chunks: list[int], bytes_per_ray: float)
     return _rate(rays, time.perf_counter() - start, bytes_per_ray)
 
 
-def _stage_generate(store: Any, raws: list[RawRays], device: Any, bytes_per_ray: float) -> dict[str, float]:
+def _stage_generate(
+    store: Any, raws: list[RawRays], loader: RayLoader, device: Any, bytes_per_ray: float
+) -> dict[str, float]:
+    """Generation as the loader does it: groups of ``group_rays`` on ``gen_threads`` threads."""
     batcher = DeviceBatcher(store, device)
-    batcher(raws[0])
-    start = time.perf_counter()
-    for raw in raws:
-        batcher(raw)
-    if batcher.device.type == "cuda":
-        torch.cuda.synchronize(batcher.device)
-    return _rate(sum(len(r) for r in raws), time.perf_counter() - start, bytes_per_ray)
+    per_group = max(1, loader.group_rays // loader.plan.batch_size)
+    groups = [RawRays.concat(raws[i : i + per_group]) for i in range(0, len(raws), per_group)]
+    batcher(groups[0])
+    with ThreadPoolExecutor(loader.gen_threads, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        start = time.perf_counter()
+        list(pool.map(batcher, groups))
+        if batcher.device.type == "cuda":
+            torch.cuda.synchronize(batcher.device)
+        seconds = time.perf_counter() - start
+    return _rate(sum(len(r) for r in raws), seconds, bytes_per_ray)
 
 
 def _stage_h2d(raws: list[RawRays], device: torch.device, bytes_per_ray: float) -> dict[str, float] | None:
@@ -165,7 +173,7 @@ def run_bench(
     stages = {
         "read": _stage_read(store, split, loader.plan.chunk_order(0)[:needed].tolist(), bytes_per_ray),
         "gather": gather,
-        "generate": _stage_generate(store, raws, device, bytes_per_ray),
+        "generate": _stage_generate(store, raws, stage_loader, device, bytes_per_ray),
         "h2d": _stage_h2d(raws, device, bytes_per_ray),
     }
     in_split = np.flatnonzero([s == split for s in store.table.splits])

@@ -22,10 +22,13 @@ import queue
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch
 
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.cache import CacheStats, ChunkCache
@@ -96,6 +99,8 @@ class RayLoader:
         mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when the
             stored split is shuffled, else 1.
         prefetch: batches prepared ahead of the consumer.
+        gen_threads: threads generating groups concurrently (each with one torch intra-op thread, so
+            they never spin against each other or the caller); default 2 on CPU, 1 on GPUs.
         group_rays: rays gathered and generated together (consecutive batches of one epoch), which
             amortises per-call overhead at small batch sizes; batches are then views of the group.
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
@@ -121,6 +126,7 @@ class RayLoader:
         mix_run: int | None = None,
         prefetch: int = 4,
         group_rays: int = 1 << 16,
+        gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
         if num_workers < 0 or prefetch < 1:
@@ -143,6 +149,11 @@ class RayLoader:
         )
         self.cache: ChunkCache[RawRays] = ChunkCache(cache_bytes)
         self.num_workers, self.prefetch, self.group_rays = num_workers, prefetch, group_rays
+        if gen_threads is None:
+            gen_threads = 1 if torch.device(device).type == "cuda" else min(2, os.cpu_count() or 1)
+        if gen_threads < 1:
+            raise ConfigError(f"loader: expected gen_threads >= 1, got {gen_threads}")
+        self.gen_threads = gen_threads
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, device)
         self.epoch, self.batch = 0, 0
         self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
@@ -241,17 +252,38 @@ class RayLoader:
 
     # ---- the pipeline ------------------------------------------------------------------------
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
+        """Gather groups here; generate them on ``gen_threads`` single-threaded workers, in order."""
+        torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
+        pool = ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,))
+        pending: deque[tuple[list[tuple[int, int]], Future[tuple[Any, float]]]] = deque()
         try:
             for bounds, raw in self._raw_groups(epoch, start):
-                t0 = time.perf_counter()
-                group = self.make_batch(raw)
-                self.seconds["generate"] += time.perf_counter() - t0
-                for lo, hi in bounds:
-                    if not _put(items, _slice(group, lo, hi), stop):
-                        return
+                pending.append((bounds, pool.submit(self._make_timed, raw)))
+                if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
+                    return
+            while pending:
+                if not self._emit(pending.popleft(), items, stop):
+                    return
             _put(items, _DONE, stop)
         except BaseException as exc:
             _put(items, exc, stop)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _make_timed(self, raw: RawRays) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        return self.make_batch(raw), time.perf_counter() - t0
+
+    def _emit(
+        self,
+        item: tuple[list[tuple[int, int]], Future[tuple[Any, float]]],
+        items: queue.Queue[Any],
+        stop: threading.Event,
+    ) -> bool:
+        bounds, future = item
+        group, seconds = future.result()
+        self.seconds["generate"] += seconds
+        return all(_put(items, _slice(group, lo, hi), stop) for lo, hi in bounds)
 
     def _raw_groups(self, epoch: int, start: int) -> Iterator[tuple[list[tuple[int, int]], RawRays]]:
         """Consecutive batches gathered together (about ``group_rays`` rays), with each batch's bounds."""
