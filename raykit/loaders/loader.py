@@ -293,8 +293,10 @@ class RayLoader:
         per_group = max(1, self.group_rays // plan.batch_size)
         windows = self._windows(epoch, plan.batch_windows(start)[0][0])
         loaded: dict[int, _Window] = {}
-        for k0 in range(start, plan.n_batches, per_group):
-            k1 = min(k0 + per_group, plan.n_batches)
+        # The first batch goes alone, so that it is ready as soon as its window is.
+        firsts = [start, *range(start + 1, plan.n_batches, per_group)]
+        for k0 in firsts:
+            k1 = min(start + 1 if k0 == start else k0 + per_group, plan.n_batches)
             lo, hi = plan.batch_span(k0)[0], plan.batch_span(k1 - 1)[1]
             pieces = plan.span_windows(lo, hi)
             for j, _, _ in pieces:
