@@ -6,6 +6,8 @@ then measures:
 
 * ``decode``: single-core PNG decode rate (Pillow, every image of the capture, in this process),
   megapixels per second;
+* ``converter_side``: the converter's own work in one process (parse, probe every image, decode
+  every image through the records' loaders), without the store writer;
 * ``convert``: wall time of a full conversion to a Zarr store with 1 worker (in-process) and with 2
   workers (a local Dask cluster; its start-up is included and also reported on its own),
   megapixels per second of source images.
@@ -86,6 +88,20 @@ def timed_convert(src: Path, workers: int, megapixels: float) -> dict[str, Any]:
             "store_bytes": size, "fingerprint": fingerprint}  # fmt: skip
 
 
+def converter_side(src: Path, megapixels: float) -> dict[str, float]:
+    """The converter's own work without the store writer: parse, probe every image, decode every image."""
+    from raykit.converters import build_records, parse_source
+
+    start = time.perf_counter()
+    capture = parse_source(src, "auto", images=None, skip_missing=False, downscale=1)
+    records, _ = build_records(capture)
+    checked = time.perf_counter()
+    for record in records:
+        record.load()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "parse_and_probe_s": checked - start, "mp_per_s": megapixels / seconds}
+
+
 def cluster_startup(workers: int) -> float:
     """Seconds to start and stop a local Dask cluster of ``workers`` processes (included in convert)."""
     from raykit.converters.executor import conversion_executor
@@ -111,6 +127,7 @@ def main() -> None:
     src = build_capture(args.size, args.seed, args.render_workers)
     images = sorted(src.glob("*/r_*.png"))
     decode = decode_rate(images, args.repeats)
+    own = converter_side(src, decode["megapixels"])
     runs = [timed_convert(src, workers, decode["megapixels"]) for workers in (1, 2)]
     startup = cluster_startup(2)
     result = {
@@ -128,6 +145,8 @@ def main() -> None:
             "loadavg_1m_at_end": os.getloadavg()[0],
         },
         "decode_single_core": decode,
+        "converter_side_single_core": own,
+        "converter_side_ratio_vs_decode": own["mp_per_s"] / decode["mp_per_s"],
         "convert": runs,
         "dask_cluster_startup_s": startup,
         "ratio_per_worker_vs_decode": {

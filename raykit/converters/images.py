@@ -32,6 +32,7 @@ cropping), so the intrinsics rescale exactly via ``Camera.scaled``.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 EXIF_POLICIES = ("reject", "ignore", "apply")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _ORIENTATION_TAG = 274
 _SWAPS_AXES = {5, 6, 7, 8}
 _SIXTEEN_BIT_RGB = {"RGB;16B", "RGB;16", "RGBA;16B", "RGBA;16", "RGB;16L", "RGBA;16L"}
@@ -109,9 +111,39 @@ def _channels(img: Image.Image, path: Path) -> int:
     return 3
 
 
-def _orientation(img: Image.Image) -> int:
+def _png_exif_chunk(path: Path) -> bytes | None:
+    """The payload of a PNG's ``eXIf`` chunk, found by skipping from chunk header to chunk header.
+
+    Pillow's ``getexif()`` on a PNG decodes the whole image to reach chunks after the pixel data;
+    this reads only the 8-byte chunk headers.
+    """
+    with open(path, "rb") as handle:
+        if handle.read(8) != _PNG_SIGNATURE:
+            return None
+        while len(head := handle.read(8)) == 8:
+            length, tag = struct.unpack(">I4s", head)
+            if tag == b"eXIf":
+                return handle.read(length)
+            if tag == b"IEND":
+                return None
+            handle.seek(length + 4, os.SEEK_CUR)
+    return None
+
+
+def _exif_orientation(img: Image.Image, path: Path) -> int:
+    """EXIF orientation (tag 274) of an opened image without decoding its pixels; 1 when absent."""
     try:
-        value = img.getexif().get(_ORIENTATION_TAG, 1)
+        if img.format == "PNG":
+            data = img.info.get("exif") or _png_exif_chunk(path)
+            exif = Image.Exif()
+            if isinstance(data, bytes):
+                exif.load(data[6:] if data.startswith(b"Exif\x00\x00") else data)
+            elif "Raw profile type exif" in img.info:
+                raw = str(img.info["Raw profile type exif"]).split("\n")
+                exif.load(bytes.fromhex("".join(raw[3:])))
+        else:
+            exif = img.getexif()
+        value = exif.get(_ORIENTATION_TAG, 1)
     except Exception:  # malformed EXIF blocks: treat as absent, the pixels are still decodable
         return 1
     return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
@@ -140,7 +172,7 @@ def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: b
     path = Path(path)
     with _open(path) as img:
         channels = _channels(img, path)
-        orientation = _orientation(img)
+        orientation = _exif_orientation(img, path)
         width, height = img.size
         is_png = img.format == "PNG"
     if verify and is_png:
@@ -182,14 +214,14 @@ def decode_image(path: str | os.PathLike[str], *, exif: str = "reject") -> np.nd
     path = Path(path)
     with _open(path) as img:
         _channels(img, path)
-        orientation = _orientation(img)
+        orientation = _exif_orientation(img, path)
         _check_orientation(orientation, exif, path)
         try:
             img.load()
         except Exception as exc:
             raise SourceError(f"{path}: cannot decode image ({exc})") from None
         if exif == "apply" and orientation != 1:
-            img = ImageOps.exif_transpose(img)
+            img = ImageOps.exif_transpose(img) or img
         return _to_array(img, path)
 
 

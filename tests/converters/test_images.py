@@ -169,3 +169,20 @@ def test_downscale_matches_reference(factor, blocks, channels, seed, sparse_alph
     assert np.array_equal(fast, downscale_area_reference(image, factor))
     if channels == 3:  # a box average: the mean of the output equals the mean of the input within rounding
         assert abs(fast.astype(float).mean() - image.astype(float).mean()) <= 0.5
+
+
+def test_exif_chunk_after_pixel_data_is_found_without_decoding(tmp_path: Path, make) -> None:
+    path = make.write_image(tmp_path / "late.png", make.random_image(5, 4, 6, 3))
+    exif = Image.Exif()
+    exif[274] = 3
+    payload = exif.tobytes()
+    chunk = (
+        struct.pack(">I", len(payload)) + b"eXIf" + payload + struct.pack(">I", zlib.crc32(b"eXIf" + payload))
+    )
+    data = path.read_bytes()
+    path.write_bytes(data[:-12] + chunk + data[-12:])  # IEND is the last 12 bytes
+    with Image.open(path) as img:
+        assert "exif" not in img.info  # Pillow sees it only after decoding
+    with pytest.raises(SourceError, match="EXIF orientation is 3"):
+        probe_image(path)
+    assert np.array_equal(decode_image(path, exif="apply"), np.rot90(decode_image(path, exif="ignore"), 2))
