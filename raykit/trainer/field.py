@@ -1,17 +1,20 @@
-"""A compact radiance field that trains fast on a CPU: multi-resolution dense feature grids + tiny MLPs.
+"""A compact radiance field that trains fast on a CPU: multi-resolution feature planes + tiny MLPs.
 
-Why this choice. On a CPU every sample costs memory traffic, so the field should spend as few
-FLOPs per sample as possible and learn mostly through cheap lookups. A multi-resolution grid
-(instant-ngp's idea) does that; we use *dense* grids instead of hash tables because
-``torch.nn.functional.grid_sample`` is one fused, vectorised trilinear lookup (forward and backward)
-per level on CPU and CUDA, whereas a hash encoding in pure PyTorch needs eight gathers and a hash per
-level. At the default sizes (levels 16^3 ... 128^3, 4 features each) the grids hold ~10 M values,
-small next to the CPU's memory, and the MLPs are two layers of width 64.
+Why this choice. On a CPU every sample costs memory traffic, so the field should spend few FLOPs per
+sample and learn mostly through cheap lookups. We use K-Planes-style factorised grids: at each of a
+few resolutions, three axis-aligned feature planes (xy, xz, yz); a point's feature is the product of
+its three bilinear plane lookups, and the levels are concatenated. Compared with the alternatives we
+measured on this CPU (65k points, forward + backward, one thread): a dense 128^3 x 4 voxel grid via
+3-D ``grid_sample`` costs 143 ms (its CPU kernel is neither vectorised nor parallel for one volume,
+and its dense gradient is 8 M values every step); a hash/voxel table through ``embedding_bag`` with
+sparse gradients 86 ms; three 256^2 x 8 planes through one batched 2-D ``grid_sample`` (vectorised
+and parallel on CPU) 42 ms, with 1.6 M parameters instead of 8 M. The planes are initialised in
+[0.9, 1.1], so every factor of a product starts near one and passes full-size gradients to the
+other two (K-Planes' [0.1, 0.5] learned markedly slower here); the MLPs are two layers of width ``hidden``.
 
-Layout: positions are mapped from the scene box ``aabb`` to [-1, 1]^3; level features are
-concatenated -> density MLP -> ``sigma = exp(raw)`` (clamped) and a geometry feature; geometry
-feature + degree-2 spherical harmonics of the view direction -> colour MLP -> sigmoid. Samples
-outside the box have zero density.
+Layout: positions are mapped from the scene box ``aabb`` to [-1, 1]^3; plane features -> density MLP
+-> ``sigma = exp(raw)`` (clamped) and a geometry feature; geometry feature + degree-2 spherical
+harmonics of the view direction -> colour MLP -> sigmoid. Samples outside the box have zero density.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from torch import Tensor, nn
 __all__ = [
     "RadianceField",
     "grid_resolutions",
-    "reference_trilinear",
+    "plane_features",
+    "reference_plane_features",
     "sh_encode",
-    "trilinear",
 ]
 
 
@@ -39,38 +42,42 @@ def grid_resolutions(levels: int, base: int, finest: int) -> list[int]:
     return [round(base * growth**level) for level in range(levels)]
 
 
-def trilinear(grid: Tensor, coords: Tensor) -> Tensor:
-    """Trilinear lookup of a dense grid at continuous coordinates (fast path: ``grid_sample``).
+def _plane_coords(coords: Tensor) -> Tensor:
+    """(P, 3) -> (3, 1, P, 2): the (x, y), (x, z) and (y, z) projections, as ``grid_sample`` grids."""
+    return torch.stack([coords[:, [0, 1]], coords[:, [0, 2]], coords[:, [1, 2]]]).unsqueeze(1)
+
+
+def plane_features(planes: Tensor, coords: Tensor) -> Tensor:
+    """Product of bilinear lookups in three axis-aligned feature planes (fast path: ``grid_sample``).
 
     Args:
-        grid: (F, R, R, R) features indexed ``[f, z, y, x]``.
-        coords: (P, 3) ``(x, y, z)`` in [-1, 1]; -1 and 1 are the centres of the corner voxels.
+        planes: (3, F, R, R) planes xy, xz, yz; plane ``(a, b)`` is indexed ``[f, b, a]``.
+        coords: (P, 3) ``(x, y, z)`` in [-1, 1]; -1 and 1 are the centres of the edge texels.
 
     Returns:
         (P, F); zero outside [-1, 1].
     """
     sampled = F.grid_sample(
-        grid[None], coords.view(1, 1, 1, -1, 3), mode="bilinear", padding_mode="zeros", align_corners=True
+        planes, _plane_coords(coords), mode="bilinear", padding_mode="zeros", align_corners=True
     )
-    return sampled.view(grid.shape[0], -1).t()
+    return sampled.prod(dim=0).view(planes.shape[1], -1).t()
 
 
-def reference_trilinear(grid: Tensor, coords: Tensor) -> Tensor:
-    """Slow twin of :func:`trilinear` for coordinates inside [-1, 1]: eight explicit corner gathers."""
-    res = torch.tensor(grid.shape[1:][::-1], dtype=coords.dtype)
-    pos = (coords + 1.0) * 0.5 * (res - 1)
-    lo = pos.floor().clamp(min=0).long()
-    lo = torch.minimum(lo, res.long() - 2)
-    frac = pos - lo
-    out = torch.zeros(coords.shape[0], grid.shape[0], dtype=grid.dtype)
-    for dx in (0, 1):
-        for dy in (0, 1):
-            for dz in (0, 1):
-                wx = frac[:, 0] if dx else 1 - frac[:, 0]
-                wy = frac[:, 1] if dy else 1 - frac[:, 1]
-                wz = frac[:, 2] if dz else 1 - frac[:, 2]
-                corner = grid[:, lo[:, 2] + dz, lo[:, 1] + dy, lo[:, 0] + dx].t()
-                out = out + (wx * wy * wz)[:, None] * corner
+def reference_plane_features(planes: Tensor, coords: Tensor) -> Tensor:
+    """Slow twin of :func:`plane_features` for coordinates inside [-1, 1]: four explicit corner gathers."""
+    out = torch.ones(coords.shape[0], planes.shape[1], dtype=planes.dtype)
+    for plane, (a, b) in zip(planes, ((0, 1), (0, 2), (1, 2)), strict=True):
+        res = plane.shape[-1]
+        pos = (coords[:, [a, b]] + 1.0) * 0.5 * (res - 1)
+        lo = pos.floor().long().clamp(0, res - 2)
+        frac = pos - lo
+        value = torch.zeros_like(out)
+        for du in (0, 1):
+            for dv in (0, 1):
+                wu = frac[:, 0] if du else 1 - frac[:, 0]
+                wv = frac[:, 1] if dv else 1 - frac[:, 1]
+                value = value + (wu * wv)[:, None] * plane[:, lo[:, 1] + dv, lo[:, 0] + du].t()
+        out = out * value
     return out
 
 
@@ -98,10 +105,10 @@ class RadianceField(nn.Module):
 
     Args:
         aabb: (6,) scene box ``(xmin, ymin, zmin, xmax, ymax, zmax)`` in store world units.
-        levels: number of grid resolutions.
-        base_resolution: coarsest grid size per axis.
-        max_resolution: finest grid size per axis.
-        features: features per grid level.
+        levels: number of plane resolutions.
+        base_resolution: coarsest plane size per axis.
+        max_resolution: finest plane size per axis.
+        features: features per level.
         hidden: width of both MLPs.
         geo_features: size of the geometry feature passed from the density to the colour MLP.
         seed: initialisation seed (the field draws from its own generator).
@@ -112,11 +119,11 @@ class RadianceField(nn.Module):
     def __init__(
         self,
         aabb: Tensor,
-        levels: int = 4,
-        base_resolution: int = 16,
-        max_resolution: int = 128,
-        features: int = 4,
-        hidden: int = 64,
+        levels: int = 3,
+        base_resolution: int = 64,
+        max_resolution: int = 256,
+        features: int = 8,
+        hidden: int = 32,
         geo_features: int = 15,
         seed: int = 0,
     ) -> None:
@@ -124,8 +131,8 @@ class RadianceField(nn.Module):
         generator = torch.Generator().manual_seed(seed)
         self.register_buffer("aabb", torch.as_tensor(aabb, dtype=torch.float32).clone())
         self.resolutions = grid_resolutions(levels, base_resolution, max_resolution)
-        self.grids = nn.ParameterList(
-            nn.Parameter((torch.rand(features, r, r, r, generator=generator) * 2 - 1) * 1e-4)
+        self.planes = nn.ParameterList(
+            nn.Parameter(torch.rand(3, features, r, r, generator=generator) * 0.2 + 0.9)
             for r in self.resolutions
         )
         width = levels * features
@@ -138,6 +145,8 @@ class RadianceField(nn.Module):
                 bound = 1.0 / math.sqrt(layer.in_features)
                 nn.init.uniform_(layer.weight, -bound, bound, generator=generator)
                 nn.init.zeros_(layer.bias)
+        # Start almost transparent (sigma ~ 0.1): empty space is then carved from the first grid refresh.
+        nn.init.constant_(self.density_mlp[-1].bias[:1], math.log(0.1))
 
     def normalize(self, positions: Tensor) -> Tensor:
         """(..., 3) world positions -> (..., 3) box coordinates in [-1, 1] inside the box."""
@@ -148,7 +157,7 @@ class RadianceField(nn.Module):
         """(P, 3) positions -> (sigma (P,), geometry features (P, G))."""
         coords = self.normalize(positions)
         inside = (coords.abs() <= 1.0).all(dim=-1)
-        feats = torch.cat([trilinear(grid, coords) for grid in self.grids], dim=-1)
+        feats = torch.cat([plane_features(planes, coords) for planes in self.planes], dim=-1)
         raw = self.density_mlp(feats)
         sigma = torch.exp(raw[:, 0].clamp(max=15.0)) * inside
         return sigma, raw[:, 1:]

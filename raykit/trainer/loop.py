@@ -95,6 +95,7 @@ class _Run:
     refresh: torch.Generator
     log: JsonlLog
     progress: JsonlLog
+    progress_step: int = -1
 
 
 def train(config: TrainConfig) -> Path:
@@ -240,7 +241,8 @@ def _progress_due(config: TrainConfig, before: float, after: float) -> bool:
 
 def _write_progress(run: _Run, state: TrainState) -> None:
     """progress.jsonl: quick test PSNR against training time (rank 0; the time is not counted)."""
-    if run.procs.is_main and run.config.progress_every_s is not None:
+    if run.procs.is_main and run.config.progress_every_s is not None and run.progress_step != state.step:
+        run.progress_step = state.step
         quick = quick_psnr(run.config, run.store, run.field, run.grid, run.device)
         run.progress.write({"step": state.step, "elapsed_s": state.elapsed, **quick})
 

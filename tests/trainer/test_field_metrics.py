@@ -6,17 +6,18 @@ import math
 
 import torch
 
-from raykit.trainer.field import RadianceField, reference_trilinear, sh_encode, trilinear
+from raykit.trainer.field import RadianceField, plane_features, reference_plane_features, sh_encode
 from raykit.trainer.metrics import psnr, reference_ssim, ssim
 
 
-def test_trilinear_matches_reference_and_gradients() -> None:
+def test_plane_features_match_reference_and_gradients() -> None:
     g = torch.Generator().manual_seed(0)
-    grid = torch.randn(3, 5, 6, 7, generator=g, dtype=torch.float64)
+    planes = torch.randn(3, 4, 6, 6, generator=g, dtype=torch.float64)
     coords = torch.rand(50, 3, generator=g, dtype=torch.float64) * 2 - 1
-    torch.testing.assert_close(trilinear(grid, coords), reference_trilinear(grid, coords))
-    grid.requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda gr: trilinear(gr, coords[:5]), (grid,))
+    coords[0] = torch.tensor([-1.0, 1.0, 1.0], dtype=torch.float64)  # corners are inside
+    torch.testing.assert_close(plane_features(planes, coords), reference_plane_features(planes, coords))
+    planes.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda p: plane_features(p, coords[:5]), (planes,))
 
 
 def test_field_shapes_box_and_seed() -> None:

@@ -99,9 +99,9 @@ def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("sampler", ["stratified", "hierarchical", "occupancy"])
 def test_samplers_reduce_the_loss(tiny_store: Path, tmp_path: Path, sampler: str) -> None:
-    run = train(tiny_config(tiny_store, tmp_path / sampler, sampler=sampler, steps=30, log_every=10, lr=3e-2))
+    run = train(tiny_config(tiny_store, tmp_path / sampler, sampler=sampler, steps=40, lr=3e-2))
     losses = [r["loss"] for r in _log(run)]
-    assert losses[-1] < losses[0]
+    assert sum(losses[-5:]) < sum(losses[:5])
     assert all(r["samples_per_ray"] > 0 for r in _log(run))
 
 
