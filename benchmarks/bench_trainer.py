@@ -141,7 +141,7 @@ def main() -> None:
         print(sampler, json.dumps({k: v for k, v in results[sampler].items() if k != "progress"}, indent=1))
     if "stratified" in results and results["stratified"]["progress"]:
         target = results["stratified"]["progress"][-1]["psnr"]
-        for sampler, result in results.items():
+        for result in results.values():
             result["seconds_to_stratified_final_quick_psnr"] = time_to_reach(result["progress"], target)
     report = {
         "benchmark": "trainer",

@@ -146,7 +146,10 @@ class RadianceField(nn.Module):
                 nn.init.uniform_(layer.weight, -bound, bound, generator=generator)
                 nn.init.zeros_(layer.bias)
         # Start almost transparent (sigma ~ 0.1): empty space is then carved from the first grid refresh.
-        nn.init.constant_(self.density_mlp[-1].bias[:1], math.log(0.1))
+        density_out = self.density_mlp[-1]
+        if isinstance(density_out, nn.Linear):
+            with torch.no_grad():
+                density_out.bias[0] = math.log(0.1)
 
     def normalize(self, positions: Tensor) -> Tensor:
         """(..., 3) world positions -> (..., 3) box coordinates in [-1, 1] inside the box."""
