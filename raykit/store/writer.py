@@ -46,6 +46,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_RAYS",
     "DEFAULT_SHARD_CHUNKS",
+    "Payload",
     "ShardJob",
     "copy_store",
     "write_shard_task",
@@ -230,107 +231,111 @@ def write_store(
         "source": dict(source or {}),
     }
     partial = _partial_dir(dst, plan, overwrite)
-    plan_key = json_digest(plan)
     stage_jobs = [StageJob(str(partial), i, r, json_digest(_record_plan(r))) for i, r in enumerate(ordered)]
     staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
     channels = 4 if any(s["channels"] == 4 for s in staged) else 3
     splits = _split_infos(ordered, chunk_rays)
-    table = build_camera_table(
-        ordered,
-        [s["channels"] == 4 for s in staged],
-        [s["source_sha256"] for s in staged],
-        {name for name, info in splits.items() if info.shuffled},
-    )
+    shuffled = {name for name, info in splits.items() if info.shuffled}
+    alpha = [s["channels"] == 4 for s in staged]
+    table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(table, str(tmp))
     _write_permutations(partial, splits, seed)
     offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
+    pixels_sha = [next(iter(s["files"].values()))["sha256"] for s in staged]
+    fingerprint = json_digest(
+        [[r.name, s["source_sha256"], h] for r, s, h in zip(ordered, staged, pixels_sha, strict=True)]
+    )
+    payload = Payload(
+        backend, table, scene, splits, _fields(channels, materialize), layout,
+        {**dict(source or {}), "fingerprint": fingerprint},
+    )  # fmt: skip
     gather = StagingSource(str(partial), offsets, channels, materialize)
-    src_digest = json_digest(
-        [
-            [r.name, s["source_sha256"], next(iter(s["files"].values()))["sha256"]]
-            for r, s in zip(ordered, staged, strict=True)
-        ]
-    )
-    source_info = {**dict(source or {}), "fingerprint": src_digest}
     return _write_payload_and_commit(
-        partial,
-        dst,
-        backend,
-        table,
-        scene,
-        splits,
-        _fields(channels, materialize),
-        layout,
-        gather,
-        source_info,
-        plan_key,
-        executor,
-        progress,
-        overwrite,
+        partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite
     )
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What phases 2 and 3 write: backend, camera table, scene, splits, fields, layout, source."""
+
+    backend: str
+    table: Any  # pyarrow.Table
+    scene: SceneInfo
+    splits: Mapping[str, SplitInfo]
+    fields: tuple[FieldSpec, ...]
+    layout: Mapping[str, Any]
+    source: Mapping[str, Any]
+
+
+def _write_shards(
+    partial: Path, payload: Payload, gather: Source, plan_key: str, executor: Any, progress: bool
+) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
+    """Phase 2: every shard (and zarr metadata). Returns (file records, chunk index)."""
+    files: dict[str, Any] = {}
+    if payload.backend == "zarr":
+        specs = {spec.name: spec for spec in payload.fields}
+        for rel in zarr_backend.write_metadata(partial, payload.splits, specs, payload.layout):
+            files[rel] = file_record(partial / rel)
+    jobs = [
+        ShardJob(str(partial), payload.backend, info, shard, payload.fields, payload.layout, gather,
+                 f"{plan_key}:{info.name}:{shard}")
+        for info in payload.splits.values()
+        for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
+    ]  # fmt: skip
+    results = _run(write_shard_task, jobs, executor, progress, f"write {payload.backend} shards")
+    index: dict[str, dict[str, list[Any]]] = {name: {"crc32": []} for name in payload.splits}
+    for job, res in zip(jobs, results, strict=True):
+        entry = index[job.info.name]
+        entry["crc32"] += res["crc32"]
+        if payload.backend == "wds":
+            entry.setdefault("shard", []).extend([job.shard] * len(res["crc32"]))
+            entry.setdefault("members", []).extend(res["members"])
+        files.update(res["files"])
+    return files, index
+
+
+def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, Any]) -> dict[str, Any]:
+    split_dicts = {name: info.to_dict() for name, info in payload.splits.items()}
+    field_dicts = {spec.name: spec.to_dict() for spec in payload.fields}
+    crcs = {k: v["crc32"] for k, v in index.items()}
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "raykit_version": _raykit_version(),
+        "backend": payload.backend,
+        "layout": dict(payload.layout),
+        "source": dict(payload.source),
+        "scene": payload.scene.to_dict(),
+        "splits": split_dicts,
+        "fields": field_dicts,
+        "n_images": payload.table.num_rows,
+        "files": dict(sorted(files.items())),
+        "content_fingerprint": content_fingerprint(
+            payload.table, payload.scene.to_dict(), split_dicts, field_dicts, crcs
+        ),
+    }
+    manifest["manifest_digest"] = json_digest(manifest)
+    return manifest
 
 
 def _write_payload_and_commit(
     partial: Path,
     dst: Path,
-    backend: str,
-    table: Any,
-    scene: SceneInfo,
-    splits: Mapping[str, SplitInfo],
-    fields: tuple[FieldSpec, ...],
-    layout: Mapping[str, Any],
+    payload: Payload,
     gather: Source,
-    source_info: Mapping[str, Any],
     plan_key: str,
     executor: Any,
     progress: bool,
     overwrite: bool,
 ) -> Any:
-    files: dict[str, Any] = {}
-    if backend == "zarr":
-        specs = {spec.name: spec for spec in fields}
-        for rel in zarr_backend.write_metadata(partial, splits, specs, layout):
-            files[rel] = file_record(partial / rel)
-    jobs = [
-        ShardJob(
-            str(partial), backend, info, shard, fields, layout, gather, f"{plan_key}:{info.name}:{shard}"
-        )
-        for info in splits.values()
-        for shard in range(-(-info.n_chunks // layout["shard_chunks"]))
-    ]
-    results = _run(write_shard_task, jobs, executor, progress, f"write {backend} shards")
-    index: dict[str, dict[str, list[Any]]] = {name: {"crc32": []} for name in splits}
-    for job, res in zip(jobs, results, strict=True):
-        entry = index[job.info.name]
-        entry["crc32"] += res["crc32"]
-        if backend == "wds":
-            entry.setdefault("shard", []).extend([job.shard] * len(res["crc32"]))
-            entry.setdefault("members", []).extend(res["members"])
-        files.update(res["files"])
+    """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
+    files, index = _write_shards(partial, payload, gather, plan_key, executor, progress)
     atomic_write_json(partial / "index.json", index)
     for rel in ("cameras.parquet", "index.json"):
         files[rel] = file_record(partial / rel)
-    split_dicts = {name: info.to_dict() for name, info in splits.items()}
-    field_dicts = {spec.name: spec.to_dict() for spec in fields}
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "raykit_version": _raykit_version(),
-        "backend": backend,
-        "layout": dict(layout),
-        "source": dict(source_info),
-        "scene": scene.to_dict(),
-        "splits": split_dicts,
-        "fields": field_dicts,
-        "n_images": table.num_rows,
-        "files": dict(sorted(files.items())),
-        "content_fingerprint": content_fingerprint(
-            table, scene.to_dict(), split_dicts, field_dicts, {k: v["crc32"] for k, v in index.items()}
-        ),
-    }
-    manifest["manifest_digest"] = json_digest(manifest)
-    atomic_write_json(partial / "manifest.json", manifest)
+    atomic_write_json(partial / "manifest.json", _manifest(payload, files, index))
     return _commit(partial, dst, overwrite)
 
 
@@ -386,19 +391,10 @@ def copy_store(
     partial = _partial_dir(dst, plan, overwrite)
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(store.cameras, str(tmp))
-    return _write_payload_and_commit(
-        partial,
-        dst,
-        backend,
-        store.cameras,
-        store.scene,
-        store.splits,
-        tuple(store.fields.values()),
-        layout,
-        StoreSource(store.url),
+    payload = Payload(
+        backend, store.cameras, store.scene, store.splits, tuple(store.fields.values()), layout,
         store.manifest["source"],
-        json_digest(plan),
-        executor,
-        progress,
-        overwrite,
+    )  # fmt: skip
+    return _write_payload_and_commit(
+        partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite
     )
