@@ -101,7 +101,7 @@ class RayStore:
         where = self._where("manifest.json")
         try:
             data = self._fs.cat_file(f"{self._root}/manifest.json")
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, NotADirectoryError) as exc:
             raise StoreNotFoundError(self._no_manifest_message()) from exc
         try:
             manifest = json.loads(data)

@@ -242,6 +242,10 @@ class StoreContract:
         (scratch / "manifest.json").unlink()
         with pytest.raises(StoreNotFoundError, match=r"not a raykit store \(no manifest.json\)"):
             open_store(scratch)
+        with pytest.raises(StoreNotFoundError, match="not a raykit store"):
+            open_store(scratch / "cameras.parquet")
+        with pytest.raises(StoreNotFoundError, match="no such store"):
+            open_store(scratch / "nowhere")
         partial = scratch.with_name("other.partial")
         partial.mkdir()
         with pytest.raises(StoreNotFoundError, match="incomplete store"):
