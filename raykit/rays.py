@@ -26,7 +26,7 @@ __all__ = ["RayBatch", "RayGenerator", "Rays"]
 
 Tensor = torch.Tensor
 
-# Columns of the packed per-image float table: three 3-vectors c0, c1, c2 (pinhole: the columns of
+# Rows of the packed per-image float table: three 3-vectors c0, c1, c2 (pinhole: the columns of
 # R @ inv(K), so that R @ inv(K) @ (x, y, 1) = c0 * x + c1 * y + c2; LUT: the columns of R), then the
 # origin, near and far.
 _C0, _C1, _C2, _ORIGIN, _NEAR, _FAR = slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), 12, 13
@@ -164,16 +164,17 @@ class RayGenerator:
         self.pixel_offset = self._pixel_offsets(pixel_offset, n_images)
         used = sorted(set(cam_idx.tolist()))
         self.mode = self._choose_mode(used, lut_max_bytes)
-        self._table = torch.as_tensor(self._float_table(), device=self.device).to(dtype)
-        self._ones = torch.ones((3, 1), dtype=dtype, device=self.device)
+        # Stored transposed, (14, I): a gather along dim 1 gives contiguous per-ray rows.
+        self._table = torch.as_tensor(self._float_table().T.copy(), device=self.device).to(dtype)
         self._lut, lut_offset = self._build_lut(used)
         self._groups, group, group_row = self._param_groups(used)
         ints = np.stack([a[cam_idx] for a in (lut_offset, sizes[:, 0], group, group_row)], -1)
         self._int_table = torch.as_tensor(ints.reshape(-1, 4), dtype=torch.int64, device=self.device)
         self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
         self._widths_t = torch.as_tensor(self.widths, device=self.device)
-        self._offset_width = torch.stack((self._offsets_t[:-1], self._widths_t), dim=-1)
+        self._first_pid = self._offsets_t[:-1].contiguous()
         self._index_float = _index_float(self.device)
+        self._widths_float = self._widths_t.to(self._index_float)
         self._block_shift, self._blocks = self._block_table()
         if self._blocks is not None:
             self._block_next = self._offsets_t.index_select(0, self._blocks + 1)
@@ -293,32 +294,33 @@ class RayGenerator:
             check: validate indices first (costs a device sync); off in the hot path.
 
         Returns:
-            :class:`Rays` ``(origins (N, 3), directions (N, 3) unit, z_scale (N,), near (N,), far (N,))``;
-            ``origins``, ``near`` and ``far`` may be non-contiguous views.
+            :class:`Rays` ``(origins (N, 3), directions (N, 3) unit, z_scale (N,), near (N,), far (N,))``,
+            all contiguous.
         """
         image = image.to(self.device, torch.int64, non_blocking=True)
         pixel = pixel.to(self.device, torch.int64, non_blocking=True)
         if check:
             self._check(image, pixel)
-        row = self._table.index_select(0, image)
-        if self.mode != "pinhole":
+        # One gather of the per-image columns; (14, N), each row contiguous for fast element-wise math.
+        cols = self._table.index_select(1, image)
+        if self.mode == "pinhole":
+            # (R @ inv(K)) @ (x, y, 1) with the +0.5 pixel-centre shift folded into c2.
+            px, py = pixel[:, 0].to(self.dtype), pixel[:, 1].to(self.dtype)
+            world = torch.addcmul(cols[_C2], cols[_C0], px).addcmul_(cols[_C1], py)
+            # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
+            z_scale = torch.rsqrt(world.square().sum(0))
+            world.mul_(z_scale)
+        else:
             meta = self._int_table.index_select(0, image)
             if self.mode == "lut":
                 d_cam = self._lut.index_select(0, meta[:, 0] + pixel[:, 1] * meta[:, 1] + pixel[:, 0])
             else:
                 d_cam = self._unproject_rays(meta, pixel)
-            directions = torch.addcmul(row[:, _C2] * d_cam[:, 2:], row[:, _C0], d_cam[:, 0:1])
-            directions.addcmul_(row[:, _C1], d_cam[:, 1:2])
             z_scale = d_cam[:, 2]
-        else:
-            # (R @ inv(K)) @ (x, y, 1) with the +0.5 pixel-centre shift folded into c2.
-            p = pixel.to(self.dtype)
-            unnorm = torch.addcmul(row[:, _C2], row[:, _C0], p[:, 0:1]).addcmul_(row[:, _C1], p[:, 1:2])
-            inv_norm = torch.rsqrt(unnorm.square() @ self._ones)
-            directions = unnorm.mul_(inv_norm)
-            # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
-            z_scale = inv_norm[:, 0]
-        return Rays(row[:, _ORIGIN], directions, z_scale, row[:, _NEAR], row[:, _FAR])
+            world = torch.addcmul(cols[_C2] * z_scale, cols[_C0], d_cam[:, 0]).addcmul_(
+                cols[_C1], d_cam[:, 1]
+            )
+        return Rays(_rows_to_points(cols[_ORIGIN]), _rows_to_points(world), z_scale, cols[_NEAR], cols[_FAR])
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
@@ -326,13 +328,14 @@ class RayGenerator:
         if self._blocks is not None:
             block = pid >> self._block_shift
             # The block's first image, plus one where the id lies past that image's end.
-            image = self._blocks.index_select(0, block).add_(pid >= self._block_next.index_select(0, block))
+            past = pid >= self._block_next.index_select(0, block)
+            image = self._blocks.index_select(0, block) + past.to(torch.int64)
         else:
             image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
-        meta = self._offset_width.index_select(0, image)
-        local, w = pid - meta[:, 0], meta[:, 1]
+        local = pid - self._first_pid.index_select(0, image)
+        w = self._widths_t.index_select(0, image)
         # local < 2**53 and w < 2**26: the float64 quotient truncates to the exact integer quotient.
-        y = (local.to(self._index_float) / w.to(self._index_float)).to(torch.int64)
+        y = (local.to(self._index_float) / self._widths_float.index_select(0, image)).to(torch.int64)
         return image, torch.stack((local - y * w, y), dim=-1)
 
     def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
@@ -357,6 +360,13 @@ class RayGenerator:
             out["origins"][mask], out["directions"][mask], out["z_scale"][mask] = o, d, z
             out["near"][mask], out["far"][mask] = float(self.near[i]), float(self.far[i])
         return Rays(**out)
+
+
+def _rows_to_points(rows: Tensor) -> Tensor:
+    """(3, N) -> contiguous (N, 3); a strided copy is several times faster than ``.T.contiguous()``."""
+    points = torch.empty((rows.shape[1], 3), dtype=rows.dtype, device=rows.device)
+    points.T.copy_(rows)
+    return points
 
 
 def _index_float(device: torch.device) -> torch.dtype:
