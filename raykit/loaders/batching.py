@@ -32,6 +32,11 @@ class DeviceBatcher:
         self.generator = store.ray_generator(self.device)
         self.pinned = self.device.type == "cuda"
 
+    def warm_up(self) -> None:
+        """Run the generation path once on one ray (first calls of torch ops cost milliseconds)."""
+        first = int(self.generator.pixel_offset[0])
+        self(RawRays(np.zeros((1, 4), np.uint8), np.array([first], np.uint32)))
+
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         host = torch.from_numpy(np.ascontiguousarray(array))
         if self.pinned:

@@ -256,6 +256,9 @@ class RayLoader:
         torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
         pool = ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,))
         pending: deque[tuple[list[tuple[int, int]], Future[tuple[Any, float]]]] = deque()
+        warm_up = getattr(self.make_batch, "warm_up", None)
+        if warm_up is not None:
+            pool.submit(warm_up)  # overlaps the first window's reads
         try:
             for bounds, raw in self._raw_groups(epoch, start):
                 pending.append((bounds, pool.submit(self._make_timed, raw)))
