@@ -15,6 +15,7 @@ import torch
 from raykit.cameras import pixels_to_rays
 from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
+from raykit.store.cli import store_summary
 from raykit.store.reader import RayStore
 from raykit.store.validate import validate_store
 from raykit.store.writer import copy_store
@@ -260,7 +261,7 @@ class StoreContract:
         assert clone.url == store.url and clone.fingerprint == store.fingerprint
         np.testing.assert_array_equal(clone.read_chunk("train", 1).pid, store.read_chunk("train", 1).pid)
 
-    def test_read_over_http(self, store_dir: Path, http_root) -> None:
+    def test_read_over_http(self, store_dir: Path, http_root, tmp_path: Path) -> None:
         root, url = http_root
         name = f"{self.backend}-{self.materialize}"
         shutil.copytree(store_dir, root / name, dirs_exist_ok=True)
@@ -273,6 +274,10 @@ class StoreContract:
                 np.testing.assert_array_equal(a.rgba, b.rgba)
         name0 = local.images("val")[0]
         torch.testing.assert_close(remote.image_rays(name0).rgb, local.image_rays(name0).rgb)
+        assert store_summary(remote)["n_rays"] == store_summary(local)["n_rays"]
+        assert validate_store(remote.url) == []
+        copied = copy_store(remote.url, tmp_path / "copied", backend=self.backend)
+        assert copied.fingerprint == local.fingerprint
         (root / name / "index.json").unlink()
         with pytest.raises(StoreNotFoundError, match=r"index\.json"):
             open_store(f"{url}/{name}")
