@@ -168,14 +168,19 @@ class RayGenerator:
         self._table = torch.as_tensor(self._float_table().T.copy(), device=self.device).to(dtype)
         self._lut, lut_offset = self._build_lut(used)
         self._groups, group, group_row = self._param_groups(used)
-        ints = np.stack([a[cam_idx] for a in (lut_offset, sizes[:, 0], group, group_row)], -1)
-        self._int_table = torch.as_tensor(ints.reshape(-1, 4), dtype=torch.int64, device=self.device)
+        self._lut_offset, self._group, self._group_row = (
+            torch.as_tensor(a[cam_idx], dtype=torch.int64, device=self.device)
+            for a in (lut_offset, group, group_row)
+        )
         self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
         self._widths_t = torch.as_tensor(self.widths, device=self.device)
         self._first_pid = self._offsets_t[:-1].contiguous()
         self._index_float = _index_float(self.device)
         self._widths_float = self._widths_t.to(self._index_float)
         self._block_shift, self._blocks = self._block_table()
+        self._uniform = self._uniform_layout()
+        # LUT mode with a single camera: LUT row = y * W + x, no per-image lookups.
+        self._single_width = self.cameras[used[0]].width if self.uses_lut and len(used) == 1 else 0
         if self._blocks is not None:
             self._block_next = self._offsets_t.index_select(0, self._blocks + 1)
 
@@ -217,14 +222,15 @@ class RayGenerator:
             groups.append((CAMERA_MODELS[name], params.to(self.device, _index_float(self.device))))
         return groups, group, row
 
-    def _unproject_rays(self, meta: Tensor, pixel: Tensor) -> Tensor:
+    def _unproject_rays(self, image: Tensor, x: Tensor, y: Tensor) -> Tensor:
         """(N, 3) camera-frame unit rays of pixel centres, unprojected now with per-ray parameters."""
         compute = _index_float(self.device)
-        xy = pixel.to(compute) + 0.5
-        out = torch.empty((pixel.shape[0], 3), dtype=self.dtype, device=self.device)
+        xy = torch.stack((x, y), dim=-1).to(compute) + 0.5
+        group, row = self._group.index_select(0, image), self._group_row.index_select(0, image)
+        out = torch.empty((image.shape[0], 3), dtype=self.dtype, device=self.device)
         for g, (spec, table) in enumerate(self._groups):
-            sel = torch.nonzero(meta[:, 2] == g).squeeze(1)
-            params = table.index_select(0, meta[sel, 3])
+            sel = torch.nonzero(group == g).squeeze(1)
+            params = table.index_select(0, row[sel])
             rays, _ = unproject_model(spec, params.unbind(-1), xy[sel])
             out[sel] = rays.to(self.dtype)
         return out
@@ -258,6 +264,14 @@ class RayGenerator:
         starts = np.arange(n_blocks, dtype=np.int64) << shift
         first = np.searchsorted(self.pixel_offset, starts, side="right") - 1
         return shift, torch.as_tensor(np.clip(first, 0, self.n_images - 1), device=self.device)
+
+    def _uniform_layout(self) -> tuple[int, int] | None:
+        """``(W, W * H)`` when every image has the same size and ids are packed without gaps."""
+        if self.n_images == 0 or len(set(self.widths.tolist())) > 1 or len(set(self.heights.tolist())) > 1:
+            return None
+        w, wh = int(self.widths[0]), int(self.widths[0] * self.heights[0])
+        packed = np.array_equal(self.pixel_offset, np.arange(self.n_images + 1, dtype=np.int64) * wh)
+        return (w, wh) if packed else None
 
     def _build_lut(self, used: list[int]) -> tuple[Tensor, np.ndarray]:
         offsets = np.zeros(len(self.cameras), dtype=np.int64)
@@ -301,21 +315,33 @@ class RayGenerator:
         pixel = pixel.to(self.device, torch.int64, non_blocking=True)
         if check:
             self._check(image, pixel)
+        return self._generate(image, pixel[:, 0], pixel[:, 1])
+
+    def _lut_index(self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None) -> Tensor:
+        """(N,) rows of the concatenated LUT; ``local`` (``y * W + x``) saves recomputing it."""
+        if local is None:
+            w = self._single_width if self._single_width else self._widths_t.index_select(0, image)
+            local = y * w + x
+        if self._single_width:
+            return local  # one camera: its table starts at row 0
+        return self._lut_offset.index_select(0, image) + local
+
+    def _generate(self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None = None) -> Rays:
+        """:meth:`generate` for validated (N,) int64 ``image``, ``x``, ``y`` (and ``y * W + x``)."""
         # One gather of the per-image columns; (14, N), each row contiguous for fast element-wise math.
         cols = self._table.index_select(1, image)
         if self.mode == "pinhole":
             # (R @ inv(K)) @ (x, y, 1) with the +0.5 pixel-centre shift folded into c2.
-            px, py = pixel[:, 0].to(self.dtype), pixel[:, 1].to(self.dtype)
+            px, py = x.to(self.dtype), y.to(self.dtype)
             world = torch.addcmul(cols[_C2], cols[_C0], px).addcmul_(cols[_C1], py)
             # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
             z_scale = torch.rsqrt(world.square().sum(0))
             world.mul_(z_scale)
         else:
-            meta = self._int_table.index_select(0, image)
             if self.mode == "lut":
-                d_cam = self._lut.index_select(0, meta[:, 0] + pixel[:, 1] * meta[:, 1] + pixel[:, 0])
+                d_cam = self._lut.index_select(0, self._lut_index(image, x, y, local))
             else:
-                d_cam = self._unproject_rays(meta, pixel)
+                d_cam = self._unproject_rays(image, x, y)
             z_scale = d_cam[:, 2]
             world = torch.addcmul(cols[_C2] * z_scale, cols[_C0], d_cam[:, 0]).addcmul_(
                 cols[_C1], d_cam[:, 1]
@@ -324,7 +350,22 @@ class RayGenerator:
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
-        pid = pid.to(self.device).to(torch.int64)
+        image, x, y, _ = self._decode(pid.to(self.device).to(torch.int64))
+        return image, torch.stack((x, y), dim=-1)
+
+    def _decode(self, pid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(N,) int64 pids -> (N,) int64 ``(image, x, y, local)`` with ``local = y * W + x``.
+
+        Integer division goes through float64: for ``a < 2**53`` the correctly rounded quotient
+        ``a / b`` truncates to the exact integer quotient.
+        """
+        fdt = self._index_float
+        if self._uniform is not None:
+            w, wh = self._uniform
+            image = (pid.to(fdt) / wh).to(torch.int64)
+            local = pid - image * wh
+            y = (local.to(fdt) / w).to(torch.int64)
+            return image, local - y * w, y, local
         if self._blocks is not None:
             block = pid >> self._block_shift
             # The block's first image, plus one where the id lies past that image's end.
@@ -333,17 +374,19 @@ class RayGenerator:
         else:
             image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
         local = pid - self._first_pid.index_select(0, image)
-        w = self._widths_t.index_select(0, image)
-        # local < 2**53 and w < 2**26: the float64 quotient truncates to the exact integer quotient.
-        y = (local.to(self._index_float) / self._widths_float.index_select(0, image)).to(torch.int64)
-        return image, torch.stack((local - y * w, y), dim=-1)
+        y = (local.to(fdt) / self._widths_float.index_select(0, image)).to(torch.int64)
+        return image, local - y * self._widths_t.index_select(0, image), y, local
 
     def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
         """(N,) global pixel ids -> ``(image (N,), pixel (N, 2), rays)``; see :meth:`generate`."""
+        pid = pid.to(self.device).to(torch.int64)
         if check and pid.numel() and (int(pid.min()) < 0 or int(pid.max()) >= int(self.pixel_offset[-1])):
             raise CameraError(f"RayGenerator: pixel id outside [0, {int(self.pixel_offset[-1])})")
-        image, pixel = self.decode_pids(pid)
-        return image, pixel, self.generate(image, pixel, check=check)
+        image, x, y, local = self._decode(pid)
+        pixel = torch.stack((x, y), dim=-1)
+        if check:
+            self._check(image, pixel)
+        return image, pixel, self._generate(image, x, y, local)
 
     def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:
         """Simple twin of :meth:`generate`: a loop over images calling ``pixels_to_rays``."""

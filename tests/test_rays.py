@@ -62,11 +62,12 @@ def random_rays(gen: RayGenerator, n: int, seed: int) -> tuple[torch.Tensor, tor
     ("cameras", "mode"),
     [
         (PINHOLES, "pinhole"),
+        (DISTORTED[:1], "lut"),
         (DISTORTED, "lut"),
         (PINHOLES + DISTORTED + OTHERS, "lut"),
         (PINHOLES + DISTORTED + OTHERS, "unproject"),
     ],
-    ids=["pinhole", "lut", "mixed", "unproject"],
+    ids=["pinhole", "lut-one-camera", "lut", "mixed", "unproject"],
 )
 def test_generate_matches_reference(cameras: list[Camera], mode: str, dtype: torch.dtype) -> None:
     budget = 0 if mode == "unproject" else 2**30
@@ -94,6 +95,19 @@ def test_pixel_ids_decode_row_major() -> None:
     w = torch.from_numpy(gen.widths)[image]
     assert torch.equal(pixel[:, 1] * w + pixel[:, 0], local)
     assert bool((pixel[:, 0] < w).all())
+
+
+@pytest.mark.parametrize("cameras", [PINHOLES[:1], DISTORTED[:1], [PINHOLES[0], DISTORTED[0]]])
+def test_uniform_layout_pids_round_trip(cameras: list[Camera]) -> None:
+    # Images of one size, ids packed without gaps: decoded by division, no table lookups.
+    gen = make_generator(cameras, n_images=6)
+    assert gen._uniform is not None
+    image, pixel = random_rays(gen, 400, 7)
+    pid = torch.from_numpy(gen.pixel_offset)[image] + pixel[:, 1] * int(gen.widths[0]) + pixel[:, 0]
+    got_image, got_pixel, rays = gen.generate_from_pids(pid.to(torch.int32))
+    assert torch.equal(got_image, image) and torch.equal(got_pixel, pixel)
+    for a, b in zip(rays, gen.reference_generate(image, pixel), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("max_blocks", [1 << 22, 1], ids=["block-table", "binary-search"])
