@@ -50,6 +50,8 @@ class TrainConfig:
     hier_uniform: float = _opt(0.1, "hierarchical: final uniform share of the fine-sample distribution")
     occ_resolution: int = _opt(64, "occupancy: grid cells per axis")
     occ_update_every: int = _opt(16, "occupancy: steps between grid refreshes")
+    occ_warmup_steps: int = _opt(256, "occupancy: steps during which every refresh visits every cell")
+    occ_refresh_fraction: float = _opt(0.25, "occupancy: share of random cells re-evaluated after warm-up")
     occ_threshold: float = _opt(0.01, "occupancy: opacity per step below which a cell is empty")
     march_steps: int = _opt(256, "occupancy: marching steps across the scene box diagonal")
     early_stop_eps: float = _opt(1e-4, "occupancy: drop samples behind this transmittance (0: keep)")
@@ -86,6 +88,8 @@ class TrainConfig:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.lr_final <= 0:
             problems.append(f"lr, lr_final: expected > 0, got {self.lr}, {self.lr_final}")
+        if not 0.0 < self.occ_refresh_fraction <= 1.0:
+            problems.append(f"occ_refresh_fraction: expected in (0, 1], got {self.occ_refresh_fraction}")
         if self.max_seconds is not None and self.max_seconds <= 0:
             problems.append(f"max_seconds: expected > 0, got {self.max_seconds}")
         if problems:

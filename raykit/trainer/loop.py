@@ -112,7 +112,10 @@ def train(config: TrainConfig) -> Path:
         for group in run.optimizer.param_groups:
             group["lr"] = learning_rate(config, state.step, state.elapsed)
         if grid is not None and state.step % config.occ_update_every == 0:
-            grid.refresh(field_.density, march_step_size(field_.aabb, config.march_steps), run.refresh)
+            fraction = 1.0 if state.step < config.occ_warmup_steps else config.occ_refresh_fraction
+            grid.refresh(
+                field_.density, march_step_size(field_.aabb, config.march_steps), run.refresh, fraction
+            )
         samples = sample_rays(
             config,
             field_,

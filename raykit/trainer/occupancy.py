@@ -1,7 +1,8 @@
 """An occupancy grid over the scene box, refreshed from the field's density during training.
 
-Cells start occupied. Every refresh evaluates the density at one jittered point per cell and keeps an
-exponential moving maximum (``ema = max(decay * ema, new)``); a cell is occupied while the opacity
+Cells start occupied. A refresh evaluates the density at one jittered point per cell (during warm-up
+every cell; afterwards a random share of the cells plus every occupied one, as in instant-ngp) and
+keeps an exponential moving maximum (``ema = max(decay * ema, new)``); a cell is occupied while the opacity
 of one marching step through it, ``1 - exp(-ema * step_size)``, exceeds ``threshold`` (or the
 grid's mean, whichever is lower, so a young field never empties the grid). Rays then march only
 through occupied cells (:func:`raykit.trainer.samplers.march_occupied`).
@@ -56,11 +57,10 @@ class OccupancyGrid(nn.Module):
         flat, inside = self.cell_index(positions)
         return self.occupied[flat] & inside
 
-    def cell_points(self, generator: torch.Generator | None) -> Tensor:
-        """(R^3, 3) one point per cell, in flat-index order: the centre, or jittered within the cell."""
+    def cell_points(self, cells: Tensor, generator: torch.Generator | None) -> Tensor:
+        """(K,) flat cell indices -> (K, 3) one point per cell: its centre, or jittered within it."""
         r = self.resolution
-        idx = torch.arange(r, dtype=torch.float32, device=self.aabb.device)
-        grid = torch.stack(torch.meshgrid(idx, idx, idx, indexing="ij"), dim=-1).view(-1, 3)
+        grid = torch.stack([cells // (r * r), (cells // r) % r, cells % r], dim=-1).to(self.aabb.dtype)
         if generator is None:
             offset = torch.full_like(grid, 0.5)
         else:
@@ -68,14 +68,35 @@ class OccupancyGrid(nn.Module):
         lo, hi = self.aabb[:3], self.aabb[3:]
         return lo + (grid + offset) / r * (hi - lo)
 
+    def refresh_cells(self, fraction: float, generator: torch.Generator | None) -> Tensor:
+        """Cells to re-evaluate: all of them, or a random ``fraction`` plus every occupied cell."""
+        n_cells = self.resolution**3
+        everything = torch.arange(n_cells, device=self.aabb.device)
+        if fraction >= 1.0 or generator is None:
+            return everything
+        chosen = torch.zeros(n_cells, dtype=torch.bool, device=self.aabb.device)
+        chosen[
+            torch.randperm(n_cells, generator=generator, device=generator.device)[: int(fraction * n_cells)]
+        ] = True
+        return everything[chosen | self.occupied]
+
     @torch.no_grad()
     def refresh(
-        self, density_fn: DensityFn, step_size: float, generator: torch.Generator | None, chunk: int = 1 << 16
+        self,
+        density_fn: DensityFn,
+        step_size: float,
+        generator: torch.Generator | None,
+        fraction: float = 1.0,
+        chunk: int = 1 << 16,
     ) -> float:
-        """Re-evaluate every cell's density, update the EMA and the occupancy; returns the occupied share."""
-        points = self.cell_points(generator)
+        """Re-evaluate cells (see :meth:`refresh_cells`), update their EMA and the occupancy.
+
+        Returns the occupied share of the grid.
+        """
+        cells = self.refresh_cells(fraction, generator)
+        points = self.cell_points(cells, generator)
         fresh = torch.cat([density_fn(points[i : i + chunk]) for i in range(0, points.shape[0], chunk)])
-        self.density.copy_(torch.maximum(self.density * self.decay, fresh))
+        self.density[cells] = torch.maximum(self.density[cells] * self.decay, fresh)
         sigma_threshold = -math.log(1.0 - self.threshold) / step_size
         self.occupied.copy_(self.density > min(float(self.density.mean()), sigma_threshold))
         return float(self.occupied.float().mean())

@@ -118,5 +118,10 @@ def test_occupancy_grid_refresh_and_skipping() -> None:
     assert s.ray_indices is not None and torch.all(s.ray_indices[1:] >= s.ray_indices[:-1])
     pts = origins[s.ray_indices] + dirs[s.ray_indices] * (0.5 * (s.t_starts + s.t_ends))[:, None]
     assert torch.all(pts.norm(dim=-1) < 0.4 + 2 * 3**0.5 / 16 + 0.02)
+    before, occupied_before = grid.density.clone(), grid.occupied.clone()
+    grid.refresh(lambda x: torch.ones(len(x)), 0.02, torch.Generator().manual_seed(1), fraction=0.25)
+    changed = grid.density != before
+    assert 0.2 < float(changed.float().mean()) < 0.35  # about a quarter (plus the few occupied cells)
+    assert torch.all(changed[occupied_before])  # every occupied cell is re-evaluated
     stopped = march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied, None, ball, 1e-4)
     assert stopped.n_samples < march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied).n_samples

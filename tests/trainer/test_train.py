@@ -33,6 +33,7 @@ TINY = {
     "hier_anneal_steps": 4,
     "occ_resolution": 16,
     "occ_update_every": 3,
+    "occ_warmup_steps": 4,
     "march_steps": 48,
     "log_every": 1,
     "ckpt_every": 4,
