@@ -223,7 +223,7 @@ class RayStore:
         first, last = start // info.chunk_rays, (stop - 1) // info.chunk_rays
         raw = RawRays.concat([self.read_chunk(split, i) for i in range(first, last + 1)])
         offset = first * info.chunk_rays
-        return raw.take(np.arange(start - offset, stop - offset))
+        return raw.take(slice(start - offset, stop - offset))
 
     def _empty(self) -> RawRays:
         c = self.fields["rgba"].channels

@@ -254,8 +254,8 @@ class RawRays:
             extra={k: np.concatenate([p.extra[k] for p in parts]) for k in keys},
         )
 
-    def take(self, index: np.ndarray) -> RawRays:
-        """(M,) indices -> the selected rays."""
+    def take(self, index: np.ndarray | slice) -> RawRays:
+        """(M,) indices or a slice -> the selected rays (a slice gives views)."""
         return RawRays(self.rgba[index], self.pid[index], {k: v[index] for k, v in self.extra.items()})
 
 

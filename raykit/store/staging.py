@@ -26,7 +26,6 @@ __all__ = [
     "StageJob",
     "StagingSource",
     "StoreSource",
-    "load_record",
     "record_matches",
     "stage_image",
 ]
@@ -48,11 +47,6 @@ def record_matches(record_path: Path, key: str, root: Path) -> dict[str, Any] | 
             return None
     result: dict[str, Any] = record["result"]
     return result
-
-
-def load_record(path: str) -> Any:
-    """Read a task record (used by tests and tools)."""
-    return json.loads(Path(path).read_text())
 
 
 @dataclass(frozen=True)
