@@ -197,3 +197,15 @@ def test_cuda_generator_matches_cpu(cameras: list[Camera]) -> None:
     assert torch.equal(img_cuda.cpu(), image) and torch.equal(pix_cuda.cpu(), pixel)
     batch = make_batch(8, alpha=True).pin_memory().to("cuda", non_blocking=True)
     assert batch.rgb.device.type == "cuda"
+
+
+@pytest.mark.parametrize("float_dtype", [torch.float64, torch.float32])
+def test_floor_div_is_exact_for_uint32_ids(float_dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(8)
+    a = torch.randint(0, 2**32, (10_000,), generator=g, dtype=torch.int64)
+    b = torch.randint(1, 2**16, (10_000,), generator=g, dtype=torch.int64)
+    # Worst cases for the float64 route: exact multiples and one below them.
+    a = torch.cat([a, (a // b) * b, (a // b) * b - 1]).clamp(min=0)
+    b = torch.cat([b, b, b])
+    divisor = b.to(float_dtype) if float_dtype == torch.float64 else b
+    assert torch.equal(rays_module._floor_div(a, divisor, float_dtype), a // b)
