@@ -13,7 +13,7 @@ __all__ = ["build_parser", "main"]
 
 # Modules that define ``register(subparsers) -> None``; each adds parsers with ``set_defaults(func=...)``
 # where ``func(args) -> int`` is the exit status.
-COMMAND_MODULES: tuple[str, ...] = ("raykit.scene.cli",)
+COMMAND_MODULES: tuple[str, ...] = ("raykit.scene.cli", "raykit.store.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

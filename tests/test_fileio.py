@@ -36,3 +36,12 @@ def test_hashes_agree(tmp_path: Path) -> None:
     data = bytes(range(256)) * 5000
     (tmp_path / "d").write_bytes(data)
     assert sha256_file(tmp_path / "d") == sha256_bytes(data) == hashlib.sha256(data).hexdigest()
+
+
+def test_written_file_has_default_mode(tmp_path: Path) -> None:
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    atomic_write_json(tmp_path / "m.json", {})
+    assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o666 & ~umask
