@@ -24,7 +24,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -158,6 +158,7 @@ class RayLoader:
         self.epoch, self.batch = 0, 0
         self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
         self._fetcher: ChunkFetcher | None = None
+        self._gen_pool: ThreadPoolExecutor | None = None
 
     # ---- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -240,9 +241,13 @@ class RayLoader:
         return self.cache.stats()
 
     def close(self) -> None:
+        """Stop worker processes and generation threads (iterating again restarts them)."""
         if self._fetcher is not None:
             self._fetcher.close()
             self._fetcher = None
+        if self._gen_pool is not None:
+            self._gen_pool.shutdown(wait=True, cancel_futures=True)
+            self._gen_pool = None
 
     def __enter__(self) -> RayLoader:
         return self
@@ -254,7 +259,11 @@ class RayLoader:
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
         """Gather groups here; generate them on ``gen_threads`` single-threaded workers, in order."""
         torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
-        pool = ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,))
+        if self._gen_pool is None:  # kept across epochs: fewer threads, fewer malloc arenas
+            self._gen_pool = ThreadPoolExecutor(
+                self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)
+            )
+        pool = self._gen_pool
         pending: deque[tuple[list[tuple[int, int]], Future[tuple[Any, float]]]] = deque()
         warm_up = getattr(self.make_batch, "warm_up", None)
         if warm_up is not None:
@@ -271,7 +280,9 @@ class RayLoader:
         except BaseException as exc:
             _put(items, exc, stop)
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            for _, future in pending:
+                future.cancel()
+            wait([f for _, f in pending])
 
     def _make_timed(self, raw: RawRays) -> tuple[Any, float]:
         t0 = time.perf_counter()

@@ -30,8 +30,9 @@ def main(url: str, cache_bytes: int) -> None:
         seed=0,
         cache_bytes=cache_bytes,
         mix_chunks=2,
-        group_rays=16384,
+        group_rays=8192,
         prefetch=2,
+        gen_threads=1,
     )
     batches = loader.forever()
     next(batches)

@@ -20,10 +20,10 @@ MB = 1 << 20
 
 @pytest.fixture(scope="module")
 def big_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """3 M rays (24 MB decoded), 16 K rays per chunk."""
+    """4 M rays (32 MB decoded), 16 K rays per chunk."""
     path = tmp_path_factory.mktemp("big") / "store"
     return write_store(
-        path, make_records(12, 0, 500, 500), scene=SceneInfo(), chunk_rays=16384, shard_chunks=8
+        path, make_records(16, 0, 500, 500), scene=SceneInfo(), chunk_rays=16384, shard_chunks=8
     )
 
 
@@ -44,9 +44,10 @@ def test_peak_rss_is_bounded_by_the_cache_budget(big_store: Any) -> None:
     bounded = _probe(big_store.url, budget)
     assert bounded["cache_bytes"] <= budget
     growth = bounded["peak"] - bounded["baseline"]
-    assert growth <= budget + 10 * MB, f"grew {growth / MB:.1f} MB on a {decoded / MB:.0f} MB store"
-    # The constant: mixing windows, generated groups, prefetched batches, decoder buffers.
+    assert growth <= budget + 12 * MB, f"grew {growth / MB:.1f} MB on a {decoded / MB:.0f} MB store"
+    # The constant: mixing windows, generated groups (gen_threads x group_rays, kept small by the probe),
+    # prefetched batches (views of their group), decoder buffers, allocator slack.
     # Control: with a budget that holds the whole split, memory does grow by about the split's size,
     # so the probe is sensitive enough to see an unbounded loader.
     unbounded = _probe(big_store.url, 4 * decoded)
-    assert unbounded["peak"] - unbounded["baseline"] >= 0.8 * decoded > budget + 10 * MB
+    assert unbounded["peak"] - unbounded["baseline"] >= 0.8 * decoded > budget + 12 * MB
