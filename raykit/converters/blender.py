@@ -30,7 +30,7 @@ BLENDER_SPLITS = ("train", "val", "test")
 BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
 
 
-def parse_blender(src: Path, *, skip_missing: bool = False) -> Capture:
+def parse_blender(src: Path, *, skip_missing: bool = False, exif: str = "reject") -> Capture:
     """Parse every ``transforms_{split}.json`` in ``src``.
 
     Raises:
@@ -50,7 +50,7 @@ def parse_blender(src: Path, *, skip_missing: bool = False) -> Capture:
             continue
         if isinstance(meta, dict) and "camera_model" not in meta:
             meta = {**meta, "camera_model": "PINHOLE"}
-        found, missing = parse_frames(path, meta, problems)
+        found, missing = parse_frames(path, meta, problems, exif)
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
         views += [_in_split(v, split) for v in found]

@@ -92,12 +92,11 @@ def _view(
     except CameraError as exc:
         problems.add(f"{model}: image {image.image_id} ({image.name!r}): {exc}")
         return None
-    return SourceView(name=image.name, camera=camera, c2w=image.c2w(), image_path=images_dir / image.name)
+    name = image.name.replace("\\", "/")  # COLMAP run on Windows may store backslashes
+    return SourceView(name=name, camera=camera, c2w=image.c2w(), image_path=images_dir / name)
 
 
-def _with_bounds(
-    views: list[SourceView], rec: Reconstruction, by_name: dict[str, ColmapImage]
-) -> list[SourceView]:
+def _with_bounds(views: list[SourceView], images: list[ColmapImage], rec: Reconstruction) -> list[SourceView]:
     ids = sorted(rec.points3d)
     xyz = rec.points3d_xyz()
     point_index = {pid: row for row, pid in enumerate(ids)}
@@ -105,8 +104,8 @@ def _with_bounds(
     lo, hi = centres.min(axis=0), centres.max(axis=0)
     centre, half = (lo + hi) / 2, np.maximum(hi - lo, 1.0)
     out = []
-    for view in views:
-        bounds = image_near_far(view.c2w, _observed(by_name[view.name], point_index, xyz))
+    for view, image in zip(views, images, strict=True):
+        bounds = image_near_far(view.c2w, _observed(image, point_index, xyz))
         bounds = bounds or image_near_far(view.c2w, xyz) or box_near_far(centre, half, view.c2w[:3, 3])
         out.append(replace(view, near=bounds[0], far=bounds[1]))
     return out
@@ -126,7 +125,7 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
     problems = Problems()
     problems.extend(check_model(rec, {name: str(file) for name, file in find_model_files(model).items()}))
     by_name = {image.name: image for image in rec.images.values()}
-    views, missing = [], []
+    views, used, missing = [], [], []
     for name in sorted(by_name):
         view = _view(by_name[name], rec, model, images_dir, problems)
         if view is not None and not view.image_path.is_file():
@@ -135,6 +134,7 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
                 problems.add(f"{view.image_path}: image of COLMAP image {name!r} not found")
         elif view is not None:
             views.append(view)
+            used.append(by_name[name])
     if not by_name:
         problems.add(f"{model}: the model has no registered images")
     problems.raise_if_any()
@@ -144,5 +144,5 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
         "skipped_missing": missing if skip_missing else [],
     }
     return Capture(
-        source="colmap", views=_with_bounds(views, rec, by_name), points=rec.points3d_xyz(), params=params
+        source="colmap", views=_with_bounds(views, used, rec), points=rec.points3d_xyz(), params=params
     )

@@ -51,7 +51,7 @@ def detect_source(src: Path) -> str:
 
 
 def parse_source(
-    src: Path, source: str, *, images: Path | None, skip_missing: bool, downscale: int
+    src: Path, source: str, *, images: Path | None, skip_missing: bool, downscale: int, exif: str = "reject"
 ) -> Capture:
     """Parse ``src`` as ``source`` (``auto`` detects it)."""
     if source not in SOURCES:
@@ -68,14 +68,14 @@ def parse_source(
     if kind == "blender":
         from raykit.converters.blender import parse_blender
 
-        return parse_blender(src, skip_missing=skip_missing)
+        return parse_blender(src, skip_missing=skip_missing, exif=exif)
     if kind == "ngp":
         from raykit.converters.ngp import parse_ngp
 
-        return parse_ngp(src, skip_missing=skip_missing)
+        return parse_ngp(src, skip_missing=skip_missing, exif=exif)
     from raykit.converters.llff import parse_llff
 
-    return parse_llff(src, downscale=downscale)
+    return parse_llff(src, downscale=downscale, exif=exif)
 
 
 def _image_problems(view: SourceView, exif: str) -> list[str]:
@@ -235,10 +235,10 @@ def convert(
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
+    images_dir = None if images is None else Path(images)
     capture = parse_source(
-        Path(src), source, images=None if images is None else Path(images), skip_missing=skip_missing,
-        downscale=downscale,
-    )  # fmt: skip
+        Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif
+    )
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
     records, scene = build_records(

@@ -49,6 +49,7 @@ __all__ = [
     "downscale_area",
     "downscale_area_reference",
     "probe_image",
+    "used_size",
 ]
 
 EXIF_POLICIES = ("reject", "ignore", "apply")
@@ -185,6 +186,15 @@ def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: b
     if exif == "apply" and orientation in _SWAPS_AXES:
         width, height = height, width
     return ImageHeader(width=width, height=height, channels=channels, orientation=orientation)
+
+
+def used_size(path: str | os.PathLike[str], exif: str = "reject") -> tuple[int, int]:
+    """``(width, height)`` of the pixels as they will be used: rotated by EXIF only with ``exif="apply"``.
+
+    Used by parsers that derive intrinsics from the image size; EXIF rejection is left to the full check.
+    """
+    header = probe_image(path, exif="apply" if exif == "apply" else "ignore", verify=False)
+    return header.width, header.height
 
 
 def _to_array(img: Image.Image, path: Path) -> np.ndarray:

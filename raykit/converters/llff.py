@@ -20,7 +20,7 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.converters.base import Capture, Problems, SourceView, check_rigid
-from raykit.converters.images import probe_image
+from raykit.converters.images import used_size
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["llff_c2w", "parse_llff"]
@@ -52,20 +52,19 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in _LLFF_EXTENSIONS and p.is_file())
 
 
-def _camera(hwf: np.ndarray, image: Path, label: str) -> Camera:
-    header = probe_image(image, verify=False, exif="ignore")
+def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
+    w, h = used_size(image, exif)
     height, width, focal = (float(v) for v in hwf)
-    sx, sy = header.width / width, header.height / height
+    sx, sy = w / width, h / height
     if abs(sx - sy) > 0.01 * max(sx, sy):
         raise SourceError(
-            f"{image}: image is {header.width}x{header.height}, not a uniform rescale of the "
+            f"{image}: image is {w}x{h}, not a uniform rescale of the "
             f"{width:g}x{height:g} poses_bounds.npy expects"
         )
-    w, h = header.width, header.height
     return Camera("PINHOLE", w, h, (focal * sx, focal * sy, w / 2, h / 2), label=label)
 
 
-def parse_llff(src: Path, *, downscale: int = 1) -> Capture:
+def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Capture:
     """Parse ``src/poses_bounds.npy`` and its images.
 
     Returns:
@@ -93,7 +92,7 @@ def parse_llff(src: Path, *, downscale: int = 1) -> Capture:
         if not np.all(np.isfinite(bounds)) or not 0 < bounds[0] < bounds[1]:
             problems.add(f"{where}: expected bounds 0 < near < far, got {bounds.tolist()}")
         try:
-            camera = _camera(pose[:, 4], image, label=str(path))
+            camera = _camera(pose[:, 4], image, str(path), exif)
         except (SourceError, CameraError) as exc:
             problems.extend(getattr(exc, "problems", [str(exc)]))
             continue

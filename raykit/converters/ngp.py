@@ -45,7 +45,7 @@ from raykit.converters.base import (
     relative_name,
     resolve_image,
 )
-from raykit.converters.images import probe_image
+from raykit.converters.images import used_size
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
@@ -139,7 +139,7 @@ def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _frame_view(
-    frame: Any, index: int, meta: Mapping[str, Any], base: Path, json_path: Path, problems: Problems
+    frame: Any, index: int, meta: Mapping[str, Any], json_path: Path, problems: Problems, exif: str
 ) -> tuple[SourceView | None, str | None]:
     """One frame -> (view, missing file path or None); other problems go to ``problems``."""
     where = f"{json_path}: frame {index}"
@@ -150,6 +150,7 @@ def _frame_view(
     c2w_gl, bad = check_rigid(frame.get("transform_matrix"), f"{where}: transform_matrix")
     if bad:
         problems.add(bad)
+    base = json_path.parent
     image = resolve_image(base, frame["file_path"])
     if image is None:
         return None, frame["file_path"]
@@ -161,8 +162,7 @@ def _frame_view(
         if "w" in intr and "h" in intr:
             width, height = int(intr["w"]), int(intr["h"])
         else:
-            header = probe_image(image, verify=False, exif="ignore")
-            width, height = header.width, header.height
+            width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
     except (SourceError, CameraError) as exc:
         problems.extend([f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])])
@@ -171,14 +171,16 @@ def _frame_view(
     return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
 
 
-def parse_frames(json_path: Path, meta: Any, problems: Problems) -> tuple[list[SourceView], list[str]]:
+def parse_frames(
+    json_path: Path, meta: Any, problems: Problems, exif: str = "reject"
+) -> tuple[list[SourceView], list[str]]:
     """Every frame of one transforms file -> (views, missing image paths)."""
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
         problems.add(f"{json_path}: expected an object with a 'frames' list")
         return [], []
     views, missing = [], []
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path.parent, json_path, problems)
+        view, gone = _frame_view(frame, index, meta, json_path, problems, exif)
         if gone is not None:
             missing.append(gone)
         elif view is not None:
@@ -193,7 +195,7 @@ def report_missing(json_path: Path, missing: list[str], skip_missing: bool, prob
             problems.add(f"{json_path}: frame image {rel!r} not found (pass --skip-missing to skip it)")
 
 
-def parse_ngp(src: Path, *, skip_missing: bool = False) -> Capture:
+def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") -> Capture:
     """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
 
     Raises:
@@ -202,7 +204,7 @@ def parse_ngp(src: Path, *, skip_missing: bool = False) -> Capture:
     json_path = src if src.is_file() else src / "transforms.json"
     problems = Problems()
     meta = load_json(json_path)
-    views, missing = parse_frames(json_path, meta, problems)
+    views, missing = parse_frames(json_path, meta, problems, exif)
     report_missing(json_path, missing, skip_missing, problems)
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")

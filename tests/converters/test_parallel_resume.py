@@ -64,20 +64,28 @@ def _opens(path: Path) -> bool:
     return True
 
 
-@pytest.mark.parametrize("backend", ["zarr", "wds"])
-def test_sigkill_leaves_no_store_and_rerun_resumes(tmp_path: Path, make, backend: str) -> None:
-    src = make.blender(tmp_path / "src", counts={"train": 12, "test": 4}, size=(64, 64))
-    dst = tmp_path / "kill" / "store"
-    partial = dst.with_name(dst.name + ".partial")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(src), str(dst), backend], env=os.environ.copy()
-    )
+def _run_and_kill(src: Path, dst: Path, partial: Path, backend: str) -> bool:
+    """Start a conversion in a child process (lowest priority) and SIGKILL it after its first shard."""
+    argv = [sys.executable, "-c", SCRIPT, str(src), str(dst), backend]
+    proc = subprocess.Popen(argv, env=os.environ.copy(), preexec_fn=lambda: os.nice(19))
     deadline = time.monotonic() + 120
     while not list(partial.glob(DONE)) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the conversion finished before it could be killed"
+    return proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_sigkill_leaves_no_store_and_rerun_resumes(tmp_path: Path, make, backend: str) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 12, "test": 4}, size=(64, 64))
+    for attempt in range(3):  # a heavily loaded machine may let a run finish before the kill lands
+        dst = tmp_path / f"kill{attempt}" / "store"
+        partial = dst.with_name(dst.name + ".partial")
+        if _run_and_kill(src, dst, partial, backend):
+            break
+    else:
+        pytest.fail("the conversion finished before it could be killed, three times")
     finished = [json.loads(p.read_text()) for p in sorted(partial.glob(DONE))]
     kept = {rel: (partial / rel).stat().st_mtime_ns for rec in finished for rel in rec["result"]["files"]}
     assert kept, "no shard was complete when the process was killed"

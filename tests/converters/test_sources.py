@@ -159,3 +159,25 @@ def test_near_far_override(tmp_path: Path, make) -> None:
 
     with pytest.raises(ConfigError, match="near < far"):
         convert(src, tmp_path / "b.zarr", near=3.0, far=1.0)
+
+
+def test_exif_policies_end_to_end(tmp_path: Path, make) -> None:
+    from PIL import Image
+
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (6, 4)) for i in range(2)]
+    stored = make.random_image(7, 4, 6, 3)
+    exif = Image.Exif()
+    exif[274] = 6  # rotate 90 degrees clockwise for display
+    make.write_image(root / "images" / "f_1.png", stored, exif=exif.tobytes())
+    make.ngp(root, frames, fl_x=5.0)
+    with pytest.raises(SourceError, match="EXIF orientation is 6"):
+        convert(root, tmp_path / "reject.zarr")
+    ignored = convert(root, tmp_path / "ignore.zarr", exif="ignore", split="all")
+    applied = convert(root, tmp_path / "apply.zarr", exif="apply", split="all")
+    as_stored = ignored.image_rays("images/f_1.png").rgb.numpy() * 255
+    np.testing.assert_allclose(as_stored.reshape(4, 6, 3), stored, atol=1e-3)
+    rotated = applied.image_rays("images/f_1.png").rgb.numpy() * 255
+    np.testing.assert_allclose(rotated.reshape(6, 4, 3), np.rot90(stored, k=-1), atol=1e-3)
+    widths = dict(zip(applied.table.names, applied.cameras.column("width").to_pylist(), strict=True))
+    assert widths["images/f_1.png"] == 4 and widths["images/f_0.png"] == 6
