@@ -43,6 +43,7 @@ from raykit.trainer.pipeline import composite_samples, march_step_size, query_fi
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
+    TensorBoardLog,
     environment,
     learning_rate,
     parse_background,
@@ -95,6 +96,7 @@ class _Run:
     refresh: torch.Generator
     log: JsonlLog
     progress: JsonlLog
+    tensorboard: TensorBoardLog | None
     progress_step: int = -1
 
 
@@ -145,14 +147,14 @@ def train(config: TrainConfig) -> Path:
         state.step += 1
         last_loss = loss.item()
         if run.procs.is_main and state.step % config.log_every == 0:
-            run.log.write(_log_record(state, window, last_loss, device))
+            _write_log(run, _log_record(state, window, last_loss, device))
             window = TrainState()
         if _progress_due(config, before, state.elapsed):
             _write_progress(run, state)
         if state.step % config.ckpt_every == 0:
             _checkpoint(run, state)
     if run.procs.is_main and window.rays:  # the last, partial logging window
-        run.log.write(_log_record(state, window, last_loss, device))
+        _write_log(run, _log_record(state, window, last_loss, device))
     _checkpoint(run, state)
     _write_progress(run, state)
     _write_rank_digest(run.run_dir, run.procs, field_, state.step)
@@ -192,6 +194,7 @@ def _setup(config: TrainConfig) -> _Run:
         refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
         log=JsonlLog(run_dir / "log.jsonl"),
         progress=JsonlLog(run_dir / "progress.jsonl"),
+        tensorboard=TensorBoardLog(run_dir) if procs.is_main else None,
     )
 
 
@@ -234,6 +237,12 @@ def _out_of_time(config: TrainConfig, state: TrainState, procs: Processes) -> bo
     if procs.distributed:
         dist.broadcast(flag, src=0)
     return bool(flag.item())
+
+
+def _write_log(run: _Run, record: dict[str, Any]) -> None:
+    run.log.write(record)
+    if run.tensorboard is not None:
+        run.tensorboard.write(record)
 
 
 def _progress_due(config: TrainConfig, before: float, after: float) -> bool:
