@@ -213,6 +213,7 @@ class RayLoader:
             "fingerprint": str(getattr(self.store, "fingerprint", "")),
             "epoch": self.epoch,
             "batch": self.batch,
+            "n_batches": plan.n_batches,
             **{key: getattr(plan, key) for key in _EXACT_KEYS + _PARTITION_KEYS},
         }
 
@@ -227,6 +228,8 @@ class RayLoader:
                     f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}"
                 )
         epoch, batch = int(state["epoch"]), int(state["batch"])
+        if batch >= int(state.get("n_batches", batch + 1)):  # saved after an epoch's last batch
+            epoch, batch = epoch + 1, 0
         changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
         if changed and batch > 0:
             warnings.warn(

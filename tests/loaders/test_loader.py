@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import numpy as np
@@ -84,9 +85,12 @@ def test_world_size_change_on_resume(stores: dict[str, Any]) -> None:
     fresh.load_state_dict({**fresh.state_dict(), "epoch": 1})
     for a, b in zip(_pids(list(one)), _pids(list(fresh)), strict=True):
         np.testing.assert_array_equal(a, b)
-    at_boundary = {**state, "batch": 0}
-    one.load_state_dict(at_boundary)  # an epoch boundary resumes exactly, without warning
-    assert (one.epoch, one.batch) == (0, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # epoch boundaries resume exactly, without warning
+        one.load_state_dict({**state, "batch": 0})
+        assert (one.epoch, one.batch) == (0, 0)
+        one.load_state_dict({**state, "batch": state["n_batches"]})
+        assert (one.epoch, one.batch) == (1, 0)
 
 
 def test_incompatible_state_is_refused(stores: dict[str, Any]) -> None:
