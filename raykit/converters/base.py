@@ -68,6 +68,8 @@ class Capture:
         points: (P, 3) float64 scene points (COLMAP points3D), or None.
         near, far: default ray bounds for views without their own, or None.
         bounds: the scene box ``((x0, y0, z0), (x1, y1, z1))`` in the source frame when known.
+        problems: problems found while parsing that did not stop it (bad frames, missing images);
+            the converter adds the image checks' problems and raises them all together.
         params: format-specific facts kept in the store's scene record (e.g. ``aabb_scale``).
     """
 
@@ -77,6 +79,7 @@ class Capture:
     near: float | None = None
     far: float | None = None
     bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    problems: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,6 +106,11 @@ class Problems:
 
     def raise_if_any(self) -> None:
         if self.lines:
+            raise SourceError(self.lines)
+
+    def raise_if_fatal(self, views: list[SourceView]) -> None:
+        """Raise now when nothing can be checked further (no usable view); else keep collecting."""
+        if self.lines and not views:
             raise SourceError(self.lines)
 
 

@@ -34,7 +34,8 @@ def parse_blender(src: Path, *, skip_missing: bool = False, exif: str = "reject"
     """Parse every ``transforms_{split}.json`` in ``src``.
 
     Raises:
-        SourceError: every problem found (all files, all frames), one line each.
+        SourceError: unreadable files, or no usable view (every problem found, one line each); other
+            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     problems = Problems()
     files = [(split, src / f"transforms_{split}.json") for split in BLENDER_SPLITS]
@@ -54,9 +55,9 @@ def parse_blender(src: Path, *, skip_missing: bool = False, exif: str = "reject"
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
         views += [_in_split(v, split) for v in found]
-    problems.raise_if_any()
+    problems.raise_if_fatal(views)
     params = {"skipped_missing": sorted(skipped) if skip_missing else []}
-    return Capture(source="blender", views=views, bounds=BLENDER_BOUNDS, params=params)
+    return Capture("blender", views, bounds=BLENDER_BOUNDS, problems=problems.lines, params=params)
 
 
 def _in_split(view: SourceView, split: str) -> SourceView:

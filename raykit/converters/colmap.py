@@ -115,7 +115,8 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
     """Parse a COLMAP project or model folder.
 
     Raises:
-        SourceError: every problem found (model files, cameras, poses, missing images), one line each.
+        SourceError: unreadable files, or no usable view (every problem found, one line each); other
+            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     model = find_colmap_model(src)
     if model is None:
@@ -137,12 +138,11 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
             used.append(by_name[name])
     if not by_name:
         problems.add(f"{model}: the model has no registered images")
-    problems.raise_if_any()
+    problems.raise_if_fatal(views)
     params = {
         "model": str(model),
         "images": str(images_dir),
         "skipped_missing": missing if skip_missing else [],
     }
-    return Capture(
-        source="colmap", views=_with_bounds(views, used, rec), points=rec.points3d_xyz(), params=params
-    )
+    views = _with_bounds(views, used, rec)
+    return Capture("colmap", views, points=rec.points3d_xyz(), problems=problems.lines, params=params)

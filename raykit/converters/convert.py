@@ -92,11 +92,28 @@ def _image_problems(view: SourceView, exif: str) -> list[str]:
     return []
 
 
-def _checked_cameras(views: Sequence[SourceView], exif: str, factor: int) -> list[Camera]:
-    """Probe every image (size, integrity, EXIF) and rescale every camera; all problems at once."""
+def _duplicates(views: Sequence[SourceView]) -> list[str]:
+    seen: dict[str, SourceView] = {}
+    problems = []
+    for view in views:
+        if view.name in seen:
+            problems.append(f"{view.image_path}: image {view.name!r} is listed more than once")
+        seen[view.name] = view
+    return problems
+
+
+def _checked_cameras(capture: Capture, exif: str, factor: int) -> list[Camera]:
+    """Probe every image (size, integrity, EXIF) and rescale every camera.
+
+    Raises:
+        SourceError: the parser's problems and these, all at once.
+    """
+    views = capture.views
     if not isinstance(factor, int) or factor < 1:
         raise ConfigError(f"downscale: expected a positive integer, got {factor!r}")
     problems, cameras = Problems(), []
+    problems.extend(capture.problems)
+    problems.extend(_duplicates(views))
     for view in views:
         problems.extend(_image_problems(view, exif))
         try:
@@ -151,7 +168,7 @@ def build_records(
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras = _checked_cameras(views, exif, factor)
+    cameras = _checked_cameras(capture, exif, factor)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)

@@ -72,7 +72,8 @@ def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Captur
         folder (1 when the full-resolution images are used).
 
     Raises:
-        SourceError: every problem found, one line each.
+        SourceError: unreadable files, or no usable view (every problem found, one line each); other
+            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     path = src / "poses_bounds.npy"
     data = _load(path)
@@ -102,5 +103,6 @@ def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Captur
         c2w = opengl_to_opencv_c2w(c2w_gl)
         near, far = float(bounds[0]), float(bounds[1])
         views.append(SourceView(image.name, camera, c2w, image, None, near, far))
-    problems.raise_if_any()
-    return Capture(source="llff", views=views, params={"prescaled": prescaled, "images": str(folder)})
+    problems.raise_if_fatal(views)
+    params = {"prescaled": prescaled, "images": str(folder)}
+    return Capture("llff", views, problems=problems.lines, params=params)

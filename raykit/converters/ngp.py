@@ -138,6 +138,16 @@ def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, 
     return centre, half
 
 
+def _size(width: Any, height: Any) -> tuple[int, int]:
+    ok = all(
+        isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
+        for v in (width, height)
+    )
+    if not ok:
+        raise SourceError(f"w, h: expected integers, got {width!r}, {height!r}")
+    return int(width), int(height)
+
+
 def _frame_view(
     frame: Any, index: int, meta: Mapping[str, Any], json_path: Path, problems: Problems, exif: str
 ) -> tuple[SourceView | None, str | None]:
@@ -160,11 +170,11 @@ def _frame_view(
     intr.update({k: frame[k] for k in INTRINSIC_KEYS if k in frame})
     try:
         if "w" in intr and "h" in intr:
-            width, height = int(intr["w"]), int(intr["h"])
+            width, height = _size(intr["w"], intr["h"])
         else:
             width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
-    except (SourceError, CameraError) as exc:
+    except (SourceError, CameraError, TypeError, ValueError) as exc:
         problems.extend([f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])])
         return None, None
     name = relative_name(image, base)
@@ -199,7 +209,8 @@ def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") ->
     """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
 
     Raises:
-        SourceError: every problem found, one line each.
+        SourceError: unreadable files, or no usable view (every problem found, one line each); other
+            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     json_path = src if src.is_file() else src / "transforms.json"
     problems = Problems()
@@ -208,11 +219,20 @@ def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") ->
     report_missing(json_path, missing, skip_missing, problems)
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")
-    problems.raise_if_any()
+    problems.raise_if_fatal(views)
     centres = np.stack([v.c2w[:3, 3] for v in views])
-    centre, half = _ngp_box(meta, centres)
+    try:
+        centre, half = _ngp_box(meta, centres)
+    except (TypeError, ValueError):
+        raise SourceError(
+            [
+                *problems.lines,
+                f"{json_path}: aabb_scale, scale and offset must be numbers (offset: one or three), got "
+                f"{meta.get('aabb_scale')!r}, {meta.get('scale')!r}, {meta.get('offset')!r}",
+            ]
+        ) from None
     views = [_bounded(v, centre, half) for v in views]
     params = {k: meta[k] for k in ("aabb_scale", "scale", "offset") if k in meta}
     params["skipped_missing"] = sorted(missing) if skip_missing else []
     box = (tuple((centre - half).tolist()), tuple((centre + half).tolist())) if "aabb_scale" in meta else None
-    return Capture(source="ngp", views=views, bounds=box, params=params)
+    return Capture("ngp", views, bounds=box, problems=problems.lines, params=params)

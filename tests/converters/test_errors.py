@@ -153,3 +153,14 @@ def test_cli_success_prints_summary(tmp_path: Path, make, cli, capsys) -> None:
     assert status == 2 and "already exists" in lines[0]
     status, _ = cli("convert", src, tmp_path / "out", "--no-progress", "--overwrite", "--split", "all")
     assert status == 0
+
+
+def test_ngp_bad_values_and_duplicates(tmp_path: Path, make, cli) -> None:
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (6, 4)) for i in range(3)]
+    frames[1]["w"], frames[1]["h"] = "wide", 4
+    frames.append(dict(frames[2]))  # the same image twice
+    make.ngp(root, frames, fl_x=5.0)
+    _fails(cli, root, tmp_path / "a.zarr", expect=["frame 1 (images/f_1.png)", "listed more than once"])
+    make.ngp(root, frames[:1], fl_x=5.0, aabb_scale="big")
+    _fails(cli, root, tmp_path / "b.zarr", expect=["aabb_scale, scale and offset must be numbers"])
