@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
@@ -102,7 +103,7 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
     return problems
 
 
-def _checked_cameras(capture: Capture, exif: str, factor: int) -> list[Camera]:
+def _checked_cameras(capture: Capture, exif: str, factor: int, progress: bool = False) -> list[Camera]:
     """Probe every image (size, integrity, EXIF) and rescale every camera.
 
     Raises:
@@ -114,7 +115,7 @@ def _checked_cameras(capture: Capture, exif: str, factor: int) -> list[Camera]:
     problems, cameras = Problems(), []
     problems.extend(capture.problems)
     problems.extend(_duplicates(views))
-    for view in views:
+    for view in tqdm(views, desc="check images", unit="image", disable=not progress):
         problems.extend(_image_problems(view, exif))
         try:
             cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
@@ -163,12 +164,13 @@ def build_records(
     exif: str = "reject",
     near: float | None = None,
     far: float | None = None,
+    progress: bool = False,
 ) -> tuple[list[ImageRecord], SceneInfo]:
     """Checked image records (store world frame) and the scene record for a parsed capture."""
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras = _checked_cameras(capture, exif, factor)
+    cameras = _checked_cameras(capture, exif, factor, progress)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -259,7 +261,14 @@ def convert(
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
     records, scene = build_records(
-        capture, downscale=downscale, split=split, normalize=normalize, exif=exif, near=near, far=far
+        capture,
+        downscale=downscale,
+        split=split,
+        normalize=normalize,
+        exif=exif,
+        near=near,
+        far=far,
+        progress=progress,
     )
     layout: dict[str, Any] = {"seed": seed}
     if chunk_rays is not None:
