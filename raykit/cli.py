@@ -13,7 +13,14 @@ __all__ = ["build_parser", "main"]
 
 # Modules that define ``register(subparsers) -> None``; each adds parsers with ``set_defaults(func=...)``
 # where ``func(args) -> int`` is the exit status.
-COMMAND_MODULES: tuple[str, ...] = ("raykit.scene.cli", "raykit.store.cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "raykit.scene.cli",
+    "raykit.converters.cli",
+    "raykit.store.cli",
+    "raykit.loaders.cli",
+    "raykit.trainer.cli",
+    "raykit.demo.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,27 @@
+"""``raykit demo``: the main job end to end on the built-in scene."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``raykit demo`` to the ``raykit`` parser."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="build the built-in scene, convert, validate, profile, train each sampler, write a report",
+    )
+    parser.add_argument("--out", default="demo-out", help="output directory (replaced; default: demo-out)")
+    parser.add_argument("--quick", action="store_true", help="tiny scene and short budgets (about a minute)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the scene, layout and training")
+    parser.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from raykit.demo import run_demo
+
+    run_demo(args.out, quick=args.quick, seed=args.seed)
+    return 0
