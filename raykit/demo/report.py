@@ -8,8 +8,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from PIL import Image  # noqa: E402
+import matplotlib.pyplot as plt
+from PIL import Image
 
 __all__ = ["plot_psnr", "plot_throughput", "render_strip", "write_report"]
 
@@ -101,8 +101,8 @@ def _dataset_section(results: dict[str, Any]) -> str:
     scene, stores = results["scene"], results["stores"]
     views = ", ".join(f"{n} {s}" for s, n in scene["views"].items())
     rows = [
-        [name, s["backend"], f"{sum(v['rays'] for v in s['splits'].values()):,}", f"{s['bytes_on_disk'] / 1e6:.2f}",
-         f"{s['bytes_per_ray']:.2f}", f"{s['convert_s']:.1f}", s["fingerprint"][:12]]
+        [name, s["backend"], f"{sum(v['rays'] for v in s['splits'].values()):,}",
+         f"{s['bytes_on_disk'] / 1e6:.2f}", f"{s['bytes_per_ray']:.2f}", f"{s['convert_s']:.1f}", s["fingerprint"][:12]]
         for name, s in stores.items() if isinstance(s, dict) and "backend" in s
     ]  # fmt: skip
     same = stores["blender_vs_colmap"]
@@ -122,8 +122,8 @@ def _dataset_section(results: dict[str, Any]) -> str:
 
 def _loader_section(bench: dict[str, Any]) -> str:
     rows = [
-        [str(r["settings"]["workers"]), str(r["settings"]["batch_size"]), f"{r['cold']['rays_per_s'] / 1e6:.2f}",
-         f"{r['warm']['rays_per_s'] / 1e6:.2f}", f"{r['warm']['mb_per_s']:.1f}",
+        [str(r["settings"]["workers"]), str(r["settings"]["batch_size"]),
+         f"{r['cold']['rays_per_s'] / 1e6:.2f}", f"{r['warm']['rays_per_s'] / 1e6:.2f}", f"{r['warm']['mb_per_s']:.1f}",
          f"{r['cold'].get('first_batch_s', float('nan')):.3f}"]
         for r in bench["grid"]
     ]  # fmt: skip
