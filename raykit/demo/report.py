@@ -97,14 +97,23 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _store_row(name: str, s: dict[str, Any]) -> list[str]:
+    rays = sum(v["rays"] for v in s["splits"].values())
+    mb = s["bytes_on_disk"] / 1e6
+    return [name, s["backend"], f"{rays:,}", f"{mb:.2f}", f"{s['bytes_per_ray']:.2f}", f"{s['convert_s']:.1f}",
+            s["fingerprint"][:12]]  # fmt: skip
+
+
+def _bench_row(r: dict[str, Any]) -> list[str]:
+    settings, cold, warm = r["settings"], r["cold"], r["warm"]
+    return [str(settings["workers"]), str(settings["batch_size"]), f"{cold['rays_per_s'] / 1e6:.2f}",
+            f"{warm['rays_per_s'] / 1e6:.2f}", f"{warm['mb_per_s']:.1f}", f"{cold['first_batch_s']:.3f}"]  # fmt: skip
+
+
 def _dataset_section(results: dict[str, Any]) -> str:
     scene, stores = results["scene"], results["stores"]
     views = ", ".join(f"{n} {s}" for s, n in scene["views"].items())
-    rows = [
-        [name, s["backend"], f"{sum(v['rays'] for v in s['splits'].values()):,}",
-         f"{s['bytes_on_disk'] / 1e6:.2f}", f"{s['bytes_per_ray']:.2f}", f"{s['convert_s']:.1f}", s["fingerprint"][:12]]
-        for name, s in stores.items() if isinstance(s, dict) and "backend" in s
-    ]  # fmt: skip
+    rows = [_store_row(name, s) for name, s in stores.items() if isinstance(s, dict) and "backend" in s]
     same = stores["blender_vs_colmap"]
     return "\n".join([
         "## Dataset",
@@ -121,12 +130,7 @@ def _dataset_section(results: dict[str, Any]) -> str:
 
 
 def _loader_section(bench: dict[str, Any]) -> str:
-    rows = [
-        [str(r["settings"]["workers"]), str(r["settings"]["batch_size"]),
-         f"{r['cold']['rays_per_s'] / 1e6:.2f}", f"{r['warm']['rays_per_s'] / 1e6:.2f}", f"{r['warm']['mb_per_s']:.1f}",
-         f"{r['cold'].get('first_batch_s', float('nan')):.3f}"]
-        for r in bench["grid"]
-    ]  # fmt: skip
+    rows = [_bench_row(r) for r in bench["grid"]]
     base = [
         [name, f"{b['steady_rays_per_s'] / 1e6:.2f}", f"{b['time_to_first_batch_s']:.2f}",
          f"{b['host_bytes_per_cached_ray']:.0f}"]
