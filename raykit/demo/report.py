@@ -100,14 +100,22 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _store_row(name: str, s: dict[str, Any]) -> list[str]:
     rays = sum(v["rays"] for v in s["splits"].values())
     mb = s["bytes_on_disk"] / 1e6
-    return [name, s["backend"], f"{rays:,}", f"{mb:.2f}", f"{s['bytes_per_ray']:.2f}", f"{s['convert_s']:.1f}",
-            s["fingerprint"][:12]]  # fmt: skip
+    per_ray, seconds = s["bytes_per_ray"], s["convert_s"]
+    return [
+        name,
+        s["backend"],
+        f"{rays:,}",
+        f"{mb:.2f}",
+        f"{per_ray:.2f}",
+        f"{seconds:.1f}",
+        s["fingerprint"][:12],
+    ]
 
 
 def _bench_row(r: dict[str, Any]) -> list[str]:
     settings, cold, warm = r["settings"], r["cold"], r["warm"]
-    return [str(settings["workers"]), str(settings["batch_size"]), f"{cold['rays_per_s'] / 1e6:.2f}",
-            f"{warm['rays_per_s'] / 1e6:.2f}", f"{warm['mb_per_s']:.1f}", f"{cold['first_batch_s']:.3f}"]  # fmt: skip
+    rates = [f"{cold['rays_per_s'] / 1e6:.2f}", f"{warm['rays_per_s'] / 1e6:.2f}", f"{warm['mb_per_s']:.1f}"]
+    return [str(settings["workers"]), str(settings["batch_size"]), *rates, f"{cold['first_batch_s']:.3f}"]
 
 
 def _dataset_section(results: dict[str, Any]) -> str:
