@@ -54,7 +54,9 @@ class TrainConfig:
     occ_refresh_fraction: float = _opt(0.25, "occupancy: share of random cells re-evaluated after warm-up")
     occ_threshold: float = _opt(0.01, "occupancy: opacity per step below which a cell is empty")
     march_steps: int = _opt(256, "occupancy: marching steps across the scene box diagonal")
-    early_stop_eps: float = _opt(1e-4, "occupancy: drop samples behind this transmittance (0: keep)")
+    early_stop_eps: float = _opt(
+        0.0, "occupancy: drop samples behind this transmittance, found by an extra density pass (0: off)"
+    )
     levels: int = _opt(3, "field: feature-plane levels")
     base_resolution: int = _opt(64, "field: coarsest plane resolution")
     max_resolution: int = _opt(256, "field: finest plane resolution")

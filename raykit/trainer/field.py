@@ -60,7 +60,8 @@ def plane_features(planes: Tensor, coords: Tensor) -> Tensor:
     sampled = F.grid_sample(
         planes, _plane_coords(coords), mode="bilinear", padding_mode="zeros", align_corners=True
     )
-    return sampled.prod(dim=0).view(planes.shape[1], -1).t()
+    product = sampled[0] * sampled[1] * sampled[2]  # cheaper backward than .prod(dim=0)
+    return product.view(planes.shape[1], -1).t()
 
 
 def reference_plane_features(planes: Tensor, coords: Tensor) -> Tensor:

@@ -188,7 +188,7 @@ def _setup(config: TrainConfig) -> _Run:
         field=field_,
         grid=grid,
         model=DistributedDataParallel(field_) if procs.distributed else field_,
-        optimizer=torch.optim.Adam(field_.parameters(), lr=config.lr, eps=1e-15),
+        optimizer=torch.optim.Adam(field_.parameters(), lr=config.lr, eps=1e-15, fused=True),
         loader=loader,
         jitter=torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank),
         refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),

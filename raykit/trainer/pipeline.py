@@ -72,7 +72,15 @@ def sample_rays(
     density_fn = field.density if config.early_stop_eps > 0 else None
     step_size = march_step_size(field.aabb, config.march_steps)
     return march_occupied(
-        rays_o, rays_d, t0, t1, step_size, grid.is_occupied, generator, density_fn, config.early_stop_eps
+        rays_o,
+        rays_d,
+        t0,
+        t1,
+        step_size,
+        grid.is_occupied_along,
+        generator,
+        density_fn,
+        config.early_stop_eps,
     )
 
 

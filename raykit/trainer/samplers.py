@@ -215,7 +215,7 @@ def march_occupied(
     t_min: Tensor,
     t_max: Tensor,
     step_size: float,
-    occupied: Callable[[Tensor], Tensor],
+    occupied: Callable[[Tensor, Tensor, Tensor], Tensor],
     generator: torch.Generator | None = None,
     density_fn: DensityFn | None = None,
     early_stop_eps: float = 1e-4,
@@ -226,7 +226,8 @@ def march_occupied(
         rays_o, rays_d: (N, 3) origins and directions.
         t_min, t_max: (N,) the interval marched (e.g. near/far clipped to the scene box).
         step_size: interval length.
-        occupied: positions (K, 3) -> (K,) bool.
+        occupied: ``(rays_o (N, 3), rays_d (N, 3), t (N, S)) -> (N, S)`` bool, e.g.
+            :meth:`raykit.trainer.occupancy.OccupancyGrid.is_occupied_along`.
         generator: jitters the start of each ray's comb by a fraction of a step; None for none.
         density_fn: when given, a no-gradient pass drops samples behind which the transmittance has
             fallen below ``early_stop_eps`` (they would contribute less than that to the pixel).
@@ -242,16 +243,14 @@ def march_occupied(
         offset = torch.rand(shape, generator=generator, dtype=rays_o.dtype, device=rays_o.device)
     steps = torch.arange(n_steps, dtype=rays_o.dtype, device=rays_o.device)
     t_mid = t_min[:, None] + (steps + offset) * step_size
-    keep = t_mid < t_max[:, None]
-    positions = rays_o[:, None, :] + rays_d[:, None, :] * t_mid[..., None]
-    keep[keep.clone()] = occupied(positions[keep])
-    t_mid_packed = t_mid[keep]
-    ray_indices = torch.nonzero(keep, as_tuple=True)[0]
+    keep = (t_mid < t_max[:, None]) & occupied(rays_o, rays_d, t_mid)
+    ray_indices, step_indices = torch.nonzero(keep, as_tuple=True)
+    t_mid_packed = t_mid[ray_indices, step_indices]
     t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min[ray_indices])
     t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max[ray_indices])
     if density_fn is not None and ray_indices.numel():
         with torch.no_grad():
-            sigmas = density_fn(positions[keep])
+            sigmas = density_fn(rays_o[ray_indices] + rays_d[ray_indices] * t_mid_packed[:, None])
             _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
         alive = trans > early_stop_eps
         t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]

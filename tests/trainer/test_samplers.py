@@ -81,7 +81,9 @@ def test_march_all_occupied_equals_padded_uniform_render() -> None:
     origins, dirs = _rays(8, seed=3)
     t_min, t_max = ray_aabb_intersect(origins, dirs, AABB)
     step = 0.05
-    packed = march_occupied(origins, dirs, t_min, t_max, step, lambda x: torch.ones(len(x), dtype=torch.bool))
+    packed = march_occupied(
+        origins, dirs, t_min, t_max, step, lambda o, d, t: torch.ones_like(t, dtype=torch.bool)
+    )
     n = int(torch.ceil((t_max - t_min).max() / step))
     mids = t_min[:, None] + (torch.arange(n) + 0.5) * step
     t0 = torch.minimum(torch.maximum(mids - step / 2, t_min[:, None]), t_max[:, None])
@@ -114,7 +116,13 @@ def test_occupancy_grid_refresh_and_skipping() -> None:
     assert bool(grid.is_occupied(torch.zeros(1, 3))) and not bool(grid.is_occupied(torch.full((1, 3), 0.9)))
     origins, dirs = _rays(16, seed=4)
     t_min, t_max = ray_aabb_intersect(origins, dirs, AABB)
-    s = march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied, torch.Generator().manual_seed(0))
+    t = t_min[:, None] + (t_max - t_min)[:, None] * torch.linspace(0.001, 0.999, 50)
+    along = grid.is_occupied_along(origins, dirs, t)
+    points = origins[:, None] + dirs[:, None] * t[..., None]
+    assert torch.equal(along, grid.is_occupied(points.view(-1, 3)).view(t.shape))
+    s = march_occupied(
+        origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along, torch.Generator().manual_seed(0)
+    )
     assert s.ray_indices is not None and torch.all(s.ray_indices[1:] >= s.ray_indices[:-1])
     pts = origins[s.ray_indices] + dirs[s.ray_indices] * (0.5 * (s.t_starts + s.t_ends))[:, None]
     assert torch.all(pts.norm(dim=-1) < 0.4 + 2 * 3**0.5 / 16 + 0.02)
@@ -123,5 +131,8 @@ def test_occupancy_grid_refresh_and_skipping() -> None:
     changed = grid.density != before
     assert 0.2 < float(changed.float().mean()) < 0.35  # about a quarter (plus the few occupied cells)
     assert torch.all(changed[occupied_before])  # every occupied cell is re-evaluated
-    stopped = march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied, None, ball, 1e-4)
-    assert stopped.n_samples < march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied).n_samples
+    stopped = march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along, None, ball, 1e-4)
+    assert (
+        stopped.n_samples
+        < march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along).n_samples
+    )
