@@ -58,7 +58,7 @@ class OccupancyGrid(nn.Module):
         return self.occupied[flat] & inside
 
     def is_occupied_along(self, rays_o: Tensor, rays_d: Tensor, t: Tensor) -> Tensor:
-        """(N, S) bool occupancy at distances ``t`` (N, S) along rays (N, 3); fast twin of :meth:`is_occupied`.
+        """(N, S) bool occupancy at distances ``t`` (N, S) along rays (N, 3); twin of :meth:`is_occupied`.
 
         Works in grid units (one multiply-add per point, truncation instead of floor, the flat index as
         an exact float dot product), so points must be inside the box up to rounding, as they are when
