@@ -85,3 +85,23 @@ def test_cli_lists_every_subcommand() -> None:
 
     parser = build_parser()
     assert parser.prog == "raykit"
+
+
+def test_generated_docs_are_current() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_docs.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_readme_mentions_every_subcommand() -> None:
+    from raykit.cli import build_parser
+
+    parser = build_parser()
+    readme = (ROOT / "README.md").read_text()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name in subparsers.choices:
+        assert f"raykit {name}" in readme
