@@ -3,7 +3,9 @@
 ``ChunkFetcher`` hands out decoded chunks in the order the plan asks for them. It looks ahead in that
 order, keeps up to ``lookahead`` reads in flight on a process pool (``num_workers > 0``) and puts every
 chunk it reads into the :class:`~raykit.loaders.cache.ChunkCache`. Which process reads a chunk never
-changes its contents, so batches do not depend on ``num_workers``.
+changes its contents, so batches do not depend on ``num_workers``. Until the first worker has delivered
+a chunk (spawned workers need seconds to import), the calling thread reads the chunks it needs
+itself, so the first batch is not delayed by worker start-up.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class ChunkFetcher:
             self._pool = ProcessPoolExecutor(
                 num_workers, mp_context=context, initializer=_init_worker, initargs=(source,)
             )
-        self.read_seconds = 0.0
+        self._workers_ready = False
 
     def fetch(self, indices: Iterable[int]) -> Iterator[tuple[int, RawRays]]:
         """Yield ``(index, chunk)`` for every index, in order, reading ahead on the pool."""
@@ -77,11 +79,19 @@ class ChunkFetcher:
                 return
             index, item = pending.popleft()
             if isinstance(item, Future):
-                chunk = item.result()
+                chunk = self._result(index, item)
                 self.cache.put(index, chunk)
                 yield index, chunk
             else:
                 yield index, item
+
+    def _result(self, index: int, future: Future[RawRays]) -> RawRays:
+        """The future's chunk; while no worker has started yet (spawning takes seconds), read it here."""
+        if not self._workers_ready and not future.done():
+            future.cancel()
+            return self.source.read_chunk(index)
+        self._workers_ready = True
+        return future.result()
 
     def _submit(self, index: int) -> Future[RawRays] | RawRays:
         cached = self.cache.get(index)
