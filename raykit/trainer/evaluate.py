@@ -70,10 +70,8 @@ def render_image(
     parts = []
     for lo in range(0, len(batch), config.eval_chunk):
         rays = batch[lo : lo + config.eval_chunk]
-        samples = sample_rays(
-            config, field, grid, rays.origins, rays.directions, rays.near, rays.far, config.steps, None
-        )
-        parts.append(render_rays(field, samples, rays.origins, rays.directions, background)["rgb"])
+        samples = sample_rays(config, field, grid, rays, config.steps, None)
+        parts.append(render_rays(field, samples, rays, background)["rgb"])
     pred = torch.cat(parts).clamp(0, 1).view(height, width, 3).cpu()
     target = batch.composite(background).view(height, width, 3).cpu()
     return pred, target

@@ -107,32 +107,20 @@ def train(config: TrainConfig) -> Path:
     background = parse_background(config.background).to(device)
     state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
     batches, window, last_loss = run.loader.forever(), TrainState(), float("nan")
-    while state.step < config.steps and not _out_of_time(config, state, run.procs):
+    while state.step < config.steps:
+        clock = _shared_elapsed(config, state, run.procs)
+        if config.max_seconds is not None and clock >= config.max_seconds:
+            break
         t = [time.perf_counter()]
         batch = next(batches)
         t.append(time.perf_counter())
         for group in run.optimizer.param_groups:
-            group["lr"] = learning_rate(config, state.step, state.elapsed)
+            group["lr"] = learning_rate(config, state.step, clock)
         if grid is not None and state.step % config.occ_update_every == 0:
-            fraction = 1.0 if state.step < config.occ_warmup_steps else config.occ_refresh_fraction
-            grid.refresh(
-                field_.density, march_step_size(field_.aabb, config.march_steps), run.refresh, fraction
-            )
-        samples = sample_rays(
-            config,
-            field_,
-            grid,
-            batch.origins,
-            batch.directions,
-            batch.near,
-            batch.far,
-            state.step,
-            run.jitter,
-        )
+            _refresh_grid(run, state.step)
+        samples = sample_rays(config, field_, grid, batch, state.step, run.jitter)
         t.append(_sync(device))
-        sigmas, rgbs = query_field(
-            run.model, samples, batch.origins, batch.directions, config.mixed_precision
-        )
+        sigmas, rgbs = query_field(run.model, samples, batch, config.mixed_precision)
         t.append(_sync(device))
         rendered = composite_samples(samples, sigmas, rgbs, background)
         loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
@@ -229,14 +217,26 @@ def _log_record(state: TrainState, window: TrainState, loss: float, device: torc
     }
 
 
-def _out_of_time(config: TrainConfig, state: TrainState, procs: Processes) -> bool:
-    """True once the time budget is spent (rank 0 decides for all ranks, so they stop together)."""
-    if config.max_seconds is None:
-        return False
-    flag = torch.tensor([1.0 if state.elapsed >= config.max_seconds else 0.0])
-    if procs.distributed:
-        dist.broadcast(flag, src=0)
-    return bool(flag.item())
+def _shared_elapsed(config: TrainConfig, state: TrainState, procs: Processes) -> float:
+    """Training seconds so far, rank 0's on every rank when a time budget applies.
+
+    The budget and the time-based learning-rate schedule must agree across ranks, or the ranks would
+    stop at different steps (deadlock) or apply different learning rates (diverging parameters).
+    """
+    if config.max_seconds is None or not procs.distributed:
+        return state.elapsed
+    clock = torch.tensor([state.elapsed], dtype=torch.float64)
+    dist.broadcast(clock, src=0)
+    return float(clock.item())
+
+
+def _refresh_grid(run: _Run, step: int) -> None:
+    """Refresh the occupancy grid: every cell during warm-up, then a random share plus the occupied ones."""
+    config = run.config
+    if run.grid is not None:
+        fraction = 1.0 if step < config.occ_warmup_steps else config.occ_refresh_fraction
+        step_size = march_step_size(run.field.aabb, config.march_steps)
+        run.grid.refresh(run.field.density, step_size, run.refresh, fraction)
 
 
 def _write_log(run: _Run, record: dict[str, Any]) -> None:

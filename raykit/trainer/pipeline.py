@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from raykit.rays import RayBatch
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
@@ -42,21 +43,18 @@ def sample_rays(
     config: TrainConfig,
     field: RadianceField,
     grid: OccupancyGrid | None,
-    rays_o: Tensor,
-    rays_d: Tensor,
-    near: Tensor,
-    far: Tensor,
+    rays: RayBatch,
     step: int,
     generator: torch.Generator | None,
 ) -> Samples:
-    """Intervals along each ray, within ``[near, far]`` clipped to the field's scene box.
+    """Intervals along each ray, within the rays' ``[near, far]`` clipped to the field's scene box.
 
     Args:
-        rays_o, rays_d: (N, 3) origins and unit directions.
-        near, far: (N,) ray bounds from the store.
+        rays: N rays (``origins``, ``directions``, ``near``, ``far`` are used).
         step: training step (drives the hierarchical coarse-to-fine schedule).
         generator: jitter source; None for deterministic evaluation samples.
     """
+    rays_o, rays_d, near, far = rays.origins, rays.directions, rays.near, rays.far
     t_min, t_max = ray_aabb_intersect(rays_o, rays_d, field.aabb)
     t0 = torch.maximum(near, t_min)
     t1 = torch.maximum(torch.minimum(far, t_max), t0)
@@ -91,12 +89,13 @@ def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContext
 
 
 def query_field(
-    model: FieldFn, samples: Samples, rays_o: Tensor, rays_d: Tensor, mixed_precision: bool = False
+    model: FieldFn, samples: Samples, rays: RayBatch, mixed_precision: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Densities and colours at the samples' midpoints: (N, S) / (N, S, 3) padded or (M,) / (M, 3) packed.
 
     ``mixed_precision`` autocasts the field to bfloat16 on CUDA only; the outputs are float32.
     """
+    rays_o, rays_d = rays.origins, rays.directions
     t_mid = 0.5 * (samples.t_starts + samples.t_ends)
     if samples.ray_indices is None:
         positions = rays_o[:, None, :] + rays_d[:, None, :] * t_mid[..., None]
@@ -119,13 +118,8 @@ def composite_samples(
 
 
 def render_rays(
-    model: FieldFn,
-    samples: Samples,
-    rays_o: Tensor,
-    rays_d: Tensor,
-    background: Tensor,
-    mixed_precision: bool = False,
+    model: FieldFn, samples: Samples, rays: RayBatch, background: Tensor, mixed_precision: bool = False
 ) -> dict[str, Tensor]:
     """:func:`query_field` then :func:`composite_samples`: ``rgb (N, 3)``, ``opacity``, ``depth (N, 1)``."""
-    sigmas, rgbs = query_field(model, samples, rays_o, rays_d, mixed_precision)
+    sigmas, rgbs = query_field(model, samples, rays, mixed_precision)
     return composite_samples(samples, sigmas, rgbs, background)
