@@ -116,11 +116,13 @@ def test_colmap_nan_pose_and_missing_images(tmp_path: Path, make, cli) -> None:
     parts[5] = "nan"
     lines[first] = " ".join(parts)
     (model / "images.txt").write_text("\n".join(lines) + "\n")
-    gone = sorted(im.name for im in rec.images.values())[-2:]
-    for name in gone:
+    names = sorted(im.name for im in rec.images.values())
+    for name in names[-2:]:
         (tmp_path / "cap" / "images" / name).unlink()
+    make.write_image(tmp_path / "cap" / "images" / names[1], make.random_image(0, 5, 5, 3))
     status, err = cli("convert", tmp_path / "cap", tmp_path / "out.zarr", "--no-progress")
     assert status == 2
+    assert sum(f"{names[1]}: image is 5x5, its camera" in line for line in err) == 1
     assert sum("not finite" in line or "nan" in line.lower() for line in err) >= 1
     assert sum("not found" in line for line in err) == 2
 

@@ -94,6 +94,11 @@ def test_ngp_per_frame_intrinsics_fisheye_and_windows_paths(tmp_path: Path, make
         np.testing.assert_allclose(origins, ref_o.double().numpy(), atol=1e-5)
     models = set(store.cameras.column("model").to_pylist())
     assert {"OPENCV", "OPENCV_FISHEYE"} <= models
+    half = 4 * 0.5 / 0.33  # aabb_scale 4 around instant-ngp's default unit cube (scale 0.33, offset 0.5)
+    np.testing.assert_allclose(store.manifest["scene"]["bounds"], [[-half] * 3, [half] * 3])
+    assert store.manifest["source"]["aabb_scale"] == 4
+    same = convert(root / "transforms.json", tmp_path / "file.zarr", split="all")
+    assert same.fingerprint == store.fingerprint
 
 
 def test_ngp_camera_mapping() -> None:
