@@ -35,7 +35,9 @@ class TrainConfig:
     sampler: str = _opt("occupancy", "sampling strategy along rays", choices=SAMPLERS)
     steps: int = _opt(5000, "optimisation steps (upper bound when --max-seconds is given)")
     max_seconds: float | None = _opt(None, "training time budget in seconds; training stops, then evaluates")
-    batch_size: int = _opt(4096, "rays per step (per process under torchrun)")
+    batch_size: int = _opt(
+        1024, "rays per step (per process under torchrun); small batches, many steps suit CPUs"
+    )
     lr: float = _opt(1e-2, "Adam learning rate at step 0")
     lr_final: float = _opt(1e-3, "learning rate reached at the last step (exponential decay)")
     seed: int = _opt(0, "seed for initialisation, the loader order and sample jitter")
