@@ -98,7 +98,7 @@ class RayLoader:
         mix_chunks: mixing-buffer size in chunks.
         mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when the
             stored split is shuffled, else 1.
-        prefetch: batches prepared ahead of the consumer.
+        prefetch: batches prepared ahead of the consumer (rounded up to whole groups).
         gen_threads: threads generating groups concurrently (each with one torch intra-op thread, so
             they never spin against each other or the caller); default 2 on CPU, 1 on GPUs.
         group_rays: rays gathered and generated together (consecutive batches of one epoch), which
@@ -169,7 +169,9 @@ class RayLoader:
         if self.batch >= self.plan.n_batches:
             self.epoch, self.batch = self.epoch + 1, 0
         epoch = self.epoch
-        items: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        # One queue item per generated group (a list of batches): fewer hand-offs between threads.
+        per_group = max(1, self.group_rays // self.plan.batch_size)
+        items: queue.Queue[Any] = queue.Queue(maxsize=max(1, -(-self.prefetch // per_group)))
         stop = threading.Event()
         thread = threading.Thread(
             target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-loader", daemon=True
@@ -182,8 +184,9 @@ class RayLoader:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                self.batch += 1
-                yield item
+                for batch in item:
+                    self.batch += 1
+                    yield batch
             self.epoch, self.batch = epoch + 1, 0
         finally:
             stop.set()
@@ -300,7 +303,7 @@ class RayLoader:
         bounds, future = item
         group, seconds = future.result()
         self.seconds["generate"] += seconds
-        return all(_put(items, _slice(group, lo, hi), stop) for lo, hi in bounds)
+        return _put(items, [_slice(group, lo, hi) for lo, hi in bounds], stop)
 
     def _raw_groups(self, epoch: int, start: int) -> Iterator[tuple[list[tuple[int, int]], RawRays]]:
         """Consecutive batches gathered together (about ``group_rays`` rays), with each batch's bounds."""
