@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from raykit.errors import ConfigError
@@ -50,7 +51,7 @@ def conversion_executor(
                     threads_per_worker=1,
                     processes=True,
                     dashboard_address=None,
-                    silence_logs=40,
+                    silence_logs=logging.CRITICAL,  # task errors reach the caller as exceptions
                 )
             )
             client = stack.enter_context(Client(cluster))

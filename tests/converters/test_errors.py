@@ -166,3 +166,15 @@ def test_ngp_bad_values_and_duplicates(tmp_path: Path, make, cli) -> None:
     _fails(cli, root, tmp_path / "a.zarr", expect=["frame 1 (images/f_1.png)", "listed more than once"])
     make.ngp(root, frames[:1], fl_x=5.0, aabb_scale="big")
     _fails(cli, root, tmp_path / "b.zarr", expect=["aabb_scale, scale and offset must be numbers"])
+
+
+def test_image_failing_only_at_decode_leaves_no_store(tmp_path: Path, make, cli) -> None:
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (32, 24)) for i in range(2)]
+    jpeg = make.write_image(root / "images" / "f_1.jpg", make.random_image(9, 24, 32, 3), quality=90)
+    jpeg.write_bytes(jpeg.read_bytes()[: len(jpeg.read_bytes()) // 2])  # header intact, data truncated
+    frames[1]["file_path"] = "images/f_1.jpg"
+    make.ngp(root, frames, fl_x=20.0)
+    status, lines = cli("convert", root, tmp_path / "out.zarr", "--no-progress", "--split", "all")
+    assert status == 2 and len(lines) == 1 and "f_1.jpg: cannot decode image" in lines[0]
+    assert not (tmp_path / "out.zarr").exists()
