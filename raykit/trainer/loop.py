@@ -60,13 +60,14 @@ _PHASES = ("data", "sampling", "network", "rendering", "backward", "optimizer")
 
 @dataclass
 class TrainState:
-    """Loop counters that a checkpoint carries besides weights."""
+    """Loop counters that a checkpoint carries besides weights (also used for one logging window)."""
 
     step: int = 0
     elapsed: float = 0.0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_PHASES, 0.0))
     rays: int = 0
     samples: int = 0
+    loss_sum: float = 0.0
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -106,7 +107,7 @@ def train(config: TrainConfig) -> Path:
     field_, grid, device = run.field, run.grid, run.device
     background = parse_background(config.background).to(device)
     state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
-    batches, window, last_loss = run.loader.forever(), TrainState(), float("nan")
+    batches, window = run.loader.forever(), TrainState()
     while state.step < config.steps:
         clock = _shared_elapsed(config, state, run.procs)
         if config.max_seconds is not None and clock >= config.max_seconds:
@@ -132,17 +133,18 @@ def train(config: TrainConfig) -> Path:
         t.append(_sync(device))
         before = state.elapsed
         _account(state, window, t, len(batch), samples.n_samples)
+        window.loss_sum += loss.item()
         state.step += 1
-        last_loss = loss.item()
+        window.step += 1
         if run.procs.is_main and state.step % config.log_every == 0:
-            _write_log(run, _log_record(state, window, last_loss, device))
+            _write_log(run, _log_record(state, window, device))
             window = TrainState()
         if _progress_due(config, before, state.elapsed):
             _write_progress(run, state)
         if state.step % config.ckpt_every == 0:
             _checkpoint(run, state)
     if run.procs.is_main and window.rays:  # the last, partial logging window
-        _write_log(run, _log_record(state, window, last_loss, device))
+        _write_log(run, _log_record(state, window, device))
     _checkpoint(run, state)
     _write_progress(run, state)
     _write_rank_digest(run.run_dir, run.procs, field_, state.step)
@@ -202,7 +204,9 @@ def _account(state: TrainState, window: TrainState, t: list[float], n_rays: int,
         tally.samples += n_samples
 
 
-def _log_record(state: TrainState, window: TrainState, loss: float, device: torch.device) -> dict[str, Any]:
+def _log_record(state: TrainState, window: TrainState, device: torch.device) -> dict[str, Any]:
+    """One log.jsonl record: figures of the steps since the previous record (the window)."""
+    loss = window.loss_sum / max(window.step, 1)
     return {
         "step": state.step,
         "loss": loss,
