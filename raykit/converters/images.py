@@ -7,9 +7,11 @@ Colour modes (Pillow names):
 * ``RGB`` as is; ``RGBA`` kept with its alpha (the background is chosen at load time);
 * ``L`` / ``1`` (grayscale, bilevel) replicated to RGB; ``LA`` to RGBA;
 * ``P`` (palette) expanded to RGBA when the palette has transparency, else RGB;
-* 16-bit grayscale PNG (``I;16``) converted to 8 bits with rounding: ``round(v * 255 / 65535)``;
-* 16-bit RGB/RGBA PNG is rejected: Pillow decodes it truncated to the high byte, which would silently
-  bias every pixel; convert such files to 8 bits with your own tool first;
+* 16-bit PNG (grayscale, RGB, RGBA) converted to 8 bits with rounding, ``round(v * 255 / 65535)``
+  (half up). Pillow keeps only the high byte of 16-bit colour PNGs (a truncation, biased by up to one
+  level); raykit decodes such files twice, reading the high and the low byte of every sample through
+  Pillow's own PNG decoder, and rounds the full 16-bit value. 16-bit grayscale+alpha PNG (which
+  Pillow cannot read losslessly) is rejected;
 * anything else (CMYK, float, 32-bit integer, YCbCr, LAB) is rejected naming the mode.
 
 EXIF orientation (tag 274): a camera's intrinsics describe the pixel array as stored in the file, as
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 from raykit.errors import SourceError
 
@@ -56,7 +58,16 @@ EXIF_POLICIES = ("reject", "ignore", "apply")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _ORIENTATION_TAG = 274
 _SWAPS_AXES = {5, 6, 7, 8}
-_SIXTEEN_BIT_RGB = {"RGB;16B", "RGB;16", "RGBA;16B", "RGBA;16", "RGB;16L", "RGBA;16L"}
+_SIXTEEN_BIT_COLOUR = {"RGB;16B", "RGBA;16B"}  # PNG stores samples big-endian
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 _ACCEPTED_MODES = {"RGB", "RGBA", "L", "LA", "1", "P", "PA", "I;16", "I;16B", "I;16L"}
 
 
@@ -95,15 +106,12 @@ def _raw_mode(img: Image.Image) -> str:
 
 def _channels(img: Image.Image, path: Path) -> int:
     mode = img.mode
-    if img.format == "PNG" and _raw_mode(img) in _SIXTEEN_BIT_RGB:
-        raise SourceError(
-            f"{path}: 16-bit {mode} PNG is not supported (Pillow would truncate it to 8 bits); "
-            "convert it to 8-bit RGB/RGBA first"
-        )
+    if img.format == "PNG" and _raw_mode(img) == "LA;16B":
+        raise SourceError(f"{path}: 16-bit grayscale+alpha PNG is not supported; convert it to RGBA first")
     if mode not in _ACCEPTED_MODES:
         raise SourceError(
             f"{path}: unsupported colour mode {mode!r}; expected 8-bit RGB, RGBA, grayscale or palette, "
-            "or 16-bit grayscale PNG"
+            "or 16-bit PNG"
         )
     if mode in ("RGBA", "LA", "PA"):
         return 4
@@ -197,11 +205,45 @@ def used_size(path: str | os.PathLike[str], exif: str = "reject") -> tuple[int, 
     return header.width, header.height
 
 
+def _round16(values: np.ndarray) -> np.ndarray:
+    """uint16 samples -> uint8 ``round(v * 255 / 65535)``, half up, in exact integer arithmetic."""
+    wide = values.astype(np.uint32)
+    return ((wide * 255 * 2 + 65535) // (2 * 65535)).astype(np.uint8)
+
+
+def _load(img: Image.Image, path: Path) -> None:
+    try:
+        img.load()
+    except Exception as exc:
+        raise SourceError(f"{path}: cannot decode image ({exc})") from None
+
+
+def _decode_png16_colour(img: Image.Image, path: Path) -> np.ndarray:
+    """16-bit colour PNG -> uint8 with rounding: Pillow decodes the high bytes (``*;16B``); a second
+    pass through the little-endian unpacker (``*;16L``) of the same big-endian stream yields the low
+    bytes."""
+    _load(img, path)
+    high = np.asarray(img)
+    with _open(path) as again:
+        if not isinstance(again, ImageFile.ImageFile) or not again.tile:
+            raise SourceError(f"{path}: cannot decode 16-bit PNG")
+        tile = again.tile[0]
+        args = tile.args
+        rawmode = args[0] if isinstance(args, tuple) else args
+        low_mode = str(rawmode).replace(";16B", ";16L")
+        again.tile = [tile._replace(args=(low_mode, *args[1:]) if isinstance(args, tuple) else low_mode)]
+        _load(again, path)
+        low = np.asarray(again)
+    return np.ascontiguousarray(_round16(high.astype(np.uint16) * 256 + low))
+
+
 def _to_array(img: Image.Image, path: Path) -> np.ndarray:
     mode = img.mode
+    if img.format == "PNG" and _raw_mode(img) in _SIXTEEN_BIT_COLOUR:
+        return _decode_png16_colour(img, path)
+    _load(img, path)
     if mode.startswith("I;16"):
-        raw = np.asarray(img).astype(np.uint32)
-        gray = ((raw * 255 * 2 + 65535) // (2 * 65535)).astype(np.uint8)  # round half up
+        gray = _round16(np.asarray(img))
         return np.repeat(gray[..., None], 3, axis=-1)
     if mode == "P":
         img = img.convert("RGBA" if "transparency" in img.info else "RGB")
@@ -226,13 +268,10 @@ def decode_image(path: str | os.PathLike[str], *, exif: str = "reject") -> np.nd
         _channels(img, path)
         orientation = _exif_orientation(img, path)
         _check_orientation(orientation, exif, path)
-        try:
-            img.load()
-        except Exception as exc:
-            raise SourceError(f"{path}: cannot decode image ({exc})") from None
-        if exif == "apply" and orientation != 1:
-            img = ImageOps.exif_transpose(img) or img
-        return _to_array(img, path)
+        array = _to_array(img, path)
+    if exif == "apply" and orientation != 1:
+        array = np.asarray(Image.fromarray(array).transpose(_TRANSPOSE[orientation]))
+    return np.ascontiguousarray(array)
 
 
 def _check_factor(height: int, width: int, factor: int, where: str) -> None:

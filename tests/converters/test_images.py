@@ -24,11 +24,39 @@ from raykit.converters.images import (
 from raykit.errors import SourceError
 
 
+def _filter_row(line: np.ndarray, prev: np.ndarray, kind: int, bpp: int) -> np.ndarray:
+    """PNG filter ``kind`` (0-4) of one row of bytes, given the previous (unfiltered) row."""
+    a = np.concatenate([np.zeros(bpp, np.int32), line[:-bpp]]).astype(np.int32)
+    b = prev.astype(np.int32)
+    c = np.concatenate([np.zeros(bpp, np.int32), prev[:-bpp]]).astype(np.int32)
+    x = line.astype(np.int32)
+    if kind == 0:
+        pred = np.zeros_like(x)
+    elif kind == 1:
+        pred = a
+    elif kind == 2:
+        pred = b
+    elif kind == 3:
+        pred = (a + b) // 2
+    else:
+        p = a + b - c
+        pa, pb, pc = np.abs(p - a), np.abs(p - b), np.abs(p - c)
+        pred = np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
+    return ((x - pred) % 256).astype(np.uint8)
+
+
 def _png16(array: np.ndarray) -> bytes:
-    """A 16-bit PNG (grayscale/RGB/RGBA) written by hand: Pillow cannot write 16-bit colour PNGs."""
+    """A 16-bit PNG written by hand, rows cycling through all five filter types (Pillow cannot write
+    16-bit colour PNGs)."""
     height, width, channels = array.shape
-    colour_type = {1: 0, 3: 2, 4: 6}[channels]
-    raw = b"".join(b"\x00" + array[y].astype(">u2").tobytes() for y in range(height))
+    colour_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
+    rows = array.astype(">u2").reshape(height, -1).view(np.uint8)
+    prev = np.zeros(rows.shape[1], np.uint8)
+    raw = b""
+    for y in range(height):
+        kind = y % 5
+        raw += bytes([kind]) + _filter_row(rows[y], prev, kind, 2 * channels).tobytes()
+        prev = rows[y]
 
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
@@ -72,19 +100,34 @@ def test_grayscale_and_palette_expand(tmp_path: Path, make) -> None:
     assert np.all(out[..., 3][np.asarray(pal) == 0] == 0)
 
 
-def test_16bit_gray_rounds_and_16bit_rgb_is_rejected(tmp_path: Path) -> None:
-    values = np.array([0, 128, 129, 257, 32767, 32896, 65535], dtype=np.uint16)
-    path = tmp_path / "g16.png"
-    path.write_bytes(_png16(values.reshape(1, -1, 1)))
+def _rounded(values: np.ndarray) -> np.ndarray:
+    return np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4], ids=["gray", "rgb", "rgba"])
+def test_16bit_png_rounds_every_sample(tmp_path: Path, channels: int) -> None:
+    rng = np.random.default_rng(channels)
+    values = rng.integers(0, 65536, (10, 9, channels), dtype=np.uint16)
+    values[0, :7, 0] = [0, 128, 129, 257, 32767, 32896, 65535]  # rounding boundaries
+    path = tmp_path / f"c{channels}.png"
+    path.write_bytes(_png16(values))
     out = decode_image(path)
-    expected = np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
-    assert np.array_equal(out[0, :, 0], expected)
-    rgb = tmp_path / "rgb16.png"
-    rgb.write_bytes(_png16(np.zeros((2, 2, 3), dtype=np.uint16)))
-    with pytest.raises(SourceError, match="16-bit RGB PNG is not supported"):
-        probe_image(rgb)
-    with pytest.raises(SourceError, match=str(rgb)):
-        decode_image(rgb)
+    expected = _rounded(values)
+    if channels == 1:  # gray replicated to RGB
+        expected = np.repeat(expected, 3, axis=-1)
+    assert np.array_equal(out, expected)
+    assert probe_image(path).channels == out.shape[-1]
+    truncated = tmp_path / f"t{channels}.png"
+    truncated.write_bytes(path.read_bytes()[:-30])
+    with pytest.raises(SourceError, match=rf"t{channels}\.png"):
+        decode_image(truncated)
+
+
+def test_16bit_gray_alpha_png_is_rejected_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "la.png"
+    path.write_bytes(_png16(np.zeros((2, 2, 2), dtype=np.uint16)))
+    with pytest.raises(SourceError, match="16-bit grayscale\\+alpha PNG is not supported"):
+        probe_image(path)
 
 
 def test_unsupported_mode_and_garbage_name_the_file(tmp_path: Path) -> None:
