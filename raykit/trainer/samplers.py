@@ -118,7 +118,8 @@ def sample_pdf(
         bins: (N, B + 1) sorted bin edges.
         weights: (N, B) non-negative bin weights (need not sum to one; all-zero means uniform).
         n_samples: K.
-        generator: None for the ``K`` evenly spaced quantiles ``(k + 0.5) / K``.
+        generator: None for the ``K`` evenly spaced quantiles ``(k + 0.5) / K``; else one random
+            quantile in each ``[k / K, (k + 1) / K)``.
 
     Returns:
         (N, K) sorted samples within ``[bins[:, 0], bins[:, -1]]``.
@@ -131,9 +132,9 @@ def sample_pdf(
     if generator is None:
         u = (torch.arange(n_samples, dtype=bins.dtype, device=bins.device) + 0.5) / n_samples
         u = u.expand(n_rays, n_samples).contiguous()
-    else:
-        u = torch.rand((n_rays, n_samples), generator=generator, dtype=bins.dtype, device=bins.device)
-        u, _ = torch.sort(u, dim=-1)
+    else:  # one uniform quantile in each of K equal strata: sorted, and evenly spread
+        jitter = torch.rand((n_rays, n_samples), generator=generator, dtype=bins.dtype, device=bins.device)
+        u = (torch.arange(n_samples, dtype=bins.dtype, device=bins.device) + jitter) / n_samples
     upper = torch.searchsorted(cdf, u, right=True).clamp(1, cdf.shape[-1] - 1)
     lower = upper - 1
     cdf_lo, cdf_hi = cdf.gather(1, lower), cdf.gather(1, upper)
@@ -180,10 +181,13 @@ def hierarchical_samples(
     uniform: float,
     generator: torch.Generator | None = None,
 ) -> Samples:
-    """Coarse stratified pass (densities without gradient), then ``n_fine`` inverse-CDF samples.
+    """Coarse stratified pass (densities without gradient), then ``n_fine`` inverse-CDF intervals.
 
-    The fine points follow the coarse compositing weights mixed with a uniform share ``uniform``
-    (see :func:`uniform_fraction`), so empty space keeps being visited while the field sharpens.
+    The ``n_fine + 1`` interval edges are drawn from the coarse compositing weights mixed with a
+    uniform share ``uniform`` (see :func:`uniform_fraction`), so empty space keeps being visited while
+    the field sharpens. Consecutive edges bound the fine intervals (as nerfacc's proposal sampler
+    does): intervals are short where the weight is and their midpoints, where the field is queried,
+    stay close to the surfaces; what lies outside the first and last edge counts as empty.
 
     Args:
         density_fn: positions (..., 3) -> densities (...,).
@@ -204,9 +208,8 @@ def hierarchical_samples(
         uniform_pdf = lengths / lengths.sum(dim=-1, keepdim=True).clamp_min(1e-12)
         mixed = (1.0 - uniform) * weights + uniform * uniform_pdf
         bins = torch.cat([coarse.t_starts, coarse.t_ends[:, -1:]], dim=-1)
-        points = sample_pdf(bins, mixed, n_fine, generator)
-    t_starts, t_ends = intervals_from_points(points, near, torch.maximum(far, near))
-    return Samples(t_starts, t_ends, None, near.shape[0])
+        edges = sample_pdf(bins, mixed, n_fine + 1, generator)
+    return Samples(edges[:, :-1].contiguous(), edges[:, 1:].contiguous(), None, near.shape[0])
 
 
 def march_occupied(
