@@ -45,6 +45,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
     parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
     parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
+    parser.add_argument("--chunk-rays", type=int, metavar="N", help="rays per chunk (default: the writer's)")
+    parser.add_argument(
+        "--shard-chunks", type=int, metavar="N", help="chunks per shard (default: the writer's)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train split's ray permutation")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run_convert)
@@ -68,6 +73,9 @@ def run_convert(args: argparse.Namespace) -> int:
         exif=args.exif,
         near=args.near,
         far=args.far,
+        chunk_rays=args.chunk_rays,
+        shard_chunks=args.shard_chunks,
+        seed=args.seed,
         overwrite=args.overwrite,
     )
     splits = ", ".join(

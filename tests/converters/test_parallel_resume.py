@@ -46,13 +46,6 @@ def test_dask_clusters_give_identical_bytes(tmp_path: Path, make) -> None:
     _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "sched" / "s.zarr")
 
 
-SCRIPT = """
-import sys
-from raykit.converters import convert
-convert(sys.argv[1], sys.argv[2], backend=sys.argv[3], chunk_rays=1024, shard_chunks=1)
-"""
-
-
 DONE = "tasks/[!.]*.json"  # shard records (atomic: temporary files start with a dot)
 
 
@@ -66,7 +59,8 @@ def _opens(path: Path) -> bool:
 
 def _run_and_kill(src: Path, dst: Path, partial: Path, backend: str) -> bool:
     """Start a conversion in a child process (lowest priority) and SIGKILL it after its first shard."""
-    argv = [sys.executable, "-c", SCRIPT, str(src), str(dst), backend]
+    layout = ["--chunk-rays", "1024", "--shard-chunks", "1", "--no-progress"]
+    argv = [sys.executable, "-m", "raykit", "convert", str(src), str(dst), "--format", backend, *layout]
     proc = subprocess.Popen(argv, env=os.environ.copy(), preexec_fn=lambda: os.nice(19))
     deadline = time.monotonic() + 120
     while not list(partial.glob(DONE)) and proc.poll() is None and time.monotonic() < deadline:
