@@ -118,6 +118,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--progress-points", type=int, default=10, help="quick test-PSNR checks per run")
     parser.add_argument("--set", action="append", default=[], help="extra TrainConfig field=value")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other samplers' results already in --out (rerun some)"
+    )
     args = parser.parse_args()
     work = Path(args.work)
     start = time.perf_counter()
@@ -127,7 +130,12 @@ def main() -> None:
     for item in args.set:
         key, value = item.split("=", 1)
         extra[key] = _parse(value)
+    command = "/work/venv/bin/python benchmarks/bench_trainer.py " + " ".join(
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v not in (None, [], False)
+    )
     results: dict[str, Any] = {}
+    if args.merge and Path(args.out).exists():
+        results = json.loads(Path(args.out).read_text())["results"]
     for sampler in args.samplers.split(","):
         run = work / f"run-{sampler}"
         config = TrainConfig(
@@ -135,9 +143,10 @@ def main() -> None:
             progress_every_s=args.budget / args.progress_points, progress_images=4, log_every=25,
             ckpt_every=100_000, threads=args.threads, **extra,
         )  # fmt: skip
-        t0 = time.perf_counter()
+        t0, load_before = time.perf_counter(), os.getloadavg()[0]
         train(config)
-        results[sampler] = {**summarize(run), "wall_seconds": time.perf_counter() - t0}
+        results[sampler] = {**summarize(run), "wall_seconds": time.perf_counter() - t0, "command": command}
+        results[sampler]["load_average_1min"] = [load_before, os.getloadavg()[0]]
         print(sampler, json.dumps({k: v for k, v in results[sampler].items() if k != "progress"}, indent=1))
     if "stratified" in results and results["stratified"]["progress"]:
         target = results["stratified"]["progress"][-1]["psnr"]
@@ -153,8 +162,7 @@ def main() -> None:
         "config_overrides": extra,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
-        "command": "/work/venv/bin/python benchmarks/bench_trainer.py " + " ".join(
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v not in (None, [])),
+        "command": command,
         "results": results,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
