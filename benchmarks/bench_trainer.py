@@ -138,6 +138,7 @@ def main() -> None:
         results = json.loads(Path(args.out).read_text())["results"]
     for sampler in args.samplers.split(","):
         run = work / f"run-{sampler}"
+        shutil.rmtree(run, ignore_errors=True)  # a fresh run each time
         config = TrainConfig(
             store=str(store), out=str(run), sampler=sampler, steps=1_000_000, max_seconds=args.budget,
             progress_every_s=args.budget / args.progress_points, progress_images=4, log_every=25,

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import raykit
-from raykit.errors import ResumeError
+from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json
 from raykit.loaders import RayLoader
 from raykit.store import open_store
@@ -321,7 +321,12 @@ def _restore(run: _Run) -> TrainState:
 
 
 def _start(run: _Run) -> TrainState:
-    """A fresh run: rank 0 records the run directory."""
+    """A fresh run: refuse a directory that holds another run's checkpoints; rank 0 records the run."""
+    if latest_checkpoint(run.run_dir) is not None:
+        raise ConfigError(
+            f"{run.run_dir}: already holds checkpoints of a run; pass --resume to continue it, "
+            "or choose another --out"
+        )
     if run.procs.is_main:
         _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs)
     return TrainState()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import raykit
-from raykit.errors import ResumeError
+from raykit.errors import ConfigError, ResumeError
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -168,5 +168,7 @@ def test_resume_refuses_a_different_store_unless_forced(
         train(tiny_config(other_store, run, steps=8, resume=True))
     with pytest.raises(ResumeError, match="config sampler"):
         train(tiny_config(tiny_store, run, steps=4, resume=True, sampler="stratified"))
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train(tiny_config(tiny_store, run, steps=4))
     train(tiny_config(other_store, run, steps=6, resume=True, force=True))
     assert _log(run)[-1]["step"] == 6
