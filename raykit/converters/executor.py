@@ -26,6 +26,9 @@ def conversion_executor(
     * ``workers > 1``: a Dask ``LocalCluster`` of ``workers`` single-threaded worker processes;
     * otherwise None: the writer runs every task in this process.
 
+    Workers read the capture and write the partial store by path, so with ``scheduler`` every worker
+    must see ``src`` and ``dst`` at the same paths (shared storage), and have raykit installed.
+
     Raises:
         ConfigError: both given, ``workers < 1``, or the scheduler cannot be reached.
     """
