@@ -136,6 +136,9 @@ class RayLoader:
         self.store, self.split = store, split
         self.source = as_source(store, split, disk_cache)
         rank, world_size = distributed_rank(rank, world_size)
+        if mix_run is None:
+            shuffled = getattr(getattr(self.source, "info", None), "shuffled", False)
+            mix_run = SHUFFLED_SPLIT_MIX_RUN if shuffled else 1
         self.plan = SamplingPlan(
             self.source.n_rays,
             self.source.chunk_rays,
@@ -146,6 +149,7 @@ class RayLoader:
             mix_chunks,
             world_size,
             rank,
+            mix_run,
         )
         self.cache: ChunkCache[RawRays] = ChunkCache(cache_bytes)
         self.num_workers, self.prefetch, self.group_rays = num_workers, prefetch, group_rays

@@ -12,6 +12,7 @@ import torch
 
 from raykit.errors import ResumeError
 from raykit.loaders import RayLoader
+from raykit.loaders.loader import SHUFFLED_SPLIT_MIX_RUN
 from raykit.loaders.batching import DeviceBatcher
 from raykit.store import RawRays
 
@@ -142,3 +143,11 @@ def test_cuda_batches_match_cpu(stores: dict[str, Any]) -> None:
         assert b.origins.is_cuda
         assert torch.equal(a.pixel, b.pixel.cpu()) and torch.equal(a.rgb, b.rgb.cpu())
         assert torch.allclose(a.directions, b.directions.cpu(), atol=1e-6)
+
+
+def test_mixing_runs_follow_the_stored_split(stores: dict[str, Any]) -> None:
+    store = stores["zarr"]
+    assert store.splits["train"].shuffled and not store.splits["test"].shuffled
+    assert RayLoader(store, "train", batch_size=64).plan.mix_run == SHUFFLED_SPLIT_MIX_RUN
+    assert RayLoader(store, "test", batch_size=64).plan.mix_run == 1
+    assert RayLoader(store, "train", batch_size=64, mix_run=1).state_dict()["mix_run"] == 1
