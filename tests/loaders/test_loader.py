@@ -12,8 +12,8 @@ import torch
 
 from raykit.errors import ResumeError
 from raykit.loaders import RayLoader
-from raykit.loaders.loader import SHUFFLED_SPLIT_MIX_RUN
 from raykit.loaders.batching import DeviceBatcher
+from raykit.loaders.loader import SHUFFLED_SPLIT_MIX_RUN
 from raykit.store import RawRays
 
 FIELDS = ("origins", "directions", "rgb", "alpha", "image", "pixel", "near", "far", "z_scale")
