@@ -10,7 +10,9 @@ and its dense gradient is 8 M values every step); a hash/voxel table through ``e
 sparse gradients 86 ms; three 256^2 x 8 planes through one batched 2-D ``grid_sample`` (vectorised
 and parallel on CPU) 42 ms, with 1.6 M parameters instead of 8 M. The planes are initialised in
 [0.9, 1.1], so every factor of a product starts near one and passes full-size gradients to the
-other two (K-Planes' [0.1, 0.5] learned markedly slower here); the MLPs are two layers of width ``hidden``.
+other two (on the built-in "small" scene, 300 occupancy steps reached 22.0 dB test PSNR this way and
+19.9 dB with K-Planes' [0.1, 0.5]). The default field (levels 64^2, 128^2, 256^2, 8 features each)
+holds 2.1 M plane values; the MLPs are two layers of width ``hidden``.
 
 Layout: positions are mapped from the scene box ``aabb`` to [-1, 1]^3; plane features -> density MLP
 -> ``sigma = exp(raw)`` (clamped) and a geometry feature; geometry feature + degree-2 spherical
