@@ -20,6 +20,7 @@ collapse on a shared 2-core machine) and the faster steady state is the one comp
 
     /work/venv/bin/python benchmarks/bench_loader.py                  # the full benchmark
     /work/venv/bin/python benchmarks/bench_loader.py --size small --batches 300 --out /tmp/l.json
+    python benchmarks/bench_loader.py --cuda     # GPU machine: rays generated on the GPU, batch 2^18
 
 Results go to ``benchmarks/results/loader.json``.
 """
@@ -42,6 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 BATCH = 4096
+CUDA_BATCH = 1 << 18
 MB = 1 << 20
 
 
@@ -82,14 +84,16 @@ def _peak_rss() -> int:
 
 
 # ---- raykit, one case per subprocess ---------------------------------------------------------------
-def raykit_case(store_path: str, cache_bytes: int, batches: int) -> dict[str, Any]:
+def raykit_case(
+    store_path: str, cache_bytes: int, batches: int, device: str = "cpu", batch_size: int = BATCH
+) -> dict[str, Any]:
     from raykit.loaders import RayLoader
     from raykit.store import open_store
 
     rss_start = _rss()
     start = time.perf_counter()
     store = open_store(store_path)
-    loader = RayLoader(store, "train", batch_size=BATCH, seed=0, cache_bytes=cache_bytes)
+    loader = RayLoader(store, "train", batch_size=batch_size, seed=0, cache_bytes=cache_bytes, device=device)
     epoch = iter(loader)
     next(epoch)
     first = time.perf_counter() - start
@@ -105,12 +109,16 @@ def raykit_case(store_path: str, cache_bytes: int, batches: int) -> dict[str, An
     start = time.perf_counter()
     for _, batch in zip(range(batches), iter(loader), strict=False):
         rays += len(batch)
+    if device != "cpu":
+        torch.cuda.synchronize()
     steady = time.perf_counter() - start
     loader.close()
     return {
+        "device": device,
+        "batch_size": batch_size,
         "cache_bytes_budget": cache_bytes,
         "time_to_first_batch_s": first,
-        "epoch0_rays_per_s": len(loader) * BATCH / epoch0,
+        "epoch0_rays_per_s": len(loader) * batch_size / epoch0,
         "steady_rays_per_s": rays / steady,
         "steady_batches": batches,
         "cache": stats.to_dict(),
@@ -147,7 +155,12 @@ def main() -> None:
     parser.add_argument("--size", default="realistic")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=3000, help="batches per steady-state measurement")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "loader.json")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: results/loader.json (loader_cuda.json)"
+    )
+    parser.add_argument(
+        "--cuda", action="store_true", help="only the CUDA path: rays generated on the GPU, batch 2^18"
+    )
     parser.add_argument(
         "--case", nargs=3, metavar=("STORE", "CACHE_BYTES", "BATCHES"), help=argparse.SUPPRESS
     )
@@ -164,6 +177,17 @@ def main() -> None:
     store_path = build_store(capture, args.size, args.seed)
     store = open_store(store_path)
     split_bytes = store.splits["train"].n_rays * 8
+    if args.cuda:
+        cuda = raykit_case(str(store_path), 2 * split_bytes, 100, "cuda", CUDA_BATCH)
+        out = {
+            "benchmark": "loader-cuda",
+            "command": " ".join([sys.executable, *sys.argv]),
+            "raykit": cuda,
+            "gpu": torch.cuda.get_device_name(),
+            "wall_s": time.perf_counter() - started,
+        }
+        _write(args.out or ROOT / "results" / "loader_cuda.json", out)
+        return
     cached = run_raykit_case(store_path, 2 * split_bytes, args.batches)
     bounded = run_raykit_case(store_path, split_bytes // 4, args.batches)
     a = run_baseline(baseline_precomputed_rays, store, capture, args.batches)
@@ -201,8 +225,12 @@ def main() -> None:
         },
         "wall_s": time.perf_counter() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    _write(args.out or ROOT / "results" / "loader.json", result)
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
