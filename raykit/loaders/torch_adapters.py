@@ -57,6 +57,9 @@ class RayIterableDataset(IterableDataset[RayBatch]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers build their own loader
+        return {**self.__dict__, "_loader": None}
+
     def loader(self) -> RayLoader:
         if self._loader is None:
             self._loader = RayLoader(_open(self.store), self.split, **self.kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -58,3 +59,10 @@ def test_map_dataset_gathers_batches(stores: dict[str, Any]) -> None:
     single = dataset[7]
     reference = store.to_batch(everything.take(np.array([7])))
     assert torch.equal(single.rgb, reference.rgb) and torch.equal(single.origins, reference.origins)
+
+
+def test_iterable_dataset_pickles_without_its_loader(stores: dict[str, Any]) -> None:
+    dataset = RayIterableDataset(stores["wds"].url, "train", batch_size=128, seed=1)
+    first = next(iter(dataset))
+    copy = pickle.loads(pickle.dumps(dataset))  # what a spawned DataLoader worker receives
+    assert torch.equal(next(iter(copy)).pixel, first.pixel)
