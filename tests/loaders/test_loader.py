@@ -151,3 +151,17 @@ def test_mixing_runs_follow_the_stored_split(stores: dict[str, Any]) -> None:
     assert RayLoader(store, "train", batch_size=64).plan.mix_run == SHUFFLED_SPLIT_MIX_RUN
     assert RayLoader(store, "test", batch_size=64).plan.mix_run == 1
     assert RayLoader(store, "train", batch_size=64, mix_run=1).state_dict()["mix_run"] == 1
+
+
+def test_errors_reach_the_consumer_and_early_exits_do_not_hang(stores: dict[str, Any]) -> None:
+    def broken(raw: RawRays) -> RawRays:
+        raise ValueError("generation failed")
+
+    with pytest.raises(ValueError, match="generation failed"):
+        next(iter(RayLoader(stores["zarr"], "train", batch_size=64, make_batch=broken)))
+    loader = _raw_loader(stores["zarr"], seed=0, prefetch=1)
+    for _ in range(3):
+        for k, _batch in enumerate(loader):
+            if k == 2:
+                break
+    assert (loader.epoch, loader.batch) == (0, 9)
