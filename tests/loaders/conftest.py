@@ -11,6 +11,7 @@ import pytest
 
 from raykit.cameras import Camera
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
+from raykit.store.writer import copy_store
 
 WIDTH, HEIGHT = 24, 16
 
@@ -41,10 +42,8 @@ def build_store(path: Path, backend: str, n_train: int = 6, n_test: int = 2, chu
 
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``{"zarr": RayStore, "wds": RayStore}`` holding the same rays."""
+    """``{"zarr": RayStore, "wds": RayStore}``: a Zarr store and its WebDataset copy."""
     root = tmp_path_factory.mktemp("stores")
-    out = {}
-    for backend in ("zarr", "wds"):
-        build_store(root / backend, backend)
-        out[backend] = open_store(root / backend)
-    return out
+    build_store(root / "zarr", "zarr")
+    copy_store(root / "zarr", root / "wds", backend="wds")
+    return {backend: open_store(root / backend) for backend in ("zarr", "wds")}

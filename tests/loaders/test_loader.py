@@ -73,6 +73,17 @@ def test_exact_mid_epoch_resume(stores: dict[str, Any], workers: int) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_state_moves_between_a_store_and_its_copy(stores: dict[str, Any]) -> None:
+    assert stores["zarr"].fingerprint == stores["wds"].fingerprint
+    zarr_loader = _raw_loader(stores["zarr"], seed=9)
+    head = [b.pid for _, b in zip(range(5), zarr_loader, strict=False)]
+    wds_loader = _raw_loader(stores["wds"], seed=9)
+    wds_loader.load_state_dict(zarr_loader.state_dict())
+    rest = [b.pid for b in wds_loader]
+    for a, b in zip(head + rest, [b.pid for b in _raw_loader(stores["zarr"], seed=9)], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_world_size_change_on_resume(stores: dict[str, Any]) -> None:
     store = stores["zarr"]
     two = _raw_loader(store, seed=3, rank=0, world_size=2)
