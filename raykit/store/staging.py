@@ -4,21 +4,40 @@ Every task is a module-level function of one picklable job, so any ``concurrent.
 (a process pool, a dask ``Client.get_executor()``) can run it. Tasks write their outputs atomically
 and leave a small JSON record keyed by their inputs; a rerun with the same inputs reuses any output
 whose record and checksums still match.
+
+The train order is a two-level seeded shuffle (docs/format.md, "Order within a split"), computed on
+the fly so that no task needs a global permutation:
+
+1. image ``i`` of a shuffled split is staged in the order of its own permutation
+   ``pi_i = default_rng([seed, crc32(split), i]).permutation(W * H)``;
+2. the shard covering rays ``[start, stop)`` takes from every image of the split the contiguous run
+   of its permuted pixels that a fixed proportional merge assigns to that range (``merge_counts``),
+   concatenates them in image order and shuffles them with
+   ``rho = default_rng([seed, crc32(split), 1 << 32, start]).permutation(stop - start)``.
+
+So a shard reads one contiguous byte range per image (no global argsort, no random reads), every
+shard holds each image's share of rays (within two rays) drawn uniformly from that image, and every
+chunk is a uniform sample of its shard. ``_split_pids_reference`` builds the same order the slow way.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import itertools
 import json
 import os
+import tempfile
+import zlib
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_path, atomic_write_json, sha256_file
+from raykit.fileio import sha256_file
 from raykit.store.integrity import file_record
 from raykit.store.schema import ImageRecord, SplitInfo
 
@@ -26,8 +45,14 @@ __all__ = [
     "StageJob",
     "StagingSource",
     "StoreSource",
+    "bytes_record",
+    "image_order",
+    "merge_counts",
     "record_matches",
+    "shard_order",
     "stage_image",
+    "write_record",
+    "write_unsynced",
 ]
 
 
@@ -49,18 +74,82 @@ def record_matches(record_path: Path, key: str, root: Path) -> dict[str, Any] | 
     return result
 
 
+def bytes_record(data: bytes | memoryview) -> dict[str, Any]:
+    """``{"size", "sha256"}`` of bytes about to be written: equals ``file_record`` of the written file."""
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _split_tag(split: str) -> int:
+    return zlib.crc32(split.encode())
+
+
+def image_order(seed: int, split: str, index: int, n_pixels: int) -> np.ndarray:
+    """(n_pixels,) uint32 ``pi_i``: the order in which image ``index`` of a shuffled split is staged."""
+    rng = np.random.default_rng([seed, _split_tag(split), index])
+    return rng.permutation(n_pixels).astype(np.uint32)
+
+
+def shard_order(seed: int, split: str, start: int, n_rays: int) -> np.ndarray:
+    """(n_rays,) int64 ``rho``: the shuffle of the shard of a shuffled split starting at ray ``start``."""
+    return np.random.default_rng([seed, _split_tag(split), 1 << 32, start]).permutation(n_rays)
+
+
+def _key(rank: int, size: int) -> Fraction:
+    return Fraction(2 * rank + 1, 2 * size)
+
+
+def merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
+    """How many of each image's permuted pixels lie in the first ``k`` rays of a shuffled split.
+
+    The split's rays are the images' permuted pixels merged by the key ``((r + 1/2) / n_i, i)``
+    (rank ``r`` of image ``i`` of ``n_i`` pixels), so every prefix holds each image's share ``k n_i / n``
+    within two rays, and counts are monotone in ``k`` and sum to ``k``. Exact: the keys ``<= k / n`` form a
+    prefix of the merge; it is trimmed or extended by the few keys at its end (rational arithmetic).
+    """
+    total = sum(sizes)
+    counts = [min(n, (2 * k * n + total) // (2 * total)) for n in sizes]
+    excess = sum(counts) - k
+    if excess > 0:  # drop the largest keys taken
+        last = [(-_key(c - 1, n), -i) for i, (c, n) in enumerate(zip(counts, sizes, strict=True)) if c]
+        heapq.heapify(last)
+        for _ in range(excess):
+            _, neg = heapq.heappop(last)
+            counts[-neg] -= 1
+            if counts[-neg]:
+                heapq.heappush(last, (-_key(counts[-neg] - 1, sizes[-neg]), neg))
+    elif excess < 0:  # take the smallest keys left
+        heap = [(_key(c, n), i) for i, (c, n) in enumerate(zip(counts, sizes, strict=True)) if c < n]
+        heapq.heapify(heap)
+        for _ in range(-excess):
+            _, i = heapq.heappop(heap)
+            counts[i] += 1
+            if counts[i] < sizes[i]:
+                heapq.heappush(heap, (_key(counts[i], sizes[i]), i))
+    return counts
+
+
 @dataclass(frozen=True)
 class StageJob:
-    """Decode image ``index`` of the table into ``root/staging/{index:06d}.npy`` as uint8 (H*W, C)."""
+    """Decode image ``index`` of the table into ``root/staging/{index:06d}.rgb`` (raw uint8 (H*W, C)).
+
+    In a shuffled split the pixels are stored in ``image_order`` and that order beside them in
+    ``{index:06d}.order`` (raw uint32), so the shard tasks never recompute it.
+    """
 
     root: str
     index: int
     record: ImageRecord
     key: str
+    shuffled: bool = False
+    seed: int = 0
 
     @property
     def rel(self) -> str:
-        return f"staging/{self.index:06d}.npy"
+        return f"staging/{self.index:06d}.rgb"
+
+    @property
+    def order_rel(self) -> str:
+        return f"staging/{self.index:06d}.order"
 
 
 def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -79,8 +168,30 @@ def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
     return array
 
 
+def _rows(array: np.ndarray) -> np.ndarray:
+    """(n,) void view of a C-contiguous (n, C) array, so that fancy indexing moves whole rows."""
+    return array.view(np.dtype((np.void, array.shape[1]))).reshape(-1)
+
+
+def _npy_sha256(array: np.ndarray) -> str:
+    """SHA-256 of ``np.save(array)``'s bytes, without writing them (the decoded-pixel hash)."""
+    digest = hashlib.sha256()
+
+    class _Sink:
+        def write(self, data: bytes) -> int:
+            digest.update(data)
+            return len(data)
+
+    np.save(_Sink(), array, allow_pickle=False)
+    return digest.hexdigest()
+
+
 def stage_image(job: StageJob) -> dict[str, Any]:
-    """Phase-1 task. Returns ``{"files": {rel: record}, "channels": 3|4, "source_sha256": hex}``."""
+    """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_sha256"}``.
+
+    ``pixels_sha256`` is the SHA-256 of the decoded pixels as a ``.npy`` of shape (H*W, C) in row-major
+    pixel order, whatever order they are staged in.
+    """
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     done = record_matches(record_path, job.key, root)
@@ -88,58 +199,154 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         return done
     rec = job.record
     pixels = _check_pixels(rec, rec.load())
-    with atomic_path(root / job.rel) as tmp, open(tmp, "wb") as handle:
-        np.save(handle, np.ascontiguousarray(pixels.reshape(-1, pixels.shape[2])), allow_pickle=False)
+    flat = np.ascontiguousarray(pixels.reshape(-1, pixels.shape[2]))
+    result: dict[str, Any] = {"channels": int(flat.shape[1]), "pixels_sha256": _npy_sha256(flat)}
+    files = {}
+    if job.shuffled:
+        order = image_order(job.seed, rec.split, job.index, len(flat))
+        flat = _rows(flat)[order].view(np.uint8).reshape(flat.shape)
+        files[job.order_rel] = _write_raw(root / job.order_rel, order)
+    files[job.rel] = _write_raw(root / job.rel, flat)
     source_sha = rec.source_sha256
     if not source_sha and rec.source_path and os.path.isfile(rec.source_path):
         source_sha = sha256_file(rec.source_path)
-    result = {
-        "files": {job.rel: file_record(root / job.rel)},
-        "channels": int(pixels.shape[2]),
-        "source_sha256": source_sha,
-    }
-    atomic_write_json(record_path, {"key": job.key, "result": result})
+    result.update(files=files, source_sha256=source_sha)
+    write_record(record_path, {"key": job.key, "result": result})
     return result
+
+
+def _write_raw(path: Path, array: np.ndarray) -> dict[str, Any]:
+    data = np.ascontiguousarray(array).data.cast("B")
+    write_unsynced(path, data)
+    return bytes_record(data)
+
+
+def write_unsynced(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` under a temporary name, then rename it to ``path``, without fsync.
+
+    For the writer's own scratch files (staging, task records): a rename is atomic against a killed
+    process, and after a power loss any damaged file fails its record's size and SHA-256 check on
+    resume and is redone. Store files proper go through ``raykit.fileio`` (fsync before rename).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_record(path: Path, record: Any) -> None:
+    """A task record as canonical JSON (``write_unsynced``)."""
+    write_unsynced(path, (json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+
+
+def _read_rows(path: Path, row_bytes: int, lo: int, hi: int, dtype: str, width: int) -> np.ndarray:
+    """Rows ``[lo, hi)`` of a raw staging file, one ``pread``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, (hi - lo) * row_bytes, lo * row_bytes)
+    finally:
+        os.close(fd)
+    if len(data) != (hi - lo) * row_bytes:
+        raise SourceError(f"{path}: staging file truncated: expected rows [{lo}, {hi}), got {len(data)} B")
+    values = np.frombuffer(data, dtype=dtype)
+    return values.reshape(-1, width) if width else values
 
 
 @dataclass(frozen=True)
 class StagingSource:
-    """Rays of a store being written, gathered from staging files (and the train permutation).
+    """Rays of a store being written, gathered from staging files.
 
     Attributes:
         root: the partial directory.
         pixel_offset: (I,) first pid of every image, as a tuple.
+        image_pixels: (I,) ``W * H`` of every image.
+        image_channels: (I,) channels of every staged image (3 or 4).
         channels: channels stored (3 or 4); RGB images get alpha 255 when 4.
         materialize: None, ``"float16"`` or ``"float32"``: also generate origins/directions.
+        seed: seed of the shuffled splits' order.
     """
 
     root: str
     pixel_offset: tuple[int, ...]
+    image_pixels: tuple[int, ...]
+    image_channels: tuple[int, ...]
     channels: int
     materialize: str | None
+    seed: int = 0
+
+    def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
+        """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
+        first = self.pixel_offset.index(info.pid_start)
+        images = range(first, first + info.n_images)
+        return images, tuple(self.image_pixels[i] for i in images)
+
+    def _pieces(self, info: SplitInfo, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(image, first row, last row) of every staged run that makes up rays ``[start, stop)``."""
+        images, sizes = self._images(info)
+        if info.shuffled:
+            lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
+            return [(i, a, b) for i, a, b in zip(images, lo, hi, strict=True) if b > a]
+        pieces, first = [], 0
+        for i, n in zip(images, sizes, strict=True):
+            a, b = max(start - first, 0), min(stop - first, n)
+            if b > a:
+                pieces.append((i, a, b))
+            first += n
+        return pieces
 
     def gather(self, info: SplitInfo, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Field name -> values of rays ``[start, stop)`` of split ``info``."""
+        """Field name -> values of rays ``[start, stop)`` of split ``info`` (for a shuffled split,
+        ``[start, stop)`` must be one whole shard: its bounds seed the order)."""
         root = Path(self.root)
+        rgba = np.full((stop - start, self.channels), 255, dtype=np.uint8)
+        pid = np.empty(stop - start, dtype=np.uint32)
+        at = 0
+        for i, a, b in self._pieces(info, start, stop):
+            c = self.image_channels[i]
+            rgba[at : at + b - a, :c] = _read_rows(root / f"staging/{i:06d}.rgb", c, a, b, "u1", c)
+            if info.shuffled:
+                local = _read_rows(root / f"staging/{i:06d}.order", 4, a, b, "<u4", 0)
+                np.add(local, np.uint32(self.pixel_offset[i]), out=pid[at : at + b - a])
+            else:
+                pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
+            at += b - a
         if info.shuffled:
-            perm = np.load(root / f"perm-{info.name}.npy", mmap_mode="r")
-            pid = np.asarray(perm[start:stop], dtype=np.int64) + info.pid_start
-        else:
-            pid = np.arange(start, stop, dtype=np.int64) + info.pid_start
-        offsets = np.asarray(self.pixel_offset, dtype=np.int64)
-        image = np.searchsorted(offsets, pid, side="right") - 1
-        rgba = np.full((len(pid), self.channels), 255, dtype=np.uint8)
-        order = np.argsort(image, kind="stable")
-        bounds = [*np.searchsorted(image[order], np.unique(image), side="left").tolist(), len(pid)]
-        for lo, hi in itertools.pairwise(bounds):
-            rows = order[lo:hi]
-            i = int(image[rows[0]])
-            staged = np.load(root / f"staging/{i:06d}.npy", mmap_mode="r")
-            rgba[rows, : staged.shape[1]] = staged[pid[rows] - offsets[i]]
-        out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid.astype(np.uint32)}
+            rho = shard_order(self.seed, info.name, start, stop - start)
+            rgba = _rows(rgba)[rho].view(np.uint8).reshape(rgba.shape)
+            pid = pid[rho]
+        out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
         if self.materialize:
-            out.update(_materialize(root / "cameras.parquet", pid.astype(np.uint32), self.materialize))
+            out.update(_materialize(root / "cameras.parquet", pid, self.materialize))
         return out
+
+
+def _split_pids_reference(
+    seed: int, split: str, images: list[int], sizes: tuple[int, ...], offsets: list[int], bounds: list[int]
+) -> np.ndarray:
+    """(n_rays,) pids of a shuffled split in store order, built from the definition (slow twin).
+
+    Args:
+        images: table indices of the split's images; sizes: their pixel counts; offsets: their first pids.
+        bounds: the shard boundaries ``[0, ..., n_rays]``.
+    """
+    keys = sorted((_key(r, n), j) for j, n in enumerate(sizes) for r in range(n))
+    orders = [image_order(seed, split, i, n) for i, n in zip(images, sizes, strict=True)]
+    taken = [0] * len(sizes)
+    merged = []
+    for _, j in keys:
+        merged.append((j, offsets[j] + int(orders[j][taken[j]])))
+        taken[j] += 1
+    out = []
+    for lo, hi in itertools.pairwise(bounds):
+        shard = sorted(merged[lo:hi], key=lambda item: item[0])  # stable: image order, rank order
+        rho = shard_order(seed, split, lo, hi - lo)
+        out += [shard[int(k)][1] for k in rho]
+    return np.asarray(out, dtype=np.uint32)
 
 
 def _materialize(cameras_path: Path, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:

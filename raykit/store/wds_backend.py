@@ -19,7 +19,7 @@ import fsspec
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
-from raykit.fileio import atomic_path
+from raykit.fileio import atomic_write_bytes, sha256_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = ["WDS_DIR", "WdsReader", "npy_bytes", "sample_key", "shard_file", "write_shard"]
@@ -57,18 +57,20 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
 
 def write_shard(
     root: Path, split: str, shard: int, first_chunk: int, chunks: Sequence[Mapping[str, np.ndarray]]
-) -> tuple[str, list[dict[str, list[int]]]]:
-    """Write one tar shard atomically.
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, list[int]]]]:
+    """Write one tar shard atomically (built in memory, hashed from memory).
 
     Args:
         chunks: per chunk, field name -> (n, ...) values, fields in the order they are stored.
 
     Returns:
-        (relative path, per chunk: field -> ``[data offset, data size]`` within the tar).
+        (``{relative path: {"size", "sha256"}}``, per chunk: field -> ``[data offset, data size]``
+        within the tar).
     """
     rel = shard_file(split, shard)
     members: list[dict[str, list[int]]] = []
-    with atomic_path(root / rel) as tmp, tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for i, chunk in enumerate(chunks):
             key = sample_key(split, first_chunk + i)
             where: dict[str, list[int]] = {}
@@ -77,7 +79,9 @@ def write_shard(
                 where[name] = [tar.offset + _HEADER, len(data)]
                 tar.addfile(_member(f"{key}.{name}.npy", len(data)), io.BytesIO(data))
             members.append(where)
-    return rel, members
+    data = buffer.getvalue()
+    atomic_write_bytes(root / rel, data)
+    return {rel: {"size": len(data), "sha256": sha256_bytes(data)}}, members
 
 
 def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:

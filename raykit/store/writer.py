@@ -2,9 +2,11 @@
 
 Three phases, all in ``<dst>.partial/`` beside ``dst``:
 
-1. one task per image decodes it into ``staging/{index:06d}.npy`` (uint8, atomic);
-2. one task per shard gathers its rays (train: through a seeded permutation) from memory-mapped
-   staging files and writes the shard atomically with the chosen backend;
+1. one task per image decodes it into ``staging/{index:06d}.rgb`` (raw uint8; in a shuffled split in
+   the image's seeded order, with that order in ``staging/{index:06d}.order``);
+2. one task per shard reads one contiguous run of rays per image from the staging files, shuffles
+   them with the shard's seeded order (train; ``raykit.store.staging``) and writes the shard
+   atomically with the chosen backend;
 3. ``cameras.parquet``, ``index.json`` (per-chunk CRCs and, for WebDataset, member offsets) and last
    ``manifest.json`` (every file's size and SHA-256 plus the content fingerprint); staging is removed
    and ``<dst>.partial`` is renamed to ``dst``.
@@ -18,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import shutil
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,14 @@ from raykit.store.schema import (
     SceneInfo,
     SplitInfo,
 )
-from raykit.store.staging import StageJob, StagingSource, StoreSource, record_matches, stage_image
+from raykit.store.staging import (
+    StageJob,
+    StagingSource,
+    StoreSource,
+    record_matches,
+    stage_image,
+    write_record,
+)
 from raykit.store.table import build_camera_table, order_records, write_camera_table
 
 __all__ = [
@@ -94,13 +102,11 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
         chunks.append({name: data[name][lo:hi] for name in order})
     result: dict[str, Any] = {"crc32": [chunk_crc32(ch, order) for ch in chunks]}
     if job.backend == "zarr":
-        rels = zarr_backend.write_shard(root, job.info, job.shard, data, fields, job.layout)
+        result["files"] = zarr_backend.write_shard(root, job.info, job.shard, data, fields, job.layout)
     else:
-        rel, members = wds_backend.write_shard(root, job.info.name, job.shard, first, chunks)
-        rels = [rel]
-        result["members"] = members
-    result["files"] = {rel: file_record(root / rel) for rel in rels}
-    atomic_write_json(record_path, {"key": job.key, "result": result})
+        files, members = wds_backend.write_shard(root, job.info.name, job.shard, first, chunks)
+        result.update(files=files, members=members)
+    write_record(record_path, {"key": job.key, "result": result})
     return result
 
 
@@ -172,15 +178,6 @@ def _split_infos(records: Sequence[ImageRecord], chunk_rays: int) -> dict[str, S
     return infos
 
 
-def _write_permutations(partial: Path, splits: Mapping[str, SplitInfo], seed: int) -> None:
-    for info in splits.values():
-        path = partial / f"perm-{info.name}.npy"
-        if info.shuffled and not path.exists():
-            rng = np.random.default_rng([seed, zlib.crc32(info.name.encode())])
-            with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-                np.save(handle, rng.permutation(info.n_rays).astype(np.uint32), allow_pickle=False)
-
-
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
@@ -231,7 +228,10 @@ def write_store(
         "source": dict(source or {}),
     }
     partial = _partial_dir(dst, plan, overwrite)
-    stage_jobs = [StageJob(str(partial), i, r, json_digest(_record_plan(r))) for i, r in enumerate(ordered)]
+    stage_jobs = [
+        StageJob(str(partial), i, r, json_digest([_record_plan(r), seed]), r.split in SHUFFLED_SPLITS, seed)
+        for i, r in enumerate(ordered)
+    ]
     staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
     channels = 4 if any(s["channels"] == 4 for s in staged) else 3
     splits = _split_infos(ordered, chunk_rays)
@@ -240,9 +240,8 @@ def write_store(
     table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(table, str(tmp))
-    _write_permutations(partial, splits, seed)
     offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
-    pixels_sha = [next(iter(s["files"].values()))["sha256"] for s in staged]
+    pixels_sha = [s["pixels_sha256"] for s in staged]
     fingerprint = json_digest(
         [[r.name, s["source_sha256"], h] for r, s, h in zip(ordered, staged, pixels_sha, strict=True)]
     )
@@ -250,7 +249,9 @@ def write_store(
         backend, table, scene, splits, _fields(channels, materialize), layout,
         {**dict(source or {}), "fingerprint": fingerprint},
     )  # fmt: skip
-    gather = StagingSource(str(partial), offsets, channels, materialize)
+    sizes = tuple(r.camera.width * r.camera.height for r in ordered)
+    image_channels = tuple(int(s["channels"]) for s in staged)
+    gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize, seed)
     return _write_payload_and_commit(
         partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite
     )
@@ -342,8 +343,9 @@ def _write_payload_and_commit(
 def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:
     for name in ("staging", "tasks"):
         shutil.rmtree(partial / name, ignore_errors=True)
-    for path in [*partial.glob("perm-*.npy"), partial / "plan.json"]:
-        path.unlink(missing_ok=True)
+    (partial / "plan.json").unlink(missing_ok=True)
+    for path in partial.rglob(".*.tmp"):
+        path.unlink()  # temporary files of writers killed mid-write (the atomic-write prefix and suffix)
     for path in partial.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
     if dst.exists():

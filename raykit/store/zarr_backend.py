@@ -18,7 +18,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from raykit.errors import StoreCorruptError
-from raykit.fileio import atomic_write_bytes
+from raykit.fileio import atomic_write_bytes, sha256_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = ["BLOSC_CLEVEL", "ZARR_DIR", "ZarrReader", "shard_file", "write_metadata", "write_shard"]
@@ -88,18 +88,18 @@ def write_shard(
     data: Mapping[str, np.ndarray],
     fields: Mapping[str, FieldSpec],
     layout: Mapping[str, Any],
-) -> list[str]:
+) -> dict[str, dict[str, Any]]:
     """Encode shard ``shard`` of every field of split ``info`` and write each file atomically.
 
     Args:
         data: field name -> (n, ...) the rays of this shard (the last shard may be short).
 
     Returns:
-        The relative paths written.
+        Relative path -> ``{"size", "sha256"}`` of every file written (hashed from memory).
     """
     shard_rays = info.chunk_rays * layout["shard_chunks"]
     start = shard * shard_rays
-    written = []
+    written = {}
     for name, values in data.items():
         spec = fields[name]
         mem = zarr.storage.MemoryStore()
@@ -110,8 +110,9 @@ def write_shard(
         key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
         buffer = mem._store_dict[key]
         rel = shard_file(info.name, spec, shard)
-        atomic_write_bytes(root / rel, buffer.to_bytes())
-        written.append(rel)
+        encoded = buffer.to_bytes()
+        atomic_write_bytes(root / rel, encoded)
+        written[rel] = {"size": len(encoded), "sha256": sha256_bytes(encoded)}
     return written
 
 

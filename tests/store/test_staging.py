@@ -1,0 +1,68 @@
+"""The writer's on-the-fly train order: proportional merge counts and shard gathers against slow twins."""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raykit.store import SceneInfo, open_store, write_store
+from raykit.store.staging import _split_pids_reference, merge_counts
+
+
+def _merge_counts_reference(sizes: tuple[int, ...], k: int) -> list[int]:
+    keys = sorted((Fraction(2 * r + 1, 2 * n), i) for i, n in enumerate(sizes) for r in range(n))
+    counts = [0] * len(sizes)
+    for _, i in keys[:k]:
+        counts[i] += 1
+    return counts
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6))
+def test_merge_counts_match_the_merge(sizes: list[int]) -> None:
+    total = sum(sizes)
+    previous = [0] * len(sizes)
+    for k in range(total + 1):
+        counts = merge_counts(tuple(sizes), k)
+        assert counts == _merge_counts_reference(tuple(sizes), k)
+        assert sum(counts) == k and all(a >= b for a, b in zip(counts, previous, strict=True))
+        assert all(abs(c - k * n / total) < 2 for c, n in zip(counts, sizes, strict=True))
+        previous = counts
+
+
+def test_shard_gathers_match_the_definition(tmp_path: Path, record_factory, scene: SceneInfo) -> None:
+    images = [(8, 8, "train", 3), (5, 7, "train", 4), (9, 3, "train", 3), (6, 6, "val", 3)]
+    for chunk_rays, shard_chunks in [(16, 2), (7, 3), (200, 1)]:
+        store = write_store(
+            tmp_path / f"s{chunk_rays}", record_factory(3, images), scene=scene, seed=5,
+            chunk_rays=chunk_rays, shard_chunks=shard_chunks,
+        )  # fmt: skip
+        info = store.splits["train"]
+        pids = np.concatenate([store.read_chunk("train", c).pid for c in range(info.n_chunks)])
+        shard_rays = chunk_rays * shard_chunks
+        bounds = sorted({*range(0, info.n_rays, shard_rays), info.n_rays})
+        rows = [i for i, split in enumerate(store.cameras.column("split").to_pylist()) if split == "train"]
+        sizes = tuple(store.cameras.column("n_pixels").to_pylist()[i] for i in rows)
+        offsets = list(itertools.accumulate((0, *sizes[:-1])))
+        expected = _split_pids_reference(5, "train", rows, sizes, offsets, bounds)
+        np.testing.assert_array_equal(pids, expected)
+        assert np.array_equal(np.sort(pids), np.arange(info.n_rays))
+
+
+def test_train_rays_carry_their_pixels(tmp_path: Path, records, scene: SceneInfo) -> None:
+    store = open_store(write_store(tmp_path / "s", records, scene=scene, chunk_rays=32, shard_chunks=3).url)
+    info = store.splits["train"]
+    raw = store.read("train", 0, info.n_rays)
+    image, pixel = store.decode_pids(raw.pid)
+    for rec_index, rec in enumerate(sorted(records, key=lambda r: (r.split != "train", r.name))):
+        if rec.split != "train":
+            continue
+        pixels = rec.load()
+        mine = image == rec_index
+        got = raw.rgba[mine][:, : pixels.shape[2]]
+        np.testing.assert_array_equal(got, pixels[pixel[mine, 1], pixel[mine, 0]])
