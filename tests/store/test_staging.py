@@ -1,4 +1,4 @@
-"""The writer's on-the-fly train order: proportional merge counts and shard gathers against slow twins."""
+"""Writer fast paths against their slow twins: the on-the-fly train order, the zarr shard encoder."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raykit.store import SceneInfo, open_store, write_store
+from raykit.store import SceneInfo, open_store, write_store, zarr_backend
+from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.staging import _split_pids_reference, merge_counts
 
 
@@ -66,3 +67,23 @@ def test_train_rays_carry_their_pixels(tmp_path: Path, records, scene: SceneInfo
         mine = image == rec_index
         got = raw.rgba[mine][:, : pixels.shape[2]]
         np.testing.assert_array_equal(got, pixels[pixel[mine, 1], pixel[mine, 0]])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(1, 40),  # chunk_rays
+    st.integers(1, 4),  # shard_chunks
+    st.integers(1, 300),  # n_rays
+    st.sampled_from([("rgba", "uint8", 4), ("rgba", "uint8", 3), ("pid", "uint32", 0), ("o", "float16", 3)]),
+    st.integers(1, 9),  # zstd / blosc level
+)
+def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, level) -> None:
+    spec = FieldSpec(*field)
+    info = SplitInfo("train", n_rays, 1, chunk_rays, True, 0)
+    layout = {"shard_chunks": shard_chunks, "zstd_level": level, "blosc_clevel": level}
+    values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
+    shard_rays = chunk_rays * shard_chunks
+    for shard in range(-(-n_rays // shard_rays)):
+        part = values[shard * shard_rays : (shard + 1) * shard_rays]
+        fast = zarr_backend.encode_shard(part, spec, info, layout)
+        assert fast == zarr_backend._encode_shard_zarr(part, spec, info, shard, layout)
