@@ -173,6 +173,13 @@ def _rows(array: np.ndarray) -> np.ndarray:
     return array.view(np.dtype((np.void, array.shape[1]))).reshape(-1)
 
 
+def _take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """(len(index), C) rows ``index`` of a C-contiguous (n, C) uint8 array (4-byte rows as uint32)."""
+    if array.shape[1] == 4:
+        return array.view(np.uint32).reshape(-1)[index].view(np.uint8).reshape(-1, 4)
+    return _rows(array)[index].view(np.uint8).reshape(-1, array.shape[1])
+
+
 def _npy_sha256(array: np.ndarray) -> str:
     """SHA-256 of ``np.save(array)``'s bytes, without writing them (the decoded-pixel hash)."""
     digest = hashlib.sha256()
@@ -204,7 +211,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     files = {}
     if job.shuffled:
         order = image_order(job.seed, rec.split, job.index, len(flat))
-        flat = _rows(flat)[order].view(np.uint8).reshape(flat.shape)
+        flat = _take_rows(flat, order)
         files[job.order_rel] = _write_raw(root / job.order_rel, order)
     files[job.rel] = _write_raw(root / job.rel, flat)
     source_sha = rec.source_sha256
@@ -317,8 +324,7 @@ class StagingSource:
             at += b - a
         if info.shuffled:
             rho = shard_order(self.seed, info.name, start, stop - start)
-            rgba = _rows(rgba)[rho].view(np.uint8).reshape(rgba.shape)
-            pid = pid[rho]
+            rgba, pid = _take_rows(rgba, rho), pid[rho]
         out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
         if self.materialize:
             out.update(_materialize(root / "cameras.parquet", pid, self.materialize))

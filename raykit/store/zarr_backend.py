@@ -37,7 +37,7 @@ __all__ = [
 
 ZARR_DIR = "zarr"
 _ABSENT = 2**64 - 1  # shard index entry of a chunk that is not stored
-BLOSC_CLEVEL = 5  # blosc-zstd level for multi-byte fields (5 beats 3 and 7 on shuffled pids; docs/format.md)
+BLOSC_CLEVEL = 4  # blosc-zstd level for multi-byte fields (as small as 5, twice as fast; docs/format.md)
 
 
 def _compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
