@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import tempfile
+import time
 import zlib
 from dataclasses import dataclass
 from fractions import Fraction
@@ -42,6 +43,7 @@ from raykit.store.integrity import file_record
 from raykit.store.schema import ImageRecord, SplitInfo
 
 __all__ = [
+    "PhaseClock",
     "StageJob",
     "StagingSource",
     "StoreSource",
@@ -72,6 +74,19 @@ def record_matches(record_path: Path, key: str, root: Path) -> dict[str, Any] | 
             return None
     result: dict[str, Any] = record["result"]
     return result
+
+
+class PhaseClock:
+    """Seconds spent per phase of a task, by laps: ``lap(name)`` charges the time since the last lap."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 def bytes_record(data: bytes | memoryview) -> dict[str, Any]:
@@ -194,38 +209,47 @@ def _npy_sha256(array: np.ndarray) -> str:
 
 
 def stage_image(job: StageJob) -> dict[str, Any]:
-    """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_sha256"}``.
+    """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_sha256", "seconds"}``.
 
     ``pixels_sha256`` is the SHA-256 of the decoded pixels as a ``.npy`` of shape (H*W, C) in row-major
-    pixel order, whatever order they are staged in.
+    pixel order, whatever order they are staged in; ``seconds`` is the time per phase (not recorded).
     """
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
+    clock = PhaseClock()
     done = record_matches(record_path, job.key, root)
     if done is not None:
-        return done
+        clock.lap("resume_check")
+        return {**done, "seconds": clock.seconds}
     rec = job.record
     pixels = _check_pixels(rec, rec.load())
     flat = np.ascontiguousarray(pixels.reshape(-1, pixels.shape[2]))
+    clock.lap("decode")
     result: dict[str, Any] = {"channels": int(flat.shape[1]), "pixels_sha256": _npy_sha256(flat)}
+    source_sha = rec.source_sha256
+    if not source_sha and rec.source_path and os.path.isfile(rec.source_path):
+        source_sha = sha256_file(rec.source_path)
+    clock.lap("checksum")
     files = {}
     if job.shuffled:
         order = image_order(job.seed, rec.split, job.index, len(flat))
         flat = _take_rows(flat, order)
-        files[job.order_rel] = _write_raw(root / job.order_rel, order)
-    files[job.rel] = _write_raw(root / job.rel, flat)
-    source_sha = rec.source_sha256
-    if not source_sha and rec.source_path and os.path.isfile(rec.source_path):
-        source_sha = sha256_file(rec.source_path)
+        clock.lap("permutation")
+        files[job.order_rel] = _write_raw(root / job.order_rel, order, clock)
+    files[job.rel] = _write_raw(root / job.rel, flat, clock)
     result.update(files=files, source_sha256=source_sha)
     write_record(record_path, {"key": job.key, "result": result})
-    return result
+    clock.lap("write")
+    return {**result, "seconds": clock.seconds}
 
 
-def _write_raw(path: Path, array: np.ndarray) -> dict[str, Any]:
+def _write_raw(path: Path, array: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
     data = np.ascontiguousarray(array).data.cast("B")
     write_unsynced(path, data)
-    return bytes_record(data)
+    clock.lap("write")
+    record = bytes_record(data)
+    clock.lap("checksum")
+    return record
 
 
 def write_unsynced(path: Path, data: bytes | memoryview) -> None:
@@ -306,9 +330,12 @@ class StagingSource:
             first += n
         return pieces
 
-    def gather(self, info: SplitInfo, start: int, stop: int) -> dict[str, np.ndarray]:
+    def gather(
+        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
+    ) -> dict[str, np.ndarray]:
         """Field name -> values of rays ``[start, stop)`` of split ``info`` (for a shuffled split,
         ``[start, stop)`` must be one whole shard: its bounds seed the order)."""
+        clock = clock or PhaseClock()
         root = Path(self.root)
         rgba = np.full((stop - start, self.channels), 255, dtype=np.uint8)
         pid = np.empty(stop - start, dtype=np.uint32)
@@ -322,12 +349,15 @@ class StagingSource:
             else:
                 pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
             at += b - a
+        clock.lap("gather")
         if info.shuffled:
             rho = shard_order(self.seed, info.name, start, stop - start)
             rgba, pid = _take_rows(rgba, rho), pid[rho]
+            clock.lap("permutation")
         out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
         if self.materialize:
             out.update(_materialize(root / "cameras.parquet", pid, self.materialize))
+            clock.lap("materialize")
         return out
 
 
@@ -376,8 +406,12 @@ class StoreSource:
 
     url: str
 
-    def gather(self, info: SplitInfo, start: int, stop: int) -> dict[str, np.ndarray]:
+    def gather(
+        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
+    ) -> dict[str, np.ndarray]:
         from raykit.store.reader import open_store
 
         raw = open_store(self.url).read(info.name, start, stop)
+        if clock is not None:
+            clock.lap("gather")
         return {"rgba": raw.rgba, "pid": raw.pid, **raw.extra}

@@ -12,17 +12,15 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import fsspec
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
-from raykit.fileio import atomic_write_bytes, sha256_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
-__all__ = ["WDS_DIR", "WdsReader", "npy_bytes", "sample_key", "shard_file", "write_shard"]
+__all__ = ["WDS_DIR", "WdsReader", "encode_shard", "npy_bytes", "sample_key", "shard_file"]
 
 WDS_DIR = "wds"
 _HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
@@ -55,17 +53,16 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def write_shard(
-    root: Path, split: str, shard: int, first_chunk: int, chunks: Sequence[Mapping[str, np.ndarray]]
-) -> tuple[dict[str, dict[str, Any]], list[dict[str, list[int]]]]:
-    """Write one tar shard atomically (built in memory, hashed from memory).
+def encode_shard(
+    split: str, shard: int, first_chunk: int, chunks: Sequence[Mapping[str, np.ndarray]]
+) -> tuple[dict[str, bytes], list[dict[str, list[int]]]]:
+    """One tar shard, built in memory.
 
     Args:
         chunks: per chunk, field name -> (n, ...) values, fields in the order they are stored.
 
     Returns:
-        (``{relative path: {"size", "sha256"}}``, per chunk: field -> ``[data offset, data size]``
-        within the tar).
+        (``{relative path: tar bytes}``, per chunk: field -> ``[data offset, data size]`` within the tar).
     """
     rel = shard_file(split, shard)
     members: list[dict[str, list[int]]] = []
@@ -79,9 +76,7 @@ def write_shard(
                 where[name] = [tar.offset + _HEADER, len(data)]
                 tar.addfile(_member(f"{key}.{name}.npy", len(data)), io.BytesIO(data))
             members.append(where)
-    data = buffer.getvalue()
-    atomic_write_bytes(root / rel, data)
-    return {rel: {"size": len(data), "sha256": sha256_bytes(data)}}, members
+    return {rel: buffer.getvalue()}, members
 
 
 def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_json
+from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_crc32, content_fingerprint, file_record, json_digest
 from raykit.store.schema import (
@@ -41,9 +42,11 @@ from raykit.store.schema import (
     SplitInfo,
 )
 from raykit.store.staging import (
+    PhaseClock,
     StageJob,
     StagingSource,
     StoreSource,
+    bytes_record,
     record_matches,
     stage_image,
     write_record,
@@ -61,6 +64,7 @@ __all__ = [
     "write_store",
 ]
 
+_log = logging.getLogger(__name__)
 BACKENDS = ("zarr", "wds")
 DEFAULT_CHUNK_RAYS = 65536
 DEFAULT_SHARD_CHUNKS = 16
@@ -83,31 +87,64 @@ class ShardJob:
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "crc32": [per chunk], "members": [...]}``."""
+    """Phase-2 task. Returns ``{"files": {rel: record}, "crc32": [per chunk], "members": [...]}``
+    and ``"seconds"``, the time per phase (not recorded)."""
     root = Path(job.root)
     record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
+    clock = PhaseClock()
     done = record_matches(record_path, job.key, root)
     if done is not None:
-        return done
+        clock.lap("resume_check")
+        return {**done, "seconds": clock.seconds}
     shard_chunks = job.layout["shard_chunks"]
     first = job.shard * shard_chunks
     last = min(first + shard_chunks, job.info.n_chunks)
     start, stop = job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
-    data = job.source.gather(job.info, start, stop)
-    fields = {spec.name: spec for spec in job.fields}
+    data = job.source.gather(job.info, start, stop, clock)
     order = [spec.name for spec in job.fields]
     chunks = []
     for c in range(first, last):
         lo, hi = (b - start for b in job.info.chunk_range(c))
         chunks.append({name: data[name][lo:hi] for name in order})
     result: dict[str, Any] = {"crc32": [chunk_crc32(ch, order) for ch in chunks]}
+    clock.lap("checksum")
     if job.backend == "zarr":
-        result["files"] = zarr_backend.write_shard(root, job.info, job.shard, data, fields, job.layout)
+        fields = {spec.name: spec for spec in job.fields}
+        encoded = zarr_backend.encode_shards(job.info, job.shard, data, fields, job.layout)
     else:
-        files, members = wds_backend.write_shard(root, job.info.name, job.shard, first, chunks)
-        result.update(files=files, members=members)
+        encoded, result["members"] = wds_backend.encode_shard(job.info.name, job.shard, first, chunks)
+    clock.lap("compress")
+    result["files"] = {}
+    for rel, payload in encoded.items():
+        atomic_write_bytes(root / rel, payload)  # one fsync per file
+        clock.lap("write")
+        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
+        clock.lap("checksum")
     write_record(record_path, {"key": job.key, "result": result})
-    return result
+    clock.lap("write")
+    return {**result, "seconds": clock.seconds}
+
+
+class _Profile:
+    """Where a write's time went: wall seconds of the calling process per phase (laps), and the
+    tasks' own seconds per phase summed over all tasks (whichever worker ran them).
+
+    Logged at DEBUG level on ``raykit.store.writer`` with ``extra={"raykit_phases": ...}``.
+    """
+
+    def __init__(self) -> None:
+        self.wall = PhaseClock()
+        self.tasks: dict[str, dict[str, float]] = {}
+
+    def absorb(self, kind: str, results: list[dict[str, Any]]) -> None:
+        totals = self.tasks.setdefault(kind, {})
+        for res in results:
+            for phase, seconds in res.pop("seconds", {}).items():
+                totals[phase] = totals.get(phase, 0.0) + seconds
+
+    def log(self, dst: Path) -> None:
+        phases = {"wall": self.wall.seconds, "tasks": self.tasks}
+        _log.debug("wrote %s: %s", dst, json.dumps(phases), extra={"raykit_phases": phases})
 
 
 def _run(
@@ -209,6 +246,7 @@ def write_store(
         overwrite: replace an existing store at ``dst``.
     """
     _check_options(backend, chunk_rays, shard_chunks, materialize)
+    profile = _Profile()
     dst = Path(dst)
     ordered = order_records(records)
     layout = {
@@ -228,11 +266,14 @@ def write_store(
         "source": dict(source or {}),
     }
     partial = _partial_dir(dst, plan, overwrite)
+    profile.wall.lap("plan")
     stage_jobs = [
         StageJob(str(partial), i, r, json_digest([_record_plan(r), seed]), r.split in SHUFFLED_SPLITS, seed)
         for i, r in enumerate(ordered)
     ]
     staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+    profile.absorb("stage", staged)
+    profile.wall.lap("stage")
     channels = 4 if any(s["channels"] == 4 for s in staged) else 3
     splits = _split_infos(ordered, chunk_rays)
     shuffled = {name for name, info in splits.items() if info.shuffled}
@@ -241,6 +282,7 @@ def write_store(
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(table, str(tmp))
     offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
+    profile.wall.lap("camera_table")
     pixels_sha = [s["pixels_sha256"] for s in staged]
     fingerprint = json_digest(
         [[r.name, s["source_sha256"], h] for r, s, h in zip(ordered, staged, pixels_sha, strict=True)]
@@ -253,7 +295,7 @@ def write_store(
     image_channels = tuple(int(s["channels"]) for s in staged)
     gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize, seed)
     return _write_payload_and_commit(
-        partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite
+        partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
     )
 
 
@@ -271,7 +313,13 @@ class Payload:
 
 
 def _write_shards(
-    partial: Path, payload: Payload, gather: Source, plan_key: str, executor: Any, progress: bool
+    partial: Path,
+    payload: Payload,
+    gather: Source,
+    plan_key: str,
+    executor: Any,
+    progress: bool,
+    profile: _Profile,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and zarr metadata). Returns (file records, chunk index)."""
     files: dict[str, Any] = {}
@@ -285,7 +333,10 @@ def _write_shards(
         for info in payload.splits.values()
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
     ]  # fmt: skip
+    profile.wall.lap("zarr_metadata")
     results = _run(write_shard_task, jobs, executor, progress, f"write {payload.backend} shards")
+    profile.absorb("shard", results)
+    profile.wall.lap("shards")
     index: dict[str, dict[str, list[Any]]] = {name: {"crc32": []} for name in payload.splits}
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
@@ -330,14 +381,19 @@ def _write_payload_and_commit(
     executor: Any,
     progress: bool,
     overwrite: bool,
+    profile: _Profile,
 ) -> Any:
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
-    files, index = _write_shards(partial, payload, gather, plan_key, executor, progress)
+    files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
     atomic_write_json(partial / "index.json", index)
     for rel in ("cameras.parquet", "index.json"):
         files[rel] = file_record(partial / rel)
     atomic_write_json(partial / "manifest.json", _manifest(payload, files, index))
-    return _commit(partial, dst, overwrite)
+    profile.wall.lap("index_manifest")
+    store = _commit(partial, dst, overwrite)
+    profile.wall.lap("commit")
+    profile.log(dst)
+    return store
 
 
 def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:
@@ -385,6 +441,7 @@ def copy_store(
     """
     from raykit.store.reader import open_store
 
+    profile = _Profile()
     store = open_store(src)
     layout = dict(store.manifest["layout"])
     _check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
@@ -398,5 +455,6 @@ def copy_store(
         store.manifest["source"],
     )  # fmt: skip
     return _write_payload_and_commit(
-        partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite
-    )
+        partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite,
+        profile,
+    )  # fmt: skip

@@ -3,8 +3,8 @@
 Array ``zarr/{split}/{field}`` has shape ``(n_rays,)`` or ``(n_rays, channels)``, inner chunks of
 ``chunk_rays`` rays (the read unit; each compressed with zstd or blosc-zstd, then crc32c-checksummed)
 and shards of ``shard_chunks`` chunks (the write unit, one file ``c/{shard}[/0]`` with a
-crc32c-checksummed index at its end). A writer encodes one whole shard in memory and writes it
-atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
+crc32c-checksummed index at its end). A writer encodes one whole shard in memory (``encode_shards``)
+and writes it atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
 numcodecs codecs as zarr directly (zarr's own write path costs as much again as the compression); its
 output is tested byte for byte against zarr's (``_encode_shard_zarr``).
 """
@@ -22,7 +22,7 @@ from numcodecs import Blosc, Zstd
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from raykit.errors import StoreCorruptError
-from raykit.fileio import atomic_write_bytes, sha256_bytes
+from raykit.fileio import atomic_write_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = [
@@ -30,9 +30,9 @@ __all__ = [
     "ZARR_DIR",
     "ZarrReader",
     "encode_shard",
+    "encode_shards",
     "shard_file",
     "write_metadata",
-    "write_shard",
 ]
 
 ZARR_DIR = "zarr"
@@ -94,30 +94,22 @@ def write_metadata(
     return written
 
 
-def write_shard(
-    root: Path,
+def encode_shards(
     info: SplitInfo,
     shard: int,
     data: Mapping[str, np.ndarray],
     fields: Mapping[str, FieldSpec],
     layout: Mapping[str, Any],
-) -> dict[str, dict[str, Any]]:
-    """Encode shard ``shard`` of every field of split ``info`` and write each file atomically.
+) -> dict[str, bytes]:
+    """The shard files of shard ``shard`` of every field of split ``info``: relative path -> bytes.
 
     Args:
         data: field name -> (n, ...) the rays of this shard (the last shard may be short).
-
-    Returns:
-        Relative path -> ``{"size", "sha256"}`` of every file written (hashed from memory).
     """
-    written = {}
-    for name, values in data.items():
-        spec = fields[name]
-        encoded = encode_shard(values, spec, info, layout)
-        rel = shard_file(info.name, spec, shard)
-        atomic_write_bytes(root / rel, encoded)
-        written[rel] = {"size": len(encoded), "sha256": sha256_bytes(encoded)}
-    return written
+    return {
+        shard_file(info.name, fields[name], shard): encode_shard(values, fields[name], info, layout)
+        for name, values in data.items()
+    }
 
 
 def _numcodecs_compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
