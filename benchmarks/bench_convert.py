@@ -10,7 +10,12 @@ then measures:
   every image through the records' loaders), without the store writer;
 * ``convert``: wall time of a full conversion to a Zarr store with 1 worker (in-process) and with 2
   workers (a local Dask cluster; its start-up is included and also reported on its own),
-  megapixels per second of source images.
+  megapixels per second of source images, and ``phases_s``: where the time went (decode, permutation,
+  gather, compress, write, checksums, metadata, orchestration, converter), from the per-phase timings
+  ``write_store`` logs (task phases are summed over all tasks, so with 2 workers they add up to about
+  twice the wall time);
+* ``compression_ceiling_single_worker``: the best single-worker rate if decoding and compressing
+  (measured in the 1-worker run) were the only work: the bound the store's compression sets.
 
 Target: per worker, conversion at least 0.8x the decode rate (conversion is decode-bound).
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import shutil
@@ -40,6 +46,7 @@ from raykit.converters import convert
 
 ROOT = Path(__file__).resolve().parent
 TARGET_RATIO = 0.8
+METADATA_PHASES = ("plan", "camera_table", "zarr_metadata", "index_manifest", "commit")
 
 
 def build_capture(size: str, seed: int, workers: int) -> Path:
@@ -76,16 +83,68 @@ def _decoded(img: Image.Image) -> int:
     return int(array.shape[0] * array.shape[1])
 
 
+class _PhaseLog(logging.Handler):
+    """Keeps the per-phase timings that ``write_store`` logs at DEBUG level."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.phases: dict[str, Any] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.phases = getattr(record, "raykit_phases", self.phases)
+
+
+def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
+    """Seconds per phase: task phases summed over tasks (all workers), calling-process phases as wall.
+
+    ``orchestration`` is the rest of the wall time of the decode and shard phases (scheduling, task
+    transport, waiting for workers); ``converter`` is everything outside ``write_store`` (parsing).
+    """
+    stage, shard, wall = phases["tasks"].get("stage", {}), phases["tasks"].get("shard", {}), phases["wall"]
+    out = {
+        "decode": stage.get("decode", 0.0),
+        "permutation": stage.get("permutation", 0.0) + shard.get("permutation", 0.0),
+        "gather": shard.get("gather", 0.0),
+        "compress": shard.get("compress", 0.0),
+        "write": stage.get("write", 0.0) + shard.get("write", 0.0),
+        "checksums": stage.get("checksum", 0.0) + shard.get("checksum", 0.0),
+        "metadata": sum(wall.get(k, 0.0) for k in METADATA_PHASES),
+    }  # fmt: skip
+    task_total = sum(sum(v.values()) for v in phases["tasks"].values())
+    workers_wall = wall.get("stage", 0.0) + wall.get("shards", 0.0)
+    out["orchestration"] = workers_wall - task_total if task_total <= workers_wall else 0.0
+    out["converter"] = seconds - sum(wall.values())
+    return out
+
+
 def timed_convert(src: Path, workers: int, megapixels: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
-        start = time.perf_counter()
-        store = convert(src, Path(tmp) / "store.zarr", workers=workers)
-        seconds = time.perf_counter() - start
-        size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
-        fingerprint = store.fingerprint
+    handler = _PhaseLog()
+    logger = logging.getLogger("raykit.store.writer")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
+            start = time.perf_counter()
+            store = convert(src, Path(tmp) / "store.zarr", workers=workers)
+            seconds = time.perf_counter() - start
+            size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
+            fingerprint = store.fingerprint
+    finally:
+        logger.removeHandler(handler)
     rate = megapixels / seconds
     return {"workers": workers, "seconds": seconds, "mp_per_s": rate, "mp_per_s_per_worker": rate / workers,
-            "store_bytes": size, "fingerprint": fingerprint}  # fmt: skip
+            "store_bytes": size, "fingerprint": fingerprint, "phases_s": breakdown(handler.phases, seconds),
+            "writer_phases_raw": handler.phases}  # fmt: skip
+
+
+def compression_ceiling(decode: dict[str, float], run: dict[str, Any]) -> dict[str, float]:
+    """Best possible single-worker rate if decoding and compressing were the only work (all else free):
+    the bound that the store's compression puts on conversion on this machine."""
+    compress = run["phases_s"]["compress"]
+    seconds = decode["seconds"] + compress
+    return {"compress_s": compress, "compress_mp_per_s": decode["megapixels"] / compress,
+            "decode_plus_compress_mp_per_s": decode["megapixels"] / seconds,
+            "ratio_vs_decode": decode["seconds"] / seconds}  # fmt: skip
 
 
 def converter_side(src: Path, megapixels: float, repeats: int) -> dict[str, float]:
@@ -154,6 +213,7 @@ def main() -> None:
         "converter_side_ratio_vs_decode": own["mp_per_s"] / decode["mp_per_s"],
         "convert": runs,
         "dask_cluster_startup_s": startup,
+        "compression_ceiling_single_worker": compression_ceiling(decode, runs[0]),
         "ratio_per_worker_vs_decode": {
             str(r["workers"]): r["mp_per_s_per_worker"] / decode["mp_per_s"] for r in runs
         },
