@@ -5,19 +5,21 @@ Every task is a module-level function of one picklable job, so any ``concurrent.
 and leave a small JSON record keyed by their inputs; a rerun with the same inputs reuses any output
 whose record and checksums still match.
 
-The train order is a two-level seeded shuffle (docs/format.md, "Order within a split"), computed on
-the fly so that no task needs a global permutation:
+The train order (docs/format.md, "Order within a split") is computed on the fly, so that no task
+needs a global permutation:
 
-1. image ``i`` of a shuffled split is staged in the order of its own permutation
+1. image ``i`` of a shuffled split is staged in the order of its own seeded permutation
    ``pi_i = default_rng([seed, crc32(split), i]).permutation(W * H)``;
-2. the shard covering rays ``[start, stop)`` takes from every image of the split the contiguous run
-   of its permuted pixels that a fixed proportional merge assigns to that range (``merge_counts``),
-   concatenates them in image order and shuffles them with
-   ``rho = default_rng([seed, crc32(split), 1 << 32, start]).permutation(stop - start)``.
+2. the shard covering rays ``[start, stop)`` (``n`` rays) takes from every image of the split the
+   contiguous run of its permuted pixels that a fixed proportional merge assigns to that range
+   (``merge_counts``), concatenates them in image order, and interleaves them: ray ``t`` of the
+   shard is element ``(a * t) mod n`` of the concatenation, ``a`` the integer nearest ``n / phi``
+   coprime to ``n`` (``interleave_step``; a golden-ratio lattice, so by the three-gap theorem every
+   run of consecutive rays takes evenly spaced elements: each image's share, random pixels).
 
 So a shard reads one contiguous byte range per image (no global argsort, no random reads), every
-shard holds each image's share of rays (within two rays) drawn uniformly from that image, and every
-chunk is a uniform sample of its shard. ``_split_pids_reference`` builds the same order the slow way.
+shard and every chunk holds each image's share of rays (within a few rays), and which pixels of an
+image land in which chunk is uniformly random. ``_split_pids_reference`` builds the order the slow way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import hashlib
 import heapq
 import itertools
 import json
+import math
 import os
 import tempfile
 import time
@@ -49,6 +52,7 @@ __all__ = [
     "StoreSource",
     "bytes_record",
     "image_order",
+    "interleave_step",
     "merge_counts",
     "record_matches",
     "shard_order",
@@ -94,6 +98,9 @@ def bytes_record(data: bytes | memoryview) -> dict[str, Any]:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+_PHI = (1 + 5**0.5) / 2
+
+
 def _split_tag(split: str) -> int:
     return zlib.crc32(split.encode())
 
@@ -104,9 +111,21 @@ def image_order(seed: int, split: str, index: int, n_pixels: int) -> np.ndarray:
     return rng.permutation(n_pixels).astype(np.uint32)
 
 
-def shard_order(seed: int, split: str, start: int, n_rays: int) -> np.ndarray:
-    """(n_rays,) int64 ``rho``: the shuffle of the shard of a shuffled split starting at ray ``start``."""
-    return np.random.default_rng([seed, _split_tag(split), 1 << 32, start]).permutation(n_rays)
+def interleave_step(n: int) -> int:
+    """The integer nearest ``n / phi`` (golden ratio) that is coprime to ``n``; the smaller on a tie."""
+    base = round(n / _PHI)
+    for d in range(n + 1):
+        for a in (base - d, base + d):
+            if 0 <= a < max(n, 2) and math.gcd(a, n) == 1:
+                return a
+    raise AssertionError("unreachable: 1 is coprime to every n")
+
+
+def shard_order(n_rays: int) -> np.ndarray:
+    """(n_rays,) int64: ray ``t`` of a shuffled shard is element ``(a * t) mod n_rays`` of its
+    image-ordered concatenation (``a = interleave_step(n_rays)``)."""
+    step = np.uint64(interleave_step(n_rays))
+    return ((np.arange(n_rays, dtype=np.uint64) * step) % np.uint64(max(n_rays, 1))).astype(np.int64)
 
 
 def _key(rank: int, size: int) -> Fraction:
@@ -299,7 +318,6 @@ class StagingSource:
         image_channels: (I,) channels of every staged image (3 or 4).
         channels: channels stored (3 or 4); RGB images get alpha 255 when 4.
         materialize: None, ``"float16"`` or ``"float32"``: also generate origins/directions.
-        seed: seed of the shuffled splits' order.
     """
 
     root: str
@@ -308,7 +326,6 @@ class StagingSource:
     image_channels: tuple[int, ...]
     channels: int
     materialize: str | None
-    seed: int = 0
 
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
@@ -334,7 +351,7 @@ class StagingSource:
         self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
     ) -> dict[str, np.ndarray]:
         """Field name -> values of rays ``[start, stop)`` of split ``info`` (for a shuffled split,
-        ``[start, stop)`` must be one whole shard: its bounds seed the order)."""
+        ``[start, stop)`` must be one whole shard: the interleave spans it)."""
         clock = clock or PhaseClock()
         root = Path(self.root)
         rgba = np.full((stop - start, self.channels), 255, dtype=np.uint8)
@@ -351,7 +368,7 @@ class StagingSource:
             at += b - a
         clock.lap("gather")
         if info.shuffled:
-            rho = shard_order(self.seed, info.name, start, stop - start)
+            rho = shard_order(stop - start)
             rgba, pid = _take_rows(rgba, rho), pid[rho]
             clock.lap("permutation")
         out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
@@ -380,8 +397,8 @@ def _split_pids_reference(
     out = []
     for lo, hi in itertools.pairwise(bounds):
         shard = sorted(merged[lo:hi], key=lambda item: item[0])  # stable: image order, rank order
-        rho = shard_order(seed, split, lo, hi - lo)
-        out += [shard[int(k)][1] for k in rho]
+        step = interleave_step(hi - lo)
+        out += [shard[(step * t) % (hi - lo)][1] for t in range(hi - lo)]
     return np.asarray(out, dtype=np.uint32)
 
 

@@ -293,7 +293,7 @@ def write_store(
     )  # fmt: skip
     sizes = tuple(r.camera.width * r.camera.height for r in ordered)
     image_channels = tuple(int(s["channels"]) for s in staged)
-    gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize, seed)
+    gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize)
     return _write_payload_and_commit(
         partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store, zarr_backend
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.staging import _split_pids_reference, merge_counts
+from raykit.store.staging import _split_pids_reference, interleave_step, merge_counts
 
 
 def _merge_counts_reference(sizes: tuple[int, ...], k: int) -> list[int]:
@@ -34,6 +35,25 @@ def test_merge_counts_match_the_merge(sizes: list[int]) -> None:
         assert sum(counts) == k and all(a >= b for a, b in zip(counts, previous, strict=True))
         assert all(abs(c - k * n / total) < 2 for c, n in zip(counts, sizes, strict=True))
         previous = counts
+
+
+def test_interleave_step_is_a_coprime_golden_step() -> None:
+    for n in [*range(1, 300), 65536 * 16, 1_000_003, 2**32 - 5]:
+        step = interleave_step(n)
+        assert math.gcd(step, n) == 1 and abs(step - n / ((1 + 5**0.5) / 2)) < max(8, n**0.5)
+        if n <= 300:
+            assert sorted((step * t) % n for t in range(n)) == list(range(n))
+
+
+def test_chunks_hold_each_image_share(tmp_path: Path, record_factory, scene: SceneInfo) -> None:
+    images = [(16, 16, "train", 3)] * 8 + [(8, 8, "train", 3)] * 4
+    store = write_store(tmp_path / "s", record_factory(2, images), scene=scene, chunk_rays=96, shard_chunks=4)
+    info = store.splits["train"]
+    share = store.table.n_pixels[: info.n_images] / info.n_rays
+    for c in range(info.n_chunks - 1):  # the last chunk is short
+        image = store.decode_pids(store.read_chunk("train", c).pid)[0]
+        counts = np.bincount(image, minlength=info.n_images)
+        assert np.all(np.abs(counts - share * info.chunk_rays) < 4), counts
 
 
 def test_shard_gathers_match_the_definition(tmp_path: Path, record_factory, scene: SceneInfo) -> None:
