@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import math
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +109,30 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
         part = values[shard * shard_rays : (shard + 1) * shard_rays]
         fast = zarr_backend.encode_shard(part, spec, info, layout)
         assert fast == zarr_backend._encode_shard_zarr(part, spec, info, shard, layout)
+
+
+def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
+    from raykit.store.writer import write_shard_task
+
+    class CrashAfterStaging(concurrent.futures.Executor):
+        def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]
+            if fn is write_shard_task:
+                raise RuntimeError("simulated crash before phase 2")
+            return map(fn, *iterables)
+
+    dst = tmp_path / "store"
+    with pytest.raises(RuntimeError, match="phase 2"):
+        write_store(dst, records, scene=scene, executor=CrashAfterStaging(), chunk_rays=32, shard_chunks=2)
+    staged = sorted((tmp_path / "store.partial" / "staging").glob("*.rgb"))
+    data = bytearray(staged[0].read_bytes())
+    data[len(data) // 2] ^= 1
+    staged[0].write_bytes(bytes(data))
+    write_store(dst, records, scene=scene, chunk_rays=32, shard_chunks=2)
+    write_store(tmp_path / "fresh", records, scene=scene, chunk_rays=32, shard_chunks=2)
+    tree = {p.relative_to(dst): p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    fresh = {
+        p.relative_to(tmp_path / "fresh"): p.read_bytes()
+        for p in (tmp_path / "fresh").rglob("*")
+        if p.is_file()
+    }
+    assert tree == fresh
