@@ -106,7 +106,7 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
         "permutation": stage.get("permutation", 0.0) + shard.get("permutation", 0.0),
         "gather": shard.get("gather", 0.0),
         "compress": shard.get("compress", 0.0),
-        "write": stage.get("write", 0.0) + shard.get("write", 0.0),
+        "write": stage.get("write", 0.0) + shard.get("write", 0.0) + wall.get("fsync", 0.0),
         "checksums": stage.get("checksum", 0.0) + shard.get("checksum", 0.0),
         "metadata": sum(wall.get(k, 0.0) for k in METADATA_PHASES),
     }  # fmt: skip

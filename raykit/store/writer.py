@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json
+from raykit.fileio import atomic_path, atomic_write_json
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_crc32, content_fingerprint, file_record, json_digest
 from raykit.store.schema import (
@@ -50,6 +51,7 @@ from raykit.store.staging import (
     record_matches,
     stage_image,
     write_record,
+    write_unsynced,
 )
 from raykit.store.table import build_camera_table, order_records, write_camera_table
 
@@ -116,7 +118,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock.lap("compress")
     result["files"] = {}
     for rel, payload in encoded.items():
-        atomic_write_bytes(root / rel, payload)  # one fsync per file
+        write_unsynced(root / rel, payload)  # atomic; fsynced in one batch before the manifest
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
         clock.lap("checksum")
@@ -385,6 +387,8 @@ def _write_payload_and_commit(
 ) -> Any:
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
     files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
+    _fsync_all(partial, files)
+    profile.wall.lap("fsync")
     atomic_write_json(partial / "index.json", index)
     for rel in ("cameras.parquet", "index.json"):
         files[rel] = file_record(partial / rel)
@@ -394,6 +398,24 @@ def _write_payload_and_commit(
     profile.wall.lap("commit")
     profile.log(dst)
     return store
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_all(root: Path, rels: Iterable[str]) -> None:
+    """fsync the files ``rels`` under ``root``, then the folders holding them, in parallel threads:
+    shard files reach the disk in one batch (concurrent fsyncs share journal commits) before the
+    manifest is written."""
+    paths = [root / rel for rel in rels]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(_fsync, paths))
+        list(pool.map(_fsync, sorted({p.parent for p in paths})))
 
 
 def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:
