@@ -188,10 +188,12 @@ def merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
 
 @dataclass(frozen=True)
 class StageJob:
-    """Decode image ``index`` of the table into ``root/staging/{index:06d}.rgb`` (raw uint8 (H*W, C)).
+    """Decode image ``index`` of the table into ``root/staging/{index:06d}.px``.
 
-    In a shuffled split the pixels are stored in ``image_order`` and that order beside them in
-    ``{index:06d}.order`` (raw uint32), so the shard tasks never recompute it.
+    The file is raw native-endian uint32: one packed RGBA pixel per row (bytes r, g, b, a; alpha 255
+    for RGB images) in row-major order, or in a shuffled split rows of two, ``(pixel, rank)`` in
+    ``image_order`` (``rank`` = the pixel's row-major index), so a shard task reads each image's run
+    of rays with one ``pread`` and never recomputes the order.
     """
 
     root: str
@@ -203,11 +205,12 @@ class StageJob:
 
     @property
     def rel(self) -> str:
-        return f"staging/{self.index:06d}.rgb"
+        return staging_file(self.index)
 
-    @property
-    def order_rel(self) -> str:
-        return f"staging/{self.index:06d}.order"
+
+def staging_file(index: int) -> str:
+    """Relative path of the staging file of image ``index``."""
+    return f"staging/{index:06d}.px"
 
 
 def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -226,16 +229,14 @@ def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
     return array
 
 
-def _rows(array: np.ndarray) -> np.ndarray:
-    """(n,) void view of a C-contiguous (n, C) array, so that fancy indexing moves whole rows."""
-    return array.view(np.dtype((np.void, array.shape[1]))).reshape(-1)
-
-
-def _take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """(len(index), C) rows ``index`` of a C-contiguous (n, C) uint8 array (4-byte rows as uint32)."""
-    if array.shape[1] == 4:
-        return array.view(np.uint32).reshape(-1)[index].view(np.uint8).reshape(-1, 4)
-    return _rows(array)[index].view(np.uint8).reshape(-1, array.shape[1])
+def _packed(flat: np.ndarray) -> np.ndarray:
+    """(n,) uint32 view of (n, C) uint8 pixels as RGBA (alpha 255 added to RGB)."""
+    if flat.shape[1] == 3:
+        rgba = np.empty((len(flat), 4), dtype=np.uint8)
+        rgba[:, :3] = flat
+        rgba[:, 3] = 255
+        flat = rgba
+    return np.ascontiguousarray(flat).view(np.uint32).reshape(-1)
 
 
 def _npy_sha256(array: np.ndarray) -> str:
@@ -273,14 +274,15 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     if not source_sha and rec.source_path and os.path.isfile(rec.source_path):
         source_sha = sha256_file(rec.source_path)
     clock.lap("checksum")
-    files = {}
+    rows = _packed(flat)
     if job.shuffled:
         order = image_order(job.seed, rec.split, job.index, len(flat))
-        flat = _take_rows(flat, order)
+        pairs = np.empty((len(order), 2), dtype=np.uint32)
+        np.take(rows, order, out=pairs[:, 0])
+        pairs[:, 1] = order
+        rows = pairs
         clock.lap("permutation")
-        files[job.order_rel] = _write_raw(root / job.order_rel, order, clock)
-    files[job.rel] = _write_raw(root / job.rel, flat, clock)
-    result.update(files=files, source_sha256=source_sha)
+    result.update(files={job.rel: _write_raw(root / job.rel, rows, clock)}, source_sha256=source_sha)
     write_record(record_path, {"key": job.key, "result": result})
     clock.lap("write")
     return {**result, "seconds": clock.seconds}
@@ -318,17 +320,17 @@ def write_record(path: Path, record: Any) -> None:
     write_unsynced(path, (json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
 
 
-def _read_rows(path: Path, row_bytes: int, lo: int, hi: int, dtype: str, width: int) -> np.ndarray:
-    """Rows ``[lo, hi)`` of a raw staging file, one ``pread``."""
+def _read_rows(path: Path, lo: int, out: np.ndarray) -> None:
+    """Fill ``out`` (C-contiguous rows) with rows ``lo, lo + 1, ...`` of a staging file (one ``preadv``)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        data = os.pread(fd, (hi - lo) * row_bytes, lo * row_bytes)
+        got = os.preadv(fd, [out.data.cast("B")], lo * out[:1].nbytes)
     finally:
         os.close(fd)
-    if len(data) != (hi - lo) * row_bytes:
-        raise SourceError(f"{path}: staging file truncated: expected rows [{lo}, {hi}), got {len(data)} B")
-    values = np.frombuffer(data, dtype=dtype)
-    return values.reshape(-1, width) if width else values
+    if got != out.nbytes:
+        raise SourceError(
+            f"{path}: staging file truncated: expected {out.nbytes} bytes at row {lo}, got {got}"
+        )
 
 
 @dataclass(frozen=True)
@@ -339,7 +341,7 @@ class StagingSource:
         root: the partial directory.
         pixel_offset: (I,) first pid of every image, as a tuple.
         image_pixels: (I,) ``W * H`` of every image.
-        image_channels: (I,) channels of every staged image (3 or 4).
+        image_channels: (I,) channels of every decoded image (3 or 4).
         channels: channels stored (3 or 4); RGB images get alpha 255 when 4.
         materialize: None, ``"float16"`` or ``"float32"``: also generate origins/directions.
     """
@@ -378,23 +380,29 @@ class StagingSource:
         ``[start, stop)`` must be one whole shard: the interleave spans it)."""
         clock = clock or PhaseClock()
         root = Path(self.root)
-        rgba = np.full((stop - start, self.channels), 255, dtype=np.uint8)
-        pid = np.empty(stop - start, dtype=np.uint32)
-        at = 0
-        for i, a, b in self._pieces(info, start, stop):
-            c = self.image_channels[i]
-            rgba[at : at + b - a, :c] = _read_rows(root / f"staging/{i:06d}.rgb", c, a, b, "u1", c)
-            if info.shuffled:
-                local = _read_rows(root / f"staging/{i:06d}.order", 4, a, b, "<u4", 0)
-                np.add(local, np.uint32(self.pixel_offset[i]), out=pid[at : at + b - a])
-            else:
-                pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
-            at += b - a
-        clock.lap("gather")
+        n = stop - start
         if info.shuffled:
-            rho = shard_order(stop - start)
-            rgba, pid = _take_rows(rgba, rho), pid[rho]
+            rows = np.empty((n, 2), dtype=np.uint32)  # (packed RGBA, pid), as staged
+            at = 0
+            for i, a, b in self._pieces(info, start, stop):
+                _read_rows(root / staging_file(i), a, rows[at : at + b - a])
+                rows[at : at + b - a, 1] += np.uint32(self.pixel_offset[i])
+                at += b - a
+            clock.lap("gather")
+            rows = rows.view(np.uint64).reshape(-1)[shard_order(n)].view(np.uint32).reshape(n, 2)
+            packed, pid = np.ascontiguousarray(rows[:, 0]), np.ascontiguousarray(rows[:, 1])
             clock.lap("permutation")
+        else:
+            packed, pid = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
+            at = 0
+            for i, a, b in self._pieces(info, start, stop):
+                _read_rows(root / staging_file(i), a, packed[at : at + b - a])
+                pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
+                at += b - a
+            clock.lap("gather")
+        rgba = packed.view(np.uint8).reshape(n, 4)
+        if self.channels == 3:
+            rgba = np.ascontiguousarray(rgba[:, :3])
         out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
         if self.materialize:
             out.update(_materialize(root / "cameras.parquet", pid, self.materialize))

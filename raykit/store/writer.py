@@ -2,8 +2,8 @@
 
 Three phases, all in ``<dst>.partial/`` beside ``dst``:
 
-1. one task per image decodes it into ``staging/{index:06d}.rgb`` (raw uint8; in a shuffled split in
-   the image's seeded order, with that order in ``staging/{index:06d}.order``);
+1. one task per image decodes it into ``staging/{index:06d}.px`` (raw packed RGBA; in a shuffled split
+   in the image's seeded order, each pixel beside its row-major index);
 2. one task per shard reads one contiguous run of rays per image from the staging files, shuffles
    them with the shard's seeded order (train; ``raykit.store.staging``) and writes the shard
    atomically with the chosen backend;

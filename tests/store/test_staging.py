@@ -128,7 +128,7 @@ def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInf
     dst = tmp_path / "store"
     with pytest.raises(RuntimeError, match="phase 2"):
         write_store(dst, records, scene=scene, executor=CrashAfterStaging(), chunk_rays=32, shard_chunks=2)
-    staged = sorted((tmp_path / "store.partial" / "staging").glob("*.rgb"))
+    staged = sorted((tmp_path / "store.partial" / "staging").glob("*.px"))
     data = bytearray(staged[0].read_bytes())
     data[len(data) // 2] ^= 1
     staged[0].write_bytes(bytes(data))
