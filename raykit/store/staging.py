@@ -300,9 +300,10 @@ def _write_raw(path: Path, array: np.ndarray, clock: PhaseClock) -> dict[str, An
 def write_unsynced(path: Path, data: bytes | memoryview) -> None:
     """Write ``data`` under a temporary name, then rename it to ``path``, without fsync.
 
-    For the writer's own scratch files (staging, task records): a rename is atomic against a killed
-    process, and after a power loss any damaged file fails its record's size and SHA-256 check on
-    resume and is redone. Store files proper go through ``raykit.fileio`` (fsync before rename).
+    For the writer's scratch files (staging, task records), and for shard files, which the writer
+    fsyncs in one batch before the manifest: a rename is atomic against a killed process, and after a
+    power loss a damaged file fails its record's size and checksum on resume and is redone. Metadata
+    files go through ``raykit.fileio`` (fsync before rename).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
