@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store, zarr_backend
+from raykit.store.order import _split_pids_reference, interleave_step, merge_counts, shard_order
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.staging import _split_pids_reference, interleave_step, merge_counts, shard_order
 
 
 def _merge_counts_reference(sizes: tuple[int, ...], k: int) -> list[int]:
