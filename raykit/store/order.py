@@ -27,7 +27,9 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["image_order", "interleave_step", "merge_counts", "shard_order"]
+__all__ = ["TRAIN_ORDER", "image_order", "interleave_step", "merge_counts", "shard_order"]
+
+TRAIN_ORDER = "image-permutation+merge+golden-interleave/1"  # names this definition in writer plans
 
 _PHI = (1 + 5**0.5) / 2
 

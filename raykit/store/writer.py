@@ -34,6 +34,7 @@ from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_crc32, content_fingerprint, file_record, json_digest
+from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -261,6 +262,7 @@ def write_store(
     }
     plan = {
         "format_version": FORMAT_VERSION,
+        "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
         "backend": backend,
         "layout": layout,
         "scene": scene.to_dict(),
