@@ -61,6 +61,22 @@ class RayBatch:
     far: Tensor
     z_scale: Tensor
 
+    @classmethod
+    def from_rays(cls, rgba: Tensor, image: Tensor, pixel: Tensor, rays: Rays) -> RayBatch:
+        """Assemble a batch from generated ``rays`` and (N, 3|4) uint8 colours on the same device."""
+        scaled = rgba.to(torch.float32).div_(255.0)
+        return cls(
+            origins=rays.origins,
+            directions=rays.directions,
+            rgb=scaled[:, :3],
+            alpha=scaled[:, 3] if rgba.shape[1] == 4 else None,
+            image=image,
+            pixel=pixel,
+            near=rays.near,
+            far=rays.far,
+            z_scale=rays.z_scale,
+        )
+
     def __len__(self) -> int:
         return int(self.origins.shape[0])
 

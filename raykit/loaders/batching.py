@@ -51,15 +51,4 @@ class DeviceBatcher:
             pid = torch.from_numpy(raw.pid.astype(np.int64))
         colour = self._to_device(raw.rgba)
         image, pixel, rays = self.generator.generate_from_pids(pid)
-        scaled = colour.to(torch.float32).div_(255.0)
-        return RayBatch(
-            origins=rays.origins,
-            directions=rays.directions,
-            rgb=scaled[:, :3],
-            alpha=scaled[:, 3] if raw.rgba.shape[1] == 4 else None,
-            image=image,
-            pixel=pixel,
-            near=rays.near,
-            far=rays.far,
-            z_scale=rays.z_scale,
-        )
+        return RayBatch.from_rays(colour, image, pixel, rays)

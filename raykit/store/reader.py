@@ -254,18 +254,7 @@ class RayStore:
         pid = torch.from_numpy(raw.pid.astype(np.int64))
         image, pixel, rays = generator.generate_from_pids(pid)
         colour = torch.from_numpy(np.ascontiguousarray(raw.rgba)).to(generator.device)
-        scaled = colour.to(torch.float32) / 255.0
-        return RayBatch(
-            origins=rays.origins,
-            directions=rays.directions,
-            rgb=scaled[:, :3],
-            alpha=scaled[:, 3] if raw.rgba.shape[1] == 4 else None,
-            image=image,
-            pixel=pixel,
-            near=rays.near,
-            far=rays.far,
-            z_scale=rays.z_scale,
-        )
+        return RayBatch.from_rays(colour, image, pixel, rays)
 
     def image_index(self, name: str) -> int:
         """Row of image ``name`` in the camera table."""
