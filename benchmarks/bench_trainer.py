@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from raykit.errors import RaykitError
-from raykit.scene.builtin import render_scene
+from raykit.scene import render_scene
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
 from raykit.trainer import TrainConfig, train
 
