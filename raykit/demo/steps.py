@@ -135,7 +135,6 @@ def train_all(out: Path, stores: dict[str, Any], plan: Any, seed: int) -> dict[s
     """Train every sampler for the same time budget on the Zarr store; evaluate on the test split."""
     runs = {}
     for sampler in SAMPLERS:
-        print(f"    {sampler}: {plan.train_seconds:.0f} s", flush=True)
         config = TrainConfig(
             store=stores["blender-zarr"]["path"],
             out=str(out / "runs" / sampler),
@@ -147,6 +146,7 @@ def train_all(out: Path, stores: dict[str, Any], plan: Any, seed: int) -> dict[s
             eval_max_images=plan.eval_max_images,
             progress_every_s=plan.progress_every_s,
             threads=torch.get_num_threads(),
+            progress=True,
         )
         run_dir = train(config)
         runs[sampler] = _run_summary(run_dir)

@@ -163,6 +163,7 @@ RESUMABLE_CHANGES = frozenset(
         "num_workers",
         "device",
         "threads",
+        "progress",
     }
 )
 

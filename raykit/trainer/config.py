@@ -77,6 +77,7 @@ class TrainConfig:
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")
     threads: int | None = _opt(None, "torch CPU threads (default: torch's choice)")
+    progress: bool = _opt(False, "show a progress bar (over --max-seconds when given, else over steps)")
     resume: bool = _opt(False, "continue from the newest checkpoint in --out (start fresh if there is none)")
     force: bool = _opt(False, "resume even if the store fingerprint differs from the checkpoint's")
 

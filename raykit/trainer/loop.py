@@ -108,6 +108,7 @@ def train(config: TrainConfig) -> Path:
     background = parse_background(config.background).to(device)
     state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
     batches, window = run.loader.forever(), TrainState()
+    bar = _progress_bar(config, state, run.procs)
     while state.step < config.steps:
         clock = _shared_elapsed(config, state, run.procs)
         if config.max_seconds is not None and clock >= config.max_seconds:
@@ -143,6 +144,10 @@ def train(config: TrainConfig) -> Path:
             _write_progress(run, state)
         if state.step % config.ckpt_every == 0:
             _checkpoint(run, state)
+        if bar is not None:
+            bar.update(state.elapsed - before if config.max_seconds is not None else 1)
+    if bar is not None:
+        bar.close()
     if run.procs.is_main and window.rays:  # the last, partial logging window
         _write_log(run, _log_record(state, window, device))
     _checkpoint(run, state)
@@ -186,6 +191,18 @@ def _setup(config: TrainConfig) -> _Run:
         progress=JsonlLog(run_dir / "progress.jsonl"),
         tensorboard=TensorBoardLog(run_dir) if procs.is_main else None,
     )
+
+
+def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> Any:
+    """A tqdm bar over training seconds (with a time budget) or steps; None unless asked for (rank 0)."""
+    if not (config.progress and procs.is_main):
+        return None
+    from tqdm import tqdm
+
+    if config.max_seconds is not None:
+        shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s"
+        return tqdm(total=config.max_seconds, initial=state.elapsed, desc=config.sampler, bar_format=shape)
+    return tqdm(total=config.steps, initial=state.step, unit="step", desc=config.sampler)
 
 
 def _sync(device: torch.device) -> float:
