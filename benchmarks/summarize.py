@@ -66,8 +66,8 @@ def loader_section(d: dict[str, Any]) -> str:
     lines.append(
         f"- baseline (b) here generates its rays with raykit's own vectorised RayGenerator, so it is faster than "
         f"the nerfstudio 1.1.5 VanillaDataManager figure quoted in issue 5 (2.5 M rays/s, not measured here); "
-        f"against that figure raykit's steady rate is {r['steady_rays_per_s'] / 2.5e6:.1f}x. Both raykit and (b) "
-        "are bound by ray generation (about 44 of raykit's ~65 CPU ns per ray)."
+        f"against that figure raykit's steady rate is {r['steady_rays_per_s'] / 2.5e6:.1f}x. Loader time by stage "
+        "over the whole run (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r["loader_seconds"].items()) + "."
     )
     if "by_torch_threads" in b:
         per = ", ".join(f"{k} threads {_m(v['steady_rays_per_s'])}" for k, v in b["by_torch_threads"].items())
