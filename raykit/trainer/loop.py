@@ -201,8 +201,14 @@ def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> A
 
     if config.max_seconds is not None:
         shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s"
-        return tqdm(total=config.max_seconds, initial=state.elapsed, desc=config.sampler, bar_format=shape)
-    return tqdm(total=config.steps, initial=state.step, unit="step", desc=config.sampler)
+        return tqdm(
+            total=config.max_seconds,
+            initial=state.elapsed,
+            desc=config.sampler,
+            bar_format=shape,
+            mininterval=1.0,
+        )
+    return tqdm(total=config.steps, initial=state.step, unit="step", desc=config.sampler, mininterval=1.0)
 
 
 def _sync(device: torch.device) -> float:
