@@ -36,15 +36,7 @@ def plot_throughput(bench: dict[str, Any], path: Path) -> Path:
             label=f"baseline {name}",
         )
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (rays)")
-    ax.set_ylabel("M rays/s (warm)")
-    ax.set_title("Loader throughput")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, ("batch size (rays)", "M rays/s (warm)", "Loader throughput"), path)
 
 
 def plot_psnr(runs: dict[str, Any], path: Path) -> Path:
@@ -55,9 +47,19 @@ def plot_psnr(runs: dict[str, Any], path: Path) -> Path:
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker=".", label=f"{sampler} ({run['samples_per_ray']:.0f} samples/ray)")
-    ax.set_xlabel("training time (s, excluding evaluation)")
-    ax.set_ylabel("test PSNR (dB, quick check)")
-    ax.set_title("PSNR against time per sampler")
+    labels = (
+        "training time (s, excluding evaluation)",
+        "test PSNR (dB, quick check)",
+        "PSNR against time per sampler",
+    )
+    return _finish(fig, ax, labels, path)
+
+
+def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], path: Path) -> Path:
+    """Label (x, y, title), add legend and grid, save as PNG, close."""
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(labels[2])
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -77,7 +79,8 @@ def _on_white(path: Path, scale: int) -> Image.Image:
 def render_strip(truth: list[Path], renders: dict[str, list[Path]], path: Path, views: int = 3) -> Path:
     """Rows: test views; columns: ground truth, then each sampler's render."""
     truth = truth[:views]
-    size = Image.open(truth[0]).size
+    with Image.open(truth[0]) as first:
+        size = first.size
     scale = max(1, 160 // size[0])
     cell = (size[0] * scale, size[1] * scale)
     columns = 1 + len(renders)
