@@ -125,11 +125,16 @@ class RayStore:
     def _metadata_files(self) -> list[str]:
         return [rel for rel in self.manifest["files"] if rel in _SMALL or rel.endswith("zarr.json")]
 
-    def read_verified(self, rel: str) -> bytes:
-        """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
+    def _manifest_entry(self, rel: str) -> dict[str, Any]:
+        """The manifest's size and checksum record of file ``rel``."""
         expected = self.manifest["files"].get(rel)
         if expected is None:
             raise StoreCorruptError(f"{self._where('manifest.json')}: expected an entry for {rel}, not found")
+        return dict(expected)
+
+    def read_verified(self, rel: str) -> bytes:
+        """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
+        expected = self._manifest_entry(rel)
         try:
             data = self._fs.cat_file(f"{self._root}/{rel}")
         except FileNotFoundError as exc:
@@ -153,9 +158,7 @@ class RayStore:
     def _check_file(self, rel: str) -> None:
         if rel in self._checked:
             return
-        expected = self.manifest["files"].get(rel)
-        if expected is None:
-            raise StoreCorruptError(f"{self._where('manifest.json')}: expected an entry for {rel}, not found")
+        expected = self._manifest_entry(rel)
         try:
             size = self._fs.size(f"{self._root}/{rel}")
         except FileNotFoundError as exc:
