@@ -96,6 +96,15 @@ class RayBatch:
         """The sub-batch selected by a slice, an index tensor or a bool mask."""
         return self._map(lambda t: t[index])
 
+    def split(self, sizes: Sequence[int]) -> list[RayBatch]:
+        """Consecutive sub-batches (views) of the given sizes, which must add up to ``len(self)``.
+
+        Same result as slicing one by one, with one split per field instead of one slice per
+        field and sub-batch (the loader cuts every generated group of rays this way).
+        """
+        parts = [None if v is None else v.split(list(sizes)) for v in map(self.__getattribute__, _FIELDS)]
+        return [RayBatch(*[None if p is None else p[i] for p in parts]) for i in range(len(sizes))]  # type: ignore[arg-type]
+
     def composite(self, background: Tensor | Sequence[float]) -> Tensor:
         """(N, 3) colours over ``background`` (3,): ``rgb * alpha + background * (1 - alpha)``.
 
@@ -106,6 +115,9 @@ class RayBatch:
         bg = torch.as_tensor(background, dtype=self.rgb.dtype, device=self.rgb.device)
         a = self.alpha[:, None].to(self.rgb.dtype)
         return self.rgb * a + bg * (1.0 - a)
+
+
+_FIELDS = tuple(f.name for f in fields(RayBatch))
 
 
 class Rays(NamedTuple):

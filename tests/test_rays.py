@@ -181,6 +181,19 @@ def test_ray_batch_composite_len_index_and_to() -> None:
     assert moved.alpha is None and torch.equal(moved.rgb, no_alpha.rgb)
 
 
+@pytest.mark.parametrize("alpha", [True, False])
+def test_ray_batch_split_equals_slices(alpha: bool) -> None:
+    batch = make_batch(10, alpha=alpha)
+    parts = batch.split([3, 0, 7])
+    for part, (lo, hi) in zip(parts, [(0, 3), (3, 3), (3, 10)], strict=True):
+        want = batch[lo:hi]
+        for name, value in want.__dict__.items():
+            got = getattr(part, name)
+            assert (got is None) == (value is None)
+            if value is not None:
+                assert torch.equal(got, value)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("cameras", [PINHOLES, PINHOLES + DISTORTED], ids=["pinhole", "mixed"])

@@ -3,11 +3,17 @@
 * :func:`baseline_precomputed_rays` (vanilla NeRF): decode every training image to float32, generate
   every ray, keep origins + directions + rgba in one array (40 bytes/ray), reshuffle it every epoch
   and slice batches. The reshuffle is amortised into its rays/s.
-* :func:`baseline_cached_images` (nerfstudio's pixel sampler): decode every training image to float32
-  RGB (12 bytes/ray); per batch draw random (image, y, x) and generate those rays.
+* :func:`baseline_cached_images` (nerfstudio's pixel sampler and ray generator): decode every training
+  image to float32 RGB (12 bytes/ray); per batch draw random (image, y, x), gather their colours and
+  generate their rays. With ``rays="nerfstudio"`` (the default) rays are generated the way nerfstudio's
+  ``Cameras.generate_rays`` does for pinhole cameras: per-ray gathers of the pose and intrinsics,
+  camera-frame directions from the pixel centres, a per-ray 3x3 rotation and a normalisation
+  (:func:`nerfstudio_style_rays`; nerfstudio also computes a pixel area, which is left out here). With
+  ``rays="raykit"`` they come from the store's own :class:`~raykit.rays.RayGenerator`, which isolates
+  the data layout from the camera math.
 
-Both decode the source PNGs named by the store's camera table, and generate rays with the store's own
-:class:`~raykit.rays.RayGenerator`, so the comparison is about data layout, not camera math.
+Both decode the source PNGs named by the store's camera table. Tests check that both generators give
+raykit's rays.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["baseline_cached_images", "baseline_precomputed_rays", "decode_float"]
+from raykit.errors import CameraError
+
+__all__ = ["NerfstudioStyleRays", "baseline_cached_images", "baseline_precomputed_rays", "decode_float"]
 
 
 def decode_float(path: Path, channels: int) -> np.ndarray:
@@ -75,9 +83,47 @@ def baseline_precomputed_rays(store: Any, capture: Path, batch_size: int, batche
     }
 
 
-def baseline_cached_images(store: Any, capture: Path, batch_size: int, batches: int) -> dict[str, Any]:
-    """nerfstudio-like: float32 image cache, random pixels per batch, rays generated per batch."""
+class NerfstudioStyleRays:
+    """Pinhole rays generated as nerfstudio's ``Cameras.generate_rays`` does, without raykit's tables.
+
+    Per ray: gather the (3, 4) pose and ``fx, fy, cx, cy`` of its image, form the camera-frame
+    direction of the pixel centre, rotate it with ``sum(d[..., None, :] * R, -1)`` and normalise it.
+    Poses are raykit's (OpenCV camera frame), so the rays equal raykit's.
+
+    Args:
+        generator: the store's :class:`~raykit.rays.RayGenerator` (its cameras and poses are used).
+    """
+
+    def __init__(self, generator: Any) -> None:
+        cams = [generator.cameras[c] for c in generator.camera_index]
+        if not all(c.is_pinhole for c in cams):
+            raise CameraError("nerfstudio-style rays: only pinhole cameras are supported")
+        self.c2w = torch.as_tensor(generator.c2w[:, :3, :4], dtype=torch.float32)
+        intr = [(*c.focal, *c.principal_point) for c in cams]
+        self.fx, self.fy, self.cx, self.cy = torch.tensor(intr, dtype=torch.float32).unbind(-1)
+
+    def __call__(self, image: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(N,) image rows and integer pixels -> origins (N, 3), unit directions (N, 3)."""
+        c2w = self.c2w[image]
+        u = (x.to(torch.float32) + 0.5 - self.cx[image]) / self.fx[image]
+        v = (y.to(torch.float32) + 0.5 - self.cy[image]) / self.fy[image]
+        d = torch.stack([u, v, torch.ones_like(u)], dim=-1)
+        d = torch.sum(d[..., None, :] * c2w[..., :3, :3], dim=-1)
+        d = d / torch.linalg.vector_norm(d, dim=-1, keepdim=True)
+        return c2w[..., :3, 3], d
+
+
+def baseline_cached_images(
+    store: Any, capture: Path, batch_size: int, batches: int, rays: str = "nerfstudio"
+) -> dict[str, Any]:
+    """nerfstudio-like: float32 image cache, random pixels per batch, rays generated per batch.
+
+    ``rays``: ``"nerfstudio"`` (:class:`NerfstudioStyleRays`) or ``"raykit"`` (the store's generator).
+    """
+    if rays not in ("nerfstudio", "raykit"):
+        raise ValueError(f"baseline b: expected rays 'nerfstudio' or 'raykit', got {rays!r}")
     gen = store.ray_generator("cpu")
+    plain = NerfstudioStyleRays(gen) if rays == "nerfstudio" else None
     start = time.perf_counter()
     images = _train_images(store, capture)
     rgb = torch.from_numpy(np.stack([decode_float(path, 3) for _, path in images]))
@@ -89,6 +135,9 @@ def baseline_cached_images(store: Any, capture: Path, batch_size: int, batches: 
         i = torch.randint(0, n_img, (batch_size,), generator=generator)
         y = torch.randint(0, h, (batch_size,), generator=generator)
         x = torch.randint(0, w, (batch_size,), generator=generator)
+        if plain is not None:
+            origins, directions = plain(rows[i], y, x)
+            return origins, directions, rgb[i, y, x]
         out = gen.generate(rows[i], torch.stack([x, y], -1))
         return out.origins, out.directions, rgb[i, y, x]
 
@@ -103,4 +152,5 @@ def baseline_cached_images(store: Any, capture: Path, batch_size: int, batches: 
         "steady_rays_per_s": batches * batch_size / loop,
         "host_bytes_per_cached_ray": rgb.element_size() * rgb.numel() / (n_img * h * w),
         "steady_batches": batches,
+        "rays": rays,
     }

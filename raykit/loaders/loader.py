@@ -35,6 +35,7 @@ from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import as_source
 from raykit.loaders.workers import ChunkFetcher
+from raykit.rays import RayBatch
 from raykit.store.schema import RawRays
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
@@ -61,22 +62,36 @@ def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int
 
 
 class _Window:
-    """One mixed window: the window's rays in reading order plus the mixing permutation."""
+    """One mixed window: the window's rays in reading order plus the mixing permutation.
 
-    def __init__(self, parts: list[RawRays], perm: np.ndarray) -> None:
+    ``run``: the permutation moves aligned runs of ``run`` consecutive rays together (it does when the
+    window's length is a multiple of the plan's ``mix_run``); slices aligned to runs are then gathered
+    run by run, which is several times faster than ray by ray.
+    """
+
+    def __init__(self, parts: list[RawRays], perm: np.ndarray, run: int = 1) -> None:
         rgba = parts[0].rgba if len(parts) == 1 else np.concatenate([p.rgba for p in parts])
         self.pid = parts[0].pid if len(parts) == 1 else np.concatenate([p.pid for p in parts])
         self.channels = rgba.shape[1]
         # Four uint8 channels gather as one uint32 per ray.
         self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
         self.perm = perm
+        self.run = run if run > 1 and len(perm) % run == 0 else 1
+        self.runs = perm[:: self.run] // self.run if self.run > 1 else perm
 
     def take(self, lo: int, hi: int) -> RawRays:
-        index = self.perm[lo:hi]
-        rgba = np.take(self.rgba, index, axis=0)
+        m = self.run
+        if m > 1 and lo % m == 0 and hi % m == 0:
+            index = self.runs[lo // m : hi // m]
+            rgba = np.take(self.rgba.reshape(-1, m, *self.rgba.shape[1:]), index, axis=0)
+            pid = np.take(self.pid.reshape(-1, m), index, axis=0).reshape(-1)
+            rgba = rgba.reshape(-1, *self.rgba.shape[1:])
+        else:
+            index = self.perm[lo:hi]
+            rgba, pid = np.take(self.rgba, index, axis=0), np.take(self.pid, index)
         if self.channels == 4:
             rgba = rgba.view(np.uint8).reshape(-1, 4)
-        return RawRays(rgba, np.take(self.pid, index))
+        return RawRays(rgba, pid)
 
 
 class RayLoader:
@@ -125,7 +140,7 @@ class RayLoader:
         mix_chunks: int = 8,
         mix_run: int | None = None,
         prefetch: int = 4,
-        group_rays: int = 1 << 16,
+        group_rays: int = 1 << 17,
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
@@ -206,7 +221,8 @@ class RayLoader:
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
-        for bounds, raw in self._raw_groups(epoch, start):
+        for bounds, job in self._raw_groups(epoch, start):
+            raw = self._gather(job)
             for lo, hi in bounds:
                 yield _slice(raw, lo, hi)
 
@@ -279,9 +295,9 @@ class RayLoader:
         if warm_up is not None:
             pool.submit(warm_up)  # overlaps the first window's reads
         try:
-            for bounds, raw in self._raw_groups(epoch, start):
-                pending.append((bounds, pool.submit(self._make_timed, raw)))
-                if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
+            for bounds, job in self._raw_groups(epoch, start):
+                pending.append((bounds, pool.submit(self._make_timed, job)))
+                if len(pending) > 2 * self.gen_threads and not self._emit(pending.popleft(), items, stop):
                     return
             while pending:
                 if not self._emit(pending.popleft(), items, stop):
@@ -294,7 +310,16 @@ class RayLoader:
                 future.cancel()
             wait([f for _, f in pending])
 
-    def _make_timed(self, raw: RawRays) -> tuple[Any, float]:
+    def _gather(self, job: list[tuple[_Window, int, int]]) -> RawRays:
+        """One group's compact rays: slices of mixed windows, gathered (thread-safe, lock-free)."""
+        t0 = time.perf_counter()
+        parts = [window.take(a, b) for window, a, b in job]
+        raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
+        self.seconds["gather"] += time.perf_counter() - t0
+        return raw
+
+    def _make_timed(self, job: list[tuple[_Window, int, int]]) -> tuple[Any, float]:
+        raw = self._gather(job)
         t0 = time.perf_counter()
         return self.make_batch(raw), time.perf_counter() - t0
 
@@ -307,10 +332,17 @@ class RayLoader:
         bounds, future = item
         group, seconds = future.result()
         self.seconds["generate"] += seconds
-        return _put(items, [_slice(group, lo, hi) for lo, hi in bounds], stop)
+        if isinstance(group, RayBatch) and bounds[0][0] == 0 and bounds[-1][1] == len(group):
+            batches = group.split([hi - lo for lo, hi in bounds])  # bounds tile the group
+        else:
+            batches = [_slice(group, lo, hi) for lo, hi in bounds]
+        return _put(items, batches, stop)
 
-    def _raw_groups(self, epoch: int, start: int) -> Iterator[tuple[list[tuple[int, int]], RawRays]]:
-        """Consecutive batches gathered together (about ``group_rays`` rays), with each batch's bounds."""
+    def _raw_groups(
+        self, epoch: int, start: int
+    ) -> Iterator[tuple[list[tuple[int, int]], list[tuple[_Window, int, int]]]]:
+        """Consecutive batches to gather together (about ``group_rays`` rays): each batch's bounds, and
+        the window slices holding the group's rays."""
         plan = self.plan
         if start >= plan.n_batches:
             return
@@ -327,12 +359,8 @@ class RayLoader:
                 if j not in loaded:
                     loaded = {i: w for i, w in loaded.items() if i >= pieces[0][0]}
                     loaded[j] = next(windows)
-            t0 = time.perf_counter()
-            parts = [loaded[j].take(a, b) for j, a, b in pieces]
-            raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
-            self.seconds["gather"] += time.perf_counter() - t0
             bounds = [(a - lo, b - lo) for a, b in map(plan.batch_span, range(k0, k1))]
-            yield bounds, raw
+            yield bounds, [(loaded[j], a, b) for j, a, b in pieces]
 
     def _windows(self, epoch: int, first: int) -> Iterator[_Window]:
         plan = self.plan
@@ -351,7 +379,7 @@ class RayLoader:
                     held_index, held = next(stream)
                 assert held is not None
                 parts.append(RawRays(held.rgba[lo:hi], held.pid[lo:hi]))
-            yield _Window(parts, plan.window_permutation(epoch, first + offset))
+            yield _Window(parts, plan.window_permutation(epoch, first + offset), plan.mix_run)
 
     def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:
         while True:

@@ -33,10 +33,25 @@ def _pids(batches: list[RawRays]) -> list[np.ndarray]:
     return [b.pid.copy() for b in batches]
 
 
-def test_batches_follow_the_plan(stores: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("batch_size", "group_rays"),
+    [(100, 1 << 17), (64, 256), (48, 1 << 17)],
+    ids=["unaligned", "run-aligned-groups", "run-aligned"],
+)
+def test_batches_follow_the_plan(stores: dict[str, Any], batch_size: int, group_rays: int) -> None:
+    # Batches that are multiples of mix_run (16) are gathered run by run, the others ray by ray.
     store = stores["zarr"]
     everything = _split_rays(store, "train")
-    loader = _raw_loader(store, seed=4, mix_chunks=3, drop_last=False, cache_bytes=0)
+    loader = _raw_loader(
+        store,
+        seed=4,
+        mix_chunks=3,
+        drop_last=False,
+        cache_bytes=0,
+        batch_size=batch_size,
+        group_rays=group_rays,
+    )
+    assert loader.plan.mix_run == 16
     for epoch in range(2):
         batches = list(loader)
         assert len(batches) == len(loader) == loader.plan.n_batches
