@@ -222,7 +222,9 @@ class RayLoader:
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
         for bounds, job in self._raw_groups(epoch, start):
+            t0 = time.perf_counter()
             raw = self._gather(job)
+            self.seconds["gather"] += time.perf_counter() - t0
             for lo, hi in bounds:
                 yield _slice(raw, lo, hi)
 
@@ -290,7 +292,7 @@ class RayLoader:
                 self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)
             )
         pool = self._gen_pool
-        pending: deque[tuple[list[tuple[int, int]], Future[tuple[Any, float]]]] = deque()
+        pending: deque[tuple[list[tuple[int, int]], Future[tuple[Any, float, float]]]] = deque()
         warm_up = getattr(self.make_batch, "warm_up", None)
         if warm_up is not None:
             pool.submit(warm_up)  # overlaps the first window's reads
@@ -311,27 +313,27 @@ class RayLoader:
             wait([f for _, f in pending])
 
     def _gather(self, job: list[tuple[_Window, int, int]]) -> RawRays:
-        """One group's compact rays: slices of mixed windows, gathered (thread-safe, lock-free)."""
-        t0 = time.perf_counter()
+        """One group's compact rays: slices of mixed windows, gathered (safe on any thread)."""
         parts = [window.take(a, b) for window, a, b in job]
-        raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
-        self.seconds["gather"] += time.perf_counter() - t0
-        return raw
+        return parts[0] if len(parts) == 1 else RawRays.concat(parts)
 
-    def _make_timed(self, job: list[tuple[_Window, int, int]]) -> tuple[Any, float]:
-        raw = self._gather(job)
+    def _make_timed(self, job: list[tuple[_Window, int, int]]) -> tuple[Any, float, float]:
+        """Gather and generate one group on a generation thread: ``(batch, gather s, generate s)``."""
         t0 = time.perf_counter()
-        return self.make_batch(raw), time.perf_counter() - t0
+        raw = self._gather(job)
+        t1 = time.perf_counter()
+        return self.make_batch(raw), t1 - t0, time.perf_counter() - t1
 
     def _emit(
         self,
-        item: tuple[list[tuple[int, int]], Future[tuple[Any, float]]],
+        item: tuple[list[tuple[int, int]], Future[tuple[Any, float, float]]],
         items: queue.Queue[Any],
         stop: threading.Event,
     ) -> bool:
         bounds, future = item
-        group, seconds = future.result()
-        self.seconds["generate"] += seconds
+        group, gather_s, generate_s = future.result()
+        self.seconds["gather"] += gather_s
+        self.seconds["generate"] += generate_s
         if isinstance(group, RayBatch) and bounds[0][0] == 0 and bounds[-1][1] == len(group):
             batches = group.split([hi - lo for lo, hi in bounds])  # bounds tile the group
         else:
