@@ -11,7 +11,10 @@ output is tested byte for byte against zarr's (``_encode_shard_zarr``).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +178,58 @@ def _open_store(url: str) -> Any:
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
 
 
+def _local_root(url: str) -> Path | None:
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return Path(url.removeprefix("file://"))
+
+
+@dataclass(frozen=True)
+class _ShardCodec:
+    """How to decode one inner chunk of a shard file raykit wrote (parsed from the array's zarr.json)."""
+
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    codec: Any
+
+
+def _shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
+    """The decoder of an array whose codecs are the ones raykit writes (sharding with the index at the
+    end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c), else None."""
+    codecs = meta.get("codecs") or []
+    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
+        return None
+    cfg = codecs[0].get("configuration", {})
+    inner = cfg.get("codecs", [])
+    index = [c.get("name") for c in cfg.get("index_codecs", [])]
+    names = [c.get("name") for c in inner]
+    if (
+        cfg.get("index_location", "end") != "end"
+        or index != ["bytes", "crc32c"]
+        or len(names) != 3
+        or names[0] != "bytes"
+        or names[1] not in ("zstd", "blosc")
+        or names[2] != "crc32c"
+        or inner[0].get("configuration", {}).get("endian", "little") != "little"
+    ):
+        return None
+    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    codec = Zstd() if names[1] == "zstd" else Blosc()
+    return _ShardCodec(tuple(int(n) for n in cfg["chunk_shape"]), dtype, codec)
+
+
+def _crc_ok(data: bytes) -> bool:
+    return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
+
+
 class ZarrReader:
-    """Reads chunks of a committed store's zarr payload (local path or fsspec URL)."""
+    """Reads chunks of a committed store's zarr payload (local path or fsspec URL).
+
+    Local shard files whose codecs are the ones raykit writes are read directly: the shard index once
+    per file, then one ``pread`` per chunk, both checked against their crc32c, and the chunk decoded with
+    the same numcodecs codec zarr uses. That is several times faster than zarr's read path, which
+    remains the twin (``read_chunk(..., fast=False)``) and handles remote stores and any other layout.
+    """
 
     def __init__(self, url: str, fields: Mapping[str, FieldSpec], shard_chunks: int) -> None:
         self._url = url.rstrip("/")
@@ -184,6 +237,56 @@ class ZarrReader:
         self._shard_chunks = shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
+        self._local = _local_root(self._url)
+        self._codecs: dict[tuple[str, str], _ShardCodec | None] = {}
+        self._indexes: dict[str, np.ndarray] = {}
+
+    def _codec(self, split: str, name: str) -> _ShardCodec | None:
+        key = (split, name)
+        if key not in self._codecs:
+            assert self._local is not None
+            path = self._local / ZARR_DIR / split / name / "zarr.json"
+            try:
+                meta = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise StoreCorruptError(f"{path}: zarr array metadata unreadable: {exc}") from exc
+            self._codecs[key] = _shard_codec(meta)
+        return self._codecs[key]
+
+    def _shard_index(self, fd: int, path: Path) -> np.ndarray:
+        index = self._indexes.get(str(path))
+        if index is None:
+            nbytes = self._shard_chunks * 16 + 4
+            size = os.fstat(fd).st_size
+            raw = os.pread(fd, nbytes, size - nbytes) if size >= nbytes else b""
+            if len(raw) != nbytes or not _crc_ok(raw):
+                raise StoreCorruptError(f"{path}: shard index unreadable or fails its crc32c")
+            index = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
+            self._indexes[str(path)] = index
+        return index
+
+    def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
+        assert self._local is not None
+        shard, j = divmod(index, self._shard_chunks)
+        path = self._local / shard_file(info.name, spec, shard)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            offset, nbytes = (int(v) for v in self._shard_index(fd, path)[j])
+            if offset == _ABSENT:
+                raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} is not stored")
+            data = os.pread(fd, nbytes, offset)
+        finally:
+            os.close(fd)
+        if len(data) != nbytes or not _crc_ok(data):
+            raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} fails its crc32c")
+        try:
+            values = np.empty(codec.chunk_shape, dtype=codec.dtype)  # writable, decoded in place
+            codec.codec.decode(data[:-4], out=values)
+        except Exception as exc:
+            where = f"{path}: chunk {index} of split {info.name!r}"
+            raise StoreCorruptError(f"{where} undecodable: {exc}") from exc
+        start, stop = info.chunk_range(index)
+        return values[: stop - start]
 
     def _array(self, split: str, name: str) -> Any:
         if (split, name) not in self._arrays:
@@ -203,12 +306,19 @@ class ZarrReader:
         shard = index // self._shard_chunks
         return [shard_file(split, spec, shard) for spec in self._fields.values()]
 
-    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info``."""
+    def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
+
+        ``fast=False`` always goes through zarr (the twin of the direct local read).
+        """
         start, stop = info.chunk_range(index)
         out = {}
         shard = index // self._shard_chunks
         for name, spec in self._fields.items():
+            codec = self._codec(info.name, name) if fast and self._local is not None else None
+            if codec is not None:
+                out[name] = self._read_direct(codec, info, spec, index)
+                continue
             try:
                 out[name] = np.asarray(self._array(info.name, name)[start:stop])
             except StoreCorruptError:
