@@ -11,6 +11,8 @@ Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -118,6 +120,7 @@ class RayBatch:
 
 
 _FIELDS = tuple(f.name for f in fields(RayBatch))
+_THREAD = threading.local()  # per-thread scratch buffers of RayGenerator._scratch
 
 
 class Rays(NamedTuple):
@@ -194,6 +197,11 @@ class RayGenerator:
         self.mode = self._choose_mode(used, lut_max_bytes)
         # Stored transposed, (14, I): a gather along dim 1 gives contiguous per-ray rows.
         self._table = torch.as_tensor(self._float_table().T.copy(), device=self.device).to(dtype)
+        # The parts gathered per ray: the 9 rotation columns for the maths (a (9, N) gather), origins
+        # straight into (N, 3) rows, near and far as (N,).
+        self._rot_table = self._table[_C0.start : _C2.stop].contiguous()
+        self._origin_rows = self._table[_ORIGIN].T.contiguous()
+        self._near_t, self._far_t = self._table[_NEAR].contiguous(), self._table[_FAR].contiguous()
         self._lut, lut_offset = self._build_lut(used)
         self._groups, group, group_row = self._param_groups(used)
         self._lut_offset, self._group, self._group_row = (
@@ -358,14 +366,16 @@ class RayGenerator:
 
     def _generate(self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None = None) -> Rays:
         """:meth:`generate` for validated (N,) int64 ``image``, ``x``, ``y`` (and ``y * W + x``)."""
-        # One gather of the per-image columns; (14, N), each row contiguous for fast element-wise math.
-        cols = self._table.index_select(1, image)
+        # One gather of the rotation columns: (9, N), each row contiguous for fast element-wise math.
+        n = image.shape[0]
+        cols = torch.index_select(self._rot_table, 1, image, out=self._scratch("cols", (9, n)))
         if self.mode == "pinhole":
             # (R @ inv(K)) @ (x, y, 1) with the +0.5 pixel-centre shift folded into c2.
-            px, py = x.to(self.dtype), y.to(self.dtype)
-            world = torch.addcmul(cols[_C2], cols[_C0], px).addcmul_(cols[_C1], py)
+            px, py = self._scratch("px", (n,)).copy_(x), self._scratch("py", (n,)).copy_(y)
+            world = torch.addcmul(cols[_C2], cols[_C0], px, out=self._scratch("world", (3, n)))
+            world.addcmul_(cols[_C1], py)
             # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
-            z_scale = torch.rsqrt(world.square().sum(0))
+            z_scale = torch.mul(world, world, out=self._scratch("square", (3, n))).sum(0).rsqrt_()
             world.mul_(z_scale)
         else:
             if self.mode == "lut":
@@ -376,7 +386,9 @@ class RayGenerator:
             world = torch.addcmul(cols[_C2] * z_scale, cols[_C0], d_cam[:, 0]).addcmul_(
                 cols[_C1], d_cam[:, 1]
             )
-        return Rays(_rows_to_points(cols[_ORIGIN]), _rows_to_points(world), z_scale, cols[_NEAR], cols[_FAR])
+        origins = self._origin_rows.index_select(0, image)
+        near, far = self._near_t.index_select(0, image), self._far_t.index_select(0, image)
+        return Rays(origins, _rows_to_points(world), z_scale, near, far)
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
@@ -412,11 +424,52 @@ class RayGenerator:
         pid = pid.to(self.device).to(torch.int64)
         if check and pid.numel() and (int(pid.min()) < 0 or int(pid.max()) >= int(self.pixel_offset[-1])):
             raise CameraError(f"RayGenerator: pixel id outside [0, {int(self.pixel_offset[-1])})")
+        if self._uniform is not None and self.mode == "pinhole" and self._index_float == torch.float64:
+            image, pixel, xf, yf = self._decode_uniform(pid)
+            if check:
+                self._check(image, pixel)
+            return image, pixel, self._generate(image, xf, yf)
         image, x, y, local = self._decode(pid)
         pixel = torch.stack((x, y), dim=-1)
         if check:
             self._check(image, pixel)
         return image, pixel, self._generate(image, x, y, local)
+
+    def _decode_uniform(self, pid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`_decode` for the uniform layout in float64, with few temporaries (the loader's path):
+        (N,) int64 pids -> ``(image (N,) int64, pixel (N, 2) int64, x (N,) float64, y (N,) float64)``.
+
+        Exact: every value is an integer below 2**53, and a correctly rounded quotient of such
+        integers truncates to the integer quotient.
+        """
+        w, wh = self._uniform  # type: ignore[misc]
+        n, f64 = pid.shape[0], torch.float64
+        value = self._scratch("value", (n,), f64).copy_(pid)
+        image_f = torch.div(value, wh, out=self._scratch("image", (n,), f64)).trunc_()
+        value.sub_(image_f, alpha=wh)  # the pixel's index within its image
+        y = torch.div(value, w, out=self._scratch("y", (n,), f64)).trunc_()
+        x = value.sub_(y, alpha=w)
+        pixel = torch.empty((pid.shape[0], 2), dtype=torch.int64, device=pid.device)
+        pixel[:, 0].copy_(x)
+        pixel[:, 1].copy_(y)
+        return image_f.to(torch.int64), pixel, x, y
+
+    def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
+        """A reusable buffer of this thread for a temporary that never leaves the call (CPU only).
+
+        Reusing the hot path's temporaries keeps the allocator from fragmenting under several
+        generating threads (a loader's resident memory stays near its live data); on other devices
+        a fresh tensor is returned (their caching allocators already reuse memory).
+        """
+        dtype = self.dtype if dtype is None else dtype
+        if self.device.type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        buffers: dict[tuple[str, torch.dtype], Tensor] = _THREAD.__dict__.setdefault("scratch", {})
+        numel = math.prod(shape)
+        buffer = buffers.get((name, dtype))
+        if buffer is None or buffer.numel() < numel:
+            buffer = buffers[name, dtype] = torch.empty(numel, dtype=dtype)
+        return buffer[:numel].view(shape)
 
     def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:
         """Simple twin of :meth:`generate`: a loop over images calling ``pixels_to_rays``."""

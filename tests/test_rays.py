@@ -222,3 +222,20 @@ def test_floor_div_is_exact_for_uint32_ids(float_dtype: torch.dtype) -> None:
     b = torch.cat([b, b, b])
     divisor = b.to(float_dtype) if float_dtype == torch.float64 else b
     assert torch.equal(rays_module._floor_div(a, divisor, float_dtype), a // b)
+
+
+def test_uniform_pid_decoding_is_exact_up_to_uint32() -> None:
+    # 255 images of 4096 x 4095: ids reach 2**32 - 2**20; check both sides of every boundary tried.
+    w, h, n = 4096, 4095, 255
+    gen = RayGenerator([Camera("PINHOLE", w, h, (1000.0, 1000.0, 2048.0, 2047.5))], np.zeros(n, np.int64),
+                       random_poses(n, 3), 0.1, 5.0)  # fmt: skip
+    assert gen._uniform == (w, w * h) and int(gen.pixel_offset[-1]) < 2**32
+    rng = np.random.default_rng(0)
+    edges = np.concatenate([np.arange(1, n) * w * h, rng.integers(1, n * h, 500) * w])
+    pid_np = np.unique(np.concatenate([edges - 1, edges, edges + 1, [0, n * w * h - 1]]))
+    pid = torch.from_numpy(pid_np.astype(np.int64))
+    image, pixel, x, y = gen._decode_uniform(pid)
+    want_image, local = np.divmod(pid_np, w * h)
+    assert np.array_equal(image.numpy(), want_image)
+    assert np.array_equal(pixel.numpy(), np.stack([local % w, local // w], -1))
+    assert torch.equal(x, pixel[:, 0].double()) and torch.equal(y, pixel[:, 1].double())

@@ -32,7 +32,7 @@ import torch
 
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.cache import CacheStats, ChunkCache
-from raykit.loaders.plan import SamplingPlan
+from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.source import as_source
 from raykit.loaders.workers import ChunkFetcher
 from raykit.rays import RayBatch
@@ -62,32 +62,33 @@ def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int
 
 
 class _Window:
-    """One mixed window: the window's rays in reading order plus the mixing permutation.
+    """One mixed window: the window's rays in reading order plus the mixing order.
 
-    ``run``: the permutation moves aligned runs of ``run`` consecutive rays together (it does when the
-    window's length is a multiple of the plan's ``mix_run``); slices aligned to runs are then gathered
-    run by run, which is several times faster than ray by ray.
+    The mixing permutation moves runs of ``run`` consecutive rays (``plan.window_runs``). When the
+    window is a whole number of runs, slices aligned to runs are gathered run by run, several times
+    faster than ray by ray; other slices use the ray-by-ray permutation, built on first use.
     """
 
-    def __init__(self, parts: list[RawRays], perm: np.ndarray, run: int = 1) -> None:
+    def __init__(self, parts: list[RawRays], runs: np.ndarray, run: int) -> None:
         rgba = parts[0].rgba if len(parts) == 1 else np.concatenate([p.rgba for p in parts])
         self.pid = parts[0].pid if len(parts) == 1 else np.concatenate([p.pid for p in parts])
         self.channels = rgba.shape[1]
         # Four uint8 channels gather as one uint32 per ray.
         self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
-        self.perm = perm
-        self.run = run if run > 1 and len(perm) % run == 0 else 1
-        self.runs = perm[:: self.run] // self.run if self.run > 1 else perm
+        self.runs, self.run = runs, run
+        self._perm: np.ndarray | None = None  # ray by ray, built on first use
 
     def take(self, lo: int, hi: int) -> RawRays:
-        m = self.run
-        if m > 1 and lo % m == 0 and hi % m == 0:
+        m, size = self.run, len(self.pid)
+        if m > 1 and size % m == 0 and lo % m == 0 and hi % m == 0:
             index = self.runs[lo // m : hi // m]
             rgba = np.take(self.rgba.reshape(-1, m, *self.rgba.shape[1:]), index, axis=0)
             pid = np.take(self.pid.reshape(-1, m), index, axis=0).reshape(-1)
             rgba = rgba.reshape(-1, *self.rgba.shape[1:])
         else:
-            index = self.perm[lo:hi]
+            if self._perm is None:
+                self._perm = runs_to_positions(self.runs, m, size)
+            index = self._perm[lo:hi]
             rgba, pid = np.take(self.rgba, index, axis=0), np.take(self.pid, index)
         if self.channels == 4:
             rgba = rgba.view(np.uint8).reshape(-1, 4)
@@ -140,7 +141,7 @@ class RayLoader:
         mix_chunks: int = 8,
         mix_run: int | None = None,
         prefetch: int = 4,
-        group_rays: int = 1 << 17,
+        group_rays: int = 1 << 16,
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
@@ -299,6 +300,7 @@ class RayLoader:
         try:
             for bounds, job in self._raw_groups(epoch, start):
                 pending.append((bounds, pool.submit(self._make_timed, job)))
+                # Two groups queued per generation thread: none idles while this thread emits.
                 if len(pending) > 2 * self.gen_threads and not self._emit(pending.popleft(), items, stop):
                     return
             while pending:
@@ -381,7 +383,7 @@ class RayLoader:
                     held_index, held = next(stream)
                 assert held is not None
                 parts.append(RawRays(held.rgba[lo:hi], held.pid[lo:hi]))
-            yield _Window(parts, plan.window_permutation(epoch, first + offset), plan.mix_run)
+            yield _Window(parts, plan.window_runs(epoch, first + offset), plan.mix_run)
 
     def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:
         while True:

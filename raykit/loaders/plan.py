@@ -38,7 +38,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 
-__all__ = ["SamplingPlan", "reference_epoch_ray_ids"]
+__all__ = ["SamplingPlan", "reference_epoch_ray_ids", "runs_to_positions"]
 
 # Stream tags that keep the seeded generators of different purposes independent.
 _TAG_CHUNKS = 0
@@ -183,18 +183,20 @@ class SamplingPlan:
             out.append(segments)
         return out
 
+    def window_runs(self, epoch: int, j: int) -> np.ndarray:
+        """(ceil(window length / mix_run),) int64: run ``r`` of the mixed window is unmixed run
+        ``runs[r]``, a run being ``mix_run`` consecutive positions (the window's last run may be short)."""
+        start, stop = self.window_span(j)
+        n_runs = -(-(stop - start) // self.mix_run)
+        if not self.shuffle:
+            return np.arange(n_runs, dtype=np.int64)
+        key = [self.seed, epoch, _TAG_WINDOW, self.world_size, self.rank, j]
+        return np.random.default_rng(key).permutation(n_runs)
+
     def window_permutation(self, epoch: int, j: int) -> np.ndarray:
         """(window length,) int64: position ``q`` of the mixed window holds unmixed position ``perm[q]``."""
         start, stop = self.window_span(j)
-        size = stop - start
-        if not self.shuffle:
-            return np.arange(size, dtype=np.int64)
-        key = [self.seed, epoch, _TAG_WINDOW, self.world_size, self.rank, j]
-        runs = np.random.default_rng(key).permutation(-(-size // self.mix_run))
-        if self.mix_run == 1:
-            return runs
-        positions = (runs[:, None] * self.mix_run + np.arange(self.mix_run)).reshape(-1)
-        return positions[positions < size] if size % self.mix_run else positions
+        return runs_to_positions(self.window_runs(epoch, j), self.mix_run, stop - start)
 
     def window_ray_ids(self, epoch: int, j: int) -> np.ndarray:
         """(window length,) int64: ray ids of window ``j`` after mixing."""
@@ -225,6 +227,14 @@ class SamplingPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingPlan:
         return cls(**d)
+
+
+def runs_to_positions(runs: np.ndarray, mix_run: int, size: int) -> np.ndarray:
+    """(size,) int64 positions of a window of ``size`` rays mixed by run order ``runs``."""
+    if mix_run == 1:
+        return runs
+    positions = (runs[:, None] * mix_run + np.arange(mix_run)).reshape(-1)
+    return positions[positions < size] if size % mix_run else positions
 
 
 def reference_epoch_ray_ids(plan: SamplingPlan, epoch: int) -> list[np.ndarray]:

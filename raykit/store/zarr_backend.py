@@ -7,6 +7,9 @@ crc32c-checksummed index at its end). A writer encodes one whole shard in memory
 and writes it atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
 numcodecs codecs as zarr directly (zarr's own write path costs as much again as the compression); its
 output is tested byte for byte against zarr's (``_encode_shard_zarr``).
+
+zarr itself is imported where it is used (writing metadata, the twin and remote reads): a loader that
+reads local shards directly does not pay its import time and memory.
 """
 
 from __future__ import annotations
@@ -20,9 +23,7 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
-import zarr
 from numcodecs import Blosc, Zstd
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from raykit.errors import StoreCorruptError
 from raykit.fileio import atomic_write_bytes
@@ -49,12 +50,16 @@ def _compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
     Byte shuffle groups the high bytes of pids together: sequential evaluation pids shrink from
     2.7 to 0.014 bytes/ray, shuffled train pids from 3.3 to 2.7 (their entropy); see docs/format.md.
     """
+    from zarr.codecs import BloscCodec, ZstdCodec
+
     if np.dtype(spec.dtype).itemsize == 1:
         return ZstdCodec(level=layout["zstd_level"])
     return BloscCodec(cname="zstd", clevel=layout.get("blosc_clevel", BLOSC_CLEVEL), shuffle="shuffle")
 
 
 def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
+    from zarr.codecs import Crc32cCodec
+
     n_rays, chunk_rays = info.n_rays, info.chunk_rays
     shard_rays = chunk_rays * layout["shard_chunks"]
     tail = (spec.channels,) if spec.channels else ()
@@ -82,6 +87,8 @@ def write_metadata(
 
     The metadata is built in memory by zarr and copied out, so existing shards are left untouched.
     """
+    import zarr
+
     mem = zarr.storage.MemoryStore()
     group = zarr.create_group(mem, attributes={"raykit": "ray store payload"})
     for split, info in splits.items():
@@ -162,6 +169,8 @@ def _encode_shard_zarr(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: Mapping[str, Any]
 ) -> bytes:
     """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
+    import zarr
+
     start = shard * info.chunk_rays * layout["shard_chunks"]
     mem = zarr.storage.MemoryStore()
     # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
@@ -173,6 +182,8 @@ def _encode_shard_zarr(
 
 
 def _open_store(url: str) -> Any:
+    import zarr
+
     if "://" in url and not url.startswith("file://"):
         return zarr.storage.FsspecStore.from_url(url, read_only=True)
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
@@ -294,6 +305,8 @@ class ZarrReader:
                 self._store = _open_store(f"{self._url}/{ZARR_DIR}")
             where = f"{self._url}/{ZARR_DIR}/{split}/{name}/zarr.json"
             try:
+                import zarr
+
                 self._arrays[split, name] = zarr.open_array(self._store, path=f"{split}/{name}", mode="r")
             except FileNotFoundError as exc:
                 raise StoreCorruptError(f"{where}: zarr array metadata missing") from exc
