@@ -364,8 +364,13 @@ class RayGenerator:
             return local  # one camera: its table starts at row 0
         return self._lut_offset.index_select(0, image) + local
 
-    def _generate(self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None = None) -> Rays:
-        """:meth:`generate` for validated (N,) int64 ``image``, ``x``, ``y`` (and ``y * W + x``)."""
+    def _generate(
+        self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None = None, out: Rays | None = None
+    ) -> Rays:
+        """:meth:`generate` for validated (N,) int64 ``image``, ``x``, ``y`` (and ``y * W + x``).
+
+        ``out``: tensors to write the rays into (pinhole mode only).
+        """
         # One gather of the rotation columns: (9, N), each row contiguous for fast element-wise math.
         n = image.shape[0]
         cols = torch.index_select(self._rot_table, 1, image, out=self._scratch("cols", (9, n)))
@@ -375,8 +380,9 @@ class RayGenerator:
             world = torch.addcmul(cols[_C2], cols[_C0], px, out=self._scratch("world", (3, n)))
             world.addcmul_(cols[_C1], py)
             # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
-            z_scale = torch.mul(world, world, out=self._scratch("square", (3, n))).sum(0).rsqrt_()
-            world.mul_(z_scale)
+            square = torch.mul(world, world, out=self._scratch("square", (3, n)))
+            z_scale = square.sum(0) if out is None else torch.sum(square, 0, out=out.z_scale)
+            world.mul_(z_scale.rsqrt_())
         else:
             if self.mode == "lut":
                 d_cam = self._lut.index_select(0, self._lut_index(image, x, y, local))
@@ -386,9 +392,41 @@ class RayGenerator:
             world = torch.addcmul(cols[_C2] * z_scale, cols[_C0], d_cam[:, 0]).addcmul_(
                 cols[_C1], d_cam[:, 1]
             )
+        if out is not None and self.mode == "pinhole":
+            torch.index_select(self._origin_rows, 0, image, out=out.origins)
+            torch.index_select(self._near_t, 0, image, out=out.near)
+            torch.index_select(self._far_t, 0, image, out=out.far)
+            out.directions.T.copy_(world)
+            return out
         origins = self._origin_rows.index_select(0, image)
         near, far = self._near_t.index_select(0, image), self._far_t.index_select(0, image)
         return Rays(origins, _rows_to_points(world), z_scale, near, far)
+
+    def batch_from_pids(self, pid: Tensor, rgba: Tensor) -> RayBatch:
+        """(N,) pixel ids (int64, or uint32 as stored) and (N, 3|4) uint8 colours -> the ``RayBatch``
+        of those rays on the device.
+
+        The loader's path; equal to ``RayBatch.from_rays(rgba, *self.generate_from_pids(pid))``. On the
+        CPU with same-size pinhole images every float field is a contiguous view of one allocation
+        and ``image``/``pixel`` of another: two allocations of the same sizes per batch, which keeps
+        the memory of a loader generating on several threads from fragmenting.
+        """
+        fast = self.device.type == "cpu" and self.dtype == torch.float32 and self._uniform is not None
+        if not (fast and self.mode == "pinhole"):
+            image, pixel, rays = self.generate_from_pids(pid)
+            return RayBatch.from_rays(rgba.to(self.device), image, pixel, rays)
+        n, c = pid.shape[0], rgba.shape[1]
+        floats = torch.empty((9 + c) * n, dtype=torch.float32)
+        ints = torch.empty(3 * n, dtype=torch.int64)
+        origins, directions = floats[: 3 * n].view(n, 3), floats[3 * n : 6 * n].view(n, 3)
+        colour = floats[6 * n : (6 + c) * n].view(n, c)
+        near, far, z_scale = floats[(6 + c) * n :].view(3, n).unbind(0)
+        image, pixel = ints[:n], ints[n:].view(n, 2)
+        _, _, x, y = self._decode_uniform(pid.to(self.device), image, pixel)  # any integer dtype
+        self._generate(image, x, y, out=Rays(origins, directions, z_scale, near, far))
+        colour.copy_(rgba).div_(255.0)
+        alpha = colour[:, 3] if c == 4 else None
+        return RayBatch(origins, directions, colour[:, :3], alpha, image, pixel, near, far, z_scale)
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
@@ -435,9 +473,13 @@ class RayGenerator:
             self._check(image, pixel)
         return image, pixel, self._generate(image, x, y, local)
 
-    def _decode_uniform(self, pid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _decode_uniform(
+        self, pid: Tensor, image: Tensor | None = None, pixel: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """:meth:`_decode` for the uniform layout in float64, with few temporaries (the loader's path):
-        (N,) int64 pids -> ``(image (N,) int64, pixel (N, 2) int64, x (N,) float64, y (N,) float64)``.
+        (N,) integer pids (any integer dtype, uint32 included) ->
+        ``(image (N,) int64, pixel (N, 2) int64, x (N,) float64, y (N,) float64)``,
+        written into ``image`` and ``pixel`` when given; ``x`` and ``y`` are scratch (see ``_scratch``).
 
         Exact: every value is an integer below 2**53, and a correctly rounded quotient of such
         integers truncates to the integer quotient.
@@ -449,10 +491,13 @@ class RayGenerator:
         value.sub_(image_f, alpha=wh)  # the pixel's index within its image
         y = torch.div(value, w, out=self._scratch("y", (n,), f64)).trunc_()
         x = value.sub_(y, alpha=w)
-        pixel = torch.empty((pid.shape[0], 2), dtype=torch.int64, device=pid.device)
+        if pixel is None:
+            pixel = torch.empty((pid.shape[0], 2), dtype=torch.int64, device=pid.device)
         pixel[:, 0].copy_(x)
         pixel[:, 1].copy_(y)
-        return image_f.to(torch.int64), pixel, x, y
+        if image is None:
+            return image_f.to(torch.int64), pixel, x, y
+        return image.copy_(image_f), pixel, x, y
 
     def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
         """A reusable buffer of this thread for a temporary that never leaves the call (CPU only).

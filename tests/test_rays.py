@@ -233,9 +233,27 @@ def test_uniform_pid_decoding_is_exact_up_to_uint32() -> None:
     rng = np.random.default_rng(0)
     edges = np.concatenate([np.arange(1, n) * w * h, rng.integers(1, n * h, 500) * w])
     pid_np = np.unique(np.concatenate([edges - 1, edges, edges + 1, [0, n * w * h - 1]]))
-    pid = torch.from_numpy(pid_np.astype(np.int64))
-    image, pixel, x, y = gen._decode_uniform(pid)
     want_image, local = np.divmod(pid_np, w * h)
-    assert np.array_equal(image.numpy(), want_image)
-    assert np.array_equal(pixel.numpy(), np.stack([local % w, local // w], -1))
-    assert torch.equal(x, pixel[:, 0].double()) and torch.equal(y, pixel[:, 1].double())
+    for dtype in (np.int64, np.uint32):  # the loader passes stored uint32 ids as they are
+        image, pixel, x, y = gen._decode_uniform(torch.from_numpy(pid_np.astype(dtype)))
+        assert np.array_equal(image.numpy(), want_image)
+        assert np.array_equal(pixel.numpy(), np.stack([local % w, local // w], -1))
+        assert torch.equal(x, pixel[:, 0].double()) and torch.equal(y, pixel[:, 1].double())
+
+
+@pytest.mark.parametrize("channels", [3, 4])
+@pytest.mark.parametrize("cameras", [PINHOLES[:1], DISTORTED[:1]], ids=["uniform-pinhole", "lut"])
+def test_batch_from_pids_equals_from_rays(cameras: list[Camera], channels: int) -> None:
+    gen = make_generator(cameras, n_images=6)
+    image, pixel = random_rays(gen, 500, 3)
+    pid = torch.from_numpy(gen.pixel_offset)[image] + pixel[:, 1] * int(gen.widths[0]) + pixel[:, 0]
+    rgba = torch.randint(0, 256, (500, channels), dtype=torch.uint8)
+    want = RayBatch.from_rays(rgba, *gen.generate_from_pids(pid))
+    for ids in (pid, torch.from_numpy(pid.numpy().astype(np.uint32))):
+        got = gen.batch_from_pids(ids, rgba)
+        for name, value in want.__dict__.items():
+            if value is None:
+                assert getattr(got, name) is None
+            else:
+                torch.testing.assert_close(getattr(got, name), value, rtol=0, atol=0)
+    torch.testing.assert_close(got.directions, gen.reference_generate(image, pixel).directions, atol=1e-6, rtol=0)

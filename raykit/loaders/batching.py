@@ -48,7 +48,5 @@ class DeviceBatcher:
         if self.pinned:  # 4 bytes per id over the bus, widened on the device
             pid = self._to_device(raw.pid.view(np.int32)).to(torch.int64) & 0xFFFFFFFF
         else:
-            pid = torch.from_numpy(raw.pid.astype(np.int64))
-        colour = self._to_device(raw.rgba)
-        image, pixel, rays = self.generator.generate_from_pids(pid)
-        return RayBatch.from_rays(colour, image, pixel, rays)
+            pid = torch.from_numpy(np.ascontiguousarray(raw.pid))  # uint32, widened by the generator
+        return self.generator.batch_from_pids(pid, self._to_device(raw.rgba))

@@ -36,7 +36,7 @@ def chunk_crc32(values: Mapping[str, np.ndarray], order: Sequence[str]) -> int:
     """CRC-32 of the C-contiguous bytes of ``values[name]`` for ``name`` in ``order``."""
     crc = 0
     for name in order:
-        crc = zlib.crc32(np.ascontiguousarray(values[name]).tobytes(), crc)
+        crc = zlib.crc32(np.ascontiguousarray(values[name]).reshape(-1).view(np.uint8).data, crc)
     return crc
 
 
