@@ -256,4 +256,5 @@ def test_batch_from_pids_equals_from_rays(cameras: list[Camera], channels: int) 
                 assert getattr(got, name) is None
             else:
                 torch.testing.assert_close(getattr(got, name), value, rtol=0, atol=0)
-    torch.testing.assert_close(got.directions, gen.reference_generate(image, pixel).directions, atol=1e-6, rtol=0)
+    reference = gen.reference_generate(image, pixel)
+    torch.testing.assert_close(got.directions, reference.directions, atol=1e-6, rtol=0)
