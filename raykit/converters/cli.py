@@ -38,6 +38,9 @@ def register(subparsers: Any) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--workers", type=int, default=1, metavar="N", help="N > 1: local Dask cluster")
     group.add_argument("--scheduler", metavar="ADDRESS", help="existing Dask scheduler, e.g. tcp://host:8786")
+    parser.add_argument(
+        "--threads", type=int, default=1, metavar="T", help="threads per worker (default 1; same output)"
+    )
     parser.add_argument("--skip-missing", action="store_true", help="skip frames whose image is missing")
     parser.add_argument(
         "--images", metavar="DIR", help="COLMAP image folder (default: found beside the model)"
@@ -67,6 +70,7 @@ def run_convert(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         workers=args.workers,
         scheduler=args.scheduler,
+        threads=args.threads,
         skip_missing=args.skip_missing,
         progress=args.progress,
         images=args.images,

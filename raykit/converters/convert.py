@@ -221,6 +221,7 @@ def convert(
     normalize: str = "none",
     workers: int = 1,
     scheduler: str | None = None,
+    threads: int = 1,
     skip_missing: bool = False,
     progress: bool = False,
     images: str | os.PathLike[str] | None = None,
@@ -242,6 +243,7 @@ def convert(
         normalize: ``none``, ``cameras`` or ``unit-box`` (see :mod:`raykit.converters.normalize`).
         workers: > 1 runs decoding and writing on a local Dask cluster of that many processes.
         scheduler: address of an existing Dask scheduler (``tcp://host:port``).
+        threads: threads per worker (with ``workers == 1``, a thread pool in this process).
         skip_missing: skip frames whose image is missing instead of failing.
         images: COLMAP image folder (default: found beside the model).
         exif: EXIF orientation policy ``reject``, ``ignore`` or ``apply`` (see
@@ -279,7 +281,7 @@ def convert(
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     from raykit.store.writer import write_store
 
-    with conversion_executor(workers, scheduler) as executor:
+    with conversion_executor(workers, scheduler, threads) as executor:
         return write_store(
             Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
             source=info, overwrite=overwrite, **layout,

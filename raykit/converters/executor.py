@@ -18,13 +18,15 @@ __all__ = ["conversion_executor"]
 
 @contextlib.contextmanager
 def conversion_executor(
-    workers: int = 1, scheduler: str | None = None
+    workers: int = 1, scheduler: str | None = None, threads: int = 1
 ) -> Iterator[concurrent.futures.Executor | None]:
-    """Yield the executor for ``workers``/``scheduler`` and shut it down afterwards.
+    """Yield the executor for ``workers``/``scheduler``/``threads`` and shut it down afterwards.
 
     * ``scheduler`` (e.g. ``"tcp://10.0.0.1:8786"``): a Dask ``Client`` connected to it;
-    * ``workers > 1``: a Dask ``LocalCluster`` of ``workers`` single-threaded worker processes;
-    * otherwise None: the writer runs every task in this process.
+    * ``workers > 1``: a Dask ``LocalCluster`` of ``workers`` worker processes of ``threads`` threads;
+    * ``workers == 1`` and ``threads > 1``: a thread pool in this process (decoding, hashing,
+      compression and I/O release the GIL);
+    * otherwise None: the writer runs every task in this process, one after the other.
 
     Workers read the capture and write the partial store by path, so with ``scheduler`` every worker
     must see ``src`` and ``dst`` at the same paths (shared storage), and have raykit installed.
@@ -34,10 +36,18 @@ def conversion_executor(
     """
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers: expected a positive integer, got {workers!r}")
-    if scheduler is not None and workers > 1:
-        raise ConfigError("give either workers > 1 (local cluster) or scheduler (existing cluster), not both")
+    if not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads: expected a positive integer, got {threads!r}")
+    if scheduler is not None and (workers > 1 or threads > 1):
+        raise ConfigError(
+            "give either workers/threads (this machine) or scheduler (an existing cluster), not both"
+        )
     if scheduler is None and workers == 1:
-        yield None
+        if threads == 1:
+            yield None
+        else:
+            with concurrent.futures.ThreadPoolExecutor(threads, "raykit-convert") as pool:
+                yield pool
         return
     from dask.distributed import Client, LocalCluster
 
@@ -51,7 +61,7 @@ def conversion_executor(
             cluster = stack.enter_context(
                 LocalCluster(
                     n_workers=workers,
-                    threads_per_worker=1,
+                    threads_per_worker=threads,
                     processes=True,
                     dashboard_address=None,
                     silence_logs=logging.CRITICAL,  # task errors reach the caller as exceptions

@@ -19,6 +19,7 @@ way (the tests' oracle).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -54,9 +55,11 @@ def interleave_step(n: int) -> int:
     raise AssertionError("unreachable: 1 is coprime to every n")
 
 
+@functools.lru_cache(maxsize=4)
 def shard_order(n_rays: int) -> np.ndarray:
     """(n_rays,) int64: ray ``t`` of a shuffled shard is element ``(a * t) mod n_rays`` of its
-    image-ordered concatenation (``a = interleave_step(n_rays)``)."""
+    image-ordered concatenation (``a = interleave_step(n_rays)``). Memoised (every shard but the last
+    has the same size) and read-only."""
     step, block = interleave_step(n_rays), 1024
     n = max(n_rays, 1)
     # (q * block + j) * step mod n = (outer[q] + inner[j]) mod n, both terms < n: one add and one fold.
@@ -64,6 +67,7 @@ def shard_order(n_rays: int) -> np.ndarray:
     inner = np.arange(block, dtype=np.int64) * step % n
     index = np.add.outer(outer, inner).reshape(-1)[:n_rays]
     np.subtract(index, n, out=index, where=index >= n)
+    index.flags.writeable = False
     return index
 
 

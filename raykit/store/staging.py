@@ -11,12 +11,15 @@ task reads one contiguous run of rays per image and needs no global permutation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ __all__ = [
     "record_matches",
     "scratch_record",
     "stage_image",
+    "stage_in_memory",
     "write_record",
     "write_unsynced",
 ]
@@ -111,6 +115,7 @@ class StageJob:
     key: str
     shuffled: bool = False
     seed: int = 0
+    memory: bool = False  # stage in this process's memory (``stage_in_memory``), not in a file
 
     @property
     def rel(self) -> str:
@@ -170,7 +175,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)
+    done = None if job.memory else record_matches(record_path, job.key, root)
     if done is not None:
         clock.lap("resume_check")
         return {**done, "seconds": clock.seconds}
@@ -191,10 +196,41 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         pairs[:, 1] = order
         rows = pairs
         clock.lap("permutation")
+    if job.memory:
+        _memory_stage(job.root)[job.index] = np.ascontiguousarray(rows)
+        clock.lap("write")
+        return {**result, "files": {}, "source_sha256": source_sha, "seconds": clock.seconds}
     result.update(files={job.rel: _write_raw(root / job.rel, rows, clock)}, source_sha256=source_sha)
     write_record(record_path, {"key": job.key, "result": result})
     clock.lap("write")
     return {**result, "seconds": clock.seconds}
+
+
+# In-memory staging: partial directory -> image index -> staged rows (the bytes a staging file holds).
+_MEMORY: dict[str, dict[int, np.ndarray]] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+def _memory_stage(root: str) -> dict[int, np.ndarray]:
+    with _MEMORY_LOCK:
+        return _MEMORY.setdefault(root, {})
+
+
+@contextlib.contextmanager
+def stage_in_memory(root: str | Path) -> Iterator[None]:
+    """Stage the images of the store being written in ``root`` in this process's memory while inside.
+
+    For writers whose tasks all run in this process (serially or on threads): staged rows never touch
+    the disk, and are dropped on exit. A rerun after a crash decodes every image again (finished
+    shards are still skipped: their task records do not depend on staging).
+    """
+    key = str(root)
+    _memory_stage(key)
+    try:
+        yield
+    finally:
+        with _MEMORY_LOCK:
+            _MEMORY.pop(key, None)
 
 
 def _write_raw(path: Path, array: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
@@ -262,6 +298,17 @@ class StagingSource:
     image_channels: tuple[int, ...]
     channels: int
     materialize: str | None
+    memory: bool = False  # staged rows are in memory (``stage_in_memory``), not in files
+
+    def _read(self, image: int, lo: int, out: np.ndarray) -> None:
+        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
+        if not self.memory:
+            _read_rows(Path(self.root) / staging_file(image), lo, out)
+            return
+        staged = _memory_stage(self.root).get(image)
+        if staged is None or len(staged) < lo + len(out):
+            raise SourceError(f"{self.root}: image {image} is not staged in memory")
+        out[...] = staged[lo : lo + len(out)]
 
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
@@ -295,7 +342,7 @@ class StagingSource:
             rows = np.empty((n, 2), dtype=np.uint32)  # (packed RGBA, pid), as staged
             at = 0
             for i, a, b in self._pieces(info, start, stop):
-                _read_rows(root / staging_file(i), a, rows[at : at + b - a])
+                self._read(i, a, rows[at : at + b - a])
                 rows[at : at + b - a, 1] += np.uint32(self.pixel_offset[i])
                 at += b - a
             clock.lap("gather")
@@ -306,7 +353,7 @@ class StagingSource:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
             at = 0
             for i, a, b in self._pieces(info, start, stop):
-                _read_rows(root / staging_file(i), a, packed[at : at + b - a])
+                self._read(i, a, packed[at : at + b - a])
                 pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
                 at += b - a
             clock.lap("gather")

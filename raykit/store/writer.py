@@ -18,6 +18,7 @@ bytes do not depend on the executor or the number of workers.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ from raykit.store.staging import (
     bytes_record,
     record_matches,
     stage_image,
+    stage_in_memory,
     write_record,
     write_unsynced,
 )
@@ -71,6 +73,7 @@ _log = logging.getLogger(__name__)
 BACKENDS = ("zarr", "wds")
 DEFAULT_CHUNK_RAYS = 65536
 DEFAULT_SHARD_CHUNKS = 16
+DEFAULT_MEMORY_STAGING_BYTES = 4 << 30
 SHUFFLED_SPLITS = frozenset({"train"})
 Source = StagingSource | StoreSource
 
@@ -157,6 +160,11 @@ def _run(
     return list(tqdm(results, total=len(jobs), desc=desc, disable=not progress, unit="task"))
 
 
+def _in_process(executor: Any) -> bool:
+    """True when the executor runs tasks in this process (None: serially; or a thread pool)."""
+    return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
+
+
 def _check_options(backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None) -> None:
     if backend not in BACKENDS:
         raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
@@ -233,6 +241,7 @@ def write_store(
     source: Mapping[str, Any] | None = None,
     zstd_level: int = 3,
     overwrite: bool = False,
+    memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES,
 ) -> Any:
     """Write a ray store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
@@ -247,6 +256,9 @@ def write_store(
         source: description of the source (format, path, ...) recorded in the manifest.
         zstd_level: zstd level of the zarr backend.
         overwrite: replace an existing store at ``dst``.
+        memory_staging_bytes: when every task runs in this process (``executor`` None or a thread
+            pool) and the decoded images take at most this many bytes staged (8 per train pixel, 4
+            per other pixel), they are staged in memory instead of in files (0: always files).
     """
     _check_options(backend, chunk_rays, shard_chunks, materialize)
     profile = _Profile()
@@ -257,7 +269,9 @@ def write_store(
         "shard_chunks": shard_chunks,
         "seed": seed,
         "zstd_level": zstd_level,
+        "blosc_cname": zarr_backend.BLOSC_CNAME,
         "blosc_clevel": zarr_backend.BLOSC_CLEVEL,
+        "blosc_shuffle": zarr_backend.BLOSC_SHUFFLE,
         "materialize": materialize,
     }
     plan = {
@@ -271,36 +285,44 @@ def write_store(
     }
     partial = _partial_dir(dst, plan, overwrite)
     profile.wall.lap("plan")
-    stage_jobs = [
-        StageJob(str(partial), i, r, json_digest([_record_plan(r), seed]), r.split in SHUFFLED_SPLITS, seed)
-        for i, r in enumerate(ordered)
-    ]
-    staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
-    profile.absorb("stage", staged)
-    profile.wall.lap("stage")
-    channels = 4 if any(s["channels"] == 4 for s in staged) else 3
-    splits = _split_infos(ordered, chunk_rays)
-    shuffled = {name for name, info in splits.items() if info.shuffled}
-    alpha = [s["channels"] == 4 for s in staged]
-    table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(table, str(tmp))
-    offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
-    profile.wall.lap("camera_table")
-    pixels_sha = [s["pixels_sha256"] for s in staged]
-    fingerprint = json_digest(
-        [[r.name, s["source_sha256"], h] for r, s, h in zip(ordered, staged, pixels_sha, strict=True)]
+    staged_bytes = sum(
+        r.camera.width * r.camera.height * (8 if r.split in SHUFFLED_SPLITS else 4) for r in ordered
     )
-    payload = Payload(
-        backend, table, scene, splits, _fields(channels, materialize), layout,
-        {**dict(source or {}), "fingerprint": fingerprint},
-    )  # fmt: skip
-    sizes = tuple(r.camera.width * r.camera.height for r in ordered)
-    image_channels = tuple(int(s["channels"]) for s in staged)
-    gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize)
-    return _write_payload_and_commit(
-        partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
-    )
+    memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
+    with stage_in_memory(partial) if memory else contextlib.nullcontext():
+        stage_jobs = [
+            StageJob(
+                str(partial), i, r, json_digest([_record_plan(r), seed]), r.split in SHUFFLED_SPLITS,
+                seed, memory,
+            )
+            for i, r in enumerate(ordered)
+        ]  # fmt: skip
+        staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+        profile.absorb("stage", staged)
+        profile.wall.lap("stage")
+        channels = 4 if any(s["channels"] == 4 for s in staged) else 3
+        splits = _split_infos(ordered, chunk_rays)
+        shuffled = {name for name, info in splits.items() if info.shuffled}
+        alpha = [s["channels"] == 4 for s in staged]
+        table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
+        with atomic_path(partial / "cameras.parquet") as tmp:
+            write_camera_table(table, str(tmp))
+        offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
+        profile.wall.lap("camera_table")
+        pixels_sha = [s["pixels_sha256"] for s in staged]
+        fingerprint = json_digest(
+            [[r.name, s["source_sha256"], h] for r, s, h in zip(ordered, staged, pixels_sha, strict=True)]
+        )
+        payload = Payload(
+            backend, table, scene, splits, _fields(channels, materialize), layout,
+            {**dict(source or {}), "fingerprint": fingerprint},
+        )  # fmt: skip
+        sizes = tuple(r.camera.width * r.camera.height for r in ordered)
+        image_channels = tuple(int(s["channels"]) for s in staged)
+        gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize, memory)
+        return _write_payload_and_commit(
+            partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
+        )
 
 
 @dataclass(frozen=True)

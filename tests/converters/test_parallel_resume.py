@@ -46,6 +46,30 @@ def test_dask_clusters_give_identical_bytes(tmp_path: Path, make) -> None:
     _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "sched" / "s.zarr")
 
 
+def test_threads_give_identical_bytes(tmp_path: Path, make) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 4, "test": 2}, size=(16, 12))
+    layout = {"chunk_rays": 128, "shard_chunks": 2}
+    single = convert(src, tmp_path / "one" / "s.zarr", **layout)
+    threaded = convert(src, tmp_path / "threads" / "s.zarr", threads=3, **layout)
+    assert single.fingerprint == threaded.fingerprint
+    _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "threads" / "s.zarr")
+
+
+def test_executor_options_are_checked() -> None:
+    import concurrent.futures
+
+    from raykit.converters.executor import conversion_executor
+    from raykit.errors import ConfigError
+
+    with conversion_executor(1, None, 2) as pool:
+        assert isinstance(pool, concurrent.futures.ThreadPoolExecutor)
+    with conversion_executor(1, None, 1) as none:
+        assert none is None
+    for bad in ({"threads": 0}, {"workers": 0}, {"scheduler": "tcp://127.0.0.1:1", "threads": 2}):
+        with pytest.raises(ConfigError), conversion_executor(**bad):  # type: ignore[arg-type]
+            pass
+
+
 DONE = "tasks/[!.]*.json"  # shard records (atomic: temporary files start with a dot)
 
 

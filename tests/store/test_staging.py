@@ -103,11 +103,13 @@ def test_train_rays_carry_their_pixels(tmp_path: Path, records, scene: SceneInfo
     st.integers(1, 300),  # n_rays
     st.sampled_from([("rgba", "uint8", 4), ("rgba", "uint8", 3), ("pid", "uint32", 0), ("o", "float16", 3)]),
     st.integers(1, 9),  # zstd / blosc level
+    st.sampled_from([("lz4", "bitshuffle"), ("zstd", "shuffle"), ("lz4", "noshuffle")]),
 )
-def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, level) -> None:
+def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, level, blosc) -> None:
     spec = FieldSpec(*field)
     info = SplitInfo("train", n_rays, 1, chunk_rays, True, 0)
     layout = {"shard_chunks": shard_chunks, "zstd_level": level, "blosc_clevel": level}
+    layout.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks
     for shard in range(-(-n_rays // shard_rays)):

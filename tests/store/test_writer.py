@@ -85,6 +85,8 @@ def test_input_order_does_not_matter(tmp_path: Path, records, scene: SceneInfo) 
 
 
 def test_resume_after_crash_in_phase_1(tmp_path: Path, records, scene: SceneInfo) -> None:
+    # Staging in files (memory_staging_bytes=0): a rerun decodes only the images not staged yet.
+    options = {**OPTIONS, "memory_staging_bytes": 0}
     log, flag = tmp_path / "log.txt", tmp_path / "fail"
     logged = [
         dataclasses.replace(r, load=LoggedLoad(r.load(), r.name, log, flag if i == 4 else tmp_path / "never"))
@@ -93,12 +95,12 @@ def test_resume_after_crash_in_phase_1(tmp_path: Path, records, scene: SceneInfo
     flag.touch()
     dst = tmp_path / "store"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        write_store(dst, logged, scene=scene, **OPTIONS)
+        write_store(dst, logged, scene=scene, **options)
     assert not dst.exists() and (tmp_path / "store.partial").exists()
     with pytest.raises(StoreNotFoundError, match="incomplete store"):
         open_store(dst)
     flag.unlink()
-    store = write_store(dst, logged, scene=scene, **OPTIONS)
+    store = write_store(dst, logged, scene=scene, **options)
     calls = log.read_text().split()
     assert sorted(calls) == sorted([r.name for r in records] + [records[4].name])
     fresh = write_store(tmp_path / "fresh", records, scene=scene, **OPTIONS)
@@ -126,6 +128,42 @@ def test_resume_after_crash_in_phase_2(tmp_path: Path, records, scene: SceneInfo
             assert (dst / rel).stat().st_mtime_ns == stamp, f"{rel} was rewritten instead of reused"
     write_store(tmp_path / "fresh", records, scene=scene, backend=backend, **OPTIONS)
     assert _tree(dst) == _tree(tmp_path / "fresh")
+
+
+class CrashingThreads(concurrent.futures.ThreadPoolExecutor):
+    """Two threads (staging in memory); raises once ``limit`` shard tasks were submitted."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(2)
+        self.limit, self.submitted = limit, []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        if fn is write_shard_task:
+            if len(self.submitted) >= self.limit:
+                concurrent.futures.wait(self.submitted)  # they finish; then the writer dies
+                raise RuntimeError("simulated crash in phase 2")
+            self.submitted.append(super().submit(fn, *args, **kwargs))
+            return self.submitted[-1]
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_memory_staging_writes_the_same_bytes_and_resumes(
+    tmp_path: Path, records, scene: SceneInfo, backend: str
+) -> None:
+    files = write_store(tmp_path / "files", records, scene=scene, backend=backend, memory_staging_bytes=0,
+                        **OPTIONS)  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        write_store(tmp_path / "threads", records, scene=scene, backend=backend, executor=pool, **OPTIONS)
+    assert _tree(tmp_path / "threads") == _tree(tmp_path / "files")
+    dst = tmp_path / "store"
+    with CrashingThreads(3) as crashing, pytest.raises(RuntimeError, match="phase 2"):
+        write_store(dst, records, scene=scene, backend=backend, executor=crashing, **OPTIONS)
+    partial = tmp_path / "store.partial"
+    assert not (partial / "staging").exists() or not any((partial / "staging").glob("*.px"))
+    assert len(list((partial / "tasks").glob("*.json"))) == 3  # finished shards, reused on resume
+    store = write_store(dst, records, scene=scene, backend=backend, **OPTIONS)
+    assert _tree(dst) == _tree(tmp_path / "files") and store.fingerprint == files.fingerprint
 
 
 def test_bad_inputs(tmp_path: Path, records, scene: SceneInfo) -> None:
