@@ -92,11 +92,14 @@ def loader_section(d: dict[str, Any]) -> str:
 
 
 def convert_section(d: dict[str, Any]) -> str:
+    dec = d["decode_single_core"]["mp_per_s"]
     rows = [
-        [str(c["workers"]), f"{c['seconds']:.1f}", f"{c['mp_per_s']:.2f}", f"{c['mp_per_s_per_worker']:.2f}",
-         f"{c['mp_per_s_per_worker'] / d['decode_single_core']['mp_per_s']:.3f}"]
+        [str(c["workers"]), str(c.get("threads", 1)), f"{c['seconds']:.1f}", f"{c['mp_per_s']:.2f}",
+         f"{c['mp_per_s_per_worker']:.2f}", f"{c['mp_per_s_per_worker'] / dec:.3f}",
+         f"{c.get('mp_per_s_per_core', c['mp_per_s_per_worker']) / dec:.3f}"]
         for c in d["convert"]
     ]  # fmt: skip
+    best = max(c["mp_per_s_per_worker"] / dec for c in d["convert"])
     phases = d["convert"][0]["phases_s"]
     ceiling = d["compression_ceiling_single_worker"]
     return "\n".join([
@@ -109,15 +112,16 @@ def convert_section(d: dict[str, Any]) -> str:
         f"{d['converter_side_single_core']['mp_per_s']:.1f} MP/s ({d['converter_side_ratio_vs_decode']:.2f}x decode). "
         f"Load average at the end: {d['machine']['loadavg_1m_at_end']:.1f}.",
         "",
-        _table(["workers", "seconds", "MP/s", "MP/s per worker", "per worker / decode"], rows),
+        _table(["workers", "threads each", "seconds", "MP/s", "MP/s per worker", "per worker / decode",
+                "per core / decode"], rows),
         "",
-        "Time by phase, 1 worker (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ".",
+        "Time by phase, 1 worker of 1 thread (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ".",
         "",
-        f"Target (per worker >= 0.8x decode) is **not met**. Compression alone runs at "
-        f"{ceiling['compress_mp_per_s']:.1f} MP/s, so decode + compress can reach at most "
-        f"{ceiling['decode_plus_compress_mp_per_s']:.1f} MP/s ({ceiling['ratio_vs_decode']:.2f}x decode) "
-        "on this machine; the on-the-fly train shuffle is the largest remaining cost. Output is "
-        f"byte-identical across worker counts: {d['identical_across_workers']}.",
+        f"Target (per worker >= 0.8x decode) is **{'met' if best >= 0.8 else 'not met'}** (best "
+        f"{best:.2f}x). Compression alone runs at {ceiling['compress_mp_per_s']:.1f} MP/s, so on one core "
+        f"decode + compress can reach at most {ceiling['decode_plus_compress_mp_per_s']:.1f} MP/s "
+        f"({ceiling['ratio_vs_decode']:.2f}x decode) on this machine, before the train shuffle, checksums "
+        f"and writes. Output is byte-identical across worker and thread counts: {d['identical_across_workers']}.",
     ])  # fmt: skip
 
 
