@@ -39,7 +39,10 @@ def register(subparsers: Any) -> None:
     group.add_argument("--workers", type=int, default=1, metavar="N", help="N > 1: local Dask cluster")
     group.add_argument("--scheduler", metavar="ADDRESS", help="existing Dask scheduler, e.g. tcp://host:8786")
     parser.add_argument(
-        "--threads", type=int, default=1, metavar="T", help="threads per worker (default 1; same output)"
+        "--threads",
+        type=int,
+        metavar="T",
+        help="threads per worker (default: all cores for one worker, else 1; the output is the same)",
     )
     parser.add_argument("--skip-missing", action="store_true", help="skip frames whose image is missing")
     parser.add_argument(

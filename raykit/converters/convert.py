@@ -221,7 +221,7 @@ def convert(
     normalize: str = "none",
     workers: int = 1,
     scheduler: str | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     skip_missing: bool = False,
     progress: bool = False,
     images: str | os.PathLike[str] | None = None,
@@ -243,7 +243,8 @@ def convert(
         normalize: ``none``, ``cameras`` or ``unit-box`` (see :mod:`raykit.converters.normalize`).
         workers: > 1 runs decoding and writing on a local Dask cluster of that many processes.
         scheduler: address of an existing Dask scheduler (``tcp://host:port``).
-        threads: threads per worker (with ``workers == 1``, a thread pool in this process).
+        threads: threads per worker (with ``workers == 1``, a thread pool in this process); default:
+            every core of this machine for one worker, 1 per worker process otherwise.
         skip_missing: skip frames whose image is missing instead of failing.
         images: COLMAP image folder (default: found beside the model).
         exif: EXIF orientation policy ``reject``, ``ignore`` or ``apply`` (see
@@ -281,6 +282,8 @@ def convert(
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     from raykit.store.writer import write_store
 
+    if threads is None:
+        threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
     with conversion_executor(workers, scheduler, threads) as executor:
         return write_store(
             Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,

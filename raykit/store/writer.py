@@ -73,7 +73,18 @@ _log = logging.getLogger(__name__)
 BACKENDS = ("zarr", "wds")
 DEFAULT_CHUNK_RAYS = 65536
 DEFAULT_SHARD_CHUNKS = 16
-DEFAULT_MEMORY_STAGING_BYTES = 4 << 30
+
+
+def _default_memory_staging() -> int:
+    """4 GiB, or a quarter of this machine's memory when that is less."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 4 << 30
+    return int(min(4 << 30, total // 4))
+
+
+DEFAULT_MEMORY_STAGING_BYTES = _default_memory_staging()
 SHUFFLED_SPLITS = frozenset({"train"})
 Source = StagingSource | StoreSource
 
