@@ -85,6 +85,19 @@ def _rss() -> int:
 
 
 def _peak_rss() -> int:
+    """This process's peak resident set (``VmHWM``: the high-water mark of its own address space).
+
+    ``getrusage``'s ``ru_maxrss`` is not used: on Linux a child started by ``exec`` inherits the
+    parent's high-water mark there, so it would report the parent's peak (e.g. the conversion that
+    built the store) whenever that was larger.
+    """
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -125,6 +125,15 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak memory so far: CUDA allocator peak on CUDA, else this process's peak RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    # VmHWM is this address space's own high-water mark; ru_maxrss can carry the peak of the
+    # process that exec'd this one (Linux), e.g. a benchmark driver.
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
