@@ -121,7 +121,9 @@ def convert_section(d: dict[str, Any]) -> str:
         f"{best:.2f}x). Compression alone runs at {ceiling['compress_mp_per_s']:.1f} MP/s, so on one core "
         f"decode + compress can reach at most {ceiling['decode_plus_compress_mp_per_s']:.1f} MP/s "
         f"({ceiling['ratio_vs_decode']:.2f}x decode) on this machine, before the train shuffle, checksums "
-        f"and writes. Output is byte-identical across worker and thread counts: {d['identical_across_workers']}.",
+        f"and writes. The 2-worker row is a local Dask cluster: its start-up ({d['dask_cluster_startup_s']:.1f} s) "
+        "is included, and its workers stage images in files (one process stages in memory). Output is "
+        f"byte-identical across worker and thread counts: {d['identical_across_workers']}.",
     ])  # fmt: skip
 
 
