@@ -2,73 +2,84 @@
 
 The train order (docs/format.md, "Order within a split"):
 
-1. image ``i`` of a shuffled split is staged in the order of its own seeded permutation
-   ``pi_i = default_rng([seed, crc32(split), i]).permutation(W * H)``;
-2. the shard covering rays ``[start, stop)`` (``n`` rays) takes from every image of the split the
-   contiguous run of its permuted pixels that a fixed proportional merge assigns to that range
-   (``merge_counts``), concatenates them in image order, and interleaves them: ray ``t`` of the
-   shard is element ``(a * t) mod n`` of the concatenation, ``a`` the integer nearest ``n / phi``
-   coprime to ``n`` (``interleave_step``; a golden-ratio lattice, so by the three-gap theorem every
-   run of consecutive rays takes evenly spaced elements: each image's share, random pixels).
+1. image ``i`` of a shuffled split, of ``n`` pixels, is staged in the order
+   ``pi_i[r] = base_n[(r + s_i) mod n]``: a seeded permutation ``base_n`` shared by the split's images
+   of ``n`` pixels, rotated by a seeded offset ``s_i`` of the image's own (``image_order``);
+2. the split's rays are the images' ranks merged by the key ``((r + 1/2) / n_i, i)`` (``merge_counts``
+   gives how many of each image's ranks any prefix holds), and a shard is a contiguous range of that
+   merge, in merge order.
 
-So a shard reads one contiguous byte range per image (no global argsort, no random reads), every
-shard and every chunk holds each image's share of rays (within a few rays), and which pixels of an
-image land in which chunk is uniformly random. ``_split_pids_reference`` builds the order the slow
-way (the tests' oracle).
+So a shard reads one contiguous run of ranks per image (no global argsort, no random reads), every
+chunk holds each image's share of rays (within one ray when the images have the same size), and which
+pixels of an image land in which chunk is uniformly random. When the split's images all have the same
+size the merge is a round robin over images, which a shard builds by filling the columns of a
+(ranks, images) matrix (``merge_runs``); otherwise it sorts the keys. ``_split_pids_reference`` builds
+the order the slow way (the tests' oracle).
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
-import itertools
-import math
 import zlib
+from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["TRAIN_ORDER", "image_order", "interleave_step", "merge_counts", "shard_order"]
+__all__ = [
+    "TRAIN_ORDER",
+    "base_permutation",
+    "image_order",
+    "image_rotation",
+    "merge_counts",
+    "merge_runs",
+    "order_run",
+]
 
-TRAIN_ORDER = "image-permutation+merge+golden-interleave/1"  # names this definition in writer plans
+TRAIN_ORDER = "rotated-permutation+merge/2"  # names this definition in writer plans
 
-_PHI = (1 + 5**0.5) / 2
+_TAG_BASE = 0x62617365  # "base": keeps base_n's stream apart from the per-image rotations
+# Float64 keys (2r + 1) / (2n) order exactly while n_i * n_j < 2**52 (distinct keys differ by at least
+# 1 / (2 n_i n_j)); beyond that the merge falls back to exact fractions.
+_EXACT_FLOAT_PIXELS = 1 << 26
 
 
 def _split_tag(split: str) -> int:
     return zlib.crc32(split.encode())
 
 
+@functools.lru_cache(maxsize=8)
+def base_permutation(seed: int, split: str, n_pixels: int) -> np.ndarray:
+    """(n_pixels,) uint32 ``base_n``: the seeded permutation shared by a split's images of that size
+    (memoised, read-only)."""
+    rng = np.random.default_rng([seed, _split_tag(split), _TAG_BASE, n_pixels])
+    base = rng.permutation(n_pixels).astype(np.uint32)
+    base.flags.writeable = False
+    return base
+
+
+def image_rotation(seed: int, split: str, index: int, n_pixels: int) -> int:
+    """``s_i`` in ``[0, n_pixels)``: the rotation of ``base_n`` that orders image ``index``."""
+    return int(np.random.default_rng([seed, _split_tag(split), index]).integers(n_pixels))
+
+
 def image_order(seed: int, split: str, index: int, n_pixels: int) -> np.ndarray:
-    """(n_pixels,) uint32 ``pi_i``: the order in which image ``index`` of a shuffled split is staged."""
-    rng = np.random.default_rng([seed, _split_tag(split), index])
-    return rng.permutation(n_pixels).astype(np.uint32)
+    """(n_pixels,) uint32 ``pi_i``: the order in which image ``index`` of a shuffled split is staged
+    (its rank-``r`` pixel is row-major pixel ``pi_i[r]``)."""
+    base = base_permutation(seed, split, n_pixels)
+    s = image_rotation(seed, split, index, n_pixels)
+    return np.concatenate([base[s:], base[:s]])
 
 
-def interleave_step(n: int) -> int:
-    """The integer nearest ``n / phi`` (golden ratio) that is coprime to ``n``; the smaller on a tie."""
-    base = round(n / _PHI)
-    for d in range(n + 1):
-        for a in (base - d, base + d):
-            if 0 <= a < max(n, 2) and math.gcd(a, n) == 1:
-                return a
-    raise AssertionError("unreachable: 1 is coprime to every n")
-
-
-@functools.lru_cache(maxsize=4)
-def shard_order(n_rays: int) -> np.ndarray:
-    """(n_rays,) int64: ray ``t`` of a shuffled shard is element ``(a * t) mod n_rays`` of its
-    image-ordered concatenation (``a = interleave_step(n_rays)``). Memoised (every shard but the last
-    has the same size) and read-only."""
-    step, block = interleave_step(n_rays), 1024
-    n = max(n_rays, 1)
-    # (q * block + j) * step mod n = (outer[q] + inner[j]) mod n, both terms < n: one add and one fold.
-    outer = np.arange(-(-n_rays // block), dtype=np.int64) * (block * step % n) % n
-    inner = np.arange(block, dtype=np.int64) * step % n
-    index = np.add.outer(outer, inner).reshape(-1)[:n_rays]
-    np.subtract(index, n, out=index, where=index >= n)
-    index.flags.writeable = False
-    return index
+def order_run(seed: int, split: str, index: int, n_pixels: int, lo: int, hi: int) -> np.ndarray:
+    """(hi - lo,) uint32 ``pi_i[lo:hi]``, without building ``pi_i`` (two slices of ``base_n``)."""
+    base = base_permutation(seed, split, n_pixels)
+    a = (lo + image_rotation(seed, split, index, n_pixels)) % max(n_pixels, 1)
+    first = base[a : a + hi - lo]
+    if len(first) == hi - lo:
+        return first.copy()
+    return np.concatenate([first, base[: hi - lo - len(first)]])
 
 
 def _key(rank: int, size: int) -> Fraction:
@@ -106,25 +117,60 @@ def merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
     return counts
 
 
+def merge_runs(
+    runs: Sequence[np.ndarray], sizes: Sequence[int], lo: Sequence[int], start: int, stop: int
+) -> np.ndarray:
+    """The merge of one shard: (stop - start,) values in merge order.
+
+    Args:
+        runs: per image of the split, its values for ranks ``lo[i] .. lo[i] + len(runs[i])`` (the
+            image's run in this shard, ``merge_counts`` at ``start`` and ``stop``).
+        sizes: every image's pixel count ``n_i``.
+        lo: every image's first rank in the shard.
+        start, stop: the shard's ray range in the split.
+    """
+    n = stop - start
+    dtype = runs[0].dtype if len(runs) else np.uint32
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    images = len(sizes)
+    if len(set(sizes)) == 1:
+        # Equal sizes: ray p of the split is rank p // I of image p % I (a round robin), so the shard
+        # is a slice of a (ranks, images) matrix filled column by column.
+        r0, r1 = start // images, -(-stop // images)
+        grid = np.empty((r1 - r0, images), dtype=dtype)
+        for i, (run, a) in enumerate(zip(runs, lo, strict=True)):
+            grid[a - r0 : a - r0 + len(run), i] = run
+        offset = start - r0 * images
+        return grid.reshape(-1)[offset : offset + n].copy()
+    ranks = np.concatenate([np.arange(a, a + len(run)) for run, a in zip(runs, lo, strict=True)])
+    image = np.repeat(np.arange(images), [len(run) for run in runs])
+    size = np.asarray(sizes, dtype=np.int64)[image]
+    values = np.concatenate(runs)
+    if max(sizes) < _EXACT_FLOAT_PIXELS:
+        order = np.lexsort((image, (2 * ranks + 1) / (2 * size)))
+    else:
+        keys = [(_key(int(r), int(s)), int(i)) for r, s, i in zip(ranks, size, image, strict=True)]
+        order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    return values[order]
+
+
 def _split_pids_reference(
-    seed: int, split: str, images: list[int], sizes: tuple[int, ...], offsets: list[int], bounds: list[int]
+    seed: int, split: str, images: list[int], sizes: tuple[int, ...], offsets: list[int]
 ) -> np.ndarray:
     """(n_rays,) pids of a shuffled split in store order, built from the definition (slow twin).
 
     Args:
         images: table indices of the split's images; sizes: their pixel counts; offsets: their first pids.
-        bounds: the shard boundaries ``[0, ..., n_rays]``.
     """
     keys = sorted((_key(r, n), j) for j, n in enumerate(sizes) for r in range(n))
-    orders = [image_order(seed, split, i, n) for i, n in zip(images, sizes, strict=True)]
+    orders = [
+        [int(base_permutation(seed, split, n)[(r + image_rotation(seed, split, i, n)) % n]) for r in range(n)]
+        for i, n in zip(images, sizes, strict=True)
+    ]
     taken = [0] * len(sizes)
-    merged = []
-    for _, j in keys:
-        merged.append((j, offsets[j] + int(orders[j][taken[j]])))
-        taken[j] += 1
     out = []
-    for lo, hi in itertools.pairwise(bounds):
-        shard = sorted(merged[lo:hi], key=lambda item: item[0])  # stable: image order, rank order
-        step = interleave_step(hi - lo)
-        out += [shard[(step * t) % (hi - lo)][1] for t in range(hi - lo)]
+    for _, j in keys:
+        out.append(offsets[j] + orders[j][taken[j]])
+        taken[j] += 1
     return np.asarray(out, dtype=np.uint32)

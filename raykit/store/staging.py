@@ -29,7 +29,7 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.fileio import sha256_file
 from raykit.store.integrity import file_record
-from raykit.store.order import image_order, merge_counts, shard_order
+from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_runs, order_run
 from raykit.store.schema import ImageRecord, SplitInfo
 
 __all__ = [
@@ -104,9 +104,9 @@ class StageJob:
     """Decode image ``index`` of the table into ``root/staging/{index:06d}.px``.
 
     The file is raw native-endian uint32: one packed RGBA pixel per row (bytes r, g, b, a; alpha 255
-    for RGB images) in row-major order, or in a shuffled split rows of two, ``(pixel, rank)`` in
-    ``image_order`` (``rank`` = the pixel's row-major index), so a shard task reads each image's run
-    of rays with one ``pread`` and never recomputes the order.
+    for RGB images) in row-major order, or in a shuffled split in ``image_order``, so a shard task
+    reads each image's run of rays with one ``pread``; it recomputes their pixel ids from the order's
+    shared base permutation (``order_run``: two slices).
     """
 
     root: str
@@ -189,12 +189,14 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         source_sha = sha256_file(rec.source_path)
     clock.lap("checksum")
     rows = _packed(flat)
-    if job.shuffled:
-        order = image_order(job.seed, rec.split, job.index, len(flat))
-        pairs = np.empty((len(order), 2), dtype=np.uint32)
-        np.take(rows, order, out=pairs[:, 0])
-        pairs[:, 1] = order
-        rows = pairs
+    if job.shuffled:  # rank r holds pixel pi_i[r] = base[(r + s) mod n]: two gathers, no order array
+        n = len(rows)
+        base = base_permutation(job.seed, rec.split, n)
+        s = image_rotation(job.seed, rec.split, job.index, n)
+        staged = np.empty_like(rows)
+        np.take(rows, base[s:], out=staged[: n - s])
+        np.take(rows, base[:s], out=staged[n - s :])
+        rows = staged
         clock.lap("permutation")
     if job.memory:
         _memory_stage(job.root)[job.index] = np.ascontiguousarray(rows)
@@ -299,6 +301,7 @@ class StagingSource:
     channels: int
     materialize: str | None
     memory: bool = False  # staged rows are in memory (``stage_in_memory``), not in files
+    seed: int = 0  # the train order's seed (pids of shuffled splits are recomputed from it)
 
     def _read(self, image: int, lo: int, out: np.ndarray) -> None:
         """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
@@ -317,11 +320,9 @@ class StagingSource:
         return images, tuple(self.image_pixels[i] for i in images)
 
     def _pieces(self, info: SplitInfo, start: int, stop: int) -> list[tuple[int, int, int]]:
-        """(image, first row, last row) of every staged run that makes up rays ``[start, stop)``."""
+        """(image, first row, last row) of every staged run that makes up rays ``[start, stop)`` of an
+        unshuffled split."""
         images, sizes = self._images(info)
-        if info.shuffled:
-            lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
-            return [(i, a, b) for i, a, b in zip(images, lo, hi, strict=True) if b > a]
         pieces, first = [], 0
         for i, n in zip(images, sizes, strict=True):
             a, b = max(start - first, 0), min(stop - first, n)
@@ -333,21 +334,22 @@ class StagingSource:
     def gather(
         self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
     ) -> dict[str, np.ndarray]:
-        """Field name -> values of rays ``[start, stop)`` of split ``info`` (for a shuffled split,
-        ``[start, stop)`` must be one whole shard: the interleave spans it)."""
+        """Field name -> values of rays ``[start, stop)`` of split ``info``."""
         clock = clock or PhaseClock()
         root = Path(self.root)
         n = stop - start
         if info.shuffled:
-            rows = np.empty((n, 2), dtype=np.uint32)  # (packed RGBA, pid), as staged
-            at = 0
-            for i, a, b in self._pieces(info, start, stop):
-                self._read(i, a, rows[at : at + b - a])
-                rows[at : at + b - a, 1] += np.uint32(self.pixel_offset[i])
-                at += b - a
+            images, sizes = self._images(info)
+            lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
+            colours, pids = [], []
+            for i, n_i, a, b in zip(images, sizes, lo, hi, strict=True):
+                colours.append(np.empty(b - a, dtype=np.uint32))
+                self._read(i, a, colours[-1])
+                pid = order_run(self.seed, info.name, i, n_i, a, b)
+                pids.append(pid + np.uint32(self.pixel_offset[i]))
             clock.lap("gather")
-            rows = rows.view(np.uint64).reshape(-1)[shard_order(n)].view(np.uint32).reshape(n, 2)
-            packed, pid = np.ascontiguousarray(rows[:, 0]), np.ascontiguousarray(rows[:, 1])
+            packed = merge_runs(colours, sizes, lo, start, stop)
+            pid = merge_runs(pids, sizes, lo, start, stop)
             clock.lap("permutation")
         else:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)

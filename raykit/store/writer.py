@@ -3,10 +3,10 @@
 Three phases, all in ``<dst>.partial/`` beside ``dst``:
 
 1. one task per image decodes it into ``staging/{index:06d}.px`` (raw packed RGBA; in a shuffled split
-   in the image's seeded order, each pixel beside its row-major index);
-2. one task per shard reads one contiguous run of rays per image from the staging files, shuffles
-   them with the shard's seeded order (train; ``raykit.store.staging``) and writes the shard
-   atomically with the chosen backend;
+   in the image's seeded order), or into memory when every task runs in this process;
+2. one task per shard reads one contiguous run of rays per image from staging, merges them in the
+   split's order (train; ``raykit.store.order``) and writes the shard atomically with the chosen
+   backend;
 3. ``cameras.parquet``, ``index.json`` (per-chunk CRCs and, for WebDataset, member offsets) and last
    ``manifest.json`` (every file's size and SHA-256 plus the content fingerprint); staging is removed
    and ``<dst>.partial`` is renamed to ``dst``.
@@ -268,8 +268,8 @@ def write_store(
         zstd_level: zstd level of the zarr backend.
         overwrite: replace an existing store at ``dst``.
         memory_staging_bytes: when every task runs in this process (``executor`` None or a thread
-            pool) and the decoded images take at most this many bytes staged (8 per train pixel, 4
-            per other pixel), they are staged in memory instead of in files (0: always files).
+            pool) and the decoded images take at most this many bytes staged (4 per pixel), they
+            are staged in memory instead of in files (0: always files).
     """
     _check_options(backend, chunk_rays, shard_chunks, materialize)
     profile = _Profile()
@@ -296,9 +296,7 @@ def write_store(
     }
     partial = _partial_dir(dst, plan, overwrite)
     profile.wall.lap("plan")
-    staged_bytes = sum(
-        r.camera.width * r.camera.height * (8 if r.split in SHUFFLED_SPLITS else 4) for r in ordered
-    )
+    staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
     memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
     with stage_in_memory(partial) if memory else contextlib.nullcontext():
         stage_jobs = [
@@ -330,7 +328,9 @@ def write_store(
         )  # fmt: skip
         sizes = tuple(r.camera.width * r.camera.height for r in ordered)
         image_channels = tuple(int(s["channels"]) for s in staged)
-        gather = StagingSource(str(partial), offsets, sizes, image_channels, channels, materialize, memory)
+        gather = StagingSource(
+            str(partial), offsets, sizes, image_channels, channels, materialize, memory, seed
+        )
         return _write_payload_and_commit(
             partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
         )

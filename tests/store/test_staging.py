@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -14,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store, zarr_backend
-from raykit.store.order import _split_pids_reference, interleave_step, merge_counts, shard_order
+from raykit.store.order import (
+    _split_pids_reference,
+    base_permutation,
+    image_order,
+    image_rotation,
+    merge_counts,
+    merge_runs,
+    order_run,
+)
 from raykit.store.schema import FieldSpec, SplitInfo
 
 
@@ -42,14 +49,39 @@ def test_merge_counts_match_the_merge(sizes: list[int]) -> None:
         previous = counts
 
 
-def test_interleave_step_is_a_coprime_golden_step() -> None:
-    for n in [*range(1, 300), 65536 * 16, 1_000_003, 2**32 - 5]:
-        step = interleave_step(n)
-        assert math.gcd(step, n) == 1 and abs(step - n / ((1 + 5**0.5) / 2)) < max(8, n**0.5)
-        if n <= 300:
-            assert sorted((step * t) % n for t in range(n)) == list(range(n))
-    for n in [1, 2, 1023, 1024, 1025, 4097, 99_991]:
-        assert shard_order(n).tolist() == [(interleave_step(n) * t) % n for t in range(n)]
+def test_image_orders_are_rotations_of_a_shared_permutation() -> None:
+    base = base_permutation(3, "train", 50)
+    assert sorted(base.tolist()) == list(range(50)) and not base.flags.writeable
+    orders = [image_order(3, "train", i, 50) for i in range(6)]
+    for i, order in enumerate(orders):
+        s = image_rotation(3, "train", i, 50)
+        assert order.tolist() == [int(base[(r + s) % 50]) for r in range(50)]
+        for lo, hi in [(0, 50), (7, 7), (13, 44), (45, 50)]:
+            assert order_run(3, "train", i, 50, lo, hi).tolist() == order[lo:hi].tolist()
+    assert len({o.tobytes() for o in orders}) > 1  # the rotations differ
+    assert not np.array_equal(base_permutation(3, "val", 50), base)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=5), st.data())
+def test_merge_runs_match_the_merge(sizes: list[int], data: st.DataObject) -> None:
+    # Runs hold (image, rank) codes, so the merge is checked value by value against sorted keys.
+    total = sum(sizes)
+    start = data.draw(st.integers(0, total))
+    stop = data.draw(st.integers(start, total))
+    lo, hi = merge_counts(tuple(sizes), start), merge_counts(tuple(sizes), stop)
+    runs = [np.arange(a, b, dtype=np.int64) + 1000 * i for i, (a, b) in enumerate(zip(lo, hi, strict=True))]
+    keys = sorted((Fraction(2 * r + 1, 2 * n), i, r) for i, n in enumerate(sizes) for r in range(n))
+    expected = [1000 * i + r for _, i, r in keys[start:stop]]
+    assert merge_runs(runs, sizes, lo, start, stop).tolist() == expected
+    if len(sizes) > 1 and len(set(sizes)) > 1:  # the round-robin fast path agrees with sorting
+        equal = [max(sizes)] * len(sizes)
+        lo, hi = merge_counts(tuple(equal), start), merge_counts(tuple(equal), stop)
+        runs = [np.arange(a, b) + 1000 * i for i, (a, b) in enumerate(zip(lo, hi, strict=True))]
+        keys = sorted((Fraction(2 * r + 1, 2 * n), i, r) for i, n in enumerate(equal) for r in range(n))
+        assert merge_runs(runs, equal, lo, start, stop).tolist() == [
+            1000 * i + r for _, i, r in keys[start:stop]
+        ]
 
 
 def test_chunks_hold_each_image_share(tmp_path: Path, record_factory, scene: SceneInfo) -> None:
@@ -72,12 +104,10 @@ def test_shard_gathers_match_the_definition(tmp_path: Path, record_factory, scen
         )  # fmt: skip
         info = store.splits["train"]
         pids = np.concatenate([store.read_chunk("train", c).pid for c in range(info.n_chunks)])
-        shard_rays = chunk_rays * shard_chunks
-        bounds = sorted({*range(0, info.n_rays, shard_rays), info.n_rays})
         rows = [i for i, split in enumerate(store.cameras.column("split").to_pylist()) if split == "train"]
         sizes = tuple(store.cameras.column("n_pixels").to_pylist()[i] for i in rows)
         offsets = list(itertools.accumulate((0, *sizes[:-1])))
-        expected = _split_pids_reference(5, "train", rows, sizes, offsets, bounds)
+        expected = _split_pids_reference(5, "train", rows, sizes, offsets)
         np.testing.assert_array_equal(pids, expected)
         assert np.array_equal(np.sort(pids), np.arange(info.n_rays))
 
