@@ -89,7 +89,8 @@ def _peak_rss() -> int:
 
     ``getrusage``'s ``ru_maxrss`` is not used: on Linux a child started by ``exec`` inherits the
     parent's high-water mark there, so it would report the parent's peak (e.g. the conversion that
-    built the store) whenever that was larger.
+    built the store) whenever that was larger. (``raykit.trainer.runtime.peak_memory_mb`` reads the
+    same figure; it is not imported here, as importing the trainer would add to the measured process.)
     """
     try:
         with open("/proc/self/status") as handle:

@@ -300,9 +300,9 @@ class RayLoader:
         try:
             for bounds, job in self._raw_groups(epoch, start):
                 pending.append((bounds, pool.submit(self._make_timed, job)))
-                # One group per generation thread plus one queued: none idles while this thread
-                # emits, and few generated groups are alive at once (they dominate the loader's memory).
-                if len(pending) > self.gen_threads and not self._emit(pending.popleft(), items, stop):
+                # One group in flight per generation thread: generated groups dominate the loader's
+                # memory beyond its cache, so no more are kept than keep the threads busy.
+                if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
                     return
             while pending:
                 if not self._emit(pending.popleft(), items, stop):
