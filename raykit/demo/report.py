@@ -157,7 +157,8 @@ def _loader_section(bench: dict[str, Any]) -> str:
         f"WebDataset copy, batch 4096: {bench['wds_4096']['warm']['rays_per_s'] / 1e6:.2f} M rays/s warm.",
         "",
         "Baselines on the same data, batch 4096: (a) decode everything to float32 and precompute every ray; "
-        "(b) cache float32 images and generate random pixels' rays per batch. On a scene this small every "
+        "(b) cache float32 images and generate random pixels' rays per batch, the way nerfstudio's "
+        "`Cameras.generate_rays` does. On a scene this small every "
         "approach fits in memory and (a) slices an array that fits in the CPU cache; compare start-up and "
         "bytes per ray too, and see BENCHMARKS.md for the 100-view 800x800 scene.",
         "",
