@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,31 +29,35 @@ def _assert_same_bytes(a: Path, b: Path) -> None:
     assert different == []
 
 
+LAYOUT = {"chunk_rays": 128, "shard_chunks": 2}
+
+
+def _serial_and(tmp_path: Path, make, name: str, **options) -> tuple[Path, Any]:
+    """Convert a small capture serially (one thread) into ``one/`` and with ``options`` into ``name/``;
+    check that both hold the same bytes. Returns the capture and the serial store."""
+    src = make.blender(tmp_path / "src", counts={"train": 4, "test": 2}, size=(16, 12))
+    single = convert(src, tmp_path / "one" / "s.zarr", threads=1, **LAYOUT)
+    other = convert(src, tmp_path / name / "s.zarr", **options, **LAYOUT)
+    assert single.fingerprint == other.fingerprint
+    _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / name / "s.zarr")
+    return src, single
+
+
 @pytest.mark.slow
 def test_dask_clusters_give_identical_bytes(tmp_path: Path, make) -> None:
-    src = make.blender(tmp_path / "src", counts={"train": 4, "test": 2}, size=(16, 12))
-    layout = {"chunk_rays": 128, "shard_chunks": 2}
-    single = convert(src, tmp_path / "one" / "s.zarr", **layout)
-    double = convert(src, tmp_path / "two" / "s.zarr", workers=2, **layout)
-    assert single.fingerprint == double.fingerprint
-    _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "two" / "s.zarr")
+    src, single = _serial_and(tmp_path, make, "two", workers=2)
     from dask.distributed import LocalCluster
 
     cluster_options = {"n_workers": 1, "threads_per_worker": 2, "processes": False, "protocol": "tcp"}
     with LocalCluster(dashboard_address=None, **cluster_options) as cluster:
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
-        remote = convert(src, tmp_path / "sched" / "s.zarr", scheduler=cluster.scheduler_address, **layout)
+        remote = convert(src, tmp_path / "sched" / "s.zarr", scheduler=cluster.scheduler_address, **LAYOUT)
     assert remote.fingerprint == single.fingerprint
     _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "sched" / "s.zarr")
 
 
 def test_threads_give_identical_bytes(tmp_path: Path, make) -> None:
-    src = make.blender(tmp_path / "src", counts={"train": 4, "test": 2}, size=(16, 12))
-    layout = {"chunk_rays": 128, "shard_chunks": 2}
-    single = convert(src, tmp_path / "one" / "s.zarr", **layout)
-    threaded = convert(src, tmp_path / "threads" / "s.zarr", threads=3, **layout)
-    assert single.fingerprint == threaded.fingerprint
-    _assert_same_bytes(tmp_path / "one" / "s.zarr", tmp_path / "threads" / "s.zarr")
+    _serial_and(tmp_path, make, "threads", threads=3)
 
 
 def test_executor_options_are_checked() -> None:
