@@ -59,6 +59,7 @@ def base_permutation(seed: int, split: str, n_pixels: int) -> np.ndarray:
     return base
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def image_rotation(seed: int, split: str, index: int, n_pixels: int) -> int:
     """``s_i`` in ``[0, n_pixels)``: the rotation of ``base_n`` that orders image ``index``."""
     return int(np.random.default_rng([seed, _split_tag(split), index]).integers(n_pixels))
@@ -73,12 +74,13 @@ def image_order(seed: int, split: str, index: int, n_pixels: int) -> np.ndarray:
 
 
 def order_run(seed: int, split: str, index: int, n_pixels: int, lo: int, hi: int) -> np.ndarray:
-    """(hi - lo,) uint32 ``pi_i[lo:hi]``, without building ``pi_i`` (two slices of ``base_n``)."""
+    """(hi - lo,) uint32 ``pi_i[lo:hi]``, without building ``pi_i``: a read-only view of ``base_n``, or
+    two slices of it joined when the run wraps around."""
     base = base_permutation(seed, split, n_pixels)
     a = (lo + image_rotation(seed, split, index, n_pixels)) % max(n_pixels, 1)
     first = base[a : a + hi - lo]
     if len(first) == hi - lo:
-        return first.copy()
+        return first
     return np.concatenate([first, base[: hi - lo - len(first)]])
 
 
@@ -142,7 +144,7 @@ def merge_runs(
         for i, (run, a) in enumerate(zip(runs, lo, strict=True)):
             grid[a - r0 : a - r0 + len(run), i] = run
         offset = start - r0 * images
-        return grid.reshape(-1)[offset : offset + n].copy()
+        return grid.reshape(-1)[offset : offset + n]
     ranks = np.concatenate([np.arange(a, a + len(run)) for run, a in zip(runs, lo, strict=True)])
     image = np.repeat(np.arange(images), [len(run) for run in runs])
     size = np.asarray(sizes, dtype=np.int64)[image]

@@ -305,13 +305,19 @@ class StagingSource:
 
     def _read(self, image: int, lo: int, out: np.ndarray) -> None:
         """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
+        out[...] = self._rows(image, lo, lo + len(out))
+
+    def _rows(self, image: int, lo: int, hi: int) -> np.ndarray:
+        """(hi - lo,) uint32 staged rows ``lo..hi`` of ``image``: a view of memory staging (no copy),
+        or read from its staging file."""
         if not self.memory:
-            _read_rows(Path(self.root) / staging_file(image), lo, out)
-            return
+            rows = np.empty(hi - lo, dtype=np.uint32)
+            _read_rows(Path(self.root) / staging_file(image), lo, rows)
+            return rows
         staged = _memory_stage(self.root).get(image)
-        if staged is None or len(staged) < lo + len(out):
+        if staged is None or len(staged) < hi:
             raise SourceError(f"{self.root}: image {image} is not staged in memory")
-        out[...] = staged[lo : lo + len(out)]
+        return staged[lo:hi]
 
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
@@ -343,10 +349,8 @@ class StagingSource:
             lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
             colours, pids = [], []
             for i, n_i, a, b in zip(images, sizes, lo, hi, strict=True):
-                colours.append(np.empty(b - a, dtype=np.uint32))
-                self._read(i, a, colours[-1])
-                pid = order_run(self.seed, info.name, i, n_i, a, b)
-                pids.append(pid + np.uint32(self.pixel_offset[i]))
+                colours.append(self._rows(i, a, b))
+                pids.append(order_run(self.seed, info.name, i, n_i, a, b) + np.uint32(self.pixel_offset[i]))
             clock.lap("gather")
             packed = merge_runs(colours, sizes, lo, start, stop)
             pid = merge_runs(pids, sizes, lo, start, stop)
