@@ -6,7 +6,9 @@ and leave a small JSON record keyed by their inputs; a rerun with the same input
 whose record and checksums still match.
 
 Shuffled splits are staged and gathered in the order defined in ``raykit.store.order``, so a shard
-task reads one contiguous run of rays per image and needs no global permutation.
+task reads one contiguous run of rays per image and needs no global permutation. When every task runs
+in the writing process, images are staged in memory instead (``stage_in_memory``): the same bytes
+out, no staging files.
 """
 
 from __future__ import annotations
