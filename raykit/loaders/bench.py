@@ -8,8 +8,9 @@ Stages, each timed on its own over the same rays:
   ``group_rays`` on ``gen_threads`` threads as the loader does;
 * ``h2d``: host-to-device copy of the compact arrays (pinned, non-blocking), CUDA only.
 
-``end_to_end`` runs the loader itself, cold (empty cache) and then warm (the same batches again, their
-chunks now cached when the budget allows). ``shuffle_quality`` is the mean number of distinct images
+``end_to_end`` runs the loader itself, cold (empty cache; worker processes start meanwhile) and then
+warm (the same batches again once the workers are up, their chunks now cached when the budget
+allows). ``shuffle_quality`` is the mean number of distinct images
 in a batch divided by its expectation for rays drawn uniformly at random from the split (1.0 is as
 good as a perfect shuffle).
 """
@@ -161,6 +162,7 @@ def run_bench(
     batches = max(1, min(batches, len(loader)))
     cold = _end_to_end(loader, batches, bytes_per_ray)
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
+    loader.wait_for_workers()  # their start-up (importing torch) counts in cold only
     warm = _end_to_end(loader, batches, bytes_per_ray)
     cache = loader.cache_stats().to_dict()
     loader.close()

@@ -266,6 +266,20 @@ class RayLoader:
             epoch, batch = epoch + 1, 0
         self.epoch, self.batch = epoch, batch
 
+    def wait_for_workers(self) -> None:
+        """Start the worker processes (``num_workers > 0``) if needed and block until they are up.
+
+        Iterating starts them in the background and reads on the loader's thread meanwhile; call this
+        to keep their start-up (seconds: each imports torch) out of a timing or off a busy machine.
+        """
+        if self._fetcher is None:
+            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
+        self._fetcher.wait_ready()
+
+    @property
+    def _lookahead(self) -> int:
+        return self.plan.mix_chunks + 2 * self.num_workers
+
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
 
@@ -373,8 +387,7 @@ class RayLoader:
         order = [c for segs in segments for c, _, _ in segs]
         reads = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
         if self._fetcher is None:
-            lookahead = plan.mix_chunks + 2 * self.num_workers
-            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, lookahead)
+            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
         stream = self._timed(self._fetcher.fetch(reads))
         held_index, held = -1, None
         for offset, segs in enumerate(segments):

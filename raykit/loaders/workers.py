@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -29,6 +31,13 @@ _WORKER_SOURCE: ChunkSource | None = None
 def _init_worker(source: ChunkSource) -> None:
     global _WORKER_SOURCE
     _WORKER_SOURCE = source
+
+
+def _worker_pid() -> int:
+    """This worker's pid, once its initializer ran; a short pause spreads a batch of calls over workers."""
+    assert _WORKER_SOURCE is not None
+    time.sleep(0.02)
+    return os.getpid()
 
 
 def _read_in_worker(index: int) -> RawRays:
@@ -49,7 +58,7 @@ class ChunkFetcher:
     def __init__(
         self, source: ChunkSource, cache: ChunkCache[RawRays], num_workers: int, lookahead: int
     ) -> None:
-        self.source, self.cache = source, cache
+        self.source, self.cache, self.num_workers = source, cache, num_workers
         self.lookahead = max(1, lookahead)
         self._pool: ProcessPoolExecutor | None = None
         if num_workers > 0:
@@ -84,6 +93,15 @@ class ChunkFetcher:
                 yield index, chunk
             else:
                 yield index, item
+
+    def wait_ready(self) -> None:
+        """Block until every worker process has started (spawned workers need seconds to import)."""
+        if self._pool is None:
+            return
+        seen: set[int] = set()
+        while len(seen) < self.num_workers:  # every worker answers once it is up
+            seen.update(f.result() for f in [self._pool.submit(_worker_pid) for _ in range(self.num_workers)])
+        self._workers_ready = True
 
     def _result(self, index: int, future: Future[RawRays]) -> RawRays:
         """The future's chunk; while no worker has started yet (spawning takes seconds), read it here."""

@@ -191,3 +191,14 @@ def test_errors_reach_the_consumer_and_early_exits_do_not_hang(stores: dict[str,
             if k == 2:
                 break
     assert (loader.epoch, loader.batch) == (0, 9)
+
+
+def test_wait_for_workers_starts_them_and_changes_no_batch(stores: dict[str, Any]) -> None:
+    reference = _pids(list(_raw_loader(stores["zarr"], seed=3)))
+    _raw_loader(stores["zarr"], seed=3).wait_for_workers()  # no workers: returns at once
+    with _raw_loader(stores["zarr"], seed=3, num_workers=2, cache_bytes=0) as loader:
+        loader.wait_for_workers()
+        assert loader._fetcher is not None and loader._fetcher._workers_ready
+        got = _pids(list(loader))
+    assert len(got) == len(reference)
+    assert all(np.array_equal(a, b) for a, b in zip(got, reference, strict=True))
