@@ -153,6 +153,23 @@ def trainer_section(d: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def codecs_section(d: dict[str, Any]) -> str:
+    rows = [
+        [field, name, f"{r['bytes_per_ray']:.2f}", f"{r['encode_mrays_per_s']:.0f}", f"{r['decode_mrays_per_s']:.0f}"]
+        for field in ("pid", "rgba")
+        for name, r in d[field].items()
+    ]  # fmt: skip
+    return "\n".join([
+        "## Codecs of the Zarr backend",
+        "Command: `python benchmarks/bench_codecs.py`",
+        "",
+        f"{d['rays']:,} train rays (15 chunks) of `{Path(d['store']).parent.name}`, one thread. Defaults: "
+        "pid blosc-lz4-5 with bit shuffle, rgba zstd-3 (docs/format.md).",
+        "",
+        _table(["field", "codec", "bytes/ray", "encode M rays/s", "decode M rays/s"], rows),
+    ])  # fmt: skip
+
+
 def main() -> None:
     parts = [
         "# Benchmarks",
@@ -164,6 +181,7 @@ def main() -> None:
         ("loader", loader_section),
         ("convert", convert_section),
         ("trainer", trainer_section),
+        ("codecs", codecs_section),
     ):
         data = _load(name)
         if data is not None:
