@@ -20,11 +20,21 @@ __all__ = [
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
+    "fsync_path",
     "sha256_bytes",
     "sha256_file",
 ]
 
 _CHUNK = 1 << 20
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file's or a directory's contents (a directory: its entries, e.g. after a rename) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -45,8 +55,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp, 0o666 & ~umask)
     try:
         yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)

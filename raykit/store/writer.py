@@ -32,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_json
+from raykit.fileio import atomic_path, atomic_write_json, fsync_path
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_crc32, content_fingerprint, file_record, json_digest
 from raykit.store.order import TRAIN_ORDER
@@ -435,22 +435,14 @@ def _write_payload_and_commit(
     return store
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_all(root: Path, rels: Iterable[str]) -> None:
     """fsync the files ``rels`` under ``root``, then the folders holding them, in parallel threads:
     shard files reach the disk in one batch (concurrent fsyncs share journal commits) before the
     manifest is written."""
     paths = [root / rel for rel in rels]
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(_fsync, paths))
-        list(pool.map(_fsync, sorted({p.parent for p in paths})))
+        list(pool.map(fsync_path, paths))
+        list(pool.map(fsync_path, sorted({p.parent for p in paths})))
 
 
 def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from raykit.errors import ResumeError
+from raykit.fileio import fsync_path
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -80,19 +81,6 @@ def decode_rng_state(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
-
-
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Complete checkpoints of a run, oldest first."""
     root = Path(run_dir) / "checkpoints"
@@ -121,11 +109,11 @@ def save_checkpoint(
         text = json.dumps(meta.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
         (tmp / "meta.json").write_text(text)
         for name in ("state.pt", "meta.json"):
-            _fsync_file(tmp / name)
+            fsync_path(tmp / name)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
