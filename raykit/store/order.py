@@ -12,8 +12,8 @@ The train order (docs/format.md, "Order within a split"):
 So a shard reads one contiguous run of ranks per image (no global argsort, no random reads), every
 chunk holds each image's share of rays (within one ray when the images have the same size), and which
 pixels of an image land in which chunk is uniformly random. When the split's images all have the same
-size the merge is a round robin over images, which a shard builds by filling the columns of a
-(ranks, images) matrix (``merge_runs``); otherwise it sorts the keys. ``_split_pids_reference`` builds
+size the merge is a round robin over images, which a shard builds as the (blocked) transpose of an
+(images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys. ``_split_pids_reference`` builds
 the order the slow way (the tests' oracle).
 """
 
@@ -22,8 +22,9 @@ from __future__ import annotations
 import functools
 import heapq
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ __all__ = [
     "image_order",
     "image_rotation",
     "merge_counts",
+    "merge_into",
     "merge_runs",
     "order_run",
 ]
@@ -131,24 +133,62 @@ def merge_runs(
         lo: every image's first rank in the shard.
         start, stop: the shard's ray range in the split.
     """
+    dtype = runs[0].dtype if len(runs) else np.dtype(np.uint32)
+    hi = [a + len(run) for run, a in zip(runs, lo, strict=True)]
+
+    def fill(i: int, out: np.ndarray) -> None:
+        out[...] = runs[i]
+
+    return merge_into(fill, dtype, sizes, lo, hi, start, stop)
+
+
+_TRANSPOSE_BLOCK = 2048  # ranks per block of the round robin's transposed copy (fits in L2 per image set)
+
+
+def merge_into(
+    fill: Callable[[int, np.ndarray], None],
+    dtype: np.dtype[Any] | type,
+    sizes: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+    start: int,
+    stop: int,
+) -> np.ndarray:
+    """The merge of one shard, with each image's run written in place by ``fill``: (stop - start,) values.
+
+    ``fill(i, out)`` writes image ``i``'s values for ranks ``lo[i] .. hi[i]`` into the contiguous
+    ``out`` (its length is ``hi[i] - lo[i]``), so a caller gathers or reads them straight into the
+    merge's buffer. ``merge_runs`` is this with the runs given.
+
+    Args:
+        sizes: every image's pixel count ``n_i``; lo, hi: every image's rank range in the shard
+            (``merge_counts`` at ``start`` and ``stop``).
+    """
     n = stop - start
-    dtype = runs[0].dtype if len(runs) else np.uint32
     if n == 0:
         return np.zeros(0, dtype=dtype)
     images = len(sizes)
     if len(set(sizes)) == 1:
         # Equal sizes: ray p of the split is rank p // I of image p % I (a round robin), so the shard
-        # is a slice of a (ranks, images) matrix filled column by column.
+        # is a slice of the transpose of an (images, ranks) matrix whose rows are the images' runs.
         r0, r1 = start // images, -(-stop // images)
+        rows = np.empty((images, r1 - r0), dtype=dtype)
+        for i, (a, b) in enumerate(zip(lo, hi, strict=True)):
+            fill(i, rows[i, a - r0 : b - r0])
         grid = np.empty((r1 - r0, images), dtype=dtype)
-        for i, (run, a) in enumerate(zip(runs, lo, strict=True)):
-            grid[a - r0 : a - r0 + len(run), i] = run
+        for k in range(0, r1 - r0, _TRANSPOSE_BLOCK):  # blocked: the copy stays in cache
+            grid[k : k + _TRANSPOSE_BLOCK] = rows[:, k : k + _TRANSPOSE_BLOCK].T
         offset = start - r0 * images
         return grid.reshape(-1)[offset : offset + n]
-    ranks = np.concatenate([np.arange(a, a + len(run)) for run, a in zip(runs, lo, strict=True)])
-    image = np.repeat(np.arange(images), [len(run) for run in runs])
+    counts = [b - a for a, b in zip(lo, hi, strict=True)]
+    values = np.empty(n, dtype=dtype)
+    at = 0
+    for i, c in enumerate(counts):
+        fill(i, values[at : at + c])
+        at += c
+    ranks = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)])
+    image = np.repeat(np.arange(images), counts)
     size = np.asarray(sizes, dtype=np.int64)[image]
-    values = np.concatenate(runs)
     if max(sizes) < _EXACT_FLOAT_PIXELS:
         order = np.lexsort((image, (2 * ranks + 1) / (2 * size)))
     else:

@@ -31,7 +31,7 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.fileio import sha256_file
 from raykit.store.integrity import file_record
-from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_runs, order_run
+from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.schema import ImageRecord, SplitInfo
 
 __all__ = [
@@ -108,7 +108,9 @@ class StageJob:
     The file is raw native-endian uint32: one packed RGBA pixel per row (bytes r, g, b, a; alpha 255
     for RGB images) in row-major order, or in a shuffled split in ``image_order``, so a shard task
     reads each image's run of rays with one ``pread``; it recomputes their pixel ids from the order's
-    shared base permutation (``order_run``: two slices).
+    shared base permutation (``order_run``: two slices). Staged in memory (``memory``), it holds the
+    same rows. (Permuting whole images here, while each is in cache, is about three times faster than
+    gathering each shard's runs from row-major images: a shard touches every image.)
     """
 
     root: str
@@ -306,20 +308,18 @@ class StagingSource:
     seed: int = 0  # the train order's seed (pids of shuffled splits are recomputed from it)
 
     def _read(self, image: int, lo: int, out: np.ndarray) -> None:
-        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
-        out[...] = self._rows(image, lo, lo + len(out))
+        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image`` (one ``pread`` from its file)."""
+        if self.memory:
+            out[...] = self._staged(image)[lo : lo + len(out)]
+        else:
+            _read_rows(Path(self.root) / staging_file(image), lo, out)
 
-    def _rows(self, image: int, lo: int, hi: int) -> np.ndarray:
-        """(hi - lo,) uint32 staged rows ``lo..hi`` of ``image``: a view of memory staging (no copy),
-        or read from its staging file."""
-        if not self.memory:
-            rows = np.empty(hi - lo, dtype=np.uint32)
-            _read_rows(Path(self.root) / staging_file(image), lo, rows)
-            return rows
+    def _staged(self, image: int) -> np.ndarray:
+        """(n,) uint32 staged rows of ``image``, in memory."""
         staged = _memory_stage(self.root).get(image)
-        if staged is None or len(staged) < hi:
+        if staged is None:
             raise SourceError(f"{self.root}: image {image} is not staged in memory")
-        return staged[lo:hi]
+        return staged
 
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
@@ -349,14 +349,19 @@ class StagingSource:
         if info.shuffled:
             images, sizes = self._images(info)
             lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
-            colours, pids = [], []
-            for i, n_i, a, b in zip(images, sizes, lo, hi, strict=True):
-                colours.append(self._rows(i, a, b))
-                pids.append(order_run(self.seed, info.name, i, n_i, a, b) + np.uint32(self.pixel_offset[i]))
-            clock.lap("gather")
-            packed = merge_runs(colours, sizes, lo, start, stop)
-            pid = merge_runs(pids, sizes, lo, start, stop)
+            seed, split, offsets = self.seed, info.name, self.pixel_offset
+
+            def fill_pid(j: int, out: np.ndarray) -> None:
+                i = images[j]
+                np.add(order_run(seed, split, i, sizes[j], lo[j], hi[j]), np.uint32(offsets[i]), out=out)
+
+            def fill_colour(j: int, out: np.ndarray) -> None:
+                self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
+
+            pid = merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop)
             clock.lap("permutation")
+            packed = merge_into(fill_colour, np.uint32, sizes, lo, hi, start, stop)
+            clock.lap("gather")
         else:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
             at = 0
