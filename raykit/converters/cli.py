@@ -56,6 +56,9 @@ def register(subparsers: Any) -> None:
         "--shard-chunks", type=int, metavar="N", help="chunks per shard (default: the writer's)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the train split's ray permutation")
+    parser.add_argument(
+        "--rgba-codec", choices=("lz4", "zstd"), help="zarr colour codec: lz4 (default; fast) or zstd (smaller)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run_convert)
@@ -83,6 +86,7 @@ def run_convert(args: argparse.Namespace) -> int:
         chunk_rays=args.chunk_rays,
         shard_chunks=args.shard_chunks,
         seed=args.seed,
+        rgba_codec=args.rgba_codec,
         overwrite=args.overwrite,
     )
     splits = ", ".join(

@@ -231,6 +231,7 @@ def convert(
     chunk_rays: int | None = None,
     shard_chunks: int | None = None,
     seed: int = 0,
+    rgba_codec: str | None = None,
     overwrite: bool = False,
 ) -> Any:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
@@ -251,6 +252,7 @@ def convert(
             :mod:`raykit.converters.images`).
         near, far: override every image's ray bounds (source units, before normalisation).
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
+        rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
         overwrite: replace an existing store at ``dst``.
 
     Raises:
@@ -278,6 +280,8 @@ def convert(
         layout["chunk_rays"] = chunk_rays
     if shard_chunks is not None:
         layout["shard_chunks"] = shard_chunks
+    if rgba_codec is not None:
+        layout["rgba_codec"] = rgba_codec
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     from raykit.store.writer import write_store

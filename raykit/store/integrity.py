@@ -1,6 +1,6 @@
-"""Checksums of a ray store: per-chunk CRC-32 of the logical rays, per-file SHA-256, content fingerprint.
+"""Checksums of a ray store: per-chunk CRC of the logical rays, per-file SHA-256, content fingerprint.
 
-* Every chunk's CRC-32 is computed over its decoded field bytes (fields in manifest order), so it is
+* Every chunk's CRC (CRC-32C; zlib's CRC-32 in format-1 stores, index key ``crc32``) is computed over its decoded field bytes (fields in manifest order), so it is
   the same for every backend and is checked on every chunk read: a flipped, truncated or missing
   payload byte can never yield silently wrong rays.
 * Every file's size and SHA-256 is in the manifest; ``raykit validate`` (and ``open_store(verify=True)``)
@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 
@@ -25,18 +26,34 @@ from raykit.fileio import sha256_file
 
 __all__ = [
     "camera_table_digest",
-    "chunk_crc32",
+    "CHUNK_CHECKSUM",
+    "chunk_checksum",
     "content_fingerprint",
     "file_record",
     "json_digest",
 ]
 
 
-def chunk_crc32(values: Mapping[str, np.ndarray], order: Sequence[str]) -> int:
-    """CRC-32 of the C-contiguous bytes of ``values[name]`` for ``name`` in ``order``."""
+CHUNK_CHECKSUM = "crc32c"  # the index.json key (and algorithm) of new stores; "crc32" (zlib) before
+
+
+def chunk_checksum(values: Mapping[str, np.ndarray], order: Sequence[str], kind: str = CHUNK_CHECKSUM) -> int:
+    """Checksum of the C-contiguous bytes of ``values[name]`` for ``name`` in ``order``, one stream.
+
+    ``kind`` is ``"crc32c"`` (Castagnoli, hardware-accelerated: about 2.5x faster than zlib's CRC-32
+    here) or ``"crc32"`` (zlib's, what stores written before it recorded).
+    """
+    if kind not in ("crc32c", "crc32"):
+        raise ValueError(f"chunk checksum: expected 'crc32c' or 'crc32', got {kind!r}")
     crc = 0
     for name in order:
-        crc = zlib.crc32(np.ascontiguousarray(values[name]).reshape(-1).view(np.uint8).data, crc)
+        data = np.ascontiguousarray(values[name]).reshape(-1).view(np.uint8)
+        if kind == "crc32":
+            crc = zlib.crc32(data.data, crc)
+        else:
+            readonly = data.view()
+            readonly.flags.writeable = False  # google_crc32c takes read-only buffers only
+            crc = google_crc32c.extend(crc, readonly)
     return crc
 
 
@@ -62,14 +79,20 @@ def content_fingerprint(
     splits: Mapping[str, Mapping[str, Any]],
     fields: Mapping[str, Mapping[str, Any]],
     chunk_crcs: Mapping[str, Sequence[int]],
+    checksum: str = CHUNK_CHECKSUM,
 ) -> str:
-    """One hex digest of a store's logical content (the same for both backends)."""
-    return json_digest(
-        {
-            "cameras": camera_table_digest(table),
-            "scene": dict(scene),
-            "splits": {k: dict(v) for k, v in splits.items()},
-            "fields": {k: dict(v) for k, v in fields.items()},
-            "chunks": {k: list(v) for k, v in chunk_crcs.items()},
-        }
-    )
+    """One hex digest of a store's logical content (the same for both backends).
+
+    ``checksum`` names the algorithm of ``chunk_crcs`` (``chunk_checksum``); ``"crc32"`` leaves it out
+    of the digest, so fingerprints of stores from before crc32c are unchanged.
+    """
+    content: dict[str, Any] = {
+        "cameras": camera_table_digest(table),
+        "scene": dict(scene),
+        "splits": {k: dict(v) for k, v in splits.items()},
+        "fields": {k: dict(v) for k, v in fields.items()},
+        "chunks": {k: list(v) for k, v in chunk_crcs.items()},
+    }
+    if checksum != "crc32":
+        content["chunk_checksum"] = checksum
+    return json_digest(content)

@@ -22,7 +22,7 @@ import torch
 
 from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.store import wds_backend, zarr_backend
-from raykit.store.integrity import chunk_crc32, json_digest
+from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.schema import (
     FieldSpec,
     RawRays,
@@ -75,7 +75,10 @@ class RayStore:
                 small["cameras.parquet"], self._where("cameras.parquet")
             )
             self.index: dict[str, Any] = json.loads(small["index.json"])
-            self._crc = {k: np.asarray(self.index[k]["crc32"], dtype=np.int64) for k in self.splits}
+            # index key crc32c in format 2; zlib crc32 in format 1 (and in copies of format-1 stores)
+            self._crc_kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
+            self._crc = {k: np.asarray(self.index[k][self._crc_kind], dtype=np.int64) for k in self.splits}
+            self.chunk_checksum: str = self._crc_kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
                 raise
@@ -205,11 +208,11 @@ class RayStore:
         for rel in files:
             self._check_file(rel)
         values = self._payload.read_chunk(info, index)
-        crc = chunk_crc32(values, list(self.fields))
+        crc = chunk_checksum(values, list(self.fields), self._crc_kind)
         if crc != self._crc[split][index]:
             raise StoreCorruptError(
                 f"{self._where(files[0])}: chunk {index} of split {split!r} fails its checksum "
-                f"(expected crc32 {int(self._crc[split][index]):08x}, got {crc:08x})"
+                f"(expected {self._crc_kind} {int(self._crc[split][index]):08x}, got {crc:08x})"
             )
         extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
         return RawRays(values["rgba"], values["pid"], extra)

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 FORMAT_NAME = "raykit-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: chunk checksums are CRC-32C (index.json key "crc32c"); 1 (zlib CRC-32) still reads
 SPLIT_ORDER = ("train", "val", "test")
 MAX_PIXELS = 2**32  # pids are uint32
 FIELD_ORDER = ("rgba", "pid", "origins", "directions")  # storage and checksum order of fields

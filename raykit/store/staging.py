@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,14 @@ def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
     return {"size": len(data), "crc32": zlib.crc32(data)}
 
 
-def bytes_record(data: bytes | memoryview) -> dict[str, Any]:
-    """``{"size", "sha256"}`` of bytes about to be written: equals ``file_record`` of the written file."""
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
+    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
+    equals ``file_record`` of the written file."""
+    pieces = [data] if isinstance(data, bytes | memoryview) else data
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
 
 
 @dataclass(frozen=True)
@@ -248,8 +253,9 @@ def _write_raw(path: Path, array: np.ndarray, clock: PhaseClock) -> dict[str, An
     return record
 
 
-def write_unsynced(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` under a temporary name, then rename it to ``path``, without fsync.
+def write_unsynced(path: Path, data: bytes | memoryview | Sequence[bytes]) -> None:
+    """Write ``data`` (or pieces of it, one after the other) under a temporary name, then rename it to
+    ``path``, without fsync.
 
     For the writer's scratch files (staging, task records), and for shard files, which the writer
     fsyncs in one batch before the manifest: a rename is atomic against a killed process, and after a
@@ -260,7 +266,8 @@ def write_unsynced(path: Path, data: bytes | memoryview) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for piece in [data] if isinstance(data, bytes | memoryview) else data:
+                handle.write(piece)  # large pieces bypass the buffer: no copy
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json, fsync_path
 from raykit.store import wds_backend, zarr_backend
-from raykit.store.integrity import chunk_crc32, content_fingerprint, file_record, json_digest
+from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, content_fingerprint, file_record, json_digest
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import (
     FORMAT_NAME,
@@ -101,10 +101,11 @@ class ShardJob:
     layout: Mapping[str, Any]
     source: Source
     key: str
+    checksum: str = CHUNK_CHECKSUM  # chunk checksum kind (``chunk_checksum``)
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "crc32": [per chunk], "members": [...]}``
+    """Phase-2 task. Returns ``{"files": {rel: record}, "checksums": [per chunk], "members": [...]}``
     and ``"seconds"``, the time per phase (not recorded)."""
     root = Path(job.root)
     record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
@@ -123,7 +124,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     for c in range(first, last):
         lo, hi = (b - start for b in job.info.chunk_range(c))
         chunks.append({name: data[name][lo:hi] for name in order})
-    result: dict[str, Any] = {"crc32": [chunk_crc32(ch, order) for ch in chunks]}
+    result: dict[str, Any] = {"checksums": [chunk_checksum(ch, order, job.checksum) for ch in chunks]}
     clock.lap("checksum")
     if job.backend == "zarr":
         fields = {spec.name: spec for spec in job.fields}
@@ -176,7 +177,11 @@ def _in_process(executor: Any) -> bool:
     return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
 
 
-def _check_options(backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None) -> None:
+def _check_options(
+    backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None, rgba_codec: str = "zstd"
+) -> None:
+    if rgba_codec not in zarr_backend.RGBA_CODECS:
+        raise ConfigError(f"rgba_codec: expected one of {zarr_backend.RGBA_CODECS}, got {rgba_codec!r}")
     if backend not in BACKENDS:
         raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
     if chunk_rays < 1 or shard_chunks < 1:
@@ -250,6 +255,7 @@ def write_store(
     progress: bool = False,
     materialize: str | None = None,
     source: Mapping[str, Any] | None = None,
+    rgba_codec: str = zarr_backend.RGBA_CODEC,
     zstd_level: int = 3,
     overwrite: bool = False,
     memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES,
@@ -265,13 +271,15 @@ def write_store(
         executor: runs the per-image and per-shard tasks; None runs them in this process.
         materialize: also store origins/directions as ``"float16"`` or ``"float32"``.
         source: description of the source (format, path, ...) recorded in the manifest.
-        zstd_level: zstd level of the zarr backend.
+        rgba_codec: the zarr backend's codec for colours: ``"lz4"`` (blosc-lz4, fast) or ``"zstd"``
+            (about two thirds the size, half the speed).
+        zstd_level: zstd level of the zarr backend's ``"zstd"`` colours.
         overwrite: replace an existing store at ``dst``.
         memory_staging_bytes: when every task runs in this process (``executor`` None or a thread
             pool) and the decoded images take at most this many bytes staged (4 per pixel), they
             are staged in memory instead of in files (0: always files).
     """
-    _check_options(backend, chunk_rays, shard_chunks, materialize)
+    _check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
     profile = _Profile()
     dst = Path(dst)
     ordered = order_records(records)
@@ -279,6 +287,7 @@ def write_store(
         "chunk_rays": chunk_rays,
         "shard_chunks": shard_chunks,
         "seed": seed,
+        "rgba_codec": rgba_codec,
         "zstd_level": zstd_level,
         "blosc_cname": zarr_backend.BLOSC_CNAME,
         "blosc_clevel": zarr_backend.BLOSC_CLEVEL,
@@ -347,6 +356,7 @@ class Payload:
     fields: tuple[FieldSpec, ...]
     layout: Mapping[str, Any]
     source: Mapping[str, Any]
+    checksum: str = CHUNK_CHECKSUM  # chunk checksum kind; a copy keeps its source's
 
 
 def _write_shards(
@@ -366,7 +376,7 @@ def _write_shards(
             files[rel] = file_record(partial / rel)
     jobs = [
         ShardJob(str(partial), payload.backend, info, shard, payload.fields, payload.layout, gather,
-                 f"{plan_key}:{info.name}:{shard}")
+                 f"{plan_key}:{info.name}:{shard}", payload.checksum)
         for info in payload.splits.values()
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
     ]  # fmt: skip
@@ -374,12 +384,12 @@ def _write_shards(
     results = _run(write_shard_task, jobs, executor, progress, f"write {payload.backend} shards")
     profile.absorb("shard", results)
     profile.wall.lap("shards")
-    index: dict[str, dict[str, list[Any]]] = {name: {"crc32": []} for name in payload.splits}
+    index: dict[str, dict[str, list[Any]]] = {name: {payload.checksum: []} for name in payload.splits}
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
-        entry["crc32"] += res["crc32"]
+        entry[payload.checksum] += res["checksums"]
         if payload.backend == "wds":
-            entry.setdefault("shard", []).extend([job.shard] * len(res["crc32"]))
+            entry.setdefault("shard", []).extend([job.shard] * len(res["checksums"]))
             entry.setdefault("members", []).extend(res["members"])
         files.update(res["files"])
     return files, index
@@ -388,7 +398,7 @@ def _write_shards(
 def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, Any]) -> dict[str, Any]:
     split_dicts = {name: info.to_dict() for name, info in payload.splits.items()}
     field_dicts = {spec.name: spec.to_dict() for spec in payload.fields}
-    crcs = {k: v["crc32"] for k, v in index.items()}
+    crcs = {k: v[payload.checksum] for k, v in index.items()}
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -402,7 +412,7 @@ def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, An
         "n_images": payload.table.num_rows,
         "files": dict(sorted(files.items())),
         "content_fingerprint": content_fingerprint(
-            payload.table, payload.scene.to_dict(), split_dicts, field_dicts, crcs
+            payload.table, payload.scene.to_dict(), split_dicts, field_dicts, crcs, payload.checksum
         ),
     }
     manifest["manifest_digest"] = json_digest(manifest)
@@ -501,7 +511,7 @@ def copy_store(
         write_camera_table(store.cameras, str(tmp))
     payload = Payload(
         backend, store.cameras, store.scene, store.splits, tuple(store.fields.values()), layout,
-        store.manifest["source"],
+        store.manifest["source"], store.chunk_checksum,
     )  # fmt: skip
     return _write_payload_and_commit(
         partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite,

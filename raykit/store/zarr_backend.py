@@ -33,9 +33,12 @@ __all__ = [
     "BLOSC_CLEVEL",
     "BLOSC_CNAME",
     "BLOSC_SHUFFLE",
+    "RGBA_CODEC",
+    "RGBA_CODECS",
     "ZARR_DIR",
     "ZarrReader",
     "encode_shard",
+    "encode_shard_pieces",
     "encode_shards",
     "shard_file",
     "write_metadata",
@@ -44,12 +47,27 @@ __all__ = [
 ZARR_DIR = "zarr"
 _ABSENT = 2**64 - 1  # shard index entry of a chunk that is not stored
 # Multi-byte fields (pids, floats): blosc-lz4 with bit shuffle. On shuffled train pids it is as small
-# as blosc-zstd (3.25 vs 3.35 bytes/ray on the `realistic` scene) and 15x faster to write (docs/format.md).
+# as blosc-zstd (2.92 vs 3.02 bytes/ray on the `realistic` scene) and 8x faster to write (docs/format.md).
 BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "bitshuffle"
+# Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray RGBA
+# chunk): as small as plain lz4 and, on shuffled train colours, twice as fast to write and three times
+# as fast to read as zstd-3, at 1.5x its size (0.80 vs 0.54 bytes/ray; docs/format.md). "zstd" uses
+# ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
+RGBA_CODECS = ("lz4", "zstd")
+RGBA_CODEC = "lz4"
+_RGBA_BLOSC = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
+
+
+def _rgba_codec(layout: Mapping[str, Any]) -> str:
+    codec = str(layout.get("rgba_codec", "zstd"))
+    if codec not in RGBA_CODECS:
+        raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {codec!r}")
+    return codec
 
 
 def _compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
-    """zstd for bytes (rgba); blosc (lz4, bit shuffle) for wider types (pids, floats).
+    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc (lz4,
+    bit shuffle).
 
     Bit shuffle groups the slowly varying high bits of pids together: sequential evaluation pids
     shrink to almost nothing, shuffled train pids to about their entropy; see docs/format.md.
@@ -57,7 +75,9 @@ def _compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
     from zarr.codecs import BloscCodec, ZstdCodec
 
     if np.dtype(spec.dtype).itemsize == 1:
-        return ZstdCodec(level=layout["zstd_level"])
+        if _rgba_codec(layout) == "zstd":
+            return ZstdCodec(level=layout["zstd_level"])
+        return BloscCodec(typesize=1, **_RGBA_BLOSC)
     return BloscCodec(
         cname=layout.get("blosc_cname", BLOSC_CNAME),
         clevel=layout.get("blosc_clevel", BLOSC_CLEVEL),
@@ -118,14 +138,15 @@ def encode_shards(
     data: Mapping[str, np.ndarray],
     fields: Mapping[str, FieldSpec],
     layout: Mapping[str, Any],
-) -> dict[str, bytes]:
-    """The shard files of shard ``shard`` of every field of split ``info``: relative path -> bytes.
+) -> dict[str, list[bytes]]:
+    """The shard files of shard ``shard`` of every field of split ``info``: relative path -> its bytes
+    in pieces (``encode_shard_pieces``).
 
     Args:
         data: field name -> (n, ...) the rays of this shard (the last shard may be short).
     """
     return {
-        shard_file(info.name, fields[name], shard): encode_shard(values, fields[name], info, layout)
+        shard_file(info.name, fields[name], shard): encode_shard_pieces(values, fields[name], info, layout)
         for name, values in data.items()
     }
 
@@ -133,9 +154,13 @@ def encode_shards(
 def _numcodecs_compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
     """The numcodecs codec behind ``_compressor`` (zarr's blosc runs single-threaded, blocksize 0)."""
     itemsize = np.dtype(spec.dtype).itemsize
-    if itemsize == 1:
-        return Zstd(level=layout["zstd_level"], checksum=False)
     shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+    if itemsize == 1:
+        if _rgba_codec(layout) == "zstd":
+            return Zstd(level=layout["zstd_level"], checksum=False)
+        cfg = _RGBA_BLOSC
+        return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle[cfg["shuffle"]],
+                     blocksize=cfg["blocksize"], typesize=1)  # fmt: skip
     return Blosc(
         cname=layout.get("blosc_cname", BLOSC_CNAME),
         clevel=layout.get("blosc_clevel", BLOSC_CLEVEL),
@@ -145,12 +170,21 @@ def _numcodecs_compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
     )
 
 
-def _with_crc32c(data: bytes) -> bytes:
-    return data + np.uint32(google_crc32c.value(data)).astype("<u4").tobytes()
+def _crc32c_bytes(data: bytes) -> bytes:
+    return int(google_crc32c.value(data)).to_bytes(4, "little")
 
 
 def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> bytes:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (fast path).
+    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (``encode_shard_pieces``
+    joined)."""
+    return b"".join(encode_shard_pieces(values, spec, info, layout))
+
+
+def encode_shard_pieces(
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]
+) -> list[bytes]:
+    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (fast path), in pieces
+    to be written one after the other (no copy to join them).
 
     Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
     ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index at the end, one
@@ -171,12 +205,12 @@ def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: M
             chunk = np.concatenate(
                 [chunk, np.zeros((chunk_rays - len(chunk), *chunk.shape[1:]), chunk.dtype)]
             )
-        piece = _with_crc32c(bytes(codec.encode(chunk)))
-        index[j] = (offset, len(piece))
-        pieces.append(piece)
-        offset += len(piece)
-    pieces.append(_with_crc32c(index.tobytes()))
-    return b"".join(pieces)
+        encoded = bytes(codec.encode(chunk))
+        pieces += [encoded, _crc32c_bytes(encoded)]
+        index[j] = (offset, len(encoded) + 4)
+        offset += len(encoded) + 4
+    raw_index = index.tobytes()
+    return [*pieces, raw_index, _crc32c_bytes(raw_index)]
 
 
 def _encode_shard_zarr(

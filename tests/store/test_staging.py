@@ -134,11 +134,14 @@ def test_train_rays_carry_their_pixels(tmp_path: Path, records, scene: SceneInfo
     st.sampled_from([("rgba", "uint8", 4), ("rgba", "uint8", 3), ("pid", "uint32", 0), ("o", "float16", 3)]),
     st.integers(1, 9),  # zstd / blosc level
     st.sampled_from([("lz4", "bitshuffle"), ("zstd", "shuffle"), ("lz4", "noshuffle")]),
+    st.sampled_from([None, "lz4", "zstd"]),  # rgba codec (None: a layout from before the choice)
 )
-def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, level, blosc) -> None:
+def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, level, blosc, rgba) -> None:
     spec = FieldSpec(*field)
     info = SplitInfo("train", n_rays, 1, chunk_rays, True, 0)
     layout = {"shard_chunks": shard_chunks, "zstd_level": level, "blosc_clevel": level}
+    if rgba is not None:
+        layout["rgba_codec"] = rgba
     layout.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks

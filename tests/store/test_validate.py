@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 import json
-import zlib
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import pytest
 
@@ -32,8 +32,8 @@ def _rewrite_chunk(root: Path, split: str, chunk: int, values: dict[str, np.ndar
     fields = {**_members(root, index, split, chunk), **values}
     crc = 0
     for name in store.fields:
-        crc = zlib.crc32(np.ascontiguousarray(fields[name]).tobytes(), crc)
-    index[split]["crc32"][chunk] = crc
+        crc = google_crc32c.extend(crc, np.ascontiguousarray(fields[name]).tobytes())
+    index[split]["crc32c"][chunk] = crc
     (root / "index.json").write_text(json.dumps(index))
     manifest = json.loads((root / "manifest.json").read_text())
     for path in (rel, "index.json"):
