@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the train split's ray permutation")
     parser.add_argument(
-        "--rgba-codec", choices=("lz4", "zstd"), help="zarr colour codec: lz4 (default; fast) or zstd (smaller)"
+        "--rgba-codec", choices=("lz4", "zstd"), help="zarr colour codec: lz4 (default, fast) or zstd (small)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")

@@ -1,8 +1,9 @@
 """Checksums of a ray store: per-chunk CRC of the logical rays, per-file SHA-256, content fingerprint.
 
-* Every chunk's CRC (CRC-32C; zlib's CRC-32 in format-1 stores, index key ``crc32``) is computed over its decoded field bytes (fields in manifest order), so it is
-  the same for every backend and is checked on every chunk read: a flipped, truncated or missing
-  payload byte can never yield silently wrong rays.
+* Every chunk's CRC (CRC-32C; zlib's CRC-32 in format-1 stores, index key ``crc32``) is computed
+  over its decoded field bytes (fields in manifest order), so it is the same for every backend and
+  is checked on every chunk read: a flipped, truncated or missing payload byte can never yield
+  silently wrong rays.
 * Every file's size and SHA-256 is in the manifest; ``raykit validate`` (and ``open_store(verify=True)``)
   recompute them. Small metadata files are checked whenever a store is opened.
 * The content fingerprint hashes the logical content only (camera table rows, scene, split layout,
@@ -25,8 +26,8 @@ import pyarrow as pa
 from raykit.fileio import sha256_file
 
 __all__ = [
-    "camera_table_digest",
     "CHUNK_CHECKSUM",
+    "camera_table_digest",
     "chunk_checksum",
     "content_fingerprint",
     "file_record",

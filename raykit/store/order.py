@@ -13,8 +13,8 @@ So a shard reads one contiguous run of ranks per image (no global argsort, no ra
 chunk holds each image's share of rays (within one ray when the images have the same size), and which
 pixels of an image land in which chunk is uniformly random. When the split's images all have the same
 size the merge is a round robin over images, which a shard builds as the (blocked) transpose of an
-(images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys. ``_split_pids_reference`` builds
-the order the slow way (the tests' oracle).
+(images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys.
+``_split_pids_reference`` builds the order the slow way (the tests' oracle).
 """
 
 from __future__ import annotations

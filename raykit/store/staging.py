@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
@@ -162,23 +163,17 @@ def _packed(flat: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(flat).view(np.uint32).reshape(-1)
 
 
-def _npy_sha256(array: np.ndarray) -> str:
-    """SHA-256 of ``np.save(array)``'s bytes, without writing them (the decoded-pixel hash)."""
-    digest = hashlib.sha256()
-
-    class _Sink:
-        def write(self, data: bytes) -> int:
-            digest.update(data)
-            return len(data)
-
-    np.save(_Sink(), array, allow_pickle=False)
-    return digest.hexdigest()
+def _pixels_crc32c(flat: np.ndarray) -> int:
+    """CRC-32C of the decoded pixels' C-contiguous bytes (the source fingerprint's decoded-pixel check)."""
+    readonly = np.ascontiguousarray(flat).reshape(-1).view(np.uint8)
+    readonly.flags.writeable = False  # google_crc32c takes read-only buffers only
+    return int(google_crc32c.value(readonly))
 
 
 def stage_image(job: StageJob) -> dict[str, Any]:
-    """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_sha256", "seconds"}``.
+    """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_crc32c", "seconds"}``.
 
-    ``pixels_sha256`` is the SHA-256 of the decoded pixels as a ``.npy`` of shape (H*W, C) in row-major
+    ``pixels_crc32c`` is the CRC-32C of the decoded pixels, (H*W, C) uint8 bytes in row-major
     pixel order, whatever order they are staged in; ``seconds`` is the time per phase (not recorded).
     """
     root = Path(job.root)
@@ -192,7 +187,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     pixels = _check_pixels(rec, rec.load())
     flat = np.ascontiguousarray(pixels.reshape(-1, pixels.shape[2]))
     clock.lap("decode")
-    result: dict[str, Any] = {"channels": int(flat.shape[1]), "pixels_sha256": _npy_sha256(flat)}
+    result: dict[str, Any] = {"channels": int(flat.shape[1]), "pixels_crc32c": _pixels_crc32c(flat)}
     source_sha = rec.source_sha256
     if not source_sha and rec.source_path and os.path.isfile(rec.source_path):
         source_sha = sha256_file(rec.source_path)
@@ -258,9 +253,10 @@ def write_unsynced(path: Path, data: bytes | memoryview | Sequence[bytes]) -> No
     ``path``, without fsync.
 
     For the writer's scratch files (staging, task records), and for shard files, which the writer
-    fsyncs in one batch before the manifest: a rename is atomic against a killed process, and after a
-    power loss a damaged file fails its record's size and checksum on resume and is redone. Metadata
-    files go through ``raykit.fileio`` (fsync before rename).
+    fsyncs before the manifest (in background threads, while later shards are encoded): a rename is
+    atomic against a killed process, and after a power loss a damaged file fails its record's size
+    and checksum on resume and is redone. Metadata files go through ``raykit.fileio`` (fsync before
+    rename).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,13 @@ from tqdm import tqdm
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json, fsync_path
 from raykit.store import wds_backend, zarr_backend
-from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, content_fingerprint, file_record, json_digest
+from raykit.store.integrity import (
+    CHUNK_CHECKSUM,
+    chunk_checksum,
+    content_fingerprint,
+    file_record,
+    json_digest,
+)
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import (
     FORMAT_NAME,
@@ -126,6 +132,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
         chunks.append({name: data[name][lo:hi] for name in order})
     result: dict[str, Any] = {"checksums": [chunk_checksum(ch, order, job.checksum) for ch in chunks]}
     clock.lap("checksum")
+    encoded: Mapping[str, bytes | list[bytes]]
     if job.backend == "zarr":
         fields = {spec.name: spec for spec in job.fields}
         encoded = zarr_backend.encode_shards(job.info, job.shard, data, fields, job.layout)
@@ -134,7 +141,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock.lap("compress")
     result["files"] = {}
     for rel, payload in encoded.items():
-        write_unsynced(root / rel, payload)  # atomic; fsynced in one batch before the manifest
+        write_unsynced(root / rel, payload)  # atomic; the writer fsyncs it before the manifest
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
         clock.lap("checksum")
@@ -168,8 +175,15 @@ class _Profile:
 def _run(
     fn: Callable[[Any], Any], jobs: Sequence[Any], executor: Any, progress: bool, desc: str
 ) -> list[Any]:
+    return list(_run_iter(fn, jobs, executor, progress, desc))
+
+
+def _run_iter(
+    fn: Callable[[Any], Any], jobs: Sequence[Any], executor: Any, progress: bool, desc: str
+) -> Iterator[Any]:
+    """The results of ``fn`` over ``jobs`` in order, as they finish (with a progress bar)."""
     results: Iterable[Any] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
-    return list(tqdm(results, total=len(jobs), desc=desc, disable=not progress, unit="task"))
+    yield from tqdm(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
 
 
 def _in_process(executor: Any) -> bool:
@@ -327,10 +341,11 @@ def write_store(
             write_camera_table(table, str(tmp))
         offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
         profile.wall.lap("camera_table")
-        pixels_sha = [s["pixels_sha256"] for s in staged]
+        # source fingerprint: every image's name, source file SHA-256, decoded shape and pixel CRC-32C
         fingerprint = json_digest(
-            [[r.name, s["source_sha256"], h] for r, s, h in zip(ordered, staged, pixels_sha, strict=True)]
-        )
+            [[r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]],
+              s["pixels_crc32c"]] for r, s in zip(ordered, staged, strict=True)]
+        )  # fmt: skip
         payload = Payload(
             backend, table, scene, splits, _fields(channels, materialize), layout,
             {**dict(source or {}), "fingerprint": fingerprint},
@@ -381,9 +396,20 @@ def _write_shards(
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
     ]  # fmt: skip
     profile.wall.lap("zarr_metadata")
-    results = _run(write_shard_task, jobs, executor, progress, f"write {payload.backend} shards")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
+        # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
+        synced: list[concurrent.futures.Future[None]] = []
+        results: list[dict[str, Any]] = []
+        for res in _run_iter(write_shard_task, jobs, executor, progress, f"write {payload.backend} shards"):
+            synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
+            results.append(res)
+        profile.wall.lap("shards")
+        for future in synced:
+            future.result()
+        shard_dirs = {(partial / rel).parent for res in results for rel in res["files"]}
+        list(syncing.map(fsync_path, sorted(shard_dirs)))
     profile.absorb("shard", results)
-    profile.wall.lap("shards")
+    profile.wall.lap("fsync")
     index: dict[str, dict[str, list[Any]]] = {name: {payload.checksum: []} for name in payload.splits}
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
@@ -432,8 +458,6 @@ def _write_payload_and_commit(
 ) -> Any:
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
     files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
-    _fsync_all(partial, files)
-    profile.wall.lap("fsync")
     atomic_write_json(partial / "index.json", index)
     for rel in ("cameras.parquet", "index.json"):
         files[rel] = file_record(partial / rel)
@@ -443,16 +467,6 @@ def _write_payload_and_commit(
     profile.wall.lap("commit")
     profile.log(dst)
     return store
-
-
-def _fsync_all(root: Path, rels: Iterable[str]) -> None:
-    """fsync the files ``rels`` under ``root``, then the folders holding them, in parallel threads:
-    shard files reach the disk in one batch (concurrent fsyncs share journal commits) before the
-    manifest is written."""
-    paths = [root / rel for rel in rels]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(fsync_path, paths))
-        list(pool.map(fsync_path, sorted({p.parent for p in paths})))
 
 
 def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:

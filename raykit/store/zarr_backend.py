@@ -55,7 +55,7 @@ BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "bitshuffle"
 # ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
 RGBA_CODECS = ("lz4", "zstd")
 RGBA_CODEC = "lz4"
-_RGBA_BLOSC = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
+_RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
 
 
 def _rgba_codec(layout: Mapping[str, Any]) -> str:

@@ -20,7 +20,8 @@ from raykit.store.writer import copy_store
 
 def test_chunk_checksum_is_one_stream_over_the_fields() -> None:
     rng = np.random.default_rng(0)
-    values = {"rgba": rng.integers(0, 256, (37, 4), dtype=np.uint8), "pid": rng.permutation(37).astype(np.uint32)}
+    rgba = rng.integers(0, 256, (37, 4), dtype=np.uint8)
+    values = {"rgba": rgba, "pid": rng.permutation(37).astype(np.uint32)}
     stream = values["rgba"].tobytes() + values["pid"].tobytes()
     assert chunk_checksum(values, ["rgba", "pid"]) == google_crc32c.value(stream)
     assert chunk_checksum(values, ["rgba", "pid"], "crc32") == zlib.crc32(stream)
