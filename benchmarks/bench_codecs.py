@@ -64,6 +64,7 @@ def main() -> None:
     rgba_codecs = {
         "zstd-3": Zstd(level=3), "zstd-1": Zstd(level=1), "lz4": LZ4(),
         "blosc-lz4-1-noshuffle": Blosc("lz4", 1, Blosc.NOSHUFFLE, blocksize=0),
+        "blosc-lz4-9-noshuffle-256k": Blosc("lz4", 9, Blosc.NOSHUFFLE, blocksize=1 << 18),  # the default
     }  # fmt: skip
     result = {
         "benchmark": "codecs",

@@ -164,7 +164,8 @@ def codecs_section(d: dict[str, Any]) -> str:
         "Command: `python benchmarks/bench_codecs.py`",
         "",
         f"{d['rays']:,} train rays (15 chunks) of `{Path(d['store']).parent.name}`, one thread. Defaults: "
-        "pid blosc-lz4-5 with bit shuffle, rgba zstd-3 (docs/format.md).",
+        "pid blosc-lz4-5 with bit shuffle, rgba blosc-lz4-9 without shuffle in 256 KiB blocks "
+        "(`--rgba-codec lz4`; `zstd` is zstd-3) (docs/format.md).",
         "",
         _table(["field", "codec", "bytes/ray", "encode M rays/s", "decode M rays/s"], rows),
     ])  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 
 import raykit.cli
 from raykit.converters.cli import register
+from raykit.store import open_store
 
 MODULE = "raykit.converters.cli"
 
@@ -155,6 +156,8 @@ def test_cli_success_prints_summary(tmp_path: Path, make, cli, capsys) -> None:
     assert status == 2 and "already exists" in lines[0]
     status, _ = cli("convert", src, tmp_path / "out", "--no-progress", "--overwrite", "--split", "all")
     assert status == 0
+    status, _ = cli("convert", src, tmp_path / "small.zarr", "--no-progress", "--rgba-codec", "zstd")
+    assert status == 0 and open_store(tmp_path / "small.zarr").manifest["layout"]["rgba_codec"] == "zstd"
 
 
 def test_ngp_bad_values_and_duplicates(tmp_path: Path, make, cli) -> None:

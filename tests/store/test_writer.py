@@ -196,6 +196,32 @@ def test_bad_inputs(tmp_path: Path, records, scene: SceneInfo) -> None:
         write_store(tmp_path / "d", records, scene=scene)
 
 
+def test_rgba_codec_choice(tmp_path: Path, records, scene: SceneInfo) -> None:
+    """lz4 (the default) and zstd colours hold the same rays; the codec is in the layout and zarr.json."""
+    import json
+
+    lz4 = write_store(tmp_path / "lz4", records, scene=scene, **OPTIONS)
+    zstd = write_store(tmp_path / "zstd", records, scene=scene, rgba_codec="zstd", **OPTIONS)
+    assert lz4.manifest["layout"]["rgba_codec"] == "lz4" and zstd.manifest["layout"]["rgba_codec"] == "zstd"
+    assert lz4.fingerprint == zstd.fingerprint  # the logical content does not depend on compression
+    meta = {
+        name: json.loads((tmp_path / name / "zarr/train/rgba/zarr.json").read_text())
+        for name in ("lz4", "zstd")
+    }
+    inner = {name: [c["name"] for c in m["codecs"][0]["configuration"]["codecs"]] for name, m in meta.items()}
+    assert inner == {"lz4": ["bytes", "blosc", "crc32c"], "zstd": ["bytes", "zstd", "crc32c"]}
+    blosc = meta["lz4"]["codecs"][0]["configuration"]["codecs"][1]["configuration"]
+    assert (blosc["cname"], blosc["shuffle"], blosc["typesize"]) == ("lz4", "noshuffle", 1)
+    for split, info in lz4.splits.items():
+        for i in range(info.n_chunks):
+            a, b = lz4.read_chunk(split, i), zstd.read_chunk(split, i)
+            np.testing.assert_array_equal(a.rgba, b.rgba)
+            np.testing.assert_array_equal(a.pid, b.pid)
+    with pytest.raises(ConfigError, match="rgba_codec"):
+        write_store(tmp_path / "bad", records, scene=scene, rgba_codec="gzip", **OPTIONS)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.partial").exists()
+
+
 def test_source_hash_of_local_files(tmp_path: Path, records, scene: SceneInfo) -> None:
     source = tmp_path / "image.bin"
     source.write_bytes(b"pixels")
