@@ -37,9 +37,11 @@ __all__ = [
     "RGBA_CODECS",
     "ZARR_DIR",
     "ZarrReader",
+    "document_bytes",
     "encode_shard",
     "encode_shard_pieces",
     "encode_shards",
+    "metadata_documents",
     "shard_file",
     "write_metadata",
 ]
@@ -113,8 +115,87 @@ def write_metadata(
 ) -> list[str]:
     """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
 
-    The metadata is built in memory by zarr and copied out, so existing shards are left untouched.
+    Existing shards are left untouched. The documents are built here (``metadata_documents``), the
+    same JSON zarr writes (tested against ``_metadata_documents_zarr``), so a writer need not import
+    zarr.
     """
+    written = []
+    for key, document in sorted(metadata_documents(splits, fields, layout).items()):
+        rel = f"{ZARR_DIR}/{key}"
+        atomic_write_bytes(root / rel, document_bytes(document))
+        written.append(rel)
+    return written
+
+
+def document_bytes(document: Mapping[str, Any]) -> bytes:
+    """A ``zarr.json`` document's bytes, as zarr writes them (2-space indent, no final newline)."""
+    return json.dumps(document, indent=2).encode()
+
+
+def _codec_document(spec: FieldSpec, layout: Mapping[str, Any]) -> dict[str, Any]:
+    """The inner compressor of ``_compressor`` as zarr v3 metadata."""
+    itemsize = np.dtype(spec.dtype).itemsize
+    if itemsize == 1 and _rgba_codec(layout) == "zstd":
+        return {"name": "zstd", "configuration": {"level": layout["zstd_level"], "checksum": False}}
+    if itemsize == 1:
+        return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
+    config = {
+        "typesize": itemsize,
+        "cname": layout.get("blosc_cname", BLOSC_CNAME),
+        "clevel": layout.get("blosc_clevel", BLOSC_CLEVEL),
+        "shuffle": layout.get("blosc_shuffle", BLOSC_SHUFFLE),
+        "blocksize": 0,
+    }
+    return {"name": "blosc", "configuration": config}
+
+
+def _array_document(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
+    """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
+    tail = [spec.channels] if spec.channels else []
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
+    sharding = {
+        "chunk_shape": [info.chunk_rays, *tail],
+        "codecs": [inner_bytes, _codec_document(spec, layout), {"name": "crc32c"}],
+        "index_codecs": [little, {"name": "crc32c"}],
+        "index_location": "end",
+    }
+    return {
+        "shape": [info.n_rays, *tail],
+        "data_type": np.dtype(spec.dtype).name,
+        "chunk_grid": {
+            "name": "regular",
+            "configuration": {"chunk_shape": [info.chunk_rays * layout["shard_chunks"], *tail]},
+        },
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0.0 if np.dtype(spec.dtype).kind == "f" else 0,
+        "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
+        "attributes": {"raykit_field": spec.name},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def metadata_documents(
+    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/``."""
+    docs: dict[str, dict[str, Any]] = {
+        "zarr.json": {"attributes": {"raykit": "ray store payload"}, "zarr_format": 3, "node_type": "group"}
+    }
+    for split, info in splits.items():
+        docs[f"{split}/zarr.json"] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
+        for spec in fields.values():
+            docs[f"{split}/{spec.name}/zarr.json"] = _array_document(spec, info, layout)
+    return docs
+
+
+def _metadata_documents_zarr(
+    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
+) -> dict[str, bytes]:
+    """Twin of ``metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
+    ``MemoryStore``; its files' bytes."""
     import zarr
 
     mem = zarr.storage.MemoryStore()
@@ -122,14 +203,8 @@ def write_metadata(
     for split, info in splits.items():
         sub = group.create_group(split)
         for spec in fields.values():
-            kwargs = _array_kwargs(spec, info, layout)
-            sub.create_array(spec.name, **kwargs)
-    written = []
-    for key, buffer in sorted(mem._store_dict.items()):
-        rel = f"{ZARR_DIR}/{key}"
-        atomic_write_bytes(root / rel, buffer.to_bytes())
-        written.append(rel)
-    return written
+            sub.create_array(spec.name, **_array_kwargs(spec, info, layout))
+    return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
 
 def encode_shards(

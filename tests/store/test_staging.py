@@ -6,6 +6,7 @@ import concurrent.futures
 import itertools
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -176,3 +177,27 @@ def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInf
         if p.is_file()
     }
     assert tree == fresh
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.integers(1, 10**9),  # n_rays
+    st.integers(1, 1 << 17),  # chunk_rays
+    st.integers(1, 64),  # shard_chunks
+    st.sampled_from([None, "lz4", "zstd"]),  # rgba codec
+    st.sampled_from([("lz4", 5, "bitshuffle"), ("zstd", 4, "shuffle"), ("lz4", 1, "noshuffle")]),
+    st.integers(1, 9),  # zstd level
+)
+def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blosc, level) -> None:
+    layout: dict[str, Any] = {"shard_chunks": shard_chunks, "zstd_level": level}
+    layout.update(blosc_cname=blosc[0], blosc_clevel=blosc[1], blosc_shuffle=blosc[2])
+    if rgba is not None:
+        layout["rgba_codec"] = rgba
+    splits = {"train": SplitInfo("train", n_rays, 3, chunk_rays, True, 0),
+              "val": SplitInfo("val", 7, 1, chunk_rays, False, n_rays)}  # fmt: skip
+    specs = [FieldSpec("rgba", "uint8", 4), FieldSpec("pid", "uint32", 0), FieldSpec("origins", "float16", 3),
+             FieldSpec("directions", "float32", 3)]  # fmt: skip
+    fields = {spec.name: spec for spec in specs}
+    ours = zarr_backend.metadata_documents(splits, fields, layout)
+    theirs = zarr_backend._metadata_documents_zarr(splits, fields, layout)
+    assert {key: zarr_backend.document_bytes(doc) for key, doc in ours.items()} == theirs
