@@ -123,7 +123,9 @@ def convert_section(d: dict[str, Any]) -> str:
         f"({ceiling['ratio_vs_decode']:.2f}x decode) on this machine, before the train shuffle, checksums "
         f"and writes. The 2-worker row is a local Dask cluster: its start-up ({d['dask_cluster_startup_s']:.1f} s) "
         "is included, and its workers stage images in files (one process stages in memory). Output is "
-        f"byte-identical across worker and thread counts: {d['identical_across_workers']}.",
+        f"byte-identical across worker and thread counts: {d['identical_across_workers']}; the store holds "
+        f"{d['convert'][0]['store_bytes'] / (d['scene']['megapixels'] * 1e6):.2f} bytes per ray (default "
+        "`--rgba-codec lz4`; zstd colours make it about 11% smaller and the conversion slower, docs/format.md).",
     ])  # fmt: skip
 
 
