@@ -145,6 +145,10 @@ def merge_runs(
 _TRANSPOSE_BLOCK = 2048  # ranks per block of the round robin's transposed copy (fits in L2 per image set)
 
 
+def _fresh(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.empty(shape, dtype=dtype)
+
+
 def merge_into(
     fill: Callable[[int, np.ndarray], None],
     dtype: np.dtype[Any] | type,
@@ -153,6 +157,7 @@ def merge_into(
     hi: Sequence[int],
     start: int,
     stop: int,
+    alloc: Callable[[str, tuple[int, ...]], np.ndarray] | None = None,
 ) -> np.ndarray:
     """The merge of one shard, with each image's run written in place by ``fill``: (stop - start,) values.
 
@@ -163,25 +168,31 @@ def merge_into(
     Args:
         sizes: every image's pixel count ``n_i``; lo, hi: every image's rank range in the shard
             (``merge_counts`` at ``start`` and ``stop``).
+        alloc: ``alloc(name, shape)`` returns an uninitialised C-contiguous array of ``dtype`` for the
+            buffer ``name`` (``"rows"``, the result ``"merged"``); default ``np.empty``. A writer
+            passes reusable per-thread buffers: fresh multi-megabyte arrays per shard cost page
+            faults (glibc returns freed heap tops to the system).
     """
     n = stop - start
     if n == 0:
         return np.zeros(0, dtype=dtype)
+    if alloc is None:
+        alloc = functools.partial(_fresh, dtype=dtype)
     images = len(sizes)
     if len(set(sizes)) == 1:
         # Equal sizes: ray p of the split is rank p // I of image p % I (a round robin), so the shard
         # is a slice of the transpose of an (images, ranks) matrix whose rows are the images' runs.
         r0, r1 = start // images, -(-stop // images)
-        rows = np.empty((images, r1 - r0), dtype=dtype)
+        rows = alloc("rows", (images, r1 - r0))
         for i, (a, b) in enumerate(zip(lo, hi, strict=True)):
             fill(i, rows[i, a - r0 : b - r0])
-        grid = np.empty((r1 - r0, images), dtype=dtype)
+        grid = alloc("merged", (r1 - r0, images))
         for k in range(0, r1 - r0, _TRANSPOSE_BLOCK):  # blocked: the copy stays in cache
             grid[k : k + _TRANSPOSE_BLOCK] = rows[:, k : k + _TRANSPOSE_BLOCK].T
         offset = start - r0 * images
         return grid.reshape(-1)[offset : offset + n]
     counts = [b - a for a, b in zip(lo, hi, strict=True)]
-    values = np.empty(n, dtype=dtype)
+    values = alloc("rows", (n,))
     at = 0
     for i, c in enumerate(counts):
         fill(i, values[at : at + c])

@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -345,7 +346,11 @@ class StagingSource:
     def gather(
         self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
     ) -> dict[str, np.ndarray]:
-        """Field name -> values of rays ``[start, stop)`` of split ``info``."""
+        """Field name -> values of rays ``[start, stop)`` of split ``info``.
+
+        For a shuffled split the arrays live in this thread's reusable buffers (``_scratch_for``):
+        use them before this thread's next ``gather``.
+        """
         clock = clock or PhaseClock()
         root = Path(self.root)
         n = stop - start
@@ -361,9 +366,9 @@ class StagingSource:
             def fill_colour(j: int, out: np.ndarray) -> None:
                 self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
 
-            pid = merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop)
+            pid = merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, _scratch_for("pid"))
             clock.lap("permutation")
-            packed = merge_into(fill_colour, np.uint32, sizes, lo, hi, start, stop)
+            packed = merge_into(fill_colour, np.uint32, sizes, lo, hi, start, stop, _scratch_for("rgba"))
             clock.lap("gather")
         else:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
@@ -381,6 +386,27 @@ class StagingSource:
             out.update(_materialize(root / "cameras.parquet", pid, self.materialize))
             clock.lap("materialize")
         return out
+
+
+_THREAD = threading.local()
+
+
+def _scratch_for(field: str) -> Callable[[str, tuple[int, ...]], np.ndarray]:
+    """``merge_into``'s ``alloc`` with this thread's reusable uint32 buffers for ``field``.
+
+    The merged arrays a shard task gets back alias these buffers: valid until this thread gathers
+    the same field again (the shard task has encoded and written them by then).
+    """
+    buffers: dict[str, np.ndarray] = _THREAD.__dict__.setdefault("buffers", {})
+
+    def alloc(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        numel, key = math.prod(shape), f"{field}:{name}"
+        buffer = buffers.get(key)
+        if buffer is None or len(buffer) < numel:
+            buffer = buffers[key] = np.empty(numel, dtype=np.uint32)
+        return buffer[:numel].reshape(shape)
+
+    return alloc
 
 
 def _materialize(cameras_path: Path, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:

@@ -144,8 +144,10 @@ def train(config: TrainConfig) -> Path:
             _write_progress(run, state)
         if state.step % config.ckpt_every == 0:
             _checkpoint(run, state)
-        if bar is not None:
-            bar.update(state.elapsed - before if config.max_seconds is not None else 1)
+        if bar is not None and config.max_seconds is not None:  # the last step may overrun the budget
+            bar.update(max(0.0, min(state.elapsed, config.max_seconds) - bar.n))
+        elif bar is not None:
+            bar.update(1)
     if bar is not None:
         bar.close()
     if run.procs.is_main and window.rays:  # the last, partial logging window
@@ -203,7 +205,7 @@ def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> A
         shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s"
         return tqdm(
             total=config.max_seconds,
-            initial=state.elapsed,
+            initial=min(state.elapsed, config.max_seconds),
             desc=config.sampler,
             bar_format=shape,
             mininterval=1.0,
