@@ -43,6 +43,7 @@ __all__ = [
     "StoreSource",
     "bytes_record",
     "record_matches",
+    "release_buffers",
     "scratch_record",
     "stage_image",
     "stage_in_memory",
@@ -407,6 +408,13 @@ def _scratch_for(field: str) -> Callable[[str, tuple[int, ...]], np.ndarray]:
         return buffer[:numel].reshape(shape)
 
     return alloc
+
+
+def release_buffers() -> None:
+    """Drop this thread's merge buffers (``_scratch_for``); the writer calls it when its shards are
+    written, so a serial conversion does not keep a shard's worth of buffers alive afterwards (pool
+    threads free theirs when they exit)."""
+    _THREAD.__dict__.pop("buffers", None)
 
 
 def _materialize(cameras_path: Path, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:

@@ -57,6 +57,7 @@ from raykit.store.staging import (
     StoreSource,
     bytes_record,
     record_matches,
+    release_buffers,
     stage_image,
     stage_in_memory,
     write_record,
@@ -400,9 +401,14 @@ def _write_shards(
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in _run_iter(write_shard_task, jobs, executor, progress, f"write {payload.backend} shards"):
-            synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
-            results.append(res)
+        try:
+            for res in _run_iter(
+                write_shard_task, jobs, executor, progress, f"write {payload.backend} shards"
+            ):
+                synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
+                results.append(res)
+        finally:
+            release_buffers()  # tasks run serially in this thread kept their merge buffers here
         profile.wall.lap("shards")
         for future in synced:
             future.result()

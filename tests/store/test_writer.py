@@ -222,6 +222,13 @@ def test_rgba_codec_choice(tmp_path: Path, records, scene: SceneInfo) -> None:
     assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.partial").exists()
 
 
+def test_serial_writer_releases_its_merge_buffers(tmp_path: Path, records, scene: SceneInfo) -> None:
+    from raykit.store import staging
+
+    write_store(tmp_path / "s", records, scene=scene, **OPTIONS)  # shuffled train: merge buffers used
+    assert "buffers" not in staging._THREAD.__dict__
+
+
 def test_source_hash_of_local_files(tmp_path: Path, records, scene: SceneInfo) -> None:
     source = tmp_path / "image.bin"
     source.write_bytes(b"pixels")
