@@ -91,29 +91,38 @@ def loader_section(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def convert_section(d: dict[str, Any]) -> str:
+def _convert_rows(d: dict[str, Any]) -> list[list[str]]:
     dec = d["decode_single_core"]["mp_per_s"]
-    rows = [
+    return [
         [str(c["workers"]), str(c.get("threads", 1)), f"{c['seconds']:.1f}", f"{c['mp_per_s']:.2f}",
          f"{c['mp_per_s_per_worker']:.2f}", f"{c['mp_per_s_per_worker'] / dec:.3f}",
          f"{c.get('mp_per_s_per_core', c['mp_per_s_per_worker']) / dec:.3f}"]
         for c in d["convert"]
     ]  # fmt: skip
+
+
+_CONVERT_HEADER = ["workers", "threads each", "seconds", "MP/s", "MP/s per worker", "per worker / decode",
+                   "per core / decode"]  # fmt: skip
+
+
+def convert_section(d: dict[str, Any]) -> str:
+    dec = d["decode_single_core"]["mp_per_s"]
     best = max(c["mp_per_s_per_worker"] / dec for c in d["convert"])
     phases = d["convert"][0]["phases_s"]
     ceiling = d["compression_ceiling_single_worker"]
-    return "\n".join([
+    png = d["scene"].get("png_bytes_per_pixel")
+    lines = [
         "## Conversion (issue 4)",
         "Command: `python benchmarks/bench_convert.py`",
         "",
         f"Scene: built-in `{d['scene']['size']}` as a Blender capture, {d['scene']['images']} images, "
-        f"{d['scene']['megapixels']:.1f} MP, to Zarr. Single-core PNG decode rate in the same run: "
+        f"{d['scene']['megapixels']:.1f} MP" + (f" ({png:.2f} PNG bytes/pixel)" if png else "") + ", to Zarr. "
+        f"Single-core PNG decode rate in the same run: "
         f"{d['decode_single_core']['mp_per_s']:.1f} MP/s; the converter's own parse + decode + checks: "
         f"{d['converter_side_single_core']['mp_per_s']:.1f} MP/s ({d['converter_side_ratio_vs_decode']:.2f}x decode). "
         f"Load average at the end: {d['machine']['loadavg_1m_at_end']:.1f}.",
         "",
-        _table(["workers", "threads each", "seconds", "MP/s", "MP/s per worker", "per worker / decode",
-                "per core / decode"], rows),
+        _table(_CONVERT_HEADER, _convert_rows(d)),
         "",
         "Time by phase, 1 worker of 1 thread (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ".",
         "",
@@ -126,7 +135,21 @@ def convert_section(d: dict[str, Any]) -> str:
         f"byte-identical across worker and thread counts: {d['identical_across_workers']}; the store holds "
         f"{d['convert'][0]['store_bytes'] / (d['scene']['megapixels'] * 1e6):.2f} bytes per ray (default "
         "`--rgba-codec lz4`; zstd colours make it about 11% smaller and the conversion slower, docs/format.md).",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    noisy = d.get("photo_noise")
+    if noisy:
+        ndec = noisy["decode_single_core"]["mp_per_s"]
+        nbest = max(c["mp_per_s_per_worker"] / ndec for c in noisy["convert"])
+        lines += [
+            "",
+            f"**Photo-like variant** (not the issue's benchmark; context): the same views with seeded Gaussian "
+            f"noise (sigma {noisy['noise_sigma']:g} levels) on RGB, {noisy['png_bytes_per_pixel']:.2f} PNG "
+            f"bytes/pixel like photographs. Decode {ndec:.1f} MP/s; best per worker {nbest:.2f}x decode; "
+            f"{noisy['convert'][0]['store_bytes'] / (noisy['megapixels'] * 1e6):.2f} bytes per ray stored.",
+            "",
+            _table(_CONVERT_HEADER, _convert_rows(noisy)),
+        ]  # fmt: skip
+    return "\n".join(lines)
 
 
 def trainer_section(d: dict[str, Any]) -> str:
