@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import shutil
@@ -49,6 +48,7 @@ import torch
 from PIL import Image
 
 from raykit.converters import convert
+from raykit.store.writer import recording_phases
 
 ROOT = Path(__file__).resolve().parent
 TARGET_RATIO = 0.8
@@ -134,17 +134,6 @@ def _decoded(img: Image.Image) -> int:
     return int(array.shape[0] * array.shape[1])
 
 
-class _PhaseLog(logging.Handler):
-    """Keeps the per-phase timings that ``write_store`` logs at DEBUG level."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.phases: dict[str, Any] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.phases = getattr(record, "raykit_phases", self.phases)
-
-
 def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
     """Seconds per phase: task phases summed over tasks (all workers), calling-process phases as wall.
 
@@ -169,24 +158,17 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
 
 
 def timed_convert(src: Path, workers: int, megapixels: float, threads: int = 1) -> dict[str, Any]:
-    handler = _PhaseLog()
-    logger = logging.getLogger("raykit.store.writer")
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
-            start = time.perf_counter()
-            store = convert(src, Path(tmp) / "store.zarr", workers=workers, threads=threads)
-            seconds = time.perf_counter() - start
-            size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
-            fingerprint = store.fingerprint
-    finally:
-        logger.removeHandler(handler)
+    with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp, recording_phases() as phases:
+        start = time.perf_counter()
+        store = convert(src, Path(tmp) / "store.zarr", workers=workers, threads=threads)
+        seconds = time.perf_counter() - start
+        size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
+        fingerprint = store.fingerprint
     rate = megapixels / seconds
     return {"workers": workers, "threads": threads, "seconds": seconds, "mp_per_s": rate,
             "mp_per_s_per_worker": rate / workers, "mp_per_s_per_core": rate / (workers * threads),
-            "store_bytes": size, "fingerprint": fingerprint, "phases_s": breakdown(handler.phases, seconds),
-            "writer_phases_raw": handler.phases}  # fmt: skip
+            "store_bytes": size, "fingerprint": fingerprint, "phases_s": breakdown(phases, seconds),
+            "writer_phases_raw": phases}  # fmt: skip
 
 
 def compression_ceiling(decode: dict[str, float], run: dict[str, Any]) -> dict[str, float]:

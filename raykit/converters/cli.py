@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from raykit.converters.convert import SOURCES, convert
@@ -61,12 +62,34 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.add_argument(
+        "--profile", action="store_true", help="print where the time went (per writer step and task phase)"
+    )
     parser.set_defaults(func=run_convert)
 
 
 def run_convert(args: argparse.Namespace) -> int:
     """Handler of ``raykit convert``; returns the exit status."""
-    store = convert(
+    from raykit.store.writer import format_phases, recording_phases
+
+    start = time.perf_counter()
+    with recording_phases() as phases:
+        store = _convert(args)
+    seconds = time.perf_counter() - start
+    splits = ", ".join(
+        f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()
+    )
+    print(f"wrote {args.dst} ({store.backend}; {splits})")
+    if args.profile:
+        pixels = sum(info.n_rays for info in store.splits.values()) / 1e6
+        print(f"converted {pixels:.1f} M pixels in {seconds:.2f} s ({pixels / seconds:.1f} M pixels/s)")
+        for line in format_phases(phases, seconds):
+            print("  " + line)
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> Any:
+    return convert(
         args.src,
         args.dst,
         source=args.source,
@@ -89,8 +112,3 @@ def run_convert(args: argparse.Namespace) -> int:
         rgba_codec=args.rgba_codec,
         overwrite=args.overwrite,
     )
-    splits = ", ".join(
-        f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()
-    )
-    print(f"wrote {args.dst} ({store.backend}; {splits})")
-    return 0

@@ -72,6 +72,8 @@ __all__ = [
     "Payload",
     "ShardJob",
     "copy_store",
+    "format_phases",
+    "recording_phases",
     "write_shard_task",
     "write_store",
 ]
@@ -171,6 +173,55 @@ class _Profile:
     def log(self, dst: Path) -> None:
         phases = {"wall": self.wall.seconds, "tasks": self.tasks}
         _log.debug("wrote %s: %s", dst, json.dumps(phases), extra={"raykit_phases": phases})
+
+
+class _PhaseHandler(logging.Handler):
+    def __init__(self, found: dict[str, Any]) -> None:
+        super().__init__(logging.DEBUG)
+        self.found = found
+
+    def emit(self, record: logging.LogRecord) -> None:
+        phases = getattr(record, "raykit_phases", None)
+        if phases is not None:
+            self.found.clear()
+            self.found.update(phases)
+
+
+@contextlib.contextmanager
+def recording_phases() -> Iterator[dict[str, Any]]:
+    """Inside, the last store write's phase times land in the yielded dict:
+    ``{"wall": {phase: s}, "tasks": {"stage" | "shard": {phase: s}}}`` (``_Profile``).
+
+    ``wall`` is the writing process's wall time per step (``stage`` and ``shards`` cover the tasks);
+    ``tasks`` sums each task's own time per phase over all tasks, whichever thread or worker ran it.
+    """
+    found: dict[str, Any] = {}
+    handler = _PhaseHandler(found)
+    level = _log.level
+    _log.addHandler(handler)
+    _log.setLevel(logging.DEBUG)
+    try:
+        yield found
+    finally:
+        _log.removeHandler(handler)
+        _log.setLevel(level)
+
+
+def format_phases(phases: Mapping[str, Any], seconds: float | None = None) -> list[str]:
+    """Human lines for ``recording_phases``' dict: wall time per step, then task time per phase."""
+    wall, tasks = phases.get("wall", {}), phases.get("tasks", {})
+    lines = ["wall s   " + "  ".join(f"{k} {v:.2f}" for k, v in wall.items())]
+    for kind, label in (("stage", "decode tasks"), ("shard", "shard tasks")):
+        if tasks.get(kind):
+            total = sum(tasks[kind].values())
+            parts = "  ".join(f"{k} {v:.2f}" for k, v in sorted(tasks[kind].items(), key=lambda kv: -kv[1]))
+            lines.append(f"{label} (summed over workers, {total:.2f} s): {parts}")
+    if seconds is not None:
+        outside = seconds - sum(wall.values())
+        lines.append(
+            f"total {seconds:.2f} s, of which outside the writer (parsing, probing, start-up) {outside:.2f} s"
+        )
+    return lines
 
 
 def _run(

@@ -158,6 +158,14 @@ def test_cli_success_prints_summary(tmp_path: Path, make, cli, capsys) -> None:
     assert status == 0
     status, _ = cli("convert", src, tmp_path / "small.zarr", "--no-progress", "--rgba-codec", "zstd")
     assert status == 0 and open_store(tmp_path / "small.zarr").manifest["layout"]["rgba_codec"] == "zstd"
+    capsys.readouterr()
+    status = raykit.cli.main(["convert", str(src), str(tmp_path / "p.zarr"), "--no-progress", "--profile"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0 and out[1].startswith("converted 0.0") and "M pixels/s" in out[1]
+    assert out[2].strip().startswith("wall s") and " stage " in out[2] and " shards " in out[2]
+    assert out[3].strip().startswith("decode tasks") and "decode" in out[3].split(":")[1]
+    assert out[4].strip().startswith("shard tasks") and "compress" in out[4]
+    assert out[5].strip().startswith("total") and "outside the writer" in out[5]
 
 
 def test_ngp_bad_values_and_duplicates(tmp_path: Path, make, cli) -> None:
