@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import shutil
@@ -96,6 +97,7 @@ def measure_capture(src: Path, repeats: int) -> dict[str, Any]:
     decode = decode_rate(images, repeats)
     own = converter_side(src, decode["megapixels"], repeats)
     runs = [timed_convert(src, w, decode["megapixels"], t) for w, t in ((1, 1), (1, 2), (2, 1))]
+    runs.append(running_cluster_convert(src, 2, decode["megapixels"]))
     return {
         "images": len(images),
         "megapixels": decode["megapixels"],
@@ -157,15 +159,22 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
     return out
 
 
-def timed_convert(src: Path, workers: int, megapixels: float, threads: int = 1) -> dict[str, Any]:
+def timed_convert(
+    src: Path, workers: int, megapixels: float, threads: int = 1, scheduler: str | None = None
+) -> dict[str, Any]:
+    """One conversion; ``scheduler``: on that running Dask cluster (of ``workers`` x ``threads``)."""
+    options: dict[str, Any] = (
+        {"scheduler": scheduler} if scheduler else {"workers": workers, "threads": threads}
+    )
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp, recording_phases() as phases:
         start = time.perf_counter()
-        store = convert(src, Path(tmp) / "store.zarr", workers=workers, threads=threads)
+        store = convert(src, Path(tmp) / "store.zarr", **options)
         seconds = time.perf_counter() - start
         size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
         fingerprint = store.fingerprint
     rate = megapixels / seconds
-    return {"workers": workers, "threads": threads, "seconds": seconds, "mp_per_s": rate,
+    return {"workers": workers, "threads": threads, "running_cluster": scheduler is not None,
+            "seconds": seconds, "mp_per_s": rate,
             "mp_per_s_per_worker": rate / workers, "mp_per_s_per_core": rate / (workers * threads),
             "store_bytes": size, "fingerprint": fingerprint, "phases_s": breakdown(phases, seconds),
             "writer_phases_raw": phases}  # fmt: skip
@@ -198,6 +207,16 @@ def converter_side(src: Path, megapixels: float, repeats: int) -> dict[str, floa
         best = min(best, time.perf_counter() - start)
     seconds = probe + best
     return {"seconds": seconds, "parse_and_probe_s": probe, "load_s": best, "mp_per_s": megapixels / seconds}
+
+
+def running_cluster_convert(src: Path, workers: int, megapixels: float) -> dict[str, Any]:
+    """A conversion on an already running local Dask cluster of ``workers`` single-threaded processes
+    (``--scheduler``): the same work as ``workers`` x 1 without the cluster's start-up."""
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.CRITICAL) as cluster:  # fmt: skip
+        return timed_convert(src, workers, megapixels, 1, scheduler=cluster.scheduler_address)
 
 
 def cluster_startup(workers: int) -> float:

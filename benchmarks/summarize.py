@@ -93,8 +93,14 @@ def loader_section(d: dict[str, Any]) -> str:
 
 def _convert_rows(d: dict[str, Any]) -> list[list[str]]:
     dec = d["decode_single_core"]["mp_per_s"]
+
+    def label(c: dict[str, Any]) -> str:
+        if c.get("running_cluster"):
+            return f"{c['workers']}, Dask cluster already running (`--scheduler`)"
+        return f"{c['workers']}, local Dask cluster started (start-up included)" if c["workers"] > 1 else "1"
+
     return [
-        [str(c["workers"]), str(c.get("threads", 1)), f"{c['seconds']:.1f}", f"{c['mp_per_s']:.2f}",
+        [label(c), str(c.get("threads", 1)), f"{c['seconds']:.1f}", f"{c['mp_per_s']:.2f}",
          f"{c['mp_per_s_per_worker']:.2f}", f"{c['mp_per_s_per_worker'] / dec:.3f}",
          f"{c.get('mp_per_s_per_core', c['mp_per_s_per_worker']) / dec:.3f}"]
         for c in d["convert"]
@@ -130,8 +136,8 @@ def convert_section(d: dict[str, Any]) -> str:
         f"{best:.2f}x). Compression alone runs at {ceiling['compress_mp_per_s']:.1f} MP/s, so on one core "
         f"decode + compress can reach at most {ceiling['decode_plus_compress_mp_per_s']:.1f} MP/s "
         f"({ceiling['ratio_vs_decode']:.2f}x decode) on this machine, before the train shuffle, checksums "
-        f"and writes. The 2-worker row is a local Dask cluster: its start-up ({d['dask_cluster_startup_s']:.1f} s) "
-        "is included, and its workers stage images in files (one process stages in memory). Output is "
+        f"and writes. Dask workers (separate processes) stage images in files; one process stages them in "
+        f"memory. A local cluster takes {d['dask_cluster_startup_s']:.1f} s to start and stop. Output is "
         f"byte-identical across worker and thread counts: {d['identical_across_workers']}; the store holds "
         f"{d['convert'][0]['store_bytes'] / (d['scene']['megapixels'] * 1e6):.2f} bytes per ray (default "
         "`--rgba-codec lz4`; zstd colours make it about 11% smaller and the conversion slower, docs/format.md).",
