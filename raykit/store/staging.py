@@ -102,7 +102,7 @@ def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
 def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
     """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
     equals ``file_record`` of the written file."""
-    pieces = [data] if isinstance(data, bytes | memoryview) else data
+    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
     digest = hashlib.sha256()
     for piece in pieces:
         digest.update(piece)
@@ -264,7 +264,7 @@ def write_unsynced(path: Path, data: bytes | memoryview | Sequence[bytes]) -> No
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            for piece in [data] if isinstance(data, bytes | memoryview) else data:
+            for piece in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
                 handle.write(piece)  # large pieces bypass the buffer: no copy
         os.replace(tmp, path)
     except BaseException:

@@ -52,8 +52,8 @@ _ABSENT = 2**64 - 1  # shard index entry of a chunk that is not stored
 # as blosc-zstd (2.92 vs 3.02 bytes/ray on the `realistic` scene) and 8x faster to write (docs/format.md).
 BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "bitshuffle"
 # Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray RGBA
-# chunk): as small as plain lz4 and, on shuffled train colours, twice as fast to write and three times
-# as fast to read as zstd-3, at 1.5x its size (0.80 vs 0.54 bytes/ray; docs/format.md). "zstd" uses
+# chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as fast
+# to read as zstd-3, at 1.6x its size (1.23 vs 0.77 bytes/ray; benchmarks/bench_codecs.py). "zstd" uses
 # ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
 RGBA_CODECS = ("lz4", "zstd")
 RGBA_CODEC = "lz4"
