@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from typing import Any
 
@@ -73,7 +74,7 @@ def run_convert(args: argparse.Namespace) -> int:
     from raykit.store.writer import format_phases, recording_phases
 
     start = time.perf_counter()
-    with recording_phases() as phases:
+    with recording_phases() if args.profile else contextlib.nullcontext({}) as phases:
         store = _convert(args)
     seconds = time.perf_counter() - start
     splits = ", ".join(
