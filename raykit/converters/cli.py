@@ -74,7 +74,9 @@ def run_convert(args: argparse.Namespace) -> int:
     from raykit.store.writer import format_phases, recording_phases
 
     start = time.perf_counter()
-    with recording_phases() if args.profile else contextlib.nullcontext({}) as phases:
+    recording: contextlib.AbstractContextManager[dict[str, Any]]
+    recording = recording_phases() if args.profile else contextlib.nullcontext({})
+    with recording as phases:
         store = _convert(args)
     seconds = time.perf_counter() - start
     splits = ", ".join(
