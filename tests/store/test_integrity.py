@@ -31,6 +31,18 @@ def test_chunk_checksum_is_one_stream_over_the_fields() -> None:
         chunk_checksum(values, ["rgba"], "md5")
 
 
+def _resign_manifest(root: Path, files: tuple[str, ...], **changes: object) -> None:
+    """After editing a store by hand: refresh the records of ``files``, apply ``changes`` to the
+    manifest, recompute its digest."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    for rel in files:
+        manifest["files"][rel] = {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+    manifest.update(changes)
+    manifest.pop("manifest_digest")
+    manifest["manifest_digest"] = json_digest(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
 def _downgrade_to_format_1(root: Path) -> None:
     """Rewrite a fresh store's index and manifest as raykit wrote them in format 1 (zlib CRC-32)."""
     store = open_store(root)
@@ -43,16 +55,11 @@ def _downgrade_to_format_1(root: Path) -> None:
         index[split]["crc32"] = crcs[split]
         del index[split]["crc32c"]
     (root / "index.json").write_text(json.dumps(index))
-    manifest = json.loads((root / "manifest.json").read_text())
-    manifest["format_version"] = 1
-    manifest["files"]["index.json"] = {"size": (root / "index.json").stat().st_size,
-                                       "sha256": sha256_file(root / "index.json")}  # fmt: skip
-    manifest["content_fingerprint"] = content_fingerprint(
+    manifest = store.manifest
+    fingerprint = content_fingerprint(
         store.cameras, manifest["scene"], manifest["splits"], manifest["fields"], crcs, "crc32"
     )
-    manifest.pop("manifest_digest")
-    manifest["manifest_digest"] = json_digest(manifest)
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    _resign_manifest(root, ("index.json",), format_version=1, content_fingerprint=fingerprint)
 
 
 @pytest.mark.parametrize("backend", ["zarr", "wds"])
@@ -80,11 +87,6 @@ def test_format_1_store_reads_checks_and_copies(
     index = json.loads((old / "index.json").read_text())
     index["train"]["crc32"][0] ^= 1
     (old / "index.json").write_text(json.dumps(index))
-    manifest = json.loads((old / "manifest.json").read_text())
-    manifest["files"]["index.json"] = {"size": (old / "index.json").stat().st_size,
-                                       "sha256": sha256_file(old / "index.json")}  # fmt: skip
-    manifest.pop("manifest_digest")
-    manifest["manifest_digest"] = json_digest(manifest)
-    (old / "manifest.json").write_text(json.dumps(manifest))
+    _resign_manifest(old, ("index.json",))
     with pytest.raises(StoreCorruptError, match="expected crc32 "):
         open_store(old).read_chunk("train", 0)
