@@ -98,6 +98,7 @@ def measure_capture(src: Path, repeats: int) -> dict[str, Any]:
     own = converter_side(src, decode["megapixels"], repeats)
     runs = [timed_convert(src, w, decode["megapixels"], t) for w, t in ((1, 1), (1, 2), (2, 1))]
     runs.append(running_cluster_convert(src, 2, decode["megapixels"]))
+    zstd = timed_convert(src, 1, decode["megapixels"], 2, rgba_codec="zstd")  # the smaller-store option
     return {
         "images": len(images),
         "megapixels": decode["megapixels"],
@@ -114,6 +115,7 @@ def measure_capture(src: Path, repeats: int) -> dict[str, Any]:
             f"{r['workers']}x{r['threads']}": r["mp_per_s_per_core"] / decode["mp_per_s"] for r in runs
         },
         "identical_across_workers": len({r["fingerprint"] for r in runs}) == 1,
+        "rgba_codec_zstd_1x2": zstd,
     }
 
 
@@ -159,8 +161,23 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
     return out
 
 
+def bytes_per_ray(root: Path, store: Any) -> dict[str, float]:
+    """Bytes per ray of each zarr array of the store at ``root`` (``{split}/{field}``)."""
+    out = {}
+    for split, info in store.splits.items():
+        for field in store.fields:
+            files = (root / "zarr" / split / field).rglob("*")
+            out[f"{split}/{field}"] = sum(p.stat().st_size for p in files if p.is_file()) / info.n_rays
+    return out
+
+
 def timed_convert(
-    src: Path, workers: int, megapixels: float, threads: int = 1, scheduler: str | None = None
+    src: Path,
+    workers: int,
+    megapixels: float,
+    threads: int = 1,
+    scheduler: str | None = None,
+    rgba_codec: str | None = None,
 ) -> dict[str, Any]:
     """One conversion; ``scheduler``: on that running Dask cluster (of ``workers`` x ``threads``)."""
     options: dict[str, Any] = (
@@ -168,16 +185,27 @@ def timed_convert(
     )
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp, recording_phases() as phases:
         start = time.perf_counter()
-        store = convert(src, Path(tmp) / "store.zarr", **options)
+        store = convert(src, Path(tmp) / "store.zarr", rgba_codec=rgba_codec, **options)
         seconds = time.perf_counter() - start
         size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
+        by_field = bytes_per_ray(Path(tmp) / "store.zarr", store)
         fingerprint = store.fingerprint
     rate = megapixels / seconds
-    return {"workers": workers, "threads": threads, "running_cluster": scheduler is not None,
-            "seconds": seconds, "mp_per_s": rate,
-            "mp_per_s_per_worker": rate / workers, "mp_per_s_per_core": rate / (workers * threads),
-            "store_bytes": size, "fingerprint": fingerprint, "phases_s": breakdown(phases, seconds),
-            "writer_phases_raw": phases}  # fmt: skip
+    return {
+        "workers": workers,
+        "threads": threads,
+        "running_cluster": scheduler is not None,
+        "rgba_codec": store.manifest["layout"].get("rgba_codec", "zstd"),
+        "seconds": seconds,
+        "mp_per_s": rate,
+        "mp_per_s_per_worker": rate / workers,
+        "mp_per_s_per_core": rate / (workers * threads),
+        "store_bytes": size,
+        "store_bytes_per_ray_by_field": by_field,
+        "fingerprint": fingerprint,
+        "phases_s": breakdown(phases, seconds),
+        "writer_phases_raw": phases,
+    }
 
 
 def compression_ceiling(decode: dict[str, float], run: dict[str, Any]) -> dict[str, float]:

@@ -111,6 +111,25 @@ _CONVERT_HEADER = ["workers", "threads each", "seconds", "MP/s", "MP/s per worke
                    "per core / decode"]  # fmt: skip
 
 
+def _store_size(d: dict[str, Any]) -> str:
+    """Bytes per ray of the store, by field, with the default colours and with ``--rgba-codec zstd``."""
+    rays = d["scene"]["megapixels"] * 1e6
+    lz4 = d["convert"][0]
+    text = f"Store size with the default `--rgba-codec lz4`: {lz4['store_bytes'] / rays:.2f} bytes per ray"
+    by_field = lz4.get("store_bytes_per_ray_by_field")
+    if by_field:
+        text += " (" + ", ".join(f"{k} {v:.2f}" for k, v in by_field.items()) + ")"
+    zstd = d.get("rgba_codec_zstd_1x2")
+    if zstd:
+        text += (
+            f". With `--rgba-codec zstd` (1 worker x 2 threads): {zstd['store_bytes'] / rays:.2f} bytes per "
+            f"ray ({1 - zstd['store_bytes'] / lz4['store_bytes']:.0%} smaller; train rgba "
+            f"{zstd['store_bytes_per_ray_by_field']['train/rgba']:.2f}) in {zstd['seconds']:.1f} s, against "
+            f"{d['convert'][1]['seconds']:.1f} s with lz4"
+        )
+    return text + "."
+
+
 def convert_section(d: dict[str, Any]) -> str:
     dec = d["decode_single_core"]["mp_per_s"]
     best = max(c["mp_per_s_per_worker"] / dec for c in d["convert"])
@@ -138,10 +157,9 @@ def convert_section(d: dict[str, Any]) -> str:
         f"({ceiling['ratio_vs_decode']:.2f}x decode) on this machine, before the train shuffle, checksums "
         f"and writes. Dask workers (separate processes) stage images in files; one process stages them in "
         f"memory. A local cluster takes {d['dask_cluster_startup_s']:.1f} s to start and stop. Output is "
-        f"byte-identical across worker and thread counts: {d['identical_across_workers']}; the store holds "
-        f"{d['convert'][0]['store_bytes'] / (d['scene']['megapixels'] * 1e6):.2f} bytes per ray (default "
-        "`--rgba-codec lz4`; zstd colours make it about 11% smaller and the conversion slower, docs/format.md).",
+        f"byte-identical across worker and thread counts: {d['identical_across_workers']}.",
     ]  # fmt: skip
+    lines += ["", _store_size(d)]
     noisy = d.get("photo_noise")
     if noisy:
         ndec = noisy["decode_single_core"]["mp_per_s"]
