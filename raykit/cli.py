@@ -17,7 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "raykit.scene.cli",
     "raykit.converters.cli",
     "raykit.store.cli",
-    "raykit.loaders.cli",
+    "raykit.profiling.cli",
     "raykit.trainer.cli",
     "raykit.demo.cli",
 )

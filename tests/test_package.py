@@ -12,26 +12,36 @@ import pytest
 import raykit
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYER_OF = {"converters": "feature", "loaders": "feature", "trainer": "trainer"}
-APP_MODULES = {"raykit.cli", "raykit.demo", "raykit.__main__"}
+# The layer order, lowest first: a module imports its own unit (top-level module or subpackage) and
+# units of strictly lower layers, never a unit beside it (converters and loaders never import each
+# other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "fileio"),
+    ("conventions", "camera_models"),
+    ("cameras",),
+    ("rays",),
+    ("colmap_io",),
+    ("scene",),
+    ("store",),
+    ("converters", "loaders"),
+    ("profiling",),
+    ("trainer",),
+    ("demo", "cli"),
+    ("__main__",),
+)
+LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 
 
-def _layer(module: str) -> str:
-    parts = module.split(".")
-    if module in APP_MODULES or parts[:2] in (["raykit", "cli"], ["raykit", "demo"]):
-        return "app"
-    if len(parts) > 1 and parts[1] in LAYER_OF:
-        return parts[1]
-    return "core"
+def _unit(module: str) -> str:
+    """``raykit.store.writer`` -> ``store``; ``raykit.cli`` -> ``cli``."""
+    return module.split(".")[1]
 
 
-ALLOWED = {
-    "core": {"core"},
-    "converters": {"core", "converters"},
-    "loaders": {"core", "loaders"},
-    "trainer": {"core", "loaders", "trainer"},
-    "app": {"core", "converters", "loaders", "trainer", "app"},
-}
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
 
 
 def _raykit_modules() -> list[str]:
@@ -49,20 +59,59 @@ def _imports(path: Path) -> set[str]:
     return {name for name in found if name == "raykit" or name.startswith("raykit.")}
 
 
+def _library_files() -> list[tuple[str, Path]]:
+    return [
+        (_module_name(path), path)
+        for path in sorted((ROOT / "raykit").rglob("*.py"))
+        if _module_name(path) != "raykit"
+    ]
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {_unit(module) for module, _ in _library_files()}
+    assert units - set(LEVEL) == set(), "add new top-level modules and subpackages to LAYERS"
+
+
+def _upward_imports(module: str, path: Path) -> list[str]:
+    """The imports of ``module`` (source at ``path``) that break the layer order."""
+    unit, bad = _unit(module), []
+    for imported in sorted(_imports(path)):
+        if imported == "raykit" or _unit(imported) == unit:
+            continue
+        if LEVEL[_unit(imported)] >= LEVEL[unit]:
+            bad.append(f"{module} (layer {LEVEL[unit]}) imports {imported} (layer {LEVEL[_unit(imported)]})")
+    return bad
+
+
 def test_import_direction() -> None:
+    assert [line for module, path in _library_files() for line in _upward_imports(module, path)] == []
+
+
+def test_import_direction_catches_upward_and_sideways_imports(tmp_path: Path) -> None:
+    """The check itself: upward (store -> loaders, cameras -> rays) and sideways (loaders ->
+    converters) imports are caught; downward and same-unit ones pass."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from raykit.loaders.loader import RayLoader\nimport raykit.converters.convert\n"
+        "from raykit.store.schema import RawRays\nfrom raykit.rays import RayBatch\n"
+    )
+    assert len(_upward_imports("raykit.store.fake", source)) == 2
+    assert _upward_imports("raykit.loaders.fake", source) == [
+        f"raykit.loaders.fake (layer {LEVEL['loaders']}) imports raykit.converters.convert "
+        f"(layer {LEVEL['converters']})"
+    ]
+    assert len(_upward_imports("raykit.cameras", source)) == 4
+    assert _upward_imports("raykit.trainer.fake", source) == []
+
+
+def test_no_library_module_imports_a_cli_module() -> None:
+    """Command-line modules (``raykit.cli``, ``raykit.<package>.cli``) are leaves: only other CLI and
+    ``__main__`` modules reach them (``raykit.cli`` by name, through ``COMMAND_MODULES``)."""
     bad = []
-    for path in sorted((ROOT / "raykit").rglob("*.py")):
-        rel = path.relative_to(ROOT).with_suffix("")
-        parts = list(rel.parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        module = ".".join(parts)
-        layer = _layer(module)
-        for imported in _imports(path):
-            if imported == "raykit":
-                continue
-            if _layer(imported) not in ALLOWED[layer]:
-                bad.append(f"{module} ({layer}) imports {imported} ({_layer(imported)})")
+    for module, path in _library_files():
+        if module.endswith((".cli", ".__main__")):
+            continue
+        bad += [f"{module} imports {name}" for name in _imports(path) if name.endswith(".cli")]
     assert bad == []
 
 

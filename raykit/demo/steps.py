@@ -13,7 +13,7 @@ import torch
 from raykit.converters import convert
 from raykit.errors import RaykitError
 from raykit.loaders.baselines import baseline_cached_images, baseline_precomputed_rays
-from raykit.loaders.bench import run_bench
+from raykit.profiling.loader import run_bench
 from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store import open_store
 from raykit.store.validate import validate_store

@@ -7,11 +7,12 @@ import json
 import sys
 from typing import Any
 
-from raykit.store.reader import RayStore, open_store
+from raykit.store.reader import open_store
+from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store
 from raykit.store.writer import BACKENDS, copy_store
 
-__all__ = ["register", "store_summary"]
+__all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
@@ -39,38 +40,6 @@ def register(subparsers: Any) -> None:
     copy.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     copy.add_argument("--progress", action="store_true", help="show a progress bar")
     copy.set_defaults(func=_copy)
-
-
-def store_summary(store: RayStore) -> dict[str, Any]:
-    """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray, layout."""
-    files = store.files
-    payload = sum(
-        v["size"] for k, v in files.items() if k.startswith(("zarr/", "wds/")) and "zarr.json" not in k
-    )
-    total = sum(v["size"] for v in files.values())
-    n_rays = sum(info.n_rays for info in store.splits.values())
-    table = store.table
-    return {
-        "store": store.url,
-        "backend": store.backend,
-        "format_version": store.manifest["format_version"],
-        "content_fingerprint": store.fingerprint,
-        "splits": {name: info.to_dict() for name, info in store.splits.items()},
-        "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
-        "layout": store.manifest["layout"],
-        "cameras": {
-            "n_images": len(table.names),
-            "n_cameras": len(table.cameras),
-            "models": sorted({cam.model for cam in table.cameras}),
-            "sizes": sorted({f"{cam.width}x{cam.height}" for cam in table.cameras}),
-            "with_alpha": int(table.has_alpha.sum()),
-        },
-        "scene": store.manifest["scene"],
-        "bytes_on_disk": total,
-        "payload_bytes": payload,
-        "n_rays": n_rays,
-        "bytes_per_ray": payload / max(n_rays, 1),
-    }
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from raykit.loaders import cli
-from raykit.loaders.bench import expected_distinct_images, shuffle_quality
+from raykit.profiling import cli
+from raykit.profiling.mixing import expected_distinct_images, shuffle_quality
 
 
 def _parser() -> argparse.ArgumentParser:

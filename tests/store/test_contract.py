@@ -15,8 +15,8 @@ import torch
 from raykit.cameras import pixels_to_rays
 from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
-from raykit.store.cli import store_summary
 from raykit.store.reader import RayStore
+from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store
 from raykit.store.writer import copy_store
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, SourceError, StoreNotFoundError
+from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.stats import shuffle_quality
 from raykit.store.writer import write_shard_task
 
 OPTIONS: dict[str, Any] = {"chunk_rays": 64, "shard_chunks": 2, "seed": 1}
@@ -244,11 +244,11 @@ def test_shuffled_chunks_mix_like_iid(tmp_path: Path, record_factory, scene: Sce
     images = [(8, 8, "train", 3)] * 24 + [(8, 8, "val", 3)] * 24
     records = record_factory(1, images)
     store = write_store(tmp_path / "s", records, scene=scene, chunk_rays=128, shard_chunks=2)
-    shuffled = shuffle_quality(store, "train", batch_rays=128, chunks_per_batch=2, n_batches=16)
-    ordered = shuffle_quality(store, "val", batch_rays=128, chunks_per_batch=2, n_batches=16)
-    assert shuffled["distinct_ratio"] > 0.9
-    assert shuffled["chunked"]["tv"] < 1.2 * shuffled["iid"]["tv"]
-    assert ordered["distinct_ratio"] < 0.5
+    shuffled = chunk_shuffle_quality(store, "train", batch_rays=128, chunks_per_batch=2, n_batches=16)
+    ordered = chunk_shuffle_quality(store, "val", batch_rays=128, chunks_per_batch=2, n_batches=16)
+    assert shuffled["ratio"] > 0.9
+    assert shuffled["tv_ratio"] < 1.2
+    assert ordered["ratio"] < 0.5 and ordered["tv_ratio"] > 2
 
 
 def test_rgb_only_store_has_three_channels(tmp_path: Path, scene: SceneInfo) -> None:

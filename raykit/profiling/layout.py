@@ -1,4 +1,4 @@
-"""Reproduce the measurements of ``docs/format.md``: ``python -m raykit.store.measure OUT_DIR``.
+"""Reproduce the measurements of ``docs/format.md``: ``python -m raykit.profiling.layout OUT_DIR``.
 
 Builds a photo-like capture (seeded random crops of matplotlib's sample photo ``grace_hopper.jpg``,
 PINHOLE cameras, the last 8 images as val/test), in RGB and in RGBA (circular alpha mask, black
@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from raykit.store.cli import store_summary
+from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store.reader import RayStore
 from raykit.store.schema import ImageRecord, SceneInfo
-from raykit.store.stats import read_throughput, shuffle_quality
+from raykit.store.summary import store_summary
 from raykit.store.writer import write_store
 
-__all__ = ["main", "photo_records"]
+__all__ = ["main", "photo_records", "read_throughput"]
 
 
 def _crop(photo: np.ndarray, x: int, y: int, w: int, h: int, alpha: bool) -> np.ndarray:
@@ -74,8 +74,24 @@ def _bytes_per_ray(store: RayStore) -> dict[str, float]:
     return {k: round(v / store.splits[k.split("/")[0]].n_rays, 3) for k, v in sorted(sizes.items())}
 
 
+def read_throughput(
+    store: RayStore, split: str = "train", n_chunks: int = 16, seed: int = 0
+) -> dict[str, float]:
+    """Random-order ``read_chunk`` throughput (checksums included) over up to ``n_chunks`` chunks.
+
+    One chunk is read first, untimed, so opening arrays and first-use file checks are not counted.
+    """
+    info = store.splits[split]
+    order = np.random.default_rng(seed).permutation(info.n_chunks)[:n_chunks]
+    store.read_chunk(split, int(order[-1]))
+    start = time.perf_counter()
+    rays = sum(len(store.read_chunk(split, int(i))) for i in order)
+    seconds = time.perf_counter() - start
+    return {"chunks": len(order), "rays": rays, "seconds": seconds, "rays_per_s": rays / seconds}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raykit.store.measure", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m raykit.profiling.layout", description=__doc__)
     parser.add_argument("out", type=Path, help="directory for the stores (overwritten)")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
@@ -95,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             if name == "zarr-rgb":
                 report["shuffle_train"] = [
-                    shuffle_quality(store, "train", chunks_per_batch=k, n_batches=64) for k in (1, 2, 4)
+                    chunk_shuffle_quality(store, "train", chunks_per_batch=k, n_batches=64) for k in (1, 2, 4)
                 ]
-                report["shuffle_val_image_order"] = shuffle_quality(store, "val", n_batches=64)
+                report["shuffle_val_image_order"] = chunk_shuffle_quality(store, "val", n_batches=64)
     print(json.dumps(report, indent=1))
     return 0
 

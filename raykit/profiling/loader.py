@@ -10,7 +10,7 @@ Stages, each timed on its own over the same rays:
 
 ``end_to_end`` runs the loader itself, cold (empty cache; worker processes start meanwhile) and then
 warm (the same batches again once the workers are up, their chunks now cached when the budget
-allows). ``shuffle_quality`` is the mean number of distinct images
+allows). ``shuffle_quality`` (``raykit.profiling.mixing``) is the mean number of distinct images
 in a batch divided by its expectation for rays drawn uniformly at random from the split (1.0 is as
 good as a perfect shuffle).
 """
@@ -26,49 +26,12 @@ import torch
 
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
+from raykit.profiling.mixing import shuffle_quality
 from raykit.store.schema import RawRays
 
-__all__ = ["expected_distinct_images", "format_table", "run_bench", "shuffle_quality", "write_png"]
+__all__ = ["format_table", "run_bench", "write_png"]
 
 MB = 1 << 20
-
-
-def expected_distinct_images(n_pixels: np.ndarray, batch_size: int) -> float:
-    """Expected distinct images among ``batch_size`` rays drawn uniformly from images of (I,) sizes."""
-    p = n_pixels / n_pixels.sum()
-    return float(np.sum(1.0 - np.power(1.0 - p, batch_size)))
-
-
-def _tv_distance(counts: np.ndarray, p: np.ndarray) -> float:
-    return float(0.5 * np.abs(counts / counts.sum() - p).sum())
-
-
-def shuffle_quality(image_ids: list[np.ndarray], n_pixels: np.ndarray, seed: int = 0) -> dict[str, float]:
-    """How well batches are mixed, against rays drawn uniformly at random from the split.
-
-    Args:
-        image_ids: batches of (B,) image indices in ``[0, I)``.
-        n_pixels: (I,) rays per image.
-
-    Returns:
-        ``ratio``: mean distinct images per batch over its uniform expectation (1.0 is ideal, lower is
-        worse); ``tv_ratio``: mean total-variation distance between a batch's image histogram and the
-        split's, over the same for uniform draws (1.0 is ideal, higher is worse).
-    """
-    p = n_pixels / n_pixels.sum()
-    distinct = np.array([len(np.unique(ids)) for ids in image_ids], dtype=np.float64)
-    expected = expected_distinct_images(n_pixels, len(image_ids[0]))
-    tv = np.mean([_tv_distance(np.bincount(ids, minlength=len(p)), p) for ids in image_ids])
-    rng = np.random.default_rng(seed)
-    tv_uniform = np.mean([_tv_distance(rng.multinomial(len(image_ids[0]), p), p) for _ in range(64)])
-    return {
-        "distinct_images": float(distinct.mean()),
-        "uniform_expected": expected,
-        "ratio": float(distinct.mean() / expected),
-        "tv": float(tv),
-        "tv_uniform": float(tv_uniform),
-        "tv_ratio": float(tv / tv_uniform),
-    }
 
 
 def _rate(rays: int, seconds: float, bytes_per_ray: float) -> dict[str, float]:

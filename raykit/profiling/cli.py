@@ -1,4 +1,4 @@
-"""``raykit bench STORE``: profile loading a store (see :mod:`raykit.loaders.bench`)."""
+"""``raykit bench STORE``: profile loading a store (see :mod:`raykit.profiling.loader`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raykit.loaders.bench import format_table, run_bench, write_png
+    from raykit.profiling.loader import format_table, run_bench, write_png
     from raykit.store import open_store
 
     report = run_bench(

@@ -1,0 +1,41 @@
+"""A store's JSON-able summary (``raykit info``, the layout measurements, the demo)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raykit.store.reader import RayStore
+
+__all__ = ["store_summary"]
+
+
+def store_summary(store: RayStore) -> dict[str, Any]:
+    """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray, layout."""
+    files = store.files
+    payload = sum(
+        v["size"] for k, v in files.items() if k.startswith(("zarr/", "wds/")) and "zarr.json" not in k
+    )
+    total = sum(v["size"] for v in files.values())
+    n_rays = sum(info.n_rays for info in store.splits.values())
+    table = store.table
+    return {
+        "store": store.url,
+        "backend": store.backend,
+        "format_version": store.manifest["format_version"],
+        "content_fingerprint": store.fingerprint,
+        "splits": {name: info.to_dict() for name, info in store.splits.items()},
+        "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
+        "layout": store.manifest["layout"],
+        "cameras": {
+            "n_images": len(table.names),
+            "n_cameras": len(table.cameras),
+            "models": sorted({cam.model for cam in table.cameras}),
+            "sizes": sorted({f"{cam.width}x{cam.height}" for cam in table.cameras}),
+            "with_alpha": int(table.has_alpha.sum()),
+        },
+        "scene": store.manifest["scene"],
+        "bytes_on_disk": total,
+        "payload_bytes": payload,
+        "n_rays": n_rays,
+        "bytes_per_ray": payload / max(n_rays, 1),
+    }
