@@ -5,7 +5,7 @@ Reads 15 train chunks of the loader benchmark's store (``benchmarks/data/loader-
 codecs considered for the Zarr backend (docs/format.md, "Bytes per ray on disk"). Encode and decode
 are timed over three passes, one thread.
 
-    /work/venv/bin/python benchmarks/bench_codecs.py [STORE]
+    python benchmarks/bench_codecs.py [STORE]
 
 Results go to ``benchmarks/results/codecs.json``.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import command_line, portable
 from numcodecs import LZ4, Blosc, Zstd
 
 from raykit.store import open_store
@@ -68,8 +69,8 @@ def main() -> None:
     }  # fmt: skip
     result = {
         "benchmark": "codecs",
-        "command": " ".join([sys.executable, *sys.argv]),
-        "store": store_path,
+        "command": command_line(),
+        "store": portable(store_path),
         "rays": int(sum(len(p) for p in pids)),
         "pid": {name: measure(codec, pids) for name, codec in pid_codecs.items()},
         "rgba": {name: measure(codec, rgbas) for name, codec in rgba_codecs.items()},

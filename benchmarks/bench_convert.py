@@ -25,8 +25,8 @@ then measures:
 Target: per worker, conversion at least 0.8x the decode rate (conversion is decode-bound). Both
 "per worker" (per process) and "per core" (per thread) ratios are reported.
 
-    /work/venv/bin/python benchmarks/bench_convert.py                   # the full benchmark
-    /work/venv/bin/python benchmarks/bench_convert.py --size small --out /tmp/c.json   # a quick look
+    python benchmarks/bench_convert.py                   # the full benchmark
+    python benchmarks/bench_convert.py --size small --out /tmp/c.json   # a quick look
 
 Results go to ``benchmarks/results/convert.json``.
 """
@@ -37,7 +37,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from machine import command_line, describe
 from PIL import Image
 
 from raykit.converters import convert
@@ -279,6 +279,7 @@ def main() -> None:
     startup = cluster_startup(2)
     result = {
         "benchmark": "convert",
+        "command": command_line(),
         "scene": {
             "size": args.size,
             "seed": args.seed,
@@ -287,9 +288,7 @@ def main() -> None:
             "png_bytes_per_pixel": main_scene["png_bytes_per_pixel"],
         },
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
+            **describe(),
             "loadavg_1m_at_end": os.getloadavg()[0],
         },
         **{k: v for k, v in main_scene.items() if k not in ("images", "megapixels", "png_bytes_per_pixel")},

@@ -23,8 +23,8 @@ The baselines are ``raykit.loaders.baselines``; each runs at 1 and at 2 torch th
 collapse on a shared 2-core machine) and the faster steady state is the one compared against. Steady
 states are measured over ``--batches`` batches (default 15000: nearly a whole epoch of the split).
 
-    /work/venv/bin/python benchmarks/bench_loader.py                  # the full benchmark
-    /work/venv/bin/python benchmarks/bench_loader.py --size small --batches 300 --out /tmp/l.json
+    python benchmarks/bench_loader.py                  # the full benchmark
+    python benchmarks/bench_loader.py --size small --batches 300 --out /tmp/l.json
     python benchmarks/bench_loader.py --cuda     # GPU machine: rays generated on the GPU, batch 2^18
 
 Results go to ``benchmarks/results/loader.json``.
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import command_line, describe, portable
 
 ROOT = Path(__file__).resolve().parent
 BATCH = 4096
@@ -200,7 +200,7 @@ def main() -> None:
         cuda = raykit_case(str(store_path), 2 * split_bytes, 100, "cuda", CUDA_BATCH)
         out = {
             "benchmark": "loader-cuda",
-            "command": " ".join([sys.executable, *sys.argv]),
+            "command": command_line(),
             "raykit": cuda,
             "gpu": torch.cuda.get_device_name(),
             "wall_s": time.perf_counter() - started,
@@ -214,12 +214,12 @@ def main() -> None:
     b_raykit = run_baseline(baseline_cached_images, store, capture, args.batches, rays="raykit")
     result = {
         "benchmark": "loader",
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": command_line(),
         "scene": {
             "size": args.size,
             "seed": args.seed,
             "train_rays": store.splits["train"].n_rays,
-            "store": str(store_path),
+            "store": portable(str(store_path)),
             "chunk_rays": store.splits["train"].chunk_rays,
         },
         "batch_size": BATCH,
@@ -238,10 +238,7 @@ def main() -> None:
             "store_4x_peak_rss_minus_budget_mb": (bounded["peak_rss_bytes"] - split_bytes // 4) / MB,
         },
         "machine": {
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
+            **describe(torch.get_num_threads()),
             "torch": torch.__version__,
             "loadavg_1m_at_start_and_end": [load_start, os.getloadavg()[0]],
         },

@@ -6,8 +6,8 @@ evaluation. Reported per sampler: test PSNR/SSIM, steps, rays/s, samples per ray
 (data wait, sampling, network, rendering, backward, optimizer), and the quick test-PSNR curve against
 training time; then the training time each sampler needed to reach stratified's final quick PSNR.
 
-    /work/venv/bin/python benchmarks/bench_trainer.py --budget 300          # the full benchmark
-    /work/venv/bin/python benchmarks/bench_trainer.py --budget 30 --out /tmp/t.json   # a quick look
+    python benchmarks/bench_trainer.py --budget 300          # the full benchmark
+    python benchmarks/bench_trainer.py --budget 30 --out /tmp/t.json   # a quick look
 
 Results go to ``benchmarks/results/trainer.json``.
 """
@@ -18,7 +18,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from machine import command_line, describe, portable
 
 from raykit.errors import RaykitError
 from raykit.scene import render_scene
@@ -130,8 +130,9 @@ def main() -> None:
     for item in args.set:
         key, value = item.split("=", 1)
         extra[key] = _parse(value)
-    command = "/work/venv/bin/python benchmarks/bench_trainer.py " + " ".join(
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v not in (None, [], False)
+    command = command_line(
+        ["benchmarks/bench_trainer.py"]
+        + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v not in (None, [], False)]
     )
     results: dict[str, Any] = {}
     if args.merge and Path(args.out).exists():
@@ -157,12 +158,11 @@ def main() -> None:
         "benchmark": "trainer",
         "scene": args.size,
         "budget_seconds": args.budget,
-        "store": str(store),
+        "store": portable(str(store)),
         "store_fingerprint": open_store(str(store)).fingerprint,
         "store_build_seconds": store_seconds,
         "config_overrides": extra,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {**describe(torch.get_num_threads()), "torch": torch.__version__},
         "command": command,
         "results": results,
     }  # fmt: skip

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from machine import describe_text, portable
+
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 
@@ -23,6 +25,11 @@ def _load(name: str) -> dict[str, Any] | None:
 def _table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _command(recorded: str) -> str:
+    """A recorded command line without the machine's paths (results written before ``machine.py``)."""
+    return " ".join(portable(word) for word in recorded.split())
 
 
 def _m(x: float) -> str:
@@ -54,7 +61,7 @@ def loader_section(d: dict[str, Any]) -> str:
     budget_mb = big["cache_bytes_budget"] / 2**20
     lines = [
         "## Loader (issue 5)",
-        f"Command: `{d['command']}`",
+        f"Command: `{_command(d['command'])}`",
         "",
         f"Scene: built-in `{d['scene']['size']}` ({d['scene']['train_rays']:,} train rays), batch "
         f"{d['batch_size']}, CPU, torch threads {d['machine']['torch_threads']}. "
@@ -138,7 +145,7 @@ def convert_section(d: dict[str, Any]) -> str:
     png = d["scene"].get("png_bytes_per_pixel")
     lines = [
         "## Conversion (issue 4)",
-        "Command: `python benchmarks/bench_convert.py`",
+        f"Command: `{_command(d.get('command', 'python benchmarks/bench_convert.py'))}`",
         "",
         f"Scene: built-in `{d['scene']['size']}` as a Blender capture, {d['scene']['images']} images, "
         f"{d['scene']['megapixels']:.1f} MP" + (f" ({png:.2f} PNG bytes/pixel)" if png else "") + ", to Zarr. "
@@ -188,7 +195,7 @@ def trainer_section(d: dict[str, Any]) -> str:
         ])  # fmt: skip
     return "\n".join([
         "## Trainer (issue 6)",
-        f"Command: `{d['command']}`",
+        f"Command: `{_command(d['command'])}`",
         "",
         f"Scene: built-in `{d['scene']}`, {d['budget_seconds']:.0f} s training budget per sampler, CPU "
         f"({d['machine'].get('torch_threads')} torch threads). Test PSNR/SSIM over the full test images.",
@@ -210,7 +217,7 @@ def codecs_section(d: dict[str, Any]) -> str:
     ]  # fmt: skip
     return "\n".join([
         "## Codecs of the Zarr backend",
-        "Command: `python benchmarks/bench_codecs.py`",
+        f"Command: `{_command(d.get('command', 'python benchmarks/bench_codecs.py'))}`",
         "",
         f"{d['rays']:,} train rays (15 chunks) of `{Path(d['store']).parent.name}`, one thread. Defaults: "
         "pid blosc-lz4-5 with bit shuffle, rgba blosc-lz4-9 without shuffle in 256 KiB blocks "
@@ -220,12 +227,22 @@ def codecs_section(d: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def _machines() -> str:
+    """The machines the results were measured on, as each benchmark recorded it."""
+    seen: dict[str, list[str]] = {}
+    for name in ("loader", "convert", "trainer", "codecs"):
+        data = _load(name)
+        if data is not None and "machine" in data:
+            seen.setdefault(describe_text(data["machine"]), []).append(name)
+    return "; ".join(f"{text} ({', '.join(names)})" for text, names in seen.items()) or "not recorded"
+
+
 def main() -> None:
     parts = [
         "# Benchmarks",
         "Latest numbers, written by `python benchmarks/summarize.py` from `benchmarks/results/*.json`. "
-        "Machine: 2 CPU cores, 24 GiB, no GPU (the development VM; other work was running at the same "
-        "time unless a load average says otherwise).",
+        f"Machine, as each benchmark measured it: {_machines()}. Other work may have been running at the "
+        "same time; each section gives its load average.",
     ]
     for name, section in (
         ("loader", loader_section),

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import pkgutil
+import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +158,36 @@ def test_readme_mentions_every_subcommand() -> None:
     subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     for name in subparsers.choices:
         assert f"raykit {name}" in readme
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_benchmarks_record_no_machine_paths() -> None:
+    """BENCHMARKS.md and the recorded results name no absolute path of the machine they ran on."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert re.findall(r"(?<![\w.~])/(?:work|home|tmp|Users|root|opt|usr|mnt)/\S*", text) == []
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        absolute = [s for s in _strings(json.loads(path.read_text())) if re.search(r"(^|[ =])/\w", s)]
+        assert absolute == [], f"{path.name}: {absolute[:3]}"
+
+
+def test_benchmark_commands_are_portable() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        machine = importlib.import_module("machine")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    argv = [str(ROOT / "benchmarks" / "bench_loader.py"), "--out=/elsewhere/x/loader.json", "--size", "small"]
+    assert machine.command_line(argv) == "python benchmarks/bench_loader.py --out=…/loader.json --size small"
+    assert machine.portable(sys.executable) == "python"
+    described = machine.describe(2)
+    assert described["cpus"] >= 1 and described["torch_threads"] == 2 and described["memory_gib"] > 0
+    assert "CPUs" in machine.describe_text(described)

@@ -1,0 +1,75 @@
+"""What every benchmark records about its run: the command, relative to the repository, and the machine
+as measured (not as remembered).
+
+    from machine import command_line, describe   # benchmarks/ is on sys.path when a script runs
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+__all__ = ["command_line", "describe", "describe_text", "portable"]
+
+
+def portable(word: str) -> str:
+    """``word`` of a command line without the machine's paths: the interpreter becomes ``python``, a
+    path inside the repository (or another checkout of it) becomes relative to it, any other absolute
+    path keeps its last part."""
+    key, eq, value = word.partition("=") if word.startswith("--") else ("", "", word)
+    if value.startswith("/"):
+        path = Path(value)
+        if path.name.startswith("python"):
+            value = "python"
+        elif path.is_relative_to(REPO):
+            value = str(path.relative_to(REPO)) or "."
+        elif "benchmarks" in path.parts:  # inside another checkout of this repository
+            value = "/".join(path.parts[path.parts.index("benchmarks") :])
+        else:
+            value = f"…/{path.name}"
+    return f"{key}{eq}{value}"
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The running command as someone would type it in the repository: ``python benchmarks/x.py ...``."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    if script.is_relative_to(REPO):
+        argv[0] = str(script.relative_to(REPO))
+    return " ".join(["python", *(portable(word) for word in argv)])
+
+
+def describe(torch_threads: int | None = None) -> dict[str, Any]:
+    """The machine as measured now: usable CPUs, memory, GPU (or None), software, 1-minute load."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (AttributeError, ValueError, OSError):
+        memory = None
+    gpu = None
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": None if memory is None else round(memory, 1),
+        "gpu": gpu,
+        "torch_threads": torch_threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def describe_text(machine: dict[str, Any]) -> str:
+    """One line for BENCHMARKS.md from a recorded ``describe()`` (older results lack some fields)."""
+    parts = [f"{machine.get('cpus') or machine.get('cpu_count')} CPUs"]
+    if machine.get("memory_gib"):
+        parts.append(f"{machine['memory_gib']:.0f} GiB")
+    parts.append(f"GPU {machine['gpu']}" if machine.get("gpu") else "no GPU")
+    return ", ".join(parts)
