@@ -53,7 +53,7 @@ from raykit.store.writer import recording_phases
 
 ROOT = Path(__file__).resolve().parent
 TARGET_RATIO = 0.8
-METADATA_PHASES = ("plan", "camera_table", "zarr_metadata", "index_manifest", "commit")
+METADATA_PHASES = ("plan", "camera_table", "metadata", "zarr_metadata", "index_manifest", "commit")
 
 
 def build_capture(size: str, seed: int, workers: int) -> Path:

@@ -10,6 +10,7 @@ from typing import Any
 from raykit.converters.convert import SOURCES, convert
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
+from raykit.store.backend import BACKENDS, RGBA_CODECS
 
 __all__ = ["register", "run_convert"]
 
@@ -26,9 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("src", metavar="SRC", help="capture folder (or a transforms.json file)")
     parser.add_argument("dst", metavar="DST", help="store to create")
     parser.add_argument("--from", dest="source", choices=SOURCES, default="auto", help="capture format")
-    parser.add_argument(
-        "--format", dest="backend", choices=("zarr", "wds"), default="zarr", help="store backend"
-    )
+    parser.add_argument("--format", dest="backend", choices=BACKENDS, default="zarr", help="store backend")
     parser.add_argument("--downscale", type=int, default=1, metavar="N", help="area-downscale images by N")
     parser.add_argument(
         "--split",
@@ -59,7 +58,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the train split's ray permutation")
     parser.add_argument(
-        "--rgba-codec", choices=("lz4", "zstd"), help="zarr colour codec: lz4 (default, fast) or zstd (small)"
+        "--rgba-codec", choices=RGBA_CODECS, help="zarr colour codec: lz4 (default, fast) or zstd (small)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")

@@ -16,6 +16,7 @@ from raykit.loaders.baselines import baseline_cached_images, baseline_precompute
 from raykit.profiling.loader import run_bench
 from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store import open_store
+from raykit.store.reader import RayStore
 from raykit.store.validate import validate_store
 from raykit.trainer import SAMPLERS, TrainConfig, train
 
@@ -72,7 +73,7 @@ def convert_all(out: Path, scene: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _store_summary(store: Any, seconds: float) -> dict[str, Any]:
+def _store_summary(store: RayStore, seconds: float) -> dict[str, Any]:
     files = store.manifest["files"]
     n_rays = sum(info.n_rays for info in store.splits.values())
     on_disk = sum(int(entry["size"]) for entry in files.values())

@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 
 from raykit.errors import CameraError
+from raykit.store.reader import RayStore
 
 __all__ = ["NerfstudioStyleRays", "baseline_cached_images", "baseline_precomputed_rays", "decode_float"]
 
@@ -37,7 +38,7 @@ def decode_float(path: Path, channels: int) -> np.ndarray:
         return np.asarray(img.convert("RGBA" if channels == 4 else "RGB"), dtype=np.float32) / 255.0
 
 
-def _train_images(store: Any, capture: Path) -> list[tuple[int, Path]]:
+def _train_images(store: RayStore, capture: Path) -> list[tuple[int, Path]]:
     names = store.images("train")
     return [(store.image_index(name), _image_file(capture, name)) for name in names]
 
@@ -47,7 +48,9 @@ def _image_file(capture: Path, name: str) -> Path:
     return path if path.suffix else path.with_suffix(".png")
 
 
-def baseline_precomputed_rays(store: Any, capture: Path, batch_size: int, batches: int) -> dict[str, Any]:
+def baseline_precomputed_rays(
+    store: RayStore, capture: Path, batch_size: int, batches: int
+) -> dict[str, Any]:
     """Vanilla NeRF: precompute all rays, reshuffle per epoch, slice; returns timings and memory."""
     gen = store.ray_generator("cpu")
     start = time.perf_counter()
@@ -114,7 +117,7 @@ class NerfstudioStyleRays:
 
 
 def baseline_cached_images(
-    store: Any, capture: Path, batch_size: int, batches: int, rays: str = "nerfstudio"
+    store: RayStore, capture: Path, batch_size: int, batches: int, rays: str = "nerfstudio"
 ) -> dict[str, Any]:
     """nerfstudio-like: float32 image cache, random pixels per batch, rays generated per batch.
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from raykit.rays import RayBatch
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["DeviceBatcher"]
@@ -27,7 +28,7 @@ class DeviceBatcher:
         device: target device.
     """
 
-    def __init__(self, store: Any, device: Any = "cpu") -> None:
+    def __init__(self, store: RayStore, device: Any = "cpu") -> None:
         self.device = torch.device(device)
         self.generator = store.ray_generator(self.device)
         self.pinned = self.device.type == "cuda"

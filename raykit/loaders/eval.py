@@ -9,6 +9,7 @@ from typing import Any
 from raykit.errors import ConfigError
 from raykit.loaders.batching import DeviceBatcher
 from raykit.rays import RayBatch
+from raykit.store.reader import RayStore
 
 __all__ = ["EvalImage", "EvalLoader"]
 
@@ -49,7 +50,7 @@ class EvalLoader:
     """
 
     def __init__(
-        self, store: Any, split: str = "test", device: Any = "cpu", limit: int | None = None
+        self, store: RayStore, split: str = "test", device: Any = "cpu", limit: int | None = None
     ) -> None:
         if split not in store.splits:
             raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")

@@ -33,9 +33,10 @@ import torch
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
-from raykit.loaders.source import as_source
+from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.workers import ChunkFetcher
 from raykit.rays import RayBatch
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
@@ -125,7 +126,7 @@ class RayLoader:
 
     def __init__(
         self,
-        store: Any,
+        store: RayStore | ChunkSource,
         split: str = "train",
         batch_size: int = 4096,
         seed: int = 0,

@@ -16,6 +16,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.cache import DiskCache
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["CachedStoreSource", "ChunkSource", "MemorySource", "StoreSource", "as_source", "is_remote"]
@@ -81,7 +82,7 @@ class MemorySource:
 class StoreSource:
     """One split of a :class:`raykit.store.RayStore` as a chunk source (picklable: reopens by location)."""
 
-    def __init__(self, store: Any, split: str) -> None:
+    def __init__(self, store: RayStore, split: str) -> None:
         if split not in store.splits:
             raise ConfigError(f"{_where(store)}: no split {split!r}; expected one of {sorted(store.splits)}")
         self.store, self.split = store, split
@@ -117,14 +118,9 @@ def is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
-def payload_files(store: Any, split: str, index: int) -> list[str]:
+def payload_files(store: RayStore, split: str, index: int) -> list[str]:
     """Relative paths of the payload files holding chunk ``index`` of ``split``."""
-    from raykit.store import wds_backend, zarr_backend
-
-    if store.backend == "wds":
-        return [wds_backend.shard_file(split, int(store.index[split]["shard"][index]))]
-    shard = index // int(store.manifest["layout"]["shard_chunks"])
-    return [zarr_backend.shard_file(split, spec, shard) for spec in store.fields.values()]
+    return store.payload.chunk_files(split, index)
 
 
 class CachedStoreSource(StoreSource):
@@ -165,20 +161,22 @@ class CachedStoreSource(StoreSource):
         self.__init__(state["url"], state["split"], state["cache_dir"])  # type: ignore[misc]
 
 
-def _all_chunks(store: Any) -> list[tuple[str, int]]:
+def _all_chunks(store: RayStore) -> list[tuple[str, int]]:
     return [(name, i) for name, info in store.splits.items() for i in range(info.n_chunks)]
 
 
-def _where(store: Any) -> str:
+def _where(store: RayStore | ChunkSource) -> str:
     return str(getattr(store, "url", None) or getattr(store, "path", None) or "ray store")
 
 
-def as_source(store: Any, split: str, disk_cache: str | os.PathLike[str] | None = None) -> ChunkSource:
+def as_source(
+    store: RayStore | ChunkSource, split: str, disk_cache: str | os.PathLike[str] | None = None
+) -> ChunkSource:
     """``store`` if it is already a chunk source, else the split ``split`` of a ray store.
 
     With ``disk_cache``, a remote store is read through a :class:`CachedStoreSource` there.
     """
-    if isinstance(store, ChunkSource) and not hasattr(store, "splits"):
+    if not isinstance(store, RayStore):
         return store
     if disk_cache is not None and is_remote(store.url):
         return CachedStoreSource(store.url, split, disk_cache)

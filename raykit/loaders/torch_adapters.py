@@ -26,12 +26,13 @@ from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
 from raykit.rays import RayBatch
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["RayDataset", "RayIterableDataset", "collate_rays"]
 
 
-def _open(store: Any) -> Any:
+def _open(store: RayStore | str) -> RayStore:
     from raykit.store import open_store
 
     return open_store(store) if isinstance(store, str) else store
@@ -46,7 +47,7 @@ class RayIterableDataset(IterableDataset[RayBatch]):
         **loader_kwargs: :class:`RayLoader` arguments (``batch_size``, ``seed``, ``rank``...).
     """
 
-    def __init__(self, store: Any, split: str = "train", **loader_kwargs: Any) -> None:
+    def __init__(self, store: RayStore | str, split: str = "train", **loader_kwargs: Any) -> None:
         if "device" in loader_kwargs or "num_workers" in loader_kwargs:
             raise ConfigError("RayIterableDataset: device and num_workers belong to the DataLoader")
         self.store = store.url if hasattr(store, "url") else store
@@ -86,7 +87,7 @@ class RayDataset(Dataset[RayBatch]):
         cache_bytes: budget of the decoded-chunk cache (per process).
     """
 
-    def __init__(self, store: Any, split: str = "train", cache_bytes: int = 256 << 20) -> None:
+    def __init__(self, store: RayStore | str, split: str = "train", cache_bytes: int = 256 << 20) -> None:
         self.store = _open(store)
         if split not in self.store.splits:
             raise ConfigError(

@@ -27,6 +27,7 @@ import torch
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
 from raykit.profiling.mixing import shuffle_quality
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["format_table", "run_bench", "write_png"]
@@ -59,7 +60,7 @@ def _sync(loader: RayLoader) -> None:
         torch.cuda.synchronize(device)
 
 
-def _stage_read(store: Any, split: str, chunks: list[int], bytes_per_ray: float) -> dict[str, float]:
+def _stage_read(store: RayStore, split: str, chunks: list[int], bytes_per_ray: float) -> dict[str, float]:
     from raykit.store import open_store
 
     fresh = open_store(store.url)
@@ -69,7 +70,7 @@ def _stage_read(store: Any, split: str, chunks: list[int], bytes_per_ray: float)
 
 
 def _stage_generate(
-    store: Any, raws: list[RawRays], loader: RayLoader, device: Any, bytes_per_ray: float
+    store: RayStore, raws: list[RawRays], loader: RayLoader, device: Any, bytes_per_ray: float
 ) -> dict[str, float]:
     """Generation as the loader does it: groups of ``group_rays`` on ``gen_threads`` threads."""
     batcher = DeviceBatcher(store, device)
@@ -101,7 +102,7 @@ def _stage_h2d(raws: list[RawRays], device: torch.device, bytes_per_ray: float) 
 
 
 def run_bench(
-    store: Any,
+    store: RayStore,
     split: str = "train",
     batch_size: int = 4096,
     workers: int = 0,

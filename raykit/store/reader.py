@@ -21,7 +21,8 @@ import pyarrow as pa
 import torch
 
 from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
-from raykit.store import wds_backend, zarr_backend
+from raykit.rays import RayBatch, RayGenerator
+from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.schema import (
     FieldSpec,
@@ -61,7 +62,11 @@ def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
 
 
 class RayStore:
-    """A committed ray store. See ``docs/format.md``."""
+    """A committed ray store. See ``docs/format.md``.
+
+    ``backend`` is the manifest's backend name; ``payload`` the backend's reader
+    (``raykit.store.backend.PayloadReader``: ``chunk_files``, ``read_chunk`` without checksum checks).
+    """
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
         self.url = url
@@ -83,8 +88,8 @@ class RayStore:
             if isinstance(exc, StoreError):
                 raise
             raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
-        self._payload: Any = self._open_payload()
-        self._generators: dict[str, Any] = {}
+        self.payload: PayloadReader = self._open_payload()
+        self._generators: dict[str, RayGenerator] = {}
         if verify:
             self.verify_files()
 
@@ -151,12 +156,14 @@ class RayStore:
         self._checked.add(rel)
         return bytes(data)
 
-    def _open_payload(self) -> Any:
-        if self.backend == "zarr":
-            return zarr_backend.ZarrReader(self.url, self.fields, self.manifest["layout"]["shard_chunks"])
-        if self.backend == "wds":
-            return wds_backend.WdsReader(self.url, self.fields, self.index)
-        raise StoreCorruptError(f"{self._where('manifest.json')}: unknown backend {self.backend!r}")
+    def _open_payload(self) -> PayloadReader:
+        try:
+            backend = backend_named(self.backend)
+        except KeyError:
+            raise StoreCorruptError(
+                f"{self._where('manifest.json')}: unknown backend {self.backend!r}"
+            ) from None
+        return backend.open_reader(self.url, PayloadSpec(self.fields, self.manifest["layout"]), self.index)
 
     def _check_file(self, rel: str) -> None:
         if rel in self._checked:
@@ -204,10 +211,10 @@ class RayStore:
         info = self._split(split)
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
-        files = self._payload.chunk_files(split, index)
+        files = self.payload.chunk_files(split, index)
         for rel in files:
             self._check_file(rel)
-        values = self._payload.read_chunk(info, index)
+        values = self.payload.read_chunk(info, index)
         crc = chunk_checksum(values, list(self.fields), self._crc_kind)
         if crc != self._crc[split][index]:
             raise StoreCorruptError(
@@ -243,7 +250,7 @@ class RayStore:
         """(N,) uint32 pids -> ``(image (N,) int64, pixel (N, 2) int64 (x, y))``."""
         return self.table.decode(pid)
 
-    def ray_generator(self, device: torch.device | str = "cpu") -> Any:
+    def ray_generator(self, device: torch.device | str = "cpu") -> RayGenerator:
         """A ``raykit.rays.RayGenerator`` for this store's images on ``device`` (memoised)."""
         key = str(torch.device(device))
         if key not in self._generators:
@@ -252,10 +259,8 @@ class RayStore:
             )
         return self._generators[key]
 
-    def to_batch(self, raw: RawRays, device: torch.device | str = "cpu") -> Any:
+    def to_batch(self, raw: RawRays, device: torch.device | str = "cpu") -> RayBatch:
         """Generate a ``RayBatch`` on ``device`` from compact rays."""
-        from raykit.rays import RayBatch
-
         generator = self.ray_generator(device)
         pid = torch.from_numpy(raw.pid.astype(np.int64))
         image, pixel, rays = generator.generate_from_pids(pid)
@@ -287,7 +292,7 @@ class RayStore:
         raw = RawRays.concat(parts)
         return raw.take(np.argsort(raw.pid, kind="stable"))
 
-    def image_rays(self, name: str, device: torch.device | str = "cpu") -> Any:
+    def image_rays(self, name: str, device: torch.device | str = "cpu") -> RayBatch:
         """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""
         return self.to_batch(self.image_raw(name), device)
 

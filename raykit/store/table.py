@@ -20,6 +20,7 @@ from raykit.store.schema import MAX_PIXELS, ImageRecord, decode_pids, split_sort
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
+    from raykit.rays import RayGenerator
 
 __all__ = [
     "CAMERA_TABLE_SCHEMA",
@@ -224,7 +225,7 @@ class CameraTable:
 
 def ray_generator(
     table: CameraTable, device: Any, *, near: float | None = None, far: float | None = None
-) -> Any:
+) -> RayGenerator:
     """A ``raykit.rays.RayGenerator`` for ``table``'s images.
 
     Unknown per-image near/far fall back to ``near``/``far`` (the scene's), then to 0 and

@@ -12,15 +12,27 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import fsspec
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.store.backend import Backend, EncodedShard, PayloadSpec
 from raykit.store.schema import FieldSpec, SplitInfo
 
-__all__ = ["WDS_DIR", "WdsReader", "encode_shard", "npy_bytes", "sample_key", "shard_file"]
+__all__ = [
+    "BACKEND",
+    "WDS_DIR",
+    "WdsBackend",
+    "WdsReader",
+    "encode_shard",
+    "npy_bytes",
+    "sample_key",
+    "shard_file",
+]
 
 WDS_DIR = "wds"
 _HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
@@ -123,3 +135,35 @@ class WdsReader:
                 )
             out[name] = _parse_npy(data, spec, stop - start, f"{self._url}/{rel}")
         return out
+
+
+@dataclass(frozen=True)
+class WdsBackend:
+    """The WebDataset backend (``raykit.store.backend.Backend``): no metadata files; each chunk's
+    shard number and member offsets go into ``index.json``."""
+
+    name: str = "wds"
+
+    def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
+        return [shard_file(split, shard)]
+
+    def encode_shard(
+        self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
+    ) -> EncodedShard:
+        first = shard * spec.shard_chunks
+        start = info.chunk_range(first)[0]
+        chunks = []
+        for c in range(first, min(first + spec.shard_chunks, info.n_chunks)):
+            lo, hi = (b - start for b in info.chunk_range(c))
+            chunks.append({name: data[name][lo:hi] for name in spec.fields})
+        files, members = encode_shard(info.name, shard, first, chunks)
+        return EncodedShard(dict(files), {"shard": [shard] * len(chunks), "members": list(members)})
+
+    def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
+        return []
+
+    def open_reader(self, url: str, spec: PayloadSpec, index: Mapping[str, Any]) -> WdsReader:
+        return WdsReader(url, spec.fields, index)
+
+
+BACKEND: Backend = WdsBackend()

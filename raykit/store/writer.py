@@ -26,14 +26,22 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
 
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json, fsync_path
-from raykit.store import wds_backend, zarr_backend
+from raykit.store.backend import (
+    BACKENDS,
+    RGBA_CODEC,
+    RGBA_CODECS,
+    Backend,
+    PayloadSpec,
+    backend_named,
+    payload_layout,
+)
 from raykit.store.integrity import (
     CHUNK_CHECKSUM,
     chunk_checksum,
@@ -65,6 +73,9 @@ from raykit.store.staging import (
 )
 from raykit.store.table import build_camera_table, order_records, write_camera_table
 
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
+
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_RAYS",
@@ -79,7 +90,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-BACKENDS = ("zarr", "wds")
 DEFAULT_CHUNK_RAYS = 65536
 DEFAULT_SHARD_CHUNKS = 16
 
@@ -95,6 +105,8 @@ def _default_memory_staging() -> int:
 
 DEFAULT_MEMORY_STAGING_BYTES = _default_memory_staging()
 SHUFFLED_SPLITS = frozenset({"train"})
+# Part of every shard task's resume key: records of an older task result layout are redone, not reused.
+_TASK_FORMAT = 2
 Source = StagingSource | StoreSource
 
 
@@ -103,7 +115,7 @@ class ShardJob:
     """Phase-2 task: write shard ``shard`` of split ``info`` into ``root``."""
 
     root: str
-    backend: str
+    backend: Backend
     info: SplitInfo
     shard: int
     fields: tuple[FieldSpec, ...]
@@ -128,22 +140,20 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     last = min(first + shard_chunks, job.info.n_chunks)
     start, stop = job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
     data = job.source.gather(job.info, start, stop, clock)
-    order = [spec.name for spec in job.fields]
-    chunks = []
+    fields = {spec.name: spec for spec in job.fields}
+    checksums = []
     for c in range(first, last):
         lo, hi = (b - start for b in job.info.chunk_range(c))
-        chunks.append({name: data[name][lo:hi] for name in order})
-    result: dict[str, Any] = {"checksums": [chunk_checksum(ch, order, job.checksum) for ch in chunks]}
+        checksums.append(
+            chunk_checksum({name: data[name][lo:hi] for name in fields}, list(fields), job.checksum)
+        )
+    result: dict[str, Any] = {"checksums": checksums}
     clock.lap("checksum")
-    encoded: Mapping[str, bytes | list[bytes]]
-    if job.backend == "zarr":
-        fields = {spec.name: spec for spec in job.fields}
-        encoded = zarr_backend.encode_shards(job.info, job.shard, data, fields, job.layout)
-    else:
-        encoded, result["members"] = wds_backend.encode_shard(job.info.name, job.shard, first, chunks)
+    encoded = job.backend.encode_shard(job.info, job.shard, data, PayloadSpec(fields, job.layout))
+    result["index"] = encoded.index
     clock.lap("compress")
     result["files"] = {}
-    for rel, payload in encoded.items():
+    for rel, payload in encoded.files.items():
         write_unsynced(root / rel, payload)  # atomic; the writer fsyncs it before the manifest
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
@@ -246,8 +256,8 @@ def _in_process(executor: Any) -> bool:
 def _check_options(
     backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None, rgba_codec: str = "zstd"
 ) -> None:
-    if rgba_codec not in zarr_backend.RGBA_CODECS:
-        raise ConfigError(f"rgba_codec: expected one of {zarr_backend.RGBA_CODECS}, got {rgba_codec!r}")
+    if rgba_codec not in RGBA_CODECS:
+        raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {rgba_codec!r}")
     if backend not in BACKENDS:
         raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
     if chunk_rays < 1 or shard_chunks < 1:
@@ -321,11 +331,11 @@ def write_store(
     progress: bool = False,
     materialize: str | None = None,
     source: Mapping[str, Any] | None = None,
-    rgba_codec: str = zarr_backend.RGBA_CODEC,
+    rgba_codec: str = RGBA_CODEC,
     zstd_level: int = 3,
     overwrite: bool = False,
     memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES,
-) -> Any:
+) -> RayStore:
     """Write a ray store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
     Args:
@@ -353,11 +363,7 @@ def write_store(
         "chunk_rays": chunk_rays,
         "shard_chunks": shard_chunks,
         "seed": seed,
-        "rgba_codec": rgba_codec,
-        "zstd_level": zstd_level,
-        "blosc_cname": zarr_backend.BLOSC_CNAME,
-        "blosc_clevel": zarr_backend.BLOSC_CLEVEL,
-        "blosc_shuffle": zarr_backend.BLOSC_SHUFFLE,
+        **payload_layout(rgba_codec, zstd_level),
         "materialize": materialize,
     }
     plan = {
@@ -399,7 +405,7 @@ def write_store(
               s["pixels_crc32c"]] for r, s in zip(ordered, staged, strict=True)]
         )  # fmt: skip
         payload = Payload(
-            backend, table, scene, splits, _fields(channels, materialize), layout,
+            backend_named(backend), table, scene, splits, _fields(channels, materialize), layout,
             {**dict(source or {}), "fingerprint": fingerprint},
         )  # fmt: skip
         sizes = tuple(r.camera.width * r.camera.height for r in ordered)
@@ -416,7 +422,7 @@ def write_store(
 class Payload:
     """What phases 2 and 3 write: backend, camera table, scene, splits, fields, layout, source."""
 
-    backend: str
+    backend: Backend
     table: Any  # pyarrow.Table
     scene: SceneInfo
     splits: Mapping[str, SplitInfo]
@@ -437,24 +443,23 @@ def _write_shards(
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and zarr metadata). Returns (file records, chunk index)."""
     files: dict[str, Any] = {}
-    if payload.backend == "zarr":
-        specs = {spec.name: spec for spec in payload.fields}
-        for rel in zarr_backend.write_metadata(partial, payload.splits, specs, payload.layout):
-            files[rel] = file_record(partial / rel)
+    spec = PayloadSpec({field.name: field for field in payload.fields}, payload.layout)
+    for rel in payload.backend.write_metadata(partial, payload.splits, spec):
+        files[rel] = file_record(partial / rel)
     jobs = [
         ShardJob(str(partial), payload.backend, info, shard, payload.fields, payload.layout, gather,
-                 f"{plan_key}:{info.name}:{shard}", payload.checksum)
+                 f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}", payload.checksum)
         for info in payload.splits.values()
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
     ]  # fmt: skip
-    profile.wall.lap("zarr_metadata")
+    profile.wall.lap("metadata")
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
         try:
             for res in _run_iter(
-                write_shard_task, jobs, executor, progress, f"write {payload.backend} shards"
+                write_shard_task, jobs, executor, progress, f"write {payload.backend.name} shards"
             ):
                 synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
                 results.append(res)
@@ -471,9 +476,8 @@ def _write_shards(
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
         entry[payload.checksum] += res["checksums"]
-        if payload.backend == "wds":
-            entry.setdefault("shard", []).extend([job.shard] * len(res["checksums"]))
-            entry.setdefault("members", []).extend(res["members"])
+        for key, values in res["index"].items():
+            entry.setdefault(key, []).extend(values)
         files.update(res["files"])
     return files, index
 
@@ -486,7 +490,7 @@ def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, An
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "raykit_version": _raykit_version(),
-        "backend": payload.backend,
+        "backend": payload.backend.name,
         "layout": dict(payload.layout),
         "source": dict(payload.source),
         "scene": payload.scene.to_dict(),
@@ -512,7 +516,7 @@ def _write_payload_and_commit(
     progress: bool,
     overwrite: bool,
     profile: _Profile,
-) -> Any:
+) -> RayStore:
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
     files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
     atomic_write_json(partial / "index.json", index)
@@ -526,7 +530,7 @@ def _write_payload_and_commit(
     return store
 
 
-def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:
+def _commit(partial: Path, dst: Path, overwrite: bool) -> RayStore:
     for name in ("staging", "tasks"):
         shutil.rmtree(partial / name, ignore_errors=True)
     (partial / "plan.json").unlink(missing_ok=True)
@@ -563,7 +567,7 @@ def copy_store(
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     overwrite: bool = False,
-) -> Any:
+) -> RayStore:
     """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
 
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
@@ -581,8 +585,8 @@ def copy_store(
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(store.cameras, str(tmp))
     payload = Payload(
-        backend, store.cameras, store.scene, store.splits, tuple(store.fields.values()), layout,
-        store.manifest["source"], store.chunk_checksum,
+        backend_named(backend), store.cameras, store.scene, store.splits, tuple(store.fields.values()),
+        layout, store.manifest["source"], store.chunk_checksum,
     )  # fmt: skip
     return _write_payload_and_commit(
         partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite,

@@ -27,20 +27,34 @@ from numcodecs import Blosc, Zstd
 
 from raykit.errors import StoreCorruptError
 from raykit.fileio import atomic_write_bytes
+from raykit.store.backend import (
+    BLOSC_CLEVEL,
+    BLOSC_CNAME,
+    BLOSC_SHUFFLE,
+    RGBA_CODEC,
+    RGBA_CODECS,
+    Backend,
+    EncodedShard,
+    PayloadSpec,
+)
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = [
+    "BACKEND",
     "BLOSC_CLEVEL",
     "BLOSC_CNAME",
     "BLOSC_SHUFFLE",
     "RGBA_CODEC",
     "RGBA_CODECS",
     "ZARR_DIR",
+    "FieldCodec",
+    "ZarrBackend",
     "ZarrReader",
     "document_bytes",
     "encode_shard",
     "encode_shard_pieces",
     "encode_shards",
+    "field_codec",
     "metadata_documents",
     "shard_file",
     "write_metadata",
@@ -48,16 +62,13 @@ __all__ = [
 
 ZARR_DIR = "zarr"
 _ABSENT = 2**64 - 1  # shard index entry of a chunk that is not stored
-# Multi-byte fields (pids, floats): blosc-lz4 with bit shuffle. On shuffled train pids it is as small
-# as blosc-zstd (2.92 vs 3.02 bytes/ray on the `realistic` scene) and 8x faster to write (docs/format.md).
-BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "bitshuffle"
-# Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray RGBA
-# chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as fast
-# to read as zstd-3, at 1.6x its size (1.23 vs 0.77 bytes/ray; benchmarks/bench_codecs.py). "zstd" uses
-# ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
-RGBA_CODECS = ("lz4", "zstd")
-RGBA_CODEC = "lz4"
+# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.backend``: every layout records
+# them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
+# RGBA chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as
+# fast to read as zstd-3, at 1.6x its size (1.23 vs 0.77 bytes/ray; benchmarks/bench_codecs.py). "zstd"
+# uses ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
+_SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 
 
 def _rgba_codec(layout: Mapping[str, Any]) -> str:
@@ -67,24 +78,54 @@ def _rgba_codec(layout: Mapping[str, Any]) -> str:
     return codec
 
 
-def _compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
+@dataclass(frozen=True)
+class FieldCodec:
+    """The inner compressor of one field, defined once: its zarr v3 name and configuration. The
+    metadata document, the zarr codec (the twins) and the numcodecs codec (the fast path) all derive
+    from it, so they cannot disagree."""
+
+    name: str  # "zstd" | "blosc"
+    configuration: Mapping[str, Any]
+
+    def document(self) -> dict[str, Any]:
+        """As zarr v3 metadata (``codecs`` entry)."""
+        return {"name": self.name, "configuration": dict(self.configuration)}
+
+    def zarr_codec(self) -> Any:
+        """The zarr codec object (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
+        from zarr.codecs import BloscCodec, ZstdCodec
+
+        return ZstdCodec(**self.configuration) if self.name == "zstd" else BloscCodec(**self.configuration)
+
+    def numcodecs_codec(self) -> Any:
+        """The numcodecs codec zarr runs for it (zarr's blosc is single-threaded)."""
+        cfg = self.configuration
+        if self.name == "zstd":
+            return Zstd(level=cfg["level"], checksum=cfg["checksum"])
+        return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
+                     blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
+
+
+def field_codec(spec: FieldSpec, layout: Mapping[str, Any]) -> FieldCodec:
     """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc (lz4,
     bit shuffle).
 
     Bit shuffle groups the slowly varying high bits of pids together: sequential evaluation pids
     shrink to almost nothing, shuffled train pids to about their entropy; see docs/format.md.
     """
-    from zarr.codecs import BloscCodec, ZstdCodec
-
-    if np.dtype(spec.dtype).itemsize == 1:
-        if _rgba_codec(layout) == "zstd":
-            return ZstdCodec(level=layout["zstd_level"])
-        return BloscCodec(typesize=1, **_RGBA_BLOSC)
-    return BloscCodec(
-        cname=layout.get("blosc_cname", BLOSC_CNAME),
-        clevel=layout.get("blosc_clevel", BLOSC_CLEVEL),
-        shuffle=layout.get("blosc_shuffle", BLOSC_SHUFFLE),
-    )
+    itemsize = np.dtype(spec.dtype).itemsize
+    if itemsize == 1 and _rgba_codec(layout) == "zstd":
+        return FieldCodec("zstd", {"level": layout["zstd_level"], "checksum": False})
+    if itemsize == 1:
+        return FieldCodec("blosc", {"typesize": 1, **_RGBA_BLOSC})
+    config = {
+        "typesize": itemsize,
+        "cname": layout.get("blosc_cname", BLOSC_CNAME),
+        "clevel": layout.get("blosc_clevel", BLOSC_CLEVEL),
+        "shuffle": layout.get("blosc_shuffle", BLOSC_SHUFFLE),
+        "blocksize": 0,
+    }
+    return FieldCodec("blosc", config)
 
 
 def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,7 +139,7 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -
         "dtype": spec.dtype,
         "chunks": (chunk_rays, *tail),
         "shards": (shard_rays, *tail),
-        "compressors": [_compressor(spec, layout), Crc32cCodec()],
+        "compressors": [field_codec(spec, layout).zarr_codec(), Crc32cCodec()],
         "fill_value": 0,
         "attributes": {"raykit_field": spec.name},
     }
@@ -132,23 +173,6 @@ def document_bytes(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, indent=2).encode()
 
 
-def _codec_document(spec: FieldSpec, layout: Mapping[str, Any]) -> dict[str, Any]:
-    """The inner compressor of ``_compressor`` as zarr v3 metadata."""
-    itemsize = np.dtype(spec.dtype).itemsize
-    if itemsize == 1 and _rgba_codec(layout) == "zstd":
-        return {"name": "zstd", "configuration": {"level": layout["zstd_level"], "checksum": False}}
-    if itemsize == 1:
-        return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
-    config = {
-        "typesize": itemsize,
-        "cname": layout.get("blosc_cname", BLOSC_CNAME),
-        "clevel": layout.get("blosc_clevel", BLOSC_CLEVEL),
-        "shuffle": layout.get("blosc_shuffle", BLOSC_SHUFFLE),
-        "blocksize": 0,
-    }
-    return {"name": "blosc", "configuration": config}
-
-
 def _array_document(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
     """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
     tail = [spec.channels] if spec.channels else []
@@ -156,7 +180,7 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any])
     inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
     sharding = {
         "chunk_shape": [info.chunk_rays, *tail],
-        "codecs": [inner_bytes, _codec_document(spec, layout), {"name": "crc32c"}],
+        "codecs": [inner_bytes, field_codec(spec, layout).document(), {"name": "crc32c"}],
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end",
     }
@@ -226,25 +250,6 @@ def encode_shards(
     }
 
 
-def _numcodecs_compressor(spec: FieldSpec, layout: Mapping[str, Any]) -> Any:
-    """The numcodecs codec behind ``_compressor`` (zarr's blosc runs single-threaded, blocksize 0)."""
-    itemsize = np.dtype(spec.dtype).itemsize
-    shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
-    if itemsize == 1:
-        if _rgba_codec(layout) == "zstd":
-            return Zstd(level=layout["zstd_level"], checksum=False)
-        cfg = _RGBA_BLOSC
-        return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle[cfg["shuffle"]],
-                     blocksize=cfg["blocksize"], typesize=1)  # fmt: skip
-    return Blosc(
-        cname=layout.get("blosc_cname", BLOSC_CNAME),
-        clevel=layout.get("blosc_clevel", BLOSC_CLEVEL),
-        shuffle=shuffle[layout.get("blosc_shuffle", BLOSC_SHUFFLE)],
-        blocksize=0,
-        typesize=itemsize,
-    )
-
-
 def _crc32c_bytes(data: bytes) -> bytes:
     return int(google_crc32c.value(data)).to_bytes(4, "little")
 
@@ -270,7 +275,7 @@ def encode_shard_pieces(
         values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
     """
     chunk_rays, shard_chunks = info.chunk_rays, layout["shard_chunks"]
-    codec = _numcodecs_compressor(spec, layout)
+    codec = field_codec(spec, layout).numcodecs_codec()
     values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
     index = np.full((shard_chunks, 2), _ABSENT, dtype="<u8")
     pieces, offset = [], 0
@@ -465,3 +470,27 @@ class ZarrReader:
                     f"{where}: chunk {index} of split {info.name!r} unreadable: {exc}"
                 ) from exc
         return out
+
+
+@dataclass(frozen=True)
+class ZarrBackend:
+    """The Zarr v3 backend (``raykit.store.backend.Backend``)."""
+
+    name: str = "zarr"
+
+    def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
+        return [shard_file(split, field, shard) for field in spec.fields.values()]
+
+    def encode_shard(
+        self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
+    ) -> EncodedShard:
+        return EncodedShard(dict(encode_shards(info, shard, data, spec.fields, spec.layout)))
+
+    def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
+        return write_metadata(root, splits, spec.fields, spec.layout)
+
+    def open_reader(self, url: str, spec: PayloadSpec, index: Mapping[str, Any]) -> ZarrReader:
+        return ZarrReader(url, spec.fields, spec.shard_chunks)
+
+
+BACKEND: Backend = ZarrBackend()

@@ -15,6 +15,7 @@ import torch
 from raykit.cameras import pixels_to_rays
 from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
+from raykit.store.backend import BACKENDS, PayloadSpec, backend_named
 from raykit.store.reader import RayStore
 from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store
@@ -45,33 +46,38 @@ def _flip_byte(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def _payload_kinds(store: RayStore) -> dict[str, str]:
-    """One payload file per kind (rgba shard, pid shard / tar) -> its relative path."""
-    kinds: dict[str, str] = {}
-    for rel in store.files:
-        if rel.startswith("wds/"):
-            kinds.setdefault("tar", rel)
-        elif rel.startswith("zarr/") and not rel.endswith("zarr.json"):
-            kinds.setdefault(rel.split("/")[2], rel)
-    return kinds
-
-
-def _data_offset(store: RayStore, rel: str) -> int:
-    """A byte offset inside ray data of file ``rel`` (not tar headers or padding)."""
-    if rel.startswith("wds/"):
-        split = rel.split("/")[1].rsplit("-", 1)[0]
-        index = store.index[split]
-        chunk = next(i for i, s in enumerate(index["shard"]) if rel.endswith(f"-{s:06d}.tar"))
-        offset, size = index["members"][chunk]["rgba"]
-        return offset + size - 7
-    return store.files[rel]["size"] // 3
-
-
 class StoreContract:
-    """Behaviour every backend must have; subclasses set ``backend`` and ``materialize``."""
+    """Behaviour every backend must have; subclasses set ``backend`` and ``materialize`` and say where
+    the backend keeps its bytes (``payload_kinds``, ``data_offset``) and how its own library reads
+    them (``native_split``). A new backend is one such subclass (with a mixin like ``ZarrNative``)."""
 
     backend = ""
     materialize: str | None = None
+
+    def payload_kinds(self, store: RayStore) -> dict[str, str]:
+        """One payload file per kind (e.g. rgba shard, pid shard, tar) -> its relative path."""
+        raise NotImplementedError
+
+    def data_offset(self, store: RayStore, rel: str) -> int:
+        """A byte offset inside ray data of payload file ``rel`` (not headers or padding)."""
+        raise NotImplementedError
+
+    def split_of(self, rel: str) -> str:
+        """The split whose rays payload file ``rel`` holds."""
+        raise NotImplementedError
+
+    def test_backend_implements_the_interface(self, store_dir: Path) -> None:
+        store = open_store(store_dir)
+        backend = backend_named(self.backend)
+        assert backend.name == self.backend and pickle.loads(pickle.dumps(backend)) == backend
+        for split, info in store.splits.items():
+            listed = set()
+            for shard in range(-(-info.n_chunks // SHARD_CHUNKS)):
+                files = backend.shard_files(split, shard, PayloadSpec(store.fields, store.manifest["layout"]))
+                assert files and set(files) <= set(store.files)
+                listed.update(files)
+            for index in range(info.n_chunks):
+                assert set(store.payload.chunk_files(split, index)) <= listed
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -182,13 +188,13 @@ class StoreContract:
         assert len(store.read("val", 3, 3)) == 0
 
     def test_corrupt_payload_files_are_named(self, scratch: Path) -> None:
-        kinds = _payload_kinds(open_store(scratch))
+        kinds = self.payload_kinds(open_store(scratch))
         assert kinds
         for rel in kinds.values():
-            _flip_byte(scratch / rel, _data_offset(open_store(scratch), rel))
+            _flip_byte(scratch / rel, self.data_offset(open_store(scratch), rel))
         store = open_store(scratch)
         for rel in kinds.values():
-            split = rel.split("/")[1].rsplit("-", 1)[0]
+            split = self.split_of(rel)
             with pytest.raises(StoreCorruptError) as info:
                 for i in range(store.splits[split].n_chunks):
                     store.read_chunk(split, i)
@@ -215,20 +221,20 @@ class StoreContract:
         assert open_store(scratch).fingerprint
 
     def test_truncated_shard(self, scratch: Path) -> None:
-        rel = next(iter(_payload_kinds(open_store(scratch)).values()))
+        rel = next(iter(self.payload_kinds(open_store(scratch)).values()))
         path = scratch / rel
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         store = open_store(scratch)
-        split = rel.split("/")[1].rsplit("-", 1)[0]
+        split = self.split_of(rel)
         with pytest.raises(StoreCorruptError, match=re.escape(rel)):
             for i in range(store.splits[split].n_chunks):
                 store.read_chunk(split, i)
 
     def test_missing_file(self, scratch: Path) -> None:
-        rel = next(iter(_payload_kinds(open_store(scratch)).values()))
+        rel = next(iter(self.payload_kinds(open_store(scratch)).values()))
         (scratch / rel).unlink()
         store = open_store(scratch)
-        split = rel.split("/")[1].rsplit("-", 1)[0]
+        split = self.split_of(rel)
         with pytest.raises(StoreNotFoundError, match=re.escape(rel)):
             for i in range(store.splits[split].n_chunks):
                 store.read_chunk(split, i)
@@ -283,7 +289,7 @@ class StoreContract:
             open_store(f"{url}/{name}")
 
     def test_copy_to_other_backend_gives_identical_batches(self, store_dir: Path, tmp_path: Path) -> None:
-        other = "wds" if self.backend == "zarr" else "zarr"
+        other = next(name for name in BACKENDS if name != self.backend)
         copy = copy_store(store_dir, tmp_path / "copy", backend=other)
         store = open_store(store_dir)
         assert copy.backend == other and copy.fingerprint == store.fingerprint
@@ -310,6 +316,19 @@ class StoreContract:
 
 
 class ZarrNative:
+    def payload_kinds(self, store: RayStore) -> dict[str, str]:
+        kinds: dict[str, str] = {}
+        for rel in store.files:
+            if rel.startswith("zarr/") and not rel.endswith("zarr.json"):
+                kinds.setdefault(rel.split("/")[2], rel)
+        return kinds
+
+    def data_offset(self, store: RayStore, rel: str) -> int:
+        return int(store.files[rel]["size"]) // 3
+
+    def split_of(self, rel: str) -> str:
+        return rel.split("/")[1]
+
     def native_split(self, store_dir: Path, split: str) -> dict[str, np.ndarray]:
         import zarr
 
@@ -318,6 +337,19 @@ class ZarrNative:
 
 
 class WebDatasetNative:
+    def payload_kinds(self, store: RayStore) -> dict[str, str]:
+        return {"tar": next(rel for rel in store.files if rel.startswith("wds/"))}
+
+    def split_of(self, rel: str) -> str:
+        return rel.split("/")[1].rsplit("-", 1)[0]
+
+    def data_offset(self, store: RayStore, rel: str) -> int:
+        split = self.split_of(rel)
+        index = store.index[split]
+        chunk = next(i for i, s in enumerate(index["shard"]) if rel.endswith(f"-{s:06d}.tar"))
+        offset, size = index["members"][chunk]["rgba"]
+        return int(offset + size - 7)
+
     def native_split(self, store_dir: Path, split: str) -> dict[str, np.ndarray]:
         import webdataset
 
