@@ -7,10 +7,8 @@ import contextlib
 import time
 from typing import Any
 
-from raykit.converters.convert import SOURCES, convert
-from raykit.converters.images import EXIF_POLICIES
-from raykit.converters.normalize import NORMALIZE_MODES
-from raykit.store.backend import BACKENDS, RGBA_CODECS
+from raykit.converters.config import add_arguments, from_args
+from raykit.converters.convert import convert
 
 __all__ = ["register", "run_convert"]
 
@@ -24,47 +22,7 @@ def register(subparsers: Any) -> None:
         "line, and nothing is written; the store appears at DST only when complete, and rerunning an "
         "interrupted conversion resumes it.",
     )
-    parser.add_argument("src", metavar="SRC", help="capture folder (or a transforms.json file)")
-    parser.add_argument("dst", metavar="DST", help="store to create")
-    parser.add_argument("--from", dest="source", choices=SOURCES, default="auto", help="capture format")
-    parser.add_argument("--format", dest="backend", choices=BACKENDS, default="zarr", help="store backend")
-    parser.add_argument("--downscale", type=int, default=1, metavar="N", help="area-downscale images by N")
-    parser.add_argument(
-        "--split",
-        default="auto",
-        help="auto | source | all | every:N | test=FILE[,val=FILE][,train=FILE] (default: auto = the "
-        "source's own splits, else every 8th sorted image is test)",
-    )
-    parser.add_argument("--normalize", choices=NORMALIZE_MODES, default="none", help="world normalisation")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--workers", type=int, default=1, metavar="N", help="N > 1: local Dask cluster")
-    group.add_argument("--scheduler", metavar="ADDRESS", help="existing Dask scheduler, e.g. tcp://host:8786")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        metavar="T",
-        help="threads per worker (default: all cores for one worker, else 1; the output is the same)",
-    )
-    parser.add_argument("--skip-missing", action="store_true", help="skip frames whose image is missing")
-    parser.add_argument(
-        "--images", metavar="DIR", help="COLMAP image folder (default: found beside the model)"
-    )
-    parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
-    parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
-    parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
-    parser.add_argument("--chunk-rays", type=int, metavar="N", help="rays per chunk (default: the writer's)")
-    parser.add_argument(
-        "--shard-chunks", type=int, metavar="N", help="chunks per shard (default: the writer's)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train split's ray permutation")
-    parser.add_argument(
-        "--rgba-codec", choices=RGBA_CODECS, help="zarr colour codec: lz4 (default, fast) or zstd (small)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    parser.add_argument(
-        "--profile", action="store_true", help="print where the time went (per writer step and task phase)"
-    )
+    add_arguments(parser)
     parser.set_defaults(func=run_convert)
 
 
@@ -72,45 +30,20 @@ def run_convert(args: argparse.Namespace) -> int:
     """Handler of ``raykit convert``; returns the exit status."""
     from raykit.store.writer import format_phases, recording_phases
 
+    config = from_args(args)
     start = time.perf_counter()
     recording: contextlib.AbstractContextManager[dict[str, Any]]
-    recording = recording_phases() if args.profile else contextlib.nullcontext({})
+    recording = recording_phases() if config.profile else contextlib.nullcontext({})
     with recording as phases:
-        store = _convert(args)
+        store = convert(config.src, config.dst, **config.convert_options())
     seconds = time.perf_counter() - start
     splits = ", ".join(
         f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()
     )
-    print(f"wrote {args.dst} ({store.backend}; {splits})")
-    if args.profile:
+    print(f"wrote {config.dst} ({store.backend}; {splits})")
+    if config.profile:
         pixels = sum(info.n_rays for info in store.splits.values()) / 1e6
         print(f"converted {pixels:.1f} M pixels in {seconds:.2f} s ({pixels / seconds:.1f} M pixels/s)")
         for line in format_phases(phases, seconds):
             print("  " + line)
     return 0
-
-
-def _convert(args: argparse.Namespace) -> Any:
-    return convert(
-        args.src,
-        args.dst,
-        source=args.source,
-        backend=args.backend,
-        downscale=args.downscale,
-        split=args.split,
-        normalize=args.normalize,
-        workers=args.workers,
-        scheduler=args.scheduler,
-        threads=args.threads,
-        skip_missing=args.skip_missing,
-        progress=args.progress,
-        images=args.images,
-        exif=args.exif,
-        near=args.near,
-        far=args.far,
-        chunk_rays=args.chunk_rays,
-        shard_chunks=args.shard_chunks,
-        seed=args.seed,
-        rgba_codec=args.rgba_codec,
-        overwrite=args.overwrite,
-    )

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from raykit.errors import ConfigError
+from raykit.options import add_arguments as add_config_arguments
+from raykit.options import from_args as config_from_args
 
 __all__ = ["SAMPLERS", "TrainConfig", "add_arguments", "from_args"]
 
@@ -118,38 +119,12 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _base_type(annotation: Any) -> type:
-    """``int | None`` -> int; ``float`` -> float."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if args else annotation
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per :class:`TrainConfig` field (``store`` positional, ``--out`` required)."""
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        kind = _base_type(hints[f.name])
-        help_text = f.metadata["help"]
-        if f.name in _POSITIONAL:
-            parser.add_argument(f.name, help=help_text)
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if kind is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-            continue
-        kwargs: dict[str, Any] = {"type": kind, "help": help_text, "dest": f.name}
-        if f.name in _REQUIRED:
-            kwargs["required"] = True
-        else:
-            kwargs["default"] = f.default
-            kwargs["help"] = f"{help_text} (default: {f.default})"
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        parser.add_argument(flag, **kwargs)
+    add_config_arguments(parser, TrainConfig, positional=_POSITIONAL, required=_REQUIRED)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` described by parsed arguments (extra attributes are ignored)."""
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    config: TrainConfig = config_from_args(TrainConfig, args)
+    return config

@@ -1,0 +1,78 @@
+"""``ConvertConfig``: every option of ``raykit convert``, written once; its fields generate the flags.
+
+``add_arguments(parser)`` builds the command's arguments, ``from_args(args)`` reads them back and
+``config.convert_options()`` gives the keyword arguments of :func:`raykit.converters.convert`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from raykit.converters.convert import SOURCES
+from raykit.converters.images import EXIF_POLICIES
+from raykit.converters.normalize import NORMALIZE_MODES
+from raykit.options import add_arguments as add_config_arguments
+from raykit.options import from_args as config_from_args
+from raykit.options import option
+from raykit.store.backend import BACKENDS, RGBA_CODECS
+
+__all__ = ["ConvertConfig", "add_arguments", "from_args"]
+
+_SPLIT_HELP = (
+    "auto | source | all | every:N | test=FILE[,val=FILE][,train=FILE] (auto: the source's own splits, "
+    "else every 8th sorted image is test)"
+)
+_THREADS_HELP = "threads per worker (default: all cores for one worker, else 1; the output is the same)"
+_COMMAND_ONLY = ("src", "dst", "profile")  # not arguments of ``convert``'s keywords
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """One conversion as the command line describes it."""
+
+    src: str = option("", "capture folder (or a transforms.json file)", positional=True, metavar="SRC")
+    dst: str = option("", "store to create", positional=True, metavar="DST")
+    source: str = option("auto", "capture format", flag="--from", choices=SOURCES)
+    backend: str = option("zarr", "store backend", flag="--format", choices=BACKENDS)
+    downscale: int = option(1, "area-downscale images by N", metavar="N")
+    split: str = option("auto", _SPLIT_HELP)
+    normalize: str = option("none", "world normalisation", choices=NORMALIZE_MODES)
+    workers: int = option(1, "N > 1: local Dask cluster", metavar="N", group="cluster")
+    scheduler: str | None = option(
+        None, "existing Dask scheduler, e.g. tcp://host:8786", metavar="ADDRESS", group="cluster"
+    )
+    threads: int | None = option(None, _THREADS_HELP, metavar="T")
+    skip_missing: bool = option(False, "skip frames whose image is missing")
+    images: str | None = option(None, "COLMAP image folder (default: found beside the model)", metavar="DIR")
+    exif: str = option("reject", "EXIF orientation policy", choices=EXIF_POLICIES)
+    near: float | None = option(None, "override every image's near bound (source units)")
+    far: float | None = option(None, "override every image's far bound (source units)")
+    chunk_rays: int | None = option(None, "rays per chunk (default: the writer's)", metavar="N")
+    shard_chunks: int | None = option(None, "chunks per shard (default: the writer's)", metavar="N")
+    seed: int = option(0, "seed of the train split's ray permutation")
+    rgba_codec: str | None = option(
+        None, "zarr colour codec: lz4 (default, fast) or zstd (small)", choices=RGBA_CODECS
+    )
+    overwrite: bool = option(False, "replace an existing store at DST")
+    progress: bool = option(True, "progress bars")
+    profile: bool = option(False, "print where the time went (per writer step and task phase)")
+
+    def convert_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst``)."""
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _COMMAND_ONLY
+        }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one argument per :class:`ConvertConfig` field."""
+    add_config_arguments(parser, ConvertConfig)
+
+
+def from_args(args: argparse.Namespace) -> ConvertConfig:
+    """The :class:`ConvertConfig` described by parsed arguments."""
+    config: ConvertConfig = config_from_args(ConvertConfig, args)
+    return config

@@ -1,0 +1,105 @@
+"""Frozen configuration dataclasses whose fields generate a command's flags.
+
+A command's options are written once, as fields made with ``option(default, help, ...)``; then
+``add_arguments(parser, Config)`` builds the flags and ``from_args(Config, args)`` reads them back.
+Field ``some_name`` becomes ``--some-name`` (or ``flag``), a ``bool`` field a ``--x/--no-x`` pair, an
+``int | None`` field a flag of type ``int`` defaulting to ``None``; the help text gains the default
+(unless it is ``None``: then the help says what that means).
+Used by ``TrainConfig``, ``ConvertConfig`` and ``BenchConfig``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+__all__ = ["add_arguments", "from_args", "option"]
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    positional: bool = False,
+    required: bool = False,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    group: str | None = None,
+) -> Any:
+    """A dataclass field that is also a command-line option.
+
+    Args:
+        default: the field's default (and the flag's).
+        help: the flag's help text.
+        flag: the flag's name when it is not ``--`` + the field name with dashes.
+        positional: a positional argument instead of a flag.
+        required: the flag must be given.
+        choices: allowed values.
+        metavar: the value's name in the usage line.
+        group: fields of the same group are mutually exclusive on the command line.
+    """
+    extra = {"flag": flag, "positional": positional, "required": required, "choices": choices,
+             "metavar": metavar, "group": group}  # fmt: skip
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+def _base_type(annotation: Any) -> Any:
+    """``int | None`` -> int; ``float`` -> float."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    config: type[Any],
+    *,
+    positional: tuple[str, ...] = (),
+    required: tuple[str, ...] = (),
+) -> None:
+    """Add one argument per field of dataclass ``config`` whose metadata has a ``help``.
+
+    ``positional`` and ``required`` name fields that are positional or required besides those whose
+    ``option`` says so.
+    """
+    hints = typing.get_type_hints(config)
+    groups: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        meta = f.metadata
+        if "help" not in meta:
+            continue
+        target: Any = parser
+        if meta.get("group"):
+            if meta["group"] not in groups:
+                groups[meta["group"]] = parser.add_mutually_exclusive_group()
+            target = groups[meta["group"]]
+        if meta.get("positional") or f.name in positional:
+            target.add_argument(f.name, help=meta["help"], metavar=meta.get("metavar"))
+            continue
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        kind = _base_type(hints[f.name])
+        if kind is bool:
+            target.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"]
+            )
+            continue
+        kwargs: dict[str, Any] = {"type": kind, "dest": f.name, "help": meta["help"]}
+        if meta.get("required") or f.name in required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = f.default
+            if f.default is not None:  # a None default says what it means in the help text
+                kwargs["help"] = f"{meta['help']} (default: {f.default})"
+        for key in ("choices", "metavar"):
+            if meta.get(key) is not None:
+                kwargs[key] = meta[key]
+        target.add_argument(flag, **kwargs)
+
+
+def from_args(config: type[Any], args: argparse.Namespace) -> Any:
+    """The ``config`` instance described by parsed arguments (extra attributes are ignored)."""
+    return config(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(config) if "help" in f.metadata}
+    )
