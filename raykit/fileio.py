@@ -11,8 +11,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "fsync_path",
+    "json_bytes",
     "sha256_bytes",
     "sha256_file",
 ]
@@ -37,41 +39,82 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+# Read once: os.umask can only be read by setting it, which would race with threads creating files.
+_UMASK = _umask()
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on clean exit rename it to ``path``.
+def atomic_path(
+    path: str | os.PathLike[str], *, sync: bool = True, directory: bool = False
+) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on clean exit rename it to ``path``. The one atomic
+    write of raykit: metadata files, shard and staging files, task records, checkpoint directories.
 
     The caller writes the temporary file by any means (``np.save``, ``torch.save``, a tar writer).
     On an exception the temporary file is removed and ``path`` is left untouched.
+
+    Args:
+        sync: fsync the file (a directory: each file in it, then its parent after the rename) before
+            it appears. ``False`` for files a writer fsyncs later or can redo: the rename is still
+            atomic against a killed process, and after a power loss a damaged file fails its
+            record's size and checksum and is redone.
+        directory: yield a temporary directory instead of a file; an existing ``path`` is replaced.
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    # mkstemp creates 0600 files; give the final file the mode a plain open() would (0666 & ~umask).
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    if directory:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    else:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        # mkstemp creates 0600 files; give the final file the mode a plain open() would (0666 & ~umask).
+        os.chmod(tmp, 0o666 & ~_UMASK)
     try:
         yield tmp
-        fsync_path(tmp)
-        os.replace(tmp, final)
+        if sync:
+            for item in sorted(tmp.iterdir()) if directory else [tmp]:
+                fsync_path(item)
+        if directory:
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            if sync:
+                fsync_path(final.parent)
+        else:
+            os.replace(tmp, final)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if directory:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file in the same directory, then rename)."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes | memoryview | Sequence[bytes], *, sync: bool = True
+) -> None:
+    """Write ``data`` (or its pieces, one after the other: no copy to join them) to ``path``
+    atomically (``atomic_path``)."""
+    with atomic_path(path, sync=sync) as tmp, open(tmp, "wb") as handle:
+        for piece in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
+            handle.write(piece)  # large pieces bypass the buffer
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as canonical JSON (sorted keys, 2-space indent, trailing newline) atomically."""
-    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    atomic_write_bytes(path, text.encode())
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as canonical JSON: sorted keys, 2-space indent, trailing newline, no NaN."""
+    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, sync: bool = True) -> None:
+    """Write ``obj`` as canonical JSON (``json_bytes``) atomically."""
+    atomic_write_bytes(path, json_bytes(obj), sync=sync)
 
 
 def sha256_bytes(data: bytes) -> str:

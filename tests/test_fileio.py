@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raykit.fileio import atomic_path, atomic_write_json, sha256_bytes, sha256_file
+from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
 
 
 def test_atomic_write_json_round_trip(tmp_path: Path) -> None:
@@ -45,3 +45,24 @@ def test_written_file_has_default_mode(tmp_path: Path) -> None:
     os.umask(umask)
     atomic_write_json(tmp_path / "m.json", {})
     assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_pieces_are_written_in_order_without_sync(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "shard"
+    atomic_write_bytes(path, [b"ab", memoryview(b"cd"), b"e"], sync=False)
+    assert path.read_bytes() == b"abcde"
+    assert [p.name for p in path.parent.iterdir()] == ["shard"]
+
+
+def test_atomic_directory_replaces_and_cleans_up(tmp_path: Path) -> None:
+    final = tmp_path / "ckpt"
+    with atomic_path(final, directory=True) as tmp:
+        (tmp / "a").write_text("1")
+    with atomic_path(final, directory=True) as tmp:
+        (tmp / "b").write_text("2")
+    assert sorted(p.name for p in final.iterdir()) == ["b"]
+    with pytest.raises(RuntimeError), atomic_path(final, directory=True) as tmp:
+        (tmp / "c").write_text("3")
+        raise RuntimeError("killed mid-write")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in final.iterdir()) == ["b"]

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import threading
 import time
 import zlib
@@ -31,7 +30,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import sha256_file
+from raykit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 from raykit.store.integrity import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.schema import ImageRecord, SplitInfo
@@ -48,7 +47,6 @@ __all__ = [
     "stage_image",
     "stage_in_memory",
     "write_record",
-    "write_unsynced",
 ]
 
 
@@ -243,38 +241,16 @@ def stage_in_memory(root: str | Path) -> Iterator[None]:
 
 def _write_raw(path: Path, array: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
     data = np.ascontiguousarray(array).data.cast("B")
-    write_unsynced(path, data)
+    atomic_write_bytes(path, data, sync=False)  # scratch: redone on resume if damaged
     clock.lap("write")
     record = scratch_record(data)
     clock.lap("checksum")
     return record
 
 
-def write_unsynced(path: Path, data: bytes | memoryview | Sequence[bytes]) -> None:
-    """Write ``data`` (or pieces of it, one after the other) under a temporary name, then rename it to
-    ``path``, without fsync.
-
-    For the writer's scratch files (staging, task records), and for shard files, which the writer
-    fsyncs before the manifest (in background threads, while later shards are encoded): a rename is
-    atomic against a killed process, and after a power loss a damaged file fails its record's size
-    and checksum on resume and is redone. Metadata files go through ``raykit.fileio`` (fsync before
-    rename).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            for piece in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
-                handle.write(piece)  # large pieces bypass the buffer: no copy
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_record(path: Path, record: Any) -> None:
-    """A task record as canonical JSON (``write_unsynced``)."""
-    write_unsynced(path, (json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+    """A task record as canonical JSON, atomically without fsync (a lost record only redoes its task)."""
+    atomic_write_json(path, record, sync=False)
 
 
 def _read_rows(path: Path, lo: int, out: np.ndarray) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_json, fsync_path
+from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json, fsync_path
 from raykit.store.backend import (
     BACKENDS,
     RGBA_CODEC,
@@ -69,7 +70,6 @@ from raykit.store.staging import (
     stage_image,
     stage_in_memory,
     write_record,
-    write_unsynced,
 )
 from raykit.store.table import build_camera_table, order_records, write_camera_table
 
@@ -154,7 +154,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock.lap("compress")
     result["files"] = {}
     for rel, payload in encoded.files.items():
-        write_unsynced(root / rel, payload)  # atomic; the writer fsyncs it before the manifest
+        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
         clock.lap("checksum")
@@ -167,7 +167,8 @@ class _Profile:
     """Where a write's time went: wall seconds of the calling process per phase (laps), and the
     tasks' own seconds per phase summed over all tasks (whichever worker ran them).
 
-    Logged at DEBUG level on ``raykit.store.writer`` with ``extra={"raykit_phases": ...}``.
+    ``finish`` hands them to the innermost ``recording_phases`` of this thread (or task) and logs them
+    at DEBUG level on ``raykit.store.writer``.
     """
 
     def __init__(self) -> None:
@@ -180,21 +181,20 @@ class _Profile:
             for phase, seconds in res.pop("seconds", {}).items():
                 totals[phase] = totals.get(phase, 0.0) + seconds
 
-    def log(self, dst: Path) -> None:
+    def finish(self, dst: Path) -> None:
         phases = {"wall": self.wall.seconds, "tasks": self.tasks}
-        _log.debug("wrote %s: %s", dst, json.dumps(phases), extra={"raykit_phases": phases})
+        recording = _RECORDING.get()
+        if recording is not None:
+            recording.clear()
+            recording.update(phases)
+        _log.debug("wrote %s: %s", dst, json.dumps(phases))
 
 
-class _PhaseHandler(logging.Handler):
-    def __init__(self, found: dict[str, Any]) -> None:
-        super().__init__(logging.DEBUG)
-        self.found = found
-
-    def emit(self, record: logging.LogRecord) -> None:
-        phases = getattr(record, "raykit_phases", None)
-        if phases is not None:
-            self.found.clear()
-            self.found.update(phases)
+# The dict the current ``recording_phases`` block collects into (None outside one). A context variable,
+# so concurrent writes in other threads or tasks neither see nor overwrite it.
+_RECORDING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "raykit_phases", default=None
+)
 
 
 @contextlib.contextmanager
@@ -206,15 +206,11 @@ def recording_phases() -> Iterator[dict[str, Any]]:
     ``tasks`` sums each task's own time per phase over all tasks, whichever thread or worker ran it.
     """
     found: dict[str, Any] = {}
-    handler = _PhaseHandler(found)
-    level = _log.level
-    _log.addHandler(handler)
-    _log.setLevel(logging.DEBUG)
+    token = _RECORDING.set(found)
     try:
         yield found
     finally:
-        _log.removeHandler(handler)
-        _log.setLevel(level)
+        _RECORDING.reset(token)
 
 
 def format_phases(phases: Mapping[str, Any], seconds: float | None = None) -> list[str]:
@@ -526,7 +522,7 @@ def _write_payload_and_commit(
     profile.wall.lap("index_manifest")
     store = _commit(partial, dst, overwrite)
     profile.wall.lap("commit")
-    profile.log(dst)
+    profile.finish(dst)
     return store
 
 

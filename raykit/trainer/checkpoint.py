@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from raykit.errors import ResumeError
-from raykit.fileio import fsync_path
+from raykit.fileio import atomic_path, json_bytes
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -103,20 +102,9 @@ def save_checkpoint(
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{meta.step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=root))
-    try:
+    with atomic_path(final, directory=True) as tmp:  # every file fsynced, then one rename
         torch.save(tensors, tmp / "state.pt")
-        text = json.dumps(meta.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
-        (tmp / "meta.json").write_text(text)
-        for name in ("state.pt", "meta.json"):
-            fsync_path(tmp / name)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_path(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / "meta.json").write_bytes(json_bytes(meta.to_dict()))
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

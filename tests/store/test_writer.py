@@ -315,3 +315,28 @@ def test_any_layout_round_trips(
     for split, info in store.splits.items():
         whole = store.read(split, 0, info.n_rays)
         assert np.array_equal(np.sort(whole.pid), np.arange(info.n_rays) + info.pid_start)
+
+
+def test_phase_times_go_to_the_recording_block_of_their_own_thread(
+    tmp_path: Path, record_factory, scene: SceneInfo
+) -> None:
+    """Two writes in two threads, one recording: only its own write lands there, and the writer's
+    logger keeps its level."""
+    import logging
+    import threading
+
+    from raykit.store.writer import recording_phases
+
+    level = logging.getLogger("raykit.store.writer").level
+    records = record_factory(2, [(8, 8, "train", 3)] * 4)
+    other = threading.Thread(target=write_store, args=(tmp_path / "b", records), kwargs={"scene": scene})
+    with recording_phases() as phases:
+        assert logging.getLogger("raykit.store.writer").level == level
+        other.start()
+        other.join()
+        assert phases == {}
+        write_store(tmp_path / "a", records, scene=scene, chunk_rays=64)
+    assert {"plan", "stage", "shards", "commit"} <= set(phases["wall"])
+    assert set(phases["tasks"]) == {"stage", "shard"}
+    write_store(tmp_path / "c", records, scene=scene)
+    assert "plan" in phases["wall"] and open_store(tmp_path / "b").fingerprint
