@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from raykit.camera_models import CAMERA_MODELS, MODEL_NAMES_BY_ID, CameraModel, project_model, unproject_model
+from raykit.conventions import pixel_centers
 from raykit.errors import CameraError
 
 __all__ = [
@@ -260,7 +261,7 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
 
 def _compute_lut(camera: Camera, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     # Pixel centres: integer pixel (x, y) -> COLMAP image coordinates (x + 0.5, y + 0.5).
-    centers = pixel_grid(camera.width, camera.height, device).to(_compute_dtype(device)) + 0.5
+    centers = pixel_centers(pixel_grid(camera.width, camera.height, device).to(_compute_dtype(device)))
     return unproject(camera, centers).to(dtype).contiguous()
 
 
@@ -306,7 +307,7 @@ def direction_lut(
 def _camera_directions(camera: Camera, pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if camera.is_pinhole:
         (fx, fy), (cx, cy) = camera.focal, camera.principal_point
-        centers = pixels.to(dtype) + 0.5
+        centers = pixel_centers(pixels.to(dtype))
         d = torch.stack(
             ((centers[:, 0] - cx) / fx, (centers[:, 1] - cy) / fy, torch.ones_like(centers[:, 0])), dim=-1
         )

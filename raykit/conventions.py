@@ -22,6 +22,7 @@ import torch
 
 __all__ = [
     "OPENGL_TO_OPENCV",
+    "PIXEL_CENTER",
     "c2w_from_colmap",
     "colmap_from_c2w",
     "colmap_pixel_to_opencv",
@@ -64,22 +65,30 @@ def opencv_to_opengl_c2w(c2w: ArrayT) -> ArrayT:
     return c2w @ _like(OPENGL_TO_OPENCV, c2w)
 
 
+# Where a pixel's centre is, in COLMAP image coordinates, relative to its integer (x, y): the one
+# half-pixel shift of raykit. Fast paths that fold it into a precomputed term use this constant.
+PIXEL_CENTER = 0.5
+
+
 def pixel_centers(pixels: ArrayT) -> ArrayT:
-    """(..., 2) integer pixels ``(x, y)`` -> (..., 2) float COLMAP image coordinates of their centres."""
+    """(..., 2) pixels ``(x, y)`` -> (..., 2) float COLMAP image coordinates of their centres.
+
+    Integer input becomes float64; floating-point input keeps its dtype (and device).
+    """
     if isinstance(pixels, torch.Tensor):
         dtype = pixels.dtype if pixels.is_floating_point() else torch.float64
-        return pixels.to(dtype) + 0.5
-    return pixels.astype(np.float64) + 0.5
+        return pixels.to(dtype) + PIXEL_CENTER
+    return pixels.astype(np.float64) + PIXEL_CENTER
 
 
 def opencv_pixel_to_colmap(xy: ArrayT) -> ArrayT:
     """(..., 2) OpenCV image coordinates (pixel centres at integers) -> COLMAP (centres at +0.5)."""
-    return xy + 0.5
+    return xy + PIXEL_CENTER
 
 
 def colmap_pixel_to_opencv(xy: ArrayT) -> ArrayT:
     """(..., 2) COLMAP image coordinates -> OpenCV image coordinates (pixel centres at integers)."""
-    return xy - 0.5
+    return xy - PIXEL_CENTER
 
 
 def qvec_to_rotmat(qvec: ArrayT) -> ArrayT:

@@ -3,7 +3,7 @@
 :class:`RayGenerator` keeps, on the target device, one packed row per image (rotation, origin, near,
 far, intrinsics) and, when any camera is distorted, one concatenated direction lookup table of all
 cameras. A batch then costs one gather per ray plus a few element-wise ops, whatever the model.
-:meth:`RayGenerator.reference_generate` is the simple twin (a loop over images calling
+:func:`reference_rays` is the simple twin (a loop over images calling
 :func:`raykit.cameras.pixels_to_rays`) that tests compare against.
 
 Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
@@ -22,9 +22,10 @@ import torch
 
 from raykit.camera_models import CAMERA_MODELS, CameraModel, unproject_model
 from raykit.cameras import Camera, direction_lut, pixels_to_rays
+from raykit.conventions import PIXEL_CENTER, pixel_centers
 from raykit.errors import CameraError
 
-__all__ = ["RayBatch", "RayGenerator", "Rays"]
+__all__ = ["RayBatch", "RayGenerator", "Rays", "reference_rays"]
 
 Tensor = torch.Tensor
 
@@ -263,7 +264,7 @@ class RayGenerator:
     def _unproject_rays(self, image: Tensor, x: Tensor, y: Tensor) -> Tensor:
         """(N, 3) camera-frame unit rays of pixel centres, unprojected now with per-ray parameters."""
         compute = _index_float(self.device)
-        xy = torch.stack((x, y), dim=-1).to(compute) + 0.5
+        xy = pixel_centers(torch.stack((x, y), dim=-1).to(compute))
         group, row = self._group.index_select(0, image), self._group_row.index_select(0, image)
         out = torch.empty((image.shape[0], 3), dtype=self.dtype, device=self.device)
         for g, (spec, table) in enumerate(self._groups):
@@ -285,7 +286,7 @@ class RayGenerator:
             (fx, fy), (cx, cy) = self.cameras[c].focal, self.cameras[c].principal_point
             r = rot[row]
             # Pixel centre (x + 0.5, y + 0.5): fold the half-pixel shift into c2.
-            px, py = 0.5 - cx, 0.5 - cy
+            px, py = PIXEL_CENTER - cx, PIXEL_CENTER - cy
             table[row, _C0], table[row, _C1] = r[:, 0] / fx, r[:, 1] / fy
             table[row, _C2] = r[:, 2] + r[:, 0] * (px / fx) + r[:, 1] * (py / fy)
         return table
@@ -517,20 +518,60 @@ class RayGenerator:
         return buffer[:numel].view(shape)
 
     def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:
-        """Simple twin of :meth:`generate`: a loop over images calling ``pixels_to_rays``."""
-        image = image.to(self.device, torch.int64)
-        pixel = pixel.to(self.device, torch.int64)
-        self._check(image, pixel)
-        n = image.shape[0]
-        out = {k: torch.zeros(s, dtype=self.dtype, device=self.device) for k, s in _shapes(n).items()}
-        for i in torch.unique(image).tolist():
-            mask = image == i
-            cam = self.cameras[int(self.camera_index[i])]
-            pose = torch.as_tensor(self.c2w[i], dtype=self.dtype, device=self.device)
-            o, d, z = pixels_to_rays(cam, pose, pixel[mask], dtype=self.dtype)
-            out["origins"][mask], out["directions"][mask], out["z_scale"][mask] = o, d, z
-            out["near"][mask], out["far"][mask] = float(self.near[i]), float(self.far[i])
-        return Rays(**out)
+        """Simple twin of :meth:`generate`: :func:`reference_rays` on this generator's inputs."""
+        return reference_rays(
+            self.cameras, self.camera_index, self.c2w, self.near, self.far, image, pixel,
+            device=self.device, dtype=self.dtype,
+        )  # fmt: skip
+
+    @property
+    def pid_decoding(self) -> str:
+        """How :meth:`decode_pids` finds a pid's image: ``"uniform"`` (images of one size packed
+        without gaps: a division), ``"blocks"`` (a block table, at most two images per block) or
+        ``"search"`` (a binary search over the images' first ids)."""
+        if self._uniform is not None:
+            return "uniform"
+        return "search" if self._blocks is None else "blocks"
+
+
+def reference_rays(
+    cameras: Sequence[Camera],
+    camera_index: Any,
+    c2w: Any,
+    near: Any,
+    far: Any,
+    image: Tensor,
+    pixel: Tensor,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Rays:
+    """The simple twin of :meth:`RayGenerator.generate` (same arguments as the generator, then the
+    rays): a loop over the images calling ``pixels_to_rays``; shares nothing with the fast path.
+
+    Args:
+        image: (N,) int image indices; pixel: (N, 2) int pixels ``(x, y)``.
+    """
+    device = torch.device(device)
+    cam_idx = np.asarray(camera_index, dtype=np.int64).reshape(-1)
+    poses = np.asarray(c2w.cpu() if isinstance(c2w, Tensor) else c2w, dtype=np.float64)
+    near, far = _per_image("near", near, len(cam_idx)), _per_image("far", far, len(cam_idx))
+    image, pixel = image.to(device, torch.int64), pixel.to(device, torch.int64)
+    n = image.shape[0]
+    out = {k: torch.zeros(s, dtype=dtype, device=device) for k, s in _shapes(n).items()}
+    for i in torch.unique(image).tolist():
+        if not 0 <= i < len(cam_idx):
+            raise CameraError(f"RayGenerator: image index outside [0, {len(cam_idx)})")
+        mask = image == i
+        cam = cameras[int(cam_idx[i])]
+        px = pixel[mask]
+        if bool(((px < 0).any(-1) | (px[:, 0] >= cam.width) | (px[:, 1] >= cam.height)).any()):
+            raise CameraError("RayGenerator: pixel outside its image")
+        pose = torch.as_tensor(poses[i], dtype=dtype, device=device)
+        o, d, z = pixels_to_rays(cam, pose, px, dtype=dtype)
+        out["origins"][mask], out["directions"][mask], out["z_scale"][mask] = o, d, z
+        out["near"][mask], out["far"][mask] = float(near[i]), float(far[i])
+    return Rays(**out)
 
 
 def _rows_to_points(rows: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ import torch
 from raykit import rays as rays_module
 from raykit.cameras import Camera
 from raykit.errors import CameraError
-from raykit.rays import RayBatch, RayGenerator
+from raykit.rays import RayBatch, RayGenerator, Rays, reference_rays
 
 PINHOLES = [
     Camera("PINHOLE", 24, 16, (20.0, 21.0, 12.5, 7.5)),
@@ -36,6 +36,21 @@ def random_poses(n: int, seed: int) -> np.ndarray:
         c2w[i, :3, :3] = q * np.sign(np.linalg.det(q))
         c2w[i, :3, 3] = rng.normal(size=3)
     return c2w
+
+
+def twin(gen: RayGenerator, image: torch.Tensor, pixel: torch.Tensor) -> Rays:
+    """The reference twin on the generator's own inputs (public attributes, not its tables)."""
+    return reference_rays(
+        gen.cameras,
+        gen.camera_index,
+        gen.c2w,
+        gen.near,
+        gen.far,
+        image,
+        pixel,
+        device=gen.device,
+        dtype=gen.dtype,
+    )
 
 
 def make_generator(
@@ -74,7 +89,7 @@ def test_generate_matches_reference(cameras: list[Camera], mode: str, dtype: tor
     gen = make_generator(cameras, n_images=12, dtype=dtype, lut_max_bytes=budget)
     assert gen.mode == mode and gen.uses_lut == (mode == "lut")
     image, pixel = random_rays(gen, 500, 3)
-    fast, ref = gen.generate(image, pixel), gen.reference_generate(image, pixel)
+    fast, ref = gen.generate(image, pixel), twin(gen, image, pixel)
     atol = 1e-6 if dtype == torch.float32 else 1e-12
     for name, a, b in zip(fast._fields, fast, ref, strict=True):
         assert a.dtype == dtype and a.shape == b.shape, name
@@ -101,12 +116,12 @@ def test_pixel_ids_decode_row_major() -> None:
 def test_uniform_layout_pids_round_trip(cameras: list[Camera]) -> None:
     # Images of one size, ids packed without gaps: decoded by division, no table lookups.
     gen = make_generator(cameras, n_images=6)
-    assert gen._uniform is not None
+    assert gen.pid_decoding == "uniform"
     image, pixel = random_rays(gen, 400, 7)
     pid = torch.from_numpy(gen.pixel_offset)[image] + pixel[:, 1] * int(gen.widths[0]) + pixel[:, 0]
     got_image, got_pixel, rays = gen.generate_from_pids(pid.to(torch.int32))
     assert torch.equal(got_image, image) and torch.equal(got_pixel, pixel)
-    for a, b in zip(rays, gen.reference_generate(image, pixel), strict=True):
+    for a, b in zip(rays, twin(gen, image, pixel), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
@@ -118,7 +133,7 @@ def test_generate_from_pids(max_blocks: int, monkeypatch: pytest.MonkeyPatch) ->
     gen = RayGenerator(
         cameras, [2, 0, 1, 2, 0], random_poses(5, 4), 0.5, 3.0, pixel_offset=[0, 5, 400, 600, 601]
     )
-    assert (gen._blocks is None) == (max_blocks == 1)
+    assert gen.pid_decoding == ("search" if max_blocks == 1 else "blocks")
     image, pixel = random_rays(gen, 300, 5)
     pid = (
         torch.from_numpy(gen.pixel_offset)[image]
@@ -229,16 +244,15 @@ def test_uniform_pid_decoding_is_exact_up_to_uint32() -> None:
     w, h, n = 4096, 4095, 255
     gen = RayGenerator([Camera("PINHOLE", w, h, (1000.0, 1000.0, 2048.0, 2047.5))], np.zeros(n, np.int64),
                        random_poses(n, 3), 0.1, 5.0)  # fmt: skip
-    assert gen._uniform == (w, w * h) and int(gen.pixel_offset[-1]) < 2**32
+    assert gen.pid_decoding == "uniform" and int(gen.pixel_offset[-1]) < 2**32
     rng = np.random.default_rng(0)
     edges = np.concatenate([np.arange(1, n) * w * h, rng.integers(1, n * h, 500) * w])
     pid_np = np.unique(np.concatenate([edges - 1, edges, edges + 1, [0, n * w * h - 1]]))
     want_image, local = np.divmod(pid_np, w * h)
     for dtype in (np.int64, np.uint32):  # the loader passes stored uint32 ids as they are
-        image, pixel, x, y = gen._decode_uniform(torch.from_numpy(pid_np.astype(dtype)))
+        image, pixel = gen.decode_pids(torch.from_numpy(pid_np.astype(dtype)))
         assert np.array_equal(image.numpy(), want_image)
         assert np.array_equal(pixel.numpy(), np.stack([local % w, local // w], -1))
-        assert torch.equal(x, pixel[:, 0].double()) and torch.equal(y, pixel[:, 1].double())
 
 
 @pytest.mark.parametrize("channels", [3, 4])
@@ -256,5 +270,5 @@ def test_batch_from_pids_equals_from_rays(cameras: list[Camera], channels: int) 
                 assert getattr(got, name) is None
             else:
                 torch.testing.assert_close(getattr(got, name), value, rtol=0, atol=0)
-    reference = gen.reference_generate(image, pixel)
+    reference = twin(gen, image, pixel)
     torch.testing.assert_close(got.directions, reference.directions, atol=1e-6, rtol=0)

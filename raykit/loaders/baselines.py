@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from raykit.conventions import PIXEL_CENTER
 from raykit.errors import CameraError
 from raykit.store.reader import RayStore
 
@@ -108,8 +109,8 @@ class NerfstudioStyleRays:
     def __call__(self, image: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(N,) image rows and integer pixels -> origins (N, 3), unit directions (N, 3)."""
         c2w = self.c2w[image]
-        u = (x.to(torch.float32) + 0.5 - self.cx[image]) / self.fx[image]
-        v = (y.to(torch.float32) + 0.5 - self.cy[image]) / self.fy[image]
+        u = (x.to(torch.float32) + PIXEL_CENTER - self.cx[image]) / self.fx[image]
+        v = (y.to(torch.float32) + PIXEL_CENTER - self.cy[image]) / self.fy[image]
         d = torch.stack([u, v, torch.ones_like(u)], dim=-1)
         d = torch.sum(d[..., None, :] * c2w[..., :3, :3], dim=-1)
         d = d / torch.linalg.vector_norm(d, dim=-1, keepdim=True)
