@@ -22,7 +22,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from raykit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 from raykit.store.integrity import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.schema import ImageRecord, SplitInfo
+from raykit.store.table import CameraTable
 
 __all__ = [
     "PhaseClock",
@@ -287,6 +288,7 @@ class StagingSource:
     materialize: str | None
     memory: bool = False  # staged rows are in memory (``stage_in_memory``), not in files
     seed: int = 0  # the train order's seed (pids of shuffled splits are recomputed from it)
+    table: CameraTable | None = field(default=None, compare=False)  # the cameras, with ``materialize``
 
     def _read(self, image: int, lo: int, out: np.ndarray) -> None:
         """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image`` (one ``pread`` from its file)."""
@@ -329,7 +331,6 @@ class StagingSource:
         use them before this thread's next ``gather``.
         """
         clock = clock or PhaseClock()
-        root = Path(self.root)
         n = stop - start
         if info.shuffled:
             images, sizes = self._images(info)
@@ -360,7 +361,9 @@ class StagingSource:
             rgba = np.ascontiguousarray(rgba[:, :3])
         out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
         if self.materialize:
-            out.update(_materialize(root / "cameras.parquet", pid, self.materialize))
+            if self.table is None:
+                raise ValueError("StagingSource: materialize needs the camera table")
+            out.update(_materialize(self.table, pid, self.materialize))
             clock.lap("materialize")
         return out
 
@@ -393,12 +396,11 @@ def release_buffers() -> None:
     _THREAD.__dict__.pop("buffers", None)
 
 
-def _materialize(cameras_path: Path, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
+def _materialize(table: CameraTable, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
     import torch
 
-    from raykit.store.table import CameraTable, ray_generator, read_camera_table
+    from raykit.store.table import ray_generator
 
-    table = CameraTable.from_arrow(read_camera_table(cameras_path.read_bytes(), str(cameras_path)))
     generator = ray_generator(table, "cpu")
     image, pixel = table.decode(pid)
     origins, directions, *_ = generator.generate(torch.from_numpy(image), torch.from_numpy(pixel))

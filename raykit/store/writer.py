@@ -71,7 +71,7 @@ from raykit.store.staging import (
     stage_in_memory,
     write_record,
 )
-from raykit.store.table import build_camera_table, order_records, write_camera_table
+from raykit.store.table import CameraTable, build_camera_table, order_records, write_camera_table
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -406,8 +406,10 @@ def write_store(
         )  # fmt: skip
         sizes = tuple(r.camera.width * r.camera.height for r in ordered)
         image_channels = tuple(int(s["channels"]) for s in staged)
+        # The cameras travel with the source (materialised rays need them): no task re-reads the table.
+        cameras = CameraTable.from_arrow(table) if materialize else None
         gather = StagingSource(
-            str(partial), offsets, sizes, image_channels, channels, materialize, memory, seed
+            str(partial), offsets, sizes, image_channels, channels, materialize, memory, seed, cameras
         )
         return _write_payload_and_commit(
             partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
