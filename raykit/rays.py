@@ -7,14 +7,19 @@ cameras. A batch then costs one gather per ray plus a few element-wise ops, what
 :func:`raykit.cameras.pixels_to_rays`) that tests compare against.
 
 Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
+
+Length (about 600 lines): ``RayGenerator``'s tables, decoders and three direction modes share its
+per-image table and scratch buffers; splitting it into a pid layout, per-kind direction functions
+and a thin composing class is planned (issue 17, part 3) and not done yet.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,6 +57,8 @@ class RayBatch:
         near: (N,) near bounds (distance along the unit ray).
         far: (N,) far bounds.
         z_scale: (N,) camera-frame z of the unit direction (``depth_z = t * z_scale``).
+        extra: fields the store holds besides colours and pixel ids, e.g. materialised ``origins`` and
+            ``directions`` as stored (float16/float32, (N, 3)); empty for compact stores.
     """
 
     origins: Tensor
@@ -63,10 +70,14 @@ class RayBatch:
     near: Tensor
     far: Tensor
     z_scale: Tensor
+    extra: dict[str, Tensor] = dataclass_field(default_factory=dict)
 
     @classmethod
-    def from_rays(cls, rgba: Tensor, image: Tensor, pixel: Tensor, rays: Rays) -> RayBatch:
-        """Assemble a batch from generated ``rays`` and (N, 3|4) uint8 colours on the same device."""
+    def from_rays(
+        cls, rgba: Tensor, image: Tensor, pixel: Tensor, rays: Rays, extra: Mapping[str, Tensor] | None = None
+    ) -> RayBatch:
+        """Assemble a batch from generated ``rays``, (N, 3|4) uint8 colours and the stored ``extra``
+        fields, all on the same device."""
         scaled = rgba.to(torch.float32).div_(255.0)
         return cls(
             origins=rays.origins,
@@ -78,14 +89,15 @@ class RayBatch:
             near=rays.near,
             far=rays.far,
             z_scale=rays.z_scale,
+            extra=dict(extra or {}),
         )
 
     def __len__(self) -> int:
         return int(self.origins.shape[0])
 
     def _map(self, fn: Any) -> RayBatch:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return RayBatch(**{k: None if v is None else fn(v) for k, v in values.items()})  # type: ignore[arg-type]
+        mapped = {k: None if (v := getattr(self, k)) is None else fn(v) for k in _FIELDS}
+        return RayBatch(**mapped, extra={k: fn(v) for k, v in self.extra.items()})  # type: ignore[arg-type]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> RayBatch:
         """A copy with every tensor on ``device`` (``non_blocking`` for pinned host memory)."""
@@ -106,7 +118,12 @@ class RayBatch:
         field and sub-batch (the loader cuts every generated group of rays this way).
         """
         parts = [None if v is None else v.split(list(sizes)) for v in map(self.__getattribute__, _FIELDS)]
-        return [RayBatch(*[None if p is None else p[i] for p in parts]) for i in range(len(sizes))]  # type: ignore[arg-type]
+        extra = {k: v.split(list(sizes)) for k, v in self.extra.items()}
+        batches = []
+        for i in range(len(sizes)):
+            tensors = {name: None if p is None else p[i] for name, p in zip(_FIELDS, parts, strict=True)}
+            batches.append(RayBatch(**tensors, extra={k: v[i] for k, v in extra.items()}))  # type: ignore[arg-type]
+        return batches
 
     def composite(self, background: Tensor | Sequence[float]) -> Tensor:
         """(N, 3) colours over ``background`` (3,): ``rgb * alpha + background * (1 - alpha)``.
@@ -120,7 +137,7 @@ class RayBatch:
         return self.rgb * a + bg * (1.0 - a)
 
 
-_FIELDS = tuple(f.name for f in fields(RayBatch))
+_FIELDS = tuple(f.name for f in fields(RayBatch) if f.name != "extra")  # the tensor fields
 _THREAD = threading.local()  # per-thread scratch buffers of RayGenerator._scratch
 
 
@@ -403,9 +420,11 @@ class RayGenerator:
         near, far = self._near_t.index_select(0, image), self._far_t.index_select(0, image)
         return Rays(origins, _rows_to_points(world), z_scale, near, far)
 
-    def batch_from_pids(self, pid: Tensor, rgba: Tensor) -> RayBatch:
+    def batch_from_pids(
+        self, pid: Tensor, rgba: Tensor, extra: Mapping[str, Tensor] | None = None
+    ) -> RayBatch:
         """(N,) pixel ids (int64, or uint32 as stored) and (N, 3|4) uint8 colours -> the ``RayBatch``
-        of those rays on the device.
+        of those rays on the device; ``extra`` (stored fields, on the device) is carried as it is.
 
         The loader's path; equal to ``RayBatch.from_rays(rgba, *self.generate_from_pids(pid))``. On the
         CPU with same-size pinhole images every float field is a contiguous view of one allocation
@@ -415,7 +434,7 @@ class RayGenerator:
         fast = self.device.type == "cpu" and self.dtype == torch.float32 and self._uniform is not None
         if not (fast and self.mode == "pinhole"):
             image, pixel, rays = self.generate_from_pids(pid)
-            return RayBatch.from_rays(rgba.to(self.device), image, pixel, rays)
+            return RayBatch.from_rays(rgba.to(self.device), image, pixel, rays, extra)
         n, c = pid.shape[0], rgba.shape[1]
         floats = torch.empty((9 + c) * n, dtype=torch.float32)
         ints = torch.empty(3 * n, dtype=torch.int64)
@@ -427,7 +446,9 @@ class RayGenerator:
         self._generate(image, x, y, out=Rays(origins, directions, z_scale, near, far))
         colour.copy_(rgba).div_(255.0)
         alpha = colour[:, 3] if c == 4 else None
-        return RayBatch(origins, directions, colour[:, :3], alpha, image, pixel, near, far, z_scale)
+        return RayBatch(
+            origins, directions, colour[:, :3], alpha, image, pixel, near, far, z_scale, dict(extra or {})
+        )
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""

@@ -196,17 +196,26 @@ def test_ray_batch_composite_len_index_and_to() -> None:
     assert moved.alpha is None and torch.equal(moved.rgb, no_alpha.rgb)
 
 
+def _same(a: RayBatch, b: RayBatch) -> bool:
+    """Every field equal, ``extra`` included."""
+    for name, value in b.__dict__.items():
+        got = getattr(a, name)
+        if isinstance(value, dict):
+            if got.keys() != value.keys() or not all(torch.equal(got[k], value[k]) for k in value):
+                return False
+        elif (got is None) != (value is None) or (value is not None and not torch.equal(got, value)):
+            return False
+    return True
+
+
 @pytest.mark.parametrize("alpha", [True, False])
 def test_ray_batch_split_equals_slices(alpha: bool) -> None:
     batch = make_batch(10, alpha=alpha)
+    batch.extra["origins"] = torch.randn(10, 3).half()
     parts = batch.split([3, 0, 7])
     for part, (lo, hi) in zip(parts, [(0, 3), (3, 3), (3, 10)], strict=True):
         want = batch[lo:hi]
-        for name, value in want.__dict__.items():
-            got = getattr(part, name)
-            assert (got is None) == (value is None)
-            if value is not None:
-                assert torch.equal(got, value)
+        assert _same(part, want)
 
 
 @pytest.mark.gpu
@@ -265,10 +274,6 @@ def test_batch_from_pids_equals_from_rays(cameras: list[Camera], channels: int) 
     want = RayBatch.from_rays(rgba, *gen.generate_from_pids(pid))
     for ids in (pid, torch.from_numpy(pid.numpy().astype(np.uint32))):
         got = gen.batch_from_pids(ids, rgba)
-        for name, value in want.__dict__.items():
-            if value is None:
-                assert getattr(got, name) is None
-            else:
-                torch.testing.assert_close(getattr(got, name), value, rtol=0, atol=0)
+        assert _same(got, want)
     reference = twin(gen, image, pixel)
     torch.testing.assert_close(got.directions, reference.directions, atol=1e-6, rtol=0)

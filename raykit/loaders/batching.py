@@ -50,4 +50,5 @@ class DeviceBatcher:
             pid = self._to_device(raw.pid.view(np.int32)).to(torch.int64) & 0xFFFFFFFF
         else:
             pid = torch.from_numpy(np.ascontiguousarray(raw.pid))  # uint32, widened by the generator
-        return self.generator.batch_from_pids(pid, self._to_device(raw.rgba))
+        extra = {k: self._to_device(v) for k, v in raw.extra.items()}
+        return self.generator.batch_from_pids(pid, self._to_device(raw.rgba), extra)

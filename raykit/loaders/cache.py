@@ -25,13 +25,19 @@ T = TypeVar("T")
 
 
 def nbytes_of(value: Any) -> int:
-    """Bytes held by ``value``: ``.nbytes`` of an array, or the sum over a dataclass's array fields."""
+    """Bytes held by ``value``: ``.nbytes`` of an array, or the sum over a dataclass's array fields
+    (and the arrays of its dict fields)."""
     if hasattr(value, "nbytes"):
         return int(value.nbytes)
     fields = getattr(value, "__dataclass_fields__", None)
     if fields is None:
         raise ConfigError(f"chunk cache: cannot size a {type(value).__name__}; expected arrays")
-    return sum(int(getattr(getattr(value, name), "nbytes", 0)) for name in fields)
+    total = 0
+    for name in fields:
+        item = getattr(value, name)
+        parts = item.values() if isinstance(item, dict) else [item]  # e.g. RawRays.extra
+        total += sum(int(getattr(part, "nbytes", 0)) for part in parts)
+    return total
 
 
 @dataclass(frozen=True)

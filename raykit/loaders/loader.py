@@ -12,6 +12,9 @@ the saved one would have. When the world size (or batch size, or ``drop_last``) 
 and resume, a state saved at an epoch boundary resumes exactly; one saved mid-epoch cannot (the new
 ranks would partition the epoch differently), so the loader skips the rest of that epoch, starts the
 next one and warns.
+
+Length (about 430 lines): the pipeline (chunks -> windows -> groups -> generate -> prefetch) still
+lives in one class; splitting it into stages with their own state is planned (issue 17, part 4).
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ class _Window:
         self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
         self.runs, self.run = runs, run
         self._perm: np.ndarray | None = None  # ray by ray, built on first use
+        # Stored origins/directions (a materialised store), mixed with the same permutation.
+        self.extra = {
+            k: parts[0].extra[k] if len(parts) == 1 else np.concatenate([p.extra[k] for p in parts])
+            for k in parts[0].extra
+        }
 
     def take(self, lo: int, hi: int) -> RawRays:
         m, size = self.run, len(self.pid)
@@ -86,14 +94,19 @@ class _Window:
             rgba = np.take(self.rgba.reshape(-1, m, *self.rgba.shape[1:]), index, axis=0)
             pid = np.take(self.pid.reshape(-1, m), index, axis=0).reshape(-1)
             rgba = rgba.reshape(-1, *self.rgba.shape[1:])
+            extra = {
+                k: np.take(v.reshape(-1, m, *v.shape[1:]), index, axis=0).reshape(-1, *v.shape[1:])
+                for k, v in self.extra.items()
+            }
         else:
             if self._perm is None:
                 self._perm = runs_to_positions(self.runs, m, size)
             index = self._perm[lo:hi]
             rgba, pid = np.take(self.rgba, index, axis=0), np.take(self.pid, index)
+            extra = {k: np.take(v, index, axis=0) for k, v in self.extra.items()}
         if self.channels == 4:
             rgba = rgba.view(np.uint8).reshape(-1, 4)
-        return RawRays(rgba, pid)
+        return RawRays(rgba, pid, extra)
 
 
 class RayLoader:
@@ -397,7 +410,7 @@ class RayLoader:
                 if c != held_index:
                     held_index, held = next(stream)
                 assert held is not None
-                parts.append(RawRays(held.rgba[lo:hi], held.pid[lo:hi]))
+                parts.append(held.take(slice(lo, hi)))
             yield _Window(parts, plan.window_runs(epoch, first + offset), plan.mix_run)
 
     def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:

@@ -137,5 +137,7 @@ def collate_rays(items: Any) -> RayBatch:
     values: dict[str, Any] = {
         name: None if getattr(first, name) is None else torch.cat([getattr(b, name) for b in items])
         for name in first.__dataclass_fields__
+        if name != "extra"
     }
-    return RayBatch(**values)
+    extra = {k: torch.cat([b.extra[k] for b in items]) for k in first.extra}
+    return RayBatch(**values, extra=extra)

@@ -265,7 +265,10 @@ class RayStore:
         pid = torch.from_numpy(raw.pid.astype(np.int64))
         image, pixel, rays = generator.generate_from_pids(pid)
         colour = torch.from_numpy(np.ascontiguousarray(raw.rgba)).to(generator.device)
-        return RayBatch.from_rays(colour, image, pixel, rays)
+        extra = {
+            k: torch.from_numpy(np.ascontiguousarray(v)).to(generator.device) for k, v in raw.extra.items()
+        }
+        return RayBatch.from_rays(colour, image, pixel, rays, extra)
 
     def image_index(self, name: str) -> int:
         """Row of image ``name`` in the camera table."""

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,11 +32,11 @@ from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 from raykit.store.integrity import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
+from raykit.store.phases import PhaseClock
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
 
 __all__ = [
-    "PhaseClock",
     "StageJob",
     "StagingSource",
     "StoreSource",
@@ -67,19 +66,6 @@ def record_matches(record_path: Path, key: str, root: Path) -> dict[str, Any] | 
             return None
     result: dict[str, Any] = record["result"]
     return result
-
-
-class PhaseClock:
-    """Seconds spent per phase of a task, by laps: ``lap(name)`` charges the time since the last lap."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
-        self._last = now
 
 
 def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:

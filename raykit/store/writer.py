@@ -13,15 +13,15 @@ Three phases, all in ``<dst>.partial/`` beside ``dst``:
 
 A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
 bytes do not depend on the executor or the number of workers.
+
+Length (about 460 lines): the three phases, resume, commit and ``copy_store`` share the payload
+and task records; planning lives in ``plan.py``, timing in ``phases.py``, staging in ``staging.py``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import contextvars
-import json
-import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from tqdm import tqdm
 
 from raykit.errors import ConfigError
@@ -37,7 +36,6 @@ from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json, fs
 from raykit.store.backend import (
     BACKENDS,
     RGBA_CODEC,
-    RGBA_CODECS,
     Backend,
     PayloadSpec,
     backend_named,
@@ -51,6 +49,15 @@ from raykit.store.integrity import (
     json_digest,
 )
 from raykit.store.order import TRAIN_ORDER
+from raykit.store.phases import PhaseClock, Profile
+from raykit.store.plan import (
+    SHUFFLED_SPLITS,
+    check_options,
+    field_specs,
+    partial_dir,
+    record_plan,
+    split_infos,
+)
 from raykit.store.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -60,7 +67,6 @@ from raykit.store.schema import (
     SplitInfo,
 )
 from raykit.store.staging import (
-    PhaseClock,
     StageJob,
     StagingSource,
     StoreSource,
@@ -83,13 +89,11 @@ __all__ = [
     "Payload",
     "ShardJob",
     "copy_store",
-    "format_phases",
-    "recording_phases",
     "write_shard_task",
     "write_store",
 ]
 
-_log = logging.getLogger(__name__)
+
 DEFAULT_CHUNK_RAYS = 65536
 DEFAULT_SHARD_CHUNKS = 16
 
@@ -104,7 +108,6 @@ def _default_memory_staging() -> int:
 
 
 DEFAULT_MEMORY_STAGING_BYTES = _default_memory_staging()
-SHUFFLED_SPLITS = frozenset({"train"})
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
 _TASK_FORMAT = 2
 Source = StagingSource | StoreSource
@@ -163,73 +166,6 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     return {**result, "seconds": clock.seconds}
 
 
-class _Profile:
-    """Where a write's time went: wall seconds of the calling process per phase (laps), and the
-    tasks' own seconds per phase summed over all tasks (whichever worker ran them).
-
-    ``finish`` hands them to the innermost ``recording_phases`` of this thread (or task) and logs them
-    at DEBUG level on ``raykit.store.writer``.
-    """
-
-    def __init__(self) -> None:
-        self.wall = PhaseClock()
-        self.tasks: dict[str, dict[str, float]] = {}
-
-    def absorb(self, kind: str, results: list[dict[str, Any]]) -> None:
-        totals = self.tasks.setdefault(kind, {})
-        for res in results:
-            for phase, seconds in res.pop("seconds", {}).items():
-                totals[phase] = totals.get(phase, 0.0) + seconds
-
-    def finish(self, dst: Path) -> None:
-        phases = {"wall": self.wall.seconds, "tasks": self.tasks}
-        recording = _RECORDING.get()
-        if recording is not None:
-            recording.clear()
-            recording.update(phases)
-        _log.debug("wrote %s: %s", dst, json.dumps(phases))
-
-
-# The dict the current ``recording_phases`` block collects into (None outside one). A context variable,
-# so concurrent writes in other threads or tasks neither see nor overwrite it.
-_RECORDING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "raykit_phases", default=None
-)
-
-
-@contextlib.contextmanager
-def recording_phases() -> Iterator[dict[str, Any]]:
-    """Inside, the last store write's phase times land in the yielded dict:
-    ``{"wall": {phase: s}, "tasks": {"stage" | "shard": {phase: s}}}`` (``_Profile``).
-
-    ``wall`` is the writing process's wall time per step (``stage`` and ``shards`` cover the tasks);
-    ``tasks`` sums each task's own time per phase over all tasks, whichever thread or worker ran it.
-    """
-    found: dict[str, Any] = {}
-    token = _RECORDING.set(found)
-    try:
-        yield found
-    finally:
-        _RECORDING.reset(token)
-
-
-def format_phases(phases: Mapping[str, Any], seconds: float | None = None) -> list[str]:
-    """Human lines for ``recording_phases``' dict: wall time per step, then task time per phase."""
-    wall, tasks = phases.get("wall", {}), phases.get("tasks", {})
-    lines = ["wall s   " + "  ".join(f"{k} {v:.2f}" for k, v in wall.items())]
-    for kind, label in (("stage", "decode tasks"), ("shard", "shard tasks")):
-        if tasks.get(kind):
-            total = sum(tasks[kind].values())
-            parts = "  ".join(f"{k} {v:.2f}" for k, v in sorted(tasks[kind].items(), key=lambda kv: -kv[1]))
-            lines.append(f"{label} (summed over workers, {total:.2f} s): {parts}")
-    if seconds is not None:
-        outside = seconds - sum(wall.values())
-        lines.append(
-            f"total {seconds:.2f} s, of which outside the writer (parsing, probing, start-up) {outside:.2f} s"
-        )
-    return lines
-
-
 def _run(
     fn: Callable[[Any], Any], jobs: Sequence[Any], executor: Any, progress: bool, desc: str
 ) -> list[Any]:
@@ -247,71 +183,6 @@ def _run_iter(
 def _in_process(executor: Any) -> bool:
     """True when the executor runs tasks in this process (None: serially; or a thread pool)."""
     return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-
-
-def _check_options(
-    backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None, rgba_codec: str = "zstd"
-) -> None:
-    if rgba_codec not in RGBA_CODECS:
-        raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {rgba_codec!r}")
-    if backend not in BACKENDS:
-        raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
-    if chunk_rays < 1 or shard_chunks < 1:
-        raise ConfigError(f"expected chunk_rays >= 1 and shard_chunks >= 1, got {chunk_rays}, {shard_chunks}")
-    if materialize not in (None, "float16", "float32"):
-        raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {materialize!r}")
-
-
-def _partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool) -> Path:
-    if (dst / "manifest.json").exists() and not overwrite:
-        raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
-    if dst.exists() and not (dst / "manifest.json").exists() and any(dst.iterdir()):
-        raise ConfigError(f"{dst}: exists and is not a raykit store; refusing to replace it")
-    partial = dst.with_name(dst.name + ".partial")
-    key = json_digest(plan)
-    plan_path = partial / "plan.json"
-    if partial.exists() and (not plan_path.exists() or json.loads(plan_path.read_text()).get("key") != key):
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(plan_path, {"key": key, "plan": plan})
-    return partial
-
-
-def _record_plan(rec: ImageRecord) -> dict[str, Any]:
-    cam = rec.camera
-    return {
-        "name": rec.name,
-        "split": rec.split,
-        "camera": [cam.model, cam.width, cam.height, list(cam.params), cam.camera_id],
-        "c2w": np.asarray(rec.c2w, dtype=np.float64).reshape(16).tolist(),
-        "near": rec.near,
-        "far": rec.far,
-        "source_path": rec.source_path,
-        "source_sha256": rec.source_sha256,
-    }
-
-
-def _fields(channels: int, materialize: str | None) -> tuple[FieldSpec, ...]:
-    specs = [FieldSpec("rgba", "uint8", channels), FieldSpec("pid", "uint32", 0)]
-    if materialize:
-        specs += [FieldSpec("origins", materialize, 3), FieldSpec("directions", materialize, 3)]
-    return tuple(specs)
-
-
-def _split_infos(records: Sequence[ImageRecord], chunk_rays: int) -> dict[str, SplitInfo]:
-    infos: dict[str, SplitInfo] = {}
-    pid = 0
-    for rec in records:
-        n = rec.camera.width * rec.camera.height
-        old = infos.get(rec.split)
-        if old is None:
-            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, rec.split in SHUFFLED_SPLITS, pid)
-        else:
-            infos[rec.split] = SplitInfo(
-                rec.split, old.n_rays + n, old.n_images + 1, chunk_rays, old.shuffled, old.pid_start
-            )
-        pid += n
-    return infos
 
 
 def write_store(
@@ -351,8 +222,8 @@ def write_store(
             pool) and the decoded images take at most this many bytes staged (4 per pixel), they
             are staged in memory instead of in files (0: always files).
     """
-    _check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
-    profile = _Profile()
+    check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
+    profile = Profile()
     dst = Path(dst)
     ordered = order_records(records)
     layout = {
@@ -368,17 +239,17 @@ def write_store(
         "backend": backend,
         "layout": layout,
         "scene": scene.to_dict(),
-        "records": [_record_plan(r) for r in ordered],
+        "records": [record_plan(r) for r in ordered],
         "source": dict(source or {}),
     }
-    partial = _partial_dir(dst, plan, overwrite)
+    partial = partial_dir(dst, plan, overwrite)
     profile.wall.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
     memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
     with stage_in_memory(partial) if memory else contextlib.nullcontext():
         stage_jobs = [
             StageJob(
-                str(partial), i, r, json_digest([_record_plan(r), seed]), r.split in SHUFFLED_SPLITS,
+                str(partial), i, r, json_digest([record_plan(r), seed]), r.split in SHUFFLED_SPLITS,
                 seed, memory,
             )
             for i, r in enumerate(ordered)
@@ -387,7 +258,7 @@ def write_store(
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         channels = 4 if any(s["channels"] == 4 for s in staged) else 3
-        splits = _split_infos(ordered, chunk_rays)
+        splits = split_infos(ordered, chunk_rays)
         shuffled = {name for name, info in splits.items() if info.shuffled}
         alpha = [s["channels"] == 4 for s in staged]
         table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
@@ -401,7 +272,7 @@ def write_store(
               s["pixels_crc32c"]] for r, s in zip(ordered, staged, strict=True)]
         )  # fmt: skip
         payload = Payload(
-            backend_named(backend), table, scene, splits, _fields(channels, materialize), layout,
+            backend_named(backend), table, scene, splits, field_specs(channels, materialize), layout,
             {**dict(source or {}), "fingerprint": fingerprint},
         )  # fmt: skip
         sizes = tuple(r.camera.width * r.camera.height for r in ordered)
@@ -437,7 +308,7 @@ def _write_shards(
     plan_key: str,
     executor: Any,
     progress: bool,
-    profile: _Profile,
+    profile: Profile,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and zarr metadata). Returns (file records, chunk index)."""
     files: dict[str, Any] = {}
@@ -513,7 +384,7 @@ def _write_payload_and_commit(
     executor: Any,
     progress: bool,
     overwrite: bool,
-    profile: _Profile,
+    profile: Profile,
 ) -> RayStore:
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
     files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
@@ -573,13 +444,13 @@ def copy_store(
     """
     from raykit.store.reader import open_store
 
-    profile = _Profile()
+    profile = Profile()
     store = open_store(src)
     layout = dict(store.manifest["layout"])
-    _check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
+    check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
     dst = Path(dst)
     plan = {"copy_of": store.fingerprint, "backend": backend, "layout": layout}
-    partial = _partial_dir(dst, plan, overwrite)
+    partial = partial_dir(dst, plan, overwrite)
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(store.cameras, str(tmp))
     payload = Payload(

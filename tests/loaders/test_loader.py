@@ -202,3 +202,33 @@ def test_wait_for_workers_starts_them_and_changes_no_batch(stores: dict[str, Any
         got = _pids(list(loader))
     assert len(got) == len(reference)
     assert all(np.array_equal(a, b) for a, b in zip(got, reference, strict=True))
+
+
+@pytest.mark.parametrize("group_rays", [64, 1 << 16])
+def test_stored_rays_reach_the_batch(tmp_path: Any, group_rays: int) -> None:
+    """A store with materialised origins/directions: every batch carries them in ``extra``, matching
+    the rays generated for the same pixels (float32 as stored), through mixing, groups and slicing."""
+    from raykit.store import SceneInfo, write_store
+
+    from .conftest import make_records
+
+    store = write_store(
+        tmp_path / "m",
+        make_records(4, 1),
+        scene=SceneInfo(),
+        chunk_rays=96,
+        shard_chunks=2,
+        materialize="float32",
+    )
+    loader = RayLoader(store, batch_size=32, seed=3, mix_chunks=2, group_rays=group_rays)
+    seen = 0
+    for batch in loader:
+        assert set(batch.extra) == {"origins", "directions"} and batch.extra["origins"].dtype == torch.float32
+        torch.testing.assert_close(batch.extra["origins"], batch.origins, atol=1e-5, rtol=0)
+        torch.testing.assert_close(batch.extra["directions"], batch.directions, atol=1e-5, rtol=0)
+        seen += len(batch)
+    assert seen == len(loader) * 32
+    raw = store.read_chunk("train", 0)
+    batch = store.to_batch(raw)
+    np.testing.assert_array_equal(batch.extra["directions"].numpy(), raw.extra["directions"])
+    assert store.to_batch(raw)[:5].extra["origins"].shape == (5, 3)

@@ -325,7 +325,7 @@ def test_phase_times_go_to_the_recording_block_of_their_own_thread(
     import logging
     import threading
 
-    from raykit.store.writer import recording_phases
+    from raykit.store.phases import recording_phases
 
     level = logging.getLogger("raykit.store.writer").level
     records = record_factory(2, [(8, 8, "train", 3)] * 4)
