@@ -1,0 +1,52 @@
+"""Fixtures of the fault-injection suite: small real stores written by ``raykit.store.write_store``."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raykit.cameras import Camera
+from raykit.store import ImageRecord, SceneInfo, open_store, write_store
+from raykit.store.writer import copy_store
+
+WIDTH, HEIGHT = 24, 16
+
+
+def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:
+    """(H, W, 4) uint8 seeded pixels (module level so records pickle)."""
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 4), dtype=np.uint8)
+
+
+def build_store(path: Path, backend: str = "zarr", n_train: int = 6, chunk_rays: int = 128) -> Any:
+    """A store of ``n_train`` train and 2 test images of 24x16 pixels, 4 chunks per shard."""
+    camera = Camera("PINHOLE", WIDTH, HEIGHT, (30.0, 31.0, WIDTH / 2, HEIGHT / 2))
+    records = []
+    for i in range(n_train + 2):
+        c2w = np.eye(4)
+        c2w[:3, 3] = (0.1 * i, -0.2 * i, 3.0)
+        split = "train" if i < n_train else "test"
+        load = functools.partial(synthetic_image, i, HEIGHT, WIDTH)
+        records.append(ImageRecord(f"img_{i:03d}.png", split, camera, c2w, 0.5, 6.0, f"mem://{i}", load))
+    return write_store(
+        path, records, scene=SceneInfo(), backend=backend, chunk_rays=chunk_rays, shard_chunks=4
+    )
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``{"zarr": RayStore, "wds": RayStore}``: a Zarr store and its WebDataset copy (read-only use)."""
+    root = tmp_path_factory.mktemp("reliability-stores")
+    build_store(root / "zarr", "zarr")
+    copy_store(root / "zarr", root / "wds", backend="wds")
+    return {backend: open_store(root / backend) for backend in ("zarr", "wds")}
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for child Python processes: this checkout first on ``PYTHONPATH``."""
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
