@@ -12,10 +12,13 @@ __all__ = [
     "RaykitError",
     "ResumeError",
     "SourceError",
+    "StoreChangedError",
     "StoreCorruptError",
     "StoreError",
+    "StoreLockedError",
     "StoreNotFoundError",
     "StoreVersionError",
+    "WorkerError",
 ]
 
 
@@ -57,3 +60,15 @@ class SourceError(RaykitError, ValueError):
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(self.problems))
+
+
+class WorkerError(RaykitError, RuntimeError):
+    """A loader worker process died (killed, crashed, out of memory) while the loader needed it."""
+
+
+class StoreLockedError(StoreError, RuntimeError):
+    """Another process (named in the message) is writing this store, or left a stale lock."""
+
+
+class StoreChangedError(StoreError, RuntimeError):
+    """The store was replaced (e.g. ``convert --overwrite``) while it was being read."""
