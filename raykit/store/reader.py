@@ -23,6 +23,7 @@ import torch
 from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_checksum, json_digest
+from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
     RawRays,
@@ -152,10 +153,15 @@ class RayStore:
         return bytes(data)
 
     def _open_payload(self) -> Any:
+        ranges = None
+        if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
+            sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
+            ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
         if self.backend == "zarr":
-            return zarr_backend.ZarrReader(self.url, self.fields, self.manifest["layout"]["shard_chunks"])
+            shard_chunks = self.manifest["layout"]["shard_chunks"]
+            return zarr_backend.ZarrReader(self.url, self.fields, shard_chunks, ranges=ranges)
         if self.backend == "wds":
-            return wds_backend.WdsReader(self.url, self.fields, self.index)
+            return wds_backend.WdsReader(self.url, self.fields, self.index, ranges=ranges)
         raise StoreCorruptError(f"{self._where('manifest.json')}: unknown backend {self.backend!r}")
 
     def _check_file(self, rel: str) -> None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import http.server
+import io
 import os
+import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +56,57 @@ def subprocess_env() -> dict[str, str]:
     """The environment for child Python processes: this checkout first on ``PYTHONPATH``."""
     root = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Python's static file handler (ignores ``Range``: answers 200 with the whole file), counting GETs."""
+
+    requests: list[tuple[str, str | None]]
+
+    def do_GET(self) -> None:
+        self.requests.append((self.path, self.headers.get("Range")))
+        super().do_GET()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+class _RangeHandler(_Handler):
+    """The same plus single byte ranges (``bytes=a-b``, ``a-``, ``-n``) answered 206 with Content-Range."""
+
+    def send_head(self) -> Any:
+        spec, path = self.headers.get("Range"), self.translate_path(self.path)
+        match = re.fullmatch(r"bytes=(\d*)-(\d*)", (spec or "").strip())
+        if match is None or not os.path.isfile(path):
+            return super().send_head()
+        size = os.path.getsize(path)
+        first, last = match.groups()
+        start = max(size - int(last), 0) if first == "" else int(first)
+        end = size - 1 if first == "" or not last else min(int(last), size - 1)
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(max(end - start + 1, 0))
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        return io.BytesIO(data)
+
+
+@contextlib.contextmanager
+def http_server(root: Path, ranges: bool) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+    """``(base URL, requests as (path, Range header))`` of a real server on 127.0.0.1 serving ``root``;
+    ``ranges=False`` is Python's stdlib server, which ignores ``Range``."""
+    requests: list[tuple[str, str | None]] = []
+    base = _RangeHandler if ranges else _Handler
+    handler = functools.partial(type("H", (base,), {"requests": requests}), directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
