@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.remote import RangeFetcher
@@ -206,7 +206,32 @@ class RayStore:
 
     # -- raw reads ---------------------------------------------------------------------------------
     def read_chunk(self, split: str, index: int) -> RawRays:
-        """Chunk ``index`` of ``split``, checked against its recorded CRC-32."""
+        """Chunk ``index`` of ``split``, checked against its recorded CRC-32.
+
+        Raises:
+            StoreChangedError: the read failed because the store was replaced since it was opened
+                (``convert --overwrite``): chunks of two versions are never mixed.
+        """
+        try:
+            return self._read_chunk(split, index)
+        except (StoreCorruptError, StoreNotFoundError) as exc:
+            self._raise_if_replaced(exc)
+            raise
+
+    def _raise_if_replaced(self, exc: Exception) -> None:
+        """Raise ``StoreChangedError`` (from ``exc``) if the manifest on disk is not the one opened."""
+        try:
+            now = json.loads(self._fs.cat_file(f"{self._root}/manifest.json")).get("content_fingerprint")
+        except (OSError, ValueError):
+            now = None  # gone or half replaced: changed as well
+        if now != self.fingerprint:
+            raise StoreChangedError(
+                f"{self.url}: the store was replaced while being read (opened with fingerprint "
+                f"{self.fingerprint[:12]}..., now {str(now)[:12]}...); reopen it to read the new "
+                f"version ({exc})"
+            ) from exc
+
+    def _read_chunk(self, split: str, index: int) -> RawRays:
         info = self._split(split)
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")

@@ -41,6 +41,7 @@ from raykit.store.integrity import (
     file_record,
     json_digest,
 )
+from raykit.store.lock import holding_store_lock
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import (
     FORMAT_NAME,
@@ -308,6 +309,7 @@ def _split_infos(records: Sequence[ImageRecord], chunk_rays: int) -> dict[str, S
     return infos
 
 
+@holding_store_lock("dst")  # one writer per store (raykit.store.lock)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
@@ -555,6 +557,7 @@ def _raykit_version() -> str:
     return __version__
 
 
+@holding_store_lock("dst")
 def copy_store(
     src: str | Path,
     dst: str | Path,

@@ -25,7 +25,7 @@ import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
-from raykit.errors import StoreCorruptError
+from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.fileio import atomic_write_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
@@ -429,7 +429,10 @@ class ZarrReader:
             where, data = self._remote_bytes(shard_file(info.name, spec, shard), index, info.name)
             return self._decode(codec, info, index, where, data, len(data))
         path = self._local / shard_file(info.name, spec, shard)
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as exc:  # deleted since the store was opened
+            raise StoreNotFoundError(f"{path}: payload file missing") from exc
         try:
             offset, nbytes = (int(v) for v in self._shard_index(fd, path)[j])
             if offset == _ABSENT:

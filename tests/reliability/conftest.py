@@ -28,7 +28,9 @@ def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (height, width, 4), dtype=np.uint8)
 
 
-def build_store(path: Path, backend: str = "zarr", n_train: int = 6, chunk_rays: int = 128) -> Any:
+def build_store(
+    path: Path, backend: str = "zarr", n_train: int = 6, chunk_rays: int = 128, seed: int = 0, **kw: Any
+) -> Any:
     """A store of ``n_train`` train and 2 test images of 24x16 pixels, 4 chunks per shard."""
     camera = Camera("PINHOLE", WIDTH, HEIGHT, (30.0, 31.0, WIDTH / 2, HEIGHT / 2))
     records = []
@@ -39,7 +41,14 @@ def build_store(path: Path, backend: str = "zarr", n_train: int = 6, chunk_rays:
         load = functools.partial(synthetic_image, i, HEIGHT, WIDTH)
         records.append(ImageRecord(f"img_{i:03d}.png", split, camera, c2w, 0.5, 6.0, f"mem://{i}", load))
     return write_store(
-        path, records, scene=SceneInfo(), backend=backend, chunk_rays=chunk_rays, shard_chunks=4
+        path,
+        records,
+        scene=SceneInfo(),
+        backend=backend,
+        chunk_rays=chunk_rays,
+        shard_chunks=4,
+        seed=seed,
+        **kw,
     )
 
 
