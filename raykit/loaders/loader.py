@@ -315,8 +315,9 @@ class RayLoader:
         if fetcher is not None:
             fetcher.close()
         pool, self._gen_pool = getattr(self, "_gen_pool", None), None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:  # (a last reference dropped on one of its own threads cannot wait for it)
+            own = threading.current_thread() in getattr(pool, "_threads", ())
+            pool.shutdown(wait=not own, cancel_futures=True)
 
     def __enter__(self) -> RayLoader:
         return self
