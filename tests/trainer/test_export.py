@@ -105,7 +105,7 @@ def test_corrupt_or_wrong_exports_fail_clearly(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("raykit: error: ") and "model.safetensors" in err[0]
     (out / "config.json").unlink()
-    with pytest.raises(ExportError, match="config.json: missing"):
+    with pytest.raises(ExportError, match=r"config\.json: missing"):
         load_export(out)
     with pytest.raises(ExportError, match="not a raykit model export"):
         load_export(tmp_path)
