@@ -37,13 +37,13 @@ from raykit.trainer.checkpoint import (
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
+from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
 from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
-    TensorBoardLog,
     environment,
     learning_rate,
     parse_background,
@@ -152,6 +152,8 @@ def train(config: TrainConfig) -> Path:
         bar.close()
     if run.procs.is_main and window.rays:  # the last, partial logging window
         _write_log(run, _log_record(state, window, device))
+    if run.tensorboard is not None:
+        run.tensorboard.finish(state.step)
     _checkpoint(run, state)
     _write_progress(run, state)
     _write_rank_digest(run.run_dir, run.procs, field_, state.step)
@@ -191,7 +193,13 @@ def _setup(config: TrainConfig) -> _Run:
         refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
         log=JsonlLog(run_dir / "log.jsonl"),
         progress=JsonlLog(run_dir / "progress.jsonl"),
-        tensorboard=TensorBoardLog(run_dir) if procs.is_main else None,
+        tensorboard=open_tensorboard(
+            config.logger,
+            run_dir,
+            procs.is_main,
+            lambda: first_test_view(config, store, field_, grid, device),
+            config.log_image_every_s,
+        ),
     )
 
 
@@ -269,6 +277,7 @@ def _refresh_grid(run: _Run, step: int) -> None:
 
 
 def _write_log(run: _Run, record: dict[str, Any]) -> None:
+    record = {**record, "lr": run.optimizer.param_groups[0]["lr"]}  # the rate of the window's last step
     run.log.write(record)
     if run.tensorboard is not None:
         run.tensorboard.write(record)
@@ -341,6 +350,8 @@ def _restore(run: _Run) -> TrainState:
     if run.procs.is_main:
         run.log.truncate_after(meta.step)
         run.progress.truncate_after(meta.step)
+    if run.tensorboard is not None:
+        run.tensorboard.truncate_after(meta.step)
     extra = meta.extra
     return TrainState(meta.step, extra["elapsed"], dict(extra["seconds"]), extra["rays"], extra["samples"])
 

@@ -23,7 +23,6 @@ from raykit.trainer.config import TrainConfig
 __all__ = [
     "JsonlLog",
     "Processes",
-    "TensorBoardLog",
     "environment",
     "learning_rate",
     "parse_background",
@@ -180,23 +179,3 @@ class JsonlLog:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-class TensorBoardLog:
-    """The log's scalars mirrored to ``RUN_DIR/tensorboard`` when TensorBoard is installed; else a no-op."""
-
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is optional
-            self.writer: Any = None
-        else:
-            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.writer is None:
-            return
-        for key, value in record.items():
-            if key != "step" and isinstance(value, int | float):
-                self.writer.add_scalar(f"train/{key}", value, record["step"])
-        self.writer.flush()
