@@ -35,6 +35,7 @@ from raykit.trainer.checkpoint import (
     save_checkpoint,
 )
 from raykit.trainer.config import TrainConfig
+from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
 from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
@@ -306,14 +307,16 @@ def _rng_states(run: _Run) -> dict[str, str]:
 
 
 def _checkpoint(run: _Run, state: TrainState) -> None:
-    """Rank 0 writes the checkpoint (every rank's model is identical under DDP)."""
+    """Rank 0 writes the checkpoint (every rank's model is identical under DDP; generators are not)."""
+    own = {"jitter": encode_rng_state(run.jitter), "torch": encode_rng_state(torch.default_generator)}
+    other_ranks = gather_rank_states(run.procs, own)
     if not run.procs.is_main:
         return
     meta = CheckpointMeta(
         step=state.step,
         config=run.config.to_dict(),
         loader_state=run.loader.state_dict(),
-        rng_states=_rng_states(run),
+        rng_states={**_rng_states(run), **other_ranks},
         store_fingerprint=run.store.fingerprint,
         raykit_version=raykit.__version__,
         extra={
@@ -344,9 +347,10 @@ def _restore(run: _Run) -> TrainState:
         run.grid.load_state_dict(tensors["grid"])
     if meta.store_fingerprint == run.store.fingerprint:
         run.loader.load_state_dict(meta.loader_state)
-    run.jitter.set_state(decode_rng_state(meta.rng_states["jitter"]))
+    rank = run.procs.rank
+    run.jitter.set_state(decode_rng_state(rank_state(meta.rng_states, "jitter", rank)))
     run.refresh.set_state(decode_rng_state(meta.rng_states["refresh"]))
-    torch.default_generator.set_state(decode_rng_state(meta.rng_states["torch"]))
+    torch.default_generator.set_state(decode_rng_state(rank_state(meta.rng_states, "torch", rank)))
     if run.procs.is_main:
         run.log.truncate_after(meta.step)
         run.progress.truncate_after(meta.step)

@@ -56,7 +56,9 @@ def start_processes(device: torch.device) -> Processes:
     if world_size <= 1:
         return Processes(0, 1, 0)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        from raykit.trainer.elastic import init_process_group
+
+        init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Processes(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
