@@ -15,11 +15,25 @@ __all__ = ["build_train_parser", "register"]
 
 def register(subparsers: Any) -> None:
     """Add ``train``, ``render`` and ``compare`` to the ``raykit`` parser."""
-    train = subparsers.add_parser("train", help="train a radiance field on a ray store")
+    train = subparsers.add_parser(
+        "train",
+        help="train a radiance field on a ray store",
+        description=(
+            "Train a radiance field on a ray store. Under torchrun (python -m raykit.trainer), "
+            "--max-restarts N with --resume restarts the group after a rank fails and resumes exactly "
+            "from the newest checkpoint."
+        ),
+    )
     add_arguments(train)
     train.set_defaults(func=_train)
     render = subparsers.add_parser(
-        "render", help="render and evaluate a run's newest checkpoint, or an exported model (--model)"
+        "render",
+        help="render and evaluate a run's newest checkpoint, or an exported model (--model)",
+        description=(
+            "raykit render RUN evaluates the run's newest checkpoint on --split (eval.json, PNGs). "
+            "raykit render --model OUT --cameras STORE|transforms.json --out DIR renders from an "
+            "export alone: no run directory, and no store when the cameras come from a transforms.json."
+        ),
     )
     render.add_argument("run_dir", nargs="?", help="run directory written by raykit train")
     render.add_argument("--split", default="test", help="split to render (default: test)")

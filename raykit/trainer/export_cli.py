@@ -22,7 +22,8 @@ def register_export(subparsers: Any) -> None:
             "existing export."
         ),
     )
-    export.add_argument("paths", nargs="+", metavar="RUN OUT", help="run directory and export directory")
+    export.add_argument("run", nargs="?", metavar="RUN", help="run directory (omit with --verify OUT)")
+    export.add_argument("out", metavar="OUT", help="export directory (created)")
     export.add_argument("--verify", action="store_true", help="re-render the test split and compare PSNR")
     export.add_argument("--split", default="test", help="split verified (default: test)")
     export.add_argument("--store", default=None, help="the run's store, if it moved since training")
@@ -35,12 +36,12 @@ def _export(args: argparse.Namespace) -> int:
     from raykit.trainer.deploy import verify_export
     from raykit.trainer.export import export_run
 
-    if len(args.paths) > 2 or (len(args.paths) == 1 and not args.verify):
+    if args.run is None and not args.verify:
         raise ConfigError("export: expected RUN OUT, or --verify OUT to check an existing export")
-    out = args.paths[-1]
-    if len(args.paths) == 2:
-        export_run(args.paths[0], out, store=args.store, force=args.force)
-        print(f"exported {args.paths[0]} to {out}")
+    out = args.out
+    if args.run is not None:
+        export_run(args.run, out, store=args.store, force=args.force)
+        print(f"exported {args.run} to {out}")
     if args.verify:
         result = verify_export(out, split=args.split, store=args.store, device=args.device)
         print(

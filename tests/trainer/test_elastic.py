@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from raykit.trainer.elastic import gather_rank_states, rank_state
+from raykit.trainer.runtime import Processes
 
 from .test_train import config_flags, tiny_config
 
@@ -103,9 +105,6 @@ def test_torchrun_restarts_a_killed_rank_and_resumes_exactly(tiny_store: Path, t
 
 
 def test_rank_state_falls_back_to_rank_zero() -> None:
-    from raykit.trainer.elastic import gather_rank_states, rank_state
-    from raykit.trainer.runtime import Processes
-
     states = {"jitter": "a", "jitter@rank1": "b"}
     assert [rank_state(states, "jitter", r) for r in (0, 1, 2)] == ["a", "b", "a"]
     assert gather_rank_states(Processes(0, 1, 0), {"jitter": "a"}) == {}  # single process: nothing to gather

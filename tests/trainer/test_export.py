@@ -109,6 +109,10 @@ def test_corrupt_or_wrong_exports_fail_clearly(
         load_export(out)
     with pytest.raises(ExportError, match="not a raykit model export"):
         load_export(tmp_path)
+    assert main(["export", str(out)]) == 2
+    assert "expected RUN OUT, or --verify OUT" in capsys.readouterr().err
+    assert main(["render", "--model", str(out), "--out", str(tmp_path / "r")]) == 2
+    assert "expected --cameras" in capsys.readouterr().err
     with pytest.raises(ExportError, match="no checkpoint to export"):
         export_run(tmp_path / "empty", tmp_path / "nothing")
 
