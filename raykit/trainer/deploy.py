@@ -229,7 +229,7 @@ def render_export(
     model = load_export(model_path)
     torch_device = resolve_device(device or model.config.device)
     source = Path(cameras)
-    if source.suffix == ".json" and source.is_file():
+    if source.suffix == ".json":
         views = transforms_views(model, source, torch_device)
     else:
         from raykit.store import open_store

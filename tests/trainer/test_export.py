@@ -71,21 +71,16 @@ def test_export_verify_and_render_without_run_or_store(
         for name in ("run", "store"):
             shutil.move(hidden / name, scene_run[name])
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "render",
-                "--model",
-                str(out),
-                "--cameras",
-                str(scene_run["store"]),
-                "--out",
-                str(tmp_path / "s"),
-            ]
-        )
-        == 0
-    )
+    flags = ["--model", str(out), "--cameras", str(scene_run["store"]), "--out", str(tmp_path / "s")]
+    assert main(["render", *flags]) == 0
     assert f"psnr {evaluation['splits']['test']['psnr']:.3f} dB" in capsys.readouterr().out
+
+    # Cameras from a store of the same capture in another frame (not normalised) are mapped through
+    # the capture's frame: the same images, the same PSNR.
+    raw = convert(scene_run["scene"], tmp_path / "raw", normalize="none")
+    assert not np.allclose(raw.world_from_source, load_export(out).world_from_source)
+    figures = render_export(out, tmp_path / "raw", tmp_path / "r")
+    assert figures["psnr"] == pytest.approx(evaluation["splits"]["test"]["psnr"], abs=0.01)
 
 
 def test_corrupt_or_wrong_exports_fail_clearly(
