@@ -86,6 +86,7 @@ def test_torchrun_restarts_a_killed_rank_and_resumes_exactly(tiny_store: Path, t
     while latest_checkpoint(crashed) is None and launcher.poll() is None and time.monotonic() < deadline:
         victim = victim or _worker(launcher.pid, rank=1)
         time.sleep(0.005)
+    victim = victim or _worker(launcher.pid, rank=1)
     killed_at = latest_checkpoint(crashed)
     assert victim is not None and killed_at is not None, "worker or first checkpoint not seen"
     os.kill(victim, signal.SIGKILL)
