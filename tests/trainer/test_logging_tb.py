@@ -51,6 +51,8 @@ def test_tensorboard_scalars_and_test_view(tiny_store: Path, tmp_path: Path) -> 
     images = events.Images(tag)
     assert [im.step for im in images] == [2, 6]  # the first record and the end of training
     assert (images[0].width, images[0].height) == (24, 12)  # prediction beside target
+    plain = train(tiny_config(tiny_store, tmp_path / "plain", steps=6, log_every=2))
+    assert [r["loss"] for r in _log(plain)] == [r["loss"] for r in records]  # monitoring changes nothing
 
 
 def test_resume_hides_the_events_after_the_checkpoint(tiny_store: Path, tmp_path: Path) -> None:
