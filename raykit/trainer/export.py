@@ -213,7 +213,7 @@ def export_run(
         run_dir: a directory written by ``raykit train``.
         out: the export directory to create.
         store: the run's store when it moved (default: the path recorded in the run's config).
-        force: replace an existing ``out``.
+        force: replace an existing ``out`` (an earlier export, or an empty directory).
 
     Raises:
         ExportError: no checkpoint, unreadable run files, a store that is not the run's, or ``out``
@@ -224,6 +224,8 @@ def export_run(
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists; pass --force to replace it")
+    if out.exists() and not (out.is_dir() and ((out / MANIFEST_FILE).is_file() or not any(out.iterdir()))):
+        raise ExportError(f"{out}: exists and is not a raykit model export; refusing to replace it")
     checkpoint, evaluation = _pick_checkpoint(run_dir)
     try:
         meta, tensors = load_checkpoint(checkpoint)
@@ -318,10 +320,15 @@ def load_export(path: str | os.PathLike[str]) -> ExportedModel:
             f"{manifest_path}: export format version {version!r} is newer than this raykit reads "
             f"({EXPORT_VERSION}); upgrade raykit"
         )
-    files = manifest.get("files", {})
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(entry, dict) for entry in files.values()):
+        raise ExportError(f"{manifest_path}: expected a 'files' object of {{name: {{bytes, sha256}}}}")
     missing = [name for name in (MODEL_FILE, CONFIG_FILE) if name not in files]
     if missing:
         raise ExportError(f"{manifest_path}: manifest lists no {', '.join(missing)}")
+    strange = [name for name in files if "/" in name or "\\" in name or name.startswith(".")]
+    if strange:
+        raise ExportError(f"{manifest_path}: file names outside the export: {', '.join(strange)}")
     data = {name: _checked_bytes(root / name, entry) for name, entry in files.items()}
     try:
         config = TrainConfig.from_dict(json.loads(data[CONFIG_FILE]))

@@ -90,6 +90,11 @@ def test_corrupt_or_wrong_exports_fail_clearly(
     with pytest.raises(ExportError, match="already exists; pass --force"):
         export_run(scene_run["run"], out)
     export_run(scene_run["run"], out, force=True)
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="is not a raykit model export; refusing"):
+        export_run(scene_run["run"], tmp_path / "precious", force=True)
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "mine"
     data = bytearray((out / MODEL_FILE).read_bytes())
     data[len(data) // 2] ^= 0x01
     (out / MODEL_FILE).write_bytes(bytes(data))
