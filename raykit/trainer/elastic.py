@@ -13,6 +13,11 @@ Exactness needs each rank's own random state: the sample jitter is seeded per ra
 writes the checkpoint) gathers every rank's generator states, stored as ``NAME@rankR`` beside rank 0's
 ``NAME`` in the checkpoint's ``rng_states``; each rank restores its own (a checkpoint of a run with
 fewer ranks falls back to rank 0's state).
+
+Tested on one node (``--standalone``, gloo, 2 ranks, a rank SIGKILLed mid-run). On several nodes the
+group's keys follow ``TORCHELASTIC_RESTART_COUNT``, which each node's agent counts for itself; torch
+restarts the healthy nodes' workers without counting, so there the counts (and keys) can differ
+between nodes and the restarted group would not form: multi-node restarts are not supported yet.
 """
 
 from __future__ import annotations
