@@ -23,8 +23,9 @@ def _base_type(annotation: Any) -> Any:
     return args[0] if args else annotation
 
 
-def add_pose_arguments(parser: argparse.ArgumentParser, skip: Collection[str] = ()) -> None:
-    """Add one flag per :class:`PoseOptions` field except those in ``skip`` (e.g. ``threads``)."""
+def add_pose_arguments(parser: Any, skip: Collection[str] = ()) -> None:
+    """Add one flag per :class:`PoseOptions` field except those in ``skip`` (e.g. ``threads``) to
+    ``parser`` (an ``argparse`` parser or argument group)."""
     hints = typing.get_type_hints(PoseOptions)
     for f in dataclasses.fields(PoseOptions):
         if f.name in skip:

@@ -239,8 +239,7 @@ def _check_database(database: Path, photos: Path, names: list[str]) -> None:
 
 
 def _check_matches(database: Path, src: Path, names: list[str]) -> None:
-    verified = sfm.count_rows(database, "SELECT count(*) FROM two_view_geometries WHERE rows > 0")
-    if verified == 0:
+    if sfm.verified_pairs(database) == 0:
         raise SourceError(
             f"{src}: the photos share no features: no pair of the {len(names)} photos has enough "
             f"geometrically verified matches ({_listing(names)}); no model written"

@@ -5,12 +5,12 @@ progress bar, polling the feature database read-only. Ctrl-C (``KeyboardInterrup
 step through pycolmap's cancellation token, waits for pycolmap to stop and re-raises; the feature
 database is SQLite, written in transactions, so it is always consistent and a rerun continues from
 it: extraction skips photos that already have features and matching skips pairs already matched.
+Progress is read from the database through pycolmap's own connection (see :func:`database_counter`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,7 +21,7 @@ from tqdm import tqdm
 from raykit.errors import ConfigError
 
 __all__ = [
-    "count_rows",
+    "database_counter",
     "extract",
     "import_pycolmap",
     "map_incremental",
@@ -29,6 +29,7 @@ __all__ = [
     "quiet_pycolmap",
     "run_cancellable",
     "undistort",
+    "verified_pairs",
 ]
 
 _POLL_S = 0.2
@@ -55,15 +56,38 @@ def quiet_pycolmap() -> Iterator[None]:
         logging.minloglevel = previous
 
 
-def count_rows(database: Path, sql: str) -> int | None:
-    """The integer result of ``sql`` on the database opened read-only; None while it is locked/absent."""
-    if not database.is_file():
-        return None
+@contextlib.contextmanager
+def database_counter(database: Path, what: str) -> Iterator[Callable[[], int | None]]:
+    """A poll function counting ``what`` (``images`` or ``matched_pairs``) in the feature database.
+
+    The database is opened through pycolmap itself: a second SQLite library in the same process (the
+    ``sqlite3`` module) must never touch a database that pycolmap is writing, since closing its file
+    handle would drop pycolmap's POSIX locks. The poll returns None while the database is busy.
+    """
+    pycolmap = import_pycolmap()
+    db = pycolmap.Database.open(str(database))
+    method = db.num_images if what == "images" else db.num_matched_image_pairs
+
+    def poll() -> int | None:
+        try:
+            return int(method())
+        except Exception:  # busy while pycolmap writes: skip this update
+            return None
+
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.05)) as con:
-            return int(con.execute(sql).fetchone()[0])
-    except sqlite3.Error:
-        return None
+        yield poll
+    finally:
+        db.close()
+
+
+def verified_pairs(database: Path) -> int:
+    """Number of image pairs with geometrically verified matches (call when no stage is running)."""
+    db = import_pycolmap().Database.open(str(database))
+    try:
+        _, geometries = db.read_two_view_geometries()
+        return sum(1 for g in geometries if len(g.inlier_matches) > 0)
+    finally:
+        db.close()
 
 
 def run_cancellable(
@@ -142,13 +166,8 @@ def extract(
             cancellation_token=token,
         )
 
-    run_cancellable(
-        work,
-        desc="features",
-        total=len(names),
-        progress=progress,
-        poll=lambda: count_rows(database, "SELECT count(*) FROM keypoints"),
-    )
+    with database_counter(database, "images") as poll:
+        run_cancellable(work, desc="features", total=len(names), progress=progress, poll=poll)
 
 
 def _pair_count(pycolmap: Any, database: Path, sequential: bool) -> int:
@@ -174,14 +193,8 @@ def match(database: Path, *, sequential: bool, threads: int, progress: bool) -> 
         else:
             pycolmap.match_exhaustive(database, matching_options=options, cancellation_token=token)
 
-    run_cancellable(
-        work,
-        desc="matching",
-        total=total,
-        progress=progress,
-        unit="pair",
-        poll=lambda: count_rows(database, "SELECT count(*) FROM matches"),
-    )
+    with database_counter(database, "matched_pairs") as poll:
+        run_cancellable(work, desc="matching", total=total, progress=progress, unit="pair", poll=poll)
 
 
 def map_incremental(

@@ -47,11 +47,14 @@ def textured_geometry(geometry: SceneGeometry, scale: float = SPECKLE_SCALE) -> 
     return replace(geometry, primitives=prims)
 
 
-def orbit_poses(n: int, elevations_deg: tuple[float, ...] = (20.0, 45.0)) -> np.ndarray:
+def orbit_poses(
+    n: int, elevations_deg: tuple[float, ...] = (20.0, 45.0), arc_deg: float = 360.0
+) -> np.ndarray:
     """(n, 4, 4) c2w looking at the scene centre from rings at ``elevations_deg``, ``n`` split evenly.
 
-    Ring ``r`` holds ``n // R`` views (the first ``n % R`` rings one more), evenly spaced in azimuth
-    and offset by half a step from the ring below, at ``CAMERA_DISTANCE`` from the look-at point.
+    Ring ``r`` holds ``n // R`` views (the first ``n % R`` rings one more), evenly spaced over
+    ``arc_deg`` of azimuth (a full turn by default; less: a camera path, as a video) and offset by
+    half a step from the ring below, at ``CAMERA_DISTANCE`` from the look-at point.
     """
     rings = len(elevations_deg)
     if n < 1 or rings < 1:
@@ -59,7 +62,8 @@ def orbit_poses(n: int, elevations_deg: tuple[float, ...] = (20.0, 45.0)) -> np.
     positions = []
     for r, elevation in enumerate(elevations_deg):
         count = n // rings + (r < n % rings)
-        azimuth = (np.arange(count) + 0.5 * r) * (2 * math.pi / max(count, 1))
+        step = math.radians(arc_deg) / (max(count, 1) if arc_deg >= 360.0 else max(count - 1, 1))
+        azimuth = (np.arange(count) + 0.5 * r) * step
         el = math.radians(elevation)
         dirs = np.stack(
             [math.cos(el) * np.cos(azimuth), math.cos(el) * np.sin(azimuth), np.full(count, math.sin(el))], -1
@@ -68,17 +72,22 @@ def orbit_poses(n: int, elevations_deg: tuple[float, ...] = (20.0, 45.0)) -> np.
     return look_at_c2w(np.concatenate(positions))
 
 
-def render_photos(n: int, size: int, seed: int = 0, supersample: int = 2) -> ScenePhotos:
+def render_photos(
+    n: int, size: int, seed: int = 0, supersample: int = 2, c2w: np.ndarray | None = None
+) -> ScenePhotos:
     """Render ``n`` square ``size`` x ``size`` photos of the textured scene (see the module docstring).
 
     Args:
         supersample: ``k`` of the ``k x k`` sub-pixel samples where neighbours differ (anti-aliasing).
+        c2w: (n, 4, 4) poses to render from (default: :func:`orbit_poses` ``(n)``).
     """
     if size < 16:
         raise ConfigError(f"render_photos: expected size >= 16 pixels, got {size}")
     geometry = textured_geometry(build_geometry(seed))
     camera = scene_camera(size, size)
-    c2w = orbit_poses(n)
+    c2w = orbit_poses(n) if c2w is None else np.asarray(c2w, dtype=np.float64)
+    if c2w.shape != (n, 4, 4):
+        raise ConfigError(f"render_photos: expected c2w of shape ({n}, 4, 4), got {c2w.shape}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small elementwise ops: threads cost more than they bring
     try:
