@@ -55,10 +55,17 @@ def umeyama(
 
 
 def rotation_angle_deg(r_a: np.ndarray, r_b: np.ndarray) -> np.ndarray:
-    """(..., 3, 3) and (..., 3, 3) rotations -> (...,) angle of ``r_a^T r_b`` in degrees."""
+    """(..., 3, 3) and (..., 3, 3) rotations -> (...,) angle of ``r_a^T r_b`` in degrees.
+
+    ``atan2(sin, cos)`` from the skew and trace parts, accurate at small angles (unlike ``arccos``).
+    """
     rel = np.swapaxes(np.asarray(r_a), -1, -2) @ np.asarray(r_b)
     cos = (np.trace(rel, axis1=-2, axis2=-1) - 1.0) / 2.0
-    return np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    skew = np.stack(
+        [rel[..., 2, 1] - rel[..., 1, 2], rel[..., 0, 2] - rel[..., 2, 0], rel[..., 1, 0] - rel[..., 0, 1]], -1
+    )
+    sin = np.linalg.norm(skew, axis=-1) / 2.0
+    return np.degrees(np.arctan2(sin, cos))
 
 
 def pose_errors(c2w_est: np.ndarray, c2w_ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:

@@ -102,35 +102,49 @@ def run_cancellable(
     """Run ``work(cancellation_token)`` in a thread with a progress bar updated from ``poll()``.
 
     Returns what ``work`` returns; re-raises its exception. On ``KeyboardInterrupt`` the token is
-    cancelled, the thread joined, and the interrupt re-raised.
+    cancelled and the interrupt re-raised only once the thread has stopped (a pycolmap thread still
+    running when the interpreter exits would abort the process). The wait uses an event set by the
+    thread rather than ``Thread.join``, whose state an interrupt can leave wrong on some Pythons.
     """
     token = import_pycolmap().CancellationToken()
     result: dict[str, Any] = {}
+    finished = threading.Event()
 
     def target() -> None:
         try:
             result["value"] = work(token)
         except BaseException as exc:
             result["error"] = exc
+        finally:
+            finished.set()
 
     thread = threading.Thread(target=target, name=f"raykit-{desc}", daemon=True)
     with tqdm(total=total, desc=desc, unit=unit, disable=not progress, leave=True) as bar:
         thread.start()
         try:
-            while thread.is_alive():
-                thread.join(_POLL_S)
+            while not finished.wait(_POLL_S):
                 done = poll() if poll is not None else None
                 if done is not None and done != bar.n:
                     bar.update(done - bar.n)
         except KeyboardInterrupt:
             token.cancel()
-            thread.join()
+            _wait_through_interrupts(finished)
             raise
         if total is not None and "error" not in result:
             bar.update(total - bar.n)
     if "error" in result:
         raise result["error"]
     return result.get("value")
+
+
+def _wait_through_interrupts(finished: threading.Event) -> None:
+    """Wait for ``finished``; further Ctrl-C presses only repeat the wait (cancelling takes moments)."""
+    while True:
+        try:
+            if finished.wait(_POLL_S):
+                return
+        except KeyboardInterrupt:
+            continue
 
 
 def extract(
