@@ -62,7 +62,8 @@ def rotation_angle_deg(r_a: np.ndarray, r_b: np.ndarray) -> np.ndarray:
     rel = np.swapaxes(np.asarray(r_a), -1, -2) @ np.asarray(r_b)
     cos = (np.trace(rel, axis1=-2, axis2=-1) - 1.0) / 2.0
     skew = np.stack(
-        [rel[..., 2, 1] - rel[..., 1, 2], rel[..., 0, 2] - rel[..., 2, 0], rel[..., 1, 0] - rel[..., 0, 1]], -1
+        [rel[..., 2, 1] - rel[..., 1, 2], rel[..., 0, 2] - rel[..., 2, 0], rel[..., 1, 0] - rel[..., 0, 1]],
+        -1,
     )
     sin = np.linalg.norm(skew, axis=-1) / 2.0
     return np.degrees(np.arctan2(sin, cos))

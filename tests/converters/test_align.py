@@ -48,7 +48,7 @@ def test_umeyama_is_least_squares_under_noise() -> None:
 
 def test_umeyama_rigid_mode_keeps_unit_scale() -> None:
     src = np.random.default_rng(1).normal(size=(10, 3))
-    s, r, t = umeyama(src, 3.0 * src, with_scale=False)
+    s, r, _ = umeyama(src, 3.0 * src, with_scale=False)
     assert s == 1.0
     np.testing.assert_allclose(r, np.eye(3), atol=1e-10)
 

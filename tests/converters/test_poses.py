@@ -97,7 +97,9 @@ def test_other_feature_options_need_restart_and_other_matcher_reruns_matching(
     _assert_accurate(out / "sparse" / "0", photos.c2w, names)
 
 
-def test_out_must_be_new_empty_or_made_by_raykit(shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path) -> None:
+def test_out_must_be_new_empty_or_made_by_raykit(
+    shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path
+) -> None:
     folder, _, _ = shoot
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not made by raykit poses"):
@@ -153,7 +155,9 @@ def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     _assert_accurate(out / "sparse" / "0", photos.c2w, names)
 
 
-def test_convert_from_photos_with_undistort(shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path) -> None:
+def test_convert_from_photos_with_undistort(
+    shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path
+) -> None:
     folder, _, _ = shoot
     dst = tmp_path / "scene.zarr"
     opts = PoseOptions(undistort=True)
