@@ -151,7 +151,9 @@ class PoseState:
         """The recorded summary with this run's stage times and the stages skipped as done earlier."""
         stages = self.data["stages"]
         skipped = [s for s in STAGES if stages.get(s, {}).get("done") and s not in self.seconds]
-        return factory({**self.data["summary"], "seconds": dict(self.seconds), "skipped": skipped})
+        undistorted = bool(stages.get("undistort", {}).get("done"))
+        summary = {**self.data["summary"], "seconds": dict(self.seconds), "skipped": skipped}
+        return factory({**summary, "undistorted": undistorted})
 
     def make_frames_folder(self) -> None:
         """An empty ``OUT/images`` for frames cut from a video."""

@@ -118,6 +118,7 @@ class PoseSummary:
         cameras, points: counts in the model. reprojection_error: mean, in pixels.
         matcher: the matcher used. single_camera: whether one camera was shared.
         seconds: wall time of each stage run now. skipped: stages finished by an earlier run.
+        undistorted: ``out/undistorted`` holds the undistorted capture.
     """
 
     out: str
@@ -131,6 +132,7 @@ class PoseSummary:
     single_camera: bool
     seconds: dict[str, float] = field(default_factory=dict)
     skipped: tuple[str, ...] = ()
+    undistorted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field."""
@@ -156,6 +158,8 @@ class PoseSummary:
             "time: " + ", ".join(times),
             f"model: {Path(self.out) / 'sparse' / '0'} (photos: {Path(self.out) / 'images'})",
         ]
+        if self.undistorted:
+            lines.append(f"undistorted (PINHOLE): {Path(self.out) / 'undistorted'}")
         if self.unregistered:
             lines.append("not registered (left out): " + _listing(self.unregistered))
         return lines

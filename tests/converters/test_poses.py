@@ -6,6 +6,7 @@ poses are compared with the true ones after the best similarity on camera centre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -114,7 +115,7 @@ def _images_in_database(database: Path) -> int:
     process must not share a database file); in-process counts go through :func:`_count_images`.
     """
     try:
-        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.01) as con:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.01)) as con:
             return int(con.execute("SELECT count(*) FROM images").fetchone()[0])
     except sqlite3.Error:
         return 0
