@@ -45,6 +45,19 @@ def _key_hash(key: Any) -> str:
     return sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
 
 
+def _changes(old: Any, new: Any) -> str:
+    """Which recorded fields differ, e.g. ``max_features 8192 -> 1000, photo files``."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return "inputs differ"
+    parts = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            simple = all(isinstance(v, str | int | float | bool) for v in (old.get(name), new.get(name)))
+            label = "photo files (names, sizes or times)" if name == "files" else name
+            parts.append(f"{label} {old.get(name)} -> {new.get(name)}" if simple else label)
+    return ", ".join(parts) or "inputs differ"
+
+
 class PoseState:
     """The record of one output folder; see the module docstring."""
 
@@ -125,7 +138,7 @@ class PoseState:
         if record is not None and record["key"] == key and record["done"] and not force:
             return False
         if record is not None and record["key"] != key:
-            self._stale(stage, f"holds {stage} of other photos or options")
+            self._stale(stage, f"holds {stage} of other photos or options ({_changes(record['key'], key)})")
         for name in STAGES[STAGES.index(stage) + 1 :]:
             self.data["stages"].pop(name, None)
             self._remove(name)

@@ -87,7 +87,7 @@ def test_other_feature_options_need_restart_and_other_matcher_reruns_matching(
     folder, photos, names = shoot
     out = tmp_path / "out"
     estimate_poses(folder, out, PoseOptions(threads=2, matcher="sequential"))
-    with pytest.raises(ResumeError, match="--overwrite"):
+    with pytest.raises(ResumeError, match=r"max_features 8192 -> 2048.*--overwrite"):
         estimate_poses(folder, out, PoseOptions(threads=2, max_features=2048))
     assert (out / "sparse" / "0").is_dir()  # refused: nothing discarded
     summary = estimate_poses(folder, out, PoseOptions(threads=2, matcher="exhaustive"))
