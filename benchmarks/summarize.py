@@ -272,12 +272,25 @@ def main() -> None:
             parts.append(section(data))
     cuda = _load("loader_cuda")
     parts.append(
-        "## CUDA\nNo GPU machine was lent to this task; the CUDA loader path "
-        "(`python benchmarks/bench_loader.py --cuda`) has not been measured."
+        "## CUDA\nCommand (on a machine with CUDA): `bash benchmarks/gpu_check.sh` (the CUDA tests, "
+        "`bench_loader.py --cuda` and a 60 s-per-sampler CUDA trainer run; `bash benchmarks/gpu_wheels.sh` "
+        "first fetches the wheels the GPU image lacks, to carry as `.whl`). No GPU machine has been lent to a "
+        "task since, so the CUDA paths have not been measured."
         if cuda is None
         else f"## CUDA loader\n```json\n{json.dumps(cuda, indent=1)[:2000]}\n```"
     )
-    (ROOT.parent / "BENCHMARKS.md").write_text("\n\n".join(parts) + "\n")
+    target = ROOT.parent / "BENCHMARKS.md"
+    parts += _kept_sections(target, parts)
+    target.write_text("\n\n".join(parts) + "\n")
+
+
+def _kept_sections(target: Path, generated: list[str]) -> list[str]:
+    """Hand-written ``## `` sections of the current file whose headings this script does not generate."""
+    if not target.exists():
+        return []
+    headings = {p.splitlines()[0] for p in generated}
+    sections = ["## " + s for s in target.read_text().split("\n## ")[1:]]
+    return [s.strip() for s in sections if s.splitlines()[0] not in headings and not s.startswith("## CUDA")]
 
 
 if __name__ == "__main__":
