@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -181,3 +182,21 @@ def test_convert_cli_from_photos(shoot: tuple[Path, ScenePhotos, list[str]], tmp
     store = open_store(dst)
     assert sum(info.n_images for info in store.splits.values()) == N_VIEWS
     assert set(store.cameras.column("model").to_pylist()) == {"SIMPLE_PINHOLE"}
+
+
+def test_unregistered_photos_are_listed_and_left_out(
+    shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, photos, names = shoot
+    mixed = tmp_path / "mixed"
+    shutil.copytree(folder, mixed)
+    noise = np.random.default_rng(5).integers(0, 256, (2, SIZE, SIZE, 3), dtype=np.uint8)
+    for i, image in enumerate(noise):
+        Image.fromarray(image).save(mixed / f"zz_stray_{i}.png")
+    out = tmp_path / "out"
+    assert main(["poses", str(mixed), str(out), "--threads", "2", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"registered {N_VIEWS} of {N_VIEWS + 2} photos" in printed
+    assert "not registered (left out): zz_stray_0.png, zz_stray_1.png" in printed
+    assert sorted(i.name for i in read_model(out / "sparse" / "0").images.values()) == names
+    _assert_accurate(out / "sparse" / "0", photos.c2w, names)
