@@ -1,4 +1,5 @@
-"""The output folder of pose estimation and its record ``poses.json`` (what ran, on what, how long).
+"""The output folder of pose estimation, its record ``poses.json`` (what ran, on what, how long) and
+the summary of the result (:class:`PoseSummary`).
 
 Each stage is recorded with a key (its inputs and options) when it starts and marked done when it
 finishes; ``poses.json`` is rewritten atomically after each change. A stage whose recorded key equals
@@ -9,18 +10,19 @@ scratch folders and renamed into place, so ``OUT/sparse/0`` is either complete o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from raykit.converters import sfm
 from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json, sha256_bytes
 
-__all__ = ["STAGES", "STATE_FILE", "PoseState", "pose_cache"]
+__all__ = ["MAX_LISTED", "STAGES", "STATE_FILE", "PoseState", "PoseSummary", "listing", "pose_cache"]
 
 STATE_FILE = "poses.json"
 STATE_VERSION = 1
@@ -33,7 +35,7 @@ _OUTPUTS = {
     "mapping": ("sparse", ".mapping"),
     "undistort": ("undistorted", ".undistorted.partial"),
 }
-_T = TypeVar("_T")
+MAX_LISTED = 30  # names listed in one message at most
 
 
 def pose_cache(dst: Path) -> Path:
@@ -58,15 +60,78 @@ def _changes(old: Any, new: Any) -> str:
     return ", ".join(parts) or "inputs differ"
 
 
+@dataclass(frozen=True)
+class PoseSummary:
+    """What a pose estimation produced (also stored in ``OUT/poses.json``).
+
+    Attributes:
+        out: the output folder. given: number of photos. registered / unregistered: photo names.
+        cameras, points: counts in the model. reprojection_error: mean, in pixels.
+        matcher: the matcher used. single_camera: whether one camera was shared.
+        seconds: wall time of each stage run now. skipped: stages finished by an earlier run.
+        undistorted: ``out/undistorted`` holds the undistorted capture.
+    """
+
+    out: str
+    given: int
+    registered: tuple[str, ...]
+    unregistered: tuple[str, ...]
+    cameras: int
+    points: int
+    reprojection_error: float
+    matcher: str
+    single_camera: bool
+    seconds: dict[str, float] = field(default_factory=dict)
+    skipped: tuple[str, ...] = ()
+    undistorted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoseSummary:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        for key in ("registered", "unregistered", "skipped"):
+            data[key] = tuple(data.get(key, ()))
+        return cls(**data)
+
+    def lines(self) -> list[str]:
+        """Human-readable summary lines."""
+        times = [f"{name} {s:.1f} s" for name, s in self.seconds.items()]
+        times += [f"{name} skipped (done earlier)" for name in self.skipped]
+        lines = [
+            f"registered {len(self.registered)} of {self.given} photos; {self.cameras} camera(s), "
+            f"{self.points} points, mean reprojection error {self.reprojection_error:.3f} px",
+            f"matcher {self.matcher}, "
+            + ("one shared camera" if self.single_camera else "one camera per photo"),
+            "time: " + ", ".join(times),
+            f"model: {Path(self.out) / 'sparse' / '0'} (photos: {Path(self.out) / 'images'})",
+        ]
+        if self.undistorted:
+            lines.append(f"undistorted (PINHOLE): {Path(self.out) / 'undistorted'}")
+        if self.unregistered:
+            lines.append("not registered (left out): " + listing(self.unregistered))
+        return lines
+
+
+def listing(names: Any) -> str:
+    """``a, b, c and N more``: at most MAX_LISTED names."""
+    names = list(names)
+    more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
+    return ", ".join(names[:MAX_LISTED]) + more
+
+
 class PoseState:
     """The record of one output folder; see the module docstring."""
 
-    def __init__(self, out: Path, data: dict[str, Any], restart: bool) -> None:
-        self.out, self.data, self.restart = out, data, restart
+    def __init__(self, out: Path, data: dict[str, Any], restart: bool, progress: bool = False) -> None:
+        self.out, self.data, self.restart, self.progress = out, data, restart, progress
         self.seconds: dict[str, float] = {}
 
     @classmethod
-    def open(cls, out: Path, kind: str, src: Path, restart: bool) -> PoseState:
+    def open(cls, out: Path, kind: str, src: Path, restart: bool, progress: bool = False) -> PoseState:
         """Open (or create) the record of ``out`` for input ``src`` of ``kind`` (``photos``/``video``).
 
         Raises:
@@ -84,9 +149,8 @@ class PoseState:
                     "or empty folder"
                 )
             out.mkdir(parents=True, exist_ok=True)
-            state = cls(
-                out, {"version": STATE_VERSION, "source": source, "images": None, "stages": {}}, restart
-            )
+            record = {"version": STATE_VERSION, "source": source, "images": None, "stages": {}}
+            state = cls(out, record, restart, progress)
             state.save()
             return state
         try:
@@ -97,7 +161,7 @@ class PoseState:
             raise ResumeError(
                 f"{path}: cannot read the pose record ({exc}); delete {out} to start over"
             ) from None
-        state = cls(out, data, restart)
+        state = cls(out, data, restart, progress)
         if data.get("source") != source:
             state._stale(STAGES[0], f"was made from {data.get('source', {}).get('path')}, not {src}")
             data["source"] = source
@@ -160,13 +224,13 @@ class PoseState:
         """A short hash of ``stage``'s recorded key (chains a stage to the ones it depends on)."""
         return _key_hash(self.data["stages"][stage]["key"])
 
-    def summary(self, factory: Callable[[dict[str, Any]], _T]) -> _T:
+    def summary(self) -> PoseSummary:
         """The recorded summary with this run's stage times and the stages skipped as done earlier."""
         stages = self.data["stages"]
         skipped = [s for s in STAGES if stages.get(s, {}).get("done") and s not in self.seconds]
         undistorted = bool(stages.get("undistort", {}).get("done"))
         summary = {**self.data["summary"], "seconds": dict(self.seconds), "skipped": skipped}
-        return factory({**summary, "undistorted": undistorted})
+        return PoseSummary.from_dict({**summary, "undistorted": undistorted})
 
     def make_frames_folder(self) -> None:
         """An empty ``OUT/images`` for frames cut from a video."""

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from raykit.cameras import CAMERA_MODELS
 from raykit.converters import sfm
 from raykit.converters.photos import check_photos, list_photos, looks_like_frames, one_device
-from raykit.converters.pose_state import PoseState, pose_cache
+from raykit.converters.pose_state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
 from raykit.converters.video import VIDEO_EXTENSIONS, extract_frames
 from raykit.errors import ConfigError, SourceError
 
@@ -56,7 +56,6 @@ MATCHERS = ("auto", "exhaustive", "sequential")
 POSE_SOURCES = ("photos", "video")
 SEQUENTIAL_ABOVE = 200
 MIN_REGISTERED_FRACTION = 0.5
-_MAX_LISTED = 30
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -107,68 +106,6 @@ class PoseOptions:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field."""
         return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class PoseSummary:
-    """What a pose estimation produced (also stored in ``OUT/poses.json``).
-
-    Attributes:
-        out: the output folder. given: number of photos. registered / unregistered: photo names.
-        cameras, points: counts in the model. reprojection_error: mean, in pixels.
-        matcher: the matcher used. single_camera: whether one camera was shared.
-        seconds: wall time of each stage run now. skipped: stages finished by an earlier run.
-        undistorted: ``out/undistorted`` holds the undistorted capture.
-    """
-
-    out: str
-    given: int
-    registered: tuple[str, ...]
-    unregistered: tuple[str, ...]
-    cameras: int
-    points: int
-    reprojection_error: float
-    matcher: str
-    single_camera: bool
-    seconds: dict[str, float] = field(default_factory=dict)
-    skipped: tuple[str, ...] = ()
-    undistorted: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of every field."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PoseSummary:
-        """Inverse of :meth:`to_dict`."""
-        data = dict(data)
-        for key in ("registered", "unregistered", "skipped"):
-            data[key] = tuple(data.get(key, ()))
-        return cls(**data)
-
-    def lines(self) -> list[str]:
-        """Human-readable summary lines."""
-        times = [f"{name} {s:.1f} s" for name, s in self.seconds.items()]
-        times += [f"{name} skipped (done earlier)" for name in self.skipped]
-        lines = [
-            f"registered {len(self.registered)} of {self.given} photos; {self.cameras} camera(s), "
-            f"{self.points} points, mean reprojection error {self.reprojection_error:.3f} px",
-            f"matcher {self.matcher}, "
-            + ("one shared camera" if self.single_camera else "one camera per photo"),
-            "time: " + ", ".join(times),
-            f"model: {Path(self.out) / 'sparse' / '0'} (photos: {Path(self.out) / 'images'})",
-        ]
-        if self.undistorted:
-            lines.append(f"undistorted (PINHOLE): {Path(self.out) / 'undistorted'}")
-        if self.unregistered:
-            lines.append("not registered (left out): " + _listing(self.unregistered))
-        return lines
-
-
-def _listing(names: Any) -> str:
-    names = list(names)
-    more = f" and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else ""
-    return ", ".join(names[:_MAX_LISTED]) + more
 
 
 def _source_kind(src: Path, source: str) -> str:
@@ -230,7 +167,7 @@ def _features_key(photos: Path, names: list[str], options: PoseOptions, single: 
 
 
 def _check_database(database: Path, photos: Path, names: list[str]) -> None:
-    """Every photo has its row in the database; at least one pair of photos is verified."""
+    """Every photo has its row in the database (pycolmap read it)."""
     pycolmap = sfm.import_pycolmap()
     db = pycolmap.Database.open(str(database))
     try:
@@ -246,13 +183,11 @@ def _check_matches(database: Path, src: Path, names: list[str]) -> None:
     if sfm.verified_pairs(database) == 0:
         raise SourceError(
             f"{src}: the photos share no features: no pair of the {len(names)} photos has enough "
-            f"geometrically verified matches ({_listing(names)}); no model written"
+            f"geometrically verified matches ({listing(names)}); no model written"
         )
 
 
-def _map(
-    state: PoseState, photos: Path, names: list[str], options: PoseOptions, threads: int, progress: bool
-) -> tuple[Any, list[str]]:
+def _map(state: PoseState, photos: Path, names: list[str], options: PoseOptions) -> tuple[Any, list[str]]:
     """Run the mapper; return the largest model and the names it left out (fewer than half: error)."""
     scratch = state.out / ".mapping"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -262,9 +197,9 @@ def _map(
         photos,
         scratch,
         n_images=len(names),
-        threads=threads,
+        threads=_threads(options),
         seed=options.seed,
-        progress=progress,
+        progress=state.progress,
     )
     shutil.rmtree(scratch, ignore_errors=True)
     if not models:
@@ -281,9 +216,61 @@ def _map(
                 f"{photos}: only {len(registered)} of {len(names)} photos registered (fewer than half); "
                 "no model written"
             ]
-            + [f"{photos / n}: not registered" for n in left_out[:_MAX_LISTED]]
+            + [f"{photos / n}: not registered" for n in left_out[:MAX_LISTED]]
         )
     return best, left_out
+
+
+def _threads(options: PoseOptions) -> int:
+    return options.threads or -1  # pycolmap: -1 = every core
+
+
+def _features_stage(state: PoseState, photos: Path, names: list[str], key: dict[str, Any],
+                    options: PoseOptions, single: bool, progress: bool) -> None:  # fmt: skip
+    if not state.begin("features", key):
+        return
+    start = time.perf_counter()
+    database = state.out / "database.db"
+    sfm.extract(
+        database, photos, names, camera_model=options.camera_model, single=single,
+        max_image_size=options.max_image_size, max_features=options.max_features,
+        threads=_threads(options), progress=progress,
+    )  # fmt: skip
+    _check_database(database, photos, names)
+    state.finish("features", time.perf_counter() - start)
+
+
+def _matching_stage(
+    state: PoseState, kind: str, names: list[str], features_key: dict[str, Any], options: PoseOptions
+) -> str:
+    """Match (unless done with this matcher); return the matcher's name."""
+    auto_sequential = kind == "video" or looks_like_frames(names) or len(names) > SEQUENTIAL_ABOVE
+    sequential = options.matcher == "sequential" or (options.matcher == "auto" and auto_sequential)
+    matcher = "sequential" if sequential else "exhaustive"
+    if state.begin("matching", {"features": features_key, "matcher": matcher}):
+        start = time.perf_counter()
+        database = state.out / "database.db"
+        sfm.match(database, sequential=sequential, threads=_threads(options), progress=state.progress)
+        state.finish("matching", time.perf_counter() - start)
+    return matcher
+
+
+def _mapping_stage(
+    state: PoseState, photos: Path, names: list[str], options: PoseOptions, matcher: str, single: bool
+) -> None:
+    """Map (unless done with these matches and seed and the model is there); record the summary."""
+    key = {"matching": state.key("matching"), "seed": options.seed}
+    if not state.begin("mapping", key, force=not (state.out / "sparse" / "0").is_dir()):
+        return
+    start = time.perf_counter()
+    model, left_out = _map(state, photos, names, options)
+    state.write_model(model)
+    registered = tuple(n for n in names if n not in left_out)
+    summary = PoseSummary(
+        str(state.out), len(names), registered, tuple(left_out), model.num_cameras(), model.num_points3D(),
+        float(model.compute_mean_reprojection_error()), matcher, single,
+    )  # fmt: skip
+    state.finish("mapping", time.perf_counter() - start, summary=summary.to_dict())
 
 
 def estimate_poses(
@@ -311,62 +298,21 @@ def estimate_poses(
     options = options or PoseOptions()
     src, out = Path(src), Path(out)
     kind = _source_kind(src, source)
-    state = PoseState.open(out, kind, src, restart)
-    threads = options.threads or -1
+    state = PoseState.open(out, kind, src, restart, progress)
     with sfm.quiet_pycolmap():
         photos = _photos_input(src, kind, state, options, progress)
         names = _photo_names(photos, src, out)
         single = options.single_camera if options.single_camera is not None else one_device(photos, names)
-        database = out / "database.db"
         features_key = _features_key(photos, names, options, single)
-        if state.begin("features", features_key):
-            start = time.perf_counter()
-            sfm.extract(
-                database,
-                photos,
-                names,
-                camera_model=options.camera_model,
-                single=single,
-                max_image_size=options.max_image_size,
-                max_features=options.max_features,
-                threads=threads,
-                progress=progress,
-            )
-            _check_database(database, photos, names)
-            state.finish("features", time.perf_counter() - start)
-        sequential = options.matcher == "sequential" or (
-            options.matcher == "auto"
-            and (kind == "video" or looks_like_frames(names) or len(names) > SEQUENTIAL_ABOVE)
-        )
-        matcher = "sequential" if sequential else "exhaustive"
-        if state.begin("matching", {"features": features_key, "matcher": matcher}):
-            start = time.perf_counter()
-            sfm.match(database, sequential=sequential, threads=threads, progress=progress)
-            state.finish("matching", time.perf_counter() - start)
-        _check_matches(database, src, names)
-        mapping_key = {"matching": state.key("matching"), "seed": options.seed}
-        if state.begin("mapping", mapping_key) or not (out / "sparse" / "0").is_dir():
-            start = time.perf_counter()
-            state.begin("mapping", mapping_key, force=True)
-            model, left_out = _map(state, photos, names, options, threads, progress)
-            state.write_model(model)
-            summary = PoseSummary(
-                str(out),
-                len(names),
-                tuple(sorted(n for n in names if n not in left_out)),
-                tuple(left_out),
-                model.num_cameras(),
-                model.num_points3D(),
-                float(model.compute_mean_reprojection_error()),
-                matcher,
-                single,
-            )
-            state.finish("mapping", time.perf_counter() - start, summary=summary.to_dict())
+        _features_stage(state, photos, names, features_key, options, single, progress)
+        matcher = _matching_stage(state, kind, names, features_key, options)
+        _check_matches(out / "database.db", src, names)
+        _mapping_stage(state, photos, names, options, matcher, single)
         if options.undistort and state.begin("undistort", {"mapping": state.key("mapping")}):
             start = time.perf_counter()
-            state.write_undistorted(photos, threads, progress)
+            state.write_undistorted(photos, _threads(options), progress)
             state.finish("undistort", time.perf_counter() - start)
-    return state.summary(PoseSummary.from_dict)
+    return state.summary()
 
 
 def poses_for_convert(
