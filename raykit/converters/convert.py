@@ -48,7 +48,7 @@ def detect_source(src: Path) -> str:
         return "colmap"
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
-        "or COLMAP model); pass --from"
+        "or COLMAP model); pass --from, e.g. --from photos for photos without poses"
     )
 
 
