@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CameraError",
     "ConfigError",
+    "ExportError",
     "RaykitError",
     "ResumeError",
     "SourceError",
@@ -48,6 +49,10 @@ class StoreCorruptError(StoreError, OSError):
 
 class StoreVersionError(StoreError, ValueError):
     """The store was written by a newer (or unknown) format version."""
+
+
+class ExportError(RaykitError, OSError):
+    """A model export that cannot be written or read: missing, corrupt (checksum), or of a newer format."""
 
 
 class ResumeError(RaykitError, ValueError):
