@@ -1,16 +1,20 @@
 """One writer per store: a lock file beside the destination, naming its owner.
 
-``<dst>.lock`` is created with ``O_CREAT | O_EXCL`` (atomic on local file systems) and holds
-``{"pid", "host", "started", "command"}``. A second writer finds it and fails with
-:class:`~raykit.errors.StoreLockedError` naming the owner. A lock whose owner is a process of this
-host that no longer exists is stale (its writer was killed): it is reported as such, with the command
-that clears it, and never removed silently, since the killed writer's ``<dst>.partial`` is resumed by
-the next run. The lock is removed when the writer ends, normally or by an exception (Ctrl-C included).
+``<dst>.lock`` holds ``{"pid", "host", "started", "command"}`` and is locked with ``flock`` for as long
+as its writer runs. The kernel drops that lock when the process ends in any way (SIGKILL included),
+so a live owner is never mistaken for a dead one and a dead one never blocks: a second writer while
+the owner runs fails with :class:`~raykit.errors.StoreLockedError` naming the owner; a lock file left
+by a killed writer is detected as stale (it names an owner but nobody holds it), reported with a
+:class:`StaleLockWarning` naming that owner, and taken over, so rerunning an interrupted conversion
+resumes its ``<dst>.partial`` as before. The file is removed when the writer ends normally or by an
+exception (Ctrl-C included). On file systems without ``flock`` support for other hosts, a writer on
+another host is not seen; run one conversion per destination there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import inspect
 import json
@@ -18,15 +22,20 @@ import os
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from raykit.errors import StoreLockedError
 
-__all__ = ["holding_store_lock", "lock_path", "read_lock", "store_lock"]
+__all__ = ["StaleLockWarning", "holding_store_lock", "lock_path", "read_lock", "store_lock"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StaleLockWarning(UserWarning):
+    """A lock left by a writer that no longer runs was taken over."""
 
 
 def lock_path(dst: str | os.PathLike[str]) -> Path:
@@ -44,30 +53,30 @@ def read_lock(path: Path) -> dict[str, Any]:
     return owner if isinstance(owner, dict) else {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _who(owner: dict[str, Any]) -> str:
+    who = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
+    return who + (f", since {owner['started']}" if "started" in owner else "")
 
 
-def _refuse(dst: Path, path: Path) -> StoreLockedError:
-    owner = read_lock(path)
-    pid, host = owner.get("pid"), owner.get("host", "?")
-    who = f"pid {pid} on host {host}" + (f", since {owner['started']}" if "started" in owner else "")
-    if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
-        return StoreLockedError(
-            f"{dst}: stale lock {path} left by {who}, which no longer runs (killed?); if no other "
-            f"conversion writes {dst}, remove the lock (rm {path}) and rerun: the interrupted "
-            "conversion resumes"
-        )
-    return StoreLockedError(
-        f"{dst}: another process is writing this store ({who}, lock {path}); wait for it to finish, "
-        f"or, if it is gone, remove {path}"
-    )
+def _acquire(path: Path) -> int:
+    """An open descriptor of ``path`` holding its ``flock``; raises ``StoreLockedError`` if taken."""
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"{path.with_suffix('')}: another process is writing this store ({_who(read_lock(path))}, "
+                f"lock {path}); wait for it to finish"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its previous owner unlinked between our open and our flock
+            return fd
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -75,29 +84,34 @@ def store_lock(dst: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold ``<dst>.lock`` for the duration of the block.
 
     Raises:
-        StoreLockedError: another writer holds it (or a killed one left it), named in the message.
+        StoreLockedError: another running writer holds it, named in the message.
     """
     dst = Path(dst)
     path = lock_path(dst)
     path.parent.mkdir(parents=True, exist_ok=True)
-    owner = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(sys.argv)[:500],
-    }
+    fd = _acquire(path)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        raise _refuse(dst, path) from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(owner, handle)
+        stale = read_lock(path)
+        if stale:
+            warnings.warn(
+                f"{dst}: stale lock {path} left by {_who(stale)}, which no longer runs (killed?); "
+                "taking it over and resuming that writer's work",
+                StaleLockWarning,
+                stacklevel=4,
+            )
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join(sys.argv)[:500],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
         yield path
     finally:
         with contextlib.suppress(FileNotFoundError):
-            if read_lock(path).get("pid") == owner["pid"]:
-                path.unlink()
+            path.unlink()  # while still holding it: a waiting opener re-checks the inode
+        os.close(fd)
 
 
 def holding_store_lock(argument: str) -> Callable[[F], F]:
