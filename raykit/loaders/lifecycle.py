@@ -70,12 +70,16 @@ def unguarded_main_line() -> tuple[str, int] | None:
     """``(script, line)`` when the caller is being run by a main script's top-level code outside an
     ``if __name__ == "__main__":`` block (code a spawned worker would run again), else ``None``.
 
-    Interactive sessions, ``python -c`` and scripts that cannot be read are never flagged.
+    Interactive sessions, ``python -c``, ``python -m package`` (spawn skips a package's ``__main__``)
+    and scripts that cannot be read are never flagged.
     """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if main is None or not path:
         return None
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+        return None  # ``python -m package``: spawn does not re-run a package's __main__
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
         frame = frame.f_back  # type: ignore[assignment]

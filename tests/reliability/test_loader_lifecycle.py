@@ -175,3 +175,23 @@ def test_killed_worker_raises_naming_it_then_restarts(stores: dict[str, Any], ba
     assert len(got) == len(expected)
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_python_dash_m_package_is_not_flagged(stores: dict[str, Any], tmp_path: Path) -> None:
+    # ``python -m pkg`` runs ``pkg/__main__.py`` unguarded, but spawn never re-runs a package's
+    # ``__main__``: workers must start there (``python -m raykit bench --workers 1`` does this).
+    package = tmp_path / "job"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(_UNGUARDED)
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    out = subprocess.run(
+        [sys.executable, "-m", "job", stores["zarr"].url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 0
