@@ -7,9 +7,10 @@ changes its contents, so batches do not depend on ``num_workers``. Until the fir
 a chunk (spawned workers need seconds to import), the calling thread reads the chunks it needs
 itself, so the first batch is not delayed by worker start-up.
 
-A worker that dies (killed, crashed, out of memory) is noticed within a second: the chunk it owed raises
-:class:`~raykit.errors.WorkerError` naming the worker's pid and how it ended, instead of waiting for a
-result that will never come. The fetcher is then ``broken``; the loader starts a fresh one when iterated
+A worker that dies (killed, crashed, out of memory) is noticed before the next chunk is handed to the
+pool or within half a second of waiting for one (its process sentinel is checked): the loader raises
+:class:`~raykit.errors.WorkerError` naming the worker's pid and how it ended, instead of waiting for
+a result that will never come. The fetcher is then ``broken``; the loader starts a fresh one when iterated
 again (batches do not depend on which process read a chunk).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import time
@@ -141,12 +143,22 @@ class ChunkFetcher:
         self._processes.update(processes)
 
     def _dead(self) -> list[tuple[int, int | None]]:
-        """``(pid, exit code)`` of every worker seen that is no longer running."""
-        dead = []
+        """``(pid, exit code or None)`` of every worker seen that has exited.
+
+        Exit is read from each process's sentinel (readable once it ended), which does not depend on
+        who reaps the process; the exit code is added when it is known.
+        """
+        sentinels: dict[int, int] = {}
+        dead: list[tuple[int, int | None]] = []
         for pid, process in self._processes.items():
-            code = process.exitcode
-            if code is not None:
-                dead.append((pid, code))
+            try:
+                sentinels[process.sentinel] = pid
+            except ValueError:  # a closed Process object
+                dead.append((pid, None))
+        if sentinels:
+            for ready in multiprocessing.connection.wait(list(sentinels), timeout=0):
+                pid = sentinels[ready]  # type: ignore[index]
+                dead.append((pid, self._processes[pid].exitcode))
         return dead
 
     def _worker_error(self, doing: str) -> WorkerError:
@@ -169,7 +181,7 @@ class ChunkFetcher:
         if cached is not None:
             return cached
         assert self._pool is not None
-        if self.broken:
+        if self.broken or self._dead():  # a death between tasks loses no result; say so all the same
             raise self._worker_error(f"reading chunk {index}")
         try:
             future = self._pool.submit(_read_in_worker, index)
@@ -194,7 +206,7 @@ class ChunkFetcher:
 def _how(code: int | None) -> str:
     """How a process with exit code ``code`` ended, in words."""
     if code is None:
-        return "still running"
+        return "ended, exit status unknown"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
