@@ -41,10 +41,8 @@ def _read(index: int) -> int:
 
 def _pass(pool: Executor | None, n_chunks: int) -> float:
     start = time.perf_counter()
-    if pool is None:
-        rays = sum(_read(i) for i in range(n_chunks))
-    else:
-        rays = sum(pool.map(_read, range(n_chunks)))
+    reads = map(_read, range(n_chunks)) if pool is None else pool.map(_read, range(n_chunks))
+    rays = sum(reads)
     return rays / (time.perf_counter() - start) / 1e6
 
 
