@@ -9,4 +9,4 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manyl
   platforms+=(--platform "$p")
 done
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-  -d .whl zarr numcodecs google-crc32c crc32c donfig webdataset braceexpand
+  -d .whl zarr numcodecs google-crc32c crc32c donfig webdataset braceexpand safetensors

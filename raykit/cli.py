@@ -16,6 +16,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "raykit.scene.cli",
     "raykit.converters.cli",
+    "raykit.converters.pose_cli",
     "raykit.store.cli",
     "raykit.profiling.cli",
     "raykit.trainer.cli",
@@ -43,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RaykitError as exc:
         print(f"raykit: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the machine's fault, not the input's (disk full, I/O error): status 1
+        print(f"raykit: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("raykit: interrupted", file=sys.stderr)
         return 130

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio", "options"),
     ("conventions", "camera_models"),
     ("cameras",),
-    ("rays",),
+    ("rays", "camera_json"),
     ("colmap_io",),
     ("scene",),
     ("store",),

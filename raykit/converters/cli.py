@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from raykit.converters.config import add_arguments, from_args
-from raykit.converters.convert import convert
+from raykit.converters.convert import POSE_SOURCES, convert
+from raykit.converters.pose_cli import add_pose_arguments, pose_options_from_args
 
 __all__ = ["register", "run_convert"]
 
@@ -23,6 +24,8 @@ def register(subparsers: Any) -> None:
         "interrupted conversion resumes it.",
     )
     add_arguments(parser)
+    group = parser.add_argument_group("pose estimation (--from photos|video; see raykit poses)")
+    add_pose_arguments(group, skip=("threads", "seed"))
     parser.set_defaults(func=run_convert)
 
 
@@ -35,7 +38,8 @@ def run_convert(args: argparse.Namespace) -> int:
     recording: contextlib.AbstractContextManager[dict[str, Any]]
     recording = recording_phases() if config.profile else contextlib.nullcontext({})
     with recording as phases:
-        store = convert(config.src, config.dst, **config.convert_options())
+        poses = pose_options_from_args(args) if config.source in POSE_SOURCES else None
+        store = convert(config.src, config.dst, **config.convert_options(), poses=poses)
     seconds = time.perf_counter() - start
     splits = ", ".join(
         f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from raykit.converters.convert import SOURCES
+from raykit.converters.convert import POSE_SOURCES, SOURCES
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
 from raykit.options import add_arguments as add_config_arguments
@@ -35,7 +35,12 @@ class ConvertConfig:
 
     src: str = option("", "capture folder (or a transforms.json file)", positional=True, metavar="SRC")
     dst: str = option("", "store to create", positional=True, metavar="DST")
-    source: str = option("auto", "capture format", flag="--from", choices=SOURCES)
+    source: str = option(
+        "auto",
+        "capture format; photos (a folder) or video (a file): poses estimated first into DST.poses",
+        flag="--from",
+        choices=(*SOURCES, *POSE_SOURCES),
+    )
     backend: str = option("zarr", "store backend", flag="--format", choices=BACKENDS)
     downscale: int = option(1, "area-downscale images by N", metavar="N")
     split: str = option("auto", _SPLIT_HELP)
@@ -61,7 +66,8 @@ class ConvertConfig:
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
 
     def convert_options(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst``)."""
+        """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst`` and the pose
+        estimation options of ``--from photos|video``, which ``raykit.converters.pose_cli`` defines)."""
         return {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _COMMAND_ONLY
         }

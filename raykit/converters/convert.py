@@ -22,11 +22,12 @@ from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageLoader, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
+from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, SourceError
 from raykit.store.schema import ImageRecord, SceneInfo
 
-__all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
+__all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
 SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
 
@@ -47,7 +48,7 @@ def detect_source(src: Path) -> str:
         return "colmap"
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
-        "or COLMAP model); pass --from"
+        "or COLMAP model); pass --from, e.g. --from photos for photos without poses"
     )
 
 
@@ -233,6 +234,7 @@ def convert(
     seed: int = 0,
     rgba_codec: str | None = None,
     overwrite: bool = False,
+    poses: PoseOptions | None = None,
 ) -> Any:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
@@ -254,11 +256,17 @@ def convert(
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
         rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
         overwrite: replace an existing store at ``dst``.
+        poses: :class:`~raykit.converters.poses.PoseOptions` for ``source="photos"`` or ``"video"``,
+            whose poses are estimated into ``<dst>.poses`` first (see :func:`poses_for_convert`).
 
     Raises:
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
+    if source in POSE_SOURCES:
+        src, source, exif = poses_for_convert(
+            src, dst, source, poses, exif=exif, threads=threads, progress=progress
+        )
     images_dir = None if images is None else Path(images)
     capture = parse_source(
         Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif

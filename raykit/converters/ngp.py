@@ -26,7 +26,6 @@ corner and ``near`` the distance to the box (at least 1% of the box half-size).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from raykit.cameras import Camera
+from raykit.camera_json import INTRINSIC_KEYS, camera_from_intrinsics, image_size
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.converters.base import (
     Capture,
@@ -49,67 +48,6 @@ from raykit.converters.images import used_size
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
-
-INTRINSIC_KEYS = (
-    "fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "w", "h",
-    "k1", "k2", "k3", "k4", "p1", "p2", "camera_model", "is_fisheye",
-)  # fmt: skip
-
-
-def _num(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
-    value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SourceError(f"{key}: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _focal(d: Mapping[str, Any], width: int, height: int) -> tuple[float, float]:
-    if "fl_x" in d:
-        fx = _num(d, "fl_x")
-    elif "camera_angle_x" in d:
-        fx = 0.5 * width / math.tan(0.5 * _num(d, "camera_angle_x"))
-    else:
-        raise SourceError("no focal length: expected fl_x or camera_angle_x")
-    if "fl_y" in d:
-        fy = _num(d, "fl_y")
-    elif "camera_angle_y" in d:
-        fy = 0.5 * height / math.tan(0.5 * _num(d, "camera_angle_y"))
-    else:
-        fy = fx
-    return fx, fy
-
-
-def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, label: str) -> Camera:
-    """Build a :class:`Camera` from transforms-style intrinsics for an image of ``width x height``.
-
-    Raises:
-        SourceError: missing focal length, unsupported distortion combination or camera model.
-        CameraError: the resulting camera is invalid (e.g. non-positive focal length).
-    """
-    fx, fy = _focal(d, width, height)
-    cx, cy = _num(d, "cx", width / 2), _num(d, "cy", height / 2)
-    k1, k2, k3, k4, p1, p2 = (_num(d, k) for k in ("k1", "k2", "k3", "k4", "p1", "p2"))
-    model = str(d.get("camera_model", "OPENCV")).upper()
-    if d.get("is_fisheye") is True:
-        model = "OPENCV_FISHEYE"
-    base = (fx, fy, cx, cy)
-    if model == "OPENCV_FISHEYE":
-        if p1 or p2:
-            raise SourceError(f"camera_model OPENCV_FISHEYE has no tangential terms, got p1={p1}, p2={p2}")
-        return Camera("OPENCV_FISHEYE", width, height, (*base, k1, k2, k3, k4), label=label)
-    if model in ("PINHOLE", "SIMPLE_PINHOLE") and any((k1, k2, k3, k4, p1, p2)):
-        raise SourceError(f"camera_model {model} cannot have distortion coefficients")
-    if model not in ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE"):
-        raise SourceError(
-            f"unknown camera_model {model!r}; expected OPENCV, OPENCV_FISHEYE, PINHOLE or SIMPLE_PINHOLE"
-        )
-    if k4:
-        raise SourceError(f"k4={k4} with camera_model OPENCV (an r^8 term) has no COLMAP equivalent")
-    if k3:
-        return Camera("FULL_OPENCV", width, height, (*base, k1, k2, p1, p2, k3, 0.0, 0.0, 0.0), label=label)
-    if k1 or k2 or p1 or p2:
-        return Camera("OPENCV", width, height, (*base, k1, k2, p1, p2), label=label)
-    return Camera("PINHOLE", width, height, base, label=label)
 
 
 def box_near_far(center: np.ndarray, half: np.ndarray, origin: np.ndarray) -> tuple[float, float]:
@@ -138,16 +76,6 @@ def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, 
     return centre, half
 
 
-def _size(width: Any, height: Any) -> tuple[int, int]:
-    ok = all(
-        isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
-        for v in (width, height)
-    )
-    if not ok:
-        raise SourceError(f"w, h: expected integers, got {width!r}, {height!r}")
-    return int(width), int(height)
-
-
 def _frame_view(
     frame: Any, index: int, meta: Mapping[str, Any], json_path: Path, problems: Problems, exif: str
 ) -> tuple[SourceView | None, str | None]:
@@ -170,7 +98,7 @@ def _frame_view(
     intr.update({k: frame[k] for k in INTRINSIC_KEYS if k in frame})
     try:
         if "w" in intr and "h" in intr:
-            width, height = _size(intr["w"], intr["h"])
+            width, height = image_size(intr["w"], intr["h"])
         else:
             width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")

@@ -24,11 +24,14 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from raykit.store.schema import FieldSpec, SplitInfo
+
+if TYPE_CHECKING:
+    from raykit.store.remote import RangeFetcher
 
 __all__ = [
     "BACKENDS",
@@ -132,8 +135,11 @@ class Backend(Protocol):
         """Write the payload's metadata files under ``root`` atomically; their relative paths."""
         ...
 
-    def open_reader(self, url: str, spec: PayloadSpec, index: Mapping[str, Any]) -> PayloadReader:
-        """A reader of the committed store at ``url`` with its ``index.json`` contents."""
+    def open_reader(
+        self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: RangeFetcher | None = None
+    ) -> PayloadReader:
+        """A reader of the committed store at ``url`` with its ``index.json`` contents; ``ranges``
+        reads byte ranges of a remote store (``raykit.store.remote``), None for a local one."""
         ...
 
 

@@ -20,10 +20,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.integrity import chunk_checksum, json_digest
+from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
     RawRays,
@@ -163,7 +164,12 @@ class RayStore:
             raise StoreCorruptError(
                 f"{self._where('manifest.json')}: unknown backend {self.backend!r}"
             ) from None
-        return backend.open_reader(self.url, PayloadSpec(self.fields, self.manifest["layout"]), self.index)
+        ranges = None
+        if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
+            sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
+            ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
+        spec = PayloadSpec(self.fields, self.manifest["layout"])
+        return backend.open_reader(self.url, spec, self.index, ranges)
 
     def _check_file(self, rel: str) -> None:
         if rel in self._checked:
@@ -207,7 +213,32 @@ class RayStore:
 
     # -- raw reads ---------------------------------------------------------------------------------
     def read_chunk(self, split: str, index: int) -> RawRays:
-        """Chunk ``index`` of ``split``, checked against its recorded CRC-32."""
+        """Chunk ``index`` of ``split``, checked against its recorded CRC-32.
+
+        Raises:
+            StoreChangedError: the read failed because the store was replaced since it was opened
+                (``convert --overwrite``): chunks of two versions are never mixed.
+        """
+        try:
+            return self._read_chunk(split, index)
+        except (StoreCorruptError, StoreNotFoundError) as exc:
+            self._raise_if_replaced(exc)
+            raise
+
+    def _raise_if_replaced(self, exc: Exception) -> None:
+        """Raise ``StoreChangedError`` (from ``exc``) if the manifest on disk is not the one opened."""
+        try:
+            now = json.loads(self._fs.cat_file(f"{self._root}/manifest.json")).get("content_fingerprint")
+        except (OSError, ValueError):
+            now = None  # gone or half replaced: changed as well
+        if now != self.fingerprint:
+            raise StoreChangedError(
+                f"{self.url}: the store was replaced while being read (opened with fingerprint "
+                f"{self.fingerprint[:12]}..., now {str(now)[:12]}...); reopen it to read the new "
+                f"version ({exc})"
+            ) from exc
+
+    def _read_chunk(self, split: str, index: int) -> RawRays:
         info = self._split(split)
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")

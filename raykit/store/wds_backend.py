@@ -107,11 +107,14 @@ def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
 class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
 
-    def __init__(self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any]) -> None:
+    def __init__(
+        self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any], ranges: Any = None
+    ) -> None:
         self._url = url.rstrip("/")
         self._fs, self._root = fsspec.core.url_to_fs(self._url)
         self._fields = fields
         self._index = index
+        self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
@@ -126,7 +129,10 @@ class WdsReader:
         for name, spec in self._fields.items():
             offset, size = members[name]
             try:
-                data = self._fs.cat_file(path, start=offset, end=offset + size)
+                if self._ranges is not None:
+                    data = self._ranges.read(rel, offset, offset + size)
+                else:
+                    data = self._fs.cat_file(path, start=offset, end=offset + size)
             except FileNotFoundError as exc:
                 raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
             if len(data) != size:
@@ -162,8 +168,10 @@ class WdsBackend:
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         return []
 
-    def open_reader(self, url: str, spec: PayloadSpec, index: Mapping[str, Any]) -> WdsReader:
-        return WdsReader(url, spec.fields, index)
+    def open_reader(
+        self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
+    ) -> WdsReader:
+        return WdsReader(url, spec.fields, index, ranges=ranges)
 
 
 BACKEND: Backend = WdsBackend()

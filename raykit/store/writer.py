@@ -48,6 +48,7 @@ from raykit.store.integrity import (
     file_record,
     json_digest,
 )
+from raykit.store.lock import holding_store_lock
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.phases import PhaseClock, Profile
 from raykit.store.plan import (
@@ -185,6 +186,7 @@ def _in_process(executor: Any) -> bool:
     return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
 
 
+@holding_store_lock("dst")  # one writer per store (raykit.store.lock)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
@@ -428,6 +430,7 @@ def _raykit_version() -> str:
     return __version__
 
 
+@holding_store_lock("dst")
 def copy_store(
     src: str | Path,
     dst: str | Path,
