@@ -50,6 +50,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--images", metavar="DIR", help="COLMAP image folder (default: found beside the model)"
     )
+    parser.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let image paths point into DIR outside the capture folder (repeatable; default: refused)",
+    )
     parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
     parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
     parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
@@ -114,4 +121,5 @@ def _convert(args: argparse.Namespace) -> Any:
         seed=args.seed,
         rgba_codec=args.rgba_codec,
         overwrite=args.overwrite,
+        allow_outside=args.allow_outside,
     )

@@ -20,6 +20,7 @@ it; a model without points uses the box around the camera centres (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 from raykit.colmap_io import ColmapImage, Reconstruction, check_model, find_model_files, read_model
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.ngp import box_near_far
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["NEAR_PERCENTILE", "find_colmap_model", "image_near_far", "parse_colmap"]
@@ -111,8 +113,13 @@ def _with_bounds(views: list[SourceView], images: list[ColmapImage], rec: Recons
     return out
 
 
-def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = False) -> Capture:
+def parse_colmap(
+    src: Path, *, images: Path | None = None, skip_missing: bool = False, allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse a COLMAP project or model folder.
+
+    Image files must lie in the images folder or one of ``allow_outside`` (see
+    :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: unreadable files, or no usable view (every problem found, one line each); other
@@ -127,9 +134,13 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
     problems.extend(check_model(rec, {name: str(file) for name, file in find_model_files(model).items()}))
     by_name = {image.name: image for image in rec.images.values()}
     views, used, missing = [], [], []
+    roots = ImageRoots(images_dir, allow_outside)
     for name in sorted(by_name):
         view = _view(by_name[name], rec, model, images_dir, problems)
-        if view is not None and not view.image_path.is_file():
+        outside = None if view is None else roots.outside(view.image_path, f"{model}: image {name!r}", name)
+        if outside:
+            problems.add(outside)
+        elif view is not None and not view.image_path.is_file():
             missing.append(name)
             if not skip_missing:
                 problems.add(f"{view.image_path}: image of COLMAP image {name!r} not found")

@@ -52,9 +52,17 @@ def detect_source(src: Path) -> str:
 
 
 def parse_source(
-    src: Path, source: str, *, images: Path | None, skip_missing: bool, downscale: int, exif: str = "reject"
+    src: Path,
+    source: str,
+    *,
+    images: Path | None,
+    skip_missing: bool,
+    downscale: int,
+    exif: str = "reject",
+    allow_outside: Sequence[Path] = (),
 ) -> Capture:
-    """Parse ``src`` as ``source`` (``auto`` detects it)."""
+    """Parse ``src`` as ``source`` (``auto`` detects it); images must lie inside the capture (or
+    ``images``) or one of ``allow_outside``."""
     if source not in SOURCES:
         raise ConfigError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
     if not src.exists():
@@ -65,18 +73,18 @@ def parse_source(
     if kind == "colmap":
         from raykit.converters.colmap import parse_colmap
 
-        return parse_colmap(src, images=images, skip_missing=skip_missing)
+        return parse_colmap(src, images=images, skip_missing=skip_missing, allow_outside=allow_outside)
     if kind == "blender":
         from raykit.converters.blender import parse_blender
 
-        return parse_blender(src, skip_missing=skip_missing, exif=exif)
+        return parse_blender(src, skip_missing=skip_missing, exif=exif, allow_outside=allow_outside)
     if kind == "ngp":
         from raykit.converters.ngp import parse_ngp
 
-        return parse_ngp(src, skip_missing=skip_missing, exif=exif)
+        return parse_ngp(src, skip_missing=skip_missing, exif=exif, allow_outside=allow_outside)
     from raykit.converters.llff import parse_llff
 
-    return parse_llff(src, downscale=downscale, exif=exif)
+    return parse_llff(src, downscale=downscale, exif=exif, allow_outside=allow_outside)
 
 
 def _image_problems(view: SourceView, exif: str) -> list[str]:
@@ -233,6 +241,7 @@ def convert(
     seed: int = 0,
     rgba_codec: str | None = None,
     overwrite: bool = False,
+    allow_outside: Sequence[str | os.PathLike[str]] = (),
 ) -> Any:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
@@ -254,6 +263,9 @@ def convert(
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
         rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
         overwrite: replace an existing store at ``dst``.
+        allow_outside: folders outside the capture that its image paths may point into (by default
+            every image must lie inside the capture folder, or ``images``; see
+            :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: every problem with the capture, one line each; nothing is written.
@@ -261,8 +273,9 @@ def convert(
     """
     images_dir = None if images is None else Path(images)
     capture = parse_source(
-        Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif
-    )
+        Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif,
+        allow_outside=[Path(p) for p in allow_outside],
+    )  # fmt: skip
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
     records, scene = build_records(

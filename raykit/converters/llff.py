@@ -13,6 +13,7 @@ the image centre. Without such a folder the full-resolution images are area-down
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from raykit.cameras import Camera
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.converters.base import Capture, Problems, SourceView, check_rigid
 from raykit.converters.images import used_size
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["llff_c2w", "parse_llff"]
@@ -64,8 +66,12 @@ def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
     return Camera("PINHOLE", w, h, (focal * sx, focal * sy, w / 2, h / 2), label=label)
 
 
-def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Capture:
+def parse_llff(
+    src: Path, *, downscale: int = 1, exif: str = "reject", allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse ``src/poses_bounds.npy`` and its images.
+
+    Image files (symlinks resolved) must lie in ``src`` or one of ``allow_outside``.
 
     Returns:
         A capture whose ``params["prescaled"]`` is the factor already applied by an ``images_N``
@@ -85,9 +91,13 @@ def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Captur
     problems = Problems()
     if len(files) != len(data):
         problems.add(f"{path}: {len(data)} poses but {len(files)} images in {folder}")
-    views = []
+    views, roots = [], ImageRoots(src, allow_outside)
     for index, (row, image) in enumerate(zip(data, files, strict=False)):
         where = f"{path}: pose {index} ({image.name})"
+        outside = roots.outside(image, where, f"{folder.name}/{image.name}")
+        if outside:
+            problems.add(outside)
+            continue
         pose, bounds = row[:15].reshape(3, 5), row[15:]
         c2w_gl, bad = check_rigid(llff_c2w(pose), where)
         if not np.all(np.isfinite(bounds)) or not 0 < bounds[0] < bounds[1]:

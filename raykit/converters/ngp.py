@@ -27,7 +27,7 @@ corner and ``near`` the distance to the box (at least 1% of the box half-size).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from raykit.converters.base import (
     resolve_image,
 )
 from raykit.converters.images import used_size
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
@@ -149,7 +150,13 @@ def _size(width: Any, height: Any) -> tuple[int, int]:
 
 
 def _frame_view(
-    frame: Any, index: int, meta: Mapping[str, Any], json_path: Path, problems: Problems, exif: str
+    frame: Any,
+    index: int,
+    meta: Mapping[str, Any],
+    json_path: Path,
+    problems: Problems,
+    exif: str,
+    roots: ImageRoots,
 ) -> tuple[SourceView | None, str | None]:
     """One frame -> (view, missing file path or None); other problems go to ``problems``."""
     where = f"{json_path}: frame {index}"
@@ -161,7 +168,13 @@ def _frame_view(
     if bad:
         problems.add(bad)
     base = json_path.parent
-    image = resolve_image(base, frame["file_path"])
+    outside = roots.outside(base / frame["file_path"].replace("\\", "/"), where, frame["file_path"])
+    image = None if outside else resolve_image(base, frame["file_path"])
+    if image is not None:
+        outside = roots.outside(image, where, frame["file_path"])
+    if outside:
+        problems.add(outside)
+        return None, None
     if image is None:
         return None, frame["file_path"]
     if c2w_gl is None:
@@ -182,15 +195,19 @@ def _frame_view(
 
 
 def parse_frames(
-    json_path: Path, meta: Any, problems: Problems, exif: str = "reject"
+    json_path: Path, meta: Any, problems: Problems, exif: str = "reject", roots: ImageRoots | None = None
 ) -> tuple[list[SourceView], list[str]]:
-    """Every frame of one transforms file -> (views, missing image paths)."""
+    """Every frame of one transforms file -> (views, missing image paths).
+
+    ``roots``: where image files may lie (default: the JSON file's folder only).
+    """
+    roots = roots or ImageRoots(json_path.parent)
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
         problems.add(f"{json_path}: expected an object with a 'frames' list")
         return [], []
     views, missing = [], []
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path, problems, exif)
+        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots)
         if gone is not None:
             missing.append(gone)
         elif view is not None:
@@ -205,8 +222,13 @@ def report_missing(json_path: Path, missing: list[str], skip_missing: bool, prob
             problems.add(f"{json_path}: frame image {rel!r} not found (pass --skip-missing to skip it)")
 
 
-def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") -> Capture:
+def parse_ngp(
+    src: Path, *, skip_missing: bool = False, exif: str = "reject", allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
+
+    Image files must lie in the JSON file's folder or one of ``allow_outside``
+    (see :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: unreadable files, or no usable view (every problem found, one line each); other
@@ -215,7 +237,8 @@ def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") ->
     json_path = src if src.is_file() else src / "transforms.json"
     problems = Problems()
     meta = load_json(json_path)
-    views, missing = parse_frames(json_path, meta, problems, exif)
+    roots = ImageRoots(json_path.parent, allow_outside)
+    views, missing = parse_frames(json_path, meta, problems, exif, roots)
     report_missing(json_path, missing, skip_missing, problems)
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")
