@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
-from raykit.errors import RaykitError, SourceError
+from raykit.errors import RaykitError, RaykitWarning, SourceError
 
 __all__ = ["build_parser", "main"]
 
@@ -34,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the subcommand; every raykit error becomes ``raykit: error:`` lines and exit status 2."""
     try:
         return int(args.func(args))
     except SourceError as exc:
@@ -43,9 +52,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RaykitError as exc:
         print(f"raykit: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the environment (permissions, disk full, a vanished file), named by the OS
+        print(f"raykit: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("raykit: interrupted", file=sys.stderr)
         return 130
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """RaykitWarning as one ``raykit: warning:`` line; other warnings as Python prints them."""
+    if issubclass(category, RaykitWarning):
+        print(f"raykit: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _version() -> str:
