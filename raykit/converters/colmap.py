@@ -82,20 +82,27 @@ def _observed(image: ColmapImage, point_index: dict[int, int], xyz: np.ndarray) 
 
 
 def _view(
-    image: ColmapImage, rec: Reconstruction, model: Path, images_dir: Path, problems: Problems
+    image: ColmapImage, rec: Reconstruction, cameras_file: Path, images_dir: Path, bad: dict[int, list[str]]
 ) -> SourceView | None:
-    """The view of one image; problems check_model already reported (ids, poses) just skip it."""
+    """The view of one image; problems check_model already reported (ids, poses) just skip it, and an
+    invalid camera is noted in ``bad`` (camera id -> problem line, then the names of its images)."""
     col_cam = rec.cameras.get(image.camera_id)
     values = np.asarray([*image.qvec, *image.tvec], dtype=np.float64)
     if col_cam is None or not np.all(np.isfinite(values)) or np.linalg.norm(values[:4]) < 1e-12:
         return None
     try:
-        camera = col_cam.to_camera(label=f"{model}/cameras")
+        camera = col_cam.to_camera(label=str(cameras_file))
     except CameraError as exc:
-        problems.add(f"{model}: image {image.image_id} ({image.name!r}): {exc}")
+        bad.setdefault(image.camera_id, [str(exc)]).append(image.name)
         return None
     name = image.name.replace("\\", "/")  # COLMAP run on Windows may store backslashes
     return SourceView(name=name, camera=camera, c2w=image.c2w(), image_path=images_dir / name)
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    """The first ``n`` names, then how many more."""
+    more = f", ... (+{len(names) - n})" if len(names) > n else ""
+    return ", ".join(repr(name) for name in names[:n]) + more
 
 
 def _with_bounds(views: list[SourceView], images: list[ColmapImage], rec: Reconstruction) -> list[SourceView]:
@@ -131,12 +138,13 @@ def parse_colmap(
     images_dir = _find_images_dir(src, model, images)
     rec = read_model(model, validate=False)
     problems = Problems()
-    problems.extend(check_model(rec, {name: str(file) for name, file in find_model_files(model).items()}))
+    files = find_model_files(model)
+    problems.extend(check_model(rec, {name: str(file) for name, file in files.items()}))
     by_name = {image.name: image for image in rec.images.values()}
     views, used, missing = [], [], []
-    roots = ImageRoots(images_dir, allow_outside)
+    roots, bad_cameras = ImageRoots(images_dir, allow_outside), {}
     for name in sorted(by_name):
-        view = _view(by_name[name], rec, model, images_dir, problems)
+        view = _view(by_name[name], rec, files["cameras"], images_dir, bad_cameras)
         outside = None if view is None else roots.outside(view.image_path, f"{model}: image {name!r}", name)
         if outside:
             problems.add(outside)
@@ -147,6 +155,8 @@ def parse_colmap(
         elif view is not None:
             views.append(view)
             used.append(by_name[name])
+    for line, *names in bad_cameras.values():  # one line per camera, not per image
+        problems.add(f"{line} (used by {len(names)} image(s): {_some(names)})")
     if not by_name:
         problems.add(f"{model}: the model has no registered images")
     problems.raise_if_fatal(views)

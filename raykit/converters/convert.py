@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
+from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageLoader, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
@@ -96,9 +97,16 @@ def _image_problems(view: SourceView, exif: str) -> list[str]:
     if (header.width, header.height) != (cam.width, cam.height):
         return [
             f"{view.image_path}: image is {header.width}x{header.height}, its camera "
-            f"({cam.label or cam.camera_id}) expects {cam.width}x{cam.height}"
+            f"({_camera_name(cam)}) expects {cam.width}x{cam.height}"
         ]
     return []
+
+
+def _camera_name(cam: Camera) -> str:
+    """``label`` (a source file or record), with the camera id when the source numbers cameras."""
+    if cam.camera_id and cam.label:
+        return f"camera {cam.camera_id} in {cam.label}"
+    return cam.label or f"camera {cam.camera_id}"
 
 
 def _duplicates(views: Sequence[SourceView]) -> list[str]:
@@ -204,7 +212,9 @@ def _record(
     exif: str,
 ) -> ImageRecord:
     source = view.camera
-    loader = ImageLoader(str(view.image_path), source.width, source.height, factor, exif, source.label)
+    loader = ImageLoader(
+        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source)
+    )
     c2w = apply_similarity(matrix, view.c2w)
     return ImageRecord(view.name, split, camera, c2w, near, far, str(view.image_path), loader)
 
@@ -301,8 +311,12 @@ def convert(
 
     if threads is None:
         threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
-    with conversion_executor(workers, scheduler, threads) as executor:
-        return write_store(
-            Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
-            source=info, overwrite=overwrite, **layout,
-        )  # fmt: skip
+    try:
+        with conversion_executor(workers, scheduler, threads) as executor:
+            return write_store(
+                Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
+                source=info, overwrite=overwrite, **layout,
+            )  # fmt: skip
+    except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
+        discard_partial(Path(dst))
+        raise SourceError(decode_problems(records, exc)) from None

@@ -357,7 +357,7 @@ class ImageLoader:
         got_h, got_w = image.shape[:2]
         if (got_w, got_h) != (self.width, self.height):
             raise SourceError(
-                f"{self.path}: image is {got_w}x{got_h}, camera {self.label or '?'} expects "
+                f"{self.path}: image is {got_w}x{got_h}, its camera ({self.label or '?'}) expects "
                 f"{self.width}x{self.height}"
             )
         return downscale_area(image, self.downscale, where=self.path)

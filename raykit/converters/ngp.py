@@ -80,13 +80,36 @@ def _focal(d: Mapping[str, Any], width: int, height: int) -> tuple[float, float]
     return fx, fy
 
 
+_NUMBER_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "k1", "k2", "k3", "k4",
+                "p1", "p2")  # fmt: skip
+_POSITIVE_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y")
+
+
+def intrinsics_problems(d: Mapping[str, Any]) -> list[str]:
+    """Every non-numeric, non-finite or non-positive (focal length, field of view) value in ``d``."""
+    problems = []
+    for key in _NUMBER_KEYS:
+        if key not in d:
+            continue
+        value = d[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(f"{key}: expected a finite number, got {value!r}")
+        elif key in _POSITIVE_KEYS and value <= 0:
+            problems.append(f"{key}: expected a positive value, got {value!r}")
+    return problems
+
+
 def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, label: str) -> Camera:
     """Build a :class:`Camera` from transforms-style intrinsics for an image of ``width x height``.
 
     Raises:
-        SourceError: missing focal length, unsupported distortion combination or camera model.
-        CameraError: the resulting camera is invalid (e.g. non-positive focal length).
+        SourceError: bad numbers (all of them listed), missing focal length, unsupported distortion
+            combination or camera model.
+        CameraError: the resulting camera is invalid.
     """
+    bad = intrinsics_problems(d)
+    if bad:
+        raise SourceError("; ".join(bad))
     fx, fy = _focal(d, width, height)
     cx, cy = _num(d, "cx", width / 2), _num(d, "cy", height / 2)
     k1, k2, k3, k4, p1, p2 = (_num(d, k) for k in ("k1", "k2", "k3", "k4", "p1", "p2"))
@@ -157,8 +180,10 @@ def _frame_view(
     problems: Problems,
     exif: str,
     roots: ImageRoots,
+    bad_cameras: dict[str, list[int]],
 ) -> tuple[SourceView | None, str | None]:
-    """One frame -> (view, missing file path or None); other problems go to ``problems``."""
+    """One frame -> (view, missing file path or None); other problems go to ``problems``, camera
+    problems to ``bad_cameras`` (problem -> frame indices)."""
     where = f"{json_path}: frame {index}"
     if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
         problems.add(f"{where}: expected an object with a string file_path")
@@ -188,7 +213,8 @@ def _frame_view(
             width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
     except (SourceError, CameraError, TypeError, ValueError) as exc:
-        problems.extend([f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])])
+        text = "; ".join(getattr(exc, "problems", [str(exc)]))
+        bad_cameras.setdefault(text, []).append(index)  # one line per bad camera, not per frame
         return None, None
     name = relative_name(image, base)
     return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
@@ -205,14 +231,29 @@ def parse_frames(
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
         problems.add(f"{json_path}: expected an object with a 'frames' list")
         return [], []
-    views, missing = [], []
+    views, missing, bad_cameras = [], [], {}
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots)
+        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras)
         if gone is not None:
             missing.append(gone)
         elif view is not None:
             views.append(view)
+    problems.extend(_camera_lines(json_path, meta["frames"], bad_cameras))
     return views, missing
+
+
+def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]]) -> list[str]:
+    """One line per distinct camera problem (a bad camera shared by many frames is one line), naming
+    the frames that use it."""
+    lines = []
+    for text, indices in bad.items():
+        named = [f"{i} ({frames[i]['file_path']})" for i in indices]
+        if len(named) == 1:
+            lines.append(f"{json_path}: frame {named[0]}: {text}")
+            continue
+        more = f", ... (+{len(named) - 3})" if len(named) > 3 else ""
+        lines.append(f"{json_path}: {len(named)} frames ({', '.join(named[:3])}{more}): {text}")
+    return lines
 
 
 def report_missing(json_path: Path, missing: list[str], skip_missing: bool, problems: Problems) -> None:

@@ -87,3 +87,68 @@ def test_blender_and_colmap_names_with_dotdot_are_refused(tmp_path: Path, make) 
     assert "outside the capture folder" in info.value.problems[0]
     store = convert(tmp_path / "col", tmp_path / "b.zarr", allow_outside=[tmp_path / "col"])
     assert f"../{name}" in store.table.names
+
+
+# ---- 3. every problem listed ------------------------------------------------------------------------
+
+
+def _corrupt_deflate(path: Path) -> None:
+    """Scramble a PNG's compressed pixel data and re-sign the chunk, so that only decoding fails."""
+    import struct
+    import zlib
+
+    data = bytearray(path.read_bytes())
+    at = data.index(b"IDAT") - 4
+    (length,) = struct.unpack(">I", data[at : at + 4])
+    body = bytearray(data[at + 8 : at + 8 + length])
+    body[2:] = bytes(b ^ 0x5A for b in body[2:])  # keep the zlib header, break the stream
+    data[at + 8 : at + 8 + length] = body
+    data[at + 8 + length : at + 12 + length] = struct.pack(">I", zlib.crc32(b"IDAT" + body))
+    path.write_bytes(bytes(data))
+
+
+def test_decode_failures_are_all_listed_and_nothing_is_left(tmp_path: Path, make, cli) -> None:
+    src = make.blender(tmp_path / "src", counts={"train": 4, "test": 1}, size=(16, 12))
+    for name in ("r_1", "r_3"):
+        _corrupt_deflate(src / "train" / f"{name}.png")
+    dst = tmp_path / "out.zarr"
+    status, lines = cli("convert", src, dst, "--no-progress")
+    assert status == 2 and len(lines) == 2, lines
+    assert "r_1.png: cannot decode image" in lines[0] and "r_3.png: cannot decode image" in lines[1]
+    assert _nothing_written(dst)
+    status, lines = cli("info", dst)
+    assert status == 2 and "no such store" in lines[0]
+
+
+def test_every_bad_camera_parameter_one_line_per_camera(tmp_path: Path, make) -> None:
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (6, 4)) for i in range(5)]
+    frames[3].update(fl_x=-3.0, fl_y=float("inf"), cx="a")  # one frame's own camera, three problems
+    make.ngp(root, frames, fl_x=-3.0, fl_y=float("inf"))  # the shared camera: bad for the other four
+    with pytest.raises(SourceError) as info:
+        convert(root, tmp_path / "a.zarr")
+    problems = info.value.problems
+    assert len(problems) == 2, problems
+    shared = next(p for p in problems if "4 frames" in p)
+    assert "fl_x: expected a positive value, got -3.0" in shared
+    assert "fl_y: expected a finite number" in shared
+    own = next(p for p in problems if "frame 3 (" in p)
+    assert all(k in own for k in ("fl_x: expected a positive", "fl_y: expected a finite", "cx: expected"))
+
+
+def test_colmap_bad_camera_is_one_line_with_every_parameter(tmp_path: Path, make) -> None:
+    make.colmap(tmp_path / "col", ["PINHOLE", "PINHOLE"], seed=4, binary=False)
+    model = tmp_path / "col" / "sparse" / "0"
+    lines = (model / "cameras.txt").read_text().splitlines()
+    row = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    parts = lines[row].split()
+    parts[4:6] = ["-3", "inf"]  # fx, fy
+    lines[row] = " ".join(parts)
+    (model / "cameras.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SourceError) as info:
+        convert(tmp_path / "col", tmp_path / "a.zarr")
+    problems = info.value.problems
+    assert len(problems) == 1, problems  # the camera's two images share one line
+    assert f"camera {parts[0]} ({model / 'cameras.txt'})" in problems[0]
+    assert "param fy must be finite" in problems[0] and "positive focal length fx, got -3" in problems[0]
+    assert "used by 2 image(s)" in problems[0]
