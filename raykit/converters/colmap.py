@@ -142,7 +142,8 @@ def parse_colmap(
     problems.extend(check_model(rec, {name: str(file) for name, file in files.items()}))
     by_name = {image.name: image for image in rec.images.values()}
     views, used, missing = [], [], []
-    roots, bad_cameras = ImageRoots(images_dir, allow_outside), {}
+    roots = ImageRoots(images_dir, allow_outside)
+    bad_cameras: dict[int, list[str]] = {}
     for name in sorted(by_name):
         view = _view(by_name[name], rec, files["cameras"], images_dir, bad_cameras)
         outside = None if view is None else roots.outside(view.image_path, f"{model}: image {name!r}", name)

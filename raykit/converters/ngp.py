@@ -231,7 +231,8 @@ def parse_frames(
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
         problems.add(f"{json_path}: expected an object with a 'frames' list")
         return [], []
-    views, missing, bad_cameras = [], [], {}
+    views, missing = [], []
+    bad_cameras: dict[str, list[int]] = {}
     for index, frame in enumerate(meta["frames"]):
         view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras)
         if gone is not None:
