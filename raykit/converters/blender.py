@@ -33,7 +33,7 @@ BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
 
 
 def parse_blender(
-    src: Path, *, skip_missing: bool = False, exif: str = "reject", allow_outside: Sequence[Path] = ()
+    src: Path, *, skip_missing: bool = False, exif: str = "auto", allow_outside: Sequence[Path] = ()
 ) -> Capture:
     """Parse every ``transforms_{split}.json`` in ``src``.
 

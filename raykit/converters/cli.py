@@ -57,7 +57,12 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="let image paths point into DIR outside the capture folder (repeatable; default: refused)",
     )
-    parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
+    parser.add_argument(
+        "--exif",
+        choices=EXIF_POLICIES,
+        default="auto",
+        help="EXIF orientation policy (default auto: per image, the layout whose size matches its camera)",
+    )
     parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
     parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
     parser.add_argument("--chunk-rays", type=int, metavar="N", help="rays per chunk (default: the writer's)")

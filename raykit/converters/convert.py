@@ -21,7 +21,7 @@ from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
-from raykit.converters.images import ImageLoader, probe_image
+from raykit.converters.images import ImageLoader, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, SourceError
@@ -59,7 +59,7 @@ def parse_source(
     images: Path | None,
     skip_missing: bool,
     downscale: int,
-    exif: str = "reject",
+    exif: str = "auto",
     allow_outside: Sequence[Path] = (),
 ) -> Capture:
     """Parse ``src`` as ``source`` (``auto`` detects it); images must lie inside the capture (or
@@ -88,18 +88,23 @@ def parse_source(
     return parse_llff(src, downscale=downscale, exif=exif, allow_outside=allow_outside)
 
 
-def _image_problems(view: SourceView, exif: str) -> list[str]:
-    try:
-        header = probe_image(view.image_path, exif=exif)
-    except SourceError as exc:
-        return exc.problems
+def _image_problems(view: SourceView, exif: str) -> tuple[list[str], str]:
+    """The image's problems and the EXIF policy to decode it with (``auto`` resolved per image)."""
     cam = view.camera
-    if (header.width, header.height) != (cam.width, cam.height):
+    try:
+        header = probe_image(view.image_path, exif="ignore" if exif == "auto" else exif)
+        size = (header.width, header.height)
+        if exif == "auto" and header.orientation != 1:
+            exif = choose_layout(view.image_path, header.orientation, size, (cam.width, cam.height))
+            return [], exif  # the chosen layout has the camera's size
+    except SourceError as exc:
+        return exc.problems, exif
+    if size != (cam.width, cam.height):
         return [
-            f"{view.image_path}: image is {header.width}x{header.height}, its camera "
+            f"{view.image_path}: image is {size[0]}x{size[1]}, its camera "
             f"({_camera_name(cam)}) expects {cam.width}x{cam.height}"
-        ]
-    return []
+        ], exif
+    return [], exif
 
 
 def _camera_name(cam: Camera) -> str:
@@ -119,8 +124,13 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
     return problems
 
 
-def _checked_cameras(capture: Capture, exif: str, factor: int, progress: bool = False) -> list[Camera]:
+def _checked_cameras(
+    capture: Capture, exif: str, factor: int, progress: bool = False
+) -> tuple[list[Camera], list[str]]:
     """Probe every image (size, integrity, EXIF) and rescale every camera.
+
+    Returns:
+        The rescaled cameras and each image's EXIF policy (``auto`` resolved).
 
     Raises:
         SourceError: the parser's problems and these, all at once.
@@ -128,17 +138,19 @@ def _checked_cameras(capture: Capture, exif: str, factor: int, progress: bool = 
     views = capture.views
     if not isinstance(factor, int) or factor < 1:
         raise ConfigError(f"downscale: expected a positive integer, got {factor!r}")
-    problems, cameras = Problems(), []
+    problems, cameras, policies = Problems(), [], []
     problems.extend(capture.problems)
     problems.extend(_duplicates(views))
     for view in tqdm(views, desc="check images", unit="image", disable=not progress):
-        problems.extend(_image_problems(view, exif))
+        found, policy = _image_problems(view, exif)
+        problems.extend(found)
+        policies.append(policy)
         try:
             cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
     problems.raise_if_any()
-    return cameras
+    return cameras, policies
 
 
 def _check_bounds(near: float | None, far: float | None) -> None:
@@ -177,7 +189,7 @@ def build_records(
     downscale: int = 1,
     split: Any = None,
     normalize: str = "none",
-    exif: str = "reject",
+    exif: str = "auto",
     near: float | None = None,
     far: float | None = None,
     progress: bool = False,
@@ -186,7 +198,7 @@ def build_records(
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras = _checked_cameras(capture, exif, factor, progress)
+    cameras, policies = _checked_cameras(capture, exif, factor, progress)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -194,8 +206,10 @@ def build_records(
     nears = [scale * _pick(near, v.near, capture.near, "near", v) for v in views]
     fars = [scale * _pick(far, v.far, capture.far, "far", v) for v in views]
     records = [
-        _record(view, camera, split_name, matrix, n, f, factor, exif)
-        for view, camera, split_name, n, f in zip(views, cameras, splits, nears, fars, strict=True)
+        _record(view, camera, split_name, matrix, n, f, factor, policy)
+        for view, camera, split_name, n, f, policy in zip(
+            views, cameras, splits, nears, fars, policies, strict=True
+        )
     ]
     method = "identity" if normalize == "none" else f"normalize-{normalize}"
     return records, _scene_info(capture, matrix, params, method, nears, fars)
@@ -243,7 +257,7 @@ def convert(
     skip_missing: bool = False,
     progress: bool = False,
     images: str | os.PathLike[str] | None = None,
-    exif: str = "reject",
+    exif: str = "auto",
     near: float | None = None,
     far: float | None = None,
     chunk_rays: int | None = None,
@@ -267,8 +281,8 @@ def convert(
             every core of this machine for one worker, 1 per worker process otherwise.
         skip_missing: skip frames whose image is missing instead of failing.
         images: COLMAP image folder (default: found beside the model).
-        exif: EXIF orientation policy ``reject``, ``ignore`` or ``apply`` (see
-            :mod:`raykit.converters.images`).
+        exif: EXIF orientation policy ``auto`` (per image, the layout whose size matches its
+            camera), ``reject``, ``ignore`` or ``apply`` (see :mod:`raykit.converters.images`).
         near, far: override every image's ray bounds (source units, before normalisation).
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
         rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).

@@ -21,7 +21,7 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.converters.base import Capture, Problems, SourceView, check_rigid
-from raykit.converters.images import used_size
+from raykit.converters.images import probe_image, used_size
 from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
@@ -54,9 +54,25 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in _LLFF_EXTENSIONS and p.is_file())
 
 
+def _uniform(size: tuple[int, int], width: float, height: float) -> bool:
+    sx, sy = size[0] / width, size[1] / height
+    return abs(sx - sy) <= 0.01 * max(sx, sy)
+
+
+def _auto_size(image: Path, width: float, height: float) -> tuple[int, int]:
+    """``exif="auto"``: the layout (stored or rotated) that is a uniform rescale of the poses' size;
+    a file whose size cannot decide is refused later, by the converter's image check."""
+    header = probe_image(image, exif="ignore", verify=False)
+    stored = (header.width, header.height)
+    if header.orientation == 1:
+        return stored
+    fits = [size for size in (stored, stored[::-1]) if _uniform(size, width, height)]
+    return fits[0] if len(fits) == 1 else stored
+
+
 def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
-    w, h = used_size(image, exif)
     height, width, focal = (float(v) for v in hwf)
+    w, h = _auto_size(image, width, height) if exif == "auto" else used_size(image, exif)
     sx, sy = w / width, h / height
     if abs(sx - sy) > 0.01 * max(sx, sy):
         raise SourceError(
@@ -67,7 +83,7 @@ def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
 
 
 def parse_llff(
-    src: Path, *, downscale: int = 1, exif: str = "reject", allow_outside: Sequence[Path] = ()
+    src: Path, *, downscale: int = 1, exif: str = "auto", allow_outside: Sequence[Path] = ()
 ) -> Capture:
     """Parse ``src/poses_bounds.npy`` and its images.
 

@@ -221,7 +221,7 @@ def _frame_view(
 
 
 def parse_frames(
-    json_path: Path, meta: Any, problems: Problems, exif: str = "reject", roots: ImageRoots | None = None
+    json_path: Path, meta: Any, problems: Problems, exif: str = "auto", roots: ImageRoots | None = None
 ) -> tuple[list[SourceView], list[str]]:
     """Every frame of one transforms file -> (views, missing image paths).
 
@@ -265,7 +265,7 @@ def report_missing(json_path: Path, missing: list[str], skip_missing: bool, prob
 
 
 def parse_ngp(
-    src: Path, *, skip_missing: bool = False, exif: str = "reject", allow_outside: Sequence[Path] = ()
+    src: Path, *, skip_missing: bool = False, exif: str = "auto", allow_outside: Sequence[Path] = ()
 ) -> Capture:
     """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
 

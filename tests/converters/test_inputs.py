@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import raykit.cli
@@ -152,3 +153,72 @@ def test_colmap_bad_camera_is_one_line_with_every_parameter(tmp_path: Path, make
     assert f"camera {parts[0]} ({model / 'cameras.txt'})" in problems[0]
     assert "param fy must be finite" in problems[0] and "positive focal length fx, got -3" in problems[0]
     assert "used by 2 image(s)" in problems[0]
+
+
+# ---- 5. EXIF orientation: auto by default -----------------------------------------------------------
+
+
+def _exif(orientation: int) -> bytes:
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[274] = orientation
+    return exif.tobytes()
+
+
+def test_exif_auto_follows_the_camera_size(tmp_path: Path, make, cli) -> None:
+    """An iPhone-like COLMAP model: cameras are the raw 32x24 array, files carry orientation 6. A
+    second capture stores the pixels rotated (24x32 + orientation 6 = 32x24 shown): auto rotates."""
+    from raykit.converters.images import decode_image
+
+    rec = make.colmap(tmp_path / "raw", ["PINHOLE"], seed=5, binary=False, size=(32, 24))
+    names = sorted(im.name for im in rec.images.values())
+    for i, name in enumerate(names):
+        make.write_image(tmp_path / "raw" / "images" / name, make.random_image(i, 24, 32), exif=_exif(6))
+        rotated = np.ascontiguousarray(np.rot90(make.random_image(i, 24, 32), 1))  # stored 24x32
+        make.write_image(tmp_path / "rot" / "images" / name, rotated, exif=_exif(8))
+    status, lines = cli(
+        "convert", tmp_path / "raw", tmp_path / "raw.zarr", "--no-progress", "--exif", "reject"
+    )
+    assert status == 2 and len(lines) == len(names) and all("EXIF orientation is 6" in x for x in lines)
+    assert cli("convert", tmp_path / "raw", tmp_path / "raw.zarr", "--no-progress")[0] == 0
+    store = open_store(tmp_path / "raw.zarr")
+    assert {cam.width for cam in store.table.cameras} == {32}
+    # the same model over files stored rotated: auto applies the rotation, pixels match "apply"
+    (tmp_path / "rot" / "sparse").symlink_to(tmp_path / "raw" / "sparse", target_is_directory=True)
+    store = convert(tmp_path / "rot", tmp_path / "rot.zarr")
+    first = sorted(store.images("train"))[0]
+    expect = decode_image(tmp_path / "rot" / "images" / first, exif="apply")
+    assert expect.shape[:2] == (24, 32)
+    got = store.image_raw(first).rgba[:, :3].reshape(24, 32, 3)
+    assert np.array_equal(got, expect)
+    raw = open_store(tmp_path / "raw.zarr").image_raw(first).rgba[:, :3].reshape(24, 32, 3)
+    assert np.array_equal(raw, decode_image(tmp_path / "raw" / "images" / first, exif="ignore"))
+    assert store.manifest["source"]["exif"] == "auto"
+
+
+def test_exif_auto_refuses_when_the_size_cannot_decide(tmp_path: Path, make) -> None:
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (6, 4), w=6, h=4) for i in range(4)]
+    make.write_image(root / "images" / "f_0.png", make.random_image(0, 4, 6), exif=_exif(6))  # raw: ok
+    make.write_image(root / "images" / "f_1.png", make.random_image(1, 6, 4), exif=_exif(6))  # rotated: ok
+    make.write_image(root / "images" / "f_2.png", make.random_image(2, 5, 5), exif=_exif(6))  # square
+    make.write_image(root / "images" / "f_3.png", make.random_image(3, 4, 6), exif=_exif(3))  # half-turn
+    make.ngp(root, frames, fl_x=5.0)
+    with pytest.raises(SourceError) as info:
+        convert(root, tmp_path / "a.zarr")
+    problems = info.value.problems
+    assert len(problems) == 2, problems
+    assert "f_2.png: EXIF orientation is 6" in problems[0] and "matches neither" in problems[0]
+    assert "f_3.png: EXIF orientation is 3" in problems[1] and "cannot tell" in problems[1]
+    assert "--exif ignore" in problems[0]
+    frames = frames[:2]
+    make.ngp(root, frames, fl_x=5.0)
+    store = convert(root, tmp_path / "b.zarr", split="all")
+    assert store.splits["train"].n_rays == 2 * 6 * 4
+    assert {(c.width, c.height) for c in store.table.cameras} == {(6, 4)}
+    # without w/h the camera size comes from the image itself: nothing to decide with, refused
+    make.ngp(root, [{k: v for k, v in f.items() if k not in "wh"} for f in frames], fl_x=5.0)
+    with pytest.raises(SourceError, match="no camera size given"):
+        convert(root, tmp_path / "c.zarr")
+    assert convert(root, tmp_path / "c.zarr", exif="ignore").splits
