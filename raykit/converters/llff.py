@@ -82,6 +82,23 @@ def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
     return Camera("PINHOLE", w, h, (focal * sx, focal * sy, w / 2, h / 2), label=label)
 
 
+def _no_folder(src: Path, folder: Path) -> str:
+    """The missing-folder problem, naming the ``images_N`` folders there are and the flag to use them."""
+    factors = sorted(
+        int(p.name[7:])
+        for p in src.glob("images_*")
+        if p.is_dir() and p.name[7:].isdigit() and p.name[7:] != "0"
+    )
+    if not factors:
+        return f"{folder}: images folder not found"
+    found = ", ".join(f"images_{n}" for n in factors)
+    flags = " or ".join(f"--downscale {n}" for n in factors)
+    return (
+        f"{folder}: images folder not found; the capture has {found} (downscaled copies): pass {flags} "
+        "(downscale=N) to use them"
+    )
+
+
 def parse_llff(
     src: Path, *, downscale: int = 1, exif: str = "auto", allow_outside: Sequence[Path] = ()
 ) -> Capture:
@@ -102,7 +119,7 @@ def parse_llff(
     prescaled = downscale if downscale > 1 and (src / f"images_{downscale}").is_dir() else 1
     folder = src / ("images" if prescaled == 1 else f"images_{downscale}")
     if not folder.is_dir():
-        raise SourceError(f"{folder}: images folder not found")
+        raise SourceError(_no_folder(src, folder))
     files = _image_files(folder)
     problems = Problems()
     if len(files) != len(data):

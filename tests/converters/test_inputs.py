@@ -222,3 +222,20 @@ def test_exif_auto_refuses_when_the_size_cannot_decide(tmp_path: Path, make) -> 
     with pytest.raises(SourceError, match="no camera size given"):
         convert(root, tmp_path / "c.zarr")
     assert convert(root, tmp_path / "c.zarr", exif="ignore").splits
+
+
+# ---- 6. LLFF with only downscaled copies ------------------------------------------------------------
+
+
+def test_llff_with_only_downscaled_folders_names_them(tmp_path: Path, make) -> None:
+    src = make.llff(tmp_path / "llff", n=3, size=(16, 12))
+    (src / "images").rename(src / "images_8")
+    (src / "images_4x").mkdir()  # not a downscale folder
+    with pytest.raises(SourceError) as info:
+        convert(src, tmp_path / "a.zarr")
+    (line,) = info.value.problems
+    assert "images folder not found" in line and "images_8" in line and "--downscale 8" in line
+    assert "images_4x" not in line
+    with pytest.raises(SourceError, match=r"llff/images: images folder not found; .* --downscale 8"):
+        convert(src, tmp_path / "a.zarr", downscale=4)
+    assert convert(src, tmp_path / "a.zarr", downscale=8).splits
