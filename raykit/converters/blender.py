@@ -49,6 +49,7 @@ def parse_blender(
     if not files:
         problems.add(f"{src}: no transforms_{{train,val,test}}.json found")
     views, skipped, roots = [], [], ImageRoots(src, allow_outside)
+    assumed: list[tuple[str, str]] = []
     for split, path in files:
         try:
             meta = load_json(path)
@@ -58,12 +59,16 @@ def parse_blender(
         if isinstance(meta, dict) and "camera_model" not in meta:
             meta = {**meta, "camera_model": "PINHOLE"}
         found, missing = parse_frames(path, meta, problems, exif, roots)
+        if isinstance(meta, dict) and meta.get("frames") == []:
+            assumed.append(("splits", f"{path}: no frames, so no {split} images come from it"))
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
         views += [_in_split(v, split) for v in found]
     problems.raise_if_fatal(views)
     params = {"skipped_missing": sorted(skipped) if skip_missing else []}
-    return Capture("blender", views, bounds=BLENDER_BOUNDS, problems=problems.lines, params=params)
+    return Capture(
+        "blender", views, bounds=BLENDER_BOUNDS, problems=problems.lines, params=params, assumed=assumed
+    )
 
 
 def _in_split(view: SourceView, split: str) -> SourceView:

@@ -105,19 +105,38 @@ def _some(names: list[str], n: int = 3) -> str:
     return ", ".join(repr(name) for name in names[:n]) + more
 
 
-def _with_bounds(views: list[SourceView], images: list[ColmapImage], rec: Reconstruction) -> list[SourceView]:
+def _with_bounds(
+    views: list[SourceView], images: list[ColmapImage], rec: Reconstruction
+) -> tuple[list[SourceView], list[str]]:
+    """Views with near/far, and the names of those that fell back to the camera-centre box."""
     ids = sorted(rec.points3d)
     xyz = rec.points3d_xyz()
     point_index = {pid: row for row, pid in enumerate(ids)}
     centres = np.stack([v.c2w[:3, 3] for v in views])
     lo, hi = centres.min(axis=0), centres.max(axis=0)
     centre, half = (lo + hi) / 2, np.maximum(hi - lo, 1.0)
-    out = []
+    out, boxed = [], []
     for view, image in zip(views, images, strict=True):
         bounds = image_near_far(view.c2w, _observed(image, point_index, xyz))
-        bounds = bounds or image_near_far(view.c2w, xyz) or box_near_far(centre, half, view.c2w[:3, 3])
+        bounds = bounds or image_near_far(view.c2w, xyz)
+        if bounds is None:
+            bounds = box_near_far(centre, half, view.c2w[:3, 3])
+            boxed.append(view.name)
         out.append(replace(view, near=bounds[0], far=bounds[1]))
-    return out
+    return out, boxed
+
+
+def _box_warning(model: Path, rec: Reconstruction, views: list[SourceView], boxed: list[str]) -> str:
+    """The warning for images whose near/far come from the camera-centre box, with the values used."""
+    used = [v for v in views if v.name in set(boxed)]
+    near = min(float(v.near or 0.0) for v in used)
+    far = max(float(v.far or 0.0) for v in used)
+    why = "the model has no 3-D points" if not rec.points3d else "fewer than 3 of its 3-D points lie in front"
+    return (
+        f"{model}: {why} for {len(used)} of {len(views)} images; their near/far come from the box around "
+        f"the camera centres (near {near:.4g} to far {far:.4g}, source units); pass --near and --far "
+        "(near=, far=) to set them"
+    )
 
 
 def parse_colmap(
@@ -166,5 +185,8 @@ def parse_colmap(
         "images": str(images_dir),
         "skipped_missing": missing if skip_missing else [],
     }
-    views = _with_bounds(views, used, rec)
-    return Capture("colmap", views, points=rec.points3d_xyz(), problems=problems.lines, params=params)
+    views, boxed = _with_bounds(views, used, rec)
+    assumed = [("bounds", _box_warning(model, rec, views, boxed))] if boxed else []
+    return Capture(
+        "colmap", views, points=rec.points3d_xyz(), problems=problems.lines, params=params, assumed=assumed
+    )

@@ -10,6 +10,7 @@ when complete (a rerun resumes from the finished work). Nothing is written befor
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageLoader, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.splits import assign_splits
-from raykit.errors import CameraError, ConfigError, SourceError
+from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.store.schema import ImageRecord, SceneInfo
 
 __all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
@@ -302,6 +303,9 @@ def convert(
     )  # fmt: skip
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
+    for topic, line in capture.assumed:
+        if topic != "bounds" or near is None or far is None:
+            warnings.warn(line, RaykitWarning, stacklevel=2)
     records, scene = build_records(
         capture,
         downscale=downscale,

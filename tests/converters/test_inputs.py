@@ -239,3 +239,33 @@ def test_llff_with_only_downscaled_folders_names_them(tmp_path: Path, make) -> N
     with pytest.raises(SourceError, match=r"llff/images: images folder not found; .* --downscale 8"):
         convert(src, tmp_path / "a.zarr", downscale=4)
     assert convert(src, tmp_path / "a.zarr", downscale=8).splits
+
+
+# ---- 8. say what was assumed ------------------------------------------------------------------------
+
+
+def test_colmap_without_points_warns_with_the_bounds_used(tmp_path: Path, make, cli) -> None:
+    make.colmap(tmp_path / "col", ["PINHOLE"], seed=6, binary=False)
+    model = tmp_path / "col" / "sparse" / "0"
+    (model / "points3D.txt").write_text("# no points\n")
+    status, err = cli("convert", tmp_path / "col", tmp_path / "a.zarr", "--no-progress")
+    assert status == 0
+    (line,) = err
+    assert line.startswith("raykit: warning: ") and "no 3-D points for 2 of 2 images" in line
+    store = open_store(tmp_path / "a.zarr")
+    assert f"near {store.table.near.min():.4g} to far {store.table.far.max():.4g}" in line
+    assert "--near and --far" in line
+    status, err = cli(
+        "convert", tmp_path / "col", tmp_path / "b.zarr", "--no-progress", "--near", "0.5", "--far", "9"
+    )
+    assert status == 0 and err == []
+
+
+def test_blender_split_file_without_frames_warns(tmp_path: Path, make) -> None:
+    from raykit.errors import RaykitWarning
+
+    src = make.blender(tmp_path / "bl", counts={"train": 2, "val": 1})
+    (src / "transforms_test.json").write_text(json.dumps({"camera_angle_x": 0.8, "frames": []}))
+    with pytest.warns(RaykitWarning, match=r"transforms_test.json: no frames, so no test images"):
+        store = convert(src, tmp_path / "a.zarr")
+    assert sorted(store.splits) == ["train", "val"]
