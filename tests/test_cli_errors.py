@@ -62,6 +62,7 @@ CASES = [
     (["compare", "{w}/run_a", "{w}/bad_type"], ["bad_type/eval.json: expected an object with 'splits'"]),
     (["compare", "{w}/run_a", "{w}/nowhere"], ["no eval.json"]),
     (["scene", "make", "{w}/afile"], ["afile"]),
+    (["demo", "--out", "{w}/afile", "--quick"], ["afile"]),
 ]
 
 
