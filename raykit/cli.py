@@ -18,6 +18,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "raykit.scene.cli",
     "raykit.converters.cli",
+    "raykit.converters.pose_cli",
     "raykit.store.cli",
     "raykit.loaders.cli",
     "raykit.trainer.cli",

@@ -24,11 +24,12 @@ from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageLoader, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
+from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.store.schema import ImageRecord, SceneInfo
 
-__all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
+__all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
 SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
 
@@ -49,7 +50,7 @@ def detect_source(src: Path) -> str:
         return "colmap"
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
-        "or COLMAP model); pass --from"
+        "or COLMAP model); pass --from, e.g. --from photos for photos without poses"
     )
 
 
@@ -267,6 +268,7 @@ def convert(
     rgba_codec: str | None = None,
     overwrite: bool = False,
     allow_outside: Sequence[str | os.PathLike[str]] = (),
+    poses: PoseOptions | None = None,
 ) -> Any:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
@@ -291,11 +293,17 @@ def convert(
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
+        poses: :class:`~raykit.converters.poses.PoseOptions` for ``source="photos"`` or ``"video"``,
+            whose poses are estimated into ``<dst>.poses`` first (see :func:`poses_for_convert`).
 
     Raises:
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
+    if source in POSE_SOURCES:
+        src, source, exif = poses_for_convert(
+            src, dst, source, poses, exif=exif, threads=threads, progress=progress
+        )
     images_dir = None if images is None else Path(images)
     capture = parse_source(
         Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif,
