@@ -23,6 +23,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_blender(render_scene("tiny", seed=0), root / "cap")
     assert raykit.cli.main(["convert", str(root / "cap"), str(root / "s.zarr"), "--no-progress"]) == 0
     (root / "afile").write_text("not a store\n")
+    (root / "afile.zarr.partial").write_text("a file that only looks like raykit's work folder\n")
     for name, text in (("run_a", '{"splits": {}}'), ("run_b", '{"splits": {"test": ')):
         (root / name).mkdir()
         (root / name / "eval.json").write_text(text)
@@ -44,6 +45,7 @@ CASES = [
     (["convert", "{w}/cap", "/proc/raykit-test.zarr"], ["/proc/raykit-test.zarr.partial: cannot create"]),
     (["convert", "{w}/cap", "{w}/neg.zarr", "--seed", "-1"], ["seed: expected an integer >= 0, got -1"]),
     (["convert", "{w}/cap", "{w}/s.zarr"], ["a store already exists there (pass --overwrite"]),
+    (["convert", "{w}/cap", "{w}/afile.zarr"], ["afile.zarr.partial: exists and is not a folder"]),
     (["convert", "{w}/nowhere", "{w}/x.zarr"], ["capture not found"]),
     (["convert", "{w}/cap", "{w}/x.zarr", "--downscale", "0"], ["downscale: expected a positive integer"]),
     (["copy", "{w}/s.zarr", "{w}/afile", "--format", "wds"], ["afile: exists and is a file"]),

@@ -72,15 +72,19 @@ def prepare_partial(dst: Path, plan: Mapping[str, Any], key: str) -> Path:
     """``DST.partial`` holding this plan: kept when its ``plan.json`` has ``key``, else emptied first.
 
     Raises:
+        ConfigError: ``DST.partial`` is a file or a symlink (not raykit's; never removed).
         StoreError: the folder cannot be created or written (read-only or virtual file system, no
             permission), naming it.
     """
     partial = dst.with_name(dst.name + ".partial")
     plan_path = partial / "plan.json"
+    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
+        raise ConfigError(
+            f"{partial}: exists and is not a folder, so it is not the work folder of an interrupted "
+            "write; remove or rename it"
+        )
     try:
-        if partial.is_file() or partial.is_symlink():
-            partial.unlink()
-        elif partial.exists() and _saved_key(plan_path) != key:
+        if partial.exists() and _saved_key(plan_path) != key:
             shutil.rmtree(partial)
         partial.mkdir(parents=True, exist_ok=True)
         atomic_write_json(plan_path, {"key": key, "plan": plan})
