@@ -57,7 +57,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--images", metavar="DIR", help="COLMAP image folder (default: found beside the model)"
     )
-    parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
+    parser.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let image paths point into DIR outside the capture folder (repeatable; default: refused)",
+    )
+    parser.add_argument(
+        "--exif",
+        choices=EXIF_POLICIES,
+        default="auto",
+        help="EXIF orientation policy (default auto: per image, the layout whose size matches its camera)",
+    )
     parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
     parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
     parser.add_argument("--chunk-rays", type=int, metavar="N", help="rays per chunk (default: the writer's)")
@@ -123,5 +135,6 @@ def _convert(args: argparse.Namespace) -> Any:
         seed=args.seed,
         rgba_codec=args.rgba_codec,
         overwrite=args.overwrite,
+        allow_outside=args.allow_outside,
         poses=pose_options_from_args(args) if args.source in POSE_SOURCES else None,
     )

@@ -14,10 +14,10 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = ["WDS_DIR", "WdsReader", "encode_shard", "npy_bytes", "sample_key", "shard_file"]
@@ -99,7 +99,7 @@ class WdsReader:
         self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any], ranges: Any = None
     ) -> None:
         self._url = url.rstrip("/")
-        self._fs, self._root = fsspec.core.url_to_fs(self._url)
+        self._fs, self._root = filesystem(self._url)
         self._fields = fields
         self._index = index
         self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores
