@@ -22,7 +22,7 @@ from typing import Any
 from raykit.cameras import Camera
 from raykit.errors import SourceError
 
-__all__ = ["INTRINSIC_KEYS", "camera_from_intrinsics", "image_size"]
+__all__ = ["INTRINSIC_KEYS", "camera_from_intrinsics", "image_size", "intrinsics_problems"]
 
 INTRINSIC_KEYS = (
     "fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "w", "h",
@@ -53,13 +53,36 @@ def _focal(d: Mapping[str, Any], width: int, height: int) -> tuple[float, float]
     return fx, fy
 
 
+_NUMBER_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "k1", "k2", "k3", "k4",
+                "p1", "p2")  # fmt: skip
+_POSITIVE_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y")
+
+
+def intrinsics_problems(d: Mapping[str, Any]) -> list[str]:
+    """Every non-numeric, non-finite or non-positive (focal length, field of view) value in ``d``."""
+    problems = []
+    for key in _NUMBER_KEYS:
+        if key not in d:
+            continue
+        value = d[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(f"{key}: expected a finite number, got {value!r}")
+        elif key in _POSITIVE_KEYS and value <= 0:
+            problems.append(f"{key}: expected a positive value, got {value!r}")
+    return problems
+
+
 def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, label: str) -> Camera:
     """Build a :class:`Camera` from transforms-style intrinsics for an image of ``width x height``.
 
     Raises:
-        SourceError: missing focal length, unsupported distortion combination or camera model.
-        CameraError: the resulting camera is invalid (e.g. non-positive focal length).
+        SourceError: bad numbers (all of them listed), missing focal length, unsupported distortion
+            combination or camera model.
+        CameraError: the resulting camera is invalid.
     """
+    bad = intrinsics_problems(d)
+    if bad:
+        raise SourceError("; ".join(bad))
     fx, fy = _focal(d, width, height)
     cx, cy = _num(d, "cx", width / 2), _num(d, "cy", height / 2)
     k1, k2, k3, k4, p1, p2 = (_num(d, k) for k in ("k1", "k2", "k3", "k4", "p1", "p2"))

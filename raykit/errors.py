@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "ExportError",
     "RaykitError",
+    "RaykitWarning",
     "ResumeError",
     "SourceError",
     "StoreChangedError",
@@ -25,6 +26,11 @@ __all__ = [
 
 class RaykitError(Exception):
     """Root of every error raised by raykit on purpose."""
+
+
+class RaykitWarning(UserWarning):
+    """Something raykit assumed or skipped that the user should know about (a default used, a file
+    ignored); the CLI prints each as one ``raykit: warning:`` line."""
 
 
 class CameraError(RaykitError, ValueError):

@@ -24,6 +24,13 @@ def register(subparsers: Any) -> None:
         "interrupted conversion resumes it.",
     )
     add_arguments(parser)
+    parser.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let image paths point into DIR outside the capture folder (repeatable; default: refused)",
+    )
     group = parser.add_argument_group("pose estimation (--from photos|video; see raykit poses)")
     add_pose_arguments(group, skip=("threads", "seed"))
     parser.set_defaults(func=run_convert)
@@ -39,7 +46,9 @@ def run_convert(args: argparse.Namespace) -> int:
     recording = recording_phases() if config.profile else contextlib.nullcontext({})
     with recording as phases:
         poses = pose_options_from_args(args) if config.source in POSE_SOURCES else None
-        store = convert(config.src, config.dst, **config.convert_options(), poses=poses)
+        store = convert(
+            config.src, config.dst, **config.convert_options(), poses=poses, allow_outside=args.allow_outside
+        )
     seconds = time.perf_counter() - start
     splits = ", ".join(
         f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()

@@ -52,7 +52,11 @@ class ConvertConfig:
     threads: int | None = option(None, _THREADS_HELP, metavar="T")
     skip_missing: bool = option(False, "skip frames whose image is missing")
     images: str | None = option(None, "COLMAP image folder (default: found beside the model)", metavar="DIR")
-    exif: str = option("reject", "EXIF orientation policy", choices=EXIF_POLICIES)
+    exif: str = option(
+        "auto",
+        "EXIF orientation policy (auto: per image, the layout whose size matches its camera)",
+        choices=EXIF_POLICIES,
+    )
     near: float | None = option(None, "override every image's near bound (source units)")
     far: float | None = option(None, "override every image's far bound (source units)")
     chunk_rays: int | None = option(None, "rays per chunk (default: the writer's)", metavar="N")

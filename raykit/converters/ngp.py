@@ -26,7 +26,7 @@ corner and ``near`` the distance to the box (at least 1% of the box half-size).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from raykit.converters.base import (
     resolve_image,
 )
 from raykit.converters.images import used_size
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
@@ -77,9 +78,17 @@ def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _frame_view(
-    frame: Any, index: int, meta: Mapping[str, Any], json_path: Path, problems: Problems, exif: str
+    frame: Any,
+    index: int,
+    meta: Mapping[str, Any],
+    json_path: Path,
+    problems: Problems,
+    exif: str,
+    roots: ImageRoots,
+    bad_cameras: dict[str, list[int]],
 ) -> tuple[SourceView | None, str | None]:
-    """One frame -> (view, missing file path or None); other problems go to ``problems``."""
+    """One frame -> (view, missing file path or None); other problems go to ``problems``, camera
+    problems to ``bad_cameras`` (problem -> frame indices)."""
     where = f"{json_path}: frame {index}"
     if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
         problems.add(f"{where}: expected an object with a string file_path")
@@ -89,7 +98,13 @@ def _frame_view(
     if bad:
         problems.add(bad)
     base = json_path.parent
-    image = resolve_image(base, frame["file_path"])
+    outside = roots.outside(base / frame["file_path"].replace("\\", "/"), where, frame["file_path"])
+    image = None if outside else resolve_image(base, frame["file_path"])
+    if image is not None:
+        outside = roots.outside(image, where, frame["file_path"])
+    if outside:
+        problems.add(outside)
+        return None, None
     if image is None:
         return None, frame["file_path"]
     if c2w_gl is None:
@@ -103,27 +118,48 @@ def _frame_view(
             width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
     except (SourceError, CameraError, TypeError, ValueError) as exc:
-        problems.extend([f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])])
+        text = "; ".join(getattr(exc, "problems", [str(exc)]))
+        bad_cameras.setdefault(text, []).append(index)  # one line per bad camera, not per frame
         return None, None
     name = relative_name(image, base)
     return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
 
 
 def parse_frames(
-    json_path: Path, meta: Any, problems: Problems, exif: str = "reject"
+    json_path: Path, meta: Any, problems: Problems, exif: str = "auto", roots: ImageRoots | None = None
 ) -> tuple[list[SourceView], list[str]]:
-    """Every frame of one transforms file -> (views, missing image paths)."""
+    """Every frame of one transforms file -> (views, missing image paths).
+
+    ``roots``: where image files may lie (default: the JSON file's folder only).
+    """
+    roots = roots or ImageRoots(json_path.parent)
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
         problems.add(f"{json_path}: expected an object with a 'frames' list")
         return [], []
     views, missing = [], []
+    bad_cameras: dict[str, list[int]] = {}
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path, problems, exif)
+        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras)
         if gone is not None:
             missing.append(gone)
         elif view is not None:
             views.append(view)
+    problems.extend(_camera_lines(json_path, meta["frames"], bad_cameras))
     return views, missing
+
+
+def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]]) -> list[str]:
+    """One line per distinct camera problem (a bad camera shared by many frames is one line), naming
+    the frames that use it."""
+    lines = []
+    for text, indices in bad.items():
+        named = [f"{i} ({frames[i]['file_path']})" for i in indices]
+        if len(named) == 1:
+            lines.append(f"{json_path}: frame {named[0]}: {text}")
+            continue
+        more = f", ... (+{len(named) - 3})" if len(named) > 3 else ""
+        lines.append(f"{json_path}: {len(named)} frames ({', '.join(named[:3])}{more}): {text}")
+    return lines
 
 
 def report_missing(json_path: Path, missing: list[str], skip_missing: bool, problems: Problems) -> None:
@@ -133,8 +169,13 @@ def report_missing(json_path: Path, missing: list[str], skip_missing: bool, prob
             problems.add(f"{json_path}: frame image {rel!r} not found (pass --skip-missing to skip it)")
 
 
-def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") -> Capture:
+def parse_ngp(
+    src: Path, *, skip_missing: bool = False, exif: str = "auto", allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
+
+    Image files must lie in the JSON file's folder or one of ``allow_outside``
+    (see :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: unreadable files, or no usable view (every problem found, one line each); other
@@ -143,7 +184,8 @@ def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") ->
     json_path = src if src.is_file() else src / "transforms.json"
     problems = Problems()
     meta = load_json(json_path)
-    views, missing = parse_frames(json_path, meta, problems, exif)
+    roots = ImageRoots(json_path.parent, allow_outside)
+    views, missing = parse_frames(json_path, meta, problems, exif, roots)
     report_missing(json_path, missing, skip_missing, problems)
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")

@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from raykit.errors import ConfigError, ResumeError
+from raykit.loaders.arguments import check_loader_args, check_state, open_if_location
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
@@ -114,7 +115,8 @@ class RayLoader:
     """Yields ray batches of one split, epoch after epoch.
 
     Args:
-        store: a :class:`raykit.store.RayStore` (or any :class:`~raykit.loaders.source.ChunkSource`).
+        store: a :class:`raykit.store.RayStore`, a store path or URL (opened here), or any
+            :class:`~raykit.loaders.source.ChunkSource`.
         split: split to read.
         batch_size: rays per batch.
         seed: seed of the chunk order and the mixing.
@@ -160,10 +162,13 @@ class RayLoader:
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
-        if num_workers < 0 or prefetch < 1:
-            raise ConfigError(
-                f"loader: expected num_workers >= 0 and prefetch >= 1, got {num_workers}, {prefetch}"
-            )
+        check_loader_args(
+            batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
+            cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
+            mix_chunks=(mix_chunks, 1), mix_run=(mix_run, 1), group_rays=(group_rays, 1),
+            gen_threads=(gen_threads, 1),
+        )  # fmt: skip
+        store = open_if_location(store)
         check_main_guard(num_workers)  # before anything starts: spawned workers re-run __main__
         self.store, self.split = store, split
         self.source = as_source(store, split, disk_cache)
@@ -264,8 +269,14 @@ class RayLoader:
             **{key: getattr(plan, key) for key in _EXACT_KEYS + _PARTITION_KEYS},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see the module docstring for changed world sizes)."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (see the module docstring for changed world sizes).
+
+        Raises:
+            ResumeError: ``state`` is not a loader state (wrong types or ranges), or is another
+                store's, split's or sampling setup's.
+        """
+        state = check_state(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
         mine = self.state_dict()

@@ -4,8 +4,6 @@ that keys resume, the fields, the splits, and the partial directory the write ha
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_json
 from raykit.store.backend import BACKENDS, RGBA_CODECS
+from raykit.store.destination import check_destination, prepare_partial
 from raykit.store.integrity import json_digest
 from raykit.store.schema import FieldSpec, ImageRecord, SplitInfo
 
@@ -40,19 +38,10 @@ def check_options(
 
 def partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool) -> Path:
     """The ``<dst>.partial`` directory of this plan: kept when its ``plan.json`` matches (resume),
-    replaced otherwise; refuses to replace a store (unless ``overwrite``) or a non-store directory."""
-    if (dst / "manifest.json").exists() and not overwrite:
-        raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
-    if dst.exists() and not (dst / "manifest.json").exists() and any(dst.iterdir()):
-        raise ConfigError(f"{dst}: exists and is not a raykit store; refusing to replace it")
-    partial = dst.with_name(dst.name + ".partial")
-    key = json_digest(plan)
-    plan_path = partial / "plan.json"
-    if partial.exists() and (not plan_path.exists() or json.loads(plan_path.read_text()).get("key") != key):
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(plan_path, {"key": key, "plan": plan})
-    return partial
+    replaced otherwise; refuses to replace a store (unless ``overwrite``) or a non-store directory
+    (``raykit.store.destination``)."""
+    check_destination(dst, overwrite)
+    return prepare_partial(dst, plan, json_digest(plan))
 
 
 def record_plan(rec: ImageRecord) -> dict[str, Any]:

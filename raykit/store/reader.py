@@ -15,7 +15,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import torch
@@ -24,6 +23,7 @@ from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, Stor
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.integrity import chunk_checksum, json_digest
+from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
@@ -46,7 +46,7 @@ class RayRangeError(StoreError, IndexError):
 
 def _normalise(path_or_url: str | Path) -> str:
     text = str(path_or_url)
-    if "://" in text and not text.startswith("file://"):
+    if is_url(text):
         return text.rstrip("/")
     return str(Path(text.removeprefix("file://")).resolve())
 
@@ -71,7 +71,7 @@ class RayStore:
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
         self.url = url
-        self._fs, self._root = fsspec.core.url_to_fs(url)
+        self._fs, self._root = filesystem(url)
         self.manifest: dict[str, Any] = self._read_manifest()
         self._checked: set[str] = set()
         try:
@@ -110,8 +110,10 @@ class RayStore:
         where = self._where("manifest.json")
         try:
             data = self._fs.cat_file(f"{self._root}/manifest.json")
-        except (FileNotFoundError, NotADirectoryError) as exc:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise StoreNotFoundError(self._no_manifest_message()) from exc
+        except read_errors() as exc:
+            raise StoreError(f"{where}: cannot read ({type(exc).__name__}: {exc})") from None
         try:
             manifest = json.loads(data)
         except ValueError as exc:
@@ -129,6 +131,8 @@ class RayStore:
             return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
         if not self._fs.exists(self._root):
             return f"no such store: {self.url}"
+        if self._fs.isfile(self._root):
+            return f"not a raykit store: {self.url} is a file (a store is a folder holding manifest.json)"
         return f"not a raykit store (no manifest.json): {self.url}"
 
     def _metadata_files(self) -> list[str]:

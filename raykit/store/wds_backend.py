@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.store.backend import Backend, EncodedShard, PayloadSpec
+from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = [
@@ -111,7 +111,7 @@ class WdsReader:
         self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any], ranges: Any = None
     ) -> None:
         self._url = url.rstrip("/")
-        self._fs, self._root = fsspec.core.url_to_fs(self._url)
+        self._fs, self._root = filesystem(self._url)
         self._fields = fields
         self._index = index
         self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores

@@ -41,6 +41,7 @@ from raykit.store.backend import (
     backend_named,
     payload_layout,
 )
+from raykit.store.destination import OVERWRITE_HINT, check_seed
 from raykit.store.integrity import (
     CHUNK_CHECKSUM,
     chunk_checksum,
@@ -225,6 +226,7 @@ def write_store(
             are staged in memory instead of in files (0: always files).
     """
     check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
+    check_seed(seed)
     profile = Profile()
     dst = Path(dst)
     ordered = order_records(records)
@@ -411,7 +413,7 @@ def _commit(partial: Path, dst: Path, overwrite: bool) -> RayStore:
         path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
     if dst.exists():
         if not overwrite and (dst / "manifest.json").exists():
-            raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
+            raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
         old = dst.with_name(dst.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         dst.rename(old)

@@ -168,6 +168,8 @@ def train(config: TrainConfig) -> Path:
 
 def _setup(config: TrainConfig) -> _Run:
     """Device, processes, store, models, optimizer, loader and generators for ``config``."""
+    if Path(config.out).exists() and not Path(config.out).is_dir():
+        raise ConfigError(f"{config.out}: --out is a file; expected a run folder (new or existing)")
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)

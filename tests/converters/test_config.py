@@ -22,7 +22,8 @@ def test_every_convert_keyword_is_a_field_and_defaults_match() -> None:
     keywords = {
         name: p.default
         for name, p in inspect.signature(convert).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "poses"  # pose_cli's own flags
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+        and name not in ("poses", "allow_outside")  # flags of their own
     }
     config = ConvertConfig()
     options = config.convert_options()

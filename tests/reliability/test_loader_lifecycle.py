@@ -151,7 +151,7 @@ def test_guard_check_passes_under_a_guarded_entry_point(stores: dict[str, Any]) 
     # until iteration.
     loader = RayLoader(stores["zarr"], batch_size=64, num_workers=2, make_batch=lambda r: r)
     loader.close()
-    with pytest.raises(ConfigError, match="num_workers >= 0"):
+    with pytest.raises(ConfigError, match="num_workers: expected an integer >= 0"):
         RayLoader(stores["zarr"], batch_size=64, num_workers=-1)
 
 
