@@ -28,16 +28,23 @@ from raykit.trainer.config import TrainConfig
 from raykit.trainer.field import RadianceField
 from raykit.trainer.metrics import psnr, ssim
 from raykit.trainer.occupancy import OccupancyGrid
-from raykit.trainer.pipeline import render_rays, sample_rays
+from raykit.trainer.pipeline import proposal_counts, render_rays, sample_rays
+from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
 
 __all__ = ["build_models", "evaluate_run", "quick_psnr", "render", "render_image"]
 
 
 def build_models(
-    config: TrainConfig, aabb: torch.Tensor, device: torch.device
-) -> tuple[RadianceField, OccupancyGrid | None]:
-    """The field (seeded by ``config.seed``) and, for the occupancy sampler, its grid, on ``device``."""
+    config: TrainConfig, aabb: torch.Tensor, device: torch.device, ndc_frame: torch.Tensor | None = None
+) -> tuple[RadianceField, Any]:
+    """The field (seeded by ``config.seed``) and the sampler's state module, on ``device``.
+
+    The state module is the occupancy sampler's :class:`OccupancyGrid` (over the field coordinates
+    when the field is contracted), the proposal sampler's :class:`ProposalNetworks`, else None.
+    ``ndc_frame`` is the NDC reference camera of a field in scene space ``ndc``.
+    """
+    space = "box" if config.scene_space == "auto" else config.scene_space
     field = RadianceField(
         aabb,
         levels=config.levels,
@@ -46,10 +53,21 @@ def build_models(
         features=config.features,
         hidden=config.hidden,
         seed=config.seed,
+        space=space,
+        ndc_frame=ndc_frame,
     ).to(device)
-    grid = None
+    grid: Any = None
     if config.sampler == "occupancy":
-        grid = OccupancyGrid(aabb, config.occ_resolution, threshold=config.occ_threshold).to(device)
+        grid_box = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]) if space == "contract" else aabb
+        grid = OccupancyGrid(grid_box, config.occ_resolution, threshold=config.occ_threshold).to(device)
+    elif config.sampler == "proposal":
+        grid = ProposalNetworks(
+            aabb,
+            len(proposal_counts(config.prop_samples)),
+            config.prop_resolution,
+            space=space,
+            seed=config.seed,
+        ).to(device)
     return field, grid
 
 
@@ -59,7 +77,7 @@ def render_image(
     store: Any,
     name: str,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Render image ``name``: ``(prediction (H, W, 3), target (H, W, 3))``, both over the background."""
@@ -81,7 +99,7 @@ def quick_psnr(
     config: TrainConfig,
     store: Any,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
 ) -> dict[str, Any]:
     """Mean PSNR over the first ``progress_images`` images of the first eval split (no files written)."""
@@ -107,7 +125,7 @@ def evaluate_split(
     store: Any,
     split: str,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
 ) -> dict[str, Any]:
     """Metrics of one split (see the module docstring), writing its renders."""
@@ -132,7 +150,7 @@ def evaluate_run(
     config: TrainConfig,
     store: Any,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
     splits: list[str] | None = None,
     step: int | None = None,
@@ -168,7 +186,9 @@ def render(run_dir: str | Path, split: str = "test", device: str | None = None) 
     config = TrainConfig.from_dict(meta.config)
     torch_device = resolve_device(device or config.device)
     store = open_store(config.store)
-    field, grid = build_models(config, tensors["field"]["aabb"], torch_device)
+    field, grid = build_models(
+        config, tensors["field"]["aabb"], torch_device, tensors["field"].get("ndc_frame")
+    )
     field.load_state_dict(tensors["field"])
     if grid is not None:
         grid.load_state_dict(tensors["grid"])
