@@ -75,9 +75,10 @@ def main() -> None:
     command = "python benchmarks/bench_unbounded.py " + " ".join(
         f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("work", "out") and v
     )
-    plan = [(space, sampler, None) for space in args.spaces.split(",") for sampler in args.samplers.split(",")]
+    samplers = args.samplers.split(",")
+    plan = [(space, sampler, None) for space in args.spaces.split(",") for sampler in samplers]
     if args.samples_per_step:
-        plan += [("contract", sampler, args.samples_per_step) for sampler in args.samplers.split(",")]
+        plan += [("contract", sampler, args.samples_per_step) for sampler in samplers]
     results: dict[str, Any] = {}
     for space, sampler, per_step in plan:
         name = f"{space}/{sampler}" + (f"/budget{per_step}" if per_step else "")

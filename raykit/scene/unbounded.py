@@ -106,8 +106,8 @@ def render_unbounded_image(
     rot = pose[:3, :3]
     dw = dc[:, 0:1] * rot[:, 0] + dc[:, 1:2] * rot[:, 1] + dc[:, 2:3] * rot[:, 2]
     dw = dw / torch.linalg.vector_norm(dw, dim=-1, keepdim=True)
-    sky = sky_color(_dome_hit(pose[:3, 3], dw, geometry.dome_radius), geometry.dome_radius)
-    sky = sky.reshape(camera.height, camera.width, 3).numpy()
+    dome = _dome_hit(pose[:3, 3], dw, geometry.dome_radius)
+    sky = sky_color(dome, geometry.dome_radius).reshape(camera.height, camera.width, 3).numpy()
     alpha = rgba[..., 3:4].astype(np.float32) / 255.0
     rgb = rgba[..., :3].astype(np.float32) / 255.0 * alpha + sky * (1.0 - alpha)
     out = np.empty_like(rgba)

@@ -99,7 +99,8 @@ def _look_at(eyes: np.ndarray, target: np.ndarray) -> np.ndarray:
     right = np.cross(forward, [0.0, 0.0, 1.0])
     right /= np.linalg.norm(right, axis=-1, keepdims=True)
     c2w = np.tile(np.eye(4), (len(eyes), 1, 1))
-    c2w[:, :3, 0], c2w[:, :3, 1], c2w[:, :3, 2], c2w[:, :3, 3] = right, np.cross(forward, right), forward, eyes
+    c2w[:, :3, 0], c2w[:, :3, 1] = right, np.cross(forward, right)
+    c2w[:, :3, 2], c2w[:, :3, 3] = forward, eyes
     return c2w
 
 

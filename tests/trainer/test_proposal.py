@@ -45,7 +45,8 @@ def test_interlevel_loss_is_zero_when_the_proposal_bounds_the_weights_and_trains
     assert float(reference) > 0
     assert torch.allclose(loss, reference)
     loss.backward()
-    assert field_w.grad is None and env_w.grad is not None and (env_w.grad <= 0).all() and (env_w.grad < 0).any()
+    assert field_w.grad is None and env_w.grad is not None
+    assert (env_w.grad <= 0).all() and (env_w.grad < 0).any()
 
 
 def test_hierarchical_in_s_equals_hierarchical_when_s_is_t() -> None:

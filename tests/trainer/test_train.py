@@ -98,7 +98,7 @@ def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> N
     assert len(list((run / "renders" / "test").glob("*.png"))) == 2
 
 
-@pytest.mark.parametrize("sampler", ["stratified", "hierarchical", "occupancy"])
+@pytest.mark.parametrize("sampler", ["stratified", "hierarchical", "occupancy", "proposal"])
 def test_samplers_reduce_the_loss(tiny_store: Path, tmp_path: Path, sampler: str) -> None:
     run = train(tiny_config(tiny_store, tmp_path / sampler, sampler=sampler, steps=40, lr=3e-2))
     losses = [r["loss"] for r in _log(run)]
