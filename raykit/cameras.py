@@ -99,14 +99,18 @@ class Camera:
                 f"{self._who()}: {self.model} expects {spec.num_params} params "
                 f"({', '.join(spec.param_names)}), got {len(params)}"
             )
-        for name, value in zip(spec.param_names, params, strict=True):
-            if not math.isfinite(value):
-                raise CameraError(f"{self._who()}: {self.model} param {name} must be finite, got {value}")
-        for i in spec.focal_idx:
-            if params[i] <= 0:
-                raise CameraError(
-                    f"{self._who()}: expected a positive focal length {spec.param_names[i]}, got {params[i]}"
-                )
+        bad = [
+            f"{self.model} param {name} must be finite, got {value}"
+            for name, value in zip(spec.param_names, params, strict=True)
+            if not math.isfinite(value)
+        ]
+        bad += [
+            f"expected a positive focal length {spec.param_names[i]}, got {params[i]}"
+            for i in spec.focal_idx
+            if params[i] <= 0
+        ]
+        if bad:  # every bad parameter, on one line
+            raise CameraError(f"{self._who()}: {'; '.join(bad)}")
         self._check_model_specific(params)
         return params
 

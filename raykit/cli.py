@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
-from raykit.errors import RaykitError, SourceError
+from raykit.errors import RaykitError, RaykitWarning, SourceError
+
+_MACHINE_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT})
 
 __all__ = ["build_parser", "main"]
 
@@ -16,6 +21,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "raykit.scene.cli",
     "raykit.converters.cli",
+    "raykit.converters.pose_cli",
     "raykit.store.cli",
     "raykit.loaders.cli",
     "raykit.trainer.cli",
@@ -34,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the subcommand; every raykit error becomes ``raykit: error:`` lines and exit status 2."""
     try:
         return int(args.func(args))
     except SourceError as exc:
@@ -43,9 +56,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RaykitError as exc:
         print(f"raykit: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # named by the OS: the machine's fault (disk full, I/O error) is status 1,
+        print(f"raykit: error: {exc}", file=sys.stderr)  # the environment's (permissions, ...) status 2
+        return 1 if exc.errno in _MACHINE_FAULTS else 2
     except KeyboardInterrupt:
         print("raykit: interrupted", file=sys.stderr)
         return 130
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """RaykitWarning as one ``raykit: warning:`` line; other warnings as Python prints them."""
+    if issubclass(category, RaykitWarning):
+        print(f"raykit: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _version() -> str:

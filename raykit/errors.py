@@ -9,18 +9,28 @@ from __future__ import annotations
 __all__ = [
     "CameraError",
     "ConfigError",
+    "ExportError",
     "RaykitError",
+    "RaykitWarning",
     "ResumeError",
     "SourceError",
+    "StoreChangedError",
     "StoreCorruptError",
     "StoreError",
+    "StoreLockedError",
     "StoreNotFoundError",
     "StoreVersionError",
+    "WorkerError",
 ]
 
 
 class RaykitError(Exception):
     """Root of every error raised by raykit on purpose."""
+
+
+class RaykitWarning(UserWarning):
+    """Something raykit assumed or skipped that the user should know about (a default used, a file
+    ignored); the CLI prints each as one ``raykit: warning:`` line."""
 
 
 class CameraError(RaykitError, ValueError):
@@ -47,6 +57,10 @@ class StoreVersionError(StoreError, ValueError):
     """The store was written by a newer (or unknown) format version."""
 
 
+class ExportError(RaykitError, OSError):
+    """A model export that cannot be written or read: missing, corrupt (checksum), or of a newer format."""
+
+
 class ResumeError(RaykitError, ValueError):
     """A checkpoint or loader state cannot be resumed here (different store, incompatible settings)."""
 
@@ -57,3 +71,15 @@ class SourceError(RaykitError, ValueError):
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(self.problems))
+
+
+class WorkerError(RaykitError, RuntimeError):
+    """A loader worker process died (killed, crashed, out of memory) while the loader needed it."""
+
+
+class StoreLockedError(StoreError, RuntimeError):
+    """Another process (named in the message) is writing this store, or left a stale lock."""
+
+
+class StoreChangedError(StoreError, RuntimeError):
+    """The store was replaced (e.g. ``convert --overwrite``) while it was being read."""

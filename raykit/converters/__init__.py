@@ -1,9 +1,21 @@
 """Converters: COLMAP, Blender, instant-ngp/nerfstudio and LLFF captures -> ray stores.
 
 ``convert(src, dst, ...)`` parses a capture, checks every image and writes an atomic, resumable ray
-store; ``raykit convert`` is its command line (:mod:`raykit.converters.cli`).
+store; ``raykit convert`` is its command line (:mod:`raykit.converters.cli`). ``estimate_poses``
+turns photos or a video into a COLMAP capture with pycolmap (``raykit poses``,
+:mod:`raykit.converters.poses`).
 """
 
 from raykit.converters.convert import SOURCES, build_records, convert, detect_source, parse_source
+from raykit.converters.poses import PoseOptions, PoseSummary, estimate_poses
 
-__all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
+__all__ = [
+    "SOURCES",
+    "PoseOptions",
+    "PoseSummary",
+    "build_records",
+    "convert",
+    "detect_source",
+    "estimate_poses",
+    "parse_source",
+]

@@ -71,6 +71,9 @@ class Capture:
         problems: problems found while parsing that did not stop it (bad frames, missing images);
             the converter adds the image checks' problems and raises them all together.
         params: format-specific facts kept in the store's scene record (e.g. ``aabb_scale``).
+        assumed: ``(topic, line)`` for each default the parser fell back to or each thing it skipped,
+            which the converter reports as warnings; topic ``"bounds"`` (near/far; not reported when
+            the user sets both) or ``"splits"``.
     """
 
     source: str
@@ -81,6 +84,7 @@ class Capture:
     bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     problems: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    assumed: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Problems:

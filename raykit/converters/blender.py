@@ -16,6 +16,7 @@ but never clipping the box.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from raykit.converters.base import Capture, Problems, SourceView, load_json
 from raykit.converters.ngp import box_near_far, parse_frames, report_missing
+from raykit.converters.paths import ImageRoots
 
 __all__ = ["BLENDER_BOUNDS", "BLENDER_SPLITS", "parse_blender"]
 
@@ -30,8 +32,12 @@ BLENDER_SPLITS = ("train", "val", "test")
 BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
 
 
-def parse_blender(src: Path, *, skip_missing: bool = False, exif: str = "reject") -> Capture:
+def parse_blender(
+    src: Path, *, skip_missing: bool = False, exif: str = "auto", allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse every ``transforms_{split}.json`` in ``src``.
+
+    Image files must lie in ``src`` or one of ``allow_outside`` (see :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: unreadable files, or no usable view (every problem found, one line each); other
@@ -42,7 +48,8 @@ def parse_blender(src: Path, *, skip_missing: bool = False, exif: str = "reject"
     files = [(split, path) for split, path in files if path.is_file()]
     if not files:
         problems.add(f"{src}: no transforms_{{train,val,test}}.json found")
-    views, skipped = [], []
+    views, skipped, roots = [], [], ImageRoots(src, allow_outside)
+    assumed: list[tuple[str, str]] = []
     for split, path in files:
         try:
             meta = load_json(path)
@@ -51,13 +58,17 @@ def parse_blender(src: Path, *, skip_missing: bool = False, exif: str = "reject"
             continue
         if isinstance(meta, dict) and "camera_model" not in meta:
             meta = {**meta, "camera_model": "PINHOLE"}
-        found, missing = parse_frames(path, meta, problems, exif)
+        found, missing = parse_frames(path, meta, problems, exif, roots)
+        if isinstance(meta, dict) and meta.get("frames") == []:
+            assumed.append(("splits", f"{path}: no frames, so no {split} images come from it"))
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
         views += [_in_split(v, split) for v in found]
     problems.raise_if_fatal(views)
     params = {"skipped_missing": sorted(skipped) if skip_missing else []}
-    return Capture("blender", views, bounds=BLENDER_BOUNDS, problems=problems.lines, params=params)
+    return Capture(
+        "blender", views, bounds=BLENDER_BOUNDS, problems=problems.lines, params=params, assumed=assumed
+    )
 
 
 def _in_split(view: SourceView, split: str) -> SourceView:

@@ -7,9 +7,10 @@ import contextlib
 import time
 from typing import Any
 
-from raykit.converters.convert import SOURCES, convert
+from raykit.converters.convert import POSE_SOURCES, SOURCES, convert
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
+from raykit.converters.pose_cli import add_pose_arguments, pose_options_from_args
 
 __all__ = ["register", "run_convert"]
 
@@ -25,7 +26,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("src", metavar="SRC", help="capture folder (or a transforms.json file)")
     parser.add_argument("dst", metavar="DST", help="store to create")
-    parser.add_argument("--from", dest="source", choices=SOURCES, default="auto", help="capture format")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        choices=(*SOURCES, *POSE_SOURCES),
+        default="auto",
+        help="capture format; photos (a folder) or video (a file): poses estimated first into DST.poses",
+    )
     parser.add_argument(
         "--format", dest="backend", choices=("zarr", "wds"), default="zarr", help="store backend"
     )
@@ -50,7 +57,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--images", metavar="DIR", help="COLMAP image folder (default: found beside the model)"
     )
-    parser.add_argument("--exif", choices=EXIF_POLICIES, default="reject", help="EXIF orientation policy")
+    parser.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let image paths point into DIR outside the capture folder (repeatable; default: refused)",
+    )
+    parser.add_argument(
+        "--exif",
+        choices=EXIF_POLICIES,
+        default="auto",
+        help="EXIF orientation policy (default auto: per image, the layout whose size matches its camera)",
+    )
     parser.add_argument("--near", type=float, help="override every image's near bound (source units)")
     parser.add_argument("--far", type=float, help="override every image's far bound (source units)")
     parser.add_argument("--chunk-rays", type=int, metavar="N", help="rays per chunk (default: the writer's)")
@@ -66,6 +85,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--profile", action="store_true", help="print where the time went (per writer step and task phase)"
     )
+    group = parser.add_argument_group("pose estimation (--from photos|video; see raykit poses)")
+    add_pose_arguments(group, skip=("threads", "seed"))
     parser.set_defaults(func=run_convert)
 
 
@@ -114,4 +135,6 @@ def _convert(args: argparse.Namespace) -> Any:
         seed=args.seed,
         rgba_codec=args.rgba_codec,
         overwrite=args.overwrite,
+        allow_outside=args.allow_outside,
+        poses=pose_options_from_args(args) if args.source in POSE_SOURCES else None,
     )

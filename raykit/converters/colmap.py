@@ -20,6 +20,7 @@ it; a model without points uses the box around the camera centres (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 from raykit.colmap_io import ColmapImage, Reconstruction, check_model, find_model_files, read_model
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.ngp import box_near_far
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["NEAR_PERCENTILE", "find_colmap_model", "image_near_far", "parse_colmap"]
@@ -80,39 +82,70 @@ def _observed(image: ColmapImage, point_index: dict[int, int], xyz: np.ndarray) 
 
 
 def _view(
-    image: ColmapImage, rec: Reconstruction, model: Path, images_dir: Path, problems: Problems
+    image: ColmapImage, rec: Reconstruction, cameras_file: Path, images_dir: Path, bad: dict[int, list[str]]
 ) -> SourceView | None:
-    """The view of one image; problems check_model already reported (ids, poses) just skip it."""
+    """The view of one image; problems check_model already reported (ids, poses) just skip it, and an
+    invalid camera is noted in ``bad`` (camera id -> problem line, then the names of its images)."""
     col_cam = rec.cameras.get(image.camera_id)
     values = np.asarray([*image.qvec, *image.tvec], dtype=np.float64)
     if col_cam is None or not np.all(np.isfinite(values)) or np.linalg.norm(values[:4]) < 1e-12:
         return None
     try:
-        camera = col_cam.to_camera(label=f"{model}/cameras")
+        camera = col_cam.to_camera(label=str(cameras_file))
     except CameraError as exc:
-        problems.add(f"{model}: image {image.image_id} ({image.name!r}): {exc}")
+        bad.setdefault(image.camera_id, [str(exc)]).append(image.name)
         return None
     name = image.name.replace("\\", "/")  # COLMAP run on Windows may store backslashes
     return SourceView(name=name, camera=camera, c2w=image.c2w(), image_path=images_dir / name)
 
 
-def _with_bounds(views: list[SourceView], images: list[ColmapImage], rec: Reconstruction) -> list[SourceView]:
+def _some(names: list[str], n: int = 3) -> str:
+    """The first ``n`` names, then how many more."""
+    more = f", ... (+{len(names) - n})" if len(names) > n else ""
+    return ", ".join(repr(name) for name in names[:n]) + more
+
+
+def _with_bounds(
+    views: list[SourceView], images: list[ColmapImage], rec: Reconstruction
+) -> tuple[list[SourceView], list[str]]:
+    """Views with near/far, and the names of those that fell back to the camera-centre box."""
     ids = sorted(rec.points3d)
     xyz = rec.points3d_xyz()
     point_index = {pid: row for row, pid in enumerate(ids)}
     centres = np.stack([v.c2w[:3, 3] for v in views])
     lo, hi = centres.min(axis=0), centres.max(axis=0)
     centre, half = (lo + hi) / 2, np.maximum(hi - lo, 1.0)
-    out = []
+    out, boxed = [], []
     for view, image in zip(views, images, strict=True):
         bounds = image_near_far(view.c2w, _observed(image, point_index, xyz))
-        bounds = bounds or image_near_far(view.c2w, xyz) or box_near_far(centre, half, view.c2w[:3, 3])
+        bounds = bounds or image_near_far(view.c2w, xyz)
+        if bounds is None:
+            bounds = box_near_far(centre, half, view.c2w[:3, 3])
+            boxed.append(view.name)
         out.append(replace(view, near=bounds[0], far=bounds[1]))
-    return out
+    return out, boxed
 
 
-def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = False) -> Capture:
+def _box_warning(model: Path, rec: Reconstruction, views: list[SourceView], boxed: list[str]) -> str:
+    """The warning for images whose near/far come from the camera-centre box, with the values used."""
+    used = [v for v in views if v.name in set(boxed)]
+    near = min(float(v.near or 0.0) for v in used)
+    far = max(float(v.far or 0.0) for v in used)
+    why = "the model has no 3-D points" if not rec.points3d else "fewer than 3 of its 3-D points lie in front"
+    return (
+        f"{model}: {why} for {len(used)} of {len(views)} images; their near/far come from the box around "
+        f"the camera centres (near {near:.4g} to far {far:.4g}, source units); pass --near and --far "
+        "(near=, far=) to set them"
+    )
+
+
+def parse_colmap(
+    src: Path, *, images: Path | None = None, skip_missing: bool = False, allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse a COLMAP project or model folder.
+
+    Image files must lie in the images folder or one of ``allow_outside`` (see
+    :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: unreadable files, or no usable view (every problem found, one line each); other
@@ -124,18 +157,26 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
     images_dir = _find_images_dir(src, model, images)
     rec = read_model(model, validate=False)
     problems = Problems()
-    problems.extend(check_model(rec, {name: str(file) for name, file in find_model_files(model).items()}))
+    files = find_model_files(model)
+    problems.extend(check_model(rec, {name: str(file) for name, file in files.items()}))
     by_name = {image.name: image for image in rec.images.values()}
     views, used, missing = [], [], []
+    roots = ImageRoots(images_dir, allow_outside)
+    bad_cameras: dict[int, list[str]] = {}
     for name in sorted(by_name):
-        view = _view(by_name[name], rec, model, images_dir, problems)
-        if view is not None and not view.image_path.is_file():
+        view = _view(by_name[name], rec, files["cameras"], images_dir, bad_cameras)
+        outside = None if view is None else roots.outside(view.image_path, f"{model}: image {name!r}", name)
+        if outside:
+            problems.add(outside)
+        elif view is not None and not view.image_path.is_file():
             missing.append(name)
             if not skip_missing:
                 problems.add(f"{view.image_path}: image of COLMAP image {name!r} not found")
         elif view is not None:
             views.append(view)
             used.append(by_name[name])
+    for line, *names in bad_cameras.values():  # one line per camera, not per image
+        problems.add(f"{line} (used by {len(names)} image(s): {_some(names)})")
     if not by_name:
         problems.add(f"{model}: the model has no registered images")
     problems.raise_if_fatal(views)
@@ -144,5 +185,8 @@ def parse_colmap(src: Path, *, images: Path | None = None, skip_missing: bool = 
         "images": str(images_dir),
         "skipped_missing": missing if skip_missing else [],
     }
-    views = _with_bounds(views, used, rec)
-    return Capture("colmap", views, points=rec.points3d_xyz(), problems=problems.lines, params=params)
+    views, boxed = _with_bounds(views, used, rec)
+    assumed = [("bounds", _box_warning(model, rec, views, boxed))] if boxed else []
+    return Capture(
+        "colmap", views, points=rec.points3d_xyz(), problems=problems.lines, params=params, assumed=assumed
+    )

@@ -10,6 +10,7 @@ when complete (a rerun resumes from the finished work). Nothing is written befor
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,16 @@ from tqdm import tqdm
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
+from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
-from raykit.converters.images import ImageLoader, probe_image
+from raykit.converters.images import ImageLoader, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
+from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
-from raykit.errors import CameraError, ConfigError, SourceError
+from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.store.schema import ImageRecord, SceneInfo
 
-__all__ = ["SOURCES", "build_records", "convert", "detect_source", "parse_source"]
+__all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
 SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
 
@@ -47,14 +50,22 @@ def detect_source(src: Path) -> str:
         return "colmap"
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
-        "or COLMAP model); pass --from"
+        "or COLMAP model); pass --from, e.g. --from photos for photos without poses"
     )
 
 
 def parse_source(
-    src: Path, source: str, *, images: Path | None, skip_missing: bool, downscale: int, exif: str = "reject"
+    src: Path,
+    source: str,
+    *,
+    images: Path | None,
+    skip_missing: bool,
+    downscale: int,
+    exif: str = "auto",
+    allow_outside: Sequence[Path] = (),
 ) -> Capture:
-    """Parse ``src`` as ``source`` (``auto`` detects it)."""
+    """Parse ``src`` as ``source`` (``auto`` detects it); images must lie inside the capture (or
+    ``images``) or one of ``allow_outside``."""
     if source not in SOURCES:
         raise ConfigError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
     if not src.exists():
@@ -65,32 +76,44 @@ def parse_source(
     if kind == "colmap":
         from raykit.converters.colmap import parse_colmap
 
-        return parse_colmap(src, images=images, skip_missing=skip_missing)
+        return parse_colmap(src, images=images, skip_missing=skip_missing, allow_outside=allow_outside)
     if kind == "blender":
         from raykit.converters.blender import parse_blender
 
-        return parse_blender(src, skip_missing=skip_missing, exif=exif)
+        return parse_blender(src, skip_missing=skip_missing, exif=exif, allow_outside=allow_outside)
     if kind == "ngp":
         from raykit.converters.ngp import parse_ngp
 
-        return parse_ngp(src, skip_missing=skip_missing, exif=exif)
+        return parse_ngp(src, skip_missing=skip_missing, exif=exif, allow_outside=allow_outside)
     from raykit.converters.llff import parse_llff
 
-    return parse_llff(src, downscale=downscale, exif=exif)
+    return parse_llff(src, downscale=downscale, exif=exif, allow_outside=allow_outside)
 
 
-def _image_problems(view: SourceView, exif: str) -> list[str]:
-    try:
-        header = probe_image(view.image_path, exif=exif)
-    except SourceError as exc:
-        return exc.problems
+def _image_problems(view: SourceView, exif: str) -> tuple[list[str], str]:
+    """The image's problems and the EXIF policy to decode it with (``auto`` resolved per image)."""
     cam = view.camera
-    if (header.width, header.height) != (cam.width, cam.height):
+    try:
+        header = probe_image(view.image_path, exif="ignore" if exif == "auto" else exif)
+        size = (header.width, header.height)
+        if exif == "auto" and header.orientation != 1:
+            exif = choose_layout(view.image_path, header.orientation, size, (cam.width, cam.height))
+            return [], exif  # the chosen layout has the camera's size
+    except SourceError as exc:
+        return exc.problems, exif
+    if size != (cam.width, cam.height):
         return [
-            f"{view.image_path}: image is {header.width}x{header.height}, its camera "
-            f"({cam.label or cam.camera_id}) expects {cam.width}x{cam.height}"
-        ]
-    return []
+            f"{view.image_path}: image is {size[0]}x{size[1]}, its camera "
+            f"({_camera_name(cam)}) expects {cam.width}x{cam.height}"
+        ], exif
+    return [], exif
+
+
+def _camera_name(cam: Camera) -> str:
+    """``label`` (a source file or record), with the camera id when the source numbers cameras."""
+    if cam.camera_id and cam.label:
+        return f"camera {cam.camera_id} in {cam.label}"
+    return cam.label or f"camera {cam.camera_id}"
 
 
 def _duplicates(views: Sequence[SourceView]) -> list[str]:
@@ -103,8 +126,13 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
     return problems
 
 
-def _checked_cameras(capture: Capture, exif: str, factor: int, progress: bool = False) -> list[Camera]:
+def _checked_cameras(
+    capture: Capture, exif: str, factor: int, progress: bool = False
+) -> tuple[list[Camera], list[str]]:
     """Probe every image (size, integrity, EXIF) and rescale every camera.
+
+    Returns:
+        The rescaled cameras and each image's EXIF policy (``auto`` resolved).
 
     Raises:
         SourceError: the parser's problems and these, all at once.
@@ -112,17 +140,19 @@ def _checked_cameras(capture: Capture, exif: str, factor: int, progress: bool = 
     views = capture.views
     if not isinstance(factor, int) or factor < 1:
         raise ConfigError(f"downscale: expected a positive integer, got {factor!r}")
-    problems, cameras = Problems(), []
+    problems, cameras, policies = Problems(), [], []
     problems.extend(capture.problems)
     problems.extend(_duplicates(views))
     for view in tqdm(views, desc="check images", unit="image", disable=not progress):
-        problems.extend(_image_problems(view, exif))
+        found, policy = _image_problems(view, exif)
+        problems.extend(found)
+        policies.append(policy)
         try:
             cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
     problems.raise_if_any()
-    return cameras
+    return cameras, policies
 
 
 def _check_bounds(near: float | None, far: float | None) -> None:
@@ -161,7 +191,7 @@ def build_records(
     downscale: int = 1,
     split: Any = None,
     normalize: str = "none",
-    exif: str = "reject",
+    exif: str = "auto",
     near: float | None = None,
     far: float | None = None,
     progress: bool = False,
@@ -170,7 +200,7 @@ def build_records(
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras = _checked_cameras(capture, exif, factor, progress)
+    cameras, policies = _checked_cameras(capture, exif, factor, progress)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -178,8 +208,10 @@ def build_records(
     nears = [scale * _pick(near, v.near, capture.near, "near", v) for v in views]
     fars = [scale * _pick(far, v.far, capture.far, "far", v) for v in views]
     records = [
-        _record(view, camera, split_name, matrix, n, f, factor, exif)
-        for view, camera, split_name, n, f in zip(views, cameras, splits, nears, fars, strict=True)
+        _record(view, camera, split_name, matrix, n, f, factor, policy)
+        for view, camera, split_name, n, f, policy in zip(
+            views, cameras, splits, nears, fars, policies, strict=True
+        )
     ]
     method = "identity" if normalize == "none" else f"normalize-{normalize}"
     return records, _scene_info(capture, matrix, params, method, nears, fars)
@@ -196,7 +228,9 @@ def _record(
     exif: str,
 ) -> ImageRecord:
     source = view.camera
-    loader = ImageLoader(str(view.image_path), source.width, source.height, factor, exif, source.label)
+    loader = ImageLoader(
+        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source)
+    )
     c2w = apply_similarity(matrix, view.c2w)
     return ImageRecord(view.name, split, camera, c2w, near, far, str(view.image_path), loader)
 
@@ -225,7 +259,7 @@ def convert(
     skip_missing: bool = False,
     progress: bool = False,
     images: str | os.PathLike[str] | None = None,
-    exif: str = "reject",
+    exif: str = "auto",
     near: float | None = None,
     far: float | None = None,
     chunk_rays: int | None = None,
@@ -233,6 +267,8 @@ def convert(
     seed: int = 0,
     rgba_codec: str | None = None,
     overwrite: bool = False,
+    allow_outside: Sequence[str | os.PathLike[str]] = (),
+    poses: PoseOptions | None = None,
 ) -> Any:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
@@ -248,23 +284,36 @@ def convert(
             every core of this machine for one worker, 1 per worker process otherwise.
         skip_missing: skip frames whose image is missing instead of failing.
         images: COLMAP image folder (default: found beside the model).
-        exif: EXIF orientation policy ``reject``, ``ignore`` or ``apply`` (see
-            :mod:`raykit.converters.images`).
+        exif: EXIF orientation policy ``auto`` (per image, the layout whose size matches its
+            camera), ``reject``, ``ignore`` or ``apply`` (see :mod:`raykit.converters.images`).
         near, far: override every image's ray bounds (source units, before normalisation).
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
         rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
         overwrite: replace an existing store at ``dst``.
+        allow_outside: folders outside the capture that its image paths may point into (by default
+            every image must lie inside the capture folder, or ``images``; see
+            :mod:`raykit.converters.paths`).
+        poses: :class:`~raykit.converters.poses.PoseOptions` for ``source="photos"`` or ``"video"``,
+            whose poses are estimated into ``<dst>.poses`` first (see :func:`poses_for_convert`).
 
     Raises:
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
+    if source in POSE_SOURCES:
+        src, source, exif = poses_for_convert(
+            src, dst, source, poses, exif=exif, threads=threads, progress=progress
+        )
     images_dir = None if images is None else Path(images)
     capture = parse_source(
-        Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif
-    )
+        Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif,
+        allow_outside=[Path(p) for p in allow_outside],
+    )  # fmt: skip
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
+    for topic, line in capture.assumed:
+        if topic != "bounds" or near is None or far is None:
+            warnings.warn(line, RaykitWarning, stacklevel=2)
     records, scene = build_records(
         capture,
         downscale=downscale,
@@ -288,8 +337,12 @@ def convert(
 
     if threads is None:
         threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
-    with conversion_executor(workers, scheduler, threads) as executor:
-        return write_store(
-            Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
-            source=info, overwrite=overwrite, **layout,
-        )  # fmt: skip
+    try:
+        with conversion_executor(workers, scheduler, threads) as executor:
+            return write_store(
+                Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
+                source=info, overwrite=overwrite, **layout,
+            )  # fmt: skip
+    except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
+        discard_partial(Path(dst))
+        raise SourceError(decode_problems(records, exc)) from None

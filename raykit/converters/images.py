@@ -14,12 +14,16 @@ Colour modes (Pillow names):
   Pillow cannot read losslessly) is rejected;
 * anything else (CMYK, float, 32-bit integer, YCbCr, LAB) is rejected naming the mode.
 
-EXIF orientation (tag 274): a camera's intrinsics describe the pixel array as stored in the file, as
-COLMAP and every NeRF loader read it. A file whose EXIF orientation is not 1 shows differently in
-viewers than it is stored, so the two interpretations disagree and picking one silently can
+EXIF orientation (tag 274): a file whose EXIF orientation is not 1 shows differently in viewers than it
+is stored, so a camera may describe either layout: the stored pixel array (what COLMAP and every NeRF
+loader read; COLMAP ignores EXIF) or the rotated one a viewer shows. Picking one silently can
 desynchronise pixels from intrinsics. Policy ``exif``:
 
-* ``"reject"`` (default): such files are an error naming the file and its orientation;
+* ``"auto"`` (default): per image, the layout whose size matches its camera: the stored size ->
+  the pixels as stored, the rotated size -> rotated. When the size cannot decide (a square image, a
+  flip or half-turn that keeps the size, neither size matching, or a camera whose size was read from
+  the image itself), the file is an error as with ``"reject"`` (see :func:`choose_layout`);
+* ``"reject"``: such files are an error naming the file and its orientation;
 * ``"ignore"``: use the pixels as stored (what COLMAP reconstructed from);
 * ``"apply"``: rotate/flip the pixels as a viewer shows them; the size check then compares the
   displayed size against the camera, so a 90-degree rotation is caught unless the camera matches.
@@ -47,6 +51,7 @@ __all__ = [
     "EXIF_POLICIES",
     "ImageHeader",
     "ImageLoader",
+    "choose_layout",
     "decode_image",
     "downscale_area",
     "downscale_area_reference",
@@ -54,7 +59,7 @@ __all__ = [
     "used_size",
 ]
 
-EXIF_POLICIES = ("reject", "ignore", "apply")
+EXIF_POLICIES = ("auto", "reject", "ignore", "apply")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _ORIENTATION_TAG = 274
 _SWAPS_AXES = {5, 6, 7, 8}
@@ -158,15 +163,49 @@ def _exif_orientation(img: Image.Image, path: Path) -> int:
     return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
+def _orientation_error(path: Path, orientation: int, why: str = "") -> SourceError:
+    return SourceError(
+        f"{path}: EXIF orientation is {orientation}, expected 1 (pixels are stored rotated/flipped "
+        f"relative to how viewers show them{why}); pass exif='ignore' (--exif ignore) to use the stored "
+        "pixels as COLMAP does, or exif='apply' (--exif apply) to rotate them"
+    )
+
+
 def _check_orientation(orientation: int, exif: str, path: Path) -> None:
     if exif not in EXIF_POLICIES:
         raise SourceError(f"exif policy: expected one of {EXIF_POLICIES}, got {exif!r}")
-    if orientation != 1 and exif == "reject":
-        raise SourceError(
-            f"{path}: EXIF orientation is {orientation}, expected 1 (pixels are stored rotated/flipped "
-            "relative to how viewers show them); pass exif='ignore' (--exif ignore) to use the stored "
-            "pixels as COLMAP does, or exif='apply' (--exif apply) to rotate them"
-        )
+    if orientation != 1 and exif in ("reject", "auto"):  # auto without a camera size cannot decide
+        raise _orientation_error(path, orientation, "" if exif == "reject" else _NO_SIZE)
+
+
+_NO_SIZE = "; no camera size given to tell which layout the intrinsics describe"
+
+
+def choose_layout(
+    path: str | os.PathLike[str], orientation: int, stored: tuple[int, int], camera: tuple[int, int]
+) -> str:
+    """The ``exif="auto"`` decision for one image: ``"ignore"`` (use the pixels as stored) or
+    ``"apply"`` (rotate them as viewers show them).
+
+    Args:
+        orientation: the file's EXIF orientation (1-8).
+        stored: ``(width, height)`` of the stored pixel array.
+        camera: ``(width, height)`` the image's camera describes.
+
+    Raises:
+        SourceError: the size cannot decide (both layouts have the same size, or neither matches).
+    """
+    if orientation == 1:
+        return "ignore"
+    rotated = stored[::-1] if orientation in _SWAPS_AXES else stored
+    raw_fits, rotated_fits = tuple(stored) == tuple(camera), tuple(rotated) == tuple(camera)
+    if raw_fits != rotated_fits:
+        return "ignore" if raw_fits else "apply"
+    why = (
+        f"; its camera is {camera[0]}x{camera[1]}, the stored image {stored[0]}x{stored[1]}, so the size "
+        + ("cannot tell the two layouts apart" if raw_fits else "matches neither layout")
+    )
+    raise _orientation_error(Path(path), orientation, why)
 
 
 def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: bool = True) -> ImageHeader:
@@ -196,12 +235,15 @@ def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: b
     return ImageHeader(width=width, height=height, channels=channels, orientation=orientation)
 
 
-def used_size(path: str | os.PathLike[str], exif: str = "reject") -> tuple[int, int]:
+def used_size(path: str | os.PathLike[str], exif: str = "auto") -> tuple[int, int]:
     """``(width, height)`` of the pixels as they will be used: rotated by EXIF only with ``exif="apply"``.
 
-    Used by parsers that derive intrinsics from the image size; EXIF rejection is left to the full check.
+    Used by parsers that derive intrinsics from the image size; ``"reject"`` is left to the full check,
+    while ``"auto"`` refuses a rotated file here (no independent size says which layout is meant).
     """
     header = probe_image(path, exif="apply" if exif == "apply" else "ignore", verify=False)
+    if exif == "auto" and header.orientation != 1:
+        raise _orientation_error(Path(path), header.orientation, _NO_SIZE)
     return header.width, header.height
 
 
@@ -357,7 +399,7 @@ class ImageLoader:
         got_h, got_w = image.shape[:2]
         if (got_w, got_h) != (self.width, self.height):
             raise SourceError(
-                f"{self.path}: image is {got_w}x{got_h}, camera {self.label or '?'} expects "
+                f"{self.path}: image is {got_w}x{got_h}, its camera ({self.label or '?'}) expects "
                 f"{self.width}x{self.height}"
             )
         return downscale_area(image, self.downscale, where=self.path)

@@ -13,6 +13,7 @@ the image centre. Without such a folder the full-resolution images are area-down
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.converters.base import Capture, Problems, SourceView, check_rigid
-from raykit.converters.images import used_size
+from raykit.converters.images import probe_image, used_size
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["llff_c2w", "parse_llff"]
@@ -52,9 +54,25 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in _LLFF_EXTENSIONS and p.is_file())
 
 
+def _uniform(size: tuple[int, int], width: float, height: float) -> bool:
+    sx, sy = size[0] / width, size[1] / height
+    return abs(sx - sy) <= 0.01 * max(sx, sy)
+
+
+def _auto_size(image: Path, width: float, height: float) -> tuple[int, int]:
+    """``exif="auto"``: the layout (stored or rotated) that is a uniform rescale of the poses' size;
+    a file whose size cannot decide is refused later, by the converter's image check."""
+    header = probe_image(image, exif="ignore", verify=False)
+    stored = (header.width, header.height)
+    if header.orientation == 1:
+        return stored
+    fits = [size for size in (stored, stored[::-1]) if _uniform(size, width, height)]
+    return fits[0] if len(fits) == 1 else stored
+
+
 def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
-    w, h = used_size(image, exif)
     height, width, focal = (float(v) for v in hwf)
+    w, h = _auto_size(image, width, height) if exif == "auto" else used_size(image, exif)
     sx, sy = w / width, h / height
     if abs(sx - sy) > 0.01 * max(sx, sy):
         raise SourceError(
@@ -64,8 +82,29 @@ def _camera(hwf: np.ndarray, image: Path, label: str, exif: str) -> Camera:
     return Camera("PINHOLE", w, h, (focal * sx, focal * sy, w / 2, h / 2), label=label)
 
 
-def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Capture:
+def _no_folder(src: Path, folder: Path) -> str:
+    """The missing-folder problem, naming the ``images_N`` folders there are and the flag to use them."""
+    factors = sorted(
+        int(p.name[7:])
+        for p in src.glob("images_*")
+        if p.is_dir() and p.name[7:].isdigit() and p.name[7:] != "0"
+    )
+    if not factors:
+        return f"{folder}: images folder not found"
+    found = ", ".join(f"images_{n}" for n in factors)
+    flags = " or ".join(f"--downscale {n}" for n in factors)
+    return (
+        f"{folder}: images folder not found; the capture has {found} (downscaled copies): pass {flags} "
+        "(downscale=N) to use them"
+    )
+
+
+def parse_llff(
+    src: Path, *, downscale: int = 1, exif: str = "auto", allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse ``src/poses_bounds.npy`` and its images.
+
+    Image files (symlinks resolved) must lie in ``src`` or one of ``allow_outside``.
 
     Returns:
         A capture whose ``params["prescaled"]`` is the factor already applied by an ``images_N``
@@ -80,14 +119,18 @@ def parse_llff(src: Path, *, downscale: int = 1, exif: str = "reject") -> Captur
     prescaled = downscale if downscale > 1 and (src / f"images_{downscale}").is_dir() else 1
     folder = src / ("images" if prescaled == 1 else f"images_{downscale}")
     if not folder.is_dir():
-        raise SourceError(f"{folder}: images folder not found")
+        raise SourceError(_no_folder(src, folder))
     files = _image_files(folder)
     problems = Problems()
     if len(files) != len(data):
         problems.add(f"{path}: {len(data)} poses but {len(files)} images in {folder}")
-    views = []
+    views, roots = [], ImageRoots(src, allow_outside)
     for index, (row, image) in enumerate(zip(data, files, strict=False)):
         where = f"{path}: pose {index} ({image.name})"
+        outside = roots.outside(image, where, f"{folder.name}/{image.name}")
+        if outside:
+            problems.add(outside)
+            continue
         pose, bounds = row[:15].reshape(3, 5), row[15:]
         c2w_gl, bad = check_rigid(llff_c2w(pose), where)
         if not np.all(np.isfinite(bounds)) or not 0 < bounds[0] < bounds[1]:

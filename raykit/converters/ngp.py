@@ -26,15 +26,14 @@ corner and ``near`` the distance to the box (at least 1% of the box half-size).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from raykit.cameras import Camera
+from raykit.camera_json import INTRINSIC_KEYS, camera_from_intrinsics, image_size
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.converters.base import (
     Capture,
@@ -46,70 +45,10 @@ from raykit.converters.base import (
     resolve_image,
 )
 from raykit.converters.images import used_size
+from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
 __all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
-
-INTRINSIC_KEYS = (
-    "fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "w", "h",
-    "k1", "k2", "k3", "k4", "p1", "p2", "camera_model", "is_fisheye",
-)  # fmt: skip
-
-
-def _num(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
-    value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SourceError(f"{key}: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _focal(d: Mapping[str, Any], width: int, height: int) -> tuple[float, float]:
-    if "fl_x" in d:
-        fx = _num(d, "fl_x")
-    elif "camera_angle_x" in d:
-        fx = 0.5 * width / math.tan(0.5 * _num(d, "camera_angle_x"))
-    else:
-        raise SourceError("no focal length: expected fl_x or camera_angle_x")
-    if "fl_y" in d:
-        fy = _num(d, "fl_y")
-    elif "camera_angle_y" in d:
-        fy = 0.5 * height / math.tan(0.5 * _num(d, "camera_angle_y"))
-    else:
-        fy = fx
-    return fx, fy
-
-
-def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, label: str) -> Camera:
-    """Build a :class:`Camera` from transforms-style intrinsics for an image of ``width x height``.
-
-    Raises:
-        SourceError: missing focal length, unsupported distortion combination or camera model.
-        CameraError: the resulting camera is invalid (e.g. non-positive focal length).
-    """
-    fx, fy = _focal(d, width, height)
-    cx, cy = _num(d, "cx", width / 2), _num(d, "cy", height / 2)
-    k1, k2, k3, k4, p1, p2 = (_num(d, k) for k in ("k1", "k2", "k3", "k4", "p1", "p2"))
-    model = str(d.get("camera_model", "OPENCV")).upper()
-    if d.get("is_fisheye") is True:
-        model = "OPENCV_FISHEYE"
-    base = (fx, fy, cx, cy)
-    if model == "OPENCV_FISHEYE":
-        if p1 or p2:
-            raise SourceError(f"camera_model OPENCV_FISHEYE has no tangential terms, got p1={p1}, p2={p2}")
-        return Camera("OPENCV_FISHEYE", width, height, (*base, k1, k2, k3, k4), label=label)
-    if model in ("PINHOLE", "SIMPLE_PINHOLE") and any((k1, k2, k3, k4, p1, p2)):
-        raise SourceError(f"camera_model {model} cannot have distortion coefficients")
-    if model not in ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE"):
-        raise SourceError(
-            f"unknown camera_model {model!r}; expected OPENCV, OPENCV_FISHEYE, PINHOLE or SIMPLE_PINHOLE"
-        )
-    if k4:
-        raise SourceError(f"k4={k4} with camera_model OPENCV (an r^8 term) has no COLMAP equivalent")
-    if k3:
-        return Camera("FULL_OPENCV", width, height, (*base, k1, k2, p1, p2, k3, 0.0, 0.0, 0.0), label=label)
-    if k1 or k2 or p1 or p2:
-        return Camera("OPENCV", width, height, (*base, k1, k2, p1, p2), label=label)
-    return Camera("PINHOLE", width, height, base, label=label)
 
 
 def box_near_far(center: np.ndarray, half: np.ndarray, origin: np.ndarray) -> tuple[float, float]:
@@ -138,20 +77,18 @@ def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, 
     return centre, half
 
 
-def _size(width: Any, height: Any) -> tuple[int, int]:
-    ok = all(
-        isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
-        for v in (width, height)
-    )
-    if not ok:
-        raise SourceError(f"w, h: expected integers, got {width!r}, {height!r}")
-    return int(width), int(height)
-
-
 def _frame_view(
-    frame: Any, index: int, meta: Mapping[str, Any], json_path: Path, problems: Problems, exif: str
+    frame: Any,
+    index: int,
+    meta: Mapping[str, Any],
+    json_path: Path,
+    problems: Problems,
+    exif: str,
+    roots: ImageRoots,
+    bad_cameras: dict[str, list[int]],
 ) -> tuple[SourceView | None, str | None]:
-    """One frame -> (view, missing file path or None); other problems go to ``problems``."""
+    """One frame -> (view, missing file path or None); other problems go to ``problems``, camera
+    problems to ``bad_cameras`` (problem -> frame indices)."""
     where = f"{json_path}: frame {index}"
     if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
         problems.add(f"{where}: expected an object with a string file_path")
@@ -161,7 +98,13 @@ def _frame_view(
     if bad:
         problems.add(bad)
     base = json_path.parent
-    image = resolve_image(base, frame["file_path"])
+    outside = roots.outside(base / frame["file_path"].replace("\\", "/"), where, frame["file_path"])
+    image = None if outside else resolve_image(base, frame["file_path"])
+    if image is not None:
+        outside = roots.outside(image, where, frame["file_path"])
+    if outside:
+        problems.add(outside)
+        return None, None
     if image is None:
         return None, frame["file_path"]
     if c2w_gl is None:
@@ -170,32 +113,53 @@ def _frame_view(
     intr.update({k: frame[k] for k in INTRINSIC_KEYS if k in frame})
     try:
         if "w" in intr and "h" in intr:
-            width, height = _size(intr["w"], intr["h"])
+            width, height = image_size(intr["w"], intr["h"])
         else:
             width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
     except (SourceError, CameraError, TypeError, ValueError) as exc:
-        problems.extend([f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])])
+        text = "; ".join(getattr(exc, "problems", [str(exc)]))
+        bad_cameras.setdefault(text, []).append(index)  # one line per bad camera, not per frame
         return None, None
     name = relative_name(image, base)
     return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
 
 
 def parse_frames(
-    json_path: Path, meta: Any, problems: Problems, exif: str = "reject"
+    json_path: Path, meta: Any, problems: Problems, exif: str = "auto", roots: ImageRoots | None = None
 ) -> tuple[list[SourceView], list[str]]:
-    """Every frame of one transforms file -> (views, missing image paths)."""
+    """Every frame of one transforms file -> (views, missing image paths).
+
+    ``roots``: where image files may lie (default: the JSON file's folder only).
+    """
+    roots = roots or ImageRoots(json_path.parent)
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
         problems.add(f"{json_path}: expected an object with a 'frames' list")
         return [], []
     views, missing = [], []
+    bad_cameras: dict[str, list[int]] = {}
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path, problems, exif)
+        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras)
         if gone is not None:
             missing.append(gone)
         elif view is not None:
             views.append(view)
+    problems.extend(_camera_lines(json_path, meta["frames"], bad_cameras))
     return views, missing
+
+
+def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]]) -> list[str]:
+    """One line per distinct camera problem (a bad camera shared by many frames is one line), naming
+    the frames that use it."""
+    lines = []
+    for text, indices in bad.items():
+        named = [f"{i} ({frames[i]['file_path']})" for i in indices]
+        if len(named) == 1:
+            lines.append(f"{json_path}: frame {named[0]}: {text}")
+            continue
+        more = f", ... (+{len(named) - 3})" if len(named) > 3 else ""
+        lines.append(f"{json_path}: {len(named)} frames ({', '.join(named[:3])}{more}): {text}")
+    return lines
 
 
 def report_missing(json_path: Path, missing: list[str], skip_missing: bool, problems: Problems) -> None:
@@ -205,8 +169,13 @@ def report_missing(json_path: Path, missing: list[str], skip_missing: bool, prob
             problems.add(f"{json_path}: frame image {rel!r} not found (pass --skip-missing to skip it)")
 
 
-def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") -> Capture:
+def parse_ngp(
+    src: Path, *, skip_missing: bool = False, exif: str = "auto", allow_outside: Sequence[Path] = ()
+) -> Capture:
     """Parse ``src/transforms.json`` (or ``src`` itself when it is the JSON file).
+
+    Image files must lie in the JSON file's folder or one of ``allow_outside``
+    (see :mod:`raykit.converters.paths`).
 
     Raises:
         SourceError: unreadable files, or no usable view (every problem found, one line each); other
@@ -215,7 +184,8 @@ def parse_ngp(src: Path, *, skip_missing: bool = False, exif: str = "reject") ->
     json_path = src if src.is_file() else src / "transforms.json"
     problems = Problems()
     meta = load_json(json_path)
-    views, missing = parse_frames(json_path, meta, problems, exif)
+    roots = ImageRoots(json_path.parent, allow_outside)
+    views, missing = parse_frames(json_path, meta, problems, exif, roots)
     report_missing(json_path, missing, skip_missing, problems)
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")

@@ -169,5 +169,9 @@ class DiskCache:
             tmp.write_bytes(data)
         return path
 
+    def drop(self, rel: str) -> None:
+        """Forget the local copy of ``rel`` (it is fetched again on the next ``get``)."""
+        self.path_for(rel).unlink(missing_ok=True)
+
     def read(self, rel: str) -> bytes:
         return self.get(rel).read_bytes()

@@ -23,7 +23,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -31,7 +31,9 @@ import numpy as np
 import torch
 
 from raykit.errors import ConfigError, ResumeError
+from raykit.loaders.arguments import check_loader_args, check_state, open_if_location
 from raykit.loaders.cache import CacheStats, ChunkCache
+from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.source import as_source
 from raykit.loaders.workers import ChunkFetcher
@@ -99,7 +101,8 @@ class RayLoader:
     """Yields ray batches of one split, epoch after epoch.
 
     Args:
-        store: a :class:`raykit.store.RayStore` (or any :class:`~raykit.loaders.source.ChunkSource`).
+        store: a :class:`raykit.store.RayStore`, a store path or URL (opened here), or any
+            :class:`~raykit.loaders.source.ChunkSource`.
         split: split to read.
         batch_size: rays per batch.
         seed: seed of the chunk order and the mixing.
@@ -145,10 +148,14 @@ class RayLoader:
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
     ) -> None:
-        if num_workers < 0 or prefetch < 1:
-            raise ConfigError(
-                f"loader: expected num_workers >= 0 and prefetch >= 1, got {num_workers}, {prefetch}"
-            )
+        check_loader_args(
+            batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
+            cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
+            mix_chunks=(mix_chunks, 1), mix_run=(mix_run, 1), group_rays=(group_rays, 1),
+            gen_threads=(gen_threads, 1),
+        )  # fmt: skip
+        store = open_if_location(store)
+        check_main_guard(num_workers)  # before anything starts: spawned workers re-run __main__
         self.store, self.split = store, split
         self.source = as_source(store, split, disk_cache)
         rank, world_size = distributed_rank(rank, world_size)
@@ -179,6 +186,9 @@ class RayLoader:
         self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
         self._fetcher: ChunkFetcher | None = None
         self._gen_pool: ThreadPoolExecutor | None = None
+        # Producer threads of live iterators, with their stop events (closed by ``close()``).
+        self._running: dict[threading.Thread, threading.Event] = {}
+        register(self)  # closed at interpreter exit if still alive (see raykit.loaders.lifecycle)
 
     # ---- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -196,6 +206,7 @@ class RayLoader:
         thread = threading.Thread(
             target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-loader", daemon=True
         )
+        self._running[thread] = stop
         thread.start()
         try:
             while True:
@@ -214,6 +225,7 @@ class RayLoader:
                 with contextlib.suppress(queue.Empty):
                     items.get(timeout=0.05)
             thread.join()
+            self._running.pop(thread, None)
 
     def forever(self) -> Iterator[Any]:
         """Batches without end, epoch after epoch."""
@@ -243,8 +255,14 @@ class RayLoader:
             **{key: getattr(plan, key) for key in _EXACT_KEYS + _PARTITION_KEYS},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see the module docstring for changed world sizes)."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (see the module docstring for changed world sizes).
+
+        Raises:
+            ResumeError: ``state`` is not a loader state (wrong types or ranges), or is another
+                store's, split's or sampling setup's.
+        """
+        state = check_state(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
         mine = self.state_dict()
@@ -272,9 +290,7 @@ class RayLoader:
         Iterating starts them in the background and reads on the loader's thread meanwhile; call this
         to keep their start-up (seconds: each imports torch) out of a timing or off a busy machine.
         """
-        if self._fetcher is None:
-            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
-        self._fetcher.wait_ready()
+        self._fetcher_ready().wait_ready()
 
     @property
     def _lookahead(self) -> int:
@@ -283,20 +299,46 @@ class RayLoader:
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
 
-    def close(self) -> None:
-        """Stop worker processes and generation threads (iterating again restarts them)."""
-        if self._fetcher is not None:
+    def _fetcher_ready(self) -> ChunkFetcher:
+        """The chunk fetcher, made anew when there is none or the last one lost a worker."""
+        if self._fetcher is not None and self._fetcher.broken:
             self._fetcher.close()
             self._fetcher = None
-        if self._gen_pool is not None:
-            self._gen_pool.shutdown(wait=True, cancel_futures=True)
-            self._gen_pool = None
+        if self._fetcher is None:
+            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
+        return self._fetcher
+
+    def close(self) -> None:
+        """Stop live iterators' threads, generation threads and worker processes.
+
+        Idempotent; iterating again restarts what is needed. Also called by ``with RayLoader(...)``,
+        when the loader is garbage-collected, and at interpreter exit (so an exception in the training
+        loop ends the script with its own traceback and exit status).
+        """
+        running = getattr(self, "_running", {})
+        for stop in list(running.values()):
+            stop.set()
+        for thread in list(running):
+            if thread is not threading.current_thread():
+                thread.join()
+            running.pop(thread, None)
+        fetcher, self._fetcher = getattr(self, "_fetcher", None), None
+        if fetcher is not None:
+            fetcher.close()
+        pool, self._gen_pool = getattr(self, "_gen_pool", None), None
+        if pool is not None:  # (a last reference dropped on one of its own threads cannot wait for it)
+            own = threading.current_thread() in getattr(pool, "_threads", ())
+            pool.shutdown(wait=not own, cancel_futures=True)
 
     def __enter__(self) -> RayLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     # ---- the pipeline ------------------------------------------------------------------------
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
@@ -386,9 +428,7 @@ class RayLoader:
         segments = plan.epoch_segments(epoch, first)
         order = [c for segs in segments for c, _, _ in segs]
         reads = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
-        if self._fetcher is None:
-            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
-        stream = self._timed(self._fetcher.fetch(reads))
+        stream = self._timed(self._fetcher_ready().fetch(reads))
         held_index, held = -1, None
         for offset, segs in enumerate(segments):
             parts = []

@@ -7,6 +7,7 @@ A chunk source is one split of something chunked: ``n_rays`` rays in ``n_chunks`
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from raykit.errors import ConfigError
+from raykit.errors import ConfigError, StoreCorruptError
 from raykit.loaders.cache import DiskCache
 from raykit.store.schema import RawRays
 
@@ -131,8 +132,11 @@ class CachedStoreSource(StoreSource):
     """A remote store's split read through an on-disk cache of whole payload files.
 
     The store's metadata files are copied into ``cache_dir/<fingerprint>/`` when the source is made;
-    each payload file (a shard) is fetched whole the first time one of its chunks is needed, written
-    atomically, and read locally from then on. Worker processes given the same ``cache_dir`` share it.
+    each payload file (a shard) is fetched whole the first time one of its chunks is needed, checked
+    against the size and SHA-256 the manifest records (a server ignoring ``Range`` does not matter: no
+    ranges are asked for), written atomically, and read locally from then on. Worker processes given
+    the same ``cache_dir`` share it. A cached copy that fails a chunk's checksum later (disk damage, an
+    edited cache) is dropped and fetched again once; only a fresh copy failing is reported.
     """
 
     def __init__(self, url: str, split: str, cache_dir: str | os.PathLike[str]) -> None:
@@ -143,9 +147,21 @@ class CachedStoreSource(StoreSource):
         self.url, self.cache_dir = url, Path(cache_dir)
         fs, base = fsspec.core.url_to_fs(url)
         remote = open_store(url)
-        self.disk = DiskCache(
-            self.cache_dir / remote.fingerprint[:16], lambda rel: fs.cat_file(f"{base}/{rel}")
-        )
+        entries = dict(remote.files)
+
+        def fetch(rel: str) -> bytes:
+            data = bytes(fs.cat_file(f"{base}/{rel}"))
+            expected = entries.get(rel)
+            if expected is not None and (
+                len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]
+            ):
+                raise StoreCorruptError(
+                    f"{url}/{rel}: fetched copy fails its checksum (expected {expected['size']} bytes, "
+                    f"got {len(data)}); the remote file differs from the manifest"
+                )
+            return data
+
+        self.disk = DiskCache(self.cache_dir / remote.fingerprint[:16], fetch)
         info = remote.splits.get(split)
         payload = {rel for name, i in _all_chunks(remote) for rel in payload_files(remote, name, i)}
         for rel in ["manifest.json", *(rel for rel in remote.files if rel not in payload)]:
@@ -154,9 +170,19 @@ class CachedStoreSource(StoreSource):
         self.info = info if info is not None else self.info
 
     def read_chunk(self, index: int) -> RawRays:
-        for rel in payload_files(self.store, self.split, index):
+        files = payload_files(self.store, self.split, index)
+        for rel in files:
             self.disk.get(rel)
-        return super().read_chunk(index)
+        try:
+            return super().read_chunk(index)
+        except StoreCorruptError:
+            from raykit.store import open_store
+
+            for rel in files:  # a damaged local copy: drop it, fetch it again, read once more
+                self.disk.drop(rel)
+                self.disk.get(rel)
+            self.store = open_store(self.disk.root)  # forgets what it learnt from the old copies
+            return super().read_chunk(index)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "split": self.split, "cache_dir": str(self.cache_dir)}

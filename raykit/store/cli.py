@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
 
+from raykit.errors import StoreCorruptError, StoreVersionError
 from raykit.store.reader import RayStore, open_store
 from raykit.store.validate import validate_store
 from raykit.store.writer import BACKENDS, copy_store
@@ -102,6 +104,9 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    # No store there, or unreachable: an error (exit 2). A damaged store: its problems (exit 1).
+    with contextlib.suppress(StoreCorruptError, StoreVersionError):
+        open_store(args.store)
     problems = validate_store(args.store)
     for problem in problems:
         print(f"FAIL {problem}")

@@ -15,14 +15,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import torch
 
-from raykit.errors import StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.store import wds_backend, zarr_backend
 from raykit.store.integrity import chunk_checksum, json_digest
+from raykit.store.location import filesystem, is_url, read_errors
+from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
     RawRays,
@@ -44,7 +45,7 @@ class RayRangeError(StoreError, IndexError):
 
 def _normalise(path_or_url: str | Path) -> str:
     text = str(path_or_url)
-    if "://" in text and not text.startswith("file://"):
+    if is_url(text):
         return text.rstrip("/")
     return str(Path(text.removeprefix("file://")).resolve())
 
@@ -65,7 +66,7 @@ class RayStore:
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
         self.url = url
-        self._fs, self._root = fsspec.core.url_to_fs(url)
+        self._fs, self._root = filesystem(url)
         self.manifest: dict[str, Any] = self._read_manifest()
         self._checked: set[str] = set()
         try:
@@ -104,8 +105,10 @@ class RayStore:
         where = self._where("manifest.json")
         try:
             data = self._fs.cat_file(f"{self._root}/manifest.json")
-        except (FileNotFoundError, NotADirectoryError) as exc:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise StoreNotFoundError(self._no_manifest_message()) from exc
+        except read_errors() as exc:
+            raise StoreError(f"{where}: cannot read ({type(exc).__name__}: {exc})") from None
         try:
             manifest = json.loads(data)
         except ValueError as exc:
@@ -123,6 +126,8 @@ class RayStore:
             return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
         if not self._fs.exists(self._root):
             return f"no such store: {self.url}"
+        if self._fs.isfile(self._root):
+            return f"not a raykit store: {self.url} is a file (a store is a folder holding manifest.json)"
         return f"not a raykit store (no manifest.json): {self.url}"
 
     def _metadata_files(self) -> list[str]:
@@ -152,10 +157,15 @@ class RayStore:
         return bytes(data)
 
     def _open_payload(self) -> Any:
+        ranges = None
+        if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
+            sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
+            ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
         if self.backend == "zarr":
-            return zarr_backend.ZarrReader(self.url, self.fields, self.manifest["layout"]["shard_chunks"])
+            shard_chunks = self.manifest["layout"]["shard_chunks"]
+            return zarr_backend.ZarrReader(self.url, self.fields, shard_chunks, ranges=ranges)
         if self.backend == "wds":
-            return wds_backend.WdsReader(self.url, self.fields, self.index)
+            return wds_backend.WdsReader(self.url, self.fields, self.index, ranges=ranges)
         raise StoreCorruptError(f"{self._where('manifest.json')}: unknown backend {self.backend!r}")
 
     def _check_file(self, rel: str) -> None:
@@ -200,7 +210,32 @@ class RayStore:
 
     # -- raw reads ---------------------------------------------------------------------------------
     def read_chunk(self, split: str, index: int) -> RawRays:
-        """Chunk ``index`` of ``split``, checked against its recorded CRC-32."""
+        """Chunk ``index`` of ``split``, checked against its recorded CRC-32.
+
+        Raises:
+            StoreChangedError: the read failed because the store was replaced since it was opened
+                (``convert --overwrite``): chunks of two versions are never mixed.
+        """
+        try:
+            return self._read_chunk(split, index)
+        except (StoreCorruptError, StoreNotFoundError) as exc:
+            self._raise_if_replaced(exc)
+            raise
+
+    def _raise_if_replaced(self, exc: Exception) -> None:
+        """Raise ``StoreChangedError`` (from ``exc``) if the manifest on disk is not the one opened."""
+        try:
+            now = json.loads(self._fs.cat_file(f"{self._root}/manifest.json")).get("content_fingerprint")
+        except (OSError, ValueError):
+            now = None  # gone or half replaced: changed as well
+        if now != self.fingerprint:
+            raise StoreChangedError(
+                f"{self.url}: the store was replaced while being read (opened with fingerprint "
+                f"{self.fingerprint[:12]}..., now {str(now)[:12]}...); reopen it to read the new "
+                f"version ({exc})"
+            ) from exc
+
+    def _read_chunk(self, split: str, index: int) -> RawRays:
         info = self._split(split)
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")

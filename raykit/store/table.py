@@ -143,9 +143,17 @@ def write_camera_table(table: pa.Table, path: str) -> None:
 
 
 def read_camera_table(data: bytes, where: str) -> pa.Table:
-    """Parse and check ``cameras.parquet`` bytes; ``where`` names the file in errors."""
+    """Parse and check ``cameras.parquet`` bytes; ``where`` names the file in errors.
+
+    Read with ``ParquetFile.read(use_threads=False)``, not ``pq.read_table``: the latter goes through
+    Arrow's dataset scanner, whose thread-pool workers may drop the last reference to ``data`` (a
+    Python buffer) after the call returned; a worker doing so while the interpreter exits needs the
+    GIL, is ended by ``pthread_exit`` inside a C++ destructor and the process aborts with
+    "terminate called without an active exception" (status 134). Here every step runs on the calling
+    thread and nothing outlives the call.
+    """
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise StoreCorruptError(f"{where}: unreadable parquet: {exc}") from exc
     missing = [n for n in CAMERA_TABLE_SCHEMA.names if n not in table.column_names]

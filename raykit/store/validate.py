@@ -27,24 +27,26 @@ def validate_store(path_or_url: str | Path) -> list[str]:
         store = open_store(path_or_url)
     except RaykitError as exc:
         return [str(exc)]
-    problems = _check_files(store)
+    problems, bad_files = _check_files(store)
     try:
         problems += _check_table(store)
     except RaykitError as exc:
         return [*problems, f"{store.url}/cameras.parquet: {exc}"]
     for split in store.splits:
-        problems += _check_split(store, split)
+        problems += _check_split(store, split, bad_files)
     return problems
 
 
-def _check_files(store: RayStore) -> list[str]:
-    problems = []
+def _check_files(store: RayStore) -> tuple[list[str], set[str]]:
+    """One line per missing or corrupt file, and the set of those files (relative paths)."""
+    problems, bad = [], set()
     for rel in store.files:
         try:
             store.read_verified(rel)
         except RaykitError as exc:
             problems.append(str(exc))
-    return problems
+            bad.add(rel)
+    return problems, bad
 
 
 def _check_table(store: RayStore) -> list[str]:
@@ -87,15 +89,20 @@ def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
     return problems
 
 
-def _check_split(store: RayStore, split: str) -> list[str]:
+def _check_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
+    """Problems of ``split``'s chunks; a chunk in a file already reported by ``_check_files`` is not
+    reported again."""
     info = store.splits[split]
     seen = np.zeros(info.n_rays, dtype=np.int64)
     problems: list[str] = []
+    unreadable = False
     for index in range(info.n_chunks):
         try:
             raw = store.read_chunk(split, index)
         except RaykitError as exc:
-            problems.append(str(exc))
+            unreadable = True
+            if not bad_files.intersection(store._payload.chunk_files(split, index)):
+                problems.append(str(exc))
             continue
         local = raw.pid.astype(np.int64) - info.pid_start
         where = f"{store.url}: split {split!r} chunk {index}"
@@ -107,7 +114,7 @@ def _check_split(store: RayStore, split: str) -> list[str]:
         if not info.shuffled and not np.array_equal(local, np.arange(start, stop)):
             problems.append(f"{where}: evaluation rays are not in image, row-major order")
         problems += _check_values(store, raw, where)
-    if not problems and not np.all(seen == 1):
+    if not problems and not unreadable and not np.all(seen == 1):
         problems.append(
             f"{store.url}: split {split!r}: {int((seen == 0).sum())} pixels missing, "
             f"{int((seen > 1).sum())} duplicated"

@@ -14,10 +14,10 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = ["WDS_DIR", "WdsReader", "encode_shard", "npy_bytes", "sample_key", "shard_file"]
@@ -95,11 +95,14 @@ def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
 class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
 
-    def __init__(self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any]) -> None:
+    def __init__(
+        self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any], ranges: Any = None
+    ) -> None:
         self._url = url.rstrip("/")
-        self._fs, self._root = fsspec.core.url_to_fs(self._url)
+        self._fs, self._root = filesystem(self._url)
         self._fields = fields
         self._index = index
+        self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
@@ -114,7 +117,10 @@ class WdsReader:
         for name, spec in self._fields.items():
             offset, size = members[name]
             try:
-                data = self._fs.cat_file(path, start=offset, end=offset + size)
+                if self._ranges is not None:
+                    data = self._ranges.read(rel, offset, offset + size)
+                else:
+                    data = self._fs.cat_file(path, start=offset, end=offset + size)
             except FileNotFoundError as exc:
                 raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
             if len(data) != size:

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json, fsync_path
 from raykit.store import wds_backend, zarr_backend
+from raykit.store.destination import OVERWRITE_HINT, check_destination, check_seed, prepare_partial
 from raykit.store.integrity import (
     CHUNK_CHECKSUM,
     chunk_checksum,
@@ -41,6 +42,7 @@ from raykit.store.integrity import (
     file_record,
     json_digest,
 )
+from raykit.store.lock import holding_store_lock
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import (
     FORMAT_NAME,
@@ -257,18 +259,8 @@ def _check_options(
 
 
 def _partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool) -> Path:
-    if (dst / "manifest.json").exists() and not overwrite:
-        raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
-    if dst.exists() and not (dst / "manifest.json").exists() and any(dst.iterdir()):
-        raise ConfigError(f"{dst}: exists and is not a raykit store; refusing to replace it")
-    partial = dst.with_name(dst.name + ".partial")
-    key = json_digest(plan)
-    plan_path = partial / "plan.json"
-    if partial.exists() and (not plan_path.exists() or json.loads(plan_path.read_text()).get("key") != key):
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(plan_path, {"key": key, "plan": plan})
-    return partial
+    check_destination(dst, overwrite)
+    return prepare_partial(dst, plan, json_digest(plan))
 
 
 def _record_plan(rec: ImageRecord) -> dict[str, Any]:
@@ -308,6 +300,7 @@ def _split_infos(records: Sequence[ImageRecord], chunk_rays: int) -> dict[str, S
     return infos
 
 
+@holding_store_lock("dst")  # one writer per store (raykit.store.lock)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
@@ -346,6 +339,7 @@ def write_store(
             are staged in memory instead of in files (0: always files).
     """
     _check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
+    check_seed(seed)
     profile = _Profile()
     dst = Path(dst)
     ordered = order_records(records)
@@ -536,7 +530,7 @@ def _commit(partial: Path, dst: Path, overwrite: bool) -> Any:
         path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
     if dst.exists():
         if not overwrite and (dst / "manifest.json").exists():
-            raise ConfigError(f"{dst}: a store already exists there (pass overwrite=True to replace it)")
+            raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
         old = dst.with_name(dst.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         dst.rename(old)
@@ -555,6 +549,7 @@ def _raykit_version() -> str:
     return __version__
 
 
+@holding_store_lock("dst")
 def copy_store(
     src: str | Path,
     dst: str | Path,

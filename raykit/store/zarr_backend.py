@@ -25,7 +25,7 @@ import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
-from raykit.errors import StoreCorruptError
+from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.fileio import atomic_write_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 
@@ -365,8 +365,13 @@ class ZarrReader:
     remains the twin (``read_chunk(..., fast=False)``) and handles remote stores and any other layout.
     """
 
-    def __init__(self, url: str, fields: Mapping[str, FieldSpec], shard_chunks: int) -> None:
+    def __init__(
+        self, url: str, fields: Mapping[str, FieldSpec], shard_chunks: int, ranges: Any = None
+    ) -> None:
         self._url = url.rstrip("/")
+        # Remote stores: a raykit.store.remote.RangeFetcher (correct on servers that ignore Range); the
+        # direct read path then serves remote shards too.
+        self._ranges = ranges
         self._fields = fields
         self._shard_chunks = shard_chunks
         self._store: Any = None
@@ -378,10 +383,13 @@ class ZarrReader:
     def _codec(self, split: str, name: str) -> _ShardCodec | None:
         key = (split, name)
         if key not in self._codecs:
-            assert self._local is not None
-            path = self._local / ZARR_DIR / split / name / "zarr.json"
+            rel = f"{ZARR_DIR}/{split}/{name}/zarr.json"
+            path = self._local / rel if self._local is not None else f"{self._url}/{rel}"
             try:
-                meta = json.loads(path.read_text())
+                if self._local is not None:
+                    meta = json.loads(Path(path).read_text())
+                else:
+                    meta = json.loads(self._ranges.read(rel, 0, self._ranges.size(rel)))
             except (OSError, ValueError) as exc:
                 raise StoreCorruptError(f"{path}: zarr array metadata unreadable: {exc}") from exc
             self._codecs[key] = _shard_codec(meta)
@@ -399,11 +407,32 @@ class ZarrReader:
             self._indexes[str(path)] = index
         return index
 
+    def _remote_bytes(self, rel: str, index: int, split: str) -> tuple[str, bytes]:
+        """``(where, encoded chunk)`` of a remote shard file, by byte ranges."""
+        where = f"{self._url}/{rel}"
+        j = index % self._shard_chunks
+        table = self._indexes.get(where)
+        if table is None:
+            nbytes = self._shard_chunks * 16 + 4
+            raw = self._ranges.read(rel, -nbytes, 0) if self._ranges.size(rel) >= nbytes else b""
+            if len(raw) != nbytes or not _crc_ok(raw):
+                raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
+            table = self._indexes[where] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
+        offset, nbytes = (int(v) for v in table[j])
+        if offset == _ABSENT:
+            raise StoreCorruptError(f"{where}: chunk {index} of split {split!r} is not stored")
+        return where, self._ranges.read(rel, offset, offset + nbytes)
+
     def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
-        assert self._local is not None
         shard, j = divmod(index, self._shard_chunks)
+        if self._local is None:
+            where, data = self._remote_bytes(shard_file(info.name, spec, shard), index, info.name)
+            return self._decode(codec, info, index, where, data, len(data))
         path = self._local / shard_file(info.name, spec, shard)
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as exc:  # deleted since the store was opened
+            raise StoreNotFoundError(f"{path}: payload file missing") from exc
         try:
             offset, nbytes = (int(v) for v in self._shard_index(fd, path)[j])
             if offset == _ABSENT:
@@ -411,6 +440,11 @@ class ZarrReader:
             data = os.pread(fd, nbytes, offset)
         finally:
             os.close(fd)
+        return self._decode(codec, info, index, path, data, nbytes)
+
+    def _decode(
+        self, codec: _ShardCodec, info: SplitInfo, index: int, path: Any, data: bytes, nbytes: int
+    ) -> np.ndarray:
         if len(data) != nbytes or not _crc_ok(data):
             raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
@@ -451,7 +485,8 @@ class ZarrReader:
         out = {}
         shard = index // self._shard_chunks
         for name, spec in self._fields.items():
-            codec = self._codec(info.name, name) if fast and self._local is not None else None
+            direct = self._local is not None or self._ranges is not None
+            codec = self._codec(info.name, name) if fast and direct else None
             if codec is not None:
                 out[name] = self._read_direct(codec, info, spec, index)
                 continue

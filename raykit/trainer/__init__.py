@@ -4,13 +4,27 @@
 re-evaluates a run; ``compare(run_a, run_b)`` diffs two runs' metrics. Sampling strategies:
 stratified, hierarchical (inverse CDF), occupancy grid (see ``raykit.trainer.samplers``) and proposal
 networks (``raykit.trainer.proposal``); scene spaces box, contract and NDC (``raykit.trainer.space``).
+``export_run(run_dir, out)`` writes a self-contained model, ``verify_export(out)`` checks it against
+the run's evaluation and ``render_export(out, cameras, dir)`` renders from it alone.
 """
 
 from __future__ import annotations
 
 from raykit.trainer.compare import compare
 from raykit.trainer.config import SAMPLERS, TrainConfig
+from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.evaluate import render
+from raykit.trainer.export import export_run, load_export
 from raykit.trainer.loop import train
 
-__all__ = ["SAMPLERS", "TrainConfig", "compare", "render", "train"]
+__all__ = [
+    "SAMPLERS",
+    "TrainConfig",
+    "compare",
+    "export_run",
+    "load_export",
+    "render",
+    "render_export",
+    "train",
+    "verify_export",
+]

@@ -1,7 +1,9 @@
 """``python -m raykit.trainer STORE --out RUN_DIR ...``: the ``raykit train`` flags, for torchrun.
 
 Example: ``torchrun --nproc-per-node 2 -m raykit.trainer STORE --out RUN --device cpu`` trains with
-DDP over gloo; each rank reads its share of every epoch (the loader's rank sharding).
+DDP over gloo; each rank reads its share of every epoch (the loader's rank sharding). Add
+``--max-restarts N`` (torchrun) and ``--resume`` (raykit) to restart after a failure and resume exactly
+(see ``raykit.trainer.elastic``).
 """
 
 from __future__ import annotations

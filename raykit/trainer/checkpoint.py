@@ -143,6 +143,8 @@ RESUMABLE_CHANGES = frozenset(
         "force",
         "max_seconds",
         "log_every",
+        "logger",
+        "log_image_every_s",
         "ckpt_every",
         "keep_checkpoints",
         "eval_splits",

@@ -1,4 +1,4 @@
-"""Subcommands ``raykit train``, ``raykit render`` and ``raykit compare`` (train flags from TrainConfig)."""
+"""Subcommands ``raykit train``, ``render``, ``compare`` and ``export`` (train flags from TrainConfig)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,41 @@ import argparse
 import json
 from typing import Any
 
+from raykit.errors import ConfigError
 from raykit.trainer.config import add_arguments, from_args
+from raykit.trainer.export_cli import add_render_model_arguments, register_export, render_model
 
 __all__ = ["build_train_parser", "register"]
 
 
 def register(subparsers: Any) -> None:
     """Add ``train``, ``render`` and ``compare`` to the ``raykit`` parser."""
-    train = subparsers.add_parser("train", help="train a radiance field on a ray store")
+    train = subparsers.add_parser(
+        "train",
+        help="train a radiance field on a ray store",
+        description=(
+            "Train a radiance field on a ray store. Under torchrun (python -m raykit.trainer), "
+            "--max-restarts N with --resume restarts the group after a rank fails and resumes exactly "
+            "from the newest checkpoint."
+        ),
+    )
     add_arguments(train)
     train.set_defaults(func=_train)
-    render = subparsers.add_parser("render", help="render and evaluate a run's newest checkpoint")
-    render.add_argument("run_dir", help="run directory written by raykit train")
+    render = subparsers.add_parser(
+        "render",
+        help="render and evaluate a run's newest checkpoint, or an exported model (--model)",
+        description=(
+            "raykit render RUN evaluates the run's newest checkpoint on --split (eval.json, PNGs). "
+            "raykit render --model OUT --cameras STORE|transforms.json --out DIR renders from an "
+            "export alone: no run directory, and no store when the cameras come from a transforms.json."
+        ),
+    )
+    render.add_argument("run_dir", nargs="?", help="run directory written by raykit train")
     render.add_argument("--split", default="test", help="split to render (default: test)")
     render.add_argument("--device", default=None, help="device (default: the run's)")
+    add_render_model_arguments(render)
     render.set_defaults(func=_render)
+    register_export(subparsers)
     compare = subparsers.add_parser("compare", help="metric differences between two runs")
     compare.add_argument("run_a", help="first run directory")
     compare.add_argument("run_b", help="second run directory")
@@ -46,6 +66,10 @@ def _train(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from raykit.trainer.evaluate import render
 
+    if args.model is not None:
+        return render_model(args)
+    if args.run_dir is None:
+        raise ConfigError("render: expected a run directory, or --model OUT --cameras ... --out DIR")
     result = render(args.run_dir, args.split, args.device)
     split = result["splits"][args.split]
     print(

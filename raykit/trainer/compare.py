@@ -33,13 +33,26 @@ def _read_eval(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "eval.json"
     if not path.is_file():
         raise ResumeError(f"{path}: no eval.json (train the run or `raykit render {run_dir}` first)")
-    return json.loads(path.read_text())
+    data = _parse(path, path.read_text(errors="replace"))
+    if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
+        raise ResumeError(f"{path}: expected an object with 'splits' (rerun `raykit render {run_dir}`)")
+    return data
+
+
+def _parse(path: Path, text: str, line: int = 0) -> Any:
+    """JSON ``text`` of ``path`` (from its ``line``-th line); malformed JSON raises ResumeError naming it."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        where = getattr(exc, "lineno", 1) + line
+        raise ResumeError(f"{path}:{where}: malformed JSON ({exc}); the run's files are damaged") from None
 
 
 def _final_log(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "log.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return json.loads(lines[-1]) if lines else {}
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    record = _parse(path, lines[-1], len(lines) - 1) if lines else {}
+    return record if isinstance(record, dict) else {}
 
 
 def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:

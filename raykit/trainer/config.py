@@ -15,10 +15,11 @@ from typing import Any
 
 from raykit.errors import ConfigError
 
-__all__ = ["SAMPLERS", "SCENE_SPACES", "TrainConfig", "add_arguments", "from_args"]
+__all__ = ["LOGGERS", "SAMPLERS", "SCENE_SPACES", "TrainConfig", "add_arguments", "from_args"]
 
 SAMPLERS = ("stratified", "hierarchical", "occupancy", "proposal")
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
+LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
 _REQUIRED = ("out",)
 
@@ -82,6 +83,10 @@ class TrainConfig:
     features: int = _opt(8, "field: features per level")
     hidden: int = _opt(32, "field: MLP width")
     log_every: int = _opt(50, "steps between log.jsonl records")
+    logger: str = _opt(
+        "jsonl", "monitoring besides log.jsonl: jsonl (nothing else) or tensorboard", choices=LOGGERS
+    )
+    log_image_every_s: float = _opt(180.0, "tensorboard: seconds between test-view images")
     ckpt_every: int = _opt(500, "steps between checkpoints (a crash loses at most this many)")
     keep_checkpoints: int = _opt(2, "checkpoints kept on disk")
     eval_chunk: int = _opt(8192, "rays per forward pass when rendering full images")
@@ -127,6 +132,10 @@ class TrainConfig:
             problems.append(f"lr, lr_final: expected > 0, got {self.lr}, {self.lr_final}")
         if not 0.0 < self.occ_refresh_fraction <= 1.0:
             problems.append(f"occ_refresh_fraction: expected in (0, 1], got {self.occ_refresh_fraction}")
+        if self.logger not in LOGGERS:
+            problems.append(f"logger: expected one of {', '.join(LOGGERS)}, got {self.logger!r}")
+        if self.log_image_every_s <= 0:
+            problems.append(f"log_image_every_s: expected > 0, got {self.log_image_every_s}")
         if self.max_seconds is not None and self.max_seconds <= 0:
             problems.append(f"max_seconds: expected > 0, got {self.max_seconds}")
         if problems:

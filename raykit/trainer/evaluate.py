@@ -23,6 +23,7 @@ from PIL import Image
 
 from raykit.errors import ResumeError
 from raykit.fileio import atomic_path, atomic_write_json
+from raykit.rays import RayBatch
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.field import RadianceField
@@ -32,7 +33,15 @@ from raykit.trainer.pipeline import proposal_counts, render_rays, sample_rays
 from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
 
-__all__ = ["build_models", "evaluate_run", "quick_psnr", "render", "render_image"]
+__all__ = [
+    "build_models",
+    "evaluate_run",
+    "models_from_state",
+    "quick_psnr",
+    "render",
+    "render_batch",
+    "render_image",
+]
 
 
 def build_models(
@@ -85,14 +94,47 @@ def render_image(
     height, width = int(store.table.height[index]), int(store.table.width[index])
     batch = store.image_rays(name, device)
     background = parse_background(config.background).to(device)
-    parts = []
-    for lo in range(0, len(batch), config.eval_chunk):
-        rays = batch[lo : lo + config.eval_chunk]
-        samples = sample_rays(config, field, grid, rays, config.steps, None)
-        parts.append(render_rays(field, samples, rays, background)["rgb"])
-    pred = torch.cat(parts).clamp(0, 1).view(height, width, 3).cpu()
+    pred = render_batch(config, field, grid, batch, background).view(height, width, 3).cpu()
     target = batch.composite(background).view(height, width, 3).cpu()
     return pred, target
+
+
+@torch.no_grad()
+def render_batch(
+    config: TrainConfig,
+    field: RadianceField,
+    grid: OccupancyGrid | None,
+    rays: RayBatch,
+    background: torch.Tensor,
+) -> torch.Tensor:
+    """Deterministic colours (N, 3) in [0, 1] of N rays, ``config.eval_chunk`` rays per forward pass.
+
+    The one rendering path of evaluation, quick checks and exported models (``raykit render --model``).
+    """
+    parts = []
+    for lo in range(0, len(rays), config.eval_chunk):
+        chunk = rays[lo : lo + config.eval_chunk]
+        samples = sample_rays(config, field, grid, chunk, config.steps, None)
+        parts.append(render_rays(field, samples, chunk, background)["rgb"])
+    if not parts:
+        return torch.zeros(0, 3, device=background.device)
+    return torch.cat(parts).clamp(0, 1)
+
+
+def models_from_state(
+    config: TrainConfig, tensors: dict[str, Any], device: torch.device
+) -> tuple[RadianceField, Any]:
+    """The models of a checkpoint's (or an export's) tensors, on ``device``, in evaluation mode.
+
+    Shared by ``raykit render RUN`` and ``raykit render --model OUT``: ``tensors`` holds one state dict
+    per model under the checkpoint's group names (``field``, ``grid``).
+    """
+    field, grid = build_models(config, tensors["field"]["aabb"], device, tensors["field"].get("ndc_frame"))
+    field.load_state_dict(tensors["field"])
+    if grid is not None:
+        grid.load_state_dict(tensors["grid"])
+    field.eval()
+    return field, grid
 
 
 def quick_psnr(
@@ -186,10 +228,5 @@ def render(run_dir: str | Path, split: str = "test", device: str | None = None) 
     config = TrainConfig.from_dict(meta.config)
     torch_device = resolve_device(device or config.device)
     store = open_store(config.store)
-    field, grid = build_models(
-        config, tensors["field"]["aabb"], torch_device, tensors["field"].get("ndc_frame")
-    )
-    field.load_state_dict(tensors["field"])
-    if grid is not None:
-        grid.load_state_dict(tensors["grid"])
+    field, grid = models_from_state(config, tensors, torch_device)
     return evaluate_run(run_dir, config, store, field, grid, torch_device, [split], meta.step)

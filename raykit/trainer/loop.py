@@ -36,8 +36,10 @@ from raykit.trainer.checkpoint import (
     save_checkpoint,
 )
 from raykit.trainer.config import TrainConfig
+from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
+from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
 from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
@@ -45,7 +47,6 @@ from raykit.trainer.proposal import ProposalNetworks, ProposalTrace, average_gra
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
-    TensorBoardLog,
     environment,
     learning_rate,
     parse_background,
@@ -171,6 +172,8 @@ def train(config: TrainConfig) -> Path:
         bar.close()
     if run.procs.is_main and window.rays:  # the last, partial logging window
         _write_log(run, _log_record(state, window, device))
+    if run.tensorboard is not None:
+        run.tensorboard.finish(state.step)
     _checkpoint(run, state)
     _write_progress(run, state)
     _write_rank_digest(run.run_dir, run.procs, field_, state.step)
@@ -184,6 +187,8 @@ def train(config: TrainConfig) -> Path:
 
 def _setup(config: TrainConfig) -> _Run:
     """Device, processes, store, models, optimizer, loader and generators for ``config``."""
+    if Path(config.out).exists() and not Path(config.out).is_dir():
+        raise ConfigError(f"{config.out}: --out is a file; expected a run folder (new or existing)")
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
@@ -223,7 +228,13 @@ def _setup(config: TrainConfig) -> _Run:
         refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
         log=JsonlLog(run_dir / "log.jsonl"),
         progress=JsonlLog(run_dir / "progress.jsonl"),
-        tensorboard=TensorBoardLog(run_dir) if procs.is_main else None,
+        tensorboard=open_tensorboard(
+            config.logger,
+            run_dir,
+            procs.is_main,
+            lambda: first_test_view(config, store, field_, grid, device),
+            config.log_image_every_s,
+        ),
         space=space.describe(),
         budget=budget,
     )
@@ -319,6 +330,7 @@ def _refresh_grid(run: _Run, step: int) -> None:
 
 
 def _write_log(run: _Run, record: dict[str, Any]) -> None:
+    record = {**record, "lr": run.optimizer.param_groups[0]["lr"]}  # the rate of the window's last step
     run.log.write(record)
     if run.tensorboard is not None:
         run.tensorboard.write(record)
@@ -347,14 +359,16 @@ def _rng_states(run: _Run) -> dict[str, str]:
 
 
 def _checkpoint(run: _Run, state: TrainState) -> None:
-    """Rank 0 writes the checkpoint (every rank's model is identical under DDP)."""
+    """Rank 0 writes the checkpoint (every rank's model is identical under DDP; generators are not)."""
+    own = {"jitter": encode_rng_state(run.jitter), "torch": encode_rng_state(torch.default_generator)}
+    other_ranks = gather_rank_states(run.procs, own)
     if not run.procs.is_main:
         return
     meta = CheckpointMeta(
         step=state.step,
         config=run.config.to_dict(),
         loader_state=run.loader.state_dict(),
-        rng_states=_rng_states(run),
+        rng_states={**_rng_states(run), **other_ranks},
         store_fingerprint=run.store.fingerprint,
         raykit_version=raykit.__version__,
         extra={
@@ -388,12 +402,15 @@ def _restore(run: _Run) -> TrainState:
         run.budget.load_state_dict(meta.extra["budget"])
     if meta.store_fingerprint == run.store.fingerprint:
         run.loader.load_state_dict(meta.loader_state)
-    run.jitter.set_state(decode_rng_state(meta.rng_states["jitter"]))
+    rank = run.procs.rank
+    run.jitter.set_state(decode_rng_state(rank_state(meta.rng_states, "jitter", rank)))
     run.refresh.set_state(decode_rng_state(meta.rng_states["refresh"]))
-    torch.default_generator.set_state(decode_rng_state(meta.rng_states["torch"]))
+    torch.default_generator.set_state(decode_rng_state(rank_state(meta.rng_states, "torch", rank)))
     if run.procs.is_main:
         run.log.truncate_after(meta.step)
         run.progress.truncate_after(meta.step)
+    if run.tensorboard is not None:
+        run.tensorboard.truncate_after(meta.step)
     extra = meta.extra
     return TrainState(meta.step, extra["elapsed"], dict(extra["seconds"]), extra["rays"], extra["samples"])
 

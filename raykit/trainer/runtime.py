@@ -23,7 +23,6 @@ from raykit.trainer.config import TrainConfig
 __all__ = [
     "JsonlLog",
     "Processes",
-    "TensorBoardLog",
     "environment",
     "learning_rate",
     "parse_background",
@@ -57,7 +56,9 @@ def start_processes(device: torch.device) -> Processes:
     if world_size <= 1:
         return Processes(0, 1, 0)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        from raykit.trainer.elastic import init_process_group
+
+        init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Processes(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -180,23 +181,3 @@ class JsonlLog:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-class TensorBoardLog:
-    """The log's scalars mirrored to ``RUN_DIR/tensorboard`` when TensorBoard is installed; else a no-op."""
-
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is optional
-            self.writer: Any = None
-        else:
-            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.writer is None:
-            return
-        for key, value in record.items():
-            if key != "step" and isinstance(value, int | float):
-                self.writer.add_scalar(f"train/{key}", value, record["step"])
-        self.writer.flush()

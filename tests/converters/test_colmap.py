@@ -9,6 +9,7 @@ import pytest
 
 from raykit.converters import convert
 from raykit.converters.colmap import image_near_far, parse_colmap
+from raykit.errors import RaykitWarning
 
 MODEL_SETS = [
     ["SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL"],
@@ -97,7 +98,8 @@ def test_noncontiguous_ids_images_flag_and_no_points(tmp_path: Path, make) -> No
         cam = cameras[camera_id]
         make.write_image(tmp_path / "pics" / name, make.random_image(image_id, cam.height, cam.width))
     write_model(Reconstruction(cameras, images, {}, {}, {}), tmp_path / "model", binary=True)
-    store = convert(tmp_path / "model", tmp_path / "out.zarr", images=tmp_path / "pics", split="all")
+    with pytest.warns(RaykitWarning, match="the model has no 3-D points for 3 of 3 images"):
+        store = convert(tmp_path / "model", tmp_path / "out.zarr", images=tmp_path / "pics", split="all")
     assert store.images("train") == sorted(image.name for image in images.values())
     for image in images.values():
         batch = store.image_rays(image.name)

@@ -78,7 +78,7 @@ def test_image_problems_all_listed_before_writing(tmp_path: Path, make, cli) -> 
     make.write_image(root / "images" / "f_2.png", make.random_image(2, 4, 6, 3), exif=_exif(6))
     make.ngp(root, frames, fl_x=5.0)
     _fails(
-        cli, root, tmp_path / "a.zarr", expect=["f_0.png: image is 6x4, its camera", "EXIF orientation is 6"]
+        cli, root, tmp_path / "a.zarr", expect=["EXIF orientation is 6", "f_0.png: image is 6x4, its camera"]
     )
     _fails(cli, src, tmp_path / "b.zarr", expect=["r_1.png: cannot read image"])
 

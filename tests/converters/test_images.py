@@ -186,7 +186,7 @@ def test_loader_checks_size_and_pickles(tmp_path: Path, make) -> None:
     loader = ImageLoader(str(path), 8, 6, 2, label="cam")
     clone = pickle.loads(pickle.dumps(loader))
     assert np.array_equal(clone(), downscale_area_reference(array, 2))
-    with pytest.raises(SourceError, match=r"is 8x6, camera cam expects 9x6"):
+    with pytest.raises(SourceError, match=r"is 8x6, its camera \(cam\) expects 9x6"):
         ImageLoader(str(path), 9, 6, label="cam")()
 
 

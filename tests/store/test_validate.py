@@ -88,3 +88,24 @@ def test_alpha_of_rgb_image_is_reported(wds_store: Path) -> None:
     _rewrite_chunk(wds_store, "val", 0, {"rgba": rgba})
     problems = validate_store(wds_store)
     assert len(problems) == 1 and "alpha != 255" in problems[0]
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_missing_shard_is_listed_once(tmp_path: Path, records, scene: SceneInfo, backend: str) -> None:
+    root = tmp_path / "s"
+    write_store(root, records, scene=scene, backend=backend, chunk_rays=64, shard_chunks=2)
+    payload = sorted(p for p in (root / backend).rglob("*") if p.is_file() and "zarr.json" not in p.name)
+    lost = next(p for p in payload if "train" in p.as_posix())
+    lost.unlink()
+    problems = validate_store(root)
+    assert len(problems) == 1 and problems[0].endswith(f"{lost.relative_to(root).as_posix()}: file missing")
+
+
+def test_local_paths_with_url_syntax_are_local(tmp_path: Path, records, scene: SceneInfo) -> None:
+    """``::`` (an fsspec chain) and ``#`` in a local path: written and opened as the local folder."""
+    for backend in ("zarr", "wds"):
+        root = tmp_path / "out" / f"a::b#{backend}.store"
+        store = write_store(root, records, scene=scene, backend=backend, chunk_rays=64)
+        assert store.url == str(root.resolve())
+        assert validate_store(root) == []
+        assert open_store(root).read_chunk("train", 0).pid.size == 64

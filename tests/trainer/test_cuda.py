@@ -24,3 +24,14 @@ def test_cuda_mixed_precision_run(tiny_store: Path, tmp_path: Path, sampler: str
     info = json.loads((run / "run.json").read_text())
     assert info["environment"]["device"].startswith("cuda") and "gpu" in info["environment"]
     assert json.loads((run / "eval.json").read_text())["splits"]["test"]["n_images"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_exports_and_verifies_on_cuda_and_on_cpu(tiny_store: Path, tmp_path: Path) -> None:
+    from raykit.trainer import export_run, verify_export
+
+    run = train(tiny_config(tiny_store, tmp_path / "run", device="cuda", threads=None, steps=12))
+    out = export_run(run, tmp_path / "model")
+    assert verify_export(out)["difference_db"] <= 0.05  # on the run's device
+    assert verify_export(out, device="cpu")["difference_db"] <= 0.05  # deployed on another device

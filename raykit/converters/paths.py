@@ -1,0 +1,53 @@
+"""Where a capture's image files may live: inside the capture folder, unless the user allows more.
+
+A capture names its images by relative paths (Blender/instant-ngp ``file_path``, COLMAP image names).
+Such a path is followed only when it resolves, symlinks included, inside one of the allowed roots:
+the capture folder (or the folder given by ``--images``) and every folder passed as
+``--allow-outside``. A ``../..`` path, an absolute path or a symlink pointing elsewhere is reported as
+a problem naming the file, the path and the flag that would allow it; it is never opened.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = ["ImageRoots", "is_inside"]
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    """True when ``path`` resolves (following symlinks) to ``root`` or a path below it."""
+    try:
+        resolved, base = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    except (OSError, ValueError):
+        return False
+    return resolved == base or base in resolved.parents
+
+
+class ImageRoots:
+    """The folders image files may resolve into.
+
+    Args:
+        root: the capture's own image folder (capture folder, or ``--images``).
+        allowed: extra folders the user allowed with ``--allow-outside``.
+    """
+
+    def __init__(self, root: Path, allowed: Iterable[Path] = ()) -> None:
+        self.root = Path(root)
+        self.allowed: Sequence[Path] = tuple(Path(p) for p in allowed)
+
+    def contains(self, path: Path) -> bool:
+        """True when ``path`` resolves inside the root or an allowed folder."""
+        return any(is_inside(path, root) for root in (self.root, *self.allowed))
+
+    def outside(self, path: Path, where: str, given: str) -> str | None:
+        """None when ``path`` is inside; else the problem line (``where``: the file and record, ``given``:
+        the path as the capture wrote it)."""
+        if self.contains(path):
+            return None
+        return (
+            f"{where}: image path {given!r} resolves to {os.path.realpath(path)}, outside the capture "
+            f"folder {self.root}; image files must lie inside it (pass --allow-outside DIR, "
+            "allow_outside=[DIR], to allow a folder elsewhere)"
+        )

@@ -1,0 +1,81 @@
+"""``raykit poses SRC OUT``: camera poses from photos or a video (see :mod:`raykit.converters.poses`).
+
+The flags are generated from the fields of :class:`~raykit.converters.poses.PoseOptions`;
+``raykit convert --from photos|video`` adds the same flags (see :func:`add_pose_arguments`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Collection
+from typing import Any
+
+from raykit.converters.poses import PoseOptions, estimate_poses
+
+__all__ = ["add_pose_arguments", "pose_options_from_args", "register", "run_poses"]
+
+
+def _base_type(annotation: Any) -> Any:
+    """``int | None`` -> int; ``float`` -> float."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def add_pose_arguments(parser: Any, skip: Collection[str] = ()) -> None:
+    """Add one flag per :class:`PoseOptions` field except those in ``skip`` (e.g. ``threads``) to
+    ``parser`` (an ``argparse`` parser or argument group)."""
+    hints = typing.get_type_hints(PoseOptions)
+    for f in dataclasses.fields(PoseOptions):
+        if f.name in skip:
+            continue
+        flag, kind, help_text = "--" + f.name.replace("_", "-"), _base_type(hints[f.name]), f.metadata["help"]
+        if kind is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+            continue
+        kwargs: dict[str, Any] = {"type": kind, "default": f.default, "dest": f.name}
+        kwargs["help"] = f"{help_text} (default: {'all' if f.default is None else f.default})"
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+            kwargs["metavar"] = "NAME" if len(f.metadata["choices"]) > 5 else None
+        else:
+            kwargs["metavar"] = "N"
+        parser.add_argument(flag, **kwargs)
+
+
+def pose_options_from_args(args: argparse.Namespace) -> PoseOptions:
+    """The :class:`PoseOptions` of parsed arguments (fields without a flag keep their defaults)."""
+    names = [f.name for f in dataclasses.fields(PoseOptions) if hasattr(args, f.name)]
+    return PoseOptions(**{name: getattr(args, name) for name in names})
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``poses`` subcommand."""
+    parser = subparsers.add_parser(
+        "poses",
+        help="estimate camera poses of photos or a video with pycolmap (a COLMAP model for raykit convert)",
+        description="Extract features, match them and run incremental structure from motion with pycolmap. "
+        "Writes OUT/sparse/0 (binary COLMAP model of the registered photos) with OUT/images referring to the "
+        "photos, then prints a summary. Rerunning continues an interrupted run and skips finished stages.",
+    )
+    parser.add_argument("src", metavar="SRC", help="folder of photos, or a video file (.mp4, .mov, ...)")
+    parser.add_argument("out", metavar="OUT", help="output folder (a COLMAP capture)")
+    add_pose_arguments(parser)
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start over when OUT holds work on other photos or options"
+    )
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.set_defaults(func=run_poses)
+
+
+def run_poses(args: argparse.Namespace) -> int:
+    """Handler of ``raykit poses``; returns the exit status."""
+    summary = estimate_poses(
+        args.src, args.out, pose_options_from_args(args), restart=args.overwrite, progress=args.progress
+    )
+    for line in summary.lines():
+        print(line)
+    return 0

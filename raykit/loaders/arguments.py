@@ -1,0 +1,79 @@
+"""Checks of :class:`~raykit.loaders.RayLoader` arguments and of saved loader states.
+
+A wrong argument raises :class:`~raykit.errors.ConfigError` and a damaged or foreign state
+:class:`~raykit.errors.ResumeError`; each names the argument (or state key), the value and what is
+expected, before anything is started or any position is changed.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from raykit.errors import ConfigError, ResumeError
+
+__all__ = ["check_loader_args", "check_state", "open_if_location"]
+
+
+def _int_problem(name: str, value: Any, minimum: int) -> str | None:
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= minimum
+    if ok:
+        return None
+    return f"{name}: expected an integer >= {minimum}, got {value!r} ({type(value).__name__})"
+
+
+def check_loader_args(**values: Any) -> None:
+    """Each keyword ``name=(value, minimum)``; ``value`` None is allowed (a default follows).
+
+    Raises:
+        ConfigError: listing every bad argument, ``loader: name: expected ..., got ...``.
+    """
+    problems = [
+        problem
+        for name, (value, minimum) in values.items()
+        if value is not None and (problem := _int_problem(name, value, minimum))
+    ]
+    if problems:
+        raise ConfigError("loader: " + "; ".join(problems))
+
+
+def open_if_location(store: Any) -> Any:
+    """``store`` itself, or the store opened from a path or URL (``str`` or path-like)."""
+    if isinstance(store, str | os.PathLike):
+        from raykit.store import open_store
+
+        return open_store(os.fspath(store))
+    if not hasattr(store, "n_rays") and not hasattr(store, "splits"):
+        raise ConfigError(
+            f"loader: store: expected a RayStore, a chunk source, or a store path or URL, got "
+            f"{type(store).__name__}"
+        )
+    return store
+
+
+_STATE_INTS = {"epoch": 0, "batch": 0, "n_batches": 1, "world_size": 1, "batch_size": 1}
+
+
+def check_state(state: Any) -> Mapping[str, Any]:
+    """A loader state dict whose position and partition keys have the right types and ranges.
+
+    Raises:
+        ResumeError: not a mapping, or ``epoch``/``batch`` missing or negative, or ``n_batches``,
+            ``world_size``, ``batch_size`` present but not positive integers, or ``drop_last`` not
+            a bool; every bad key named.
+    """
+    if not isinstance(state, Mapping):
+        raise ResumeError(f"loader state: expected a dict from state_dict(), got {type(state).__name__}")
+    problems = [f"{key}: missing" for key in ("epoch", "batch") if key not in state]
+    problems += [
+        problem
+        for key, minimum in _STATE_INTS.items()
+        if key in state and (problem := _int_problem(key, state[key], minimum))
+    ]
+    if "drop_last" in state and not isinstance(state["drop_last"], bool):
+        problems.append(f"drop_last: expected true or false, got {state['drop_last']!r}")
+    if problems:
+        raise ResumeError("loader state: " + "; ".join(problems))
+    return state

@@ -1,0 +1,58 @@
+"""Store locations: a local path, or a URL with a scheme (``https://``, ``s3://``, ``memory://``...).
+
+Text is a URL only when it contains ``://`` (and is not ``file://``); everything else is a local path,
+even when it contains characters fsspec would otherwise read as URL syntax (``::`` chains, ``#``).
+Opening a location turns fsspec's failures (an unknown or uninstalled protocol, a refused
+connection) into :class:`~raykit.errors.StoreError` lines that name the location.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raykit.errors import StoreError
+
+__all__ = ["filesystem", "is_url", "read_errors"]
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` names a remote location (a scheme other than ``file://``)."""
+    return "://" in text and not text.startswith("file://")
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """``(fsspec filesystem, root path)`` of a location; a local path never goes through URL parsing.
+
+    Raises:
+        StoreError: unknown protocol, or one whose package is not installed.
+    """
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not is_url(url):
+        return LocalFileSystem(), url.removeprefix("file://")
+    protocol = url.split("://", 1)[0]
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise StoreError(
+            f"{url}: protocol {protocol!r} needs a package that is not installed ({exc})"
+        ) from None
+    except ValueError as exc:
+        raise StoreError(
+            f"{url}: cannot open ({exc}); expected a local path or an fsspec URL (http(s)://, s3://, "
+            "gs://, memory://, ...)"
+        ) from None
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """Exception types a remote read raises when the location cannot be reached (refused, reset,
+    timed out, HTTP error status)."""
+    errors: list[type[BaseException]] = [OSError, TimeoutError]
+    try:
+        import aiohttp
+
+        errors.append(aiohttp.ClientError)
+    except ImportError:  # pragma: no cover - aiohttp comes with fsspec[http]
+        pass
+    return tuple(errors)

@@ -1,0 +1,131 @@
+"""One writer per store: a lock file beside the destination, naming its owner.
+
+``<dst>.lock`` holds ``{"pid", "host", "started", "command"}`` and is locked with ``flock`` for as long
+as its writer runs. The kernel drops that lock when the process ends in any way (SIGKILL included),
+so a live owner is never mistaken for a dead one and a dead one never blocks: a second writer while
+the owner runs fails with :class:`~raykit.errors.StoreLockedError` naming the owner; a lock file left
+by a killed writer is detected as stale (it names an owner but nobody holds it), reported with a
+:class:`StaleLockWarning` naming that owner, and taken over, so rerunning an interrupted conversion
+resumes its ``<dst>.partial`` as before. The file is removed when the writer ends normally or by an
+exception (Ctrl-C included). On file systems without ``flock`` support for other hosts, a writer on
+another host is not seen; run one conversion per destination there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import inspect
+import json
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from raykit.errors import StoreLockedError
+
+__all__ = ["StaleLockWarning", "holding_store_lock", "lock_path", "read_lock", "store_lock"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StaleLockWarning(UserWarning):
+    """A lock left by a writer that no longer runs was taken over."""
+
+
+def lock_path(dst: str | os.PathLike[str]) -> Path:
+    """``<dst>.lock``: beside the store, so it is not part of the store's files."""
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".lock")
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    """The owner record of lock file ``path`` (empty when unreadable, e.g. half written)."""
+    try:
+        owner = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _who(owner: dict[str, Any]) -> str:
+    who = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
+    return who + (f", since {owner['started']}" if "started" in owner else "")
+
+
+def _acquire(path: Path) -> int:
+    """An open descriptor of ``path`` holding its ``flock``; raises ``StoreLockedError`` if taken."""
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"{path.with_suffix('')}: another process is writing this store ({_who(read_lock(path))}, "
+                f"lock {path}); wait for it to finish"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its previous owner unlinked between our open and our flock
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def store_lock(dst: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold ``<dst>.lock`` for the duration of the block.
+
+    Raises:
+        StoreLockedError: another running writer holds it, named in the message.
+    """
+    dst = Path(dst)
+    path = lock_path(dst)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _acquire(path)
+    try:
+        stale = read_lock(path)
+        if stale:
+            warnings.warn(
+                f"{dst}: stale lock {path} left by {_who(stale)}, which no longer runs (killed?); "
+                "taking it over and resuming that writer's work",
+                StaleLockWarning,
+                stacklevel=4,
+            )
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join(sys.argv)[:500],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # while still holding it: a waiting opener re-checks the inode
+        os.close(fd)
+
+
+def holding_store_lock(argument: str) -> Callable[[F], F]:
+    """Decorate a writer so that it runs holding the lock of the store named by parameter ``argument``."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            dst = signature.bind(*args, **kwargs).arguments[argument]
+            with store_lock(dst):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

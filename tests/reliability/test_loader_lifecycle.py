@@ -1,0 +1,202 @@
+"""Loader lifecycle: close, context manager, garbage collection, interpreter exit, dead workers,
+and the ``__main__`` guard of spawned workers (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raykit.errors import ConfigError, WorkerError
+from raykit.loaders import RayLoader
+from raykit.loaders.lifecycle import _guarded_lines
+
+from .conftest import subprocess_env
+
+
+def _raykit_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("raykit-")]
+
+
+def test_close_is_idempotent_and_with_releases(stores: dict[str, Any]) -> None:
+    with RayLoader(stores["zarr"], batch_size=64, make_batch=lambda r: r) as loader:
+        it = iter(loader)
+        first = next(it).pid
+        assert _raykit_threads()
+        loader.close()  # while an iterator is alive: its thread stops
+        loader.close()
+        assert not [t for t in _raykit_threads() if t == "raykit-loader"]
+    loader.close()
+    assert not _raykit_threads()
+    again = next(iter(loader)).pid  # iterating again restarts what is needed
+    assert len(again) == len(first)
+    loader.close()
+    assert not _raykit_threads()
+
+
+def test_unclosed_loader_released_by_garbage_collection(stores: dict[str, Any]) -> None:
+    loader = RayLoader(stores["zarr"], batch_size=64, num_workers=1, make_batch=lambda r: r)
+    loader.wait_for_workers()
+    it = iter(loader)
+    next(it)
+    assert multiprocessing.active_children() and _raykit_threads()
+    del it, loader
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (multiprocessing.active_children() or _raykit_threads()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()
+    assert not _raykit_threads()
+
+
+_RAISING = """
+import atexit, sys, threading
+from raykit.loaders import RayLoader
+from raykit.store import open_store
+
+def report():  # public atexit hooks run after threading's: the loader must be released by then
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("raykit-")]
+    print("alive at exit:", alive, file=sys.stderr)
+
+if __name__ == "__main__":
+    atexit.register(report)
+    loader = RayLoader(
+        open_store(sys.argv[1]), batch_size=16, group_rays=16, prefetch=1, num_workers=int(sys.argv[2])
+    )
+    batches = iter(loader)  # a module global: alive until the interpreter tears down
+    for i, batch in enumerate(batches):
+        if i == 3:
+            raise ValueError("boom in the training loop")
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exception_in_loop_keeps_exit_status(stores: dict[str, Any], tmp_path: Path, workers: int) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_RAISING)
+    out = subprocess.run(
+        [sys.executable, str(script), stores["zarr"].url, str(workers)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "ValueError: boom in the training loop" in out.stderr
+    assert "alive at exit: []" in out.stderr, out.stderr
+    for noise in ("terminate called", "InvalidStateError", "CANCELLED"):
+        assert noise not in out.stderr
+    assert out.stderr.count("Traceback") == 1
+
+
+_UNGUARDED = """
+import sys
+from raykit.loaders import RayLoader
+from raykit.store import open_store
+
+store = open_store(sys.argv[1])
+loader = RayLoader(store, batch_size=64, num_workers=2)
+print(sum(1 for _ in loader))
+"""
+
+
+def test_unguarded_script_gets_a_clear_error_before_any_worker(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED)
+    out = subprocess.run(
+        [sys.executable, str(script), stores["zarr"].url],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("raykit.errors.ConfigError: loader: num_workers=2")
+    assert f"{script}" in last and "line 7" in last and 'if __name__ == "__main__":' in last
+    assert "bootstrapping phase" not in out.stderr and out.stderr.count("Traceback") == 1
+
+
+def test_guard_detection_reads_the_script() -> None:
+    source = textwrap.dedent(
+        """\
+        import x
+        a = 1
+        if __name__ == "__main__":
+            b = 2
+            c = 3
+        if "__main__" == __name__:
+            d = 4
+        """
+    )
+    assert _guarded_lines(source) == [(4, 5), (7, 7)]
+
+
+def test_guard_check_passes_under_a_guarded_entry_point(stores: dict[str, Any]) -> None:
+    # pytest runs from its guarded ``__main__`` (or from a console script): no error, nothing spawned
+    # until iteration.
+    loader = RayLoader(stores["zarr"], batch_size=64, num_workers=2, make_batch=lambda r: r)
+    loader.close()
+    with pytest.raises(ConfigError, match="num_workers: expected an integer >= 0"):
+        RayLoader(stores["zarr"], batch_size=64, num_workers=-1)
+
+
+@pytest.mark.parametrize("backend", ["zarr"])
+def test_killed_worker_raises_naming_it_then_restarts(stores: dict[str, Any], backend: str) -> None:
+    kw: dict[str, Any] = dict(batch_size=64, seed=5, cache_bytes=0, mix_chunks=1, make_batch=lambda r: r)
+    expected = [b.pid for b in RayLoader(stores[backend], **kw)]
+    loader = RayLoader(stores[backend], num_workers=2, prefetch=1, group_rays=64, **kw)
+    loader.wait_for_workers()
+    process = multiprocessing.active_children()[0]
+    victim = process.pid
+    assert victim is not None
+    it = iter(loader)
+    next(it)  # workers busy with the epoch
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    # The signal can take a moment to land on a loaded machine; the tiny epoch must not end first.
+    assert multiprocessing.connection.wait([process.sentinel], timeout=10)
+    with pytest.raises(WorkerError, match=rf"loader worker process pid {victim} \((killed by SIGKILL|ended)"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 10
+    loader.epoch, loader.batch = 0, 0  # the same epoch again, on fresh workers
+    got = [b.pid for b in loader]
+    loader.close()
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_python_dash_m_package_is_not_flagged(stores: dict[str, Any], tmp_path: Path) -> None:
+    # ``python -m pkg`` runs ``pkg/__main__.py`` unguarded, but spawn never re-runs a package's
+    # ``__main__``: workers must start there (``python -m raykit bench --workers 1`` does this).
+    package = tmp_path / "job"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(_UNGUARDED)
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    out = subprocess.run(
+        [sys.executable, "-m", "job", stores["zarr"].url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 0
