@@ -40,24 +40,23 @@ def _pixels(image: np.ndarray) -> np.ndarray:
     return image
 
 
-def build_store(path: Path, size: str, seed: int) -> Path:
-    """Render the built-in scene and write it as a Zarr ray store (reused when already there)."""
+def build_store(path: Path, size: str, seed: int, unbounded: bool = False) -> Path:
+    """Render the built-in scene (or its unbounded variant) as a Zarr ray store (reused when there)."""
     if (path / "manifest.json").exists():
         try:
             open_store(str(path))
             return path
         except RaykitError:  # written by an older raykit: render again
             shutil.rmtree(path)
-    scene = render_scene(size, seed=seed)
+    scene = render_scene(size, seed=seed, unbounded=unbounded)
     records = [
         ImageRecord(name, split, scene.camera, scene.c2w[i], float(scene.near[i]), float(scene.far[i]),
                     f"builtin://{size}/{name}", functools.partial(_pixels, scene.images[i]))
         for i, (name, split) in enumerate(zip(scene.names, scene.splits, strict=True))
     ]  # fmt: skip
     bounds = (tuple(scene.bounds[0].tolist()), tuple(scene.bounds[1].tolist()))
-    write_store(
-        path, records, scene=SceneInfo(world_frame="builtin scene, z up", bounds=bounds), backend="zarr"
-    )
+    frame = "builtin scene (unbounded variant), z up" if unbounded else "builtin scene, z up"
+    write_store(path, records, scene=SceneInfo(world_frame=frame, bounds=bounds), backend="zarr")
     return path
 
 
@@ -111,7 +110,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--budget", type=float, default=300.0, help="training seconds per sampler")
-    parser.add_argument("--samplers", default="stratified,hierarchical,occupancy")
+    parser.add_argument("--samplers", default="stratified,hierarchical,occupancy,proposal")
     parser.add_argument("--size", default="small", help="built-in scene size")
     parser.add_argument("--work", default="/tmp/raykit-bench-trainer", help="store and run directories")
     parser.add_argument("--out", default=str(ROOT / "results" / "trainer.json"))

@@ -42,7 +42,7 @@ def _closed_port() -> int:
 CASES = [
     (["convert", "{w}/cap", "{w}/afile"], ["afile: exists and is a file, not a raykit store"]),
     (["convert", "{w}/cap", "{w}/afile", "--overwrite"], ["afile: exists and is a file"]),
-    (["convert", "{w}/cap", "/proc/raykit-test.zarr"], ["/proc/raykit-test.zarr.partial: cannot create"]),
+    (["convert", "{w}/cap", "/proc/raykit-test.zarr"], ["/proc/raykit-test.zarr.lock: cannot create"]),
     (["convert", "{w}/cap", "{w}/neg.zarr", "--seed", "-1"], ["seed: expected an integer >= 0, got -1"]),
     (["convert", "{w}/cap", "{w}/s.zarr"], ["a store already exists there (pass --overwrite"]),
     (["convert", "{w}/cap", "{w}/afile.zarr"], ["afile.zarr.partial: exists and is not a folder"]),

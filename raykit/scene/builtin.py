@@ -20,7 +20,8 @@ import torch
 from raykit.cameras import Camera
 from raykit.errors import ConfigError
 from raykit.scene.geometry import BOUNDS, SceneGeometry, build_geometry
-from raykit.scene.render import _SUBPIXEL_CACHE, render_image, subpixel_directions
+from raykit.scene.render import _SUBPIXEL_CACHE, subpixel_directions
+from raykit.scene.unbounded import UNBOUNDED_BOUNDS, build_unbounded_geometry, render_view
 
 __all__ = [
     "CAMERA_DISTANCE",
@@ -154,7 +155,7 @@ def _init_worker(luts: dict[tuple[Camera, int], torch.Tensor]) -> None:
 
 
 def _render_one(args: tuple[SceneGeometry, Camera, np.ndarray, int]) -> np.ndarray:
-    return render_image(*args)
+    return render_view(*args)
 
 
 def _render_all(
@@ -181,6 +182,7 @@ def render_scene(
     *,
     workers: int = 1,
     supersample: int = 3,
+    unbounded: bool = False,
 ) -> SceneData:
     """Render the built-in scene.
 
@@ -193,6 +195,8 @@ def render_scene(
         workers: processes rendering views in parallel (each single-threaded); the output does not
             depend on it.
         supersample: ``k`` of the ``k x k`` sub-pixel samples at edges (alpha has ``k*k + 1`` levels).
+        unbounded: render the unbounded variant (far background around the same objects, opaque
+            views, bounds enclosing the sky dome; see :mod:`raykit.scene.unbounded`).
 
     Raises:
         ConfigError: unknown size or camera model, ``workers < 1`` or ``supersample < 1``.
@@ -205,7 +209,7 @@ def render_scene(
         )
     spec = SIZES[size]
     camera = scene_camera(spec.width, spec.height, camera_model)
-    geometry = build_geometry(seed)
+    geometry = build_unbounded_geometry(seed) if unbounded else build_geometry(seed)
     names, splits, poses = [], [], []
     for split in SPLITS:
         n = spec.count(split)
@@ -216,7 +220,7 @@ def render_scene(
     start = time.perf_counter()
     images = _render_all(geometry, camera, c2w, supersample, workers)
     elapsed = time.perf_counter() - start
-    bounds = np.array(BOUNDS, dtype=np.float64)
+    bounds = np.array(UNBOUNDED_BOUNDS if unbounded else BOUNDS, dtype=np.float64)
     dist = np.linalg.norm(c2w[:, :3, 3] - bounds.mean(0), axis=-1)
     radius = float(np.linalg.norm(bounds[1] - bounds[0]) / 2)
     near, far = np.maximum(dist - radius, 0.05), dist + radius

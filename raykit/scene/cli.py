@@ -32,12 +32,17 @@ def register(subparsers: Any) -> None:
     )
     make.add_argument("--seed", type=int, default=0, help="scene and camera seed (default: 0)")
     make.add_argument("--workers", type=int, default=1, help="rendering processes (default: 1)")
+    make.add_argument(
+        "--unbounded", action="store_true", help="the unbounded variant: far background around the objects"
+    )
     make.set_defaults(func=make_scene)
 
 
 def make_scene(args: argparse.Namespace) -> int:
     """Handler of ``raykit scene make``; returns the exit status."""
-    scene = render_scene(args.size, args.seed, args.camera_model, workers=args.workers)
+    scene = render_scene(
+        args.size, args.seed, args.camera_model, workers=args.workers, unbounded=args.unbounded
+    )
     start = time.perf_counter()
     if args.format == "blender":
         write_blender(scene, args.dir)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from raykit.errors import StoreLockedError
+from raykit.errors import StoreError, StoreLockedError
 
 __all__ = ["StaleLockWarning", "holding_store_lock", "lock_path", "read_lock", "store_lock"]
 
@@ -88,8 +88,16 @@ def store_lock(dst: str | os.PathLike[str]) -> Iterator[Path]:
     """
     dst = Path(dst)
     path = lock_path(dst)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _acquire(path)
+    except StoreLockedError:
+        raise
+    except OSError as exc:
+        raise StoreError(
+            f"{path}: cannot create the store's lock file ({exc.strerror or exc}); choose a DST in a "
+            "writable folder"
+        ) from None
     try:
         stale = read_lock(path)
         if stale:

@@ -2,7 +2,8 @@
 
 ``train(TrainConfig(store=..., out=...))`` trains, checkpoints and evaluates; ``render(run_dir)``
 re-evaluates a run; ``compare(run_a, run_b)`` diffs two runs' metrics. Sampling strategies:
-stratified, hierarchical (inverse CDF) and occupancy grid (see ``raykit.trainer.samplers``).
+stratified, hierarchical (inverse CDF), occupancy grid (see ``raykit.trainer.samplers``) and proposal
+networks (``raykit.trainer.proposal``); scene spaces box, contract and NDC (``raykit.trainer.space``).
 ``export_run(run_dir, out)`` writes a self-contained model, ``verify_export(out)`` checks it against
 the run's evaluation and ``render_export(out, cameras, dir)`` renders from it alone.
 """

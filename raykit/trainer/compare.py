@@ -9,7 +9,7 @@ from typing import Any
 
 from raykit.errors import ResumeError
 
-__all__ = ["MetricDiff", "compare", "format_table"]
+__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,24 @@ def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
         for metric in ("psnr", "ssim"):
             rows.append(MetricDiff(split, metric, a.get(split, {}).get(metric), b.get(split, {}).get(metric)))
     log_a, log_b = _final_log(a_dir), _final_log(b_dir)
-    for metric in ("step", "elapsed_s", "samples_per_ray", "rays_per_s", "psnr"):
+    for metric in TRAIN_METRICS:
         rows.append(MetricDiff("train", metric, log_a.get(metric), log_b.get(metric)))
     return rows
+
+
+# From the last log record: how each run spends its time and samples (rays and samples per step show
+# how a sampler spends a --samples-per-step budget; step_memory_mb is the memory after a forward pass).
+TRAIN_METRICS = (
+    "step",
+    "elapsed_s",
+    "samples_per_ray",
+    "rays_per_s",
+    "rays_per_step",
+    "samples_per_step",
+    "step_memory_mb",
+    "peak_memory_mb",
+    "psnr",
+)
 
 
 def format_table(rows: list[MetricDiff], name_a: str = "A", name_b: str = "B") -> str:

@@ -16,9 +16,10 @@ from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 
-__all__ = ["LOGGERS", "SAMPLERS", "TrainConfig", "add_arguments", "from_args"]
+__all__ = ["LOGGERS", "SAMPLERS", "SCENE_SPACES", "TrainConfig", "add_arguments", "from_args"]
 
-SAMPLERS = ("stratified", "hierarchical", "occupancy")
+SAMPLERS = ("stratified", "hierarchical", "occupancy", "proposal")
+SCENE_SPACES = ("auto", "box", "contract", "ndc")
 LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
 _REQUIRED = ("out",)
@@ -50,8 +51,10 @@ class TrainConfig:
     n_samples: int = _opt(64, "stratified: samples per ray")
     hier_coarse: int = _opt(32, "hierarchical: coarse samples per ray (density only, no gradient)")
     hier_fine: int = _opt(32, "hierarchical: fine samples per ray drawn by inverse CDF")
-    hier_anneal_steps: int = _opt(300, "hierarchical: steps over which the uniform share decays")
-    hier_uniform: float = _opt(0.1, "hierarchical: final uniform share of the fine-sample distribution")
+    hier_anneal_steps: int = _opt(300, "hierarchical, proposal: steps over which the uniform share decays")
+    hier_uniform: float = _opt(
+        0.1, "hierarchical, proposal: final uniform share of the resampling distribution"
+    )
     occ_resolution: int = _opt(64, "occupancy: grid cells per axis")
     occ_update_every: int = _opt(16, "occupancy: steps between grid refreshes")
     occ_warmup_steps: int = _opt(256, "occupancy: steps during which every refresh visits every cell")
@@ -61,6 +64,20 @@ class TrainConfig:
     early_stop_eps: float = _opt(
         0.0, "occupancy: drop samples behind this transmittance, found by an extra density pass (0: off)"
     )
+    prop_samples: str = _opt("64,32", "proposal: samples of each proposal level (one network per level)")
+    prop_final: int = _opt(24, "proposal: field samples per ray drawn from the last proposal level")
+    prop_resolution: int = _opt(64, "proposal: feature-plane resolution of each proposal network")
+    prop_loss_weight: float = _opt(1.0, "proposal: weight of the interlevel loss that trains the networks")
+    scene_space: str = _opt(
+        "auto",
+        "box (bounded), contract (unbounded 360), ndc (forward-facing); auto picks from the store's "
+        "cameras and bounds and records the choice in config.json",
+        choices=SCENE_SPACES,
+    )
+    samples_per_step: int | None = _opt(
+        None, "adapt the rays per step so that about this many field samples are evaluated per step"
+    )
+    budget_granule: int = _opt(128, "with --samples-per-step: rays per step change in multiples of this")
     levels: int = _opt(3, "field: feature-plane levels")
     base_resolution: int = _opt(64, "field: coarsest plane resolution")
     max_resolution: int = _opt(256, "field: finest plane resolution")
@@ -91,6 +108,21 @@ class TrainConfig:
         problems = []
         if self.sampler not in SAMPLERS:
             problems.append(f"sampler: expected one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.scene_space not in SCENE_SPACES:
+            problems.append(
+                f"scene_space: expected one of {', '.join(SCENE_SPACES)}, got {self.scene_space!r}"
+            )
+        try:
+            counts = [int(v) for v in self.prop_samples.split(",") if v.strip()]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) < 1:
+            problems.append(f"prop_samples: expected comma-separated counts >= 1, got {self.prop_samples!r}")
+        if self.samples_per_step is not None and self.samples_per_step < 1:
+            problems.append(f"samples_per_step: expected >= 1, got {self.samples_per_step}")
+        for name in ("prop_final", "prop_resolution", "budget_granule"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         for name in ("steps", "batch_size", "n_samples", "hier_coarse", "hier_fine", "occ_resolution"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")

@@ -29,7 +29,8 @@ from raykit.trainer.config import TrainConfig
 from raykit.trainer.field import RadianceField
 from raykit.trainer.metrics import psnr, ssim
 from raykit.trainer.occupancy import OccupancyGrid
-from raykit.trainer.pipeline import render_rays, sample_rays
+from raykit.trainer.pipeline import proposal_counts, render_rays, sample_rays
+from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
 
 __all__ = [
@@ -44,9 +45,15 @@ __all__ = [
 
 
 def build_models(
-    config: TrainConfig, aabb: torch.Tensor, device: torch.device
-) -> tuple[RadianceField, OccupancyGrid | None]:
-    """The field (seeded by ``config.seed``) and, for the occupancy sampler, its grid, on ``device``."""
+    config: TrainConfig, aabb: torch.Tensor, device: torch.device, ndc_frame: torch.Tensor | None = None
+) -> tuple[RadianceField, Any]:
+    """The field (seeded by ``config.seed``) and the sampler's state module, on ``device``.
+
+    The state module is the occupancy sampler's :class:`OccupancyGrid` (over the field coordinates
+    when the field is contracted), the proposal sampler's :class:`ProposalNetworks`, else None.
+    ``ndc_frame`` is the NDC reference camera of a field in scene space ``ndc``.
+    """
+    space = "box" if config.scene_space == "auto" else config.scene_space
     field = RadianceField(
         aabb,
         levels=config.levels,
@@ -55,10 +62,21 @@ def build_models(
         features=config.features,
         hidden=config.hidden,
         seed=config.seed,
+        space=space,
+        ndc_frame=ndc_frame,
     ).to(device)
-    grid = None
+    grid: Any = None
     if config.sampler == "occupancy":
-        grid = OccupancyGrid(aabb, config.occ_resolution, threshold=config.occ_threshold).to(device)
+        grid_box = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]) if space == "contract" else aabb
+        grid = OccupancyGrid(grid_box, config.occ_resolution, threshold=config.occ_threshold).to(device)
+    elif config.sampler == "proposal":
+        grid = ProposalNetworks(
+            aabb,
+            len(proposal_counts(config.prop_samples)),
+            config.prop_resolution,
+            space=space,
+            seed=config.seed,
+        ).to(device)
     return field, grid
 
 
@@ -68,7 +86,7 @@ def render_image(
     store: Any,
     name: str,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Render image ``name``: ``(prediction (H, W, 3), target (H, W, 3))``, both over the background."""
@@ -105,13 +123,13 @@ def render_batch(
 
 def models_from_state(
     config: TrainConfig, tensors: dict[str, Any], device: torch.device
-) -> tuple[RadianceField, OccupancyGrid | None]:
+) -> tuple[RadianceField, Any]:
     """The models of a checkpoint's (or an export's) tensors, on ``device``, in evaluation mode.
 
     Shared by ``raykit render RUN`` and ``raykit render --model OUT``: ``tensors`` holds one state dict
     per model under the checkpoint's group names (``field``, ``grid``).
     """
-    field, grid = build_models(config, tensors["field"]["aabb"], device)
+    field, grid = build_models(config, tensors["field"]["aabb"], device, tensors["field"].get("ndc_frame"))
     field.load_state_dict(tensors["field"])
     if grid is not None:
         grid.load_state_dict(tensors["grid"])
@@ -123,7 +141,7 @@ def quick_psnr(
     config: TrainConfig,
     store: Any,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
 ) -> dict[str, Any]:
     """Mean PSNR over the first ``progress_images`` images of the first eval split (no files written)."""
@@ -149,7 +167,7 @@ def evaluate_split(
     store: Any,
     split: str,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
 ) -> dict[str, Any]:
     """Metrics of one split (see the module docstring), writing its renders."""
@@ -174,7 +192,7 @@ def evaluate_run(
     config: TrainConfig,
     store: Any,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     device: torch.device,
     splits: list[str] | None = None,
     step: int | None = None,

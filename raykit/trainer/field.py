@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raykit.trainer.contraction import field_coords
+
 __all__ = [
     "RadianceField",
     "grid_resolutions",
@@ -115,9 +117,13 @@ class RadianceField(nn.Module):
         hidden: width of both MLPs.
         geo_features: size of the geometry feature passed from the density to the colour MLP.
         seed: initialisation seed (the field draws from its own generator).
+        space: ``"box"`` or ``"ndc"`` (positions inside ``aabb``) or ``"contract"`` (``aabb`` bounds the
+            unit ball; see :func:`raykit.trainer.contraction.field_coords`).
+        ndc_frame: the NDC reference camera (``"ndc"`` only; a buffer, saved with the weights).
     """
 
     aabb: Tensor
+    ndc_frame: Tensor | None
 
     def __init__(
         self,
@@ -129,8 +135,13 @@ class RadianceField(nn.Module):
         hidden: int = 32,
         geo_features: int = 15,
         seed: int = 0,
+        space: str = "box",
+        ndc_frame: Tensor | None = None,
     ) -> None:
         super().__init__()
+        self.space = space
+        frame = None if ndc_frame is None else torch.as_tensor(ndc_frame, dtype=torch.float32).clone()
+        self.register_buffer("ndc_frame", frame)
         generator = torch.Generator().manual_seed(seed)
         self.register_buffer("aabb", torch.as_tensor(aabb, dtype=torch.float32).clone())
         self.resolutions = grid_resolutions(levels, base_resolution, max_resolution)
@@ -155,13 +166,17 @@ class RadianceField(nn.Module):
                 density_out.bias[0] = math.log(0.1)
 
     def normalize(self, positions: Tensor) -> Tensor:
-        """(..., 3) world positions -> (..., 3) box coordinates in [-1, 1] inside the box."""
-        lo, hi = self.aabb[:3], self.aabb[3:]
-        return (positions - lo) / (hi - lo) * 2.0 - 1.0
+        """(..., 3) world positions -> (..., 3) field coordinates in [-1, 1] inside the field."""
+        return field_coords(positions, self.aabb, self.space == "contract")
 
-    def _geometry(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(P, 3) positions -> (sigma (P,), geometry features (P, G))."""
-        coords = self.normalize(positions)
+    def density_at_coords(self, coords: Tensor) -> Tensor:
+        """(..., 3) field coordinates -> (...,) densities (the occupancy grid of a contracted field)."""
+        sigma, _ = self._geometry(coords.reshape(-1, 3), normalized=True)
+        return sigma.view(coords.shape[:-1])
+
+    def _geometry(self, positions: Tensor, normalized: bool = False) -> tuple[Tensor, Tensor]:
+        """(P, 3) positions (or field coordinates) -> (sigma (P,), geometry features (P, G))."""
+        coords = positions if normalized else self.normalize(positions)
         inside = (coords.abs() <= 1.0).all(dim=-1)
         feats = torch.cat([plane_features(planes, coords) for planes in self.planes], dim=-1)
         raw = self.density_mlp(feats)

@@ -25,6 +25,7 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json
 from raykit.loaders import RayLoader
 from raykit.store import open_store
+from raykit.trainer.budget import SampleBudget, current_memory_mb, take_rays
 from raykit.trainer.checkpoint import (
     CheckpointMeta,
     check_resumable,
@@ -42,6 +43,7 @@ from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tens
 from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
+from raykit.trainer.proposal import ProposalNetworks, ProposalTrace, average_gradients, interlevel_loss
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
@@ -50,9 +52,9 @@ from raykit.trainer.runtime import (
     parse_background,
     peak_memory_mb,
     resolve_device,
-    scene_aabb,
     start_processes,
 )
+from raykit.trainer.space import resolve_space, scene_space
 
 __all__ = ["TrainState", "parameter_digest", "train"]
 
@@ -69,6 +71,7 @@ class TrainState:
     rays: int = 0
     samples: int = 0
     loss_sum: float = 0.0
+    memory_mb: float = 0.0  # the window's largest memory in use just after a forward pass
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -90,7 +93,7 @@ class _Run:
     device: torch.device
     procs: Processes
     field: RadianceField
-    grid: OccupancyGrid | None
+    grid: Any  # the sampler's state: OccupancyGrid, ProposalNetworks or None
     model: Any
     optimizer: torch.optim.Optimizer
     loader: RayLoader
@@ -100,11 +103,14 @@ class _Run:
     progress: JsonlLog
     tensorboard: TensorBoardLog | None
     progress_step: int = -1
+    space: dict[str, Any] = field(default_factory=dict)
+    budget: SampleBudget | None = None
 
 
 def train(config: TrainConfig) -> Path:
     """Train a radiance field on ``config.store``; evaluate; return the run directory."""
     run = _setup(config)
+    config = run.config  # the scene space resolved
     field_, grid, device = run.field, run.grid, run.device
     background = parse_background(config.background).to(device)
     state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
@@ -115,11 +121,15 @@ def train(config: TrainConfig) -> Path:
         if config.max_seconds is not None and clock >= config.max_seconds:
             break
         t = [time.perf_counter()]
-        batch = next(batches)
+        batch = (
+            next(batches)
+            if run.budget is None
+            else take_rays(batches, run.budget.rays, config.budget_granule)
+        )
         t.append(time.perf_counter())
         for group in run.optimizer.param_groups:
             group["lr"] = learning_rate(config, state.step, clock)
-        if grid is not None and state.step % config.occ_update_every == 0:
+        if isinstance(grid, OccupancyGrid) and state.step % config.occ_update_every == 0:
             _refresh_grid(run, state.step)
         samples = sample_rays(config, field_, grid, batch, state.step, run.jitter)
         t.append(_sync(device))
@@ -127,14 +137,23 @@ def train(config: TrainConfig) -> Path:
         t.append(_sync(device))
         rendered = composite_samples(samples, sigmas, rgbs, background)
         loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
+        total = loss
+        if isinstance(samples.trace, ProposalTrace):
+            total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+        window.memory_mb = max(window.memory_mb, current_memory_mb(device))
         t.append(_sync(device))
         run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
+        if run.procs.distributed and isinstance(grid, ProposalNetworks):
+            average_gradients(grid)
         t.append(_sync(device))
         run.optimizer.step()
         t.append(_sync(device))
         before = state.elapsed
-        _account(state, window, t, len(batch), samples.n_samples)
+        n_samples = samples.n_samples
+        _account(state, window, t, len(batch), n_samples)
+        if run.budget is not None:
+            run.budget.update(len(batch), n_samples)
         window.loss_sum += loss.item()
         state.step += 1
         window.step += 1
@@ -175,9 +194,17 @@ def _setup(config: TrainConfig) -> _Run:
     device = resolve_device(config.device)
     procs = start_processes(device)
     store = open_store(config.store)
-    field_, grid = build_models(config, scene_aabb(config, store), device)
+    config, reason = resolve_space(config, store)
+    space = scene_space(config, store, reason)
+    field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
+    budget = None
+    if config.samples_per_step is not None:
+        budget = SampleBudget.start(
+            config.samples_per_step, config.budget_granule, _max_samples_per_ray(config)
+        )
     loader = RayLoader(
-        store, config.train_split, config.batch_size, config.seed, device=device,
+        store, config.train_split, config.batch_size if budget is None else config.budget_granule,
+        config.seed, device=device,
         num_workers=config.num_workers, rank=procs.rank, world_size=procs.world_size,
     )  # fmt: skip
     run_dir = Path(config.out)
@@ -190,7 +217,12 @@ def _setup(config: TrainConfig) -> _Run:
         field=field_,
         grid=grid,
         model=DistributedDataParallel(field_) if procs.distributed else field_,
-        optimizer=torch.optim.Adam(field_.parameters(), lr=config.lr, eps=1e-15, fused=True),
+        optimizer=torch.optim.Adam(
+            [*field_.parameters(), *(grid.parameters() if grid is not None else ())],
+            lr=config.lr,
+            eps=1e-15,
+            fused=True,
+        ),
         loader=loader,
         jitter=torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank),
         refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
@@ -203,7 +235,18 @@ def _setup(config: TrainConfig) -> _Run:
             lambda: first_test_view(config, store, field_, grid, device),
             config.log_image_every_s,
         ),
+        space=space.describe(),
+        budget=budget,
     )
+
+
+def _max_samples_per_ray(config: TrainConfig) -> int:
+    """The most field samples a ray can get from the configured sampler (the budget's first guess)."""
+    return {
+        "stratified": config.n_samples,
+        "hierarchical": config.hier_fine,
+        "proposal": config.prop_final,
+    }.get(config.sampler, config.march_steps)
 
 
 def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> Any:
@@ -251,6 +294,9 @@ def _log_record(state: TrainState, window: TrainState, device: torch.device) -> 
         "samples_per_ray": window.samples / max(window.rays, 1),
         "loader_wait_fraction": window.seconds["data"] / max(window.elapsed, 1e-9),
         "step_time_s": window.elapsed,
+        "rays_per_step": window.rays / max(window.step, 1),
+        "samples_per_step": window.samples / max(window.step, 1),
+        "step_memory_mb": window.memory_mb,
         "seconds": dict(window.seconds),
         "elapsed_s": state.elapsed,
         "peak_memory_mb": peak_memory_mb(device),
@@ -273,10 +319,14 @@ def _shared_elapsed(config: TrainConfig, state: TrainState, procs: Processes) ->
 def _refresh_grid(run: _Run, step: int) -> None:
     """Refresh the occupancy grid: every cell during warm-up, then a random share plus the occupied ones."""
     config = run.config
-    if run.grid is not None:
+    if isinstance(run.grid, OccupancyGrid):
         fraction = 1.0 if step < config.occ_warmup_steps else config.occ_refresh_fraction
         step_size = march_step_size(run.field.aabb, config.march_steps)
-        run.grid.refresh(run.field.density, step_size, run.refresh, fraction)
+        density_fn: Any = run.field.density
+        if run.field.space == "contract":  # the grid covers field coordinates; one step of s inside the ball
+            density_fn = run.field.density_at_coords
+            step_size = float((run.field.aabb[3:] - run.field.aabb[:3]).max()) / config.march_steps
+        run.grid.refresh(density_fn, step_size, run.refresh, fraction)
 
 
 def _write_log(run: _Run, record: dict[str, Any]) -> None:
@@ -326,6 +376,7 @@ def _checkpoint(run: _Run, state: TrainState) -> None:
             "seconds": state.seconds,
             "rays": state.rays,
             "samples": state.samples,
+            **({"budget": run.budget.state_dict()} if run.budget is not None else {}),
         },
     )
     tensors = {
@@ -347,6 +398,8 @@ def _restore(run: _Run) -> TrainState:
     run.optimizer.load_state_dict(tensors["optimizer"])
     if run.grid is not None and tensors["grid"]:
         run.grid.load_state_dict(tensors["grid"])
+    if run.budget is not None and "budget" in meta.extra:
+        run.budget.load_state_dict(meta.extra["budget"])
     if meta.store_fingerprint == run.store.fingerprint:
         run.loader.load_state_dict(meta.loader_state)
     rank = run.procs.rank
@@ -370,12 +423,18 @@ def _start(run: _Run) -> TrainState:
             "or choose another --out"
         )
     if run.procs.is_main:
-        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs)
+        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space)
     return TrainState()
 
 
 def _record_run(
-    config: TrainConfig, run_dir: Path, store: Any, aabb: torch.Tensor, device: torch.device, procs: Processes
+    config: TrainConfig,
+    run_dir: Path,
+    store: Any,
+    aabb: torch.Tensor,
+    device: torch.device,
+    procs: Processes,
+    space: dict[str, Any] | None = None,
 ) -> None:
     """config.json and run.json: everything needed to reproduce the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -391,6 +450,7 @@ def _record_run(
             "seed": config.seed,
             "aabb": aabb.tolist(),
             "environment": environment(device, procs),
+            "scene_space": space or {},
         },
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,17 +19,26 @@ from raykit.rays import RayBatch
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
+from raykit.trainer.proposal import ProposalNetworks, proposal_samples
 from raykit.trainer.render import rendering
 from raykit.trainer.samplers import (
     Samples,
     hierarchical_samples,
     march_occupied,
-    ray_aabb_intersect,
     stratified_samples,
     uniform_fraction,
 )
+from raykit.trainer.space import RayFrame, hierarchical_in_s, march_in_s, ray_frame
 
-__all__ = ["FieldFn", "composite_samples", "march_step_size", "query_field", "render_rays", "sample_rays"]
+__all__ = [
+    "FieldFn",
+    "composite_samples",
+    "march_step_size",
+    "proposal_counts",
+    "query_field",
+    "render_rays",
+    "sample_rays",
+]
 
 FieldFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """positions (..., 3), directions (..., 3) -> (sigma (...,), rgb (..., 3)); the field or its DDP wrapper."""
@@ -42,32 +52,67 @@ def march_step_size(aabb: Tensor, march_steps: int) -> float:
 def sample_rays(
     config: TrainConfig,
     field: RadianceField,
-    grid: OccupancyGrid | None,
+    grid: Any,
     rays: RayBatch,
     step: int,
     generator: torch.Generator | None,
 ) -> Samples:
-    """Intervals along each ray, within the rays' ``[near, far]`` clipped to the field's scene box.
+    """Intervals along each ray, within the rays' ``[near, far]`` (clipped to the field's box unless the
+    field is contracted; in NDC the rays are moved to NDC first, see :mod:`raykit.trainer.space`).
 
     Args:
+        grid: the sampler's state module: the :class:`OccupancyGrid` (occupancy sampler), the
+            :class:`ProposalNetworks` (proposal sampler), else None.
         rays: N rays (``origins``, ``directions``, ``near``, ``far`` are used).
-        step: training step (drives the hierarchical coarse-to-fine schedule).
+        step: training step (drives the coarse-to-fine schedules).
         generator: jitter source; None for deterministic evaluation samples.
     """
-    rays_o, rays_d, near, far = rays.origins, rays.directions, rays.near, rays.far
-    t_min, t_max = ray_aabb_intersect(rays_o, rays_d, field.aabb)
-    t0 = torch.maximum(near, t_min)
-    t1 = torch.maximum(torch.minimum(far, t_max), t0)
+    frame = ray_frame(
+        field.space, field.aabb, field.ndc_frame, rays.origins, rays.directions, rays.near, rays.far
+    )
+    samples = _sample(config, field, grid, frame, step, generator)
+    if field.space == "ndc":
+        samples.origins, samples.directions = frame.origins, frame.directions
+    return samples
+
+
+def _sample(
+    config: TrainConfig,
+    field: RadianceField,
+    grid: Any,
+    frame: RayFrame,
+    step: int,
+    generator: torch.Generator | None,
+) -> Samples:
+    rays_o, rays_d, t0, t1 = frame.origins, frame.directions, frame.s0, frame.s1
+    contracted = frame.scale > 0
+    uniform = uniform_fraction(step, config.hier_anneal_steps, config.hier_uniform)
     if config.sampler == "stratified":
-        return stratified_samples(t0, t1, config.n_samples, generator)
+        samples = stratified_samples(t0, t1, config.n_samples, generator)
+        samples.t_starts, samples.t_ends = frame.to_t(samples.t_starts), frame.to_t(samples.t_ends)
+        return samples
     if config.sampler == "hierarchical":
-        uniform = uniform_fraction(step, config.hier_anneal_steps, config.hier_uniform)
+        if contracted:
+            return hierarchical_in_s(
+                field.density, frame, config.hier_coarse, config.hier_fine, uniform, generator
+            )
         return hierarchical_samples(
             field.density, rays_o, rays_d, t0, t1, config.hier_coarse, config.hier_fine, uniform, generator
         )
-    if grid is None:
+    if config.sampler == "proposal":
+        if not isinstance(grid, ProposalNetworks):
+            raise TypeError("sample_rays: the proposal sampler needs its ProposalNetworks")
+        counts = proposal_counts(config.prop_samples)
+        return proposal_samples(grid, frame, counts, config.prop_final, uniform, generator)
+    if not isinstance(grid, OccupancyGrid):
         raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
+    if contracted:
+        return march_in_s(
+            frame, config.march_steps, lambda p: grid.is_occupied(field.normalize(p)), generator
+        )
     density_fn = field.density if config.early_stop_eps > 0 else None
+    if density_fn is not None and field.space == "ndc":
+        density_fn = None  # positions are in NDC; the early-stop pass is a box-space option
     step_size = march_step_size(field.aabb, config.march_steps)
     return march_occupied(
         rays_o,
@@ -80,6 +125,11 @@ def sample_rays(
         density_fn,
         config.early_stop_eps,
     )
+
+
+def proposal_counts(text: str) -> list[int]:
+    """``"64,32"`` -> ``[64, 32]``: samples per proposal level."""
+    return [int(v) for v in text.split(",") if v.strip()]
 
 
 def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[object]:
@@ -95,13 +145,15 @@ def query_field(
 
     ``mixed_precision`` autocasts the field to bfloat16 on CUDA only; the outputs are float32.
     """
-    rays_o, rays_d = rays.origins, rays.directions
+    rays_d = rays.directions  # view directions: always the world rays'
+    rays_o = rays.origins if samples.origins is None else samples.origins
+    step_d = rays_d if samples.directions is None else samples.directions
     t_mid = 0.5 * (samples.t_starts + samples.t_ends)
     if samples.ray_indices is None:
-        positions = rays_o[:, None, :] + rays_d[:, None, :] * t_mid[..., None]
+        positions = rays_o[:, None, :] + step_d[:, None, :] * t_mid[..., None]
         directions = rays_d[:, None, :].expand_as(positions)
     else:
-        positions = rays_o[samples.ray_indices] + rays_d[samples.ray_indices] * t_mid[:, None]
+        positions = rays_o[samples.ray_indices] + step_d[samples.ray_indices] * t_mid[:, None]
         directions = rays_d[samples.ray_indices]
     with _autocast(rays_o.device, mixed_precision):
         sigmas, rgbs = model(positions, directions)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,12 +37,19 @@ DensityFn = Callable[[Tensor], Tensor]
 
 @dataclass
 class Samples:
-    """Intervals along rays. Padded: t_starts/t_ends (N, S), ray_indices None. Packed: (M,) + (M,)."""
+    """Intervals along rays. Padded: t_starts/t_ends (N, S), ray_indices None. Packed: (M,) + (M,).
+
+    ``origins``/``directions`` (N, 3), when set, replace the rays' own for computing positions (rays in
+    NDC); ``trace`` holds what a sampler's auxiliary loss needs (the proposal sampler's weights).
+    """
 
     t_starts: Tensor
     t_ends: Tensor
     ray_indices: Tensor | None
     n_rays: int
+    origins: Tensor | None = None
+    directions: Tensor | None = None
+    trace: Any = None
 
     @property
     def n_samples(self) -> int:

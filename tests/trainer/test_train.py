@@ -72,7 +72,8 @@ def _final_state(run: Path) -> dict[str, torch.Tensor]:
 def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> None:
     run = train(tiny_config(tiny_store, tmp_path / "run", sampler="stratified"))
     config = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
-    assert config == tiny_config(tiny_store, tmp_path / "run", sampler="stratified")
+    expected = tiny_config(tiny_store, tmp_path / "run", sampler="stratified")
+    assert config == expected.replace(scene_space="box")  # auto, resolved from the store
     info = json.loads((run / "run.json").read_text())
     assert info["store_fingerprint"] == raykit.open_store(str(tiny_store)).fingerprint
     assert info["raykit_version"] == raykit.__version__ and info["seed"] == 0
@@ -98,7 +99,7 @@ def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> N
     assert len(list((run / "renders" / "test").glob("*.png"))) == 2
 
 
-@pytest.mark.parametrize("sampler", ["stratified", "hierarchical", "occupancy"])
+@pytest.mark.parametrize("sampler", ["stratified", "hierarchical", "occupancy", "proposal"])
 def test_samplers_reduce_the_loss(tiny_store: Path, tmp_path: Path, sampler: str) -> None:
     run = train(tiny_config(tiny_store, tmp_path / sampler, sampler=sampler, steps=40, lr=3e-2))
     losses = [r["loss"] for r in _log(run)]

@@ -1,0 +1,99 @@
+"""Proposal sampler pieces: outer weights and the interlevel loss against twins, sampling in s."""
+
+from __future__ import annotations
+
+import torch
+
+from raykit.trainer.proposal import (
+    ProposalNetworks,
+    ProposalTrace,
+    interlevel_loss,
+    outer_weights,
+    proposal_samples,
+    reference_outer_weights,
+)
+from raykit.trainer.samplers import hierarchical_samples
+from raykit.trainer.space import RayFrame, hierarchical_in_s, march_in_s
+
+GEN = torch.Generator().manual_seed(3)
+
+
+def _edges(n: int, k: int, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+    inner = torch.sort(torch.rand(n, k - 1, generator=GEN, dtype=torch.float64) * (hi - lo) + lo).values
+    return torch.cat([torch.full((n, 1), lo).double(), inner, torch.full((n, 1), hi).double()], dim=1)
+
+
+def test_outer_weights_match_the_overlap_twin() -> None:
+    edges = _edges(5, 7, 0.1, 0.9)  # the asked intervals may start inside / end before the envelope
+    env = _edges(5, 11)
+    weights = torch.rand(5, 11, generator=GEN, dtype=torch.float64)
+    assert torch.allclose(outer_weights(edges, env, weights), reference_outer_weights(edges, env, weights))
+    outside = torch.tensor([[1.2, 1.5, 2.0]], dtype=torch.float64)  # beyond the envelope: nothing
+    assert torch.equal(outer_weights(outside, env[:1], weights[:1]), torch.zeros(1, 2, dtype=torch.float64))
+
+
+def test_interlevel_loss_is_zero_when_the_proposal_bounds_the_weights_and_trains_only_the_proposal() -> None:
+    edges = _edges(4, 6)
+    w = torch.softmax(torch.randn(4, 6, generator=GEN, dtype=torch.float64), -1)
+    same = ProposalTrace([(edges, w.clone())], edges)
+    assert float(interlevel_loss(same, w)) < 1e-20  # zero up to the rounding of a cumulative sum
+    env_w = (w * 0.5).requires_grad_()
+    field_w = w.clone().requires_grad_()
+    loss = interlevel_loss(ProposalTrace([(edges, env_w)], edges), field_w)
+    bound = reference_outer_weights(edges, edges, 0.5 * w)  # touching neighbours count as overlapping
+    reference = ((w - bound).clamp_min(0) ** 2 / (w + 1e-7)).sum(-1).mean()
+    assert float(reference) > 0
+    assert torch.allclose(loss, reference)
+    loss.backward()
+    assert field_w.grad is None and env_w.grad is not None
+    assert (env_w.grad <= 0).all() and (env_w.grad < 0).any()
+
+
+def test_hierarchical_in_s_equals_hierarchical_when_s_is_t() -> None:
+    rays_o = torch.randn(6, 3, generator=GEN)
+    rays_d = torch.nn.functional.normalize(torch.randn(6, 3, generator=GEN), dim=-1)
+    near, far = torch.full((6,), 0.5), torch.full((6,), 3.0)
+
+    def density(p: torch.Tensor) -> torch.Tensor:
+        return 5.0 * torch.exp(-((p**2).sum(-1)))
+
+    frame = RayFrame(rays_o, rays_d, near, far)
+    for generator in (None, 7):
+        g1 = None if generator is None else torch.Generator().manual_seed(generator)
+        g2 = None if generator is None else torch.Generator().manual_seed(generator)
+        a = hierarchical_samples(density, rays_o, rays_d, near, far, 16, 8, 0.2, g1)
+        b = hierarchical_in_s(density, frame, 16, 8, 0.2, g2)
+        assert torch.allclose(a.t_starts, b.t_starts) and torch.allclose(a.t_ends, b.t_ends)
+
+
+def test_proposal_samples_are_sorted_contiguous_and_deterministic_in_a_contracted_frame() -> None:
+    aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
+    networks = ProposalNetworks(aabb, levels=2, resolution=8, space="contract")
+    rays_o = torch.randn(5, 3, generator=GEN) * 0.3
+    rays_d = torch.nn.functional.normalize(torch.randn(5, 3, generator=GEN), dim=-1)
+    frame = RayFrame(rays_o, rays_d, torch.full((5,), 0.01), torch.full((5,), 0.99), scale=1.0)
+    samples = proposal_samples(networks, frame, [16, 8], 6, 0.1, torch.Generator().manual_seed(0))
+    assert samples.t_starts.shape == (5, 6)
+    assert torch.equal(samples.t_starts[:, 1:], samples.t_ends[:, :-1])
+    assert (samples.t_ends >= samples.t_starts).all()
+    assert (samples.t_starts >= frame.to_t(frame.s0)[:, None] - 1e-6).all()
+    assert (samples.t_ends <= frame.to_t(frame.s1)[:, None] + 1e-3).all()
+    trace = samples.trace
+    assert [e.shape[1] for e, _ in trace.levels] == [17, 9] and trace.final_edges.shape == (5, 7)
+    assert trace.levels[0][1].requires_grad  # the interlevel loss reaches the networks
+    again = proposal_samples(networks, frame, [16, 8], 6, 0.1, None)
+    assert torch.equal(again.t_starts, proposal_samples(networks, frame, [16, 8], 6, 0.1, None).t_starts)
+
+
+def test_march_in_s_covers_the_interval_when_everything_is_occupied_and_skips_empty_space() -> None:
+    rays_o = torch.zeros(3, 3)
+    rays_d = torch.eye(3)
+    frame = RayFrame(rays_o, rays_d, torch.tensor([0.0, 0.1, 0.3]), torch.tensor([0.9, 0.5, 0.3]), scale=2.0)
+    full = march_in_s(frame, 64, lambda p: torch.ones(p.shape[0], dtype=torch.bool))
+    for ray in range(3):
+        mine = full.ray_indices == ray
+        covered = float((full.t_ends[mine] - full.t_starts[mine]).sum())
+        expected = float(frame.to_t(frame.s1[ray : ray + 1]) - frame.to_t(frame.s0[ray : ray + 1]))
+        assert abs(covered - expected) < 1e-4
+    near_only = march_in_s(frame, 64, lambda p: p.norm(dim=-1) < 1.0)
+    assert (near_only.t_ends <= 1.0 + 2.0 * 2.0 / 64).all() and near_only.ray_indices.numel() > 0

@@ -1,0 +1,205 @@
+"""Scene spaces end to end, the proposal sampler's checkpointed state, and the samples budget per step."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from raykit.cameras import Camera
+from raykit.scene import render_scene
+from raykit.store import ImageRecord, SceneInfo, write_store
+from raykit.trainer import TrainConfig, compare, render, train
+from raykit.trainer.budget import SampleBudget
+from raykit.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+
+SMALL = {
+    "steps": 8,
+    "batch_size": 128,
+    "levels": 2,
+    "base_resolution": 8,
+    "max_resolution": 16,
+    "features": 2,
+    "hidden": 16,
+    "prop_samples": "16,8",
+    "prop_final": 8,
+    "prop_resolution": 16,
+    "hier_anneal_steps": 4,
+    "occ_resolution": 16,
+    "occ_update_every": 3,
+    "occ_warmup_steps": 4,
+    "march_steps": 48,
+    "log_every": 1,
+    "ckpt_every": 4,
+    "threads": 1,
+    "device": "cpu",
+}
+
+
+def _config(store: Path, out: Path, **changes: Any) -> TrainConfig:
+    return TrainConfig(store=str(store), out=str(out), **{**SMALL, **changes})
+
+
+def _log(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def _pixels(image: np.ndarray) -> np.ndarray:
+    return image
+
+
+SIZE = 12
+
+
+def ball_image(c2w_flat: tuple[float, ...], size: int) -> np.ndarray:
+    """(H, W, 4) uint8: a ball of radius 0.6 at the origin coloured by its normal, over a grey wall at
+    y = 1.5 (so every pixel is opaque, as in a forward-facing photo)."""
+    c2w = np.asarray(c2w_flat).reshape(4, 4)
+    f = size * 1.2
+    x, y = np.meshgrid(np.arange(size) + 0.5, np.arange(size) + 0.5)
+    dirs = np.stack([(x - size / 2) / f, (y - size / 2) / f, np.ones_like(x)], axis=-1) @ c2w[:3, :3].T
+    dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
+    o = c2w[:3, 3]
+    b = dirs @ o
+    disc = b**2 - (o @ o - 0.36)
+    hit = disc > 0
+    t = -b - np.sqrt(np.maximum(disc, 0))
+    normal = (o + dirs * t[..., None]) / 0.6
+    wall_t = (1.5 - o[1]) / dirs[..., 1]
+    wall = o + dirs * wall_t[..., None]
+    checker = (np.floor(wall[..., 0] * 2) + np.floor(wall[..., 2] * 2)) % 2
+    rgb = np.where(hit[..., None], 0.5 + 0.5 * normal, 0.3 + 0.4 * checker[..., None])
+    rgba = np.concatenate([rgb, np.ones_like(rgb[..., :1])], axis=-1)
+    return (rgba * 255 + 0.5).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def unbounded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny unbounded variant of the built-in scene as a Zarr store (bounds enclose the sky dome)."""
+    scene = render_scene("tiny", seed=0, unbounded=True)
+    records = [
+        ImageRecord(name, split, scene.camera, scene.c2w[i], float(scene.near[i]), float(scene.far[i]),
+                    f"builtin://{name}", functools.partial(_pixels, scene.images[i]))
+        for i, (name, split) in enumerate(zip(scene.names, scene.splits, strict=True))
+    ]  # fmt: skip
+    bounds = (tuple(scene.bounds[0].tolist()), tuple(scene.bounds[1].tolist()))
+    path = tmp_path_factory.mktemp("unbounded") / "store"
+    write_store(path, records, scene=SceneInfo(bounds=bounds), backend="zarr", chunk_rays=512)
+    return path
+
+
+def test_budget_controller_keeps_samples_per_step_near_the_target() -> None:
+    target, granule = 20_000, 32
+    budget = SampleBudget.start(target, granule, max_samples_per_ray=256)
+    assert budget.rays * 256 <= target + granule * 256  # the first step cannot overshoot
+    rng = np.random.default_rng(0)
+    per_step = []
+    for step in range(300):
+        spr = 8.0 + 120.0 * np.exp(-step / 30.0)  # a sampler that prunes more and more (occupancy)
+        rays = budget.rays
+        samples = int(rays * spr * rng.uniform(0.9, 1.1))
+        per_step.append(samples)
+        budget.update(rays, samples)
+    after = np.array(per_step[60:])
+    assert abs(after.mean() / target - 1) < 0.05 and np.abs(after / target - 1).max() < 0.3
+    state = json.loads(json.dumps(budget.state_dict()))
+    again = SampleBudget.start(target, granule, 256)
+    again.load_state_dict(state)
+    assert again == budget and again.update(640, 10_000) == budget.update(640, 10_000)
+
+
+def test_samples_per_step_adapts_rays_and_memory_stays_flat(tiny_store: Path, tmp_path: Path) -> None:
+    config = _config(tiny_store, tmp_path / "b", sampler="occupancy", steps=40, samples_per_step=3000,
+                     budget_granule=16, log_every=4)  # fmt: skip
+    run = train(config)
+    records = _log(run)
+    assert all({"rays_per_step", "samples_per_step", "step_memory_mb"} <= set(r) for r in records)
+    assert len({r["rays_per_step"] for r in records}) > 1  # the rays per step adapted
+    after = records[len(records) // 4 :]
+    mean = sum(r["samples_per_step"] for r in after) / len(after)
+    assert abs(mean / 3000 - 1) < 0.25, [r["samples_per_step"] for r in records]
+    memory = [r["step_memory_mb"] for r in after]
+    assert min(memory) > 0 and (max(memory) - min(memory)) / min(memory) <= 0.10
+    rows = {(row.split, row.metric): row for row in compare(run, run)}
+    assert rows[("train", "samples_per_step")].a == records[-1]["samples_per_step"]
+    assert rows[("train", "rays_per_step")].delta == 0
+
+
+def test_proposal_budget_run_resumes_exactly_with_its_networks(tiny_store: Path, tmp_path: Path) -> None:
+    config = _config(tiny_store, tmp_path / "straight", sampler="proposal", samples_per_step=900,
+                     budget_granule=16, keep_checkpoints=3)  # fmt: skip
+    straight = train(config)
+    meta, tensors = load_checkpoint(latest_checkpoint(straight))  # type: ignore[arg-type]
+    assert any(key.startswith("nets.") for key in tensors["grid"])  # the proposal networks are saved
+    assert "budget" in meta.extra
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    for path in list_checkpoints(resumed)[1:]:  # back to the step-4 checkpoint, as after a crash
+        shutil.rmtree(path)
+    train(config.replace(out=str(resumed), resume=True))
+    assert [r["loss"] for r in _log(resumed)] == [r["loss"] for r in _log(straight)]
+    a = load_checkpoint(latest_checkpoint(straight))[1]  # type: ignore[arg-type]
+    b = load_checkpoint(latest_checkpoint(resumed))[1]  # type: ignore[arg-type]
+    for part in ("field", "grid"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part])
+
+
+@pytest.mark.parametrize("sampler", ["occupancy", "proposal"])
+def test_unbounded_store_picks_contraction_and_renders_back(
+    unbounded_store: Path, tmp_path: Path, sampler: str
+) -> None:
+    run = train(_config(unbounded_store, tmp_path / sampler, sampler=sampler, steps=30, lr=3e-2))
+    assert json.loads((run / "config.json").read_text())["scene_space"] == "contract"
+    space = json.loads((run / "run.json").read_text())["scene_space"]
+    assert space["mode"] == "contract" and "inside the scene bounds" in space["reason"]
+    radius = (np.array(space["aabb"][3:]) - np.array(space["aabb"][:3])).max() / 2
+    assert radius == pytest.approx(4.0, rel=1e-3)  # the ball through the cameras (distance 4)
+    losses = [r["loss"] for r in _log(run)]
+    assert sum(losses[-5:]) < sum(losses[:5])
+    trained = json.loads((run / "eval.json").read_text())["splits"]["test"]["psnr"]
+    again = render(run, "test")["splits"]["test"]["psnr"]
+    assert again == pytest.approx(trained, abs=1e-6)  # the sampler state came back from the checkpoint
+
+
+def test_scene_space_override_is_kept(unbounded_store: Path, tmp_path: Path) -> None:
+    run = train(_config(unbounded_store, tmp_path / "box", sampler="stratified", scene_space="box",
+                        steps=2, n_samples=8))  # fmt: skip
+    assert json.loads((run / "config.json").read_text())["scene_space"] == "box"
+    aabb = json.loads((run / "run.json").read_text())["aabb"]
+    assert aabb == [-30.0, -30.0, -30.0, 30.0, 30.0, 30.0]  # the store's bounds, uncontracted
+
+
+@pytest.fixture(scope="module")
+def facing_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A forward-facing capture of the conftest ball: 12 cameras on a small plane, all looking along +y."""
+    camera = Camera("PINHOLE", SIZE, SIZE, (SIZE * 1.2, SIZE * 1.2, SIZE / 2, SIZE / 2))
+    records = []
+    for i in range(12):
+        c2w = np.eye(4)
+        c2w[:3, :3] = np.array([[1.0, 0, 0], [0, 0, 1], [0, -1, 0]]).T  # x right, y down = -z, z forward = +y
+        c2w[:3, 3] = [0.25 * (i % 4) - 0.4, -2.5, 0.2 * (i // 4) - 0.2]
+        load = functools.partial(ball_image, tuple(c2w.ravel()), SIZE)
+        split = "test" if i in (5, 10) else "train"
+        records.append(ImageRecord(f"f_{i:02d}.png", split, camera, c2w, 1.5, 4.0, f"mem://{i}", load))
+    path = tmp_path_factory.mktemp("facing") / "store"
+    write_store(path, records, scene=SceneInfo(), backend="zarr", chunk_rays=128)
+    return path
+
+
+def test_forward_facing_store_picks_ndc(facing_store: Path, tmp_path: Path) -> None:
+    run = train(_config(facing_store, tmp_path / "ndc", sampler="hierarchical", steps=30, lr=3e-2,
+                        hier_coarse=12, hier_fine=12))  # fmt: skip
+    assert json.loads((run / "config.json").read_text())["scene_space"] == "ndc"
+    frame = json.loads((run / "run.json").read_text())["scene_space"]["ndc_frame"]
+    assert frame[16] == pytest.approx(0.9 * 1.5)  # the near plane: 0.9 x the smallest near bound
+    losses = [r["loss"] for r in _log(run)]
+    assert sum(losses[-5:]) < sum(losses[:5])
+    assert "ndc_frame" in load_checkpoint(latest_checkpoint(run))[1]["field"]  # type: ignore[arg-type]
+    trained = json.loads((run / "eval.json").read_text())["splits"]["test"]["psnr"]
+    assert render(run, "test")["splits"]["test"]["psnr"] == pytest.approx(trained, abs=1e-6)
