@@ -88,7 +88,10 @@ def concat_batches(batches: list[RayBatch]) -> RayBatch:
     values: dict[str, Any] = {}
     for f in fields(RayBatch):
         parts = [getattr(b, f.name) for b in batches]
-        values[f.name] = None if parts[0] is None else torch.cat(parts)
+        if f.name == "extra":  # stored fields by name
+            values[f.name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        else:
+            values[f.name] = None if parts[0] is None else torch.cat(parts)
     return RayBatch(**values)
 
 

@@ -28,8 +28,10 @@ def look_at(eye: np.ndarray) -> np.ndarray:
     return c2w
 
 
-def ball_image(c2w_flat: tuple[float, ...], size: int) -> np.ndarray:
-    """(H, W, 4) uint8: a ball coloured by its normal, transparent elsewhere (module level: picklable)."""
+def ball_image(c2w_flat: tuple[float, ...], size: int, wall: bool = False) -> np.ndarray:
+    """(H, W, 4) uint8: a ball coloured by its normal (module level: picklable). Elsewhere transparent,
+    or with ``wall`` a grey checkered wall at y = 1.5 so that every pixel is opaque (as in a
+    forward-facing photo)."""
     c2w = np.asarray(c2w_flat).reshape(4, 4)
     f = size * 1.2
     x, y = np.meshgrid(np.arange(size) + 0.5, np.arange(size) + 0.5)
@@ -41,8 +43,16 @@ def ball_image(c2w_flat: tuple[float, ...], size: int) -> np.ndarray:
     hit = disc > 0
     t = -b - np.sqrt(np.maximum(disc, 0))
     normal = (o + dirs * t[..., None]) / RADIUS
-    rgb = np.where(hit[..., None], 0.5 + 0.5 * normal, 0.0)
-    rgba = np.concatenate([rgb, hit[..., None].astype(float)], axis=-1)
+    if wall:
+        wall_t = (1.5 - o[1]) / dirs[..., 1]
+        point = o + dirs * wall_t[..., None]
+        checker = (np.floor(point[..., 0] * 2) + np.floor(point[..., 2] * 2)) % 2
+        rgb = np.where(hit[..., None], 0.5 + 0.5 * normal, 0.3 + 0.4 * checker[..., None])
+        alpha = np.ones_like(rgb[..., :1])
+    else:
+        rgb = np.where(hit[..., None], 0.5 + 0.5 * normal, 0.0)
+        alpha = hit[..., None].astype(float)
+    rgba = np.concatenate([rgb, alpha], axis=-1)
     return (rgba * 255 + 0.5).astype(np.uint8)
 
 

@@ -13,32 +13,21 @@ import pytest
 import torch
 
 from raykit.cameras import Camera
+from raykit.rays import RayBatch
 from raykit.scene import render_scene
 from raykit.store import ImageRecord, SceneInfo, write_store
 from raykit.trainer import TrainConfig, compare, render, train
-from raykit.trainer.budget import SampleBudget
+from raykit.trainer.budget import SampleBudget, concat_batches
 from raykit.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 
+from .conftest import SIZE, ball_image
+from .test_train import TINY
+
 SMALL = {
-    "steps": 8,
-    "batch_size": 128,
-    "levels": 2,
-    "base_resolution": 8,
-    "max_resolution": 16,
-    "features": 2,
-    "hidden": 16,
+    **{k: v for k, v in TINY.items() if k not in ("n_samples", "hier_coarse", "hier_fine")},
     "prop_samples": "16,8",
     "prop_final": 8,
     "prop_resolution": 16,
-    "hier_anneal_steps": 4,
-    "occ_resolution": 16,
-    "occ_update_every": 3,
-    "occ_warmup_steps": 4,
-    "march_steps": 48,
-    "log_every": 1,
-    "ckpt_every": 4,
-    "threads": 1,
-    "device": "cpu",
 }
 
 
@@ -52,31 +41,6 @@ def _log(run: Path) -> list[dict[str, Any]]:
 
 def _pixels(image: np.ndarray) -> np.ndarray:
     return image
-
-
-SIZE = 12
-
-
-def ball_image(c2w_flat: tuple[float, ...], size: int) -> np.ndarray:
-    """(H, W, 4) uint8: a ball of radius 0.6 at the origin coloured by its normal, over a grey wall at
-    y = 1.5 (so every pixel is opaque, as in a forward-facing photo)."""
-    c2w = np.asarray(c2w_flat).reshape(4, 4)
-    f = size * 1.2
-    x, y = np.meshgrid(np.arange(size) + 0.5, np.arange(size) + 0.5)
-    dirs = np.stack([(x - size / 2) / f, (y - size / 2) / f, np.ones_like(x)], axis=-1) @ c2w[:3, :3].T
-    dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
-    o = c2w[:3, 3]
-    b = dirs @ o
-    disc = b**2 - (o @ o - 0.36)
-    hit = disc > 0
-    t = -b - np.sqrt(np.maximum(disc, 0))
-    normal = (o + dirs * t[..., None]) / 0.6
-    wall_t = (1.5 - o[1]) / dirs[..., 1]
-    wall = o + dirs * wall_t[..., None]
-    checker = (np.floor(wall[..., 0] * 2) + np.floor(wall[..., 2] * 2)) % 2
-    rgb = np.where(hit[..., None], 0.5 + 0.5 * normal, 0.3 + 0.4 * checker[..., None])
-    rgba = np.concatenate([rgb, np.ones_like(rgb[..., :1])], axis=-1)
-    return (rgba * 255 + 0.5).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +148,7 @@ def facing_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         c2w = np.eye(4)
         c2w[:3, :3] = np.array([[1.0, 0, 0], [0, 0, 1], [0, -1, 0]]).T  # x right, y down = -z, z forward = +y
         c2w[:3, 3] = [0.25 * (i % 4) - 0.4, -2.5, 0.2 * (i // 4) - 0.2]
-        load = functools.partial(ball_image, tuple(c2w.ravel()), SIZE)
+        load = functools.partial(ball_image, tuple(c2w.ravel()), SIZE, True)
         split = "test" if i in (5, 10) else "train"
         records.append(ImageRecord(f"f_{i:02d}.png", split, camera, c2w, 1.5, 4.0, f"mem://{i}", load))
     path = tmp_path_factory.mktemp("facing") / "store"
@@ -203,3 +167,19 @@ def test_forward_facing_store_picks_ndc(facing_store: Path, tmp_path: Path) -> N
     assert "ndc_frame" in load_checkpoint(latest_checkpoint(run))[1]["field"]  # type: ignore[arg-type]
     trained = json.loads((run / "eval.json").read_text())["splits"]["test"]["psnr"]
     assert render(run, "test")["splits"]["test"]["psnr"] == pytest.approx(trained, abs=1e-6)
+
+
+def test_concat_batches_inverts_split_extra_fields_included() -> None:
+    n = 10
+    g = torch.Generator().manual_seed(0)
+    batch = RayBatch(
+        origins=torch.rand(n, 3, generator=g), directions=torch.rand(n, 3, generator=g),
+        rgb=torch.rand(n, 3, generator=g), alpha=None, image=torch.arange(n), pixel=torch.zeros(n, 2).long(),
+        near=torch.rand(n, generator=g), far=torch.rand(n, generator=g), z_scale=torch.rand(n, generator=g),
+        extra={"origins": torch.rand(n, 3, generator=g)},
+    )  # fmt: skip
+    whole = concat_batches(batch.split([4, 6]))
+    assert whole.alpha is None and set(whole.extra) == {"origins"}
+    torch.testing.assert_close(whole.extra["origins"], batch.extra["origins"], rtol=0, atol=0)
+    for name in ("origins", "rgb", "image", "z_scale"):
+        torch.testing.assert_close(getattr(whole, name), getattr(batch, name), rtol=0, atol=0)
