@@ -26,7 +26,7 @@ Target: per worker, conversion at least 0.8x the decode rate (conversion is deco
 "per worker" (per process) and "per core" (per thread) ratios are reported.
 
     python benchmarks/bench_convert.py                   # the full benchmark
-    python benchmarks/bench_convert.py --size small --out /tmp/c.json   # a quick look
+    python benchmarks/bench_convert.py --size small --out out/c.json   # a quick look
 
 Results go to ``benchmarks/results/convert.json``.
 """

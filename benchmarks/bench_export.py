@@ -8,7 +8,7 @@ time (the loop's own clock). Then ``export_run`` (seconds, bytes per file),
 from the export (seconds per image).
 
     python benchmarks/bench_export.py                      # results in benchmarks/results/export.json
-    python benchmarks/bench_export.py --steps 100 --out /tmp/e.json   # a quick look
+    python benchmarks/bench_export.py --steps 100 --out out/e.json   # a quick look
 """
 
 from __future__ import annotations

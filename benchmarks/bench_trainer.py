@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from machine import command_line, describe, portable
+from machine import command_line, describe, portable, write_report
 
 from raykit.errors import RaykitError
 from raykit.scene import render_scene
@@ -165,9 +165,7 @@ def main() -> None:
         "command": command,
         "results": results,
     }  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

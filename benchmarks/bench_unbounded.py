@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 from bench_trainer import _records, build_store, summarize
+from machine import command_line, describe, write_report
 
 from raykit.store import open_store
 from raykit.trainer import TrainConfig, train
@@ -72,9 +72,7 @@ def main() -> None:
     start = time.perf_counter()
     store = build_store(work / f"scene-{args.size}-unbounded", args.size, seed=0, unbounded=True)
     store_seconds = time.perf_counter() - start
-    command = "python benchmarks/bench_unbounded.py " + " ".join(
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("work", "out") and v
-    )
+    command = command_line()
     samplers = args.samplers.split(",")
     plan = [(space, sampler, None) for space in args.spaces.split(",") for sampler in samplers]
     if args.samples_per_step:
@@ -109,14 +107,11 @@ def main() -> None:
         "budget_seconds": args.budget,
         "store_fingerprint": open_store(str(store)).fingerprint,
         "store_build_seconds": store_seconds,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {**describe(torch.get_num_threads()), "torch": torch.__version__},
         "command": command,
         "results": results,
     }  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

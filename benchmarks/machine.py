@@ -6,6 +6,7 @@ as measured (not as remembered).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -73,3 +74,10 @@ def describe_text(machine: dict[str, Any]) -> str:
         parts.append(f"{machine['memory_gib']:.0f} GiB")
     parts.append(f"GPU {machine['gpu']}" if machine.get("gpu") else "no GPU")
     return ", ".join(parts)
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    """Write a benchmark's JSON report (folders created) and say where."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
