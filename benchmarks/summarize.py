@@ -195,7 +195,12 @@ def trainer_section(d: dict[str, Any]) -> str:
         ])  # fmt: skip
     return "\n".join([
         "## Trainer (issue 6)",
-        f"Command: `{_command(d['command'])}`",
+        f"Command: `{_command(d['command'])}`"
+        + "".join(
+            f"; {name} from `{_command(r['command'])}`"
+            for name, r in d["results"].items()
+            if r.get("command", d["command"]) != d["command"]
+        ),
         "",
         f"Scene: built-in `{d['scene']}`, {d['budget_seconds']:.0f} s training budget per sampler, CPU "
         f"({d['machine'].get('torch_threads')} torch threads). Test PSNR/SSIM over the full test images.",
