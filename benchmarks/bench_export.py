@@ -16,14 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from bench_trainer import build_store
+from machine import command_line, describe, write_report
 
 from raykit.trainer import TrainConfig, export_run, render_export, train, verify_export
 
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("--image-every", type=float, default=10.0, help="tensorboard: seconds between images")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="runs per logger (the fastest is kept)")
-    parser.add_argument("--work", default="/tmp/raykit-bench-export")
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "raykit-bench-export"))
     parser.add_argument("--out", default=str(ROOT / "results" / "export.json"))
     args = parser.parse_args()
     load_before = list(os.getloadavg())
@@ -84,11 +85,9 @@ def main() -> None:
     rendered = render_export(model, store, work / "renders", device="cpu")
     t3 = time.perf_counter()
     result = {
-        "command": f"python benchmarks/bench_export.py --steps {args.steps} --image-every {args.image_every} "
-        f"--threads {args.threads} --repeats {args.repeats}",
+        "command": command_line(),
         "machine": {
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
+            **describe(args.threads),
             "torch": torch.__version__,
             "loadavg_before": load_before,
             "loadavg_after": list(os.getloadavg()),
@@ -112,9 +111,7 @@ def main() -> None:
             "psnr": rendered["psnr"],
         },
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ collapse on a shared 2-core machine) and the faster steady state is the one comp
 states are measured over ``--batches`` batches (default 15000: nearly a whole epoch of the split).
 
     python benchmarks/bench_loader.py                  # the full benchmark
-    python benchmarks/bench_loader.py --size small --batches 300 --out /tmp/l.json
+    python benchmarks/bench_loader.py --size small --batches 300 --out out/l.json
     python benchmarks/bench_loader.py --cuda     # GPU machine: rays generated on the GPU, batch 2^18
 
 Results go to ``benchmarks/results/loader.json``.

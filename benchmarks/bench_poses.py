@@ -9,7 +9,7 @@ and the accuracy against the true poses after the best similarity on camera cent
 rotation error in degrees, median/max centre error relative to the largest distance between cameras).
 
     python benchmarks/bench_poses.py                      # both sizes -> benchmarks/results/poses.json
-    python benchmarks/bench_poses.py --sizes 16x200 --out /tmp/p.json   # a quick look
+    python benchmarks/bench_poses.py --sizes 16x200 --out out/p.json   # a quick look
 """
 
 from __future__ import annotations

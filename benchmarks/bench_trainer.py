@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,11 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=300.0, help="training seconds per sampler")
     parser.add_argument("--samplers", default="stratified,hierarchical,occupancy,proposal")
     parser.add_argument("--size", default="small", help="built-in scene size")
-    parser.add_argument("--work", default="/tmp/raykit-bench-trainer", help="store and run directories")
+    parser.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "raykit-bench-trainer"),
+        help="store and run directories",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "trainer.json"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--progress-points", type=int, default=10, help="quick test-PSNR checks per run")

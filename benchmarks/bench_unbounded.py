@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,11 @@ def main() -> None:
     parser.add_argument("--spaces", default="box,contract", help="scene spaces of the main table")
     parser.add_argument("--samples-per-step", type=int, default=32768, help="budget runs (0: none)")
     parser.add_argument("--size", default="small", help="built-in scene size")
-    parser.add_argument("--work", default="/tmp/raykit-bench-unbounded", help="store and run directories")
+    parser.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "raykit-bench-unbounded"),
+        help="store and run directories",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "trainer_unbounded.json"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
