@@ -7,7 +7,7 @@ evaluation. Reported per sampler: test PSNR/SSIM, steps, rays/s, samples per ray
 training time; then the training time each sampler needed to reach stratified's final quick PSNR.
 
     python benchmarks/bench_trainer.py --budget 300          # the full benchmark
-    python benchmarks/bench_trainer.py --budget 30 --out /tmp/t.json   # a quick look
+    python benchmarks/bench_trainer.py --budget 30 --out out/t.json   # a quick look
 
 Results go to ``benchmarks/results/trainer.json``.
 """

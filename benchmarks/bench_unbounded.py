@@ -13,7 +13,7 @@ and the memory in use after each forward pass (first and last quarter of the run
 warm-up). The 1-minute load average before/after each run is recorded (the machine is shared).
 
     python benchmarks/bench_unbounded.py --budget 60            # the benchmark in BENCHMARKS.md
-    python benchmarks/bench_unbounded.py --budget 10 --out /tmp/u.json --spaces contract   # a quick look
+    python benchmarks/bench_unbounded.py --budget 10 --out out/u.json --spaces contract   # a quick look
 
 Results go to ``benchmarks/results/trainer_unbounded.json``.
 """
