@@ -330,6 +330,26 @@ class RayStore:
         raw = RawRays.concat(parts)
         return raw.take(np.argsort(raw.pid, kind="stable"))
 
+    def image_shape(self, name: str) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of image ``name`` as ``read_image`` returns it."""
+        i = self.image_index(name)
+        return int(self.table.height[i]), int(self.table.width[i]), self.rgba_channels
+
+    @property
+    def rgba_channels(self) -> int:
+        """Colour channels every image of this store is served with (3 = rgb, 4 = rgba)."""
+        return int(self.fields["rgba"].channels)
+
+    def read_image(self, name: str) -> np.ndarray:
+        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``.
+
+        The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
+        gathers the image's rays (``image_raw``); an images-layout store decodes the stored file.
+        """
+        h, w, c = self.image_shape(name)
+        raw = self.image_raw(name)
+        return np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+
     def image_rays(self, name: str, device: torch.device | str = "cpu") -> RayBatch:
         """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""
         return self.to_batch(self.image_raw(name), device)

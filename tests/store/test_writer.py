@@ -312,6 +312,9 @@ def test_any_layout_round_trips(
         raw = store.image_raw(rec.name)
         pixels = rec.load()
         np.testing.assert_array_equal(raw.rgba[:, : pixels.shape[2]], pixels.reshape(-1, pixels.shape[2]))
+        image = store.read_image(rec.name)
+        assert image.shape == (*pixels.shape[:2], store.rgba_channels) == store.image_shape(rec.name)
+        np.testing.assert_array_equal(image[..., : pixels.shape[2]], pixels)
     for split, info in store.splits.items():
         whole = store.read(split, 0, info.n_rays)
         assert np.array_equal(np.sort(whole.pid), np.arange(info.n_rays) + info.pid_start)
