@@ -176,7 +176,7 @@ def train(config: TrainConfig) -> Path:
         run.tensorboard.finish(state.step)
     _checkpoint(run, state)
     _write_progress(run, state)
-    _write_rank_digest(run.run_dir, run.procs, field_, state.step)
+    _write_rank_digest(run.run_dir, run.procs, field_, grid, state.step)
     run.loader.close()
     if run.procs.is_main:
         evaluate_run(run.run_dir, config, run.store, field_, grid, device)
@@ -455,9 +455,10 @@ def _record_run(
     )
 
 
-def _write_rank_digest(run_dir: Path, procs: Processes, field_: Any, step: int) -> None:
-    """ranks/rank-R.json: this rank's final parameter digest (equal on every rank under DDP)."""
-    atomic_write_json(
-        run_dir / "ranks" / f"rank-{procs.rank}.json",
-        {"rank": procs.rank, "step": step, "parameters_sha256": parameter_digest(field_)},
-    )
+def _write_rank_digest(run_dir: Path, procs: Processes, field_: Any, grid: Any, step: int) -> None:
+    """ranks/rank-R.json: this rank's final parameter digests (equal on every rank under DDP): the
+    field's, and the proposal networks' (trained outside DDP, gradients averaged by hand)."""
+    record: dict[str, Any] = {"rank": procs.rank, "step": step, "parameters_sha256": parameter_digest(field_)}
+    if isinstance(grid, ProposalNetworks):
+        record["proposal_sha256"] = parameter_digest(grid)
+    atomic_write_json(run_dir / "ranks" / f"rank-{procs.rank}.json", record)

@@ -106,11 +106,16 @@ def _sample(
         return proposal_samples(grid, frame, counts, config.prop_final, uniform, generator)
     if not isinstance(grid, OccupancyGrid):
         raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
+    density_fn = field.density if config.early_stop_eps > 0 else None
     if contracted:
         return march_in_s(
-            frame, config.march_steps, lambda p: grid.is_occupied(field.normalize(p)), generator
+            frame,
+            config.march_steps,
+            lambda p: grid.is_occupied(field.normalize(p)),
+            generator,
+            density_fn,
+            config.early_stop_eps,
         )
-    density_fn = field.density if config.early_stop_eps > 0 else None
     if density_fn is not None and field.space == "ndc":
         density_fn = None  # positions are in NDC; the early-stop pass is a box-space option
     step_size = march_step_size(field.aabb, config.march_steps)

@@ -31,7 +31,7 @@ from torch import Tensor
 from raykit.errors import ConfigError
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.contraction import focus_point, ndc_rays, spacing, spacing_inverse
-from raykit.trainer.render import render_weight_from_density
+from raykit.trainer.render import render_weight_from_density, render_weight_from_density_packed
 from raykit.trainer.runtime import scene_aabb
 from raykit.trainer.samplers import Samples, ray_aabb_intersect, sample_pdf, stratified_samples
 
@@ -257,6 +257,8 @@ def march_in_s(
     n_steps: int,
     occupied: Any,
     generator: torch.Generator | None = None,
+    density_fn: Any | None = None,
+    early_stop_eps: float = 1e-4,
 ) -> Samples:
     """Occupancy marching with steps of equal length in ``s`` (``1 / n_steps``); packed output.
 
@@ -265,6 +267,9 @@ def march_in_s(
         n_steps: steps across the whole range ``s in [0, 1)``.
         occupied: (K, 3) positions -> (K,) bool, e.g. the grid's test on field coordinates.
         generator: jitters the start of each ray's comb by a fraction of a step; None for none.
+        density_fn: (K, 3) positions -> (K,) densities; when given, a no-gradient pass drops the
+            samples behind which the transmittance has fallen below ``early_stop_eps`` (as
+            ``raykit.trainer.samplers.march_occupied`` does in a box).
     """
     n_rays = frame.s0.shape[0]
     ds = 1.0 / n_steps
@@ -281,7 +286,14 @@ def march_in_s(
     s_packed = s_mid[ray_indices, step_indices]
     positions = frame.origins[ray_indices] + frame.directions[ray_indices] * frame.to_t(s_packed)[:, None]
     keep = occupied(positions)
-    ray_indices, s_packed = ray_indices[keep], s_packed[keep]
+    ray_indices, s_packed, positions = ray_indices[keep], s_packed[keep], positions[keep]
     s_starts = torch.maximum(s_packed - 0.5 * ds, frame.s0[ray_indices])
     s_ends = torch.minimum(s_packed + 0.5 * ds, frame.s1[ray_indices])
-    return Samples(frame.to_t(s_starts), frame.to_t(s_ends), ray_indices, n_rays)
+    t_starts, t_ends = frame.to_t(s_starts), frame.to_t(s_ends)
+    if density_fn is not None and ray_indices.numel():
+        with torch.no_grad():
+            sigmas = density_fn(positions)
+            _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
+        alive = trans > early_stop_eps
+        t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
+    return Samples(t_starts, t_ends, ray_indices, n_rays)

@@ -148,8 +148,13 @@ def test_render_and_compare_subcommands(
         args.func(args)
 
 
-def test_ddp_two_gloo_processes_keep_parameters_identical(tiny_store: Path, tmp_path: Path) -> None:
-    config = tiny_config(tiny_store, tmp_path / "ddp", sampler="occupancy", steps=4, eval_max_images=1)
+@pytest.mark.parametrize("sampler", ["occupancy", pytest.param("proposal", marks=pytest.mark.slow)])
+def test_ddp_two_gloo_processes_keep_parameters_identical(
+    tiny_store: Path, tmp_path: Path, sampler: str
+) -> None:
+    """Two gloo ranks end with identical models; with the proposal sampler the proposal networks
+    (outside DDP, gradients averaged by hand) are identical too."""
+    config = tiny_config(tiny_store, tmp_path / "ddp", sampler=sampler, steps=4, eval_max_images=1)
     args = config_flags(config)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
@@ -169,7 +174,9 @@ def test_ddp_two_gloo_processes_keep_parameters_identical(tiny_store: Path, tmp_
     ranks = [json.loads((tmp_path / "ddp" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["step"] == ranks[1]["step"] == 4
     assert ranks[0]["parameters_sha256"] == ranks[1]["parameters_sha256"]
-    single = tiny_config(tiny_store, tmp_path / "single", sampler="occupancy", steps=4, eval_max_images=1)
+    if sampler == "proposal":
+        assert ranks[0]["proposal_sha256"] == ranks[1]["proposal_sha256"]
+    single = tiny_config(tiny_store, tmp_path / "single", sampler=sampler, steps=4, eval_max_images=1)
     from raykit.trainer import train
 
     train(single)

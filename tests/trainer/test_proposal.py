@@ -97,3 +97,32 @@ def test_march_in_s_covers_the_interval_when_everything_is_occupied_and_skips_em
         assert abs(covered - expected) < 1e-4
     near_only = march_in_s(frame, 64, lambda p: p.norm(dim=-1) < 1.0)
     assert (near_only.t_ends <= 1.0 + 2.0 * 2.0 / 64).all() and near_only.ray_indices.numel() > 0
+
+
+def test_march_in_s_early_stop_drops_the_samples_behind_an_opaque_wall_and_nothing_in_front() -> None:
+    """A wall of huge density at distance 0.5: with the early-stop pass, no sample starts beyond the
+    wall, and every sample in front of it is kept (same jitter, same comb)."""
+    rays_o = torch.zeros(4, 3)
+    rays_d = torch.nn.functional.normalize(
+        torch.tensor([[1.0, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1]]), dim=-1
+    )
+    frame = RayFrame(rays_o, rays_d, torch.zeros(4), torch.full((4,), 0.95), scale=2.0)
+    wall = 0.5
+
+    def density(p: torch.Tensor) -> torch.Tensor:
+        return torch.where(p.norm(dim=-1) > wall, torch.tensor(1e4), torch.tensor(0.0))
+
+    def everywhere(p: torch.Tensor) -> torch.Tensor:
+        return torch.ones(p.shape[0], dtype=torch.bool)
+
+    full = march_in_s(frame, 64, everywhere, torch.Generator().manual_seed(3))
+    cut = march_in_s(frame, 64, everywhere, torch.Generator().manual_seed(3), density, 1e-4)
+    assert cut.ray_indices.numel() < full.ray_indices.numel()
+    step = float(frame.to_t(torch.tensor([1.0 / 64]))[0]) + 0.05
+    assert (cut.t_starts <= wall + step).all()
+    in_front = full.t_ends <= wall
+    kept = {(int(r), round(float(t), 6)) for r, t in zip(cut.ray_indices, cut.t_starts, strict=True)}
+    assert all(
+        (int(r), round(float(t), 6)) in kept
+        for r, t in zip(full.ray_indices[in_front], full.t_starts[in_front], strict=True)
+    )
