@@ -116,8 +116,6 @@ def _sample(
             density_fn,
             config.early_stop_eps,
         )
-    if density_fn is not None and field.space == "ndc":
-        density_fn = None  # positions are in NDC; the early-stop pass is a box-space option
     step_size = march_step_size(field.aabb, config.march_steps)
     return march_occupied(
         rays_o,

@@ -156,8 +156,11 @@ def facing_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_forward_facing_store_picks_ndc(facing_store: Path, tmp_path: Path) -> None:
-    run = train(_config(facing_store, tmp_path / "ndc", sampler="hierarchical", steps=30, lr=3e-2,
+@pytest.mark.parametrize("sampler", ["hierarchical", "occupancy"])
+def test_forward_facing_store_picks_ndc(facing_store: Path, tmp_path: Path, sampler: str) -> None:
+    """NDC is detected and recorded; both a density-guided sampler and the occupancy marcher (with its
+    early-stop pass, evaluated on NDC positions) train in it, and a re-render matches the run's eval."""
+    run = train(_config(facing_store, tmp_path / "ndc", sampler=sampler, steps=30, lr=3e-2,
                         hier_coarse=12, hier_fine=12))  # fmt: skip
     assert json.loads((run / "config.json").read_text())["scene_space"] == "ndc"
     frame = json.loads((run / "run.json").read_text())["scene_space"]["ndc_frame"]
