@@ -11,7 +11,7 @@
   each ray's camera parameters, exact but slower.
 
 Every kind maps ``cols`` (9, N) (each ray's packed columns, gathered by the generator) and the
-rays' ``image``, ``x``, ``y`` (N,) int64 to ``(world (3, N) unit directions, z_scale (N,))``, where
+rays' :class:`Pixels` to ``(world (3, N) unit directions, z_scale (N,))``, where
 ``z_scale`` is the camera-frame z of the unit direction. Vocabulary: ``N`` rays, ``I`` images,
 ``C`` cameras.
 """
@@ -19,7 +19,7 @@ rays' ``image``, ``x``, ``y`` (N,) int64 to ``(world (3, N) unit directions, z_s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -29,9 +29,26 @@ from raykit.cameras import Camera, direction_lut
 from raykit.conventions import PIXEL_CENTER, pixel_centers
 from raykit.pixel_layout import ThreadScratch, index_float
 
-__all__ = ["Directions", "LutDirections", "PinholeDirections", "UnprojectDirections", "directions_for"]
+__all__ = [
+    "Directions",
+    "LutDirections",
+    "PinholeDirections",
+    "Pixels",
+    "UnprojectDirections",
+    "directions_for",
+]
 
 Tensor = torch.Tensor
+
+
+class Pixels(NamedTuple):
+    """The rays' pixels: (N,) int64 ``image``, ``x``, ``y`` (``x``, ``y`` may be float64 holding
+    integers), and ``local = y * W + x`` when known."""
+
+    image: Tensor
+    x: Tensor
+    y: Tensor
+    local: Tensor | None = None
 
 
 class Directions(Protocol):
@@ -44,17 +61,10 @@ class Directions(Protocol):
         ...
 
     def world(
-        self,
-        cols: Tensor,
-        image: Tensor,
-        x: Tensor,
-        y: Tensor,
-        local: Tensor | None,
-        scratch: ThreadScratch,
-        z_out: Tensor | None = None,
+        self, cols: Tensor, at: Pixels, scratch: ThreadScratch, z_out: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """``(world (3, N) unit directions, z_scale (N,))`` of the rays; ``local`` is ``y * W + x``
-        when known; ``z_out`` (N,) receives ``z_scale`` when given."""
+        """``(world (3, N) unit directions, z_scale (N,))`` of the rays through the pixels ``at``;
+        ``z_out`` (N,) receives ``z_scale`` when given."""
         ...
 
 
@@ -78,17 +88,10 @@ class PinholeDirections:
         return cols
 
     def world(
-        self,
-        cols: Tensor,
-        image: Tensor,
-        x: Tensor,
-        y: Tensor,
-        local: Tensor | None,
-        scratch: ThreadScratch,
-        z_out: Tensor | None = None,
+        self, cols: Tensor, at: Pixels, scratch: ThreadScratch, z_out: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        n, dtype = image.shape[0], self.dtype
-        px, py = scratch.get("px", (n,), dtype).copy_(x), scratch.get("py", (n,), dtype).copy_(y)
+        n, dtype = at.image.shape[0], self.dtype
+        px, py = scratch.get("px", (n,), dtype).copy_(at.x), scratch.get("py", (n,), dtype).copy_(at.y)
         world = torch.addcmul(cols[6:9], cols[0:3], px, out=scratch.get("world", (3, n), dtype))
         world.addcmul_(cols[3:6], py)
         # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|, so its z is
@@ -104,6 +107,20 @@ class _RotatedDirections:
 
     mode = ""
 
+    def __init__(
+        self,
+        cameras: Sequence[Camera],
+        camera_index: np.ndarray,
+        used: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.dtype, self.device = dtype, device
+        self._build(cameras, camera_index, used)
+
+    def _build(self, cameras: Sequence[Camera], camera_index: np.ndarray, used: Sequence[int]) -> None:
+        raise NotImplementedError  # each subclass builds its tables
+
     def columns(self, rotations: np.ndarray) -> np.ndarray:
         return np.concatenate([rotations[:, :, 0], rotations[:, :, 1], rotations[:, :, 2]], axis=1)
 
@@ -111,16 +128,9 @@ class _RotatedDirections:
         raise NotImplementedError  # each subclass defines it
 
     def world(
-        self,
-        cols: Tensor,
-        image: Tensor,
-        x: Tensor,
-        y: Tensor,
-        local: Tensor | None,
-        scratch: ThreadScratch,
-        z_out: Tensor | None = None,
+        self, cols: Tensor, at: Pixels, scratch: ThreadScratch, z_out: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        d_cam = self.camera_rays(image, x, y, local)
+        d_cam = self.camera_rays(*at)
         z_scale = d_cam[:, 2] if z_out is None else z_out.copy_(d_cam[:, 2])
         world = torch.addcmul(cols[6:9] * d_cam[:, 2], cols[0:3], d_cam[:, 0]).addcmul_(
             cols[3:6], d_cam[:, 1]
@@ -133,14 +143,8 @@ class LutDirections(_RotatedDirections):
 
     mode = "lut"
 
-    def __init__(
-        self,
-        cameras: Sequence[Camera],
-        camera_index: np.ndarray,
-        used: Sequence[int],
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def _build(self, cameras: Sequence[Camera], camera_index: np.ndarray, used: Sequence[int]) -> None:
+        dtype, device = self.dtype, self.device
         offsets = np.zeros(len(cameras), dtype=np.int64)
         parts, total = [], 0
         for c in used:
@@ -167,15 +171,8 @@ class UnprojectDirections(_RotatedDirections):
 
     mode = "unproject"
 
-    def __init__(
-        self,
-        cameras: Sequence[Camera],
-        camera_index: np.ndarray,
-        used: Sequence[int],
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        self.dtype, self.device = dtype, device
+    def _build(self, cameras: Sequence[Camera], camera_index: np.ndarray, used: Sequence[int]) -> None:
+        device = self.device
         group = np.zeros(len(cameras), dtype=np.int64)
         row = np.zeros(len(cameras), dtype=np.int64)
         self.groups: list[tuple[CameraModel, Tensor]] = []

@@ -24,7 +24,7 @@ import torch
 from raykit.cameras import Camera, pixels_to_rays
 from raykit.errors import CameraError
 from raykit.pixel_layout import PixelLayout, ThreadScratch, index_float
-from raykit.ray_directions import directions_for
+from raykit.ray_directions import Pixels, directions_for
 
 __all__ = ["RayBatch", "RayGenerator", "Rays", "reference_rays"]
 
@@ -276,7 +276,7 @@ class RayGenerator:
         n = image.shape[0]
         cols = torch.index_select(self._columns, 1, image, out=self._scratch.get("cols", (9, n), self.dtype))
         z_out = out.z_scale if out is not None else None
-        world, z_scale = self.directions.world(cols, image, x, y, local, self._scratch, z_out)
+        world, z_scale = self.directions.world(cols, Pixels(image, x, y, local), self._scratch, z_out)
         if out is not None:
             torch.index_select(self._origins, 0, image, out=out.origins)
             torch.index_select(self._near, 0, image, out=out.near)

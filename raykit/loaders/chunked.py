@@ -19,13 +19,12 @@ Two stages, each a resumable iterator with a small JSON-able ``state_dict`` (its
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
-from raykit.loaders.stages import RawGroup, StageTimes, StrategyInputs
+from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.schema import RawRays
 
@@ -77,18 +76,14 @@ class Window:
         return RawRays(rgba, pid, extra)
 
 
-class ChunkWindows:
+class ChunkWindows(Positioned):
     """Stage chunks -> windows: the mixed windows of one epoch from window ``window`` on."""
+
+    POSITION = ("epoch", "window")
+    window: int = 0
 
     def __init__(self, plan: SamplingPlan, fetcher: Callable[[], ChunkFetcher], times: StageTimes) -> None:
         self.plan, self._fetcher, self._times = plan, fetcher, times
-        self.epoch, self.window = 0, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "window": self.window}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.epoch, self.window = int(state["epoch"]), int(state["window"])
 
     def __iter__(self) -> Iterator[Window]:
         plan, epoch, first = self.plan, self.epoch, self.window
@@ -118,20 +113,13 @@ class ChunkWindows:
             yield item
 
 
-class WindowGroups:
+class WindowGroups(Positioned):
     """Stage windows -> groups: consecutive batches of one epoch gathered together (about
     ``group_rays`` rays), from batch ``batch`` on. The first batch goes alone, so that it is ready as
     soon as its window is."""
 
     def __init__(self, plan: SamplingPlan, windows: ChunkWindows, group_rays: int) -> None:
         self.plan, self.windows, self.group_rays = plan, windows, group_rays
-        self.epoch, self.batch = 0, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
     def __iter__(self) -> Iterator[RawGroup]:
         plan, epoch, start = self.plan, self.epoch, self.batch

@@ -33,6 +33,7 @@ from raykit.store.schema import RawRays
 __all__ = [
     "Generate",
     "GroupStage",
+    "Positioned",
     "Prefetch",
     "RawGroup",
     "Stage",
@@ -53,6 +54,22 @@ class Stage(Protocol[T_co]):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class Positioned:
+    """A stage's position as its state: the ints named in ``POSITION`` (``{"epoch", "batch"}`` unless a
+    stage says otherwise)."""
+
+    POSITION: tuple[str, ...] = ("epoch", "batch")
+    epoch: int = 0
+    batch: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {key: int(getattr(self, key)) for key in self.POSITION}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for key in self.POSITION:
+            setattr(self, key, int(state[key]))
 
 
 class Sliceable(Protocol):
@@ -124,7 +141,7 @@ class StageTimes:
             self.seconds[step] = self.seconds.get(step, 0.0) + seconds
 
 
-class Generate:
+class Generate(Positioned):
     """Stage groups -> lists of batches: each group gathered and made into a batch on one of
     ``threads`` generation threads, in order, then cut into its batches.
 
@@ -142,13 +159,9 @@ class Generate:
     ) -> None:
         self.groups, self.make_batch, self._pool, self.threads = groups, make_batch, pool, threads
         self._times = times
-        self.epoch, self.batch = 0, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        super().load_state_dict(state)
         self.groups.load_state_dict(state)
 
     def __iter__(self) -> Generator[list[Any], None, None]:
@@ -189,7 +202,7 @@ class Generate:
         return batches
 
 
-class Prefetch:
+class Prefetch(Positioned):
     """Stage lists of batches -> batches: a producer thread runs the stages before it and keeps up to
     ``depth`` items (lists of batches) ready in a bounded queue.
 
@@ -199,13 +212,9 @@ class Prefetch:
 
     def __init__(self, source: Generate, depth: int, on_thread: Callable[[], None] = lambda: None) -> None:
         self.source, self.depth, self._on_thread = source, depth, on_thread
-        self.epoch, self.batch = 0, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        super().load_state_dict(state)
         self.source.load_state_dict(state)
 
     @contextlib.contextmanager
