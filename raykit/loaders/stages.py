@@ -206,8 +206,9 @@ class Prefetch(Positioned):
     """Stage lists of batches -> batches: a producer thread runs the stages before it and keeps up to
     ``depth`` items (lists of batches) ready in a bounded queue.
 
-    Iterate with ``with prefetch.running() as batches``; leaving the block (or closing it through
-    ``stop``) stops the producer thread and waits for it.
+    Iterate with ``with prefetch.running(threads) as batches``; leaving the block stops the producer
+    thread and waits for it (``threads`` holds the live producer threads with their stop events, for
+    the loader's ``close()``).
     """
 
     def __init__(self, source: Generate, depth: int, on_thread: Callable[[], None] = lambda: None) -> None:
