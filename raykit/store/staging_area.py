@@ -51,6 +51,10 @@ class StagingArea(Protocol):
         """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of image ``index``."""
         ...
 
+    def close(self) -> None:
+        """Drop what only this object holds (``with area:`` calls it on exit)."""
+        ...
+
 
 @dataclass(frozen=True)
 class DiskStaging:
@@ -79,6 +83,15 @@ class DiskStaging:
             raise SourceError(
                 f"{path}: staging file truncated: expected {out.nbytes} bytes at row {lo}, got {got}"
             )
+
+    def close(self) -> None:
+        """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
+
+    def __enter__(self) -> DiskStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class MemoryStaging:

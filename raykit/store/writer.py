@@ -21,7 +21,6 @@ and task records; planning lives in ``plan.py``, timing in ``phases.py``, stagin
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -250,7 +249,7 @@ def write_store(
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
     memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
-    with staging if isinstance(staging, MemoryStaging) else contextlib.nullcontext():
+    with staging:
         stage_jobs = [
             StageJob(
                 str(partial), i, r, json_digest([record_plan(r), seed]), r.split in SHUFFLED_SPLITS,
