@@ -27,6 +27,7 @@ from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS
 from raykit.store.schema import ImageRecord, SceneInfo
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
@@ -267,6 +268,7 @@ def convert(
     seed: int = 0,
     rgba_codec: str | None = None,
     overwrite: bool = False,
+    layout: str = "rays",
     allow_outside: Sequence[str | os.PathLike[str]] = (),
     poses: PoseOptions | None = None,
 ) -> Any:
@@ -290,6 +292,8 @@ def convert(
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
         rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
         overwrite: replace an existing store at ``dst``.
+        layout: ``rays`` (pre-shuffled rays) or ``images`` (the encoded images, shuffled at load
+            time; ``raykit.store.images_writer``).
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
@@ -324,24 +328,31 @@ def convert(
         far=far,
         progress=progress,
     )
-    layout: dict[str, Any] = {"seed": seed}
+    layout_options: dict[str, Any] = {"seed": seed}
     if chunk_rays is not None:
-        layout["chunk_rays"] = chunk_rays
+        layout_options["chunk_rays"] = chunk_rays
     if shard_chunks is not None:
-        layout["shard_chunks"] = shard_chunks
+        layout_options["shard_chunks"] = shard_chunks
     if rgba_codec is not None:
-        layout["rgba_codec"] = rgba_codec
+        layout_options["rgba_codec"] = rgba_codec
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     from raykit.store.writer import write_store
 
+    writer: Any = write_store
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == IMAGES_LAYOUT:
+        from raykit.store.images_writer import write_images_store as writer
+
+        layout_options.pop("rgba_codec", None)
     if threads is None:
         threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
     try:
         with conversion_executor(workers, scheduler, threads) as executor:
-            return write_store(
+            return writer(
                 Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
-                source=info, overwrite=overwrite, **layout,
+                source=info, overwrite=overwrite, **layout_options,
             )  # fmt: skip
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))

@@ -23,7 +23,9 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "backend": store.backend,
         "format_version": store.manifest["format_version"],
         "content_fingerprint": store.fingerprint,
-        "splits": {name: info.to_dict() for name, info in store.splits.items()},
+        "splits": {
+            name: {**info.to_dict(), "layout": store.layout(name)} for name, info in store.splits.items()
+        },
         "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
         "layout": store.manifest["layout"],
         "cameras": {
