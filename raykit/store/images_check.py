@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from raykit.errors import RaykitError
 from raykit.store.image_codec import image_format
-from raykit.store.images_read import decode_split_image, split_rows
+from raykit.store.images_read import decode_split_image, images_reader, split_rows
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -26,10 +26,10 @@ def check_images_split(store: RayStore, split: str, bad_files: set[str]) -> list
     rows = split_rows(store, split)
     for local, row in enumerate(rows):
         name = store.table.names[int(row)]
-        files = store.payload.files_of(split, local)
+        files = images_reader(store).files_of(split, local)
         where = f"{store.url}/{files[0]}: image {name!r}"
         try:
-            data = store.payload.image_bytes(split, local)
+            data = images_reader(store).image_bytes(split, local)
             pixels = decode_split_image(store, split, local)
         except RaykitError as exc:
             if not bad_files.intersection(files):

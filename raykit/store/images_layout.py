@@ -277,7 +277,7 @@ class ImagesReader:
 
     def _zarr_bytes(self, split: str, lo: int, hi: int) -> bytes:
         size, per = self.layout["image_chunk_bytes"], self.layout["image_shard_chunks"]
-        parts = []
+        parts: list[bytes] = []
         for c0 in range(lo // size, (hi - 1) // size + 1, 1):
             if parts and c0 % per:
                 continue  # read together with its shard's first chunk below

@@ -20,7 +20,13 @@ if TYPE_CHECKING:
     from raykit.store.images_layout import ImagesReader
     from raykit.store.reader import RayStore
 
-__all__ = ["decode_split_image", "image_raw", "read_image", "read_rays", "split_rows"]
+__all__ = ["decode_split_image", "image_raw", "images_reader", "read_image", "read_rays", "split_rows"]
+
+
+def images_reader(store: RayStore) -> ImagesReader:
+    """The payload reader of an images-layout store."""
+    reader: ImagesReader = store.payload  # type: ignore[assignment]
+    return reader
 
 
 def split_rows(store: RayStore, split: str) -> np.ndarray:
@@ -31,7 +37,7 @@ def split_rows(store: RayStore, split: str) -> np.ndarray:
 def decode_split_image(store: RayStore, split: str, local: int) -> np.ndarray:
     """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``store.rgba_channels``."""
     row = int(split_rows(store, split)[local])
-    reader: ImagesReader = store.payload  # type: ignore[assignment]
+    reader = images_reader(store)
     data = reader.image_bytes(split, local)
     where = f"{store.url}/{reader.files_of(split, local)[0]}"
     pixels = decode_stored(data, store.rgba_channels, f"{where} (image {store.table.names[row]!r})")

@@ -21,6 +21,7 @@ import numpy as np
 from raykit.errors import ConfigError
 from raykit.store.image_codec import StoredImage
 from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS, store_layout
+from raykit.store.images_read import images_reader
 from raykit.store.schema import ImageRecord
 
 __all__ = ["StoreImageLoad", "copy_layout", "store_records"]
@@ -51,7 +52,7 @@ class StoreImageLoad:
             return None
         local = [i for i, s in enumerate(store.table.splits) if s == split].index(row)
         entry = store.index[split]
-        data = store.payload.image_bytes(split, local)
+        data = images_reader(store).image_bytes(split, local)
         return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
 
 

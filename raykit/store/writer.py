@@ -441,7 +441,7 @@ def copy_store(
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     overwrite: bool = False,
-    layout: str | None = None,
+    layout: Any = None,
 ) -> RayStore:
     """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
 
@@ -456,7 +456,7 @@ def copy_store(
     if store_layout(store.manifest) == "images" or (layout or "rays") != "rays":
         from raykit.store.layout_copy import copy_layout
 
-        return copy_layout(  # type: ignore[no-any-return]
+        return copy_layout(
             src, dst, backend=backend, layout=layout or store_layout(store.manifest), executor=executor,
             progress=progress, overwrite=overwrite,
         )  # fmt: skip
