@@ -4,6 +4,8 @@ from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
+from raykit.loaders.window import WindowPlan
+from raykit.loaders.window_loader import WindowLoader
 
 __all__ = [
     "CacheStats",
@@ -14,4 +16,6 @@ __all__ = [
     "RayLoader",
     "SamplingPlan",
     "StoreSource",
+    "WindowLoader",
+    "WindowPlan",
 ]
