@@ -126,7 +126,7 @@ def decode_stored(data: bytes, channels: int, where: str) -> np.ndarray:
             img.load()
             if img.mode not in ("RGB", "RGBA"):
                 raise StoreCorruptError(f"{where}: stored image has mode {img.mode!r}, expected RGB or RGBA")
-            array = np.asarray(img)
+            array = np.array(img)  # writable (torch tensors are made from it)
     except (OSError, ValueError) as exc:
         raise StoreCorruptError(f"{where}: stored image does not decode ({exc})") from None
     if array.shape[2] == channels:
