@@ -28,6 +28,7 @@ from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS
+from raykit.store.location import is_url
 from raykit.store.schema import ImageRecord, SceneInfo
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
@@ -348,12 +349,32 @@ def convert(
         layout_options.pop("rgba_codec", None)
     if threads is None:
         threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
+    if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
+        from raykit.store.remote_write import work_folder, write_remote
+
+        def write_there(local: Path) -> Any:
+            return _write(writer, local, records, scene, backend, workers, scheduler, threads, progress,
+                          info, False, layout_options)  # fmt: skip
+
+        local_dst = work_folder(str(dst)) / "store"
+        try:
+            return write_remote(str(dst), write_there, overwrite=overwrite)
+        except SourceError as exc:
+            discard_partial(local_dst)
+            raise SourceError(decode_problems(records, exc)) from None
     try:
-        with conversion_executor(workers, scheduler, threads) as executor:
-            return writer(
-                Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
-                source=info, overwrite=overwrite, **layout_options,
-            )  # fmt: skip
+        return _write(writer, Path(dst), records, scene, backend, workers, scheduler, threads, progress, info,
+                      overwrite, layout_options)  # fmt: skip
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))
         raise SourceError(decode_problems(records, exc)) from None
+
+
+def _write(writer: Any, dst: Path, records: list[ImageRecord], scene: SceneInfo, backend: str, workers: int,
+           scheduler: str | None, threads: int, progress: bool, info: Mapping[str, Any], overwrite: bool,
+           layout_options: Mapping[str, Any]) -> Any:  # fmt: skip
+    with conversion_executor(workers, scheduler, threads) as executor:
+        return writer(
+            dst, records, scene=scene, backend=backend, executor=executor, progress=progress,
+            source=info, overwrite=overwrite, **layout_options,
+        )  # fmt: skip
