@@ -165,3 +165,23 @@ def test_eval_split_reads_whole_images(images_store, tmp_path: Path) -> None:
     for image in EvalLoader(images_store, "test"):
         pixels = images_store.read_image(image.name)
         assert torch.allclose(image.rays.rgb, torch.from_numpy(pixels[..., :3].reshape(-1, 3)) / 255.0)
+
+
+def test_bench_reports_the_images_layout(images_store, tmp_path: Path, capsys: Any) -> None:
+    import argparse
+    import json
+
+    from raykit.profiling import cli
+
+    parser = argparse.ArgumentParser(prog="raykit")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "r.json"
+    args = parser.parse_args(
+        ["bench", images_store.url, "--batch-size", "64", "--batches", "8", "--json", str(out)]
+    )
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert report["layout"] == "images" and set(report["stages"]) == {"read", "decode", "gather", "generate"}
+    assert 0 < report["decode_share"] < 1 and report["read_mb_per_s"] > 0
+    assert report["shuffle_quality"]["ratio"] > 0.5
+    assert "layout images" in capsys.readouterr().out
