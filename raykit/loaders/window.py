@@ -127,11 +127,15 @@ class WindowPlan:
         rng = np.random.default_rng([self.seed, epoch, _TAG_ROTATE, image])
         return int(rng.integers(self.image_rays[image]))
 
-    def pixels(self, epoch: int, image: int, lo: int, hi: int, base: np.ndarray | None = None) -> np.ndarray:
-        """(hi - lo,) int64 row-major pixel indices of ranks ``lo..hi`` of ``image`` in ``epoch``."""
+    def pixels(
+        self, epoch: int, image: int, lo: int, hi: int, base: np.ndarray | None = None, s: int | None = None
+    ) -> np.ndarray:
+        """(hi - lo,) int64 row-major pixel indices of ranks ``lo..hi`` of ``image`` in ``epoch``
+        (``base`` and ``s``: its ``base_permutation`` and ``rotation`` when the caller holds them)."""
         n = self.image_rays[image]
         base = self.base_permutation(epoch, n) if base is None else base
-        a, b = (lo + self.rotation(epoch, image)) % n, hi - lo
+        s = self.rotation(epoch, image) if s is None else s
+        a, b = (lo + s) % n, hi - lo
         if a + b <= n:
             return base[a : a + b]
         return np.concatenate([base[a:], base[: a + b - n]])

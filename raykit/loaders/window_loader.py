@@ -110,6 +110,7 @@ class WindowLoader:
         self._fetcher: ChunkFetcher | None = None
         self._running: dict[threading.Thread, threading.Event] = {}
         self._bases: dict[tuple[int, int], np.ndarray] = {}
+        self._rotations: dict[tuple[int, int], int] = {}
         register(self)  # closed at interpreter exit if still alive (raykit.loaders.lifecycle)
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -297,7 +298,10 @@ class WindowLoader:
         offsets = self.source.pixel_offsets
         for i, lo, hi in pieces:
             n = self.plan.image_rays[i]
-            index = self.plan.pixels(epoch, i, lo, hi, self._base(epoch, n))
+            if (epoch, i) not in self._rotations:
+                self._rotations = {k: v for k, v in self._rotations.items() if k[0] == epoch}
+                self._rotations[(epoch, i)] = self.plan.rotation(epoch, i)
+            index = self.plan.pixels(epoch, i, lo, hi, self._base(epoch, n), self._rotations[(epoch, i)])
             image = window[i].rgba
             if image.shape[1] == 4:
                 rgba.append(np.take(image.view(np.uint32)[:, 0], index).view(np.uint8).reshape(-1, 4))

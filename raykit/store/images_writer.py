@@ -76,14 +76,36 @@ def images_layout_options(chunk_rays: int, shard_chunks: int, seed: int) -> dict
     }
 
 
+def image_chunking(ordered: Sequence[ImageRecord], encoded: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """``image_chunk_bytes`` and ``image_shard_chunks``: zarr inner chunks of at most 64 KiB, smaller
+    for small splits (down to 4 KiB, about 1/32 of the smallest split's bytes), so the zero padding of
+    a split's last chunk stays small; shards of 64 MiB, or of the largest split when it is smaller (the
+    shard index has 16 bytes per chunk of the shard, used or not)."""
+    totals: dict[str, int] = {}
+    for rec, e in zip(ordered, encoded, strict=True):
+        totals[rec.split] = totals.get(rec.split, 0) + int(e["size"])
+    size = DEFAULT_IMAGE_CHUNK_BYTES
+    while size > 4096 and size * 32 > min(totals.values()):
+        size //= 2
+    per_shard = (DEFAULT_IMAGE_CHUNK_BYTES * DEFAULT_IMAGE_SHARD_CHUNKS) // size
+    largest = -(-max(totals.values()) // size)  # a shard index has an entry per chunk: no more than needed
+    return {"image_chunk_bytes": size, "image_shard_chunks": min(per_shard, largest)}
+
+
 @dataclass(frozen=True)
 class EncodeJob:
-    """Phase-1 task: image ``index`` (table order) of ``root``'s plan."""
+    """Phase-1 task: image ``index`` (table order) of ``root``'s plan; ``memory``: keep the bytes in
+    this process (``_MEMORY``) instead of a staging file (tasks run in the writing process)."""
 
     root: str
     index: int
     record: ImageRecord
     key: str
+    memory: bool = False
+
+
+# Encoded images of in-process writes: partial directory -> table index -> bytes (no staging files).
+_MEMORY: dict[str, dict[int, bytes]] = {}
 
 
 def _source_bytes(rec: ImageRecord) -> bytes | None:
@@ -117,7 +139,7 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     "sha256", "source_sha256", "pixels_crc32c"}``."""
     root, rel = Path(job.root), f"staging/{job.index:06d}.img"
     record_path = root / f"staging/{job.index:06d}.json"
-    done = record_matches(record_path, job.key, root)
+    done = record_matches(record_path, job.key, root)  # (from an earlier run that staged files)
     if done is not None:
         return done
     rec = job.record
@@ -134,9 +156,12 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         if not np.array_equal(again, pixels):
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
     source_sha = rec.source_sha256 or (hashlib.sha256(source).hexdigest() if source is not None else "")
-    atomic_write_bytes(root / rel, stored.data, sync=False)
+    if job.memory:
+        _MEMORY.setdefault(job.root, {})[job.index] = stored.data
+    else:
+        atomic_write_bytes(root / rel, stored.data, sync=False)
     result = {
-        "files": {rel: scratch_record(stored.data)},
+        "files": {} if job.memory else {rel: scratch_record(stored.data)},
         "ext": stored.ext,
         "passthrough": stored.passthrough,
         "channels": int(pixels.shape[2]),
@@ -146,7 +171,8 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "source_sha256": source_sha,
         "pixels_crc32c": _crc32c(pixels),
     }
-    write_record(record_path, {"key": job.key, "result": result})
+    if not job.memory:
+        write_record(record_path, {"key": job.key, "result": result})
     return result
 
 
@@ -169,7 +195,8 @@ class ShardJob:
 
 
 def _staged(root: Path, index: int) -> bytes:
-    return (root / f"staging/{index:06d}.img").read_bytes()
+    held = _MEMORY.get(str(root), {}).get(index)
+    return held if held is not None else (root / f"staging/{index:06d}.img").read_bytes()
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
@@ -267,9 +294,22 @@ def write_images_store(
             "source": dict(source or {})}  # fmt: skip
     partial = partial_dir(dst, plan, overwrite)
     key = json_digest(plan)
-    jobs = [EncodeJob(str(partial), i, r, json_digest([record_plan(r), _TASK_FORMAT])) for i, r in
-            enumerate(ordered)]  # fmt: skip
+    memory = executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
+    jobs = [EncodeJob(str(partial), i, r, json_digest([record_plan(r), _TASK_FORMAT]), memory)
+            for i, r in enumerate(ordered)]  # fmt: skip
+    try:
+        return _write_rest(jobs, executor, partial, dst, ordered, backend, layout, chunk_rays, scene, source,
+                           key, overwrite)  # fmt: skip
+    finally:
+        _MEMORY.pop(str(partial), None)
+
+
+def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, ordered: list[ImageRecord],
+                backend: str, layout: dict[str, Any], chunk_rays: int, scene: SceneInfo,
+                source: Mapping[str, Any] | None, key: str, overwrite: bool) -> Any:  # fmt: skip
+    """Phases 1 to 3 of :func:`write_images_store`."""
     encoded = _run(encode_image_task, jobs, executor)
+    layout = {**layout, **image_chunking(ordered, encoded)}
     channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
     infos = {k: SplitInfo(k, v.n_rays, v.n_images, chunk_rays, False, v.pid_start)
              for k, v in split_infos(ordered, chunk_rays).items()}  # fmt: skip
