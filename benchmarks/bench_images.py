@@ -157,7 +157,8 @@ def _loader_child(url: str, options: dict[str, Any], batches: int, queue: Any) -
     del iterator
     loader.close()
     quality = shuffle_quality(images, store.table.n_pixels[rows])
-    queue.put({"rays_per_s": rays / seconds, "first_batch_s": first_s, "peak_rss_above_open_mb": _rss_mb() - base,
+    peak = _rss_mb() - base
+    queue.put({"rays_per_s": rays / seconds, "first_batch_s": first_s, "peak_rss_above_open_mb": peak,
                "window_images": getattr(loader.plan, "window_images", None), "shuffle_quality": quality,
                "seconds": seconds, "rays": rays})  # fmt: skip
 
