@@ -228,8 +228,9 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"- images layout: {jpeg['passthrough']} of {r['jpeg']['n_images']} JPEGs and {png['passthrough']} of "
-        f"{r['png']['n_images']} PNGs passed through byte for byte; store bytes {jpeg['disk_vs_source']:.3f}x "
+        f"- images layout: {jpeg['passthrough']} of {r['jpeg']['n_images']} JPEGs and "
+        f"{png['passthrough']} of {r['png']['n_images']} PNGs passed through byte for byte; store bytes "
+        f"{jpeg['disk_vs_source']:.3f}x "
         f"(JPEG) and {png['disk_vs_source']:.3f}x (PNG) the source images including metadata "
         "(target <= 1.02x plus metadata).",
         f"- conversion per worker: {jpeg['per_worker_vs_decode']:.2f}x (JPEG) and "
