@@ -73,6 +73,11 @@ def _info(args: argparse.Namespace) -> int:
     layout = summary["layout"]
     print(f"layout      {layout['chunk_rays']} rays/chunk, {layout['shard_chunks']} chunks/shard")
     print(f"seed        {layout['seed']}")
+    for name, images in summary["images_layout"].items():
+        print(
+            f"images      {name}: {images['stored_bytes']} bytes stored ({', '.join(images['formats'])}), "
+            f"{images['passthrough']} passed through unchanged"
+        )
     print(f"size        {summary['bytes_on_disk']} bytes on disk")
     print(f"bytes/ray   {summary['bytes_per_ray']:.3f} (payload)")
     return 0

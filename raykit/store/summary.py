@@ -40,4 +40,13 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "payload_bytes": payload,
         "n_rays": n_rays,
         "bytes_per_ray": payload / max(n_rays, 1),
+        "images_layout": {  # per images-layout split: stored bytes, pass-through count, formats
+            name: {
+                "stored_bytes": sum(int(b) for b in store.index[name]["image_bytes"]),
+                "passthrough": sum(bool(p) for p in store.index[name]["passthrough"]),
+                "formats": sorted(set(store.index[name]["image_format"])),
+            }
+            for name in store.splits
+            if store.layout(name) == "images"
+        },
     }
