@@ -58,7 +58,8 @@ class WindowLoader:
 
     Arguments as :class:`raykit.loaders.RayLoader`'s; ``window_images`` overrides the window size
     derived from ``cache_bytes``. The ray layout's mixing options (``mix_chunks``, ``mix_run``,
-    ``group_rays``, ``gen_threads``) do not apply and are ignored.
+    ``group_rays``) do not apply and are ignored; ``gen_threads`` threads generate batches (default 2
+    on CPU, 1 on GPUs), in order.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class WindowLoader:
         drop_last: bool = True,
         prefetch: int = 4,
         window_images: int | None = None,
+        gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
         **ray_layout_options: Any,
     ) -> None:
@@ -86,7 +88,7 @@ class WindowLoader:
         check_loader_args(
             batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
             cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
-            window_images=(window_images, 1),
+            window_images=(window_images, 1), gen_threads=(gen_threads, 1),
         )  # fmt: skip
         if split not in store.splits:
             raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")
@@ -100,6 +102,9 @@ class WindowLoader:
             tuple(self.source.image_rays), batch_size, int(window), seed, shuffle, drop_last, world_size, rank
         )
         self.num_workers, self.prefetch = num_workers, prefetch
+        if gen_threads is None:
+            gen_threads = 1 if torch.device(device).type == "cuda" else min(2, os.cpu_count() or 1)
+        self.gen_threads = gen_threads
         if make_batch is None:
             from raykit.loaders.batching import DeviceBatcher
 
@@ -313,17 +318,35 @@ class WindowLoader:
         return RawRays(np.concatenate(rgba), np.concatenate(pid))
 
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
+        """Gather batches here; generate them on ``gen_threads`` single-threaded workers, in order."""
         torch.set_num_threads(1)
-        try:
-            for raw in self._raw(epoch, start, stop):
-                t0 = time.perf_counter()
-                batch = self.make_batch(raw)
-                self.seconds["generate"] += time.perf_counter() - t0
-                if not _put(items, batch, stop):
-                    return
-            _put(items, _DONE, stop)
-        except BaseException as exc:
-            _put(items, exc, stop)
+        pending: deque[Future[tuple[Any, float]]] = deque()
+        with ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)) as pool:
+            try:
+                for raw in self._raw(epoch, start, stop):
+                    pending.append(pool.submit(self._generate, raw))
+                    if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
+                        return
+                while pending:
+                    if not self._emit(pending.popleft(), items, stop):
+                        return
+                _put(items, _DONE, stop)
+            except BaseException as exc:
+                _put(items, exc, stop)
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _generate(self, raw: RawRays) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        return self.make_batch(raw), time.perf_counter() - t0
+
+    def _emit(
+        self, future: Future[tuple[Any, float]], items: queue.Queue[Any], stop: threading.Event
+    ) -> bool:
+        batch, seconds = future.result()
+        self.seconds["generate"] += seconds
+        return _put(items, batch, stop)
 
 
 def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
