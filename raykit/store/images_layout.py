@@ -36,11 +36,13 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.store.location import filesystem
+from raykit.store.schema import ImageRecord
 
 __all__ = [
     "IMAGES_LAYOUT",
     "LAYOUTS",
     "ImagesReader",
+    "camera_record",
     "images_metadata",
     "split_layout",
     "store_layout",
@@ -158,6 +160,13 @@ ZARR_ROOT = {"attributes": {"raykit": "ray store payload"}, "zarr_format": 3, "n
 
 
 # ---- webdataset ----------------------------------------------------------------------------------
+def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
+    """The ``KEY.json`` of a WebDataset sample: the image's camera, pose and bounds."""
+    return {"name": rec.name, "split": rec.split, "index": index, "pixel_offset": offset,
+            "camera": rec.camera.to_dict(), "c2w": np.asarray(rec.c2w, np.float64).tolist(),
+            "near": rec.near, "far": rec.far}  # fmt: skip
+
+
 def _member(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, 0, 0o644

@@ -36,6 +36,7 @@ from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_
 from raykit.store.images_layout import (
     IMAGES_LAYOUT,
     ZARR_ROOT,
+    camera_record,
     images_metadata,
     wds_image_shards,
     wds_shard_groups,
@@ -227,13 +228,6 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     return result
 
 
-def _camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
-    """The ``KEY.json`` of a WebDataset sample: the image's camera, pose and bounds."""
-    return {"name": rec.name, "split": rec.split, "index": index, "pixel_offset": offset,
-            "camera": rec.camera.to_dict(), "c2w": np.asarray(rec.c2w, np.float64).tolist(),
-            "near": rec.near, "far": rec.far}  # fmt: skip
-
-
 def _run(fn: Any, jobs: Sequence[Any], executor: Any) -> list[Any]:
     return list(map(fn, jobs) if executor is None else executor.map(fn, jobs))
 
@@ -255,7 +249,7 @@ def _shard_jobs(backend: str, info: SplitInfo, rows: list[int], ordered: Sequenc
                                  f"{key}:{info.name}:{s}:{_TASK_FORMAT}"))  # fmt: skip
         return jobs, starts
     for s, group in enumerate(wds_shard_groups(sizes, layout)):
-        recs = tuple(_camera_record(ordered[rows[j]], rows[j], offsets_px[rows[j]]) for j in group)
+        recs = tuple(camera_record(ordered[rows[j]], rows[j], offsets_px[rows[j]]) for j in group)
         jobs.append(ShardJob(root, backend, info.name, s, tuple(rows[j] for j in group), (), tuple(group),
                              recs, tuple(exts[j] for j in group), layout, 0,
                              f"{key}:{info.name}:{s}:{_TASK_FORMAT}"))  # fmt: skip
