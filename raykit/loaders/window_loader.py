@@ -28,11 +28,13 @@ import torch
 
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.arguments import check_loader_args, check_state
+from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.image_source import ImageSource
 from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.window import WindowPlan
 from raykit.loaders.workers import ChunkFetcher
+from raykit.rays import RayBatch
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
@@ -58,8 +60,9 @@ class WindowLoader:
 
     Arguments as :class:`raykit.loaders.RayLoader`'s; ``window_images`` overrides the window size
     derived from ``cache_bytes``. The ray layout's mixing options (``mix_chunks``, ``mix_run``,
-    ``group_rays``) do not apply and are ignored; ``gen_threads`` threads generate batches (default 2
-    on CPU, 1 on GPUs), in order.
+    ``mix_run``) do not apply and are ignored; ``gen_threads`` threads generate groups of about
+    ``group_rays`` rays (consecutive batches, default 2 threads on CPU, 1 on GPUs), in order; the first
+    batch goes alone, so that it is ready as soon as the window is.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class WindowLoader:
         prefetch: int = 4,
         window_images: int | None = None,
         gen_threads: int | None = None,
+        group_rays: int = 1 << 16,
         make_batch: Callable[[RawRays], Any] | None = None,
         **ray_layout_options: Any,
     ) -> None:
@@ -88,7 +92,7 @@ class WindowLoader:
         check_loader_args(
             batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
             cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
-            window_images=(window_images, 1), gen_threads=(gen_threads, 1),
+            window_images=(window_images, 1), gen_threads=(gen_threads, 1), group_rays=(group_rays, 1),
         )  # fmt: skip
         if split not in store.splits:
             raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")
@@ -104,10 +108,8 @@ class WindowLoader:
         self.num_workers, self.prefetch = num_workers, prefetch
         if gen_threads is None:
             gen_threads = 1 if torch.device(device).type == "cuda" else min(2, os.cpu_count() or 1)
-        self.gen_threads = gen_threads
+        self.gen_threads, self.group_rays = gen_threads, group_rays
         if make_batch is None:
-            from raykit.loaders.batching import DeviceBatcher
-
             make_batch = DeviceBatcher(store, device)
         self.make_batch = make_batch
         self.epoch, self.batch = 0, 0
@@ -320,13 +322,20 @@ class WindowLoader:
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
         """Gather batches here; generate them on ``gen_threads`` single-threaded workers, in order."""
         torch.set_num_threads(1)
-        pending: deque[Future[tuple[Any, float]]] = deque()
+        pending: deque[Future[tuple[list[Any], float]]] = deque()
         with ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)) as pool:
             try:
-                for raw in self._raw(epoch, start, stop):
-                    pending.append(pool.submit(self._generate, raw))
+                per_group = max(1, self.group_rays // self.plan.batch_size)
+                group: list[RawRays] = []
+                for k, raw in enumerate(self._raw(epoch, start, stop)):
+                    group.append(raw)
+                    if k == 0 or len(group) >= per_group:
+                        pending.append(pool.submit(self._generate, group))
+                        group = []
                     if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
                         return
+                if group:
+                    pending.append(pool.submit(self._generate, group))
                 while pending:
                     if not self._emit(pending.popleft(), items, stop):
                         return
@@ -337,16 +346,24 @@ class WindowLoader:
                 for future in pending:
                     future.cancel()
 
-    def _generate(self, raw: RawRays) -> tuple[Any, float]:
+    def _generate(self, raws: list[RawRays]) -> tuple[list[Any], float]:
+        """Consecutive batches generated together (one call for the group), then cut apart."""
         t0 = time.perf_counter()
-        return self.make_batch(raw), time.perf_counter() - t0
+        if len(raws) == 1 or not isinstance(
+            self.make_batch, DeviceBatcher
+        ):  # a caller's make_batch: one by one
+            batches = [self.make_batch(raw) for raw in raws]
+        else:
+            group: RayBatch = self.make_batch(RawRays.concat(raws))
+            batches = list(group.split([len(r) for r in raws]))
+        return batches, time.perf_counter() - t0
 
     def _emit(
-        self, future: Future[tuple[Any, float]], items: queue.Queue[Any], stop: threading.Event
+        self, future: Future[tuple[list[Any], float]], items: queue.Queue[Any], stop: threading.Event
     ) -> bool:
-        batch, seconds = future.result()
+        batches, seconds = future.result()
         self.seconds["generate"] += seconds
-        return _put(items, batch, stop)
+        return all(_put(items, batch, stop) for batch in batches)
 
 
 def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
