@@ -18,6 +18,7 @@ from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 from raykit.options import option
 from raykit.store.backend import BACKENDS, RGBA_CODECS
+from raykit.store.images_layout import LAYOUTS
 
 __all__ = ["ConvertConfig", "add_arguments", "from_args"]
 
@@ -66,6 +67,11 @@ class ConvertConfig:
         None, "zarr colour codec: lz4 (default, fast) or zstd (small)", choices=RGBA_CODECS
     )
     overwrite: bool = option(False, "replace an existing store at DST")
+    layout: str = option(
+        "rays",
+        "rays: pre-shuffled rays; images: the encoded images, shuffled at load time",
+        choices=LAYOUTS,
+    )
     progress: bool = option(True, "progress bars")
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
 

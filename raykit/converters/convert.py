@@ -27,6 +27,8 @@ from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS
+from raykit.store.location import is_url
 from raykit.store.schema import ImageRecord, SceneInfo
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
@@ -267,6 +269,7 @@ def convert(
     seed: int = 0,
     rgba_codec: str | None = None,
     overwrite: bool = False,
+    layout: str = "rays",
     allow_outside: Sequence[str | os.PathLike[str]] = (),
     poses: PoseOptions | None = None,
 ) -> Any:
@@ -290,6 +293,8 @@ def convert(
         chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
         rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
         overwrite: replace an existing store at ``dst``.
+        layout: ``rays`` (pre-shuffled rays) or ``images`` (the encoded images, shuffled at load
+            time; ``raykit.store.images_writer``).
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
@@ -324,25 +329,52 @@ def convert(
         far=far,
         progress=progress,
     )
-    layout: dict[str, Any] = {"seed": seed}
+    layout_options: dict[str, Any] = {"seed": seed}
     if chunk_rays is not None:
-        layout["chunk_rays"] = chunk_rays
+        layout_options["chunk_rays"] = chunk_rays
     if shard_chunks is not None:
-        layout["shard_chunks"] = shard_chunks
+        layout_options["shard_chunks"] = shard_chunks
     if rgba_codec is not None:
-        layout["rgba_codec"] = rgba_codec
+        layout_options["rgba_codec"] = rgba_codec
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     from raykit.store.writer import write_store
 
+    writer: Any = write_store
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == IMAGES_LAYOUT:
+        from raykit.store.images_writer import write_images_store as writer
+
+        layout_options.pop("rgba_codec", None)
     if threads is None:
         threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
+    if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
+        from raykit.store.remote_write import work_folder, write_remote
+
+        def write_there(local: Path) -> Any:
+            return _write(writer, local, records, scene, backend, workers, scheduler, threads, progress,
+                          info, False, layout_options)  # fmt: skip
+
+        local_dst = work_folder(str(dst)) / "store"
+        try:
+            return write_remote(str(dst), write_there, overwrite=overwrite)
+        except SourceError as exc:
+            discard_partial(local_dst)
+            raise SourceError(decode_problems(records, exc)) from None
     try:
-        with conversion_executor(workers, scheduler, threads) as executor:
-            return write_store(
-                Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
-                source=info, overwrite=overwrite, **layout,
-            )  # fmt: skip
+        return _write(writer, Path(dst), records, scene, backend, workers, scheduler, threads, progress, info,
+                      overwrite, layout_options)  # fmt: skip
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))
         raise SourceError(decode_problems(records, exc)) from None
+
+
+def _write(writer: Any, dst: Path, records: list[ImageRecord], scene: SceneInfo, backend: str, workers: int,
+           scheduler: str | None, threads: int, progress: bool, info: Mapping[str, Any], overwrite: bool,
+           layout_options: Mapping[str, Any]) -> Any:  # fmt: skip
+    with conversion_executor(workers, scheduler, threads) as executor:
+        return writer(
+            dst, records, scene=scene, backend=backend, executor=executor, progress=progress,
+            source=info, overwrite=overwrite, **layout_options,
+        )  # fmt: skip

@@ -7,6 +7,7 @@ Steps (each prints one line and a progress bar where it is long):
    forms and backends hold the same rays;
 3. profile the loader against the two classic baselines, over worker counts and batch sizes;
 4. train the compact trainer with each sampler for a fixed time budget and evaluate on the test split;
+   then compare the images layout with the ray layout (``raykit.demo.layouts``);
 5. write ``report.md`` with tables, plots and rendered test views beside the ground truth.
 
 ``--quick`` runs the same steps on the tiny scene with short budgets (under two minutes).
@@ -77,6 +78,11 @@ def run_demo(out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0)
     stores = _step("convert and validate", lambda: steps.convert_all(out_dir, scene), timings)
     bench = _step("profile the loader", lambda: steps.profile(out_dir, stores, scene, plan), timings)
     runs = _step("train each sampler", lambda: steps.train_all(out_dir, stores, plan, seed), timings)
+    from raykit.demo.layouts import compare_layouts
+
+    layouts = _step(
+        "compare the layouts", lambda: compare_layouts(out_dir, scene, stores, runs, plan, seed), timings
+    )
     timings["total"] = time.perf_counter() - started
     results = {
         "plan": asdict(plan),
@@ -86,6 +92,7 @@ def run_demo(out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0)
         "stores": stores,
         "bench": bench,
         "runs": runs,
+        "layouts": layouts,
         "timings_s": timings,
     }
     (out_dir / "results.json").write_text(json.dumps(_jsonable(results), indent=2) + "\n")

@@ -193,6 +193,8 @@ def _training_section(runs: dict[str, Any]) -> str:
 
 
 def write_report(out: Path, results: dict[str, Any]) -> Path:
+    from raykit.demo.layouts import layouts_section
+
     """Write ``out/report.md`` and its figures; return the report's path."""
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
@@ -210,6 +212,7 @@ def write_report(out: Path, results: dict[str, Any]) -> Path:
         _dataset_section(results),
         _loader_section(results["bench"]),
         _training_section(results["runs"]),
+        *([layouts_section(results["layouts"])] if "layouts" in results else []),
     ])  # fmt: skip
     path = out / "report.md"
     path.write_text(text + "\n")

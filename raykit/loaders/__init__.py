@@ -5,6 +5,8 @@ from raykit.loaders.config import LoaderConfig
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
+from raykit.loaders.window import WindowPlan
+from raykit.loaders.window_loader import WindowLoader
 
 __all__ = [
     "CacheStats",
@@ -16,4 +18,6 @@ __all__ = [
     "RayLoader",
     "SamplingPlan",
     "StoreSource",
+    "WindowLoader",
+    "WindowPlan",
 ]

@@ -105,6 +105,19 @@ class RayLoader:
         config: the options, as a :class:`~raykit.loaders.config.LoaderConfig`.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A :class:`~raykit.loaders.window_loader.WindowLoader` for a split in the images layout."""
+        store = args[0] if args else kwargs.get("store")
+        split = args[1] if len(args) > 1 else kwargs.get("split", "train")
+        if isinstance(store, str | os.PathLike | RayStore):
+            opened = open_if_location(store)
+            if split in opened.splits and opened.layout(split) == "images":
+                from raykit.loaders.window_loader import WindowLoader
+
+                rest = {k: v for k, v in kwargs.items() if k not in ("store", "split")}
+                return WindowLoader(opened, split, *args[2:], **rest)
+        return super().__new__(cls)
+
     def __init__(
         self,
         store: RayStore | ChunkSource,

@@ -112,6 +112,10 @@ def run_bench(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Profile loading ``batches`` batches of ``split``; returns a JSON-able report."""
+    if store.layout(split) == "images":  # the windowed shuffle (raykit.profiling.images_bench)
+        from raykit.profiling.images_bench import run_images_bench
+
+        return run_images_bench(store, split, batch_size, workers, cache_mb, device, batches, seed)
     device = torch.device(device)
     info = store.splits[split]
     bytes_per_ray = store.fields["rgba"].channels + 4
@@ -145,9 +149,17 @@ def run_bench(
     in_split = np.flatnonzero([s == split for s in store.table.splits])
     pixels = store.table.n_pixels[in_split]
     images = [store.decode_pids(r.pid)[0] - in_split[0] for r in raws[:50] if len(r) == batch_size]
+    stored = sum(v["size"] for k, v in store.files.items() if k.startswith(f"{_payload_dir(store)}"))
+    stage_s = sum(r["seconds"] for r in stages.values() if r is not None)
     return {
         "store": store.url,
         "backend": store.backend,
+        "layout": "rays",
+        "read_mb_per_s": stored
+        / max(sum(i.n_rays for i in store.splits.values()), 1)
+        * warm["rays_per_s"]
+        / MB,  # each ray read once an epoch, at the payload's bytes per ray
+        "decode_share": stages["read"]["seconds"] / max(stage_s, 1e-9),  # type: ignore[index]  # read: decompressing
         "split": split,
         "n_rays": info.n_rays,
         "settings": {
@@ -165,6 +177,10 @@ def run_bench(
         "stages": stages,
         "shuffle_quality": shuffle_quality(images, pixels) if images else None,
     }
+
+
+def _payload_dir(store: RayStore) -> str:
+    return "wds/" if store.backend == "wds" else "zarr/"
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -198,6 +214,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"warm {report['warm']['first_batch_s'] * 1e3:.1f} ms",
         f"cache: hit rate {report['cache']['hit_rate']:.2f}, {report['cache']['bytes'] / MB:.1f} MB held",
     ]
+    if "decode_share" in report:
+        footer.append(
+            f"layout {report.get('layout', 'rays')}: {report['read_mb_per_s']:.1f} MB/s read from the store, "
+            f"decode {100 * report['decode_share']:.0f} % of the stage time"
+        )
     if q is not None:
         footer.append(
             f"shuffle quality: {q['distinct_images']:.1f} distinct images per batch, "

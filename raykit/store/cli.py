@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from raykit.errors import StoreCorruptError, StoreVersionError
+from raykit.store.images_layout import LAYOUTS
 from raykit.store.reader import open_store
 from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store
@@ -39,6 +40,9 @@ def register(subparsers: Any) -> None:
     copy.add_argument("src", help="source store path or URL")
     copy.add_argument("dst", help="destination directory")
     copy.add_argument("--format", choices=BACKENDS, required=True, help="backend of the copy")
+    copy.add_argument(
+        "--layout", choices=LAYOUTS, default=None, help="layout of the copy (default: the source's)"
+    )
     copy.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     copy.add_argument("--progress", action="store_true", help="show a progress bar")
     copy.set_defaults(func=_copy)
@@ -53,6 +57,8 @@ def _info(args: argparse.Namespace) -> int:
     print(f"fingerprint {summary['content_fingerprint']}")
     for name, split in summary["splits"].items():
         order = "shuffled" if split["shuffled"] else "image order"
+        if split.get("layout") == "images":
+            order = "images layout: encoded images, shuffled at load time"
         print(
             f"split       {name}: {split['n_images']} images, {split['n_rays']} rays, "
             f"{split['n_chunks']} chunks ({order})"
@@ -67,6 +73,11 @@ def _info(args: argparse.Namespace) -> int:
     layout = summary["layout"]
     print(f"layout      {layout['chunk_rays']} rays/chunk, {layout['shard_chunks']} chunks/shard")
     print(f"seed        {layout['seed']}")
+    for name, images in summary["images_layout"].items():
+        print(
+            f"images      {name}: {images['stored_bytes']} bytes stored ({', '.join(images['formats'])}), "
+            f"{images['passthrough']} passed through unchanged"
+        )
     print(f"size        {summary['bytes_on_disk']} bytes on disk")
     print(f"bytes/ray   {summary['bytes_per_ray']:.3f} (payload)")
     return 0
@@ -88,7 +99,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _copy(args: argparse.Namespace) -> int:
     store = copy_store(
-        args.src, args.dst, backend=args.format, progress=args.progress, overwrite=args.overwrite
-    )
+        args.src, args.dst, backend=args.format, progress=args.progress, overwrite=args.overwrite,
+        layout=args.layout,
+    )  # fmt: skip
     print(f"{store.url}: {store.backend} copy, content fingerprint {store.fingerprint}")
     return 0

@@ -22,6 +22,7 @@ import torch
 from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
+from raykit.store.images_layout import IMAGES_LAYOUT, ImagesReader, split_layout, store_layout
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.remote import RangeFetcher
@@ -172,8 +173,24 @@ class RayStore:
         if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
+        if store_layout(self.manifest) == IMAGES_LAYOUT:  # encoded images (raykit.store.images_layout)
+            return ImagesReader(self.url, self.backend, self.manifest["layout"], self.index, ranges,
+                                self._ray_starts())  # fmt: skip
         spec = PayloadSpec(self.fields, self.manifest["layout"])
         return backend.open_reader(self.url, spec, self.index, ranges)
+
+    def _ray_starts(self) -> dict[str, list[int]]:
+        table = self.table
+        out = {}
+        for split, info in self.splits.items():
+            rows = [i for i, s in enumerate(table.splits) if s == split]
+            out[split] = [int(table.ray_start[i]) for i in rows] + [info.n_rays]
+        return out
+
+    def layout(self, split: str) -> str:
+        """``"rays"`` or ``"images"``: how ``split`` is stored (docs/format.md)."""
+        self._split(split)
+        return split_layout(self.manifest, split)
 
     def _check_file(self, rel: str) -> None:
         if rel in self._checked:
@@ -246,6 +263,10 @@ class RayStore:
         info = self._split(split)
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
+        if self.layout(split) == IMAGES_LAYOUT:  # decoded from the stored images
+            from raykit.store import images_read
+
+            return images_read.read_rays(self, split, *info.chunk_range(index))
         files = self.payload.chunk_files(split, index)
         for rel in files:
             self._check_file(rel)
@@ -318,6 +339,10 @@ class RayStore:
         Evaluation splits read one contiguous range; a shuffled split is scanned chunk by chunk.
         """
         i = self.image_index(name)
+        if self.layout(self.table.splits[i]) == IMAGES_LAYOUT:  # one stored image, decoded
+            from raykit.store import images_read
+
+            return images_read.image_raw(self, name)
         split, start = self.table.splits[i], int(self.table.ray_start[i])
         n = int(self.table.n_pixels[i])
         if start >= 0:
@@ -347,6 +372,10 @@ class RayStore:
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file.
         """
         h, w, c = self.image_shape(name)
+        if self.layout(self.table.splits[self.image_index(name)]) == IMAGES_LAYOUT:
+            from raykit.store import images_read
+
+            return images_read.read_image(self, name)
         raw = self.image_raw(name)
         return np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
 

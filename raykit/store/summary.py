@@ -23,7 +23,9 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "backend": store.backend,
         "format_version": store.manifest["format_version"],
         "content_fingerprint": store.fingerprint,
-        "splits": {name: info.to_dict() for name, info in store.splits.items()},
+        "splits": {
+            name: {**info.to_dict(), "layout": store.layout(name)} for name, info in store.splits.items()
+        },
         "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
         "layout": store.manifest["layout"],
         "cameras": {
@@ -38,4 +40,13 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "payload_bytes": payload,
         "n_rays": n_rays,
         "bytes_per_ray": payload / max(n_rays, 1),
+        "images_layout": {  # per images-layout split: stored bytes, pass-through count, formats
+            name: {
+                "stored_bytes": sum(int(b) for b in store.index[name]["image_bytes"]),
+                "passthrough": sum(bool(p) for p in store.index[name]["passthrough"]),
+                "formats": sorted(set(store.index[name]["image_format"])),
+            }
+            for name in store.splits
+            if store.layout(name) == "images"
+        },
     }

@@ -92,6 +92,10 @@ def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
 def _check_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
     """Problems of ``split``'s chunks; a chunk in a file already reported by ``_check_files`` is not
     reported again."""
+    if store.layout(split) == "images":  # stored images: checked one by one (raykit.store.images_check)
+        from raykit.store.images_check import check_images_split
+
+        return check_images_split(store, split, bad_files)
     info = store.splits[split]
     seen = np.zeros(info.n_rays, dtype=np.int64)
     problems: list[str] = []

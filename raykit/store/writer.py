@@ -437,16 +437,26 @@ def copy_store(
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     overwrite: bool = False,
+    layout: Any = None,
 ) -> RayStore:
     """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
 
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
-    content fingerprint equals the source's.
+    content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
+    source's) rewrites it in that layout (``raykit.store.layout_copy``).
     """
+    from raykit.store.images_layout import store_layout
     from raykit.store.reader import open_store
 
-    profile = Profile()
     store = open_store(src)
+    if store_layout(store.manifest) == "images" or (layout or "rays") != "rays":
+        from raykit.store.layout_copy import copy_layout
+
+        return copy_layout(
+            src, dst, backend=backend, layout=layout or store_layout(store.manifest), executor=executor,
+            progress=progress, overwrite=overwrite,
+        )  # fmt: skip
+    profile = Profile()
     layout = dict(store.manifest["layout"])
     check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
     dst = Path(dst)

@@ -25,7 +25,7 @@ def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_report_has_every_section_and_figure(demo_out: Path) -> None:
     report = (demo_out / "report.md").read_text()
-    for heading in ("## Dataset", "## Loader throughput", "## Training"):
+    for heading in ("## Dataset", "## Loader throughput", "## Training", "## Layouts"):
         assert heading in report
     for figure in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report):
         image = np.asarray(Image.open(demo_out / figure).convert("L"), dtype=np.float64)
@@ -46,6 +46,12 @@ def test_results_are_real_measurements(demo_out: Path) -> None:
     for sampler in ("stratified", "hierarchical", "occupancy"):
         run = results["runs"][sampler]
         assert run["step"] > 0 and math.isfinite(run["psnr"]) and run["renders"]
+    layouts = results["layouts"]
+    for name in ("rays", "images"):
+        row = layouts[name]
+        assert row["bytes_on_disk"] > 0 and row["rays_per_s"] > 0 and math.isfinite(row["test_psnr"])
+        assert 0 < row["shuffle_quality"]["ratio"] <= 1.01
+    assert layouts["images"]["bytes_on_disk"] < layouts["rays"]["bytes_on_disk"]
 
 
 def test_report_numbers_match_results(demo_out: Path) -> None:

@@ -1,0 +1,213 @@
+"""The windowed shuffle of an images-layout split: which rays batch ``k`` of epoch ``e`` holds.
+
+Vocabulary. The split has ``I`` images (split-local index ``i``) of ``n_i`` rays each. A ray is named by
+``(i, rank)``, its *rank* within image ``i``'s per-epoch ray order: rank ``r`` of image ``i`` in epoch
+``e`` is pixel ``base[(r + s) mod n_i]`` (row-major pixel index), with ``base`` a seeded permutation of
+``n_i`` shared by the epoch's images of that size and ``s`` a seeded rotation per image (one
+permutation per size and epoch instead of one per image; two images of one size visit their pixels
+in different windows of the same random order, which a NeRF, whose images are different views, cannot
+tell from independent orders).
+
+One epoch, for one rank:
+
+1. the images are visited in a seeded order (``image_order``): the epoch's permutation of the ``I``
+   images, rank ``r`` taking every ``world_size``-th one starting at ``r``, ``I // world_size`` each
+   (ranks are disjoint and hold as many images; the ``I mod world_size`` left over change every epoch);
+2. a *window* holds up to ``window_images`` images; before each draw it is filled with the next
+   images of the order;
+3. batch ``k`` draws ``batch_size`` rays uniformly, without replacement, over the window's remaining
+   rays: the counts per window image are one multivariate hypergeometric draw from the batch's own
+   seeded generator, and each image gives its next ranks in order. An image that is used up leaves the
+   window and the next one enters (within one batch when needed: the draw continues over the refilled
+   window). Every ray of every visited image is used exactly once per epoch.
+
+Batch ``k`` of epoch ``e`` is therefore a pure function of the seed, ``e``, ``k``, the window size and
+the split's image sizes (``iter_batches`` replays the cheap count draws of batches ``0..k-1``, never
+any pixels), so resuming is exact and batches do not depend on worker counts, decode order or backend.
+
+``n_batches`` is the same on every rank and epoch: with ``drop_last`` (default), the rays of the
+``I // world_size`` smallest images divided by ``batch_size``; otherwise the last batch of each rank
+holds everything its images have left (exactly once per epoch; with one image size, fewer than
+``batch_size`` rays).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from raykit.errors import ConfigError
+
+__all__ = ["Piece", "WindowPlan", "reference_epoch_rays"]
+
+_TAG_IMAGES, _TAG_DRAW, _TAG_BASE, _TAG_ROTATE = 11, 12, 13, 14
+Piece = tuple[int, int, int]  # (split-local image, first rank, stop rank)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Where every batch's rays come from, for one rank of one images-layout split.
+
+    Attributes:
+        image_rays: ``n_i`` of every image of the split, in split order.
+        batch_size, seed, shuffle, drop_last, world_size, rank: as for ``RayLoader``.
+        window_images: images decoded and drawn from at once.
+    """
+
+    image_rays: tuple[int, ...]
+    batch_size: int
+    window_images: int
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = True
+    world_size: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "window_images", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"window plan: expected {name} a positive integer, got {value!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"window plan: expected rank in [0, {self.world_size}), got {self.rank}")
+        if self.seed < 0:
+            raise ConfigError(f"window plan: expected seed >= 0, got {self.seed}")
+        if self.images_per_rank < 1:
+            raise ConfigError(
+                f"window plan: expected at least one image per rank, got {len(self.image_rays)} images "
+                f"over {self.world_size} ranks"
+            )
+        if self.n_batches < 1:
+            raise ConfigError(
+                f"window plan: expected at least batch_size={self.batch_size} rays per rank, got "
+                f"{self.min_rank_rays} (the rank with the smallest images)"
+            )
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def images_per_rank(self) -> int:
+        return len(self.image_rays) // self.world_size
+
+    @property
+    def min_rank_rays(self) -> int:
+        """Rays of the ``images_per_rank`` smallest images: no rank holds fewer in any epoch."""
+        return int(sum(sorted(self.image_rays)[: self.images_per_rank]))
+
+    @property
+    def n_batches(self) -> int:
+        """Batches per epoch; the same on every rank."""
+        if self.drop_last:
+            return self.min_rank_rays // self.batch_size
+        return math.ceil(self.min_rank_rays / self.batch_size)
+
+    # ---- orders ------------------------------------------------------------------------------
+    def image_order(self, epoch: int) -> np.ndarray:
+        """(images_per_rank,) int64: this rank's images of ``epoch`` in visiting order."""
+        n = len(self.image_rays)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch, _TAG_IMAGES]).permutation(n)
+        else:
+            order = np.arange(n)
+        return order[self.rank :: self.world_size][: self.images_per_rank].astype(np.int64)
+
+    def base_permutation(self, epoch: int, n: int) -> np.ndarray:
+        """(n,) int64: the ray order shared by ``epoch``'s images of ``n`` rays (identity unshuffled)."""
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        return np.random.default_rng([self.seed, epoch, _TAG_BASE, n]).permutation(n)
+
+    def rotation(self, epoch: int, image: int) -> int:
+        """The rotation ``s`` of image ``image``'s ray order in ``epoch``."""
+        if not self.shuffle:
+            return 0
+        rng = np.random.default_rng([self.seed, epoch, _TAG_ROTATE, image])
+        return int(rng.integers(self.image_rays[image]))
+
+    def pixels(
+        self, epoch: int, image: int, lo: int, hi: int, base: np.ndarray | None = None, s: int | None = None
+    ) -> np.ndarray:
+        """(hi - lo,) int64 row-major pixel indices of ranks ``lo..hi`` of ``image`` in ``epoch``
+        (``base`` and ``s``: its ``base_permutation`` and ``rotation`` when the caller holds them)."""
+        n = self.image_rays[image]
+        base = self.base_permutation(epoch, n) if base is None else base
+        s = self.rotation(epoch, image) if s is None else s
+        a, b = (lo + s) % n, hi - lo
+        if a + b <= n:
+            return base[a : a + b]
+        return np.concatenate([base[a:], base[: a + b - n]])
+
+    # ---- batches -----------------------------------------------------------------------------
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[Piece]]:
+        """The pieces of batches ``start..n_batches - 1`` of ``epoch``: ``(image, lo, hi)`` rank ranges.
+
+        Also the images' entry order: an image enters the window in the first batch holding it.
+        """
+        order = self.image_order(epoch).tolist()
+        window: list[list[int]] = []  # [image, used ranks]
+        upcoming = 0
+        for k in range(self.n_batches):
+            last = k == self.n_batches - 1 and not self.drop_last
+            need = math.inf if last else self.batch_size
+            rng = np.random.default_rng([self.seed, epoch, _TAG_DRAW, self.world_size, self.rank, k])
+            pieces: list[Piece] = []
+            while need > 0:
+                while len(window) < self.window_images and upcoming < len(order):
+                    window.append([order[upcoming], 0])
+                    upcoming += 1
+                if not window:
+                    break
+                left = np.array([self.image_rays[i] - used for i, used in window], dtype=np.int64)
+                total = int(left.sum())
+                take = int(min(need, total))
+                counts = left if take == total else rng.multivariate_hypergeometric(left, take)
+                for slot, count in zip(window, counts.tolist(), strict=True):
+                    if count:
+                        pieces.append((slot[0], slot[1], slot[1] + count))
+                        slot[1] += count
+                window = [slot for slot in window if slot[1] < self.image_rays[slot[0]]]
+                need -= take
+            if k >= start:
+                yield pieces
+
+    def batch_pieces(self, epoch: int, k: int) -> list[Piece]:
+        """The pieces of batch ``k`` of ``epoch`` (replays batches ``0..k-1``' counts)."""
+        if not 0 <= k < self.n_batches:
+            raise ConfigError(f"window plan: expected batch index in [0, {self.n_batches}), got {k}")
+        return next(self.iter_batches(epoch, k))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reference_epoch_rays(plan: WindowPlan, epoch: int) -> list[list[tuple[int, int]]]:
+    """Simple twin of ``iter_batches`` + ``pixels``: every batch of ``epoch`` as ``(image, pixel)``
+    pairs, keeping each window image's remaining pixels as a list (same generators, own bookkeeping)."""
+    queue = plan.image_order(epoch).tolist()
+    window: list[tuple[int, list[int]]] = []
+    out = []
+    for k in range(plan.n_batches):
+        need = math.inf if (k == plan.n_batches - 1 and not plan.drop_last) else plan.batch_size
+        rng = np.random.default_rng([plan.seed, epoch, _TAG_DRAW, plan.world_size, plan.rank, k])
+        batch: list[tuple[int, int]] = []
+        while need > 0:
+            while len(window) < plan.window_images and queue:
+                i = queue.pop(0)
+                n, s = plan.image_rays[i], plan.rotation(epoch, i)
+                base = plan.base_permutation(epoch, n)
+                window.append((i, [int(base[(r + s) % n]) for r in range(n)]))
+            if not window:
+                break
+            left = np.array([len(p) for _, p in window], dtype=np.int64)
+            take = int(min(need, left.sum()))
+            counts = left if take == left.sum() else rng.multivariate_hypergeometric(left, take)
+            for (i, remaining), c in zip(window, counts.tolist(), strict=True):
+                batch += [(i, px) for px in remaining[:c]]
+                del remaining[:c]
+            window = [(i, p) for i, p in window if p]
+            need -= take
+        out.append(batch)
+    return out

@@ -1,0 +1,376 @@
+"""``WindowLoader``: ray batches from an images-layout split, by the windowed shuffle of ``window.py``.
+
+``RayLoader`` returns one of these for a split stored in the images layout (same arguments, API and
+state dict style). A producer thread follows the :class:`~raykit.loaders.window.WindowPlan`: images
+are decoded ahead in the order they enter the window (on worker processes when ``num_workers > 0``,
+else on one background thread; Pillow decodes without the GIL), each batch gathers its rays from the
+decoded images in the window and is generated on the device by the same
+:class:`~raykit.loaders.batching.DeviceBatcher` as the ray layout's. Memory: the window's decoded
+images (``window_images`` of them, by default as many as fit ``cache_bytes``) plus the images being
+decoded ahead (``max(DECODE_AHEAD, num_workers)``) and ``prefetch`` batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from raykit.errors import ConfigError, ResumeError
+from raykit.loaders.arguments import check_loader_args, check_state
+from raykit.loaders.batching import DeviceBatcher
+from raykit.loaders.cache import ChunkCache
+from raykit.loaders.image_source import ImageSource
+from raykit.loaders.lifecycle import check_main_guard, register
+from raykit.loaders.window import WindowPlan
+from raykit.loaders.workers import ChunkFetcher
+from raykit.rays import RayBatch
+from raykit.store.reader import RayStore
+from raykit.store.schema import RawRays
+
+__all__ = ["DECODE_AHEAD", "STATE_VERSION", "WindowLoader", "default_window"]
+
+STATE_VERSION = 1
+DECODE_AHEAD = 4  # images decoded ahead of the window (more with more workers)
+_EXACT_KEYS = ("n_rays", "seed", "shuffle", "window_images")
+_PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
+_DONE = object()
+
+
+def default_window(store: RayStore, split: str, cache_bytes: int) -> int:
+    """Window size from ``cache_bytes``: decoded images of the split's largest size that fit, less
+    the ``DECODE_AHEAD`` being decoded (at least 1)."""
+    rows = [i for i, s in enumerate(store.table.splits) if s == split]
+    largest = max(int(store.table.n_pixels[i]) for i in rows) * store.rgba_channels
+    return max(1, cache_bytes // largest - DECODE_AHEAD)
+
+
+class WindowLoader:
+    """Yields ray batches of one images-layout split, epoch after epoch (see the module docstring).
+
+    Arguments as :class:`raykit.loaders.RayLoader`'s; ``window_images`` overrides the window size
+    derived from ``cache_bytes``. The ray layout's mixing options (``mix_chunks``, ``mix_run``,
+    ``mix_run``) do not apply and are ignored; ``gen_threads`` threads generate groups of about
+    ``group_rays`` rays (consecutive batches, default 2 threads on CPU, 1 on GPUs), in order; the first
+    batch goes alone, so that it is ready as soon as the window is.
+    """
+
+    def __init__(
+        self,
+        store: RayStore,
+        split: str = "train",
+        batch_size: int = 4096,
+        seed: int = 0,
+        *,
+        shuffle: bool = True,
+        device: Any = "cpu",
+        num_workers: int = 0,
+        cache_bytes: int = 512 << 20,
+        disk_cache: str | os.PathLike[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = True,
+        prefetch: int = 4,
+        window_images: int | None = None,
+        gen_threads: int | None = None,
+        group_rays: int = 1 << 16,
+        make_batch: Callable[[RawRays], Any] | None = None,
+        **ray_layout_options: Any,
+    ) -> None:
+        from raykit.loaders.loader import distributed_rank
+
+        check_loader_args(
+            batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
+            cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
+            window_images=(window_images, 1), gen_threads=(gen_threads, 1), group_rays=(group_rays, 1),
+        )  # fmt: skip
+        if split not in store.splits:
+            raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")
+        del ray_layout_options
+        check_main_guard(num_workers)  # before anything starts: spawned workers re-run __main__
+        self.store, self.split = store, split
+        self.source = ImageSource(store, split, disk_cache)
+        rank, world_size = distributed_rank(rank, world_size)
+        window = window_images if window_images is not None else default_window(store, split, cache_bytes)
+        self.plan = WindowPlan(
+            tuple(self.source.image_rays), batch_size, int(window), seed, shuffle, drop_last, world_size, rank
+        )
+        self.num_workers, self.prefetch = num_workers, prefetch
+        if gen_threads is None:
+            gen_threads = 1 if torch.device(device).type == "cuda" else min(2, os.cpu_count() or 1)
+        self.gen_threads, self.group_rays = gen_threads, group_rays
+        if make_batch is None:
+            make_batch = DeviceBatcher(store, device)
+        self.make_batch = make_batch
+        self.epoch, self.batch = 0, 0
+        self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
+        self._fetcher: ChunkFetcher | None = None
+        self._running: dict[threading.Thread, threading.Event] = {}
+        self._bases: dict[tuple[int, int], np.ndarray] = {}
+        self._rotations: dict[tuple[int, int], int] = {}
+        register(self)  # closed at interpreter exit if still alive (raykit.loaders.lifecycle)
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.plan.n_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        """The remaining batches of the current epoch; afterwards the position is the next epoch."""
+        if self.batch >= self.plan.n_batches:
+            self.epoch, self.batch = self.epoch + 1, 0
+        epoch = self.epoch
+        items: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-window", daemon=True
+        )
+        self._running[thread] = stop
+        thread.start()
+        try:
+            while True:
+                item = items.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self.batch += 1
+                yield item
+            self.epoch, self.batch = epoch + 1, 0
+        finally:
+            stop.set()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    items.get(timeout=0.05)
+            thread.join()
+            self._running.pop(thread, None)
+
+    def forever(self) -> Iterator[Any]:
+        """Batches without end, epoch after epoch."""
+        while True:
+            yield from self
+
+    def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
+        """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
+        yield from self._raw(epoch, start, None)
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Small JSON-able position: the next batch to yield, and what the plan depends on."""
+        plan = self.plan
+        return {
+            "version": STATE_VERSION,
+            "strategy": "window",
+            "split": self.split,
+            "fingerprint": str(self.store.fingerprint),
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "n_batches": plan.n_batches,
+            "n_rays": int(sum(plan.image_rays)),
+            **{key: getattr(plan, key) for key in _EXACT_KEYS[1:] + _PARTITION_KEYS},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``; a state saved mid-epoch with another world size, batch size or
+        ``drop_last`` continues at the next epoch (with a warning).
+
+        Raises:
+            ResumeError: not a window loader's state, or another store's, split's or window's.
+        """
+        state = check_state(state)
+        mine = self.state_dict()
+        for key in ("version", "strategy", "split", "fingerprint", *_EXACT_KEYS):
+            if state.get(key) != mine[key]:
+                raise ResumeError(
+                    f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}"
+                )
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if batch >= int(state.get("n_batches", batch + 1)):
+            epoch, batch = epoch + 1, 0
+        changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
+        if changed and batch > 0:
+            warnings.warn(
+                f"loader state saved mid-epoch {epoch} with different {', '.join(changed)}; "
+                f"skipping the rest of that epoch and starting epoch {epoch + 1}",
+                stacklevel=2,
+            )
+            epoch, batch = epoch + 1, 0
+        self.epoch, self.batch = epoch, batch
+
+    def wait_for_workers(self) -> None:
+        """Start the worker processes (``num_workers > 0``) and block until they are up."""
+        self._fetcher_ready().wait_ready()
+
+    def cache_stats(self) -> Any:
+        """Counters of the fetcher's cache (decoded images are held by the window, not cached)."""
+        return self._fetcher_ready().cache.stats()
+
+    def close(self) -> None:
+        """Stop live iterators' threads and worker processes (idempotent)."""
+        running = getattr(self, "_running", {})
+        for stop in list(running.values()):
+            stop.set()
+        for thread in list(running):
+            if thread is not threading.current_thread():
+                thread.join()
+            running.pop(thread, None)
+        fetcher, self._fetcher = getattr(self, "_fetcher", None), None
+        if fetcher is not None:
+            fetcher.close()
+
+    def __enter__(self) -> WindowLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ---- the pipeline ------------------------------------------------------------------------
+    def _fetcher_ready(self) -> ChunkFetcher:
+        if self._fetcher is not None and self._fetcher.broken:
+            self._fetcher.close()
+            self._fetcher = None
+        if self._fetcher is None:
+            ahead = max(DECODE_AHEAD, self.num_workers)
+            self._fetcher = ChunkFetcher(self.source, ChunkCache(0), self.num_workers, ahead)
+        return self._fetcher
+
+    def _decoded(self, images: list[int]) -> Iterator[tuple[int, RawRays]]:
+        """Decoded images in ``images`` order, ``DECODE_AHEAD`` ahead (workers, or one thread)."""
+        if self.num_workers > 0:
+            yield from self._fetcher_ready().fetch(images)
+            return
+        with ThreadPoolExecutor(1, "raykit-decode") as pool:
+            pending: deque[tuple[int, Future[RawRays]]] = deque()
+            iterator = iter(images)
+            for i in iterator:
+                pending.append((i, pool.submit(self.source.read_chunk, i)))
+                if len(pending) > DECODE_AHEAD:
+                    break
+            while pending:
+                i, future = pending.popleft()
+                nxt = next(iterator, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(self.source.read_chunk, nxt)))
+                yield i, future.result()
+
+    def _base(self, epoch: int, n: int) -> np.ndarray:
+        if (epoch, n) not in self._bases:
+            self._bases = {k: v for k, v in self._bases.items() if k[0] == epoch}
+            self._bases[(epoch, n)] = self.plan.base_permutation(epoch, n)
+        return self._bases[(epoch, n)]
+
+    def _raw(self, epoch: int, start: int, stop: threading.Event | None) -> Iterator[RawRays]:
+        plan = self.plan
+        finished: set[int] = set()  # images used up before batch ``start`` (count draws only)
+        if start:
+            for k, pieces in enumerate(plan.iter_batches(epoch)):
+                if k >= start:
+                    break
+                finished.update(i for i, _, hi in pieces if hi == plan.image_rays[i])
+        # Images enter the window in the epoch's image order: decode them in that order.
+        stream = self._decoded([i for i in plan.image_order(epoch).tolist() if i not in finished])
+        window: dict[int, RawRays] = {}
+        for pieces in plan.iter_batches(epoch, start):
+            if stop is not None and stop.is_set():
+                return
+            t0 = time.perf_counter()
+            for i, _, _ in pieces:
+                while i not in window:  # images that entered before ``i`` come first
+                    got, image = next(stream)
+                    window[got] = image
+            t1 = time.perf_counter()
+            raw = self._gather(epoch, pieces, window)
+            for i, _, hi in pieces:
+                if hi == plan.image_rays[i]:
+                    window.pop(i, None)  # used up: leaves the window
+            self.seconds["read"] += t1 - t0
+            self.seconds["gather"] += time.perf_counter() - t1
+            yield raw
+
+    def _gather(self, epoch: int, pieces: list[tuple[int, int, int]], window: dict[int, RawRays]) -> RawRays:
+        rgba, pid = [], []
+        offsets = self.source.pixel_offsets
+        for i, lo, hi in pieces:
+            n = self.plan.image_rays[i]
+            if (epoch, i) not in self._rotations:
+                self._rotations = {k: v for k, v in self._rotations.items() if k[0] == epoch}
+                self._rotations[(epoch, i)] = self.plan.rotation(epoch, i)
+            index = self.plan.pixels(epoch, i, lo, hi, self._base(epoch, n), self._rotations[(epoch, i)])
+            image = window[i].rgba
+            if image.shape[1] == 4:
+                rgba.append(np.take(image.view(np.uint32)[:, 0], index).view(np.uint8).reshape(-1, 4))
+            else:
+                rgba.append(np.take(image, index, axis=0))
+            pid.append((index + int(offsets[i])).astype(np.uint32))
+        if len(rgba) == 1:
+            return RawRays(rgba[0], pid[0])
+        return RawRays(np.concatenate(rgba), np.concatenate(pid))
+
+    def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
+        """Gather batches here; generate them on ``gen_threads`` single-threaded workers, in order."""
+        torch.set_num_threads(1)
+        pending: deque[Future[tuple[list[Any], float]]] = deque()
+        with ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)) as pool:
+            try:
+                per_group = max(1, self.group_rays // self.plan.batch_size)
+                group: list[RawRays] = []
+                for k, raw in enumerate(self._raw(epoch, start, stop)):
+                    group.append(raw)
+                    if k == 0 or len(group) >= per_group:
+                        pending.append(pool.submit(self._generate, group))
+                        group = []
+                    if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
+                        return
+                if group:
+                    pending.append(pool.submit(self._generate, group))
+                while pending:
+                    if not self._emit(pending.popleft(), items, stop):
+                        return
+                _put(items, _DONE, stop)
+            except BaseException as exc:
+                _put(items, exc, stop)
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _generate(self, raws: list[RawRays]) -> tuple[list[Any], float]:
+        """Consecutive batches generated together (one call for the group), then cut apart."""
+        t0 = time.perf_counter()
+        if len(raws) == 1 or not isinstance(
+            self.make_batch, DeviceBatcher
+        ):  # a caller's make_batch: one by one
+            batches = [self.make_batch(raw) for raw in raws]
+        else:
+            group: RayBatch = self.make_batch(RawRays.concat(raws))
+            batches = list(group.split([len(r) for r in raws]))
+        return batches, time.perf_counter() - t0
+
+    def _emit(
+        self, future: Future[tuple[list[Any], float]], items: queue.Queue[Any], stop: threading.Event
+    ) -> bool:
+        batches, seconds = future.result()
+        self.seconds["generate"] += seconds
+        return all(_put(items, batch, stop) for batch in batches)
+
+
+def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False

@@ -1,0 +1,138 @@
+"""Encoded images of an images-layout store: pass-through of source bytes, lossless re-encoding, decoding.
+
+An image enters an images-layout store in one of two ways (``encode_for_store``):
+
+* **pass-through**: the source file is a JPEG or PNG whose plain decode (Pillow, no EXIF rotation) is
+  exactly the pixels the converter uses: 8-bit RGB or RGBA, EXIF orientation 1, no downscale. Its bytes
+  are stored unchanged, so the stored image's SHA-256 is the source file's;
+* **lossless re-encode** otherwise (downscaled, rotated, grayscale, palette, 16-bit, or pixels from
+  another store): WebP lossless (``exact``: colours under zero alpha are kept), or PNG for images wider
+  or taller than WebP's 16,383-pixel limit. Measured on a 512x600 photo (``benchmarks/bench_images.py``):
+  WebP lossless at effort 0 is 30 % smaller than PNG at level 3 for the same encode and decode time.
+
+``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)``; the writer checks, for every
+image, that it gives exactly the pixels the converter decoded.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from raykit.errors import StoreCorruptError
+
+__all__ = [
+    "REENCODE_FORMAT",
+    "StoredImage",
+    "decode_stored",
+    "encode_for_store",
+    "encode_lossless",
+    "image_format",
+    "passthrough_bytes",
+]
+
+REENCODE_FORMAT = "webp"
+_WEBP_MAX = 16383
+_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
+_PASSTHROUGH = ("JPEG", "PNG")
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """An image's bytes as stored, and how they were obtained.
+
+    Attributes:
+        data: the encoded file bytes.
+        ext: ``"jpg"``, ``"png"`` or ``"webp"`` (also the WebDataset member extension).
+        passthrough: the bytes are the source file's, unchanged.
+    """
+
+    data: bytes
+    ext: str
+    passthrough: bool
+
+
+def image_format(data: bytes) -> str:
+    """``"jpg"``, ``"png"`` or ``"webp"`` from the file's magic bytes; ``""`` for anything else."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return ""
+
+
+def _plain_channels(img: Image.Image) -> int:
+    """3 or 4 when a plain decode of ``img`` is 8-bit RGB or RGBA as is, else 0."""
+    if img.mode == "RGB":
+        return 3
+    if img.mode == "RGBA":
+        return 4
+    return 0
+
+
+def passthrough_bytes(data: bytes, pixels: np.ndarray) -> bool:
+    """Whether ``data`` (a source file) can be stored unchanged for ``pixels`` (H, W, C) uint8.
+
+    True when it is a JPEG or PNG of 8-bit RGB/RGBA, with no EXIF orientation other than 1, of the
+    same size and channel count as ``pixels``. (A 16-bit PNG opens in another mode; a rotated or
+    downscaled image differs in size or orientation.) The caller's one decode (``pixels``) is then
+    what a plain decode of ``data`` gives; ``decode_stored`` of the stored bytes is checked against
+    it all the same.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format not in _PASSTHROUGH or _plain_channels(img) != pixels.shape[2]:
+                return False
+            if img.format == "PNG" and "16" in str(getattr(img.tile[0], "args", "")):
+                return False
+            orientation = img.getexif().get(274, 1) if img.format == "JPEG" else 1
+            return bool(orientation == 1 and img.size == (pixels.shape[1], pixels.shape[0]))
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def encode_lossless(pixels: np.ndarray) -> StoredImage:
+    """``pixels`` (H, W, 3|4) uint8 -> WebP lossless (PNG beyond WebP's size limit)."""
+    img = Image.fromarray(np.ascontiguousarray(pixels))
+    out = io.BytesIO()
+    if max(pixels.shape[:2]) <= _WEBP_MAX:
+        img.save(out, "WEBP", lossless=True, quality=0, method=0, exact=True)
+        return StoredImage(out.getvalue(), "webp", False)
+    img.save(out, "PNG", compress_level=3)
+    return StoredImage(out.getvalue(), "png", False)
+
+
+def encode_for_store(source: bytes | None, pixels: np.ndarray) -> StoredImage:
+    """The stored form of an image: ``source`` unchanged when it passes through, else re-encoded."""
+    if source is not None and passthrough_bytes(source, pixels):
+        return StoredImage(source, image_format(source), True)
+    return encode_lossless(pixels)
+
+
+def decode_stored(data: bytes, channels: int, where: str) -> np.ndarray:
+    """Stored image bytes -> ``uint8 (H, W, channels)`` (an RGB image gets alpha 255 when
+    ``channels`` is 4).
+
+    Raises:
+        StoreCorruptError: the bytes do not decode, naming ``where``.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            if img.mode not in ("RGB", "RGBA"):
+                raise StoreCorruptError(f"{where}: stored image has mode {img.mode!r}, expected RGB or RGBA")
+            array = np.array(img)  # writable (torch tensors are made from it)
+    except (OSError, ValueError) as exc:
+        raise StoreCorruptError(f"{where}: stored image does not decode ({exc})") from None
+    if array.shape[2] == channels:
+        return np.ascontiguousarray(array)
+    if array.shape[2] == 3 and channels == 4:
+        out = np.full((*array.shape[:2], 4), 255, np.uint8)
+        out[..., :3] = array
+        return out
+    return np.ascontiguousarray(array[..., :channels])

@@ -1,0 +1,187 @@
+"""The windowed shuffle of images-layout splits: the pure plan, and the loader RayLoader returns for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raykit.errors import ConfigError, ResumeError
+from raykit.loaders import RayLoader
+from raykit.loaders.window import WindowPlan, reference_epoch_rays
+from raykit.loaders.window_loader import WindowLoader
+from raykit.store import SceneInfo
+from raykit.store.images_writer import write_images_store
+
+
+def _fast(plan: WindowPlan, epoch: int) -> list[list[tuple[int, int]]]:
+    return [
+        [(i, int(px)) for i, lo, hi in pieces for px in plan.pixels(epoch, i, lo, hi)]
+        for pieces in plan.iter_batches(epoch)
+    ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=9),
+    batch=st.integers(1, 50),
+    window=st.integers(1, 5),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 2),
+)
+def test_plan_matches_reference_and_uses_every_ray_once(sizes, batch, window, seed, epoch) -> None:
+    if sum(sizes) < batch:
+        return
+    plan = WindowPlan(tuple(sizes), batch, window, seed, drop_last=False)
+    batches = _fast(plan, epoch)
+    assert batches == reference_epoch_rays(plan, epoch)
+    rays = [ray for b in batches for ray in b]
+    assert sorted(rays) == sorted((i, p) for i, n in enumerate(sizes) for p in range(n))
+    assert all(len(b) == batch for b in batches[:-1]) and len(batches[-1]) > 0
+
+
+def test_window_holds_at_most_window_images() -> None:
+    plan = WindowPlan((30,) * 12, 16, 3, seed=1)
+    live: set[int] = set()
+    used = {i: 0 for i in range(12)}
+    for pieces in plan.iter_batches(0):
+        for i, lo, hi in pieces:
+            assert lo == used[i]
+            used[i] = hi
+            live.add(i)
+        live = {i for i in live if used[i] < 30}
+        assert len(live) <= 3
+
+
+def test_batch_is_a_pure_function_and_depends_on_the_window() -> None:
+    plan = WindowPlan((50, 40, 60, 50), 20, 2, seed=5)
+    streamed = list(plan.iter_batches(3))
+    assert [plan.batch_pieces(3, k) for k in range(plan.n_batches)] == streamed
+    assert list(WindowPlan((50, 40, 60, 50), 20, 3, seed=5).iter_batches(3)) != streamed
+    assert list(plan.iter_batches(4)) != streamed
+    with pytest.raises(ConfigError, match="batch index"):
+        plan.batch_pieces(0, plan.n_batches)
+
+
+def test_ranks_are_disjoint_and_equal() -> None:
+    sizes = (30, 30, 30, 30, 30, 30, 30)
+    plans = [WindowPlan(sizes, 8, 2, seed=2, world_size=3, rank=r) for r in range(3)]
+    orders = [set(p.image_order(1).tolist()) for p in plans]
+    assert all(len(o) == 2 for o in orders) and not (orders[0] & orders[1] | orders[1] & orders[2])
+    assert len({p.n_batches for p in plans}) == 1
+
+
+def _load(seed: int, h: int, w: int, c: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, c), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def images_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import functools
+
+    from raykit.cameras import Camera
+    from raykit.store import ImageRecord
+
+    records = []
+    for i in range(10):
+        w, h = (24, 16) if i % 3 else (20, 12)
+        camera = Camera("PINHOLE", w, h, (30.0, 31.0, w / 2, h / 2))
+        c2w = np.eye(4)
+        c2w[:3, 3] = (0.1 * i, 0.0, 3.0)
+        load = functools.partial(_load, i, h, w, 4 if i == 2 else 3)
+        records.append(
+            ImageRecord(f"im{i:02d}", "train" if i < 8 else "test", camera, c2w, 0.5, 6.0, "", load)
+        )
+    root = tmp_path_factory.mktemp("window")
+    return write_images_store(root / "s", records, scene=SceneInfo(), backend="wds")
+
+
+def _key(batch: Any) -> torch.Tensor:
+    return batch.image * 10_000 + batch.pixel[:, 1] * 100 + batch.pixel[:, 0]
+
+
+def test_ray_loader_dispatches_and_rays_match_the_images(images_store) -> None:
+    loader = RayLoader(images_store.url, "train", 100, seed=1, window_images=3, drop_last=False)
+    assert isinstance(loader, WindowLoader) and loader.plan.window_images == 3
+    keys, n = [], images_store.splits["train"].n_rays
+    images = {name: images_store.read_image(name) for name in images_store.images("train")}
+    for batch in loader:
+        keys.append(_key(batch))
+        reference = images_store.to_batch(_raw_of(images_store, batch, images))
+        assert torch.equal(batch.origins, reference.origins) and torch.equal(batch.rgb, reference.rgb)
+    assert len(torch.unique(torch.cat(keys))) == n == len(torch.cat(keys))
+    assert loader.state_dict()["epoch"] == 1
+
+
+def _raw_of(store: Any, batch: Any, images: dict[str, np.ndarray]) -> Any:
+    from raykit.store.schema import RawRays
+
+    names = store.table.names
+    pairs = zip(batch.image.tolist(), batch.pixel.tolist(), strict=True)
+    rgba = np.stack([images[names[i]][y, x] for i, (x, y) in pairs])
+    offsets = store.table.pixel_offset[batch.image.numpy()]
+    widths = store.table.width[batch.image.numpy()]
+    pid = offsets + batch.pixel[:, 1].numpy() * widths + batch.pixel[:, 0].numpy()
+    return RawRays(rgba, pid.astype(np.uint32))
+
+
+def test_resume_is_exact_and_states_are_checked(images_store) -> None:
+    first = RayLoader(images_store, "train", 64, seed=3, window_images=2)
+    batches = [_key(b) for b in first]
+    second = RayLoader(images_store, "train", 64, seed=3, window_images=2)
+    second.load_state_dict({**first.state_dict(), "epoch": 0, "batch": 5})
+    assert all(torch.equal(a, _key(b)) for a, b in zip(batches[5:], second, strict=True))
+    other = RayLoader(images_store, "train", 64, seed=3, window_images=4)
+    with pytest.raises(ResumeError, match="window_images"):
+        other.load_state_dict(first.state_dict())
+    with pytest.raises(ResumeError, match="strategy"):
+        other.load_state_dict({**first.state_dict(), "strategy": None})
+
+
+@pytest.mark.slow
+def test_same_batches_for_any_worker_count(images_store) -> None:
+    serial = [_key(b) for b in RayLoader(images_store, "train", 64, seed=4, window_images=3)]
+    with RayLoader(images_store, "train", 64, seed=4, window_images=3, num_workers=2) as loader:
+        loader.wait_for_workers()
+        parallel = [_key(b) for b in loader]
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel, strict=True))
+
+
+def test_window_sized_from_cache_bytes(images_store) -> None:
+    per_image = 24 * 16 * 4
+    loader = RayLoader(images_store, "train", 64, cache_bytes=10 * per_image)
+    assert loader.plan.window_images == 10 - 4
+    assert RayLoader(images_store, "train", 64, cache_bytes=0).plan.window_images == 1
+
+
+def test_eval_split_reads_whole_images(images_store, tmp_path: Path) -> None:
+    from raykit.loaders.eval import EvalLoader
+
+    for image in EvalLoader(images_store, "test"):
+        pixels = images_store.read_image(image.name)
+        assert torch.allclose(image.rays.rgb, torch.from_numpy(pixels[..., :3].reshape(-1, 3)) / 255.0)
+
+
+def test_bench_reports_the_images_layout(images_store, tmp_path: Path, capsys: Any) -> None:
+    import argparse
+    import json
+
+    from raykit.profiling import cli
+
+    parser = argparse.ArgumentParser(prog="raykit")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "r.json"
+    args = parser.parse_args(
+        ["bench", images_store.url, "--batch-size", "64", "--batches", "8", "--json", str(out)]
+    )
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert report["layout"] == "images" and set(report["stages"]) == {"read", "decode", "gather", "generate"}
+    assert 0 < report["decode_share"] < 1 and report["read_mb_per_s"] > 0
+    assert report["shuffle_quality"]["ratio"] > 0.5
+    assert "layout images" in capsys.readouterr().out
