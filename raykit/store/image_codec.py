@@ -7,7 +7,7 @@ An image enters an images-layout store in one of two ways (``encode_for_store``)
   are stored unchanged, so the stored image's SHA-256 is the source file's;
 * **lossless re-encode** otherwise (downscaled, rotated, grayscale, palette, 16-bit, or pixels from
   another store): WebP lossless (``exact``: colours under zero alpha are kept), or PNG for images wider
-  or taller than WebP's 16,383-pixel limit. Measured on a 512x600 photo (``benchmarks/bench_images.py``):
+  or taller than WebP's 16,383-pixel limit. Measured on a 512x600 photo (``benchmarks/bench_layouts.py``):
   WebP lossless at effort 0 is 30 % smaller than PNG at level 3 for the same encode and decode time.
 
 ``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)``; the writer checks, for every

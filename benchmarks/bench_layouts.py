@@ -16,10 +16,10 @@ RSS above the process's RSS with the store open (target: within ``cache_bytes`` 
 ``raykit bench``'s MB/s read and decode share, and the shuffle quality of the first 50 batches.
 Target: images >= 0.6x the ray layout's rays/s with a window of at least 16 images, first batch < 1 s.
 
-    python benchmarks/bench_images.py                          # the full benchmark
-    python benchmarks/bench_images.py --size small --batches 50 --out out/images.json   # a quick look
+    python benchmarks/bench_layouts.py                          # the full benchmark
+    python benchmarks/bench_layouts.py --size small --batches 50 --out out/layouts.json   # a quick look
 
-Results go to ``benchmarks/results/images.json``; ``--markdown FILE`` prints the BENCHMARKS.md section
+Results go to ``benchmarks/results/layouts.json``; ``--markdown FILE`` prints the BENCHMARKS.md section
 of a results file instead of measuring.
 """
 
@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--work", default=str(ROOT / "data" / "images-work"))
-    parser.add_argument("--out", default=str(ROOT / "results" / "images.json"))
+    parser.add_argument("--out", default=str(ROOT / "results" / "layouts.json"))
     parser.add_argument("--markdown", default=None, metavar="FILE", help="print FILE's BENCHMARKS.md section")
     args = parser.parse_args()
     if args.markdown:
