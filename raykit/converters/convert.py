@@ -27,6 +27,7 @@ from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.store.points import SparsePoints
 from raykit.store.schema import ImageRecord, SceneInfo
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
@@ -244,6 +245,11 @@ def _pick(
     return float(value)
 
 
+def _world_points(capture: Capture, scene: SceneInfo) -> SparsePoints | None:
+    """The capture's sparse points in the store's world frame, or None."""
+    return None if capture.sparse is None else capture.sparse.transformed(scene.matrix())
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -341,7 +347,7 @@ def convert(
         with conversion_executor(workers, scheduler, threads) as executor:
             return write_store(
                 Path(dst), records, scene=scene, backend=backend, executor=executor, progress=progress,
-                source=info, overwrite=overwrite, **layout,
+                source=info, overwrite=overwrite, points=_world_points(capture, scene), **layout,
             )  # fmt: skip
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))

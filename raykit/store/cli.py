@@ -67,6 +67,12 @@ def _info(args: argparse.Namespace) -> int:
     layout = summary["layout"]
     print(f"layout      {layout['chunk_rays']} rays/chunk, {layout['shard_chunks']} chunks/shard")
     print(f"seed        {layout['seed']}")
+    points = summary["points"]
+    if points is not None:
+        print(
+            f"points      {points['n_points']} sparse points ({points['file']}, store world frame), "
+            f"mean track length {points['mean_track_length']:.2f}"
+        )
     print(f"size        {summary['bytes_on_disk']} bytes on disk")
     print(f"bytes/ray   {summary['bytes_per_ray']:.3f} (payload)")
     return 0
