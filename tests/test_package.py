@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio", "options"),
     ("conventions", "camera_models"),
     ("cameras",),
-    ("rays", "camera_json"),
+    ("rays", "camera_json", "image_geometry"),
     ("colmap_io",),
     ("scene",),
     ("store",),

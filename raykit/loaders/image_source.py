@@ -1,0 +1,120 @@
+"""Where :class:`~raykit.loaders.images.ImageLoader`'s images come from: one split of a store.
+
+An image is read through ``RayStore.read_image`` (the one whole-image read every layout provides)
+and, with ``undistort``, resampled to its pinhole camera by a remap table computed once per camera
+and process (:class:`raykit.image_geometry.RemapTable`). The source pickles as its store's location
+and options, so worker processes rebuild it.
+
+**Shuffled ray-layout splits.** A ray store's train split is stored shuffled: every chunk holds a share
+of every image, so ``read_image`` of one image scans the whole split (found through the pixel ids).
+:func:`scan_images` instead gathers many images in one pass over the split; the loader uses it to fill
+its cache at the start, so a capture that fits in ``cache_bytes`` costs one pass in all. Images that do
+not fit are read one by one, each a pass over the split: correct, but slow. Evaluation splits (stored
+in image order) read one contiguous range per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from raykit.cameras import Camera
+from raykit.image_geometry import RemapTable, pinhole_camera
+from raykit.store.reader import RayStore, open_store
+
+__all__ = ["ImageSource", "scan_images"]
+
+
+class ImageSource:
+    """The images of ``split``, by position ``0..n_images-1`` in table order.
+
+    Args:
+        store: the store.
+        split: its split.
+        undistort: resample non-pinhole images to :func:`raykit.image_geometry.pinhole_camera`.
+    """
+
+    def __init__(self, store: RayStore, split: str, undistort: bool = False) -> None:
+        self.store, self.split, self.undistort = store, split, undistort
+        table = store.table
+        self.rows = np.flatnonzero(np.asarray(table.splits) == split)
+        self.names = [table.names[i] for i in self.rows]
+        self.source_cameras = [table.cameras[table.camera_index[i]] for i in self.rows]
+        # (H, W, C) of each image as ``read_image`` returns it (``RayStore.image_shape``, from the table)
+        self._shapes = [(int(table.height[i]), int(table.width[i]), store.rgba_channels) for i in self.rows]
+        self._tables: dict[Camera, tuple[RemapTable, Camera]] = {}
+
+    @property
+    def n_images(self) -> int:
+        return len(self.rows)
+
+    @property
+    def shuffled_rays(self) -> bool:
+        """Whether the split's images are scattered over all its chunks (see the module docstring)."""
+        info = self.store.splits[self.split]
+        return bool(info.shuffled) and bool(np.any(self.store.table.ray_start[self.rows] < 0))
+
+    def camera(self, position: int) -> Camera:
+        """The camera of the images this source returns (the pinhole one with ``undistort``)."""
+        camera = self.source_cameras[position]
+        if not self.undistort or camera.is_pinhole:
+            return camera
+        return pinhole_camera(camera)
+
+    def shape(self, position: int) -> tuple[int, int, int]:
+        """``(H, W, C)`` of image ``position``."""
+        return self._shapes[position]
+
+    def nbytes(self, position: int) -> int:
+        h, w, c = self.shape(position)
+        return h * w * c
+
+    def read_chunk(self, position: int) -> np.ndarray:
+        """Image ``position``: (H, W, C) uint8, undistorted when asked (the loaders' read interface)."""
+        return self.prepare(position, self.store.read_image(self.names[position]))
+
+    def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
+        """``image`` as this source serves it (undistorted when asked)."""
+        camera = self.source_cameras[position]
+        if not self.undistort or camera.is_pinhole:
+            return image
+        if camera not in self._tables:
+            self._tables[camera] = RemapTable.undistort(camera)
+        return self._tables[camera][0].apply(image)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str, bool]]:
+        return _reopen, (self.store.url, self.split, self.undistort)
+
+
+def _reopen(url: str, split: str, undistort: bool) -> ImageSource:
+    return ImageSource(open_store(url), split, undistort)
+
+
+def scan_images(store: RayStore, split: str, rows: Sequence[int]) -> dict[int, np.ndarray]:
+    """Images (table rows ``rows`` of ``split``) gathered in one pass over the split's chunks.
+
+    Returns:
+        row -> (H, W, C) uint8 pixels (views into one buffer), C = ``store.rgba_channels``.
+    """
+    table, channels = store.table, store.rgba_channels
+    picked = np.asarray(sorted({int(r) for r in rows}), dtype=np.int64)
+    if len(picked) == 0:
+        return {}
+    sizes = table.n_pixels[picked]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    buffer = np.zeros((int(sizes.sum()), channels), dtype=np.uint8)
+    slot = np.full(len(table.names), -1, dtype=np.int64)
+    slot[picked] = np.arange(len(picked))
+    for index in range(store.splits[split].n_chunks):
+        raw = store.read_chunk(split, index)
+        image, pixel = store.decode_pids(raw.pid)
+        take = np.flatnonzero(slot[image] >= 0)
+        image = image[take]
+        local = pixel[take, 1] * table.width[image] + pixel[take, 0]
+        buffer[starts[slot[image]] + local] = raw.rgba[take, :channels]
+    return {
+        int(row): buffer[s : s + n].reshape(int(table.height[row]), int(table.width[row]), channels)
+        for row, s, n in zip(picked, starts, sizes, strict=True)
+    }
