@@ -80,13 +80,13 @@ class RemapTable:
     """Bilinear resampling of ``(H_in, W_in, C)`` images to ``(H, W, C)``, precomputed.
 
     Attributes:
-        taps: (H * W, 4) int64 flat indices into the input's pixels (0 where the tap is outside).
-        weights: (H * W, 4) float32 bilinear weights (0 for taps outside the input).
+        taps: (4, H * W) int32 flat indices into the input's pixels (0 where the tap is outside).
+        weights: (4, H * W) float32 bilinear weights (0 for taps outside the input).
         out_shape: ``(H, W)``; in_shape: ``(H_in, W_in)``.
     """
 
-    taps: torch.Tensor
-    weights: torch.Tensor
+    taps: np.ndarray
+    weights: np.ndarray
     out_shape: tuple[int, int]
     in_shape: tuple[int, int]
 
@@ -94,10 +94,10 @@ class RemapTable:
     def from_coordinates(cls, coords: torch.Tensor, in_shape: tuple[int, int]) -> RemapTable:
         """The table sampling the input at ``coords`` (H, W, 2) continuous image coordinates."""
         h_in, w_in = in_shape
-        pos = coords.to(torch.float64).reshape(-1, 2) - PIXEL_CENTER  # pixel-index space
-        finite = torch.isfinite(pos).all(dim=-1)
-        pos = torch.where(finite[:, None], pos, torch.full_like(pos, -10.0))
-        base = torch.floor(pos)
+        pos = coords.to(torch.float64).reshape(-1, 2).numpy() - PIXEL_CENTER  # pixel-index space
+        finite = np.asarray(np.isfinite(pos).all(axis=-1))
+        pos = np.where(finite[:, None], pos, -10.0)
+        base = np.floor(pos)
         frac = pos - base
         taps, weights = [], []
         for dy in (0, 1):
@@ -105,10 +105,10 @@ class RemapTable:
                 x, y = base[:, 0] + dx, base[:, 1] + dy
                 w = (frac[:, 0] if dx else 1 - frac[:, 0]) * (frac[:, 1] if dy else 1 - frac[:, 1])
                 inside = (x >= 0) & (x < w_in) & (y >= 0) & (y < h_in) & finite
-                taps.append(torch.where(inside, y * w_in + x, torch.zeros_like(x)).to(torch.int64))
-                weights.append(torch.where(inside, w, torch.zeros_like(w)).to(torch.float32))
+                taps.append(np.where(inside, y * w_in + x, 0).astype(np.int32))
+                weights.append(np.where(inside, w, 0.0).astype(np.float32))
         out_shape = (int(coords.shape[0]), int(coords.shape[1]))
-        return cls(torch.stack(taps, dim=1), torch.stack(weights, dim=1), out_shape, (h_in, w_in))
+        return cls(np.stack(taps), np.stack(weights), out_shape, (h_in, w_in))
 
     @classmethod
     def undistort(cls, camera: Camera) -> tuple[RemapTable, Camera]:
@@ -122,12 +122,12 @@ class RemapTable:
         h_in, w_in = self.in_shape
         if image.shape[:2] != (h_in, w_in):
             raise CameraError(f"remap: expected a {w_in}x{h_in} image, got {image.shape[1]}x{image.shape[0]}")
-        flat = torch.from_numpy(np.ascontiguousarray(image)).reshape(h_in * w_in, -1)
-        out = torch.zeros((self.taps.shape[0], flat.shape[1]), dtype=torch.float32)
+        flat = np.ascontiguousarray(image).reshape(h_in * w_in, -1)
+        out = np.full((self.taps.shape[1], flat.shape[1]), 0.5, dtype=np.float32)  # +0.5: rounding
         for k in range(4):  # one tap at a time: a (H * W, C) gather, not a (H * W, 4, C) one
-            out.addcmul_(flat[self.taps[:, k]].to(torch.float32), self.weights[:, k : k + 1])
-        out = out.add_(0.5).clamp_(0, 255).to(torch.uint8)
-        return out.reshape(*self.out_shape, flat.shape[1]).numpy()
+            out += np.take(flat, self.taps[k], axis=0) * self.weights[k][:, None]
+        np.clip(out, 0, 255, out=out)
+        return out.astype(np.uint8).reshape(*self.out_shape, flat.shape[1])
 
     @property
     def nbytes(self) -> int:
