@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from raykit.cameras import Camera
+from raykit.errors import ConfigError
 from raykit.image_geometry import RemapTable, pinhole_camera
 from raykit.store.reader import RayStore, open_store
 
-__all__ = ["ImageSource", "scan_images"]
+__all__ = ["ImageSource", "check_batch_sizes", "checked_crop", "scan_images"]
 
 
 class ImageSource:
@@ -118,3 +119,39 @@ def scan_images(store: RayStore, split: str, rows: Sequence[int]) -> dict[int, n
         int(row): buffer[s : s + n].reshape(int(table.height[row]), int(table.width[row]), channels)
         for row, s, n in zip(picked, starts, sizes, strict=True)
     }
+
+
+def checked_crop(crop: Any, source: ImageSource) -> tuple[int, int] | None:
+    """``crop`` as ``(h, w)`` after checking it fits every image of ``source``, or None.
+
+    Raises:
+        ConfigError: not two positive integers, or larger than an image (named).
+    """
+    if crop is None:
+        return None
+    ok = isinstance(crop, tuple | list) and len(crop) == 2
+    ok = ok and all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 1 for v in crop)
+    if not ok:
+        raise ConfigError(f"image loader: crop: expected (height, width) positive integers, got {crop!r}")
+    h, w = int(crop[0]), int(crop[1])
+    small = [n for p, n in enumerate(source.names) if source.shape(p)[0] < h or source.shape(p)[1] < w]
+    if small:
+        raise ConfigError(
+            f"image loader: crop {h}x{w} (h x w) is larger than {len(small)} image(s) of split "
+            f"{source.split!r}, e.g. {small[0]!r} ({source.shape(source.names.index(small[0]))[1]}x"
+            f"{source.shape(source.names.index(small[0]))[0]})"
+        )
+    return h, w
+
+
+def check_batch_sizes(source: ImageSource, batch_size: int, crop: tuple[int, int] | None) -> None:
+    """Raise ``ConfigError`` when whole images of several sizes would be stacked in one batch."""
+    if batch_size == 1 or crop is not None:
+        return
+    sizes = {source.shape(p)[:2] for p in range(source.n_images)}
+    if len(sizes) > 1:
+        raise ConfigError(
+            f"image loader: batch_size {batch_size} stacks whole images, but split {source.split!r} has "
+            f"{len(sizes)} image sizes ({', '.join(f'{w}x{h}' for h, w in sorted(sizes))}); use "
+            "batch_size=1 or crop=(h, w)"
+        )

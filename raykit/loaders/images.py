@@ -18,10 +18,12 @@ by ``close()``, ``with``, garbage collection and at interpreter exit, as for ``R
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -35,7 +37,7 @@ from raykit.loaders.arguments import check_loader_args, check_state, open_if_loc
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.image_cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
-from raykit.loaders.image_source import ImageSource, scan_images
+from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
 from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.loader import distributed_rank
 from raykit.loaders.source import ChunkSource
@@ -47,6 +49,7 @@ IMAGE_STATE_VERSION = 1
 _EXACT_KEYS = ("n_images", "seed", "shuffle", "crop", "undistort")
 _PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
 _DONE = object()
+_ROWS = 64  # image rows converted to float per task
 
 
 @dataclass
@@ -97,6 +100,8 @@ class ImageLoader:
             principal point), remap computed once per camera; batches report that camera.
         drop_last: see :mod:`raykit.loaders.image_plan`.
         prefetch: batches prepared ahead of the consumer.
+        convert_threads: threads converting uint8 pixels to float off the GPU (default: 2, or the
+            CPU count if lower).
     """
 
     def __init__(
@@ -116,10 +121,12 @@ class ImageLoader:
         undistort: bool = False,
         drop_last: bool = True,
         prefetch: int = 2,
+        convert_threads: int | None = None,
     ) -> None:
         check_loader_args(
             batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
             cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
+            convert_threads=(convert_threads, 1),
         )  # fmt: skip
         store = open_if_location(store)
         if not hasattr(store, "read_image"):
@@ -131,12 +138,14 @@ class ImageLoader:
         check_main_guard(num_workers)
         self.store, self.split, self.device = store, split, torch.device(device)
         self.source = ImageSource(store, split, undistort)
-        self.crop = _checked_crop(crop, self.source)
-        _check_sizes(self.source, batch_size, self.crop)
+        self.crop = checked_crop(crop, self.source)
+        check_batch_sizes(self.source, batch_size, self.crop)
         rank, world_size = distributed_rank(rank, world_size)
         self.plan = ImagePlan(self.source.n_images, batch_size, seed, shuffle, drop_last, world_size, rank)
         self.undistort, self.num_workers, self.prefetch = undistort, num_workers, prefetch
         self.cache = ImageCache(cache_bytes)
+        self.convert_threads = convert_threads or min(2, os.cpu_count() or 1)
+        self._convert_pool: ThreadPoolExecutor | None = None
         self.epoch, self.batch = 0, 0
         self._filled = False
         self._fetcher: ChunkFetcher | None = None
@@ -232,10 +241,7 @@ class ImageLoader:
             origins.append((x0, y0))
             pixels.append(image)
         cuda = self.device.type == "cuda"
-        host = torch.empty((len(pixels), *pixels[0].shape), dtype=torch.uint8, pin_memory=cuda)
-        for i, image in enumerate(pixels):
-            host[i].copy_(torch.from_numpy(image))
-        data = host.to(self.device, non_blocking=cuda).float().div_(255.0)
+        data = self._to_device(pixels, cuda)
         rows = self.source.rows[positions]
         pinhole = all(c.is_pinhole for c in cameras)
         K = torch.from_numpy(np.stack([c.K() for c in cameras]).astype(np.float32)) if pinhole else None
@@ -249,6 +255,38 @@ class ImageLoader:
             names=tuple(self.source.names[int(p)] for p in positions),
             crop_origin=torch.tensor(origins, dtype=torch.int64).reshape(-1, 2),
         )
+
+    def _to_device(self, pixels: list[np.ndarray], cuda: bool) -> torch.Tensor:
+        """(B, H, W, C) float32 in [0, 1] on the device from B uint8 images.
+
+        CUDA: stacked as uint8 in pinned memory, copied without blocking, converted on the GPU (a
+        quarter of the bytes of a float copy). CPU and other devices: converted straight from the
+        cached arrays into the float batch, rows split over ``convert_threads`` threads (numpy
+        releases the GIL; on CPU this conversion is most of a cached batch's cost).
+        """
+        shape = (len(pixels), *pixels[0].shape)
+        if cuda:
+            host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+            for i, image in enumerate(pixels):
+                host[i].copy_(torch.from_numpy(image))
+            return host.to(self.device, non_blocking=True).float().div_(255.0)
+        out = torch.empty(shape, dtype=torch.float32)
+        view = out.numpy()
+        scale = np.float32(1.0 / 255.0)
+        pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]
+
+        def convert(piece: tuple[int, slice]) -> None:
+            i, rows = piece
+            np.multiply(pixels[i][rows], scale, out=view[i, rows], dtype=np.float32)
+
+        if self.convert_threads > 1 and len(pieces) > 1:
+            if self._convert_pool is None:
+                self._convert_pool = ThreadPoolExecutor(self.convert_threads, "raykit-images-convert")
+            list(self._convert_pool.map(convert, pieces))
+        else:
+            for piece in pieces:
+                convert(piece)
+        return out if self.device.type == "cpu" else out.to(self.device)
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -334,6 +372,9 @@ class ImageLoader:
         fetcher, self._fetcher = getattr(self, "_fetcher", None), None
         if fetcher is not None:
             fetcher.close()
+        pool, self._convert_pool = getattr(self, "_convert_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=threading.current_thread() not in getattr(pool, "_threads", ()))
 
     def __enter__(self) -> ImageLoader:
         return self
@@ -354,33 +395,3 @@ def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
-
-
-def _checked_crop(crop: Any, source: ImageSource) -> tuple[int, int] | None:
-    if crop is None:
-        return None
-    ok = isinstance(crop, tuple | list) and len(crop) == 2
-    ok = ok and all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 1 for v in crop)
-    if not ok:
-        raise ConfigError(f"image loader: crop: expected (height, width) positive integers, got {crop!r}")
-    h, w = int(crop[0]), int(crop[1])
-    small = [n for p, n in enumerate(source.names) if source.shape(p)[0] < h or source.shape(p)[1] < w]
-    if small:
-        raise ConfigError(
-            f"image loader: crop {h}x{w} (h x w) is larger than {len(small)} image(s) of split "
-            f"{source.split!r}, e.g. {small[0]!r} ({source.shape(source.names.index(small[0]))[1]}x"
-            f"{source.shape(source.names.index(small[0]))[0]})"
-        )
-    return h, w
-
-
-def _check_sizes(source: ImageSource, batch_size: int, crop: tuple[int, int] | None) -> None:
-    if batch_size == 1 or crop is not None:
-        return
-    sizes = {source.shape(p)[:2] for p in range(source.n_images)}
-    if len(sizes) > 1:
-        raise ConfigError(
-            f"image loader: batch_size {batch_size} stacks whole images, but split {source.split!r} has "
-            f"{len(sizes)} image sizes ({', '.join(f'{w}x{h}' for h, w in sorted(sizes))}); use "
-            "batch_size=1 or crop=(h, w)"
-        )
