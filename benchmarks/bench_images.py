@@ -225,7 +225,7 @@ def run_case(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _subprocess(**options: Any) -> dict[str, Any]:
-    argv = [sys.executable, __file__, "--case"]
+    argv = [sys.executable, __file__]
     for key, value in options.items():
         if value is True:
             argv.append(f"--{key.replace('_', '-')}")
