@@ -123,9 +123,13 @@ class RemapTable:
         if image.shape[:2] != (h_in, w_in):
             raise CameraError(f"remap: expected a {w_in}x{h_in} image, got {image.shape[1]}x{image.shape[0]}")
         flat = np.ascontiguousarray(image).reshape(h_in * w_in, -1)
-        out = np.full((self.taps.shape[1], flat.shape[1]), 0.5, dtype=np.float32)  # +0.5: rounding
-        for k in range(4):  # one tap at a time: a (H * W, C) gather, not a (H * W, 4, C) one
-            out += np.take(flat, self.taps[k], axis=0) * self.weights[k][:, None]
+        shape = (self.taps.shape[1], flat.shape[1])
+        out = np.full(shape, 0.5, dtype=np.float32)  # +0.5: rounding
+        tap, term = np.empty(shape, dtype=np.uint8), np.empty(shape, dtype=np.float32)
+        for k in range(4):  # one tap at a time, in place: a (H * W, C) gather, not a (H * W, 4, C) one
+            np.take(flat, self.taps[k], axis=0, out=tap)
+            np.multiply(tap, self.weights[k][:, None], out=term)
+            out += term
         np.clip(out, 0, 255, out=out)
         return out.astype(np.uint8).reshape(*self.out_shape, flat.shape[1])
 
