@@ -208,3 +208,27 @@ def test_bad_arguments_are_named(stores: dict[str, Any], tmp_path: Path) -> None
     mixed = write_store(tmp_path / "mixed", records, scene=SceneInfo(), chunk_rays=256)
     with pytest.raises(ConfigError, match="2 image sizes"):
         ImageLoader(mixed, "test", batch_size=2)
+
+
+def test_changed_world_size_mid_epoch_skips_to_the_next_epoch(stores: dict[str, Any]) -> None:
+    loader = ImageLoader(stores["zarr"], "train", seed=0, rank=0, world_size=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    single = ImageLoader(stores["zarr"], "train", seed=0)
+    with pytest.warns(UserWarning, match="skipping the rest of that epoch"):
+        single.load_state_dict(state)
+    assert (single.epoch, single.batch) == (1, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_equal_cpu_batches(stores: dict[str, Any]) -> None:
+    """Pinned uint8 staging + non-blocking copy + conversion on the GPU gives the CPU batch."""
+    cpu = list(ImageLoader(stores["zarr"], "train", batch_size=2, seed=1, crop=(8, 8)))
+    gpu = list(ImageLoader(stores["zarr"], "train", batch_size=2, seed=1, crop=(8, 8), device="cuda"))
+    for a, b in zip(cpu, gpu, strict=True):
+        assert b.images.is_cuda and b.c2w.is_cuda and b.K is not None and b.K.is_cuda
+        torch.testing.assert_close(a.images, b.images.cpu())
+        torch.testing.assert_close(a.c2w, b.c2w.cpu())
