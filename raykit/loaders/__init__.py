@@ -2,6 +2,7 @@
 and ``ImageLoader``, whole images for splatting-style trainers."""
 
 from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache
+from raykit.loaders.config import LoaderConfig
 from raykit.loaders.image_cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.images import ImageBatch, ImageLoader
@@ -18,6 +19,7 @@ __all__ = [
     "ImageCache",
     "ImageLoader",
     "ImagePlan",
+    "LoaderConfig",
     "MemorySource",
     "RayLoader",
     "SamplingPlan",

@@ -23,6 +23,7 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.errors import ConfigError
 from raykit.image_geometry import RemapTable, pinhole_camera
+from raykit.loaders.strategies import layout_kind
 from raykit.store.reader import RayStore, open_store
 
 __all__ = ["ImageSource", "check_batch_sizes", "checked_crop", "scan_images"]
@@ -54,6 +55,8 @@ class ImageSource:
     @property
     def shuffled_rays(self) -> bool:
         """Whether the split's images are scattered over all its chunks (see the module docstring)."""
+        if layout_kind(self.store) != "rays":  # e.g. an images layout: read_image reads one image
+            return False
         info = self.store.splits[self.split]
         return bool(info.shuffled) and bool(np.any(self.store.table.ray_start[self.rows] < 0))
 
