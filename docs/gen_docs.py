@@ -18,6 +18,7 @@ API_MODULES = (
     "raykit.errors",
     "raykit.conventions",
     "raykit.cameras",
+    "raykit.image_geometry",
     "raykit.rays",
     "raykit.colmap_io",
     "raykit.store",

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio", "options"),
     ("conventions", "camera_models"),
     ("cameras", "pixel_layout"),
-    ("ray_directions", "camera_json"),
+    ("ray_directions", "camera_json", "image_geometry"),
     ("rays",),
     ("colmap_io",),
     ("scene",),

@@ -20,6 +20,7 @@ import numpy as np
 
 from raykit.cameras import Camera
 from raykit.errors import SourceError
+from raykit.store.points import SparsePoints
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -66,6 +67,8 @@ class Capture:
         source: format name (``colmap``, ``blender``, ``ngp``, ``llff``).
         views: every image, in the source's order.
         points: (P, 3) float64 scene points (COLMAP points3D), or None.
+        sparse: the same points with colour, error and track length (stored as the store's
+            ``points3D.parquet``), or None.
         near, far: default ray bounds for views without their own, or None.
         bounds: the scene box ``((x0, y0, z0), (x1, y1, z1))`` in the source frame when known.
         problems: problems found while parsing that did not stop it (bad frames, missing images);
@@ -79,6 +82,7 @@ class Capture:
     source: str
     views: list[SourceView]
     points: np.ndarray | None = None
+    sparse: SparsePoints | None = None
     near: float | None = None
     far: float | None = None
     bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None

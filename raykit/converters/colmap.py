@@ -16,6 +16,9 @@ z) of the 3-D points the image observes, ``near`` = their 0.1th percentile and `
 percentile (positive depths only). An image observing fewer than 3 points uses every point in front of
 it; a model without points uses the box around the camera centres (see
 :func:`raykit.converters.ngp.box_near_far`).
+
+The points themselves (position, colour, error, track length) go into the store as
+``points3D.parquet``, mapped into the store's world frame (:mod:`raykit.store.points`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.ngp import box_near_far
 from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
+from raykit.store.points import SparsePoints
 
-__all__ = ["NEAR_PERCENTILE", "find_colmap_model", "image_near_far", "parse_colmap"]
+__all__ = ["NEAR_PERCENTILE", "find_colmap_model", "image_near_far", "parse_colmap", "sparse_points"]
 
 NEAR_PERCENTILE, FAR_PERCENTILE = 0.1, 99.9
 _MIN_POINTS = 3
@@ -188,5 +192,18 @@ def parse_colmap(
     views, boxed = _with_bounds(views, used, rec)
     assumed = [("bounds", _box_warning(model, rec, views, boxed))] if boxed else []
     return Capture(
-        "colmap", views, points=rec.points3d_xyz(), problems=problems.lines, params=params, assumed=assumed
+        "colmap", views, points=rec.points3d_xyz(), sparse=sparse_points(rec), problems=problems.lines,
+        params=params, assumed=assumed,
+    )  # fmt: skip
+
+
+def sparse_points(rec: Reconstruction) -> SparsePoints:
+    """The model's ``points3D`` in id order (source frame): position, colour, error, track length."""
+    rows = [rec.points3d[k] for k in sorted(rec.points3d)]
+    return SparsePoints(
+        np.asarray([p.point3d_id for p in rows], dtype=np.int64),
+        rec.points3d_xyz(),
+        np.asarray([p.rgb for p in rows], dtype=np.uint8).reshape(-1, 3),
+        np.asarray([p.error for p in rows], dtype=np.float64),
+        np.asarray([len(p.track) for p in rows], dtype=np.int64),
     )

@@ -29,6 +29,7 @@ from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS
 from raykit.store.location import is_url
+from raykit.store.points import SparsePoints
 from raykit.store.schema import ImageRecord, SceneInfo
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
@@ -246,6 +247,11 @@ def _pick(
     return float(value)
 
 
+def _world_points(capture: Capture, scene: SceneInfo) -> SparsePoints | None:
+    """The capture's sparse points in the store's world frame, or None."""
+    return None if capture.sparse is None else capture.sparse.transformed(scene.matrix())
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -336,6 +342,9 @@ def convert(
         layout_options["shard_chunks"] = shard_chunks
     if rgba_codec is not None:
         layout_options["rgba_codec"] = rgba_codec
+    points = _world_points(capture, scene)
+    if points is not None:
+        layout_options["points"] = points
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     from raykit.store.writer import write_store

@@ -1,7 +1,11 @@
-"""Ray loaders: shuffled, cached, resumable, multi-worker and multi-rank batches; evaluation; adapters."""
+"""Ray loaders: shuffled, cached, resumable, multi-worker and multi-rank batches; evaluation; adapters;
+and ``ImageLoader``, whole images for splatting-style trainers."""
 
 from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache
 from raykit.loaders.config import LoaderConfig
+from raykit.loaders.image_cache import ImageCache
+from raykit.loaders.image_plan import ImagePlan
+from raykit.loaders.images import ImageBatch, ImageLoader
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
@@ -13,6 +17,10 @@ __all__ = [
     "ChunkCache",
     "ChunkSource",
     "DiskCache",
+    "ImageBatch",
+    "ImageCache",
+    "ImageLoader",
+    "ImagePlan",
     "LoaderConfig",
     "MemorySource",
     "RayLoader",

@@ -1,67 +1,159 @@
-"""Decoded images of an images-layout split, one "chunk" per image, for the loader's fetcher.
+"""Where :class:`~raykit.loaders.images.ImageLoader`'s images come from: one split of a store.
 
-``ImageSource`` has the :class:`~raykit.loaders.source.ChunkSource` shape (``read_chunk(i)``), so the
-worker pool of :class:`~raykit.loaders.workers.ChunkFetcher` decodes images ahead unchanged: chunk
-``i`` is image ``i`` of the split (split-local), every pixel in row-major order as ``RawRays`` (``rgba``
-``(n_i, C)``; ``pid`` is left empty: the loader computes the pids of the rays it draws). With
-``disk_cache`` a remote store's files are fetched whole into a local cache first
-(:class:`~raykit.loaders.source.CachedStoreSource`, shared by worker processes).
+An image is read through ``RayStore.read_image`` (the one whole-image read every layout provides)
+and, with ``undistort``, resampled to its pinhole camera by a remap table computed once per camera
+and process (:class:`raykit.image_geometry.RemapTable`). The source pickles as its store's location
+and options, so worker processes rebuild it.
+
+**Shuffled ray-layout splits.** A ray store's train split is stored shuffled: every chunk holds a share
+of every image, so ``read_image`` of one image scans the whole split (found through the pixel ids).
+:func:`scan_images` instead gathers many images in one pass over the split; the loader uses it to fill
+its cache at the start, so a capture that fits in ``cache_bytes`` costs one pass in all. Images that do
+not fit are read one by one, each a pass over the split: correct, but slow. Evaluation splits (stored
+in image order) read one contiguous range per image.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from raykit.loaders.source import CachedStoreSource, is_remote
-from raykit.store.images_read import decode_split_image, images_reader, split_rows
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.cameras import Camera
+from raykit.errors import ConfigError
+from raykit.image_geometry import RemapTable, pinhole_camera
+from raykit.store.reader import RayStore, open_store
 
-__all__ = ["ImageSource"]
+__all__ = ["ImageSource", "check_batch_sizes", "checked_crop", "scan_images"]
 
 
 class ImageSource:
-    """Split ``split`` of an images-layout ``store``, readable image by image (picklable by location)."""
+    """The images of ``split``, by position ``0..n_images-1`` in table order.
 
-    def __init__(self, store: RayStore, split: str, disk_cache: str | os.PathLike[str] | None = None) -> None:
-        self.url, self.split, self.disk_cache = store.url, split, disk_cache
-        self._cached: CachedStoreSource | None = None
-        if disk_cache is not None and is_remote(store.url):
-            self._cached = CachedStoreSource(store.url, split, disk_cache)
-            store = self._cached.store  # the local copy's metadata; payload files fetched on demand
-        self.store = store
-        rows = split_rows(store, split)
-        self.image_rays = [int(store.table.n_pixels[i]) for i in rows]
-        self.pixel_offsets = np.asarray(store.table.pixel_offset)[rows]
-        self.info = store.splits[split]
+    Args:
+        store: the store.
+        split: its split.
+        undistort: resample non-pinhole images to :func:`raykit.image_geometry.pinhole_camera`.
+    """
 
-    @property
-    def n_rays(self) -> int:
-        return int(sum(self.image_rays))
-
-    @property
-    def chunk_rays(self) -> int:
-        return max(self.image_rays)
+    def __init__(self, store: RayStore, split: str, undistort: bool = False) -> None:
+        self.store, self.split, self.undistort = store, split, undistort
+        table = store.table
+        self.rows = np.flatnonzero(np.asarray(table.splits) == split)
+        self.names = [table.names[i] for i in self.rows]
+        self.source_cameras = [table.cameras[table.camera_index[i]] for i in self.rows]
+        # (H, W, C) of each image as ``read_image`` returns it (``RayStore.image_shape``, from the table)
+        self._shapes = [(int(table.height[i]), int(table.width[i]), store.rgba_channels) for i in self.rows]
+        self._tables: dict[Camera, tuple[RemapTable, Camera]] = {}
 
     @property
-    def n_chunks(self) -> int:
-        return len(self.image_rays)
+    def n_images(self) -> int:
+        return len(self.rows)
 
-    def read_chunk(self, index: int) -> RawRays:
-        """Image ``index`` of the split, decoded: ``rgba`` (n_i, C) row-major, ``pid`` empty."""
-        if self._cached is not None:
-            for rel in images_reader(self.store).files_of(self.split, index):
-                self._cached.disk.get(rel)
-        pixels = decode_split_image(self.store, self.split, index)
-        return RawRays(pixels.reshape(-1, pixels.shape[2]), np.zeros(0, np.uint32))
+    @property
+    def shuffled_rays(self) -> bool:
+        """Whether the split's images are scattered over all its chunks (see the module docstring)."""
+        if self.store.layout(self.split) != "rays":  # the images layout: read_image reads one image
+            return False
+        info = self.store.splits[self.split]
+        return bool(info.shuffled) and bool(np.any(self.store.table.ray_start[self.rows] < 0))
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "split": self.split, "disk_cache": self.disk_cache}
+    def camera(self, position: int) -> Camera:
+        """The camera of the images this source returns (the pinhole one with ``undistort``)."""
+        camera = self.source_cameras[position]
+        if not self.undistort or camera.is_pinhole:
+            return camera
+        return pinhole_camera(camera)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        from raykit.store import open_store
+    def shape(self, position: int) -> tuple[int, int, int]:
+        """``(H, W, C)`` of image ``position``."""
+        return self._shapes[position]
 
-        self.__init__(open_store(state["url"]), state["split"], state["disk_cache"])  # type: ignore[misc]
+    def nbytes(self, position: int) -> int:
+        h, w, c = self.shape(position)
+        return h * w * c
+
+    def read_chunk(self, position: int) -> np.ndarray:
+        """Image ``position``: (H, W, C) uint8, undistorted when asked (the loaders' read interface)."""
+        return self.prepare(position, self.store.read_image(self.names[position]))
+
+    def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
+        """``image`` as this source serves it (undistorted when asked)."""
+        camera = self.source_cameras[position]
+        if not self.undistort or camera.is_pinhole:
+            return image
+        if camera not in self._tables:
+            self._tables[camera] = RemapTable.undistort(camera)
+        return self._tables[camera][0].apply(image)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str, bool]]:
+        return _reopen, (self.store.url, self.split, self.undistort)
+
+
+def _reopen(url: str, split: str, undistort: bool) -> ImageSource:
+    return ImageSource(open_store(url), split, undistort)
+
+
+def scan_images(store: RayStore, split: str, rows: Sequence[int]) -> dict[int, np.ndarray]:
+    """Images (table rows ``rows`` of ``split``) gathered in one pass over the split's chunks.
+
+    Returns:
+        row -> (H, W, C) uint8 pixels (views into one buffer), C = ``store.rgba_channels``.
+    """
+    table, channels = store.table, store.rgba_channels
+    picked = np.asarray(sorted({int(r) for r in rows}), dtype=np.int64)
+    if len(picked) == 0:
+        return {}
+    sizes = table.n_pixels[picked]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    buffer = np.zeros((int(sizes.sum()), channels), dtype=np.uint8)
+    slot = np.full(len(table.names), -1, dtype=np.int64)
+    slot[picked] = np.arange(len(picked))
+    for index in range(store.splits[split].n_chunks):
+        raw = store.read_chunk(split, index)
+        image, pixel = store.decode_pids(raw.pid)
+        take = np.flatnonzero(slot[image] >= 0)
+        image = image[take]
+        local = pixel[take, 1] * table.width[image] + pixel[take, 0]
+        buffer[starts[slot[image]] + local] = raw.rgba[take, :channels]
+    return {
+        int(row): buffer[s : s + n].reshape(int(table.height[row]), int(table.width[row]), channels)
+        for row, s, n in zip(picked, starts, sizes, strict=True)
+    }
+
+
+def checked_crop(crop: Any, source: ImageSource) -> tuple[int, int] | None:
+    """``crop`` as ``(h, w)`` after checking it fits every image of ``source``, or None.
+
+    Raises:
+        ConfigError: not two positive integers, or larger than an image (named).
+    """
+    if crop is None:
+        return None
+    ok = isinstance(crop, tuple | list) and len(crop) == 2
+    ok = ok and all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 1 for v in crop)
+    if not ok:
+        raise ConfigError(f"image loader: crop: expected (height, width) positive integers, got {crop!r}")
+    h, w = int(crop[0]), int(crop[1])
+    small = [n for p, n in enumerate(source.names) if source.shape(p)[0] < h or source.shape(p)[1] < w]
+    if small:
+        raise ConfigError(
+            f"image loader: crop {h}x{w} (h x w) is larger than {len(small)} image(s) of split "
+            f"{source.split!r}, e.g. {small[0]!r} ({source.shape(source.names.index(small[0]))[1]}x"
+            f"{source.shape(source.names.index(small[0]))[0]})"
+        )
+    return h, w
+
+
+def check_batch_sizes(source: ImageSource, batch_size: int, crop: tuple[int, int] | None) -> None:
+    """Raise ``ConfigError`` when whole images of several sizes would be stacked in one batch."""
+    if batch_size == 1 or crop is not None:
+        return
+    sizes = {source.shape(p)[:2] for p in range(source.n_images)}
+    if len(sizes) > 1:
+        raise ConfigError(
+            f"image loader: batch_size {batch_size} stacks whole images, but split {source.split!r} has "
+            f"{len(sizes)} image sizes ({', '.join(f'{w}x{h}' for h, w in sorted(sizes))}); use "
+            "batch_size=1 or crop=(h, w)"
+        )

@@ -30,9 +30,9 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.arguments import check_loader_args, check_state
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
-from raykit.loaders.image_source import ImageSource
 from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.window import WindowPlan
+from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.workers import ChunkFetcher
 from raykit.rays import RayBatch
 from raykit.store.reader import RayStore
@@ -99,7 +99,7 @@ class WindowLoader:
         del ray_layout_options
         check_main_guard(num_workers)  # before anything starts: spawned workers re-run __main__
         self.store, self.split = store, split
-        self.source = ImageSource(store, split, disk_cache)
+        self.source = WindowImageSource(store, split, disk_cache)
         rank, world_size = distributed_rank(rank, world_size)
         window = window_images if window_images is not None else default_window(store, split, cache_bytes)
         self.plan = WindowPlan(

@@ -78,6 +78,12 @@ def _info(args: argparse.Namespace) -> int:
             f"images      {name}: {images['stored_bytes']} bytes stored ({', '.join(images['formats'])}), "
             f"{images['passthrough']} passed through unchanged"
         )
+    points = summary["points"]
+    if points is not None:
+        print(
+            f"points      {points['n_points']} sparse points ({points['file']}, store world frame), "
+            f"mean track length {points['mean_track_length']:.2f}"
+        )
     print(f"size        {summary['bytes_on_disk']} bytes on disk")
     print(f"bytes/ray   {summary['bytes_per_ray']:.3f} (payload)")
     return 0

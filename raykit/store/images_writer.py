@@ -46,6 +46,7 @@ from raykit.store.images_layout import (
 from raykit.store.integrity import content_fingerprint, file_record, json_digest
 from raykit.store.lock import holding_store_lock
 from raykit.store.plan import check_options, field_specs, partial_dir, record_plan, split_infos
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, ImageRecord, SceneInfo, SplitInfo
 from raykit.store.staging import bytes_record, record_matches, scratch_record, write_record
 from raykit.store.table import build_camera_table, order_records, write_camera_table
@@ -270,6 +271,7 @@ def write_images_store(
     progress: bool = False,
     source: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    points: SparsePoints | None = None,
 ) -> Any:
     """Write an images-layout store at ``dst`` from ``records``; returns it opened (``RayStore``).
 
@@ -286,6 +288,8 @@ def write_images_store(
     plan = {"format_version": FORMAT_VERSION, "layout_kind": IMAGES_LAYOUT, "backend": backend,
             "layout": layout, "scene": scene.to_dict(), "records": [record_plan(r) for r in ordered],
             "source": dict(source or {})}  # fmt: skip
+    if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
+        plan["points"] = points_digest(points)
     partial = partial_dir(dst, plan, overwrite)
     key = json_digest(plan)
     memory = executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
@@ -293,14 +297,15 @@ def write_images_store(
             for i, r in enumerate(ordered)]  # fmt: skip
     try:
         return _write_rest(jobs, executor, partial, dst, ordered, backend, layout, chunk_rays, scene, source,
-                           key, overwrite)  # fmt: skip
+                           key, overwrite, points)  # fmt: skip
     finally:
         _MEMORY.pop(str(partial), None)
 
 
 def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, ordered: list[ImageRecord],
                 backend: str, layout: dict[str, Any], chunk_rays: int, scene: SceneInfo,
-                source: Mapping[str, Any] | None, key: str, overwrite: bool) -> Any:  # fmt: skip
+                source: Mapping[str, Any] | None, key: str, overwrite: bool,
+                points: SparsePoints | None) -> Any:  # fmt: skip
     """Phases 1 to 3 of :func:`write_images_store`."""
     encoded = _run(encode_image_task, jobs, executor)
     layout = {**layout, **image_chunking(ordered, encoded)}
@@ -350,14 +355,19 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
         for rel in res["files"]:
             fsync_path(partial / rel)
     atomic_write_json(partial / "index.json", index)
-    for rel in ("cameras.parquet", "index.json"):
+    written = ["cameras.parquet", "index.json"]
+    if points is not None:
+        with atomic_path(partial / POINTS_FILE) as tmp:
+            write_points(points, str(tmp))
+        written.append(POINTS_FILE)
+    for rel in written:
         files[rel] = file_record(partial / rel)
     fingerprint = json_digest(
         [[r.name, e["source_sha256"], [r.camera.height, r.camera.width, e["channels"]], e["pixels_crc32c"]]
          for r, e in zip(ordered, encoded, strict=True)]
     )  # fmt: skip
     manifest = _manifest(backend, layout, {**dict(source or {}), "fingerprint": fingerprint}, scene, infos,
-                         channels, table, files, index)  # fmt: skip
+                         channels, table, files, index, points)  # fmt: skip
     atomic_write_json(partial / "manifest.json", manifest)
     from raykit.store.writer import _commit
 
@@ -372,7 +382,8 @@ def _doc(document: Mapping[str, Any]) -> bytes:
 
 def _manifest(backend: str, layout: Mapping[str, Any], source: Mapping[str, Any], scene: SceneInfo,
               infos: Mapping[str, SplitInfo], channels: int, table: Any, files: Mapping[str, Any],
-              index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:  # fmt: skip
+              index: Mapping[str, Mapping[str, Any]],
+              points: SparsePoints | None) -> dict[str, Any]:  # fmt: skip
     from raykit import __version__
 
     splits = {k: {**v.to_dict(), "layout": IMAGES_LAYOUT} for k, v in infos.items()}
@@ -390,6 +401,7 @@ def _manifest(backend: str, layout: Mapping[str, Any], source: Mapping[str, Any]
         "fields": fields,
         "n_images": table.num_rows,
         "files": dict(sorted(files.items())),
+        **({"points": points_entry(points)} if points is not None else {}),
         "content_fingerprint": content_fingerprint(table, scene.to_dict(), splits, fields, crcs),
     }
     manifest["manifest_digest"] = json_digest(manifest)

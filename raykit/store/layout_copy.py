@@ -96,7 +96,7 @@ def copy_layout(
     common: dict[str, Any] = {
         "scene": store.scene, "backend": backend, "chunk_rays": int(options["chunk_rays"]),
         "shard_chunks": int(options["shard_chunks"]), "seed": int(options["seed"]), "executor": executor,
-        "progress": progress, "source": source, "overwrite": overwrite,
+        "progress": progress, "source": source, "overwrite": overwrite, "points": store.sparse_points(),
     }  # fmt: skip
     records = store_records(store)
     if layout == IMAGES_LAYOUT:

@@ -25,6 +25,7 @@ from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import IMAGES_LAYOUT, ImagesReader, split_layout, store_layout
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.location import filesystem, is_url, read_errors
+from raykit.store.points import SparsePoints, read_points
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
@@ -221,6 +222,24 @@ class RayStore:
     def table(self) -> CameraTable:
         """The camera table as numpy arrays and ``Camera`` objects."""
         return CameraTable.from_arrow(self.cameras)
+
+    @cached_property
+    def points(self) -> pa.Table | None:
+        """The capture's sparse 3-D points (``raykit.store.points``: ``point_id``, ``xyz`` in the
+        store's world frame, ``rgb``, ``error``, ``track_length``), or None when the store has none.
+
+        Read on first use and checked against the manifest's SHA-256.
+        """
+        entry = self.manifest.get("points")
+        if entry is None:
+            return None
+        rel = str(entry["path"])
+        return read_points(self.read_verified(rel), self._where(rel))
+
+    def sparse_points(self) -> SparsePoints | None:
+        """``points`` as numpy arrays, or None."""
+        table = self.points
+        return None if table is None else SparsePoints.from_table(table)
 
     def images(self, split: str) -> list[str]:
         """Names of ``split``'s images in table (pid) order."""

@@ -36,6 +36,7 @@ def store_summary(store: RayStore) -> dict[str, Any]:
             "with_alpha": int(table.has_alpha.sum()),
         },
         "scene": store.manifest["scene"],
+        "points": _points_summary(store),
         "bytes_on_disk": total,
         "payload_bytes": payload,
         "n_rays": n_rays,
@@ -49,4 +50,19 @@ def store_summary(store: RayStore) -> dict[str, Any]:
             for name in store.splits
             if store.layout(name) == "images"
         },
+    }
+
+
+def _points_summary(store: RayStore) -> dict[str, Any] | None:
+    """Count, world-frame bounds and mean track length of the sparse points, or None."""
+    points = store.sparse_points()
+    if points is None:
+        return None
+    n = len(points)
+    return {
+        "file": store.manifest["points"]["path"],
+        "n_points": n,
+        "bounds": [points.xyz.min(axis=0).tolist(), points.xyz.max(axis=0).tolist()] if n else None,
+        "mean_track_length": float(points.track_length.mean()) if n else 0.0,
+        "mean_error": float(points.error.mean()) if n else 0.0,
     }

@@ -4,7 +4,8 @@ Checks, in order: the manifest opens; every listed file exists with its size and
 table matches the manifest (row count, split counts, pixel offsets, eval ray ranges) and holds valid
 cameras and rigid poses; every chunk decodes with its dtype, shape and CRC-32; every split holds each
 of its pixels exactly once (in row-major image order for evaluation splits); RGB images have alpha 255;
-materialised rays match the ones generated from the camera table.
+materialised rays match the ones generated from the camera table; the sparse points (when present)
+match their manifest entry, are finite and have unique ids.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from raykit.errors import RaykitError
+from raykit.store.points import check_points
 from raykit.store.reader import RayStore, open_store
 
 __all__ = ["validate_store"]
@@ -32,9 +34,23 @@ def validate_store(path_or_url: str | Path) -> list[str]:
         problems += _check_table(store)
     except RaykitError as exc:
         return [*problems, f"{store.url}/cameras.parquet: {exc}"]
+    problems += _check_points(store, bad_files)
     for split in store.splits:
         problems += _check_split(store, split, bad_files)
     return problems
+
+
+def _check_points(store: RayStore, bad_files: set[str]) -> list[str]:
+    """Problems of the sparse points (``points3D.parquet``), if the store has them."""
+    entry = store.manifest.get("points")
+    if entry is None or entry.get("path") in bad_files:
+        return []
+    where = f"{store.url}/{entry.get('path')}"
+    try:
+        table = store.points
+    except RaykitError as exc:
+        return [str(exc)]
+    return [] if table is None else check_points(table, entry, where)
 
 
 def _check_files(store: RayStore) -> tuple[list[str], set[str]]:

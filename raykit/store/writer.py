@@ -59,6 +59,7 @@ from raykit.store.plan import (
     record_plan,
     split_infos,
 )
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
 from raykit.store.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -203,6 +204,7 @@ def write_store(
     zstd_level: int = 3,
     overwrite: bool = False,
     memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES,
+    points: SparsePoints | None = None,
 ) -> RayStore:
     """Write a ray store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
@@ -222,6 +224,8 @@ def write_store(
         memory_staging_bytes: when every task runs in this process (``executor`` None or a thread
             pool) and the decoded images take at most this many bytes staged (4 per pixel), they
             are staged in memory instead of in files (0: always files).
+        points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
+            (``raykit.store.points``).
     """
     check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
     check_seed(seed)
@@ -244,6 +248,8 @@ def write_store(
         "records": [record_plan(r) for r in ordered],
         "source": dict(source or {}),
     }
+    if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
+        plan["points"] = points_digest(points)
     partial = partial_dir(dst, plan, overwrite)
     profile.wall.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
@@ -276,7 +282,7 @@ def write_store(
         )  # fmt: skip
         payload = Payload(
             backend_named(backend), table, scene, splits, field_specs(channels, materialize), layout,
-            {**dict(source or {}), "fingerprint": fingerprint},
+            {**dict(source or {}), "fingerprint": fingerprint}, points=points,
         )  # fmt: skip
         sizes = tuple(r.camera.width * r.camera.height for r in ordered)
         image_channels = tuple(int(s["channels"]) for s in staged)
@@ -302,6 +308,7 @@ class Payload:
     layout: Mapping[str, Any]
     source: Mapping[str, Any]
     checksum: str = CHUNK_CHECKSUM  # chunk checksum kind; a copy keeps its source's
+    points: SparsePoints | None = None  # sparse points, world frame (``points3D.parquet``)
 
 
 def _write_shards(
@@ -367,6 +374,7 @@ def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, An
         "fields": field_dicts,
         "n_images": payload.table.num_rows,
         "files": dict(sorted(files.items())),
+        **({"points": points_entry(payload.points)} if payload.points is not None else {}),
         "content_fingerprint": content_fingerprint(
             payload.table, payload.scene.to_dict(), split_dicts, field_dicts, crcs, payload.checksum
         ),
@@ -389,7 +397,12 @@ def _write_payload_and_commit(
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
     files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
     atomic_write_json(partial / "index.json", index)
-    for rel in ("cameras.parquet", "index.json"):
+    written = ["cameras.parquet", "index.json"]
+    if payload.points is not None:
+        with atomic_path(partial / POINTS_FILE) as tmp:
+            write_points(payload.points, str(tmp))
+        written.append(POINTS_FILE)
+    for rel in written:
         files[rel] = file_record(partial / rel)
     atomic_write_json(partial / "manifest.json", _manifest(payload, files, index))
     profile.wall.lap("index_manifest")
@@ -466,7 +479,7 @@ def copy_store(
         write_camera_table(store.cameras, str(tmp))
     payload = Payload(
         backend_named(backend), store.cameras, store.scene, store.splits, tuple(store.fields.values()),
-        layout, store.manifest["source"], store.chunk_checksum,
+        layout, store.manifest["source"], store.chunk_checksum, store.sparse_points(),
     )  # fmt: skip
     return _write_payload_and_commit(
         partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite,

@@ -1,0 +1,157 @@
+"""Whole-image camera operations: crops and undistortion to a pinhole camera.
+
+A crop keeps the camera model and moves the principal point; undistortion resamples an image of any
+model to a pinhole camera through a *remap table* (for every output pixel, the continuous source
+coordinates its ray has in the input image), computed once per camera. Conventions as in
+``raykit.cameras``: continuous COLMAP image coordinates, pixel ``(x, y)``'s centre at
+``(x + 0.5, y + 0.5)``; images are ``(H, W, C)``.
+
+The fast path (:class:`RemapTable`: four precomputed taps and weights per output pixel, one gather)
+has a simple reference twin, :func:`reference_remap`, built on ``torch.nn.functional.grid_sample``
+(bilinear, zero outside the input); the tests compare them and check the table against
+``raykit.cameras.unproject``/``project``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raykit.cameras import Camera, pixel_grid, project, unproject
+from raykit.conventions import PIXEL_CENTER, pixel_centers
+from raykit.errors import CameraError
+
+__all__ = [
+    "RemapTable",
+    "crop_camera",
+    "pinhole_camera",
+    "reference_remap",
+    "undistortion_coordinates",
+]
+
+
+def crop_camera(camera: Camera, x0: int, y0: int, width: int, height: int) -> Camera:
+    """``camera`` for the window of ``width x height`` pixels whose top-left pixel is ``(x0, y0)``.
+
+    Distortion acts on normalised coordinates, so only the principal point moves (by ``-x0, -y0``).
+
+    Raises:
+        CameraError: the window does not lie inside the image.
+    """
+    if not (x0 >= 0 and y0 >= 0 and width >= 1 and height >= 1):
+        raise CameraError(f"{camera._who()}: crop ({x0}, {y0}, {width}x{height}) is not a window")
+    if x0 + width > camera.width or y0 + height > camera.height:
+        raise CameraError(
+            f"{camera._who()}: crop ({x0}, {y0}, {width}x{height}) leaves the "
+            f"{camera.width}x{camera.height} image"
+        )
+    ix, iy = camera.spec.pp_idx
+    params = list(camera.params)
+    params[ix] -= x0
+    params[iy] -= y0
+    return Camera(camera.model, width, height, tuple(params), camera.camera_id, camera.label)
+
+
+def pinhole_camera(camera: Camera) -> Camera:
+    """The ``PINHOLE`` camera an undistorted ``camera`` image is resampled to.
+
+    Same size, focal lengths and principal point as ``camera`` (so the centre of the image keeps its
+    scale); a wide-angle (fisheye) input keeps the part of its field of view a pinhole of that focal
+    length covers.
+    """
+    (fx, fy), (cx, cy) = camera.focal, camera.principal_point
+    return Camera("PINHOLE", camera.width, camera.height, (fx, fy, cx, cy), camera.camera_id, camera.label)
+
+
+def undistortion_coordinates(camera: Camera, pinhole: Camera) -> torch.Tensor:
+    """(H, W, 2) float64 continuous coordinates, in ``camera``'s image, of each ``pinhole`` pixel's ray.
+
+    Every output pixel centre is unprojected through ``pinhole`` and projected through ``camera``;
+    NaN where ``camera`` cannot see the ray.
+    """
+    centres = pixel_centers(pixel_grid(pinhole.width, pinhole.height)).to(torch.float64)
+    return project(camera, unproject(pinhole, centres))
+
+
+@dataclass(frozen=True, eq=False)
+class RemapTable:
+    """Bilinear resampling of ``(H_in, W_in, C)`` images to ``(H, W, C)``, precomputed.
+
+    Attributes:
+        taps: (4, H * W) int32 flat indices into the input's pixels (0 where the tap is outside).
+        weights: (4, H * W) float32 bilinear weights (0 for taps outside the input).
+        out_shape: ``(H, W)``; in_shape: ``(H_in, W_in)``.
+    """
+
+    taps: np.ndarray
+    weights: np.ndarray
+    out_shape: tuple[int, int]
+    in_shape: tuple[int, int]
+
+    @classmethod
+    def from_coordinates(cls, coords: torch.Tensor, in_shape: tuple[int, int]) -> RemapTable:
+        """The table sampling the input at ``coords`` (H, W, 2) continuous image coordinates."""
+        h_in, w_in = in_shape
+        pos = coords.to(torch.float64).reshape(-1, 2).numpy() - PIXEL_CENTER  # pixel-index space
+        finite = np.asarray(np.isfinite(pos).all(axis=-1))
+        pos = np.where(finite[:, None], pos, -10.0)
+        base = np.floor(pos)
+        frac = pos - base
+        taps, weights = [], []
+        for dy in (0, 1):
+            for dx in (0, 1):
+                x, y = base[:, 0] + dx, base[:, 1] + dy
+                w = (frac[:, 0] if dx else 1 - frac[:, 0]) * (frac[:, 1] if dy else 1 - frac[:, 1])
+                inside = (x >= 0) & (x < w_in) & (y >= 0) & (y < h_in) & finite
+                taps.append(np.where(inside, y * w_in + x, 0).astype(np.int32))
+                weights.append(np.where(inside, w, 0.0).astype(np.float32))
+        out_shape = (int(coords.shape[0]), int(coords.shape[1]))
+        return cls(np.stack(taps), np.stack(weights), out_shape, (h_in, w_in))
+
+    @classmethod
+    def undistort(cls, camera: Camera) -> tuple[RemapTable, Camera]:
+        """The table resampling ``camera``'s images to :func:`pinhole_camera`, and that camera."""
+        pinhole = pinhole_camera(camera)
+        coords = undistortion_coordinates(camera, pinhole)
+        return cls.from_coordinates(coords, (camera.height, camera.width)), pinhole
+
+    def apply(self, image: np.ndarray) -> np.ndarray:
+        """``image`` (H_in, W_in, C) uint8 resampled to (H, W, C) uint8 (rounded; zero outside)."""
+        h_in, w_in = self.in_shape
+        if image.shape[:2] != (h_in, w_in):
+            raise CameraError(f"remap: expected a {w_in}x{h_in} image, got {image.shape[1]}x{image.shape[0]}")
+        flat = np.ascontiguousarray(image).reshape(h_in * w_in, -1)
+        shape = (self.taps.shape[1], flat.shape[1])
+        out = np.full(shape, 0.5, dtype=np.float32)  # +0.5: rounding
+        tap, term = np.empty(shape, dtype=np.uint8), np.empty(shape, dtype=np.float32)
+        for k in range(4):  # one tap at a time, in place: a (H * W, C) gather, not a (H * W, 4, C) one
+            np.take(flat, self.taps[k], axis=0, out=tap)
+            np.multiply(tap, self.weights[k][:, None], out=term)
+            out += term
+        np.clip(out, 0, 255, out=out)
+        return out.astype(np.uint8).reshape(*self.out_shape, flat.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.taps.nbytes + self.weights.nbytes)
+
+
+def reference_remap(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
+    """Reference twin of :meth:`RemapTable.apply` (``grid_sample``, bilinear, zeros outside).
+
+    Args:
+        image: (H_in, W_in, C) uint8.
+        coords: (H, W, 2) continuous image coordinates to sample (NaN: outside).
+    """
+    h_in, w_in = image.shape[:2]
+    src = torch.from_numpy(image).permute(2, 0, 1)[None].to(torch.float64)
+    # grid_sample with align_corners=False puts -1 and +1 at the image's outer pixel edges, i.e. at
+    # continuous coordinates 0 and W (H): the COLMAP convention itself.
+    size = torch.tensor([w_in, h_in], dtype=torch.float64)
+    grid = torch.nan_to_num(coords.to(torch.float64) / size * 2 - 1, nan=-10.0)[None]
+    out = torch.nn.functional.grid_sample(
+        src, grid, mode="bilinear", padding_mode="zeros", align_corners=False
+    )
+    return (out[0].permute(1, 2, 0) + 0.5).clamp(0, 255).to(torch.uint8).numpy()

@@ -1,0 +1,397 @@
+"""``ImageLoader``: whole images for splatting-style trainers (one or a few images per step).
+
+Each batch holds ``batch_size`` whole images (or seeded random crops of them) of one split with their
+cameras, intrinsics and poses. The order follows :class:`~raykit.loaders.image_plan.ImagePlan` (seeded
+per epoch, ranks disjoint and equal); images are read through ``RayStore.read_image`` (worker
+processes when ``num_workers > 0``, the same :class:`~raykit.loaders.workers.ChunkFetcher` the ray
+loader uses, an image being one read unit) into a byte-budgeted cache of uint8 images
+(:class:`~raykit.loaders.image_cache.ImageCache`), so a capture that fits is decoded once for the run.
+A background thread assembles the next ``prefetch`` batches: uint8 images stacked in pinned host memory
+under CUDA, copied with ``non_blocking=True`` and converted to float on the device.
+
+Batches depend only on the plan and the store's pixels, never on ``num_workers``. The position is
+``(epoch, batch)``; ``state_dict``/``load_state_dict`` resume exactly. Threads and workers are released
+by ``close()``, ``with``, garbage collection and at interpreter exit, as for ``RayLoader``
+(``raykit.loaders.lifecycle``, ``docs/reliability.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from raykit.cameras import Camera
+from raykit.errors import ConfigError, ResumeError
+from raykit.image_geometry import crop_camera
+from raykit.loaders.arguments import check_loader_args, check_state, open_if_location
+from raykit.loaders.cache import CacheStats, ChunkCache
+from raykit.loaders.image_cache import ImageCache
+from raykit.loaders.image_plan import ImagePlan
+from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
+from raykit.loaders.lifecycle import check_main_guard, register
+from raykit.loaders.loader import distributed_rank
+from raykit.loaders.source import ChunkSource
+from raykit.loaders.workers import ChunkFetcher
+
+__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageLoader"]
+
+IMAGE_STATE_VERSION = 1
+_EXACT_KEYS = ("n_images", "seed", "shuffle", "crop", "undistort")
+_PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
+_DONE = object()
+_ROWS = 64  # image rows converted to float per task
+
+
+@dataclass
+class ImageBatch:
+    """``B`` images with their cameras (``H``, ``W``: the image or crop size).
+
+    Attributes:
+        images: (B, H, W, 3) float32 in [0, 1] on the loader's device.
+        alpha: (B, H, W) float32 in [0, 1], or None when the store has no alpha channel.
+        cameras: the B cameras of these pixels (cropped; the pinhole ones with ``undistort``).
+        K: (B, 3, 3) float32 intrinsics (COLMAP image coordinates), or None unless every camera is a
+            pinhole.
+        c2w: (B, 4, 4) float32 camera-to-world, OpenCV axes, store world frame.
+        image: (B,) int64 rows of the store's camera table.
+        names: the B image names.
+        crop_origin: (B, 2) int64 ``(x0, y0)`` of each crop in its image (zeros without cropping).
+    """
+
+    images: torch.Tensor
+    alpha: torch.Tensor | None
+    cameras: tuple[Camera, ...]
+    K: torch.Tensor | None
+    c2w: torch.Tensor
+    image: torch.Tensor
+    names: tuple[str, ...]
+    crop_origin: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class ImageLoader:
+    """Yields :class:`ImageBatch` es of one split, epoch after epoch.
+
+    Args:
+        store: a :class:`raykit.store.RayStore` or a store path or URL.
+        split: split to read.
+        batch_size: images per batch; without ``crop``, the split's images must share one size when
+            it is above 1.
+        seed: seed of the order and the crops.
+        shuffle: ``False`` visits images in table order.
+        crop: ``(h, w)``: a seeded random window of each image (patch training), with its own camera.
+        device: where batches go (``"cpu"``, ``"cuda"``...).
+        num_workers: worker processes reading (and undistorting) images; 0 reads on the loader's thread.
+        cache_bytes: budget of the decoded uint8 image cache.
+        rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
+        undistort: resample non-pinhole images to a pinhole camera (same size, focal lengths and
+            principal point), remap computed once per camera; batches report that camera.
+        drop_last: see :mod:`raykit.loaders.image_plan`.
+        prefetch: batches prepared ahead of the consumer.
+        convert_threads: threads converting uint8 pixels to float off the GPU (default: 2, or the
+            CPU count if lower).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        split: str = "train",
+        batch_size: int = 1,
+        seed: int = 0,
+        *,
+        shuffle: bool = True,
+        crop: tuple[int, int] | None = None,
+        device: Any = "cpu",
+        num_workers: int = 0,
+        cache_bytes: int = 2 << 30,
+        rank: int | None = None,
+        world_size: int | None = None,
+        undistort: bool = False,
+        drop_last: bool = True,
+        prefetch: int = 2,
+        convert_threads: int | None = None,
+    ) -> None:
+        check_loader_args(
+            batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
+            cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
+            convert_threads=(convert_threads, 1),
+        )  # fmt: skip
+        store = open_if_location(store)
+        if not hasattr(store, "read_image"):
+            raise ConfigError(f"image loader: store: expected a RayStore or a store location, got {store!r}")
+        if split not in store.splits:
+            raise ConfigError(
+                f"image loader: {store.url}: no split {split!r}; expected one of {sorted(store.splits)}"
+            )
+        check_main_guard(num_workers)
+        self.store, self.split, self.device = store, split, torch.device(device)
+        self.source = ImageSource(store, split, undistort)
+        self.crop = checked_crop(crop, self.source)
+        check_batch_sizes(self.source, batch_size, self.crop)
+        rank, world_size = distributed_rank(rank, world_size)
+        self.plan = ImagePlan(self.source.n_images, batch_size, seed, shuffle, drop_last, world_size, rank)
+        self.undistort, self.num_workers, self.prefetch = undistort, num_workers, prefetch
+        self.cache = ImageCache(cache_bytes)
+        self.convert_threads = convert_threads or min(2, os.cpu_count() or 1)
+        self._convert_pool: ThreadPoolExecutor | None = None
+        self.epoch, self.batch = 0, 0
+        self._filled = False
+        self._fetcher: ChunkFetcher | None = None
+        self._running: dict[threading.Thread, threading.Event] = {}
+        table = store.table
+        self._c2w = torch.from_numpy(table.c2w[self.source.rows].astype(np.float32))
+        register(self)
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.plan.n_batches
+
+    def __iter__(self) -> Iterator[ImageBatch]:
+        """The remaining batches of the current epoch; afterwards the position is the next epoch."""
+        if self.batch >= self.plan.n_batches:
+            self.epoch, self.batch = self.epoch + 1, 0
+        epoch = self.epoch
+        items: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-images", daemon=True
+        )
+        self._running[thread] = stop
+        thread.start()
+        try:
+            while True:
+                item = items.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self.batch += 1
+                yield item
+            self.epoch, self.batch = epoch + 1, 0
+        finally:
+            stop.set()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    items.get(timeout=0.05)
+            thread.join()
+            self._running.pop(thread, None)
+
+    def forever(self) -> Iterator[ImageBatch]:
+        """Batches without end, epoch after epoch."""
+        while True:
+            yield from self
+
+    def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            self._fill_cache()
+            plan = self.plan
+            batches = [plan.batch(epoch, k) for k in range(start, plan.n_batches)]
+            wanted = [int(p) for b in batches for p in b]
+            stream = self._fetcher_ready().fetch(wanted)
+            for positions in batches:
+                images = [cast(np.ndarray, next(stream)[1]) for _ in positions]
+                if not _put(items, self._assemble(epoch, positions, images), stop):
+                    return
+            _put(items, _DONE, stop)
+        except BaseException as exc:
+            _put(items, exc, stop)
+
+    def _fill_cache(self) -> None:
+        """On a shuffled ray-layout split, gather what fits in the cache in one pass (see image_source)."""
+        if self._filled or not self.source.shuffled_rays:
+            self._filled = True
+            return
+        order = [int(p) for p in self.plan.rank_order(self.epoch)]
+        order += sorted(set(range(self.source.n_images)) - set(order))
+        chosen, room = [], self.cache.capacity
+        for position in order:
+            if self.source.nbytes(position) <= room:
+                chosen.append(position)
+                room -= self.source.nbytes(position)
+        by_row = scan_images(self.store, self.split, [int(self.source.rows[p]) for p in chosen])
+        for position in chosen:
+            image = self.source.prepare(position, by_row[int(self.source.rows[position])])
+            self.cache.put(position, np.ascontiguousarray(image))
+        self._filled = True
+
+    def _assemble(self, epoch: int, positions: np.ndarray, images: list[np.ndarray]) -> ImageBatch:
+        """One batch from its uint8 images: crops, cameras, then one (pinned) copy to the device."""
+        cameras, origins, pixels = [], [], []
+        for position, image in zip(positions, images, strict=True):
+            camera = self.source.camera(int(position))
+            x0 = y0 = 0
+            if self.crop is not None:
+                h, w = self.crop
+                x0, y0 = self.plan.crop_origin(epoch, int(position), image.shape[:2], self.crop)
+                image = image[y0 : y0 + h, x0 : x0 + w]
+                camera = crop_camera(camera, x0, y0, w, h)
+            cameras.append(camera)
+            origins.append((x0, y0))
+            pixels.append(image)
+        cuda = self.device.type == "cuda"
+        data = self._to_device(pixels, cuda)
+        rows = self.source.rows[positions]
+        pinhole = all(c.is_pinhole for c in cameras)
+        K = torch.from_numpy(np.stack([c.K() for c in cameras]).astype(np.float32)) if pinhole else None
+        return ImageBatch(
+            images=data[..., :3],
+            alpha=data[..., 3] if data.shape[-1] == 4 else None,
+            cameras=tuple(cameras),
+            K=None if K is None else K.to(self.device, non_blocking=cuda),
+            c2w=self._c2w[torch.from_numpy(positions)].to(self.device, non_blocking=cuda),
+            image=torch.from_numpy(rows.astype(np.int64)),
+            names=tuple(self.source.names[int(p)] for p in positions),
+            crop_origin=torch.tensor(origins, dtype=torch.int64).reshape(-1, 2),
+        )
+
+    def _to_device(self, pixels: list[np.ndarray], cuda: bool) -> torch.Tensor:
+        """(B, H, W, C) float32 in [0, 1] on the device from B uint8 images.
+
+        CUDA: stacked as uint8 in pinned memory, copied without blocking, converted on the GPU (a
+        quarter of the bytes of a float copy). CPU and other devices: converted straight from the
+        cached arrays into the float batch, rows split over ``convert_threads`` threads (numpy
+        releases the GIL; on CPU this conversion is most of a cached batch's cost).
+        """
+        shape = (len(pixels), *pixels[0].shape)
+        if cuda:
+            host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+            for i, image in enumerate(pixels):
+                host[i].copy_(torch.from_numpy(image))
+            return host.to(self.device, non_blocking=True).float().div_(255.0)
+        out = torch.empty(shape, dtype=torch.float32)
+        view = out.numpy()
+        scale = np.float32(1.0 / 255.0)
+        pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]
+
+        def convert(piece: tuple[int, slice]) -> None:
+            i, rows = piece
+            np.multiply(pixels[i][rows], scale, out=view[i, rows], dtype=np.float32)
+
+        if self.convert_threads > 1 and len(pieces) > 1:
+            if self._convert_pool is None:
+                self._convert_pool = ThreadPoolExecutor(self.convert_threads, "raykit-images-convert")
+            list(self._convert_pool.map(convert, pieces))
+        else:
+            for piece in pieces:
+                convert(piece)
+        return out if self.device.type == "cpu" else out.to(self.device)
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Small JSON-able position: the next batch to yield, and what the plan depends on."""
+        plan = self.plan
+        return {
+            "version": IMAGE_STATE_VERSION,
+            "kind": "images",
+            "split": self.split,
+            "fingerprint": str(self.store.fingerprint),
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "n_batches": plan.n_batches,
+            "n_images": plan.n_images,
+            "seed": plan.seed,
+            "shuffle": plan.shuffle,
+            "crop": None if self.crop is None else list(self.crop),
+            "undistort": self.undistort,
+            "world_size": plan.world_size,
+            "batch_size": plan.batch_size,
+            "drop_last": plan.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``; a mid-epoch state of another partition skips to the next epoch.
+
+        Raises:
+            ResumeError: not an image loader state, or another store's, split's or setup's.
+        """
+        state = check_state(state)
+        if state.get("version") != IMAGE_STATE_VERSION or state.get("kind") != "images":
+            raise ResumeError(
+                f"image loader state: expected version {IMAGE_STATE_VERSION} of kind 'images', got "
+                f"{state.get('version')!r} of kind {state.get('kind')!r}"
+            )
+        mine = self.state_dict()
+        for key in ("split", "fingerprint", *_EXACT_KEYS):
+            if state.get(key) != mine[key]:
+                raise ResumeError(f"image loader state: expected {key} {mine[key]!r}, got {state.get(key)!r}")
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if batch >= int(state.get("n_batches", batch + 1)):
+            epoch, batch = epoch + 1, 0
+        changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
+        if changed and batch > 0:
+            warnings.warn(
+                f"image loader state saved mid-epoch {epoch} with different {', '.join(changed)}; "
+                f"skipping the rest of that epoch and starting epoch {epoch + 1}",
+                stacklevel=2,
+            )
+            epoch, batch = epoch + 1, 0
+        self.epoch, self.batch = epoch, batch
+
+    # ---- resources ---------------------------------------------------------------------------
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    def wait_for_workers(self) -> None:
+        """Start the worker processes (``num_workers > 0``) and block until they are up."""
+        self._fetcher_ready().wait_ready()
+
+    def _fetcher_ready(self) -> ChunkFetcher:
+        if self._fetcher is not None and self._fetcher.broken:
+            self._fetcher.close()
+            self._fetcher = None
+        if self._fetcher is None:
+            # An image is the fetcher's read unit: it only calls ``read_chunk(position)`` and the cache.
+            source = cast(ChunkSource, self.source)
+            cache = cast(ChunkCache[Any], self.cache)
+            self._fetcher = ChunkFetcher(
+                source, cache, self.num_workers, self.prefetch + 2 * self.num_workers
+            )
+        return self._fetcher
+
+    def close(self) -> None:
+        """Stop live iterators' threads and worker processes (idempotent; iterating again restarts)."""
+        running = getattr(self, "_running", {})
+        for stop in list(running.values()):
+            stop.set()
+        for thread in list(running):
+            if thread is not threading.current_thread():
+                thread.join()
+            running.pop(thread, None)
+        fetcher, self._fetcher = getattr(self, "_fetcher", None), None
+        if fetcher is not None:
+            fetcher.close()
+        pool, self._convert_pool = getattr(self, "_convert_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=threading.current_thread() not in getattr(pool, "_threads", ()))
+
+    def __enter__(self) -> ImageLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
