@@ -19,13 +19,21 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.errors import (
+    StoreChangedError,
+    StoreCorruptError,
+    StoreError,
+    StoreNotFoundError,
+    StoreVersionError,
+)
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.location import filesystem, is_url, read_errors
+from raykit.store.order import TRAIN_ORDER, SplitOrder
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
+    DerivedRays,
     FieldSpec,
     RawRays,
     SceneInfo,
@@ -84,6 +92,12 @@ class RayStore:
             # index key crc32c in format 2; zlib crc32 in format 1 (and in copies of format-1 stores)
             self._crc_kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
             self._crc = {k: np.asarray(self.index[k][self._crc_kind], dtype=np.int64) for k in self.splits}
+            # format 3 checks stored pids apart ("pid_crc32c"); formats 1 and 2 sum every field at once
+            self._pid_crc = {
+                k: np.asarray(self.index[k][f"pid_{self._crc_kind}"], dtype=np.int64)
+                for k, info in self.splits.items()
+                if not self.legacy and info.pids == "stored"
+            }
             self.chunk_checksum: str = self._crc_kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
@@ -91,6 +105,7 @@ class RayStore:
             raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
         self.payload: PayloadReader = self._open_payload()
         self._generators: dict[str, RayGenerator] = {}
+        self._orders: dict[str, SplitOrder] = {}
         if verify:
             self.verify_files()
 
@@ -99,7 +114,17 @@ class RayStore:
         self.backend: str = self.manifest["backend"]
         self.fields = FieldSpec.parse_all(self.manifest["fields"], self._where("manifest.json"))
         names = sorted(self.manifest["splits"], key=split_sort_key)
-        self.splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
+        self.legacy: bool = self.manifest["format_version"] <= 2  # every pid stored, one checksum
+        splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
+        if self.legacy and any(info.pids != "stored" for info in splits.values()):
+            raise StoreCorruptError(f"{self._where('manifest.json')}: format 1 and 2 splits store their pids")
+        self.splits = splits
+        order = self.manifest["layout"].get("train_order")
+        if any(i.pids == "derived" and i.shuffled for i in splits.values()) and order != TRAIN_ORDER:
+            raise StoreVersionError(
+                f"{self._where('manifest.json')}: train order {order!r} is not one this raykit derives "
+                f"pids from ({TRAIN_ORDER!r}); upgrade raykit"
+            )
         self.scene = SceneInfo.from_dict(self.manifest["scene"])
         self.fingerprint: str = self.manifest["content_fingerprint"]
 
@@ -172,8 +197,8 @@ class RayStore:
         if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        spec = PayloadSpec(self.fields, self.manifest["layout"])
-        return backend.open_reader(self.url, spec, self.index, ranges)
+        self.payload_spec = PayloadSpec.of(self.fields, self.manifest["layout"], self.splits)
+        return backend.open_reader(self.url, self.payload_spec, self.index, ranges)
 
     def _check_file(self, rel: str) -> None:
         if rel in self._checked:
@@ -250,14 +275,38 @@ class RayStore:
         for rel in files:
             self._check_file(rel)
         values = self.payload.read_chunk(info, index)
-        crc = chunk_checksum(values, list(self.fields), self._crc_kind)
-        if crc != self._crc[split][index]:
-            raise StoreCorruptError(
-                f"{self._where(files[0])}: chunk {index} of split {split!r} fails its checksum "
-                f"(expected {self._crc_kind} {int(self._crc[split][index]):08x}, got {crc:08x})"
-            )
+        summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
+        self._check_crc(files[0], split, index, chunk_checksum(values, summed, self._crc_kind), self._crc)
         extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
+        if info.pids == "derived":
+            return DerivedRays(values["rgba"], self.split_order(split), info.chunk_range(index)[0], extra)
+        if not self.legacy:
+            crc = chunk_checksum(values, ["pid"], self._crc_kind)
+            pid_file = next((rel for rel in files if "/pid/" in rel), files[0])
+            self._check_crc(pid_file, split, index, crc, self._pid_crc, "pid ")
         return RawRays(values["rgba"], values["pid"], extra)
+
+    def _check_crc(
+        self, rel: str, split: str, index: int, crc: int, expected: dict[str, np.ndarray], what: str = ""
+    ) -> None:
+        if crc != expected[split][index]:
+            raise StoreCorruptError(
+                f"{self._where(rel)}: chunk {index} of split {split!r} fails its {what}checksum "
+                f"(expected {self._crc_kind} {int(expected[split][index]):08x}, got {crc:08x})"
+            )
+
+    def split_order(self, split: str) -> SplitOrder:
+        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""
+        info = self._split(split)
+        order = self._orders.get(split)
+        if order is None:
+            rows = [i for i, s in enumerate(self.table.splits) if s == split]
+            order = self._orders[split] = SplitOrder(
+                int(self.manifest["layout"]["seed"]), split, info.shuffled, tuple(rows),
+                tuple(int(self.table.n_pixels[i]) for i in rows),
+                tuple(int(self.table.pixel_offset[i]) for i in rows),
+            )  # fmt: skip
+        return order
 
     def read(self, split: str, start: int, stop: int) -> RawRays:
         """Rays ``[start, stop)`` of ``split`` in stored order."""
