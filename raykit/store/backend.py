@@ -95,7 +95,8 @@ class PayloadSpec:
         """The spec of a payload whose splits are ``splits`` (``SplitInfo.pids`` says whether a split
         stores its pids)."""
         stored = {
-            name: tuple(k for k in fields if k != "pid" or info.pids == "stored") for name, info in splits.items()
+            name: tuple(k for k in fields if k != "pid" or info.pids == "stored")
+            for name, info in splits.items()
         }
         return cls(fields, layout, stored)
 

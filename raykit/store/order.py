@@ -293,7 +293,10 @@ class SplitOrder:
         key = "rotations"
         if key not in self._bases:
             self._bases[key] = np.array(
-                [image_rotation(self.seed, self.split, i, n) for i, n in zip(self.images, self.sizes, strict=True)],
+                [
+                    image_rotation(self.seed, self.split, i, n)
+                    for i, n in zip(self.images, self.sizes, strict=True)
+                ],
                 dtype=np.int64,
             )
         rotations: np.ndarray = self._bases[key]
@@ -353,7 +356,9 @@ class SplitOrder:
         distinct = sorted(set(self.sizes))
         bases = self._torch_bases(distinct, dev)  # one tensor: every distinct size's base, in turn
         base_start = torch.tensor(
-            np.cumsum([0, *distinct[:-1]])[[distinct.index(n) for n in self.sizes]], dtype=torch.int64, device=dev
+            np.cumsum([0, *distinct[:-1]])[[distinct.index(n) for n in self.sizes]],
+            dtype=torch.int64,
+            device=dev,
         )
         images = len(self.sizes)
         if len(distinct) == 1:

@@ -67,7 +67,9 @@ def field_specs(channels: int, materialize: str | None) -> tuple[FieldSpec, ...]
     return tuple(specs)
 
 
-def split_infos(records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived") -> dict[str, SplitInfo]:
+def split_infos(
+    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived"
+) -> dict[str, SplitInfo]:
     """Every split's rays, images and first pid, from records in table order; ``pids``: whether the
     splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``."""
     infos: dict[str, SplitInfo] = {}

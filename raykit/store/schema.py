@@ -28,8 +28,8 @@ __all__ = [
     "MAX_PIXELS",
     "PIDS",
     "SPLIT_ORDER",
-    "FieldSpec",
     "DerivedRays",
+    "FieldSpec",
     "ImageRecord",
     "RawRays",
     "SceneInfo",
@@ -312,7 +312,7 @@ class DerivedRays(RawRays):
         self.start = int(start)
         self.extra = dict(extra or {})
 
-    @property  # type: ignore[override]
+    @property
     def pid(self) -> np.ndarray:
         """(N,) uint32 pids, derived."""
         return self.order.pids(self.start, self.start + len(self.rgba))

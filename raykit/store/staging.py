@@ -332,7 +332,11 @@ class StagingSource:
             def fill_colour(j: int, out: np.ndarray) -> None:
                 self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
 
-            pid = merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, _scratch_for("pid")) if pids else None
+            pid = (
+                merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, _scratch_for("pid"))
+                if pids
+                else None
+            )
             clock.lap("permutation")
             packed = merge_into(fill_colour, np.uint32, sizes, lo, hi, start, stop, _scratch_for("rgba"))
             clock.lap("gather")

@@ -507,7 +507,10 @@ class ZarrReader:
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
         shard = index // self._shard_chunks
-        return [shard_file(split, spec, shard) for spec in _split_fields(self._fields, self._stored, split).values()]
+        return [
+            shard_file(split, spec, shard)
+            for spec in _split_fields(self._fields, self._stored, split).values()
+        ]
 
     def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
         """Field name -> (n, ...) values of chunk ``index`` of split ``info``.

@@ -15,7 +15,7 @@ import torch
 from raykit.cameras import pixels_to_rays
 from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
-from raykit.store.backend import BACKENDS, PayloadSpec, backend_named
+from raykit.store.backend import BACKENDS, backend_named
 from raykit.store.reader import RayStore
 from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store

@@ -66,7 +66,9 @@ def downgrade(root: Path, version: int) -> None:
     manifest = store.manifest
     splits = {name: info.legacy_dict() for name, info in store.splits.items()}
     layout = {k: v for k, v in manifest["layout"].items() if k != "train_order"}
-    fingerprint = content_fingerprint(store.cameras, manifest["scene"], splits, manifest["fields"], crcs, kind)
+    fingerprint = content_fingerprint(
+        store.cameras, manifest["scene"], splits, manifest["fields"], crcs, kind
+    )
     _resign_manifest(
         root, ("index.json",), format_version=version, content_fingerprint=fingerprint, splits=splits,
         layout=layout,

@@ -57,7 +57,9 @@ def _members(root: Path, index: dict, split: str, chunk: int) -> dict[str, np.nd
 @pytest.fixture()
 def wds_store(tmp_path: Path, records, scene: SceneInfo) -> Path:
     # with stored pids, so that the tests can write wrong ones (format 3 derives them otherwise)
-    write_store(tmp_path / "s", records, scene=scene, backend="wds", chunk_rays=64, shard_chunks=2, with_pids=True)
+    write_store(
+        tmp_path / "s", records, scene=scene, backend="wds", chunk_rays=64, shard_chunks=2, with_pids=True
+    )
     assert validate_store(tmp_path / "s") == []
     return tmp_path / "s"
 
