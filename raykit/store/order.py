@@ -45,6 +45,7 @@ __all__ = [
     "merge_into",
     "merge_runs",
     "order_run",
+    "shared_order",
 ]
 
 TRAIN_ORDER = "rotated-permutation+merge/2"  # names this definition in writer plans
@@ -263,13 +264,10 @@ class SplitOrder:
     offsets: tuple[int, ...]
     _bases: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("seed", "split", "shuffled", "images", "sizes", "offsets")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            object.__setattr__(self, k, v)
-        object.__setattr__(self, "_bases", {})
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as its definition; unpickling returns this process's shared instance of it
+        (``shared_order``), so chunks sent by worker processes share one set of bases."""
+        return shared_order, (self.seed, self.split, self.shuffled, self.images, self.sizes, self.offsets)
 
     @property
     def n_rays(self) -> int:
@@ -392,3 +390,17 @@ class SplitOrder:
             self._bases[key] = torch.from_numpy(joined).to(device)
         bases: torch.Tensor = self._bases[key]
         return bases
+
+
+@functools.lru_cache(maxsize=16)
+def shared_order(
+    seed: int,
+    split: str,
+    shuffled: bool,
+    images: tuple[int, ...],
+    sizes: tuple[int, ...],
+    offsets: tuple[int, ...],
+) -> SplitOrder:
+    """The ``SplitOrder`` of this definition, one per process (the 16 most recently used kept), so
+    that every chunk of a split, whichever store object or worker process read it, shares its bases."""
+    return SplitOrder(seed, split, shuffled, images, sizes, offsets)

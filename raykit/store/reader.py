@@ -30,7 +30,7 @@ from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.location import filesystem, is_url, read_errors
-from raykit.store.order import TRAIN_ORDER, SplitOrder
+from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     DerivedRays,
@@ -301,7 +301,7 @@ class RayStore:
         order = self._orders.get(split)
         if order is None:
             rows = [i for i, s in enumerate(self.table.splits) if s == split]
-            order = self._orders[split] = SplitOrder(
+            order = self._orders[split] = shared_order(
                 int(self.manifest["layout"]["seed"]), split, info.shuffled, tuple(rows),
                 tuple(int(self.table.n_pixels[i]) for i in rows),
                 tuple(int(self.table.pixel_offset[i]) for i in rows),

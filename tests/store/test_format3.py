@@ -195,3 +195,9 @@ def test_info_shows_bytes_per_field_and_the_source_ratio(
     assert _run(["info", store.url]) == 0
     out = capsys.readouterr().out
     assert "rgba" in out and "store/source" in out and "pids derived" in out
+
+
+def test_chunks_from_other_processes_share_one_order(tmp_path: Path, records, scene: SceneInfo) -> None:
+    store = write_store(tmp_path / "s", records, scene=scene, chunk_rays=64)
+    a, b = (pickle.loads(pickle.dumps(store.read_chunk("train", i))) for i in (0, 1))
+    assert isinstance(a, DerivedRays) and a.order is b.order is store.split_order("train")
