@@ -15,7 +15,8 @@ timed over three passes, one thread; ``raw`` is a plain copy (what reading uncom
 
     python benchmarks/bench_codecs.py [RENDERED_STORE [PHOTO_STORE]]
 
-Results go to ``benchmarks/results/codecs.json``.
+Results go to ``benchmarks/results/codecs_format3.json`` (``codecs.json`` holds the study of format 2,
+with stored pids).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def main() -> None:
         "photo_like": study(photo),
         "machine": {**describe(), "loadavg_1m_at_start_and_end": [load_start, os.getloadavg()[0]]},
     }
-    out = ROOT / "results" / "codecs.json"
+    out = ROOT / "results" / "codecs_format3.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     for scene in ("rendered", "photo_like"):
         for name, r in result[scene]["colour"].items():
