@@ -31,6 +31,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 if TYPE_CHECKING:
     import torch
@@ -246,7 +247,7 @@ class SplitOrder:
     one after another in row-major order, so its ray ``p`` is pid ``pid_start + p``. Small and
     picklable (a chunk carries it to worker processes); the base permutations it needs are built on
     first use and kept per instance: 12 bytes per pixel of every distinct image size of the split
-    (``base_n``, and twice over for the equal-size fast path).
+    (``base_n``, and twice over for the equal-size fast path: each image's run is one slice of it).
 
     Attributes:
         seed: the train order's seed (the store layout's ``seed``).
@@ -316,9 +317,11 @@ class SplitOrder:
             # Round robin: ray p is rank p // I of image p % I, pixel base[(rank + s_i) mod n].
             n = self.sizes[0]
             r0, r1 = start // images, -(-stop // images)
-            position = np.arange(r0, r1, dtype=np.intp)[:, None] + self._rotations()[None, :]
-            grid = self._doubled(n).take(position)  # (ranks, images): already in merge order
-            grid += np.asarray(self.offsets, dtype=np.uint32)[None, :]
+            # Image i's ranks r0..r1 are the contiguous run doubled[r0 + s_i : r1 + s_i]: copy the runs as
+            # rows (sequential reads), then transpose them into merge order, adding each image's offset.
+            runs = sliding_window_view(self._doubled(n), r1 - r0)[r0 + self._rotations()]  # (images, ranks)
+            grid = np.empty((r1 - r0, images), dtype=np.uint32)
+            np.add(runs.T, np.asarray(self.offsets, dtype=np.uint32)[None, :], out=grid)
             offset = start - r0 * images
             return grid.reshape(-1)[offset : offset + stop - start]
         lo, hi = merge_counts(self.sizes, start), merge_counts(self.sizes, stop)
