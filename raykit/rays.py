@@ -1,22 +1,18 @@
 """Ray batches and the loader's hot path: (image, pixel) -> world-frame rays.
 
-:class:`RayGenerator` keeps, on the target device, one packed row per image (rotation, origin, near,
-far, intrinsics) and, when any camera is distorted, one concatenated direction lookup table of all
-cameras. A batch then costs one gather per ray plus a few element-wise ops, whatever the model.
-:func:`reference_rays` is the simple twin (a loop over images calling
-:func:`raykit.cameras.pixels_to_rays`) that tests compare against.
+:class:`RayGenerator` is a thin composition of three parts: the frozen pixel-id layout of its images
+(:class:`raykit.pixel_layout.PixelLayout`: pid decoding), the direction functions of its cameras'
+kind, chosen once (:mod:`raykit.ray_directions`: pinhole, direction tables or unprojection), and one
+packed per-image table on the device (direction columns, origin, near, far). A batch then costs one
+gather per ray plus a few element-wise ops, whatever the model. :func:`reference_rays` is the simple
+twin (a loop over images calling :func:`raykit.cameras.pixels_to_rays`, sharing no state with the
+generator) that tests compare against.
 
 Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
-
-Length (about 600 lines): ``RayGenerator``'s tables, decoders and three direction modes share its
-per-image table and scratch buffers; splitting it into a pid layout, per-kind direction functions
-and a thin composing class is planned (issue 17, part 3) and not done yet.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from dataclasses import field as dataclass_field
@@ -25,22 +21,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from raykit.camera_models import CAMERA_MODELS, CameraModel, unproject_model
-from raykit.cameras import Camera, direction_lut, pixels_to_rays
-from raykit.conventions import PIXEL_CENTER, pixel_centers
+from raykit.cameras import Camera, pixels_to_rays
 from raykit.errors import CameraError
+from raykit.pixel_layout import PixelLayout, ThreadScratch, index_float
+from raykit.ray_directions import Pixels, directions_for
 
 __all__ = ["RayBatch", "RayGenerator", "Rays", "reference_rays"]
 
 Tensor = torch.Tensor
-
-# Rows of the packed per-image float table: three 3-vectors c0, c1, c2 (pinhole: the columns of
-# R @ inv(K), so that R @ inv(K) @ (x, y, 1) = c0 * x + c1 * y + c2; LUT: the columns of R), then the
-# origin, near and far.
-_C0, _C1, _C2, _ORIGIN, _NEAR, _FAR = slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), 12, 13
-_TABLE_COLS = 14
-# Pixel-id decoding uses a block table while it stays this small (else a binary search).
-_MAX_BLOCKS = 1 << 22
 
 
 @dataclass
@@ -138,7 +126,6 @@ class RayBatch:
 
 
 _FIELDS = tuple(f.name for f in fields(RayBatch) if f.name != "extra")  # the tensor fields
-_THREAD = threading.local()  # per-thread scratch buffers of RayGenerator._scratch
 
 
 class Rays(NamedTuple):
@@ -161,6 +148,11 @@ def _per_image(name: str, values: Any, n_images: int) -> np.ndarray:
 class RayGenerator:
     """Vectorised (image, pixel) -> world-frame rays for a fixed set of images.
 
+    Composes a :class:`~raykit.pixel_layout.PixelLayout` (pid decoding), the
+    :mod:`~raykit.ray_directions` kind of its cameras (chosen once) and one packed per-image table
+    on the device: each image's three direction columns (see ``Directions.columns``), origin, near
+    and far.
+
     Args:
         cameras: (C) cameras.
         camera_index: (I,) int camera row of each image.
@@ -177,6 +169,8 @@ class RayGenerator:
 
     Attributes:
         mode: ``"pinhole"`` (analytic), ``"lut"`` (one table gather) or ``"unproject"``.
+        layout: the :class:`~raykit.pixel_layout.PixelLayout` of the images' pids.
+        directions: the camera kind's direction functions.
 
     Raises:
         CameraError: inconsistent shapes or camera indices.
@@ -203,158 +197,56 @@ class RayGenerator:
             raise CameraError(f"RayGenerator: expected c2w of shape ({n_images}, 4, 4), got {poses.shape}")
         if n_images and (cam_idx.min() < 0 or cam_idx.max() >= len(self.cameras)):
             raise CameraError(f"RayGenerator: camera_index outside [0, {len(self.cameras)})")
-        self.camera_index = cam_idx
-        self.c2w = poses
-        self.near = _per_image("near", near, n_images)
-        self.far = _per_image("far", far, n_images)
+        self.camera_index, self.c2w = cam_idx, poses
+        self.near, self.far = _per_image("near", near, n_images), _per_image("far", far, n_images)
         sizes = np.array([(c.width, c.height) for c in self.cameras], dtype=np.int64).reshape(-1, 2)
-        self.widths = sizes[cam_idx, 0] if n_images else np.zeros(0, np.int64)
-        self.heights = sizes[cam_idx, 1] if n_images else np.zeros(0, np.int64)
-        self.pixel_offset = self._pixel_offsets(pixel_offset, n_images)
-        used = sorted(set(cam_idx.tolist()))
-        self.mode = self._choose_mode(used, lut_max_bytes)
-        # Stored transposed, (14, I): a gather along dim 1 gives contiguous per-ray rows.
-        self._table = torch.as_tensor(self._float_table().T.copy(), device=self.device).to(dtype)
-        # The parts gathered per ray: the 9 rotation columns for the maths (a (9, N) gather), origins
-        # straight into (N, 3) rows, near and far as (N,).
-        self._rot_table = self._table[_C0.start : _C2.stop].contiguous()
-        self._origin_rows = self._table[_ORIGIN].T.contiguous()
-        self._near_t, self._far_t = self._table[_NEAR].contiguous(), self._table[_FAR].contiguous()
-        self._lut, lut_offset = self._build_lut(used)
-        self._groups, group, group_row = self._param_groups(used)
-        self._lut_offset, self._group, self._group_row = (
-            torch.as_tensor(a[cam_idx], dtype=torch.int64, device=self.device)
-            for a in (lut_offset, group, group_row)
+        self.layout = PixelLayout.build(sizes[cam_idx, 0], sizes[cam_idx, 1], pixel_offset, self.device)
+        self.directions = directions_for(self.cameras, cam_idx, dtype, self.device, lut_max_bytes)
+        # The per-image parts gathered per ray: the 9 direction columns, (9, I) so that a gather along
+        # dim 1 gives a contiguous row per column; origins as (I, 3) rows; near and far as (I,).
+        columns = self.directions.columns(poses[:, :3, :3]).T
+        self._columns, self._origins, self._near, self._far = (
+            torch.tensor(np.ascontiguousarray(a), device=self.device).to(dtype)
+            for a in (columns, poses[:, :3, 3], self.near, self.far)
         )
-        self._offsets_t = torch.as_tensor(self.pixel_offset, device=self.device)
-        self._widths_t = torch.as_tensor(self.widths, device=self.device)
-        self._first_pid = self._offsets_t[:-1].contiguous()
-        self._index_float = _index_float(self.device)
-        self._widths_float = (
-            self._widths_t.to(self._index_float) if self._index_float == torch.float64 else self._widths_t
-        )
-        self._block_shift, self._blocks = self._block_table()
-        self._uniform = self._uniform_layout()
-        # LUT mode with a single camera: LUT row = y * W + x, no per-image lookups.
-        self._single_width = self.cameras[used[0]].width if self.uses_lut and len(used) == 1 else 0
-        if self._blocks is not None:
-            self._block_next = self._offsets_t.index_select(0, self._blocks + 1)
+        self._scratch = ThreadScratch(self.device)
 
-    def _pixel_offsets(self, pixel_offset: Any, n_images: int) -> np.ndarray:
-        counts = self.widths * self.heights
-        if pixel_offset is None:
-            return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        offsets = np.asarray(pixel_offset, dtype=np.int64).reshape(-1)
-        if len(offsets) == n_images:
-            offsets = np.concatenate((offsets, [offsets[-1] + counts[-1]] if n_images else [0]))
-        if len(offsets) != n_images + 1 or np.any(offsets[1:] - offsets[:-1] < counts):
-            raise CameraError("RayGenerator: pixel_offset must give each image at least W * H ids, in order")
-        return offsets
-
-    def _choose_mode(self, used: list[int], lut_max_bytes: int) -> str:
-        if all(self.cameras[c].is_pinhole for c in used):
-            return "pinhole"
-        n_bytes = sum(self.cameras[c].width * self.cameras[c].height for c in used) * 3 * self.dtype.itemsize
-        return "lut" if n_bytes <= lut_max_bytes else "unproject"
+    # ---- derived views (one source each) -----------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self.directions.mode
 
     @property
     def uses_lut(self) -> bool:
         return self.mode == "lut"
 
-    def _param_groups(
-        self, used: list[int]
-    ) -> tuple[list[tuple[CameraModel, Tensor]], np.ndarray, np.ndarray]:
-        """Per-model parameter tables for ``mode == "unproject"``, with each camera's group and row."""
-        group = np.zeros(len(self.cameras), dtype=np.int64)
-        row = np.zeros(len(self.cameras), dtype=np.int64)
-        if self.mode != "unproject":
-            return [], group, row
-        models = sorted({self.cameras[c].model for c in used})
-        groups = []
-        for g, name in enumerate(models):
-            members = [c for c in used if self.cameras[c].model == name]
-            group[members], row[members] = g, np.arange(len(members))
-            params = torch.tensor([self.cameras[c].params for c in members], dtype=torch.float64)
-            groups.append((CAMERA_MODELS[name], params.to(self.device, _index_float(self.device))))
-        return groups, group, row
-
-    def _unproject_rays(self, image: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """(N, 3) camera-frame unit rays of pixel centres, unprojected now with per-ray parameters."""
-        compute = _index_float(self.device)
-        xy = pixel_centers(torch.stack((x, y), dim=-1).to(compute))
-        group, row = self._group.index_select(0, image), self._group_row.index_select(0, image)
-        out = torch.empty((image.shape[0], 3), dtype=self.dtype, device=self.device)
-        for g, (spec, table) in enumerate(self._groups):
-            sel = torch.nonzero(group == g).squeeze(1)
-            params = table.index_select(0, row[sel])
-            rays, _ = unproject_model(spec, params.unbind(-1), xy[sel])
-            out[sel] = rays.to(self.dtype)
-        return out
-
-    def _float_table(self) -> np.ndarray:
-        rot = self.c2w[:, :3, :3]
-        table = np.zeros((self.n_images, _TABLE_COLS))
-        table[:, _ORIGIN] = self.c2w[:, :3, 3]
-        table[:, _NEAR], table[:, _FAR] = self.near, self.far
-        if self.mode != "pinhole":
-            table[:, _C0], table[:, _C1], table[:, _C2] = rot[:, :, 0], rot[:, :, 1], rot[:, :, 2]
-            return table
-        for row, c in enumerate(self.camera_index):
-            (fx, fy), (cx, cy) = self.cameras[c].focal, self.cameras[c].principal_point
-            r = rot[row]
-            # Pixel centre (x + 0.5, y + 0.5): fold the half-pixel shift into c2.
-            px, py = PIXEL_CENTER - cx, PIXEL_CENTER - cy
-            table[row, _C0], table[row, _C1] = r[:, 0] / fx, r[:, 1] / fy
-            table[row, _C2] = r[:, 2] + r[:, 0] * (px / fx) + r[:, 1] * (py / fy)
-        return table
-
-    def _block_table(self) -> tuple[int, Tensor | None]:
-        counts = self.pixel_offset[1:] - self.pixel_offset[:-1]
-        if self.n_images == 0 or counts.min() <= 0:
-            return 0, None
-        # Blocks of 2**shift ids, no longer than the shortest image: each block meets at most two images.
-        shift = int(np.floor(np.log2(counts.min())))
-        n_blocks = (int(self.pixel_offset[-1]) >> shift) + 1
-        if n_blocks > _MAX_BLOCKS:
-            return 0, None
-        starts = np.arange(n_blocks, dtype=np.int64) << shift
-        first = np.searchsorted(self.pixel_offset, starts, side="right") - 1
-        return shift, torch.as_tensor(np.clip(first, 0, self.n_images - 1), device=self.device)
-
-    def _uniform_layout(self) -> tuple[int, int] | None:
-        """``(W, W * H)`` when every image has the same size and ids are packed without gaps."""
-        if self.n_images == 0 or len(set(self.widths.tolist())) > 1 or len(set(self.heights.tolist())) > 1:
-            return None
-        w, wh = int(self.widths[0]), int(self.widths[0] * self.heights[0])
-        packed = np.array_equal(self.pixel_offset, np.arange(self.n_images + 1, dtype=np.int64) * wh)
-        return (w, wh) if packed else None
-
-    def _build_lut(self, used: list[int]) -> tuple[Tensor, np.ndarray]:
-        offsets = np.zeros(len(self.cameras), dtype=np.int64)
-        if not self.uses_lut:
-            return torch.zeros((0, 3), dtype=self.dtype, device=self.device), offsets
-        parts, total = [], 0
-        for c in used:
-            offsets[c] = total
-            lut = direction_lut(self.cameras[c], self.dtype, self.device).reshape(-1, 3)
-            parts.append(lut)
-            total += lut.shape[0]
-        return torch.cat(parts, 0), offsets
-
     @property
     def n_images(self) -> int:
         return len(self.camera_index)
 
-    def _check(self, image: Tensor, pixel: Tensor) -> None:
-        if image.numel() == 0:
-            return
-        if int(image.min()) < 0 or int(image.max()) >= self.n_images:
-            raise CameraError(f"RayGenerator: image index outside [0, {self.n_images})")
-        w = self._widths_t[image]
-        h = torch.as_tensor(self.heights, device=self.device)[image]
-        if bool(((pixel < 0).any(-1) | (pixel[:, 0] >= w) | (pixel[:, 1] >= h)).any()):
-            raise CameraError("RayGenerator: pixel outside its image")
+    @property
+    def widths(self) -> np.ndarray:
+        """(I,) int64 image widths."""
+        return self.layout.widths
 
+    @property
+    def heights(self) -> np.ndarray:
+        """(I,) int64 image heights."""
+        return self.layout.heights
+
+    @property
+    def pixel_offset(self) -> np.ndarray:
+        """(I + 1,) int64 first pid of every image, then the end of the last."""
+        return self.layout.pixel_offset
+
+    @property
+    def pid_decoding(self) -> str:
+        """How :meth:`decode_pids` finds a pid's image: ``"uniform"`` (images of one size packed
+        without gaps: a division), ``"blocks"`` (a block table, at most two images per block) or
+        ``"search"`` (a binary search over the images' first ids)."""
+        return self.layout.decoding
+
+    # ---- generation --------------------------------------------------------------------------
     def generate(self, image: Tensor, pixel: Tensor, check: bool = False) -> Rays:
         """World-frame rays through the centres of the given pixels.
 
@@ -370,17 +262,8 @@ class RayGenerator:
         image = image.to(self.device, torch.int64, non_blocking=True)
         pixel = pixel.to(self.device, torch.int64, non_blocking=True)
         if check:
-            self._check(image, pixel)
+            self.layout.check_pixels(image, pixel)
         return self._generate(image, pixel[:, 0], pixel[:, 1])
-
-    def _lut_index(self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None) -> Tensor:
-        """(N,) rows of the concatenated LUT; ``local`` (``y * W + x``) saves recomputing it."""
-        if local is None:
-            w = self._single_width if self._single_width else self._widths_t.index_select(0, image)
-            local = y * w + x
-        if self._single_width:
-            return local  # one camera: its table starts at row 0
-        return self._lut_offset.index_select(0, image) + local
 
     def _generate(
         self, image: Tensor, x: Tensor, y: Tensor, local: Tensor | None = None, out: Rays | None = None
@@ -389,35 +272,19 @@ class RayGenerator:
 
         ``out``: tensors to write the rays into (pinhole mode only).
         """
-        # One gather of the rotation columns: (9, N), each row contiguous for fast element-wise math.
+        # One gather of the direction columns: (9, N), each row contiguous for fast element-wise math.
         n = image.shape[0]
-        cols = torch.index_select(self._rot_table, 1, image, out=self._scratch("cols", (9, n)))
-        if self.mode == "pinhole":
-            # (R @ inv(K)) @ (x, y, 1) with the +0.5 pixel-centre shift folded into c2.
-            px, py = self._scratch("px", (n,)).copy_(x), self._scratch("py", (n,)).copy_(y)
-            world = torch.addcmul(cols[_C2], cols[_C0], px, out=self._scratch("world", (3, n)))
-            world.addcmul_(cols[_C1], py)
-            # The camera-frame ray is (u, v, 1) / |(u, v, 1)| and |R (u, v, 1)| = |(u, v, 1)|.
-            square = torch.mul(world, world, out=self._scratch("square", (3, n)))
-            z_scale = square.sum(0) if out is None else torch.sum(square, 0, out=out.z_scale)
-            world.mul_(z_scale.rsqrt_())
-        else:
-            if self.mode == "lut":
-                d_cam = self._lut.index_select(0, self._lut_index(image, x, y, local))
-            else:
-                d_cam = self._unproject_rays(image, x, y)
-            z_scale = d_cam[:, 2]
-            world = torch.addcmul(cols[_C2] * z_scale, cols[_C0], d_cam[:, 0]).addcmul_(
-                cols[_C1], d_cam[:, 1]
-            )
-        if out is not None and self.mode == "pinhole":
-            torch.index_select(self._origin_rows, 0, image, out=out.origins)
-            torch.index_select(self._near_t, 0, image, out=out.near)
-            torch.index_select(self._far_t, 0, image, out=out.far)
+        cols = torch.index_select(self._columns, 1, image, out=self._scratch.get("cols", (9, n), self.dtype))
+        z_out = out.z_scale if out is not None else None
+        world, z_scale = self.directions.world(cols, Pixels(image, x, y, local), self._scratch, z_out)
+        if out is not None:
+            torch.index_select(self._origins, 0, image, out=out.origins)
+            torch.index_select(self._near, 0, image, out=out.near)
+            torch.index_select(self._far, 0, image, out=out.far)
             out.directions.T.copy_(world)
             return out
-        origins = self._origin_rows.index_select(0, image)
-        near, far = self._near_t.index_select(0, image), self._far_t.index_select(0, image)
+        origins = self._origins.index_select(0, image)
+        near, far = self._near.index_select(0, image), self._far.index_select(0, image)
         return Rays(origins, _rows_to_points(world), z_scale, near, far)
 
     def batch_from_pids(
@@ -431,8 +298,10 @@ class RayGenerator:
         and ``image``/``pixel`` of another: two allocations of the same sizes per batch, which keeps
         the memory of a loader generating on several threads from fragmenting.
         """
-        fast = self.device.type == "cpu" and self.dtype == torch.float32 and self._uniform is not None
-        if not (fast and self.mode == "pinhole"):
+        uniform = self.layout.uniform is not None
+        if not (
+            self.device.type == "cpu" and self.dtype == torch.float32 and uniform and self.mode == "pinhole"
+        ):
             image, pixel, rays = self.generate_from_pids(pid)
             return RayBatch.from_rays(rgba.to(self.device), image, pixel, rays, extra)
         n, c = pid.shape[0], rgba.shape[1]
@@ -442,7 +311,7 @@ class RayGenerator:
         colour = floats[6 * n : (6 + c) * n].view(n, c)
         near, far, z_scale = floats[(6 + c) * n :].view(3, n).unbind(0)
         image, pixel = ints[:n], ints[n:].view(n, 2)
-        _, _, x, y = self._decode_uniform(pid.to(self.device), image, pixel)  # any integer dtype
+        _, _, x, y = self.layout.decode_uniform(pid.to(self.device), self._scratch, image, pixel)
         self._generate(image, x, y, out=Rays(origins, directions, z_scale, near, far))
         colour.copy_(rgba).div_(255.0)
         alpha = colour[:, 3] if c == 4 else None
@@ -452,91 +321,29 @@ class RayGenerator:
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
-        image, x, y, _ = self._decode(pid.to(self.device).to(torch.int64))
+        image, x, y, _ = self.layout.decode(pid.to(self.device).to(torch.int64))
         return image, torch.stack((x, y), dim=-1)
-
-    def _decode(self, pid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(N,) int64 pids -> (N,) int64 ``(image, x, y, local)`` with ``local = y * W + x``.
-
-        Integer division goes through float64: for ``a < 2**53`` the correctly rounded quotient
-        ``a / b`` truncates to the exact integer quotient.
-        """
-        fdt = self._index_float
-        if self._uniform is not None:
-            w, wh = self._uniform
-            image = _floor_div(pid, wh, fdt)
-            local = pid - image * wh
-            y = _floor_div(local, w, fdt)
-            return image, local - y * w, y, local
-        if self._blocks is not None:
-            block = pid >> self._block_shift
-            # The block's first image, plus one where the id lies past that image's end.
-            past = pid >= self._block_next.index_select(0, block)
-            image = self._blocks.index_select(0, block) + past.to(torch.int64)
-        else:
-            image = torch.searchsorted(self._offsets_t, pid, right=True) - 1
-        local = pid - self._first_pid.index_select(0, image)
-        y = _floor_div(local, self._widths_float.index_select(0, image), fdt)
-        return image, local - y * self._widths_t.index_select(0, image), y, local
 
     def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
         """(N,) global pixel ids -> ``(image (N,), pixel (N, 2), rays)``; see :meth:`generate`."""
         pid = pid.to(self.device).to(torch.int64)
-        if check and pid.numel() and (int(pid.min()) < 0 or int(pid.max()) >= int(self.pixel_offset[-1])):
-            raise CameraError(f"RayGenerator: pixel id outside [0, {int(self.pixel_offset[-1])})")
-        if self._uniform is not None and self.mode == "pinhole" and self._index_float == torch.float64:
-            image, pixel, xf, yf = self._decode_uniform(pid)
+        if check:
+            self.layout.check_pids(pid)
+        layout = self.layout
+        if (
+            layout.uniform is not None
+            and self.mode == "pinhole"
+            and index_float(self.device) == torch.float64
+        ):
+            image, pixel, xf, yf = layout.decode_uniform(pid, self._scratch)
             if check:
-                self._check(image, pixel)
+                layout.check_pixels(image, pixel)
             return image, pixel, self._generate(image, xf, yf)
-        image, x, y, local = self._decode(pid)
+        image, x, y, local = layout.decode(pid)
         pixel = torch.stack((x, y), dim=-1)
         if check:
-            self._check(image, pixel)
+            layout.check_pixels(image, pixel)
         return image, pixel, self._generate(image, x, y, local)
-
-    def _decode_uniform(
-        self, pid: Tensor, image: Tensor | None = None, pixel: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """:meth:`_decode` for the uniform layout in float64, with few temporaries (the loader's path):
-        (N,) integer pids (any integer dtype, uint32 included) ->
-        ``(image (N,) int64, pixel (N, 2) int64, x (N,) float64, y (N,) float64)``,
-        written into ``image`` and ``pixel`` when given; ``x`` and ``y`` are scratch (see ``_scratch``).
-
-        Exact: every value is an integer below 2**53, and a correctly rounded quotient of such
-        integers truncates to the integer quotient.
-        """
-        w, wh = self._uniform  # type: ignore[misc]
-        n, f64 = pid.shape[0], torch.float64
-        value = self._scratch("value", (n,), f64).copy_(pid)
-        image_f = torch.div(value, wh, out=self._scratch("image", (n,), f64)).trunc_()
-        value.sub_(image_f, alpha=wh)  # the pixel's index within its image
-        y = torch.div(value, w, out=self._scratch("y", (n,), f64)).trunc_()
-        x = value.sub_(y, alpha=w)
-        if pixel is None:
-            pixel = torch.empty((pid.shape[0], 2), dtype=torch.int64, device=pid.device)
-        pixel[:, 0].copy_(x)
-        pixel[:, 1].copy_(y)
-        if image is None:
-            return image_f.to(torch.int64), pixel, x, y
-        return image.copy_(image_f), pixel, x, y
-
-    def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
-        """A reusable buffer of this thread for a temporary that never leaves the call (CPU only).
-
-        Reusing the hot path's temporaries keeps the allocator from fragmenting under several
-        generating threads (a loader's resident memory stays near its live data); on other devices
-        a fresh tensor is returned (their caching allocators already reuse memory).
-        """
-        dtype = self.dtype if dtype is None else dtype
-        if self.device.type != "cpu":
-            return torch.empty(shape, dtype=dtype, device=self.device)
-        buffers: dict[tuple[str, torch.dtype], Tensor] = _THREAD.__dict__.setdefault("scratch", {})
-        numel = math.prod(shape)
-        buffer = buffers.get((name, dtype))
-        if buffer is None or buffer.numel() < numel:
-            buffer = buffers[name, dtype] = torch.empty(numel, dtype=dtype)
-        return buffer[:numel].view(shape)
 
     def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:
         """Simple twin of :meth:`generate`: :func:`reference_rays` on this generator's inputs."""
@@ -544,15 +351,6 @@ class RayGenerator:
             self.cameras, self.camera_index, self.c2w, self.near, self.far, image, pixel,
             device=self.device, dtype=self.dtype,
         )  # fmt: skip
-
-    @property
-    def pid_decoding(self) -> str:
-        """How :meth:`decode_pids` finds a pid's image: ``"uniform"`` (images of one size packed
-        without gaps: a division), ``"blocks"`` (a block table, at most two images per block) or
-        ``"search"`` (a binary search over the images' first ids)."""
-        if self._uniform is not None:
-            return "uniform"
-        return "search" if self._blocks is None else "blocks"
 
 
 def reference_rays(
@@ -600,17 +398,6 @@ def _rows_to_points(rows: Tensor) -> Tensor:
     points = torch.empty((rows.shape[1], 3), dtype=rows.dtype, device=rows.device)
     points.T.copy_(rows)
     return points
-
-
-def _floor_div(a: Tensor, b: Tensor | int, fdt: torch.dtype) -> Tensor:
-    """``a // b`` for non-negative int64 ``a``, via float64 where available (faster on CPU)."""
-    if fdt == torch.float64:
-        return (a.to(fdt) / b).to(torch.int64)
-    return torch.div(a, b, rounding_mode="floor")
-
-
-def _index_float(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _shapes(n: int) -> dict[str, tuple[int, ...]]:

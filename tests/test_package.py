@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio", "options"),
     ("conventions", "camera_models"),
-    ("cameras",),
-    ("rays", "camera_json"),
+    ("cameras", "pixel_layout"),
+    ("ray_directions", "camera_json"),
+    ("rays",),
     ("colmap_io",),
     ("scene",),
     ("store",),

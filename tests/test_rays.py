@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from raykit import rays as rays_module
+from raykit import pixel_layout
 from raykit.cameras import Camera
 from raykit.errors import CameraError
 from raykit.rays import RayBatch, RayGenerator, Rays, reference_rays
@@ -127,7 +127,7 @@ def test_uniform_layout_pids_round_trip(cameras: list[Camera]) -> None:
 
 @pytest.mark.parametrize("max_blocks", [1 << 22, 1], ids=["block-table", "binary-search"])
 def test_generate_from_pids(max_blocks: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rays_module, "_MAX_BLOCKS", max_blocks)
+    monkeypatch.setattr(pixel_layout, "_MAX_BLOCKS", max_blocks)
     # Image sizes of 1 pixel and gaps between images stress the decoder.
     cameras = [*DISTORTED, Camera("PINHOLE", 1, 1, (1.0, 1.0, 0.5, 0.5))]
     gen = RayGenerator(
@@ -245,7 +245,7 @@ def test_floor_div_is_exact_for_uint32_ids(float_dtype: torch.dtype) -> None:
     a = torch.cat([a, (a // b) * b, (a // b) * b - 1]).clamp(min=0)
     b = torch.cat([b, b, b])
     divisor = b.to(float_dtype) if float_dtype == torch.float64 else b
-    assert torch.equal(rays_module._floor_div(a, divisor, float_dtype), a // b)
+    assert torch.equal(pixel_layout.floor_div(a, divisor, float_dtype), a // b)
 
 
 def test_uniform_pid_decoding_is_exact_up_to_uint32() -> None:

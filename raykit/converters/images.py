@@ -14,6 +14,8 @@ Colour modes (Pillow names):
   Pillow cannot read losslessly) is rejected;
 * anything else (CMYK, float, 32-bit integer, YCbCr, LAB) is rejected naming the mode.
 
+Length (about 410 lines): every colour mode's decoding shares the same checks and error messages.
+
 EXIF orientation (tag 274): a file whose EXIF orientation is not 1 shows differently in viewers than it
 is stored, so a camera may describe either layout: the stored pixel array (what COLMAP and every NeRF
 loader read; COLMAP ignores EXIF) or the rotated one a viewer shows. Picking one silently can

@@ -1,6 +1,7 @@
 """Ray loaders: shuffled, cached, resumable, multi-worker and multi-rank batches; evaluation; adapters."""
 
 from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache
+from raykit.loaders.config import LoaderConfig
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
@@ -10,6 +11,7 @@ __all__ = [
     "ChunkCache",
     "ChunkSource",
     "DiskCache",
+    "LoaderConfig",
     "MemorySource",
     "RayLoader",
     "SamplingPlan",

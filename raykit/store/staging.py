@@ -6,21 +6,20 @@ and leave a small JSON record keyed by their inputs; a rerun with the same input
 whose record and checksums still match.
 
 Shuffled splits are staged and gathered in the order defined in ``raykit.store.order``, so a shard
-task reads one contiguous run of rays per image and needs no global permutation. When every task runs
-in the writing process, images are staged in memory instead (``stage_in_memory``): the same bytes
-out, no staging files.
+task reads one contiguous run of rays per image and needs no global permutation. Where the staged
+images live is the writer's :class:`~raykit.store.staging_area.StagingArea`, handed to the tasks in
+their jobs: staging files (``DiskStaging``), or, when every task runs in the writing process, memory
+(``MemoryStaging``): the same bytes out, no staging files. Shard tasks merge into the writer's
+:class:`~raykit.store.staging_area.MergeBuffers`, carried by the :class:`StagingSource`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import math
 import os
-import threading
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,12 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
+from raykit.fileio import atomic_write_json, sha256_file
 from raykit.store.integrity import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.phases import PhaseClock
 from raykit.store.schema import ImageRecord, SplitInfo
+from raykit.store.staging_area import DiskStaging, MergeBuffers, StagingArea, scratch_record, staging_file
 from raykit.store.table import CameraTable
 
 __all__ = [
@@ -42,10 +42,8 @@ __all__ = [
     "StoreSource",
     "bytes_record",
     "record_matches",
-    "release_buffers",
     "scratch_record",
     "stage_image",
-    "stage_in_memory",
     "write_record",
 ]
 
@@ -79,11 +77,6 @@ def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
     return {"size": path.stat().st_size, "crc32": crc}
 
 
-def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
-    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
-    return {"size": len(data), "crc32": zlib.crc32(data)}
-
-
 def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
     """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
     equals ``file_record`` of the written file."""
@@ -112,16 +105,15 @@ class StageJob:
     key: str
     shuffled: bool = False
     seed: int = 0
-    memory: bool = False  # stage in this process's memory (``stage_in_memory``), not in a file
+    staging: StagingArea | None = None  # where to stage; None: staging files under ``root``
 
     @property
     def rel(self) -> str:
         return staging_file(self.index)
 
-
-def staging_file(index: int) -> str:
-    """Relative path of the staging file of image ``index``."""
-    return f"staging/{index:06d}.px"
+    @property
+    def area(self) -> StagingArea:
+        return DiskStaging(self.root) if self.staging is None else self.staging
 
 
 def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -166,7 +158,8 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    done = None if job.memory else record_matches(record_path, job.key, root)
+    area = job.area
+    done = None if area.in_memory else record_matches(record_path, job.key, root)
     if done is not None:
         clock.lap("resume_check")
         return {**done, "seconds": clock.seconds}
@@ -189,68 +182,16 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         np.take(rows, base[:s], out=staged[n - s :])
         rows = staged
         clock.lap("permutation")
-    if job.memory:
-        _memory_stage(job.root)[job.index] = np.ascontiguousarray(rows)
+    result.update(files=area.put(job.index, rows, clock), source_sha256=source_sha)
+    if not area.in_memory:
+        write_record(record_path, {"key": job.key, "result": result})
         clock.lap("write")
-        return {**result, "files": {}, "source_sha256": source_sha, "seconds": clock.seconds}
-    result.update(files={job.rel: _write_raw(root / job.rel, rows, clock)}, source_sha256=source_sha)
-    write_record(record_path, {"key": job.key, "result": result})
-    clock.lap("write")
     return {**result, "seconds": clock.seconds}
-
-
-# In-memory staging: partial directory -> image index -> staged rows (the bytes a staging file holds).
-_MEMORY: dict[str, dict[int, np.ndarray]] = {}
-_MEMORY_LOCK = threading.Lock()
-
-
-def _memory_stage(root: str) -> dict[int, np.ndarray]:
-    with _MEMORY_LOCK:
-        return _MEMORY.setdefault(root, {})
-
-
-@contextlib.contextmanager
-def stage_in_memory(root: str | Path) -> Iterator[None]:
-    """Stage the images of the store being written in ``root`` in this process's memory while inside.
-
-    For writers whose tasks all run in this process (serially or on threads): staged rows never touch
-    the disk, and are dropped on exit. A rerun after a crash decodes every image again (finished
-    shards are still skipped: their task records do not depend on staging).
-    """
-    key = str(root)
-    _memory_stage(key)
-    try:
-        yield
-    finally:
-        with _MEMORY_LOCK:
-            _MEMORY.pop(key, None)
-
-
-def _write_raw(path: Path, array: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
-    data = np.ascontiguousarray(array).data.cast("B")
-    atomic_write_bytes(path, data, sync=False)  # scratch: redone on resume if damaged
-    clock.lap("write")
-    record = scratch_record(data)
-    clock.lap("checksum")
-    return record
 
 
 def write_record(path: Path, record: Any) -> None:
     """A task record as canonical JSON, atomically without fsync (a lost record only redoes its task)."""
     atomic_write_json(path, record, sync=False)
-
-
-def _read_rows(path: Path, lo: int, out: np.ndarray) -> None:
-    """Fill ``out`` (C-contiguous rows) with rows ``lo, lo + 1, ...`` of a staging file (one ``preadv``)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got = os.preadv(fd, [out.data.cast("B")], lo * out[:1].nbytes)
-    finally:
-        os.close(fd)
-    if got != out.nbytes:
-        raise SourceError(
-            f"{path}: staging file truncated: expected {out.nbytes} bytes at row {lo}, got {got}"
-        )
 
 
 @dataclass(frozen=True)
@@ -264,6 +205,10 @@ class StagingSource:
         image_channels: (I,) channels of every decoded image (3 or 4).
         channels: channels stored (3 or 4); RGB images get alpha 255 when 4.
         materialize: None, ``"float16"`` or ``"float32"``: also generate origins/directions.
+        staging: where the images are staged (the writer's staging area).
+        seed: the train order's seed (pids of shuffled splits are recomputed from it).
+        table: the cameras, with ``materialize``.
+        buffers: the merge buffers of shuffled gathers (made with the source, dropped with it).
     """
 
     root: str
@@ -272,23 +217,14 @@ class StagingSource:
     image_channels: tuple[int, ...]
     channels: int
     materialize: str | None
-    memory: bool = False  # staged rows are in memory (``stage_in_memory``), not in files
-    seed: int = 0  # the train order's seed (pids of shuffled splits are recomputed from it)
-    table: CameraTable | None = field(default=None, compare=False)  # the cameras, with ``materialize``
+    staging: StagingArea
+    seed: int = 0
+    table: CameraTable | None = field(default=None, compare=False)
+    buffers: MergeBuffers = field(default_factory=MergeBuffers, compare=False, repr=False)
 
     def _read(self, image: int, lo: int, out: np.ndarray) -> None:
-        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image`` (one ``pread`` from its file)."""
-        if self.memory:
-            out[...] = self._staged(image)[lo : lo + len(out)]
-        else:
-            _read_rows(Path(self.root) / staging_file(image), lo, out)
-
-    def _staged(self, image: int) -> np.ndarray:
-        """(n,) uint32 staged rows of ``image``, in memory."""
-        staged = _memory_stage(self.root).get(image)
-        if staged is None:
-            raise SourceError(f"{self.root}: image {image} is not staged in memory")
-        return staged
+        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
+        self.staging.read(image, lo, out)
 
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
@@ -314,8 +250,8 @@ class StagingSource:
         """Field name -> values of rays ``[start, stop)`` of split ``info`` (no ``pid`` unless ``pids``
         or materialised rays need them: format 3 derives them at read time).
 
-        For a shuffled split the arrays live in this thread's reusable buffers (``_scratch_for``):
-        use them before this thread's next ``gather``.
+        For a shuffled split the arrays live in this thread's buffers of ``self.buffers``: use them
+        before this thread's next ``gather``.
         """
         clock = clock or PhaseClock()
         n = stop - start
@@ -333,12 +269,14 @@ class StagingSource:
                 self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
 
             pid = (
-                merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, _scratch_for("pid"))
+                merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
                 if pids
                 else None
             )
             clock.lap("permutation")
-            packed = merge_into(fill_colour, np.uint32, sizes, lo, hi, start, stop, _scratch_for("rgba"))
+            packed = merge_into(
+                fill_colour, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("rgba")
+            )
             clock.lap("gather")
         else:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n if pids else 0, dtype=np.uint32)
@@ -361,34 +299,6 @@ class StagingSource:
             out.update(_materialize(self.table, pid, self.materialize))
             clock.lap("materialize")
         return out
-
-
-_THREAD = threading.local()
-
-
-def _scratch_for(field: str) -> Callable[[str, tuple[int, ...]], np.ndarray]:
-    """``merge_into``'s ``alloc`` with this thread's reusable uint32 buffers for ``field``.
-
-    The merged arrays a shard task gets back alias these buffers: valid until this thread gathers
-    the same field again (the shard task has encoded and written them by then).
-    """
-    buffers: dict[str, np.ndarray] = _THREAD.__dict__.setdefault("buffers", {})
-
-    def alloc(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        numel, key = math.prod(shape), f"{field}:{name}"
-        buffer = buffers.get(key)
-        if buffer is None or len(buffer) < numel:
-            buffer = buffers[key] = np.empty(numel, dtype=np.uint32)
-        return buffer[:numel].reshape(shape)
-
-    return alloc
-
-
-def release_buffers() -> None:
-    """Drop this thread's merge buffers (``_scratch_for``); the writer calls it when its shards are
-    written, so a serial conversion does not keep a shard's worth of buffers alive afterwards (pool
-    threads free theirs when they exit)."""
-    _THREAD.__dict__.pop("buffers", None)
 
 
 def _materialize(table: CameraTable, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:

@@ -21,7 +21,6 @@ and task records; planning lives in ``plan.py``, timing in ``phases.py``, stagin
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import os
 import shutil
@@ -75,11 +74,10 @@ from raykit.store.staging import (
     StoreSource,
     bytes_record,
     record_matches,
-    release_buffers,
     stage_image,
-    stage_in_memory,
     write_record,
 )
+from raykit.store.staging_area import DiskStaging, MemoryStaging
 from raykit.store.table import CameraTable, build_camera_table, order_records, write_camera_table
 
 if TYPE_CHECKING:
@@ -266,11 +264,12 @@ def write_store(
     profile.wall.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
     memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
-    with stage_in_memory(partial) if memory else contextlib.nullcontext():
+    staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
+    with staging:
         stage_jobs = [
             StageJob(
                 str(partial), i, r, json_digest([record_plan(r), seed]), r.split in SHUFFLED_SPLITS,
-                seed, memory,
+                seed, staging,
             )
             for i, r in enumerate(ordered)
         ]  # fmt: skip
@@ -300,7 +299,7 @@ def write_store(
         # The cameras travel with the source (materialised rays need them): no task re-reads the table.
         cameras = CameraTable.from_arrow(table) if materialize else None
         gather = StagingSource(
-            str(partial), offsets, sizes, image_channels, channels, materialize, memory, seed, cameras
+            str(partial), offsets, sizes, image_channels, channels, materialize, staging, seed, cameras
         )
         return _write_payload_and_commit(
             partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
@@ -366,14 +365,11 @@ def _write_shards(
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        try:
-            for res in _run_iter(
-                write_shard_task, jobs, executor, progress, f"write {payload.backend.name} shards"
-            ):
-                synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
-                results.append(res)
-        finally:
-            release_buffers()  # tasks run serially in this thread kept their merge buffers here
+        for res in _run_iter(
+            write_shard_task, jobs, executor, progress, f"write {payload.backend.name} shards"
+        ):
+            synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
+            results.append(res)
         profile.wall.lap("shards")
         for future in synced:
             future.result()

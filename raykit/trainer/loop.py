@@ -5,6 +5,9 @@ composite over the background -> MSE against the target composited the same way 
 Everything random comes from two explicit generators (sample jitter, seeded per rank; grid refresh,
 identical on every rank), saved in each checkpoint with the loader position, so a resumed run
 continues the very same stream of batches and samples.
+
+Length (about 460 lines): the loop and the run state it saves and restores are read together (what a
+step changes is what a checkpoint holds); the pieces around it already live in their own modules.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def test_interlevel_loss_is_zero_when_the_proposal_bounds_the_weights_and_trains
     assert torch.allclose(loss, reference)
     loss.backward()
     assert field_w.grad is None and env_w.grad is not None
-    assert (env_w.grad <= 0).all() and (env_w.grad < 0).any()
+    # non-positive up to the rounding of a cumulative sum (entries that cancel exactly give +-1e-17)
+    assert (env_w.grad <= 1e-12).all() and (env_w.grad < -1e-3).any()
 
 
 def test_hierarchical_in_s_equals_hierarchical_when_s_is_t() -> None:

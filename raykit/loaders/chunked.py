@@ -1,0 +1,149 @@
+"""The chunk-window strategy of :class:`~raykit.loaders.RayLoader` (stores of shuffled ray chunks).
+
+Two stages, each a resumable iterator with a small JSON-able ``state_dict`` (its position):
+
+* :class:`ChunkWindows` (chunks -> windows): reads the chunks of an epoch in the plan's seeded order
+  through a :class:`~raykit.loaders.workers.ChunkFetcher` and yields each mixing window (``mix_chunks``
+  chunks' rays with the window's seeded permutation) as a :class:`Window`. State: ``{"epoch",
+  "window"}``, the next window it yields.
+* :class:`WindowGroups` (windows -> groups): cuts the epoch's batches into groups of about
+  ``group_rays`` rays and yields each as a :class:`~raykit.loaders.stages.RawGroup` (the batches'
+  bounds and the window slices holding the group's rays). State: ``{"epoch", "batch"}``, the first
+  batch of the next group; iterating seeks its :class:`ChunkWindows` to the window holding that
+  batch.
+
+:func:`chunk_groups` builds the pair: it is this strategy's entry in
+``raykit.loaders.strategies.STRATEGIES``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from raykit.loaders.plan import SamplingPlan, runs_to_positions
+from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
+from raykit.loaders.workers import ChunkFetcher
+from raykit.store.schema import RawRays
+
+__all__ = ["ChunkWindows", "Window", "WindowGroups", "chunk_groups"]
+
+
+class Window:
+    """One mixed window: the window's rays in reading order plus the mixing order.
+
+    The mixing permutation moves runs of ``run`` consecutive rays (``plan.window_runs``). When the
+    window is a whole number of runs, slices aligned to runs are gathered run by run, several times
+    faster than ray by ray; other slices use the ray-by-ray permutation, built on first use.
+    """
+
+    def __init__(self, parts: list[RawRays], runs: np.ndarray, run: int) -> None:
+        rgba = parts[0].rgba if len(parts) == 1 else np.concatenate([p.rgba for p in parts])
+        self.pid = parts[0].pid if len(parts) == 1 else np.concatenate([p.pid for p in parts])
+        self.channels = rgba.shape[1]
+        # Four uint8 channels gather as one uint32 per ray.
+        self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
+        self.runs, self.run = runs, run
+        self._perm: np.ndarray | None = None  # ray by ray, built on first use
+        # Stored origins/directions (a materialised store), mixed with the same permutation.
+        self.extra = {
+            k: parts[0].extra[k] if len(parts) == 1 else np.concatenate([p.extra[k] for p in parts])
+            for k in parts[0].extra
+        }
+
+    def take(self, lo: int, hi: int) -> RawRays:
+        """Rays ``[lo, hi)`` of the window in mixed order."""
+        m, size = self.run, len(self.pid)
+        if m > 1 and size % m == 0 and lo % m == 0 and hi % m == 0:
+            index = self.runs[lo // m : hi // m]
+            rgba = np.take(self.rgba.reshape(-1, m, *self.rgba.shape[1:]), index, axis=0)
+            pid = np.take(self.pid.reshape(-1, m), index, axis=0).reshape(-1)
+            rgba = rgba.reshape(-1, *self.rgba.shape[1:])
+            extra = {
+                k: np.take(v.reshape(-1, m, *v.shape[1:]), index, axis=0).reshape(-1, *v.shape[1:])
+                for k, v in self.extra.items()
+            }
+        else:
+            if self._perm is None:
+                self._perm = runs_to_positions(self.runs, m, size)
+            index = self._perm[lo:hi]
+            rgba, pid = np.take(self.rgba, index, axis=0), np.take(self.pid, index)
+            extra = {k: np.take(v, index, axis=0) for k, v in self.extra.items()}
+        if self.channels == 4:
+            rgba = rgba.view(np.uint8).reshape(-1, 4)
+        return RawRays(rgba, pid, extra)
+
+
+class ChunkWindows(Positioned):
+    """Stage chunks -> windows: the mixed windows of one epoch from window ``window`` on."""
+
+    POSITION = ("epoch", "window")
+    window: int = 0
+
+    def __init__(self, plan: SamplingPlan, fetcher: Callable[[], ChunkFetcher], times: StageTimes) -> None:
+        self.plan, self._fetcher, self._times = plan, fetcher, times
+
+    def __iter__(self) -> Iterator[Window]:
+        plan, epoch, first = self.plan, self.epoch, self.window
+        segments = plan.epoch_segments(epoch, first)
+        order = [c for segs in segments for c, _, _ in segs]
+        reads = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
+        stream = self._timed(self._fetcher().fetch(reads))
+        held_index, held = -1, None
+        for offset, segs in enumerate(segments):
+            parts = []
+            for c, lo, hi in segs:
+                if c != held_index:
+                    held_index, held = next(stream)
+                assert held is not None
+                parts.append(held.take(slice(lo, hi)))
+            window = Window(parts, plan.window_runs(epoch, first + offset), plan.mix_run)
+            self.window = first + offset + 1
+            yield window
+
+    def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:
+        while True:
+            t0 = time.perf_counter()
+            item = next(stream, None)
+            self._times.add("read", time.perf_counter() - t0)
+            if item is None:
+                return
+            yield item
+
+
+class WindowGroups(Positioned):
+    """Stage windows -> groups: consecutive batches of one epoch gathered together (about
+    ``group_rays`` rays), from batch ``batch`` on. The first batch goes alone, so that it is ready as
+    soon as its window is."""
+
+    def __init__(self, plan: SamplingPlan, windows: ChunkWindows, group_rays: int) -> None:
+        self.plan, self.windows, self.group_rays = plan, windows, group_rays
+
+    def __iter__(self) -> Iterator[RawGroup]:
+        plan, epoch, start = self.plan, self.epoch, self.batch
+        if start >= plan.n_batches:
+            return
+        per_group = max(1, self.group_rays // plan.batch_size)
+        self.windows.load_state_dict({"epoch": epoch, "window": plan.batch_windows(start)[0][0]})
+        windows = iter(self.windows)
+        loaded: dict[int, Window] = {}
+        for k0 in [start, *range(start + 1, plan.n_batches, per_group)]:
+            k1 = min(start + 1 if k0 == start else k0 + per_group, plan.n_batches)
+            lo, hi = plan.batch_span(k0)[0], plan.batch_span(k1 - 1)[1]
+            pieces = plan.span_windows(lo, hi)
+            for j, _, _ in pieces:
+                if j not in loaded:
+                    loaded = {i: w for i, w in loaded.items() if i >= pieces[0][0]}
+                    loaded[j] = next(windows)
+            bounds = [(a - lo, b - lo) for a, b in map(plan.batch_span, range(k0, k1))]
+            self.batch = k1
+            yield RawGroup(epoch, k0, bounds, [(loaded[j], a, b) for j, a, b in pieces])
+
+
+def chunk_groups(inputs: StrategyInputs) -> WindowGroups:
+    """The strategy's group stage: :class:`WindowGroups` over :class:`ChunkWindows`."""
+    return WindowGroups(
+        inputs.plan, ChunkWindows(inputs.plan, inputs.fetcher, inputs.times), inputs.group_rays
+    )

@@ -1,0 +1,78 @@
+"""``LoaderConfig``: the options of :class:`~raykit.loaders.RayLoader`, frozen and checked once."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from raykit.errors import ConfigError
+from raykit.loaders.arguments import check_loader_args
+
+__all__ = ["LoaderConfig"]
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
+
+    The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring);
+    ``None`` for ``rank``, ``world_size``, ``mix_run`` and ``gen_threads`` means "the default", resolved
+    by the loader (``torch.distributed``, the stored split, the device).
+
+    Raises:
+        ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
+    """
+
+    split: str = "train"
+    batch_size: int = 4096
+    seed: int = 0
+    shuffle: bool = True
+    device: Any = "cpu"
+    num_workers: int = 0
+    cache_bytes: int = 512 << 20
+    disk_cache: str | os.PathLike[str] | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    drop_last: bool = True
+    mix_chunks: int = 8
+    mix_run: int | None = None
+    prefetch: int = 4
+    group_rays: int = 1 << 16
+    gen_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        check_loader_args(
+            batch_size=(self.batch_size, 1), seed=(self.seed, 0), num_workers=(self.num_workers, 0),
+            prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
+            world_size=(self.world_size, 1), mix_chunks=(self.mix_chunks, 1), mix_run=(self.mix_run, 1),
+            group_rays=(self.group_rays, 1), gen_threads=(self.gen_threads, 1),
+        )  # fmt: skip
+
+    def replace(self, **changes: Any) -> LoaderConfig:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def changed(self) -> list[str]:
+        """Names of the fields that differ from their defaults, in field order."""
+        default = LoaderConfig()
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+
+    @staticmethod
+    def merge(keywords: LoaderConfig, config: LoaderConfig | None) -> LoaderConfig:
+        """``config`` when given (then every keyword must be left at its default), else ``keywords``.
+
+        Raises:
+            ConfigError: both a ``config`` and keywords that differ from their defaults.
+        """
+        if config is None:
+            return keywords
+        if not isinstance(config, LoaderConfig):
+            raise ConfigError(f"loader: config: expected a LoaderConfig, got {type(config).__name__}")
+        if changed := keywords.changed():
+            raise ConfigError(
+                f"loader: options given both as config= and as keywords ({', '.join(changed)}): "
+                "give them one way"
+            )
+        return config

@@ -1,0 +1,176 @@
+"""Where the writer keeps decoded images between its phases, and the shard tasks' merge buffers.
+
+Both are explicit objects the writer creates and hands to its tasks (inside their jobs), so their
+lifetime is the writer's: nothing is registered process-wide and nothing must be freed by hand.
+
+* A staging area holds each image's staged rows (raw packed RGBA ``uint32``, one per pixel, in the
+  order ``raykit.store.staging`` stages them). Two implementations of :class:`StagingArea`:
+  :class:`DiskStaging` (``root/staging/{index:06d}.px`` scratch files, for tasks in any process; a
+  rerun reuses intact ones) and :class:`MemoryStaging` (this process's memory, for writers whose tasks
+  all run here: no staging files; it refuses to be pickled into another process).
+* :class:`MergeBuffers` gives each thread reusable ``uint32`` buffers for the arrays a shard task
+  merges (a shard's worth: reusing them saves the page faults of fresh allocations). They go with the
+  object; a copy sent to a worker process becomes that process's own buffers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from raykit.errors import SourceError
+from raykit.fileio import atomic_write_bytes
+from raykit.store.phases import PhaseClock
+
+__all__ = ["DiskStaging", "MemoryStaging", "MergeBuffers", "StagingArea", "scratch_record", "staging_file"]
+
+
+def staging_file(index: int) -> str:
+    """Relative path of the staging file of image ``index``."""
+    return f"staging/{index:06d}.px"
+
+
+class StagingArea(Protocol):
+    """Staged rows of the images of the store being written."""
+
+    in_memory: bool  # True: nothing on disk, so there is nothing to resume from
+
+    def put(self, index: int, rows: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
+        """Stage image ``index``'s (n,) uint32 rows; returns the files written (rel -> scratch record)."""
+        ...
+
+    def read(self, index: int, lo: int, out: np.ndarray) -> None:
+        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of image ``index``."""
+        ...
+
+    def close(self) -> None:
+        """Drop what only this object holds (``with area:`` calls it on exit)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DiskStaging:
+    """Staging files under ``root`` (the partial directory); picklable, for tasks in any process."""
+
+    root: str
+    in_memory = False
+
+    def put(self, index: int, rows: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
+        data = np.ascontiguousarray(rows).data.cast("B")
+        atomic_write_bytes(Path(self.root) / staging_file(index), data, sync=False)  # redone if damaged
+        clock.lap("write")
+        record = scratch_record(data)
+        clock.lap("checksum")
+        return {staging_file(index): record}
+
+    def read(self, index: int, lo: int, out: np.ndarray) -> None:
+        """One ``preadv`` of the rows from the image's staging file."""
+        path = Path(self.root) / staging_file(index)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [out.data.cast("B")], lo * out[:1].nbytes)
+        finally:
+            os.close(fd)
+        if got != out.nbytes:
+            raise SourceError(
+                f"{path}: staging file truncated: expected {out.nbytes} bytes at row {lo}, got {got}"
+            )
+
+    def close(self) -> None:
+        """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
+
+    def __enter__(self) -> DiskStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MemoryStaging:
+    """Staged rows in this process's memory, dropped by :meth:`close` (or with the object).
+
+    A rerun after a crash decodes every image again (finished shards are still skipped: their task
+    records do not depend on staging).
+    """
+
+    in_memory = True
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label  # the partial directory, for error messages
+        self._rows: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def put(self, index: int, rows: np.ndarray, clock: PhaseClock) -> dict[str, Any]:
+        with self._lock:
+            self._rows[index] = np.ascontiguousarray(rows)
+        clock.lap("write")
+        return {}
+
+    def read(self, index: int, lo: int, out: np.ndarray) -> None:
+        staged = self._rows.get(index)
+        if staged is None:
+            raise SourceError(f"{self.label}: image {index} is not staged in memory")
+        out[...] = staged[lo : lo + len(out)]
+
+    def close(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+    def __enter__(self) -> MemoryStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
+
+
+class MergeBuffers:
+    """Per-thread reusable uint32 buffers for ``raykit.store.order.merge_into``'s ``alloc``.
+
+    The arrays ``alloc_for(field)`` allocates alias this thread's buffers for ``field``: valid until the
+    same thread merges that field again (a shard task has encoded and written them by then).
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def alloc_for(self, field: str) -> Callable[[str, tuple[int, ...]], np.ndarray]:
+        buffers: dict[str, np.ndarray] = self._local.__dict__.setdefault("buffers", {})
+
+        def alloc(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            numel, key = math.prod(shape), f"{field}:{name}"
+            buffer = buffers.get(key)
+            if buffer is None or len(buffer) < numel:
+                buffer = buffers[key] = np.empty(numel, dtype=np.uint32)
+            return buffer[:numel].reshape(shape)
+
+        return alloc
+
+    def __reduce__(self) -> Any:
+        return (_worker_buffers, ())  # a worker process reuses its own buffers across its tasks
+
+
+_WORKER_BUFFERS: MergeBuffers | None = None
+
+
+def _worker_buffers() -> MergeBuffers:
+    """The buffers of a worker process that received a job (one per process, freed with it)."""
+    global _WORKER_BUFFERS
+    if _WORKER_BUFFERS is None:
+        _WORKER_BUFFERS = MergeBuffers()
+    return _WORKER_BUFFERS
+
+
+def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
+    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
+    return {"size": len(data), "crc32": zlib.crc32(data)}

@@ -1,0 +1,157 @@
+"""The loader's stages on a real store: each stage's own state resumes it exactly; LoaderConfig; the
+strategy seam; states in the format saved before the stages existed still resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from raykit.errors import ConfigError
+from raykit.loaders import LoaderConfig, RayLoader
+from raykit.loaders import strategies as strategies_module
+from raykit.loaders.cache import ChunkCache
+from raykit.loaders.chunked import ChunkWindows, WindowGroups, chunk_groups
+from raykit.loaders.plan import SamplingPlan
+from raykit.loaders.source import as_source
+from raykit.loaders.stages import StageTimes, StrategyInputs
+from raykit.loaders.strategies import layout_kind, strategy_for
+from raykit.loaders.workers import ChunkFetcher
+
+
+def _stages(store: Any, batch_size: int = 100, group_rays: int = 300) -> tuple[WindowGroups, ChunkFetcher]:
+    source = as_source(store, "train", None)
+    plan = SamplingPlan(source.n_rays, source.chunk_rays, batch_size, 5, True, True, 2, 1, 0, 1)
+    fetcher = ChunkFetcher(source, ChunkCache(1 << 24), 0, 4)
+    times = StageTimes({})
+    return chunk_groups(StrategyInputs(source, plan, lambda: fetcher, times, group_rays)), fetcher
+
+
+def _window_pids(windows: ChunkWindows, n: int) -> list[np.ndarray]:
+    return [w.take(0, len(w.pid)).pid.copy() for _, w in zip(range(n), windows, strict=False)]
+
+
+def test_chunk_windows_resume_from_their_own_state(stores: dict[str, Any]) -> None:
+    groups, fetcher = _stages(stores["zarr"])
+    windows = groups.windows
+    windows.load_state_dict({"epoch": 1, "window": 0})
+    everything = _window_pids(windows, 4)
+    assert len(everything) >= 3
+    windows.load_state_dict({"epoch": 1, "window": 0})
+    head = _window_pids(windows, 2)
+    state = json.loads(json.dumps(windows.state_dict()))
+    assert state == {"epoch": 1, "window": 2}
+    again, fetcher2 = _stages(stores["zarr"])
+    again.windows.load_state_dict(state)
+    tail = _window_pids(again.windows, len(everything) - 2)
+    for a, b in zip(head + tail, everything, strict=True):
+        np.testing.assert_array_equal(a, b)
+    fetcher.close()
+    fetcher2.close()
+
+
+def _batch_pids(groups: Any) -> list[np.ndarray]:
+    """Every batch's pids, group by group (a resumed stage's first batch goes alone: groups may be
+    cut differently, batches are not)."""
+    out = []
+    for group in groups:
+        pid = group.gather().pid
+        out += [pid[lo:hi].copy() for lo, hi in group.bounds]
+    return out
+
+
+def test_window_groups_resume_from_their_own_state(stores: dict[str, Any]) -> None:
+    groups, fetcher = _stages(stores["wds"])
+    groups.load_state_dict({"epoch": 2, "batch": 0})
+    first = next(iter(groups))
+    assert first.first == 0 and len(first.bounds) == 1  # the first batch goes alone
+    groups.load_state_dict({"epoch": 2, "batch": 0})
+    whole = _batch_pids(groups)
+    assert len(whole) == groups.plan.n_batches
+    groups.load_state_dict({"epoch": 2, "batch": 0})
+    iterator = iter(groups)
+    head = [next(iterator), next(iterator)]
+    state = json.loads(json.dumps(groups.state_dict()))
+    assert state == {"epoch": 2, "batch": head[-1].stop}
+    resumed, fetcher2 = _stages(stores["wds"])
+    resumed.load_state_dict(state)
+    rest = _batch_pids(resumed)
+    assert len(rest) == len(whole) - state["batch"]
+    for a, b in zip(rest, whole[state["batch"] :], strict=True):
+        np.testing.assert_array_equal(a, b)
+    fetcher.close()
+    fetcher2.close()
+
+
+def test_loader_config_equals_keywords(stores: dict[str, Any]) -> None:
+    config = LoaderConfig(batch_size=64, seed=3, mix_chunks=2, group_rays=256)
+    by_config = RayLoader(stores["zarr"], make_batch=lambda raw: raw, config=config)
+    by_keywords = RayLoader(
+        stores["zarr"], "train", 64, 3, mix_chunks=2, group_rays=256, make_batch=lambda r: r
+    )
+    assert by_config.config == by_keywords.config == config
+    assert by_config.state_dict() == by_keywords.state_dict()
+    for a, b in zip(by_config, by_keywords, strict=True):
+        np.testing.assert_array_equal(a.pid, b.pid)
+    by_config.close()
+    by_keywords.close()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 4  # type: ignore[misc]
+
+
+def test_loader_config_errors_name_the_options(stores: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"batch_size: expected an integer >= 1, got 0.*prefetch"):
+        LoaderConfig(batch_size=0, prefetch=0)
+    with pytest.raises(ConfigError, match=r"both as config= and as keywords \(batch_size, seed\)"):
+        RayLoader(stores["zarr"], batch_size=8, seed=1, config=LoaderConfig())
+    with pytest.raises(ConfigError, match="config: expected a LoaderConfig, got dict"):
+        RayLoader(stores["zarr"], config={"batch_size": 8})  # type: ignore[arg-type]
+    assert LoaderConfig().replace(seed=2).changed() == ["seed"]
+
+
+def test_state_saved_in_the_old_format_resumes(stores: dict[str, Any]) -> None:
+    """A state written literally in the version-1 format (as loaders before the stages saved it)."""
+    store = stores["zarr"]
+    reference = RayLoader(store, "train", batch_size=100, seed=7, make_batch=lambda raw: raw)
+    expected = [b.pid.copy() for b in reference][5:]
+    old = {
+        "version": 1, "split": "train", "fingerprint": store.fingerprint, "epoch": 0, "batch": 5,
+        "n_batches": len(reference), "n_rays": store.splits["train"].n_rays,
+        "chunk_rays": store.splits["train"].chunk_rays, "seed": 7, "shuffle": True, "mix_chunks": 8,
+        "mix_run": reference.plan.mix_run, "world_size": 1, "batch_size": 100, "drop_last": True,
+    }  # fmt: skip
+    assert set(old) == set(reference.state_dict())
+    resumed = RayLoader(store, "train", batch_size=100, seed=7, make_batch=lambda raw: raw)
+    resumed.load_state_dict(old)
+    got = [b.pid.copy() for b in resumed]
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    reference.close()
+    resumed.close()
+
+
+def test_the_loader_takes_its_strategy_from_the_layout_kind(
+    stores: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = stores["zarr"]
+    assert layout_kind(store) == "rays" and strategy_for(store) is chunk_groups
+    built: list[StrategyInputs] = []
+
+    def counting(inputs: StrategyInputs) -> WindowGroups:
+        built.append(inputs)
+        return chunk_groups(inputs)
+
+    monkeypatch.setitem(strategies_module.STRATEGIES, "rays", counting)
+    with RayLoader(store, batch_size=100, make_batch=lambda raw: raw) as loader:
+        assert sum(1 for _ in loader) == len(loader)
+    assert len(built) == 1 and built[0].plan is loader.plan
+
+    class ImagesStore:
+        url = "mem://images"
+        manifest: ClassVar[dict[str, Any]] = {"layout": {"kind": "images"}}
+
+    with pytest.raises(ConfigError, match="mem://images: no loading strategy for layout kind 'images'"):
+        strategy_for(ImagesStore())
