@@ -4,6 +4,9 @@ Opening reads ``manifest.json`` and checks the small metadata files (camera tabl
 metadata) against their recorded SHA-256. Every chunk read checks the CRC-32 of the decoded rays and,
 on first use of a payload file, its size; so corruption raises a ``StoreCorruptError`` naming the file
 instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
+
+Length (about 420 lines): opening, checks, chunk reads (stored or derived pids) and the per-image
+reads share the store's parsed metadata; splitting them would only pass it around.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Three phases, all in ``<dst>.partial/`` beside ``dst``:
 A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
 bytes do not depend on the executor or the number of workers.
 
-Length (about 460 lines): the three phases, resume, commit and ``copy_store`` share the payload
+Length (about 510 lines): the three phases, resume, commit and ``copy_store`` share the payload
 and task records; planning lives in ``plan.py``, timing in ``phases.py``, staging in ``staging.py``.
 """
 
