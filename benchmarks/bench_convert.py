@@ -17,10 +17,15 @@ then measures:
   wall time);
 * ``compression_ceiling_single_worker``: the best single-worker rate if decoding and compressing
   (measured in the 1-worker run) were the only work: the bound the store's compression sets;
-* ``photo_noise``: all of the above again for the same views with seeded Gaussian noise (``--noise``
-  sigma, default 2 levels) on RGB, written once to ``benchmarks/data/convert-<size>-<seed>-noise2``.
-  The rendered scene's PNGs hold 0.15 bytes/pixel (flat shading) and decode unusually fast;
-  with sensor-like noise they hold about 1.4, like photographs, and decode about 2.5x slower.
+* ``photo_noise``: all of the above again for a photo-like variant of the same views: composited
+  over a white background (photographs have no alpha, so the store holds ``rgb``) with seeded
+  Gaussian noise (``--noise`` sigma, default 2 levels), written once as RGB PNGs to
+  ``benchmarks/data/convert-<size>-<seed>-photo2``. The rendered scene's PNGs hold 0.15 bytes/pixel
+  (flat shading) and decode unusually fast; with sensor-like noise they hold about 1.4, like
+  photographs, and decode about 2.5x slower.
+
+Each conversion also records the store's bytes per ray (in all and per field) and its ratio to the
+source PNG bytes (``store_to_source``).
 
 Target: per worker, conversion at least 0.8x the decode rate (conversion is decode-bound). Both
 "per worker" (per process) and "per core" (per thread) ratios are reported.
@@ -72,9 +77,10 @@ def build_capture(size: str, seed: int, workers: int) -> Path:
 
 
 def build_noisy_capture(src: Path, sigma: float, seed: int) -> Path:
-    """``src`` with seeded Gaussian noise (``sigma`` levels, rounded) added to every RGB value, alpha
-    kept: photo-like PNG entropy (sensor noise) on the same views and poses (reused when there)."""
-    path = src.with_name(f"{src.name}-noise{sigma:g}")
+    """``src`` composited over white (straight alpha: ``rgb a + 255 (1 - a)``), with seeded Gaussian
+    noise (``sigma`` levels, rounded) added to every RGB value, saved as RGB: photo-like PNGs (no
+    alpha, sensor noise) on the same views and poses (reused when there)."""
+    path = src.with_name(f"{src.name}-photo{sigma:g}")
     if (path / "transforms_test.json").exists():
         return path
     tmp = path.with_name(path.name + ".tmp")
@@ -83,26 +89,32 @@ def build_noisy_capture(src: Path, sigma: float, seed: int) -> Path:
     rng = np.random.default_rng([seed, 0x6E6F6973])
     for png in sorted(tmp.glob("*/r_*.png")):
         with Image.open(png) as img:
-            pixels = np.asarray(img).astype(np.int16)
-        noise = np.rint(rng.normal(0.0, sigma, pixels[..., :3].shape)).astype(np.int16)
-        pixels[..., :3] = np.clip(pixels[..., :3] + noise, 0, 255)
-        Image.fromarray(pixels.astype(np.uint8)).save(png)
+            rgba = np.asarray(img.convert("RGBA")).astype(np.float64)
+        alpha = rgba[..., 3:] / 255.0
+        rgb = rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)
+        noise = rng.normal(0.0, sigma, rgb.shape)
+        pixels = np.clip(np.rint(rgb + noise), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels, mode="RGB").save(png)
     tmp.rename(path)
     return path
 
 
-def measure_capture(src: Path, repeats: int) -> dict[str, Any]:
+def measure_capture(src: Path, repeats: int, quick: bool = False) -> dict[str, Any]:
     """Decode rate, the converter's own work and the three conversions of the capture at ``src``."""
     images = sorted(src.glob("*/r_*.png"))
     decode = decode_rate(images, repeats)
     own = converter_side(src, decode["megapixels"], repeats)
-    runs = [timed_convert(src, w, decode["megapixels"], t) for w, t in ((1, 1), (1, 2), (2, 1))]
-    runs.append(running_cluster_convert(src, 2, decode["megapixels"]))
-    zstd = timed_convert(src, 1, decode["megapixels"], 2, rgba_codec="zstd")  # the smaller-store option
+    png_bytes = sum(p.stat().st_size for p in images)
+    layouts = ((1, 1), (1, 2)) if quick else ((1, 1), (1, 2), (2, 1))
+    runs = [timed_convert(src, w, decode["megapixels"], t, png_bytes=png_bytes) for w, t in layouts]
+    if not quick:
+        runs.append(running_cluster_convert(src, 2, decode["megapixels"], png_bytes))
+    zstd = timed_convert(src, 1, decode["megapixels"], 2, rgba_codec="zstd", png_bytes=png_bytes)
     return {
         "images": len(images),
         "megapixels": decode["megapixels"],
-        "png_bytes_per_pixel": sum(p.stat().st_size for p in images) / (decode["megapixels"] * 1e6),
+        "png_bytes": png_bytes,
+        "png_bytes_per_pixel": png_bytes / (decode["megapixels"] * 1e6),
         "decode_single_core": decode,
         "converter_side_single_core": own,
         "converter_side_ratio_vs_decode": own["mp_per_s"] / decode["mp_per_s"],
@@ -162,10 +174,13 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
 
 
 def bytes_per_ray(root: Path, store: Any) -> dict[str, float]:
-    """Bytes per ray of each zarr array of the store at ``root`` (``{split}/{field}``)."""
+    """Bytes per ray of each zarr array of the store at ``root`` (``{split}/{field}``; format 3 stores
+    no pid arrays)."""
     out = {}
     for split, info in store.splits.items():
         for field in store.fields:
+            if not (root / "zarr" / split / field).exists():
+                continue
             files = (root / "zarr" / split / field).rglob("*")
             out[f"{split}/{field}"] = sum(p.stat().st_size for p in files if p.is_file()) / info.n_rays
     return out
@@ -178,6 +193,7 @@ def timed_convert(
     threads: int = 1,
     scheduler: str | None = None,
     rgba_codec: str | None = None,
+    png_bytes: int = 0,
 ) -> dict[str, Any]:
     """One conversion; ``scheduler``: on that running Dask cluster (of ``workers`` x ``threads``)."""
     options: dict[str, Any] = (
@@ -190,6 +206,7 @@ def timed_convert(
         size = sum(p.stat().st_size for p in (Path(tmp) / "store.zarr").rglob("*") if p.is_file())
         by_field = bytes_per_ray(Path(tmp) / "store.zarr", store)
         fingerprint = store.fingerprint
+        n_rays = sum(info.n_rays for info in store.splits.values())
     rate = megapixels / seconds
     return {
         "workers": workers,
@@ -201,6 +218,9 @@ def timed_convert(
         "mp_per_s_per_worker": rate / workers,
         "mp_per_s_per_core": rate / (workers * threads),
         "store_bytes": size,
+        "store_bytes_per_ray": size / n_rays,
+        "store_to_source": size / png_bytes if png_bytes else None,
+        "format_version": store.manifest["format_version"],
         "store_bytes_per_ray_by_field": by_field,
         "fingerprint": fingerprint,
         "phases_s": breakdown(phases, seconds),
@@ -237,14 +257,16 @@ def converter_side(src: Path, megapixels: float, repeats: int) -> dict[str, floa
     return {"seconds": seconds, "parse_and_probe_s": probe, "load_s": best, "mp_per_s": megapixels / seconds}
 
 
-def running_cluster_convert(src: Path, workers: int, megapixels: float) -> dict[str, Any]:
+def running_cluster_convert(src: Path, workers: int, megapixels: float, png_bytes: int = 0) -> dict[str, Any]:
     """A conversion on an already running local Dask cluster of ``workers`` single-threaded processes
     (``--scheduler``): the same work as ``workers`` x 1 without the cluster's start-up."""
     from dask.distributed import LocalCluster
 
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
                       silence_logs=logging.CRITICAL) as cluster:  # fmt: skip
-        return timed_convert(src, workers, megapixels, 1, scheduler=cluster.scheduler_address)
+        return timed_convert(
+            src, workers, megapixels, 1, scheduler=cluster.scheduler_address, png_bytes=png_bytes
+        )
 
 
 def cluster_startup(workers: int) -> float:
@@ -268,15 +290,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="decode passes (best is kept)")
     parser.add_argument("--noise", type=float, default=2.0, help="sigma of the photo-like variant (0: skip)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "convert.json")
+    parser.add_argument(
+        "--quick", action="store_true", help="only 1x1 and 1x2 (and zstd) conversions: no Dask runs"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    load_start = os.getloadavg()[0]
     src = build_capture(args.size, args.seed, args.render_workers)
-    main_scene = measure_capture(src, args.repeats)
+    main_scene = measure_capture(src, args.repeats, args.quick)
     noisy = None
     if args.noise > 0:
         noisy_src = build_noisy_capture(src, args.noise, args.seed)
-        noisy = {"noise_sigma": args.noise, **measure_capture(noisy_src, args.repeats)}
-    startup = cluster_startup(2)
+        noisy = {"noise_sigma": args.noise, **measure_capture(noisy_src, args.repeats, args.quick)}
+    startup = None if args.quick else cluster_startup(2)
     result = {
         "benchmark": "convert",
         "command": command_line(),
@@ -289,6 +315,7 @@ def main() -> None:
         },
         "machine": {
             **describe(),
+            "loadavg_1m_at_start": load_start,
             "loadavg_1m_at_end": os.getloadavg()[0],
         },
         **{k: v for k, v in main_scene.items() if k not in ("images", "megapixels", "png_bytes_per_pixel")},

@@ -8,7 +8,11 @@ to a Zarr store under ``benchmarks/data/loader-realistic-0/``. Batch 4096, CPU, 
   each case in its own subprocess so that its peak RSS is its own. Time to first batch counts from a
   closed store (``open_store`` + ``RayLoader`` + first batch); steady state is measured in epoch 1,
   after epoch 0 filled the cache. Host bytes per cached ray: cache bytes / cached rays, and the RSS
-  growth over epoch 0 / rays. The "4x" case gives the cache a quarter of the split's decoded size.
+  growth over epoch 0 / rays. The "4x" case gives the cache a budget of a quarter of the split at
+  8 bytes per ray (what a format-2 store's chunks held: colours and pids); a format-3 store's chunks
+  hold colours only (4 bytes per ray with alpha, 3 without), so the same budget holds twice as many
+  rays. ``raykit_store_4x_cache_stored_pids`` runs the same budget on a ``--with-pids`` copy of the
+  store (8 bytes per cached ray, as before format 3) for comparison.
 * baseline ``a`` (vanilla NeRF): decode every PNG to float32, generate every ray, keep
   origins+directions+rgba (40 B/ray), reshuffle the whole array each epoch and slice batches; the
   reshuffle is amortised into its rays/s.
@@ -72,10 +76,25 @@ def build_capture(size: str, seed: int) -> Path:
 
 def build_store(capture: Path, size: str, seed: int) -> Path:
     from raykit.converters import convert
+    from raykit.store import open_store
 
     path = ROOT / "data" / f"loader-{size}-{seed}" / "store.zarr"
+    if (path / "manifest.json").exists() and open_store(path).manifest["format_version"] < 3:
+        shutil.rmtree(path)  # made before format 3: convert again
     if not (path / "manifest.json").exists():
         convert(capture, path)
+    return path
+
+
+def build_stored_pids_copy(store: Path) -> Path:
+    """A ``--with-pids`` copy of ``store`` (its chunks hold pids too, as before format 3)."""
+    from raykit.store import open_store
+    from raykit.store.writer import copy_store
+
+    path = store.with_name("store-with-pids.zarr")
+    if (path / "manifest.json").exists() and open_store(path).fingerprint == open_store(store).fingerprint:
+        return path
+    copy_store(store, path, backend="zarr", with_pids=True, overwrite=True)
     return path
 
 
@@ -124,6 +143,7 @@ def raykit_case(
     rss_after = _rss()
     stats = loader.cache_stats()
     cached_rays = stats.items * store.splits["train"].chunk_rays
+    n_rays = store.splits["train"].n_rays
     rays = 0
     start = time.perf_counter()
     for _, batch in zip(range(batches), iter(loader), strict=False):
@@ -142,6 +162,9 @@ def raykit_case(
         "steady_batches": batches,
         "cache": stats.to_dict(),
         "host_bytes_per_cached_ray": stats.bytes / max(cached_rays, 1),
+        "cached_fraction_of_split": min(cached_rays, n_rays) / n_rays,
+        "store_format_version": store.manifest["format_version"],
+        "train_pids": store.splits["train"].pids,
         "rss_growth_per_cached_ray": (rss_after - rss_before) / max(cached_rays, 1),
         "rss_start_bytes": rss_start,
         "peak_rss_bytes": _peak_rss(),
@@ -180,6 +203,7 @@ def main() -> None:
     parser.add_argument(
         "--cuda", action="store_true", help="only the CUDA path: rays generated on the GPU, batch 2^18"
     )
+    parser.add_argument("--only-raykit", action="store_true", help="skip the baselines (a), (b), (b')")
     parser.add_argument(
         "--case", nargs=3, metavar=("STORE", "CACHE_BYTES", "BATCHES"), help=argparse.SUPPRESS
     )
@@ -209,6 +233,17 @@ def main() -> None:
         return
     cached = run_raykit_case(store_path, 2 * split_bytes, args.batches)
     bounded = run_raykit_case(store_path, split_bytes // 4, args.batches)
+    bounded_pids = run_raykit_case(build_stored_pids_copy(store_path), split_bytes // 4, args.batches)
+    if args.only_raykit:
+        _write(args.out or ROOT / "results" / "loader_format3.json", {
+            "benchmark": "loader-raykit-only", "command": command_line(), "batch_size": BATCH,
+            "train_rays": store.splits["train"].n_rays, "raykit": cached, "raykit_store_4x_cache": bounded,
+            "raykit_store_4x_cache_stored_pids": bounded_pids,
+            "machine": {**describe(torch.get_num_threads()), "torch": torch.__version__,
+                        "loadavg_1m_at_start_and_end": [load_start, os.getloadavg()[0]]},
+            "wall_s": time.perf_counter() - started,
+        })  # fmt: skip
+        return
     a = run_baseline(baseline_precomputed_rays, store, capture, args.batches)
     b = run_baseline(baseline_cached_images, store, capture, args.batches, rays="nerfstudio")
     b_raykit = run_baseline(baseline_cached_images, store, capture, args.batches, rays="raykit")
@@ -225,6 +260,7 @@ def main() -> None:
         "batch_size": BATCH,
         "raykit": cached,
         "raykit_store_4x_cache": bounded,
+        "raykit_store_4x_cache_stored_pids": bounded_pids,
         "baseline_a_precomputed_rays": a,
         "baseline_b_cached_images": b,
         "baseline_b_cached_images_raykit_rays": b_raykit,

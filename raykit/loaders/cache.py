@@ -1,8 +1,9 @@
 """Caches: a bounded LRU of decoded chunks (in memory) and a shared on-disk cache of fetched files.
 
-``ChunkCache`` holds decoded chunks (``RawRays``-like objects with numpy arrays) up to a budget in
-bytes and counts hits, misses and evictions. ``DiskCache`` keeps local copies of remote files in a
-directory that several worker processes share; each file is written under a temporary name and renamed
+``ChunkCache`` holds decoded chunks (``RawRays``-like objects with numpy arrays; from a format-3
+store, colours only) up to a budget in bytes and counts hits, misses and evictions. ``DiskCache``
+keeps local copies of remote files in a directory that several worker processes share; each file is
+written under a temporary name and renamed
 (``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
 """
 
@@ -25,8 +26,9 @@ T = TypeVar("T")
 
 
 def nbytes_of(value: Any) -> int:
-    """Bytes held by ``value``: ``.nbytes`` of an array, or the sum over a dataclass's array fields
-    (and the arrays of its dict fields)."""
+    """Bytes held by ``value``: its ``.nbytes`` (an array; a format-3 chunk, ``DerivedRays``, whose
+    pids are derived and not held: colours only, 3-4 bytes per ray), or the sum over a dataclass's
+    array fields (and the arrays of its dict fields)."""
     if hasattr(value, "nbytes"):
         return int(value.nbytes)
     fields = getattr(value, "__dataclass_fields__", None)

@@ -75,10 +75,30 @@ def payload_layout(rgba_codec: str, zstd_level: int) -> dict[str, Any]:
 @dataclass(frozen=True)
 class PayloadSpec:
     """What a backend needs to know about a payload besides its rays: the fields (name -> spec, in
-    stored order) and the manifest's ``layout`` (chunk and shard sizes, codec settings)."""
+    stored order), the manifest's ``layout`` (chunk and shard sizes, codec settings) and which fields
+    each split stores (``stored``: split name -> field names; a split not named stores every field; a
+    format-3 split with derived pids stores no ``pid``)."""
 
     fields: Mapping[str, FieldSpec]
     layout: Mapping[str, Any]
+    stored: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def fields_of(self, split: str) -> dict[str, FieldSpec]:
+        """The fields split ``split`` stores, name -> spec, in stored order."""
+        names = self.stored.get(split)
+        return dict(self.fields) if names is None else {k: v for k, v in self.fields.items() if k in names}
+
+    @classmethod
+    def of(
+        cls, fields: Mapping[str, FieldSpec], layout: Mapping[str, Any], splits: Mapping[str, SplitInfo]
+    ) -> PayloadSpec:
+        """The spec of a payload whose splits are ``splits`` (``SplitInfo.pids`` says whether a split
+        stores its pids)."""
+        stored = {
+            name: tuple(k for k in fields if k != "pid" or info.pids == "stored")
+            for name, info in splits.items()
+        }
+        return cls(fields, layout, stored)
 
     @property
     def shard_chunks(self) -> int:

@@ -35,7 +35,8 @@ def register(subparsers: Any) -> None:
     copy = subparsers.add_parser(
         "copy",
         help="copy a store to another backend",
-        description="Copy a store; the copy has identical logical content and content fingerprint.",
+        description="Copy a store; the copy has identical logical content and content fingerprint "
+        "(with or without --with-pids).",
     )
     copy.add_argument("src", help="source store path or URL")
     copy.add_argument("dst", help="destination directory")
@@ -45,6 +46,12 @@ def register(subparsers: Any) -> None:
     )
     copy.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     copy.add_argument("--progress", action="store_true", help="show a progress bar")
+    copy.add_argument(
+        "--with-pids",
+        action="store_true",
+        help="store every split's pixel ids explicitly (format 3 derives them from the split's order; "
+        "for readers that want them)",
+    )
     copy.set_defaults(func=_copy)
 
 
@@ -59,10 +66,13 @@ def _info(args: argparse.Namespace) -> int:
         order = "shuffled" if split["shuffled"] else "image order"
         if split.get("layout") == "images":
             order = "images layout: encoded images, shuffled at load time"
+        pids = split.get("pids", "stored")
         print(
             f"split       {name}: {split['n_images']} images, {split['n_rays']} rays, "
-            f"{split['n_chunks']} chunks ({order})"
+            f"{split['n_chunks']} chunks ({order}; pids {pids})"
         )
+        per_field = ", ".join(f"{k} {v:.3f}" for k, v in summary["split_bytes_per_ray"][name].items())
+        print(f"            bytes/ray {per_field}")
     cams = summary["cameras"]
     print(
         f"cameras     {cams['n_cameras']} ({', '.join(cams['models'])}; {', '.join(cams['sizes'])}), "
@@ -85,7 +95,15 @@ def _info(args: argparse.Namespace) -> int:
             f"mean track length {points['mean_track_length']:.2f}"
         )
     print(f"size        {summary['bytes_on_disk']} bytes on disk")
-    print(f"bytes/ray   {summary['bytes_per_ray']:.3f} (payload)")
+    by_field = ", ".join(f"{k} {v:.3f}" for k, v in summary["bytes_per_ray_by_field"].items())
+    print(f"bytes/ray   {summary['bytes_per_ray']:.3f} (payload: {by_field})")
+    if summary["store_to_source"] is None:
+        print("source      image bytes unknown (not recorded, source files not found)")
+    else:
+        print(
+            f"source      {summary['source_image_bytes']} bytes of images; store/source "
+            f"{summary['store_to_source']:.2f}x"
+        )
     return 0
 
 
@@ -107,6 +125,7 @@ def _copy(args: argparse.Namespace) -> int:
     store = copy_store(
         args.src, args.dst, backend=args.format, progress=args.progress, overwrite=args.overwrite,
         layout=args.layout,
+        with_pids=args.with_pids,
     )  # fmt: skip
     print(f"{store.url}: {store.backend} copy, content fingerprint {store.fingerprint}")
     return 0

@@ -310,7 +310,7 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
     encoded = _run(encode_image_task, jobs, executor)
     layout = {**layout, **image_chunking(ordered, encoded)}
     channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
-    infos = {k: SplitInfo(k, v.n_rays, v.n_images, chunk_rays, False, v.pid_start)
+    infos = {k: SplitInfo(k, v.n_rays, v.n_images, chunk_rays, False, v.pid_start, "derived", IMAGES_LAYOUT)
              for k, v in split_infos(ordered, chunk_rays).items()}  # fmt: skip
     table = build_camera_table(ordered, [e["channels"] == 4 for e in encoded],
                                [e["source_sha256"] for e in encoded], set())  # fmt: skip
@@ -386,7 +386,8 @@ def _manifest(backend: str, layout: Mapping[str, Any], source: Mapping[str, Any]
               points: SparsePoints | None) -> dict[str, Any]:  # fmt: skip
     from raykit import __version__
 
-    splits = {k: {**v.to_dict(), "layout": IMAGES_LAYOUT} for k, v in infos.items()}
+    splits = {k: v.to_dict() for k, v in infos.items()}
+    hashed = {k: v.fingerprint_dict() for k, v in infos.items()}
     fields = {spec.name: spec.to_dict() for spec in field_specs(channels, None)}
     crcs = {k: v["crc32c"] for k, v in index.items()}
     manifest: dict[str, Any] = {
@@ -402,7 +403,7 @@ def _manifest(backend: str, layout: Mapping[str, Any], source: Mapping[str, Any]
         "n_images": table.num_rows,
         "files": dict(sorted(files.items())),
         **({"points": points_entry(points)} if points is not None else {}),
-        "content_fingerprint": content_fingerprint(table, scene.to_dict(), splits, fields, crcs),
+        "content_fingerprint": content_fingerprint(table, scene.to_dict(), hashed, fields, crcs),
     }
     manifest["manifest_digest"] = json_digest(manifest)
     return manifest

@@ -15,6 +15,12 @@ pixels of an image land in which chunk is uniformly random. When the split's ima
 size the merge is a round robin over images, which a shard builds as the (blocked) transpose of an
 (images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys.
 ``_split_pids_reference`` builds the order the slow way (the tests' oracle).
+
+Length (about 410 lines): the definition, its fast writer-side merge, the read-side ``SplitOrder``
+(numpy and torch) and the slow twin must agree exactly, so they stay together.
+
+Format 3 stores no pids for such a split: ``SplitOrder`` derives the pids of any ray range from this
+definition at read time (``pids``: vectorised numpy; ``pids_torch``: the same on any torch device).
 """
 
 from __future__ import annotations
@@ -23,13 +29,19 @@ import functools
 import heapq
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "TRAIN_ORDER",
+    "SplitOrder",
     "base_permutation",
     "image_order",
     "image_rotation",
@@ -37,6 +49,7 @@ __all__ = [
     "merge_into",
     "merge_runs",
     "order_run",
+    "shared_order",
 ]
 
 TRAIN_ORDER = "rotated-permutation+merge/2"  # names this definition in writer plans
@@ -227,3 +240,173 @@ def _split_pids_reference(
         out.append(offsets[j] + orders[j][taken[j]])
         taken[j] += 1
     return np.asarray(out, dtype=np.uint32)
+
+
+@dataclass(frozen=True)
+class SplitOrder:
+    """The pids of one split in store order, derived instead of read (format 3).
+
+    A shuffled split follows the train order above; an unshuffled (evaluation) split holds its images
+    one after another in row-major order, so its ray ``p`` is pid ``pid_start + p``. Small and
+    picklable (a chunk carries it to worker processes); the base permutations it needs are built on
+    first use and kept per instance: 12 bytes per pixel of every distinct image size of the split
+    (``base_n``, and twice over for the equal-size fast path: each image's run is one slice of it).
+
+    Attributes:
+        seed: the train order's seed (the store layout's ``seed``).
+        split: the split's name (it seeds the order).
+        shuffled: whether the split is shuffled.
+        images: (I,) table indices of the split's images, ascending; sizes: their ``W * H``;
+            offsets: their first pids (``pixel_offset``).
+    """
+
+    seed: int
+    split: str
+    shuffled: bool
+    images: tuple[int, ...]
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    _bases: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as its definition; unpickling returns this process's shared instance of it
+        (``shared_order``), so chunks sent by worker processes share one set of bases."""
+        return shared_order, (self.seed, self.split, self.shuffled, self.images, self.sizes, self.offsets)
+
+    @property
+    def n_rays(self) -> int:
+        return sum(self.sizes)
+
+    def _base(self, n: int) -> np.ndarray:
+        base = self._bases.get(n)
+        if base is None:
+            base = self._bases[n] = base_permutation(self.seed, self.split, n)
+        return base
+
+    def _doubled(self, n: int) -> np.ndarray:
+        """``base_n`` twice over: indexed by ``rank + s_i < 2 n`` with no modulo (a third faster)."""
+        key = ("doubled", n)
+        if key not in self._bases:
+            self._bases[key] = np.concatenate([self._base(n), self._base(n)])
+        doubled: np.ndarray = self._bases[key]
+        return doubled
+
+    def _rotations(self) -> np.ndarray:
+        key = "rotations"
+        if key not in self._bases:
+            self._bases[key] = np.array(
+                [
+                    image_rotation(self.seed, self.split, i, n)
+                    for i, n in zip(self.images, self.sizes, strict=True)
+                ],
+                dtype=np.int64,
+            )
+        rotations: np.ndarray = self._bases[key]
+        return rotations
+
+    def _check(self, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= self.n_rays:
+            raise IndexError(f"split {self.split!r}: rays [{start}, {stop}) outside [0, {self.n_rays}]")
+
+    def pids(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start,) uint32 pids of rays ``[start, stop)`` of the split, in store order."""
+        self._check(start, stop)
+        if not self.shuffled:
+            return np.arange(start, stop, dtype=np.int64).astype(np.uint32) + np.uint32(self.offsets[0])
+        if start == stop:
+            return np.zeros(0, dtype=np.uint32)
+        images = len(self.sizes)
+        if len(set(self.sizes)) == 1:
+            # Round robin: ray p is rank p // I of image p % I, pixel base[(rank + s_i) mod n].
+            n = self.sizes[0]
+            r0, r1 = start // images, -(-stop // images)
+            # Image i's ranks r0..r1 are the contiguous run doubled[r0 + s_i : r1 + s_i]: copy the runs as
+            # rows (sequential reads), then transpose them into merge order, adding each image's offset.
+            runs = sliding_window_view(self._doubled(n), r1 - r0)[r0 + self._rotations()]  # (images, ranks)
+            grid = np.empty((r1 - r0, images), dtype=np.uint32)
+            np.add(runs.T, np.asarray(self.offsets, dtype=np.uint32)[None, :], out=grid)
+            offset = start - r0 * images
+            return grid.reshape(-1)[offset : offset + stop - start]
+        lo, hi = merge_counts(self.sizes, start), merge_counts(self.sizes, stop)
+        rotations = self._rotations()
+
+        def fill(j: int, out: np.ndarray) -> None:
+            n = self.sizes[j]
+            a = (lo[j] + int(rotations[j])) % n
+            run = self._base(n)[a : a + hi[j] - lo[j]]
+            if len(run) < len(out):
+                run = np.concatenate([run, self._base(n)[: len(out) - len(run)]])
+            np.add(run, np.uint32(self.offsets[j]), out=out)
+
+        return merge_into(fill, np.uint32, self.sizes, lo, hi, start, stop)
+
+    def pids_torch(self, start: int, stop: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``pids`` computed by torch on ``device`` (e.g. CUDA): (stop - start,) int64.
+
+        The same values as ``pids`` (tested); images of mixed sizes whose merge keys need exact
+        fractions (``_EXACT_FLOAT_PIXELS``) are merged on the CPU.
+        """
+        import torch
+
+        self._check(start, stop)
+        dev = torch.device(device)
+        if not self.shuffled:
+            return torch.arange(start, stop, dtype=torch.int64, device=dev) + self.offsets[0]
+        if start == stop:
+            return torch.zeros(0, dtype=torch.int64, device=dev)
+        sizes = torch.tensor(self.sizes, dtype=torch.int64, device=dev)
+        offsets = torch.tensor(self.offsets, dtype=torch.int64, device=dev)
+        rotations = torch.from_numpy(self._rotations()).to(dev)
+        distinct = sorted(set(self.sizes))
+        bases = self._torch_bases(distinct, dev)  # one tensor: every distinct size's base, in turn
+        base_start = torch.tensor(
+            np.cumsum([0, *distinct[:-1]])[[distinct.index(n) for n in self.sizes]],
+            dtype=torch.int64,
+            device=dev,
+        )
+        images = len(self.sizes)
+        if len(distinct) == 1:
+            r0, r1 = start // images, -(-stop // images)
+            rank = torch.arange(r0, r1, dtype=torch.int64, device=dev)[:, None]
+            position = torch.remainder(rank + rotations[None, :], sizes[None, :])
+            grid = bases[position] + offsets[None, :]
+            offset = start - r0 * images
+            return grid.reshape(-1)[offset : offset + stop - start]
+        if max(self.sizes) >= _EXACT_FLOAT_PIXELS:
+            return torch.from_numpy(self.pids(start, stop).astype(np.int64)).to(dev)
+        lo, hi = merge_counts(self.sizes, start), merge_counts(self.sizes, stop)
+        counts = torch.tensor([b - a for a, b in zip(lo, hi, strict=True)], dtype=torch.int64, device=dev)
+        image = torch.repeat_interleave(torch.arange(images, device=dev), counts)
+        first = torch.cumsum(counts, 0) - counts
+        rank = torch.tensor(lo, dtype=torch.int64, device=dev)[image] + (
+            torch.arange(len(image), device=dev) - first[image]
+        )
+        n = sizes[image]
+        pid = offsets[image] + bases[base_start[image] + torch.remainder(rank + rotations[image], n)]
+        key = (2 * rank + 1).to(torch.float64) / (2 * n).to(torch.float64)
+        order = torch.sort(key, stable=True).indices  # built in image order: ties go to the lower image
+        return pid[order]
+
+    def _torch_bases(self, distinct: list[int], device: torch.device) -> torch.Tensor:
+        import torch
+
+        key = ("torch", str(device))
+        if key not in self._bases:
+            joined = np.concatenate([self._base(n) for n in distinct]).astype(np.int64)
+            self._bases[key] = torch.from_numpy(joined).to(device)
+        bases: torch.Tensor = self._bases[key]
+        return bases
+
+
+@functools.lru_cache(maxsize=16)
+def shared_order(
+    seed: int,
+    split: str,
+    shuffled: bool,
+    images: tuple[int, ...],
+    sizes: tuple[int, ...],
+    offsets: tuple[int, ...],
+) -> SplitOrder:
+    """The ``SplitOrder`` of this definition, one per process (the 16 most recently used kept), so
+    that every chunk of a split, whichever store object or worker process read it, shares its bases."""
+    return SplitOrder(seed, split, shuffled, images, sizes, offsets)

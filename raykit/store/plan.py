@@ -67,18 +67,21 @@ def field_specs(channels: int, materialize: str | None) -> tuple[FieldSpec, ...]
     return tuple(specs)
 
 
-def split_infos(records: Sequence[ImageRecord], chunk_rays: int) -> dict[str, SplitInfo]:
-    """Every split's rays, images and first pid, from records in table order."""
+def split_infos(
+    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived"
+) -> dict[str, SplitInfo]:
+    """Every split's rays, images and first pid, from records in table order; ``pids``: whether the
+    splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``."""
     infos: dict[str, SplitInfo] = {}
     pid = 0
     for rec in records:
         n = rec.camera.width * rec.camera.height
         old = infos.get(rec.split)
         if old is None:
-            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, rec.split in SHUFFLED_SPLITS, pid)
+            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, rec.split in SHUFFLED_SPLITS, pid, pids)
         else:
             infos[rec.split] = SplitInfo(
-                rec.split, old.n_rays + n, old.n_images + 1, chunk_rays, old.shuffled, old.pid_start
+                rec.split, old.n_rays + n, old.n_images + 1, chunk_rays, old.shuffled, old.pid_start, pids
             )
         pid += n
     return infos

@@ -4,6 +4,9 @@ Opening reads ``manifest.json`` and checks the small metadata files (camera tabl
 metadata) against their recorded SHA-256. Every chunk read checks the CRC-32 of the decoded rays and,
 on first use of a payload file, its size; so corruption raises a ``StoreCorruptError`` naming the file
 instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
+
+Length (about 420 lines): opening, checks, chunk reads (stored or derived pids) and the per-image
+reads share the store's parsed metadata; splitting them would only pass it around.
 """
 
 from __future__ import annotations
@@ -19,15 +22,23 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raykit.errors import StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.errors import (
+    StoreChangedError,
+    StoreCorruptError,
+    StoreError,
+    StoreNotFoundError,
+    StoreVersionError,
+)
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import IMAGES_LAYOUT, ImagesReader, split_layout, store_layout
 from raykit.store.integrity import chunk_checksum, json_digest
 from raykit.store.location import filesystem, is_url, read_errors
+from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import SparsePoints, read_points
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
+    DerivedRays,
     FieldSpec,
     RawRays,
     SceneInfo,
@@ -86,6 +97,12 @@ class RayStore:
             # index key crc32c in format 2; zlib crc32 in format 1 (and in copies of format-1 stores)
             self._crc_kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
             self._crc = {k: np.asarray(self.index[k][self._crc_kind], dtype=np.int64) for k in self.splits}
+            # format 3 checks stored pids apart ("pid_crc32c"); formats 1 and 2 sum every field at once
+            self._pid_crc = {
+                k: np.asarray(self.index[k][f"pid_{self._crc_kind}"], dtype=np.int64)
+                for k, info in self.splits.items()
+                if not self.legacy and info.pids == "stored"
+            }
             self.chunk_checksum: str = self._crc_kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
@@ -93,6 +110,7 @@ class RayStore:
             raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
         self.payload: PayloadReader = self._open_payload()
         self._generators: dict[str, RayGenerator] = {}
+        self._orders: dict[str, SplitOrder] = {}
         if verify:
             self.verify_files()
 
@@ -101,7 +119,17 @@ class RayStore:
         self.backend: str = self.manifest["backend"]
         self.fields = FieldSpec.parse_all(self.manifest["fields"], self._where("manifest.json"))
         names = sorted(self.manifest["splits"], key=split_sort_key)
-        self.splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
+        self.legacy: bool = self.manifest["format_version"] <= 2  # every pid stored, one checksum
+        splits = {k: SplitInfo.from_dict(self.manifest["splits"][k]) for k in names}
+        if self.legacy and any(info.pids != "stored" for info in splits.values()):
+            raise StoreCorruptError(f"{self._where('manifest.json')}: format 1 and 2 splits store their pids")
+        self.splits = splits
+        order = self.manifest["layout"].get("train_order")
+        if any(i.pids == "derived" and i.shuffled for i in splits.values()) and order != TRAIN_ORDER:
+            raise StoreVersionError(
+                f"{self._where('manifest.json')}: train order {order!r} is not one this raykit derives "
+                f"pids from ({TRAIN_ORDER!r}); upgrade raykit"
+            )
         self.scene = SceneInfo.from_dict(self.manifest["scene"])
         self.fingerprint: str = self.manifest["content_fingerprint"]
 
@@ -174,11 +202,11 @@ class RayStore:
         if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
+        self.payload_spec = PayloadSpec.of(self.fields, self.manifest["layout"], self.splits)
         if store_layout(self.manifest) == IMAGES_LAYOUT:  # encoded images (raykit.store.images_layout)
             return ImagesReader(self.url, self.backend, self.manifest["layout"], self.index, ranges,
                                 self._ray_starts())  # fmt: skip
-        spec = PayloadSpec(self.fields, self.manifest["layout"])
-        return backend.open_reader(self.url, spec, self.index, ranges)
+        return backend.open_reader(self.url, self.payload_spec, self.index, ranges)
 
     def _ray_starts(self) -> dict[str, list[int]]:
         table = self.table
@@ -290,14 +318,38 @@ class RayStore:
         for rel in files:
             self._check_file(rel)
         values = self.payload.read_chunk(info, index)
-        crc = chunk_checksum(values, list(self.fields), self._crc_kind)
-        if crc != self._crc[split][index]:
-            raise StoreCorruptError(
-                f"{self._where(files[0])}: chunk {index} of split {split!r} fails its checksum "
-                f"(expected {self._crc_kind} {int(self._crc[split][index]):08x}, got {crc:08x})"
-            )
+        summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
+        self._check_crc(files[0], split, index, chunk_checksum(values, summed, self._crc_kind), self._crc)
         extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
+        if info.pids == "derived":
+            return DerivedRays(values["rgba"], self.split_order(split), info.chunk_range(index)[0], extra)
+        if not self.legacy:
+            crc = chunk_checksum(values, ["pid"], self._crc_kind)
+            pid_file = next((rel for rel in files if "/pid/" in rel), files[0])
+            self._check_crc(pid_file, split, index, crc, self._pid_crc, "pid ")
         return RawRays(values["rgba"], values["pid"], extra)
+
+    def _check_crc(
+        self, rel: str, split: str, index: int, crc: int, expected: dict[str, np.ndarray], what: str = ""
+    ) -> None:
+        if crc != expected[split][index]:
+            raise StoreCorruptError(
+                f"{self._where(rel)}: chunk {index} of split {split!r} fails its {what}checksum "
+                f"(expected {self._crc_kind} {int(expected[split][index]):08x}, got {crc:08x})"
+            )
+
+    def split_order(self, split: str) -> SplitOrder:
+        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""
+        info = self._split(split)
+        order = self._orders.get(split)
+        if order is None:
+            rows = [i for i, s in enumerate(self.table.splits) if s == split]
+            order = self._orders[split] = shared_order(
+                int(self.manifest["layout"]["seed"]), split, info.shuffled, tuple(rows),
+                tuple(int(self.table.n_pixels[i]) for i in rows),
+                tuple(int(self.table.pixel_offset[i]) for i in rows),
+            )  # fmt: skip
+        return order
 
     def read(self, split: str, start: int, stop: int) -> RawRays:
         """Rays ``[start, stop)`` of ``split`` in stored order."""

@@ -19,13 +19,16 @@ from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
+    from raykit.store.order import SplitOrder
 
 __all__ = [
     "FIELD_ORDER",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MAX_PIXELS",
+    "PIDS",
     "SPLIT_ORDER",
+    "DerivedRays",
     "FieldSpec",
     "ImageRecord",
     "RawRays",
@@ -38,7 +41,10 @@ __all__ = [
 ]
 
 FORMAT_NAME = "raykit-store"
-FORMAT_VERSION = 2  # 2: chunk checksums are CRC-32C (index.json key "crc32c"); 1 (zlib CRC-32) still reads
+# 3: pids derived from the split's order, not stored (SplitInfo.pids); 2: chunk checksums are CRC-32C
+# (index.json key "crc32c"); 1: zlib CRC-32. Every version still opens, validates, reads and copies.
+FORMAT_VERSION = 3
+PIDS = ("derived", "stored")  # a split's pids: computed from its order at read time, or stored
 SPLIT_ORDER = ("train", "val", "test")
 MAX_PIXELS = 2**32  # pids are uint32
 FIELD_ORDER = ("rgba", "pid", "origins", "directions")  # storage and checksum order of fields
@@ -128,12 +134,20 @@ class SceneInfo:
         )
 
 
+# How a split's payload is organised (``SplitInfo.layout``; docs/format.md).
+SPLIT_LAYOUTS = ("rays", "images")
+
+
 @dataclass(frozen=True)
 class SplitInfo:
     """One split of a store: its rays are ``pid_start .. pid_start + n_rays`` in some order.
 
     ``shuffled`` splits hold a seeded permutation of their rays; unshuffled (evaluation) splits hold
-    their images one after another, each in row-major order.
+    their images one after another, each in row-major order. ``pids`` is ``"derived"`` (format 3: no
+    pid field is stored, a reader computes the pids from the order, ``raykit.store.order.SplitOrder``)
+    or ``"stored"`` (formats 1 and 2, ``raykit copy --with-pids``). ``layout`` is how the split's
+    payload is organised: ``"rays"`` (chunks of rays) or ``"images"`` (encoded images,
+    ``raykit.store.images_layout``).
     """
 
     name: str
@@ -142,6 +156,17 @@ class SplitInfo:
     chunk_rays: int
     shuffled: bool
     pid_start: int = 0
+    pids: str = "stored"
+    layout: str = "rays"
+
+    def __post_init__(self) -> None:
+        if self.pids not in PIDS:
+            raise StoreCorruptError(f"split {self.name!r}: expected pids in {PIDS}, got {self.pids!r}")
+        if self.layout not in SPLIT_LAYOUTS:
+            raise StoreVersionError(
+                f"split {self.name!r}: layout {self.layout!r} is not one this raykit reads "
+                f"({', '.join(SPLIT_LAYOUTS)})"
+            )
 
     @property
     def n_chunks(self) -> int:
@@ -152,7 +177,9 @@ class SplitInfo:
         start = index * self.chunk_rays
         return start, min(start + self.chunk_rays, self.n_rays)
 
-    def to_dict(self) -> dict[str, Any]:
+    def legacy_dict(self) -> dict[str, Any]:
+        """The record of formats 1 and 2 (no ``pids``, ``layout``); also what the fingerprint hashes
+        of a ``"rays"`` split, so a copy with or without stored pids keeps its fingerprint."""
         return {
             "name": self.name,
             "n_rays": self.n_rays,
@@ -163,6 +190,14 @@ class SplitInfo:
             "pid_start": self.pid_start,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest record (format 3)."""
+        return {**self.legacy_dict(), "pids": self.pids, "layout": self.layout}
+
+    def fingerprint_dict(self) -> dict[str, Any]:
+        """What the content fingerprint hashes: the record less how the pids are kept."""
+        return self.legacy_dict() if self.layout == "rays" else {**self.legacy_dict(), "layout": self.layout}
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SplitInfo:
         return cls(
@@ -172,6 +207,8 @@ class SplitInfo:
             chunk_rays=int(d["chunk_rays"]),
             shuffled=bool(d["shuffled"]),
             pid_start=int(d.get("pid_start", 0)),
+            pids=str(d.get("pids", "stored")),
+            layout=str(d.get("layout", "rays")),
         )
 
 
@@ -259,6 +296,61 @@ class RawRays:
         return RawRays(self.rgba[index], self.pid[index], {k: v[index] for k, v in self.extra.items()})
 
 
+class DerivedRays(RawRays):
+    """One chunk of a format-3 split: colours (and materialised fields) as read, pids derived on access.
+
+    ``pid`` is computed from the split's order (``order.pids(start, start + n)``) each time it is
+    read, and never kept: ``nbytes`` (what a loader's cache counts) is the colours' bytes, 3 per ray
+    without alpha and 4 with. ``take`` returns plain ``RawRays`` with the pids of the selected rays.
+
+    Args:
+        rgba: (N, 3|4) uint8 colours.
+        order: the split's ``raykit.store.order.SplitOrder``.
+        start: the chunk's first ray within the split.
+        extra: materialised fields, (N, 3) each.
+    """
+
+    def __init__(
+        self, rgba: np.ndarray, order: SplitOrder, start: int, extra: dict[str, np.ndarray] | None = None
+    ) -> None:
+        self.rgba = rgba
+        self.order = order
+        self.start = int(start)
+        self.extra = dict(extra or {})
+
+    @property
+    def pid(self) -> np.ndarray:
+        """(N,) uint32 pids, derived."""
+        return self.order.pids(self.start, self.start + len(self.rgba))
+
+    @pid.setter
+    def pid(self, value: np.ndarray) -> None:
+        raise AttributeError("DerivedRays.pid is derived from the split's order; it cannot be set")
+
+    def __len__(self) -> int:
+        return int(self.rgba.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: colours and materialised fields (the pids are not held)."""
+        return int(self.rgba.nbytes) + sum(int(v.nbytes) for v in self.extra.values())
+
+    def take(self, index: np.ndarray | slice) -> RawRays:
+        if isinstance(index, slice):
+            lo, hi, step = index.indices(len(self))
+            if step == 1:
+                hi = max(hi, lo)
+                pid = self.order.pids(self.start + lo, self.start + hi)
+                return RawRays(self.rgba[lo:hi], pid, {k: v[lo:hi] for k, v in self.extra.items()})
+        return RawRays(self.rgba[index], self.pid[index], {k: v[index] for k, v in self.extra.items()})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return DerivedRays, (self.rgba, self.order, self.start, self.extra)
+
+    def __repr__(self) -> str:
+        return f"DerivedRays({len(self)} rays of split {self.order.split!r} from ray {self.start})"
+
+
 def encode_pids(
     pixel_offset: np.ndarray, width: np.ndarray, image: np.ndarray, pixel: np.ndarray
 ) -> np.ndarray:
@@ -303,5 +395,5 @@ def check_manifest_header(manifest: Mapping[str, Any], where: str) -> None:
             f"{where}: store format version {version} is newer than this raykit reads "
             f"(<= {FORMAT_VERSION}); upgrade raykit"
         )
-    if version < 1:
+    if version < 1:  # 1 and 2 store every pid; 3 derives them (SplitInfo.pids)
         raise StoreVersionError(f"{where}: unknown store format version {version}")

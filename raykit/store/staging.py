@@ -245,15 +245,17 @@ class StagingSource:
         return pieces
 
     def gather(
-        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
+        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None, pids: bool = True
     ) -> dict[str, np.ndarray]:
-        """Field name -> values of rays ``[start, stop)`` of split ``info``.
+        """Field name -> values of rays ``[start, stop)`` of split ``info`` (no ``pid`` unless ``pids``
+        or materialised rays need them: format 3 derives them at read time).
 
         For a shuffled split the arrays live in this thread's buffers of ``self.buffers``: use them
         before this thread's next ``gather``.
         """
         clock = clock or PhaseClock()
         n = stop - start
+        pids = pids or bool(self.materialize)
         if info.shuffled:
             images, sizes = self._images(info)
             lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
@@ -266,25 +268,32 @@ class StagingSource:
             def fill_colour(j: int, out: np.ndarray) -> None:
                 self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
 
-            pid = merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
+            pid = (
+                merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
+                if pids
+                else None
+            )
             clock.lap("permutation")
             packed = merge_into(
                 fill_colour, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("rgba")
             )
             clock.lap("gather")
         else:
-            packed, pid = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
+            packed, pid = np.empty(n, dtype=np.uint32), np.empty(n if pids else 0, dtype=np.uint32)
             at = 0
             for i, a, b in self._pieces(info, start, stop):
                 self._read(i, a, packed[at : at + b - a])
-                pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
+                if pids:
+                    pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
                 at += b - a
             clock.lap("gather")
         rgba = packed.view(np.uint8).reshape(n, 4)
         if self.channels == 3:
             rgba = np.ascontiguousarray(rgba[:, :3])
-        out: dict[str, np.ndarray] = {"rgba": rgba, "pid": pid}
-        if self.materialize:
+        out: dict[str, np.ndarray] = {"rgba": rgba}
+        if pids and pid is not None:
+            out["pid"] = pid
+        if self.materialize and pid is not None:
             if self.table is None:
                 raise ValueError("StagingSource: materialize needs the camera table")
             out.update(_materialize(self.table, pid, self.materialize))
@@ -313,11 +322,11 @@ class StoreSource:
     url: str
 
     def gather(
-        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None
+        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None, pids: bool = True
     ) -> dict[str, np.ndarray]:
         from raykit.store.reader import open_store
 
         raw = open_store(self.url).read(info.name, start, stop)
         if clock is not None:
             clock.lap("gather")
-        return {"rgba": raw.rgba, "pid": raw.pid, **raw.extra}
+        return {"rgba": raw.rgba, **({"pid": raw.pid} if pids else {}), **raw.extra}

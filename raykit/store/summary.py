@@ -2,15 +2,55 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from raykit.store.reader import RayStore
 
-__all__ = ["store_summary"]
+__all__ = ["field_bytes", "source_image_bytes", "store_summary"]
+
+
+def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
+    """Payload bytes per split and stored field: ``{split: {field: bytes}}``.
+
+    Zarr: the sizes of each field's shard files. WebDataset: the sizes of each field's ``.npy``
+    members; the tar headers and padding are counted under ``"tar"``.
+    """
+    out: dict[str, dict[str, int]] = {name: {} for name in store.splits}
+    if store.backend == "wds":
+        for split in store.splits:
+            entry = store.index[split]
+            counts = out[split]
+            for members in entry.get("members", []):
+                for name, (_, size) in members.items():
+                    counts[name] = counts.get(name, 0) + int(size)
+            tars = {f"wds/{split}-{int(s):06d}.tar" for s in entry.get("shard", [])}
+            total = sum(int(store.files[rel]["size"]) for rel in tars if rel in store.files)
+            counts["tar"] = total - sum(counts.values())
+        return out
+    for rel, entry in store.files.items():
+        parts = rel.split("/")
+        if len(parts) >= 4 and parts[0] == "zarr" and parts[1] in out and parts[3] == "c":
+            counts = out[parts[1]]
+            counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
+    return out
+
+
+def source_image_bytes(store: RayStore) -> int | None:
+    """Bytes of the source image files: as recorded when the store was written, else the sizes of
+    the camera table's ``source_path`` files when they are all local files; None when unknown."""
+    recorded = store.manifest.get("source", {}).get("image_bytes")
+    if recorded is not None:
+        return int(recorded)
+    paths = store.cameras.column("source_path").to_pylist() if store.cameras.num_rows else []
+    if not paths or not all(isinstance(p, str) and p and os.path.isfile(p) for p in paths):
+        return None
+    return sum(os.path.getsize(p) for p in paths)
 
 
 def store_summary(store: RayStore) -> dict[str, Any]:
-    """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray, layout."""
+    """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray (in all and per
+    field), the ratio of store bytes to source image bytes, layout."""
     files = store.files
     payload = sum(
         v["size"] for k, v in files.items() if k.startswith(("zarr/", "wds/")) and "zarr.json" not in k
@@ -18,6 +58,12 @@ def store_summary(store: RayStore) -> dict[str, Any]:
     total = sum(v["size"] for v in files.values())
     n_rays = sum(info.n_rays for info in store.splits.values())
     table = store.table
+    per_split = field_bytes(store)
+    per_field: dict[str, int] = {}
+    for counts in per_split.values():
+        for name, size in counts.items():
+            per_field[name] = per_field.get(name, 0) + size
+    source_bytes = source_image_bytes(store)
     return {
         "store": store.url,
         "backend": store.backend,
@@ -41,6 +87,14 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "payload_bytes": payload,
         "n_rays": n_rays,
         "bytes_per_ray": payload / max(n_rays, 1),
+        "field_bytes": per_split,
+        "bytes_per_ray_by_field": {name: size / max(n_rays, 1) for name, size in per_field.items()},
+        "split_bytes_per_ray": {
+            name: {k: v / max(store.splits[name].n_rays, 1) for k, v in counts.items()}
+            for name, counts in per_split.items()
+        },
+        "source_image_bytes": source_bytes,
+        "store_to_source": None if not source_bytes else total / source_bytes,
         "images_layout": {  # per images-layout split: stored bytes, pass-through count, formats
             name: {
                 "stored_bytes": sum(int(b) for b in store.index[name]["image_bytes"]),

@@ -1,7 +1,8 @@
 """WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk.
 
-Sample ``{split}_{chunk:08d}`` holds one ``.npy`` member per field (``rgba.npy``, ``pid.npy``, and
-``origins.npy``/``directions.npy`` when materialised), members in that fixed order. Tars are
+Sample ``{split}_{chunk:08d}`` holds one ``.npy`` member per stored field (``rgba.npy``, ``pid.npy``
+when the split stores its pids, and ``origins.npy``/``directions.npy`` when materialised), members in
+that fixed order. Tars are
 deterministic: USTAR headers, mtime 0, uid/gid 0, empty owner names, mode 0644. Each member's data
 offset and size are recorded in the store index, so one chunk is two byte-range reads; the shards
 also stream through plain ``webdataset.WebDataset``.
@@ -108,11 +109,15 @@ class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
 
     def __init__(
-        self, url: str, fields: Mapping[str, FieldSpec], index: Mapping[str, Any], ranges: Any = None
+        self,
+        url: str,
+        fields: Mapping[str, FieldSpec] | PayloadSpec,
+        index: Mapping[str, Any],
+        ranges: Any = None,
     ) -> None:
         self._url = url.rstrip("/")
         self._fs, self._root = filesystem(self._url)
-        self._fields = fields
+        self._spec = fields if isinstance(fields, PayloadSpec) else PayloadSpec(fields, {})
         self._index = index
         self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores
 
@@ -126,7 +131,7 @@ class WdsReader:
         path = f"{self._root}/{rel}"
         members = self._index[info.name]["members"][index]
         out = {}
-        for name, spec in self._fields.items():
+        for name, spec in self._spec.fields_of(info.name).items():
             offset, size = members[name]
             try:
                 if self._ranges is not None:
@@ -161,7 +166,7 @@ class WdsBackend:
         chunks = []
         for c in range(first, min(first + spec.shard_chunks, info.n_chunks)):
             lo, hi = (b - start for b in info.chunk_range(c))
-            chunks.append({name: data[name][lo:hi] for name in spec.fields})
+            chunks.append({name: data[name][lo:hi] for name in spec.fields_of(info.name)})
         files, members = encode_shard(info.name, shard, first, chunks)
         return EncodedShard(dict(files), {"shard": [shard] * len(chunks), "members": list(members)})
 
@@ -171,7 +176,7 @@ class WdsBackend:
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
     ) -> WdsReader:
-        return WdsReader(url, spec.fields, index, ranges=ranges)
+        return WdsReader(url, spec, index, ranges=ranges)
 
 
 BACKEND: Backend = WdsBackend()

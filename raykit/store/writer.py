@@ -14,13 +14,14 @@ Three phases, all in ``<dst>.partial/`` beside ``dst``:
 A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
 bytes do not depend on the executor or the number of workers.
 
-Length (about 460 lines): the three phases, resume, commit and ``copy_store`` share the payload
+Length (about 510 lines): the three phases, resume, commit and ``copy_store`` share the payload
 and task records; planning lives in ``plan.py``, timing in ``phases.py``, staging in ``staging.py``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -110,7 +111,7 @@ def _default_memory_staging() -> int:
 
 DEFAULT_MEMORY_STAGING_BYTES = _default_memory_staging()
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
-_TASK_FORMAT = 2
+_TASK_FORMAT = 3  # 3: format-3 stores (pids derived, checked apart)
 Source = StagingSource | StoreSource
 
 
@@ -127,6 +128,8 @@ class ShardJob:
     source: Source
     key: str
     checksum: str = CHUNK_CHECKSUM  # chunk checksum kind (``chunk_checksum``)
+    stored: tuple[str, ...] = ()  # the fields this split stores (format 3: no pid when derived)
+    legacy: bool = False  # format <= 2: one checksum over every field; else pids are checked apart
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
@@ -143,17 +146,25 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     first = job.shard * shard_chunks
     last = min(first + shard_chunks, job.info.n_chunks)
     start, stop = job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
-    data = job.source.gather(job.info, start, stop, clock)
+    stored = job.stored or tuple(spec.name for spec in job.fields)
+    data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
+    data = {name: data[name] for name in stored}
     fields = {spec.name: spec for spec in job.fields}
-    checksums = []
+    # Format 3: the chunk checksum covers every stored field but the pids, which (when stored) have
+    # their own, so a copy with or without stored pids keeps its checksums and fingerprint.
+    summed = list(stored) if job.legacy else [name for name in stored if name != "pid"]
+    checksums, pid_checksums = [], []
     for c in range(first, last):
         lo, hi = (b - start for b in job.info.chunk_range(c))
-        checksums.append(
-            chunk_checksum({name: data[name][lo:hi] for name in fields}, list(fields), job.checksum)
-        )
+        checksums.append(chunk_checksum({name: data[name][lo:hi] for name in summed}, summed, job.checksum))
+        if "pid" in stored and not job.legacy:
+            pid_checksums.append(chunk_checksum({"pid": data["pid"][lo:hi]}, ["pid"], job.checksum))
     result: dict[str, Any] = {"checksums": checksums}
+    if pid_checksums:
+        result["pid_checksums"] = pid_checksums
     clock.lap("checksum")
-    encoded = job.backend.encode_shard(job.info, job.shard, data, PayloadSpec(fields, job.layout))
+    spec = PayloadSpec(fields, job.layout, {job.info.name: stored})
+    encoded = job.backend.encode_shard(job.info, job.shard, data, spec)
     result["index"] = encoded.index
     clock.lap("compress")
     result["files"] = {}
@@ -204,6 +215,7 @@ def write_store(
     zstd_level: int = 3,
     overwrite: bool = False,
     memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES,
+    with_pids: bool = False,
     points: SparsePoints | None = None,
 ) -> RayStore:
     """Write a ray store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
@@ -226,6 +238,8 @@ def write_store(
             are staged in memory instead of in files (0: always files).
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
             (``raykit.store.points``).
+        with_pids: also store every split's pids (format 3 derives them from the split's order
+            at read time; other readers may want them explicit).
     """
     check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
     check_seed(seed)
@@ -238,6 +252,7 @@ def write_store(
         "seed": seed,
         **payload_layout(rgba_codec, zstd_level),
         "materialize": materialize,
+        "train_order": TRAIN_ORDER,
     }
     plan = {
         "format_version": FORMAT_VERSION,
@@ -247,6 +262,7 @@ def write_store(
         "scene": scene.to_dict(),
         "records": [record_plan(r) for r in ordered],
         "source": dict(source or {}),
+        "with_pids": with_pids,
     }
     if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
         plan["points"] = points_digest(points)
@@ -267,7 +283,7 @@ def write_store(
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         channels = 4 if any(s["channels"] == 4 for s in staged) else 3
-        splits = split_infos(ordered, chunk_rays)
+        splits = split_infos(ordered, chunk_rays, "stored" if with_pids else "derived")
         shuffled = {name for name, info in splits.items() if info.shuffled}
         alpha = [s["channels"] == 4 for s in staged]
         table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
@@ -282,7 +298,8 @@ def write_store(
         )  # fmt: skip
         payload = Payload(
             backend_named(backend), table, scene, splits, field_specs(channels, materialize), layout,
-            {**dict(source or {}), "fingerprint": fingerprint}, points=points,
+            {**dict(source or {}), "fingerprint": fingerprint, "image_bytes": _image_bytes(ordered)},
+            points=points,
         )  # fmt: skip
         sizes = tuple(r.camera.width * r.camera.height for r in ordered)
         image_channels = tuple(int(s["channels"]) for s in staged)
@@ -308,7 +325,26 @@ class Payload:
     layout: Mapping[str, Any]
     source: Mapping[str, Any]
     checksum: str = CHUNK_CHECKSUM  # chunk checksum kind; a copy keeps its source's
+    format_version: int = FORMAT_VERSION  # a copy of a format 1 or 2 store is written as format 2
     points: SparsePoints | None = None  # sparse points, world frame (``points3D.parquet``)
+
+    @property
+    def legacy(self) -> bool:
+        """Format <= 2: every pid stored, one checksum per chunk over every field."""
+        return self.format_version <= 2
+
+    def spec(self) -> PayloadSpec:
+        return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
+
+
+def _image_bytes(records: Sequence[ImageRecord]) -> int | None:
+    """Total bytes of the source image files when every image is a local file, else None."""
+    total = 0
+    for rec in records:
+        if not rec.source_path or not os.path.isfile(rec.source_path):
+            return None
+        total += os.path.getsize(rec.source_path)
+    return total
 
 
 def _write_shards(
@@ -322,12 +358,13 @@ def _write_shards(
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and zarr metadata). Returns (file records, chunk index)."""
     files: dict[str, Any] = {}
-    spec = PayloadSpec({field.name: field for field in payload.fields}, payload.layout)
+    spec = payload.spec()
     for rel in payload.backend.write_metadata(partial, payload.splits, spec):
         files[rel] = file_record(partial / rel)
     jobs = [
         ShardJob(str(partial), payload.backend, info, shard, payload.fields, payload.layout, gather,
-                 f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}", payload.checksum)
+                 f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}", payload.checksum,
+                 tuple(spec.fields_of(info.name)), payload.legacy)
         for info in payload.splits.values()
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
     ]  # fmt: skip
@@ -352,6 +389,8 @@ def _write_shards(
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
         entry[payload.checksum] += res["checksums"]
+        if "pid_checksums" in res:
+            entry.setdefault(f"pid_{payload.checksum}", []).extend(res["pid_checksums"])
         for key, values in res["index"].items():
             entry.setdefault(key, []).extend(values)
         files.update(res["files"])
@@ -359,12 +398,17 @@ def _write_shards(
 
 
 def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, Any]) -> dict[str, Any]:
-    split_dicts = {name: info.to_dict() for name, info in payload.splits.items()}
+    if payload.legacy:
+        split_dicts = {name: info.legacy_dict() for name, info in payload.splits.items()}
+        hashed = split_dicts
+    else:
+        split_dicts = {name: info.to_dict() for name, info in payload.splits.items()}
+        hashed = {name: info.fingerprint_dict() for name, info in payload.splits.items()}
     field_dicts = {spec.name: spec.to_dict() for spec in payload.fields}
     crcs = {k: v[payload.checksum] for k, v in index.items()}
     manifest = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": payload.format_version,
         "raykit_version": _raykit_version(),
         "backend": payload.backend.name,
         "layout": dict(payload.layout),
@@ -376,7 +420,7 @@ def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, An
         "files": dict(sorted(files.items())),
         **({"points": points_entry(payload.points)} if payload.points is not None else {}),
         "content_fingerprint": content_fingerprint(
-            payload.table, payload.scene.to_dict(), split_dicts, field_dicts, crcs, payload.checksum
+            payload.table, payload.scene.to_dict(), hashed, field_dicts, crcs, payload.checksum
         ),
     }
     manifest["manifest_digest"] = json_digest(manifest)
@@ -451,12 +495,15 @@ def copy_store(
     progress: bool = False,
     overwrite: bool = False,
     layout: Any = None,
+    with_pids: bool = False,
 ) -> RayStore:
     """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
 
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
     content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
-    source's) rewrites it in that layout (``raykit.store.layout_copy``).
+    source's) rewrites it in that layout (``raykit.store.layout_copy``). ``with_pids`` stores every
+    split's pids explicitly (a format-3 store derives them); a copy of a format 1 or 2 store (which
+    store them) is format 2.
     """
     from raykit.store.images_layout import store_layout
     from raykit.store.reader import open_store
@@ -473,13 +520,17 @@ def copy_store(
     layout = dict(store.manifest["layout"])
     check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
     dst = Path(dst)
-    plan = {"copy_of": store.fingerprint, "backend": backend, "layout": layout}
+    version = 2 if store.manifest["format_version"] <= 2 else FORMAT_VERSION
+    splits = store.splits
+    if with_pids:
+        splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
+    plan = {"copy_of": store.fingerprint, "backend": backend, "layout": layout, "with_pids": with_pids}
     partial = partial_dir(dst, plan, overwrite)
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(store.cameras, str(tmp))
     payload = Payload(
-        backend_named(backend), store.cameras, store.scene, store.splits, tuple(store.fields.values()),
-        layout, store.manifest["source"], store.chunk_checksum, store.sparse_points(),
+        backend_named(backend), store.cameras, store.scene, splits, tuple(store.fields.values()),
+        layout, store.manifest["source"], store.chunk_checksum, version, store.sparse_points(),
     )  # fmt: skip
     return _write_payload_and_commit(
         partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite,

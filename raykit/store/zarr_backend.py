@@ -155,7 +155,11 @@ def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
 
 
 def write_metadata(
-    root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
+    root: Path,
+    splits: Mapping[str, SplitInfo],
+    fields: Mapping[str, FieldSpec],
+    layout: Mapping[str, Any],
+    stored: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[str]:
     """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
 
@@ -164,7 +168,7 @@ def write_metadata(
     zarr.
     """
     written = []
-    for key, document in sorted(metadata_documents(splits, fields, layout).items()):
+    for key, document in sorted(metadata_documents(splits, fields, layout, stored).items()):
         rel = f"{ZARR_DIR}/{key}"
         atomic_write_bytes(root / rel, document_bytes(document))
         written.append(rel)
@@ -205,21 +209,36 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any])
 
 
 def metadata_documents(
-    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
+    splits: Mapping[str, SplitInfo],
+    fields: Mapping[str, FieldSpec],
+    layout: Mapping[str, Any],
+    stored: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/``."""
+    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/`` (``stored``: the fields
+    each split stores, ``PayloadSpec.stored``; default all)."""
     docs: dict[str, dict[str, Any]] = {
         "zarr.json": {"attributes": {"raykit": "ray store payload"}, "zarr_format": 3, "node_type": "group"}
     }
     for split, info in splits.items():
         docs[f"{split}/zarr.json"] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
-        for spec in fields.values():
+        for spec in _split_fields(fields, stored, split).values():
             docs[f"{split}/{spec.name}/zarr.json"] = _array_document(spec, info, layout)
     return docs
 
 
+def _split_fields(
+    fields: Mapping[str, FieldSpec], stored: Mapping[str, tuple[str, ...]] | None, split: str
+) -> dict[str, FieldSpec]:
+    """The fields split ``split`` stores (``PayloadSpec.fields_of``)."""
+    names = (stored or {}).get(split)
+    return dict(fields) if names is None else {k: v for k, v in fields.items() if k in names}
+
+
 def _metadata_documents_zarr(
-    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], layout: Mapping[str, Any]
+    splits: Mapping[str, SplitInfo],
+    fields: Mapping[str, FieldSpec],
+    layout: Mapping[str, Any],
+    stored: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, bytes]:
     """Twin of ``metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
     ``MemoryStore``; its files' bytes."""
@@ -229,7 +248,7 @@ def _metadata_documents_zarr(
     group = zarr.create_group(mem, attributes={"raykit": "ray store payload"})
     for split, info in splits.items():
         sub = group.create_group(split)
-        for spec in fields.values():
+        for spec in _split_fields(fields, stored, split).values():
             sub.create_array(spec.name, **_array_kwargs(spec, info, layout))
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
@@ -374,9 +393,15 @@ class ZarrReader:
     """
 
     def __init__(
-        self, url: str, fields: Mapping[str, FieldSpec], shard_chunks: int, ranges: Any = None
+        self,
+        url: str,
+        fields: Mapping[str, FieldSpec],
+        shard_chunks: int,
+        ranges: Any = None,
+        stored: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self._url = url.rstrip("/")
+        self._stored = dict(stored or {})
         # Remote stores: a raykit.store.remote.RangeFetcher (correct on servers that ignore Range); the
         # direct read path then serves remote shards too.
         self._ranges = ranges
@@ -482,7 +507,10 @@ class ZarrReader:
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
         shard = index // self._shard_chunks
-        return [shard_file(split, spec, shard) for spec in self._fields.values()]
+        return [
+            shard_file(split, spec, shard)
+            for spec in _split_fields(self._fields, self._stored, split).values()
+        ]
 
     def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
         """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
@@ -492,7 +520,7 @@ class ZarrReader:
         start, stop = info.chunk_range(index)
         out = {}
         shard = index // self._shard_chunks
-        for name, spec in self._fields.items():
+        for name, spec in _split_fields(self._fields, self._stored, info.name).items():
             direct = self._local is not None or self._ranges is not None
             codec = self._codec(info.name, name) if fast and direct else None
             if codec is not None:
@@ -517,7 +545,7 @@ class ZarrBackend:
     name: str = "zarr"
 
     def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
-        return [shard_file(split, field, shard) for field in spec.fields.values()]
+        return [shard_file(split, field, shard) for field in spec.fields_of(split).values()]
 
     def encode_shard(
         self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
@@ -525,12 +553,12 @@ class ZarrBackend:
         return EncodedShard(dict(encode_shards(info, shard, data, spec.fields, spec.layout)))
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-        return write_metadata(root, splits, spec.fields, spec.layout)
+        return write_metadata(root, splits, spec.fields, spec.layout, spec.stored)
 
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
     ) -> ZarrReader:
-        return ZarrReader(url, spec.fields, spec.shard_chunks, ranges=ranges)
+        return ZarrReader(url, spec.fields, spec.shard_chunks, ranges=ranges, stored=spec.stored)
 
 
 BACKEND: Backend = ZarrBackend()

@@ -1,10 +1,12 @@
-"""Chunk checksums: CRC-32C in format 2, zlib CRC-32 in format-1 stores, which still read and copy."""
+"""Chunk checksums: CRC-32C in formats 2 and 3, zlib CRC-32 in format-1 stores; format 1 and 2 stores
+(built here from fresh ones: ``downgrade``) still read, validate and copy."""
 
 from __future__ import annotations
 
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -14,6 +16,7 @@ from raykit.errors import StoreCorruptError
 from raykit.fileio import sha256_file
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
 from raykit.store.integrity import chunk_checksum, content_fingerprint, json_digest
+from raykit.store.schema import DerivedRays
 from raykit.store.validate import validate_store
 from raykit.store.writer import copy_store
 
@@ -43,50 +46,67 @@ def _resign_manifest(root: Path, files: tuple[str, ...], **changes: object) -> N
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 
-def _downgrade_to_format_1(root: Path) -> None:
-    """Rewrite a fresh store's index and manifest as raykit wrote them in format 1 (zlib CRC-32)."""
+def downgrade(root: Path, version: int) -> None:
+    """Rewrite a fresh store written ``with_pids`` as raykit wrote it in format ``version`` (1 or 2):
+    every pid stored, one checksum per chunk over every field (format 1: zlib CRC-32, index key
+    ``crc32``), split records without ``pids``/``layout``, no ``train_order`` in the layout."""
     store = open_store(root)
+    assert all(info.pids == "stored" for info in store.splits.values())
+    kind = "crc32" if version == 1 else "crc32c"
     index = json.loads((root / "index.json").read_text())
     crcs = {}
     for split, info in store.splits.items():
         chunks = [store.read_chunk(split, i) for i in range(info.n_chunks)]
-        crcs[split] = [chunk_checksum({"rgba": c.rgba, "pid": c.pid, **c.extra}, list(store.fields), "crc32")
+        crcs[split] = [chunk_checksum({"rgba": c.rgba, "pid": c.pid, **c.extra}, list(store.fields), kind)
                        for c in chunks]  # fmt: skip
-        index[split]["crc32"] = crcs[split]
-        del index[split]["crc32c"]
+        index[split].pop("crc32c")
+        index[split].pop("pid_crc32c")
+        index[split][kind] = crcs[split]
     (root / "index.json").write_text(json.dumps(index))
     manifest = store.manifest
+    splits = {name: info.legacy_dict() for name, info in store.splits.items()}
+    layout = {k: v for k, v in manifest["layout"].items() if k != "train_order"}
     fingerprint = content_fingerprint(
-        store.cameras, manifest["scene"], manifest["splits"], manifest["fields"], crcs, "crc32"
+        store.cameras, manifest["scene"], splits, manifest["fields"], crcs, kind
     )
-    _resign_manifest(root, ("index.json",), format_version=1, content_fingerprint=fingerprint)
+    _resign_manifest(
+        root, ("index.json",), format_version=version, content_fingerprint=fingerprint, splits=splits,
+        layout=layout,
+    )  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["zarr", "wds"])
-def test_format_1_store_reads_checks_and_copies(
-    tmp_path: Path, records: list[ImageRecord], scene: SceneInfo, backend: str
+@pytest.mark.parametrize(("backend", "version"), [("zarr", 1), ("wds", 1), ("zarr", 2), ("wds", 2)])
+def test_older_format_stores_read_check_and_copy(
+    tmp_path: Path, records: list[ImageRecord], scene: SceneInfo, backend: str, version: int
 ) -> None:
-    fresh = write_store(tmp_path / "v2", records, scene=scene, backend=backend, chunk_rays=64, shard_chunks=2)
-    assert fresh.chunk_checksum == "crc32c" and fresh.manifest["format_version"] == 2
-    old = tmp_path / "v1"
-    write_store(old, records, scene=scene, backend=backend, chunk_rays=64, shard_chunks=2)
-    _downgrade_to_format_1(old)
+    kw: dict[str, Any] = {"scene": scene, "backend": backend, "chunk_rays": 64, "shard_chunks": 2}
+    fresh = write_store(tmp_path / "v3", records, **kw)
+    assert fresh.chunk_checksum == "crc32c" and fresh.manifest["format_version"] == 3
+    assert all(info.pids == "derived" for info in fresh.splits.values())
+    old = tmp_path / f"v{version}"
+    write_store(old, records, with_pids=True, **kw)
+    downgrade(old, version)
     store = open_store(old)
-    assert store.chunk_checksum == "crc32" and validate_store(str(old)) == []
+    kind = "crc32" if version == 1 else "crc32c"
+    assert store.legacy and store.chunk_checksum == kind and validate_store(str(old)) == []
     for split, info in store.splits.items():
         for i in range(info.n_chunks):
             a, b = store.read_chunk(split, i), fresh.read_chunk(split, i)
+            assert not isinstance(a, DerivedRays) and isinstance(b, DerivedRays)
             np.testing.assert_array_equal(a.rgba, b.rgba)
             np.testing.assert_array_equal(a.pid, b.pid)
-    # a copy keeps the source's checksum kind, so the fingerprints agree
+    # a copy keeps the source's checksum kind and stored pids (format 2), so the fingerprints agree
     other = "wds" if backend == "zarr" else "zarr"
-    copy = copy_store(old, tmp_path / "copy", backend=other)
-    assert copy.chunk_checksum == "crc32" and copy.fingerprint == store.fingerprint
+    for with_pids in (False, True):
+        copy = copy_store(old, tmp_path / f"copy{with_pids}", backend=other, with_pids=with_pids)
+        assert copy.chunk_checksum == kind and copy.fingerprint == store.fingerprint
+        assert copy.manifest["format_version"] == 2 and validate_store(copy.url) == []
+        np.testing.assert_array_equal(copy.read("train", 0, 50).pid, fresh.read("train", 0, 50).pid)
     assert copy.fingerprint != fresh.fingerprint
-    # a format-1 checksum still catches a wrong chunk
+    # an older format's checksum still catches a wrong chunk
     index = json.loads((old / "index.json").read_text())
-    index["train"]["crc32"][0] ^= 1
+    index["train"][kind][0] ^= 1
     (old / "index.json").write_text(json.dumps(index))
     _resign_manifest(old, ("index.json",))
-    with pytest.raises(StoreCorruptError, match="expected crc32 "):
+    with pytest.raises(StoreCorruptError, match=f"expected {kind} "):
         open_store(old).read_chunk("train", 0)

@@ -32,8 +32,10 @@ def _rewrite_chunk(root: Path, split: str, chunk: int, values: dict[str, np.ndar
     fields = {**_members(root, index, split, chunk), **values}
     crc = 0
     for name in store.fields:
-        crc = google_crc32c.extend(crc, np.ascontiguousarray(fields[name]).tobytes())
+        if name != "pid":  # format 3: pids stored (``with_pids``) have their own checksum
+            crc = google_crc32c.extend(crc, np.ascontiguousarray(fields[name]).tobytes())
     index[split]["crc32c"][chunk] = crc
+    index[split]["pid_crc32c"][chunk] = google_crc32c.value(np.ascontiguousarray(fields["pid"]).tobytes())
     (root / "index.json").write_text(json.dumps(index))
     manifest = json.loads((root / "manifest.json").read_text())
     for path in (rel, "index.json"):
@@ -54,7 +56,10 @@ def _members(root: Path, index: dict, split: str, chunk: int) -> dict[str, np.nd
 
 @pytest.fixture()
 def wds_store(tmp_path: Path, records, scene: SceneInfo) -> Path:
-    write_store(tmp_path / "s", records, scene=scene, backend="wds", chunk_rays=64, shard_chunks=2)
+    # with stored pids, so that the tests can write wrong ones (format 3 derives them otherwise)
+    write_store(
+        tmp_path / "s", records, scene=scene, backend="wds", chunk_rays=64, shard_chunks=2, with_pids=True
+    )
     assert validate_store(tmp_path / "s") == []
     return tmp_path / "s"
 

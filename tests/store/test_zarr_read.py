@@ -18,7 +18,10 @@ from raykit.store.schema import ImageRecord
 def store(tmp_path_factory: pytest.TempPathFactory, records: list[ImageRecord], scene: SceneInfo) -> Any:
     # Small chunks and shards: several shards, a short last chunk and unstored chunks in the last shard.
     path = tmp_path_factory.mktemp("zread") / "store"
-    return write_store(path, records, scene=scene, backend="zarr", chunk_rays=96, shard_chunks=3)
+    # with stored pids: a multi-byte field (bit-shuffled blosc) beside the colours
+    return write_store(
+        path, records, scene=scene, backend="zarr", chunk_rays=96, shard_chunks=3, with_pids=True
+    )
 
 
 def test_direct_reads_equal_zarr_reads(store: Any) -> None:
