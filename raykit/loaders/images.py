@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,6 +34,7 @@ from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import crop_camera
 from raykit.loaders.arguments import check_loader_args, check_state, open_if_location
+from raykit.loaders.background import DONE, EpochIteration, put_until_stopped
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.image_cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
@@ -48,7 +49,6 @@ __all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageLoader"]
 IMAGE_STATE_VERSION = 1
 _EXACT_KEYS = ("n_images", "seed", "shuffle", "crop", "undistort")
 _PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
-_DONE = object()
 _ROWS = 64  # image rows converted to float per task
 
 
@@ -81,7 +81,7 @@ class ImageBatch:
         return len(self.names)
 
 
-class ImageLoader:
+class ImageLoader(EpochIteration):
     """Yields :class:`ImageBatch` es of one split, epoch after epoch.
 
     Args:
@@ -103,6 +103,8 @@ class ImageLoader:
         convert_threads: threads converting uint8 pixels to float off the GPU (default: 2, or the
             CPU count if lower).
     """
+
+    thread_name = "raykit-images"
 
     def __init__(
         self,
@@ -154,45 +156,6 @@ class ImageLoader:
         self._c2w = torch.from_numpy(table.c2w[self.source.rows].astype(np.float32))
         register(self)
 
-    # ---- iteration ---------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.plan.n_batches
-
-    def __iter__(self) -> Iterator[ImageBatch]:
-        """The remaining batches of the current epoch; afterwards the position is the next epoch."""
-        if self.batch >= self.plan.n_batches:
-            self.epoch, self.batch = self.epoch + 1, 0
-        epoch = self.epoch
-        items: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-images", daemon=True
-        )
-        self._running[thread] = stop
-        thread.start()
-        try:
-            while True:
-                item = items.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                self.batch += 1
-                yield item
-            self.epoch, self.batch = epoch + 1, 0
-        finally:
-            stop.set()
-            while thread.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    items.get(timeout=0.05)
-            thread.join()
-            self._running.pop(thread, None)
-
-    def forever(self) -> Iterator[ImageBatch]:
-        """Batches without end, epoch after epoch."""
-        while True:
-            yield from self
-
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
         try:
             self._fill_cache()
@@ -202,11 +165,11 @@ class ImageLoader:
             stream = self._fetcher_ready().fetch(wanted)
             for positions in batches:
                 images = [cast(np.ndarray, next(stream)[1]) for _ in positions]
-                if not _put(items, self._assemble(epoch, positions, images), stop):
+                if not put_until_stopped(items, self._assemble(epoch, positions, images), stop):
                     return
-            _put(items, _DONE, stop)
+            put_until_stopped(items, DONE, stop)
         except BaseException as exc:
-            _put(items, exc, stop)
+            put_until_stopped(items, exc, stop)
 
     def _fill_cache(self) -> None:
         """On a shuffled ray-layout split, gather what fits in the cache in one pass (see image_source)."""
@@ -385,13 +348,3 @@ class ImageLoader:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
-
-
-def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            items.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False

@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from raykit.loaders.background import DONE, put_until_stopped
 from raykit.rays import RayBatch
 from raykit.store.schema import RawRays
 
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 T_co = TypeVar("T_co", covariant=True)
-_DONE = object()
 
 
 class Stage(Protocol[T_co]):
@@ -240,7 +240,7 @@ class Prefetch(Positioned):
     def _consume(self, items: queue.Queue[Any]) -> Iterator[Any]:
         while True:
             item = items.get()
-            if item is _DONE:
+            if item is DONE:
                 return
             if isinstance(item, BaseException):
                 raise item
@@ -253,23 +253,13 @@ class Prefetch(Positioned):
         iterator = iter(self.source)
         try:
             for batches in iterator:
-                if not _put(items, batches, stop):
+                if not put_until_stopped(items, batches, stop):
                     return
-            _put(items, _DONE, stop)
+            put_until_stopped(items, DONE, stop)
         except BaseException as exc:
-            _put(items, exc, stop)
+            put_until_stopped(items, exc, stop)
         finally:
             iterator.close()  # runs the stages' clean-up (pending futures) on this thread
-
-
-def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            items.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 def slice_batch(batch: Any, lo: int, hi: int) -> Any:

@@ -28,6 +28,7 @@ import torch
 
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.arguments import check_loader_args, check_state
+from raykit.loaders.background import DONE, EpochIteration, put_until_stopped
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.lifecycle import check_main_guard, register
@@ -44,7 +45,6 @@ STATE_VERSION = 1
 DECODE_AHEAD = 4  # images decoded ahead of the window (more with more workers)
 _EXACT_KEYS = ("n_rays", "seed", "shuffle", "window_images")
 _PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
-_DONE = object()
 
 
 def default_window(store: RayStore, split: str, cache_bytes: int) -> int:
@@ -55,7 +55,7 @@ def default_window(store: RayStore, split: str, cache_bytes: int) -> int:
     return max(1, cache_bytes // largest - DECODE_AHEAD)
 
 
-class WindowLoader:
+class WindowLoader(EpochIteration):
     """Yields ray batches of one images-layout split, epoch after epoch (see the module docstring).
 
     Arguments as :class:`raykit.loaders.RayLoader`'s; ``window_images`` overrides the window size
@@ -64,6 +64,8 @@ class WindowLoader:
     ``group_rays`` rays (consecutive batches, default 2 threads on CPU, 1 on GPUs), in order; the first
     batch goes alone, so that it is ready as soon as the window is.
     """
+
+    thread_name = "raykit-window"
 
     def __init__(
         self,
@@ -119,45 +121,6 @@ class WindowLoader:
         self._bases: dict[tuple[int, int], np.ndarray] = {}
         self._rotations: dict[tuple[int, int], int] = {}
         register(self)  # closed at interpreter exit if still alive (raykit.loaders.lifecycle)
-
-    # ---- iteration ---------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.plan.n_batches
-
-    def __iter__(self) -> Iterator[Any]:
-        """The remaining batches of the current epoch; afterwards the position is the next epoch."""
-        if self.batch >= self.plan.n_batches:
-            self.epoch, self.batch = self.epoch + 1, 0
-        epoch = self.epoch
-        items: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._produce, args=(epoch, self.batch, items, stop), name="raykit-window", daemon=True
-        )
-        self._running[thread] = stop
-        thread.start()
-        try:
-            while True:
-                item = items.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                self.batch += 1
-                yield item
-            self.epoch, self.batch = epoch + 1, 0
-        finally:
-            stop.set()
-            while thread.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    items.get(timeout=0.05)
-            thread.join()
-            self._running.pop(thread, None)
-
-    def forever(self) -> Iterator[Any]:
-        """Batches without end, epoch after epoch."""
-        while True:
-            yield from self
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
@@ -339,9 +302,9 @@ class WindowLoader:
                 while pending:
                     if not self._emit(pending.popleft(), items, stop):
                         return
-                _put(items, _DONE, stop)
+                put_until_stopped(items, DONE, stop)
             except BaseException as exc:
-                _put(items, exc, stop)
+                put_until_stopped(items, exc, stop)
             finally:
                 for future in pending:
                     future.cancel()
@@ -363,14 +326,4 @@ class WindowLoader:
     ) -> bool:
         batches, seconds = future.result()
         self.seconds["generate"] += seconds
-        return all(_put(items, batch, stop) for batch in batches)
-
-
-def _put(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            items.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
+        return all(put_until_stopped(items, batch, stop) for batch in batches)
