@@ -9,6 +9,9 @@ twin (a loop over images calling :func:`raykit.cameras.pixels_to_rays`, sharing 
 generator) that tests compare against.
 
 Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
+
+Length (about 400 lines): ``RayBatch`` (with its split/concat/device helpers), ``RayGenerator`` and
+its reference twin, each short; the generator's parts live in ``pixel_layout``/``ray_directions``.
 """
 
 from __future__ import annotations

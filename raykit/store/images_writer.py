@@ -14,6 +14,9 @@ Phases, in ``<dst>.partial/`` like the ray writer (``raykit.store.writer``), bot
    rename to ``dst``.
 
 Every byte depends only on the records and options, never on the executor or worker count.
+
+Length (about 410 lines): the three phases, their task records and the manifest of this layout are
+read together, as in ``writer.py``.
 """
 
 from __future__ import annotations
