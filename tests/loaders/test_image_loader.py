@@ -232,3 +232,24 @@ def test_cuda_batches_equal_cpu_batches(stores: dict[str, Any]) -> None:
         assert b.images.is_cuda and b.c2w.is_cuda and b.K is not None and b.K.is_cuda
         torch.testing.assert_close(a.images, b.images.cpu())
         torch.testing.assert_close(a.c2w, b.c2w.cpu())
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_an_images_layout_store_gives_the_same_batches(
+    stores: dict[str, Any], tmp_path: Path, backend: str
+) -> None:
+    from raykit.store import open_store
+    from raykit.store.writer import copy_store
+
+    copy_store(stores["zarr"].url, tmp_path / "images", backend=backend, layout="images")
+    images = open_store(tmp_path / "images")
+    assert images.layout("train") == "images"
+    for split in ("train", "test"):
+        a = list(ImageLoader(stores["zarr"], split, batch_size=2, seed=4))
+        b = list(ImageLoader(images, split, batch_size=2, seed=4))
+        assert [x.names for x in a] == [y.names for y in b] and len(a) > 0
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x.images, y.images, rtol=0, atol=0)
+            assert x.alpha is not None and y.alpha is not None
+            torch.testing.assert_close(x.alpha, y.alpha, rtol=0, atol=0)
+            torch.testing.assert_close(x.c2w, y.c2w, rtol=0, atol=0)
