@@ -62,6 +62,7 @@ def test_unshuffled_pids_are_sequential_and_ranges_are_checked() -> None:
         order.pids(0, 17)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_derived_pids_on_cuda_match_numpy() -> None:
     for sizes in ([640 * 480] * 9, [300, 1200, 300, 77, 5000]):
