@@ -14,7 +14,7 @@ from typing import Any
 
 from raykit.errors import ConfigError, ResumeError
 
-__all__ = ["check_loader_args", "check_state", "open_if_location"]
+__all__ = ["check_loader_args", "check_state", "open_if_location", "resume_position"]
 
 
 def _int_problem(name: str, value: Any, minimum: int) -> str | None:
@@ -77,3 +77,37 @@ def check_state(state: Any) -> Mapping[str, Any]:
     if problems:
         raise ResumeError("loader state: " + "; ".join(problems))
     return state
+
+
+def resume_position(
+    state: Mapping[str, Any],
+    mine: Mapping[str, Any],
+    exact_keys: tuple[str, ...],
+    partition_keys: tuple[str, ...],
+    what: str = "loader state",
+) -> tuple[int, int]:
+    """The ``(epoch, batch)`` a loader whose own state is ``mine`` resumes at from ``state``.
+
+    Every key of ``exact_keys`` must be equal (else ``ResumeError`` naming it). A state saved after an
+    epoch's last batch resumes at the next epoch. When a key of ``partition_keys`` (world size, batch
+    size, ...) changed, a state saved at an epoch boundary still resumes exactly; one saved mid-epoch
+    cannot (the epoch would be partitioned differently), so the rest of that epoch is skipped, with a
+    warning.
+    """
+    import warnings
+
+    for key in exact_keys:
+        if state.get(key) != mine[key]:
+            raise ResumeError(f"{what}: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}")
+    epoch, batch = int(state["epoch"]), int(state["batch"])
+    if batch >= int(state.get("n_batches", batch + 1)):  # saved after an epoch's last batch
+        epoch, batch = epoch + 1, 0
+    changed = [key for key in partition_keys if state.get(key) != mine[key]]
+    if changed and batch > 0:
+        warnings.warn(
+            f"{what} saved mid-epoch {epoch} with different {', '.join(changed)}; "
+            f"skipping the rest of that epoch and starting epoch {epoch + 1}",
+            stacklevel=3,
+        )
+        epoch, batch = epoch + 1, 0
+    return epoch, batch

@@ -21,7 +21,6 @@ import contextlib
 import os
 import queue
 import threading
-import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import torch
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import crop_camera
-from raykit.loaders.arguments import check_loader_args, check_state, open_if_location
+from raykit.loaders.arguments import check_loader_args, check_state, open_if_location, resume_position
 from raykit.loaders.background import DONE, EpochIteration, put_until_stopped
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.image_cache import ImageCache
@@ -285,22 +284,13 @@ class ImageLoader(EpochIteration):
                 f"image loader state: expected version {IMAGE_STATE_VERSION} of kind 'images', got "
                 f"{state.get('version')!r} of kind {state.get('kind')!r}"
             )
-        mine = self.state_dict()
-        for key in ("split", "fingerprint", *_EXACT_KEYS):
-            if state.get(key) != mine[key]:
-                raise ResumeError(f"image loader state: expected {key} {mine[key]!r}, got {state.get(key)!r}")
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if batch >= int(state.get("n_batches", batch + 1)):
-            epoch, batch = epoch + 1, 0
-        changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
-        if changed and batch > 0:
-            warnings.warn(
-                f"image loader state saved mid-epoch {epoch} with different {', '.join(changed)}; "
-                f"skipping the rest of that epoch and starting epoch {epoch + 1}",
-                stacklevel=2,
-            )
-            epoch, batch = epoch + 1, 0
-        self.epoch, self.batch = epoch, batch
+        self.epoch, self.batch = resume_position(
+            state,
+            self.state_dict(),
+            ("split", "fingerprint", *_EXACT_KEYS),
+            _PARTITION_KEYS,
+            "image loader state",
+        )
 
     # ---- resources ---------------------------------------------------------------------------
     def cache_stats(self) -> CacheStats:

@@ -29,7 +29,6 @@ import contextlib
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,7 +36,7 @@ from typing import Any
 import torch
 
 from raykit.errors import ConfigError, ResumeError
-from raykit.loaders.arguments import check_state, open_if_location
+from raykit.loaders.arguments import check_state, open_if_location, resume_position
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.config import LoaderConfig
 from raykit.loaders.lifecycle import check_main_guard, register
@@ -238,24 +237,9 @@ class RayLoader:
         state = check_state(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
-        mine = self.state_dict()
-        for key in ("split", "fingerprint", *_EXACT_KEYS):
-            if state.get(key) != mine[key]:
-                raise ResumeError(
-                    f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}"
-                )
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if batch >= int(state.get("n_batches", batch + 1)):  # saved after an epoch's last batch
-            epoch, batch = epoch + 1, 0
-        changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
-        if changed and batch > 0:
-            warnings.warn(
-                f"loader state saved mid-epoch {epoch} with different {', '.join(changed)}; "
-                f"skipping the rest of that epoch and starting epoch {epoch + 1}",
-                stacklevel=2,
-            )
-            epoch, batch = epoch + 1, 0
-        self.epoch, self.batch = epoch, batch
+        self.epoch, self.batch = resume_position(
+            state, self.state_dict(), ("split", "fingerprint", *_EXACT_KEYS), _PARTITION_KEYS
+        )
 
     def wait_for_workers(self) -> None:
         """Start the worker processes (``num_workers > 0``) if needed and block until they are up.

@@ -17,7 +17,6 @@ import os
 import queue
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raykit.errors import ConfigError, ResumeError
-from raykit.loaders.arguments import check_loader_args, check_state
+from raykit.errors import ConfigError
+from raykit.loaders.arguments import check_loader_args, check_state, resume_position
 from raykit.loaders.background import DONE, EpochIteration, put_until_stopped
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
@@ -150,24 +149,8 @@ class WindowLoader(EpochIteration):
             ResumeError: not a window loader's state, or another store's, split's or window's.
         """
         state = check_state(state)
-        mine = self.state_dict()
-        for key in ("version", "strategy", "split", "fingerprint", *_EXACT_KEYS):
-            if state.get(key) != mine[key]:
-                raise ResumeError(
-                    f"loader state: expected {key} {mine[key]!r} (this loader), got {state.get(key)!r}"
-                )
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if batch >= int(state.get("n_batches", batch + 1)):
-            epoch, batch = epoch + 1, 0
-        changed = [key for key in _PARTITION_KEYS if state.get(key) != mine[key]]
-        if changed and batch > 0:
-            warnings.warn(
-                f"loader state saved mid-epoch {epoch} with different {', '.join(changed)}; "
-                f"skipping the rest of that epoch and starting epoch {epoch + 1}",
-                stacklevel=2,
-            )
-            epoch, batch = epoch + 1, 0
-        self.epoch, self.batch = epoch, batch
+        keys = ("version", "strategy", "split", "fingerprint", *_EXACT_KEYS)
+        self.epoch, self.batch = resume_position(state, self.state_dict(), keys, _PARTITION_KEYS)
 
     def wait_for_workers(self) -> None:
         """Start the worker processes (``num_workers > 0``) and block until they are up."""
