@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["DONE", "EpochIteration", "put_until_stopped"]
+__all__ = ["DONE", "EpochIteration", "put_until_stopped", "release_threads_and_workers"]
 
 DONE = object()  # the producer's last item of an epoch
 
@@ -88,3 +88,18 @@ class EpochIteration:
         """Batches without end, epoch after epoch."""
         while True:
             yield from self
+
+
+def release_threads_and_workers(loader: Any) -> None:
+    """Stop and join ``loader._running``'s producer threads (not the calling one) and close its
+    ``_fetcher`` (worker processes); the first half of every loader's idempotent ``close``."""
+    running = getattr(loader, "_running", {})
+    for stop in list(running.values()):
+        stop.set()
+    for thread in list(running):
+        if thread is not threading.current_thread():
+            thread.join()
+        running.pop(thread, None)
+    fetcher, loader._fetcher = getattr(loader, "_fetcher", None), None
+    if fetcher is not None:
+        fetcher.close()

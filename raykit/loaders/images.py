@@ -33,7 +33,7 @@ from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import crop_camera
 from raykit.loaders.arguments import check_loader_args, check_state, open_if_location, resume_position
-from raykit.loaders.background import DONE, EpochIteration, put_until_stopped
+from raykit.loaders.background import DONE, EpochIteration, put_until_stopped, release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.image_cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
@@ -315,16 +315,7 @@ class ImageLoader(EpochIteration):
 
     def close(self) -> None:
         """Stop live iterators' threads and worker processes (idempotent; iterating again restarts)."""
-        running = getattr(self, "_running", {})
-        for stop in list(running.values()):
-            stop.set()
-        for thread in list(running):
-            if thread is not threading.current_thread():
-                thread.join()
-            running.pop(thread, None)
-        fetcher, self._fetcher = getattr(self, "_fetcher", None), None
-        if fetcher is not None:
-            fetcher.close()
+        release_threads_and_workers(self)
         pool, self._convert_pool = getattr(self, "_convert_pool", None), None
         if pool is not None:
             pool.shutdown(wait=threading.current_thread() not in getattr(pool, "_threads", ()))

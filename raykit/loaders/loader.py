@@ -37,6 +37,7 @@ import torch
 
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.arguments import check_state, open_if_location, resume_position
+from raykit.loaders.background import release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.config import LoaderConfig
 from raykit.loaders.lifecycle import check_main_guard, register
@@ -272,16 +273,7 @@ class RayLoader:
         when the loader is garbage-collected, and at interpreter exit (so an exception in the training
         loop ends the script with its own traceback and exit status).
         """
-        running = getattr(self, "_running", {})
-        for stop in list(running.values()):
-            stop.set()
-        for thread in list(running):
-            if thread is not threading.current_thread():
-                thread.join()
-            running.pop(thread, None)
-        fetcher, self._fetcher = getattr(self, "_fetcher", None), None
-        if fetcher is not None:
-            fetcher.close()
+        release_threads_and_workers(self)
         pool, self._gen_pool = getattr(self, "_gen_pool", None), None
         if pool is not None:  # (a last reference dropped on one of its own threads cannot wait for it)
             own = threading.current_thread() in getattr(pool, "_threads", ())

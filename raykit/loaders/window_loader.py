@@ -27,7 +27,7 @@ import torch
 
 from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args, check_state, resume_position
-from raykit.loaders.background import DONE, EpochIteration, put_until_stopped
+from raykit.loaders.background import DONE, EpochIteration, put_until_stopped, release_threads_and_workers
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.lifecycle import check_main_guard, register
@@ -162,16 +162,7 @@ class WindowLoader(EpochIteration):
 
     def close(self) -> None:
         """Stop live iterators' threads and worker processes (idempotent)."""
-        running = getattr(self, "_running", {})
-        for stop in list(running.values()):
-            stop.set()
-        for thread in list(running):
-            if thread is not threading.current_thread():
-                thread.join()
-            running.pop(thread, None)
-        fetcher, self._fetcher = getattr(self, "_fetcher", None), None
-        if fetcher is not None:
-            fetcher.close()
+        release_threads_and_workers(self)
 
     def __enter__(self) -> WindowLoader:
         return self
