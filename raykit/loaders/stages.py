@@ -173,7 +173,7 @@ class Generate(Positioned):
         try:
             for group in self.groups:
                 pending.append((group, pool.submit(self._make_timed, group)))
-                if len(pending) >= self.threads:
+                if len(pending) >= 2 * self.threads:
                     yield self._emit(*pending.popleft())
             while pending:
                 yield self._emit(*pending.popleft())

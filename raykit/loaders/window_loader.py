@@ -84,7 +84,7 @@ class WindowLoader(EpochIteration):
         prefetch: int = 4,
         window_images: int | None = None,
         gen_threads: int | None = None,
-        group_rays: int = 1 << 16,
+        group_rays: int = 1 << 17,
         make_batch: Callable[[RawRays], Any] | None = None,
         **ray_layout_options: Any,
     ) -> None:
