@@ -13,6 +13,7 @@ decoded ahead (``max(DECODE_AHEAD, num_workers)``) and ``prefetch`` batches.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import threading
@@ -20,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,10 +32,10 @@ from raykit.loaders.background import DONE, EpochIteration, put_until_stopped, r
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.lifecycle import check_main_guard, register
-from raykit.loaders.window import WindowPlan
+from raykit.loaders.stages import slice_batch
+from raykit.loaders.window import Piece, WindowPlan
 from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.workers import ChunkFetcher
-from raykit.rays import RayBatch
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
@@ -118,7 +119,6 @@ class WindowLoader(EpochIteration):
         self._fetcher: ChunkFetcher | None = None
         self._running: dict[threading.Thread, threading.Event] = {}
         self._bases: dict[tuple[int, int], np.ndarray] = {}
-        self._rotations: dict[tuple[int, int], int] = {}
         register(self)  # closed at interpreter exit if still alive (raykit.loaders.lifecycle)
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
@@ -203,13 +203,17 @@ class WindowLoader(EpochIteration):
                     pending.append((nxt, pool.submit(self.source.read_chunk, nxt)))
                 yield i, future.result()
 
-    def _base(self, epoch: int, n: int) -> np.ndarray:
+    def _doubled(self, epoch: int, n: int) -> np.ndarray:
+        """(2 n,) uint32: ``epoch``'s base permutation of ``n`` twice over (a rotation is one slice)."""
         if (epoch, n) not in self._bases:
             self._bases = {k: v for k, v in self._bases.items() if k[0] == epoch}
-            self._bases[(epoch, n)] = self.plan.base_permutation(epoch, n)
+            base = self.plan.base_permutation(epoch, n).astype(np.uint32)
+            self._bases[(epoch, n)] = np.concatenate([base, base])
         return self._bases[(epoch, n)]
 
-    def _raw(self, epoch: int, start: int, stop: threading.Event | None) -> Iterator[RawRays]:
+    def _planned(self, epoch: int, start: int, stop: threading.Event | None) -> Iterator[Planned]:
+        """Batches ``start..`` of ``epoch`` as planned (their pieces and the window images they draw
+        from), on the calling thread: decoding stays ahead and images leave the window when used up."""
         plan = self.plan
         finished: set[int] = set()  # images used up before batch ``start`` (count draws only)
         if start:
@@ -219,7 +223,8 @@ class WindowLoader(EpochIteration):
                 finished.update(i for i, _, hi in pieces if hi == plan.image_rays[i])
         # Images enter the window in the epoch's image order: decode them in that order.
         stream = self._decoded([i for i in plan.image_order(epoch).tolist() if i not in finished])
-        window: dict[int, RawRays] = {}
+        offsets = self.source.pixel_offsets
+        window: dict[int, WindowImage] = {}
         for pieces in plan.iter_batches(epoch, start):
             if stop is not None and stop.is_set():
                 return
@@ -227,49 +232,40 @@ class WindowLoader(EpochIteration):
             for i, _, _ in pieces:
                 while i not in window:  # images that entered before ``i`` come first
                     got, image = next(stream)
-                    window[got] = image
-            t1 = time.perf_counter()
-            raw = self._gather(epoch, pieces, window)
+                    doubled = self._doubled(epoch, plan.image_rays[got])
+                    window[got] = WindowImage.enter(
+                        image.rgba, int(offsets[got]), doubled, plan.rotation(epoch, got)
+                    )
+            self.seconds["read"] += time.perf_counter() - t0
+            yield pieces, {i: window[i] for i, _, _ in pieces}
             for i, _, hi in pieces:
                 if hi == plan.image_rays[i]:
                     window.pop(i, None)  # used up: leaves the window
-            self.seconds["read"] += t1 - t0
-            self.seconds["gather"] += time.perf_counter() - t1
+
+    def _raw(self, epoch: int, start: int, stop: threading.Event | None) -> Iterator[RawRays]:
+        for planned in self._planned(epoch, start, stop):
+            t0 = time.perf_counter()
+            raw, _ = gather_planned([planned])
+            self.seconds["gather"] += time.perf_counter() - t0
             yield raw
 
-    def _gather(self, epoch: int, pieces: list[tuple[int, int, int]], window: dict[int, RawRays]) -> RawRays:
-        rgba, pid = [], []
-        offsets = self.source.pixel_offsets
-        for i, lo, hi in pieces:
-            n = self.plan.image_rays[i]
-            if (epoch, i) not in self._rotations:
-                self._rotations = {k: v for k, v in self._rotations.items() if k[0] == epoch}
-                self._rotations[(epoch, i)] = self.plan.rotation(epoch, i)
-            index = self.plan.pixels(epoch, i, lo, hi, self._base(epoch, n), self._rotations[(epoch, i)])
-            image = window[i].rgba
-            if image.shape[1] == 4:
-                rgba.append(np.take(image.view(np.uint32)[:, 0], index).view(np.uint8).reshape(-1, 4))
-            else:
-                rgba.append(np.take(image, index, axis=0))
-            pid.append((index + int(offsets[i])).astype(np.uint32))
-        if len(rgba) == 1:
-            return RawRays(rgba[0], pid[0])
-        return RawRays(np.concatenate(rgba), np.concatenate(pid))
-
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
-        """Gather batches here; generate them on ``gen_threads`` single-threaded workers, in order."""
+        """Plan batches here; gather and generate them in groups on ``gen_threads`` single-threaded
+        workers (two groups in flight per thread), in order."""
         torch.set_num_threads(1)
-        pending: deque[Future[tuple[list[Any], float]]] = deque()
+        pending: deque[Future[tuple[list[Any], float, float]]] = deque()
         with ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)) as pool:
             try:
                 per_group = max(1, self.group_rays // self.plan.batch_size)
-                group: list[RawRays] = []
-                for k, raw in enumerate(self._raw(epoch, start, stop)):
-                    group.append(raw)
+                group: list[Planned] = []
+                for k, planned in enumerate(self._planned(epoch, start, stop)):
+                    group.append(planned)
                     if k == 0 or len(group) >= per_group:
                         pending.append(pool.submit(self._generate, group))
                         group = []
-                    if len(pending) >= self.gen_threads and not self._emit(pending.popleft(), items, stop):
+                    if len(pending) >= 2 * self.gen_threads and not self._emit(
+                        pending.popleft(), items, stop
+                    ):
                         return
                 if group:
                     pending.append(pool.submit(self._generate, group))
@@ -283,21 +279,82 @@ class WindowLoader(EpochIteration):
                 for future in pending:
                     future.cancel()
 
-    def _generate(self, raws: list[RawRays]) -> tuple[list[Any], float]:
-        """Consecutive batches generated together (one call for the group), then cut apart."""
+    def _generate(self, group: list[Planned]) -> tuple[list[Any], float, float]:
+        """Consecutive batches gathered and generated together (one call for the group), then cut
+        apart: ``(batches, gather s, generate s)``."""
         t0 = time.perf_counter()
-        if len(raws) == 1 or not isinstance(
-            self.make_batch, DeviceBatcher
-        ):  # a caller's make_batch: one by one
-            batches = [self.make_batch(raw) for raw in raws]
-        else:
-            group: RayBatch = self.make_batch(RawRays.concat(raws))
-            batches = list(group.split([len(r) for r in raws]))
-        return batches, time.perf_counter() - t0
+        raw, sizes = gather_planned(group)
+        t1 = time.perf_counter()
+        if len(sizes) == 1:
+            batches = [self.make_batch(raw)]
+        elif isinstance(self.make_batch, DeviceBatcher):
+            batches = list(self.make_batch(raw).split(sizes))
+        else:  # a caller's make_batch: one by one
+            bounds = np.cumsum([0, *sizes]).tolist()
+            batches = [self.make_batch(slice_batch(raw, a, b)) for a, b in itertools.pairwise(bounds)]
+        return batches, t1 - t0, time.perf_counter() - t1
 
     def _emit(
-        self, future: Future[tuple[list[Any], float]], items: queue.Queue[Any], stop: threading.Event
+        self, future: Future[tuple[list[Any], float, float]], items: queue.Queue[Any], stop: threading.Event
     ) -> bool:
-        batches, seconds = future.result()
-        self.seconds["generate"] += seconds
+        batches, gather_s, generate_s = future.result()
+        self.seconds["gather"] += gather_s
+        self.seconds["generate"] += generate_s
         return all(put_until_stopped(items, batch, stop) for batch in batches)
+
+
+class WindowImage(NamedTuple):
+    """A decoded image in the window, its colours in the epoch's rank order.
+
+    Attributes:
+        ranked: (n, C) uint8 colours of ranks ``0..n-1`` (rank ``r`` is row-major pixel
+            ``doubled[r + rotation]``): a batch's piece of the image is one slice of it.
+        offset: the image's first pid.
+        doubled: (2 n,) uint32 the epoch's ray order of images of ``n`` rays
+            (``WindowPlan.base_permutation``), twice over.
+        rotation: the image's rotation of it (``WindowPlan.rotation``).
+    """
+
+    ranked: np.ndarray
+    offset: int
+    doubled: np.ndarray
+    rotation: int
+
+    @classmethod
+    def enter(cls, rgba: np.ndarray, offset: int, doubled: np.ndarray, rotation: int) -> WindowImage:
+        """The image as it enters the window: its (n, C) row-major colours put in rank order (one
+        gather per image, so that batches read contiguous slices)."""
+        n = len(doubled) // 2
+        order = doubled[rotation : rotation + n]
+        if rgba.shape[1] == 4:  # four uint8 channels gather as one uint32
+            ranked = np.take(np.ascontiguousarray(rgba).view(np.uint32)[:, 0], order).view(np.uint8)
+            return cls(ranked.reshape(-1, 4), offset, doubled, rotation)
+        return cls(np.take(rgba, order, axis=0), offset, doubled, rotation)
+
+
+Planned = tuple[list[Piece], dict[int, WindowImage]]  # a batch's pieces and the images they draw from
+
+
+def gather_planned(group: list[Planned]) -> tuple[RawRays, list[int]]:
+    """Consecutive planned batches -> ``(their compact rays, concatenated in batch order; each
+    batch's size)``. Safe on any thread: it reads only the images the group holds.
+
+    Each piece ``(image, lo, hi)`` is the slice ``lo:hi`` of the image's ranked colours, and its pids
+    the image's offset plus the slice ``lo + rotation : hi + rotation`` of the doubled base order.
+    """
+    colours, orders, offsets, sizes, lengths = [], [], [], [], []
+    for pieces, held in group:
+        size = 0
+        for i, lo, hi in pieces:
+            image = held[i]
+            colours.append(image.ranked[lo:hi])
+            orders.append(image.doubled[lo + image.rotation : hi + image.rotation])
+            offsets.append(image.offset)
+            lengths.append(hi - lo)
+            size += hi - lo
+        sizes.append(size)
+    if len(colours) == 1:
+        return RawRays(colours[0], orders[0] + np.uint32(offsets[0])), sizes
+    pid = np.concatenate(orders)
+    pid += np.repeat(np.asarray(offsets, dtype=np.uint32), lengths)
+    return RawRays(np.concatenate(colours), pid), sizes

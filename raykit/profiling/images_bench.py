@@ -17,17 +17,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.window import WindowPlan
+from raykit.loaders.window_loader import WindowImage, gather_planned
 from raykit.profiling.mixing import shuffle_quality
 from raykit.store.image_codec import decode_stored
 from raykit.store.images_read import images_reader, split_rows
 from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
 
 __all__ = ["run_images_bench"]
 
@@ -87,10 +86,12 @@ def run_images_bench(
     t0 = time.perf_counter()
     data = {i: reader.image_bytes(split, i) for i in entering}
     t1 = time.perf_counter()
-    window = {i: RawRays(decode_stored(b, channels, store.url).reshape(-1, channels), np.zeros(0, np.uint32))
-              for i, b in data.items()}  # fmt: skip
+    decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
     t2 = time.perf_counter()
-    raws = [loader._gather(0, batch, window) for batch in pieces]
+    offsets = loader.source.pixel_offsets
+    window = {i: WindowImage.enter(rgba, int(offsets[i]), loader._doubled(0, len(rgba)), plan.rotation(0, i))
+              for i, rgba in decoded.items()}  # fmt: skip
+    raws = [gather_planned([(batch, {i: window[i] for i, _, _ in batch})])[0] for batch in pieces]
     t3 = time.perf_counter()
     batcher = DeviceBatcher(store, device)
     batcher(raws[0])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders import RayLoader
 from raykit.loaders.window import WindowPlan, reference_epoch_rays
-from raykit.loaders.window_loader import WindowLoader
+from raykit.loaders.window_loader import WindowImage, WindowLoader, gather_planned
 from raykit.store import SceneInfo
 from raykit.store.images_writer import write_images_store
 
@@ -185,3 +185,32 @@ def test_bench_reports_the_images_layout(images_store, tmp_path: Path, capsys: A
     assert 0 < report["decode_share"] < 1 and report["read_mb_per_s"] > 0
     assert report["shuffle_quality"]["ratio"] > 0.5
     assert "layout images" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("channels", [3, 4])
+@pytest.mark.parametrize("group", [1, 3, 7])
+def test_gather_planned_matches_the_reference_rays(channels: int, group: int) -> None:
+    """Grouped gathering (ranked images, slices) against the plan's per-ray reference twin."""
+    sizes = (30, 30, 42, 17, 30, 25)
+    plan = WindowPlan(sizes, 11, 3, seed=5, drop_last=False)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (n, channels), dtype=np.uint8) for n in sizes]
+    offsets = np.cumsum([1000, *sizes[:-1]])
+    for epoch in (0, 1):
+        doubled = {}
+        for n in set(sizes):
+            base = plan.base_permutation(epoch, n).astype(np.uint32)
+            doubled[n] = np.concatenate([base, base])
+        window = {
+            i: WindowImage.enter(images[i], int(offsets[i]), doubled[n], plan.rotation(epoch, i))
+            for i, n in enumerate(sizes)
+        }
+        planned = [(p, {i: window[i] for i, _, _ in p}) for p in plan.iter_batches(epoch)]
+        reference = reference_epoch_rays(plan, epoch)
+        for g in range(0, len(planned), group):
+            raw, lengths = gather_planned(planned[g : g + group])
+            expected = [ray for batch in reference[g : g + group] for ray in batch]
+            assert lengths == [len(b) for b in reference[g : g + group]]
+            assert raw.pid.dtype == np.uint32 and raw.rgba.shape == (len(expected), channels)
+            assert raw.pid.tolist() == [int(offsets[i]) + px for i, px in expected]
+            assert np.array_equal(raw.rgba, np.stack([images[i][px] for i, px in expected]))
