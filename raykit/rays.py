@@ -129,6 +129,7 @@ class RayBatch:
 
 
 _FIELDS = tuple(f.name for f in fields(RayBatch) if f.name != "extra")  # the tensor fields
+GENERATE_BLOCK = 1 << 15  # rays generated per block on the CPU (RayGenerator.batch_from_pids)
 
 
 class Rays(NamedTuple):
@@ -314,8 +315,15 @@ class RayGenerator:
         colour = floats[6 * n : (6 + c) * n].view(n, c)
         near, far, z_scale = floats[(6 + c) * n :].view(3, n).unbind(0)
         image, pixel = ints[:n], ints[n:].view(n, 2)
-        _, _, x, y = self.layout.decode_uniform(pid.to(self.device), self._scratch, image, pixel)
-        self._generate(image, x, y, out=Rays(origins, directions, z_scale, near, far))
+        pid = pid.to(self.device)
+        # In blocks of GENERATE_BLOCK rays: the temporaries (about 90 bytes per ray, in per-thread
+        # scratch) stay small and in cache whatever the group size; each block writes its rows.
+        for lo in range(0, n, GENERATE_BLOCK):
+            hi = min(n, lo + GENERATE_BLOCK)
+            block_image = image[lo:hi]
+            _, _, x, y = self.layout.decode_uniform(pid[lo:hi], self._scratch, block_image, pixel[lo:hi])
+            rows = Rays(origins[lo:hi], directions[lo:hi], z_scale[lo:hi], near[lo:hi], far[lo:hi])
+            self._generate(block_image, x, y, out=rows)
         colour.copy_(rgba).div_(255.0)
         alpha = colour[:, 3] if c == 4 else None
         return RayBatch(

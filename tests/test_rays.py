@@ -277,3 +277,18 @@ def test_batch_from_pids_equals_from_rays(cameras: list[Camera], channels: int) 
         assert _same(got, want)
     reference = twin(gen, image, pixel)
     torch.testing.assert_close(got.directions, reference.directions, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("block", [1, 64, 499, 500, 1 << 15])
+def test_batch_from_pids_in_blocks_equals_one_pass(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU path generates in blocks of ``GENERATE_BLOCK`` rays: every block size, partial last
+    blocks included, gives the same batch, bit for bit, as ``from_rays`` over the whole batch."""
+    import raykit.rays as rays_module
+
+    gen = make_generator(PINHOLES[:1], n_images=6)
+    image, pixel = random_rays(gen, 500, 5)
+    pid = torch.from_numpy(gen.pixel_offset)[image] + pixel[:, 1] * int(gen.widths[0]) + pixel[:, 0]
+    rgba = torch.randint(0, 256, (500, 4), dtype=torch.uint8)
+    want = RayBatch.from_rays(rgba, *gen.generate_from_pids(pid))
+    monkeypatch.setattr(rays_module, "GENERATE_BLOCK", block)
+    assert _same(gen.batch_from_pids(pid, rgba), want)

@@ -39,7 +39,7 @@ class LoaderConfig:
     mix_chunks: int = 8
     mix_run: int | None = None
     prefetch: int = 4
-    group_rays: int = 1 << 16
+    group_rays: int = 1 << 17
     gen_threads: int | None = None
 
     def __post_init__(self) -> None:

@@ -136,7 +136,7 @@ class RayLoader:
         mix_chunks: int = 8,
         mix_run: int | None = None,
         prefetch: int = 4,
-        group_rays: int = 1 << 16,
+        group_rays: int = 1 << 17,
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
         config: LoaderConfig | None = None,

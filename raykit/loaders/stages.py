@@ -6,7 +6,7 @@ the stage before it; loading a state into a stage seeks the stages before it to 
 
 The concurrency model is one for all stages: they are pull iterators run on a single producer thread
 (:class:`Prefetch`'s), with parallel work only as ordered futures on the generation pool
-(:class:`Generate`: at most ``threads`` groups in flight) and as chunk reads inside the
+(:class:`Generate`: at most ``threads + 1`` groups in flight) and as chunk reads inside the
 :class:`~raykit.loaders.workers.ChunkFetcher` a strategy reads through.
 
 The strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items; the stages
@@ -145,8 +145,9 @@ class Generate(Positioned):
     """Stage groups -> lists of batches: each group gathered and made into a batch on one of
     ``threads`` generation threads, in order, then cut into its batches.
 
-    One group in flight per generation thread: generated groups dominate the loader's memory beyond
-    its cache, so no more are kept than keep the threads busy.
+    One group more than there are generation threads is in flight: a thread that finishes a group
+    finds the next one waiting instead of waiting for this stage to hand over its result and submit
+    another; generated groups dominate the loader's memory beyond its cache, so no more are kept.
     """
 
     def __init__(
@@ -173,7 +174,7 @@ class Generate(Positioned):
         try:
             for group in self.groups:
                 pending.append((group, pool.submit(self._make_timed, group)))
-                if len(pending) >= 2 * self.threads:
+                if len(pending) > self.threads:
                     yield self._emit(*pending.popleft())
             while pending:
                 yield self._emit(*pending.popleft())

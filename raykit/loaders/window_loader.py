@@ -251,7 +251,7 @@ class WindowLoader(EpochIteration):
 
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
         """Plan batches here; gather and generate them in groups on ``gen_threads`` single-threaded
-        workers (two groups in flight per thread), in order."""
+        workers (one group more than threads in flight), in order."""
         torch.set_num_threads(1)
         pending: deque[Future[tuple[list[Any], float, float]]] = deque()
         with ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)) as pool:
@@ -263,9 +263,7 @@ class WindowLoader(EpochIteration):
                     if k == 0 or len(group) >= per_group:
                         pending.append(pool.submit(self._generate, group))
                         group = []
-                    if len(pending) >= 2 * self.gen_threads and not self._emit(
-                        pending.popleft(), items, stop
-                    ):
+                    if len(pending) > self.gen_threads and not self._emit(pending.popleft(), items, stop):
                         return
                 if group:
                     pending.append(pool.submit(self._generate, group))
