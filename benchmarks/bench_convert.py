@@ -11,8 +11,8 @@ then measures:
 * ``convert``: wall time of a full conversion to a Zarr store with 1 worker of 1 thread (in-process,
   serial), 1 worker of 2 threads (a thread pool in-process) and 2 workers of 1 thread (a local Dask
   cluster; its start-up is included and also reported on its own), megapixels per second of source
-  images, and ``phases_s``: where the time went (decode, permutation, gather, compress, write,
-  checksums, metadata, orchestration, converter), from the per-phase timings ``write_store`` logs
+  images, and ``phases_s``: where the time went (decode, permutation, pack: RGB <-> packed RGBA words,
+  gather, compress, write, checksums, metadata, orchestration, converter), from the per-phase timings ``write_store`` logs
   (task phases are summed over all tasks, so with 2 threads or workers they add up to about twice the
   wall time);
 * ``compression_ceiling_single_worker``: the best single-worker rate if decoding and compressing
@@ -160,6 +160,7 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
     out = {
         "decode": stage.get("decode", 0.0),
         "permutation": stage.get("permutation", 0.0) + shard.get("permutation", 0.0),
+        "pack": stage.get("pack", 0.0) + shard.get("unpack", 0.0),
         "gather": shard.get("gather", 0.0),
         "compress": shard.get("compress", 0.0),
         "write": stage.get("write", 0.0) + shard.get("write", 0.0) + wall.get("fsync", 0.0),
