@@ -12,9 +12,9 @@ then measures:
   serial), 1 worker of 2 threads (a thread pool in-process) and 2 workers of 1 thread (a local Dask
   cluster; its start-up is included and also reported on its own), megapixels per second of source
   images, and ``phases_s``: where the time went (decode, permutation, pack: RGB <-> packed RGBA words,
-  gather, compress, write, checksums, metadata, orchestration, converter), from the per-phase timings ``write_store`` logs
-  (task phases are summed over all tasks, so with 2 threads or workers they add up to about twice the
-  wall time);
+  gather, compress, write, checksums, metadata, orchestration, converter), from the per-phase timings
+  ``write_store`` logs (task phases are summed over all tasks, so with 2 threads or workers they add
+  up to about twice the wall time);
 * ``compression_ceiling_single_worker``: the best single-worker rate if decoding and compressing
   (measured in the 1-worker run) were the only work: the bound the store's compression sets;
 * ``photo_noise``: all of the above again for a photo-like variant of the same views: composited

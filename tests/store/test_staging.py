@@ -234,4 +234,5 @@ def test_packed_pixels_match_their_twins(n: int, channels: int) -> None:
     words = rng.integers(0, 2**32, n, dtype=np.uint32)
     np.testing.assert_array_equal(unpack_rgb(words), unpack_rgb_reference(words))
     np.testing.assert_array_equal(unpack_rgb(packed), image[:, :3])
-    assert pack_rgba(np.zeros((0, channels), np.uint8)).shape == (0,) and unpack_rgb(words[:0]).shape == (0, 3)
+    assert pack_rgba(np.zeros((0, channels), np.uint8)).shape == (0,)
+    assert unpack_rgb(words[:0]).shape == (0, 3)
