@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import command_line, describe
+
 DATA = Path(__file__).resolve().parent / "data"
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("photo-rays", "convert-realistic-0-photo2", {}),
@@ -44,7 +46,7 @@ def child() -> dict[str, Any]:
     from raykit.converters import convert
 
     torch.set_num_threads(1)
-    out: dict[str, Any] = {"raykit": raykit.__file__}
+    out: dict[str, Any] = {"raykit": Path(raykit.__file__).parent.parent.name}  # the checkout's folder name
     work = Path(tempfile.mkdtemp(prefix="ab-convert-"))
     try:
         for name, capture, options in CASES:
@@ -88,10 +90,12 @@ def main() -> None:
             env = {**os.environ, "PYTHONPATH": str(Path(root).resolve())}
             done = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
                                   text=True, check=True)  # fmt: skip
-            runs.append({"round": round_, "checkout": root, **json.loads(done.stdout.splitlines()[-1])})
+            measured = json.loads(done.stdout.splitlines()[-1])
+            runs.append({"round": round_, "checkout": Path(root).resolve().name, **measured})
             print(json.dumps(runs[-1]), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=2) + "\n")
+        report = {"command": command_line(), "machine": describe(), "runs": runs}
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -307,17 +307,18 @@ def write_images_store(
     dst = Path(dst)
     ordered = order_records(records)
     layout = images_layout_options(chunk_rays, shard_chunks, seed)
+    records_plan = [record_plan(r) for r in ordered]
     plan = {"format_version": FORMAT_VERSION, "layout_kind": IMAGES_LAYOUT, "backend": backend,
-            "layout": layout, "scene": scene.to_dict(), "records": [record_plan(r) for r in ordered],
+            "layout": layout, "scene": scene.to_dict(), "records": records_plan,
             "source": dict(source or {})}  # fmt: skip
     if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
         plan["points"] = points_digest(points)
-    partial = partial_dir(dst, plan, overwrite)
-    profile.wall.lap("plan")
     key = json_digest(plan)
+    partial = partial_dir(dst, plan, overwrite, key)
     memory = executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-    jobs = [EncodeJob(str(partial), i, r, json_digest([record_plan(r), _TASK_FORMAT]), memory)
+    jobs = [EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
             for i, r in enumerate(ordered)]  # fmt: skip
+    profile.wall.lap("plan")
     try:
         return _write_rest(jobs, executor, partial, dst, ordered, backend, layout, chunk_rays, scene, source,
                            key, overwrite, points, profile)  # fmt: skip
