@@ -44,6 +44,7 @@ __all__ = [
     "StoreSource",
     "bytes_record",
     "record_matches",
+    "release_stage_memos",
     "scratch_record",
     "stage_image",
     "write_record",
@@ -134,10 +135,11 @@ def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
     return array
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def _base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
-    """``base_permutation`` as read-only ``intp`` (memoised): ``np.take`` converts other index types to
-    ``intp`` on every call, which costs as much as the gather itself."""
+    """``base_permutation`` as read-only ``intp`` (memoised: 8 bytes per pixel, e.g. 96 MB for 12 MP
+    images, so only two sizes are kept; the writer drops them when its stage phase ends): ``np.take``
+    converts other index types to ``intp`` on every call, which costs as much as the gather itself."""
     base = base_permutation(seed, split, n_pixels).astype(np.intp)
     base.flags.writeable = False
     return base
@@ -190,6 +192,11 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         write_record(record_path, {"key": job.key, "result": result})
         clock.lap("write")
     return {**result, "seconds": clock.seconds}
+
+
+def release_stage_memos() -> None:
+    """Drop the stage tasks' memoised index arrays (called by the writer once every image is staged)."""
+    _base_indices.cache_clear()
 
 
 def write_record(path: Path, record: Any) -> None:

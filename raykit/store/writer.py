@@ -75,6 +75,7 @@ from raykit.store.staging import (
     StoreSource,
     bytes_record,
     record_matches,
+    release_stage_memos,
     stage_image,
     write_record,
 )
@@ -282,6 +283,7 @@ def write_store(
             for i, r in enumerate(ordered)
         ]  # fmt: skip
         staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+        release_stage_memos()
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         channels = 4 if any(s["channels"] == 4 for s in staged) else 3

@@ -236,3 +236,14 @@ def test_packed_pixels_match_their_twins(n: int, channels: int) -> None:
     np.testing.assert_array_equal(unpack_rgb(packed), image[:, :3])
     assert pack_rgba(np.zeros((0, channels), np.uint8)).shape == (0,)
     assert unpack_rgb(words[:0]).shape == (0, 3)
+
+
+def test_writer_drops_the_stage_index_memos(tmp_path: Path, records, scene: SceneInfo) -> None:
+    from raykit.store import staging
+
+    staging._base_indices(0, "train", 10)
+    write_store(tmp_path / "s", records, scene=scene, chunk_rays=32, shard_chunks=3)
+    assert staging._base_indices.cache_info().currsize == 0
+    base = staging._base_indices(3, "train", 50)  # the memo is base_n as intp, read-only
+    assert base.dtype == np.intp and not base.flags.writeable
+    np.testing.assert_array_equal(base, base_permutation(3, "train", 50))
