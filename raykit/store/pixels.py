@@ -18,18 +18,22 @@ _ALPHA = np.frombuffer(bytes((0, 0, 0, 255)), dtype=np.uint32)[0]
 
 
 def pack_rgba(flat: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """(n,) uint32 packed pixels of ``flat``: bytes r, g, b, a in memory (alpha 255 for RGB).
+    """(n,) uint32 packed pixels of ``flat``: bytes r, g, b, a in memory (alpha 255 for RGB); for RGBA
+    without ``out``, a view of ``flat``'s (contiguous) bytes.
 
     Args:
         flat: (n, 3) or (n, 4) uint8 pixels.
         out: optional (n,) uint32 to write into.
     """
     n, channels = flat.shape
+    if channels == 4:  # already packed: a view of the pixels (a copy only into ``out``)
+        words = np.ascontiguousarray(flat).view(np.uint32).reshape(n)
+        if out is None:
+            return words
+        np.copyto(out, words)
+        return out
     if out is None:
         out = np.empty(n, dtype=np.uint32)
-    if channels == 4:
-        np.copyto(out, np.ascontiguousarray(flat).view(np.uint32).reshape(n))
-        return out
     if n == 0:
         return out
     data = np.ascontiguousarray(flat).reshape(-1)
