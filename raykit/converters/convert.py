@@ -9,9 +9,11 @@ when complete (a rerun resumes from the finished work). Nothing is written befor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +132,10 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
 
 
 def _checked_cameras(
-    capture: Capture, exif: str, factor: int, progress: bool = False
+    capture: Capture, exif: str, factor: int, progress: bool = False, threads: int = 1
 ) -> tuple[list[Camera], list[str]]:
-    """Probe every image (size, integrity, EXIF) and rescale every camera.
+    """Probe every image (size, integrity, EXIF) and rescale every camera; ``threads`` > 1 probes that
+    many images at a time (reading and checksumming files release the GIL).
 
     Returns:
         The rescaled cameras and each image's EXIF policy (``auto`` resolved).
@@ -146,8 +149,15 @@ def _checked_cameras(
     problems, cameras, policies = Problems(), [], []
     problems.extend(capture.problems)
     problems.extend(_duplicates(views))
-    for view in tqdm(views, desc="check images", unit="image", disable=not progress):
-        found, policy = _image_problems(view, exif)
+    with contextlib.ExitStack() as stack:
+        probed: Iterable[tuple[list[str], str]] = (_image_problems(view, exif) for view in views)
+        if threads > 1 and len(views) > 1:
+            pool = stack.enter_context(ThreadPoolExecutor(threads, "raykit-probe"))
+            probed = pool.map(_image_problems, views, [exif] * len(views))
+        found_all = list(
+            tqdm(probed, total=len(views), desc="check images", unit="image", disable=not progress)
+        )
+    for view, (found, policy) in zip(views, found_all, strict=True):
         problems.extend(found)
         policies.append(policy)
         try:
@@ -198,12 +208,14 @@ def build_records(
     near: float | None = None,
     far: float | None = None,
     progress: bool = False,
+    threads: int = 1,
 ) -> tuple[list[ImageRecord], SceneInfo]:
-    """Checked image records (store world frame) and the scene record for a parsed capture."""
+    """Checked image records (store world frame) and the scene record for a parsed capture
+    (``threads``: images probed at a time)."""
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras, policies = _checked_cameras(capture, exif, factor, progress)
+    cameras, policies = _checked_cameras(capture, exif, factor, progress, threads)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -325,6 +337,8 @@ def convert(
     for topic, line in capture.assumed:
         if topic != "bounds" or near is None or far is None:
             warnings.warn(line, RaykitWarning, stacklevel=2)
+    if threads is None:
+        threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
     records, scene = build_records(
         capture,
         downscale=downscale,
@@ -334,6 +348,7 @@ def convert(
         near=near,
         far=far,
         progress=progress,
+        threads=threads if scheduler is None else 1,
     )
     layout_options: dict[str, Any] = {"seed": seed}
     if chunk_rays is not None:
@@ -356,8 +371,6 @@ def convert(
         from raykit.store.images_writer import write_images_store as writer
 
         layout_options.pop("rgba_codec", None)
-    if threads is None:
-        threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
         from raykit.store.remote_write import work_folder, write_remote
 

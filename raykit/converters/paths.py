@@ -25,6 +25,13 @@ def is_inside(path: Path, root: Path) -> bool:
     return resolved == base or base in resolved.parents
 
 
+def _resolved(root: Path) -> Path:
+    try:
+        return Path(os.path.realpath(root))
+    except (OSError, ValueError):
+        return Path("\0")  # matches no path (a path cannot hold a NUL byte)
+
+
 class ImageRoots:
     """The folders image files may resolve into.
 
@@ -36,10 +43,17 @@ class ImageRoots:
     def __init__(self, root: Path, allowed: Iterable[Path] = ()) -> None:
         self.root = Path(root)
         self.allowed: Sequence[Path] = tuple(Path(p) for p in allowed)
+        self._resolved: tuple[Path, ...] | None = None  # the roots resolved once (a parse asks per image)
 
     def contains(self, path: Path) -> bool:
-        """True when ``path`` resolves inside the root or an allowed folder."""
-        return any(is_inside(path, root) for root in (self.root, *self.allowed))
+        """True when ``path`` resolves inside the root or an allowed folder (``is_inside`` of each)."""
+        if self._resolved is None:
+            self._resolved = tuple(_resolved(root) for root in (self.root, *self.allowed))
+        try:
+            resolved = Path(os.path.realpath(path))
+        except (OSError, ValueError):
+            return False
+        return any(resolved == base or base in resolved.parents for base in self._resolved)
 
     def outside(self, path: Path, where: str, given: str) -> str | None:
         """None when ``path`` is inside; else the problem line (``where``: the file and record, ``given``:

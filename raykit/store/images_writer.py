@@ -48,6 +48,7 @@ from raykit.store.images_layout import (
 )
 from raykit.store.integrity import content_fingerprint, file_record, json_digest
 from raykit.store.lock import holding_store_lock
+from raykit.store.phases import PhaseClock, Profile
 from raykit.store.plan import check_options, field_specs, partial_dir, record_plan, split_infos
 from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, ImageRecord, SceneInfo, SplitInfo
@@ -144,27 +145,36 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     "sha256", "source_sha256", "pixels_crc32c"}``."""
     root, rel = Path(job.root), f"staging/{job.index:06d}.img"
     record_path = root / f"staging/{job.index:06d}.json"
+    clock = PhaseClock()
     done = record_matches(record_path, job.key, root)  # (from an earlier run that staged files)
     if done is not None:
-        return done
+        clock.lap("resume_check")
+        return {**done, "seconds": clock.seconds}
     rec = job.record
     pixels = _checked(rec, rec.load())  # the one decode: fails on a truncated or corrupt file
+    clock.lap("decode")
     kept = getattr(rec.load, "encoded", None)  # a copy of an images store keeps its stored files
     stored = kept() if callable(kept) else None
     source = _source_bytes(rec) if stored is None else None
-    if source is not None and rec.source_sha256 and hashlib.sha256(source).hexdigest() != rec.source_sha256:
-        source = None  # the file at the recorded path changed since: not the recorded source
+    clock.lap("read")
+    source_sha = hashlib.sha256(source).hexdigest() if source is not None else ""
+    if source is not None and rec.source_sha256 and source_sha != rec.source_sha256:
+        source, source_sha = None, ""  # the file at the recorded path changed since: not the recorded source
+    clock.lap("checksum")
     if stored is None:
         stored = encode_for_store(source, pixels)
     if not stored.passthrough and not callable(kept):  # lossless by construction; checked all the same
         again = decode_stored(stored.data, pixels.shape[2], rec.source_path or rec.name)
         if not np.array_equal(again, pixels):
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
-    source_sha = rec.source_sha256 or (hashlib.sha256(source).hexdigest() if source is not None else "")
+    clock.lap("encode")
     if job.memory:
         _MEMORY.setdefault(job.root, {})[job.index] = stored.data
     else:
         atomic_write_bytes(root / rel, stored.data, sync=False)
+    clock.lap("write")
+    # a pass-through image is the source file's bytes: one hash for both
+    stored_sha = source_sha if stored.data is source else hashlib.sha256(stored.data).hexdigest()
     result = {
         "files": {} if job.memory else {rel: scratch_record(stored.data)},
         "ext": stored.ext,
@@ -172,13 +182,15 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "channels": int(pixels.shape[2]),
         "size": len(stored.data),
         "crc32c": _crc32c(stored.data),
-        "sha256": hashlib.sha256(stored.data).hexdigest(),
-        "source_sha256": source_sha,
+        "sha256": stored_sha,
+        "source_sha256": rec.source_sha256 or source_sha,
         "pixels_crc32c": _crc32c(pixels),
     }
+    clock.lap("checksum")
     if not job.memory:
         write_record(record_path, {"key": job.key, "result": result})
-    return result
+        clock.lap("write")
+    return {**result, "seconds": clock.seconds}
 
 
 @dataclass(frozen=True)
@@ -208,9 +220,11 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     """Phase 2 for one shard: ``{"files": {rel: record}, "members": [...]}``."""
     root = Path(job.root)
     record_path = root / f"tasks/{job.split}-{job.shard:06d}.json"
+    clock = PhaseClock()
     done = record_matches(record_path, job.key, root)
     if done is not None:
-        return done
+        clock.lap("resume_check")
+        return {**done, "seconds": clock.seconds}
     members: list[int] = []
     if job.backend == "zarr":
         per = job.layout["image_chunk_bytes"] * job.layout["image_shard_chunks"]
@@ -226,10 +240,14 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
         items = [(_staged(root, i), e, r) for i, e, r in zip(job.images, job.exts, job.records, strict=True)]
         rel = f"wds/{job.split}-{job.shard:06d}.tar"
         pieces, members = wds_image_shards(job.split, job.local[0], items)
+    clock.lap("gather")
     atomic_write_bytes(root / rel, pieces, sync=False)
+    clock.lap("write")
     result = {"files": {rel: bytes_record(pieces)}, "members": members}
+    clock.lap("checksum")
     write_record(record_path, {"key": job.key, "result": result})
-    return result
+    clock.lap("write")
+    return {**result, "seconds": clock.seconds}
 
 
 def _run(fn: Any, jobs: Sequence[Any], executor: Any) -> list[Any]:
@@ -283,24 +301,27 @@ def write_images_store(
     :func:`raykit.store.write_store`.
     """
     del progress  # phases are short per image; no progress bars
+    profile = Profile()
     check_options(backend, chunk_rays, shard_chunks, None)
     check_seed(seed)
     dst = Path(dst)
     ordered = order_records(records)
     layout = images_layout_options(chunk_rays, shard_chunks, seed)
+    records_plan = [record_plan(r) for r in ordered]
     plan = {"format_version": FORMAT_VERSION, "layout_kind": IMAGES_LAYOUT, "backend": backend,
-            "layout": layout, "scene": scene.to_dict(), "records": [record_plan(r) for r in ordered],
+            "layout": layout, "scene": scene.to_dict(), "records": records_plan,
             "source": dict(source or {})}  # fmt: skip
     if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
         plan["points"] = points_digest(points)
-    partial = partial_dir(dst, plan, overwrite)
     key = json_digest(plan)
+    partial = partial_dir(dst, plan, overwrite, key)
     memory = executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-    jobs = [EncodeJob(str(partial), i, r, json_digest([record_plan(r), _TASK_FORMAT]), memory)
+    jobs = [EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
             for i, r in enumerate(ordered)]  # fmt: skip
+    profile.wall.lap("plan")
     try:
         return _write_rest(jobs, executor, partial, dst, ordered, backend, layout, chunk_rays, scene, source,
-                           key, overwrite, points)  # fmt: skip
+                           key, overwrite, points, profile)  # fmt: skip
     finally:
         _MEMORY.pop(str(partial), None)
 
@@ -308,9 +329,12 @@ def write_images_store(
 def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, ordered: list[ImageRecord],
                 backend: str, layout: dict[str, Any], chunk_rays: int, scene: SceneInfo,
                 source: Mapping[str, Any] | None, key: str, overwrite: bool,
-                points: SparsePoints | None) -> Any:  # fmt: skip
-    """Phases 1 to 3 of :func:`write_images_store`."""
+                points: SparsePoints | None, profile: Profile) -> Any:  # fmt: skip
+    """Phases 1 to 3 of :func:`write_images_store`; ``profile`` gets the time per phase
+    (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
     encoded = _run(encode_image_task, jobs, executor)
+    profile.absorb("stage", encoded)
+    profile.wall.lap("stage")
     layout = {**layout, **image_chunking(ordered, encoded)}
     channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
     infos = {k: SplitInfo(k, v.n_rays, v.n_images, chunk_rays, False, v.pid_start, "derived", IMAGES_LAYOUT)
@@ -320,6 +344,7 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(table, str(tmp))
     offsets_px = table.column("pixel_offset").to_pylist()
+    profile.wall.lap("camera_table")
     files: dict[str, Any] = {}
     index: dict[str, dict[str, list[Any]]] = {}
     shard_jobs: list[ShardJob] = []
@@ -348,7 +373,10 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
                 atomic_write_bytes(partial / rel, data)
                 files[rel] = file_record(partial / rel)
         index[name] = entry
+    profile.wall.lap("metadata")
     results = _run(write_shard_task, shard_jobs, executor)
+    profile.absorb("shard", results)
+    profile.wall.lap("shards")
     for job, res in zip(shard_jobs, results, strict=True):
         files.update(res["files"])
         if backend == "wds":
@@ -357,6 +385,7 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
             entry.setdefault("image_member", []).extend(res["members"])
         for rel in res["files"]:
             fsync_path(partial / rel)
+    profile.wall.lap("fsync")
     atomic_write_json(partial / "index.json", index)
     written = ["cameras.parquet", "index.json"]
     if points is not None:
@@ -372,9 +401,13 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
     manifest = _manifest(backend, layout, {**dict(source or {}), "fingerprint": fingerprint}, scene, infos,
                          channels, table, files, index, points)  # fmt: skip
     atomic_write_json(partial / "manifest.json", manifest)
+    profile.wall.lap("index_manifest")
     from raykit.store.writer import _commit
 
-    return _commit(partial, dst, overwrite)
+    store = _commit(partial, dst, overwrite)
+    profile.wall.lap("commit")
+    profile.finish(dst)
+    return store
 
 
 def _doc(document: Mapping[str, Any]) -> bytes:

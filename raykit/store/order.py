@@ -112,6 +112,9 @@ def merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
     same size), and counts are monotone in ``k`` and sum to ``k``. Exact: the keys ``<= k / n`` form a
     prefix of the merge; it is trimmed or extended by the few keys at its end (rational arithmetic).
     """
+    if sizes and min(sizes) == max(sizes):  # a round robin: ray p is rank p // I of image p mod I
+        whole, part = divmod(k, len(sizes))
+        return [min(sizes[0], whole + (i < part)) for i in range(len(sizes))]
     total = sum(sizes)
     counts = [min(n, (2 * k * n + total) // (2 * total)) for n in sizes]
     excess = sum(counts) - k

@@ -36,12 +36,12 @@ def check_options(
         raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {materialize!r}")
 
 
-def partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool) -> Path:
+def partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool, key: str | None = None) -> Path:
     """The ``<dst>.partial`` directory of this plan: kept when its ``plan.json`` matches (resume),
     replaced otherwise; refuses to replace a store (unless ``overwrite``) or a non-store directory
-    (``raykit.store.destination``)."""
+    (``raykit.store.destination``). ``key``: ``json_digest(plan)`` when the caller has it already."""
     check_destination(dst, overwrite)
-    return prepare_partial(dst, plan, json_digest(plan))
+    return prepare_partial(dst, plan, json_digest(plan) if key is None else key)
 
 
 def record_plan(rec: ImageRecord) -> dict[str, Any]:

@@ -75,6 +75,7 @@ from raykit.store.staging import (
     StoreSource,
     bytes_record,
     record_matches,
+    release_stage_memos,
     stage_image,
     write_record,
 )
@@ -254,19 +255,21 @@ def write_store(
         "materialize": materialize,
         "train_order": TRAIN_ORDER,
     }
+    records_plan = [record_plan(r) for r in ordered]  # each image's part of the plan and its task key
     plan = {
         "format_version": FORMAT_VERSION,
         "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
         "backend": backend,
         "layout": layout,
         "scene": scene.to_dict(),
-        "records": [record_plan(r) for r in ordered],
+        "records": records_plan,
         "source": dict(source or {}),
         "with_pids": with_pids,
     }
     if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
         plan["points"] = points_digest(points)
-    partial = partial_dir(dst, plan, overwrite)
+    plan_key = json_digest(plan)
+    partial = partial_dir(dst, plan, overwrite, plan_key)
     profile.wall.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
     memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
@@ -274,12 +277,13 @@ def write_store(
     with staging:
         stage_jobs = [
             StageJob(
-                str(partial), i, r, json_digest([record_plan(r), seed]), r.split in SHUFFLED_SPLITS,
+                str(partial), i, r, json_digest([records_plan[i], seed]), r.split in SHUFFLED_SPLITS,
                 seed, staging,
             )
             for i, r in enumerate(ordered)
         ]  # fmt: skip
         staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+        release_stage_memos()
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         channels = 4 if any(s["channels"] == 4 for s in staged) else 3
@@ -309,7 +313,7 @@ def write_store(
             str(partial), offsets, sizes, image_channels, channels, materialize, staging, seed, cameras
         )
         return _write_payload_and_commit(
-            partial, dst, payload, gather, json_digest(plan), executor, progress, overwrite, profile
+            partial, dst, payload, gather, plan_key, executor, progress, overwrite, profile
         )
 
 

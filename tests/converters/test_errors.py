@@ -189,3 +189,31 @@ def test_image_failing_only_at_decode_leaves_no_store(tmp_path: Path, make, cli)
     status, lines = cli("convert", root, tmp_path / "out.zarr", "--no-progress", "--split", "all")
     assert status == 2 and len(lines) == 1 and "f_1.jpg: cannot decode image" in lines[0]
     assert not (tmp_path / "out.zarr").exists()
+
+
+def test_probing_in_threads_lists_the_same_problems_in_order(tmp_path: Path, make) -> None:
+    from raykit.converters import build_records, parse_source
+    from raykit.errors import SourceError
+
+    src = make.blender(tmp_path / "src", counts={"train": 6, "val": 2}, size=(8, 6))
+    for name in ("r_1", "r_4"):
+        broken = src / "train" / f"{name}.png"
+        broken.write_bytes(broken.read_bytes()[:60])  # truncated
+    root = tmp_path / "ngp"
+    frames = [make.ngp_frame(root, i, (6, 4)) for i in range(5)]
+    frames[1]["w"], frames[1]["h"] = 8, 4
+    frames[3]["w"], frames[3]["h"] = 8, 4
+    make.ngp(root, frames, fl_x=5.0)
+    for capture_dir, expected in ((src, 2), (root, 2)):
+        found = []
+        for threads in (1, 3):
+            capture = parse_source(capture_dir, "auto", images=None, skip_missing=False, downscale=1)
+            with pytest.raises(SourceError) as info:
+                build_records(capture, threads=threads)
+            found.append(info.value.problems)
+        assert found[0] == found[1] and len(found[0]) == expected, found
+    good = make.blender(tmp_path / "good", counts={"train": 5}, size=(8, 6))
+    capture = parse_source(good, "auto", images=None, skip_missing=False, downscale=1)
+    serial, threaded = build_records(capture, threads=1), build_records(capture, threads=4)
+    assert [r.name for r in serial[0]] == [r.name for r in threaded[0]]
+    assert [r.load for r in serial[0]] == [r.load for r in threaded[0]] and serial[1] == threaded[1]

@@ -269,3 +269,22 @@ def test_blender_split_file_without_frames_warns(tmp_path: Path, make) -> None:
     with pytest.warns(RaykitWarning, match=r"transforms_test.json: no frames, so no test images"):
         store = convert(src, tmp_path / "a.zarr")
     assert sorted(store.splits) == ["train", "val"]
+
+
+def test_image_roots_resolve_like_is_inside(tmp_path: Path) -> None:
+    from raykit.converters.paths import ImageRoots, is_inside
+
+    (tmp_path / "cap" / "images").mkdir(parents=True)
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "cap" / "images" / "a.png").write_bytes(b"x")
+    (tmp_path / "cap" / "out").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "cap" / "in").symlink_to(tmp_path / "extra", target_is_directory=True)
+    roots = ImageRoots(tmp_path / "cap", [tmp_path / "extra"])
+    paths = [tmp_path / "cap" / "images" / "a.png", tmp_path / "cap" / "images" / ".." / ".." / "x.png",
+             tmp_path / "cap" / "out" / "b.png", tmp_path / "cap" / "in" / "c.png", tmp_path / "extra",
+             tmp_path / "cap", tmp_path / "capx" / "d.png", Path("/etc/passwd")]  # fmt: skip
+    for path in paths * 2:  # twice: the roots are resolved once, on the first call
+        expected = is_inside(path, tmp_path / "cap") or is_inside(path, tmp_path / "extra")
+        assert roots.contains(path) == expected, path
+    assert [roots.contains(p) for p in paths] == [True, False, False, True, True, True, False, False]

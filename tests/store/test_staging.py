@@ -201,3 +201,49 @@ def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blos
     ours = zarr_backend.metadata_documents(splits, fields, layout)
     theirs = zarr_backend._metadata_documents_zarr(splits, fields, layout)
     assert {key: zarr_backend.document_bytes(doc) for key, doc in ours.items()} == theirs
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 30), st.data())
+def test_merge_counts_of_equal_sizes_are_a_round_robin(images: int, n: int, data: st.DataObject) -> None:
+    # the fast path for images of one size against the general (rational) merge of unequal sizes' code
+    sizes = (n,) * images
+    for k in {0, images * n, *data.draw(st.lists(st.integers(0, images * n), max_size=8))}:
+        assert merge_counts(sizes, k) == _merge_counts_reference(sizes, k)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 640])
+@pytest.mark.parametrize("channels", [3, 4])
+def test_packed_pixels_match_their_twins(n: int, channels: int) -> None:
+    from raykit.store.pixels import pack_rgba, pack_rgba_reference, unpack_rgb, unpack_rgb_reference
+
+    rng = np.random.default_rng(n * channels)
+    image = rng.integers(0, 256, (n, channels), dtype=np.uint8)
+    image.flags.writeable = False  # decoders hand out read-only arrays
+    packed = pack_rgba(image)
+    np.testing.assert_array_equal(packed, pack_rgba_reference(image))
+    assert packed.dtype == np.uint32 and packed.shape == (n,)
+    if channels == 3:
+        assert np.all(packed.view(np.uint8).reshape(n, 4)[:, 3] == 255)
+    out = np.full(n, 7, dtype=np.uint32)
+    assert pack_rgba(image, out=out) is out
+    np.testing.assert_array_equal(out, packed)
+    # a strided view (every other pixel of a wider image) packs the same as its copy
+    wide = rng.integers(0, 256, (2 * n, channels), dtype=np.uint8)
+    np.testing.assert_array_equal(pack_rgba(wide[::2]), pack_rgba_reference(np.ascontiguousarray(wide[::2])))
+    words = rng.integers(0, 2**32, n, dtype=np.uint32)
+    np.testing.assert_array_equal(unpack_rgb(words), unpack_rgb_reference(words))
+    np.testing.assert_array_equal(unpack_rgb(packed), image[:, :3])
+    assert pack_rgba(np.zeros((0, channels), np.uint8)).shape == (0,)
+    assert unpack_rgb(words[:0]).shape == (0, 3)
+
+
+def test_writer_drops_the_stage_index_memos(tmp_path: Path, records, scene: SceneInfo) -> None:
+    from raykit.store import staging
+
+    staging._base_indices(0, "train", 10)
+    write_store(tmp_path / "s", records, scene=scene, chunk_rays=32, shard_chunks=3)
+    assert staging._base_indices.cache_info().currsize == 0
+    base = staging._base_indices(3, "train", 50)  # the memo is base_n as intp, read-only
+    assert base.dtype == np.intp and not base.flags.writeable
+    np.testing.assert_array_equal(base, base_permutation(3, "train", 50))
