@@ -158,6 +158,18 @@ def measure_store(
     return out
 
 
+def ensure_stores(src: Path, work: Path) -> None:
+    """The capture's rays- and images-layout stores in ``work`` (``--loader-only``): converted once, as
+    ``measure_store`` converts them, when missing."""
+    from raykit.converters import convert
+
+    for layout in LAYOUTS:
+        dst = work / f"jpeg-{layout}"
+        if not (dst / "manifest.json").exists():
+            split = {"split": "source"} if (src / "transforms_train.json").exists() else {"split": "every:8"}
+            convert(src, dst, layout=layout, threads=2, near=0.5, far=8.0, overwrite=True, **split)
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status") as handle:
         for line in handle:
@@ -323,6 +335,17 @@ def main() -> None:
         action="store_true",
         help="only the conversions (no loader runs); default --out results/layouts_convert.json",
     )
+    parser.add_argument(
+        "--loader-only",
+        action="store_true",
+        help="only the loader runs (stores converted if missing); default --out results/layouts_loader.json",
+    )
+    parser.add_argument(
+        "--loader-repeats",
+        type=int,
+        default=1,
+        help="rays/images loader pairs, run alternately (median kept)",
+    )
     parser.add_argument("--threads", default="1,2", help="threads of the one worker, one conversion each")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="layouts to convert to")
     args = parser.parse_args()
@@ -330,6 +353,8 @@ def main() -> None:
     layouts = tuple(args.layouts.split(","))
     if args.convert_only and args.out == parser.get_default("out"):
         args.out = str(ROOT / "results" / "layouts_convert.json")
+    if args.loader_only and args.out == parser.get_default("out"):
+        args.out = str(ROOT / "results" / "layouts_loader.json")
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return
@@ -340,8 +365,11 @@ def main() -> None:
     jpeg = jpeg_capture(png)
     report: dict[str, Any] = {"command": command_line(), "machine": describe(2), "size": args.size,
                               "load_average_start": load_start}  # fmt: skip
-    report["png"] = measure_store(png, work, "png", threads, layouts)
-    report["jpeg"] = measure_store(jpeg, work, "jpeg", threads, layouts)
+    if args.loader_only:
+        ensure_stores(jpeg, work)
+    else:
+        report["png"] = measure_store(png, work, "png", threads, layouts)
+        report["jpeg"] = measure_store(jpeg, work, "jpeg", threads, layouts)
     if args.convert_only:
         report["load_average_end"] = os.getloadavg()
         write_report(args.out, report)
@@ -353,20 +381,30 @@ def main() -> None:
     store = open_store(images_url)
     per_image = int(store.table.n_pixels.max()) * store.rgba_channels
     cache = (args.window + 4) * per_image  # the window plus the images decoded ahead (DECODE_AHEAD)
+    pairs = []  # (rays, images) measured one after the other, so that both see the same machine
+    for _ in range(max(1, args.loader_repeats)):
+        rays_run = measure_loader(str(work / "jpeg-rays"), {}, args.batches)
+        images_run = measure_loader(images_url, {"cache_bytes": cache}, args.batches)
+        pairs.append((rays_run, {**images_run, "cache_bytes": cache}))
+    ratios = [b["rays_per_s"] / a["rays_per_s"] for a, b in pairs]
+    median = sorted(range(len(pairs)), key=lambda j: ratios[j])[len(pairs) // 2]  # the median pair
     report["loader"] = {
-        "rays": measure_loader(str(work / "jpeg-rays"), {}, args.batches),
-        "images": {**measure_loader(images_url, {"cache_bytes": cache}, args.batches), "cache_bytes": cache},
+        "rays": pairs[median][0],
+        "images": pairs[median][1],
+        "images_vs_rays": ratios[median],
     }
-    report["loader"]["images_vs_rays"] = (
-        report["loader"]["images"]["rays_per_s"] / report["loader"]["rays"]["rays_per_s"]
-    )
+    if len(pairs) > 1:
+        report["loader"]["pairs"] = [
+            {"rays_per_s": [a["rays_per_s"], b["rays_per_s"]], "images_vs_rays": r}
+            for (a, b), r in zip(pairs, ratios, strict=True)
+        ]
     report["bench"] = {
         "rays": bench_report(str(work / "jpeg-rays"), 512, min(args.batches, 100)),
         "images": bench_report(images_url, cache / MB, min(args.batches, 100)),
     }
     report["load_average_end"] = os.getloadavg()
     write_report(args.out, report)
-    print(json.dumps({k: report[k] for k in ("png", "jpeg", "loader")}, indent=1))
+    print(json.dumps({k: report[k] for k in ("png", "jpeg", "loader") if k in report}, indent=1))
 
 
 if __name__ == "__main__":
