@@ -18,8 +18,9 @@ class LoaderConfig:
     """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
 
     The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring);
-    ``None`` for ``rank``, ``world_size``, ``mix_run`` and ``gen_threads`` means "the default", resolved
-    by the loader (``torch.distributed``, the stored split, the device).
+    ``None`` for ``rank``, ``world_size``, ``mix_run``, ``group_rays`` and ``gen_threads`` means "the
+    default", resolved by the loader (``torch.distributed``, the stored split, ``cache_bytes``
+    (:func:`default_group_rays`), the device).
 
     Raises:
         ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
@@ -39,7 +40,7 @@ class LoaderConfig:
     mix_chunks: int = 8
     mix_run: int | None = None
     prefetch: int = 4
-    group_rays: int = 1 << 17
+    group_rays: int | None = None
     gen_threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -76,3 +77,21 @@ class LoaderConfig:
                 "give them one way"
             )
         return config
+
+
+GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small
+GROUP_HOST_BYTES_PER_RAY = 80  # a generated group on the host: 13 floats and 3 int64 per ray, rounded up
+GROUPS_ALIVE = 6  # in flight, queued, being handed over and being consumed
+
+
+def default_group_rays(cache_bytes: int) -> int:
+    """Rays per generated group when ``group_rays`` is not given: ``GROUP_RAYS_MAX`` (2^17), halved
+    (down to 2^14) while the groups alive at once would take more than a quarter of ``cache_bytes``.
+
+    Larger groups cost less per ray (per-group overhead on the generation threads); smaller ones keep
+    a small budget's loader small, since groups are the loader's largest memory beyond its cache.
+    """
+    rays = GROUP_RAYS_MAX
+    while rays > 1 << 14 and 4 * GROUPS_ALIVE * GROUP_HOST_BYTES_PER_RAY * rays > cache_bytes:
+        rays //= 2
+    return rays

@@ -39,7 +39,7 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.arguments import check_state, open_if_location, resume_position
 from raykit.loaders.background import release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
-from raykit.loaders.config import LoaderConfig
+from raykit.loaders.config import LoaderConfig, default_group_rays
 from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, as_source
@@ -96,6 +96,8 @@ class RayLoader:
             they never spin against each other or the caller); default 2 on CPU, 1 on GPUs.
         group_rays: rays gathered and generated together (consecutive batches of one epoch), which
             amortises per-call overhead at small batch sizes; batches are then views of the group.
+            Default: 2^17, less for a small ``cache_bytes``
+            (:func:`~raykit.loaders.config.default_group_rays`).
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
         config: all of the options above but ``store`` and ``make_batch`` as one
@@ -136,7 +138,7 @@ class RayLoader:
         mix_chunks: int = 8,
         mix_run: int | None = None,
         prefetch: int = 4,
-        group_rays: int = 1 << 17,
+        group_rays: int | None = None,
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
         config: LoaderConfig | None = None,
@@ -161,7 +163,8 @@ class RayLoader:
             cfg.drop_last, cfg.mix_chunks, world_size, rank, mix_run,
         )  # fmt: skip
         self.cache: ChunkCache[RawRays] = ChunkCache(cfg.cache_bytes)
-        self.num_workers, self.prefetch, self.group_rays = cfg.num_workers, cfg.prefetch, cfg.group_rays
+        group_rays = cfg.group_rays if cfg.group_rays is not None else default_group_rays(cfg.cache_bytes)
+        self.num_workers, self.prefetch, self.group_rays = cfg.num_workers, cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
         if gen_threads is None:
             gen_threads = 1 if torch.device(cfg.device).type == "cuda" else min(2, os.cpu_count() or 1)

@@ -31,6 +31,7 @@ from raykit.loaders.arguments import check_loader_args, check_state, resume_posi
 from raykit.loaders.background import DONE, EpochIteration, put_until_stopped, release_threads_and_workers
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
+from raykit.loaders.config import GROUP_RAYS_MAX
 from raykit.loaders.lifecycle import check_main_guard, register
 from raykit.loaders.stages import slice_batch
 from raykit.loaders.window import Piece, WindowPlan
@@ -85,7 +86,7 @@ class WindowLoader(EpochIteration):
         prefetch: int = 4,
         window_images: int | None = None,
         gen_threads: int | None = None,
-        group_rays: int = 1 << 17,
+        group_rays: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
         **ray_layout_options: Any,
     ) -> None:
@@ -110,7 +111,8 @@ class WindowLoader(EpochIteration):
         self.num_workers, self.prefetch = num_workers, prefetch
         if gen_threads is None:
             gen_threads = 1 if torch.device(device).type == "cuda" else min(2, os.cpu_count() or 1)
-        self.gen_threads, self.group_rays = gen_threads, group_rays
+        self.gen_threads = gen_threads
+        self.group_rays = group_rays if group_rays is not None else GROUP_RAYS_MAX
         if make_batch is None:
             make_batch = DeviceBatcher(store, device)
         self.make_batch = make_batch

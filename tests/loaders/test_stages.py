@@ -155,3 +155,20 @@ def test_the_loader_takes_its_strategy_from_the_layout_kind(
 
     with pytest.raises(ConfigError, match="mem://images: no loading strategy for layout kind 'images'"):
         strategy_for(ImagesStore())
+
+
+def test_default_group_rays_shrinks_with_a_small_cache_budget(stores: dict[str, Any]) -> None:
+    """Groups of 2^17 rays unless the groups alive at once would exceed a quarter of the budget."""
+    from raykit.loaders.config import GROUP_RAYS_MAX, default_group_rays
+
+    assert default_group_rays(512 << 20) == GROUP_RAYS_MAX == 1 << 17
+    assert default_group_rays(128_000_000) == 1 << 16  # the out-of-core benchmark's budget
+    assert default_group_rays(0) == 1 << 14
+    sizes = [default_group_rays(b) for b in range(0, 1 << 30, 1 << 22)]
+    assert sizes == sorted(sizes) and all(s & (s - 1) == 0 for s in sizes)
+    for budget, rays in ((512 << 20, 1 << 17), (64 << 20, 1 << 15)):
+        loader = RayLoader(stores["zarr"], batch_size=64, cache_bytes=budget)
+        assert loader.group_rays == rays and loader.config.group_rays is None
+        loader.close()
+        with RayLoader(stores["zarr"], batch_size=64, cache_bytes=budget, group_rays=640) as given:
+            assert given.group_rays == 640
