@@ -229,3 +229,16 @@ def test_exif_chunk_after_pixel_data_is_found_without_decoding(tmp_path: Path, m
     with pytest.raises(SourceError, match="EXIF orientation is 3"):
         probe_image(path)
     assert np.array_equal(decode_image(path, exif="apply"), np.rot90(decode_image(path, exif="ignore"), 2))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", "P", "I;16"])
+@pytest.mark.parametrize("size", [(1, 1), (7, 3), (130, 57), (800, 2)])
+def test_pixel_array_equals_numpy_asarray(mode: str, size: tuple[int, int]) -> None:
+    """The one-buffer raw encode gives ``np.asarray(img)``'s array (its simple twin), any mode and size."""
+    from raykit.converters.images import pixel_array
+
+    rng = np.random.default_rng(sum(size))
+    rgba = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 4), dtype=np.uint8), "RGBA")
+    img = rgba.convert(mode) if mode != "P" else rgba.convert("RGB").convert("P")
+    got, want = pixel_array(img), np.asarray(img)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
