@@ -105,6 +105,7 @@ def measure_capture(src: Path, repeats: int, quick: bool = False, convert_repeat
     the best of ``convert_repeats`` runs, all runs' seconds kept)."""
     images = sorted(src.glob("*/r_*.png"))
     decode = decode_rate(images, repeats)
+    strict = decode_rate(images, repeats, strict=True)
     own = converter_side(src, decode["megapixels"], repeats)
     png_bytes = sum(p.stat().st_size for p in images)
     layouts = ((1, 1), (1, 2)) if quick else ((1, 1), (1, 2), (2, 1))
@@ -120,12 +121,16 @@ def measure_capture(src: Path, repeats: int, quick: bool = False, convert_repeat
         "png_bytes": png_bytes,
         "png_bytes_per_pixel": png_bytes / (decode["megapixels"] * 1e6),
         "decode_single_core": decode,
+        "decode_single_core_strict": strict,
         "converter_side_single_core": own,
         "converter_side_ratio_vs_decode": own["mp_per_s"] / decode["mp_per_s"],
         "convert": runs,
         "compression_ceiling_single_worker": compression_ceiling(decode, runs[0]),
         "ratio_per_worker_vs_decode": {
             f"{r['workers']}x{r['threads']}": r["mp_per_s_per_worker"] / decode["mp_per_s"] for r in runs
+        },
+        "ratio_per_worker_vs_strict_decode": {
+            f"{r['workers']}x{r['threads']}": r["mp_per_s_per_worker"] / strict["mp_per_s"] for r in runs
         },
         "ratio_per_core_vs_decode": {
             f"{r['workers']}x{r['threads']}": r["mp_per_s_per_core"] / decode["mp_per_s"] for r in runs
@@ -135,8 +140,9 @@ def measure_capture(src: Path, repeats: int, quick: bool = False, convert_repeat
     }
 
 
-def decode_rate(images: list[Path], repeats: int) -> dict[str, float]:
-    """Single-core Pillow decode of every image, best of ``repeats`` passes."""
+def decode_rate(images: list[Path], repeats: int, strict: bool = False) -> dict[str, float]:
+    """Single-core Pillow decode of every image into an array (``np.asarray``; ``strict``: through the
+    converter's own faster ``pixel_array``, the stricter reference), best of ``repeats`` passes."""
     best = float("inf")
     pixels = 0
     for _ in range(repeats):
@@ -144,13 +150,16 @@ def decode_rate(images: list[Path], repeats: int) -> dict[str, float]:
         pixels = 0
         for path in images:
             with Image.open(path) as img:
-                pixels += _decoded(img)
+                pixels += _decoded(img, strict)
         best = min(best, time.perf_counter() - start)
     return {"seconds": best, "megapixels": pixels / 1e6, "mp_per_s": pixels / 1e6 / best}
 
 
-def _decoded(img: Image.Image) -> int:
-    array = np.asarray(img)
+def _decoded(img: Image.Image, strict: bool = False) -> int:
+    from raykit.converters.images import pixel_array
+
+    img.load()
+    array = pixel_array(img) if strict else np.asarray(img)
     return int(array.shape[0] * array.shape[1])
 
 
