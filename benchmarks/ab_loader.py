@@ -3,9 +3,10 @@
 Each round runs, for each checkout in turn, a fresh process with ``PYTHONPATH`` on that checkout:
 ``benchmarks/bench_loader.py --case STORE CACHE_BYTES BATCHES`` of that checkout (open the store, first
 batch, a full epoch 0 that fills the cache, then ``BATCHES`` steady batches). Both sides read the same
-store, so the store's format must be one both checkouts read. Each run records its 1-minute load and
-the CPU seconds that other processes spent meanwhile (``/proc/stat``: user + nice + steal of the whole
-machine less this run's own), so noisy runs can be told apart.
+store, so the store's format must be one both checkouts read, unless ``--store-a`` gives A its own
+(e.g. the same capture converted by A's code, in its format). Each run records its 1-minute load and
+the machine's busy CPU ticks meanwhile (``/proc/stat``: user + nice + system + steal, the run's own
+included; about 2 cores' worth means nothing else ran), so noisy runs can be told apart.
 
     python benchmarks/ab_loader.py ../base . --rounds 3 --out benchmarks/results/loader_ab.json
 
@@ -57,6 +58,9 @@ def main() -> None:
     parser.add_argument("a", type=Path, help="checkout A (e.g. the base commit)")
     parser.add_argument("b", type=Path, help="checkout B")
     parser.add_argument("--store", type=Path, default=ROOT / "data" / "loader-realistic-0" / "store.zarr")
+    parser.add_argument(
+        "--store-a", type=Path, default=None, help="A's own store (e.g. an older format); default --store"
+    )
     parser.add_argument("--cache-bytes", type=int, default=1_024_000_000)
     parser.add_argument("--batches", type=int, default=15000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -65,7 +69,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     for _ in range(args.rounds):
         for side, checkout in (("a", args.a), ("b", args.b)):
-            run = run_case(checkout.resolve(), args.store.resolve(), args.cache_bytes, args.batches)
+            store = args.store_a if side == "a" and args.store_a is not None else args.store
+            run = run_case(checkout.resolve(), store.resolve(), args.cache_bytes, args.batches)
             runs[side].append(run)
             print(side, json.dumps(run), flush=True)
     medians = {
