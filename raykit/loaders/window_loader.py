@@ -213,6 +213,12 @@ class WindowLoader(EpochIteration):
             self._bases[(epoch, n)] = np.concatenate([base, base])
         return self._bases[(epoch, n)]
 
+    def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
+        """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
+        doubled = self._doubled(epoch, self.plan.image_rays[image])
+        offset = int(self.source.pixel_offsets[image])
+        return WindowImage.enter(rgba, offset, doubled, self.plan.rotation(epoch, image))
+
     def _planned(self, epoch: int, start: int, stop: threading.Event | None) -> Iterator[Planned]:
         """Batches ``start..`` of ``epoch`` as planned (their pieces and the window images they draw
         from), on the calling thread: decoding stays ahead and images leave the window when used up."""
@@ -225,7 +231,6 @@ class WindowLoader(EpochIteration):
                 finished.update(i for i, _, hi in pieces if hi == plan.image_rays[i])
         # Images enter the window in the epoch's image order: decode them in that order.
         stream = self._decoded([i for i in plan.image_order(epoch).tolist() if i not in finished])
-        offsets = self.source.pixel_offsets
         window: dict[int, WindowImage] = {}
         for pieces in plan.iter_batches(epoch, start):
             if stop is not None and stop.is_set():
@@ -234,10 +239,7 @@ class WindowLoader(EpochIteration):
             for i, _, _ in pieces:
                 while i not in window:  # images that entered before ``i`` come first
                     got, image = next(stream)
-                    doubled = self._doubled(epoch, plan.image_rays[got])
-                    window[got] = WindowImage.enter(
-                        image.rgba, int(offsets[got]), doubled, plan.rotation(epoch, got)
-                    )
+                    window[got] = self.enter(epoch, got, image.rgba)
             self.seconds["read"] += time.perf_counter() - t0
             yield pieces, {i: window[i] for i, _, _ in pieces}
             for i, _, hi in pieces:

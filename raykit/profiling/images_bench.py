@@ -22,7 +22,7 @@ import torch
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.window import WindowPlan
-from raykit.loaders.window_loader import WindowImage, gather_planned
+from raykit.loaders.window_loader import gather_planned
 from raykit.profiling.mixing import shuffle_quality
 from raykit.store.image_codec import decode_stored
 from raykit.store.images_read import images_reader, split_rows
@@ -88,9 +88,7 @@ def run_images_bench(
     t1 = time.perf_counter()
     decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
     t2 = time.perf_counter()
-    offsets = loader.source.pixel_offsets
-    window = {i: WindowImage.enter(rgba, int(offsets[i]), loader._doubled(0, len(rgba)), plan.rotation(0, i))
-              for i, rgba in decoded.items()}  # fmt: skip
+    window = {i: loader.enter(0, i, rgba) for i, rgba in decoded.items()}
     raws = [gather_planned([(batch, {i: window[i] for i, _, _ in batch})])[0] for batch in pieces]
     t3 = time.perf_counter()
     batcher = DeviceBatcher(store, device)

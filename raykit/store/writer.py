@@ -282,8 +282,10 @@ def write_store(
             )
             for i, r in enumerate(ordered)
         ]  # fmt: skip
-        staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
-        release_stage_memos()
+        try:
+            staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+        finally:
+            release_stage_memos()
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         channels = 4 if any(s["channels"] == 4 for s in staged) else 3
