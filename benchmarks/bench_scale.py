@@ -68,14 +68,14 @@ def panorama(seed: int, width: int, height: int) -> np.ndarray:
     """(height, width, 3) uint8 photo-like texture: noise octaves, gradients and textured shapes."""
     rng = np.random.default_rng(seed)
     img = np.zeros((height, width, 3), np.float32)
-    for octave in range(2, 9):
-        cells = (max(2, height >> (9 - octave)), max(2, width >> (9 - octave)))
+    for octave in range(1, 11):  # equal weights down to 2-pixel cells: detail at every scale, as photos
+        cells = (max(2, height >> (11 - octave)), max(2, width >> (11 - octave)))
         grid = rng.random((*cells, 3), dtype=np.float32)
         layer = Image.fromarray((grid * 255).astype(np.uint8)).resize((width, height), Image.BICUBIC)
-        img += np.asarray(layer, np.float32) * (0.6**octave)
-    img *= 255.0 / max(float(img.max()), 1.0)
+        img += np.asarray(layer, np.float32)
+    detail = (img - img.mean()) / img.std() * 50.0
     rows = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None, None]
-    img = 0.55 * img + 90.0 * rows * np.array([0.4, 0.6, 1.0], np.float32)
+    img = detail + 110.0 + 60.0 * rows * np.array([0.4, 0.6, 1.0], np.float32)
     canvas = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(canvas)
     for _ in range(width * height // 40000):
@@ -84,7 +84,8 @@ def panorama(seed: int, width: int, height: int) -> np.ndarray:
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
         shape((x - r, y - r // 2, x + r, y + r // 2), fill=colour, outline=(20, 20, 20), width=2)
-    return np.asarray(canvas)
+    textured = np.asarray(canvas, np.float32) + 0.6 * detail  # shapes with surface texture, not flat
+    return np.clip(textured, 0, 255).astype(np.uint8)
 
 
 def orbit(n: int) -> np.ndarray:
