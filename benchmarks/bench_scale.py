@@ -325,9 +325,7 @@ def loader_child(spec: dict[str, Any]) -> None:
 
 def _rays_in(batch: Any, torch: Any) -> int:
     if isinstance(batch, torch.Tensor):
-        return (
-            int(batch.shape[0] * batch.shape[1] * batch.shape[2]) if batch.ndim == 4 else int(batch.shape[0])
-        )
+        return int(batch.numel() // batch.shape[-1])  # (H, W, 3) images, (B, H, W, 3), (N, 3) rays
     for name in ("images", "rgb", "pixels"):
         value = batch.get(name) if isinstance(batch, dict) else getattr(batch, name, None)
         if value is not None:
