@@ -34,14 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from raykit.cameras import CAMERA_MODELS
 from raykit.converters import sfm
 from raykit.converters.photos import check_photos, list_photos, looks_like_frames, one_device
 from raykit.converters.pose_state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
 from raykit.converters.video import VIDEO_EXTENSIONS, extract_frames
 from raykit.errors import ConfigError, SourceError
+from raykit.progress import progress as progress_bar
 
 __all__ = [
     "MATCHERS",
@@ -135,7 +134,7 @@ def _photos_input(src: Path, kind: str, state: PoseState, options: PoseOptions, 
         if state.begin("frames", key):
             start = time.perf_counter()
             state.make_frames_folder()
-            with tqdm(desc="frames", unit="frame", disable=not progress) as bar:
+            with progress_bar(desc="frames", unit="frame", disable=not progress) as bar:
                 extract_frames(src, state.out / "images", options.fps, progress=bar.update)
             state.finish("frames", time.perf_counter() - start)
         return state.out / "images"

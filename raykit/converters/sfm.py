@@ -16,9 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from raykit.errors import ConfigError
+from raykit.progress import progress as progress_bar
 
 __all__ = [
     "database_counter",
@@ -119,7 +118,7 @@ def run_cancellable(
             finished.set()
 
     thread = threading.Thread(target=target, name=f"raykit-{desc}", daemon=True)
-    with tqdm(total=total, desc=desc, unit=unit, disable=not progress, leave=True) as bar:
+    with progress_bar(total=total, desc=desc, unit=unit, disable=not progress, leave=True) as bar:
         thread.start()
         try:
             while not finished.wait(_POLL_S):
