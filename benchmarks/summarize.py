@@ -1,8 +1,10 @@
-"""Write BENCHMARKS.md from the JSON the benchmarks wrote (benchmarks/results/*.json).
+"""Print Markdown tables from the JSON the benchmarks wrote (benchmarks/results/*.json).
 
-    python benchmarks/summarize.py
+    python benchmarks/summarize.py > tables.md
 
-Every number in BENCHMARKS.md comes from those files; the prose around them is fixed text.
+BENCHMARKS.md is organised by topic and edited by hand (its history is benchmarks/HISTORY.md), so this
+script no longer rewrites it: it prints the loader, conversion, trainer, codec and poses sections of the
+results files present, every number from those files, to copy into the topic they belong to.
 """
 
 from __future__ import annotations
@@ -277,10 +279,8 @@ def poses_section(d: dict[str, Any]) -> str:
 
 def main() -> None:
     parts = [
-        "# Benchmarks",
-        "Latest numbers, written by `python benchmarks/summarize.py` from `benchmarks/results/*.json`. "
-        f"Machine, as each benchmark measured it: {_machines()}. Other work may have been running at the "
-        "same time; each section gives its load average.",
+        "# Benchmark tables",
+        f"From `benchmarks/results/*.json`. Machine, as each benchmark measured it: {_machines()}.",
     ]
     for name, section in (
         ("loader", loader_section),
@@ -293,26 +293,9 @@ def main() -> None:
         if data is not None:
             parts.append(section(data))
     cuda = _load("loader_cuda")
-    parts.append(
-        "## CUDA\nCommand (on a machine with CUDA): `bash benchmarks/gpu_check.sh` (the CUDA tests, "
-        "`bench_loader.py --cuda` and a 60 s-per-sampler CUDA trainer run; `bash benchmarks/gpu_wheels.sh` "
-        "first fetches the wheels the GPU image lacks, to carry as `.whl`). No GPU machine has been lent to a "
-        "task since, so the CUDA paths have not been measured."
-        if cuda is None
-        else f"## CUDA loader\n```json\n{json.dumps(cuda, indent=1)[:2000]}\n```"
-    )
-    target = ROOT.parent / "BENCHMARKS.md"
-    parts += _kept_sections(target, parts)
-    target.write_text("\n\n".join(parts) + "\n")
-
-
-def _kept_sections(target: Path, generated: list[str]) -> list[str]:
-    """Hand-written ``## `` sections of the current file whose headings this script does not generate."""
-    if not target.exists():
-        return []
-    headings = {p.splitlines()[0] for p in generated}
-    sections = ["## " + s for s in target.read_text().split("\n## ")[1:]]
-    return [s.strip() for s in sections if s.splitlines()[0] not in headings and not s.startswith("## CUDA")]
+    if cuda is not None:
+        parts.append(f"## CUDA loader\n```json\n{json.dumps(cuda, indent=1)[:2000]}\n```")
+    print("\n\n".join(parts))
 
 
 if __name__ == "__main__":
