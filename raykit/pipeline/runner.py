@@ -131,6 +131,7 @@ class StageRunner:
             "attempt": len(record["attempts"]) + 1,
             "started": time.time(),
             "resume": resume,
+            "status": "running",
             "log": f"logs/{stage.name}.{len(record['attempts']) + 1}.log",
         }
         record["attempts"].append(entry)
