@@ -68,3 +68,14 @@ def finished_run(tiny_scene: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     out = tmp_path_factory.mktemp("run") / "out"
     raykit_run(tiny_scene, out, "--samplers=occupancy,stratified", "--steps=24")
     return out
+
+
+@pytest.fixture(scope="session")
+def colmap_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``raykit run`` of the tiny scene's COLMAP form (cameras and sparse points), one sampler."""
+    from raykit.scene import render_scene, write_colmap
+
+    root = tmp_path_factory.mktemp("colmap")
+    write_colmap(render_scene("tiny", seed=0), root / "capture", binary=True)
+    raykit_run(root / "capture", root / "out", "--steps=8")
+    return root / "out"
