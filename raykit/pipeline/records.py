@@ -25,7 +25,7 @@ from typing import Any
 
 import raykit
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_json, json_bytes, sha256_bytes
+from raykit.fileio import atomic_write_bytes, json_bytes, sha256_bytes
 
 __all__ = ["PIPELINE_FILE", "Meter", "Records", "environment", "fingerprint", "tree_fingerprint"]
 
@@ -100,7 +100,9 @@ class Records:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.path, self.data, sync=False)
+        # In run order, keys as written (not sorted): a record read back equals the one kept in memory.
+        text = json.dumps(self.data, indent=2, allow_nan=False) + "\n"
+        atomic_write_bytes(self.path, text.encode(), sync=False)
 
 
 def _rss_mb(pid: int | str = "self") -> float:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raykit.errors import ConfigError, SourceError
 from raykit.pipeline import stages
 from raykit.pipeline.config import StageConfigs
 from raykit.pipeline.records import fingerprint, tree_fingerprint
@@ -19,11 +20,20 @@ __all__ = ["ExtraStages", "run_pipeline"]
 ExtraStages = Callable[[StageRunner, dict[str, Any]], dict[str, str]]
 
 
-def run_pipeline(cfg: StageConfigs, *, extra: ExtraStages | None = None) -> Path:
-    """Run every stage of ``cfg`` into ``cfg.run.out``; return the path of ``report.md``."""
-    out = Path(cfg.run.out)
+def run_pipeline(
+    cfg: StageConfigs, *, extra: ExtraStages | None = None, runner: StageRunner | None = None
+) -> Path:
+    """Run every stage of ``cfg`` into ``cfg.run.out``; return the path of ``report.md``.
+
+    ``runner``: one that already ran stages before these (the demo's scene), on the same folder.
+    """
+    out, src = Path(cfg.run.out), Path(cfg.run.src)
+    if not src.exists():
+        raise SourceError(f"{src}: not found")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    runner = StageRunner(out, cfg.run.retries)
+    runner = runner or StageRunner(out, cfg.run.retries)
     started = time.perf_counter()
     results = _capture_and_store(cfg, out, runner)
     url, store_fp = results["store"]["url"], results["store"]["output"]

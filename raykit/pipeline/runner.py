@@ -63,6 +63,7 @@ class Stage:
         run: does the work; returns the JSON-able result (with an ``output`` fingerprint for downstream).
         command: the exact command that reproduces the stage.
         outputs: paths removed before a stage whose inputs changed starts over.
+        resumable: an interrupted attempt continues in place (else its outputs are removed first).
     """
 
     name: str
@@ -70,6 +71,7 @@ class Stage:
     run: Callable[[Attempt], dict[str, Any]]
     command: Sequence[str]
     outputs: Sequence[Path] = field(default_factory=tuple)
+    resumable: bool = True
 
 
 def machine_fault(exc: BaseException) -> bool:
@@ -105,7 +107,7 @@ class StageRunner:
         if old is not None and old["fingerprint"] == fp and old["status"] == "done":
             self.echo(f"==> {stage.name}: up to date")
             return self.result(stage.name)
-        resume = old is not None and old["fingerprint"] == fp
+        resume = stage.resumable and old is not None and old["fingerprint"] == fp
         if not resume:
             for path in stage.outputs:
                 _remove(path)
@@ -113,6 +115,9 @@ class StageRunner:
         record["attempts"] = list(old["attempts"]) if resume and old else []
         self.echo(f"==> {stage.name}" + (" (resuming)" if resume and old else ""))
         for number in range(1, self.retries + 2):
+            if number > 1 and not stage.resumable:
+                for path in stage.outputs:
+                    _remove(path)
             outcome = self._attempt(stage, record, number, resume or number > 1)
             if outcome is None:
                 self.ran.append(stage.name)

@@ -82,7 +82,9 @@ def convert_stage(cfg: StageConfigs, out: Path, capture: Path, source_fp: str, p
         store = convert(config.src, config.dst, **options)
         return {"url": store.url, "output": store.fingerprint, "source_bytes": _bytes(capture)}
 
-    inputs = {"source": source_fp, "options": {k: v for k, v in options.items() if k != "progress"}}
+    # The store's bytes do not depend on where it was converted (workers, scheduler, threads).
+    executor = ("progress", "workers", "scheduler", "threads")
+    inputs = {"source": source_fp, "options": {k: v for k, v in options.items() if k not in executor}}
     command = _raykit("convert", config.src, config.dst, *config_flags(config, skip=("progress",)))
     return Stage("convert", inputs, run, command, (out / "store",))
 
