@@ -145,6 +145,8 @@ class Meter:
             self.peak_rss_mb = max(self.peak_rss_mb, self.child.get("peak_rss_mb", 0.0))
             if gpu:
                 self.peak_gpu_mb = _gpu_peak_mb()
+            if self.child.get("peak_gpu_mb") is not None:
+                self.peak_gpu_mb = max(self.peak_gpu_mb or 0.0, self.child["peak_gpu_mb"])
 
     def _sample(self, stop: threading.Event) -> None:
         while True:

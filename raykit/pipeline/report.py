@@ -84,10 +84,10 @@ def figures(out: Path, results: Mapping[str, Any], records: Mapping[str, Any]) -
     made["psnr"] = _save(fig, folder / "psnr.png")
     names = list(runs)
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
-    memory = {s: runs[s]["memory_mb"] or records[f"train-{s}"].get("peak_rss_mb") or 0.0 for s in names}
+    memory = {s: runs[s]["memory_mb"] or 0.0 for s in names}
     panels = (
         ("samples_per_ray", "samples per ray"),
-        ("memory", "peak memory (MB; GPU, else RSS)"),
+        ("memory", "peak memory (MB; CUDA, else RSS)"),
         ("loader_wait_fraction", "loader wait (share of step)"),
     )
     for ax, (key, title) in zip(axes, panels, strict=True):
@@ -202,7 +202,7 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
             "steps",
             "samples/ray",
             "rays/s",
-            "GPU memory MB",
+            "trainer memory MB",
             "peak RSS MB",
             "loader wait",
         ],

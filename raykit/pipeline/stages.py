@@ -132,9 +132,10 @@ def train_config(cfg: StageConfigs, url: str, out: Path, sampler: str) -> TrainC
     """The trainer's config of one sampler: the passed-through options, its share of the budget."""
     samplers = cfg.run.sampler_list()
     budget = None if cfg.run.steps is not None else cfg.run.minutes * 60.0 / len(samplers)
-    progress_every = cfg.train.progress_every_s
-    if progress_every is None and budget is not None:
-        progress_every = budget / 5  # PSNR against time in the report
+    progress_every, progress_images = cfg.train.progress_every_s, cfg.train.progress_images
+    if progress_every is None and budget is not None:  # PSNR against time in the report: 4 quick checks
+        progress_every = budget / 4  # of one image (full images cost minutes on a CPU early in training)
+        progress_images = 1 if progress_images == TrainConfig.progress_images else progress_images
     return cfg.train.replace(
         store=url,
         out=str(out / "runs" / sampler),
@@ -142,6 +143,7 @@ def train_config(cfg: StageConfigs, url: str, out: Path, sampler: str) -> TrainC
         steps=cfg.run.steps or 10**9,
         max_seconds=budget,
         progress_every_s=progress_every,
+        progress_images=progress_images,
         resume=True,
         progress=False,
     )
@@ -176,7 +178,11 @@ def train_stage(cfg: StageConfigs, url: str, store_fp: str, out: Path, sampler: 
 
     def run(attempt: Attempt) -> dict[str, Any]:
         run_process(argv, attempt)
-        return train_summary(run_dir)
+        summary = train_summary(run_dir)
+        device = json.loads((run_dir / "run.json").read_text())["environment"].get("device", "")
+        if str(device).startswith("cuda"):  # the trainer's peak is CUDA's allocation there
+            attempt.meter.child["peak_gpu_mb"] = summary["memory_mb"]
+        return summary
 
     inputs = {"store": store_fp, "config": config.to_dict(), "nproc_per_node": cfg.run.nproc_per_node}
     return Stage(f"train-{sampler}", inputs, run, argv, (run_dir,))
@@ -206,7 +212,7 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
         "samples_per_ray": mean("samples_per_ray"),
         "rays_per_s": mean("rays_per_s"),
         "loader_wait_fraction": mean("loader_wait_fraction"),
-        "memory_mb": max((r.get("memory_mb") or 0.0 for r in log), default=None),
+        "memory_mb": max((r.get("peak_memory_mb") or 0.0 for r in log), default=None),
         "elapsed_s": log[-1].get("elapsed_s") if log else None,
         "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr")} for p in progress],
         "renders": sorted(str(p) for p in (run_dir / "renders" / "test").glob("*.png")),
