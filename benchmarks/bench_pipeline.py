@@ -41,7 +41,8 @@ def _run(argv: list[str]) -> float:
 
 
 def measure(src: str, minutes: float, extra: list[str], out: Path) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "raykit", "run", src, str(out), f"--minutes={minutes}", "--no-progress", *extra]
+    argv = [sys.executable, "-m", "raykit", "run", src, str(out), f"--minutes={minutes}", "--no-progress"]
+    argv += extra
     wall = _run(argv)
     stages = json.loads((out / "pipeline.json").read_text())["stages"]
     times = {name: record["wall_s"] for name, record in stages.items()}
@@ -71,8 +72,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     import torch
 
-    report = {"command": command_line(), "machine": describe(torch.get_num_threads()), "minutes": args.minutes,
-              **result}  # fmt: skip
+    machine = describe(torch.get_num_threads())
+    report = {"command": command_line(), "machine": machine, "minutes": args.minutes, **result}
     write_report(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if k not in ("machine",)}, indent=2))
 
