@@ -146,3 +146,29 @@ def test_invalid_options_are_refused(run_raykit: Any, tiny_scene: Path, tmp_path
     done = run_raykit(tiny_scene, tmp_path / "out", flag, check=False)
     assert done.returncode == 2 and "raykit: error: invalid run options" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_conversion_on_a_dask_scheduler_gives_the_same_store(
+    run_raykit: Any, tiny_scene: Path, finished_run: Path, tmp_path: Path
+) -> None:
+    from dask.distributed import LocalCluster
+
+    options = {"n_workers": 1, "threads_per_worker": 1, "processes": False, "protocol": "tcp"}
+    with LocalCluster(dashboard_address=None, **options) as cluster:
+        address = cluster.scheduler_address
+        run_raykit(tiny_scene, tmp_path / "out", "--steps=2", f"--scheduler={address}")
+    convert = records(tmp_path / "out")["convert"]
+    assert f"--scheduler={address}" in convert["command"]
+    assert convert["result"]["output"] == records(finished_run)["convert"]["result"]["output"]
+    assert convert["fingerprint"] == records(finished_run)["convert"]["fingerprint"]  # not the executor's
+
+
+def test_an_existing_store_is_trained_on_as_it_is(
+    run_raykit: Any, finished_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    run_raykit(finished_run / "store", out, "--steps=2")
+    stages = records(out)
+    assert list(stages)[:2] == ["validate", "profile"] and not (out / "store").exists()
+    assert stages["validate"]["inputs"]["store"] == records(finished_run)["convert"]["result"]["output"]
+    assert "store (zarr, rays layout)" in (out / "report.md").read_text()
