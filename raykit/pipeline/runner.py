@@ -226,7 +226,7 @@ def run_process(argv: Sequence[str], attempt: Attempt, env: Mapping[str, str] | 
             _, status, usage = os.wait4(proc.pid, 0)
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
-            proc.wait()
+            attempt.meter.child = {"exit_status": proc.wait()}
             raise
         proc.returncode = os.waitstatus_to_exitcode(status)
     code = proc.returncode
