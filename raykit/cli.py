@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "raykit.store.cli",
     "raykit.profiling.cli",
     "raykit.trainer.cli",
+    "raykit.pipeline.cli",
     "raykit.demo.cli",
 )
 

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("converters", "loaders"),
     ("profiling",),
     ("trainer",),
+    ("pipeline",),
     ("demo", "cli"),
     ("__main__",),
 )

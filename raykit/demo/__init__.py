@@ -1,16 +1,19 @@
-"""``raykit demo``: the main job end to end on the built-in scene, with a report a person wants to read.
+"""``raykit demo``: ``raykit run`` on the built-in scene, with the demo's comparisons as extra stages.
 
-Steps (each prints one line and a progress bar where it is long):
+Stages (each recorded in ``OUT/pipeline.json``; a rerun skips what is up to date):
 
-1. render the built-in scene and write it as a Blender ``nerf_synthetic`` folder and a COLMAP model;
-2. convert both forms to Zarr and WebDataset ray stores, validate every store, and check that the
-   forms and backends hold the same rays;
-3. profile the loader against the two classic baselines, over worker counts and batch sizes;
-4. train the compact trainer with each sampler for a fixed time budget and evaluate on the test split;
-   then compare the images layout with the ray layout (``raykit.demo.layouts``);
-5. write ``report.md`` with tables, plots and rendered test views beside the ground truth.
+1. ``scene``: render the built-in scene; write it as a Blender ``nerf_synthetic`` folder and a COLMAP
+   model;
+2. the pipeline of ``raykit run`` on the Blender folder (``raykit.pipeline``): convert, validate,
+   profile, train each sampler for the same time budget, evaluate, export with verification, render;
+3. ``demo-stores``: the same capture as a WebDataset store and from its COLMAP form, every store
+   validated, and the forms and backends compared ray for ray;
+4. ``demo-loader``: the loader over worker counts and batch sizes against the two classic baselines;
+5. ``demo-layouts``: the images layout against the ray layout (``raykit.demo.layouts``);
+6. the report: ``report.md`` and ``report.html`` with the pipeline's sections and the demo's, and
+   ``results.json`` with every figure.
 
-``--quick`` runs the same steps on the tiny scene with short budgets (under two minutes).
+``--quick`` runs the same stages on the tiny scene with short budgets (about two minutes).
 """
 
 from __future__ import annotations
@@ -18,19 +21,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = ["DemoPlan", "plan_for", "run_demo"]
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,56 +45,27 @@ class DemoPlan:
 
 
 def plan_for(quick: bool) -> DemoPlan:
-    """The full plan (about 8 minutes on 2 cores) or the ``--quick`` one (about 1 minute)."""
+    """The full plan (about 8 minutes on 2 cores) or the ``--quick`` one (about 2 minutes)."""
     if quick:
         return DemoPlan("tiny", 6.0, 40, (0, 1), (1024, 4096), 2, 2.0)
     return DemoPlan("small", 75.0, 300, (0, 1, 2), (1024, 4096, 16384), 10, 10.0)
 
 
-def _step(title: str, fn: Callable[[], T], timings: dict[str, float]) -> T:
-    print(f"==> {title}", flush=True)
-    start = time.perf_counter()
-    result = fn()
-    timings[title] = time.perf_counter() - start
-    print(f"    done in {timings[title]:.1f} s", flush=True)
-    return result
-
-
 def run_demo(out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0) -> Path:
-    """Run every step into ``out`` (replacing a previous demo there) and return the report's path."""
-    from raykit.demo import steps
-    from raykit.demo.report import write_report
+    """Run every stage into ``out`` (resuming what an earlier demo left there); return the report's path."""
+    from raykit.demo.stages import demo_configs, demo_extra, scene_stage
+    from raykit.errors import ConfigError
+    from raykit.pipeline import StageRunner, run_pipeline
 
     out_dir = Path(out)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir}: exists and is not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_for(quick)
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    scene = _step("render the built-in scene", lambda: steps.make_scene(out_dir, plan, seed), timings)
-    stores = _step("convert and validate", lambda: steps.convert_all(out_dir, scene), timings)
-    bench = _step("profile the loader", lambda: steps.profile(out_dir, stores, scene, plan), timings)
-    runs = _step("train each sampler", lambda: steps.train_all(out_dir, stores, plan, seed), timings)
-    from raykit.demo.layouts import compare_layouts
-
-    layouts = _step(
-        "compare the layouts", lambda: compare_layouts(out_dir, scene, stores, runs, plan, seed), timings
-    )
-    timings["total"] = time.perf_counter() - started
-    results = {
-        "plan": asdict(plan),
-        "seed": seed,
-        "machine": machine_info(),
-        "scene": scene,
-        "stores": stores,
-        "bench": bench,
-        "runs": runs,
-        "layouts": layouts,
-        "timings_s": timings,
-    }
-    (out_dir / "results.json").write_text(json.dumps(_jsonable(results), indent=2) + "\n")
-    report = write_report(out_dir, results)
+    runner = StageRunner(out_dir)
+    scene = runner.execute(scene_stage(out_dir, plan, seed))
+    cfg = demo_configs(out_dir, scene, plan, seed)
+    report = run_pipeline(cfg, extra=demo_extra(out_dir, scene, plan, seed), runner=runner)
     print(f"report: {report}")
     return report
 
@@ -111,6 +80,17 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
     }
+
+
+def write_results(out: Path, results: dict[str, Any]) -> Path:
+    """``out/results.json``: every figure of the demo (plan, machine, scene, stores, loader, runs)."""
+    path = out / "results.json"
+    path.write_text(json.dumps(_jsonable(results), indent=2) + "\n")
+    return path
+
+
+def plan_dict(plan: DemoPlan) -> dict[str, Any]:
+    return asdict(plan)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -12,9 +12,13 @@ def register(subparsers: Any) -> None:
     """Add ``raykit demo`` to the ``raykit`` parser."""
     parser = subparsers.add_parser(
         "demo",
-        help="build the built-in scene, convert, validate, profile, train each sampler, write a report",
+        help="raykit run on the built-in scene (every sampler) with the demo's comparisons and a report",
     )
-    parser.add_argument("--out", default="demo-out", help="output directory (replaced; default: demo-out)")
+    parser.add_argument(
+        "--out",
+        default="demo-out",
+        help="output directory (a rerun skips the stages that are up to date; default: demo-out)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny scene and short budgets (about a minute)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the scene, layout and training")
     parser.set_defaults(func=_demo)

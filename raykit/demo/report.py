@@ -1,4 +1,4 @@
-"""The demo's report: ``report.md`` with tables, plots (PNG) and rendered test views beside the truth."""
+"""The demo's sections of the report (beside the pipeline's): stores, the loader grid and its baselines."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from PIL import Image
 
-__all__ = ["plot_psnr", "plot_throughput", "render_strip", "write_report"]
+__all__ = ["dataset_section", "loader_section", "plot_throughput"]
 
 
 def plot_throughput(bench: dict[str, Any], path: Path) -> Path:
@@ -39,22 +38,6 @@ def plot_throughput(bench: dict[str, Any], path: Path) -> Path:
     return _finish(fig, ax, ("batch size (rays)", "M rays/s (warm)", "Loader throughput"), path)
 
 
-def plot_psnr(runs: dict[str, Any], path: Path) -> Path:
-    """Quick test PSNR against training time, one line per sampler."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for sampler, run in runs.items():
-        points = [(p["elapsed_s"], p["psnr"]) for p in run["progress"] if "psnr" in p]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker=".", label=f"{sampler} ({run['samples_per_ray']:.0f} samples/ray)")
-    labels = (
-        "training time (s, excluding evaluation)",
-        "test PSNR (dB, quick check)",
-        "PSNR against time per sampler",
-    )
-    return _finish(fig, ax, labels, path)
-
-
 def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], path: Path) -> Path:
     """Label (x, y, title), add legend and grid, save as PNG, close."""
     ax.set_xlabel(labels[0])
@@ -65,32 +48,6 @@ def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], path: Path) -> Path
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
-
-
-def _on_white(path: Path, scale: int) -> Image.Image:
-    with Image.open(path) as img:
-        rgba = img.convert("RGBA")
-    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    canvas.alpha_composite(rgba)
-    return canvas.convert("RGB").resize((rgba.width * scale, rgba.height * scale), Image.Resampling.NEAREST)
-
-
-def render_strip(truth: list[Path], renders: dict[str, list[Path]], path: Path, views: int = 3) -> Path:
-    """Rows: test views; columns: ground truth, then each sampler's render."""
-    truth = truth[:views]
-    with Image.open(truth[0]) as first:
-        size = first.size
-    scale = max(1, 160 // size[0])
-    cell = (size[0] * scale, size[1] * scale)
-    columns = 1 + len(renders)
-    sheet = Image.new("RGB", (cell[0] * columns, cell[1] * len(truth)), "white")
-    for row, gt in enumerate(truth):
-        sheet.paste(_on_white(gt, scale), (0, row * cell[1]))
-        for col, files in enumerate(renders.values(), start=1):
-            if row < len(files):
-                sheet.paste(_on_white(files[row], scale), (col * cell[0], row * cell[1]))
-    sheet.save(path)
     return path
 
 
@@ -121,13 +78,12 @@ def _bench_row(r: dict[str, Any]) -> list[str]:
     return [str(settings["workers"]), str(settings["batch_size"]), *rates, f"{cold['first_batch_s']:.3f}"]
 
 
-def _dataset_section(results: dict[str, Any]) -> str:
-    scene, stores = results["scene"], results["stores"]
+def dataset_section(scene: dict[str, Any], stores: dict[str, Any]) -> str:
+    """The demo's stores: both forms and both backends of the scene, and how their rays compare."""
     views = ", ".join(f"{n} {s}" for s, n in scene["views"].items())
     rows = [_store_row(name, s) for name, s in stores.items() if isinstance(s, dict) and "backend" in s]
     same = stores["blender_vs_colmap"]
     return "\n".join([
-        "## Dataset",
         f"Built-in scene `{scene['size']}` (seed {scene['seed']}): {scene['width']}x{scene['height']} "
         f"{scene['camera_model']}, {views}; rendered in {scene['render_s']:.1f} s.",
         "",
@@ -140,7 +96,10 @@ def _dataset_section(results: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def _loader_section(bench: dict[str, Any]) -> str:
+def loader_section(out: Path, bench: dict[str, Any]) -> str:
+    """The loader over worker counts and batch sizes, and the two baselines (plots figures/throughput.png)."""
+    (out / "figures").mkdir(exist_ok=True)
+    plot_throughput(bench, out / "figures" / "throughput.png")
     rows = [_bench_row(r) for r in bench["grid"]]
     base = [
         [name, f"{b['steady_rays_per_s'] / 1e6:.2f}", f"{b['time_to_first_batch_s']:.2f}",
@@ -151,7 +110,8 @@ def _loader_section(bench: dict[str, Any]) -> str:
     stage_rows = [[k, f"{v['rays_per_s'] / 1e6:.2f}"] for k, v in stages.items() if v]
     quality = bench["grid"][0].get("shuffle_quality") or {}
     return "\n".join([
-        "## Loader throughput (train split, CPU)",
+        "Train split, CPU.",
+        "",
         _table(["workers", "batch", "cold M rays/s", "warm M rays/s", "warm MB/s", "first batch s"], rows),
         "",
         f"WebDataset copy, batch 4096: {bench['wds_4096']['warm']['rays_per_s'] / 1e6:.2f} M rays/s warm.",
@@ -172,48 +132,3 @@ def _loader_section(bench: dict[str, Any]) -> str:
         "",
         "![throughput](figures/throughput.png)",
     ])  # fmt: skip
-
-
-def _training_section(runs: dict[str, Any]) -> str:
-    rows = [
-        [s, f"{r['psnr']:.2f}", f"{r['ssim']:.3f}", str(r["step"]), f"{r['samples_per_ray']:.1f}",
-         f"{r['rays_per_s']:.0f}", f"{r['loader_wait_fraction']:.3f}"]
-        for s, r in runs.items()
-    ]  # fmt: skip
-    return "\n".join([
-        "## Training (same time budget per sampler, test split)",
-        _table(["sampler", "PSNR dB", "SSIM", "steps", "samples/ray", "rays/s", "loader wait"], rows),
-        "",
-        "![psnr](figures/psnr.png)",
-        "",
-        "Test views: ground truth, then " + ", ".join(runs) + ".",
-        "",
-        "![renders](figures/renders.png)",
-    ])  # fmt: skip
-
-
-def write_report(out: Path, results: dict[str, Any]) -> Path:
-    from raykit.demo.layouts import layouts_section
-
-    """Write ``out/report.md`` and its figures; return the report's path."""
-    figures = out / "figures"
-    figures.mkdir(exist_ok=True)
-    plot_throughput(results["bench"], figures / "throughput.png")
-    plot_psnr(results["runs"], figures / "psnr.png")
-    truth = [Path(results["scene"]["blender"]) / f"{n}.png" for n in results["scene"]["splits"]["test"]]
-    renders = {s: [Path(p) for p in r["renders"]] for s, r in results["runs"].items()}
-    render_strip(truth, renders, figures / "renders.png")
-    timings = ", ".join(f"{k} {v:.0f} s" for k, v in results["timings_s"].items())
-    machine = results["machine"]
-    text = "\n\n".join([
-        "# raykit demo report",
-        f"Machine: {machine['cpus']} CPUs, torch {machine['torch']} ({machine['torch_threads']} threads), "
-        f"CUDA {machine['cuda']}, {machine['platform']}. Timings: {timings}. All numbers in `results.json`.",
-        _dataset_section(results),
-        _loader_section(results["bench"]),
-        _training_section(results["runs"]),
-        *([layouts_section(results["layouts"])] if "layouts" in results else []),
-    ])  # fmt: skip
-    path = out / "report.md"
-    path.write_text(text + "\n")
-    return path

@@ -1,4 +1,4 @@
-"""The demo's steps; each returns a JSON-able summary for the report."""
+"""The demo's own steps (besides the pipeline's); each returns a JSON-able summary for the report."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import json
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from raykit.converters import convert
 from raykit.errors import RaykitError
@@ -18,9 +15,8 @@ from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store import open_store
 from raykit.store.reader import RayStore
 from raykit.store.validate import validate_store
-from raykit.trainer import SAMPLERS, TrainConfig, train
 
-__all__ = ["compare_stores", "convert_all", "make_scene", "profile", "train_all"]
+__all__ = ["compare_stores", "convert_all", "make_scene", "profile"]
 
 
 def make_scene(out: Path, plan: Any, seed: int) -> dict[str, Any]:
@@ -43,32 +39,35 @@ def make_scene(out: Path, plan: Any, seed: int) -> dict[str, Any]:
     }
 
 
-def convert_all(out: Path, scene: dict[str, Any]) -> dict[str, Any]:
-    """Blender -> Zarr and WebDataset, COLMAP -> Zarr; validate each; compare their rays."""
+def convert_all(out: Path, scene: dict[str, Any], blender_zarr: str, convert_s: float) -> dict[str, Any]:
+    """Blender -> WebDataset, COLMAP -> Zarr beside the pipeline's Blender -> Zarr store (``blender_zarr``,
+    converted in ``convert_s``); validate each; compare their rays."""
     stores_dir = out / "stores"
     colmap_split = {s: [f"{n}.png" for n in names] for s, names in scene["splits"].items()}
     jobs = {
-        "blender-zarr": (scene["blender"], "blender", "zarr", None),
         "blender-wds": (scene["blender"], "blender", "wds", None),
         "colmap-zarr": (scene["colmap"], "colmap", "zarr", colmap_split),
     }
-    summary: dict[str, Any] = {}
+    summary: dict[str, Any] = {"blender-zarr": _store_summary(open_store(blender_zarr), convert_s)}
     for name, (src, source, backend, split) in jobs.items():
         start = time.perf_counter()
-        store = convert(src, stores_dir / name, source=source, backend=backend, split=split, progress=True)
+        store = convert(src, stores_dir / name, source=source, backend=backend, split=split, progress=True,
+                        overwrite=True)  # fmt: skip
         seconds = time.perf_counter() - start
         problems = validate_store(store.url)
         if problems:
             raise RaykitError(f"demo: store {name} failed validation: {problems[0]}")
         summary[name] = _store_summary(store, seconds)
+    if validate_store(blender_zarr):
+        raise RaykitError(f"demo: store {blender_zarr} failed validation")
     summary["equal_fingerprints_zarr_wds"] = (
         summary["blender-zarr"]["fingerprint"] == summary["blender-wds"]["fingerprint"]
     )
     summary["blender_vs_colmap"] = compare_stores(
-        open_store(stores_dir / "blender-zarr"), open_store(stores_dir / "colmap-zarr"), "test"
+        open_store(blender_zarr), open_store(stores_dir / "colmap-zarr"), "test"
     )
     summary["blender_zarr_vs_wds"] = compare_stores(
-        open_store(stores_dir / "blender-zarr"), open_store(stores_dir / "blender-wds"), "test"
+        open_store(blender_zarr), open_store(stores_dir / "blender-wds"), "test"
     )
     return summary
 
@@ -130,50 +129,3 @@ def profile(out: Path, stores: dict[str, Any], scene: dict[str, Any], plan: Any)
     result = {"grid": grid, "wds_4096": wds, "baselines": baselines}
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
-
-
-def train_all(out: Path, stores: dict[str, Any], plan: Any, seed: int) -> dict[str, Any]:
-    """Train every sampler for the same time budget on the Zarr store; evaluate on the test split."""
-    runs = {}
-    for sampler in SAMPLERS:
-        config = TrainConfig(
-            store=stores["blender-zarr"]["path"],
-            out=str(out / "runs" / sampler),
-            sampler=sampler,
-            steps=1_000_000,
-            max_seconds=plan.train_seconds,
-            seed=seed,
-            eval_splits="test",
-            eval_max_images=plan.eval_max_images,
-            progress_every_s=plan.progress_every_s,
-            threads=torch.get_num_threads(),
-            progress=True,
-        )
-        run_dir = train(config)
-        runs[sampler] = _run_summary(run_dir)
-    return runs
-
-
-def _run_summary(run_dir: Path) -> dict[str, Any]:
-    evaluation = json.loads((run_dir / "eval.json").read_text())
-    log = _jsonl(run_dir / "log.jsonl")
-    progress = _jsonl(run_dir / "progress.jsonl")
-    test = evaluation["splits"]["test"]
-    last = log[-1] if log else {}
-    return {
-        "run_dir": run_dir,
-        "psnr": test["psnr"],
-        "ssim": test["ssim"],
-        "step": evaluation.get("step"),
-        "samples_per_ray": float(np.mean([r["samples_per_ray"] for r in log])) if log else None,
-        "rays_per_s": float(np.mean([r["rays_per_s"] for r in log])) if log else None,
-        "loader_wait_fraction": last.get("loader_wait_fraction"),
-        "progress": progress,
-        "renders": sorted(str(p) for p in (run_dir / "renders" / "test").glob("*.png")),
-    }
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,4 +1,5 @@
-"""``raykit demo --quick`` end to end: the report holds real numbers and real images."""
+"""``raykit demo --quick`` end to end: the report holds real numbers and real images, and the demo is
+``raykit run`` (its pipeline.json records every stage; a rerun with nothing changed runs nothing)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_report_has_every_section_and_figure(demo_out: Path) -> None:
     report = (demo_out / "report.md").read_text()
-    for heading in ("## Dataset", "## Loader throughput", "## Training", "## Layouts"):
+    headings = ("## Dataset", "## Loader throughput", "## Training", "## Layouts", "## Export verification")
+    for heading in headings:
         assert heading in report
     for figure in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report):
         image = np.asarray(Image.open(demo_out / figure).convert("L"), dtype=np.float64)
@@ -60,3 +62,30 @@ def test_report_numbers_match_results(demo_out: Path) -> None:
     report = (demo_out / "report.md").read_text()
     for sampler, run in results["runs"].items():
         assert f"| {sampler} | {run['psnr']:.2f} |" in report
+
+
+def test_the_demo_is_raykit_run(demo_out: Path) -> None:
+    stages = json.loads((demo_out / "pipeline.json").read_text())["stages"]
+    samplers = ("stratified", "hierarchical", "occupancy", "proposal")
+    expected = {
+        "scene",
+        "convert",
+        "validate",
+        "profile",
+        "evaluate",
+        "render",
+        "report",
+        "demo-stores",
+        "demo-loader",
+        "demo-layouts",
+        *(f"train-{s}" for s in samplers),
+        *(f"export-{s}" for s in samplers),
+    }
+    assert set(stages) == expected and all(r["status"] == "done" for r in stages.values())
+    for sampler in samplers:
+        assert stages[f"export-{sampler}"]["result"]["verify"]["difference_db"] <= 0.05
+    assert (demo_out / "report.html").stat().st_size > 10_000
+    cmd = [sys.executable, "-m", "raykit", "demo", "--quick", "--out", str(demo_out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ran: nothing, all up to date" in done.stdout

@@ -1,0 +1,26 @@
+"""raykit.pipeline: ``raykit run SRC OUT``, from a capture to a verified model and a report.
+
+Stages (``raykit.pipeline.stages``): poses (photos or a video) -> convert -> validate -> profile the
+loader -> train each sampler -> evaluate -> export with verification -> render test views -> report
+(``report.md`` and a self-contained ``report.html``). Each stage's fingerprint, status, costs and
+command are recorded in ``OUT/pipeline.json`` (``raykit.pipeline.records``); a rerun skips what is up
+to date and resumes what was interrupted (``raykit.pipeline.runner``).
+"""
+
+from __future__ import annotations
+
+from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
+from raykit.pipeline.records import PIPELINE_FILE
+from raykit.pipeline.run import run_pipeline
+from raykit.pipeline.runner import Stage, StageError, StageRunner
+
+__all__ = [
+    "DEFAULT_SAMPLER",
+    "PIPELINE_FILE",
+    "RunConfig",
+    "Stage",
+    "StageConfigs",
+    "StageError",
+    "StageRunner",
+    "run_pipeline",
+]

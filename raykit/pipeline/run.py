@@ -1,0 +1,112 @@
+"""``run_pipeline``: the stages in order, each skipped when up to date (see ``raykit.pipeline.runner``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from raykit.errors import ConfigError, SourceError
+from raykit.pipeline import stages
+from raykit.pipeline.config import StageConfigs
+from raykit.pipeline.records import fingerprint, tree_fingerprint
+from raykit.pipeline.runner import Attempt, Stage, StageRunner
+
+__all__ = ["ExtraStages", "run_pipeline"]
+
+# Stages a caller adds after evaluation (the demo's comparisons): given the runner and the results so
+# far, run them and return the report's extra sections as ``{"title": markdown}``.
+ExtraStages = Callable[[StageRunner, dict[str, Any]], dict[str, str]]
+
+
+def run_pipeline(
+    cfg: StageConfigs, *, extra: ExtraStages | None = None, runner: StageRunner | None = None
+) -> Path:
+    """Run every stage of ``cfg`` into ``cfg.run.out``; return the path of ``report.md``.
+
+    ``runner``: one that already ran stages before these (the demo's scene), on the same folder.
+    """
+    out, src = Path(cfg.run.out), Path(cfg.run.src)
+    if not src.exists():
+        raise SourceError(f"{src}: not found")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    runner = runner or StageRunner(out, cfg.run.retries)
+    started = time.perf_counter()
+    results = _capture_and_store(cfg, out, runner)
+    url, store_fp = results["store"]["url"], results["store"]["output"]
+    results["validate"] = runner.execute(stages.validate_stage(url, store_fp))
+    results["profile"] = runner.execute(stages.profile_stage(cfg, url, store_fp))
+    runs = {s: runner.execute(stages.train_stage(cfg, url, store_fp, out, s)) for s in cfg.run.sampler_list()}
+    results["runs"] = runs
+    results["evaluate"] = runner.execute(stages.evaluate_stage(runs))
+    results["exports"] = {s: runner.execute(stages.export_stage(r, out, s)) for s, r in runs.items()}
+    results["render"] = runner.execute(render_stage(cfg, out, url, runs))
+    sections = extra(runner, results) if extra is not None else {}
+    report = runner.execute(report_stage(cfg, out, runner, results, sections))
+    total = time.perf_counter() - started
+    print(
+        f"report: {report['markdown']} and {report['html']} ({total:.1f} s; ran: "
+        f"{', '.join(runner.ran) or 'nothing, all up to date'})",
+        flush=True,
+    )
+    return Path(report["markdown"])
+
+
+def _capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict[str, Any]:
+    """poses (photos, video) and convert; an existing store is used as it is."""
+    src = Path(cfg.run.src)
+    kind = stages.source_kind(src, cfg.convert.source)
+    results: dict[str, Any] = {"kind": kind}
+    if kind == "store":
+        from raykit.store import open_store
+
+        store = open_store(src)
+        results["store"] = {"url": store.url, "output": store.fingerprint, "source_bytes": None}
+        return results
+    capture, source_fp = src, tree_fingerprint(src)
+    if kind in ("photos", "video"):
+        results["poses"] = runner.execute(stages.poses_stage(cfg, out, kind))
+        capture, source_fp = Path(results["poses"]["capture"]), results["poses"]["output"]
+        if cfg.poses.undistort:
+            capture = capture / "undistorted"
+    results["store"] = runner.execute(stages.convert_stage(cfg, out, capture, source_fp, kind != "capture"))
+    return results
+
+
+def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -> Stage:
+    """Test views beside the ground truth: the evaluation's renders (which ``export --verify``
+    reproduced from the export) and the store's own pixels, as ``OUT/figures/renders.png``."""
+    from raykit.pipeline.report import render_strip
+
+    path = out / "figures" / "renders.png"
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        names = render_strip(url, runs, path, cfg.run.render_views)
+        return {"path": str(path), "views": names, "output": tree_fingerprint(path)}
+
+    inputs = {"runs": {s: r["output"] for s, r in runs.items()}, "views": cfg.run.render_views}
+    return Stage("render", inputs, run, ["raykit", "run", cfg.run.src, cfg.run.out], (path,))
+
+
+def report_stage(
+    cfg: StageConfigs, out: Path, runner: StageRunner, results: dict[str, Any], sections: dict[str, str]
+) -> Stage:
+    """``report.md`` and a self-contained ``report.html`` from every stage's record."""
+    from raykit.pipeline.html import write_html
+    from raykit.pipeline.report import figures, write_markdown
+
+    names = list(runner.seen)
+    upstream = {name: runner.records.stages[name]["fingerprint"] for name in names}
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        records = {name: runner.records.stages[name] for name in names}
+        made = figures(out, results, records)
+        md = write_markdown(out, cfg, results, records, sections, made)
+        html = write_html(out, cfg, results, records, sections, made)
+        return {"markdown": str(md), "html": str(html), "output": tree_fingerprint(html)}
+
+    inputs = {"upstream": fingerprint(upstream), "sections": fingerprint(sections)}
+    return Stage("report", inputs, run, ["raykit", "run", cfg.run.src, cfg.run.out])

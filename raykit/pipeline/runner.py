@@ -1,0 +1,248 @@
+"""Run stages like make: skip what is up to date, redo what changed, retry what the machine broke.
+
+A :class:`Stage` names its inputs (options and the fingerprints of upstream outputs); its fingerprint
+is theirs. A stage whose record is ``done`` with the same fingerprint is skipped; one whose record has
+the same fingerprint but did not finish (interrupted, killed, failed) resumes in place (training
+continues from its newest checkpoint); one whose fingerprint changed starts over, its outputs removed.
+Failures of the machine (a process killed by a signal, ``MemoryError``, ``OSError``, a loader worker
+that died) are retried up to ``retries`` times; bad input (any other :class:`RaykitError`) fails at
+once with the stage's own message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raykit.errors import RaykitError, WorkerError
+from raykit.pipeline.records import Meter, Records, fingerprint, stage_record
+
+__all__ = ["Attempt", "Stage", "StageError", "StageRunner", "run_process"]
+
+
+class StageError(RaykitError, RuntimeError):
+    """A stage failed: a subprocess's bad-input error (``machine`` False) or a machine fault that
+    outlasted the retries (``machine`` True)."""
+
+    def __init__(self, message: str, *, machine: bool) -> None:
+        super().__init__(message)
+        self.machine = machine
+
+
+@dataclass
+class Attempt:
+    """What a running stage may use: its number, its log file, whether it resumes, and where to put the
+    child's pid and resource usage."""
+
+    number: int
+    log: Path
+    resume: bool
+    meter: Meter
+    on_pid: Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the pipeline.
+
+    Attributes:
+        name: unique within the pipeline (``train-occupancy``).
+        inputs: JSON-able options and upstream fingerprints; the stage's fingerprint is theirs.
+        run: does the work; returns the JSON-able result (with an ``output`` fingerprint for downstream).
+        command: the exact command that reproduces the stage.
+        outputs: paths removed before a stage whose inputs changed starts over.
+        resumable: an interrupted attempt continues in place (else its outputs are removed first).
+    """
+
+    name: str
+    inputs: Mapping[str, Any]
+    run: Callable[[Attempt], dict[str, Any]]
+    command: Sequence[str]
+    outputs: Sequence[Path] = field(default_factory=tuple)
+    resumable: bool = True
+
+
+def machine_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the machine's fault (retried) rather than the input's (never retried)."""
+    if isinstance(exc, StageError):
+        return exc.machine
+    if isinstance(exc, WorkerError | MemoryError):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, RaykitError)
+
+
+class StageRunner:
+    """Executes stages in order against ``OUT/pipeline.json`` (see the module)."""
+
+    def __init__(self, out: Path, retries: int = 0, echo: Callable[[str], None] = print) -> None:
+        self.out, self.retries, self.echo = out, retries, echo
+        self.records = Records(out)
+        self.ran: list[str] = []  # stages run by this invocation
+        self.seen: list[str] = []  # stages executed or found up to date
+
+    def result(self, name: str) -> dict[str, Any]:
+        record = self.records.get(name)
+        if record is None or record["status"] != "done":
+            raise KeyError(name)
+        result: dict[str, Any] = record["result"]
+        return result
+
+    def execute(self, stage: Stage) -> dict[str, Any]:
+        """Run ``stage`` unless it is up to date; return its result."""
+        fp = fingerprint(dict(stage.inputs))
+        self.seen.append(stage.name)
+        old = self.records.get(stage.name)
+        if old is not None and old["fingerprint"] == fp and old["status"] == "done":
+            self.echo(f"==> {stage.name}: up to date")
+            return self.result(stage.name)
+        resume = stage.resumable and old is not None and old["fingerprint"] == fp
+        if not resume:
+            for path in stage.outputs:
+                _remove(path)
+        record = stage_record(stage.name, fp, stage.inputs, list(stage.command))
+        record["attempts"] = list(old["attempts"]) if resume and old else []
+        self.echo(f"==> {stage.name}" + (" (resuming)" if resume and old else ""))
+        for number in range(1, self.retries + 2):
+            if number > 1 and not stage.resumable:
+                for path in stage.outputs:
+                    _remove(path)
+            outcome = self._attempt(stage, record, number, resume or number > 1)
+            if outcome is None:
+                self.ran.append(stage.name)
+                return self.result(stage.name)
+            if not machine_fault(outcome) or number > self.retries:
+                raise outcome
+            self.echo(f"    {stage.name}: attempt {number} failed ({outcome}); retrying")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt(
+        self, stage: Stage, record: dict[str, Any], number: int, resume: bool
+    ) -> BaseException | None:
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        entry: dict[str, Any] = {
+            "attempt": len(record["attempts"]) + 1,
+            "started": time.time(),
+            "resume": resume,
+            "status": "running",
+            "log": f"logs/{stage.name}.{len(record['attempts']) + 1}.log",
+        }
+        record["attempts"].append(entry)
+        record["status"] = "running"
+        self.records.put(stage.name, record)
+
+        def on_pid(pid: int) -> None:
+            entry["pid"] = pid
+            self.records.put(stage.name, record)
+
+        attempt = Attempt(number, self.out / entry["log"], resume, Meter(), on_pid)
+        try:
+            with attempt.meter.measure():
+                result = stage.run(attempt)
+        except KeyboardInterrupt:
+            self._finish(stage, record, entry, attempt, "interrupted", "interrupted (Ctrl-C)")
+            raise
+        except BaseException as exc:  # recorded, then retried or raised by the caller
+            if not attempt.log.exists():
+                attempt.log.write_text("".join(traceback.format_exception(exc)))
+            self._finish(stage, record, entry, attempt, "failed", f"{type(exc).__name__}: {exc}")
+            return exc
+        record["result"] = _finite(result)
+        self._finish(stage, record, entry, attempt, "done", None)
+        self.echo(f"    done in {attempt.meter.wall_s:.1f} s")
+        return None
+
+    def _finish(
+        self,
+        stage: Stage,
+        record: dict[str, Any],
+        entry: dict[str, Any],
+        attempt: Attempt,
+        status: str,
+        error: str | None,
+    ) -> None:
+        measured = attempt.meter.to_dict()
+        entry.update(measured, status=status, error=error, exit_status=attempt.meter.child.get("exit_status"))
+        record.update(measured, status=status)
+        self.records.put(stage.name, record)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as None (pipeline.json is strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and callable(obj.item):
+        return _finite(obj.item())
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: the child gets SIGKILL when the pipeline dies (no orphan trainer holding the run)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_process(argv: Sequence[str], attempt: Attempt, env: Mapping[str, str] | None = None) -> None:
+    """Run ``argv`` with its output in the attempt's log; raise :class:`StageError` when it fails.
+
+    Exit status 2 (raykit's bad input) is not retried and carries the child's ``raykit: error:`` lines;
+    a signal, or status 1 with ``MemoryError``/``OSError``/"out of memory" in the log, is the machine's.
+    """
+    with open(attempt.log, "wb") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env or os.environ),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        attempt.on_pid(proc.pid)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            attempt.meter.child = {"exit_status": proc.wait()}
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    code = proc.returncode
+    attempt.meter.child = {"exit_status": code, "peak_rss_mb": usage.ru_maxrss / 1e3}
+    if code == 0:
+        return
+    text = attempt.log.read_text(errors="replace")
+    errors = [
+        line.removeprefix("raykit: error: ")
+        for line in text.splitlines()
+        if line.startswith("raykit: error:")
+    ]
+    if code < 0:
+        raise StageError(f"{argv[0]} killed by signal {-code} ({signal.Signals(-code).name})", machine=True)
+    if code == 2 and errors:
+        raise StageError("\n".join(errors), machine=False)
+    machine = any(word in text for word in ("MemoryError", "OSError", "out of memory", "Signal", "SIGKILL"))
+    tail = "\n".join(text.splitlines()[-5:])
+    raise StageError(f"exit status {code} (log {attempt.log}):\n{tail}", machine=machine)

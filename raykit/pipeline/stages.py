@@ -1,0 +1,260 @@
+"""The stages of ``raykit run``, each a :class:`~raykit.pipeline.runner.Stage` built from the configs.
+
+poses (photos or a video only) -> convert (not for a store) -> validate -> profile -> train (one per
+sampler, a ``python -m raykit.trainer`` process, or torchrun with ``--nproc-per-node``) -> evaluate
+-> export (with verification, one per sampler) -> render -> report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raykit.converters.convert import detect_source
+from raykit.converters.poses import POSE_SOURCES
+from raykit.converters.video import VIDEO_EXTENSIONS
+from raykit.errors import SourceError, StoreCorruptError
+from raykit.fileio import sha256_file
+from raykit.pipeline.config import StageConfigs, config_flags
+from raykit.pipeline.records import tree_fingerprint
+from raykit.pipeline.runner import Attempt, Stage, run_process
+from raykit.trainer import TrainConfig
+
+__all__ = ["source_kind", "train_config", "train_stage", "train_summary"]
+
+MANIFEST = "manifest.json"
+
+
+def source_kind(src: Path, source: str) -> str:
+    """``store``, ``photos``, ``video`` or ``capture`` (a format ``raykit convert`` reads)."""
+    if (src / MANIFEST).is_file():
+        return "store"
+    if source in POSE_SOURCES:
+        return source
+    if source != "auto":
+        return "capture"
+    if src.is_file() and src.suffix.lower() in VIDEO_EXTENSIONS:
+        return "video"
+    try:
+        detect_source(src)
+    except SourceError:
+        if src.is_dir():
+            return "photos"
+        raise
+    return "capture"
+
+
+def _raykit(*args: str) -> list[str]:
+    return ["raykit", *args]
+
+
+def poses_stage(cfg: StageConfigs, out: Path, kind: str) -> Stage:
+    """Camera poses of photos or a video (``raykit poses``) into ``OUT/poses``."""
+    from raykit.converters.poses import estimate_poses
+
+    src, dst = Path(cfg.run.src), out / "poses"
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        summary = estimate_poses(src, dst, cfg.poses, source=kind, restart=True, progress=cfg.run.progress)
+        print("\n".join("    " + line for line in summary.lines()), flush=True)
+        return {"summary": summary.to_dict(), "output": tree_fingerprint(dst / "sparse"), "capture": str(dst)}
+
+    inputs = {"source": tree_fingerprint(src), "kind": kind, "options": cfg.poses.to_dict()}
+    command = _raykit("poses", str(src), str(dst), *config_flags(cfg.poses))
+    return Stage("poses", inputs, run, command, (dst,))
+
+
+def convert_stage(cfg: StageConfigs, out: Path, capture: Path, source_fp: str, posed: bool) -> Stage:
+    """``raykit convert`` into ``OUT/store`` (the options of ``ConvertConfig``)."""
+    from raykit.converters import convert
+
+    config = dataclasses.replace(cfg.convert, src=str(capture), dst=str(out / "store"))
+    if posed:  # as convert --from photos does: a COLMAP model of the stored pixels
+        config = dataclasses.replace(config, source="colmap", exif="ignore")
+    options = config.convert_options()
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        store = convert(config.src, config.dst, **options)
+        return {"url": store.url, "output": store.fingerprint, "source_bytes": _bytes(capture)}
+
+    # The store's bytes do not depend on where it was converted (workers, scheduler, threads).
+    executor = ("progress", "workers", "scheduler", "threads")
+    inputs = {"source": source_fp, "options": {k: v for k, v in options.items() if k not in executor}}
+    command = _raykit("convert", config.src, config.dst, *config_flags(config, skip=("progress",)))
+    return Stage("convert", inputs, run, command, (out / "store",))
+
+
+def _bytes(path: Path) -> int:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files)
+
+
+def validate_stage(url: str, store_fp: str) -> Stage:
+    """``raykit validate``: every checksum and invariant of the store."""
+    from raykit.store.validate import validate_store
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        problems = validate_store(url)
+        if problems:
+            raise StoreCorruptError(f"{url}: failed validation: " + "; ".join(problems[:5]))
+        return {"valid": True, "output": store_fp}
+
+    return Stage("validate", {"store": store_fp}, run, _raykit("validate", url))
+
+
+def profile_stage(cfg: StageConfigs, url: str, store_fp: str) -> Stage:
+    """``raykit bench``: the loader's rays/s end to end and by stage, at training's batch size."""
+    from raykit.profiling.loader import run_bench
+    from raykit.store import open_store
+
+    settings = {
+        "batch_size": cfg.train.batch_size,
+        "workers": cfg.train.num_workers,
+        "batches": cfg.run.bench_batches,
+        "seed": cfg.run.seed,
+    }
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        report = run_bench(open_store(url), "train", **settings)
+        keep = ("warm", "cold", "stages", "shuffle_quality", "layout", "settings", "n_rays")
+        return {**{k: report.get(k) for k in keep}, "output": store_fp}
+
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+    return Stage("profile", {"store": store_fp, **settings}, run, _raykit("bench", url, *flags))
+
+
+def train_config(cfg: StageConfigs, url: str, out: Path, sampler: str) -> TrainConfig:
+    """The trainer's config of one sampler: the passed-through options, its share of the budget."""
+    samplers = cfg.run.sampler_list()
+    budget = None if cfg.run.steps is not None else cfg.run.minutes * 60.0 / len(samplers)
+    progress_every, progress_images = cfg.train.progress_every_s, cfg.train.progress_images
+    if progress_every is None and budget is not None:  # PSNR against time in the report: 4 quick checks
+        progress_every = budget / 4  # of one image (full images cost minutes on a CPU early in training)
+        progress_images = 1 if progress_images == TrainConfig.progress_images else progress_images
+    return cfg.train.replace(
+        store=url,
+        out=str(out / "runs" / sampler),
+        sampler=sampler,
+        steps=cfg.run.steps or 10**9,
+        max_seconds=budget,
+        progress_every_s=progress_every,
+        progress_images=progress_images,
+        resume=True,
+        progress=False,
+    )
+
+
+def train_argv(cfg: StageConfigs, config: TrainConfig) -> list[str]:
+    """``python -m raykit.trainer STORE --out RUN ...``, through torchrun with ``--nproc-per-node``."""
+    flags = [
+        config.store,
+        f"--out={config.out}",
+        f"--sampler={config.sampler}",
+        f"--steps={config.steps}",
+        *config_flags(config, skip=("store", "out", "sampler", "steps")),
+    ]
+    if cfg.run.nproc_per_node is None:
+        return [sys.executable, "-m", "raykit.trainer", *flags]
+    launcher = [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={cfg.run.nproc_per_node}",
+        f"--max-restarts={cfg.run.max_restarts}",
+    ]
+    return [sys.executable, *launcher, "-m", "raykit.trainer", *flags]
+
+
+def train_stage(cfg: StageConfigs, url: str, store_fp: str, out: Path, sampler: str) -> Stage:
+    """Train one sampler in a child process (killed or not, ``--resume`` continues it exactly)."""
+    config = train_config(cfg, url, out, sampler)
+    argv = train_argv(cfg, config)
+    run_dir = Path(config.out)
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        run_process(argv, attempt)
+        summary = train_summary(run_dir)
+        device = json.loads((run_dir / "run.json").read_text())["environment"].get("device", "")
+        if str(device).startswith("cuda"):  # the trainer's peak is CUDA's allocation there
+            attempt.meter.child["peak_gpu_mb"] = summary["memory_mb"]
+        return summary
+
+    inputs = {"store": store_fp, "config": config.to_dict(), "nproc_per_node": cfg.run.nproc_per_node}
+    return Stage(f"train-{sampler}", inputs, run, argv, (run_dir,))
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_summary(run_dir: Path) -> dict[str, Any]:
+    """What the report needs of a finished run (its eval.json, log.jsonl and progress.jsonl)."""
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    log, progress = _jsonl(run_dir / "log.jsonl"), _jsonl(run_dir / "progress.jsonl")
+    test = evaluation["splits"].get("test") or next(iter(evaluation["splits"].values()))
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in log if r.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
+    return {
+        "run_dir": str(run_dir),
+        "step": evaluation.get("step"),
+        "psnr": test["psnr"],
+        "ssim": test["ssim"],
+        "samples_per_ray": mean("samples_per_ray"),
+        "rays_per_s": mean("rays_per_s"),
+        "loader_wait_fraction": mean("loader_wait_fraction"),
+        "memory_mb": max((r.get("peak_memory_mb") or 0.0 for r in log), default=None),
+        "elapsed_s": log[-1].get("elapsed_s") if log else None,
+        "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr")} for p in progress],
+        "renders": sorted(str(p) for p in (run_dir / "renders" / "test").glob("*.png")),
+        "output": sha256_file(run_dir / "eval.json"),
+    }
+
+
+def evaluate_stage(runs: dict[str, dict[str, Any]]) -> Stage:
+    """The test split's figures of every sampler (the trainer evaluates at the end of its run)."""
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        table = {}
+        for sampler, r in runs.items():
+            evaluation = json.loads((Path(r["run_dir"]) / "eval.json").read_text())
+            table[sampler] = {
+                split: {k: v for k, v in f.items() if k != "images"}
+                for split, f in evaluation["splits"].items()
+            }
+        best = max(runs, key=lambda s: runs[s]["psnr"])
+        return {"splits": table, "best": best, "output": best}
+
+    inputs = {s: r["output"] for s, r in runs.items()}
+    first = next(iter(runs.values()))["run_dir"]
+    return Stage("evaluate", inputs, run, _raykit("render", first, "--split=test"))
+
+
+def export_stage(run: dict[str, Any], out: Path, sampler: str) -> Stage:
+    """``raykit export RUN OUT --verify``: the model alone, re-rendered against the run's evaluation."""
+    from raykit.trainer import export_run, verify_export
+
+    dst = out / "export" / sampler
+
+    def run_export(attempt: Attempt) -> dict[str, Any]:
+        export_run(run["run_dir"], dst, force=True)
+        verified = verify_export(dst, split="test")
+        size = _bytes(dst)
+        return {
+            "path": str(dst),
+            "bytes": size,
+            "verify": verified,
+            "output": sha256_file(dst / "export.json"),
+        }
+
+    command = _raykit("export", run["run_dir"], str(dst), "--verify", "--force")
+    return Stage(f"export-{sampler}", {"run": run["output"]}, run_export, command, (dst,))
