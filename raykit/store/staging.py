@@ -42,6 +42,7 @@ __all__ = [
     "StageJob",
     "StagingSource",
     "StoreSource",
+    "base_indices",
     "bytes_record",
     "record_matches",
     "release_stage_memos",
@@ -136,7 +137,7 @@ def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=2)
-def _base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
+def base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
     """``base_permutation`` as read-only ``intp`` (memoised: 8 bytes per pixel, e.g. 96 MB for 12 MP
     images, so only two sizes are kept; the writer drops them when its stage phase ends): ``np.take``
     converts other index types to ``intp`` on every call, which costs as much as the gather itself."""
@@ -179,7 +180,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     clock.lap("pack")
     if job.shuffled:  # rank r holds pixel pi_i[r] = base[(r + s) mod n]: two gathers, no order array
         n = len(rows)
-        base = _base_indices(job.seed, rec.split, n)
+        base = base_indices(job.seed, rec.split, n)
         s = image_rotation(job.seed, rec.split, job.index, n)
         staged = np.empty_like(rows)
         # mode="clip" skips the bounds check: base is a permutation of range(n)
@@ -196,7 +197,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
 
 def release_stage_memos() -> None:
     """Drop the stage tasks' memoised index arrays (called by the writer once every image is staged)."""
-    _base_indices.cache_clear()
+    base_indices.cache_clear()
 
 
 def write_record(path: Path, record: Any) -> None:

@@ -6,7 +6,7 @@ and shards of ``shard_chunks`` chunks (the write unit, one file ``c/{shard}[/0]`
 crc32c-checksummed index at its end). A writer encodes one whole shard in memory (``encode_shards``)
 and writes it atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
 numcodecs codecs as zarr directly (zarr's own write path costs as much again as the compression); its
-output is tested byte for byte against zarr's (``_encode_shard_zarr``).
+output is tested byte for byte against zarr's (``reference_encode_shard``).
 
 zarr itself is imported where it is used (writing metadata, the twin and remote reads): a loader that
 reads local shards directly does not pay its import time and memory.
@@ -53,12 +53,15 @@ __all__ = [
     "FieldCodec",
     "ZarrBackend",
     "ZarrReader",
+    "direct_shard_codec",
     "document_bytes",
     "encode_shard",
     "encode_shard_pieces",
     "encode_shards",
     "field_codec",
     "metadata_documents",
+    "reference_encode_shard",
+    "reference_metadata_documents",
     "shard_file",
     "write_metadata",
 ]
@@ -164,7 +167,7 @@ def write_metadata(
     """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
 
     Existing shards are left untouched. The documents are built here (``metadata_documents``), the
-    same JSON zarr writes (tested against ``_metadata_documents_zarr``), so a writer need not import
+    same JSON zarr writes (tested against ``reference_metadata_documents``), so a writer need not import
     zarr.
     """
     written = []
@@ -234,7 +237,7 @@ def _split_fields(
     return dict(fields) if names is None else {k: v for k, v in fields.items() if k in names}
 
 
-def _metadata_documents_zarr(
+def reference_metadata_documents(
     splits: Mapping[str, SplitInfo],
     fields: Mapping[str, FieldSpec],
     layout: Mapping[str, Any],
@@ -291,7 +294,7 @@ def encode_shard_pieces(
     Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
     ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index at the end, one
     ``(offset, nbytes)`` uint64 pair per chunk (``2**64 - 1`` for chunks past the end of the array),
-    itself followed by its crc32c. ``_encode_shard_zarr`` is the twin that lets zarr do it.
+    itself followed by its crc32c. ``reference_encode_shard`` is the twin that lets zarr do it.
 
     Args:
         values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
@@ -315,7 +318,7 @@ def encode_shard_pieces(
     return [*pieces, raw_index, _crc32c_bytes(raw_index)]
 
 
-def _encode_shard_zarr(
+def reference_encode_shard(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: Mapping[str, Any]
 ) -> bytes:
     """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
@@ -354,7 +357,7 @@ class _ShardCodec:
     codec: Any
 
 
-def _shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
+def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
     """The decoder of an array whose codecs are the ones raykit writes (sharding with the index at the
     end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c), else None."""
     codecs = meta.get("codecs") or []
@@ -425,7 +428,7 @@ class ZarrReader:
                     meta = json.loads(self._ranges.read(rel, 0, self._ranges.size(rel)))
             except (OSError, ValueError) as exc:
                 raise StoreCorruptError(f"{path}: zarr array metadata unreadable: {exc}") from exc
-            self._codecs[key] = _shard_codec(meta)
+            self._codecs[key] = direct_shard_codec(meta)
         return self._codecs[key]
 
     def _shard_index(self, fd: int, path: Path) -> np.ndarray:
