@@ -362,20 +362,16 @@ def convert(
         layout_options["points"] = points
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
-    from raykit.store.writer import write_store
-
-    writer: Any = write_store
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    layout_options["layout"] = layout
     if layout == IMAGES_LAYOUT:
-        from raykit.store.images_writer import write_images_store as writer
-
         layout_options.pop("rgba_codec", None)
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
         from raykit.store.remote_write import work_folder, write_remote
 
         def write_there(local: Path) -> Any:
-            return _write(writer, local, records, scene, backend, workers, scheduler, threads, progress,
+            return _write(local, records, scene, backend, workers, scheduler, threads, progress,
                           info, False, layout_options)  # fmt: skip
 
         local_dst = work_folder(str(dst)) / "store"
@@ -385,18 +381,20 @@ def convert(
             discard_partial(local_dst)
             raise SourceError(decode_problems(records, exc)) from None
     try:
-        return _write(writer, Path(dst), records, scene, backend, workers, scheduler, threads, progress, info,
+        return _write(Path(dst), records, scene, backend, workers, scheduler, threads, progress, info,
                       overwrite, layout_options)  # fmt: skip
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))
         raise SourceError(decode_problems(records, exc)) from None
 
 
-def _write(writer: Any, dst: Path, records: list[ImageRecord], scene: SceneInfo, backend: str, workers: int,
+def _write(dst: Path, records: list[ImageRecord], scene: SceneInfo, backend: str, workers: int,
            scheduler: str | None, threads: int, progress: bool, info: Mapping[str, Any], overwrite: bool,
            layout_options: Mapping[str, Any]) -> Any:  # fmt: skip
+    from raykit.store.writer import write_store
+
     with conversion_executor(workers, scheduler, threads) as executor:
-        return writer(
+        return write_store(
             dst, records, scene=scene, backend=backend, executor=executor, progress=progress,
             source=info, overwrite=overwrite, **layout_options,
         )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
-from raykit.store.backend import Backend, EncodedShard, PayloadSpec
+from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
 from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
@@ -154,6 +154,12 @@ class WdsBackend:
     shard number and member offsets go into ``index.json``."""
 
     name: str = "wds"
+
+    @property
+    def images(self) -> ImagesPayload:
+        from raykit.store.images_wds import WDS_IMAGES
+
+        return WDS_IMAGES
 
     def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
         return [shard_file(split, shard)]

@@ -14,8 +14,10 @@ Three phases, all in ``<dst>.partial/`` beside ``dst``:
 A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
 bytes do not depend on the executor or the number of workers.
 
-Length (about 510 lines): the three phases, resume, commit and ``copy_store`` share the payload
-and task records; planning lives in ``plan.py``, timing in ``phases.py``, staging in ``staging.py``.
+``write_store`` is the one entry point of both layouts: ``StoreOptions.layout`` picks the payload
+writer (this module's for rays, ``raykit.store.images_writer`` for images); both end in
+``raykit.store.commit``. Planning lives in ``plan.py``, timing in ``phases.py``, staging in
+``staging.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,44 +32,30 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json, fsync_path
-from raykit.store.backend import (
-    BACKENDS,
-    RGBA_CODEC,
-    Backend,
-    PayloadSpec,
-    backend_named,
-    payload_layout,
-)
-from raykit.store.destination import OVERWRITE_HINT, check_seed
-from raykit.store.integrity import (
-    CHUNK_CHECKSUM,
-    chunk_checksum,
-    content_fingerprint,
-    file_record,
-    json_digest,
-)
+from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
+from raykit.store.backend import BACKENDS, Backend, PayloadSpec, backend_named, payload_layout
+from raykit.store.commit import StoreContent, commit_store, source_fingerprint, write_index_and_manifest
+from raykit.store.destination import check_seed
+from raykit.store.images_layout import IMAGES_LAYOUT, store_layout
+from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest
 from raykit.store.lock import holding_store_lock
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.phases import PhaseClock, Profile
 from raykit.store.plan import (
+    DEFAULT_CHUNK_RAYS,
+    DEFAULT_MEMORY_STAGING_BYTES,
+    DEFAULT_SHARD_CHUNKS,
     SHUFFLED_SPLITS,
+    StoreOptions,
+    WriteRequest,
     check_options,
     field_specs,
     partial_dir,
     record_plan,
     split_infos,
 )
-from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
-from raykit.store.schema import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    FieldSpec,
-    ImageRecord,
-    SceneInfo,
-    SplitInfo,
-)
+from raykit.store.points import SparsePoints, points_digest
+from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
 from raykit.store.staging import (
     StageJob,
     StagingSource,
@@ -88,29 +75,18 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_RAYS",
+    "DEFAULT_MEMORY_STAGING_BYTES",
     "DEFAULT_SHARD_CHUNKS",
     "Payload",
     "ShardJob",
+    "StoreOptions",
+    "WriteRequest",
+    "commit_store",
     "copy_store",
     "write_shard_task",
     "write_store",
 ]
 
-
-DEFAULT_CHUNK_RAYS = 65536
-DEFAULT_SHARD_CHUNKS = 16
-
-
-def _default_memory_staging() -> int:
-    """4 GiB, or a quarter of this machine's memory when that is less."""
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return 4 << 30
-    return int(min(4 << 30, total // 4))
-
-
-DEFAULT_MEMORY_STAGING_BYTES = _default_memory_staging()
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
 _TASK_FORMAT = 3  # 3: format-3 stores (pids derived, checked apart)
 Source = StagingSource | StoreSource
@@ -204,119 +180,152 @@ def write_store(
     records: Sequence[ImageRecord],
     *,
     scene: SceneInfo,
-    backend: str = "zarr",
-    chunk_rays: int = DEFAULT_CHUNK_RAYS,
-    shard_chunks: int = DEFAULT_SHARD_CHUNKS,
-    seed: int = 0,
+    options: StoreOptions | None = None,
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
-    materialize: str | None = None,
     source: Mapping[str, Any] | None = None,
-    rgba_codec: str = RGBA_CODEC,
-    zstd_level: int = 3,
     overwrite: bool = False,
-    memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES,
-    with_pids: bool = False,
     points: SparsePoints | None = None,
+    **option_fields: Any,
 ) -> RayStore:
-    """Write a ray store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
+    """Write a store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
     Args:
         records: one per image; ``load()`` must be picklable when ``executor`` is a process pool.
         scene: world frame, transform from the source frame, bounds.
-        backend: ``"zarr"`` or ``"wds"``.
-        chunk_rays: rays per chunk (the read unit); shard_chunks: chunks per shard (the write unit).
-        seed: seed of the train split's ray permutation.
+        options: layout, backend, chunking, codecs (:class:`~raykit.store.plan.StoreOptions`);
+            ``option_fields`` (``backend=``, ``chunk_rays=``, ...) replace single fields of it.
         executor: runs the per-image and per-shard tasks; None runs them in this process.
-        materialize: also store origins/directions as ``"float16"`` or ``"float32"``.
         source: description of the source (format, path, ...) recorded in the manifest.
-        rgba_codec: the zarr backend's codec for colours: ``"lz4"`` (blosc-lz4, fast) or ``"zstd"``
-            (about two thirds the size, half the speed).
-        zstd_level: zstd level of the zarr backend's ``"zstd"`` colours.
         overwrite: replace an existing store at ``dst``.
-        memory_staging_bytes: when every task runs in this process (``executor`` None or a thread
-            pool) and the decoded images take at most this many bytes staged (4 per pixel), they
-            are staged in memory instead of in files (0: always files).
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
             (``raykit.store.points``).
-        with_pids: also store every split's pids (format 3 derives them from the split's order
-            at read time; other readers may want them explicit).
     """
-    check_options(backend, chunk_rays, shard_chunks, materialize, rgba_codec)
-    check_seed(seed)
+    options = dataclasses.replace(options or StoreOptions(), **option_fields)
+    request = WriteRequest(
+        Path(dst),
+        order_records(records),
+        scene,
+        options,
+        executor,
+        progress,
+        dict(source or {}),
+        overwrite,
+        points,
+    )
+    return _PAYLOAD_WRITERS[_layout_of(options)](request)
+
+
+def _layout_of(options: StoreOptions) -> str:
+    from raykit.store.images_layout import LAYOUTS
+
+    if options.layout not in LAYOUTS:
+        from raykit.errors import ConfigError
+
+        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {options.layout!r}")
+    return options.layout
+
+
+def _write_rays(request: WriteRequest) -> RayStore:
+    """The rays layout: stage every image, write the shards, commit."""
+    opts, ordered = request.options, request.records
+    check_options(opts.backend, opts.chunk_rays, opts.shard_chunks, opts.materialize, opts.rgba_codec)
+    check_seed(opts.seed)
     profile = Profile()
-    dst = Path(dst)
-    ordered = order_records(records)
     layout = {
-        "chunk_rays": chunk_rays,
-        "shard_chunks": shard_chunks,
-        "seed": seed,
-        **payload_layout(rgba_codec, zstd_level),
-        "materialize": materialize,
+        "chunk_rays": opts.chunk_rays,
+        "shard_chunks": opts.shard_chunks,
+        "seed": opts.seed,
+        **payload_layout(opts.rgba_codec, opts.zstd_level),
+        "materialize": opts.materialize,
         "train_order": TRAIN_ORDER,
     }
     records_plan = [record_plan(r) for r in ordered]  # each image's part of the plan and its task key
     plan = {
         "format_version": FORMAT_VERSION,
         "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
-        "backend": backend,
+        "backend": opts.backend,
         "layout": layout,
-        "scene": scene.to_dict(),
+        "scene": request.scene.to_dict(),
         "records": records_plan,
-        "source": dict(source or {}),
-        "with_pids": with_pids,
+        "source": dict(request.source),
+        "with_pids": opts.with_pids,
     }
-    if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
-        plan["points"] = points_digest(points)
+    if (
+        request.points is not None
+    ):  # only then: plans (and resume keys) of stores without points are unchanged
+        plan["points"] = points_digest(request.points)
     plan_key = json_digest(plan)
-    partial = partial_dir(dst, plan, overwrite, plan_key)
+    partial = partial_dir(request.dst, plan, request.overwrite, plan_key)
     profile.wall.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
-    memory = _in_process(executor) and staged_bytes <= memory_staging_bytes
+    memory = _in_process(request.executor) and staged_bytes <= opts.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
     with staging:
         stage_jobs = [
             StageJob(
-                str(partial), i, r, json_digest([records_plan[i], seed]), r.split in SHUFFLED_SPLITS,
-                seed, staging,
+                root=str(partial),
+                index=i,
+                record=r,
+                key=json_digest([records_plan[i], opts.seed]),
+                shuffled=r.split in SHUFFLED_SPLITS,
+                seed=opts.seed,
+                staging=staging,
             )
             for i, r in enumerate(ordered)
-        ]  # fmt: skip
+        ]
         try:
-            staged = _run(stage_image, stage_jobs, executor, progress, "decode images")
+            staged = _run(stage_image, stage_jobs, request.executor, request.progress, "decode images")
         finally:
             release_stage_memos()
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
-        channels = 4 if any(s["channels"] == 4 for s in staged) else 3
-        splits = split_infos(ordered, chunk_rays, "stored" if with_pids else "derived")
-        shuffled = {name for name, info in splits.items() if info.shuffled}
-        alpha = [s["channels"] == 4 for s in staged]
-        table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
-        with atomic_path(partial / "cameras.parquet") as tmp:
-            write_camera_table(table, str(tmp))
-        offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
-        profile.wall.lap("camera_table")
-        # source fingerprint: every image's name, source file SHA-256, decoded shape and pixel CRC-32C
-        fingerprint = json_digest(
-            [[r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]],
-              s["pixels_crc32c"]] for r, s in zip(ordered, staged, strict=True)]
-        )  # fmt: skip
-        payload = Payload(
-            backend_named(backend), table, scene, splits, field_specs(channels, materialize), layout,
-            {**dict(source or {}), "fingerprint": fingerprint, "image_bytes": _image_bytes(ordered)},
-            points=points,
-        )  # fmt: skip
-        sizes = tuple(r.camera.width * r.camera.height for r in ordered)
-        image_channels = tuple(int(s["channels"]) for s in staged)
-        # The cameras travel with the source (materialised rays need them): no task re-reads the table.
-        cameras = CameraTable.from_arrow(table) if materialize else None
-        gather = StagingSource(
-            str(partial), offsets, sizes, image_channels, channels, materialize, staging, seed, cameras
-        )
-        return _write_payload_and_commit(
-            partial, dst, payload, gather, plan_key, executor, progress, overwrite, profile
-        )
+        payload, gather = _staged_payload(request, partial, layout, staged, staging, profile)
+        return _write_payload_and_commit(partial, request, payload, gather, plan_key, profile)
+
+
+def _staged_payload(
+    request: WriteRequest,
+    partial: Path,
+    layout: Mapping[str, Any],
+    staged: Sequence[Mapping[str, Any]],
+    staging: MemoryStaging | DiskStaging,
+    profile: Profile,
+) -> tuple[Payload, StagingSource]:
+    """The camera table (written), the payload and the source of the staged rays."""
+    opts, ordered = request.options, request.records
+    channels = 4 if any(s["channels"] == 4 for s in staged) else 3
+    splits = split_infos(ordered, opts.chunk_rays, "stored" if opts.with_pids else "derived")
+    shuffled = {name for name, info in splits.items() if info.shuffled}
+    alpha = [s["channels"] == 4 for s in staged]
+    table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
+    with atomic_path(partial / "cameras.parquet") as tmp:
+        write_camera_table(table, str(tmp))
+    offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
+    profile.wall.lap("camera_table")
+    source = {
+        **request.source,
+        "fingerprint": source_fingerprint(ordered, staged),
+        "image_bytes": _image_bytes(ordered),
+    }
+    payload = Payload(
+        backend=backend_named(opts.backend),
+        table=table,
+        scene=request.scene,
+        splits=splits,
+        fields=field_specs(channels, opts.materialize),
+        layout=layout,
+        source=source,
+        points=request.points,
+    )
+    sizes = tuple(r.camera.width * r.camera.height for r in ordered)
+    image_channels = tuple(int(s["channels"]) for s in staged)
+    # The cameras travel with the source (materialised rays need them): no task re-reads the table.
+    cameras = CameraTable.from_arrow(table) if opts.materialize else None
+    gather = StagingSource(
+        str(partial), offsets, sizes, image_channels, channels, opts.materialize, staging, opts.seed, cameras
+    )
+    return payload, gather
 
 
 @dataclass(frozen=True)
@@ -342,6 +351,21 @@ class Payload:
     def spec(self) -> PayloadSpec:
         return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
 
+    def content(self) -> StoreContent:
+        """What the manifest says of this payload (``raykit.store.commit``)."""
+        return StoreContent(
+            self.backend.name,
+            self.layout,
+            self.source,
+            self.scene,
+            self.splits,
+            self.fields,
+            self.table,
+            self.points,
+            self.checksum,
+            self.format_version,
+        )
+
 
 def _image_bytes(records: Sequence[ImageRecord]) -> int | None:
     """Total bytes of the source image files when every image is a local file, else None."""
@@ -353,35 +377,42 @@ def _image_bytes(records: Sequence[ImageRecord]) -> int | None:
     return total
 
 
-def _write_shards(
-    partial: Path,
-    payload: Payload,
-    gather: Source,
-    plan_key: str,
-    executor: Any,
-    progress: bool,
-    profile: Profile,
-) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
-    """Phase 2: every shard (and zarr metadata). Returns (file records, chunk index)."""
-    files: dict[str, Any] = {}
+def _shard_jobs(partial: Path, payload: Payload, gather: Source, plan_key: str) -> list[ShardJob]:
     spec = payload.spec()
-    for rel in payload.backend.write_metadata(partial, payload.splits, spec):
-        files[rel] = file_record(partial / rel)
-    jobs = [
-        ShardJob(str(partial), payload.backend, info, shard, payload.fields, payload.layout, gather,
-                 f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}", payload.checksum,
-                 tuple(spec.fields_of(info.name)), payload.legacy)
+    return [
+        ShardJob(
+            root=str(partial),
+            backend=payload.backend,
+            info=info,
+            shard=shard,
+            fields=payload.fields,
+            layout=payload.layout,
+            source=gather,
+            key=f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}",
+            checksum=payload.checksum,
+            stored=tuple(spec.fields_of(info.name)),
+            legacy=payload.legacy,
+        )
         for info in payload.splits.values()
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
-    ]  # fmt: skip
+    ]
+
+
+def _write_shards(
+    partial: Path, payload: Payload, gather: Source, plan_key: str, request: WriteRequest, profile: Profile
+) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
+    """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
+    files: dict[str, Any] = {}
+    for rel in payload.backend.write_metadata(partial, payload.splits, payload.spec()):
+        files[rel] = file_record(partial / rel)
+    jobs = _shard_jobs(partial, payload, gather, plan_key)
     profile.wall.lap("metadata")
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in _run_iter(
-            write_shard_task, jobs, executor, progress, f"write {payload.backend.name} shards"
-        ):
+        desc = f"write {payload.backend.name} shards"
+        for res in _run_iter(write_shard_task, jobs, request.executor, request.progress, desc):
             synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
             results.append(res)
         profile.wall.lap("shards")
@@ -403,92 +434,29 @@ def _write_shards(
     return files, index
 
 
-def _manifest(payload: Payload, files: Mapping[str, Any], index: Mapping[str, Any]) -> dict[str, Any]:
-    if payload.legacy:
-        split_dicts = {name: info.legacy_dict() for name, info in payload.splits.items()}
-        hashed = split_dicts
-    else:
-        split_dicts = {name: info.to_dict() for name, info in payload.splits.items()}
-        hashed = {name: info.fingerprint_dict() for name, info in payload.splits.items()}
-    field_dicts = {spec.name: spec.to_dict() for spec in payload.fields}
-    crcs = {k: v[payload.checksum] for k, v in index.items()}
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": payload.format_version,
-        "raykit_version": _raykit_version(),
-        "backend": payload.backend.name,
-        "layout": dict(payload.layout),
-        "source": dict(payload.source),
-        "scene": payload.scene.to_dict(),
-        "splits": split_dicts,
-        "fields": field_dicts,
-        "n_images": payload.table.num_rows,
-        "files": dict(sorted(files.items())),
-        **({"points": points_entry(payload.points)} if payload.points is not None else {}),
-        "content_fingerprint": content_fingerprint(
-            payload.table, payload.scene.to_dict(), hashed, field_dicts, crcs, payload.checksum
-        ),
-    }
-    manifest["manifest_digest"] = json_digest(manifest)
-    return manifest
-
-
 def _write_payload_and_commit(
-    partial: Path,
-    dst: Path,
-    payload: Payload,
-    gather: Source,
-    plan_key: str,
-    executor: Any,
-    progress: bool,
-    overwrite: bool,
-    profile: Profile,
+    partial: Path, request: WriteRequest, payload: Payload, gather: Source, plan_key: str, profile: Profile
 ) -> RayStore:
     """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
-    files, index = _write_shards(partial, payload, gather, plan_key, executor, progress, profile)
-    atomic_write_json(partial / "index.json", index)
-    written = ["cameras.parquet", "index.json"]
-    if payload.points is not None:
-        with atomic_path(partial / POINTS_FILE) as tmp:
-            write_points(payload.points, str(tmp))
-        written.append(POINTS_FILE)
-    for rel in written:
-        files[rel] = file_record(partial / rel)
-    atomic_write_json(partial / "manifest.json", _manifest(payload, files, index))
+    files, index = _write_shards(partial, payload, gather, plan_key, request, profile)
+    write_index_and_manifest(partial, payload.content(), files, index)
     profile.wall.lap("index_manifest")
-    store = _commit(partial, dst, overwrite)
+    store = commit_store(partial, request.dst, request.overwrite)
     profile.wall.lap("commit")
-    profile.finish(dst)
+    profile.finish(request.dst)
     return store
 
 
-def _commit(partial: Path, dst: Path, overwrite: bool) -> RayStore:
-    for name in ("staging", "tasks"):
-        shutil.rmtree(partial / name, ignore_errors=True)
-    (partial / "plan.json").unlink(missing_ok=True)
-    for path in partial.rglob(".*.tmp"):
-        path.unlink()  # temporary files of writers killed mid-write (the atomic-write prefix and suffix)
-    for path in partial.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
-    if dst.exists():
-        if not overwrite and (dst / "manifest.json").exists():
-            raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
-        old = dst.with_name(dst.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        dst.rename(old)
-        partial.rename(dst)
-        shutil.rmtree(old)
-    else:
-        partial.rename(dst)
-    from raykit.store.reader import open_store
+def _write_images(request: WriteRequest) -> RayStore:
+    from raykit.store.images_writer import write_images
 
-    return open_store(str(dst))
+    return write_images(request)
 
 
-def _raykit_version() -> str:
-    from raykit import __version__
-
-    return __version__
+_PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
+    "rays": _write_rays,
+    IMAGES_LAYOUT: _write_images,
+}
 
 
 @holding_store_lock("dst")
@@ -500,32 +468,42 @@ def copy_store(
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     overwrite: bool = False,
-    layout: Any = None,
+    layout: str | None = None,
     with_pids: bool = False,
 ) -> RayStore:
     """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
 
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
     content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
-    source's) rewrites it in that layout (``raykit.store.layout_copy``). ``with_pids`` stores every
-    split's pids explicitly (a format-3 store derives them); a copy of a format 1 or 2 store (which
-    store them) is format 2.
+    source's) rewrites it in that layout from the source's images (``raykit.store.layout_copy``).
+    ``with_pids`` stores every split's pids explicitly (a format-3 store derives them); a copy of a
+    format 1 or 2 store (which store them) is format 2.
     """
-    from raykit.store.images_layout import store_layout
     from raykit.store.reader import open_store
 
     store = open_store(src)
-    if store_layout(store.manifest) == "images" or (layout or "rays") != "rays":
-        from raykit.store.layout_copy import copy_layout
+    layout = layout or store_layout(store.manifest)
+    if store_layout(store.manifest) != "rays" or layout != "rays":
+        from raykit.store.layout_copy import copy_request
 
-        return copy_layout(
-            src, dst, backend=backend, layout=layout or store_layout(store.manifest), executor=executor,
-            progress=progress, overwrite=overwrite,
-        )  # fmt: skip
+        request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
+        return _PAYLOAD_WRITERS[_layout_of(request.options)](request)
+    return _copy_rays(store, Path(dst), backend, executor, progress, overwrite, with_pids)
+
+
+def _copy_rays(
+    store: RayStore,
+    dst: Path,
+    backend: str,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    overwrite: bool,
+    with_pids: bool,
+) -> RayStore:
+    """A rays-layout copy of a rays-layout store, shard by shard from its chunks."""
     profile = Profile()
     layout = dict(store.manifest["layout"])
     check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
-    dst = Path(dst)
     version = 2 if store.manifest["format_version"] <= 2 else FORMAT_VERSION
     splits = store.splits
     if with_pids:
@@ -535,10 +513,20 @@ def copy_store(
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(store.cameras, str(tmp))
     payload = Payload(
-        backend_named(backend), store.cameras, store.scene, splits, tuple(store.fields.values()),
-        layout, store.manifest["source"], store.chunk_checksum, version, store.sparse_points(),
-    )  # fmt: skip
+        backend=backend_named(backend),
+        table=store.cameras,
+        scene=store.scene,
+        splits=splits,
+        fields=tuple(store.fields.values()),
+        layout=layout,
+        source=store.manifest["source"],
+        checksum=store.chunk_checksum,
+        format_version=version,
+        points=store.sparse_points(),
+    )
+    request = WriteRequest(
+        dst, [], store.scene, StoreOptions(backend=backend), executor, progress, overwrite=overwrite
+    )
     return _write_payload_and_commit(
-        partial, dst, payload, StoreSource(store.url), json_digest(plan), executor, progress, overwrite,
-        profile,
-    )  # fmt: skip
+        partial, request, payload, StoreSource(store.url), json_digest(plan), profile
+    )

@@ -38,6 +38,7 @@ from raykit.store.backend import (
     RGBA_CODECS,
     Backend,
     EncodedShard,
+    ImagesPayload,
     PayloadSpec,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
@@ -546,6 +547,12 @@ class ZarrBackend:
     """The Zarr v3 backend (``raykit.store.backend.Backend``)."""
 
     name: str = "zarr"
+
+    @property
+    def images(self) -> ImagesPayload:
+        from raykit.store.images_zarr import ZARR_IMAGES
+
+        return ZARR_IMAGES
 
     def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
         return [shard_file(split, field, shard) for field in spec.fields_of(split).values()]
