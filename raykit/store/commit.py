@@ -36,19 +36,16 @@ class StoreContent:
     fields: Sequence[FieldSpec]
     table: Any  # pyarrow.Table
     points: SparsePoints | None = None
-    checksum: str = CHUNK_CHECKSUM  # chunk checksum kind (``integrity.chunk_checksum``)
-    format_version: int = FORMAT_VERSION
 
     def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
-        legacy = self.format_version <= 2  # copies of format 1 and 2 stores: one checksum over every field
-        splits = {k: v.legacy_dict() if legacy else v.to_dict() for k, v in self.splits.items()}
-        hashed = splits if legacy else {k: v.fingerprint_dict() for k, v in self.splits.items()}
+        splits = {k: v.to_dict() for k, v in self.splits.items()}
+        hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
         fields = {spec.name: spec.to_dict() for spec in self.fields}
-        crcs = {k: v[self.checksum] for k, v in index.items()}
+        crcs = {k: v[CHUNK_CHECKSUM] for k, v in index.items()}
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": FORMAT_VERSION,
             "raykit_version": _raykit_version(),
             "backend": self.backend,
             "layout": dict(self.layout),
@@ -60,7 +57,7 @@ class StoreContent:
             "files": dict(sorted(files.items())),
             **({"points": points_entry(self.points)} if self.points is not None else {}),
             "content_fingerprint": content_fingerprint(
-                self.table, self.scene.to_dict(), hashed, fields, crcs, self.checksum
+                self.table, self.scene.to_dict(), hashed, fields, crcs
             ),
         }
         manifest["manifest_digest"] = json_digest(manifest)

@@ -285,7 +285,7 @@ def write_images(request: WriteRequest) -> RayStore:
     """
     opts, ordered = request.options, request.records
     profile = Profile()
-    check_options(opts.backend, opts.chunk_rays, opts.shard_chunks, None)
+    check_options(opts.backend, opts.chunk_rays, opts.shard_chunks, None, opts.rgba_codec)
     check_seed(opts.seed)
     layout = images_layout_options(opts.chunk_rays, opts.shard_chunks, opts.seed)
     records_plan = [record_plan(r) for r in ordered]

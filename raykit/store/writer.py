@@ -104,9 +104,7 @@ class ShardJob:
     layout: Mapping[str, Any]
     source: Source
     key: str
-    checksum: str = CHUNK_CHECKSUM  # chunk checksum kind (``chunk_checksum``)
-    stored: tuple[str, ...] = ()  # the fields this split stores (format 3: no pid when derived)
-    legacy: bool = False  # format <= 2: one checksum over every field; else pids are checked apart
+    stored: tuple[str, ...] = ()  # the fields this split stores (no pid when derived)
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
@@ -127,15 +125,15 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
     data = {name: data[name] for name in stored}
     fields = {spec.name: spec for spec in job.fields}
-    # Format 3: the chunk checksum covers every stored field but the pids, which (when stored) have
-    # their own, so a copy with or without stored pids keeps its checksums and fingerprint.
-    summed = list(stored) if job.legacy else [name for name in stored if name != "pid"]
+    # The chunk checksum covers every stored field but the pids, which (when stored) have their own,
+    # so a copy with or without stored pids keeps its checksums and fingerprint.
+    summed = [name for name in stored if name != "pid"]
     checksums, pid_checksums = [], []
     for c in range(first, last):
         lo, hi = (b - start for b in job.info.chunk_range(c))
-        checksums.append(chunk_checksum({name: data[name][lo:hi] for name in summed}, summed, job.checksum))
-        if "pid" in stored and not job.legacy:
-            pid_checksums.append(chunk_checksum({"pid": data["pid"][lo:hi]}, ["pid"], job.checksum))
+        checksums.append(chunk_checksum({name: data[name][lo:hi] for name in summed}, summed, CHUNK_CHECKSUM))
+        if "pid" in stored:
+            pid_checksums.append(chunk_checksum({"pid": data["pid"][lo:hi]}, ["pid"], CHUNK_CHECKSUM))
     result: dict[str, Any] = {"checksums": checksums}
     if pid_checksums:
         result["pid_checksums"] = pid_checksums
@@ -339,14 +337,7 @@ class Payload:
     fields: tuple[FieldSpec, ...]
     layout: Mapping[str, Any]
     source: Mapping[str, Any]
-    checksum: str = CHUNK_CHECKSUM  # chunk checksum kind; a copy keeps its source's
-    format_version: int = FORMAT_VERSION  # a copy of a format 1 or 2 store is written as format 2
     points: SparsePoints | None = None  # sparse points, world frame (``points3D.parquet``)
-
-    @property
-    def legacy(self) -> bool:
-        """Format <= 2: every pid stored, one checksum per chunk over every field."""
-        return self.format_version <= 2
 
     def spec(self) -> PayloadSpec:
         return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
@@ -362,8 +353,6 @@ class Payload:
             self.fields,
             self.table,
             self.points,
-            self.checksum,
-            self.format_version,
         )
 
 
@@ -389,9 +378,7 @@ def _shard_jobs(partial: Path, payload: Payload, gather: Source, plan_key: str) 
             layout=payload.layout,
             source=gather,
             key=f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}",
-            checksum=payload.checksum,
             stored=tuple(spec.fields_of(info.name)),
-            legacy=payload.legacy,
         )
         for info in payload.splits.values()
         for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
@@ -422,12 +409,12 @@ def _write_shards(
         list(syncing.map(fsync_path, sorted(shard_dirs)))
     profile.absorb("shard", results)
     profile.wall.lap("fsync")
-    index: dict[str, dict[str, list[Any]]] = {name: {payload.checksum: []} for name in payload.splits}
+    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in payload.splits}
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
-        entry[payload.checksum] += res["checksums"]
+        entry[CHUNK_CHECKSUM] += res["checksums"]
         if "pid_checksums" in res:
-            entry.setdefault(f"pid_{payload.checksum}", []).extend(res["pid_checksums"])
+            entry.setdefault(f"pid_{CHUNK_CHECKSUM}", []).extend(res["pid_checksums"])
         for key, values in res["index"].items():
             entry.setdefault(key, []).extend(values)
         files.update(res["files"])
@@ -476,8 +463,9 @@ def copy_store(
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
     content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
     source's) rewrites it in that layout from the source's images (``raykit.store.layout_copy``).
-    ``with_pids`` stores every split's pids explicitly (a format-3 store derives them); a copy of a
-    format 1 or 2 store (which store them) is format 2.
+    ``with_pids`` stores every split's pids explicitly (a format-3 store derives them). A copy of a
+    format 1 or 2 store is written in the current format, its pids stored, its chunk checksums
+    computed anew: its content fingerprint is the same in every backend but not the source's.
     """
     from raykit.store.reader import open_store
 
@@ -504,11 +492,12 @@ def _copy_rays(
     profile = Profile()
     layout = dict(store.manifest["layout"])
     check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
-    version = 2 if store.manifest["format_version"] <= 2 else FORMAT_VERSION
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
     plan = {"copy_of": store.fingerprint, "backend": backend, "layout": layout, "with_pids": with_pids}
+    if store.legacy:  # format 1 or 2, copied as the current format (its pids stored, checksums anew)
+        plan["upgrade_to"] = FORMAT_VERSION
     partial = partial_dir(dst, plan, overwrite)
     with atomic_path(partial / "cameras.parquet") as tmp:
         write_camera_table(store.cameras, str(tmp))
@@ -520,8 +509,6 @@ def _copy_rays(
         fields=tuple(store.fields.values()),
         layout=layout,
         source=store.manifest["source"],
-        checksum=store.chunk_checksum,
-        format_version=version,
         points=store.sparse_points(),
     )
     request = WriteRequest(
