@@ -52,7 +52,14 @@ from raykit.store.plan import (
 )
 from raykit.store.points import SparsePoints, points_digest
 from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.staging import bytes_record, record_matches, scratch_record, write_record
+from raykit.store.staging import (
+    bytes_record,
+    check_pixels,
+    pixels_crc32c,
+    record_matches,
+    scratch_record,
+    write_record,
+)
 from raykit.store.table import build_camera_table, order_records, write_camera_table
 
 if TYPE_CHECKING:
@@ -127,24 +134,6 @@ def _source_bytes(rec: ImageRecord) -> bytes | None:
     return None
 
 
-def _crc32c(data: bytes | np.ndarray) -> int:
-    view = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else np.ascontiguousarray(data)
-    view = view.reshape(-1).view(np.uint8)
-    view.flags.writeable = False
-    return int(google_crc32c.value(view))
-
-
-def _checked(rec: ImageRecord, pixels: Any) -> np.ndarray:
-    array = np.asarray(pixels)
-    shape = (rec.camera.height, rec.camera.width)
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[:2] != shape or array.shape[2] not in (3, 4):
-        raise SourceError(
-            f"{rec.source_path or rec.name}: expected uint8 pixels of shape ({shape[0]}, {shape[1]}, 3|4) "
-            f"matching its camera, got {array.dtype} {array.shape}"
-        )
-    return np.ascontiguousarray(array)
-
-
 def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     """Phase 1 for one image: ``{"files", "ext", "passthrough", "channels", "size", "crc32c",
     "sha256", "source_sha256", "pixels_crc32c"}``."""
@@ -156,7 +145,9 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         clock.lap("resume_check")
         return {**done, "seconds": clock.seconds}
     rec = job.record
-    pixels = _checked(rec, rec.load())  # the one decode: fails on a truncated or corrupt file
+    pixels = np.ascontiguousarray(
+        check_pixels(rec, rec.load())
+    )  # the one decode: fails on a truncated or corrupt file
     clock.lap("decode")
     kept = getattr(rec.load, "encoded", None)  # a copy of an images store keeps its stored files
     stored = kept() if callable(kept) else None
@@ -186,10 +177,10 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "passthrough": stored.passthrough,
         "channels": int(pixels.shape[2]),
         "size": len(stored.data),
-        "crc32c": _crc32c(stored.data),
+        "crc32c": int(google_crc32c.value(stored.data)),
         "sha256": stored_sha,
         "source_sha256": rec.source_sha256 or source_sha,
-        "pixels_crc32c": _crc32c(pixels),
+        "pixels_crc32c": pixels_crc32c(pixels),
     }
     clock.lap("checksum")
     if not job.memory:

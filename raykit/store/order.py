@@ -16,8 +16,8 @@ size the merge is a round robin over images, which a shard builds as the (blocke
 (images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys.
 ``reference_split_pids`` builds the order the slow way (the tests' oracle).
 
-Length (about 410 lines): the definition, its fast writer-side merge, the read-side ``SplitOrder``
-(numpy and torch) and the slow twin must agree exactly, so they stay together.
+The definition, its fast writer-side merge, the read-side ``SplitOrder`` (numpy and torch) and the
+slow twin are read together: they must agree exactly.
 
 Format 3 stores no pids for such a split: ``SplitOrder`` derives the pids of any ray range from this
 definition at read time (``pids``: vectorised numpy; ``pids_torch``: the same on any torch device).

@@ -11,8 +11,8 @@ output is tested byte for byte against zarr's (``reference_encode_shard``).
 zarr itself is imported where it is used (writing metadata, the twin and remote reads): a loader that
 reads local shards directly does not pay its import time and memory.
 
-Length (about 500 lines): the encoder, the metadata documents, their zarr twins and the direct
-reader stay together because they must agree byte for byte on one codec definition (``FieldCodec``).
+The encoder, the metadata documents, their zarr twins and the direct reader are read together: they
+must agree byte for byte on one codec definition (``FieldCodec``).
 """
 
 from __future__ import annotations
