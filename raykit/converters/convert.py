@@ -27,7 +27,7 @@ from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
-from raykit.converters.images import ImageLoader, choose_layout, probe_image
+from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
@@ -247,7 +247,7 @@ def _record(
     exif: str,
 ) -> ImageRecord:
     source = view.camera
-    loader = ImageLoader(
+    loader = ImageFileDecoder(
         str(view.image_path), source.width, source.height, factor, exif, _camera_name(source)
     )
     c2w = apply_similarity(matrix, view.c2w)
