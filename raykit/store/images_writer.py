@@ -39,6 +39,7 @@ from raykit.store.destination import check_seed
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
 from raykit.store.images_layout import IMAGES_LAYOUT, camera_record
 from raykit.store.integrity import file_record, json_digest
+from raykit.store.location import is_url
 from raykit.store.lock import holding_store_lock
 from raykit.store.phases import PhaseClock, Profile
 from raykit.store.plan import (
@@ -128,7 +129,7 @@ _MEMORY: dict[str, dict[int, bytes]] = {}
 
 def _source_bytes(rec: ImageRecord) -> bytes | None:
     path = rec.source_path
-    if path and "://" not in path and os.path.isfile(path):
+    if path and not is_url(path) and os.path.isfile(path):
         with open(path, "rb") as handle:
             return handle.read()
     return None

@@ -41,6 +41,7 @@ from raykit.store.backend import (
     ImagesPayload,
     PayloadSpec,
 )
+from raykit.store.location import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 
 __all__ = [
@@ -338,13 +339,13 @@ def reference_encode_shard(
 def _open_store(url: str) -> Any:
     import zarr
 
-    if "://" in url and not url.startswith("file://"):
+    if is_url(url):
         return zarr.storage.FsspecStore.from_url(url, read_only=True)
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
 
 
 def _local_root(url: str) -> Path | None:
-    if "://" in url and not url.startswith("file://"):
+    if is_url(url):
         return None
     return Path(url.removeprefix("file://"))
 
