@@ -228,6 +228,13 @@ class Backend(Protocol):
         """Write the payload's metadata files under ``root`` atomically; their relative paths."""
         ...
 
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        """Payload bytes per split and stored field of a committed store (``files``: the manifest's
+        records; ``index``: ``index.json``); container overhead under a name of its own (``"tar"``)."""
+        ...
+
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: RangeFetcher | None = None
     ) -> PayloadReader:

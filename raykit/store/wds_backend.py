@@ -179,6 +179,20 @@ class WdsBackend:
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         return []
 
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for split in splits:  # the sizes of each field's ``.npy`` members; headers and padding: "tar"
+            counts = out[split] = {}
+            for members in index[split].get("members", []):
+                for name, (_, size) in members.items():
+                    counts[name] = counts.get(name, 0) + int(size)
+            tars = {shard_file(split, int(s)) for s in index[split].get("shard", [])}
+            total = sum(int(files[rel]["size"]) for rel in tars if rel in files)
+            counts["tar"] = total - sum(counts.values())
+        return out
+
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
     ) -> WdsReader:

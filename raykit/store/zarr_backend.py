@@ -566,6 +566,17 @@ class ZarrBackend:
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         return write_metadata(root, splits, spec.fields, spec.layout, spec.stored)
 
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {name: {} for name in splits}
+        for rel, entry in files.items():  # the sizes of each field's shard files
+            parts = rel.split("/")
+            if len(parts) >= 4 and parts[0] == ZARR_DIR and parts[1] in out and parts[3] == "c":
+                counts = out[parts[1]]
+                counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
+        return out
+
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
     ) -> ZarrReader:
