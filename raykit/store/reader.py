@@ -6,7 +6,8 @@ on first use of a payload file, its size; so corruption raises a ``StoreCorruptE
 instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
 
 Each split is read by the reader of its layout (``raykit.store.split_readers``: ray chunks or
-encoded images), so nothing here depends on the layout.
+encoded images), so nothing here depends on the layout. Opening, the file checks and the whole-image
+reads share the store's parsed metadata, so they are read together.
 """
 
 from __future__ import annotations
