@@ -7,7 +7,8 @@
 Captures: those ``bench_convert.py`` (``convert-realistic-0``, its ``-photo2`` variant) and
 ``bench_layouts.py`` (``images-realistic-jpeg``) leave under ``benchmarks/data``; a missing one is
 skipped. Each case is converted into a temporary folder; its digest is the SHA-256 of the sorted
-(path, file SHA-256) list of the whole store.
+(path, file SHA-256) list of the whole store. ``COPIES`` are ``raykit copy`` runs from the first thread
+count's stores into another backend or layout, digested the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("png-images-zarr", "convert-realistic-0", {"layout": "images", "backend": "zarr"}),
 ]
 
+# (name, converted case, backend, layout): ``copy_store`` of that case's store
+COPIES: list[tuple[str, str, str, str]] = [
+    ("photo-rays-zarr-to-wds", "photo-rays-zarr", "wds", "rays"),
+    ("photo-rays-zarr-to-images", "photo-rays-zarr", "zarr", "images"),
+    ("jpeg-images-zarr-to-wds", "jpeg-images-zarr", "wds", "images"),
+    ("jpeg-images-wds-to-rays", "jpeg-images-wds", "zarr", "rays"),
+]
+
 
 def store_digest(root: Path) -> str:
     files = {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -46,17 +55,26 @@ def main() -> None:
     args = parser.parse_args()
     import raykit
     from raykit.converters import convert
+    from raykit.store.writer import copy_store
 
     out: dict[str, Any] = {"raykit": raykit.__file__}
     with tempfile.TemporaryDirectory(prefix="store-digests-") as tmp:
         for name, capture, options in CASES:
             if not (DATA / capture).exists():
                 continue
-            for threads in (int(t) for t in args.threads.split(",")):
+            for i, threads in enumerate(int(t) for t in args.threads.split(",")):
                 dst = Path(tmp) / f"{name}-{threads}"
                 convert(DATA / capture, dst, threads=threads, **options)
                 out[f"{name}-{threads}"] = store_digest(dst)
-                shutil.rmtree(dst)
+                if i:
+                    shutil.rmtree(dst)
+                else:
+                    shutil.move(dst, Path(tmp) / name)
+        for name, case, backend, layout in COPIES:
+            if (Path(tmp) / case).exists():
+                copy_store(Path(tmp) / case, Path(tmp) / name, backend=backend, layout=layout)
+                out[f"copy-{name}"] = store_digest(Path(tmp) / name)
+                shutil.rmtree(Path(tmp) / name)
     print(json.dumps(out, indent=1))
 
 

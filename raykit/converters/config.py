@@ -1,7 +1,8 @@
 """``ConvertConfig``: every option of ``raykit convert``, written once; its fields generate the flags.
 
-``add_arguments(parser)`` builds the command's arguments, ``from_args(args)`` reads them back and
-``config.convert_options()`` gives the keyword arguments of :func:`raykit.converters.convert`.
+``add_arguments(parser)`` builds the command's arguments, ``from_args(args)`` reads them back, and
+``convert(config.src, config.dst, config)`` runs it (:func:`raykit.converters.convert`);
+``config.store_options()`` is the part the store writer takes.
 """
 
 from __future__ import annotations
@@ -11,16 +12,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from raykit.converters.convert import POSE_SOURCES, SOURCES
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
+from raykit.converters.poses import POSE_SOURCES
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 from raykit.options import option
-from raykit.store.backend import BACKENDS, RGBA_CODECS
+from raykit.store.backend import BACKENDS, RGBA_CODEC, RGBA_CODECS
 from raykit.store.images_layout import LAYOUTS
+from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
 
-__all__ = ["ConvertConfig", "add_arguments", "from_args"]
+__all__ = ["SOURCES", "ConvertConfig", "add_arguments", "from_args"]
+
+SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
 
 _SPLIT_HELP = (
     "auto | source | all | every:N | test=FILE[,val=FILE][,train=FILE] (auto: the source's own splits, "
@@ -60,11 +64,11 @@ class ConvertConfig:
     )
     near: float | None = option(None, "override every image's near bound (source units)")
     far: float | None = option(None, "override every image's far bound (source units)")
-    chunk_rays: int | None = option(None, "rays per chunk (default: the writer's)", metavar="N")
-    shard_chunks: int | None = option(None, "chunks per shard (default: the writer's)", metavar="N")
+    chunk_rays: int = option(DEFAULT_CHUNK_RAYS, "rays per chunk", metavar="N")
+    shard_chunks: int = option(DEFAULT_SHARD_CHUNKS, "chunks per shard", metavar="N")
     seed: int = option(0, "seed of the train split's ray permutation")
-    rgba_codec: str | None = option(
-        None, "zarr colour codec: lz4 (default, fast) or zstd (small)", choices=RGBA_CODECS
+    rgba_codec: str = option(
+        RGBA_CODEC, "colour codec of the rays layout in zarr: lz4 (fast) or zstd (small)", choices=RGBA_CODECS
     )
     overwrite: bool = option(False, "replace an existing store at DST")
     layout: str = option(
@@ -74,6 +78,17 @@ class ConvertConfig:
     )
     progress: bool = option(True, "progress bars")
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
+
+    def store_options(self) -> StoreOptions:
+        """How the store is written (``raykit.store.write_store``)."""
+        return StoreOptions(
+            layout=self.layout,
+            backend=self.backend,
+            chunk_rays=self.chunk_rays,
+            shard_chunks=self.shard_chunks,
+            seed=self.seed,
+            rgba_codec=self.rgba_codec,
+        )
 
     def convert_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst`` and the pose

@@ -10,33 +10,37 @@ when complete (a rerun resumes from the finished work). Nothing is written befor
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
+from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
-from raykit.converters.images import ImageLoader, choose_layout, probe_image
+from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
-from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS
+from raykit.store.images_layout import LAYOUTS
 from raykit.store.location import is_url
 from raykit.store.points import SparsePoints
 from raykit.store.schema import ImageRecord, SceneInfo
 
-__all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
 
-SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
+__all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
 
 def detect_source(src: Path) -> str:
@@ -243,7 +247,7 @@ def _record(
     exif: str,
 ) -> ImageRecord:
     source = view.camera
-    loader = ImageLoader(
+    loader = ImageFileDecoder(
         str(view.image_path), source.width, source.height, factor, exif, _camera_name(source)
     )
     c2w = apply_similarity(matrix, view.c2w)
@@ -267,52 +271,19 @@ def _world_points(capture: Capture, scene: SceneInfo) -> SparsePoints | None:
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
+    config: ConvertConfig | None = None,
     *,
-    source: str = "auto",
-    backend: str = "zarr",
-    downscale: int = 1,
-    split: str | Mapping[str, Sequence[str]] | None = None,
-    normalize: str = "none",
-    workers: int = 1,
-    scheduler: str | None = None,
-    threads: int | None = None,
-    skip_missing: bool = False,
-    progress: bool = False,
-    images: str | os.PathLike[str] | None = None,
-    exif: str = "auto",
-    near: float | None = None,
-    far: float | None = None,
-    chunk_rays: int | None = None,
-    shard_chunks: int | None = None,
-    seed: int = 0,
-    rgba_codec: str | None = None,
-    overwrite: bool = False,
-    layout: str = "rays",
-    allow_outside: Sequence[str | os.PathLike[str]] = (),
     poses: PoseOptions | None = None,
-) -> Any:
+    allow_outside: Sequence[str | os.PathLike[str]] = (),
+    **options: Any,
+) -> RayStore:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
     Args:
-        source: ``auto``, ``colmap``, ``blender``, ``ngp`` or ``llff``.
-        backend: ``zarr`` or ``wds``.
-        downscale: integer area-filter factor (width and height must divide).
-        split: rule or explicit lists (see :mod:`raykit.converters.splits`).
-        normalize: ``none``, ``cameras`` or ``unit-box`` (see :mod:`raykit.converters.normalize`).
-        workers: > 1 runs decoding and writing on a local Dask cluster of that many processes.
-        scheduler: address of an existing Dask scheduler (``tcp://host:port``).
-        threads: threads per worker (with ``workers == 1``, a thread pool in this process); default:
-            every core of this machine for one worker, 1 per worker process otherwise.
-        skip_missing: skip frames whose image is missing instead of failing.
-        images: COLMAP image folder (default: found beside the model).
-        exif: EXIF orientation policy ``auto`` (per image, the layout whose size matches its
-            camera), ``reject``, ``ignore`` or ``apply`` (see :mod:`raykit.converters.images`).
-        near, far: override every image's ray bounds (source units, before normalisation).
-        chunk_rays, shard_chunks, seed: store layout (defaults: the writer's).
-        rgba_codec: zarr colour codec, ``lz4`` (default: fast) or ``zstd`` (smaller).
-        overwrite: replace an existing store at ``dst``.
-        layout: ``rays`` (pre-shuffled rays) or ``images`` (the encoded images, shuffled at load
-            time; ``raykit.store.images_writer``).
+        config: every option (:class:`~raykit.converters.config.ConvertConfig`; its ``src`` and
+            ``dst`` are not used); default: its defaults without progress bars. ``options``
+            (``backend=``, ``layout=``, ...) replace single fields of it, as keywords did in earlier
+            releases; ``split`` may also be explicit lists (see :mod:`raykit.converters.splits`).
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
@@ -323,80 +294,84 @@ def convert(
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
+    config = dataclasses.replace(config or ConvertConfig(progress=False), **options)
+    if config.layout not in LAYOUTS:
+        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {config.layout!r}")
+    source, exif, threads = config.source, config.exif, config.threads
     if source in POSE_SOURCES:
         src, source, exif = poses_for_convert(
-            src, dst, source, poses, exif=exif, threads=threads, progress=progress
+            src, dst, source, poses, exif=exif, threads=threads, progress=config.progress
         )
-    images_dir = None if images is None else Path(images)
     capture = parse_source(
-        Path(src), source, images=images_dir, skip_missing=skip_missing, downscale=downscale, exif=exif,
+        Path(src),
+        source,
+        images=None if config.images is None else Path(config.images),
+        skip_missing=config.skip_missing,
+        downscale=config.downscale,
+        exif=exif,
         allow_outside=[Path(p) for p in allow_outside],
-    )  # fmt: skip
+    )
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
     for topic, line in capture.assumed:
-        if topic != "bounds" or near is None or far is None:
+        if topic != "bounds" or config.near is None or config.far is None:
             warnings.warn(line, RaykitWarning, stacklevel=2)
     if threads is None:
-        threads = (os.cpu_count() or 1) if workers == 1 and scheduler is None else 1
+        threads = (os.cpu_count() or 1) if config.workers == 1 and config.scheduler is None else 1
     records, scene = build_records(
         capture,
-        downscale=downscale,
-        split=split,
-        normalize=normalize,
+        downscale=config.downscale,
+        split=config.split,
+        normalize=config.normalize,
         exif=exif,
-        near=near,
-        far=far,
-        progress=progress,
-        threads=threads if scheduler is None else 1,
+        near=config.near,
+        far=config.far,
+        progress=config.progress,
+        threads=threads if config.scheduler is None else 1,
     )
-    layout_options: dict[str, Any] = {"seed": seed}
-    if chunk_rays is not None:
-        layout_options["chunk_rays"] = chunk_rays
-    if shard_chunks is not None:
-        layout_options["shard_chunks"] = shard_chunks
-    if rgba_codec is not None:
-        layout_options["rgba_codec"] = rgba_codec
-    points = _world_points(capture, scene)
-    if points is not None:
-        layout_options["points"] = points
-    info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": downscale,
+    info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": config.downscale,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
-    from raykit.store.writer import write_store
-
-    writer: Any = write_store
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout == IMAGES_LAYOUT:
-        from raykit.store.images_writer import write_images_store as writer
-
-        layout_options.pop("rgba_codec", None)
+    write = _Write(records, scene, config, threads, info, _world_points(capture, scene))
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
         from raykit.store.remote_write import work_folder, write_remote
 
-        def write_there(local: Path) -> Any:
-            return _write(writer, local, records, scene, backend, workers, scheduler, threads, progress,
-                          info, False, layout_options)  # fmt: skip
-
         local_dst = work_folder(str(dst)) / "store"
         try:
-            return write_remote(str(dst), write_there, overwrite=overwrite)
+            return write_remote(str(dst), write.to, overwrite=config.overwrite)
         except SourceError as exc:
             discard_partial(local_dst)
             raise SourceError(decode_problems(records, exc)) from None
     try:
-        return _write(writer, Path(dst), records, scene, backend, workers, scheduler, threads, progress, info,
-                      overwrite, layout_options)  # fmt: skip
+        return write.to(Path(dst), config.overwrite)
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))
         raise SourceError(decode_problems(records, exc)) from None
 
 
-def _write(writer: Any, dst: Path, records: list[ImageRecord], scene: SceneInfo, backend: str, workers: int,
-           scheduler: str | None, threads: int, progress: bool, info: Mapping[str, Any], overwrite: bool,
-           layout_options: Mapping[str, Any]) -> Any:  # fmt: skip
-    with conversion_executor(workers, scheduler, threads) as executor:
-        return writer(
-            dst, records, scene=scene, backend=backend, executor=executor, progress=progress,
-            source=info, overwrite=overwrite, **layout_options,
-        )  # fmt: skip
+@dataclass(frozen=True)
+class _Write:
+    """The store write of a checked capture: records, scene, options, source description, points."""
+
+    records: list[ImageRecord]
+    scene: SceneInfo
+    config: ConvertConfig
+    threads: int
+    info: Mapping[str, Any]
+    points: SparsePoints | None
+
+    def to(self, dst: Path, overwrite: bool = False) -> RayStore:
+        from raykit.store.writer import write_store
+
+        config = self.config
+        with conversion_executor(config.workers, config.scheduler, self.threads) as executor:
+            return write_store(
+                dst,
+                self.records,
+                scene=self.scene,
+                options=config.store_options(),
+                executor=executor,
+                progress=config.progress,
+                source=self.info,
+                overwrite=overwrite,
+                points=self.points,
+            )

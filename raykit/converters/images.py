@@ -51,6 +51,7 @@ from raykit.errors import SourceError
 
 __all__ = [
     "EXIF_POLICIES",
+    "ImageFileDecoder",
     "ImageHeader",
     "ImageLoader",
     "choose_layout",
@@ -404,8 +405,9 @@ def downscale_area_reference(image: np.ndarray, factor: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class ImageLoader:
-    """Picklable ``load()`` for a store writer: decode, check the size, downscale.
+class ImageFileDecoder:
+    """Picklable ``load()`` for a store writer: decode, check the size, downscale (``ImageLoader`` in
+    earlier releases, a name kept for one release; ``raykit.loaders.ImageLoader`` yields batches).
 
     Attributes:
         path: image file.
@@ -431,3 +433,6 @@ class ImageLoader:
                 f"{self.width}x{self.height}"
             )
         return downscale_area(image, self.downscale, where=self.path)
+
+
+ImageLoader = ImageFileDecoder  # the name of earlier releases, kept for one release

@@ -7,7 +7,9 @@ halves, both small:
 * ``Backend`` (writing, and the entry point): which files hold a shard, how one shard of every field
   is encoded into file bytes plus the per-chunk entries it adds to ``index.json``, which metadata files
   the payload needs, and how to open a reader on a committed store;
-* ``PayloadReader`` (reading): which files hold a chunk, and the chunk's values.
+* ``PayloadReader`` (reading): which files hold a chunk, and the chunk's values;
+* ``Backend.images`` (``raykit.store.images_layout.ImagesPayload``): the same two halves for the
+  images layout, whose splits hold encoded images instead of rays.
 
 Backends are stateless frozen objects (picklable, so writer tasks carry them to worker processes).
 ``BACKENDS`` lists the names a manifest may give; ``backend_named`` returns the implementation. A new
@@ -21,7 +23,7 @@ defined here too: ``payload_layout``.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,8 +44,11 @@ __all__ = [
     "RGBA_CODECS",
     "Backend",
     "EncodedShard",
+    "ImageShard",
+    "ImagesPayload",
     "PayloadReader",
     "PayloadSpec",
+    "StagedImage",
     "backend_named",
     "payload_layout",
 ]
@@ -132,12 +137,80 @@ class PayloadReader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ImageShard:
+    """One shard file of an images split: ``images``, the split-local indices of the images it holds
+    (whole or in part); for a byte-array backend, ``offsets`` (each one's first byte in the split's
+    array) and ``total`` (the array's bytes)."""
+
+    shard: int
+    images: tuple[int, ...]
+    offsets: tuple[int, ...] = ()
+    total: int = 0
+
+
+@dataclass(frozen=True)
+class StagedImage:
+    """One encoded image as a shard is assembled from it: bytes, extension, camera record."""
+
+    data: bytes
+    ext: str
+    record: Mapping[str, Any]
+
+
+class ImagesPayload(Protocol):
+    """How one backend stores the images layout (``Backend.images``)."""
+
+    def root_metadata(self) -> dict[str, bytes]:
+        """Files of the payload as a whole: relative path -> bytes."""
+        ...
+
+    def plan_split(
+        self,
+        split: str,
+        names: Sequence[str],
+        formats: Sequence[str],
+        sizes: Sequence[int],
+        layout: Mapping[str, Any],
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        """The split's shards, its ``index.json`` entries known before any shard is written, and its
+        metadata files, from each image's name, extension and stored size."""
+        ...
+
+    def encode_shard(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: Mapping[str, Any]
+    ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
+        """The shard's relative path, bytes, and ``index.json`` entries for its images."""
+        ...
+
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: Mapping[str, Any]) -> list[str]:
+        """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
+        ...
+
+    def read_image(
+        self,
+        read: Callable[[str, int, int], bytes],
+        where: str,
+        entry: Mapping[str, Any],
+        split: str,
+        i: int,
+        layout: Mapping[str, Any],
+    ) -> bytes:
+        """The stored bytes of image ``i``; ``read(rel, start, stop)`` reads a byte range."""
+        ...
+
+
 class Backend(Protocol):
     """Writes a payload and opens readers on it."""
 
     @property
     def name(self) -> str:
         """The name recorded in the manifest (``"zarr"``, ``"wds"``)."""
+        ...
+
+    @property
+    def images(self) -> ImagesPayload:
+        """How this backend stores and reads the images layout (``ImagesPayload``)."""
         ...
 
     def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
@@ -153,6 +226,13 @@ class Backend(Protocol):
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         """Write the payload's metadata files under ``root`` atomically; their relative paths."""
+        ...
+
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        """Payload bytes per split and stored field of a committed store (``files``: the manifest's
+        records; ``index``: ``index.json``); container overhead under a name of its own (``"tar"``)."""
         ...
 
     def open_reader(

@@ -13,10 +13,9 @@ Phases, in ``<dst>.partial/`` like the ray writer (``raykit.store.writer``), bot
 3. **commit**: zarr metadata, ``cameras.parquet``, ``index.json``, then ``manifest.json``; then the
    rename to ``dst``.
 
-Every byte depends only on the records and options, never on the executor or worker count.
-
-Length (about 410 lines): the three phases, their task records and the manifest of this layout are
-read together, as in ``writer.py``.
+Every byte depends only on the records and options, never on the executor or worker count. How a
+shard's bytes are laid out is the backend's (``Backend.images``); the manifest and the commit are
+every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls ``write_images``.
 """
 
 from __future__ import annotations
@@ -27,33 +26,45 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json, fsync_path
+from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
+from raykit.store.backend import ImageShard, ImagesPayload, StagedImage, backend_named
+from raykit.store.commit import StoreContent, commit_store, source_fingerprint, write_index_and_manifest
 from raykit.store.destination import check_seed
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.images_layout import (
-    IMAGES_LAYOUT,
-    ZARR_ROOT,
-    camera_record,
-    images_metadata,
-    wds_image_shards,
-    wds_shard_groups,
-    zarr_image_shard,
-    zarr_shard_count,
-)
-from raykit.store.integrity import content_fingerprint, file_record, json_digest
+from raykit.store.images_layout import IMAGES_LAYOUT, camera_record
+from raykit.store.integrity import file_record, json_digest
+from raykit.store.location import is_url
 from raykit.store.lock import holding_store_lock
 from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import check_options, field_specs, partial_dir, record_plan, split_infos
-from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
-from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.staging import bytes_record, record_matches, scratch_record, write_record
+from raykit.store.plan import (
+    StoreOptions,
+    WriteRequest,
+    check_options,
+    field_specs,
+    partial_dir,
+    record_plan,
+    split_infos,
+)
+from raykit.store.points import SparsePoints, points_digest
+from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.staging import (
+    bytes_record,
+    check_pixels,
+    pixels_crc32c,
+    record_matches,
+    scratch_record,
+    write_record,
+)
 from raykit.store.table import build_camera_table, order_records, write_camera_table
+
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
 
 __all__ = [
     "DEFAULT_IMAGE_CHUNK_BYTES",
@@ -61,12 +72,14 @@ __all__ = [
     "EncodeJob",
     "encode_image_task",
     "images_layout_options",
+    "write_images",
     "write_images_store",
 ]
 
 DEFAULT_IMAGE_CHUNK_BYTES = 1 << 16  # zarr inner chunk (the padding of a split's last chunk: <= 64 KiB)
 DEFAULT_IMAGE_SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
-_TASK_FORMAT = 1
+_TASK_FORMAT = 1  # of the encode tasks' records
+_SHARD_TASK_FORMAT = 2  # of the shard tasks' records (2: the backend's index entries in "index")
 
 
 def images_layout_options(chunk_rays: int, shard_chunks: int, seed: int) -> dict[str, Any]:
@@ -116,28 +129,10 @@ _MEMORY: dict[str, dict[int, bytes]] = {}
 
 def _source_bytes(rec: ImageRecord) -> bytes | None:
     path = rec.source_path
-    if path and "://" not in path and os.path.isfile(path):
+    if path and not is_url(path) and os.path.isfile(path):
         with open(path, "rb") as handle:
             return handle.read()
     return None
-
-
-def _crc32c(data: bytes | np.ndarray) -> int:
-    view = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else np.ascontiguousarray(data)
-    view = view.reshape(-1).view(np.uint8)
-    view.flags.writeable = False
-    return int(google_crc32c.value(view))
-
-
-def _checked(rec: ImageRecord, pixels: Any) -> np.ndarray:
-    array = np.asarray(pixels)
-    shape = (rec.camera.height, rec.camera.width)
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[:2] != shape or array.shape[2] not in (3, 4):
-        raise SourceError(
-            f"{rec.source_path or rec.name}: expected uint8 pixels of shape ({shape[0]}, {shape[1]}, 3|4) "
-            f"matching its camera, got {array.dtype} {array.shape}"
-        )
-    return np.ascontiguousarray(array)
 
 
 def encode_image_task(job: EncodeJob) -> dict[str, Any]:
@@ -151,7 +146,9 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         clock.lap("resume_check")
         return {**done, "seconds": clock.seconds}
     rec = job.record
-    pixels = _checked(rec, rec.load())  # the one decode: fails on a truncated or corrupt file
+    pixels = np.ascontiguousarray(
+        check_pixels(rec, rec.load())
+    )  # the one decode: fails on a truncated or corrupt file
     clock.lap("decode")
     kept = getattr(rec.load, "encoded", None)  # a copy of an images store keeps its stored files
     stored = kept() if callable(kept) else None
@@ -181,10 +178,10 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "passthrough": stored.passthrough,
         "channels": int(pixels.shape[2]),
         "size": len(stored.data),
-        "crc32c": _crc32c(stored.data),
+        "crc32c": int(google_crc32c.value(stored.data)),
         "sha256": stored_sha,
         "source_sha256": rec.source_sha256 or source_sha,
-        "pixels_crc32c": _crc32c(pixels),
+        "pixels_crc32c": pixels_crc32c(pixels),
     }
     clock.lap("checksum")
     if not job.memory:
@@ -195,19 +192,17 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ShardJob:
-    """Phase-2 task: one shard file of one split from staged images ``first..`` (table indices)."""
+    """Phase-2 task: shard ``shard`` of split ``split``, assembled from the staged images ``rows``
+    (table indices of ``shard.images``) by the backend's ``payload``."""
 
     root: str
-    backend: str
+    payload: ImagesPayload
     split: str
-    shard: int
-    images: tuple[int, ...]  # table indices of the staged images the shard needs
-    offsets: tuple[int, ...]  # zarr: each image's byte offset in the split's array; wds: unused
-    local: tuple[int, ...]  # split-local index of each image
-    records: tuple[Mapping[str, Any], ...]  # wds: each image's camera record
+    shard: ImageShard
+    rows: tuple[int, ...]
     exts: tuple[str, ...]
+    records: tuple[Mapping[str, Any], ...]  # each image's camera record
     layout: Mapping[str, Any]
-    total: int  # zarr: bytes in the split's array
     key: str
 
 
@@ -217,33 +212,23 @@ def _staged(root: Path, index: int) -> bytes:
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase 2 for one shard: ``{"files": {rel: record}, "members": [...]}``."""
+    """Phase 2 for one shard: ``{"files": {rel: record}, "index": {key: [per image]}}``."""
     root = Path(job.root)
-    record_path = root / f"tasks/{job.split}-{job.shard:06d}.json"
+    record_path = root / f"tasks/{job.split}-{job.shard.shard:06d}.json"
     clock = PhaseClock()
     done = record_matches(record_path, job.key, root)
     if done is not None:
         clock.lap("resume_check")
         return {**done, "seconds": clock.seconds}
-    members: list[int] = []
-    if job.backend == "zarr":
-        per = job.layout["image_chunk_bytes"] * job.layout["image_shard_chunks"]
-        lo, hi = job.shard * per, min((job.shard + 1) * per, job.total)
-        blob = bytearray(hi - lo)
-        for index, offset in zip(job.images, job.offsets, strict=True):
-            data = _staged(root, index)
-            a, b = max(offset, lo), min(offset + len(data), hi)
-            blob[a - lo : b - lo] = data[a - offset : b - offset]
-        rel = f"zarr/{job.split}/images/c/{job.shard}"
-        pieces: bytes | list[bytes] = zarr_image_shard(bytes(blob), job.shard, job.total, job.layout)
-    else:
-        items = [(_staged(root, i), e, r) for i, e, r in zip(job.images, job.exts, job.records, strict=True)]
-        rel = f"wds/{job.split}-{job.shard:06d}.tar"
-        pieces, members = wds_image_shards(job.split, job.local[0], items)
+    images = [
+        StagedImage(_staged(root, row), ext, record)
+        for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
+    ]
+    rel, pieces, index = job.payload.encode_shard(job.split, job.shard, images, job.layout)
     clock.lap("gather")
     atomic_write_bytes(root / rel, pieces, sync=False)
     clock.lap("write")
-    result = {"files": {rel: bytes_record(pieces)}, "members": members}
+    result = {"files": {rel: bytes_record(pieces)}, "index": index}
     clock.lap("checksum")
     write_record(record_path, {"key": job.key, "result": result})
     clock.lap("write")
@@ -254,109 +239,104 @@ def _run(fn: Any, jobs: Sequence[Any], executor: Any) -> list[Any]:
     return list(map(fn, jobs) if executor is None else executor.map(fn, jobs))
 
 
-def _shard_jobs(backend: str, info: SplitInfo, rows: list[int], ordered: Sequence[ImageRecord],
-                encoded: Sequence[Mapping[str, Any]], offsets_px: Sequence[int], layout: Mapping[str, Any],
-                root: str, key: str) -> tuple[list[ShardJob], list[int]]:  # fmt: skip
-    """The shard tasks of one split, and its images' byte offsets (zarr) in the split's array."""
-    sizes = [int(encoded[i]["size"]) for i in rows]
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
-    exts = [str(encoded[i]["ext"]) for i in rows]
-    jobs = []
-    if backend == "zarr":
-        per = layout["image_chunk_bytes"] * layout["image_shard_chunks"]
-        for s in range(zarr_shard_count(starts[-1], layout)):
-            take = [j for j in range(len(rows)) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
-            jobs.append(ShardJob(root, backend, info.name, s, tuple(rows[j] for j in take),
-                                 tuple(starts[j] for j in take), tuple(take), (), (), layout, starts[-1],
-                                 f"{key}:{info.name}:{s}:{_TASK_FORMAT}"))  # fmt: skip
-        return jobs, starts
-    for s, group in enumerate(wds_shard_groups(sizes, layout)):
-        recs = tuple(camera_record(ordered[rows[j]], rows[j], offsets_px[rows[j]]) for j in group)
-        jobs.append(ShardJob(root, backend, info.name, s, tuple(rows[j] for j in group), (), tuple(group),
-                             recs, tuple(exts[j] for j in group), layout, 0,
-                             f"{key}:{info.name}:{s}:{_TASK_FORMAT}"))  # fmt: skip
-    return jobs, starts
-
-
 @holding_store_lock("dst")
 def write_images_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
     *,
     scene: SceneInfo,
-    backend: str = "zarr",
-    chunk_rays: int = 65536,
-    shard_chunks: int = 16,
-    seed: int = 0,
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     source: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     points: SparsePoints | None = None,
-) -> Any:
-    """Write an images-layout store at ``dst`` from ``records``; returns it opened (``RayStore``).
+    **option_fields: Any,
+) -> RayStore:
+    """``write_store(..., layout="images")``, kept for one release (``option_fields``: ``backend``,
+    ``chunk_rays``, ``shard_chunks``, ``seed`` as :class:`~raykit.store.plan.StoreOptions`)."""
+    options = StoreOptions(layout=IMAGES_LAYOUT, **option_fields)
+    request = WriteRequest(
+        Path(dst),
+        order_records(records),
+        scene,
+        options,
+        executor,
+        progress,
+        dict(source or {}),
+        overwrite,
+        points,
+    )
+    return write_images(request)
+
+
+def write_images(request: WriteRequest) -> RayStore:
+    """Write an images-layout store (the caller holds ``request.dst``'s writer lock); returns it opened.
 
     ``chunk_rays`` and ``shard_chunks`` are the chunking of the store's rays view and of a ray-layout
-    copy; ``seed`` is recorded as the store's default loader seed. Other arguments as
-    :func:`raykit.store.write_store`.
+    copy; ``seed`` is recorded as the store's default loader seed.
     """
-    del progress  # phases are short per image; no progress bars
+    opts, ordered = request.options, request.records
     profile = Profile()
-    check_options(backend, chunk_rays, shard_chunks, None)
-    check_seed(seed)
-    dst = Path(dst)
-    ordered = order_records(records)
-    layout = images_layout_options(chunk_rays, shard_chunks, seed)
+    check_options(opts.backend, opts.chunk_rays, opts.shard_chunks, None, opts.rgba_codec)
+    check_seed(opts.seed)
+    layout = images_layout_options(opts.chunk_rays, opts.shard_chunks, opts.seed)
     records_plan = [record_plan(r) for r in ordered]
-    plan = {"format_version": FORMAT_VERSION, "layout_kind": IMAGES_LAYOUT, "backend": backend,
-            "layout": layout, "scene": scene.to_dict(), "records": records_plan,
-            "source": dict(source or {})}  # fmt: skip
-    if points is not None:  # only then: plans (and resume keys) of stores without points are unchanged
-        plan["points"] = points_digest(points)
+    plan = {
+        "format_version": FORMAT_VERSION,
+        "layout_kind": IMAGES_LAYOUT,
+        "backend": opts.backend,
+        "layout": layout,
+        "scene": request.scene.to_dict(),
+        "records": records_plan,
+        "source": dict(request.source),
+    }
+    if (
+        request.points is not None
+    ):  # only then: plans (and resume keys) of stores without points are unchanged
+        plan["points"] = points_digest(request.points)
     key = json_digest(plan)
-    partial = partial_dir(dst, plan, overwrite, key)
-    memory = executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-    jobs = [EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
-            for i, r in enumerate(ordered)]  # fmt: skip
+    partial = partial_dir(request.dst, plan, request.overwrite, key)
+    memory = request.executor is None or isinstance(request.executor, concurrent.futures.ThreadPoolExecutor)
+    jobs = [
+        EncodeJob(
+            root=str(partial),
+            index=i,
+            record=r,
+            key=json_digest([records_plan[i], _TASK_FORMAT]),
+            memory=memory,
+        )
+        for i, r in enumerate(ordered)
+    ]
     profile.wall.lap("plan")
     try:
-        return _write_rest(jobs, executor, partial, dst, ordered, backend, layout, chunk_rays, scene, source,
-                           key, overwrite, points, profile)  # fmt: skip
+        encoded = _run(encode_image_task, jobs, request.executor)
+        profile.absorb("stage", encoded)
+        profile.wall.lap("stage")
+        return _write_rest(
+            request, partial, {**layout, **image_chunking(ordered, encoded)}, encoded, key, profile
+        )
     finally:
         _MEMORY.pop(str(partial), None)
 
 
-def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, ordered: list[ImageRecord],
-                backend: str, layout: dict[str, Any], chunk_rays: int, scene: SceneInfo,
-                source: Mapping[str, Any] | None, key: str, overwrite: bool,
-                points: SparsePoints | None, profile: Profile) -> Any:  # fmt: skip
-    """Phases 1 to 3 of :func:`write_images_store`; ``profile`` gets the time per phase
-    (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
-    encoded = _run(encode_image_task, jobs, executor)
-    profile.absorb("stage", encoded)
-    profile.wall.lap("stage")
-    layout = {**layout, **image_chunking(ordered, encoded)}
-    channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
-    infos = {k: SplitInfo(k, v.n_rays, v.n_images, chunk_rays, False, v.pid_start, "derived", IMAGES_LAYOUT)
-             for k, v in split_infos(ordered, chunk_rays).items()}  # fmt: skip
-    table = build_camera_table(ordered, [e["channels"] == 4 for e in encoded],
-                               [e["source_sha256"] for e in encoded], set())  # fmt: skip
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(table, str(tmp))
-    offsets_px = table.column("pixel_offset").to_pylist()
-    profile.wall.lap("camera_table")
+def _split_shards(
+    request: WriteRequest,
+    partial: Path,
+    layout: Mapping[str, Any],
+    encoded: Sequence[Mapping[str, Any]],
+    offsets_px: Sequence[int],
+    key: str,
+) -> tuple[list[ShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
+    """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
+    ordered, payload = request.records, backend_named(request.options.backend).images
     files: dict[str, Any] = {}
+    for rel, data in payload.root_metadata().items():
+        atomic_write_bytes(partial / rel, data)
+        files[rel] = file_record(partial / rel)
+    jobs: list[ShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
-    shard_jobs: list[ShardJob] = []
-    if backend == "zarr":
-        atomic_write_bytes(partial / "zarr/zarr.json", _doc(ZARR_ROOT))
-        files["zarr/zarr.json"] = file_record(partial / "zarr/zarr.json")
-    for name, info in infos.items():
+    for name in dict.fromkeys(r.split for r in ordered):
         rows = [i for i, r in enumerate(ordered) if r.split == name]
-        jobs_s, starts = _shard_jobs(
-            backend, info, rows, ordered, encoded, offsets_px, layout, str(partial), key
-        )
-        shard_jobs += jobs_s
         entry: dict[str, list[Any]] = {
             "crc32c": [encoded[i]["crc32c"] for i in rows],
             "image_sha256": [encoded[i]["sha256"] for i in rows],
@@ -364,82 +344,75 @@ def _write_rest(jobs: list[EncodeJob], executor: Any, partial: Path, dst: Path, 
             "image_format": [encoded[i]["ext"] for i in rows],
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
-        if backend == "zarr":
-            entry["image_offset"] = starts
-            meta = images_metadata(
-                name, [ordered[i].name for i in rows], entry["image_format"], starts, layout
+        names = [ordered[i].name for i in rows]
+        shards, planned, meta = payload.plan_split(
+            name, names, entry["image_format"], entry["image_bytes"], layout
+        )
+        index[name] = {**entry, **planned}
+        for rel, data in meta.items():
+            atomic_write_bytes(partial / rel, data)
+            files[rel] = file_record(partial / rel)
+        for shard in shards:
+            taken = [rows[j] for j in shard.images]
+            jobs.append(
+                ShardJob(
+                    root=str(partial),
+                    payload=payload,
+                    split=name,
+                    shard=shard,
+                    rows=tuple(taken),
+                    exts=tuple(str(encoded[i]["ext"]) for i in taken),
+                    records=tuple(camera_record(ordered[i], i, offsets_px[i]) for i in taken),
+                    layout=layout,
+                    key=f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}",
+                )
             )
-            for rel, data in meta.items():
-                atomic_write_bytes(partial / rel, data)
-                files[rel] = file_record(partial / rel)
-        index[name] = entry
+    return jobs, index, files
+
+
+def _write_rest(
+    request: WriteRequest,
+    partial: Path,
+    layout: dict[str, Any],
+    encoded: Sequence[Mapping[str, Any]],
+    key: str,
+    profile: Profile,
+) -> RayStore:
+    """Phases 2 and 3 of :func:`write_images`; ``profile`` gets the time per phase
+    (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
+    ordered, opts = request.records, request.options
+    channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
+    infos = {
+        k: SplitInfo(k, v.n_rays, v.n_images, opts.chunk_rays, False, v.pid_start, "derived", IMAGES_LAYOUT)
+        for k, v in split_infos(ordered, opts.chunk_rays).items()
+    }
+    table = build_camera_table(
+        ordered, [e["channels"] == 4 for e in encoded], [e["source_sha256"] for e in encoded], set()
+    )
+    with atomic_path(partial / "cameras.parquet") as tmp:
+        write_camera_table(table, str(tmp))
+    profile.wall.lap("camera_table")
+    jobs, index, files = _split_shards(
+        request, partial, layout, encoded, table.column("pixel_offset").to_pylist(), key
+    )
     profile.wall.lap("metadata")
-    results = _run(write_shard_task, shard_jobs, executor)
+    results = _run(write_shard_task, jobs, request.executor)
     profile.absorb("shard", results)
     profile.wall.lap("shards")
-    for job, res in zip(shard_jobs, results, strict=True):
+    for job, res in zip(jobs, results, strict=True):
         files.update(res["files"])
-        if backend == "wds":
-            entry = index[job.split]
-            entry.setdefault("image_shard", []).extend([job.shard] * len(job.images))
-            entry.setdefault("image_member", []).extend(res["members"])
+        for name, values in res["index"].items():
+            index[job.split].setdefault(name, []).extend(values)
         for rel in res["files"]:
             fsync_path(partial / rel)
     profile.wall.lap("fsync")
-    atomic_write_json(partial / "index.json", index)
-    written = ["cameras.parquet", "index.json"]
-    if points is not None:
-        with atomic_path(partial / POINTS_FILE) as tmp:
-            write_points(points, str(tmp))
-        written.append(POINTS_FILE)
-    for rel in written:
-        files[rel] = file_record(partial / rel)
-    fingerprint = json_digest(
-        [[r.name, e["source_sha256"], [r.camera.height, r.camera.width, e["channels"]], e["pixels_crc32c"]]
-         for r, e in zip(ordered, encoded, strict=True)]
-    )  # fmt: skip
-    manifest = _manifest(backend, layout, {**dict(source or {}), "fingerprint": fingerprint}, scene, infos,
-                         channels, table, files, index, points)  # fmt: skip
-    atomic_write_json(partial / "manifest.json", manifest)
+    source = {**request.source, "fingerprint": source_fingerprint(ordered, encoded)}
+    content = StoreContent(
+        opts.backend, layout, source, request.scene, infos, field_specs(channels, None), table, request.points
+    )
+    write_index_and_manifest(partial, content, files, index)
     profile.wall.lap("index_manifest")
-    from raykit.store.writer import _commit
-
-    store = _commit(partial, dst, overwrite)
+    store = commit_store(partial, request.dst, request.overwrite)
     profile.wall.lap("commit")
-    profile.finish(dst)
+    profile.finish(request.dst)
     return store
-
-
-def _doc(document: Mapping[str, Any]) -> bytes:
-    import json
-
-    return json.dumps(document, indent=2).encode()
-
-
-def _manifest(backend: str, layout: Mapping[str, Any], source: Mapping[str, Any], scene: SceneInfo,
-              infos: Mapping[str, SplitInfo], channels: int, table: Any, files: Mapping[str, Any],
-              index: Mapping[str, Mapping[str, Any]],
-              points: SparsePoints | None) -> dict[str, Any]:  # fmt: skip
-    from raykit import __version__
-
-    splits = {k: v.to_dict() for k, v in infos.items()}
-    hashed = {k: v.fingerprint_dict() for k, v in infos.items()}
-    fields = {spec.name: spec.to_dict() for spec in field_specs(channels, None)}
-    crcs = {k: v["crc32c"] for k, v in index.items()}
-    manifest: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "raykit_version": __version__,
-        "backend": backend,
-        "layout": dict(layout),
-        "source": dict(source),
-        "scene": scene.to_dict(),
-        "splits": splits,
-        "fields": fields,
-        "n_images": table.num_rows,
-        "files": dict(sorted(files.items())),
-        **({"points": points_entry(points)} if points is not None else {}),
-        "content_fingerprint": content_fingerprint(table, scene.to_dict(), hashed, fields, crcs),
-    }
-    manifest["manifest_digest"] = json_digest(manifest)
-    return manifest

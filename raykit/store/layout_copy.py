@@ -2,7 +2,8 @@
 the other backend.
 
 The copy is written from the source store's own images (``RayStore.read_image``) as image records with
-the source's camera table, scene and layout options, through the writer of the target layout. An
+the source's camera table, scene and layout options, by ``raykit.store.write_store``'s payload writer
+of the target layout (``copy_request``; ``raykit.store.writer.copy_store`` runs it). An
 images store copied to images keeps every stored file's bytes (and so its content fingerprint, whatever
 the backend); a copy to the images layout re-encodes losslessly unless the capture's original file is
 still at its recorded path with its recorded SHA-256 and passes through. The source fingerprint
@@ -12,19 +13,24 @@ still at its recorded path with its recorded SHA-256 and passes through. The sou
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.store.image_codec import StoredImage
 from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS, store_layout
-from raykit.store.images_read import images_reader
+from raykit.store.plan import StoreOptions, WriteRequest
 from raykit.store.schema import ImageRecord
+from raykit.store.table import order_records
 
-__all__ = ["StoreImageLoad", "copy_layout", "store_records"]
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
+
+__all__ = ["StoreImageLoad", "copy_request", "store_records"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,7 @@ class StoreImageLoad:
     name: str
     channels: int  # 3 for an image without alpha, whatever the store serves
 
-    def _store(self) -> Any:
+    def _store(self) -> RayStore:
         from raykit.store.reader import open_store
 
         return open_store(self.url)
@@ -48,15 +54,15 @@ class StoreImageLoad:
         store = self._store()
         row = store.image_index(self.name)
         split = store.table.splits[row]
-        if store.layout(split) != IMAGES_LAYOUT:
+        local = int(np.searchsorted(store.split_rows(split), row))
+        data = store.stored_image(split, local)
+        if data is None:
             return None
-        local = [i for i, s in enumerate(store.table.splits) if s == split].index(row)
         entry = store.index[split]
-        data = images_reader(store).image_bytes(split, local)
         return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
 
 
-def store_records(store: Any) -> list[ImageRecord]:
+def store_records(store: RayStore) -> list[ImageRecord]:
     """One image record per camera-table row of ``store``, loading from the store."""
     table, d = store.table, store.cameras.to_pydict()
     records = []
@@ -71,42 +77,36 @@ def store_records(store: Any) -> list[ImageRecord]:
     return records
 
 
-def copy_layout(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    backend: str,
+def copy_request(
+    store: RayStore,
+    dst: Path,
     layout: str,
+    backend: str,
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     overwrite: bool = False,
-) -> Any:
-    """Copy the store at ``src`` into ``layout`` (``rays`` or ``images``) and ``backend`` at ``dst``.
-
-    Called by :func:`raykit.store.writer.copy_store`, which holds ``dst``'s writer lock: the writers
-    are called without taking it again.
-    """
-    from raykit.store.reader import open_store
-
+) -> WriteRequest:
+    """The write of ``store`` into ``layout`` (``rays`` or ``images``) and ``backend`` at ``dst``: its
+    images as records, its scene, points, chunking and seed, and (from a rays store) its codecs."""
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    store = open_store(src)
-    options = dict(store.manifest["layout"])
+    kept = dict(store.manifest["layout"])
     source = {k: v for k, v in store.manifest["source"].items() if k != "fingerprint"}
-    common: dict[str, Any] = {
-        "scene": store.scene, "backend": backend, "chunk_rays": int(options["chunk_rays"]),
-        "shard_chunks": int(options["shard_chunks"]), "seed": int(options["seed"]), "executor": executor,
-        "progress": progress, "source": source, "overwrite": overwrite, "points": store.sparse_points(),
-    }  # fmt: skip
-    records = store_records(store)
-    if layout == IMAGES_LAYOUT:
-        from raykit.store.images_writer import write_images_store
-
-        return write_images_store.__wrapped__(dst, records, **common)  # type: ignore[attr-defined]
-    from raykit.store.writer import write_store
-
-    if store_layout(store.manifest) == "rays":
-        common["rgba_codec"] = options.get("rgba_codec", "zstd")
-        common["zstd_level"] = int(options.get("zstd_level", 3))
-        common["materialize"] = options.get("materialize")
-    return write_store.__wrapped__(dst, records, **common)  # type: ignore[attr-defined]
+    options = StoreOptions(
+        layout=layout,
+        backend=backend,
+        chunk_rays=int(kept["chunk_rays"]),
+        shard_chunks=int(kept["shard_chunks"]),
+        seed=int(kept["seed"]),
+    )
+    if layout != IMAGES_LAYOUT and store_layout(store.manifest) != IMAGES_LAYOUT:
+        options = dataclasses.replace(
+            options,
+            rgba_codec=kept.get("rgba_codec", "zstd"),  # stores from before the choice: zstd
+            zstd_level=int(kept.get("zstd_level", 3)),
+            materialize=kept.get("materialize"),
+        )
+    records = order_records(store_records(store))
+    return WriteRequest(
+        dst, records, store.scene, options, executor, progress, source, overwrite, store.sparse_points()
+    )

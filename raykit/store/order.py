@@ -14,10 +14,10 @@ chunk holds each image's share of rays (within one ray when the images have the 
 pixels of an image land in which chunk is uniformly random. When the split's images all have the same
 size the merge is a round robin over images, which a shard builds as the (blocked) transpose of an
 (images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys.
-``_split_pids_reference`` builds the order the slow way (the tests' oracle).
+``reference_split_pids`` builds the order the slow way (the tests' oracle).
 
-Length (about 410 lines): the definition, its fast writer-side merge, the read-side ``SplitOrder``
-(numpy and torch) and the slow twin must agree exactly, so they stay together.
+The definition, its fast writer-side merge, the read-side ``SplitOrder`` (numpy and torch) and the
+slow twin are read together: they must agree exactly.
 
 Format 3 stores no pids for such a split: ``SplitOrder`` derives the pids of any ray range from this
 definition at read time (``pids``: vectorised numpy; ``pids_torch``: the same on any torch device).
@@ -49,6 +49,7 @@ __all__ = [
     "merge_into",
     "merge_runs",
     "order_run",
+    "reference_split_pids",
     "shared_order",
 ]
 
@@ -224,7 +225,7 @@ def merge_into(
     return values[order]
 
 
-def _split_pids_reference(
+def reference_split_pids(
     seed: int, split: str, images: list[int], sizes: tuple[int, ...], offsets: list[int]
 ) -> np.ndarray:
     """(n_rays,) pids of a shuffled split in store order, built from the definition (slow twin).

@@ -4,21 +4,100 @@ that keys resume, the fields, the splits, and the partial directory the write ha
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raykit.errors import ConfigError
-from raykit.store.backend import BACKENDS, RGBA_CODECS
+from raykit.store.backend import BACKENDS, RGBA_CODEC, RGBA_CODECS
 from raykit.store.destination import check_destination, prepare_partial
 from raykit.store.integrity import json_digest
-from raykit.store.schema import FieldSpec, ImageRecord, SplitInfo
+from raykit.store.points import SparsePoints
+from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
 
-__all__ = ["SHUFFLED_SPLITS", "check_options", "field_specs", "partial_dir", "record_plan", "split_infos"]
+__all__ = [
+    "DEFAULT_CHUNK_RAYS",
+    "DEFAULT_MEMORY_STAGING_BYTES",
+    "DEFAULT_SHARD_CHUNKS",
+    "SHUFFLED_SPLITS",
+    "StoreOptions",
+    "WriteRequest",
+    "check_options",
+    "field_specs",
+    "partial_dir",
+    "record_plan",
+    "split_infos",
+]
 
 SHUFFLED_SPLITS = frozenset({"train"})
+DEFAULT_CHUNK_RAYS = 65536
+DEFAULT_SHARD_CHUNKS = 16
+
+
+def _default_memory_staging() -> int:
+    """4 GiB, or a quarter of this machine's memory when that is less."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 4 << 30
+    return int(min(4 << 30, total // 4))
+
+
+DEFAULT_MEMORY_STAGING_BYTES = _default_memory_staging()
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How a store is written, besides its images and scene (``raykit.store.write_store``).
+
+    Attributes:
+        layout: ``"rays"`` (pre-shuffled rays) or ``"images"`` (the encoded images, shuffled at load
+            time; ``raykit.store.images_writer``).
+        backend: ``"zarr"`` or ``"wds"``.
+        chunk_rays: rays per chunk (the read unit); shard_chunks: chunks per shard (the write unit).
+            An images store records them for its rays view and for ray-layout copies.
+        seed: seed of the train split's ray permutation (images layout: the loaders' default seed).
+        materialize: rays layout: also store origins/directions as ``"float16"`` or ``"float32"``.
+        rgba_codec: rays layout, zarr backend: the colours' codec, ``"lz4"`` (blosc-lz4, fast) or
+            ``"zstd"`` (about two thirds the size, half the speed); zstd_level: its level.
+        with_pids: rays layout: also store every split's pids (format 3 derives them from the split's
+            order at read time; other readers may want them explicit).
+        memory_staging_bytes: rays layout: when every task runs in this process (no executor or a
+            thread pool) and the decoded images take at most this many bytes staged (4 per pixel),
+            they are staged in memory instead of in files (0: always files).
+    """
+
+    layout: str = "rays"
+    backend: str = "zarr"
+    chunk_rays: int = DEFAULT_CHUNK_RAYS
+    shard_chunks: int = DEFAULT_SHARD_CHUNKS
+    seed: int = 0
+    materialize: str | None = None
+    rgba_codec: str = RGBA_CODEC
+    zstd_level: int = 3
+    with_pids: bool = False
+    memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES
+
+
+@dataclass(frozen=True)
+class WriteRequest:
+    """One store write: its destination, records in table order, scene, options and context."""
+
+    dst: Path
+    records: list[ImageRecord]
+    scene: SceneInfo
+    options: StoreOptions
+    executor: concurrent.futures.Executor | None = None
+    progress: bool = False
+    source: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the manifest's description
+    overwrite: bool = False
+    points: SparsePoints | None = None
 
 
 def check_options(

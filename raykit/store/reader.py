@@ -5,8 +5,9 @@ metadata) against their recorded SHA-256. Every chunk read checks the CRC-32 of 
 on first use of a payload file, its size; so corruption raises a ``StoreCorruptError`` naming the file
 instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
 
-Length (about 420 lines): opening, checks, chunk reads (stored or derived pids) and the per-image
-reads share the store's parsed metadata; splitting them would only pass it around.
+Each split is read by the reader of its layout (``raykit.store.split_readers``: ray chunks or
+encoded images), so nothing here depends on the layout. Opening, the file checks and the whole-image
+reads share the store's parsed metadata, so they are read together.
 """
 
 from __future__ import annotations
@@ -31,14 +32,13 @@ from raykit.errors import (
 )
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
-from raykit.store.images_layout import IMAGES_LAYOUT, ImagesReader, split_layout, store_layout
-from raykit.store.integrity import chunk_checksum, json_digest
+from raykit.store.images_layout import open_payload, split_layout
+from raykit.store.integrity import json_digest
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import SparsePoints, read_points
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
-    DerivedRays,
     FieldSpec,
     RawRays,
     SceneInfo,
@@ -46,6 +46,7 @@ from raykit.store.schema import (
     check_manifest_header,
     split_sort_key,
 )
+from raykit.store.split_readers import RaySplits, SplitReader, empty_rays, layout_readers
 from raykit.store.table import CameraTable, ray_generator, read_camera_table
 
 __all__ = ["RayRangeError", "RayStore", "open_store"]
@@ -103,12 +104,14 @@ class RayStore:
                 for k, info in self.splits.items()
                 if not self.legacy and info.pids == "stored"
             }
-            self.chunk_checksum: str = self._crc_kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
+            self.checksum_kind: str = self._crc_kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
                 raise
             raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
+        self._split_rows: dict[str, np.ndarray] = {}
         self.payload: PayloadReader = self._open_payload()
+        self._readers = self._split_readers()
         self._generators: dict[str, RayGenerator] = {}
         self._orders: dict[str, SplitOrder] = {}
         if verify:
@@ -199,22 +202,51 @@ class RayStore:
                 f"{self._where('manifest.json')}: unknown backend {self.backend!r}"
             ) from None
         ranges = None
-        if "://" in self.url and not self.url.startswith("file://"):  # remote: honest byte ranges
+        if is_url(self.url):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
         self.payload_spec = PayloadSpec.of(self.fields, self.manifest["layout"], self.splits)
-        if store_layout(self.manifest) == IMAGES_LAYOUT:  # encoded images (raykit.store.images_layout)
-            return ImagesReader(self.url, self.backend, self.manifest["layout"], self.index, ranges,
-                                self._ray_starts())  # fmt: skip
-        return backend.open_reader(self.url, self.payload_spec, self.index, ranges)
+        return open_payload(
+            self.manifest, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
+        )
 
     def _ray_starts(self) -> dict[str, list[int]]:
-        table = self.table
-        out = {}
-        for split, info in self.splits.items():
-            rows = [i for i, s in enumerate(table.splits) if s == split]
-            out[split] = [int(table.ray_start[i]) for i in rows] + [info.n_rays]
-        return out
+        return {
+            split: [int(self.table.ray_start[i]) for i in self.split_rows(split)] + [info.n_rays]
+            for split, info in self.splits.items()
+        }
+
+    def _split_readers(self) -> dict[str, SplitReader]:
+        """The reader of each layout this store has (``raykit.store.split_readers``)."""
+        rays = RaySplits(
+            self.url,
+            self.payload,
+            self.fields,
+            self._crc_kind,
+            self._crc,
+            self._pid_crc,
+            self.legacy,
+            self._check_file,
+            self.split_order,
+        )
+        return layout_readers(rays, self.payload, self.table, self.rgba_channels, self.split_rows)
+
+    def _reader(self, split: str) -> SplitReader:
+        return self._readers[self.layout(split)]
+
+    def split_rows(self, split: str) -> np.ndarray:
+        """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""
+        rows = self._split_rows.get(split)
+        if rows is None:
+            self._split(split)
+            rows = self._split_rows[split] = np.flatnonzero(np.asarray(self.table.splits) == split)
+            rows.flags.writeable = False
+        return rows
+
+    @property
+    def chunk_checksum(self) -> str:
+        """Deprecated name of ``checksum_kind`` (kept for one release)."""
+        return self.checksum_kind
 
     def layout(self, split: str) -> str:
         """``"rays"`` or ``"images"``: how ``split`` is stored (docs/format.md)."""
@@ -271,8 +303,7 @@ class RayStore:
 
     def images(self, split: str) -> list[str]:
         """Names of ``split``'s images in table (pid) order."""
-        self._split(split)
-        return [n for n, s in zip(self.table.names, self.table.splits, strict=True) if s == split]
+        return [self.table.names[i] for i in self.split_rows(split)]
 
     def _split(self, split: str) -> SplitInfo:
         if split not in self.splits:
@@ -310,45 +341,22 @@ class RayStore:
         info = self._split(split)
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
-        if self.layout(split) == IMAGES_LAYOUT:  # decoded from the stored images
-            from raykit.store import images_read
-
-            return images_read.read_rays(self, split, *info.chunk_range(index))
-        files = self.payload.chunk_files(split, index)
-        for rel in files:
-            self._check_file(rel)
-        values = self.payload.read_chunk(info, index)
-        summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
-        self._check_crc(files[0], split, index, chunk_checksum(values, summed, self._crc_kind), self._crc)
-        extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
-        if info.pids == "derived":
-            return DerivedRays(values["rgba"], self.split_order(split), info.chunk_range(index)[0], extra)
-        if not self.legacy:
-            crc = chunk_checksum(values, ["pid"], self._crc_kind)
-            pid_file = next((rel for rel in files if "/pid/" in rel), files[0])
-            self._check_crc(pid_file, split, index, crc, self._pid_crc, "pid ")
-        return RawRays(values["rgba"], values["pid"], extra)
-
-    def _check_crc(
-        self, rel: str, split: str, index: int, crc: int, expected: dict[str, np.ndarray], what: str = ""
-    ) -> None:
-        if crc != expected[split][index]:
-            raise StoreCorruptError(
-                f"{self._where(rel)}: chunk {index} of split {split!r} fails its {what}checksum "
-                f"(expected {self._crc_kind} {int(expected[split][index]):08x}, got {crc:08x})"
-            )
+        return self._reader(split).read_chunk(info, index)
 
     def split_order(self, split: str) -> SplitOrder:
         """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""
         info = self._split(split)
         order = self._orders.get(split)
         if order is None:
-            rows = [i for i, s in enumerate(self.table.splits) if s == split]
+            rows = self.split_rows(split)
             order = self._orders[split] = shared_order(
-                int(self.manifest["layout"]["seed"]), split, info.shuffled, tuple(rows),
+                int(self.manifest["layout"]["seed"]),
+                split,
+                info.shuffled,
+                tuple(int(i) for i in rows),
                 tuple(int(self.table.n_pixels[i]) for i in rows),
                 tuple(int(self.table.pixel_offset[i]) for i in rows),
-            )  # fmt: skip
+            )
         return order
 
     def read(self, split: str, start: int, stop: int) -> RawRays:
@@ -366,11 +374,7 @@ class RayStore:
         return raw.take(slice(start - offset, stop - offset))
 
     def _empty(self) -> RawRays:
-        c = self.fields["rgba"].channels
-        extra = {
-            k: np.zeros((0, 3), dtype=s.dtype) for k, s in self.fields.items() if k not in ("rgba", "pid")
-        }
-        return RawRays(np.zeros((0, c), np.uint8), np.zeros(0, np.uint32), extra)
+        return empty_rays(self.fields)
 
     # -- rays --------------------------------------------------------------------------------------
     def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -410,10 +414,9 @@ class RayStore:
         Evaluation splits read one contiguous range; a shuffled split is scanned chunk by chunk.
         """
         i = self.image_index(name)
-        if self.layout(self.table.splits[i]) == IMAGES_LAYOUT:  # one stored image, decoded
-            from raykit.store import images_read
-
-            return images_read.image_raw(self, name)
+        raw = self._reader(self.table.splits[i]).image_raw(i)
+        if raw is not None:
+            return raw
         split, start = self.table.splits[i], int(self.table.ray_start[i])
         n = int(self.table.n_pixels[i])
         if start >= 0:
@@ -436,6 +439,15 @@ class RayStore:
         """Colour channels every image of this store is served with (3 = rgb, 4 = rgba)."""
         return int(self.fields["rgba"].channels)
 
+    def stored_image(self, split: str, local: int) -> bytes | None:
+        """The stored file of image ``local`` (index within ``split``) of an images-layout split,
+        checked against its CRC-32C; None for a split that stores rays."""
+        return self._reader(split).stored_image(split, local)
+
+    def read_split_image(self, split: str, local: int) -> np.ndarray:
+        """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""
+        return self.read_image(self.table.names[int(self.split_rows(split)[local])])
+
     def read_image(self, name: str) -> np.ndarray:
         """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``.
 
@@ -443,10 +455,10 @@ class RayStore:
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file.
         """
         h, w, c = self.image_shape(name)
-        if self.layout(self.table.splits[self.image_index(name)]) == IMAGES_LAYOUT:
-            from raykit.store import images_read
-
-            return images_read.read_image(self, name)
+        row = self.image_index(name)
+        pixels = self._reader(self.table.splits[row]).read_image(row)
+        if pixels is not None:
+            return pixels
         raw = self.image_raw(name)
         return np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
 

@@ -42,7 +42,10 @@ __all__ = [
     "StageJob",
     "StagingSource",
     "StoreSource",
+    "base_indices",
     "bytes_record",
+    "check_pixels",
+    "pixels_crc32c",
     "record_matches",
     "release_stage_memos",
     "scratch_record",
@@ -119,7 +122,8 @@ class StageJob:
         return DiskStaging(self.root) if self.staging is None else self.staging
 
 
-def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
+def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
+    """``pixels`` as an array, checked: uint8 (H, W, 3|4) with the record's camera size."""
     array = np.asarray(pixels)
     expected = (rec.camera.height, rec.camera.width)
     if (
@@ -136,7 +140,7 @@ def _check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=2)
-def _base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
+def base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
     """``base_permutation`` as read-only ``intp`` (memoised: 8 bytes per pixel, e.g. 96 MB for 12 MP
     images, so only two sizes are kept; the writer drops them when its stage phase ends): ``np.take``
     converts other index types to ``intp`` on every call, which costs as much as the gather itself."""
@@ -145,7 +149,7 @@ def _base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
     return base
 
 
-def _pixels_crc32c(flat: np.ndarray) -> int:
+def pixels_crc32c(flat: np.ndarray) -> int:
     """CRC-32C of the decoded pixels' C-contiguous bytes (the source fingerprint's decoded-pixel check)."""
     readonly = np.ascontiguousarray(flat).reshape(-1).view(np.uint8)
     readonly.flags.writeable = False  # google_crc32c takes read-only buffers only
@@ -167,10 +171,10 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         clock.lap("resume_check")
         return {**done, "seconds": clock.seconds}
     rec = job.record
-    pixels = _check_pixels(rec, rec.load())
+    pixels = check_pixels(rec, rec.load())
     flat = np.ascontiguousarray(pixels.reshape(-1, pixels.shape[2]))
     clock.lap("decode")
-    result: dict[str, Any] = {"channels": int(flat.shape[1]), "pixels_crc32c": _pixels_crc32c(flat)}
+    result: dict[str, Any] = {"channels": int(flat.shape[1]), "pixels_crc32c": pixels_crc32c(flat)}
     source_sha = rec.source_sha256
     if not source_sha and rec.source_path and os.path.isfile(rec.source_path):
         source_sha = sha256_file(rec.source_path)
@@ -179,7 +183,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     clock.lap("pack")
     if job.shuffled:  # rank r holds pixel pi_i[r] = base[(r + s) mod n]: two gathers, no order array
         n = len(rows)
-        base = _base_indices(job.seed, rec.split, n)
+        base = base_indices(job.seed, rec.split, n)
         s = image_rotation(job.seed, rec.split, job.index, n)
         staged = np.empty_like(rows)
         # mode="clip" skips the bounds check: base is a permutation of range(n)
@@ -196,7 +200,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
 
 def release_stage_memos() -> None:
     """Drop the stage tasks' memoised index arrays (called by the writer once every image is staged)."""
-    _base_indices.cache_clear()
+    base_indices.cache_clear()
 
 
 def write_record(path: Path, record: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from raykit.store.backend import backend_named
 from raykit.store.reader import RayStore
 
 __all__ = ["field_bytes", "source_image_bytes", "store_summary"]
@@ -16,24 +17,7 @@ def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
     Zarr: the sizes of each field's shard files. WebDataset: the sizes of each field's ``.npy``
     members; the tar headers and padding are counted under ``"tar"``.
     """
-    out: dict[str, dict[str, int]] = {name: {} for name in store.splits}
-    if store.backend == "wds":
-        for split in store.splits:
-            entry = store.index[split]
-            counts = out[split]
-            for members in entry.get("members", []):
-                for name, (_, size) in members.items():
-                    counts[name] = counts.get(name, 0) + int(size)
-            tars = {f"wds/{split}-{int(s):06d}.tar" for s in entry.get("shard", [])}
-            total = sum(int(store.files[rel]["size"]) for rel in tars if rel in store.files)
-            counts["tar"] = total - sum(counts.values())
-        return out
-    for rel, entry in store.files.items():
-        parts = rel.split("/")
-        if len(parts) >= 4 and parts[0] == "zarr" and parts[1] in out and parts[3] == "c":
-            counts = out[parts[1]]
-            counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
-    return out
+    return backend_named(store.backend).field_bytes(store.splits, store.files, store.index)
 
 
 def source_image_bytes(store: RayStore) -> int | None:

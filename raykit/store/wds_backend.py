@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
-from raykit.store.backend import Backend, EncodedShard, PayloadSpec
+from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
 from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
@@ -155,6 +155,12 @@ class WdsBackend:
 
     name: str = "wds"
 
+    @property
+    def images(self) -> ImagesPayload:
+        from raykit.store.images_wds import WDS_IMAGES
+
+        return WDS_IMAGES
+
     def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
         return [shard_file(split, shard)]
 
@@ -172,6 +178,20 @@ class WdsBackend:
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         return []
+
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for split in splits:  # the sizes of each field's ``.npy`` members; headers and padding: "tar"
+            counts = out[split] = {}
+            for members in index[split].get("members", []):
+                for name, (_, size) in members.items():
+                    counts[name] = counts.get(name, 0) + int(size)
+            tars = {shard_file(split, int(s)) for s in index[split].get("shard", [])}
+            total = sum(int(files[rel]["size"]) for rel in tars if rel in files)
+            counts["tar"] = total - sum(counts.values())
+        return out
 
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None

@@ -6,19 +6,18 @@ and shards of ``shard_chunks`` chunks (the write unit, one file ``c/{shard}[/0]`
 crc32c-checksummed index at its end). A writer encodes one whole shard in memory (``encode_shards``)
 and writes it atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
 numcodecs codecs as zarr directly (zarr's own write path costs as much again as the compression); its
-output is tested byte for byte against zarr's (``_encode_shard_zarr``).
+output is tested byte for byte against zarr's (``reference_encode_shard``).
 
 zarr itself is imported where it is used (writing metadata, the twin and remote reads): a loader that
 reads local shards directly does not pay its import time and memory.
 
-Length (about 500 lines): the encoder, the metadata documents, their zarr twins and the direct
-reader stay together because they must agree byte for byte on one codec definition (``FieldCodec``).
+The encoder, the metadata documents and their zarr twins derive from one codec definition
+(``FieldCodec``); reading is ``raykit.store.zarr_read``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,6 @@ import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
-from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.fileio import atomic_write_bytes
 from raykit.store.backend import (
     BLOSC_CLEVEL,
@@ -38,9 +36,18 @@ from raykit.store.backend import (
     RGBA_CODECS,
     Backend,
     EncodedShard,
+    ImagesPayload,
     PayloadSpec,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.store.zarr_read import (  # re-exported: the reading side of this backend
+    ABSENT_CHUNK,
+    ZARR_DIR,
+    ZarrReader,
+    direct_shard_codec,
+    shard_file,
+    split_fields,
+)
 
 __all__ = [
     "BACKEND",
@@ -53,18 +60,19 @@ __all__ = [
     "FieldCodec",
     "ZarrBackend",
     "ZarrReader",
+    "direct_shard_codec",
     "document_bytes",
     "encode_shard",
     "encode_shard_pieces",
     "encode_shards",
     "field_codec",
     "metadata_documents",
+    "reference_encode_shard",
+    "reference_metadata_documents",
     "shard_file",
     "write_metadata",
 ]
 
-ZARR_DIR = "zarr"
-_ABSENT = 2**64 - 1  # shard index entry of a chunk that is not stored
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.backend``: every layout records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
 # RGBA chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as
@@ -148,12 +156,6 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -
     }
 
 
-def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
-    """Relative path (from the store root) of the shard file holding ``shard`` of ``split``'s ``spec``."""
-    key = f"c/{shard}/0" if spec.channels else f"c/{shard}"
-    return f"{ZARR_DIR}/{split}/{spec.name}/{key}"
-
-
 def write_metadata(
     root: Path,
     splits: Mapping[str, SplitInfo],
@@ -164,7 +166,7 @@ def write_metadata(
     """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
 
     Existing shards are left untouched. The documents are built here (``metadata_documents``), the
-    same JSON zarr writes (tested against ``_metadata_documents_zarr``), so a writer need not import
+    same JSON zarr writes (tested against ``reference_metadata_documents``), so a writer need not import
     zarr.
     """
     written = []
@@ -221,20 +223,12 @@ def metadata_documents(
     }
     for split, info in splits.items():
         docs[f"{split}/zarr.json"] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
-        for spec in _split_fields(fields, stored, split).values():
+        for spec in split_fields(fields, stored, split).values():
             docs[f"{split}/{spec.name}/zarr.json"] = _array_document(spec, info, layout)
     return docs
 
 
-def _split_fields(
-    fields: Mapping[str, FieldSpec], stored: Mapping[str, tuple[str, ...]] | None, split: str
-) -> dict[str, FieldSpec]:
-    """The fields split ``split`` stores (``PayloadSpec.fields_of``)."""
-    names = (stored or {}).get(split)
-    return dict(fields) if names is None else {k: v for k, v in fields.items() if k in names}
-
-
-def _metadata_documents_zarr(
+def reference_metadata_documents(
     splits: Mapping[str, SplitInfo],
     fields: Mapping[str, FieldSpec],
     layout: Mapping[str, Any],
@@ -248,7 +242,7 @@ def _metadata_documents_zarr(
     group = zarr.create_group(mem, attributes={"raykit": "ray store payload"})
     for split, info in splits.items():
         sub = group.create_group(split)
-        for spec in _split_fields(fields, stored, split).values():
+        for spec in split_fields(fields, stored, split).values():
             sub.create_array(spec.name, **_array_kwargs(spec, info, layout))
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
@@ -291,7 +285,7 @@ def encode_shard_pieces(
     Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
     ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index at the end, one
     ``(offset, nbytes)`` uint64 pair per chunk (``2**64 - 1`` for chunks past the end of the array),
-    itself followed by its crc32c. ``_encode_shard_zarr`` is the twin that lets zarr do it.
+    itself followed by its crc32c. ``reference_encode_shard`` is the twin that lets zarr do it.
 
     Args:
         values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
@@ -299,7 +293,7 @@ def encode_shard_pieces(
     chunk_rays, shard_chunks = info.chunk_rays, layout["shard_chunks"]
     codec = field_codec(spec, layout).numcodecs_codec()
     values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
-    index = np.full((shard_chunks, 2), _ABSENT, dtype="<u8")
+    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
     pieces, offset = [], 0
     for j, lo in enumerate(range(0, len(values), chunk_rays)):
         chunk = values[lo : lo + chunk_rays]
@@ -315,7 +309,7 @@ def encode_shard_pieces(
     return [*pieces, raw_index, _crc32c_bytes(raw_index)]
 
 
-def _encode_shard_zarr(
+def reference_encode_shard(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: Mapping[str, Any]
 ) -> bytes:
     """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
@@ -331,218 +325,17 @@ def _encode_shard_zarr(
     return encoded
 
 
-def _open_store(url: str) -> Any:
-    import zarr
-
-    if "://" in url and not url.startswith("file://"):
-        return zarr.storage.FsspecStore.from_url(url, read_only=True)
-    return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
-
-
-def _local_root(url: str) -> Path | None:
-    if "://" in url and not url.startswith("file://"):
-        return None
-    return Path(url.removeprefix("file://"))
-
-
-@dataclass(frozen=True)
-class _ShardCodec:
-    """How to decode one inner chunk of a shard file raykit wrote (parsed from the array's zarr.json)."""
-
-    chunk_shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    codec: Any
-
-
-def _shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
-    """The decoder of an array whose codecs are the ones raykit writes (sharding with the index at the
-    end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c), else None."""
-    codecs = meta.get("codecs") or []
-    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
-        return None
-    cfg = codecs[0].get("configuration", {})
-    inner = cfg.get("codecs", [])
-    index = [c.get("name") for c in cfg.get("index_codecs", [])]
-    names = [c.get("name") for c in inner]
-    if (
-        cfg.get("index_location", "end") != "end"
-        or index != ["bytes", "crc32c"]
-        or len(names) != 3
-        or names[0] != "bytes"
-        or names[1] not in ("zstd", "blosc")
-        or names[2] != "crc32c"
-        or inner[0].get("configuration", {}).get("endian", "little") != "little"
-    ):
-        return None
-    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-    codec = Zstd() if names[1] == "zstd" else Blosc()
-    return _ShardCodec(tuple(int(n) for n in cfg["chunk_shape"]), dtype, codec)
-
-
-def _crc_ok(data: bytes) -> bool:
-    return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
-
-
-class ZarrReader:
-    """Reads chunks of a committed store's zarr payload (local path or fsspec URL).
-
-    Local shard files whose codecs are the ones raykit writes are read directly: the shard index once
-    per file, then one ``pread`` per chunk, both checked against their crc32c, and the chunk decoded with
-    the same numcodecs codec zarr uses. That is several times faster than zarr's read path, which
-    remains the twin (``read_chunk(..., fast=False)``) and handles remote stores and any other layout.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        fields: Mapping[str, FieldSpec],
-        shard_chunks: int,
-        ranges: Any = None,
-        stored: Mapping[str, tuple[str, ...]] | None = None,
-    ) -> None:
-        self._url = url.rstrip("/")
-        self._stored = dict(stored or {})
-        # Remote stores: a raykit.store.remote.RangeFetcher (correct on servers that ignore Range); the
-        # direct read path then serves remote shards too.
-        self._ranges = ranges
-        self._fields = fields
-        self._shard_chunks = shard_chunks
-        self._store: Any = None
-        self._arrays: dict[tuple[str, str], Any] = {}
-        self._local = _local_root(self._url)
-        self._codecs: dict[tuple[str, str], _ShardCodec | None] = {}
-        self._indexes: dict[str, np.ndarray] = {}
-
-    def _codec(self, split: str, name: str) -> _ShardCodec | None:
-        key = (split, name)
-        if key not in self._codecs:
-            rel = f"{ZARR_DIR}/{split}/{name}/zarr.json"
-            path = self._local / rel if self._local is not None else f"{self._url}/{rel}"
-            try:
-                if self._local is not None:
-                    meta = json.loads(Path(path).read_text())
-                else:
-                    meta = json.loads(self._ranges.read(rel, 0, self._ranges.size(rel)))
-            except (OSError, ValueError) as exc:
-                raise StoreCorruptError(f"{path}: zarr array metadata unreadable: {exc}") from exc
-            self._codecs[key] = _shard_codec(meta)
-        return self._codecs[key]
-
-    def _shard_index(self, fd: int, path: Path) -> np.ndarray:
-        index = self._indexes.get(str(path))
-        if index is None:
-            nbytes = self._shard_chunks * 16 + 4
-            size = os.fstat(fd).st_size
-            raw = os.pread(fd, nbytes, size - nbytes) if size >= nbytes else b""
-            if len(raw) != nbytes or not _crc_ok(raw):
-                raise StoreCorruptError(f"{path}: shard index unreadable or fails its crc32c")
-            index = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
-            self._indexes[str(path)] = index
-        return index
-
-    def _remote_bytes(self, rel: str, index: int, split: str) -> tuple[str, bytes]:
-        """``(where, encoded chunk)`` of a remote shard file, by byte ranges."""
-        where = f"{self._url}/{rel}"
-        j = index % self._shard_chunks
-        table = self._indexes.get(where)
-        if table is None:
-            nbytes = self._shard_chunks * 16 + 4
-            raw = self._ranges.read(rel, -nbytes, 0) if self._ranges.size(rel) >= nbytes else b""
-            if len(raw) != nbytes or not _crc_ok(raw):
-                raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
-            table = self._indexes[where] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
-        offset, nbytes = (int(v) for v in table[j])
-        if offset == _ABSENT:
-            raise StoreCorruptError(f"{where}: chunk {index} of split {split!r} is not stored")
-        return where, self._ranges.read(rel, offset, offset + nbytes)
-
-    def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
-        shard, j = divmod(index, self._shard_chunks)
-        if self._local is None:
-            where, data = self._remote_bytes(shard_file(info.name, spec, shard), index, info.name)
-            return self._decode(codec, info, index, where, data, len(data))
-        path = self._local / shard_file(info.name, spec, shard)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError as exc:  # deleted since the store was opened
-            raise StoreNotFoundError(f"{path}: payload file missing") from exc
-        try:
-            offset, nbytes = (int(v) for v in self._shard_index(fd, path)[j])
-            if offset == _ABSENT:
-                raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} is not stored")
-            data = os.pread(fd, nbytes, offset)
-        finally:
-            os.close(fd)
-        return self._decode(codec, info, index, path, data, nbytes)
-
-    def _decode(
-        self, codec: _ShardCodec, info: SplitInfo, index: int, path: Any, data: bytes, nbytes: int
-    ) -> np.ndarray:
-        if len(data) != nbytes or not _crc_ok(data):
-            raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} fails its crc32c")
-        try:
-            values = np.empty(codec.chunk_shape, dtype=codec.dtype)  # writable, decoded in place
-            codec.codec.decode(data[:-4], out=values)
-        except Exception as exc:
-            where = f"{path}: chunk {index} of split {info.name!r}"
-            raise StoreCorruptError(f"{where} undecodable: {exc}") from exc
-        start, stop = info.chunk_range(index)
-        return values[: stop - start]
-
-    def _array(self, split: str, name: str) -> Any:
-        if (split, name) not in self._arrays:
-            if self._store is None:
-                self._store = _open_store(f"{self._url}/{ZARR_DIR}")
-            where = f"{self._url}/{ZARR_DIR}/{split}/{name}/zarr.json"
-            try:
-                import zarr
-
-                self._arrays[split, name] = zarr.open_array(self._store, path=f"{split}/{name}", mode="r")
-            except FileNotFoundError as exc:
-                raise StoreCorruptError(f"{where}: zarr array metadata missing") from exc
-            except Exception as exc:
-                raise StoreCorruptError(f"{where}: cannot open zarr array: {exc}") from exc
-        return self._arrays[split, name]
-
-    def chunk_files(self, split: str, index: int) -> list[str]:
-        """Relative paths of the files holding chunk ``index`` of ``split``."""
-        shard = index // self._shard_chunks
-        return [
-            shard_file(split, spec, shard)
-            for spec in _split_fields(self._fields, self._stored, split).values()
-        ]
-
-    def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
-
-        ``fast=False`` always goes through zarr (the twin of the direct local read).
-        """
-        start, stop = info.chunk_range(index)
-        out = {}
-        shard = index // self._shard_chunks
-        for name, spec in _split_fields(self._fields, self._stored, info.name).items():
-            direct = self._local is not None or self._ranges is not None
-            codec = self._codec(info.name, name) if fast and direct else None
-            if codec is not None:
-                out[name] = self._read_direct(codec, info, spec, index)
-                continue
-            try:
-                out[name] = np.asarray(self._array(info.name, name)[start:stop])
-            except StoreCorruptError:
-                raise
-            except Exception as exc:
-                where = f"{self._url}/{shard_file(info.name, spec, shard)}"
-                raise StoreCorruptError(
-                    f"{where}: chunk {index} of split {info.name!r} unreadable: {exc}"
-                ) from exc
-        return out
-
-
 @dataclass(frozen=True)
 class ZarrBackend:
     """The Zarr v3 backend (``raykit.store.backend.Backend``)."""
 
     name: str = "zarr"
+
+    @property
+    def images(self) -> ImagesPayload:
+        from raykit.store.images_zarr import ZARR_IMAGES
+
+        return ZARR_IMAGES
 
     def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
         return [shard_file(split, field, shard) for field in spec.fields_of(split).values()]
@@ -554,6 +347,17 @@ class ZarrBackend:
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         return write_metadata(root, splits, spec.fields, spec.layout, spec.stored)
+
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {name: {} for name in splits}
+        for rel, entry in files.items():  # the sizes of each field's shard files
+            parts = rel.split("/")
+            if len(parts) >= 4 and parts[0] == ZARR_DIR and parts[1] in out and parts[3] == "c":
+                counts = out[parts[1]]
+                counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
+        return out
 
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None

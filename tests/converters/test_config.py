@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
+from pathlib import Path
 
 import pytest
 
 from raykit.converters import convert
 from raykit.converters.config import ConvertConfig, add_arguments, from_args
+from raykit.store.plan import StoreOptions
 
 
 def _parse(argv: list[str]) -> ConvertConfig:
@@ -18,19 +19,25 @@ def _parse(argv: list[str]) -> ConvertConfig:
     return from_args(parser.parse_args(argv))
 
 
-def test_every_convert_keyword_is_a_field_and_defaults_match() -> None:
-    keywords = {
-        name: p.default
-        for name, p in inspect.signature(convert).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-        and name not in ("poses", "allow_outside")  # flags of their own
-    }
-    config = ConvertConfig()
-    options = config.convert_options()
-    assert set(options) == set(keywords)
-    differ = {k for k in keywords if options[k] != keywords[k]}
-    # The command shows progress bars and passes its split rule as text; the library is quiet by default.
-    assert differ == {"progress", "split"} and config.split == "auto"
+def test_convert_takes_a_config_or_its_fields_as_keywords(tmp_path: Path) -> None:
+    """``convert(src, dst, config)`` and the keyword style of earlier releases write the same store;
+    a keyword that is no field of ``ConvertConfig`` is refused."""
+    from raykit.scene import render_scene, write_blender
+
+    write_blender(render_scene("tiny", seed=0), tmp_path / "cap")
+    config = ConvertConfig(backend="wds", chunk_rays=512, progress=False)
+    by_config = convert(tmp_path / "cap", tmp_path / "a", config)
+    by_keywords = convert(tmp_path / "cap", tmp_path / "b", backend="wds", chunk_rays=512)
+    assert by_config.fingerprint == by_keywords.fingerprint and by_config.backend == "wds"
+    assert by_config.manifest["layout"]["chunk_rays"] == 512
+    with pytest.raises(TypeError, match="chunk_size"):
+        convert(tmp_path / "cap", tmp_path / "c", chunk_size=512)
+
+
+def test_store_options_carry_the_codec_in_every_layout() -> None:
+    options = ConvertConfig(layout="images", rgba_codec="zstd").store_options()
+    assert options.layout == "images" and options.rgba_codec == "zstd"
+    assert ConvertConfig().store_options() == StoreOptions()  # one default for each option
 
 
 def test_flags_round_trip() -> None:

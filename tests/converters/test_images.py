@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from raykit.converters.images import (
-    ImageLoader,
+    ImageFileDecoder,
     decode_image,
     downscale_area,
     downscale_area_reference,
@@ -183,11 +183,11 @@ def test_exif_orientation_policies(tmp_path: Path) -> None:
 def test_loader_checks_size_and_pickles(tmp_path: Path, make) -> None:
     array = make.random_image(4, 6, 8, 4)
     path = make.write_image(tmp_path / "a.png", array)
-    loader = ImageLoader(str(path), 8, 6, 2, label="cam")
+    loader = ImageFileDecoder(str(path), 8, 6, 2, label="cam")
     clone = pickle.loads(pickle.dumps(loader))
     assert np.array_equal(clone(), downscale_area_reference(array, 2))
     with pytest.raises(SourceError, match=r"is 8x6, its camera \(cam\) expects 9x6"):
-        ImageLoader(str(path), 9, 6, label="cam")()
+        ImageFileDecoder(str(path), 9, 6, label="cam")()
 
 
 def test_downscale_requires_divisible_size() -> None:

@@ -383,8 +383,17 @@ class TestWebDatasetMaterialized(WebDatasetNative, StoreContract):
     materialize = "float32"
 
 
-def test_errors_are_raykit_errors() -> None:
-    assert issubclass(RayRangeError, RaykitError) and issubclass(RayRangeError, IndexError)
+def test_range_errors_are_raykit_and_index_errors(tmp_path: Path, records, scene: SceneInfo) -> None:
+    """A read outside the store raises an error a caller can catch as ``RaykitError`` or ``IndexError``."""
+    store = write_store(
+        tmp_path / "s", records, scene=scene, chunk_rays=CHUNK_RAYS, shard_chunks=SHARD_CHUNKS
+    )
+    for read in (lambda: store.read_chunk("train", 10**6), lambda: store.read("nope", 0, 1),
+                 lambda: store.image_index("no-such-image")):  # fmt: skip
+        with pytest.raises(RaykitError):
+            read()
+        with pytest.raises(IndexError, match=str(tmp_path)):
+            read()
 
 
 @pytest.mark.gpu

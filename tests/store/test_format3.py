@@ -19,7 +19,7 @@ from raykit.errors import StoreVersionError
 from raykit.loaders.cache import ChunkCache, nbytes_of
 from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.cli import register
-from raykit.store.order import SplitOrder, _split_pids_reference
+from raykit.store.order import SplitOrder, reference_split_pids
 from raykit.store.schema import DerivedRays, RawRays
 from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store
@@ -29,7 +29,7 @@ from raykit.store.writer import copy_store
 def _order(sizes: list[int], seed: int = 3, first: int = 2) -> tuple[SplitOrder, np.ndarray]:
     images = list(range(first, first + len(sizes)))
     offsets = list(itertools.accumulate((100, *sizes[:-1])))
-    reference = _split_pids_reference(seed, "train", images, tuple(sizes), offsets)
+    reference = reference_split_pids(seed, "train", images, tuple(sizes), offsets)
     return SplitOrder(seed, "train", True, tuple(images), tuple(sizes), tuple(offsets)), reference
 
 

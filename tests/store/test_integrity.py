@@ -81,28 +81,33 @@ def test_older_format_stores_read_check_and_copy(
 ) -> None:
     kw: dict[str, Any] = {"scene": scene, "backend": backend, "chunk_rays": 64, "shard_chunks": 2}
     fresh = write_store(tmp_path / "v3", records, **kw)
-    assert fresh.chunk_checksum == "crc32c" and fresh.manifest["format_version"] == 3
+    assert fresh.checksum_kind == "crc32c" and fresh.manifest["format_version"] == 3
     assert all(info.pids == "derived" for info in fresh.splits.values())
     old = tmp_path / f"v{version}"
     write_store(old, records, with_pids=True, **kw)
     downgrade(old, version)
     store = open_store(old)
     kind = "crc32" if version == 1 else "crc32c"
-    assert store.legacy and store.chunk_checksum == kind and validate_store(str(old)) == []
+    assert store.legacy and store.checksum_kind == kind and validate_store(str(old)) == []
     for split, info in store.splits.items():
         for i in range(info.n_chunks):
             a, b = store.read_chunk(split, i), fresh.read_chunk(split, i)
             assert not isinstance(a, DerivedRays) and isinstance(b, DerivedRays)
             np.testing.assert_array_equal(a.rgba, b.rgba)
             np.testing.assert_array_equal(a.pid, b.pid)
-    # a copy keeps the source's checksum kind and stored pids (format 2), so the fingerprints agree
-    other = "wds" if backend == "zarr" else "zarr"
-    for with_pids in (False, True):
-        copy = copy_store(old, tmp_path / f"copy{with_pids}", backend=other, with_pids=with_pids)
-        assert copy.chunk_checksum == kind and copy.fingerprint == store.fingerprint
-        assert copy.manifest["format_version"] == 2 and validate_store(copy.url) == []
+    # a copy is written in the current format (pids stored, checksums anew): its fingerprint is that
+    # of the same content written today, in every backend
+    copies = [
+        copy_store(old, tmp_path / f"copy-{to}-{with_pids}", backend=to, with_pids=with_pids)
+        for to in ("zarr", "wds")
+        for with_pids in (False, True)
+    ]
+    for copy in copies:
+        assert copy.checksum_kind == "crc32c" and copy.manifest["format_version"] == 3
+        assert not copy.legacy and {info.pids for info in copy.splits.values()} == {"stored"}
+        assert copy.fingerprint == copies[0].fingerprint and validate_store(copy.url) == []
         np.testing.assert_array_equal(copy.read("train", 0, 50).pid, fresh.read("train", 0, 50).pid)
-    assert copy.fingerprint != fresh.fingerprint
+    assert copies[0].fingerprint == fresh.fingerprint != store.fingerprint  # as if written today
     # an older format's checksum still catches a wrong chunk
     index = json.loads((old / "index.json").read_text())
     index["train"][kind][0] ^= 1

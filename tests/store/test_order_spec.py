@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
-from raykit.store.order import SplitOrder, _split_pids_reference, base_permutation, image_rotation
+from raykit.store.order import SplitOrder, base_permutation, image_rotation, reference_split_pids
 
 M32 = 0xFFFFFFFF
 
@@ -208,6 +208,6 @@ def test_split_pids_are_the_spec(sizes: list[int]) -> None:
     images = list(range(3, 3 + len(sizes)))
     offsets = list(itertools.accumulate((40, *sizes[:-1])))
     expected = spec_pids(9, "train", images, sizes, offsets)
-    np.testing.assert_array_equal(_split_pids_reference(9, "train", images, tuple(sizes), offsets), expected)
+    np.testing.assert_array_equal(reference_split_pids(9, "train", images, tuple(sizes), offsets), expected)
     order = SplitOrder(9, "train", True, tuple(images), tuple(sizes), tuple(offsets))
     np.testing.assert_array_equal(order.pids(0, sum(sizes)), expected)

@@ -15,18 +15,18 @@ from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store, zarr_backend
 from raykit.store.order import (
-    _split_pids_reference,
     base_permutation,
     image_order,
     image_rotation,
     merge_counts,
     merge_runs,
     order_run,
+    reference_split_pids,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
 
 
-def _merge_counts_reference(sizes: tuple[int, ...], k: int) -> list[int]:
+def reference_merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
     keys = sorted((Fraction(2 * r + 1, 2 * n), i) for i, n in enumerate(sizes) for r in range(n))
     counts = [0] * len(sizes)
     for _, i in keys[:k]:
@@ -41,7 +41,7 @@ def test_merge_counts_match_the_merge(sizes: list[int]) -> None:
     previous = [0] * len(sizes)
     for k in range(total + 1):
         counts = merge_counts(tuple(sizes), k)
-        assert counts == _merge_counts_reference(tuple(sizes), k)
+        assert counts == reference_merge_counts(tuple(sizes), k)
         assert sum(counts) == k and all(a >= b for a, b in zip(counts, previous, strict=True))
         bound = [1.5 + 1.5 * len(sizes) * n / total for n in sizes]  # ties are broken by image index
         assert all(abs(c - k * n / total) < b for c, n, b in zip(counts, sizes, bound, strict=True))
@@ -108,7 +108,7 @@ def test_shard_gathers_match_the_definition(tmp_path: Path, record_factory, scen
         rows = [i for i, split in enumerate(store.cameras.column("split").to_pylist()) if split == "train"]
         sizes = tuple(store.cameras.column("n_pixels").to_pylist()[i] for i in rows)
         offsets = list(itertools.accumulate((0, *sizes[:-1])))
-        expected = _split_pids_reference(5, "train", rows, sizes, offsets)
+        expected = reference_split_pids(5, "train", rows, sizes, offsets)
         np.testing.assert_array_equal(pids, expected)
         assert np.array_equal(np.sort(pids), np.arange(info.n_rays))
 
@@ -149,7 +149,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
     for shard in range(-(-n_rays // shard_rays)):
         part = values[shard * shard_rays : (shard + 1) * shard_rays]
         fast = zarr_backend.encode_shard(part, spec, info, layout)
-        assert fast == zarr_backend._encode_shard_zarr(part, spec, info, shard, layout)
+        assert fast == zarr_backend.reference_encode_shard(part, spec, info, shard, layout)
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
@@ -199,7 +199,7 @@ def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blos
              FieldSpec("directions", "float32", 3)]  # fmt: skip
     fields = {spec.name: spec for spec in specs}
     ours = zarr_backend.metadata_documents(splits, fields, layout)
-    theirs = zarr_backend._metadata_documents_zarr(splits, fields, layout)
+    theirs = zarr_backend.reference_metadata_documents(splits, fields, layout)
     assert {key: zarr_backend.document_bytes(doc) for key, doc in ours.items()} == theirs
 
 
@@ -209,7 +209,7 @@ def test_merge_counts_of_equal_sizes_are_a_round_robin(images: int, n: int, data
     # the fast path for images of one size against the general (rational) merge of unequal sizes' code
     sizes = (n,) * images
     for k in {0, images * n, *data.draw(st.lists(st.integers(0, images * n), max_size=8))}:
-        assert merge_counts(sizes, k) == _merge_counts_reference(sizes, k)
+        assert merge_counts(sizes, k) == reference_merge_counts(sizes, k)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 640])
@@ -241,9 +241,10 @@ def test_packed_pixels_match_their_twins(n: int, channels: int) -> None:
 def test_writer_drops_the_stage_index_memos(tmp_path: Path, records, scene: SceneInfo) -> None:
     from raykit.store import staging
 
-    staging._base_indices(0, "train", 10)
+    held = staging.base_indices(0, "train", 10)
+    assert staging.base_indices(0, "train", 10) is held  # memoised
     write_store(tmp_path / "s", records, scene=scene, chunk_rays=32, shard_chunks=3)
-    assert staging._base_indices.cache_info().currsize == 0
-    base = staging._base_indices(3, "train", 50)  # the memo is base_n as intp, read-only
+    assert staging.base_indices(0, "train", 10) is not held  # dropped by the writer, made anew
+    base = staging.base_indices(3, "train", 50)  # the memo is base_n as intp, read-only
     assert base.dtype == np.intp and not base.flags.writeable
     np.testing.assert_array_equal(base, base_permutation(3, "train", 50))

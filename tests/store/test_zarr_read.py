@@ -41,14 +41,14 @@ def test_direct_reads_equal_zarr_reads(store: Any) -> None:
 
 def test_only_raykits_own_layout_takes_the_direct_path(store: Any) -> None:
     meta = json.loads((Path(store.url.removeprefix("file://")) / "zarr/train/pid/zarr.json").read_text())
-    assert zarr_backend._shard_codec(meta) is not None
+    assert zarr_backend.direct_shard_codec(meta) is not None
     other = json.loads(json.dumps(meta))
     other["codecs"][0]["configuration"]["index_location"] = "start"
-    assert zarr_backend._shard_codec(other) is None
+    assert zarr_backend.direct_shard_codec(other) is None
     other = json.loads(json.dumps(meta))
     other["codecs"][0]["configuration"]["codecs"][1] = {"name": "gzip", "configuration": {"level": 1}}
-    assert zarr_backend._shard_codec(other) is None
-    assert zarr_backend._shard_codec({"codecs": [{"name": "bytes"}]}) is None
+    assert zarr_backend.direct_shard_codec(other) is None
+    assert zarr_backend.direct_shard_codec({"codecs": [{"name": "bytes"}]}) is None
 
 
 def _copy(store: Any, dst: Path) -> Path:

@@ -1,0 +1,122 @@
+"""The last phase of every store write, whatever the layout: ``index.json``, the sparse points, the
+manifest (every file's size and SHA-256, the content fingerprint), then the rename of
+``<dst>.partial`` to ``dst`` (``commit_store``)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raykit.errors import ConfigError
+from raykit.fileio import atomic_path, atomic_write_json
+from raykit.store.destination import OVERWRITE_HINT
+from raykit.store.integrity import CHUNK_CHECKSUM, content_fingerprint, file_record, json_digest
+from raykit.store.points import POINTS_FILE, SparsePoints, points_entry, write_points
+from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
+
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
+
+__all__ = ["StoreContent", "commit_store", "source_fingerprint", "write_index_and_manifest"]
+
+
+@dataclass(frozen=True)
+class StoreContent:
+    """What a manifest describes besides its files: backend name, ``layout`` options, source
+    description, scene, splits, fields and the camera table (a ``pyarrow.Table``)."""
+
+    backend: str
+    layout: Mapping[str, Any]
+    source: Mapping[str, Any]
+    scene: SceneInfo
+    splits: Mapping[str, SplitInfo]
+    fields: Sequence[FieldSpec]
+    table: Any  # pyarrow.Table
+    points: SparsePoints | None = None
+
+    def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
+        splits = {k: v.to_dict() for k, v in self.splits.items()}
+        hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
+        fields = {spec.name: spec.to_dict() for spec in self.fields}
+        crcs = {k: v[CHUNK_CHECKSUM] for k, v in index.items()}
+        manifest: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "raykit_version": _raykit_version(),
+            "backend": self.backend,
+            "layout": dict(self.layout),
+            "source": dict(self.source),
+            "scene": self.scene.to_dict(),
+            "splits": splits,
+            "fields": fields,
+            "n_images": self.table.num_rows,
+            "files": dict(sorted(files.items())),
+            **({"points": points_entry(self.points)} if self.points is not None else {}),
+            "content_fingerprint": content_fingerprint(
+                self.table, self.scene.to_dict(), hashed, fields, crcs
+            ),
+        }
+        manifest["manifest_digest"] = json_digest(manifest)
+        return manifest
+
+
+def write_index_and_manifest(
+    partial: Path, content: StoreContent, files: dict[str, Any], index: Mapping[str, Any]
+) -> None:
+    """Write ``index.json``, the points (when the content has them) and last ``manifest.json`` into
+    ``partial``; ``files`` (the payload's records, ``cameras.parquet`` written already) gets theirs."""
+    atomic_write_json(partial / "index.json", index)
+    written = ["cameras.parquet", "index.json"]
+    if content.points is not None:
+        with atomic_path(partial / POINTS_FILE) as tmp:
+            write_points(content.points, str(tmp))
+        written.append(POINTS_FILE)
+    for rel in written:
+        files[rel] = file_record(partial / rel)
+    atomic_write_json(partial / "manifest.json", content.manifest(files, index))
+
+
+def source_fingerprint(records: Sequence[ImageRecord], staged: Sequence[Mapping[str, Any]]) -> str:
+    """The source fingerprint (either layout): every image's name, source file SHA-256, decoded shape
+    and pixel CRC-32C (``staged``: each image's stage or encode task result, in table order)."""
+    return json_digest(
+        [
+            [r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]], s["pixels_crc32c"]]
+            for r, s in zip(records, staged, strict=True)
+        ]
+    )
+
+
+def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:
+    """Remove the write's scratch from ``partial`` (staging, task records, plan, temporary files),
+    rename it to ``dst`` (replacing a store there only with ``overwrite``) and open it."""
+    for name in ("staging", "tasks"):
+        shutil.rmtree(partial / name, ignore_errors=True)
+    (partial / "plan.json").unlink(missing_ok=True)
+    for path in partial.rglob(".*.tmp"):
+        path.unlink()  # temporary files of writers killed mid-write (the atomic-write prefix and suffix)
+    for path in partial.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
+    if dst.exists():
+        if not overwrite and (dst / "manifest.json").exists():
+            raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
+        old = dst.with_name(dst.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        dst.rename(old)
+        partial.rename(dst)
+        shutil.rmtree(old)
+    else:
+        partial.rename(dst)
+    from raykit.store.reader import open_store
+
+    return open_store(str(dst))
+
+
+def _raykit_version() -> str:
+    from raykit import __version__
+
+    return __version__

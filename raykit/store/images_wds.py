@@ -1,0 +1,109 @@
+"""The images layout in the WebDataset backend (``docs/format.md``; ``raykit.store.images_layout``).
+
+``wds/{split}-{shard:06d}.tar``, one sample per image with key ``{split}_{i:08d}``: ``KEY.jpg|png|webp``
+(the stored bytes) then ``KEY.json`` (the camera record); a tar is closed once it holds
+``image_chunk_bytes * image_shard_chunks`` bytes of images. ``index.json`` records each image's tar
+(``image_shard``) and the offset of its data in it (``image_member``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raykit.store.backend import ImageShard, StagedImage
+
+__all__ = ["WDS_IMAGES", "WdsImages", "wds_image_shards", "wds_shard_groups"]
+
+_HEADER = 512
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def wds_shard_groups(sizes: Sequence[int], layout: Mapping[str, Any]) -> list[list[int]]:
+    """Split-local image indices of each tar shard: images in order, a shard closed once full."""
+    limit = layout["image_chunk_bytes"] * layout["image_shard_chunks"]
+    groups: list[list[int]] = [[]]
+    held = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and held + size > limit:
+            groups.append([])
+            held = 0
+        groups[-1].append(i)
+        held += size
+    return groups
+
+
+def wds_image_shards(
+    split: str, first: int, images: Sequence[tuple[bytes, str, Mapping[str, Any]]]
+) -> tuple[bytes, list[int]]:
+    """One tar of samples ``first..``: ``(tar bytes, data offset of each image member)``.
+
+    Args:
+        images: per image, ``(stored bytes, extension, camera record)``.
+    """
+    buffer = io.BytesIO()
+    offsets = []
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, (data, ext, record) in enumerate(images):
+            key = f"{split}_{first + i:08d}"
+            offsets.append(tar.offset + _HEADER)
+            tar.addfile(_member(f"{key}.{ext}", len(data)), io.BytesIO(data))
+            meta = (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
+            tar.addfile(_member(f"{key}.json", len(meta)), io.BytesIO(meta))
+    return buffer.getvalue(), offsets
+
+
+@dataclass(frozen=True)
+class WdsImages:
+    """How the WebDataset backend stores and reads images-layout splits (``ImagesPayload``)."""
+
+    def root_metadata(self) -> dict[str, bytes]:
+        return {}
+
+    def plan_split(
+        self,
+        split: str,
+        names: Sequence[str],
+        formats: Sequence[str],
+        sizes: Sequence[int],
+        layout: Mapping[str, Any],
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        groups = wds_shard_groups(sizes, layout)
+        return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
+
+    def encode_shard(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: Mapping[str, Any]
+    ) -> tuple[str, bytes, dict[str, list[Any]]]:
+        items = [(image.data, image.ext, image.record) for image in images]
+        data, members = wds_image_shards(split, shard.images[0], items)
+        index = {"image_shard": [shard.shard] * len(images), "image_member": members}
+        return f"wds/{split}-{shard.shard:06d}.tar", data, index
+
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: Mapping[str, Any]) -> list[str]:
+        return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
+
+    def read_image(
+        self,
+        read: Callable[[str, int, int], bytes],
+        where: str,
+        entry: Mapping[str, Any],
+        split: str,
+        i: int,
+        layout: Mapping[str, Any],
+    ) -> bytes:
+        offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
+        return read(self.files_of(entry, split, i, layout)[0], offset, offset + size)
+
+
+WDS_IMAGES = WdsImages()
