@@ -127,7 +127,11 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
         seed: int = 0,
     ) -> None:  # fmt: skip
         self.parser, self.split, self.patch_size, self.load_depths, self.seed = (
-            parser, split, patch_size, load_depths, seed
+            parser,
+            split,
+            patch_size,
+            load_depths,
+            seed,
         )
         self.indices = parser.split_indices(split)
         self._tables: dict[int, RemapTable | None] = {}
@@ -155,7 +159,10 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
             rng = np.random.default_rng([self.seed, item, int(self._draws[item])])
             self._draws[item] += 1
             h, w = image.shape[:2]
-            x, y = int(rng.integers(max(w - self.patch_size, 1))), int(rng.integers(max(h - self.patch_size, 1)))
+            x, y = (
+                int(rng.integers(max(w - self.patch_size, 1))),
+                int(rng.integers(max(h - self.patch_size, 1))),
+            )
             image = image[y : y + self.patch_size, x : x + self.patch_size]
             K[0, 2] -= x
             K[1, 2] -= y
@@ -168,10 +175,15 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
         }
         if self.load_depths:
             points, depths = self._projected(K, c2w, image.shape[1], image.shape[0])
-            data["points"], data["depths"] = torch.from_numpy(points).float(), torch.from_numpy(depths).float()
+            data["points"], data["depths"] = (
+                torch.from_numpy(points).float(),
+                torch.from_numpy(depths).float(),
+            )
         return data
 
-    def _projected(self, K: np.ndarray, c2w: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    def _projected(
+        self, K: np.ndarray, c2w: np.ndarray, width: int, height: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Sparse points in front of the camera and inside the image: (M, 2) pixels, (M,) depths."""
         w2c = np.linalg.inv(c2w)
         cam = self.parser.points.astype(np.float64) @ w2c[:3, :3].T + w2c[:3, 3]

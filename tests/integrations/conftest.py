@@ -10,22 +10,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("nerfstudio", reason="nerfstudio is not installed (see README: the test command installs it)")
+pytest.importorskip(
+    "nerfstudio", reason="nerfstudio is not installed (see README: the test command installs it)"
+)
 
-from raykit.converters import convert  # noqa: E402
-from raykit.scene import render_scene, write_colmap  # noqa: E402
-from raykit.store.writer import copy_store  # noqa: E402
+from raykit.converters import convert
+from raykit.scene import render_scene, write_colmap
+from raykit.store.writer import copy_store
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGO = ROOT.parent / "shared" / "data" / "lego_tiny"
 
 
 @pytest.fixture(scope="session")
-def lego() -> dict[str, Any]:
-    """``{"capture": Path, "rays": zarr store path, "images": images-layout path, "wds": WebDataset copy}``."""
+def lego(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``{"capture": Path, "rays": Zarr store, "images": images-layout store, "wds": WebDataset copy}``."""
     if not LEGO.is_dir():
         pytest.skip(f"{LEGO} is missing (shared data)")
-    out = Path(__import__("tempfile").mkdtemp(prefix="raykit-integ-lego-"))
+    out = tmp_path_factory.mktemp("lego")
     convert(LEGO, out / "rays.zarr")
     convert(LEGO, out / "images.zarr", layout="images")
     copy_store(out / "rays.zarr", out / "wds", backend="wds")

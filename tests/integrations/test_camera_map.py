@@ -57,7 +57,9 @@ def test_other_models_are_refused_in_one_line_naming_the_model(model: str) -> No
     if model == "EUCM":
         params = (30.0, 30.0, 16.0, 12.0, 0.5, 1.0)
     camera = Camera(model, 32, 24, params, label="cam.txt")
-    with pytest.raises(CameraError, match=rf"cam.txt: camera model {model} has no nerfstudio equivalent") as info:
+    with pytest.raises(
+        CameraError, match=rf"cam.txt: camera model {model} has no nerfstudio equivalent"
+    ) as info:
         nerfstudio_intrinsics(camera)
     assert "\n" not in str(info.value)
 

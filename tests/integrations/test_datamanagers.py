@@ -10,13 +10,13 @@ import pytest
 import torch
 
 pytest.importorskip("nerfstudio.data.datamanagers.full_images_datamanager")
-from nerfstudio.data.datamanagers.base_datamanager import VanillaDataManagerConfig  # noqa: E402
-from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig  # noqa: E402
-from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig  # noqa: E402
+from nerfstudio.data.datamanagers.base_datamanager import VanillaDataManagerConfig
+from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
 
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig  # noqa: E402
-from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig  # noqa: E402
-from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig  # noqa: E402
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
+from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 
 
 def _shape(value: Any) -> Any:
@@ -33,9 +33,9 @@ def _shape(value: Any) -> Any:
 
 def _rays_manager(store: Path, rays: int = 500) -> Any:
     parser = RaykitDataParserConfig(data=store)
-    return RaykitDataManagerConfig(dataparser=parser, train_num_rays_per_batch=rays, eval_num_rays_per_batch=rays).setup(
-        device="cpu"
-    )
+    return RaykitDataManagerConfig(
+        dataparser=parser, train_num_rays_per_batch=rays, eval_num_rays_per_batch=rays
+    ).setup(device="cpu")
 
 
 @pytest.mark.parametrize("form", ["rays", "images"])
@@ -58,10 +58,14 @@ def test_ray_datamanager_pixels_and_rays_are_the_stores(lego: dict[str, Any]) ->
     c, y, x = batch["indices"].unbind(-1)
     assert torch.equal(batch["image"], image[y, x]) and bool((c == 0).all())
     expected = ours.train_ray_generator(batch["indices"])
-    assert torch.equal(bundle.origins, expected.origins) and torch.equal(bundle.directions, expected.directions)
+    assert torch.equal(bundle.origins, expected.origins) and torch.equal(
+        bundle.directions, expected.directions
+    )
 
 
-def test_ray_datamanager_restored_from_checkpoint_gives_the_same_next_batch(lego: dict[str, Any], tmp_path: Path) -> None:
+def test_ray_datamanager_restored_from_checkpoint_gives_the_same_next_batch(
+    lego: dict[str, Any], tmp_path: Path
+) -> None:
     first = _rays_manager(lego["rays"])
     for step in range(3):
         first.next_train(step)
@@ -71,14 +75,18 @@ def test_ray_datamanager_restored_from_checkpoint_gives_the_same_next_batch(lego
     restored = _rays_manager(lego["rays"])
     restored.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False))
     got = restored.next_train(3)[1], restored.next_eval_image(1)[1]
-    assert torch.equal(got[0]["indices"], expected[0]["indices"]) and torch.equal(got[0]["image"], expected[0]["image"])
+    assert torch.equal(got[0]["indices"], expected[0]["indices"]) and torch.equal(
+        got[0]["image"], expected[0]["image"]
+    )
     assert got[1]["image_idx"] == expected[1]["image_idx"]
 
 
 @pytest.mark.parametrize("image_type", ["float32", "uint8"])
 def test_image_datamanager_matches_full_image_datamanager(lego: dict[str, Any], image_type: str) -> None:
     theirs = FullImageDatamanagerConfig(
-        dataparser=BlenderDataParserConfig(data=lego["capture"]), cache_images="gpu", cache_images_type=image_type
+        dataparser=BlenderDataParserConfig(data=lego["capture"]),
+        cache_images="gpu",  # "cpu" pins memory, which needs an accelerator
+        cache_images_type=image_type,
     ).setup(device="cpu")  # fmt: skip
     ours = RaykitImageDataManagerConfig(
         dataparser=RaykitDataParserConfig(data=lego["images"]), cache_images_type=image_type
@@ -93,7 +101,9 @@ def test_image_datamanager_matches_full_image_datamanager(lego: dict[str, Any], 
 
 
 def test_image_datamanager_undistorts_to_pinhole_cameras(colmap: dict[str, Path]) -> None:
-    ours = RaykitImageDataManagerConfig(dataparser=RaykitDataParserConfig(data=colmap["store"])).setup(device="cpu")
+    ours = RaykitImageDataManagerConfig(dataparser=RaykitDataParserConfig(data=colmap["store"])).setup(
+        device="cpu"
+    )
     camera, data = ours.next_train(0)
     assert not camera.distortion_params.any()
     assert data["image"].shape == (int(camera.height), int(camera.width), 3)
@@ -101,9 +111,13 @@ def test_image_datamanager_undistorts_to_pinhole_cameras(colmap: dict[str, Path]
     assert distorted.distortion_params.any() and float(camera.fx) == pytest.approx(float(distorted.fx))
 
 
-def test_image_datamanager_restored_from_checkpoint_gives_the_same_next_batch(colmap: dict[str, Path]) -> None:
+def test_image_datamanager_restored_from_checkpoint_gives_the_same_next_batch(
+    colmap: dict[str, Path],
+) -> None:
     def manager() -> Any:
-        return RaykitImageDataManagerConfig(dataparser=RaykitDataParserConfig(data=colmap["store"])).setup(device="cpu")
+        return RaykitImageDataManagerConfig(dataparser=RaykitDataParserConfig(data=colmap["store"])).setup(
+            device="cpu"
+        )
 
     first = manager()
     for step in range(3):
@@ -113,4 +127,6 @@ def test_image_datamanager_restored_from_checkpoint_gives_the_same_next_batch(co
     restored = manager()
     restored.load_state_dict(state)
     got = restored.next_train(3)
-    assert got[1]["image_idx"] == expected[1]["image_idx"] and torch.equal(got[1]["image"], expected[1]["image"])
+    assert got[1]["image_idx"] == expected[1]["image_idx"] and torch.equal(
+        got[1]["image"], expected[1]["image"]
+    )

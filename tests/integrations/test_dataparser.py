@@ -49,7 +49,10 @@ def _compare(ours: Any, theirs: Any, store_path: Path, atol: float = 1e-5) -> in
     for i, name in enumerate(ours.metadata["raykit_names"]):
         stem = Path(name).with_suffix("").as_posix()
         (j,) = [k for k, f in enumerate(their_files) if f.endswith("/" + stem)]
-        assert ours.cameras.width[i] == theirs.cameras.width[j] and ours.cameras.height[i] == theirs.cameras.height[j]
+        assert (
+            ours.cameras.width[i] == theirs.cameras.width[j]
+            and ours.cameras.height[i] == theirs.cameras.height[j]
+        )
         o1, d1 = _rays(ours, i)
         o2, d2 = _rays(theirs, j)
         moved_d = torch.nn.functional.normalize(d1 @ to_theirs[:3, :3].T, dim=-1)
@@ -65,7 +68,10 @@ def test_blender_capture_agrees_with_nerfstudio_blender(lego: dict[str, Any], fo
     theirs = ns_parsers.BlenderDataParserConfig(data=lego["capture"]).setup()
     ours = RaykitDataParserConfig(data=lego[form]).setup()
     for split in ("train", "val"):
-        assert _compare(ours.get_dataparser_outputs(split), theirs.get_dataparser_outputs(split), lego[form]) == 1
+        assert (
+            _compare(ours.get_dataparser_outputs(split), theirs.get_dataparser_outputs(split), lego[form])
+            == 1
+        )
     out = ours.get_dataparser_outputs("train")
     assert torch.equal(out.alpha_color, torch.ones(3))
     assert out.cameras.distortion_params.shape == (1, 6) and not out.cameras.distortion_params.any()
@@ -79,7 +85,9 @@ def test_colmap_capture_with_distortion_agrees_with_nerfstudio_colmap(colmap: di
     parser = RaykitDataParserConfig(
         data=colmap["store"], orientation_method="up", center_method="poses", auto_scale_poses=True
     ).setup()
-    n = sum(_compare(parser.get_dataparser_outputs(split), theirs, colmap["store"]) for split in ("train", "test"))
+    n = sum(
+        _compare(parser.get_dataparser_outputs(split), theirs, colmap["store"]) for split in ("train", "test")
+    )
     assert n == len(theirs.image_filenames)
     ours = parser.get_dataparser_outputs("train")
     k1, k2, p1, p2 = open_store(colmap["store"]).table.cameras[0].params[4:]
@@ -97,13 +105,18 @@ def test_nerfstudio_data_capture_agrees_with_nerfstudio_data(ns_data: dict[str, 
     parser = RaykitDataParserConfig(
         data=ns_data["store"], orientation_method="up", center_method="poses", auto_scale_poses=True
     ).setup()
-    n = sum(_compare(parser.get_dataparser_outputs(split), theirs, ns_data["store"]) for split in ("train", "test"))
+    n = sum(
+        _compare(parser.get_dataparser_outputs(split), theirs, ns_data["store"])
+        for split in ("train", "test")
+    )
     assert n == len(theirs.image_filenames)
 
 
 def test_scene_box_and_points_follow_the_parser_frame(colmap: dict[str, Path]) -> None:
     plain = RaykitDataParserConfig(data=colmap["store"]).setup().get_dataparser_outputs("train")
-    scaled = RaykitDataParserConfig(data=colmap["store"], scale_factor=2.0).setup().get_dataparser_outputs("train")
+    scaled = (
+        RaykitDataParserConfig(data=colmap["store"], scale_factor=2.0).setup().get_dataparser_outputs("train")
+    )
     torch.testing.assert_close(scaled.scene_box.aabb, 2 * plain.scene_box.aabb)
     torch.testing.assert_close(scaled.metadata["points3D_xyz"], 2 * plain.metadata["points3D_xyz"])
     store = open_store(colmap["store"])
@@ -142,7 +155,9 @@ def test_not_a_store_is_one_line(tmp_path: Path) -> None:
 
 def test_missing_split_is_one_line(colmap: dict[str, Path]) -> None:
     parser = RaykitDataParserConfig(data=colmap["store"], eval_split="holdout").setup()
-    with pytest.raises(ConfigError, match=r"no split 'holdout' for nerfstudio's 'val' split; the store has") as info:
+    with pytest.raises(
+        ConfigError, match=r"no split 'holdout' for nerfstudio's 'val' split; the store has"
+    ) as info:
         parser.get_dataparser_outputs("val")
     assert "\n" not in str(info.value)
     default = RaykitDataParserConfig(data=colmap["store"]).setup()  # no "val": nerfstudio's val is "test"
@@ -158,7 +173,9 @@ def test_unusable_camera_model_is_one_line(tmp_path: Path) -> None:
     record = ImageRecord("fov.png", "train", camera, np.eye(4), 0.1, 5.0, "mem://fov", _Constant(image))
     write_store(tmp_path / "fov.zarr", [record], scene=SceneInfo())
     before = _listing(tmp_path)
-    with pytest.raises(CameraError, match=r"\(image fov.png\): camera model FOV has no nerfstudio equivalent") as info:
+    with pytest.raises(
+        CameraError, match=r"\(image fov.png\): camera model FOV has no nerfstudio equivalent"
+    ) as info:
         RaykitDataParserConfig(data=tmp_path / "fov.zarr").setup().get_dataparser_outputs("train")
     assert "\n" not in str(info.value) and _listing(tmp_path) == before
 

@@ -38,7 +38,9 @@ def test_points_project_through_K_and_camtoworld_to_their_pixels(store: Path, no
         h, w = data["image"].shape[:2]
         assert data["points"].shape[0] == data["depths"].shape[0] > 0
         # each point seen from the camera: some sparse point lies at depth along the pixel's ray
-        rays = torch.cat([data["points"].double(), torch.ones(len(data["points"]), 1, dtype=torch.float64)], 1)
+        rays = torch.cat(
+            [data["points"].double(), torch.ones(len(data["points"]), 1, dtype=torch.float64)], 1
+        )
         cam = (torch.linalg.inv(K) @ rays.T).T * data["depths"].double()[:, None]
         world = cam @ c2w[:3, :3].T + c2w[:3, 3]
         nearest = torch.cdist(world, torch.from_numpy(parser.points).double()).min(1).values
@@ -84,7 +86,9 @@ def test_normalisation_is_gsplats(store: Path) -> None:
 
 
 def test_missing_split_is_one_line(store: Path) -> None:
-    with pytest.raises(ConfigError, match=r"gsplat adapter: .*no split 'holdout'; the store has \['test', 'train'\]"):
+    with pytest.raises(
+        ConfigError, match=r"gsplat adapter: .*no split 'holdout'; the store has \['test', 'train'\]"
+    ):
         Dataset(Parser(str(store)), "holdout")
 
 

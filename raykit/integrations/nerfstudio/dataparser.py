@@ -185,5 +185,5 @@ class RaykitDataParser(DataParser):
 
 raykit_dataparser = DataParserSpecification(
     config=RaykitDataParserConfig(),
-    description="a raykit store (raykit convert output): cameras, splits, bounds, sparse points; pixels from the store",
+    description="a raykit store (raykit convert output); cameras, splits, bounds, points and pixels from it",
 )

@@ -22,7 +22,8 @@ from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManag
 
 from raykit.image_geometry import pinhole_camera
 from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets, uint8_colours
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
+from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.loaders import ImageBatch, ImageLoader
 
 __all__ = ["RaykitImageDataManager", "RaykitImageDataManagerConfig"]
@@ -67,6 +68,9 @@ class RaykitImageDataManager(DataManager):
     """See the module docstring; the constructor's arguments are nerfstudio's."""
 
     config: RaykitImageDataManagerConfig
+    dataparser: RaykitDataParser
+    train_dataset: RaykitDataset
+    eval_dataset: RaykitDataset
 
     def __init__(
         self,

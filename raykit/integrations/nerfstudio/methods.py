@@ -16,7 +16,10 @@ __all__ = ["METHODS", "method_spec"]
 # method name -> (stock nerfstudio method it copies, description)
 METHODS: dict[str, tuple[str, str]] = {
     "nerfacto-raykit": ("nerfacto", "nerfacto with rays from raykit's RayLoader (a raykit store as --data)"),
-    "splatfacto-raykit": ("splatfacto", "splatfacto with images from raykit's ImageLoader (a raykit store as --data)"),
+    "splatfacto-raykit": (
+        "splatfacto",
+        "splatfacto with images from raykit's ImageLoader (a raykit store as --data)",
+    ),
 }
 _ATTRIBUTES = {"nerfacto_raykit": "nerfacto-raykit", "splatfacto_raykit": "splatfacto-raykit"}
 
@@ -31,9 +34,9 @@ def method_spec(name: str) -> Any:
     from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 
     stock, description = METHODS[name]
-    config = copy.deepcopy(method_configs[stock])
+    config: Any = copy.deepcopy(method_configs[stock])
     config.method_name = name
-    old = config.pipeline.datamanager
+    old: Any = config.pipeline.datamanager
     parser = RaykitDataParserConfig(load_3D_points=True)
     if stock == "nerfacto":
         config.pipeline.datamanager = RaykitDataManagerConfig(

@@ -20,7 +20,8 @@ from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
 from nerfstudio.model_components.ray_generators import RayGenerator
 
 from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
+from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.loaders import RayLoader
 from raykit.store import RawRays
 
@@ -77,6 +78,9 @@ class RaykitDataManager(DataManager):
     """See the module docstring; the constructor's arguments are nerfstudio's."""
 
     config: RaykitDataManagerConfig
+    dataparser: RaykitDataParser
+    train_dataset: RaykitDataset
+    eval_dataset: RaykitDataset
 
     def __init__(
         self,
@@ -110,7 +114,8 @@ class RaykitDataManager(DataManager):
 
     def setup_eval(self) -> None:
         n_rays = self.dataparser.store.splits[self.eval_dataset.metadata["raykit_split"]].n_rays
-        self.eval_loader = self._loader(self.eval_dataset, min(self.config.eval_num_rays_per_batch, n_rays))
+        self.eval_rays_per_batch = min(self.config.eval_num_rays_per_batch, n_rays)
+        self.eval_loader = self._loader(self.eval_dataset, self.eval_rays_per_batch)
         self._eval_stream: Any = None
         self.eval_ray_generator = RayGenerator(self.eval_dataset.cameras.to(self.device))
         self.fixed_indices_eval_dataloader = FixedIndicesEvalDataloader(self.eval_dataset, device=self.device)
@@ -144,7 +149,7 @@ class RaykitDataManager(DataManager):
         return self.config.train_num_rays_per_batch
 
     def get_eval_rays_per_batch(self) -> int:
-        return int(self.eval_loader.batch_size)
+        return self.eval_rays_per_batch
 
     def get_datapath(self) -> Any:
         return self.config.dataparser.data
