@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine  # noqa: E402
+import machine
 
 CASES = ("vanilla", "raykit-rays", "full-image", "raykit-images", "raykit-images-quarter")
 
