@@ -130,3 +130,13 @@ def test_image_datamanager_restored_from_checkpoint_gives_the_same_next_batch(
     assert got[1]["image_idx"] == expected[1]["image_idx"] and torch.equal(
         got[1]["image"], expected[1]["image"]
     )
+
+
+def test_inference_mode_loads_a_training_checkpoint(lego: dict[str, Any]) -> None:
+    """ns-render and the viewer build the datamanager in "inference" mode (no loaders) and load the
+    checkpoint's pipeline state into it."""
+    state = _rays_manager(lego["rays"]).state_dict()
+    parser = RaykitDataParserConfig(data=lego["rays"])
+    viewer = RaykitDataManagerConfig(dataparser=parser).setup(device="cpu", test_mode="inference")
+    viewer.load_state_dict(state)
+    assert viewer.state_dict()["_extra_state"] == {} and len(viewer.train_dataset) == 1

@@ -158,7 +158,10 @@ class RaykitDataManager(DataManager):
         return {}
 
     def get_extra_state(self) -> dict[str, Any]:
-        """The loaders' positions (JSON-able), saved in the pipeline's ``state_dict``."""
+        """The loaders' positions (JSON-able), saved in the pipeline's ``state_dict``; empty in
+        nerfstudio's "inference" mode (ns-render, the viewer), which sets up no loader."""
+        if not hasattr(self, "train_loader"):
+            return {}
         return {
             "train": self.train_loader.state_dict(),
             "eval": self.eval_loader.state_dict(),
@@ -166,6 +169,8 @@ class RaykitDataManager(DataManager):
         }
 
     def set_extra_state(self, state: Any) -> None:
+        if not state or not hasattr(self, "train_loader"):  # inference mode: nothing to continue
+            return
         self.train_loader.load_state_dict(state["train"])
         self.eval_loader.load_state_dict(state["eval"])
         self.eval_image_draws = int(state["eval_image_draws"])
