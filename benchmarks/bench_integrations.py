@@ -12,7 +12,7 @@ in its own subprocess so that its peak RSS (``ru_maxrss``) is its own, CPU, seed
   ``RaykitImageDataManager`` (images store, ``ImageLoader``): images/s, first batch, peak RSS;
 * ``raykit-images-quarter``: the raykit one with ``cache_bytes`` a quarter of the decoded capture.
 
-    flock /tmp/raykit-timing.lock python benchmarks/bench_integrations.py --size small
+    python benchmarks/bench_integrations.py --size small            # under the timing lock
     python benchmarks/bench_integrations.py --markdown benchmarks/results/integrations.json
 """
 
