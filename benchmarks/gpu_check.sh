@@ -6,7 +6,9 @@
 # Packages the GPU image lacks travel as wheels in .whl/ (made here by `bash benchmarks/gpu_wheels.sh`);
 # they are installed into /tmp/site first. Results: OUT_DIR/gpu_tests.xml (pytest -m gpu),
 # OUT_DIR/loader_cuda.json (benchmarks/bench_loader.py --cuda), OUT_DIR/trainer_cuda.json
-# (benchmarks/bench_trainer.py on device=cuda, 60 s per sampler) and OUT_DIR/gpu_check.log.
+# (benchmarks/bench_trainer.py on device=cuda, 60 s per sampler), OUT_DIR/ns_runs.log (ns-train with the
+# raykit plugin beside the stock methods, benchmarks/gpu_nerfstudio.sh; skipped without a full nerfstudio)
+# and OUT_DIR/gpu_check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-benchmarks/results}}"
@@ -39,4 +41,5 @@ step "CUDA tests" 150 "$py" -m pytest -q -m gpu -p no:cacheprovider --junitxml="
 step "loader benchmark (CUDA)" 120 "$py" benchmarks/bench_loader.py --cuda --size small --out "$out/loader_cuda.json"
 step "trainer benchmark (CUDA)" 200 "$py" benchmarks/bench_trainer.py --budget 60 --progress-points 4 \
   --set device=cuda --work /tmp/raykit-gpu-trainer --out "$out/trainer_cuda.json"
+step "nerfstudio plugin (issue 28; up to 10 more minutes)" 600 bash benchmarks/gpu_nerfstudio.sh "$out" 300
 exit $status

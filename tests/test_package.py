@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store",),
     ("converters", "loaders"),
     ("profiling",),
-    ("trainer",),
+    ("trainer", "integrations"),
     ("pipeline",),
     ("demo", "cli"),
     ("__main__",),

@@ -1,0 +1,201 @@
+"""A raykit store in place of gsplat's COLMAP ``Parser`` and ``Dataset`` (``examples/simple_trainer.py``).
+
+``Parser(store)`` has what the trainer reads from gsplat's parser: ``camtoworlds`` (I, 4, 4) OpenCV,
+``camera_ids``, ``image_names``, ``Ks_dict`` / ``imsize_dict`` / ``params_dict`` / ``mask_dict`` per
+camera id, ``points`` (P, 3) float32, ``points_rgb`` (P, 3) uint8, ``points_err`` (P,),
+``scene_scale`` (largest camera distance from the cameras' mean) and ``transform`` (4, 4), the
+world normalisation applied (identity unless ``normalize=True``, which applies gsplat's: cameras
+rotated so that their mean up is +z, centred on the median of the points nearest to the optical
+axes, scaled by the median camera distance, then the points' principal axes). Images are served
+undistorted to their pinhole cameras (same size, focal lengths and principal point), so
+``params_dict`` holds empty arrays, as gsplat's does for pinhole captures.
+
+``Dataset(parser, split)`` returns gsplat's items: ``K`` float32 (3, 3), ``camtoworld`` float32
+(4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id`` and, with ``load_depths``, ``points``
+(M, 2) pixel coordinates and ``depths`` (M,) camera-frame z of the sparse points that project into
+the image in front of the camera (the store keeps no per-image tracks, so points are selected by
+projection, not by observation). ``patch_size`` gives seeded random crops. Its ``loader()`` is the
+same split as a :class:`raykit.loaders.ImageLoader` (workers, byte-budgeted cache, seeded order and
+crops, exact resume) for loops that iterate instead of indexing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from raykit.errors import ConfigError
+from raykit.image_geometry import RemapTable, pinhole_camera
+from raykit.loaders import ImageLoader
+from raykit.store import RayStore, open_store
+
+__all__ = ["Dataset", "Parser", "align_principal_axes", "similarity_from_cameras"]
+
+
+def similarity_from_cameras(c2w: np.ndarray) -> np.ndarray:
+    """(I, 4, 4) OpenCV camera-to-world -> (4, 4) similarity: mean camera up (-y) to +z, centre at the
+    median of each optical axis's point nearest to the origin, scale 1 / median camera distance."""
+    rotations, centres = c2w[:, :3, :3], c2w[:, :3, 3]
+    up = -rotations[:, :, 1].mean(0)
+    up /= np.linalg.norm(up)
+    align = _rotation_onto(up, np.array([0.0, 0.0, 1.0]))
+    forwards = (align @ rotations)[:, :, 2]
+    centres = centres @ align.T
+    nearest = centres - (forwards * centres).sum(-1, keepdims=True) * forwards
+    shift = -np.median(nearest, axis=0)
+    transform = np.eye(4)
+    transform[:3, :3], transform[:3, 3] = align, shift
+    transform[:3, :] /= np.median(np.linalg.norm(centres + shift, axis=-1))
+    return transform
+
+
+def _rotation_onto(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(3, 3) rotation taking unit vector ``a`` to unit vector ``b`` (half-turn about x if opposite)."""
+    cross, cos = np.cross(a, b), float(a @ b)
+    if cos <= -1.0 + 1e-12:
+        return np.diag([1.0, -1.0, -1.0])
+    skew = np.array([[0.0, -cross[2], cross[1]], [cross[2], 0.0, -cross[0]], [-cross[1], cross[0], 0.0]])
+    return np.eye(3) + skew + skew @ skew / (1.0 + cos)
+
+
+def align_principal_axes(points: np.ndarray) -> np.ndarray:
+    """(P, 3) -> (4, 4) rigid transform: median to the origin, principal axes to x, y, z (largest first)."""
+    centre = np.median(points, axis=0)
+    values, vectors = np.linalg.eigh(np.cov(points - centre, rowvar=False))
+    vectors = vectors[:, np.argsort(values)[::-1]]
+    if np.linalg.det(vectors) < 0:
+        vectors[:, 0] *= -1
+    transform = np.eye(4)
+    transform[:3, :3], transform[:3, 3] = vectors.T, -vectors.T @ centre
+    return transform
+
+
+def _moved_cameras(transform: np.ndarray, c2w: np.ndarray) -> np.ndarray:
+    """(4, 4) similarity applied to (I, 4, 4) camera-to-world, rotations renormalised."""
+    moved = transform @ c2w
+    moved[:, :3, :3] /= np.linalg.norm(moved[:, :3, 0], axis=-1)[:, None, None]
+    return moved
+
+
+class Parser:
+    """gsplat's parser attributes for every image of a raykit store (see the module docstring)."""
+
+    def __init__(self, store: RayStore | str, normalize: bool = False) -> None:
+        self.store = open_store(store) if isinstance(store, str) else store
+        table = self.store.table
+        self.image_names: list[str] = list(table.names)
+        self.splits: list[str] = list(table.splits)
+        self.camera_ids: list[int] = [int(i) for i in table.camera_index]
+        self.pinholes = {i: pinhole_camera(camera) for i, camera in enumerate(table.cameras)}
+        self.Ks_dict = {i: np.asarray(cam.K(), dtype=np.float64) for i, cam in self.pinholes.items()}
+        self.imsize_dict = {i: (cam.width, cam.height) for i, cam in self.pinholes.items()}
+        self.params_dict = {i: np.empty(0, dtype=np.float32) for i in self.pinholes}
+        self.mask_dict: dict[int, np.ndarray | None] = dict.fromkeys(self.pinholes)
+        c2w = table.c2w.astype(np.float64)
+        points = self.store.sparse_points()
+        xyz = np.zeros((0, 3)) if points is None else points.xyz.astype(np.float64)
+        self.transform = np.eye(4)
+        if normalize:
+            first = similarity_from_cameras(c2w)
+            c2w, xyz = _moved_cameras(first, c2w), xyz @ first[:3, :3].T + first[:3, 3]
+            second = align_principal_axes(xyz) if len(xyz) >= 4 else np.eye(4)
+            c2w, xyz = _moved_cameras(second, c2w), xyz @ second[:3, :3].T + second[:3, 3]
+            self.transform = second @ first
+        self.camtoworlds = c2w
+        self.points = xyz.astype(np.float32)
+        self.points_rgb = np.zeros((0, 3), np.uint8) if points is None else points.rgb.astype(np.uint8)
+        self.points_err = np.zeros(0, np.float32) if points is None else points.error.astype(np.float32)
+        centres = c2w[:, :3, 3]
+        self.scene_scale = float(np.max(np.linalg.norm(centres - centres.mean(0), axis=1)))
+
+    def split_indices(self, split: str) -> np.ndarray:
+        """(n,) int64 rows of ``split`` ("val" falls back to "test" and back); ConfigError when absent."""
+        names = sorted(set(self.splits))
+        for name in [split, {"val": "test", "test": "val"}.get(split, split)]:
+            if name in names:
+                return np.flatnonzero(np.asarray(self.splits) == name)
+        raise ConfigError(f"gsplat adapter: {self.store.url}: no split {split!r}; the store has {names}")
+
+
+class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
+    """gsplat's ``Dataset`` items for one split of a :class:`Parser` (see the module docstring)."""
+
+    def __init__(
+        self, parser: Parser, split: str = "train", patch_size: int | None = None, load_depths: bool = False,
+        seed: int = 0,
+    ) -> None:  # fmt: skip
+        self.parser, self.split, self.patch_size, self.load_depths, self.seed = (
+            parser,
+            split,
+            patch_size,
+            load_depths,
+            seed,
+        )
+        self.indices = parser.split_indices(split)
+        self._tables: dict[int, RemapTable | None] = {}
+        self._draws = np.zeros(len(self.indices), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _pixels(self, index: int) -> np.ndarray:
+        """(H, W, 3) uint8 undistorted pixels of store row ``index``."""
+        parser = self.parser
+        camera_id = parser.camera_ids[index]
+        if camera_id not in self._tables:
+            camera = parser.store.table.cameras[camera_id]
+            self._tables[camera_id] = None if camera.is_pinhole else RemapTable.undistort(camera)[0]
+        image = parser.store.read_image(parser.image_names[index])[..., :3]
+        table = self._tables[camera_id]
+        return image if table is None else table.apply(np.ascontiguousarray(image))
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        index = int(self.indices[item])
+        image = self._pixels(index)
+        K = self.parser.Ks_dict[self.parser.camera_ids[index]].copy()
+        if self.patch_size is not None:
+            rng = np.random.default_rng([self.seed, item, int(self._draws[item])])
+            self._draws[item] += 1
+            h, w = image.shape[:2]
+            x, y = (
+                int(rng.integers(max(w - self.patch_size, 1))),
+                int(rng.integers(max(h - self.patch_size, 1))),
+            )
+            image = image[y : y + self.patch_size, x : x + self.patch_size]
+            K[0, 2] -= x
+            K[1, 2] -= y
+        c2w = self.parser.camtoworlds[index]
+        data: dict[str, Any] = {
+            "K": torch.from_numpy(K).float(),
+            "camtoworld": torch.from_numpy(c2w).float(),
+            "image": torch.from_numpy(np.ascontiguousarray(image)).float(),
+            "image_id": item,
+        }
+        if self.load_depths:
+            points, depths = self._projected(K, c2w, image.shape[1], image.shape[0])
+            data["points"], data["depths"] = (
+                torch.from_numpy(points).float(),
+                torch.from_numpy(depths).float(),
+            )
+        return data
+
+    def _projected(
+        self, K: np.ndarray, c2w: np.ndarray, width: int, height: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Sparse points in front of the camera and inside the image: (M, 2) pixels, (M,) depths."""
+        w2c = np.linalg.inv(c2w)
+        cam = self.parser.points.astype(np.float64) @ w2c[:3, :3].T + w2c[:3, 3]
+        proj = cam @ K.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            xy = proj[:, :2] / proj[:, 2:3]
+        keep = (cam[:, 2] > 0) & (xy[:, 0] >= 0) & (xy[:, 0] < width) & (xy[:, 1] >= 0) & (xy[:, 1] < height)
+        return xy[keep], cam[keep, 2]
+
+    def loader(self, **options: Any) -> ImageLoader:
+        """This split as an ``ImageLoader`` (undistorted; ``patch_size`` crops); ``options`` go to it.
+        Its batches hold cameras in the store's world, not in the parser's normalised frame."""
+        crop = None if self.patch_size is None else (self.patch_size, self.patch_size)
+        split = self.parser.splits[int(self.indices[0])]
+        return ImageLoader(self.parser.store, split, undistort=True, crop=crop, seed=self.seed, **options)

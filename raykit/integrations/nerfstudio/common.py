@@ -1,0 +1,71 @@
+"""What both raykit datamanagers share: the parser's outputs, datasets, and colours as nerfstudio's
+``InputDataset`` computes them (so batches equal those of nerfstudio's own datamanagers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raykit.errors import ConfigError
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
+from raykit.integrations.nerfstudio.dataset import RaykitDataset
+
+__all__ = ["DatasetRows", "float_colours", "setup_datasets", "uint8_colours"]
+
+
+def setup_datasets(manager: Any, config: Any, test_mode: str) -> None:
+    """Sets ``manager``'s dataparser, ``train_dataparser_outputs``, ``train_dataset`` and
+    ``eval_dataset`` (:class:`RaykitDataset`) as nerfstudio's datamanagers do."""
+    if not isinstance(config.dataparser, RaykitDataParserConfig):
+        raise ConfigError(
+            f"raykit datamanager: expected the raykit-data dataparser, got {type(config.dataparser).__name__}"
+        )
+    if config.data is not None:
+        config.dataparser.data = Path(config.data)
+    else:
+        config.data = config.dataparser.data
+    manager.test_mode = test_mode
+    manager.test_split = "test" if test_mode in ("test", "inference") else "val"
+    manager.dataparser_config = config.dataparser
+    manager.dataparser = config.dataparser.setup()
+    manager.includes_time = False
+    manager.train_dataparser_outputs = manager.dataparser.get_dataparser_outputs(split="train")
+    manager.train_dataset = RaykitDataset(manager.train_dataparser_outputs)
+    manager.eval_dataset = RaykitDataset(manager.dataparser.get_dataparser_outputs(split=manager.test_split))
+    manager.exclude_batch_keys_from_device = list(manager.train_dataset.exclude_batch_keys_from_device)
+
+
+class DatasetRows:
+    """Store camera-table rows -> positions in one split's dataset (nerfstudio's camera indices)."""
+
+    def __init__(self, parser: RaykitDataParser, dataset: RaykitDataset) -> None:
+        self.split = dataset.metadata["raykit_split"]
+        table = parser.store.table
+        rows = np.flatnonzero(np.asarray(table.splits) == self.split)
+        self.lookup = np.full(len(table.names), -1, dtype=np.int64)
+        self.lookup[rows] = np.arange(len(rows))
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        """(N,) store rows -> (N,) int64 dataset indices."""
+        return self.lookup[rows]
+
+
+def float_colours(rgba: torch.Tensor, alpha_color: torch.Tensor | None) -> torch.Tensor:
+    """(..., C) uint8 -> (..., 3|C) float32 exactly as ``InputDataset.get_image_float32``."""
+    image = rgba.to(torch.float32) / 255.0
+    if alpha_color is not None and image.shape[-1] == 4:
+        alpha = image[..., -1:]
+        image = image[..., :3] * alpha + alpha_color.to(image.device) * (1.0 - alpha)
+    return image
+
+
+def uint8_colours(rgba: torch.Tensor, alpha_color: torch.Tensor | None) -> torch.Tensor:
+    """(..., C) uint8 -> (..., 3|C) uint8 exactly as ``InputDataset.get_image_uint8``."""
+    if alpha_color is None or rgba.shape[-1] != 4:
+        return rgba
+    alpha = rgba[..., -1:] / 255.0
+    image = rgba[..., :3] * alpha + 255.0 * alpha_color.to(rgba.device) * (1.0 - alpha)
+    return torch.clamp(image, min=0, max=255).to(torch.uint8)

@@ -1,0 +1,170 @@
+"""``RaykitImageDataManager``: nerfstudio's full-image datamanager contract (``FullImageDatamanager``'s)
+served by ``ImageLoader``: a byte-budgeted uint8 cache instead of every image held in memory,
+undistortion to pinhole cameras computed once per camera, a seeded order and exact resume.
+
+``next_train`` returns ``(Cameras (1,) on the device, {"image_idx": int, "image": (H, W, 3|4) on the
+device})`` with ``image`` uint8 or float32 as ``cache_images_type`` says and the camera's
+``metadata["cam_idx"]``; ``next_eval`` / ``next_eval_image`` the same from the evaluation split;
+``fixed_indices_eval_dataloader`` every evaluation image in order. Undistorted images keep their size,
+focal lengths and principal point (``raykit.image_geometry.pinhole_camera``); nerfstudio's own crops
+to the valid region instead.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from nerfstudio.cameras.cameras import Cameras, CameraType
+from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
+
+from raykit.image_geometry import pinhole_camera
+from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets, uint8_colours
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
+from raykit.integrations.nerfstudio.dataset import RaykitDataset
+from raykit.loaders import ImageBatch, ImageLoader
+
+__all__ = ["RaykitImageDataManager", "RaykitImageDataManagerConfig"]
+
+
+@dataclass
+class RaykitImageDataManagerConfig(DataManagerConfig):
+    """Whole images for full-image methods (splatfacto) from raykit's ``ImageLoader``."""
+
+    _target: type = field(default_factory=lambda: RaykitImageDataManager)
+    dataparser: RaykitDataParserConfig = field(default_factory=RaykitDataParserConfig)
+    cache_images_type: Literal["uint8", "float32"] = "float32"
+    """The image type returned (as nerfstudio's option of that name)."""
+    cache_bytes: int = 2 << 30
+    """Budget of the decoded uint8 image cache (per split)."""
+    undistort: bool = True
+    """Resample distorted images to pinhole cameras (splatting rasterises pinhole cameras)."""
+    seed: int = 0
+    """Seed of the image order."""
+    num_workers: int = 0
+    """Loader worker processes reading (and undistorting) images."""
+
+
+def served_cameras(dataset: Any, undistort: bool) -> Cameras:
+    """The dataset's cameras as the loader's images show them: pinhole (no distortion) when undistorted."""
+    cameras = deepcopy(dataset.cameras)
+    if not undistort:
+        return cameras
+    store = dataset.store
+    table = store.table
+    for i, name in enumerate(dataset.names):
+        pinhole = pinhole_camera(table.cameras[table.camera_index[store.image_index(name)]])
+        fx, fy, cx, cy = pinhole.params
+        cameras.fx[i], cameras.fy[i], cameras.cx[i], cameras.cy[i] = fx, fy, cx, cy
+    if cameras.distortion_params is not None:
+        cameras.distortion_params.zero_()
+    cameras.camera_type.fill_(CameraType.PERSPECTIVE.value)
+    return cameras
+
+
+class RaykitImageDataManager(DataManager):
+    """See the module docstring; the constructor's arguments are nerfstudio's."""
+
+    config: RaykitImageDataManagerConfig
+    dataparser: RaykitDataParser
+    train_dataset: RaykitDataset
+    eval_dataset: RaykitDataset
+
+    def __init__(
+        self,
+        config: RaykitImageDataManagerConfig,
+        device: torch.device | str = "cpu",
+        test_mode: Literal["test", "val", "inference"] = "val",
+        world_size: int = 1,
+        local_rank: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        self.config, self.device = config, device
+        self.world_size, self.local_rank = world_size, local_rank
+        self.sampler = None
+        setup_datasets(self, config, test_mode)
+        self.train_cameras = served_cameras(self.train_dataset, config.undistort)
+        self.eval_cameras = served_cameras(self.eval_dataset, config.undistort)
+        self.train_rows = DatasetRows(self.dataparser, self.train_dataset)
+        self.eval_rows = DatasetRows(self.dataparser, self.eval_dataset)
+        self.train_loader = self._loader(self.train_rows.split, shuffle=True)
+        self.eval_loader = self._loader(self.eval_rows.split, shuffle=True)
+        self._train_stream: Any = None
+        self._eval_stream: Any = None
+        super().__init__()
+
+    def _loader(self, split: str, shuffle: bool) -> ImageLoader:
+        return ImageLoader(
+            self.dataparser.store, split, 1, self.config.seed, shuffle=shuffle, device=self.device,
+            num_workers=self.config.num_workers, cache_bytes=self.config.cache_bytes,
+            rank=self.local_rank, world_size=self.world_size, undistort=self.config.undistort,
+        )  # fmt: skip
+
+    def _item(self, batch: ImageBatch, which: str) -> tuple[Cameras, dict[str, Any]]:
+        """One loader batch -> nerfstudio's ``(camera, data)``."""
+        rows, cameras = getattr(self, f"{which}_rows"), getattr(self, f"{which}_cameras")
+        dataset = getattr(self, f"{which}_dataset")
+        index = int(rows(batch.image.cpu().numpy())[0])
+        rgba = (batch.images[0] * 255.0).round().to(torch.uint8)
+        if batch.alpha is not None:
+            rgba = torch.cat([rgba, (batch.alpha[0, ..., None] * 255.0).round().to(torch.uint8)], -1)
+        alpha_color = dataset._dataparser_outputs.alpha_color
+        if self.config.cache_images_type == "uint8":
+            image = uint8_colours(rgba, alpha_color)
+        else:
+            image = float_colours(rgba, alpha_color)
+        data: dict[str, Any] = {"image_idx": index, "image": image.to(self.device)}
+        if dataset.metadata.get("raykit_alpha_as_mask"):
+            data["mask"] = (rgba[..., 3:] > 0).to(self.device)
+        camera = cameras[index : index + 1].to(self.device)
+        camera.metadata = {"cam_idx": index} if which == "train" else camera.metadata
+        return camera, data
+
+    def _next(self, which: str) -> tuple[Cameras, dict[str, Any]]:
+        if getattr(self, f"_{which}_stream") is None:
+            setattr(self, f"_{which}_stream", getattr(self, f"{which}_loader").forever())
+        return self._item(next(getattr(self, f"_{which}_stream")), which)
+
+    def next_train(self, step: int) -> tuple[Cameras, dict[str, Any]]:
+        self.train_count += 1
+        return self._next("train")
+
+    def next_eval(self, step: int) -> tuple[Cameras, dict[str, Any]]:
+        return self.next_eval_image(step)
+
+    def next_eval_image(self, step: int) -> tuple[Cameras, dict[str, Any]]:
+        self.eval_count += 1
+        return self._next("eval")
+
+    @property
+    def fixed_indices_eval_dataloader(self) -> list[tuple[Cameras, dict[str, Any]]]:
+        """Every evaluation image, in order (one pass of an unshuffled loader)."""
+        with self._loader(self.eval_rows.split, shuffle=False) as loader:
+            return [self._item(batch, "eval") for batch in loader]
+
+    def setup_train(self) -> None:
+        """Nothing to set up: the loaders start on the first batch."""
+
+    def setup_eval(self) -> None:
+        """Nothing to set up: the loaders start on the first batch."""
+
+    def get_train_rays_per_batch(self) -> int:
+        camera = self.train_cameras[0]
+        return int(camera.width.item() * camera.height.item())
+
+    def get_datapath(self) -> Any:
+        return self.config.dataparser.data
+
+    def get_param_groups(self) -> dict[str, list[Any]]:
+        return {}
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The loaders' positions (JSON-able), saved in the pipeline's ``state_dict``."""
+        return {"train": self.train_loader.state_dict(), "eval": self.eval_loader.state_dict()}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.train_loader.load_state_dict(state["train"])
+        self.eval_loader.load_state_dict(state["eval"])
+        self._train_stream = self._eval_stream = None
