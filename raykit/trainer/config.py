@@ -16,9 +16,31 @@ from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 
-__all__ = ["LOGGERS", "SAMPLERS", "SCENE_SPACES", "TrainConfig", "add_arguments", "from_args"]
+__all__ = [
+    "AUTO_SAMPLERS",
+    "LOGGERS",
+    "SAMPLERS",
+    "SAMPLER_CHOICES",
+    "SCENE_SPACES",
+    "TrainConfig",
+    "add_arguments",
+    "from_args",
+    "resolve_sampler",
+]
 
 SAMPLERS = ("stratified", "hierarchical", "occupancy", "proposal")
+"""The four sampling strategies (``--sampler auto`` picks one of them per scene space)."""
+SAMPLER_CHOICES = ("auto", *SAMPLERS)
+AUTO_SAMPLERS = {
+    "box": ("occupancy", "bounded scene: the occupancy grid over the scene box skips empty space"),
+    "contract": (
+        "proposal",
+        "contracted (unbounded) scene: proposal networks place 24 field samples per ray where the "
+        "surfaces are (benchmarks/bench_real.py: the best of the four at equal time)",
+    ),
+    "ndc": ("proposal", "forward-facing scene in NDC: proposal networks, as for contracted scenes"),
+}
+"""Scene space -> (sampler, reason) for ``--sampler auto``."""
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
 LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
@@ -35,7 +57,12 @@ class TrainConfig:
 
     store: str = _opt("", "ray store path or URL")
     out: str = _opt("", "run directory (created; holds config, logs, checkpoints, eval.json, renders)")
-    sampler: str = _opt("occupancy", "sampling strategy along rays", choices=SAMPLERS)
+    sampler: str = _opt(
+        "auto",
+        "sampling strategy along rays; auto picks per scene space (occupancy in a box, proposal when "
+        "contracted or in NDC) and records the choice in config.json and why in run.json",
+        choices=SAMPLER_CHOICES,
+    )
     steps: int = _opt(5000, "optimisation steps (upper bound when --max-seconds is given)")
     max_seconds: float | None = _opt(None, "training time budget in seconds; training stops, then evaluates")
     batch_size: int = _opt(
@@ -106,8 +133,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.sampler not in SAMPLERS:
-            problems.append(f"sampler: expected one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.sampler not in SAMPLER_CHOICES:
+            problems.append(f"sampler: expected one of {', '.join(SAMPLER_CHOICES)}, got {self.sampler!r}")
         if self.scene_space not in SCENE_SPACES:
             problems.append(
                 f"scene_space: expected one of {', '.join(SCENE_SPACES)}, got {self.scene_space!r}"
@@ -158,6 +185,18 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def resolve_sampler(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """``config`` with ``sampler`` resolved (``auto`` -> :data:`AUTO_SAMPLERS` of its scene space), and why.
+
+    The scene space should be resolved first (``auto`` counts as ``box``, as the models do).
+    """
+    if config.sampler != "auto":
+        return config, "chosen with --sampler"
+    space = "box" if config.scene_space == "auto" else config.scene_space
+    sampler, reason = AUTO_SAMPLERS[space]
+    return config.replace(sampler=sampler), f"--sampler auto, scene space {space}: {reason}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

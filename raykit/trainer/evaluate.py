@@ -25,7 +25,7 @@ from raykit.errors import ResumeError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.rays import RayBatch
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.metrics import psnr, ssim
 from raykit.trainer.occupancy import OccupancyGrid
@@ -54,6 +54,7 @@ def build_models(
     ``ndc_frame`` is the NDC reference camera of a field in scene space ``ndc``.
     """
     space = "box" if config.scene_space == "auto" else config.scene_space
+    config = resolve_sampler(config)[0]
     field = RadianceField(
         aabb,
         levels=config.levels,

@@ -38,7 +38,7 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -107,6 +107,7 @@ class _Run:
     tensorboard: TensorBoardLog | None
     progress_step: int = -1
     space: dict[str, Any] = field(default_factory=dict)
+    sampler: dict[str, Any] = field(default_factory=dict)  # run.json's "sampler": the choice and why
     budget: SampleBudget | None = None
 
 
@@ -199,6 +200,7 @@ def _setup(config: TrainConfig) -> _Run:
     store = open_store(config.store)
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
+    config, sampler_reason = resolve_sampler(config)
     field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
     budget = None
     if config.samples_per_step is not None:
@@ -239,6 +241,7 @@ def _setup(config: TrainConfig) -> _Run:
             config.log_image_every_s,
         ),
         space=space.describe(),
+        sampler={"name": config.sampler, "reason": sampler_reason},
         budget=budget,
     )
 
@@ -426,7 +429,8 @@ def _start(run: _Run) -> TrainState:
             "or choose another --out"
         )
     if run.procs.is_main:
-        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space)
+        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space,
+                    run.sampler)  # fmt: skip
     return TrainState()
 
 
@@ -438,6 +442,7 @@ def _record_run(
     device: torch.device,
     procs: Processes,
     space: dict[str, Any] | None = None,
+    sampler: dict[str, Any] | None = None,
 ) -> None:
     """config.json and run.json: everything needed to reproduce the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -454,6 +459,7 @@ def _record_run(
             "aabb": aabb.tolist(),
             "environment": environment(device, procs),
             "scene_space": space or {},
+            "sampler": sampler or {"name": config.sampler, "reason": ""},
         },
     )
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from raykit.rays import RayBatch
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.proposal import ProposalNetworks, proposal_samples
@@ -84,6 +84,8 @@ def _sample(
     step: int,
     generator: torch.Generator | None,
 ) -> Samples:
+    if config.sampler == "auto":  # resolved by train(); here for direct callers
+        config = resolve_sampler(config.replace(scene_space=field.space))[0]
     rays_o, rays_d, t0, t1 = frame.origins, frame.directions, frame.s0, frame.s1
     contracted = frame.scale > 0
     uniform = uniform_fraction(step, config.hier_anneal_steps, config.hier_uniform)

@@ -131,6 +131,27 @@ def test_unbounded_store_picks_contraction_and_renders_back(
     assert again == pytest.approx(trained, abs=1e-6)  # the sampler state came back from the checkpoint
 
 
+def test_sampler_auto_follows_the_scene_space(
+    unbounded_store: Path, tiny_store: Path, tmp_path: Path
+) -> None:
+    """The default ``--sampler auto`` picks per scene space; the choice is in config.json, why in run.json."""
+    assert TrainConfig().sampler == "auto"
+    for store, space, sampler in (
+        (unbounded_store, "contract", "proposal"),
+        (tiny_store, "box", "occupancy"),
+    ):
+        run = train(_config(store, tmp_path / space, steps=2))
+        config = json.loads((run / "config.json").read_text())
+        assert (config["scene_space"], config["sampler"]) == (space, sampler)
+        choice = json.loads((run / "run.json").read_text())["sampler"]
+        assert choice["name"] == sampler and f"scene space {space}" in choice["reason"]
+        assert (run / "eval.json").exists()
+    run = train(_config(unbounded_store, tmp_path / "explicit", sampler="stratified", steps=1, n_samples=8))
+    assert json.loads((run / "run.json").read_text())["sampler"] == {
+        "name": "stratified", "reason": "chosen with --sampler"
+    }  # fmt: skip
+
+
 def test_scene_space_override_is_kept(unbounded_store: Path, tmp_path: Path) -> None:
     run = train(_config(unbounded_store, tmp_path / "box", sampler="stratified", scene_space="box",
                         steps=2, n_samples=8))  # fmt: skip
