@@ -87,6 +87,11 @@ class TrainConfig:
     occ_warmup_steps: int = _opt(256, "occupancy: steps during which every refresh visits every cell")
     occ_refresh_fraction: float = _opt(0.25, "occupancy: share of random cells re-evaluated after warm-up")
     occ_threshold: float = _opt(0.01, "occupancy: opacity per step below which a cell is empty")
+    occ_alpha_threshold: float = _opt(
+        0.01,
+        "occupancy, contracted space: drop marched samples of opacity below this (capped by the grid's "
+        "mean), and those behind transmittance 1e-4, found by a no-gradient density pass (0: off)",
+    )
     march_steps: int = _opt(256, "occupancy: marching steps across the scene box diagonal")
     early_stop_eps: float = _opt(
         0.0, "occupancy: drop samples behind this transmittance, found by an extra density pass (0: off)"
@@ -158,6 +163,8 @@ class TrainConfig:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.lr_final <= 0:
             problems.append(f"lr, lr_final: expected > 0, got {self.lr}, {self.lr_final}")
+        if not 0.0 <= self.occ_alpha_threshold < 1.0:
+            problems.append(f"occ_alpha_threshold: expected in [0, 1), got {self.occ_alpha_threshold}")
         if not 0.0 < self.occ_refresh_fraction <= 1.0:
             problems.append(f"occ_refresh_fraction: expected in (0, 1], got {self.occ_refresh_fraction}")
         if self.logger not in LOGGERS:

@@ -69,7 +69,9 @@ def build_models(
     grid: Any = None
     if config.sampler == "occupancy":
         grid_box = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]) if space == "contract" else aabb
-        grid = OccupancyGrid(grid_box, config.occ_resolution, threshold=config.occ_threshold).to(device)
+        grid = OccupancyGrid(
+            grid_box, config.occ_resolution, threshold=config.occ_threshold, ball=space == "contract"
+        ).to(device)
     elif config.sampler == "proposal":
         grid = ProposalNetworks(
             aabb,

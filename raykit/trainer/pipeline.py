@@ -9,6 +9,7 @@ deterministic (evaluation).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -110,14 +111,7 @@ def _sample(
         raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
     density_fn = field.density if config.early_stop_eps > 0 else None
     if contracted:
-        return march_in_s(
-            frame,
-            config.march_steps,
-            lambda p: grid.is_occupied(field.normalize(p)),
-            generator,
-            density_fn,
-            config.early_stop_eps,
-        )
+        return _march_contracted(config, field, grid, frame, generator)
     step_size = march_step_size(field.aabb, config.march_steps)
     return march_occupied(
         rays_o,
@@ -130,6 +124,34 @@ def _sample(
         density_fn,
         config.early_stop_eps,
     )
+
+
+def _march_contracted(
+    config: TrainConfig, field: RadianceField, grid: OccupancyGrid, frame: RayFrame, generator: Any
+) -> Samples:
+    """Occupancy marching in a contracted field: the grid over field coordinates, then (unless
+    ``occ_alpha_threshold`` and ``early_stop_eps`` are both 0) a no-gradient density pass that drops
+    samples of opacity below ``min(occ_alpha_threshold, the grid's mean opacity per step)`` and those
+    behind transmittance ``early_stop_eps`` (1e-4 when unset), as nerfacc does for unbounded scenes."""
+    alpha = config.occ_alpha_threshold
+    filtering = alpha > 0 or config.early_stop_eps > 0
+    if alpha > 0:  # a young field (low mean density) keeps its samples, as the grid keeps its cells
+        step = 2.0 * contracted_radius(field.aabb) / config.march_steps
+        alpha = min(alpha, 1.0 - math.exp(-grid.mean_density() * step))
+    return march_in_s(
+        frame,
+        config.march_steps,
+        lambda p: grid.is_occupied(field.normalize(p)),
+        generator,
+        field.density if filtering else None,
+        config.early_stop_eps if config.early_stop_eps > 0 else 1e-4,
+        alpha,
+    )
+
+
+def contracted_radius(aabb: Tensor) -> float:
+    """The unit ball's radius in world units of a contracted field with box ``aabb`` (6,)."""
+    return float((aabb[3:] - aabb[:3]).max()) / 2
 
 
 def proposal_counts(text: str) -> list[int]:
