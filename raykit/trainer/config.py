@@ -36,7 +36,7 @@ AUTO_SAMPLERS = {
     "contract": (
         "proposal",
         "contracted (unbounded) scene: proposal networks place 24 field samples per ray where the "
-        "surfaces are (benchmarks/bench_real.py: the best of the four at equal time)",
+        "surfaces are (plant_capture: 6x the occupancy grid's rays/s, BENCHMARKS.md issue 30)",
     ),
     "ndc": ("proposal", "forward-facing scene in NDC: proposal networks, as for contracted scenes"),
 }
@@ -71,7 +71,11 @@ class TrainConfig:
     lr: float = _opt(1e-2, "Adam learning rate at step 0")
     lr_final: float = _opt(1e-3, "learning rate reached at the last step (exponential decay)")
     seed: int = _opt(0, "seed for initialisation, the loader order and sample jitter")
-    background: str = _opt("white", "background colour: white, black or R,G,B in [0, 1]")
+    background: str = _opt(
+        "auto",
+        "background colour: white, black or R,G,B in [0, 1]; auto: white for images with alpha, black for "
+        "opaque photos (recorded in config.json, why in run.json)",
+    )
     aabb: str = _opt("auto", "scene box XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX, or auto (from the store)")
     train_split: str = _opt("train", "split trained on")
     eval_splits: str = _opt("test", "comma-separated splits evaluated at the end")

@@ -54,6 +54,7 @@ from raykit.trainer.runtime import (
     learning_rate,
     parse_background,
     peak_memory_mb,
+    resolve_background,
     resolve_device,
     start_processes,
 )
@@ -107,7 +108,7 @@ class _Run:
     tensorboard: TensorBoardLog | None
     progress_step: int = -1
     space: dict[str, Any] = field(default_factory=dict)
-    sampler: dict[str, Any] = field(default_factory=dict)  # run.json's "sampler": the choice and why
+    choices: dict[str, Any] = field(default_factory=dict)  # run.json's "sampler" and "background": why
     budget: SampleBudget | None = None
 
 
@@ -201,6 +202,7 @@ def _setup(config: TrainConfig) -> _Run:
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
     config, sampler_reason = resolve_sampler(config)
+    config, background_reason = resolve_background(config, store)
     field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
     budget = None
     if config.samples_per_step is not None:
@@ -241,7 +243,10 @@ def _setup(config: TrainConfig) -> _Run:
             config.log_image_every_s,
         ),
         space=space.describe(),
-        sampler={"name": config.sampler, "reason": sampler_reason},
+        choices={
+            "sampler": {"name": config.sampler, "reason": sampler_reason},
+            "background": {"colour": config.background, "reason": background_reason},
+        },
         budget=budget,
     )
 
@@ -430,7 +435,7 @@ def _start(run: _Run) -> TrainState:
         )
     if run.procs.is_main:
         _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space,
-                    run.sampler)  # fmt: skip
+                    run.choices)  # fmt: skip
     return TrainState()
 
 
@@ -442,7 +447,7 @@ def _record_run(
     device: torch.device,
     procs: Processes,
     space: dict[str, Any] | None = None,
-    sampler: dict[str, Any] | None = None,
+    choices: dict[str, Any] | None = None,
 ) -> None:
     """config.json and run.json: everything needed to reproduce the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -459,7 +464,7 @@ def _record_run(
             "aabb": aabb.tolist(),
             "environment": environment(device, procs),
             "scene_space": space or {},
-            "sampler": sampler or {"name": config.sampler, "reason": ""},
+            **(choices or {"sampler": {"name": config.sampler, "reason": ""}}),
         },
     )
 
