@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_trainer import summarize
-from machine import command_line, describe, write_report
+from machine import command_line, describe, portable, write_report
 
 from raykit.converters import convert
 from raykit.store import open_store
@@ -66,7 +66,8 @@ def one_run(store: Path, out: Path, seconds: float, progress_every: float, **fla
     run = train(config)
     figures = summarize(run)
     figures["load_1min"] = [load_before, os.getloadavg()[0]]
-    figures["config"] = json.loads((run / "config.json").read_text())
+    recorded = json.loads((run / "config.json").read_text())
+    figures["config"] = {k: portable(v) if isinstance(v, str) else v for k, v in recorded.items()}
     return figures
 
 
