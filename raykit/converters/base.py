@@ -28,6 +28,7 @@ __all__ = [
     "Problems",
     "SourceView",
     "check_rigid",
+    "check_similarity",
     "load_json",
     "relative_name",
     "resolve_image",
@@ -146,29 +147,63 @@ def check_rigid(matrix: Any, where: str) -> tuple[np.ndarray | None, str | None]
     Returns:
         ``(c2w, None)`` or ``(None, problem line)``.
     """
+    c2w, scale, bad = check_similarity(matrix, where)
+    if bad is None and scale != 1.0:
+        return None, _not_rigid(where, np.asarray(matrix, dtype=np.float64)[:3, :3])
+    return c2w, bad
+
+
+def check_similarity(matrix: Any, where: str) -> tuple[np.ndarray | None, float, str | None]:
+    """:func:`check_rigid` that also accepts a rotation scaled uniformly (``s R``, ``s > 0``).
+
+    The scale is taken out (the rotation becomes the nearest rotation to ``R``); the translation is
+    kept, so every ray (origin, normalised direction) is unchanged. Scales within ``1e-4`` of the
+    same value on all three axes count as uniform; non-uniform scale, shear and reflection are refused.
+
+    Returns:
+        ``(c2w, s, None)`` (``s == 1.0`` exactly for a rigid matrix) or ``(None, 1.0, problem line)``.
+    """
     try:
         m = np.asarray(matrix, dtype=np.float64)
     except (TypeError, ValueError):
-        return None, f"{where}: expected a 4x4 numeric matrix, got {str(matrix)[:60]}"
+        return None, 1.0, f"{where}: expected a 4x4 numeric matrix, got {str(matrix)[:60]}"
     if m.shape not in ((4, 4), (3, 4)):
-        return None, f"{where}: expected a 4x4 (or 3x4) matrix, got shape {m.shape}"
+        return None, 1.0, f"{where}: expected a 4x4 (or 3x4) matrix, got shape {m.shape}"
     if not np.all(np.isfinite(m)):
-        return None, f"{where}: matrix contains NaN or inf"
+        return None, 1.0, f"{where}: matrix contains NaN or inf"
     if m.shape == (4, 4) and np.max(np.abs(m[3] - [0, 0, 0, 1])) > RIGID_TOLERANCE:
-        return None, f"{where}: last row expected [0, 0, 0, 1], got {m[3].tolist()}"
+        return None, 1.0, f"{where}: last row expected [0, 0, 0, 1], got {m[3].tolist()}"
     rot = m[:3, :3]
-    err = float(np.max(np.abs(rot.T @ rot - np.eye(3))))
-    det = float(np.linalg.det(rot))
-    if err > RIGID_TOLERANCE or det <= 0:
-        return None, (
-            f"{where}: transform is not rigid (max |R^T R - I| = {err:.3g}, det R = {det:.4g}; "
-            "expected a rotation: no scale, shear or reflection)"
-        )
+    scale = _uniform_scale(rot)
+    if scale is None:
+        return None, 1.0, _not_rigid(where, rot)
     u, _, vt = np.linalg.svd(rot)
     out = np.eye(4)
     out[:3, :3] = u @ vt
     out[:3, 3] = m[:3, 3]
-    return out, None
+    return out, scale, None
+
+
+def _uniform_scale(rot: np.ndarray) -> float | None:
+    """(3, 3) -> 1.0 when rigid, ``s`` when ``s * rotation`` (uniform within the tolerance), else None."""
+    det = float(np.linalg.det(rot))
+    if det <= 0:
+        return None
+    if float(np.max(np.abs(rot.T @ rot - np.eye(3)))) <= RIGID_TOLERANCE:
+        return 1.0
+    scale = det ** (1.0 / 3.0)
+    if float(np.max(np.abs(rot.T @ rot / scale**2 - np.eye(3)))) > RIGID_TOLERANCE:
+        return None
+    return scale
+
+
+def _not_rigid(where: str, rot: np.ndarray) -> str:
+    err = float(np.max(np.abs(rot.T @ rot - np.eye(3))))
+    det = float(np.linalg.det(rot))
+    return (
+        f"{where}: transform is not rigid (max |R^T R - I| = {err:.3g}, det R = {det:.4g}; "
+        "expected a rotation, optionally scaled uniformly: no non-uniform scale, shear or reflection)"
+    )
 
 
 def resolve_image(base: Path, file_path: str) -> Path | None:

@@ -13,7 +13,9 @@ Intrinsics come from the top level and may be overridden per frame by the same k
 * ``PINHOLE`` / ``SIMPLE_PINHOLE``: no distortion allowed.
 
 ``cx``/``cy`` use COLMAP's convention (pixel centres at +0.5), as both instant-ngp and nerfstudio do.
-Poses are OpenGL camera-to-world (``transform_matrix``), converted to OpenCV. ``file_path`` may use
+Poses are OpenGL camera-to-world (``transform_matrix``), converted to OpenCV; a rotation scaled
+uniformly (a similarity, as some nerfstudio exports write) has its scale taken out, with one warning
+and ``rotation_scale`` in the store's ``source`` record. ``file_path`` may use
 Windows separators and may lack an extension. Frames whose image is missing are all listed in one
 error unless ``skip_missing``.
 
@@ -40,6 +42,7 @@ from raykit.converters.base import (
     Problems,
     SourceView,
     check_rigid,
+    check_similarity,
     load_json,
     relative_name,
     resolve_image,
@@ -48,7 +51,7 @@ from raykit.converters.images import used_size
 from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
-__all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp"]
+__all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp", "scale_note"]
 
 
 def box_near_far(center: np.ndarray, half: np.ndarray, origin: np.ndarray) -> tuple[float, float]:
@@ -86,15 +89,17 @@ def _frame_view(
     exif: str,
     roots: ImageRoots,
     bad_cameras: dict[str, list[int]],
+    scales: list[float] | None,
 ) -> tuple[SourceView | None, str | None]:
     """One frame -> (view, missing file path or None); other problems go to ``problems``, camera
-    problems to ``bad_cameras`` (problem -> frame indices)."""
+    problems to ``bad_cameras`` (problem -> frame indices). With ``scales`` (a list), a uniformly
+    scaled rotation is accepted and its scale appended; without, the pose must be rigid."""
     where = f"{json_path}: frame {index}"
     if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
         problems.add(f"{where}: expected an object with a string file_path")
         return None, None
     where = f"{where} ({frame['file_path']})"
-    c2w_gl, bad = check_rigid(frame.get("transform_matrix"), f"{where}: transform_matrix")
+    c2w_gl, bad = _frame_pose(frame.get("transform_matrix"), f"{where}: transform_matrix", scales)
     if bad:
         problems.add(bad)
     base = json_path.parent
@@ -125,12 +130,47 @@ def _frame_view(
     return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
 
 
+def _frame_pose(matrix: Any, where: str, scales: list[float] | None) -> tuple[np.ndarray | None, str | None]:
+    if scales is None:
+        return check_rigid(matrix, where)
+    c2w, scale, bad = check_similarity(matrix, where)
+    if c2w is not None and scale != 1.0:
+        scales.append(scale)
+    return c2w, bad
+
+
+def scale_note(
+    json_path: Path, scales: list[float], n_frames: int
+) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """The scales taken out of similarity poses -> (``Capture.assumed`` lines, ``Capture.params``).
+
+    One warning for the whole file, and ``rotation_scale`` ``{"frames", "min", "max"}`` for the
+    store's ``source`` record; nothing when every pose was rigid.
+    """
+    if not scales:
+        return [], {}
+    lo, hi = min(scales), max(scales)
+    shown = f"{lo:.4g}" if f"{lo:.4g}" == f"{hi:.4g}" else f"{lo:.4g} to {hi:.4g}"
+    line = (
+        f"{json_path}: {len(scales)} of {n_frames} frames have a camera-to-world rotation scaled uniformly "
+        f"by {shown} (a similarity, not a rigid transform): the scale was taken out; rays are unchanged"
+    )
+    return [("poses", line)], {"rotation_scale": {"frames": len(scales), "min": lo, "max": hi}}
+
+
 def parse_frames(
-    json_path: Path, meta: Any, problems: Problems, exif: str = "auto", roots: ImageRoots | None = None
+    json_path: Path,
+    meta: Any,
+    problems: Problems,
+    exif: str = "auto",
+    roots: ImageRoots | None = None,
+    scales: list[float] | None = None,
 ) -> tuple[list[SourceView], list[str]]:
     """Every frame of one transforms file -> (views, missing image paths).
 
-    ``roots``: where image files may lie (default: the JSON file's folder only).
+    ``roots``: where image files may lie (default: the JSON file's folder only). ``scales``: when
+    given, uniformly scaled rotations are accepted and their scales appended (see :func:`scale_note`);
+    when None, every pose must be rigid.
     """
     roots = roots or ImageRoots(json_path.parent)
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
@@ -139,7 +179,7 @@ def parse_frames(
     views, missing = [], []
     bad_cameras: dict[str, list[int]] = {}
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras)
+        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras, scales)
         if gone is not None:
             missing.append(gone)
         elif view is not None:
@@ -185,7 +225,8 @@ def parse_ngp(
     problems = Problems()
     meta = load_json(json_path)
     roots = ImageRoots(json_path.parent, allow_outside)
-    views, missing = parse_frames(json_path, meta, problems, exif, roots)
+    scales: list[float] = []
+    views, missing = parse_frames(json_path, meta, problems, exif, roots, scales)
     report_missing(json_path, missing, skip_missing, problems)
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")
@@ -204,5 +245,7 @@ def parse_ngp(
     views = [_bounded(v, centre, half) for v in views]
     params = {k: meta[k] for k in ("aabb_scale", "scale", "offset") if k in meta}
     params["skipped_missing"] = sorted(missing) if skip_missing else []
+    assumed, scaled = scale_note(json_path, scales, len(meta["frames"]))
+    params.update(scaled)
     box = (tuple((centre - half).tolist()), tuple((centre + half).tolist())) if "aabb_scale" in meta else None
-    return Capture("ngp", views, bounds=box, problems=problems.lines, params=params)
+    return Capture("ngp", views, bounds=box, problems=problems.lines, params=params, assumed=assumed)

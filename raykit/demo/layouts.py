@@ -19,11 +19,11 @@ from raykit.errors import RaykitError
 from raykit.profiling.loader import run_bench
 from raykit.store import open_store
 from raykit.store.validate import validate_store
-from raykit.trainer import TrainConfig, train
+from raykit.trainer import AUTO_SAMPLERS, TrainConfig, train
 
 __all__ = ["compare_layouts", "layouts_section"]
 
-SAMPLER = TrainConfig.sampler  # the trainer's default sampler
+SAMPLER = AUTO_SAMPLERS["box"][0]  # what the default --sampler auto picks for this (bounded) capture
 
 
 def _layout_row(store_path: str, convert_s: float, plan: Any, psnr: float) -> dict[str, Any]:

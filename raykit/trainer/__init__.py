@@ -3,7 +3,8 @@
 ``train(TrainConfig(store=..., out=...))`` trains, checkpoints and evaluates; ``render(run_dir)``
 re-evaluates a run; ``compare(run_a, run_b)`` diffs two runs' metrics. Sampling strategies:
 stratified, hierarchical (inverse CDF), occupancy grid (see ``raykit.trainer.samplers``) and proposal
-networks (``raykit.trainer.proposal``); scene spaces box, contract and NDC (``raykit.trainer.space``).
+networks (``raykit.trainer.proposal``), or ``auto`` (the default: one of them per scene space,
+:data:`AUTO_SAMPLERS`); scene spaces box, contract and NDC (``raykit.trainer.space``).
 ``export_run(run_dir, out)`` writes a self-contained model, ``verify_export(out)`` checks it against
 the run's evaluation and ``render_export(out, cameras, dir)`` renders from it alone.
 """
@@ -11,13 +12,14 @@ the run's evaluation and ``render_export(out, cameras, dir)`` renders from it al
 from __future__ import annotations
 
 from raykit.trainer.compare import compare
-from raykit.trainer.config import SAMPLERS, TrainConfig
+from raykit.trainer.config import AUTO_SAMPLERS, SAMPLERS, TrainConfig
 from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.evaluate import render
 from raykit.trainer.export import export_run, load_export
 from raykit.trainer.loop import train
 
 __all__ = [
+    "AUTO_SAMPLERS",
     "SAMPLERS",
     "TrainConfig",
     "compare",

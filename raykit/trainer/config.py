@@ -16,9 +16,31 @@ from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 
-__all__ = ["LOGGERS", "SAMPLERS", "SCENE_SPACES", "TrainConfig", "add_arguments", "from_args"]
+__all__ = [
+    "AUTO_SAMPLERS",
+    "LOGGERS",
+    "SAMPLERS",
+    "SAMPLER_CHOICES",
+    "SCENE_SPACES",
+    "TrainConfig",
+    "add_arguments",
+    "from_args",
+    "resolve_sampler",
+]
 
 SAMPLERS = ("stratified", "hierarchical", "occupancy", "proposal")
+"""The four sampling strategies (``--sampler auto`` picks one of them per scene space)."""
+SAMPLER_CHOICES = ("auto", *SAMPLERS)
+AUTO_SAMPLERS = {
+    "box": ("occupancy", "bounded scene: the occupancy grid over the scene box skips empty space"),
+    "contract": (
+        "proposal",
+        "contracted (unbounded) scene: proposal networks place 24 field samples per ray where the "
+        "surfaces are (plant_capture: 6x the occupancy grid's rays/s, BENCHMARKS.md issue 30)",
+    ),
+    "ndc": ("proposal", "forward-facing scene in NDC: proposal networks, as for contracted scenes"),
+}
+"""Scene space -> (sampler, reason) for ``--sampler auto``."""
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
 LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
@@ -35,7 +57,12 @@ class TrainConfig:
 
     store: str = _opt("", "ray store path or URL")
     out: str = _opt("", "run directory (created; holds config, logs, checkpoints, eval.json, renders)")
-    sampler: str = _opt("occupancy", "sampling strategy along rays", choices=SAMPLERS)
+    sampler: str = _opt(
+        "auto",
+        "sampling strategy along rays; auto picks per scene space (occupancy in a box, proposal when "
+        "contracted or in NDC) and records the choice in config.json and why in run.json",
+        choices=SAMPLER_CHOICES,
+    )
     steps: int = _opt(5000, "optimisation steps (upper bound when --max-seconds is given)")
     max_seconds: float | None = _opt(None, "training time budget in seconds; training stops, then evaluates")
     batch_size: int = _opt(
@@ -44,7 +71,11 @@ class TrainConfig:
     lr: float = _opt(1e-2, "Adam learning rate at step 0")
     lr_final: float = _opt(1e-3, "learning rate reached at the last step (exponential decay)")
     seed: int = _opt(0, "seed for initialisation, the loader order and sample jitter")
-    background: str = _opt("white", "background colour: white, black or R,G,B in [0, 1]")
+    background: str = _opt(
+        "auto",
+        "background colour: white, black or R,G,B in [0, 1]; auto: white for images with alpha, black for "
+        "opaque photos (recorded in config.json, why in run.json)",
+    )
     aabb: str = _opt("auto", "scene box XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX, or auto (from the store)")
     train_split: str = _opt("train", "split trained on")
     eval_splits: str = _opt("test", "comma-separated splits evaluated at the end")
@@ -60,6 +91,11 @@ class TrainConfig:
     occ_warmup_steps: int = _opt(256, "occupancy: steps during which every refresh visits every cell")
     occ_refresh_fraction: float = _opt(0.25, "occupancy: share of random cells re-evaluated after warm-up")
     occ_threshold: float = _opt(0.01, "occupancy: opacity per step below which a cell is empty")
+    occ_alpha_threshold: float = _opt(
+        0.01,
+        "occupancy, contracted space: drop marched samples of opacity below this (capped by the grid's "
+        "mean), and those behind transmittance 1e-4, found by a no-gradient density pass (0: off)",
+    )
     march_steps: int = _opt(256, "occupancy: marching steps across the scene box diagonal")
     early_stop_eps: float = _opt(
         0.0, "occupancy: drop samples behind this transmittance, found by an extra density pass (0: off)"
@@ -106,8 +142,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.sampler not in SAMPLERS:
-            problems.append(f"sampler: expected one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.sampler not in SAMPLER_CHOICES:
+            problems.append(f"sampler: expected one of {', '.join(SAMPLER_CHOICES)}, got {self.sampler!r}")
         if self.scene_space not in SCENE_SPACES:
             problems.append(
                 f"scene_space: expected one of {', '.join(SCENE_SPACES)}, got {self.scene_space!r}"
@@ -131,6 +167,8 @@ class TrainConfig:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.lr_final <= 0:
             problems.append(f"lr, lr_final: expected > 0, got {self.lr}, {self.lr_final}")
+        if not 0.0 <= self.occ_alpha_threshold < 1.0:
+            problems.append(f"occ_alpha_threshold: expected in [0, 1), got {self.occ_alpha_threshold}")
         if not 0.0 < self.occ_refresh_fraction <= 1.0:
             problems.append(f"occ_refresh_fraction: expected in (0, 1], got {self.occ_refresh_fraction}")
         if self.logger not in LOGGERS:
@@ -158,6 +196,18 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def resolve_sampler(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """``config`` with ``sampler`` resolved (``auto`` -> :data:`AUTO_SAMPLERS` of its scene space), and why.
+
+    The scene space should be resolved first (``auto`` counts as ``box``, as the models do).
+    """
+    if config.sampler != "auto":
+        return config, "chosen with --sampler"
+    space = "box" if config.scene_space == "auto" else config.scene_space
+    sampler, reason = AUTO_SAMPLERS[space]
+    return config.replace(sampler=sampler), f"--sampler auto, scene space {space}: {reason}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

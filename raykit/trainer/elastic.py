@@ -25,15 +25,23 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-if TYPE_CHECKING:
-    from raykit.trainer.runtime import Processes
+__all__ = ["Ranks", "gather_rank_states", "init_process_group", "rank_state"]
 
-__all__ = ["gather_rank_states", "init_process_group", "rank_state"]
+
+class Ranks(Protocol):
+    """This process's place among the training processes (``raykit.trainer.runtime.Processes`` is one;
+    a protocol, so this module imports nothing of the trainer's and runtime can import it)."""
+
+    @property
+    def distributed(self) -> bool: ...
+
+    @property
+    def world_size(self) -> int: ...
 
 
 def init_process_group(backend: str, timeout: timedelta = default_pg_timeout) -> None:
@@ -62,7 +70,7 @@ def init_process_group(backend: str, timeout: timedelta = default_pg_timeout) ->
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
 
 
-def gather_rank_states(procs: Processes, states: Mapping[str, str]) -> dict[str, str]:
+def gather_rank_states(procs: Ranks, states: Mapping[str, str]) -> dict[str, str]:
     """Every other rank's ``states`` as ``{"NAME@rankR": text}`` (collective: call on every rank).
 
     Returns an empty dict in a single process.

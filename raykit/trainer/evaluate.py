@@ -25,7 +25,7 @@ from raykit.errors import ResumeError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.rays import RayBatch
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.metrics import psnr, ssim
 from raykit.trainer.occupancy import OccupancyGrid
@@ -54,6 +54,7 @@ def build_models(
     ``ndc_frame`` is the NDC reference camera of a field in scene space ``ndc``.
     """
     space = "box" if config.scene_space == "auto" else config.scene_space
+    config = resolve_sampler(config)[0]
     field = RadianceField(
         aabb,
         levels=config.levels,
@@ -68,7 +69,9 @@ def build_models(
     grid: Any = None
     if config.sampler == "occupancy":
         grid_box = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]) if space == "contract" else aabb
-        grid = OccupancyGrid(grid_box, config.occ_resolution, threshold=config.occ_threshold).to(device)
+        grid = OccupancyGrid(
+            grid_box, config.occ_resolution, threshold=config.occ_threshold, ball=space == "contract"
+        ).to(device)
     elif config.sampler == "proposal":
         grid = ProposalNetworks(
             aabb,

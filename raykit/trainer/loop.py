@@ -38,7 +38,7 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -54,6 +54,7 @@ from raykit.trainer.runtime import (
     learning_rate,
     parse_background,
     peak_memory_mb,
+    resolve_background,
     resolve_device,
     start_processes,
 )
@@ -107,6 +108,7 @@ class _Run:
     tensorboard: TensorBoardLog | None
     progress_step: int = -1
     space: dict[str, Any] = field(default_factory=dict)
+    choices: dict[str, Any] = field(default_factory=dict)  # run.json's "sampler" and "background": why
     budget: SampleBudget | None = None
 
 
@@ -199,6 +201,8 @@ def _setup(config: TrainConfig) -> _Run:
     store = open_store(config.store)
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
+    config, sampler_reason = resolve_sampler(config)
+    config, background_reason = resolve_background(config, store)
     field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
     budget = None
     if config.samples_per_step is not None:
@@ -239,6 +243,10 @@ def _setup(config: TrainConfig) -> _Run:
             config.log_image_every_s,
         ),
         space=space.describe(),
+        choices={
+            "sampler": {"name": config.sampler, "reason": sampler_reason},
+            "background": {"colour": config.background, "reason": background_reason},
+        },
         budget=budget,
     )
 
@@ -426,7 +434,8 @@ def _start(run: _Run) -> TrainState:
             "or choose another --out"
         )
     if run.procs.is_main:
-        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space)
+        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space,
+                    run.choices)  # fmt: skip
     return TrainState()
 
 
@@ -438,6 +447,7 @@ def _record_run(
     device: torch.device,
     procs: Processes,
     space: dict[str, Any] | None = None,
+    choices: dict[str, Any] | None = None,
 ) -> None:
     """config.json and run.json: everything needed to reproduce the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -454,6 +464,7 @@ def _record_run(
             "aabb": aabb.tolist(),
             "environment": environment(device, procs),
             "scene_space": space or {},
+            **(choices or {"sampler": {"name": config.sampler, "reason": ""}}),
         },
     )
 

@@ -6,6 +6,10 @@ keeps an exponential moving maximum (``ema = max(decay * ema, new)``); a cell is
 of one marching step through it, ``1 - exp(-ema * step_size)``, exceeds ``threshold`` (or the
 grid's mean, whichever is lower, so a young field never empties the grid). Rays then march only
 through occupied cells (:func:`raykit.trainer.samplers.march_occupied`).
+
+Over a contracted field (``ball=True``: the grid covers field coordinates, where all of space lies
+in the unit ball) the cells wholly outside the ball are unreachable: they are never occupied, never
+refreshed and left out of the mean, as nerfacc leaves out the cells no camera sees.
 """
 
 from __future__ import annotations
@@ -28,20 +32,41 @@ class OccupancyGrid(nn.Module):
         resolution: cells per axis.
         decay: EMA decay of the cell densities per refresh.
         threshold: opacity of one step below which a cell counts as empty.
+        ball: only cells that reach into the ball inscribed in the box can be occupied (a grid over a
+            contracted field's coordinates).
     """
 
     aabb: Tensor
     density: Tensor
     occupied: Tensor
+    reachable: Tensor
 
-    def __init__(self, aabb: Tensor, resolution: int = 64, decay: float = 0.95, threshold: float = 0.01):
+    def __init__(
+        self,
+        aabb: Tensor,
+        resolution: int = 64,
+        decay: float = 0.95,
+        threshold: float = 0.01,
+        ball: bool = False,
+    ):
         super().__init__()
         self.resolution = resolution
         self.decay = decay
         self.threshold = threshold
         self.register_buffer("aabb", torch.as_tensor(aabb, dtype=torch.float32).clone())
         self.register_buffer("density", torch.zeros(resolution**3))
-        self.register_buffer("occupied", torch.ones(resolution**3, dtype=torch.bool))
+        reachable = self._in_ball() if ball else torch.ones(resolution**3, dtype=torch.bool)
+        self.register_buffer("reachable", reachable, persistent=False)
+        self.register_buffer("occupied", reachable.clone())
+
+    def _in_ball(self) -> Tensor:
+        """(R^3,) bool: cells whose nearest point to the box centre lies within the inscribed ball."""
+        r = self.resolution
+        edges = torch.linspace(-1.0, 1.0, r + 1, dtype=torch.float64)
+        nearest = torch.clamp(torch.zeros(r, dtype=torch.float64), edges[:-1], edges[1:])  # per axis
+        squared = nearest**2
+        total = squared[:, None, None] + squared[None, :, None] + squared[None, None, :]
+        return (total <= 1.0).reshape(-1)
 
     def cell_index(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(K, 3) positions -> (flat cell index (K,), inside-the-box mask (K,))."""
@@ -89,12 +114,12 @@ class OccupancyGrid(nn.Module):
         n_cells = self.resolution**3
         everything = torch.arange(n_cells, device=self.aabb.device)
         if fraction >= 1.0 or generator is None:
-            return everything
+            return everything[self.reachable]
         chosen = torch.zeros(n_cells, dtype=torch.bool, device=self.aabb.device)
         chosen[
             torch.randperm(n_cells, generator=generator, device=generator.device)[: int(fraction * n_cells)]
         ] = True
-        return everything[chosen | self.occupied]
+        return everything[(chosen | self.occupied) & self.reachable]
 
     @torch.no_grad()
     def refresh(
@@ -114,5 +139,9 @@ class OccupancyGrid(nn.Module):
         fresh = torch.cat([density_fn(points[i : i + chunk]) for i in range(0, points.shape[0], chunk)])
         self.density[cells] = torch.maximum(self.density[cells] * self.decay, fresh)
         sigma_threshold = -math.log(1.0 - self.threshold) / step_size
-        self.occupied.copy_(self.density > min(float(self.density.mean()), sigma_threshold))
-        return float(self.occupied.float().mean())
+        self.occupied.copy_((self.density > min(self.mean_density(), sigma_threshold)) & self.reachable)
+        return float(self.occupied[self.reachable].float().mean())
+
+    def mean_density(self) -> float:
+        """The mean cell density over the reachable cells."""
+        return float(self.density[self.reachable].mean())

@@ -9,6 +9,7 @@ deterministic (evaluation).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from raykit.rays import RayBatch
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.proposal import ProposalNetworks, proposal_samples
@@ -84,6 +85,8 @@ def _sample(
     step: int,
     generator: torch.Generator | None,
 ) -> Samples:
+    if config.sampler == "auto":  # resolved by train(); here for direct callers
+        config = resolve_sampler(config.replace(scene_space=field.space))[0]
     rays_o, rays_d, t0, t1 = frame.origins, frame.directions, frame.s0, frame.s1
     contracted = frame.scale > 0
     uniform = uniform_fraction(step, config.hier_anneal_steps, config.hier_uniform)
@@ -108,14 +111,7 @@ def _sample(
         raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
     density_fn = field.density if config.early_stop_eps > 0 else None
     if contracted:
-        return march_in_s(
-            frame,
-            config.march_steps,
-            lambda p: grid.is_occupied(field.normalize(p)),
-            generator,
-            density_fn,
-            config.early_stop_eps,
-        )
+        return _march_contracted(config, field, grid, frame, generator)
     step_size = march_step_size(field.aabb, config.march_steps)
     return march_occupied(
         rays_o,
@@ -128,6 +124,34 @@ def _sample(
         density_fn,
         config.early_stop_eps,
     )
+
+
+def _march_contracted(
+    config: TrainConfig, field: RadianceField, grid: OccupancyGrid, frame: RayFrame, generator: Any
+) -> Samples:
+    """Occupancy marching in a contracted field: the grid over field coordinates, then (unless
+    ``occ_alpha_threshold`` and ``early_stop_eps`` are both 0) a no-gradient density pass that drops
+    samples of opacity below ``min(occ_alpha_threshold, the grid's mean opacity per step)`` and those
+    behind transmittance ``early_stop_eps`` (1e-4 when unset), as nerfacc does for unbounded scenes."""
+    alpha = config.occ_alpha_threshold
+    filtering = alpha > 0 or config.early_stop_eps > 0
+    if alpha > 0:  # a young field (low mean density) keeps its samples, as the grid keeps its cells
+        step = 2.0 * contracted_radius(field.aabb) / config.march_steps
+        alpha = min(alpha, 1.0 - math.exp(-grid.mean_density() * step))
+    return march_in_s(
+        frame,
+        config.march_steps,
+        lambda p: grid.is_occupied(field.normalize(p)),
+        generator,
+        field.density if filtering else None,
+        config.early_stop_eps if config.early_stop_eps > 0 else 1e-4,
+        alpha,
+    )
+
+
+def contracted_radius(aabb: Tensor) -> float:
+    """The unit ball's radius in world units of a contracted field with box ``aabb`` (6,)."""
+    return float((aabb[3:] - aabb[:3]).max()) / 2
 
 
 def proposal_counts(text: str) -> list[int]:

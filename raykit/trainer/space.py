@@ -41,10 +41,12 @@ __all__ = [
     "RayFrame",
     "SceneSpace",
     "detect_space",
+    "filter_marched",
     "hierarchical_in_s",
     "march_in_s",
     "ndc_frame_of",
     "ray_frame",
+    "reference_filter_marched",
     "resolve_space",
     "scene_space",
 ]
@@ -259,6 +261,7 @@ def march_in_s(
     generator: torch.Generator | None = None,
     density_fn: Any | None = None,
     early_stop_eps: float = 1e-4,
+    alpha_threshold: float = 0.0,
 ) -> Samples:
     """Occupancy marching with steps of equal length in ``s`` (``1 / n_steps``); packed output.
 
@@ -269,7 +272,8 @@ def march_in_s(
         generator: jitters the start of each ray's comb by a fraction of a step; None for none.
         density_fn: (K, 3) positions -> (K,) densities; when given, a no-gradient pass drops the
             samples behind which the transmittance has fallen below ``early_stop_eps`` (as
-            ``raykit.trainer.samplers.march_occupied`` does in a box).
+            ``raykit.trainer.samplers.march_occupied`` does in a box) and those whose opacity is below
+            ``alpha_threshold`` (nerfacc's ``alpha_thre``); see :func:`filter_marched` and its twin.
     """
     n_rays = frame.s0.shape[0]
     ds = 1.0 / n_steps
@@ -293,7 +297,42 @@ def march_in_s(
     if density_fn is not None and ray_indices.numel():
         with torch.no_grad():
             sigmas = density_fn(positions)
-            _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
-        alive = trans > early_stop_eps
+        alive = filter_marched(t_starts, t_ends, sigmas, ray_indices, n_rays, early_stop_eps, alpha_threshold)
         t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
     return Samples(t_starts, t_ends, ray_indices, n_rays)
+
+
+def filter_marched(
+    t_starts: Tensor,
+    t_ends: Tensor,
+    sigmas: Tensor,
+    ray_indices: Tensor,
+    n_rays: int,
+    early_stop_eps: float,
+    alpha_threshold: float,
+) -> Tensor:
+    """(M,) bool: the packed samples worth the field's time (transmittance in front of them above
+    ``early_stop_eps`` and opacity at least ``alpha_threshold``), from no-gradient densities (M,)."""
+    _, trans, alphas = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
+    return (trans > early_stop_eps) & (alphas >= alpha_threshold)
+
+
+def reference_filter_marched(
+    t_starts: Tensor,
+    t_ends: Tensor,
+    sigmas: Tensor,
+    ray_indices: Tensor,
+    early_stop_eps: float,
+    alpha_threshold: float,
+) -> Tensor:
+    """Slow twin of :func:`filter_marched`: one sample at a time, transmittance carried along each ray."""
+    keep, trans, ray = [], 1.0, -1
+    for start, end, sigma, index in zip(
+        t_starts.tolist(), t_ends.tolist(), sigmas.tolist(), ray_indices.tolist(), strict=True
+    ):
+        if index != ray:
+            trans, ray = 1.0, index
+        alpha = 1.0 - math.exp(-sigma * (end - start))
+        keep.append(trans > early_stop_eps and alpha >= alpha_threshold)
+        trans *= 1.0 - alpha
+    return torch.tensor(keep, dtype=torch.bool)

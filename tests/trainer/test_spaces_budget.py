@@ -131,6 +131,58 @@ def test_unbounded_store_picks_contraction_and_renders_back(
     assert again == pytest.approx(trained, abs=1e-6)  # the sampler state came back from the checkpoint
 
 
+def test_sampler_auto_follows_the_scene_space(
+    unbounded_store: Path, tiny_store: Path, tmp_path: Path
+) -> None:
+    """The default ``--sampler auto`` picks per scene space; the choice is in config.json, why in run.json."""
+    assert TrainConfig().sampler == "auto"
+    for store, space, sampler in (
+        (unbounded_store, "contract", "proposal"),
+        (tiny_store, "box", "occupancy"),
+    ):
+        run = train(_config(store, tmp_path / space, steps=2))
+        config = json.loads((run / "config.json").read_text())
+        assert (config["scene_space"], config["sampler"]) == (space, sampler)
+        choice = json.loads((run / "run.json").read_text())["sampler"]
+        assert choice["name"] == sampler and f"scene space {space}" in choice["reason"]
+        assert (run / "eval.json").exists()
+    run = train(_config(unbounded_store, tmp_path / "explicit", sampler="stratified", steps=1, n_samples=8))
+    assert json.loads((run / "run.json").read_text())["sampler"] == {
+        "name": "stratified", "reason": "chosen with --sampler"
+    }  # fmt: skip
+
+
+def _opaque_ball(c2w_flat: tuple[float, ...], size: int) -> np.ndarray:
+    return ball_image(c2w_flat, size, True)[..., :3]  # RGB: an opaque photo, no alpha
+
+
+def test_background_auto_is_black_for_opaque_photos_white_with_alpha(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    camera = Camera("PINHOLE", SIZE, SIZE, (SIZE * 1.2, SIZE * 1.2, SIZE / 2, SIZE / 2))
+    records = []
+    for i in range(4):
+        c2w = np.eye(4)
+        c2w[:3, :3] = np.array([[1.0, 0, 0], [0, 0, 1], [0, -1, 0]]).T
+        c2w[:3, 3] = [0.2 * i - 0.3, -2.5, 0.0]
+        load = functools.partial(_opaque_ball, tuple(c2w.ravel()), SIZE)
+        records.append(
+            ImageRecord(f"p_{i}.jpg", "test" if i == 3 else "train", camera, c2w, 1.5, 4.0, "", load)
+        )
+    opaque = tmp_path / "opaque"
+    write_store(opaque, records, scene=SceneInfo(), backend="zarr", chunk_rays=128)
+    assert TrainConfig().background == "auto"
+    for store, colour, why in ((opaque, "black", "opaque photos"), (tiny_store, "white", "with alpha")):
+        run = train(_config(store, tmp_path / colour, sampler="stratified", steps=2, n_samples=8))
+        assert json.loads((run / "config.json").read_text())["background"] == colour
+        choice = json.loads((run / "run.json").read_text())["background"]
+        assert choice["colour"] == colour and why in choice["reason"]
+    run = train(
+        _config(opaque, tmp_path / "set", sampler="stratified", steps=1, n_samples=8, background="white")
+    )
+    assert json.loads((run / "run.json").read_text())["background"]["reason"] == "chosen with --background"
+
+
 def test_scene_space_override_is_kept(unbounded_store: Path, tmp_path: Path) -> None:
     run = train(_config(unbounded_store, tmp_path / "box", sampler="stratified", scene_space="box",
                         steps=2, n_samples=8))  # fmt: skip
