@@ -25,8 +25,9 @@ from raykit.trainer import SAMPLERS, TrainConfig
 
 __all__ = ["DEFAULT_SAMPLER", "RunConfig", "StageConfigs", "add_arguments", "config_flags", "from_args"]
 
-# ``auto`` picks the sampler for the scene where the trainer has it; until then, the trainer's default.
-DEFAULT_SAMPLER = "auto" if "auto" in SAMPLERS else TrainConfig.sampler
+# The trainer's default, ``auto``: it picks the sampler for the scene space and records why (run.json).
+DEFAULT_SAMPLER = TrainConfig.sampler
+SAMPLER_NAMES = ("auto", *SAMPLERS)
 STAGE_SKIPS: dict[type[Any], tuple[str, ...]] = {
     ConvertConfig: ("src", "dst", "profile", "progress", "overwrite", "seed", "threads"),
     PoseOptions: ("threads", "seed"),
@@ -59,7 +60,7 @@ class RunConfig:
         "", "output folder (pipeline.json, store, runs, exports, report)", positional=True, metavar="OUT"
     )
     samplers: str = option(
-        DEFAULT_SAMPLER, f"comma-separated samplers trained in turn ({', '.join(SAMPLERS)})"
+        DEFAULT_SAMPLER, f"comma-separated samplers trained in turn ({', '.join(SAMPLER_NAMES)})"
     )
     minutes: float = option(5.0, "training budget in minutes, split evenly between the samplers")
     steps: int | None = option(
@@ -78,9 +79,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        unknown = [s for s in self.sampler_list() if s not in SAMPLERS]
+        unknown = [s for s in self.sampler_list() if s not in SAMPLER_NAMES]
         if unknown:
-            problems.append(f"samplers: expected some of {', '.join(SAMPLERS)}, got {', '.join(unknown)}")
+            problems.append(f"samplers: expected some of {', '.join(SAMPLER_NAMES)}, got {', '.join(unknown)}")
         if not self.minutes > 0:
             problems.append(f"minutes: expected > 0, got {self.minutes}")
         for name in ("retries", "max_restarts"):
@@ -94,9 +95,9 @@ class RunConfig:
             raise ConfigError("invalid run options: " + "; ".join(problems))
 
     def sampler_list(self) -> list[str]:
-        """The samplers in order, ``auto`` resolved."""
+        """The samplers in order, without repeats (``auto`` is resolved by the trainer, per scene)."""
         names = [s.strip() for s in self.samplers.split(",") if s.strip()]
-        return list(dict.fromkeys(DEFAULT_SAMPLER if s == "auto" else s for s in names))
+        return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ def _worker(parent: int, rank: int) -> int | None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the rank's process through /proc")
 def test_a_killed_rank_is_restarted_by_torchrun(start_raykit: Any, tiny_scene: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = start_raykit(tiny_scene, out, "--steps=40", "--nproc-per-node=2", "--max-restarts=1")
+    proc = start_raykit(
+        tiny_scene, out, "--samplers=occupancy", "--steps=40", "--nproc-per-node=2", "--max-restarts=1"
+    )
     run_dir, deadline, victim = out / "runs" / "occupancy", time.monotonic() + 240, None
     while (victim is None or latest_checkpoint(run_dir) is None) and time.monotonic() < deadline:
         try:
