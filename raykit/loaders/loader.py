@@ -40,7 +40,7 @@ from raykit.loaders.arguments import check_state, open_if_location, resume_posit
 from raykit.loaders.background import release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.config import LoaderConfig, default_group_rays
-from raykit.loaders.lifecycle import check_main_guard, register
+from raykit.loaders.lifecycle import register
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Generate, GroupStage, Prefetch, StageTimes, StrategyInputs, slice_batch
@@ -149,7 +149,6 @@ class RayLoader:
         )  # fmt: skip
         cfg = LoaderConfig.merge(keywords, config)
         store = open_if_location(store)
-        check_main_guard(cfg.num_workers)  # before anything starts: spawned workers re-run __main__
         self.store, self.split = store, cfg.split
         self._strategy = strategy_for(store)
         self.source = as_source(store, cfg.split, cfg.disk_cache)
@@ -180,6 +179,7 @@ class RayLoader:
         self._gen_pool: ThreadPoolExecutor | None = None
         # Producer threads of live iterators, with their stop events (closed by ``close()``).
         self._running: dict[threading.Thread, threading.Event] = {}
+        self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
         register(self)  # closed at interpreter exit if still alive (see raykit.loaders.lifecycle)
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -256,6 +256,10 @@ class RayLoader:
     @property
     def _lookahead(self) -> int:
         return self.plan.mix_chunks + 2 * self.num_workers
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
+        return self._fetcher.pids() if self._fetcher is not None else []
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()

@@ -32,7 +32,7 @@ from raykit.loaders.background import DONE, EpochIteration, put_until_stopped, r
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import GROUP_RAYS_MAX
-from raykit.loaders.lifecycle import check_main_guard, register
+from raykit.loaders.lifecycle import register
 from raykit.loaders.stages import slice_batch
 from raykit.loaders.window import Piece, WindowPlan
 from raykit.loaders.window_source import WindowImageSource
@@ -100,7 +100,6 @@ class WindowLoader(EpochIteration):
         if split not in store.splits:
             raise ConfigError(f"{store.url}: no split {split!r}; expected one of {sorted(store.splits)}")
         del ray_layout_options
-        check_main_guard(num_workers)  # before anything starts: spawned workers re-run __main__
         self.store, self.split = store, split
         self.source = WindowImageSource(store, split, disk_cache)
         rank, world_size = distributed_rank(rank, world_size)
@@ -121,6 +120,7 @@ class WindowLoader(EpochIteration):
         self._fetcher: ChunkFetcher | None = None
         self._running: dict[threading.Thread, threading.Event] = {}
         self._bases: dict[tuple[int, int], np.ndarray] = {}
+        self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
         register(self)  # closed at interpreter exit if still alive (raykit.loaders.lifecycle)
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
@@ -157,6 +157,10 @@ class WindowLoader(EpochIteration):
     def wait_for_workers(self) -> None:
         """Start the worker processes (``num_workers > 0``) and block until they are up."""
         self._fetcher_ready().wait_ready()
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
+        return self._fetcher.pids() if self._fetcher is not None else []
 
     def cache_stats(self) -> Any:
         """Counters of the fetcher's cache (decoded images are held by the window, not cached)."""
