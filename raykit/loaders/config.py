@@ -18,9 +18,11 @@ class LoaderConfig:
     """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
 
     The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring);
-    ``None`` for ``rank``, ``world_size``, ``mix_run``, ``group_rays`` and ``gen_threads`` means "the
-    default", resolved by the loader (``torch.distributed``, the stored split, ``cache_bytes``
-    (:func:`default_group_rays`), the device).
+    ``None`` for ``rank``, ``world_size``, ``mix_run``, ``group_rays``, ``gen_threads`` and
+    ``window_images`` means "the default", resolved by the loader (``torch.distributed``, the stored
+    split, ``cache_bytes`` (:func:`default_group_rays`), the device, ``cache_bytes``
+    (:func:`~raykit.loaders.windowed.default_window`)). ``mix_chunks`` and ``mix_run`` apply to
+    ray-chunk splits, ``window_images`` to images-layout ones.
 
     Raises:
         ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
@@ -42,6 +44,7 @@ class LoaderConfig:
     prefetch: int = 4
     group_rays: int | None = None
     gen_threads: int | None = None
+    window_images: int | None = None
 
     def __post_init__(self) -> None:
         check_loader_args(
@@ -49,6 +52,7 @@ class LoaderConfig:
             prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
             world_size=(self.world_size, 1), mix_chunks=(self.mix_chunks, 1), mix_run=(self.mix_run, 1),
             group_rays=(self.group_rays, 1), gen_threads=(self.gen_threads, 1),
+            window_images=(self.window_images, 1),
         )  # fmt: skip
 
     def replace(self, **changes: Any) -> LoaderConfig:

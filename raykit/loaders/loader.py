@@ -14,13 +14,13 @@ ranks would partition the epoch differently), so the loader skips the rest of th
 next one and warns.
 
 The pipeline is a chain of stages, each an iterator with its own small ``state_dict`` (its position):
-the loading strategy's stages (picked by the store's layout kind, ``raykit.loaders.strategies``; for
-ray chunks ``raykit.loaders.chunked``: chunks -> windows -> groups), then ``Generate`` (groups ->
+the loading strategy's stages (picked by the split's recorded layout, ``raykit.loaders.strategies``:
+for ray chunks ``raykit.loaders.chunked``, chunks -> windows -> groups; for the images layout
+``raykit.loaders.windowed``, the windowed shuffle's draws -> groups), then ``Generate`` (groups ->
 batches on the generation threads) and ``Prefetch`` (a producer thread and a bounded queue), both in
 ``raykit.loaders.stages``, which also states the one concurrency model they share. The loader's own
-state is the last stage's position plus what the plan depends on. A second strategy (e.g. a windowed
-shuffle over an images-layout store) is one more module registered in ``STRATEGIES``: nothing here
-changes. Options can be given as keywords or as one frozen :class:`~raykit.loaders.config.LoaderConfig`.
+state is the last stage's position plus what the plan depends on. Options can be given as keywords
+or as one frozen :class:`~raykit.loaders.config.LoaderConfig`, checked once for either layout.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.arguments import check_state, open_if_location, resume_position
 from raykit.loaders.background import release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
-from raykit.loaders.config import LoaderConfig, default_group_rays
+from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
+from raykit.loaders.config import LoaderConfig
 from raykit.loaders.lifecycle import register
-from raykit.loaders.plan import SamplingPlan
-from raykit.loaders.source import ChunkSource, as_source
+from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, Prefetch, StageTimes, StrategyInputs, slice_batch
-from raykit.loaders.strategies import strategy_for
+from raykit.loaders.strategies import Strategy, strategy_for
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -52,9 +52,6 @@ from raykit.store.schema import RawRays
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 
 STATE_VERSION = 1
-_EXACT_KEYS = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks", "mix_run")
-# Rays moved together by the mixing permutation when the stored split is already shuffled.
-SHUFFLED_SPLIT_MIX_RUN = 16
 _PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
 
 
@@ -88,9 +85,9 @@ class RayLoader:
             processes, filled atomically); ignored for local stores.
         rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
         drop_last: see :mod:`raykit.loaders.plan`.
-        mix_chunks: mixing-buffer size in chunks.
+        mix_chunks: mixing-buffer size in chunks (ray-chunk splits).
         mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when the
-            stored split is shuffled, else 1.
+            stored split is shuffled, else 1 (ray-chunk splits).
         prefetch: batches prepared ahead of the consumer (rounded up to whole groups).
         gen_threads: threads generating groups concurrently (each with one torch intra-op thread, so
             they never spin against each other or the caller); default 2 on CPU, 1 on GPUs.
@@ -100,25 +97,18 @@ class RayLoader:
             (:func:`~raykit.loaders.config.default_group_rays`).
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
+        window_images: images in the window of an images-layout split (its windowed shuffle,
+            :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``.
         config: all of the options above but ``store`` and ``make_batch`` as one
             :class:`~raykit.loaders.config.LoaderConfig` (then leave those keywords at their defaults).
 
     Attributes:
         config: the options, as a :class:`~raykit.loaders.config.LoaderConfig`.
+        strategy: how the split is read (``strategy.name``: ``"rays"`` or ``"window"``), from its
+            recorded layout (:mod:`raykit.loaders.strategies`).
+        plan: the strategy's plan (:class:`~raykit.loaders.plan.SamplingPlan` or
+            :class:`~raykit.loaders.window.WindowPlan`).
     """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """A :class:`~raykit.loaders.window_loader.WindowLoader` for a split in the images layout."""
-        store = args[0] if args else kwargs.get("store")
-        split = args[1] if len(args) > 1 else kwargs.get("split", "train")
-        if isinstance(store, str | os.PathLike | RayStore):
-            opened = open_if_location(store)
-            if split in opened.splits and opened.layout(split) == "images":
-                from raykit.loaders.window_loader import WindowLoader
-
-                rest = {k: v for k, v in kwargs.items() if k not in ("store", "split")}
-                return WindowLoader(opened, split, *args[2:], **rest)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -141,28 +131,21 @@ class RayLoader:
         group_rays: int | None = None,
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
+        window_images: int | None = None,
         config: LoaderConfig | None = None,
     ) -> None:
         keywords = LoaderConfig(
             split, batch_size, seed, shuffle, device, num_workers, cache_bytes, disk_cache, rank, world_size,
-            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads,
+            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads, window_images,
         )  # fmt: skip
         cfg = LoaderConfig.merge(keywords, config)
         store = open_if_location(store)
         self.store, self.split = store, cfg.split
-        self._strategy = strategy_for(store)
-        self.source = as_source(store, cfg.split, cfg.disk_cache)
-        rank, world_size = distributed_rank(cfg.rank, cfg.world_size)
-        mix_run = cfg.mix_run
-        if mix_run is None:
-            shuffled = getattr(getattr(self.source, "info", None), "shuffled", False)
-            mix_run = SHUFFLED_SPLIT_MIX_RUN if shuffled else 1
-        self.plan = SamplingPlan(
-            self.source.n_rays, self.source.chunk_rays, cfg.batch_size, cfg.seed, cfg.shuffle,
-            cfg.drop_last, cfg.mix_chunks, world_size, rank, mix_run,
-        )  # fmt: skip
-        self.cache: ChunkCache[RawRays] = ChunkCache(cfg.cache_bytes)
-        group_rays = cfg.group_rays if cfg.group_rays is not None else default_group_rays(cfg.cache_bytes)
+        self.strategy: Strategy = strategy_for(store, cfg.split)
+        self.source = self.strategy.source(store, cfg)
+        self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
+        self.cache: ChunkCache[RawRays] = ChunkCache(self.strategy.cache_bytes(cfg))
+        group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
         self.num_workers, self.prefetch, self.group_rays = cfg.num_workers, cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
         if gen_threads is None:
@@ -219,16 +202,19 @@ class RayLoader:
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Small JSON-able position: the next batch to yield, and what the plan depends on."""
-        plan = self.plan
+        """Small JSON-able position: the next batch to yield, and what the plan depends on (and the
+        strategy's name, but for ray chunks, whose states never had one)."""
+        plan, name = self.plan, self.strategy.name
         return {
             "version": STATE_VERSION,
+            **({"strategy": name} if name != "rays" else {}),
             "split": self.split,
             "fingerprint": str(getattr(self.store, "fingerprint", "")),
             "epoch": self.epoch,
             "batch": self.batch,
             "n_batches": plan.n_batches,
-            **{key: getattr(plan, key) for key in _EXACT_KEYS + _PARTITION_KEYS},
+            **self.strategy.state_fields(plan),
+            **{key: getattr(plan, key) for key in _PARTITION_KEYS},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -241,9 +227,10 @@ class RayLoader:
         state = check_state(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
-        self.epoch, self.batch = resume_position(
-            state, self.state_dict(), ("split", "fingerprint", *_EXACT_KEYS), _PARTITION_KEYS
-        )
+        mine = self.state_dict()
+        keys = ("strategy", "split", "fingerprint", *self.strategy.exact_keys)
+        keys = tuple(k for k in keys if k in mine)
+        self.epoch, self.batch = resume_position(state, mine, keys, _PARTITION_KEYS)
 
     def wait_for_workers(self) -> None:
         """Start the worker processes (``num_workers > 0``) if needed and block until they are up.
@@ -252,10 +239,6 @@ class RayLoader:
         to keep their start-up (seconds: each imports torch) out of a timing or off a busy machine.
         """
         self._fetcher_ready().wait_ready()
-
-    @property
-    def _lookahead(self) -> int:
-        return self.plan.mix_chunks + 2 * self.num_workers
 
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
@@ -270,7 +253,8 @@ class RayLoader:
             self._fetcher.close()
             self._fetcher = None
         if self._fetcher is None:
-            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
+            lookahead = self.strategy.lookahead(self.plan, self.num_workers)
+            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, lookahead)
         return self._fetcher
 
     def close(self) -> None:
@@ -299,7 +283,7 @@ class RayLoader:
     # ---- the pipeline ------------------------------------------------------------------------
     def _group_stage(self) -> GroupStage:
         """The strategy's stages, ending in groups of consecutive batches."""
-        return self._strategy(
+        return self.strategy.groups(
             StrategyInputs(self.source, self.plan, self._fetcher_ready, self._times, self.group_rays)
         )
 
