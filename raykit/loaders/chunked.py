@@ -30,6 +30,7 @@ from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
 from raykit.loaders.workers import ChunkFetcher
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups",
@@ -163,7 +164,7 @@ class ChunkStrategy:
     name: str = "rays"
     exact_keys: tuple[str, ...] = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks", "mix_run")
 
-    def source(self, store: Any, cfg: LoaderConfig) -> ChunkSource:
+    def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource:
         if cfg.window_images is not None:
             raise ConfigError(
                 f"loader: window_images applies to images-layout splits; split {cfg.split!r} is read "

@@ -42,6 +42,7 @@ from raykit.loaders.lifecycle import register
 from raykit.loaders.loader import distributed_rank
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.workers import ChunkFetcher
+from raykit.store.reader import RayStore
 
 __all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageLoader"]
 
@@ -107,7 +108,7 @@ class ImageLoader(EpochIteration):
 
     def __init__(
         self,
-        store: Any,
+        store: RayStore | str | os.PathLike[str],
         split: str = "train",
         batch_size: int = 1,
         seed: int = 0,
@@ -129,9 +130,10 @@ class ImageLoader(EpochIteration):
             cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
             convert_threads=(convert_threads, 1),
         )  # fmt: skip
-        store = open_if_location(store)
-        if not hasattr(store, "read_image"):
+        opened = open_if_location(store)
+        if not isinstance(opened, RayStore):
             raise ConfigError(f"image loader: store: expected a RayStore or a store location, got {store!r}")
+        store = opened
         if split not in store.splits:
             raise ConfigError(
                 f"image loader: {store.url}: no split {split!r}; expected one of {sorted(store.splits)}"

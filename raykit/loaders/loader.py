@@ -304,8 +304,8 @@ def _one_torch_thread() -> None:
     torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
 
 
-def _default_maker(store: Any, device: Any) -> Callable[[RawRays], Any]:
-    if hasattr(store, "splits"):
+def _default_maker(store: RayStore | ChunkSource, device: Any) -> Callable[[RawRays], Any]:
+    if isinstance(store, RayStore):
         from raykit.loaders.batching import DeviceBatcher
 
         return DeviceBatcher(store, device)

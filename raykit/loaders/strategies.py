@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from raykit.errors import ConfigError
 from raykit.loaders.chunked import RAYS
 from raykit.loaders.config import LoaderConfig
+from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import GroupStage, StrategyInputs
 from raykit.loaders.windowed import WINDOW
 from raykit.store.reader import RayStore
@@ -40,7 +41,7 @@ class Strategy(Protocol):
     name: str
     exact_keys: tuple[str, ...]
 
-    def source(self, store: Any, cfg: LoaderConfig) -> Any: ...
+    def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource: ...
 
     def plan(self, source: Any, cfg: LoaderConfig, rank: int, world_size: int) -> Any: ...
 
@@ -59,7 +60,7 @@ class Strategy(Protocol):
 STRATEGIES: dict[str, Strategy] = {"rays": RAYS, "images": WINDOW}
 
 
-def layout_of(store: Any, split: str) -> str:
+def layout_of(store: RayStore | ChunkSource, split: str) -> str:
     """The recorded layout of ``split`` (``"rays"`` for a chunk source, or a split the store lacks:
     its source then says so)."""
     if isinstance(store, RayStore) and split in store.splits:
@@ -67,7 +68,7 @@ def layout_of(store: Any, split: str) -> str:
     return "rays"
 
 
-def strategy_for(store: Any, split: str) -> Strategy:
+def strategy_for(store: RayStore | ChunkSource, split: str) -> Strategy:
     """The strategy of ``split``'s recorded layout.
 
     Raises:

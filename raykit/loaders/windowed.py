@@ -25,6 +25,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
+from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StageTimes, StrategyInputs
 from raykit.loaders.window import Piece, WindowPlan
 from raykit.loaders.window_source import WindowImageSource
@@ -54,7 +55,7 @@ class WindowStrategy:
     name: str = "window"
     exact_keys: tuple[str, ...] = ("n_rays", "seed", "shuffle", "window_images")
 
-    def source(self, store: Any, cfg: LoaderConfig) -> WindowImageSource:
+    def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> WindowImageSource:
         if not isinstance(store, RayStore):
             raise ConfigError(f"loader: the window strategy reads a RayStore, got {type(store).__name__}")
         return WindowImageSource(store, cfg.split, cfg.disk_cache)

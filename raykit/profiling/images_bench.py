@@ -24,6 +24,7 @@ from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.stages import StageTimes
 from raykit.loaders.window import WindowPlan
+from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.windowed import WindowDraws, gather_planned
 from raykit.loaders.workers import ChunkFetcher
 from raykit.profiling.mixing import shuffle_quality
@@ -83,7 +84,8 @@ def run_images_bench(
     warm = _timed_loop(loader, batches, channels + 4)
     loader.close()
     plan = loader.plan
-    assert isinstance(plan, WindowPlan)
+    source = loader.source
+    assert isinstance(plan, WindowPlan) and isinstance(source, WindowImageSource)
     pieces = [p for _, p in zip(range(batches), plan.iter_batches(0), strict=False)]
     entering = list(dict.fromkeys(i for batch in pieces for i, _, _ in batch))
     reader = images_reader(store)
@@ -92,8 +94,8 @@ def run_images_bench(
     t1 = time.perf_counter()
     decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
     t2 = time.perf_counter()
-    fetcher = ChunkFetcher(loader.source, ChunkCache(0), 0, 1)  # (the stage reads nothing here)
-    draws = WindowDraws(plan, loader.source, lambda: fetcher, StageTimes({}), 1)
+    fetcher = ChunkFetcher(source, ChunkCache(0), 0, 1)  # (the stage reads nothing here)
+    draws = WindowDraws(plan, source, lambda: fetcher, StageTimes({}), 1)
     window = {i: draws.enter(0, i, rgba) for i, rgba in decoded.items()}
     raws = [gather_planned([(batch, {i: window[i] for i, _, _ in batch})])[0] for batch in pieces]
     t3 = time.perf_counter()
