@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from raykit.errors import ConfigError, ResumeError
+from raykit.errors import ResumeError
 from raykit.loaders.arguments import check_state, open_if_location, resume_position
+from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.background import release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
@@ -44,7 +45,7 @@ from raykit.loaders.config import LoaderConfig
 from raykit.loaders.lifecycle import register
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, Prefetch, StageTimes, StrategyInputs, slice_batch
-from raykit.loaders.strategies import Strategy, strategy_for
+from raykit.loaders.strategies import Strategy, layout_of, strategy_for
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -79,7 +80,9 @@ class RayLoader:
         seed: seed of the chunk order and the mixing.
         shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
         device: where batches are generated (``"cpu"``, ``"cuda"``...).
-        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread.
+        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread;
+            ``"auto"`` (the default) picks 0 or a few by the cores, the layout and where the store is
+            (:func:`~raykit.loaders.auto.choose_workers`), recorded in ``workers_reason``.
         cache_bytes: budget of the decoded-chunk LRU cache.
         disk_cache: directory for local copies of a remote store's shards (shared by worker
             processes, filled atomically); ignored for local stores.
@@ -104,6 +107,8 @@ class RayLoader:
 
     Attributes:
         config: the options, as a :class:`~raykit.loaders.config.LoaderConfig`.
+        num_workers: the worker processes used (``"auto"`` resolved).
+        workers_reason: why (``"given"``, or the reason ``"auto"`` chose this count).
         strategy: how the split is read (``strategy.name``: ``"rays"`` or ``"window"``), from its
             recorded layout (:mod:`raykit.loaders.strategies`).
         plan: the strategy's plan (:class:`~raykit.loaders.plan.SamplingPlan` or
@@ -119,7 +124,7 @@ class RayLoader:
         *,
         shuffle: bool = True,
         device: Any = "cpu",
-        num_workers: int = 0,
+        num_workers: int | str = "auto",
         cache_bytes: int = 512 << 20,
         disk_cache: str | os.PathLike[str] | None = None,
         rank: int | None = None,
@@ -146,13 +151,18 @@ class RayLoader:
         self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
         self.cache: ChunkCache[RawRays] = ChunkCache(self.strategy.cache_bytes(cfg))
         group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
-        self.num_workers, self.prefetch, self.group_rays = cfg.num_workers, cfg.prefetch, group_rays
+        self.prefetch, self.group_rays = cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
         if gen_threads is None:
             gen_threads = 1 if torch.device(cfg.device).type == "cuda" else min(2, os.cpu_count() or 1)
-        if gen_threads < 1:
-            raise ConfigError(f"loader: expected gen_threads >= 1, got {gen_threads}")
         self.gen_threads = gen_threads
+        if cfg.num_workers == "auto":
+            self.num_workers, self.workers_reason = choose_workers(
+                source_url(self.source), self.source.n_chunks, layout_of(store, cfg.split), gen_threads,
+                usable_cores(),
+            )  # fmt: skip
+        else:
+            self.num_workers, self.workers_reason = int(cfg.num_workers), "given"
         self.config = cfg
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, cfg.device)
         self.epoch, self.batch = 0, 0
