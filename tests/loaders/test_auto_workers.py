@@ -42,7 +42,7 @@ def test_the_loader_records_its_choice(stores: dict[str, Any]) -> None:
     loader = RayLoader(stores["zarr"], batch_size=64)
     assert loader.config.num_workers == "auto" and loader.num_workers == 0
     assert loader.workers_reason.startswith("auto: 0 workers")
-    assert 1 <= usable_cores()
+    assert usable_cores() >= 1
     given = RayLoader(stores["zarr"], batch_size=64, num_workers=1)
     assert (given.num_workers, given.workers_reason) == (1, "given")
     memory = RayLoader(
