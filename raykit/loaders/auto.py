@@ -2,11 +2,13 @@
 
 Worker processes pay when reading is a large part of a batch's cost and there are cores left for
 them. A loader already keeps ``gen_threads`` generation threads busy, and the caller's training loop
-needs a core; on top of those, workers only compete for the same cores and add a copy of every chunk
-through a pipe. Measured (BENCHMARKS.md, issue 26): on 2 cores 2 workers were slower than none on the
-rays layout (7.7-9.4 against 12.9-15.1 M rays/s); decoding a local ray chunk runs at 10-25x the
-loader's rate, so reading is never the bottleneck there; decoding images (the images layout) and
-fetching remote shards are the reads that workers speed up.
+needs a core; on top of those, workers compete for the same cores, add a copy of every chunk through
+a pipe and take seconds to start (each imports torch). Measured: with the old process pool, 2 workers
+on 2 cores were slower than none (issue 26: 7.7-9.4 against 12.9-15.1 M rays/s); with this package's
+workers, 0.89-1.17x of none (BENCHMARKS.md, issue 26: within the noise of a shared machine, for 3-6 s
+of start-up). Decoding a local ray chunk runs at 10-25x the loader's rate and, once the cache holds
+the split, nothing is read at all; decoding images (the images layout) and fetching remote shards are
+the reads that workers speed up.
 
 :func:`choose_workers` applies those findings; the loader records its answer and the reason in
 ``loader.workers_reason``.
@@ -56,7 +58,7 @@ def choose_workers(
     if spare < 1:
         return 0, (
             f"auto: 0 workers: {cores} usable cores, taken by {gen_threads} generation threads and the "
-            "consumer; workers would compete with them (slower, BENCHMARKS.md issue 26)"
+            "consumer; workers would compete with them (BENCHMARKS.md, issue 26)"
         )
     if layout == "rays" and not is_remote(url):
         return (
