@@ -10,7 +10,6 @@ from raykit.loaders.loader import RayLoader
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
 from raykit.loaders.window import WindowPlan
-from raykit.loaders.window_loader import WindowLoader
 
 __all__ = [
     "CacheStats",
@@ -26,6 +25,5 @@ __all__ = [
     "RayLoader",
     "SamplingPlan",
     "StoreSource",
-    "WindowLoader",
     "WindowPlan",
 ]

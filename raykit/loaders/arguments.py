@@ -10,9 +10,13 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError, ResumeError
+
+if TYPE_CHECKING:
+    from raykit.loaders.source import ChunkSource
+    from raykit.store.reader import RayStore
 
 __all__ = ["check_loader_args", "check_state", "open_if_location", "resume_position"]
 
@@ -39,8 +43,12 @@ def check_loader_args(**values: Any) -> None:
         raise ConfigError("loader: " + "; ".join(problems))
 
 
-def open_if_location(store: Any) -> Any:
-    """``store`` itself, or the store opened from a path or URL (``str`` or path-like)."""
+def open_if_location(store: RayStore | ChunkSource | str | os.PathLike[str]) -> RayStore | ChunkSource:
+    """``store`` itself, or the store opened from a path or URL (``str`` or path-like).
+
+    Raises:
+        ConfigError: ``store`` is none of these.
+    """
     if isinstance(store, str | os.PathLike):
         from raykit.store import open_store
 

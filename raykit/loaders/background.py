@@ -1,12 +1,12 @@
-"""One epoch's batches produced on a background thread: the iteration shared by the whole-batch loaders.
+"""One epoch's batches produced on a background thread: the iteration of the whole-image loader.
 
-:class:`EpochIteration` is the consumer side of :class:`~raykit.loaders.images.ImageLoader` and
-:class:`~raykit.loaders.window_loader.WindowLoader`: ``__iter__`` starts one producer thread for the
-rest of the current epoch, hands its items over a bounded queue, counts the loader's position
-``(epoch, batch)`` as batches are yielded and, however the consumer stops (end of epoch, ``break``,
-an exception in the user's loop), stops and joins the producer before returning. The producer puts
-batches, then :data:`DONE`, or the exception it raised (re-raised on the consumer's thread), with
-:func:`put_until_stopped`, which gives up as soon as the consumer has gone.
+:class:`EpochIteration` is the consumer side of :class:`~raykit.loaders.images.ImageLoader`:
+``__iter__`` starts one producer thread for the rest of the current epoch, hands its items over a
+bounded queue, counts the loader's position ``(epoch, batch)`` as batches are yielded and, however
+the consumer stops (end of epoch, ``break``, an exception in the user's loop), stops and joins the
+producer before returning. The producer puts batches, then :data:`DONE`, or the exception it raised
+(re-raised on the consumer's thread), with :func:`put_until_stopped`, which gives up as soon as the
+consumer has gone.
 """
 
 from __future__ import annotations

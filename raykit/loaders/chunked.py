@@ -12,7 +12,7 @@ Two stages, each a resumable iterator with a small JSON-able ``state_dict`` (its
   batch of the next group; iterating seeks its :class:`ChunkWindows` to the window holding that
   batch.
 
-:func:`chunk_groups` builds the pair: it is this strategy's entry in
+:func:`chunk_groups` builds the pair; :data:`RAYS` is this strategy's entry in
 ``raykit.loaders.strategies.STRATEGIES``.
 """
 
@@ -20,15 +20,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
+from raykit.errors import ConfigError
+from raykit.loaders.config import LoaderConfig, default_group_rays
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
+from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
 from raykit.loaders.workers import ChunkFetcher
+from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
-__all__ = ["ChunkWindows", "Window", "WindowGroups", "chunk_groups"]
+__all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups",
+           "chunk_groups"]  # fmt: skip
+
+# Rays moved together by the mixing permutation when the stored split is already shuffled.
+SHUFFLED_SPLIT_MIX_RUN = 16
 
 
 class Window:
@@ -147,3 +156,46 @@ def chunk_groups(inputs: StrategyInputs) -> WindowGroups:
     return WindowGroups(
         inputs.plan, ChunkWindows(inputs.plan, inputs.fetcher, inputs.times), inputs.group_rays
     )
+
+
+class ChunkStrategy:
+    """How :class:`~raykit.loaders.RayLoader` reads a split of shuffled ray chunks (or any chunk source)."""
+
+    name: str = "rays"
+    exact_keys: tuple[str, ...] = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks", "mix_run")
+
+    def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource:
+        if cfg.window_images is not None:
+            raise ConfigError(
+                f"loader: window_images applies to images-layout splits; split {cfg.split!r} is read "
+                "as ray chunks (use mix_chunks)"
+            )
+        return as_source(store, cfg.split, cfg.disk_cache)
+
+    def plan(self, source: ChunkSource, cfg: LoaderConfig, rank: int, world_size: int) -> SamplingPlan:
+        mix_run = cfg.mix_run
+        if mix_run is None:
+            shuffled = getattr(getattr(source, "info", None), "shuffled", False)
+            mix_run = SHUFFLED_SPLIT_MIX_RUN if shuffled else 1
+        return SamplingPlan(
+            source.n_rays, source.chunk_rays, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last,
+            cfg.mix_chunks, world_size, rank, mix_run,
+        )  # fmt: skip
+
+    def cache_bytes(self, cfg: LoaderConfig) -> int:
+        return cfg.cache_bytes
+
+    def group_rays(self, cfg: LoaderConfig) -> int:
+        return default_group_rays(cfg.cache_bytes)
+
+    def lookahead(self, plan: SamplingPlan, num_workers: int) -> int:
+        return plan.mix_chunks + 2 * num_workers
+
+    def state_fields(self, plan: SamplingPlan) -> dict[str, Any]:
+        return {key: getattr(plan, key) for key in self.exact_keys}
+
+    def groups(self, inputs: StrategyInputs) -> WindowGroups:
+        return chunk_groups(inputs)
+
+
+RAYS = ChunkStrategy()

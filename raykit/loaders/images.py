@@ -38,10 +38,11 @@ from raykit.loaders.cache import CacheStats, ChunkCache
 from raykit.loaders.image_cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
-from raykit.loaders.lifecycle import check_main_guard, register
+from raykit.loaders.lifecycle import register
 from raykit.loaders.loader import distributed_rank
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.workers import ChunkFetcher
+from raykit.store.reader import RayStore
 
 __all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageLoader"]
 
@@ -107,7 +108,7 @@ class ImageLoader(EpochIteration):
 
     def __init__(
         self,
-        store: Any,
+        store: RayStore | str | os.PathLike[str],
         split: str = "train",
         batch_size: int = 1,
         seed: int = 0,
@@ -129,14 +130,14 @@ class ImageLoader(EpochIteration):
             cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
             convert_threads=(convert_threads, 1),
         )  # fmt: skip
-        store = open_if_location(store)
-        if not hasattr(store, "read_image"):
+        opened = open_if_location(store)
+        if not isinstance(opened, RayStore):
             raise ConfigError(f"image loader: store: expected a RayStore or a store location, got {store!r}")
+        store = opened
         if split not in store.splits:
             raise ConfigError(
                 f"image loader: {store.url}: no split {split!r}; expected one of {sorted(store.splits)}"
             )
-        check_main_guard(num_workers)
         self.store, self.split, self.device = store, split, torch.device(device)
         self.source = ImageSource(store, split, undistort)
         self.crop = checked_crop(crop, self.source)
@@ -153,6 +154,7 @@ class ImageLoader(EpochIteration):
         self._running: dict[threading.Thread, threading.Event] = {}
         table = store.table
         self._c2w = torch.from_numpy(table.c2w[self.source.rows].astype(np.float32))
+        self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
         register(self)
 
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
@@ -293,6 +295,10 @@ class ImageLoader(EpochIteration):
         )
 
     # ---- resources ---------------------------------------------------------------------------
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
+        return self._fetcher.pids() if self._fetcher is not None else []
+
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
 

@@ -14,13 +14,13 @@ ranks would partition the epoch differently), so the loader skips the rest of th
 next one and warns.
 
 The pipeline is a chain of stages, each an iterator with its own small ``state_dict`` (its position):
-the loading strategy's stages (picked by the store's layout kind, ``raykit.loaders.strategies``; for
-ray chunks ``raykit.loaders.chunked``: chunks -> windows -> groups), then ``Generate`` (groups ->
+the loading strategy's stages (picked by the split's recorded layout, ``raykit.loaders.strategies``:
+for ray chunks ``raykit.loaders.chunked``, chunks -> windows -> groups; for the images layout
+``raykit.loaders.windowed``, the windowed shuffle's draws -> groups), then ``Generate`` (groups ->
 batches on the generation threads) and ``Prefetch`` (a producer thread and a bounded queue), both in
 ``raykit.loaders.stages``, which also states the one concurrency model they share. The loader's own
-state is the last stage's position plus what the plan depends on. A second strategy (e.g. a windowed
-shuffle over an images-layout store) is one more module registered in ``STRATEGIES``: nothing here
-changes. Options can be given as keywords or as one frozen :class:`~raykit.loaders.config.LoaderConfig`.
+state is the last stage's position plus what the plan depends on. Options can be given as keywords
+or as one frozen :class:`~raykit.loaders.config.LoaderConfig`, checked once for either layout.
 """
 
 from __future__ import annotations
@@ -35,16 +35,17 @@ from typing import Any
 
 import torch
 
-from raykit.errors import ConfigError, ResumeError
+from raykit.errors import ResumeError
 from raykit.loaders.arguments import check_state, open_if_location, resume_position
+from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.background import release_threads_and_workers
 from raykit.loaders.cache import CacheStats, ChunkCache
-from raykit.loaders.config import LoaderConfig, default_group_rays
-from raykit.loaders.lifecycle import check_main_guard, register
-from raykit.loaders.plan import SamplingPlan
-from raykit.loaders.source import ChunkSource, as_source
+from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
+from raykit.loaders.config import LoaderConfig
+from raykit.loaders.lifecycle import register
+from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, Prefetch, StageTimes, StrategyInputs, slice_batch
-from raykit.loaders.strategies import strategy_for
+from raykit.loaders.strategies import Strategy, layout_of, strategy_for
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -52,9 +53,6 @@ from raykit.store.schema import RawRays
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 
 STATE_VERSION = 1
-_EXACT_KEYS = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks", "mix_run")
-# Rays moved together by the mixing permutation when the stored split is already shuffled.
-SHUFFLED_SPLIT_MIX_RUN = 16
 _PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
 
 
@@ -82,15 +80,17 @@ class RayLoader:
         seed: seed of the chunk order and the mixing.
         shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
         device: where batches are generated (``"cpu"``, ``"cuda"``...).
-        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread.
+        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread;
+            ``"auto"`` (the default) picks 0 or a few by the cores, the layout and where the store is
+            (:func:`~raykit.loaders.auto.choose_workers`), recorded in ``workers_reason``.
         cache_bytes: budget of the decoded-chunk LRU cache.
         disk_cache: directory for local copies of a remote store's shards (shared by worker
             processes, filled atomically); ignored for local stores.
         rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
         drop_last: see :mod:`raykit.loaders.plan`.
-        mix_chunks: mixing-buffer size in chunks.
+        mix_chunks: mixing-buffer size in chunks (ray-chunk splits).
         mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when the
-            stored split is shuffled, else 1.
+            stored split is shuffled, else 1 (ray-chunk splits).
         prefetch: batches prepared ahead of the consumer (rounded up to whole groups).
         gen_threads: threads generating groups concurrently (each with one torch intra-op thread, so
             they never spin against each other or the caller); default 2 on CPU, 1 on GPUs.
@@ -100,25 +100,20 @@ class RayLoader:
             (:func:`~raykit.loaders.config.default_group_rays`).
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
+        window_images: images in the window of an images-layout split (its windowed shuffle,
+            :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``.
         config: all of the options above but ``store`` and ``make_batch`` as one
             :class:`~raykit.loaders.config.LoaderConfig` (then leave those keywords at their defaults).
 
     Attributes:
         config: the options, as a :class:`~raykit.loaders.config.LoaderConfig`.
+        num_workers: the worker processes used (``"auto"`` resolved).
+        workers_reason: why (``"given"``, or the reason ``"auto"`` chose this count).
+        strategy: how the split is read (``strategy.name``: ``"rays"`` or ``"window"``), from its
+            recorded layout (:mod:`raykit.loaders.strategies`).
+        plan: the strategy's plan (:class:`~raykit.loaders.plan.SamplingPlan` or
+            :class:`~raykit.loaders.window.WindowPlan`).
     """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """A :class:`~raykit.loaders.window_loader.WindowLoader` for a split in the images layout."""
-        store = args[0] if args else kwargs.get("store")
-        split = args[1] if len(args) > 1 else kwargs.get("split", "train")
-        if isinstance(store, str | os.PathLike | RayStore):
-            opened = open_if_location(store)
-            if split in opened.splits and opened.layout(split) == "images":
-                from raykit.loaders.window_loader import WindowLoader
-
-                rest = {k: v for k, v in kwargs.items() if k not in ("store", "split")}
-                return WindowLoader(opened, split, *args[2:], **rest)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -129,7 +124,7 @@ class RayLoader:
         *,
         shuffle: bool = True,
         device: Any = "cpu",
-        num_workers: int = 0,
+        num_workers: int | str = "auto",
         cache_bytes: int = 512 << 20,
         disk_cache: str | os.PathLike[str] | None = None,
         rank: int | None = None,
@@ -141,36 +136,33 @@ class RayLoader:
         group_rays: int | None = None,
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
+        window_images: int | None = None,
         config: LoaderConfig | None = None,
     ) -> None:
         keywords = LoaderConfig(
             split, batch_size, seed, shuffle, device, num_workers, cache_bytes, disk_cache, rank, world_size,
-            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads,
+            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads, window_images,
         )  # fmt: skip
         cfg = LoaderConfig.merge(keywords, config)
         store = open_if_location(store)
-        check_main_guard(cfg.num_workers)  # before anything starts: spawned workers re-run __main__
         self.store, self.split = store, cfg.split
-        self._strategy = strategy_for(store)
-        self.source = as_source(store, cfg.split, cfg.disk_cache)
-        rank, world_size = distributed_rank(cfg.rank, cfg.world_size)
-        mix_run = cfg.mix_run
-        if mix_run is None:
-            shuffled = getattr(getattr(self.source, "info", None), "shuffled", False)
-            mix_run = SHUFFLED_SPLIT_MIX_RUN if shuffled else 1
-        self.plan = SamplingPlan(
-            self.source.n_rays, self.source.chunk_rays, cfg.batch_size, cfg.seed, cfg.shuffle,
-            cfg.drop_last, cfg.mix_chunks, world_size, rank, mix_run,
-        )  # fmt: skip
-        self.cache: ChunkCache[RawRays] = ChunkCache(cfg.cache_bytes)
-        group_rays = cfg.group_rays if cfg.group_rays is not None else default_group_rays(cfg.cache_bytes)
-        self.num_workers, self.prefetch, self.group_rays = cfg.num_workers, cfg.prefetch, group_rays
+        self.strategy: Strategy = strategy_for(store, cfg.split)
+        self.source = self.strategy.source(store, cfg)
+        self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
+        self.cache: ChunkCache[RawRays] = ChunkCache(self.strategy.cache_bytes(cfg))
+        group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
+        self.prefetch, self.group_rays = cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
         if gen_threads is None:
             gen_threads = 1 if torch.device(cfg.device).type == "cuda" else min(2, os.cpu_count() or 1)
-        if gen_threads < 1:
-            raise ConfigError(f"loader: expected gen_threads >= 1, got {gen_threads}")
         self.gen_threads = gen_threads
+        if cfg.num_workers == "auto":
+            self.num_workers, self.workers_reason = choose_workers(
+                source_url(self.source), self.source.n_chunks, layout_of(store, cfg.split), gen_threads,
+                usable_cores(),
+            )  # fmt: skip
+        else:
+            self.num_workers, self.workers_reason = int(cfg.num_workers), "given"
         self.config = cfg
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, cfg.device)
         self.epoch, self.batch = 0, 0
@@ -180,6 +172,7 @@ class RayLoader:
         self._gen_pool: ThreadPoolExecutor | None = None
         # Producer threads of live iterators, with their stop events (closed by ``close()``).
         self._running: dict[threading.Thread, threading.Event] = {}
+        self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
         register(self)  # closed at interpreter exit if still alive (see raykit.loaders.lifecycle)
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -219,16 +212,19 @@ class RayLoader:
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Small JSON-able position: the next batch to yield, and what the plan depends on."""
-        plan = self.plan
+        """Small JSON-able position: the next batch to yield, and what the plan depends on (and the
+        strategy's name, but for ray chunks, whose states never had one)."""
+        plan, name = self.plan, self.strategy.name
         return {
             "version": STATE_VERSION,
+            **({"strategy": name} if name != "rays" else {}),
             "split": self.split,
             "fingerprint": str(getattr(self.store, "fingerprint", "")),
             "epoch": self.epoch,
             "batch": self.batch,
             "n_batches": plan.n_batches,
-            **{key: getattr(plan, key) for key in _EXACT_KEYS + _PARTITION_KEYS},
+            **self.strategy.state_fields(plan),
+            **{key: getattr(plan, key) for key in _PARTITION_KEYS},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -241,9 +237,10 @@ class RayLoader:
         state = check_state(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
-        self.epoch, self.batch = resume_position(
-            state, self.state_dict(), ("split", "fingerprint", *_EXACT_KEYS), _PARTITION_KEYS
-        )
+        mine = self.state_dict()
+        keys = ("strategy", "split", "fingerprint", *self.strategy.exact_keys)
+        keys = tuple(k for k in keys if k in mine)
+        self.epoch, self.batch = resume_position(state, mine, keys, _PARTITION_KEYS)
 
     def wait_for_workers(self) -> None:
         """Start the worker processes (``num_workers > 0``) if needed and block until they are up.
@@ -253,9 +250,9 @@ class RayLoader:
         """
         self._fetcher_ready().wait_ready()
 
-    @property
-    def _lookahead(self) -> int:
-        return self.plan.mix_chunks + 2 * self.num_workers
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
+        return self._fetcher.pids() if self._fetcher is not None else []
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
@@ -266,7 +263,8 @@ class RayLoader:
             self._fetcher.close()
             self._fetcher = None
         if self._fetcher is None:
-            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, self._lookahead)
+            lookahead = self.strategy.lookahead(self.plan, self.num_workers)
+            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, lookahead)
         return self._fetcher
 
     def close(self) -> None:
@@ -295,7 +293,7 @@ class RayLoader:
     # ---- the pipeline ------------------------------------------------------------------------
     def _group_stage(self) -> GroupStage:
         """The strategy's stages, ending in groups of consecutive batches."""
-        return self._strategy(
+        return self.strategy.groups(
             StrategyInputs(self.source, self.plan, self._fetcher_ready, self._times, self.group_rays)
         )
 
@@ -316,8 +314,8 @@ def _one_torch_thread() -> None:
     torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
 
 
-def _default_maker(store: Any, device: Any) -> Callable[[RawRays], Any]:
-    if hasattr(store, "splits"):
+def _default_maker(store: RayStore | ChunkSource, device: Any) -> Callable[[RawRays], Any]:
+    if isinstance(store, RayStore):
         from raykit.loaders.batching import DeviceBatcher
 
         return DeviceBatcher(store, device)

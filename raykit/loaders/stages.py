@@ -95,7 +95,12 @@ class RawGroup:
     slices: list[tuple[Sliceable, int, int]]
 
     def gather(self) -> RawRays:
-        """The group's compact rays (safe on any thread)."""
+        """The group's compact rays (safe on any thread); slices of one type with a
+        ``gather_slices(slices)`` gather in one call."""
+        kinds = {type(source) for source, _, _ in self.slices}
+        gather = getattr(kinds.pop(), "gather_slices", None) if len(kinds) == 1 else None
+        if gather is not None:
+            return gather(self.slices)
         parts = [source.take(a, b) for source, a, b in self.slices]
         return parts[0] if len(parts) == 1 else RawRays.concat(parts)
 

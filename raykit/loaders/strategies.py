@@ -1,51 +1,83 @@
-"""Loading strategies: how a store's layout becomes groups of rays for :class:`~raykit.loaders.RayLoader`.
+"""Loading strategies: how a split's recorded layout becomes groups of rays for ``RayLoader``.
 
-A strategy is a function ``StrategyInputs -> GroupStage``: it builds the stages that read the split
-and end in :class:`~raykit.loaders.stages.RawGroup` items (the batches' bounds and the slices holding
-their rays); the loader then runs the strategy-independent stages (``Generate``, ``Prefetch``) after
-it. ``RayLoader`` picks the strategy registered under the store's layout kind (:func:`layout_kind`).
+A strategy says, for one layout, which chunk source reads the split, which plan orders its batches,
+how much the loader caches and reads ahead, which plan fields its state records, and which stages
+turn the source into :class:`~raykit.loaders.stages.RawGroup` items (``groups(inputs)``); the loader
+then runs the strategy-independent stages (``Generate``, ``Prefetch``) after them. ``RayLoader``
+picks the strategy registered under the split's layout as the store records it
+(``RayStore.layout(split)``, ``docs/format.md``): ``"rays"`` (shuffled ray chunks,
+:mod:`raykit.loaders.chunked`) or ``"images"`` (the windowed shuffle, :mod:`raykit.loaders.windowed`);
+a chunk source that is not a store reads as ``"rays"``.
 
-Adding a strategy (e.g. a windowed shuffle over an images-layout store) is one module defining its
-stages and its ``StrategyInputs -> GroupStage`` function, plus its line in :data:`STRATEGIES`; its
-stages follow :class:`~raykit.loaders.stages.Stage` (``state_dict``/``load_state_dict`` of a
-``{"epoch", "batch"}`` position at the group stage), so resuming, prefetching and multi-threaded
-generation come with it.
+Adding a strategy is one module defining its stages and an object of :class:`Strategy`'s shape,
+plus its line in :data:`STRATEGIES`; its group stage follows :class:`~raykit.loaders.stages.Stage`
+(a ``{"epoch", "batch"}`` position), so resuming, prefetching and multi-threaded generation come
+with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from raykit.errors import ConfigError
-from raykit.loaders.chunked import chunk_groups
+from raykit.loaders.chunked import RAYS
+from raykit.loaders.config import LoaderConfig
+from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import GroupStage, StrategyInputs
+from raykit.loaders.windowed import WINDOW
+from raykit.store.reader import RayStore
 
-__all__ = ["STRATEGIES", "Strategy", "layout_kind", "strategy_for"]
-
-Strategy = Callable[[StrategyInputs], GroupStage]
-
-# Layout kind (the store manifest's ``layout.kind``; ``"rays"`` when absent) -> strategy.
-STRATEGIES: dict[str, Strategy] = {"rays": chunk_groups}
+__all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 
 
-def layout_kind(store: Any) -> str:
-    """The layout kind of ``store`` (``"rays"``: shuffled ray chunks; also any non-store source)."""
-    manifest = getattr(store, "manifest", None)
-    layout = manifest.get("layout", {}) if isinstance(manifest, dict) else {}
-    return str(layout.get("kind", "rays")) if isinstance(layout, dict) else "rays"
+class Strategy(Protocol):
+    """One layout's way of loading (see the module docstring).
+
+    Attributes:
+        name: recorded in the loader state as ``"strategy"`` (omitted for ``"rays"``, as before).
+        exact_keys: the plan fields of the state a resumed loader must match exactly.
+    """
+
+    name: str
+    exact_keys: tuple[str, ...]
+
+    def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource: ...
+
+    def plan(self, source: Any, cfg: LoaderConfig, rank: int, world_size: int) -> Any: ...
+
+    def cache_bytes(self, cfg: LoaderConfig) -> int: ...
+
+    def group_rays(self, cfg: LoaderConfig) -> int: ...
+
+    def lookahead(self, plan: Any, num_workers: int) -> int: ...
+
+    def state_fields(self, plan: Any) -> dict[str, Any]: ...
+
+    def groups(self, inputs: StrategyInputs) -> GroupStage: ...
 
 
-def strategy_for(store: Any) -> Strategy:
-    """The strategy of ``store``'s layout kind.
+# The split's recorded layout (``RayStore.layout``) -> strategy.
+STRATEGIES: dict[str, Strategy] = {"rays": RAYS, "images": WINDOW}
+
+
+def layout_of(store: RayStore | ChunkSource, split: str) -> str:
+    """The recorded layout of ``split`` (``"rays"`` for a chunk source, or a split the store lacks:
+    its source then says so)."""
+    if isinstance(store, RayStore) and split in store.splits:
+        return store.layout(split)
+    return "rays"
+
+
+def strategy_for(store: RayStore | ChunkSource, split: str) -> Strategy:
+    """The strategy of ``split``'s recorded layout.
 
     Raises:
-        ConfigError: no strategy reads that layout kind.
+        ConfigError: no strategy reads that layout.
     """
-    kind = layout_kind(store)
-    if kind not in STRATEGIES:
+    layout = layout_of(store, split)
+    if layout not in STRATEGIES:
         raise ConfigError(
-            f"loader: {getattr(store, 'url', 'store')}: no loading strategy for layout kind {kind!r} "
-            f"(known: {', '.join(sorted(STRATEGIES))})"
+            f"loader: {getattr(store, 'url', 'store')}: split {split!r} has layout {layout!r}, which no "
+            f"loading strategy reads (known: {', '.join(sorted(STRATEGIES))})"
         )
-    return STRATEGIES[kind]
+    return STRATEGIES[layout]

@@ -1,59 +1,42 @@
-"""Chunk reading off the consumer's thread: in-thread reads or a pool of worker processes.
+"""Chunk reading off the consumer's thread: in-thread reads or worker processes.
 
 ``ChunkFetcher`` hands out decoded chunks in the order the plan asks for them. It looks ahead in that
-order, keeps up to ``lookahead`` reads in flight on a process pool (``num_workers > 0``) and puts every
-chunk it reads into the :class:`~raykit.loaders.cache.ChunkCache`. Which process reads a chunk never
-changes its contents, so batches do not depend on ``num_workers``. Until the first worker has delivered
-a chunk (spawned workers need seconds to import), the calling thread reads the chunks it needs
-itself, so the first batch is not delayed by worker start-up.
+order, keeps up to ``lookahead`` reads in flight on its worker processes (``num_workers > 0``,
+:mod:`raykit.loaders.processes`) and puts every chunk it reads into the
+:class:`~raykit.loaders.cache.ChunkCache`. Which process reads a chunk never changes its contents, so
+batches do not depend on ``num_workers``. Until a worker has said it is up (a fresh interpreter needs
+seconds to import torch), the calling thread reads the chunks it needs itself, so the first batch is
+not delayed by worker start-up.
 
-A worker that dies (killed, crashed, out of memory) is noticed before the next chunk is handed to the
-pool or within half a second of waiting for one (its process sentinel is checked): the loader raises
-:class:`~raykit.errors.WorkerError` naming the worker's pid and how it ended, instead of waiting for
-a result that will never come. The fetcher is then ``broken``; the loader starts a fresh one when iterated
-again (batches do not depend on which process read a chunk).
+A worker that dies (killed, crashed, out of memory) is noticed as soon as its pipe ends, and the
+others are checked every half second while the fetcher waits: the fetcher then ends every worker it
+started (a dead worker takes the rest down) and raises :class:`~raykit.errors.WorkerError` naming the
+dead worker's pid and how it ended. The fetcher is then ``broken``; the loader starts a fresh one when
+iterated again (batches do not depend on which process read a chunk).
 """
 
 from __future__ import annotations
 
 import functools
-import multiprocessing
-import multiprocessing.connection
-import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from raykit.errors import WorkerError
 from raykit.loaders.cache import ChunkCache
+from raykit.loaders.processes import WorkerDied, WorkerProcess, close_workers, pickle_source
 from raykit.loaders.source import ChunkSource
 from raykit.store.schema import RawRays
 
 __all__ = ["ChunkFetcher"]
 
-_WORKER_SOURCE: ChunkSource | None = None
-_POLL_S = 0.5  # how often a wait for a worker's result checks that the workers are alive
+_POLL_S = 0.5  # how often a wait for a worker's answer checks that the other workers are alive
 
-
-def _init_worker(source: ChunkSource) -> None:
-    global _WORKER_SOURCE
-    _WORKER_SOURCE = source
-
-
-def _worker_pid() -> int:
-    """This worker's pid, once its initializer ran; a short pause spreads a batch of calls over workers."""
-    assert _WORKER_SOURCE is not None
-    time.sleep(0.02)
-    return os.getpid()
-
-
-def _read_in_worker(index: int) -> RawRays:
-    assert _WORKER_SOURCE is not None  # set by the pool initializer
-    return _WORKER_SOURCE.read_chunk(index)
+# A pending read: a chunk already at hand, a task on a worker, or ``None`` (read here when due).
+_Pending = RawRays | tuple[WorkerProcess, int] | None
 
 
 class ChunkFetcher:
@@ -64,6 +47,10 @@ class ChunkFetcher:
         cache: decoded-chunk cache shared with the loader.
         num_workers: worker processes; 0 reads in the calling thread.
         lookahead: chunk reads kept in flight ahead of the consumer (workers only).
+
+    Raises:
+        ConfigError: ``num_workers > 0`` and the source cannot be sent to a worker (before anything
+            starts; see :func:`~raykit.loaders.processes.pickle_source`).
     """
 
     def __init__(
@@ -71,130 +58,121 @@ class ChunkFetcher:
     ) -> None:
         self.source, self.cache, self.num_workers = source, cache, num_workers
         self.lookahead = max(1, lookahead)
-        self._pool: ProcessPoolExecutor | None = None
-        if num_workers > 0:
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(
-                num_workers, mp_context=context, initializer=_init_worker, initargs=(source,)
-            )
-        self._workers_ready = False
-        self._processes: dict[int, Any] = {}  # pid -> multiprocessing.Process, every worker seen
-        self.broken = False
+        self._blob = pickle_source(source) if num_workers > 0 else b""
+        self._workers: list[WorkerProcess] = []
+        self._lock = threading.Lock()
+        self.broken = False  # a worker died: this fetcher is spent
+        self._closed = False
+
+    def pids(self) -> list[int]:
+        """Process ids of the workers that are up."""
+        return [w.pid for w in self._workers if w.ready]
 
     def fetch(self, indices: Iterable[int]) -> Iterator[tuple[int, RawRays]]:
-        """Yield ``(index, chunk)`` for every index, in order, reading ahead on the pool."""
-        if self._pool is None:
+        """Yield ``(index, chunk)`` for every index, in order, reading ahead on the workers."""
+        if self.num_workers == 0:
             for index in indices:
                 yield index, self.cache.get_or_load(index, functools.partial(self.source.read_chunk, index))
             return
-        pending: deque[tuple[int, Future[RawRays] | RawRays]] = deque()
+        self._start()
+        pending: deque[tuple[int, _Pending]] = deque()
         iterator = iter(indices)
-        exhausted = False
-        while True:
-            while not exhausted and len(pending) < self.lookahead:
-                upcoming = next(iterator, None)
-                if upcoming is None:
-                    exhausted = True
-                    break
-                pending.append((upcoming, self._submit(upcoming)))
-            if not pending:
-                return
-            index, item = pending.popleft()
-            if isinstance(item, Future):
-                chunk = self._result(index, item)
-                self.cache.put(index, chunk)
-                yield index, chunk
-            else:
+        try:
+            while True:
+                while len(pending) < self.lookahead and (upcoming := next(iterator, None)) is not None:
+                    pending.append((upcoming, self._submit(upcoming)))
+                if not pending:
+                    return
+                index, item = pending.popleft()
+                if item is None or isinstance(item, tuple):
+                    chunk = self.source.read_chunk(index) if item is None else self._wait(*item, index)
+                    self.cache.put(index, chunk)
+                    item = chunk
                 yield index, item
+        finally:
+            for _, item in pending:
+                if isinstance(item, tuple):
+                    item[0].abandon([item[1]])
 
     def wait_ready(self) -> None:
-        """Block until every worker process has started (spawned workers need seconds to import)."""
-        if self._pool is None:
+        """Start the workers if needed and block until every one is up."""
+        if self.num_workers == 0:
             return
-        seen: set[int] = set()
-        while len(seen) < self.num_workers:  # every worker answers once it is up
-            futures = [self._pool.submit(_worker_pid) for _ in range(self.num_workers)]
-            self._note_processes()
-            seen.update(self._wait(f, "starting up") for f in futures)
-        self._workers_ready = True
+        self._start()
+        while not all(self._ready(w, _POLL_S) for w in self._workers):
+            if self._dead():
+                raise self._worker_error("starting up")
 
-    def _result(self, index: int, future: Future[RawRays]) -> RawRays:
-        """The future's chunk; while no worker has started yet (spawning takes seconds), read it here."""
-        if not self._workers_ready and not future.done():
-            future.cancel()
-            return self.source.read_chunk(index)
-        self._workers_ready = True
-        return self._wait(future, f"reading chunk {index}")
+    def _start(self) -> None:
+        with self._lock:
+            if not self._workers and not self.broken and not self._closed:
+                self._workers = [WorkerProcess(self._blob) for _ in range(self.num_workers)]
 
-    def _wait(self, future: Future[Any], doing: str) -> Any:
-        """``future.result()``, checking every ``_POLL_S`` that no worker died meanwhile."""
+    def _ready(self, worker: WorkerProcess, timeout: float) -> bool:
+        try:
+            return worker.poll_ready(timeout)
+        except WorkerDied:
+            raise self._worker_error("starting up") from None
+        except Exception as exc:  # the worker could not rebuild the source
+            self.broken = True
+            close_workers(self._workers)
+            raise WorkerError(
+                f"loader worker process pid {worker.pid} could not rebuild the chunk source "
+                f"{_describe(self.source)}: {type(exc).__name__}: {exc}; use num_workers=0"
+            ) from exc
+
+    def _submit(self, index: int) -> _Pending:
+        """Hand ``index`` to the least busy worker that is up; ``None`` while none is."""
+        cached = self.cache.get(index)
+        if cached is not None or self._closed:
+            return cached
+        if self.broken or self._dead():  # a death between tasks loses no result; say so all the same
+            raise self._worker_error(f"reading chunk {index}")
+        ready = [w for w in self._workers if self._ready(w, 0.0)]
+        if not ready:
+            return None
+        worker = min(ready, key=lambda w: w.outstanding)
+        try:
+            return worker, worker.submit(index)
+        except WorkerDied:
+            raise self._worker_error(f"reading chunk {index}") from None
+
+    def _wait(self, worker: WorkerProcess, task: int, index: int) -> RawRays:
+        """Task ``task``'s chunk, checking every ``_POLL_S`` that no worker died meanwhile."""
         while True:
             try:
-                return future.result(timeout=_POLL_S)
-            except TimeoutError:
-                self._note_processes()
-                if self._dead():
-                    raise self._worker_error(doing) from None
-            except BrokenProcessPool as exc:
-                raise self._worker_error(doing) from exc
+                done, chunk = worker.result(task, _POLL_S)
+            except WorkerDied:
+                raise self._worker_error(f"reading chunk {index}") from None
+            if done:
+                return chunk
+            if self._dead():
+                raise self._worker_error(f"reading chunk {index}")
 
-    def _note_processes(self) -> None:
-        processes = getattr(self._pool, "_processes", None) or {}
-        self._processes.update(processes)
-
-    def _dead(self) -> list[tuple[int, int | None]]:
-        """``(pid, exit code or None)`` of every worker seen that has exited.
-
-        Exit is read from each process's sentinel (readable once it ended), which does not depend on
-        who reaps the process; the exit code is added when it is known.
-        """
-        sentinels: dict[int, int] = {}
-        dead: list[tuple[int, int | None]] = []
-        for pid, process in self._processes.items():
-            try:
-                sentinels[process.sentinel] = pid
-            except ValueError:  # a closed Process object
-                dead.append((pid, None))
-        if sentinels:
-            for ready in multiprocessing.connection.wait(list(sentinels), timeout=0):
-                pid = sentinels[ready]  # type: ignore[index]
-                dead.append((pid, self._processes[pid].exitcode))
-        return dead
+    def _dead(self) -> list[tuple[int, int]]:
+        """``(pid, exit code)`` of every worker that has exited."""
+        return [(w.pid, code) for w in self._workers if (code := w.exit_code()) is not None]
 
     def _worker_error(self, doing: str) -> WorkerError:
+        """Take every worker down and say which one died and how."""
         self.broken = True
-        self._note_processes()
-        deadline = time.monotonic() + 2.0  # the pool may notice before the exit code is collected
+        deadline = time.monotonic() + 2.0  # a pipe can end a moment before the exit is collected
         while not (dead := self._dead()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # The pool terminates the survivors of a broken pool with SIGTERM: name the others first.
-        first = [(pid, code) for pid, code in dead if code != -signal.SIGTERM] or dead
-        names = ", ".join(f"pid {pid} ({_how(code)})" for pid, code in first) or "a worker (pid unknown)"
+            time.sleep(0.02)
+        close_workers(self._workers)
+        names = ", ".join(f"pid {pid} ({_how(code)})" for pid, code in dead) or "a worker (pid unknown)"
         return WorkerError(
             f"loader worker process {names} died while the loader was {doing} "
             f"(source {_describe(self.source)}); the loader stopped its workers: iterate again to start "
             "new ones, or use num_workers=0"
         )
 
-    def _submit(self, index: int) -> Future[RawRays] | RawRays:
-        cached = self.cache.get(index)
-        if cached is not None:
-            return cached
-        assert self._pool is not None
-        if self.broken or self._dead():  # a death between tasks loses no result; say so all the same
-            raise self._worker_error(f"reading chunk {index}")
-        try:
-            future = self._pool.submit(_read_in_worker, index)
-        except BrokenProcessPool as exc:
-            raise self._worker_error(f"reading chunk {index}") from exc
-        self._note_processes()
-        return future
-
     def close(self) -> None:
-        """Shut the worker processes down (idempotent); a dead worker's pool is shut down too."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """End the worker processes (idempotent; see :func:`~raykit.loaders.processes.close_workers`)."""
+        with self._lock:
+            workers, self._workers = self._workers, []
+            self._closed = True
+        close_workers(workers)
 
     def __enter__(self) -> ChunkFetcher:
         return self

@@ -20,9 +20,13 @@ from typing import Any
 import torch
 
 from raykit.loaders.batching import DeviceBatcher
+from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
+from raykit.loaders.stages import StageTimes
 from raykit.loaders.window import WindowPlan
-from raykit.loaders.window_loader import gather_planned
+from raykit.loaders.window_source import WindowImageSource
+from raykit.loaders.windowed import WindowDraws, gather_planned
+from raykit.loaders.workers import ChunkFetcher
 from raykit.profiling.mixing import shuffle_quality
 from raykit.store.image_codec import decode_stored
 from raykit.store.images_read import images_reader, split_rows
@@ -72,14 +76,16 @@ def run_images_bench(
     stored_per_ray = sum(int(b) for b in entry["image_bytes"]) / info.n_rays
     kwargs = {"batch_size": batch_size, "seed": seed, "device": device, "num_workers": workers,
               "cache_bytes": int(cache_mb * MB)}  # fmt: skip
-    loader: Any = RayLoader(store, split, **kwargs)  # a WindowLoader (the split's layout)
+    loader = RayLoader(store, split, **kwargs)  # the window strategy (the split's layout)
     batches = max(1, min(batches, len(loader)))
     cold = _timed_loop(loader, batches, channels + 4)
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
     loader.wait_for_workers()
     warm = _timed_loop(loader, batches, channels + 4)
     loader.close()
-    plan: WindowPlan = loader.plan
+    plan = loader.plan
+    source = loader.source
+    assert isinstance(plan, WindowPlan) and isinstance(source, WindowImageSource)
     pieces = [p for _, p in zip(range(batches), plan.iter_batches(0), strict=False)]
     entering = list(dict.fromkeys(i for batch in pieces for i, _, _ in batch))
     reader = images_reader(store)
@@ -88,7 +94,9 @@ def run_images_bench(
     t1 = time.perf_counter()
     decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
     t2 = time.perf_counter()
-    window = {i: loader.enter(0, i, rgba) for i, rgba in decoded.items()}
+    fetcher = ChunkFetcher(source, ChunkCache(0), 0, 1)  # (the stage reads nothing here)
+    draws = WindowDraws(plan, source, lambda: fetcher, StageTimes({}), 1)
+    window = {i: draws.enter(0, i, rgba) for i, rgba in decoded.items()}
     raws = [gather_planned([(batch, {i: window[i] for i, _, _ in batch})])[0] for batch in pieces]
     t3 = time.perf_counter()
     batcher = DeviceBatcher(store, device)

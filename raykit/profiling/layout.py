@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from raykit.profiling.mixing import chunk_shuffle_quality
+from raykit.profiling.mixing import chunk_shuffle_quality, read_throughput
 from raykit.store.reader import RayStore
 from raykit.store.schema import ImageRecord, SceneInfo
 from raykit.store.summary import store_summary
@@ -72,22 +72,6 @@ def _bytes_per_ray(store: RayStore) -> dict[str, float]:
             continue
         sizes[key] = sizes.get(key, 0) + entry["size"]
     return {k: round(v / store.splits[k.split("/")[0]].n_rays, 3) for k, v in sorted(sizes.items())}
-
-
-def read_throughput(
-    store: RayStore, split: str = "train", n_chunks: int = 16, seed: int = 0
-) -> dict[str, float]:
-    """Random-order ``read_chunk`` throughput (checksums included) over up to ``n_chunks`` chunks.
-
-    One chunk is read first, untimed, so opening arrays and first-use file checks are not counted.
-    """
-    info = store.splits[split]
-    order = np.random.default_rng(seed).permutation(info.n_chunks)[:n_chunks]
-    store.read_chunk(split, int(order[-1]))
-    start = time.perf_counter()
-    rays = sum(len(store.read_chunk(split, int(i))) for i in order)
-    seconds = time.perf_counter() - start
-    return {"chunks": len(order), "rays": rays, "seconds": seconds, "rays_per_s": rays / seconds}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

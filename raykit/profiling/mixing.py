@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from raykit.store.reader import RayStore, open_store
 
-__all__ = ["chunk_shuffle_quality", "expected_distinct_images", "main", "shuffle_quality"]
+__all__ = ["chunk_shuffle_quality", "expected_distinct_images", "main", "read_throughput", "shuffle_quality"]
 
 
 def expected_distinct_images(n_pixels: np.ndarray, batch_size: int) -> float:
@@ -94,10 +95,24 @@ def chunk_shuffle_quality(
     }
 
 
+def read_throughput(
+    store: RayStore, split: str = "train", n_chunks: int = 16, seed: int = 0
+) -> dict[str, float]:
+    """Random-order ``read_chunk`` throughput (checksums included) over up to ``n_chunks`` chunks.
+
+    One chunk is read first, untimed, so opening arrays and first-use file checks are not counted.
+    """
+    info = store.splits[split]
+    order = np.random.default_rng(seed).permutation(info.n_chunks)[:n_chunks]
+    store.read_chunk(split, int(order[-1]))
+    start = time.perf_counter()
+    rays = sum(len(store.read_chunk(split, int(i))) for i in order)
+    seconds = time.perf_counter() - start
+    return {"chunks": len(order), "rays": rays, "seconds": seconds, "rays_per_s": rays / seconds}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m raykit.profiling.mixing STORE``: shuffle quality per chunks-per-batch, read rate."""
-    from raykit.profiling.layout import read_throughput
-
     parser = argparse.ArgumentParser(prog="python -m raykit.profiling.mixing", description=__doc__)
     parser.add_argument("store")
     parser.add_argument("--split", default="train")

@@ -198,7 +198,7 @@ def test_wait_for_workers_starts_them_and_changes_no_batch(stores: dict[str, Any
     _raw_loader(stores["zarr"], seed=3).wait_for_workers()  # no workers: returns at once
     with _raw_loader(stores["zarr"], seed=3, num_workers=2, cache_bytes=0) as loader:
         loader.wait_for_workers()
-        assert loader._fetcher is not None and loader._fetcher._workers_ready
+        assert len(loader.worker_pids()) == 2
         got = _pids(list(loader))
     assert len(got) == len(reference)
     assert all(np.array_equal(a, b) for a, b in zip(got, reference, strict=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,11 +14,11 @@ from raykit.errors import ConfigError
 from raykit.loaders import LoaderConfig, RayLoader
 from raykit.loaders import strategies as strategies_module
 from raykit.loaders.cache import ChunkCache
-from raykit.loaders.chunked import ChunkWindows, WindowGroups, chunk_groups
+from raykit.loaders.chunked import RAYS, ChunkStrategy, ChunkWindows, WindowGroups, chunk_groups
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import as_source
 from raykit.loaders.stages import StageTimes, StrategyInputs
-from raykit.loaders.strategies import layout_kind, strategy_for
+from raykit.loaders.strategies import layout_of, strategy_for
 from raykit.loaders.workers import ChunkFetcher
 
 
@@ -133,28 +133,26 @@ def test_state_saved_in_the_old_format_resumes(stores: dict[str, Any]) -> None:
     resumed.close()
 
 
-def test_the_loader_takes_its_strategy_from_the_layout_kind(
+def test_the_loader_takes_its_strategy_from_the_recorded_layout(
     stores: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = stores["zarr"]
-    assert layout_kind(store) == "rays" and strategy_for(store) is chunk_groups
+    assert layout_of(store, "train") == store.layout("train") == "rays"
+    assert strategy_for(store, "train") is RAYS
     built: list[StrategyInputs] = []
 
-    def counting(inputs: StrategyInputs) -> WindowGroups:
-        built.append(inputs)
-        return chunk_groups(inputs)
+    class Counting(ChunkStrategy):
+        def groups(self, inputs: StrategyInputs) -> WindowGroups:
+            built.append(inputs)
+            return super().groups(inputs)
 
-    monkeypatch.setitem(strategies_module.STRATEGIES, "rays", counting)
+    monkeypatch.setitem(strategies_module.STRATEGIES, "rays", Counting())
     with RayLoader(store, batch_size=100, make_batch=lambda raw: raw) as loader:
         assert sum(1 for _ in loader) == len(loader)
     assert len(built) == 1 and built[0].plan is loader.plan
-
-    class ImagesStore:
-        url = "mem://images"
-        manifest: ClassVar[dict[str, Any]] = {"layout": {"kind": "images"}}
-
-    with pytest.raises(ConfigError, match="mem://images: no loading strategy for layout kind 'images'"):
-        strategy_for(ImagesStore())
+    monkeypatch.delitem(strategies_module.STRATEGIES, "rays")
+    with pytest.raises(ConfigError, match="split 'train' has layout 'rays', which no loading strategy reads"):
+        RayLoader(store, batch_size=100)
 
 
 def test_default_group_rays_shrinks_with_a_small_cache_budget(stores: dict[str, Any]) -> None:

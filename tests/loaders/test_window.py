@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from raykit.errors import ConfigError, ResumeError
 from raykit.loaders import RayLoader
 from raykit.loaders.window import WindowPlan, reference_epoch_rays
-from raykit.loaders.window_loader import WindowImage, WindowLoader, gather_planned
+from raykit.loaders.windowed import WindowImage, gather_planned
 from raykit.store import SceneInfo
 from raykit.store.images_writer import write_images_store
 
@@ -35,8 +35,7 @@ def _fast(plan: WindowPlan, epoch: int) -> list[list[tuple[int, int]]]:
     epoch=st.integers(0, 2),
 )
 def test_plan_matches_reference_and_uses_every_ray_once(sizes, batch, window, seed, epoch) -> None:
-    if sum(sizes) < batch:
-        return
+    assume(sum(sizes) >= batch)
     plan = WindowPlan(tuple(sizes), batch, window, seed, drop_last=False)
     batches = _fast(plan, epoch)
     assert batches == reference_epoch_rays(plan, epoch)
@@ -107,7 +106,8 @@ def _key(batch: Any) -> torch.Tensor:
 
 def test_ray_loader_dispatches_and_rays_match_the_images(images_store) -> None:
     loader = RayLoader(images_store.url, "train", 100, seed=1, window_images=3, drop_last=False)
-    assert isinstance(loader, WindowLoader) and loader.plan.window_images == 3
+    assert isinstance(loader, RayLoader) and loader.strategy.name == "window"
+    assert loader.plan.window_images == 3
     keys, n = [], images_store.splits["train"].n_rays
     images = {name: images_store.read_image(name) for name in images_store.images("train")}
     for batch in loader:
@@ -128,6 +128,20 @@ def _raw_of(store: Any, batch: Any, images: dict[str, np.ndarray]) -> Any:
     widths = store.table.width[batch.image.numpy()]
     pid = offsets + batch.pixel[:, 1].numpy() * widths + batch.pixel[:, 0].numpy()
     return RawRays(rgba, pid.astype(np.uint32))
+
+
+def test_config_and_keywords_are_checked_as_on_a_rays_store(images_store) -> None:
+    from raykit.loaders import LoaderConfig
+
+    loader = RayLoader(images_store, config=LoaderConfig(batch_size=64, window_images=2))
+    assert loader.plan.batch_size == 64 and loader.plan.window_images == 2
+    assert len(next(iter(loader))) == 64
+    with pytest.raises(TypeError, match="batch_sise"):
+        RayLoader(images_store, batch_sise=64)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="both as config= and as keywords"):
+        RayLoader(images_store, batch_size=32, config=LoaderConfig(batch_size=64))
+    with pytest.raises(ConfigError, match="window_images: expected an integer >= 1"):
+        RayLoader(images_store, window_images=0)
 
 
 def test_resume_is_exact_and_states_are_checked(images_store) -> None:

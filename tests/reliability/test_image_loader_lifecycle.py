@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from raykit.errors import WorkerError
 from raykit.loaders import ImageLoader
 
 from .conftest import subprocess_env
+from .processes import wait_gone
 
 _RAISING = """
 import atexit, sys, threading
@@ -62,14 +62,16 @@ def test_exception_in_loop_keeps_exit_status(stores: dict[str, Any], tmp_path: P
 
 def test_unclosed_loader_is_released_by_garbage_collection(stores: dict[str, Any]) -> None:
     loader = ImageLoader(stores["zarr"], "test", num_workers=2, cache_bytes=0)
+    loader.wait_for_workers()
+    workers = loader.worker_pids()
     it = iter(loader)
     next(it)
     del it, loader
     gc.collect()
     deadline = time.monotonic() + 10
-    while (multiprocessing.active_children() or _raykit_threads()) and time.monotonic() < deadline:
+    while (wait_gone(workers, 0.05) or _raykit_threads()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not multiprocessing.active_children() and not _raykit_threads()
+    assert len(workers) == 2 and not wait_gone(workers, 0) and not _raykit_threads()
 
 
 @pytest.mark.slow
@@ -80,8 +82,7 @@ def test_killed_worker_raises_naming_it_then_restarts(stores: dict[str, Any]) ->
     expected = names(ImageLoader(stores["zarr"], "train", seed=3, cache_bytes=0))
     loader = ImageLoader(stores["zarr"], "train", seed=3, num_workers=2, cache_bytes=0)
     loader.wait_for_workers()
-    victim = multiprocessing.active_children()[0].pid
-    assert victim is not None
+    victim = loader.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(WorkerError, match=f"pid {victim}"):
         names(loader)

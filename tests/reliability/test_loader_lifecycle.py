@@ -1,16 +1,13 @@
 """Loader lifecycle: close, context manager, garbage collection, interpreter exit, dead workers,
-and the ``__main__`` guard of spawned workers (docs/reliability.md)."""
+and worker start-up from any ``__main__`` (docs/reliability.md)."""
 
 from __future__ import annotations
 
 import gc
-import multiprocessing
-import multiprocessing.connection
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -21,9 +18,9 @@ import pytest
 
 from raykit.errors import ConfigError, WorkerError
 from raykit.loaders import RayLoader
-from raykit.loaders.lifecycle import _guarded_lines
 
 from .conftest import subprocess_env
+from .processes import children, wait_gone
 
 
 def _raykit_threads() -> list[str]:
@@ -51,13 +48,14 @@ def test_unclosed_loader_released_by_garbage_collection(stores: dict[str, Any]) 
     loader.wait_for_workers()
     it = iter(loader)
     next(it)
-    assert multiprocessing.active_children() and _raykit_threads()
+    workers = loader.worker_pids()
+    assert workers and _raykit_threads()
     del it, loader
     gc.collect()
     deadline = time.monotonic() + 10
-    while (multiprocessing.active_children() or _raykit_threads()) and time.monotonic() < deadline:
+    while (wait_gone(workers, 0.05) or _raykit_threads()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not multiprocessing.active_children()
+    assert not wait_gone(workers, 0)
     assert not _raykit_threads()
 
 
@@ -108,13 +106,13 @@ from raykit.store import open_store
 
 store = open_store(sys.argv[1])
 loader = RayLoader(store, batch_size=64, num_workers=2)
-print(sum(1 for _ in loader))
+loader.wait_for_workers()
+print(sum(1 for _ in loader), len(loader.worker_pids()))
 """
 
 
-def test_unguarded_script_gets_a_clear_error_before_any_worker(
-    stores: dict[str, Any], tmp_path: Path
-) -> None:
+def test_unguarded_script_starts_workers(stores: dict[str, Any], tmp_path: Path) -> None:
+    # Workers are fresh interpreters that never run the parent's __main__: no guard is needed.
     script = tmp_path / "unguarded.py"
     script.write_text(_UNGUARDED)
     out = subprocess.run(
@@ -124,32 +122,42 @@ def test_unguarded_script_gets_a_clear_error_before_any_worker(
         env=subprocess_env(),
         timeout=120,
     )
+    assert out.returncode == 0, out.stderr
+    batches, workers = map(int, out.stdout.split())
+    assert batches > 0 and workers == 2
+    assert "Traceback" not in out.stderr
+
+
+_MAIN_SOURCE = """
+import sys
+import numpy as np
+from raykit.loaders import MemorySource, RayLoader
+
+class Mine(MemorySource):
+    pass
+
+if __name__ == "__main__":
+    source = Mine(np.zeros((64, 4), np.uint8), np.arange(64, dtype=np.uint32), 16)
+    RayLoader(source, batch_size=16, num_workers=2)
+"""
+
+
+def test_a_source_defined_in_main_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    script = tmp_path / "main_source.py"
+    script.write_text(_MAIN_SOURCE)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env(), timeout=120
+    )
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("raykit.errors.ConfigError: loader: num_workers=2")
-    assert f"{script}" in last and "line 7" in last and 'if __name__ == "__main__":' in last
-    assert "bootstrapping phase" not in out.stderr and out.stderr.count("Traceback") == 1
+    assert last.startswith("raykit.errors.ConfigError: loader: num_workers > 0"), out.stderr
+    assert "Mine is defined there" in last and "num_workers=0" in last
 
 
-def test_guard_detection_reads_the_script() -> None:
-    source = textwrap.dedent(
-        """\
-        import x
-        a = 1
-        if __name__ == "__main__":
-            b = 2
-            c = 3
-        if "__main__" == __name__:
-            d = 4
-        """
-    )
-    assert _guarded_lines(source) == [(4, 5), (7, 7)]
-
-
-def test_guard_check_passes_under_a_guarded_entry_point(stores: dict[str, Any]) -> None:
-    # pytest runs from its guarded ``__main__`` (or from a console script): no error, nothing spawned
-    # until iteration.
+def test_workers_start_when_first_needed(stores: dict[str, Any]) -> None:
+    before = children(os.getpid())
     loader = RayLoader(stores["zarr"], batch_size=64, num_workers=2, make_batch=lambda r: r)
+    assert children(os.getpid()) == before and loader.worker_pids() == []
     loader.close()
     with pytest.raises(ConfigError, match="num_workers: expected an integer >= 0"):
         RayLoader(stores["zarr"], batch_size=64, num_workers=-1)
@@ -161,15 +169,13 @@ def test_killed_worker_raises_naming_it_then_restarts(stores: dict[str, Any], ba
     expected = [b.pid for b in RayLoader(stores[backend], **kw)]
     loader = RayLoader(stores[backend], num_workers=2, prefetch=1, group_rays=64, **kw)
     loader.wait_for_workers()
-    process = multiprocessing.active_children()[0]
-    victim = process.pid
-    assert victim is not None
+    victim = loader.worker_pids()[0]
     it = iter(loader)
     next(it)  # workers busy with the epoch
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
     # The signal can take a moment to land on a loaded machine; the tiny epoch must not end first.
-    assert multiprocessing.connection.wait([process.sentinel], timeout=10)
+    assert not wait_gone([victim], 10)
     with pytest.raises(WorkerError, match=rf"loader worker process pid {victim} \((killed by SIGKILL|ended)"):
         for _ in it:
             pass
@@ -182,9 +188,8 @@ def test_killed_worker_raises_naming_it_then_restarts(stores: dict[str, Any], ba
         np.testing.assert_array_equal(a, b)
 
 
-def test_python_dash_m_package_is_not_flagged(stores: dict[str, Any], tmp_path: Path) -> None:
-    # ``python -m pkg`` runs ``pkg/__main__.py`` unguarded, but spawn never re-runs a package's
-    # ``__main__``: workers must start there (``python -m raykit bench --workers 1`` does this).
+def test_python_dash_m_package_starts_workers(stores: dict[str, Any], tmp_path: Path) -> None:
+    # ``python -m pkg`` runs ``pkg/__main__.py`` unguarded (``python -m raykit bench --workers 1``).
     package = tmp_path / "job"
     package.mkdir()
     (package / "__init__.py").write_text("")

@@ -1,0 +1,76 @@
+"""``num_workers="auto"``: whether worker processes would make a loader faster, and why.
+
+Worker processes pay when reading is a large part of a batch's cost and there are cores left for
+them. A loader already keeps ``gen_threads`` generation threads busy, and the caller's training loop
+needs a core; on top of those, workers compete for the same cores, add a copy of every chunk through
+a pipe and take seconds to start (each imports torch). Measured: with the old process pool, 2 workers
+on 2 cores were slower than none (issue 26: 7.7-9.4 against 12.9-15.1 M rays/s); with this package's
+workers, 0.89-1.17x of none (BENCHMARKS.md, issue 26: within the noise of a shared machine, for 3-6 s
+of start-up). Decoding a local ray chunk runs at 10-25x the loader's rate and, once the cache holds
+the split, nothing is read at all; decoding images (the images layout) and fetching remote shards are
+the reads that workers speed up.
+
+:func:`choose_workers` applies those findings; the loader records its answer and the reason in
+``loader.workers_reason``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from raykit.loaders.source import is_remote
+
+__all__ = ["MAX_AUTO_WORKERS", "MIN_AUTO_CHUNKS", "choose_workers", "source_url", "usable_cores"]
+
+MAX_AUTO_WORKERS = 4  # more rarely pays: the consumer's rate bounds the loader
+MIN_AUTO_CHUNKS = 64  # fewer chunks (images) are read faster than workers start (seconds)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def choose_workers(
+    url: str | None, n_chunks: int, layout: str, gen_threads: int, cores: int
+) -> tuple[int, str]:
+    """``(num_workers, why)`` for ``num_workers="auto"``.
+
+    Args:
+        url: where the store is (``None``: a source that is not a store).
+        n_chunks: chunks (images, for the images layout) in the split.
+        layout: the split's recorded layout (``"rays"`` or ``"images"``).
+        gen_threads: the loader's generation threads.
+        cores: usable cores (:func:`usable_cores`).
+    """
+    spare = cores - gen_threads - 1  # the generation threads and the consumer have theirs
+    if url is None:
+        return 0, "auto: 0 workers: the source is not a store (in memory or the caller's own)"
+    if n_chunks < MIN_AUTO_CHUNKS:
+        return (
+            0,
+            f"auto: 0 workers: the split has fewer than {MIN_AUTO_CHUNKS} chunks, read before workers start",
+        )
+    if spare < 1:
+        return 0, (
+            f"auto: 0 workers: {cores} usable cores, taken by {gen_threads} generation threads and the "
+            "consumer; workers would compete with them (BENCHMARKS.md, issue 26)"
+        )
+    if layout == "rays" and not is_remote(url):
+        return (
+            0,
+            "auto: 0 workers: local ray chunks decode at 10-25x the loader's rate; workers only add copies",
+        )
+    n = min(spare, MAX_AUTO_WORKERS)
+    what = "image decoding" if layout == "images" else "remote reads"
+    return n, f"auto: {n} workers: {what} on {spare} cores beyond the generation threads and the consumer"
+
+
+def source_url(source: Any) -> str | None:
+    """Where a chunk source's store is (its ``url``, or its store's), else ``None``."""
+    url = getattr(source, "url", None) or getattr(getattr(source, "store", None), "url", None)
+    return str(url) if url is not None else None

@@ -1,0 +1,254 @@
+"""The window strategy of :class:`~raykit.loaders.RayLoader` (images-layout splits): the windowed shuffle
+of ``window.py`` as one stage of the loader's pipeline.
+
+:class:`WindowDraws` (images -> groups) follows the :class:`~raykit.loaders.window.WindowPlan`: images
+are decoded ahead in the order they enter the window (by the loader's worker processes when
+``num_workers > 0``, else on one decoding thread; Pillow decodes without the GIL), put in the epoch's
+rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
+yielded as a :class:`~raykit.loaders.stages.RawGroup` whose slices are pieces of window images. The
+loader's ``Generate`` and ``Prefetch`` stages follow, as for ray chunks. State: ``{"epoch", "batch"}``.
+
+Memory: the window's decoded images (``window_images`` of them, by default as many as fit
+``cache_bytes``, :func:`default_window`) plus the images being decoded ahead
+(``max(DECODE_AHEAD, num_workers)``) and the groups in flight. :data:`WINDOW` is the strategy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from raykit.errors import ConfigError
+from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
+from raykit.loaders.source import ChunkSource
+from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StageTimes, StrategyInputs
+from raykit.loaders.window import Piece, WindowPlan
+from raykit.loaders.window_source import WindowImageSource
+from raykit.loaders.workers import ChunkFetcher
+from raykit.store.reader import RayStore
+from raykit.store.schema import RawRays
+
+__all__ = ["DECODE_AHEAD", "WINDOW", "WindowDraws", "WindowImage", "WindowStrategy", "default_window"]
+
+DECODE_AHEAD = 4  # images decoded ahead of the window (more with more workers)
+
+
+def default_window(store: RayStore, split: str, cache_bytes: int) -> int:
+    """Window size from ``cache_bytes``: decoded images of the split's largest size that fit, less
+    the ``DECODE_AHEAD`` being decoded (at least 1)."""
+    rows = [i for i, s in enumerate(store.table.splits) if s == split]
+    largest = max(int(store.table.n_pixels[i]) for i in rows) * store.rgba_channels
+    return max(1, cache_bytes // largest - DECODE_AHEAD)
+
+
+class WindowStrategy:
+    """How :class:`~raykit.loaders.RayLoader` reads an images-layout split (see the module docstring).
+
+    ``mix_chunks`` and ``mix_run`` (the ray layout's mixing) do not apply and are ignored.
+    """
+
+    name: str = "window"
+    exact_keys: tuple[str, ...] = ("n_rays", "seed", "shuffle", "window_images")
+
+    def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> WindowImageSource:
+        if not isinstance(store, RayStore):
+            raise ConfigError(f"loader: the window strategy reads a RayStore, got {type(store).__name__}")
+        return WindowImageSource(store, cfg.split, cfg.disk_cache)
+
+    def plan(self, source: WindowImageSource, cfg: LoaderConfig, rank: int, world_size: int) -> WindowPlan:
+        window = cfg.window_images
+        if window is None:
+            window = default_window(source.store, cfg.split, cfg.cache_bytes)
+        return WindowPlan(
+            tuple(source.image_rays), cfg.batch_size, int(window), cfg.seed, cfg.shuffle, cfg.drop_last,
+            world_size, rank,
+        )  # fmt: skip
+
+    def cache_bytes(self, cfg: LoaderConfig) -> int:
+        return 0  # decoded images are held by the window, not cached
+
+    def group_rays(self, cfg: LoaderConfig) -> int:
+        return GROUP_RAYS_MAX
+
+    def lookahead(self, plan: WindowPlan, num_workers: int) -> int:
+        return max(DECODE_AHEAD, num_workers)
+
+    def state_fields(self, plan: WindowPlan) -> dict[str, Any]:
+        return {"n_rays": int(sum(plan.image_rays)), "seed": plan.seed, "shuffle": plan.shuffle,
+                "window_images": plan.window_images}  # fmt: skip
+
+    def groups(self, inputs: StrategyInputs) -> WindowDraws:
+        return WindowDraws(inputs.plan, inputs.source, inputs.fetcher, inputs.times, inputs.group_rays)
+
+
+WINDOW = WindowStrategy()
+
+
+class WindowDraws(Positioned):
+    """Stage images -> groups: the window's draws of one epoch from batch ``batch`` on, in groups of
+    about ``group_rays`` rays; the first batch goes alone, so that it is ready as soon as the window is."""
+
+    def __init__(
+        self,
+        plan: WindowPlan,
+        source: WindowImageSource,
+        fetcher: Callable[[], ChunkFetcher],
+        times: StageTimes,
+        group_rays: int,
+    ) -> None:
+        self.plan, self.source, self._fetcher, self._times = plan, source, fetcher, times
+        self.group_rays = group_rays
+        self._bases: dict[tuple[int, int], np.ndarray] = {}
+
+    def __iter__(self) -> Iterator[RawGroup]:
+        epoch, start = self.epoch, self.batch
+        per_group = max(1, self.group_rays // self.plan.batch_size)
+        group: list[Planned] = []
+        for k, planned in enumerate(self._planned(epoch, start)):
+            group.append(planned)
+            if k == 0 or len(group) >= per_group:
+                yield self._group(epoch, group)
+                group = []
+        if group:
+            yield self._group(epoch, group)
+
+    def _group(self, epoch: int, group: list[Planned]) -> RawGroup:
+        bounds: list[tuple[int, int]] = []
+        slices: list[tuple[Sliceable, int, int]] = []
+        lo = 0
+        for pieces, held in group:
+            for i, a, b in pieces:
+                slices.append((held[i], a, b))
+            size = sum(b - a for _, a, b in pieces)
+            bounds.append((lo, lo + size))
+            lo += size
+        first = self.batch
+        self.batch += len(group)
+        return RawGroup(epoch, first, bounds, slices)
+
+    def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
+        """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
+        doubled = self._doubled(epoch, self.plan.image_rays[image])
+        offset = int(self.source.pixel_offsets[image])
+        return WindowImage.enter(rgba, offset, doubled, self.plan.rotation(epoch, image))
+
+    def _doubled(self, epoch: int, n: int) -> np.ndarray:
+        """(2 n,) uint32: ``epoch``'s base permutation of ``n`` twice over (a rotation is one slice)."""
+        if (epoch, n) not in self._bases:
+            self._bases = {k: v for k, v in self._bases.items() if k[0] == epoch}
+            base = self.plan.base_permutation(epoch, n).astype(np.uint32)
+            self._bases[(epoch, n)] = np.concatenate([base, base])
+        return self._bases[(epoch, n)]
+
+    def _decoded(self, images: list[int]) -> Iterator[tuple[int, RawRays]]:
+        """Decoded images in ``images`` order, ``DECODE_AHEAD`` ahead (workers, or one thread)."""
+        fetcher = self._fetcher()
+        if fetcher.num_workers > 0:
+            yield from fetcher.fetch(images)
+            return
+        with ThreadPoolExecutor(1, "raykit-decode") as pool:
+            pending: deque[tuple[int, Future[RawRays]]] = deque()
+            iterator = iter(images)
+            try:
+                for i in iterator:
+                    pending.append((i, pool.submit(self.source.read_chunk, i)))
+                    if len(pending) > DECODE_AHEAD:
+                        break
+                while pending:
+                    i, future = pending.popleft()
+                    nxt = next(iterator, None)
+                    if nxt is not None:
+                        pending.append((nxt, pool.submit(self.source.read_chunk, nxt)))
+                    yield i, future.result()
+            finally:
+                for _, future in pending:
+                    future.cancel()
+
+    def _planned(self, epoch: int, start: int) -> Iterator[Planned]:
+        """Batches ``start..`` of ``epoch`` as planned (their pieces and the window images they draw
+        from): decoding stays ahead and images leave the window when used up."""
+        plan = self.plan
+        finished: set[int] = set()  # images used up before batch ``start`` (count draws only)
+        if start:
+            for k, pieces in enumerate(plan.iter_batches(epoch)):
+                if k >= start:
+                    break
+                finished.update(i for i, _, hi in pieces if hi == plan.image_rays[i])
+        # Images enter the window in the epoch's image order: decode them in that order.
+        stream = self._decoded([i for i in plan.image_order(epoch).tolist() if i not in finished])
+        window: dict[int, WindowImage] = {}
+        for pieces in plan.iter_batches(epoch, start):
+            t0 = time.perf_counter()
+            for i, _, _ in pieces:
+                while i not in window:  # images that entered before ``i`` come first
+                    got, image = next(stream)
+                    window[got] = self.enter(epoch, got, image.rgba)
+            self._times.add("read", time.perf_counter() - t0)
+            yield pieces, {i: window[i] for i, _, _ in pieces}
+            for i, _, hi in pieces:
+                if hi == plan.image_rays[i]:
+                    window.pop(i, None)  # used up: leaves the window
+
+
+class WindowImage(NamedTuple):
+    """A decoded image in the window, its colours in the epoch's rank order.
+
+    Attributes:
+        ranked: (n, C) uint8 colours of ranks ``0..n-1`` (rank ``r`` is row-major pixel
+            ``doubled[r + rotation]``): a batch's piece of the image is one slice of it.
+        offset: the image's first pid.
+        doubled: (2 n,) uint32 the epoch's ray order of images of ``n`` rays
+            (``WindowPlan.base_permutation``), twice over.
+        rotation: the image's rotation of it (``WindowPlan.rotation``).
+    """
+
+    ranked: np.ndarray
+    offset: int
+    doubled: np.ndarray
+    rotation: int
+
+    def take(self, lo: int, hi: int) -> RawRays:
+        """Ranks ``[lo, hi)``: their colours (a view) and global pids."""
+        pid = self.doubled[lo + self.rotation : hi + self.rotation] + np.uint32(self.offset)
+        return RawRays(self.ranked[lo:hi], pid)
+
+    @staticmethod
+    def gather_slices(slices: Sequence[tuple[WindowImage, int, int]]) -> RawRays:
+        """The rays of pieces ``(image, lo, hi)``, concatenated: each is the slice ``lo:hi`` of the
+        image's ranked colours, and its pids the image's offset plus the slice
+        ``lo + rotation : hi + rotation`` of the doubled base order."""
+        if len(slices) == 1:
+            image, lo, hi = slices[0]
+            return image.take(lo, hi)
+        colours = [image.ranked[lo:hi] for image, lo, hi in slices]
+        orders = [image.doubled[lo + image.rotation : hi + image.rotation] for image, lo, hi in slices]
+        pid = np.concatenate(orders)
+        offsets = np.asarray([image.offset for image, _, _ in slices], dtype=np.uint32)
+        pid += np.repeat(offsets, [hi - lo for _, lo, hi in slices])
+        return RawRays(np.concatenate(colours), pid)
+
+    @classmethod
+    def enter(cls, rgba: np.ndarray, offset: int, doubled: np.ndarray, rotation: int) -> WindowImage:
+        """The image as it enters the window: its (n, C) row-major colours put in rank order (one
+        gather per image, so that batches read contiguous slices)."""
+        n = len(doubled) // 2
+        order = doubled[rotation : rotation + n]
+        if rgba.shape[1] == 4:  # four uint8 channels gather as one uint32
+            ranked = np.take(np.ascontiguousarray(rgba).view(np.uint32)[:, 0], order).view(np.uint8)
+            return cls(ranked.reshape(-1, 4), offset, doubled, rotation)
+        return cls(np.take(rgba, order, axis=0), offset, doubled, rotation)
+
+
+Planned = tuple[list[Piece], dict[int, WindowImage]]  # a batch's pieces and the images they draw from
+
+
+def gather_planned(group: list[Planned]) -> tuple[RawRays, list[int]]:
+    """Consecutive planned batches -> ``(their compact rays, concatenated in batch order; each
+    batch's size)``. Safe on any thread: it reads only the images the group holds."""
+    slices = [(held[i], lo, hi) for pieces, held in group for i, lo, hi in pieces]
+    return WindowImage.gather_slices(slices), [sum(hi - lo for _, lo, hi in pieces) for pieces, _ in group]
