@@ -81,7 +81,9 @@ class RunConfig:
         problems = []
         unknown = [s for s in self.sampler_list() if s not in SAMPLER_NAMES]
         if unknown:
-            problems.append(f"samplers: expected some of {', '.join(SAMPLER_NAMES)}, got {', '.join(unknown)}")
+            problems.append(
+                f"samplers: expected some of {', '.join(SAMPLER_NAMES)}, got {', '.join(unknown)}"
+            )
         if not self.minutes > 0:
             problems.append(f"minutes: expected > 0, got {self.minutes}")
         for name in ("retries", "max_restarts"):
