@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib
 import json
 import os
 import signal
@@ -158,10 +159,10 @@ def _inject(monkeypatch: pytest.MonkeyPatch, code: int, after: int) -> list[str]
             raise OSError(code, os.strerror(code), str(path))
         real(path)
 
-    modules = ["raykit.fileio", "raykit.store.writer", "raykit.trainer.checkpoint", "raykit.store.staging"]
-    for name in modules:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "fsync_path"):
+    for name in ("raykit.store.commit", "raykit.store.rays_writer", "raykit.store.images_writer"):
+        importlib.import_module(name)  # every module that syncs files is loaded, then patched
+    for name, module in list(sys.modules.items()):
+        if name.startswith("raykit.") and getattr(module, "fsync_path", None) is real:
             monkeypatch.setattr(module, "fsync_path", fsync)
     return failed
 
