@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm import tqdm
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
@@ -32,6 +31,7 @@ from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.progress import progress as progress_bar
 from raykit.store.images_layout import LAYOUTS
 from raykit.store.location import is_url
 from raykit.store.points import SparsePoints
@@ -159,7 +159,7 @@ def _checked_cameras(
             pool = stack.enter_context(ThreadPoolExecutor(threads, "raykit-probe"))
             probed = pool.map(_image_problems, views, [exif] * len(views))
         found_all = list(
-            tqdm(probed, total=len(views), desc="check images", unit="image", disable=not progress)
+            progress_bar(probed, total=len(views), desc="check images", unit="image", disable=not progress)
         )
     for view, (found, policy) in zip(views, found_all, strict=True):
         problems.extend(found)

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
 from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
+from raykit.progress import progress as progress_bar
 from raykit.store.backend import Backend, PayloadSpec, backend_named, payload_layout
 from raykit.store.commit import StoreContent, commit_store, source_fingerprint, write_index_and_manifest
 from raykit.store.destination import check_seed
@@ -142,7 +141,7 @@ def _run_iter(
 ) -> Iterator[Any]:
     """The results of ``fn`` over ``jobs`` in order, as they finish (with a progress bar)."""
     results: Iterable[Any] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
-    yield from tqdm(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
+    yield from progress_bar(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
 
 
 def _in_process(executor: Any) -> bool:

@@ -261,21 +261,23 @@ def _max_samples_per_ray(config: TrainConfig) -> int:
 
 
 def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> Any:
-    """A tqdm bar over training seconds (with a time budget) or steps; None unless asked for (rank 0)."""
+    """A bar over training seconds (with a time budget) or steps; None unless asked for (rank 0)."""
     if not (config.progress and procs.is_main):
         return None
-    from tqdm import tqdm
+    from raykit.progress import progress as progress_bar
 
     if config.max_seconds is not None:
         shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s"
-        return tqdm(
+        return progress_bar(
             total=config.max_seconds,
             initial=min(state.elapsed, config.max_seconds),
             desc=config.sampler,
             bar_format=shape,
             mininterval=1.0,
         )
-    return tqdm(total=config.steps, initial=state.step, unit="step", desc=config.sampler, mininterval=1.0)
+    return progress_bar(
+        total=config.steps, initial=state.step, unit="step", desc=config.sampler, mininterval=1.0
+    )
 
 
 def _sync(device: torch.device) -> float:
