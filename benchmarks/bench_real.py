@@ -11,9 +11,9 @@ occupancy sampler also runs as it did before issue 30 in contracted space (``--o
 
 Reported per run: test PSNR/SSIM, steps, rays/s, samples per ray, peak memory, the quick test-PSNR
 curve against training time (4 test images) and the 1-minute load average before and after (the
-machine is shared; run it under ``flock /tmp/raykit-timing.lock``).
+machine may be shared: run it alone, e.g. under ``flock`` on a lock file all timing runs take).
 
-    flock /tmp/raykit-timing.lock python benchmarks/bench_real.py            # the benchmark in BENCHMARKS.md
+    python benchmarks/bench_real.py                                          # the benchmark in BENCHMARKS.md
     python benchmarks/bench_real.py --minutes 0.5 --out out/r.json CAPTURE   # a quick look at any capture
 
 Results go to ``benchmarks/results/bench_real.json`` and the plot to

@@ -30,7 +30,7 @@ first: sizes that do not fit are dropped with a message.
     python benchmarks/bench_scale.py                                  # the full benchmark (hours)
     python benchmarks/bench_scale.py --sizes 250 --train-minutes 0    # one size, no training
     python benchmarks/bench_scale.py --sizes 8,16 --width 320 --height 180 --points 2000 \\
-        --loader-seconds 2 --train-minutes 0 --cache-gb 0.25 --out /tmp/scale.json   # a smoke run
+        --loader-seconds 2 --train-minutes 0 --cache-gb 0.25 --out scale-smoke.json   # a smoke run
 
 Results go to ``benchmarks/results/scale.json`` (and ``scale.png``).
 """
