@@ -61,7 +61,7 @@ from raykit.store.staging import (
     scratch_record,
     write_record,
 )
-from raykit.store.table import build_camera_table, order_records, write_camera_table
+from raykit.store.table import build_camera_table, write_camera_table
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -255,17 +255,7 @@ def write_images_store(
     """``write_store(..., layout="images")``, kept for one release (``option_fields``: ``backend``,
     ``chunk_rays``, ``shard_chunks``, ``seed`` as :class:`~raykit.store.plan.StoreOptions`)."""
     options = StoreOptions(layout=IMAGES_LAYOUT, **option_fields)
-    request = WriteRequest(
-        Path(dst),
-        order_records(records),
-        scene,
-        options,
-        executor,
-        progress,
-        dict(source or {}),
-        overwrite,
-        points,
-    )
+    request = WriteRequest.of(dst, records, scene, options, executor, progress, source, overwrite, points)
     return write_images(request)
 
 

@@ -20,6 +20,7 @@ from raykit.store.destination import check_destination, prepare_partial
 from raykit.store.integrity import json_digest
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.table import order_records
 
 __all__ = [
     "DEFAULT_CHUNK_RAYS",
@@ -98,6 +99,32 @@ class WriteRequest:
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the manifest's description
     overwrite: bool = False
     points: SparsePoints | None = None
+
+    @classmethod
+    def of(
+        cls,
+        dst: str | Path,
+        records: Sequence[ImageRecord],
+        scene: SceneInfo,
+        options: StoreOptions,
+        executor: concurrent.futures.Executor | None = None,
+        progress: bool = False,
+        source: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        points: SparsePoints | None = None,
+    ) -> WriteRequest:
+        """The request of ``write_store``'s arguments: records put in table order, ``source`` copied."""
+        return cls(
+            Path(dst),
+            order_records(records),
+            scene,
+            options,
+            executor,
+            progress,
+            dict(source or {}),
+            overwrite,
+            points,
+        )
 
 
 def check_options(
