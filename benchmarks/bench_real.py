@@ -84,7 +84,9 @@ def bench_capture(capture: Path, args: argparse.Namespace, work: Path) -> dict[s
     seconds = args.minutes * 60
     for sampler in args.samplers.split(","):
         out = work / f"{capture.name}-{sampler}"
-        result["runs"][sampler] = one_run(store, out, seconds, args.progress_every, sampler=sampler)
+        result["runs"][sampler] = one_run(
+            store, out, seconds, args.progress_every, sampler=sampler, threads=args.threads
+        )
         print(sampler, {k: result["runs"][sampler][k] for k in ("test_psnr", "samples_per_ray", "steps")})
     if args.before_minutes > 0:
         out = work / f"{capture.name}-occupancy-before"
@@ -95,6 +97,7 @@ def bench_capture(capture: Path, args: argparse.Namespace, work: Path) -> dict[s
             args.progress_every,
             sampler="occupancy",
             occ_alpha_threshold=0.0,
+            threads=args.threads,
         )
     runs = result["runs"]
     if result["auto"]["sampler"] in runs:
@@ -155,6 +158,13 @@ def main() -> None:
     parser.add_argument(
         "--progress-every", type=float, default=30.0, help="seconds between quick PSNR checks"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per run (default: torch's choice; 1 keeps a shared machine's other "
+        "load from stalling torch's spinning thread pool)",
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raykit-bench-real")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_real.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "results" / "bench_real_psnr.png")
@@ -163,7 +173,8 @@ def main() -> None:
     captures = args.captures or [PLANT]
     results = [bench_capture(capture, args, args.work) for capture in captures]
     plot(results, args.plot)
-    write_report(args.out, {"command": command_line(), "machine": describe(), "captures": results})
+    report = {"command": command_line(), "machine": describe(), "threads": args.threads, "captures": results}
+    write_report(args.out, report)
     print(f"wrote {_shown(args.out)} and {_shown(args.plot)}")
 
 
