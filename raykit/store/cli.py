@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from raykit.errors import StoreCorruptError, StoreVersionError
-from raykit.store.images_layout import LAYOUTS
+from raykit.store.layout import LAYOUTS
 from raykit.store.reader import open_store
 from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store

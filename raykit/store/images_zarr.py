@@ -8,64 +8,37 @@ of ``image_chunk_bytes`` (codecs ``bytes`` then ``crc32c``), shards of ``image_s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
 from raykit.store.backend import ImageShard, StagedImage
-from raykit.store.images_layout import IMAGES_LAYOUT
+from raykit.store.layout import IMAGES_LAYOUT, StoreLayout
+from raykit.store.zarr_read import ABSENT_CHUNK, ZARR_ROOT, crc32c_bytes, document_bytes
 
-__all__ = [
-    "ZARR_IMAGES",
-    "ZARR_ROOT",
-    "ZarrImages",
-    "images_metadata",
-    "zarr_image_shard",
-    "zarr_shard_count",
-]
-
-_ABSENT = 2**64 - 1
-ZARR_ROOT = {"attributes": {"raykit": "ray store payload"}, "zarr_format": 3, "node_type": "group"}
+__all__ = ["ZARR_IMAGES", "ZarrImages", "images_metadata", "zarr_image_shard"]
 
 
-def _crc_bytes(data: bytes) -> bytes:
-    return int(google_crc32c.value(data)).to_bytes(4, "little")
-
-
-def _doc_bytes(document: Mapping[str, Any]) -> bytes:
-    return json.dumps(document, indent=2).encode()
-
-
-def _shard_bytes(layout: Mapping[str, Any]) -> int:
-    return int(layout["image_chunk_bytes"]) * int(layout["image_shard_chunks"])
-
-
-def zarr_shard_count(total: int, layout: Mapping[str, Any]) -> int:
-    return -(-total // _shard_bytes(layout))
-
-
-def zarr_image_shard(blob: bytes, shard: int, total: int, layout: Mapping[str, Any]) -> list[bytes]:
+def zarr_image_shard(blob: bytes, shard: int, total: int, layout: StoreLayout) -> list[bytes]:
     """Shard ``shard`` of a split's byte array as zarr writes it, in pieces.
 
     Args:
         blob: bytes ``[shard * S, min((shard + 1) * S, total))`` of the array (S: bytes per shard).
     """
-    size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
-    index = np.full((per, 2), _ABSENT, dtype="<u8")
+    size, per = layout.image_chunk_bytes, layout.image_shard_chunks
+    index = np.full((per, 2), ABSENT_CHUNK, dtype="<u8")
     pieces, offset = [], 0
     for j, lo in enumerate(range(0, len(blob), size)):
         chunk = blob[lo : lo + size]
         chunk = chunk + bytes(size - len(chunk))
-        pieces += [chunk, _crc_bytes(chunk)]
+        pieces += [chunk, crc32c_bytes(chunk)]
         index[j] = (offset, size + 4)
         offset += size + 4
     raw = index.tobytes()
-    return [*pieces, raw, _crc_bytes(raw)]
+    return [*pieces, raw, crc32c_bytes(raw)]
 
 
 def _bytes_codec(little: bool = False) -> dict[str, Any]:
@@ -92,10 +65,10 @@ def images_metadata(
     names: Sequence[str],
     formats: Sequence[str],
     offsets: Sequence[int],
-    layout: Mapping[str, Any],
+    layout: StoreLayout,
 ) -> dict[str, bytes]:
     """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
-    size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
+    size, per = layout.image_chunk_bytes, layout.image_shard_chunks
     sharding = {
         "chunk_shape": [size],
         "codecs": [_bytes_codec(), {"name": "crc32c"}],
@@ -111,10 +84,10 @@ def images_metadata(
     raw = np.asarray(offsets, dtype="<i8").tobytes()
     base = f"zarr/{split}"
     return {
-        f"{base}/zarr.json": _doc_bytes(group),
-        f"{base}/images/zarr.json": _doc_bytes(images),
-        f"{base}/image_offsets/zarr.json": _doc_bytes(offsets_doc),
-        f"{base}/image_offsets/c/0": raw + _crc_bytes(raw),
+        f"{base}/zarr.json": document_bytes(group),
+        f"{base}/images/zarr.json": document_bytes(images),
+        f"{base}/image_offsets/zarr.json": document_bytes(offsets_doc),
+        f"{base}/image_offsets/c/0": raw + crc32c_bytes(raw),
     }
 
 
@@ -123,7 +96,7 @@ class ZarrImages:
     """How the zarr backend stores and reads images-layout splits (``images_layout.ImagesPayload``)."""
 
     def root_metadata(self) -> dict[str, bytes]:
-        return {"zarr/zarr.json": _doc_bytes(ZARR_ROOT)}
+        return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
 
     def plan_split(
         self,
@@ -131,11 +104,11 @@ class ZarrImages:
         names: Sequence[str],
         formats: Sequence[str],
         sizes: Sequence[int],
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
-        per, shards = _shard_bytes(layout), []
-        for s in range(zarr_shard_count(starts[-1], layout)):
+        per, shards = layout.image_shard_bytes, []
+        for s in range(-(-starts[-1] // per)):
             take = [j for j in range(len(sizes)) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
             shards.append(
                 ImageShard(
@@ -145,9 +118,9 @@ class ZarrImages:
         return shards, {"image_offset": starts}, images_metadata(split, names, formats, starts, layout)
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: Mapping[str, Any]
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
     ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
-        per = _shard_bytes(layout)
+        per = layout.image_shard_bytes
         lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
         blob = bytearray(hi - lo)
         for image, offset in zip(images, shard.offsets, strict=True):
@@ -156,9 +129,9 @@ class ZarrImages:
         pieces = zarr_image_shard(bytes(blob), shard.shard, shard.total, layout)
         return f"zarr/{split}/images/c/{shard.shard}", pieces, {}
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: Mapping[str, Any]) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        per = _shard_bytes(layout)
+        per = layout.image_shard_bytes
         return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
     def read_image(
@@ -168,10 +141,10 @@ class ZarrImages:
         entry: Mapping[str, Any],
         split: str,
         i: int,
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> bytes:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
+        size, per = layout.image_chunk_bytes, layout.image_shard_chunks
         parts: list[bytes] = []
         for c0 in range(lo // size, (hi - 1) // size + 1, 1):
             if parts and c0 % per:

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError
-from raykit.store.backend import BACKENDS, RGBA_CODEC, RGBA_CODECS
-from raykit.store.destination import check_destination, prepare_partial
-from raykit.store.integrity import json_digest
+from raykit.store.backend import BACKENDS
+from raykit.store.layout import RGBA_CODEC, RGBA_CODECS
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
 from raykit.store.table import order_records
@@ -29,9 +28,7 @@ __all__ = [
     "SHUFFLED_SPLITS",
     "StoreOptions",
     "WriteRequest",
-    "check_options",
     "field_specs",
-    "partial_dir",
     "record_plan",
     "split_infos",
 ]
@@ -85,6 +82,23 @@ class StoreOptions:
     with_pids: bool = False
     memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES
 
+    def check(self) -> None:
+        """Raise ``ConfigError`` for an unknown backend or codec, empty chunks or shards, a bad
+        ``materialize`` or a seed that is not an integer in ``[0, 2**63)``."""
+        if self.rgba_codec not in RGBA_CODECS:
+            raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {self.rgba_codec!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"store backend: expected one of {BACKENDS}, got {self.backend!r}")
+        if self.chunk_rays < 1 or self.shard_chunks < 1:
+            raise ConfigError(
+                f"expected chunk_rays >= 1 and shard_chunks >= 1, got {self.chunk_rays}, {self.shard_chunks}"
+            )
+        if self.materialize not in (None, "float16", "float32"):
+            raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {self.materialize!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ConfigError(f"seed: expected an integer >= 0, got {seed!r}")
+
 
 @dataclass(frozen=True)
 class WriteRequest:
@@ -125,29 +139,6 @@ class WriteRequest:
             overwrite,
             points,
         )
-
-
-def check_options(
-    backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None, rgba_codec: str = "zstd"
-) -> None:
-    """Raise ``ConfigError`` for an unknown backend or codec, empty chunks or shards, or a bad
-    ``materialize``."""
-    if rgba_codec not in RGBA_CODECS:
-        raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {rgba_codec!r}")
-    if backend not in BACKENDS:
-        raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
-    if chunk_rays < 1 or shard_chunks < 1:
-        raise ConfigError(f"expected chunk_rays >= 1 and shard_chunks >= 1, got {chunk_rays}, {shard_chunks}")
-    if materialize not in (None, "float16", "float32"):
-        raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {materialize!r}")
-
-
-def partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool, key: str | None = None) -> Path:
-    """The ``<dst>.partial`` directory of this plan: kept when its ``plan.json`` matches (resume),
-    replaced otherwise; refuses to replace a store (unless ``overwrite``) or a non-store directory
-    (``raykit.store.destination``). ``key``: ``json_digest(plan)`` when the caller has it already."""
-    check_destination(dst, overwrite)
-    return prepare_partial(dst, plan, json_digest(plan) if key is None else key)
 
 
 def record_plan(rec: ImageRecord) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
+from raykit.store.layout import LAYOUTS, RAYS_LAYOUT
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
@@ -134,10 +135,6 @@ class SceneInfo:
         )
 
 
-# How a split's payload is organised (``SplitInfo.layout``; docs/format.md).
-SPLIT_LAYOUTS = ("rays", "images")
-
-
 @dataclass(frozen=True)
 class SplitInfo:
     """One split of a store: its rays are ``pid_start .. pid_start + n_rays`` in some order.
@@ -157,15 +154,15 @@ class SplitInfo:
     shuffled: bool
     pid_start: int = 0
     pids: str = "stored"
-    layout: str = "rays"
+    layout: str = RAYS_LAYOUT
 
     def __post_init__(self) -> None:
         if self.pids not in PIDS:
             raise StoreCorruptError(f"split {self.name!r}: expected pids in {PIDS}, got {self.pids!r}")
-        if self.layout not in SPLIT_LAYOUTS:
+        if self.layout not in LAYOUTS:
             raise StoreVersionError(
                 f"split {self.name!r}: layout {self.layout!r} is not one this raykit reads "
-                f"({', '.join(SPLIT_LAYOUTS)})"
+                f"({', '.join(LAYOUTS)})"
             )
 
     @property
@@ -196,7 +193,11 @@ class SplitInfo:
 
     def fingerprint_dict(self) -> dict[str, Any]:
         """What the content fingerprint hashes: the record less how the pids are kept."""
-        return self.legacy_dict() if self.layout == "rays" else {**self.legacy_dict(), "layout": self.layout}
+        return (
+            self.legacy_dict()
+            if self.layout == RAYS_LAYOUT
+            else {**self.legacy_dict(), "layout": self.layout}
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SplitInfo:
@@ -208,7 +209,7 @@ class SplitInfo:
             shuffled=bool(d["shuffled"]),
             pid_start=int(d.get("pid_start", 0)),
             pids=str(d.get("pids", "stored")),
-            layout=str(d.get("layout", "rays")),
+            layout=str(d.get("layout", RAYS_LAYOUT)),
         )
 
 
