@@ -64,7 +64,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"fingerprint {summary['content_fingerprint']}")
     for name, split in summary["splits"].items():
         order = "shuffled" if split["shuffled"] else "image order"
-        if split.get("layout") == "images":
+        if split["holds_images"]:
             order = "images layout: encoded images, shuffled at load time"
         pids = split.get("pids", "stored")
         print(

@@ -116,7 +116,7 @@ def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
 def _check_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
     """Problems of ``split``'s chunks; a chunk in a file already reported by ``_check_files`` is not
     reported again."""
-    if store.layout(split) == "images":  # stored images: checked one by one (raykit.store.images_check)
+    if store.splits[split].holds_images:  # stored images: checked one by one (raykit.store.images_check)
         from raykit.store.images_check import check_images_split
 
         return check_images_split(store, split, bad_files)

@@ -172,7 +172,8 @@ class WdsBackend:
             for members in index[split].get("members", []):
                 for name, (_, size) in members.items():
                     counts[name] = counts.get(name, 0) + int(size)
-            tars = {shard_file(split, int(s)) for s in index[split].get("shard", [])}
+            shards = [*index[split].get("shard", []), *index[split].get("image_shard", [])]
+            tars = {shard_file(split, int(s)) for s in shards}
             total = sum(int(files[rel]["size"]) for rel in tars if rel in files)
             counts["tar"] = total - sum(counts.values())
         return out
