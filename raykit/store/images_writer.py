@@ -46,7 +46,7 @@ from raykit.store.layout import (
 from raykit.store.location import is_url
 from raykit.store.phases import PhaseClock, Profile
 from raykit.store.plan import WriteRequest, field_specs, record_plan, split_infos
-from raykit.store.schema import FORMAT_VERSION, ImageRecord, SplitInfo
+from raykit.store.schema import FORMAT_VERSION, ImageRecord
 from raykit.store.staging import (
     bytes_record,
     check_pixels,
@@ -112,10 +112,8 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     root, rel = Path(job.root), f"staging/{job.index:06d}.img"
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)  # (from an earlier run that staged files)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:  # staged by an earlier run
+        return done
     rec = job.record
     pixels = np.ascontiguousarray(
         check_pixels(rec, rec.load())
@@ -187,10 +185,8 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"tasks/{job.split}-{job.shard.shard:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
     images = [
         StagedImage(_staged(root, row), ext, record)
         for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
@@ -313,10 +309,7 @@ def _write_rest(
     (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
     ordered, opts = request.records, request.options
     channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
-    infos = {
-        k: SplitInfo(k, v.n_rays, v.n_images, opts.chunk_rays, False, v.pid_start, "derived", IMAGES_LAYOUT)
-        for k, v in split_infos(ordered, opts.chunk_rays).items()
-    }
+    infos = split_infos(ordered, opts.chunk_rays, "derived", IMAGES_LAYOUT)
     table = build_camera_table(
         ordered, [e["channels"] == 4 for e in encoded], [e["source_sha256"] for e in encoded], set()
     )

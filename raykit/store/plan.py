@@ -16,10 +16,9 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.store.backend import BACKENDS
-from raykit.store.layout import RGBA_CODEC, RGBA_CODECS
+from raykit.store.layout import RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.table import order_records
 
 __all__ = [
     "DEFAULT_CHUNK_RAYS",
@@ -114,32 +113,6 @@ class WriteRequest:
     overwrite: bool = False
     points: SparsePoints | None = None
 
-    @classmethod
-    def of(
-        cls,
-        dst: str | Path,
-        records: Sequence[ImageRecord],
-        scene: SceneInfo,
-        options: StoreOptions,
-        executor: concurrent.futures.Executor | None = None,
-        progress: bool = False,
-        source: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-        points: SparsePoints | None = None,
-    ) -> WriteRequest:
-        """The request of ``write_store``'s arguments: records put in table order, ``source`` copied."""
-        return cls(
-            Path(dst),
-            order_records(records),
-            scene,
-            options,
-            executor,
-            progress,
-            dict(source or {}),
-            overwrite,
-            points,
-        )
-
 
 def record_plan(rec: ImageRecord) -> dict[str, Any]:
     """The JSON of an image record that keys its staging task and the whole write's plan."""
@@ -165,20 +138,20 @@ def field_specs(channels: int, materialize: str | None) -> tuple[FieldSpec, ...]
 
 
 def split_infos(
-    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived"
+    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived", layout: str = RAYS_LAYOUT
 ) -> dict[str, SplitInfo]:
     """Every split's rays, images and first pid, from records in table order; ``pids``: whether the
-    splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``."""
+    splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``; an
+    ``IMAGES_LAYOUT`` split is never shuffled (its loaders shuffle)."""
     infos: dict[str, SplitInfo] = {}
     pid = 0
     for rec in records:
         n = rec.camera.width * rec.camera.height
         old = infos.get(rec.split)
         if old is None:
-            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, rec.split in SHUFFLED_SPLITS, pid, pids)
+            shuffled = rec.split in SHUFFLED_SPLITS and layout == RAYS_LAYOUT
+            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, shuffled, pid, pids, layout)
         else:
-            infos[rec.split] = SplitInfo(
-                rec.split, old.n_rays + n, old.n_images + 1, chunk_rays, old.shuffled, old.pid_start, pids
-            )
+            infos[rec.split] = dataclasses.replace(old, n_rays=old.n_rays + n, n_images=old.n_images + 1)
         pid += n
     return infos

@@ -83,10 +83,8 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
     shard_chunks = job.spec.layout.shard_chunks
     first = job.shard * shard_chunks
     last = min(first + shard_chunks, job.info.n_chunks)

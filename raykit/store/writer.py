@@ -30,6 +30,7 @@ from raykit.store.plan import (
 from raykit.store.points import SparsePoints
 from raykit.store.rays_writer import ShardJob, copy_rays, write_rays, write_shard_task
 from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store.table import order_records
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -83,7 +84,10 @@ def write_store(
             (``raykit.store.points``).
     """
     options = dataclasses.replace(options or StoreOptions(), **option_fields)
-    request = WriteRequest.of(dst, records, scene, options, executor, progress, source, overwrite, points)
+    ordered = order_records(records)
+    request = WriteRequest(
+        Path(dst), ordered, scene, options, executor, progress, dict(source or {}), overwrite, points
+    )
     return _payload_writer(options)(request)
 
 
