@@ -17,7 +17,7 @@ import numpy as np
 from raykit.errors import StoreCorruptError
 from raykit.store.backend import ImageShard, StagedImage
 from raykit.store.layout import IMAGES_LAYOUT, StoreLayout
-from raykit.store.zarr_read import ABSENT_CHUNK, ZARR_ROOT, crc32c_bytes, document_bytes
+from raykit.store.zarr_read import ZARR_ROOT, array_document, crc32c_bytes, document_bytes, shard_pieces
 
 __all__ = ["ZARR_IMAGES", "ZarrImages", "images_metadata", "zarr_image_shard"]
 
@@ -28,36 +28,13 @@ def zarr_image_shard(blob: bytes, shard: int, total: int, layout: StoreLayout) -
     Args:
         blob: bytes ``[shard * S, min((shard + 1) * S, total))`` of the array (S: bytes per shard).
     """
-    size, per = layout.image_chunk_bytes, layout.image_shard_chunks
-    index = np.full((per, 2), ABSENT_CHUNK, dtype="<u8")
-    pieces, offset = [], 0
-    for j, lo in enumerate(range(0, len(blob), size)):
-        chunk = blob[lo : lo + size]
-        chunk = chunk + bytes(size - len(chunk))
-        pieces += [chunk, crc32c_bytes(chunk)]
-        index[j] = (offset, size + 4)
-        offset += size + 4
-    raw = index.tobytes()
-    return [*pieces, raw, crc32c_bytes(raw)]
+    size = layout.image_chunk_bytes
+    chunks = (blob[lo : lo + size].ljust(size, b"\0") for lo in range(0, len(blob), size))
+    return shard_pieces(chunks, layout.image_shard_chunks)
 
 
 def _bytes_codec(little: bool = False) -> dict[str, Any]:
     return {"name": "bytes", "configuration": {"endian": "little"}} if little else {"name": "bytes"}
-
-
-def _array_doc(shape: int, dtype: str, grid: int, codecs: list[Any], field: str) -> dict[str, Any]:
-    return {
-        "shape": [shape],
-        "data_type": dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [grid]}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0,
-        "codecs": codecs,
-        "attributes": {"raykit_field": field},
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
 
 
 def images_metadata(
@@ -76,9 +53,9 @@ def images_metadata(
         "index_location": "end",
     }
     codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    images = _array_doc(int(offsets[-1]), "uint8", size * per, codecs, "images")
-    n = len(offsets)
-    offsets_doc = _array_doc(n, "int64", n, [_bytes_codec(True), {"name": "crc32c"}], "image_offsets")
+    images = array_document([int(offsets[-1])], "uint8", [size * per], codecs, "images")
+    n, checked = len(offsets), [_bytes_codec(True), {"name": "crc32c"}]
+    offsets_doc = array_document([n], "int64", [n], checked, "image_offsets")
     attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
     group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
     raw = np.asarray(offsets, dtype="<i8").tobytes()

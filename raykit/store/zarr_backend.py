@@ -30,13 +30,13 @@ from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSp
 from raykit.store.layout import RGBA_CODECS, StoreLayout
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.zarr_read import (
-    ABSENT_CHUNK,
     ZARR_DIR,
     ZARR_ROOT,
     ZarrReader,
-    crc32c_bytes,
+    array_document,
     document_bytes,
     shard_file,
+    shard_pieces,
 )
 
 __all__ = [
@@ -156,21 +156,10 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> di
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end",
     }
-    return {
-        "shape": [info.n_rays, *tail],
-        "data_type": np.dtype(spec.dtype).name,
-        "chunk_grid": {
-            "name": "regular",
-            "configuration": {"chunk_shape": [info.chunk_rays * layout.shard_chunks, *tail]},
-        },
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0.0 if np.dtype(spec.dtype).kind == "f" else 0,
-        "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
-        "attributes": {"raykit_field": spec.name},
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
+    dtype, grid = np.dtype(spec.dtype), [info.chunk_rays * layout.shard_chunks, *tail]
+    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    fill = 0.0 if dtype.kind == "f" else 0
+    return array_document([info.n_rays, *tail], dtype.name, grid, codecs, spec.name, fill)
 
 
 def metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, dict[str, Any]]:
@@ -210,30 +199,24 @@ def encode_shard_pieces(
     to be written one after the other (no copy to join them).
 
     Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
-    ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index at the end, one
-    ``(offset, nbytes)`` uint64 pair per chunk (``2**64 - 1`` for chunks past the end of the array),
-    itself followed by its crc32c. ``reference_encode_shard`` is the twin that lets zarr do it.
+    ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index (``shard_pieces``).
+    ``reference_encode_shard`` is the twin that lets zarr do it.
 
     Args:
         values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
     """
-    chunk_rays, shard_chunks = info.chunk_rays, layout.shard_chunks
+    chunk_rays = info.chunk_rays
     codec = field_codec(spec, layout).numcodecs_codec()
     values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
-    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
-    pieces, offset = [], 0
-    for j, lo in enumerate(range(0, len(values), chunk_rays)):
+
+    def encoded(lo: int) -> bytes:
         chunk = values[lo : lo + chunk_rays]
         if len(chunk) < chunk_rays:
-            chunk = np.concatenate(
-                [chunk, np.zeros((chunk_rays - len(chunk), *chunk.shape[1:]), chunk.dtype)]
-            )
-        encoded = bytes(codec.encode(chunk))
-        pieces += [encoded, crc32c_bytes(encoded)]
-        index[j] = (offset, len(encoded) + 4)
-        offset += len(encoded) + 4
-    raw_index = index.tobytes()
-    return [*pieces, raw_index, crc32c_bytes(raw_index)]
+            padding = np.zeros((chunk_rays - len(chunk), *chunk.shape[1:]), chunk.dtype)
+            chunk = np.concatenate([chunk, padding])
+        return bytes(codec.encode(chunk))
+
+    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), layout.shard_chunks)
 
 
 def reference_encode_shard(

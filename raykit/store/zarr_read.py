@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +29,12 @@ __all__ = [
     "ZARR_DIR",
     "ZARR_ROOT",
     "ZarrReader",
+    "array_document",
     "crc32c_bytes",
     "direct_shard_codec",
     "document_bytes",
     "shard_file",
+    "shard_pieces",
 ]
 
 ZARR_DIR = "zarr"
@@ -52,6 +54,38 @@ def document_bytes(document: Mapping[str, Any]) -> bytes:
 def crc32c_bytes(data: bytes) -> bytes:
     """The 4 little-endian bytes of ``data``'s CRC-32C (zarr's ``crc32c`` codec)."""
     return int(google_crc32c.value(data)).to_bytes(4, "little")
+
+
+def shard_pieces(chunks: Iterable[bytes], shard_chunks: int) -> list[bytes]:
+    """A shard file as zarr writes it, in pieces written one after the other: each encoded inner
+    chunk in order then its crc32c, then the index at the end, one ``(offset, nbytes)`` uint64 pair
+    per chunk (``ABSENT_CHUNK`` for chunks past the end of the array), itself followed by its crc32c."""
+    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
+    pieces, offset = [], 0
+    for j, encoded in enumerate(chunks):
+        pieces += [encoded, crc32c_bytes(encoded)]
+        index[j] = (offset, len(encoded) + 4)
+        offset += len(encoded) + 4
+    raw = index.tobytes()
+    return [*pieces, raw, crc32c_bytes(raw)]
+
+
+def array_document(
+    shape: list[int], dtype: str, grid: list[int], codecs: list[Any], field: str, fill: float = 0
+) -> dict[str, Any]:
+    """The ``zarr.json`` zarr writes for an array of ``shape`` in chunks (or shards) of ``grid``."""
+    return {
+        "shape": shape,
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill,
+        "codecs": codecs,
+        "attributes": {"raykit_field": field},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
 
 
 def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
