@@ -31,7 +31,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
+from raykit.fileio import atomic_write_bytes, fsync_path
 from raykit.store.backend import ImageShard, ImagesPayload, StagedImage, backend_named
 from raykit.store.commit import StoreContent, commit, in_process, open_partial, run_tasks, source_fingerprint
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
@@ -313,8 +313,7 @@ def _write_rest(
     table = build_camera_table(
         ordered, [e["channels"] == 4 for e in encoded], [e["source_sha256"] for e in encoded], set()
     )
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(table, str(tmp))
+    write_camera_table(table, partial)
     profile.wall.lap("camera_table")
     jobs, index, files = _split_shards(
         request, partial, layout, encoded, table.column("pixel_offset").to_pylist(), key

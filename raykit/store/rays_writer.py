@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
+from raykit.fileio import atomic_write_bytes, fsync_path
 from raykit.store.backend import Backend, PayloadSpec, backend_named
 from raykit.store.commit import StoreContent, commit, in_process, open_partial, run_tasks, source_fingerprint
 from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest
@@ -184,8 +184,7 @@ def _staged_content(
     shuffled = {name for name, info in splits.items() if info.shuffled}
     alpha = [s["channels"] == 4 for s in staged]
     table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(table, str(tmp))
+    write_camera_table(table, partial)
     offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
     profile.wall.lap("camera_table")
     source = {
@@ -294,8 +293,7 @@ def copy_rays(store: RayStore, request: WriteRequest, with_pids: bool) -> RaySto
     if store.legacy:  # format 1 or 2, copied as the current format (its pids stored, checksums anew)
         plan["upgrade_to"] = FORMAT_VERSION
     partial, plan_key = open_partial(request, plan)
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(store.cameras, str(tmp))
+    write_camera_table(store.cameras, partial)
     backend = backend_named(options.backend)
     source = store.manifest["source"]
     fields = tuple(store.fields.values())

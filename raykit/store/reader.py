@@ -368,14 +368,11 @@ class RayStore:
                 f"{self.url}: rays [{start}, {stop}) of split {split!r} outside [0, {info.n_rays}]"
             )
         if start == stop:
-            return self._empty()
+            return empty_rays(self.fields)
         first, last = start // info.chunk_rays, (stop - 1) // info.chunk_rays
         raw = RawRays.concat([self.read_chunk(split, i) for i in range(first, last + 1)])
         offset = first * info.chunk_rays
         return raw.take(slice(start - offset, stop - offset))
-
-    def _empty(self) -> RawRays:
-        return empty_rays(self.fields)
 
     # -- rays --------------------------------------------------------------------------------------
     def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
