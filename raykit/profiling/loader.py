@@ -147,7 +147,7 @@ def run_bench(
         "generate": _stage_generate(store, raws, stage_loader, device, bytes_per_ray),
         "h2d": _stage_h2d(raws, device, bytes_per_ray),
     }
-    in_split = np.flatnonzero([s == split for s in store.table.splits])
+    in_split = store.split_rows(split)
     pixels = store.table.n_pixels[in_split]
     images = [store.decode_pids(r.pid)[0] - in_split[0] for r in raws[:50] if len(r) == batch_size]
     stored = payload_bytes(store)

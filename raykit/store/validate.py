@@ -82,7 +82,7 @@ def _check_table(store: RayStore) -> list[str]:
     if not np.array_equal(table.pixel_offset, expected_offsets):
         problems.append(f"{where}: pixel_offset is not the running sum of width * height")
     for split, info in store.splits.items():
-        rows = np.flatnonzero(np.array(table.splits) == split)
+        rows = store.split_rows(split)
         n_rays = int(table.n_pixels[rows].sum())
         if len(rows) != info.n_images or n_rays != info.n_rays:
             problems.append(
