@@ -8,8 +8,8 @@ halves, both small:
   is encoded into file bytes plus the per-chunk entries it adds to ``index.json``, which metadata files
   the payload needs, and how to open a reader on a committed store;
 * ``PayloadReader`` (reading): which files hold a chunk, and the chunk's values;
-* ``Backend.images`` (``raykit.store.images_layout.ImagesPayload``): the same two halves for the
-  images layout, whose splits hold encoded images instead of rays.
+* ``Backend.images`` (an ``ImagesPayload``): the same two halves for the images layout, whose splits
+  hold encoded images instead of rays (``raykit.store.images_zarr``, ``raykit.store.images_wds``).
 
 Backends are stateless frozen objects (picklable, so writer tasks carry them to worker processes).
 ``BACKENDS`` lists the names a manifest may give; ``backend_named`` returns the implementation. A new

@@ -1,5 +1,5 @@
-"""What a store write will produce, decided before any task runs: checked options, the image plan
-that keys resume, the fields, the splits, and the partial directory the write happens in.
+"""What a store write will produce, decided before any task runs: its options (``StoreOptions``,
+checked once), the request (``WriteRequest``), the image plan that keys resume, the fields, the splits.
 """
 
 from __future__ import annotations
