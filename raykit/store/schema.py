@@ -66,10 +66,6 @@ def _matrix4(value: Any, what: str) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(float(v) for v in row) for row in array)
 
 
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
 @dataclass(frozen=True)
 class SceneInfo:
     """Where the store's world frame comes from, and the scene's extent.
@@ -102,8 +98,9 @@ class SceneInfo:
                     f"scene bounds: expected ((x0,y0,z0),(x1,y1,z1)) with lo<=hi, got {self.bounds}"
                 )
             object.__setattr__(self, "bounds", (lo, hi))
-        object.__setattr__(self, "near", _opt_float(self.near))
-        object.__setattr__(self, "far", _opt_float(self.far))
+        for name in ("near", "far"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, None if value is None else float(value))
         object.__setattr__(self, "transform_params", dict(self.transform_params))
 
     def matrix(self) -> np.ndarray:
@@ -198,11 +195,8 @@ class SplitInfo:
 
     def fingerprint_dict(self) -> dict[str, Any]:
         """What the content fingerprint hashes: the record less how the pids are kept."""
-        return (
-            self.legacy_dict()
-            if self.layout == RAYS_LAYOUT
-            else {**self.legacy_dict(), "layout": self.layout}
-        )
+        record = self.legacy_dict()
+        return {**record, "layout": self.layout} if self.holds_images else record
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SplitInfo:
