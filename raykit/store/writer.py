@@ -16,19 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError
 from raykit.store.backend import BACKENDS
-from raykit.store.commit import commit_store
 from raykit.store.images_writer import write_images
 from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT
 from raykit.store.lock import holding_store_lock
-from raykit.store.plan import (
-    DEFAULT_CHUNK_RAYS,
-    DEFAULT_MEMORY_STAGING_BYTES,
-    DEFAULT_SHARD_CHUNKS,
-    StoreOptions,
-    WriteRequest,
-)
+from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions, WriteRequest
 from raykit.store.points import SparsePoints
-from raykit.store.rays_writer import ShardJob, copy_rays, write_rays, write_shard_task
+from raykit.store.rays_writer import copy_rays, write_rays
 from raykit.store.schema import ImageRecord, SceneInfo
 from raykit.store.table import order_records
 
@@ -38,14 +31,9 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_RAYS",
-    "DEFAULT_MEMORY_STAGING_BYTES",
     "DEFAULT_SHARD_CHUNKS",
-    "ShardJob",
     "StoreOptions",
-    "WriteRequest",
-    "commit_store",
     "copy_store",
-    "write_shard_task",
     "write_store",
 ]
 
