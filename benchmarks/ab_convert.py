@@ -36,8 +36,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def child() -> dict[str, Any]:
-    """The measurements of the checkout this process imports."""
+def child(size: str) -> dict[str, Any]:
+    """The measurements of the checkout this process imports (captures of scene ``size``)."""
     import numpy as np
     import torch
     from PIL import Image
@@ -50,6 +50,7 @@ def child() -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="ab-convert-"))
     try:
         for name, capture, options in CASES:
+            capture = capture.replace("realistic", size)
             files = sorted(p for p in (DATA / capture).rglob("*") if p.suffix in (".png", ".jpg"))
             decode = float("inf")
             for _ in range(2):
@@ -79,17 +80,18 @@ def main() -> None:
     parser.add_argument("checkouts", nargs="*", help="repository roots, measured in this order each round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--size", default="realistic", help="the captures' scene size (their names' part)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child()))
+        print(json.dumps(child(args.size)))
         return
     runs = []
     for round_ in range(args.rounds):
         for root in args.checkouts:
             env = {**os.environ, "PYTHONPATH": str(Path(root).resolve())}
-            done = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                                  text=True, check=True)  # fmt: skip
+            command = [sys.executable, __file__, "--child", "--size", args.size]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             measured = json.loads(done.stdout.splitlines()[-1])
             runs.append({"round": round_, "checkout": Path(root).resolve().name, **measured})
             print(json.dumps(runs[-1]), flush=True)

@@ -1,7 +1,7 @@
 """Two stores of the same synthetic capture for loader A/Bs: ray layout and images layout.
 
 ``N`` views of ``S``x``S`` pixels (RGB gradients with seeded noise, PINHOLE cameras), written by
-``raykit.store.write_store`` (shuffled ray chunks) and ``write_images_store`` (PNG images) under
+``raykit.store.write_store`` (shuffled ray chunks, and PNG images with ``layout="images"``) under
 ``benchmarks/data/loader-synthetic-N-S/``. Quicker to make than rendering the built-in ``realistic``
 scene (100 views of 800x800) on a loaded 2-core machine.
 
@@ -34,7 +34,6 @@ def main() -> None:
     args = parser.parse_args()
     from raykit.cameras import Camera
     from raykit.store import ImageRecord, SceneInfo, write_store
-    from raykit.store.images_writer import write_images_store
 
     s = args.size
     camera = Camera("PINHOLE", s, s, (1.1 * s, 1.1 * s, s / 2, s / 2))
@@ -46,7 +45,7 @@ def main() -> None:
         records.append(ImageRecord(f"v{i:03d}.png", "train", camera, c2w, 2.0, 6.0, f"mem://{i}", load))
     out = ROOT / "data" / f"loader-synthetic-{args.views}-{s}"
     write_store(out / "rays.zarr", records, scene=SceneInfo(), overwrite=True)
-    write_images_store(out / "images.zarr", records, scene=SceneInfo(), overwrite=True)
+    write_store(out / "images.zarr", records, scene=SceneInfo(), layout="images", overwrite=True)
     print(out)
 
 

@@ -6,9 +6,10 @@
 
 Captures: those ``bench_convert.py`` (``convert-realistic-0``, its ``-photo2`` variant) and
 ``bench_layouts.py`` (``images-realistic-jpeg``) leave under ``benchmarks/data``; a missing one is
-skipped. Each case is converted into a temporary folder; its digest is the SHA-256 of the sorted
-(path, file SHA-256) list of the whole store. ``COPIES`` are ``raykit copy`` runs from the first thread
-count's stores into another backend or layout, digested the same way.
+skipped (``--size small``: the same captures of the ``small`` scene). Each case is converted into a
+temporary folder; its digest is the SHA-256 of the sorted (path, file SHA-256) list of the whole store.
+``COPIES`` are ``raykit copy`` runs from the first thread count's stores into another backend or
+layout, digested the same way.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def store_digest(root: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2", help="threads of the one worker, one conversion each")
+    parser.add_argument("--size", default="realistic", help="the captures' scene size (their names' part)")
     args = parser.parse_args()
     import raykit
     from raykit.converters import convert
@@ -60,6 +62,7 @@ def main() -> None:
     out: dict[str, Any] = {"raykit": raykit.__file__}
     with tempfile.TemporaryDirectory(prefix="store-digests-") as tmp:
         for name, capture, options in CASES:
+            capture = capture.replace("realistic", args.size)
             if not (DATA / capture).exists():
                 continue
             for i, threads in enumerate(int(t) for t in args.threads.split(",")):

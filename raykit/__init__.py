@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raykit.errors import (
     CameraError,
@@ -15,6 +16,9 @@ from raykit.errors import (
     StoreNotFoundError,
     StoreVersionError,
 )
+
+if TYPE_CHECKING:
+    from raykit.store import RayStore
 
 __version__ = "0.1.0"
 
@@ -33,8 +37,8 @@ __all__ = [
 ]
 
 
-def open_store(path_or_url: str, **kwargs: Any) -> Any:
+def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
     """Open a committed ray store from a local path or any fsspec URL (see ``raykit.store.open_store``)."""
     from raykit.store import open_store as _open_store
 
-    return _open_store(path_or_url, **kwargs)
+    return _open_store(path_or_url, verify=verify)

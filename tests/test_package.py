@@ -110,15 +110,6 @@ def test_import_direction_catches_upward_and_sideways_imports(tmp_path: Path) ->
     assert _upward_imports("raykit.trainer.fake", source) == []
 
 
-# Import circles inside one package that other branches of this round remove (issues 26 and 30); the
-# lead deletes this set when those branches merge. Every other circle fails the test.
-_REMOVED_ON_OTHER_BRANCHES = {
-    ("raykit.loaders.loader", "raykit.loaders.window_loader"),
-    ("raykit.profiling.layout", "raykit.profiling.mixing"),
-    ("raykit.trainer.elastic", "raykit.trainer.runtime"),
-}
-
-
 def _sibling_imports(module: str, path: Path, modules: set[str]) -> set[str]:
     """The modules of ``module``'s own package that ``path`` imports anywhere (also inside functions
     and ``TYPE_CHECKING`` blocks; ``from raykit.store import reader`` counts as ``raykit.store.reader``),
@@ -170,7 +161,7 @@ def _circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 def test_no_import_circles_inside_a_package() -> None:
     files = {module: path for module, path in _library_files() if path.name != "__init__.py"}
     graph = {module: _sibling_imports(module, path, set(files)) for module, path in files.items()}
-    assert [c for c in _circles(graph) if c not in _REMOVED_ON_OTHER_BRANCHES] == []
+    assert _circles(graph) == []
 
 
 def test_circle_check_finds_circles(tmp_path: Path) -> None:

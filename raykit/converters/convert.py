@@ -32,7 +32,7 @@ from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.progress import progress as progress_bar
-from raykit.store.images_layout import LAYOUTS
+from raykit.store.layout import LAYOUTS
 from raykit.store.location import is_url
 from raykit.store.points import SparsePoints
 from raykit.store.schema import ImageRecord, SceneInfo

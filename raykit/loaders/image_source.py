@@ -54,7 +54,7 @@ class ImageSource:
     @property
     def shuffled_rays(self) -> bool:
         """Whether the split's images are scattered over all its chunks (see the module docstring)."""
-        if self.store.layout(self.split) != "rays":  # the images layout: read_image reads one image
+        if self.store.splits[self.split].holds_images:  # read_image reads one image
             return False
         info = self.store.splits[self.split]
         return bool(info.shuffled) and bool(np.any(self.store.table.ray_start[self.rows] < 0))

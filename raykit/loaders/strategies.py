@@ -25,6 +25,7 @@ from raykit.loaders.config import LoaderConfig
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import GroupStage, StrategyInputs
 from raykit.loaders.windowed import WINDOW
+from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT
 from raykit.store.reader import RayStore
 
 __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
@@ -57,7 +58,7 @@ class Strategy(Protocol):
 
 
 # The split's recorded layout (``RayStore.layout``) -> strategy.
-STRATEGIES: dict[str, Strategy] = {"rays": RAYS, "images": WINDOW}
+STRATEGIES: dict[str, Strategy] = {RAYS_LAYOUT: RAYS, IMAGES_LAYOUT: WINDOW}
 
 
 def layout_of(store: RayStore | ChunkSource, split: str) -> str:
@@ -65,7 +66,7 @@ def layout_of(store: RayStore | ChunkSource, split: str) -> str:
     its source then says so)."""
     if isinstance(store, RayStore) and split in store.splits:
         return store.layout(split)
-    return "rays"
+    return RAYS_LAYOUT
 
 
 def strategy_for(store: RayStore | ChunkSource, split: str) -> Strategy:

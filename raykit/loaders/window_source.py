@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from raykit.loaders.source import CachedStoreSource, is_remote
-from raykit.store.images_read import decode_split_image, images_reader, split_rows
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
@@ -33,7 +32,7 @@ class WindowImageSource:
             self._cached = CachedStoreSource(store.url, split, disk_cache)
             store = self._cached.store  # the local copy's metadata; payload files fetched on demand
         self.store = store
-        rows = split_rows(store, split)
+        rows = store.split_rows(split)
         self.image_rays = [int(store.table.n_pixels[i]) for i in rows]
         self.pixel_offsets = np.asarray(store.table.pixel_offset)[rows]
         self.info = store.splits[split]
@@ -53,9 +52,9 @@ class WindowImageSource:
     def read_chunk(self, index: int) -> RawRays:
         """Image ``index`` of the split, decoded: ``rgba`` (n_i, C) row-major, ``pid`` empty."""
         if self._cached is not None:
-            for rel in images_reader(self.store).files_of(self.split, index):
+            for rel in self.store.image_files(self.split, index):
                 self._cached.disk.get(rel)
-        pixels = decode_split_image(self.store, self.split, index)
+        pixels = self.store.read_split_image(self.split, index)
         return RawRays(pixels.reshape(-1, pixels.shape[2]), np.zeros(0, np.uint32))
 
     def __getstate__(self) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from raykit.loaders.windowed import WindowDraws, gather_planned
 from raykit.loaders.workers import ChunkFetcher
 from raykit.profiling.mixing import shuffle_quality
 from raykit.store.image_codec import decode_stored
-from raykit.store.images_read import images_reader, split_rows
 from raykit.store.reader import RayStore
 
 __all__ = ["run_images_bench"]
@@ -88,9 +87,8 @@ def run_images_bench(
     assert isinstance(plan, WindowPlan) and isinstance(source, WindowImageSource)
     pieces = [p for _, p in zip(range(batches), plan.iter_batches(0), strict=False)]
     entering = list(dict.fromkeys(i for batch in pieces for i, _, _ in batch))
-    reader = images_reader(store)
     t0 = time.perf_counter()
-    data = {i: reader.image_bytes(split, i) for i in entering}
+    data = {i: store.stored_image(split, i) for i in entering}
     t1 = time.perf_counter()
     decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
     t2 = time.perf_counter()
@@ -115,7 +113,7 @@ def run_images_bench(
         "gather": _rate(rays, t3 - t2, channels + 4),
         "generate": _rate(rays, t5 - t4, channels + 4),
     }
-    rows = split_rows(store, split)
+    rows = store.split_rows(split)
     images = [store.decode_pids(r.pid)[0] - rows[0] for r in raws[:50] if len(r) == batch_size]
     total = sum(s["seconds"] for s in stages.values())
     return {

@@ -29,6 +29,7 @@ from raykit.loaders.loader import RayLoader
 from raykit.profiling.mixing import shuffle_quality
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
+from raykit.store.summary import payload_bytes
 
 __all__ = ["format_table", "run_bench", "write_png"]
 
@@ -112,7 +113,7 @@ def run_bench(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Profile loading ``batches`` batches of ``split``; returns a JSON-able report."""
-    if store.layout(split) == "images":  # the windowed shuffle (raykit.profiling.images_bench)
+    if store.splits[split].holds_images:  # the windowed shuffle (raykit.profiling.images_bench)
         from raykit.profiling.images_bench import run_images_bench
 
         return run_images_bench(store, split, batch_size, workers, cache_mb, device, batches, seed)
@@ -146,10 +147,10 @@ def run_bench(
         "generate": _stage_generate(store, raws, stage_loader, device, bytes_per_ray),
         "h2d": _stage_h2d(raws, device, bytes_per_ray),
     }
-    in_split = np.flatnonzero([s == split for s in store.table.splits])
+    in_split = store.split_rows(split)
     pixels = store.table.n_pixels[in_split]
     images = [store.decode_pids(r.pid)[0] - in_split[0] for r in raws[:50] if len(r) == batch_size]
-    stored = sum(v["size"] for k, v in store.files.items() if k.startswith(f"{_payload_dir(store)}"))
+    stored = payload_bytes(store)
     stage_s = sum(r["seconds"] for r in stages.values() if r is not None)
     return {
         "store": store.url,
@@ -177,10 +178,6 @@ def run_bench(
         "stages": stages,
         "shuffle_quality": shuffle_quality(images, pixels) if images else None,
     }
-
-
-def _payload_dir(store: RayStore) -> str:
-    return "wds/" if store.backend == "wds" else "zarr/"
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -77,7 +77,7 @@ def chunk_shuffle_quality(
     """``shuffle_quality`` of batches of ``batch_rays`` rays drawn from ``chunks_per_batch`` random
     whole chunks of ``split`` (seeded), with the settings it was measured with."""
     info = store.splits[split]
-    rows = np.flatnonzero(np.array(store.table.splits) == split)
+    rows = store.split_rows(split)
     rng = np.random.default_rng(seed)
     batches = []
     for _ in range(n_batches):

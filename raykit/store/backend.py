@@ -8,16 +8,13 @@ halves, both small:
   is encoded into file bytes plus the per-chunk entries it adds to ``index.json``, which metadata files
   the payload needs, and how to open a reader on a committed store;
 * ``PayloadReader`` (reading): which files hold a chunk, and the chunk's values;
-* ``Backend.images`` (``raykit.store.images_layout.ImagesPayload``): the same two halves for the
-  images layout, whose splits hold encoded images instead of rays.
+* ``Backend.images`` (an ``ImagesPayload``): the same two halves for the images layout, whose splits
+  hold encoded images instead of rays (``raykit.store.images_zarr``, ``raykit.store.images_wds``).
 
 Backends are stateless frozen objects (picklable, so writer tasks carry them to worker processes).
 ``BACKENDS`` lists the names a manifest may give; ``backend_named`` returns the implementation. A new
 backend is one module defining ``BACKEND`` (an object with the ``Backend`` methods), one line in
 ``_MODULES``, and a subclass of the contract suite in ``tests/store/test_contract.py``.
-
-The codec settings recorded in every store's layout (whatever the backend, so a copy keeps them) are
-defined here too: ``payload_layout``.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from raykit.store.layout import StoreLayout
 from raykit.store.schema import FieldSpec, SplitInfo
 
 if TYPE_CHECKING:
@@ -37,11 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
-    "BLOSC_CLEVEL",
-    "BLOSC_CNAME",
-    "BLOSC_SHUFFLE",
-    "RGBA_CODEC",
-    "RGBA_CODECS",
     "Backend",
     "EncodedShard",
     "ImageShard",
@@ -50,7 +43,6 @@ __all__ = [
     "PayloadSpec",
     "StagedImage",
     "backend_named",
-    "payload_layout",
 ]
 
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
@@ -58,34 +50,16 @@ __all__ = [
 _MODULES = {"zarr": "raykit.store.zarr_backend", "wds": "raykit.store.wds_backend"}
 BACKENDS = tuple(_MODULES)
 
-# Multi-byte fields (pids, floats): blosc-lz4 with bit shuffle. On shuffled train pids it is as small
-# as blosc-zstd (2.92 vs 3.02 bytes/ray on the `realistic` scene) and 8x faster to write (docs/format.md).
-BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "bitshuffle"
-# Byte fields (rgba): "lz4" (blosc-lz4, fast) or "zstd" (``zstd_level``; about two thirds the size).
-RGBA_CODECS = ("lz4", "zstd")
-RGBA_CODEC = "lz4"
-
-
-def payload_layout(rgba_codec: str, zstd_level: int) -> dict[str, Any]:
-    """The codec keys of a store's ``layout`` (docs/format.md), recorded whatever the backend."""
-    return {
-        "rgba_codec": rgba_codec,
-        "zstd_level": zstd_level,
-        "blosc_cname": BLOSC_CNAME,
-        "blosc_clevel": BLOSC_CLEVEL,
-        "blosc_shuffle": BLOSC_SHUFFLE,
-    }
-
 
 @dataclass(frozen=True)
 class PayloadSpec:
     """What a backend needs to know about a payload besides its rays: the fields (name -> spec, in
-    stored order), the manifest's ``layout`` (chunk and shard sizes, codec settings) and which fields
+    stored order), the store's layout (chunk and shard sizes, codec settings) and which fields
     each split stores (``stored``: split name -> field names; a split not named stores every field; a
     format-3 split with derived pids stores no ``pid``)."""
 
     fields: Mapping[str, FieldSpec]
-    layout: Mapping[str, Any]
+    layout: StoreLayout
     stored: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def fields_of(self, split: str) -> dict[str, FieldSpec]:
@@ -95,7 +69,7 @@ class PayloadSpec:
 
     @classmethod
     def of(
-        cls, fields: Mapping[str, FieldSpec], layout: Mapping[str, Any], splits: Mapping[str, SplitInfo]
+        cls, fields: Mapping[str, FieldSpec], layout: StoreLayout, splits: Mapping[str, SplitInfo]
     ) -> PayloadSpec:
         """The spec of a payload whose splits are ``splits`` (``SplitInfo.pids`` says whether a split
         stores its pids)."""
@@ -104,10 +78,6 @@ class PayloadSpec:
             for name, info in splits.items()
         }
         return cls(fields, layout, stored)
-
-    @property
-    def shard_chunks(self) -> int:
-        return int(self.layout["shard_chunks"])
 
 
 @dataclass(frozen=True)
@@ -171,19 +141,19 @@ class ImagesPayload(Protocol):
         names: Sequence[str],
         formats: Sequence[str],
         sizes: Sequence[int],
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         """The split's shards, its ``index.json`` entries known before any shard is written, and its
         metadata files, from each image's name, extension and stored size."""
         ...
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: Mapping[str, Any]
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
     ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
         """The shard's relative path, bytes, and ``index.json`` entries for its images."""
         ...
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: Mapping[str, Any]) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
         """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
         ...
 
@@ -194,7 +164,7 @@ class ImagesPayload(Protocol):
         entry: Mapping[str, Any],
         split: str,
         i: int,
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> bytes:
         """The stored bytes of image ``i``; ``read(rel, start, stop)`` reads a byte range."""
         ...

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from raykit.errors import StoreCorruptError, StoreVersionError
-from raykit.store.images_layout import LAYOUTS
+from raykit.store.layout import LAYOUTS
 from raykit.store.reader import open_store
 from raykit.store.summary import store_summary
 from raykit.store.validate import validate_store
@@ -64,7 +64,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"fingerprint {summary['content_fingerprint']}")
     for name, split in summary["splits"].items():
         order = "shuffled" if split["shuffled"] else "image order"
-        if split.get("layout") == "images":
+        if split["holds_images"]:
             order = "images layout: encoded images, shuffled at load time"
         pids = split.get("pids", "stored")
         print(

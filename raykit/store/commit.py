@@ -1,41 +1,64 @@
-"""The last phase of every store write, whatever the layout: ``index.json``, the sparse points, the
-manifest (every file's size and SHA-256, the content fingerprint), then the rename of
-``<dst>.partial`` to ``dst`` (``commit_store``)."""
+"""What every payload writer shares, whatever the layout: the partial directory its plan keys
+(``open_partial``), its tasks run by any executor (``run_tasks``), and the last phase (``commit``):
+``index.json``, the sparse points, the manifest (every file's size and SHA-256, the content
+fingerprint), then the rename of ``<dst>.partial`` to ``dst`` (``commit_store``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json
-from raykit.store.destination import OVERWRITE_HINT
+from raykit.progress import progress as progress_bar
+from raykit.store.backend import Backend, PayloadSpec
+from raykit.store.destination import OVERWRITE_HINT, check_destination, prepare_partial
 from raykit.store.integrity import CHUNK_CHECKSUM, content_fingerprint, file_record, json_digest
-from raykit.store.points import POINTS_FILE, SparsePoints, points_entry, write_points
+from raykit.store.layout import StoreLayout
+from raykit.store.phases import Profile
+from raykit.store.plan import WriteRequest
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["StoreContent", "commit_store", "source_fingerprint", "write_index_and_manifest"]
+__all__ = [
+    "StoreContent",
+    "commit",
+    "commit_store",
+    "in_process",
+    "open_partial",
+    "run_tasks",
+    "source_fingerprint",
+    "write_index_and_manifest",
+]
+
+J = TypeVar("J")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
 class StoreContent:
-    """What a manifest describes besides its files: backend name, ``layout`` options, source
-    description, scene, splits, fields and the camera table (a ``pyarrow.Table``)."""
+    """What a write's manifest describes besides its files: backend, layout, source description,
+    scene, splits, fields, the camera table (a ``pyarrow.Table``) and the sparse points."""
 
-    backend: str
-    layout: Mapping[str, Any]
+    backend: Backend
+    layout: StoreLayout
     source: Mapping[str, Any]
     scene: SceneInfo
     splits: Mapping[str, SplitInfo]
     fields: Sequence[FieldSpec]
     table: Any  # pyarrow.Table
     points: SparsePoints | None = None
+
+    def spec(self) -> PayloadSpec:
+        """What the backend needs to encode this content's rays (``PayloadSpec``)."""
+        return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
 
     def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
@@ -47,8 +70,8 @@ class StoreContent:
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "raykit_version": _raykit_version(),
-            "backend": self.backend,
-            "layout": dict(self.layout),
+            "backend": self.backend.name,
+            "layout": self.layout.to_dict(),
             "source": dict(self.source),
             "scene": self.scene.to_dict(),
             "splits": splits,
@@ -62,6 +85,49 @@ class StoreContent:
         }
         manifest["manifest_digest"] = json_digest(manifest)
         return manifest
+
+
+def open_partial(request: WriteRequest, plan: dict[str, Any]) -> tuple[Path, str]:
+    """The ``<dst>.partial`` directory of ``plan`` and the plan's key: kept when its ``plan.json``
+    matches (resume), replaced otherwise; refuses to replace a store (unless ``overwrite``) or a
+    non-store directory (``raykit.store.destination``). The request's points join the plan (only
+    then: plans, and resume keys, of stores without points are unchanged)."""
+    if request.points is not None:
+        plan["points"] = points_digest(request.points)
+    key = json_digest(plan)
+    check_destination(request.dst, request.overwrite)
+    return prepare_partial(request.dst, plan, key), key
+
+
+def in_process(executor: concurrent.futures.Executor | None) -> bool:
+    """True when the executor runs tasks in this process (None: serially; or a thread pool)."""
+    return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
+
+
+def run_tasks(fn: Callable[[J], R], jobs: Sequence[J], request: WriteRequest, desc: str) -> Iterator[R]:
+    """The results of ``fn`` over ``jobs`` in order, as they finish, on the request's executor (with
+    a progress bar when it asks for one)."""
+    executor = request.executor
+    results: Iterable[R] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
+    yield from progress_bar(results, total=len(jobs), desc=desc, disable=not request.progress, unit="task")
+
+
+def commit(
+    partial: Path,
+    request: WriteRequest,
+    content: StoreContent,
+    files: dict[str, Any],
+    index: Mapping[str, Any],
+    profile: Profile,
+) -> RayStore:
+    """The last phase of a write: ``index.json``, the points, the manifest, the rename to ``dst``;
+    ``profile`` gets its laps and is finished. Returns the store opened."""
+    write_index_and_manifest(partial, content, files, index)
+    profile.wall.lap("index_manifest")
+    store = commit_store(partial, request.dst, request.overwrite)
+    profile.wall.lap("commit")
+    profile.finish(request.dst)
+    return store
 
 
 def write_index_and_manifest(

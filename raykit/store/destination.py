@@ -19,15 +19,9 @@ from typing import Any
 from raykit.errors import ConfigError, RaykitWarning, StoreError
 from raykit.fileio import atomic_write_json
 
-__all__ = ["OVERWRITE_HINT", "check_destination", "check_seed", "prepare_partial"]
+__all__ = ["OVERWRITE_HINT", "check_destination", "prepare_partial"]
 
 OVERWRITE_HINT = "pass --overwrite (overwrite=True) to replace it"
-
-
-def check_seed(seed: Any) -> None:
-    """A store layout seed is an integer in ``[0, 2**63)``; else ConfigError."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ConfigError(f"seed: expected an integer >= 0, got {seed!r}")
 
 
 def check_destination(dst: Path, overwrite: bool) -> None:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from raykit.errors import RaykitError
 from raykit.store.image_codec import image_format
-from raykit.store.images_read import decode_split_image, images_reader, split_rows
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -23,14 +22,14 @@ def check_images_split(store: RayStore, split: str, bad_files: set[str]) -> list
     255, and that pass-through images hash to the camera table's ``source_sha256``.
     """
     entry, problems = store.index[split], []
-    rows = split_rows(store, split)
+    rows = store.split_rows(split)
     for local, row in enumerate(rows):
         name = store.table.names[int(row)]
-        files = images_reader(store).files_of(split, local)
+        files = store.image_files(split, local)
         where = f"{store.url}/{files[0]}: image {name!r}"
         try:
-            data = images_reader(store).image_bytes(split, local)
-            pixels = decode_split_image(store, split, local)
+            data = store.stored_image(split, local)
+            pixels = store.read_split_image(split, local)
         except RaykitError as exc:
             if not bad_files.intersection(files):
                 problems.append(str(exc))

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from raykit.store.backend import ImageShard, StagedImage
+from raykit.store.layout import StoreLayout
 
-__all__ = ["WDS_IMAGES", "WdsImages", "wds_image_shards", "wds_shard_groups"]
+__all__ = ["TAR_HEADER", "WDS_IMAGES", "WdsImages", "tar_member", "wds_image_shards", "wds_shard_groups"]
 
-_HEADER = 512
+TAR_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
 
 
-def _member(name: str, size: int) -> tarfile.TarInfo:
+def tar_member(name: str, size: int) -> tarfile.TarInfo:
+    """A deterministic USTAR member header (both layouts' tars): mtime 0, uid/gid 0, mode 0644."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, 0, 0o644
     info.uid = info.gid = 0
@@ -30,9 +32,9 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def wds_shard_groups(sizes: Sequence[int], layout: Mapping[str, Any]) -> list[list[int]]:
+def wds_shard_groups(sizes: Sequence[int], layout: StoreLayout) -> list[list[int]]:
     """Split-local image indices of each tar shard: images in order, a shard closed once full."""
-    limit = layout["image_chunk_bytes"] * layout["image_shard_chunks"]
+    limit = layout.image_shard_bytes
     groups: list[list[int]] = [[]]
     held = 0
     for i, size in enumerate(sizes):
@@ -57,10 +59,10 @@ def wds_image_shards(
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for i, (data, ext, record) in enumerate(images):
             key = f"{split}_{first + i:08d}"
-            offsets.append(tar.offset + _HEADER)
-            tar.addfile(_member(f"{key}.{ext}", len(data)), io.BytesIO(data))
+            offsets.append(tar.offset + TAR_HEADER)
+            tar.addfile(tar_member(f"{key}.{ext}", len(data)), io.BytesIO(data))
             meta = (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
-            tar.addfile(_member(f"{key}.json", len(meta)), io.BytesIO(meta))
+            tar.addfile(tar_member(f"{key}.json", len(meta)), io.BytesIO(meta))
     return buffer.getvalue(), offsets
 
 
@@ -77,20 +79,20 @@ class WdsImages:
         names: Sequence[str],
         formats: Sequence[str],
         sizes: Sequence[int],
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         groups = wds_shard_groups(sizes, layout)
         return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: Mapping[str, Any]
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
     ) -> tuple[str, bytes, dict[str, list[Any]]]:
         items = [(image.data, image.ext, image.record) for image in images]
         data, members = wds_image_shards(split, shard.images[0], items)
         index = {"image_shard": [shard.shard] * len(images), "image_member": members}
         return f"wds/{split}-{shard.shard:06d}.tar", data, index
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: Mapping[str, Any]) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
         return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
 
     def read_image(
@@ -100,7 +102,7 @@ class WdsImages:
         entry: Mapping[str, Any],
         split: str,
         i: int,
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> bytes:
         offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
         return read(self.files_of(entry, split, i, layout)[0], offset, offset + size)

@@ -20,7 +20,6 @@ every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls ``w
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -32,27 +31,22 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
+from raykit.fileio import atomic_write_bytes, fsync_path
 from raykit.store.backend import ImageShard, ImagesPayload, StagedImage, backend_named
-from raykit.store.commit import StoreContent, commit_store, source_fingerprint, write_index_and_manifest
-from raykit.store.destination import check_seed
+from raykit.store.commit import StoreContent, commit, in_process, open_partial, run_tasks, source_fingerprint
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.images_layout import IMAGES_LAYOUT, camera_record
+from raykit.store.images_layout import camera_record
 from raykit.store.integrity import file_record, json_digest
-from raykit.store.location import is_url
-from raykit.store.lock import holding_store_lock
-from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import (
-    StoreOptions,
-    WriteRequest,
-    check_options,
-    field_specs,
-    partial_dir,
-    record_plan,
-    split_infos,
+from raykit.store.layout import (
+    DEFAULT_IMAGE_CHUNK_BYTES,
+    DEFAULT_IMAGE_SHARD_CHUNKS,
+    IMAGES_LAYOUT,
+    StoreLayout,
 )
-from raykit.store.points import SparsePoints, points_digest
-from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.location import is_url
+from raykit.store.phases import PhaseClock, Profile
+from raykit.store.plan import WriteRequest, field_specs, record_plan, split_infos
+from raykit.store.schema import FORMAT_VERSION, ImageRecord
 from raykit.store.staging import (
     bytes_record,
     check_pixels,
@@ -66,33 +60,10 @@ from raykit.store.table import build_camera_table, write_camera_table
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = [
-    "DEFAULT_IMAGE_CHUNK_BYTES",
-    "DEFAULT_IMAGE_SHARD_CHUNKS",
-    "EncodeJob",
-    "encode_image_task",
-    "images_layout_options",
-    "write_images",
-    "write_images_store",
-]
+__all__ = ["EncodeJob", "encode_image_task", "image_chunking", "write_images"]
 
-DEFAULT_IMAGE_CHUNK_BYTES = 1 << 16  # zarr inner chunk (the padding of a split's last chunk: <= 64 KiB)
-DEFAULT_IMAGE_SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
 _TASK_FORMAT = 1  # of the encode tasks' records
 _SHARD_TASK_FORMAT = 2  # of the shard tasks' records (2: the backend's index entries in "index")
-
-
-def images_layout_options(chunk_rays: int, shard_chunks: int, seed: int) -> dict[str, Any]:
-    """The manifest ``layout`` of an images store (ray-read keys kept for the rays view and copies)."""
-    return {
-        "chunk_rays": chunk_rays,
-        "shard_chunks": shard_chunks,
-        "seed": seed,
-        "image_chunk_bytes": DEFAULT_IMAGE_CHUNK_BYTES,
-        "image_shard_chunks": DEFAULT_IMAGE_SHARD_CHUNKS,
-        "image_codec": REENCODE_FORMAT,
-        "materialize": None,
-    }
 
 
 def image_chunking(ordered: Sequence[ImageRecord], encoded: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -141,10 +112,8 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     root, rel = Path(job.root), f"staging/{job.index:06d}.img"
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)  # (from an earlier run that staged files)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:  # staged by an earlier run
+        return done
     rec = job.record
     pixels = np.ascontiguousarray(
         check_pixels(rec, rec.load())
@@ -202,7 +171,7 @@ class ShardJob:
     rows: tuple[int, ...]
     exts: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]  # each image's camera record
-    layout: Mapping[str, Any]
+    layout: StoreLayout
     key: str
 
 
@@ -216,10 +185,8 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"tasks/{job.split}-{job.shard.shard:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
     images = [
         StagedImage(_staged(root, row), ext, record)
         for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
@@ -235,30 +202,6 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     return {**result, "seconds": clock.seconds}
 
 
-def _run(fn: Any, jobs: Sequence[Any], executor: Any) -> list[Any]:
-    return list(map(fn, jobs) if executor is None else executor.map(fn, jobs))
-
-
-@holding_store_lock("dst")
-def write_images_store(
-    dst: str | Path,
-    records: Sequence[ImageRecord],
-    *,
-    scene: SceneInfo,
-    executor: concurrent.futures.Executor | None = None,
-    progress: bool = False,
-    source: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    points: SparsePoints | None = None,
-    **option_fields: Any,
-) -> RayStore:
-    """``write_store(..., layout="images")``, kept for one release (``option_fields``: ``backend``,
-    ``chunk_rays``, ``shard_chunks``, ``seed`` as :class:`~raykit.store.plan.StoreOptions`)."""
-    options = StoreOptions(layout=IMAGES_LAYOUT, **option_fields)
-    request = WriteRequest.of(dst, records, scene, options, executor, progress, source, overwrite, points)
-    return write_images(request)
-
-
 def write_images(request: WriteRequest) -> RayStore:
     """Write an images-layout store (the caller holds ``request.dst``'s writer lock); returns it opened.
 
@@ -267,26 +210,20 @@ def write_images(request: WriteRequest) -> RayStore:
     """
     opts, ordered = request.options, request.records
     profile = Profile()
-    check_options(opts.backend, opts.chunk_rays, opts.shard_chunks, None, opts.rgba_codec)
-    check_seed(opts.seed)
-    layout = images_layout_options(opts.chunk_rays, opts.shard_chunks, opts.seed)
+    opts.check()
+    layout = StoreLayout.images(opts.chunk_rays, opts.shard_chunks, opts.seed, REENCODE_FORMAT)
     records_plan = [record_plan(r) for r in ordered]
     plan = {
         "format_version": FORMAT_VERSION,
         "layout_kind": IMAGES_LAYOUT,
         "backend": opts.backend,
-        "layout": layout,
+        "layout": layout.to_dict(),
         "scene": request.scene.to_dict(),
         "records": records_plan,
         "source": dict(request.source),
     }
-    if (
-        request.points is not None
-    ):  # only then: plans (and resume keys) of stores without points are unchanged
-        plan["points"] = points_digest(request.points)
-    key = json_digest(plan)
-    partial = partial_dir(request.dst, plan, request.overwrite, key)
-    memory = request.executor is None or isinstance(request.executor, concurrent.futures.ThreadPoolExecutor)
+    partial, key = open_partial(request, plan)
+    memory = in_process(request.executor)
     jobs = [
         EncodeJob(
             root=str(partial),
@@ -299,11 +236,11 @@ def write_images(request: WriteRequest) -> RayStore:
     ]
     profile.wall.lap("plan")
     try:
-        encoded = _run(encode_image_task, jobs, request.executor)
+        encoded = list(run_tasks(encode_image_task, jobs, request, "encode images"))
         profile.absorb("stage", encoded)
         profile.wall.lap("stage")
         return _write_rest(
-            request, partial, {**layout, **image_chunking(ordered, encoded)}, encoded, key, profile
+            request, partial, layout.replace(**image_chunking(ordered, encoded)), encoded, key, profile
         )
     finally:
         _MEMORY.pop(str(partial), None)
@@ -312,7 +249,7 @@ def write_images(request: WriteRequest) -> RayStore:
 def _split_shards(
     request: WriteRequest,
     partial: Path,
-    layout: Mapping[str, Any],
+    layout: StoreLayout,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
     key: str,
@@ -363,7 +300,7 @@ def _split_shards(
 def _write_rest(
     request: WriteRequest,
     partial: Path,
-    layout: dict[str, Any],
+    layout: StoreLayout,
     encoded: Sequence[Mapping[str, Any]],
     key: str,
     profile: Profile,
@@ -372,21 +309,17 @@ def _write_rest(
     (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
     ordered, opts = request.records, request.options
     channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
-    infos = {
-        k: SplitInfo(k, v.n_rays, v.n_images, opts.chunk_rays, False, v.pid_start, "derived", IMAGES_LAYOUT)
-        for k, v in split_infos(ordered, opts.chunk_rays).items()
-    }
+    infos = split_infos(ordered, opts.chunk_rays, "derived", IMAGES_LAYOUT)
     table = build_camera_table(
         ordered, [e["channels"] == 4 for e in encoded], [e["source_sha256"] for e in encoded], set()
     )
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(table, str(tmp))
+    write_camera_table(table, partial)
     profile.wall.lap("camera_table")
     jobs, index, files = _split_shards(
         request, partial, layout, encoded, table.column("pixel_offset").to_pylist(), key
     )
     profile.wall.lap("metadata")
-    results = _run(write_shard_task, jobs, request.executor)
+    results = list(run_tasks(write_shard_task, jobs, request, f"write {request.options.backend} shards"))
     profile.absorb("shard", results)
     profile.wall.lap("shards")
     for job, res in zip(jobs, results, strict=True):
@@ -397,12 +330,6 @@ def _write_rest(
             fsync_path(partial / rel)
     profile.wall.lap("fsync")
     source = {**request.source, "fingerprint": source_fingerprint(ordered, encoded)}
-    content = StoreContent(
-        opts.backend, layout, source, request.scene, infos, field_specs(channels, None), table, request.points
-    )
-    write_index_and_manifest(partial, content, files, index)
-    profile.wall.lap("index_manifest")
-    store = commit_store(partial, request.dst, request.overwrite)
-    profile.wall.lap("commit")
-    profile.finish(request.dst)
-    return store
+    backend, fields = backend_named(opts.backend), field_specs(channels, None)
+    content = StoreContent(backend, layout, source, request.scene, infos, fields, table, request.points)
+    return commit(partial, request, content, files, index, profile)

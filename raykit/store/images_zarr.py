@@ -8,83 +8,33 @@ of ``image_chunk_bytes`` (codecs ``bytes`` then ``crc32c``), shards of ``image_s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
 from raykit.store.backend import ImageShard, StagedImage
-from raykit.store.images_layout import IMAGES_LAYOUT
+from raykit.store.layout import IMAGES_LAYOUT, StoreLayout
+from raykit.store.zarr_read import ZARR_ROOT, array_document, crc32c_bytes, document_bytes, shard_pieces
 
-__all__ = [
-    "ZARR_IMAGES",
-    "ZARR_ROOT",
-    "ZarrImages",
-    "images_metadata",
-    "zarr_image_shard",
-    "zarr_shard_count",
-]
-
-_ABSENT = 2**64 - 1
-ZARR_ROOT = {"attributes": {"raykit": "ray store payload"}, "zarr_format": 3, "node_type": "group"}
+__all__ = ["ZARR_IMAGES", "ZarrImages", "images_metadata", "zarr_image_shard"]
 
 
-def _crc_bytes(data: bytes) -> bytes:
-    return int(google_crc32c.value(data)).to_bytes(4, "little")
-
-
-def _doc_bytes(document: Mapping[str, Any]) -> bytes:
-    return json.dumps(document, indent=2).encode()
-
-
-def _shard_bytes(layout: Mapping[str, Any]) -> int:
-    return int(layout["image_chunk_bytes"]) * int(layout["image_shard_chunks"])
-
-
-def zarr_shard_count(total: int, layout: Mapping[str, Any]) -> int:
-    return -(-total // _shard_bytes(layout))
-
-
-def zarr_image_shard(blob: bytes, shard: int, total: int, layout: Mapping[str, Any]) -> list[bytes]:
+def zarr_image_shard(blob: bytes, shard: int, total: int, layout: StoreLayout) -> list[bytes]:
     """Shard ``shard`` of a split's byte array as zarr writes it, in pieces.
 
     Args:
         blob: bytes ``[shard * S, min((shard + 1) * S, total))`` of the array (S: bytes per shard).
     """
-    size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
-    index = np.full((per, 2), _ABSENT, dtype="<u8")
-    pieces, offset = [], 0
-    for j, lo in enumerate(range(0, len(blob), size)):
-        chunk = blob[lo : lo + size]
-        chunk = chunk + bytes(size - len(chunk))
-        pieces += [chunk, _crc_bytes(chunk)]
-        index[j] = (offset, size + 4)
-        offset += size + 4
-    raw = index.tobytes()
-    return [*pieces, raw, _crc_bytes(raw)]
+    size = layout.image_chunk_bytes
+    chunks = (blob[lo : lo + size].ljust(size, b"\0") for lo in range(0, len(blob), size))
+    return shard_pieces(chunks, layout.image_shard_chunks)
 
 
 def _bytes_codec(little: bool = False) -> dict[str, Any]:
     return {"name": "bytes", "configuration": {"endian": "little"}} if little else {"name": "bytes"}
-
-
-def _array_doc(shape: int, dtype: str, grid: int, codecs: list[Any], field: str) -> dict[str, Any]:
-    return {
-        "shape": [shape],
-        "data_type": dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [grid]}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0,
-        "codecs": codecs,
-        "attributes": {"raykit_field": field},
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
 
 
 def images_metadata(
@@ -92,10 +42,10 @@ def images_metadata(
     names: Sequence[str],
     formats: Sequence[str],
     offsets: Sequence[int],
-    layout: Mapping[str, Any],
+    layout: StoreLayout,
 ) -> dict[str, bytes]:
     """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
-    size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
+    size, per = layout.image_chunk_bytes, layout.image_shard_chunks
     sharding = {
         "chunk_shape": [size],
         "codecs": [_bytes_codec(), {"name": "crc32c"}],
@@ -103,18 +53,18 @@ def images_metadata(
         "index_location": "end",
     }
     codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    images = _array_doc(int(offsets[-1]), "uint8", size * per, codecs, "images")
-    n = len(offsets)
-    offsets_doc = _array_doc(n, "int64", n, [_bytes_codec(True), {"name": "crc32c"}], "image_offsets")
+    images = array_document([int(offsets[-1])], "uint8", [size * per], codecs, "images")
+    n, checked = len(offsets), [_bytes_codec(True), {"name": "crc32c"}]
+    offsets_doc = array_document([n], "int64", [n], checked, "image_offsets")
     attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
     group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
     raw = np.asarray(offsets, dtype="<i8").tobytes()
     base = f"zarr/{split}"
     return {
-        f"{base}/zarr.json": _doc_bytes(group),
-        f"{base}/images/zarr.json": _doc_bytes(images),
-        f"{base}/image_offsets/zarr.json": _doc_bytes(offsets_doc),
-        f"{base}/image_offsets/c/0": raw + _crc_bytes(raw),
+        f"{base}/zarr.json": document_bytes(group),
+        f"{base}/images/zarr.json": document_bytes(images),
+        f"{base}/image_offsets/zarr.json": document_bytes(offsets_doc),
+        f"{base}/image_offsets/c/0": raw + crc32c_bytes(raw),
     }
 
 
@@ -123,7 +73,7 @@ class ZarrImages:
     """How the zarr backend stores and reads images-layout splits (``images_layout.ImagesPayload``)."""
 
     def root_metadata(self) -> dict[str, bytes]:
-        return {"zarr/zarr.json": _doc_bytes(ZARR_ROOT)}
+        return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
 
     def plan_split(
         self,
@@ -131,11 +81,11 @@ class ZarrImages:
         names: Sequence[str],
         formats: Sequence[str],
         sizes: Sequence[int],
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
-        per, shards = _shard_bytes(layout), []
-        for s in range(zarr_shard_count(starts[-1], layout)):
+        per, shards = layout.image_shard_bytes, []
+        for s in range(-(-starts[-1] // per)):
             take = [j for j in range(len(sizes)) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
             shards.append(
                 ImageShard(
@@ -145,9 +95,9 @@ class ZarrImages:
         return shards, {"image_offset": starts}, images_metadata(split, names, formats, starts, layout)
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: Mapping[str, Any]
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
     ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
-        per = _shard_bytes(layout)
+        per = layout.image_shard_bytes
         lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
         blob = bytearray(hi - lo)
         for image, offset in zip(images, shard.offsets, strict=True):
@@ -156,9 +106,9 @@ class ZarrImages:
         pieces = zarr_image_shard(bytes(blob), shard.shard, shard.total, layout)
         return f"zarr/{split}/images/c/{shard.shard}", pieces, {}
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: Mapping[str, Any]) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        per = _shard_bytes(layout)
+        per = layout.image_shard_bytes
         return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
     def read_image(
@@ -168,10 +118,10 @@ class ZarrImages:
         entry: Mapping[str, Any],
         split: str,
         i: int,
-        layout: Mapping[str, Any],
+        layout: StoreLayout,
     ) -> bytes:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
+        size, per = layout.image_chunk_bytes, layout.image_shard_chunks
         parts: list[bytes] = []
         for c0 in range(lo // size, (hi - 1) // size + 1, 1):
             if parts and c0 % per:

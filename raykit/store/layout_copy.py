@@ -13,7 +13,6 @@ still at its recorded path with its recorded SHA-256 and passes through. The sou
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.store.image_codec import StoredImage
-from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS, store_layout
+from raykit.store.layout import LAYOUTS
 from raykit.store.plan import StoreOptions, WriteRequest
 from raykit.store.schema import ImageRecord
 from raykit.store.table import order_records
@@ -55,9 +54,9 @@ class StoreImageLoad:
         row = store.image_index(self.name)
         split = store.table.splits[row]
         local = int(np.searchsorted(store.split_rows(split), row))
-        data = store.stored_image(split, local)
-        if data is None:
+        if not store.image_files(split, local):
             return None
+        data = store.stored_image(split, local)
         entry = store.index[split]
         return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
 
@@ -87,25 +86,13 @@ def copy_request(
     overwrite: bool = False,
 ) -> WriteRequest:
     """The write of ``store`` into ``layout`` (``rays`` or ``images``) and ``backend`` at ``dst``: its
-    images as records, its scene, points, chunking and seed, and (from a rays store) its codecs."""
+    images as records, its scene, points, chunking and seed (a rays store copied to rays is copied
+    chunk by chunk instead: ``raykit.store.rays_writer.copy_rays``)."""
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    kept = dict(store.manifest["layout"])
+    kept = store.store_layout
     source = {k: v for k, v in store.manifest["source"].items() if k != "fingerprint"}
-    options = StoreOptions(
-        layout=layout,
-        backend=backend,
-        chunk_rays=int(kept["chunk_rays"]),
-        shard_chunks=int(kept["shard_chunks"]),
-        seed=int(kept["seed"]),
-    )
-    if layout != IMAGES_LAYOUT and store_layout(store.manifest) != IMAGES_LAYOUT:
-        options = dataclasses.replace(
-            options,
-            rgba_codec=kept.get("rgba_codec", "zstd"),  # stores from before the choice: zstd
-            zstd_level=int(kept.get("zstd_level", 3)),
-            materialize=kept.get("materialize"),
-        )
+    options = StoreOptions(layout, backend, kept.chunk_rays, kept.shard_chunks, kept.seed)
     records = order_records(store_records(store))
     return WriteRequest(
         dst, records, store.scene, options, executor, progress, source, overwrite, store.sparse_points()

@@ -1,5 +1,5 @@
-"""What a store write will produce, decided before any task runs: checked options, the image plan
-that keys resume, the fields, the splits, and the partial directory the write happens in.
+"""What a store write will produce, decided before any task runs: its options (``StoreOptions``,
+checked once), the request (``WriteRequest``), the image plan that keys resume, the fields, the splits.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError
-from raykit.store.backend import BACKENDS, RGBA_CODEC, RGBA_CODECS
-from raykit.store.destination import check_destination, prepare_partial
-from raykit.store.integrity import json_digest
+from raykit.store.backend import BACKENDS
+from raykit.store.layout import RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.table import order_records
 
 __all__ = [
     "DEFAULT_CHUNK_RAYS",
@@ -29,9 +27,7 @@ __all__ = [
     "SHUFFLED_SPLITS",
     "StoreOptions",
     "WriteRequest",
-    "check_options",
     "field_specs",
-    "partial_dir",
     "record_plan",
     "split_infos",
 ]
@@ -85,6 +81,23 @@ class StoreOptions:
     with_pids: bool = False
     memory_staging_bytes: int = DEFAULT_MEMORY_STAGING_BYTES
 
+    def check(self) -> None:
+        """Raise ``ConfigError`` for an unknown backend or codec, empty chunks or shards, a bad
+        ``materialize`` or a seed that is not an integer in ``[0, 2**63)``."""
+        if self.rgba_codec not in RGBA_CODECS:
+            raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {self.rgba_codec!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"store backend: expected one of {BACKENDS}, got {self.backend!r}")
+        if self.chunk_rays < 1 or self.shard_chunks < 1:
+            raise ConfigError(
+                f"expected chunk_rays >= 1 and shard_chunks >= 1, got {self.chunk_rays}, {self.shard_chunks}"
+            )
+        if self.materialize not in (None, "float16", "float32"):
+            raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {self.materialize!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ConfigError(f"seed: expected an integer >= 0, got {seed!r}")
+
 
 @dataclass(frozen=True)
 class WriteRequest:
@@ -99,55 +112,6 @@ class WriteRequest:
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the manifest's description
     overwrite: bool = False
     points: SparsePoints | None = None
-
-    @classmethod
-    def of(
-        cls,
-        dst: str | Path,
-        records: Sequence[ImageRecord],
-        scene: SceneInfo,
-        options: StoreOptions,
-        executor: concurrent.futures.Executor | None = None,
-        progress: bool = False,
-        source: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-        points: SparsePoints | None = None,
-    ) -> WriteRequest:
-        """The request of ``write_store``'s arguments: records put in table order, ``source`` copied."""
-        return cls(
-            Path(dst),
-            order_records(records),
-            scene,
-            options,
-            executor,
-            progress,
-            dict(source or {}),
-            overwrite,
-            points,
-        )
-
-
-def check_options(
-    backend: str, chunk_rays: int, shard_chunks: int, materialize: str | None, rgba_codec: str = "zstd"
-) -> None:
-    """Raise ``ConfigError`` for an unknown backend or codec, empty chunks or shards, or a bad
-    ``materialize``."""
-    if rgba_codec not in RGBA_CODECS:
-        raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {rgba_codec!r}")
-    if backend not in BACKENDS:
-        raise ConfigError(f"store backend: expected one of {BACKENDS}, got {backend!r}")
-    if chunk_rays < 1 or shard_chunks < 1:
-        raise ConfigError(f"expected chunk_rays >= 1 and shard_chunks >= 1, got {chunk_rays}, {shard_chunks}")
-    if materialize not in (None, "float16", "float32"):
-        raise ConfigError(f"materialize: expected None, 'float16' or 'float32', got {materialize!r}")
-
-
-def partial_dir(dst: Path, plan: Mapping[str, Any], overwrite: bool, key: str | None = None) -> Path:
-    """The ``<dst>.partial`` directory of this plan: kept when its ``plan.json`` matches (resume),
-    replaced otherwise; refuses to replace a store (unless ``overwrite``) or a non-store directory
-    (``raykit.store.destination``). ``key``: ``json_digest(plan)`` when the caller has it already."""
-    check_destination(dst, overwrite)
-    return prepare_partial(dst, plan, json_digest(plan) if key is None else key)
 
 
 def record_plan(rec: ImageRecord) -> dict[str, Any]:
@@ -174,20 +138,20 @@ def field_specs(channels: int, materialize: str | None) -> tuple[FieldSpec, ...]
 
 
 def split_infos(
-    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived"
+    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived", layout: str = RAYS_LAYOUT
 ) -> dict[str, SplitInfo]:
     """Every split's rays, images and first pid, from records in table order; ``pids``: whether the
-    splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``."""
+    splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``; an
+    ``IMAGES_LAYOUT`` split is never shuffled (its loaders shuffle)."""
     infos: dict[str, SplitInfo] = {}
     pid = 0
     for rec in records:
         n = rec.camera.width * rec.camera.height
         old = infos.get(rec.split)
         if old is None:
-            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, rec.split in SHUFFLED_SPLITS, pid, pids)
+            shuffled = rec.split in SHUFFLED_SPLITS and layout == RAYS_LAYOUT
+            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, shuffled, pid, pids, layout)
         else:
-            infos[rec.split] = SplitInfo(
-                rec.split, old.n_rays + n, old.n_images + 1, chunk_rays, old.shuffled, old.pid_start, pids
-            )
+            infos[rec.split] = dataclasses.replace(old, n_rays=old.n_rays + n, n_images=old.n_images + 1)
         pid += n
     return infos

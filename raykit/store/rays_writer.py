@@ -21,31 +21,26 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raykit.fileio import atomic_path, atomic_write_bytes, fsync_path
-from raykit.progress import progress as progress_bar
-from raykit.store.backend import Backend, PayloadSpec, backend_named, payload_layout
-from raykit.store.commit import StoreContent, commit_store, source_fingerprint, write_index_and_manifest
-from raykit.store.destination import check_seed
+from raykit.fileio import atomic_write_bytes, fsync_path
+from raykit.store.backend import Backend, PayloadSpec, backend_named
+from raykit.store.commit import StoreContent, commit, in_process, open_partial, run_tasks, source_fingerprint
 from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest
+from raykit.store.layout import StoreLayout
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.phases import PhaseClock, Profile
 from raykit.store.plan import (
     SHUFFLED_SPLITS,
-    StoreOptions,
     WriteRequest,
-    check_options,
     field_specs,
-    partial_dir,
     record_plan,
     split_infos,
 )
-from raykit.store.points import SparsePoints, points_digest
-from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.schema import FORMAT_VERSION, ImageRecord, SplitInfo
 from raykit.store.staging import (
     StageJob,
     StagingSource,
@@ -62,7 +57,7 @@ from raykit.store.table import CameraTable, build_camera_table, write_camera_tab
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["Payload", "ShardJob", "copy_rays", "write_payload_and_commit", "write_rays", "write_shard_task"]
+__all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
 
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
 _TASK_FORMAT = 3  # 3: format-3 stores (pids derived, checked apart)
@@ -77,11 +72,9 @@ class ShardJob:
     backend: Backend
     info: SplitInfo
     shard: int
-    fields: tuple[FieldSpec, ...]
-    layout: Mapping[str, Any]
+    spec: PayloadSpec  # the store's fields, layout and the fields each split stores
     source: Source
     key: str
-    stored: tuple[str, ...] = ()  # the fields this split stores (no pid when derived)
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
@@ -90,18 +83,15 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
     clock = PhaseClock()
-    done = record_matches(record_path, job.key, root)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
-    shard_chunks = job.layout["shard_chunks"]
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
+    shard_chunks = job.spec.layout.shard_chunks
     first = job.shard * shard_chunks
     last = min(first + shard_chunks, job.info.n_chunks)
     start, stop = job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
-    stored = job.stored or tuple(spec.name for spec in job.fields)
+    stored = tuple(job.spec.fields_of(job.info.name))
     data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
     data = {name: data[name] for name in stored}
-    fields = {spec.name: spec for spec in job.fields}
     # The chunk checksum covers every stored field but the pids, which (when stored) have their own,
     # so a copy with or without stored pids keeps its checksums and fingerprint.
     summed = [name for name in stored if name != "pid"]
@@ -115,8 +105,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     if pid_checksums:
         result["pid_checksums"] = pid_checksums
     clock.lap("checksum")
-    spec = PayloadSpec(fields, job.layout, {job.info.name: stored})
-    encoded = job.backend.encode_shard(job.info, job.shard, data, spec)
+    encoded = job.backend.encode_shard(job.info, job.shard, data, job.spec)
     result["index"] = encoded.index
     clock.lap("compress")
     result["files"] = {}
@@ -130,60 +119,31 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     return {**result, "seconds": clock.seconds}
 
 
-def _run(
-    fn: Callable[[Any], Any], jobs: Sequence[Any], executor: Any, progress: bool, desc: str
-) -> list[Any]:
-    return list(_run_iter(fn, jobs, executor, progress, desc))
-
-
-def _run_iter(
-    fn: Callable[[Any], Any], jobs: Sequence[Any], executor: Any, progress: bool, desc: str
-) -> Iterator[Any]:
-    """The results of ``fn`` over ``jobs`` in order, as they finish (with a progress bar)."""
-    results: Iterable[Any] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
-    yield from progress_bar(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
-
-
-def _in_process(executor: Any) -> bool:
-    """True when the executor runs tasks in this process (None: serially; or a thread pool)."""
-    return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-
-
 def write_rays(request: WriteRequest) -> RayStore:
     """Write a rays-layout store (the caller holds ``request.dst``'s writer lock): stage every
     image, write the shards, commit; returns it opened."""
     opts, ordered = request.options, request.records
-    check_options(opts.backend, opts.chunk_rays, opts.shard_chunks, opts.materialize, opts.rgba_codec)
-    check_seed(opts.seed)
+    opts.check()
     profile = Profile()
-    layout = {
-        "chunk_rays": opts.chunk_rays,
-        "shard_chunks": opts.shard_chunks,
-        "seed": opts.seed,
-        **payload_layout(opts.rgba_codec, opts.zstd_level),
-        "materialize": opts.materialize,
-        "train_order": TRAIN_ORDER,
-    }
+    codecs = {"rgba_codec": opts.rgba_codec, "zstd_level": opts.zstd_level, "materialize": opts.materialize}
+    layout = StoreLayout.rays(
+        opts.chunk_rays, opts.shard_chunks, opts.seed, **codecs, train_order=TRAIN_ORDER
+    )
     records_plan = [record_plan(r) for r in ordered]  # each image's part of the plan and its task key
     plan = {
         "format_version": FORMAT_VERSION,
         "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
         "backend": opts.backend,
-        "layout": layout,
+        "layout": layout.to_dict(),
         "scene": request.scene.to_dict(),
         "records": records_plan,
         "source": dict(request.source),
         "with_pids": opts.with_pids,
     }
-    if (
-        request.points is not None
-    ):  # only then: plans (and resume keys) of stores without points are unchanged
-        plan["points"] = points_digest(request.points)
-    plan_key = json_digest(plan)
-    partial = partial_dir(request.dst, plan, request.overwrite, plan_key)
+    partial, plan_key = open_partial(request, plan)
     profile.wall.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
-    memory = _in_process(request.executor) and staged_bytes <= opts.memory_staging_bytes
+    memory = in_process(request.executor) and staged_bytes <= opts.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
     with staging:
         stage_jobs = [
@@ -199,32 +159,32 @@ def write_rays(request: WriteRequest) -> RayStore:
             for i, r in enumerate(ordered)
         ]
         try:
-            staged = _run(stage_image, stage_jobs, request.executor, request.progress, "decode images")
+            staged = list(run_tasks(stage_image, stage_jobs, request, "decode images"))
         finally:
             release_stage_memos()
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
-        payload, gather = _staged_payload(request, partial, layout, staged, staging, profile)
-        return write_payload_and_commit(partial, request, payload, gather, plan_key, profile)
+        content, gather = _staged_content(request, partial, layout, staged, staging, profile)
+        files, index = _write_shards(partial, content, gather, plan_key, request, profile)
+        return commit(partial, request, content, files, index, profile)
 
 
-def _staged_payload(
+def _staged_content(
     request: WriteRequest,
     partial: Path,
-    layout: Mapping[str, Any],
+    layout: StoreLayout,
     staged: Sequence[Mapping[str, Any]],
     staging: MemoryStaging | DiskStaging,
     profile: Profile,
-) -> tuple[Payload, StagingSource]:
-    """The camera table (written), the payload and the source of the staged rays."""
+) -> tuple[StoreContent, StagingSource]:
+    """The camera table (written), the store's content and the source of the staged rays."""
     opts, ordered = request.options, request.records
     channels = 4 if any(s["channels"] == 4 for s in staged) else 3
     splits = split_infos(ordered, opts.chunk_rays, "stored" if opts.with_pids else "derived")
     shuffled = {name for name, info in splits.items() if info.shuffled}
     alpha = [s["channels"] == 4 for s in staged]
     table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(table, str(tmp))
+    write_camera_table(table, partial)
     offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
     profile.wall.lap("camera_table")
     source = {
@@ -232,15 +192,9 @@ def _staged_payload(
         "fingerprint": source_fingerprint(ordered, staged),
         "image_bytes": _image_bytes(ordered),
     }
-    payload = Payload(
-        backend=backend_named(opts.backend),
-        table=table,
-        scene=request.scene,
-        splits=splits,
-        fields=field_specs(channels, opts.materialize),
-        layout=layout,
-        source=source,
-        points=request.points,
+    fields = field_specs(channels, opts.materialize)
+    content = StoreContent(
+        backend_named(opts.backend), layout, source, request.scene, splits, fields, table, request.points
     )
     sizes = tuple(r.camera.width * r.camera.height for r in ordered)
     image_channels = tuple(int(s["channels"]) for s in staged)
@@ -249,37 +203,7 @@ def _staged_payload(
     gather = StagingSource(
         str(partial), offsets, sizes, image_channels, channels, opts.materialize, staging, opts.seed, cameras
     )
-    return payload, gather
-
-
-@dataclass(frozen=True)
-class Payload:
-    """What phases 2 and 3 write: backend, camera table, scene, splits, fields, layout, source."""
-
-    backend: Backend
-    table: Any  # pyarrow.Table
-    scene: SceneInfo
-    splits: Mapping[str, SplitInfo]
-    fields: tuple[FieldSpec, ...]
-    layout: Mapping[str, Any]
-    source: Mapping[str, Any]
-    points: SparsePoints | None = None  # sparse points, world frame (``points3D.parquet``)
-
-    def spec(self) -> PayloadSpec:
-        return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
-
-    def content(self) -> StoreContent:
-        """What the manifest says of this payload (``raykit.store.commit``)."""
-        return StoreContent(
-            self.backend.name,
-            self.layout,
-            self.source,
-            self.scene,
-            self.splits,
-            self.fields,
-            self.table,
-            self.points,
-        )
+    return content, gather
 
 
 def _image_bytes(records: Sequence[ImageRecord]) -> int | None:
@@ -292,40 +216,43 @@ def _image_bytes(records: Sequence[ImageRecord]) -> int | None:
     return total
 
 
-def _shard_jobs(partial: Path, payload: Payload, gather: Source, plan_key: str) -> list[ShardJob]:
-    spec = payload.spec()
+def _shard_jobs(partial: Path, content: StoreContent, gather: Source, plan_key: str) -> list[ShardJob]:
+    spec = content.spec()
     return [
         ShardJob(
             root=str(partial),
-            backend=payload.backend,
+            backend=content.backend,
             info=info,
             shard=shard,
-            fields=payload.fields,
-            layout=payload.layout,
+            spec=spec,
             source=gather,
             key=f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}",
-            stored=tuple(spec.fields_of(info.name)),
         )
-        for info in payload.splits.values()
-        for shard in range(-(-info.n_chunks // payload.layout["shard_chunks"]))
+        for info in content.splits.values()
+        for shard in range(-(-info.n_chunks // content.layout.shard_chunks))
     ]
 
 
 def _write_shards(
-    partial: Path, payload: Payload, gather: Source, plan_key: str, request: WriteRequest, profile: Profile
+    partial: Path,
+    content: StoreContent,
+    gather: Source,
+    plan_key: str,
+    request: WriteRequest,
+    profile: Profile,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
     files: dict[str, Any] = {}
-    for rel in payload.backend.write_metadata(partial, payload.splits, payload.spec()):
+    for rel in content.backend.write_metadata(partial, content.splits, content.spec()):
         files[rel] = file_record(partial / rel)
-    jobs = _shard_jobs(partial, payload, gather, plan_key)
+    jobs = _shard_jobs(partial, content, gather, plan_key)
     profile.wall.lap("metadata")
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        desc = f"write {payload.backend.name} shards"
-        for res in _run_iter(write_shard_task, jobs, request.executor, request.progress, desc):
+        desc = f"write {content.backend.name} shards"
+        for res in run_tasks(write_shard_task, jobs, request, desc):
             synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
             results.append(res)
         profile.wall.lap("shards")
@@ -335,7 +262,7 @@ def _write_shards(
         list(syncing.map(fsync_path, sorted(shard_dirs)))
     profile.absorb("shard", results)
     profile.wall.lap("fsync")
-    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in payload.splits}
+    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in content.splits}
     for job, res in zip(jobs, results, strict=True):
         entry = index[job.info.name]
         entry[CHUNK_CHECKSUM] += res["checksums"]
@@ -347,55 +274,31 @@ def _write_shards(
     return files, index
 
 
-def write_payload_and_commit(
-    partial: Path, request: WriteRequest, payload: Payload, gather: Source, plan_key: str, profile: Profile
-) -> RayStore:
-    """Phases 2 and 3: shards, ``index.json``, ``manifest.json``, then the rename to ``dst``."""
-    files, index = _write_shards(partial, payload, gather, plan_key, request, profile)
-    write_index_and_manifest(partial, payload.content(), files, index)
-    profile.wall.lap("index_manifest")
-    store = commit_store(partial, request.dst, request.overwrite)
-    profile.wall.lap("commit")
-    profile.finish(request.dst)
-    return store
-
-
-def copy_rays(
-    store: RayStore,
-    dst: Path,
-    backend: str,
-    executor: concurrent.futures.Executor | None,
-    progress: bool,
-    overwrite: bool,
-    with_pids: bool,
-) -> RayStore:
+def copy_rays(store: RayStore, request: WriteRequest, with_pids: bool) -> RayStore:
     """A rays-layout copy of a rays-layout store, shard by shard from its chunks (the caller holds
-    ``dst``'s writer lock; ``raykit.store.writer.copy_store``)."""
+    the destination's writer lock; ``raykit.store.writer.copy_store``)."""
     profile = Profile()
-    layout = dict(store.manifest["layout"])
-    check_options(backend, layout["chunk_rays"], layout["shard_chunks"], layout.get("materialize"))
+    layout = store.store_layout
+    options = request.options
+    dataclasses.replace(options, chunk_rays=layout.chunk_rays, shard_chunks=layout.shard_chunks).check()
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
-    plan = {"copy_of": store.fingerprint, "backend": backend, "layout": layout, "with_pids": with_pids}
+    plan = {
+        "copy_of": store.fingerprint,
+        "backend": options.backend,
+        "layout": layout.to_dict(),
+        "with_pids": with_pids,
+    }
     if store.legacy:  # format 1 or 2, copied as the current format (its pids stored, checksums anew)
         plan["upgrade_to"] = FORMAT_VERSION
-    partial = partial_dir(dst, plan, overwrite)
-    with atomic_path(partial / "cameras.parquet") as tmp:
-        write_camera_table(store.cameras, str(tmp))
-    payload = Payload(
-        backend=backend_named(backend),
-        table=store.cameras,
-        scene=store.scene,
-        splits=splits,
-        fields=tuple(store.fields.values()),
-        layout=layout,
-        source=store.manifest["source"],
-        points=store.sparse_points(),
+    partial, plan_key = open_partial(request, plan)
+    write_camera_table(store.cameras, partial)
+    backend = backend_named(options.backend)
+    source = store.manifest["source"]
+    fields = tuple(store.fields.values())
+    content = StoreContent(
+        backend, layout, source, store.scene, splits, fields, store.cameras, request.points
     )
-    request = WriteRequest(
-        dst, [], store.scene, StoreOptions(backend=backend), executor, progress, overwrite=overwrite
-    )
-    return write_payload_and_commit(
-        partial, request, payload, StoreSource(store.url), json_digest(plan), profile
-    )
+    files, index = _write_shards(partial, content, StoreSource(store.url), plan_key, request, profile)
+    return commit(partial, request, content, files, index, profile)

@@ -32,8 +32,9 @@ from raykit.errors import (
 )
 from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
-from raykit.store.images_layout import open_payload, split_layout
+from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
+from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import SparsePoints, read_points
@@ -96,15 +97,15 @@ class RayStore:
             )
             self.index: dict[str, Any] = json.loads(small["index.json"])
             # index key crc32c in format 2; zlib crc32 in format 1 (and in copies of format-1 stores)
-            self._crc_kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
-            self._crc = {k: np.asarray(self.index[k][self._crc_kind], dtype=np.int64) for k in self.splits}
+            kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
+            self.checksum_kind: str = kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
+            self._crc = {k: np.asarray(self.index[k][kind], dtype=np.int64) for k in self.splits}
             # format 3 checks stored pids apart ("pid_crc32c"); formats 1 and 2 sum every field at once
             self._pid_crc = {
-                k: np.asarray(self.index[k][f"pid_{self._crc_kind}"], dtype=np.int64)
+                k: np.asarray(self.index[k][f"pid_{kind}"], dtype=np.int64)
                 for k, info in self.splits.items()
                 if not self.legacy and info.pids == "stored"
             }
-            self.checksum_kind: str = self._crc_kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
                 raise
@@ -127,7 +128,8 @@ class RayStore:
         if self.legacy and any(info.pids != "stored" for info in splits.values()):
             raise StoreCorruptError(f"{self._where('manifest.json')}: format 1 and 2 splits store their pids")
         self.splits = splits
-        order = self.manifest["layout"].get("train_order")
+        self.store_layout = StoreLayout.from_dict(self.manifest["layout"], self._where("manifest.json"))
+        order = self.store_layout.train_order
         if any(i.pids == "derived" and i.shuffled for i in splits.values()) and order != TRAIN_ORDER:
             raise StoreVersionError(
                 f"{self._where('manifest.json')}: train order {order!r} is not one this raykit derives "
@@ -205,9 +207,10 @@ class RayStore:
         if is_url(self.url):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        self.payload_spec = PayloadSpec.of(self.fields, self.manifest["layout"], self.splits)
+        self.payload_spec = PayloadSpec.of(self.fields, self.store_layout, self.splits)
+        images = self.layout() == IMAGES_LAYOUT
         return open_payload(
-            self.manifest, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
+            images, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
         )
 
     def _ray_starts(self) -> dict[str, list[int]]:
@@ -222,7 +225,7 @@ class RayStore:
             self.url,
             self.payload,
             self.fields,
-            self._crc_kind,
+            self.checksum_kind,
             self._crc,
             self._pid_crc,
             self.legacy,
@@ -243,15 +246,13 @@ class RayStore:
             rows.flags.writeable = False
         return rows
 
-    @property
-    def chunk_checksum(self) -> str:
-        """Deprecated name of ``checksum_kind`` (kept for one release)."""
-        return self.checksum_kind
-
-    def layout(self, split: str) -> str:
-        """``"rays"`` or ``"images"``: how ``split`` is stored (docs/format.md)."""
-        self._split(split)
-        return split_layout(self.manifest, split)
+    def layout(self, split: str | None = None) -> str:
+        """``"rays"`` or ``"images"``: how ``split`` is stored (docs/format.md); with no split, the
+        store's: ``"images"`` when every split stores images (what a copy keeps by default)."""
+        if split is not None:
+            return self._split(split).layout
+        images = bool(self.splits) and all(info.layout == IMAGES_LAYOUT for info in self.splits.values())
+        return IMAGES_LAYOUT if images else RAYS_LAYOUT
 
     def _check_file(self, rel: str) -> None:
         if rel in self._checked:
@@ -350,7 +351,7 @@ class RayStore:
         if order is None:
             rows = self.split_rows(split)
             order = self._orders[split] = shared_order(
-                int(self.manifest["layout"]["seed"]),
+                self.store_layout.seed,
                 split,
                 info.shuffled,
                 tuple(int(i) for i in rows),
@@ -367,14 +368,11 @@ class RayStore:
                 f"{self.url}: rays [{start}, {stop}) of split {split!r} outside [0, {info.n_rays}]"
             )
         if start == stop:
-            return self._empty()
+            return empty_rays(self.fields)
         first, last = start // info.chunk_rays, (stop - 1) // info.chunk_rays
         raw = RawRays.concat([self.read_chunk(split, i) for i in range(first, last + 1)])
         offset = first * info.chunk_rays
         return raw.take(slice(start - offset, stop - offset))
-
-    def _empty(self) -> RawRays:
-        return empty_rays(self.fields)
 
     # -- rays --------------------------------------------------------------------------------------
     def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -439,10 +437,16 @@ class RayStore:
         """Colour channels every image of this store is served with (3 = rgb, 4 = rgba)."""
         return int(self.fields["rgba"].channels)
 
-    def stored_image(self, split: str, local: int) -> bytes | None:
+    def stored_image(self, split: str, local: int) -> bytes:
         """The stored file of image ``local`` (index within ``split``) of an images-layout split,
-        checked against its CRC-32C; None for a split that stores rays."""
+        checked against its CRC-32C (``StoreError`` for a split that stores rays: ``image_files``
+        is empty)."""
         return self._reader(split).stored_image(split, local)
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        """Relative paths of the files holding image ``local`` (index within ``split``) of an
+        images-layout split; empty for a split that stores rays."""
+        return self._reader(split).image_files(split, local)
 
     def read_split_image(self, split: str, local: int) -> np.ndarray:
         """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""

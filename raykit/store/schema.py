@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
+from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
@@ -65,10 +66,6 @@ def _matrix4(value: Any, what: str) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(float(v) for v in row) for row in array)
 
 
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
 @dataclass(frozen=True)
 class SceneInfo:
     """Where the store's world frame comes from, and the scene's extent.
@@ -101,8 +98,9 @@ class SceneInfo:
                     f"scene bounds: expected ((x0,y0,z0),(x1,y1,z1)) with lo<=hi, got {self.bounds}"
                 )
             object.__setattr__(self, "bounds", (lo, hi))
-        object.__setattr__(self, "near", _opt_float(self.near))
-        object.__setattr__(self, "far", _opt_float(self.far))
+        for name in ("near", "far"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, None if value is None else float(value))
         object.__setattr__(self, "transform_params", dict(self.transform_params))
 
     def matrix(self) -> np.ndarray:
@@ -134,10 +132,6 @@ class SceneInfo:
         )
 
 
-# How a split's payload is organised (``SplitInfo.layout``; docs/format.md).
-SPLIT_LAYOUTS = ("rays", "images")
-
-
 @dataclass(frozen=True)
 class SplitInfo:
     """One split of a store: its rays are ``pid_start .. pid_start + n_rays`` in some order.
@@ -157,20 +151,25 @@ class SplitInfo:
     shuffled: bool
     pid_start: int = 0
     pids: str = "stored"
-    layout: str = "rays"
+    layout: str = RAYS_LAYOUT
 
     def __post_init__(self) -> None:
         if self.pids not in PIDS:
             raise StoreCorruptError(f"split {self.name!r}: expected pids in {PIDS}, got {self.pids!r}")
-        if self.layout not in SPLIT_LAYOUTS:
+        if self.layout not in LAYOUTS:
             raise StoreVersionError(
                 f"split {self.name!r}: layout {self.layout!r} is not one this raykit reads "
-                f"({', '.join(SPLIT_LAYOUTS)})"
+                f"({', '.join(LAYOUTS)})"
             )
 
     @property
     def n_chunks(self) -> int:
         return math.ceil(self.n_rays / self.chunk_rays)
+
+    @property
+    def holds_images(self) -> bool:
+        """Whether the split stores encoded images (the images layout) rather than ray chunks."""
+        return self.layout == IMAGES_LAYOUT
 
     def chunk_range(self, index: int) -> tuple[int, int]:
         """Ray range ``[start, stop)`` of chunk ``index`` within the split."""
@@ -196,7 +195,8 @@ class SplitInfo:
 
     def fingerprint_dict(self) -> dict[str, Any]:
         """What the content fingerprint hashes: the record less how the pids are kept."""
-        return self.legacy_dict() if self.layout == "rays" else {**self.legacy_dict(), "layout": self.layout}
+        record = self.legacy_dict()
+        return {**record, "layout": self.layout} if self.holds_images else record
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SplitInfo:
@@ -208,7 +208,7 @@ class SplitInfo:
             shuffled=bool(d["shuffled"]),
             pid_start=int(d.get("pid_start", 0)),
             pids=str(d.get("pids", "stored")),
-            layout=str(d.get("layout", "rays")),
+            layout=str(d.get("layout", RAYS_LAYOUT)),
         )
 
 

@@ -12,11 +12,12 @@ from typing import Protocol
 
 import numpy as np
 
-from raykit.errors import StoreCorruptError
+from raykit.errors import StoreCorruptError, StoreError
 from raykit.store.backend import PayloadReader
 from raykit.store.image_codec import decode_stored
-from raykit.store.images_layout import IMAGES_LAYOUT, ImagesReader
+from raykit.store.images_layout import ImagesReader
 from raykit.store.integrity import chunk_checksum
+from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT
 from raykit.store.order import SplitOrder
 from raykit.store.schema import DerivedRays, FieldSpec, RawRays, SplitInfo
 from raykit.store.table import CameraTable
@@ -39,8 +40,12 @@ class SplitReader(Protocol):
         """Compact rays of every pixel of row ``row``, row-major, or None: gathered from the chunks."""
         ...
 
-    def stored_image(self, split: str, local: int) -> bytes | None:
-        """The stored file of image ``local`` of ``split``, checked, or None when it stores rays."""
+    def stored_image(self, split: str, local: int) -> bytes:
+        """The stored file of image ``local`` of ``split``, checked (``StoreError`` when it stores rays)."""
+        ...
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        """Relative paths of the files holding image ``local`` of ``split`` (none: it stores rays)."""
         ...
 
 
@@ -98,8 +103,11 @@ class RaySplits:
     def image_raw(self, row: int) -> RawRays | None:
         return None  # gathered from the split's chunks by ``RayStore.image_raw``
 
-    def stored_image(self, split: str, local: int) -> bytes | None:
-        return None
+    def stored_image(self, split: str, local: int) -> bytes:
+        raise StoreError(f"{self.url}: split {split!r} stores rays, not image files")
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        return []
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,9 @@ class ImageSplits:
 
     def stored_image(self, split: str, local: int) -> bytes:
         return self.images.image_bytes(split, local)
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        return self.images.files_of(split, local)
 
     def read_image(self, row: int) -> np.ndarray:
         split = self.table.splits[row]
@@ -172,5 +183,5 @@ def layout_readers(
 ) -> dict[str, SplitReader]:
     """Layout name -> the reader of its splits, for a store whose payload reader is ``payload``."""
     if not isinstance(payload, ImagesReader):
-        return {"rays": rays}
-    return {"rays": rays, IMAGES_LAYOUT: ImageSplits(rays.url, payload, table, channels, split_rows)}
+        return {RAYS_LAYOUT: rays}
+    return {RAYS_LAYOUT: rays, IMAGES_LAYOUT: ImageSplits(rays.url, payload, table, channels, split_rows)}

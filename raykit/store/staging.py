@@ -54,8 +54,9 @@ __all__ = [
 ]
 
 
-def record_matches(record_path: Path, key: str, root: Path) -> dict[str, Any] | None:
-    """The stored result of a finished task if its key matches and its files are intact, else None."""
+def record_matches(record_path: Path, key: str, root: Path, clock: PhaseClock) -> dict[str, Any] | None:
+    """The stored result of a finished task (with ``seconds``: ``clock``'s, lapped as the resume
+    check) if its key matches and its files are intact, else None."""
     if not record_path.exists():
         return None
     try:
@@ -68,8 +69,8 @@ def record_matches(record_path: Path, key: str, root: Path) -> dict[str, Any] | 
         path = root / rel
         if not path.exists() or _file_check(path, expected) != expected:
             return None
-    result: dict[str, Any] = record["result"]
-    return result
+    clock.lap("resume_check")
+    return {**record["result"], "seconds": clock.seconds}
 
 
 def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
@@ -166,10 +167,8 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
     area = job.area
-    done = None if area.in_memory else record_matches(record_path, job.key, root)
-    if done is not None:
-        clock.lap("resume_check")
-        return {**done, "seconds": clock.seconds}
+    if not area.in_memory and (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
     rec = job.record
     pixels = check_pixels(rec, rec.load())
     flat = np.ascontiguousarray(pixels.reshape(-1, pixels.shape[2]))

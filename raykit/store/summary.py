@@ -8,7 +8,7 @@ from typing import Any
 from raykit.store.backend import backend_named
 from raykit.store.reader import RayStore
 
-__all__ = ["field_bytes", "source_image_bytes", "store_summary"]
+__all__ = ["field_bytes", "payload_bytes", "source_image_bytes", "store_summary"]
 
 
 def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
@@ -18,6 +18,11 @@ def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
     members; the tar headers and padding are counted under ``"tar"``.
     """
     return backend_named(store.backend).field_bytes(store.splits, store.files, store.index)
+
+
+def payload_bytes(store: RayStore) -> int:
+    """Bytes of the payload files (shards; no metadata), whatever the backend and layout."""
+    return sum(size for counts in field_bytes(store).values() for size in counts.values())
 
 
 def source_image_bytes(store: RayStore) -> int | None:
@@ -36,9 +41,7 @@ def store_summary(store: RayStore) -> dict[str, Any]:
     """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray (in all and per
     field), the ratio of store bytes to source image bytes, layout."""
     files = store.files
-    payload = sum(
-        v["size"] for k, v in files.items() if k.startswith(("zarr/", "wds/")) and "zarr.json" not in k
-    )
+    payload = payload_bytes(store)
     total = sum(v["size"] for v in files.values())
     n_rays = sum(info.n_rays for info in store.splits.values())
     table = store.table
@@ -54,10 +57,10 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "format_version": store.manifest["format_version"],
         "content_fingerprint": store.fingerprint,
         "splits": {
-            name: {**info.to_dict(), "layout": store.layout(name)} for name, info in store.splits.items()
+            name: {**info.to_dict(), "holds_images": info.holds_images} for name, info in store.splits.items()
         },
         "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
-        "layout": store.manifest["layout"],
+        "layout": store.store_layout.to_dict(),
         "cameras": {
             "n_images": len(table.names),
             "n_cameras": len(table.cameras),
@@ -86,7 +89,7 @@ def store_summary(store: RayStore) -> dict[str, Any]:
                 "formats": sorted(set(store.index[name]["image_format"])),
             }
             for name in store.splits
-            if store.layout(name) == "images"
+            if store.splits[name].holds_images
         },
     }
 

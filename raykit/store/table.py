@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raykit.errors import ConfigError, StoreCorruptError
+from raykit.fileio import atomic_path
 from raykit.store.schema import MAX_PIXELS, ImageRecord, decode_pids, split_sort_key
 
 if TYPE_CHECKING:
@@ -138,9 +140,11 @@ def build_camera_table(
     return pa.table(rows, schema=CAMERA_TABLE_SCHEMA)
 
 
-def write_camera_table(table: pa.Table, path: str) -> None:
-    """Write ``table`` as parquet with fixed options (same bytes for the same table)."""
-    pq.write_table(table, path, compression="zstd", write_statistics=False, store_schema=False)
+def write_camera_table(table: pa.Table, root: Path) -> None:
+    """Write ``table`` as ``root/cameras.parquet``, atomically, with fixed options (same bytes for the
+    same table)."""
+    with atomic_path(root / "cameras.parquet") as tmp:
+        pq.write_table(table, str(tmp), compression="zstd", write_statistics=False, store_schema=False)
 
 
 def read_camera_table(data: bytes, where: str) -> pa.Table:

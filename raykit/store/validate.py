@@ -82,7 +82,7 @@ def _check_table(store: RayStore) -> list[str]:
     if not np.array_equal(table.pixel_offset, expected_offsets):
         problems.append(f"{where}: pixel_offset is not the running sum of width * height")
     for split, info in store.splits.items():
-        rows = np.flatnonzero(np.array(table.splits) == split)
+        rows = store.split_rows(split)
         n_rays = int(table.n_pixels[rows].sum())
         if len(rows) != info.n_images or n_rays != info.n_rays:
             problems.append(
@@ -116,7 +116,7 @@ def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
 def _check_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
     """Problems of ``split``'s chunks; a chunk in a file already reported by ``_check_files`` is not
     reported again."""
-    if store.layout(split) == "images":  # stored images: checked one by one (raykit.store.images_check)
+    if store.splits[split].holds_images:  # stored images: checked one by one (raykit.store.images_check)
         from raykit.store.images_check import check_images_split
 
         return check_images_split(store, split, bad_files)

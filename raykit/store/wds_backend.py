@@ -21,6 +21,7 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
+from raykit.store.images_wds import TAR_HEADER, tar_member
 from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 WDS_DIR = "wds"
-_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
 
 
 def shard_file(split: str, shard: int) -> str:
@@ -54,16 +54,6 @@ def npy_bytes(values: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
     return buffer.getvalue()
-
-
-def _member(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = 0
-    info.mode = 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
 
 
 def encode_shard(
@@ -86,8 +76,8 @@ def encode_shard(
             where: dict[str, list[int]] = {}
             for name, values in chunk.items():
                 data = npy_bytes(values)
-                where[name] = [tar.offset + _HEADER, len(data)]
-                tar.addfile(_member(f"{key}.{name}.npy", len(data)), io.BytesIO(data))
+                where[name] = [tar.offset + TAR_HEADER, len(data)]
+                tar.addfile(tar_member(f"{key}.{name}.npy", len(data)), io.BytesIO(data))
             members.append(where)
     return {rel: buffer.getvalue()}, members
 
@@ -108,16 +98,10 @@ def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
 class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
 
-    def __init__(
-        self,
-        url: str,
-        fields: Mapping[str, FieldSpec] | PayloadSpec,
-        index: Mapping[str, Any],
-        ranges: Any = None,
-    ) -> None:
+    def __init__(self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None) -> None:
         self._url = url.rstrip("/")
         self._fs, self._root = filesystem(self._url)
-        self._spec = fields if isinstance(fields, PayloadSpec) else PayloadSpec(fields, {})
+        self._spec = spec
         self._index = index
         self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores
 
@@ -167,10 +151,10 @@ class WdsBackend:
     def encode_shard(
         self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
     ) -> EncodedShard:
-        first = shard * spec.shard_chunks
+        first = shard * spec.layout.shard_chunks
         start = info.chunk_range(first)[0]
         chunks = []
-        for c in range(first, min(first + spec.shard_chunks, info.n_chunks)):
+        for c in range(first, min(first + spec.layout.shard_chunks, info.n_chunks)):
             lo, hi = (b - start for b in info.chunk_range(c))
             chunks.append({name: data[name][lo:hi] for name in spec.fields_of(info.name)})
         files, members = encode_shard(info.name, shard, first, chunks)
@@ -188,7 +172,8 @@ class WdsBackend:
             for members in index[split].get("members", []):
                 for name, (_, size) in members.items():
                     counts[name] = counts.get(name, 0) + int(size)
-            tars = {shard_file(split, int(s)) for s in index[split].get("shard", [])}
+            shards = [*index[split].get("shard", []), *index[split].get("image_shard", [])]
+            tars = {shard_file(split, int(s)) for s in shards}
             total = sum(int(files[rel]["size"]) for rel in tars if rel in files)
             counts["tar"] = total - sum(counts.values())
         return out

@@ -16,20 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError
 from raykit.store.backend import BACKENDS
-from raykit.store.commit import commit_store
-from raykit.store.images_layout import IMAGES_LAYOUT, LAYOUTS, store_layout
 from raykit.store.images_writer import write_images
+from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT
 from raykit.store.lock import holding_store_lock
-from raykit.store.plan import (
-    DEFAULT_CHUNK_RAYS,
-    DEFAULT_MEMORY_STAGING_BYTES,
-    DEFAULT_SHARD_CHUNKS,
-    StoreOptions,
-    WriteRequest,
-)
+from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions, WriteRequest
 from raykit.store.points import SparsePoints
-from raykit.store.rays_writer import Payload, ShardJob, copy_rays, write_rays, write_shard_task
+from raykit.store.rays_writer import copy_rays, write_rays
 from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store.table import order_records
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -37,21 +31,15 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_RAYS",
-    "DEFAULT_MEMORY_STAGING_BYTES",
     "DEFAULT_SHARD_CHUNKS",
-    "Payload",
-    "ShardJob",
     "StoreOptions",
-    "WriteRequest",
-    "commit_store",
     "copy_store",
-    "write_shard_task",
     "write_store",
 ]
 
 # the payload writer of each layout (``StoreOptions.layout``)
 _PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
-    "rays": write_rays,
+    RAYS_LAYOUT: write_rays,
     IMAGES_LAYOUT: write_images,
 }
 
@@ -84,7 +72,10 @@ def write_store(
             (``raykit.store.points``).
     """
     options = dataclasses.replace(options or StoreOptions(), **option_fields)
-    request = WriteRequest.of(dst, records, scene, options, executor, progress, source, overwrite, points)
+    ordered = order_records(records)
+    request = WriteRequest(
+        Path(dst), ordered, scene, options, executor, progress, dict(source or {}), overwrite, points
+    )
     return _payload_writer(options)(request)
 
 
@@ -118,10 +109,13 @@ def copy_store(
     from raykit.store.reader import open_store
 
     store = open_store(src)
-    layout = layout or store_layout(store.manifest)
-    if store_layout(store.manifest) != "rays" or layout != "rays":
-        from raykit.store.layout_copy import copy_request
+    layout = layout or store.layout()
+    if store.layout() == layout == RAYS_LAYOUT:  # chunk by chunk
+        options = StoreOptions(backend=backend)
+        points = store.sparse_points()
+        request = WriteRequest(Path(dst), [], store.scene, options, executor, progress, {}, overwrite, points)
+        return copy_rays(store, request, with_pids)
+    from raykit.store.layout_copy import copy_request
 
-        request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
-        return _payload_writer(request.options)(request)
-    return copy_rays(store, Path(dst), backend, executor, progress, overwrite, with_pids)
+    request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
+    return _payload_writer(request.options)(request)

@@ -17,76 +17,48 @@ The encoder, the metadata documents and their zarr twins derive from one codec d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backend import (
-    BLOSC_CLEVEL,
-    BLOSC_CNAME,
-    BLOSC_SHUFFLE,
-    RGBA_CODEC,
-    RGBA_CODECS,
-    Backend,
-    EncodedShard,
-    ImagesPayload,
-    PayloadSpec,
-)
+from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
+from raykit.store.layout import RGBA_CODECS, StoreLayout
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.zarr_read import (  # re-exported: the reading side of this backend
-    ABSENT_CHUNK,
+from raykit.store.zarr_read import (
     ZARR_DIR,
+    ZARR_ROOT,
     ZarrReader,
-    direct_shard_codec,
+    array_document,
+    document_bytes,
     shard_file,
-    split_fields,
+    shard_pieces,
 )
 
 __all__ = [
     "BACKEND",
-    "BLOSC_CLEVEL",
-    "BLOSC_CNAME",
-    "BLOSC_SHUFFLE",
-    "RGBA_CODEC",
-    "RGBA_CODECS",
-    "ZARR_DIR",
     "FieldCodec",
     "ZarrBackend",
-    "ZarrReader",
-    "direct_shard_codec",
-    "document_bytes",
     "encode_shard",
     "encode_shard_pieces",
-    "encode_shards",
     "field_codec",
     "metadata_documents",
     "reference_encode_shard",
     "reference_metadata_documents",
-    "shard_file",
     "write_metadata",
 ]
 
-# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.backend``: every layout records
+# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.layout``: every layout records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
 # RGBA chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as
 # fast to read as zstd-3, at 1.6x its size (1.23 vs 0.77 bytes/ray; benchmarks/bench_codecs.py). "zstd"
 # uses ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
-
-
-def _rgba_codec(layout: Mapping[str, Any]) -> str:
-    codec = str(layout.get("rgba_codec", "zstd"))
-    if codec not in RGBA_CODECS:
-        raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {codec!r}")
-    return codec
 
 
 @dataclass(frozen=True)
@@ -117,7 +89,7 @@ class FieldCodec:
                      blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
 
 
-def field_codec(spec: FieldSpec, layout: Mapping[str, Any]) -> FieldCodec:
+def field_codec(spec: FieldSpec, layout: StoreLayout) -> FieldCodec:
     """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc (lz4,
     bit shuffle).
 
@@ -125,25 +97,27 @@ def field_codec(spec: FieldSpec, layout: Mapping[str, Any]) -> FieldCodec:
     shrink to almost nothing, shuffled train pids to about their entropy; see docs/format.md.
     """
     itemsize = np.dtype(spec.dtype).itemsize
-    if itemsize == 1 and _rgba_codec(layout) == "zstd":
-        return FieldCodec("zstd", {"level": layout["zstd_level"], "checksum": False})
+    if layout.rgba_codec not in RGBA_CODECS:
+        raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {layout.rgba_codec!r}")
+    if itemsize == 1 and layout.rgba_codec == "zstd":
+        return FieldCodec("zstd", {"level": layout.zstd_level, "checksum": False})
     if itemsize == 1:
         return FieldCodec("blosc", {"typesize": 1, **_RGBA_BLOSC})
     config = {
         "typesize": itemsize,
-        "cname": layout.get("blosc_cname", BLOSC_CNAME),
-        "clevel": layout.get("blosc_clevel", BLOSC_CLEVEL),
-        "shuffle": layout.get("blosc_shuffle", BLOSC_SHUFFLE),
+        "cname": layout.blosc_cname,
+        "clevel": layout.blosc_clevel,
+        "shuffle": layout.blosc_shuffle,
         "blocksize": 0,
     }
     return FieldCodec("blosc", config)
 
 
-def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
+def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict[str, Any]:
     from zarr.codecs import Crc32cCodec
 
     n_rays, chunk_rays = info.n_rays, info.chunk_rays
-    shard_rays = chunk_rays * layout["shard_chunks"]
+    shard_rays = chunk_rays * layout.shard_chunks
     tail = (spec.channels,) if spec.channels else ()
     return {
         "shape": (n_rays, *tail),
@@ -156,13 +130,7 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -
     }
 
 
-def write_metadata(
-    root: Path,
-    splits: Mapping[str, SplitInfo],
-    fields: Mapping[str, FieldSpec],
-    layout: Mapping[str, Any],
-    stored: Mapping[str, tuple[str, ...]] | None = None,
-) -> list[str]:
+def write_metadata(root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
     """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
 
     Existing shards are left untouched. The documents are built here (``metadata_documents``), the
@@ -170,19 +138,14 @@ def write_metadata(
     zarr.
     """
     written = []
-    for key, document in sorted(metadata_documents(splits, fields, layout, stored).items()):
+    for key, document in sorted(metadata_documents(splits, spec).items()):
         rel = f"{ZARR_DIR}/{key}"
         atomic_write_bytes(root / rel, document_bytes(document))
         written.append(rel)
     return written
 
 
-def document_bytes(document: Mapping[str, Any]) -> bytes:
-    """A ``zarr.json`` document's bytes, as zarr writes them (2-space indent, no final newline)."""
-    return json.dumps(document, indent=2).encode()
-
-
-def _array_document(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> dict[str, Any]:
+def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict[str, Any]:
     """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
     tail = [spec.channels] if spec.channels else []
     little = {"name": "bytes", "configuration": {"endian": "little"}}
@@ -193,129 +156,76 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any])
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end",
     }
-    return {
-        "shape": [info.n_rays, *tail],
-        "data_type": np.dtype(spec.dtype).name,
-        "chunk_grid": {
-            "name": "regular",
-            "configuration": {"chunk_shape": [info.chunk_rays * layout["shard_chunks"], *tail]},
-        },
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0.0 if np.dtype(spec.dtype).kind == "f" else 0,
-        "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
-        "attributes": {"raykit_field": spec.name},
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
+    dtype, grid = np.dtype(spec.dtype), [info.chunk_rays * layout.shard_chunks, *tail]
+    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    fill = 0.0 if dtype.kind == "f" else 0
+    return array_document([info.n_rays, *tail], dtype.name, grid, codecs, spec.name, fill)
 
 
-def metadata_documents(
-    splits: Mapping[str, SplitInfo],
-    fields: Mapping[str, FieldSpec],
-    layout: Mapping[str, Any],
-    stored: Mapping[str, tuple[str, ...]] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/`` (``stored``: the fields
-    each split stores, ``PayloadSpec.stored``; default all)."""
-    docs: dict[str, dict[str, Any]] = {
-        "zarr.json": {"attributes": {"raykit": "ray store payload"}, "zarr_format": 3, "node_type": "group"}
-    }
+def metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, dict[str, Any]]:
+    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/``."""
+    docs: dict[str, dict[str, Any]] = {"zarr.json": ZARR_ROOT}
     for split, info in splits.items():
         docs[f"{split}/zarr.json"] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
-        for spec in split_fields(fields, stored, split).values():
-            docs[f"{split}/{spec.name}/zarr.json"] = _array_document(spec, info, layout)
+        for field in spec.fields_of(split).values():
+            docs[f"{split}/{field.name}/zarr.json"] = _array_document(field, info, spec.layout)
     return docs
 
 
-def reference_metadata_documents(
-    splits: Mapping[str, SplitInfo],
-    fields: Mapping[str, FieldSpec],
-    layout: Mapping[str, Any],
-    stored: Mapping[str, tuple[str, ...]] | None = None,
-) -> dict[str, bytes]:
+def reference_metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, bytes]:
     """Twin of ``metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
     ``MemoryStore``; its files' bytes."""
     import zarr
 
     mem = zarr.storage.MemoryStore()
-    group = zarr.create_group(mem, attributes={"raykit": "ray store payload"})
+    group = zarr.create_group(mem, attributes=ZARR_ROOT["attributes"])
     for split, info in splits.items():
         sub = group.create_group(split)
-        for spec in split_fields(fields, stored, split).values():
-            sub.create_array(spec.name, **_array_kwargs(spec, info, layout))
+        for field in spec.fields_of(split).values():
+            sub.create_array(field.name, **_array_kwargs(field, info, spec.layout))
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
 
-def encode_shards(
-    info: SplitInfo,
-    shard: int,
-    data: Mapping[str, np.ndarray],
-    fields: Mapping[str, FieldSpec],
-    layout: Mapping[str, Any],
-) -> dict[str, list[bytes]]:
-    """The shard files of shard ``shard`` of every field of split ``info``: relative path -> its bytes
-    in pieces (``encode_shard_pieces``).
-
-    Args:
-        data: field name -> (n, ...) the rays of this shard (the last shard may be short).
-    """
-    return {
-        shard_file(info.name, fields[name], shard): encode_shard_pieces(values, fields[name], info, layout)
-        for name, values in data.items()
-    }
-
-
-def _crc32c_bytes(data: bytes) -> bytes:
-    return int(google_crc32c.value(data)).to_bytes(4, "little")
-
-
-def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]) -> bytes:
+def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> bytes:
     """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (``encode_shard_pieces``
     joined)."""
     return b"".join(encode_shard_pieces(values, spec, info, layout))
 
 
 def encode_shard_pieces(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: Mapping[str, Any]
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreLayout
 ) -> list[bytes]:
     """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (fast path), in pieces
     to be written one after the other (no copy to join them).
 
     Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
-    ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index at the end, one
-    ``(offset, nbytes)`` uint64 pair per chunk (``2**64 - 1`` for chunks past the end of the array),
-    itself followed by its crc32c. ``reference_encode_shard`` is the twin that lets zarr do it.
+    ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index (``shard_pieces``).
+    ``reference_encode_shard`` is the twin that lets zarr do it.
 
     Args:
         values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
     """
-    chunk_rays, shard_chunks = info.chunk_rays, layout["shard_chunks"]
+    chunk_rays = info.chunk_rays
     codec = field_codec(spec, layout).numcodecs_codec()
     values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
-    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
-    pieces, offset = [], 0
-    for j, lo in enumerate(range(0, len(values), chunk_rays)):
+
+    def encoded(lo: int) -> bytes:
         chunk = values[lo : lo + chunk_rays]
         if len(chunk) < chunk_rays:
-            chunk = np.concatenate(
-                [chunk, np.zeros((chunk_rays - len(chunk), *chunk.shape[1:]), chunk.dtype)]
-            )
-        encoded = bytes(codec.encode(chunk))
-        pieces += [encoded, _crc32c_bytes(encoded)]
-        index[j] = (offset, len(encoded) + 4)
-        offset += len(encoded) + 4
-    raw_index = index.tobytes()
-    return [*pieces, raw_index, _crc32c_bytes(raw_index)]
+            padding = np.zeros((chunk_rays - len(chunk), *chunk.shape[1:]), chunk.dtype)
+            chunk = np.concatenate([chunk, padding])
+        return bytes(codec.encode(chunk))
+
+    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), layout.shard_chunks)
 
 
 def reference_encode_shard(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: Mapping[str, Any]
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreLayout
 ) -> bytes:
     """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
     import zarr
 
-    start = shard * info.chunk_rays * layout["shard_chunks"]
+    start = shard * info.chunk_rays * layout.shard_chunks
     mem = zarr.storage.MemoryStore()
     # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
     array = zarr.create_array(mem, **_array_kwargs(spec, info, layout), config={"write_empty_chunks": True})
@@ -343,10 +253,18 @@ class ZarrBackend:
     def encode_shard(
         self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
     ) -> EncodedShard:
-        return EncodedShard(dict(encode_shards(info, shard, data, spec.fields, spec.layout)))
+        fields = spec.fields
+        return EncodedShard(
+            {
+                shard_file(info.name, fields[name], shard): encode_shard_pieces(
+                    values, fields[name], info, spec.layout
+                )
+                for name, values in data.items()
+            }
+        )
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-        return write_metadata(root, splits, spec.fields, spec.layout, spec.stored)
+        return write_metadata(root, splits, spec)
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
@@ -362,7 +280,7 @@ class ZarrBackend:
     def open_reader(
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
     ) -> ZarrReader:
-        return ZarrReader(url, spec.fields, spec.shard_chunks, ranges=ranges, stored=spec.stored)
+        return ZarrReader(url, spec, ranges)
 
 
 BACKEND: Backend = ZarrBackend()

@@ -1,42 +1,97 @@
 """Reading the Zarr v3 backend's ray payload (``raykit.store.zarr_backend`` writes it): which file holds
 a shard, and ``ZarrReader``, which reads raykit's own shards directly (one ``pread`` of the shard index
-and of each chunk) and anything else through zarr."""
+and of each chunk) and anything else through zarr; also the bytes both layouts' zarr writers share
+(the root group, ``document_bytes``, ``crc32c_bytes``)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.store.backend import PayloadSpec
 from raykit.store.location import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 
-__all__ = ["ABSENT_CHUNK", "ZARR_DIR", "ZarrReader", "direct_shard_codec", "shard_file", "split_fields"]
+if TYPE_CHECKING:
+    from raykit.store.remote import RangeFetcher
+
+__all__ = [
+    "ABSENT_CHUNK",
+    "ZARR_DIR",
+    "ZARR_ROOT",
+    "ZarrReader",
+    "array_document",
+    "crc32c_bytes",
+    "direct_shard_codec",
+    "document_bytes",
+    "shard_file",
+    "shard_pieces",
+]
 
 ZARR_DIR = "zarr"
 ABSENT_CHUNK = 2**64 - 1  # shard index entry of a chunk that is not stored
+ZARR_ROOT: dict[str, Any] = {
+    "attributes": {"raykit": "ray store payload"},
+    "zarr_format": 3,
+    "node_type": "group",
+}
+
+
+def document_bytes(document: Mapping[str, Any]) -> bytes:
+    """A ``zarr.json`` document's bytes, as zarr writes them (2-space indent, no final newline)."""
+    return json.dumps(document, indent=2).encode()
+
+
+def crc32c_bytes(data: bytes) -> bytes:
+    """The 4 little-endian bytes of ``data``'s CRC-32C (zarr's ``crc32c`` codec)."""
+    return int(google_crc32c.value(data)).to_bytes(4, "little")
+
+
+def shard_pieces(chunks: Iterable[bytes], shard_chunks: int) -> list[bytes]:
+    """A shard file as zarr writes it, in pieces written one after the other: each encoded inner
+    chunk in order then its crc32c, then the index at the end, one ``(offset, nbytes)`` uint64 pair
+    per chunk (``ABSENT_CHUNK`` for chunks past the end of the array), itself followed by its crc32c."""
+    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
+    pieces, offset = [], 0
+    for j, encoded in enumerate(chunks):
+        pieces += [encoded, crc32c_bytes(encoded)]
+        index[j] = (offset, len(encoded) + 4)
+        offset += len(encoded) + 4
+    raw = index.tobytes()
+    return [*pieces, raw, crc32c_bytes(raw)]
+
+
+def array_document(
+    shape: list[int], dtype: str, grid: list[int], codecs: list[Any], field: str, fill: float = 0
+) -> dict[str, Any]:
+    """The ``zarr.json`` zarr writes for an array of ``shape`` in chunks (or shards) of ``grid``."""
+    return {
+        "shape": shape,
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill,
+        "codecs": codecs,
+        "attributes": {"raykit_field": field},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
 
 
 def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
     """Relative path (from the store root) of the shard file holding ``shard`` of ``split``'s ``spec``."""
     key = f"c/{shard}/0" if spec.channels else f"c/{shard}"
     return f"{ZARR_DIR}/{split}/{spec.name}/{key}"
-
-
-def split_fields(
-    fields: Mapping[str, FieldSpec], stored: Mapping[str, tuple[str, ...]] | None, split: str
-) -> dict[str, FieldSpec]:
-    """The fields split ``split`` stores (``PayloadSpec.fields_of``)."""
-    names = (stored or {}).get(split)
-    return dict(fields) if names is None else {k: v for k, v in fields.items() if k in names}
 
 
 def _open_store(url: str) -> Any:
@@ -100,21 +155,13 @@ class ZarrReader:
     remains the twin (``read_chunk(..., fast=False)``) and handles remote stores and any other layout.
     """
 
-    def __init__(
-        self,
-        url: str,
-        fields: Mapping[str, FieldSpec],
-        shard_chunks: int,
-        ranges: Any = None,
-        stored: Mapping[str, tuple[str, ...]] | None = None,
-    ) -> None:
+    def __init__(self, url: str, spec: PayloadSpec, ranges: RangeFetcher | None = None) -> None:
         self._url = url.rstrip("/")
-        self._stored = dict(stored or {})
+        self._spec = spec
         # Remote stores: a raykit.store.remote.RangeFetcher (correct on servers that ignore Range); the
         # direct read path then serves remote shards too.
-        self._ranges = ranges
-        self._fields = fields
-        self._shard_chunks = shard_chunks
+        self._ranges: Any = ranges
+        self._shard_chunks = spec.layout.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._local = _local_root(self._url)
@@ -215,10 +262,7 @@ class ZarrReader:
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
         shard = index // self._shard_chunks
-        return [
-            shard_file(split, spec, shard)
-            for spec in split_fields(self._fields, self._stored, split).values()
-        ]
+        return [shard_file(split, spec, shard) for spec in self._spec.fields_of(split).values()]
 
     def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
         """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
@@ -228,7 +272,7 @@ class ZarrReader:
         start, stop = info.chunk_range(index)
         out = {}
         shard = index // self._shard_chunks
-        for name, spec in split_fields(self._fields, self._stored, info.name).items():
+        for name, spec in self._spec.fields_of(info.name).items():
             direct = self._local is not None or self._ranges is not None
             codec = self._codec(info.name, name) if fast and direct else None
             if codec is not None:

@@ -32,6 +32,7 @@ from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.rays import RayBatch
+from raykit.store import RayStore
 from raykit.trainer.evaluate import models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
 from raykit.trainer.metrics import psnr, ssim
@@ -82,7 +83,7 @@ def _map_rays(rays: RayBatch, model_from_store: np.ndarray) -> RayBatch:
 
 
 def store_views(
-    model: ExportedModel, store: Any, split: str, device: torch.device, names: list[str] | None = None
+    model: ExportedModel, store: RayStore, split: str, device: torch.device, names: list[str] | None = None
 ) -> Iterator[View]:
     """The views of ``split`` (or of ``names``) of a store, with targets over the model's background."""
     if split not in store.splits:

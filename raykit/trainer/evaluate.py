@@ -24,6 +24,7 @@ from PIL import Image
 from raykit.errors import ResumeError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.rays import RayBatch
+from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
@@ -86,7 +87,7 @@ def build_models(
 @torch.no_grad()
 def render_image(
     config: TrainConfig,
-    store: Any,
+    store: RayStore,
     name: str,
     field: RadianceField,
     grid: Any,
@@ -142,7 +143,7 @@ def models_from_state(
 
 def quick_psnr(
     config: TrainConfig,
-    store: Any,
+    store: RayStore,
     field: RadianceField,
     grid: Any,
     device: torch.device,
@@ -167,7 +168,7 @@ def _save_png(path: Path, image: torch.Tensor) -> None:
 def evaluate_split(
     run_dir: Path,
     config: TrainConfig,
-    store: Any,
+    store: RayStore,
     split: str,
     field: RadianceField,
     grid: Any,
@@ -193,7 +194,7 @@ def evaluate_split(
 def evaluate_run(
     run_dir: Path,
     config: TrainConfig,
-    store: Any,
+    store: RayStore,
     field: RadianceField,
     grid: Any,
     device: torch.device,

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from raykit.errors import ConfigError
+from raykit.store import RayStore
 from raykit.trainer.config import TrainConfig
 
 __all__ = ["INSTALL_HINT", "TensorBoardLog", "first_test_view", "open_tensorboard", "require_tensorboard"]
@@ -118,7 +119,7 @@ class TensorBoardLog:
 
 
 def first_test_view(
-    config: TrainConfig, store: Any, field: Any, grid: Any, device: torch.device
+    config: TrainConfig, store: RayStore, field: Any, grid: Any, device: torch.device
 ) -> tuple[str, torch.Tensor, torch.Tensor] | None:
     """The first image of the first eval split: ``(name, prediction, target)``, or None if there is none."""
     from raykit.trainer.evaluate import render_image

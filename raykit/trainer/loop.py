@@ -27,7 +27,7 @@ import raykit
 from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json
 from raykit.loaders import RayLoader
-from raykit.store import open_store
+from raykit.store import RayStore, open_store
 from raykit.trainer.budget import SampleBudget, current_memory_mb, take_rays
 from raykit.trainer.checkpoint import (
     CheckpointMeta,
@@ -93,7 +93,7 @@ class _Run:
 
     config: TrainConfig
     run_dir: Path
-    store: Any
+    store: RayStore
     device: torch.device
     procs: Processes
     field: RadianceField
@@ -444,7 +444,7 @@ def _start(run: _Run) -> TrainState:
 def _record_run(
     config: TrainConfig,
     run_dir: Path,
-    store: Any,
+    store: RayStore,
     aabb: torch.Tensor,
     device: torch.device,
     procs: Processes,

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import raykit
 from raykit.errors import ConfigError
+from raykit.store import RayStore
 from raykit.trainer.config import TrainConfig
 
 __all__ = [
@@ -77,7 +78,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_background(config: TrainConfig, store: Any) -> tuple[TrainConfig, str]:
+def resolve_background(config: TrainConfig, store: RayStore) -> tuple[TrainConfig, str]:
     """``config`` with ``background`` resolved (``auto`` -> white or black, from the store), and why.
 
     Images with alpha (an object on a transparent background) composite over white, as before.
@@ -105,7 +106,7 @@ def parse_background(text: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def scene_aabb(config: TrainConfig, store: Any) -> torch.Tensor:
+def scene_aabb(config: TrainConfig, store: RayStore) -> torch.Tensor:
     """(6,) scene box: ``--aabb``, else the store's scene bounds, else the box around the cameras."""
     if config.aabb != "auto":
         try:

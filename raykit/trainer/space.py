@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from raykit.errors import ConfigError
+from raykit.store import RayStore
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.contraction import focus_point, ndc_rays, spacing, spacing_inverse
 from raykit.trainer.render import render_weight_from_density, render_weight_from_density_packed
@@ -87,7 +88,7 @@ def detect_space(c2w: np.ndarray, bounds: Any) -> tuple[str, str]:
     return "box", "every camera outside the scene bounds (an object-centric capture)"
 
 
-def resolve_space(config: TrainConfig, store: Any) -> tuple[TrainConfig, str]:
+def resolve_space(config: TrainConfig, store: RayStore) -> tuple[TrainConfig, str]:
     """``config`` with ``scene_space`` resolved (``auto`` -> detected), and the reason for the choice."""
     if config.scene_space != "auto":
         return config, "chosen with --scene-space"
@@ -95,7 +96,7 @@ def resolve_space(config: TrainConfig, store: Any) -> tuple[TrainConfig, str]:
     return config.replace(scene_space=space), reason
 
 
-def ndc_frame_of(store: Any) -> Tensor:
+def ndc_frame_of(store: RayStore) -> Tensor:
     """(22,) the NDC reference: w2c rotation (9), camera centre (3), fx, fy, width, height, near, 0...
 
     The reference camera sits at the mean camera centre and looks along the mean viewing direction;
@@ -154,7 +155,7 @@ class SceneSpace:
         }
 
 
-def scene_space(config: TrainConfig, store: Any, reason: str = "") -> SceneSpace:
+def scene_space(config: TrainConfig, store: RayStore, reason: str = "") -> SceneSpace:
     """The field's box for ``config.scene_space`` (already resolved) on ``store``."""
     if config.scene_space == "ndc":
         return SceneSpace("ndc", torch.tensor(NDC_BOX), ndc_frame_of(store), reason)

@@ -15,8 +15,7 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.loaders import RayLoader
 from raykit.loaders.window import WindowPlan, reference_epoch_rays
 from raykit.loaders.windowed import WindowImage, gather_planned
-from raykit.store import SceneInfo
-from raykit.store.images_writer import write_images_store
+from raykit.store import SceneInfo, write_store
 
 
 def _fast(plan: WindowPlan, epoch: int) -> list[list[tuple[int, int]]]:
@@ -97,7 +96,7 @@ def images_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
             ImageRecord(f"im{i:02d}", "train" if i < 8 else "test", camera, c2w, 0.5, 6.0, "", load)
         )
     root = tmp_path_factory.mktemp("window")
-    return write_images_store(root / "s", records, scene=SceneInfo(), backend="wds")
+    return write_store(root / "s", records, scene=SceneInfo(), layout="images", backend="wds")
 
 
 def _key(batch: Any) -> torch.Tensor:

@@ -16,8 +16,7 @@ from raykit.conventions import opencv_to_opengl_c2w
 from raykit.converters import convert
 from raykit.converters.images import decode_image
 from raykit.errors import SourceError
-from raykit.store import open_store
-from raykit.store.images_writer import write_images_store
+from raykit.store import open_store, write_store
 from raykit.store.validate import validate_store
 from raykit.store.writer import copy_store
 
@@ -117,9 +116,11 @@ def test_truncated_jpeg_fails_conversion(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", ["zarr", "wds"])
 def test_bytes_independent_of_workers(backend: str, records, scene, tmp_path: Path) -> None:
-    serial = write_images_store(tmp_path / "a", records, scene=scene, backend=backend)
+    serial = write_store(tmp_path / "a", records, scene=scene, layout="images", backend=backend)
     with concurrent.futures.ProcessPoolExecutor(2) as pool:
-        parallel = write_images_store(tmp_path / "b", records, scene=scene, backend=backend, executor=pool)
+        parallel = write_store(
+            tmp_path / "b", records, scene=scene, layout="images", backend=backend, executor=pool
+        )
     assert serial.fingerprint == parallel.fingerprint
     for rel in serial.files:
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
@@ -136,15 +137,18 @@ def test_resume_reuses_encoded_images(records, scene, tmp_path: Path, monkeypatc
     bad = list(records)
     bad[-1] = dataclasses.replace(bad[-1], load=functools.partial(np.zeros, (2, 2, 3), np.uint8))
     with concurrent.futures.ProcessPoolExecutor(2) as pool, pytest.raises(SourceError, match="shape"):
-        write_images_store(tmp_path / "s", bad, scene=scene, executor=pool)
+        write_store(tmp_path / "s", bad, scene=scene, layout="images", executor=pool)
     staged = sorted((tmp_path / "s.partial" / "staging").glob("*.img"))
     assert len(staged) == len(records) - 1
     calls = []
     real = iw.encode_for_store
     monkeypatch.setattr(iw, "encode_for_store", lambda *a: calls.append(a) or real(*a))
-    store = write_images_store(tmp_path / "s", records, scene=scene)
+    store = write_store(tmp_path / "s", records, scene=scene, layout="images")
     assert len(calls) == 1 and validate_store(store.url) == []
-    assert store.fingerprint == write_images_store(tmp_path / "fresh", records, scene=scene).fingerprint
+    assert (
+        store.fingerprint
+        == write_store(tmp_path / "fresh", records, scene=scene, layout="images").fingerprint
+    )
 
 
 def test_plain_zarr_reader_slices_images(tmp_path: Path, capture: Path) -> None:

@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store, zarr_backend
+from raykit.store.backend import PayloadSpec
+from raykit.store.layout import StoreLayout
 from raykit.store.order import (
     base_permutation,
     image_order,
@@ -24,6 +26,7 @@ from raykit.store.order import (
     reference_split_pids,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.store.zarr_read import document_bytes
 
 
 def reference_merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
@@ -140,10 +143,16 @@ def test_train_rays_carry_their_pixels(tmp_path: Path, records, scene: SceneInfo
 def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, level, blosc, rgba) -> None:
     spec = FieldSpec(*field)
     info = SplitInfo("train", n_rays, 1, chunk_rays, True, 0)
-    layout = {"shard_chunks": shard_chunks, "zstd_level": level, "blosc_clevel": level}
+    record = {
+        "chunk_rays": chunk_rays,
+        "shard_chunks": shard_chunks,
+        "zstd_level": level,
+        "blosc_clevel": level,
+    }
     if rgba is not None:
-        layout["rgba_codec"] = rgba
-    layout.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
+        record["rgba_codec"] = rgba
+    record.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
+    layout = StoreLayout.from_dict(record)
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks
     for shard in range(-(-n_rays // shard_rays)):
@@ -153,7 +162,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
-    from raykit.store.writer import write_shard_task
+    from raykit.store.rays_writer import write_shard_task
 
     class CrashAfterStaging(concurrent.futures.Executor):
         def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]
@@ -189,18 +198,19 @@ def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInf
     st.integers(1, 9),  # zstd level
 )
 def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blosc, level) -> None:
-    layout: dict[str, Any] = {"shard_chunks": shard_chunks, "zstd_level": level}
-    layout.update(blosc_cname=blosc[0], blosc_clevel=blosc[1], blosc_shuffle=blosc[2])
+    record: dict[str, Any] = {"chunk_rays": chunk_rays, "shard_chunks": shard_chunks, "zstd_level": level}
+    record.update(blosc_cname=blosc[0], blosc_clevel=blosc[1], blosc_shuffle=blosc[2])
     if rgba is not None:
-        layout["rgba_codec"] = rgba
+        record["rgba_codec"] = rgba
     splits = {"train": SplitInfo("train", n_rays, 3, chunk_rays, True, 0),
               "val": SplitInfo("val", 7, 1, chunk_rays, False, n_rays)}  # fmt: skip
     specs = [FieldSpec("rgba", "uint8", 4), FieldSpec("pid", "uint32", 0), FieldSpec("origins", "float16", 3),
              FieldSpec("directions", "float32", 3)]  # fmt: skip
     fields = {spec.name: spec for spec in specs}
-    ours = zarr_backend.metadata_documents(splits, fields, layout)
-    theirs = zarr_backend.reference_metadata_documents(splits, fields, layout)
-    assert {key: zarr_backend.document_bytes(doc) for key, doc in ours.items()} == theirs
+    spec = PayloadSpec(fields, StoreLayout.from_dict(record))
+    ours = zarr_backend.metadata_documents(splits, spec)
+    theirs = zarr_backend.reference_metadata_documents(splits, spec)
+    assert {key: document_bytes(doc) for key, doc in ours.items()} == theirs
 
 
 @settings(max_examples=40, deadline=None)

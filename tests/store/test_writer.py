@@ -18,7 +18,7 @@ from raykit.cameras import Camera
 from raykit.errors import ConfigError, SourceError, StoreNotFoundError
 from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.writer import write_shard_task
+from raykit.store.rays_writer import write_shard_task
 
 OPTIONS: dict[str, Any] = {"chunk_rays": 64, "shard_chunks": 2, "seed": 1}
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from raykit.errors import StoreCorruptError
-from raykit.store import SceneInfo, open_store, write_store, zarr_backend
+from raykit.store import SceneInfo, open_store, write_store, zarr_read
 from raykit.store.schema import ImageRecord
 
 
@@ -26,7 +26,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, records: list[ImageRecord], 
 
 def test_direct_reads_equal_zarr_reads(store: Any) -> None:
     reader = store.payload
-    assert isinstance(reader, zarr_backend.ZarrReader)
+    assert isinstance(reader, zarr_read.ZarrReader)
     for info in store.splits.values():
         assert info.n_rays % info.chunk_rays, "the fixture should have a short last chunk"
         for index in range(info.n_chunks):
@@ -41,14 +41,14 @@ def test_direct_reads_equal_zarr_reads(store: Any) -> None:
 
 def test_only_raykits_own_layout_takes_the_direct_path(store: Any) -> None:
     meta = json.loads((Path(store.url.removeprefix("file://")) / "zarr/train/pid/zarr.json").read_text())
-    assert zarr_backend.direct_shard_codec(meta) is not None
+    assert zarr_read.direct_shard_codec(meta) is not None
     other = json.loads(json.dumps(meta))
     other["codecs"][0]["configuration"]["index_location"] = "start"
-    assert zarr_backend.direct_shard_codec(other) is None
+    assert zarr_read.direct_shard_codec(other) is None
     other = json.loads(json.dumps(meta))
     other["codecs"][0]["configuration"]["codecs"][1] = {"name": "gzip", "configuration": {"level": 1}}
-    assert zarr_backend.direct_shard_codec(other) is None
-    assert zarr_backend.direct_shard_codec({"codecs": [{"name": "bytes"}]}) is None
+    assert zarr_read.direct_shard_codec(other) is None
+    assert zarr_read.direct_shard_codec({"codecs": [{"name": "bytes"}]}) is None
 
 
 def _copy(store: Any, dst: Path) -> Path:

@@ -23,7 +23,7 @@ from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, se
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.loaders import RayLoader
-from raykit.store import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["RaykitDataManager", "RaykitDataManagerConfig"]
 
@@ -65,7 +65,7 @@ class PixelIndices:
     """``make_batch`` of the loader: raw rays (pids) -> :class:`PixelBatch` (no ray generation:
     nerfstudio's ``RayGenerator`` makes the rays from the dataparser's cameras)."""
 
-    def __init__(self, store: Any, rows: DatasetRows) -> None:
+    def __init__(self, store: RayStore, rows: DatasetRows) -> None:
         self.store, self.rows = store, rows
 
     def __call__(self, raw: RawRays) -> PixelBatch:
