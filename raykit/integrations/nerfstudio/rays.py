@@ -1,0 +1,151 @@
+"""``TabulatedRayGenerator``: nerfstudio's ``RayGenerator`` with each camera's ray directions tabulated.
+
+nerfstudio's ``Cameras.generate_rays`` recomputes, for every batch, each ray's direction in its camera
+from the intrinsics (with Newton undistortion for distorted cameras), its neighbours' directions (for
+``pixel_area``) and then rotates all three: some twenty tensor operations over ``(3, N, 3)``, most of a
+``VanillaDataManager.next_train`` on CPU. For the central camera models (perspective, fisheye,
+equirectangular, fisheye624; origins at the camera centre), a ray's direction *in its camera*, its
+``directions_norm`` and its ``pixel_area`` depend only on the camera's intrinsics and the pixel, so they
+are computed once here, by nerfstudio's own ``generate_rays`` on each distinct set of intrinsics with an
+identity pose, and a batch costs one gather, one rotation and one normalisation.
+
+The bundle has the fields, shapes, dtypes and device of ``RayGenerator``'s (``origins``, ``directions``
+(N, 3) float32, ``pixel_area`` (N, 1), ``camera_indices`` (N, 1) int64, ``metadata["directions_norm"]``
+(N, 1)); its values agree with ``RayGenerator``'s to float32 rounding (directions within 1e-6, tested).
+Cameras it cannot tabulate (per-pixel origins of ODS, VR180 and orthophoto cameras, times, camera
+metadata, tables above ``max_bytes``) use nerfstudio's ``RayGenerator`` unchanged: see
+:func:`tabulated_or_stock`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nerfstudio.cameras.cameras import Cameras, CameraType
+from nerfstudio.cameras.rays import RayBundle
+from nerfstudio.model_components.ray_generators import RayGenerator
+
+__all__ = ["TABLE_BYTES_PER_PIXEL", "TabulatedRayGenerator", "tabulated_or_stock"]
+
+TABLE_BYTES_PER_PIXEL = 20  # direction (3), directions_norm (1), pixel_area (1), float32
+_CENTRAL = {
+    CameraType.PERSPECTIVE.value,
+    CameraType.FISHEYE.value,
+    CameraType.EQUIRECTANGULAR.value,
+    CameraType.FISHEYE624.value,
+}
+_ROWS = 64  # image rows tabulated per generate_rays call (bounds its temporaries)
+
+
+def _intrinsics(cameras: Cameras) -> torch.Tensor:
+    """(C, K) float64 rows: type, size, focal lengths, principal point, distortion of each camera."""
+    columns = [
+        cameras.camera_type.reshape(-1, 1).double(),
+        cameras.height.reshape(-1, 1).double(),
+        cameras.width.reshape(-1, 1).double(),
+        cameras.fx.reshape(-1, 1).double(),
+        cameras.fy.reshape(-1, 1).double(),
+        cameras.cx.reshape(-1, 1).double(),
+        cameras.cy.reshape(-1, 1).double(),
+    ]
+    if cameras.distortion_params is not None:
+        columns.append(cameras.distortion_params.reshape(len(columns[0]), -1).double())
+    return torch.cat(columns, dim=1)
+
+
+def table_bytes(cameras: Cameras) -> int | None:
+    """Bytes of the tables of ``cameras``, or None when they cannot be tabulated (see module docstring)."""
+    if len(cameras.shape) != 1 or cameras.times is not None or cameras.metadata:
+        return None
+    if not set(torch.unique(cameras.camera_type).tolist()) <= _CENTRAL:
+        return None
+    groups = torch.unique(_intrinsics(cameras), dim=0)
+    pixels = int((groups[:, 1] * groups[:, 2]).sum().item())
+    return pixels * TABLE_BYTES_PER_PIXEL
+
+
+class TabulatedRayGenerator(torch.nn.Module):
+    """Rays of ``cameras`` (a 1-D ``Cameras``) for ``(N, 3)`` ``[camera, y, x]`` indices, as
+    ``RayGenerator(cameras)(indices)``, from per-intrinsics tables (module docstring).
+
+    Raises:
+        ValueError: ``cameras`` cannot be tabulated (``table_bytes`` is None).
+    """
+
+    def __init__(self, cameras: Cameras) -> None:
+        super().__init__()
+        if table_bytes(cameras) is None:
+            raise ValueError("tabulated rays: these cameras need nerfstudio's RayGenerator")
+        self.cameras = cameras
+        device = cameras.device
+        groups, group_of = torch.unique(_intrinsics(cameras), dim=0, return_inverse=True)
+        heights, widths = groups[:, 1].long(), groups[:, 2].long()
+        sizes = heights * widths
+        offsets = torch.cumsum(sizes, 0) - sizes
+        directions, norms, areas = [], [], []
+        first = [int(torch.nonzero(group_of == g)[0, 0]) for g in range(len(groups))]
+        for camera_index in first:
+            d, n, a = _tabulate(cameras[camera_index : camera_index + 1])
+            directions.append(d)
+            norms.append(n)
+            areas.append(a)
+        self.register_buffer("directions", torch.cat(directions).to(device), persistent=False)
+        self.register_buffer("norms", torch.cat(norms).to(device), persistent=False)
+        self.register_buffer("areas", torch.cat(areas).to(device), persistent=False)
+        self.register_buffer("offset", offsets[group_of].to(device), persistent=False)
+        self.register_buffer("width", widths[group_of].to(device), persistent=False)
+        self.register_buffer("rotation", cameras.camera_to_worlds[:, :3, :3].contiguous(), persistent=False)
+        self.register_buffer("origin", cameras.camera_to_worlds[:, :3, 3].contiguous(), persistent=False)
+
+    def forward(self, ray_indices: torch.Tensor) -> RayBundle:
+        """(N, 3) int64 ``[camera, y, x]`` -> the ``RayBundle`` of those N rays."""
+        indices = ray_indices.to(self.offset.device)
+        c, y, x = indices[:, 0], indices[:, 1], indices[:, 2]
+        flat = self.offset[c] + y * self.width[c] + x
+        local = self.directions[flat]  # (N, 3) unit, camera frame (OpenGL axes)
+        directions = torch.bmm(self.rotation[c], local.unsqueeze(-1)).squeeze(-1)
+        directions = directions / torch.linalg.vector_norm(directions, dim=-1, keepdim=True)
+        return RayBundle(
+            origins=self.origin[c],
+            directions=directions,
+            pixel_area=self.areas[flat],
+            camera_indices=c.unsqueeze(-1),
+            metadata={"directions_norm": self.norms[flat]},
+        )
+
+
+def _tabulate(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(P, 3) unit directions, (P, 1) norms, (P, 1) pixel areas of every pixel (row-major) of the
+    one-camera ``camera`` in its own frame, by nerfstudio's ``generate_rays`` with an identity pose."""
+    posed = Cameras(
+        camera_to_worlds=torch.eye(4, dtype=camera.camera_to_worlds.dtype)[:3].unsqueeze(0),
+        fx=camera.fx.cpu(),
+        fy=camera.fy.cpu(),
+        cx=camera.cx.cpu(),
+        cy=camera.cy.cpu(),
+        width=camera.width.cpu(),
+        height=camera.height.cpu(),
+        distortion_params=None if camera.distortion_params is None else camera.distortion_params.cpu(),
+        camera_type=camera.camera_type.cpu(),
+    )
+    coords = posed.get_image_coords()  # (H, W, 2) pixel centres, (y, x), as RayGenerator uses
+    directions, norms, areas = [], [], []
+    for top in range(0, coords.shape[0], _ROWS):
+        block = coords[top : top + _ROWS].reshape(-1, 2)
+        bundle = posed.generate_rays(
+            camera_indices=torch.zeros((len(block), 1), dtype=torch.long), coords=block
+        )
+        directions.append(bundle.directions)
+        norms.append(bundle.metadata["directions_norm"])
+        areas.append(bundle.pixel_area)
+    return torch.cat(directions), torch.cat(norms), torch.cat(areas)
+
+
+def tabulated_or_stock(cameras: Cameras, max_bytes: int) -> Any:
+    """A :class:`TabulatedRayGenerator` of ``cameras`` when they can be tabulated in at most
+    ``max_bytes``, else nerfstudio's ``RayGenerator`` (same call, same bundle)."""
+    size = table_bytes(cameras)
+    if size is None or size > max_bytes:
+        return RayGenerator(cameras)
+    return TabulatedRayGenerator(cameras)
