@@ -7,8 +7,8 @@ exact resume through the module's extra state (saved in nerfstudio's checkpoints
 on the loader's generation threads for whole groups of batches (:class:`PixelRays`), off the trainer's
 thread: rays from the dataparser's cameras by per-camera tables of nerfstudio's own ray directions
 (:mod:`raykit.integrations.nerfstudio.rays`; nerfstudio's ``RayGenerator`` for cameras it cannot
-tabulate), so ``next_train`` only cuts and wraps them; ``next_eval_image`` returns ``(Cameras (1,), dataset item)`` as its
-``RandIndicesEvalDataloader`` does, from a seeded draw.
+tabulate), so ``next_train`` only cuts and wraps them. ``next_eval_image`` returns ``(Cameras (1,),
+dataset item)`` as its ``RandIndicesEvalDataloader`` does, from a seeded draw.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from nerfstudio.cameras.rays import RayBundle
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
-from nerfstudio.cameras.rays import RayBundle
 
 from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
@@ -76,7 +76,11 @@ class RayRows:
         return int(self.indices.shape[0])
 
     def __getitem__(self, rows: slice) -> RayRows:
-        return RayRows(**{k: None if v is None else v[rows] for k, v in self.__dict__.items()})
+        mask = None if self.mask is None else self.mask[rows]
+        return RayRows(
+            self.indices[rows], self.image[rows], mask, self.origins[rows], self.directions[rows],
+            self.pixel_area[rows], self.directions_norm[rows], self.camera_indices[rows],
+        )  # fmt: skip
 
     def bundle(self, device: Any) -> RayBundle:
         """The nerfstudio ``RayBundle`` of these rays on ``device``."""
@@ -106,12 +110,12 @@ class PixelRays:
 
     def __call__(self, raw: RawRays) -> RayRows:
         image, pixel = self.store.decode_pids(raw.pid)
-        indices = torch.from_numpy(np.stack([self.rows(image), pixel[:, 1], pixel[:, 0]], axis=1).astype(np.int64))
+        indices = np.stack([self.rows(image), pixel[:, 1], pixel[:, 0]], axis=1).astype(np.int64)
         rgba = torch.from_numpy(np.ascontiguousarray(raw.rgba))
         with torch.no_grad():
-            bundle = self.generator(indices)
+            bundle = self.generator(torch.from_numpy(indices))
         return RayRows(
-            indices=indices,
+            indices=torch.from_numpy(indices),
             image=float_colours(rgba, self.alpha_color),
             mask=rgba[:, 3:] > 0 if self.alpha_as_mask else None,
             origins=bundle.origins.cpu(),

@@ -73,6 +73,14 @@ class TabulatedRayGenerator(torch.nn.Module):
         ValueError: ``cameras`` cannot be tabulated (``table_bytes`` is None).
     """
 
+    directions: torch.Tensor  # (P, 3) unit directions of every tabulated pixel, camera frame
+    norms: torch.Tensor  # (P, 1) their ``directions_norm``
+    areas: torch.Tensor  # (P, 1) their ``pixel_area``
+    offset: torch.Tensor  # (C,) int64 first table row of each camera's intrinsics
+    width: torch.Tensor  # (C,) int64 image width of each camera
+    rotation: torch.Tensor  # (C, 3, 3) camera-to-world rotations
+    origin: torch.Tensor  # (C, 3) camera centres
+
     def __init__(self, cameras: Cameras) -> None:
         super().__init__()
         if table_bytes(cameras) is None:
