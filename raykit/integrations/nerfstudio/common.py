@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from raykit.errors import ConfigError
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 
-__all__ = ["DatasetRows", "float_colours", "setup_datasets", "uint8_colours"]
+__all__ = ["DatasetRows", "ServedPixels", "float_colours", "setup_datasets", "uint8_colours"]
 
 
 def setup_datasets(manager: Any, config: Any, test_mode: str) -> None:
@@ -69,3 +70,26 @@ def uint8_colours(rgba: torch.Tensor, alpha_color: torch.Tensor | None) -> torch
     alpha = rgba[..., -1:] / 255.0
     image = rgba[..., :3] * alpha + 255.0 * alpha_color.to(rgba.device) * (1.0 - alpha)
     return torch.clamp(image, min=0, max=255).to(torch.uint8)
+
+
+@dataclass(frozen=True)
+class ServedPixels:
+    """``ImageLoader`` transform: (H, W, C) uint8 store pixels -> the image nerfstudio's dataset gives.
+
+    ``uint8_colours`` or ``float_colours`` (``image_type``) over ``alpha_color`` (RGB in [0, 1], or
+    None); with ``with_mask`` one more channel, 1 where alpha > 0 (the dataset's ``mask``). Applied
+    once per image before the loader's cache, so cached images are served as they are. Pickles (for
+    the loader's worker processes).
+    """
+
+    alpha_color: tuple[float, ...] | None
+    image_type: str = "float32"
+    with_mask: bool = False
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        rgba = torch.from_numpy(np.ascontiguousarray(image))
+        colour = None if self.alpha_color is None else torch.tensor(self.alpha_color, dtype=torch.float32)
+        served = uint8_colours(rgba, colour) if self.image_type == "uint8" else float_colours(rgba, colour)
+        if self.with_mask:
+            served = torch.cat([served, (rgba[..., 3:] > 0).to(served.dtype)], dim=-1)
+        return served.numpy()
