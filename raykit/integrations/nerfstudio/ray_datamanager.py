@@ -147,6 +147,7 @@ class RaykitDataManager(DataManager):
         self.world_size, self.local_rank = world_size, local_rank
         self.sampler = None
         self.eval_image_draws = 0
+        self._ray_tables: dict[bytes, Any] = {}  # shared by the splits' ray generators
         setup_datasets(self, config, test_mode)
         super().__init__()
 
@@ -155,7 +156,7 @@ class RaykitDataManager(DataManager):
         rows = DatasetRows(self.dataparser, dataset)
         store = self.dataparser.store
         cameras = dataset.cameras
-        host = tabulated_or_stock(cameras.to("cpu"), self.config.ray_table_bytes)
+        host = tabulated_or_stock(cameras.to("cpu"), self.config.ray_table_bytes, self._ray_tables)
         on_device = host if torch.device(self.device).type == "cpu" else host.to(self.device)
         make = PixelRays(
             store, rows, host, dataset._dataparser_outputs.alpha_color,
