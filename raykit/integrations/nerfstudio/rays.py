@@ -170,34 +170,35 @@ def _generated(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 def _perspective(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_tabulate` of an undistorted perspective camera: ``_generate_rays_from_coords``'s float32
     operations (pixel centres, offsets by one pixel, OpenCV to OpenGL, normalisation, ``pixel_area``
-    from the normalised neighbours) on the whole image, ``_ROWS`` rows at a time."""
-    fx, fy, cx, cy = (v.reshape(()).float().cpu() for v in (camera.fx, camera.fy, camera.cx, camera.cy))
+    from the normalised neighbours) on the whole image in NumPy (single-threaded: torch's intra-op
+    threads spin against a busy machine), ``_ROWS`` rows at a time."""
+    f32 = np.float32
+    fx, fy, cx, cy = (f32(v.reshape(()).item()) for v in (camera.fx, camera.fy, camera.cx, camera.cy))
     height, width = int(camera.height.reshape(-1)[0]), int(camera.width.reshape(-1)[0])
-    eps = torch.tensor([np.finfo(float).eps * 4.0]).float()  # camera_utils._EPS in normalize_with_norm
-    x = torch.arange(width, dtype=torch.float32) + 0.5
+    eps = f32(np.finfo(float).eps * 4.0)  # camera_utils._EPS, as normalize_with_norm uses it
+    x = np.arange(width, dtype=f32) + f32(0.5)
     directions, norms, areas = [], [], []
     for top in range(0, height, _ROWS):
-        y = torch.arange(top, min(top + _ROWS, height), dtype=torch.float32) + 0.5
-        yy, xx = torch.meshgrid(y, x, indexing="ij")
-        xx, yy = xx.reshape(-1), yy.reshape(-1)
+        y = np.arange(top, min(top + _ROWS, height), dtype=f32) + f32(0.5)
+        yy, xx = (a.reshape(-1) for a in np.meshgrid(y, x, indexing="ij"))
         u, v = (xx - cx) / fx, (yy - cy) / fy
-        stack = torch.stack(
-            [
-                torch.stack([u, v], -1),
-                torch.stack([(xx - cx + 1) / fx, v], -1),
-                torch.stack([u, (yy - cy + 1) / fy], -1),
-            ]
-        )  # (3, n, 2)
-        stack[..., 1] *= -1
-        rays = torch.cat([stack, torch.full_like(stack[..., :1], -1.0)], dim=-1)  # (3, n, 3)
-        norm = torch.maximum(torch.linalg.vector_norm(rays, dim=-1, keepdim=True), eps)
-        rays = rays / norm
-        dx = torch.sqrt(torch.sum((rays[0] - rays[1]) ** 2, dim=-1))
-        dy = torch.sqrt(torch.sum((rays[0] - rays[2]) ** 2, dim=-1))
+        rays = np.empty((3, len(xx), 3), dtype=f32)  # centre, one pixel right, one pixel down
+        rays[0, :, 0], rays[0, :, 1] = u, -v
+        rays[1, :, 0], rays[1, :, 1] = (xx - cx + f32(1)) / fx, -v
+        rays[2, :, 0], rays[2, :, 1] = u, -((yy - cy + f32(1)) / fy)
+        rays[..., 2] = -1.0
+        norm = np.maximum(np.sqrt(np.sum(rays * rays, axis=-1, keepdims=True)), eps)
+        rays /= norm
+        dx = np.sqrt(np.sum((rays[0] - rays[1]) ** 2, axis=-1))
+        dy = np.sqrt(np.sum((rays[0] - rays[2]) ** 2, axis=-1))
         directions.append(rays[0])
         norms.append(norm[0])
         areas.append((dx * dy)[:, None])
-    return torch.cat(directions), torch.cat(norms), torch.cat(areas)
+    return (
+        torch.from_numpy(np.concatenate(directions)),
+        torch.from_numpy(np.concatenate(norms)),
+        torch.from_numpy(np.concatenate(areas)),
+    )
 
 
 def tabulated_or_stock(cameras: Cameras, max_bytes: int, tables: dict[bytes, Any] | None = None) -> Any:
