@@ -171,6 +171,7 @@ class ImageLoader(EpochIteration):
         self._cameras: dict[int, tuple[Camera, np.ndarray | None]] = {}
         table = store.table
         self._c2w = torch.from_numpy(table.c2w[self.source.rows].astype(np.float32))
+        self._rows = torch.from_numpy(self.source.rows.astype(np.int64))
         self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
         register(self)
 
@@ -270,15 +271,26 @@ class ImageLoader(EpochIteration):
             pixels.append(image)
         cuda = self.device.type == "cuda"
         data = self._as_served(pixels, cuda) if self.transform is not None else self._to_device(pixels, cuda)
-        rows = self.source.rows[positions]
-        K_all = None if any(K is None for K in Ks) else torch.from_numpy(np.stack(cast(list[np.ndarray], Ks)))
+        if len(positions) == 1:  # one image: copies of slices, no gathers
+            p = int(positions[0])
+            c2w, table_rows = self._c2w[p : p + 1].clone(), self._rows[p : p + 1].clone()
+            K_all = None if Ks[0] is None else torch.from_numpy(Ks[0]).unsqueeze(0).clone()
+        else:
+            index = torch.from_numpy(positions)
+            c2w, table_rows = self._c2w[index], self._rows[index]
+            K_all = (
+                None if any(K is None for K in Ks) else torch.from_numpy(np.stack(cast(list[np.ndarray], Ks)))
+            )
+        if self.device.type != "cpu":
+            c2w = c2w.to(self.device, non_blocking=cuda)
+            K_all = None if K_all is None else K_all.to(self.device, non_blocking=cuda)
         return ImageBatch(
             images=data if self.transform is not None else data[..., :3],
             alpha=data[..., 3] if data.shape[-1] == 4 and self.transform is None else None,
             cameras=tuple(cameras),
-            K=None if K_all is None else K_all.to(self.device, non_blocking=cuda),
-            c2w=self._c2w[torch.from_numpy(positions)].to(self.device, non_blocking=cuda),
-            image=torch.from_numpy(rows.astype(np.int64)),
+            K=K_all,
+            c2w=c2w,
+            image=table_rows,
             names=tuple(self.source.names[int(p)] for p in positions),
             crop_origin=torch.from_numpy(np.asarray(origins, dtype=np.int64).reshape(-1, 2)),
         )
