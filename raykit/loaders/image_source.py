@@ -15,7 +15,7 @@ in image order) read one contiguous range per image.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,10 +35,18 @@ class ImageSource:
         store: the store.
         split: its split.
         undistort: resample non-pinhole images to :func:`raykit.image_geometry.pinhole_camera`.
+        transform: applied to each (H, W, C) uint8 image after undistortion (see ``ImageLoader``);
+            its output's bytes per pixel are found by applying it once to a 1 x 1 image.
     """
 
-    def __init__(self, store: RayStore, split: str, undistort: bool = False) -> None:
-        self.store, self.split, self.undistort = store, split, undistort
+    def __init__(
+        self,
+        store: RayStore,
+        split: str,
+        undistort: bool = False,
+        transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
+        self.store, self.split, self.undistort, self.transform = store, split, undistort, transform
         table = store.table
         self.rows = np.flatnonzero(np.asarray(table.splits) == split)
         self.names = [table.names[i] for i in self.rows]
@@ -46,6 +54,10 @@ class ImageSource:
         # (H, W, C) of each image as ``read_image`` returns it (``RayStore.image_shape``, from the table)
         self._shapes = [(int(table.height[i]), int(table.width[i]), store.rgba_channels) for i in self.rows]
         self._tables: dict[Camera, tuple[RemapTable, Camera]] = {}
+        channels = store.rgba_channels
+        self._pixel_bytes = channels
+        if transform is not None:
+            self._pixel_bytes = int(np.asarray(transform(np.zeros((1, 1, channels), np.uint8))).nbytes)
 
     @property
     def n_images(self) -> int:
@@ -71,28 +83,33 @@ class ImageSource:
         return self._shapes[position]
 
     def nbytes(self, position: int) -> int:
-        h, w, c = self.shape(position)
-        return h * w * c
+        """Bytes of image ``position`` as served (and cached)."""
+        h, w, _ = self.shape(position)
+        return h * w * self._pixel_bytes
 
     def read_chunk(self, position: int) -> np.ndarray:
         """Image ``position``: (H, W, C) uint8, undistorted when asked (the loaders' read interface)."""
         return self.prepare(position, self.store.read_image(self.names[position]))
 
     def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
-        """``image`` as this source serves it (undistorted when asked)."""
+        """``image`` as this source serves it (undistorted when asked, then transformed)."""
         camera = self.source_cameras[position]
-        if not self.undistort or camera.is_pinhole:
-            return image
-        if camera not in self._tables:
-            self._tables[camera] = RemapTable.undistort(camera)
-        return self._tables[camera][0].apply(image)
+        if self.undistort and not camera.is_pinhole:
+            if camera not in self._tables:
+                self._tables[camera] = RemapTable.undistort(camera)
+            image = self._tables[camera][0].apply(image)
+        if self.transform is not None:
+            image = np.ascontiguousarray(self.transform(image))
+        return image
 
-    def __reduce__(self) -> tuple[Any, tuple[str, str, bool]]:
-        return _reopen, (self.store.url, self.split, self.undistort)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _reopen, (self.store.url, self.split, self.undistort, self.transform)
 
 
-def _reopen(url: str, split: str, undistort: bool) -> ImageSource:
-    return ImageSource(open_store(url), split, undistort)
+def _reopen(
+    url: str, split: str, undistort: bool, transform: Callable[[np.ndarray], np.ndarray] | None = None
+) -> ImageSource:
+    return ImageSource(open_store(url), split, undistort, transform)
 
 
 def scan_images(store: RayStore, split: str, rows: Sequence[int]) -> dict[int, np.ndarray]:

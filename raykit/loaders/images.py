@@ -7,7 +7,14 @@ processes when ``num_workers > 0``, the same :class:`~raykit.loaders.workers.Chu
 loader uses, an image being one read unit) into a byte-budgeted cache of uint8 images
 (:class:`~raykit.loaders.image_cache.ImageCache`), so a capture that fits is decoded once for the run.
 A background thread assembles the next ``prefetch`` batches: uint8 images stacked in pinned host memory
-under CUDA, copied with ``non_blocking=True`` and converted to float on the device.
+under CUDA, copied with ``non_blocking=True`` and converted to float on the device. An epoch whose
+images are all in the cache (after ``preload()``, or from the second epoch of a capture that fits) is
+assembled on the calling thread instead: there is nothing left to overlap, and a thread hand-off per
+batch would cost more than the batch.
+
+A ``transform`` (e.g. compositing over a background colour, converting to float the way a trainer
+expects) is applied once per image before the cache, so the cache holds images exactly as they are
+served and a cached batch of one image on the CPU is a view of the cache, without a copy.
 
 Batches depend only on the plan and the store's pixels, never on ``num_workers``. The position is
 ``(epoch, batch)``; ``state_dict``/``load_state_dict`` resume exactly. Threads and workers are released
@@ -21,7 +28,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -57,8 +64,11 @@ class ImageBatch:
     """``B`` images with their cameras (``H``, ``W``: the image or crop size).
 
     Attributes:
-        images: (B, H, W, 3) float32 in [0, 1] on the loader's device.
-        alpha: (B, H, W) float32 in [0, 1], or None when the store has no alpha channel.
+        images: (B, H, W, 3) float32 in [0, 1] on the loader's device; with the loader's ``transform``,
+            (B, H, W, C') of the transform's dtype, as it returned them (on the CPU with B = 1, a
+            view of the cache: do not write into it).
+        alpha: (B, H, W) float32 in [0, 1], or None when the store has no alpha channel or with a
+            ``transform``.
         cameras: the B cameras of these pixels (cropped; the pinhole ones with ``undistort``).
         K: (B, 3, 3) float32 intrinsics (COLMAP image coordinates), or None unless every camera is a
             pinhole.
@@ -102,6 +112,10 @@ class ImageLoader(EpochIteration):
         prefetch: batches prepared ahead of the consumer.
         convert_threads: threads converting uint8 pixels to float off the GPU (default: 2, or the
             CPU count if lower).
+        transform: ``transform(image) -> array``: applied once to each (H, W, C) uint8 image as read
+            (after undistortion), before the cache; it keeps H and W (crops are cut afterwards) and
+            may change channels and dtype; batches then carry its output as it is (no float
+            conversion, ``alpha`` None). Must pickle with ``num_workers > 0`` (it runs in the workers).
     """
 
     thread_name = "raykit-images"
@@ -124,6 +138,7 @@ class ImageLoader(EpochIteration):
         drop_last: bool = True,
         prefetch: int = 2,
         convert_threads: int | None = None,
+        transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         check_loader_args(
             batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
@@ -139,7 +154,8 @@ class ImageLoader(EpochIteration):
                 f"image loader: {store.url}: no split {split!r}; expected one of {sorted(store.splits)}"
             )
         self.store, self.split, self.device = store, split, torch.device(device)
-        self.source = ImageSource(store, split, undistort)
+        self.source = ImageSource(store, split, undistort, transform)
+        self.transform = transform
         self.crop = checked_crop(crop, self.source)
         check_batch_sizes(self.source, batch_size, self.crop)
         rank, world_size = distributed_rank(rank, world_size)
@@ -152,16 +168,17 @@ class ImageLoader(EpochIteration):
         self._filled = False
         self._fetcher: ChunkFetcher | None = None
         self._running: dict[threading.Thread, threading.Event] = {}
+        self._cameras: dict[int, tuple[Camera, np.ndarray | None]] = {}
         table = store.table
         self._c2w = torch.from_numpy(table.c2w[self.source.rows].astype(np.float32))
+        self._rows = torch.from_numpy(self.source.rows.astype(np.int64))
         self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
         register(self)
 
     def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
         try:
             self._fill_cache()
-            plan = self.plan
-            batches = [plan.batch(epoch, k) for k in range(start, plan.n_batches)]
+            batches = self._batches(epoch, start)
             wanted = [int(p) for b in batches for p in b]
             stream = self._fetcher_ready().fetch(wanted)
             for positions in batches:
@@ -171,6 +188,52 @@ class ImageLoader(EpochIteration):
             put_until_stopped(items, DONE, stop)
         except BaseException as exc:
             put_until_stopped(items, exc, stop)
+
+    def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
+        """Positions of batches ``start..`` of ``epoch`` (``plan.batch`` of each, one order drawn)."""
+        order, size = self.plan.rank_order(epoch), self.plan.batch_size
+        return [order[k * size : (k + 1) * size] for k in range(start, self.plan.n_batches)]
+
+    def __iter__(self) -> Iterator[ImageBatch]:
+        """The remaining batches of the current epoch (see :class:`EpochIteration`); assembled on this
+        thread when all of the epoch's images are cached, else by a producer thread."""
+        epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
+        if self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch)):
+            return self._cached_epoch()
+        return super().__iter__()
+
+    def _cached_epoch(self) -> Iterator[ImageBatch]:
+        if self.batch >= self.plan.n_batches:
+            self.epoch, self.batch = self.epoch + 1, 0
+        epoch = self.epoch
+        for positions in self._batches(epoch, self.batch):
+            images = [self.cache.get(int(p)) for p in positions]  # the cache never evicts
+            batch = self._assemble(epoch, positions, [i for i in images if i is not None])
+            self.batch += 1
+            yield batch
+        self.epoch, self.batch = epoch + 1, 0
+
+    def preload(self) -> int:
+        """Read this rank's images into the cache now, in the order of the next epoch, while they fit
+        (all of them when the capture fits ``cache_bytes``); the number cached.
+
+        Afterwards a capture that fits is served from the cache on the calling thread from the first
+        batch on (nerfstudio's full-image datamanager likewise decodes everything at setup).
+        """
+        if self.source.shuffled_rays:
+            self._fill_cache()
+            return len(self.cache)
+        epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
+        room = self.cache.capacity - self.cache.stats().bytes
+        chosen = []
+        for position in dict.fromkeys(int(p) for p in self.plan.rank_order(epoch)):
+            if position not in self.cache and self.source.nbytes(position) <= room:
+                chosen.append(position)
+                room -= self.source.nbytes(position)
+        for _ in self._fetcher_ready().fetch(chosen):
+            pass
+        self._filled = True
+        return len(self.cache)
 
     def _fill_cache(self) -> None:
         """On a shuffled ray-layout split, gather what fits in the cache in one pass (see image_source)."""
@@ -192,33 +255,68 @@ class ImageLoader(EpochIteration):
 
     def _assemble(self, epoch: int, positions: np.ndarray, images: list[np.ndarray]) -> ImageBatch:
         """One batch from its uint8 images: crops, cameras, then one (pinned) copy to the device."""
-        cameras, origins, pixels = [], [], []
+        cameras, Ks, origins, pixels = [], [], [], []
         for position, image in zip(positions, images, strict=True):
-            camera = self.source.camera(int(position))
+            camera, K = self._camera_and_K(int(position))
             x0 = y0 = 0
             if self.crop is not None:
                 h, w = self.crop
                 x0, y0 = self.plan.crop_origin(epoch, int(position), image.shape[:2], self.crop)
                 image = image[y0 : y0 + h, x0 : x0 + w]
                 camera = crop_camera(camera, x0, y0, w, h)
+                K = camera.K().astype(np.float32) if camera.is_pinhole else None
             cameras.append(camera)
+            Ks.append(K)
             origins.append((x0, y0))
             pixels.append(image)
         cuda = self.device.type == "cuda"
-        data = self._to_device(pixels, cuda)
-        rows = self.source.rows[positions]
-        pinhole = all(c.is_pinhole for c in cameras)
-        K = torch.from_numpy(np.stack([c.K() for c in cameras]).astype(np.float32)) if pinhole else None
+        data = self._as_served(pixels, cuda) if self.transform is not None else self._to_device(pixels, cuda)
+        if len(positions) == 1:  # one image: copies of slices, no gathers
+            p = int(positions[0])
+            c2w, table_rows = self._c2w[p : p + 1].clone(), self._rows[p : p + 1].clone()
+            K_all = None if Ks[0] is None else torch.from_numpy(Ks[0]).unsqueeze(0).clone()
+        else:
+            index = torch.from_numpy(positions)
+            c2w, table_rows = self._c2w[index], self._rows[index]
+            K_all = (
+                None if any(K is None for K in Ks) else torch.from_numpy(np.stack(cast(list[np.ndarray], Ks)))
+            )
+        if self.device.type != "cpu":
+            c2w = c2w.to(self.device, non_blocking=cuda)
+            K_all = None if K_all is None else K_all.to(self.device, non_blocking=cuda)
         return ImageBatch(
-            images=data[..., :3],
-            alpha=data[..., 3] if data.shape[-1] == 4 else None,
+            images=data if self.transform is not None else data[..., :3],
+            alpha=data[..., 3] if data.shape[-1] == 4 and self.transform is None else None,
             cameras=tuple(cameras),
-            K=None if K is None else K.to(self.device, non_blocking=cuda),
-            c2w=self._c2w[torch.from_numpy(positions)].to(self.device, non_blocking=cuda),
-            image=torch.from_numpy(rows.astype(np.int64)),
+            K=K_all,
+            c2w=c2w,
+            image=table_rows,
             names=tuple(self.source.names[int(p)] for p in positions),
-            crop_origin=torch.tensor(origins, dtype=torch.int64).reshape(-1, 2),
+            crop_origin=torch.from_numpy(np.asarray(origins, dtype=np.int64).reshape(-1, 2)),
         )
+
+    def _camera_and_K(self, position: int) -> tuple[Camera, np.ndarray | None]:
+        """The served camera of image ``position`` and its (3, 3) float32 K (None unless pinhole),
+        computed once per image."""
+        known = self._cameras.get(position)
+        if known is None:
+            camera = self.source.camera(position)
+            known = camera, camera.K().astype(np.float32) if camera.is_pinhole else None
+            self._cameras[position] = known
+        return known
+
+    def _as_served(self, pixels: list[np.ndarray], cuda: bool) -> torch.Tensor:
+        """(B, H, W, C') of B transformed images as they are: a view of the one image for B = 1 on
+        the CPU, else stacked (in pinned memory under CUDA) and copied to the device."""
+        if len(pixels) == 1:
+            host = torch.from_numpy(pixels[0]).unsqueeze(0)
+        else:
+            host = torch.from_numpy(np.stack(pixels))
+        if self.device.type == "cpu":
+            return host
+        if cuda:
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=cuda)
 
     def _to_device(self, pixels: list[np.ndarray], cuda: bool) -> torch.Tensor:
         """(B, H, W, C) float32 in [0, 1] on the device from B uint8 images.

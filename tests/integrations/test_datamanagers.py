@@ -13,6 +13,7 @@ pytest.importorskip("nerfstudio.data.datamanagers.full_images_datamanager")
 from nerfstudio.data.datamanagers.base_datamanager import VanillaDataManagerConfig
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
 from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
+from nerfstudio.model_components.ray_generators import RayGenerator
 
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
@@ -57,9 +58,13 @@ def test_ray_datamanager_pixels_and_rays_are_the_stores(lego: dict[str, Any]) ->
     image = ours.train_dataset[0]["image"]
     c, y, x = batch["indices"].unbind(-1)
     assert torch.equal(batch["image"], image[y, x]) and bool((c == 0).all())
-    expected = ours.train_ray_generator(batch["indices"])
-    assert torch.equal(bundle.origins, expected.origins) and torch.equal(
-        bundle.directions, expected.directions
+    expected = RayGenerator(ours.train_dataset.cameras)(batch["indices"])  # nerfstudio's own
+    assert torch.equal(bundle.origins, expected.origins)
+    assert torch.equal(bundle.camera_indices, expected.camera_indices)
+    torch.testing.assert_close(bundle.directions, expected.directions, rtol=0, atol=1e-6)
+    torch.testing.assert_close(bundle.pixel_area, expected.pixel_area, rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        bundle.metadata["directions_norm"], expected.metadata["directions_norm"], rtol=0, atol=1e-6
     )
 
 

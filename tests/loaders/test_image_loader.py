@@ -253,3 +253,60 @@ def test_an_images_layout_store_gives_the_same_batches(
             assert x.alpha is not None and y.alpha is not None
             torch.testing.assert_close(x.alpha, y.alpha, rtol=0, atol=0)
             torch.testing.assert_close(x.c2w, y.c2w, rtol=0, atol=0)
+
+
+def _grey_float(image: np.ndarray) -> np.ndarray:
+    """A transform: (H, W, 4) uint8 -> (H, W, 1) float32 mean of RGB (module level: it pickles)."""
+    return image[..., :3].mean(axis=-1, keepdims=True, dtype=np.float32)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_transform_is_applied_once_before_the_cache_and_served_as_is(
+    stores: dict[str, Any], num_workers: int
+) -> None:
+    store = stores["zarr"]
+    with ImageLoader(store, "test", seed=1, transform=_grey_float, num_workers=num_workers) as loader:
+        for _ in range(2):
+            for batch in loader:
+                assert batch.images.shape == (1, 16, 24, 1) and batch.images.dtype == torch.float32
+                assert batch.alpha is None
+                np.testing.assert_array_equal(
+                    batch.images[0].numpy(), _grey_float(_pixels(store, batch.names[0]))
+                )
+        stats = loader.cache_stats()
+    assert stats.items == 2 and stats.bytes == 2 * 16 * 24 * 4  # cached as served: 4 bytes a pixel
+    assert stats.misses == 2 and stats.hits == 2
+
+
+def test_preload_fills_the_cache_and_cached_epochs_match_the_producer_thread(stores: dict[str, Any]) -> None:
+    """After ``preload`` every epoch is assembled on the calling thread; its batches, position and
+    resume equal those of a loader whose epochs go through the producer thread (cache_bytes=0)."""
+    store = stores["wds"]
+    cached = ImageLoader(store, "train", seed=4, crop=(8, 12), cache_bytes=1 << 20)
+    assert cached.preload() == cached.source.n_images
+    streamed = ImageLoader(store, "train", seed=4, crop=(8, 12), cache_bytes=0)
+    assert streamed.preload() == 0
+    started = threading.Thread.start
+    threads: list[str] = []
+
+    def spy(thread: threading.Thread) -> None:
+        threads.append(thread.name)
+        started(thread)
+
+    for _ in range(2):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(threading.Thread, "start", spy)
+            ours = [(b.names, b.crop_origin.tolist(), b.images.clone()) for b in cached]
+        theirs = [(b.names, b.crop_origin.tolist(), b.images.clone()) for b in streamed]
+        assert "raykit-images" not in threads
+        for (n0, c0, i0), (n1, c1, i1) in zip(ours, theirs, strict=True):
+            assert (n0, c0) == (n1, c1)
+            torch.testing.assert_close(i0, i1, rtol=0, atol=0)
+        assert cached.state_dict() == streamed.state_dict()
+    it = iter(cached)
+    next(it)
+    state = cached.state_dict()
+    expected = next(it).names
+    resumed = ImageLoader(store, "train", seed=4, crop=(8, 12), cache_bytes=0)
+    resumed.load_state_dict(state)
+    assert next(iter(resumed)).names == expected

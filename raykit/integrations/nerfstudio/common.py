@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from raykit.errors import ConfigError
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 
-__all__ = ["DatasetRows", "float_colours", "setup_datasets", "uint8_colours"]
+__all__ = ["DatasetRows", "ServedPixels", "float_colours", "setup_datasets", "uint8_colours"]
 
 
 def setup_datasets(manager: Any, config: Any, test_mode: str) -> None:
@@ -69,3 +70,79 @@ def uint8_colours(rgba: torch.Tensor, alpha_color: torch.Tensor | None) -> torch
     alpha = rgba[..., -1:] / 255.0
     image = rgba[..., :3] * alpha + 255.0 * alpha_color.to(rgba.device) * (1.0 - alpha)
     return torch.clamp(image, min=0, max=255).to(torch.uint8)
+
+
+_BLOCK_ROWS = 32  # image rows converted at once (bounds the temporaries)
+
+
+@dataclass(frozen=True)
+class ServedPixels:
+    """``ImageLoader`` transform: (H, W, C) uint8 store pixels -> the image nerfstudio's dataset gives.
+
+    ``uint8_colours`` or ``float_colours`` (``image_type``) over ``alpha_color`` (RGB in [0, 1], or
+    None); with ``with_mask`` one more channel, 1 where alpha > 0 (the dataset's ``mask``). Applied
+    once per image before the loader's cache, so cached images are served as they are. Pickles (for
+    the loader's worker processes).
+
+    Each output value is a function of one channel's value and the pixel's alpha, so the functions
+    are tabulated once, by the very ``uint8_colours`` / ``float_colours`` calls on every
+    ``(value, alpha)`` pair (bit-identical results), and an image costs one table look-up per
+    value, a few rows at a time (no image-sized float temporaries).
+    """
+
+    alpha_color: tuple[float, ...] | None
+    image_type: str = "float32"
+    with_mask: bool = False
+
+    def _tables(self, composite: bool) -> np.ndarray:
+        """With ``composite``: (3, 65536) ``[channel, value << 8 | alpha]`` -> served value; else
+        (1, 256) ``[0, value]`` -> value as float32 (both by nerfstudio's functions)."""
+        tables = _TABLES.get((self, composite))
+        if tables is None:
+            colour = None if self.alpha_color is None else torch.tensor(self.alpha_color, dtype=torch.float32)
+            if not composite:
+                grid = np.arange(256, dtype=np.uint8)[:, None]
+                tables = _serve(torch.from_numpy(grid), None, self.image_type).numpy().reshape(1, 256)
+            else:
+                grid = np.zeros((256, 256, 4), dtype=np.uint8)
+                grid[..., :3] = np.arange(256, dtype=np.uint8)[:, None, None]
+                grid[..., 3] = np.arange(256, dtype=np.uint8)[None, :]
+                served = _serve(torch.from_numpy(grid), colour, self.image_type).numpy()
+                tables = served.reshape(65536, 3).T
+            tables = np.ascontiguousarray(tables)
+            _TABLES[(self, composite)] = tables
+        return tables
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        """(H, W, C) uint8 -> (H, W, C') served pixels, C' = 3 with alpha compositing, C otherwise,
+        plus one with ``with_mask``."""
+        h, w, channels = image.shape
+        composite = self.alpha_color is not None and channels == 4
+        out_channels = (3 if composite else channels) + int(self.with_mask)
+        out = np.empty((h, w, out_channels), dtype=np.uint8 if self.image_type == "uint8" else np.float32)
+        tables = self._tables(composite) if composite or self.image_type != "uint8" else None
+        for top in range(0, h, _BLOCK_ROWS):
+            rows, target = image[top : top + _BLOCK_ROWS], out[top : top + _BLOCK_ROWS]
+            if tables is None:  # uint8 without compositing: the pixels as they are
+                target[..., :channels] = rows
+            elif composite:
+                alpha = rows[..., 3].astype(np.uint16)
+                for k in range(3):
+                    index = rows[..., k].astype(np.uint16)
+                    index <<= 8
+                    index |= alpha
+                    target[..., k] = tables[k][index]
+            else:
+                target[..., :channels] = tables[0][rows]
+            if self.with_mask:
+                target[..., -1] = rows[..., 3] > 0
+        return out
+
+
+_TABLES: dict[tuple[ServedPixels, bool], np.ndarray] = {}
+
+
+def _serve(rgba: torch.Tensor, alpha_color: torch.Tensor | None, image_type: str) -> torch.Tensor:
+    if image_type == "uint8":
+        return uint8_colours(rgba, alpha_color)
+    return float_colours(rgba, alpha_color)

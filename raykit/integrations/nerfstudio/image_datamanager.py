@@ -1,6 +1,14 @@
 """``RaykitImageDataManager``: nerfstudio's full-image datamanager contract (``FullImageDatamanager``'s)
-served by ``ImageLoader``: a byte-budgeted uint8 cache instead of every image held in memory,
-undistortion to pinhole cameras computed once per camera, a seeded order and exact resume.
+served by ``ImageLoader``: a byte-budgeted cache instead of every image held in memory, undistortion to
+pinhole cameras computed once per camera, a seeded order and exact resume.
+
+The cache holds each image as ``next_train`` returns it (composited over the parser's background and
+converted to ``cache_images_type`` once, by :class:`~raykit.integrations.nerfstudio.common.ServedPixels`,
+before it is cached): with ``"uint8"`` (splatfacto's setting) 3 bytes per RGB pixel, with ``"float32"``
+12. What fits is decoded when the datamanager is set up (as nerfstudio's own does for everything); a
+capture that fits is then served from the cache on the calling thread, the returned image a view of
+the cache (as nerfstudio's returns its cached tensor), and one that does not streams the rest of each
+epoch through the loader's producer thread.
 
 ``next_train`` returns ``(Cameras (1,) on the device, {"image_idx": int, "image": (H, W, 3|4) on the
 device})`` with ``image`` uint8 or float32 as ``cache_images_type`` says and the camera's
@@ -12,7 +20,7 @@ to the valid region instead.
 
 from __future__ import annotations
 
-from copy import deepcopy
+from copy import copy, deepcopy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +29,7 @@ from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 
 from raykit.image_geometry import pinhole_camera
-from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets, uint8_colours
+from raykit.integrations.nerfstudio.common import DatasetRows, ServedPixels, setup_datasets
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.loaders import ImageBatch, ImageLoader
@@ -38,7 +46,7 @@ class RaykitImageDataManagerConfig(DataManagerConfig):
     cache_images_type: Literal["uint8", "float32"] = "float32"
     """The image type returned (as nerfstudio's option of that name)."""
     cache_bytes: int = 2 << 30
-    """Budget of the decoded uint8 image cache (per split)."""
+    """Budget of the image cache (per split), images held as served (``cache_images_type``)."""
     undistort: bool = True
     """Resample distorted images to pinhole cameras (splatting rasterises pinhole cameras)."""
     seed: int = 0
@@ -87,40 +95,55 @@ class RaykitImageDataManager(DataManager):
         setup_datasets(self, config, test_mode)
         self.train_cameras = served_cameras(self.train_dataset, config.undistort)
         self.eval_cameras = served_cameras(self.eval_dataset, config.undistort)
+        self._camera_slices: dict[str, dict[int, Cameras]] = {}
         self.train_rows = DatasetRows(self.dataparser, self.train_dataset)
         self.eval_rows = DatasetRows(self.dataparser, self.eval_dataset)
         self.train_loader = self._loader(self.train_rows.split, shuffle=True)
         self.eval_loader = self._loader(self.eval_rows.split, shuffle=True)
+        if test_mode != "inference":  # decode what fits now, as nerfstudio's own caches at setup
+            self.train_loader.preload()
         self._train_stream: Any = None
         self._eval_stream: Any = None
         super().__init__()
 
     def _loader(self, split: str, shuffle: bool) -> ImageLoader:
+        dataset = self.train_dataset if split == self.train_rows.split else self.eval_dataset
+        alpha_color = dataset._dataparser_outputs.alpha_color
+        served = ServedPixels(
+            None if alpha_color is None else tuple(float(v) for v in alpha_color.reshape(-1).tolist()),
+            self.config.cache_images_type,
+            bool(dataset.metadata.get("raykit_alpha_as_mask")),
+        )
         return ImageLoader(
             self.dataparser.store, split, 1, self.config.seed, shuffle=shuffle, device=self.device,
             num_workers=self.config.num_workers, cache_bytes=self.config.cache_bytes,
             rank=self.local_rank, world_size=self.world_size, undistort=self.config.undistort,
+            transform=served,
         )  # fmt: skip
 
     def _item(self, batch: ImageBatch, which: str) -> tuple[Cameras, dict[str, Any]]:
-        """One loader batch -> nerfstudio's ``(camera, data)``."""
-        rows, cameras = getattr(self, f"{which}_rows"), getattr(self, f"{which}_cameras")
+        """One loader batch (an image as nerfstudio's dataset gives it) -> nerfstudio's ``(camera, data)``."""
+        rows = getattr(self, f"{which}_rows")
         dataset = getattr(self, f"{which}_dataset")
-        index = int(rows(batch.image.cpu().numpy())[0])
-        rgba = (batch.images[0] * 255.0).round().to(torch.uint8)
-        if batch.alpha is not None:
-            rgba = torch.cat([rgba, (batch.alpha[0, ..., None] * 255.0).round().to(torch.uint8)], -1)
-        alpha_color = dataset._dataparser_outputs.alpha_color
-        if self.config.cache_images_type == "uint8":
-            image = uint8_colours(rgba, alpha_color)
-        else:
-            image = float_colours(rgba, alpha_color)
-        data: dict[str, Any] = {"image_idx": index, "image": image.to(self.device)}
+        index = int(rows(batch.image.numpy())[0])
+        served = batch.images[0]
+        data: dict[str, Any] = {"image_idx": index}
         if dataset.metadata.get("raykit_alpha_as_mask"):
-            data["mask"] = (rgba[..., 3:] > 0).to(self.device)
-        camera = cameras[index : index + 1].to(self.device)
+            data["image"] = served[..., :-1].to(self.device)
+            data["mask"] = (served[..., -1:] > 0).to(self.device)
+        else:
+            data["image"] = served.to(self.device)
+        camera = copy(self._one_camera(which, index))  # fresh metadata; tensors shared, as a slice's are
         camera.metadata = {"cam_idx": index} if which == "train" else camera.metadata
         return camera, data
+
+    def _one_camera(self, which: str, index: int) -> Cameras:
+        """``cameras[index : index + 1]`` on the device, sliced once per image."""
+        known: dict[int, Cameras] = self._camera_slices.setdefault(which, {})
+        if index not in known:
+            cameras = getattr(self, f"{which}_cameras")
+            known[index] = cameras[index : index + 1].to(self.device)
+        return known[index]
 
     def _next(self, which: str) -> tuple[Cameras, dict[str, Any]]:
         if getattr(self, f"_{which}_stream") is None:

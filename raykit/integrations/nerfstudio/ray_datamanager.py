@@ -3,9 +3,12 @@
 exact resume through the module's extra state (saved in nerfstudio's checkpoints with the pipeline).
 
 ``next_train`` / ``next_eval`` return ``(RayBundle, {"image": (N, 3|4) float32 CPU, "indices":
-(N, 3) int64 CPU [camera, y, x]})`` with the bundle from nerfstudio's own ``RayGenerator`` on the
-dataparser's cameras; ``next_eval_image`` returns ``(Cameras (1,), dataset item)`` as its
-``RandIndicesEvalDataloader`` does, from a seeded draw.
+(N, 3) int64 CPU [camera, y, x]})`` with the bundle on the device. Rays, colours and indices are made
+on the loader's generation threads for whole groups of batches (:class:`PixelRays`), off the trainer's
+thread: rays from the dataparser's cameras by per-camera tables of nerfstudio's own ray directions
+(:mod:`raykit.integrations.nerfstudio.rays`; nerfstudio's ``RayGenerator`` for cameras it cannot
+tabulate), so ``next_train`` only cuts and wraps them. ``next_eval_image`` returns ``(Cameras (1,),
+dataset item)`` as its ``RandIndicesEvalDataloader`` does, from a seeded draw.
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from nerfstudio.cameras.rays import RayBundle
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
-from nerfstudio.model_components.ray_generators import RayGenerator
 
 from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
+from raykit.integrations.nerfstudio.rays import tabulated_or_stock
 from raykit.loaders import RayLoader
-from raykit.store import RawRays, RayStore
+from raykit.store import RawRays
 
 __all__ = ["RaykitDataManager", "RaykitDataManagerConfig"]
 
@@ -44,34 +48,82 @@ class RaykitDataManagerConfig(DataManagerConfig):
     """Budget of the loader's chunk cache (per split)."""
     num_workers: int = 0
     """Loader worker processes reading chunks."""
+    ray_table_bytes: int = 256 << 20
+    """Most bytes of per-camera ray tables (20 per pixel of each distinct set of intrinsics); cameras
+    needing more are generated per batch by nerfstudio's ``RayGenerator``."""
 
 
 @dataclass(frozen=True)
-class PixelBatch:
-    """``N`` rays as nerfstudio indexes them: ``indices`` (N, 3) int64 ``[camera, y, x]``, ``rgba``
-    (N, C) uint8. Sliceable, as the loader cuts generated groups into batches."""
+class RayRows:
+    """``N`` rays made on the loader's generation threads: what ``next_train`` returns, as tensors.
+
+    ``indices`` (N, 3) int64 ``[camera, y, x]``, ``image`` (N, 3|4) float32 (nerfstudio's colours),
+    ``mask`` (N, 1) bool or None, and the ``RayBundle``'s fields: ``origins``, ``directions`` (N, 3),
+    ``pixel_area``, ``directions_norm`` (N, 1) float32, ``camera_indices`` (N, 1) int64. Sliceable,
+    as the loader cuts generated groups into batches (slices are views).
+    """
 
     indices: torch.Tensor
-    rgba: torch.Tensor
+    image: torch.Tensor
+    mask: torch.Tensor | None
+    origins: torch.Tensor
+    directions: torch.Tensor
+    pixel_area: torch.Tensor
+    directions_norm: torch.Tensor
+    camera_indices: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
-    def __getitem__(self, rows: slice) -> PixelBatch:
-        return PixelBatch(self.indices[rows], self.rgba[rows])
+    def __getitem__(self, rows: slice) -> RayRows:
+        mask = None if self.mask is None else self.mask[rows]
+        return RayRows(
+            self.indices[rows], self.image[rows], mask, self.origins[rows], self.directions[rows],
+            self.pixel_area[rows], self.directions_norm[rows], self.camera_indices[rows],
+        )  # fmt: skip
+
+    def bundle(self, device: Any) -> RayBundle:
+        """The nerfstudio ``RayBundle`` of these rays on ``device``."""
+        return RayBundle(
+            origins=self.origins.to(device),
+            directions=self.directions.to(device),
+            pixel_area=self.pixel_area.to(device),
+            camera_indices=self.camera_indices.to(device),
+            metadata={"directions_norm": self.directions_norm.to(device)},
+        )
 
 
-class PixelIndices:
-    """``make_batch`` of the loader: raw rays (pids) -> :class:`PixelBatch` (no ray generation:
-    nerfstudio's ``RayGenerator`` makes the rays from the dataparser's cameras)."""
+class PixelRays:
+    """``make_batch`` of the loader: raw rays (pids) -> :class:`RayRows`, on its generation threads.
 
-    def __init__(self, store: RayStore, rows: DatasetRows) -> None:
-        self.store, self.rows = store, rows
+    Rays come from the dataparser's cameras through ``generator`` (a
+    :class:`~raykit.integrations.nerfstudio.rays.TabulatedRayGenerator` or nerfstudio's own
+    ``RayGenerator``), colours as nerfstudio's ``InputDataset`` computes them, so batches equal those
+    nerfstudio's ``RayGenerator`` and dataset give for the same pixels; the consumer only wraps them.
+    """
 
-    def __call__(self, raw: RawRays) -> PixelBatch:
+    def __init__(
+        self, store: Any, rows: DatasetRows, generator: Any, alpha_color: Any, alpha_as_mask: bool
+    ) -> None:
+        self.store, self.rows, self.generator = store, rows, generator
+        self.alpha_color, self.alpha_as_mask = alpha_color, alpha_as_mask
+
+    def __call__(self, raw: RawRays) -> RayRows:
         image, pixel = self.store.decode_pids(raw.pid)
         indices = np.stack([self.rows(image), pixel[:, 1], pixel[:, 0]], axis=1).astype(np.int64)
-        return PixelBatch(torch.from_numpy(indices), torch.from_numpy(np.ascontiguousarray(raw.rgba)))
+        rgba = torch.from_numpy(np.ascontiguousarray(raw.rgba))
+        with torch.no_grad():
+            bundle = self.generator(torch.from_numpy(indices))
+        return RayRows(
+            indices=torch.from_numpy(indices),
+            image=float_colours(rgba, self.alpha_color),
+            mask=rgba[:, 3:] > 0 if self.alpha_as_mask else None,
+            origins=bundle.origins.cpu(),
+            directions=bundle.directions.cpu(),
+            pixel_area=bundle.pixel_area.cpu(),
+            directions_norm=bundle.metadata["directions_norm"].cpu(),
+            camera_indices=bundle.camera_indices.cpu(),
+        )
 
 
 class RaykitDataManager(DataManager):
@@ -95,42 +147,49 @@ class RaykitDataManager(DataManager):
         self.world_size, self.local_rank = world_size, local_rank
         self.sampler = None
         self.eval_image_draws = 0
+        self._ray_tables: dict[bytes, Any] = {}  # shared by the splits' ray generators
         setup_datasets(self, config, test_mode)
         super().__init__()
 
-    def _loader(self, dataset: Any, batch_size: int) -> RayLoader:
+    def _loader(self, dataset: Any, batch_size: int) -> tuple[RayLoader, Any]:
+        """The split's ``RayLoader`` making :class:`RayRows`, and the split's ray generator on the device."""
         rows = DatasetRows(self.dataparser, dataset)
         store = self.dataparser.store
-        return RayLoader(
+        cameras = dataset.cameras
+        host = tabulated_or_stock(cameras.to("cpu"), self.config.ray_table_bytes, self._ray_tables)
+        on_device = host if torch.device(self.device).type == "cpu" else host.to(self.device)
+        make = PixelRays(
+            store, rows, host, dataset._dataparser_outputs.alpha_color,
+            bool(dataset.metadata.get("raykit_alpha_as_mask")),
+        )  # fmt: skip
+        loader = RayLoader(
             store, rows.split, batch_size, self.config.seed, cache_bytes=self.config.cache_bytes,
             num_workers=self.config.num_workers, rank=self.local_rank, world_size=self.world_size,
-            make_batch=PixelIndices(store, rows),
+            make_batch=make,
         )  # fmt: skip
+        return loader, on_device
 
     def setup_train(self) -> None:
-        self.train_loader = self._loader(self.train_dataset, self.config.train_num_rays_per_batch)
+        self.train_loader, self.train_ray_generator = self._loader(
+            self.train_dataset, self.config.train_num_rays_per_batch
+        )
         self._train_stream: Any = None
-        self.train_ray_generator = RayGenerator(self.train_dataset.cameras.to(self.device))
 
     def setup_eval(self) -> None:
         n_rays = self.dataparser.store.splits[self.eval_dataset.metadata["raykit_split"]].n_rays
         self.eval_rays_per_batch = min(self.config.eval_num_rays_per_batch, n_rays)
-        self.eval_loader = self._loader(self.eval_dataset, self.eval_rays_per_batch)
+        self.eval_loader, self.eval_ray_generator = self._loader(self.eval_dataset, self.eval_rays_per_batch)
         self._eval_stream: Any = None
-        self.eval_ray_generator = RayGenerator(self.eval_dataset.cameras.to(self.device))
         self.fixed_indices_eval_dataloader = FixedIndicesEvalDataloader(self.eval_dataset, device=self.device)
 
     def _rays(self, which: str) -> tuple[Any, dict[str, torch.Tensor]]:
-        loader = getattr(self, f"{which}_loader")
         if getattr(self, f"_{which}_stream") is None:
-            setattr(self, f"_{which}_stream", loader.forever())
-        pixels: PixelBatch = next(getattr(self, f"_{which}_stream"))
-        indices, rgba = pixels.indices, pixels.rgba
-        dataset = getattr(self, f"{which}_dataset")
-        batch = {"image": float_colours(rgba, dataset._dataparser_outputs.alpha_color), "indices": indices}
-        if dataset.metadata.get("raykit_alpha_as_mask"):
-            batch["mask"] = rgba[:, 3:] > 0
-        return getattr(self, f"{which}_ray_generator")(indices), batch
+            setattr(self, f"_{which}_stream", getattr(self, f"{which}_loader").forever())
+        rays: RayRows = next(getattr(self, f"_{which}_stream"))
+        batch = {"image": rays.image, "indices": rays.indices}
+        if rays.mask is not None:
+            batch["mask"] = rays.mask
+        return rays.bundle(self.device), batch
 
     def next_train(self, step: int) -> tuple[Any, dict[str, torch.Tensor]]:
         self.train_count += 1
