@@ -27,7 +27,7 @@ from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDa
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.integrations.nerfstudio.rays import tabulated_or_stock
 from raykit.loaders import RayLoader
-from raykit.store import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["RaykitDataManager", "RaykitDataManagerConfig"]
 
@@ -103,7 +103,7 @@ class PixelRays:
     """
 
     def __init__(
-        self, store: Any, rows: DatasetRows, generator: Any, alpha_color: Any, alpha_as_mask: bool
+        self, store: RayStore, rows: DatasetRows, generator: Any, alpha_color: Any, alpha_as_mask: bool
     ) -> None:
         self.store, self.rows, self.generator = store, rows, generator
         self.alpha_color, self.alpha_as_mask = alpha_color, alpha_as_mask
