@@ -105,3 +105,31 @@ def test_undistorted_perspective_tables_are_nerfstudios_own(lego: dict[str, Path
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
     _assert_same_rays(cameras, seed=5)
+
+
+def test_ray_bundle_equals_nerfstudios_constructor() -> None:
+    """The bundle built without the broadcasting pass has every field, value and the batch shape of
+    the one nerfstudio's constructor builds, and behaves as one (slicing, ``to``, ``flatten``)."""
+    from raykit.integrations.nerfstudio.rays import ray_bundle, reference_ray_bundle
+
+    g = torch.Generator().manual_seed(3)
+    n = 257
+    fields = (
+        torch.rand(n, 3, generator=g),
+        torch.rand(n, 3, generator=g),
+        torch.rand(n, 1, generator=g),
+        torch.randint(0, 9, (n, 1), generator=g),
+        torch.rand(n, 1, generator=g),
+    )
+    ours, theirs = ray_bundle(*fields), reference_ray_bundle(*fields)
+    assert ours.shape == theirs.shape == (n,)
+    for name in ("origins", "directions", "pixel_area", "camera_indices", "nears", "fars", "times"):
+        a, b = getattr(ours, name), getattr(theirs, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    assert ours.metadata.keys() == theirs.metadata.keys() == {"directions_norm"}
+    assert torch.equal(ours.metadata["directions_norm"], theirs.metadata["directions_norm"])
+    assert torch.equal(ours[10:20].directions, theirs[10:20].directions) and ours[10:20].shape == (10,)
+    assert torch.equal(ours.to("cpu").origins, theirs.origins) and ours.flatten().shape == (n,)
+    # other shapes take nerfstudio's constructor (which broadcasts them)
+    odd = ray_bundle(fields[0], fields[1], fields[2], fields[3], torch.rand(1, 1, generator=g))
+    assert odd.metadata["directions_norm"].shape == (n, 1)

@@ -25,7 +25,7 @@ from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
 from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
-from raykit.integrations.nerfstudio.rays import tabulated_or_stock
+from raykit.integrations.nerfstudio.rays import ray_bundle, tabulated_or_stock
 from raykit.loaders import RayLoader
 from raykit.store import RawRays, RayStore
 
@@ -84,12 +84,12 @@ class RayRows:
 
     def bundle(self, device: Any) -> RayBundle:
         """The nerfstudio ``RayBundle`` of these rays on ``device``."""
-        return RayBundle(
-            origins=self.origins.to(device),
-            directions=self.directions.to(device),
-            pixel_area=self.pixel_area.to(device),
-            camera_indices=self.camera_indices.to(device),
-            metadata={"directions_norm": self.directions_norm.to(device)},
+        return ray_bundle(
+            self.origins.to(device),
+            self.directions.to(device),
+            self.pixel_area.to(device),
+            self.camera_indices.to(device),
+            self.directions_norm.to(device),
         )
 
 

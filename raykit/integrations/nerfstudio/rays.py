@@ -22,6 +22,7 @@ metadata, tables above ``max_bytes``) use nerfstudio's ``RayGenerator`` unchange
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,13 @@ from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.cameras.rays import RayBundle
 from nerfstudio.model_components.ray_generators import RayGenerator
 
-__all__ = ["TABLE_BYTES_PER_PIXEL", "TabulatedRayGenerator", "tabulated_or_stock"]
+__all__ = [
+    "TABLE_BYTES_PER_PIXEL",
+    "TabulatedRayGenerator",
+    "ray_bundle",
+    "reference_ray_bundle",
+    "tabulated_or_stock",
+]
 
 TABLE_BYTES_PER_PIXEL = 20  # direction (3), directions_norm (1), pixel_area (1), float32
 _CENTRAL = {
@@ -40,6 +47,70 @@ _CENTRAL = {
     CameraType.FISHEYE624.value,
 }
 _ROWS = 64  # image rows tabulated per generate_rays call (bounds its temporaries)
+_BUNDLE_FIELDS = (
+    "origins",
+    "directions",
+    "pixel_area",
+    "camera_indices",
+    "nears",
+    "fars",
+    "metadata",
+    "times",
+)
+_FAST_BUNDLE = tuple(f.name for f in dataclasses.fields(RayBundle)) == _BUNDLE_FIELDS
+
+
+def reference_ray_bundle(
+    origins: torch.Tensor,
+    directions: torch.Tensor,
+    pixel_area: torch.Tensor,
+    camera_indices: torch.Tensor,
+    directions_norm: torch.Tensor,
+) -> RayBundle:
+    """The ``RayBundle`` of N rays as nerfstudio builds it (its constructor broadcasts every field)."""
+    return RayBundle(
+        origins=origins,
+        directions=directions,
+        pixel_area=pixel_area,
+        camera_indices=camera_indices,
+        metadata={"directions_norm": directions_norm},
+    )
+
+
+def ray_bundle(
+    origins: torch.Tensor,
+    directions: torch.Tensor,
+    pixel_area: torch.Tensor,
+    camera_indices: torch.Tensor,
+    directions_norm: torch.Tensor,
+) -> RayBundle:
+    """``origins``, ``directions`` (N, 3), ``pixel_area``, ``directions_norm`` (N, 1) float32,
+    ``camera_indices`` (N, 1) int64 -> their ``RayBundle``, equal to :func:`reference_ray_bundle`'s.
+
+    Fields of these shapes already have the bundle's batch shape ``(N,)``, so nerfstudio's
+    ``TensorDataclass.__post_init__`` (which broadcasts every field to it) changes nothing; it costs
+    about 0.3 ms per 4,096-ray batch on CPU, a third of a ``next_train``, and is skipped here. Any
+    other shape, or a nerfstudio whose ``RayBundle`` has other fields, takes the constructor.
+    """
+    n = origins.shape[0]
+    shapes = (origins.shape, directions.shape, pixel_area.shape, camera_indices.shape, directions_norm.shape)
+    if not _FAST_BUNDLE or shapes != ((n, 3), (n, 3), (n, 1), (n, 1), (n, 1)):
+        return reference_ray_bundle(origins, directions, pixel_area, camera_indices, directions_norm)
+    bundle = object.__new__(RayBundle)
+    values = (
+        origins,
+        directions,
+        pixel_area,
+        camera_indices,
+        None,
+        None,
+        {"directions_norm": directions_norm},
+        None,
+    )
+    for name, value in zip(_BUNDLE_FIELDS, values, strict=True):
+        object.__setattr__(bundle, name, value)
+    object.__setattr__(bundle, "_shape", torch.Size((n,)))
+    return bundle
 
 
 def _intrinsics(cameras: Cameras) -> torch.Tensor:
@@ -116,18 +187,18 @@ class TabulatedRayGenerator(torch.nn.Module):
 
     def forward(self, ray_indices: torch.Tensor) -> RayBundle:
         """(N, 3) int64 ``[camera, y, x]`` -> the ``RayBundle`` of those N rays."""
-        indices = ray_indices.to(self.offset.device)
-        c, y, x = indices[:, 0], indices[:, 1], indices[:, 2]
-        flat = self.offset[c] + y * self.width[c] + x
-        local = self.directions[flat]  # (N, 3) unit, camera frame (OpenGL axes)
-        directions = torch.bmm(self.rotation[c], local.unsqueeze(-1)).squeeze(-1)
+        # index_select on contiguous index columns: the values of advanced indexing, 1.5x faster on CPU
+        c, y, x = ray_indices.to(self.offset.device).T.contiguous()
+        flat = self.offset.index_select(0, c) + y * self.width.index_select(0, c) + x
+        local = self.directions.index_select(0, flat)  # (N, 3) unit, camera frame (OpenGL axes)
+        directions = torch.bmm(self.rotation.index_select(0, c), local.unsqueeze(-1)).squeeze(-1)
         directions = directions / torch.linalg.vector_norm(directions, dim=-1, keepdim=True)
-        return RayBundle(
-            origins=self.origin[c],
-            directions=directions,
-            pixel_area=self.areas[flat],
-            camera_indices=c.unsqueeze(-1),
-            metadata={"directions_norm": self.norms[flat]},
+        return ray_bundle(
+            self.origin.index_select(0, c),
+            directions,
+            self.areas.index_select(0, flat),
+            c.unsqueeze(-1),
+            self.norms.index_select(0, flat),
         )
 
 
