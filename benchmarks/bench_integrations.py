@@ -2,7 +2,7 @@
 
 Capture: the built-in scene (``--size``; the issue's is ``realistic``, 100 views of 800x800) written as
 a Blender capture under ``--work``, converted to a rays-layout and an images-layout store. Cases, each
-in its own subprocess so that its peak RSS (``ru_maxrss``) is its own, CPU, seeded, nerfstudio's
+in its own subprocess so that its peak RSS (``VmHWM``) is its own, CPU, seeded, nerfstudio's
 datamanagers with their defaults (caching every image) and the same batch size:
 
 * ``vanilla`` / ``raykit-rays``: ``VanillaDataManager`` (Blender parser, its ``CacheDataloader``
@@ -65,12 +65,6 @@ def prepare(work: Path, size: str) -> dict[str, str]:
     return {"capture": str(capture), "rays": str(rays), "images": str(images)}
 
 
-def _rss() -> int:
-    """Resident bytes of this process now."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def served_bytes(case: str, n_pixels: int) -> int:
     """Bytes of the capture as the image datamanager serves it: RGB uint8 or float32."""
     return n_pixels * 3 * (4 if case.endswith("float32") else 1)
@@ -118,7 +112,7 @@ def run_case(case: str, paths: dict[str, str], rays: int, steps: int) -> dict[st
 
     store = open_store(paths["rays"])
     n_pixels = store.splits["train"].n_rays
-    base = _rss()
+    base = machine.rss()
     t0 = time.perf_counter()
     manager, cache = _manager(case, paths, rays, n_pixels)
     manager.next_train(0)
@@ -127,9 +121,9 @@ def run_case(case: str, paths: dict[str, str], rays: int, steps: int) -> dict[st
     for step in range(1, steps + 1):
         manager.next_train(step)
     seconds = time.perf_counter() - t1
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = machine.peak_rss()
     out: dict[str, Any] = {"case": case, "first_batch_s": first, "steps": steps, "seconds": seconds}
-    out |= {"peak_rss": peak, "rss_before": base, "rss_end": _rss(), "cache_bytes": cache}
+    out |= {"peak_rss": peak, "rss_before": base, "rss_end": machine.rss(), "cache_bytes": cache}
     out["peak_rss_children"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     out["capture_pixels"] = n_pixels
     out["loadavg_1m"] = os.getloadavg()[0]

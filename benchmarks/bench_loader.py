@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from machine import command_line, describe, portable
+from machine import command_line, describe, peak_rss, portable, rss
 
 ROOT = Path(__file__).resolve().parent
 BATCH = 4096
@@ -98,29 +97,6 @@ def build_stored_pids_copy(store: Path) -> Path:
     return path
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _peak_rss() -> int:
-    """This process's peak resident set (``VmHWM``: the high-water mark of its own address space).
-
-    ``getrusage``'s ``ru_maxrss`` is not used: on Linux a child started by ``exec`` inherits the
-    parent's high-water mark there, so it would report the parent's peak (e.g. the conversion that
-    built the store) whenever that was larger. (``raykit.trainer.runtime.peak_memory_mb`` reads the
-    same figure; it is not imported here, as importing the trainer would add to the measured process.)
-    """
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 # ---- raykit, one case per subprocess ---------------------------------------------------------------
 def raykit_case(
     store_path: str, cache_bytes: int, batches: int, device: str = "cpu", batch_size: int = BATCH
@@ -128,19 +104,19 @@ def raykit_case(
     from raykit.loaders import RayLoader
     from raykit.store import open_store
 
-    rss_start = _rss()
+    rss_start = rss()
     start = time.perf_counter()
     store = open_store(store_path)
     loader = RayLoader(store, "train", batch_size=batch_size, seed=0, cache_bytes=cache_bytes, device=device)
     epoch = iter(loader)
     next(epoch)
     first = time.perf_counter() - start
-    rss_before = _rss()
+    rss_before = rss()
     warm_start = time.perf_counter()
     for _ in epoch:  # the rest of epoch 0 fills the cache
         pass
     epoch0 = time.perf_counter() - warm_start
-    rss_after = _rss()
+    rss_after = rss()
     stats = loader.cache_stats()
     cached_rays = stats.items * store.splits["train"].chunk_rays
     n_rays = store.splits["train"].n_rays
@@ -167,7 +143,7 @@ def raykit_case(
         "train_pids": store.splits["train"].pids,
         "rss_growth_per_cached_ray": (rss_after - rss_before) / max(cached_rays, 1),
         "rss_start_bytes": rss_start,
-        "peak_rss_bytes": _peak_rss(),
+        "peak_rss_bytes": peak_rss(),
         "loader_seconds": dict(loader.seconds),
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["command_line", "describe", "describe_text", "portable"]
+__all__ = ["command_line", "describe", "describe_text", "peak_rss", "portable", "rss"]
 
 
 def portable(word: str) -> str:
@@ -81,3 +82,27 @@ def write_report(path: str | Path, report: dict[str, Any]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def rss() -> int:
+    """Resident bytes of this process now."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss() -> int:
+    """This process's peak resident bytes (``VmHWM``: the high-water mark of its own address space).
+
+    ``getrusage``'s ``ru_maxrss`` is not used: on Linux a process started by ``exec`` inherits the
+    high-water mark of the process that started it, so a case run in a subprocess would report the
+    driver's peak (e.g. the conversion that built the store) whenever that was larger.
+    (``raykit.trainer.runtime.peak_memory_mb`` reads the same figure.)
+    """
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -16,31 +16,43 @@ _MACHINE_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT})
 
 __all__ = ["build_parser", "main"]
 
-# Modules that define ``register(subparsers) -> None``; each adds parsers with ``set_defaults(func=...)``
-# where ``func(args) -> int`` is the exit status.
-COMMAND_MODULES: tuple[str, ...] = (
-    "raykit.scene.cli",
-    "raykit.converters.cli",
-    "raykit.converters.pose_cli",
-    "raykit.store.cli",
-    "raykit.profiling.cli",
-    "raykit.trainer.cli",
-    "raykit.pipeline.cli",
-    "raykit.demo.cli",
-)
+# Each subcommand and the module that registers it: ``register(subparsers) -> None`` adds parsers with
+# ``set_defaults(func=...)``, where ``func(args) -> int`` is the exit status. ``raykit NAME ...`` imports
+# only NAME's module, so a quick command (``raykit info``) does not pay for the others' imports (torch's
+# among them); ``raykit --help`` imports them all. tests/test_package.py checks the table against what
+# each module registers.
+COMMANDS: dict[str, str] = {
+    "scene": "raykit.scene.cli",
+    "convert": "raykit.converters.cli",
+    "poses": "raykit.converters.pose_cli",
+    "info": "raykit.store.cli",
+    "validate": "raykit.store.cli",
+    "copy": "raykit.store.cli",
+    "bench": "raykit.profiling.cli",
+    "train": "raykit.trainer.cli",
+    "render": "raykit.trainer.cli",
+    "export": "raykit.trainer.cli",
+    "compare": "raykit.trainer.cli",
+    "run": "raykit.pipeline.cli",
+    "demo": "raykit.demo.cli",
+}
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or only of ``command``'s module when ``command`` is one."""
     parser = argparse.ArgumentParser(prog="raykit", description=__doc__)
     parser.add_argument("--version", action="version", version=_version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    modules = (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         return _run(args)

@@ -204,10 +204,11 @@ def test_readme_test_command_is_ci() -> None:
 
 def test_cli_lists_every_subcommand() -> None:
     """``raykit --help`` lists every registered subcommand, every command module registers at least
-    one, and docs/cli.md has a section for each (and for no other)."""
+    one, ``raykit.cli.COMMANDS`` names each with its module, and docs/cli.md has a section for each
+    (and for no other)."""
     import argparse
 
-    from raykit.cli import COMMAND_MODULES
+    from raykit.cli import COMMAND_MODULES, COMMANDS
 
     names_by_module = {}
     for name in COMMAND_MODULES:
@@ -217,6 +218,7 @@ def test_cli_lists_every_subcommand() -> None:
         names_by_module[name] = set(subparsers.choices)
     assert [m for m, names in names_by_module.items() if not names] == []
     registered = set().union(*names_by_module.values())
+    assert {c: m for m, names in names_by_module.items() for c in names} == COMMANDS
     from raykit.cli import build_parser
 
     listed = build_parser().format_help()

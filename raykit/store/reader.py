@@ -17,11 +17,10 @@ import json
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from raykit.errors import (
     StoreChangedError,
@@ -30,7 +29,6 @@ from raykit.errors import (
     StoreNotFoundError,
     StoreVersionError,
 )
-from raykit.rays import RayBatch, RayGenerator
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
@@ -49,6 +47,11 @@ from raykit.store.schema import (
 )
 from raykit.store.split_readers import RaySplits, SplitReader, empty_rays, layout_readers
 from raykit.store.table import CameraTable, ray_generator, read_camera_table
+
+if TYPE_CHECKING:  # torch is imported where rays are made: `raykit info` and `validate` need none
+    import torch
+
+    from raykit.rays import RayBatch, RayGenerator
 
 __all__ = ["RayRangeError", "RayStore", "open_store"]
 
@@ -381,6 +384,8 @@ class RayStore:
 
     def ray_generator(self, device: torch.device | str = "cpu") -> RayGenerator:
         """A ``raykit.rays.RayGenerator`` for this store's images on ``device`` (memoised)."""
+        import torch
+
         key = str(torch.device(device))
         if key not in self._generators:
             self._generators[key] = ray_generator(
@@ -390,6 +395,10 @@ class RayStore:
 
     def to_batch(self, raw: RawRays, device: torch.device | str = "cpu") -> RayBatch:
         """Generate a ``RayBatch`` on ``device`` from compact rays."""
+        import torch
+
+        from raykit.rays import RayBatch
+
         generator = self.ray_generator(device)
         pid = torch.from_numpy(raw.pid.astype(np.int64))
         image, pixel, rays = generator.generate_from_pids(pid)

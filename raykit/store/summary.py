@@ -63,9 +63,9 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "layout": store.store_layout.to_dict(),
         "cameras": {
             "n_images": len(table.names),
-            "n_cameras": len(table.cameras),
-            "models": sorted({cam.model for cam in table.cameras}),
-            "sizes": sorted({f"{cam.width}x{cam.height}" for cam in table.cameras}),
+            "n_cameras": len(table.camera_keys),
+            "models": sorted({key[0] for key in table.camera_keys}),
+            "sizes": sorted({f"{key[1]}x{key[2]}" for key in table.camera_keys}),
             "with_alpha": int(table.has_alpha.sum()),
         },
         "scene": store.manifest["scene"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,11 +170,16 @@ def read_camera_table(data: bytes, where: str) -> pa.Table:
 
 @dataclass(frozen=True)
 class CameraTable:
-    """The camera table as numpy arrays (I images, C distinct cameras)."""
+    """The camera table as numpy arrays (I images, C distinct cameras).
+
+    ``camera_keys`` are the distinct cameras' records ``(model, width, height, params, camera_id)``;
+    ``cameras`` builds ``raykit.cameras.Camera`` objects from them on first use, which imports torch
+    (``raykit info`` and ``validate`` of a rays store need none).
+    """
 
     names: list[str]
     splits: list[str]
-    cameras: list[Camera]
+    camera_keys: list[tuple[str, int, int, tuple[float, ...], int]]
     camera_index: np.ndarray  # (I,) int64 into cameras
     c2w: np.ndarray  # (I, 4, 4) float64
     near: np.ndarray  # (I,) float64, NaN when unknown
@@ -184,33 +190,31 @@ class CameraTable:
     ray_start: np.ndarray  # (I,) int64, -1 in shuffled splits
     has_alpha: np.ndarray  # (I,) bool
 
+    @cached_property
+    def cameras(self) -> list[Camera]:
+        """The distinct cameras (C), each labelled with its first image's name."""
+        from raykit.cameras import Camera
+
+        first = np.unique(self.camera_index, return_index=True)[1]
+        return [
+            Camera(
+                model=m, width=w, height=h, params=p, camera_id=c, label=f"camera {c} (image {self.names[i]})"
+            )
+            for (m, w, h, p, c), i in zip(self.camera_keys, first, strict=True)
+        ]
+
     @property
     def n_pixels(self) -> np.ndarray:
         return self.width * self.height
 
     @classmethod
     def from_arrow(cls, table: pa.Table) -> CameraTable:
-        from raykit.cameras import Camera
-
         d = table.to_pydict()
-        cameras: list[Camera] = []
         lookup: dict[tuple[Any, ...], int] = {}
         index = []
         for i in range(table.num_rows):
             key = (d["model"][i], d["width"][i], d["height"][i], tuple(d["params"][i]), d["camera_id"][i])
-            if key not in lookup:
-                lookup[key] = len(cameras)
-                cameras.append(
-                    Camera(
-                        model=key[0],
-                        width=key[1],
-                        height=key[2],
-                        params=key[3],
-                        camera_id=key[4],
-                        label=f"camera {key[4]} (image {d['name'][i]})",
-                    )
-                )
-            index.append(lookup[key])
+            index.append(lookup.setdefault(key, len(lookup)))
 
         def floats(name: str) -> np.ndarray:
             return np.array([np.nan if v is None else v for v in d[name]], dtype=np.float64)
@@ -218,7 +222,7 @@ class CameraTable:
         return cls(
             names=list(d["name"]),
             splits=list(d["split"]),
-            cameras=cameras,
+            camera_keys=list(lookup),
             camera_index=np.array(index, dtype=np.int64),
             c2w=np.array(d["c2w"], dtype=np.float64).reshape(-1, 4, 4),
             near=floats("near"),

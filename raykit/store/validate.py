@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from raykit.errors import RaykitError
 from raykit.store.order import base_permutation, merge_counts
@@ -75,6 +74,7 @@ def _check_files(store: RayStore) -> tuple[list[str], set[str]]:
 
 def _check_table(store: RayStore) -> list[str]:
     table, where = store.table, f"{store.url}/cameras.parquet"
+    table.cameras  # noqa: B018  (builds every camera record: a bad model or parameter count raises)
     problems = []
     if len(table.names) != store.manifest["n_images"]:
         problems.append(f"{where}: expected {store.manifest['n_images']} rows, got {len(table.names)}")
@@ -189,6 +189,8 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
         if np.any(alpha != 255):
             problems.append(f"{where}: images without alpha have alpha != 255")
     if "directions" in raw.extra:
+        import torch
+
         batch = store.to_batch(raw, "cpu")
         tol = 2e-3 if raw.extra["directions"].dtype == np.float16 else 1e-5
         for name in ("origins", "directions"):
