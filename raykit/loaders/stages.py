@@ -25,9 +25,8 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
-from raykit.loaders.background import DONE, put_until_stopped
 from raykit.rays import RayBatch
 from raykit.store.schema import RawRays
 
@@ -44,6 +43,7 @@ __all__ = [
 ]
 
 T_co = TypeVar("T_co", covariant=True)
+DONE = object()  # the producer's last item of an epoch
 
 
 class Stage(Protocol[T_co]):
@@ -209,16 +209,22 @@ class Generate(Positioned):
 
 
 class Prefetch(Positioned):
-    """Stage lists of batches -> batches: a producer thread runs the stages before it and keeps up to
-    ``depth`` items (lists of batches) ready in a bounded queue.
+    """Stage lists of batches -> batches: a producer thread (named ``name``) runs the stages before it
+    and keeps up to ``depth`` items (lists of batches) ready in a bounded queue.
 
     Iterate with ``with prefetch.running(threads) as batches``; leaving the block stops the producer
     thread and waits for it (``threads`` holds the live producer threads with their stop events, for
     the loader's ``close()``).
     """
 
-    def __init__(self, source: Generate, depth: int, on_thread: Callable[[], None] = lambda: None) -> None:
-        self.source, self.depth, self._on_thread = source, depth, on_thread
+    def __init__(
+        self,
+        source: Stage[list[Any]],
+        depth: int,
+        on_thread: Callable[[], None] = lambda: None,
+        name: str = "raykit-loader",
+    ) -> None:
+        self.source, self.depth, self._on_thread, self.name = source, depth, on_thread, name
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
@@ -230,7 +236,7 @@ class Prefetch(Positioned):
         inside."""
         items: queue.Queue[Any] = queue.Queue(maxsize=max(1, self.depth))
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(items, stop), name="raykit-loader", daemon=True)
+        thread = threading.Thread(target=self._produce, args=(items, stop), name=self.name, daemon=True)
         threads[thread] = stop
         thread.start()
         try:
@@ -256,7 +262,7 @@ class Prefetch(Positioned):
 
     def _produce(self, items: queue.Queue[Any], stop: threading.Event) -> None:
         self._on_thread()
-        iterator = iter(self.source)
+        iterator = cast(Generator[list[Any], None, None], iter(self.source))
         try:
             for batches in iterator:
                 if not put_until_stopped(items, batches, stop):
@@ -266,6 +272,17 @@ class Prefetch(Positioned):
             put_until_stopped(items, exc, stop)
         finally:
             iterator.close()  # runs the stages' clean-up (pending futures) on this thread
+
+
+def put_until_stopped(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; whether it was put."""
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def slice_batch(batch: Any, lo: int, hi: int) -> Any:

@@ -36,11 +36,11 @@ class Strategy(Protocol):
 
     Attributes:
         name: recorded in the loader state as ``"strategy"`` (omitted for ``"rays"``, as before).
-        exact_keys: the plan fields of the state a resumed loader must match exactly.
+
+    ``state_fields(plan)`` are the plan fields of the state a resumed loader must match exactly.
     """
 
     name: str
-    exact_keys: tuple[str, ...]
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource: ...
 

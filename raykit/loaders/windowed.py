@@ -53,7 +53,6 @@ class WindowStrategy:
     """
 
     name: str = "window"
-    exact_keys: tuple[str, ...] = ("n_rays", "seed", "shuffle", "window_images")
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> WindowImageSource:
         if not isinstance(store, RayStore):
