@@ -12,7 +12,7 @@ Two stages, each a resumable iterator with a small JSON-able ``state_dict`` (its
   batch of the next group; iterating seeks its :class:`ChunkWindows` to the window holding that
   batch.
 
-:func:`chunk_groups` builds the pair; :data:`RAYS` is this strategy's entry in
+:data:`RAYS` (whose ``groups`` builds the pair) is this strategy's entry in
 ``raykit.loaders.strategies.STRATEGIES``.
 """
 
@@ -33,8 +33,7 @@ from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
-__all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups",
-           "chunk_groups"]  # fmt: skip
+__all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups"]
 
 # Rays moved together by the mixing permutation when the stored split is already shuffled.
 SHUFFLED_SPLIT_MIX_RUN = 16
@@ -151,13 +150,6 @@ class WindowGroups(Positioned):
             yield RawGroup(epoch, k0, bounds, [(loaded[j], a, b) for j, a, b in pieces])
 
 
-def chunk_groups(inputs: StrategyInputs) -> WindowGroups:
-    """The strategy's group stage: :class:`WindowGroups` over :class:`ChunkWindows`."""
-    return WindowGroups(
-        inputs.plan, ChunkWindows(inputs.plan, inputs.fetcher, inputs.times), inputs.group_rays
-    )
-
-
 class ChunkStrategy:
     """How :class:`~raykit.loaders.RayLoader` reads a split of shuffled ray chunks (or any chunk source)."""
 
@@ -195,7 +187,9 @@ class ChunkStrategy:
         return {key: getattr(plan, key) for key in self.exact_keys}
 
     def groups(self, inputs: StrategyInputs) -> WindowGroups:
-        return chunk_groups(inputs)
+        """:class:`WindowGroups` over :class:`ChunkWindows`."""
+        windows = ChunkWindows(inputs.plan, inputs.fetcher, inputs.times)
+        return WindowGroups(inputs.plan, windows, inputs.group_rays)
 
 
 RAYS = ChunkStrategy()

@@ -177,9 +177,6 @@ class WorkerProcess:
             _write(self._out, struct.pack("<IQ", 1, len(blob)))
             _write(self._out, blob)
 
-    def fileno(self) -> int:
-        return self._in.fileno()
-
     def readable(self, timeout: float) -> bool:
         """Whether a message (or the end of the pipe) is waiting, within ``timeout`` seconds."""
         return bool(multiprocessing.connection.wait([self._in.fileno()], timeout))

@@ -174,12 +174,6 @@ class ChunkFetcher:
             self._closed = True
         close_workers(workers)
 
-    def __enter__(self) -> ChunkFetcher:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 def _how(code: int | None) -> str:
     """How a process with exit code ``code`` ended, in words."""
