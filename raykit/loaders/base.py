@@ -5,13 +5,23 @@ runs an epoch from its last stage, behind :class:`~raykit.loaders.stages.Prefetc
 calling thread; it starts the :class:`~raykit.loaders.workers.ChunkFetcher` (again after a worker
 died), writes and checks the state envelope (version, split, store fingerprint, position, the plan's
 fields, the partition keys) and releases threads, pools and workers in ``close``, ``with``, garbage
-collection and at interpreter exit (:mod:`raykit.loaders.lifecycle`).
+collection and at interpreter exit.
+
+Interpreter exit: a thread still inside native code (torch, Arrow) when the interpreter finalises is
+ended by ``pthread_exit`` inside a C++ frame and the process aborts with status 134 ("terminate called
+without an active exception"), losing the script's own exit status. Every loader is therefore
+registered here (:func:`register`) and closed by a hook (:func:`close_all`) that runs at the start of
+interpreter shutdown, before ``concurrent.futures`` joins its pools and long before finalisation: the
+loader's threads stop and are joined, its workers are ended (:mod:`raykit.loaders.processes`; they
+never run the parent's ``__main__``, so no guard is needed).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self
@@ -19,14 +29,40 @@ from typing import Any, Self
 from raykit.errors import ResumeError
 from raykit.loaders.arguments import check_state, resume_position
 from raykit.loaders.cache import CacheStats
-from raykit.loaders.lifecycle import register
 from raykit.loaders.stages import Prefetch, Stage
 from raykit.loaders.workers import ChunkFetcher
 
-__all__ = ["PARTITION_KEYS", "STATE_VERSION", "BatchLoader", "distributed_rank"]
+__all__ = ["PARTITION_KEYS", "STATE_VERSION", "BatchLoader", "close_all", "distributed_rank", "register"]
 
 STATE_VERSION = 1
 PARTITION_KEYS = ("world_size", "batch_size", "drop_last")  # changed: resumes at an epoch boundary
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+def register(loader: Any) -> None:
+    """Close ``loader`` (anything with ``close()``) at interpreter exit if it is still alive then."""
+    with _LOCK:
+        _LIVE.add(loader)
+
+
+def close_all() -> None:
+    """Close every registered loader that is still alive (errors are ignored: the process is ending)."""
+    with _LOCK:
+        loaders = list(_LIVE)
+    for loader in loaders:
+        with contextlib.suppress(Exception):
+            loader.close()
+
+
+# Runs when interpreter shutdown begins, before concurrent.futures joins its pools (threading's exit
+# hooks run newest first, and concurrent.futures registered its own when imported, before this one);
+# the public atexit hook is the fallback where that private hook does not exist.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(close_all)
+else:  # pragma: no cover
+    atexit.register(close_all)
 
 
 def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -69,7 +105,7 @@ class BatchLoader:
         # Producer threads of live iterators, with their stop events (closed by ``close()``).
         self._running: dict[threading.Thread, threading.Event] = {}
         self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
-        register(self)  # closed at interpreter exit if still alive (see raykit.loaders.lifecycle)
+        register(self)  # closed at interpreter exit if still alive (see the module docstring)
 
     # ---- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:

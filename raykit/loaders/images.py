@@ -5,7 +5,7 @@ cameras, intrinsics and poses. The order follows :class:`~raykit.loaders.image_p
 per epoch, ranks disjoint and equal); images are read through ``RayStore.read_image`` (worker
 processes when ``num_workers > 0``, the same :class:`~raykit.loaders.workers.ChunkFetcher` the ray
 loader uses, an image being one read unit) into a byte-budgeted cache of uint8 images
-(:class:`~raykit.loaders.image_cache.ImageCache`), so a capture that fits is decoded once for the run.
+(:class:`~raykit.loaders.cache.ImageCache`), so a capture that fits is decoded once for the run.
 Its batch stage, :class:`ImageBatches`, runs behind the same ``Prefetch`` as the ray loader's
 stages (a producer thread assembling the next ``prefetch`` batches: uint8 images stacked in pinned
 host memory under CUDA, copied with ``non_blocking=True`` and converted to float on the device). An
@@ -37,7 +37,7 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import crop_camera
 from raykit.loaders.arguments import check_loader_args, open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
-from raykit.loaders.image_cache import ImageCache
+from raykit.loaders.cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
 from raykit.loaders.stages import Positioned

@@ -25,10 +25,9 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
-from raykit.loaders.source import ChunkSource
+from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StageTimes, StrategyInputs
 from raykit.loaders.window import Piece, WindowPlan
-from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -117,18 +116,8 @@ class WindowDraws(Positioned):
             yield self._group(epoch, group)
 
     def _group(self, epoch: int, group: list[Planned]) -> RawGroup:
-        bounds: list[tuple[int, int]] = []
-        slices: list[tuple[Sliceable, int, int]] = []
-        lo = 0
-        for pieces, held in group:
-            for i, a, b in pieces:
-                slices.append((held[i], a, b))
-            size = sum(b - a for _, a, b in pieces)
-            bounds.append((lo, lo + size))
-            lo += size
-        first = self.batch
         self.batch += len(group)
-        return RawGroup(epoch, first, bounds, slices)
+        return planned_group(epoch, self.batch - len(group), group)
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
@@ -246,8 +235,19 @@ class WindowImage(NamedTuple):
 Planned = tuple[list[Piece], dict[int, WindowImage]]  # a batch's pieces and the images they draw from
 
 
+def planned_group(epoch: int, first: int, group: list[Planned]) -> RawGroup:
+    """Consecutive planned batches, the first being batch ``first`` of ``epoch``, as one group."""
+    bounds: list[tuple[int, int]] = []
+    slices: list[tuple[Sliceable, int, int]] = []
+    for pieces, held in group:
+        slices += [(held[i], a, b) for i, a, b in pieces]
+        lo = bounds[-1][1] if bounds else 0
+        bounds.append((lo, lo + sum(b - a for _, a, b in pieces)))
+    return RawGroup(epoch, first, bounds, slices)
+
+
 def gather_planned(group: list[Planned]) -> tuple[RawRays, list[int]]:
     """Consecutive planned batches -> ``(their compact rays, concatenated in batch order; each
     batch's size)``. Safe on any thread: it reads only the images the group holds."""
-    slices = [(held[i], lo, hi) for pieces, held in group for i, lo, hi in pieces]
-    return WindowImage.gather_slices(slices), [sum(hi - lo for _, lo, hi in pieces) for pieces, _ in group]
+    planned = planned_group(0, 0, group)
+    return planned.gather(), [hi - lo for lo, hi in planned.bounds]

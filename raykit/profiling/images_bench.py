@@ -22,9 +22,9 @@ import torch
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
+from raykit.loaders.source import WindowImageSource
 from raykit.loaders.stages import StageTimes
 from raykit.loaders.window import WindowPlan
-from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.windowed import WindowDraws, gather_planned
 from raykit.loaders.workers import ChunkFetcher
 from raykit.profiling.mixing import shuffle_quality
