@@ -1,19 +1,10 @@
 """The chunk-window strategy of :class:`~raykit.loaders.RayLoader` (stores of shuffled ray chunks).
 
-Two stages, each a resumable iterator with a small JSON-able ``state_dict`` (its position):
-
-* :class:`ChunkWindows` (chunks -> windows): reads the chunks of an epoch in the plan's seeded order
-  through a :class:`~raykit.loaders.workers.ChunkFetcher` and yields each mixing window (``mix_chunks``
-  chunks' rays with the window's seeded permutation) as a :class:`Window`. State: ``{"epoch",
-  "window"}``, the next window it yields.
-* :class:`WindowGroups` (windows -> groups): cuts the epoch's batches into groups of about
-  ``group_rays`` rays and yields each as a :class:`~raykit.loaders.stages.RawGroup` (the batches'
-  bounds and the window slices holding the group's rays). State: ``{"epoch", "batch"}``, the first
-  batch of the next group; iterating seeks its :class:`ChunkWindows` to the window holding that
-  batch.
-
-:data:`RAYS` (whose ``groups`` builds the pair) is this strategy's entry in
-``raykit.loaders.strategies.STRATEGIES``.
+Two stages: :class:`ChunkWindows` (chunks -> mixed windows, read through the
+:class:`~raykit.loaders.workers.ChunkFetcher` in the plan's order; state ``{"epoch", "window"}``) and
+:class:`WindowGroups` (windows -> :class:`~raykit.loaders.stages.RawGroup` s of about ``group_rays``
+rays; state ``{"epoch", "batch"}``, seeking its windows to the one holding that batch). :data:`RAYS`
+is the strategy (``raykit.loaders.strategies.STRATEGIES``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """``ImageLoader``: whole images for splatting-style trainers (one or a few images per step).
 
 Each batch holds ``batch_size`` whole images (or seeded random crops of them) of one split with their
-cameras, intrinsics and poses. The order follows :class:`~raykit.loaders.image_plan.ImagePlan` (seeded
-per epoch, ranks disjoint and equal); images are read through ``RayStore.read_image`` (worker
-processes when ``num_workers > 0``, the same :class:`~raykit.loaders.workers.ChunkFetcher` the ray
-loader uses, an image being one read unit) into a byte-budgeted cache of uint8 images
-(:class:`~raykit.loaders.cache.ImageCache`), so a capture that fits is decoded once for the run.
-Its batch stage, :class:`ImageBatches`, runs behind the same ``Prefetch`` as the ray loader's
-stages (a producer thread assembling the next ``prefetch`` batches: uint8 images stacked in pinned
-host memory under CUDA, copied with ``non_blocking=True`` and converted to float on the device). An
-epoch whose images are all in the cache (after ``preload()``, or from the second epoch of a capture
-that fits) is assembled on the calling thread instead: there is nothing left to overlap, and a thread
-hand-off per batch would cost more than the batch.
-
-A ``transform`` (e.g. compositing over a background colour, converting to float the way a trainer
-expects) is applied once per image before the cache, so the cache holds images exactly as they are
-served and a cached batch of one image on the CPU is a view of the cache, without a copy.
-
-Batches depend only on the plan and the store's pixels, never on ``num_workers``. Position, state,
-workers and ``close`` are those of every loader (:class:`~raykit.loaders.base.BatchLoader`).
+cameras, intrinsics and poses, in the order of :class:`~raykit.loaders.image_plan.ImagePlan`. Images
+are read through the same :class:`~raykit.loaders.workers.ChunkFetcher` as the ray loader's chunks
+(an image being one read unit) into :class:`~raykit.loaders.cache.ImageCache`; the batch stage,
+:class:`ImageBatches`, runs behind the same ``Prefetch``, or on the calling thread for an epoch whose
+images are all cached (nothing is left to overlap, and a hand-off per batch would cost more than the
+batch). A ``transform`` is applied once per image before the cache, so the cache holds images exactly
+as served. Position, state, workers and ``close``: :class:`~raykit.loaders.base.BatchLoader`; the
+user's view: ``docs/loading.md``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -185,11 +175,7 @@ class ImageLoader(BatchLoader):
             return len(self.cache)
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         room = self.cache.capacity - self.cache.stats().bytes
-        chosen = []
-        for position in dict.fromkeys(int(p) for p in self.plan.rank_order(epoch)):
-            if position not in self.cache and self.source.nbytes(position) <= room:
-                chosen.append(position)
-                room -= self.source.nbytes(position)
+        chosen = self._fitting(dict.fromkeys(int(p) for p in self.plan.rank_order(epoch)), room)
         for _ in self._fetcher_ready().fetch(chosen):
             pass
         self._filled = True
@@ -202,16 +188,21 @@ class ImageLoader(BatchLoader):
             return
         order = [int(p) for p in self.plan.rank_order(self.epoch)]
         order += sorted(set(range(self.source.n_images)) - set(order))
-        chosen, room = [], self.cache.capacity
-        for position in order:
-            if self.source.nbytes(position) <= room:
-                chosen.append(position)
-                room -= self.source.nbytes(position)
+        chosen = self._fitting(order, self.cache.capacity)
         by_row = scan_images(self.store, self.split, [int(self.source.rows[p]) for p in chosen])
         for position in chosen:
             image = self.source.prepare(position, by_row[int(self.source.rows[position])])
             self.cache.put(position, np.ascontiguousarray(image))
         self._filled = True
+
+    def _fitting(self, positions: Iterable[int], room: int) -> list[int]:
+        """The ``positions`` not cached yet that fit in ``room`` bytes, taken in order while they do."""
+        chosen = []
+        for position in positions:
+            if position not in self.cache and self.source.nbytes(position) <= room:
+                chosen.append(position)
+                room -= self.source.nbytes(position)
+        return chosen
 
     def _assemble(self, epoch: int, positions: np.ndarray, images: list[np.ndarray]) -> ImageBatch:
         """One batch from its uint8 images: crops, cameras, then one (pinned) copy to the device."""

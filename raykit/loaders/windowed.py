@@ -1,16 +1,12 @@
 """The window strategy of :class:`~raykit.loaders.RayLoader` (images-layout splits): the windowed shuffle
 of ``window.py`` as one stage of the loader's pipeline.
 
-:class:`WindowDraws` (images -> groups) follows the :class:`~raykit.loaders.window.WindowPlan`: images
-are decoded ahead in the order they enter the window (by the loader's worker processes when
-``num_workers > 0``, else on one decoding thread; Pillow decodes without the GIL), put in the epoch's
-rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
-yielded as a :class:`~raykit.loaders.stages.RawGroup` whose slices are pieces of window images. The
-loader's ``Generate`` and ``Prefetch`` stages follow, as for ray chunks. State: ``{"epoch", "batch"}``.
-
-Memory: the window's decoded images (``window_images`` of them, by default as many as fit
-``cache_bytes``, :func:`default_window`) plus the images being decoded ahead
-(``max(DECODE_AHEAD, num_workers)``) and the groups in flight. :data:`WINDOW` is the strategy.
+:class:`WindowDraws` (images -> groups, state ``{"epoch", "batch"}``) follows the
+:class:`~raykit.loaders.window.WindowPlan`: images are decoded ahead in the order they enter the window
+(by the worker processes, else on one decoding thread; Pillow decodes without the GIL), put in the
+epoch's rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
+a :class:`~raykit.loaders.stages.RawGroup` of pieces of window images. Memory: ``docs/loading.md``.
+:data:`WINDOW` is the strategy.
 """
 
 from __future__ import annotations
