@@ -79,13 +79,8 @@ def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int
 
 
 class BatchLoader:
-    """The shared half of a loader (see the module docstring).
-
-    A subclass sets ``store``, ``split``, ``source`` (read by the fetcher), ``cache``, ``plan`` (with
-    ``n_batches`` and the partition keys), ``num_workers`` and ``prefetch``, then calls
-    :meth:`_start`; it gives its fetcher's ``_lookahead`` and its state's ``_state_tag`` and
-    ``_plan_fields``.
-    """
+    """The shared half of a loader: a subclass sets the attributes below and calls :meth:`_start`,
+    and gives ``__iter__``, ``_lookahead`` and its state's ``_state_tag`` and ``_plan_fields``."""
 
     STATE_VERSION = STATE_VERSION
     _what = "loader state"  # the state's name in ``ResumeError`` messages
@@ -119,12 +114,6 @@ class BatchLoader:
         while True:
             yield from self
 
-    def _next_epoch(self) -> int:
-        """The epoch of the next batch (the position moves on once the current epoch is over)."""
-        if self.batch >= self.plan.n_batches:
-            self.epoch, self.batch = self.epoch + 1, 0
-        return self.epoch
-
     def _counted(
         self,
         stage: Stage[list[Any]],
@@ -136,7 +125,9 @@ class BatchLoader:
         :class:`~raykit.loaders.stages.Prefetch` of ``depth`` items on a thread named ``name``, or on
         the calling thread when ``depth`` is 0. The position counts the batches yielded; afterwards it
         is the next epoch."""
-        epoch = self._next_epoch()
+        if self.batch >= self.plan.n_batches:  # the current epoch is over
+            self.epoch, self.batch = self.epoch + 1, 0
+        epoch = self.epoch
         state = {"epoch": epoch, "batch": self.batch}
         running: contextlib.AbstractContextManager[Iterator[Any]]
         if depth == 0:

@@ -81,7 +81,7 @@ class RayLoader(BatchLoader):
 
     def __init__(
         self,
-        store: RayStore | ChunkSource,
+        store: RayStore | ChunkSource | str | os.PathLike[str],
         split: str = "train",
         batch_size: int = 4096,
         seed: int = 0,
@@ -139,7 +139,10 @@ class RayLoader(BatchLoader):
         # One queue item per generated group (a list of batches): fewer hand-offs between threads.
         per_group = max(1, self.group_rays // self.plan.batch_size)
         depth = -(-self.prefetch // per_group)
-        return self._counted(self._generate_stage(), depth, "raykit-loader", _one_torch_thread)
+        generate = Generate(
+            self._group_stage(), self.make_batch, self._gen_pool, self.gen_threads, self._times
+        )
+        return self._counted(generate, depth, "raykit-loader", _one_torch_thread)
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
@@ -169,9 +172,6 @@ class RayLoader(BatchLoader):
         return self.strategy.groups(
             StrategyInputs(self.source, self.plan, self._fetcher_ready, self._times, self.group_rays)
         )
-
-    def _generate_stage(self) -> Generate:
-        return Generate(self._group_stage(), self.make_batch, self._gen_pool, self.gen_threads, self._times)
 
     def _gen_pool(self) -> ThreadPoolExecutor:
         """The generation threads, each with one torch intra-op thread (kept across epochs: fewer

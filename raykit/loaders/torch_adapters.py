@@ -26,16 +26,10 @@ from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
 from raykit.rays import RayBatch
-from raykit.store.reader import RayStore
+from raykit.store.reader import RayStore, open_store
 from raykit.store.schema import RawRays
 
 __all__ = ["RayDataset", "RayIterableDataset", "collate_rays"]
-
-
-def _open(store: RayStore | str) -> RayStore:
-    from raykit.store import open_store
-
-    return open_store(store) if isinstance(store, str) else store
 
 
 class RayIterableDataset(IterableDataset[RayBatch]):
@@ -63,7 +57,7 @@ class RayIterableDataset(IterableDataset[RayBatch]):
 
     def loader(self) -> RayLoader:
         if self._loader is None:
-            self._loader = RayLoader(_open(self.store), self.split, **self.kwargs)
+            self._loader = RayLoader(self.store, self.split, **self.kwargs)  # (it opens a location)
         return self._loader
 
     def __len__(self) -> int:
@@ -88,7 +82,7 @@ class RayDataset(Dataset[RayBatch]):
     """
 
     def __init__(self, store: RayStore | str, split: str = "train", cache_bytes: int = 256 << 20) -> None:
-        self.store = _open(store)
+        self.store = open_store(store) if isinstance(store, str) else store
         if split not in self.store.splits:
             raise ConfigError(
                 f"{self.store.url}: no split {split!r}; expected one of {sorted(self.store.splits)}"
