@@ -1,19 +1,16 @@
 """What :class:`~raykit.loaders.RayLoader` and :class:`~raykit.loaders.ImageLoader` share, written once.
 
-:class:`BatchLoader` holds a loader's position ``(epoch, batch)`` (the next batch it yields) and
-runs an epoch from its last stage, behind :class:`~raykit.loaders.stages.Prefetch` or on the
-calling thread; it starts the :class:`~raykit.loaders.workers.ChunkFetcher` (again after a worker
-died), writes and checks the state envelope (version, split, store fingerprint, position, the plan's
-fields, the partition keys) and releases threads, pools and workers in ``close``, ``with``, garbage
-collection and at interpreter exit.
+:class:`BatchLoader` holds the position ``(epoch, batch)`` (the next batch to yield), runs an epoch
+from the loader's last stage (behind :class:`~raykit.loaders.stages.Prefetch` or on the calling
+thread), starts the :class:`~raykit.loaders.workers.ChunkFetcher` (again after a worker died), writes
+and checks the state envelope and releases threads, pools and workers.
 
 Interpreter exit: a thread still inside native code (torch, Arrow) when the interpreter finalises is
-ended by ``pthread_exit`` inside a C++ frame and the process aborts with status 134 ("terminate called
-without an active exception"), losing the script's own exit status. Every loader is therefore
-registered here (:func:`register`) and closed by a hook (:func:`close_all`) that runs at the start of
-interpreter shutdown, before ``concurrent.futures`` joins its pools and long before finalisation: the
-loader's threads stop and are joined, its workers are ended (:mod:`raykit.loaders.processes`; they
-never run the parent's ``__main__``, so no guard is needed).
+ended by ``pthread_exit`` inside a C++ frame and the process aborts with status 134, losing the
+script's own exit status. Every loader is therefore registered (:func:`register`) and closed by a hook
+(:func:`close_all`) that runs at the start of interpreter shutdown, before ``concurrent.futures`` joins
+its pools: its threads stop and are joined, its workers are ended (they never run the parent's
+``__main__``, so no guard is needed).
 """
 
 from __future__ import annotations

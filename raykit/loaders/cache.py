@@ -1,12 +1,7 @@
-"""Caches: a bounded LRU of decoded chunks (in memory), the image loader's admit-until-full cache of
-images, and a shared on-disk cache of fetched files.
-
-``ChunkCache`` holds decoded chunks (``RawRays``-like objects with numpy arrays; from a format-3
-store, colours only) up to a budget in bytes and counts hits, misses and evictions; ``ImageCache``
-keeps decoded images while there is room (see its docstring for why it never evicts). ``DiskCache``
-keeps local copies of remote files in a directory that several worker processes share; each file is
-written under a temporary name and renamed
-(``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
+"""Caches: a bounded LRU of decoded chunks (``ChunkCache``; from a format-3 store, colours only), the
+image loader's admit-until-full cache of images (``ImageCache``), and ``DiskCache``, local copies of
+remote files in a directory that several worker processes share, each written under a temporary name
+and renamed (``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
 """
 
 from __future__ import annotations
@@ -137,12 +132,10 @@ class ImageCache(ChunkCache[np.ndarray]):
     Hits, misses and bytes are counted as in :class:`ChunkCache`; ``evictions`` stays 0. A value that
     does not fit in the room left is returned by the caller but not kept.
 
-    Images are kept as decoded (and undistorted) ``uint8 (H, W, C)`` arrays, a quarter of float32. The
-    policy is *admit until full, never evict*: a capture that fits in the budget is decoded once for the
-    whole run, and one that does not keeps a fixed subset resident, so every epoch reads exactly the
-    images outside it. Under a fresh random order each epoch, an LRU would instead evict images just
-    before they are needed again and serve fewer hits than its share of the capture (measured in the
-    benchmark: ``benchmarks/bench_images.py``), while churning the allocator.
+    Never evicting, a capture that fits is decoded once for the whole run, and one that does not keeps
+    a fixed subset resident, so every epoch reads exactly the images outside it. Under a fresh random
+    order each epoch, an LRU would evict images just before they are needed again and serve fewer hits
+    than its share of the capture (``benchmarks/bench_images.py``), while churning the allocator.
     """
 
     def put(self, key: Hashable, value: np.ndarray) -> None:

@@ -9,10 +9,9 @@ The concurrency model is one for all stages: they are pull iterators run on a si
 (:class:`Generate`: at most ``threads + 1`` groups in flight) and as chunk reads inside the
 :class:`~raykit.loaders.workers.ChunkFetcher` a strategy reads through.
 
-The strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items; the stages
-here turn them into batches: :class:`Generate` (groups -> lists of batches) and :class:`Prefetch`
-(a bounded queue filled by the producer thread). Their states are ``{"epoch", "batch"}``: the next
-batch each hands on.
+A strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items, which
+:class:`Generate` turns into lists of batches for :class:`Prefetch` (as does ``ImageLoader``'s own
+batch stage); their states are ``{"epoch", "batch"}``, the next batch each hands on.
 """
 
 from __future__ import annotations
@@ -110,8 +109,7 @@ class RawGroup:
         return self.first + len(self.bounds)
 
 
-class GroupStage(Stage[RawGroup], Protocol):
-    """A strategy's last stage: groups from ``{"epoch", "batch"}`` on."""
+GroupStage = Stage[RawGroup]  # a strategy's last stage: groups from ``{"epoch", "batch"}`` on
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,10 @@
-"""``torch.utils.data`` adapters for people with their own loop.
+"""``torch.utils.data`` adapters for people with their own loop (usage: ``docs/loading.md``).
 
 * :class:`RayIterableDataset` yields the same batches as :class:`~raykit.loaders.RayLoader` (one epoch
-  per ``iter``; call ``set_epoch`` like ``DistributedSampler``). Use it with
-  ``DataLoader(ds, batch_size=None, num_workers=n)``: DataLoader worker ``w`` produces batches
-  ``k = w, w + n, ...``, which DataLoader returns round-robin, i.e. in the loader's order. Every
-  DataLoader worker reads the whole share (it generates only its own batches); prefer the loader's own
-  ``num_workers`` when reading is the bottleneck.
-* :class:`RayDataset` is map-style over single rays in stored order; it implements ``__getitems__``
-  so a ``DataLoader(ds, batch_size=B, shuffle=True, collate_fn=collate_rays)`` fetches a whole batch
-  with one vectorised gather per chunk.
+  per ``iter``; ``set_epoch`` like ``DistributedSampler``); DataLoader worker ``w`` of ``n`` makes
+  batches ``w, w + n, ...``, which DataLoader returns round-robin, i.e. in the loader's order.
+* :class:`RayDataset` is map-style over single rays in stored order; its ``__getitems__`` fetches a
+  whole batch with one vectorised gather per chunk.
 """
 
 from __future__ import annotations
