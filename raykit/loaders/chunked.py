@@ -89,27 +89,20 @@ class ChunkWindows(Positioned):
         segments = plan.epoch_segments(epoch, first)
         order = [c for segs in segments for c, _, _ in segs]
         reads = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
-        stream = self._timed(self._fetcher().fetch(reads))
+        stream = self._fetcher().fetch(reads)
         held_index, held = -1, None
         for offset, segs in enumerate(segments):
             parts = []
             for c, lo, hi in segs:
                 if c != held_index:
+                    t0 = time.perf_counter()
                     held_index, held = next(stream)
+                    self._times.add("read", time.perf_counter() - t0)
                 assert held is not None
                 parts.append(held.take(slice(lo, hi)))
             window = Window(parts, plan.window_runs(epoch, first + offset), plan.mix_run)
             self.window = first + offset + 1
             yield window
-
-    def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:
-        while True:
-            t0 = time.perf_counter()
-            item = next(stream, None)
-            self._times.add("read", time.perf_counter() - t0)
-            if item is None:
-                return
-            yield item
 
 
 class WindowGroups(Positioned):

@@ -137,18 +137,15 @@ class WindowDraws(Positioned):
             return
         with ThreadPoolExecutor(1, "raykit-decode") as pool:
             pending: deque[tuple[int, Future[RawRays]]] = deque()
-            iterator = iter(images)
             try:
-                for i in iterator:
+                for i in images:
                     pending.append((i, pool.submit(self.source.read_chunk, i)))
-                    if len(pending) > DECODE_AHEAD:
-                        break
+                    if len(pending) > DECODE_AHEAD + 1:  # DECODE_AHEAD + 1 decode while one is awaited
+                        got, future = pending.popleft()
+                        yield got, future.result()
                 while pending:
-                    i, future = pending.popleft()
-                    nxt = next(iterator, None)
-                    if nxt is not None:
-                        pending.append((nxt, pool.submit(self.source.read_chunk, nxt)))
-                    yield i, future.result()
+                    got, future = pending.popleft()
+                    yield got, future.result()
             finally:
                 for _, future in pending:
                     future.cancel()
