@@ -26,13 +26,9 @@ __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 
 
 class Strategy(Protocol):
-    """One layout's way of loading (see the module docstring).
-
-    Attributes:
-        name: recorded in the loader state as ``"strategy"`` (omitted for ``"rays"``, as before).
-
-    ``state_fields(plan)`` are the plan fields of the state a resumed loader must match exactly.
-    """
+    """One layout's way of loading (see the module docstring): ``name`` is recorded in the loader
+    state as ``"strategy"`` (but ``"rays"``), ``state_fields(plan)`` are the plan fields a resumed
+    loader must match exactly."""
 
     name: str
 

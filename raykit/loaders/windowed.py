@@ -22,7 +22,7 @@ import numpy as np
 from raykit.errors import ConfigError
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
 from raykit.loaders.source import ChunkSource, WindowImageSource
-from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StageTimes, StrategyInputs
+from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StrategyInputs
 from raykit.loaders.window import Piece, WindowPlan
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
@@ -77,7 +77,7 @@ class WindowStrategy:
                 "window_images": plan.window_images}  # fmt: skip
 
     def groups(self, inputs: StrategyInputs) -> WindowDraws:
-        return WindowDraws(inputs.plan, inputs.source, inputs.fetcher, inputs.times, inputs.group_rays)
+        return WindowDraws(inputs)
 
 
 WINDOW = WindowStrategy()
@@ -87,16 +87,11 @@ class WindowDraws(Positioned):
     """Stage images -> groups: the window's draws of one epoch from batch ``batch`` on, in groups of
     about ``group_rays`` rays; the first batch goes alone, so that it is ready as soon as the window is."""
 
-    def __init__(
-        self,
-        plan: WindowPlan,
-        source: WindowImageSource,
-        fetcher: Callable[[], ChunkFetcher],
-        times: StageTimes,
-        group_rays: int,
-    ) -> None:
-        self.plan, self.source, self._fetcher, self._times = plan, source, fetcher, times
-        self.group_rays = group_rays
+    def __init__(self, inputs: StrategyInputs) -> None:
+        self.plan: WindowPlan = inputs.plan
+        self.source: WindowImageSource = inputs.source
+        self._fetcher: Callable[[], ChunkFetcher] = inputs.fetcher
+        self._times, self.group_rays = inputs.times, inputs.group_rays
         self._bases: dict[tuple[int, int], np.ndarray] = {}
 
     def __iter__(self) -> Iterator[RawGroup]:
