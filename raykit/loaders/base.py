@@ -19,7 +19,7 @@ import atexit
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self
 
@@ -111,13 +111,10 @@ class BatchLoader:
         while True:
             yield from self
 
-    def _counted(
-        self,
-        stage: Stage[list[Any]],
-        depth: int,
-        name: str,
-        on_thread: Callable[[], None] = lambda: None,
-    ) -> Iterator[Any]:
+    def _on_thread(self) -> None:
+        """Run first on each producer thread."""
+
+    def _counted(self, stage: Stage[list[Any]], depth: int, name: str) -> Iterator[Any]:
         """The remaining batches of the current epoch from ``stage`` (lists of batches): behind a
         :class:`~raykit.loaders.stages.Prefetch` of ``depth`` items on a thread named ``name``, or on
         the calling thread when ``depth`` is 0. The position counts the batches yielded; afterwards it
@@ -131,7 +128,7 @@ class BatchLoader:
             stage.load_state_dict(state)
             running = contextlib.closing(batch for batches in stage for batch in batches)
         else:
-            prefetch = Prefetch(stage, depth, on_thread, name)
+            prefetch = Prefetch(stage, depth, self._on_thread, name)
             prefetch.load_state_dict(state)
             running = prefetch.running(self._running)
         with running as batches:

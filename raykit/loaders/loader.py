@@ -142,7 +142,10 @@ class RayLoader(BatchLoader):
         generate = Generate(
             self._group_stage(), self.make_batch, self._gen_pool, self.gen_threads, self._times
         )
-        return self._counted(generate, depth, "raykit-loader", _one_torch_thread)
+        return self._counted(generate, depth, "raykit-loader")
+
+    def _on_thread(self) -> None:
+        torch.set_num_threads(1)  # per producer thread: leaves the caller's intra-op threads alone
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
@@ -179,10 +182,6 @@ class RayLoader(BatchLoader):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,))
         return self._pool
-
-
-def _one_torch_thread() -> None:
-    torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
 
 
 def _default_maker(store: RayStore | ChunkSource, device: Any) -> Callable[[RawRays], Any]:

@@ -114,15 +114,9 @@ GroupStage = Stage[RawGroup]  # a strategy's last stage: groups from ``{"epoch",
 
 @dataclass(frozen=True)
 class StrategyInputs:
-    """What a loading strategy builds its stages from (see ``raykit.loaders.strategies``).
-
-    Attributes:
-        source: the split's :class:`~raykit.loaders.source.ChunkSource`.
-        plan: the loader's :class:`~raykit.loaders.plan.SamplingPlan` (batches, ranks, seeds).
-        fetcher: returns the loader's live :class:`~raykit.loaders.workers.ChunkFetcher`.
-        times: the loader's :class:`StageTimes`.
-        group_rays: rays gathered and generated together.
-    """
+    """What a loading strategy builds its stages from (see ``raykit.loaders.strategies``): the split's
+    chunk source and the strategy's plan, the loader's ``fetcher`` (a callable returning its live
+    :class:`~raykit.loaders.workers.ChunkFetcher`), its :class:`StageTimes` and rays per group."""
 
     source: Any
     plan: Any
@@ -216,11 +210,7 @@ class Prefetch(Positioned):
     """
 
     def __init__(
-        self,
-        source: Stage[list[Any]],
-        depth: int,
-        on_thread: Callable[[], None] = lambda: None,
-        name: str = "raykit-loader",
+        self, source: Stage[list[Any]], depth: int, on_thread: Callable[[], None], name: str
     ) -> None:
         self.source, self.depth, self._on_thread, self.name = source, depth, on_thread, name
 
