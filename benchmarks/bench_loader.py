@@ -23,7 +23,7 @@ to a Zarr store under ``benchmarks/data/loader-realistic-0/``. Batch 4096, CPU, 
 * baseline ``b'``: the same with raykit's own ``RayGenerator`` doing the camera math, which isolates
   the data layout (float32 images and random pixels vs compact shuffled chunks).
 
-The baselines are ``raykit.loaders.baselines``; each runs at 1 and at 2 torch threads (2 threads can
+The baselines are ``raykit.profiling.baselines``; each runs at 1 and at 2 torch threads (2 threads can
 collapse on a shared 2-core machine) and the faster steady state is the one compared against. Steady
 states are measured over ``--batches`` batches (default 15000: nearly a whole epoch of the split).
 
@@ -154,7 +154,7 @@ def run_raykit_case(store: Path, cache_bytes: int, batches: int) -> dict[str, An
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# ---- baselines (raykit.loaders.baselines), each at 1 and 2 torch threads ---------------------------
+# ---- baselines (raykit.profiling.baselines), each at 1 and 2 torch threads ---------------------------
 def run_baseline(fn: Any, store: Any, capture: Path, batches: int, **kwargs: Any) -> dict[str, Any]:
     """The baseline at 1 and at 2 torch threads; the faster steady state is the one compared against."""
     runs = {}
@@ -188,7 +188,7 @@ def main() -> None:
     if args.case:
         print(json.dumps(raykit_case(args.case[0], int(args.case[1]), int(args.case[2]))))
         return
-    from raykit.loaders.baselines import baseline_cached_images, baseline_precomputed_rays
+    from raykit.profiling.baselines import baseline_cached_images, baseline_precomputed_rays
     from raykit.store import open_store
 
     started, load_start = time.perf_counter(), os.getloadavg()[0]

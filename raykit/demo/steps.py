@@ -9,7 +9,7 @@ from typing import Any
 
 from raykit.converters import convert
 from raykit.errors import RaykitError
-from raykit.loaders.baselines import baseline_cached_images, baseline_precomputed_rays
+from raykit.profiling.baselines import baseline_cached_images, baseline_precomputed_rays
 from raykit.profiling.loader import run_bench
 from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store import open_store

@@ -1,9 +1,8 @@
 """Ray loaders: shuffled, cached, resumable, multi-worker and multi-rank batches; evaluation; adapters;
 and ``ImageLoader``, whole images for splatting-style trainers."""
 
-from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache
+from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
 from raykit.loaders.config import LoaderConfig
-from raykit.loaders.image_cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.images import ImageBatch, ImageLoader
 from raykit.loaders.loader import RayLoader

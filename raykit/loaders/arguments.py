@@ -96,11 +96,9 @@ def resume_position(
 ) -> tuple[int, int]:
     """The ``(epoch, batch)`` a loader whose own state is ``mine`` resumes at from ``state``.
 
-    Every key of ``exact_keys`` must be equal (else ``ResumeError`` naming it). A state saved after an
-    epoch's last batch resumes at the next epoch. When a key of ``partition_keys`` (world size, batch
-    size, ...) changed, a state saved at an epoch boundary still resumes exactly; one saved mid-epoch
-    cannot (the epoch would be partitioned differently), so the rest of that epoch is skipped, with a
-    warning.
+    Every key of ``exact_keys`` must be equal (else ``ResumeError`` naming it); a state saved after an
+    epoch's last batch resumes at the next epoch; a mid-epoch state of which a key of ``partition_keys``
+    changed skips the rest of that epoch, with a warning (``docs/loading.md``, "Resuming").
     """
     import warnings
 

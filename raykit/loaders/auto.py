@@ -1,16 +1,10 @@
 """``num_workers="auto"``: whether worker processes would make a loader faster, and why.
 
-Worker processes pay when reading is a large part of a batch's cost and there are cores left for
-them. A loader already keeps ``gen_threads`` generation threads busy, and the caller's training loop
-needs a core; on top of those, workers compete for the same cores, add a copy of every chunk through
-a pipe and take seconds to start (each imports torch). Measured: with the old process pool, 2 workers
-on 2 cores were slower than none (issue 26: 7.7-9.4 against 12.9-15.1 M rays/s); with this package's
-workers, 0.89-1.17x of none (BENCHMARKS.md, issue 26: within the noise of a shared machine, for 3-6 s
-of start-up). Decoding a local ray chunk runs at 10-25x the loader's rate and, once the cache holds
-the split, nothing is read at all; decoding images (the images layout) and fetching remote shards are
-the reads that workers speed up.
-
-:func:`choose_workers` applies those findings; the loader records its answer and the reason in
+Workers pay when reading is a large part of a batch's cost and cores are left beyond the generation
+threads and the training loop: they compete for those cores, copy every chunk through a pipe and take
+seconds to start. Local ray chunks decode at 10-25x the loader's rate (and the cache soon holds
+them); image decoding and remote reads are what workers speed up. The measurements: BENCHMARKS.md,
+issue 26. :func:`choose_workers` applies them; the loader records the reason in
 ``loader.workers_reason``.
 """
 

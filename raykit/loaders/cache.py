@@ -1,14 +1,12 @@
-"""Caches: a bounded LRU of decoded chunks (in memory) and a shared on-disk cache of fetched files.
-
-``ChunkCache`` holds decoded chunks (``RawRays``-like objects with numpy arrays; from a format-3
-store, colours only) up to a budget in bytes and counts hits, misses and evictions. ``DiskCache``
-keeps local copies of remote files in a directory that several worker processes share; each file is
-written under a temporary name and renamed
-(``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
+"""Caches: a bounded LRU of decoded chunks (``ChunkCache``; from a format-3 store, colours only), the
+image loader's admit-until-full cache of images (``ImageCache``), and ``DiskCache``, local copies of
+remote files in a directory that several worker processes share, each written under a temporary name
+and renamed (``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -17,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path
 
-__all__ = ["CacheStats", "ChunkCache", "DiskCache", "nbytes_of"]
+__all__ = ["CacheStats", "ChunkCache", "DiskCache", "ImageCache", "nbytes_of"]
 
 T = TypeVar("T")
 
@@ -59,15 +59,7 @@ class CacheStats:
         return self.hits / total if total else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-            "bytes": self.bytes,
-            "items": self.items,
-            "capacity": self.capacity,
-            "hit_rate": self.hit_rate,
-        }
+        return {**dataclasses.asdict(self), "hit_rate": self.hit_rate}
 
 
 class ChunkCache(Generic[T]):
@@ -127,16 +119,32 @@ class ChunkCache(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
-
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(
                 self._hits, self._misses, self._evictions, self._bytes, len(self._items), self.capacity
             )
+
+
+class ImageCache(ChunkCache[np.ndarray]):
+    """Thread-safe cache of images bounded by ``capacity`` bytes: admit while there is room.
+
+    Hits, misses and bytes are counted as in :class:`ChunkCache`; ``evictions`` stays 0. A value that
+    does not fit in the room left is returned by the caller but not kept.
+
+    Never evicting, a capture that fits is decoded once for the whole run, and one that does not keeps
+    a fixed subset resident, so every epoch reads exactly the images outside it. Under a fresh random
+    order each epoch, an LRU would evict images just before they are needed again and serve fewer hits
+    than its share of the capture (``benchmarks/bench_images.py``), while churning the allocator.
+    """
+
+    def put(self, key: Hashable, value: np.ndarray) -> None:
+        size = int(value.nbytes)
+        with self._lock:
+            if key in self._items or self._bytes + size > self.capacity:
+                return
+            self._items[key] = (value, size)
+            self._bytes += size
 
 
 class DiskCache:

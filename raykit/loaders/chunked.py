@@ -1,19 +1,10 @@
 """The chunk-window strategy of :class:`~raykit.loaders.RayLoader` (stores of shuffled ray chunks).
 
-Two stages, each a resumable iterator with a small JSON-able ``state_dict`` (its position):
-
-* :class:`ChunkWindows` (chunks -> windows): reads the chunks of an epoch in the plan's seeded order
-  through a :class:`~raykit.loaders.workers.ChunkFetcher` and yields each mixing window (``mix_chunks``
-  chunks' rays with the window's seeded permutation) as a :class:`Window`. State: ``{"epoch",
-  "window"}``, the next window it yields.
-* :class:`WindowGroups` (windows -> groups): cuts the epoch's batches into groups of about
-  ``group_rays`` rays and yields each as a :class:`~raykit.loaders.stages.RawGroup` (the batches'
-  bounds and the window slices holding the group's rays). State: ``{"epoch", "batch"}``, the first
-  batch of the next group; iterating seeks its :class:`ChunkWindows` to the window holding that
-  batch.
-
-:func:`chunk_groups` builds the pair; :data:`RAYS` is this strategy's entry in
-``raykit.loaders.strategies.STRATEGIES``.
+Two stages: :class:`ChunkWindows` (chunks -> mixed windows, read through the
+:class:`~raykit.loaders.workers.ChunkFetcher` in the plan's order; state ``{"epoch", "window"}``) and
+:class:`WindowGroups` (windows -> :class:`~raykit.loaders.stages.RawGroup` s of about ``group_rays``
+rays; state ``{"epoch", "batch"}``, seeking its windows to the one holding that batch). :data:`RAYS`
+is the strategy (``raykit.loaders.strategies.STRATEGIES``).
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
-__all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups",
-           "chunk_groups"]  # fmt: skip
+__all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups"]
 
 # Rays moved together by the mixing permutation when the stored split is already shuffled.
 SHUFFLED_SPLIT_MIX_RUN = 16
@@ -99,27 +89,20 @@ class ChunkWindows(Positioned):
         segments = plan.epoch_segments(epoch, first)
         order = [c for segs in segments for c, _, _ in segs]
         reads = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
-        stream = self._timed(self._fetcher().fetch(reads))
+        stream = self._fetcher().fetch(reads)
         held_index, held = -1, None
         for offset, segs in enumerate(segments):
             parts = []
             for c, lo, hi in segs:
                 if c != held_index:
+                    t0 = time.perf_counter()
                     held_index, held = next(stream)
+                    self._times.add("read", time.perf_counter() - t0)
                 assert held is not None
                 parts.append(held.take(slice(lo, hi)))
             window = Window(parts, plan.window_runs(epoch, first + offset), plan.mix_run)
             self.window = first + offset + 1
             yield window
-
-    def _timed(self, stream: Iterator[tuple[int, RawRays]]) -> Iterator[tuple[int, RawRays]]:
-        while True:
-            t0 = time.perf_counter()
-            item = next(stream, None)
-            self._times.add("read", time.perf_counter() - t0)
-            if item is None:
-                return
-            yield item
 
 
 class WindowGroups(Positioned):
@@ -149,13 +132,6 @@ class WindowGroups(Positioned):
             bounds = [(a - lo, b - lo) for a, b in map(plan.batch_span, range(k0, k1))]
             self.batch = k1
             yield RawGroup(epoch, k0, bounds, [(loaded[j], a, b) for j, a, b in pieces])
-
-
-def chunk_groups(inputs: StrategyInputs) -> WindowGroups:
-    """The strategy's group stage: :class:`WindowGroups` over :class:`ChunkWindows`."""
-    return WindowGroups(
-        inputs.plan, ChunkWindows(inputs.plan, inputs.fetcher, inputs.times), inputs.group_rays
-    )
 
 
 class ChunkStrategy:
@@ -195,7 +171,9 @@ class ChunkStrategy:
         return {key: getattr(plan, key) for key in self.exact_keys}
 
     def groups(self, inputs: StrategyInputs) -> WindowGroups:
-        return chunk_groups(inputs)
+        """:class:`WindowGroups` over :class:`ChunkWindows`."""
+        windows = ChunkWindows(inputs.plan, inputs.fetcher, inputs.times)
+        return WindowGroups(inputs.plan, windows, inputs.group_rays)
 
 
 RAYS = ChunkStrategy()

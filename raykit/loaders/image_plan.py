@@ -77,13 +77,6 @@ class ImagePlan:
             order = np.resize(order, total)
         return order[self.rank : total : self.world_size]
 
-    def batch(self, epoch: int, k: int) -> np.ndarray:
-        """(B,) int64 positions of batch ``k`` of epoch ``epoch`` (B < batch_size only for a last,
-        short batch without ``drop_last``)."""
-        if not 0 <= k < self.n_batches:
-            raise ConfigError(f"image loader: batch {k} outside [0, {self.n_batches})")
-        return self.rank_order(epoch)[k * self.batch_size : (k + 1) * self.batch_size]
-
     def crop_origin(
         self, epoch: int, position: int, size: tuple[int, int], crop: tuple[int, int]
     ) -> tuple[int, int]:

@@ -1,16 +1,12 @@
 """Where :class:`~raykit.loaders.images.ImageLoader`'s images come from: one split of a store.
 
-An image is read through ``RayStore.read_image`` (the one whole-image read every layout provides)
-and, with ``undistort``, resampled to its pinhole camera by a remap table computed once per camera
-and process (:class:`raykit.image_geometry.RemapTable`). The source pickles as its store's location
-and options, so worker processes rebuild it.
+An image is read through ``RayStore.read_image`` and, with ``undistort``, resampled to its pinhole
+camera by a remap table computed once per camera and process (:class:`raykit.image_geometry.RemapTable`).
+The source pickles as its store's location and options, so worker processes rebuild it.
 
-**Shuffled ray-layout splits.** A ray store's train split is stored shuffled: every chunk holds a share
-of every image, so ``read_image`` of one image scans the whole split (found through the pixel ids).
-:func:`scan_images` instead gathers many images in one pass over the split; the loader uses it to fill
-its cache at the start, so a capture that fits in ``cache_bytes`` costs one pass in all. Images that do
-not fit are read one by one, each a pass over the split: correct, but slow. Evaluation splits (stored
-in image order) read one contiguous range per image.
+A ray store's shuffled train split holds a share of every image in every chunk, so ``read_image`` of
+one image scans the whole split; :func:`scan_images` gathers many images in one pass, which the loader
+uses to fill its cache at the start.
 """
 
 from __future__ import annotations

@@ -1,34 +1,20 @@
 """``ImageLoader``: whole images for splatting-style trainers (one or a few images per step).
 
 Each batch holds ``batch_size`` whole images (or seeded random crops of them) of one split with their
-cameras, intrinsics and poses. The order follows :class:`~raykit.loaders.image_plan.ImagePlan` (seeded
-per epoch, ranks disjoint and equal); images are read through ``RayStore.read_image`` (worker
-processes when ``num_workers > 0``, the same :class:`~raykit.loaders.workers.ChunkFetcher` the ray
-loader uses, an image being one read unit) into a byte-budgeted cache of uint8 images
-(:class:`~raykit.loaders.image_cache.ImageCache`), so a capture that fits is decoded once for the run.
-A background thread assembles the next ``prefetch`` batches: uint8 images stacked in pinned host memory
-under CUDA, copied with ``non_blocking=True`` and converted to float on the device. An epoch whose
-images are all in the cache (after ``preload()``, or from the second epoch of a capture that fits) is
-assembled on the calling thread instead: there is nothing left to overlap, and a thread hand-off per
-batch would cost more than the batch.
-
-A ``transform`` (e.g. compositing over a background colour, converting to float the way a trainer
-expects) is applied once per image before the cache, so the cache holds images exactly as they are
-served and a cached batch of one image on the CPU is a view of the cache, without a copy.
-
-Batches depend only on the plan and the store's pixels, never on ``num_workers``. The position is
-``(epoch, batch)``; ``state_dict``/``load_state_dict`` resume exactly. Threads and workers are released
-by ``close()``, ``with``, garbage collection and at interpreter exit, as for ``RayLoader``
-(``raykit.loaders.lifecycle``, ``docs/reliability.md``).
+cameras, intrinsics and poses, in the order of :class:`~raykit.loaders.image_plan.ImagePlan`. Images
+are read through the same :class:`~raykit.loaders.workers.ChunkFetcher` as the ray loader's chunks
+(an image being one read unit) into :class:`~raykit.loaders.cache.ImageCache`; the batch stage,
+:class:`ImageBatches`, runs behind the same ``Prefetch``, or on the calling thread for an epoch whose
+images are all cached (nothing is left to overlap, and a hand-off per batch would cost more than the
+batch). A ``transform`` is applied once per image before the cache, so the cache holds images exactly
+as served. Position, state, workers and ``close``: :class:`~raykit.loaders.base.BatchLoader`; the
+user's view: ``docs/loading.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,23 +25,17 @@ import torch
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import crop_camera
-from raykit.loaders.arguments import check_loader_args, check_state, open_if_location, resume_position
-from raykit.loaders.background import DONE, EpochIteration, put_until_stopped, release_threads_and_workers
-from raykit.loaders.cache import CacheStats, ChunkCache
-from raykit.loaders.image_cache import ImageCache
+from raykit.loaders.arguments import check_loader_args, open_if_location
+from raykit.loaders.base import BatchLoader, distributed_rank
+from raykit.loaders.cache import ImageCache
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
-from raykit.loaders.lifecycle import register
-from raykit.loaders.loader import distributed_rank
-from raykit.loaders.source import ChunkSource
-from raykit.loaders.workers import ChunkFetcher
+from raykit.loaders.stages import Positioned
 from raykit.store.reader import RayStore
 
-__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageLoader"]
+__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader"]
 
 IMAGE_STATE_VERSION = 1
-_EXACT_KEYS = ("n_images", "seed", "shuffle", "crop", "undistort")
-_PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
 _ROWS = 64  # image rows converted to float per task
 
 
@@ -91,7 +71,7 @@ class ImageBatch:
         return len(self.names)
 
 
-class ImageLoader(EpochIteration):
+class ImageLoader(BatchLoader):
     """Yields :class:`ImageBatch` es of one split, epoch after epoch.
 
     Args:
@@ -118,7 +98,8 @@ class ImageLoader(EpochIteration):
             conversion, ``alpha`` None). Must pickle with ``num_workers > 0`` (it runs in the workers).
     """
 
-    thread_name = "raykit-images"
+    STATE_VERSION = IMAGE_STATE_VERSION
+    _what = "image loader state"
 
     def __init__(
         self,
@@ -163,55 +144,24 @@ class ImageLoader(EpochIteration):
         self.undistort, self.num_workers, self.prefetch = undistort, num_workers, prefetch
         self.cache = ImageCache(cache_bytes)
         self.convert_threads = convert_threads or min(2, os.cpu_count() or 1)
-        self._convert_pool: ThreadPoolExecutor | None = None
-        self.epoch, self.batch = 0, 0
         self._filled = False
-        self._fetcher: ChunkFetcher | None = None
-        self._running: dict[threading.Thread, threading.Event] = {}
         self._cameras: dict[int, tuple[Camera, np.ndarray | None]] = {}
         table = store.table
         self._c2w = torch.from_numpy(table.c2w[self.source.rows].astype(np.float32))
         self._rows = torch.from_numpy(self.source.rows.astype(np.int64))
-        self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
-        register(self)
-
-    def _produce(self, epoch: int, start: int, items: queue.Queue[Any], stop: threading.Event) -> None:
-        try:
-            self._fill_cache()
-            batches = self._batches(epoch, start)
-            wanted = [int(p) for b in batches for p in b]
-            stream = self._fetcher_ready().fetch(wanted)
-            for positions in batches:
-                images = [cast(np.ndarray, next(stream)[1]) for _ in positions]
-                if not put_until_stopped(items, self._assemble(epoch, positions, images), stop):
-                    return
-            put_until_stopped(items, DONE, stop)
-        except BaseException as exc:
-            put_until_stopped(items, exc, stop)
-
-    def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
-        """Positions of batches ``start..`` of ``epoch`` (``plan.batch`` of each, one order drawn)."""
-        order, size = self.plan.rank_order(epoch), self.plan.batch_size
-        return [order[k * size : (k + 1) * size] for k in range(start, self.plan.n_batches)]
+        self._start()
 
     def __iter__(self) -> Iterator[ImageBatch]:
-        """The remaining batches of the current epoch (see :class:`EpochIteration`); assembled on this
-        thread when all of the epoch's images are cached, else by a producer thread."""
+        """The remaining batches of the current epoch; assembled on this thread when all of the
+        epoch's images are cached, else by a producer thread."""
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
-        if self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch)):
-            return self._cached_epoch()
-        return super().__iter__()
+        cached = self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch))
+        return self._counted(ImageBatches(self, cached), 0 if cached else self.prefetch, "raykit-images")
 
-    def _cached_epoch(self) -> Iterator[ImageBatch]:
-        if self.batch >= self.plan.n_batches:
-            self.epoch, self.batch = self.epoch + 1, 0
-        epoch = self.epoch
-        for positions in self._batches(epoch, self.batch):
-            images = [self.cache.get(int(p)) for p in positions]  # the cache never evicts
-            batch = self._assemble(epoch, positions, [i for i in images if i is not None])
-            self.batch += 1
-            yield batch
-        self.epoch, self.batch = epoch + 1, 0
+    def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
+        """Positions of batches ``start..`` of ``epoch`` (one order drawn)."""
+        order, size = self.plan.rank_order(epoch), self.plan.batch_size
+        return [order[k * size : (k + 1) * size] for k in range(start, self.plan.n_batches)]
 
     def preload(self) -> int:
         """Read this rank's images into the cache now, in the order of the next epoch, while they fit
@@ -225,11 +175,7 @@ class ImageLoader(EpochIteration):
             return len(self.cache)
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         room = self.cache.capacity - self.cache.stats().bytes
-        chosen = []
-        for position in dict.fromkeys(int(p) for p in self.plan.rank_order(epoch)):
-            if position not in self.cache and self.source.nbytes(position) <= room:
-                chosen.append(position)
-                room -= self.source.nbytes(position)
+        chosen = self._fitting(dict.fromkeys(int(p) for p in self.plan.rank_order(epoch)), room)
         for _ in self._fetcher_ready().fetch(chosen):
             pass
         self._filled = True
@@ -242,16 +188,21 @@ class ImageLoader(EpochIteration):
             return
         order = [int(p) for p in self.plan.rank_order(self.epoch)]
         order += sorted(set(range(self.source.n_images)) - set(order))
-        chosen, room = [], self.cache.capacity
-        for position in order:
-            if self.source.nbytes(position) <= room:
-                chosen.append(position)
-                room -= self.source.nbytes(position)
+        chosen = self._fitting(order, self.cache.capacity)
         by_row = scan_images(self.store, self.split, [int(self.source.rows[p]) for p in chosen])
         for position in chosen:
             image = self.source.prepare(position, by_row[int(self.source.rows[position])])
             self.cache.put(position, np.ascontiguousarray(image))
         self._filled = True
+
+    def _fitting(self, positions: Iterable[int], room: int) -> list[int]:
+        """The ``positions`` not cached yet that fit in ``room`` bytes, taken in order while they do."""
+        chosen = []
+        for position in positions:
+            if position not in self.cache and self.source.nbytes(position) <= room:
+                chosen.append(position)
+                room -= self.source.nbytes(position)
+        return chosen
 
     def _assemble(self, epoch: int, positions: np.ndarray, images: list[np.ndarray]) -> ImageBatch:
         """One batch from its uint8 images: crops, cameras, then one (pinned) copy to the device."""
@@ -342,94 +293,54 @@ class ImageLoader(EpochIteration):
             np.multiply(pixels[i][rows], scale, out=view[i, rows], dtype=np.float32)
 
         if self.convert_threads > 1 and len(pieces) > 1:
-            if self._convert_pool is None:
-                self._convert_pool = ThreadPoolExecutor(self.convert_threads, "raykit-images-convert")
-            list(self._convert_pool.map(convert, pieces))
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.convert_threads, "raykit-images-convert")
+            list(self._pool.map(convert, pieces))
         else:
             for piece in pieces:
                 convert(piece)
         return out if self.device.type == "cpu" else out.to(self.device)
 
     # ---- state -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Small JSON-able position: the next batch to yield, and what the plan depends on."""
+    def _state_tag(self) -> dict[str, Any]:
+        return {"kind": "images"}
+
+    def _plan_fields(self) -> dict[str, Any]:
         plan = self.plan
-        return {
-            "version": IMAGE_STATE_VERSION,
-            "kind": "images",
-            "split": self.split,
-            "fingerprint": str(self.store.fingerprint),
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "n_batches": plan.n_batches,
-            "n_images": plan.n_images,
-            "seed": plan.seed,
-            "shuffle": plan.shuffle,
-            "crop": None if self.crop is None else list(self.crop),
-            "undistort": self.undistort,
-            "world_size": plan.world_size,
-            "batch_size": plan.batch_size,
-            "drop_last": plan.drop_last,
-        }
+        crop = None if self.crop is None else list(self.crop)
+        return {"n_images": plan.n_images, "seed": plan.seed, "shuffle": plan.shuffle, "crop": crop,
+                "undistort": self.undistort}  # fmt: skip
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``; a mid-epoch state of another partition skips to the next epoch.
-
-        Raises:
-            ResumeError: not an image loader state, or another store's, split's or setup's.
-        """
-        state = check_state(state)
+    def _check_version(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != IMAGE_STATE_VERSION or state.get("kind") != "images":
             raise ResumeError(
                 f"image loader state: expected version {IMAGE_STATE_VERSION} of kind 'images', got "
                 f"{state.get('version')!r} of kind {state.get('kind')!r}"
             )
-        self.epoch, self.batch = resume_position(
-            state,
-            self.state_dict(),
-            ("split", "fingerprint", *_EXACT_KEYS),
-            _PARTITION_KEYS,
-            "image loader state",
-        )
 
-    # ---- resources ---------------------------------------------------------------------------
-    def worker_pids(self) -> list[int]:
-        """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
-        return self._fetcher.pids() if self._fetcher is not None else []
+    def _lookahead(self) -> int:
+        return self.prefetch + 2 * self.num_workers
 
-    def cache_stats(self) -> CacheStats:
-        return self.cache.stats()
 
-    def wait_for_workers(self) -> None:
-        """Start the worker processes (``num_workers > 0``) and block until they are up."""
-        self._fetcher_ready().wait_ready()
+class ImageBatches(Positioned):
+    """Stage images -> lists of one :class:`ImageBatch`, from ``{"epoch", "batch"}`` on: each batch's
+    images read through ``loader``'s fetcher (after filling its cache, see ``_fill_cache``) or, with
+    ``cached``, straight from its cache (which never evicts)."""
 
-    def _fetcher_ready(self) -> ChunkFetcher:
-        if self._fetcher is not None and self._fetcher.broken:
-            self._fetcher.close()
-            self._fetcher = None
-        if self._fetcher is None:
-            # An image is the fetcher's read unit: it only calls ``read_chunk(position)`` and the cache.
-            source = cast(ChunkSource, self.source)
-            cache = cast(ChunkCache[Any], self.cache)
-            self._fetcher = ChunkFetcher(
-                source, cache, self.num_workers, self.prefetch + 2 * self.num_workers
-            )
-        return self._fetcher
+    def __init__(self, loader: ImageLoader, cached: bool) -> None:
+        self.loader, self.cached = loader, cached
 
-    def close(self) -> None:
-        """Stop live iterators' threads and worker processes (idempotent; iterating again restarts)."""
-        release_threads_and_workers(self)
-        pool, self._convert_pool = getattr(self, "_convert_pool", None), None
-        if pool is not None:
-            pool.shutdown(wait=threading.current_thread() not in getattr(pool, "_threads", ()))
-
-    def __enter__(self) -> ImageLoader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+    def __iter__(self) -> Iterator[list[ImageBatch]]:
+        loader, epoch = self.loader, self.epoch
+        if not self.cached:
+            loader._fill_cache()
+        batches = loader._batches(epoch, self.batch)
+        wanted = [int(p) for b in batches for p in b]
+        if self.cached:
+            images = (loader.cache.get(p) for p in wanted)
+        else:
+            images = (image for _, image in loader._fetcher_ready().fetch(wanted))
+        for positions in batches:
+            batch = loader._assemble(epoch, positions, [cast(np.ndarray, next(images)) for _ in positions])
+            self.batch += 1
+            yield [batch]

@@ -1,75 +1,39 @@
 """``RayLoader``: shuffled, cached, resumable, multi-worker and multi-rank ray batches.
 
-The loader follows a :class:`~raykit.loaders.plan.SamplingPlan`: chunks are read whole in a seeded
-per-epoch order (by worker processes when ``num_workers > 0``, through a bounded LRU cache of decoded
-chunks), a window of ``mix_chunks`` chunks is mixed by a seeded permutation, and each batch is a
-vectorised gather from the window followed by ray generation on the target device. A background thread
-prepares the next ``prefetch`` batches while the consumer works.
-
-Its position is ``(epoch, batch)``, the next batch it will yield; ``state_dict()`` records it together
-with what the plan depends on, so a loader built the same way and given that state continues exactly as
-the saved one would have. When the world size (or batch size, or ``drop_last``) changed between save
-and resume, a state saved at an epoch boundary resumes exactly; one saved mid-epoch cannot (the new
-ranks would partition the epoch differently), so the loader skips the rest of that epoch, starts the
-next one and warns.
-
-The pipeline is a chain of stages, each an iterator with its own small ``state_dict`` (its position):
-the loading strategy's stages (picked by the split's recorded layout, ``raykit.loaders.strategies``:
-for ray chunks ``raykit.loaders.chunked``, chunks -> windows -> groups; for the images layout
-``raykit.loaders.windowed``, the windowed shuffle's draws -> groups), then ``Generate`` (groups ->
-batches on the generation threads) and ``Prefetch`` (a producer thread and a bounded queue), both in
-``raykit.loaders.stages``, which also states the one concurrency model they share. The loader's own
-state is the last stage's position plus what the plan depends on. Options can be given as keywords
-or as one frozen :class:`~raykit.loaders.config.LoaderConfig`, checked once for either layout.
+Its pipeline is a chain of stages, each an iterator with its own small ``state_dict`` (its position):
+the loading strategy's stages, picked by the split's recorded layout (:mod:`raykit.loaders.strategies`:
+:mod:`raykit.loaders.chunked` for ray chunks, :mod:`raykit.loaders.windowed` for the images layout),
+then ``Generate`` and ``Prefetch`` (:mod:`raykit.loaders.stages`). What every loader shares (position,
+state envelope, workers, ``close``) is :class:`~raykit.loaders.base.BatchLoader`. The sampling, the
+stages and resuming are described in ``docs/loading.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from raykit.errors import ResumeError
-from raykit.loaders.arguments import check_state, open_if_location, resume_position
+from raykit.loaders.arguments import open_if_location
 from raykit.loaders.auto import choose_workers, source_url, usable_cores
-from raykit.loaders.background import release_threads_and_workers
-from raykit.loaders.cache import CacheStats, ChunkCache
+from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
+from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
 from raykit.loaders.config import LoaderConfig
-from raykit.loaders.lifecycle import register
 from raykit.loaders.source import ChunkSource
-from raykit.loaders.stages import Generate, GroupStage, Prefetch, StageTimes, StrategyInputs, slice_batch
+from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
-from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 
-STATE_VERSION = 1
-_PARTITION_KEYS = ("world_size", "batch_size", "drop_last")
 
-
-def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else ``torch.distributed``'s when initialised, else (0, 1)."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return (dist.get_rank() if rank is None else rank), (
-            dist.get_world_size() if world_size is None else world_size
-        )
-    return (0 if rank is None else rank), (1 if world_size is None else world_size)
-
-
-class RayLoader:
+class RayLoader(BatchLoader):
     """Yields ray batches of one split, epoch after epoch.
 
     Args:
@@ -117,7 +81,7 @@ class RayLoader:
 
     def __init__(
         self,
-        store: RayStore | ChunkSource,
+        store: RayStore | ChunkSource | str | os.PathLike[str],
         split: str = "train",
         batch_size: int = 4096,
         seed: int = 0,
@@ -165,39 +129,23 @@ class RayLoader:
             self.num_workers, self.workers_reason = int(cfg.num_workers), "given"
         self.config = cfg
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, cfg.device)
-        self.epoch, self.batch = 0, 0
         self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
         self._times = StageTimes(self.seconds)
-        self._fetcher: ChunkFetcher | None = None
-        self._gen_pool: ThreadPoolExecutor | None = None
-        # Producer threads of live iterators, with their stop events (closed by ``close()``).
-        self._running: dict[threading.Thread, threading.Event] = {}
-        self._fetcher_ready()  # a source workers cannot rebuild fails here, before anything starts
-        register(self)  # closed at interpreter exit if still alive (see raykit.loaders.lifecycle)
+        self._start()
 
     # ---- iteration ---------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.plan.n_batches
-
     def __iter__(self) -> Iterator[Any]:
         """The remaining batches of the current epoch; afterwards the position is the next epoch."""
-        if self.batch >= self.plan.n_batches:
-            self.epoch, self.batch = self.epoch + 1, 0
-        epoch = self.epoch
         # One queue item per generated group (a list of batches): fewer hand-offs between threads.
         per_group = max(1, self.group_rays // self.plan.batch_size)
-        prefetch = Prefetch(self._generate_stage(), -(-self.prefetch // per_group), _one_torch_thread)
-        prefetch.load_state_dict({"epoch": epoch, "batch": self.batch})
-        with prefetch.running(self._running) as batches:
-            for batch in batches:
-                self.batch += 1
-                yield batch
-        self.epoch, self.batch = epoch + 1, 0
+        depth = -(-self.prefetch // per_group)
+        generate = Generate(
+            self._group_stage(), self.make_batch, self._gen_pool, self.gen_threads, self._times
+        )
+        return self._counted(generate, depth, "raykit-loader")
 
-    def forever(self) -> Iterator[Any]:
-        """Batches without end, epoch after epoch."""
-        while True:
-            yield from self
+    def _on_thread(self) -> None:
+        torch.set_num_threads(1)  # per producer thread: leaves the caller's intra-op threads alone
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
         """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
@@ -211,84 +159,15 @@ class RayLoader:
                 yield slice_batch(raw, lo, hi)
 
     # ---- state -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Small JSON-able position: the next batch to yield, and what the plan depends on (and the
-        strategy's name, but for ray chunks, whose states never had one)."""
-        plan, name = self.plan, self.strategy.name
-        return {
-            "version": STATE_VERSION,
-            **({"strategy": name} if name != "rays" else {}),
-            "split": self.split,
-            "fingerprint": str(getattr(self.store, "fingerprint", "")),
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "n_batches": plan.n_batches,
-            **self.strategy.state_fields(plan),
-            **{key: getattr(plan, key) for key in _PARTITION_KEYS},
-        }
+    def _state_tag(self) -> dict[str, Any]:
+        name = self.strategy.name
+        return {"strategy": name} if name != "rays" else {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (see the module docstring for changed world sizes).
+    def _plan_fields(self) -> dict[str, Any]:
+        return self.strategy.state_fields(self.plan)
 
-        Raises:
-            ResumeError: ``state`` is not a loader state (wrong types or ranges), or is another
-                store's, split's or sampling setup's.
-        """
-        state = check_state(state)
-        if state.get("version") != STATE_VERSION:
-            raise ResumeError(f"loader state: expected version {STATE_VERSION}, got {state.get('version')!r}")
-        mine = self.state_dict()
-        keys = ("strategy", "split", "fingerprint", *self.strategy.exact_keys)
-        keys = tuple(k for k in keys if k in mine)
-        self.epoch, self.batch = resume_position(state, mine, keys, _PARTITION_KEYS)
-
-    def wait_for_workers(self) -> None:
-        """Start the worker processes (``num_workers > 0``) if needed and block until they are up.
-
-        Iterating starts them in the background and reads on the loader's thread meanwhile; call this
-        to keep their start-up (seconds: each imports torch) out of a timing or off a busy machine.
-        """
-        self._fetcher_ready().wait_ready()
-
-    def worker_pids(self) -> list[int]:
-        """Process ids of the worker processes that are up (none with ``num_workers=0``)."""
-        return self._fetcher.pids() if self._fetcher is not None else []
-
-    def cache_stats(self) -> CacheStats:
-        return self.cache.stats()
-
-    def _fetcher_ready(self) -> ChunkFetcher:
-        """The chunk fetcher, made anew when there is none or the last one lost a worker."""
-        if self._fetcher is not None and self._fetcher.broken:
-            self._fetcher.close()
-            self._fetcher = None
-        if self._fetcher is None:
-            lookahead = self.strategy.lookahead(self.plan, self.num_workers)
-            self._fetcher = ChunkFetcher(self.source, self.cache, self.num_workers, lookahead)
-        return self._fetcher
-
-    def close(self) -> None:
-        """Stop live iterators' threads, generation threads and worker processes.
-
-        Idempotent; iterating again restarts what is needed. Also called by ``with RayLoader(...)``,
-        when the loader is garbage-collected, and at interpreter exit (so an exception in the training
-        loop ends the script with its own traceback and exit status).
-        """
-        release_threads_and_workers(self)
-        pool, self._gen_pool = getattr(self, "_gen_pool", None), None
-        if pool is not None:  # (a last reference dropped on one of its own threads cannot wait for it)
-            own = threading.current_thread() in getattr(pool, "_threads", ())
-            pool.shutdown(wait=not own, cancel_futures=True)
-
-    def __enter__(self) -> RayLoader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+    def _lookahead(self) -> int:
+        return self.strategy.lookahead(self.plan, self.num_workers)
 
     # ---- the pipeline ------------------------------------------------------------------------
     def _group_stage(self) -> GroupStage:
@@ -297,21 +176,12 @@ class RayLoader:
             StrategyInputs(self.source, self.plan, self._fetcher_ready, self._times, self.group_rays)
         )
 
-    def _generate_stage(self) -> Generate:
-        return Generate(self._group_stage(), self.make_batch, self._pool, self.gen_threads, self._times)
-
-    def _pool(self) -> ThreadPoolExecutor:
+    def _gen_pool(self) -> ThreadPoolExecutor:
         """The generation threads, each with one torch intra-op thread (kept across epochs: fewer
         threads, fewer malloc arenas)."""
-        if self._gen_pool is None:
-            self._gen_pool = ThreadPoolExecutor(
-                self.gen_threads, "raykit-generate", torch.set_num_threads, (1,)
-            )
-        return self._gen_pool
-
-
-def _one_torch_thread() -> None:
-    torch.set_num_threads(1)  # per thread: leaves the caller's intra-op threads alone
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.gen_threads, "raykit-generate", torch.set_num_threads, (1,))
+        return self._pool
 
 
 def _default_maker(store: RayStore | ChunkSource, device: Any) -> Callable[[RawRays], Any]:

@@ -153,21 +153,15 @@ class SamplingPlan:
         rng = np.random.default_rng([self.seed, epoch, _TAG_CHUNKS])
         return rng.permutation(self.n_chunks).astype(np.int64)
 
-    def chunk_sizes(self, order: np.ndarray) -> np.ndarray:
-        """(len(order),) int64: rays in each chunk of ``order``."""
-        last = self.n_rays - (self.n_chunks - 1) * self.chunk_rays
-        return np.where(order == self.n_chunks - 1, last, self.chunk_rays).astype(np.int64)
-
-    def window_segments(self, epoch: int, j: int) -> list[tuple[int, int, int]]:
-        """The pieces of chunks that window ``j`` covers, in order: ``(chunk, lo, hi)`` ray offsets."""
-        return self.epoch_segments(epoch, j, j + 1)[0]
-
     def epoch_segments(
         self, epoch: int, first: int = 0, stop: int | None = None
     ) -> list[list[tuple[int, int, int]]]:
-        """:meth:`window_segments` of windows ``first..stop`` (default: to the last), computed together."""
+        """The pieces of chunks that windows ``first..stop`` (default: to the last) cover, in order: for
+        each window, ``(chunk, lo, hi)`` ray offsets."""
         order = self.chunk_order(epoch)
-        starts = np.concatenate([[0], np.cumsum(self.chunk_sizes(order))]).tolist()
+        last = self.n_rays - (self.n_chunks - 1) * self.chunk_rays  # the last chunk may be shorter
+        sizes = np.where(order == self.n_chunks - 1, last, self.chunk_rays).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         out = []
         for j in range(first, self.n_windows if stop is None else stop):
             w_start, w_stop = self.window_span(j)
@@ -200,7 +194,8 @@ class SamplingPlan:
 
     def window_ray_ids(self, epoch: int, j: int) -> np.ndarray:
         """(window length,) int64: ray ids of window ``j`` after mixing."""
-        ids = [c * self.chunk_rays + np.arange(lo, hi) for c, lo, hi in self.window_segments(epoch, j)]
+        segments = self.epoch_segments(epoch, j, j + 1)[0]
+        ids = [c * self.chunk_rays + np.arange(lo, hi) for c, lo, hi in segments]
         return np.concatenate(ids)[self.window_permutation(epoch, j)]
 
     def batch_windows(self, k: int) -> list[tuple[int, int, int]]:

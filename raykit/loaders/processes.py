@@ -1,26 +1,20 @@
 """Worker processes a loader starts and ends itself: from any ``__main__``, never hung, never orphaned.
 
 A worker is a fresh interpreter (``python -c <boot>``, never ``multiprocessing``): it imports
-``raykit`` and the chunk source's own module (with the parent's ``sys.path``) but never the parent's
-``__main__``, so workers start the same from a script file, ``python -c``, ``python - < script.py``,
-a notebook kernel or a script without an ``if __name__ == "__main__":`` guard. A source whose class
-lives in ``__main__`` cannot be rebuilt there: :func:`pickle_source` raises ``ConfigError`` before
-anything starts.
+``raykit`` and the chunk source's module (with the parent's ``sys.path``) but never the parent's
+``__main__``; a source whose class lives there cannot be rebuilt, so :func:`pickle_source` raises
+``ConfigError`` before anything starts.
 
 Each worker has two pipes of its own. The parent writes the pickled source, then ``(task, index)``
 requests; the worker answers ``(0, "ready", pid)`` once, then ``(task, "ok", chunk)`` or
-``(task, "error", exception)`` per request, in order (arrays travel as out-of-band pickle buffers,
-read straight into their memory). Answers are matched to tasks by id, so a consumer that stops early
-abandons its tasks without confusing the next one.
+``(task, "error", exception)`` per request, in order (arrays as out-of-band pickle buffers). Answers
+are matched to tasks by id, so a consumer that stops early abandons its tasks without confusing the
+next one.
 
-Lifecycle promises:
-
-- the worker exits when its parent dies, however it dies: end of file on its pipe, or a change of
-  its parent pid (checked every 0.1 s, which covers a SIGKILLed parent whose pipe is still held);
-- ``close()`` closes the pipes (the worker exits), then kills what is still running after
-  ``_GRACE_S``; a process is waited for only after SIGKILL, and then at most ``_GRACE_S``;
-- a worker ignores SIGINT (Ctrl-C reaches the whole process group: the parent handles it) and
-  prints nothing: no traceback of a worker's own machinery reaches the user's terminal.
+Lifecycle (the promises: ``docs/loading.md``): a worker exits on the end of its pipe or a change of
+its parent pid (checked every 0.1 s: a SIGKILLed parent); ``close()`` closes the pipes, then kills
+what still runs after ``_GRACE_S``, and waits for a process only after SIGKILL; a worker ignores
+SIGINT and prints nothing.
 """
 
 from __future__ import annotations
@@ -176,9 +170,6 @@ class WorkerProcess:
         with contextlib.suppress(OSError, ValueError):  # the worker died or was closed meanwhile
             _write(self._out, struct.pack("<IQ", 1, len(blob)))
             _write(self._out, blob)
-
-    def fileno(self) -> int:
-        return self._in.fileno()
 
     def readable(self, timeout: float) -> bool:
         """Whether a message (or the end of the pipe) is waiting, within ``timeout`` seconds."""

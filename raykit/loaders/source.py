@@ -1,8 +1,10 @@
-"""Where a loader's chunks come from: the ``ChunkSource`` protocol, a store adapter and an in-memory twin.
+"""Where a loader's chunks come from: the ``ChunkSource`` protocol, store adapters and an in-memory twin.
 
 A chunk source is one split of something chunked: ``n_rays`` rays in ``n_chunks`` chunks of
 ``chunk_rays`` rays, chunk ``i`` read whole by ``read_chunk(i) -> RawRays``. ``StoreSource`` adapts a
-:class:`raykit.store.RayStore` split; ``MemorySource`` holds arrays in memory (tests, benchmarks).
+:class:`raykit.store.RayStore` split (``CachedStoreSource`` a remote one, through a disk cache);
+``WindowImageSource`` an images-layout split, one chunk per decoded image; ``MemorySource`` holds
+arrays in memory (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from raykit.loaders.cache import DiskCache
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
-__all__ = ["CachedStoreSource", "ChunkSource", "MemorySource", "StoreSource", "as_source", "is_remote"]
+__all__ = [
+    "CachedStoreSource",
+    "ChunkSource",
+    "MemorySource",
+    "StoreSource",
+    "WindowImageSource",
+    "as_source",
+    "is_remote",
+]
 
 
 @runtime_checkable
@@ -56,27 +66,16 @@ class MemorySource:
         if chunk_rays < 1:
             raise ConfigError(f"memory source: expected chunk_rays >= 1, got {chunk_rays}")
         self.rgba, self.pid = rgba, pid
-        self._chunk_rays = int(chunk_rays)
+        self.n_rays, self.chunk_rays = int(pid.shape[0]), int(chunk_rays)
+        self.n_chunks = math.ceil(self.n_rays / self.chunk_rays)
         self.reads = 0
-
-    @property
-    def n_rays(self) -> int:
-        return int(self.pid.shape[0])
-
-    @property
-    def chunk_rays(self) -> int:
-        return self._chunk_rays
-
-    @property
-    def n_chunks(self) -> int:
-        return math.ceil(self.n_rays / self._chunk_rays)
 
     def read_chunk(self, index: int) -> RawRays:
         if not 0 <= index < self.n_chunks:
             raise ConfigError(f"memory source: expected chunk index in [0, {self.n_chunks}), got {index}")
         self.reads += 1
-        lo = index * self._chunk_rays
-        hi = lo + self._chunk_rays
+        lo = index * self.chunk_rays
+        hi = lo + self.chunk_rays
         return RawRays(self.rgba[lo:hi].copy(), self.pid[lo:hi].copy())
 
 
@@ -85,7 +84,8 @@ class StoreSource:
 
     def __init__(self, store: RayStore, split: str) -> None:
         if split not in store.splits:
-            raise ConfigError(f"{_where(store)}: no split {split!r}; expected one of {sorted(store.splits)}")
+            where = getattr(store, "url", None) or getattr(store, "path", None) or "ray store"
+            raise ConfigError(f"{where}: no split {split!r}; expected one of {sorted(store.splits)}")
         self.store, self.split = store, split
         self.info = store.splits[split]
 
@@ -117,11 +117,6 @@ class StoreSource:
 def is_remote(url: str) -> bool:
     """Whether ``url`` names a remote store (an fsspec URL other than ``file://``)."""
     return "://" in url and not url.startswith("file://")
-
-
-def payload_files(store: RayStore, split: str, index: int) -> list[str]:
-    """Relative paths of the payload files holding chunk ``index`` of ``split``."""
-    return store.payload.chunk_files(split, index)
 
 
 class CachedStoreSource(StoreSource):
@@ -159,14 +154,15 @@ class CachedStoreSource(StoreSource):
 
         self.disk = DiskCache(self.cache_dir / remote.fingerprint[:16], fetch)
         info = remote.splits.get(split)
-        payload = {rel for name, i in _all_chunks(remote) for rel in payload_files(remote, name, i)}
+        chunks = [(name, i) for name, split_info in remote.splits.items() for i in range(split_info.n_chunks)]
+        payload = {rel for name, i in chunks for rel in remote.payload.chunk_files(name, i)}
         for rel in ["manifest.json", *(rel for rel in remote.files if rel not in payload)]:
             self.disk.get(rel)
         super().__init__(open_store(self.disk.root), split)
         self.info = info if info is not None else self.info
 
     def read_chunk(self, index: int) -> RawRays:
-        files = payload_files(self.store, self.split, index)
+        files = self.store.payload.chunk_files(self.split, index)
         for rel in files:
             self.disk.get(rel)
         try:
@@ -187,14 +183,6 @@ class CachedStoreSource(StoreSource):
         self.__init__(state["url"], state["split"], state["cache_dir"])  # type: ignore[misc]
 
 
-def _all_chunks(store: RayStore) -> list[tuple[str, int]]:
-    return [(name, i) for name, info in store.splits.items() for i in range(info.n_chunks)]
-
-
-def _where(store: RayStore | ChunkSource) -> str:
-    return str(getattr(store, "url", None) or getattr(store, "path", None) or "ray store")
-
-
 def as_source(
     store: RayStore | ChunkSource, split: str, disk_cache: str | os.PathLike[str] | None = None
 ) -> ChunkSource:
@@ -207,3 +195,45 @@ def as_source(
     if disk_cache is not None and is_remote(store.url):
         return CachedStoreSource(store.url, split, disk_cache)
     return StoreSource(store, split)
+
+
+class WindowImageSource:
+    """Split ``split`` of an images-layout ``store``, readable image by image (picklable by location).
+
+    It has the :class:`ChunkSource` shape, so the worker processes of
+    :class:`~raykit.loaders.workers.ChunkFetcher` decode images ahead unchanged: chunk ``i`` is image
+    ``i`` of the split (split-local), every pixel in row-major order as ``RawRays`` (``rgba``
+    ``(n_i, C)``; ``pid`` is left empty: the loader computes the pids of the rays it draws). With
+    ``disk_cache`` a remote store's files are fetched whole into a local cache first
+    (:class:`CachedStoreSource`, shared by worker processes).
+    """
+
+    def __init__(self, store: RayStore, split: str, disk_cache: str | os.PathLike[str] | None = None) -> None:
+        self.url, self.split, self.disk_cache = store.url, split, disk_cache
+        self._cached: CachedStoreSource | None = None
+        if disk_cache is not None and is_remote(store.url):
+            self._cached = CachedStoreSource(store.url, split, disk_cache)
+            store = self._cached.store  # the local copy's metadata; payload files fetched on demand
+        self.store = store
+        rows = store.split_rows(split)
+        self.image_rays = [int(store.table.n_pixels[i]) for i in rows]
+        self.pixel_offsets = np.asarray(store.table.pixel_offset)[rows]
+        self.info = store.splits[split]
+        # The ChunkSource shape: one chunk per image.
+        self.n_rays, self.chunk_rays, self.n_chunks = sum(self.image_rays), max(self.image_rays), len(rows)
+
+    def read_chunk(self, index: int) -> RawRays:
+        """Image ``index`` of the split, decoded: ``rgba`` (n_i, C) row-major, ``pid`` empty."""
+        if self._cached is not None:
+            for rel in self.store.image_files(self.split, index):
+                self._cached.disk.get(rel)
+        pixels = self.store.read_split_image(self.split, index)
+        return RawRays(pixels.reshape(-1, pixels.shape[2]), np.zeros(0, np.uint32))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "split": self.split, "disk_cache": self.disk_cache}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from raykit.store import open_store
+
+        self.__init__(open_store(state["url"]), state["split"], state["disk_cache"])  # type: ignore[misc]

@@ -9,10 +9,9 @@ The concurrency model is one for all stages: they are pull iterators run on a si
 (:class:`Generate`: at most ``threads + 1`` groups in flight) and as chunk reads inside the
 :class:`~raykit.loaders.workers.ChunkFetcher` a strategy reads through.
 
-The strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items; the stages
-here turn them into batches: :class:`Generate` (groups -> lists of batches) and :class:`Prefetch`
-(a bounded queue filled by the producer thread). Their states are ``{"epoch", "batch"}``: the next
-batch each hands on.
+A strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items, which
+:class:`Generate` turns into lists of batches for :class:`Prefetch` (as does ``ImageLoader``'s own
+batch stage); their states are ``{"epoch", "batch"}``, the next batch each hands on.
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
-from raykit.loaders.background import DONE, put_until_stopped
 from raykit.rays import RayBatch
 from raykit.store.schema import RawRays
 
@@ -44,6 +42,7 @@ __all__ = [
 ]
 
 T_co = TypeVar("T_co", covariant=True)
+DONE = object()  # the producer's last item of an epoch
 
 
 class Stage(Protocol[T_co]):
@@ -110,21 +109,14 @@ class RawGroup:
         return self.first + len(self.bounds)
 
 
-class GroupStage(Stage[RawGroup], Protocol):
-    """A strategy's last stage: groups from ``{"epoch", "batch"}`` on."""
+GroupStage = Stage[RawGroup]  # a strategy's last stage: groups from ``{"epoch", "batch"}`` on
 
 
 @dataclass(frozen=True)
 class StrategyInputs:
-    """What a loading strategy builds its stages from (see ``raykit.loaders.strategies``).
-
-    Attributes:
-        source: the split's :class:`~raykit.loaders.source.ChunkSource`.
-        plan: the loader's :class:`~raykit.loaders.plan.SamplingPlan` (batches, ranks, seeds).
-        fetcher: returns the loader's live :class:`~raykit.loaders.workers.ChunkFetcher`.
-        times: the loader's :class:`StageTimes`.
-        group_rays: rays gathered and generated together.
-    """
+    """What a loading strategy builds its stages from (see ``raykit.loaders.strategies``): the split's
+    chunk source and the strategy's plan, the loader's ``fetcher`` (a callable returning its live
+    :class:`~raykit.loaders.workers.ChunkFetcher`), its :class:`StageTimes` and rays per group."""
 
     source: Any
     plan: Any
@@ -209,16 +201,18 @@ class Generate(Positioned):
 
 
 class Prefetch(Positioned):
-    """Stage lists of batches -> batches: a producer thread runs the stages before it and keeps up to
-    ``depth`` items (lists of batches) ready in a bounded queue.
+    """Stage lists of batches -> batches: a producer thread (named ``name``) runs the stages before it
+    and keeps up to ``depth`` items (lists of batches) ready in a bounded queue.
 
     Iterate with ``with prefetch.running(threads) as batches``; leaving the block stops the producer
     thread and waits for it (``threads`` holds the live producer threads with their stop events, for
     the loader's ``close()``).
     """
 
-    def __init__(self, source: Generate, depth: int, on_thread: Callable[[], None] = lambda: None) -> None:
-        self.source, self.depth, self._on_thread = source, depth, on_thread
+    def __init__(
+        self, source: Stage[list[Any]], depth: int, on_thread: Callable[[], None], name: str
+    ) -> None:
+        self.source, self.depth, self._on_thread, self.name = source, depth, on_thread, name
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
@@ -230,7 +224,7 @@ class Prefetch(Positioned):
         inside."""
         items: queue.Queue[Any] = queue.Queue(maxsize=max(1, self.depth))
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(items, stop), name="raykit-loader", daemon=True)
+        thread = threading.Thread(target=self._produce, args=(items, stop), name=self.name, daemon=True)
         threads[thread] = stop
         thread.start()
         try:
@@ -256,7 +250,7 @@ class Prefetch(Positioned):
 
     def _produce(self, items: queue.Queue[Any], stop: threading.Event) -> None:
         self._on_thread()
-        iterator = iter(self.source)
+        iterator = cast(Generator[list[Any], None, None], iter(self.source))
         try:
             for batches in iterator:
                 if not put_until_stopped(items, batches, stop):
@@ -266,6 +260,17 @@ class Prefetch(Positioned):
             put_until_stopped(items, exc, stop)
         finally:
             iterator.close()  # runs the stages' clean-up (pending futures) on this thread
+
+
+def put_until_stopped(items: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; whether it was put."""
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def slice_batch(batch: Any, lo: int, hi: int) -> Any:

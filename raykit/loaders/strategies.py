@@ -2,17 +2,11 @@
 
 A strategy says, for one layout, which chunk source reads the split, which plan orders its batches,
 how much the loader caches and reads ahead, which plan fields its state records, and which stages
-turn the source into :class:`~raykit.loaders.stages.RawGroup` items (``groups(inputs)``); the loader
-then runs the strategy-independent stages (``Generate``, ``Prefetch``) after them. ``RayLoader``
-picks the strategy registered under the split's layout as the store records it
-(``RayStore.layout(split)``, ``docs/format.md``): ``"rays"`` (shuffled ray chunks,
-:mod:`raykit.loaders.chunked`) or ``"images"`` (the windowed shuffle, :mod:`raykit.loaders.windowed`);
-a chunk source that is not a store reads as ``"rays"``.
-
-Adding a strategy is one module defining its stages and an object of :class:`Strategy`'s shape,
-plus its line in :data:`STRATEGIES`; its group stage follows :class:`~raykit.loaders.stages.Stage`
-(a ``{"epoch", "batch"}`` position), so resuming, prefetching and multi-threaded generation come
-with it.
+turn the source into :class:`~raykit.loaders.stages.RawGroup` items (``groups(inputs)``), ahead of
+``Generate`` and ``Prefetch``. :data:`STRATEGIES` is keyed by the split's recorded layout
+(``RayStore.layout(split)``): ``"rays"`` (:mod:`raykit.loaders.chunked`; also any chunk source that
+is not a store) and ``"images"`` (:mod:`raykit.loaders.windowed`). Adding a strategy is one module
+and its line there.
 """
 
 from __future__ import annotations
@@ -32,15 +26,11 @@ __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 
 
 class Strategy(Protocol):
-    """One layout's way of loading (see the module docstring).
-
-    Attributes:
-        name: recorded in the loader state as ``"strategy"`` (omitted for ``"rays"``, as before).
-        exact_keys: the plan fields of the state a resumed loader must match exactly.
-    """
+    """One layout's way of loading (see the module docstring): ``name`` is recorded in the loader
+    state as ``"strategy"`` (but ``"rays"``), ``state_fields(plan)`` are the plan fields a resumed
+    loader must match exactly."""
 
     name: str
-    exact_keys: tuple[str, ...]
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource: ...
 

@@ -1,14 +1,10 @@
-"""``torch.utils.data`` adapters for people with their own loop.
+"""``torch.utils.data`` adapters for people with their own loop (usage: ``docs/loading.md``).
 
 * :class:`RayIterableDataset` yields the same batches as :class:`~raykit.loaders.RayLoader` (one epoch
-  per ``iter``; call ``set_epoch`` like ``DistributedSampler``). Use it with
-  ``DataLoader(ds, batch_size=None, num_workers=n)``: DataLoader worker ``w`` produces batches
-  ``k = w, w + n, ...``, which DataLoader returns round-robin, i.e. in the loader's order. Every
-  DataLoader worker reads the whole share (it generates only its own batches); prefer the loader's own
-  ``num_workers`` when reading is the bottleneck.
-* :class:`RayDataset` is map-style over single rays in stored order; it implements ``__getitems__``
-  so a ``DataLoader(ds, batch_size=B, shuffle=True, collate_fn=collate_rays)`` fetches a whole batch
-  with one vectorised gather per chunk.
+  per ``iter``; ``set_epoch`` like ``DistributedSampler``); DataLoader worker ``w`` of ``n`` makes
+  batches ``w, w + n, ...``, which DataLoader returns round-robin, i.e. in the loader's order.
+* :class:`RayDataset` is map-style over single rays in stored order; its ``__getitems__`` fetches a
+  whole batch with one vectorised gather per chunk.
 """
 
 from __future__ import annotations
@@ -26,16 +22,10 @@ from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
 from raykit.rays import RayBatch
-from raykit.store.reader import RayStore
+from raykit.store.reader import RayStore, open_store
 from raykit.store.schema import RawRays
 
 __all__ = ["RayDataset", "RayIterableDataset", "collate_rays"]
-
-
-def _open(store: RayStore | str) -> RayStore:
-    from raykit.store import open_store
-
-    return open_store(store) if isinstance(store, str) else store
 
 
 class RayIterableDataset(IterableDataset[RayBatch]):
@@ -63,7 +53,7 @@ class RayIterableDataset(IterableDataset[RayBatch]):
 
     def loader(self) -> RayLoader:
         if self._loader is None:
-            self._loader = RayLoader(_open(self.store), self.split, **self.kwargs)
+            self._loader = RayLoader(self.store, self.split, **self.kwargs)  # (it opens a location)
         return self._loader
 
     def __len__(self) -> int:
@@ -88,7 +78,7 @@ class RayDataset(Dataset[RayBatch]):
     """
 
     def __init__(self, store: RayStore | str, split: str = "train", cache_bytes: int = 256 << 20) -> None:
-        self.store = _open(store)
+        self.store = open_store(store) if isinstance(store, str) else store
         if split not in self.store.splits:
             raise ConfigError(
                 f"{self.store.url}: no split {split!r}; expected one of {sorted(self.store.splits)}"

@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -178,9 +177,6 @@ class WindowPlan:
         if not 0 <= k < self.n_batches:
             raise ConfigError(f"window plan: expected batch index in [0, {self.n_batches}), got {k}")
         return next(self.iter_batches(epoch, k))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def reference_epoch_rays(plan: WindowPlan, epoch: int) -> list[list[tuple[int, int]]]:

@@ -1,16 +1,12 @@
 """The window strategy of :class:`~raykit.loaders.RayLoader` (images-layout splits): the windowed shuffle
 of ``window.py`` as one stage of the loader's pipeline.
 
-:class:`WindowDraws` (images -> groups) follows the :class:`~raykit.loaders.window.WindowPlan`: images
-are decoded ahead in the order they enter the window (by the loader's worker processes when
-``num_workers > 0``, else on one decoding thread; Pillow decodes without the GIL), put in the epoch's
-rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
-yielded as a :class:`~raykit.loaders.stages.RawGroup` whose slices are pieces of window images. The
-loader's ``Generate`` and ``Prefetch`` stages follow, as for ray chunks. State: ``{"epoch", "batch"}``.
-
-Memory: the window's decoded images (``window_images`` of them, by default as many as fit
-``cache_bytes``, :func:`default_window`) plus the images being decoded ahead
-(``max(DECODE_AHEAD, num_workers)``) and the groups in flight. :data:`WINDOW` is the strategy.
+:class:`WindowDraws` (images -> groups, state ``{"epoch", "batch"}``) follows the
+:class:`~raykit.loaders.window.WindowPlan`: images are decoded ahead in the order they enter the window
+(by the worker processes, else on one decoding thread; Pillow decodes without the GIL), put in the
+epoch's rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
+a :class:`~raykit.loaders.stages.RawGroup` of pieces of window images. Memory: ``docs/loading.md``.
+:data:`WINDOW` is the strategy.
 """
 
 from __future__ import annotations
@@ -25,10 +21,9 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
-from raykit.loaders.source import ChunkSource
-from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StageTimes, StrategyInputs
+from raykit.loaders.source import ChunkSource, WindowImageSource
+from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StrategyInputs
 from raykit.loaders.window import Piece, WindowPlan
-from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -53,7 +48,6 @@ class WindowStrategy:
     """
 
     name: str = "window"
-    exact_keys: tuple[str, ...] = ("n_rays", "seed", "shuffle", "window_images")
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> WindowImageSource:
         if not isinstance(store, RayStore):
@@ -83,7 +77,7 @@ class WindowStrategy:
                 "window_images": plan.window_images}  # fmt: skip
 
     def groups(self, inputs: StrategyInputs) -> WindowDraws:
-        return WindowDraws(inputs.plan, inputs.source, inputs.fetcher, inputs.times, inputs.group_rays)
+        return WindowDraws(inputs)
 
 
 WINDOW = WindowStrategy()
@@ -93,16 +87,11 @@ class WindowDraws(Positioned):
     """Stage images -> groups: the window's draws of one epoch from batch ``batch`` on, in groups of
     about ``group_rays`` rays; the first batch goes alone, so that it is ready as soon as the window is."""
 
-    def __init__(
-        self,
-        plan: WindowPlan,
-        source: WindowImageSource,
-        fetcher: Callable[[], ChunkFetcher],
-        times: StageTimes,
-        group_rays: int,
-    ) -> None:
-        self.plan, self.source, self._fetcher, self._times = plan, source, fetcher, times
-        self.group_rays = group_rays
+    def __init__(self, inputs: StrategyInputs) -> None:
+        self.plan: WindowPlan = inputs.plan
+        self.source: WindowImageSource = inputs.source
+        self._fetcher: Callable[[], ChunkFetcher] = inputs.fetcher
+        self._times, self.group_rays = inputs.times, inputs.group_rays
         self._bases: dict[tuple[int, int], np.ndarray] = {}
 
     def __iter__(self) -> Iterator[RawGroup]:
@@ -118,18 +107,8 @@ class WindowDraws(Positioned):
             yield self._group(epoch, group)
 
     def _group(self, epoch: int, group: list[Planned]) -> RawGroup:
-        bounds: list[tuple[int, int]] = []
-        slices: list[tuple[Sliceable, int, int]] = []
-        lo = 0
-        for pieces, held in group:
-            for i, a, b in pieces:
-                slices.append((held[i], a, b))
-            size = sum(b - a for _, a, b in pieces)
-            bounds.append((lo, lo + size))
-            lo += size
-        first = self.batch
         self.batch += len(group)
-        return RawGroup(epoch, first, bounds, slices)
+        return planned_group(epoch, self.batch - len(group), group)
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
@@ -153,18 +132,15 @@ class WindowDraws(Positioned):
             return
         with ThreadPoolExecutor(1, "raykit-decode") as pool:
             pending: deque[tuple[int, Future[RawRays]]] = deque()
-            iterator = iter(images)
             try:
-                for i in iterator:
+                for i in images:
                     pending.append((i, pool.submit(self.source.read_chunk, i)))
-                    if len(pending) > DECODE_AHEAD:
-                        break
+                    if len(pending) > DECODE_AHEAD + 1:  # DECODE_AHEAD + 1 decode while one is awaited
+                        got, future = pending.popleft()
+                        yield got, future.result()
                 while pending:
-                    i, future = pending.popleft()
-                    nxt = next(iterator, None)
-                    if nxt is not None:
-                        pending.append((nxt, pool.submit(self.source.read_chunk, nxt)))
-                    yield i, future.result()
+                    got, future = pending.popleft()
+                    yield got, future.result()
             finally:
                 for _, future in pending:
                     future.cancel()
@@ -247,8 +223,19 @@ class WindowImage(NamedTuple):
 Planned = tuple[list[Piece], dict[int, WindowImage]]  # a batch's pieces and the images they draw from
 
 
+def planned_group(epoch: int, first: int, group: list[Planned]) -> RawGroup:
+    """Consecutive planned batches, the first being batch ``first`` of ``epoch``, as one group."""
+    bounds: list[tuple[int, int]] = []
+    slices: list[tuple[Sliceable, int, int]] = []
+    for pieces, held in group:
+        slices += [(held[i], a, b) for i, a, b in pieces]
+        lo = bounds[-1][1] if bounds else 0
+        bounds.append((lo, lo + sum(b - a for _, a, b in pieces)))
+    return RawGroup(epoch, first, bounds, slices)
+
+
 def gather_planned(group: list[Planned]) -> tuple[RawRays, list[int]]:
     """Consecutive planned batches -> ``(their compact rays, concatenated in batch order; each
     batch's size)``. Safe on any thread: it reads only the images the group holds."""
-    slices = [(held[i], lo, hi) for pieces, held in group for i, lo, hi in pieces]
-    return WindowImage.gather_slices(slices), [sum(hi - lo for _, lo, hi in pieces) for pieces, _ in group]
+    planned = planned_group(0, 0, group)
+    return planned.gather(), [hi - lo for lo, hi in planned.bounds]

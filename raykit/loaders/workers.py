@@ -1,18 +1,11 @@
 """Chunk reading off the consumer's thread: in-thread reads or worker processes.
 
-``ChunkFetcher`` hands out decoded chunks in the order the plan asks for them. It looks ahead in that
-order, keeps up to ``lookahead`` reads in flight on its worker processes (``num_workers > 0``,
-:mod:`raykit.loaders.processes`) and puts every chunk it reads into the
-:class:`~raykit.loaders.cache.ChunkCache`. Which process reads a chunk never changes its contents, so
-batches do not depend on ``num_workers``. Until a worker has said it is up (a fresh interpreter needs
-seconds to import torch), the calling thread reads the chunks it needs itself, so the first batch is
-not delayed by worker start-up.
-
-A worker that dies (killed, crashed, out of memory) is noticed as soon as its pipe ends, and the
-others are checked every half second while the fetcher waits: the fetcher then ends every worker it
-started (a dead worker takes the rest down) and raises :class:`~raykit.errors.WorkerError` naming the
-dead worker's pid and how it ended. The fetcher is then ``broken``; the loader starts a fresh one when
-iterated again (batches do not depend on which process read a chunk).
+``ChunkFetcher`` hands out decoded chunks in the order the plan asks for them, keeps up to
+``lookahead`` reads in flight on its worker processes (:mod:`raykit.loaders.processes`) and puts every
+chunk it reads into the cache; until a worker is up, the calling thread reads what it needs itself.
+A worker's death is noticed when its pipe ends (the others are checked every half second while the
+fetcher waits): the fetcher ends every worker, raises :class:`~raykit.errors.WorkerError` naming the
+dead one's pid and how it ended, and is ``broken``; the loader starts a fresh one when iterated again.
 """
 
 from __future__ import annotations
@@ -173,12 +166,6 @@ class ChunkFetcher:
             workers, self._workers = self._workers, []
             self._closed = True
         close_workers(workers)
-
-    def __enter__(self) -> ChunkFetcher:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _how(code: int | None) -> str:

@@ -22,9 +22,9 @@ import torch
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
-from raykit.loaders.stages import StageTimes
+from raykit.loaders.source import WindowImageSource
+from raykit.loaders.stages import StageTimes, StrategyInputs
 from raykit.loaders.window import WindowPlan
-from raykit.loaders.window_source import WindowImageSource
 from raykit.loaders.windowed import WindowDraws, gather_planned
 from raykit.loaders.workers import ChunkFetcher
 from raykit.profiling.mixing import shuffle_quality
@@ -93,7 +93,7 @@ def run_images_bench(
     decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
     t2 = time.perf_counter()
     fetcher = ChunkFetcher(source, ChunkCache(0), 0, 1)  # (the stage reads nothing here)
-    draws = WindowDraws(plan, source, lambda: fetcher, StageTimes({}), 1)
+    draws = WindowDraws(StrategyInputs(source, plan, lambda: fetcher, StageTimes({}), 1))
     window = {i: draws.enter(0, i, rgba) for i, rgba in decoded.items()}
     raws = [gather_planned([(batch, {i: window[i] for i, _, _ in batch})])[0] for batch in pieces]
     t3 = time.perf_counter()

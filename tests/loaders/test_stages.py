@@ -14,7 +14,7 @@ from raykit.errors import ConfigError
 from raykit.loaders import LoaderConfig, RayLoader
 from raykit.loaders import strategies as strategies_module
 from raykit.loaders.cache import ChunkCache
-from raykit.loaders.chunked import RAYS, ChunkStrategy, ChunkWindows, WindowGroups, chunk_groups
+from raykit.loaders.chunked import RAYS, ChunkStrategy, ChunkWindows, WindowGroups
 from raykit.loaders.plan import SamplingPlan
 from raykit.loaders.source import as_source
 from raykit.loaders.stages import StageTimes, StrategyInputs
@@ -27,7 +27,7 @@ def _stages(store: Any, batch_size: int = 100, group_rays: int = 300) -> tuple[W
     plan = SamplingPlan(source.n_rays, source.chunk_rays, batch_size, 5, True, True, 2, 1, 0, 1)
     fetcher = ChunkFetcher(source, ChunkCache(1 << 24), 0, 4)
     times = StageTimes({})
-    return chunk_groups(StrategyInputs(source, plan, lambda: fetcher, times, group_rays)), fetcher
+    return RAYS.groups(StrategyInputs(source, plan, lambda: fetcher, times, group_rays)), fetcher
 
 
 def _window_pids(windows: ChunkWindows, n: int) -> list[np.ndarray]:

@@ -8,7 +8,7 @@ import torch
 
 from raykit.cameras import Camera
 from raykit.errors import CameraError
-from raykit.loaders.baselines import NerfstudioStyleRays
+from raykit.profiling.baselines import NerfstudioStyleRays
 from raykit.rays import RayGenerator
 
 
