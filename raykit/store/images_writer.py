@@ -1,21 +1,10 @@
 """Write an images-layout store (``layout="images"``): every image stored encoded, shuffled at load time.
 
-Phases, in ``<dst>.partial/`` like the ray writer (``raykit.store.writer``), both run by any
-``concurrent.futures.Executor``:
-
-1. **encode**: one task per image decodes it once (``ImageRecord.load()``: a truncated or corrupt
-   file fails the conversion), keeps the source file's bytes when they pass through unchanged, else
-   re-encodes losslessly and checks that the new bytes decode to the same pixels
-   (``raykit.store.image_codec``); the bytes go to ``staging/{index:06d}.img`` with a task record
-   (resume: a task whose key and file checksum match is skipped);
-2. **shards**: one task per zarr shard (a fixed byte range of the split's byte array) or per tar (a
-   run of whole images) assembles its file from the staged bytes and writes it atomically;
-3. **commit**: zarr metadata, ``cameras.parquet``, ``index.json``, then ``manifest.json``; then the
-   rename to ``dst``.
-
-Every byte depends only on the records and options, never on the executor or worker count. How a
-shard's bytes are laid out is the backend's (``Backend.images``); the manifest and the commit are
-every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls ``write_images``.
+Its phases (encode each image once, one task per shard, commit; docs/format.md, "The images layout",
+**Writing**) run in ``<dst>.partial/`` like the ray writer's, by any ``concurrent.futures.Executor``.
+How a shard's bytes are laid out is the backend's (``Backend.images``); the shard phase, the manifest
+and the commit are every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls
+``write_images``.
 """
 
 from __future__ import annotations

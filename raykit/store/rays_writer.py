@@ -1,19 +1,8 @@
 """The rays payload writer (``StoreOptions.layout == "rays"``), called by ``raykit.store.write_store``.
 
-Three phases, all in ``<dst>.partial/`` beside ``dst``:
-
-1. one task per image decodes it into ``staging/{index:06d}.px`` (raw packed RGBA; in a shuffled split
-   in the image's seeded order), or into memory when every task runs in this process;
-2. one task per shard reads one contiguous run of rays per image from staging, merges them in the
-   split's order (train; ``raykit.store.order``) and has the backend encode the shard, written
-   atomically;
-3. ``cameras.parquet``, ``index.json`` (per-chunk CRCs and, for WebDataset, member offsets) and last
-   ``manifest.json`` (``raykit.store.commit``); staging is removed and ``<dst>.partial`` is renamed to
-   ``dst``.
-
-A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
-bytes do not depend on the executor or the number of workers. Planning lives in ``plan.py``, timing in
-``phases.py``, staging in ``staging.py``.
+Its phases in ``<dst>.partial/`` (decode images into staging, one task per shard, commit) and how a
+rerun resumes are docs/format.md's "Commit protocol". Planning lives in ``plan.py``, timing in
+``phases.py``, the tasks in ``staging.py``, the shard phase and the commit in ``commit.py``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed.
+"""Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed
+(docs/format.md, "Zarr v3").
 
-Array ``zarr/{split}/{field}`` has shape ``(n_rays,)`` or ``(n_rays, channels)``, inner chunks of
-``chunk_rays`` rays (the read unit; each compressed with zstd or blosc, then crc32c-checksummed)
-and shards of ``shard_chunks`` chunks (the write unit, one file ``c/{shard}[/0]`` with a
-crc32c-checksummed index at its end). A writer encodes one whole shard in memory (``encode_shards``)
-and writes it atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
-numcodecs codecs as zarr directly (zarr's own write path costs as much again as the compression); its
-output is tested byte for byte against zarr's (``reference_encode_shard``).
-
-zarr itself is imported where it is used (writing metadata, the twin and remote reads): a loader that
-reads local shards directly does not pay its import time and memory.
-
-The encoder, the metadata documents and their zarr twins derive from one codec definition
-(``FieldCodec``); reading is ``raykit.store.zarr_read``.
+A writer encodes one whole shard in memory (``encode_shard_pieces``) with the same numcodecs codecs as
+zarr, called directly (zarr's own write path costs as much again as the compression); its output is
+tested byte for byte against zarr's (``reference_encode_shard``), and the metadata documents against
+zarr's (``reference_metadata_documents``). All three derive from one codec definition
+(``FieldCodec``). zarr itself is imported where it is used (the twins and remote reads), so a writer,
+and a loader that reads local shards directly, do not pay its import time and memory. Reading is
+``raykit.store.zarr_read``.
 """
 
 from __future__ import annotations
