@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_json, fsync_path
+from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
 from raykit.store.backend import Backend, PayloadSpec, backend_named
 from raykit.store.destination import OVERWRITE_HINT, check_destination, prepare_partial
@@ -22,9 +22,9 @@ from raykit.store.integrity import CHUNK_CHECKSUM, content_fingerprint, file_rec
 from raykit.store.layout import StoreLayout
 from raykit.store.phases import Profile
 from raykit.store.plan import WriteRequest, field_specs
-from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.table import build_camera_table, write_camera_table
+from raykit.store.table import build_camera_table, write_camera_table, write_parquet
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -66,6 +66,8 @@ class StoreContent:
 
     def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
+        from raykit import __version__
+
         splits = {k: v.to_dict() for k, v in self.splits.items()}
         hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
         fields = {spec.name: spec.to_dict() for spec in self.fields}
@@ -73,7 +75,7 @@ class StoreContent:
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
-            "raykit_version": _raykit_version(),
+            "raykit_version": __version__,
             "backend": self.backend.name,
             "layout": self.layout.to_dict(),
             "source": dict(self.source),
@@ -199,8 +201,7 @@ def write_index_and_manifest(
     atomic_write_json(partial / "index.json", index)
     written = ["cameras.parquet", "index.json"]
     if content.points is not None:
-        with atomic_path(partial / POINTS_FILE) as tmp:
-            write_points(content.points, str(tmp))
+        write_parquet(content.points.to_table(), partial / POINTS_FILE)
         written.append(POINTS_FILE)
     for rel in written:
         files[rel] = file_record(partial / rel)
@@ -241,9 +242,3 @@ def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:
     from raykit.store.reader import open_store
 
     return open_store(str(dst))
-
-
-def _raykit_version() -> str:
-    from raykit import __version__
-
-    return __version__

@@ -27,7 +27,6 @@ from raykit.fileio import sha256_file
 
 __all__ = [
     "CHUNK_CHECKSUM",
-    "camera_table_digest",
     "chunk_checksum",
     "content_fingerprint",
     "file_record",
@@ -69,11 +68,6 @@ def json_digest(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def camera_table_digest(table: pa.Table) -> str:
-    """Digest of the camera table's rows (logical values, independent of parquet encoding)."""
-    return json_digest(table.to_pylist())
-
-
 def content_fingerprint(
     table: pa.Table,
     scene: Mapping[str, Any],
@@ -88,7 +82,7 @@ def content_fingerprint(
     of the digest, so fingerprints of stores from before crc32c are unchanged.
     """
     content: dict[str, Any] = {
-        "cameras": camera_table_digest(table),
+        "cameras": json_digest(table.to_pylist()),  # the rows' values, whatever the parquet encoding
         "scene": dict(scene),
         "splits": {k: dict(v) for k, v in splits.items()},
         "fields": {k: dict(v) for k, v in fields.items()},

@@ -25,9 +25,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-
-from raykit.errors import StoreCorruptError
 
 __all__ = [
     "POINTS_FILE",
@@ -36,8 +33,6 @@ __all__ = [
     "check_points",
     "points_digest",
     "points_entry",
-    "read_points",
-    "write_points",
 ]
 
 POINTS_FILE = "points3D.parquet"
@@ -108,27 +103,6 @@ class SparsePoints:
             table.column("error").to_numpy().astype(np.float64),
             table.column("track_length").to_numpy().astype(np.int64),
         )
-
-
-def write_points(points: SparsePoints, path: str) -> None:
-    """Write ``points`` as parquet with fixed options (same bytes for the same points)."""
-    pq.write_table(points.to_table(), path, compression="zstd", write_statistics=False, store_schema=False)
-
-
-def read_points(data: bytes, where: str) -> pa.Table:
-    """Parse ``points3D.parquet`` bytes on the calling thread (see ``table.read_camera_table``).
-
-    Raises:
-        StoreCorruptError: naming ``where``: unreadable parquet or missing columns.
-    """
-    try:
-        table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)
-    except (pa.ArrowException, OSError) as exc:
-        raise StoreCorruptError(f"{where}: unreadable parquet: {exc}") from exc
-    missing = [n for n in POINTS_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise StoreCorruptError(f"{where}: expected columns {missing}, not found")
-    return table.select(POINTS_SCHEMA.names)
 
 
 def points_digest(points: SparsePoints) -> str:

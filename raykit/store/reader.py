@@ -37,7 +37,7 @@ from raykit.store.integrity import json_digest
 from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
-from raykit.store.points import SparsePoints, read_points
+from raykit.store.points import POINTS_SCHEMA, SparsePoints
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
@@ -48,7 +48,7 @@ from raykit.store.schema import (
     split_sort_key,
 )
 from raykit.store.split_readers import RaySplits, SplitReader, empty_rays, layout_readers
-from raykit.store.table import CameraTable, ray_generator, read_camera_table
+from raykit.store.table import CameraTable, ray_generator, read_camera_table, read_parquet
 
 __all__ = ["RayRangeError", "RayStore", "open_store"]
 
@@ -59,13 +59,6 @@ class RayRangeError(StoreError, IndexError):
     """A split, chunk, ray range or image that the store does not have."""
 
 
-def _normalise(path_or_url: str | Path) -> str:
-    text = str(path_or_url)
-    if is_url(text):
-        return text.rstrip("/")
-    return str(Path(text.removeprefix("file://")).resolve())
-
-
 def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
     """Open the committed store at ``path_or_url`` (a local path or an fsspec URL).
 
@@ -74,7 +67,9 @@ def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
         StoreVersionError: the store was written by a newer format version.
         StoreCorruptError: a metadata file fails its checksum (or, with ``verify``, any file).
     """
-    return RayStore(_normalise(path_or_url), verify=verify)
+    text = str(path_or_url)
+    url = text.rstrip("/") if is_url(text) else str(Path(text.removeprefix("file://")).resolve())
+    return RayStore(url, verify=verify)
 
 
 class RayStore:
@@ -295,7 +290,7 @@ class RayStore:
         if entry is None:
             return None
         rel = str(entry["path"])
-        return read_points(self.read_verified(rel), self._where(rel))
+        return read_parquet(self.read_verified(rel), POINTS_SCHEMA, self._where(rel))
 
     def sparse_points(self) -> SparsePoints | None:
         """``points`` as numpy arrays, or None."""

@@ -235,10 +235,6 @@ class StagingSource:
     table: CameraTable | None = field(default=None, compare=False)
     buffers: MergeBuffers = field(default_factory=MergeBuffers, compare=False, repr=False)
 
-    def _read(self, image: int, lo: int, out: np.ndarray) -> None:
-        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
-        self.staging.read(image, lo, out)
-
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
         first = self.pixel_offset.index(info.pid_start)
@@ -279,7 +275,7 @@ class StagingSource:
                 np.add(order_run(seed, split, i, sizes[j], lo[j], hi[j]), np.uint32(offsets[i]), out=out)
 
             def fill_colour(j: int, out: np.ndarray) -> None:
-                self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
+                self.staging.read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
 
             pid = (
                 merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
@@ -295,7 +291,7 @@ class StagingSource:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n if pids else 0, dtype=np.uint32)
             at = 0
             for i, a, b in self._pieces(info, start, stop):
-                self._read(i, a, packed[at : at + b - a])
+                self.staging.read(i, a, packed[at : at + b - a])
                 if pids:
                     pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
                 at += b - a
