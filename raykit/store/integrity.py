@@ -1,13 +1,7 @@
-"""Checksums of a ray store: per-chunk CRC of the logical rays, per-file SHA-256, content fingerprint.
-
-* Every chunk's CRC (CRC-32C; zlib's CRC-32 in format-1 stores, index key ``crc32``) is computed
-  over its decoded field bytes (fields in manifest order), so it is the same for every backend and
-  is checked on every chunk read: a flipped, truncated or missing payload byte can never yield
-  silently wrong rays.
-* Every file's size and SHA-256 is in the manifest; ``raykit validate`` (and ``open_store(verify=True)``)
-  recompute them. Small metadata files are checked whenever a store is opened.
-* The content fingerprint hashes the logical content only (camera table rows, scene, split layout,
-  fields, chunk CRCs), so a store and its copy in the other backend share it.
+"""Checksums of a ray store (docs/format.md, "Integrity"): the per-chunk CRC of the decoded field
+bytes (the same in every backend, checked on every read), per-file SHA-256, and the content
+fingerprint, which hashes the logical content only (camera table rows, scene, splits, fields, chunk
+CRCs), so a store and its copy in the other backend share it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Sparse 3-D points of a capture (COLMAP ``points3D``), stored as ``points3D.parquet``.
-
-Splatting trainers initialise their Gaussians from the structure-from-motion points. A store written
-from a COLMAP source keeps them in the store's **world frame** (``world_from_source`` applied, like the
-poses), one row per point in point-id order:
-
-| column | type | meaning |
-|---|---|---|
-| ``point_id`` | int64 | COLMAP point id |
-| ``xyz`` | fixed list<float64>[3] | position, store world frame |
-| ``rgb`` | fixed list<uint8>[3] | colour |
-| ``error`` | float64 | mean reprojection error (pixels) |
-| ``track_length`` | int64 | number of observations |
-
-The file is written with the camera table's fixed parquet options (same bytes for the same points),
-listed with its size and SHA-256 in the manifest's ``files`` like every file, and described by the
-manifest's optional ``points`` entry ``{"path": "points3D.parquet", "n_points": P}``.
+"""Sparse 3-D points of a capture (COLMAP ``points3D``), stored as ``points3D.parquet``: one row per
+point in point-id order, in the store's **world frame** (columns ``POINTS_SCHEMA``; docs/format.md,
+"points3D.parquet"). Splatting trainers initialise their Gaussians from them.
 """
 
 from __future__ import annotations

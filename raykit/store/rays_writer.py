@@ -35,9 +35,9 @@ from raykit.store.staging import (
     StageJob,
     StagingSource,
     StoreSource,
+    base_indices,
     bytes_record,
     record_matches,
-    release_stage_memos,
     stage_image,
     write_record,
 )
@@ -150,7 +150,7 @@ def write_rays(request: WriteRequest) -> RayStore:
         try:
             staged = list(run_tasks(stage_image, stage_jobs, request, "decode images"))
         finally:
-            release_stage_memos()
+            base_indices.cache_clear()  # the stage tasks' memoised index arrays
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         content, gather = _staged_content(request, partial, layout, staged, staging, profile)

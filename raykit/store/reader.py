@@ -1,13 +1,10 @@
 """Read a committed ray store from a local path or any fsspec URL.
 
-Opening reads ``manifest.json`` and checks the small metadata files (camera table, chunk index, zarr
-metadata) against their recorded SHA-256. Every chunk read checks the CRC-32 of the decoded rays and,
-on first use of a payload file, its size; so corruption raises a ``StoreCorruptError`` naming the file
-instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
-
-Each split is read by the reader of its layout (``raykit.store.split_readers``: ray chunks or
-encoded images), so nothing here depends on the layout. Opening, the file checks and the whole-image
-reads share the store's parsed metadata, so they are read together.
+Opening reads ``manifest.json`` and checks the small metadata files; every chunk read checks the CRC
+of the decoded rays and, on first use of a payload file, its size (docs/format.md, "Integrity"), so
+corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong rays.
+``verify=True`` also hashes every payload file up front. Each split is read by the reader of its
+layout (``raykit.store.split_readers``), so nothing here depends on the layout.
 """
 
 from __future__ import annotations

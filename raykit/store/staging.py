@@ -35,7 +35,7 @@ from raykit.store.order import base_permutation, image_rotation, merge_counts, m
 from raykit.store.phases import PhaseClock
 from raykit.store.pixels import pack_rgba, unpack_rgb
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.staging_area import DiskStaging, MergeBuffers, StagingArea, scratch_record, staging_file
+from raykit.store.staging_area import MergeBuffers, StagingArea, scratch_record
 from raykit.store.table import CameraTable
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "check_pixels",
     "pixels_crc32c",
     "record_matches",
-    "release_stage_memos",
     "scratch_record",
     "stage_image",
     "write_record",
@@ -110,17 +109,9 @@ class StageJob:
     index: int
     record: ImageRecord
     key: str
+    staging: StagingArea  # where to stage: the writer's staging area
     shuffled: bool = False
     seed: int = 0
-    staging: StagingArea | None = None  # where to stage; None: staging files under ``root``
-
-    @property
-    def rel(self) -> str:
-        return staging_file(self.index)
-
-    @property
-    def area(self) -> StagingArea:
-        return DiskStaging(self.root) if self.staging is None else self.staging
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -166,7 +157,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    area = job.area
+    area = job.staging
     if not area.in_memory and (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
     rec = job.record
@@ -195,11 +186,6 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         write_record(record_path, {"key": job.key, "result": result})
         clock.lap("write")
     return {**result, "seconds": clock.seconds}
-
-
-def release_stage_memos() -> None:
-    """Drop the stage tasks' memoised index arrays (called by the writer once every image is staged)."""
-    base_indices.cache_clear()
 
 
 def write_record(path: Path, record: Any) -> None:

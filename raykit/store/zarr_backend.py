@@ -44,7 +44,6 @@ __all__ = [
     "metadata_documents",
     "reference_encode_shard",
     "reference_metadata_documents",
-    "write_metadata",
 ]
 
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.layout``: every layout records
@@ -123,21 +122,6 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict
         "fill_value": 0,
         "attributes": {"raykit_field": spec.name},
     }
-
-
-def write_metadata(root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-    """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
-
-    Existing shards are left untouched. The documents are built here (``metadata_documents``), the
-    same JSON zarr writes (tested against ``reference_metadata_documents``), so a writer need not import
-    zarr.
-    """
-    written = []
-    for key, document in sorted(metadata_documents(splits, spec).items()):
-        rel = f"{ZARR_DIR}/{key}"
-        atomic_write_bytes(root / rel, document_bytes(document))
-        written.append(rel)
-    return written
 
 
 def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict[str, Any]:
@@ -259,7 +243,13 @@ class ZarrBackend:
         )
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-        return write_metadata(root, splits, spec)
+        """The group and array ``zarr.json`` files (``metadata_documents``: the JSON zarr writes, so a
+        writer need not import zarr), written atomically; existing shards are left untouched."""
+        written = []
+        for key, document in sorted(metadata_documents(splits, spec).items()):
+            atomic_write_bytes(root / f"{ZARR_DIR}/{key}", document_bytes(document))
+            written.append(f"{ZARR_DIR}/{key}")
+        return written
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
