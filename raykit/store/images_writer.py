@@ -39,10 +39,10 @@ from raykit.store.schema import FORMAT_VERSION, ImageRecord
 from raykit.store.staging import (
     bytes_record,
     check_pixels,
+    finish_task,
     pixels_crc32c,
     record_matches,
     scratch_record,
-    write_record,
 )
 
 if TYPE_CHECKING:
@@ -141,10 +141,7 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "pixels_crc32c": pixels_crc32c(pixels),
     }
     clock.lap("checksum")
-    if not job.memory:
-        write_record(record_path, {"key": job.key, "result": result})
-        clock.lap("write")
-    return {**result, "seconds": clock.seconds}
+    return finish_task(None if job.memory else record_path, job.key, result, clock)
 
 
 @dataclass(frozen=True)
@@ -185,9 +182,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock.lap("write")
     result = {"files": {rel: bytes_record(pieces)}, "index": index}
     clock.lap("checksum")
-    write_record(record_path, {"key": job.key, "result": result})
-    clock.lap("write")
-    return {**result, "seconds": clock.seconds}
+    return finish_task(record_path, job.key, result, clock)
 
 
 def write_images(request: WriteRequest) -> RayStore:

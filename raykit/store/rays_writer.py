@@ -37,9 +37,9 @@ from raykit.store.staging import (
     StoreSource,
     base_indices,
     bytes_record,
+    finish_task,
     record_matches,
     stage_image,
-    write_record,
 )
 from raykit.store.staging_area import DiskStaging, MemoryStaging
 from raykit.store.table import CameraTable, write_camera_table
@@ -103,9 +103,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
         clock.lap("checksum")
-    write_record(record_path, {"key": job.key, "result": result})
-    clock.lap("write")
-    return {**result, "seconds": clock.seconds}
+    return finish_task(record_path, job.key, result, clock)
 
 
 def write_rays(request: WriteRequest) -> RayStore:

@@ -45,11 +45,11 @@ __all__ = [
     "base_indices",
     "bytes_record",
     "check_pixels",
+    "finish_task",
     "pixels_crc32c",
     "record_matches",
     "scratch_record",
     "stage_image",
-    "write_record",
 ]
 
 
@@ -182,15 +182,19 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         rows = staged
         clock.lap("permutation")
     result.update(files=area.put(job.index, rows, clock), source_sha256=source_sha)
-    if not area.in_memory:
-        write_record(record_path, {"key": job.key, "result": result})
+    return finish_task(None if area.in_memory else record_path, job.key, result, clock)
+
+
+def finish_task(
+    record_path: Path | None, key: str, result: dict[str, Any], clock: PhaseClock
+) -> dict[str, Any]:
+    """``result`` with ``seconds`` (``clock``'s, not recorded), after recording it for a rerun at
+    ``record_path`` (None: nothing to resume from) as canonical JSON, atomically without fsync (a lost
+    record only redoes its task)."""
+    if record_path is not None:
+        atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
         clock.lap("write")
     return {**result, "seconds": clock.seconds}
-
-
-def write_record(path: Path, record: Any) -> None:
-    """A task record as canonical JSON, atomically without fsync (a lost record only redoes its task)."""
-    atomic_write_json(path, record, sync=False)
 
 
 @dataclass(frozen=True)
