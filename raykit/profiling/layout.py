@@ -21,7 +21,7 @@ import numpy as np
 from raykit.profiling.mixing import chunk_shuffle_quality, read_throughput
 from raykit.store.reader import RayStore
 from raykit.store.schema import ImageRecord, SceneInfo
-from raykit.store.summary import store_summary
+from raykit.store.summary import field_bytes, store_summary
 from raykit.store.writer import write_store
 
 __all__ = ["main", "photo_records", "read_throughput"]
@@ -61,17 +61,14 @@ def photo_records(
 
 
 def _bytes_per_ray(store: RayStore) -> dict[str, float]:
-    sizes: dict[str, int] = {}
-    for rel, entry in store.files.items():
-        parts = rel.split("/")
-        if parts[0] == "zarr" and not rel.endswith("zarr.json"):
-            key = f"{parts[1]}/{parts[2]}"
-        elif parts[0] == "wds":
-            key = parts[1].rsplit("-", 1)[0] + "/tar"
-        else:
-            continue
-        sizes[key] = sizes.get(key, 0) + entry["size"]
-    return {k: round(v / store.splits[k.split("/")[0]].n_rays, 3) for k, v in sorted(sizes.items())}
+    """Payload bytes per ray of each split's stored fields (and container overhead), as the backend
+    counts them (``raykit.store.summary.field_bytes``), keyed ``"split/field"``."""
+    per_ray = {
+        f"{split}/{name}": round(size / store.splits[split].n_rays, 3)
+        for split, counts in field_bytes(store).items()
+        for name, size in counts.items()
+    }
+    return dict(sorted(per_ray.items()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,15 +1,9 @@
 """The interface every store backend implements, and the registry that names them.
 
-A backend is the physical form of the payload (the rays); everything else about a store (manifest,
-camera table, chunk index, checksums, the train order) is the same whatever the backend. It has two
-halves, both small:
-
-* ``Backend`` (writing, and the entry point): which files hold a shard, how one shard of every field
-  is encoded into file bytes plus the per-chunk entries it adds to ``index.json``, which metadata files
-  the payload needs, and how to open a reader on a committed store;
-* ``PayloadReader`` (reading): which files hold a chunk, and the chunk's values;
-* ``Backend.images`` (an ``ImagesPayload``): the same two halves for the images layout, whose splits
-  hold encoded images instead of rays (``raykit.store.images_zarr``, ``raykit.store.images_wds``).
+A backend is the physical form of the payload; everything else about a store (manifest, camera
+table, chunk index, checksums, the train order) is the same whatever the backend. Its halves:
+``Backend`` (writing shards and metadata, and opening a reader), ``PayloadReader`` (reading chunks)
+and ``Backend.images``, an ``ImagesPayload`` (both for the images layout).
 
 Backends are stateless frozen objects (picklable, so writer tasks carry them to worker processes).
 ``BACKENDS`` lists the names a manifest may give; ``backend_named`` returns the implementation. A new

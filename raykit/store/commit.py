@@ -1,5 +1,6 @@
 """What every payload writer shares, whatever the layout: the partial directory its plan keys
-(``open_partial``), its tasks run by any executor (``run_tasks``), and the last phase (``commit``):
+(``open_partial``), its tasks run by any executor (``run_tasks``), its shard phase (``write_shards``)
+and the last phase (``commit``):
 ``index.json``, the sparse points, the manifest (every file's size and SHA-256, the content
 fingerprint), then the rename of ``<dst>.partial`` to ``dst`` (``commit_store``)."""
 
@@ -13,16 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path, atomic_write_json
+from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.backend import Backend, PayloadSpec
+from raykit.store.backend import Backend, PayloadSpec, backend_named
 from raykit.store.destination import OVERWRITE_HINT, check_destination, prepare_partial
 from raykit.store.integrity import CHUNK_CHECKSUM, content_fingerprint, file_record, json_digest
 from raykit.store.layout import StoreLayout
 from raykit.store.phases import Profile
-from raykit.store.plan import WriteRequest
-from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry, write_points
+from raykit.store.plan import WriteRequest, field_specs
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.table import build_camera_table, write_camera_table, write_parquet
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -35,7 +37,9 @@ __all__ = [
     "open_partial",
     "run_tasks",
     "source_fingerprint",
+    "staged_content",
     "write_index_and_manifest",
+    "write_shards",
 ]
 
 J = TypeVar("J")
@@ -62,6 +66,8 @@ class StoreContent:
 
     def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
+        from raykit import __version__
+
         splits = {k: v.to_dict() for k, v in self.splits.items()}
         hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
         fields = {spec.name: spec.to_dict() for spec in self.fields}
@@ -69,7 +75,7 @@ class StoreContent:
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
-            "raykit_version": _raykit_version(),
+            "raykit_version": __version__,
             "backend": self.backend.name,
             "layout": self.layout.to_dict(),
             "source": dict(self.source),
@@ -85,6 +91,30 @@ class StoreContent:
         }
         manifest["manifest_digest"] = json_digest(manifest)
         return manifest
+
+
+def staged_content(
+    request: WriteRequest,
+    partial: Path,
+    layout: StoreLayout,
+    splits: Mapping[str, SplitInfo],
+    staged: Sequence[Mapping[str, Any]],
+    profile: Profile,
+    **source: Any,
+) -> StoreContent:
+    """The content of a write whose images are ``staged`` (each one's stage or encode task result, in
+    table order): its camera table, written into ``partial``; the request's source description with
+    the source fingerprint and the entries ``source``; the fields of the images' channels."""
+    records = request.records
+    alpha = [s["channels"] == 4 for s in staged]
+    shuffled = {name for name, info in splits.items() if info.shuffled}
+    table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
+    write_camera_table(table, partial)
+    profile.wall.lap("camera_table")
+    source = {**request.source, "fingerprint": source_fingerprint(records, staged), **source}
+    fields = field_specs(4 if any(alpha) else 3, layout.materialize)
+    backend = backend_named(request.options.backend)
+    return StoreContent(backend, layout, source, request.scene, splits, fields, table, request.points)
 
 
 def open_partial(request: WriteRequest, plan: dict[str, Any]) -> tuple[Path, str]:
@@ -110,6 +140,39 @@ def run_tasks(fn: Callable[[J], R], jobs: Sequence[J], request: WriteRequest, de
     executor = request.executor
     results: Iterable[R] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
     yield from progress_bar(results, total=len(jobs), desc=desc, disable=not request.progress, unit="task")
+
+
+def write_shards(
+    fn: Callable[[J], dict[str, Any]],
+    jobs: Sequence[J],
+    splits: Sequence[str],
+    request: WriteRequest,
+    partial: Path,
+    profile: Profile,
+    files: dict[str, Any],
+    index: dict[str, dict[str, list[Any]]],
+) -> None:
+    """The shard phase of either layout: run ``fn`` over ``jobs`` (``splits``: each job's split),
+    fsync their files, and add each result's file records (``"files"``) to ``files`` and its
+    ``index.json`` entries (``"index"``: key -> values, in job order) to ``index``."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
+        # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
+        synced: list[concurrent.futures.Future[None]] = []
+        results: list[dict[str, Any]] = []
+        for res in run_tasks(fn, jobs, request, f"write {request.options.backend} shards"):
+            synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
+            results.append(res)
+        profile.wall.lap("shards")
+        for future in synced:
+            future.result()
+        shard_dirs = {(partial / rel).parent for res in results for rel in res["files"]}
+        list(syncing.map(fsync_path, sorted(shard_dirs)))
+    profile.absorb("shard", results)
+    profile.wall.lap("fsync")
+    for split, res in zip(splits, results, strict=True):
+        files.update(res["files"])
+        for key, values in res["index"].items():
+            index[split].setdefault(key, []).extend(values)
 
 
 def commit(
@@ -138,8 +201,7 @@ def write_index_and_manifest(
     atomic_write_json(partial / "index.json", index)
     written = ["cameras.parquet", "index.json"]
     if content.points is not None:
-        with atomic_path(partial / POINTS_FILE) as tmp:
-            write_points(content.points, str(tmp))
+        write_parquet(content.points.to_table(), partial / POINTS_FILE)
         written.append(POINTS_FILE)
     for rel in written:
         files[rel] = file_record(partial / rel)
@@ -180,9 +242,3 @@ def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:
     from raykit.store.reader import open_store
 
     return open_store(str(dst))
-
-
-def _raykit_version() -> str:
-    from raykit import __version__
-
-    return __version__

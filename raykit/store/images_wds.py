@@ -11,14 +11,14 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raykit.store.backend import ImageShard, StagedImage
 from raykit.store.layout import StoreLayout
 
-__all__ = ["TAR_HEADER", "WDS_IMAGES", "WdsImages", "tar_member", "wds_image_shards", "wds_shard_groups"]
+__all__ = ["WDS_IMAGES", "WdsImages", "tar_bytes", "tar_member", "wds_image_shards", "wds_shard_groups"]
 
 TAR_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
 
@@ -46,24 +46,26 @@ def wds_shard_groups(sizes: Sequence[int], layout: StoreLayout) -> list[list[int
     return groups
 
 
-def wds_image_shards(
-    split: str, first: int, images: Sequence[tuple[bytes, str, Mapping[str, Any]]]
-) -> tuple[bytes, list[int]]:
-    """One tar of samples ``first..``: ``(tar bytes, data offset of each image member)``.
-
-    Args:
-        images: per image, ``(stored bytes, extension, camera record)``.
-    """
-    buffer = io.BytesIO()
-    offsets = []
+def tar_bytes(members: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
+    """A deterministic tar (both layouts') of ``members``, ``(name, bytes)`` in order, and the offset of
+    each member's data in it."""
+    buffer, offsets = io.BytesIO(), []
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, (data, ext, record) in enumerate(images):
-            key = f"{split}_{first + i:08d}"
+        for name, data in members:
             offsets.append(tar.offset + TAR_HEADER)
-            tar.addfile(tar_member(f"{key}.{ext}", len(data)), io.BytesIO(data))
-            meta = (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
-            tar.addfile(tar_member(f"{key}.json", len(meta)), io.BytesIO(meta))
+            tar.addfile(tar_member(name, len(data)), io.BytesIO(data))
     return buffer.getvalue(), offsets
+
+
+def wds_image_shards(split: str, first: int, images: Sequence[StagedImage]) -> tuple[bytes, list[int]]:
+    """One tar of samples ``first..``: ``(tar bytes, data offset of each image member)``."""
+    members = []
+    for i, image in enumerate(images):
+        key = f"{split}_{first + i:08d}"
+        meta = (json.dumps(image.record, sort_keys=True, indent=1) + "\n").encode()
+        members += [(f"{key}.{image.ext}", image.data), (f"{key}.json", meta)]
+    data, offsets = tar_bytes(members)
+    return data, offsets[::2]
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,7 @@ class WdsImages:
     def encode_shard(
         self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
     ) -> tuple[str, bytes, dict[str, list[Any]]]:
-        items = [(image.data, image.ext, image.record) for image in images]
-        data, members = wds_image_shards(split, shard.images[0], items)
+        data, members = wds_image_shards(split, shard.images[0], images)
         index = {"image_shard": [shard.shard] * len(images), "image_member": members}
         return f"wds/{split}-{shard.shard:06d}.tar", data, index
 

@@ -1,21 +1,10 @@
 """Write an images-layout store (``layout="images"``): every image stored encoded, shuffled at load time.
 
-Phases, in ``<dst>.partial/`` like the ray writer (``raykit.store.writer``), both run by any
-``concurrent.futures.Executor``:
-
-1. **encode**: one task per image decodes it once (``ImageRecord.load()``: a truncated or corrupt
-   file fails the conversion), keeps the source file's bytes when they pass through unchanged, else
-   re-encodes losslessly and checks that the new bytes decode to the same pixels
-   (``raykit.store.image_codec``); the bytes go to ``staging/{index:06d}.img`` with a task record
-   (resume: a task whose key and file checksum match is skipped);
-2. **shards**: one task per zarr shard (a fixed byte range of the split's byte array) or per tar (a
-   run of whole images) assembles its file from the staged bytes and writes it atomically;
-3. **commit**: zarr metadata, ``cameras.parquet``, ``index.json``, then ``manifest.json``; then the
-   rename to ``dst``.
-
-Every byte depends only on the records and options, never on the executor or worker count. How a
-shard's bytes are laid out is the backend's (``Backend.images``); the manifest and the commit are
-every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls ``write_images``.
+Its phases (encode each image once, one task per shard, commit; docs/format.md, "The images layout",
+**Writing**) run in ``<dst>.partial/`` like the ray writer's, by any ``concurrent.futures.Executor``.
+How a shard's bytes are laid out is the backend's (``Backend.images``); the shard phase, the manifest
+and the commit are every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls
+``write_images``.
 """
 
 from __future__ import annotations
@@ -31,9 +20,9 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_bytes, fsync_path
+from raykit.fileio import atomic_write_bytes
 from raykit.store.backend import ImageShard, ImagesPayload, StagedImage, backend_named
-from raykit.store.commit import StoreContent, commit, in_process, open_partial, run_tasks, source_fingerprint
+from raykit.store.commit import commit, in_process, open_partial, run_tasks, staged_content, write_shards
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
 from raykit.store.images_layout import camera_record
 from raykit.store.integrity import file_record, json_digest
@@ -45,17 +34,16 @@ from raykit.store.layout import (
 )
 from raykit.store.location import is_url
 from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import WriteRequest, field_specs, record_plan, split_infos
+from raykit.store.plan import WriteRequest, record_plan, split_infos
 from raykit.store.schema import FORMAT_VERSION, ImageRecord
 from raykit.store.staging import (
     bytes_record,
     check_pixels,
+    finish_task,
     pixels_crc32c,
     record_matches,
     scratch_record,
-    write_record,
 )
-from raykit.store.table import build_camera_table, write_camera_table
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -153,10 +141,7 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "pixels_crc32c": pixels_crc32c(pixels),
     }
     clock.lap("checksum")
-    if not job.memory:
-        write_record(record_path, {"key": job.key, "result": result})
-        clock.lap("write")
-    return {**result, "seconds": clock.seconds}
+    return finish_task(None if job.memory else record_path, job.key, result, clock)
 
 
 @dataclass(frozen=True)
@@ -197,9 +182,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock.lap("write")
     result = {"files": {rel: bytes_record(pieces)}, "index": index}
     clock.lap("checksum")
-    write_record(record_path, {"key": job.key, "result": result})
-    clock.lap("write")
-    return {**result, "seconds": clock.seconds}
+    return finish_task(record_path, job.key, result, clock)
 
 
 def write_images(request: WriteRequest) -> RayStore:
@@ -257,9 +240,13 @@ def _split_shards(
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
     ordered, payload = request.records, backend_named(request.options.backend).images
     files: dict[str, Any] = {}
-    for rel, data in payload.root_metadata().items():
-        atomic_write_bytes(partial / rel, data)
-        files[rel] = file_record(partial / rel)
+
+    def write(metadata: Mapping[str, bytes]) -> None:
+        for rel, data in metadata.items():
+            atomic_write_bytes(partial / rel, data)
+            files[rel] = file_record(partial / rel)
+
+    write(payload.root_metadata())
     jobs: list[ShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
     for name in dict.fromkeys(r.split for r in ordered):
@@ -276,9 +263,7 @@ def _split_shards(
             name, names, entry["image_format"], entry["image_bytes"], layout
         )
         index[name] = {**entry, **planned}
-        for rel, data in meta.items():
-            atomic_write_bytes(partial / rel, data)
-            files[rel] = file_record(partial / rel)
+        write(meta)
         for shard in shards:
             taken = [rows[j] for j in shard.images]
             jobs.append(
@@ -307,29 +292,10 @@ def _write_rest(
 ) -> RayStore:
     """Phases 2 and 3 of :func:`write_images`; ``profile`` gets the time per phase
     (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
-    ordered, opts = request.records, request.options
-    channels = 4 if any(e["channels"] == 4 for e in encoded) else 3
-    infos = split_infos(ordered, opts.chunk_rays, "derived", IMAGES_LAYOUT)
-    table = build_camera_table(
-        ordered, [e["channels"] == 4 for e in encoded], [e["source_sha256"] for e in encoded], set()
-    )
-    write_camera_table(table, partial)
-    profile.wall.lap("camera_table")
-    jobs, index, files = _split_shards(
-        request, partial, layout, encoded, table.column("pixel_offset").to_pylist(), key
-    )
+    infos = split_infos(request.records, request.options.chunk_rays, "derived", IMAGES_LAYOUT)
+    content = staged_content(request, partial, layout, infos, encoded, profile)
+    offsets = content.table.column("pixel_offset").to_pylist()
+    jobs, index, files = _split_shards(request, partial, layout, encoded, offsets, key)
     profile.wall.lap("metadata")
-    results = list(run_tasks(write_shard_task, jobs, request, f"write {request.options.backend} shards"))
-    profile.absorb("shard", results)
-    profile.wall.lap("shards")
-    for job, res in zip(jobs, results, strict=True):
-        files.update(res["files"])
-        for name, values in res["index"].items():
-            index[job.split].setdefault(name, []).extend(values)
-        for rel in res["files"]:
-            fsync_path(partial / rel)
-    profile.wall.lap("fsync")
-    source = {**request.source, "fingerprint": source_fingerprint(ordered, encoded)}
-    backend, fields = backend_named(opts.backend), field_specs(channels, None)
-    content = StoreContent(backend, layout, source, request.scene, infos, fields, table, request.points)
+    write_shards(write_shard_task, jobs, [job.split for job in jobs], request, partial, profile, files, index)
     return commit(partial, request, content, files, index, profile)

@@ -19,18 +19,7 @@ from raykit.store.backend import ImageShard, StagedImage
 from raykit.store.layout import IMAGES_LAYOUT, StoreLayout
 from raykit.store.zarr_read import ZARR_ROOT, array_document, crc32c_bytes, document_bytes, shard_pieces
 
-__all__ = ["ZARR_IMAGES", "ZarrImages", "images_metadata", "zarr_image_shard"]
-
-
-def zarr_image_shard(blob: bytes, shard: int, total: int, layout: StoreLayout) -> list[bytes]:
-    """Shard ``shard`` of a split's byte array as zarr writes it, in pieces.
-
-    Args:
-        blob: bytes ``[shard * S, min((shard + 1) * S, total))`` of the array (S: bytes per shard).
-    """
-    size = layout.image_chunk_bytes
-    chunks = (blob[lo : lo + size].ljust(size, b"\0") for lo in range(0, len(blob), size))
-    return shard_pieces(chunks, layout.image_shard_chunks)
+__all__ = ["ZARR_IMAGES", "ZarrImages", "images_metadata"]
 
 
 def _bytes_codec(little: bool = False) -> dict[str, Any]:
@@ -103,8 +92,9 @@ class ZarrImages:
         for image, offset in zip(images, shard.offsets, strict=True):
             a, b = max(offset, lo), min(offset + len(image.data), hi)
             blob[a - lo : b - lo] = image.data[a - offset : b - offset]
-        pieces = zarr_image_shard(bytes(blob), shard.shard, shard.total, layout)
-        return f"zarr/{split}/images/c/{shard.shard}", pieces, {}
+        size = layout.image_chunk_bytes  # inner chunks, the last one zero-padded
+        chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
+        return f"zarr/{split}/images/c/{shard.shard}", shard_pieces(chunks, layout.image_shard_chunks), {}
 
     def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])

@@ -1,13 +1,7 @@
-"""Checksums of a ray store: per-chunk CRC of the logical rays, per-file SHA-256, content fingerprint.
-
-* Every chunk's CRC (CRC-32C; zlib's CRC-32 in format-1 stores, index key ``crc32``) is computed
-  over its decoded field bytes (fields in manifest order), so it is the same for every backend and
-  is checked on every chunk read: a flipped, truncated or missing payload byte can never yield
-  silently wrong rays.
-* Every file's size and SHA-256 is in the manifest; ``raykit validate`` (and ``open_store(verify=True)``)
-  recompute them. Small metadata files are checked whenever a store is opened.
-* The content fingerprint hashes the logical content only (camera table rows, scene, split layout,
-  fields, chunk CRCs), so a store and its copy in the other backend share it.
+"""Checksums of a ray store (docs/format.md, "Integrity"): the per-chunk CRC of the decoded field
+bytes (the same in every backend, checked on every read), per-file SHA-256, and the content
+fingerprint, which hashes the logical content only (camera table rows, scene, splits, fields, chunk
+CRCs), so a store and its copy in the other backend share it.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ from raykit.fileio import sha256_file
 
 __all__ = [
     "CHUNK_CHECKSUM",
-    "camera_table_digest",
     "chunk_checksum",
     "content_fingerprint",
     "file_record",
@@ -69,11 +62,6 @@ def json_digest(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def camera_table_digest(table: pa.Table) -> str:
-    """Digest of the camera table's rows (logical values, independent of parquet encoding)."""
-    return json_digest(table.to_pylist())
-
-
 def content_fingerprint(
     table: pa.Table,
     scene: Mapping[str, Any],
@@ -88,7 +76,7 @@ def content_fingerprint(
     of the digest, so fingerprints of stores from before crc32c are unchanged.
     """
     content: dict[str, Any] = {
-        "cameras": camera_table_digest(table),
+        "cameras": json_digest(table.to_pylist()),  # the rows' values, whatever the parquet encoding
         "scene": dict(scene),
         "splits": {k: dict(v) for k, v in splits.items()},
         "fields": {k: dict(v) for k, v in fields.items()},

@@ -1,13 +1,10 @@
 """``raykit copy --layout``: rewrite a store in the other layout (rays <-> images), or an images store in
-the other backend.
+the other backend (docs/format.md, "Copies").
 
 The copy is written from the source store's own images (``RayStore.read_image``) as image records with
-the source's camera table, scene and layout options, by ``raykit.store.write_store``'s payload writer
-of the target layout (``copy_request``; ``raykit.store.writer.copy_store`` runs it). An
-images store copied to images keeps every stored file's bytes (and so its content fingerprint, whatever
-the backend); a copy to the images layout re-encodes losslessly unless the capture's original file is
-still at its recorded path with its recorded SHA-256 and passes through. The source fingerprint
-(``manifest.source.fingerprint``: names, source hashes, decoded pixel CRCs) is the same in every copy.
+the source's camera table, scene and layout options, by the payload writer of the target layout
+(``copy_request``; ``raykit.store.writer.copy_store`` runs it). An images store copied to images keeps
+every stored file's bytes (``StoreImageLoad.encoded``).
 """
 
 from __future__ import annotations

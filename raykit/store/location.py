@@ -8,16 +8,25 @@ connection) into :class:`~raykit.errors.StoreError` lines that name the location
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
 from raykit.errors import StoreError
 
-__all__ = ["filesystem", "is_url", "read_errors"]
+__all__ = ["filesystem", "is_url", "local_files_bytes", "read_errors"]
 
 
 def is_url(text: str) -> bool:
     """Whether ``text`` names a remote location (a scheme other than ``file://``)."""
     return "://" in text and not text.startswith("file://")
+
+
+def local_files_bytes(paths: Sequence[str]) -> int | None:
+    """Total bytes of the files ``paths`` when there are some and every one is a local file, else None."""
+    if not paths or not all(isinstance(p, str) and p and os.path.isfile(p) for p in paths):
+        return None
+    return sum(os.path.getsize(p) for p in paths)
 
 
 def filesystem(url: str) -> tuple[Any, str]:

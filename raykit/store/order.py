@@ -1,26 +1,16 @@
 """The order of a shuffled (train) split, computed per image and per shard: no global permutation.
 
-The train order (docs/format.md, "Order within a split"):
+The train order is defined in docs/format.md ("Order within a split"): image ``i`` of ``n`` pixels is
+staged in the order ``pi_i[r] = base_n[(r + s_i) mod n]`` (``base_permutation``, ``image_rotation``,
+``image_order``), and the split's rays are the images' ranks merged by the key ``((r + 1/2) / n_i, i)``
+(``merge_counts``), a shard being a contiguous range of that merge: one contiguous run of ranks per
+image. When the split's images all have the same size the merge is a round robin over images, which
+a shard builds as the (blocked) transpose of an (images, ranks) matrix whose rows are the images'
+runs (``merge_into``); otherwise it sorts the keys.
 
-1. image ``i`` of a shuffled split, of ``n`` pixels, is staged in the order
-   ``pi_i[r] = base_n[(r + s_i) mod n]``: a seeded permutation ``base_n`` shared by the split's images
-   of ``n`` pixels, rotated by a seeded offset ``s_i`` of the image's own (``image_order``);
-2. the split's rays are the images' ranks merged by the key ``((r + 1/2) / n_i, i)`` (``merge_counts``
-   gives how many of each image's ranks any prefix holds), and a shard is a contiguous range of that
-   merge, in merge order.
-
-So a shard reads one contiguous run of ranks per image (no global argsort, no random reads), every
-chunk holds each image's share of rays (within one ray when the images have the same size), and which
-pixels of an image land in which chunk is uniformly random. When the split's images all have the same
-size the merge is a round robin over images, which a shard builds as the (blocked) transpose of an
-(images, ranks) matrix whose rows are the images' runs (``merge_into``); otherwise it sorts the keys.
-``reference_split_pids`` builds the order the slow way (the tests' oracle).
-
-The definition, its fast writer-side merge, the read-side ``SplitOrder`` (numpy and torch) and the
-slow twin are read together: they must agree exactly.
-
-Format 3 stores no pids for such a split: ``SplitOrder`` derives the pids of any ray range from this
-definition at read time (``pids``: vectorised numpy; ``pids_torch``: the same on any torch device).
+The definition, its fast writer-side merge, the read-side ``SplitOrder`` (numpy ``pids`` and torch
+``pids_torch``: format 3 derives a split's pids from it at read time) and the slow twin
+``reference_split_pids`` (the tests' oracle) are read together: they must agree exactly.
 """
 
 from __future__ import annotations

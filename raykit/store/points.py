@@ -1,20 +1,6 @@
-"""Sparse 3-D points of a capture (COLMAP ``points3D``), stored as ``points3D.parquet``.
-
-Splatting trainers initialise their Gaussians from the structure-from-motion points. A store written
-from a COLMAP source keeps them in the store's **world frame** (``world_from_source`` applied, like the
-poses), one row per point in point-id order:
-
-| column | type | meaning |
-|---|---|---|
-| ``point_id`` | int64 | COLMAP point id |
-| ``xyz`` | fixed list<float64>[3] | position, store world frame |
-| ``rgb`` | fixed list<uint8>[3] | colour |
-| ``error`` | float64 | mean reprojection error (pixels) |
-| ``track_length`` | int64 | number of observations |
-
-The file is written with the camera table's fixed parquet options (same bytes for the same points),
-listed with its size and SHA-256 in the manifest's ``files`` like every file, and described by the
-manifest's optional ``points`` entry ``{"path": "points3D.parquet", "n_points": P}``.
+"""Sparse 3-D points of a capture (COLMAP ``points3D``), stored as ``points3D.parquet``: one row per
+point in point-id order, in the store's **world frame** (columns ``POINTS_SCHEMA``; docs/format.md,
+"points3D.parquet"). Splatting trainers initialise their Gaussians from them.
 """
 
 from __future__ import annotations
@@ -25,9 +11,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-
-from raykit.errors import StoreCorruptError
 
 __all__ = [
     "POINTS_FILE",
@@ -36,8 +19,6 @@ __all__ = [
     "check_points",
     "points_digest",
     "points_entry",
-    "read_points",
-    "write_points",
 ]
 
 POINTS_FILE = "points3D.parquet"
@@ -108,27 +89,6 @@ class SparsePoints:
             table.column("error").to_numpy().astype(np.float64),
             table.column("track_length").to_numpy().astype(np.int64),
         )
-
-
-def write_points(points: SparsePoints, path: str) -> None:
-    """Write ``points`` as parquet with fixed options (same bytes for the same points)."""
-    pq.write_table(points.to_table(), path, compression="zstd", write_statistics=False, store_schema=False)
-
-
-def read_points(data: bytes, where: str) -> pa.Table:
-    """Parse ``points3D.parquet`` bytes on the calling thread (see ``table.read_camera_table``).
-
-    Raises:
-        StoreCorruptError: naming ``where``: unreadable parquet or missing columns.
-    """
-    try:
-        table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)
-    except (pa.ArrowException, OSError) as exc:
-        raise StoreCorruptError(f"{where}: unreadable parquet: {exc}") from exc
-    missing = [n for n in POINTS_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise StoreCorruptError(f"{where}: expected columns {missing}, not found")
-    return table.select(POINTS_SCHEMA.names)
 
 
 def points_digest(points: SparsePoints) -> str:

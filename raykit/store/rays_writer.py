@@ -1,58 +1,48 @@
 """The rays payload writer (``StoreOptions.layout == "rays"``), called by ``raykit.store.write_store``.
 
-Three phases, all in ``<dst>.partial/`` beside ``dst``:
-
-1. one task per image decodes it into ``staging/{index:06d}.px`` (raw packed RGBA; in a shuffled split
-   in the image's seeded order), or into memory when every task runs in this process;
-2. one task per shard reads one contiguous run of rays per image from staging, merges them in the
-   split's order (train; ``raykit.store.order``) and has the backend encode the shard, written
-   atomically;
-3. ``cameras.parquet``, ``index.json`` (per-chunk CRCs and, for WebDataset, member offsets) and last
-   ``manifest.json`` (``raykit.store.commit``); staging is removed and ``<dst>.partial`` is renamed to
-   ``dst``.
-
-A rerun with the same inputs resumes: tasks whose records and checksums match are skipped. Output
-bytes do not depend on the executor or the number of workers. Planning lives in ``plan.py``, timing in
-``phases.py``, staging in ``staging.py``.
+Its phases in ``<dst>.partial/`` (decode images into staging, one task per shard, commit) and how a
+rerun resumes are docs/format.md's "Commit protocol". Planning lives in ``plan.py``, timing in
+``phases.py``, the tasks in ``staging.py``, the shard phase and the commit in ``commit.py``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raykit.fileio import atomic_write_bytes, fsync_path
+from raykit.fileio import atomic_write_bytes
 from raykit.store.backend import Backend, PayloadSpec, backend_named
-from raykit.store.commit import StoreContent, commit, in_process, open_partial, run_tasks, source_fingerprint
+from raykit.store.commit import (
+    StoreContent,
+    commit,
+    in_process,
+    open_partial,
+    run_tasks,
+    staged_content,
+    write_shards,
+)
 from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest
 from raykit.store.layout import StoreLayout
+from raykit.store.location import local_files_bytes
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import (
-    SHUFFLED_SPLITS,
-    WriteRequest,
-    field_specs,
-    record_plan,
-    split_infos,
-)
-from raykit.store.schema import FORMAT_VERSION, ImageRecord, SplitInfo
+from raykit.store.plan import SHUFFLED_SPLITS, WriteRequest, record_plan, split_infos
+from raykit.store.schema import FORMAT_VERSION, SplitInfo
 from raykit.store.staging import (
     StageJob,
     StagingSource,
     StoreSource,
+    base_indices,
     bytes_record,
+    finish_task,
     record_matches,
-    release_stage_memos,
     stage_image,
-    write_record,
 )
 from raykit.store.staging_area import DiskStaging, MemoryStaging
-from raykit.store.table import CameraTable, build_camera_table, write_camera_table
+from raykit.store.table import CameraTable, write_camera_table
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -60,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
 
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
-_TASK_FORMAT = 3  # 3: format-3 stores (pids derived, checked apart)
+_TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksums in "index"
 Source = StagingSource | StoreSource
 
 
@@ -78,8 +68,8 @@ class ShardJob:
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "checksums": [per chunk], "members": [...]}``
-    and ``"seconds"``, the time per phase (not recorded)."""
+    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [per chunk]}}`` (the chunk
+    checksums and the backend's entries) and ``"seconds"``, the time per phase (not recorded)."""
     root = Path(job.root)
     record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
     clock = PhaseClock()
@@ -95,18 +85,17 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     # The chunk checksum covers every stored field but the pids, which (when stored) have their own,
     # so a copy with or without stored pids keeps its checksums and fingerprint.
     summed = [name for name in stored if name != "pid"]
-    checksums, pid_checksums = [], []
+    pid_key = f"pid_{CHUNK_CHECKSUM}"
+    index: dict[str, list[Any]] = {CHUNK_CHECKSUM: [], **({pid_key: []} if "pid" in stored else {})}
     for c in range(first, last):
         lo, hi = (b - start for b in job.info.chunk_range(c))
-        checksums.append(chunk_checksum({name: data[name][lo:hi] for name in summed}, summed, CHUNK_CHECKSUM))
+        chunk = {name: data[name][lo:hi] for name in stored}
+        index[CHUNK_CHECKSUM].append(chunk_checksum(chunk, summed, CHUNK_CHECKSUM))
         if "pid" in stored:
-            pid_checksums.append(chunk_checksum({"pid": data["pid"][lo:hi]}, ["pid"], CHUNK_CHECKSUM))
-    result: dict[str, Any] = {"checksums": checksums}
-    if pid_checksums:
-        result["pid_checksums"] = pid_checksums
+            index[pid_key].append(chunk_checksum(chunk, ["pid"], CHUNK_CHECKSUM))
     clock.lap("checksum")
     encoded = job.backend.encode_shard(job.info, job.shard, data, job.spec)
-    result["index"] = encoded.index
+    result: dict[str, Any] = {"index": {**index, **encoded.index}}
     clock.lap("compress")
     result["files"] = {}
     for rel, payload in encoded.files.items():
@@ -114,9 +103,7 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
         clock.lap("checksum")
-    write_record(record_path, {"key": job.key, "result": result})
-    clock.lap("write")
-    return {**result, "seconds": clock.seconds}
+    return finish_task(record_path, job.key, result, clock)
 
 
 def write_rays(request: WriteRequest) -> RayStore:
@@ -161,7 +148,7 @@ def write_rays(request: WriteRequest) -> RayStore:
         try:
             staged = list(run_tasks(stage_image, stage_jobs, request, "decode images"))
         finally:
-            release_stage_memos()
+            base_indices.cache_clear()  # the stage tasks' memoised index arrays
         profile.absorb("stage", staged)
         profile.wall.lap("stage")
         content, gather = _staged_content(request, partial, layout, staged, staging, profile)
@@ -179,23 +166,11 @@ def _staged_content(
 ) -> tuple[StoreContent, StagingSource]:
     """The camera table (written), the store's content and the source of the staged rays."""
     opts, ordered = request.options, request.records
-    channels = 4 if any(s["channels"] == 4 for s in staged) else 3
     splits = split_infos(ordered, opts.chunk_rays, "stored" if opts.with_pids else "derived")
-    shuffled = {name for name, info in splits.items() if info.shuffled}
-    alpha = [s["channels"] == 4 for s in staged]
-    table = build_camera_table(ordered, alpha, [s["source_sha256"] for s in staged], shuffled)
-    write_camera_table(table, partial)
+    image_bytes = local_files_bytes([r.source_path for r in ordered])
+    content = staged_content(request, partial, layout, splits, staged, profile, image_bytes=image_bytes)
+    table, channels = content.table, content.spec().fields["rgba"].channels
     offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
-    profile.wall.lap("camera_table")
-    source = {
-        **request.source,
-        "fingerprint": source_fingerprint(ordered, staged),
-        "image_bytes": _image_bytes(ordered),
-    }
-    fields = field_specs(channels, opts.materialize)
-    content = StoreContent(
-        backend_named(opts.backend), layout, source, request.scene, splits, fields, table, request.points
-    )
     sizes = tuple(r.camera.width * r.camera.height for r in ordered)
     image_channels = tuple(int(s["channels"]) for s in staged)
     # The cameras travel with the source (materialised rays need them): no task re-reads the table.
@@ -204,16 +179,6 @@ def _staged_content(
         str(partial), offsets, sizes, image_channels, channels, opts.materialize, staging, opts.seed, cameras
     )
     return content, gather
-
-
-def _image_bytes(records: Sequence[ImageRecord]) -> int | None:
-    """Total bytes of the source image files when every image is a local file, else None."""
-    total = 0
-    for rec in records:
-        if not rec.source_path or not os.path.isfile(rec.source_path):
-            return None
-        total += os.path.getsize(rec.source_path)
-    return total
 
 
 def _shard_jobs(partial: Path, content: StoreContent, gather: Source, plan_key: str) -> list[ShardJob]:
@@ -242,35 +207,16 @@ def _write_shards(
     profile: Profile,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
-    files: dict[str, Any] = {}
-    for rel in content.backend.write_metadata(partial, content.splits, content.spec()):
-        files[rel] = file_record(partial / rel)
+    files = {
+        rel: file_record(partial / rel)
+        for rel in content.backend.write_metadata(partial, content.splits, content.spec())
+    }
     jobs = _shard_jobs(partial, content, gather, plan_key)
     profile.wall.lap("metadata")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
-        # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
-        synced: list[concurrent.futures.Future[None]] = []
-        results: list[dict[str, Any]] = []
-        desc = f"write {content.backend.name} shards"
-        for res in run_tasks(write_shard_task, jobs, request, desc):
-            synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
-            results.append(res)
-        profile.wall.lap("shards")
-        for future in synced:
-            future.result()
-        shard_dirs = {(partial / rel).parent for res in results for rel in res["files"]}
-        list(syncing.map(fsync_path, sorted(shard_dirs)))
-    profile.absorb("shard", results)
-    profile.wall.lap("fsync")
     index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in content.splits}
-    for job, res in zip(jobs, results, strict=True):
-        entry = index[job.info.name]
-        entry[CHUNK_CHECKSUM] += res["checksums"]
-        if "pid_checksums" in res:
-            entry.setdefault(f"pid_{CHUNK_CHECKSUM}", []).extend(res["pid_checksums"])
-        for key, values in res["index"].items():
-            entry.setdefault(key, []).extend(values)
-        files.update(res["files"])
+    write_shards(
+        write_shard_task, jobs, [job.info.name for job in jobs], request, partial, profile, files, index
+    )
     return files, index
 
 

@@ -1,13 +1,10 @@
 """Read a committed ray store from a local path or any fsspec URL.
 
-Opening reads ``manifest.json`` and checks the small metadata files (camera table, chunk index, zarr
-metadata) against their recorded SHA-256. Every chunk read checks the CRC-32 of the decoded rays and,
-on first use of a payload file, its size; so corruption raises a ``StoreCorruptError`` naming the file
-instead of returning wrong rays. ``verify=True`` also hashes every payload file up front.
-
-Each split is read by the reader of its layout (``raykit.store.split_readers``: ray chunks or
-encoded images), so nothing here depends on the layout. Opening, the file checks and the whole-image
-reads share the store's parsed metadata, so they are read together.
+Opening reads ``manifest.json`` and checks the small metadata files; every chunk read checks the CRC
+of the decoded rays and, on first use of a payload file, its size (docs/format.md, "Integrity"), so
+corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong rays.
+``verify=True`` also hashes every payload file up front. Each split is read by the reader of its
+layout (``raykit.store.split_readers``), so nothing here depends on the layout.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ from raykit.store.integrity import json_digest
 from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
-from raykit.store.points import SparsePoints, read_points
+from raykit.store.points import POINTS_SCHEMA, SparsePoints
 from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
     FieldSpec,
@@ -46,7 +43,7 @@ from raykit.store.schema import (
     split_sort_key,
 )
 from raykit.store.split_readers import RaySplits, SplitReader, empty_rays, layout_readers
-from raykit.store.table import CameraTable, ray_generator, read_camera_table
+from raykit.store.table import CameraTable, ray_generator, read_camera_table, read_parquet
 
 if TYPE_CHECKING:  # torch is imported where rays are made: `raykit info` and `validate` need none
     import torch
@@ -62,13 +59,6 @@ class RayRangeError(StoreError, IndexError):
     """A split, chunk, ray range or image that the store does not have."""
 
 
-def _normalise(path_or_url: str | Path) -> str:
-    text = str(path_or_url)
-    if is_url(text):
-        return text.rstrip("/")
-    return str(Path(text.removeprefix("file://")).resolve())
-
-
 def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
     """Open the committed store at ``path_or_url`` (a local path or an fsspec URL).
 
@@ -77,7 +67,9 @@ def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
         StoreVersionError: the store was written by a newer format version.
         StoreCorruptError: a metadata file fails its checksum (or, with ``verify``, any file).
     """
-    return RayStore(_normalise(path_or_url), verify=verify)
+    text = str(path_or_url)
+    url = text.rstrip("/") if is_url(text) else str(Path(text.removeprefix("file://")).resolve())
+    return RayStore(url, verify=verify)
 
 
 class RayStore:
@@ -298,7 +290,7 @@ class RayStore:
         if entry is None:
             return None
         rel = str(entry["path"])
-        return read_points(self.read_verified(rel), self._where(rel))
+        return read_parquet(self.read_verified(rel), POINTS_SCHEMA, self._where(rel))
 
     def sparse_points(self) -> SparsePoints | None:
         """``points`` as numpy arrays, or None."""

@@ -35,7 +35,7 @@ from raykit.store.order import base_permutation, image_rotation, merge_counts, m
 from raykit.store.phases import PhaseClock
 from raykit.store.pixels import pack_rgba, unpack_rgb
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.staging_area import DiskStaging, MergeBuffers, StagingArea, scratch_record, staging_file
+from raykit.store.staging_area import MergeBuffers, StagingArea, scratch_record
 from raykit.store.table import CameraTable
 
 __all__ = [
@@ -45,12 +45,11 @@ __all__ = [
     "base_indices",
     "bytes_record",
     "check_pixels",
+    "finish_task",
     "pixels_crc32c",
     "record_matches",
-    "release_stage_memos",
     "scratch_record",
     "stage_image",
-    "write_record",
 ]
 
 
@@ -110,17 +109,9 @@ class StageJob:
     index: int
     record: ImageRecord
     key: str
+    staging: StagingArea  # where to stage: the writer's staging area
     shuffled: bool = False
     seed: int = 0
-    staging: StagingArea | None = None  # where to stage; None: staging files under ``root``
-
-    @property
-    def rel(self) -> str:
-        return staging_file(self.index)
-
-    @property
-    def area(self) -> StagingArea:
-        return DiskStaging(self.root) if self.staging is None else self.staging
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -166,7 +157,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    area = job.area
+    area = job.staging
     if not area.in_memory and (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
     rec = job.record
@@ -191,20 +182,19 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         rows = staged
         clock.lap("permutation")
     result.update(files=area.put(job.index, rows, clock), source_sha256=source_sha)
-    if not area.in_memory:
-        write_record(record_path, {"key": job.key, "result": result})
+    return finish_task(None if area.in_memory else record_path, job.key, result, clock)
+
+
+def finish_task(
+    record_path: Path | None, key: str, result: dict[str, Any], clock: PhaseClock
+) -> dict[str, Any]:
+    """``result`` with ``seconds`` (``clock``'s, not recorded), after recording it for a rerun at
+    ``record_path`` (None: nothing to resume from) as canonical JSON, atomically without fsync (a lost
+    record only redoes its task)."""
+    if record_path is not None:
+        atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
         clock.lap("write")
     return {**result, "seconds": clock.seconds}
-
-
-def release_stage_memos() -> None:
-    """Drop the stage tasks' memoised index arrays (called by the writer once every image is staged)."""
-    base_indices.cache_clear()
-
-
-def write_record(path: Path, record: Any) -> None:
-    """A task record as canonical JSON, atomically without fsync (a lost record only redoes its task)."""
-    atomic_write_json(path, record, sync=False)
 
 
 @dataclass(frozen=True)
@@ -234,10 +224,6 @@ class StagingSource:
     seed: int = 0
     table: CameraTable | None = field(default=None, compare=False)
     buffers: MergeBuffers = field(default_factory=MergeBuffers, compare=False, repr=False)
-
-    def _read(self, image: int, lo: int, out: np.ndarray) -> None:
-        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of ``image``."""
-        self.staging.read(image, lo, out)
 
     def _images(self, info: SplitInfo) -> tuple[range, tuple[int, ...]]:
         """Indices and pixel counts of the split's images (one contiguous run of table rows)."""
@@ -279,7 +265,7 @@ class StagingSource:
                 np.add(order_run(seed, split, i, sizes[j], lo[j], hi[j]), np.uint32(offsets[i]), out=out)
 
             def fill_colour(j: int, out: np.ndarray) -> None:
-                self._read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
+                self.staging.read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
 
             pid = (
                 merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
@@ -295,7 +281,7 @@ class StagingSource:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n if pids else 0, dtype=np.uint32)
             at = 0
             for i, a, b in self._pieces(info, start, stop):
-                self._read(i, a, packed[at : at + b - a])
+                self.staging.read(i, a, packed[at : at + b - a])
                 if pids:
                     pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
                 at += b - a

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from raykit.store.backend import backend_named
+from raykit.store.location import local_files_bytes
 from raykit.store.reader import RayStore
 
 __all__ = ["field_bytes", "payload_bytes", "source_image_bytes", "store_summary"]
@@ -31,10 +31,7 @@ def source_image_bytes(store: RayStore) -> int | None:
     recorded = store.manifest.get("source", {}).get("image_bytes")
     if recorded is not None:
         return int(recorded)
-    paths = store.cameras.column("source_path").to_pylist() if store.cameras.num_rows else []
-    if not paths or not all(isinstance(p, str) and p and os.path.isfile(p) for p in paths):
-        return None
-    return sum(os.path.getsize(p) for p in paths)
+    return local_files_bytes(store.cameras.column("source_path").to_pylist())
 
 
 def store_summary(store: RayStore) -> dict[str, Any]:

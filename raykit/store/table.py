@@ -33,7 +33,9 @@ __all__ = [
     "order_records",
     "ray_generator",
     "read_camera_table",
+    "read_parquet",
     "write_camera_table",
+    "write_parquet",
 ]
 
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -141,15 +143,21 @@ def build_camera_table(
     return pa.table(rows, schema=CAMERA_TABLE_SCHEMA)
 
 
-def write_camera_table(table: pa.Table, root: Path) -> None:
-    """Write ``table`` as ``root/cameras.parquet``, atomically, with fixed options (same bytes for the
-    same table)."""
-    with atomic_path(root / "cameras.parquet") as tmp:
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Write ``table`` at ``path``, atomically, with fixed options (the same bytes for the same table):
+    ``cameras.parquet`` and ``points3D.parquet``."""
+    with atomic_path(path) as tmp:
         pq.write_table(table, str(tmp), compression="zstd", write_statistics=False, store_schema=False)
 
 
-def read_camera_table(data: bytes, where: str) -> pa.Table:
-    """Parse and check ``cameras.parquet`` bytes; ``where`` names the file in errors.
+def write_camera_table(table: pa.Table, root: Path) -> None:
+    """Write ``table`` as ``root/cameras.parquet`` (``write_parquet``)."""
+    write_parquet(table, root / "cameras.parquet")
+
+
+def read_parquet(data: bytes, schema: pa.Schema, where: str) -> pa.Table:
+    """Parse parquet bytes and check that they hold ``schema``'s columns (``cameras.parquet``,
+    ``points3D.parquet``); ``where`` names the file in errors.
 
     Read with ``ParquetFile.read(use_threads=False)``, not ``pq.read_table``: the latter goes through
     Arrow's dataset scanner, whose thread-pool workers may drop the last reference to ``data`` (a
@@ -162,10 +170,15 @@ def read_camera_table(data: bytes, where: str) -> pa.Table:
         table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise StoreCorruptError(f"{where}: unreadable parquet: {exc}") from exc
-    missing = [n for n in CAMERA_TABLE_SCHEMA.names if n not in table.column_names]
+    missing = [n for n in schema.names if n not in table.column_names]
     if missing:
         raise StoreCorruptError(f"{where}: expected columns {missing}, not found")
-    return table.select(CAMERA_TABLE_SCHEMA.names)
+    return table.select(schema.names)
+
+
+def read_camera_table(data: bytes, where: str) -> pa.Table:
+    """Parse and check ``cameras.parquet`` bytes (``read_parquet``)."""
+    return read_parquet(data, CAMERA_TABLE_SCHEMA, where)
 
 
 @dataclass(frozen=True)

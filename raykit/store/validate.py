@@ -1,11 +1,5 @@
-"""``raykit validate``: check everything a store claims, and report every problem found.
-
-Checks, in order: the manifest opens; every listed file exists with its size and SHA-256; the camera
-table matches the manifest (row count, split counts, pixel offsets, eval ray ranges) and holds valid
-cameras and rigid poses; every chunk decodes with its dtype, shape and CRC-32; every split holds each
-of its pixels exactly once (in row-major image order for evaluation splits); RGB images have alpha 255;
-materialised rays match the ones generated from the camera table; the sparse points (when present)
-match their manifest entry, are finite and have unique ids.
+"""``raykit validate``: check everything a store claims (the checks of docs/format.md, "Integrity"),
+and report every problem found, one line each.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk.
-
-Sample ``{split}_{chunk:08d}`` holds one ``.npy`` member per stored field (``rgba.npy``, ``pid.npy``
-when the split stores its pids, and ``origins.npy``/``directions.npy`` when materialised), members in
-that fixed order. Tars are
-deterministic: USTAR headers, mtime 0, uid/gid 0, empty owner names, mode 0644. Each member's data
-offset and size are recorded in the store index, so one chunk is two byte-range reads; the shards
-also stream through plain ``webdataset.WebDataset``.
+"""WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk, one ``.npy``
+member per stored field (docs/format.md, "WebDataset"). Each member's data offset and size are
+recorded in ``index.json``, so one chunk is one byte-range read per field.
 """
 
 from __future__ import annotations
 
 import io
-import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +15,7 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
-from raykit.store.images_wds import TAR_HEADER, tar_member
+from raykit.store.images_wds import tar_bytes
 from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
@@ -30,7 +24,6 @@ __all__ = [
     "WDS_DIR",
     "WdsBackend",
     "WdsReader",
-    "encode_shard",
     "npy_bytes",
     "sample_key",
     "shard_file",
@@ -54,32 +47,6 @@ def npy_bytes(values: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
     return buffer.getvalue()
-
-
-def encode_shard(
-    split: str, shard: int, first_chunk: int, chunks: Sequence[Mapping[str, np.ndarray]]
-) -> tuple[dict[str, bytes], list[dict[str, list[int]]]]:
-    """One tar shard, built in memory.
-
-    Args:
-        chunks: per chunk, field name -> (n, ...) values, fields in the order they are stored.
-
-    Returns:
-        (``{relative path: tar bytes}``, per chunk: field -> ``[data offset, data size]`` within the tar).
-    """
-    rel = shard_file(split, shard)
-    members: list[dict[str, list[int]]] = []
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, chunk in enumerate(chunks):
-            key = sample_key(split, first_chunk + i)
-            where: dict[str, list[int]] = {}
-            for name, values in chunk.items():
-                data = npy_bytes(values)
-                where[name] = [tar.offset + TAR_HEADER, len(data)]
-                tar.addfile(tar_member(f"{key}.{name}.npy", len(data)), io.BytesIO(data))
-            members.append(where)
-    return {rel: buffer.getvalue()}, members
 
 
 def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
@@ -153,12 +120,17 @@ class WdsBackend:
     ) -> EncodedShard:
         first = shard * spec.layout.shard_chunks
         start = info.chunk_range(first)[0]
-        chunks = []
-        for c in range(first, min(first + spec.layout.shard_chunks, info.n_chunks)):
+        chunks = range(first, min(first + spec.layout.shard_chunks, info.n_chunks))
+        fields = []  # (chunk, field name, .npy bytes): the members in order
+        for c in chunks:
             lo, hi = (b - start for b in info.chunk_range(c))
-            chunks.append({name: data[name][lo:hi] for name in spec.fields_of(info.name)})
-        files, members = encode_shard(info.name, shard, first, chunks)
-        return EncodedShard(dict(files), {"shard": [shard] * len(chunks), "members": list(members)})
+            fields += [(c, name, npy_bytes(data[name][lo:hi])) for name in spec.fields_of(info.name)]
+        tar, offsets = tar_bytes((f"{sample_key(info.name, c)}.{name}.npy", npy) for c, name, npy in fields)
+        members: dict[int, dict[str, list[int]]] = {c: {} for c in chunks}  # field -> [data offset, size]
+        for (c, name, npy), offset in zip(fields, offsets, strict=True):
+            members[c][name] = [offset, len(npy)]
+        index: dict[str, list[Any]] = {"shard": [shard] * len(chunks), "members": list(members.values())}
+        return EncodedShard({shard_file(info.name, shard): tar}, index)
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
         return []

@@ -1,18 +1,13 @@
-"""Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed.
+"""Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed
+(docs/format.md, "Zarr v3").
 
-Array ``zarr/{split}/{field}`` has shape ``(n_rays,)`` or ``(n_rays, channels)``, inner chunks of
-``chunk_rays`` rays (the read unit; each compressed with zstd or blosc, then crc32c-checksummed)
-and shards of ``shard_chunks`` chunks (the write unit, one file ``c/{shard}[/0]`` with a
-crc32c-checksummed index at its end). A writer encodes one whole shard in memory (``encode_shards``)
-and writes it atomically, so the bytes do not depend on which process wrote them. The encoder calls the same
-numcodecs codecs as zarr directly (zarr's own write path costs as much again as the compression); its
-output is tested byte for byte against zarr's (``reference_encode_shard``).
-
-zarr itself is imported where it is used (writing metadata, the twin and remote reads): a loader that
-reads local shards directly does not pay its import time and memory.
-
-The encoder, the metadata documents and their zarr twins derive from one codec definition
-(``FieldCodec``); reading is ``raykit.store.zarr_read``.
+A writer encodes one whole shard in memory (``encode_shard_pieces``) with the same numcodecs codecs as
+zarr, called directly (zarr's own write path costs as much again as the compression); its output is
+tested byte for byte against zarr's (``reference_encode_shard``), and the metadata documents against
+zarr's (``reference_metadata_documents``). All three derive from one codec definition
+(``FieldCodec``). zarr itself is imported where it is used (the twins and remote reads), so a writer,
+and a loader that reads local shards directly, do not pay its import time and memory. Reading is
+``raykit.store.zarr_read``.
 """
 
 from __future__ import annotations
@@ -49,7 +44,6 @@ __all__ = [
     "metadata_documents",
     "reference_encode_shard",
     "reference_metadata_documents",
-    "write_metadata",
 ]
 
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.layout``: every layout records
@@ -128,21 +122,6 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict
         "fill_value": 0,
         "attributes": {"raykit_field": spec.name},
     }
-
-
-def write_metadata(root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-    """Write the group and array ``zarr.json`` files under ``root/zarr`` atomically; returns their paths.
-
-    Existing shards are left untouched. The documents are built here (``metadata_documents``), the
-    same JSON zarr writes (tested against ``reference_metadata_documents``), so a writer need not import
-    zarr.
-    """
-    written = []
-    for key, document in sorted(metadata_documents(splits, spec).items()):
-        rel = f"{ZARR_DIR}/{key}"
-        atomic_write_bytes(root / rel, document_bytes(document))
-        written.append(rel)
-    return written
 
 
 def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict[str, Any]:
@@ -264,7 +243,13 @@ class ZarrBackend:
         )
 
     def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-        return write_metadata(root, splits, spec)
+        """The group and array ``zarr.json`` files (``metadata_documents``: the JSON zarr writes, so a
+        writer need not import zarr), written atomically; existing shards are left untouched."""
+        written = []
+        for key, document in sorted(metadata_documents(splits, spec).items()):
+            atomic_write_bytes(root / f"{ZARR_DIR}/{key}", document_bytes(document))
+            written.append(f"{ZARR_DIR}/{key}")
+        return written
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]

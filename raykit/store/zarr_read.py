@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,12 +102,6 @@ def _open_store(url: str) -> Any:
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
 
 
-def _local_root(url: str) -> Path | None:
-    if is_url(url):
-        return None
-    return Path(url.removeprefix("file://"))
-
-
 @dataclass(frozen=True)
 class _ShardCodec:
     """How to decode one inner chunk of a shard file raykit wrote (parsed from the array's zarr.json)."""
@@ -164,7 +158,7 @@ class ZarrReader:
         self._shard_chunks = spec.layout.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
-        self._local = _local_root(self._url)
+        self._local = None if is_url(self._url) else Path(self._url.removeprefix("file://"))
         self._codecs: dict[tuple[str, str], _ShardCodec | None] = {}
         self._indexes: dict[str, np.ndarray] = {}
 
@@ -183,64 +177,60 @@ class ZarrReader:
             self._codecs[key] = direct_shard_codec(meta)
         return self._codecs[key]
 
-    def _shard_index(self, fd: int, path: Path) -> np.ndarray:
-        index = self._indexes.get(str(path))
-        if index is None:
-            nbytes = self._shard_chunks * 16 + 4
-            size = os.fstat(fd).st_size
-            raw = os.pread(fd, nbytes, size - nbytes) if size >= nbytes else b""
-            if len(raw) != nbytes or not _crc_ok(raw):
-                raise StoreCorruptError(f"{path}: shard index unreadable or fails its crc32c")
-            index = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
-            self._indexes[str(path)] = index
-        return index
-
-    def _remote_bytes(self, rel: str, index: int, split: str) -> tuple[str, bytes]:
-        """``(where, encoded chunk)`` of a remote shard file, by byte ranges."""
-        where = f"{self._url}/{rel}"
-        j = index % self._shard_chunks
-        table = self._indexes.get(where)
-        if table is None:
-            nbytes = self._shard_chunks * 16 + 4
-            raw = self._ranges.read(rel, -nbytes, 0) if self._ranges.size(rel) >= nbytes else b""
-            if len(raw) != nbytes or not _crc_ok(raw):
-                raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
-            table = self._indexes[where] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
-        offset, nbytes = (int(v) for v in table[j])
-        if offset == ABSENT_CHUNK:
-            raise StoreCorruptError(f"{where}: chunk {index} of split {split!r} is not stored")
-        return where, self._ranges.read(rel, offset, offset + nbytes)
-
     def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
-        shard, j = divmod(index, self._shard_chunks)
-        if self._local is None:
-            where, data = self._remote_bytes(shard_file(info.name, spec, shard), index, info.name)
-            return self._decode(codec, info, index, where, data, len(data))
-        path = self._local / shard_file(info.name, spec, shard)
+        rel = shard_file(info.name, spec, index // self._shard_chunks)
+        if self._local is None:  # by byte ranges
+
+            def read_range(offset: int, n: int) -> bytes:
+                return bytes(self._ranges.read(rel, offset, offset + n))
+
+            return self._read_from(
+                codec, info, index, f"{self._url}/{rel}", self._ranges.size(rel), read_range
+            )
+        path = self._local / rel
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:  # deleted since the store was opened
             raise StoreNotFoundError(f"{path}: payload file missing") from exc
         try:
-            offset, nbytes = (int(v) for v in self._shard_index(fd, path)[j])
-            if offset == ABSENT_CHUNK:
-                raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} is not stored")
-            data = os.pread(fd, nbytes, offset)
+            size = os.fstat(fd).st_size
+            return self._read_from(
+                codec, info, index, str(path), size, lambda offset, n: os.pread(fd, n, offset)
+            )
         finally:
             os.close(fd)
-        return self._decode(codec, info, index, path, data, nbytes)
 
-    def _decode(
-        self, codec: _ShardCodec, info: SplitInfo, index: int, path: Any, data: bytes, nbytes: int
+    def _read_from(
+        self,
+        codec: _ShardCodec,
+        info: SplitInfo,
+        index: int,
+        where: str,
+        size: int,
+        read: Callable[[int, int], bytes],
     ) -> np.ndarray:
+        """Chunk ``index`` from its shard file ``where`` of ``size`` bytes (``read(offset, n)``): the
+        shard index once per file, then the chunk, both checked against their crc32c, then decoded."""
+        table = self._indexes.get(where)
+        if table is None:
+            nbytes = self._shard_chunks * 16 + 4
+            raw = read(size - nbytes, nbytes) if size >= nbytes else b""
+            if len(raw) != nbytes or not _crc_ok(raw):
+                raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
+            table = self._indexes[where] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
+        offset, nbytes = (int(v) for v in table[index % self._shard_chunks])
+        if offset == ABSENT_CHUNK:
+            raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} is not stored")
+        data = read(offset, nbytes)
         if len(data) != nbytes or not _crc_ok(data):
-            raise StoreCorruptError(f"{path}: chunk {index} of split {info.name!r} fails its crc32c")
+            raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
             values = np.empty(codec.chunk_shape, dtype=codec.dtype)  # writable, decoded in place
             codec.codec.decode(data[:-4], out=values)
         except Exception as exc:
-            where = f"{path}: chunk {index} of split {info.name!r}"
-            raise StoreCorruptError(f"{where} undecodable: {exc}") from exc
+            raise StoreCorruptError(
+                f"{where}: chunk {index} of split {info.name!r} undecodable: {exc}"
+            ) from exc
         start, stop = info.chunk_range(index)
         return values[: stop - start]
 
