@@ -10,7 +10,8 @@ An image enters an images-layout store in one of two ways (``encode_for_store``)
   or taller than WebP's 16,383-pixel limit. Measured on a 512x600 photo (``benchmarks/bench_layouts.py``):
   WebP lossless at effort 0 is 30 % smaller than PNG at level 3 for the same encode and decode time.
 
-``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)``; the writer checks, for every
+``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)`` (``raykit.imagedecode``: Pillow's
+pixels exactly, through simplejpeg / OpenCV where installed); the writer checks, for every
 image, that it gives exactly the pixels the converter decoded.
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from raykit.errors import StoreCorruptError
+from raykit.imagedecode import UnsupportedImageModeError, decode_image
 
 __all__ = [
     "REENCODE_FORMAT",
@@ -122,11 +124,10 @@ def decode_stored(data: bytes, channels: int, where: str) -> np.ndarray:
         StoreCorruptError: the bytes do not decode, naming ``where``.
     """
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            if img.mode not in ("RGB", "RGBA"):
-                raise StoreCorruptError(f"{where}: stored image has mode {img.mode!r}, expected RGB or RGBA")
-            array = np.array(img)  # writable (torch tensors are made from it)
+        array = decode_image(data)  # writable (torch tensors are made from it), C-contiguous
+    except UnsupportedImageModeError as exc:
+        mode = exc.mode
+        raise StoreCorruptError(f"{where}: stored image has mode {mode!r}, expected RGB or RGBA") from None
     except (OSError, ValueError) as exc:
         raise StoreCorruptError(f"{where}: stored image does not decode ({exc})") from None
     if array.shape[2] == channels:
