@@ -2,7 +2,7 @@
 and ``ImageLoader``, whole images for splatting-style trainers."""
 
 from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
-from raykit.loaders.config import LoaderConfig
+from raykit.loaders.config import ImageLoaderConfig, LoaderConfig
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.images import ImageBatch, ImageLoader
 from raykit.loaders.loader import RayLoader
@@ -18,6 +18,7 @@ __all__ = [
     "ImageBatch",
     "ImageCache",
     "ImageLoader",
+    "ImageLoaderConfig",
     "ImagePlan",
     "LoaderConfig",
     "MemorySource",

@@ -1,20 +1,59 @@
-"""``LoaderConfig``: the options of :class:`~raykit.loaders.RayLoader`, frozen and checked once."""
+"""The options of the loaders, frozen and checked once: ``LoaderConfig`` (:class:`~raykit.loaders.RayLoader`)
+and ``ImageLoaderConfig`` (:class:`~raykit.loaders.ImageLoader`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
+
+import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args
 
-__all__ = ["LoaderConfig"]
+__all__ = ["ImageLoaderConfig", "LoaderConfig"]
+
+
+class _Options:
+    """What both configs share: ``replace``, ``changed`` and ``merge`` (options as keywords or one config)."""
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def changed(self) -> list[str]:
+        """Names of the fields that differ from their defaults, in field order."""
+        default = type(self)()
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        return [f.name for f in fields if getattr(self, f.name) != getattr(default, f.name)]
+
+    @classmethod
+    def merge(cls, keywords: Self, config: Self | None) -> Self:
+        """``config`` when given (then every keyword must be left at its default), else ``keywords``.
+
+        Raises:
+            ConfigError: ``config`` of another type, or both a ``config`` and keywords that differ from
+                their defaults.
+        """
+        if config is None:
+            return keywords
+        if not isinstance(config, cls):
+            article = "an" if cls.__name__[0] in "AEIOU" else "a"
+            got = type(config).__name__
+            raise ConfigError(f"loader: config: expected {article} {cls.__name__}, got {got}")
+        if changed := keywords.changed():
+            raise ConfigError(
+                f"loader: options given both as config= and as keywords ({', '.join(changed)}): "
+                "give them one way"
+            )
+        return config
 
 
 @dataclass(frozen=True)
-class LoaderConfig:
+class LoaderConfig(_Options):
     """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
 
     The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring);
@@ -57,32 +96,40 @@ class LoaderConfig:
             window_images=(self.window_images, 1),
         )  # fmt: skip
 
-    def replace(self, **changes: Any) -> LoaderConfig:
-        """A copy with ``changes`` (checked again)."""
-        return dataclasses.replace(self, **changes)
 
-    def changed(self) -> list[str]:
-        """Names of the fields that differ from their defaults, in field order."""
-        default = LoaderConfig()
-        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+@dataclass(frozen=True)
+class ImageLoaderConfig(_Options):
+    """Every option of an :class:`~raykit.loaders.ImageLoader` but the store.
 
-    @staticmethod
-    def merge(keywords: LoaderConfig, config: LoaderConfig | None) -> LoaderConfig:
-        """``config`` when given (then every keyword must be left at its default), else ``keywords``.
+    The fields are ``ImageLoader``'s keywords, with the same defaults and meanings (see its docstring);
+    the options it shares with :class:`LoaderConfig` have the same names and checks.
 
-        Raises:
-            ConfigError: both a ``config`` and keywords that differ from their defaults.
-        """
-        if config is None:
-            return keywords
-        if not isinstance(config, LoaderConfig):
-            raise ConfigError(f"loader: config: expected a LoaderConfig, got {type(config).__name__}")
-        if changed := keywords.changed():
-            raise ConfigError(
-                f"loader: options given both as config= and as keywords ({', '.join(changed)}): "
-                "give them one way"
-            )
-        return config
+    Raises:
+        ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
+    """
+
+    split: str = "train"
+    batch_size: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    crop: tuple[int, int] | None = None
+    device: Any = "cpu"
+    num_workers: int = 0
+    cache_bytes: int = 2 << 30
+    rank: int | None = None
+    world_size: int | None = None
+    undistort: bool = False
+    drop_last: bool = True
+    prefetch: int = 2
+    convert_threads: int | None = None
+    transform: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        check_loader_args(
+            batch_size=(self.batch_size, 1), seed=(self.seed, 0), num_workers=(self.num_workers, 0),
+            prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
+            world_size=(self.world_size, 1), convert_threads=(self.convert_threads, 1),
+        )  # fmt: skip
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -25,9 +25,10 @@ import torch
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import crop_camera
-from raykit.loaders.arguments import check_loader_args, open_if_location
+from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import ImageCache
+from raykit.loaders.config import ImageLoaderConfig
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
 from raykit.loaders.stages import Positioned
@@ -96,6 +97,11 @@ class ImageLoader(BatchLoader):
             (after undistortion), before the cache; it keeps H and W (crops are cut afterwards) and
             may change channels and dtype; batches then carry its output as it is (no float
             conversion, ``alpha`` None). Must pickle with ``num_workers > 0`` (it runs in the workers).
+        config: all of the options above but ``store`` as one
+            :class:`~raykit.loaders.config.ImageLoaderConfig` (then leave those keywords at their defaults).
+
+    Attributes:
+        config: the options, as an :class:`~raykit.loaders.config.ImageLoaderConfig`.
     """
 
     STATE_VERSION = IMAGE_STATE_VERSION
@@ -120,30 +126,33 @@ class ImageLoader(BatchLoader):
         prefetch: int = 2,
         convert_threads: int | None = None,
         transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        config: ImageLoaderConfig | None = None,
     ) -> None:
-        check_loader_args(
-            batch_size=(batch_size, 1), seed=(seed, 0), num_workers=(num_workers, 0), prefetch=(prefetch, 1),
-            cache_bytes=(cache_bytes, 0), rank=(rank, 0), world_size=(world_size, 1),
-            convert_threads=(convert_threads, 1),
+        keywords = ImageLoaderConfig(
+            split, batch_size, seed, shuffle, crop, device, num_workers, cache_bytes, rank, world_size,
+            undistort, drop_last, prefetch, convert_threads, transform,
         )  # fmt: skip
+        cfg = self.config = ImageLoaderConfig.merge(keywords, config)
         opened = open_if_location(store)
         if not isinstance(opened, RayStore):
             raise ConfigError(f"image loader: store: expected a RayStore or a store location, got {store!r}")
         store = opened
-        if split not in store.splits:
+        if cfg.split not in store.splits:
             raise ConfigError(
-                f"image loader: {store.url}: no split {split!r}; expected one of {sorted(store.splits)}"
+                f"image loader: {store.url}: no split {cfg.split!r}; expected one of {sorted(store.splits)}"
             )
-        self.store, self.split, self.device = store, split, torch.device(device)
-        self.source = ImageSource(store, split, undistort, transform)
-        self.transform = transform
-        self.crop = checked_crop(crop, self.source)
-        check_batch_sizes(self.source, batch_size, self.crop)
-        rank, world_size = distributed_rank(rank, world_size)
-        self.plan = ImagePlan(self.source.n_images, batch_size, seed, shuffle, drop_last, world_size, rank)
-        self.undistort, self.num_workers, self.prefetch = undistort, num_workers, prefetch
-        self.cache = ImageCache(cache_bytes)
-        self.convert_threads = convert_threads or min(2, os.cpu_count() or 1)
+        self.store, self.split, self.device = store, cfg.split, torch.device(cfg.device)
+        self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform)
+        self.transform = cfg.transform
+        self.crop = checked_crop(cfg.crop, self.source)
+        check_batch_sizes(self.source, cfg.batch_size, self.crop)
+        rank, world_size = distributed_rank(cfg.rank, cfg.world_size)
+        self.plan = ImagePlan(
+            self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
+        )
+        self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
+        self.cache = ImageCache(cfg.cache_bytes)
+        self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
         self._filled = False
         self._cameras: dict[int, tuple[Camera, np.ndarray | None]] = {}
         table = store.table
