@@ -138,6 +138,7 @@ class ChunkStrategy:
     """How :class:`~raykit.loaders.RayLoader` reads a split of shuffled ray chunks (or any chunk source)."""
 
     name: str = "rays"
+    steps: tuple[str, ...] = ("read", "gather", "generate")  # read: chunks read and decompressed
     exact_keys: tuple[str, ...] = ("n_rays", "chunk_rays", "seed", "shuffle", "mix_chunks", "mix_run")
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource:

@@ -77,6 +77,8 @@ class RayLoader(BatchLoader):
             recorded layout (:mod:`raykit.loaders.strategies`).
         plan: the strategy's plan (:class:`~raykit.loaders.plan.SamplingPlan` or
             :class:`~raykit.loaders.window.WindowPlan`).
+        seconds: seconds spent so far in each step the stages time (``strategy.steps``), each on its own
+            thread: the profile of :mod:`raykit.profiling`.
     """
 
     def __init__(
@@ -129,7 +131,7 @@ class RayLoader(BatchLoader):
             self.num_workers, self.workers_reason = int(cfg.num_workers), "given"
         self.config = cfg
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, cfg.device)
-        self.seconds = {"read": 0.0, "gather": 0.0, "generate": 0.0}
+        self.seconds = dict.fromkeys(self.strategy.steps, 0.0)
         self._times = StageTimes(self.seconds)
         self._start()
 

@@ -21,6 +21,7 @@ from raykit.errors import ConfigError, StoreCorruptError
 from raykit.loaders.cache import DiskCache
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
+from raykit.store.split_readers import Timed
 
 __all__ = [
     "CachedStoreSource",
@@ -222,12 +223,13 @@ class WindowImageSource:
         # The ChunkSource shape: one chunk per image.
         self.n_rays, self.chunk_rays, self.n_chunks = sum(self.image_rays), max(self.image_rays), len(rows)
 
-    def read_chunk(self, index: int) -> RawRays:
-        """Image ``index`` of the split, decoded: ``rgba`` (n_i, C) row-major, ``pid`` empty."""
+    def read_chunk(self, index: int, timed: Timed | None = None) -> RawRays:
+        """Image ``index`` of the split, decoded: ``rgba`` (n_i, C) row-major, ``pid`` empty
+        (``timed(step, seconds)``: the seconds of its ``"read"`` and ``"decode"``)."""
         if self._cached is not None:
             for rel in self.store.image_files(self.split, index):
                 self._cached.disk.get(rel)
-        pixels = self.store.read_split_image(self.split, index)
+        pixels = self.store.read_split_image(self.split, index, timed)
         return RawRays(pixels.reshape(-1, pixels.shape[2]), np.zeros(0, np.uint32))
 
     def __getstate__(self) -> dict[str, Any]:

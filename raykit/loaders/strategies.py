@@ -28,9 +28,10 @@ __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 class Strategy(Protocol):
     """One layout's way of loading (see the module docstring): ``name`` is recorded in the loader
     state as ``"strategy"`` (but ``"rays"``), ``state_fields(plan)`` are the plan fields a resumed
-    loader must match exactly."""
+    loader must match exactly; ``steps`` are the steps its stages time (``RayLoader.seconds``)."""
 
     name: str
+    steps: tuple[str, ...]
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> ChunkSource: ...
 

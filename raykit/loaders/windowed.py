@@ -48,6 +48,9 @@ class WindowStrategy:
     """
 
     name: str = "window"
+    # Timed steps (``RayLoader.seconds``): waiting for window images, their stored bytes read and
+    # decoded (on the decoding thread; not counted when worker processes decode), entering the window.
+    steps: tuple[str, ...] = ("wait", "read", "decode", "enter", "gather", "generate")
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> WindowImageSource:
         if not isinstance(store, RayStore):
@@ -112,9 +115,12 @@ class WindowDraws(Positioned):
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
+        t0 = time.perf_counter()
         doubled = self._doubled(epoch, self.plan.image_rays[image])
         offset = int(self.source.pixel_offsets[image])
-        return WindowImage.enter(rgba, offset, doubled, self.plan.rotation(epoch, image))
+        entered = WindowImage.enter(rgba, offset, doubled, self.plan.rotation(epoch, image))
+        self._times.add("enter", time.perf_counter() - t0)
+        return entered
 
     def _doubled(self, epoch: int, n: int) -> np.ndarray:
         """(2 n,) uint32: ``epoch``'s base permutation of ``n`` twice over (a rotation is one slice)."""
@@ -134,7 +140,7 @@ class WindowDraws(Positioned):
             pending: deque[tuple[int, Future[RawRays]]] = deque()
             try:
                 for i in images:
-                    pending.append((i, pool.submit(self.source.read_chunk, i)))
+                    pending.append((i, pool.submit(self.source.read_chunk, i, self._times.add)))
                     if len(pending) > DECODE_AHEAD + 1:  # DECODE_AHEAD + 1 decode while one is awaited
                         got, future = pending.popleft()
                         yield got, future.result()
@@ -164,7 +170,7 @@ class WindowDraws(Positioned):
                 while i not in window:  # images that entered before ``i`` come first
                     got, image = next(stream)
                     window[got] = self.enter(epoch, got, image.rgba)
-            self._times.add("read", time.perf_counter() - t0)
+            self._times.add("wait", time.perf_counter() - t0)
             yield pieces, {i: window[i] for i, _, _ in pieces}
             for i, _, hi in pieces:
                 if hi == plan.image_rays[i]:

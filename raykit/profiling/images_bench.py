@@ -4,11 +4,13 @@ The report has the keys of :func:`raykit.profiling.loader.run_bench` (so one tab
 layout) plus the figures that compare the layouts: ``read_mb_per_s`` (stored bytes read per second,
 end to end), ``decode_share`` (decoding's part of the time of all stages) and ``shuffle_quality``.
 
-Stages, each timed on its own over the images and rays of the measured batches:
+Stages, as the loader's own stages time themselves (``RayLoader.seconds``) over the measured batches,
+in a loader that decodes on its own thread (each step on its thread, so they overlap):
 
 * ``read``: the stored bytes of the images that enter the window (CRC-checked);
 * ``decode``: those bytes to pixels (what worker processes do);
-* ``gather``: each batch's rays from the decoded window images (the plan's draws);
+* ``enter``: decoded images put in the epoch's ray order as they enter the window;
+* ``gather``: each group's rays from the window images (the plan's draws);
 * ``generate``: compact rays -> ``RayBatch`` on the device.
 """
 
@@ -17,18 +19,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
-from raykit.loaders.batching import DeviceBatcher
-from raykit.loaders.cache import ChunkCache
 from raykit.loaders.loader import RayLoader
-from raykit.loaders.source import WindowImageSource
-from raykit.loaders.stages import StageTimes, StrategyInputs
 from raykit.loaders.window import WindowPlan
-from raykit.loaders.windowed import WindowDraws, gather_planned
-from raykit.loaders.workers import ChunkFetcher
 from raykit.profiling.mixing import shuffle_quality
-from raykit.store.image_codec import decode_stored
 from raykit.store.reader import RayStore
 
 __all__ = ["run_images_bench"]
@@ -83,38 +79,32 @@ def run_images_bench(
     warm = _timed_loop(loader, batches, channels + 4)
     loader.close()
     plan = loader.plan
-    source = loader.source
-    assert isinstance(plan, WindowPlan) and isinstance(source, WindowImageSource)
-    pieces = [p for _, p in zip(range(batches), plan.iter_batches(0), strict=False)]
-    entering = list(dict.fromkeys(i for batch in pieces for i, _, _ in batch))
-    t0 = time.perf_counter()
-    data = {i: store.stored_image(split, i) for i in entering}
-    t1 = time.perf_counter()
-    decoded = {i: decode_stored(b, channels, store.url).reshape(-1, channels) for i, b in data.items()}
-    t2 = time.perf_counter()
-    fetcher = ChunkFetcher(source, ChunkCache(0), 0, 1)  # (the stage reads nothing here)
-    draws = WindowDraws(StrategyInputs(source, plan, lambda: fetcher, StageTimes({}), 1))
-    window = {i: draws.enter(0, i, rgba) for i, rgba in decoded.items()}
-    raws = [gather_planned([(batch, {i: window[i] for i, _, _ in batch})])[0] for batch in pieces]
-    t3 = time.perf_counter()
-    batcher = DeviceBatcher(store, device)
-    batcher(raws[0])
-    t4 = time.perf_counter()
-    for raw in raws:
-        batcher(raw)
+    assert isinstance(plan, WindowPlan)
+    # The stages' own times: a loader decoding on its own thread (worker processes time nothing here).
+    rows = store.split_rows(split)
+    staged = RayLoader(store, split, **{**kwargs, "num_workers": 0})
+    rays, images = 0, list[np.ndarray]()
+    for _, batch in zip(range(batches), staged, strict=False):
+        rays += len(batch)
+        if len(images) < 50 and len(batch) == batch_size:
+            images.append(batch.image.cpu().numpy() - rows[0])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t5 = time.perf_counter()
-    rays = sum(len(r) for r in raws)
-    read_bytes = sum(len(b) for b in data.values())
+    staged.close()
+    pieces = [p for _, p in zip(range(batches), plan.iter_batches(0), strict=False)]
+    entering = {i for batch in pieces for i, _, _ in batch}
+    read_bytes = sum(int(entry["image_bytes"][i]) for i in entering)
+    seconds = staged.seconds
     stages = {
-        "read": {**_rate(rays, t1 - t0, stored_per_ray), "mb_per_s": read_bytes / max(t1 - t0, 1e-9) / MB},
-        "decode": _rate(rays, t2 - t1, channels),
-        "gather": _rate(rays, t3 - t2, channels + 4),
-        "generate": _rate(rays, t5 - t4, channels + 4),
+        "read": {
+            **_rate(rays, seconds["read"], stored_per_ray),
+            "mb_per_s": read_bytes / max(seconds["read"], 1e-9) / MB,
+        },
+        "decode": _rate(rays, seconds["decode"], channels),
+        "enter": _rate(rays, seconds["enter"], channels),
+        "gather": _rate(rays, seconds["gather"], channels + 4),
+        "generate": _rate(rays, seconds["generate"], channels + 4),
     }
-    rows = store.split_rows(split)
-    images = [store.decode_pids(r.pid)[0] - rows[0] for r in raws[:50] if len(r) == batch_size]
     total = sum(s["seconds"] for s in stages.values())
     return {
         "store": store.url,

@@ -42,7 +42,7 @@ from raykit.store.schema import (
     check_manifest_header,
     split_sort_key,
 )
-from raykit.store.split_readers import RaySplits, SplitReader, empty_rays, layout_readers
+from raykit.store.split_readers import RaySplits, SplitReader, Timed, empty_rays, layout_readers
 from raykit.store.table import CameraTable, ray_generator, read_camera_table, read_parquet
 
 if TYPE_CHECKING:  # torch is imported where rays are made: `raykit info` and `validate` need none
@@ -449,19 +449,20 @@ class RayStore:
         images-layout split; empty for a split that stores rays."""
         return self._reader(split).image_files(split, local)
 
-    def read_split_image(self, split: str, local: int) -> np.ndarray:
+    def read_split_image(self, split: str, local: int, timed: Timed | None = None) -> np.ndarray:
         """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""
-        return self.read_image(self.table.names[int(self.split_rows(split)[local])])
+        return self.read_image(self.table.names[int(self.split_rows(split)[local])], timed)
 
-    def read_image(self, name: str) -> np.ndarray:
+    def read_image(self, name: str, timed: Timed | None = None) -> np.ndarray:
         """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``.
 
         The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
-        gathers the image's rays (``image_raw``); an images-layout store decodes the stored file.
+        gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
+        (``timed(step, seconds)``, when given, is told how long reading and decoding took).
         """
         h, w, c = self.image_shape(name)
         row = self.image_index(name)
-        pixels = self._reader(self.table.splits[row]).read_image(row)
+        pixels = self._reader(self.table.splits[row]).read_image(row, timed)
         if pixels is not None:
             return pixels
         raw = self.image_raw(name)

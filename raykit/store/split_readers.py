@@ -6,6 +6,7 @@ picks the reader of a split's layout and never branches on it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,7 +23,9 @@ from raykit.store.order import SplitOrder
 from raykit.store.schema import DerivedRays, FieldSpec, RawRays, SplitInfo
 from raykit.store.table import CameraTable
 
-__all__ = ["ImageSplits", "RaySplits", "SplitReader", "empty_rays", "layout_readers"]
+__all__ = ["ImageSplits", "RaySplits", "SplitReader", "Timed", "empty_rays", "layout_readers"]
+
+Timed = Callable[[str, float], None]  # ``timed(step, seconds)``: a reader's own time per step, for profiling
 
 
 class SplitReader(Protocol):
@@ -32,8 +35,10 @@ class SplitReader(Protocol):
         """Chunk ``index`` (in range) of split ``info``, checked."""
         ...
 
-    def read_image(self, row: int) -> np.ndarray | None:
-        """Camera-table row ``row``'s pixels, (H, W, C) uint8, or None: gathered from ``image_raw``."""
+    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
+        """Camera-table row ``row``'s pixels, (H, W, C) uint8, or None: gathered from ``image_raw``.
+        ``timed`` is given the seconds of reading the stored bytes (``"read"``) and of decoding them
+        (``"decode"``) where the layout stores images."""
         ...
 
     def image_raw(self, row: int) -> RawRays | None:
@@ -97,7 +102,7 @@ class RaySplits:
                 f"(expected {self.checksum} {int(expected[split][index]):08x}, got {crc:08x})"
             )
 
-    def read_image(self, row: int) -> np.ndarray | None:
+    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
         return None  # gathered from the split's rays by ``RayStore.image_raw``
 
     def image_raw(self, row: int) -> RawRays | None:
@@ -121,12 +126,17 @@ class ImageSplits:
     channels: int  # colour channels served (``RayStore.rgba_channels``)
     split_rows: Callable[[str], np.ndarray]
 
-    def decode(self, split: str, local: int) -> np.ndarray:
+    def decode(self, split: str, local: int, timed: Timed | None = None) -> np.ndarray:
         """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``."""
         row = int(self.split_rows(split)[local])
+        t0 = time.perf_counter()
         data = self.images.image_bytes(split, local)
+        t1 = time.perf_counter()
         where = f"{self.url}/{self.images.files_of(split, local)[0]}"
         pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})")
+        if timed is not None:
+            timed("read", t1 - t0)
+            timed("decode", time.perf_counter() - t1)
         expected = (int(self.table.height[row]), int(self.table.width[row]))
         if pixels.shape[:2] != expected:
             raise StoreCorruptError(
@@ -141,9 +151,9 @@ class ImageSplits:
     def image_files(self, split: str, local: int) -> list[str]:
         return self.images.files_of(split, local)
 
-    def read_image(self, row: int) -> np.ndarray:
+    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray:
         split = self.table.splits[row]
-        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)))
+        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed)
 
     def _rays_of(self, row: int, pixels: np.ndarray, lo: int, hi: int) -> RawRays:
         flat = pixels.reshape(-1, pixels.shape[2])[lo:hi]

@@ -180,6 +180,17 @@ def test_eval_split_reads_whole_images(images_store, tmp_path: Path) -> None:
         assert torch.allclose(image.rays.rgb, torch.from_numpy(pixels[..., :3].reshape(-1, 3)) / 255.0)
 
 
+def test_stages_time_themselves(images_store) -> None:
+    """The window strategy's steps are timed by the stages as they run (the profile's source)."""
+    loader = RayLoader(images_store, batch_size=64, num_workers=0, window_images=2)
+    assert list(loader.seconds) == ["wait", "read", "decode", "enter", "gather", "generate"]
+    assert not any(loader.seconds.values())
+    n = sum(1 for _ in loader)
+    assert n == len(loader)
+    assert all(loader.seconds[step] > 0 for step in ("read", "decode", "enter", "gather", "generate"))
+    loader.close()
+
+
 def test_bench_reports_the_images_layout(images_store, tmp_path: Path, capsys: Any) -> None:
     import argparse
     import json
@@ -194,7 +205,9 @@ def test_bench_reports_the_images_layout(images_store, tmp_path: Path, capsys: A
     )
     assert args.func(args) == 0
     report = json.loads(out.read_text())
-    assert report["layout"] == "images" and set(report["stages"]) == {"read", "decode", "gather", "generate"}
+    stages = report["stages"]
+    assert report["layout"] == "images" and set(stages) == {"read", "decode", "enter", "gather", "generate"}
+    assert all(stage["seconds"] > 1e-6 and stage["rays_per_s"] > 0 for stage in stages.values())
     assert 0 < report["decode_share"] < 1 and report["read_mb_per_s"] > 0
     assert report["shuffle_quality"]["ratio"] > 0.5
     assert "layout images" in capsys.readouterr().out
