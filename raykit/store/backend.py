@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "Backend",
+    "ByteRead",
     "EncodedShard",
     "ImageShard",
     "ImagesPayload",
@@ -43,6 +44,7 @@ __all__ = [
 # WebDataset backend and the other way round.
 _MODULES = {"zarr": "raykit.store.zarr_backend", "wds": "raykit.store.wds_backend"}
 BACKENDS = tuple(_MODULES)
+ByteRead = Callable[[str, int, int], bytes]  # ``read(rel, start, stop)``: a byte range of a store's file
 
 
 @dataclass(frozen=True)
@@ -130,15 +132,11 @@ class ImagesPayload(Protocol):
         ...
 
     def plan_split(
-        self,
-        split: str,
-        names: Sequence[str],
-        formats: Sequence[str],
-        sizes: Sequence[int],
-        layout: StoreLayout,
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         """The split's shards, its ``index.json`` entries known before any shard is written, and its
-        metadata files, from each image's name, extension and stored size."""
+        metadata files, from each image's name and its ``index.json`` entries so far (``image_format``,
+        the extension; ``image_bytes``, the stored size)."""
         ...
 
     def encode_shard(
@@ -152,13 +150,7 @@ class ImagesPayload(Protocol):
         ...
 
     def read_image(
-        self,
-        read: Callable[[str, int, int], bytes],
-        where: str,
-        entry: Mapping[str, Any],
-        split: str,
-        i: int,
-        layout: StoreLayout,
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
     ) -> bytes:
         """The stored bytes of image ``i``; ``read(rel, start, stop)`` reads a byte range."""
         ...

@@ -11,11 +11,11 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from raykit.store.backend import ImageShard, StagedImage
+from raykit.store.backend import ByteRead, ImageShard, StagedImage
 from raykit.store.layout import StoreLayout
 
 __all__ = ["WDS_IMAGES", "WdsImages", "tar_bytes", "tar_member", "wds_image_shards", "wds_shard_groups"]
@@ -76,14 +76,9 @@ class WdsImages:
         return {}
 
     def plan_split(
-        self,
-        split: str,
-        names: Sequence[str],
-        formats: Sequence[str],
-        sizes: Sequence[int],
-        layout: StoreLayout,
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        groups = wds_shard_groups(sizes, layout)
+        groups = wds_shard_groups(entry["image_bytes"], layout)
         return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
 
     def encode_shard(
@@ -97,13 +92,7 @@ class WdsImages:
         return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
 
     def read_image(
-        self,
-        read: Callable[[str, int, int], bytes],
-        where: str,
-        entry: Mapping[str, Any],
-        split: str,
-        i: int,
-        layout: StoreLayout,
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
     ) -> bytes:
         offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
         return read(self.files_of(entry, split, i, layout)[0], offset, offset + size)

@@ -258,10 +258,7 @@ def _split_shards(
             "image_format": [encoded[i]["ext"] for i in rows],
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
-        names = [ordered[i].name for i in rows]
-        shards, planned, meta = payload.plan_split(
-            name, names, entry["image_format"], entry["image_bytes"], layout
-        )
+        shards, planned, meta = payload.plan_split(name, [ordered[i].name for i in rows], entry, layout)
         index[name] = {**entry, **planned}
         write(meta)
         for shard in shards:
