@@ -1,9 +1,6 @@
-"""The images layout in the Zarr v3 backend (``docs/format.md``; ``raykit.store.images_layout``).
-
-A split's encoded images end to end in ``zarr/{split}/images``, a 1-D ``uint8`` array of inner chunks
-of ``image_chunk_bytes`` (codecs ``bytes`` then ``crc32c``), shards of ``image_shard_chunks`` chunks;
-``zarr/{split}/image_offsets`` holds each image's first byte; ``index.json`` the same offsets as
-``image_offset``.
+"""The images layout in the Zarr v3 backend (docs/format.md, "The images layout"): a split's encoded
+images end to end in the sharded ``uint8`` array ``zarr/{split}/images``, each one's first byte in
+``zarr/{split}/image_offsets`` and in ``index.json`` (``image_offset``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Writer tasks: decode images into staging files (phase 1) and gather the rays of one shard (phase 2).
+"""Writer tasks: decode images into staging (phase 1) and gather the rays of one shard (phase 2).
 
 Every task is a module-level function of one picklable job, so any ``concurrent.futures.Executor``
-(a process pool, a dask ``Client.get_executor()``) can run it. Tasks write their outputs atomically
-and leave a small JSON record keyed by their inputs; a rerun with the same inputs reuses any output
-whose record and checksums still match.
-
-Shuffled splits are staged and gathered in the order defined in ``raykit.store.order``, so a shard
-task reads one contiguous run of rays per image and needs no global permutation. Where the staged
-images live is the writer's :class:`~raykit.store.staging_area.StagingArea`, handed to the tasks in
-their jobs: staging files (``DiskStaging``), or, when every task runs in the writing process, memory
-(``MemoryStaging``): the same bytes out, no staging files. Shard tasks merge into the writer's
-:class:`~raykit.store.staging_area.MergeBuffers`, carried by the :class:`StagingSource`.
+runs it; it writes its outputs atomically and a JSON record keyed by its inputs, which a rerun with the
+same inputs reuses while the outputs' checksums match (docs/format.md, "Commit protocol"). Shuffled
+splits are staged and gathered in the order of ``raykit.store.order``, so a shard task reads one
+contiguous run of rays per image. The staged images live in the writer's ``StagingArea`` and shard
+tasks merge into its ``MergeBuffers`` (``raykit.store.staging_area``), both carried by the jobs.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed
-(docs/format.md, "Zarr v3").
+(docs/format.md, "Zarr v3"; the codecs' measurements: "Design choices and measurements").
 
-A writer encodes one whole shard in memory (``encode_shard_pieces``) with the same numcodecs codecs as
-zarr, called directly (zarr's own write path costs as much again as the compression); its output is
-tested byte for byte against zarr's (``reference_encode_shard``), and the metadata documents against
-zarr's (``reference_metadata_documents``). All three derive from one codec definition
-(``FieldCodec``). zarr itself is imported where it is used (the twins and remote reads), so a writer,
-and a loader that reads local shards directly, do not pay its import time and memory. Reading is
+A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
+(``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
+(``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
+definition (``FieldCodec``). zarr is imported only by the twins and remote reads; reading is
 ``raykit.store.zarr_read``.
 """
 
@@ -48,9 +46,7 @@ __all__ = [
 
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.layout``: every layout records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
-# RGBA chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as
-# fast to read as zstd-3, at 1.6x its size (1.23 vs 0.77 bytes/ray; benchmarks/bench_codecs.py). "zstd"
-# uses ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
+# RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 
