@@ -1,14 +1,10 @@
 """The interface every store backend implements, and the registry that names them.
 
-A backend is the physical form of the payload; everything else about a store (manifest, camera
-table, chunk index, checksums, the train order) is the same whatever the backend. Its halves:
-``Backend`` (writing shards and metadata, and opening a reader), ``PayloadReader`` (reading chunks)
-and ``Backend.images``, an ``ImagesPayload`` (both for the images layout).
-
-Backends are stateless frozen objects (picklable, so writer tasks carry them to worker processes).
-``BACKENDS`` lists the names a manifest may give; ``backend_named`` returns the implementation. A new
-backend is one module defining ``BACKEND`` (an object with the ``Backend`` methods), one line in
-``_MODULES``, and a subclass of the contract suite in ``tests/store/test_contract.py``.
+A backend is the physical form of the payload; everything else about a store is the same whatever the
+backend. Its halves: ``Backend`` (writing shards and metadata, opening a reader), ``PayloadReader``
+(reading chunks) and ``Backend.images``, an ``ImagesPayload`` (the images layout). Backends are
+stateless frozen objects (picklable: writer tasks carry them). A new backend is one module defining
+``BACKEND``, one line in ``_MODULES`` and a subclass of the suite in ``tests/store/test_contract.py``.
 """
 
 from __future__ import annotations

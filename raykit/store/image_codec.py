@@ -60,13 +60,9 @@ def image_format(data: bytes) -> str:
 
 
 def passthrough_bytes(data: bytes, pixels: np.ndarray) -> bool:
-    """Whether ``data`` (a source file) can be stored unchanged for ``pixels`` (H, W, C) uint8.
-
-    True when it is a JPEG or PNG of 8-bit RGB/RGBA, with no EXIF orientation other than 1, of the
-    same size and channel count as ``pixels``. (A 16-bit PNG opens in another mode; a rotated or
-    downscaled image differs in size or orientation.) The caller's one decode (``pixels``) is then
-    what a plain decode of ``data`` gives; ``decode_stored`` of the stored bytes is checked against
-    it all the same.
+    """Whether ``data`` (a source file) can be stored unchanged for ``pixels`` (H, W, C) uint8: a JPEG
+    or PNG of 8-bit RGB/RGBA (a 16-bit PNG opens in another mode), EXIF orientation 1, of the same size
+    and channel count, so that its plain decode is the caller's ``pixels`` (checked all the same).
     """
     try:
         with Image.open(io.BytesIO(data)) as img:

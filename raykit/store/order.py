@@ -159,17 +159,11 @@ def merge_into(
 ) -> np.ndarray:
     """The merge of one shard, with each image's run written in place by ``fill``: (stop - start,) values.
 
-    ``fill(i, out)`` writes image ``i``'s values for ranks ``lo[i] .. hi[i]`` into the contiguous
-    ``out`` (its length is ``hi[i] - lo[i]``), so a caller gathers or reads them straight into the
-    merge's buffer. ``merge_runs`` is this with the runs given.
-
-    Args:
-        sizes: every image's pixel count ``n_i``; lo, hi: every image's rank range in the shard
-            (``merge_counts`` at ``start`` and ``stop``).
-        alloc: ``alloc(name, shape)`` returns an uninitialised C-contiguous array of ``dtype`` for the
-            buffer ``name`` (``"rows"``, the result ``"merged"``); default ``np.empty``. A writer
-            passes reusable per-thread buffers: fresh multi-megabyte arrays per shard cost page
-            faults (glibc returns freed heap tops to the system).
+    ``fill(i, out)`` writes image ``i``'s values for ranks ``lo[i] .. hi[i]`` (``merge_counts`` at
+    ``start`` and ``stop``; ``sizes``: every image's ``n_i``) into the contiguous ``out``, so a caller
+    gathers them straight into the merge's buffer. ``alloc(name, shape)`` returns an uninitialised
+    C-contiguous array of ``dtype`` for the buffer ``name`` (``"rows"``, the result ``"merged"``);
+    default ``np.empty``. A writer passes reusable per-thread buffers (fresh ones cost page faults).
     """
     n = stop - start
     if n == 0:
@@ -231,18 +225,12 @@ def reference_split_pids(
 class SplitOrder:
     """The pids of one split in store order, derived instead of read (format 3).
 
-    A shuffled split follows the train order above; an unshuffled (evaluation) split holds its images
-    one after another in row-major order, so its ray ``p`` is pid ``pid_start + p``. Small and
-    picklable (a chunk carries it to worker processes); the base permutations it needs are built on
-    first use and kept per instance: 12 bytes per pixel of every distinct image size of the split
-    (``base_n``, and twice over for the equal-size fast path: each image's run is one slice of it).
-
-    Attributes:
-        seed: the train order's seed (the store layout's ``seed``).
-        split: the split's name (it seeds the order).
-        shuffled: whether the split is shuffled.
-        images: (I,) table indices of the split's images, ascending; sizes: their ``W * H``;
-            offsets: their first pids (``pixel_offset``).
+    A shuffled split follows the train order; an unshuffled (evaluation) split's ray ``p`` is pid
+    ``pid_start + p``. Small and picklable (a chunk carries it to worker processes); the base
+    permutations it needs are built on first use and kept per instance: 12 bytes per pixel of every
+    distinct image size of the split (``base_n``, and twice over for the equal-size fast path).
+    ``images`` are the table indices of the split's images, ascending; ``sizes`` their ``W * H``,
+    ``offsets`` their first pids; ``seed`` is the store layout's.
     """
 
     seed: int

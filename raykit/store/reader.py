@@ -1,10 +1,7 @@
-"""Read a committed ray store from a local path or any fsspec URL.
-
-Opening reads ``manifest.json`` and checks the small metadata files; every chunk read checks the CRC
-of the decoded rays and, on first use of a payload file, its size (docs/format.md, "Integrity"), so
-corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong rays.
-``verify=True`` also hashes every payload file up front. Each split is read by the reader of its
-layout (``raykit.store.split_readers``), so nothing here depends on the layout.
+"""Read a committed ray store from a local path or any fsspec URL, checking what it reads
+(docs/format.md, "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of
+returning wrong rays. Each split is read by the reader of its layout (``raykit.store.split_readers``),
+so nothing here depends on the layout.
 """
 
 from __future__ import annotations
@@ -314,8 +311,11 @@ class RayStore:
             StoreChangedError: the read failed because the store was replaced since it was opened
                 (``convert --overwrite``): chunks of two versions are never mixed.
         """
+        info = self._split(split)
+        if not 0 <= index < info.n_chunks:
+            raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
         try:
-            return self._read_chunk(split, index)
+            return self._reader(split).read_chunk(info, index)
         except (StoreCorruptError, StoreNotFoundError) as exc:
             self._raise_if_replaced(exc)
             raise
@@ -332,12 +332,6 @@ class RayStore:
                 f"{self.fingerprint[:12]}..., now {str(now)[:12]}...); reopen it to read the new "
                 f"version ({exc})"
             ) from exc
-
-    def _read_chunk(self, split: str, index: int) -> RawRays:
-        info = self._split(split)
-        if not 0 <= index < info.n_chunks:
-            raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
-        return self._reader(split).read_chunk(info, index)
 
     def split_order(self, split: str) -> SplitOrder:
         """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""

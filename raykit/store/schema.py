@@ -299,15 +299,9 @@ class RawRays:
 class DerivedRays(RawRays):
     """One chunk of a format-3 split: colours (and materialised fields) as read, pids derived on access.
 
-    ``pid`` is computed from the split's order (``order.pids(start, start + n)``) each time it is
-    read, and never kept: ``nbytes`` (what a loader's cache counts) is the colours' bytes, 3 per ray
-    without alpha and 4 with. ``take`` returns plain ``RawRays`` with the pids of the selected rays.
-
-    Args:
-        rgba: (N, 3|4) uint8 colours.
-        order: the split's ``raykit.store.order.SplitOrder``.
-        start: the chunk's first ray within the split.
-        extra: materialised fields, (N, 3) each.
+    ``pid`` is computed from the split's order (``order.pids(start, start + n)``, ``start``: the chunk's
+    first ray in the split) each time it is read, and never kept: ``nbytes`` (what a loader's cache
+    counts) is the colours' bytes. ``take`` returns plain ``RawRays`` with the pids of the selected rays.
     """
 
     def __init__(

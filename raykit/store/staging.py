@@ -90,14 +90,11 @@ def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class StageJob:
-    """Decode image ``index`` of the table into ``root/staging/{index:06d}.px``.
-
-    The file is raw native-endian uint32: one packed RGBA pixel per row (bytes r, g, b, a; alpha 255
-    for RGB images) in row-major order, or in a shuffled split in ``image_order``, so a shard task
-    reads each image's run of rays with one ``pread``; it recomputes their pixel ids from the order's
-    shared base permutation (``order_run``: two slices). Staged in memory (``memory``), it holds the
-    same rows. (Permuting whole images here, while each is in cache, is about three times faster than
-    gathering each shard's runs from row-major images: a shard touches every image.)
+    """Decode image ``index`` of the table into its staging area (``staging``): one packed RGBA
+    ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a shuffled split in
+    ``image_order``, so a shard task reads each image's run of rays in one read and recomputes their
+    pids from the shared base permutation (``order_run``). (Permuting whole images here, each in cache,
+    is about three times faster than gathering each shard's runs from row-major images.)
     """
 
     root: str

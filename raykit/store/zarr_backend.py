@@ -170,15 +170,10 @@ def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: S
 def encode_shard_pieces(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreLayout
 ) -> list[bytes]:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (fast path), in pieces
-    to be written one after the other (no copy to join them).
-
-    Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
-    ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index (``shard_pieces``).
-    ``reference_encode_shard`` is the twin that lets zarr do it.
-
-    Args:
-        values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
+    """The bytes zarr writes for one shard file of ``spec`` holding ``values``, (n, ...) with n <=
+    ``chunk_rays * shard_chunks`` (fast path), in pieces written one after the other (no join): inner
+    chunks in order (the last one zero-padded) each through the field's codecs, then the index
+    (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
     """
     chunk_rays = info.chunk_rays
     codec = field_codec(spec, layout).numcodecs_codec()
