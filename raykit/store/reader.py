@@ -26,7 +26,7 @@ from raykit.errors import (
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
-from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout
+from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout, holds_images
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import POINTS_SCHEMA, SparsePoints
@@ -200,7 +200,7 @@ class RayStore:
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
         self.payload_spec = PayloadSpec.of(self.fields, self.store_layout, self.splits)
-        images = self.layout() == IMAGES_LAYOUT
+        images = holds_images(self.layout())
         return open_payload(
             images, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
         )
@@ -243,7 +243,7 @@ class RayStore:
         store's: ``"images"`` when every split stores images (what a copy keeps by default)."""
         if split is not None:
             return self._split(split).layout
-        images = bool(self.splits) and all(info.layout == IMAGES_LAYOUT for info in self.splits.values())
+        images = bool(self.splits) and all(info.holds_images for info in self.splits.values())
         return IMAGES_LAYOUT if images else RAYS_LAYOUT
 
     def _check_file(self, rel: str) -> None:

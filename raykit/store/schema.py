@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
-from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT
+from raykit.store.layout import LAYOUTS, RAYS_LAYOUT, holds_images
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
@@ -169,7 +169,7 @@ class SplitInfo:
     @property
     def holds_images(self) -> bool:
         """Whether the split stores encoded images (the images layout) rather than ray chunks."""
-        return self.layout == IMAGES_LAYOUT
+        return holds_images(self.layout)
 
     def chunk_range(self, index: int) -> tuple[int, int]:
         """Ray range ``[start, stop)`` of chunk ``index`` within the split."""
