@@ -74,14 +74,9 @@ class PayloadSpec:
 
 @dataclass(frozen=True)
 class EncodedShard:
-    """One shard of every field, encoded.
-
-    Attributes:
-        files: relative path (from the store root) -> its bytes, whole or in pieces written one after
-            the other.
-        index: per-chunk entries the backend adds to the split's ``index.json`` record, key -> one
-            value per chunk of the shard (e.g. WebDataset member offsets); empty when it needs none.
-    """
+    """One shard of every field, encoded: ``files``, relative path -> its bytes (whole or in pieces
+    written one after the other); ``index``, the entries the backend adds to the split's ``index.json``
+    record, key -> one value per chunk of the shard (e.g. WebDataset member offsets)."""
 
     files: dict[str, bytes | list[bytes]]
     index: dict[str, list[Any]] = field(default_factory=dict)

@@ -5,16 +5,33 @@ image, ``KEY.jpg|png|webp`` then ``KEY.json`` (the camera record), in tars close
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Mapping, Sequence
+import tarfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raykit.store.backend import ByteRead, ImageShard, StagedImage
 from raykit.store.layout import StoreLayout
-from raykit.store.wds_backend import sample_key, shard_file, tar_bytes
 
-__all__ = ["WDS_IMAGES", "WdsImages"]
+__all__ = ["WDS_IMAGES", "WdsImages", "tar_bytes"]
+
+TAR_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
+
+
+def tar_bytes(members: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
+    """A deterministic tar (both layouts') of ``members``, ``(name, bytes)`` in order, and the offset of
+    each member's data in it. ``TarInfo``'s defaults make the headers the same on every run: mtime 0,
+    uid and gid 0, no owner names, mode 0644."""
+    buffer, offsets = io.BytesIO(), []
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            offsets.append(tar.offset + TAR_HEADER)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue(), offsets
 
 
 @dataclass(frozen=True)
@@ -42,15 +59,15 @@ class WdsImages:
     ) -> tuple[str, bytes, dict[str, list[Any]]]:
         members = []
         for i, image in enumerate(images):
-            key = sample_key(split, shard.images[0] + i)
+            key = f"{split}_{shard.images[0] + i:08d}"  # wds_backend.sample_key
             meta = (json.dumps(image.record, sort_keys=True, indent=1) + "\n").encode()
             members += [(f"{key}.{image.ext}", image.data), (f"{key}.json", meta)]
         data, offsets = tar_bytes(members)
         index = {"image_shard": [shard.shard] * len(images), "image_member": offsets[::2]}
-        return shard_file(split, shard.shard), data, index
+        return f"wds/{split}-{shard.shard:06d}.tar", data, index
 
     def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
-        return [shard_file(split, int(entry["image_shard"][i]))]
+        return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
 
     def read_image(
         self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout

@@ -1,10 +1,8 @@
 """Write an images-layout store (``layout="images"``): every image stored encoded, shuffled at load time.
 
-Its phases (encode each image once, one task per shard, commit; docs/format.md, "The images layout",
-**Writing**) run in ``<dst>.partial/`` like the ray writer's, by any ``concurrent.futures.Executor``.
-How a shard's bytes are laid out is the backend's (``Backend.images``); the shard phase, the manifest
-and the commit are every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls
-``write_images``.
+Its phases (docs/format.md, "The images layout", **Writing**) run in ``<dst>.partial/`` like the ray
+writer's; how a shard's bytes are laid out is the backend's (``Backend.images``), the shard phase, the
+manifest and the commit every layout's (``raykit.store.commit``).
 """
 
 from __future__ import annotations

@@ -136,12 +136,9 @@ class SceneInfo:
 class SplitInfo:
     """One split of a store: its rays are ``pid_start .. pid_start + n_rays`` in some order.
 
-    ``shuffled`` splits hold a seeded permutation of their rays; unshuffled (evaluation) splits hold
-    their images one after another, each in row-major order. ``pids`` is ``"derived"`` (format 3: no
-    pid field is stored, a reader computes the pids from the order, ``raykit.store.order.SplitOrder``)
-    or ``"stored"`` (formats 1 and 2, ``raykit copy --with-pids``). ``layout`` is how the split's
-    payload is organised: ``"rays"`` (chunks of rays) or ``"images"`` (encoded images,
-    ``raykit.store.images_layout``).
+    ``shuffled``: a seeded permutation, else image after image, row-major (docs/format.md). ``pids``:
+    ``"derived"`` (format 3: computed from the order, ``raykit.store.order.SplitOrder``) or
+    ``"stored"``; ``layout``: ``"rays"`` (chunks of rays) or ``"images"`` (encoded images).
     """
 
     name: str
@@ -348,17 +345,8 @@ class DerivedRays(RawRays):
 def encode_pids(
     pixel_offset: np.ndarray, width: np.ndarray, image: np.ndarray, pixel: np.ndarray
 ) -> np.ndarray:
-    """Global pixel ids of pixels.
-
-    Args:
-        pixel_offset: (I,) int64 first pid of every image.
-        width: (I,) int64 image widths.
-        image: (N,) int image rows.
-        pixel: (N, 2) int ``(x, y)``.
-
-    Returns:
-        (N,) uint32 ``pixel_offset[image] + y * width[image] + x``.
-    """
+    """Global pixel ids of pixels: (N,) uint32 ``pixel_offset[image] + y * width[image] + x`` for
+    ``pixel`` (N, 2) ``(x, y)`` of images ``image`` (N,); ``pixel_offset``, ``width``: (I,) int64."""
     image = np.asarray(image, dtype=np.int64)
     pixel = np.asarray(pixel, dtype=np.int64)
     pid = pixel_offset[image] + pixel[:, 1] * width[image] + pixel[:, 0]

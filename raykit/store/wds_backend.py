@@ -6,8 +6,7 @@ recorded in ``index.json``, so one chunk is one byte-range read per field.
 from __future__ import annotations
 
 import io
-import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,22 +15,13 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
+from raykit.store.images_wds import tar_bytes
 from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
-__all__ = [
-    "BACKEND",
-    "WDS_DIR",
-    "WdsBackend",
-    "WdsReader",
-    "npy_bytes",
-    "sample_key",
-    "shard_file",
-    "tar_bytes",
-]
+__all__ = ["BACKEND", "WdsBackend", "WdsReader", "npy_bytes", "sample_key", "shard_file"]
 
 WDS_DIR = "wds"
-TAR_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
 
 
 def shard_file(split: str, shard: int) -> str:
@@ -42,20 +32,6 @@ def shard_file(split: str, shard: int) -> str:
 def sample_key(split: str, chunk: int) -> str:
     """WebDataset key of chunk ``chunk`` (no dots: webdataset splits keys from fields at the first dot)."""
     return f"{split}_{chunk:08d}"
-
-
-def tar_bytes(members: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
-    """A deterministic tar (both layouts') of ``members``, ``(name, bytes)`` in order, and the offset of
-    each member's data in it. ``TarInfo``'s defaults make the headers the same on every run: mtime 0,
-    uid and gid 0, no owner names, mode 0644."""
-    buffer, offsets = io.BytesIO(), []
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            offsets.append(tar.offset + TAR_HEADER)
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue(), offsets
 
 
 def npy_bytes(values: np.ndarray) -> bytes:

@@ -80,12 +80,8 @@ class FieldCodec:
 
 
 def field_codec(spec: FieldSpec, layout: StoreLayout) -> FieldCodec:
-    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc (lz4,
-    bit shuffle).
-
-    Bit shuffle groups the slowly varying high bits of pids together: sequential evaluation pids
-    shrink to almost nothing, shuffled train pids to about their entropy; see docs/format.md.
-    """
+    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
+    with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
     itemsize = np.dtype(spec.dtype).itemsize
     if layout.rgba_codec not in RGBA_CODECS:
         raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {layout.rgba_codec!r}")
