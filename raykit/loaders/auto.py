@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from raykit.loaders.source import is_remote
-from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT
+from raykit.store.layout import holds_images
 
 __all__ = ["MAX_AUTO_WORKERS", "MIN_AUTO_CHUNKS", "choose_workers", "source_url", "usable_cores"]
 
@@ -55,13 +55,13 @@ def choose_workers(
             f"auto: 0 workers: {cores} usable cores, taken by {gen_threads} generation threads and the "
             "consumer; workers would compete with them (BENCHMARKS.md, issue 26)"
         )
-    if layout == RAYS_LAYOUT and not is_remote(url):
+    if not holds_images(layout) and not is_remote(url):
         return (
             0,
             "auto: 0 workers: local ray chunks decode at 10-25x the loader's rate; workers only add copies",
         )
     n = min(spare, MAX_AUTO_WORKERS)
-    what = "image decoding" if layout == IMAGES_LAYOUT else "remote reads"
+    what = "image decoding" if holds_images(layout) else "remote reads"
     return n, f"auto: {n} workers: {what} on {spare} cores beyond the generation threads and the consumer"
 
 

@@ -1,14 +1,10 @@
 """The interface every store backend implements, and the registry that names them.
 
-A backend is the physical form of the payload; everything else about a store (manifest, camera
-table, chunk index, checksums, the train order) is the same whatever the backend. Its halves:
-``Backend`` (writing shards and metadata, and opening a reader), ``PayloadReader`` (reading chunks)
-and ``Backend.images``, an ``ImagesPayload`` (both for the images layout).
-
-Backends are stateless frozen objects (picklable, so writer tasks carry them to worker processes).
-``BACKENDS`` lists the names a manifest may give; ``backend_named`` returns the implementation. A new
-backend is one module defining ``BACKEND`` (an object with the ``Backend`` methods), one line in
-``_MODULES``, and a subclass of the contract suite in ``tests/store/test_contract.py``.
+A backend is the physical form of the payload; everything else about a store is the same whatever the
+backend. Its halves: ``Backend`` (writing shards and metadata, opening a reader), ``PayloadReader``
+(reading chunks) and ``Backend.images``, an ``ImagesPayload`` (the images layout). Backends are
+stateless frozen objects (picklable: writer tasks carry them). A new backend is one module defining
+``BACKEND``, one line in ``_MODULES`` and a subclass of the suite in ``tests/store/test_contract.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "Backend",
+    "ByteRead",
     "EncodedShard",
     "ImageShard",
     "ImagesPayload",
@@ -43,6 +40,7 @@ __all__ = [
 # WebDataset backend and the other way round.
 _MODULES = {"zarr": "raykit.store.zarr_backend", "wds": "raykit.store.wds_backend"}
 BACKENDS = tuple(_MODULES)
+ByteRead = Callable[[str, int, int], bytes]  # ``read(rel, start, stop)``: a byte range of a store's file
 
 
 @dataclass(frozen=True)
@@ -76,14 +74,9 @@ class PayloadSpec:
 
 @dataclass(frozen=True)
 class EncodedShard:
-    """One shard of every field, encoded.
-
-    Attributes:
-        files: relative path (from the store root) -> its bytes, whole or in pieces written one after
-            the other.
-        index: per-chunk entries the backend adds to the split's ``index.json`` record, key -> one
-            value per chunk of the shard (e.g. WebDataset member offsets); empty when it needs none.
-    """
+    """One shard of every field, encoded: ``files``, relative path -> its bytes (whole or in pieces
+    written one after the other); ``index``, the entries the backend adds to the split's ``index.json``
+    record, key -> one value per chunk of the shard (e.g. WebDataset member offsets)."""
 
     files: dict[str, bytes | list[bytes]]
     index: dict[str, list[Any]] = field(default_factory=dict)
@@ -130,15 +123,11 @@ class ImagesPayload(Protocol):
         ...
 
     def plan_split(
-        self,
-        split: str,
-        names: Sequence[str],
-        formats: Sequence[str],
-        sizes: Sequence[int],
-        layout: StoreLayout,
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         """The split's shards, its ``index.json`` entries known before any shard is written, and its
-        metadata files, from each image's name, extension and stored size."""
+        metadata files, from each image's name and its ``index.json`` entries so far (``image_format``,
+        the extension; ``image_bytes``, the stored size)."""
         ...
 
     def encode_shard(
@@ -152,13 +141,7 @@ class ImagesPayload(Protocol):
         ...
 
     def read_image(
-        self,
-        read: Callable[[str, int, int], bytes],
-        where: str,
-        entry: Mapping[str, Any],
-        split: str,
-        i: int,
-        layout: StoreLayout,
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
     ) -> bytes:
         """The stored bytes of image ``i``; ``read(rel, start, stop)`` reads a byte range."""
         ...

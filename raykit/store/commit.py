@@ -1,8 +1,6 @@
 """What every payload writer shares, whatever the layout: the partial directory its plan keys
-(``open_partial``), its tasks run by any executor (``run_tasks``), its shard phase (``write_shards``)
-and the last phase (``commit``):
-``index.json``, the sparse points, the manifest (every file's size and SHA-256, the content
-fingerprint), then the rename of ``<dst>.partial`` to ``dst`` (``commit_store``)."""
+(``open_partial``), its tasks on any executor (``run_tasks``), its shard phase (``write_shards``) and
+the last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``)."""
 
 from __future__ import annotations
 

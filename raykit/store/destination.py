@@ -1,10 +1,7 @@
-"""Where a store is written: checks on ``DST`` and the ``DST.partial`` work folder beside it.
-
-A store is written in ``DST.partial`` and renamed to ``DST`` when complete. ``DST`` must be absent, an
-empty folder, or (with ``overwrite``) an existing store; a file or a folder of other things is never
-replaced. ``DST.partial/plan.json`` records what the unfinished work is for: a rerun with the same
-plan resumes it, and a different, unreadable or missing plan discards it (with a warning when the plan
-was unreadable, so an interrupted write never blocks the next one).
+"""Where a store is written: checks on ``DST`` and the ``DST.partial`` work folder beside it
+(docs/format.md, "Commit protocol"). ``DST`` must be absent, an empty folder, or (with ``overwrite``)
+a store; ``DST.partial/plan.json`` records what the unfinished work is for: a rerun with the same plan
+resumes it, another or an unreadable plan (with a warning) discards it.
 """
 
 from __future__ import annotations

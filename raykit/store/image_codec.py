@@ -1,18 +1,9 @@
-"""Encoded images of an images-layout store: pass-through of source bytes, lossless re-encoding, decoding.
+"""Encoded images of an images-layout store (docs/format.md, "What is stored per image").
 
-An image enters an images-layout store in one of two ways (``encode_for_store``):
-
-* **pass-through**: the source file is a JPEG or PNG whose plain decode (Pillow, no EXIF rotation) is
-  exactly the pixels the converter uses: 8-bit RGB or RGBA, EXIF orientation 1, no downscale. Its bytes
-  are stored unchanged, so the stored image's SHA-256 is the source file's;
-* **lossless re-encode** otherwise (downscaled, rotated, grayscale, palette, 16-bit, or pixels from
-  another store): WebP lossless (``exact``: colours under zero alpha are kept), or PNG for images wider
-  or taller than WebP's 16,383-pixel limit. Measured on a 512x600 photo (``benchmarks/bench_layouts.py``):
-  WebP lossless at effort 0 is 30 % smaller than PNG at level 3 for the same encode and decode time.
-
-``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)`` (``raykit.imagedecode``: Pillow's
-pixels exactly, through simplejpeg / OpenCV where installed); the writer checks, for every
-image, that it gives exactly the pixels the converter decoded.
+``encode_for_store`` stores a JPEG or PNG source file unchanged when its plain decode (Pillow, no EXIF
+rotation) is exactly the converter's pixels, else re-encodes them losslessly: WebP (``exact``), or PNG
+beyond WebP's 16,383-pixel limit. ``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)``
+(``raykit.imagedecode``: Pillow's pixels exactly); the writer checks that it gives the converter's.
 """
 
 from __future__ import annotations
@@ -38,8 +29,8 @@ __all__ = [
 
 REENCODE_FORMAT = "webp"
 _WEBP_MAX = 16383
-_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 _PASSTHROUGH = ("JPEG", "PNG")
+_PLAIN_CHANNELS = {"RGB": 3, "RGBA": 4}  # image modes whose plain decode is 8-bit RGB or RGBA as is
 
 
 @dataclass(frozen=True)
@@ -68,27 +59,14 @@ def image_format(data: bytes) -> str:
     return ""
 
 
-def _plain_channels(img: Image.Image) -> int:
-    """3 or 4 when a plain decode of ``img`` is 8-bit RGB or RGBA as is, else 0."""
-    if img.mode == "RGB":
-        return 3
-    if img.mode == "RGBA":
-        return 4
-    return 0
-
-
 def passthrough_bytes(data: bytes, pixels: np.ndarray) -> bool:
-    """Whether ``data`` (a source file) can be stored unchanged for ``pixels`` (H, W, C) uint8.
-
-    True when it is a JPEG or PNG of 8-bit RGB/RGBA, with no EXIF orientation other than 1, of the
-    same size and channel count as ``pixels``. (A 16-bit PNG opens in another mode; a rotated or
-    downscaled image differs in size or orientation.) The caller's one decode (``pixels``) is then
-    what a plain decode of ``data`` gives; ``decode_stored`` of the stored bytes is checked against
-    it all the same.
+    """Whether ``data`` (a source file) can be stored unchanged for ``pixels`` (H, W, C) uint8: a JPEG
+    or PNG of 8-bit RGB/RGBA (a 16-bit PNG opens in another mode), EXIF orientation 1, of the same size
+    and channel count, so that its plain decode is the caller's ``pixels`` (checked all the same).
     """
     try:
         with Image.open(io.BytesIO(data)) as img:
-            if img.format not in _PASSTHROUGH or _plain_channels(img) != pixels.shape[2]:
+            if img.format not in _PASSTHROUGH or _PLAIN_CHANNELS.get(img.mode) != pixels.shape[2]:
                 return False
             if img.format == "PNG" and "16" in str(getattr(img.tile[0], "args", "")):
                 return False

@@ -15,12 +15,8 @@ __all__ = ["check_images_split"]
 
 
 def check_images_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
-    """One line per problem of ``split``'s stored images (a file already reported is not again).
-
-    Checks each image's CRC-32C and SHA-256 against ``index.json``, that its bytes are the format
-    recorded, that it decodes to its camera's size, that an image without alpha is served with alpha
-    255, and that pass-through images hash to the camera table's ``source_sha256``.
-    """
+    """One line per problem of ``split``'s stored images (a file already reported is not again): the
+    checks of docs/format.md, "The images layout", **Validation**."""
     entry, problems = store.index[split], []
     rows = store.split_rows(split)
     for local, row in enumerate(rows):

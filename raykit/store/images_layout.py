@@ -1,11 +1,9 @@
-"""The images layout (``IMAGES_LAYOUT``; docs/format.md, "The images layout"): a split's encoded
-images (JPEG/PNG passed through, or WebP/PNG lossless; ``raykit.store.image_codec``) in camera-table
-order instead of rays; read as rays, they are the images end to end in row-major order.
+"""The images layout (``IMAGES_LAYOUT``; docs/format.md, "The images layout"): a split's encoded images
+(``raykit.store.image_codec``) in camera-table order; read as rays, the images end to end, row-major.
 
-How each backend lays the bytes out is its ``ImagesPayload`` (``Backend.images``:
-``raykit.store.images_zarr``, ``raykit.store.images_wds``); ``ImagesReader`` reads them back through
-it and checks each image's CRC-32C (``index.json``). ``camera_record`` is the camera JSON stored
-beside each image in a tar.
+Each backend lays the bytes out by its ``ImagesPayload`` (``Backend.images``); ``ImagesReader`` reads
+them back through it, checking each image's CRC-32C. ``camera_record`` is the JSON beside each image in
+a tar.
 """
 
 from __future__ import annotations

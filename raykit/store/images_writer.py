@@ -1,10 +1,8 @@
 """Write an images-layout store (``layout="images"``): every image stored encoded, shuffled at load time.
 
-Its phases (encode each image once, one task per shard, commit; docs/format.md, "The images layout",
-**Writing**) run in ``<dst>.partial/`` like the ray writer's, by any ``concurrent.futures.Executor``.
-How a shard's bytes are laid out is the backend's (``Backend.images``); the shard phase, the manifest
-and the commit are every layout's (``raykit.store.commit``). ``raykit.store.write_store`` calls
-``write_images``.
+Its phases (docs/format.md, "The images layout", **Writing**) run in ``<dst>.partial/`` like the ray
+writer's; how a shard's bytes are laid out is the backend's (``Backend.images``), the shard phase, the
+manifest and the commit every layout's (``raykit.store.commit``).
 """
 
 from __future__ import annotations
@@ -86,14 +84,6 @@ class EncodeJob:
 _MEMORY: dict[str, dict[int, bytes]] = {}
 
 
-def _source_bytes(rec: ImageRecord) -> bytes | None:
-    path = rec.source_path
-    if path and not is_url(path) and os.path.isfile(path):
-        with open(path, "rb") as handle:
-            return handle.read()
-    return None
-
-
 def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     """Phase 1 for one image: ``{"files", "ext", "passthrough", "channels", "size", "crc32c",
     "sha256", "source_sha256", "pixels_crc32c"}``."""
@@ -103,13 +93,13 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
     if (done := record_matches(record_path, job.key, root, clock)) is not None:  # staged by an earlier run
         return done
     rec = job.record
-    pixels = np.ascontiguousarray(
-        check_pixels(rec, rec.load())
-    )  # the one decode: fails on a truncated or corrupt file
+    pixels = np.ascontiguousarray(check_pixels(rec, rec.load()))  # the one decode: fails on a corrupt file
     clock.lap("decode")
     kept = getattr(rec.load, "encoded", None)  # a copy of an images store keeps its stored files
     stored = kept() if callable(kept) else None
-    source = _source_bytes(rec) if stored is None else None
+    path = rec.source_path
+    local = stored is None and path and not is_url(path) and os.path.isfile(path)
+    source = Path(path).read_bytes() if local else None
     clock.lap("read")
     source_sha = hashlib.sha256(source).hexdigest() if source is not None else ""
     if source is not None and rec.source_sha256 and source_sha != rec.source_sha256:
@@ -208,13 +198,7 @@ def write_images(request: WriteRequest) -> RayStore:
     partial, key = open_partial(request, plan)
     memory = in_process(request.executor)
     jobs = [
-        EncodeJob(
-            root=str(partial),
-            index=i,
-            record=r,
-            key=json_digest([records_plan[i], _TASK_FORMAT]),
-            memory=memory,
-        )
+        EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
         for i, r in enumerate(ordered)
     ]
     profile.wall.lap("plan")
@@ -258,26 +242,16 @@ def _split_shards(
             "image_format": [encoded[i]["ext"] for i in rows],
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
-        names = [ordered[i].name for i in rows]
-        shards, planned, meta = payload.plan_split(
-            name, names, entry["image_format"], entry["image_bytes"], layout
-        )
+        shards, planned, meta = payload.plan_split(name, [ordered[i].name for i in rows], entry, layout)
         index[name] = {**entry, **planned}
         write(meta)
         for shard in shards:
             taken = [rows[j] for j in shard.images]
+            exts = tuple(str(encoded[i]["ext"]) for i in taken)
+            records = tuple(camera_record(ordered[i], i, offsets_px[i]) for i in taken)
+            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
             jobs.append(
-                ShardJob(
-                    root=str(partial),
-                    payload=payload,
-                    split=name,
-                    shard=shard,
-                    rows=tuple(taken),
-                    exts=tuple(str(encoded[i]["ext"]) for i in taken),
-                    records=tuple(camera_record(ordered[i], i, offsets_px[i]) for i in taken),
-                    layout=layout,
-                    key=f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}",
-                )
+                ShardJob(str(partial), payload, name, shard, tuple(taken), exts, records, layout, task_key)
             )
     return jobs, index, files
 

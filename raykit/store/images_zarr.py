@@ -1,29 +1,25 @@
-"""The images layout in the Zarr v3 backend (``docs/format.md``; ``raykit.store.images_layout``).
-
-A split's encoded images end to end in ``zarr/{split}/images``, a 1-D ``uint8`` array of inner chunks
-of ``image_chunk_bytes`` (codecs ``bytes`` then ``crc32c``), shards of ``image_shard_chunks`` chunks;
-``zarr/{split}/image_offsets`` holds each image's first byte; ``index.json`` the same offsets as
-``image_offset``.
+"""The images layout in the Zarr v3 backend (docs/format.md, "The images layout"): a split's encoded
+images end to end in the sharded ``uint8`` array ``zarr/{split}/images``, each one's first byte in
+``zarr/{split}/image_offsets`` and in ``index.json`` (``image_offset``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backend import ImageShard, StagedImage
+from raykit.store.backend import ByteRead, ImageShard, StagedImage
 from raykit.store.layout import IMAGES_LAYOUT, StoreLayout
 from raykit.store.zarr_read import ZARR_ROOT, array_document, crc32c_bytes, document_bytes, shard_pieces
 
 __all__ = ["ZARR_IMAGES", "ZarrImages", "images_metadata"]
 
 
-def _bytes_codec(little: bool = False) -> dict[str, Any]:
-    return {"name": "bytes", "configuration": {"endian": "little"}} if little else {"name": "bytes"}
+_BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
 
 
 def images_metadata(
@@ -37,13 +33,13 @@ def images_metadata(
     size, per = layout.image_chunk_bytes, layout.image_shard_chunks
     sharding = {
         "chunk_shape": [size],
-        "codecs": [_bytes_codec(), {"name": "crc32c"}],
-        "index_codecs": [_bytes_codec(True), {"name": "crc32c"}],
+        "codecs": [_BYTES, {"name": "crc32c"}],
+        "index_codecs": [_LITTLE, {"name": "crc32c"}],
         "index_location": "end",
     }
     codecs = [{"name": "sharding_indexed", "configuration": sharding}]
     images = array_document([int(offsets[-1])], "uint8", [size * per], codecs, "images")
-    n, checked = len(offsets), [_bytes_codec(True), {"name": "crc32c"}]
+    n, checked = len(offsets), [_LITTLE, {"name": "crc32c"}]
     offsets_doc = array_document([n], "int64", [n], checked, "image_offsets")
     attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
     group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
@@ -65,23 +61,15 @@ class ZarrImages:
         return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
 
     def plan_split(
-        self,
-        split: str,
-        names: Sequence[str],
-        formats: Sequence[str],
-        sizes: Sequence[int],
-        layout: StoreLayout,
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
-        per, shards = layout.image_shard_bytes, []
+        starts = np.concatenate([[0], np.cumsum(entry["image_bytes"])]).astype(np.int64).tolist()
+        n, per, shards = len(starts) - 1, layout.image_shard_bytes, []
         for s in range(-(-starts[-1] // per)):
-            take = [j for j in range(len(sizes)) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
-            shards.append(
-                ImageShard(
-                    shard=s, images=tuple(take), offsets=tuple(starts[j] for j in take), total=starts[-1]
-                )
-            )
-        return shards, {"image_offset": starts}, images_metadata(split, names, formats, starts, layout)
+            take = [j for j in range(n) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
+            shards.append(ImageShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
+        metadata = images_metadata(split, names, entry["image_format"], starts, layout)
+        return shards, {"image_offset": starts}, metadata
 
     def encode_shard(
         self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
@@ -102,13 +90,7 @@ class ZarrImages:
         return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
     def read_image(
-        self,
-        read: Callable[[str, int, int], bytes],
-        where: str,
-        entry: Mapping[str, Any],
-        split: str,
-        i: int,
-        layout: StoreLayout,
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
     ) -> bytes:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
         size, per = layout.image_chunk_bytes, layout.image_shard_chunks

@@ -19,13 +19,7 @@ import pyarrow as pa
 
 from raykit.fileio import sha256_file
 
-__all__ = [
-    "CHUNK_CHECKSUM",
-    "chunk_checksum",
-    "content_fingerprint",
-    "file_record",
-    "json_digest",
-]
+__all__ = ["CHUNK_CHECKSUM", "chunk_checksum", "content_fingerprint", "file_record", "json_digest"]
 
 
 CHUNK_CHECKSUM = "crc32c"  # the index.json key (and algorithm) of new stores; "crc32" (zlib) before

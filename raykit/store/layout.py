@@ -25,6 +25,7 @@ __all__ = [
     "RGBA_CODEC",
     "RGBA_CODECS",
     "StoreLayout",
+    "holds_images",
 ]
 
 RAYS_LAYOUT, IMAGES_LAYOUT = "rays", "images"  # a split's payload: ray chunks, or encoded images
@@ -37,6 +38,12 @@ RGBA_CODECS = ("lz4", "zstd")
 RGBA_CODEC = "lz4"
 DEFAULT_IMAGE_CHUNK_BYTES = 1 << 16  # zarr inner chunk (the padding of a split's last chunk: <= 64 KiB)
 DEFAULT_IMAGE_SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
+
+
+def holds_images(layout: str) -> bool:
+    """Whether a split of payload kind ``layout`` stores encoded images (else ray chunks)."""
+    return layout == IMAGES_LAYOUT
+
 
 _CODEC_KEYS = ("rgba_codec", "zstd_level", "blosc_cname", "blosc_clevel", "blosc_shuffle")
 _RAYS_KEYS = ("chunk_rays", "shard_chunks", "seed", *_CODEC_KEYS, "materialize", "train_order")

@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raykit.errors import ConfigError
 from raykit.store.image_codec import StoredImage
-from raykit.store.layout import LAYOUTS
 from raykit.store.plan import StoreOptions, WriteRequest
 from raykit.store.schema import ImageRecord
 from raykit.store.table import order_records
@@ -84,9 +82,7 @@ def copy_request(
 ) -> WriteRequest:
     """The write of ``store`` into ``layout`` (``rays`` or ``images``) and ``backend`` at ``dst``: its
     images as records, its scene, points, chunking and seed (a rays store copied to rays is copied
-    chunk by chunk instead: ``raykit.store.rays_writer.copy_rays``)."""
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    chunk by chunk instead: ``raykit.store.rays_writer.copy_rays``); the writer checks ``layout``."""
     kept = store.store_layout
     source = {k: v for k, v in store.manifest["source"].items() if k != "fingerprint"}
     options = StoreOptions(layout, backend, kept.chunk_rays, kept.shard_chunks, kept.seed)

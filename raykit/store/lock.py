@@ -1,14 +1,11 @@
-"""One writer per store: a lock file beside the destination, naming its owner.
+"""One writer per store: ``<dst>.lock``, a file beside the destination naming its owner (``{"pid",
+"host", "started", "command"}``), ``flock``ed while its writer runs (docs/reliability.md).
 
-``<dst>.lock`` holds ``{"pid", "host", "started", "command"}`` and is locked with ``flock`` for as long
-as its writer runs. The kernel drops that lock when the process ends in any way (SIGKILL included),
-so a live owner is never mistaken for a dead one and a dead one never blocks: a second writer while
-the owner runs fails with :class:`~raykit.errors.StoreLockedError` naming the owner; a lock file left
-by a killed writer is detected as stale (it names an owner but nobody holds it), reported with a
-:class:`StaleLockWarning` naming that owner, and taken over, so rerunning an interrupted conversion
-resumes its ``<dst>.partial`` as before. The file is removed when the writer ends normally or by an
-exception (Ctrl-C included). On file systems without ``flock`` support for other hosts, a writer on
-another host is not seen; run one conversion per destination there.
+The kernel drops the lock when the process ends in any way, so a second writer while the owner runs
+fails with :class:`~raykit.errors.StoreLockedError` naming the owner, and a lock file left by a killed
+writer is stale: reported (:class:`StaleLockWarning`, naming that owner) and taken over, so a rerun
+resumes its ``<dst>.partial``. The file is removed when the writer ends normally or by an exception.
+On file systems without ``flock`` for other hosts, a writer on another host is not seen.
 """
 
 from __future__ import annotations

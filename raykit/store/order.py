@@ -1,16 +1,11 @@
 """The order of a shuffled (train) split, computed per image and per shard: no global permutation.
 
-The train order is defined in docs/format.md ("Order within a split"): image ``i`` of ``n`` pixels is
-staged in the order ``pi_i[r] = base_n[(r + s_i) mod n]`` (``base_permutation``, ``image_rotation``,
-``image_order``), and the split's rays are the images' ranks merged by the key ``((r + 1/2) / n_i, i)``
-(``merge_counts``), a shard being a contiguous range of that merge: one contiguous run of ranks per
-image. When the split's images all have the same size the merge is a round robin over images, which
-a shard builds as the (blocked) transpose of an (images, ranks) matrix whose rows are the images'
-runs (``merge_into``); otherwise it sorts the keys.
-
-The definition, its fast writer-side merge, the read-side ``SplitOrder`` (numpy ``pids`` and torch
-``pids_torch``: format 3 derives a split's pids from it at read time) and the slow twin
-``reference_split_pids`` (the tests' oracle) are read together: they must agree exactly.
+The train order is defined in docs/format.md ("Order within a split"): image ``i`` is staged in the
+order ``pi_i`` (``base_permutation``, ``image_rotation``, ``image_order``) and the split's rays are the
+images' ranks merged by the key ``((r + 1/2) / n_i, i)`` (``merge_counts``); ``merge_into`` builds one
+shard of the merge (a blocked transpose when the images have one size, else a sort of the keys). The
+definition, the writer's merge, the read-side ``SplitOrder`` (format 3 derives a split's pids from it)
+and the slow twin ``reference_split_pids`` (the tests' oracle) must agree exactly.
 """
 
 from __future__ import annotations
@@ -95,13 +90,9 @@ def _key(rank: int, size: int) -> Fraction:
 
 
 def merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
-    """How many of each image's permuted pixels lie in the first ``k`` rays of a shuffled split.
-
-    The split's rays are the images' permuted pixels merged by the key ``((r + 1/2) / n_i, i)``
-    (rank ``r`` of image ``i`` of ``n_i`` pixels), so every prefix holds each image's share ``k n_i / n``
-    within ``1.5 + 1.5 I n_i / n`` rays for ``I`` images (within one ray when all images have the
-    same size), and counts are monotone in ``k`` and sum to ``k``. Exact: the keys ``<= k / n`` form a
-    prefix of the merge; it is trimmed or extended by the few keys at its end (rational arithmetic).
+    """How many of each image's permuted pixels lie in the first ``k`` rays of a shuffled split (the
+    merge of docs/format.md: monotone in ``k``, summing to ``k``). Exact: the keys ``<= k / n`` form a
+    prefix of the merge, trimmed or extended by the few keys at its end (rational arithmetic).
     """
     if sizes and min(sizes) == max(sizes):  # a round robin: ray p is rank p // I of image p mod I
         whole, part = divmod(k, len(sizes))
@@ -168,17 +159,11 @@ def merge_into(
 ) -> np.ndarray:
     """The merge of one shard, with each image's run written in place by ``fill``: (stop - start,) values.
 
-    ``fill(i, out)`` writes image ``i``'s values for ranks ``lo[i] .. hi[i]`` into the contiguous
-    ``out`` (its length is ``hi[i] - lo[i]``), so a caller gathers or reads them straight into the
-    merge's buffer. ``merge_runs`` is this with the runs given.
-
-    Args:
-        sizes: every image's pixel count ``n_i``; lo, hi: every image's rank range in the shard
-            (``merge_counts`` at ``start`` and ``stop``).
-        alloc: ``alloc(name, shape)`` returns an uninitialised C-contiguous array of ``dtype`` for the
-            buffer ``name`` (``"rows"``, the result ``"merged"``); default ``np.empty``. A writer
-            passes reusable per-thread buffers: fresh multi-megabyte arrays per shard cost page
-            faults (glibc returns freed heap tops to the system).
+    ``fill(i, out)`` writes image ``i``'s values for ranks ``lo[i] .. hi[i]`` (``merge_counts`` at
+    ``start`` and ``stop``; ``sizes``: every image's ``n_i``) into the contiguous ``out``, so a caller
+    gathers them straight into the merge's buffer. ``alloc(name, shape)`` returns an uninitialised
+    C-contiguous array of ``dtype`` for the buffer ``name`` (``"rows"``, the result ``"merged"``);
+    default ``np.empty``. A writer passes reusable per-thread buffers (fresh ones cost page faults).
     """
     n = stop - start
     if n == 0:
@@ -240,18 +225,12 @@ def reference_split_pids(
 class SplitOrder:
     """The pids of one split in store order, derived instead of read (format 3).
 
-    A shuffled split follows the train order above; an unshuffled (evaluation) split holds its images
-    one after another in row-major order, so its ray ``p`` is pid ``pid_start + p``. Small and
-    picklable (a chunk carries it to worker processes); the base permutations it needs are built on
-    first use and kept per instance: 12 bytes per pixel of every distinct image size of the split
-    (``base_n``, and twice over for the equal-size fast path: each image's run is one slice of it).
-
-    Attributes:
-        seed: the train order's seed (the store layout's ``seed``).
-        split: the split's name (it seeds the order).
-        shuffled: whether the split is shuffled.
-        images: (I,) table indices of the split's images, ascending; sizes: their ``W * H``;
-            offsets: their first pids (``pixel_offset``).
+    A shuffled split follows the train order; an unshuffled (evaluation) split's ray ``p`` is pid
+    ``pid_start + p``. Small and picklable (a chunk carries it to worker processes); the base
+    permutations it needs are built on first use and kept per instance: 12 bytes per pixel of every
+    distinct image size of the split (``base_n``, and twice over for the equal-size fast path).
+    ``images`` are the table indices of the split's images, ascending; ``sizes`` their ``W * H``,
+    ``offsets`` their first pids; ``seed`` is the store layout's.
     """
 
     seed: int
@@ -271,32 +250,22 @@ class SplitOrder:
     def n_rays(self) -> int:
         return sum(self.sizes)
 
+    def _memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key not in self._bases:
+            self._bases[key] = make()
+        return self._bases[key]
+
     def _base(self, n: int) -> np.ndarray:
-        base = self._bases.get(n)
-        if base is None:
-            base = self._bases[n] = base_permutation(self.seed, self.split, n)
-        return base
+        return self._memo(n, lambda: base_permutation(self.seed, self.split, n))
 
     def _doubled(self, n: int) -> np.ndarray:
         """``base_n`` twice over: indexed by ``rank + s_i < 2 n`` with no modulo (a third faster)."""
-        key = ("doubled", n)
-        if key not in self._bases:
-            self._bases[key] = np.concatenate([self._base(n), self._base(n)])
-        doubled: np.ndarray = self._bases[key]
-        return doubled
+        return self._memo(("doubled", n), lambda: np.concatenate([self._base(n), self._base(n)]))
 
     def _rotations(self) -> np.ndarray:
-        key = "rotations"
-        if key not in self._bases:
-            self._bases[key] = np.array(
-                [
-                    image_rotation(self.seed, self.split, i, n)
-                    for i, n in zip(self.images, self.sizes, strict=True)
-                ],
-                dtype=np.int64,
-            )
-        rotations: np.ndarray = self._bases[key]
-        return rotations
+        pairs = zip(self.images, self.sizes, strict=True)
+        rotations = (image_rotation(self.seed, self.split, i, n) for i, n in pairs)
+        return self._memo("rotations", lambda: np.fromiter(rotations, dtype=np.int64))
 
     def _check(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.n_rays:
@@ -384,12 +353,12 @@ class SplitOrder:
     def _torch_bases(self, distinct: list[int], device: torch.device) -> torch.Tensor:
         import torch
 
-        key = ("torch", str(device))
-        if key not in self._bases:
-            joined = np.concatenate([self._base(n) for n in distinct]).astype(np.int64)
-            self._bases[key] = torch.from_numpy(joined).to(device)
-        bases: torch.Tensor = self._bases[key]
-        return bases
+        def joined() -> torch.Tensor:
+            return torch.from_numpy(np.concatenate([self._base(n) for n in distinct]).astype(np.int64)).to(
+                device
+            )
+
+        return self._memo(("torch", str(device)), joined)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,10 +1,9 @@
-"""Where a store write's time goes: per-task phase clocks, the writer's profile, and the block that
-collects it (``raykit convert --profile``, ``benchmarks/bench_convert.py``).
+"""Where a store write's time goes (``raykit convert --profile``, ``benchmarks/bench_convert.py``).
 
-Each task times its own phases with a ``PhaseClock`` and returns the seconds with its result; the
-writer sums them per kind of task and laps its own wall clock per step (``Profile``). A finished write
-hands its profile to the innermost ``recording_phases`` block of the calling thread or task (a
-context variable: nothing global changes, concurrent writes do not mix) and logs it at DEBUG level.
+Each task times its phases with a ``PhaseClock`` and returns the seconds with its result; the writer
+sums them per kind of task and laps its own wall clock per step (``Profile``). A finished write hands
+its profile to the innermost ``recording_phases`` block of the calling thread or task (a context
+variable: concurrent writes do not mix) and logs it at DEBUG level.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Packed pixels: RGB or RGBA ``uint8`` rows <-> one native ``uint32`` per pixel (bytes r, g, b, a).
 
-The writer stages every pixel as one ``uint32`` (alpha 255 for RGB images) so that permuting and
-merging rays moves 4-byte words, and stores ``rgb`` (3 bytes per ray) when no image has alpha. numpy
-copies an ``(n, 3)`` <-> ``(n, 4)`` channel slice one 3-byte row at a time (about 6 ns per pixel);
-these do the same conversions as whole-array strided passes (about 10x faster). The tests compare them
-with the plain slicing twins (``pack_rgba_reference``, ``unpack_rgb_reference``).
+The writer stages every pixel as one ``uint32`` (alpha 255 for RGB) so that permuting and merging
+moves 4-byte words. numpy copies an ``(n, 3)`` <-> ``(n, 4)`` channel slice one 3-byte row at a time;
+these are whole-array strided passes (about 10x faster), tested against the plain slicing twins.
 """
 
 from __future__ import annotations

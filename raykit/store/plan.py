@@ -16,7 +16,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.store.backend import BACKENDS
-from raykit.store.layout import RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS
+from raykit.store.layout import RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
 
@@ -149,7 +149,7 @@ def split_infos(
         n = rec.camera.width * rec.camera.height
         old = infos.get(rec.split)
         if old is None:
-            shuffled = rec.split in SHUFFLED_SPLITS and layout == RAYS_LAYOUT
+            shuffled = rec.split in SHUFFLED_SPLITS and not holds_images(layout)
             infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, shuffled, pid, pids, layout)
         else:
             infos[rec.split] = dataclasses.replace(old, n_rays=old.n_rays + n, n_images=old.n_images + 1)

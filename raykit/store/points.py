@@ -12,14 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = [
-    "POINTS_FILE",
-    "POINTS_SCHEMA",
-    "SparsePoints",
-    "check_points",
-    "points_digest",
-    "points_entry",
-]
+__all__ = ["POINTS_FILE", "POINTS_SCHEMA", "SparsePoints", "check_points", "points_digest", "points_entry"]
 
 POINTS_FILE = "points3D.parquet"
 POINTS_SCHEMA = pa.schema(

@@ -133,16 +133,9 @@ def write_rays(request: WriteRequest) -> RayStore:
     memory = in_process(request.executor) and staged_bytes <= opts.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
     with staging:
+        keys = [json_digest([entry, opts.seed]) for entry in records_plan]
         stage_jobs = [
-            StageJob(
-                root=str(partial),
-                index=i,
-                record=r,
-                key=json_digest([records_plan[i], opts.seed]),
-                shuffled=r.split in SHUFFLED_SPLITS,
-                seed=opts.seed,
-                staging=staging,
-            )
+            StageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, opts.seed)
             for i, r in enumerate(ordered)
         ]
         try:
@@ -181,23 +174,6 @@ def _staged_content(
     return content, gather
 
 
-def _shard_jobs(partial: Path, content: StoreContent, gather: Source, plan_key: str) -> list[ShardJob]:
-    spec = content.spec()
-    return [
-        ShardJob(
-            root=str(partial),
-            backend=content.backend,
-            info=info,
-            shard=shard,
-            spec=spec,
-            source=gather,
-            key=f"{plan_key}:{info.name}:{shard}:{_TASK_FORMAT}",
-        )
-        for info in content.splits.values()
-        for shard in range(-(-info.n_chunks // content.layout.shard_chunks))
-    ]
-
-
 def _write_shards(
     partial: Path,
     content: StoreContent,
@@ -211,7 +187,14 @@ def _write_shards(
         rel: file_record(partial / rel)
         for rel in content.backend.write_metadata(partial, content.splits, content.spec())
     }
-    jobs = _shard_jobs(partial, content, gather, plan_key)
+    spec, per = content.spec(), content.layout.shard_chunks
+    jobs = [
+        ShardJob(
+            str(partial), content.backend, info, s, spec, gather, f"{plan_key}:{info.name}:{s}:{_TASK_FORMAT}"
+        )
+        for info in content.splits.values()
+        for s in range(-(-info.n_chunks // per))
+    ]
     profile.wall.lap("metadata")
     index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in content.splits}
     write_shards(

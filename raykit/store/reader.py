@@ -1,10 +1,7 @@
-"""Read a committed ray store from a local path or any fsspec URL.
-
-Opening reads ``manifest.json`` and checks the small metadata files; every chunk read checks the CRC
-of the decoded rays and, on first use of a payload file, its size (docs/format.md, "Integrity"), so
-corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong rays.
-``verify=True`` also hashes every payload file up front. Each split is read by the reader of its
-layout (``raykit.store.split_readers``), so nothing here depends on the layout.
+"""Read a committed ray store from a local path or any fsspec URL, checking what it reads
+(docs/format.md, "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of
+returning wrong rays. Each split is read by the reader of its layout (``raykit.store.split_readers``),
+so nothing here depends on the layout.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from raykit.errors import (
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
-from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout
+from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout, holds_images
 from raykit.store.location import filesystem, is_url, read_errors
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import POINTS_SCHEMA, SparsePoints
@@ -203,7 +200,7 @@ class RayStore:
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
         self.payload_spec = PayloadSpec.of(self.fields, self.store_layout, self.splits)
-        images = self.layout() == IMAGES_LAYOUT
+        images = holds_images(self.layout())
         return open_payload(
             images, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
         )
@@ -246,7 +243,7 @@ class RayStore:
         store's: ``"images"`` when every split stores images (what a copy keeps by default)."""
         if split is not None:
             return self._split(split).layout
-        images = bool(self.splits) and all(info.layout == IMAGES_LAYOUT for info in self.splits.values())
+        images = bool(self.splits) and all(info.holds_images for info in self.splits.values())
         return IMAGES_LAYOUT if images else RAYS_LAYOUT
 
     def _check_file(self, rel: str) -> None:
@@ -314,8 +311,11 @@ class RayStore:
             StoreChangedError: the read failed because the store was replaced since it was opened
                 (``convert --overwrite``): chunks of two versions are never mixed.
         """
+        info = self._split(split)
+        if not 0 <= index < info.n_chunks:
+            raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
         try:
-            return self._read_chunk(split, index)
+            return self._reader(split).read_chunk(info, index)
         except (StoreCorruptError, StoreNotFoundError) as exc:
             self._raise_if_replaced(exc)
             raise
@@ -332,12 +332,6 @@ class RayStore:
                 f"{self.fingerprint[:12]}..., now {str(now)[:12]}...); reopen it to read the new "
                 f"version ({exc})"
             ) from exc
-
-    def _read_chunk(self, split: str, index: int) -> RawRays:
-        info = self._split(split)
-        if not 0 <= index < info.n_chunks:
-            raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
-        return self._reader(split).read_chunk(info, index)
 
     def split_order(self, split: str) -> SplitOrder:
         """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""

@@ -1,14 +1,10 @@
 """Byte ranges of a remote store's files, correct also on servers that ignore HTTP ``Range``.
 
-Many static servers (Python's ``http.server``, some CDNs and object-store gateways) answer a range
-request with status 200 and the whole file. fsspec returns that body as if it were the range, which
-made an intact store fail its checksums. :class:`RangeFetcher` checks every answer's length against the
-range asked for and the file's size recorded in the manifest: a body of the whole file's size where a
-shorter range was asked for means the server ignored ``Range``; the fetcher then keeps that whole file
-(an in-memory LRU bounded in bytes, warns once) and serves later ranges of it from there, so each file
-crosses the network once while it stays in memory. Any other length is a real truncation and raises
-``StoreCorruptError``. With a loader's ``disk_cache`` whole shards are fetched once into the cache
-instead (``raykit.loaders.source.CachedStoreSource``).
+Some servers (Python's ``http.server``, some CDNs and gateways) answer a range request with status
+200 and the whole file, which fsspec returns as if it were the range. :class:`RangeFetcher` checks
+each answer's length against the range and the manifest's file size: the whole file where a shorter
+range was asked for means ``Range`` is ignored, so it warns once and keeps whole files (an LRU bounded
+in bytes) to serve later ranges from; any other length is a truncation (``StoreCorruptError``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Writing a store to object storage (``s3://bucket/scene`` or any writable fsspec URL).
-
-The store is written locally first, by the ordinary writers (``DST.partial``, resume, atomic files),
-in a work folder derived from the URL (``<tmp>/raykit-upload-<hash>/store``, so a rerun resumes it),
-then uploaded file by file with ``manifest.json`` **last**: every object is written whole by the
-object store, and until the manifest is there readers see no store (``open_store`` says "not a raykit
-store"). Replacing a store (``overwrite``) first deletes the old manifest, so a reader never sees the
-old manifest over new files. The local copy is removed after the upload.
+"""Writing a store to object storage (``s3://bucket/scene`` or any writable fsspec URL; docs/format.md,
+"Object storage"): written locally by the ordinary writers in a work folder derived from the URL (so a
+rerun resumes it), then uploaded file by file with ``manifest.json`` last (until it is there, readers
+see no store); ``overwrite`` deletes the old manifest first. The local copy is removed after the upload.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
-from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT
+from raykit.store.layout import LAYOUTS, RAYS_LAYOUT, holds_images
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
@@ -136,12 +136,9 @@ class SceneInfo:
 class SplitInfo:
     """One split of a store: its rays are ``pid_start .. pid_start + n_rays`` in some order.
 
-    ``shuffled`` splits hold a seeded permutation of their rays; unshuffled (evaluation) splits hold
-    their images one after another, each in row-major order. ``pids`` is ``"derived"`` (format 3: no
-    pid field is stored, a reader computes the pids from the order, ``raykit.store.order.SplitOrder``)
-    or ``"stored"`` (formats 1 and 2, ``raykit copy --with-pids``). ``layout`` is how the split's
-    payload is organised: ``"rays"`` (chunks of rays) or ``"images"`` (encoded images,
-    ``raykit.store.images_layout``).
+    ``shuffled``: a seeded permutation, else image after image, row-major (docs/format.md). ``pids``:
+    ``"derived"`` (format 3: computed from the order, ``raykit.store.order.SplitOrder``) or
+    ``"stored"``; ``layout``: ``"rays"`` (chunks of rays) or ``"images"`` (encoded images).
     """
 
     name: str
@@ -169,7 +166,7 @@ class SplitInfo:
     @property
     def holds_images(self) -> bool:
         """Whether the split stores encoded images (the images layout) rather than ray chunks."""
-        return self.layout == IMAGES_LAYOUT
+        return holds_images(self.layout)
 
     def chunk_range(self, index: int) -> tuple[int, int]:
         """Ray range ``[start, stop)`` of chunk ``index`` within the split."""
@@ -299,15 +296,9 @@ class RawRays:
 class DerivedRays(RawRays):
     """One chunk of a format-3 split: colours (and materialised fields) as read, pids derived on access.
 
-    ``pid`` is computed from the split's order (``order.pids(start, start + n)``) each time it is
-    read, and never kept: ``nbytes`` (what a loader's cache counts) is the colours' bytes, 3 per ray
-    without alpha and 4 with. ``take`` returns plain ``RawRays`` with the pids of the selected rays.
-
-    Args:
-        rgba: (N, 3|4) uint8 colours.
-        order: the split's ``raykit.store.order.SplitOrder``.
-        start: the chunk's first ray within the split.
-        extra: materialised fields, (N, 3) each.
+    ``pid`` is computed from the split's order (``order.pids(start, start + n)``, ``start``: the chunk's
+    first ray in the split) each time it is read, and never kept: ``nbytes`` (what a loader's cache
+    counts) is the colours' bytes. ``take`` returns plain ``RawRays`` with the pids of the selected rays.
     """
 
     def __init__(
@@ -354,17 +345,8 @@ class DerivedRays(RawRays):
 def encode_pids(
     pixel_offset: np.ndarray, width: np.ndarray, image: np.ndarray, pixel: np.ndarray
 ) -> np.ndarray:
-    """Global pixel ids of pixels.
-
-    Args:
-        pixel_offset: (I,) int64 first pid of every image.
-        width: (I,) int64 image widths.
-        image: (N,) int image rows.
-        pixel: (N, 2) int ``(x, y)``.
-
-    Returns:
-        (N,) uint32 ``pixel_offset[image] + y * width[image] + x``.
-    """
+    """Global pixel ids of pixels: (N,) uint32 ``pixel_offset[image] + y * width[image] + x`` for
+    ``pixel`` (N, 2) ``(x, y)`` of images ``image`` (N,); ``pixel_offset``, ``width``: (I,) int64."""
     image = np.asarray(image, dtype=np.int64)
     pixel = np.asarray(pixel, dtype=np.int64)
     pid = pixel_offset[image] + pixel[:, 1] * width[image] + pixel[:, 0]

@@ -1,16 +1,11 @@
-"""Writer tasks: decode images into staging files (phase 1) and gather the rays of one shard (phase 2).
+"""Writer tasks: decode images into staging (phase 1) and gather the rays of one shard (phase 2).
 
 Every task is a module-level function of one picklable job, so any ``concurrent.futures.Executor``
-(a process pool, a dask ``Client.get_executor()``) can run it. Tasks write their outputs atomically
-and leave a small JSON record keyed by their inputs; a rerun with the same inputs reuses any output
-whose record and checksums still match.
-
-Shuffled splits are staged and gathered in the order defined in ``raykit.store.order``, so a shard
-task reads one contiguous run of rays per image and needs no global permutation. Where the staged
-images live is the writer's :class:`~raykit.store.staging_area.StagingArea`, handed to the tasks in
-their jobs: staging files (``DiskStaging``), or, when every task runs in the writing process, memory
-(``MemoryStaging``): the same bytes out, no staging files. Shard tasks merge into the writer's
-:class:`~raykit.store.staging_area.MergeBuffers`, carried by the :class:`StagingSource`.
+runs it; it writes its outputs atomically and a JSON record keyed by its inputs, which a rerun with the
+same inputs reuses while the outputs' checksums match (docs/format.md, "Commit protocol"). Shuffled
+splits are staged and gathered in the order of ``raykit.store.order``, so a shard task reads one
+contiguous run of rays per image. The staged images live in the writer's ``StagingArea`` and shard
+tasks merge into its ``MergeBuffers`` (``raykit.store.staging_area``), both carried by the jobs.
 """
 
 from __future__ import annotations
@@ -95,14 +90,11 @@ def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class StageJob:
-    """Decode image ``index`` of the table into ``root/staging/{index:06d}.px``.
-
-    The file is raw native-endian uint32: one packed RGBA pixel per row (bytes r, g, b, a; alpha 255
-    for RGB images) in row-major order, or in a shuffled split in ``image_order``, so a shard task
-    reads each image's run of rays with one ``pread``; it recomputes their pixel ids from the order's
-    shared base permutation (``order_run``: two slices). Staged in memory (``memory``), it holds the
-    same rows. (Permuting whole images here, while each is in cache, is about three times faster than
-    gathering each shard's runs from row-major images: a shard touches every image.)
+    """Decode image ``index`` of the table into its staging area (``staging``): one packed RGBA
+    ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a shuffled split in
+    ``image_order``, so a shard task reads each image's run of rays in one read and recomputes their
+    pids from the shared base permutation (``order_run``). (Permuting whole images here, each in cache,
+    is about three times faster than gathering each shard's runs from row-major images.)
     """
 
     root: str

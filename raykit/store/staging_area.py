@@ -1,16 +1,11 @@
-"""Where the writer keeps decoded images between its phases, and the shard tasks' merge buffers.
+"""Where the writer keeps decoded images between its phases, and the shard tasks' merge buffers: explicit
+objects the writer creates and hands to its tasks (in their jobs), so nothing is registered process-wide.
 
-Both are explicit objects the writer creates and hands to its tasks (inside their jobs), so their
-lifetime is the writer's: nothing is registered process-wide and nothing must be freed by hand.
-
-* A staging area holds each image's staged rows (raw packed RGBA ``uint32``, one per pixel, in the
-  order ``raykit.store.staging`` stages them). Two implementations of :class:`StagingArea`:
-  :class:`DiskStaging` (``root/staging/{index:06d}.px`` scratch files, for tasks in any process; a
-  rerun reuses intact ones) and :class:`MemoryStaging` (this process's memory, for writers whose tasks
-  all run here: no staging files; it refuses to be pickled into another process).
-* :class:`MergeBuffers` gives each thread reusable ``uint32`` buffers for the arrays a shard task
-  merges (a shard's worth: reusing them saves the page faults of fresh allocations). They go with the
-  object; a copy sent to a worker process becomes that process's own buffers.
+A staging area (``StagingArea``) holds each image's staged rows (packed RGBA ``uint32``, one per pixel,
+in the order ``raykit.store.staging`` stages them): ``DiskStaging`` in scratch files, for tasks in any
+process (a rerun reuses intact ones), or ``MemoryStaging`` in this process's memory (it refuses to be
+pickled). ``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no page faults of
+fresh allocations); a copy sent to a worker process becomes that process's own buffers.
 """
 
 from __future__ import annotations

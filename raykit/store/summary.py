@@ -12,11 +12,7 @@ __all__ = ["field_bytes", "payload_bytes", "source_image_bytes", "store_summary"
 
 
 def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
-    """Payload bytes per split and stored field: ``{split: {field: bytes}}``.
-
-    Zarr: the sizes of each field's shard files. WebDataset: the sizes of each field's ``.npy``
-    members; the tar headers and padding are counted under ``"tar"``.
-    """
+    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``)."""
     return backend_named(store.backend).field_bytes(store.splits, store.files, store.index)
 
 

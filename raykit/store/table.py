@@ -159,12 +159,9 @@ def read_parquet(data: bytes, schema: pa.Schema, where: str) -> pa.Table:
     """Parse parquet bytes and check that they hold ``schema``'s columns (``cameras.parquet``,
     ``points3D.parquet``); ``where`` names the file in errors.
 
-    Read with ``ParquetFile.read(use_threads=False)``, not ``pq.read_table``: the latter goes through
-    Arrow's dataset scanner, whose thread-pool workers may drop the last reference to ``data`` (a
-    Python buffer) after the call returned; a worker doing so while the interpreter exits needs the
-    GIL, is ended by ``pthread_exit`` inside a C++ destructor and the process aborts with
-    "terminate called without an active exception" (status 134). Here every step runs on the calling
-    thread and nothing outlives the call.
+    Not ``pq.read_table``: its dataset scanner's worker threads may drop the last reference to ``data``
+    after the call returned, and one doing so while the interpreter exits aborts the process
+    ("terminate called without an active exception", status 134). Here everything runs on this thread.
     """
     try:
         table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)

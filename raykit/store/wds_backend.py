@@ -19,15 +19,7 @@ from raykit.store.images_wds import tar_bytes
 from raykit.store.location import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 
-__all__ = [
-    "BACKEND",
-    "WDS_DIR",
-    "WdsBackend",
-    "WdsReader",
-    "npy_bytes",
-    "sample_key",
-    "shard_file",
-]
+__all__ = ["BACKEND", "WdsBackend", "WdsReader", "npy_bytes", "sample_key", "shard_file"]
 
 WDS_DIR = "wds"
 

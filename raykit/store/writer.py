@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from raykit.errors import ConfigError
 from raykit.store.backend import BACKENDS
 from raykit.store.images_writer import write_images
-from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT
+from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, holds_images
 from raykit.store.lock import holding_store_lock
 from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions, WriteRequest
 from raykit.store.points import SparsePoints
@@ -110,7 +110,7 @@ def copy_store(
 
     store = open_store(src)
     layout = layout or store.layout()
-    if store.layout() == layout == RAYS_LAYOUT:  # chunk by chunk
+    if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
         options = StoreOptions(backend=backend)
         points = store.sparse_points()
         request = WriteRequest(Path(dst), [], store.scene, options, executor, progress, {}, overwrite, points)

@@ -1,12 +1,10 @@
 """Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed
-(docs/format.md, "Zarr v3").
+(docs/format.md, "Zarr v3"; the codecs' measurements: "Design choices and measurements").
 
-A writer encodes one whole shard in memory (``encode_shard_pieces``) with the same numcodecs codecs as
-zarr, called directly (zarr's own write path costs as much again as the compression); its output is
-tested byte for byte against zarr's (``reference_encode_shard``), and the metadata documents against
-zarr's (``reference_metadata_documents``). All three derive from one codec definition
-(``FieldCodec``). zarr itself is imported where it is used (the twins and remote reads), so a writer,
-and a loader that reads local shards directly, do not pay its import time and memory. Reading is
+A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
+(``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
+(``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
+definition (``FieldCodec``). zarr is imported only by the twins and remote reads; reading is
 ``raykit.store.zarr_read``.
 """
 
@@ -48,9 +46,7 @@ __all__ = [
 
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.layout``: every layout records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
-# RGBA chunk): as small as plain lz4 and, on shuffled train colours, 1.6x as fast to write and 2.4x as
-# fast to read as zstd-3, at 1.6x its size (1.23 vs 0.77 bytes/ray; benchmarks/bench_codecs.py). "zstd"
-# uses ``zstd_level``; a layout without ``rgba_codec`` (stores written before it existed) means zstd.
+# RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 
@@ -84,12 +80,8 @@ class FieldCodec:
 
 
 def field_codec(spec: FieldSpec, layout: StoreLayout) -> FieldCodec:
-    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc (lz4,
-    bit shuffle).
-
-    Bit shuffle groups the slowly varying high bits of pids together: sequential evaluation pids
-    shrink to almost nothing, shuffled train pids to about their entropy; see docs/format.md.
-    """
+    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
+    with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
     itemsize = np.dtype(spec.dtype).itemsize
     if layout.rgba_codec not in RGBA_CODECS:
         raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {layout.rgba_codec!r}")
@@ -174,15 +166,10 @@ def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: S
 def encode_shard_pieces(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreLayout
 ) -> list[bytes]:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (fast path), in pieces
-    to be written one after the other (no copy to join them).
-
-    Inner chunks of ``chunk_rays`` rays in order (the last one zero-padded: fill value 0), each
-    ``bytes`` (little-endian) -> zstd or blosc -> crc32c; then the index (``shard_pieces``).
-    ``reference_encode_shard`` is the twin that lets zarr do it.
-
-    Args:
-        values: (n, ...) the rays of the shard, n <= chunk_rays * shard_chunks.
+    """The bytes zarr writes for one shard file of ``spec`` holding ``values``, (n, ...) with n <=
+    ``chunk_rays * shard_chunks`` (fast path), in pieces written one after the other (no join): inner
+    chunks in order (the last one zero-padded) each through the field's codecs, then the index
+    (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
     """
     chunk_rays = info.chunk_rays
     codec = field_codec(spec, layout).numcodecs_codec()

@@ -143,10 +143,9 @@ def _crc_ok(data: bytes) -> bool:
 class ZarrReader:
     """Reads chunks of a committed store's zarr payload (local path or fsspec URL).
 
-    Local shard files whose codecs are the ones raykit writes are read directly: the shard index once
-    per file, then one ``pread`` per chunk, both checked against their crc32c, and the chunk decoded with
-    the same numcodecs codec zarr uses. That is several times faster than zarr's read path, which
-    remains the twin (``read_chunk(..., fast=False)``) and handles remote stores and any other layout.
+    Shard files with the codecs raykit writes are read directly (the shard index once per file, then
+    one read per chunk, both checked against their crc32c, decoded with zarr's numcodecs codec): several
+    times faster than zarr's read path, which remains the twin (``read_chunk(..., fast=False)``).
     """
 
     def __init__(self, url: str, spec: PayloadSpec, ranges: RangeFetcher | None = None) -> None:
