@@ -55,7 +55,8 @@ def case(url: str, options: dict[str, Any], batches: int) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     out = {"steady_rays_per_s": rays / seconds, "first_batch_s": first_s, "first_rays": first,
            "num_workers": loader.num_workers, "workers_reason": loader.workers_reason,
-           "loadavg_1m": os.getloadavg()[0]}  # fmt: skip
+           "loadavg_1m": os.getloadavg()[0],
+           "loader_seconds": {k: round(v, 3) for k, v in loader.seconds.items()}}  # fmt: skip
     loader.close()
     return out
 

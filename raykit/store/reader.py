@@ -452,7 +452,7 @@ class RayStore:
 
         The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
-        (``timed(step, seconds)``, when given, is told how long reading and decoding took).
+        (telling ``timed(step, seconds)`` how long reading and decoding took).
         """
         h, w, c = self.image_shape(name)
         row = self.image_index(name)

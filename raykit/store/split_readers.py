@@ -36,9 +36,8 @@ class SplitReader(Protocol):
         ...
 
     def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
-        """Camera-table row ``row``'s pixels, (H, W, C) uint8, or None: gathered from ``image_raw``.
-        ``timed`` is given the seconds of reading the stored bytes (``"read"``) and of decoding them
-        (``"decode"``) where the layout stores images."""
+        """Camera-table row ``row``'s pixels, (H, W, C) uint8, or None: gathered from ``image_raw``;
+        ``timed`` is told the seconds of the ``"read"`` and ``"decode"`` of a stored image."""
         ...
 
     def image_raw(self, row: int) -> RawRays | None:
