@@ -21,13 +21,17 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from raykit.errors import ResumeError
 from raykit.loaders.arguments import check_state, resume_position
 from raykit.loaders.cache import CacheStats
 from raykit.loaders.stages import Prefetch, Stage
 from raykit.loaders.workers import ChunkFetcher
+
+if TYPE_CHECKING:
+    from raykit.loaders.source import ChunkSource
+    from raykit.store.reader import RayStore
 
 __all__ = ["PARTITION_KEYS", "STATE_VERSION", "BatchLoader", "close_all", "distributed_rank", "register"]
 
@@ -81,7 +85,7 @@ class BatchLoader:
 
     STATE_VERSION = STATE_VERSION
     _what = "loader state"  # the state's name in ``ResumeError`` messages
-    store: Any
+    store: RayStore | ChunkSource  # a ray loader also reads a bare chunk source
     split: str
     source: Any
     cache: Any

@@ -106,6 +106,7 @@ class ImageLoader(BatchLoader):
 
     STATE_VERSION = IMAGE_STATE_VERSION
     _what = "image loader state"
+    store: RayStore
 
     def __init__(
         self,
