@@ -1,14 +1,42 @@
 """Ray loaders: shuffled, cached, resumable, multi-worker and multi-rank batches; evaluation; adapters;
-and ``ImageLoader``, whole images for splatting-style trainers."""
+and ``ImageLoader``, whole images for splatting-style trainers.
 
-from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
-from raykit.loaders.config import ImageLoaderConfig, LoaderConfig
-from raykit.loaders.image_plan import ImagePlan
-from raykit.loaders.images import ImageBatch, ImageLoader
-from raykit.loaders.loader import RayLoader
-from raykit.loaders.plan import SamplingPlan
-from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
-from raykit.loaders.window import WindowPlan
+The names below are imported on first use (PEP 562), so that a worker process, which imports
+``raykit.loaders.processes`` and the chunk sources only, starts without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
+    from raykit.loaders.config import ImageLoaderConfig, LoaderConfig
+    from raykit.loaders.image_plan import ImagePlan
+    from raykit.loaders.images import ImageBatch, ImageLoader
+    from raykit.loaders.loader import RayLoader
+    from raykit.loaders.plan import SamplingPlan
+    from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
+    from raykit.loaders.window import WindowPlan
+
+_MODULES = {
+    "CacheStats": "cache",
+    "ChunkCache": "cache",
+    "DiskCache": "cache",
+    "ImageCache": "cache",
+    "ImageLoaderConfig": "config",
+    "LoaderConfig": "config",
+    "ImagePlan": "image_plan",
+    "ImageBatch": "images",
+    "ImageLoader": "images",
+    "RayLoader": "loader",
+    "SamplingPlan": "plan",
+    "ChunkSource": "source",
+    "MemorySource": "source",
+    "StoreSource": "source",
+    "WindowPlan": "window",
+}
 
 __all__ = [
     "CacheStats",
@@ -27,3 +55,15 @@ __all__ = [
     "StoreSource",
     "WindowPlan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -81,3 +81,28 @@ def test_cli_info_validate_copy(
     assert _run(["validate", str(tmp_path / "w")]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and shard.name in out
+
+
+def test_info_and_loader_workers_import_no_torch(tmp_path: Path, records, scene: SceneInfo) -> None:
+    """``raykit info`` and what a loader's worker process imports (its entry point, the chunk
+    sources, reading a chunk) start without torch, which takes seconds to import."""
+    import subprocess
+    import sys
+
+    write_store(tmp_path / "z", records, scene=scene, chunk_rays=64, shard_chunks=2)
+    code = (
+        "import contextlib, io, sys\n"
+        "from raykit.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    status = main(['info', {str(tmp_path / 'z')!r}])\n"
+        "from raykit.loaders.processes import serve\n"
+        "from raykit.loaders.source import StoreSource\n"
+        "from raykit.loaders.workers import ChunkFetcher\n"
+        "from raykit.store import open_store\n"
+        f"raw = StoreSource(open_store({str(tmp_path / 'z')!r}), 'train').read_chunk(0)\n"
+        "print(status, len(raw.pid), 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, rays, torch_imported = done.stdout.split()
+    assert (status, torch_imported) == ("0", "False") and int(rays) > 0
