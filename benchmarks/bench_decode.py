@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_images import pose
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))  # this checkout's raykit, wherever the script is started from
@@ -101,14 +102,7 @@ def build_store(n: int) -> Path:
     for i in range(n):
         jpeg = encoded(photo(1080, 1920, i), "JPEG", quality=90)
         (folder / "images" / f"frame_{i:04d}.jpg").write_bytes(jpeg)
-        angle = 2 * np.pi * i / n
-        centre = np.array([4 * np.cos(angle), 4 * np.sin(angle), 1.0])
-        forward = -centre / np.linalg.norm(centre)
-        right = np.cross(forward, [0.0, 0.0, 1.0])
-        right /= np.linalg.norm(right)
-        c2w = np.eye(4)
-        c2w[:3, 0], c2w[:3, 1], c2w[:3, 2], c2w[:3, 3] = right, np.cross(forward, right), forward, centre
-        gl = opencv_to_opengl_c2w(c2w).tolist()
+        gl = opencv_to_opengl_c2w(pose(i, n)).tolist()
         frames.append({"file_path": f"images/frame_{i:04d}.jpg", "transform_matrix": gl})
     meta = {"camera_model": "OPENCV", "fl_x": 1500.0, "fl_y": 1500.0, "cx": 960.0, "cy": 540.0,
             "w": 1920, "h": 1080, "k1": 0.0, "k2": 0.0, "p1": 0.0, "p2": 0.0}  # fmt: skip
