@@ -96,9 +96,9 @@ class RawGroup:
     def gather(self) -> RawRays:
         """The group's compact rays (safe on any thread); slices of one type with a
         ``gather_slices(slices)`` gather in one call."""
-        kinds = {type(source) for source, _, _ in self.slices}
-        gather = getattr(kinds.pop(), "gather_slices", None) if len(kinds) == 1 else None
-        if gather is not None:
+        kind = type(self.slices[0][0])
+        gather = getattr(kind, "gather_slices", None)
+        if gather is not None and all(type(source) is kind for source, _, _ in self.slices):
             return gather(self.slices)
         parts = [source.take(a, b) for source, a, b in self.slices]
         return parts[0] if len(parts) == 1 else RawRays.concat(parts)

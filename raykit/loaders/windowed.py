@@ -164,6 +164,7 @@ class WindowDraws(Positioned):
         # Images enter the window in the epoch's image order: decode them in that order.
         stream = self._decoded([i for i in plan.image_order(epoch).tolist() if i not in finished])
         window: dict[int, WindowImage] = {}
+        image_rays = plan.image_rays
         for pieces in plan.iter_batches(epoch, start):
             t0 = time.perf_counter()
             for i, _, _ in pieces:
@@ -171,9 +172,9 @@ class WindowDraws(Positioned):
                     got, image = next(stream)
                     window[got] = self.enter(epoch, got, image.rgba)
             self._times.add("wait", time.perf_counter() - t0)
-            yield pieces, {i: window[i] for i, _, _ in pieces}
+            yield [(window[i], lo, hi) for i, lo, hi in pieces]
             for i, _, hi in pieces:
-                if hi == plan.image_rays[i]:
+                if hi == image_rays[i]:
                     window.pop(i, None)  # used up: leaves the window
 
 
@@ -207,11 +208,14 @@ class WindowImage(NamedTuple):
         if len(slices) == 1:
             image, lo, hi = slices[0]
             return image.take(lo, hi)
-        colours = [image.ranked[lo:hi] for image, lo, hi in slices]
-        orders = [image.doubled[lo + image.rotation : hi + image.rotation] for image, lo, hi in slices]
+        colours, orders, offsets, lengths = [], [], [], []
+        for image, lo, hi in slices:  # one pass: this runs per piece, holding the interpreter lock
+            colours.append(image.ranked[lo:hi])
+            orders.append(image.doubled[lo + image.rotation : hi + image.rotation])
+            offsets.append(image.offset)
+            lengths.append(hi - lo)
         pid = np.concatenate(orders)
-        offsets = np.asarray([image.offset for image, _, _ in slices], dtype=np.uint32)
-        pid += np.repeat(offsets, [hi - lo for _, lo, hi in slices])
+        pid += np.repeat(np.asarray(offsets, dtype=np.uint32), lengths)
         return RawRays(np.concatenate(colours), pid)
 
     @classmethod
@@ -226,22 +230,24 @@ class WindowImage(NamedTuple):
         return cls(np.take(rgba, order, axis=0), offset, doubled, rotation)
 
 
-Planned = tuple[list[Piece], dict[int, WindowImage]]  # a batch's pieces and the images they draw from
+Planned = list[tuple["WindowImage", int, int]]  # a batch's pieces: (window image, first rank, stop rank)
 
 
 def planned_group(epoch: int, first: int, group: list[Planned]) -> RawGroup:
     """Consecutive planned batches, the first being batch ``first`` of ``epoch``, as one group."""
     bounds: list[tuple[int, int]] = []
     slices: list[tuple[Sliceable, int, int]] = []
-    for pieces, held in group:
-        slices += [(held[i], a, b) for i, a, b in pieces]
-        lo = bounds[-1][1] if bounds else 0
-        bounds.append((lo, lo + sum(b - a for _, a, b in pieces)))
+    hi = 0
+    for pieces in group:
+        slices += pieces
+        lo, hi = hi, hi + sum([b - a for _, a, b in pieces])
+        bounds.append((lo, hi))
     return RawGroup(epoch, first, bounds, slices)
 
 
-def gather_planned(group: list[Planned]) -> tuple[RawRays, list[int]]:
-    """Consecutive planned batches -> ``(their compact rays, concatenated in batch order; each
-    batch's size)``. Safe on any thread: it reads only the images the group holds."""
-    planned = planned_group(0, 0, group)
+def gather_planned(group: list[tuple[list[Piece], dict[int, WindowImage]]]) -> tuple[RawRays, list[int]]:
+    """Consecutive batches as ``(pieces, their window images by image)`` -> ``(their compact rays,
+    concatenated in batch order; each batch's size)``. Safe on any thread: it reads only the images
+    the group holds."""
+    planned = planned_group(0, 0, [[(held[i], a, b) for i, a, b in pieces] for pieces, held in group])
     return planned.gather(), [hi - lo for lo, hi in planned.bounds]
