@@ -65,7 +65,8 @@ class RayLoader(BatchLoader):
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
         window_images: images in the window of an images-layout split (its windowed shuffle,
-            :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``.
+            :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``, at
+            most 32 (:func:`~raykit.loaders.windowed.default_window`).
         config: all of the options above but ``store`` and ``make_batch`` as one
             :class:`~raykit.loaders.config.LoaderConfig` (then leave those keywords at their defaults).
 

@@ -28,17 +28,30 @@ from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
-__all__ = ["DECODE_AHEAD", "WINDOW", "WindowDraws", "WindowImage", "WindowStrategy", "default_window"]
+__all__ = [
+    "DECODE_AHEAD",
+    "WINDOW",
+    "WINDOW_MAX",
+    "WindowDraws",
+    "WindowImage",
+    "WindowStrategy",
+    "default_window",
+]
 
 DECODE_AHEAD = 4  # images decoded ahead of the window (more with more workers)
+# The default window's most images. The first batch waits for the whole window to be decoded, and each
+# batch costs Python work per window image it draws from: 250 1080p images in a 2 GB window took 9.4 s
+# to the first batch and ran at 2.7 M rays/s (benchmarks/bench_scale.py). 32 images still put 32 views
+# in every batch.
+WINDOW_MAX = 32
 
 
 def default_window(store: RayStore, split: str, cache_bytes: int) -> int:
     """Window size from ``cache_bytes``: decoded images of the split's largest size that fit, less
-    the ``DECODE_AHEAD`` being decoded (at least 1)."""
+    the ``DECODE_AHEAD`` being decoded (at least 1, at most ``WINDOW_MAX``)."""
     rows = [i for i, s in enumerate(store.table.splits) if s == split]
     largest = max(int(store.table.n_pixels[i]) for i in rows) * store.rgba_channels
-    return max(1, cache_bytes // largest - DECODE_AHEAD)
+    return min(WINDOW_MAX, max(1, cache_bytes // largest - DECODE_AHEAD))
 
 
 class WindowStrategy:
