@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path
 
@@ -126,7 +124,7 @@ class ChunkCache(Generic[T]):
             )
 
 
-class ImageCache(ChunkCache[np.ndarray]):
+class ImageCache(ChunkCache[T]):
     """Thread-safe cache of images bounded by ``capacity`` bytes: admit while there is room.
 
     Hits, misses and bytes are counted as in :class:`ChunkCache`; ``evictions`` stays 0. A value that
@@ -138,8 +136,8 @@ class ImageCache(ChunkCache[np.ndarray]):
     than its share of the capture (``benchmarks/bench_images.py``), while churning the allocator.
     """
 
-    def put(self, key: Hashable, value: np.ndarray) -> None:
-        size = int(value.nbytes)
+    def put(self, key: Hashable, value: T) -> None:
+        size = nbytes_of(value)
         with self._lock:
             if key in self._items or self._bytes + size > self.capacity:
                 return

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError
+from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import LoaderConfig, default_group_rays
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.source import ChunkSource, as_source
@@ -159,8 +160,8 @@ class ChunkStrategy:
             cfg.mix_chunks, world_size, rank, mix_run,
         )  # fmt: skip
 
-    def cache_bytes(self, cfg: LoaderConfig) -> int:
-        return cfg.cache_bytes
+    def cache(self, cfg: LoaderConfig, source: ChunkSource, plan: SamplingPlan) -> ChunkCache[RawRays]:
+        return ChunkCache(cfg.cache_bytes)  # an LRU of decoded chunks
 
     def group_rays(self, cfg: LoaderConfig) -> int:
         return default_group_rays(cfg.cache_bytes)

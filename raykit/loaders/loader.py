@@ -116,7 +116,7 @@ class RayLoader(BatchLoader):
         self.strategy: Strategy = strategy_for(store, cfg.split)
         self.source = self.strategy.source(store, cfg)
         self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
-        self.cache: ChunkCache[RawRays] = ChunkCache(self.strategy.cache_bytes(cfg))
+        self.cache: ChunkCache[RawRays] = self.strategy.cache(cfg, self.source, self.plan)
         group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
         self.prefetch, self.group_rays = cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads

@@ -94,12 +94,7 @@ class RawGroup:
     slices: list[tuple[Sliceable, int, int]]
 
     def gather(self) -> RawRays:
-        """The group's compact rays (safe on any thread); slices of one type with a
-        ``gather_slices(slices)`` gather in one call."""
-        kind = type(self.slices[0][0])
-        gather = getattr(kind, "gather_slices", None)
-        if gather is not None and all(type(source) is kind for source, _, _ in self.slices):
-            return gather(self.slices)
+        """The group's compact rays (safe on any thread)."""
         parts = [source.take(a, b) for source, a, b in self.slices]
         return parts[0] if len(parts) == 1 else RawRays.concat(parts)
 

@@ -1,7 +1,7 @@
 """Loading strategies: how a split's recorded layout becomes groups of rays for ``RayLoader``.
 
 A strategy says, for one layout, which chunk source reads the split, which plan orders its batches,
-how much the loader caches and reads ahead, which plan fields its state records, and which stages
+what the loader caches and how much it reads ahead, which plan fields its state records, and which stages
 turn the source into :class:`~raykit.loaders.stages.RawGroup` items (``groups(inputs)``), ahead of
 ``Generate`` and ``Prefetch``. :data:`STRATEGIES` is keyed by the split's recorded layout
 (``RayStore.layout(split)``): ``"rays"`` (:mod:`raykit.loaders.chunked`; also any chunk source that
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from raykit.errors import ConfigError
+from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import RAYS
 from raykit.loaders.config import LoaderConfig
 from raykit.loaders.source import ChunkSource
@@ -21,6 +22,7 @@ from raykit.loaders.stages import GroupStage, StrategyInputs
 from raykit.loaders.windowed import WINDOW
 from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT
 from raykit.store.reader import RayStore
+from raykit.store.schema import RawRays
 
 __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 
@@ -37,7 +39,7 @@ class Strategy(Protocol):
 
     def plan(self, source: Any, cfg: LoaderConfig, rank: int, world_size: int) -> Any: ...
 
-    def cache_bytes(self, cfg: LoaderConfig) -> int: ...
+    def cache(self, cfg: LoaderConfig, source: Any, plan: Any) -> ChunkCache[RawRays]: ...
 
     def group_rays(self, cfg: LoaderConfig) -> int: ...
 

@@ -16,8 +16,9 @@ One epoch, for one rank:
 2. a *window* holds up to ``window_images`` images; before each draw it is filled with the next
    images of the order;
 3. batch ``k`` draws ``batch_size`` rays uniformly, without replacement, over the window's remaining
-   rays: the counts per window image are one multivariate hypergeometric draw from the batch's own
-   seeded generator, and each image gives its next ranks in order. An image that is used up leaves the
+   rays: the counts per window image are one multivariate hypergeometric draw (from one seeded
+   generator per epoch and rank, drawn in batch order; a generator per batch cost more Python than
+   the draw itself), and each image gives its next ranks in order. An image that is used up leaves the
    window and the next one enters (within one batch when needed: the draw continues over the refilled
    window). Every ray of every visited image is used exactly once per epoch.
 
@@ -36,15 +37,37 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from raykit.errors import ConfigError
 
-__all__ = ["Piece", "WindowPlan", "reference_epoch_rays"]
+__all__ = ["Draw", "Piece", "WindowBatch", "WindowPlan", "reference_epoch_rays"]
 
 _TAG_IMAGES, _TAG_DRAW, _TAG_BASE, _TAG_ROTATE = 11, 12, 13, 14
 Piece = tuple[int, int, int]  # (split-local image, first rank, stop rank)
+Draw = tuple[np.ndarray, np.ndarray, np.ndarray]  # (images, first ranks, stop ranks): one draw's pieces
+
+
+class WindowBatch(NamedTuple):
+    """One batch of the window: ``draws`` (its draws over the window, in order: a batch that uses an
+    image up draws again over the refilled window), ``entered`` (images entering the window before
+    it, in order; for the first batch of an iteration, the whole window) and ``done`` (images it uses
+    up, which leave the window after it)."""
+
+    draws: list[Draw]
+    entered: list[int]
+    done: list[int]
+
+    def pieces(self) -> list[Piece]:
+        """The batch's non-empty pieces ``(image, lo, hi)``, in order."""
+        return [
+            (i, lo, hi)
+            for ids, los, his in self.draws
+            for i, lo, hi in zip(ids.tolist(), los.tolist(), his.tolist(), strict=True)
+            if hi > lo
+        ]
 
 
 @dataclass(frozen=True)
@@ -140,37 +163,52 @@ class WindowPlan:
         return np.concatenate([base[a:], base[: a + b - n]])
 
     # ---- batches -----------------------------------------------------------------------------
-    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[Piece]]:
-        """The pieces of batches ``start..n_batches - 1`` of ``epoch``: ``(image, lo, hi)`` rank ranges.
+    def iter_draws(self, epoch: int, start: int = 0) -> Iterator[WindowBatch]:
+        """Batches ``start..n_batches - 1`` of ``epoch`` as :class:`WindowBatch` items: their draws,
+        the images entering the window before them and the images they use up.
 
-        Also the images' entry order: an image enters the window in the first batch holding it.
+        The counts come from one generator per epoch and rank, drawn in batch order: replaying
+        batches ``0..start - 1`` costs their count draws, never any pixels.
         """
-        order = self.image_order(epoch).tolist()
-        window: list[list[int]] = []  # [image, used ranks]
-        upcoming = 0
-        for k in range(self.n_batches):
-            last = k == self.n_batches - 1 and not self.drop_last
-            need = math.inf if last else self.batch_size
-            rng = np.random.default_rng([self.seed, epoch, _TAG_DRAW, self.world_size, self.rank, k])
-            pieces: list[Piece] = []
+        order = self.image_order(epoch)
+        image_rays = np.asarray(self.image_rays, dtype=np.int64)
+        rng = np.random.default_rng([self.seed, epoch, _TAG_DRAW, self.world_size, self.rank])
+        ids = used = left = np.empty(0, dtype=np.int64)  # the window: images, ranks used, ranks left
+        upcoming, window_rays, n_batches = 0, 0, self.n_batches
+        for k in range(n_batches):
+            need = math.inf if k == n_batches - 1 and not self.drop_last else self.batch_size
+            entered: list[int] = ids.tolist() if k == start else []  # the resumed window enters first
+            draws: list[Draw] = []
+            done: list[int] = []
             while need > 0:
-                while len(window) < self.window_images and upcoming < len(order):
-                    window.append([order[upcoming], 0])
-                    upcoming += 1
-                if not window:
+                room = self.window_images - len(ids)
+                if room > 0 and upcoming < len(order):
+                    new = order[upcoming : upcoming + room]
+                    upcoming += len(new)
+                    ids, used = np.concatenate([ids, new]), np.concatenate([used, np.zeros_like(new)])
+                    left = np.concatenate([left, image_rays[new]])
+                    window_rays += int(image_rays[new].sum())
+                    if k >= start:
+                        entered += new.tolist()
+                if not len(ids):
                     break
-                left = np.array([self.image_rays[i] - used for i, used in window], dtype=np.int64)
-                total = int(left.sum())
-                take = int(min(need, total))
-                counts = left if take == total else rng.multivariate_hypergeometric(left, take)
-                for slot, count in zip(window, counts.tolist(), strict=True):
-                    if count:
-                        pieces.append((slot[0], slot[1], slot[1] + count))
-                        slot[1] += count
-                window = [slot for slot in window if slot[1] < self.image_rays[slot[0]]]
-                need -= take
+                take = int(min(need, window_rays))
+                counts = left if take == window_rays else rng.multivariate_hypergeometric(left, take)
+                hi = used + counts
+                draws.append((ids, used, hi))
+                used, left, window_rays, need = hi, left - counts, window_rays - take, need - take
+                if not left.all():  # used-up images leave the window
+                    keep = left > 0
+                    done += ids[~keep].tolist()
+                    ids, used, left = ids[keep], used[keep], left[keep]
             if k >= start:
-                yield pieces
+                yield WindowBatch(draws, entered, done)
+
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[Piece]]:
+        """The pieces of batches ``start..n_batches - 1`` of ``epoch``: ``(image, lo, hi)`` rank ranges
+        (:meth:`iter_draws` without the empty ones)."""
+        for batch in self.iter_draws(epoch, start):
+            yield batch.pieces()
 
     def batch_pieces(self, epoch: int, k: int) -> list[Piece]:
         """The pieces of batch ``k`` of ``epoch`` (replays batches ``0..k-1``' counts)."""
@@ -185,9 +223,9 @@ def reference_epoch_rays(plan: WindowPlan, epoch: int) -> list[list[tuple[int, i
     queue = plan.image_order(epoch).tolist()
     window: list[tuple[int, list[int]]] = []
     out = []
+    rng = np.random.default_rng([plan.seed, epoch, _TAG_DRAW, plan.world_size, plan.rank])
     for k in range(plan.n_batches):
         need = math.inf if (k == plan.n_batches - 1 and not plan.drop_last) else plan.batch_size
-        rng = np.random.default_rng([plan.seed, epoch, _TAG_DRAW, plan.world_size, plan.rank, k])
         batch: list[tuple[int, int]] = []
         while need > 0:
             while len(window) < plan.window_images and queue:

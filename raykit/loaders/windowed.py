@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from raykit.errors import ConfigError
+from raykit.loaders.cache import ChunkCache, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
 from raykit.loaders.source import ChunkSource, WindowImageSource
-from raykit.loaders.stages import Positioned, RawGroup, Sliceable, StrategyInputs
-from raykit.loaders.window import Piece, WindowPlan
+from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
+from raykit.loaders.window import Draw, Piece, WindowPlan
 from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -33,12 +35,19 @@ __all__ = [
     "WINDOW",
     "WINDOW_MAX",
     "WindowDraws",
+    "WindowGroup",
     "WindowImage",
     "WindowStrategy",
+    "decode_ahead",
     "default_window",
+    "gather_pieces",
 ]
 
-DECODE_AHEAD = 4  # images decoded ahead of the window (more with more workers)
+# Images decoded ahead of the window: at least DECODE_AHEAD, and as many as the window holds (more with
+# more workers). Uniform draws over the window's remaining rays use its images up at one rate, so they
+# leave it, and the next ones enter, in waves of about a window: with only 4 decoded ahead, a 16-image
+# window waited for 12 decodes per wave (0.3 of 4 s on the 100-view 800x800 scene).
+DECODE_AHEAD = 4
 # The default window's most images. The first batch waits for the whole window to be decoded, and each
 # batch costs Python work per window image it draws from: 250 1080p images in a 2 GB window took 9.4 s
 # to the first batch and ran at 2.7 M rays/s (benchmarks/bench_scale.py). 32 images still put 32 views
@@ -47,11 +56,18 @@ WINDOW_MAX = 32
 
 
 def default_window(store: RayStore, split: str, cache_bytes: int) -> int:
-    """Window size from ``cache_bytes``: decoded images of the split's largest size that fit, less
-    the ``DECODE_AHEAD`` being decoded (at least 1, at most ``WINDOW_MAX``)."""
+    """Window size from ``cache_bytes``: the most images ``w`` of the split's largest size such that
+    the window and the :func:`decode_ahead` images decoded ahead of it fit (at least 1, at most
+    ``WINDOW_MAX``)."""
     rows = [i for i, s in enumerate(store.table.splits) if s == split]
     largest = max(int(store.table.n_pixels[i]) for i in rows) * store.rgba_channels
-    return min(WINDOW_MAX, max(1, cache_bytes // largest - DECODE_AHEAD))
+    fit = cache_bytes // largest
+    return min(WINDOW_MAX, max(1, fit // 2 if fit >= 2 * DECODE_AHEAD else fit - DECODE_AHEAD))
+
+
+def decode_ahead(window_images: int, num_workers: int = 0) -> int:
+    """Images decoded ahead of a window of ``window_images``: a wave's worth (see ``DECODE_AHEAD``)."""
+    return max(DECODE_AHEAD, window_images, num_workers)
 
 
 class WindowStrategy:
@@ -79,14 +95,18 @@ class WindowStrategy:
             world_size, rank,
         )  # fmt: skip
 
-    def cache_bytes(self, cfg: LoaderConfig) -> int:
-        return 0  # decoded images are held by the window, not cached
+    def cache(self, cfg: LoaderConfig, source: WindowImageSource, plan: WindowPlan) -> ChunkCache[RawRays]:
+        """Decoded images, admitted until full, in what ``cache_bytes`` leaves beside the window and
+        the images decoded ahead of it: a split that fits is decoded once for the whole run."""
+        held = plan.window_images + decode_ahead(plan.window_images)
+        largest = max(plan.image_rays) * source.store.rgba_channels
+        return ImageCache(max(0, cfg.cache_bytes - held * largest))
 
     def group_rays(self, cfg: LoaderConfig) -> int:
         return GROUP_RAYS_MAX
 
     def lookahead(self, plan: WindowPlan, num_workers: int) -> int:
-        return max(DECODE_AHEAD, num_workers)
+        return decode_ahead(plan.window_images, num_workers)
 
     def state_fields(self, plan: WindowPlan) -> dict[str, Any]:
         return {"n_rays": int(sum(plan.image_rays)), "seed": plan.seed, "shuffle": plan.shuffle,
@@ -112,19 +132,46 @@ class WindowDraws(Positioned):
 
     def __iter__(self) -> Iterator[RawGroup]:
         epoch, start = self.epoch, self.batch
-        per_group = max(1, self.group_rays // self.plan.batch_size)
-        group: list[Planned] = []
-        for k, planned in enumerate(self._planned(epoch, start)):
-            group.append(planned)
-            if k == 0 or len(group) >= per_group:
-                yield self._group(epoch, group)
-                group = []
-        if group:
-            yield self._group(epoch, group)
+        plan = self.plan
+        per_group = max(1, self.group_rays // plan.batch_size)
+        last = plan.n_batches - 1 if not plan.drop_last else -1  # the one batch that may be short
+        finished: set[int] = set()  # images used up before batch ``start`` (count draws only)
+        if start:
+            for k, batch in enumerate(plan.iter_draws(epoch)):
+                if k >= start:
+                    break
+                finished.update(batch.done)
+        # Images enter the window in the epoch's image order: decode them in that order.
+        stream = self._entering(epoch, [i for i in plan.image_order(epoch).tolist() if i not in finished])
+        window: dict[int, WindowImage] = {}  # the images batches draw from now
+        held: dict[int, WindowImage] = {}  # the images the group's batches draw from
+        draws: list[Draw] = []
+        sizes: list[int] = []
+        for k, batch in enumerate(plan.iter_draws(epoch, start), start):
+            if batch.entered:
+                t0 = time.perf_counter()
+                for _ in batch.entered:  # decoded and entered in entering order
+                    got, entered = next(stream)
+                    window[got] = held[got] = entered
+                self._times.add("wait", time.perf_counter() - t0)
+            if not sizes:
+                held.update(window)
+            draws += batch.draws
+            sizes.append(plan.batch_size if k != last else sum(hi - lo for _, lo, hi in batch.pieces()))
+            if k == start or len(sizes) >= per_group:
+                yield self._group(epoch, sizes, draws, held)
+                held, draws, sizes = {}, [], []
+            for i in batch.done:
+                del window[i]  # used up: leaves the window
+        if sizes:
+            yield self._group(epoch, sizes, draws, held)
 
-    def _group(self, epoch: int, group: list[Planned]) -> RawGroup:
-        self.batch += len(group)
-        return planned_group(epoch, self.batch - len(group), group)
+    def _group(
+        self, epoch: int, sizes: list[int], draws: list[Draw], held: dict[int, WindowImage]
+    ) -> WindowGroup:
+        first = self.batch
+        self.batch += len(sizes)
+        return WindowGroup(epoch, first, batch_bounds(sizes), [], draws, held)
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
@@ -143,18 +190,26 @@ class WindowDraws(Positioned):
             self._bases[(epoch, n)] = np.concatenate([base, base])
         return self._bases[(epoch, n)]
 
-    def _decoded(self, images: list[int]) -> Iterator[tuple[int, RawRays]]:
-        """Decoded images in ``images`` order, ``DECODE_AHEAD`` ahead (workers, or one thread)."""
+    def _read_and_enter(self, cache: ChunkCache[RawRays], epoch: int, image: int) -> WindowImage:
+        """Image ``image`` decoded (or from the cache) and entered into the window of ``epoch``."""
+        raw = cache.get_or_load(image, lambda: self.source.read_chunk(image, self._times.add))
+        return self.enter(epoch, image, raw.rgba)
+
+    def _entering(self, epoch: int, images: list[int]) -> Iterator[tuple[int, WindowImage]]:
+        """``images`` as they enter the window of ``epoch``, in order, decoded ``decode_ahead`` ahead:
+        by the worker processes (entered here), else read, decoded and entered on one thread."""
         fetcher = self._fetcher()
         if fetcher.num_workers > 0:
-            yield from fetcher.fetch(images)
+            for got, raw in fetcher.fetch(images):
+                yield got, self.enter(epoch, got, raw.rgba)
             return
+        ahead, cache = decode_ahead(self.plan.window_images), fetcher.cache
         with ThreadPoolExecutor(1, "raykit-decode") as pool:
-            pending: deque[tuple[int, Future[RawRays]]] = deque()
+            pending: deque[tuple[int, Future[WindowImage]]] = deque()
             try:
                 for i in images:
-                    pending.append((i, pool.submit(self.source.read_chunk, i, self._times.add)))
-                    if len(pending) > DECODE_AHEAD + 1:  # DECODE_AHEAD + 1 decode while one is awaited
+                    pending.append((i, pool.submit(self._read_and_enter, cache, epoch, i)))
+                    if len(pending) > ahead + 1:  # ``ahead`` + 1 decode while one is awaited
                         got, future = pending.popleft()
                         yield got, future.result()
                 while pending:
@@ -163,32 +218,6 @@ class WindowDraws(Positioned):
             finally:
                 for _, future in pending:
                     future.cancel()
-
-    def _planned(self, epoch: int, start: int) -> Iterator[Planned]:
-        """Batches ``start..`` of ``epoch`` as planned (their pieces and the window images they draw
-        from): decoding stays ahead and images leave the window when used up."""
-        plan = self.plan
-        finished: set[int] = set()  # images used up before batch ``start`` (count draws only)
-        if start:
-            for k, pieces in enumerate(plan.iter_batches(epoch)):
-                if k >= start:
-                    break
-                finished.update(i for i, _, hi in pieces if hi == plan.image_rays[i])
-        # Images enter the window in the epoch's image order: decode them in that order.
-        stream = self._decoded([i for i in plan.image_order(epoch).tolist() if i not in finished])
-        window: dict[int, WindowImage] = {}
-        image_rays = plan.image_rays
-        for pieces in plan.iter_batches(epoch, start):
-            t0 = time.perf_counter()
-            for i, _, _ in pieces:
-                while i not in window:  # images that entered before ``i`` come first
-                    got, image = next(stream)
-                    window[got] = self.enter(epoch, got, image.rgba)
-            self._times.add("wait", time.perf_counter() - t0)
-            yield [(window[i], lo, hi) for i, lo, hi in pieces]
-            for i, _, hi in pieces:
-                if hi == image_rays[i]:
-                    window.pop(i, None)  # used up: leaves the window
 
 
 class WindowImage(NamedTuple):
@@ -213,24 +242,6 @@ class WindowImage(NamedTuple):
         pid = self.doubled[lo + self.rotation : hi + self.rotation] + np.uint32(self.offset)
         return RawRays(self.ranked[lo:hi], pid)
 
-    @staticmethod
-    def gather_slices(slices: Sequence[tuple[WindowImage, int, int]]) -> RawRays:
-        """The rays of pieces ``(image, lo, hi)``, concatenated: each is the slice ``lo:hi`` of the
-        image's ranked colours, and its pids the image's offset plus the slice
-        ``lo + rotation : hi + rotation`` of the doubled base order."""
-        if len(slices) == 1:
-            image, lo, hi = slices[0]
-            return image.take(lo, hi)
-        colours, orders, offsets, lengths = [], [], [], []
-        for image, lo, hi in slices:  # one pass: this runs per piece, holding the interpreter lock
-            colours.append(image.ranked[lo:hi])
-            orders.append(image.doubled[lo + image.rotation : hi + image.rotation])
-            offsets.append(image.offset)
-            lengths.append(hi - lo)
-        pid = np.concatenate(orders)
-        pid += np.repeat(np.asarray(offsets, dtype=np.uint32), lengths)
-        return RawRays(np.concatenate(colours), pid)
-
     @classmethod
     def enter(cls, rgba: np.ndarray, offset: int, doubled: np.ndarray, rotation: int) -> WindowImage:
         """The image as it enters the window: its (n, C) row-major colours put in rank order (one
@@ -243,24 +254,69 @@ class WindowImage(NamedTuple):
         return cls(np.take(rgba, order, axis=0), offset, doubled, rotation)
 
 
-Planned = list[tuple["WindowImage", int, int]]  # a batch's pieces: (window image, first rank, stop rank)
+def batch_bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    """Each batch's ``(lo, hi)`` in a group of batches of ``sizes`` rays, in order."""
+    stops = np.cumsum(sizes).tolist()
+    return list(zip([0, *stops[:-1]], stops, strict=True))
 
 
-def planned_group(epoch: int, first: int, group: list[Planned]) -> RawGroup:
-    """Consecutive planned batches, the first being batch ``first`` of ``epoch``, as one group."""
-    bounds: list[tuple[int, int]] = []
-    slices: list[tuple[Sliceable, int, int]] = []
-    hi = 0
-    for pieces in group:
-        slices += pieces
-        lo, hi = hi, hi + sum([b - a for _, a, b in pieces])
-        bounds.append((lo, hi))
-    return RawGroup(epoch, first, bounds, slices)
+@dataclass(frozen=True)
+class WindowGroup(RawGroup):
+    """Consecutive batches of the window: their ``draws`` (:class:`~raykit.loaders.window.Draw`), in
+    batch order, and the window images they draw from (``held``, by split-local image); ``slices`` is
+    unused."""
+
+    draws: list[Draw] = field(default_factory=list)
+    held: dict[int, WindowImage] = field(default_factory=dict)
+
+    def gather(self) -> RawRays:
+        if len(self.draws) == 1:
+            return gather_pieces(*self.draws[0], self.held)
+        image, lo, hi = (np.concatenate(part) for part in zip(*self.draws, strict=True))
+        return gather_pieces(image, lo, hi, self.held)
+
+
+def gather_pieces(
+    image: np.ndarray, lo: np.ndarray, hi: np.ndarray, held: Mapping[int, WindowImage]
+) -> RawRays:
+    """The rays of the pieces ``(image[j], lo[j], hi[j])`` (ranks ``lo..hi`` of window image
+    ``image[j]``; int64 arrays) of the window images ``held``, concatenated in piece order.
+
+    Within consecutive batches one image's pieces are consecutive ranks (the plan hands each image's
+    ranks out in order), so each image is one slice ``[first lo, last hi)`` of its ranked colours and
+    its doubled order; the slices are concatenated and one ``take`` puts the rays in piece order. The
+    Python work is per image, not per piece, and the copies run in NumPy without the interpreter
+    lock. Safe on any thread: it reads only the images in ``held``.
+    """
+    lengths = hi - lo
+    by_image = np.argsort(image, kind="stable")
+    ids, first, count = np.unique(image[by_image], return_index=True, return_counts=True)
+    start, stop = lo[by_image[first]], hi[by_image[first + count - 1]]
+    colours, orders, offsets = [], [], []
+    for i, a, b in zip(ids.tolist(), start.tolist(), stop.tolist(), strict=True):
+        source = held[i]
+        colours.append(source.ranked[a:b])
+        orders.append(source.doubled[a + source.rotation : b + source.rotation])
+        offsets.append(source.offset)
+    spans = stop - start
+    span_at = np.cumsum(spans) - spans  # each image's first ray in the concatenation
+    at = np.empty_like(lo)
+    at[by_image] = lo[by_image] + np.repeat(span_at - start, count)  # each piece's first ray there
+    index = np.arange(int(lengths.sum())) + np.repeat(at - (np.cumsum(lengths) - lengths), lengths)
+    pid = np.concatenate(orders)
+    pid += np.repeat(np.asarray(offsets, dtype=np.uint32), spans)
+    rgba = np.concatenate(colours)
+    if rgba.shape[1] == 4:  # four uint8 channels gather as one uint32
+        rgba = np.take(rgba.view(np.uint32)[:, 0], index).view(np.uint8).reshape(-1, 4)
+    else:
+        rgba = np.take(rgba, index, axis=0)
+    return RawRays(rgba, np.take(pid, index))
 
 
 def gather_planned(group: list[tuple[list[Piece], dict[int, WindowImage]]]) -> tuple[RawRays, list[int]]:
     """Consecutive batches as ``(pieces, their window images by image)`` -> ``(their compact rays,
-    concatenated in batch order; each batch's size)``. Safe on any thread: it reads only the images
-    the group holds."""
-    planned = planned_group(0, 0, [[(held[i], a, b) for i, a, b in pieces] for pieces, held in group])
-    return planned.gather(), [hi - lo for lo, hi in planned.bounds]
+    concatenated in batch order; each batch's size)``."""
+    held = {i: image for _, images in group for i, image in images.items()}
+    table = np.array([piece for batch, _ in group for piece in batch], dtype=np.int64).reshape(-1, 3)
+    raw = gather_pieces(table[:, 0], table[:, 1], table[:, 2], held)
+    return raw, [sum(hi - lo for _, lo, hi in batch) for batch, _ in group]

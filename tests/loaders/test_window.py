@@ -167,8 +167,10 @@ def test_same_batches_for_any_worker_count(images_store) -> None:
 
 def test_window_sized_from_cache_bytes(images_store) -> None:
     per_image = 24 * 16 * 4
+    # The window and as many images decoded ahead of it fit (at least 4 ahead).
     loader = RayLoader(images_store, "train", 64, cache_bytes=10 * per_image)
-    assert loader.plan.window_images == 10 - 4
+    assert loader.plan.window_images == 5 and loader._lookahead() == 5
+    assert RayLoader(images_store, "train", 64, cache_bytes=7 * per_image).plan.window_images == 7 - 4
     assert RayLoader(images_store, "train", 64, cache_bytes=0).plan.window_images == 1
 
 
