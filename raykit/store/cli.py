@@ -27,10 +27,15 @@ def register(subparsers: Any) -> None:
     validate = subparsers.add_parser(
         "validate",
         help="check a ray store completely",
-        description="Recompute every checksum and check "
-        "schema, shapes, value ranges and camera/ray consistency. Exit status 0 only if all holds.",
+        description="Recompute every checksum (SHA-256 of every file) and check the schema, the camera "
+        "table, each stored image's format and size and each ray order; with --deep, also decode every "
+        "chunk and image and check their values (every pixel once, alpha, materialised rays). Exit "
+        "status 0 only if all holds.",
     )
     validate.add_argument("store", help="store path or URL")
+    validate.add_argument(
+        "--deep", action="store_true", help="also decode every chunk and image (slower: decoding, not hashing)"
+    )
     validate.set_defaults(func=_validate)
     copy = subparsers.add_parser(
         "copy",
@@ -111,7 +116,7 @@ def _validate(args: argparse.Namespace) -> int:
     # No store there, or unreachable: an error (exit 2). A damaged store: its problems (exit 1).
     with contextlib.suppress(StoreCorruptError, StoreVersionError):
         open_store(args.store)
-    problems = validate_store(args.store)
+    problems = validate_store(args.store, deep=args.deep)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:

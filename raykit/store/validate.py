@@ -1,11 +1,19 @@
 """``raykit validate``: check everything a store claims (the checks of docs/format.md, "Integrity"),
 and report every problem found, one line each.
+
+By default every file is hashed and checked against its SHA-256, and the metadata, the camera table,
+the points, each stored image's format and header size and each derived ray order are checked: at
+about the speed of hashing the store's bytes, since those bytes are all it reads. ``deep`` also
+decodes every chunk and image and checks what only the decoded values show (every pixel once, alpha,
+materialised rays), on every core.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +27,9 @@ from raykit.store.reader import RayStore, open_store
 __all__ = ["validate_store"]
 
 
-def validate_store(path_or_url: str | Path) -> list[str]:
-    """Every problem found in the store at ``path_or_url``, one line each; empty when it is valid."""
+def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
+    """Every problem found in the store at ``path_or_url``, one line each; empty when it is valid
+    (``deep``: also decode every chunk and image; see the module docstring)."""
     try:
         store = open_store(path_or_url)
     except RaykitError as exc:
@@ -32,8 +41,13 @@ def validate_store(path_or_url: str | Path) -> list[str]:
         return [*problems, f"{store.url}/cameras.parquet: {exc}"]
     problems += _check_points(store, bad_files)
     for split in store.splits:
-        problems += _check_split(store, split, bad_files)
+        problems += _check_split(store, split, bad_files, deep)
     return problems
+
+
+def _threads() -> int:
+    """Threads that hash or decode (reads, SHA-256 and decompression release the GIL)."""
+    return min(4, len(os.sched_getaffinity(0)))
 
 
 def _check_points(store: RayStore, bad_files: set[str]) -> list[str]:
@@ -60,7 +74,7 @@ def _check_files(store: RayStore) -> tuple[list[str], set[str]]:
         return None
 
     # Reads and SHA-256 release the GIL: one thread per core hashes at the disk's or the cores' speed.
-    with ThreadPoolExecutor(max_workers=min(4, len(os.sched_getaffinity(0)))) as pool:
+    with ThreadPoolExecutor(max_workers=_threads()) as pool:
         found = list(pool.map(check, store.files))
     problems = [problem for problem in found if problem is not None]
     return problems, {rel for rel, problem in zip(store.files, found, strict=True) if problem is not None}
@@ -107,25 +121,25 @@ def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
     return problems
 
 
-def _check_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
-    """Problems of ``split``'s chunks; a chunk in a file already reported by ``_check_files`` is not
-    reported again."""
+def _check_split(store: RayStore, split: str, bad_files: set[str], deep: bool) -> list[str]:
+    """Problems of ``split``'s chunks (read only when ``deep``); a chunk in a file already reported by
+    ``_check_files`` is not reported again."""
     if store.splits[split].holds_images:  # stored images: checked one by one (raykit.store.images_check)
         from raykit.store.images_check import check_images_split
 
-        return check_images_split(store, split, bad_files)
+        return check_images_split(store, split, bad_files, deep, _threads())
     info = store.splits[split]
     derived = info.pids == "derived"
     problems = _check_derived_order(store, split) if derived else []
+    if not deep:
+        return problems
     seen = None if derived else np.zeros(info.n_rays, dtype=bool)
     unreadable = False
-    for index in range(info.n_chunks):
-        try:
-            raw = store.read_chunk(split, index)
-        except RaykitError as exc:
+    for index, raw in enumerate(_in_order(lambda i: store.read_chunk(split, i), info.n_chunks)):
+        if isinstance(raw, RaykitError):
             unreadable = True
             if not bad_files.intersection(store.payload.chunk_files(split, index)):
-                problems.append(str(exc))
+                problems.append(str(raw))
             continue
         where = f"{store.url}: split {split!r} chunk {index}"
         if seen is not None:
@@ -135,6 +149,27 @@ def _check_split(store: RayStore, split: str, bad_files: set[str]) -> list[str]:
         missing = int(np.count_nonzero(~seen))  # as many rays hold a pixel found before
         problems.append(f"{store.url}: split {split!r}: {missing} pixels missing, {missing} duplicated")
     return problems
+
+
+def _in_order(read: Callable[[int], Any], n: int) -> Iterator[Any]:
+    """``read(0..n-1)`` on ``_threads()`` threads, in order, two per thread ahead (so memory stays a
+    few chunks); a ``RaykitError`` is returned in its place."""
+
+    def attempt(index: int) -> Any:
+        try:
+            return read(index)
+        except RaykitError as exc:
+            return exc
+
+    threads = _threads()
+    with ThreadPoolExecutor(threads) as pool:
+        pending: deque[Future[Any]] = deque()
+        for index in range(n):
+            pending.append(pool.submit(attempt, index))
+            if len(pending) > 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _check_derived_order(store: RayStore, split: str) -> list[str]:

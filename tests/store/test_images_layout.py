@@ -197,7 +197,7 @@ def test_copies_between_layouts_and_backends(images_store, tmp_path: Path) -> No
 def test_validate_finds_flipped_image_byte(images_store, tmp_path: Path) -> None:
     import shutil
 
-    assert validate_store(images_store.url) == []
+    assert validate_store(images_store.url) == validate_store(images_store.url, deep=True) == []
     dst = tmp_path / "bad"
     shutil.copytree(images_store.url, dst)
     rel = images_store.payload.files_of("train", 0)[0]
@@ -205,8 +205,9 @@ def test_validate_finds_flipped_image_byte(images_store, tmp_path: Path) -> None
     data = bytearray((dst / rel).read_bytes())
     data[offset] ^= 0xFF
     (dst / rel).write_bytes(bytes(data))
-    problems = validate_store(dst)
-    assert problems and any(rel in p for p in problems)
+    for deep in (False, True):
+        problems = validate_store(dst, deep=deep)
+        assert problems and any(rel in p for p in problems)
     with pytest.raises(Exception, match="checksum"):
         open_store(dst).read_image(images_store.images("train")[0])
 
@@ -221,3 +222,19 @@ def test_http_reads_images(images_store, http_root) -> None:
     for img in images_store.images("train"):
         assert np.array_equal(remote.read_image(img), images_store.read_image(img))
     assert remote.fingerprint == images_store.fingerprint
+
+
+def test_validate_checks_each_image_header_size(images_store) -> None:
+    """Without decoding, validate reads each stored image's size from its header: an image whose
+    header disagrees with the camera table is reported (the table is altered in memory here)."""
+    from raykit.store.images_check import check_images_split
+    from raykit.store.reader import open_store
+
+    store = open_store(images_store.url)
+    assert check_images_split(store, "train", set()) == []
+    row = int(store.split_rows("train")[0])
+    width = store.table.width.copy()
+    width[row] += 1
+    object.__setattr__(store.table, "width", width)
+    problems = check_images_split(store, "train", set(), threads=2)
+    assert len(problems) == 1 and f"expected {width[row]}x" in problems[0]

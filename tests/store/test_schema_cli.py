@@ -73,14 +73,16 @@ def test_cli_info_validate_copy(
     assert _run(["copy", str(tmp_path / "z"), str(tmp_path / "w"), "--format", "wds"]) == 0
     assert store.fingerprint in capsys.readouterr().out
     assert _run(["validate", str(tmp_path / "w")]) == 0
+    assert _run(["validate", str(tmp_path / "w"), "--deep"]) == 0
     shard = next(p for p in sorted((tmp_path / "w" / "wds").iterdir()))
     data = bytearray(shard.read_bytes())
     data[700] ^= 0xFF
     shard.write_bytes(bytes(data))
     capsys.readouterr()
-    assert _run(["validate", str(tmp_path / "w")]) == 1
-    out = capsys.readouterr().out
-    assert "FAIL" in out and shard.name in out
+    for deep in ([], ["--deep"]):
+        assert _run(["validate", str(tmp_path / "w"), *deep]) == 1
+        out = capsys.readouterr().out
+        assert "FAIL" in out and shard.name in out
 
 
 def test_info_and_loader_workers_import_no_torch(tmp_path: Path, records, scene: SceneInfo) -> None:
