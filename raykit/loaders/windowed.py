@@ -109,8 +109,9 @@ class WindowStrategy:
         return decode_ahead(plan.window_images, num_workers)
 
     def state_fields(self, plan: WindowPlan) -> dict[str, Any]:
+        # ``draws``: one count generator per epoch (states of earlier versions drew per batch).
         return {"n_rays": int(sum(plan.image_rays)), "seed": plan.seed, "shuffle": plan.shuffle,
-                "window_images": plan.window_images}  # fmt: skip
+                "window_images": plan.window_images, "draws": "epoch"}  # fmt: skip
 
     def groups(self, inputs: StrategyInputs) -> WindowDraws:
         return WindowDraws(inputs)

@@ -154,6 +154,9 @@ def test_resume_is_exact_and_states_are_checked(images_store) -> None:
         other.load_state_dict(first.state_dict())
     with pytest.raises(ResumeError, match="strategy"):
         other.load_state_dict({**first.state_dict(), "strategy": None})
+    earlier = {k: v for k, v in first.state_dict().items() if k != "draws"}  # per-batch draws
+    with pytest.raises(ResumeError, match="draws"):
+        second.load_state_dict(earlier)
 
 
 @pytest.mark.slow
