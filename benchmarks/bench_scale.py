@@ -16,7 +16,8 @@ run measures, each in a subprocess of its own (wall, CPU, peak RSS from ``wait4`
 * ``convert``: ``raykit convert`` to Zarr in the rays and the images layout (WebDataset rays at the
   smallest N): wall, rays/s per core, peak RSS, peak disk used under the output folder (staging
   included) against the final store bytes, bytes per ray / against the JPEG bytes;
-* ``info`` and ``validate`` times, beside hashing the store's bytes once (SHA-256, one core);
+* ``info``, ``validate`` and ``validate --deep`` times, beside hashing the store's bytes once
+  (SHA-256, one core);
 * loaders at each ``--cache-gb``: ``RayLoader`` on either layout and ``ImageLoader``: time to the
   first batch, steady rays/s (images/s) over ``--loader-seconds``, peak RSS; and a plain per-item
   PIL ``DataLoader`` over the same JPEGs with the same workers (``ImageLoader``'s baseline);
@@ -434,6 +435,9 @@ def measure_size(args: argparse.Namespace, root: Path, work: Path, n: int, wds: 
         entry["info_s"] = run_measured(raykit("info", str(store)))["wall_s"]
         entry["validate"] = {
             k: v for k, v in run_measured(raykit("validate", str(store))).items() if k != "stdout"
+        }
+        entry["validate_deep"] = {
+            k: v for k, v in run_measured(raykit("validate", "--deep", str(store))).items() if k != "stdout"
         }
         entry["hash_floor"] = hash_floor(store)
         entry["validate_to_hash"] = entry["hash_floor"]["wall_s"] / entry["validate"]["wall_s"]
