@@ -3,7 +3,7 @@ of ``window.py`` as one stage of the loader's pipeline.
 
 :class:`WindowDraws` (images -> groups, state ``{"epoch", "batch"}``) follows the
 :class:`~raykit.loaders.window.WindowPlan`: images are decoded ahead in the order they enter the window
-(by the worker processes, else on one decoding thread; Pillow decodes without the GIL), put in the
+(by the worker processes, else on two decoding threads; decoders release the GIL), put in the
 epoch's rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
 a :class:`~raykit.loaders.stages.RawGroup` of pieces of window images. Memory: ``docs/loading.md``.
 :data:`WINDOW` is the strategy.
@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from raykit.errors import ConfigError
+from raykit.loaders.auto import usable_cores
 from raykit.loaders.cache import ChunkCache, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
 from raykit.loaders.source import ChunkSource, WindowImageSource
@@ -198,14 +199,16 @@ class WindowDraws(Positioned):
 
     def _entering(self, epoch: int, images: list[int]) -> Iterator[tuple[int, WindowImage]]:
         """``images`` as they enter the window of ``epoch``, in order, decoded ``decode_ahead`` ahead:
-        by the worker processes (entered here), else read, decoded and entered on one thread."""
+        by the worker processes (entered here), else read, decoded and entered on two threads."""
         fetcher = self._fetcher()
         if fetcher.num_workers > 0:
             for got, raw in fetcher.fetch(images):
                 yield got, self.enter(epoch, got, raw.rgba)
             return
         ahead, cache = decode_ahead(self.plan.window_images), fetcher.cache
-        with ThreadPoolExecutor(1, "raykit-decode") as pool:
+        # Two decoding threads: the first batch waits for a whole window to be decoded and entered
+        # (32 1080p RGB images: about 1 s on one thread), and a wave of refills is decoded sooner.
+        with ThreadPoolExecutor(min(2, usable_cores()), "raykit-decode") as pool:
             pending: deque[tuple[int, Future[WindowImage]]] = deque()
             try:
                 for i in images:
