@@ -357,7 +357,8 @@ def _rays_in(batch: Any, torch: Any) -> int:
 
 
 class _PilPhotos:
-    """The baseline: a map-style dataset that opens and decodes one JPEG per item with PIL."""
+    """The baseline: a map-style dataset that opens and decodes one JPEG per item with PIL and serves
+    it as ``ImageLoader`` does, (H, W, 3) float32 in [0, 1] (the plain way: ``.float() / 255``)."""
 
     def __init__(self, files: list[str]) -> None:
         self.files = files
@@ -369,7 +370,7 @@ class _PilPhotos:
         import torch
 
         with Image.open(self.files[i]) as img:
-            return torch.from_numpy(np.asarray(img.convert("RGB")).copy())
+            return torch.from_numpy(np.asarray(img.convert("RGB"))).float() / 255.0
 
 
 def _pil_batches(spec: dict[str, Any]) -> Any:
