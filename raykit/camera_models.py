@@ -23,9 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from raykit.lazy import lazy_torch
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    torch = lazy_torch(globals())
 
 __all__ = [
     "CAMERA_MODELS",
@@ -37,7 +43,6 @@ __all__ = [
     "unproject_model",
 ]
 
-Tensor = torch.Tensor
 # Parameters in COLMAP order: floats (one camera) or (...) tensors broadcasting against the points
 # (one camera per element, e.g. per ray).
 Params = Sequence[Any]

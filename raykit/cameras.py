@@ -14,14 +14,19 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from raykit.camera_models import CAMERA_MODELS, MODEL_NAMES_BY_ID, CameraModel, project_model, unproject_model
 from raykit.conventions import pixel_centers
 from raykit.errors import CameraError
+from raykit.lazy import is_tensor, lazy_torch
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_torch(globals())
 
 __all__ = [
     "CAMERA_MODELS",
@@ -292,9 +297,10 @@ def _cached_lut(camera: Camera, dtype: torch.dtype, device: torch.device) -> tor
 
 
 def direction_lut(
-    camera: Camera, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    camera: Camera, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Unit camera-frame directions of every pixel centre, computed once per camera.
+    """Unit camera-frame directions of every pixel centre, computed once per camera (``dtype``:
+    float32 unless given).
 
     Computed in float64 (float32 on MPS) and memoised on ``(camera intrinsics, dtype, device)``
     (least recently used tables are dropped beyond 1 GiB); the returned tensor is shared, so never
@@ -305,7 +311,7 @@ def direction_lut(
     """
     # Key on the intrinsics only: cameras that differ in camera_id or label share one table.
     key = Camera(camera.model, camera.width, camera.height, camera.params)
-    return _cached_lut(key, dtype, torch.device(device))
+    return _cached_lut(key, torch.float32 if dtype is None else dtype, torch.device(device))
 
 
 def _camera_directions(camera: Camera, pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -352,7 +358,7 @@ def pixels_to_rays(
     ):
         raise CameraError(f"{camera._who()}: pixels outside the {camera.width}x{camera.height} image")
     if dtype is None:
-        dtype = c2w.dtype if isinstance(c2w, torch.Tensor) and c2w.is_floating_point() else torch.float32
+        dtype = c2w.dtype if is_tensor(c2w) and c2w.is_floating_point() else torch.float32
     pose = torch.as_tensor(np.asarray(c2w) if isinstance(c2w, np.ndarray) else c2w)
     pose = pose.to(device=pixels.device, dtype=dtype)
     d_cam = _camera_directions(camera, pixels.long(), dtype)

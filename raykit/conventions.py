@@ -15,10 +15,16 @@ leading dimensions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch
+
+from raykit.lazy import is_tensor, lazy_torch
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_torch(globals())
 
 __all__ = [
     "OPENGL_TO_OPENCV",
@@ -34,7 +40,7 @@ __all__ = [
     "rotmat_to_qvec",
 ]
 
-ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+ArrayT = TypeVar("ArrayT", np.ndarray, "torch.Tensor")
 
 # OpenGL/Blender camera axes (x right, y up, z backward) -> OpenCV (x right, y down, z forward).
 # The matrix is its own inverse.
@@ -42,7 +48,7 @@ OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
 
 
 def _like(matrix: np.ndarray, ref: ArrayT) -> ArrayT:
-    if isinstance(ref, torch.Tensor):
+    if is_tensor(ref):
         return torch.as_tensor(matrix, dtype=ref.dtype, device=ref.device)
     return matrix.astype(ref.dtype if np.issubdtype(ref.dtype, np.floating) else np.float64)
 
@@ -75,7 +81,7 @@ def pixel_centers(pixels: ArrayT) -> ArrayT:
 
     Integer input becomes float64; floating-point input keeps its dtype (and device).
     """
-    if isinstance(pixels, torch.Tensor):
+    if is_tensor(pixels):
         dtype = pixels.dtype if pixels.is_floating_point() else torch.float64
         return pixels.to(dtype) + PIXEL_CENTER
     return pixels.astype(np.float64) + PIXEL_CENTER
@@ -96,7 +102,7 @@ def qvec_to_rotmat(qvec: ArrayT) -> ArrayT:
 
     The quaternion is normalised first, so slightly denormalised inputs from text files are accepted.
     """
-    if isinstance(qvec, torch.Tensor):
+    if is_tensor(qvec):
         return _rotmat_from_unit_qvec(qvec / qvec.norm(dim=-1, keepdim=True), torch.stack)
     q = np.asarray(qvec)
     return _rotmat_from_unit_qvec(q / np.linalg.norm(q, axis=-1, keepdims=True), np.stack)
@@ -117,7 +123,7 @@ def rotmat_to_qvec(rotmat: ArrayT) -> ArrayT:
 
     Uses the eigenvector method (robust near 180-degree rotations).
     """
-    if isinstance(rotmat, torch.Tensor):
+    if is_tensor(rotmat):
         q = _qvec_from_rotmat(rotmat.detach().cpu().double().numpy())
         return torch.as_tensor(q, dtype=rotmat.dtype, device=rotmat.device)
     return _qvec_from_rotmat(np.asarray(rotmat, dtype=np.float64))

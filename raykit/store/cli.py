@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
     )
     validate.add_argument("store", help="store path or URL")
     validate.add_argument(
-        "--deep", action="store_true", help="also decode every chunk and image (slower: decoding, not hashing)"
+        "--deep", action="store_true", help="also decode every chunk and image (slower: decoding)"
     )
     validate.set_defaults(func=_validate)
     copy = subparsers.add_parser(

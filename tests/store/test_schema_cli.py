@@ -86,8 +86,8 @@ def test_cli_info_validate_copy(
 
 
 def test_info_and_loader_workers_import_no_torch(tmp_path: Path, records, scene: SceneInfo) -> None:
-    """``raykit info`` and what a loader's worker process imports (its entry point, the chunk
-    sources, reading a chunk) start without torch, which takes seconds to import."""
+    """``raykit info``, ``raykit validate`` and what a loader's worker process imports (its entry
+    point, the chunk sources, reading a chunk) start without torch, which takes seconds to import."""
     import subprocess
     import sys
 
@@ -97,6 +97,7 @@ def test_info_and_loader_workers_import_no_torch(tmp_path: Path, records, scene:
         "from raykit.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    status = main(['info', {str(tmp_path / 'z')!r}])\n"
+        f"    status += main(['validate', {str(tmp_path / 'z')!r}])\n"
         "from raykit.loaders.processes import serve\n"
         "from raykit.loaders.source import StoreSource\n"
         "from raykit.loaders.workers import ChunkFetcher\n"
