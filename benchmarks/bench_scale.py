@@ -17,7 +17,7 @@ run measures, each in a subprocess of its own (wall, CPU, peak RSS from ``wait4`
   smallest N): wall, rays/s per core, peak RSS, peak disk used under the output folder (staging
   included) against the final store bytes, bytes per ray / against the JPEG bytes;
 * ``info``, ``validate`` and ``validate --deep`` times, beside hashing the store's bytes once
-  (SHA-256, one core);
+  (SHA-256, one core), each after dropping the page cache where the run may (root);
 * loaders at each ``--cache-gb``: ``RayLoader`` on either layout and ``ImageLoader``: time to the
   first batch, steady rays/s (images/s) over ``--loader-seconds``, peak RSS; and a plain per-item
   PIL ``DataLoader`` over the same JPEGs with the same workers (``ImageLoader``'s baseline);
@@ -291,6 +291,17 @@ def decode_floor(files: list[Path], cores: int, pixels: int) -> dict[str, Any]:
     return {"wall_s": wall, "rays_per_s": pixels / wall, "rays_per_s_per_core": pixels / wall / cores}
 
 
+def cold_cache() -> bool:
+    """Drop the page cache (``sync``, then ``/proc/sys/vm/drop_caches``) so the next read comes from
+    the disk, as the other reads compared with it; whether it could (root only)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError:
+        return False
+    return True
+
+
 def hash_floor(store: Path) -> dict[str, Any]:
     """SHA-256 of every byte of the store once, on one core."""
     t0, total = time.perf_counter(), 0
@@ -434,13 +445,18 @@ def measure_size(args: argparse.Namespace, root: Path, work: Path, n: int, wds: 
             "to_floor": out["floor"]["wall_s"] / run["wall_s"],
         }
         entry["info_s"] = run_measured(raykit("info", str(store)))["wall_s"]
+        # Each of the three reads the store from the disk when the page cache can be dropped (else
+        # each reads what the writing left cached): the same start for all three.
+        cold = cold_cache()
         entry["validate"] = {
             k: v for k, v in run_measured(raykit("validate", str(store))).items() if k != "stdout"
         }
+        cold_cache()
         entry["validate_deep"] = {
             k: v for k, v in run_measured(raykit("validate", "--deep", str(store))).items() if k != "stdout"
         }
-        entry["hash_floor"] = hash_floor(store)
+        cold_cache()
+        entry["hash_floor"] = {**hash_floor(store), "cold_page_cache": cold}
         entry["validate_to_hash"] = entry["hash_floor"]["wall_s"] / entry["validate"]["wall_s"]
         if backend == "zarr":
             entry["loaders"] = measure_loaders(args, store, layout, capture)
