@@ -22,8 +22,8 @@ def check_images_split(
     """One line per problem of ``split``'s stored images (a file already reported is not again): the
     checks of docs/format.md, "The images layout", **Validation**. Each image's bytes are checked
     against their CRC-32C (their files' SHA-256 already checked), its format and, from its header,
-    its size; ``deep`` also checks its own SHA-256 and decodes it (its size, channels and alpha). Images are checked on ``threads`` threads (hashing and decoding release the
-    GIL)."""
+    its size; ``deep`` also checks its own SHA-256 and decodes it (its size, channels and alpha).
+    Images are checked on ``threads`` threads (hashing and decoding release the GIL)."""
     rows = store.split_rows(split)
     with ThreadPoolExecutor(max(1, threads)) as pool:
         found = pool.map(lambda local: _check_image(store, split, local, bad_files, deep), range(len(rows)))
