@@ -11,10 +11,10 @@ a :class:`~raykit.loaders.stages.RawGroup` of pieces of window images. Memory: `
 
 from __future__ import annotations
 
+import functools
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -28,6 +28,7 @@ from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
 from raykit.loaders.window import Draw, Piece, WindowPlan
 from raykit.loaders.workers import ChunkFetcher
+from raykit.ordered import in_order
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
@@ -209,19 +210,10 @@ class WindowDraws(Positioned):
         # Two decoding threads: the first batch waits for a whole window to be decoded and entered
         # (32 1080p RGB images: about 1 s on one thread), and a wave of refills is decoded sooner.
         with ThreadPoolExecutor(min(2, usable_cores()), "raykit-decode") as pool:
-            pending: deque[tuple[int, Future[WindowImage]]] = deque()
-            try:
-                for i in images:
-                    pending.append((i, pool.submit(self._read_and_enter, cache, epoch, i)))
-                    if len(pending) > ahead + 1:  # ``ahead`` + 1 decode while one is awaited
-                        got, future = pending.popleft()
-                        yield got, future.result()
-                while pending:
-                    got, future = pending.popleft()
-                    yield got, future.result()
-            finally:
-                for _, future in pending:
-                    future.cancel()
+            # ``ahead`` + 1 decode while one is awaited
+            yield from in_order(
+                pool, functools.partial(self._read_and_enter, cache, epoch), images, ahead + 1
+            )
 
 
 class WindowImage(NamedTuple):

@@ -11,15 +11,14 @@ materialised rays), on every core.
 from __future__ import annotations
 
 import os
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raykit.errors import RaykitError
+from raykit.ordered import in_order
 from raykit.store.order import base_permutation, merge_counts
 from raykit.store.points import check_points
 from raykit.store.reader import RayStore, open_store
@@ -135,41 +134,29 @@ def _check_split(store: RayStore, split: str, bad_files: set[str], deep: bool) -
         return problems
     seen = None if derived else np.zeros(info.n_rays, dtype=bool)
     unreadable = False
-    for index, raw in enumerate(_in_order(lambda i: store.read_chunk(split, i), info.n_chunks)):
-        if isinstance(raw, RaykitError):
-            unreadable = True
-            if not bad_files.intersection(store.payload.chunk_files(split, index)):
-                problems.append(str(raw))
-            continue
-        where = f"{store.url}: split {split!r} chunk {index}"
-        if seen is not None:
-            problems += _mark_pixels(seen, raw.pid, info, index, where)
-        problems += _check_values(store, raw, where)
+
+    def read(index: int) -> Any:
+        try:
+            return store.read_chunk(split, index)
+        except RaykitError as exc:  # reported in order, below
+            return exc
+
+    threads = _threads()
+    with ThreadPoolExecutor(threads) as pool:  # decoded in parallel, two per thread ahead, checked in order
+        for index, raw in in_order(pool, read, range(info.n_chunks), 2 * threads):
+            if isinstance(raw, RaykitError):
+                unreadable = True
+                if not bad_files.intersection(store.payload.chunk_files(split, index)):
+                    problems.append(str(raw))
+                continue
+            where = f"{store.url}: split {split!r} chunk {index}"
+            if seen is not None:
+                problems += _mark_pixels(seen, raw.pid, info, index, where)
+            problems += _check_values(store, raw, where)
     if seen is not None and not problems and not unreadable and not seen.all():
         missing = int(np.count_nonzero(~seen))  # as many rays hold a pixel found before
         problems.append(f"{store.url}: split {split!r}: {missing} pixels missing, {missing} duplicated")
     return problems
-
-
-def _in_order(read: Callable[[int], Any], n: int) -> Iterator[Any]:
-    """``read(0..n-1)`` on ``_threads()`` threads, in order, two per thread ahead (so memory stays a
-    few chunks); a ``RaykitError`` is returned in its place."""
-
-    def attempt(index: int) -> Any:
-        try:
-            return read(index)
-        except RaykitError as exc:
-            return exc
-
-    threads = _threads()
-    with ThreadPoolExecutor(threads) as pool:
-        pending: deque[Future[Any]] = deque()
-        for index in range(n):
-            pending.append(pool.submit(attempt, index))
-            if len(pending) > 2 * threads:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
 
 
 def _check_derived_order(store: RayStore, split: str) -> list[str]:
