@@ -16,6 +16,7 @@ its reference twin, each short; the generator's parts live in ``pixel_layout``/`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from dataclasses import field as dataclass_field
@@ -29,7 +30,7 @@ from raykit.errors import CameraError
 from raykit.pixel_layout import PixelLayout, ThreadScratch, index_float
 from raykit.ray_directions import Pixels, directions_for
 
-__all__ = ["RayBatch", "RayGenerator", "Rays", "reference_rays"]
+__all__ = ["RayBatch", "RayGenerator", "Rays", "reference_rays", "unit_colours"]
 
 Tensor = torch.Tensor
 
@@ -69,7 +70,7 @@ class RayBatch:
     ) -> RayBatch:
         """Assemble a batch from generated ``rays``, (N, 3|4) uint8 colours and the stored ``extra``
         fields, all on the same device."""
-        scaled = rgba.to(torch.float32).div_(255.0)
+        scaled = unit_colours(rgba)
         return cls(
             origins=rays.origins,
             directions=rays.directions,
@@ -129,6 +130,30 @@ class RayBatch:
 
 
 _FIELDS = tuple(f.name for f in fields(RayBatch) if f.name != "extra")  # the tensor fields
+
+# k / 255 for k = 0..255, correctly rounded float32 division, made on the CPU: what the CPU's
+# ``div_(255.0)`` gives. On CUDA, division by a Python scalar multiplies by its reciprocal, which
+# differs in the last bit for 126 of the 256 values, so other devices look the values up here.
+_UNIT = torch.arange(256, dtype=torch.float32).div_(255.0)
+
+
+def unit_colours(colours: Tensor) -> Tensor:
+    """(...) uint8 -> (...) float32 ``colours / 255`` on their device, the same bits on every device.
+
+    The one conversion of stored 8-bit colours to [0, 1]: on the CPU a true division in place of a
+    copy, elsewhere a lookup in the CPU's 256 quotients (CUDA's scalar division is not exact).
+    """
+    if colours.device.type == "cpu":
+        return colours.to(torch.float32).div_(255.0)
+    return _unit_on(colours.device)[colours.to(torch.int32)]
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_on(device: torch.device) -> Tensor:
+    """(256,) float32 ``_UNIT`` on ``device`` (copied there once)."""
+    return _UNIT.to(device)
+
+
 GENERATE_BLOCK = 1 << 15  # rays generated per block on the CPU (RayGenerator.batch_from_pids)
 
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from raykit import pixel_layout
+from raykit import rays as rays_module
 from raykit.cameras import Camera
 from raykit.errors import CameraError
-from raykit.rays import RayBatch, RayGenerator, Rays, reference_rays
+from raykit.rays import RayBatch, RayGenerator, Rays, reference_rays, unit_colours
 
 PINHOLES = [
     Camera("PINHOLE", 24, 16, (20.0, 21.0, 12.5, 7.5)),
@@ -292,3 +293,22 @@ def test_batch_from_pids_in_blocks_equals_one_pass(block: int, monkeypatch: pyte
     want = RayBatch.from_rays(rgba, *gen.generate_from_pids(pid))
     monkeypatch.setattr(rays_module, "GENERATE_BLOCK", block)
     assert _same(gen.batch_from_pids(pid, rgba), want)
+
+
+def test_unit_colours_are_exact_quotients_on_every_path() -> None:
+    """Every uint8 value k gives the correctly rounded float32 k / 255 (numpy's division, computed
+    independently), on the CPU's division and in the lookup table other devices use."""
+    k = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    expected = k.numpy().astype(np.float32) / np.float32(255.0)
+    np.testing.assert_array_equal(unit_colours(k).numpy(), expected)
+    table = rays_module._unit_on(torch.device("cpu"))
+    np.testing.assert_array_equal(table[k.to(torch.int32)].numpy(), expected)
+    # multiplying by the reciprocal (what CUDA does for a scalar divisor) is not the same
+    assert (k.numpy().astype(np.float32) * np.float32(1.0 / 255.0) != expected).sum() > 100
+    batch = RayBatch.from_rays(
+        k.reshape(-1, 4),
+        torch.zeros(64, dtype=torch.int64),
+        torch.zeros(64, 2, dtype=torch.int64),
+        Rays(*(torch.zeros(64, 3),) * 2, *(torch.zeros(64),) * 3),
+    )
+    np.testing.assert_array_equal(batch.rgb.numpy(), expected.reshape(-1, 4)[:, :3])

@@ -32,6 +32,7 @@ from raykit.loaders.config import ImageLoaderConfig
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
 from raykit.loaders.stages import Positioned
+from raykit.rays import unit_colours
 from raykit.store.reader import RayStore
 
 __all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader"]
@@ -292,15 +293,15 @@ class ImageLoader(BatchLoader):
             host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
             for i, image in enumerate(pixels):
                 host[i].copy_(torch.from_numpy(image))
-            return host.to(self.device, non_blocking=True).float().div_(255.0)
+            return unit_colours(host.to(self.device, non_blocking=True))
         out = torch.empty(shape, dtype=torch.float32)
         view = out.numpy()
-        scale = np.float32(1.0 / 255.0)
+        scale = np.float32(255.0)  # a true division: the bits of raykit.rays.unit_colours
         pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]
 
         def convert(piece: tuple[int, slice]) -> None:
             i, rows = piece
-            np.multiply(pixels[i][rows], scale, out=view[i, rows], dtype=np.float32)
+            np.divide(pixels[i][rows], scale, out=view[i, rows], dtype=np.float32)
 
         if self.convert_threads > 1 and len(pieces) > 1:
             if self._pool is None:

@@ -16,6 +16,7 @@ from raykit.cameras import Camera, pixels_to_rays
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import RemapTable, reference_remap, undistortion_coordinates
 from raykit.loaders import ImageBatch, ImageLoader, ImageLoaderConfig, LoaderConfig
+from raykit.rays import unit_colours
 from raykit.store import ImageRecord, SceneInfo, write_store
 
 
@@ -42,6 +43,8 @@ def test_batches_hold_the_stores_images_and_cameras(stores: dict[str, Any], spli
             expected = _pixels(store, name)
             np.testing.assert_array_equal((batch.images[j] * 255).round().byte().numpy(), expected[..., :3])
             np.testing.assert_array_equal((batch.alpha[j] * 255).round().byte().numpy(), expected[..., 3])
+            # the same bits as the ray loaders' colours (raykit.rays.unit_colours)
+            assert torch.equal(batch.images[j], unit_colours(torch.from_numpy(expected[..., :3])))
             row = store.image_index(name)
             assert int(batch.image[j]) == row
             np.testing.assert_allclose(batch.c2w[j].numpy(), store.table.c2w[row], atol=1e-6)
