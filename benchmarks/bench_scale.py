@@ -210,12 +210,15 @@ def progress_line(what: str, done: int, total: int) -> None:
         print(f"{what}: {done}/{total}", file=sys.stderr, flush=True)
 
 
-def tree_bytes(path: Path) -> int:
+def tree_bytes(path: Path, allocated: bool = False) -> int:
+    """Bytes of the files under ``path``: their sizes, or (``allocated``) the disk blocks they hold,
+    which is what a staging file whose consumed runs were freed (punched holes) still takes."""
     total = 0
     for dirpath, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):  # a staging file removed meanwhile
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(os.path.join(dirpath, name))
+                total += st.st_blocks * 512 if allocated else st.st_size
     return total
 
 
@@ -251,7 +254,7 @@ def run_measured(
             hwm[0] = max(hwm[0], _own_peak_rss(proc.pid))
             ticks += 1
             if watch and ticks % 5 == 0:  # the staging disk every 0.5 s (a walk of the store's files)
-                peak[0] = max(peak[0], tree_bytes(watch))
+                peak[0] = max(peak[0], tree_bytes(watch, allocated=True))
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -272,7 +275,7 @@ def run_measured(
         "stdout": out.decode(),
     }
     if watch is not None:
-        result["peak_disk_bytes"] = max(peak[0], tree_bytes(watch))
+        result["peak_disk_bytes"] = max(peak[0], tree_bytes(watch, allocated=True))
     return result
 
 

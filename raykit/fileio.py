@@ -8,10 +8,13 @@ temporary file is removed, so a crash never leaves a half-written file under a r
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,6 +26,7 @@ __all__ = [
     "atomic_write_json",
     "fsync_path",
     "json_bytes",
+    "punch_hole",
     "sha256_bytes",
     "sha256_file",
 ]
@@ -129,3 +133,36 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while block := handle.read(_CHUNK):
             digest.update(block)
     return digest.hexdigest()
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2  # linux/falloc.h
+
+
+@functools.cache
+def _fallocate() -> Any:
+    """libc's ``fallocate(fd, mode, offset, len)`` (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    function.restype = ctypes.c_int
+    return function
+
+
+def punch_hole(path: str | os.PathLike[str], offset: int, length: int) -> bool:
+    """Free the disk blocks of bytes ``[offset, offset + length)`` of the file at ``path`` (they read
+    as zeros afterwards; the file keeps its size). Returns whether the system did it: False where hole
+    punching is not supported (not Linux, or a file system without it), which leaves the file as it was.
+    """
+    function = _fallocate()
+    if function is None or length <= 0:
+        return False
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+        return bool(function(fd, mode, offset, length) == 0)
+    finally:
+        os.close(fd)

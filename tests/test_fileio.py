@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
+from raykit.fileio import (
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    punch_hole,
+    sha256_bytes,
+    sha256_file,
+)
 
 
 def test_atomic_write_json_round_trip(tmp_path: Path) -> None:
@@ -66,3 +73,17 @@ def test_atomic_directory_replaces_and_cleans_up(tmp_path: Path) -> None:
         raise RuntimeError("killed mid-write")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert sorted(p.name for p in final.iterdir()) == ["b"]
+
+
+def test_punch_hole_frees_blocks_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "scratch.bin"
+    data = bytes(range(256)) * (1 << 14)  # 4 MiB
+    path.write_bytes(data)
+    before = path.stat().st_blocks
+    if not punch_hole(path, 1000, 3 << 20):
+        pytest.skip("this file system does not punch holes")
+    after = path.read_bytes()
+    assert path.stat().st_size == len(data) and path.stat().st_blocks < before
+    assert after[:1000] == data[:1000] and after[1000 + (3 << 20) :] == data[1000 + (3 << 20) :]
+    assert after[1000 : 1000 + (3 << 20)] == bytes(3 << 20)
+    assert punch_hole(path, 0, 0) is False  # nothing to free

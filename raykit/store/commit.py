@@ -149,10 +149,12 @@ def write_shards(
     profile: Profile,
     files: dict[str, Any],
     index: dict[str, dict[str, list[Any]]],
+    done: Callable[[int], None] | None = None,
 ) -> None:
     """The shard phase of either layout: run ``fn`` over ``jobs`` (``splits``: each job's split),
     fsync their files, and add each result's file records (``"files"``) to ``files`` and its
-    ``index.json`` entries (``"index"``: key -> values, in job order) to ``index``."""
+    ``index.json`` entries (``"index"``: key -> values, in job order) to ``index``. ``done(k)`` is
+    called as results come in (in job order): jobs ``[0, k)`` have finished and recorded."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
@@ -160,6 +162,8 @@ def write_shards(
         for res in run_tasks(fn, jobs, request, f"write {request.options.backend} shards"):
             synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
             results.append(res)
+            if done is not None:
+                done(len(results))
         profile.wall.lap("shards")
         for future in synced:
             future.result()

@@ -75,10 +75,8 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock = PhaseClock()
     if (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
-    shard_chunks = job.spec.layout.shard_chunks
-    first = job.shard * shard_chunks
-    last = min(first + shard_chunks, job.info.n_chunks)
-    start, stop = job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
+    first, last = _job_chunks(job)
+    start, stop = _job_rays(job)
     stored = tuple(job.spec.fields_of(job.info.name))
     data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
     data = {name: data[name] for name in stored}
@@ -198,9 +196,46 @@ def _write_shards(
     profile.wall.lap("metadata")
     index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in content.splits}
     write_shards(
-        write_shard_task, jobs, [job.info.name for job in jobs], request, partial, profile, files, index
-    )
+        write_shard_task, jobs, [job.info.name for job in jobs], request, partial, profile, files, index,
+        _Release(jobs),
+    )  # fmt: skip
     return files, index
+
+
+class _Release:
+    """Frees the staged rows of the shards written so far, a few times a split (``release(k)``: jobs
+    ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
+    one hole in its staging file, so a release is one call per image, and the holes are large enough to
+    free whole blocks: the staging shrinks as the store grows (peak disk about one copy of the rays)."""
+
+    def __init__(self, jobs: Sequence[ShardJob], per_split: int = 8) -> None:
+        self.jobs, self.released = jobs, 0
+        self.step = max(1, -(-len(jobs) // max(1, per_split * len({job.info.name for job in jobs}))))
+
+    def __call__(self, done: int) -> None:
+        if done - self.released < self.step and done < len(self.jobs):
+            return
+        freed: dict[str, list[int]] = {}  # split -> [first ray, stop] of the jobs done since last time
+        for job in self.jobs[self.released : done]:
+            first, stop = _job_rays(job)
+            span = freed.setdefault(job.info.name, [first, stop])
+            span[0], span[1] = min(span[0], first), max(span[1], stop)
+        infos = {job.info.name: job for job in self.jobs[self.released : done]}
+        for name, (first, stop) in freed.items():
+            infos[name].source.release(infos[name].info, first, stop)
+        self.released = done
+
+
+def _job_chunks(job: ShardJob) -> tuple[int, int]:
+    """``[first, last)``: the chunks of the job's shard."""
+    first = job.shard * job.spec.layout.shard_chunks
+    return first, min(first + job.spec.layout.shard_chunks, job.info.n_chunks)
+
+
+def _job_rays(job: ShardJob) -> tuple[int, int]:
+    """``[start, stop)``: the rays of the job's shard."""
+    first, last = _job_chunks(job)
+    return job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
 
 
 def copy_rays(store: RayStore, request: WriteRequest, with_pids: bool) -> RayStore:

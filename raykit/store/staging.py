@@ -30,7 +30,7 @@ from raykit.store.order import base_permutation, image_rotation, merge_counts, m
 from raykit.store.phases import PhaseClock
 from raykit.store.pixels import pack_rgba, unpack_rgb
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.staging_area import MergeBuffers, StagingArea, scratch_record
+from raykit.store.staging_area import DiskStaging, MergeBuffers, StagingArea, scratch_record
 from raykit.store.table import CameraTable
 
 __all__ = [
@@ -173,7 +173,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
         np.take(rows, base[:s], out=staged[n - s :], mode="clip")
         rows = staged
         clock.lap("permutation")
-    result.update(files=area.put(job.index, rows, clock), source_sha256=source_sha)
+    result.update(files=area.put(job.index, rows, clock, result["channels"]), source_sha256=source_sha)
     return finish_task(None if area.in_memory else record_path, job.key, result, clock)
 
 
@@ -256,8 +256,13 @@ class StagingSource:
                 i = images[j]
                 np.add(order_run(seed, split, i, sizes[j], lo[j], hi[j]), np.uint32(offsets[i]), out=out)
 
-            def fill_colour(j: int, out: np.ndarray) -> None:
-                self.staging.read(images[j], lo[j], out)  # staged in the image's order: one contiguous run
+            first, packed = self._packed_rgb_runs(images, lo, hi)
+
+            def fill_colour(j: int, out: np.ndarray) -> None:  # staged in the image's order: one run
+                if j in first:
+                    out[...] = packed[first[j] : first[j] + len(out)]
+                else:
+                    self.staging.read(images[j], lo[j], out, self.image_channels[images[j]])
 
             pid = (
                 merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
@@ -273,7 +278,7 @@ class StagingSource:
             packed, pid = np.empty(n, dtype=np.uint32), np.empty(n if pids else 0, dtype=np.uint32)
             at = 0
             for i, a, b in self._pieces(info, start, stop):
-                self.staging.read(i, a, packed[at : at + b - a])
+                self.staging.read(i, a, packed[at : at + b - a], self.image_channels[i])
                 if pids:
                     pid[at : at + b - a] = np.arange(a, b, dtype=np.uint32) + np.uint32(self.pixel_offset[i])
                 at += b - a
@@ -289,6 +294,39 @@ class StagingSource:
             out.update(_materialize(self.table, pid, self.materialize))
             clock.lap("materialize")
         return out
+
+    def _packed_rgb_runs(
+        self, images: range, lo: Sequence[int], hi: Sequence[int]
+    ) -> tuple[dict[int, int], np.ndarray]:
+        """A shard's runs of the RGB images staged on disk (3 bytes a pixel), read back to back and
+        packed in one pass: ``({j: first row in packed}, packed (n,) uint32)``. Packing each run on
+        its own costs more in Python than the copy when a shard holds a few hundred pixels an image."""
+        rgb = [j for j, i in enumerate(images) if self.image_channels[i] == 3 and hi[j] > lo[j]]
+        if self.staging.in_memory or not isinstance(self.staging, DiskStaging) or not rgb:
+            return {}, np.zeros(0, dtype=np.uint32)
+        alloc = self.buffers.alloc_for("rgb")
+        total = sum(hi[j] - lo[j] for j in rgb)
+        staged = alloc("staged", (-(-3 * total // 4),)).view(np.uint8)[: 3 * total].reshape(-1, 3)
+        first, at = {}, 0
+        for j in rgb:
+            first[j], count = at, hi[j] - lo[j]
+            self.staging.read_staged(images[j], lo[j], staged[at : at + count], 3)
+            at += count
+        return first, pack_rgba(staged, out=alloc("packed", (total,)))
+
+    def release(self, info: SplitInfo, start: int, stop: int) -> None:
+        """Rays ``[start, stop)`` of split ``info`` are written: free their staged rows (each image's
+        run of them; a shard task calls this once its shard and record are written, so the staging
+        shrinks as the store grows)."""
+        if info.shuffled:
+            images, sizes = self._images(info)
+            lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
+            runs = [(i, int(a), int(b)) for i, a, b in zip(images, lo, hi, strict=True)]
+        else:
+            runs = self._pieces(info, start, stop)
+        for i, a, b in runs:
+            if b > a:
+                self.staging.release(i, a, b, self.image_channels[i])
 
 
 def _materialize(table: CameraTable, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
@@ -320,3 +358,6 @@ class StoreSource:
         if clock is not None:
             clock.lap("gather")
         return {"rgba": raw.rgba, **({"pid": raw.pid} if pids else {}), **raw.extra}
+
+    def release(self, info: SplitInfo, start: int, stop: int) -> None:
+        """Nothing: the source store stays as it is."""

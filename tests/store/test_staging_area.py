@@ -14,6 +14,7 @@ import pytest
 
 from raykit.errors import SourceError
 from raykit.store.phases import PhaseClock
+from raykit.store.pixels import pack_rgba
 from raykit.store.staging_area import DiskStaging, MemoryStaging, MergeBuffers, StagingArea, staging_file
 
 
@@ -33,6 +34,31 @@ def test_staging_areas_read_back_what_was_put(tmp_path: Path, kind: str) -> None
         out = np.empty(20, dtype=np.uint32)
         area.read(i, 7, out)
         np.testing.assert_array_equal(out, r[7:27])
+
+
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_rgb_rows_are_staged_in_three_bytes_and_released_runs_are_freed(tmp_path: Path, kind: str) -> None:
+    area: StagingArea = DiskStaging(str(tmp_path)) if kind == "disk" else MemoryStaging(str(tmp_path))
+    rgb = np.random.default_rng(0).integers(0, 256, (300_000, 3), dtype=np.uint8)
+    rows = pack_rgba(rgb)  # alpha 255: what the stage task puts for an RGB image
+    files = area.put(0, rows, PhaseClock(), channels=3)
+    out = np.empty(1000, dtype=np.uint32)
+    area.read(0, 123, out, channels=3)
+    np.testing.assert_array_equal(out, rows[123:1123])  # packed again, alpha 255
+    if kind == "memory":
+        assert files == {}
+        return
+    path = tmp_path / staging_file(0)
+    assert path.stat().st_size == files[staging_file(0)]["size"] == 3 * len(rows)
+    before = path.stat().st_blocks
+    area.release(0, 1000, 290_000, channels=3)  # rows a shard task has written
+    area.read(0, 290_000, out[:500], channels=3)  # the rest reads as it was
+    np.testing.assert_array_equal(out[:500], rows[290_000:290_500])
+    area.read(0, 0, out, channels=3)
+    np.testing.assert_array_equal(out, rows[:1000])
+    freed = np.fromfile(path, dtype=np.uint8)[3 * 1000 : 3 * 290_000]
+    if path.stat().st_blocks < before:  # the file system punched the hole: the rows read as zeros
+        assert not freed.any() and path.stat().st_size == 3 * len(rows)
 
 
 def test_damaged_staging_file_names_the_file(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, SourceError, StoreNotFoundError
+from raykit.fileio import punch_hole
 from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
 from raykit.store.rays_writer import write_shard_task
@@ -103,6 +104,28 @@ def test_resume_after_crash_in_phase_1(tmp_path: Path, records, scene: SceneInfo
     store = write_store(dst, logged, scene=scene, **options)
     calls = log.read_text().split()
     assert sorted(calls) == sorted([r.name for r in records] + [records[4].name])
+    fresh = write_store(tmp_path / "fresh", records, scene=scene, **OPTIONS)
+    assert _tree(dst) == _tree(tmp_path / "fresh") and store.fingerprint == fresh.fingerprint
+
+
+def test_disk_staging_is_compact_freed_by_shards_and_resumes(
+    tmp_path: Path, records, scene: SceneInfo
+) -> None:
+    # RGB images stage 3 bytes a pixel; each finished shard frees its runs, so their staging files no
+    # longer match their records and a rerun stages those images again: same bytes as a fresh write.
+    dst, partial = tmp_path / "store", tmp_path / "store.partial"
+    with pytest.raises(RuntimeError, match="phase 2"):
+        write_store(dst, records, scene=scene, executor=CrashingExecutor(3), **OPTIONS)
+    staged = sorted(p.stat().st_size for p in (partial / "staging").glob("*.px"))
+    shapes = [(r.camera.width * r.camera.height, np.asarray(r.load()).shape[2]) for r in records]
+    assert staged == sorted(n * c for n, c in shapes)
+    log, never = tmp_path / "log.txt", tmp_path / "never"
+    logged = [dataclasses.replace(r, load=LoggedLoad(r.load(), r.name, log, never)) for r in records]
+    store = write_store(dst, logged, scene=scene, **OPTIONS)
+    probe = tmp_path / "probe"
+    probe.write_bytes(bytes(8192))
+    if punch_hole(probe, 0, 4096):  # the file system frees runs: images with freed runs are decoded again
+        assert log.read_text().split()
     fresh = write_store(tmp_path / "fresh", records, scene=scene, **OPTIONS)
     assert _tree(dst) == _tree(tmp_path / "fresh") and store.fingerprint == fresh.fingerprint
 
