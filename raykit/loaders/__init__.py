@@ -20,23 +20,18 @@ if TYPE_CHECKING:
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
     from raykit.loaders.window import WindowPlan
 
-_MODULES = {
-    "CacheStats": "cache",
-    "ChunkCache": "cache",
-    "DiskCache": "cache",
-    "ImageCache": "cache",
-    "ImageLoaderConfig": "config",
-    "LoaderConfig": "config",
-    "ImagePlan": "image_plan",
-    "ImageBatch": "images",
-    "ImageLoader": "images",
-    "RayLoader": "loader",
-    "SamplingPlan": "plan",
-    "ChunkSource": "source",
-    "MemorySource": "source",
-    "StoreSource": "source",
-    "WindowPlan": "window",
+# module -> the public names it defines (imported on first use)
+_PUBLIC = {
+    "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
+    "config": ("ImageLoaderConfig", "LoaderConfig"),
+    "image_plan": ("ImagePlan",),
+    "images": ("ImageBatch", "ImageLoader"),
+    "loader": ("RayLoader",),
+    "plan": ("SamplingPlan",),
+    "source": ("ChunkSource", "MemorySource", "StoreSource"),
+    "window": ("WindowPlan",),
 }
+_MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = [
     "CacheStats",

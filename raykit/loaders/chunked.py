@@ -1,10 +1,5 @@
-"""The chunk-window strategy of :class:`~raykit.loaders.RayLoader` (stores of shuffled ray chunks).
-
-Two stages: :class:`ChunkWindows` (chunks -> mixed windows, read through the
-:class:`~raykit.loaders.workers.ChunkFetcher` in the plan's order; state ``{"epoch", "window"}``) and
-:class:`WindowGroups` (windows -> :class:`~raykit.loaders.stages.RawGroup` s of about ``group_rays``
-rays; state ``{"epoch", "batch"}``, seeking its windows to the one holding that batch). :data:`RAYS`
-is the strategy (``raykit.loaders.strategies.STRATEGIES``).
+"""The chunk-window strategy :data:`RAYS` of :class:`~raykit.loaders.RayLoader` (ray-chunk splits):
+:class:`ChunkWindows` (chunks -> mixed windows) then :class:`WindowGroups` (windows -> groups).
 """
 
 from __future__ import annotations

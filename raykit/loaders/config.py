@@ -56,13 +56,8 @@ class _Options:
 class LoaderConfig(_Options):
     """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
 
-    The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring);
-    ``None`` for ``rank``, ``world_size``, ``mix_run``, ``group_rays``, ``gen_threads`` and
-    ``window_images`` means "the default", resolved by the loader (``torch.distributed``, the stored
-    split, ``cache_bytes`` (:func:`default_group_rays`), the device, ``cache_bytes``
-    (:func:`~raykit.loaders.windowed.default_window`)). ``mix_chunks`` and ``mix_run`` apply to
-    ray-chunk splits, ``window_images`` to images-layout ones. ``num_workers`` is a count or ``"auto"``
-    (:func:`~raykit.loaders.auto.choose_workers`).
+    The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring;
+    ``None`` is "the default" the loader resolves).
 
     Raises:
         ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).

@@ -1,14 +1,9 @@
 """``ImageLoader``: whole images for splatting-style trainers (one or a few images per step).
 
-Each batch holds ``batch_size`` whole images (or seeded random crops of them) of one split with their
-cameras, intrinsics and poses, in the order of :class:`~raykit.loaders.image_plan.ImagePlan`. Images
-are read through the same :class:`~raykit.loaders.workers.ChunkFetcher` as the ray loader's chunks
-(an image being one read unit) into :class:`~raykit.loaders.cache.ImageCache`; the batch stage,
-:class:`ImageBatches`, runs behind the same ``Prefetch``, or on the calling thread for an epoch whose
-images are all cached (nothing is left to overlap, and a hand-off per batch would cost more than the
-batch). A ``transform`` is applied once per image before the cache, so the cache holds images exactly
-as served. Position, state, workers and ``close``: :class:`~raykit.loaders.base.BatchLoader`; the
-user's view: ``docs/loading.md``.
+Images are read through the ray loader's :class:`~raykit.loaders.workers.ChunkFetcher` (an image
+is one read unit) into an :class:`~raykit.loaders.cache.ImageCache`; :class:`ImageBatches` runs
+behind ``Prefetch``, or on the calling thread for an epoch whose images are all cached (a hand-off per
+batch would cost more than the batch). The user's view: ``docs/loading.md``.
 """
 
 from __future__ import annotations

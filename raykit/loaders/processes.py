@@ -11,10 +11,7 @@ requests; the worker answers ``(0, "ready", pid)`` once, then ``(task, "ok", chu
 are matched to tasks by id, so a consumer that stops early abandons its tasks without confusing the
 next one.
 
-Lifecycle (the promises: ``docs/loading.md``): a worker exits on the end of its pipe or a change of
-its parent pid (checked every 0.1 s: a SIGKILLed parent); ``close()`` closes the pipes, then kills
-what still runs after ``_GRACE_S``, and waits for a process only after SIGKILL; a worker ignores
-SIGINT and prints nothing.
+Lifecycle (exit on a dead parent, ``close()``, SIGINT): ``docs/loading.md``, "Worker processes".
 """
 
 from __future__ import annotations
@@ -243,28 +240,19 @@ class WorkerProcess:
             return self.process.wait(wait_s) if wait_s > 0 else self.process.poll()
         return None
 
-    def close_pipes(self) -> None:
-        """Close both pipes: a live worker sees the end of its input and exits."""
-        for pipe in (self._out, self._in):
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-    def kill(self) -> None:
-        """SIGKILL the process (if it still runs) and reap it, waiting at most ``_GRACE_S``."""
-        if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.process.kill()
-            self.exit_code(_GRACE_S)
-
 
 def close_workers(workers: list[WorkerProcess]) -> None:
-    """End ``workers``: close their pipes, give them ``_GRACE_S`` to exit, kill the rest."""
-    for worker in workers:
-        worker.close_pipes()
+    """End ``workers``: close their pipes (a live worker sees the end of its input and exits), give
+    them ``_GRACE_S`` to exit, SIGKILL and reap the rest (waiting at most ``_GRACE_S`` each)."""
+    for pipe in [p for worker in workers for p in (worker._out, worker._in)]:
+        with contextlib.suppress(OSError):
+            pipe.close()
     deadline = time.monotonic() + _GRACE_S
     for worker in workers:
-        worker.exit_code(max(0.0, deadline - time.monotonic()))
-        worker.kill()
+        if worker.exit_code(max(0.0, deadline - time.monotonic())) is None:
+            with contextlib.suppress(OSError):
+                worker.process.kill()
+            worker.exit_code(_GRACE_S)
         if worker._sender is not threading.current_thread():
             worker._sender.join(_GRACE_S)
 

@@ -121,15 +121,9 @@ def is_remote(url: str) -> bool:
 
 
 class CachedStoreSource(StoreSource):
-    """A remote store's split read through an on-disk cache of whole payload files.
-
-    The store's metadata files are copied into ``cache_dir/<fingerprint>/`` when the source is made;
-    each payload file (a shard) is fetched whole the first time one of its chunks is needed, checked
-    against the size and SHA-256 the manifest records (a server ignoring ``Range`` does not matter: no
-    ranges are asked for), written atomically, and read locally from then on. Worker processes given
-    the same ``cache_dir`` share it. A cached copy that fails a chunk's checksum later (disk damage, an
-    edited cache) is dropped and fetched again once; only a fresh copy failing is reported.
-    """
+    """A remote store's split read through an on-disk cache of whole payload files
+    (``docs/loading.md``): metadata copied into ``cache_dir/<fingerprint>/`` at once, each shard
+    fetched whole when first needed and checked against the manifest's size and SHA-256."""
 
     def __init__(self, url: str, split: str, cache_dir: str | os.PathLike[str]) -> None:
         import fsspec

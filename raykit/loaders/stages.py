@@ -9,9 +9,8 @@ The concurrency model is one for all stages: they are pull iterators run on a si
 (:class:`Generate`: at most ``threads + 1`` groups in flight) and as chunk reads inside the
 :class:`~raykit.loaders.workers.ChunkFetcher` a strategy reads through.
 
-A strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items, which
-:class:`Generate` turns into lists of batches for :class:`Prefetch` (as does ``ImageLoader``'s own
-batch stage); their states are ``{"epoch", "batch"}``, the next batch each hands on.
+A strategy's stages end in :class:`RawGroup` items for :class:`Generate`; the stages and their
+states: ``docs/loading.md``.
 """
 
 from __future__ import annotations

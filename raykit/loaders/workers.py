@@ -3,9 +3,8 @@
 ``ChunkFetcher`` hands out decoded chunks in the order the plan asks for them, keeps up to
 ``lookahead`` reads in flight on its worker processes (:mod:`raykit.loaders.processes`) and puts every
 chunk it reads into the cache; until a worker is up, the calling thread reads what it needs itself.
-A worker's death is noticed when its pipe ends (the others are checked every half second while the
-fetcher waits): the fetcher ends every worker, raises :class:`~raykit.errors.WorkerError` naming the
-dead one's pid and how it ended, and is ``broken``; the loader starts a fresh one when iterated again.
+A dead worker (``docs/loading.md``) makes it raise :class:`~raykit.errors.WorkerError` and be
+``broken``; the loader starts a fresh one when iterated again.
 """
 
 from __future__ import annotations
