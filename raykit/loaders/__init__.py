@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
     from raykit.loaders.config import ImageLoaderConfig, LoaderConfig
-    from raykit.loaders.image_plan import ImagePlan
-    from raykit.loaders.images import ImageBatch, ImageLoader
+    from raykit.loaders.images import ImageBatch, ImageLoader, ImagePlan
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
@@ -24,8 +23,7 @@ if TYPE_CHECKING:
 _PUBLIC = {
     "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
     "config": ("ImageLoaderConfig", "LoaderConfig"),
-    "image_plan": ("ImagePlan",),
-    "images": ("ImageBatch", "ImageLoader"),
+    "images": ("ImageBatch", "ImageLoader", "ImagePlan"),
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
