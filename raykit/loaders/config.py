@@ -16,9 +16,21 @@ from raykit.loaders.arguments import check_loader_args
 
 __all__ = ["ImageLoaderConfig", "LoaderConfig"]
 
+# The integer options of either config and their minimums, in the order their problems are listed.
+_MINIMUMS = {"batch_size": 1, "seed": 0, "num_workers": 0, "prefetch": 1, "cache_bytes": 0, "rank": 0,
+             "world_size": 1, "mix_chunks": 1, "mix_run": 1, "group_rays": 1, "gen_threads": 1,
+             "window_images": 1, "convert_threads": 1}  # fmt: skip
+
 
 class _Options:
-    """What both configs share: ``replace``, ``changed`` and ``merge`` (options as keywords or one config)."""
+    """What both configs share: the checks, ``replace``, ``changed`` and ``merge`` (options as keywords
+    or one config)."""
+
+    def __post_init__(self) -> None:
+        values = {name: getattr(self, name) for name in _MINIMUMS if hasattr(self, name)}
+        if values.get("num_workers") == "auto" and isinstance(self, LoaderConfig):  # chosen by the loader
+            values["num_workers"] = None
+        check_loader_args(**{name: (value, _MINIMUMS[name]) for name, value in values.items()})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (checked again)."""
@@ -81,16 +93,6 @@ class LoaderConfig(_Options):
     gen_threads: int | None = None
     window_images: int | None = None
 
-    def __post_init__(self) -> None:
-        check_loader_args(
-            batch_size=(self.batch_size, 1), seed=(self.seed, 0),
-            num_workers=(None if self.num_workers == "auto" else self.num_workers, 0),
-            prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
-            world_size=(self.world_size, 1), mix_chunks=(self.mix_chunks, 1), mix_run=(self.mix_run, 1),
-            group_rays=(self.group_rays, 1), gen_threads=(self.gen_threads, 1),
-            window_images=(self.window_images, 1),
-        )  # fmt: skip
-
 
 @dataclass(frozen=True)
 class ImageLoaderConfig(_Options):
@@ -118,13 +120,6 @@ class ImageLoaderConfig(_Options):
     prefetch: int = 2
     convert_threads: int | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
-
-    def __post_init__(self) -> None:
-        check_loader_args(
-            batch_size=(self.batch_size, 1), seed=(self.seed, 0), num_workers=(self.num_workers, 0),
-            prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
-            world_size=(self.world_size, 1), convert_threads=(self.convert_threads, 1),
-        )  # fmt: skip
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -1,10 +1,7 @@
 """Where a loader's chunks come from: the ``ChunkSource`` protocol, store adapters and an in-memory twin.
 
 A chunk source is one split of something chunked: ``n_rays`` rays in ``n_chunks`` chunks of
-``chunk_rays`` rays, chunk ``i`` read whole by ``read_chunk(i) -> RawRays``. ``StoreSource`` adapts a
-:class:`raykit.store.RayStore` split (``CachedStoreSource`` a remote one, through a disk cache);
-``WindowImageSource`` an images-layout split, one chunk per decoded image; ``MemorySource`` holds
-arrays in memory (tests, benchmarks).
+``chunk_rays`` rays, chunk ``i`` read whole by ``read_chunk(i) -> RawRays``.
 """
 
 from __future__ import annotations
@@ -195,12 +192,9 @@ def as_source(
 class WindowImageSource:
     """Split ``split`` of an images-layout ``store``, readable image by image (picklable by location).
 
-    It has the :class:`ChunkSource` shape, so the worker processes of
-    :class:`~raykit.loaders.workers.ChunkFetcher` decode images ahead unchanged: chunk ``i`` is image
-    ``i`` of the split (split-local), every pixel in row-major order as ``RawRays`` (``rgba``
-    ``(n_i, C)``; ``pid`` is left empty: the loader computes the pids of the rays it draws). With
-    ``disk_cache`` a remote store's files are fetched whole into a local cache first
-    (:class:`CachedStoreSource`, shared by worker processes).
+    It has the :class:`ChunkSource` shape (for the worker processes): chunk ``i`` is image ``i`` of the
+    split (see :meth:`read_chunk`). With ``disk_cache`` a remote store's files are fetched whole into a
+    local cache first (:class:`CachedStoreSource`).
     """
 
     def __init__(self, store: RayStore, split: str, disk_cache: str | os.PathLike[str] | None = None) -> None:
