@@ -56,11 +56,12 @@ class Stage(Protocol[T_co]):
 
 class Positioned:
     """A stage's position as its state: the ints named in ``POSITION`` (``{"epoch", "batch"}`` unless a
-    stage says otherwise)."""
+    stage says otherwise); loading it seeks the ``upstream`` stage (if any) to the same state."""
 
     POSITION: tuple[str, ...] = ("epoch", "batch")
     epoch: int = 0
     batch: int = 0
+    upstream: Stage[Any] | None = None
 
     def state_dict(self) -> dict[str, int]:
         return {key: int(getattr(self, key)) for key in self.POSITION}
@@ -68,6 +69,8 @@ class Positioned:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for key in self.POSITION:
             setattr(self, key, int(state[key]))
+        if self.upstream is not None:
+            self.upstream.load_state_dict(state)
 
 
 class Sliceable(Protocol):
@@ -136,10 +139,11 @@ class Generate(Positioned):
     """Stage groups -> lists of batches: each group gathered and made into a batch on one of
     ``threads`` generation threads, in order, then cut into its batches.
 
-    One group more than there are generation threads is in flight: a thread that finishes a group
-    finds the next one waiting instead of waiting for this stage to hand over its result and submit
-    another; generated groups dominate the loader's memory beyond its cache, so no more are kept.
+    One group more than there are generation threads is in flight (why: ``docs/loading.md``, "Ray
+    generation"); generated groups dominate the loader's memory beyond its cache, so no more are kept.
     """
+
+    upstream: GroupStage
 
     def __init__(
         self,
@@ -149,12 +153,8 @@ class Generate(Positioned):
         threads: int,
         times: StageTimes,
     ) -> None:
-        self.groups, self.make_batch, self._pool, self.threads = groups, make_batch, pool, threads
+        self.upstream, self.make_batch, self._pool, self.threads = groups, make_batch, pool, threads
         self._times = times
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.groups.load_state_dict(state)
 
     def __iter__(self) -> Generator[list[Any], None, None]:
         pool = self._pool()
@@ -163,7 +163,7 @@ class Generate(Positioned):
         if warm_up is not None:
             pool.submit(warm_up)  # overlaps the first window's reads
         try:
-            for group in self.groups:
+            for group in self.upstream:
                 pending.append((group, pool.submit(self._make_timed, group)))
                 if len(pending) > self.threads:
                     yield self._emit(*pending.popleft())
@@ -203,14 +203,12 @@ class Prefetch(Positioned):
     the loader's ``close()``).
     """
 
+    upstream: Stage[list[Any]]
+
     def __init__(
         self, source: Stage[list[Any]], depth: int, on_thread: Callable[[], None], name: str
     ) -> None:
-        self.source, self.depth, self._on_thread, self.name = source, depth, on_thread, name
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.source.load_state_dict(state)
+        self.upstream, self.depth, self._on_thread, self.name = source, depth, on_thread, name
 
     @contextlib.contextmanager
     def running(self, threads: dict[threading.Thread, threading.Event]) -> Iterator[Iterator[Any]]:
@@ -244,7 +242,7 @@ class Prefetch(Positioned):
 
     def _produce(self, items: queue.Queue[Any], stop: threading.Event) -> None:
         self._on_thread()
-        iterator = cast(Generator[list[Any], None, None], iter(self.source))
+        iterator = cast(Generator[list[Any], None, None], iter(self.upstream))
         try:
             for batches in iterator:
                 if not put_until_stopped(items, batches, stop):
