@@ -14,9 +14,9 @@ from raykit.errors import ConfigError
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import LoaderConfig, default_group_rays
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
+from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
-from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 

@@ -1,6 +1,6 @@
 """``ImageLoader``: whole images for splatting-style trainers (one or a few images per step).
 
-Images are read through the ray loader's :class:`~raykit.loaders.workers.ChunkFetcher` (an image
+Images are read through the ray loader's :class:`~raykit.loaders.processes.ChunkFetcher` (an image
 is one read unit) into an :class:`~raykit.loaders.cache.ImageCache`; :class:`ImageBatches` runs
 behind ``Prefetch``, or on the calling thread for an epoch whose images are all cached (a hand-off per
 batch would cost more than the batch). The user's view: ``docs/loading.md``.

@@ -18,10 +18,10 @@ from raykit.errors import ConfigError
 from raykit.loaders.auto import usable_cores
 from raykit.loaders.cache import ChunkCache, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
+from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
 from raykit.loaders.window import Draw, Piece, WindowPlan
-from raykit.loaders.workers import ChunkFetcher
 from raykit.ordered import in_order
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
