@@ -33,10 +33,8 @@ def choose_workers(
 
     Args:
         url: where the store is (``None``: a source that is not a store).
-        n_chunks: chunks (images, for the images layout) in the split.
-        layout: the split's recorded layout (``"rays"`` or ``"images"``).
-        gen_threads: the loader's generation threads.
-        cores: usable cores (:func:`usable_cores`).
+        n_chunks: chunks (images, for the images layout) in the split of recorded ``layout``.
+        cores: usable cores (:func:`usable_cores`), ``gen_threads`` of them taken by generation threads.
     """
     spare = cores - gen_threads - 1  # the generation threads and the consumer have theirs
     if url is None:

@@ -35,18 +35,17 @@ class Window:
     """
 
     def __init__(self, parts: list[RawRays], runs: np.ndarray, run: int) -> None:
-        rgba = parts[0].rgba if len(parts) == 1 else np.concatenate([p.rgba for p in parts])
-        self.pid = parts[0].pid if len(parts) == 1 else np.concatenate([p.pid for p in parts])
+        def joined(arrays: list[np.ndarray]) -> np.ndarray:
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+        rgba, self.pid = joined([p.rgba for p in parts]), joined([p.pid for p in parts])
         self.channels = rgba.shape[1]
         # Four uint8 channels gather as one uint32 per ray.
         self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
         self.runs, self.run = runs, run
         self._perm: np.ndarray | None = None  # ray by ray, built on first use
         # Stored origins/directions (a materialised store), mixed with the same permutation.
-        self.extra = {
-            k: parts[0].extra[k] if len(parts) == 1 else np.concatenate([p.extra[k] for p in parts])
-            for k in parts[0].extra
-        }
+        self.extra = {k: joined([p.extra[k] for p in parts]) for k in parts[0].extra}
 
     def take(self, lo: int, hi: int) -> RawRays:
         """Rays ``[lo, hi)`` of the window in mixed order."""

@@ -69,10 +69,8 @@ class LoaderConfig(_Options):
     """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
 
     The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring;
-    ``None`` is "the default" the loader resolves).
-
-    Raises:
-        ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
+    ``None`` is "the default" the loader resolves). A bad value raises ``ConfigError`` naming every bad
+    option (``loader: name: expected ..., got ...``).
     """
 
     split: str = "train"
@@ -100,9 +98,6 @@ class ImageLoaderConfig(_Options):
 
     The fields are ``ImageLoader``'s keywords, with the same defaults and meanings (see its docstring);
     the options it shares with :class:`LoaderConfig` have the same names and checks.
-
-    Raises:
-        ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
     """
 
     split: str = "train"

@@ -153,8 +153,6 @@ class ImageSource:
     pickles as its store's location and options, so worker processes rebuild it.
 
     Args:
-        store: the store.
-        split: its split.
         undistort: resample non-pinhole images to :func:`raykit.image_geometry.pinhole_camera`.
         transform: applied to each (H, W, C) uint8 image after undistortion (see ``ImageLoader``);
             its output's bytes per pixel are found by applying it once to a 1 x 1 image.
@@ -168,14 +166,13 @@ class ImageSource:
         transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.store, self.split, self.undistort, self.transform = store, split, undistort, transform
-        table = store.table
+        table, channels = store.table, store.rgba_channels
         self.rows = np.flatnonzero(np.asarray(table.splits) == split)
         self.names = [table.names[i] for i in self.rows]
         self.source_cameras = [table.cameras[table.camera_index[i]] for i in self.rows]
         # (H, W, C) of each image as ``read_image`` returns it (``RayStore.image_shape``, from the table)
-        self._shapes = [(int(table.height[i]), int(table.width[i]), store.rgba_channels) for i in self.rows]
+        self._shapes = [(int(table.height[i]), int(table.width[i]), channels) for i in self.rows]
         self._tables: dict[Camera, tuple[RemapTable, Camera]] = {}
-        channels = store.rgba_channels
         self._pixel_bytes = channels
         if transform is not None:
             self._pixel_bytes = int(np.asarray(transform(np.zeros((1, 1, channels), np.uint8))).nbytes)
@@ -274,12 +271,12 @@ def checked_crop(crop: Any, source: ImageSource) -> tuple[int, int] | None:
     if not ok:
         raise ConfigError(f"image loader: crop: expected (height, width) positive integers, got {crop!r}")
     h, w = int(crop[0]), int(crop[1])
-    small = [n for p, n in enumerate(source.names) if source.shape(p)[0] < h or source.shape(p)[1] < w]
+    small = [p for p in range(source.n_images) if source.shape(p)[0] < h or source.shape(p)[1] < w]
     if small:
+        height, width, _ = source.shape(small[0])
         raise ConfigError(
             f"image loader: crop {h}x{w} (h x w) is larger than {len(small)} image(s) of split "
-            f"{source.split!r}, e.g. {small[0]!r} ({source.shape(source.names.index(small[0]))[1]}x"
-            f"{source.shape(source.names.index(small[0]))[0]})"
+            f"{source.split!r}, e.g. {source.names[small[0]]!r} ({width}x{height})"
         )
     return h, w
 
@@ -302,7 +299,6 @@ class ImageLoader(BatchLoader):
 
     Args:
         store: a :class:`raykit.store.RayStore` or a store path or URL.
-        split: split to read.
         batch_size: images per batch; without ``crop``, the split's images must share one size when
             it is above 1.
         seed: seed of the order and the crops.

@@ -35,8 +35,6 @@ class RayLoader(BatchLoader):
     Args:
         store: a :class:`raykit.store.RayStore`, a store path or URL (opened here), or any
             :class:`~raykit.loaders.source.ChunkSource`.
-        split: split to read.
-        batch_size: rays per batch.
         seed: seed of the chunk order and the mixing.
         shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
         device: where batches are generated (``"cpu"``, ``"cuda"``...).

@@ -32,16 +32,9 @@ class SamplingPlan:
     """Where every batch's rays come from, for one rank of one split.
 
     Attributes:
-        n_rays: rays in the split.
-        chunk_rays: rays per chunk (the last chunk may be shorter).
-        batch_size: rays per batch.
-        seed: seed of every random choice.
+        n_rays, chunk_rays: the split's rays, and rays per chunk (the last chunk may be shorter).
         shuffle: permute chunks and mix rays; ``False`` reads the split in stored order.
-        drop_last: see the module docstring.
-        mix_chunks: mixing-buffer size, in chunks.
-        mix_run: rays moved together by the mixing permutation.
-        world_size: number of ranks sharing the split.
-        rank: this rank, in ``[0, world_size)``.
+        batch_size, seed, drop_last, mix_chunks, mix_run, world_size, rank: as for ``RayLoader``.
     """
 
     n_rays: int

@@ -53,7 +53,6 @@ class MemorySource:
     Args:
         rgba: (N, 3|4) uint8 colours.
         pid: (N,) uint32 global pixel ids.
-        chunk_rays: rays per chunk.
     """
 
     def __init__(self, rgba: np.ndarray, pid: np.ndarray, chunk_rays: int) -> None:

@@ -1,8 +1,7 @@
 """The loader's pipeline stages that do not depend on the loading strategy, and the stage contract.
 
-A stage is an iterable with a position (torchdata-nodes style): ``state_dict()`` returns it as a small
-JSON-able dict, ``load_state_dict(state)`` sets it, and iterating continues from it. A stage pulls from
-the stage before it; loading a state into a stage seeks the stages before it to match.
+A stage is an iterable with a small JSON-able position (torchdata-nodes style): ``state_dict()``,
+``load_state_dict(state)`` (which seeks the stages before it to match); iterating continues from it.
 
 The concurrency model is one for all stages: they are pull iterators run on a single producer thread
 (:class:`Prefetch`'s), with parallel work only as ordered futures on the generation pool

@@ -28,7 +28,6 @@ class RayIterableDataset(IterableDataset[RayBatch]):
 
     Args:
         store: a store location (or an opened store when DataLoader workers are not used).
-        split: split to read.
         **loader_kwargs: :class:`RayLoader` arguments (``batch_size``, ``seed``, ``rank``...).
     """
 
@@ -69,7 +68,6 @@ class RayDataset(Dataset[RayBatch]):
 
     Args:
         store: a store location or an opened store.
-        split: split to read.
         cache_bytes: budget of the decoded-chunk cache (per process).
     """
 

@@ -33,10 +33,9 @@ Draw = tuple[np.ndarray, np.ndarray, np.ndarray]  # (images, first ranks, stop r
 
 
 class WindowBatch(NamedTuple):
-    """One batch of the window: ``draws`` (its draws over the window, in order: a batch that uses an
-    image up draws again over the refilled window), ``entered`` (images entering the window before
-    it, in order; for the first batch of an iteration, the whole window) and ``done`` (images it uses
-    up, which leave the window after it)."""
+    """One batch: its ``draws`` over the window in order (one more per refill within the batch), the
+    images ``entered`` before it (for an iteration's first batch, the whole window) and those it uses
+    up (``done``), which leave after it."""
 
     draws: list[Draw]
     entered: list[int]
@@ -139,12 +138,8 @@ class WindowPlan:
 
     # ---- batches -----------------------------------------------------------------------------
     def iter_draws(self, epoch: int, start: int = 0) -> Iterator[WindowBatch]:
-        """Batches ``start..n_batches - 1`` of ``epoch`` as :class:`WindowBatch` items: their draws,
-        the images entering the window before them and the images they use up.
-
-        The counts come from one generator per epoch and rank, drawn in batch order: replaying
-        batches ``0..start - 1`` costs their count draws, never any pixels.
-        """
+        """Batches ``start..n_batches - 1`` of ``epoch`` as :class:`WindowBatch` items (replaying
+        batches ``0..start - 1`` costs their count draws, never any pixels)."""
         order = self.image_order(epoch)
         image_rays = np.asarray(self.image_rays, dtype=np.int64)
         rng = np.random.default_rng([self.seed, epoch, _TAG_DRAW, self.world_size, self.rank])
@@ -180,8 +175,7 @@ class WindowPlan:
                 yield WindowBatch(draws, entered, done)
 
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[Piece]]:
-        """The pieces of batches ``start..n_batches - 1`` of ``epoch``: ``(image, lo, hi)`` rank ranges
-        (:meth:`iter_draws` without the empty ones)."""
+        """Each batch's non-empty pieces (:meth:`WindowBatch.pieces`) from batch ``start`` of ``epoch`` on."""
         for batch in self.iter_draws(epoch, start):
             yield batch.pieces()
 

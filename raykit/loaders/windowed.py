@@ -67,10 +67,8 @@ def decode_ahead(window_images: int, num_workers: int = 0) -> int:
 
 
 class WindowStrategy:
-    """How :class:`~raykit.loaders.RayLoader` reads an images-layout split (see the module docstring).
-
-    ``mix_chunks`` and ``mix_run`` (the ray layout's mixing) do not apply and are ignored.
-    """
+    """How :class:`~raykit.loaders.RayLoader` reads an images-layout split (see the module docstring);
+    ``mix_chunks`` and ``mix_run`` (the ray layout's mixing) do not apply and are ignored."""
 
     name: str = "window"
     # Timed steps (``RayLoader.seconds``): waiting for window images, their stored bytes read and
