@@ -13,30 +13,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
     from raykit.loaders.config import ImageLoaderConfig, LoaderConfig
-    from raykit.loaders.image_plan import ImagePlan
-    from raykit.loaders.images import ImageBatch, ImageLoader
+    from raykit.loaders.images import ImageBatch, ImageLoader, ImagePlan
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
     from raykit.loaders.window import WindowPlan
 
-_MODULES = {
-    "CacheStats": "cache",
-    "ChunkCache": "cache",
-    "DiskCache": "cache",
-    "ImageCache": "cache",
-    "ImageLoaderConfig": "config",
-    "LoaderConfig": "config",
-    "ImagePlan": "image_plan",
-    "ImageBatch": "images",
-    "ImageLoader": "images",
-    "RayLoader": "loader",
-    "SamplingPlan": "plan",
-    "ChunkSource": "source",
-    "MemorySource": "source",
-    "StoreSource": "source",
-    "WindowPlan": "window",
+# module -> the public names it defines (imported on first use)
+_PUBLIC = {
+    "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
+    "config": ("ImageLoaderConfig", "LoaderConfig"),
+    "images": ("ImageBatch", "ImageLoader", "ImagePlan"),
+    "loader": ("RayLoader",),
+    "plan": ("SamplingPlan",),
+    "source": ("ChunkSource", "MemorySource", "StoreSource"),
+    "window": ("WindowPlan",),
 }
+_MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = [
     "CacheStats",

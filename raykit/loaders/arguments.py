@@ -1,8 +1,7 @@
 """Checks of :class:`~raykit.loaders.RayLoader` arguments and of saved loader states.
 
-A wrong argument raises :class:`~raykit.errors.ConfigError` and a damaged or foreign state
-:class:`~raykit.errors.ResumeError`; each names the argument (or state key), the value and what is
-expected, before anything is started or any position is changed.
+Each error names the argument (or state key), the value and what is expected, before anything is
+started or any position is changed.
 """
 
 from __future__ import annotations

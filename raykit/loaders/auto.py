@@ -1,11 +1,7 @@
 """``num_workers="auto"``: whether worker processes would make a loader faster, and why.
 
 Workers pay when reading is a large part of a batch's cost and cores are left beyond the generation
-threads and the training loop: they compete for those cores, copy every chunk through a pipe and take
-seconds to start. Local ray chunks decode at 10-25x the loader's rate (and the cache soon holds
-them); image decoding and remote reads are what workers speed up. The measurements: BENCHMARKS.md,
-issue 26. :func:`choose_workers` applies them; the loader records the reason in
-``loader.workers_reason``.
+threads and the training loop (the rules and measurements: ``docs/loading.md``, BENCHMARKS.md issue 26).
 """
 
 from __future__ import annotations
@@ -37,18 +33,15 @@ def choose_workers(
 
     Args:
         url: where the store is (``None``: a source that is not a store).
-        n_chunks: chunks (images, for the images layout) in the split.
-        layout: the split's recorded layout (``"rays"`` or ``"images"``).
-        gen_threads: the loader's generation threads.
-        cores: usable cores (:func:`usable_cores`).
+        n_chunks: chunks (images, for the images layout) in the split of recorded ``layout``.
+        cores: usable cores (:func:`usable_cores`), ``gen_threads`` of them taken by generation threads.
     """
     spare = cores - gen_threads - 1  # the generation threads and the consumer have theirs
     if url is None:
         return 0, "auto: 0 workers: the source is not a store (in memory or the caller's own)"
     if n_chunks < MIN_AUTO_CHUNKS:
-        return (
-            0,
-            f"auto: 0 workers: the split has fewer than {MIN_AUTO_CHUNKS} chunks, read before workers start",
+        return 0, (
+            f"auto: 0 workers: the split has fewer than {MIN_AUTO_CHUNKS} chunks, read before workers start"
         )
     if spare < 1:
         return 0, (
@@ -56,9 +49,8 @@ def choose_workers(
             "consumer; workers would compete with them (BENCHMARKS.md, issue 26)"
         )
     if not holds_images(layout) and not is_remote(url):
-        return (
-            0,
-            "auto: 0 workers: local ray chunks decode at 10-25x the loader's rate; workers only add copies",
+        return 0, (
+            "auto: 0 workers: local ray chunks decode at 10-25x the loader's rate; workers only add copies"
         )
     n = min(spare, MAX_AUTO_WORKERS)
     what = "image decoding" if holds_images(layout) else "remote reads"

@@ -1,9 +1,5 @@
-"""What :class:`~raykit.loaders.RayLoader` and :class:`~raykit.loaders.ImageLoader` share, written once.
-
-:class:`BatchLoader` holds the position ``(epoch, batch)`` (the next batch to yield), runs an epoch
-from the loader's last stage (behind :class:`~raykit.loaders.stages.Prefetch` or on the calling
-thread), starts the :class:`~raykit.loaders.workers.ChunkFetcher` (again after a worker died), writes
-and checks the state envelope and releases threads, pools and workers.
+"""What :class:`~raykit.loaders.RayLoader` and :class:`~raykit.loaders.ImageLoader` share: position,
+epochs, fetcher, state envelope and ``close`` (:class:`BatchLoader`).
 
 Interpreter exit: a thread still inside native code (torch, Arrow) when the interpreter finalises is
 ended by ``pthread_exit`` inside a C++ frame and the process aborts with status 134, losing the
@@ -26,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Self
 from raykit.errors import ResumeError
 from raykit.loaders.arguments import check_state, resume_position
 from raykit.loaders.cache import CacheStats
+from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.stages import Prefetch, Stage
-from raykit.loaders.workers import ChunkFetcher
 
 if TYPE_CHECKING:
     from raykit.loaders.source import ChunkSource

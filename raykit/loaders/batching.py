@@ -25,7 +25,6 @@ class DeviceBatcher:
 
     Args:
         store: a :class:`raykit.store.RayStore` (its ray generator is built once per device).
-        device: target device.
     """
 
     def __init__(self, store: RayStore, device: Any = "cpu") -> None:

@@ -1,8 +1,5 @@
-"""Caches: a bounded LRU of decoded chunks (``ChunkCache``; from a format-3 store, colours only), the
-image loader's admit-until-full cache of images (``ImageCache``), and ``DiskCache``, local copies of
-remote files in a directory that several worker processes share, each written under a temporary name
-and renamed (``raykit.fileio.atomic_path``), so a reader sees a complete file or none.
-"""
+"""Caches: decoded chunks (``ChunkCache``, an LRU), images (``ImageCache``) and remote files on disk
+(``DiskCache``)."""
 
 from __future__ import annotations
 
@@ -146,11 +143,9 @@ class ImageCache(ChunkCache[T]):
 
 
 class DiskCache:
-    """Local copies of remote files under ``root``, shared by processes, each filled atomically.
-
-    File ``rel`` (a relative path such as ``zarr/train/rgba/c/0/0``) is kept at ``root / rel``; a
-    reader sees a complete file or none, and two processes fetching the same file at once both succeed.
-    Nothing is evicted: the directory grows to at most the remote store's size.
+    """Local copies of remote files under ``root``, shared by processes, each filled atomically
+    (``raykit.fileio.atomic_path``): file ``rel`` (e.g. ``zarr/train/rgba/c/0/0``) is kept at
+    ``root / rel``, a reader sees a complete file or none. Nothing is evicted.
 
     Args:
         root: cache directory (created on demand).

@@ -1,10 +1,5 @@
-"""The chunk-window strategy of :class:`~raykit.loaders.RayLoader` (stores of shuffled ray chunks).
-
-Two stages: :class:`ChunkWindows` (chunks -> mixed windows, read through the
-:class:`~raykit.loaders.workers.ChunkFetcher` in the plan's order; state ``{"epoch", "window"}``) and
-:class:`WindowGroups` (windows -> :class:`~raykit.loaders.stages.RawGroup` s of about ``group_rays``
-rays; state ``{"epoch", "batch"}``, seeking its windows to the one holding that batch). :data:`RAYS`
-is the strategy (``raykit.loaders.strategies.STRATEGIES``).
+"""The chunk-window strategy :data:`RAYS` of :class:`~raykit.loaders.RayLoader` (ray-chunk splits):
+:class:`ChunkWindows` (chunks -> mixed windows) then :class:`WindowGroups` (windows -> groups).
 """
 
 from __future__ import annotations
@@ -19,9 +14,9 @@ from raykit.errors import ConfigError
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import LoaderConfig, default_group_rays
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
+from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
-from raykit.loaders.workers import ChunkFetcher
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 
@@ -40,18 +35,17 @@ class Window:
     """
 
     def __init__(self, parts: list[RawRays], runs: np.ndarray, run: int) -> None:
-        rgba = parts[0].rgba if len(parts) == 1 else np.concatenate([p.rgba for p in parts])
-        self.pid = parts[0].pid if len(parts) == 1 else np.concatenate([p.pid for p in parts])
+        def joined(arrays: list[np.ndarray]) -> np.ndarray:
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+        rgba, self.pid = joined([p.rgba for p in parts]), joined([p.pid for p in parts])
         self.channels = rgba.shape[1]
         # Four uint8 channels gather as one uint32 per ray.
         self.rgba = np.ascontiguousarray(rgba).view(np.uint32)[:, 0] if self.channels == 4 else rgba
         self.runs, self.run = runs, run
         self._perm: np.ndarray | None = None  # ray by ray, built on first use
         # Stored origins/directions (a materialised store), mixed with the same permutation.
-        self.extra = {
-            k: parts[0].extra[k] if len(parts) == 1 else np.concatenate([p.extra[k] for p in parts])
-            for k in parts[0].extra
-        }
+        self.extra = {k: joined([p.extra[k] for p in parts]) for k in parts[0].extra}
 
     def take(self, lo: int, hi: int) -> RawRays:
         """Rays ``[lo, hi)`` of the window in mixed order."""

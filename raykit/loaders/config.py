@@ -16,9 +16,21 @@ from raykit.loaders.arguments import check_loader_args
 
 __all__ = ["ImageLoaderConfig", "LoaderConfig"]
 
+# The integer options of either config and their minimums, in the order their problems are listed.
+_MINIMUMS = {"batch_size": 1, "seed": 0, "num_workers": 0, "prefetch": 1, "cache_bytes": 0, "rank": 0,
+             "world_size": 1, "mix_chunks": 1, "mix_run": 1, "group_rays": 1, "gen_threads": 1,
+             "window_images": 1, "convert_threads": 1}  # fmt: skip
+
 
 class _Options:
-    """What both configs share: ``replace``, ``changed`` and ``merge`` (options as keywords or one config)."""
+    """What both configs share: the checks, ``replace``, ``changed`` and ``merge`` (options as keywords
+    or one config)."""
+
+    def __post_init__(self) -> None:
+        values = {name: getattr(self, name) for name in _MINIMUMS if hasattr(self, name)}
+        if values.get("num_workers") == "auto" and isinstance(self, LoaderConfig):  # chosen by the loader
+            values["num_workers"] = None
+        check_loader_args(**{name: (value, _MINIMUMS[name]) for name, value in values.items()})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (checked again)."""
@@ -56,16 +68,9 @@ class _Options:
 class LoaderConfig(_Options):
     """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
 
-    The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring);
-    ``None`` for ``rank``, ``world_size``, ``mix_run``, ``group_rays``, ``gen_threads`` and
-    ``window_images`` means "the default", resolved by the loader (``torch.distributed``, the stored
-    split, ``cache_bytes`` (:func:`default_group_rays`), the device, ``cache_bytes``
-    (:func:`~raykit.loaders.windowed.default_window`)). ``mix_chunks`` and ``mix_run`` apply to
-    ray-chunk splits, ``window_images`` to images-layout ones. ``num_workers`` is a count or ``"auto"``
-    (:func:`~raykit.loaders.auto.choose_workers`).
-
-    Raises:
-        ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
+    The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring;
+    ``None`` is "the default" the loader resolves). A bad value raises ``ConfigError`` naming every bad
+    option (``loader: name: expected ..., got ...``).
     """
 
     split: str = "train"
@@ -86,16 +91,6 @@ class LoaderConfig(_Options):
     gen_threads: int | None = None
     window_images: int | None = None
 
-    def __post_init__(self) -> None:
-        check_loader_args(
-            batch_size=(self.batch_size, 1), seed=(self.seed, 0),
-            num_workers=(None if self.num_workers == "auto" else self.num_workers, 0),
-            prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
-            world_size=(self.world_size, 1), mix_chunks=(self.mix_chunks, 1), mix_run=(self.mix_run, 1),
-            group_rays=(self.group_rays, 1), gen_threads=(self.gen_threads, 1),
-            window_images=(self.window_images, 1),
-        )  # fmt: skip
-
 
 @dataclass(frozen=True)
 class ImageLoaderConfig(_Options):
@@ -103,9 +98,6 @@ class ImageLoaderConfig(_Options):
 
     The fields are ``ImageLoader``'s keywords, with the same defaults and meanings (see its docstring);
     the options it shares with :class:`LoaderConfig` have the same names and checks.
-
-    Raises:
-        ConfigError: a bad value, naming every bad option (``loader: name: expected ..., got ...``).
     """
 
     split: str = "train"
@@ -123,13 +115,6 @@ class ImageLoaderConfig(_Options):
     prefetch: int = 2
     convert_threads: int | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
-
-    def __post_init__(self) -> None:
-        check_loader_args(
-            batch_size=(self.batch_size, 1), seed=(self.seed, 0), num_workers=(self.num_workers, 0),
-            prefetch=(self.prefetch, 1), cache_bytes=(self.cache_bytes, 0), rank=(self.rank, 0),
-            world_size=(self.world_size, 1), convert_threads=(self.convert_threads, 1),
-        )  # fmt: skip
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -43,9 +43,7 @@ class EvalLoader:
     """Yields :class:`EvalImage` for every image of ``split``, in the store's image order.
 
     Args:
-        store: a :class:`raykit.store.RayStore`.
-        split: split to read (usually ``"test"`` or ``"val"``).
-        device: where rays are generated.
+        split: usually ``"test"`` or ``"val"``.
         limit: at most this many images (the first ones), or all.
     """
 

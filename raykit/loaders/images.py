@@ -1,20 +1,19 @@
 """``ImageLoader``: whole images for splatting-style trainers (one or a few images per step).
 
-Each batch holds ``batch_size`` whole images (or seeded random crops of them) of one split with their
-cameras, intrinsics and poses, in the order of :class:`~raykit.loaders.image_plan.ImagePlan`. Images
-are read through the same :class:`~raykit.loaders.workers.ChunkFetcher` as the ray loader's chunks
-(an image being one read unit) into :class:`~raykit.loaders.cache.ImageCache`; the batch stage,
-:class:`ImageBatches`, runs behind the same ``Prefetch``, or on the calling thread for an epoch whose
-images are all cached (nothing is left to overlap, and a hand-off per batch would cost more than the
-batch). A ``transform`` is applied once per image before the cache, so the cache holds images exactly
-as served. Position, state, workers and ``close``: :class:`~raykit.loaders.base.BatchLoader`; the
-user's view: ``docs/loading.md``.
+Images are read through the ray loader's :class:`~raykit.loaders.processes.ChunkFetcher` (an image
+is one read unit) into an :class:`~raykit.loaders.cache.ImageCache`; :class:`ImageBatches` runs
+behind ``Prefetch``, or on the calling thread for an epoch whose images are all cached (a hand-off per
+batch would cost more than the batch). The user's view: ``docs/loading.md``.
+
+A ray store's shuffled train split holds a share of every image in every chunk, so ``read_image`` of
+one image scans the whole split; :func:`scan_images` gathers many images in one pass, which the loader
+uses to fill its cache at the start.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,18 +23,16 @@ import torch
 
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
-from raykit.image_geometry import crop_camera
+from raykit.image_geometry import RemapTable, crop_camera, pinhole_camera
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import ImageCache
 from raykit.loaders.config import ImageLoaderConfig
-from raykit.loaders.image_plan import ImagePlan
-from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop, scan_images
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
-from raykit.store.reader import RayStore
+from raykit.store.reader import RayStore, open_store
 
-__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader"]
+__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader", "ImagePlan", "ImageSource"]
 
 IMAGE_STATE_VERSION = 1
 _ROWS = 64  # image rows converted to float per task
@@ -73,12 +70,236 @@ class ImageBatch:
         return len(self.names)
 
 
+_ORDER_TAG, _CROP_TAG = 0x696D6167, 0x63726F70  # "imag", "crop"
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """Which images batch ``k`` of epoch ``e`` holds on one rank, and where their crops are: pure
+    functions of the seed.
+
+    Epoch ``e`` visits the split's ``I`` images (positions ``0..I-1`` in table order) in the order
+    ``default_rng([seed, 0x696D6167, e]).permutation(I)`` (``arange(I)`` without shuffling). Ranks take
+    the order strided: rank ``r`` of ``R`` gets positions ``r, r + R, r + 2R, ...`` of its first
+    ``R * (I // R)`` entries (``drop_last``), or of the order extended by wrapping around to
+    ``R * ceil(I / R)`` entries; so every rank sees the same number of images and, with ``drop_last``,
+    no image is seen by two ranks. A rank's images are cut into batches of ``batch_size`` (the last
+    short one dropped with ``drop_last``).
+
+    A crop of ``(h, w)`` pixels of image ``i`` in epoch ``e`` has its top-left pixel drawn by
+    ``default_rng([seed, 0x63726F70, e, i]).integers(...)``: the same for any rank, world size, worker
+    count or batch size.
+    """
+
+    n_images: int
+    batch_size: int
+    seed: int
+    shuffle: bool = True
+    drop_last: bool = True
+    world_size: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"image loader: expected 0 <= rank < world_size, got {self.rank}, {self.world_size}"
+            )
+        if self.per_rank < 1 or (self.drop_last and self.per_rank < self.batch_size):
+            raise ConfigError(
+                f"image loader: {self.n_images} images give {self.per_rank} per rank for "
+                f"{self.world_size} ranks, fewer than one batch of {self.batch_size}"
+                + (" (drop_last)" if self.drop_last else "")
+            )
+
+    @property
+    def per_rank(self) -> int:
+        """Images each rank sees per epoch."""
+        if self.drop_last:
+            return self.n_images // self.world_size
+        return -(-self.n_images // self.world_size)
+
+    @property
+    def n_batches(self) -> int:
+        if self.drop_last:
+            return self.per_rank // self.batch_size
+        return -(-self.per_rank // self.batch_size)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """(I,) int64 positions of the split's images in the order epoch ``epoch`` visits them."""
+        if not self.shuffle:
+            return np.arange(self.n_images, dtype=np.int64)
+        return np.random.default_rng([self.seed, _ORDER_TAG, epoch]).permutation(self.n_images)
+
+    def rank_order(self, epoch: int) -> np.ndarray:
+        """(per_rank,) int64 positions this rank visits in epoch ``epoch``."""
+        order = self.epoch_order(epoch)
+        total = self.per_rank * self.world_size
+        if total > len(order):  # not drop_last: wrap around so every rank gets as many
+            order = np.resize(order, total)
+        return order[self.rank : total : self.world_size]
+
+    def crop_origin(
+        self, epoch: int, position: int, size: tuple[int, int], crop: tuple[int, int]
+    ) -> tuple[int, int]:
+        """``(x0, y0)`` of the ``crop`` ``(h, w)`` window of image ``position`` of ``size`` ``(H, W)``."""
+        (height, width), (ch, cw) = size, crop
+        rng = np.random.default_rng([self.seed, _CROP_TAG, epoch, position])
+        y0, x0 = (int(v) for v in rng.integers(0, [height - ch + 1, width - cw + 1]))
+        return x0, y0
+
+
+class ImageSource:
+    """The images of ``split``, by position ``0..n_images-1`` in table order, read through
+    ``RayStore.read_image``; undistorted by a remap table computed once per camera and process. It
+    pickles as its store's location and options, so worker processes rebuild it.
+
+    Args:
+        undistort: resample non-pinhole images to :func:`raykit.image_geometry.pinhole_camera`.
+        transform: applied to each (H, W, C) uint8 image after undistortion (see ``ImageLoader``);
+            its output's bytes per pixel are found by applying it once to a 1 x 1 image.
+    """
+
+    def __init__(
+        self,
+        store: RayStore,
+        split: str,
+        undistort: bool = False,
+        transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
+        self.store, self.split, self.undistort, self.transform = store, split, undistort, transform
+        table, channels = store.table, store.rgba_channels
+        self.rows = np.flatnonzero(np.asarray(table.splits) == split)
+        self.names = [table.names[i] for i in self.rows]
+        self.source_cameras = [table.cameras[table.camera_index[i]] for i in self.rows]
+        # (H, W, C) of each image as ``read_image`` returns it (``RayStore.image_shape``, from the table)
+        self._shapes = [(int(table.height[i]), int(table.width[i]), channels) for i in self.rows]
+        self._tables: dict[Camera, tuple[RemapTable, Camera]] = {}
+        self._pixel_bytes = channels
+        if transform is not None:
+            self._pixel_bytes = int(np.asarray(transform(np.zeros((1, 1, channels), np.uint8))).nbytes)
+
+    @property
+    def n_images(self) -> int:
+        return len(self.rows)
+
+    @property
+    def shuffled_rays(self) -> bool:
+        """Whether the split's images are scattered over all its chunks (see the module docstring)."""
+        if self.store.splits[self.split].holds_images:  # read_image reads one image
+            return False
+        info = self.store.splits[self.split]
+        return bool(info.shuffled) and bool(np.any(self.store.table.ray_start[self.rows] < 0))
+
+    def camera(self, position: int) -> Camera:
+        """The camera of the images this source returns (the pinhole one with ``undistort``)."""
+        camera = self.source_cameras[position]
+        if not self.undistort or camera.is_pinhole:
+            return camera
+        return pinhole_camera(camera)
+
+    def shape(self, position: int) -> tuple[int, int, int]:
+        """``(H, W, C)`` of image ``position``."""
+        return self._shapes[position]
+
+    def nbytes(self, position: int) -> int:
+        """Bytes of image ``position`` as served (and cached)."""
+        h, w, _ = self.shape(position)
+        return h * w * self._pixel_bytes
+
+    def read_chunk(self, position: int) -> np.ndarray:
+        """Image ``position``: (H, W, C) uint8, undistorted when asked (the loaders' read interface)."""
+        return self.prepare(position, self.store.read_image(self.names[position]))
+
+    def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
+        """``image`` as this source serves it (undistorted when asked, then transformed)."""
+        camera = self.source_cameras[position]
+        if self.undistort and not camera.is_pinhole:
+            if camera not in self._tables:
+                self._tables[camera] = RemapTable.undistort(camera)
+            image = self._tables[camera][0].apply(image)
+        if self.transform is not None:
+            image = np.ascontiguousarray(self.transform(image))
+        return image
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _reopen, (self.store.url, self.split, self.undistort, self.transform)
+
+
+def _reopen(
+    url: str, split: str, undistort: bool, transform: Callable[[np.ndarray], np.ndarray] | None = None
+) -> ImageSource:
+    return ImageSource(open_store(url), split, undistort, transform)
+
+
+def scan_images(store: RayStore, split: str, rows: Sequence[int]) -> dict[int, np.ndarray]:
+    """Images (table rows ``rows`` of ``split``) gathered in one pass over the split's chunks.
+
+    Returns:
+        row -> (H, W, C) uint8 pixels (views into one buffer), C = ``store.rgba_channels``.
+    """
+    table, channels = store.table, store.rgba_channels
+    picked = np.asarray(sorted({int(r) for r in rows}), dtype=np.int64)
+    if len(picked) == 0:
+        return {}
+    sizes = table.n_pixels[picked]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    buffer = np.zeros((int(sizes.sum()), channels), dtype=np.uint8)
+    slot = np.full(len(table.names), -1, dtype=np.int64)
+    slot[picked] = np.arange(len(picked))
+    for index in range(store.splits[split].n_chunks):
+        raw = store.read_chunk(split, index)
+        image, pixel = store.decode_pids(raw.pid)
+        take = np.flatnonzero(slot[image] >= 0)
+        image = image[take]
+        local = pixel[take, 1] * table.width[image] + pixel[take, 0]
+        buffer[starts[slot[image]] + local] = raw.rgba[take, :channels]
+    return {
+        int(row): buffer[s : s + n].reshape(int(table.height[row]), int(table.width[row]), channels)
+        for row, s, n in zip(picked, starts, sizes, strict=True)
+    }
+
+
+def checked_crop(crop: Any, source: ImageSource) -> tuple[int, int] | None:
+    """``crop`` as ``(h, w)`` after checking it fits every image of ``source``, or None.
+
+    Raises:
+        ConfigError: not two positive integers, or larger than an image (named).
+    """
+    if crop is None:
+        return None
+    ok = isinstance(crop, tuple | list) and len(crop) == 2
+    ok = ok and all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 1 for v in crop)
+    if not ok:
+        raise ConfigError(f"image loader: crop: expected (height, width) positive integers, got {crop!r}")
+    h, w = int(crop[0]), int(crop[1])
+    small = [p for p in range(source.n_images) if source.shape(p)[0] < h or source.shape(p)[1] < w]
+    if small:
+        height, width, _ = source.shape(small[0])
+        raise ConfigError(
+            f"image loader: crop {h}x{w} (h x w) is larger than {len(small)} image(s) of split "
+            f"{source.split!r}, e.g. {source.names[small[0]]!r} ({width}x{height})"
+        )
+    return h, w
+
+
+def check_batch_sizes(source: ImageSource, batch_size: int, crop: tuple[int, int] | None) -> None:
+    """Raise ``ConfigError`` when whole images of several sizes would be stacked in one batch."""
+    if batch_size == 1 or crop is not None:
+        return
+    sizes = {source.shape(p)[:2] for p in range(source.n_images)}
+    if len(sizes) > 1:
+        raise ConfigError(
+            f"image loader: batch_size {batch_size} stacks whole images, but split {source.split!r} has "
+            f"{len(sizes)} image sizes ({', '.join(f'{w}x{h}' for h, w in sorted(sizes))}); use "
+            "batch_size=1 or crop=(h, w)"
+        )
+
+
 class ImageLoader(BatchLoader):
     """Yields :class:`ImageBatch` es of one split, epoch after epoch.
 
     Args:
         store: a :class:`raykit.store.RayStore` or a store path or URL.
-        split: split to read.
         batch_size: images per batch; without ``crop``, the split's images must share one size when
             it is above 1.
         seed: seed of the order and the crops.
@@ -90,7 +311,7 @@ class ImageLoader(BatchLoader):
         rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
         undistort: resample non-pinhole images to a pinhole camera (same size, focal lengths and
             principal point), remap computed once per camera; batches report that camera.
-        drop_last: see :mod:`raykit.loaders.image_plan`.
+        drop_last: see :class:`ImagePlan`.
         prefetch: batches prepared ahead of the consumer.
         convert_threads: threads converting uint8 pixels to float off the GPU (default: 2, or the
             CPU count if lower).
@@ -193,7 +414,7 @@ class ImageLoader(BatchLoader):
         return len(self.cache)
 
     def _fill_cache(self) -> None:
-        """On a shuffled ray-layout split, gather what fits in the cache in one pass (see image_source)."""
+        """On a shuffled ray-layout split, gather what fits in the cache in one pass (module docstring)."""
         if self._filled or not self.source.shuffled_rays:
             self._filled = True
             return

@@ -1,11 +1,7 @@
 """``RayLoader``: shuffled, cached, resumable, multi-worker and multi-rank ray batches.
 
-Its pipeline is a chain of stages, each an iterator with its own small ``state_dict`` (its position):
-the loading strategy's stages, picked by the split's recorded layout (:mod:`raykit.loaders.strategies`:
-:mod:`raykit.loaders.chunked` for ray chunks, :mod:`raykit.loaders.windowed` for the images layout),
-then ``Generate`` and ``Prefetch`` (:mod:`raykit.loaders.stages`). What every loader shares (position,
-state envelope, workers, ``close``) is :class:`~raykit.loaders.base.BatchLoader`. The sampling, the
-stages and resuming are described in ``docs/loading.md``.
+Its pipeline: the loading strategy's stages (:mod:`raykit.loaders.strategies`), then ``Generate`` and
+``Prefetch`` (:mod:`raykit.loaders.stages`). The sampling, the stages and resuming: ``docs/loading.md``.
 """
 
 from __future__ import annotations
@@ -39,8 +35,6 @@ class RayLoader(BatchLoader):
     Args:
         store: a :class:`raykit.store.RayStore`, a store path or URL (opened here), or any
             :class:`~raykit.loaders.source.ChunkSource`.
-        split: split to read.
-        batch_size: rays per batch.
         seed: seed of the chunk order and the mixing.
         shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
         device: where batches are generated (``"cpu"``, ``"cuda"``...).

@@ -2,29 +2,11 @@
 
 Vocabulary. A split holds ``n_rays`` rays in ``n_chunks`` chunks of ``chunk_rays`` rays (the last chunk
 may be shorter); the ray with *ray id* ``i`` is ray ``i % chunk_rays`` of chunk ``i // chunk_rays``.
-
-One epoch, for one rank:
-
-1. The chunks are laid end to end in a seeded per-epoch order (``chunk_order``), giving a virtual
-   sequence of ``n_rays`` *positions*.
-2. The sequence is cut into ``world_size`` contiguous *shares* whose lengths differ by at most one ray
-   (``share``); rank ``r`` reads only the chunks that overlap its share.
-3. Each share is cut into *windows* of ``mix_chunks * chunk_rays`` positions (the mixing buffer); the
-   rays of a window are permuted by a seeded permutation (``window_permutation``) that moves runs of
-   ``mix_run`` consecutive rays together. ``mix_run=1`` is a full shuffle of the window; larger runs
-   cost ``mix_run`` times less to draw and gather faster, and lose nothing when the store's split is
-   itself shuffled (consecutive rays of a shuffled split are already independent draws).
-4. Batch ``k`` is positions ``[k * batch_size, (k + 1) * batch_size)`` of the permuted share.
-
-Every rank has the same number of batches (``n_batches``). With ``drop_last=True`` every batch has
-exactly ``batch_size`` rays and the last ``share - n_batches * batch_size`` rays of each rank's
-permuted share (fewer than ``batch_size``) are skipped this epoch. With ``drop_last=False`` every ray
-of the split is used exactly once per epoch: the last batch of a rank holds what remains of its share,
-which is at most ``batch_size + 1`` rays (one more than ``batch_size`` only on ranks whose share is one
-ray longer than the shortest share).
-
-Nothing here depends on how chunks are read, on worker counts or on the store backend, so the batches
-are identical for any ``num_workers`` and for a Zarr store and its WebDataset copy.
+The epoch's chunks laid end to end in ``chunk_order`` are a virtual sequence of ``n_rays``
+*positions*, cut into ``world_size`` *shares* (``share``), each cut into *windows* of ``mix_chunks``
+chunks permuted in runs of ``mix_run`` rays (``window_permutation``); batch ``k`` is positions
+``[k * batch_size, (k + 1) * batch_size)`` of the permuted share. Why, ``drop_last`` and ranks:
+``docs/loading.md`` ("How a batch is made", "Epochs, drop_last and ranks").
 """
 
 from __future__ import annotations
@@ -38,7 +20,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 
-__all__ = ["SamplingPlan", "reference_epoch_ray_ids", "runs_to_positions"]
+__all__ = ["SamplingPlan", "check_plan_fields", "reference_epoch_ray_ids", "runs_to_positions"]
 
 # Stream tags that keep the seeded generators of different purposes independent.
 _TAG_CHUNKS = 0
@@ -50,16 +32,9 @@ class SamplingPlan:
     """Where every batch's rays come from, for one rank of one split.
 
     Attributes:
-        n_rays: rays in the split.
-        chunk_rays: rays per chunk (the last chunk may be shorter).
-        batch_size: rays per batch.
-        seed: seed of every random choice.
+        n_rays, chunk_rays: the split's rays, and rays per chunk (the last chunk may be shorter).
         shuffle: permute chunks and mix rays; ``False`` reads the split in stored order.
-        drop_last: see the module docstring.
-        mix_chunks: mixing-buffer size, in chunks.
-        mix_run: rays moved together by the mixing permutation.
-        world_size: number of ranks sharing the split.
-        rank: this rank, in ``[0, world_size)``.
+        batch_size, seed, drop_last, mix_chunks, mix_run, world_size, rank: as for ``RayLoader``.
     """
 
     n_rays: int
@@ -74,14 +49,8 @@ class SamplingPlan:
     mix_run: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_rays", "chunk_rays", "batch_size", "mix_chunks", "world_size", "mix_run"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"sampling plan: expected {name} a positive integer, got {value!r}")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"sampling plan: expected rank in [0, {self.world_size}), got {self.rank}")
-        if self.seed < 0:
-            raise ConfigError(f"sampling plan: expected seed >= 0, got {self.seed}")
+        positive = ("n_rays", "chunk_rays", "batch_size", "mix_chunks", "world_size", "mix_run")
+        check_plan_fields("sampling plan", self, positive)
         shortest = self.n_rays // self.world_size
         if self.drop_last and shortest < self.batch_size:
             raise ConfigError(
@@ -222,6 +191,19 @@ class SamplingPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingPlan:
         return cls(**d)
+
+
+def check_plan_fields(what: str, plan: Any, positive: tuple[str, ...]) -> None:
+    """Raise ``ConfigError`` (``what: expected ...``) unless the fields ``positive`` of ``plan`` are
+    positive integers, ``0 <= rank < world_size`` and ``seed >= 0``."""
+    for name in positive:
+        value = getattr(plan, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{what}: expected {name} a positive integer, got {value!r}")
+    if not 0 <= plan.rank < plan.world_size:
+        raise ConfigError(f"{what}: expected rank in [0, {plan.world_size}), got {plan.rank}")
+    if plan.seed < 0:
+        raise ConfigError(f"{what}: expected seed >= 0, got {plan.seed}")
 
 
 def runs_to_positions(runs: np.ndarray, mix_run: int, size: int) -> np.ndarray:

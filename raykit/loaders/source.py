@@ -1,10 +1,7 @@
 """Where a loader's chunks come from: the ``ChunkSource`` protocol, store adapters and an in-memory twin.
 
 A chunk source is one split of something chunked: ``n_rays`` rays in ``n_chunks`` chunks of
-``chunk_rays`` rays, chunk ``i`` read whole by ``read_chunk(i) -> RawRays``. ``StoreSource`` adapts a
-:class:`raykit.store.RayStore` split (``CachedStoreSource`` a remote one, through a disk cache);
-``WindowImageSource`` an images-layout split, one chunk per decoded image; ``MemorySource`` holds
-arrays in memory (tests, benchmarks).
+``chunk_rays`` rays, chunk ``i`` read whole by ``read_chunk(i) -> RawRays``.
 """
 
 from __future__ import annotations
@@ -56,7 +53,6 @@ class MemorySource:
     Args:
         rgba: (N, 3|4) uint8 colours.
         pid: (N,) uint32 global pixel ids.
-        chunk_rays: rays per chunk.
     """
 
     def __init__(self, rgba: np.ndarray, pid: np.ndarray, chunk_rays: int) -> None:
@@ -121,15 +117,9 @@ def is_remote(url: str) -> bool:
 
 
 class CachedStoreSource(StoreSource):
-    """A remote store's split read through an on-disk cache of whole payload files.
-
-    The store's metadata files are copied into ``cache_dir/<fingerprint>/`` when the source is made;
-    each payload file (a shard) is fetched whole the first time one of its chunks is needed, checked
-    against the size and SHA-256 the manifest records (a server ignoring ``Range`` does not matter: no
-    ranges are asked for), written atomically, and read locally from then on. Worker processes given
-    the same ``cache_dir`` share it. A cached copy that fails a chunk's checksum later (disk damage, an
-    edited cache) is dropped and fetched again once; only a fresh copy failing is reported.
-    """
+    """A remote store's split read through an on-disk cache of whole payload files
+    (``docs/loading.md``): metadata copied into ``cache_dir/<fingerprint>/`` at once, each shard
+    fetched whole when first needed and checked against the manifest's size and SHA-256."""
 
     def __init__(self, url: str, split: str, cache_dir: str | os.PathLike[str]) -> None:
         import fsspec
@@ -201,12 +191,9 @@ def as_source(
 class WindowImageSource:
     """Split ``split`` of an images-layout ``store``, readable image by image (picklable by location).
 
-    It has the :class:`ChunkSource` shape, so the worker processes of
-    :class:`~raykit.loaders.workers.ChunkFetcher` decode images ahead unchanged: chunk ``i`` is image
-    ``i`` of the split (split-local), every pixel in row-major order as ``RawRays`` (``rgba``
-    ``(n_i, C)``; ``pid`` is left empty: the loader computes the pids of the rays it draws). With
-    ``disk_cache`` a remote store's files are fetched whole into a local cache first
-    (:class:`CachedStoreSource`, shared by worker processes).
+    It has the :class:`ChunkSource` shape (for the worker processes): chunk ``i`` is image ``i`` of the
+    split (see :meth:`read_chunk`). With ``disk_cache`` a remote store's files are fetched whole into a
+    local cache first (:class:`CachedStoreSource`).
     """
 
     def __init__(self, store: RayStore, split: str, disk_cache: str | os.PathLike[str] | None = None) -> None:

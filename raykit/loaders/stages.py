@@ -1,17 +1,15 @@
 """The loader's pipeline stages that do not depend on the loading strategy, and the stage contract.
 
-A stage is an iterable with a position (torchdata-nodes style): ``state_dict()`` returns it as a small
-JSON-able dict, ``load_state_dict(state)`` sets it, and iterating continues from it. A stage pulls from
-the stage before it; loading a state into a stage seeks the stages before it to match.
+A stage is an iterable with a small JSON-able position (torchdata-nodes style): ``state_dict()``,
+``load_state_dict(state)`` (which seeks the stages before it to match); iterating continues from it.
 
 The concurrency model is one for all stages: they are pull iterators run on a single producer thread
 (:class:`Prefetch`'s), with parallel work only as ordered futures on the generation pool
 (:class:`Generate`: at most ``threads + 1`` groups in flight) and as chunk reads inside the
-:class:`~raykit.loaders.workers.ChunkFetcher` a strategy reads through.
+:class:`~raykit.loaders.processes.ChunkFetcher` a strategy reads through.
 
-A strategy's stages (e.g. :mod:`raykit.loaders.chunked`) end in :class:`RawGroup` items, which
-:class:`Generate` turns into lists of batches for :class:`Prefetch` (as does ``ImageLoader``'s own
-batch stage); their states are ``{"epoch", "batch"}``, the next batch each hands on.
+A strategy's stages end in :class:`RawGroup` items for :class:`Generate`; the stages and their
+states: ``docs/loading.md``.
 """
 
 from __future__ import annotations
@@ -57,11 +55,12 @@ class Stage(Protocol[T_co]):
 
 class Positioned:
     """A stage's position as its state: the ints named in ``POSITION`` (``{"epoch", "batch"}`` unless a
-    stage says otherwise)."""
+    stage says otherwise); loading it seeks the ``upstream`` stage (if any) to the same state."""
 
     POSITION: tuple[str, ...] = ("epoch", "batch")
     epoch: int = 0
     batch: int = 0
+    upstream: Stage[Any] | None = None
 
     def state_dict(self) -> dict[str, int]:
         return {key: int(getattr(self, key)) for key in self.POSITION}
@@ -69,6 +68,8 @@ class Positioned:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for key in self.POSITION:
             setattr(self, key, int(state[key]))
+        if self.upstream is not None:
+            self.upstream.load_state_dict(state)
 
 
 class Sliceable(Protocol):
@@ -111,7 +112,7 @@ GroupStage = Stage[RawGroup]  # a strategy's last stage: groups from ``{"epoch",
 class StrategyInputs:
     """What a loading strategy builds its stages from (see ``raykit.loaders.strategies``): the split's
     chunk source and the strategy's plan, the loader's ``fetcher`` (a callable returning its live
-    :class:`~raykit.loaders.workers.ChunkFetcher`), its :class:`StageTimes` and rays per group."""
+    :class:`~raykit.loaders.processes.ChunkFetcher`), its :class:`StageTimes` and rays per group."""
 
     source: Any
     plan: Any
@@ -137,10 +138,11 @@ class Generate(Positioned):
     """Stage groups -> lists of batches: each group gathered and made into a batch on one of
     ``threads`` generation threads, in order, then cut into its batches.
 
-    One group more than there are generation threads is in flight: a thread that finishes a group
-    finds the next one waiting instead of waiting for this stage to hand over its result and submit
-    another; generated groups dominate the loader's memory beyond its cache, so no more are kept.
+    One group more than there are generation threads is in flight (why: ``docs/loading.md``, "Ray
+    generation"); generated groups dominate the loader's memory beyond its cache, so no more are kept.
     """
+
+    upstream: GroupStage
 
     def __init__(
         self,
@@ -150,12 +152,8 @@ class Generate(Positioned):
         threads: int,
         times: StageTimes,
     ) -> None:
-        self.groups, self.make_batch, self._pool, self.threads = groups, make_batch, pool, threads
+        self.upstream, self.make_batch, self._pool, self.threads = groups, make_batch, pool, threads
         self._times = times
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.groups.load_state_dict(state)
 
     def __iter__(self) -> Generator[list[Any], None, None]:
         pool = self._pool()
@@ -164,7 +162,7 @@ class Generate(Positioned):
         if warm_up is not None:
             pool.submit(warm_up)  # overlaps the first window's reads
         try:
-            for group in self.groups:
+            for group in self.upstream:
                 pending.append((group, pool.submit(self._make_timed, group)))
                 if len(pending) > self.threads:
                     yield self._emit(*pending.popleft())
@@ -204,14 +202,12 @@ class Prefetch(Positioned):
     the loader's ``close()``).
     """
 
+    upstream: Stage[list[Any]]
+
     def __init__(
         self, source: Stage[list[Any]], depth: int, on_thread: Callable[[], None], name: str
     ) -> None:
-        self.source, self.depth, self._on_thread, self.name = source, depth, on_thread, name
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.source.load_state_dict(state)
+        self.upstream, self.depth, self._on_thread, self.name = source, depth, on_thread, name
 
     @contextlib.contextmanager
     def running(self, threads: dict[threading.Thread, threading.Event]) -> Iterator[Iterator[Any]]:
@@ -245,7 +241,7 @@ class Prefetch(Positioned):
 
     def _produce(self, items: queue.Queue[Any], stop: threading.Event) -> None:
         self._on_thread()
-        iterator = cast(Generator[list[Any], None, None], iter(self.source))
+        iterator = cast(Generator[list[Any], None, None], iter(self.upstream))
         try:
             for batches in iterator:
                 if not put_until_stopped(items, batches, stop):

@@ -1,12 +1,8 @@
 """Loading strategies: how a split's recorded layout becomes groups of rays for ``RayLoader``.
 
-A strategy says, for one layout, which chunk source reads the split, which plan orders its batches,
-what the loader caches and how much it reads ahead, which plan fields its state records, and which stages
-turn the source into :class:`~raykit.loaders.stages.RawGroup` items (``groups(inputs)``), ahead of
-``Generate`` and ``Prefetch``. :data:`STRATEGIES` is keyed by the split's recorded layout
-(``RayStore.layout(split)``): ``"rays"`` (:mod:`raykit.loaders.chunked`; also any chunk source that
-is not a store) and ``"images"`` (:mod:`raykit.loaders.windowed`). Adding a strategy is one module
-and its line there.
+:data:`STRATEGIES` maps the layout (``RayStore.layout(split)``) to its strategy: ``"rays"``
+(:mod:`raykit.loaders.chunked`; also any chunk source that is not a store) and ``"images"``
+(:mod:`raykit.loaders.windowed`). Adding a strategy is one module and its line there.
 """
 
 from __future__ import annotations
@@ -28,9 +24,10 @@ __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 
 
 class Strategy(Protocol):
-    """One layout's way of loading (see the module docstring): ``name`` is recorded in the loader
-    state as ``"strategy"`` (but ``"rays"``), ``state_fields(plan)`` are the plan fields a resumed
-    loader must match exactly; ``steps`` are the steps its stages time (``RayLoader.seconds``)."""
+    """One layout's source, plan, cache, read-ahead and stages (ending in
+    :class:`~raykit.loaders.stages.RawGroup` items). ``name`` is recorded in the loader state as
+    ``"strategy"`` (but ``"rays"``), ``state_fields(plan)`` must match exactly on resuming; ``steps``
+    are the steps its stages time (``RayLoader.seconds``)."""
 
     name: str
     steps: tuple[str, ...]

@@ -1,11 +1,4 @@
-"""``torch.utils.data`` adapters for people with their own loop (usage: ``docs/loading.md``).
-
-* :class:`RayIterableDataset` yields the same batches as :class:`~raykit.loaders.RayLoader` (one epoch
-  per ``iter``; ``set_epoch`` like ``DistributedSampler``); DataLoader worker ``w`` of ``n`` makes
-  batches ``w, w + n, ...``, which DataLoader returns round-robin, i.e. in the loader's order.
-* :class:`RayDataset` is map-style over single rays in stored order; its ``__getitems__`` fetches a
-  whole batch with one vectorised gather per chunk.
-"""
+"""``torch.utils.data`` adapters for people with their own loop (usage: ``docs/loading.md``)."""
 
 from __future__ import annotations
 
@@ -29,11 +22,12 @@ __all__ = ["RayDataset", "RayIterableDataset", "collate_rays"]
 
 
 class RayIterableDataset(IterableDataset[RayBatch]):
-    """Batches of :class:`RayLoader` as an ``IterableDataset`` (CPU batches; pin and move them yourself).
+    """Batches of :class:`RayLoader` as an ``IterableDataset`` (CPU batches; pin and move them yourself):
+    one epoch per ``iter`` (``set_epoch`` like ``DistributedSampler``); DataLoader worker ``w`` of ``n``
+    makes batches ``w, w + n, ...``, which DataLoader returns round-robin, i.e. in the loader's order.
 
     Args:
         store: a store location (or an opened store when DataLoader workers are not used).
-        split: split to read.
         **loader_kwargs: :class:`RayLoader` arguments (``batch_size``, ``seed``, ``rank``...).
     """
 
@@ -69,11 +63,11 @@ class RayIterableDataset(IterableDataset[RayBatch]):
 
 
 class RayDataset(Dataset[RayBatch]):
-    """Single rays of a split in stored order (ray ``i`` is ray ``i % chunk_rays`` of its chunk).
+    """Single rays of a split in stored order (ray ``i`` is ray ``i % chunk_rays`` of its chunk);
+    ``__getitems__`` fetches a whole batch with one vectorised gather per chunk.
 
     Args:
         store: a store location or an opened store.
-        split: split to read.
         cache_bytes: budget of the decoded-chunk cache (per process).
     """
 

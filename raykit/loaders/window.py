@@ -6,30 +6,11 @@ Vocabulary. The split has ``I`` images (split-local index ``i``) of ``n_i`` rays
 ``n_i`` shared by the epoch's images of that size and ``s`` a seeded rotation per image (one
 permutation per size and epoch instead of one per image; two images of one size visit their pixels
 in different windows of the same random order, which a NeRF, whose images are different views, cannot
-tell from independent orders).
-
-One epoch, for one rank:
-
-1. the images are visited in a seeded order (``image_order``): the epoch's permutation of the ``I``
-   images, rank ``r`` taking every ``world_size``-th one starting at ``r``, ``I // world_size`` each
-   (ranks are disjoint and hold as many images; the ``I mod world_size`` left over change every epoch);
-2. a *window* holds up to ``window_images`` images; before each draw it is filled with the next
-   images of the order;
-3. batch ``k`` draws ``batch_size`` rays uniformly, without replacement, over the window's remaining
-   rays: the counts per window image are one multivariate hypergeometric draw (from one seeded
-   generator per epoch and rank, drawn in batch order; a generator per batch cost more Python than
-   the draw itself), and each image gives its next ranks in order. An image that is used up leaves the
-   window and the next one enters (within one batch when needed: the draw continues over the refilled
-   window). Every ray of every visited image is used exactly once per epoch.
-
-Batch ``k`` of epoch ``e`` is therefore a pure function of the seed, ``e``, ``k``, the window size and
-the split's image sizes (``iter_batches`` replays the cheap count draws of batches ``0..k-1``, never
-any pixels), so resuming is exact and batches do not depend on worker counts, decode order or backend.
-
-``n_batches`` is the same on every rank and epoch: with ``drop_last`` (default), the rays of the
-``I // world_size`` smallest images divided by ``batch_size``; otherwise the last batch of each rank
-holds everything its images have left (exactly once per epoch; with one image size, fewer than
-``batch_size`` rays).
+tell from independent orders). The epoch's images (``image_order``) enter a window of
+``window_images``; each batch's counts per window image are one multivariate hypergeometric draw from
+one seeded generator per epoch and rank, drawn in batch order (a generator per batch cost more Python
+than the draw itself). The steps, ``n_batches`` and resuming: ``docs/loading.md`` ("Images layout:
+the windowed shuffle").
 """
 
 from __future__ import annotations
@@ -42,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from raykit.errors import ConfigError
+from raykit.loaders.plan import check_plan_fields
 
 __all__ = ["Draw", "Piece", "WindowBatch", "WindowPlan", "reference_epoch_rays"]
 
@@ -51,10 +33,9 @@ Draw = tuple[np.ndarray, np.ndarray, np.ndarray]  # (images, first ranks, stop r
 
 
 class WindowBatch(NamedTuple):
-    """One batch of the window: ``draws`` (its draws over the window, in order: a batch that uses an
-    image up draws again over the refilled window), ``entered`` (images entering the window before
-    it, in order; for the first batch of an iteration, the whole window) and ``done`` (images it uses
-    up, which leave the window after it)."""
+    """One batch: its ``draws`` over the window in order (one more per refill within the batch), the
+    images ``entered`` before it (for an iteration's first batch, the whole window) and those it uses
+    up (``done``), which leave after it."""
 
     draws: list[Draw]
     entered: list[int]
@@ -90,14 +71,7 @@ class WindowPlan:
     rank: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "window_images", "world_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"window plan: expected {name} a positive integer, got {value!r}")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"window plan: expected rank in [0, {self.world_size}), got {self.rank}")
-        if self.seed < 0:
-            raise ConfigError(f"window plan: expected seed >= 0, got {self.seed}")
+        check_plan_fields("window plan", self, ("batch_size", "window_images", "world_size"))
         if self.images_per_rank < 1:
             raise ConfigError(
                 f"window plan: expected at least one image per rank, got {len(self.image_rays)} images "
@@ -164,12 +138,8 @@ class WindowPlan:
 
     # ---- batches -----------------------------------------------------------------------------
     def iter_draws(self, epoch: int, start: int = 0) -> Iterator[WindowBatch]:
-        """Batches ``start..n_batches - 1`` of ``epoch`` as :class:`WindowBatch` items: their draws,
-        the images entering the window before them and the images they use up.
-
-        The counts come from one generator per epoch and rank, drawn in batch order: replaying
-        batches ``0..start - 1`` costs their count draws, never any pixels.
-        """
+        """Batches ``start..n_batches - 1`` of ``epoch`` as :class:`WindowBatch` items (replaying
+        batches ``0..start - 1`` costs their count draws, never any pixels)."""
         order = self.image_order(epoch)
         image_rays = np.asarray(self.image_rays, dtype=np.int64)
         rng = np.random.default_rng([self.seed, epoch, _TAG_DRAW, self.world_size, self.rank])
@@ -205,8 +175,7 @@ class WindowPlan:
                 yield WindowBatch(draws, entered, done)
 
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[Piece]]:
-        """The pieces of batches ``start..n_batches - 1`` of ``epoch``: ``(image, lo, hi)`` rank ranges
-        (:meth:`iter_draws` without the empty ones)."""
+        """Each batch's non-empty pieces (:meth:`WindowBatch.pieces`) from batch ``start`` of ``epoch`` on."""
         for batch in self.iter_draws(epoch, start):
             yield batch.pieces()
 

@@ -1,12 +1,6 @@
-"""The window strategy of :class:`~raykit.loaders.RayLoader` (images-layout splits): the windowed shuffle
-of ``window.py`` as one stage of the loader's pipeline.
-
-:class:`WindowDraws` (images -> groups, state ``{"epoch", "batch"}``) follows the
-:class:`~raykit.loaders.window.WindowPlan`: images are decoded ahead in the order they enter the window
-(by the worker processes, else on two decoding threads; decoders release the GIL), put in the
-epoch's rank order as they enter (:meth:`WindowImage.enter`), and each group of consecutive batches is
-a :class:`~raykit.loaders.stages.RawGroup` of pieces of window images. Memory: ``docs/loading.md``.
-:data:`WINDOW` is the strategy.
+"""The window strategy :data:`WINDOW` of :class:`~raykit.loaders.RayLoader` (images-layout splits):
+:class:`WindowDraws` follows the :class:`~raykit.loaders.window.WindowPlan`, images decoded ahead in
+the order they enter the window (decoders release the GIL). Memory: ``docs/loading.md``.
 """
 
 from __future__ import annotations
@@ -24,10 +18,10 @@ from raykit.errors import ConfigError
 from raykit.loaders.auto import usable_cores
 from raykit.loaders.cache import ChunkCache, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
+from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
 from raykit.loaders.window import Draw, Piece, WindowPlan
-from raykit.loaders.workers import ChunkFetcher
 from raykit.ordered import in_order
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
@@ -73,10 +67,8 @@ def decode_ahead(window_images: int, num_workers: int = 0) -> int:
 
 
 class WindowStrategy:
-    """How :class:`~raykit.loaders.RayLoader` reads an images-layout split (see the module docstring).
-
-    ``mix_chunks`` and ``mix_run`` (the ray layout's mixing) do not apply and are ignored.
-    """
+    """How :class:`~raykit.loaders.RayLoader` reads an images-layout split (see the module docstring);
+    ``mix_chunks`` and ``mix_run`` (the ray layout's mixing) do not apply and are ignored."""
 
     name: str = "window"
     # Timed steps (``RayLoader.seconds``): waiting for window images, their stored bytes read and
@@ -174,7 +166,8 @@ class WindowDraws(Positioned):
     ) -> WindowGroup:
         first = self.batch
         self.batch += len(sizes)
-        return WindowGroup(epoch, first, batch_bounds(sizes), [], draws, held)
+        stops = np.cumsum(sizes).tolist()  # each batch's (lo, hi) in the group
+        return WindowGroup(epoch, first, list(zip([0, *stops[:-1]], stops, strict=True)), [], draws, held)
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
@@ -233,11 +226,6 @@ class WindowImage(NamedTuple):
     doubled: np.ndarray
     rotation: int
 
-    def take(self, lo: int, hi: int) -> RawRays:
-        """Ranks ``[lo, hi)``: their colours (a view) and global pids."""
-        pid = self.doubled[lo + self.rotation : hi + self.rotation] + np.uint32(self.offset)
-        return RawRays(self.ranked[lo:hi], pid)
-
     @classmethod
     def enter(cls, rgba: np.ndarray, offset: int, doubled: np.ndarray, rotation: int) -> WindowImage:
         """The image as it enters the window: its (n, C) row-major colours put in rank order (one
@@ -248,12 +236,6 @@ class WindowImage(NamedTuple):
             ranked = np.take(np.ascontiguousarray(rgba).view(np.uint32)[:, 0], order).view(np.uint8)
             return cls(ranked.reshape(-1, 4), offset, doubled, rotation)
         return cls(np.take(rgba, order, axis=0), offset, doubled, rotation)
-
-
-def batch_bounds(sizes: list[int]) -> list[tuple[int, int]]:
-    """Each batch's ``(lo, hi)`` in a group of batches of ``sizes`` rays, in order."""
-    stops = np.cumsum(sizes).tolist()
-    return list(zip([0, *stops[:-1]], stops, strict=True))
 
 
 @dataclass(frozen=True)
