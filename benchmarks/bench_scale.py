@@ -423,6 +423,8 @@ def measure_size(args: argparse.Namespace, root: Path, work: Path, n: int, wds: 
         "floor": decode_floor(files, args.cores, pixels),
     }
     layouts = [("rays", "zarr"), ("images", "zarr")] + ([("rays", "wds")] if wds else [])
+    if args.only_convert:
+        layouts = [("rays", "zarr")]
     for layout, backend in layouts:
         name = f"{layout}-{backend}"
         folder = work / f"{n}-{name}"
@@ -432,11 +434,12 @@ def measure_size(args: argparse.Namespace, root: Path, work: Path, n: int, wds: 
         print(f"N={n}: convert {name}", file=sys.stderr, flush=True)
         run = run_measured(
             raykit(
-                "convert", str(capture), str(store), "--format", backend, "--layout", layout, "--no-progress"
+                "convert", str(capture), str(store), "--format", backend, "--layout", layout, "--no-progress",
+                *(["--profile"] if args.only_convert else []),
             ),
             watch=folder,
-        )
-        run.pop("stdout")
+        )  # fmt: skip
+        stdout = run.pop("stdout")
         store_bytes = tree_bytes(store)
         entry = {
             **run,
@@ -447,6 +450,11 @@ def measure_size(args: argparse.Namespace, root: Path, work: Path, n: int, wds: 
             "rays_per_s_per_core": pixels / run["wall_s"] / args.cores,
             "to_floor": out["floor"]["wall_s"] / run["wall_s"],
         }
+        if args.only_convert:  # the conversion's phases (``--profile``), then the next size
+            out[name] = {**entry, "profile": stdout.splitlines()}
+            if not args.keep_stores:
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
         entry["info_s"] = run_measured(raykit("info", str(store)))["wall_s"]
         # Each of the three reads the store from the disk when the page cache can be dropped (else
         # each reads what the writing left cached): the same start for all three.
@@ -598,6 +606,9 @@ def main() -> None:
     parser.add_argument("--image-workers", type=int, default=2)
     parser.add_argument("--train-minutes", type=float, default=10.0)
     parser.add_argument("--keep-stores", action="store_true")
+    parser.add_argument(
+        "--only-convert", action="store_true", help="only the rays-layout Zarr conversion, with its phases"
+    )
     parser.add_argument("--work", type=Path, default=None, help="stores go here (default: a temp folder)")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
