@@ -256,11 +256,9 @@ class StagingSource:
                 i = images[j]
                 np.add(order_run(seed, split, i, sizes[j], lo[j], hi[j]), np.uint32(offsets[i]), out=out)
 
-            first, packed = self._packed_rgb_runs(images, lo, hi)
-
             def fill_colour(j: int, out: np.ndarray) -> None:  # staged in the image's order: one run
                 if j in first:
-                    out[...] = packed[first[j] : first[j] + len(out)]
+                    out[...] = rgb[first[j] : first[j] + len(out)]
                 else:
                     self.staging.read(images[j], lo[j], out, self.image_channels[images[j]])
 
@@ -270,6 +268,7 @@ class StagingSource:
                 else None
             )
             clock.lap("permutation")
+            first, rgb = self._packed_rgb_runs(images, lo, hi)  # RGB runs read here: timed as the gather
             packed = merge_into(
                 fill_colour, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("rgba")
             )
