@@ -67,7 +67,7 @@ def _check_files(store: RayStore) -> tuple[list[str], set[str]]:
 
     def check(rel: str) -> str | None:
         try:
-            store.read_verified(rel)
+            store.verify_file(rel)
         except RaykitError as exc:
             return str(exc)
         return None
