@@ -308,10 +308,26 @@ def pixel_array(img: Image.Image) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).reshape(height, width, channels)
 
 
+def _decode_rgb_jpeg(path: Path) -> np.ndarray:
+    """An RGB JPEG's pixels: ``raykit.imagedecode.decode_image`` of the file's bytes, exactly what
+    ``img.load()`` gives, about 5x faster (simplejpeg where installed, else Pillow itself)."""
+    from raykit.imagedecode import decode_image as decode_bytes
+
+    try:
+        array = decode_bytes(path.read_bytes())
+    except (OSError, ValueError) as exc:  # a corrupt or truncated file: Pillow's error, naming the file
+        raise SourceError(f"{path}: cannot decode image ({exc})") from None
+    if array.shape[2] != 3:
+        raise SourceError(f"{path}: decoded to {array.shape[2]} channels, expected 3")
+    return array
+
+
 def _to_array(img: Image.Image, path: Path) -> np.ndarray:
     mode = img.mode
     if img.format == "PNG" and _raw_mode(img) in _SIXTEEN_BIT_COLOUR:
         return _decode_png16_colour(img, path)
+    if img.format == "JPEG" and mode == "RGB":  # Pillow's pixels exactly, through libjpeg-turbo's API
+        return _decode_rgb_jpeg(path)
     _load(img, path)
     if mode.startswith("I;16"):
         gray = _round16(np.asarray(img))

@@ -80,8 +80,10 @@ class EncodeJob:
     memory: bool = False
 
 
-# Encoded images of in-process writes: partial directory -> table index -> bytes (no staging files).
-_MEMORY: dict[str, dict[int, bytes]] = {}
+# Encoded images of in-process writes: partial directory -> table index -> the bytes (no staging
+# files), or, for a pass-through image, its source file's path, size and CRC-32C: read again when its
+# shard is written, so that memory does not grow with the number of images.
+_MEMORY: dict[str, dict[int, bytes | tuple[str, int, int]]] = {}
 
 
 def encode_image_task(job: EncodeJob) -> dict[str, Any]:
@@ -112,8 +114,12 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         if not np.array_equal(again, pixels):
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
     clock.lap("encode")
+    crc = int(google_crc32c.value(stored.data))
     if job.memory:
-        _MEMORY.setdefault(job.root, {})[job.index] = stored.data
+        held: bytes | tuple[str, int, int] = stored.data
+        if source is not None and stored.data is source:  # the source file's bytes: not held twice
+            held = (str(path), len(source), crc)
+        _MEMORY.setdefault(job.root, {})[job.index] = held
     else:
         atomic_write_bytes(root / rel, stored.data, sync=False)
     clock.lap("write")
@@ -125,7 +131,7 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
         "passthrough": stored.passthrough,
         "channels": int(pixels.shape[2]),
         "size": len(stored.data),
-        "crc32c": int(google_crc32c.value(stored.data)),
+        "crc32c": crc,
         "sha256": stored_sha,
         "source_sha256": rec.source_sha256 or source_sha,
         "pixels_crc32c": pixels_crc32c(pixels),
@@ -151,8 +157,17 @@ class ShardJob:
 
 
 def _staged(root: Path, index: int) -> bytes:
+    """Image ``index``'s stored bytes: held in memory, its source file's (checked), or staged."""
     held = _MEMORY.get(str(root), {}).get(index)
-    return held if held is not None else (root / f"staging/{index:06d}.img").read_bytes()
+    if held is None:
+        return (root / f"staging/{index:06d}.img").read_bytes()
+    if isinstance(held, bytes):
+        return held
+    path, size, crc = held
+    data = Path(path).read_bytes()
+    if len(data) != size or google_crc32c.value(data) != crc:
+        raise SourceError(f"{path}: the file changed while it was being converted")
+    return data
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:

@@ -94,18 +94,20 @@ class ZarrImages:
     ) -> bytes:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
         size, per = layout.image_chunk_bytes, layout.image_shard_chunks
-        parts: list[bytes] = []
-        for c0 in range(lo // size, (hi - 1) // size + 1, 1):
-            if parts and c0 % per:
-                continue  # read together with its shard's first chunk below
+        parts: list[memoryview] = []  # views of each chunk's share, joined once: a single copy
+        c0 = lo // size
+        while c0 <= (hi - 1) // size:  # one read per shard the image spans
             shard, j0 = divmod(c0, per)
             j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
             raw = read(f"zarr/{split}/images/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
             if len(raw) != (j1 - j0 + 1) * (size + 4):
                 raise StoreCorruptError(f"{where}/zarr/{split}/images/c/{shard}: truncated")
-            body = np.frombuffer(raw, np.uint8).reshape(-1, size + 4)[:, :size].reshape(-1)
-            start = (shard * per + j0) * size
-            parts.append(body[max(lo - start, 0) : hi - start].tobytes())
+            view = memoryview(raw)
+            for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
+                start = (shard * per + j0 + k) * size
+                a, b = max(lo - start, 0), min(hi - start, size)
+                parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
+            c0 = (shard + 1) * per
         return b"".join(parts)
 
 
