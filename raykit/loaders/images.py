@@ -517,12 +517,12 @@ class ImageLoader(BatchLoader):
             return unit_colours(host.to(self.device, non_blocking=True))
         out = torch.empty(shape, dtype=torch.float32)
         view = out.numpy()
-        scale = np.float32(255.0)  # a true division: the bits of raykit.rays.unit_colours
+        divisor = np.float32(255.0)  # a true division: the bits of raykit.rays.unit_colours
         pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]
 
         def convert(piece: tuple[int, slice]) -> None:
             i, rows = piece
-            np.divide(pixels[i][rows], scale, out=view[i, rows], dtype=np.float32)
+            np.divide(pixels[i][rows], divisor, out=view[i, rows], dtype=np.float32)
 
         if self.convert_threads > 1 and len(pieces) > 1:
             if self._pool is None:

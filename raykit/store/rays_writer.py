@@ -215,14 +215,10 @@ class _Release:
     def __call__(self, done: int) -> None:
         if done - self.released < self.step and done < len(self.jobs):
             return
-        freed: dict[str, list[int]] = {}  # split -> [first ray, stop] of the jobs done since last time
-        for job in self.jobs[self.released : done]:
-            first, stop = _job_rays(job)
-            span = freed.setdefault(job.info.name, [first, stop])
-            span[0], span[1] = min(span[0], first), max(span[1], stop)
-        infos = {job.info.name: job for job in self.jobs[self.released : done]}
-        for name, (first, stop) in freed.items():
-            infos[name].source.release(infos[name].info, first, stop)
+        finished = self.jobs[self.released : done]
+        for name in dict.fromkeys(job.info.name for job in finished):  # a split's jobs: in shard order
+            mine = [job for job in finished if job.info.name == name]
+            mine[0].source.release(mine[0].info, _job_rays(mine[0])[0], _job_rays(mine[-1])[1])
         self.released = done
 
 

@@ -179,13 +179,7 @@ class RayStore:
             data = self._fs.cat_file(f"{self._root}/{rel}")
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
-        if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
-            raise StoreCorruptError(
-                f"{self._where(rel)}: checksum mismatch (expected {expected['size']} bytes with sha256 "
-                f"{expected['sha256'][:12]}..., got {len(data)} bytes with sha256 "
-                f"{hashlib.sha256(data).hexdigest()[:12]}...)"
-            )
-        self._checked.add(rel)
+        self._check_digest(rel, expected, len(data), hashlib.sha256(data).hexdigest())
         return bytes(data)
 
     def verify_file(self, rel: str) -> None:
@@ -205,10 +199,15 @@ class RayStore:
                     size += n
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
-        if size != expected["size"] or digest.hexdigest() != expected["sha256"]:
+        self._check_digest(rel, expected, size, digest.hexdigest())
+
+    def _check_digest(self, rel: str, expected: dict[str, Any], size: int, sha256: str) -> None:
+        """File ``rel`` measured ``size`` bytes with hex ``sha256``: raise unless that is ``expected``
+        (its manifest record), else remember it as checked."""
+        if size != expected["size"] or sha256 != expected["sha256"]:
             raise StoreCorruptError(
                 f"{self._where(rel)}: checksum mismatch (expected {expected['size']} bytes with sha256 "
-                f"{expected['sha256'][:12]}..., got {size} bytes with sha256 {digest.hexdigest()[:12]}...)"
+                f"{expected['sha256'][:12]}..., got {size} bytes with sha256 {sha256[:12]}...)"
             )
         self._checked.add(rel)
 

@@ -301,7 +301,7 @@ class StagingSource:
         packed in one pass: ``({j: first row in packed}, packed (n,) uint32)``. Packing each run on
         its own costs more in Python than the copy when a shard holds a few hundred pixels an image."""
         rgb = [j for j, i in enumerate(images) if self.image_channels[i] == 3 and hi[j] > lo[j]]
-        if self.staging.in_memory or not isinstance(self.staging, DiskStaging) or not rgb:
+        if not isinstance(self.staging, DiskStaging) or not rgb:  # in memory: packed already
             return {}, np.zeros(0, dtype=np.uint32)
         alloc = self.buffers.alloc_for("rgb")
         total = sum(hi[j] - lo[j] for j in rgb)
@@ -314,9 +314,9 @@ class StagingSource:
         return first, pack_rgba(staged, out=alloc("packed", (total,)))
 
     def release(self, info: SplitInfo, start: int, stop: int) -> None:
-        """Rays ``[start, stop)`` of split ``info`` are written: free their staged rows (each image's
-        run of them; a shard task calls this once its shard and record are written, so the staging
-        shrinks as the store grows)."""
+        """Rays ``[start, stop)`` of split ``info`` are written and recorded: free their staged rows,
+        each image's run of them (the writer calls this as its shards finish, so the staging shrinks
+        as the store grows)."""
         if info.shuffled:
             images, sizes = self._images(info)
             lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)

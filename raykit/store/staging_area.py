@@ -3,8 +3,8 @@ objects the writer creates and hands to its tasks (in their jobs), so nothing is
 
 A staging area (``StagingArea``) holds each image's staged rows (packed RGBA ``uint32``, one per pixel,
 in the order ``raykit.store.staging`` stages them): ``DiskStaging`` in scratch files, for tasks in any
-process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and each shard task frees
-the runs it has written), or ``MemoryStaging`` in this process's memory (it refuses to be pickled).
+process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the writer frees the
+runs of the shards it has written), or ``MemoryStaging`` in this process's memory (it refuses to be pickled).
 ``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no page faults of fresh
 allocations); a copy sent to a worker process becomes that process's own buffers.
 """
