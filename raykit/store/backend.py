@@ -40,7 +40,8 @@ __all__ = [
 # WebDataset backend and the other way round.
 _MODULES = {"zarr": "raykit.store.zarr_backend", "wds": "raykit.store.wds_backend"}
 BACKENDS = tuple(_MODULES)
-ByteRead = Callable[[str, int, int], bytes]  # ``read(rel, start, stop)``: a byte range of a store's file
+# ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
+ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,11 @@ class ImagesPayload(Protocol):
         """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
         ...
 
-    def read_image(
+    def image_parts(
         self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
-    ) -> bytes:
-        """The stored bytes of image ``i``; ``read(rel, start, stop)`` reads a byte range."""
+    ) -> list[bytes | np.ndarray]:
+        """The stored bytes of image ``i``, in pieces that joined give the file (views of what
+        ``read(rel, start, stop)`` returned: no copy)."""
         ...
 
 

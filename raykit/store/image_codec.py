@@ -23,6 +23,8 @@ __all__ = [
     "decode_stored",
     "encode_for_store",
     "encode_lossless",
+    "header_size",
+    "header_size_reference",
     "image_format",
     "passthrough_bytes",
 ]
@@ -57,6 +59,50 @@ def image_format(data: bytes) -> str:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     return ""
+
+
+# JPEG frame headers (SOF0-SOF15) hold the size; C4 (DHT), C8 (JPG) and CC (DAC) share their range
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD9)})  # TEM, RST0-7, SOI: no length field
+
+
+def header_size(data: bytes) -> tuple[int, int]:
+    """``(width, height)`` of an encoded image from its header, nothing decoded: read directly from a
+    JPEG's frame header or a PNG's IHDR, else by Pillow (``header_size_reference``, also when the
+    JPEG's header is unusual). ``data`` may be the image's first bytes only, if they hold the header.
+
+    Raises:
+        Exception: Pillow's, for bytes it cannot identify (``data`` cut before the header's end).
+    """
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:2] == b"\xff\xd8":
+        i, n = 2, len(data)
+        while i + 4 <= n and data[i] == 0xFF:
+            marker = data[i + 1]
+            if marker == 0xFF:  # fill byte
+                i += 1
+            elif marker in _JPEG_STANDALONE:
+                i += 2
+            elif marker in _JPEG_SOF:
+                height, width = (
+                    int.from_bytes(data[i + 5 : i + 7], "big"),
+                    int.from_bytes(data[i + 7 : i + 9], "big"),
+                )
+                if i + 9 <= n and height and width:  # height 0: given later by a DNL marker
+                    return width, height
+                break
+            elif marker in (0xDA, 0xD9):  # start of scan, end of image: no frame header before
+                break
+            else:
+                i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return header_size_reference(data)
+
+
+def header_size_reference(data: bytes) -> tuple[int, int]:
+    """``header_size`` by Pillow alone (its reference twin)."""
+    with Image.open(io.BytesIO(data)) as image:
+        return image.size
 
 
 def passthrough_bytes(data: bytes, pixels: np.ndarray) -> bool:

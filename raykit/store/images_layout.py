@@ -23,7 +23,15 @@ from raykit.store.schema import ImageRecord, SplitInfo
 if TYPE_CHECKING:
     from raykit.store.remote import RangeFetcher
 
-__all__ = ["ImagesReader", "camera_record", "open_payload"]
+__all__ = ["ImagesReader", "camera_record", "join_parts", "open_payload"]
+
+
+def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
+    """The bytes of an image's pieces (``ImagesReader.image_parts``), joined (one copy; none for an
+    image in one ``bytes`` piece)."""
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        return parts[0]
+    return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
 
 
 def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
@@ -112,11 +120,27 @@ class ImagesReader:
         Raises:
             StoreCorruptError: truncated or altered bytes, naming the file.
         """
+        return join_parts(self.image_parts(split, i))
+
+    def image_parts(
+        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """``image_bytes`` in pieces that joined give the image (``ImagesPayload.image_parts``), checked
+        the same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
+        from there instead of the store (a file not held is read from the store)."""
         entry = self.index[split]
-        data = self._payload.read_image(self._read, self.url, entry, split, i, self.layout)
-        if len(data) != int(entry["image_bytes"][i]) or google_crc32c.value(data) != int(entry["crc32c"][i]):
+
+        def read(rel: str, start: int, stop: int) -> bytes | np.ndarray:
+            data = None if held is None else held.get(rel)
+            return self._read(rel, start, stop) if data is None else data[start:stop]
+
+        parts = self._payload.image_parts(read, self.url, entry, split, i, self.layout)
+        crc, size = 0, 0
+        for part in parts:
+            crc, size = google_crc32c.extend(crc, part), size + len(part)
+        if size != int(entry["image_bytes"][i]) or crc != int(entry["crc32c"][i]):
             raise StoreCorruptError(
                 f"{self.url}/{self.files_of(split, i)[0]}: image {i} of split {split!r} fails its checksum "
                 f"(expected {int(entry['image_bytes'][i])} bytes with crc32c {int(entry['crc32c'][i]):08x})"
             )
-        return data
+        return parts

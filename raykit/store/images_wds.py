@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from raykit.store.backend import ByteRead, ImageShard, StagedImage
 from raykit.store.layout import StoreLayout
 
@@ -69,11 +71,11 @@ class WdsImages:
     def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
         return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
 
-    def read_image(
+    def image_parts(
         self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
-    ) -> bytes:
+    ) -> list[bytes | np.ndarray]:
         offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
-        return read(self.files_of(entry, split, i, layout)[0], offset, offset + size)
+        return [read(self.files_of(entry, split, i, layout)[0], offset, offset + size)]
 
 
 WDS_IMAGES = WdsImages()

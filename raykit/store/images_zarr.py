@@ -89,12 +89,12 @@ class ZarrImages:
         per = layout.image_shard_bytes
         return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
-    def read_image(
+    def image_parts(
         self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
-    ) -> bytes:
+    ) -> list[bytes | np.ndarray]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
         size, per = layout.image_chunk_bytes, layout.image_shard_chunks
-        parts: list[memoryview] = []  # views of each chunk's share, joined once: a single copy
+        parts: list[bytes | np.ndarray] = []  # read-only views of each inner chunk's share
         c0 = lo // size
         while c0 <= (hi - 1) // size:  # one read per shard the image spans
             shard, j0 = divmod(c0, per)
@@ -102,13 +102,13 @@ class ZarrImages:
             raw = read(f"zarr/{split}/images/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
             if len(raw) != (j1 - j0 + 1) * (size + 4):
                 raise StoreCorruptError(f"{where}/zarr/{split}/images/c/{shard}: truncated")
-            view = memoryview(raw)
+            view = np.frombuffer(raw, np.uint8)
             for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
                 start = (shard * per + j0 + k) * size
                 a, b = max(lo - start, 0), min(hi - start, size)
                 parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
             c0 = (shard + 1) * per
-        return b"".join(parts)
+        return parts
 
 
 ZARR_IMAGES = ZarrImages()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from raykit.store.image_codec import StoredImage
+from raykit.store.images_layout import join_parts
 from raykit.store.plan import StoreOptions, WriteRequest
 from raykit.store.schema import ImageRecord
 from raykit.store.table import order_records
@@ -51,7 +52,7 @@ class StoreImageLoad:
         local = int(np.searchsorted(store.split_rows(split), row))
         if not store.image_files(split, local):
             return None
-        data = store.stored_image(split, local)
+        data = join_parts(store.stored_image_parts(split, local))
         entry = store.index[split]
         return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
 

@@ -29,17 +29,38 @@ def local_files_bytes(paths: Sequence[str]) -> int | None:
     return sum(os.path.getsize(p) for p in paths)
 
 
+class LocalFiles:
+    """The part of an fsspec filesystem that reading a store uses, for local files, without importing
+    fsspec (and asyncio): ``raykit info`` and ``validate`` start sooner."""
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        with open(path, "rb") as handle:
+            if start is None:
+                return handle.read()
+            handle.seek(start)
+            return handle.read(-1 if end is None else max(0, end - start))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+
 def filesystem(url: str) -> tuple[Any, str]:
-    """``(fsspec filesystem, root path)`` of a location; a local path never goes through URL parsing.
+    """``(filesystem, root path)`` of a location: ``LocalFiles`` for a local path (never parsed as a URL),
+    else an fsspec filesystem.
 
     Raises:
         StoreError: unknown protocol, or one whose package is not installed.
     """
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
     if not is_url(url):
-        return LocalFileSystem(), url.removeprefix("file://")
+        return LocalFiles(), url.removeprefix("file://")
+    import fsspec
+
     protocol = url.split("://", 1)[0]
     try:
         return fsspec.core.url_to_fs(url)

@@ -72,8 +72,11 @@ class SparsePoints:
         """Arrays of a ``POINTS_SCHEMA`` table."""
 
         def fixed(name: str, dtype: Any) -> np.ndarray:
-            column = table.column(name).combine_chunks()
-            return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=dtype).reshape(-1, 3)
+            column = table.column(name).combine_chunks()  # a list array of 3 values per row
+            values = column.values.slice(
+                column.offset * 3, len(column) * 3
+            )  # .flatten() needs pyarrow.compute
+            return np.asarray(values.to_numpy(zero_copy_only=False), dtype=dtype).reshape(-1, 3)
 
         return cls(
             table.column("point_id").to_numpy().astype(np.int64),

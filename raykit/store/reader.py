@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -46,6 +47,8 @@ if TYPE_CHECKING:  # torch is imported where rays are made: `raykit info` and `v
     import torch
 
     from raykit.rays import RayBatch, RayGenerator
+
+_PIECE = 4 << 20  # bytes read and hashed at a time: a piece stays in the CPU's cache between the two
 
 __all__ = ["RayRangeError", "RayStore", "open_store"]
 
@@ -190,7 +193,7 @@ class RayStore:
             self.read_verified(rel)
             return
         expected = self._manifest_entry(rel)
-        digest, size, buffer = hashlib.sha256(), 0, bytearray(4 << 20)
+        digest, size, buffer = hashlib.sha256(), 0, bytearray(_PIECE)
         view = memoryview(buffer)
         try:
             with open(f"{self._root}/{rel}", "rb", buffering=0) as handle:
@@ -200,6 +203,30 @@ class RayStore:
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
         self._check_digest(rel, expected, size, digest.hexdigest())
+
+    def read_file_into(self, rel: str, buffer: bytearray) -> np.ndarray:
+        """File ``rel``'s bytes, checked as ``read_verified`` does, as a read-only ``uint8`` view of
+        ``buffer`` (a local file: one read into memory reused between files, so no page faults) or of
+        fresh memory (a remote file, or one larger than ``buffer``); a view of ``buffer`` is valid
+        until ``buffer`` is filled again."""
+        if is_url(self.url):
+            return np.frombuffer(self.read_verified(rel), np.uint8)
+        expected = self._manifest_entry(rel)
+        try:
+            with open(f"{self._root}/{rel}", "rb", buffering=0) as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size > len(buffer):
+                    buffer = bytearray(size)
+                view, n, digest = memoryview(buffer), 0, hashlib.sha256()
+                while n < size and (got := handle.readinto(view[n : min(n + _PIECE, size)])):
+                    digest.update(view[n : n + got])  # while the piece is in the CPU's cache
+                    n += got
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
+        self._check_digest(rel, expected, n, digest.hexdigest())
+        data = np.frombuffer(buffer, np.uint8, count=n)
+        data.flags.writeable = False
+        return data
 
     def _check_digest(self, rel: str, expected: dict[str, Any], size: int, sha256: str) -> None:
         """File ``rel`` measured ``size`` bytes with hex ``sha256``: raise unless that is ``expected``
@@ -455,11 +482,14 @@ class RayStore:
         """Colour channels every image of this store is served with (3 = rgb, 4 = rgba)."""
         return int(self.fields["rgba"].channels)
 
-    def stored_image(self, split: str, local: int) -> bytes:
-        """The stored file of image ``local`` (index within ``split``) of an images-layout split,
-        checked against its CRC-32C (``StoreError`` for a split that stores rays: ``image_files``
-        is empty)."""
-        return self._reader(split).stored_image(split, local)
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """The stored file of image ``local`` (index within ``split``) of an images-layout split, in
+        pieces that joined give the file, checked against its CRC-32C (``StoreError`` for a split that
+        stores rays: ``image_files`` is empty). ``held``: files already in memory, relative path ->
+        read-only uint8 array (``read_file_into``), read from there instead of the store."""
+        return self._reader(split).stored_image_parts(split, local, held)
 
     def image_files(self, split: str, local: int) -> list[str]:
         """Relative paths of the files holding image ``local`` (index within ``split``) of an

@@ -44,8 +44,11 @@ class SplitReader(Protocol):
         """Compact rays of every pixel of row ``row``, row-major, or None: gathered from the chunks."""
         ...
 
-    def stored_image(self, split: str, local: int) -> bytes:
-        """The stored file of image ``local`` of ``split``, checked (``StoreError`` when it stores rays)."""
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """The stored file of image ``local`` of ``split`` in pieces, checked (``StoreError`` when it
+        stores rays); ``held``: files already in memory (``ImagesReader.image_parts``)."""
         ...
 
     def image_files(self, split: str, local: int) -> list[str]:
@@ -107,7 +110,9 @@ class RaySplits:
     def image_raw(self, row: int) -> RawRays | None:
         return None  # gathered from the split's chunks by ``RayStore.image_raw``
 
-    def stored_image(self, split: str, local: int) -> bytes:
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
         raise StoreError(f"{self.url}: split {split!r} stores rays, not image files")
 
     def image_files(self, split: str, local: int) -> list[str]:
@@ -144,8 +149,10 @@ class ImageSplits:
             )
         return pixels
 
-    def stored_image(self, split: str, local: int) -> bytes:
-        return self.images.image_bytes(split, local)
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        return self.images.image_parts(split, local, held)
 
     def image_files(self, split: str, local: int) -> list[str]:
         return self.images.files_of(split, local)

@@ -2,8 +2,9 @@
 and report every problem found, one line each.
 
 By default every file is hashed and checked against its SHA-256, and the metadata, the camera table,
-the points, each stored image's format and header size and each derived ray order are checked: at
-about the speed of hashing the store's bytes, since those bytes are all it reads. ``deep`` also
+the points, each stored image's CRC-32C, format and header size and each derived ray order are
+checked: at about the speed of hashing the store's bytes, since those bytes are all it reads, once
+(a stored image is checked from its file's bytes as they are hashed). ``deep`` also
 decodes every chunk and image and checks what only the decoded values show (every pixel once, alpha,
 materialised rays), on every core.
 """
@@ -33,14 +34,52 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
         store = open_store(path_or_url)
     except RaykitError as exc:
         return [str(exc)]
-    problems, bad_files = _check_files(store)
-    try:
-        problems += _check_table(store)
-    except RaykitError as exc:
-        return [*problems, f"{store.url}/cameras.parquet: {exc}"]
-    problems += _check_points(store, bad_files)
+    images: dict[str, Any] = {}
+    if any(info.holds_images for info in store.splits.values()):  # stored images: raykit.store.images_check
+        from raykit.store.images_check import ImagesCheck
+
+        images = {
+            split: ImagesCheck(store, split, deep)
+            for split, info in store.splits.items()
+            if info.holds_images
+        }
+    owner = {rel: check for check in images.values() for rel in check.files}
+
+    def check(rel: str) -> tuple[str | None, list[str]]:
+        """``rel``'s own problem or None, and the problems of the stored images held whole in it."""
+        if rel in owner:
+            return owner[rel].check_file(rel)
+        try:
+            store.verify_file(rel)
+        except RaykitError as exc:
+            return str(exc), []
+        return None, []
+
+    # Reads, SHA-256 and CRC-32C release the GIL: one thread per core hashes every file at the disk's or
+    # the cores' speed; the sparse points are read and checked beside, the camera table meanwhile.
+    files = [*store.files, *(rel for rel in owner if rel not in store.files)]
+    with ThreadPoolExecutor(max_workers=_threads()) as pool:
+        points = pool.submit(_check_points, store)
+        results = pool.map(check, files)
+        try:
+            table: list[str] | None = _check_table(store)
+        except RaykitError as exc:
+            table, table_error = None, f"{store.url}/cameras.parquet: {exc}"
+        found = dict(zip(files, results, strict=True))
+        points_problems = points.result()
+    problems = [problem for problem, _ in found.values() if problem is not None]
+    bad_files = {rel for rel, (problem, _) in found.items() if problem is not None}
+    if table is None:
+        return [*problems, table_error]
+    problems += table
+    if store.manifest.get("points", {}).get("path") not in bad_files:
+        problems += points_problems
     for split in store.splits:
-        problems += _check_split(store, split, bad_files, deep)
+        if split in images:
+            problems += [p for rel in images[split].files for p in found[rel][1]]
+            problems += images[split].check_rest(bad_files)
+        else:
+            problems += _check_split(store, split, bad_files, deep)
     return problems
 
 
@@ -49,10 +88,10 @@ def _threads() -> int:
     return min(4, len(os.sched_getaffinity(0)))
 
 
-def _check_points(store: RayStore, bad_files: set[str]) -> list[str]:
+def _check_points(store: RayStore) -> list[str]:
     """Problems of the sparse points (``points3D.parquet``), if the store has them."""
     entry = store.manifest.get("points")
-    if entry is None or entry.get("path") in bad_files:
+    if entry is None:
         return []
     where = f"{store.url}/{entry.get('path')}"
     try:
@@ -60,23 +99,6 @@ def _check_points(store: RayStore, bad_files: set[str]) -> list[str]:
     except RaykitError as exc:
         return [str(exc)]
     return [] if table is None else check_points(table, entry, where)
-
-
-def _check_files(store: RayStore) -> tuple[list[str], set[str]]:
-    """One line per missing or corrupt file, and the set of those files (relative paths)."""
-
-    def check(rel: str) -> str | None:
-        try:
-            store.verify_file(rel)
-        except RaykitError as exc:
-            return str(exc)
-        return None
-
-    # Reads and SHA-256 release the GIL: one thread per core hashes at the disk's or the cores' speed.
-    with ThreadPoolExecutor(max_workers=_threads()) as pool:
-        found = list(pool.map(check, store.files))
-    problems = [problem for problem in found if problem is not None]
-    return problems, {rel for rel, problem in zip(store.files, found, strict=True) if problem is not None}
 
 
 def _check_table(store: RayStore) -> list[str]:
@@ -126,12 +148,8 @@ def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
 
 
 def _check_split(store: RayStore, split: str, bad_files: set[str], deep: bool) -> list[str]:
-    """Problems of ``split``'s chunks (read only when ``deep``); a chunk in a file already reported by
-    ``_check_files`` is not reported again."""
-    if store.splits[split].holds_images:  # stored images: checked one by one (raykit.store.images_check)
-        from raykit.store.images_check import check_images_split
-
-        return check_images_split(store, split, bad_files, deep, _threads())
+    """Problems of ray split ``split``'s chunks (read only when ``deep``); a chunk in a file already
+    reported (``bad_files``) is not reported again."""
     info = store.splits[split]
     derived = info.pids == "derived"
     problems = _check_derived_order(store, split) if derived else []

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numcodecs import Blosc, Zstd
 
 from raykit.fileio import atomic_write_bytes
 from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
@@ -48,7 +47,7 @@ __all__ = [
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
 # RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
-_SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,8 @@ class FieldCodec:
 
     def numcodecs_codec(self) -> Any:
         """The numcodecs codec zarr runs for it (zarr's blosc is single-threaded)."""
+        from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
+
         cfg = self.configuration
         if self.name == "zstd":
             return Zstd(level=cfg["level"], checksum=cfg["checksum"])

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
-from numcodecs import Blosc, Zstd
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.store.backend import PayloadSpec
@@ -132,6 +131,8 @@ def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
     ):
         return None
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
+
     codec = Zstd() if names[1] == "zstd" else Blosc()
     return _ShardCodec(tuple(int(n) for n in cfg["chunk_shape"]), dtype, codec)
 

@@ -6,6 +6,7 @@ import concurrent.futures
 import hashlib
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -227,14 +228,136 @@ def test_http_reads_images(images_store, http_root) -> None:
 def test_validate_checks_each_image_header_size(images_store) -> None:
     """Without decoding, validate reads each stored image's size from its header: an image whose
     header disagrees with the camera table is reported (the table is altered in memory here)."""
-    from raykit.store.images_check import check_images_split
+    from raykit.store.images_check import ImagesCheck
     from raykit.store.reader import open_store
 
     store = open_store(images_store.url)
-    assert check_images_split(store, "train", set()) == []
+
+    def problems() -> list[str]:
+        check = ImagesCheck(store, "train")
+        found = [check.check_file(rel) for rel in check.files]
+        assert all(problem is None for problem, _ in found)
+        return [p for _, image_problems in found for p in image_problems] + check.check_rest(set())
+
+    assert problems() == []
     row = int(store.split_rows("train")[0])
     width = store.table.width.copy()
     width[row] += 1
     object.__setattr__(store.table, "width", width)
-    problems = check_images_split(store, "train", set(), threads=2)
-    assert len(problems) == 1 and f"expected {width[row]}x" in problems[0]
+    found = problems()
+    assert len(found) == 1 and f"expected {width[row]}x" in found[0]
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_validate_checks_each_image_crc_within_and_across_files(
+    capture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Validate reads each file once and checks each stored image's CRC-32C from those bytes, for an
+    image held whole in a file and for one spanning two (tiny shards here). An image altered after its
+    CRC was recorded, in a file whose manifest SHA-256 was rewritten to match (as a writer bug would
+    leave it), is reported by name; nothing else is."""
+    import raykit.store.images_writer as images_writer
+    from raykit.store.integrity import json_digest
+
+    monkeypatch.setattr(images_writer, "DEFAULT_IMAGE_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(images_writer, "DEFAULT_IMAGE_SHARD_CHUNKS", 1)
+    store = convert(
+        capture, tmp_path / "s", backend=backend, layout="images", split="every:3", near=0.1, far=9.0
+    )
+    assert validate_store(store.url) == []
+    n = len(store.split_rows("train"))
+    spans = [len(store.image_files("train", i)) for i in range(n)]
+    if backend == "zarr":
+        assert max(spans) > 1 and min(spans) == 1, spans
+    cases = [spans.index(1)] + ([spans.index(max(spans))] if max(spans) > 1 else [])
+    for local in cases:
+        dst = tmp_path / f"bad{local}"
+        shutil.copytree(store.url, dst)
+        rel = store.image_files("train", local)[-1]
+        entry = store.index["train"]
+        if backend == "zarr":  # the image's last byte, in the last file it spans
+            layout = store.manifest["layout"]
+            size, per = layout["image_chunk_bytes"], layout["image_shard_chunks"]
+            last = int(entry["image_offset"][local + 1]) - 1
+            chunk = last // size
+            offset = (chunk % per) * (size + 4) + last % size
+        else:
+            offset = int(entry["image_member"][local]) + int(entry["image_bytes"][local]) - 1
+        data = bytearray((dst / rel).read_bytes())
+        data[offset] ^= 0xFF
+        if backend == "zarr":  # the inner chunk's own CRC-32C follows its body: keep it consistent
+            import google_crc32c
+
+            start = (chunk % per) * (size + 4)
+            crc = google_crc32c.value(bytes(data[start : start + size]))
+            data[start + size : start + size + 4] = crc.to_bytes(4, "little")
+        (dst / rel).write_bytes(bytes(data))
+        manifest = json.loads((dst / "manifest.json").read_text())
+        manifest["files"][rel]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+        del manifest["manifest_digest"]
+        manifest["manifest_digest"] = json_digest(manifest)
+        (dst / "manifest.json").write_text(json.dumps(manifest))
+        problems = validate_store(dst)
+        assert len(problems) == 1, problems
+        assert "fails its checksum" in problems[0] and f"image {local} " in problems[0], problems
+
+
+def test_header_size_beyond_the_first_bytes() -> None:
+    """An image whose header ends past ``HEADER_BYTES`` (a 100 KB ICC profile before the frame header)
+    has its size read from the whole image; an image cut inside its header is reported unreadable."""
+    from raykit.store.images_check import HEADER_BYTES, _head, _header_size
+
+    buf = io.BytesIO()
+    Image.new("RGB", (37, 23), (10, 200, 30)).save(buf, "JPEG", icc_profile=bytes(100_000))
+    data = buf.getvalue()
+    parts = [np.frombuffer(data[:5000], np.uint8), data[5000:]]  # pieces, as a zarr split reads them
+    head = _head(parts, HEADER_BYTES)
+    assert head == data[:HEADER_BYTES]
+    with pytest.raises(OSError):
+        Image.open(io.BytesIO(head))  # the first bytes alone do not reach the frame header
+    assert _header_size(head, parts) == (37, 23)
+    with pytest.raises(OSError):
+        _header_size(head, [data[:HEADER_BYTES]])
+
+
+def test_header_size_matches_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct JPEG/PNG header reader gives Pillow's size (its reference twin) for every kind of
+    file a capture holds, without Pillow for every JPEG and PNG; for first bytes cut inside the
+    header it defers to Pillow, which fails."""
+    import raykit.store.image_codec as image_codec
+    from raykit.store.image_codec import header_size, header_size_reference
+
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 256, (29, 41, 3), dtype=np.uint8)
+    cases = []
+    for mode in ("RGB", "L", "CMYK", "RGBA", "P", "I;16"):
+        if mode == "I;16":
+            image = Image.fromarray(rgb[..., 0].astype(np.uint16) * 257)
+        else:
+            image = Image.fromarray(rgb).convert(mode)
+        for fmt, kwargs in [
+            ("JPEG", {}),
+            ("JPEG", {"progressive": True}),
+            ("JPEG", {"subsampling": 0, "exif": Image.Exif().tobytes(), "icc_profile": bytes(70_000)}),
+            ("PNG", {}),
+            ("WEBP", {"lossless": True}),
+        ]:
+            unsupported = {"JPEG": ("RGBA", "P", "I;16"), "PNG": ("CMYK",), "WEBP": ("CMYK", "I;16")}
+            if mode in unsupported[fmt]:
+                continue
+            buf = io.BytesIO()
+            image.save(buf, fmt, **kwargs)
+            cases.append(buf.getvalue())
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    photos = [p for p in sorted(shared.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
+    cases += [p.read_bytes() for p in photos[:20]]
+    assert len(cases) >= 20
+    expected = [header_size_reference(data) for data in cases]
+    assert [header_size(data) for data in cases] == expected
+    monkeypatch.setattr(image_codec, "header_size_reference", None)  # the direct reader alone
+    direct = [(data, size) for data, size in zip(cases, expected, strict=True) if data[:4] != b"RIFF"]
+    assert len(direct) >= 20 and all(header_size(data) == size for data, size in direct)
+    monkeypatch.undo()
+    for data in cases[:3]:  # a JPEG cut inside its header
+        with pytest.raises(OSError):
+            header_size(data[:40])

@@ -114,3 +114,26 @@ def test_a_copy_to_the_other_layout_keeps_the_points(colmap_store: tuple[Path, P
         copied = open_store(path).sparse_points()
         assert src is not None and copied is not None
         np.testing.assert_array_equal(src.xyz, copied.xyz)
+
+
+def test_from_table_reads_sliced_and_chunked_tables() -> None:
+    """``SparsePoints.from_table`` takes each row's xyz and rgb of a sliced or multi-chunk table (as
+    ``flatten`` would give them, without it)."""
+    import pyarrow as pa
+
+    from raykit.store.points import SparsePoints
+
+    rng = np.random.default_rng(0)
+    points = SparsePoints(
+        np.arange(7),
+        rng.random((7, 3)),
+        rng.integers(0, 255, (7, 3)).astype(np.uint8),
+        rng.random(7),
+        np.arange(7),
+    )
+    table = points.to_table()
+    chunked = pa.concat_tables([table.slice(1, 2), table.slice(4, 3)])
+    for part, rows in ((table.slice(2, 4), slice(2, 6)), (chunked, [1, 2, 4, 5, 6])):
+        got = SparsePoints.from_table(part)
+        assert np.array_equal(got.xyz, points.xyz[rows]) and np.array_equal(got.rgb, points.rgb[rows])
+        assert np.array_equal(got.point_id, points.point_id[rows])
