@@ -26,7 +26,7 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import RemapTable, crop_camera, pinhole_camera
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
-from raykit.loaders.cache import ImageCache
+from raykit.loaders.cache import HeapTrim, ImageCache
 from raykit.loaders.config import ImageLoaderConfig
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
@@ -71,6 +71,7 @@ class ImageBatch:
 
 
 _ORDER_TAG, _CROP_TAG = 0x696D6167, 0x63726F70  # "imag", "crop"
+_TRIM_EVERY = 256 << 20  # bytes of images read and batches made between two heap trims (HeapTrim)
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,7 @@ class ImageLoader(BatchLoader):
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
         self.cache = ImageCache(cfg.cache_bytes)
+        self._trim = HeapTrim(_TRIM_EVERY)  # see HeapTrim
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
         self._filled = False
         self._cameras: dict[int, tuple[Camera, np.ndarray | None]] = {}
@@ -573,6 +575,9 @@ class ImageBatches(Positioned):
         else:
             images = (image for _, image in loader._fetcher_ready().fetch(wanted))
         for positions in batches:
-            batch = loader._assemble(epoch, positions, [cast(np.ndarray, next(images)) for _ in positions])
+            read = [cast(np.ndarray, next(images)) for _ in positions]
+            batch = loader._assemble(epoch, positions, read)
+            if not self.cached:  # images read and batches made on this thread, freed by the consumer
+                loader._trim.add(sum(image.nbytes for image in read) + batch.images.nbytes)
             self.batch += 1
             yield [batch]

@@ -93,3 +93,39 @@ def test_failed_fetch_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         DiskCache(tmp_path, fetch).get("a/b.bin")
     assert not (tmp_path / "a" / "b.bin").exists()
+
+
+def test_heap_trim_returns_freed_buffers_to_the_system() -> None:
+    """Large buffers made and freed on other threads stay in their heaps (glibc) until ``HeapTrim``
+    trims, once ``every`` bytes were added; RSS then falls by most of them."""
+    import sys
+    import threading
+
+    import numpy as np
+
+    from raykit.loaders.cache import HeapTrim, _malloc_trim
+
+    if not sys.platform.startswith("linux") or _malloc_trim() is None:
+        pytest.skip("needs glibc's malloc_trim")
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    def churn() -> None:  # 8 MiB buffers, 24 alive at once, freed: a heap's peak of 192 MiB
+        warm = np.ones(9 << 20, np.uint8)
+        del warm  # freed, it raises glibc's mmap threshold: the heap serves 8 MiB buffers from now on
+        held = [np.ones(1 << 23, np.uint8) for _ in range(24)]
+        del held[:-1]  # all but the last: the heap cannot shrink by its top
+        keep.append(held[0])
+
+    keep: list[np.ndarray] = []
+    thread = threading.Thread(target=churn)
+    thread.start()
+    thread.join()
+    trim = HeapTrim(every=100 << 20)
+    before = rss()
+    trim.add(99 << 20)  # not yet
+    assert rss() > before - (32 << 20)
+    trim.add(1 << 20)
+    assert rss() < before - (96 << 20), (before, rss())
