@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path
 
-__all__ = ["CacheStats", "ChunkCache", "DiskCache", "HeapTrim", "ImageCache", "nbytes_of"]
+__all__ = ["HEAP_TRIM_BYTES", "CacheStats", "ChunkCache", "DiskCache", "HeapTrim", "ImageCache", "nbytes_of"]
 
 T = TypeVar("T")
 
@@ -145,6 +145,9 @@ class ImageCache(ChunkCache[T]):
             self._bytes += size
 
 
+HEAP_TRIM_BYTES = 256 << 20  # a loader's large buffers made between two heap trims (``HeapTrim``)
+
+
 class HeapTrim:
     """Hands the C heap's free pages back to the system after every ``every`` bytes of large buffers a
     loader has made (``add``), with glibc's ``malloc_trim`` (elsewhere nothing is done).
@@ -155,7 +158,7 @@ class HeapTrim:
     2 GiB image cache (``benchmarks/bench_scale.py``). A trim takes 2-20 ms.
     """
 
-    def __init__(self, every: int) -> None:
+    def __init__(self, every: int = HEAP_TRIM_BYTES) -> None:
         self.every, self._made = int(every), 0
         self._lock = threading.Lock()
 

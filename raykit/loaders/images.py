@@ -71,7 +71,6 @@ class ImageBatch:
 
 
 _ORDER_TAG, _CROP_TAG = 0x696D6167, 0x63726F70  # "imag", "crop"
-_TRIM_EVERY = 256 << 20  # bytes of images read and batches made between two heap trims (HeapTrim)
 
 
 @dataclass(frozen=True)
@@ -376,7 +375,7 @@ class ImageLoader(BatchLoader):
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
         self.cache = ImageCache(cfg.cache_bytes)
-        self._trim = HeapTrim(_TRIM_EVERY)  # see HeapTrim
+        self._trim = HeapTrim()
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
         self._filled = False
         self._cameras: dict[int, tuple[Camera, np.ndarray | None]] = {}

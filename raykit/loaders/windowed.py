@@ -16,7 +16,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.auto import usable_cores
-from raykit.loaders.cache import ChunkCache, ImageCache
+from raykit.loaders.cache import ChunkCache, HeapTrim, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
 from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, WindowImageSource
@@ -90,9 +90,11 @@ class WindowStrategy:
         )  # fmt: skip
 
     def cache(self, cfg: LoaderConfig, source: WindowImageSource, plan: WindowPlan) -> ChunkCache[RawRays]:
-        """Decoded images, admitted until full, in what ``cache_bytes`` leaves beside the window and
-        the images decoded ahead of it: a split that fits is decoded once for the whole run."""
-        held = plan.window_images + decode_ahead(plan.window_images)
+        """Decoded images, admitted until full, in what ``cache_bytes`` leaves beside the window, the
+        images decoded ahead of it and a window's worth that left it but that prefetched groups
+        still draw from (at 2 GiB, 1080p, without them peak RSS passed ``cache_bytes`` + 0.5 GB): a
+        split that fits is decoded once for the whole run."""
+        held = 2 * plan.window_images + decode_ahead(plan.window_images)
         largest = max(plan.image_rays) * source.store.rgba_channels
         return ImageCache(max(0, cfg.cache_bytes - held * largest))
 
@@ -124,6 +126,7 @@ class WindowDraws(Positioned):
         self._fetcher: Callable[[], ChunkFetcher] = inputs.fetcher
         self._times, self.group_rays = inputs.times, inputs.group_rays
         self._bases: dict[tuple[int, int], np.ndarray] = {}
+        self._trim = HeapTrim()  # decoded images, made on the decoding threads, freed as they leave
 
     def __iter__(self) -> Iterator[RawGroup]:
         epoch, start = self.epoch, self.batch
@@ -148,6 +151,7 @@ class WindowDraws(Positioned):
                 for _ in batch.entered:  # decoded and entered in entering order
                     got, entered = next(stream)
                     window[got] = held[got] = entered
+                    self._trim.add(2 * entered.ranked.nbytes)  # as decoded, then in rank order
                 self._times.add("wait", time.perf_counter() - t0)
             if not sizes:
                 held.update(window)
