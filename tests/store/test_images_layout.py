@@ -361,3 +361,15 @@ def test_header_size_matches_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
     for data in cases[:3]:  # a JPEG cut inside its header
         with pytest.raises(OSError):
             header_size(data[:40])
+
+
+def test_validate_reports_a_corrupt_camera_table_of_an_images_store(images_store, tmp_path: Path) -> None:
+    """A flipped byte in ``cameras.parquet`` of an images store is reported, one line naming the file
+    (its checksum), and validate returns instead of raising: the images are checked from the table."""
+    dst = tmp_path / "bad-table"
+    shutil.copytree(images_store.url, dst)
+    data = bytearray((dst / "cameras.parquet").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (dst / "cameras.parquet").write_bytes(bytes(data))
+    problems = validate_store(dst)
+    assert problems and all("cameras.parquet" in p for p in problems), problems
