@@ -26,6 +26,7 @@ __all__ = [
     "atomic_write_json",
     "fsync_path",
     "json_bytes",
+    "libc_function",
     "punch_hole",
     "sha256_bytes",
     "sha256_file",
@@ -139,16 +140,17 @@ _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2  # linux/falloc.h
 
 
 @functools.cache
-def _fallocate() -> Any:
-    """libc's ``fallocate(fd, mode, offset, len)`` (Linux), else None."""
+def libc_function(name: str, *argtypes: Any) -> Any:
+    """The C library's function ``name`` (Linux: glibc's ``fallocate``, ``malloc_trim``...) taking
+    ``argtypes`` and returning an ``int``, or None where there is none (another system, or a C
+    library without it, e.g. musl's ``malloc_trim``)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = ctypes.CDLL(None, use_errno=True).fallocate
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    function.restype = ctypes.c_int
+    function.argtypes, function.restype = argtypes, ctypes.c_int
     return function
 
 
@@ -157,7 +159,7 @@ def punch_hole(path: str | os.PathLike[str], offset: int, length: int) -> bool:
     as zeros afterwards; the file keeps its size). Returns whether the system did it: False where hole
     punching is not supported (not Linux, or a file system without it), which leaves the file as it was.
     """
-    function = _fallocate()
+    function = libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
     if function is None or length <= 0:
         return False
     fd = os.open(path, os.O_WRONLY)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import os
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -16,7 +14,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_path
+from raykit.fileio import atomic_path, libc_function
 
 __all__ = ["HEAP_TRIM_BYTES", "CacheStats", "ChunkCache", "DiskCache", "HeapTrim", "ImageCache", "nbytes_of"]
 
@@ -168,22 +166,14 @@ class HeapTrim:
             if self._made < self.every:
                 return
             self._made = 0
-        trim = _malloc_trim()
+        trim = malloc_trim()
         if trim is not None:
             trim(0)
 
 
-@functools.cache
-def _malloc_trim() -> Any:
+def malloc_trim() -> Any:
     """glibc's ``malloc_trim(pad)``, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (e.g. musl)
-        return None
-    function.argtypes, function.restype = (ctypes.c_size_t,), ctypes.c_int
-    return function
+    return libc_function("malloc_trim", ctypes.c_size_t)
 
 
 class DiskCache:

@@ -191,18 +191,8 @@ class RayStore:
         fresh memory cost a page fault per 4 KiB, about as much as the hashing)."""
         if is_url(self.url):
             self.read_verified(rel)
-            return
-        expected = self._manifest_entry(rel)
-        digest, size, buffer = hashlib.sha256(), 0, bytearray(_PIECE)
-        view = memoryview(buffer)
-        try:
-            with open(f"{self._root}/{rel}", "rb", buffering=0) as handle:
-                while n := handle.readinto(buffer):
-                    digest.update(view[:n])
-                    size += n
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
-        self._check_digest(rel, expected, size, digest.hexdigest())
+        else:
+            self._hash_local(rel, bytearray(_PIECE), keep=False)
 
     def read_file_into(self, rel: str, buffer: bytearray) -> np.ndarray:
         """File ``rel``'s bytes, checked as ``read_verified`` does, as a read-only ``uint8`` view of
@@ -211,20 +201,28 @@ class RayStore:
         until ``buffer`` is filled again."""
         if is_url(self.url):
             return np.frombuffer(self.read_verified(rel), np.uint8)
+        return self._hash_local(rel, buffer, keep=True)
+
+    def _hash_local(self, rel: str, buffer: bytearray, keep: bool) -> np.ndarray:
+        """Read local file ``rel`` in ``_PIECE`` pieces, each hashed while it is in the CPU's cache, and
+        check it (``_check_digest``); ``keep``: the pieces fill ``buffer`` (grown to the file when
+        smaller) and the file's bytes are returned, else each piece overwrites the last and nothing
+        is."""
         expected = self._manifest_entry(rel)
+        digest, n = hashlib.sha256(), 0
         try:
             with open(f"{self._root}/{rel}", "rb", buffering=0) as handle:
                 size = os.fstat(handle.fileno()).st_size
-                if size > len(buffer):
+                if keep and size > len(buffer):
                     buffer = bytearray(size)
-                view, n, digest = memoryview(buffer), 0, hashlib.sha256()
-                while n < size and (got := handle.readinto(view[n : min(n + _PIECE, size)])):
-                    digest.update(view[n : n + got])  # while the piece is in the CPU's cache
+                view = memoryview(buffer)
+                while got := handle.readinto(view[n : n + _PIECE] if keep else view):
+                    digest.update(view[n : n + got] if keep else view[:got])
                     n += got
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
         self._check_digest(rel, expected, n, digest.hexdigest())
-        data = np.frombuffer(buffer, np.uint8, count=n)
+        data = np.frombuffer(buffer, np.uint8, count=n if keep else 0)
         data.flags.writeable = False
         return data
 
