@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "compare": "raykit.trainer.cli",
     "run": "raykit.pipeline.cli",
     "demo": "raykit.demo.cli",
+    "sweep": "raykit.sweep.cli",
 }
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 

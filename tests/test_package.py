@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("profiling",),
     ("trainer", "integrations"),
     ("pipeline",),
-    ("demo", "cli"),
+    ("demo", "sweep", "cli"),
     ("__main__",),
 )
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}

@@ -6,11 +6,13 @@ turns photos or a video into a COLMAP capture with pycolmap (``raykit poses``,
 :mod:`raykit.converters.poses`).
 """
 
+from raykit.converters.config import ConvertConfig
 from raykit.converters.convert import SOURCES, build_records, convert, detect_source, parse_source
 from raykit.converters.poses import PoseOptions, PoseSummary, estimate_poses
 
 __all__ = [
     "SOURCES",
+    "ConvertConfig",
     "PoseOptions",
     "PoseSummary",
     "build_records",

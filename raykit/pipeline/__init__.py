@@ -10,9 +10,10 @@ to date and resumes what was interrupted (``raykit.pipeline.runner``).
 from __future__ import annotations
 
 from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
-from raykit.pipeline.records import PIPELINE_FILE
-from raykit.pipeline.run import run_pipeline
-from raykit.pipeline.runner import Stage, StageError, StageRunner
+from raykit.pipeline.records import PIPELINE_FILE, fingerprint, tree_fingerprint
+from raykit.pipeline.run import capture_and_store, run_pipeline
+from raykit.pipeline.runner import Stage, StageError, StageRunner, machine_fault
+from raykit.pipeline.stages import export_stage, train_summary, training_stage, with_progress_checks
 
 __all__ = [
     "DEFAULT_SAMPLER",
@@ -22,5 +23,13 @@ __all__ = [
     "StageConfigs",
     "StageError",
     "StageRunner",
+    "capture_and_store",
+    "export_stage",
+    "fingerprint",
+    "machine_fault",
     "run_pipeline",
+    "train_summary",
+    "training_stage",
+    "tree_fingerprint",
+    "with_progress_checks",
 ]

@@ -13,7 +13,7 @@ from raykit.pipeline.config import StageConfigs
 from raykit.pipeline.records import fingerprint, tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, StageRunner
 
-__all__ = ["ExtraStages", "run_pipeline"]
+__all__ = ["ExtraStages", "capture_and_store", "run_pipeline"]
 
 # Stages a caller adds after evaluation (the demo's comparisons): given the runner and the results so
 # far, run them and return the report's extra sections as ``{"title": markdown}``.
@@ -35,7 +35,7 @@ def run_pipeline(
     out.mkdir(parents=True, exist_ok=True)
     runner = runner or StageRunner(out, cfg.run.retries)
     started = time.perf_counter()
-    results = _capture_and_store(cfg, out, runner)
+    results = capture_and_store(cfg, out, runner)
     url, store_fp = results["store"]["url"], results["store"]["output"]
     results["validate"] = runner.execute(stages.validate_stage(url, store_fp))
     results["profile"] = runner.execute(stages.profile_stage(cfg, url, store_fp))
@@ -55,8 +55,11 @@ def run_pipeline(
     return Path(report["markdown"])
 
 
-def _capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict[str, Any]:
-    """poses (photos, video) and convert; an existing store is used as it is."""
+def capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict[str, Any]:
+    """poses (photos, video) and convert into ``out``; an existing store is used as it is.
+
+    Returns ``{"kind": ..., "store": {"url", "output" (the store's fingerprint), "source_bytes"}}``
+    and ``"poses"`` for photos or a video. ``raykit sweep`` converts each capture through it."""
     src = Path(cfg.run.src)
     kind = stages.source_kind(src, cfg.convert.source)
     results: dict[str, Any] = {"kind": kind}

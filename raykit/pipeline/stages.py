@@ -25,7 +25,15 @@ from raykit.pipeline.records import tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, run_process
 from raykit.trainer import TrainConfig
 
-__all__ = ["source_kind", "train_config", "train_stage", "train_summary"]
+__all__ = [
+    "export_stage",
+    "source_kind",
+    "train_config",
+    "train_stage",
+    "train_summary",
+    "training_stage",
+    "with_progress_checks",
+]
 
 MANIFEST = "manifest.json"
 
@@ -132,25 +140,29 @@ def train_config(cfg: StageConfigs, url: str, out: Path, sampler: str) -> TrainC
     """The trainer's config of one sampler: the passed-through options, its share of the budget."""
     samplers = cfg.run.sampler_list()
     budget = None if cfg.run.steps is not None else cfg.run.minutes * 60.0 / len(samplers)
-    progress_every, progress_images = cfg.train.progress_every_s, cfg.train.progress_images
-    if progress_every is None and budget is not None:  # PSNR against time in the report: 4 quick checks
-        progress_every = budget / 4  # of one image (full images cost minutes on a CPU early in training)
-        progress_images = 1 if progress_images == TrainConfig.progress_images else progress_images
-    return cfg.train.replace(
+    config = cfg.train.replace(
         store=url,
         out=str(out / "runs" / sampler),
         sampler=sampler,
         steps=cfg.run.steps or 10**9,
         max_seconds=budget,
-        progress_every_s=progress_every,
-        progress_images=progress_images,
         resume=True,
         progress=False,
     )
+    return with_progress_checks(config)
 
 
-def train_argv(cfg: StageConfigs, config: TrainConfig) -> list[str]:
-    """``python -m raykit.trainer STORE --out RUN ...``, through torchrun with ``--nproc-per-node``."""
+def with_progress_checks(config: TrainConfig) -> TrainConfig:
+    """``config`` with PSNR-against-time checks for the report: with a time budget and no checks asked
+    for, four quick checks of one image (full images cost minutes on a CPU early in training)."""
+    if config.progress_every_s is not None or config.max_seconds is None:
+        return config
+    images = 1 if config.progress_images == TrainConfig.progress_images else config.progress_images
+    return config.replace(progress_every_s=config.max_seconds / 4, progress_images=images)
+
+
+def train_argv(config: TrainConfig, nproc_per_node: int | None = None, max_restarts: int = 3) -> list[str]:
+    """``python -m raykit.trainer STORE --out RUN ...``, through torchrun with ``nproc_per_node``."""
     flags = [
         config.store,
         f"--out={config.out}",
@@ -158,22 +170,33 @@ def train_argv(cfg: StageConfigs, config: TrainConfig) -> list[str]:
         f"--steps={config.steps}",
         *config_flags(config, skip=("store", "out", "sampler", "steps")),
     ]
-    if cfg.run.nproc_per_node is None:
+    if nproc_per_node is None:
         return [sys.executable, "-m", "raykit.trainer", *flags]
     launcher = [
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc-per-node={cfg.run.nproc_per_node}",
-        f"--max-restarts={cfg.run.max_restarts}",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--max-restarts={max_restarts}",
     ]
     return [sys.executable, *launcher, "-m", "raykit.trainer", *flags]
 
 
 def train_stage(cfg: StageConfigs, url: str, store_fp: str, out: Path, sampler: str) -> Stage:
-    """Train one sampler in a child process (killed or not, ``--resume`` continues it exactly)."""
+    """Train one sampler of ``raykit run`` (see :func:`training_stage`)."""
     config = train_config(cfg, url, out, sampler)
-    argv = train_argv(cfg, config)
+    return training_stage(
+        config, store_fp, f"train-{sampler}", nproc_per_node=cfg.run.nproc_per_node,
+        max_restarts=cfg.run.max_restarts,
+    )  # fmt: skip
+
+
+def training_stage(
+    config: TrainConfig, store_fp: str, name: str, *, nproc_per_node: int | None = None, max_restarts: int = 3
+) -> Stage:
+    """Train ``config`` in a child process (killed or not, ``--resume`` continues it exactly); the
+    result is :func:`train_summary`'s. ``raykit run`` and ``raykit sweep`` train through it."""
+    argv = train_argv(config, nproc_per_node, max_restarts)
     run_dir = Path(config.out)
 
     def run(attempt: Attempt) -> dict[str, Any]:
@@ -184,8 +207,8 @@ def train_stage(cfg: StageConfigs, url: str, store_fp: str, out: Path, sampler: 
             attempt.meter.child["peak_gpu_mb"] = summary["memory_mb"]
         return summary
 
-    inputs = {"store": store_fp, "config": config.to_dict(), "nproc_per_node": cfg.run.nproc_per_node}
-    return Stage(f"train-{sampler}", inputs, run, argv, (run_dir,))
+    inputs = {"store": store_fp, "config": config.to_dict(), "nproc_per_node": nproc_per_node}
+    return Stage(name, inputs, run, argv, (run_dir,))
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,40 @@
+"""raykit.sweep: ``raykit sweep SPEC OUT``, experiments over captures x configurations x seeds.
+
+SPEC (TOML, :mod:`raykit.sweep.spec`) names the captures, the trainer configurations (a grid or a list
+over any ``TrainConfig`` field), the seeds and the evaluation. Each capture is converted once by
+``raykit run``'s stages; each run (identity: store fingerprint, config hash, seed, raykit version)
+trains and evaluates through them in ``OUT/runs/<id>/`` (:mod:`raykit.sweep.runs`), locally or on a
+Dask cluster (:mod:`raykit.sweep.executors`); a finished run is never run again. Results:
+``OUT/results.parquet`` and ``results.csv`` (:mod:`raykit.sweep.results`), ``OUT/report.md`` and
+``report.html`` (:mod:`raykit.sweep.report`), and optionally MLflow (:mod:`raykit.sweep.tracking`).
+"""
+
+from __future__ import annotations
+
+from raykit.sweep.report import paired_comparison, summarise, write_report
+from raykit.sweep.results import RESULTS, read_results, write_results
+from raykit.sweep.runs import TIMING_COLUMNS, RunTask, execute_run, run_identity
+from raykit.sweep.spec import Capture, Configuration, SweepSpec, config_hash, load_spec
+from raykit.sweep.sweep import SWEEP_FILE, SweepOptions, plan_sweep, run_sweep
+
+__all__ = [
+    "RESULTS",
+    "SWEEP_FILE",
+    "TIMING_COLUMNS",
+    "Capture",
+    "Configuration",
+    "RunTask",
+    "SweepOptions",
+    "SweepSpec",
+    "config_hash",
+    "execute_run",
+    "load_spec",
+    "paired_comparison",
+    "plan_sweep",
+    "read_results",
+    "run_identity",
+    "run_sweep",
+    "summarise",
+    "write_report",
+    "write_results",
+]

@@ -1,0 +1,346 @@
+"""The sweep's SPEC: a TOML file naming captures, training configurations, seeds and the evaluation.
+
+::
+
+    seeds = [0, 1]                 # every run is repeated for each seed
+    export = false                 # also export (and verify) each run's model
+
+    [evaluation]                   # the protocol: metric compared, and the trainer's eval_* fields
+    metric = "psnr"                # psnr, ssim, lpips (lower is better), ...: a column of eval.json
+    splits = "test"                # -> TrainConfig.eval_splits; max_images -> eval_max_images, ...
+
+    [train]                        # TrainConfig fields shared by every configuration
+    steps = 2000
+
+    [grid]                         # every combination of these values ...
+    sampler = ["occupancy", "proposal"]
+
+    [[configs]]                    # ... crossed with each listed configuration (default: one, empty)
+    name = "small"
+    hidden = 16
+
+    [[captures]]
+    path = "data/plant_capture"    # a capture raykit convert reads, photos, a video or a store;
+    downscale = 2                  # relative to the SPEC's folder; other keys: ConvertConfig fields
+    [[captures]]
+    scene = "small"                # or the built-in procedural scene (tiny, small, realistic)
+
+Everything is checked when the file is read: an unknown field, a value of the wrong type or out of
+range, a missing capture, two entries that are the same, each one :class:`ConfigError` line that names
+the SPEC and the entry, before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raykit.converters import ConvertConfig
+from raykit.errors import ConfigError, RaykitError
+from raykit.pipeline import fingerprint
+from raykit.trainer import TrainConfig
+
+__all__ = [
+    "IDENTITY_SKIP",
+    "Capture",
+    "Configuration",
+    "SweepSpec",
+    "config_hash",
+    "load_spec",
+]
+
+# Fields the sweep sets itself (per run), never the SPEC.
+SWEEP_SET = ("store", "out", "seed", "resume", "force", "progress")
+# Fields that say where a run executes, not what it computes: left out of the config hash.
+IDENTITY_SKIP = ("store", "out", "seed", "threads", "progress", "resume", "force")
+# Capture keys that are not conversion options, and conversion options the sweep sets.
+CAPTURE_KEYS = ("name", "path", "scene", "scene_seed", "camera_model")
+CONVERT_SET = ("src", "dst", "profile", "progress", "overwrite", "threads", "workers", "scheduler")
+SCENE_SIZES = ("tiny", "small", "realistic")
+SCENE_CAMERAS = ("PINHOLE", "OPENCV")
+TOP_KEYS = ("seeds", "export", "evaluation", "train", "grid", "configs", "captures")
+LOWER_IS_BETTER = ("lpips", "loss", "mse")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One capture: a path (a capture, photos, a video or a store) or a built-in scene, and the
+    conversion options (``ConvertConfig`` fields) it is converted with."""
+
+    name: str
+    path: str = ""
+    scene: str = ""
+    scene_seed: int = 0
+    camera_model: str = "PINHOLE"
+    convert: tuple[tuple[str, Any], ...] = ()
+
+    def key(self) -> str:
+        """What makes two entries the same capture: source and options."""
+        source = (
+            {"path": self.path} if self.path else {"scene": [self.scene, self.scene_seed, self.camera_model]}
+        )
+        return fingerprint({**source, "convert": dict(self.convert)})
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One trainer configuration: its name and every :class:`TrainConfig` field (store, out and seed
+    are set per run)."""
+
+    name: str
+    train: TrainConfig
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.train)
+
+
+def config_hash(config: TrainConfig) -> str:
+    """sha256 of the fields that decide what a run computes (not where it runs: ``IDENTITY_SKIP``)."""
+    return fingerprint({k: v for k, v in config.to_dict().items() if k not in IDENTITY_SKIP})
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A checked SPEC (see the module)."""
+
+    path: str
+    captures: tuple[Capture, ...]
+    configs: tuple[Configuration, ...]
+    seeds: tuple[int, ...]
+    metric: str = "psnr"
+    export: bool = False
+
+    @property
+    def higher_is_better(self) -> bool:
+        return not any(word in self.metric.lower() for word in LOWER_IS_BETTER)
+
+
+def _fail(spec: Path, entry: str, problem: str) -> ConfigError:
+    return ConfigError(f"{spec}: {entry}: {problem}")
+
+
+def _check_type(value: Any, annotation: Any) -> str | None:
+    """None when ``value`` (from TOML) fits ``annotation`` (``int``, ``float | None``, ...), else why not."""
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = kinds[0]
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:  # pragma: no cover - every config field is one of the above
+        ok = True
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
+    return None if ok else f"expected {name}, got {value!r}"
+
+
+def _fields(config: type[Any], skip: tuple[str, ...]) -> dict[str, Any]:
+    hints = typing.get_type_hints(config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config) if f.name not in skip}
+
+
+def _train_values(spec: Path, entry: str, table: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """``table``'s TrainConfig values, each field known and of its type (float fields as floats)."""
+    if not isinstance(table, dict):
+        raise _fail(spec, entry, f"expected a table, got {table!r}")
+    values = {}
+    for key, value in table.items():
+        if key in SWEEP_SET:
+            raise _fail(spec, f"{entry}.{key}", "set by the sweep (seeds come from `seeds`), not by SPEC")
+        if key not in fields:
+            raise _fail(spec, f"{entry}.{key}", "unknown field (not a TrainConfig field)")
+        problem = _check_type(value, fields[key])
+        if problem:
+            raise _fail(spec, f"{entry}.{key}", problem)
+        values[key] = float(value) if float in typing.get_args(fields[key]) or fields[key] is float else value
+    return values
+
+
+def _label(values: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
+
+
+def _configurations(spec: Path, data: dict[str, Any], evaluation: dict[str, Any]) -> list[Configuration]:
+    fields = _fields(TrainConfig, ())
+    base = _train_values(spec, "train", data.get("train", {}), fields)
+    grid_table = data.get("grid", {})
+    if not isinstance(grid_table, dict):
+        raise _fail(spec, "grid", f"expected a table of lists, got {grid_table!r}")
+    grid: dict[str, list[Any]] = {}
+    for key, values in grid_table.items():
+        if not isinstance(values, list) or not values:
+            raise _fail(spec, f"grid.{key}", f"expected a non-empty list of values, got {values!r}")
+        grid[key] = [_train_values(spec, f"grid.{key}", {key: v}, fields)[key] for v in values]
+    entries = data.get("configs", [{}])
+    if not isinstance(entries, list) or not entries:
+        raise _fail(spec, "configs", "expected a non-empty array of tables ([[configs]])")
+    configs: list[Configuration] = []
+    for index, entry in enumerate(entries):
+        where = f"configs[{index}]"
+        if not isinstance(entry, dict):
+            raise _fail(spec, where, f"expected a table, got {entry!r}")
+        entry = dict(entry)
+        name = entry.pop("name", None)
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise _fail(spec, f"{where}.name", f"expected a non-empty string, got {name!r}")
+        where = f"configs[{index}] {name!r}" if name else where
+        own = _train_values(spec, where, entry, fields)
+        overlap = sorted(set(own) & set(grid))
+        if overlap:
+            raise _fail(spec, where, f"{', '.join(overlap)} also in [grid]")
+        for combo in itertools.product(*grid.values()) if grid else [()]:
+            point = dict(zip(grid, combo, strict=True))
+            label = ",".join(p for p in (name or "", _label(point)) if p) or _label(own) or "default"
+            values = {**base, **evaluation, **own, **point}
+            try:
+                config = TrainConfig(**values)
+            except (RaykitError, TypeError, ValueError) as exc:
+                raise _fail(spec, f"configuration {label!r}", str(exc).replace("\n", " ")) from exc
+            configs.append(Configuration(label, config))
+    seen: dict[str, str] = {}
+    for c in configs:
+        if c.hash in seen:
+            raise _fail(spec, f"configuration {c.name!r}", f"the same configuration as {seen[c.hash]!r}")
+        seen[c.hash] = c.name
+    names = [c.name for c in configs]
+    for name in names:
+        if names.count(name) > 1:
+            raise _fail(spec, f"configuration {name!r}", "name used twice")
+    return configs
+
+
+def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
+    entries = data.get("captures")
+    if not isinstance(entries, list) or not entries:
+        raise _fail(spec, "captures", "expected a non-empty array of tables ([[captures]])")
+    convert_fields = _fields(ConvertConfig, CONVERT_SET)
+    captures = []
+    for index, entry in enumerate(entries):
+        where = f"captures[{index}]"
+        if not isinstance(entry, dict):
+            raise _fail(spec, where, f"expected a table, got {entry!r}")
+        path, scene = entry.get("path"), entry.get("scene")
+        if (path is None) == (scene is None):
+            raise _fail(spec, where, "expected one of path (a capture or store) or scene (built-in)")
+        name = entry.get("name")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise _fail(spec, f"{where}.name", f"expected a non-empty string, got {name!r}")
+        options: dict[str, Any] = {}
+        for key, value in entry.items():
+            if key in CAPTURE_KEYS:
+                continue
+            if key in CONVERT_SET:
+                raise _fail(spec, f"{where}.{key}", "set by the sweep, not by SPEC")
+            if key not in convert_fields:
+                raise _fail(
+                    spec, f"{where}.{key}", "unknown field (not a capture key or ConvertConfig field)"
+                )
+            problem = _check_type(value, convert_fields[key])
+            if problem:
+                raise _fail(spec, f"{where}.{key}", problem)
+            options[key] = value
+        try:
+            ConvertConfig(src="x", dst="y", **options)
+        except (RaykitError, TypeError, ValueError) as exc:
+            raise _fail(spec, where, str(exc).replace("\n", " ")) from exc
+        if path is not None:
+            if not isinstance(path, str) or not path:
+                raise _fail(spec, f"{where}.path", f"expected a path, got {path!r}")
+            resolved = (spec.parent / path).resolve()
+            if not resolved.exists():
+                raise _fail(spec, f"{where}.path", f"{resolved}: capture not found")
+            capture = Capture(
+                name or resolved.name, path=str(resolved), convert=tuple(sorted(options.items()))
+            )
+        else:
+            if scene not in SCENE_SIZES:
+                raise _fail(
+                    spec, f"{where}.scene", f"expected one of {', '.join(SCENE_SIZES)}, got {scene!r}"
+                )
+            seed, camera = entry.get("scene_seed", 0), entry.get("camera_model", "PINHOLE")
+            if _check_type(seed, int):
+                raise _fail(spec, f"{where}.scene_seed", f"expected an integer, got {seed!r}")
+            if camera not in SCENE_CAMERAS:
+                raise _fail(
+                    spec,
+                    f"{where}.camera_model",
+                    f"expected one of {', '.join(SCENE_CAMERAS)}, got {camera!r}",
+                )
+            capture = Capture(
+                name or f"scene-{scene}",
+                scene=scene,
+                scene_seed=seed,
+                camera_model=camera,
+                convert=tuple(sorted(options.items())),
+            )
+        captures.append(capture)
+    keys: dict[str, str] = {}
+    for c in captures:
+        if c.key() in keys:
+            raise _fail(spec, f"capture {c.name!r}", f"the same capture as {keys[c.key()]!r}")
+        keys[c.key()] = c.name
+    names = [c.name for c in captures]
+    for name in names:
+        if names.count(name) > 1:
+            raise _fail(spec, f"capture {name!r}", "name used twice (set `name`)")
+    return captures
+
+
+def _evaluation(spec: Path, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The compared metric, and the trainer's ``eval_*`` fields the [evaluation] table sets."""
+    table = data.get("evaluation", {})
+    if not isinstance(table, dict):
+        raise _fail(spec, "evaluation", f"expected a table, got {table!r}")
+    table = dict(table)
+    metric = table.pop("metric", "psnr")
+    if not isinstance(metric, str) or not metric:
+        raise _fail(spec, "evaluation.metric", f"expected a metric name, got {metric!r}")
+    fields = _fields(TrainConfig, ())
+    values = {}
+    for key, value in table.items():
+        name = f"eval_{key}"
+        if name not in fields:
+            known = sorted(f.removeprefix("eval_") for f in fields if f.startswith("eval_"))
+            raise _fail(
+                spec, f"evaluation.{key}", f"unknown field (expected metric or one of {', '.join(known)})"
+            )
+        values.update(_train_values(spec, "evaluation", {name: value}, fields))
+    return metric, values
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and check SPEC (see the module); raise :class:`ConfigError` naming the first bad entry."""
+    spec = Path(path)
+    try:
+        data = tomllib.loads(spec.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{spec}: not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{spec}: unreadable ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{spec}: not valid TOML ({exc})") from exc
+    for key in data:
+        if key not in TOP_KEYS:
+            raise _fail(spec, key, f"unknown field (expected one of {', '.join(TOP_KEYS)})")
+    seeds = data.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or any(_check_type(s, int) for s in seeds):
+        raise _fail(spec, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
+    for seed in seeds:
+        if seeds.count(seed) > 1:
+            raise _fail(spec, "seeds", f"seed {seed} listed twice")
+    export = data.get("export", False)
+    if not isinstance(export, bool):
+        raise _fail(spec, "export", f"expected true or false, got {export!r}")
+    metric, evaluation = _evaluation(spec, data)
+    configs = _configurations(spec, data, evaluation)
+    captures = _captures(spec, data)
+    return SweepSpec(str(spec), tuple(captures), tuple(configs), tuple(seeds), metric, export)
