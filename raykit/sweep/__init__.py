@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from raykit.sweep.report import paired_comparison, summarise, write_report
 from raykit.sweep.results import RESULTS, read_results, write_results
-from raykit.sweep.runs import TIMING_COLUMNS, RunTask, execute_run, run_identity
+from raykit.sweep.runs import TIMING_COLUMNS, RunTask, comparable, execute_run, run_identity
 from raykit.sweep.spec import Capture, Configuration, SweepSpec, config_hash, load_spec
 from raykit.sweep.sweep import SWEEP_FILE, SweepOptions, plan_sweep, run_sweep
 
@@ -26,6 +26,7 @@ __all__ = [
     "RunTask",
     "SweepOptions",
     "SweepSpec",
+    "comparable",
     "config_hash",
     "execute_run",
     "load_spec",

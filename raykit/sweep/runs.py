@@ -66,6 +66,12 @@ TIMING_COLUMNS = (
 )
 
 
+def comparable(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` less what measures time or the machine (``TIMING_COLUMNS``, every ``*_seconds`` figure
+    of eval.json): what two sweeps of the same runs must agree on."""
+    return {k: v for k, v in row.items() if k not in TIMING_COLUMNS and not k.endswith("_seconds")}
+
+
 def run_identity(store_fp: str, config: TrainConfig, seed: int, version: str = raykit.__version__) -> str:
     """sha256 of what decides a run's result: store fingerprint, config hash, seed, raykit version."""
     return fingerprint({"store": store_fp, "config": config_hash(config), "seed": seed, "raykit": version})
