@@ -219,6 +219,10 @@ def run_sweep(spec_path: str | Path, out: str | Path, options: SweepOptions | No
             rows[task.run_id] = row
             record.invocation["skipped"].append(task.run_id)
     record.save()
+    if tracker is not None:  # runs that finished before tracking was asked for (or before a kill)
+        for task in tasks:
+            if task.run_id in rows:
+                tracker.log_run(task, rows[task.run_id])
     print(
         f"sweep: {len(tasks)} runs, {len(tasks) - len(pending)} finished before, {len(pending)} to run",
         flush=True,
