@@ -22,7 +22,7 @@ from raykit.errors import SourceError, StoreCorruptError
 from raykit.fileio import sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
 from raykit.pipeline.records import tree_fingerprint
-from raykit.pipeline.runner import Attempt, Stage, run_process
+from raykit.pipeline.runner import Attempt, Stage, WarmStarter, run_process
 from raykit.trainer import TrainConfig
 
 __all__ = [
@@ -192,15 +192,25 @@ def train_stage(cfg: StageConfigs, url: str, store_fp: str, out: Path, sampler: 
 
 
 def training_stage(
-    config: TrainConfig, store_fp: str, name: str, *, nproc_per_node: int | None = None, max_restarts: int = 3
+    config: TrainConfig,
+    store_fp: str,
+    name: str,
+    *,
+    nproc_per_node: int | None = None,
+    max_restarts: int = 3,
+    starter: WarmStarter | None = None,
 ) -> Stage:
     """Train ``config`` in a child process (killed or not, ``--resume`` continues it exactly); the
-    result is :func:`train_summary`'s. ``raykit run`` and ``raykit sweep`` train through it."""
+    result is :func:`train_summary`'s. ``raykit run`` and ``raykit sweep`` train through it.
+    ``starter``: fork the child from a warm server (without torchrun) instead of a fresh interpreter."""
     argv = train_argv(config, nproc_per_node, max_restarts)
     run_dir = Path(config.out)
 
     def run(attempt: Attempt) -> dict[str, Any]:
-        run_process(argv, attempt)
+        if starter is not None and nproc_per_node is None:
+            starter.run("raykit.trainer", argv[3:], attempt)
+        else:
+            run_process(argv, attempt)
         summary = train_summary(run_dir)
         device = json.loads((run_dir / "run.json").read_text())["environment"].get("device", "")
         if str(device).startswith("cuda"):  # the trainer's peak is CUDA's allocation there

@@ -40,12 +40,14 @@ def run_local(tasks: Sequence[RunTask], jobs: int, on_row: OnRow) -> None:
             on_row(futures[future], future.result())
 
 
-def _on_worker(task: RunTask) -> dict[str, Any]:  # pragma: no cover - runs in a Dask worker
-    """One run in a Dask worker: the worker's cores split between its concurrent tasks."""
+def _on_worker(task: RunTask, gpu: bool) -> dict[str, Any]:  # pragma: no cover - runs in a Dask worker
+    """One run in a Dask worker: the worker's cores split between its concurrent tasks; ``gpu``: the
+    task holds one of the worker's ``GPU`` resources (recorded in the row's ``executor``)."""
     from distributed import get_worker
 
     worker = get_worker()
-    return execute_run(task, local_threads(worker.state.nthreads), f"dask:{worker.address}")
+    executor = f"dask:{worker.address}" + (" GPU=1" if gpu else "")
+    return execute_run(task, local_threads(worker.state.nthreads), executor)
 
 
 def run_dask(tasks: Sequence[RunTask], scheduler: str, on_row: OnRow, retries: int = 0) -> None:
@@ -66,6 +68,7 @@ def run_dask(tasks: Sequence[RunTask], scheduler: str, on_row: OnRow, retries: i
             client.submit(
                 _on_worker,
                 task,
+                gpus,
                 key=f"raykit-run-{task.run_id[:16]}",
                 pure=False,
                 resources=resources,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import traceback
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ from raykit.fileio import atomic_write_json
 from raykit.pipeline import (
     StageError,
     StageRunner,
+    WarmStarter,
     export_stage,
     fingerprint,
     machine_fault,
@@ -190,6 +192,20 @@ def _config_columns(config: TrainConfig) -> dict[str, Any]:
     return {f"config.{k}": v for k, v in config.to_dict().items() if k not in skip}
 
 
+_STARTER: list[WarmStarter] = []
+_STARTER_LOCK = threading.Lock()
+# What every trainer child imports (torch._dynamo: torch's optimisers import it on first use).
+PRELOAD = ("raykit.trainer.__main__", "torch._dynamo")
+
+
+def warm_starter() -> WarmStarter:
+    """This process's :class:`raykit.pipeline.WarmStarter` of trainer children (made once)."""
+    with _STARTER_LOCK:
+        if not _STARTER:
+            _STARTER.append(WarmStarter(PRELOAD))
+        return _STARTER[0]
+
+
 def execute_run(task: RunTask, threads: int | None = None, executor: str = "local") -> dict[str, Any]:
     """Run ``task`` (train, evaluate, export when asked) and return its row; never raises for a failed
     run: the row says ``status = "failed"`` and why. ``threads``: torch threads of the trainer, unless
@@ -211,7 +227,7 @@ def execute_run(task: RunTask, threads: int | None = None, executor: str = "loca
     runner: StageRunner | None = None
     try:
         runner = StageRunner(run_dir, task.retries, echo=echo)
-        summary = runner.execute(training_stage(config, task.store_fp, "train"))
+        summary = runner.execute(training_stage(config, task.store_fp, "train", starter=warm_starter()))
         if task.export:
             exported = runner.execute(export_stage(summary, run_dir, "model"))
             row["export_path"] = Path(exported["path"]).relative_to(run_dir.parent.parent).as_posix()

@@ -39,7 +39,7 @@ from raykit.pipeline import (
 from raykit.sweep.executors import run_dask, run_local
 from raykit.sweep.report import write_report
 from raykit.sweep.results import write_results
-from raykit.sweep.runs import RunTask, finished_row, run_tasks
+from raykit.sweep.runs import RunTask, finished_row, run_tasks, warm_starter
 from raykit.sweep.spec import Capture, SweepSpec, load_spec
 from raykit.trainer import TrainConfig
 
@@ -207,6 +207,8 @@ def run_sweep(spec_path: str | Path, out: str | Path, options: SweepOptions | No
         tracker = MlflowTracker(options.tracking_uri, out, spec)  # checks the server before any run
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if not options.scheduler:
+        warm_starter().start()  # torch and the trainer imported once, while the captures convert
     tasks = plan_sweep(spec, out, options)
     record = _Record(out, spec, tasks, options)
     rows: dict[str, dict[str, Any]] = {}

@@ -87,3 +87,30 @@ def test_an_interrupted_stage_resumes_in_place(tmp_path: Path) -> None:
         "attempt-2",
     ]
     assert [a["status"] for a in _record(tmp_path)["attempts"]] == ["interrupted", "done"]
+
+
+def test_a_warm_started_child_fails_as_a_fresh_one_would(tmp_path: Path) -> None:
+    """``WarmStarter``: bad input is exit status 2 with the child's error line (not retried), a kill
+    is the machine's fault; the log holds the child's output and its pid is reported."""
+    import os
+    import signal
+
+    from raykit.pipeline import StageError, WarmStarter
+    from raykit.pipeline.records import Meter
+
+    starter = WarmStarter(("raykit.trainer.__main__",))
+    pids: list[int] = []
+    bad = Attempt(1, tmp_path / "bad.log", False, Meter(), pids.append)
+    with pytest.raises(StageError) as info:
+        starter.run("raykit.trainer", [str(tmp_path / "missing.zarr"), f"--out={tmp_path / 'run'}"], bad)
+    assert not info.value.machine and "missing.zarr" in str(info.value) and "\n" not in str(info.value)
+    assert bad.meter.child["exit_status"] == 2 and bad.meter.child["peak_rss_mb"] > 10
+    assert "raykit: error:" in bad.log.read_text() and pids and pids[0] != os.getpid()
+
+    def kill(pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+
+    killed = Attempt(1, tmp_path / "killed.log", False, Meter(), kill)
+    with pytest.raises(StageError) as info:
+        starter.run("raykit.trainer", ["--help"], killed)
+    assert info.value.machine and "signal 9" in str(info.value)

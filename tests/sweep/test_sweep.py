@@ -136,7 +136,10 @@ def test_two_captures_that_are_one_store_stop_before_any_run(
 
 def _distributed_cluster() -> Any:
     distributed = pytest.importorskip("distributed")
-    return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    # each worker declares one GPU, as `dask worker --resources GPU=1` on a GPU machine: a run holds it
+    return distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, resources={"GPU": 1}
+    )
 
 
 def test_dask_gives_the_local_results_and_a_failure_is_a_row(
@@ -161,7 +164,7 @@ def test_dask_gives_the_local_results_and_a_failure_is_a_row(
     assert broken["attempts"] == 1  # bad input is never retried
     dask_row = rows["sampler=occupancy"]
     (local_row,) = [r for r in _rows(out_local) if r["run_id"] == dask_row["run_id"]]
-    assert dask_row["executor"].startswith("dask:")
+    assert dask_row["executor"].startswith("dask:") and dask_row["executor"].endswith(" GPU=1")
     other = ("export_path", "source_fingerprint")  # the SPECs name the capture differently
     assert {k: v for k, v in comparable(dask_row).items() if k not in other} == {
         k: v for k, v in comparable(local_row).items() if k not in other
