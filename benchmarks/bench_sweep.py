@@ -174,7 +174,7 @@ def killed_and_rerun(
 def dask_sweep(spec: Path, out: Path, clean_out: Path) -> dict[str, Any]:
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         wall = run_sweep(spec, out, f"--scheduler={cluster.scheduler_address}")
     executors = sorted({r["executor"].split(":")[0] for r in rows(out)})
     return {

@@ -138,7 +138,7 @@ def _distributed_cluster() -> Any:
     distributed = pytest.importorskip("distributed")
     # each worker declares one GPU, as `dask worker --resources GPU=1` on a GPU machine: a run holds it
     return distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, resources={"GPU": 1}
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", resources={"GPU": 1}
     )
 
 
