@@ -111,11 +111,13 @@ def test_mean_std_and_paired_comparison_figures() -> None:
     assert (lower["a_wins"], lower["b_wins"]) == (2, 1)
 
 
-def test_a_rerun_repeats_no_finished_run(local_sweep: tuple[Path, Path], sweep_cli: Any) -> None:
+def test_a_rerun_repeats_no_finished_run(
+    local_sweep: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     spec, out = local_sweep
     before = {p: p.read_bytes() for p in (out / "runs").glob("*/row.json")}
-    done = sweep_cli(spec, out, "--jobs=2", timeout=120)
-    assert "4 finished before, 0 to run" in done.stdout
+    run_sweep(spec, out, SweepOptions(jobs=2))
+    assert "4 finished before, 0 to run" in capsys.readouterr().out
     assert {p: p.read_bytes() for p in (out / "runs").glob("*/row.json")} == before
     last = json.loads((out / "sweep.json").read_text())["invocations"][-1]
     assert last["ran"] == [] and len(last["skipped"]) == 4

@@ -58,12 +58,14 @@ def test_runs_and_the_sweep_are_logged_once(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
+    from raykit.sweep import SweepOptions, run_sweep
+
     spec, finished = local_sweep
     out = tmp_path / "out"
     shutil.copytree(finished, out, ignore=shutil.ignore_patterns("checkpoints"))
-    for _ in range(2):  # the second invocation logs nothing again
-        done = sweep_cli(spec, out, "--tracking=mlflow", f"--tracking-uri={server}", timeout=300)
-        assert "warning" not in done.stdout + done.stderr, done.stdout + done.stderr
+    done = sweep_cli(spec, out, "--tracking=mlflow", f"--tracking-uri={server}", timeout=300)
+    assert "warning" not in done.stdout + done.stderr, done.stdout + done.stderr
+    run_sweep(spec, out, SweepOptions(tracking="mlflow", tracking_uri=server))  # logs no run again
     client = MlflowClient(tracking_uri=server)
     (experiment,) = [e for e in client.search_experiments() if e.name == "raykit sweep spec"]
     runs = client.search_runs([experiment.experiment_id])
