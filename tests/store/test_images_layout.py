@@ -348,9 +348,10 @@ def test_header_size_matches_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
             buf = io.BytesIO()
             image.save(buf, fmt, **kwargs)
             cases.append(buf.getvalue())
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
-    photos = [p for p in sorted(shared.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
-    cases += [p.read_bytes() for p in photos[:20]]
+    data = Path(__file__).resolve().parents[1] / "data"
+    photos = [p for p in sorted(data.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
+    assert len(photos) == 12  # tests/data: 10 camera JPEGs and 2 RGBA PNGs
+    cases += [p.read_bytes() for p in photos]
     assert len(cases) >= 20
     expected = [header_size_reference(data) for data in cases]
     assert [header_size(data) for data in cases] == expected
