@@ -16,7 +16,7 @@ from PIL import Image
 from raykit.conventions import opencv_to_opengl_c2w
 from raykit.converters import convert
 from raykit.converters.images import decode_image
-from raykit.errors import SourceError
+from raykit.errors import SourceError, StoreCorruptError
 from raykit.store import open_store, write_store
 from raykit.store.validate import validate_store
 from raykit.store.writer import copy_store
@@ -209,7 +209,7 @@ def test_validate_finds_flipped_image_byte(images_store, tmp_path: Path) -> None
     for deep in (False, True):
         problems = validate_store(dst, deep=deep)
         assert problems and any(rel in p for p in problems)
-    with pytest.raises(Exception, match="checksum"):
+    with pytest.raises(StoreCorruptError, match="fails its checksum"):
         open_store(dst).read_image(images_store.images("train")[0])
 
 
