@@ -15,6 +15,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.fileio import UntrustedFileError, open_regular
 from raykit.store.backend import Backend, ImagesPayload, PayloadReader, PayloadSpec
 from raykit.store.layout import StoreLayout
 from raykit.store.location import filesystem
@@ -104,11 +105,13 @@ class ImagesReader:
         if self._ranges is not None:
             return bytes(self._ranges.read(rel, start, stop))
         try:
-            with open(f"{self._root}/{rel}", "rb") as handle:
+            with open_regular(f"{self._root}/{rel}") as handle:  # never a FIFO or a device
                 handle.seek(start)
                 return handle.read(stop - start)
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self.url}/{rel}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
 
     def files_of(self, split: str, i: int) -> list[str]:
         """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
