@@ -55,7 +55,7 @@ def _who(owner: dict[str, Any]) -> str:
     return who + (f", since {owner['started']}" if "started" in owner else "")
 
 
-def _acquire(path: Path) -> int:
+def _acquire(path: Path, dst: Path, what: str) -> int:
     """An open descriptor of ``path`` holding its ``flock``; raises ``StoreLockedError`` if taken."""
     while True:
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
@@ -64,7 +64,7 @@ def _acquire(path: Path) -> int:
         except BlockingIOError:
             os.close(fd)
             raise StoreLockedError(
-                f"{path.with_suffix('')}: another process is writing this store ({_who(read_lock(path))}, "
+                f"{dst}: another process is writing this {what} ({_who(read_lock(path))}, "
                 f"lock {path}); wait for it to finish"
             ) from None
         try:
@@ -77,23 +77,26 @@ def _acquire(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def store_lock(dst: str | os.PathLike[str]) -> Iterator[Path]:
-    """Hold ``<dst>.lock`` for the duration of the block.
+def store_lock(
+    dst: str | os.PathLike[str], *, path: Path | None = None, what: str = "store"
+) -> Iterator[Path]:
+    """Hold ``<dst>.lock`` (or lock file ``path``) for the duration of the block; ``what`` names the
+    thing written in messages (``raykit run`` holds ``OUT/run.lock`` this way, ``what="run folder"``).
 
     Raises:
         StoreLockedError: another running writer holds it, named in the message.
     """
     dst = Path(dst)
-    path = lock_path(dst)
+    path = lock_path(dst) if path is None else path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _acquire(path)
+        fd = _acquire(path, dst, what)
     except StoreLockedError:
         raise
     except OSError as exc:
         raise StoreError(
-            f"{path}: cannot create the store's lock file ({exc.strerror or exc}); choose a DST in a "
-            "writable folder"
+            f"{path}: cannot create the {what}'s lock file ({exc.strerror or exc}); choose a "
+            "destination in a writable folder"
         ) from None
     try:
         stale = read_lock(path)
