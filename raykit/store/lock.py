@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from raykit.errors import StoreError, StoreLockedError
 
-__all__ = ["StaleLockWarning", "holding_store_lock", "lock_path", "read_lock", "store_lock"]
+__all__ = ["StaleLockWarning", "holding_store_lock", "lock_owner", "lock_path", "read_lock", "store_lock"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +48,47 @@ def read_lock(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return owner if isinstance(owner, dict) else {}
+
+
+def lock_owner(path: Path) -> dict[str, Any] | None:
+    """The owner record of lock file ``path`` while a running process holds it (its ``flock``), else
+    None. Looked up without taking the lock (a reader must not make a starting writer fail): in
+    ``/proc/locks`` on Linux, else by the recorded pid being alive on this host."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    owner = read_lock(path)
+    try:
+        with open("/proc/locks") as handle:
+            table = handle.read()
+    except OSError:
+        alive = owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
+        if alive:
+            try:
+                os.kill(owner["pid"], 0)
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                pass
+        return owner if alive else None
+    for line in table.splitlines():
+        fields = line.split()
+        if "FLOCK" not in fields or len(fields) < 6:
+            continue
+        device = next((f for f in fields if f.count(":") == 2), "")
+        try:
+            major, minor, inode = device.split(":")
+            same = (int(major, 16), int(minor, 16), int(inode)) == (
+                os.major(info.st_dev),
+                os.minor(info.st_dev),
+                info.st_ino,
+            )
+        except ValueError:
+            continue
+        if same:
+            return owner or {"pid": "?"}
+    return None
 
 
 def _who(owner: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
 from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout, holds_images
 from raykit.store.location import filesystem, is_url, read_errors
+from raykit.store.lock import lock_owner, lock_path
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import POINTS_SCHEMA, SparsePoints
 from raykit.store.remote import RangeFetcher
@@ -179,6 +180,12 @@ class RayStore:
 
     def _no_manifest_message(self) -> str:
         if self.url.endswith(".partial") or self._fs.exists(f"{self._root}.partial"):
+            owner = None if is_url(self.url) else lock_owner(lock_path(self._root.removesuffix(".partial")))
+            if owner is not None:
+                return (
+                    f"incomplete store: {self.url} is being written by pid {owner.get('pid', '?')} on host "
+                    f"{owner.get('host', '?')}; wait for it to finish"
+                )
             return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
         if not self._fs.exists(self._root):
             return f"no such store: {self.url}"

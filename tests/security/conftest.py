@@ -39,7 +39,9 @@ def build_store(path: Path, backend: str = "zarr", layout: str = "rays") -> Path
         split = "train" if i < 4 else "test"
         load = functools.partial(_pixels, i)
         records.append(ImageRecord(f"img_{i}.png", split, camera, c2w, 0.5, 6.0, f"mem://{i}", load))
-    write_store(path, records, scene=SceneInfo(), backend=backend, chunk_rays=64, shard_chunks=2, layout=layout)
+    write_store(
+        path, records, scene=SceneInfo(), backend=backend, chunk_rays=64, shard_chunks=2, layout=layout
+    )
     return path
 
 
@@ -91,3 +93,32 @@ def replace_with(path: Path, kind: str, target: Path) -> None:
         os.symlink("/dev/zero", path)
     else:
         os.symlink(target, path)
+
+
+# A run of a few steps of a tiny model: seconds on one CPU thread.
+TINY_TRAIN = {
+    "steps": 4, "batch_size": 128, "levels": 2, "base_resolution": 8, "max_resolution": 16, "features": 2,
+    "hidden": 16, "n_samples": 16, "occ_resolution": 16, "occ_update_every": 2, "occ_warmup_steps": 2,
+    "march_steps": 32, "log_every": 1, "ckpt_every": 2, "threads": 1, "device": "cpu", "sampler": "occupancy",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, pristine: dict[str, Path]) -> dict[str, Path]:
+    """A run of 4 steps on the zarr store (checkpoints at steps 2 and 4) and its export."""
+    from raykit.trainer import export_run, train
+    from raykit.trainer.config import TrainConfig
+
+    root = tmp_path_factory.mktemp("security-run")
+    run = train(TrainConfig(store=str(pristine["zarr"]), out=str(root / "run"), **TINY_TRAIN))
+    export_run(run, root / "export")
+    return {"root": root, "run": Path(run), "export": root / "export", "store": pristine["zarr"]}
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """``raykit ARGV`` in this process: (exit status, non-empty output lines)."""
+    from raykit.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, [line for line in (captured.out + captured.err).splitlines() if line.strip()]

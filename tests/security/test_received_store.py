@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-from pathlib import Path
 
 import pytest
 
@@ -35,7 +34,7 @@ def test_manifest_names_outside_the_store_are_refused(received, name: str, capsy
     store = received()
     rel = payload_files(store)[0]
     resign(store, lambda m: m["files"].__setitem__(name, m["files"].pop(rel)))
-    with pytest.raises(StoreCorruptError, match="manifest.json: file name .* not a plain path"):
+    with pytest.raises(StoreCorruptError, match=r"manifest.json: file name .* not a plain path"):
         open_store(store)
     code, lines = _cli(["validate", str(store)], capsys)
     assert code == 1 and len(lines) == 2 and "not a plain path inside the folder" in lines[0]
@@ -63,7 +62,7 @@ def test_a_payload_file_replaced_by_a_link_fifo_or_device(received, backend: str
         assert secret_digest()[:12] not in "\n".join(problems)
     split = "train" if "train" in rel else "test"
     reader = open_store(store)
-    with pytest.raises(StoreCorruptError, match="leads outside|FIFO|regular file"):
+    with pytest.raises(StoreCorruptError, match=r"leads outside|FIFO|regular file"):
         for index in range(reader.splits[split].n_chunks):
             reader.read_chunk(split, index)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: no /dev/zero slurp
@@ -91,7 +90,7 @@ def test_deleted_chunk_with_its_entry_removed_fails_plain_validate(received, cap
     assert problems and all(rel in p for p in problems), problems
     assert "expected an entry for" in problems[0]
     code, lines = _cli(["validate", str(store)], capsys)
-    assert code == 1
+    assert code == 1 and lines[0].startswith("FAIL ") and "expected an entry for" in lines[0]
 
 
 @pytest.mark.parametrize(
