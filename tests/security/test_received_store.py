@@ -130,3 +130,17 @@ def test_a_symlink_inside_the_store_pointing_inside_is_followed(received) -> Non
     os.symlink(moved, store / rel)
     assert validate_store(store) == []
     assert json.loads((store / "manifest.json").read_text())["files"][rel]
+
+
+def test_a_store_being_written_is_named_by_its_writer(tmp_path, capsys) -> None:
+    """While a writer holds ``DST.lock``: "being written by pid N", not "an interrupted write"."""
+    from raykit.store import store_lock
+
+    dst = tmp_path / "store"
+    (tmp_path / "store.partial").mkdir()
+    with store_lock(dst):
+        code, lines = _cli(["info", str(dst)], capsys)
+        assert code == 2 and len(lines) == 1, lines
+        assert f"being written by pid {os.getpid()}" in lines[0] and "interrupted" not in lines[0]
+    code, lines = _cli(["info", str(dst)], capsys)
+    assert code == 2 and "an interrupted write; rerun it to resume" in lines[0]
