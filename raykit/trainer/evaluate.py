@@ -12,7 +12,6 @@ is deterministic: bin centres for stratified/hierarchical sampling, no jitter wh
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from PIL import Image
 
 from raykit.errors import RaykitError, ResumeError
-from raykit.fileio import atomic_path, atomic_write_json
+from raykit.fileio import atomic_path, atomic_write_json, read_json
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
@@ -221,7 +220,14 @@ def evaluate_run(
     field.eval()
     splits = splits or [s for s in config.eval_splits.split(",") if s]
     path = run_dir / "eval.json"
-    result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"splits": {}}
+    result: dict[str, Any] = {"splits": {}}
+    if path.exists():  # merged into: a record of this run folder, bounded; one line when it is not one
+        try:
+            result = read_json(path)
+        except ValueError as exc:
+            raise ResumeError(f"{exc}; remove it to evaluate afresh") from None
+        if not isinstance(result, dict) or not isinstance(result.get("splits"), dict):
+            raise ResumeError(f"{path}: expected an object with 'splits'; remove it to evaluate afresh")
     checkpoint = latest_checkpoint(run_dir)
     result["checkpoint"] = None if checkpoint is None else str(checkpoint.relative_to(run_dir))
     result["step"] = step if step is not None else _step_of(checkpoint)

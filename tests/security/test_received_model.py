@@ -20,7 +20,7 @@ from raykit.trainer.export import export_run, load_export
 
 from .conftest import SECRET, cli, replace_with, secret_digest
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(10, func_only=True)  # each case; not the shared fixtures
 
 
 @pytest.fixture()
@@ -46,8 +46,8 @@ def _flip(path: Path, fraction: float) -> None:
 def _resume_argv(run: Path, store: Path) -> list[str]:
     from .conftest import TINY_TRAIN
 
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY_TRAIN.items() if k != "steps"]
-    return ["train", str(store), f"--out={run}", "--steps=6", "--resume", *flags]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY_TRAIN.items()]
+    return ["train", str(store), f"--out={run}", "--resume", *flags]
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.97])  # the weights; the optimiser state (written last)
@@ -173,3 +173,13 @@ def test_two_exports_of_one_run_are_byte_identical(trained: dict[str, Path], tmp
     assert list(metadata) == sorted(metadata)
     assert load_export(tmp_path / "a").step == 4
     assert os.path.getsize(tmp_path / "a" / "model.safetensors") > 0
+
+
+def test_a_torn_log_line_does_not_stop_resume(run_copy: Path, trained: dict[str, Path], capsys) -> None:
+    """A run killed while appending to log.jsonl leaves half a line: resume drops it and goes on."""
+    with open(run_copy / "log.jsonl", "a") as log:
+        log.write('{"step": 5, "loss": 0.')
+    code, lines = cli(_resume_argv(run_copy, trained["store"]), capsys)
+    assert code == 0, lines
+    steps = [json.loads(line)["step"] for line in (run_copy / "log.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 4

@@ -20,7 +20,7 @@ from raykit.store.validate import validate_store
 
 from .conftest import payload_files, replace_with, resign, secret_digest
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(10, func_only=True)  # each case; not the shared fixtures
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:

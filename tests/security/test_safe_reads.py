@@ -10,7 +10,7 @@ import pytest
 
 from raykit.fileio import UntrustedFileError, loads_json, open_regular, read_bounded, read_json, safe_path
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(10, func_only=True)  # each case; not the shared fixtures
 
 
 @pytest.mark.parametrize(
