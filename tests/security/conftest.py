@@ -48,13 +48,16 @@ def build_store(path: Path, backend: str = "zarr", layout: str = "rays") -> Path
 @pytest.fixture(scope="session")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("security-stores")
-    return {backend: build_store(root / backend, backend) for backend in ("zarr", "wds")}
+    stores = {backend: build_store(root / backend, backend) for backend in ("zarr", "wds")}
+    stores["images"] = build_store(root / "images", "zarr", layout="images")
+    return stores
 
 
 @pytest.fixture()
 def received(tmp_path: Path, pristine: dict[str, Path]) -> Any:
-    """``received(backend)``: a fresh copy of a small store in ``tmp_path/store``, and beside it (outside
-    the store) ``tmp_path/secret`` (a file no read of the store may touch)."""
+    """``received(kind)``: a fresh copy of a small store (``zarr``, ``wds``, or ``images``: zarr, images
+    layout) in ``tmp_path/store``, and beside it (outside the store) ``tmp_path/secret`` (a file no
+    read of the store may touch)."""
 
     def make(backend: str = "zarr") -> Path:
         dst = tmp_path / "store"
@@ -75,9 +78,10 @@ def resign(store: Path, edit: Any) -> None:
 
 
 def payload_files(store: Path) -> list[str]:
-    """The store's payload files (shards), relative names."""
+    """The store's payload files (shards), relative names; an images-layout store's image files first."""
     manifest = json.loads((store / "manifest.json").read_text())
-    return [rel for rel in manifest["files"] if "/" in rel and not rel.endswith(".json")]
+    files = [rel for rel in manifest["files"] if "/" in rel and not rel.endswith(".json")]
+    return sorted(files, key=lambda rel: "/images/" not in rel)
 
 
 def secret_digest() -> str:

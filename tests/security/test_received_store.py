@@ -48,7 +48,7 @@ def test_a_split_name_leading_out_is_refused(received) -> None:
         open_store(store)
 
 
-@pytest.mark.parametrize("backend", ["zarr", "wds"])
+@pytest.mark.parametrize("backend", ["zarr", "wds", "images"])
 @pytest.mark.parametrize("kind", ["link-out", "fifo", "zero"])
 def test_a_payload_file_replaced_by_a_link_fifo_or_device(received, backend: str, kind: str, capsys) -> None:
     """validate (plain and deep) and the reader refuse it at once; nothing outside is read."""
@@ -63,6 +63,9 @@ def test_a_payload_file_replaced_by_a_link_fifo_or_device(received, backend: str
     split = "train" if "train" in rel else "test"
     reader = open_store(store)
     with pytest.raises(StoreCorruptError, match=r"leads outside|FIFO|regular file"):
+        if backend == "images":
+            for name in reader.images(split):
+                reader.read_image(name)
         for index in range(reader.splits[split].n_chunks):
             reader.read_chunk(split, index)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: no /dev/zero slurp
@@ -81,9 +84,10 @@ def test_metadata_as_fifo_or_device_is_refused(received, what: str) -> None:
             open_store(store)
 
 
-def test_deleted_chunk_with_its_entry_removed_fails_plain_validate(received, capsys) -> None:
-    store = received("wds")
-    rel = payload_files(store)[-1]
+@pytest.mark.parametrize("backend", ["zarr", "wds", "images"])
+def test_deleted_chunk_with_its_entry_removed_fails_plain_validate(received, backend: str, capsys) -> None:
+    store = received(backend)
+    rel = payload_files(store)[0 if backend == "images" else -1]  # a file the split index names
     (store / rel).unlink()
     resign(store, lambda m: m["files"].pop(rel))
     problems = validate_store(store)
@@ -117,7 +121,7 @@ def test_deep_nesting_and_huge_numbers_name_the_manifest(received, capsys) -> No
         assert "manifest.json: not valid JSON" in lines[0] and len(lines[0]) < 300
 
 
-@pytest.mark.parametrize("backend", ["zarr", "wds"])
+@pytest.mark.parametrize("backend", ["zarr", "wds", "images"])
 def test_an_intact_store_still_validates(received, backend: str) -> None:
     assert validate_store(received(backend), deep=True) == []
 
