@@ -399,7 +399,8 @@ def check_manifest_files(manifest: Mapping[str, Any], where: str) -> None:
     if not isinstance(files, Mapping):
         raise StoreCorruptError(f"{where}: expected 'files' to be an object of file records")
     splits = manifest.get("splits")
-    names = list(splits) if isinstance(splits, Mapping) else []
+    splits = splits if isinstance(splits, Mapping) else {}
+    names = [*splits, *(s["name"] for s in splits.values() if isinstance(s, Mapping) and "name" in s)]
     try:
         for rel, entry in files.items():
             check_relative(rel, where)

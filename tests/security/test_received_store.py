@@ -41,9 +41,13 @@ def test_manifest_names_outside_the_store_are_refused(received, name: str, capsy
     assert secret_digest()[:12] not in "\n".join(lines)
 
 
-def test_a_split_name_leading_out_is_refused(received) -> None:
+@pytest.mark.parametrize("where", ["key", "record"])
+def test_a_split_name_leading_out_is_refused(received, where: str) -> None:
     store = received("wds")
-    resign(store, lambda m: m["splits"].__setitem__("../../x", m["splits"].pop("test")))
+    if where == "key":
+        resign(store, lambda m: m["splits"].__setitem__("../../x", m["splits"].pop("test")))
+    else:
+        resign(store, lambda m: m["splits"]["test"].__setitem__("name", "../../x"))
     with pytest.raises(StoreCorruptError, match="not a plain"):
         open_store(store)
 
