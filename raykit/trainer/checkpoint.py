@@ -125,7 +125,10 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
     found = [
         p
         for p in root.iterdir()
-        if p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit() and (p / META_FILE).is_file()
+        if p.name.startswith(_PREFIX)
+        and p.name[len(_PREFIX) :].isdigit()
+        and not p.is_symlink()  # a checkpoint lies inside its run folder
+        and (p / META_FILE).is_file()
     ]
     return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 

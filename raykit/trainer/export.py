@@ -157,9 +157,10 @@ class ExportedModel:
 
 
 def _read_json(path: Path) -> Any:
-    """A JSON record of a run or an export: a regular file, bounded (``fileio.read_json``)."""
+    """A JSON record of a run or an export: a regular file inside its folder, bounded
+    (``fileio.safe_path``, ``fileio.read_json``)."""
     try:
-        return read_json(path)
+        return read_json(safe_path(path.parent, path.name))
     except UntrustedFileError as exc:
         raise ExportError(str(exc)) from None
     except OSError as exc:

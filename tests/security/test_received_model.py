@@ -183,3 +183,23 @@ def test_a_torn_log_line_does_not_stop_resume(run_copy: Path, trained: dict[str,
     assert code == 0, lines
     steps = [json.loads(line)["step"] for line in (run_copy / "log.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 4
+
+
+def test_a_run_folder_cannot_lend_its_export_files_from_outside(run_copy: Path, tmp_path: Path) -> None:
+    """``raykit export RUN``: run.json and eval.json are read only from inside RUN (an export embeds
+    run.json), and a checkpoint directory that is a symlink out of RUN is not a checkpoint of RUN."""
+    (tmp_path / "secret.json").write_text('{"secret": "outside"}')
+    for name in ("run.json", "eval.json"):
+        original = (run_copy / name).read_bytes()
+        (run_copy / name).unlink()
+        os.symlink(tmp_path / "secret.json", run_copy / name)
+        with pytest.raises(ExportError, match=f"'{name}' leads outside the folder"):
+            export_run(run_copy, tmp_path / f"export-{name}")
+        (run_copy / name).unlink()
+        (run_copy / name).write_bytes(original)
+    newest = latest_checkpoint(run_copy)
+    assert newest is not None
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(newest, elsewhere)
+    os.symlink(elsewhere, run_copy / "checkpoints" / "step-99999999")
+    assert latest_checkpoint(run_copy) == newest
