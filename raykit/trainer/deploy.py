@@ -192,7 +192,7 @@ def _render(
     model: ExportedModel, views: Iterator[View], device: torch.device, out: Path | None
 ) -> dict[str, Any]:
     """Render ``views``; PNGs into ``out`` when given; per-image and mean metrics where targets exist."""
-    field, grid = models_from_state(model.config, model.state, device)
+    field, grid = models_from_state(model.config, model.state, device, str(model.path), ExportError)
     background = parse_background(model.config.background).to(device)
     images = []
     for i, view in enumerate(views):
