@@ -6,7 +6,7 @@ command-line option (``--lr``, ``--max-seconds``, ``--cache-mb``) or passed to a
 started: of the right kind (an integer where one is expected; never a bool, NaN or infinity), inside
 its bounds. A problem is one line, ``NAME: expected WHAT, got VALUE``; callers add the file or option
 and raise their own error (``SourceError`` for captures, ``ConfigError`` for options and arguments,
-``CameraError`` for cameras).
+``CameraError`` for cameras). :func:`device_problem` checks a device name the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ __all__ = [
     "IMAGE_PIXELS_WARN",
     "IMAGE_SIDE",
     "Range",
+    "device_problem",
     "image_size_problem",
     "max_workers",
     "range_problems",
@@ -128,11 +129,27 @@ def image_size_problem(width: Any, height: Any) -> str | None:
     return None
 
 
+def device_problem(device: Any) -> str | None:
+    """``device: ...`` when ``device`` is not a device name (or ``torch.device``) this machine has."""
+    if device == "cpu":
+        return None
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        return f"device: expected cpu, cuda or cuda:N, got {device!r}"
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        return f"device: expected cpu (CUDA is not available on this machine), got {device!r}"
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        return f"device: expected cuda:0 to cuda:{torch.cuda.device_count() - 1}, got {device!r}"
+    return None
+
+
 def max_workers() -> int:
     """The most worker processes a loader starts: 4 per CPU core this process may use (at least 8)."""
-    return max(
-        8, 4 * len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4 * (os.cpu_count() or 1)
-    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(8, 4 * cores)
 
 
 def worker_range() -> Range:

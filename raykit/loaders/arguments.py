@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError, ResumeError
-from raykit.ranges import Range, range_problems
+from raykit.ranges import Range, device_problem, range_problems
 
 if TYPE_CHECKING:
     from raykit.loaders.source import ChunkSource
     from raykit.store.reader import RayStore
 
-__all__ = ["check_loader_args", "check_state", "device_problem", "open_if_location", "resume_position"]
+__all__ = ["check_loader_args", "check_state", "open_if_location", "resume_position"]
 
 
 def check_loader_args(device: Any = None, **values: Any) -> None:
@@ -32,23 +32,6 @@ def check_loader_args(device: Any = None, **values: Any) -> None:
         problems.append(problem)
     if problems:
         raise ConfigError("loader: " + "; ".join(problems))
-
-
-def device_problem(device: Any) -> str | None:
-    """``device: ...`` when ``device`` is not a device name (or ``torch.device``) this machine has."""
-    if device == "cpu":
-        return None
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        return f"device: expected cpu, cuda or cuda:N, got {device!r}"
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        return f"device: expected cpu (CUDA is not available on this machine), got {device!r}"
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        return f"device: expected cuda:0 to cuda:{torch.cuda.device_count() - 1}, got {device!r}"
-    return None
 
 
 def open_if_location(store: RayStore | ChunkSource | str | os.PathLike[str]) -> RayStore | ChunkSource:
