@@ -13,6 +13,7 @@ from typing import TextIO
 from raykit.errors import RaykitError, RaykitWarning, SourceError
 
 _MACHINE_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT})
+PROBLEMS_SHOWN = 20  # a capture with 100,000 problems prints these and one line for the rest
 
 __all__ = ["build_parser", "main"]
 
@@ -63,8 +64,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except SourceError as exc:
-        for problem in exc.problems:
+        for problem in exc.problems[:PROBLEMS_SHOWN]:
             print(f"raykit: error: {problem}", file=sys.stderr)
+        if len(exc.problems) > PROBLEMS_SHOWN:
+            more = len(exc.problems) - PROBLEMS_SHOWN
+            print(f"raykit: error: ... and {more:,} more problems (fix these first)", file=sys.stderr)
         return 2
     except RaykitError as exc:
         print(f"raykit: error: {exc}", file=sys.stderr)
