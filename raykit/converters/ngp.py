@@ -41,6 +41,7 @@ from raykit.converters.base import (
     Capture,
     Problems,
     SourceView,
+    add_listed,
     check_rigid,
     check_similarity,
     load_json,
@@ -223,22 +224,19 @@ def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]])
     return lines
 
 
-MISSING_LISTED = 10  # missing images listed one per line; the rest are summarised in one line
-
-
 def report_missing(json_path: Path, missing: list[str], skip_missing: bool, problems: Problems) -> None:
-    """Missing frames are one problem line each (the first :data:`MISSING_LISTED`, then one line for
-    the rest) unless ``skip_missing``."""
+    """Missing frames are problem lines (the first ten one each, then one line) unless ``skip_missing``."""
     if skip_missing:
         return
-    for rel in missing[:MISSING_LISTED]:
-        problems.add(f"{json_path}: frame image {shown_name(rel)} not found (pass --skip-missing to skip it)")
-    if len(missing) > MISSING_LISTED:
-        rest = missing[MISSING_LISTED:]
-        problems.add(
+    add_listed(
+        problems,
+        missing,
+        lambda rel: f"{json_path}: frame image {shown_name(rel)} not found (pass --skip-missing to skip it)",
+        lambda rest: (
             f"{json_path}: {len(rest):,} more frame images not found ({shown_name(rest[0])} to "
             f"{shown_name(rest[-1])}; {len(missing):,} in all; pass --skip-missing to skip them)"
-        )
+        ),
+    )
 
 
 def parse_ngp(
