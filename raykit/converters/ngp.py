@@ -120,7 +120,7 @@ def _frame_view(
     if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
         problems.add(f"{where}: expected an object with a string file_path")
         return None, None
-    where = f"{where} ({shown_name(frame['file_path'])})"
+    where = f"{where} ({shown_name(frame['file_path'], quoted=False)})"
     c2w_gl, bad = _frame_pose(frame.get("transform_matrix"), f"{where}: transform_matrix", scales)
     if bad:
         problems.add(bad)

@@ -19,10 +19,10 @@ __all__ = ["ImageRoots", "is_inside", "name_problem", "shown_name"]
 PATH_BYTES, PART_BYTES = 4096, 255  # Linux's PATH_MAX and NAME_MAX (most file systems' limits)
 
 
-def shown_name(name: str, limit: int = 60) -> str:
-    """``repr(name)``, cut in the middle when longer than ``limit`` characters (an error line stays
-    one readable line whatever a capture holds)."""
-    text = repr(name)
+def shown_name(name: str, limit: int = 60, quoted: bool = True) -> str:
+    """``repr(name)`` (``name`` itself when not ``quoted`` and printable), cut in the middle when longer
+    than ``limit`` characters: an error line stays one readable line whatever a capture holds."""
+    text = name if not quoted and name.isprintable() else repr(name)
     return (
         text
         if len(text) <= limit
