@@ -30,6 +30,7 @@ from raykit.converters.images import ImageFileDecoder, choose_layout, probe_imag
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
+from raykit.converters.video import VIDEO_EXTENSIONS
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.progress import progress as progress_bar
 from raykit.store.layout import LAYOUTS
@@ -57,6 +58,8 @@ def detect_source(src: Path) -> str:
         return "llff"
     if find_colmap_model(src) is not None:
         return "colmap"
+    if src.is_file() and src.suffix.lower() in VIDEO_EXTENSIONS:
+        raise SourceError(f"{src}: a video; pass --from video to estimate its poses and convert its frames")
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
         "or COLMAP model); pass --from, e.g. --from photos for photos without poses"

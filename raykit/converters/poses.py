@@ -39,7 +39,7 @@ from raykit.converters import sfm
 from raykit.converters.photos import check_photos, list_photos, looks_like_frames, one_device
 from raykit.converters.pose_state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
 from raykit.converters.video import VIDEO_EXTENSIONS, extract_frames
-from raykit.errors import ConfigError, SourceError
+from raykit.errors import ConfigError, RaykitError, SourceError
 from raykit.progress import progress as progress_bar
 
 __all__ = [
@@ -326,6 +326,8 @@ def poses_for_convert(
 ) -> tuple[Path, str, str]:
     """Poses into the cache folder ``<dst>.poses`` for ``convert --from photos|video``.
 
+    A cache this call created is removed again when the photos or video are refused.
+
     Returns ``(capture folder, "colmap", exif policy)``: the undistorted capture with ``undistort``;
     the policy is ``ignore`` because pycolmap read the pixels as stored (``apply`` is refused).
     """
@@ -337,7 +339,15 @@ def poses_for_convert(
     if options.threads is None and threads is not None:
         options = dataclasses.replace(options, threads=threads)
     cache = pose_cache(Path(dst))
-    summary = estimate_poses(src, cache, options, source=source, restart=True, progress=progress)
+    fresh = not cache.exists()
+    try:
+        summary = estimate_poses(src, cache, options, source=source, restart=True, progress=progress)
+    except (
+        RaykitError
+    ):  # bad photos or a bad video: no DST.poses left behind (an interrupted run keeps its work)
+        if fresh:
+            shutil.rmtree(cache, ignore_errors=True)
+        raise
     if progress:
         print("\n".join(summary.lines()), file=sys.stderr)
     return (cache / "undistorted" if options.undistort else cache), "colmap", "ignore"
