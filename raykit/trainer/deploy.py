@@ -31,6 +31,7 @@ from raykit.cameras import pixels_to_rays
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
+from raykit.imagedecode import open_image
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import models_from_state, render_batch
@@ -105,7 +106,7 @@ def _frame_size(intr: Mapping[str, Any], frame: Mapping[str, Any], base: Path) -
     candidates = [base / file_path, *(base / (file_path + ext) for ext in (".png", ".jpg", ".jpeg"))]
     for candidate in candidates:
         if file_path and candidate.is_file():
-            with Image.open(candidate) as image:
+            with open_image(candidate) as image:
                 return image.size
     raise SourceError(f"no w/h given and no image at file_path {file_path!r} to take the size from")
 
