@@ -8,6 +8,7 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 from raykit.errors import RaykitError, RaykitWarning, SourceError
@@ -74,11 +75,22 @@ def _run(args: argparse.Namespace) -> int:
         print(f"raykit: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # named by the OS: the machine's fault (disk full, I/O error) is status 1,
-        print(f"raykit: error: {exc}", file=sys.stderr)  # the environment's (permissions, ...) status 2
+        print(f"raykit: error: {exc}{_partial_note(exc)}", file=sys.stderr)  # the environment's status 2
         return 1 if exc.errno in _MACHINE_FAULTS else 2
     except KeyboardInterrupt:
         print("raykit: interrupted", file=sys.stderr)
         return 130
+
+
+def _partial_note(exc: OSError) -> str:
+    """For a failed write inside a store's ``DST.partial`` folder: that the folder keeps the work so
+    far, and what to do with it."""
+    parts = Path(str(exc.filename or "")).parts
+    partial = next((i for i, part in enumerate(parts) if part.endswith(".partial")), None)
+    if partial is None:
+        return ""
+    folder = Path(*parts[: partial + 1])
+    return f" ({folder} keeps the work so far: rerun the same command to resume, or delete it)"
 
 
 def _show_warning(
