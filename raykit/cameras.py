@@ -133,14 +133,17 @@ class Camera:
         return params
 
     def _focal_problems(self, params: tuple[float, ...]) -> list[str]:
-        """One line per focal length outside :data:`FOCAL_PER_SIDE` times the image's larger side."""
+        """One line naming the focal lengths outside :data:`FOCAL_PER_SIDE` times the image's larger side."""
         side = max(self.width, self.height)
         low, high = FOCAL_PER_SIDE
         expected = Range(low * side, high * side)
+        bad = {self.spec.param_names[i]: params[i] for i in self.spec.focal_idx}
+        bad = {name: value for name, value in bad.items() if not expected.contains(value)}
+        if not bad:
+            return []
         return [
-            f"{problem} pixels ({low:g} to {high:g} times the image's larger side, {side})"
-            for i in self.spec.focal_idx
-            if (problem := expected.problem(f"focal length {self.spec.param_names[i]}", params[i]))
+            f"focal length {', '.join(bad)}: expected {expected.describe()} pixels ({low:g} to {high:g} "
+            f"times the image's larger side, {side}), got {', '.join(f'{v:g}' for v in bad.values())}"
         ]
 
     def _check_model_specific(self, params: tuple[float, ...]) -> None:
