@@ -72,7 +72,7 @@ class Range:
         try:
             number = float(value)
         except OverflowError:  # an integer beyond float's range
-            number = math.copysign(math.inf, int(value))
+            number = math.inf if value > 0 else -math.inf
         if not self.integer and not math.isfinite(number):
             return False
         low_ok = self.low is None or (number > self.low if self.low_open else number >= self.low)
@@ -99,7 +99,10 @@ def _fmt(bound: float) -> str:
 def _shown(value: Any, typed: bool = False) -> str:
     """``value`` for an error line: short (a 100,000-digit number is cut), with its type when not a
     number (``'3'`` is a str), a bool, or ``typed``."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer of more digits than Python converts to text
+        text = f"an integer of about {int(int(value).bit_length() * math.log10(2)) + 1} digits"
     if len(text) > 40:
         text = f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
     if typed or isinstance(value, bool) or not isinstance(value, numbers.Real | type(None)):
