@@ -75,7 +75,7 @@ CLI_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("argv", "needle"), CLI_CASES, ids=[" ".join(a[2:] if a[0] != "compare" else a) for a, _ in CLI_CASES]
+    ("argv", "needle"), CLI_CASES, ids=[" ".join(a).replace("{w}/", "") for a, _ in CLI_CASES]
 )
 def test_bad_option_is_one_line_and_writes_nothing(
     work: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
