@@ -16,7 +16,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "IMAGE_PIXELS",
@@ -72,7 +72,7 @@ class Range:
         try:
             number = float(value)
         except OverflowError:  # an integer beyond float's range
-            number = math.inf if value > 0 else -math.inf
+            number = -math.inf if cast(int, value) < 0 else math.inf
         if not self.integer and not math.isfinite(number):
             return False
         low_ok = self.low is None or (number > self.low if self.low_open else number >= self.low)

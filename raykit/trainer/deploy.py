@@ -139,7 +139,7 @@ def transforms_views(
         raise SourceError(f"{path}: unreadable transforms file: {exc}") from exc
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
         raise SourceError(f"{path}: expected an object with a 'frames' list")
-    frames, problems = [], {}
+    frames, problems = [], dict[str, list[int]]()
     for i, frame in enumerate(meta["frames"]):
         try:
             if not isinstance(frame, dict):
