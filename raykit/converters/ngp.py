@@ -215,7 +215,7 @@ def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]])
     the frames that use it."""
     lines = []
     for text, indices in bad.items():
-        named = [f"{i} ({frames[i]['file_path']})" for i in indices]
+        named = [f"{i} ({shown_name(frames[i]['file_path'], quoted=False)})" for i in indices]
         if len(named) == 1:
             lines.append(f"{json_path}: frame {named[0]}: {text}")
             continue
