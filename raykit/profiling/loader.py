@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from raykit.errors import ConfigError
 from raykit.loaders import RAY_CACHE_BYTES
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
 from raykit.profiling.mixing import shuffle_quality
+from raykit.ranges import device_problem
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 from raykit.store.summary import payload_bytes
@@ -113,7 +115,15 @@ def run_bench(
     batches: int = 200,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report."""
+    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report.
+
+    Raises:
+        ConfigError: ``split`` is not one of the store's, or ``device`` not one this machine has.
+    """
+    if split not in store.splits:
+        raise ConfigError(f"--split: {store.url} has no split {split!r} (it has {', '.join(store.splits)})")
+    if problem := device_problem(device):
+        raise ConfigError(f"--{problem}")
     if store.splits[split].holds_images:  # the windowed shuffle (raykit.profiling.images_bench)
         from raykit.profiling.images_bench import run_images_bench
 

@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from raykit.errors import StoreError, StoreLockedError
+from raykit.errors import RaykitWarning, StoreError, StoreLockedError
 
 __all__ = ["StaleLockWarning", "holding_store_lock", "lock_owner", "lock_path", "read_lock", "store_lock"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class StaleLockWarning(UserWarning):
+class StaleLockWarning(RaykitWarning):
     """A lock left by a writer that no longer runs was taken over."""
 
 
