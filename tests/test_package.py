@@ -21,14 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered"),
-    ("conventions", "camera_models"),
+    ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),
     ("rays",),
     ("colmap_io",),
     ("scene",),
     ("store",),
-    ("converters", "loaders"),
+    ("converters", "loaders", "evaluation"),
     ("profiling",),
     ("trainer", "integrations"),
     ("pipeline",),

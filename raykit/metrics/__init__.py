@@ -20,7 +20,16 @@ from raykit.metrics.lpips import (
     lpips_weight_paths,
     reference_lpips,
 )
-from raykit.metrics.protocol import PROTOCOLS, Protocol, composite, protocol_named, quantize, to_protocol_image
+from raykit.metrics.protocol import (
+    PROTOCOLS,
+    Protocol,
+    background_tensor,
+    composite,
+    parse_background,
+    protocol_named,
+    quantize,
+    to_protocol_image,
+)
 
 __all__ = [
     "LPIPS",
@@ -29,9 +38,11 @@ __all__ = [
     "LpipsWeights",
     "LpipsWeightsError",
     "Protocol",
+    "background_tensor",
     "composite",
     "load_lpips",
     "lpips_weight_paths",
+    "parse_background",
     "protocol_named",
     "psnr",
     "quantize",

@@ -114,7 +114,7 @@ def lpips_weight_paths(net: str, trunk: str | Path | None = None, heads: str | P
     if not trunk_path.is_file():
         raise LpipsWeightsError(
             f"{trunk_path}: LPIPS {net} trunk weights not found; download {spec.trunk_url} to that path "
-            f"(or give its path with --lpips-{net}-trunk); raykit never downloads"
+            f"(or give its path with --lpips-{net}-trunk, or pass --no-lpips); raykit never downloads"
         )
     if heads is None:
         package = _lpips_data_dir()

@@ -19,7 +19,16 @@ from torch import Tensor
 
 from raykit.errors import ConfigError
 
-__all__ = ["PROTOCOLS", "Protocol", "composite", "protocol_named", "quantize", "to_protocol_image"]
+__all__ = [
+    "PROTOCOLS",
+    "Protocol",
+    "background_tensor",
+    "composite",
+    "parse_background",
+    "protocol_named",
+    "quantize",
+    "to_protocol_image",
+]
 
 
 @dataclass(frozen=True)
@@ -99,3 +108,24 @@ def to_protocol_image(image: Tensor, background: Tensor | None = None) -> Tensor
         bg = torch.zeros(3) if background is None else background
         image = composite(image, bg)
     return quantize(image[..., :3])
+
+
+def parse_background(text: str) -> tuple[int, int, int]:
+    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> the 8-bit colour RGBA images are composited on.
+
+    nerfbaselines stores a dataset's background as uint8; a float colour is quantised like an image.
+    """
+    named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+    try:
+        values = named[text] if text in named else tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0.0 <= v <= 1.0 for v in values):
+        raise ConfigError(f"background: expected white, black or R,G,B in [0, 1], got {text!r}")
+    quantized = quantize(torch.tensor(values, dtype=torch.float32))
+    return (int(quantized[0]), int(quantized[1]), int(quantized[2]))
+
+
+def background_tensor(color: tuple[int, int, int]) -> Tensor:
+    """An 8-bit background colour as the float32 ``(3,)`` :func:`composite` takes (``uint8 / 255``)."""
+    return torch.tensor(color, dtype=torch.float32) / 255.0
