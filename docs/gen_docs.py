@@ -17,6 +17,7 @@ API_MODULES = (
     "raykit",
     "raykit.errors",
     "raykit.conventions",
+    "raykit.metrics",
     "raykit.cameras",
     "raykit.image_geometry",
     "raykit.rays",
@@ -25,6 +26,7 @@ API_MODULES = (
     "raykit.scene",
     "raykit.converters",
     "raykit.loaders",
+    "raykit.evaluation",
     "raykit.trainer",
 )
 

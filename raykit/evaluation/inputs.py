@@ -17,6 +17,7 @@ exactly one partner. Every problem is a :class:`~raykit.errors.SourceError` whos
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -110,7 +111,9 @@ def _read_exr(path: Path) -> np.ndarray:
 
     image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if image is None:
-        raise SourceError(f"{path}: not a readable EXR image (OpenCV with OPENCV_IO_ENABLE_OPENEXR=1 reads them)")
+        raise SourceError(
+            f"{path}: not a readable EXR image (OpenCV with OPENCV_IO_ENABLE_OPENEXR=1 reads them)"
+        )
     if image.ndim == 3:
         image = image[..., [2, 1, 0, 3][: image.shape[2]]]
     return np.ascontiguousarray(image, dtype=np.float32)
@@ -124,7 +127,9 @@ def _half(path: Path, right: bool) -> ImageRef:
     def load() -> np.ndarray:
         canvas = decode_image(path.read_bytes())
         if canvas.shape[1] % 2:
-            raise SourceError(f"{path}: a gsplat canvas has an even width (ground truth | render), got {canvas.shape[1]}")
+            raise SourceError(
+                f"{path}: a gsplat canvas has an even width (ground truth | render), got {canvas.shape[1]}"
+            )
         width = canvas.shape[1] // 2
         return np.ascontiguousarray(canvas[:, width:] if right else canvas[:, :width])
 
@@ -153,9 +158,13 @@ def _image_files(folder: Path) -> dict[str, Path]:
 def _ns_render_root(folder: Path) -> Path | None:
     if (folder / "rgb").is_dir() and (folder / "gt-rgb").is_dir():
         return folder
-    splits = [p for p in sorted(folder.iterdir()) if p.is_dir() and (p / "rgb").is_dir() and (p / "gt-rgb").is_dir()]
+    splits = [
+        p for p in sorted(folder.iterdir()) if p.is_dir() and (p / "rgb").is_dir() and (p / "gt-rgb").is_dir()
+    ]
     if len(splits) > 1:
-        raise SourceError(f"{folder}: ns-render output of several splits ({', '.join(p.name for p in splits)}): give one")
+        raise SourceError(
+            f"{folder}: ns-render output of several splits ({', '.join(p.name for p in splits)}): give one"
+        )
     return splits[0] if splits else None
 
 
@@ -186,11 +195,15 @@ def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef
     except StoreError as exc:
         raise SourceError(f"{store_path}: {exc}") from None
     if split not in store.splits:
-        raise SourceError(f"{text}: the store has no split {split!r} (it has {', '.join(sorted(store.splits))})")
-    refs = {}
-    for name in store.images(split):
-        refs[Path(name).with_suffix("").as_posix()] = ImageRef(f"{text}/{name}", lambda n=name: store.read_image(n))
-    return refs
+        raise SourceError(
+            f"{text}: the store has no split {split!r} (it has {', '.join(sorted(store.splits))})"
+        )
+    return {
+        Path(name).with_suffix("").as_posix(): ImageRef(
+            f"{text}/{name}", functools.partial(store.read_image, name)
+        )
+        for name in store.images(split)
+    }
 
 
 def _ground_truth(gt: str) -> tuple[dict[str, ImageRef], str, str | None]:
@@ -232,7 +245,9 @@ def find_pairs(pred: str, gt: str) -> PairSet:
         preds = {k: _file_ref(p) for k, p in _image_files(root / "rgb").items()}
         if same:
             gts = {k: _file_ref(p) for k, p in _image_files(root / "gt-rgb").items()}
-            return PairSet(_match(preds, gts, str(root / "rgb"), str(root / "gt-rgb")), "ns-render", "ns-render")
+            return PairSet(
+                _match(preds, gts, str(root / "rgb"), str(root / "gt-rgb")), "ns-render", "ns-render"
+            )
         gts, kind, split = _ground_truth(gt)
         return PairSet(_match(preds, gts, str(root / "rgb"), gt), "ns-render", kind, split)
     if (canvases := _gsplat_canvases(pred_path)) is not None:

@@ -10,9 +10,10 @@
                  "prediction_sha256": "...", "ground_truth_sha256": "...",
                  "psnr": 27.5, "ssim": 0.94, "lpips": 0.07}, ...]}
 
-A PSNR of identical images (infinite) is written as null, and so is a mean over it. ``lpips`` is AlexNet's figure, ``lpips_vgg`` VGG's (protocol ``nerf``). An image's sha256 is its file's
-bytes (or, for an image inside another file or a store, its pixels); a set's is the sha256 of its
-``NAME SHA256`` lines in name order. Paths are written as given, so moving the inputs keeps the bytes.
+A PSNR of identical images (infinite) is written as null, and so is a mean over it. ``lpips`` is
+AlexNet's figure, ``lpips_vgg`` VGG's (protocol ``nerf``). An image's sha256 is its file's bytes (or, for an
+image inside another file or a store, its pixels); a set's is the sha256 of its ``NAME SHA256`` lines in
+name order. Paths are written as given, so moving the inputs keeps the bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from raykit.evaluation.inputs import Pair, PairSet, find_pairs
 from raykit.fileio import atomic_write_json
 from raykit.metrics import (
     LPIPS,
+    MIN_SIDE,
     background_tensor,
     load_lpips,
     lpips_weight_paths,
@@ -53,21 +55,35 @@ __all__ = ["EvaluateConfig", "evaluate", "score", "set_sha256"]
 class EvaluateConfig:
     """``raykit evaluate``'s options (each default written once, here)."""
 
-    pred: str = option("", "folder of predictions (a folder of images, ns-render dataset output or gsplat renders/)", positional=True)
+    pred: str = option(
+        "",
+        "folder of predictions (a folder of images, ns-render dataset output or gsplat renders/)",
+        positional=True,
+    )
     gt: str = option(
         "",
-        "ground truth: a folder of images, a raykit store split STORE:SPLIT, or PRED itself for ns-render and "
-        "gsplat outputs (which carry their ground truth)",
+        "ground truth: a folder of images, a raykit store split STORE:SPLIT, or PRED itself for "
+        "ns-render and gsplat outputs (which carry their ground truth)",
         positional=True,
     )
     output: str = option("results.json", "where to write the results", flag="--output")
-    protocol: str = option("default", "evaluation protocol: default (LPIPS AlexNet) or nerf (AlexNet and VGG)", choices=("default", "nerf"))
+    protocol: str = option(
+        "default",
+        "evaluation protocol: default (LPIPS AlexNet) or nerf (AlexNet and VGG)",
+        choices=("default", "nerf"),
+    )
     background: str = option("white", "colour RGBA images are composited on: white, black or R,G,B in [0, 1]")
-    lpips: bool = option(True, "compute LPIPS (needs the published weights on this machine; nothing is downloaded)")
+    lpips: bool = option(
+        True, "compute LPIPS (needs the published weights on this machine; nothing is downloaded)"
+    )
     lpips_alex_trunk: str | None = option(None, "torchvision AlexNet weights (default: torch hub's cache)")
-    lpips_alex_heads: str | None = option(None, "LPIPS AlexNet heads (default: the lpips wheel's weights/v0.1/alex.pth)")
+    lpips_alex_heads: str | None = option(
+        None, "LPIPS AlexNet heads (default: the lpips wheel's weights/v0.1/alex.pth)"
+    )
     lpips_vgg_trunk: str | None = option(None, "torchvision VGG16 weights (default: torch hub's cache)")
-    lpips_vgg_heads: str | None = option(None, "LPIPS VGG heads (default: the lpips wheel's weights/v0.1/vgg.pth)")
+    lpips_vgg_heads: str | None = option(
+        None, "LPIPS VGG heads (default: the lpips wheel's weights/v0.1/vgg.pth)"
+    )
     device: str = option("cpu", "device the metrics run on (cpu, cuda, cuda:1, ...)")
     threads: int = option(2, "threads reading and hashing images ahead of the metrics")
 
@@ -124,6 +140,15 @@ def _scored(pairs: list[Pair], config: EvaluateConfig) -> Iterator[tuple[Pair, _
         yield from in_order(pool, lambda pair: _load_pair(pair, background), pairs, ahead=2 * config.threads)
 
 
+def _check_lpips_size(pair: Pair, shape: tuple[int, ...], models: dict[str, LPIPS]) -> None:
+    for net in models:
+        if min(shape[0], shape[1]) < MIN_SIDE[net]:
+            raise SourceError(
+                f"{pair.pred.label}: {shape[1]}x{shape[0]} is smaller than LPIPS {net} takes "
+                f"({MIN_SIDE[net]} pixels a side); pass --no-lpips to score PSNR and SSIM only"
+            )
+
+
 def score(found: PairSet, config: EvaluateConfig) -> dict[str, Any]:
     """The results document of ``found`` (module docstring), without writing it."""
     protocol = protocol_named(config.protocol)
@@ -142,6 +167,7 @@ def score(found: PairSet, config: EvaluateConfig) -> dict[str, Any]:
             "ssim": float(ssim(pred, gt, kernel_size=protocol.ssim_kernel, sigma=protocol.ssim_sigma,
                                 k1=protocol.ssim_k1, k2=protocol.ssim_k2)[0]),
         }  # fmt: skip
+        _check_lpips_size(pair, loaded.pred.shape, models)
         with torch.no_grad():
             for net, model in models.items():
                 record["lpips" if net == "alex" else f"lpips_{net}"] = float(model(pred, gt)[0])
@@ -176,7 +202,8 @@ def _finite(value: float) -> float | None:
 
 
 def _mean(values: list[float | None]) -> float | None:
-    return None if any(v is None for v in values) else float(np.mean(values))
+    finite = [v for v in values if v is not None]
+    return None if len(finite) < len(values) else float(np.mean(finite))
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from raykit.metrics.image_metrics import psnr, reference_psnr, reference_ssim, s
 from raykit.metrics.lpips import (
     LPIPS,
     LPIPS_NETS,
+    MIN_SIDE,
     LpipsWeights,
     LpipsWeightsError,
     load_lpips,
@@ -34,6 +35,7 @@ from raykit.metrics.protocol import (
 __all__ = [
     "LPIPS",
     "LPIPS_NETS",
+    "MIN_SIDE",
     "PROTOCOLS",
     "LpipsWeights",
     "LpipsWeightsError",

@@ -75,7 +75,9 @@ def _window(height: int, width: int, kernel: int) -> int:
     return size - (1 - size % 2)
 
 
-def _ssim_map(mu0: Tensor, mu1: Tensor, s00: Tensor, s11: Tensor, s01: Tensor, k1: float, k2: float) -> Tensor:
+def _ssim_map(
+    mu0: Tensor, mu1: Tensor, s00: Tensor, s11: Tensor, s01: Tensor, k1: float, k2: float
+) -> Tensor:
     """dm_pix's SSIM map from the filtered moments of images shifted by -1/2 (variances clipped as
     dm_pix clips them; the shift leaves variances unchanged and is added back to the means)."""
     s00 = torch.clamp(s00 - mu0 * mu0, min=_EPS)
@@ -96,15 +98,17 @@ def _blur(maps: Tensor, g: Tensor) -> Tensor:
     size = g.shape[0]
     cv2 = _cv2() if maps.device.type == "cpu" else None
     if cv2 is None:
-        out = F.conv2d(maps[None], g.view(1, 1, -1, 1).expand(maps.shape[0], 1, size, 1), groups=maps.shape[0])
+        out = F.conv2d(
+            maps[None], g.view(1, 1, -1, 1).expand(maps.shape[0], 1, size, 1), groups=maps.shape[0]
+        )
         return F.conv2d(out, g.view(1, 1, 1, -1).expand(maps.shape[0], 1, 1, size), groups=maps.shape[0])[0]
     r, taps = size // 2, g.numpy()
     height, width = maps.shape[1:]
     arrays = maps.numpy()
-    out = np.empty((maps.shape[0], height - size + 1, width - size + 1), dtype=arrays.dtype)
+    filtered = np.empty((maps.shape[0], height - size + 1, width - size + 1), dtype=arrays.dtype)
     for i, m in enumerate(arrays):
-        out[i] = cv2.sepFilter2D(m, -1, taps, taps)[r : height - r, r : width - r]
-    return torch.from_numpy(out)
+        filtered[i] = cv2.sepFilter2D(m, -1, taps, taps)[r : height - r, r : width - r]
+    return torch.from_numpy(filtered)
 
 
 def ssim(
@@ -117,14 +121,15 @@ def ssim(
     k2: float = 0.03,
 ) -> Tensor:
     """``(B, H, W, C)`` pairs -> ``(B,)`` mean SSIM (see the module docstring)."""
-    batch, height, width, channels = pred.shape
+    _, height, width, channels = pred.shape
     size = _window(height, width, kernel_size)
     g = _gaussian(size, sigma, pred.device).to(torch.float32)
     values = []
     for a, b in zip(_unit32(pred), _unit32(target), strict=True):
         x, y = a.permute(2, 0, 1), b.permute(2, 0, 1)  # (C, H, W), shifted to [-1/2, 1/2]
         moments = _blur(torch.cat([x, y, x * x, y * y, x * y]), g).unflatten(0, (5, channels))
-        values.append(_ssim_map(*moments.unbind(0), k1, k2).to(torch.float64).mean())
+        mu0, mu1, s00, s11, s01 = moments.unbind(0)
+        values.append(_ssim_map(mu0, mu1, s00, s11, s01, k1, k2).to(torch.float64).mean())
     return torch.stack(values) if values else torch.zeros(0, dtype=torch.float64)
 
 

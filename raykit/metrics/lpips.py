@@ -29,6 +29,7 @@ from raykit.errors import ConfigError, RaykitError
 __all__ = [
     "LPIPS",
     "LPIPS_NETS",
+    "MIN_SIDE",
     "LpipsWeights",
     "LpipsWeightsError",
     "load_lpips",
@@ -44,8 +45,8 @@ class LpipsWeightsError(RaykitError, FileNotFoundError):
 # Per net: torchvision's feature layers ("C" conv out-channels kernel stride padding, "R" ReLU, "M" max
 # pool 3/2 for AlexNet, 2/2 for VGG), the module index after which each LPIPS tap is taken, the trunk's
 # published file name.
-_ALEX = [("C", 64, 11, 4, 2), ("R",), ("M",), ("C", 192, 5, 1, 2), ("R",), ("M",), ("C", 384, 3, 1, 1), ("R",),
-         ("C", 256, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",)]  # fmt: skip
+_ALEX = [("C", 64, 11, 4, 2), ("R",), ("M",), ("C", 192, 5, 1, 2), ("R",), ("M",),
+         ("C", 384, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",)]  # fmt: skip
 _VGG = [("C", 64, 3, 1, 1), ("R",), ("C", 64, 3, 1, 1), ("R",), ("M",),
         ("C", 128, 3, 1, 1), ("R",), ("C", 128, 3, 1, 1), ("R",), ("M",),
         ("C", 256, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",), ("M",),
@@ -79,6 +80,8 @@ _NETS = {
     ),
 }
 LPIPS_NETS = tuple(_NETS)
+# The smallest image side each trunk takes (AlexNet: 11/4 convolution and two 3/2 pools; VGG: four 2/2 pools).
+MIN_SIDE = {"alex": 31, "vgg": 16}
 _SHIFT = (-0.030, -0.088, -0.188)
 _SCALE = (0.458, 0.448, 0.450)
 
@@ -100,7 +103,9 @@ def _lpips_data_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def lpips_weight_paths(net: str, trunk: str | Path | None = None, heads: str | Path | None = None) -> LpipsWeights:
+def lpips_weight_paths(
+    net: str, trunk: str | Path | None = None, heads: str | Path | None = None
+) -> LpipsWeights:
     """The weight files of ``net`` (``alex`` or ``vgg``), checked to exist.
 
     ``trunk`` defaults to torch hub's cache (``$TORCH_HOME/hub/checkpoints/<torchvision file>``),
@@ -110,7 +115,9 @@ def lpips_weight_paths(net: str, trunk: str | Path | None = None, heads: str | P
     if net not in _NETS:
         raise ConfigError(f"unknown LPIPS net {net!r}: expected one of {', '.join(LPIPS_NETS)}")
     spec = _NETS[net]
-    trunk_path = Path(trunk) if trunk is not None else Path(torch.hub.get_dir()) / "checkpoints" / spec.trunk_file
+    trunk_path = (
+        Path(trunk) if trunk is not None else Path(torch.hub.get_dir()) / "checkpoints" / spec.trunk_file
+    )
     if not trunk_path.is_file():
         raise LpipsWeightsError(
             f"{trunk_path}: LPIPS {net} trunk weights not found; download {spec.trunk_url} to that path "
@@ -121,7 +128,8 @@ def lpips_weight_paths(net: str, trunk: str | Path | None = None, heads: str | P
         if package is None:
             raise LpipsWeightsError(
                 f"lpips/weights/v0.1/{net}.pth: LPIPS {net} heads not found (the lpips package is not "
-                f"installed); run `pip install --no-deps lpips==0.1.4` or give the file with --lpips-{net}-heads"
+                f"installed); run `pip install --no-deps lpips==0.1.4` or give the file with "
+                f"--lpips-{net}-heads"
             )
         heads = package / "weights" / "v0.1" / f"{net}.pth"
     heads_path = Path(heads)
@@ -175,6 +183,9 @@ class LPIPS(nn.Module):
     :func:`load_lpips` (or ``features.load_state_dict`` / ``load_state_dict`` of the heads yourself).
     """
 
+    shift: Tensor
+    scale: Tensor
+
     def __init__(self, net: str = "alex") -> None:
         super().__init__()
         if net not in _NETS:
@@ -209,7 +220,11 @@ class LPIPS(nn.Module):
 
 def _signed(images: Tensor) -> Tensor:
     """``(B, H, W, 3)`` protocol images -> ``(B, 3, H, W)`` float32 in [-1, 1]."""
-    x = images.to(torch.float32) / 255.0 if images.dtype == torch.uint8 else images.to(torch.float32).clamp(0, 1)
+    x = (
+        images.to(torch.float32) / 255.0
+        if images.dtype == torch.uint8
+        else images.to(torch.float32).clamp(0, 1)
+    )
     return x.permute(0, 3, 1, 2) * 2 - 1
 
 
@@ -217,7 +232,9 @@ def _load(path: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: one line naming it
-        raise LpipsWeightsError(f"{path}: not a readable torch state dict ({type(exc).__name__}: {exc})") from None
+        raise LpipsWeightsError(
+            f"{path}: not a readable torch state dict ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(state, dict):
         raise LpipsWeightsError(f"{path}: expected a state dict, got {type(state).__name__}")
     return state
@@ -233,20 +250,26 @@ def load_lpips(weights: LpipsWeights, device: str | torch.device = "cpu") -> LPI
         model.load_state_dict({**heads, **{f"features.{k}": v for k, v in trunk.items()}}, strict=False)
         missing = [k for k in model.state_dict() if k.startswith("lin") and k not in heads]
     except RuntimeError as exc:
-        raise LpipsWeightsError(f"{weights.trunk}, {weights.heads}: weights do not fit LPIPS {weights.net}: {exc}") from None
+        raise LpipsWeightsError(
+            f"{weights.trunk}, {weights.heads}: weights do not fit LPIPS {weights.net}: {exc}"
+        ) from None
     if missing:
         raise LpipsWeightsError(f"{weights.heads}: LPIPS {weights.net} heads lack {', '.join(missing)}")
     return model.to(device)
 
 
-def reference_lpips(pred: Tensor, target: Tensor, net: str, trunk: dict[str, Tensor], heads: dict[str, Tensor]) -> Tensor:
+def reference_lpips(
+    pred: Tensor, target: Tensor, net: str, trunk: dict[str, Tensor], heads: dict[str, Tensor]
+) -> Tensor:
     """Slow twin of :class:`LPIPS`: one image at a time, the layers spelled out with ``F`` from the state
     dicts (``trunk`` in torchvision's keys, ``heads`` in lpips' keys); float64."""
     convs = {"alex": [(4, 2), (1, 2), (1, 1), (1, 1), (1, 1)], "vgg": [(1, 1)] * 13}[net]
     pools_after = {"alex": {0, 1}, "vgg": {1, 3, 6, 9}}[net]
     taps_after = {"alex": {0, 1, 2, 3, 4}, "vgg": {1, 3, 6, 9, 12}}[net]
     pool = {"alex": 3, "vgg": 2}[net]
-    weights = sorted({int(k.split(".")[1]) for k in trunk if k.startswith("features.") and k.endswith("weight")})
+    weights = sorted(
+        {int(k.split(".")[1]) for k in trunk if k.startswith("features.") and k.endswith("weight")}
+    )
     shift = torch.tensor(_SHIFT, dtype=torch.float64).view(3, 1, 1)
     scale = torch.tensor(_SCALE, dtype=torch.float64).view(3, 1, 1)
     out = []

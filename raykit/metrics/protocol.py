@@ -93,7 +93,8 @@ def quantize(images: Tensor) -> Tensor:
 
 
 def composite(rgba: Tensor, background: Tensor) -> Tensor:
-    """``(..., H, W, 4)`` uint8 or float RGBA over ``background (3,)`` in [0, 1] -> float32 ``(..., H, W, 3)``."""
+    """``(..., H, W, 4)`` uint8 or float RGBA over ``background (3,)`` in [0, 1] -> float32
+    ``(..., H, W, 3)``."""
     rgba = rgba.to(torch.float32) / 255.0 if rgba.dtype == torch.uint8 else rgba.to(torch.float32)
     alpha = rgba[..., 3:]
     return rgba[..., :3] * alpha + (1 - alpha) * background.to(device=rgba.device, dtype=torch.float32)

@@ -20,9 +20,13 @@ def _random_weights(tmp_path: Path, net: str, seed: int) -> tuple[Path, Path, di
     model = LPIPS(net)
     trunk = {}
     for key, value in model.features.state_dict().items():
-        trunk[f"features.{key}"] = torch.randn(value.shape, generator=gen) * (0.05 if value.dim() > 1 else 0.01)
+        trunk[f"features.{key}"] = torch.randn(value.shape, generator=gen) * (
+            0.05 if value.dim() > 1 else 0.01
+        )
     trunk["classifier.1.weight"] = torch.randn(10, 4, generator=gen)
-    heads = {k: torch.rand(v.shape, generator=gen) for k, v in model.state_dict().items() if k.startswith("lin")}
+    heads = {
+        k: torch.rand(v.shape, generator=gen) for k, v in model.state_dict().items() if k.startswith("lin")
+    }
     torch.save(trunk, tmp_path / f"{net}-trunk.pth")
     torch.save(heads, tmp_path / f"{net}-heads.pth")
     return tmp_path / f"{net}-trunk.pth", tmp_path / f"{net}-heads.pth", trunk, heads
@@ -50,7 +54,9 @@ def test_lpips_equals_reference_twin(tmp_path: Path, net: str) -> None:
         assert model(a, a).abs().max() < 1e-6
 
 
-def test_published_heads_located_without_importing_lpips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_published_heads_located_without_importing_lpips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = importlib.util.find_spec("lpips")
     if spec is None:
         pytest.skip("the lpips wheel is not installed (pip install --no-deps lpips==0.1.4)")
@@ -75,12 +81,18 @@ def test_equals_lpips_package_where_it_imports(tmp_path: Path) -> None:
     except Exception as exc:  # torchvision from the index does not import against the CPU torch here
         pytest.skip(f"the lpips package does not import here ({type(exc).__name__}: {exc})")
     trunk_path, heads_path, trunk, _ = _random_weights(tmp_path, "alex", seed=4)
-    theirs = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, model_path=str(heads_path), verbose=False)
-    theirs.net.load_state_dict({f"slice{s}.{k.split('.')[1]}.{k.split('.')[2]}": v for s, k, v in _slices(trunk)})
+    theirs = lpips.LPIPS(
+        net="alex", pretrained=True, pnet_rand=True, model_path=str(heads_path), verbose=False
+    )
+    theirs.net.load_state_dict(
+        {f"slice{s}.{k.split('.')[1]}.{k.split('.')[2]}": v for s, k, v in _slices(trunk)}
+    )
     a, b = _images(5)
     ours = load_lpips(lpips_weight_paths("alex", trunk_path, heads_path))
     with torch.no_grad():
-        expected = theirs(a.permute(0, 3, 1, 2).float() / 127.5 - 1, b.permute(0, 3, 1, 2).float() / 127.5 - 1)
+        expected = theirs(
+            a.permute(0, 3, 1, 2).float() / 127.5 - 1, b.permute(0, 3, 1, 2).float() / 127.5 - 1
+        )
         torch.testing.assert_close(ours(a, b), expected.flatten(), rtol=0, atol=1e-5)
 
 

@@ -19,7 +19,9 @@ from raykit.metrics import (
     to_protocol_image,
 )
 
-nb_metrics = pytest.importorskip("nerfbaselines.metrics", reason="the oracle: pip install --no-deps nerfbaselines")
+nb_metrics = pytest.importorskip(
+    "nerfbaselines.metrics", reason="the oracle: pip install --no-deps nerfbaselines"
+)
 nb_utils = pytest.importorskip("nerfbaselines.utils")
 
 PHOTOS = Path(__file__).resolve().parents[1] / "data" / "plant_photos"
@@ -102,4 +104,6 @@ def test_protocol_image_equals_nerfbaselines_image_to_srgb() -> None:
     got = to_protocol_image(torch.from_numpy(rgba), torch.from_numpy(background).float() / 255.0)
     assert np.array_equal(got.numpy(), expected)
     floats = rng.random((5, 6, 3)).astype(np.float32) * 1.2 - 0.1
-    assert np.array_equal(quantize(torch.from_numpy(floats)).numpy(), nb_utils.image_to_srgb(floats, np.uint8))
+    assert np.array_equal(
+        quantize(torch.from_numpy(floats)).numpy(), nb_utils.image_to_srgb(floats, np.uint8)
+    )
