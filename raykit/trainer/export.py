@@ -147,6 +147,12 @@ class ExportedModel:
         """The run's eval figures for the exported step (``eval.json``'s ``splits``), if recorded."""
         return self.manifest.get("eval")
 
+    @property
+    def eval_protocol(self) -> dict[str, Any] | None:
+        """The ``protocol`` block of those figures; None for figures (or exports) from before the
+        community protocol, whose ``psnr`` is the float figure."""
+        return self.manifest.get("eval_protocol")
+
 
 def _read_json(path: Path) -> Any:
     try:
@@ -250,6 +256,7 @@ def export_run(
         "scene": {"aabb": aabb, **scene},
         "run": run_record,
         "eval": evaluation["splits"] if matches and evaluation else None,
+        "eval_protocol": evaluation.get("protocol") if matches and evaluation else None,
         "state": {"groups": sorted(groups), "values": values, "empty": empty, "n_tensors": len(flat)},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
