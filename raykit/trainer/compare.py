@@ -1,4 +1,10 @@
-"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``."""
+"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``.
+
+Per split: ``psnr``, ``ssim`` and ``lpips`` under the community protocol, then the float figures
+``psnr_float`` and ``ssim_float`` (extra columns). A run evaluated before the protocol has only float
+figures: its ``psnr``/``ssim`` are shown as ``psnr_float``/``ssim_float`` and its protocol figures are
+missing ("-"), so a row never sets figures of two protocols against each other.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ResumeError
+from raykit.trainer.scores import FLOAT_KEYS, METRIC_KEYS, OLD_PROTOCOL, protocol_of
 
-__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "format_table"]
+__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "eval_protocols", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -55,13 +62,28 @@ def _final_log(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _figures(evaluation: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per split, the figures by metric name; an old-protocol run's PSNR/SSIM become the float ones."""
+    if protocol_of(evaluation) != OLD_PROTOCOL:
+        return evaluation["splits"]
+    return {
+        split: {"psnr_float": f.get("psnr"), "ssim_float": f.get("ssim")}
+        for split, f in evaluation["splits"].items()
+    }
+
+
+def eval_protocols(run_a: str | Path, run_b: str | Path) -> tuple[str, str]:
+    """The protocol each run's ``eval.json`` was scored under (``OLD_PROTOCOL`` before it existed)."""
+    return protocol_of(_read_eval(Path(run_a))), protocol_of(_read_eval(Path(run_b)))
+
+
 def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
-    """Per-split PSNR/SSIM of both runs, then training figures from the last log record."""
+    """Per-split figures of both runs (module docstring), then training figures from the last log record."""
     a_dir, b_dir = Path(run_a), Path(run_b)
-    a, b = _read_eval(a_dir)["splits"], _read_eval(b_dir)["splits"]
+    a, b = _figures(_read_eval(a_dir)), _figures(_read_eval(b_dir))
     rows = []
     for split in sorted(set(a) | set(b)):
-        for metric in ("psnr", "ssim"):
+        for metric in (*METRIC_KEYS, *FLOAT_KEYS):
             rows.append(MetricDiff(split, metric, a.get(split, {}).get(metric), b.get(split, {}).get(metric)))
     log_a, log_b = _final_log(a_dir), _final_log(b_dir)
     for metric in TRAIN_METRICS:
