@@ -36,6 +36,7 @@ from raykit.fileio import atomic_write_json
 from raykit.metrics import (
     LPIPS,
     MIN_SIDE,
+    Protocol,
     background_tensor,
     load_lpips,
     lpips_weight_paths,
@@ -106,21 +107,36 @@ class _Loaded:
     gt: torch.Tensor
     pred_sha256: str
     gt_sha256: str
+    figures: dict[str, float | None] | None = None
 
 
-def _load_pair(pair: Pair, background: torch.Tensor) -> _Loaded:
+def _figures(pred: torch.Tensor, gt: torch.Tensor, protocol: Protocol) -> dict[str, float | None]:
+    """PSNR and SSIM of one ``(1, H, W, 3)`` uint8 pair under ``protocol``."""
+    return {
+        "psnr": _finite(float(psnr(pred, gt)[0])),
+        "ssim": float(ssim(pred, gt, kernel_size=protocol.ssim_kernel, sigma=protocol.ssim_sigma,
+                            k1=protocol.ssim_k1, k2=protocol.ssim_k2)[0]),
+    }  # fmt: skip
+
+
+def _load_pair(pair: Pair, background: torch.Tensor, protocol: Protocol | None) -> _Loaded:
+    """Read, check, hash and convert one pair; with ``protocol`` (metrics on the CPU) score it too, here
+    on the reader thread, so that pairs are scored in parallel (OpenCV and numpy release the GIL)."""
     pred, gt = pair.pred.load(), pair.gt.load()
     if pred.shape[:2] != gt.shape[:2]:
         raise SourceError(
             f"{pair.pred.label}: size {pred.shape[1]}x{pred.shape[0]} differs from the ground truth's "
             f"{gt.shape[1]}x{gt.shape[0]} ({pair.gt.label})"
         )
-    return _Loaded(
+    loaded = _Loaded(
         to_protocol_image(torch.from_numpy(pred), background),
         to_protocol_image(torch.from_numpy(gt), background),
         pair.pred.sha256(pred),
         pair.gt.sha256(gt),
     )
+    if protocol is not None:
+        loaded.figures = _figures(loaded.pred[None], loaded.gt[None], protocol)
+    return loaded
 
 
 def _lpips_models(config: EvaluateConfig) -> dict[str, LPIPS]:
@@ -136,8 +152,11 @@ def _lpips_models(config: EvaluateConfig) -> dict[str, LPIPS]:
 
 def _scored(pairs: list[Pair], config: EvaluateConfig) -> Iterator[tuple[Pair, _Loaded]]:
     background = background_tensor(parse_background(config.background))
+    on_cpu = protocol_named(config.protocol) if torch.device(config.device).type == "cpu" else None
     with ThreadPoolExecutor(config.threads) as pool:
-        yield from in_order(pool, lambda pair: _load_pair(pair, background), pairs, ahead=2 * config.threads)
+        yield from in_order(
+            pool, lambda pair: _load_pair(pair, background, on_cpu), pairs, ahead=2 * config.threads
+        )
 
 
 def _check_lpips_size(pair: Pair, shape: tuple[int, ...], models: dict[str, LPIPS]) -> None:
@@ -163,10 +182,8 @@ def score(found: PairSet, config: EvaluateConfig) -> dict[str, Any]:
             "ground_truth": pair.gt.label,
             "prediction_sha256": loaded.pred_sha256,
             "ground_truth_sha256": loaded.gt_sha256,
-            "psnr": _finite(float(psnr(pred, gt)[0])),
-            "ssim": float(ssim(pred, gt, kernel_size=protocol.ssim_kernel, sigma=protocol.ssim_sigma,
-                                k1=protocol.ssim_k1, k2=protocol.ssim_k2)[0]),
-        }  # fmt: skip
+            **(loaded.figures or _figures(pred, gt, protocol)),
+        }
         _check_lpips_size(pair, loaded.pred.shape, models)
         with torch.no_grad():
             for net, model in models.items():

@@ -4,11 +4,14 @@ Images are ``(B, H, W, C)`` uint8 tensors (the protocol's images, :func:`raykit.
 or floats in [0, 1] already on that grid; values are ``x / 255``. Results are ``(B,)`` float64.
 
 - PSNR: ``-10 log10(mse)``, the mean over ``H, W, C`` of the squared difference, per image. For uint8 the
-  sum of squared integer differences is exact (int64), so the figure does not depend on the device.
+  sum of squared differences is exact (a histogram of the absolute differences), so the figure does not
+  depend on the device.
 - SSIM: dm_pix's (mip-NeRF's) SSIM: separable Gaussian window (11 taps, sigma 1.5), "valid" filtering
   (no padding), ``k1 = 0.01``, ``k2 = 0.03``, variances clipped to ``eps(float32)**2`` and the covariance
   to ``sqrt(var_x var_y)``, the map averaged over pixels and channels. Computed in float64; an image
   smaller than the window uses a window of its smaller side (odd), which the protocol leaves undefined.
+  The moments are filtered in float32 on images shifted to [-1/2, 1/2] (variances computed as
+  ``E[x^2] - E[x]^2`` lose less there); nerfbaselines filters in float32 too.
 
 :func:`reference_psnr` and :func:`reference_ssim` are the slow twins (one image and one window at a time).
 """
@@ -55,12 +58,17 @@ def _cv2() -> ModuleType | None:
 def psnr(pred: Tensor, target: Tensor) -> Tensor:
     """``(B, H, W, C)`` pairs -> ``(B,)`` PSNR in dB (``inf`` for identical images)."""
     if pred.dtype == torch.uint8 and target.dtype == torch.uint8:
-        diff = pred.to(torch.int32) - target.to(torch.int32)
-        sse = (diff * diff).flatten(1).sum(1, dtype=torch.int64)
+        squares = torch.arange(256, dtype=torch.int64, device=pred.device) ** 2
+        sse = torch.stack([_histogram(a, b) @ squares for a, b in zip(pred, target, strict=True)])
         mse = sse.to(torch.float64) / (float(pred[0].numel()) * 255.0**2)
     else:
         mse = ((_unit(pred) - _unit(target)) ** 2).flatten(1).mean(1)
     return -10.0 * torch.log10(mse)
+
+
+def _histogram(a: Tensor, b: Tensor) -> Tensor:
+    """(256,) int64: how many of the values of two uint8 images differ by 0, 1, ..., 255 (exact)."""
+    return torch.bincount((torch.maximum(a, b) - torch.minimum(a, b)).flatten(), minlength=256)
 
 
 def _gaussian(size: int, sigma: float, device: torch.device) -> Tensor:
@@ -90,25 +98,68 @@ def _ssim_map(
 
 
 def _blur(maps: Tensor, g: Tensor) -> Tensor:
-    """``(M, H, W)`` maps filtered by the separable window ``g (K,)``, "valid" region ``(M, H-K+1, W-K+1)``.
+    """``(M, H, W)`` maps filtered by the separable window ``g (K,)``, "valid" region
+    ``(M, H-K+1, W-K+1)``: two grouped convolutions."""
+    size, count = g.shape[0], maps.shape[0]
+    out = F.conv2d(maps[None], g.view(1, 1, -1, 1).expand(count, 1, size, 1), groups=count)
+    return F.conv2d(out, g.view(1, 1, 1, -1).expand(count, 1, 1, size), groups=count)[0]
 
-    On the CPU with OpenCV installed, ``cv2.sepFilter2D`` (SIMD, the same sums of products in another
-    order); elsewhere two grouped convolutions.
-    """
-    size = g.shape[0]
-    cv2 = _cv2() if maps.device.type == "cpu" else None
-    if cv2 is None:
-        out = F.conv2d(
-            maps[None], g.view(1, 1, -1, 1).expand(maps.shape[0], 1, size, 1), groups=maps.shape[0]
-        )
-        return F.conv2d(out, g.view(1, 1, 1, -1).expand(maps.shape[0], 1, 1, size), groups=maps.shape[0])[0]
-    r, taps = size // 2, g.numpy()
-    height, width = maps.shape[1:]
-    arrays = maps.numpy()
-    filtered = np.empty((maps.shape[0], height - size + 1, width - size + 1), dtype=arrays.dtype)
-    for i, m in enumerate(arrays):
-        filtered[i] = cv2.sepFilter2D(m, -1, taps, taps)[r : height - r, r : width - r]
-    return torch.from_numpy(filtered)
+
+def _ssim_torch(a: Tensor, b: Tensor, g: Tensor, k1: float, k2: float) -> Tensor:
+    """Mean SSIM of one pair of ``(H, W, C)`` float32 images shifted to [-1/2, 1/2], any device."""
+    x, y = a.permute(2, 0, 1), b.permute(2, 0, 1)
+    moments = _blur(torch.cat([x, y, x * x, y * y, x * y]), g).unflatten(0, (5, a.shape[2]))
+    mu0, mu1, s00, s11, s01 = moments.unbind(0)
+    return _ssim_map(mu0, mu1, s00, s11, s01, k1, k2).to(torch.float64).mean()
+
+
+_ROWS = 48  # output rows per block of the CPU path: the block's temporaries stay in the caches
+
+
+def _ssim_opencv(cv2: ModuleType, a: np.ndarray, b: np.ndarray, g: np.ndarray, k1: float, k2: float) -> float:
+    """:func:`_ssim_torch` on the CPU: ``cv2.sepFilter2D`` on the ``(H, W, C)`` moments (the same sums
+    of products in another order), then the map in blocks of rows with in-place numpy arithmetic."""
+    r = g.shape[0] // 2
+    height, width = a.shape[:2]
+    blurred = [
+        cv2.sepFilter2D(m, -1, g, g)[r : height - r, r : width - r] for m in (a, b, a * a, b * b, a * b)
+    ]
+    total, count = 0.0, 0
+    for lo in range(0, height - 2 * r, _ROWS):
+        mu0, mu1, s00, s11, s01 = (np.array(m[lo : lo + _ROWS]) for m in blurred)
+        block = _ssim_block(mu0, mu1, s00, s11, s01, k1, k2)
+        total += float(block.sum(dtype=np.float64))
+        count += block.size
+    return total / count
+
+
+def _ssim_block(
+    mu0: np.ndarray, mu1: np.ndarray, s00: np.ndarray, s11: np.ndarray, s01: np.ndarray, k1: float, k2: float
+) -> np.ndarray:
+    """:func:`_ssim_map` in numpy, overwriting its (block) inputs."""
+    s00 -= mu0 * mu0
+    np.maximum(s00, _EPS, out=s00)
+    s11 -= mu1 * mu1
+    np.maximum(s11, _EPS, out=s11)
+    s01 -= mu0 * mu1
+    limit = np.sqrt(s00 * s11)
+    np.clip(s01, -limit, limit, out=s01)
+    mu0 += 0.5
+    mu1 += 0.5
+    num = mu0 * mu1
+    num *= 2
+    num += k1**2
+    s01 *= 2
+    s01 += k2**2
+    num *= s01
+    den = mu0 * mu0
+    den += mu1 * mu1
+    den += k1**2
+    s00 += s11
+    s00 += k2**2
+    den *= s00
+    num /= den
+    return num
 
 
 def ssim(
@@ -120,17 +171,23 @@ def ssim(
     k1: float = 0.01,
     k2: float = 0.03,
 ) -> Tensor:
-    """``(B, H, W, C)`` pairs -> ``(B,)`` mean SSIM (see the module docstring)."""
-    _, height, width, channels = pred.shape
+    """``(B, H, W, C)`` pairs -> ``(B,)`` mean SSIM (see the module docstring).
+
+    On the CPU with OpenCV installed the filtering runs through ``cv2.sepFilter2D`` (:func:`_ssim_opencv`);
+    elsewhere through grouped convolutions (:func:`_ssim_torch`). Both are checked against
+    :func:`reference_ssim` and nerfbaselines.
+    """
+    _, height, width, _ = pred.shape
     size = _window(height, width, kernel_size)
     g = _gaussian(size, sigma, pred.device).to(torch.float32)
+    cv2 = _cv2() if pred.device.type == "cpu" and pred.shape[3] <= 4 else None  # OpenCV: at most 4 channels
     values = []
     for a, b in zip(_unit32(pred), _unit32(target), strict=True):
-        x, y = a.permute(2, 0, 1), b.permute(2, 0, 1)  # (C, H, W), shifted to [-1/2, 1/2]
-        moments = _blur(torch.cat([x, y, x * x, y * y, x * y]), g).unflatten(0, (5, channels))
-        mu0, mu1, s00, s11, s01 = moments.unbind(0)
-        values.append(_ssim_map(mu0, mu1, s00, s11, s01, k1, k2).to(torch.float64).mean())
-    return torch.stack(values) if values else torch.zeros(0, dtype=torch.float64)
+        if cv2 is not None:
+            values.append(torch.tensor(_ssim_opencv(cv2, a.numpy(), b.numpy(), g.numpy(), k1, k2)))
+        else:
+            values.append(_ssim_torch(a, b, g, k1, k2))
+    return torch.stack(values).to(torch.float64) if values else torch.zeros(0, dtype=torch.float64)
 
 
 def reference_psnr(pred: Tensor, target: Tensor) -> Tensor:
