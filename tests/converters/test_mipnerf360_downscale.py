@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from raykit.cameras import Camera
-from raykit.converters import convert
-from raykit.converters.downscale import mipnerf360_camera, resize_area, round_half_up_div
+from raykit.converters import convert, mipnerf360_camera, resize_area, round_half_up_div
 
 
 def _nerfbaselines_v2(

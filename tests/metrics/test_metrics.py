@@ -11,6 +11,7 @@ import torch
 
 from raykit.imagedecode import decode_image
 from raykit.metrics import (
+    image_metrics,
     psnr,
     quantize,
     reference_psnr,
@@ -107,3 +108,14 @@ def test_protocol_image_equals_nerfbaselines_image_to_srgb() -> None:
     assert np.array_equal(
         quantize(torch.from_numpy(floats)).numpy(), nb_utils.image_to_srgb(floats, np.uint8)
     )
+
+
+def test_torch_path_equals_the_opencv_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ssim``'s any-device path (grouped convolutions) against its CPU path (OpenCV) and the oracle."""
+    a, b = _noisy_pairs(11, (2, 30, 41, 3))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    cpu = ssim(ta, tb)
+    monkeypatch.setattr(image_metrics, "_cv2", lambda: None)
+    anywhere = ssim(ta, tb)
+    torch.testing.assert_close(anywhere, cpu, rtol=0, atol=1e-6)
+    assert np.abs(anywhere.numpy() - _oracle(a, b)[1]).max() < 1e-5
