@@ -236,8 +236,8 @@ def evaluate_run(
     result["checkpoint"] = None if checkpoint is None else str(checkpoint.relative_to(run_dir))
     result["step"] = step if step is not None else _step_of(checkpoint)
     scorer = Scorer(parse_background(config.background), device)
-    if "protocol" not in result and result["splits"]:
-        result["splits"] = {}  # figures of the float protocol are not merged with the protocol's
+    if "protocol" not in result and result["splits"]:  # kept apart: never mixed with the protocol's figures
+        result["splits_before_protocol"], result["splits"] = result["splits"], {}
     result["protocol"] = scorer.protocol_block()
     for split in splits:
         if split in store.splits:

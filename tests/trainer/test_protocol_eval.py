@@ -5,13 +5,14 @@ figures marked as the old protocol (compare, the pipeline's summary)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 import raykit.cli
 from raykit.pipeline.stages import train_summary
-from raykit.trainer import OLD_PROTOCOL, compare, train
+from raykit.trainer import OLD_PROTOCOL, compare, export_run, render, train, verify_export
 
 from .test_train import tiny_config
 
@@ -68,3 +69,25 @@ def test_old_run_directories_open_with_old_protocol_marked(run: Path, tmp_path: 
     summary = train_summary(old)
     assert summary["protocol"] == OLD_PROTOCOL and summary["psnr_float"] == test["psnr_float"]
     assert train_summary(run)["protocol"] == "default"
+    shutil.copytree(run, tmp_path / "rerendered")
+    (tmp_path / "rerendered" / "eval.json").write_text(json.dumps(old_eval))
+    again = render(tmp_path / "rerendered", "test")
+    assert again["protocol"]["name"] == "default" and again["splits"]["test"]["psnr"] == test["psnr"]
+    assert again["splits_before_protocol"]["test"]["psnr"] == test["psnr_float"]  # kept apart, not mixed
+
+
+def test_export_verify_follows_the_protocol_of_the_figures(run: Path, tmp_path: Path) -> None:
+    """An export verifies against the run's protocol figures; one written before the protocol (no
+    ``eval_protocol``, float ``psnr``) verifies against the float PSNR."""
+    out = export_run(run, tmp_path / "model")
+    result = verify_export(out)
+    assert result["protocol"] == "default" and result["difference_db"] <= 1e-9
+    manifest_path = out / "export.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["eval_protocol"]
+    for figures in manifest["eval"].values():
+        figures["psnr"] = figures.pop("psnr_float")
+    manifest_path.write_text(json.dumps(manifest))
+    old = verify_export(out)
+    assert old["protocol"] == OLD_PROTOCOL and old["difference_db"] <= 1e-9
+    assert old["psnr"] != result["psnr"]
