@@ -11,8 +11,9 @@ Layouts of PRED (recognised in this order):
   recursively; raykit's own ``renders/SPLIT/NNN_NAME.png`` match ``NAME`` after the index prefix.
 
 GT is a folder of images or a raykit store split written ``STORE:SPLIT``. Images are matched by their path
-relative to the folder without the extension (then without a leading ``NNN_``); every image must have
-exactly one partner. Every problem is a :class:`~raykit.errors.SourceError` whose one line names the file.
+relative to the folder without the extension, then without a leading ``NNN_``, then by the file stem alone
+when it names one ground-truth image; every image must have exactly one partner. Every problem is a
+:class:`~raykit.errors.SourceError` whose one line names the file.
 """
 
 from __future__ import annotations
@@ -218,16 +219,23 @@ def _ground_truth(gt: str) -> tuple[dict[str, ImageRef], str, str | None]:
 
 
 def _match(pred: dict[str, ImageRef], gt: dict[str, ImageRef], pred_root: str, gt_root: str) -> list[Pair]:
-    """Pairs by key; a prediction's key may carry raykit's ``NNN_`` render prefix."""
-    unmatched = {k: v for k, v in pred.items() if k not in gt}
-    by_key = {k: v for k, v in pred.items() if k in gt}
-    for key, ref in unmatched.items():
+    """Pairs by key; failing that, a prediction matches by its key without raykit's ``NNN_`` render
+    prefix, then by its file stem alone when exactly one ground-truth image has that stem."""
+    by_stem: dict[str, list[str]] = {}
+    for key in gt:
+        by_stem.setdefault(key.rpartition("/")[2], []).append(key)
+    by_key: dict[str, ImageRef] = {}
+    for key, ref in pred.items():
         head, _, tail = key.rpartition("/")
-        stripped = (head + "/" if head else "") + _INDEX_PREFIX.sub("", tail)
-        if stripped in gt and stripped not in by_key:
-            by_key[stripped] = ref
-        else:
+        stripped = _INDEX_PREFIX.sub("", tail)
+        exact = [c for c in (key, (head + "/" if head else "") + stripped) if c in gt]
+        stems = by_stem.get(tail) or by_stem.get(stripped) or []
+        found = exact[0] if exact else stems[0] if len(stems) == 1 else None
+        if found is None:
             raise SourceError(f"{ref.label}: a prediction with no ground-truth image {key} in {gt_root}")
+        if found in by_key:
+            raise SourceError(f"{ref.label}: a second prediction for the ground-truth image {found}")
+        by_key[found] = ref
     missing = sorted(set(gt) - set(by_key))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

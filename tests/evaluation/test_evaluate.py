@@ -227,3 +227,18 @@ def test_float_predictions_are_quantised_like_nerfbaselines(tmp_path: Path) -> N
     assert image["psnr"] == pytest.approx(
         _oracle(quantised, np.asarray(Image.open(gt / "r_0.png")))[0], abs=1e-5
     )
+
+
+def test_ns_render_against_a_store_split_by_stem(tmp_path: Path) -> None:
+    """ns-render names images by their path under the capture's images folder; a store by its own name:
+    a prediction matches the one ground-truth image of its stem."""
+    images = [_image(20 + i) for i in range(3)]
+    store = _store(tmp_path / "s.zarr", images)
+    for i in (1, 2):
+        _save(tmp_path / "ns" / "test" / "gt-rgb" / "images" / f"v_{i}.png", images[i])
+        _save(tmp_path / "ns" / "test" / "rgb" / "images" / f"v_{i}.png", _noisy(images[i], i))
+    out = tmp_path / "r.json"
+    assert _evaluate(tmp_path / "ns", f"{store}:test", "--output", out) == 0
+    results = json.loads(out.read_text())
+    assert [im["name"] for im in results["images"]] == ["v_1", "v_2"]
+    assert results["predictions"]["layout"] == "ns-render" and results["ground_truth"]["kind"] == "store"
