@@ -94,6 +94,6 @@ def _show_warning(
 
 
 def _version() -> str:
-    from raykit import __version__
+    from raykit.version import __version__
 
     return f"raykit {__version__}"

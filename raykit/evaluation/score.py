@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from raykit import __version__
 from raykit.errors import ConfigError, SourceError
 from raykit.evaluation.inputs import Pair, PairSet, find_pairs
 from raykit.fileio import atomic_write_json
@@ -48,6 +47,7 @@ from raykit.metrics import (
 )
 from raykit.options import option
 from raykit.ordered import in_order
+from raykit.version import __version__
 
 __all__ = ["EvaluateConfig", "evaluate", "score", "set_sha256"]
 

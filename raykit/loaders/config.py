@@ -14,7 +14,15 @@ import numpy as np
 from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args
 
-__all__ = ["ImageLoaderConfig", "LoaderConfig"]
+__all__ = ["IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"]
+
+# The default cache budgets, written here once: every default of a ``cache_bytes`` (the loaders, their
+# configs, the dataset adapter, the nerfstudio datamanagers) and of ``raykit bench --cache-mb`` is one
+# of these two.
+RAY_CACHE_BYTES = 512 << 20
+"""``RayLoader``'s decoded-chunk cache (or, on an images-layout split, decoded images), per process."""
+IMAGE_CACHE_BYTES = 2 << 30
+"""``ImageLoader``'s cache of decoded images, per split."""
 
 # The integer options of either config and their minimums, in the order their problems are listed.
 _MINIMUMS = {"batch_size": 1, "seed": 0, "num_workers": 0, "prefetch": 1, "cache_bytes": 0, "rank": 0,
@@ -79,7 +87,7 @@ class LoaderConfig(_Options):
     shuffle: bool = True
     device: Any = "cpu"
     num_workers: int | str = "auto"
-    cache_bytes: int = 512 << 20
+    cache_bytes: int = RAY_CACHE_BYTES
     disk_cache: str | os.PathLike[str] | None = None
     rank: int | None = None
     world_size: int | None = None
@@ -107,7 +115,7 @@ class ImageLoaderConfig(_Options):
     crop: tuple[int, int] | None = None
     device: Any = "cpu"
     num_workers: int = 0
-    cache_bytes: int = 2 << 30
+    cache_bytes: int = IMAGE_CACHE_BYTES
     rank: int | None = None
     world_size: int | None = None
     undistort: bool = False

@@ -27,7 +27,7 @@ from raykit.image_geometry import RemapTable, crop_camera, pinhole_camera
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import HeapTrim, ImageCache
-from raykit.loaders.config import ImageLoaderConfig
+from raykit.loaders.config import IMAGE_CACHE_BYTES, ImageLoaderConfig
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store.reader import RayStore, open_store
@@ -341,7 +341,7 @@ class ImageLoader(BatchLoader):
         crop: tuple[int, int] | None = None,
         device: Any = "cpu",
         num_workers: int = 0,
-        cache_bytes: int = 2 << 30,
+        cache_bytes: int = IMAGE_CACHE_BYTES,
         rank: int | None = None,
         world_size: int | None = None,
         undistort: bool = False,

@@ -19,7 +19,7 @@ from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
-from raykit.loaders.config import LoaderConfig
+from raykit.loaders.config import RAY_CACHE_BYTES, LoaderConfig
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
@@ -86,7 +86,7 @@ class RayLoader(BatchLoader):
         shuffle: bool = True,
         device: Any = "cpu",
         num_workers: int | str = "auto",
-        cache_bytes: int = 512 << 20,
+        cache_bytes: int = RAY_CACHE_BYTES,
         disk_cache: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
 from raykit.pipeline.records import PIPELINE_FILE
-from raykit.pipeline.run import run_pipeline
+from raykit.pipeline.run import check_run_folder, run_pipeline
 from raykit.pipeline.runner import Stage, StageError, StageRunner
 
 __all__ = [
@@ -22,5 +22,6 @@ __all__ = [
     "StageConfigs",
     "StageError",
     "StageRunner",
+    "check_run_folder",
     "run_pipeline",
 ]

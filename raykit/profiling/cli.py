@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from raykit.fileio import atomic_write_json
+from raykit.loaders import RAY_CACHE_BYTES
 from raykit.options import add_arguments, from_args, option
 
 __all__ = ["BenchConfig", "register", "run"]
+
+MB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,8 @@ class BenchConfig:
     split: str = option("train", "split to read")
     batch_size: int = option(4096, "rays per batch")
     workers: int = option(0, "chunk-reading worker processes")
-    cache_mb: float = option(512.0, "decoded-chunk cache budget in MB")
+    # the flag's unit is MB; run_bench (and every loader) takes it as cache_bytes
+    cache_mb: float = option(RAY_CACHE_BYTES / MB, "decoded-chunk cache budget in MB")
     device: str = option("cpu", "where rays are generated")
     batches: int = option(200, "batches per measurement")
     seed: int = option(0, "sampling seed")
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     config: BenchConfig = from_args(BenchConfig, args)
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("store", "json", "png")}
+    settings["cache_bytes"] = int(settings.pop("cache_mb") * MB)
     report = run_bench(open_store(config.store), **settings)
     print(format_table(report))
     if config.json:

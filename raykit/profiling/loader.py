@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raykit.loaders import RAY_CACHE_BYTES
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
 from raykit.profiling.mixing import shuffle_quality
@@ -107,7 +108,7 @@ def run_bench(
     split: str = "train",
     batch_size: int = 4096,
     workers: int = 0,
-    cache_mb: float = 512,
+    cache_bytes: int = RAY_CACHE_BYTES,
     device: Any = "cpu",
     batches: int = 200,
     seed: int = 0,
@@ -116,7 +117,7 @@ def run_bench(
     if store.splits[split].holds_images:  # the windowed shuffle (raykit.profiling.images_bench)
         from raykit.profiling.images_bench import run_images_bench
 
-        return run_images_bench(store, split, batch_size, workers, cache_mb, device, batches, seed)
+        return run_images_bench(store, split, batch_size, workers, cache_bytes, device, batches, seed)
     device = torch.device(device)
     info = store.splits[split]
     bytes_per_ray = store.fields["rgba"].channels + 4
@@ -125,7 +126,7 @@ def run_bench(
         "seed": seed,
         "device": device,
         "num_workers": workers,
-        "cache_bytes": int(cache_mb * MB),
+        "cache_bytes": cache_bytes,
     }
     loader = RayLoader(store, split, **kwargs)
     batches = max(1, min(batches, len(loader)))
@@ -166,7 +167,7 @@ def run_bench(
         "settings": {
             "batch_size": batch_size,
             "workers": workers,
-            "cache_mb": cache_mb,
+            "cache_bytes": cache_bytes,
             "device": str(device),
             "batches": batches,
             "seed": seed,
@@ -203,7 +204,7 @@ def format_table(report: dict[str, Any]) -> str:
     s = report["settings"]
     header = (
         f"{report['store']} ({report['backend']}, split {report['split']}, {report['n_rays']} rays) "
-        f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_mb']} MB, {s['device']}"
+        f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_bytes'] / MB:g} MB, {s['device']}"
     )
     q = report["shuffle_quality"]
     footer = [

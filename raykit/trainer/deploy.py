@@ -37,7 +37,7 @@ from raykit.store import RayStore
 from raykit.trainer.evaluate import models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
 from raykit.trainer.runtime import parse_background, resolve_device
-from raykit.trainer.scores import FLOAT_KEYS, OLD_PROTOCOL, Scorer, split_means
+from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
 
 __all__ = ["View", "render_export", "store_views", "transforms_views", "verify_export"]
 
@@ -194,7 +194,7 @@ def _render(
     model: ExportedModel, views: Iterator[View], device: torch.device, out: Path | None
 ) -> dict[str, Any]:
     """Render ``views``; PNGs into ``out`` when given; per-image and mean metrics where targets exist."""
-    field, grid = models_from_state(model.config, model.state, device)
+    field, grid = models_from_state(model.config, model.state, device, str(model.path), ExportError)
     background = parse_background(model.config.background).to(device)
     scorer = Scorer(background, device, lpips=False)
     images = []
@@ -290,7 +290,7 @@ def verify_export(
     result = {
         "split": split,
         "n_images": rendered["n_images"],
-        "protocol": model.eval_protocol["name"] if model.eval_protocol else OLD_PROTOCOL,
+        "protocol": protocol_of({"protocol": model.eval_protocol}),
         "psnr": rendered[key],
         "run_psnr": figures["psnr"],
         "difference_db": difference,

@@ -21,7 +21,6 @@ stratified/hierarchical sampling, no jitter when marching.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from raykit.errors import ResumeError
-from raykit.fileio import atomic_path, atomic_write_json
+from raykit.errors import RaykitError, ResumeError
+from raykit.fileio import atomic_path, atomic_write_json, read_json
 from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
@@ -136,17 +135,33 @@ def render_batch(
 
 
 def models_from_state(
-    config: TrainConfig, tensors: dict[str, Any], device: torch.device
+    config: TrainConfig,
+    tensors: dict[str, Any],
+    device: torch.device,
+    where: str = "state",
+    error: type[RaykitError] = ResumeError,
 ) -> tuple[RadianceField, Any]:
     """The models of a checkpoint's (or an export's) tensors, on ``device``, in evaluation mode.
 
     Shared by ``raykit render RUN`` and ``raykit render --model OUT``: ``tensors`` holds one state dict
     per model under the checkpoint's group names (``field``, ``grid``).
+
+    Raises:
+        error: (``ResumeError``; an export's loader passes ``ExportError``) the tensors do not fit the
+            models the config builds (missing keys, wrong shapes), naming ``where``.
     """
-    field, grid = build_models(config, tensors["field"]["aabb"], device, tensors["field"].get("ndc_frame"))
-    field.load_state_dict(tensors["field"])
-    if grid is not None:
-        grid.load_state_dict(tensors["grid"])
+    try:
+        field, grid = build_models(
+            config, tensors["field"]["aabb"], device, tensors["field"].get("ndc_frame")
+        )
+        field.load_state_dict(tensors["field"])
+        if grid is not None:
+            grid.load_state_dict(tensors["grid"])
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as exc:
+        if isinstance(exc, RaykitError):
+            raise
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise error(f"{where}: the state does not fit the models of its config: {text}") from None
     field.eval()
     return field, grid
 
@@ -231,7 +246,14 @@ def evaluate_run(
     field.eval()
     splits = splits or [s for s in config.eval_splits.split(",") if s]
     path = run_dir / "eval.json"
-    result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"splits": {}}
+    result: dict[str, Any] = {"splits": {}}
+    if path.exists():  # merged into: a record of this run folder, bounded; one line when it is not one
+        try:
+            result = read_json(path)
+        except ValueError as exc:
+            raise ResumeError(f"{exc}; remove it to evaluate afresh") from None
+        if not isinstance(result, dict) or not isinstance(result.get("splits"), dict):
+            raise ResumeError(f"{path}: expected an object with 'splits'; remove it to evaluate afresh")
     checkpoint = latest_checkpoint(run_dir)
     result["checkpoint"] = None if checkpoint is None else str(checkpoint.relative_to(run_dir))
     result["step"] = step if step is not None else _step_of(checkpoint)
@@ -264,5 +286,5 @@ def render(run_dir: str | Path, split: str = "test", device: str | None = None) 
     config = TrainConfig.from_dict(meta.config)
     torch_device = resolve_device(device or config.device)
     store = open_store(config.store)
-    field, grid = models_from_state(config, tensors, torch_device)
+    field, grid = models_from_state(config, tensors, torch_device, str(checkpoint))
     return evaluate_run(run_dir, config, store, field, grid, torch_device, [split], meta.step)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import raykit
 from raykit.errors import ConfigError
+from raykit.fileio import loads_json
 from raykit.store import RayStore
 from raykit.trainer.config import TrainConfig
 
@@ -185,9 +186,12 @@ class JsonlLog:
         """Drop records of steps after ``step`` (written by a run that crashed after its checkpoint)."""
         if not self.path.exists():
             return
-        kept = [
-            line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step
-        ]
+        kept = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            record = _record(line)
+            step_of = record.get("step", 0) if record is not None else None
+            if isinstance(step_of, int) and step_of <= step:  # a torn or foreign line is dropped
+                kept.append(line)
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -198,4 +202,14 @@ class JsonlLog:
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        records = (_record(line) for line in self.path.read_text(errors="replace").splitlines())
+        return [record for record in records if record is not None]
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """A log line's record, or None for a line that is not one (torn by a kill mid-write, edited)."""
+    try:
+        record = loads_json(line, "log line")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None

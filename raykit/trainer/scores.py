@@ -21,6 +21,7 @@ import torch
 from raykit.metrics import (
     LPIPS,
     MIN_SIDE,
+    PROTOCOLS,
     LpipsWeightsError,
     background_tensor,
     load_lpips,
@@ -42,9 +43,14 @@ _PROTOCOL = protocol_named("default")
 
 
 def protocol_of(document: dict[str, Any]) -> str:
-    """The protocol an ``eval.json`` (or an export's eval figures) was scored under."""
+    """The protocol an ``eval.json`` was scored under: a name of :data:`raykit.metrics.PROTOCOLS`,
+    :data:`OLD_PROTOCOL` without a ``protocol`` block, ``"unknown"`` for any other (a received run
+    folder's text never reaches a report as it is)."""
     block = document.get("protocol")
-    return str(block["name"]) if isinstance(block, dict) and "name" in block else OLD_PROTOCOL
+    if not isinstance(block, dict):
+        return OLD_PROTOCOL
+    name = block.get("name")
+    return name if isinstance(name, str) and name in PROTOCOLS else "unknown"
 
 
 class Scorer:

@@ -25,7 +25,7 @@ nb_metrics = pytest.importorskip(
 )
 nb_utils = pytest.importorskip("nerfbaselines.utils")
 
-PHOTOS = Path(__file__).resolve().parents[1] / "data" / "plant_photos"
+PHOTOS = Path(__file__).resolve().parents[1] / "data" / "plant_capture" / "images"
 
 
 def _noisy_pairs(seed: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +42,7 @@ def _oracle(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _photos() -> tuple[np.ndarray, np.ndarray]:
-    return tuple(decode_image((PHOTOS / n).read_bytes()) for n in ("frame_00001.jpg", "frame_00004.jpg"))  # type: ignore[return-value]
+    return tuple(decode_image((PHOTOS / n).read_bytes()) for n in ("frame_00001.jpg", "frame_00037.jpg"))  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("shape", [(3, 32, 45, 3), (2, 11, 11, 3), (1, 64, 40, 4)])

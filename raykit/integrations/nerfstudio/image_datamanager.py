@@ -32,7 +32,7 @@ from raykit.image_geometry import pinhole_camera
 from raykit.integrations.nerfstudio.common import DatasetRows, ServedPixels, setup_datasets
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
-from raykit.loaders import ImageBatch, ImageLoader
+from raykit.loaders import IMAGE_CACHE_BYTES, ImageBatch, ImageLoader
 
 __all__ = ["RaykitImageDataManager", "RaykitImageDataManagerConfig"]
 
@@ -45,7 +45,7 @@ class RaykitImageDataManagerConfig(DataManagerConfig):
     dataparser: RaykitDataParserConfig = field(default_factory=RaykitDataParserConfig)
     cache_images_type: Literal["uint8", "float32"] = "float32"
     """The image type returned (as nerfstudio's option of that name)."""
-    cache_bytes: int = 2 << 30
+    cache_bytes: int = IMAGE_CACHE_BYTES
     """Budget of the image cache (per split), images held as served (``cache_images_type``)."""
     undistort: bool = True
     """Resample distorted images to pinhole cameras (splatting rasterises pinhole cameras)."""
