@@ -228,12 +228,18 @@ def _signed(images: Tensor) -> Tensor:
     return x.permute(0, 3, 1, 2) * 2 - 1
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (torch's load errors run over many)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _load(path: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: one line naming it
         raise LpipsWeightsError(
-            f"{path}: not a readable torch state dict ({type(exc).__name__}: {exc})"
+            f"{path}: not a readable torch state dict ({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     if not isinstance(state, dict):
         raise LpipsWeightsError(f"{path}: expected a state dict, got {type(state).__name__}")
@@ -251,7 +257,7 @@ def load_lpips(weights: LpipsWeights, device: str | torch.device = "cpu") -> LPI
         missing = [k for k in model.state_dict() if k.startswith("lin") and k not in heads]
     except RuntimeError as exc:
         raise LpipsWeightsError(
-            f"{weights.trunk}, {weights.heads}: weights do not fit LPIPS {weights.net}: {exc}"
+            f"{weights.trunk}, {weights.heads}: weights do not fit LPIPS {weights.net}: {_first_line(exc)}"
         ) from None
     if missing:
         raise LpipsWeightsError(f"{weights.heads}: LPIPS {weights.net} heads lack {', '.join(missing)}")

@@ -119,3 +119,15 @@ def test_missing_weights_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.
     (tmp_path / "bad.pth").write_bytes(b"not a state dict")
     with pytest.raises(LpipsWeightsError, match=r"bad\.pth: not a readable torch state dict"):
         load_lpips(lpips_weight_paths("vgg", trunk_path, tmp_path / "bad.pth"))
+
+
+def test_weights_of_another_net_are_one_line(tmp_path: Path) -> None:
+    trunk_path, heads_path, _, _ = _random_weights(tmp_path, "alex", seed=7)
+    vgg_heads = tmp_path / "vgg-heads.pth"
+    torch.save(
+        {k: torch.rand(v.shape) for k, v in LPIPS("vgg").state_dict().items() if k.startswith("lin")},
+        vgg_heads,
+    )
+    with pytest.raises(LpipsWeightsError) as err:
+        load_lpips(lpips_weight_paths("alex", trunk_path, vgg_heads))
+    assert "weights do not fit LPIPS alex" in str(err.value) and "\n" not in str(err.value)
