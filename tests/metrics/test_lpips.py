@@ -122,7 +122,7 @@ def test_missing_weights_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_weights_of_another_net_are_one_line(tmp_path: Path) -> None:
-    trunk_path, heads_path, _, _ = _random_weights(tmp_path, "alex", seed=7)
+    trunk_path, _, _, _ = _random_weights(tmp_path, "alex", seed=7)
     vgg_heads = tmp_path / "vgg-heads.pth"
     torch.save(
         {k: torch.rand(v.shape) for k, v in LPIPS("vgg").state_dict().items() if k.startswith("lin")},
