@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
+from raykit.converters.downscale import resize_area
 from raykit.errors import SourceError
 from raykit.imagedecode import ImageTooLargeError, open_image
 
@@ -433,6 +434,7 @@ class ImageFileDecoder:
         path: image file.
         width, height: size the camera expects at source resolution (before downscaling).
         downscale: integer area-filter factor.
+        resize_to: ``(width, height)`` to area-resample to instead (the ``mipnerf360`` downscale rule).
         exif: EXIF orientation policy (see the module docstring).
         label: camera/image label for messages.
     """
@@ -443,6 +445,7 @@ class ImageFileDecoder:
     downscale: int = 1
     exif: str = "reject"
     label: str = ""
+    resize_to: tuple[int, int] | None = None
 
     def __call__(self) -> np.ndarray:
         image = decode_image(self.path, exif=self.exif)
@@ -452,6 +455,8 @@ class ImageFileDecoder:
                 f"{self.path}: image is {got_w}x{got_h}, its camera ({self.label or '?'}) expects "
                 f"{self.width}x{self.height}"
             )
+        if self.resize_to is not None:
+            return resize_area(image, *self.resize_to)
         return downscale_area(image, self.downscale, where=self.path)
 
 
