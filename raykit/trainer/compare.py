@@ -74,12 +74,16 @@ def _metric(record: Any, key: str, path: Path, where: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _figures(evaluation: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per split, the figures by metric name; an old-protocol run's PSNR/SSIM become the float ones."""
+def _figures(evaluation: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """Per split, the figures by metric name; an old-protocol run's PSNR/SSIM become the float ones
+    (checked under the names its ``eval.json`` gives them)."""
     if protocol_of(evaluation) != OLD_PROTOCOL:
         return evaluation["splits"]
     return {
-        split: {"psnr_float": f.get("psnr"), "ssim_float": f.get("ssim")} if isinstance(f, dict) else f
+        split: {
+            "psnr_float": _metric(f, "psnr", path, f"splits.{split}."),
+            "ssim_float": _metric(f, "ssim", path, f"splits.{split}."),
+        }
         for split, f in evaluation["splits"].items()
     }
 
@@ -97,7 +101,8 @@ def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
             that is not a finite number (the file and the metric named).
     """
     a_dir, b_dir = Path(run_a), Path(run_b)
-    a, b = _figures(_read_eval(a_dir)), _figures(_read_eval(b_dir))
+    a = _figures(_read_eval(a_dir), a_dir / "eval.json")
+    b = _figures(_read_eval(b_dir), b_dir / "eval.json")
     rows = []
     for split in sorted(set(a) | set(b)):
         for metric in (*METRIC_KEYS, *FLOAT_KEYS):
