@@ -4,9 +4,9 @@
 ``camera_ids``, ``image_names``, ``Ks_dict`` / ``imsize_dict`` / ``params_dict`` / ``mask_dict`` per
 camera id, ``points`` (P, 3) float32, ``points_rgb`` (P, 3) uint8, ``points_err`` (P,),
 ``scene_scale`` (largest camera distance from the cameras' mean) and ``transform`` (4, 4), the
-world normalisation applied (identity unless ``normalize=True``, which applies gsplat's: cameras
-rotated so that their mean up is +z, centred on the median of the points nearest to the optical
-axes, scaled by the median camera distance, then the points' principal axes). Images are served
+world normalisation applied (identity unless ``normalize=True``, which gives gsplat's own world frame
+exactly: ``raykit.integrations.gsplat_world.normalize_world``, T1 T2 and the upside-down flip T3 of
+gsplat's ``examples/datasets/colmap.py``, points read as float32 as gsplat reads them). Images are served
 undistorted to their pinhole cameras (same size, focal lengths and principal point), so
 ``params_dict`` holds empty arrays, as gsplat's does for pinhole captures.
 
@@ -28,55 +28,16 @@ import torch
 
 from raykit.errors import ConfigError
 from raykit.image_geometry import RemapTable, pinhole_camera
+from raykit.integrations.gsplat_world import (
+    align_principal_axes,
+    normalize_world,
+    similarity_from_cameras,
+    transform_points,
+)
 from raykit.loaders import ImageLoader
 from raykit.store import RayStore, open_store
 
-__all__ = ["Dataset", "Parser", "align_principal_axes", "similarity_from_cameras"]
-
-
-def similarity_from_cameras(c2w: np.ndarray) -> np.ndarray:
-    """(I, 4, 4) OpenCV camera-to-world -> (4, 4) similarity: mean camera up (-y) to +z, centre at the
-    median of each optical axis's point nearest to the origin, scale 1 / median camera distance."""
-    rotations, centres = c2w[:, :3, :3], c2w[:, :3, 3]
-    up = -rotations[:, :, 1].mean(0)
-    up /= np.linalg.norm(up)
-    align = _rotation_onto(up, np.array([0.0, 0.0, 1.0]))
-    forwards = (align @ rotations)[:, :, 2]
-    centres = centres @ align.T
-    nearest = centres - (forwards * centres).sum(-1, keepdims=True) * forwards
-    shift = -np.median(nearest, axis=0)
-    transform = np.eye(4)
-    transform[:3, :3], transform[:3, 3] = align, shift
-    transform[:3, :] /= np.median(np.linalg.norm(centres + shift, axis=-1))
-    return transform
-
-
-def _rotation_onto(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(3, 3) rotation taking unit vector ``a`` to unit vector ``b`` (half-turn about x if opposite)."""
-    cross, cos = np.cross(a, b), float(a @ b)
-    if cos <= -1.0 + 1e-12:
-        return np.diag([1.0, -1.0, -1.0])
-    skew = np.array([[0.0, -cross[2], cross[1]], [cross[2], 0.0, -cross[0]], [-cross[1], cross[0], 0.0]])
-    return np.eye(3) + skew + skew @ skew / (1.0 + cos)
-
-
-def align_principal_axes(points: np.ndarray) -> np.ndarray:
-    """(P, 3) -> (4, 4) rigid transform: median to the origin, principal axes to x, y, z (largest first)."""
-    centre = np.median(points, axis=0)
-    values, vectors = np.linalg.eigh(np.cov(points - centre, rowvar=False))
-    vectors = vectors[:, np.argsort(values)[::-1]]
-    if np.linalg.det(vectors) < 0:
-        vectors[:, 0] *= -1
-    transform = np.eye(4)
-    transform[:3, :3], transform[:3, 3] = vectors.T, -vectors.T @ centre
-    return transform
-
-
-def _moved_cameras(transform: np.ndarray, c2w: np.ndarray) -> np.ndarray:
-    """(4, 4) similarity applied to (I, 4, 4) camera-to-world, rotations renormalised."""
-    moved = transform @ c2w
-    moved[:, :3, :3] /= np.linalg.norm(moved[:, :3, 0], axis=-1)[:, None, None]
-    return moved
+__all__ = ["Dataset", "Parser", "align_principal_axes", "normalize_world", "similarity_from_cameras"]
 
 
 class Parser:
@@ -95,14 +56,12 @@ class Parser:
         self.mask_dict: dict[int, np.ndarray | None] = dict.fromkeys(self.pinholes)
         c2w = table.c2w.astype(np.float64)
         points = self.store.sparse_points()
-        xyz = np.zeros((0, 3)) if points is None else points.xyz.astype(np.float64)
+        # float32 first, as gsplat's parser reads COLMAP points, so the normalisation is gsplat's to the bit
+        xyz = np.zeros((0, 3)) if points is None else points.xyz.astype(np.float32).astype(np.float64)
         self.transform = np.eye(4)
         if normalize:
-            first = similarity_from_cameras(c2w)
-            c2w, xyz = _moved_cameras(first, c2w), xyz @ first[:3, :3].T + first[:3, 3]
-            second = align_principal_axes(xyz) if len(xyz) >= 4 else np.eye(4)
-            c2w, xyz = _moved_cameras(second, c2w), xyz @ second[:3, :3].T + second[:3, 3]
-            self.transform = second @ first
+            c2w, moved, self.transform = normalize_world(c2w, xyz if len(xyz) >= 4 else None)
+            xyz = transform_points(self.transform, xyz) if moved is None else moved
         self.camtoworlds = c2w
         self.points = xyz.astype(np.float32)
         self.points_rgb = np.zeros((0, 3), np.uint8) if points is None else points.rgb.astype(np.uint8)
