@@ -105,7 +105,8 @@ def loader_rates(data: bytes, n: int) -> dict[str, float]:
             pose = np.eye(4)
             pose[:3, 3] = [np.cos(i), np.sin(i), 0.2]
             frames.append({"file_path": f"images/{i:03d}.jpg", "transform_matrix": pose.tolist()})
-        meta = {"fl_x": 1500.0, "fl_y": 1500.0, "cx": 960.0, "cy": 540.0, "w": 1920, "h": 1080, "frames": frames}
+        meta = {"fl_x": 1500.0, "fl_y": 1500.0, "cx": 960.0, "cy": 540.0, "w": 1920, "h": 1080}
+        meta["frames"] = frames
         (capture / "transforms.json").write_text(json.dumps(meta))
         store = convert(capture, Path(tmp) / "s.zarr", layout="images", progress=False)
         rates = {}
