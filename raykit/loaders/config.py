@@ -124,6 +124,7 @@ class ImageLoaderConfig(_Options):
     convert_threads: int | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     downscale: int = 1
+    cache: str = "process"
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -12,7 +12,9 @@ uses to fill its cache at the start.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import HeapTrim, ImageCache
 from raykit.loaders.config import IMAGE_CACHE_BYTES, ImageLoaderConfig
 from raykit.loaders.levels import LevelCache, check_downscale, level_camera
+from raykit.loaders.node_cache import NodeImageCache
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store.reader import RayStore, open_store
@@ -339,6 +342,11 @@ class ImageLoader(BatchLoader):
             camera scaled exactly (``raykit.loaders.levels``; JPEG decoded at 1/2, 1/4, 1/8 in the
             DCT domain, anything else area-filtered: ``raykit.imagedecode``); ``set_downscale``
             changes it between iterations. Order, crops' seeds and resume do not depend on it.
+        cache: ``"process"``: this loader's own cache; ``"node"``: one cache of ``cache_bytes`` shared
+            by every process on the machine that serves the same images (all ranks, all levels), in
+            shared memory, each image decoded once per machine
+            (:class:`~raykit.loaders.node_cache.NodeImageCache`). Batches, order and resume are the
+            same either way.
         config: all of the options above but ``store`` as one
             :class:`~raykit.loaders.config.ImageLoaderConfig` (then leave those keywords at their defaults).
 
@@ -370,11 +378,12 @@ class ImageLoader(BatchLoader):
         convert_threads: int | None = None,
         transform: Callable[[np.ndarray], np.ndarray] | None = None,
         downscale: int = 1,
+        cache: str = "process",
         config: ImageLoaderConfig | None = None,
     ) -> None:
         keywords = ImageLoaderConfig(
             split, batch_size, seed, shuffle, crop, device, num_workers, cache_bytes, rank, world_size,
-            undistort, drop_last, prefetch, convert_threads, transform, downscale,
+            undistort, drop_last, prefetch, convert_threads, transform, downscale, cache,
         )  # fmt: skip
         cfg = self.config = ImageLoaderConfig.merge(keywords, config)
         opened = open_if_location(store)
@@ -398,7 +407,7 @@ class ImageLoader(BatchLoader):
             self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
-        self.cache = LevelCache(ImageCache(cfg.cache_bytes), self.source.downscale)
+        self.cache = LevelCache(self._shared_cache(cfg), self.source.downscale)
         self._trim = HeapTrim()
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
         self._filled = False
@@ -414,6 +423,16 @@ class ImageLoader(BatchLoader):
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         cached = self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch))
         return self._counted(ImageBatches(self, cached), 0 if cached else self.prefetch, "raykit-images")
+
+    def _shared_cache(self, cfg: ImageLoaderConfig) -> Any:
+        """The cache of every level: this process's, or the machine's (``cache="node"``)."""
+        if cfg.cache == "process":
+            return ImageCache(cfg.cache_bytes)
+        if cfg.cache != "node":
+            raise ConfigError(f"image loader: cache: expected 'process' or 'node', got {cfg.cache!r}")
+        transform = hashlib.sha256(pickle.dumps(cfg.transform)).hexdigest()
+        key = f"{self.store.fingerprint}|{self.split}|{cfg.undistort}|{transform}"
+        return NodeImageCache(key, cfg.cache_bytes)
 
     @property
     def downscale(self) -> int:
@@ -439,6 +458,14 @@ class ImageLoader(BatchLoader):
         self.source, self._cameras, self._filled = level, {}, False
         self.cache = LevelCache(self.cache.shared, factor)
         self.cache.drop_other_levels()
+
+    def close(self) -> None:
+        """As ``BatchLoader.close``; with ``cache="node"`` also leave the machine's cache (its last
+        user removes it; iterating again joins it again)."""
+        super().close()
+        shared = getattr(getattr(self, "cache", None), "shared", None)
+        if isinstance(shared, NodeImageCache):
+            shared.close()
 
     def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
         """Positions of batches ``start..`` of ``epoch`` (one order drawn)."""
