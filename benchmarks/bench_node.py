@@ -91,7 +91,9 @@ def rank_main(args: argparse.Namespace) -> None:
     time.sleep(args.rest_s)  # the monitor samples the tree at rest here
     dist.barrier()
     t0 = time.perf_counter()
-    loader = ImageLoader(args.store, "train", cache=args.cache, cache_bytes=args.budget_mb << 20)
+    loader = ImageLoader(
+        args.store, "train", cache=args.cache, cache_bytes=args.budget_mb << 20, prefetch=args.prefetch
+    )
     first, count = None, 0
     for _ in range(args.epochs):
         for batch in loader:
@@ -119,7 +121,7 @@ def run_case(args: argparse.Namespace, store: Path, ranks: int, cache: str) -> d
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
             str(Path(__file__).resolve()), "--rank-worker", "--store", str(store), "--cache", cache,
             "--budget-mb", str(args.budget_mb), "--epochs", str(args.epochs), "--meet", str(meet),
-            "--rest-s", str(args.rest_s),
+            "--rest-s", str(args.rest_s), "--prefetch", str(args.prefetch),
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT.parent)}
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
@@ -156,6 +158,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--caches", nargs="+", default=["process", "node"])
     parser.add_argument("--rest-s", type=float, default=1.5)
+    parser.add_argument("--prefetch", type=int, default=2, help="ImageLoader's prefetch (its default: 2)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "node.json")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
@@ -178,7 +181,7 @@ def main() -> None:
     for row in rows:
         row["added_vs_one_rank"] = row["added_mb"] / one[row["cache"]] if one.get(row["cache"]) else None
     result = {"command": command_line(), "machine": describe(), "n": args.n, "budget_mb": args.budget_mb,
-              "epochs": args.epochs, "rows": rows}  # fmt: skip
+              "epochs": args.epochs, "prefetch": args.prefetch, "rows": rows}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
 
