@@ -14,7 +14,7 @@ The image is ``benchmarks/bench_decode.py``'s 1920x1080 photo-like JPEG (quality
 at quality 90. The loader part serves an images-layout store of ``--n`` such photos with
 ``cache_bytes=0`` (every batch decodes) at each level: images/s over one epoch, batch 1, on this thread.
 
-    python benchmarks/bench_levels.py              # about 30 s on 2 cores
+    python benchmarks/bench_levels.py              # about a minute on 2 cores
 
 Results: ``benchmarks/results/levels.json``.
 """
