@@ -98,6 +98,7 @@ class LoaderConfig(_Options):
     group_rays: int | None = None
     gen_threads: int | None = None
     window_images: int | None = None
+    cache: str = "process"
 
 
 @dataclass(frozen=True)

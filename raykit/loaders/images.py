@@ -32,7 +32,7 @@ from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import HeapTrim, ImageCache
 from raykit.loaders.config import IMAGE_CACHE_BYTES, ImageLoaderConfig
 from raykit.loaders.levels import LevelCache, check_downscale, level_camera
-from raykit.loaders.node_cache import NodeImageCache
+from raykit.loaders.node_cache import NodeImageCache, check_cache_kind
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store.reader import RayStore, open_store
@@ -426,10 +426,9 @@ class ImageLoader(BatchLoader):
 
     def _shared_cache(self, cfg: ImageLoaderConfig) -> Any:
         """The cache of every level: this process's, or the machine's (``cache="node"``)."""
+        check_cache_kind(cfg.cache, "window", cfg.split)
         if cfg.cache == "process":
             return ImageCache(cfg.cache_bytes)
-        if cfg.cache != "node":
-            raise ConfigError(f"image loader: cache: expected 'process' or 'node', got {cfg.cache!r}")
         transform = hashlib.sha256(pickle.dumps(cfg.transform)).hexdigest()
         key = f"{self.store.fingerprint}|{self.split}|{cfg.undistort}|{transform}"
         return NodeImageCache(key, cfg.cache_bytes)
@@ -458,14 +457,6 @@ class ImageLoader(BatchLoader):
         self.source, self._cameras, self._filled = level, {}, False
         self.cache = LevelCache(self.cache.shared, factor)
         self.cache.drop_other_levels()
-
-    def close(self) -> None:
-        """As ``BatchLoader.close``; with ``cache="node"`` also leave the machine's cache (its last
-        user removes it; iterating again joins it again)."""
-        super().close()
-        shared = getattr(getattr(self, "cache", None), "shared", None)
-        if isinstance(shared, NodeImageCache):
-            shared.close()
 
     def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
         """Positions of batches ``start..`` of ``epoch`` (one order drawn)."""

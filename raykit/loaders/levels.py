@@ -73,6 +73,12 @@ class LevelCache:
         """The shared cache's counters (all levels: one budget)."""
         return self.shared.stats()
 
+    def leave(self) -> None:
+        """Leave a machine-wide cache (``NodeImageCache.close``); nothing for a process's own."""
+        close = getattr(self.shared, "close", None)
+        if close is not None:
+            close()
+
     def drop_other_levels(self) -> None:
         """Free every other level's images (a schedule that moved on rarely returns)."""
         self.shared.retain(self._mine)

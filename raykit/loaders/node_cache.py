@@ -40,9 +40,18 @@ from typing import Any
 
 import numpy as np
 
+from raykit.errors import ConfigError
 from raykit.loaders.cache import CacheStats
+from raykit.store import RawRays
 
-__all__ = ["NODE_CACHE_PREFIX", "NodeImageCache", "node_cache_root", "sweep_stale"]
+__all__ = [
+    "NODE_CACHE_PREFIX",
+    "NodeImageCache",
+    "NodeRays",
+    "check_cache_kind",
+    "node_cache_root",
+    "sweep_stale",
+]
 
 NODE_CACHE_PREFIX = "raykit-node-"
 
@@ -264,3 +273,50 @@ def sweep_stale_one(root: Path) -> None:
         return
     shutil.rmtree(root, ignore_errors=True)
     os.close(fd)
+
+
+def check_cache_kind(cache: Any, strategy: str, split: str) -> None:
+    """``ConfigError`` unless ``cache`` is ``"process"``, or ``"node"`` on a split read as images."""
+    if cache not in ("process", "node"):
+        raise ConfigError(f"loader: cache: expected 'process' or 'node', got {cache!r}")
+    if cache == "node" and strategy != "window":
+        raise ConfigError(
+            f"loader: cache 'node' shares decoded images; split {split!r} stores rays (use cache='process')"
+        )
+
+
+class NodeRays:
+    """A :class:`NodeImageCache` holding the images-layout ``RayLoader``'s decoded images
+    (``RawRays`` whose ``rgba`` is the image, row-major, and ``pid`` empty)."""
+
+    def __init__(self, shared: NodeImageCache) -> None:
+        self.shared = shared
+
+    @property
+    def capacity(self) -> int:
+        return self.shared.capacity
+
+    @staticmethod
+    def _rays(rgba: Any) -> RawRays | None:
+        return None if rgba is None else RawRays(rgba, np.zeros(0, np.uint32))
+
+    def get(self, key: Hashable) -> RawRays | None:
+        return self._rays(self.shared.get(key))
+
+    def put(self, key: Hashable, value: RawRays) -> None:
+        self.shared.put(key, value.rgba)
+
+    def get_or_load(self, key: Hashable, load: Callable[[], RawRays]) -> RawRays:
+        return RawRays(self.shared.get_or_load(key, lambda: load().rgba), np.zeros(0, np.uint32))
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.shared
+
+    def __len__(self) -> int:
+        return len(self.shared)
+
+    def stats(self) -> CacheStats:
+        return self.shared.stats()
+
+    def leave(self) -> None:
+        self.shared.close()

@@ -173,3 +173,31 @@ def test_a_cache_whose_every_user_was_killed_is_removed_by_the_next(shm: Path) -
     other.close()
     assert caches(shm) == []
     shutil.rmtree(shm)
+
+
+def test_images_layout_rayloader_shares_the_machines_cache(store: Path, shm: Path) -> None:
+    from raykit.loaders import RayLoader
+
+    for world_size in (1, 2):
+        for rank in range(world_size):
+            options = {"batch_size": 512, "seed": 2, "num_workers": 0, "rank": rank, "world_size": world_size}
+            with (
+                RayLoader(store, "train", **options) as own,
+                RayLoader(store, "train", cache="node", **options) as node,
+            ):
+                want = [b.rgb.clone() for _ in range(2) for b in own]
+                got = [b.rgb.clone() for _ in range(2) for b in node]
+                assert len(want) == len(got) > 0
+                assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+                assert own.state_dict() == node.state_dict()
+                assert len(caches(shm)) == 1
+    assert caches(shm) == []
+
+
+def test_node_cache_on_a_rays_split_is_one_line(tmp_path: Path) -> None:
+    from raykit.loaders import RayLoader
+
+    with pytest.warns(Warning, match="scaled uniformly"):
+        rays = convert(DATA, tmp_path / "rays.zarr", downscale=8, progress=False)
+    with pytest.raises(ConfigError, match=r"cache 'node' shares decoded images; split 'train' stores rays"):
+        RayLoader(rays, "train", cache="node")
