@@ -201,3 +201,34 @@ def test_node_cache_on_a_rays_split_is_one_line(tmp_path: Path) -> None:
         rays = convert(DATA, tmp_path / "rays.zarr", downscale=8, progress=False)
     with pytest.raises(ConfigError, match=r"cache 'node' shares decoded images; split 'train' stores rays"):
         RayLoader(rays, "train", cache="node")
+
+
+LOOPING = textwrap.dedent(
+    """
+    import sys
+    from raykit.loaders import ImageLoader
+    loader = ImageLoader(sys.argv[1], "train", cache="node", rank=1, world_size=2, seed=1)
+    for epoch in range(1000):
+        for batch in loader:
+            print("batch", flush=True)
+    """
+)
+
+
+def test_a_loader_rank_killed_mid_epoch_leaves_the_other_ranks_batches_and_no_cache(
+    store: Path, shm: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", LOOPING, str(store)], stdout=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stdout.readline().strip() == b"batch"
+    options = {"seed": 1, "rank": 0, "world_size": 2}
+    with ImageLoader(store, "train", cache="node", **options) as node:
+        first = batches(node, 1)
+        os.kill(child.pid, signal.SIGKILL)  # the other rank dies while it reads and writes the cache
+        child.wait()
+        got = first + batches(node, 2)
+    with ImageLoader(store, "train", **options) as own:
+        want = batches(own, 3)
+    assert [n for n, _ in want] == [n for n, _ in got]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(want, got, strict=True))
+    assert caches(shm) == []
