@@ -429,7 +429,12 @@ class ImageLoader(BatchLoader):
         check_cache_kind(cfg.cache, "window", cfg.split)
         if cfg.cache == "process":
             return ImageCache(cfg.cache_bytes)
-        transform = hashlib.sha256(pickle.dumps(cfg.transform)).hexdigest()
+        try:
+            transform = hashlib.sha256(pickle.dumps(cfg.transform)).hexdigest()
+        except Exception as exc:  # pickling raises many kinds
+            raise ConfigError(
+                f"image loader: cache 'node' names its images by the transform, which does not pickle ({exc})"
+            ) from None
         key = f"{self.store.fingerprint}|{self.split}|{cfg.undistort}|{transform}"
         return NodeImageCache(key, cfg.cache_bytes)
 

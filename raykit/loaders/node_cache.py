@@ -126,9 +126,12 @@ class NodeImageCache:
         """Join the cache (again, after ``close``)."""
         if self._finalizer is not None and self._finalizer.alive:
             return
-        sweep_stale(self.root.parent)
-        users = self._join()
-        (self.root / "locks").mkdir(exist_ok=True)
+        try:
+            sweep_stale(self.root.parent)
+            users = self._join()
+            (self.root / "locks").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"node cache: {self.root}: cannot use it ({exc.strerror or exc})") from None
         self._remove_dead_temporaries()
         self._maps: dict[str, np.ndarray] = {}
         self._finalizer = weakref.finalize(self, NodeImageCache._leave, self.root, users, self._maps)

@@ -232,3 +232,13 @@ def test_a_loader_rank_killed_mid_epoch_leaves_the_other_ranks_batches_and_no_ca
     assert [n for n, _ in want] == [n for n, _ in got]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(want, got, strict=True))
     assert caches(shm) == []
+
+
+def test_an_unusable_cache_folder_is_one_line(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(blocker))
+    with pytest.raises(ConfigError, match=r"node cache: .*a file/raykit-node-\w+: cannot use it"):
+        ImageLoader(store, "train", cache="node")
