@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
     from raykit.loaders.config import IMAGE_CACHE_BYTES, RAY_CACHE_BYTES, ImageLoaderConfig, LoaderConfig
     from raykit.loaders.images import ImageBatch, ImageLoader, ImagePlan
+    from raykit.loaders.levels import level_camera
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
@@ -24,6 +25,7 @@ _PUBLIC = {
     "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
     "config": ("IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"),
     "images": ("ImageBatch", "ImageLoader", "ImagePlan"),
+    "levels": ("level_camera",),
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
@@ -49,6 +51,7 @@ __all__ = [
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",
+    "level_camera",
 ]
 
 

@@ -24,6 +24,7 @@ from raykit.errors import (
     StoreVersionError,
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
+from raykit.imagedecode import downscale_area
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
@@ -543,8 +544,10 @@ class RayStore:
         """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""
         return self.read_image(self.table.names[int(self.split_rows(split)[local])], timed)
 
-    def read_image(self, name: str, timed: Timed | None = None) -> np.ndarray:
-        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``.
+    def read_image(self, name: str, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``; with ``downscale``
+        k, resolution level k, (H // k, W // k, C) (``raykit.imagedecode``'s rule: JPEG decoded at
+        1/k in the DCT domain, anything else area-filtered).
 
         The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
@@ -552,11 +555,12 @@ class RayStore:
         """
         h, w, c = self.image_shape(name)
         row = self.image_index(name)
-        pixels = self._reader(self.table.splits[row]).read_image(row, timed)
+        pixels = self._reader(self.table.splits[row]).read_image(row, timed, downscale)
         if pixels is not None:
             return pixels
         raw = self.image_raw(name)
-        return np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+        full = np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+        return np.ascontiguousarray(downscale_area(full, downscale))
 
     def image_rays(self, name: str, device: torch.device | str = "cpu") -> RayBatch:
         """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""
