@@ -229,7 +229,7 @@ def bench_report(url: str, cache_mb: float, batches: int) -> dict[str, Any]:
     from raykit.profiling.loader import run_bench
     from raykit.store import open_store
 
-    report = run_bench(open_store(url), batch_size=4096, cache_mb=cache_mb, batches=batches)
+    report = run_bench(open_store(url), batch_size=4096, cache_bytes=int(cache_mb * MB), batches=batches)
     keep = ("layout", "read_mb_per_s", "decode_share", "shuffle_quality", "warm", "stages")
     return {k: report.get(k) for k in keep}
 

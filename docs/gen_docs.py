@@ -16,7 +16,9 @@ DOCS = Path(__file__).resolve().parent
 API_MODULES = (
     "raykit",
     "raykit.errors",
+    "raykit.ranges",
     "raykit.conventions",
+    "raykit.metrics",
     "raykit.cameras",
     "raykit.image_geometry",
     "raykit.rays",
@@ -25,6 +27,7 @@ API_MODULES = (
     "raykit.scene",
     "raykit.converters",
     "raykit.loaders",
+    "raykit.evaluation",
     "raykit.trainer",
 )
 

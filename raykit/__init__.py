@@ -16,11 +16,10 @@ from raykit.errors import (
     StoreNotFoundError,
     StoreVersionError,
 )
+from raykit.version import __version__
 
 if TYPE_CHECKING:
     from raykit.store import RayStore
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CameraError",

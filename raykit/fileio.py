@@ -1,8 +1,16 @@
-"""Atomic file writes and content hashes, shared by every module that writes files.
+"""Atomic file writes and content hashes, shared by every module that writes files; the one safe way
+to read a file named by another file (a received store, export or run folder).
 
 A file written here appears under its final name only when complete: bytes go to a temporary name in
 the same directory, are flushed and fsynced, then renamed over the destination. On any failure the
 temporary file is removed, so a crash never leaves a half-written file under a real name.
+
+Reading what a folder's own records name (docs/reliability.md, "Received folders"): ``safe_path``
+resolves a recorded name inside its folder (no ``..``, no absolute path, no symlink leading out),
+``open_regular`` opens regular files only (never blocks on a FIFO, never reads a device) and checks
+the size against the record before a byte is read, ``read_bounded`` never reads past the recorded
+size, and ``loads_json``/``read_json`` bound what a JSON record may hold (size, nesting, digits),
+naming the file in every error (:class:`UntrustedFileError`).
 """
 
 from __future__ import annotations
@@ -11,9 +19,11 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import io
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -21,13 +31,21 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "JSON_LIMIT",
+    "UntrustedFileError",
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
+    "check_relative",
     "fsync_path",
     "json_bytes",
     "libc_function",
+    "loads_json",
+    "open_regular",
     "punch_hole",
+    "read_bounded",
+    "read_json",
+    "safe_path",
     "sha256_bytes",
     "sha256_file",
 ]
@@ -62,7 +80,8 @@ def atomic_path(
     write of raykit: metadata files, shard and staging files, task records, checkpoint directories.
 
     The caller writes the temporary file by any means (``np.save``, ``torch.save``, a tar writer).
-    On an exception the temporary file is removed and ``path`` is left untouched.
+    On an exception the temporary file is removed and ``path`` is left untouched; an ``OSError`` that
+    names no file (a full disk at ``write``) is given ``path`` as its ``filename``.
 
     Args:
         sync: fsync the file (a directory: each file in it, then its parent after the rename) before
@@ -94,11 +113,13 @@ def atomic_path(
                 fsync_path(final.parent)
         else:
             os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         if directory:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's ENOSPC names no file: name it
+            exc.filename = str(final)
         raise
 
 
@@ -168,3 +189,173 @@ def punch_hole(path: str | os.PathLike[str], offset: int, length: int) -> bool:
         return bool(function(fd, mode, offset, length) == 0)
     finally:
         os.close(fd)
+
+
+# -- reading files named by other files ------------------------------------------------------------
+
+JSON_LIMIT = 256 << 20  # bytes of a JSON record (a store manifest of 10^6 files is about 150 MB)
+_JSON_DEPTH = 64  # nesting of a JSON record: raykit's records nest less than 10 deep
+_JSON_DIGITS = 400  # characters of one JSON number (a float64's shortest repr is at most 24)
+
+
+class UntrustedFileError(ValueError):
+    """A name recorded in a file that leads outside its folder, a file that is not a regular file or
+    not of its recorded size, or a JSON record beyond the bounds; the message names the file."""
+
+
+def check_relative(rel: object, where: str) -> list[str]:
+    """The parts of ``rel``, a name read from a file in ``where``, if it is a relative POSIX path of
+    plain parts (no empty part, ``.``, ``..``, backslash or NUL): lexical rules only, see ``safe_path``.
+
+    Raises:
+        UntrustedFileError: naming ``where`` and the name.
+    """
+    if not isinstance(rel, str) or not rel:
+        raise UntrustedFileError(f"{where}: expected a file name, got {rel!r}"[:300])
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
+        raise UntrustedFileError(f"{where}: file name {rel!r} is not a plain path inside the folder"[:300])
+    return parts
+
+
+def safe_path(root: str | os.PathLike[str], rel: object, *, where: str | None = None) -> Path:
+    """``root / rel`` for a name ``rel`` read from a file in folder ``root``, checked to stay inside it.
+
+    ``rel`` must be a relative POSIX path of plain parts (``check_relative``), and after resolving
+    symlinks it must still lie inside ``root`` (resolved): a symlink within the folder is followed
+    only when it points within the folder.
+
+    Raises:
+        UntrustedFileError: naming ``where`` (default: ``root``) and the name.
+    """
+    label = where or str(root)
+    parts = check_relative(rel, label)
+    base = Path(root).resolve()
+    path = base.joinpath(*parts)
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise UntrustedFileError(f"{label}: file name {rel!r} does not resolve ({exc})") from None
+    if resolved != base and base not in resolved.parents:
+        raise UntrustedFileError(f"{label}: {rel!r} leads outside the folder (to {resolved})")
+    return path
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(
+    path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None
+) -> io.FileIO:
+    """Open ``path`` for unbuffered reading if it is a regular file (a FIFO, device or socket is refused
+    without blocking: the open does not wait for a FIFO's writer) of exactly ``size`` bytes or at most
+    ``limit`` bytes, checked before anything is read.
+
+    Raises:
+        FileNotFoundError: no such file.
+        UntrustedFileError: not a regular file, or of another size, naming ``path``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedFileError(f"{path}: {_kind(info.st_mode)}, expected a regular file; not read")
+        if size is not None and info.st_size != size:
+            raise UntrustedFileError(
+                f"{path}: {info.st_size} bytes, expected {size} as recorded (truncated or replaced?)"
+            )
+        if limit is not None and info.st_size > limit:
+            raise UntrustedFileError(f"{path}: {info.st_size} bytes, more than the {limit} accepted")
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None) -> bytes:
+    """The bytes of regular file ``path`` (``open_regular``: exactly ``size`` bytes, or at most
+    ``limit``), never reading past that bound even if the file grows meanwhile.
+
+    Raises:
+        FileNotFoundError: no such file.
+        UntrustedFileError: see ``open_regular``; or the file changed size while being read.
+    """
+    bound = size if size is not None else limit
+    with open_regular(path, size=size, limit=limit) as handle:
+        expected = (
+            os.fstat(handle.fileno()).st_size
+            if bound is None
+            else min(bound, os.fstat(handle.fileno()).st_size)
+        )
+        data = bytearray(expected)
+        view, n = memoryview(data), 0
+        while n < expected and (got := handle.readinto(view[n:])):
+            n += got
+        if n != expected or handle.read(1):
+            raise UntrustedFileError(f"{path}: changed size while being read")
+    return bytes(data)
+
+
+def _json_number(text: str) -> Any:
+    if len(text) > _JSON_DIGITS:
+        raise ValueError(f"a number of {len(text)} characters (at most {_JSON_DIGITS} accepted)")
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def _json_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def loads_json(data: bytes | str, where: str, *, limit: int = JSON_LIMIT) -> Any:
+    """Parse JSON record ``data`` read from ``where``: at most ``limit`` bytes, nested at most 64 deep,
+    numbers of at most 400 characters, no NaN/Infinity.
+
+    Raises:
+        UntrustedFileError: one line naming ``where`` and the problem.
+    """
+    if len(data) > limit:
+        raise UntrustedFileError(f"{where}: {len(data)} bytes, more than the {limit} accepted for a record")
+    try:
+        value = json.loads(
+            data, parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant
+        )
+    except RecursionError:
+        raise UntrustedFileError(f"{where}: not valid JSON: nested too deep") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, our number and constant checks
+        raise UntrustedFileError(f"{where}: not valid JSON: {exc}") from None
+    if _depth(value) > _JSON_DEPTH:
+        raise UntrustedFileError(f"{where}: not valid JSON: nested more than {_JSON_DEPTH} deep")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= _JSON_DEPTH:
+                stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return deepest
+
+
+def read_json(path: str | os.PathLike[str], *, limit: int = JSON_LIMIT) -> Any:
+    """The JSON record in regular file ``path`` (``read_bounded`` then ``loads_json``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        UntrustedFileError: not a regular file, too large, or not valid bounded JSON, naming ``path``.
+    """
+    return loads_json(read_bounded(path, limit=limit), str(path), limit=limit)

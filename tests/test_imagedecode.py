@@ -19,9 +19,9 @@ from raykit.errors import StoreCorruptError
 from raykit.imagedecode import UnsupportedImageModeError, decode_image, reference_decode_image
 from raykit.store.image_codec import decode_stored
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-PLANT = sorted((SHARED / "plant_capture" / "images").glob("*.jpg"))
-LEGO = sorted((SHARED / "lego_tiny").glob("*/*.png"))
+DATA = Path(__file__).resolve().parent / "data"
+PLANT = sorted((DATA / "plant_capture" / "images").glob("*.jpg"))
+LEGO = sorted((DATA / "lego_tiny").glob("*/*.png"))
 HAS_SIMPLEJPEG = imagedecode._simplejpeg() is not None
 HAS_CV2 = imagedecode._cv2() is not None
 
@@ -192,9 +192,9 @@ def test_rgba_colours_under_zero_alpha_survive() -> None:
         np.testing.assert_array_equal(got, RGBA)
 
 
-@pytest.mark.skipif(not PLANT, reason="shared plant_capture not present")
 def test_real_jpeg_capture_is_bit_identical() -> None:
-    """All 120 photos of the real hand-held capture (640x512, camera JPEGs)."""
+    """The 10 photos of the real hand-held capture in tests/data (640x512, camera JPEGs)."""
+    assert len(PLANT) == 10
     for path in PLANT:
         data = path.read_bytes()
         expected = reference_decode_image(data)
@@ -204,8 +204,8 @@ def test_real_jpeg_capture_is_bit_identical() -> None:
             assert imagedecode._fast(data) is not None, path
 
 
-@pytest.mark.skipif(not LEGO, reason="shared lego_tiny not present")
 def test_real_png_capture_is_bit_identical() -> None:
+    assert len(LEGO) == 2
     for path in LEGO:
         data = path.read_bytes()
         np.testing.assert_array_equal(decode_image(data), reference_decode_image(data), err_msg=str(path))

@@ -20,15 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
 # other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered"),
-    ("conventions", "camera_models"),
+    ("ranges",),
+    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version"),
+    ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),
     ("rays",),
     ("colmap_io",),
     ("scene",),
     ("store",),
-    ("converters", "loaders"),
+    ("converters", "loaders", "evaluation"),
     ("profiling",),
     ("trainer", "integrations"),
     ("pipeline",),
@@ -82,10 +83,12 @@ def _upward_imports(module: str, path: Path) -> list[str]:
     """The imports of ``module`` (source at ``path``) that break the layer order."""
     unit, bad = _unit(module), []
     for imported in sorted(_imports(path)):
-        if imported == "raykit" or _unit(imported) == unit:
+        if imported != "raykit" and _unit(imported) == unit:
             continue
-        if LEVEL[_unit(imported)] >= LEVEL[unit]:
-            bad.append(f"{module} (layer {LEVEL[unit]}) imports {imported} (layer {LEVEL[_unit(imported)]})")
+        # the top package re-exports the store's open_store: importing it reaches the store's layer
+        level = LEVEL["store"] if imported == "raykit" else LEVEL[_unit(imported)]
+        if level >= LEVEL[unit]:
+            bad.append(f"{module} (layer {LEVEL[unit]}) imports {imported} (layer {level})")
     return bad
 
 
@@ -108,6 +111,13 @@ def test_import_direction_catches_upward_and_sideways_imports(tmp_path: Path) ->
     ]
     assert len(_upward_imports("raykit.cameras", source)) == 4
     assert _upward_imports("raykit.trainer.fake", source) == []
+    # the top package re-exports the store's open_store: importing it from the store is back up
+    top = tmp_path / "top.py"
+    top.write_text("def f():\n    from raykit import __version__\n")
+    assert _upward_imports("raykit.store.fake", top) == [
+        f"raykit.store.fake (layer {LEVEL['store']}) imports raykit (layer {LEVEL['store']})"
+    ]
+    assert _upward_imports("raykit.trainer.fake", top) == []
 
 
 def _sibling_imports(module: str, path: Path, modules: set[str]) -> set[str]:
@@ -185,6 +195,24 @@ def test_no_library_module_imports_a_cli_module() -> None:
         if module.endswith((".cli", ".__main__")):
             continue
         bad += [f"{module} imports {name}" for name in _imports(path) if name.endswith(".cli")]
+    assert bad == []
+
+
+def test_no_type_ignore_where_nerfstudio_is_imported() -> None:
+    """``mypy raykit`` is clean with and without nerfstudio (an optional extra the test command
+    installs): without it, nerfstudio's names are ``Any`` and every ``type: ignore`` in a module
+    that imports it is unused, which ``warn_unused_ignores`` reports. Such modules use ``cast``."""
+    bad = []
+    for module, path in _library_files():
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+        if "nerfstudio" in imported:
+            lines = path.read_text().splitlines()
+            bad += [f"{module}:{i}" for i, line in enumerate(lines, 1) if "# type: ignore" in line]
     assert bad == []
 
 

@@ -8,9 +8,11 @@ turns photos or a video into a COLMAP capture with pycolmap (``raykit poses``,
 
 from raykit.converters.config import ConvertConfig
 from raykit.converters.convert import SOURCES, build_records, convert, detect_source, parse_source
+from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera, resize_area, round_half_up_div
 from raykit.converters.poses import PoseOptions, PoseSummary, estimate_poses
 
 __all__ = [
+    "DOWNSCALE_RULES",
     "SOURCES",
     "ConvertConfig",
     "PoseOptions",
@@ -19,5 +21,8 @@ __all__ = [
     "convert",
     "detect_source",
     "estimate_poses",
+    "mipnerf360_camera",
     "parse_source",
+    "resize_area",
+    "round_half_up_div",
 ]

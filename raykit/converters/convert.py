@@ -25,13 +25,16 @@ from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
+from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
+from raykit.converters.video import VIDEO_EXTENSIONS
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.progress import progress as progress_bar
+from raykit.ranges import IMAGE_PIXELS_WARN
 from raykit.store.layout import LAYOUTS
 from raykit.store.location import is_url
 from raykit.store.points import SparsePoints
@@ -57,6 +60,8 @@ def detect_source(src: Path) -> str:
         return "llff"
     if find_colmap_model(src) is not None:
         return "colmap"
+    if src.is_file() and src.suffix.lower() in VIDEO_EXTENSIONS:
+        raise SourceError(f"{src}: a video; pass --from video to estimate its poses and convert its frames")
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
         "or COLMAP model); pass --from, e.g. --from photos for photos without poses"
@@ -136,7 +141,7 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
 
 
 def _checked_cameras(
-    capture: Capture, exif: str, factor: int, progress: bool = False, threads: int = 1
+    capture: Capture, exif: str, factor: int, progress: bool = False, threads: int = 1, rule: str = "exact"
 ) -> tuple[list[Camera], list[str]]:
     """Probe every image (size, integrity, EXIF) and rescale every camera; ``threads`` > 1 probes that
     many images at a time (reading and checksumming files release the GIL).
@@ -165,11 +170,33 @@ def _checked_cameras(
         problems.extend(found)
         policies.append(policy)
         try:
-            cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
+            if factor == 1:
+                cameras.append(view.camera)
+            elif rule == "mipnerf360":
+                cameras.append(mipnerf360_camera(view.camera, factor))
+            else:
+                cameras.append(view.camera.scaled(factor))
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
     problems.raise_if_any()
+    _warn_large(views)
     return cameras, policies
+
+
+def _warn_large(views: Sequence[SourceView]) -> None:
+    """One warning line for the images over :data:`raykit.ranges.IMAGE_PIXELS_WARN` (89 Mpx): each
+    takes gigabytes to decode (Pillow's own warning is not shown)."""
+    large = [v for v in views if v.camera.width * v.camera.height > IMAGE_PIXELS_WARN]
+    if large:
+        first = max(large, key=lambda v: v.camera.width * v.camera.height)
+        size = f"{first.camera.width}x{first.camera.height}"
+        warnings.warn(
+            f"{len(large)} image(s) over {IMAGE_PIXELS_WARN / 1e6:.0f} Mpx (largest {first.image_path}, "
+            f"{size}): each takes {first.camera.width * first.camera.height * 4 / 1e9:.1f} GB or more to "
+            "decode; pass --downscale N to store them smaller",
+            RaykitWarning,
+            stacklevel=3,
+        )
 
 
 def _check_bounds(near: float | None, far: float | None) -> None:
@@ -206,6 +233,7 @@ def build_records(
     capture: Capture,
     *,
     downscale: int = 1,
+    downscale_rule: str = "exact",
     split: Any = None,
     normalize: str = "none",
     exif: str = "auto",
@@ -219,7 +247,13 @@ def build_records(
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras, policies = _checked_cameras(capture, exif, factor, progress, threads)
+    if downscale_rule not in DOWNSCALE_RULES:
+        raise ConfigError(
+            f"downscale_rule: expected one of {', '.join(DOWNSCALE_RULES)}, got {downscale_rule!r}"
+        )
+    if downscale_rule == "mipnerf360" and factor != downscale:
+        raise ConfigError("downscale_rule mipnerf360 downscales from full resolution, not from images_N")
+    cameras, policies = _checked_cameras(capture, exif, factor, progress, threads, downscale_rule)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -227,7 +261,7 @@ def build_records(
     nears = [scale * _pick(near, v.near, capture.near, "near", v) for v in views]
     fars = [scale * _pick(far, v.far, capture.far, "far", v) for v in views]
     records = [
-        _record(view, camera, split_name, matrix, n, f, factor, policy)
+        _record(view, camera, split_name, matrix, n, f, factor, policy, downscale_rule)
         for view, camera, split_name, n, f, policy in zip(
             views, cameras, splits, nears, fars, policies, strict=True
         )
@@ -245,10 +279,12 @@ def _record(
     far: float,
     factor: int,
     exif: str,
+    rule: str = "exact",
 ) -> ImageRecord:
     source = view.camera
+    resize_to = (camera.width, camera.height) if rule == "mipnerf360" and factor > 1 else None
     loader = ImageFileDecoder(
-        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source)
+        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source), resize_to
     )
     c2w = apply_similarity(matrix, view.c2w)
     return ImageRecord(view.name, split, camera, c2w, near, far, str(view.image_path), loader)
@@ -307,7 +343,7 @@ def convert(
         source,
         images=None if config.images is None else Path(config.images),
         skip_missing=config.skip_missing,
-        downscale=config.downscale,
+        downscale=config.downscale if config.downscale_rule == "exact" else 1,
         exif=exif,
         allow_outside=[Path(p) for p in allow_outside],
     )
@@ -321,6 +357,7 @@ def convert(
     records, scene = build_records(
         capture,
         downscale=config.downscale,
+        downscale_rule=config.downscale_rule,
         split=config.split,
         normalize=config.normalize,
         exif=exif,
@@ -330,6 +367,7 @@ def convert(
         threads=threads if config.scheduler is None else 1,
     )
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": config.downscale,
+            "downscale_rule": config.downscale_rule,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     write = _Write(records, scene, config, threads, info, _world_points(capture, scene))
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last

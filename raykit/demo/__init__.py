@@ -54,12 +54,10 @@ def plan_for(quick: bool) -> DemoPlan:
 def run_demo(out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0) -> Path:
     """Run every stage into ``out`` (resuming what an earlier demo left there); return the report's path."""
     from raykit.demo.stages import demo_configs, demo_extra, scene_stage
-    from raykit.errors import ConfigError
-    from raykit.pipeline import StageRunner, run_pipeline
+    from raykit.pipeline import StageRunner, check_run_folder, run_pipeline
 
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir}: exists and is not a directory")
+    check_run_folder(out_dir)  # a new or empty folder, or one of raykit's own run folders
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_for(quick)
     runner = StageRunner(out_dir)

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
-    from raykit.loaders.config import ImageLoaderConfig, LoaderConfig
+    from raykit.loaders.config import IMAGE_CACHE_BYTES, RAY_CACHE_BYTES, ImageLoaderConfig, LoaderConfig
     from raykit.loaders.images import ImageBatch, ImageLoader, ImagePlan
+    from raykit.loaders.levels import level_camera
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 # module -> the public names it defines (imported on first use)
 _PUBLIC = {
     "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
-    "config": ("ImageLoaderConfig", "LoaderConfig"),
+    "config": ("IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"),
     "images": ("ImageBatch", "ImageLoader", "ImagePlan"),
+    "levels": ("level_camera",),
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
@@ -32,6 +34,8 @@ _PUBLIC = {
 _MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = [
+    "IMAGE_CACHE_BYTES",
+    "RAY_CACHE_BYTES",
     "CacheStats",
     "ChunkCache",
     "ChunkSource",
@@ -47,6 +51,7 @@ __all__ = [
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",
+    "level_camera",
 ]
 
 

@@ -13,13 +13,27 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args
+from raykit.ranges import Range, worker_range
 
-__all__ = ["ImageLoaderConfig", "LoaderConfig"]
+__all__ = ["IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"]
 
-# The integer options of either config and their minimums, in the order their problems are listed.
-_MINIMUMS = {"batch_size": 1, "seed": 0, "num_workers": 0, "prefetch": 1, "cache_bytes": 0, "rank": 0,
-             "world_size": 1, "mix_chunks": 1, "mix_run": 1, "group_rays": 1, "gen_threads": 1,
-             "window_images": 1, "convert_threads": 1}  # fmt: skip
+# The default cache budgets, written here once: every default of a ``cache_bytes`` (the loaders, their
+# configs, the dataset adapter, the nerfstudio datamanagers) and of ``raykit bench --cache-mb`` is one
+# of these two.
+RAY_CACHE_BYTES = 512 << 20
+"""``RayLoader``'s decoded-chunk cache (or, on an images-layout split, decoded images), per process."""
+IMAGE_CACHE_BYTES = 2 << 30
+"""``ImageLoader``'s cache of decoded images, per split."""
+
+_COUNT, _OPTIONAL_COUNT = Range(1, integer=True), Range(1, integer=True, optional=True)
+# The numeric options of either config and their ranges (raykit.ranges), in the order their problems
+# are listed; None is accepted only where the loader chooses the value (``optional``).
+_RANGES = {"batch_size": _COUNT, "seed": Range(0, integer=True), "num_workers": worker_range(),
+           "prefetch": _COUNT, "cache_bytes": Range(0, integer=True),
+           "rank": Range(0, integer=True, optional=True), "world_size": _OPTIONAL_COUNT,
+           "mix_chunks": _COUNT, "mix_run": _OPTIONAL_COUNT, "group_rays": _OPTIONAL_COUNT,
+           "gen_threads": _OPTIONAL_COUNT, "window_images": _OPTIONAL_COUNT,
+           "convert_threads": _OPTIONAL_COUNT}  # fmt: skip
 
 
 class _Options:
@@ -27,10 +41,11 @@ class _Options:
     or one config)."""
 
     def __post_init__(self) -> None:
-        values = {name: getattr(self, name) for name in _MINIMUMS if hasattr(self, name)}
+        values = {name: getattr(self, name) for name in _RANGES if hasattr(self, name)}
         if values.get("num_workers") == "auto" and isinstance(self, LoaderConfig):  # chosen by the loader
             values["num_workers"] = None
-        check_loader_args(**{name: (value, _MINIMUMS[name]) for name, value in values.items()})
+        device = getattr(self, "device", "cpu")
+        check_loader_args(device, **{name: (value, _RANGES[name]) for name, value in values.items()})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (checked again)."""
@@ -79,7 +94,7 @@ class LoaderConfig(_Options):
     shuffle: bool = True
     device: Any = "cpu"
     num_workers: int | str = "auto"
-    cache_bytes: int = 512 << 20
+    cache_bytes: int = RAY_CACHE_BYTES
     disk_cache: str | os.PathLike[str] | None = None
     rank: int | None = None
     world_size: int | None = None
@@ -90,6 +105,7 @@ class LoaderConfig(_Options):
     group_rays: int | None = None
     gen_threads: int | None = None
     window_images: int | None = None
+    cache: str = "process"
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,7 @@ class ImageLoaderConfig(_Options):
     crop: tuple[int, int] | None = None
     device: Any = "cpu"
     num_workers: int = 0
-    cache_bytes: int = 2 << 30
+    cache_bytes: int = IMAGE_CACHE_BYTES
     rank: int | None = None
     world_size: int | None = None
     undistort: bool = False
@@ -115,6 +131,8 @@ class ImageLoaderConfig(_Options):
     prefetch: int = 2
     convert_threads: int | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    downscale: int = 1
+    cache: str = "process"
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -19,7 +19,8 @@ from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
-from raykit.loaders.config import LoaderConfig
+from raykit.loaders.config import RAY_CACHE_BYTES, LoaderConfig
+from raykit.loaders.node_cache import check_cache_kind
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
@@ -61,6 +62,9 @@ class RayLoader(BatchLoader):
         window_images: images in the window of an images-layout split (its windowed shuffle,
             :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``, at
             most 32 (:func:`~raykit.loaders.windowed.default_window`).
+        cache: ``"process"``, or on an images-layout split ``"node"``: its decoded-image cache is the
+            machine's, shared by every rank (as ``ImageLoader``'s ``cache="node"``,
+            :mod:`raykit.loaders.node_cache`); batches, order and resume unchanged.
         config: all of the options above but ``store`` and ``make_batch`` as one
             :class:`~raykit.loaders.config.LoaderConfig` (then leave those keywords at their defaults).
 
@@ -86,7 +90,7 @@ class RayLoader(BatchLoader):
         shuffle: bool = True,
         device: Any = "cpu",
         num_workers: int | str = "auto",
-        cache_bytes: int = 512 << 20,
+        cache_bytes: int = RAY_CACHE_BYTES,
         disk_cache: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -98,11 +102,12 @@ class RayLoader(BatchLoader):
         gen_threads: int | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
         window_images: int | None = None,
+        cache: str = "process",
         config: LoaderConfig | None = None,
     ) -> None:
         keywords = LoaderConfig(
             split, batch_size, seed, shuffle, device, num_workers, cache_bytes, disk_cache, rank, world_size,
-            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads, window_images,
+            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads, window_images, cache,
         )  # fmt: skip
         cfg = LoaderConfig.merge(keywords, config)
         store = open_if_location(store)
@@ -110,6 +115,7 @@ class RayLoader(BatchLoader):
         self.strategy: Strategy = strategy_for(store, cfg.split)
         self.source = self.strategy.source(store, cfg)
         self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
+        check_cache_kind(cfg.cache, self.strategy.name, cfg.split)
         self.cache: ChunkCache[RawRays] = self.strategy.cache(cfg, self.source, self.plan)
         group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
         self.prefetch, self.group_rays = cfg.prefetch, group_rays

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from raykit.errors import ConfigError
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.cache import ChunkCache
+from raykit.loaders.config import RAY_CACHE_BYTES
 from raykit.loaders.loader import RayLoader
 from raykit.rays import RayBatch
 from raykit.store.reader import RayStore, open_store
@@ -71,7 +72,9 @@ class RayDataset(Dataset[RayBatch]):
         cache_bytes: budget of the decoded-chunk cache (per process).
     """
 
-    def __init__(self, store: RayStore | str, split: str = "train", cache_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, store: RayStore | str, split: str = "train", cache_bytes: int = RAY_CACHE_BYTES
+    ) -> None:
         self.store = open_store(store) if isinstance(store, str) else store
         if split not in self.store.splits:
             raise ConfigError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
 from raykit.pipeline.records import PIPELINE_FILE, fingerprint, tree_fingerprint
-from raykit.pipeline.run import capture_and_store, run_pipeline
+from raykit.pipeline.run import capture_and_store, check_run_folder, run_pipeline
 from raykit.pipeline.runner import Stage, StageError, StageRunner, WarmStarter, machine_fault
 from raykit.pipeline.stages import export_stage, train_summary, training_stage, with_progress_checks
 
@@ -25,6 +25,7 @@ __all__ = [
     "StageRunner",
     "WarmStarter",
     "capture_and_store",
+    "check_run_folder",
     "export_stage",
     "fingerprint",
     "machine_fault",

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from raykit.errors import ConfigError
+from raykit.fileio import UntrustedFileError, read_bounded, safe_path
 from raykit.pipeline.config import StageConfigs
 from raykit.pipeline.report import FIGURES, sections
 
 __all__ = ["scene_points", "write_html"]
 
 MAX_POINTS = 4000
-_IMAGE = r"!\[[^\]]*\]\(([^)]*)\)"
 
 _CSS = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:2px 8px;text-align:right}
@@ -76,17 +77,47 @@ def scene_points(url: str, seed: int = 0) -> dict[str, Any]:
 
 
 def _inline(text: str) -> str:
-    escaped = html.escape(text)
-    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", escaped)
+    """Markdown inline text -> HTML: code spans (CommonMark: a run of n backticks up to the next run of
+    exactly n; the content is text, one surrounding space stripped) and ``**bold**``; everything else
+    escaped. No links and no images: inline markup cannot make the page fetch or embed anything."""
+    parts, rest = [], text
+    while (opening := re.search("`+", rest)) is not None:
+        fence = opening.group()
+        closing = next((m for m in re.finditer("`+", rest[opening.end() :]) if m.group() == fence), None)
+        if closing is None:  # an unmatched fence is literal text
+            parts.append(_text(rest[: opening.end()]))
+            rest = rest[opening.end() :]
+            continue
+        body = rest[opening.end() : opening.end() + closing.start()]
+        if len(body) > 1 and body.startswith(" ") and body.endswith(" ") and body.strip():
+            body = body[1:-1]
+        parts += [_text(rest[: opening.start()]), f"<code>{html.escape(body)}</code>"]
+        rest = rest[opening.end() + closing.end() :]
+    return "".join([*parts, _text(rest)])
 
 
-def markdown_html(text: str) -> str:
-    """The markdown subset the sections use (paragraphs, pipe tables, inline code, bold) as HTML."""
+def _text(text: str) -> str:
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", html.escape(text))
+
+
+# An image the report embeds: a block of its own naming a PNG in OUT/figures, where only the pipeline
+# writes; the file is read through ``fileio.safe_path`` (no link out of the folder) and bounded.
+_FIGURE = re.compile(r"!\[([^\]\n]*)\]\(figures/([A-Za-z0-9_.-]+\.png)\)")
+_FIGURE_LIMIT = 64 << 20
+
+
+def markdown_html(text: str, figures: Path | None = None) -> str:
+    """The markdown subset the sections use (paragraphs, pipe tables, inline code, bold) as HTML; a
+    block that is exactly ``![alt](figures/NAME.png)`` embeds that file of folder ``figures`` (when
+    given) as a data URI. Nothing else becomes an image or a link."""
     blocks = []
     for block in text.split("\n\n"):
         lines = [line for line in block.splitlines() if line.strip()]
-        if lines and all(line.startswith("|") for line in lines):
+        figure = _FIGURE.fullmatch(block.strip()) if figures is not None else None
+        if figure is not None and figures is not None:
+            alt, name = figure.groups()
+            blocks.append(f'<img alt="{html.escape(alt)}" src="{_data_uri(figures, name)}">')
+        elif lines and all(line.startswith("|") for line in lines):
             rows = [
                 [c.strip() for c in line.strip("|").split("|")]
                 for line in lines
@@ -100,8 +131,13 @@ def markdown_html(text: str) -> str:
     return "\n".join(blocks)
 
 
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+def _data_uri(folder: Path, name: str) -> str:
+    """PNG ``name`` of ``folder`` (a regular file inside it, at most 64 MiB) as a data URI."""
+    try:
+        data = read_bounded(safe_path(folder, name), limit=_FIGURE_LIMIT)
+    except (OSError, UntrustedFileError) as exc:
+        raise ConfigError(f"{folder / name}: figure not embedded in the report ({exc})") from None
+    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 def write_html(
@@ -117,10 +153,8 @@ def write_html(
     parts = ["<h1>raykit run report</h1>"]
     for title, body in {**sections(cfg, results, records), **extra}.items():
         parts.append(f"<h2>{html.escape(title)}</h2>")
-        parts.append(markdown_html(re.sub(_IMAGE, "", body)))
-        images = [out / "figures" / made[key] for key in FIGURES.get(title, ())]
-        images += [out / rel for rel in re.findall(_IMAGE, body)]
-        parts += [f'<img alt="{html.escape(p.stem)}" src="{_data_uri(p)}">' for p in images]
+        figures = [f"![{key}](figures/{made[key]})" for key in FIGURES.get(title, ())]
+        parts.append(markdown_html("\n\n".join([body, *figures]), out / "figures"))
         if title == "Capture":
             parts.append(
                 "<h3>Camera poses and sparse points (drag to rotate)</h3>"

@@ -25,7 +25,7 @@ from typing import Any
 
 import raykit
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_bytes, json_bytes, sha256_bytes
+from raykit.fileio import atomic_write_bytes, json_bytes, read_json, sha256_bytes
 
 __all__ = ["PIPELINE_FILE", "Meter", "Records", "environment", "fingerprint", "tree_fingerprint"]
 
@@ -77,13 +77,18 @@ class Records:
         self.data: dict[str, Any] = {"format": FORMAT, "version": VERSION, "stages": {}}
         if self.path.is_file():
             try:
-                data = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
+                data = read_json(self.path)
+            except (OSError, ValueError) as exc:
                 raise ConfigError(
                     f"{self.path}: unreadable pipeline record ({exc}); remove it to start over"
-                ) from exc
-            if data.get("format") != FORMAT:
-                raise ConfigError(f"{self.path}: expected format {FORMAT!r}, got {data.get('format')!r}")
+                ) from None
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                got = data.get("format") if isinstance(data, dict) else type(data).__name__
+                raise ConfigError(f"{self.path}: expected format {FORMAT!r}, got {got!r}")
+            if not isinstance(data.get("stages"), dict) or not all(
+                isinstance(r, dict) for r in data["stages"].values()
+            ):
+                raise ConfigError(f"{self.path}: expected 'stages' to be an object of stage records")
             self.data = data
 
     @property

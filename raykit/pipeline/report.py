@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,21 @@ import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
+from raykit.trainer import OLD_PROTOCOL
 
-__all__ = ["capture_summary", "figures", "render_strip", "table", "write_markdown"]
+__all__ = ["capture_summary", "code", "figures", "render_strip", "table", "write_markdown"]
+
+
+def code(text: object) -> str:
+    """``text`` (a name from a capture or a store: anything) as one markdown code span that shows it
+    literally and cannot end early (for paragraphs, not table cells): control characters written as
+    escapes (a newline as ``\\n``: no line break, no new block), and a fence of one backtick more than
+    the longest run of backticks inside, padded with a space where the text starts or ends with a
+    backtick or a space. Inside a code span nothing is markup: ``![x](/etc/passwd)`` stays text."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -144,14 +158,14 @@ def capture_summary(cfg: StageConfigs, results: Mapping[str, Any]) -> dict[str, 
 def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str, Any]) -> dict[str, str]:
     """The report's sections as markdown (shared by report.md and report.html)."""
     cap = capture_summary(cfg, results)
-    left = "; ".join(f"`{n}` ({why})" for n, why in cap["left_out"]) or "none"
+    left = "; ".join(f"{code(n)} ({why})" for n, why in cap["left_out"]) or "none"
     ratio = (
         "" if not cap["source_bytes"] else f" ({cap['store_bytes'] / cap['source_bytes']:.2f}x the source)"
     )
     source_mb = "-" if not cap["source_bytes"] else f"{cap['source_bytes'] / 1e6:.2f}"
     capture = "\n".join(
         [
-            f"Source `{cap['source']}` ({cap['kind']}): {cap['cameras']} camera(s) "
+            f"Source {code(cap['source'])} ({cap['kind']}): {cap['cameras']} camera(s) "
             f"({', '.join(cap['models'])}), "
             f"resolution {', '.join(cap['resolutions'])}, images "
             + ", ".join(f"{s} {n}" for s, n in cap["splits"].items())
@@ -185,6 +199,9 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
             s,
             f"{r['psnr']:.2f}",
             f"{r['ssim']:.3f}",
+            _fmt(r.get("lpips"), ".3f"),
+            _fmt(r.get("psnr_float"), ".2f"),
+            r.get("protocol", OLD_PROTOCOL),
             str(r["step"]),
             _fmt(r["samples_per_ray"], ".1f"),
             _fmt(r["rays_per_s"], ".0f"),
@@ -199,6 +216,9 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
             "sampler",
             "PSNR dB",
             "SSIM",
+            "LPIPS",
+            "float PSNR dB (extra)",
+            "protocol",
             "steps",
             "samples/ray",
             "rays/s",
@@ -237,13 +257,16 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
     stages = table(
         ["stage", "status", "wall s", "CPU s", "peak RSS MB", "peak GPU MB", "attempts"], stage_rows
     )
-    views = ", ".join(f"`{n}`" for n in results["render"]["views"])
+    views = ", ".join(code(n) for n in results["render"]["views"])
     return {
         "Capture": capture,
         "Loader throughput": loader,
         "Training": training
         + "\n\nBudget: "
-        + (f"{cfg.run.steps} steps per sampler" if cfg.run.steps else f"{cfg.run.minutes} min split evenly"),
+        + (f"{cfg.run.steps} steps per sampler" if cfg.run.steps else f"{cfg.run.minutes} min split evenly")
+        + ". PSNR, SSIM and LPIPS follow the community evaluation protocol (8-bit images, as nerfbaselines "
+        "scores them; LPIPS AlexNet, '-' without its weights); the float PSNR, the figure of earlier "
+        "releases, is an extra column.",
         "Test views": f"Ground truth, then {', '.join(runs)}: {views}.",
         "Export verification": exports,
         "Stage times": stages + "\n\nEvery stage's command, inputs and attempts: `pipeline.json`.",

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from raykit.errors import ConfigError, SourceError
+from raykit.fileio import UntrustedFileError, safe_path
 from raykit.pipeline import stages
 from raykit.pipeline.config import StageConfigs
-from raykit.pipeline.records import fingerprint, tree_fingerprint
+from raykit.pipeline.records import PIPELINE_FILE, Records, fingerprint, tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, StageRunner
 
-__all__ = ["ExtraStages", "capture_and_store", "run_pipeline"]
+__all__ = ["RUN_LOCK", "ExtraStages", "capture_and_store", "check_run_folder", "run_pipeline"]
+
+RUN_LOCK = "run.lock"  # OUT/run.lock: held by the one `raykit run` writing OUT (raykit.store.lock)
 
 # Stages a caller adds after evaluation (the demo's comparisons): given the runner and the results so
 # far, run them and return the report's extra sections as ``{"title": markdown}``.
@@ -30,9 +34,39 @@ def run_pipeline(
     out, src = Path(cfg.run.out), Path(cfg.run.src)
     if not src.exists():
         raise SourceError(f"{src}: not found")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a directory")
+    check_run_folder(out)
     out.mkdir(parents=True, exist_ok=True)
+    from raykit.store import store_lock
+
+    with store_lock(out, path=out / RUN_LOCK, what="run folder"):  # one `raykit run` per OUT
+        return _run_locked(cfg, out, extra, runner)
+
+
+def check_run_folder(out: Path) -> None:
+    """Refuse an ``OUT`` that exists and is not a run folder of raykit's own: a run folder holds
+    ``pipeline.json`` (its records), or nothing but a lock left by a run killed before it wrote any.
+    A rerun removes what its stages wrote in there, so nobody else's files may be in it.
+
+    Raises:
+        ConfigError: one line naming ``OUT``; nothing is read beyond its listing and records, nothing
+            written or removed.
+    """
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory")
+    if (out / PIPELINE_FILE).is_file():
+        Records(out)  # readable records of raykit run (else one line naming pipeline.json)
+        return
+    if {p.name for p in out.iterdir()} - {RUN_LOCK}:
+        raise ConfigError(
+            f"{out}: exists and is not a raykit run folder (no {PIPELINE_FILE}); raykit run removes "
+            "what it wrote there on a rerun, so it refuses to write into another folder: choose a new "
+            "or empty OUT"
+        )
+
+
+def _run_locked(cfg: StageConfigs, out: Path, extra: ExtraStages | None, runner: StageRunner | None) -> Path:
     runner = runner or StageRunner(out, cfg.run.retries)
     started = time.perf_counter()
     results = capture_and_store(cfg, out, runner)
@@ -40,6 +74,9 @@ def run_pipeline(
     results["validate"] = runner.execute(stages.validate_stage(url, store_fp))
     results["profile"] = runner.execute(stages.profile_stage(cfg, url, store_fp))
     runs = {s: runner.execute(stages.train_stage(cfg, url, store_fp, out, s)) for s in cfg.run.sampler_list()}
+    for run in runs.values():  # read below: the run folder, its renders
+        run_dir = own_path(out, run["run_dir"])
+        run["renders"] = [str(own_path(run_dir, p)) for p in run["renders"]]
     results["runs"] = runs
     results["evaluate"] = runner.execute(stages.evaluate_stage(runs))
     results["exports"] = {s: runner.execute(stages.export_stage(r, out, s)) for s, r in runs.items()}
@@ -53,6 +90,22 @@ def run_pipeline(
         flush=True,
     )
     return Path(report["markdown"])
+
+
+def own_path(folder: Path, recorded: Any) -> Path:
+    """A path a stage recorded in ``OUT/pipeline.json``, checked to lie inside ``folder``
+    (``fileio.safe_path``): the records of a received run folder cannot point raykit at other files.
+
+    Raises:
+        ConfigError: naming ``pipeline.json`` and the path.
+    """
+    where = str(folder)
+    base = os.path.abspath(folder)
+    rel = os.path.relpath(os.path.abspath(str(recorded)), base).replace(os.sep, "/")
+    try:
+        return safe_path(base, rel, where=where)
+    except UntrustedFileError as exc:
+        raise ConfigError(f"{exc} (a path recorded by a stage must lie in {folder})") from None
 
 
 def capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict[str, Any]:
@@ -72,10 +125,11 @@ def capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict
     capture, source_fp = src, tree_fingerprint(src)
     if kind in ("photos", "video"):
         results["poses"] = runner.execute(stages.poses_stage(cfg, out, kind))
-        capture, source_fp = Path(results["poses"]["capture"]), results["poses"]["output"]
+        capture, source_fp = own_path(out, results["poses"]["capture"]), results["poses"]["output"]
         if cfg.poses.undistort:
             capture = capture / "undistorted"
     results["store"] = runner.execute(stages.convert_stage(cfg, out, capture, source_fp, kind != "capture"))
+    own_path(out, results["store"]["url"])
     return results
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raykit.errors import RaykitError, WorkerError
+from raykit.errors import ConfigError, RaykitError, WorkerError
 from raykit.pipeline.records import Meter, Records, fingerprint, stage_record
 
 __all__ = ["Attempt", "Stage", "StageError", "StageRunner", "WarmStarter", "run_process"]
@@ -94,9 +94,13 @@ class StageRunner:
 
     def result(self, name: str) -> dict[str, Any]:
         record = self.records.get(name)
-        if record is None or record["status"] != "done":
+        if record is None or record.get("status") != "done":
             raise KeyError(name)
-        result: dict[str, Any] = record["result"]
+        result = record.get("result")
+        if not isinstance(result, dict):
+            raise ConfigError(
+                f"{self.records.path}: stage {name!r}: expected a result object, got {result!r}"[:300]
+            )
         return result
 
     def execute(self, stage: Stage) -> dict[str, Any]:
@@ -104,15 +108,18 @@ class StageRunner:
         fp = fingerprint(dict(stage.inputs))
         self.seen.append(stage.name)
         old = self.records.get(stage.name)
-        if old is not None and old["fingerprint"] == fp and old["status"] == "done":
+        if old is not None and old.get("fingerprint") == fp and old.get("status") == "done":
             self.echo(f"==> {stage.name}: up to date")
             return self.result(stage.name)
-        resume = stage.resumable and old is not None and old["fingerprint"] == fp
+        resume = stage.resumable and old is not None and old.get("fingerprint") == fp
         if not resume:
             for path in stage.outputs:
                 _remove(path)
         record = stage_record(stage.name, fp, stage.inputs, list(stage.command))
-        record["attempts"] = list(old["attempts"]) if resume and old else []
+        attempts = old.get("attempts") if resume and old else None
+        record["attempts"] = (
+            [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+        )
         self.echo(f"==> {stage.name}" + (" (resuming)" if resume and old else ""))
         for number in range(1, self.retries + 2):
             if number > 1 and not stage.resumable:

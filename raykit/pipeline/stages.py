@@ -8,7 +8,6 @@ sampler, a ``python -m raykit.trainer`` process, or torchrun with ``--nproc-per-
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,12 @@ import numpy as np
 from raykit.converters.convert import detect_source
 from raykit.converters.poses import POSE_SOURCES
 from raykit.converters.video import VIDEO_EXTENSIONS
-from raykit.errors import SourceError, StoreCorruptError
-from raykit.fileio import sha256_file
+from raykit.errors import ConfigError, SourceError, StoreCorruptError
+from raykit.fileio import loads_json, read_json, sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
 from raykit.pipeline.records import tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, WarmStarter, run_process
-from raykit.trainer import TrainConfig
+from raykit.trainer import OLD_PROTOCOL, TrainConfig, protocol_of
 
 __all__ = [
     "export_stage",
@@ -212,7 +211,7 @@ def training_stage(
         else:
             run_process(argv, attempt)
         summary = train_summary(run_dir)
-        device = json.loads((run_dir / "run.json").read_text())["environment"].get("device", "")
+        device = (_record(run_dir / "run.json").get("environment") or {}).get("device", "")
         if str(device).startswith("cuda"):  # the trainer's peak is CUDA's allocation there
             attempt.meter.child["peak_gpu_mb"] = summary["memory_mb"]
         return summary
@@ -221,15 +220,35 @@ def training_stage(
     return Stage(name, inputs, run, argv, (run_dir,))
 
 
+def _record(path: Path) -> dict[str, Any]:
+    """A JSON record of a run folder, bounded (``fileio.read_json``); one line naming it otherwise."""
+    try:
+        record = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return record
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's JSON-lines log; a line that is not one (torn by a kill) is skipped."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = loads_json(line, str(path))
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def train_summary(run_dir: Path) -> dict[str, Any]:
     """What the report needs of a finished run (its eval.json, log.jsonl and progress.jsonl)."""
-    evaluation = json.loads((run_dir / "eval.json").read_text())
+    evaluation = _record(run_dir / "eval.json")
     log, progress = _jsonl(run_dir / "log.jsonl"), _jsonl(run_dir / "progress.jsonl")
     test = evaluation["splits"].get("test") or next(iter(evaluation["splits"].values()))
 
@@ -240,8 +259,17 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
     return {
         "run_dir": str(run_dir),
         "step": evaluation.get("step"),
+        "protocol": protocol_of(evaluation),
         "psnr": test["psnr"],
         "ssim": test["ssim"],
+        "lpips": test.get("lpips"),
+        # the float figures: an extra column; a run from before the protocol has only those
+        "psnr_float": test.get(
+            "psnr_float", test["psnr"] if protocol_of(evaluation) == OLD_PROTOCOL else None
+        ),
+        "ssim_float": test.get(
+            "ssim_float", test["ssim"] if protocol_of(evaluation) == OLD_PROTOCOL else None
+        ),
         "samples_per_ray": mean("samples_per_ray"),
         "rays_per_s": mean("rays_per_s"),
         "loader_wait_fraction": mean("loader_wait_fraction"),
@@ -259,7 +287,7 @@ def evaluate_stage(runs: dict[str, dict[str, Any]]) -> Stage:
     def run(attempt: Attempt) -> dict[str, Any]:
         table = {}
         for sampler, r in runs.items():
-            evaluation = json.loads((Path(r["run_dir"]) / "eval.json").read_text())
+            evaluation = _record(Path(r["run_dir"]) / "eval.json")
             table[sampler] = {
                 split: {k: v for k, v in f.items() if k != "images"}
                 for split, f in evaluation["splits"].items()

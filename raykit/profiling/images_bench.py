@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raykit.loaders import RAY_CACHE_BYTES
 from raykit.loaders.loader import RayLoader
 from raykit.loaders.window import WindowPlan
 from raykit.profiling.mixing import shuffle_quality
@@ -58,7 +59,7 @@ def run_images_bench(
     split: str = "train",
     batch_size: int = 4096,
     workers: int = 0,
-    cache_mb: float = 512,
+    cache_bytes: int = RAY_CACHE_BYTES,
     device: Any = "cpu",
     batches: int = 200,
     seed: int = 0,
@@ -70,7 +71,7 @@ def run_images_bench(
     entry = store.index[split]
     stored_per_ray = sum(int(b) for b in entry["image_bytes"]) / info.n_rays
     kwargs = {"batch_size": batch_size, "seed": seed, "device": device, "num_workers": workers,
-              "cache_bytes": int(cache_mb * MB)}  # fmt: skip
+              "cache_bytes": cache_bytes}  # fmt: skip
     loader = RayLoader(store, split, **kwargs)  # the window strategy (the split's layout)
     batches = max(1, min(batches, len(loader)))
     cold = _timed_loop(loader, batches, channels + 4)
@@ -115,7 +116,7 @@ def run_images_bench(
         "settings": {
             "batch_size": batch_size,
             "workers": workers,
-            "cache_mb": cache_mb,
+            "cache_bytes": cache_bytes,
             "device": str(device),
             "batches": batches,
             "seed": seed,

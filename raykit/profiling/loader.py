@@ -24,9 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from raykit.errors import ConfigError
+from raykit.loaders import RAY_CACHE_BYTES
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import RayLoader
 from raykit.profiling.mixing import shuffle_quality
+from raykit.ranges import device_problem
 from raykit.store.reader import RayStore
 from raykit.store.schema import RawRays
 from raykit.store.summary import payload_bytes
@@ -107,16 +110,24 @@ def run_bench(
     split: str = "train",
     batch_size: int = 4096,
     workers: int = 0,
-    cache_mb: float = 512,
+    cache_bytes: int = RAY_CACHE_BYTES,
     device: Any = "cpu",
     batches: int = 200,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report."""
+    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report.
+
+    Raises:
+        ConfigError: ``split`` is not one of the store's, or ``device`` not one this machine has.
+    """
+    if split not in store.splits:
+        raise ConfigError(f"--split: {store.url} has no split {split!r} (it has {', '.join(store.splits)})")
+    if problem := device_problem(device):
+        raise ConfigError(f"--{problem}")
     if store.splits[split].holds_images:  # the windowed shuffle (raykit.profiling.images_bench)
         from raykit.profiling.images_bench import run_images_bench
 
-        return run_images_bench(store, split, batch_size, workers, cache_mb, device, batches, seed)
+        return run_images_bench(store, split, batch_size, workers, cache_bytes, device, batches, seed)
     device = torch.device(device)
     info = store.splits[split]
     bytes_per_ray = store.fields["rgba"].channels + 4
@@ -125,7 +136,7 @@ def run_bench(
         "seed": seed,
         "device": device,
         "num_workers": workers,
-        "cache_bytes": int(cache_mb * MB),
+        "cache_bytes": cache_bytes,
     }
     loader = RayLoader(store, split, **kwargs)
     batches = max(1, min(batches, len(loader)))
@@ -166,7 +177,7 @@ def run_bench(
         "settings": {
             "batch_size": batch_size,
             "workers": workers,
-            "cache_mb": cache_mb,
+            "cache_bytes": cache_bytes,
             "device": str(device),
             "batches": batches,
             "seed": seed,
@@ -203,7 +214,7 @@ def format_table(report: dict[str, Any]) -> str:
     s = report["settings"]
     header = (
         f"{report['store']} ({report['backend']}, split {report['split']}, {report['n_rays']} rays) "
-        f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_mb']} MB, {s['device']}"
+        f"batch {s['batch_size']}, workers {s['workers']}, cache {s['cache_bytes'] / MB:g} MB, {s['device']}"
     )
     q = report["shuffle_quality"]
     footer = [

@@ -23,6 +23,7 @@ __all__ = [
     "local_points",
     "normals",
     "occluded",
+    "reference_intersect",
 ]
 
 Tensor = torch.Tensor
@@ -242,6 +243,20 @@ def intersect(geometry: SceneGeometry, rays_o: Tensor, rays_d: Tensor) -> tuple[
         the primitive hit (-1 on a miss).
     """
     ts = torch.stack([_intersect_culled(p, rays_o, rays_d) for p in geometry.primitives])
+    t, index = ts.min(0)
+    return t, torch.where(torch.isfinite(t), index, torch.full_like(index, -1))
+
+
+def reference_intersect(geometry: SceneGeometry, rays_o: Tensor, rays_d: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`intersect`'s reference twin: every ray against every primitive, no bounding-sphere culling.
+
+    Args:
+        rays_o: (N, 3) origins. rays_d: (N, 3) unit directions.
+
+    Returns:
+        ``(t (N,), index (N,) int64)`` as :func:`intersect` (index -1 on a miss).
+    """
+    ts = torch.stack([_intersect_one(p, rays_o, rays_d) for p in geometry.primitives])
     t, index = ts.min(0)
     return t, torch.where(torch.isfinite(t), index, torch.full_like(index, -1))
 

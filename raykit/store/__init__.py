@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from raykit.store.lock import store_lock
 from raykit.store.reader import RayRangeError, RayStore, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
@@ -47,5 +48,6 @@ __all__ = [
     "decode_pids",
     "encode_pids",
     "open_store",
+    "store_lock",
     "write_store",
 ]

@@ -23,6 +23,7 @@ from raykit.store.plan import WriteRequest, field_specs
 from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
 from raykit.store.table import build_camera_table, write_camera_table, write_parquet
+from raykit.version import __version__
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -64,8 +65,6 @@ class StoreContent:
 
     def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
-        from raykit import __version__
-
         splits = {k: v.to_dict() for k, v in self.splits.items()}
         hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
         fields = {spec.name: spec.to_dict() for spec in self.fields}

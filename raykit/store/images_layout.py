@@ -15,6 +15,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.fileio import UntrustedFileError, open_regular, safe_path
 from raykit.store.backend import Backend, ImagesPayload, PayloadReader, PayloadSpec
 from raykit.store.layout import StoreLayout
 from raykit.store.location import filesystem
@@ -85,6 +86,7 @@ class ImagesReader:
         self._payload = payload
         self._fs, self._root = filesystem(self.url)
         self._ranges = ranges
+        self._inside: set[str] = set()  # local files checked to lie inside the store
         # per split: each image's first ray and, last, the split's ray count (the rays view)
         self._ray_starts = {k: np.asarray(v, dtype=np.int64) for k, v in (ray_starts or {}).items()}
 
@@ -104,11 +106,16 @@ class ImagesReader:
         if self._ranges is not None:
             return bytes(self._ranges.read(rel, start, stop))
         try:
-            with open(f"{self._root}/{rel}", "rb") as handle:
+            if rel not in self._inside:  # once per file: no symlink out of the store (fileio.safe_path)
+                safe_path(self._root, rel, where=f"{self.url}/manifest.json")
+                self._inside.add(rel)
+            with open_regular(f"{self._root}/{rel}") as handle:  # never a FIFO or a device
                 handle.seek(start)
                 return handle.read(stop - start)
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self.url}/{rel}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
 
     def files_of(self, split: str, i: int) -> list[str]:
         """Relative paths of the files holding image ``i`` (split-local) of ``split``."""

@@ -58,7 +58,9 @@ class StoreLayout:
 
     Attributes:
         chunk_rays: rays per chunk (the read unit); shard_chunks: chunks per shard (the write unit).
-        seed: the train order's seed (an images store: the loaders' default seed).
+        seed: the seed of the shuffled (train) split's stored ray order. An images store stores no
+            ray order: it records the seed for its copies to the rays layout. Loaders shuffle with
+            their own ``seed`` argument and never read this one.
         materialize: None, ``"float16"`` or ``"float32"``: origins and directions stored too.
         rgba_codec, zstd_level, blosc_cname, blosc_clevel, blosc_shuffle: the rays layout's codecs.
         train_order: the name of the shuffled splits' order (``raykit.store.order.TRAIN_ORDER``).

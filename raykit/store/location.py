@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raykit.errors import StoreError
+from raykit.fileio import JSON_LIMIT, open_regular
 
 __all__ = ["filesystem", "is_url", "local_files_bytes", "read_errors"]
 
@@ -34,11 +35,13 @@ class LocalFiles:
     fsspec (and asyncio): ``raykit info`` and ``validate`` start sooner."""
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
-        with open(path, "rb") as handle:
-            if start is None:
+        """Bytes ``[start, end)`` of regular file ``path`` (``fileio.open_regular``: never a FIFO or a
+        device); a whole file at most ``fileio.JSON_LIMIT`` bytes."""
+        with open_regular(path, limit=None if end is not None else JSON_LIMIT) as handle:
+            if start is None and end is None:
                 return handle.read()
-            handle.seek(start)
-            return handle.read(-1 if end is None else max(0, end - start))
+            handle.seek(start or 0)
+            return handle.read(-1 if end is None else max(0, end - (start or 0)))
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

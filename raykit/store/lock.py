@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from raykit.errors import StoreError, StoreLockedError
+from raykit.errors import RaykitWarning, StoreError, StoreLockedError
 
-__all__ = ["StaleLockWarning", "holding_store_lock", "lock_path", "read_lock", "store_lock"]
+__all__ = ["StaleLockWarning", "holding_store_lock", "lock_owner", "lock_path", "read_lock", "store_lock"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class StaleLockWarning(UserWarning):
+class StaleLockWarning(RaykitWarning):
     """A lock left by a writer that no longer runs was taken over."""
 
 
@@ -50,12 +50,53 @@ def read_lock(path: Path) -> dict[str, Any]:
     return owner if isinstance(owner, dict) else {}
 
 
+def lock_owner(path: Path) -> dict[str, Any] | None:
+    """The owner record of lock file ``path`` while a running process holds it (its ``flock``), else
+    None. Looked up without taking the lock (a reader must not make a starting writer fail): in
+    ``/proc/locks`` on Linux, else by the recorded pid being alive on this host."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    owner = read_lock(path)
+    try:
+        with open("/proc/locks") as handle:
+            table = handle.read()
+    except OSError:
+        alive = owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
+        if alive:
+            try:
+                os.kill(owner["pid"], 0)
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                pass
+        return owner if alive else None
+    for line in table.splitlines():
+        fields = line.split()
+        if "FLOCK" not in fields or len(fields) < 6:
+            continue
+        device = next((f for f in fields if f.count(":") == 2), "")
+        try:
+            major, minor, inode = device.split(":")
+            same = (int(major, 16), int(minor, 16), int(inode)) == (
+                os.major(info.st_dev),
+                os.minor(info.st_dev),
+                info.st_ino,
+            )
+        except ValueError:
+            continue
+        if same:
+            return owner or {"pid": "?"}
+    return None
+
+
 def _who(owner: dict[str, Any]) -> str:
     who = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
     return who + (f", since {owner['started']}" if "started" in owner else "")
 
 
-def _acquire(path: Path) -> int:
+def _acquire(path: Path, dst: Path, what: str) -> int:
     """An open descriptor of ``path`` holding its ``flock``; raises ``StoreLockedError`` if taken."""
     while True:
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
@@ -64,7 +105,7 @@ def _acquire(path: Path) -> int:
         except BlockingIOError:
             os.close(fd)
             raise StoreLockedError(
-                f"{path.with_suffix('')}: another process is writing this store ({_who(read_lock(path))}, "
+                f"{dst}: another process is writing this {what} ({_who(read_lock(path))}, "
                 f"lock {path}); wait for it to finish"
             ) from None
         try:
@@ -77,23 +118,26 @@ def _acquire(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def store_lock(dst: str | os.PathLike[str]) -> Iterator[Path]:
-    """Hold ``<dst>.lock`` for the duration of the block.
+def store_lock(
+    dst: str | os.PathLike[str], *, path: Path | None = None, what: str = "store"
+) -> Iterator[Path]:
+    """Hold ``<dst>.lock`` (or lock file ``path``) for the duration of the block; ``what`` names the
+    thing written in messages (``raykit run`` holds ``OUT/run.lock`` this way, ``what="run folder"``).
 
     Raises:
         StoreLockedError: another running writer holds it, named in the message.
     """
     dst = Path(dst)
-    path = lock_path(dst)
+    path = lock_path(dst) if path is None else path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _acquire(path)
+        fd = _acquire(path, dst, what)
     except StoreLockedError:
         raise
     except OSError as exc:
         raise StoreError(
-            f"{path}: cannot create the store's lock file ({exc.strerror or exc}); choose a DST in a "
-            "writable folder"
+            f"{path}: cannot create the {what}'s lock file ({exc.strerror or exc}); choose a "
+            "destination in a writable folder"
         ) from None
     try:
         stale = read_lock(path)

@@ -61,7 +61,8 @@ class StoreOptions:
         backend: ``"zarr"`` or ``"wds"``.
         chunk_rays: rays per chunk (the read unit); shard_chunks: chunks per shard (the write unit).
             An images store records them for its rays view and for ray-layout copies.
-        seed: seed of the train split's ray permutation (images layout: the loaders' default seed).
+        seed: seed of the train split's ray permutation. An images store records it for its copies
+            to the rays layout; loaders shuffle with their own ``seed`` and never read this one.
         materialize: rays layout: also store origins/directions as ``"float16"`` or ``"float32"``.
         rgba_codec: rays layout, zarr backend: the colours' codec, ``"lz4"`` (blosc-lz4, fast) or
             ``"zstd"`` (about two thirds the size, half the speed); zstd_level: its level.

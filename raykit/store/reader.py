@@ -7,7 +7,6 @@ so nothing here depends on the layout.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping
 from functools import cached_property
@@ -24,11 +23,14 @@ from raykit.errors import (
     StoreNotFoundError,
     StoreVersionError,
 )
+from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
+from raykit.imagedecode import downscale_area
 from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
 from raykit.store.images_layout import open_payload
 from raykit.store.integrity import json_digest
 from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout, holds_images
 from raykit.store.location import filesystem, is_url, read_errors
+from raykit.store.lock import lock_owner, lock_path
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import POINTS_SCHEMA, SparsePoints
 from raykit.store.remote import RangeFetcher
@@ -37,6 +39,7 @@ from raykit.store.schema import (
     RawRays,
     SceneInfo,
     SplitInfo,
+    check_manifest_files,
     check_manifest_header,
     split_sort_key,
 )
@@ -90,7 +93,7 @@ class RayStore:
             self.cameras: pa.Table = read_camera_table(
                 small["cameras.parquet"], self._where("cameras.parquet")
             )
-            self.index: dict[str, Any] = json.loads(small["index.json"])
+            self.index: dict[str, Any] = self._loads(small["index.json"], "index.json")
             # index key crc32c in format 2; zlib crc32 in format 1 (and in copies of format-1 stores)
             kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
             self.checksum_kind: str = kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
@@ -104,6 +107,8 @@ class RayStore:
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
                 raise
+            if isinstance(exc, UntrustedFileError):
+                raise StoreCorruptError(str(exc)) from None
             raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
         self._split_rows: dict[str, np.ndarray] = {}
         self.payload: PayloadReader = self._open_payload()
@@ -136,21 +141,39 @@ class RayStore:
     def _where(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
+    def _local_path(self, rel: str) -> Path:
+        """Local file ``rel`` (a name from the manifest) inside the store (``fileio.safe_path``)."""
+        try:
+            return safe_path(self._root, rel, where=self._where("manifest.json"))
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    def _loads(self, data: bytes, rel: str) -> Any:
+        """JSON record ``rel`` of the store, within ``fileio.loads_json``'s bounds."""
+        try:
+            return loads_json(data, self._where(rel))
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
     def _read_manifest(self) -> dict[str, Any]:
         where = self._where("manifest.json")
+        local = None if is_url(self.url) else self._local_path("manifest.json")
         try:
-            data = self._fs.cat_file(f"{self._root}/manifest.json")
+            if local is None:
+                data = self._fs.cat_file(f"{self._root}/manifest.json")
+            else:  # a regular file inside the store, bounded: never a FIFO, a device or a link out
+                data = read_bounded(local, limit=JSON_LIMIT)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise StoreNotFoundError(self._no_manifest_message()) from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
         except read_errors() as exc:
             raise StoreError(f"{where}: cannot read ({type(exc).__name__}: {exc})") from None
-        try:
-            manifest = json.loads(data)
-        except ValueError as exc:
-            raise StoreCorruptError(f"{where}: not valid JSON: {exc}") from exc
+        manifest = self._loads(data, "manifest.json")
         if not isinstance(manifest, dict):
             raise StoreCorruptError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
         check_manifest_header(manifest, where)
+        check_manifest_files(manifest, where)
         body = {k: v for k, v in manifest.items() if k != "manifest_digest"}
         if manifest.get("manifest_digest") != json_digest(body):
             raise StoreCorruptError(f"{where}: manifest_digest does not match the manifest's content")
@@ -158,6 +181,12 @@ class RayStore:
 
     def _no_manifest_message(self) -> str:
         if self.url.endswith(".partial") or self._fs.exists(f"{self._root}.partial"):
+            owner = None if is_url(self.url) else lock_owner(lock_path(self._root.removesuffix(".partial")))
+            if owner is not None:
+                return (
+                    f"incomplete store: {self.url} is being written by pid {owner.get('pid', '?')} on host "
+                    f"{owner.get('host', '?')}; wait for it to finish"
+                )
             return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
         if not self._fs.exists(self._root):
             return f"no such store: {self.url}"
@@ -179,9 +208,14 @@ class RayStore:
         """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
         expected = self._manifest_entry(rel)
         try:
-            data = self._fs.cat_file(f"{self._root}/{rel}")
+            if is_url(self.url):
+                data = self._fs.cat_file(f"{self._root}/{rel}")
+            else:  # checked against the record before reading, never read past it
+                data = read_bounded(self._local_path(rel), size=expected["size"])
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(f"{exc}; checksum not computed") from None
         self._check_digest(rel, expected, len(data), hashlib.sha256(data).hexdigest())
         return bytes(data)
 
@@ -210,17 +244,23 @@ class RayStore:
         is."""
         expected = self._manifest_entry(rel)
         digest, n = hashlib.sha256(), 0
-        try:
-            with open(f"{self._root}/{rel}", "rb", buffering=0) as handle:
-                size = os.fstat(handle.fileno()).st_size
+        size = expected["size"]
+        try:  # a regular file inside the store of the recorded size, read up to that size only
+            with open_regular(self._local_path(rel), size=size) as handle:
                 if keep and size > len(buffer):
                     buffer = bytearray(size)
                 view = memoryview(buffer)
-                while got := handle.readinto(view[n : n + _PIECE] if keep else view):
+                while n < size and (
+                    got := handle.readinto(
+                        view[n : min(n + _PIECE, size)] if keep else view[: min(_PIECE, size - n)]
+                    )
+                ):
                     digest.update(view[n : n + got] if keep else view[:got])
                     n += got
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(f"{exc}; checksum not computed") from None
         self._check_digest(rel, expected, n, digest.hexdigest())
         data = np.frombuffer(buffer, np.uint8, count=n if keep else 0)
         data.flags.writeable = False
@@ -299,9 +339,15 @@ class RayStore:
             return
         expected = self._manifest_entry(rel)
         try:
-            size = self._fs.size(f"{self._root}/{rel}")
+            if is_url(self.url):
+                size = self._fs.size(f"{self._root}/{rel}")
+            else:  # a regular file inside the store: what the payload readers then open
+                with open_regular(self._local_path(rel)) as handle:
+                    size = os.fstat(handle.fileno()).st_size
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
         if size != expected["size"]:
             raise StoreCorruptError(
                 f"{self._where(rel)}: expected {expected['size']} bytes, got {size} (truncated?)"
@@ -371,8 +417,8 @@ class RayStore:
     def _raise_if_replaced(self, exc: Exception) -> None:
         """Raise ``StoreChangedError`` (from ``exc``) if the manifest on disk is not the one opened."""
         try:
-            now = json.loads(self._fs.cat_file(f"{self._root}/manifest.json")).get("content_fingerprint")
-        except (OSError, ValueError):
+            now = self._read_manifest().get("content_fingerprint")
+        except (OSError, ValueError, StoreError):
             now = None  # gone or half replaced: changed as well
         if now != self.fingerprint:
             raise StoreChangedError(
@@ -498,8 +544,10 @@ class RayStore:
         """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""
         return self.read_image(self.table.names[int(self.split_rows(split)[local])], timed)
 
-    def read_image(self, name: str, timed: Timed | None = None) -> np.ndarray:
-        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``.
+    def read_image(self, name: str, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``; with ``downscale``
+        k, resolution level k, (H // k, W // k, C) (``raykit.imagedecode``'s rule: JPEG decoded at
+        1/k in the DCT domain, anything else area-filtered).
 
         The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
@@ -507,11 +555,12 @@ class RayStore:
         """
         h, w, c = self.image_shape(name)
         row = self.image_index(name)
-        pixels = self._reader(self.table.splits[row]).read_image(row, timed)
+        pixels = self._reader(self.table.splits[row]).read_image(row, timed, downscale)
         if pixels is not None:
             return pixels
         raw = self.image_raw(name)
-        return np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+        full = np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+        return np.ascontiguousarray(downscale_area(full, downscale))
 
     def image_rays(self, name: str, device: torch.device | str = "cpu") -> RayBatch:
         """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreError
+from raykit.imagedecode import level_size
 from raykit.store.backend import PayloadReader
 from raykit.store.image_codec import decode_stored
 from raykit.store.images_layout import ImagesReader
@@ -35,8 +36,9 @@ class SplitReader(Protocol):
         """Chunk ``index`` (in range) of split ``info``, checked."""
         ...
 
-    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
-        """Camera-table row ``row``'s pixels, (H, W, C) uint8, or None: gathered from ``image_raw``;
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
+        """Camera-table row ``row``'s pixels, (H, W, C) uint8, at resolution level ``downscale``
+        (``raykit.imagedecode.decode_image_scaled``), or None: gathered from ``image_raw``;
         ``timed`` is told the seconds of the ``"read"`` and ``"decode"`` of a stored image."""
         ...
 
@@ -104,7 +106,7 @@ class RaySplits:
                 f"(expected {self.checksum} {int(expected[split][index]):08x}, got {crc:08x})"
             )
 
-    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
         return None  # gathered from the split's rays by ``RayStore.image_raw``
 
     def image_raw(self, row: int) -> RawRays | None:
@@ -130,18 +132,19 @@ class ImageSplits:
     channels: int  # colour channels served (``RayStore.rgba_channels``)
     split_rows: Callable[[str], np.ndarray]
 
-    def decode(self, split: str, local: int, timed: Timed | None = None) -> np.ndarray:
-        """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``."""
+    def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``, at
+        resolution level ``downscale`` (``(H // downscale, W // downscale)``)."""
         row = int(self.split_rows(split)[local])
         t0 = time.perf_counter()
         data = self.images.image_bytes(split, local)
         t1 = time.perf_counter()
         where = f"{self.url}/{self.images.files_of(split, local)[0]}"
-        pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})")
+        pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})", downscale)
         if timed is not None:
             timed("read", t1 - t0)
             timed("decode", time.perf_counter() - t1)
-        expected = (int(self.table.height[row]), int(self.table.width[row]))
+        expected = level_size(int(self.table.height[row]), int(self.table.width[row]), downscale)
         if pixels.shape[:2] != expected:
             raise StoreCorruptError(
                 f"{where}: image {self.table.names[row]!r} decodes to {pixels.shape[1]}x{pixels.shape[0]}, "
@@ -157,9 +160,9 @@ class ImageSplits:
     def image_files(self, split: str, local: int) -> list[str]:
         return self.images.files_of(split, local)
 
-    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray:
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
         split = self.table.splits[row]
-        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed)
+        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed, downscale)
 
     def _rays_of(self, row: int, pixels: np.ndarray, lo: int, hi: int) -> RawRays:
         flat = pixels.reshape(-1, pixels.shape[2])[lo:hi]

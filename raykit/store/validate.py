@@ -57,7 +57,10 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
 
     # Reads, SHA-256 and CRC-32C release the GIL: one thread per core hashes every file at the disk's or
     # the cores' speed; the sparse points are read and checked beside, the camera table meanwhile.
-    files = [*store.files, *(rel for rel in owner if rel not in store.files)]
+    # The manifest's entries must cover every file the split index names: a chunk file without an
+    # entry (deleted with its entry, the digest recomputed) is reported as such, not skipped.
+    indexed = [rel for split in store.splits if split not in images for rel in _chunk_files(store, split)]
+    files = list(dict.fromkeys([*store.files, *owner, *indexed]))
     with ThreadPoolExecutor(max_workers=_threads()) as pool:
         points = pool.submit(_check_points, store)
         results = pool.map(check, files)
@@ -81,6 +84,12 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
         else:
             problems += _check_split(store, split, bad_files, deep)
     return problems
+
+
+def _chunk_files(store: RayStore, split: str) -> list[str]:
+    """The payload files the split index names for ray split ``split``'s chunks."""
+    files = (store.payload.chunk_files(split, i) for i in range(store.splits[split].n_chunks))
+    return list(dict.fromkeys(rel for names in files for rel in names))
 
 
 def _threads() -> int:

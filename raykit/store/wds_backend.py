@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.fileio import UntrustedFileError
 from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
 from raykit.store.images_wds import tar_bytes
 from raykit.store.location import filesystem
@@ -83,6 +84,8 @@ class WdsReader:
                     data = self._fs.cat_file(path, start=offset, end=offset + size)
             except FileNotFoundError as exc:
                 raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
+            except UntrustedFileError as exc:  # a FIFO or device in its place (``LocalFiles``)
+                raise StoreCorruptError(str(exc)) from None
             if len(data) != size:
                 raise StoreCorruptError(
                     f"{self._url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"

@@ -16,6 +16,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.fileio import UntrustedFileError, open_regular, read_json
 from raykit.store.backend import PayloadSpec
 from raykit.store.location import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
@@ -169,7 +170,7 @@ class ZarrReader:
             path = self._local / rel if self._local is not None else f"{self._url}/{rel}"
             try:
                 if self._local is not None:
-                    meta = json.loads(Path(path).read_text())
+                    meta = read_json(path)
                 else:
                     meta = json.loads(self._ranges.read(rel, 0, self._ranges.size(rel)))
             except (OSError, ValueError) as exc:
@@ -189,16 +190,17 @@ class ZarrReader:
             )
         path = self._local / rel
         try:
-            fd = os.open(path, os.O_RDONLY)
+            handle = open_regular(path)  # never a FIFO or a device
         except FileNotFoundError as exc:  # deleted since the store was opened
             raise StoreNotFoundError(f"{path}: payload file missing") from exc
-        try:
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+        with handle:
+            fd = handle.fileno()
             size = os.fstat(fd).st_size
             return self._read_from(
                 codec, info, index, str(path), size, lambda offset, n: os.pread(fd, n, offset)
             )
-        finally:
-            os.close(fd)
 
     def _read_from(
         self,

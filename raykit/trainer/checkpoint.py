@@ -7,13 +7,19 @@ a real name). The newest complete checkpoint is the one with the highest step; o
 ``keep`` are removed after the new one is in place.
 
 The metadata holds everything besides tensors needed to continue exactly: config, step, loader
-state, random generator states (base64), store fingerprint, raykit version and loop counters.
+state, random generator states (base64), store fingerprint, raykit version and loop counters, and, as
+an export's manifest does, the size and SHA-256 of ``state.pt`` (``files``) and the SHA-256 of its own
+content (``meta_sha256``). Loading checks both before ``torch.load`` (``weights_only``) sees a byte,
+reads ``state.pt`` only as a regular file of the recorded size inside the checkpoint, and checks what
+it holds (a dict of state dicts of finite tensors): a flipped bit in the weights or the optimiser
+state, a truncated, emptied or replaced file, each gives one :class:`ResumeError` line naming the file.
+Checkpoints written before the record existed (no ``files``) still load, unverified.
 """
 
 from __future__ import annotations
 
 import base64
-import json
+import io
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -23,12 +29,20 @@ from typing import Any
 import torch
 
 from raykit.errors import ResumeError
-from raykit.fileio import atomic_path, json_bytes
+from raykit.fileio import (
+    atomic_path,
+    json_bytes,
+    read_bounded,
+    read_json,
+    safe_path,
+    sha256_bytes,
+)
 
 __all__ = [
     "RESUMABLE_CHANGES",
     "CheckpointMeta",
     "check_resumable",
+    "check_state",
     "decode_rng_state",
     "encode_rng_state",
     "latest_checkpoint",
@@ -38,6 +52,8 @@ __all__ = [
 ]
 
 _PREFIX = "step-"
+STATE_FILE, META_FILE = "state.pt", "meta.json"
+_UNRECORDED_LIMIT = 16 << 30  # bytes of a state.pt written before checkpoints had a record
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,8 @@ class CheckpointMeta:
     store_fingerprint: str
     raykit_version: str
     extra: dict[str, Any] = field(default_factory=dict)
+    # the record of state.pt, {"state.pt": {"bytes", "sha256"}}: set by save_checkpoint, not compared
+    files: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -62,11 +80,30 @@ class CheckpointMeta:
             "store_fingerprint": self.store_fingerprint,
             "raykit_version": self.raykit_version,
             "extra": self.extra,
+            **({"files": self.files} if self.files else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointMeta:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: a missing, unknown or mistyped field, naming it.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        types = {"step": int, "config": dict, "loader_state": dict, "rng_states": dict,
+                 "store_fingerprint": str, "raykit_version": str, "extra": dict, "files": dict}  # fmt: skip
+        unknown = sorted(set(data) - set(types))
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+        for key, kind in types.items():
+            if key not in data and key not in ("extra", "files"):
+                raise ValueError(f"field {key!r} missing")
+            if key in data and (not isinstance(data[key], kind) or isinstance(data[key], bool)):
+                raise ValueError(f"field {key!r}: expected {kind.__name__}, got {data[key]!r}"[:200])
+        if data["step"] < 0:
+            raise ValueError(f"field 'step': expected >= 0, got {data['step']}")
         return cls(**data)
 
 
@@ -85,7 +122,14 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and (p / "meta.json").is_file()]
+    found = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(_PREFIX)
+        and p.name[len(_PREFIX) :].isdigit()
+        and not p.is_symlink()  # a checkpoint lies inside its run folder
+        and (p / META_FILE).is_file()
+    ]
     return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
@@ -102,23 +146,82 @@ def save_checkpoint(
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{meta.step:08d}"
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    state = buffer.getbuffer()
+    files = {STATE_FILE: {"bytes": len(state), "sha256": sha256_bytes(bytes(state))}}
+    record = CheckpointMeta(**{**meta.__dict__, "files": files}).to_dict()
     with atomic_path(final, directory=True) as tmp:  # every file fsynced, then one rename
-        torch.save(tensors, tmp / "state.pt")
-        (tmp / "meta.json").write_bytes(json_bytes(meta.to_dict()))
+        (tmp / STATE_FILE).write_bytes(state)
+        (tmp / META_FILE).write_bytes(json_bytes({**record, "meta_sha256": sha256_bytes(json_bytes(record))}))
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[CheckpointMeta, dict[str, Any]]:
-    """Read a checkpoint directory: (metadata, tensors)."""
+    """Read a checkpoint directory, checked (see the module): (metadata, tensors).
+
+    Raises:
+        ResumeError: one line naming the file and the problem.
+    """
     path = Path(path)
+    meta_path, state_path = path / META_FILE, path / STATE_FILE
     try:
-        meta = CheckpointMeta.from_dict(json.loads((path / "meta.json").read_text()))
-        tensors = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    except (OSError, ValueError, TypeError, RuntimeError) as exc:
-        raise ResumeError(f"{path}: unreadable checkpoint: {exc}") from exc
+        data = read_json(safe_path(path, META_FILE))
+        if isinstance(data, dict) and "meta_sha256" in data:
+            recorded = data.pop("meta_sha256")
+            if recorded != sha256_bytes(json_bytes(data)):
+                raise ValueError("meta_sha256 does not match its content (damaged or edited)")
+        meta = CheckpointMeta.from_dict(data)
+    except (OSError, ValueError) as exc:
+        raise ResumeError(_line(exc, meta_path, "unreadable checkpoint metadata")) from None
+    entry = meta.files.get(STATE_FILE)
+    try:
+        if entry is not None:  # the record: size checked before reading, SHA-256 before unpickling
+            if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
+                raise ValueError(f"{meta_path}: expected files.{STATE_FILE} = {{bytes, sha256}}")
+            raw = read_bounded(safe_path(path, STATE_FILE), size=entry["bytes"])
+            if sha256_bytes(raw) != entry.get("sha256"):
+                raise ValueError(
+                    f"{state_path}: checksum mismatch (expected sha256 {str(entry.get('sha256'))[:12]}..., "
+                    f"got {sha256_bytes(raw)[:12]}...): the checkpoint is damaged"
+                )
+        else:  # written before checkpoints had a record: a regular file, bounded
+            raw = read_bounded(safe_path(path, STATE_FILE), limit=_UNRECORDED_LIMIT)
+        tensors = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except (OSError, ValueError, TypeError, RuntimeError, EOFError, AttributeError) as exc:
+        raise ResumeError(_line(exc, state_path, "unreadable checkpoint")) from None
+    check_state(tensors, str(state_path), error=ResumeError)
     return meta, tensors
+
+
+def _line(exc: BaseException, path: Path, problem: str) -> str:
+    """One line naming ``path``: ``exc``'s message if it names a file already, else ``problem: exc``."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    line = text if text.startswith(str(path.parent)) else f"{path}: {problem}: {text}"
+    return line[:400]
+
+
+def check_state(tensors: Any, where: str, *, error: type[Exception] = ResumeError) -> None:
+    """Raise ``error`` (one line naming ``where``) unless ``tensors`` is a dict (of groups, nested dicts
+    allowed) whose tensors are all finite: what a checkpoint's or an export's state holds. Whether the
+    groups fit the models is checked where they are loaded into them."""
+    if not isinstance(tensors, dict):
+        raise error(f"{where}: expected a dict of state groups, got {type(tensors).__name__}")
+    stack: list[tuple[str, Any]] = list(tensors.items())
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{key}/{k}", v) for k, v in value.items()]
+        elif isinstance(value, list | tuple):
+            stack += [(f"{key}/{i}", v) for i, v in enumerate(value)]
+        elif (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and not bool(torch.isfinite(value).all())
+        ):
+            raise error(f"{where}: {key} holds NaN or infinite values; not loaded")
 
 
 # Config fields that may differ between a checkpoint and the run resuming it: they change where the

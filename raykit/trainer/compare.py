@@ -1,4 +1,10 @@
-"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``."""
+"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``.
+
+Per split: ``psnr``, ``ssim`` and ``lpips`` under the community protocol, then the float figures
+``psnr_float`` and ``ssim_float`` (extra columns). A run evaluated before the protocol has only float
+figures: its ``psnr``/``ssim`` are shown as ``psnr_float``/``ssim_float`` and its protocol figures are
+missing ("-"), so a row never sets figures of two protocols against each other.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ResumeError
+from raykit.ranges import Range
+from raykit.trainer.scores import FLOAT_KEYS, METRIC_KEYS, OLD_PROTOCOL, protocol_of
 
-__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "format_table"]
+__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "eval_protocols", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -55,17 +63,61 @@ def _final_log(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+_METRIC = Range(optional=True)  # a finite number, or absent
+
+
+def _metric(record: Any, key: str, path: Path, where: str) -> float | None:
+    """``record[key]`` (None when absent); anything but a finite number raises ResumeError naming it."""
+    value = record.get(key) if isinstance(record, dict) else None
+    if problem := _METRIC.problem(f"{where}{key}", value):
+        raise ResumeError(f"{path}: {problem}; the run's files are damaged")
+    return None if value is None else float(value)
+
+
+def _figures(evaluation: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """Per split, the figures by metric name; an old-protocol run's PSNR/SSIM become the float ones
+    (checked under the names its ``eval.json`` gives them)."""
+    if protocol_of(evaluation) != OLD_PROTOCOL:
+        return evaluation["splits"]
+    return {
+        split: {
+            "psnr_float": _metric(f, "psnr", path, f"splits.{split}."),
+            "ssim_float": _metric(f, "ssim", path, f"splits.{split}."),
+        }
+        for split, f in evaluation["splits"].items()
+    }
+
+
+def eval_protocols(run_a: str | Path, run_b: str | Path) -> tuple[str, str]:
+    """The protocol each run's ``eval.json`` was scored under (``OLD_PROTOCOL`` before it existed)."""
+    return protocol_of(_read_eval(Path(run_a))), protocol_of(_read_eval(Path(run_b)))
+
+
 def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
-    """Per-split PSNR/SSIM of both runs, then training figures from the last log record."""
+    """Per-split figures of both runs (module docstring), then training figures from the last log record.
+
+    Raises:
+        ResumeError: a run without ``eval.json``, or a file of it that is malformed or holds a metric
+            that is not a finite number (the file and the metric named).
+    """
     a_dir, b_dir = Path(run_a), Path(run_b)
-    a, b = _read_eval(a_dir)["splits"], _read_eval(b_dir)["splits"]
+    a = _figures(_read_eval(a_dir), a_dir / "eval.json")
+    b = _figures(_read_eval(b_dir), b_dir / "eval.json")
     rows = []
     for split in sorted(set(a) | set(b)):
-        for metric in ("psnr", "ssim"):
-            rows.append(MetricDiff(split, metric, a.get(split, {}).get(metric), b.get(split, {}).get(metric)))
+        for metric in (*METRIC_KEYS, *FLOAT_KEYS):
+            values = [
+                _metric(splits.get(split), metric, run / "eval.json", f"splits.{split}.")
+                for splits, run in ((a, a_dir), (b, b_dir))
+            ]
+            rows.append(MetricDiff(split, metric, *values))
     log_a, log_b = _final_log(a_dir), _final_log(b_dir)
     for metric in TRAIN_METRICS:
-        rows.append(MetricDiff("train", metric, log_a.get(metric), log_b.get(metric)))
+        values = [
+            _metric(log, metric, run / "log.jsonl", "last record: ")
+            for log, run in ((log_a, a_dir), (log_b, b_dir))
+        ]
+        rows.append(MetricDiff("train", metric, *values))
     return rows
 
 

@@ -39,8 +39,16 @@ import torch
 
 import raykit
 from raykit.errors import ExportError, RaykitError
-from raykit.fileio import fsync_path, sha256_bytes
-from raykit.trainer.checkpoint import CheckpointMeta, latest_checkpoint, load_checkpoint
+from raykit.fileio import (
+    UntrustedFileError,
+    fsync_path,
+    loads_json,
+    read_bounded,
+    read_json,
+    safe_path,
+    sha256_bytes,
+)
+from raykit.trainer.checkpoint import CheckpointMeta, check_state, latest_checkpoint, load_checkpoint
 from raykit.trainer.config import TrainConfig
 
 __all__ = [
@@ -147,18 +155,35 @@ class ExportedModel:
         """The run's eval figures for the exported step (``eval.json``'s ``splits``), if recorded."""
         return self.manifest.get("eval")
 
+    @property
+    def eval_protocol(self) -> dict[str, Any] | None:
+        """The ``protocol`` block of those figures; None for figures (or exports) from before the
+        community protocol, whose ``psnr`` is the float figure."""
+        return self.manifest.get("eval_protocol")
+
 
 def _read_json(path: Path) -> Any:
+    """A JSON record of a run or an export: a regular file inside its folder, bounded
+    (``fileio.safe_path``, ``fileio.read_json``)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"{path}: unreadable: {exc}") from exc
+        return read_json(safe_path(path.parent, path.name))
+    except UntrustedFileError as exc:
+        raise ExportError(str(exc)) from None
+    except OSError as exc:
+        raise ExportError(f"{path}: unreadable: {exc}") from None
 
 
 def _pick_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any] | None]:
     """The checkpoint the run's eval.json refers to (else the newest) and that eval, if it matches."""
     evaluation = _read_json(run_dir / "eval.json") if (run_dir / "eval.json").is_file() else None
-    named = run_dir / evaluation["checkpoint"] if evaluation and evaluation.get("checkpoint") else None
+    if evaluation is not None and not isinstance(evaluation, dict):
+        raise ExportError(f"{run_dir / 'eval.json'}: expected a JSON object")
+    named = None
+    if evaluation and evaluation.get("checkpoint"):
+        try:  # a name recorded in a file: it must stay inside the run folder
+            named = safe_path(run_dir, evaluation["checkpoint"], where=str(run_dir / "eval.json"))
+        except UntrustedFileError as exc:
+            raise ExportError(str(exc)) from None
     checkpoint = (
         named if named is not None and (named / "meta.json").is_file() else latest_checkpoint(run_dir)
     )
@@ -250,6 +275,7 @@ def export_run(
         "scene": {"aabb": aabb, **scene},
         "run": run_record,
         "eval": evaluation["splits"] if matches and evaluation else None,
+        "eval_protocol": evaluation.get("protocol") if matches and evaluation else None,
         "state": {"groups": sorted(groups), "values": values, "empty": empty, "n_tensors": len(flat)},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +284,7 @@ def export_run(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private to its writer
-        model = save(flat, metadata={"format": "pt", "raykit_export": EXPORT_FORMAT})
+        model = canonical_safetensors(save(flat, metadata={"format": "pt", "raykit_export": EXPORT_FORMAT}))
         manifest["files"] = {
             MODEL_FILE: _write_file(tmp, MODEL_FILE, model),
             CONFIG_FILE: _write_file(tmp, CONFIG_FILE, _json_bytes(config.to_dict())),
@@ -284,11 +310,34 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def canonical_safetensors(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its JSON header's ``__metadata__`` keys sorted: safetensors
+    writes that map in hash order, which differs between processes, so two exports of identical runs
+    would differ in bytes. The header keeps its length (same keys and values, no whitespace added), so
+    the tensors' offsets are unchanged."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    metadata = header.pop("__metadata__", None)
+    ordered = ({"__metadata__": dict(sorted(metadata.items()))} if metadata is not None else {}) | header
+    text = json.dumps(ordered, separators=(",", ":")).encode()
+    if len(text) > n:  # not expected: keep what safetensors wrote
+        return data
+    return data[:8] + text + b" " * (n - len(text)) + data[8 + n :]
+
+
 def _checked_bytes(path: Path, entry: Mapping[str, Any]) -> bytes:
+    """File ``path`` of an export, read only as a regular file of the recorded size, then checked."""
+    size = entry.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ExportError(
+            f"{path.parent / MANIFEST_FILE}: files.{path.name}.bytes: expected a size, got {size!r}"
+        )
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, size=size)
+    except UntrustedFileError as exc:
+        raise ExportError(f"{exc}; export the run again") from None
     except OSError as exc:
-        raise ExportError(f"{path}: missing or unreadable export file ({exc})") from exc
+        raise ExportError(f"{path}: missing or unreadable export file ({exc})") from None
     if len(data) != entry.get("bytes") or sha256_bytes(data) != entry.get("sha256"):
         raise ExportError(
             f"{path}: corrupt export file: expected {entry.get('bytes')} bytes with sha256 "
@@ -326,15 +375,107 @@ def load_export(path: str | os.PathLike[str]) -> ExportedModel:
     missing = [name for name in (MODEL_FILE, CONFIG_FILE) if name not in files]
     if missing:
         raise ExportError(f"{manifest_path}: manifest lists no {', '.join(missing)}")
-    strange = [name for name in files if "/" in name or "\\" in name or name.startswith(".")]
-    if strange:
-        raise ExportError(f"{manifest_path}: file names outside the export: {', '.join(strange)}")
-    data = {name: _checked_bytes(root / name, entry) for name, entry in files.items()}
+    paths = {}
+    for name in files:
+        try:
+            paths[name] = safe_path(root, name, where=str(manifest_path))
+        except UntrustedFileError as exc:
+            raise ExportError(str(exc)) from None
+        if "/" in name or name.startswith("."):
+            raise ExportError(f"{manifest_path}: file name {name!r} is not a file of the export")
+    _check_manifest(manifest, str(manifest_path))
+    data = {name: _checked_bytes(paths[name], entry) for name, entry in files.items()}
     try:
-        config = TrainConfig.from_dict(json.loads(data[CONFIG_FILE]))
+        config = TrainConfig.from_dict(loads_json(data[CONFIG_FILE], str(root / CONFIG_FILE)))
         flat = load(data[MODEL_FILE])
     except (TypeError, ValueError, SafetensorError) as exc:
-        raise ExportError(f"{root}: unreadable export contents: {exc}") from exc
-    layout = manifest.get("state", {})
-    state = unflatten_state(flat, layout.get("values", {}), layout.get("empty", []))
+        text = " ".join(str(exc).split())[:300]
+        raise ExportError(
+            text if text.startswith(str(root)) else f"{root}: unreadable export contents: {text}"
+        ) from None
+    layout = manifest["state"]
+    if len(flat) != layout["n_tensors"]:
+        raise ExportError(
+            f"{manifest_path}: state.n_tensors is {layout['n_tensors']}, {MODEL_FILE} holds {len(flat)}"
+        )
+    state = unflatten_state(flat, layout["values"], layout["empty"])
+    check_state(state, str(root / MODEL_FILE), error=ExportError)
     return ExportedModel(path=root, manifest=manifest, config=config, state=state)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _check_manifest(manifest: Mapping[str, Any], where: str) -> None:
+    """Raise ``ExportError`` (one line naming ``where`` and the field) unless every field the export's
+    readers use has its type and range: an edited ``export.json`` is refused before it is used."""
+
+    def need(ok: bool, field: str, expected: str) -> None:
+        if not ok:
+            value = manifest
+            for part in field.split("."):
+                value = value.get(part) if isinstance(value, Mapping) else None  # type: ignore[assignment]
+            raise ExportError(f"{where}: {field}: expected {expected}, got {value!r}"[:300])
+
+    step = manifest.get("step")
+    need(isinstance(step, int) and not isinstance(step, bool) and step >= 0, "step", "an integer >= 0")
+    fingerprint = manifest.get("store_fingerprint")
+    need(isinstance(fingerprint, str) and len(fingerprint) == 64, "store_fingerprint", "64 hex digits")
+    scene: Any = manifest.get("scene")
+    need(isinstance(scene, Mapping), "scene", "an object")
+    world = scene.get("world_from_source")
+    matrix = np.asarray(world, dtype=object) if isinstance(world, list) else None
+    need(
+        matrix is not None and matrix.shape == (4, 4) and all(_number(v) for v in matrix.ravel()),
+        "scene.world_from_source",
+        "a finite 4x4 matrix",
+    )
+    need(
+        abs(float(np.linalg.det(np.asarray(world, dtype=np.float64)[:3, :3]))) > 1e-12,
+        "scene.world_from_source",
+        "an invertible transform",
+    )
+    for key in ("near", "far"):
+        need(
+            scene.get(key) is None or (_number(scene[key]) and scene[key] >= 0),
+            f"scene.{key}",
+            "a number >= 0 or null",
+        )
+    if scene.get("near") is not None and scene.get("far") is not None:
+        need(scene["near"] < scene["far"], "scene.far", "more than scene.near")
+    aabb = scene.get("aabb")
+    need(
+        aabb is None or (isinstance(aabb, list) and len(aabb) == 6 and all(_number(v) for v in aabb)),
+        "scene.aabb",
+        "6 finite numbers or null",
+    )
+    need(isinstance(manifest.get("run", {}), Mapping), "run", "an object")
+    evaluation: Any = manifest.get("eval")
+    need(evaluation is None or isinstance(evaluation, Mapping), "eval", "an object or null")
+    for split, figures in (evaluation or {}).items():
+        ok = (
+            isinstance(figures, Mapping)
+            and _number(figures.get("psnr"))
+            and isinstance(figures.get("images"), list)
+        )
+        ok = ok and all(
+            isinstance(im, Mapping) and isinstance(im.get("name"), str) for im in figures["images"]
+        )
+        need(ok, f"eval.{split}", "{psnr: number, images: [{name}, ...]}")
+    protocol: Any = manifest.get("eval_protocol")  # absent in exports from before the community protocol
+    need(
+        protocol is None or (isinstance(protocol, Mapping) and isinstance(protocol.get("name"), str)),
+        "eval_protocol",
+        "an object with a name, or null",
+    )
+    state: Any = manifest.get("state")
+    need(isinstance(state, Mapping), "state", "an object")
+    need(isinstance(state.get("values"), Mapping), "state.values", "an object")
+    need(
+        isinstance(state.get("empty"), list) and all(isinstance(p, str) for p in state["empty"]),
+        "state.empty",
+        "a list of names",
+    )
+    n = state.get("n_tensors")
+    need(isinstance(n, int) and not isinstance(n, bool) and n >= 0, "state.n_tensors", "an integer >= 0")

@@ -50,6 +50,7 @@ from raykit.trainer.proposal import ProposalNetworks, ProposalTrace, average_gra
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
+    check_splits,
     environment,
     learning_rate,
     parse_background,
@@ -199,6 +200,7 @@ def _setup(config: TrainConfig) -> _Run:
     device = resolve_device(config.device)
     procs = start_processes(device)
     store = open_store(config.store)
+    check_splits(config, store)
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
     config, sampler_reason = resolve_sampler(config)
@@ -407,10 +409,15 @@ def _restore(run: _Run) -> TrainState:
         raise ResumeError(f"{run.run_dir}: no checkpoint to resume from")
     meta, tensors = load_checkpoint(path)
     check_resumable(meta, run.store.fingerprint, run.config.to_dict(), run.config.force, str(path))
-    run.field.load_state_dict(tensors["field"])
-    run.optimizer.load_state_dict(tensors["optimizer"])
-    if run.grid is not None and tensors["grid"]:
-        run.grid.load_state_dict(tensors["grid"])
+    try:  # shapes and keys the models do not have: one line naming the checkpoint
+        run.field.load_state_dict(tensors["field"])
+        run.optimizer.load_state_dict(tensors["optimizer"])
+        if run.grid is not None and tensors.get("grid"):
+            run.grid.load_state_dict(tensors["grid"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise ResumeError(
+            f"{path}: the checkpoint does not fit the run's models: {_first_line(exc)}"
+        ) from None
     if run.budget is not None and "budget" in meta.extra:
         run.budget.load_state_dict(meta.extra["budget"])
     if meta.store_fingerprint == run.store.fingerprint:
@@ -426,6 +433,11 @@ def _restore(run: _Run) -> TrainState:
         run.tensorboard.truncate_after(meta.step)
     extra = meta.extra
     return TrainState(meta.step, extra["elapsed"], dict(extra["seconds"]), extra["rays"], extra["samples"])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
 
 
 def _start(run: _Run) -> TrainState:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from raykit.conventions import opencv_to_opengl_c2w
 
-LEGO_TINY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "lego_tiny"
+LEGO_TINY = Path(__file__).resolve().parents[1] / "data" / "lego_tiny"
 
 
 def write_image(path: Path, array: np.ndarray, **save: Any) -> Path:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,8 @@ import pytest
 from raykit.converters import convert
 from raykit.errors import StoreError
 from raykit.store import open_store
+
+from ..reliability.paused import start_paused
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -86,29 +85,17 @@ def _opens(path: Path) -> bool:
     return True
 
 
-def _run_and_kill(src: Path, dst: Path, partial: Path, backend: str) -> bool:
-    """Start a conversion in a child process (lowest priority) and SIGKILL it after its first shard."""
-    layout = ["--chunk-rays", "1024", "--shard-chunks", "1", "--no-progress"]
-    argv = [sys.executable, "-m", "raykit", "convert", str(src), str(dst), "--format", backend, *layout]
-    proc = subprocess.Popen(argv, env=os.environ.copy(), preexec_fn=lambda: os.nice(19))
-    deadline = time.monotonic() + 120
-    while not list(partial.glob(DONE)) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return proc.returncode == -signal.SIGKILL
-
-
 @pytest.mark.parametrize("backend", ["zarr", "wds"])
 def test_sigkill_leaves_no_store_and_rerun_resumes(tmp_path: Path, make, backend: str) -> None:
     src = make.blender(tmp_path / "src", counts={"train": 12, "test": 4}, size=(64, 64))
-    for attempt in range(3):  # a heavily loaded machine may let a run finish before the kill lands
-        dst = tmp_path / f"kill{attempt}" / "store"
-        partial = dst.with_name(dst.name + ".partial")
-        if _run_and_kill(src, dst, partial, backend):
-            break
-    else:
-        pytest.fail("the conversion finished before it could be killed, three times")
+    dst = tmp_path / "kill" / "store"
+    partial = dst.with_name(dst.name + ".partial")
+    layout = ["--chunk-rays", "1024", "--shard-chunks", "1", "--no-progress"]
+    args = ["convert", str(src), str(dst), "--format", backend, *layout]
+    # killed once its first shard is recorded (the child waits there: no race to lose)
+    proc, _ = start_paused(f"{partial}/{DONE}", args, os.environ.copy())
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
     finished = [json.loads(p.read_text()) for p in sorted(partial.glob(DONE))]
     kept = {rel: (partial / rel).stat().st_mtime_ns for rec in finished for rel in rec["result"]["files"]}
     assert kept, "no shard was complete when the process was killed"

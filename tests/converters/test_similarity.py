@@ -14,7 +14,7 @@ from raykit.converters import convert
 from raykit.converters.base import check_rigid, check_similarity
 from raykit.errors import RaykitWarning, SourceError
 
-PLANT = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "plant_capture"
+PLANT = Path(__file__).resolve().parents[1] / "data" / "plant_capture"
 
 
 def _rotation(seed: int) -> np.ndarray:
@@ -94,7 +94,6 @@ def test_ngp_non_uniform_scale_still_refused(tmp_path: Path, make) -> None:
     assert not (tmp_path / "out.zarr").exists()
 
 
-@pytest.mark.skipif(not PLANT.is_dir(), reason="needs ../shared/data/plant_capture")
 def test_plant_capture_converts(tmp_path: Path) -> None:
     meta = json.loads((PLANT / "transforms.json").read_text())
     with warnings.catch_warnings(record=True) as caught:

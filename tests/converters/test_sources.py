@@ -55,8 +55,6 @@ def test_blender_downscale_rescales_focal(tmp_path: Path, make) -> None:
 
 
 def test_real_lego_tiny_converts_and_validates(tmp_path: Path, make) -> None:
-    if not make.lego_tiny.is_dir():
-        pytest.skip(f"real capture not present at {make.lego_tiny} (see ../shared/data/README.md)")
     store = convert(make.lego_tiny, tmp_path / "lego.zarr")
     assert store.splits["train"].n_rays == 50 * 50 and store.splits["val"].n_images == 1
     reopened = open_store(str(tmp_path / "lego.zarr"), verify=True)

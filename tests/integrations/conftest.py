@@ -19,14 +19,12 @@ from raykit.scene import render_scene, write_colmap
 from raykit.store.writer import copy_store
 
 ROOT = Path(__file__).resolve().parents[2]
-LEGO = ROOT.parent / "shared" / "data" / "lego_tiny"
+LEGO = ROOT / "tests" / "data" / "lego_tiny"
 
 
 @pytest.fixture(scope="session")
 def lego(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``{"capture": Path, "rays": Zarr store, "images": images-layout store, "wds": WebDataset copy}``."""
-    if not LEGO.is_dir():
-        pytest.skip(f"{LEGO} is missing (shared data)")
     out = tmp_path_factory.mktemp("lego")
     convert(LEGO, out / "rays.zarr")
     convert(LEGO, out / "images.zarr", layout="images")

@@ -58,18 +58,19 @@ def test_installed_metadata_registers_the_plugin() -> None:
 
 
 def test_method_specs_copy_nerfacto_and_splatfacto_with_raykit_datamanagers() -> None:
-    """Building a method config imports nerfstudio's models (torchvision); here it either builds, or
-    fails only for torchvision's sake."""
+    """Building a method config imports nerfstudio's models (torchvision and others); here it either
+    builds, or fails with an import error. The test command installs nerfstudio without its model
+    dependencies (torchvision's C extension does not load beside the CPU torch), so there it fails;
+    benchmarks/gpu_nerfstudio.sh trains both where a full nerfstudio is installed."""
     from raykit.integrations.nerfstudio import methods
 
     try:
         import torchvision  # noqa: F401
     except (ImportError, OSError, RuntimeError):
-        with pytest.raises((ImportError, OSError, RuntimeError)):
-            methods.nerfacto_raykit  # noqa: B018
-        pytest.skip(
-            "torchvision does not import here: the method configs are checked by benchmarks/gpu_check.sh"
-        )
+        for name in ("nerfacto_raykit", "splatfacto_raykit"):
+            with pytest.raises((ImportError, OSError, RuntimeError)):
+                getattr(methods, name)
+        return
     from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
     from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 

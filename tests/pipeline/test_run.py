@@ -38,13 +38,12 @@ def test_every_stage_is_recorded(finished_run: Path) -> None:
 def test_rerun_with_nothing_changed_runs_nothing(
     run_raykit: Any, tiny_scene: Path, finished_run: Path
 ) -> None:
+    """How fast it is (the target: 5 s on an idle machine) is measured by benchmarks/bench_pipeline.py
+    (BENCHMARKS.md, `raykit run`), not here."""
     before = records(finished_run)
-    start = time.perf_counter()
     done = run_raykit(tiny_scene, finished_run, "--samplers=occupancy,stratified", "--steps=24")
-    seconds = time.perf_counter() - start
     assert "ran: nothing, all up to date" in done.stdout
     assert records(finished_run) == before
-    assert seconds < 15  # the target (5 s on an idle machine) is measured in BENCHMARKS.md
 
 
 def test_a_new_budget_retrains_but_does_not_convert(

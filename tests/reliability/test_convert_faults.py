@@ -32,6 +32,7 @@ from raykit.trainer.checkpoint import (
 )
 
 from .conftest import build_store, subprocess_env
+from .paused import start_paused
 
 
 @pytest.fixture(scope="module")
@@ -119,23 +120,12 @@ def test_ctrl_c_during_convert_exits_promptly_and_resumes_to_the_same_bytes(
     straight = tmp_path / "straight"
     assert _raykit(*_convert(capture, straight)).returncode == 0
     dst = tmp_path / "store"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raykit", *_convert(capture, dst)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(),
-    )
-    partial = dst.with_name(dst.name + ".partial")
-    deadline = time.monotonic() + 120
-    while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
+    # Ctrl-C once the first shard is recorded (the child waits there for it: no race to lose)
+    proc, _ = start_paused(f"{dst}.partial/tasks/*.json", _convert(capture, dst), subprocess_env())
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     code = proc.wait(timeout=60)
     stderr = proc.stderr.read() if proc.stderr else ""
-    if code == 0:  # finished before the signal arrived (a very fast machine): nothing to resume
-        pytest.skip("the conversion finished before Ctrl-C")
     assert code == 130 and time.monotonic() - t0 < 10, stderr
     assert "raykit: interrupted" in stderr and "Traceback" not in stderr
     with pytest.raises(StoreNotFoundError, match="interrupted write"):

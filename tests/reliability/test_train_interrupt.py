@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 
 from .conftest import build_store, subprocess_env
+from .paused import start_paused
 
 TINY: dict[str, Any] = {
     "steps": 8,
@@ -62,26 +60,17 @@ def test_ctrl_c_during_train_exits_promptly_and_resumes_exactly(tmp_path: Path) 
     straight = train(TrainConfig(store=str(store), out=str(tmp_path / "straight"), **TINY))
     run = tmp_path / "run"
     config = TrainConfig(store=str(store), out=str(run), **TINY)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raykit", "train", str(store), *_flags(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
-    deadline = time.monotonic() + 120
-    while latest_checkpoint(run) is None and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
+    # Ctrl-C once the first checkpoint is written (the child waits there for it: no race to lose)
+    args = ["train", str(store), *_flags(config)]
+    proc, first = start_paused(f"{run}/checkpoints/step-*", args, subprocess_env())
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     code = proc.wait(timeout=60)
     stderr = proc.stderr.read() if proc.stderr else ""
-    if code == 0:
-        pytest.skip("training finished before Ctrl-C")
     assert code == 130 and time.monotonic() - t0 < 10, stderr
     assert "raykit: interrupted" in stderr and "terminate called" not in stderr
     stopped = latest_checkpoint(run)
-    assert stopped is not None and int(stopped.name.split("-")[-1]) < TINY["steps"]
+    assert stopped == Path(first) and int(stopped.name.split("-")[-1]) < TINY["steps"]
     resumed = train(config.replace(resume=True))
     losses = [json.loads(line)["loss"] for line in (resumed / "log.jsonl").read_text().splitlines()]
     expected = [json.loads(line)["loss"] for line in (straight / "log.jsonl").read_text().splitlines()]

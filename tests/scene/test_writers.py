@@ -19,7 +19,7 @@ from raykit.errors import ConfigError
 from raykit.scene import SceneData, render_scene, write_blender, write_colmap
 from raykit.scene.geometry import intersect
 
-LEGO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "lego_tiny"
+LEGO = Path(__file__).resolve().parents[1] / "data" / "lego_tiny"
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -36,7 +36,7 @@ def test_blender_layout_matches_nerf_synthetic(tiny_pinhole: SceneData, tmp_path
         text = (root / f"transforms_{split}.json").read_text()
         meta = json.loads(text)
         assert list(meta) == ["camera_angle_x", "frames"]
-        if LEGO.exists() and split != "test":
+        if split != "test":
             lego = json.loads((LEGO / f"transforms_{split}.json").read_text())
             assert list(lego) == list(meta) and list(lego["frames"][0]) == list(meta["frames"][0])
             assert text.startswith('{\n    "camera_angle_x": ')  # 4-space indent like the original

@@ -16,7 +16,7 @@ from PIL import Image
 from raykit.conventions import opencv_to_opengl_c2w
 from raykit.converters import convert
 from raykit.converters.images import decode_image
-from raykit.errors import SourceError
+from raykit.errors import SourceError, StoreCorruptError
 from raykit.store import open_store, write_store
 from raykit.store.validate import validate_store
 from raykit.store.writer import copy_store
@@ -209,7 +209,7 @@ def test_validate_finds_flipped_image_byte(images_store, tmp_path: Path) -> None
     for deep in (False, True):
         problems = validate_store(dst, deep=deep)
         assert problems and any(rel in p for p in problems)
-    with pytest.raises(Exception, match="checksum"):
+    with pytest.raises(StoreCorruptError, match="fails its checksum"):
         open_store(dst).read_image(images_store.images("train")[0])
 
 
@@ -348,9 +348,10 @@ def test_header_size_matches_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
             buf = io.BytesIO()
             image.save(buf, fmt, **kwargs)
             cases.append(buf.getvalue())
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
-    photos = [p for p in sorted(shared.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
-    cases += [p.read_bytes() for p in photos[:20]]
+    data = Path(__file__).resolve().parents[1] / "data"
+    photos = [p for p in sorted(data.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
+    assert len(photos) == 12  # tests/data: 10 camera JPEGs and 2 RGBA PNGs
+    cases += [p.read_bytes() for p in photos]
     assert len(cases) >= 20
     expected = [header_size_reference(data) for data in cases]
     assert [header_size(data) for data in cases] == expected

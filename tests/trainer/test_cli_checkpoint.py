@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_every_field_is_a_flag_with_help_and_round_trips() -> None:
 def test_invalid_config_raises_config_error() -> None:
     with pytest.raises(ConfigError, match="sampler"):
         TrainConfig(store="s", out="o", sampler="random")
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match="batch-size"):
         TrainConfig(store="s", out="o", batch_size=0)
     with pytest.raises(ConfigError, match="unknown"):
         TrainConfig.from_dict({"store": "s", "out": "o", "bogus": 1})
@@ -90,7 +91,8 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, _meta(step), {"w": torch.full((3,), float(step))}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
-    with pytest.raises(Exception, match=r"pickle|Can't"):
+    # a lambda does not pickle: AttributeError for a local object (Python 3.11), PicklingError otherwise
+    with pytest.raises((pickle.PicklingError, AttributeError), match=r"pickle|Can't"):
         save_checkpoint(tmp_path, _meta(4), {"w": lambda: None}, keep=2)
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-00000003"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]

@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,8 @@ import raykit
 from raykit.errors import ConfigError, ResumeError
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+from ..reliability.paused import start_paused
 
 TINY = {
     "steps": 8,
@@ -139,20 +138,14 @@ def test_resume_after_sigkill_is_exact(tiny_store: Path, tmp_path: Path, sampler
     straight = train(tiny_config(tiny_store, tmp_path / "straight", sampler=sampler, ckpt_every=2))
     crashed = tmp_path / "crashed"
     config = tiny_config(tiny_store, crashed, sampler=sampler, ckpt_every=2)
-    args = config_flags(config)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raykit.trainer", str(tiny_store), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 120
-    while latest_checkpoint(crashed) is None and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # killed once its first checkpoint is written (the child waits there: no race to lose)
+    args = ["train", str(tiny_store), *config_flags(config)]
+    proc, first = start_paused(f"{crashed}/checkpoints/step-*", args, os.environ.copy())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     killed_at = latest_checkpoint(crashed)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
-    assert killed_at is not None and int(killed_at.name.split("-")[-1]) < 8  # killed mid-run
+    assert killed_at == Path(first) and int(killed_at.name.split("-")[-1]) < 8  # killed mid-run
     resumed = train(config.replace(resume=True))
     assert [r["step"] for r in _log(resumed)] == list(range(1, 9))
     assert [r["loss"] for r in _log(resumed)] == [r["loss"] for r in _log(straight)]

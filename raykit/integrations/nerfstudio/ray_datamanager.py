@@ -26,7 +26,7 @@ from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, se
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.integrations.nerfstudio.rays import ray_bundle, tabulated_or_stock
-from raykit.loaders import RayLoader
+from raykit.loaders import RAY_CACHE_BYTES, RayLoader
 from raykit.store import RawRays, RayStore
 
 __all__ = ["RaykitDataManager", "RaykitDataManagerConfig"]
@@ -44,7 +44,7 @@ class RaykitDataManagerConfig(DataManagerConfig):
     """Rays per evaluation batch (at most the evaluation split's rays)."""
     seed: int = 0
     """Seed of the ray order and of the evaluation image draws."""
-    cache_bytes: int = 512 << 20
+    cache_bytes: int = RAY_CACHE_BYTES
     """Budget of the loader's chunk cache (per split)."""
     num_workers: int = 0
     """Loader worker processes reading chunks."""
