@@ -46,6 +46,7 @@ from raykit.trainer import TrainConfig
 __all__ = ["SWEEP_FILE", "SweepOptions", "plan_sweep", "run_sweep"]
 
 SWEEP_FILE = "sweep.json"
+SWEEP_LOCK = "sweep.lock"  # held by the one `raykit sweep` writing OUT (raykit.store.lock)
 TRACKERS = ("none", "mlflow")
 
 
@@ -206,6 +207,13 @@ def run_sweep(spec_path: str | Path, out: str | Path, options: SweepOptions | No
 
         tracker = MlflowTracker(options.tracking_uri, out, spec)  # checks the server before any run
     out.mkdir(parents=True, exist_ok=True)
+    from raykit.store import store_lock
+
+    with store_lock(out, path=out / SWEEP_LOCK, what="sweep folder"):  # one `raykit sweep` per OUT
+        return _sweep_locked(spec, out, options, tracker)
+
+
+def _sweep_locked(spec: SweepSpec, out: Path, options: SweepOptions, tracker: Any) -> Path:
     started = time.perf_counter()
     if not options.scheduler:
         warm_starter().start()  # torch and the trainer imported once, while the captures convert

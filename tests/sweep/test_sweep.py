@@ -62,7 +62,7 @@ def test_one_row_per_run_with_every_column(local_sweep: tuple[Path, Path]) -> No
     csv = pcsv.read_csv(out / "results.csv").to_pylist()
     assert [r["run_id"] for r in csv] == [r["run_id"] for r in rows]
     assert csv[0]["test_psnr"] == pytest.approx(rows[0]["test_psnr"])
-    (invocation,) = json.loads((out / "sweep.json").read_text())["invocations"]
+    invocation = json.loads((out / "sweep.json").read_text())["invocations"][0]  # later tests add more
     assert len(invocation["ran"]) == 4 and invocation["skipped"] == [] and invocation["status"] == "done"
 
 
