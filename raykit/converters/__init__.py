@@ -6,11 +6,16 @@ turns photos or a video into a COLMAP capture with pycolmap (``raykit poses``,
 :mod:`raykit.converters.poses`).
 """
 
+from raykit.converters.config import ConvertConfig
 from raykit.converters.convert import SOURCES, build_records, convert, detect_source, parse_source
-from raykit.converters.poses import PoseOptions, PoseSummary, estimate_poses
+from raykit.converters.poses import POSE_SOURCES, PoseOptions, PoseSummary, estimate_poses
+from raykit.converters.video import VIDEO_EXTENSIONS
 
 __all__ = [
+    "POSE_SOURCES",
     "SOURCES",
+    "VIDEO_EXTENSIONS",
+    "ConvertConfig",
     "PoseOptions",
     "PoseSummary",
     "build_records",

@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     """Handler of ``raykit convert``; returns the exit status."""
-    from raykit.store.phases import format_phases, recording_phases
+    from raykit.store import format_phases, recording_phases
 
     config = from_args(args)
     start = time.perf_counter()

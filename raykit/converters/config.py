@@ -18,9 +18,15 @@ from raykit.converters.poses import POSE_SOURCES
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 from raykit.options import option
-from raykit.store.backend import BACKENDS
-from raykit.store.layout import LAYOUTS, RGBA_CODEC, RGBA_CODECS
-from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
+from raykit.store import (
+    BACKENDS,
+    DEFAULT_CHUNK_RAYS,
+    DEFAULT_SHARD_CHUNKS,
+    LAYOUTS,
+    RGBA_CODEC,
+    RGBA_CODECS,
+    StoreOptions,
+)
 
 __all__ = ["SOURCES", "ConvertConfig", "add_arguments", "from_args"]
 

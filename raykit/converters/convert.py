@@ -32,13 +32,10 @@ from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.progress import progress as progress_bar
-from raykit.store.layout import LAYOUTS
-from raykit.store.location import is_url
-from raykit.store.points import SparsePoints
-from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store import LAYOUTS, ImageRecord, SceneInfo, SparsePoints, is_url
 
 if TYPE_CHECKING:
-    from raykit.store.reader import RayStore
+    from raykit.store import RayStore
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
@@ -333,7 +330,7 @@ def convert(
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     write = _Write(records, scene, config, threads, info, _world_points(capture, scene))
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
-        from raykit.store.remote_write import work_folder, write_remote
+        from raykit.store import work_folder, write_remote
 
         local_dst = work_folder(str(dst)) / "store"
         try:
@@ -360,7 +357,7 @@ class _Write:
     points: SparsePoints | None
 
     def to(self, dst: Path, overwrite: bool = False) -> RayStore:
-        from raykit.store.writer import write_store
+        from raykit.store import write_store
 
         config = self.config
         with conversion_executor(config.workers, config.scheduler, self.threads) as executor:

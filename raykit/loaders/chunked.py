@@ -17,8 +17,7 @@ from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups"]
 

@@ -30,7 +30,7 @@ from raykit.loaders.cache import HeapTrim, ImageCache
 from raykit.loaders.config import IMAGE_CACHE_BYTES, ImageLoaderConfig
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
-from raykit.store.reader import RayStore, open_store
+from raykit.store import RayStore, open_store
 
 __all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader", "ImagePlan", "ImageSource"]
 

@@ -23,8 +23,7 @@ from raykit.loaders.config import RAY_CACHE_BYTES, LoaderConfig
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 

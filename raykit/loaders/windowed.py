@@ -23,8 +23,7 @@ from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
 from raykit.loaders.window import Draw, Piece, WindowPlan
 from raykit.ordered import in_order
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = [
     "DECODE_AHEAD",

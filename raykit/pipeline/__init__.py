@@ -10,18 +10,21 @@ to date and resumes what was interrupted (``raykit.pipeline.runner``).
 from __future__ import annotations
 
 from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
-from raykit.pipeline.records import PIPELINE_FILE
+from raykit.pipeline.records import PIPELINE_FILE, fingerprint, tree_fingerprint
 from raykit.pipeline.run import check_run_folder, run_pipeline
-from raykit.pipeline.runner import Stage, StageError, StageRunner
+from raykit.pipeline.runner import Attempt, Stage, StageError, StageRunner
 
 __all__ = [
     "DEFAULT_SAMPLER",
     "PIPELINE_FILE",
+    "Attempt",
     "RunConfig",
     "Stage",
     "StageConfigs",
     "StageError",
     "StageRunner",
     "check_run_folder",
+    "fingerprint",
     "run_pipeline",
+    "tree_fingerprint",
 ]

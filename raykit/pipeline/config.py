@@ -16,8 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from raykit.converters.config import ConvertConfig
-from raykit.converters.poses import PoseOptions
+from raykit.converters import ConvertConfig, PoseOptions
 from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import option

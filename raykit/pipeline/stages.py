@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from raykit.converters.convert import detect_source
-from raykit.converters.poses import POSE_SOURCES
-from raykit.converters.video import VIDEO_EXTENSIONS
+from raykit.converters import POSE_SOURCES, VIDEO_EXTENSIONS, detect_source
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import loads_json, read_json, sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
@@ -54,7 +52,7 @@ def _raykit(*args: str) -> list[str]:
 
 def poses_stage(cfg: StageConfigs, out: Path, kind: str) -> Stage:
     """Camera poses of photos or a video (``raykit poses``) into ``OUT/poses``."""
-    from raykit.converters.poses import estimate_poses
+    from raykit.converters import estimate_poses
 
     src, dst = Path(cfg.run.src), out / "poses"
 
@@ -95,7 +93,7 @@ def _bytes(path: Path) -> int:
 
 def validate_stage(url: str, store_fp: str) -> Stage:
     """``raykit validate``: every checksum and invariant of the store."""
-    from raykit.store.validate import validate_store
+    from raykit.store import validate_store
 
     def run(attempt: Attempt) -> dict[str, Any]:
         problems = validate_store(url)
@@ -108,7 +106,7 @@ def validate_stage(url: str, store_fp: str) -> Stage:
 
 def profile_stage(cfg: StageConfigs, url: str, store_fp: str) -> Stage:
     """``raykit bench``: the loader's rays/s end to end and by stage, at training's batch size."""
-    from raykit.profiling.loader import run_bench
+    from raykit.profiling import run_bench
     from raykit.store import open_store
 
     settings = {

@@ -19,10 +19,7 @@ from typing import Any
 import numpy as np
 
 from raykit.profiling.mixing import chunk_shuffle_quality, read_throughput
-from raykit.store.reader import RayStore
-from raykit.store.schema import ImageRecord, SceneInfo
-from raykit.store.summary import field_bytes, store_summary
-from raykit.store.writer import write_store
+from raykit.store import ImageRecord, RayStore, SceneInfo, field_bytes, store_summary, write_store
 
 __all__ = ["main", "photo_records", "read_throughput"]
 

@@ -1,10 +1,22 @@
-"""The ray store: one logical format (``docs/format.md``) with Zarr v3 and WebDataset backends."""
+"""The ray store: one logical format (``docs/format.md``) with Zarr v3 and WebDataset backends.
+
+This package is the store's one public face: code outside it imports these names from
+``raykit.store``, never from its modules (``tests/test_package.py`` checks it). The reading side is
+imported with the package; the writing side (``write_store``, ``copy_store``, the write options),
+validation and summaries are imported on first use (PEP 562), so that reading a store
+(``raykit info``, the loaders, worker processes) does not pay for the writer's imports.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
+from raykit.store.backend import BACKENDS
+from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
+from raykit.store.location import is_url
 from raykit.store.lock import store_lock
+from raykit.store.points import SparsePoints
 from raykit.store.reader import RayRangeError, RayStore, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
@@ -16,21 +28,38 @@ from raykit.store.schema import (
     decode_pids,
     encode_pids,
 )
+from raykit.store.split_readers import Timed
 
 if TYPE_CHECKING:
-    from raykit.store.writer import BACKENDS, DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, write_store
+    from raykit.store.phases import format_phases, recording_phases
+    from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
+    from raykit.store.remote_write import work_folder, write_remote
+    from raykit.store.summary import field_bytes, payload_bytes, store_summary
+    from raykit.store.validate import validate_store
+    from raykit.store.writer import copy_store, write_store
 
-_WRITER = ("BACKENDS", "DEFAULT_CHUNK_RAYS", "DEFAULT_SHARD_CHUNKS", "write_store")
+# module -> the public names it defines that are imported on first use
+_LAZY = {
+    "phases": ("format_phases", "recording_phases"),
+    "plan": ("DEFAULT_CHUNK_RAYS", "DEFAULT_SHARD_CHUNKS", "StoreOptions"),
+    "remote_write": ("work_folder", "write_remote"),
+    "summary": ("field_bytes", "payload_bytes", "store_summary"),
+    "validate": ("validate_store",),
+    "writer": ("copy_store", "write_store"),
+}
+_MODULES = {name: module for module, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    """The writer's names, imported on first use: reading a store (``raykit info``, ``validate``, the
-    loaders) does not pay for the writer's imports."""
-    if name in _WRITER:
-        from raykit.store import writer
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
 
-        return getattr(writer, name)
-    raise AttributeError(f"module 'raykit.store' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
@@ -38,16 +67,35 @@ __all__ = [
     "DEFAULT_CHUNK_RAYS",
     "DEFAULT_SHARD_CHUNKS",
     "FORMAT_VERSION",
+    "IMAGES_LAYOUT",
+    "LAYOUTS",
+    "RAYS_LAYOUT",
+    "RGBA_CODEC",
+    "RGBA_CODECS",
     "FieldSpec",
     "ImageRecord",
     "RawRays",
     "RayRangeError",
     "RayStore",
     "SceneInfo",
+    "SparsePoints",
     "SplitInfo",
+    "StoreOptions",
+    "Timed",
+    "copy_store",
     "decode_pids",
     "encode_pids",
+    "field_bytes",
+    "format_phases",
+    "holds_images",
+    "is_url",
     "open_store",
+    "payload_bytes",
+    "recording_phases",
     "store_lock",
+    "store_summary",
+    "validate_store",
+    "work_folder",
+    "write_remote",
     "write_store",
 ]
