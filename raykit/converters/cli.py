@@ -46,7 +46,9 @@ def run_convert(args: argparse.Namespace) -> int:
     recording = recording_phases() if config.profile else contextlib.nullcontext({})
     with recording as phases:
         poses = pose_options_from_args(args) if config.source in POSE_SOURCES else None
-        store = convert(config.src, config.dst, config, poses=poses, allow_outside=args.allow_outside)
+        store = convert(
+            config.src, config.dst, **config.convert_options(), poses=poses, allow_outside=args.allow_outside
+        )
     seconds = time.perf_counter() - start
     splits = ", ".join(
         f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()

@@ -1,7 +1,7 @@
 """``ConvertConfig``: every option of ``raykit convert``, written once; its fields generate the flags.
 
 ``add_arguments(parser)`` builds the command's arguments, ``from_args(args)`` reads them back, and
-``convert(config.src, config.dst, config)`` runs it (:func:`raykit.converters.convert`);
+``convert(config.src, config.dst, **config.convert_options())`` runs it (:func:`raykit.converters.convert`);
 ``config.store_options()`` is the part the store writer takes.
 """
 
@@ -25,7 +25,6 @@ from raykit.store import (
     LAYOUTS,
     RGBA_CODEC,
     RGBA_CODECS,
-    StoreOptions,
 )
 
 __all__ = ["SOURCES", "ConvertConfig", "add_arguments", "from_args"]
@@ -85,16 +84,10 @@ class ConvertConfig:
     progress: bool = option(True, "progress bars")
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
 
-    def store_options(self) -> StoreOptions:
-        """How the store is written (``raykit.store.write_store``)."""
-        return StoreOptions(
-            layout=self.layout,
-            backend=self.backend,
-            chunk_rays=self.chunk_rays,
-            shard_chunks=self.shard_chunks,
-            seed=self.seed,
-            rgba_codec=self.rgba_codec,
-        )
+    def store_options(self) -> dict[str, Any]:
+        """How the store is written: keywords of :func:`raykit.store.write_store`."""
+        names = ("layout", "backend", "chunk_rays", "shard_chunks", "seed", "rgba_codec")
+        return {name: getattr(self, name) for name in names}
 
     def convert_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst`` and the pose

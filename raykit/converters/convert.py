@@ -10,7 +10,6 @@ when complete (a rerun resumes from the finished work). Nothing is written befor
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +28,7 @@ from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
-from raykit.converters.splits import assign_splits
+from raykit.converters.splits import SplitSpec, assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.progress import progress as progress_bar
 from raykit.store import LAYOUTS, ImageRecord, SceneInfo, SparsePoints, is_url
@@ -265,22 +264,43 @@ def _world_points(capture: Capture, scene: SceneInfo) -> SparsePoints | None:
     return None if capture.sparse is None else capture.sparse.transformed(scene.matrix())
 
 
+_C = ConvertConfig  # every default below is ConvertConfig's, written there once
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
-    config: ConvertConfig | None = None,
     *,
+    source: str = _C.source,
+    backend: str = _C.backend,
+    layout: str = _C.layout,
+    downscale: int = _C.downscale,
+    split: SplitSpec = _C.split,
+    normalize: str = _C.normalize,
+    workers: int = _C.workers,
+    scheduler: str | None = _C.scheduler,
+    threads: int | None = _C.threads,
+    skip_missing: bool = _C.skip_missing,
+    images: str | None = _C.images,
+    exif: str = _C.exif,
+    near: float | None = _C.near,
+    far: float | None = _C.far,
+    chunk_rays: int = _C.chunk_rays,
+    shard_chunks: int = _C.shard_chunks,
+    seed: int = _C.seed,
+    rgba_codec: str = _C.rgba_codec,
+    overwrite: bool = _C.overwrite,
+    progress: bool = False,
     poses: PoseOptions | None = None,
     allow_outside: Sequence[str | os.PathLike[str]] = (),
-    **options: Any,
 ) -> RayStore:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
     Args:
-        config: every option (:class:`~raykit.converters.config.ConvertConfig`; its ``src`` and
-            ``dst`` are not used); default: its defaults without progress bars. ``options``
-            (``backend=``, ``layout=``, ...) replace single fields of it, as keywords did in earlier
-            releases; ``split`` may also be explicit lists (see :mod:`raykit.converters.splits`).
+        source, backend, layout, ...: the options of :class:`~raykit.converters.config.ConvertConfig`
+            (``raykit convert``'s flags), as keywords with its defaults, but ``progress`` (no bars
+            unless asked); ``convert(config.src, config.dst, **config.convert_options())`` runs a
+            config. ``split`` may also be explicit lists (see :mod:`raykit.converters.splits`).
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
@@ -291,7 +311,28 @@ def convert(
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
-    config = dataclasses.replace(config or ConvertConfig(progress=False), **options)
+    config = ConvertConfig(
+        source=source,
+        backend=backend,
+        layout=layout,
+        downscale=downscale,
+        split=split,  # type: ignore[arg-type]
+        normalize=normalize,
+        workers=workers,
+        scheduler=scheduler,
+        threads=threads,
+        skip_missing=skip_missing,
+        images=images,
+        exif=exif,
+        near=near,
+        far=far,
+        chunk_rays=chunk_rays,
+        shard_chunks=shard_chunks,
+        seed=seed,
+        rgba_codec=rgba_codec,
+        overwrite=overwrite,
+        progress=progress,
+    )
     if config.layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {config.layout!r}")
     source, exif, threads = config.source, config.exif, config.threads
@@ -365,7 +406,7 @@ class _Write:
                 dst,
                 self.records,
                 scene=self.scene,
-                options=config.store_options(),
+                **config.store_options(),
                 executor=executor,
                 progress=config.progress,
                 source=self.info,

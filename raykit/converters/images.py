@@ -53,7 +53,6 @@ __all__ = [
     "EXIF_POLICIES",
     "ImageFileDecoder",
     "ImageHeader",
-    "ImageLoader",
     "choose_layout",
     "decode_image",
     "downscale_area",
@@ -422,8 +421,8 @@ def downscale_area_reference(image: np.ndarray, factor: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ImageFileDecoder:
-    """Picklable ``load()`` for a store writer: decode, check the size, downscale (``ImageLoader`` in
-    earlier releases, a name kept for one release; ``raykit.loaders.ImageLoader`` yields batches).
+    """Picklable ``load()`` for a store writer: decode, check the size, downscale (not to be confused
+    with ``raykit.loaders.ImageLoader``, which yields batches).
 
     Attributes:
         path: image file.
@@ -449,6 +448,3 @@ class ImageFileDecoder:
                 f"{self.width}x{self.height}"
             )
         return downscale_area(image, self.downscale, where=self.path)
-
-
-ImageLoader = ImageFileDecoder  # the name of earlier releases, kept for one release

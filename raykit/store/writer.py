@@ -9,7 +9,6 @@ store, ``raykit copy``), the one entry point of every layout.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,34 +43,56 @@ _PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
 }
 
 
+_O = StoreOptions  # every default of write_store's options is StoreOptions', written there once
+
+
 @holding_store_lock("dst")  # one writer per store (raykit.store.lock)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
     *,
     scene: SceneInfo,
-    options: StoreOptions | None = None,
+    layout: str = _O.layout,
+    backend: str = _O.backend,
+    chunk_rays: int = _O.chunk_rays,
+    shard_chunks: int = _O.shard_chunks,
+    seed: int = _O.seed,
+    materialize: str | None = _O.materialize,
+    rgba_codec: str = _O.rgba_codec,
+    zstd_level: int = _O.zstd_level,
+    with_pids: bool = _O.with_pids,
+    memory_staging_bytes: int = _O.memory_staging_bytes,
     executor: concurrent.futures.Executor | None = None,
     progress: bool = False,
     source: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     points: SparsePoints | None = None,
-    **option_fields: Any,
 ) -> RayStore:
     """Write a store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
     Args:
         records: one per image; ``load()`` must be picklable when ``executor`` is a process pool.
         scene: world frame, transform from the source frame, bounds.
-        options: layout, backend, chunking, codecs (:class:`~raykit.store.plan.StoreOptions`);
-            ``option_fields`` (``backend=``, ``chunk_rays=``, ...) replace single fields of it.
+        layout, backend, chunk_rays, ...: how the store is written, the fields of
+            :class:`~raykit.store.plan.StoreOptions` (their defaults and checks).
         executor: runs the per-image and per-shard tasks; None runs them in this process.
         source: description of the source (format, path, ...) recorded in the manifest.
         overwrite: replace an existing store at ``dst``.
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
             (``raykit.store.points``).
     """
-    options = dataclasses.replace(options or StoreOptions(), **option_fields)
+    options = StoreOptions(
+        layout=layout,
+        backend=backend,
+        chunk_rays=chunk_rays,
+        shard_chunks=shard_chunks,
+        seed=seed,
+        materialize=materialize,
+        rgba_codec=rgba_codec,
+        zstd_level=zstd_level,
+        with_pids=with_pids,
+        memory_staging_bytes=memory_staging_bytes,
+    )
     ordered = order_records(records)
     request = WriteRequest(
         Path(dst), ordered, scene, options, executor, progress, dict(source or {}), overwrite, points
