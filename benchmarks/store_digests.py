@@ -57,7 +57,11 @@ def main() -> None:
     args = parser.parse_args()
     import raykit
     from raykit.converters import convert
-    from raykit.store.writer import copy_store
+
+    try:
+        from raykit.store import copy_store
+    except ImportError:  # a checkout from before the store's one public face
+        from raykit.store.writer import copy_store  # type: ignore[no-redef]
 
     out: dict[str, Any] = {"raykit": raykit.__file__}
     with tempfile.TemporaryDirectory(prefix="store-digests-") as tmp:

@@ -39,7 +39,7 @@ LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 
 
 def _unit(module: str) -> str:
-    """``raykit.store.writer`` -> ``store``; ``raykit.cli`` -> ``cli``."""
+    """``raykit.store.write`` -> ``store``; ``raykit.cli`` -> ``cli``."""
     return module.split(".")[1]
 
 

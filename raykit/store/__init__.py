@@ -12,12 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from raykit.store.backend import BACKENDS
-from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
-from raykit.store.location import is_url
-from raykit.store.lock import store_lock
+from raykit.store.backends import BACKENDS
+from raykit.store.files import is_url, store_lock
 from raykit.store.points import SparsePoints
-from raykit.store.reader import RayRangeError, RayStore, open_store
+from raykit.store.reader import RayRangeError, RayStore, Timed, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
     FieldSpec,
@@ -28,24 +26,20 @@ from raykit.store.schema import (
     decode_pids,
     encode_pids,
 )
-from raykit.store.split_readers import Timed
+from raykit.store.spec import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
 
 if TYPE_CHECKING:
     from raykit.store.phases import format_phases, recording_phases
-    from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
-    from raykit.store.remote_write import work_folder, write_remote
-    from raykit.store.summary import field_bytes, payload_bytes, store_summary
-    from raykit.store.validate import validate_store
-    from raykit.store.writer import copy_store, write_store
+    from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
+    from raykit.store.write import copy_store, work_folder, write_remote, write_store
+    from raykit.store.write.job import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "phases": ("format_phases", "recording_phases"),
-    "plan": ("DEFAULT_CHUNK_RAYS", "DEFAULT_SHARD_CHUNKS", "StoreOptions"),
-    "remote_write": ("work_folder", "write_remote"),
-    "summary": ("field_bytes", "payload_bytes", "store_summary"),
-    "validate": ("validate_store",),
-    "writer": ("copy_store", "write_store"),
+    "write.job": ("DEFAULT_CHUNK_RAYS", "DEFAULT_SHARD_CHUNKS", "StoreOptions"),
+    "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
+    "write": ("copy_store", "work_folder", "write_remote", "write_store"),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 

@@ -11,7 +11,7 @@ import pytest
 
 from raykit.converters import convert
 from raykit.converters.config import ConvertConfig, add_arguments, from_args
-from raykit.store.plan import StoreOptions
+from raykit.store.write.job import StoreOptions
 
 
 def _parse(argv: list[str]) -> ConvertConfig:

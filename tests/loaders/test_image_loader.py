@@ -262,7 +262,7 @@ def test_an_images_layout_store_gives_the_same_batches(
     stores: dict[str, Any], tmp_path: Path, backend: str
 ) -> None:
     from raykit.store import open_store
-    from raykit.store.writer import copy_store
+    from raykit.store.write import copy_store
 
     copy_store(stores["zarr"].url, tmp_path / "images", backend=backend, layout="images")
     images = open_store(tmp_path / "images")

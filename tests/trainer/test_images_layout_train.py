@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 from raykit.trainer import TrainConfig, train
 
 _spec = importlib.util.spec_from_file_location("tt", Path(__file__).with_name("test_train.py"))

@@ -1,28 +1,36 @@
 """Write a store: ``write_store`` (from image records, converters) and ``copy_store`` (from another
 store, ``raykit copy``), the one entry point of every layout.
 
-``StoreOptions.layout`` picks the payload writer: ``raykit.store.rays_writer`` (pre-shuffled rays) or
-``raykit.store.images_writer`` (the encoded images); both end in ``raykit.store.commit``. Each holds
-``dst``'s writer lock through this module (``raykit.store.lock``).
+``StoreOptions.layout`` picks the payload writer: ``raykit.store.write.rays`` (pre-shuffled rays) or
+``raykit.store.write.images`` (the encoded images); both end in ``raykit.store.write.commit``. Each holds
+``dst``'s writer lock (``raykit.store.files``).
+
+Object storage (``s3://bucket/scene`` or any writable fsspec URL; docs/format.md, "Object storage"):
+written locally by the ordinary writers in a work folder derived from the URL (so a rerun resumes it),
+then uploaded file by file with ``manifest.json`` last (until it is there, readers see no store);
+``overwrite`` deletes the old manifest first. The local copy is removed after the upload.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raykit.errors import ConfigError
-from raykit.store.backend import BACKENDS
-from raykit.store.images_writer import write_images
-from raykit.store.layout import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, holds_images
-from raykit.store.lock import holding_store_lock
-from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions, WriteRequest
+from raykit.errors import ConfigError, StoreError
+from raykit.store.backends import BACKENDS
+from raykit.store.files import OVERWRITE_HINT, filesystem, holding_store_lock, read_errors
 from raykit.store.points import SparsePoints
-from raykit.store.rays_writer import copy_rays, write_rays
 from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store.spec import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, holds_images
 from raykit.store.table import order_records
+from raykit.store.write.images import write_images
+from raykit.store.write.job import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions, WriteRequest
+from raykit.store.write.rays import copy_rays, write_rays
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -33,8 +41,12 @@ __all__ = [
     "DEFAULT_SHARD_CHUNKS",
     "StoreOptions",
     "copy_store",
+    "upload_store",
+    "work_folder",
+    "write_remote",
     "write_store",
 ]
+
 
 # the payload writer of each layout (``StoreOptions.layout``)
 _PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
@@ -46,7 +58,7 @@ _PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
 _O = StoreOptions  # every default of write_store's options is StoreOptions', written there once
 
 
-@holding_store_lock("dst")  # one writer per store (raykit.store.lock)
+@holding_store_lock("dst")  # one writer per store (raykit.store.files)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
@@ -74,7 +86,7 @@ def write_store(
         records: one per image; ``load()`` must be picklable when ``executor`` is a process pool.
         scene: world frame, transform from the source frame, bounds.
         layout, backend, chunk_rays, ...: how the store is written, the fields of
-            :class:`~raykit.store.plan.StoreOptions` (their defaults and checks).
+            :class:`~raykit.store.write.job.StoreOptions` (their defaults and checks).
         executor: runs the per-image and per-shard tasks; None runs them in this process.
         source: description of the source (format, path, ...) recorded in the manifest.
         overwrite: replace an existing store at ``dst``.
@@ -122,7 +134,7 @@ def copy_store(
 
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
     content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
-    source's) rewrites it in that layout from the source's images (``raykit.store.layout_copy``).
+    source's) rewrites it in that layout from the source's images (``raykit.store.write.copy``).
     ``with_pids`` stores every split's pids explicitly (a format-3 store derives them). A copy of a
     format 1 or 2 store is written in the current format, its pids stored, its chunk checksums
     computed anew: its content fingerprint is the same in every backend but not the source's.
@@ -136,7 +148,60 @@ def copy_store(
         points = store.sparse_points()
         request = WriteRequest(Path(dst), [], store.scene, options, executor, progress, {}, overwrite, points)
         return copy_rays(store, request, with_pids)
-    from raykit.store.layout_copy import copy_request
+    from raykit.store.write.copy import copy_request
 
     request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
     return _payload_writer(request.options)(request)
+
+
+# Object storage: written locally, then uploaded with the manifest last.
+
+
+def work_folder(url: str) -> Path:
+    """The local folder a store for ``url`` is written in before its upload (stable across reruns)."""
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"raykit-upload-{digest}"
+
+
+def upload_store(local: Path, url: str, *, overwrite: bool = False) -> list[str]:
+    """Upload the committed store at ``local`` to ``url``, ``manifest.json`` last; the uploaded
+    relative paths in upload order.
+
+    Raises:
+        ConfigError: a store exists at ``url`` and ``overwrite`` is False.
+        StoreError: the object store refused a write (naming the object).
+    """
+    if not (local / "manifest.json").is_file():
+        raise ConfigError(f"{local}: not a committed store (no manifest.json); nothing to upload")
+    fs, root = filesystem(url)
+    root = root.rstrip("/")
+    if fs.exists(f"{root}/manifest.json"):
+        if not overwrite:
+            raise ConfigError(f"{url}: a store already exists there ({OVERWRITE_HINT})")
+        fs.rm(f"{root}/manifest.json")  # the old store disappears first
+        fs.rm(root, recursive=True)
+    files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    order = [rel for rel in files if rel != "manifest.json"] + ["manifest.json"]
+    for rel in order:
+        try:
+            fs.put_file(str(local / rel), f"{root}/{rel}")
+        except read_errors() as exc:
+            raise StoreError(f"{url}/{rel}: upload failed ({type(exc).__name__}: {exc})") from None
+    return order
+
+
+def write_remote(url: str, write: Callable[[Path], Any], *, overwrite: bool = False) -> Any:
+    """Run ``write(local_dst)`` (a store writer), upload its store to ``url`` and open it there."""
+    from raykit.store.reader import open_store
+
+    fs, root = filesystem(url)
+    if fs.exists(f"{root.rstrip('/')}/manifest.json") and not overwrite:
+        raise ConfigError(f"{url}: a store already exists there ({OVERWRITE_HINT})")
+    folder = work_folder(url)
+    local = folder / "store"
+    if local.exists() and (local / "manifest.json").exists():
+        shutil.rmtree(local)  # an earlier upload's finished copy: write again (inputs may differ)
+    write(local)
+    upload_store(local, url, overwrite=overwrite)
+    shutil.rmtree(folder, ignore_errors=True)
+    return open_store(url)

@@ -1,6 +1,7 @@
 """What every payload writer shares, whatever the layout: the partial directory its plan keys
 (``open_partial``), its tasks on any executor (``run_tasks``), its shard phase (``write_shards``) and
-the last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``)."""
+the last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``).
+"""
 
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.backend import Backend, PayloadSpec, backend_named
-from raykit.store.destination import OVERWRITE_HINT, check_destination, prepare_partial
-from raykit.store.integrity import CHUNK_CHECKSUM, content_fingerprint, file_record, json_digest
-from raykit.store.layout import StoreLayout
+from raykit.store.backends import Backend, PayloadSpec, backend_named
+from raykit.store.files import (
+    CHUNK_CHECKSUM,
+    OVERWRITE_HINT,
+    check_destination,
+    content_fingerprint,
+    file_record,
+    json_digest,
+    prepare_partial,
+)
 from raykit.store.phases import Profile
-from raykit.store.plan import WriteRequest, field_specs
 from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.spec import StoreLayout
 from raykit.store.table import build_camera_table, write_camera_table, write_parquet
+from raykit.store.write.job import WriteRequest, field_specs
 from raykit.version import __version__
 
 if TYPE_CHECKING:
@@ -41,7 +49,10 @@ __all__ = [
     "write_shards",
 ]
 
+
 J = TypeVar("J")
+
+
 R = TypeVar("R")
 
 
@@ -117,7 +128,7 @@ def staged_content(
 def open_partial(request: WriteRequest, plan: dict[str, Any]) -> tuple[Path, str]:
     """The ``<dst>.partial`` directory of ``plan`` and the plan's key: kept when its ``plan.json``
     matches (resume), replaced otherwise; refuses to replace a store (unless ``overwrite``) or a
-    non-store directory (``raykit.store.destination``). The request's points join the plan (only
+    non-store directory (``raykit.store.files``). The request's points join the plan (only
     then: plans, and resume keys, of stores without points are unchanged)."""
     if request.points is not None:
         plan["points"] = points_digest(request.points)

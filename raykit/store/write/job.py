@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError
-from raykit.store.backend import BACKENDS
-from raykit.store.layout import RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
+from raykit.store.backends import BACKENDS
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.spec import RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
 
 __all__ = [
     "DEFAULT_CHUNK_RAYS",
@@ -32,8 +32,13 @@ __all__ = [
     "split_infos",
 ]
 
+
 SHUFFLED_SPLITS = frozenset({"train"})
+
+
 DEFAULT_CHUNK_RAYS = 65536
+
+
 DEFAULT_SHARD_CHUNKS = 16
 
 
@@ -57,7 +62,7 @@ class StoreOptions:
 
     Attributes:
         layout: ``"rays"`` (pre-shuffled rays) or ``"images"`` (the encoded images, shuffled at load
-            time; ``raykit.store.images_writer``).
+            time; ``raykit.store.write.images``).
         backend: ``"zarr"`` or ``"wds"``.
         chunk_rays: rays per chunk (the read unit); shard_chunks: chunks per shard (the write unit).
             An images store records them for its rays view and for ray-layout copies.

@@ -2,7 +2,7 @@
 
 Its phases (docs/format.md, "The images layout", **Writing**) run in ``<dst>.partial/`` like the ray
 writer's; how a shard's bytes are laid out is the backend's (``Backend.images``), the shard phase, the
-manifest and the commit every layout's (``raykit.store.commit``).
+manifest and the commit every layout's (``raykit.store.write.commit``).
 """
 
 from __future__ import annotations
@@ -19,22 +19,28 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backend import ImageShard, ImagesPayload, StagedImage, backend_named
-from raykit.store.commit import commit, in_process, open_partial, run_tasks, staged_content, write_shards
+from raykit.store.backends import ImageShard, ImagesPayload, StagedImage, backend_named
+from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.images_layout import camera_record
-from raykit.store.integrity import file_record, json_digest
-from raykit.store.layout import (
+from raykit.store.phases import PhaseClock, Profile
+from raykit.store.reader import camera_record
+from raykit.store.schema import FORMAT_VERSION, ImageRecord
+from raykit.store.spec import (
     DEFAULT_IMAGE_CHUNK_BYTES,
     DEFAULT_IMAGE_SHARD_CHUNKS,
     IMAGES_LAYOUT,
     StoreLayout,
 )
-from raykit.store.location import is_url
-from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import WriteRequest, record_plan, split_infos
-from raykit.store.schema import FORMAT_VERSION, ImageRecord
-from raykit.store.staging import (
+from raykit.store.write.commit import (
+    commit,
+    in_process,
+    open_partial,
+    run_tasks,
+    staged_content,
+    write_shards,
+)
+from raykit.store.write.job import WriteRequest, record_plan, split_infos
+from raykit.store.write.staging import (
     bytes_record,
     check_pixels,
     finish_task,
@@ -48,7 +54,10 @@ if TYPE_CHECKING:
 
 __all__ = ["EncodeJob", "encode_image_task", "image_chunking", "write_images"]
 
+
 _TASK_FORMAT = 1  # of the encode tasks' records
+
+
 _SHARD_TASK_FORMAT = 2  # of the shard tasks' records (2: the backend's index entries in "index")
 
 

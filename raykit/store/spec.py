@@ -28,15 +28,28 @@ __all__ = [
     "holds_images",
 ]
 
+
 RAYS_LAYOUT, IMAGES_LAYOUT = "rays", "images"  # a split's payload: ray chunks, or encoded images
+
+
 LAYOUTS = (RAYS_LAYOUT, IMAGES_LAYOUT)
+
+
 # Multi-byte fields (pids, floats): blosc-lz4 with bit shuffle. On shuffled train pids it is as small
 # as blosc-zstd (2.92 vs 3.02 bytes/ray on the `realistic` scene) and 8x faster to write (docs/format.md).
 BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "bitshuffle"
+
+
 # Byte fields (rgba): "lz4" (blosc-lz4, fast) or "zstd" (``zstd_level``; about two thirds the size).
 RGBA_CODECS = ("lz4", "zstd")
+
+
 RGBA_CODEC = "lz4"
+
+
 DEFAULT_IMAGE_CHUNK_BYTES = 1 << 16  # zarr inner chunk (the padding of a split's last chunk: <= 64 KiB)
+
+
 DEFAULT_IMAGE_SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
 
 
@@ -46,9 +59,17 @@ def holds_images(layout: str) -> bool:
 
 
 _CODEC_KEYS = ("rgba_codec", "zstd_level", "blosc_cname", "blosc_clevel", "blosc_shuffle")
+
+
 _RAYS_KEYS = ("chunk_rays", "shard_chunks", "seed", *_CODEC_KEYS, "materialize", "train_order")
+
+
 _IMAGE_KEYS = ("image_chunk_bytes", "image_shard_chunks", "image_codec")
+
+
 _IMAGES_KEYS = ("chunk_rays", "shard_chunks", "seed", *_IMAGE_KEYS, "materialize")
+
+
 _KEYS = tuple(dict.fromkeys(_RAYS_KEYS + _IMAGES_KEYS))
 
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from raykit.store.layout import StoreLayout
 from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.store.spec import StoreLayout
 
 if TYPE_CHECKING:
-    from raykit.store.remote import RangeFetcher
+    from raykit.store.files import RangeFetcher
 
 __all__ = [
     "BACKENDS",
@@ -36,10 +36,15 @@ __all__ = [
     "backend_named",
 ]
 
+
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
 # WebDataset backend and the other way round.
-_MODULES = {"zarr": "raykit.store.zarr_backend", "wds": "raykit.store.wds_backend"}
+_MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.wds"}
+
+
 BACKENDS = tuple(_MODULES)
+
+
 # ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
 ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
@@ -188,7 +193,7 @@ class Backend(Protocol):
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: RangeFetcher | None = None
     ) -> PayloadReader:
         """A reader of the committed store at ``url`` with its ``index.json`` contents; ``ranges``
-        reads byte ranges of a remote store (``raykit.store.remote``), None for a local one."""
+        reads byte ranges of a remote store (``raykit.store.files``), None for a local one."""
         ...
 
 

@@ -14,8 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backend import Backend, PayloadSpec, backend_named
-from raykit.store.commit import (
+from raykit.store.backends import Backend, PayloadSpec, backend_named
+from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
+from raykit.store.order import TRAIN_ORDER
+from raykit.store.phases import PhaseClock, Profile
+from raykit.store.schema import FORMAT_VERSION, SplitInfo
+from raykit.store.spec import StoreLayout
+from raykit.store.table import CameraTable, write_camera_table
+from raykit.store.write.commit import (
     StoreContent,
     commit,
     in_process,
@@ -24,14 +30,10 @@ from raykit.store.commit import (
     staged_content,
     write_shards,
 )
-from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest
-from raykit.store.layout import StoreLayout
-from raykit.store.location import local_files_bytes
-from raykit.store.order import TRAIN_ORDER
-from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import SHUFFLED_SPLITS, WriteRequest, record_plan, split_infos
-from raykit.store.schema import FORMAT_VERSION, SplitInfo
-from raykit.store.staging import (
+from raykit.store.write.job import SHUFFLED_SPLITS, WriteRequest, record_plan, split_infos
+from raykit.store.write.staging import (
+    DiskStaging,
+    MemoryStaging,
     StageJob,
     StagingSource,
     StoreSource,
@@ -41,16 +43,17 @@ from raykit.store.staging import (
     record_matches,
     stage_image,
 )
-from raykit.store.staging_area import DiskStaging, MemoryStaging
-from raykit.store.table import CameraTable, write_camera_table
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
 __all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
 
+
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
 _TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksums in "index"
+
+
 Source = StagingSource | StoreSource
 
 
@@ -236,7 +239,7 @@ def _job_rays(job: ShardJob) -> tuple[int, int]:
 
 def copy_rays(store: RayStore, request: WriteRequest, with_pids: bool) -> RayStore:
     """A rays-layout copy of a rays-layout store, shard by shard from its chunks (the caller holds
-    the destination's writer lock; ``raykit.store.writer.copy_store``)."""
+    the destination's writer lock; ``raykit.store.write.copy_store``)."""
     profile = Profile()
     layout = store.store_layout
     options = request.options
