@@ -2,7 +2,7 @@
 
 This package is the store's one public face: code outside it imports these names from
 ``raykit.store``, never from its modules (``tests/test_package.py`` checks it). The reading side is
-imported with the package; the writing side (``write_store``, ``copy_store``, the write options),
+imported with the package; the writing side (``write_store``, ``copy_store``),
 validation and summaries are imported on first use (PEP 562), so that reading a store
 (``raykit info``, the loaders, worker processes) does not pay for the writer's imports.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from raykit.store.backends import BACKENDS
 from raykit.store.files import is_url, store_lock
 from raykit.store.points import SparsePoints
 from raykit.store.reader import RayRangeError, RayStore, Timed, open_store
@@ -26,18 +25,27 @@ from raykit.store.schema import (
     decode_pids,
     encode_pids,
 )
-from raykit.store.spec import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, RGBA_CODEC, RGBA_CODECS, holds_images
+from raykit.store.spec import (
+    BACKENDS,
+    DEFAULT_CHUNK_RAYS,
+    DEFAULT_SHARD_CHUNKS,
+    IMAGES_LAYOUT,
+    LAYOUTS,
+    RAYS_LAYOUT,
+    RGBA_CODEC,
+    RGBA_CODECS,
+    StoreSpec,
+    holds_images,
+)
 
 if TYPE_CHECKING:
     from raykit.store.phases import format_phases, recording_phases
     from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
     from raykit.store.write import copy_store, work_folder, write_remote, write_store
-    from raykit.store.write.job import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "phases": ("format_phases", "recording_phases"),
-    "write.job": ("DEFAULT_CHUNK_RAYS", "DEFAULT_SHARD_CHUNKS", "StoreOptions"),
     "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
     "write": ("copy_store", "work_folder", "write_remote", "write_store"),
 }
@@ -74,7 +82,7 @@ __all__ = [
     "SceneInfo",
     "SparsePoints",
     "SplitInfo",
-    "StoreOptions",
+    "StoreSpec",
     "Timed",
     "copy_store",
     "decode_pids",

@@ -68,7 +68,7 @@ from raykit.store.schema import (
     check_manifest_header,
     split_sort_key,
 )
-from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout, holds_images
+from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import CameraTable, ray_generator, read_camera_table, read_parquet
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class ImagesReader:
         self,
         url: str,
         payload: ImagesPayload,
-        layout: StoreLayout,
+        layout: StoreSpec,
         index: Mapping[str, Any],
         ranges: RangeFetcher | None = None,
         ray_starts: Mapping[str, Sequence[int]] | None = None,
@@ -474,8 +474,10 @@ class RayStore:
         if self.legacy and any(info.pids != "stored" for info in splits.values()):
             raise StoreCorruptError(f"{self._where('manifest.json')}: format 1 and 2 splits store their pids")
         self.splits = splits
-        self.store_layout = StoreLayout.from_dict(self.manifest["layout"], self._where("manifest.json"))
-        order = self.store_layout.train_order
+        self.spec = StoreSpec.from_dict(
+            self.manifest["layout"], self._where("manifest.json"), str(self.manifest.get("backend"))
+        )
+        order = self.spec.train_order
         if any(i.pids == "derived" and i.shuffled for i in splits.values()) and order != TRAIN_ORDER:
             raise StoreVersionError(
                 f"{self._where('manifest.json')}: train order {order!r} is not one this raykit derives "
@@ -633,7 +635,7 @@ class RayStore:
         if is_url(self.url):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        self.payload_spec = PayloadSpec.of(self.fields, self.store_layout, self.splits)
+        self.payload_spec = PayloadSpec.of(self.fields, self.spec, self.splits)
         images = holds_images(self.layout())
         return open_payload(
             images, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
@@ -780,7 +782,7 @@ class RayStore:
         if order is None:
             rows = self.split_rows(split)
             order = self._orders[split] = shared_order(
-                self.store_layout.seed,
+                self.spec.seed,
                 split,
                 info.shuffled,
                 tuple(int(i) for i in rows),

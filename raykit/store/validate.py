@@ -94,7 +94,7 @@ def store_summary(store: RayStore) -> dict[str, Any]:
             name: {**info.to_dict(), "holds_images": info.holds_images} for name, info in store.splits.items()
         },
         "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
-        "layout": store.store_layout.to_dict(),
+        "layout": store.spec.to_dict(),
         "cameras": {
             "n_images": len(table.names),
             "n_cameras": len(table.camera_keys),

@@ -11,7 +11,7 @@ import pytest
 
 from raykit.converters import convert
 from raykit.converters.config import ConvertConfig, add_arguments, from_args
-from raykit.store.write.job import StoreOptions
+from raykit.store import StoreSpec
 
 
 def _parse(argv: list[str]) -> ConvertConfig:
@@ -46,7 +46,8 @@ def test_convert_takes_the_config_fields_as_keywords(tmp_path: Path) -> None:
 def test_store_options_carry_the_codec_in_every_layout() -> None:
     options = ConvertConfig(layout="images", rgba_codec="zstd").store_options()
     assert options["layout"] == "images" and options["rgba_codec"] == "zstd"
-    assert StoreOptions(**ConvertConfig().store_options()) == StoreOptions()  # one default for each option
+    options, spec = ConvertConfig().store_options(), StoreSpec()  # one default for each option
+    assert options == {"layout": spec.kind, **{k: getattr(spec, k) for k in options if k != "layout"}}
 
 
 def test_flags_round_trip() -> None:

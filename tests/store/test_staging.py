@@ -27,7 +27,7 @@ from raykit.store.order import (
     reference_split_pids,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.spec import StoreLayout
+from raykit.store.spec import StoreSpec
 
 
 def reference_merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
@@ -153,7 +153,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
     if rgba is not None:
         record["rgba_codec"] = rgba
     record.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
-    layout = StoreLayout.from_dict(record)
+    layout = StoreSpec.from_dict(record)
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks
     for shard in range(-(-n_rays // shard_rays)):
@@ -208,7 +208,7 @@ def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blos
     specs = [FieldSpec("rgba", "uint8", 4), FieldSpec("pid", "uint32", 0), FieldSpec("origins", "float16", 3),
              FieldSpec("directions", "float32", 3)]  # fmt: skip
     fields = {spec.name: spec for spec in specs}
-    spec = PayloadSpec(fields, StoreLayout.from_dict(record))
+    spec = PayloadSpec(fields, StoreSpec.from_dict(record))
     ours = zarr_backend.metadata_documents(splits, spec)
     theirs = zarr_backend.reference_metadata_documents(splits, spec)
     assert {key: document_bytes(doc) for key, doc in ours.items()} == theirs

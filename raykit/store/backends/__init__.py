@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.spec import StoreLayout
+from raykit.store.spec import BACKENDS, StoreSpec
 
 if TYPE_CHECKING:
     from raykit.store.files import RangeFetcher
@@ -42,9 +42,6 @@ __all__ = [
 _MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.wds"}
 
 
-BACKENDS = tuple(_MODULES)
-
-
 # ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
 ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
@@ -57,7 +54,7 @@ class PayloadSpec:
     format-3 split with derived pids stores no ``pid``)."""
 
     fields: Mapping[str, FieldSpec]
-    layout: StoreLayout
+    layout: StoreSpec
     stored: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def fields_of(self, split: str) -> dict[str, FieldSpec]:
@@ -67,7 +64,7 @@ class PayloadSpec:
 
     @classmethod
     def of(
-        cls, fields: Mapping[str, FieldSpec], layout: StoreLayout, splits: Mapping[str, SplitInfo]
+        cls, fields: Mapping[str, FieldSpec], layout: StoreSpec, splits: Mapping[str, SplitInfo]
     ) -> PayloadSpec:
         """The spec of a payload whose splits are ``splits`` (``SplitInfo.pids`` says whether a split
         stores its pids)."""
@@ -129,7 +126,7 @@ class ImagesPayload(Protocol):
         ...
 
     def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         """The split's shards, its ``index.json`` entries known before any shard is written, and its
         metadata files, from each image's name and its ``index.json`` entries so far (``image_format``,
@@ -137,17 +134,17 @@ class ImagesPayload(Protocol):
         ...
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
     ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
         """The shard's relative path, bytes, and ``index.json`` entries for its images."""
         ...
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
         """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
         ...
 
     def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
     ) -> list[bytes | np.ndarray]:
         """The stored bytes of image ``i``, in pieces that joined give the file (views of what
         ``read(rel, start, stop)`` returned: no copy)."""

@@ -35,7 +35,7 @@ from raykit.store.backends import (
 )
 from raykit.store.files import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.spec import StoreLayout
+from raykit.store.spec import StoreSpec
 
 __all__ = [
     "BACKEND",
@@ -75,7 +75,7 @@ class WdsImages:
         return {}
 
     def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         groups: list[list[int]] = [[]]  # images in order, a tar closed once full
         held = 0
@@ -88,7 +88,7 @@ class WdsImages:
         return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
     ) -> tuple[str, bytes, dict[str, list[Any]]]:
         members = []
         for i, image in enumerate(images):
@@ -99,11 +99,11 @@ class WdsImages:
         index = {"image_shard": [shard.shard] * len(images), "image_member": offsets[::2]}
         return f"wds/{split}-{shard.shard:06d}.tar", data, index
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
         return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
 
     def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
     ) -> list[bytes | np.ndarray]:
         offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
         return [read(self.files_of(entry, split, i, layout)[0], offset, offset + size)]

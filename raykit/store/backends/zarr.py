@@ -45,7 +45,7 @@ from raykit.store.backends import (
 )
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.spec import IMAGES_LAYOUT, RGBA_CODECS, StoreLayout
+from raykit.store.spec import IMAGES_LAYOUT, RGBA_CODECS, StoreSpec
 
 if TYPE_CHECKING:
     from raykit.store.files import RangeFetcher
@@ -333,7 +333,7 @@ def images_metadata(
     names: Sequence[str],
     formats: Sequence[str],
     offsets: Sequence[int],
-    layout: StoreLayout,
+    layout: StoreSpec,
 ) -> dict[str, bytes]:
     """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
     size, per = layout.image_chunk_bytes, layout.image_shard_chunks
@@ -367,7 +367,7 @@ class ZarrImages:
         return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
 
     def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         starts = np.concatenate([[0], np.cumsum(entry["image_bytes"])]).astype(np.int64).tolist()
         n, per, shards = len(starts) - 1, layout.image_shard_bytes, []
@@ -378,7 +378,7 @@ class ZarrImages:
         return shards, {"image_offset": starts}, metadata
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
     ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
         per = layout.image_shard_bytes
         lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
@@ -390,13 +390,13 @@ class ZarrImages:
         chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
         return f"zarr/{split}/images/c/{shard.shard}", shard_pieces(chunks, layout.image_shard_chunks), {}
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
         per = layout.image_shard_bytes
         return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
     def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
     ) -> list[bytes | np.ndarray]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
         size, per = layout.image_chunk_bytes, layout.image_shard_chunks
@@ -459,7 +459,7 @@ class FieldCodec:
                      blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
 
 
-def field_codec(spec: FieldSpec, layout: StoreLayout) -> FieldCodec:
+def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
     """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
     with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
     itemsize = np.dtype(spec.dtype).itemsize
@@ -479,7 +479,7 @@ def field_codec(spec: FieldSpec, layout: StoreLayout) -> FieldCodec:
     return FieldCodec("blosc", config)
 
 
-def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict[str, Any]:
+def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
     from zarr.codecs import Crc32cCodec
 
     n_rays, chunk_rays = info.n_rays, info.chunk_rays
@@ -496,7 +496,7 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict
     }
 
 
-def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> dict[str, Any]:
+def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
     """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
     tail = [spec.channels] if spec.channels else []
     little = {"name": "bytes", "configuration": {"endian": "little"}}
@@ -537,14 +537,14 @@ def reference_metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadS
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
 
-def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreLayout) -> bytes:
+def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> bytes:
     """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (``encode_shard_pieces``
     joined)."""
     return b"".join(encode_shard_pieces(values, spec, info, layout))
 
 
 def encode_shard_pieces(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreLayout
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec
 ) -> list[bytes]:
     """The bytes zarr writes for one shard file of ``spec`` holding ``values``, (n, ...) with n <=
     ``chunk_rays * shard_chunks`` (fast path), in pieces written one after the other (no join): inner
@@ -566,7 +566,7 @@ def encode_shard_pieces(
 
 
 def reference_encode_shard(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreLayout
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreSpec
 ) -> bytes:
     """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
     import zarr

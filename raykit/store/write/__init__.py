@@ -1,7 +1,7 @@
 """Write a store: ``write_store`` (from image records, converters) and ``copy_store`` (from another
 store, ``raykit copy``), the one entry point of every layout.
 
-``StoreOptions.layout`` picks the payload writer: ``raykit.store.write.rays`` (pre-shuffled rays) or
+``StoreSpec.kind`` picks the payload writer: ``raykit.store.write.rays`` (pre-shuffled rays) or
 ``raykit.store.write.images`` (the encoded images); both end in ``raykit.store.write.commit``. Each holds
 ``dst``'s writer lock (``raykit.store.files``).
 
@@ -22,24 +22,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError, StoreError
-from raykit.store.backends import BACKENDS
 from raykit.store.files import OVERWRITE_HINT, filesystem, holding_store_lock, read_errors
 from raykit.store.points import SparsePoints
 from raykit.store.schema import ImageRecord, SceneInfo
-from raykit.store.spec import IMAGES_LAYOUT, LAYOUTS, RAYS_LAYOUT, holds_images
+from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import order_records
 from raykit.store.write.images import write_images
-from raykit.store.write.job import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions, WriteRequest
+from raykit.store.write.job import WriteRequest
 from raykit.store.write.rays import copy_rays, write_rays
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
 __all__ = [
-    "BACKENDS",
-    "DEFAULT_CHUNK_RAYS",
-    "DEFAULT_SHARD_CHUNKS",
-    "StoreOptions",
     "copy_store",
     "upload_store",
     "work_folder",
@@ -48,14 +43,14 @@ __all__ = [
 ]
 
 
-# the payload writer of each layout (``StoreOptions.layout``)
+# the payload writer of each layout (``StoreSpec.kind``)
 _PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
     RAYS_LAYOUT: write_rays,
     IMAGES_LAYOUT: write_images,
 }
 
 
-_O = StoreOptions  # every default of write_store's options is StoreOptions', written there once
+_O = StoreSpec  # every default of write_store's options is StoreSpec's, written there once
 
 
 @holding_store_lock("dst")  # one writer per store (raykit.store.files)
@@ -64,7 +59,7 @@ def write_store(
     records: Sequence[ImageRecord],
     *,
     scene: SceneInfo,
-    layout: str = _O.layout,
+    layout: str = _O.kind,
     backend: str = _O.backend,
     chunk_rays: int = _O.chunk_rays,
     shard_chunks: int = _O.shard_chunks,
@@ -86,15 +81,15 @@ def write_store(
         records: one per image; ``load()`` must be picklable when ``executor`` is a process pool.
         scene: world frame, transform from the source frame, bounds.
         layout, backend, chunk_rays, ...: how the store is written, the fields of
-            :class:`~raykit.store.write.job.StoreOptions` (their defaults and checks).
+            :class:`~raykit.store.spec.StoreSpec` (their defaults and checks; ``layout`` is its ``kind``).
         executor: runs the per-image and per-shard tasks; None runs them in this process.
         source: description of the source (format, path, ...) recorded in the manifest.
         overwrite: replace an existing store at ``dst``.
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
             (``raykit.store.points``).
     """
-    options = StoreOptions(
-        layout=layout,
+    spec = StoreSpec(
+        kind=layout,
         backend=backend,
         chunk_rays=chunk_rays,
         shard_chunks=shard_chunks,
@@ -107,15 +102,9 @@ def write_store(
     )
     ordered = order_records(records)
     request = WriteRequest(
-        Path(dst), ordered, scene, options, executor, progress, dict(source or {}), overwrite, points
+        Path(dst), ordered, scene, spec, executor, progress, dict(source or {}), overwrite, points
     )
-    return _payload_writer(options)(request)
-
-
-def _payload_writer(options: StoreOptions) -> Callable[[WriteRequest], RayStore]:
-    if options.layout not in LAYOUTS:
-        raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {options.layout!r}")
-    return _PAYLOAD_WRITERS[options.layout]
+    return _PAYLOAD_WRITERS[spec.kind](request)
 
 
 @holding_store_lock("dst")
@@ -144,14 +133,14 @@ def copy_store(
     store = open_store(src)
     layout = layout or store.layout()
     if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
-        options = StoreOptions(backend=backend)
+        spec = store.spec.replace(backend=backend)
         points = store.sparse_points()
-        request = WriteRequest(Path(dst), [], store.scene, options, executor, progress, {}, overwrite, points)
+        request = WriteRequest(Path(dst), [], store.scene, spec, executor, progress, {}, overwrite, points)
         return copy_rays(store, request, with_pids)
     from raykit.store.write.copy import copy_request
 
     request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
-    return _payload_writer(request.options)(request)
+    return _PAYLOAD_WRITERS[request.spec.kind](request)
 
 
 # Object storage: written locally, then uploaded with the manifest last.

@@ -28,7 +28,7 @@ from raykit.store.files import (
 from raykit.store.phases import Profile
 from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.spec import StoreLayout
+from raykit.store.spec import StoreSpec
 from raykit.store.table import build_camera_table, write_camera_table, write_parquet
 from raykit.store.write.job import WriteRequest, field_specs
 from raykit.version import __version__
@@ -62,7 +62,7 @@ class StoreContent:
     scene, splits, fields, the camera table (a ``pyarrow.Table``) and the sparse points."""
 
     backend: Backend
-    layout: StoreLayout
+    layout: StoreSpec
     source: Mapping[str, Any]
     scene: SceneInfo
     splits: Mapping[str, SplitInfo]
@@ -104,7 +104,7 @@ class StoreContent:
 def staged_content(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     splits: Mapping[str, SplitInfo],
     staged: Sequence[Mapping[str, Any]],
     profile: Profile,
@@ -121,7 +121,7 @@ def staged_content(
     profile.wall.lap("camera_table")
     source = {**request.source, "fingerprint": source_fingerprint(records, staged), **source}
     fields = field_specs(4 if any(alpha) else 3, layout.materialize)
-    backend = backend_named(request.options.backend)
+    backend = backend_named(request.spec.backend)
     return StoreContent(backend, layout, source, request.scene, splits, fields, table, request.points)
 
 
@@ -169,7 +169,7 @@ def write_shards(
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in run_tasks(fn, jobs, request, f"write {request.options.backend} shards"):
+        for res in run_tasks(fn, jobs, request, f"write {request.spec.backend} shards"):
             synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
             results.append(res)
             if done is not None:

@@ -29,7 +29,7 @@ from raykit.store.spec import (
     DEFAULT_IMAGE_CHUNK_BYTES,
     DEFAULT_IMAGE_SHARD_CHUNKS,
     IMAGES_LAYOUT,
-    StoreLayout,
+    StoreSpec,
 )
 from raykit.store.write.commit import (
     commit,
@@ -161,7 +161,7 @@ class ShardJob:
     rows: tuple[int, ...]
     exts: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]  # each image's camera record
-    layout: StoreLayout
+    layout: StoreSpec
     key: str
 
 
@@ -205,10 +205,9 @@ def write_images(request: WriteRequest) -> RayStore:
     ``chunk_rays`` and ``shard_chunks`` are the chunking of the store's rays view and of a ray-layout
     copy; ``seed`` is recorded as the store's default loader seed.
     """
-    opts, ordered = request.options, request.records
+    opts, ordered = request.spec, request.records
     profile = Profile()
-    opts.check()
-    layout = StoreLayout.images(opts.chunk_rays, opts.shard_chunks, opts.seed, REENCODE_FORMAT)
+    layout = opts.replace(image_codec=REENCODE_FORMAT, materialize=None)
     records_plan = [record_plan(r) for r in ordered]
     plan = {
         "format_version": FORMAT_VERSION,
@@ -240,13 +239,13 @@ def write_images(request: WriteRequest) -> RayStore:
 def _split_shards(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
     key: str,
 ) -> tuple[list[ShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    ordered, payload = request.records, backend_named(request.options.backend).images
+    ordered, payload = request.records, backend_named(request.spec.backend).images
     files: dict[str, Any] = {}
 
     def write(metadata: Mapping[str, bytes]) -> None:
@@ -283,14 +282,14 @@ def _split_shards(
 def _write_rest(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     encoded: Sequence[Mapping[str, Any]],
     key: str,
     profile: Profile,
 ) -> RayStore:
     """Phases 2 and 3 of :func:`write_images`; ``profile`` gets the time per phase
     (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
-    infos = split_infos(request.records, request.options.chunk_rays, "derived", IMAGES_LAYOUT)
+    infos = split_infos(request.records, request.spec.chunk_rays, "derived", IMAGES_LAYOUT)
     content = staged_content(request, partial, layout, infos, encoded, profile)
     offsets = content.table.column("pixel_offset").to_pylist()
     jobs, index, files = _split_shards(request, partial, layout, encoded, offsets, key)
