@@ -16,6 +16,7 @@ DOCS = Path(__file__).resolve().parent
 API_MODULES = (
     "raykit",
     "raykit.errors",
+    "raykit.ranges",
     "raykit.conventions",
     "raykit.cameras",
     "raykit.image_geometry",

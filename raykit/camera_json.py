@@ -21,6 +21,7 @@ from typing import Any
 
 from raykit.cameras import Camera
 from raykit.errors import SourceError
+from raykit.ranges import Range, image_size_problem, range_problems
 
 __all__ = ["INTRINSIC_KEYS", "camera_from_intrinsics", "image_size", "intrinsics_problems"]
 
@@ -53,23 +54,22 @@ def _focal(d: Mapping[str, Any], width: int, height: int) -> tuple[float, float]
     return fx, fy
 
 
-_NUMBER_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y", "cx", "cy", "k1", "k2", "k3", "k4",
-                "p1", "p2")  # fmt: skip
-_POSITIVE_KEYS = ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y")
+_ANGLE = Range(0, math.pi, low_open=True, high_open=True)  # a full field of view, radians
+_INTRINSIC_RANGES = {
+    "fl_x": Range(0, low_open=True), "fl_y": Range(0, low_open=True),
+    "camera_angle_x": _ANGLE, "camera_angle_y": _ANGLE,
+    **{key: Range() for key in ("cx", "cy", "k1", "k2", "k3", "k4", "p1", "p2")},
+}  # fmt: skip
+"""Expected ranges of the numeric intrinsics (a focal length's range relative to the image size is the
+camera's own check, :data:`raykit.cameras.FOCAL_PER_SIDE`)."""
 
 
 def intrinsics_problems(d: Mapping[str, Any]) -> list[str]:
-    """Every non-numeric, non-finite or non-positive (focal length, field of view) value in ``d``."""
-    problems = []
-    for key in _NUMBER_KEYS:
-        if key not in d:
-            continue
-        value = d[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            problems.append(f"{key}: expected a finite number, got {value!r}")
-        elif key in _POSITIVE_KEYS and value <= 0:
-            problems.append(f"{key}: expected a positive value, got {value!r}")
-    return problems
+    """Every numeric intrinsic of ``d`` outside its range: non-numeric or non-finite values, focal
+    lengths <= 0, fields of view outside (0, pi)."""
+    return range_problems(
+        {key: (d[key], expected) for key, expected in _INTRINSIC_RANGES.items() if key in d}
+    )
 
 
 def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, label: str) -> Camera:
@@ -110,15 +110,18 @@ def camera_from_intrinsics(d: Mapping[str, Any], width: int, height: int, *, lab
 
 
 def image_size(width: Any, height: Any) -> tuple[int, int]:
-    """``w``, ``h`` values of a transforms file as ints (integral numbers only).
+    """``w``, ``h`` values of a transforms file as ints (integral numbers of a sane image size).
 
     Raises:
-        SourceError: a value that is not an integral number.
+        SourceError: a value that is not an integral number, or a size outside
+            :data:`raykit.ranges.IMAGE_SIDE` / :data:`raykit.ranges.IMAGE_PIXELS`.
     """
     ok = all(
-        isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer()
         for v in (width, height)
     )
     if not ok:
         raise SourceError(f"w, h: expected integers, got {width!r}, {height!r}")
+    if problem := image_size_problem(int(width), int(height)):
+        raise SourceError(f"w, h: {problem}")
     return int(width), int(height)

@@ -22,6 +22,7 @@ from raykit.camera_models import CAMERA_MODELS, MODEL_NAMES_BY_ID, CameraModel, 
 from raykit.conventions import pixel_centers
 from raykit.errors import CameraError
 from raykit.lazy import is_tensor, lazy_torch
+from raykit.ranges import Range, image_size_problem
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,7 @@ else:
 
 __all__ = [
     "CAMERA_MODELS",
+    "FOCAL_PER_SIDE",
     "Camera",
     "CameraModel",
     "direction_lut",
@@ -39,6 +41,13 @@ __all__ = [
     "unproject",
     "unproject_valid",
 ]
+
+FOCAL_PER_SIDE = (1e-3, 1e5)
+"""A focal length's expected range, in multiples of the image's larger side: a pinhole's field of view
+from about 179.9 degrees down to about 0.0006 degrees (a fisheye seeing a full sphere has a focal length
+of about 0.16 sides). Outside it a camera is degenerate (a Blender ``camera_angle_x`` of pi gives a
+focal length of 1.5e-15 pixels) and is refused wherever a :class:`Camera` is made: from a capture, a
+store (``raykit validate``) or a transforms file to render."""
 
 _PINHOLE_NAMES = frozenset({"SIMPLE_PINHOLE", "PINHOLE"})
 # Models that reduce to an undistorted pinhole when every extra parameter is zero.
@@ -83,6 +92,8 @@ class Camera:
             )
         object.__setattr__(self, "width", self._positive_int("width", self.width))
         object.__setattr__(self, "height", self._positive_int("height", self.height))
+        if problem := image_size_problem(self.width, self.height):
+            raise CameraError(f"{self._who()}: {problem}")
         object.__setattr__(self, "params", self._checked_params())
 
     def _who(self) -> str:
@@ -115,10 +126,25 @@ class Camera:
             for i in spec.focal_idx
             if params[i] <= 0
         ]
+        bad += [] if bad else self._focal_problems(params)
         if bad:  # every bad parameter, on one line
             raise CameraError(f"{self._who()}: {'; '.join(bad)}")
         self._check_model_specific(params)
         return params
+
+    def _focal_problems(self, params: tuple[float, ...]) -> list[str]:
+        """One line naming the focal lengths outside :data:`FOCAL_PER_SIDE` times the image's larger side."""
+        side = max(self.width, self.height)
+        low, high = FOCAL_PER_SIDE
+        expected = Range(low * side, high * side)
+        bad = {self.spec.param_names[i]: params[i] for i in self.spec.focal_idx}
+        bad = {name: value for name, value in bad.items() if not expected.contains(value)}
+        if not bad:
+            return []
+        return [
+            f"focal length {', '.join(bad)}: expected {expected.describe()} pixels ({low:g} to {high:g} "
+            f"times the image's larger side, {side}), got {', '.join(f'{v:g}' for v in bad.values())}"
+        ]
 
     def _check_model_specific(self, params: tuple[float, ...]) -> None:
         if self.model == "EUCM" and not (0.0 <= params[4] <= 1.0 and params[5] > 0.0):

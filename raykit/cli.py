@@ -8,11 +8,13 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 from raykit.errors import RaykitError, RaykitWarning, SourceError
 
 _MACHINE_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT})
+PROBLEMS_SHOWN = 20  # a capture with 100,000 problems prints these and one line for the rest
 
 __all__ = ["build_parser", "main"]
 
@@ -63,18 +65,32 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except SourceError as exc:
-        for problem in exc.problems:
+        for problem in exc.problems[:PROBLEMS_SHOWN]:
             print(f"raykit: error: {problem}", file=sys.stderr)
+        if len(exc.problems) > PROBLEMS_SHOWN:
+            more = len(exc.problems) - PROBLEMS_SHOWN
+            print(f"raykit: error: ... and {more:,} more problems (fix these first)", file=sys.stderr)
         return 2
     except RaykitError as exc:
         print(f"raykit: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # named by the OS: the machine's fault (disk full, I/O error) is status 1,
-        print(f"raykit: error: {exc}", file=sys.stderr)  # the environment's (permissions, ...) status 2
+        print(f"raykit: error: {exc}{_partial_note(exc)}", file=sys.stderr)  # the environment's status 2
         return 1 if exc.errno in _MACHINE_FAULTS else 2
     except KeyboardInterrupt:
         print("raykit: interrupted", file=sys.stderr)
         return 130
+
+
+def _partial_note(exc: OSError) -> str:
+    """For a failed write inside a store's ``DST.partial`` folder: that the folder keeps the work so
+    far, and what to do with it."""
+    parts = Path(str(exc.filename or "")).parts
+    partial = next((i for i, part in enumerate(parts) if part.endswith(".partial")), None)
+    if partial is None:
+        return ""
+    folder = Path(*parts[: partial + 1])
+    return f" ({folder} keeps the work so far: rerun the same command to resume, or delete it)"
 
 
 def _show_warning(

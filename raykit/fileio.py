@@ -80,7 +80,8 @@ def atomic_path(
     write of raykit: metadata files, shard and staging files, task records, checkpoint directories.
 
     The caller writes the temporary file by any means (``np.save``, ``torch.save``, a tar writer).
-    On an exception the temporary file is removed and ``path`` is left untouched.
+    On an exception the temporary file is removed and ``path`` is left untouched; an ``OSError`` that
+    names no file (a full disk at ``write``) is given ``path`` as its ``filename``.
 
     Args:
         sync: fsync the file (a directory: each file in it, then its parent after the rename) before
@@ -112,11 +113,13 @@ def atomic_path(
                 fsync_path(final.parent)
         else:
             os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         if directory:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's ENOSPC names no file: name it
+            exc.filename = str(final)
         raise
 
 

@@ -20,6 +20,11 @@ agree bit for bit:
   raise ``OSError`` or ``ValueError``, an image whose Pillow mode is not RGB or RGBA raises
   ``UnsupportedImageModeError`` (a ``ValueError``) naming the mode.
 
+Every Pillow open goes through :func:`open_image`: an image of more than
+:data:`raykit.ranges.IMAGE_PIXELS` pixels raises :class:`ImageTooLargeError` (a ``ValueError``) naming its
+size, in place of Pillow's ``DecompressionBombError``, and Pillow's raw ``DecompressionBombWarning``
+(above 89 Mpx) is not shown: the converters say it once per image, in one line.
+
 Setting the environment variable ``RAYKIT_IMAGE_DECODE=pillow`` forces the Pillow path (read at every
 call, so it reaches loader worker processes too): for A/B measurements and to rule the fast path out.
 """
@@ -29,13 +34,24 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
+import warnings
 import zlib
 from types import ModuleType
+from typing import IO, Any
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["UnsupportedImageModeError", "decode_image", "reference_decode_image"]
+from raykit.ranges import IMAGE_PIXELS
+
+__all__ = [
+    "ImageTooLargeError",
+    "UnsupportedImageModeError",
+    "decode_image",
+    "open_image",
+    "reference_decode_image",
+]
 
 ENV_VAR = "RAYKIT_IMAGE_DECODE"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -48,6 +64,30 @@ class UnsupportedImageModeError(ValueError):
     def __init__(self, mode: str) -> None:
         super().__init__(f"image has mode {mode!r}, expected RGB or RGBA")
         self.mode = mode
+
+
+class ImageTooLargeError(ValueError):
+    """The image declares more pixels than raykit decodes (:data:`raykit.ranges.IMAGE_PIXELS`)."""
+
+
+def open_image(source: str | os.PathLike[str] | IO[bytes]) -> Any:
+    """``PIL.Image.open(source)`` with raykit's pixel limit in place of Pillow's decompression-bomb
+    warning and error (the image is not decoded yet; use it as a context manager).
+
+    Raises:
+        ImageTooLargeError: the header declares more than ``IMAGE_PIXELS`` pixels.
+        OSError, ValueError: Pillow cannot identify or open it.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return Image.open(source)
+        except Image.DecompressionBombError as exc:
+            found = re.search(r"\((\d+) pixels\)", str(exc))
+            size = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
+            raise ImageTooLargeError(
+                f"image declares {size}; expected at most {IMAGE_PIXELS.high:,.0f} (a decompression bomb?)"
+            ) from None
 
 
 @functools.cache
@@ -75,7 +115,7 @@ def reference_decode_image(data: bytes) -> np.ndarray:
         UnsupportedImageModeError: the image's mode is not RGB or RGBA.
         OSError, ValueError: the bytes do not decode.
     """
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(io.BytesIO(data)) as img:
         img.load()
         if img.mode not in ("RGB", "RGBA"):
             raise UnsupportedImageModeError(img.mode)

@@ -4,7 +4,10 @@ A command's options are written once, as fields made with ``option(default, help
 ``add_arguments(parser, Config)`` builds the flags and ``from_args(Config, args)`` reads them back.
 Field ``some_name`` becomes ``--some-name`` (or ``flag``), a ``bool`` field a ``--x/--no-x`` pair, an
 ``int | None`` field a flag of type ``int`` defaulting to ``None``; the help text gains the default
-(unless it is ``None``: then the help says what that means).
+(unless it is ``None``: then the help says what that means). A numeric field's ``valid``
+(a :class:`raykit.ranges.Range`) is its expected range: ``config_problems`` checks every such field
+(the configs call it in ``__post_init__``, so a value from the command line, a JSON file or Python is
+checked alike: ``--lr nan`` is refused before anything starts).
 Used by ``TrainConfig``, ``ConvertConfig`` and ``BenchConfig``.
 """
 
@@ -15,7 +18,9 @@ import dataclasses
 import typing
 from typing import Any
 
-__all__ = ["add_arguments", "from_args", "option"]
+from raykit.ranges import Range
+
+__all__ = ["add_arguments", "config_problems", "from_args", "option"]
 
 
 def option(
@@ -28,6 +33,7 @@ def option(
     choices: tuple[str, ...] | None = None,
     metavar: str | None = None,
     group: str | None = None,
+    valid: Range | None = None,
 ) -> Any:
     """A dataclass field that is also a command-line option.
 
@@ -40,9 +46,10 @@ def option(
         choices: allowed values.
         metavar: the value's name in the usage line.
         group: fields of the same group are mutually exclusive on the command line.
+        valid: the expected range of a numeric field (checked by :func:`config_problems`).
     """
     extra = {"flag": flag, "positional": positional, "required": required, "choices": choices,
-             "metavar": metavar, "group": group}  # fmt: skip
+             "metavar": metavar, "group": group, "valid": valid}  # fmt: skip
     return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
@@ -103,3 +110,17 @@ def from_args(config: type[Any], args: argparse.Namespace) -> Any:
     return config(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(config) if "help" in f.metadata}
     )
+
+
+def config_problems(config: Any) -> list[str]:
+    """One line per field of dataclass instance ``config`` outside its ``valid`` range or ``choices``
+    (``--lr: expected a finite number > 0, got nan``), in field order."""
+    problems = []
+    for f in dataclasses.fields(config):
+        value, name = getattr(config, f.name), "--" + f.name.replace("_", "-")
+        valid, choices = f.metadata.get("valid"), f.metadata.get("choices")
+        if valid is not None and (problem := valid.problem(name, value)):
+            problems.append(problem)
+        elif choices is not None and value not in choices:
+            problems.append(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+    return problems

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
 # other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("ranges",),
     ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version"),
     ("conventions", "camera_models"),
     ("cameras", "pixel_layout"),

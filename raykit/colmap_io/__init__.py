@@ -29,6 +29,7 @@ Camera params stay in COLMAP order and are not validated here (see :meth:`Colmap
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,10 @@ from raykit.colmap_io.records import (
 )
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
+from raykit.ranges import Range, range_problems
 
 __all__ = [
+    "QVEC_NORM",
     "SENSOR_TYPES",
     "ColmapCamera",
     "ColmapFrame",
@@ -59,6 +62,7 @@ __all__ = [
     "Reconstruction",
     "check_model",
     "find_model_files",
+    "pose_problem",
     "read_model",
     "write_model",
 ]
@@ -146,11 +150,8 @@ def check_model(rec: Reconstruction, labels: dict[str, str] | None = None) -> li
         what = f"{lab['images']}: image {iid} ({image.name})"
         if image.camera_id not in rec.cameras:
             problems.append(f"{what}: refers to camera {image.camera_id}, which is not in {lab['cameras']}")
-        if not _valid_pose(image.qvec, image.tvec):
-            problems.append(
-                f"{what}: expected a finite pose with a non-zero quaternion, "
-                f"got qvec={image.qvec}, tvec={image.tvec}"
-            )
+        if bad := pose_problem(image.qvec, image.tvec):
+            problems.append(f"{what}: {bad}")
         if image.name in names:
             problems.append(f"{what}: the same name as image {names[image.name]}")
         names.setdefault(image.name, iid)
@@ -159,17 +160,29 @@ def check_model(rec: Reconstruction, labels: dict[str, str] | None = None) -> li
             problems.append(
                 f"{lab['frames']}: frame {fid} refers to rig {frame.rig_id}, which is not in {lab['rigs']}"
             )
-        if not _valid_pose(frame.qvec, frame.tvec):
-            problems.append(
-                f"{lab['frames']}: frame {fid}: expected a finite pose with a non-zero "
-                f"quaternion, got qvec={frame.qvec}, tvec={frame.tvec}"
-            )
+        if bad := pose_problem(frame.qvec, frame.tvec):
+            problems.append(f"{lab['frames']}: frame {fid}: {bad}")
     return problems
 
 
-def _valid_pose(qvec: tuple[float, ...], tvec: tuple[float, ...]) -> bool:
-    values = (*qvec, *tvec)
-    return all(math.isfinite(v) for v in values) and math.fsum(q * q for q in qvec) > 1e-12
+QVEC_NORM = Range(0.5, 2.0)
+"""The expected norm of a pose quaternion: COLMAP writes unit quaternions, and a text file's rounding
+or another tool's stray scale is normalised away; (1e308, 1e308, 0, 0) or (1e-300, 0, 0, 0) is not a
+rotation anyone wrote."""
+_COORDINATE = Range()  # any finite number
+
+
+def pose_problem(qvec: Sequence[float], tvec: Sequence[float]) -> str | None:
+    """``expected ..., got ...`` when ``(qvec, tvec)`` is not a finite pose with a quaternion of
+    :data:`QVEC_NORM`, else None."""
+    values = {**{f"qvec[{i}]": (q, _COORDINATE) for i, q in enumerate(qvec)},
+              **{f"tvec[{i}]": (t, _COORDINATE) for i, t in enumerate(tvec)}}  # fmt: skip
+    problems = range_problems(values)
+    if not problems and (bad := QVEC_NORM.problem("quaternion norm", math.hypot(*qvec))):
+        problems.append(bad)
+    if not problems:
+        return None
+    return f"expected a finite pose with a unit quaternion ({'; '.join(problems)}), got qvec={tuple(qvec)}"
 
 
 def write_model(rec: Reconstruction, path: str | Path, binary: bool = True) -> list[Path]:

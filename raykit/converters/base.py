@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,11 @@ from raykit.store import SparsePoints
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "LISTED",
     "Capture",
     "Problems",
     "SourceView",
+    "add_listed",
     "check_rigid",
     "check_similarity",
     "load_json",
@@ -121,6 +123,21 @@ class Problems:
         """Raise now when nothing can be checked further (no usable view); else keep collecting."""
         if self.lines and not views:
             raise SourceError(self.lines)
+
+
+LISTED = 10
+"""Problems of one kind (missing images) listed one per line; the rest are summarised in one line."""
+
+
+def add_listed(
+    problems: Problems, items: list[str], line: Callable[[str], str], rest: Callable[[list[str]], str]
+) -> None:
+    """``line(item)`` for the first :data:`LISTED` items, then ``rest(the other items)`` once: 100,000
+    missing frames print 11 lines, not 100,000."""
+    for item in items[:LISTED]:
+        problems.add(line(item))
+    if len(items) > LISTED:
+        problems.add(rest(items[LISTED:]))
 
 
 def load_json(path: Path) -> Any:

@@ -29,10 +29,17 @@ from pathlib import Path
 
 import numpy as np
 
-from raykit.colmap_io import ColmapImage, Reconstruction, check_model, find_model_files, read_model
-from raykit.converters.base import Capture, Problems, SourceView
+from raykit.colmap_io import (
+    ColmapImage,
+    Reconstruction,
+    check_model,
+    find_model_files,
+    pose_problem,
+    read_model,
+)
+from raykit.converters.base import Capture, Problems, SourceView, add_listed
 from raykit.converters.ngp import box_near_far
-from raykit.converters.paths import ImageRoots
+from raykit.converters.paths import ImageRoots, shown_name
 from raykit.errors import CameraError, SourceError
 from raykit.store import SparsePoints
 
@@ -91,8 +98,7 @@ def _view(
     """The view of one image; problems check_model already reported (ids, poses) just skip it, and an
     invalid camera is noted in ``bad`` (camera id -> problem line, then the names of its images)."""
     col_cam = rec.cameras.get(image.camera_id)
-    values = np.asarray([*image.qvec, *image.tvec], dtype=np.float64)
-    if col_cam is None or not np.all(np.isfinite(values)) or np.linalg.norm(values[:4]) < 1e-12:
+    if col_cam is None or pose_problem(image.qvec, image.tvec) is not None:
         return None
     try:
         camera = col_cam.to_camera(label=str(cameras_file))
@@ -174,11 +180,19 @@ def parse_colmap(
             problems.add(outside)
         elif view is not None and not view.image_path.is_file():
             missing.append(name)
-            if not skip_missing:
-                problems.add(f"{view.image_path}: image of COLMAP image {name!r} not found")
         elif view is not None:
             views.append(view)
             used.append(by_name[name])
+    if not skip_missing:
+        add_listed(
+            problems,
+            missing,
+            lambda name: f"{images_dir / name}: image of COLMAP image {shown_name(name)} not found",
+            lambda rest: (
+                f"{images_dir}: {len(rest):,} more images of COLMAP images not found "
+                f"({shown_name(rest[0])} to {shown_name(rest[-1])}; {len(missing):,} in all)"
+            ),
+        )
     for line, *names in bad_cameras.values():  # one line per camera, not per image
         problems.add(f"{line} (used by {len(names)} image(s): {_some(names)})")
     if not by_name:

@@ -29,8 +29,10 @@ from raykit.converters.images import ImageFileDecoder, choose_layout, probe_imag
 from raykit.converters.normalize import apply_similarity, normalization
 from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import SplitSpec, assign_splits
+from raykit.converters.video import VIDEO_EXTENSIONS
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.progress import progress as progress_bar
+from raykit.ranges import IMAGE_PIXELS_WARN
 from raykit.store import LAYOUTS, ImageRecord, SceneInfo, SparsePoints, is_url
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ def detect_source(src: Path) -> str:
         return "llff"
     if find_colmap_model(src) is not None:
         return "colmap"
+    if src.is_file() and src.suffix.lower() in VIDEO_EXTENSIONS:
+        raise SourceError(f"{src}: a video; pass --from video to estimate its poses and convert its frames")
     raise SourceError(
         f"{src}: cannot tell the capture format (no transforms_*.json, transforms.json, poses_bounds.npy "
         "or COLMAP model); pass --from, e.g. --from photos for photos without poses"
@@ -165,7 +169,24 @@ def _checked_cameras(
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
     problems.raise_if_any()
+    _warn_large(views)
     return cameras, policies
+
+
+def _warn_large(views: Sequence[SourceView]) -> None:
+    """One warning line for the images over :data:`raykit.ranges.IMAGE_PIXELS_WARN` (89 Mpx): each
+    takes gigabytes to decode (Pillow's own warning is not shown)."""
+    large = [v for v in views if v.camera.width * v.camera.height > IMAGE_PIXELS_WARN]
+    if large:
+        first = max(large, key=lambda v: v.camera.width * v.camera.height)
+        size = f"{first.camera.width}x{first.camera.height}"
+        warnings.warn(
+            f"{len(large)} image(s) over {IMAGE_PIXELS_WARN / 1e6:.0f} Mpx (largest {first.image_path}, "
+            f"{size}): each takes {first.camera.width * first.camera.height * 4 / 1e9:.1f} GB or more to "
+            "decode; pass --downscale N to store them smaller",
+            RaykitWarning,
+            stacklevel=3,
+        )
 
 
 def _check_bounds(near: float | None, far: float | None) -> None:

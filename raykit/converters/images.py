@@ -48,6 +48,7 @@ import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from raykit.errors import SourceError
+from raykit.imagedecode import ImageTooLargeError, open_image
 
 __all__ = [
     "EXIF_POLICIES",
@@ -97,11 +98,14 @@ class ImageHeader:
 
 def _open(path: Path) -> Image.Image:
     try:
-        return Image.open(path)
+        image: Image.Image = open_image(path)
     except FileNotFoundError:
         raise SourceError(f"{path}: image file not found") from None
-    except (UnidentifiedImageError, OSError) as exc:
+    except ImageTooLargeError as exc:
+        raise SourceError(f"{path}: {exc}") from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise SourceError(f"{path}: cannot read image ({exc})") from None
+    return image
 
 
 def _raw_mode(img: Image.Image) -> str:

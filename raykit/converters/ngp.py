@@ -41,6 +41,7 @@ from raykit.converters.base import (
     Capture,
     Problems,
     SourceView,
+    add_listed,
     check_rigid,
     check_similarity,
     load_json,
@@ -48,8 +49,9 @@ from raykit.converters.base import (
     resolve_image,
 )
 from raykit.converters.images import used_size
-from raykit.converters.paths import ImageRoots
+from raykit.converters.paths import ImageRoots, shown_name
 from raykit.errors import CameraError, SourceError
+from raykit.ranges import Range, range_problems
 
 __all__ = ["INTRINSIC_KEYS", "box_near_far", "camera_from_intrinsics", "parse_ngp", "scale_note"]
 
@@ -65,6 +67,26 @@ def box_near_far(center: np.ndarray, half: np.ndarray, origin: np.ndarray) -> tu
 def _bounded(view: SourceView, centre: np.ndarray, half: np.ndarray) -> SourceView:
     near, far = box_near_far(centre, half, view.c2w[:3, 3])
     return replace(view, near=near, far=far)
+
+
+_BOX_RANGES = {
+    "aabb_scale": Range(0, 1e6, low_open=True),  # instant-ngp: a power of two, 1 to 128
+    "scale": Range(0, 1e6, low_open=True),  # source units -> ngp's unit cube; default 0.33
+}
+"""Expected ranges of the numbers that place instant-ngp's scene box (``offset`` is any finite number)."""
+
+
+def _box_problems(meta: Mapping[str, Any]) -> list[str]:
+    """Every box number of ``meta`` outside its range (``aabb_scale`` 0 or -4 would clip the whole scene
+    out of the rays' near/far; ``scale`` 0 divides by zero)."""
+    problems = range_problems({key: (meta[key], r) for key, r in _BOX_RANGES.items() if key in meta})
+    offset = meta.get("offset", 0.5)
+    values = offset if isinstance(offset, list) and len(offset) == 3 else [offset]
+    if not isinstance(offset, list | int | float) or (isinstance(offset, list) and len(offset) != 3):
+        problems.append(f"offset: expected one number or three, got {offset!r}")
+    else:
+        problems += range_problems({f"offset[{i}]": (v, Range()) for i, v in enumerate(values)})
+    return problems
 
 
 def _ngp_box(meta: Mapping[str, Any], centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +120,7 @@ def _frame_view(
     if not isinstance(frame, Mapping) or not isinstance(frame.get("file_path"), str):
         problems.add(f"{where}: expected an object with a string file_path")
         return None, None
-    where = f"{where} ({frame['file_path']})"
+    where = f"{where} ({shown_name(frame['file_path'], quoted=False)})"
     c2w_gl, bad = _frame_pose(frame.get("transform_matrix"), f"{where}: transform_matrix", scales)
     if bad:
         problems.add(bad)
@@ -123,7 +145,7 @@ def _frame_view(
             width, height = used_size(image, exif)
         camera = camera_from_intrinsics(intr, width, height, label=f"{where}")
     except (SourceError, CameraError, TypeError, ValueError) as exc:
-        text = "; ".join(getattr(exc, "problems", [str(exc)]))
+        text = "; ".join(getattr(exc, "problems", [str(exc)])).removeprefix(f"camera 0 ({where}): ")
         bad_cameras.setdefault(text, []).append(index)  # one line per bad camera, not per frame
         return None, None
     name = relative_name(image, base)
@@ -193,7 +215,7 @@ def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]])
     the frames that use it."""
     lines = []
     for text, indices in bad.items():
-        named = [f"{i} ({frames[i]['file_path']})" for i in indices]
+        named = [f"{i} ({shown_name(frames[i]['file_path'], quoted=False)})" for i in indices]
         if len(named) == 1:
             lines.append(f"{json_path}: frame {named[0]}: {text}")
             continue
@@ -203,10 +225,18 @@ def _camera_lines(json_path: Path, frames: list[Any], bad: dict[str, list[int]])
 
 
 def report_missing(json_path: Path, missing: list[str], skip_missing: bool, problems: Problems) -> None:
-    """Missing frames are one problem line each unless ``skip_missing``."""
-    if not skip_missing:
-        for rel in missing:
-            problems.add(f"{json_path}: frame image {rel!r} not found (pass --skip-missing to skip it)")
+    """Missing frames are problem lines (the first ten one each, then one line) unless ``skip_missing``."""
+    if skip_missing:
+        return
+    add_listed(
+        problems,
+        missing,
+        lambda rel: f"{json_path}: frame image {shown_name(rel)} not found (pass --skip-missing to skip it)",
+        lambda rest: (
+            f"{json_path}: {len(rest):,} more frame images not found ({shown_name(rest[0])} to "
+            f"{shown_name(rest[-1])}; {len(missing):,} in all; pass --skip-missing to skip them)"
+        ),
+    )
 
 
 def parse_ngp(
@@ -232,16 +262,9 @@ def parse_ngp(
         problems.add(f"{json_path}: no frames with images")
     problems.raise_if_fatal(views)
     centres = np.stack([v.c2w[:3, 3] for v in views])
-    try:
-        centre, half = _ngp_box(meta, centres)
-    except (TypeError, ValueError):
-        raise SourceError(
-            [
-                *problems.lines,
-                f"{json_path}: aabb_scale, scale and offset must be numbers (offset: one or three), got "
-                f"{meta.get('aabb_scale')!r}, {meta.get('scale')!r}, {meta.get('offset')!r}",
-            ]
-        ) from None
+    if box_problems := _box_problems(meta):
+        raise SourceError([*problems.lines, *(f"{json_path}: {problem}" for problem in box_problems)])
+    centre, half = _ngp_box(meta, centres)
     views = [_bounded(v, centre, half) for v in views]
     params = {k: meta[k] for k in ("aabb_scale", "scale", "offset") if k in meta}
     params["skipped_missing"] = sorted(missing) if skip_missing else []

@@ -4,7 +4,8 @@ A capture names its images by relative paths (Blender/instant-ngp ``file_path``,
 Such a path is followed only when it resolves, symlinks included, inside one of the allowed roots:
 the capture folder (or the folder given by ``--images``) and every folder passed as
 ``--allow-outside``. A ``../..`` path, an absolute path or a symlink pointing elsewhere is reported as
-a problem naming the file, the path and the flag that would allow it; it is never opened.
+a problem naming the file, the path and the flag that would allow it; it is never opened. So is a path
+no file system holds (a NUL byte, more than 4096 bytes, a part of more than 255): :func:`name_problem`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,34 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["ImageRoots", "is_inside"]
+__all__ = ["ImageRoots", "is_inside", "name_problem", "shown_name"]
+
+PATH_BYTES, PART_BYTES = 4096, 255  # Linux's PATH_MAX and NAME_MAX (most file systems' limits)
+
+
+def shown_name(name: str, limit: int = 60, quoted: bool = True) -> str:
+    """``repr(name)`` (``name`` itself when not ``quoted`` and printable), cut in the middle when longer
+    than ``limit`` characters: an error line stays one readable line whatever a capture holds."""
+    text = name if not quoted and name.isprintable() else repr(name)
+    return (
+        text
+        if len(text) <= limit
+        else f"{text[: limit // 2]}...{text[-limit // 4 :]} ({len(name)} characters)"
+    )
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (a relative path as a capture wrote it) cannot name a file, or None."""
+    if "\0" in name:
+        return "expected a path without NUL bytes"
+    parts = [len(part.encode("utf-8", "surrogateescape")) for part in name.replace("\\", "/").split("/")]
+    size = sum(parts) + len(parts) - 1
+    if size > PATH_BYTES or max(parts) > PART_BYTES:
+        return (
+            f"expected a path of at most {PATH_BYTES} bytes with parts of at most {PART_BYTES}, got "
+            f"{size} bytes (longest part {max(parts)})"
+        )
+    return None
 
 
 def is_inside(path: Path, root: Path) -> bool:
@@ -58,6 +86,8 @@ class ImageRoots:
     def outside(self, path: Path, where: str, given: str) -> str | None:
         """None when ``path`` is inside; else the problem line (``where``: the file and record, ``given``:
         the path as the capture wrote it)."""
+        if problem := name_problem(given):
+            return f"{where}: image path {shown_name(given)}: {problem}"
         if self.contains(path):
             return None
         return (

@@ -14,9 +14,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from raykit.converters.base import Problems
+from raykit.imagedecode import open_image
 
 __all__ = [
     "PHOTO_EXTENSIONS",
@@ -52,7 +53,7 @@ def list_photos(folder: Path, exclude: Path | None = None) -> list[str]:
 
 def _check_one(path: Path) -> str | None:
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             img.load()  # a full decode: catches truncated and corrupt files
             if img.width < 2 or img.height < 2:
                 return f"{path}: image is {img.width}x{img.height}, too small for feature extraction"
@@ -77,7 +78,7 @@ def check_photos(folder: Path, names: Sequence[str]) -> None:
 
 def device_key(path: Path) -> tuple[object, ...]:
     """What identifies the camera that took ``path``: pixel size and EXIF make, model and focal length."""
-    with Image.open(path) as img:
+    with open_image(path) as img:
         try:
             exif = img.getexif()
             focal = exif.get_ifd(_EXIF_IFD).get(_EXIF_FOCAL)

@@ -39,8 +39,10 @@ from raykit.converters import sfm
 from raykit.converters.photos import check_photos, list_photos, looks_like_frames, one_device
 from raykit.converters.pose_state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
 from raykit.converters.video import VIDEO_EXTENSIONS, extract_frames
-from raykit.errors import ConfigError, SourceError
+from raykit.errors import ConfigError, RaykitError, SourceError
+from raykit.options import config_problems
 from raykit.progress import progress as progress_bar
+from raykit.ranges import IMAGE_SIDE, Range
 
 __all__ = [
     "MATCHERS",
@@ -55,6 +57,9 @@ MATCHERS = ("auto", "exhaustive", "sequential")
 POSE_SOURCES = ("photos", "video")
 SEQUENTIAL_ABOVE = 200
 MIN_REGISTERED_FRACTION = 0.5
+
+
+_SIDE = Range(16, IMAGE_SIDE.high, integer=True)  # pixels of an image's longest side
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -79,26 +84,17 @@ class PoseOptions:
     single_camera: bool | None = _opt(
         None, "share one camera between all photos (default: when size and EXIF make/model/focal agree)"
     )
-    max_image_size: int = _opt(3200, "longest side in pixels that features are extracted at")
-    max_features: int = _opt(8192, "SIFT features per photo at most")
-    threads: int | None = _opt(None, "CPU threads")
-    fps: float = _opt(2.0, "video input: frames kept per second of video")
-    seed: int = _opt(0, "seed of the mapper's random sampling")
+    max_image_size: int = _opt(3200, "longest side in pixels that features are extracted at", valid=_SIDE)
+    max_features: int = _opt(8192, "SIFT features per photo at most", valid=Range(16, integer=True))
+    threads: int | None = _opt(None, "CPU threads", valid=Range(1, integer=True, optional=True))
+    fps: float = _opt(
+        2.0, "video input: frames kept per second of video", valid=Range(0, 1000, low_open=True)
+    )
+    seed: int = _opt(0, "seed of the mapper's random sampling", valid=Range(0, integer=True))
     undistort: bool = _opt(False, "also write undistorted images and a PINHOLE model in OUT/undistorted")
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.matcher not in MATCHERS:
-            problems.append(f"matcher: expected one of {', '.join(MATCHERS)}, got {self.matcher!r}")
-        if self.camera_model not in CAMERA_MODELS:
-            problems.append(f"camera_model: expected a COLMAP camera model, got {self.camera_model!r}")
-        for name in ("max_image_size", "max_features"):
-            if getattr(self, name) < 16:
-                problems.append(f"{name}: expected >= 16, got {getattr(self, name)}")
-        if self.threads is not None and self.threads < 1:
-            problems.append(f"threads: expected >= 1, got {self.threads}")
-        if not self.fps > 0:
-            problems.append(f"fps: expected > 0, got {self.fps}")
+        problems = config_problems(self)  # every option in its range or among its choices
         if problems:
             raise ConfigError("invalid pose options: " + "; ".join(problems))
 
@@ -326,6 +322,8 @@ def poses_for_convert(
 ) -> tuple[Path, str, str]:
     """Poses into the cache folder ``<dst>.poses`` for ``convert --from photos|video``.
 
+    A cache this call created is removed again when the photos or video are refused.
+
     Returns ``(capture folder, "colmap", exif policy)``: the undistorted capture with ``undistort``;
     the policy is ``ignore`` because pycolmap read the pixels as stored (``apply`` is refused).
     """
@@ -337,7 +335,15 @@ def poses_for_convert(
     if options.threads is None and threads is not None:
         options = dataclasses.replace(options, threads=threads)
     cache = pose_cache(Path(dst))
-    summary = estimate_poses(src, cache, options, source=source, restart=True, progress=progress)
+    fresh = not cache.exists()
+    try:
+        summary = estimate_poses(src, cache, options, source=source, restart=True, progress=progress)
+    except (
+        RaykitError
+    ):  # bad photos or a bad video: no DST.poses left behind (an interrupted run keeps its work)
+        if fresh:
+            shutil.rmtree(cache, ignore_errors=True)
+        raise
     if progress:
         print("\n".join(summary.lines()), file=sys.stderr)
     return (cache / "undistorted" if options.undistort else cache), "colmap", "ignore"

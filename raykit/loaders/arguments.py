@@ -6,12 +6,12 @@ started or any position is changed.
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError, ResumeError
+from raykit.ranges import Range, device_problem, range_problems
 
 if TYPE_CHECKING:
     from raykit.loaders.source import ChunkSource
@@ -20,24 +20,16 @@ if TYPE_CHECKING:
 __all__ = ["check_loader_args", "check_state", "open_if_location", "resume_position"]
 
 
-def _int_problem(name: str, value: Any, minimum: int) -> str | None:
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= minimum
-    if ok:
-        return None
-    return f"{name}: expected an integer >= {minimum}, got {value!r} ({type(value).__name__})"
-
-
-def check_loader_args(**values: Any) -> None:
-    """Each keyword ``name=(value, minimum)``; ``value`` None is allowed (a default follows).
+def check_loader_args(device: Any = None, **values: Any) -> None:
+    """Each keyword ``name=(value, Range)`` in its range (:mod:`raykit.ranges`); ``device`` (when
+    given) one this machine has.
 
     Raises:
         ConfigError: listing every bad argument, ``loader: name: expected ..., got ...``.
     """
-    problems = [
-        problem
-        for name, (value, minimum) in values.items()
-        if value is not None and (problem := _int_problem(name, value, minimum))
-    ]
+    problems = range_problems(values)
+    if device is not None and (problem := device_problem(device)):
+        problems.append(problem)
     if problems:
         raise ConfigError("loader: " + "; ".join(problems))
 
@@ -60,7 +52,8 @@ def open_if_location(store: RayStore | ChunkSource | str | os.PathLike[str]) -> 
     return store
 
 
-_STATE_INTS = {"epoch": 0, "batch": 0, "n_batches": 1, "world_size": 1, "batch_size": 1}
+_STATE_LOWS = (("epoch", 0), ("batch", 0), ("n_batches", 1), ("world_size", 1), ("batch_size", 1))
+_STATE_INTS = {name: Range(low, integer=True) for name, low in _STATE_LOWS}
 
 
 def check_state(state: Any) -> Mapping[str, Any]:
@@ -74,11 +67,9 @@ def check_state(state: Any) -> Mapping[str, Any]:
     if not isinstance(state, Mapping):
         raise ResumeError(f"loader state: expected a dict from state_dict(), got {type(state).__name__}")
     problems = [f"{key}: missing" for key in ("epoch", "batch") if key not in state]
-    problems += [
-        problem
-        for key, minimum in _STATE_INTS.items()
-        if key in state and (problem := _int_problem(key, state[key], minimum))
-    ]
+    problems += range_problems(
+        {key: (state[key], expected) for key, expected in _STATE_INTS.items() if key in state}
+    )
     if "drop_last" in state and not isinstance(state["drop_last"], bool):
         problems.append(f"drop_last: expected true or false, got {state['drop_last']!r}")
     if problems:

@@ -12,6 +12,7 @@ from typing import Any, Self
 import numpy as np
 
 from raykit.loaders.arguments import check_loader_args
+from raykit.ranges import Range, worker_range
 
 __all__ = ["IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"]
 
@@ -23,20 +24,26 @@ RAY_CACHE_BYTES = 512 << 20
 IMAGE_CACHE_BYTES = 2 << 30
 """``ImageLoader``'s cache of decoded images, per split."""
 
-# The integer options of either config and their minimums, in the order their problems are listed.
-_MINIMUMS = {"batch_size": 1, "seed": 0, "num_workers": 0, "prefetch": 1, "cache_bytes": 0, "rank": 0,
-             "world_size": 1, "mix_chunks": 1, "mix_run": 1, "group_rays": 1, "gen_threads": 1,
-             "window_images": 1, "convert_threads": 1}  # fmt: skip
+_COUNT, _OPTIONAL_COUNT = Range(1, integer=True), Range(1, integer=True, optional=True)
+# The numeric options of either config and their ranges (raykit.ranges), in the order their problems
+# are listed; None is accepted only where the loader chooses the value (``optional``).
+_RANGES = {"batch_size": _COUNT, "seed": Range(0, integer=True), "num_workers": worker_range(),
+           "prefetch": _COUNT, "cache_bytes": Range(0, integer=True),
+           "rank": Range(0, integer=True, optional=True), "world_size": _OPTIONAL_COUNT,
+           "mix_chunks": _COUNT, "mix_run": _OPTIONAL_COUNT, "group_rays": _OPTIONAL_COUNT,
+           "gen_threads": _OPTIONAL_COUNT, "window_images": _OPTIONAL_COUNT,
+           "convert_threads": _OPTIONAL_COUNT}  # fmt: skip
 
 
 class _Options:
     """What both configs share: the checks and ``replace``."""
 
     def __post_init__(self) -> None:
-        values = {name: getattr(self, name) for name in _MINIMUMS if hasattr(self, name)}
+        values = {name: getattr(self, name) for name in _RANGES if hasattr(self, name)}
         if values.get("num_workers") == "auto" and isinstance(self, LoaderConfig):  # chosen by the loader
             values["num_workers"] = None
-        check_loader_args(**{name: (value, _MINIMUMS[name]) for name, value in values.items()})
+        device = getattr(self, "device", "cpu")
+        check_loader_args(device, **{name: (value, _RANGES[name]) for name, value in values.items()})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (checked again)."""

@@ -19,7 +19,8 @@ from typing import Any
 from raykit.converters import ConvertConfig, PoseOptions
 from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
-from raykit.options import option
+from raykit.options import config_problems, option
+from raykit.ranges import Range
 from raykit.trainer import SAMPLERS, TrainConfig
 
 __all__ = ["DEFAULT_SAMPLER", "RunConfig", "StageConfigs", "add_arguments", "config_flags", "from_args"]
@@ -45,6 +46,10 @@ STAGE_SKIPS: dict[type[Any], tuple[str, ...]] = {
 }
 
 
+_AT_LEAST_0, _AT_LEAST_1 = Range(0, integer=True), Range(1, integer=True)
+_OPTIONAL_COUNT = Range(1, integer=True, optional=True)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The pipeline's own options."""
@@ -61,37 +66,36 @@ class RunConfig:
     samplers: str = option(
         DEFAULT_SAMPLER, f"comma-separated samplers trained in turn ({', '.join(SAMPLER_NAMES)})"
     )
-    minutes: float = option(5.0, "training budget in minutes, split evenly between the samplers")
+    minutes: float = option(
+        5.0, "training budget in minutes, split evenly between the samplers", valid=Range(0, low_open=True)
+    )
     steps: int | None = option(
-        None, "train each sampler this many steps instead of --minutes (deterministic)"
+        None, "train each sampler this many steps instead of --minutes (deterministic)", valid=_OPTIONAL_COUNT
     )
-    retries: int = option(0, "rerun a stage that failed for a machine reason (killed, out of memory, I/O)")
+    retries: int = option(
+        0, "rerun a stage that failed for a machine reason (killed, out of memory, I/O)", valid=_AT_LEAST_0
+    )
     nproc_per_node: int | None = option(
-        None, "train through torchrun with N processes (elastic restarts)", metavar="N"
+        None, "train through torchrun with N processes (elastic restarts)", metavar="N", valid=_OPTIONAL_COUNT
     )
-    max_restarts: int = option(3, "with --nproc-per-node: torchrun's restarts of the group after a failure")
-    bench_batches: int = option(100, "batches the loader profile reads per measurement")
-    render_views: int = option(3, "test views shown beside the ground truth in the report")
-    seed: int = option(0, "seed of conversion, pose estimation and training")
-    threads: int | None = option(None, "CPU threads of every stage (default: each stage's choice)")
+    max_restarts: int = option(
+        3, "with --nproc-per-node: torchrun's restarts of the group after a failure", valid=_AT_LEAST_0
+    )
+    bench_batches: int = option(100, "batches the loader profile reads per measurement", valid=_AT_LEAST_1)
+    render_views: int = option(3, "test views shown beside the ground truth in the report", valid=_AT_LEAST_1)
+    seed: int = option(0, "seed of conversion, pose estimation and training", valid=_AT_LEAST_0)
+    threads: int | None = option(
+        None, "CPU threads of every stage (default: each stage's choice)", valid=_OPTIONAL_COUNT
+    )
     progress: bool = option(True, "progress bars")
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = config_problems(self)  # every numeric option in its range
         unknown = [s for s in self.sampler_list() if s not in SAMPLER_NAMES]
         if unknown:
             problems.append(
                 f"samplers: expected some of {', '.join(SAMPLER_NAMES)}, got {', '.join(unknown)}"
             )
-        if not self.minutes > 0:
-            problems.append(f"minutes: expected > 0, got {self.minutes}")
-        for name in ("retries", "max_restarts"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name}: expected >= 0, got {getattr(self, name)}")
-        for name in ("steps", "nproc_per_node", "bench_batches", "render_views"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name}: expected >= 1, got {value}")
         if problems:
             raise ConfigError("invalid run options: " + "; ".join(problems))
 

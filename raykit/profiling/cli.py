@@ -6,11 +6,14 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json
 from raykit.loaders import RAY_CACHE_BYTES
-from raykit.options import add_arguments, from_args, option
+from raykit.options import add_arguments, config_problems, from_args, option
+from raykit.ranges import Range, worker_range
 
 __all__ = ["BenchConfig", "register", "run"]
 
@@ -23,15 +26,34 @@ class BenchConfig:
 
     store: str = option("", "store path or URL", positional=True)
     split: str = option("train", "split to read")
-    batch_size: int = option(4096, "rays per batch")
-    workers: int = option(0, "chunk-reading worker processes")
+    batch_size: int = option(4096, "rays per batch", valid=Range(1, integer=True))
+    workers: int = option(0, "chunk-reading worker processes", valid=worker_range())
     # the flag's unit is MB; run_bench (and every loader) takes it as cache_bytes
-    cache_mb: float = option(RAY_CACHE_BYTES / MB, "decoded-chunk cache budget in MB")
+    cache_mb: float = option(RAY_CACHE_BYTES / MB, "decoded-chunk cache budget in MB", valid=Range(0))
     device: str = option("cpu", "where rays are generated")
-    batches: int = option(200, "batches per measurement")
-    seed: int = option(0, "sampling seed")
+    batches: int = option(200, "batches per measurement", valid=Range(1, integer=True))
+    seed: int = option(0, "sampling seed", valid=Range(0, integer=True))
     json: str | None = option(None, "write the report as JSON to this file", metavar="OUT")
     png: str | None = option(None, "write a bar chart (PNG) to this file", metavar="OUT")
+
+    def __post_init__(self) -> None:
+        problems = config_problems(self)
+        problems += [
+            p for flag in ("json", "png") if (p := _output_problem(f"--{flag}", getattr(self, flag)))
+        ]
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def _output_problem(flag: str, path: str | None) -> str | None:
+    """Why ``path`` cannot receive an output file (a folder is there, or its folder is missing), or None."""
+    if path is None:
+        return None
+    if Path(path).is_dir():
+        return f"{flag} {path}: is a folder; expected a file name"
+    if not Path(path).resolve().parent.is_dir():
+        return f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist"
+    return None
 
 
 def register(subparsers: Any) -> None:
@@ -52,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from raykit.store import open_store
 
     config: BenchConfig = from_args(BenchConfig, args)
+    store = open_store(config.store)
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("store", "json", "png")}
     settings["cache_bytes"] = int(settings.pop("cache_mb") * MB)
-    report = run_bench(open_store(config.store), **settings)
+    report = run_bench(store, **settings)
     print(format_table(report))
     if config.json:
         atomic_write_json(config.json, json.loads(json.dumps(report)))

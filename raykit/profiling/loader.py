@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from raykit.errors import ConfigError
 from raykit.loaders import RAY_CACHE_BYTES, DeviceBatcher, RayLoader
 from raykit.profiling.mixing import shuffle_quality
+from raykit.ranges import device_problem
 from raykit.store import RawRays, RayStore, payload_bytes
 
 __all__ = ["format_table", "run_bench", "write_png"]
@@ -109,7 +111,15 @@ def run_bench(
     batches: int = 200,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report."""
+    """Profile loading ``batches`` batches of ``split``; returns a JSON-able report.
+
+    Raises:
+        ConfigError: ``split`` is not one of the store's, or ``device`` not one this machine has.
+    """
+    if split not in store.splits:
+        raise ConfigError(f"--split: {store.url} has no split {split!r} (it has {', '.join(store.splits)})")
+    if problem := device_problem(device):
+        raise ConfigError(f"--{problem}")
     if store.splits[split].holds_images:  # the windowed shuffle (raykit.profiling.images_bench)
         from raykit.profiling.images_bench import run_images_bench
 

@@ -394,7 +394,7 @@ def content_fingerprint(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class StaleLockWarning(UserWarning):
+class StaleLockWarning(RaykitWarning):
     """A lock left by a writer that no longer runs was taken over."""
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from raykit.errors import StoreCorruptError
-from raykit.imagedecode import UnsupportedImageModeError, decode_image
+from raykit.imagedecode import UnsupportedImageModeError, decode_image, open_image
 
 __all__ = [
     "REENCODE_FORMAT",
@@ -101,7 +101,7 @@ def header_size(data: bytes) -> tuple[int, int]:
 
 def header_size_reference(data: bytes) -> tuple[int, int]:
     """``header_size`` by Pillow alone (its reference twin)."""
-    with Image.open(io.BytesIO(data)) as image:
+    with open_image(io.BytesIO(data)) as image:
         return image.size
 
 
@@ -111,7 +111,7 @@ def passthrough_bytes(data: bytes, pixels: np.ndarray) -> bool:
     and channel count, so that its plain decode is the caller's ``pixels`` (checked all the same).
     """
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with open_image(io.BytesIO(data)) as img:
             if img.format not in _PASSTHROUGH or _PLAIN_CHANNELS.get(img.mode) != pixels.shape[2]:
                 return False
             if img.format == "PNG" and "16" in str(getattr(img.tile[0], "args", "")):

@@ -207,9 +207,7 @@ class CameraTable:
 
         first = np.unique(self.camera_index, return_index=True)[1]
         return [
-            Camera(
-                model=m, width=w, height=h, params=p, camera_id=c, label=f"camera {c} (image {self.names[i]})"
-            )
+            Camera(model=m, width=w, height=h, params=p, camera_id=c, label=f"image {self.names[i]}")
             for (m, w, h, p, c), i in zip(self.camera_keys, first, strict=True)
         ]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ResumeError
+from raykit.ranges import Range
 
 __all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "format_table"]
 
@@ -55,17 +56,41 @@ def _final_log(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+_METRIC = Range(optional=True)  # a finite number, or absent
+
+
+def _metric(record: Any, key: str, path: Path, where: str) -> float | None:
+    """``record[key]`` (None when absent); anything but a finite number raises ResumeError naming it."""
+    value = record.get(key) if isinstance(record, dict) else None
+    if problem := _METRIC.problem(f"{where}{key}", value):
+        raise ResumeError(f"{path}: {problem}; the run's files are damaged")
+    return None if value is None else float(value)
+
+
 def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
-    """Per-split PSNR/SSIM of both runs, then training figures from the last log record."""
+    """Per-split PSNR/SSIM of both runs, then training figures from the last log record.
+
+    Raises:
+        ResumeError: a run without ``eval.json``, or a file of it that is malformed or holds a metric
+            that is not a finite number (the file and the metric named).
+    """
     a_dir, b_dir = Path(run_a), Path(run_b)
     a, b = _read_eval(a_dir)["splits"], _read_eval(b_dir)["splits"]
     rows = []
     for split in sorted(set(a) | set(b)):
         for metric in ("psnr", "ssim"):
-            rows.append(MetricDiff(split, metric, a.get(split, {}).get(metric), b.get(split, {}).get(metric)))
+            values = [
+                _metric(splits.get(split), metric, run / "eval.json", f"splits.{split}.")
+                for splits, run in ((a, a_dir), (b, b_dir))
+            ]
+            rows.append(MetricDiff(split, metric, *values))
     log_a, log_b = _final_log(a_dir), _final_log(b_dir)
     for metric in TRAIN_METRICS:
-        rows.append(MetricDiff("train", metric, log_a.get(metric), log_b.get(metric)))
+        values = [
+            _metric(log, metric, run / "log.jsonl", "last record: ")
+            for log, run in ((log_a, a_dir), (log_b, b_dir))
+        ]
+        rows.append(MetricDiff("train", metric, *values))
     return rows
 
 

@@ -31,6 +31,7 @@ from raykit.cameras import pixels_to_rays
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
+from raykit.imagedecode import open_image
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import models_from_state, render_batch
@@ -105,7 +106,7 @@ def _frame_size(intr: Mapping[str, Any], frame: Mapping[str, Any], base: Path) -
     candidates = [base / file_path, *(base / (file_path + ext) for ext in (".png", ".jpg", ".jpeg"))]
     for candidate in candidates:
         if file_path and candidate.is_file():
-            with Image.open(candidate) as image:
+            with open_image(candidate) as image:
                 return image.size
     raise SourceError(f"no w/h given and no image at file_path {file_path!r} to take the size from")
 
@@ -138,20 +139,20 @@ def transforms_views(
         raise SourceError(f"{path}: unreadable transforms file: {exc}") from exc
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
         raise SourceError(f"{path}: expected an object with a 'frames' list")
-    frames, problems = [], []
+    frames, problems = [], dict[str, list[int]]()
     for i, frame in enumerate(meta["frames"]):
-        where = f"{path}: frame {i}"
         try:
             if not isinstance(frame, dict):
                 raise SourceError("expected an object")
             intr = {k: frame.get(k, meta.get(k)) for k in INTRINSIC_KEYS if k in frame or k in meta}
             width, height = _frame_size(intr, frame, path.parent)
-            camera = camera_from_intrinsics(intr, width, height, label=where)
+            camera = camera_from_intrinsics(intr, width, height, label=str(path))
             frames.append((_frame_name(frame, i), camera, _c2w(frame.get("transform_matrix"))))
         except (SourceError, ValueError, TypeError) as exc:
-            problems += [f"{where}: {p}" for p in getattr(exc, "problems", [str(exc)])]
+            for problem in getattr(exc, "problems", [str(exc)]):
+                problems.setdefault(problem, []).append(i)  # a problem many frames share: said once
     if problems:
-        raise SourceError(problems)
+        raise SourceError([f"{path}: {_frames(indices)}: {problem}" for problem, indices in problems.items()])
     world = model.world_from_source
     scene = model.manifest["scene"]
     near, far = scene.get("near") or 0.0, scene.get("far") or _UNKNOWN_FAR
@@ -159,6 +160,14 @@ def transforms_views(
         c2w = world @ c2w_source
         c2w[:3, :3] /= float(np.cbrt(np.linalg.det(world[:3, :3])))
         yield _camera_view(name, camera, c2w, near, far, device)
+
+
+def _frames(indices: list[int]) -> str:
+    """``frame 3``, or ``4 frames (0, 1, 2, ...)``."""
+    if len(indices) == 1:
+        return f"frame {indices[0]}"
+    shown = ", ".join(str(i) for i in indices[:3]) + (", ..." if len(indices) > 3 else "")
+    return f"{len(indices)} frames ({shown})"
 
 
 def _frame_name(frame: Mapping[str, Any], index: int) -> str:

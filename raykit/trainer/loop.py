@@ -50,6 +50,7 @@ from raykit.trainer.proposal import ProposalNetworks, ProposalTrace, average_gra
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
+    check_splits,
     environment,
     learning_rate,
     parse_background,
@@ -199,6 +200,7 @@ def _setup(config: TrainConfig) -> _Run:
     device = resolve_device(config.device)
     procs = start_processes(device)
     store = open_store(config.store)
+    check_splits(config, store)
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
     config, sampler_reason = resolve_sampler(config)

@@ -20,11 +20,12 @@ import raykit
 from raykit.errors import ConfigError
 from raykit.fileio import loads_json
 from raykit.store import RayStore
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, parse_aabb
 
 __all__ = [
     "JsonlLog",
     "Processes",
+    "check_splits",
     "environment",
     "learning_rate",
     "parse_background",
@@ -107,18 +108,23 @@ def parse_background(text: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
+def check_splits(config: TrainConfig, store: RayStore) -> None:
+    """Raise ConfigError naming every split of ``--train-split`` and ``--eval-splits`` the store lacks."""
+    wanted = {"--train-split": [config.train_split], "--eval-splits": config.eval_splits.split(",")}
+    problems = [
+        f"{flag}: {store.url} has no split {split!r} (it has {', '.join(store.splits)})"
+        for flag, splits in wanted.items()
+        for split in splits
+        if split.strip() and split.strip() not in store.splits
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def scene_aabb(config: TrainConfig, store: RayStore) -> torch.Tensor:
     """(6,) scene box: ``--aabb``, else the store's scene bounds, else the box around the cameras."""
     if config.aabb != "auto":
-        try:
-            values = [float(v) for v in config.aabb.split(",")]
-        except ValueError:
-            values = []
-        if len(values) != 6 or any(values[i] >= values[i + 3] for i in range(3)):
-            raise ConfigError(
-                f"aabb: expected XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX with min < max, got {config.aabb!r}"
-            )
-        return torch.tensor(values, dtype=torch.float32)
+        return torch.tensor(parse_aabb(config.aabb), dtype=torch.float32)
     bounds = store.scene.bounds
     if bounds is not None:
         return torch.tensor([*bounds[0], *bounds[1]], dtype=torch.float32)

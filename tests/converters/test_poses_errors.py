@@ -99,7 +99,7 @@ def test_fewer_than_half_registered_is_an_error_listing_them(tmp_path: Path) -> 
 def test_bad_options_and_sources(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="matcher"):
         PoseOptions(matcher="vocab")
-    with pytest.raises(ConfigError, match="camera_model"):
+    with pytest.raises(ConfigError, match=r"camera.model"):
         PoseOptions(camera_model="FISHEYE_42")
     with pytest.raises(ConfigError, match="fps"):
         PoseOptions(fps=0)

@@ -174,7 +174,7 @@ def test_unusable_camera_model_is_one_line(tmp_path: Path) -> None:
     write_store(tmp_path / "fov.zarr", [record], scene=SceneInfo())
     before = _listing(tmp_path)
     with pytest.raises(
-        CameraError, match=r"\(image fov.png\): camera model FOV has no nerfstudio equivalent"
+        CameraError, match=r"image fov.png: camera model FOV has no nerfstudio equivalent"
     ) as info:
         RaykitDataParserConfig(data=tmp_path / "fov.zarr").setup().get_dataparser_outputs("train")
     assert "\n" not in str(info.value) and _listing(tmp_path) == before

@@ -159,7 +159,7 @@ def test_workers_start_when_first_needed(stores: dict[str, Any]) -> None:
     loader = RayLoader(stores["zarr"], batch_size=64, num_workers=2, make_batch=lambda r: r)
     assert children(os.getpid()) == before and loader.worker_pids() == []
     loader.close()
-    with pytest.raises(ConfigError, match="num_workers: expected an integer >= 0"):
+    with pytest.raises(ConfigError, match=r"num_workers: expected an integer in \[0, "):
         RayLoader(stores["zarr"], batch_size=64, num_workers=-1)
 
 

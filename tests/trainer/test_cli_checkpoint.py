@@ -77,7 +77,7 @@ def test_every_field_is_a_flag_with_help_and_round_trips() -> None:
 def test_invalid_config_raises_config_error() -> None:
     with pytest.raises(ConfigError, match="sampler"):
         TrainConfig(store="s", out="o", sampler="random")
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match="batch-size"):
         TrainConfig(store="s", out="o", batch_size=0)
     with pytest.raises(ConfigError, match="unknown"):
         TrainConfig.from_dict({"store": "s", "out": "o", "bogus": 1})
