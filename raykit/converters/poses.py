@@ -262,9 +262,16 @@ def _mapping_stage(
     state.write_model(model)
     registered = tuple(n for n in names if n not in left_out)
     summary = PoseSummary(
-        str(state.out), len(names), registered, tuple(left_out), model.num_cameras(), model.num_points3D(),
-        float(model.compute_mean_reprojection_error()), matcher, single,
-    )  # fmt: skip
+        out=str(state.out),
+        given=len(names),
+        registered=registered,
+        unregistered=tuple(left_out),
+        cameras=model.num_cameras(),
+        points=model.num_points3D(),
+        reprojection_error=float(model.compute_mean_reprojection_error()),
+        matcher=matcher,
+        single_camera=single,
+    )
     state.finish("mapping", time.perf_counter() - start, summary=summary.to_dict())
 
 
