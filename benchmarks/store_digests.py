@@ -61,7 +61,7 @@ def main() -> None:
     try:
         from raykit.store import copy_store
     except ImportError:  # a checkout from before the store's one public face
-        from raykit.store.writer import copy_store  # type: ignore[no-redef]
+        from raykit.store.write import copy_store  # type: ignore[no-redef]
 
     out: dict[str, Any] = {"raykit": raykit.__file__}
     with tempfile.TemporaryDirectory(prefix="store-digests-") as tmp:

@@ -18,6 +18,7 @@ API_MODULES = (
     "raykit.errors",
     "raykit.ranges",
     "raykit.conventions",
+    "raykit.metrics",
     "raykit.cameras",
     "raykit.image_geometry",
     "raykit.rays",
@@ -26,6 +27,7 @@ API_MODULES = (
     "raykit.scene",
     "raykit.converters",
     "raykit.loaders",
+    "raykit.evaluation",
     "raykit.trainer",
 )
 

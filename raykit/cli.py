@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "render": "raykit.trainer.cli",
     "export": "raykit.trainer.cli",
     "compare": "raykit.trainer.cli",
+    "evaluate": "raykit.evaluation.cli",
     "run": "raykit.pipeline.cli",
     "demo": "raykit.demo.cli",
 }

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from raykit.converters.downscale import DOWNSCALE_RULES
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
 from raykit.converters.poses import POSE_SOURCES
@@ -53,6 +54,12 @@ class ConvertConfig:
     )
     backend: str = option("zarr", "store backend", flag="--format", choices=BACKENDS)
     downscale: int = option(1, "area-downscale images by N", metavar="N")
+    downscale_rule: str = option(
+        "exact",
+        "exact: N divides the sizes; mipnerf360: the Mip-NeRF 360 protocol as nerfbaselines prepares it "
+        "(from full resolution, sizes rounded half up, cx' = (cx - W/2)/N + w/2)",
+        choices=DOWNSCALE_RULES,
+    )
     split: str = option("auto", _SPLIT_HELP)
     normalize: str = option("none", "world normalisation", choices=NORMALIZE_MODES)
     workers: int = option(1, "N > 1: local Dask cluster", metavar="N", group="cluster")

@@ -24,6 +24,7 @@ from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
 from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
+from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
@@ -136,7 +137,7 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
 
 
 def _checked_cameras(
-    capture: Capture, exif: str, factor: int, progress: bool = False, threads: int = 1
+    capture: Capture, exif: str, factor: int, progress: bool = False, threads: int = 1, rule: str = "exact"
 ) -> tuple[list[Camera], list[str]]:
     """Probe every image (size, integrity, EXIF) and rescale every camera; ``threads`` > 1 probes that
     many images at a time (reading and checksumming files release the GIL).
@@ -165,7 +166,12 @@ def _checked_cameras(
         problems.extend(found)
         policies.append(policy)
         try:
-            cameras.append(view.camera.scaled(factor) if factor > 1 else view.camera)
+            if factor == 1:
+                cameras.append(view.camera)
+            elif rule == "mipnerf360":
+                cameras.append(mipnerf360_camera(view.camera, factor))
+            else:
+                cameras.append(view.camera.scaled(factor))
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
     problems.raise_if_any()
@@ -223,6 +229,7 @@ def build_records(
     capture: Capture,
     *,
     downscale: int = 1,
+    downscale_rule: str = "exact",
     split: Any = None,
     normalize: str = "none",
     exif: str = "auto",
@@ -236,7 +243,13 @@ def build_records(
     views = capture.views
     _check_bounds(near, far)
     factor = downscale // int(capture.params.get("prescaled", 1))
-    cameras, policies = _checked_cameras(capture, exif, factor, progress, threads)
+    if downscale_rule not in DOWNSCALE_RULES:
+        raise ConfigError(
+            f"downscale_rule: expected one of {', '.join(DOWNSCALE_RULES)}, got {downscale_rule!r}"
+        )
+    if downscale_rule == "mipnerf360" and factor != downscale:
+        raise ConfigError("downscale_rule mipnerf360 downscales from full resolution, not from images_N")
+    cameras, policies = _checked_cameras(capture, exif, factor, progress, threads, downscale_rule)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -244,7 +257,7 @@ def build_records(
     nears = [scale * _pick(near, v.near, capture.near, "near", v) for v in views]
     fars = [scale * _pick(far, v.far, capture.far, "far", v) for v in views]
     records = [
-        _record(view, camera, split_name, matrix, n, f, factor, policy)
+        _record(view, camera, split_name, matrix, n, f, factor, policy, downscale_rule)
         for view, camera, split_name, n, f, policy in zip(
             views, cameras, splits, nears, fars, policies, strict=True
         )
@@ -262,10 +275,12 @@ def _record(
     far: float,
     factor: int,
     exif: str,
+    rule: str = "exact",
 ) -> ImageRecord:
     source = view.camera
+    resize_to = (camera.width, camera.height) if rule == "mipnerf360" and factor > 1 else None
     loader = ImageFileDecoder(
-        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source)
+        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source), resize_to
     )
     c2w = apply_similarity(matrix, view.c2w)
     return ImageRecord(view.name, split, camera, c2w, near, far, str(view.image_path), loader)
@@ -366,7 +381,7 @@ def convert(
         source,
         images=None if config.images is None else Path(config.images),
         skip_missing=config.skip_missing,
-        downscale=config.downscale,
+        downscale=config.downscale if config.downscale_rule == "exact" else 1,
         exif=exif,
         allow_outside=[Path(p) for p in allow_outside],
     )
@@ -380,6 +395,7 @@ def convert(
     records, scene = build_records(
         capture,
         downscale=config.downscale,
+        downscale_rule=config.downscale_rule,
         split=config.split,
         normalize=config.normalize,
         exif=exif,
@@ -389,6 +405,7 @@ def convert(
         threads=threads if config.scheduler is None else 1,
     )
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": config.downscale,
+            "downscale_rule": config.downscale_rule,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     write = _Write(records, scene, config, threads, info, _world_points(capture, scene))
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last

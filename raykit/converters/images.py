@@ -47,8 +47,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
+from raykit.converters.downscale import resize_area
 from raykit.errors import SourceError
-from raykit.imagedecode import ImageTooLargeError, open_image
+from raykit.imagedecode import ImageTooLargeError, downscale_area_reference, open_image
+from raykit.imagedecode import downscale_area as area_filter
 
 __all__ = [
     "EXIF_POLICIES",
@@ -374,7 +376,8 @@ def _check_factor(height: int, width: int, factor: int, where: str) -> None:
 
 
 def downscale_area(image: np.ndarray, factor: int, *, where: str = "image") -> np.ndarray:
-    """Exact box-filter downscale.
+    """Exact box-filter downscale (:func:`raykit.imagedecode.downscale_area`, the one rule shared with
+    the loaders' resolution levels) of an image whose size ``factor`` divides.
 
     Args:
         image: (H, W, C) uint8, C = 3 or 4 (straight alpha).
@@ -383,44 +386,9 @@ def downscale_area(image: np.ndarray, factor: int, *, where: str = "image") -> n
     Returns:
         (H // factor, W // factor, C) uint8; RGBA averaged with premultiplied alpha.
     """
-    height, width, channels = image.shape
+    height, width, _ = image.shape
     _check_factor(height, width, factor, where)
-    if factor == 1:
-        return image
-    blocks = image.reshape(height // factor, factor, width // factor, factor, channels).astype(np.int64)
-    n = factor * factor
-    if channels == 3:
-        sums = blocks.sum(axis=(1, 3))
-        return ((2 * sums + n) // (2 * n)).astype(np.uint8)
-    alpha = blocks[..., 3:]
-    alpha_sum = alpha.sum(axis=(1, 3))
-    weighted = (blocks[..., :3] * alpha).sum(axis=(1, 3))
-    plain = blocks[..., :3].sum(axis=(1, 3))
-    safe = np.maximum(alpha_sum, 1)
-    rgb = np.where(alpha_sum > 0, (2 * weighted + safe) // (2 * safe), (2 * plain + n) // (2 * n))
-    out_alpha = (2 * alpha_sum + n) // (2 * n)
-    return np.concatenate([rgb, out_alpha], axis=-1).astype(np.uint8)
-
-
-def downscale_area_reference(image: np.ndarray, factor: int) -> np.ndarray:
-    """Loop-per-output-pixel twin of :func:`downscale_area` (tests compare the two)."""
-    height, width, channels = image.shape
-    out = np.zeros((height // factor, width // factor, channels), dtype=np.uint8)
-    n = factor * factor
-    for oy in range(height // factor):
-        for ox in range(width // factor):
-            block = image[oy * factor : (oy + 1) * factor, ox * factor : (ox + 1) * factor]
-            pixels = [[int(v) for v in px] for row in block for px in row]
-            for c in range(min(channels, 3)):
-                total_a = sum(p[3] for p in pixels) if channels == 4 else 0
-                if channels == 4 and total_a > 0:
-                    num = sum(p[c] * p[3] for p in pixels)
-                    out[oy, ox, c] = (2 * num + total_a) // (2 * total_a)
-                else:
-                    out[oy, ox, c] = (2 * sum(p[c] for p in pixels) + n) // (2 * n)
-            if channels == 4:
-                out[oy, ox, 3] = (2 * sum(p[3] for p in pixels) + n) // (2 * n)
-    return out
+    return area_filter(image, factor)
 
 
 @dataclass(frozen=True)
@@ -432,6 +400,7 @@ class ImageFileDecoder:
         path: image file.
         width, height: size the camera expects at source resolution (before downscaling).
         downscale: integer area-filter factor.
+        resize_to: ``(width, height)`` to area-resample to instead (the ``mipnerf360`` downscale rule).
         exif: EXIF orientation policy (see the module docstring).
         label: camera/image label for messages.
     """
@@ -442,6 +411,7 @@ class ImageFileDecoder:
     downscale: int = 1
     exif: str = "reject"
     label: str = ""
+    resize_to: tuple[int, int] | None = None
 
     def __call__(self) -> np.ndarray:
         image = decode_image(self.path, exif=self.exif)
@@ -451,4 +421,6 @@ class ImageFileDecoder:
                 f"{self.path}: image is {got_w}x{got_h}, its camera ({self.label or '?'}) expects "
                 f"{self.width}x{self.height}"
             )
+        if self.resize_to is not None:
+            return resize_area(image, *self.resize_to)
         return downscale_area(image, self.downscale, where=self.path)

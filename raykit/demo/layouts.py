@@ -71,7 +71,7 @@ def compare_layouts(
 def layouts_section(layouts: dict[str, Any]) -> str:
     """The report's table comparing the two layouts."""
     header = "| layout | MB on disk | convert s | loader M rays/s | MB/s read | decode share | " \
-             "distinct images / batch (uniform) | TV vs uniform | test PSNR dB |"  # fmt: skip
+             "distinct images / batch (uniform) | TV vs uniform | test PSNR dB (protocol) |"  # fmt: skip
     lines = ["Rays vs images (Zarr, train split, batch 4096, CPU).", "", header, "|" + "---|" * 9]
     for name in ("rays", "images"):
         r = layouts[name]

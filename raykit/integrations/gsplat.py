@@ -4,11 +4,15 @@
 ``camera_ids``, ``image_names``, ``Ks_dict`` / ``imsize_dict`` / ``params_dict`` / ``mask_dict`` per
 camera id, ``points`` (P, 3) float32, ``points_rgb`` (P, 3) uint8, ``points_err`` (P,),
 ``scene_scale`` (largest camera distance from the cameras' mean) and ``transform`` (4, 4), the
-world normalisation applied (identity unless ``normalize=True``, which applies gsplat's: cameras
-rotated so that their mean up is +z, centred on the median of the points nearest to the optical
-axes, scaled by the median camera distance, then the points' principal axes). Images are served
+world normalisation applied (identity unless ``normalize=True``, which gives gsplat's own world frame
+exactly: ``raykit.integrations.gsplat_world.normalize_world``, T1 T2 and the upside-down flip T3 of
+gsplat's ``examples/datasets/colmap.py``, points read as float32 as gsplat reads them). Images are served
 undistorted to their pinhole cameras (same size, focal lengths and principal point), so
-``params_dict`` holds empty arrays, as gsplat's does for pinhole captures.
+``params_dict`` holds empty arrays, as gsplat's does for pinhole captures. ``factor`` (gsplat's
+``--data_factor``) serves resolution level ``factor`` instead of gsplat's pre-resized ``images_{f}``
+folders: images decoded at 1/factor (``RayStore.read_image(downscale=...)``: JPEG in the DCT domain),
+cameras and ``imsize_dict`` those of :func:`raykit.loaders.level_camera` (W // factor, H // factor;
+K / factor exactly, where gsplat rescales K by the resized files' rounded sizes).
 
 ``Dataset(parser, split)`` returns gsplat's items: ``K`` float32 (3, 3), ``camtoworld`` float32
 (4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id`` and, with ``load_depths``, ``points``
@@ -28,81 +32,46 @@ import torch
 
 from raykit.errors import ConfigError
 from raykit.image_geometry import RemapTable, pinhole_camera
-from raykit.loaders import ImageLoader
+from raykit.integrations.gsplat_world import (
+    align_principal_axes,
+    normalize_world,
+    similarity_from_cameras,
+    transform_points,
+)
+from raykit.loaders import ImageLoader, ImagePlan, level_camera
 from raykit.store import RayStore, open_store
 
-__all__ = ["Dataset", "Parser", "align_principal_axes", "similarity_from_cameras"]
-
-
-def similarity_from_cameras(c2w: np.ndarray) -> np.ndarray:
-    """(I, 4, 4) OpenCV camera-to-world -> (4, 4) similarity: mean camera up (-y) to +z, centre at the
-    median of each optical axis's point nearest to the origin, scale 1 / median camera distance."""
-    rotations, centres = c2w[:, :3, :3], c2w[:, :3, 3]
-    up = -rotations[:, :, 1].mean(0)
-    up /= np.linalg.norm(up)
-    align = _rotation_onto(up, np.array([0.0, 0.0, 1.0]))
-    forwards = (align @ rotations)[:, :, 2]
-    centres = centres @ align.T
-    nearest = centres - (forwards * centres).sum(-1, keepdims=True) * forwards
-    shift = -np.median(nearest, axis=0)
-    transform = np.eye(4)
-    transform[:3, :3], transform[:3, 3] = align, shift
-    transform[:3, :] /= np.median(np.linalg.norm(centres + shift, axis=-1))
-    return transform
-
-
-def _rotation_onto(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(3, 3) rotation taking unit vector ``a`` to unit vector ``b`` (half-turn about x if opposite)."""
-    cross, cos = np.cross(a, b), float(a @ b)
-    if cos <= -1.0 + 1e-12:
-        return np.diag([1.0, -1.0, -1.0])
-    skew = np.array([[0.0, -cross[2], cross[1]], [cross[2], 0.0, -cross[0]], [-cross[1], cross[0], 0.0]])
-    return np.eye(3) + skew + skew @ skew / (1.0 + cos)
-
-
-def align_principal_axes(points: np.ndarray) -> np.ndarray:
-    """(P, 3) -> (4, 4) rigid transform: median to the origin, principal axes to x, y, z (largest first)."""
-    centre = np.median(points, axis=0)
-    values, vectors = np.linalg.eigh(np.cov(points - centre, rowvar=False))
-    vectors = vectors[:, np.argsort(values)[::-1]]
-    if np.linalg.det(vectors) < 0:
-        vectors[:, 0] *= -1
-    transform = np.eye(4)
-    transform[:3, :3], transform[:3, 3] = vectors.T, -vectors.T @ centre
-    return transform
-
-
-def _moved_cameras(transform: np.ndarray, c2w: np.ndarray) -> np.ndarray:
-    """(4, 4) similarity applied to (I, 4, 4) camera-to-world, rotations renormalised."""
-    moved = transform @ c2w
-    moved[:, :3, :3] /= np.linalg.norm(moved[:, :3, 0], axis=-1)[:, None, None]
-    return moved
+__all__ = ["Dataset", "Parser", "align_principal_axes", "normalize_world", "similarity_from_cameras"]
 
 
 class Parser:
     """gsplat's parser attributes for every image of a raykit store (see the module docstring)."""
 
-    def __init__(self, store: RayStore | str, normalize: bool = False) -> None:
+    def __init__(self, store: RayStore | str, normalize: bool = False, factor: int = 1) -> None:
         self.store = open_store(store) if isinstance(store, str) else store
+        if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+            raise ConfigError(
+                f"gsplat adapter: {self.store.url}: factor: expected a positive integer, got {factor!r}"
+            )
+        self.factor = factor
         table = self.store.table
         self.image_names: list[str] = list(table.names)
         self.splits: list[str] = list(table.splits)
         self.camera_ids: list[int] = [int(i) for i in table.camera_index]
-        self.pinholes = {i: pinhole_camera(camera) for i, camera in enumerate(table.cameras)}
+        self.cameras = {i: level_camera(camera, factor) for i, camera in enumerate(table.cameras)}
+        self.pinholes = {i: pinhole_camera(camera) for i, camera in self.cameras.items()}
         self.Ks_dict = {i: np.asarray(cam.K(), dtype=np.float64) for i, cam in self.pinholes.items()}
         self.imsize_dict = {i: (cam.width, cam.height) for i, cam in self.pinholes.items()}
         self.params_dict = {i: np.empty(0, dtype=np.float32) for i in self.pinholes}
         self.mask_dict: dict[int, np.ndarray | None] = dict.fromkeys(self.pinholes)
         c2w = table.c2w.astype(np.float64)
         points = self.store.sparse_points()
-        xyz = np.zeros((0, 3)) if points is None else points.xyz.astype(np.float64)
+        # float32 first, as gsplat's parser reads COLMAP points, so the normalisation is gsplat's to the bit
+        xyz = np.zeros((0, 3)) if points is None else points.xyz.astype(np.float32).astype(np.float64)
         self.transform = np.eye(4)
         if normalize:
-            first = similarity_from_cameras(c2w)
-            c2w, xyz = _moved_cameras(first, c2w), xyz @ first[:3, :3].T + first[:3, 3]
-            second = align_principal_axes(xyz) if len(xyz) >= 4 else np.eye(4)
-            c2w, xyz = _moved_cameras(second, c2w), xyz @ second[:3, :3].T + second[:3, 3]
-            self.transform = second @ first
+            c2w, moved, self.transform = normalize_world(c2w, xyz if len(xyz) >= 4 else None)
+            xyz = transform_points(self.transform, xyz) if moved is None else moved
         self.camtoworlds = c2w
         self.points = xyz.astype(np.float32)
         self.points_rgb = np.zeros((0, 3), np.uint8) if points is None else points.rgb.astype(np.uint8)
@@ -120,11 +89,19 @@ class Parser:
 
 
 class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
-    """gsplat's ``Dataset`` items for one split of a :class:`Parser` (see the module docstring)."""
+    """gsplat's ``Dataset`` items for one split of a :class:`Parser` (see the module docstring).
+
+    With ``world_size`` > 1 (gsplat's multi-GPU ``world_size`` / ``world_rank``) the dataset is rank
+    ``rank``'s share of the split: epoch ``e``'s shares (``set_epoch(e)``, 0 at first) are those of
+    :class:`raykit.loaders.ImagePlan` with this ``seed``, disjoint across ranks (``drop_last``: each
+    rank gets ``n_images // world_size``), so a ``DataLoader(shuffle=True)`` per rank sees no image
+    twice per epoch across the machine. ``image_id`` stays the image's position in the whole split
+    (``n_images`` of them: size per-image embeddings by it, not by ``len``).
+    """
 
     def __init__(
         self, parser: Parser, split: str = "train", patch_size: int | None = None, load_depths: bool = False,
-        seed: int = 0,
+        seed: int = 0, world_size: int = 1, rank: int = 0,
     ) -> None:  # fmt: skip
         self.parser, self.split, self.patch_size, self.load_depths, self.seed = (
             parser,
@@ -133,9 +110,18 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
             load_depths,
             seed,
         )
-        self.indices = parser.split_indices(split)
+        self.split_rows = parser.split_indices(split)
+        self.n_images = len(self.split_rows)
+        self.plan = ImagePlan(self.n_images, 1, seed, world_size=world_size, rank=rank)
         self._tables: dict[int, RemapTable | None] = {}
-        self._draws = np.zeros(len(self.indices), dtype=np.int64)
+        self._draws = np.zeros(self.n_images, dtype=np.int64)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Take this rank's share of epoch ``epoch`` (all of the split with one rank)."""
+        single = self.plan.world_size == 1
+        self.positions = np.arange(self.n_images) if single else np.sort(self.plan.rank_order(epoch))
+        self.indices = self.split_rows[self.positions]
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -145,19 +131,19 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
         parser = self.parser
         camera_id = parser.camera_ids[index]
         if camera_id not in self._tables:
-            camera = parser.store.table.cameras[camera_id]
+            camera = parser.cameras[camera_id]
             self._tables[camera_id] = None if camera.is_pinhole else RemapTable.undistort(camera)[0]
-        image = parser.store.read_image(parser.image_names[index])[..., :3]
+        image = parser.store.read_image(parser.image_names[index], downscale=parser.factor)[..., :3]
         table = self._tables[camera_id]
         return image if table is None else table.apply(np.ascontiguousarray(image))
 
     def __getitem__(self, item: int) -> dict[str, Any]:
-        index = int(self.indices[item])
+        index, position = int(self.indices[item]), int(self.positions[item])
         image = self._pixels(index)
         K = self.parser.Ks_dict[self.parser.camera_ids[index]].copy()
         if self.patch_size is not None:
-            rng = np.random.default_rng([self.seed, item, int(self._draws[item])])
-            self._draws[item] += 1
+            rng = np.random.default_rng([self.seed, position, int(self._draws[position])])
+            self._draws[position] += 1
             h, w = image.shape[:2]
             x, y = (
                 int(rng.integers(max(w - self.patch_size, 1))),
@@ -171,7 +157,7 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
             "K": torch.from_numpy(K).float(),
             "camtoworld": torch.from_numpy(c2w).float(),
             "image": torch.from_numpy(np.ascontiguousarray(image)).float(),
-            "image_id": item,
+            "image_id": position,
         }
         if self.load_depths:
             points, depths = self._projected(K, c2w, image.shape[1], image.shape[0])
@@ -194,8 +180,14 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
         return xy[keep], cam[keep, 2]
 
     def loader(self, **options: Any) -> ImageLoader:
-        """This split as an ``ImageLoader`` (undistorted; ``patch_size`` crops); ``options`` go to it.
-        Its batches hold cameras in the store's world, not in the parser's normalised frame."""
+        """This split as an ``ImageLoader`` (undistorted; ``patch_size`` crops; the parser's ``factor``
+        as its ``downscale``; this dataset's ranks); ``options`` go to it. Its batches hold cameras in
+        the store's world, not in the parser's normalised frame."""
         crop = None if self.patch_size is None else (self.patch_size, self.patch_size)
-        split = self.parser.splits[int(self.indices[0])]
-        return ImageLoader(self.parser.store, split, undistort=True, crop=crop, seed=self.seed, **options)
+        split = self.parser.splits[int(self.split_rows[0])]
+        if self.plan.world_size > 1:
+            options = {"world_size": self.plan.world_size, "rank": self.plan.rank, **options}
+        return ImageLoader(
+            self.parser.store, split, undistort=True, crop=crop, seed=self.seed, downscale=self.parser.factor,
+            **options,
+        )  # fmt: skip

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from raykit.loaders.config import IMAGE_CACHE_BYTES, RAY_CACHE_BYTES, ImageLoaderConfig, LoaderConfig
     from raykit.loaders.eval import EvalImage, EvalLoader
     from raykit.loaders.images import ImageBatch, ImageLoader, ImagePlan
+    from raykit.loaders.levels import level_camera
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
@@ -28,6 +29,7 @@ _PUBLIC = {
     "config": ("IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"),
     "eval": ("EvalImage", "EvalLoader"),
     "images": ("ImageBatch", "ImageLoader", "ImagePlan"),
+    "levels": ("level_camera",),
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
@@ -56,6 +58,7 @@ __all__ = [
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",
+    "level_camera",
 ]
 
 

@@ -226,6 +226,9 @@ class BatchLoader:
         fetcher, self._fetcher = getattr(self, "_fetcher", None), None
         if fetcher is not None:
             fetcher.close()
+        leave = getattr(getattr(self, "cache", None), "leave", None)
+        if leave is not None:  # a machine-wide cache (``cache="node"``): its last user removes it
+            leave()
         pool, self._pool = getattr(self, "_pool", None), None
         if pool is not None:  # (a last reference dropped on one of its own threads cannot wait for it)
             own = threading.current_thread() in getattr(pool, "_threads", ())

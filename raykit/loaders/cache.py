@@ -142,6 +142,17 @@ class ImageCache(ChunkCache[T]):
             self._items[key] = (value, size)
             self._bytes += size
 
+    def held(self, which: Callable[[Hashable], bool]) -> list[Hashable]:
+        """The keys held that ``which`` accepts."""
+        with self._lock:
+            return [key for key in self._items if which(key)]
+
+    def retain(self, keep: Callable[[Hashable], bool]) -> None:
+        """Drop every image whose key ``keep`` rejects (its bytes are freed from the budget)."""
+        with self._lock:
+            for key in [k for k in self._items if not keep(k)]:
+                self._bytes -= self._items.pop(key)[1]
+
 
 HEAP_TRIM_BYTES = 256 << 20  # a loader's large buffers made between two heap trims (``HeapTrim``)
 

@@ -76,6 +76,7 @@ class LoaderConfig(_Options):
     group_rays: int | None = None
     gen_threads: int | None = None
     window_images: int | None = None
+    cache: str = "process"
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class ImageLoaderConfig(_Options):
     prefetch: int = 2
     convert_threads: int | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    downscale: int = 1
+    cache: str = "process"
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -12,7 +12,9 @@ uses to fill its cache at the start.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,10 +26,13 @@ import torch
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import RemapTable, crop_camera, pinhole_camera
+from raykit.imagedecode import downscale_area, level_size
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import HeapTrim, ImageCache
 from raykit.loaders.config import ImageLoaderConfig
+from raykit.loaders.levels import LevelCache, check_downscale, level_camera
+from raykit.loaders.node_cache import NodeImageCache, check_cache_kind
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store import RayStore, open_store
@@ -157,6 +162,8 @@ class ImageSource:
         undistort: resample non-pinhole images to :func:`raykit.image_geometry.pinhole_camera`.
         transform: applied to each (H, W, C) uint8 image after undistortion (see ``ImageLoader``);
             its output's bytes per pixel are found by applying it once to a 1 x 1 image.
+        downscale: resolution level ``k`` (``raykit.loaders.levels``): images, shapes and cameras at
+            1/k, undistorted (when asked) at that level.
     """
 
     def __init__(
@@ -165,14 +172,18 @@ class ImageSource:
         split: str,
         undistort: bool = False,
         transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        downscale: int = 1,
     ) -> None:
         self.store, self.split, self.undistort, self.transform = store, split, undistort, transform
+        self.downscale = downscale
         table, channels = store.table, store.rgba_channels
         self.rows = np.flatnonzero(np.asarray(table.splits) == split)
         self.names = [table.names[i] for i in self.rows]
-        self.source_cameras = [table.cameras[table.camera_index[i]] for i in self.rows]
-        # (H, W, C) of each image as ``read_image`` returns it (``RayStore.image_shape``, from the table)
-        self._shapes = [(int(table.height[i]), int(table.width[i]), channels) for i in self.rows]
+        self.full_shapes = [(int(table.height[i]), int(table.width[i]), channels) for i in self.rows]
+        cameras = [table.cameras[table.camera_index[i]] for i in self.rows]
+        self.source_cameras = [level_camera(camera, downscale) for camera in cameras]
+        # (H, W, C) of each image as ``read_image`` returns it at this level
+        self._shapes = [(*level_size(h, w, downscale), c) for h, w, c in self.full_shapes]
         self._tables: dict[Camera, tuple[RemapTable, Camera]] = {}
         self._pixel_bytes = channels
         if transform is not None:
@@ -208,7 +219,11 @@ class ImageSource:
 
     def read_chunk(self, position: int) -> np.ndarray:
         """Image ``position``: (H, W, C) uint8, undistorted when asked (the loaders' read interface)."""
-        return self.prepare(position, self.store.read_image(self.names[position]))
+        return self.prepare(position, self.store.read_image(self.names[position], downscale=self.downscale))
+
+    def from_full(self, position: int, image: np.ndarray) -> np.ndarray:
+        """Image ``position`` served from its full-resolution pixels (level by the area filter)."""
+        return self.prepare(position, np.ascontiguousarray(downscale_area(image, self.downscale)))
 
     def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
         """``image`` as this source serves it (undistorted when asked, then transformed)."""
@@ -222,13 +237,17 @@ class ImageSource:
         return image
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _reopen, (self.store.url, self.split, self.undistort, self.transform)
+        return _reopen, (self.store.url, self.split, self.undistort, self.transform, self.downscale)
 
 
 def _reopen(
-    url: str, split: str, undistort: bool, transform: Callable[[np.ndarray], np.ndarray] | None = None
+    url: str,
+    split: str,
+    undistort: bool,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    downscale: int = 1,
 ) -> ImageSource:
-    return ImageSource(open_store(url), split, undistort, transform)
+    return ImageSource(open_store(url), split, undistort, transform, downscale)
 
 
 def scan_images(store: RayStore, split: str, rows: Sequence[int]) -> dict[int, np.ndarray]:
@@ -322,6 +341,15 @@ class ImageLoader(BatchLoader):
             (after undistortion), before the cache; it keeps H and W (crops are cut afterwards) and
             may change channels and dtype; batches then carry its output as it is (no float
             conversion, ``alpha`` None). Must pickle with ``num_workers > 0`` (it runs in the workers).
+        downscale: resolution level ``k``: every image served at 1/k, (H // k, W // k), with its
+            camera scaled exactly (``raykit.loaders.levels``; JPEG decoded at 1/2, 1/4, 1/8 in the
+            DCT domain, anything else area-filtered: ``raykit.imagedecode``); ``set_downscale``
+            changes it between iterations. Order, crops' seeds and resume do not depend on it.
+        cache: ``"process"``: this loader's own cache; ``"node"``: one cache of ``cache_bytes`` shared
+            by every process on the machine that serves the same images (all ranks, all levels), in
+            shared memory, each image decoded once per machine
+            (:class:`~raykit.loaders.node_cache.NodeImageCache`). Batches, order and resume are the
+            same either way.
 
     Attributes:
         config: the options, as an :class:`~raykit.loaders.config.ImageLoaderConfig` (the one place of
@@ -351,6 +379,8 @@ class ImageLoader(BatchLoader):
         prefetch: int = _D.prefetch,
         convert_threads: int | None = _D.convert_threads,
         transform: Callable[[np.ndarray], np.ndarray] | None = _D.transform,
+        downscale: int = _D.downscale,
+        cache: str = _D.cache,
     ) -> None:
         cfg = self.config = ImageLoaderConfig(
             split=split,
@@ -368,6 +398,8 @@ class ImageLoader(BatchLoader):
             prefetch=prefetch,
             convert_threads=convert_threads,
             transform=transform,
+            downscale=downscale,
+            cache=cache,
         )
         opened = open_if_location(store)
         if not isinstance(opened, RayStore):
@@ -380,6 +412,9 @@ class ImageLoader(BatchLoader):
         self.store, self.split, self.device = store, cfg.split, torch.device(cfg.device)
         self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform)
         self.transform = cfg.transform
+        if cfg.downscale != 1:
+            downscale = check_downscale(cfg.downscale, self.source.names, self.source.full_shapes)
+            self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform, downscale)
         self.crop = checked_crop(cfg.crop, self.source)
         check_batch_sizes(self.source, cfg.batch_size, self.crop)
         rank, world_size = distributed_rank(cfg.rank, cfg.world_size)
@@ -387,7 +422,7 @@ class ImageLoader(BatchLoader):
             self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
-        self.cache = ImageCache(cfg.cache_bytes)
+        self.cache = LevelCache(self._shared_cache(cfg), self.source.downscale)
         self._trim = HeapTrim()
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
         self._filled = False
@@ -403,6 +438,45 @@ class ImageLoader(BatchLoader):
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         cached = self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch))
         return self._counted(ImageBatches(self, cached), 0 if cached else self.prefetch, "raykit-images")
+
+    def _shared_cache(self, cfg: ImageLoaderConfig) -> Any:
+        """The cache of every level: this process's, or the machine's (``cache="node"``)."""
+        check_cache_kind(cfg.cache, "window", cfg.split)
+        if cfg.cache == "process":
+            return ImageCache(cfg.cache_bytes)
+        try:
+            transform = hashlib.sha256(pickle.dumps(cfg.transform)).hexdigest()
+        except Exception as exc:  # pickling raises many kinds
+            raise ConfigError(
+                f"image loader: cache 'node' names its images by the transform, which does not pickle ({exc})"
+            ) from None
+        key = f"{self.store.fingerprint}|{self.split}|{cfg.undistort}|{transform}"
+        return NodeImageCache(key, cfg.cache_bytes)
+
+    @property
+    def downscale(self) -> int:
+        """The resolution level served (images at 1/downscale)."""
+        return self.source.downscale
+
+    def set_downscale(self, factor: int) -> None:
+        """Serve level ``factor`` from the next iteration on (an iterator in hand is closed: iterate
+        again); the other levels' cached images are freed, so the new level has the whole budget.
+        The position (epoch, batch), the order and the crops' seeds are unchanged.
+
+        Raises:
+            ConfigError: not a positive integer, an image left without pixels, or a ``crop`` larger
+                than an image at that level.
+        """
+        if factor == self.downscale:
+            return
+        source = self.source
+        factor = check_downscale(factor, source.names, source.full_shapes)
+        level = ImageSource(self.store, self.split, source.undistort, self.transform, factor)
+        self.crop = checked_crop(self.crop, level)
+        self.close()  # live iterators and workers hold the old level
+        self.source, self._cameras, self._filled = level, {}, False
+        self.cache = LevelCache(self.cache.shared, factor)
+        self.cache.drop_other_levels()
 
     def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
         """Positions of batches ``start..`` of ``epoch`` (one order drawn)."""
@@ -437,7 +511,7 @@ class ImageLoader(BatchLoader):
         chosen = self._fitting(order, self.cache.capacity)
         by_row = scan_images(self.store, self.split, [int(self.source.rows[p]) for p in chosen])
         for position in chosen:
-            image = self.source.prepare(position, by_row[int(self.source.rows[position])])
+            image = self.source.from_full(position, by_row[int(self.source.rows[position])])
             self.cache.put(position, np.ascontiguousarray(image))
         self._filled = True
 

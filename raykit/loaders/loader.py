@@ -20,6 +20,7 @@ from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
 from raykit.loaders.config import LoaderConfig
+from raykit.loaders.node_cache import check_cache_kind
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
@@ -63,6 +64,9 @@ class RayLoader(BatchLoader):
         window_images: images in the window of an images-layout split (its windowed shuffle,
             :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``, at
             most 32 (:func:`~raykit.loaders.windowed.default_window`).
+        cache: ``"process"``, or on an images-layout split ``"node"``: its decoded-image cache is the
+            machine's, shared by every rank (as ``ImageLoader``'s ``cache="node"``,
+            :mod:`raykit.loaders.node_cache`); batches, order and resume unchanged.
 
     Attributes:
         config: the options, as a :class:`~raykit.loaders.config.LoaderConfig` (the one place of their
@@ -99,6 +103,7 @@ class RayLoader(BatchLoader):
         gen_threads: int | None = _D.gen_threads,
         make_batch: Callable[[RawRays], Any] | None = None,
         window_images: int | None = _D.window_images,
+        cache: str = _D.cache,
     ) -> None:
         cfg = LoaderConfig(
             split=split,
@@ -118,12 +123,14 @@ class RayLoader(BatchLoader):
             group_rays=group_rays,
             gen_threads=gen_threads,
             window_images=window_images,
+            cache=cache,
         )
         store = open_if_location(store)
         self.store, self.split = store, cfg.split
         self.strategy: Strategy = strategy_for(store, cfg.split)
         self.source = self.strategy.source(store, cfg)
         self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
+        check_cache_kind(cfg.cache, self.strategy.name, cfg.split)
         self.cache: ChunkCache[RawRays] = self.strategy.cache(cfg, self.source, self.plan)
         group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
         self.prefetch, self.group_rays = cfg.prefetch, group_rays

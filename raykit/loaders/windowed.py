@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from raykit.errors import ConfigError
 from raykit.loaders.auto import usable_cores
 from raykit.loaders.cache import ChunkCache, HeapTrim, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
+from raykit.loaders.node_cache import NodeImageCache, NodeRays
 from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
@@ -101,7 +102,11 @@ class WindowStrategy:
         split that fits is decoded once for the whole run."""
         held = 2 * plan.window_images + decode_ahead(plan.window_images)
         largest = max(plan.image_rays) * source.store.rgba_channels
-        return ImageCache(max(0, cfg.cache_bytes - held * largest))
+        budget = max(0, cfg.cache_bytes - held * largest)
+        if cfg.cache == "node":
+            key = f"{source.store.fingerprint}|{cfg.split}|window images"
+            return cast(ChunkCache[RawRays], NodeRays(NodeImageCache(key, budget)))
+        return ImageCache(budget)
 
     def group_rays(self, cfg: LoaderConfig) -> int:
         return GROUP_RAYS_MAX

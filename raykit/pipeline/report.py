@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
+from raykit.trainer import OLD_PROTOCOL
 
 __all__ = ["capture_summary", "code", "figures", "render_strip", "table", "write_markdown"]
 
@@ -198,6 +199,9 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
             s,
             f"{r['psnr']:.2f}",
             f"{r['ssim']:.3f}",
+            _fmt(r.get("lpips"), ".3f"),
+            _fmt(r.get("psnr_float"), ".2f"),
+            r.get("protocol", OLD_PROTOCOL),
             str(r["step"]),
             _fmt(r["samples_per_ray"], ".1f"),
             _fmt(r["rays_per_s"], ".0f"),
@@ -212,6 +216,9 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
             "sampler",
             "PSNR dB",
             "SSIM",
+            "LPIPS",
+            "float PSNR dB (extra)",
+            "protocol",
             "steps",
             "samples/ray",
             "rays/s",
@@ -256,7 +263,10 @@ def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str
         "Loader throughput": loader,
         "Training": training
         + "\n\nBudget: "
-        + (f"{cfg.run.steps} steps per sampler" if cfg.run.steps else f"{cfg.run.minutes} min split evenly"),
+        + (f"{cfg.run.steps} steps per sampler" if cfg.run.steps else f"{cfg.run.minutes} min split evenly")
+        + ". PSNR, SSIM and LPIPS follow the community evaluation protocol (8-bit images, as nerfbaselines "
+        "scores them; LPIPS AlexNet, '-' without its weights); the float PSNR, the figure of earlier "
+        "releases, is an extra column.",
         "Test views": f"Ground truth, then {', '.join(runs)}: {views}.",
         "Export verification": exports,
         "Stage times": stages + "\n\nEvery stage's command, inputs and attempts: `pipeline.json`.",

@@ -20,7 +20,7 @@ from raykit.fileio import loads_json, read_json, sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
 from raykit.pipeline.records import tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, run_process
-from raykit.trainer import TrainConfig
+from raykit.trainer import OLD_PROTOCOL, TrainConfig, protocol_of
 
 __all__ = ["source_kind", "train_config", "train_stage", "train_summary"]
 
@@ -224,8 +224,17 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
     return {
         "run_dir": str(run_dir),
         "step": evaluation.get("step"),
+        "protocol": protocol_of(evaluation),
         "psnr": test["psnr"],
         "ssim": test["ssim"],
+        "lpips": test.get("lpips"),
+        # the float figures: an extra column; a run from before the protocol has only those
+        "psnr_float": test.get(
+            "psnr_float", test["psnr"] if protocol_of(evaluation) == OLD_PROTOCOL else None
+        ),
+        "ssim_float": test.get(
+            "ssim_float", test["ssim"] if protocol_of(evaluation) == OLD_PROTOCOL else None
+        ),
         "samples_per_ray": mean("samples_per_ray"),
         "rays_per_s": mean("rays_per_s"),
         "loader_wait_fraction": mean("loader_wait_fraction"),

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from raykit.errors import StoreCorruptError
-from raykit.imagedecode import UnsupportedImageModeError, decode_image, open_image
+from raykit.imagedecode import UnsupportedImageModeError, decode_image_scaled, open_image
 
 __all__ = [
     "REENCODE_FORMAT",
@@ -140,15 +140,17 @@ def encode_for_store(source: bytes | None, pixels: np.ndarray) -> StoredImage:
     return encode_lossless(pixels)
 
 
-def decode_stored(data: bytes, channels: int, where: str) -> np.ndarray:
+def decode_stored(data: bytes, channels: int, where: str, downscale: int = 1) -> np.ndarray:
     """Stored image bytes -> ``uint8 (H, W, channels)`` (an RGB image gets alpha 255 when
-    ``channels`` is 4).
+    ``channels`` is 4), at resolution level ``downscale``
+    (:func:`raykit.imagedecode.decode_image_scaled`: ``(H // downscale, W // downscale)``).
 
     Raises:
         StoreCorruptError: the bytes do not decode, naming ``where``.
     """
     try:
-        array = decode_image(data)  # writable (torch tensors are made from it), C-contiguous
+        # writable (torch tensors are made from it), C-contiguous
+        array = decode_image_scaled(data, downscale)
     except UnsupportedImageModeError as exc:
         mode = exc.mode
         raise StoreCorruptError(f"{where}: stored image has mode {mode!r}, expected RGB or RGBA") from None

@@ -43,6 +43,7 @@ from raykit.errors import (
     StoreVersionError,
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
+from raykit.imagedecode import downscale_area, level_size
 from raykit.store.backends import Backend, ImagesPayload, PayloadReader, PayloadSpec, backend_named
 from raykit.store.files import (
     RangeFetcher,
@@ -230,8 +231,9 @@ class SplitReader(Protocol):
         """Chunk ``index`` (in range) of split ``info``, checked."""
         ...
 
-    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
-        """Camera-table row ``row``'s pixels, (H, W, C) uint8, or None: gathered from ``image_raw``;
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
+        """Camera-table row ``row``'s pixels, (H, W, C) uint8, at resolution level ``downscale``
+        (``raykit.imagedecode.decode_image_scaled``), or None: gathered from ``image_raw``;
         ``timed`` is told the seconds of the ``"read"`` and ``"decode"`` of a stored image."""
         ...
 
@@ -299,7 +301,7 @@ class RaySplits:
                 f"(expected {self.checksum} {int(expected[split][index]):08x}, got {crc:08x})"
             )
 
-    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray | None:
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
         return None  # gathered from the split's rays by ``RayStore.image_raw``
 
     def image_raw(self, row: int) -> RawRays | None:
@@ -325,18 +327,19 @@ class ImageSplits:
     channels: int  # colour channels served (``RayStore.rgba_channels``)
     split_rows: Callable[[str], np.ndarray]
 
-    def decode(self, split: str, local: int, timed: Timed | None = None) -> np.ndarray:
-        """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``."""
+    def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``, at
+        resolution level ``downscale`` (``(H // downscale, W // downscale)``)."""
         row = int(self.split_rows(split)[local])
         t0 = time.perf_counter()
         data = self.images.image_bytes(split, local)
         t1 = time.perf_counter()
         where = f"{self.url}/{self.images.files_of(split, local)[0]}"
-        pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})")
+        pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})", downscale)
         if timed is not None:
             timed("read", t1 - t0)
             timed("decode", time.perf_counter() - t1)
-        expected = (int(self.table.height[row]), int(self.table.width[row]))
+        expected = level_size(int(self.table.height[row]), int(self.table.width[row]), downscale)
         if pixels.shape[:2] != expected:
             raise StoreCorruptError(
                 f"{where}: image {self.table.names[row]!r} decodes to {pixels.shape[1]}x{pixels.shape[0]}, "
@@ -352,9 +355,9 @@ class ImageSplits:
     def image_files(self, split: str, local: int) -> list[str]:
         return self.images.files_of(split, local)
 
-    def read_image(self, row: int, timed: Timed | None = None) -> np.ndarray:
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
         split = self.table.splits[row]
-        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed)
+        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed, downscale)
 
     def _rays_of(self, row: int, pixels: np.ndarray, lo: int, hi: int) -> RawRays:
         flat = pixels.reshape(-1, pixels.shape[2])[lo:hi]
@@ -892,8 +895,10 @@ class RayStore:
         """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""
         return self.read_image(self.table.names[int(self.split_rows(split)[local])], timed)
 
-    def read_image(self, name: str, timed: Timed | None = None) -> np.ndarray:
-        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``.
+    def read_image(self, name: str, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """The pixels of image ``name``: (H, W, C) uint8, C = ``rgba_channels``; with ``downscale``
+        k, resolution level k, (H // k, W // k, C) (``raykit.imagedecode``'s rule: JPEG decoded at
+        1/k in the DCT domain, anything else area-filtered).
 
         The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
@@ -901,11 +906,12 @@ class RayStore:
         """
         h, w, c = self.image_shape(name)
         row = self.image_index(name)
-        pixels = self._reader(self.table.splits[row]).read_image(row, timed)
+        pixels = self._reader(self.table.splits[row]).read_image(row, timed, downscale)
         if pixels is not None:
             return pixels
         raw = self.image_raw(name)
-        return np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+        full = np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
+        return np.ascontiguousarray(downscale_area(full, downscale))
 
     def image_rays(self, name: str, device: torch.device | str = "cpu") -> RayBatch:
         """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""

@@ -17,14 +17,17 @@ from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.evaluate import render
 from raykit.trainer.export import export_run, load_export
 from raykit.trainer.loop import train
+from raykit.trainer.scores import OLD_PROTOCOL, protocol_of
 
 __all__ = [
     "AUTO_SAMPLERS",
+    "OLD_PROTOCOL",
     "SAMPLERS",
     "TrainConfig",
     "compare",
     "export_run",
     "load_export",
+    "protocol_of",
     "render",
     "render_export",
     "train",

@@ -79,11 +79,13 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from raykit.trainer.compare import compare, format_table
+    from raykit.trainer.compare import compare, eval_protocols, format_table
 
     rows = compare(args.run_a, args.run_b)
+    protocol_a, protocol_b = eval_protocols(args.run_a, args.run_b)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows], indent=2))
     else:
         print(format_table(rows, "A", "B"))
+        print(f"protocol: A {protocol_a}, B {protocol_b}; psnr_float and ssim_float are the float figures")
     return 0

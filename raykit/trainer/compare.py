@@ -1,4 +1,10 @@
-"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``."""
+"""``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``.
+
+Per split: ``psnr``, ``ssim`` and ``lpips`` under the community protocol, then the float figures
+``psnr_float`` and ``ssim_float`` (extra columns). A run evaluated before the protocol has only float
+figures: its ``psnr``/``ssim`` are shown as ``psnr_float``/``ssim_float`` and its protocol figures are
+missing ("-"), so a row never sets figures of two protocols against each other.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ from typing import Any
 
 from raykit.errors import ResumeError
 from raykit.ranges import Range
+from raykit.trainer.scores import FLOAT_KEYS, METRIC_KEYS, OLD_PROTOCOL, protocol_of
 
-__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "format_table"]
+__all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "eval_protocols", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -67,18 +74,38 @@ def _metric(record: Any, key: str, path: Path, where: str) -> float | None:
     return None if value is None else float(value)
 
 
+def _figures(evaluation: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """Per split, the figures by metric name; an old-protocol run's PSNR/SSIM become the float ones
+    (checked under the names its ``eval.json`` gives them)."""
+    if protocol_of(evaluation) != OLD_PROTOCOL:
+        return evaluation["splits"]
+    return {
+        split: {
+            "psnr_float": _metric(f, "psnr", path, f"splits.{split}."),
+            "ssim_float": _metric(f, "ssim", path, f"splits.{split}."),
+        }
+        for split, f in evaluation["splits"].items()
+    }
+
+
+def eval_protocols(run_a: str | Path, run_b: str | Path) -> tuple[str, str]:
+    """The protocol each run's ``eval.json`` was scored under (``OLD_PROTOCOL`` before it existed)."""
+    return protocol_of(_read_eval(Path(run_a))), protocol_of(_read_eval(Path(run_b)))
+
+
 def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
-    """Per-split PSNR/SSIM of both runs, then training figures from the last log record.
+    """Per-split figures of both runs (module docstring), then training figures from the last log record.
 
     Raises:
         ResumeError: a run without ``eval.json``, or a file of it that is malformed or holds a metric
             that is not a finite number (the file and the metric named).
     """
     a_dir, b_dir = Path(run_a), Path(run_b)
-    a, b = _read_eval(a_dir)["splits"], _read_eval(b_dir)["splits"]
+    a = _figures(_read_eval(a_dir), a_dir / "eval.json")
+    b = _figures(_read_eval(b_dir), b_dir / "eval.json")
     rows = []
     for split in sorted(set(a) | set(b)):
-        for metric in ("psnr", "ssim"):
+        for metric in (*METRIC_KEYS, *FLOAT_KEYS):
             values = [
                 _metric(splits.get(split), metric, run / "eval.json", f"splits.{split}.")
                 for splits, run in ((a, a_dir), (b, b_dir))

@@ -32,12 +32,13 @@ from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.imagedecode import open_image
+from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
-from raykit.trainer.metrics import psnr, ssim
 from raykit.trainer.runtime import parse_background, resolve_device
+from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
 
 __all__ = ["View", "render_export", "store_views", "transforms_views", "verify_export"]
 
@@ -53,6 +54,7 @@ class View:
     height: int
     width: int
     target: torch.Tensor | None = None  # (H, W, 3) over the model's background, on the CPU
+    stored: np.ndarray | None = None  # (H, W, 3|4) uint8: the store's image, scored by the protocol
 
 
 def _similarity_parts(matrix: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -96,7 +98,7 @@ def store_views(
         height, width = int(store.table.height[index]), int(store.table.width[index])
         rays = store.image_rays(name, device)
         target = rays.composite(background).view(height, width, 3).cpu()
-        yield View(name, _map_rays(rays, model_from_store), height, width, target)
+        yield View(name, _map_rays(rays, model_from_store), height, width, target, store.read_image(name))
 
 
 def _frame_size(intr: Mapping[str, Any], frame: Mapping[str, Any], base: Path) -> tuple[int, int]:
@@ -203,6 +205,7 @@ def _render(
     """Render ``views``; PNGs into ``out`` when given; per-image and mean metrics where targets exist."""
     field, grid = models_from_state(model.config, model.state, device, str(model.path), ExportError)
     background = parse_background(model.config.background).to(device)
+    scorer = Scorer(background, device, lpips=False)
     images = []
     for i, view in enumerate(views):
         pred = render_batch(model.config, field, grid, view.rays, background)
@@ -211,17 +214,15 @@ def _render(
         if out is not None:
             record["file"] = f"{i:03d}_{Path(view.name).stem}.png"
             with atomic_path(out / record["file"]) as tmp:
-                Image.fromarray((pred.numpy() * 255.0 + 0.5).astype(np.uint8)).save(tmp, format="PNG")
-        if view.target is not None:
-            record["psnr"], record["ssim"] = psnr(pred, view.target), ssim(pred, view.target)
+                Image.fromarray(quantize(pred).numpy()).save(tmp, format="PNG")
+        if view.target is not None and view.stored is not None:
+            scores = scorer.score(pred, view.target, view.stored)
+            record.update({k: scores[k] for k in ("psnr", "ssim", *FLOAT_KEYS)})
         images.append(record)
     scored = [im for im in images if "psnr" in im]
-    return {
-        "n_images": len(images),
-        "psnr": float(np.mean([im["psnr"] for im in scored])) if scored else None,
-        "ssim": float(np.mean([im["ssim"] for im in scored])) if scored else None,
-        "images": images,
-    }
+    means = split_means(scored) if scored else {}
+    figures = {k: means.get(k) for k in ("psnr", "ssim", *FLOAT_KEYS)}
+    return {"n_images": len(images), **figures, "protocol": scorer.protocol_block(), "images": images}
 
 
 def render_export(
@@ -263,7 +264,11 @@ def verify_export(
 ) -> dict[str, Any]:
     """Re-render the run's evaluated images of ``split`` from the export; compare PSNR with the run's.
 
-    Returns ``{"split", "n_images", "psnr", "run_psnr", "difference_db", "tolerance_db"}``.
+    Returns ``{"split", "n_images", "protocol", "psnr", "run_psnr", "difference_db", "tolerance_db"}``.
+    Both PSNRs follow the protocol of the run's figures: the community protocol's 8-bit PSNR, or for
+    figures recorded before it, the float PSNR. The 0.05 dB tolerance holds for either: the export and
+    the run render the same images through the same path, so only float noise in rendering separates
+    them, and one 8-bit step flipped in a pixel moves a PSNR by far less.
 
     Raises:
         ExportError: a corrupt export, no eval figures for ``split``, a store that is not the run's, or
@@ -288,11 +293,14 @@ def verify_export(
     if not names:
         raise ExportError(f"{model_path}: the run evaluated no image of split {split!r}; nothing to verify")
     rendered = _render(model, store_views(model, ray_store, split, torch_device, names), torch_device, None)
-    difference = abs(rendered["psnr"] - figures["psnr"])
+    # figures of the float protocol (exports from before the community protocol) verify the float column
+    key = "psnr" if model.eval_protocol is not None else "psnr_float"
+    difference = abs(rendered[key] - figures["psnr"])
     result = {
         "split": split,
         "n_images": rendered["n_images"],
-        "psnr": rendered["psnr"],
+        "protocol": protocol_of({"protocol": model.eval_protocol}),
+        "psnr": rendered[key],
         "run_psnr": figures["psnr"],
         "difference_db": difference,
         "tolerance_db": tolerance_db,

@@ -1,13 +1,22 @@
-"""Evaluation: render full held-out images, PSNR/SSIM per image and per split, ``eval.json`` and PNGs.
+"""Evaluation: render full held-out images, figures per image and per split, ``eval.json`` and PNGs.
 
 ``RUN_DIR/eval.json``::
 
     {"step": 1234, "checkpoint": "checkpoints/step-00001234",
-     "splits": {"test": {"psnr": 27.1, "ssim": 0.93, "n_images": 10, "seconds": 4.2,
-                         "images": [{"name": "r_0.png", "psnr": 27.5, "ssim": 0.94}, ...]}}}
+     "protocol": {"name": "default", "ssim": {...}, "lpips": {...}, "background": [255, 255, 255],
+                  "lpips_status": "computed (AlexNet)", "float_columns": ["psnr_float", "ssim_float"], ...},
+     "splits": {"test": {"psnr": 27.1, "ssim": 0.93, "lpips": 0.08, "psnr_float": 27.3, "ssim_float": 0.94,
+                         "n_images": 10, "seconds": 4.2,
+                         "images": [{"name": "r_0.png", "psnr": 27.5, "ssim": 0.94, "lpips": 0.07,
+                                     "psnr_float": 27.7, "ssim_float": 0.95}, ...]}}}
 
-Split values are means over images. Renders go to ``RUN_DIR/renders/SPLIT/NNN_NAME.png``. Rendering
-is deterministic: bin centres for stratified/hierarchical sampling, no jitter when marching.
+``psnr``, ``ssim`` and ``lpips`` follow the community protocol (:mod:`raykit.trainer.scores`; ``lpips``
+is null without the published weights); ``psnr_float`` and ``ssim_float`` are the float figures of earlier
+releases. Split values are means over images. An ``eval.json`` without ``protocol`` was written before
+the protocol (its ``psnr``/``ssim`` are float figures). Renders go to
+``RUN_DIR/renders/SPLIT/NNN_NAME.png``, quantised as the protocol quantises, so ``raykit evaluate
+RUN_DIR/renders/test STORE:test`` gives the same figures. Rendering is deterministic: bin centres for
+stratified/hierarchical sampling, no jitter when marching.
 """
 
 from __future__ import annotations
@@ -22,16 +31,17 @@ from PIL import Image
 
 from raykit.errors import RaykitError, ResumeError
 from raykit.fileio import atomic_path, atomic_write_json, read_json
+from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
-from raykit.trainer.metrics import psnr, ssim
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import proposal_counts, render_rays, sample_rays
 from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
+from raykit.trainer.scores import Scorer, split_means
 
 __all__ = [
     "build_models",
@@ -166,7 +176,8 @@ def quick_psnr(
     """Mean PSNR over the first ``progress_images`` images of the first eval split (no files written)."""
     split = config.eval_splits.split(",")[0]
     names = store.images(split)[: config.progress_images]
-    values = [psnr(*render_image(config, store, name, field, grid, device)) for name in names]
+    scorer = Scorer(parse_background(config.background), device, lpips=False)
+    values = [_protocol_psnr(scorer, config, store, name, field, grid, device) for name in names]
     return {
         "split": split,
         "n_images": len(values),
@@ -174,8 +185,22 @@ def quick_psnr(
     }
 
 
+def _protocol_psnr(
+    scorer: Scorer,
+    config: TrainConfig,
+    store: RayStore,
+    name: str,
+    field: RadianceField,
+    grid: Any,
+    device: torch.device,
+) -> float:
+    pred, target = render_image(config, store, name, field, grid, device)
+    value = scorer.score(pred, target, store.read_image(name))["psnr"]
+    return float("inf") if value is None else float(value)
+
+
 def _save_png(path: Path, image: torch.Tensor) -> None:
-    pixels = (image.numpy() * 255.0 + 0.5).astype(np.uint8)
+    pixels = quantize(image).numpy()  # as the protocol quantises: raykit evaluate reproduces eval.json
     with atomic_path(path) as tmp:
         Image.fromarray(pixels).save(tmp, format="PNG")
 
@@ -188,18 +213,19 @@ def evaluate_split(
     field: RadianceField,
     grid: Any,
     device: torch.device,
+    scorer: Scorer | None = None,
 ) -> dict[str, Any]:
     """Metrics of one split (see the module docstring), writing its renders."""
     start = time.perf_counter()
+    scorer = scorer or Scorer(parse_background(config.background), device)
     names = store.images(split)[: config.eval_max_images]
     images = []
     for i, name in enumerate(names):
         pred, target = render_image(config, store, name, field, grid, device)
         _save_png(run_dir / "renders" / split / f"{i:03d}_{Path(name).stem}.png", pred)
-        images.append({"name": name, "psnr": psnr(pred, target), "ssim": ssim(pred, target)})
+        images.append({"name": name, **scorer.score(pred, target, store.read_image(name))})
     return {
-        "psnr": float(np.mean([im["psnr"] for im in images])) if images else float("nan"),
-        "ssim": float(np.mean([im["ssim"] for im in images])) if images else float("nan"),
+        **split_means(images),
         "n_images": len(images),
         "seconds": time.perf_counter() - start,
         "images": images,
@@ -231,9 +257,15 @@ def evaluate_run(
     checkpoint = latest_checkpoint(run_dir)
     result["checkpoint"] = None if checkpoint is None else str(checkpoint.relative_to(run_dir))
     result["step"] = step if step is not None else _step_of(checkpoint)
+    scorer = Scorer(parse_background(config.background), device)
+    if "protocol" not in result and result["splits"]:  # kept apart: never mixed with the protocol's figures
+        result["splits_before_protocol"], result["splits"] = result["splits"], {}
+    result["protocol"] = scorer.protocol_block()
     for split in splits:
         if split in store.splits:
-            result["splits"][split] = evaluate_split(run_dir, config, store, split, field, grid, device)
+            result["splits"][split] = evaluate_split(
+                run_dir, config, store, split, field, grid, device, scorer
+            )
     atomic_write_json(path, result)
     return result
 

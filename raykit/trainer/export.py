@@ -155,6 +155,12 @@ class ExportedModel:
         """The run's eval figures for the exported step (``eval.json``'s ``splits``), if recorded."""
         return self.manifest.get("eval")
 
+    @property
+    def eval_protocol(self) -> dict[str, Any] | None:
+        """The ``protocol`` block of those figures; None for figures (or exports) from before the
+        community protocol, whose ``psnr`` is the float figure."""
+        return self.manifest.get("eval_protocol")
+
 
 def _read_json(path: Path) -> Any:
     """A JSON record of a run or an export: a regular file inside its folder, bounded
@@ -269,6 +275,7 @@ def export_run(
         "scene": {"aabb": aabb, **scene},
         "run": run_record,
         "eval": evaluation["splits"] if matches and evaluation else None,
+        "eval_protocol": evaluation.get("protocol") if matches and evaluation else None,
         "state": {"groups": sorted(groups), "values": values, "empty": empty, "n_tensors": len(flat)},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -456,6 +463,12 @@ def _check_manifest(manifest: Mapping[str, Any], where: str) -> None:
             isinstance(im, Mapping) and isinstance(im.get("name"), str) for im in figures["images"]
         )
         need(ok, f"eval.{split}", "{psnr: number, images: [{name}, ...]}")
+    protocol: Any = manifest.get("eval_protocol")  # absent in exports from before the community protocol
+    need(
+        protocol is None or (isinstance(protocol, Mapping) and isinstance(protocol.get("name"), str)),
+        "eval_protocol",
+        "an object with a name, or null",
+    )
     state: Any = manifest.get("state")
     need(isinstance(state, Mapping), "state", "an object")
     need(isinstance(state.get("values"), Mapping), "state.values", "an object")

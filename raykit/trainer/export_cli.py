@@ -45,7 +45,8 @@ def _export(args: argparse.Namespace) -> int:
     if args.verify:
         result = verify_export(out, split=args.split, store=args.store, device=args.device)
         print(
-            f"verified {out}: {result['split']} psnr {result['psnr']:.3f} dB from the export, "
+            f"verified {out}: {result['split']} psnr ({result['protocol']}) {result['psnr']:.3f} dB "
+            "from the export, "
             f"{result['run_psnr']:.3f} dB in the run's eval (difference {result['difference_db']:.4f} dB, "
             f"{result['n_images']} images)"
         )

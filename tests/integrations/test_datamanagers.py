@@ -145,3 +145,25 @@ def test_inference_mode_loads_a_training_checkpoint(lego: dict[str, Any]) -> Non
     viewer = RaykitDataManagerConfig(dataparser=parser).setup(device="cpu", test_mode="inference")
     viewer.load_state_dict(state)
     assert viewer.state_dict()["_extra_state"] == {} and len(viewer.train_dataset) == 1
+
+
+def test_image_datamanager_follows_splatfactos_resolution_schedule(colmap: dict[str, Path]) -> None:
+    from raykit.integrations.nerfstudio.image_datamanager import level_at
+
+    config = RaykitImageDataManagerConfig(
+        dataparser=RaykitDataParserConfig(data=colmap["store"]), num_downscales=2, resolution_schedule=2
+    )
+    ours = config.setup(device="cpu")
+    full = RaykitImageDataManagerConfig(dataparser=RaykitDataParserConfig(data=colmap["store"])).setup(
+        device="cpu"
+    )
+    for step in range(6):
+        camera, data = ours.next_train(step)
+        _, whole = full.next_train(step)
+        level = level_at(step, 2, 2)
+        assert level == [4, 4, 2, 2, 1, 1][step]
+        assert data["image_idx"] == whole["image_idx"]  # the same order at every level
+        height, width = int(camera.height), int(camera.width)  # full size: splatfacto scales it
+        assert data["image"].shape == (height // level, width // level, 3)
+        if level == 1:
+            assert torch.equal(data["image"], whole["image"])

@@ -97,3 +97,36 @@ def test_loader_serves_the_same_images(store: Path) -> None:
     with dataset.loader(shuffle=False) as loader:
         batch = next(iter(loader))
     assert torch.equal((batch.images[0] * 255).round(), dataset[0]["image"])
+
+
+def test_data_factor_serves_the_level_with_its_exact_K(store: Path) -> None:
+    full, half = Dataset(Parser(str(store))), Dataset(Parser(str(store), factor=2))
+    a, b = full[0], half[0]
+    h, w = a["image"].shape[:2]
+    assert b["image"].shape == (h // 2, w // 2, 3)
+    want = a["K"].double().clone()
+    want[:2] /= 2  # a continuous coordinate p becomes p / 2 (convert --downscale's convention)
+    assert torch.allclose(b["K"].double(), want, atol=1e-5)
+    camera_id = half.parser.camera_ids[int(half.indices[0])]
+    assert half.parser.imsize_dict[camera_id] == (w // 2, h // 2)
+    with pytest.raises(ConfigError, match=r"factor: expected a positive integer, got 0"):
+        Parser(str(store), factor=0)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_shares_each_epoch(store: Path, world_size: int) -> None:
+    parser = Parser(str(store))
+    n = len(Dataset(parser))
+    for epoch in range(3):
+        shares = []
+        for rank in range(world_size):
+            dataset = Dataset(parser, world_size=world_size, rank=rank, seed=5)
+            dataset.set_epoch(epoch)
+            ids = [dataset[i]["image_id"] for i in range(len(dataset))]
+            assert len(ids) == n // world_size
+            shares.append(set(ids))
+            with dataset.loader(shuffle=True) as loader:  # the loader's epoch 0 share is the same
+                if epoch == 0:
+                    rows = {int(r) for batch in loader for r in batch.image}
+                    assert rows == {int(parser.split_indices("train")[i]) for i in ids}
+        assert len(set().union(*shares)) == world_size * (n // world_size)  # disjoint

@@ -16,13 +16,22 @@ device})`` with ``image`` uint8 or float32 as ``cache_images_type`` says and the
 ``fixed_indices_eval_dataloader`` every evaluation image in order. Undistorted images keep their size,
 focal lengths and principal point (``raykit.image_geometry.pinhole_camera``); nerfstudio's own crops
 to the valid region instead.
+
+Coarse to fine: with ``num_downscales`` n, ``next_train(step)`` serves training images at
+``2 ** max(n - step // resolution_schedule, 0)`` times smaller, splatfacto's schedule
+(``SplatfactoModel._get_downscale_factor``), as the loader's resolution levels (JPEG decoded at that
+scale, ``ImageLoader.set_downscale``) instead of full images the model shrinks; the camera stays the
+full-resolution one, which splatfacto scales itself (``rescale_output_resolution``, the same
+intrinsics as the level's). ``splatfacto-raykit`` copies its model's two values here and uses a
+model (:func:`splatfacto_on_levels`) that takes an image already at the rendered size as it is.
 """
 
 from __future__ import annotations
 
+import functools
 from copy import copy, deepcopy
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from nerfstudio.cameras.cameras import Cameras, CameraType
@@ -34,7 +43,7 @@ from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDa
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.loaders import IMAGE_CACHE_BYTES, ImageBatch, ImageLoader
 
-__all__ = ["RaykitImageDataManager", "RaykitImageDataManagerConfig"]
+__all__ = ["RaykitImageDataManager", "RaykitImageDataManagerConfig", "level_at", "splatfacto_on_levels"]
 
 
 @dataclass
@@ -53,6 +62,34 @@ class RaykitImageDataManagerConfig(DataManagerConfig):
     """Seed of the image order."""
     num_workers: int = 0
     """Loader worker processes reading (and undistorting) images."""
+    num_downscales: int = 0
+    """Training images at 1/2^(num_downscales - step // resolution_schedule) (splatfacto's schedule)."""
+    resolution_schedule: int = 3000
+    """Steps per resolution level of that schedule."""
+
+
+def level_at(step: int, num_downscales: int, resolution_schedule: int) -> int:
+    """splatfacto's downscale factor at training ``step``: ``2 ** max(n - step // schedule, 0)``."""
+    return int(2 ** max(num_downscales - step // resolution_schedule, 0))
+
+
+def splatfacto_on_levels(config: Any, **kwargs: Any) -> Any:
+    """A ``SplatfactoModel`` (``config._target`` of ``splatfacto-raykit``) whose ground truth, served
+    at the rendered size by the datamanager's levels, is not shrunk a second time."""
+    return _splatfacto_class()(config=config, **kwargs)
+
+
+@functools.cache
+def _splatfacto_class() -> type:
+    from nerfstudio.models.splatfacto import SplatfactoModel
+
+    class RaykitSplatfactoModel(SplatfactoModel):
+        def _downscale_if_required(self, image: torch.Tensor) -> torch.Tensor:
+            if tuple(image.shape[:2]) == tuple(getattr(self, "last_size", ())):
+                return image  # already at this step's level
+            return cast(torch.Tensor, super()._downscale_if_required(image))
+
+    return RaykitSplatfactoModel
 
 
 def served_cameras(dataset: Any, undistort: bool) -> Cameras:
@@ -152,6 +189,10 @@ class RaykitImageDataManager(DataManager):
 
     def next_train(self, step: int) -> tuple[Cameras, dict[str, Any]]:
         self.train_count += 1
+        level = level_at(step, self.config.num_downscales, self.config.resolution_schedule)
+        if level != self.train_loader.downscale:
+            self.train_loader.set_downscale(level)
+            self._train_stream = None
         return self._next("train")
 
     def next_eval(self, step: int) -> tuple[Cameras, dict[str, Any]]:

@@ -30,7 +30,10 @@ def method_spec(name: str) -> Any:
     from nerfstudio.plugins.types import MethodSpecification
 
     from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
-    from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
+    from raykit.integrations.nerfstudio.image_datamanager import (
+        RaykitImageDataManagerConfig,
+        splatfacto_on_levels,
+    )
     from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 
     stock, description = METHODS[name]
@@ -45,9 +48,14 @@ def method_spec(name: str) -> Any:
             eval_num_rays_per_batch=old.eval_num_rays_per_batch,
         )
     else:
+        model = config.pipeline.model
         config.pipeline.datamanager = RaykitImageDataManagerConfig(
-            dataparser=parser, cache_images_type=old.cache_images_type
+            dataparser=parser,
+            cache_images_type=old.cache_images_type,
+            num_downscales=model.num_downscales,
+            resolution_schedule=model.resolution_schedule,
         )
+        model._target = splatfacto_on_levels
     return MethodSpecification(config=config, description=description)
 
 

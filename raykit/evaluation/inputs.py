@@ -1,0 +1,274 @@
+"""What ``raykit evaluate PRED GT`` scores: image pairs found in folders, known render layouts and stores.
+
+Layouts of PRED (recognised in this order):
+
+- ``ns-render``: nerfstudio's ``ns-render dataset`` output, ``PRED[/SPLIT]/rgb/NAME`` beside
+  ``PRED[/SPLIT]/gt-rgb/NAME`` (the ground truth is ``gt-rgb`` when GT is PRED itself);
+- ``gsplat``: gsplat's ``simple_trainer`` ``renders/`` folder, ``STAGE_stepSTEP_IIII.png`` canvases with the
+  ground truth on the left half and the render on the right (the newest step is scored; the ground truth is
+  the left halves when GT is PRED itself, else GT's images in sorted order, matched by ``IIII``);
+- ``folder``: any folder of images (``.png``, ``.jpg``, ``.jpeg``, ``.webp``, ``.npy``, ``.exr``), searched
+  recursively; raykit's own ``renders/SPLIT/NNN_NAME.png`` match ``NAME`` after the index prefix.
+
+GT is a folder of images or a raykit store split written ``STORE:SPLIT``. Images are matched by their path
+relative to the folder without the extension, then without a leading ``NNN_``, then by the file stem alone
+when it names one ground-truth image; every image must have exactly one partner. Every problem is a
+:class:`~raykit.errors.SourceError` whose one line names the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raykit.errors import SourceError, StoreError
+from raykit.fileio import sha256_file
+from raykit.imagedecode import decode_image
+
+__all__ = ["IMAGE_SUFFIXES", "ImageRef", "Pair", "PairSet", "find_pairs", "load_pixels"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".npy", ".exr")
+_IGNORED_SUFFIXES = (".json", ".txt", ".md", ".csv", ".yaml", ".yml", ".log")
+_GSPLAT = re.compile(r"^(?P<stage>[A-Za-z]+)_step(?P<step>\d+)_(?P<index>\d+)\.png$")
+_INDEX_PREFIX = re.compile(r"^\d+_")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image: ``label`` names it in messages, ``loader`` returns its pixels (``(H, W, 3|4)`` uint8 or
+    float), ``file`` is the file whose bytes are hashed (None: the pixels are hashed)."""
+
+    label: str
+    loader: Callable[[], np.ndarray]
+    file: Path | None = None
+
+    def load(self) -> np.ndarray:
+        return load_pixels(self.label, self.loader)
+
+    def sha256(self, pixels: np.ndarray) -> str:
+        """sha256 of the file's bytes, or of ``shape`` and the pixels for an image inside another."""
+        if self.file is not None:
+            return sha256_file(self.file)
+        digest = hashlib.sha256(f"{pixels.dtype.str}{pixels.shape}".encode())
+        digest.update(np.ascontiguousarray(pixels).tobytes())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    pred: ImageRef
+    gt: ImageRef
+
+
+@dataclass(frozen=True)
+class PairSet:
+    """The matched pairs (sorted by name) and how the inputs were read (written to results.json)."""
+
+    pairs: list[Pair]
+    pred_layout: str
+    gt_kind: str
+    gt_split: str | None = None
+    gsplat_step: int | None = None
+
+
+def load_pixels(label: str, loader: Callable[[], np.ndarray]) -> np.ndarray:
+    """``loader()`` checked: ``(H, W, 3|4)``, uint8 or finite floats; otherwise one line naming ``label``."""
+    try:
+        pixels = loader()
+    except SourceError:
+        raise
+    except Exception as exc:  # Pillow, OpenCV and numpy raise many types for a file that is not an image
+        raise SourceError(f"{label}: not a readable image ({type(exc).__name__}: {exc})") from None
+    if pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
+        raise SourceError(f"{label}: expected an RGB or RGBA image (H, W, 3|4), got shape {pixels.shape}")
+    if pixels.dtype != np.uint8:
+        if pixels.dtype.kind != "f":
+            raise SourceError(f"{label}: expected uint8 or float pixels, got {pixels.dtype}")
+        if not np.isfinite(pixels).all():
+            raise SourceError(f"{label}: NaN or infinity in a float image")
+    return pixels
+
+
+def _read_file(path: Path) -> np.ndarray:
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    if suffix == ".exr":
+        return _read_exr(path)
+    return decode_image(path.read_bytes())
+
+
+def _read_exr(path: Path) -> np.ndarray:
+    os.environ.setdefault("OPENCV_IO_ENABLE_OPENEXR", "1")  # read at OpenCV's import
+    import cv2
+
+    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if image is None:
+        raise SourceError(
+            f"{path}: not a readable EXR image (OpenCV with OPENCV_IO_ENABLE_OPENEXR=1 reads them)"
+        )
+    if image.ndim == 3:
+        image = image[..., [2, 1, 0, 3][: image.shape[2]]]
+    return np.ascontiguousarray(image, dtype=np.float32)
+
+
+def _file_ref(path: Path) -> ImageRef:
+    return ImageRef(str(path), lambda: _read_file(path), path)
+
+
+def _half(path: Path, right: bool) -> ImageRef:
+    def load() -> np.ndarray:
+        canvas = decode_image(path.read_bytes())
+        if canvas.shape[1] % 2:
+            raise SourceError(
+                f"{path}: a gsplat canvas has an even width (ground truth | render), got {canvas.shape[1]}"
+            )
+        width = canvas.shape[1] // 2
+        return np.ascontiguousarray(canvas[:, width:] if right else canvas[:, :width])
+
+    return ImageRef(f"{path} ({'right' if right else 'left'} half)", load)
+
+
+def _image_files(folder: Path) -> dict[str, Path]:
+    """Images under ``folder`` by relative path without extension; any other file is an error."""
+    found: dict[str, Path] = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if path.is_dir() or any(part.startswith(".") for part in rel.parts):
+            continue
+        suffix = path.suffix.lower()
+        if suffix in _IGNORED_SUFFIXES:
+            continue
+        if suffix not in IMAGE_SUFFIXES:
+            raise SourceError(f"{path}: not an image (expected one of {', '.join(IMAGE_SUFFIXES)})")
+        key = rel.with_suffix("").as_posix()
+        if key in found:
+            raise SourceError(f"{path}: two images named {key} ({found[key].name} too)")
+        found[key] = path
+    return found
+
+
+def _ns_render_root(folder: Path) -> Path | None:
+    if (folder / "rgb").is_dir() and (folder / "gt-rgb").is_dir():
+        return folder
+    splits = [
+        p for p in sorted(folder.iterdir()) if p.is_dir() and (p / "rgb").is_dir() and (p / "gt-rgb").is_dir()
+    ]
+    if len(splits) > 1:
+        raise SourceError(
+            f"{folder}: ns-render output of several splits ({', '.join(p.name for p in splits)}): give one"
+        )
+    return splits[0] if splits else None
+
+
+def _gsplat_canvases(folder: Path) -> tuple[int, dict[int, Path]] | None:
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    matches = [(m, p) for p in files if (m := _GSPLAT.match(p.name))]
+    if not files or len(matches) != len(files):
+        return None
+    step = max(int(m["step"]) for m, _ in matches)
+    return step, {int(m["index"]): p for m, p in matches if int(m["step"]) == step}
+
+
+def _store_split(text: str) -> tuple[str, str] | None:
+    """``STORE:SPLIT`` -> (store, split) when STORE is a raykit store; else None."""
+    base, sep, split = text.rpartition(":")
+    if not sep or not base or "/" in split or not split:
+        return None
+    if "://" not in base and not Path(base, "manifest.json").is_file():
+        return None
+    return base, split
+
+
+def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef]:
+    from raykit.store import open_store
+
+    try:
+        store = open_store(store_path)
+    except StoreError as exc:
+        raise SourceError(f"{store_path}: {exc}") from None
+    if split not in store.splits:
+        raise SourceError(
+            f"{text}: the store has no split {split!r} (it has {', '.join(sorted(store.splits))})"
+        )
+    return {
+        Path(name).with_suffix("").as_posix(): ImageRef(
+            f"{text}/{name}", functools.partial(store.read_image, name)
+        )
+        for name in store.images(split)
+    }
+
+
+def _ground_truth(gt: str) -> tuple[dict[str, ImageRef], str, str | None]:
+    if (found := _store_split(gt)) is not None:
+        return _gt_from_store(gt, *found), "store", found[1]
+    path = Path(gt)
+    if Path(path, "manifest.json").is_file():
+        raise SourceError(f"{gt}: a raykit store: name its split, e.g. {gt}:test")
+    if not path.is_dir():
+        raise SourceError(f"{gt}: no such folder of ground-truth images or STORE:SPLIT")
+    return {key: _file_ref(p) for key, p in _image_files(path).items()}, "folder", None
+
+
+def _match(pred: dict[str, ImageRef], gt: dict[str, ImageRef], pred_root: str, gt_root: str) -> list[Pair]:
+    """Pairs by key; failing that, a prediction matches by its key without raykit's ``NNN_`` render
+    prefix, then by its file stem alone when exactly one ground-truth image has that stem."""
+    by_stem: dict[str, list[str]] = {}
+    for key in gt:
+        by_stem.setdefault(key.rpartition("/")[2], []).append(key)
+    by_key: dict[str, ImageRef] = {}
+    for key, ref in pred.items():
+        head, _, tail = key.rpartition("/")
+        stripped = _INDEX_PREFIX.sub("", tail)
+        exact = [c for c in (key, (head + "/" if head else "") + stripped) if c in gt]
+        stems = by_stem.get(tail) or by_stem.get(stripped) or []
+        found = exact[0] if exact else stems[0] if len(stems) == 1 else None
+        if found is None:
+            raise SourceError(f"{ref.label}: a prediction with no ground-truth image {key} in {gt_root}")
+        if found in by_key:
+            raise SourceError(f"{ref.label}: a second prediction for the ground-truth image {found}")
+        by_key[found] = ref
+    missing = sorted(set(gt) - set(by_key))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise SourceError(f"{gt[missing[0]].label}: no prediction for this image in {pred_root}{more}")
+    return [Pair(key, by_key[key], gt[key]) for key in sorted(gt)]
+
+
+def find_pairs(pred: str, gt: str) -> PairSet:
+    """The pairs to score (module docstring); one :class:`SourceError` line for the first problem."""
+    pred_path = Path(pred)
+    if not pred_path.is_dir():
+        raise SourceError(f"{pred}: no such folder of predictions")
+    same = Path(gt).resolve() == pred_path.resolve() if Path(gt).exists() else False
+    if (root := _ns_render_root(pred_path)) is not None:
+        preds = {k: _file_ref(p) for k, p in _image_files(root / "rgb").items()}
+        if same:
+            gts = {k: _file_ref(p) for k, p in _image_files(root / "gt-rgb").items()}
+            return PairSet(
+                _match(preds, gts, str(root / "rgb"), str(root / "gt-rgb")), "ns-render", "ns-render"
+            )
+        gts, kind, split = _ground_truth(gt)
+        return PairSet(_match(preds, gts, str(root / "rgb"), gt), "ns-render", kind, split)
+    if (canvases := _gsplat_canvases(pred_path)) is not None:
+        step, files = canvases
+        preds = {f"{i:04d}": _half(p, right=True) for i, p in sorted(files.items())}
+        if same:
+            gts = {f"{i:04d}": _half(p, right=False) for i, p in sorted(files.items())}
+            return PairSet(_match(preds, gts, pred, pred), "gsplat", "gsplat", None, step)
+        named, kind, split = _ground_truth(gt)
+        gts = {f"{i:04d}": ref for i, (_, ref) in enumerate(sorted(named.items()))}
+        return PairSet(_match(preds, gts, pred, gt), "gsplat", kind, split, step)
+    if same:
+        raise SourceError(f"{pred}: GT is PRED itself, which only an ns-render or gsplat output can be")
+    preds = {k: _file_ref(p) for k, p in _image_files(pred_path).items()}
+    gts, kind, split = _ground_truth(gt)
+    return PairSet(_match(preds, gts, pred, gt), "folder", kind, split)
