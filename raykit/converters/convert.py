@@ -311,6 +311,7 @@ def convert(
     backend: str = _C.backend,
     layout: str = _C.layout,
     downscale: int = _C.downscale,
+    downscale_rule: str = _C.downscale_rule,
     split: SplitSpec = _C.split,
     normalize: str = _C.normalize,
     workers: int = _C.workers,
@@ -352,6 +353,7 @@ def convert(
         backend=backend,
         layout=layout,
         downscale=downscale,
+        downscale_rule=downscale_rule,
         split=split,  # type: ignore[arg-type]
         normalize=normalize,
         workers=workers,
