@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("colmap_io",),
     ("scene",),
     ("store",),
+    ("poses",),
     ("converters", "loaders", "evaluation"),
     ("profiling",),
     ("trainer", "integrations"),

@@ -9,7 +9,7 @@ from typing import Any
 
 from raykit.converters.config import add_arguments, from_args
 from raykit.converters.convert import POSE_SOURCES, convert
-from raykit.converters.pose_cli import add_pose_arguments, pose_options_from_args
+from raykit.poses.cli import add_pose_arguments, pose_options_from_args
 
 __all__ = ["register", "run_convert"]
 

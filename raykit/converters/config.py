@@ -15,10 +15,10 @@ from typing import Any
 from raykit.converters.downscale import DOWNSCALE_RULES
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
-from raykit.converters.poses import POSE_SOURCES
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 from raykit.options import option
+from raykit.poses import POSE_SOURCES
 from raykit.store import (
     BACKENDS,
     DEFAULT_CHUNK_RAYS,
@@ -98,7 +98,7 @@ class ConvertConfig:
 
     def convert_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst`` and the pose
-        estimation options of ``--from photos|video``, which ``raykit.converters.pose_cli`` defines)."""
+        estimation options of ``--from photos|video``, which ``raykit.poses.cli`` defines)."""
         return {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _COMMAND_ONLY
         }

@@ -28,10 +28,9 @@ from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
-from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
 from raykit.converters.splits import SplitSpec, assign_splits
-from raykit.converters.video import VIDEO_EXTENSIONS
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS, PoseOptions, poses_for_convert
 from raykit.progress import progress as progress_bar
 from raykit.ranges import IMAGE_PIXELS_WARN
 from raykit.store import LAYOUTS, ImageRecord, SceneInfo, SparsePoints, is_url
@@ -341,7 +340,7 @@ def convert(
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
-        poses: :class:`~raykit.converters.poses.PoseOptions` for ``source="photos"`` or ``"video"``,
+        poses: :class:`~raykit.poses.estimate.PoseOptions` for ``source="photos"`` or ``"video"``,
             whose poses are estimated into ``<dst>.poses`` first (see :func:`poses_for_convert`).
 
     Raises:

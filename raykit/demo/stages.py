@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from raykit.converters import ConvertConfig, PoseOptions
+from raykit.converters import ConvertConfig
 from raykit.demo import DemoPlan, machine_info, plan_dict, write_results
 from raykit.pipeline import (
     Attempt,
@@ -18,6 +18,7 @@ from raykit.pipeline import (
     fingerprint,
     tree_fingerprint,
 )
+from raykit.poses import PoseOptions
 from raykit.trainer import SAMPLERS, TrainConfig
 
 __all__ = ["demo_configs", "demo_extra", "scene_stage"]

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from raykit.converters import POSE_SOURCES, VIDEO_EXTENSIONS, detect_source
+from raykit.converters import detect_source
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import loads_json, read_json, sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
 from raykit.pipeline.records import tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, run_process
+from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS
 from raykit.trainer import OLD_PROTOCOL, TrainConfig, protocol_of
 
 __all__ = ["source_kind", "train_config", "train_stage", "train_summary"]
@@ -52,7 +53,7 @@ def _raykit(*args: str) -> list[str]:
 
 def poses_stage(cfg: StageConfigs, out: Path, kind: str) -> Stage:
     """Camera poses of photos or a video (``raykit poses``) into ``OUT/poses``."""
-    from raykit.converters import estimate_poses
+    from raykit.poses import estimate_poses
 
     src, dst = Path(cfg.run.src), out / "poses"
 
