@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
 # other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered"),
+    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "recorder"),
     ("conventions", "camera_models"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),
