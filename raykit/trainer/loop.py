@@ -38,7 +38,7 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig, resolve_sampler
+from raykit.trainer.config import TrainConfig, default_reasons, resolve_sampler
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -509,7 +509,8 @@ def _record_run(
     space: dict[str, Any] | None = None,
     choices: dict[str, Any] | None = None,
 ) -> None:
-    """config.json and run.json: everything needed to reproduce the run."""
+    """config.json and run.json: everything needed to reproduce the run, and why: the automatic choices
+    (scene space, sampler, background) and every default the run kept (``defaults``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "log.jsonl").unlink(missing_ok=True)
     (run_dir / "progress.jsonl").unlink(missing_ok=True)
@@ -525,6 +526,7 @@ def _record_run(
             "environment": environment(device, procs),
             "scene_space": space or {},
             **(choices or {"sampler": {"name": config.sampler, "reason": ""}}),
+            "defaults": default_reasons(config),
         },
     )
 
