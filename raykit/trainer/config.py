@@ -137,6 +137,11 @@ class TrainConfig:
     num_workers: int = _opt(0, "loader worker processes")
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")
+    compile_field: bool = _opt(
+        False,
+        "torch.compile the field for the training step (dynamic shapes; for GPUs: off until "
+        "benchmarks/gpu_check.sh measures it faster)",
+    )
     threads: int | None = _opt(None, "torch CPU threads (default: torch's choice)")
     progress: bool = _opt(False, "show a progress bar (over --max-seconds when given, else over steps)")
     resume: bool = _opt(False, "continue from the newest checkpoint in --out (start fresh if there is none)")
@@ -259,6 +264,9 @@ DEFAULT_REASONS: dict[str, str] = {
     "num_workers": "0: the trainer's loader reads in its own process; loader wait is under 1 % of a step",
     "device": "auto: CUDA when available, else the CPU",
     "mixed_precision": "on: bfloat16 autocast for the field on CUDA only (ignored on a CPU)",
+    "compile_field": "off: torch.compile has not been measured faster for this field (a launch-bound GPU "
+    "step is where it could help; benchmarks/gpu_check.sh measures it when a GPU is lent; on a CPU it "
+    "costs a compiler and minutes of compiling)",
     "threads": "None: torch's choice (all cores)",
     "progress": "off: a bar only when asked (logs stay clean)",
     "resume": "off: a run starts fresh unless asked to continue",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import raykit.recorder
 from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json
 from raykit.loaders import RayLoader
+from raykit.rays import RayBatch
 from raykit.store import RayStore, open_store
 from raykit.trainer.budget import SampleBudget, current_memory_mb, take_rays
 from raykit.trainer.checkpoint import (
@@ -58,9 +60,10 @@ from raykit.trainer.runtime import (
     resolve_device,
     start_processes,
 )
+from raykit.trainer.samplers import Samples
 from raykit.trainer.space import resolve_space, scene_space
 
-__all__ = ["TrainState", "parameter_digest", "train"]
+__all__ = ["TrainState", "parameter_digest", "step_losses", "train"]
 
 _PHASES = ("data", "sampling", "network", "rendering", "backward", "optimizer")
 
@@ -137,17 +140,10 @@ def train(config: TrainConfig) -> Path:
             group["lr"] = learning_rate(config, state.step, elapsed)
         if isinstance(grid, OccupancyGrid) and state.step % config.occ_update_every == 0:
             _refresh_grid(run, state.step)
-        samples = sample_rays(config, field_, grid, batch, state.step, run.jitter)
-        clock.lap("sampling")
-        sigmas, rgbs = query_field(run.model, samples, batch, config.mixed_precision)
-        clock.lap("network")
-        rendered = composite_samples(samples, sigmas, rgbs, background)
-        loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
-        total = loss
-        if isinstance(samples.trace, ProposalTrace):
-            total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+        loss, total, samples = step_losses(
+            config, run.model, field_, grid, batch, background, state.step, run.jitter, clock.lap
+        )
         window.memory_mb = max(window.memory_mb, current_memory_mb(device))
-        clock.lap("rendering")
         run.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if run.procs.distributed and isinstance(grid, ProposalNetworks):
@@ -194,6 +190,35 @@ def train(config: TrainConfig) -> Path:
     return run.run_dir
 
 
+def step_losses(
+    config: TrainConfig,
+    model: Any,
+    field: RadianceField,
+    grid: Any,
+    batch: RayBatch,
+    background: torch.Tensor,
+    step: int,
+    generator: torch.Generator | None,
+    lap: Callable[[str], None] = lambda phase: None,
+) -> tuple[torch.Tensor, torch.Tensor, Samples]:
+    """The forward half of a training step: sample, query ``model`` (the field or its DDP wrapper),
+    composite, and the losses: ``(photometric MSE, MSE + the proposal networks' interlevel loss,
+    samples)``. ``lap(phase)`` is told when sampling, the network and the rendering end. Nothing is
+    read back to the host (the occupancy sampler's packed samples have a data-dependent size: that
+    one synchronisation is the sampler's)."""
+    samples = sample_rays(config, field, grid, batch, step, generator)
+    lap("sampling")
+    sigmas, rgbs = query_field(model, samples, batch, config.mixed_precision)
+    lap("network")
+    rendered = composite_samples(samples, sigmas, rgbs, background)
+    loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
+    total = loss
+    if isinstance(samples.trace, ProposalTrace):
+        total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+    lap("rendering")
+    return loss, total, samples
+
+
 def _setup(config: TrainConfig) -> _Run:
     """Device, processes, store, models, optimizer, loader and generators for ``config``."""
     if Path(config.out).exists() and not Path(config.out).is_dir():
@@ -227,7 +252,7 @@ def _setup(config: TrainConfig) -> _Run:
         procs=procs,
         field=field_,
         grid=grid,
-        model=DistributedDataParallel(field_) if procs.distributed else field_,
+        model=_training_model(config, field_, procs),
         optimizer=torch.optim.Adam(
             [*field_.parameters(), *(grid.parameters() if grid is not None else ())],
             lr=config.lr,
@@ -253,6 +278,13 @@ def _setup(config: TrainConfig) -> _Run:
         },
         budget=budget,
     )
+
+
+def _training_model(config: TrainConfig, field_: RadianceField, procs: Processes) -> Any:
+    """What the step queries: the field, wrapped by DDP across processes, compiled with
+    ``--compile-field`` (the checkpoints and the evaluation keep using the plain field)."""
+    model: Any = DistributedDataParallel(field_) if procs.distributed else field_
+    return torch.compile(model, dynamic=True) if config.compile_field else model
 
 
 def _max_samples_per_ray(config: TrainConfig) -> int:
