@@ -6,10 +6,11 @@ nerf_synthetic's lego at ``--downscale 4``) and 100 training views. ``prepare`` 
 ``measure`` renders every test view with the checkout on ``PYTHONPATH`` (``raykit.trainer``'s
 ``render_image``, the path of ``eval.json``, progress checks and ``raykit render``), and reports rays/s
 and the PSNR of the renders (equal PSNR on both sides: the renders are the same); ``ab`` alternates
-``measure`` between checkouts, in subprocesses, ``--rounds`` times.
+``measure`` between checkouts, in subprocesses, block of views by block (``--block``), so that both
+checkouts meet the same load.
 
     python benchmarks/bench_eval.py prepare --work /tmp/bench-eval
-    python benchmarks/bench_eval.py ab --work /tmp/bench-eval --trees /path/to/old,/path/to/new --rounds 3
+    python benchmarks/bench_eval.py ab --work /tmp/bench-eval --trees /path/to/old,/path/to/new --threads 1
 
 Results go to ``benchmarks/results/eval_ab.json``.
 """
@@ -85,8 +86,10 @@ def prepare(work: Path, sampler: str, steps: int) -> None:
     print(f"model-{sampler}.pt: step {meta.step}")
 
 
-def measure(work: Path, sampler: str, images: int | None, threads: int | None) -> dict[str, Any]:
-    """Render the test views with the raykit on ``sys.path``; rays/s and PSNR."""
+def measure(
+    work: Path, sampler: str, images: int | None, threads: int | None, first: int = 0
+) -> dict[str, Any]:
+    """Render test views ``first`` .. ``first + images - 1`` with the raykit on ``sys.path``; rays/s, PSNR."""
     import numpy as np
     import torch
 
@@ -103,7 +106,7 @@ def measure(work: Path, sampler: str, images: int | None, threads: int | None) -
     config = TrainConfig(store=str(work / "store"), out=str(work / "unused"), **saved["config"])
     device = torch.device("cpu")
     field, grid = models_from_state(config, saved["tensors"], device)
-    names = store.images("test")[:images]
+    names = store.images("test")[first : None if images is None else first + images]
     render_image(config, store, names[0], field, grid, device)  # warm-up: first-use allocations
     values, rays = [], 0
     start = time.perf_counter()
@@ -123,34 +126,37 @@ def measure(work: Path, sampler: str, images: int | None, threads: int | None) -
     }
 
 
-def ab(
-    work: Path, trees: list[str], sampler: str, rounds: int, images: int | None, threads: int | None, out: str
-) -> None:
-    """Alternate ``measure`` between checkouts (A B A B ...), each in a fresh process."""
+def ab(work: Path, trees: list[str], sampler: str, block: int, threads: int | None, out: str) -> None:
+    """Interleaved A/B: the test views in blocks of ``block``; each block rendered by every checkout in
+    turn (the order alternating from block to block), each run in a fresh process. Per checkout: all
+    rays over all seconds; per block: the ratio of the last checkout's rays/s to the first's."""
     from machine import command_line, describe, portable, write_report
 
     results: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
-    for round_ in range(rounds):
-        for tree in trees if round_ % 2 == 0 else trees[::-1]:
+    for index, first in enumerate(range(0, N_TEST, block)):
+        for tree in trees if index % 2 == 0 else trees[::-1]:
             env = {**os.environ, "PYTHONPATH": tree}
-            argv = [sys.executable, __file__, "measure", "--work", str(work), "--sampler", sampler]
-            argv += ["--images", str(images)] if images else []
+            argv = [sys.executable, __file__, "measure", "--work", str(work), "--sampler", sampler,
+                    "--images", str(block), "--first", str(first)]  # fmt: skip
             argv += ["--threads", str(threads)] if threads else []
             line = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
-            figures = json.loads(line.strip().splitlines()[-1])
+            figures = {"first": first, **json.loads(line.strip().splitlines()[-1])}
             results[tree].append(figures)
-            print(portable(tree), json.dumps(figures))
+            print(portable(tree), json.dumps(figures), flush=True)
     summary = {}
     for tree, runs in results.items():
-        speeds = sorted(r["rays_per_s"] for r in runs)
+        rays, seconds = sum(r["rays"] for r in runs), sum(r["seconds"] for r in runs)
         summary[portable(tree)] = {
-            "rays_per_s_median": speeds[len(speeds) // 2],
-            "rays_per_s": speeds,
-            "seconds_median": sorted(r["seconds"] for r in runs)[len(runs) // 2],
-            "psnr": runs[0]["psnr"],
+            "rays_per_s": rays / seconds,
+            "seconds_for_the_split": seconds,
+            "images": sum(r["images"] for r in runs),
+            "psnr": sum(r["psnr"] * r["images"] for r in runs) / sum(r["images"] for r in runs),
             "runs": runs,
         }
-    base, new = (summary[portable(t)]["rays_per_s_median"] for t in (trees[0], trees[-1]))
+    ratios = sorted(
+        b["rays_per_s"] / a["rays_per_s"] for a, b in zip(results[trees[0]], results[trees[-1]], strict=True)
+    )
+    base, new = (summary[portable(t)]["rays_per_s"] for t in (trees[0], trees[-1]))
     report = {
         "benchmark": "eval_ab",
         "scene": f"built-in scene {SIZE}x{SIZE}, {N_TEST} test views, model trained {sampler}",
@@ -158,10 +164,12 @@ def ab(
         "machine": describe(),
         "command": command_line(),
         "speedup_last_over_first": new / base,
+        "speedup_per_block": ratios,
+        "speedup_median_block": ratios[len(ratios) // 2],
         "results": summary,
     }
     write_report(out, report)
-    print(f"speed-up {new / base:.2f}x")
+    print(f"speed-up {new / base:.2f}x (blocks: median {ratios[len(ratios) // 2]:.2f}x)")
 
 
 def main() -> None:
@@ -173,8 +181,9 @@ def main() -> None:
     parser.add_argument("--sampler", default="occupancy")
     parser.add_argument("--train-steps", type=int, default=2000)
     parser.add_argument("--trees", default=str(ROOT.parent), help="comma-separated checkouts (ab)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--images", type=int, default=None, help="render only the first N test views")
+    parser.add_argument("--images", type=int, default=None, help="measure: render N test views")
+    parser.add_argument("--first", type=int, default=0, help="measure: the first test view rendered")
+    parser.add_argument("--block", type=int, default=20, help="ab: test views per run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--out", default=str(ROOT / "results" / "eval_ab.json"))
     args = parser.parse_args()
@@ -183,9 +192,9 @@ def main() -> None:
     if args.action == "prepare":
         prepare(work, args.sampler, args.train_steps)
     elif args.action == "measure":
-        print(json.dumps(measure(work, args.sampler, args.images, args.threads)))
+        print(json.dumps(measure(work, args.sampler, args.images, args.threads, args.first)))
     else:
-        ab(work, args.trees.split(","), args.sampler, args.rounds, args.images, args.threads, args.out)
+        ab(work, args.trees.split(","), args.sampler, args.block, args.threads, args.out)
 
 
 if __name__ == "__main__":

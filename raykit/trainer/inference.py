@@ -1,17 +1,18 @@
-"""Rendering for evaluation: no gradients, large chunks, empty space skipped, rays stopped once opaque.
+"""Rendering for evaluation: no gradients, empty space skipped, rays stopped once opaque.
 
 The one rendering path of ``eval.json``, the progress checks, ``raykit render`` and ``raykit export
 --verify`` (:func:`raykit.trainer.evaluate.render_batch` calls :func:`render_colours`). It places the
 samples exactly as training does (:func:`raykit.trainer.pipeline.sample_rays` without jitter: the
-occupancy grid or the proposal networks skip empty space), then composites them front to back in
-rounds (:func:`composite_front_to_back`): each round evaluates the field at the next few samples of
-every ray still visible, and a ray stops once its transmittance falls below
-:data:`STOP_TRANSMITTANCE`. What is left out lies behind an opacity of ``1 - 1e-4``: it changes a
-pixel by less than ``1e-4`` (a fortieth of one 8-bit level), so the renders are the full-sample ones
-(:func:`reference_colours`, their simple twin, renders every sample in one pass; the tests compare
-the two).
+occupancy grid, marched in strides through a coarse copy of it, or the proposal networks skip empty
+space), then composites them front to back in rounds (:func:`composite_front_to_back`): each round
+evaluates the density at the next few samples of every ray still visible, and the colour only where
+the compositing weight reaches :data:`LEAST_WEIGHT`; a ray stops once its transmittance falls below
+:data:`STOP_TRANSMITTANCE`. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
+``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth of one 8-bit level in all), so the
+renders are the every-sample ones (:func:`reference_colours`, their simple twin, renders every sample
+in one pass; the tests compare the two).
 
-Training keeps its own path: it needs the gradients of every sample and a static batch.
+Training keeps its own path: it needs the gradients of every sample.
 """
 
 from __future__ import annotations
