@@ -59,6 +59,7 @@ class OccupancyGrid(nn.Module):
         reachable = self._in_ball() if ball else torch.ones(resolution**3, dtype=torch.bool)
         self.register_buffer("reachable", reachable, persistent=False)
         self.register_buffer("occupied", reachable.clone())
+        self._coarse: tuple[tuple[int, int, int], Tensor, float] | None = None  # see coarse_test
         self._copy_to_host()
         self.register_load_state_dict_post_hook(lambda module, _keys: module._copy_to_host())
 
@@ -106,8 +107,12 @@ class OccupancyGrid(nn.Module):
         strides = torch.tensor([r * r, r, 1.0], dtype=cells.dtype, device=cells.device)
         return self.occupied[(cells @ strides).long()]
 
-    def coarse_test(self, factor: int = 2) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float]:
-        """A conservative occupancy test for skipping empty space in strides, and its stride.
+    def coarse_test(
+        self, factor: int = 2, most: float = 0.5
+    ) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float] | None:
+        """A conservative occupancy test for skipping empty space in strides, and its stride; None
+        where it would not pay (a share above ``most`` of the coarse cells passes, as while the grid
+        is young: every stride would then be stepped through anyway).
 
         Blocks of ``factor^3`` cells become one coarse cell, occupied when any of its cells is, then
         dilated by one coarse cell. Returns ``(test, stride)``: ``test(rays_o (N, 3), rays_d (N, 3), t
@@ -115,12 +120,21 @@ class OccupancyGrid(nn.Module):
         at ``t`` lies in an occupied cell, the test is True at every ``t'`` within ``stride / 2`` of it
         (a point within half a coarse cell of another lies in the same or a neighbouring coarse cell;
         clamping to the grid, as :meth:`is_occupied_along` does, keeps that true).
+
+        The coarse grid is kept until the occupancy changes (a refresh, a load): its share is read
+        back to the host once per change, not once per step.
         """
-        r = self.resolution
-        fine = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
-        coarse = torch.nn.functional.max_pool3d(fine, factor, factor, ceil_mode=True)
-        dilated = torch.nn.functional.max_pool3d(coarse, 3, 1, padding=1)[0, 0] > 0
-        rc = dilated.shape[0]
+        key = (factor, self.occupied._version, self.occupied.data_ptr())
+        if self._coarse is None or self._coarse[0] != key:
+            r = self.resolution
+            fine = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
+            coarse = torch.nn.functional.max_pool3d(fine, factor, factor, ceil_mode=True)
+            dilated = (torch.nn.functional.max_pool3d(coarse, 3, 1, padding=1)[0, 0] > 0).contiguous()
+            self._coarse = (key, dilated, float(dilated.float().mean()))
+        _, dilated, share = self._coarse
+        if share > most:
+            return None
+        r, rc = self.resolution, dilated.shape[0]
         lo = self.aabb[:3]
         scale = 1.0 / (factor * (self.aabb[3:] - lo) / r)
         strides = torch.tensor([rc * rc, rc, 1.0], dtype=self.density.dtype, device=lo.device)

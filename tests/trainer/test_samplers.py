@@ -151,8 +151,9 @@ def test_march_in_strides_equals_the_reference_comb() -> None:
     for factor in (1, 2, 3, 8):
         for seed in (None, 5):
             generators = [None if seed is None else torch.Generator().manual_seed(seed) for _ in range(2)]
+            coarse = grid.coarse_test(factor, most=1.0)  # strides even where they do not pay
             fast = march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along, generators[0],
-                                  coarse=grid.coarse_test(factor))  # fmt: skip
+                                  coarse=coarse)  # fmt: skip
             slow = reference_march_occupied(
                 origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along, generators[1]
             )
@@ -160,3 +161,6 @@ def test_march_in_strides_equals_the_reference_comb() -> None:
             for a, b in ((fast.t_starts, slow.t_starts), (fast.t_ends, slow.t_ends)):
                 assert torch.equal(a, b)
             assert torch.equal(fast.ray_indices, slow.ray_indices)
+    assert grid.coarse_test(2) is not None  # few coarse cells pass: strides pay
+    assert grid.coarse_test(8) is None  # 2^3 coarse cells, all dilated: they would not
+    assert OccupancyGrid(AABB, resolution=16).coarse_test() is None  # a young grid: everything occupied
