@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ranges",),
-    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version"),
+    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version", "recorder"),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),

@@ -241,7 +241,8 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
         "loader_wait_fraction": mean("loader_wait_fraction"),
         "memory_mb": max((r.get("peak_memory_mb") or 0.0 for r in log), default=None),
         "elapsed_s": log[-1].get("elapsed_s") if log else None,
-        "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr")} for p in progress],
+        "n_images": test.get("n_images"),
+        "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr", "n_images")} for p in progress],
         "renders": sorted(str(p) for p in (run_dir / "renders" / "test").glob("*.png")),
         "output": sha256_file(run_dir / "eval.json"),
     }
