@@ -88,7 +88,7 @@ def build_store(capture: Path, size: str, seed: int) -> Path:
 def build_stored_pids_copy(store: Path) -> Path:
     """A ``--with-pids`` copy of ``store`` (its chunks hold pids too, as before format 3)."""
     from raykit.store import open_store
-    from raykit.store.writer import copy_store
+    from raykit.store.write import copy_store
 
     path = store.with_name("store-with-pids.zarr")
     if (path / "manifest.json").exists() and open_store(path).fingerprint == open_store(store).fingerprint:

@@ -2,7 +2,7 @@
 
 The textured built-in scene (:func:`raykit.scene.photos.render_photos`, cameras on two rings) is
 rendered at two sizes, written as PNG photos into a temporary folder and run through
-:func:`raykit.converters.poses.estimate_poses` with default options (exhaustive matching below 200
+:func:`raykit.poses.estimate.estimate_poses` with default options (exhaustive matching below 200
 photos, SIMPLE_RADIAL, one shared camera) and ``--threads`` (default 2). Recorded per size: wall time
 of each stage (features, matching, mapping), the registered fraction, points, mean reprojection error,
 and the accuracy against the true poses after the best similarity on camera centres (median/max
@@ -29,8 +29,8 @@ from PIL import Image
 
 from raykit.colmap_io import read_model
 from raykit.conventions import c2w_from_colmap
-from raykit.converters.align import pose_errors
-from raykit.converters.poses import PoseOptions, estimate_poses
+from raykit.poses.align import pose_errors
+from raykit.poses.estimate import PoseOptions, estimate_poses
 from raykit.scene.photos import render_photos
 
 ROOT = Path(__file__).resolve().parent

@@ -2,9 +2,11 @@
 
 For each sampler (stratified, hierarchical, occupancy) one run of ``raykit.trainer.train`` with
 ``max_seconds=BUDGET`` on the 100x100 built-in scene (60 train / 10 test views), then the full test
-evaluation. Reported per sampler: test PSNR/SSIM, steps, rays/s, samples per ray, the time breakdown
-(data wait, sampling, network, rendering, backward, optimizer), and the quick test-PSNR curve against
-training time; then the training time each sampler needed to reach stratified's final quick PSNR.
+evaluation. Reported per sampler: test PSNR/SSIM, steps, steps/s, rays/s, samples per ray, the time
+breakdown (data wait and compute; with ``--phases`` data wait, sampling, network, rendering,
+backward, optimizer, timed by ``raykit.recorder``, which synchronises the device at each), and the
+quick test-PSNR curve against training time; then the training time each sampler needed to reach
+stratified's final quick PSNR.
 
     python benchmarks/bench_trainer.py --budget 300          # the full benchmark
     python benchmarks/bench_trainer.py --budget 30 --out out/t.json   # a quick look
@@ -15,6 +17,7 @@ Results go to ``benchmarks/results/trainer.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -28,6 +31,7 @@ import numpy as np
 import torch
 from machine import command_line, describe, portable, write_report
 
+import raykit.recorder
 from raykit.errors import RaykitError
 from raykit.scene import render_scene
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
@@ -70,7 +74,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def summarize(run: Path) -> dict[str, Any]:
     """One run's figures from its log.jsonl, progress.jsonl and eval.json."""
     log = _records(run / "log.jsonl")
-    seconds = {p: sum(r["seconds"][p] for r in log) for p in PHASES}
+    phases = [p for p in (*PHASES, "compute") if any(p in r["seconds"] for r in log)]
+    seconds = {p: sum(r["seconds"].get(p, 0.0) for r in log) for p in phases}
     total = sum(seconds.values())
     steps = log[-1]["step"]
     rays = sum(r["rays_per_s"] * r["step_time_s"] for r in log)
@@ -82,9 +87,10 @@ def summarize(run: Path) -> dict[str, Any]:
         "steps": steps,
         "train_seconds": total,
         "rays_per_s": rays / total,
+        "steps_per_s": steps / total,
         "samples_per_ray": samples / max(rays, 1),
         "seconds": seconds,
-        "fraction": {p: seconds[p] / total for p in PHASES},
+        "fraction": {p: seconds[p] / total for p in phases},
         "final_train_psnr": log[-1]["psnr"],
         "peak_memory_mb": max(r["peak_memory_mb"] for r in log),
         "eval_seconds": test["seconds"],
@@ -121,6 +127,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "results" / "trainer.json"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--progress-points", type=int, default=10, help="quick test-PSNR checks per run")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time every phase of the step (raykit.recorder; synchronises the device at each phase)",
+    )
     parser.add_argument("--set", action="append", default=[], help="extra TrainConfig field=value")
     parser.add_argument(
         "--merge", action="store_true", help="keep the other samplers' results already in --out (rerun some)"
@@ -150,7 +161,8 @@ def main() -> None:
             ckpt_every=100_000, threads=args.threads, **extra,
         )  # fmt: skip
         t0, load_before = time.perf_counter(), os.getloadavg()[0]
-        train(config)
+        with raykit.recorder.recording() if args.phases else contextlib.nullcontext():
+            train(config)
         results[sampler] = {**summarize(run), "wall_seconds": time.perf_counter() - t0, "command": command}
         results[sampler]["load_average_1min"] = [load_before, os.getloadavg()[0]]
         print(sampler, json.dumps({k: v for k, v in results[sampler].items() if k != "progress"}, indent=1))

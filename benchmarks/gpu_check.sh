@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The one prepared GPU check: the CUDA tests and the CUDA benchmarks, in under 8 minutes on one GPU.
+# The one prepared GPU check: the CUDA tests and the CUDA benchmarks, in under 10 minutes on one GPU.
 #
 # Run it from the repository root on a machine with CUDA (python3 there must hold a CUDA torch):
 #     bash benchmarks/gpu_check.sh [OUT_DIR]            # OUT_DIR defaults to $OUT, else benchmarks/results
 # Packages the GPU image lacks travel as wheels in .whl/ (made here by `bash benchmarks/gpu_wheels.sh`);
 # they are installed into /tmp/site first. Results: OUT_DIR/gpu_tests.xml (pytest -m gpu),
 # OUT_DIR/loader_cuda.json (benchmarks/bench_loader.py --cuda), OUT_DIR/trainer_cuda.json
-# (benchmarks/bench_trainer.py on device=cuda, 35 s per sampler), OUT_DIR/ns_runs.log (ns-train with the
-# raykit plugin beside the stock methods, benchmarks/gpu_nerfstudio.sh; skipped without a full nerfstudio)
+# (benchmarks/bench_trainer.py on device=cuda, 35 s per sampler: rays/s and steps/s of each sampler, the
+# step unsynchronised but when a record is logged), OUT_DIR/trainer_cuda_compiled.json (25 s each for
+# occupancy and proposal with --compile-field: the flag's default is chosen from the two files),
+# OUT_DIR/ns_runs.log (ns-train with the raykit plugin beside the stock methods, benchmarks/gpu_nerfstudio.sh; skipped without a full nerfstudio)
 # and OUT_DIR/gpu_check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,5 +43,8 @@ step "CUDA tests" 150 "$py" -m pytest -q -m gpu -p no:cacheprovider --junitxml="
 step "loader benchmark (CUDA)" 100 "$py" benchmarks/bench_loader.py --cuda --size small --out "$out/loader_cuda.json"
 step "trainer benchmark (CUDA)" 200 "$py" benchmarks/bench_trainer.py --budget 35 --progress-points 4 \
   --set device=cuda --work /tmp/raykit-gpu-trainer --out "$out/trainer_cuda.json"
+step "trainer benchmark (CUDA, --compile-field: is torch.compile worth a default?)" 150 "$py" benchmarks/bench_trainer.py \
+  --budget 25 --progress-points 2 --samplers occupancy,proposal --set device=cuda --set compile_field=true \
+  --work /tmp/raykit-gpu-trainer --out "$out/trainer_cuda_compiled.json"
 step "nerfstudio plugin (issue 28; skipped at once without a full nerfstudio)" 30 bash benchmarks/gpu_nerfstudio.sh "$out" 300
 exit $status

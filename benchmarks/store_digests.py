@@ -55,9 +55,15 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="threads of the one worker, one conversion each")
     parser.add_argument("--size", default="realistic", help="the captures' scene size (their names' part)")
     args = parser.parse_args()
+    import importlib
+
     import raykit
     from raykit.converters import convert
-    from raykit.store.writer import copy_store
+
+    try:
+        from raykit.store import copy_store
+    except ImportError:  # a checkout from before the store's one public face (issue 43)
+        copy_store = importlib.import_module("raykit.store." + "writer").copy_store
 
     out: dict[str, Any] = {"raykit": raykit.__file__}
     with tempfile.TemporaryDirectory(prefix="store-digests-") as tmp:

@@ -193,7 +193,7 @@ def trainer_section(d: dict[str, Any]) -> str:
         rows.append([
             sampler, f"{r['test_psnr']:.2f}", f"{r['test_ssim']:.3f}", str(r["steps"]), f"{r['samples_per_ray']:.1f}",
             f"{r['rays_per_s']:.0f}", "-" if reach is None else f"{reach:.0f}",
-            " / ".join(f"{f[k]:.2f}" for k in ("data", "sampling", "network", "rendering", "backward")),
+            " / ".join(f"{f.get(k, 0.0):.2f}" for k in ("data", "sampling", "network", "rendering", "backward")),
         ])  # fmt: skip
     return "\n".join([
         "## Trainer (issue 6)",

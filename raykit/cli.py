@@ -26,7 +26,7 @@ __all__ = ["build_parser", "main"]
 COMMANDS: dict[str, str] = {
     "scene": "raykit.scene.cli",
     "convert": "raykit.converters.cli",
-    "poses": "raykit.converters.pose_cli",
+    "poses": "raykit.poses.cli",
     "info": "raykit.store.cli",
     "validate": "raykit.store.cli",
     "copy": "raykit.store.cli",

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ranges",),
-    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version"),
+    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version", "recorder"),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),
@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("colmap_io",),
     ("scene",),
     ("store",),
+    ("poses",),
     ("converters", "loaders", "evaluation"),
     ("profiling",),
     ("trainer", "integrations"),
@@ -40,7 +41,7 @@ LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 
 
 def _unit(module: str) -> str:
-    """``raykit.store.writer`` -> ``store``; ``raykit.cli`` -> ``cli``."""
+    """``raykit.store.write`` -> ``store``; ``raykit.cli`` -> ``cli``."""
     return module.split(".")[1]
 
 
@@ -185,6 +186,63 @@ def test_circle_check_finds_circles(tmp_path: Path) -> None:
     source.write_text("def f():\n    from raykit.store import reader\n    import raykit.loaders.plan\n")
     modules = {"raykit.store.reader", "raykit.store.m", "raykit.loaders.plan"}
     assert _sibling_imports("raykit.store.m", source, modules) == {"raykit.store.reader"}
+
+
+def _submodule_imports(module: str, path: Path) -> list[str]:
+    """The imports in ``path`` (module ``module``) of another package's submodules: outside a package,
+    code imports the package (``from raykit.store import open_store``), never one of its modules
+    (``raykit.store.reader``), also inside functions and ``TYPE_CHECKING`` blocks. ``from raykit.store
+    import reader`` counts too, unless the package exports that name (``raykit.converters.convert`` is
+    the function). Command modules (``raykit.<package>.cli``) are reached by name and are not counted."""
+    own = module.split(".")[1]  # raykit.store.reader -> store (raykit.cli -> cli, no package)
+    packages = {p.parent.name for p in (ROOT / "raykit").glob("*/__init__.py")}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+            parts = node.module.split(".")
+            if len(parts) == 2 and parts[0] == "raykit" and parts[1] in packages:
+                exported = set(getattr(importlib.import_module(node.module), "__all__", ()))
+                for alias in node.names:
+                    if (
+                        alias.name not in exported
+                        and (ROOT / "raykit" / parts[1] / f"{alias.name}.py").exists()
+                    ):
+                        names.append(f"{node.module}.{alias.name}")
+        for name in names:
+            parts = name.split(".")
+            inside = len(parts) >= 3 and parts[0] == "raykit" and parts[1] in packages
+            if inside and parts[1] != own and parts[-1] != "cli":
+                found.append(f"{module}:{node.lineno} imports {name}")
+    return found
+
+
+def test_packages_are_imported_whole() -> None:
+    """One public face per package: 0 imports of another package's submodules in the library."""
+    assert [line for module, path in _library_files() for line in _submodule_imports(module, path)] == []
+
+
+def test_submodule_check_catches_reaching_in(tmp_path: Path) -> None:
+    """The check itself: ``raykit.store.reader`` from the loaders is caught (also as ``from raykit.store
+    import reader`` and inside a function); the package, an exported name and a command module pass,
+    and so does a package's own submodule."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from raykit.store.reader import RayStore\nfrom raykit.store import open_store, reader\n"
+        "from raykit.converters import convert\nimport raykit.store.cli\n"
+        "def f():\n    import raykit.loaders.plan\n"
+    )
+    assert _submodule_imports("raykit.loaders.fake", source) == [
+        "raykit.loaders.fake:1 imports raykit.store.reader",
+        "raykit.loaders.fake:2 imports raykit.store.reader",
+    ]
+    assert _submodule_imports("raykit.store.fake", source) == [
+        "raykit.store.fake:6 imports raykit.loaders.plan"
+    ]
+    assert len(_submodule_imports("raykit.cli", source)) == 3
 
 
 def test_no_library_module_imports_a_cli_module() -> None:

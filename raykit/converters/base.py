@@ -20,7 +20,7 @@ import numpy as np
 
 from raykit.cameras import Camera
 from raykit.errors import SourceError
-from raykit.store.points import SparsePoints
+from raykit.store import SparsePoints
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -9,7 +9,7 @@ from typing import Any
 
 from raykit.converters.config import add_arguments, from_args
 from raykit.converters.convert import POSE_SOURCES, convert
-from raykit.converters.pose_cli import add_pose_arguments, pose_options_from_args
+from raykit.poses.cli import add_pose_arguments, pose_options_from_args
 
 __all__ = ["register", "run_convert"]
 
@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     """Handler of ``raykit convert``; returns the exit status."""
-    from raykit.store.phases import format_phases, recording_phases
+    from raykit.store import format_phases, recording_phases
 
     config = from_args(args)
     start = time.perf_counter()
@@ -46,7 +46,9 @@ def run_convert(args: argparse.Namespace) -> int:
     recording = recording_phases() if config.profile else contextlib.nullcontext({})
     with recording as phases:
         poses = pose_options_from_args(args) if config.source in POSE_SOURCES else None
-        store = convert(config.src, config.dst, config, poses=poses, allow_outside=args.allow_outside)
+        store = convert(
+            config.src, config.dst, **config.convert_options(), poses=poses, allow_outside=args.allow_outside
+        )
     seconds = time.perf_counter() - start
     splits = ", ".join(
         f"{name}: {info.n_images} images, {info.n_rays} rays" for name, info in store.splits.items()

@@ -41,7 +41,7 @@ from raykit.converters.base import Capture, Problems, SourceView, add_listed
 from raykit.converters.ngp import box_near_far
 from raykit.converters.paths import ImageRoots, shown_name
 from raykit.errors import CameraError, SourceError
-from raykit.store.points import SparsePoints
+from raykit.store import SparsePoints
 
 __all__ = ["NEAR_PERCENTILE", "find_colmap_model", "image_near_far", "parse_colmap", "sparse_points"]
 

@@ -1,7 +1,7 @@
 """``ConvertConfig``: every option of ``raykit convert``, written once; its fields generate the flags.
 
 ``add_arguments(parser)`` builds the command's arguments, ``from_args(args)`` reads them back, and
-``convert(config.src, config.dst, config)`` runs it (:func:`raykit.converters.convert`);
+``convert(config.src, config.dst, **config.convert_options())`` runs it (:func:`raykit.converters.convert`);
 ``config.store_options()`` is the part the store writer takes.
 """
 
@@ -15,13 +15,18 @@ from typing import Any
 from raykit.converters.downscale import DOWNSCALE_RULES
 from raykit.converters.images import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
-from raykit.converters.poses import POSE_SOURCES
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
 from raykit.options import option
-from raykit.store.backend import BACKENDS
-from raykit.store.layout import LAYOUTS, RGBA_CODEC, RGBA_CODECS
-from raykit.store.plan import DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, StoreOptions
+from raykit.poses import POSE_SOURCES
+from raykit.store import (
+    BACKENDS,
+    DEFAULT_CHUNK_RAYS,
+    DEFAULT_SHARD_CHUNKS,
+    LAYOUTS,
+    RGBA_CODEC,
+    RGBA_CODECS,
+)
 
 __all__ = ["SOURCES", "ConvertConfig", "add_arguments", "from_args"]
 
@@ -86,20 +91,14 @@ class ConvertConfig:
     progress: bool = option(True, "progress bars")
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
 
-    def store_options(self) -> StoreOptions:
-        """How the store is written (``raykit.store.write_store``)."""
-        return StoreOptions(
-            layout=self.layout,
-            backend=self.backend,
-            chunk_rays=self.chunk_rays,
-            shard_chunks=self.shard_chunks,
-            seed=self.seed,
-            rgba_codec=self.rgba_codec,
-        )
+    def store_options(self) -> dict[str, Any]:
+        """How the store is written: keywords of :func:`raykit.store.write_store`."""
+        names = ("layout", "backend", "chunk_rays", "shard_chunks", "seed", "rgba_codec")
+        return {name: getattr(self, name) for name in names}
 
     def convert_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst`` and the pose
-        estimation options of ``--from photos|video``, which ``raykit.converters.pose_cli`` defines)."""
+        estimation options of ``--from photos|video``, which ``raykit.poses.cli`` defines)."""
         return {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _COMMAND_ONLY
         }

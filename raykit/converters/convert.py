@@ -10,7 +10,6 @@ when complete (a rerun resumes from the finished work). Nothing is written befor
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,19 +28,15 @@ from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
-from raykit.converters.poses import POSE_SOURCES, PoseOptions, poses_for_convert
-from raykit.converters.splits import assign_splits
-from raykit.converters.video import VIDEO_EXTENSIONS
+from raykit.converters.splits import SplitSpec, assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS, PoseOptions, poses_for_convert
 from raykit.progress import progress as progress_bar
 from raykit.ranges import IMAGE_PIXELS_WARN
-from raykit.store.layout import LAYOUTS
-from raykit.store.location import is_url
-from raykit.store.points import SparsePoints
-from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store import LAYOUTS, ImageRecord, SceneInfo, SparsePoints, is_url
 
 if TYPE_CHECKING:
-    from raykit.store.reader import RayStore
+    from raykit.store import RayStore
 
 __all__ = ["POSE_SOURCES", "SOURCES", "build_records", "convert", "detect_source", "parse_source"]
 
@@ -304,33 +299,77 @@ def _world_points(capture: Capture, scene: SceneInfo) -> SparsePoints | None:
     return None if capture.sparse is None else capture.sparse.transformed(scene.matrix())
 
 
+_C = ConvertConfig  # every default below is ConvertConfig's, written there once
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
-    config: ConvertConfig | None = None,
     *,
+    source: str = _C.source,
+    backend: str = _C.backend,
+    layout: str = _C.layout,
+    downscale: int = _C.downscale,
+    downscale_rule: str = _C.downscale_rule,
+    split: SplitSpec = _C.split,
+    normalize: str = _C.normalize,
+    workers: int = _C.workers,
+    scheduler: str | None = _C.scheduler,
+    threads: int | None = _C.threads,
+    skip_missing: bool = _C.skip_missing,
+    images: str | None = _C.images,
+    exif: str = _C.exif,
+    near: float | None = _C.near,
+    far: float | None = _C.far,
+    chunk_rays: int = _C.chunk_rays,
+    shard_chunks: int = _C.shard_chunks,
+    seed: int = _C.seed,
+    rgba_codec: str = _C.rgba_codec,
+    overwrite: bool = _C.overwrite,
+    progress: bool = False,
     poses: PoseOptions | None = None,
     allow_outside: Sequence[str | os.PathLike[str]] = (),
-    **options: Any,
 ) -> RayStore:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
     Args:
-        config: every option (:class:`~raykit.converters.config.ConvertConfig`; its ``src`` and
-            ``dst`` are not used); default: its defaults without progress bars. ``options``
-            (``backend=``, ``layout=``, ...) replace single fields of it, as keywords did in earlier
-            releases; ``split`` may also be explicit lists (see :mod:`raykit.converters.splits`).
+        source, backend, layout, ...: the options of :class:`~raykit.converters.config.ConvertConfig`
+            (``raykit convert``'s flags), as keywords with its defaults, but ``progress`` (no bars
+            unless asked); ``convert(config.src, config.dst, **config.convert_options())`` runs a
+            config. ``split`` may also be explicit lists (see :mod:`raykit.converters.splits`).
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
-        poses: :class:`~raykit.converters.poses.PoseOptions` for ``source="photos"`` or ``"video"``,
+        poses: :class:`~raykit.poses.estimate.PoseOptions` for ``source="photos"`` or ``"video"``,
             whose poses are estimated into ``<dst>.poses`` first (see :func:`poses_for_convert`).
 
     Raises:
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
     """
-    config = dataclasses.replace(config or ConvertConfig(progress=False), **options)
+    config = ConvertConfig(
+        source=source,
+        backend=backend,
+        layout=layout,
+        downscale=downscale,
+        downscale_rule=downscale_rule,
+        split=split,  # type: ignore[arg-type]
+        normalize=normalize,
+        workers=workers,
+        scheduler=scheduler,
+        threads=threads,
+        skip_missing=skip_missing,
+        images=images,
+        exif=exif,
+        near=near,
+        far=far,
+        chunk_rays=chunk_rays,
+        shard_chunks=shard_chunks,
+        seed=seed,
+        rgba_codec=rgba_codec,
+        overwrite=overwrite,
+        progress=progress,
+    )
     if config.layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {config.layout!r}")
     source, exif, threads = config.source, config.exif, config.threads
@@ -371,7 +410,7 @@ def convert(
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
     write = _Write(records, scene, config, threads, info, _world_points(capture, scene))
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
-        from raykit.store.remote_write import work_folder, write_remote
+        from raykit.store import work_folder, write_remote
 
         local_dst = work_folder(str(dst)) / "store"
         try:
@@ -398,7 +437,7 @@ class _Write:
     points: SparsePoints | None
 
     def to(self, dst: Path, overwrite: bool = False) -> RayStore:
-        from raykit.store.writer import write_store
+        from raykit.store import write_store
 
         config = self.config
         with conversion_executor(config.workers, config.scheduler, self.threads) as executor:
@@ -406,7 +445,7 @@ class _Write:
                 dst,
                 self.records,
                 scene=self.scene,
-                options=config.store_options(),
+                **config.store_options(),
                 executor=executor,
                 progress=config.progress,
                 source=self.info,

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from raykit.errors import SourceError
-from raykit.store.schema import ImageRecord
+from raykit.store import ImageRecord
 
 __all__ = ["decode_problems", "discard_partial"]
 

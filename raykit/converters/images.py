@@ -56,7 +56,6 @@ __all__ = [
     "EXIF_POLICIES",
     "ImageFileDecoder",
     "ImageHeader",
-    "ImageLoader",
     "choose_layout",
     "decode_image",
     "downscale_area",
@@ -394,8 +393,8 @@ def downscale_area(image: np.ndarray, factor: int, *, where: str = "image") -> n
 
 @dataclass(frozen=True)
 class ImageFileDecoder:
-    """Picklable ``load()`` for a store writer: decode, check the size, downscale (``ImageLoader`` in
-    earlier releases, a name kept for one release; ``raykit.loaders.ImageLoader`` yields batches).
+    """Picklable ``load()`` for a store writer: decode, check the size, downscale (not to be confused
+    with ``raykit.loaders.ImageLoader``, which yields batches).
 
     Attributes:
         path: image file.
@@ -425,6 +424,3 @@ class ImageFileDecoder:
         if self.resize_to is not None:
             return resize_area(image, *self.resize_to)
         return downscale_area(image, self.downscale, where=self.path)
-
-
-ImageLoader = ImageFileDecoder  # the name of earlier releases, kept for one release

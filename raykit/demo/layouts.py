@@ -16,9 +16,8 @@ import torch
 
 from raykit.converters import convert
 from raykit.errors import RaykitError
-from raykit.profiling.loader import run_bench
-from raykit.store import open_store
-from raykit.store.validate import validate_store
+from raykit.profiling import run_bench
+from raykit.store import open_store, validate_store
 from raykit.trainer import AUTO_SAMPLERS, TrainConfig, train
 
 __all__ = ["compare_layouts", "layouts_section"]

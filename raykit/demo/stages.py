@@ -7,12 +7,18 @@ from typing import Any
 
 import torch
 
-from raykit.converters.config import ConvertConfig
-from raykit.converters.poses import PoseOptions
+from raykit.converters import ConvertConfig
 from raykit.demo import DemoPlan, machine_info, plan_dict, write_results
-from raykit.pipeline import RunConfig, Stage, StageConfigs, StageRunner
-from raykit.pipeline.records import fingerprint, tree_fingerprint
-from raykit.pipeline.runner import Attempt
+from raykit.pipeline import (
+    Attempt,
+    RunConfig,
+    Stage,
+    StageConfigs,
+    StageRunner,
+    fingerprint,
+    tree_fingerprint,
+)
+from raykit.poses import PoseOptions
 from raykit.trainer import SAMPLERS, TrainConfig
 
 __all__ = ["demo_configs", "demo_extra", "scene_stage"]

@@ -9,12 +9,9 @@ from typing import Any
 
 from raykit.converters import convert
 from raykit.errors import RaykitError
-from raykit.profiling.baselines import baseline_cached_images, baseline_precomputed_rays
-from raykit.profiling.loader import run_bench
+from raykit.profiling import baseline_cached_images, baseline_precomputed_rays, run_bench
 from raykit.scene import render_scene, write_blender, write_colmap
-from raykit.store import open_store
-from raykit.store.reader import RayStore
-from raykit.store.validate import validate_store
+from raykit.store import RayStore, open_store, validate_store
 
 __all__ = ["compare_stores", "convert_all", "make_scene", "profile"]
 

@@ -11,8 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from raykit.loaders.batching import DeviceBatcher
     from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
     from raykit.loaders.config import IMAGE_CACHE_BYTES, RAY_CACHE_BYTES, ImageLoaderConfig, LoaderConfig
+    from raykit.loaders.eval import EvalImage, EvalLoader
     from raykit.loaders.images import ImageBatch, ImageLoader, ImagePlan
     from raykit.loaders.levels import level_camera
     from raykit.loaders.loader import RayLoader
@@ -22,8 +24,10 @@ if TYPE_CHECKING:
 
 # module -> the public names it defines (imported on first use)
 _PUBLIC = {
+    "batching": ("DeviceBatcher",),
     "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
     "config": ("IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"),
+    "eval": ("EvalImage", "EvalLoader"),
     "images": ("ImageBatch", "ImageLoader", "ImagePlan"),
     "levels": ("level_camera",),
     "loader": ("RayLoader",),
@@ -39,7 +43,10 @@ __all__ = [
     "CacheStats",
     "ChunkCache",
     "ChunkSource",
+    "DeviceBatcher",
     "DiskCache",
+    "EvalImage",
+    "EvalLoader",
     "ImageBatch",
     "ImageCache",
     "ImageLoader",

@@ -15,7 +15,7 @@ from raykit.ranges import Range, device_problem, range_problems
 
 if TYPE_CHECKING:
     from raykit.loaders.source import ChunkSource
-    from raykit.store.reader import RayStore
+    from raykit.store import RayStore
 
 __all__ = ["check_loader_args", "check_state", "open_if_location", "resume_position"]
 

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from raykit.loaders.source import is_remote
-from raykit.store.layout import holds_images
+from raykit.store import holds_images
 
 __all__ = ["MAX_AUTO_WORKERS", "MIN_AUTO_CHUNKS", "choose_workers", "source_url", "usable_cores"]
 

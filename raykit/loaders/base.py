@@ -27,7 +27,7 @@ from raykit.loaders.stages import Prefetch, Stage
 
 if TYPE_CHECKING:
     from raykit.loaders.source import ChunkSource
-    from raykit.store.reader import RayStore
+    from raykit.store import RayStore
 
 __all__ = ["PARTITION_KEYS", "STATE_VERSION", "BatchLoader", "close_all", "distributed_rank", "register"]
 

@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from raykit.rays import RayBatch
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["DeviceBatcher"]
 

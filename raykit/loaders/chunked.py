@@ -17,8 +17,7 @@ from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups"]
 
@@ -150,9 +149,17 @@ class ChunkStrategy:
             shuffled = getattr(getattr(source, "info", None), "shuffled", False)
             mix_run = SHUFFLED_SPLIT_MIX_RUN if shuffled else 1
         return SamplingPlan(
-            source.n_rays, source.chunk_rays, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last,
-            cfg.mix_chunks, world_size, rank, mix_run,
-        )  # fmt: skip
+            n_rays=source.n_rays,
+            chunk_rays=source.chunk_rays,
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            shuffle=cfg.shuffle,
+            drop_last=cfg.drop_last,
+            mix_chunks=cfg.mix_chunks,
+            world_size=world_size,
+            rank=rank,
+            mix_run=mix_run,
+        )
 
     def cache(self, cfg: LoaderConfig, source: ChunkSource, plan: SamplingPlan) -> ChunkCache[RawRays]:
         return ChunkCache(cfg.cache_bytes)  # an LRU of decoded chunks

@@ -11,7 +11,6 @@ from typing import Any, Self
 
 import numpy as np
 
-from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args
 from raykit.ranges import Range, worker_range
 
@@ -37,8 +36,7 @@ _RANGES = {"batch_size": _COUNT, "seed": Range(0, integer=True), "num_workers": 
 
 
 class _Options:
-    """What both configs share: the checks, ``replace``, ``changed`` and ``merge`` (options as keywords
-    or one config)."""
+    """What both configs share: the checks and ``replace``."""
 
     def __post_init__(self) -> None:
         values = {name: getattr(self, name) for name in _RANGES if hasattr(self, name)}
@@ -50,33 +48,6 @@ class _Options:
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
-
-    def changed(self) -> list[str]:
-        """Names of the fields that differ from their defaults, in field order."""
-        default = type(self)()
-        fields = dataclasses.fields(self)  # type: ignore[arg-type]
-        return [f.name for f in fields if getattr(self, f.name) != getattr(default, f.name)]
-
-    @classmethod
-    def merge(cls, keywords: Self, config: Self | None) -> Self:
-        """``config`` when given (then every keyword must be left at its default), else ``keywords``.
-
-        Raises:
-            ConfigError: ``config`` of another type, or both a ``config`` and keywords that differ from
-                their defaults.
-        """
-        if config is None:
-            return keywords
-        if not isinstance(config, cls):
-            article = "an" if cls.__name__[0] in "AEIOU" else "a"
-            got = type(config).__name__
-            raise ConfigError(f"loader: config: expected {article} {cls.__name__}, got {got}")
-        if changed := keywords.changed():
-            raise ConfigError(
-                f"loader: options given both as config= and as keywords ({', '.join(changed)}): "
-                "give them one way"
-            )
-        return config
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 from raykit.errors import ConfigError
 from raykit.loaders.batching import DeviceBatcher
 from raykit.rays import RayBatch
-from raykit.store.reader import RayStore
+from raykit.store import RayStore
 
 __all__ = ["EvalImage", "EvalLoader"]
 

@@ -30,12 +30,12 @@ from raykit.imagedecode import downscale_area, level_size
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import HeapTrim, ImageCache
-from raykit.loaders.config import IMAGE_CACHE_BYTES, ImageLoaderConfig
+from raykit.loaders.config import ImageLoaderConfig
 from raykit.loaders.levels import LevelCache, check_downscale, level_camera
 from raykit.loaders.node_cache import NodeImageCache, check_cache_kind
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
-from raykit.store.reader import RayStore, open_store
+from raykit.store import RayStore, open_store
 
 __all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader", "ImagePlan", "ImageSource"]
 
@@ -314,6 +314,9 @@ def check_batch_sizes(source: ImageSource, batch_size: int, crop: tuple[int, int
         )
 
 
+_D = ImageLoaderConfig  # the keywords' defaults, written there once
+
+
 class ImageLoader(BatchLoader):
     """Yields :class:`ImageBatch` es of one split, epoch after epoch.
 
@@ -347,11 +350,10 @@ class ImageLoader(BatchLoader):
             shared memory, each image decoded once per machine
             (:class:`~raykit.loaders.node_cache.NodeImageCache`). Batches, order and resume are the
             same either way.
-        config: all of the options above but ``store`` as one
-            :class:`~raykit.loaders.config.ImageLoaderConfig` (then leave those keywords at their defaults).
 
     Attributes:
-        config: the options, as an :class:`~raykit.loaders.config.ImageLoaderConfig`.
+        config: the options, as an :class:`~raykit.loaders.config.ImageLoaderConfig` (the one place of
+            their defaults and checks; the keywords' defaults are its own).
     """
 
     STATE_VERSION = IMAGE_STATE_VERSION
@@ -361,31 +363,44 @@ class ImageLoader(BatchLoader):
     def __init__(
         self,
         store: RayStore | str | os.PathLike[str],
-        split: str = "train",
-        batch_size: int = 1,
-        seed: int = 0,
+        split: str = _D.split,
+        batch_size: int = _D.batch_size,
+        seed: int = _D.seed,
         *,
-        shuffle: bool = True,
-        crop: tuple[int, int] | None = None,
-        device: Any = "cpu",
-        num_workers: int = 0,
-        cache_bytes: int = IMAGE_CACHE_BYTES,
-        rank: int | None = None,
-        world_size: int | None = None,
-        undistort: bool = False,
-        drop_last: bool = True,
-        prefetch: int = 2,
-        convert_threads: int | None = None,
-        transform: Callable[[np.ndarray], np.ndarray] | None = None,
-        downscale: int = 1,
-        cache: str = "process",
-        config: ImageLoaderConfig | None = None,
+        shuffle: bool = _D.shuffle,
+        crop: tuple[int, int] | None = _D.crop,
+        device: Any = _D.device,
+        num_workers: int = _D.num_workers,
+        cache_bytes: int = _D.cache_bytes,
+        rank: int | None = _D.rank,
+        world_size: int | None = _D.world_size,
+        undistort: bool = _D.undistort,
+        drop_last: bool = _D.drop_last,
+        prefetch: int = _D.prefetch,
+        convert_threads: int | None = _D.convert_threads,
+        transform: Callable[[np.ndarray], np.ndarray] | None = _D.transform,
+        downscale: int = _D.downscale,
+        cache: str = _D.cache,
     ) -> None:
-        keywords = ImageLoaderConfig(
-            split, batch_size, seed, shuffle, crop, device, num_workers, cache_bytes, rank, world_size,
-            undistort, drop_last, prefetch, convert_threads, transform, downscale, cache,
-        )  # fmt: skip
-        cfg = self.config = ImageLoaderConfig.merge(keywords, config)
+        cfg = self.config = ImageLoaderConfig(
+            split=split,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            crop=crop,
+            device=device,
+            num_workers=num_workers,
+            cache_bytes=cache_bytes,
+            rank=rank,
+            world_size=world_size,
+            undistort=undistort,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            convert_threads=convert_threads,
+            transform=transform,
+            downscale=downscale,
+            cache=cache,
+        )
         opened = open_if_location(store)
         if not isinstance(opened, RayStore):
             raise ConfigError(f"image loader: store: expected a RayStore or a store location, got {store!r}")

@@ -19,15 +19,17 @@ from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
-from raykit.loaders.config import RAY_CACHE_BYTES, LoaderConfig
+from raykit.loaders.config import LoaderConfig
 from raykit.loaders.node_cache import check_cache_kind
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
+
+
+_D = LoaderConfig  # the keywords' defaults, written there once
 
 
 class RayLoader(BatchLoader):
@@ -65,11 +67,10 @@ class RayLoader(BatchLoader):
         cache: ``"process"``, or on an images-layout split ``"node"``: its decoded-image cache is the
             machine's, shared by every rank (as ``ImageLoader``'s ``cache="node"``,
             :mod:`raykit.loaders.node_cache`); batches, order and resume unchanged.
-        config: all of the options above but ``store`` and ``make_batch`` as one
-            :class:`~raykit.loaders.config.LoaderConfig` (then leave those keywords at their defaults).
 
     Attributes:
-        config: the options, as a :class:`~raykit.loaders.config.LoaderConfig`.
+        config: the options, as a :class:`~raykit.loaders.config.LoaderConfig` (the one place of their
+            defaults and checks; the keywords' defaults are its own).
         num_workers: the worker processes used (``"auto"`` resolved).
         workers_reason: why (``"given"``, or the reason ``"auto"`` chose this count).
         strategy: how the split is read (``strategy.name``: ``"rays"`` or ``"window"``), from its
@@ -83,33 +84,47 @@ class RayLoader(BatchLoader):
     def __init__(
         self,
         store: RayStore | ChunkSource | str | os.PathLike[str],
-        split: str = "train",
-        batch_size: int = 4096,
-        seed: int = 0,
+        split: str = _D.split,
+        batch_size: int = _D.batch_size,
+        seed: int = _D.seed,
         *,
-        shuffle: bool = True,
-        device: Any = "cpu",
-        num_workers: int | str = "auto",
-        cache_bytes: int = RAY_CACHE_BYTES,
-        disk_cache: str | os.PathLike[str] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = True,
-        mix_chunks: int = 8,
-        mix_run: int | None = None,
-        prefetch: int = 4,
-        group_rays: int | None = None,
-        gen_threads: int | None = None,
+        shuffle: bool = _D.shuffle,
+        device: Any = _D.device,
+        num_workers: int | str = _D.num_workers,
+        cache_bytes: int = _D.cache_bytes,
+        disk_cache: str | os.PathLike[str] | None = _D.disk_cache,
+        rank: int | None = _D.rank,
+        world_size: int | None = _D.world_size,
+        drop_last: bool = _D.drop_last,
+        mix_chunks: int = _D.mix_chunks,
+        mix_run: int | None = _D.mix_run,
+        prefetch: int = _D.prefetch,
+        group_rays: int | None = _D.group_rays,
+        gen_threads: int | None = _D.gen_threads,
         make_batch: Callable[[RawRays], Any] | None = None,
-        window_images: int | None = None,
-        cache: str = "process",
-        config: LoaderConfig | None = None,
+        window_images: int | None = _D.window_images,
+        cache: str = _D.cache,
     ) -> None:
-        keywords = LoaderConfig(
-            split, batch_size, seed, shuffle, device, num_workers, cache_bytes, disk_cache, rank, world_size,
-            drop_last, mix_chunks, mix_run, prefetch, group_rays, gen_threads, window_images, cache,
-        )  # fmt: skip
-        cfg = LoaderConfig.merge(keywords, config)
+        cfg = LoaderConfig(
+            split=split,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            device=device,
+            num_workers=num_workers,
+            cache_bytes=cache_bytes,
+            disk_cache=disk_cache,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            mix_chunks=mix_chunks,
+            mix_run=mix_run,
+            prefetch=prefetch,
+            group_rays=group_rays,
+            gen_threads=gen_threads,
+            window_images=window_images,
+            cache=cache,
+        )
         store = open_if_location(store)
         self.store, self.split = store, cfg.split
         self.strategy: Strategy = strategy_for(store, cfg.split)

@@ -38,7 +38,7 @@ from typing import Any
 from raykit.errors import ConfigError, WorkerError
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.source import ChunkSource
-from raykit.store.schema import RawRays
+from raykit.store import RawRays
 
 __all__ = ["ChunkFetcher", "WorkerDied", "WorkerProcess", "pickle_source", "serve"]
 

@@ -16,9 +16,7 @@ import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError
 from raykit.loaders.cache import DiskCache
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
-from raykit.store.split_readers import Timed
+from raykit.store import RawRays, RayStore, Timed
 
 __all__ = [
     "CachedStoreSource",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
 from raykit.rays import RayBatch
-from raykit.store.schema import RawRays
+from raykit.store import RawRays
 
 __all__ = [
     "Generate",

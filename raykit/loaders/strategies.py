@@ -16,9 +16,7 @@ from raykit.loaders.config import LoaderConfig
 from raykit.loaders.source import ChunkSource
 from raykit.loaders.stages import GroupStage, StrategyInputs
 from raykit.loaders.windowed import WINDOW
-from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import IMAGES_LAYOUT, RAYS_LAYOUT, RawRays, RayStore
 
 __all__ = ["STRATEGIES", "Strategy", "layout_of", "strategy_for"]
 

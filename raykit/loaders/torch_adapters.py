@@ -16,8 +16,7 @@ from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import RAY_CACHE_BYTES
 from raykit.loaders.loader import RayLoader
 from raykit.rays import RayBatch
-from raykit.store.reader import RayStore, open_store
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore, open_store
 
 __all__ = ["RayDataset", "RayIterableDataset", "collate_rays"]
 

@@ -24,8 +24,7 @@ from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
 from raykit.loaders.window import Draw, Piece, WindowPlan
 from raykit.ordered import in_order
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
+from raykit.store import RawRays, RayStore
 
 __all__ = [
     "DECODE_AHEAD",
@@ -86,9 +85,15 @@ class WindowStrategy:
         if window is None:
             window = default_window(source.store, cfg.split, cfg.cache_bytes)
         return WindowPlan(
-            tuple(source.image_rays), cfg.batch_size, int(window), cfg.seed, cfg.shuffle, cfg.drop_last,
-            world_size, rank,
-        )  # fmt: skip
+            image_rays=tuple(source.image_rays),
+            batch_size=cfg.batch_size,
+            window_images=int(window),
+            seed=cfg.seed,
+            shuffle=cfg.shuffle,
+            drop_last=cfg.drop_last,
+            world_size=world_size,
+            rank=rank,
+        )
 
     def cache(self, cfg: LoaderConfig, source: WindowImageSource, plan: WindowPlan) -> ChunkCache[RawRays]:
         """Decoded images, admitted until full, in what ``cache_bytes`` leaves beside the window, the

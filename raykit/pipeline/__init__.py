@@ -12,12 +12,13 @@ from __future__ import annotations
 from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
 from raykit.pipeline.records import PIPELINE_FILE, fingerprint, tree_fingerprint
 from raykit.pipeline.run import capture_and_store, check_run_folder, run_pipeline
-from raykit.pipeline.runner import Stage, StageError, StageRunner, WarmStarter, machine_fault
+from raykit.pipeline.runner import Attempt, Stage, StageError, StageRunner, WarmStarter, machine_fault
 from raykit.pipeline.stages import export_stage, train_summary, training_stage, with_progress_checks
 
 __all__ = [
     "DEFAULT_SAMPLER",
     "PIPELINE_FILE",
+    "Attempt",
     "RunConfig",
     "Stage",
     "StageConfigs",

@@ -1,7 +1,7 @@
 """The options of ``raykit run``: its own (:class:`RunConfig`) and those passed through to the stages.
 
 The stages' options are not written again: ``add_arguments`` adds the flags of
-:class:`~raykit.converters.config.ConvertConfig`, :class:`~raykit.converters.poses.PoseOptions` and
+:class:`~raykit.converters.config.ConvertConfig`, :class:`~raykit.poses.estimate.PoseOptions` and
 :class:`~raykit.trainer.TrainConfig`, less those the pipeline sets itself (``STAGE_SKIPS``), and
 ``from_args`` reads them back into those objects. ``--seed`` and ``--threads`` serve conversion,
 pose estimation and training alike.
@@ -16,11 +16,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from raykit.converters.config import ConvertConfig
-from raykit.converters.poses import PoseOptions
+from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import config_problems, option
+from raykit.poses import PoseOptions
 from raykit.ranges import Range
 from raykit.trainer import SAMPLERS, TrainConfig
 

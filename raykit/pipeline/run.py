@@ -17,7 +17,7 @@ from raykit.pipeline.runner import Attempt, Stage, StageRunner
 
 __all__ = ["RUN_LOCK", "ExtraStages", "capture_and_store", "check_run_folder", "run_pipeline"]
 
-RUN_LOCK = "run.lock"  # OUT/run.lock: held by the one `raykit run` writing OUT (raykit.store.lock)
+RUN_LOCK = "run.lock"  # OUT/run.lock: held by the one `raykit run` writing OUT (raykit.store.files)
 
 # Stages a caller adds after evaluation (the demo's comparisons): given the runner and the results so
 # far, run them and return the report's extra sections as ``{"title": markdown}``.

@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from raykit.converters.convert import detect_source
-from raykit.converters.poses import POSE_SOURCES
-from raykit.converters.video import VIDEO_EXTENSIONS
+from raykit.converters import detect_source
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import loads_json, read_json, sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
 from raykit.pipeline.records import tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, WarmStarter, run_process
+from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS
 from raykit.trainer import OLD_PROTOCOL, TrainConfig, protocol_of
 
 __all__ = [
@@ -62,7 +61,7 @@ def _raykit(*args: str) -> list[str]:
 
 def poses_stage(cfg: StageConfigs, out: Path, kind: str) -> Stage:
     """Camera poses of photos or a video (``raykit poses``) into ``OUT/poses``."""
-    from raykit.converters.poses import estimate_poses
+    from raykit.poses import estimate_poses
 
     src, dst = Path(cfg.run.src), out / "poses"
 
@@ -103,7 +102,7 @@ def _bytes(path: Path) -> int:
 
 def validate_stage(url: str, store_fp: str) -> Stage:
     """``raykit validate``: every checksum and invariant of the store."""
-    from raykit.store.validate import validate_store
+    from raykit.store import validate_store
 
     def run(attempt: Attempt) -> dict[str, Any]:
         problems = validate_store(url)
@@ -116,7 +115,7 @@ def validate_stage(url: str, store_fp: str) -> Stage:
 
 def profile_stage(cfg: StageConfigs, url: str, store_fp: str) -> Stage:
     """``raykit bench``: the loader's rays/s end to end and by stage, at training's batch size."""
-    from raykit.profiling.loader import run_bench
+    from raykit.profiling import run_bench
     from raykit.store import open_store
 
     settings = {
@@ -275,7 +274,8 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
         "loader_wait_fraction": mean("loader_wait_fraction"),
         "memory_mb": max((r.get("peak_memory_mb") or 0.0 for r in log), default=None),
         "elapsed_s": log[-1].get("elapsed_s") if log else None,
-        "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr")} for p in progress],
+        "n_images": test.get("n_images"),
+        "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr", "n_images")} for p in progress],
         "renders": sorted(str(p) for p in (run_dir / "renders" / "test").glob("*.png")),
         "output": sha256_file(run_dir / "eval.json"),
     }

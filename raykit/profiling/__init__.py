@@ -4,10 +4,36 @@ and the store-layout measurements of ``docs/format.md``.
 Modules: ``mixing`` (``shuffle_quality``, the one figure of how well batches are mixed), ``loader``
 (``run_bench``: rays/s by stage, cold and warm), ``layout`` (``python -m raykit.profiling.layout``:
 bytes per ray, write time, read throughput), ``baselines`` (the two classic loaders the benchmark and
-the demo compare against), ``cli`` (``raykit bench``). Library modules never import
-from here; it sits above ``raykit.loaders`` in the layer order.
+the demo compare against), ``cli`` (``raykit bench``). It sits above ``raykit.loaders`` in the layer
+order; the pipeline and the demo import the names below from the package (imported on first use).
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raykit.profiling.baselines import baseline_cached_images, baseline_precomputed_rays
+    from raykit.profiling.loader import run_bench
+
+# module -> the public names it defines (imported on first use: they import torch)
+_PUBLIC = {
+    "baselines": ("baseline_cached_images", "baseline_precomputed_rays"),
+    "loader": ("run_bench",),
+}
+_MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
+
+__all__ = ["baseline_cached_images", "baseline_precomputed_rays", "run_bench"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

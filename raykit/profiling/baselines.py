@@ -28,7 +28,7 @@ from PIL import Image
 
 from raykit.conventions import PIXEL_CENTER
 from raykit.errors import CameraError
-from raykit.store.reader import RayStore
+from raykit.store import RayStore
 
 __all__ = ["NerfstudioStyleRays", "baseline_cached_images", "baseline_precomputed_rays", "decode_float"]
 

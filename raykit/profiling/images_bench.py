@@ -22,11 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raykit.loaders import RAY_CACHE_BYTES
-from raykit.loaders.loader import RayLoader
-from raykit.loaders.window import WindowPlan
+from raykit.loaders import RAY_CACHE_BYTES, RayLoader, WindowPlan
 from raykit.profiling.mixing import shuffle_quality
-from raykit.store.reader import RayStore
+from raykit.store import RayStore
 
 __all__ = ["run_images_bench"]
 

@@ -19,10 +19,7 @@ from typing import Any
 import numpy as np
 
 from raykit.profiling.mixing import chunk_shuffle_quality, read_throughput
-from raykit.store.reader import RayStore
-from raykit.store.schema import ImageRecord, SceneInfo
-from raykit.store.summary import field_bytes, store_summary
-from raykit.store.writer import write_store
+from raykit.store import ImageRecord, RayStore, SceneInfo, field_bytes, store_summary, write_store
 
 __all__ = ["main", "photo_records", "read_throughput"]
 
@@ -62,7 +59,7 @@ def photo_records(
 
 def _bytes_per_ray(store: RayStore) -> dict[str, float]:
     """Payload bytes per ray of each split's stored fields (and container overhead), as the backend
-    counts them (``raykit.store.summary.field_bytes``), keyed ``"split/field"``."""
+    counts them (``raykit.store.validate.field_bytes``), keyed ``"split/field"``."""
     per_ray = {
         f"{split}/{name}": round(size / store.splits[split].n_rays, 3)
         for split, counts in field_bytes(store).items()

@@ -25,14 +25,10 @@ import numpy as np
 import torch
 
 from raykit.errors import ConfigError
-from raykit.loaders import RAY_CACHE_BYTES
-from raykit.loaders.batching import DeviceBatcher
-from raykit.loaders.loader import RayLoader
+from raykit.loaders import RAY_CACHE_BYTES, DeviceBatcher, RayLoader
 from raykit.profiling.mixing import shuffle_quality
 from raykit.ranges import device_problem
-from raykit.store.reader import RayStore
-from raykit.store.schema import RawRays
-from raykit.store.summary import payload_bytes
+from raykit.store import RawRays, RayStore, payload_bytes
 
 __all__ = ["format_table", "run_bench", "write_png"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from raykit.store.reader import RayStore, open_store
+from raykit.store import RayStore, open_store
 
 __all__ = ["chunk_shuffle_quality", "expected_distinct_images", "main", "read_throughput", "shuffle_quality"]
 

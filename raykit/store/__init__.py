@@ -1,11 +1,20 @@
-"""The ray store: one logical format (``docs/format.md``) with Zarr v3 and WebDataset backends."""
+"""The ray store: one logical format (``docs/format.md``) with Zarr v3 and WebDataset backends.
+
+This package is the store's one public face: code outside it imports these names from
+``raykit.store``, never from its modules (``tests/test_package.py`` checks it). The reading side is
+imported with the package; the writing side (``write_store``, ``copy_store``),
+validation and summaries are imported on first use (PEP 562), so that reading a store
+(``raykit info``, the loaders, worker processes) does not pay for the writer's imports.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from raykit.store.lock import store_lock
-from raykit.store.reader import RayRangeError, RayStore, open_store
+from raykit.store.files import is_url, store_lock
+from raykit.store.points import SparsePoints
+from raykit.store.reader import RayRangeError, RayStore, Timed, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
     FieldSpec,
@@ -16,21 +25,43 @@ from raykit.store.schema import (
     decode_pids,
     encode_pids,
 )
+from raykit.store.spec import (
+    BACKENDS,
+    DEFAULT_CHUNK_RAYS,
+    DEFAULT_SHARD_CHUNKS,
+    IMAGES_LAYOUT,
+    LAYOUTS,
+    RAYS_LAYOUT,
+    RGBA_CODEC,
+    RGBA_CODECS,
+    StoreSpec,
+    holds_images,
+)
 
 if TYPE_CHECKING:
-    from raykit.store.writer import BACKENDS, DEFAULT_CHUNK_RAYS, DEFAULT_SHARD_CHUNKS, write_store
+    from raykit.store.phases import format_phases, recording_phases
+    from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
+    from raykit.store.write import copy_store, work_folder, write_remote, write_store
 
-_WRITER = ("BACKENDS", "DEFAULT_CHUNK_RAYS", "DEFAULT_SHARD_CHUNKS", "write_store")
+# module -> the public names it defines that are imported on first use
+_LAZY = {
+    "phases": ("format_phases", "recording_phases"),
+    "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
+    "write": ("copy_store", "work_folder", "write_remote", "write_store"),
+}
+_MODULES = {name: module for module, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    """The writer's names, imported on first use: reading a store (``raykit info``, ``validate``, the
-    loaders) does not pay for the writer's imports."""
-    if name in _WRITER:
-        from raykit.store import writer
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
 
-        return getattr(writer, name)
-    raise AttributeError(f"module 'raykit.store' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
@@ -38,16 +69,35 @@ __all__ = [
     "DEFAULT_CHUNK_RAYS",
     "DEFAULT_SHARD_CHUNKS",
     "FORMAT_VERSION",
+    "IMAGES_LAYOUT",
+    "LAYOUTS",
+    "RAYS_LAYOUT",
+    "RGBA_CODEC",
+    "RGBA_CODECS",
     "FieldSpec",
     "ImageRecord",
     "RawRays",
     "RayRangeError",
     "RayStore",
     "SceneInfo",
+    "SparsePoints",
     "SplitInfo",
+    "StoreSpec",
+    "Timed",
+    "copy_store",
     "decode_pids",
     "encode_pids",
+    "field_bytes",
+    "format_phases",
+    "holds_images",
+    "is_url",
     "open_store",
+    "payload_bytes",
+    "recording_phases",
     "store_lock",
+    "store_summary",
+    "validate_store",
+    "work_folder",
+    "write_remote",
     "write_store",
 ]

@@ -9,11 +9,10 @@ import sys
 from typing import Any
 
 from raykit.errors import StoreCorruptError, StoreVersionError
-from raykit.store.backend import BACKENDS
-from raykit.store.layout import LAYOUTS
+from raykit.store.backends import BACKENDS
 from raykit.store.reader import open_store
-from raykit.store.summary import store_summary
-from raykit.store.validate import validate_store
+from raykit.store.spec import LAYOUTS
+from raykit.store.validate import store_summary, validate_store
 
 __all__ = ["register"]
 
@@ -127,7 +126,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _copy(args: argparse.Namespace) -> int:
-    from raykit.store.writer import copy_store  # the writer's imports only for a copy
+    from raykit.store.write import copy_store  # the writer's imports only for a copy
 
     store = copy_store(
         args.src, args.dst, backend=args.format, progress=args.progress, overwrite=args.overwrite,

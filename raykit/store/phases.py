@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["PhaseClock", "Profile", "format_phases", "recording_phases"]
 
-_log = logging.getLogger("raykit.store.writer")
+_log = logging.getLogger("raykit.store.write")
 
 
 class PhaseClock:
@@ -40,7 +40,7 @@ class Profile:
     tasks' own seconds per phase summed over all tasks (whichever worker ran them).
 
     ``finish`` hands them to the innermost ``recording_phases`` of this thread (or task) and logs them
-    at DEBUG level on ``raykit.store.writer``.
+    at DEBUG level on ``raykit.store.write``.
     """
 
     def __init__(self) -> None:

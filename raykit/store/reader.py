@@ -1,6 +1,22 @@
-"""Read a committed ray store from a local path or any fsspec URL, checking what it reads
+"""Reading a store: ``RayStore`` (``open_store``) and the readers of its two layouts (``RaySplits``,
+``ImageSplits`` behind ``SplitReader``; ``ImagesReader`` for stored images). Sections below: the
+images layout, the split readers, then ``RayStore``.
+
+The images layout (``IMAGES_LAYOUT``; docs/format.md, "The images layout"): a split's encoded images
+(``raykit.store.image_codec``) in camera-table order; read as rays, the images end to end, row-major.
+
+Each backend lays the bytes out by its ``ImagesPayload`` (``Backend.images``); ``ImagesReader`` reads
+them back through it, checking each image's CRC-32C. ``camera_record`` is the JSON beside each image in
+a tar.
+
+How ``RayStore`` reads one split, one class per layout: ``RaySplits`` (stored ray chunks, checked
+against their CRCs) and ``ImageSplits`` (stored images, decoded; their rays are the images end to
+end in row-major order). Both answer the same three questions (``SplitReader``), so ``RayStore``
+picks the reader of a split's layout and never branches on it.
+
+Read a committed ray store from a local path or any fsspec URL, checking what it reads
 (docs/format.md, "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of
-returning wrong rays. Each split is read by the reader of its layout (``raykit.store.split_readers``),
+returning wrong rays. Each split is read by the reader of its layout (``raykit.store.reader``),
 so nothing here depends on the layout.
 """
 
@@ -8,11 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 
@@ -24,18 +43,25 @@ from raykit.errors import (
     StoreVersionError,
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
-from raykit.imagedecode import downscale_area
-from raykit.store.backend import PayloadReader, PayloadSpec, backend_named
-from raykit.store.images_layout import open_payload
-from raykit.store.integrity import json_digest
-from raykit.store.layout import IMAGES_LAYOUT, RAYS_LAYOUT, StoreLayout, holds_images
-from raykit.store.location import filesystem, is_url, read_errors
-from raykit.store.lock import lock_owner, lock_path
+from raykit.imagedecode import downscale_area, level_size
+from raykit.store.backends import Backend, ImagesPayload, PayloadReader, PayloadSpec, backend_named
+from raykit.store.files import (
+    RangeFetcher,
+    chunk_checksum,
+    filesystem,
+    is_url,
+    json_digest,
+    lock_owner,
+    lock_path,
+    read_errors,
+)
+from raykit.store.image_codec import decode_stored
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.points import POINTS_SCHEMA, SparsePoints
-from raykit.store.remote import RangeFetcher
 from raykit.store.schema import (
+    DerivedRays,
     FieldSpec,
+    ImageRecord,
     RawRays,
     SceneInfo,
     SplitInfo,
@@ -43,17 +69,340 @@ from raykit.store.schema import (
     check_manifest_header,
     split_sort_key,
 )
-from raykit.store.split_readers import RaySplits, SplitReader, Timed, empty_rays, layout_readers
+from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import CameraTable, ray_generator, read_camera_table, read_parquet
 
-if TYPE_CHECKING:  # torch is imported where rays are made: `raykit info` and `validate` need none
+if TYPE_CHECKING:
     import torch
 
     from raykit.rays import RayBatch, RayGenerator
+    from raykit.store.files import RangeFetcher
+
+__all__ = [
+    "ImageSplits",
+    "ImagesReader",
+    "RayRangeError",
+    "RaySplits",
+    "RayStore",
+    "SplitReader",
+    "Timed",
+    "camera_record",
+    "empty_rays",
+    "join_parts",
+    "layout_readers",
+    "open_payload",
+    "open_store",
+]
+
+
+def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
+    """The bytes of an image's pieces (``ImagesReader.image_parts``), joined (one copy; none for an
+    image in one ``bytes`` piece)."""
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        return parts[0]
+    return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
+
+
+def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
+    """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
+    return {
+        "name": rec.name,
+        "split": rec.split,
+        "index": index,
+        "pixel_offset": offset,
+        "camera": rec.camera.to_dict(),
+        "c2w": np.asarray(rec.c2w, np.float64).tolist(),
+        "near": rec.near,
+        "far": rec.far,
+    }
+
+
+def open_payload(
+    images: bool,
+    backend: Backend,
+    url: str,
+    spec: PayloadSpec,
+    index: Mapping[str, Any],
+    ranges: RangeFetcher | None,
+    ray_starts: Callable[[], Mapping[str, Sequence[int]]],
+) -> PayloadReader:
+    """The payload reader of a committed store: the backend's images reader for an ``images`` store,
+    else its ray reader (``ray_starts``: each split's images' first rays and its ray count)."""
+    if images:
+        return ImagesReader(url, backend.images, spec.layout, index, ranges, ray_starts())
+    return backend.open_reader(url, spec, index, ranges)
+
+
+class ImagesReader:
+    """Reads stored image bytes of a committed store's images-layout splits (either backend).
+
+    Args:
+        url: the store's location; payload: its backend's ``images``; layout: the store's layout;
+        index: ``index.json``; ranges: a ``RangeFetcher`` for remote stores (None: local).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        payload: ImagesPayload,
+        layout: StoreSpec,
+        index: Mapping[str, Any],
+        ranges: RangeFetcher | None = None,
+        ray_starts: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
+        self.url, self.layout, self.index = url.rstrip("/"), layout, index
+        self._payload = payload
+        self._fs, self._root = filesystem(self.url)
+        self._ranges = ranges
+        self._inside: set[str] = set()  # local files checked to lie inside the store
+        # per split: each image's first ray and, last, the split's ray count (the rays view)
+        self._ray_starts = {k: np.asarray(v, dtype=np.int64) for k, v in (ray_starts or {}).items()}
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Files holding the images that chunk ``index`` of the split's rays view covers."""
+        starts, size = self._ray_starts[split], self.layout.chunk_rays
+        lo, hi = index * size, min((index + 1) * size, int(starts[-1]))
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, hi, side="left")) - 1
+        return sorted({rel for i in range(first, last + 1) for rel in self.files_of(split, i)})
+
+    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Not used: an images split's rays are decoded from its images (``ImagesSplits``)."""
+        raise StoreCorruptError(f"{self.url}: split {info.name!r} holds images, not ray chunks")
+
+    def _read(self, rel: str, start: int, stop: int) -> bytes:
+        if self._ranges is not None:
+            return bytes(self._ranges.read(rel, start, stop))
+        try:
+            if rel not in self._inside:  # once per file: no symlink out of the store (fileio.safe_path)
+                safe_path(self._root, rel, where=f"{self.url}/manifest.json")
+                self._inside.add(rel)
+            with open_regular(f"{self._root}/{rel}") as handle:  # never a FIFO or a device
+                handle.seek(start)
+                return handle.read(stop - start)
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self.url}/{rel}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    def files_of(self, split: str, i: int) -> list[str]:
+        """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
+        return self._payload.files_of(self.index[split], split, i, self.layout)
+
+    def image_bytes(self, split: str, i: int) -> bytes:
+        """The stored bytes of image ``i`` (split-local) of ``split``, checked against their CRC-32C.
+
+        Raises:
+            StoreCorruptError: truncated or altered bytes, naming the file.
+        """
+        return join_parts(self.image_parts(split, i))
+
+    def image_parts(
+        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """``image_bytes`` in pieces that joined give the image (``ImagesPayload.image_parts``), checked
+        the same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
+        from there instead of the store (a file not held is read from the store)."""
+        entry = self.index[split]
+
+        def read(rel: str, start: int, stop: int) -> bytes | np.ndarray:
+            data = None if held is None else held.get(rel)
+            return self._read(rel, start, stop) if data is None else data[start:stop]
+
+        parts = self._payload.image_parts(read, self.url, entry, split, i, self.layout)
+        crc, size = 0, 0
+        for part in parts:
+            crc, size = google_crc32c.extend(crc, part), size + len(part)
+        if size != int(entry["image_bytes"][i]) or crc != int(entry["crc32c"][i]):
+            raise StoreCorruptError(
+                f"{self.url}/{self.files_of(split, i)[0]}: image {i} of split {split!r} fails its checksum "
+                f"(expected {int(entry['image_bytes'][i])} bytes with crc32c {int(entry['crc32c'][i]):08x})"
+            )
+        return parts
+
+
+Timed = Callable[[str, float], None]  # ``timed(step, seconds)``: a reader's own time per step, for profiling
+
+
+class SplitReader(Protocol):
+    """Reads the splits of one layout."""
+
+    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
+        """Chunk ``index`` (in range) of split ``info``, checked."""
+        ...
+
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
+        """Camera-table row ``row``'s pixels, (H, W, C) uint8, at resolution level ``downscale``
+        (``raykit.imagedecode.decode_image_scaled``), or None: gathered from ``image_raw``;
+        ``timed`` is told the seconds of the ``"read"`` and ``"decode"`` of a stored image."""
+        ...
+
+    def image_raw(self, row: int) -> RawRays | None:
+        """Compact rays of every pixel of row ``row``, row-major, or None: gathered from the chunks."""
+        ...
+
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """The stored file of image ``local`` of ``split`` in pieces, checked (``StoreError`` when it
+        stores rays); ``held``: files already in memory (``ImagesReader.image_parts``)."""
+        ...
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        """Relative paths of the files holding image ``local`` of ``split`` (none: it stores rays)."""
+        ...
+
+
+def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:
+    """No rays, with the fields' dtypes and widths."""
+    extra = {k: np.zeros((0, 3), dtype=s.dtype) for k, s in fields.items() if k not in ("rgba", "pid")}
+    return RawRays(np.zeros((0, fields["rgba"].channels), np.uint8), np.zeros(0, np.uint32), extra)
+
+
+@dataclass(frozen=True)
+class RaySplits:
+    """Splits stored as ray chunks: values from the backend's ``payload``, checked against the chunk
+    CRCs of ``index.json`` (``crcs``; ``pid_crcs`` for format-3 stored pids, checked apart; format 1
+    and 2 sum every field at once, ``legacy``)."""
+
+    url: str
+    payload: PayloadReader
+    fields: Mapping[str, FieldSpec]
+    checksum: str  # chunk checksum kind: "crc32c" or "crc32" (``integrity.chunk_checksum``)
+    crcs: Mapping[str, np.ndarray]
+    pid_crcs: Mapping[str, np.ndarray]
+    legacy: bool
+    check_file: Callable[[str], None]  # size check of a payload file on first use
+    split_order: Callable[[str], SplitOrder]
+
+    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
+        files = self.payload.chunk_files(info.name, index)
+        for rel in files:
+            self.check_file(rel)
+        values = self.payload.read_chunk(info, index)
+        summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
+        self._check(files[0], info.name, index, chunk_checksum(values, summed, self.checksum), self.crcs)
+        extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
+        if info.pids == "derived":
+            start = info.chunk_range(index)[0]
+            return DerivedRays(values["rgba"], self.split_order(info.name), start, extra)
+        if not self.legacy:
+            crc = chunk_checksum(values, ["pid"], self.checksum)
+            pid_file = next((rel for rel in files if "/pid/" in rel), files[0])
+            self._check(pid_file, info.name, index, crc, self.pid_crcs, "pid ")
+        return RawRays(values["rgba"], values["pid"], extra)
+
+    def _check(
+        self, rel: str, split: str, index: int, crc: int, expected: Mapping[str, np.ndarray], what: str = ""
+    ) -> None:
+        if crc != expected[split][index]:
+            raise StoreCorruptError(
+                f"{self.url}/{rel}: chunk {index} of split {split!r} fails its {what}checksum "
+                f"(expected {self.checksum} {int(expected[split][index]):08x}, got {crc:08x})"
+            )
+
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
+        return None  # gathered from the split's rays by ``RayStore.image_raw``
+
+    def image_raw(self, row: int) -> RawRays | None:
+        return None  # gathered from the split's chunks by ``RayStore.image_raw``
+
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        raise StoreError(f"{self.url}: split {split!r} stores rays, not image files")
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        return []
+
+
+@dataclass(frozen=True)
+class ImageSplits:
+    """Splits stored as encoded images (``raykit.store.reader``): each read checks the stored
+    bytes' CRC-32C (``ImagesReader.image_bytes``) and the decoded size against the camera table."""
+
+    url: str
+    images: ImagesReader
+    table: CameraTable
+    channels: int  # colour channels served (``RayStore.rgba_channels``)
+    split_rows: Callable[[str], np.ndarray]
+
+    def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``, at
+        resolution level ``downscale`` (``(H // downscale, W // downscale)``)."""
+        row = int(self.split_rows(split)[local])
+        t0 = time.perf_counter()
+        data = self.images.image_bytes(split, local)
+        t1 = time.perf_counter()
+        where = f"{self.url}/{self.images.files_of(split, local)[0]}"
+        pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})", downscale)
+        if timed is not None:
+            timed("read", t1 - t0)
+            timed("decode", time.perf_counter() - t1)
+        expected = level_size(int(self.table.height[row]), int(self.table.width[row]), downscale)
+        if pixels.shape[:2] != expected:
+            raise StoreCorruptError(
+                f"{where}: image {self.table.names[row]!r} decodes to {pixels.shape[1]}x{pixels.shape[0]}, "
+                f"its camera expects {expected[1]}x{expected[0]}"
+            )
+        return pixels
+
+    def stored_image_parts(
+        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        return self.images.image_parts(split, local, held)
+
+    def image_files(self, split: str, local: int) -> list[str]:
+        return self.images.files_of(split, local)
+
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        split = self.table.splits[row]
+        return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed, downscale)
+
+    def _rays_of(self, row: int, pixels: np.ndarray, lo: int, hi: int) -> RawRays:
+        flat = pixels.reshape(-1, pixels.shape[2])[lo:hi]
+        pid = (int(self.table.pixel_offset[row]) + np.arange(lo, hi, dtype=np.int64)).astype(np.uint32)
+        return RawRays(np.ascontiguousarray(flat), pid)
+
+    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
+        """The rays of chunk ``index``: the images it covers, decoded."""
+        start, stop = info.chunk_range(index)
+        rows = self.split_rows(info.name)
+        starts = np.asarray(self.table.ray_start)[rows]
+        counts = np.asarray(self.table.n_pixels)[rows]
+        first = int(np.searchsorted(starts, start, side="right")) - 1
+        parts = []
+        for local in range(max(first, 0), len(rows)):
+            a = int(starts[local])
+            if a >= stop:
+                break
+            lo, hi = max(start - a, 0), min(stop - a, int(counts[local]))
+            if hi > lo:
+                parts.append(self._rays_of(int(rows[local]), self.decode(info.name, local), lo, hi))
+        if not parts:
+            return RawRays(np.zeros((0, self.channels), np.uint8), np.zeros(0, np.uint32))
+        return parts[0] if len(parts) == 1 else RawRays.concat(parts)
+
+    def image_raw(self, row: int) -> RawRays:
+        """Compact rays of every pixel of camera-table row ``row``, row-major."""
+        return self._rays_of(row, self.read_image(row), 0, int(self.table.n_pixels[row]))
+
+
+def layout_readers(
+    rays: RaySplits,
+    payload: PayloadReader,
+    table: CameraTable,
+    channels: int,
+    split_rows: Callable[[str], np.ndarray],
+) -> dict[str, SplitReader]:
+    """Layout name -> the reader of its splits, for a store whose payload reader is ``payload``."""
+    if not isinstance(payload, ImagesReader):
+        return {RAYS_LAYOUT: rays}
+    return {RAYS_LAYOUT: rays, IMAGES_LAYOUT: ImageSplits(rays.url, payload, table, channels, split_rows)}
+
 
 _PIECE = 4 << 20  # bytes read and hashed at a time: a piece stays in the CPU's cache between the two
 
-__all__ = ["RayRangeError", "RayStore", "open_store"]
 
 _SMALL = ("cameras.parquet", "index.json")
 
@@ -79,7 +428,7 @@ class RayStore:
     """A committed ray store. See ``docs/format.md``.
 
     ``backend`` is the manifest's backend name; ``payload`` the backend's reader
-    (``raykit.store.backend.PayloadReader``: ``chunk_files``, ``read_chunk`` without checksum checks).
+    (``raykit.store.backends.PayloadReader``: ``chunk_files``, ``read_chunk`` without checksum checks).
     """
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
@@ -128,8 +477,10 @@ class RayStore:
         if self.legacy and any(info.pids != "stored" for info in splits.values()):
             raise StoreCorruptError(f"{self._where('manifest.json')}: format 1 and 2 splits store their pids")
         self.splits = splits
-        self.store_layout = StoreLayout.from_dict(self.manifest["layout"], self._where("manifest.json"))
-        order = self.store_layout.train_order
+        self.spec = StoreSpec.from_dict(
+            self.manifest["layout"], self._where("manifest.json"), str(self.manifest.get("backend"))
+        )
+        order = self.spec.train_order
         if any(i.pids == "derived" and i.shuffled for i in splits.values()) and order != TRAIN_ORDER:
             raise StoreVersionError(
                 f"{self._where('manifest.json')}: train order {order!r} is not one this raykit derives "
@@ -287,7 +638,7 @@ class RayStore:
         if is_url(self.url):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        self.payload_spec = PayloadSpec.of(self.fields, self.store_layout, self.splits)
+        self.payload_spec = PayloadSpec.of(self.fields, self.spec, self.splits)
         images = holds_images(self.layout())
         return open_payload(
             images, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
@@ -300,7 +651,7 @@ class RayStore:
         }
 
     def _split_readers(self) -> dict[str, SplitReader]:
-        """The reader of each layout this store has (``raykit.store.split_readers``)."""
+        """The reader of each layout this store has (``raykit.store.reader``)."""
         rays = RaySplits(
             self.url,
             self.payload,
@@ -434,7 +785,7 @@ class RayStore:
         if order is None:
             rows = self.split_rows(split)
             order = self._orders[split] = shared_order(
-                self.store_layout.seed,
+                self.spec.seed,
                 split,
                 info.shuffled,
                 tuple(int(i) for i in rows),

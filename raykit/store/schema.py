@@ -17,7 +17,7 @@ import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
 from raykit.fileio import UntrustedFileError, check_relative
-from raykit.store.layout import LAYOUTS, RAYS_LAYOUT, holds_images
+from raykit.store.spec import LAYOUTS, RAYS_LAYOUT, holds_images
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera

@@ -1,4 +1,12 @@
-"""``raykit validate``: check everything a store claims (the checks of docs/format.md, "Integrity"),
+"""What a store holds and whether it is sound: its summary (``raykit info``), the images layout's
+file checks, and ``validate_store`` (``raykit validate``). Sections below, in that order.
+
+A store's JSON-able summary (``raykit info``, the layout measurements, the demo).
+
+``raykit validate`` of an images-layout split: every stored image's bytes, format, size and channels,
+checked from its files' bytes as they are hashed, so that each file is read once (``ImagesCheck``).
+
+``raykit validate``: check everything a store claims (the checks of docs/format.md, "Integrity"),
 and report every problem found, one line each.
 
 By default every file is hashed and checked against its SHA-256, and the metadata, the camera table,
@@ -11,20 +19,251 @@ materialised rays), on every core.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raykit.errors import RaykitError
 from raykit.ordered import in_order
+from raykit.store.backends import backend_named
+from raykit.store.files import local_files_bytes
+from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
 from raykit.store.points import check_points
-from raykit.store.reader import RayStore, open_store
+from raykit.store.reader import RayStore, join_parts, open_store
 
-__all__ = ["validate_store"]
+if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping, Sequence
+
+    from raykit.store.reader import RayStore
+
+__all__ = [
+    "ImagesCheck",
+    "field_bytes",
+    "payload_bytes",
+    "source_image_bytes",
+    "store_summary",
+    "validate_store",
+]
+
+
+def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
+    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``)."""
+    return backend_named(store.backend).field_bytes(store.splits, store.files, store.index)
+
+
+def payload_bytes(store: RayStore) -> int:
+    """Bytes of the payload files (shards; no metadata), whatever the backend and layout."""
+    return sum(size for counts in field_bytes(store).values() for size in counts.values())
+
+
+def source_image_bytes(store: RayStore) -> int | None:
+    """Bytes of the source image files: as recorded when the store was written, else the sizes of
+    the camera table's ``source_path`` files when they are all local files; None when unknown."""
+    recorded = store.manifest.get("source", {}).get("image_bytes")
+    if recorded is not None:
+        return int(recorded)
+    return local_files_bytes(store.cameras.column("source_path").to_pylist())
+
+
+def store_summary(store: RayStore) -> dict[str, Any]:
+    """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray (in all and per
+    field), the ratio of store bytes to source image bytes, layout."""
+    files = store.files
+    payload = payload_bytes(store)
+    total = sum(v["size"] for v in files.values())
+    n_rays = sum(info.n_rays for info in store.splits.values())
+    table = store.table
+    per_split = field_bytes(store)
+    per_field: dict[str, int] = {}
+    for counts in per_split.values():
+        for name, size in counts.items():
+            per_field[name] = per_field.get(name, 0) + size
+    source_bytes = source_image_bytes(store)
+    return {
+        "store": store.url,
+        "backend": store.backend,
+        "format_version": store.manifest["format_version"],
+        "content_fingerprint": store.fingerprint,
+        "splits": {
+            name: {**info.to_dict(), "holds_images": info.holds_images} for name, info in store.splits.items()
+        },
+        "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
+        "layout": store.spec.to_dict(),
+        "cameras": {
+            "n_images": len(table.names),
+            "n_cameras": len(table.camera_keys),
+            "models": sorted({key[0] for key in table.camera_keys}),
+            "sizes": sorted({f"{key[1]}x{key[2]}" for key in table.camera_keys}),
+            "with_alpha": int(table.has_alpha.sum()),
+        },
+        "scene": store.manifest["scene"],
+        "points": _points_summary(store),
+        "bytes_on_disk": total,
+        "payload_bytes": payload,
+        "n_rays": n_rays,
+        "bytes_per_ray": payload / max(n_rays, 1),
+        "field_bytes": per_split,
+        "bytes_per_ray_by_field": {name: size / max(n_rays, 1) for name, size in per_field.items()},
+        "split_bytes_per_ray": {
+            name: {k: v / max(store.splits[name].n_rays, 1) for k, v in counts.items()}
+            for name, counts in per_split.items()
+        },
+        "source_image_bytes": source_bytes,
+        "store_to_source": None if not source_bytes else total / source_bytes,
+        "images_layout": {  # per images-layout split: stored bytes, pass-through count, formats
+            name: {
+                "stored_bytes": sum(int(b) for b in store.index[name]["image_bytes"]),
+                "passthrough": sum(bool(p) for p in store.index[name]["passthrough"]),
+                "formats": sorted(set(store.index[name]["image_format"])),
+            }
+            for name in store.splits
+            if store.splits[name].holds_images
+        },
+    }
+
+
+def _points_summary(store: RayStore) -> dict[str, Any] | None:
+    """Count, world-frame bounds and mean track length of the sparse points, or None."""
+    points = store.sparse_points()
+    if points is None:
+        return None
+    n = len(points)
+    return {
+        "file": store.manifest["points"]["path"],
+        "n_points": n,
+        "bounds": [points.xyz.min(axis=0).tolist(), points.xyz.max(axis=0).tolist()] if n else None,
+        "mean_track_length": float(points.track_length.mean()) if n else 0.0,
+        "mean_error": float(points.error.mean()) if n else 0.0,
+    }
+
+
+HEADER_BYTES = 1 << 16  # an image's first bytes, enough for its header unless its metadata is larger
+
+
+_buffers = threading.local()  # each thread's file buffer (``RayStore.read_file_into``)
+
+
+class ImagesCheck:
+    """The checks of one images-layout split (docs/format.md, "The images layout", **Validation**).
+
+    ``check_file`` hashes one of the split's ``files`` and checks each image held whole in it from the
+    bytes read: its CRC-32C (so the index and the bytes agree), its format and, from its header, its
+    size; ``deep`` also checks its own SHA-256 and decodes it (its size, channels and alpha).
+    ``check_rest`` checks the images that span two files, once every file is hashed. Files are
+    checked on any thread (hashing, CRC-32C and decoding release the GIL).
+    """
+
+    def __init__(self, store: RayStore, split: str, deep: bool = False) -> None:
+        self.store, self.split, self.deep = store, split, deep
+        self._within: dict[str, list[int]] = {}  # file -> the images held whole in it
+        self._spanning: list[int] = []
+        files: dict[str, None] = {}
+        for local in range(len(store.split_rows(split))):
+            held = store.image_files(split, local)
+            files.update(dict.fromkeys(held))
+            if len(held) == 1:
+                self._within.setdefault(held[0], []).append(local)
+            else:
+                self._spanning.append(local)
+        self.files: list[str] = list(files)
+        rows = store.split_rows(split)  # what each image is checked against, looked up once
+        self._names = [store.table.names[int(row)] for row in rows]
+        self._sizes = list(
+            zip(store.table.width[rows].tolist(), store.table.height[rows].tolist(), strict=True)
+        )
+        source_sha = store.cameras.column("source_sha256").to_pylist()
+        self._source_sha = [source_sha[int(row)] for row in rows]
+        self._alpha = store.table.has_alpha[rows].tolist()
+
+    def check_file(self, rel: str) -> tuple[str | None, list[str]]:
+        """File ``rel``'s own problem (missing, or not its manifest's size and SHA-256: its images are
+        then not checked) or None, and the problems of the images held whole in it."""
+        size = int(self.store.files.get(rel, {}).get("size", 0))
+        buffer = getattr(_buffers, "buffer", None)
+        if buffer is None or len(buffer) < size:
+            buffer = _buffers.buffer = bytearray(size)
+        try:
+            data = self.store.read_file_into(rel, buffer)
+        except RaykitError as exc:
+            return str(exc), []
+        return None, [p for local in self._within.get(rel, ()) for p in self._check_image(local, {rel: data})]
+
+    def check_rest(self, bad_files: Collection[str]) -> list[str]:
+        """Problems of the images that span files, but those in a file already reported."""
+        return [
+            problem
+            for local in self._spanning
+            if not set(bad_files).intersection(self.store.image_files(self.split, local))
+            for problem in self._check_image(local, None)
+        ]
+
+    def _check_image(self, local: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
+        store, split, entry = self.store, self.split, self.store.index[self.split]
+        where = f"{store.url}/{store.image_files(split, local)[0]}: image {self._names[local]!r}"
+        try:
+            parts = store.stored_image_parts(split, local, held)
+            pixels = store.read_split_image(split, local) if self.deep else None
+        except RaykitError as exc:
+            return [str(exc)]
+        problems = []
+        if self.deep and _sha256(parts) != entry["image_sha256"][local]:
+            problems.append(f"{where}: SHA-256 differs from index.json")
+        head = _head(parts, HEADER_BYTES)
+        if image_format(head) != entry["image_format"][local]:
+            problems.append(
+                f"{where}: expected a {entry['image_format'][local]} file, got {image_format(head)!r}"
+            )
+        source_sha = self._source_sha[local]
+        if entry["passthrough"][local] and source_sha and source_sha != entry["image_sha256"][local]:
+            problems.append(f"{where}: marked pass-through but differs from its source file's SHA-256")
+        expected = self._sizes[local]
+        if pixels is None:
+            try:
+                size = _header_size(head, parts)
+            except Exception as exc:
+                return [*problems, f"{where}: unreadable image header ({exc})"]
+            if size != expected:
+                problems.append(
+                    f"{where}: expected {expected[0]}x{expected[1]} pixels, got {size[0]}x{size[1]}"
+                )
+        elif pixels.shape[2] == 4 and not self._alpha[local] and (pixels[..., 3] != 255).any():
+            problems.append(f"{where}: image without alpha has alpha != 255")
+        return problems
+
+
+def _sha256(parts: Sequence[bytes | np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else part.data)
+    return digest.hexdigest()
+
+
+def _head(parts: Sequence[bytes | np.ndarray], n: int) -> bytes:
+    """The first ``n`` bytes of the image that ``parts`` joined give (fewer if it is shorter)."""
+    head, held = [], 0
+    for part in parts:
+        if held >= n:
+            break
+        head.append(bytes(part[: n - held]))
+        held += len(head[-1])
+    return b"".join(head)
+
+
+def _header_size(head: bytes, parts: Sequence[bytes | np.ndarray]) -> tuple[int, int]:
+    """(width, height) from the image's header, read from ``head``, its first bytes, or from the
+    whole image when the header does not end within them (nothing is decoded)."""
+    try:
+        return header_size(head)
+    except Exception:
+        if len(head) == sum(len(part) for part in parts):
+            raise
+    return header_size(join_parts(parts))
 
 
 def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
@@ -35,9 +274,7 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
     except RaykitError as exc:
         return [str(exc)]
     images: dict[str, Any] = {}
-    if any(info.holds_images for info in store.splits.values()):  # stored images: raykit.store.images_check
-        from raykit.store.images_check import ImagesCheck
-
+    if any(info.holds_images for info in store.splits.values()):  # stored images: ImagesCheck
         images = {
             split: ImagesCheck(store, split, deep)
             for split, info in store.splits.items()

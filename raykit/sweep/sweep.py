@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import raykit
-from raykit.converters import ConvertConfig, PoseOptions
+from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json
 from raykit.options import option
@@ -36,6 +36,7 @@ from raykit.pipeline import (
     fingerprint,
     tree_fingerprint,
 )
+from raykit.poses import PoseOptions
 from raykit.sweep.executors import run_dask, run_local
 from raykit.sweep.report import write_report
 from raykit.sweep.results import write_results

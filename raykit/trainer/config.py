@@ -20,12 +20,14 @@ from raykit.ranges import Range, worker_range
 
 __all__ = [
     "AUTO_SAMPLERS",
+    "DEFAULT_REASONS",
     "LOGGERS",
     "SAMPLERS",
     "SAMPLER_CHOICES",
     "SCENE_SPACES",
     "TrainConfig",
     "add_arguments",
+    "default_reasons",
     "from_args",
     "parse_aabb",
     "resolve_sampler",
@@ -183,6 +185,11 @@ class TrainConfig:
     num_workers: int = _opt(0, "loader worker processes", valid=worker_range())
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")
+    compile_field: bool = _opt(
+        False,
+        "torch.compile the field for the training step (dynamic shapes; for GPUs: off until "
+        "benchmarks/gpu_check.sh measures it faster)",
+    )
     threads: int | None = _opt(
         None, "torch CPU threads (default: torch's choice)", valid=Range(1, integer=True, optional=True)
     )
@@ -247,6 +254,86 @@ def parse_aabb(text: str) -> tuple[float, ...]:
             f"--aabb: expected XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX (finite numbers) with min < max, got {text!r}"
         )
     return values
+
+
+DEFAULT_REASONS: dict[str, str] = {
+    "store": "no default: the store is the positional argument",
+    "out": "no default: --out is required",
+    "sampler": "auto: the sampler that suits the scene space (run.json's sampler records which and why)",
+    "steps": "5000: an upper bound; the pipeline and most runs stop on --max-seconds",
+    "max_seconds": "None: train for --steps; raykit run sets its time budget here",
+    "batch_size": "1024 rays: small batches and many steps suit a CPU, where a step's cost grows with its "
+    "samples (nerfacc's examples aim at 256k samples per step on a GPU)",
+    "lr": "1e-2: Adam's rate for feature planes and small MLPs (instant-ngp and nerfacc use 1e-2 for grids)",
+    "lr_final": "1e-3: an exponential decay by 10x over the run, gentler than nerfacto's 100x (1e-2 to "
+    "1e-4) for runs of minutes",
+    "seed": "0: runs reproduce unless asked otherwise",
+    "background": "auto: white under alpha, black for opaque photos (run.json's background: which, why)",
+    "aabb": "auto: the store's scene bounds, padded by 5 %",
+    "train_split": "train: the split every converter writes for training",
+    "eval_splits": "test: the held-out split every converter writes",
+    "n_samples": "64: stratified sampling's classic count (NeRF's coarse network)",
+    "hier_coarse": "32: half of the 64 samples for the density-only coarse pass",
+    "hier_fine": "32: the other half, where the coarse weights are",
+    "hier_anneal_steps": "300: the uniform share decays over the first few hundred steps, while the field "
+    "forms (nerfacto anneals its proposal weights over its first 1000)",
+    "hier_uniform": "0.1: keeps a tenth of the samples uniform so empty space keeps being visited",
+    "occ_resolution": "64: 64^3 cells, 4x coarser than the finest feature plane (instant-ngp uses 128 at "
+    "GPU speeds); a refresh of every cell stays cheap on a CPU",
+    "occ_update_every": "16: instant-ngp's and nerfacc's interval between grid refreshes",
+    "occ_warmup_steps": "256: instant-ngp's warm-up, every cell visited at each refresh",
+    "occ_refresh_fraction": "0.25: after warm-up a random quarter plus every occupied cell, as instant-ngp",
+    "occ_threshold": "0.01: nerfacc's occupancy threshold (opacity of one step)",
+    "occ_alpha_threshold": "0.01: nerfacc's alpha_thre for unbounded scenes",
+    "march_steps": "256 steps across the box diagonal: about 2 per grid cell, so no cell is stepped over",
+    "early_stop_eps": "0 (off) in a box: the early-stop pass evaluates every sample's density once more; "
+    "evaluation stops rays at transmittance 1e-4 without it",
+    "prop_samples": "64,32: a coarse and a finer proposal level; nerfacto's default is 256,96 for GPUs",
+    "prop_final": "24 field samples per ray: nerfacto's 48 halved for a CPU's budget; plant_capture "
+    "trained 6x the occupancy grid's rays/s this way (BENCHMARKS.md issue 30)",
+    "prop_resolution": "64: the proposal networks only need coarse density",
+    "prop_loss_weight": "1.0: mip-NeRF 360's interlevel loss weight",
+    "scene_space": "auto: detected from the cameras and bounds (run.json's scene_space says which and why)",
+    "samples_per_step": "None: a fixed batch of rays; the sample budget is opt-in",
+    "budget_granule": "128: rays per step change in steps of 128 under --samples-per-step",
+    "levels": "3 plane resolutions, 64 to 256 (raykit.trainer.field: measured against voxel grids and hash "
+    "tables on this CPU)",
+    "base_resolution": "64: the coarsest plane (raykit.trainer.field)",
+    "max_resolution": "256: the finest plane; 2.1 M plane values in all (raykit.trainer.field)",
+    "features": "8 per level (raykit.trainer.field)",
+    "hidden": "32: small MLPs, as instant-ngp's 64 wide networks halved for a CPU",
+    "log_every": "50 steps: a record every second or so on a CPU, without slowing the step",
+    "logger": "jsonl: no extra dependency; tensorboard is opt-in",
+    "log_image_every_s": "180 s: a test view every 3 minutes of a 5-minute run",
+    "ckpt_every": "500 steps: a crash loses at most a few seconds of training on a CPU",
+    "keep_checkpoints": "2: the newest and one before it, in case the newest is damaged",
+    "eval_chunk": "8192 rays: no larger chunk rendered faster on 2 shared, busy CPU cores (1 thread: 0.95 s "
+    "per 200x200 view at 8192, 1.17 s at 32768 and 65536; BENCHMARKS.md issue 47)",
+    "eval_max_images": "None: the final evaluation scores every image of each split",
+    "progress_every_s": "None: no progress checks unless asked (raykit run asks for 4)",
+    "progress_images": "4 images: a check costs a fraction of a full evaluation",
+    "num_workers": "0: the trainer's loader reads in its own process; loader wait is under 1 % of a step",
+    "device": "auto: CUDA when available, else the CPU",
+    "mixed_precision": "on: bfloat16 autocast for the field on CUDA only (ignored on a CPU)",
+    "compile_field": "off: torch.compile has not been measured faster for this field (a launch-bound GPU "
+    "step is where it could help; benchmarks/gpu_check.sh measures it when a GPU is lent; on a CPU it "
+    "costs a compiler and minutes of compiling)",
+    "threads": "None: torch's choice (all cores)",
+    "progress": "off: a bar only when asked (logs stay clean)",
+    "resume": "off: a run starts fresh unless asked to continue",
+    "force": "off: a resume refuses a store that changed",
+}
+"""Why each :class:`TrainConfig` default is what it is (``run.json`` records those a run kept)."""
+
+
+def default_reasons(config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """``{field: {"value": v, "why": reason}}`` for every field of ``config`` left at its default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    return {
+        name: {"value": value, "why": DEFAULT_REASONS[name]}
+        for name, value in config.to_dict().items()
+        if value == defaults[name]
+    }
 
 
 def resolve_sampler(config: TrainConfig) -> tuple[TrainConfig, str]:

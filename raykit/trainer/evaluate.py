@@ -37,8 +37,9 @@ from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
+from raykit.trainer.inference import render_colours
 from raykit.trainer.occupancy import OccupancyGrid
-from raykit.trainer.pipeline import proposal_counts, render_rays, sample_rays
+from raykit.trainer.pipeline import proposal_counts
 from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
 from raykit.trainer.scores import Scorer, split_means
@@ -120,18 +121,13 @@ def render_batch(
     rays: RayBatch,
     background: torch.Tensor,
 ) -> torch.Tensor:
-    """Deterministic colours (N, 3) in [0, 1] of N rays, ``config.eval_chunk`` rays per forward pass.
+    """Deterministic colours (N, 3) in [0, 1] of N rays, ``config.eval_chunk`` rays at a time.
 
-    The one rendering path of evaluation, quick checks and exported models (``raykit render --model``).
+    The one rendering path of evaluation, quick checks and exported models (``raykit render --model``,
+    ``raykit export --verify``): :func:`raykit.trainer.inference.render_colours`, without gradients,
+    skipping empty space and stopping rays once opaque.
     """
-    parts = []
-    for lo in range(0, len(rays), config.eval_chunk):
-        chunk = rays[lo : lo + config.eval_chunk]
-        samples = sample_rays(config, field, grid, chunk, config.steps, None)
-        parts.append(render_rays(field, samples, chunk, background)["rgb"])
-    if not parts:
-        return torch.zeros(0, 3, device=background.device)
-    return torch.cat(parts).clamp(0, 1)
+    return render_colours(config, field, grid, rays, background)
 
 
 def models_from_state(

@@ -164,6 +164,15 @@ class RadianceField(nn.Module):
         if isinstance(density_out, nn.Linear):
             with torch.no_grad():
                 density_out.bias[0] = math.log(0.1)
+        self._copy_to_host()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._copy_to_host())
+
+    def _copy_to_host(self) -> None:
+        """Keep host copies of the box and the NDC frame (read by every step without a device round-trip)."""
+        self.box: tuple[float, ...] = tuple(self.aabb.tolist())
+        self.ndc_values: tuple[float, ...] | None = (
+            None if self.ndc_frame is None else tuple(self.ndc_frame.tolist())
+        )
 
     def normalize(self, positions: Tensor) -> Tensor:
         """(..., 3) world positions -> (..., 3) field coordinates in [-1, 1] inside the field."""
@@ -188,9 +197,17 @@ class RadianceField(nn.Module):
         sigma, _ = self._geometry(positions.reshape(-1, 3))
         return sigma.view(positions.shape[:-1])
 
+    def geometry(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(P, 3) positions -> (sigma (P,), geometry features (P, G)): the first half of :meth:`forward`."""
+        return self._geometry(positions)
+
+    def colour(self, geo: Tensor, directions: Tensor) -> Tensor:
+        """(P, G) geometry features and (P, 3) unit directions -> (P, 3) rgb in [0, 1]: the second half."""
+        return torch.sigmoid(self.color_mlp(torch.cat([geo, sh_encode(directions)], dim=-1)))
+
     def forward(self, positions: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
         """(..., 3) positions and unit directions -> (sigma (...,), rgb (..., 3) in [0, 1])."""
         shape = positions.shape[:-1]
         sigma, geo = self._geometry(positions.reshape(-1, 3))
-        rgb = torch.sigmoid(self.color_mlp(torch.cat([geo, sh_encode(directions.reshape(-1, 3))], dim=-1)))
+        rgb = self.colour(geo, directions.reshape(-1, 3))
         return sigma.view(shape), rgb.view(*shape, 3)

@@ -4,7 +4,8 @@
 
 - scalars ``train/loss``, ``train/psnr``, ``train/lr``, ``train/rays_per_s``, ``train/samples_per_ray``,
   ``train/loader_wait_fraction``, ``train/peak_memory_mb`` and every other number of each log.jsonl
-  record (``train/<key>``; the per-phase seconds as ``time/<phase>``), at the record's step;
+  record (``train/<key>``; the seconds per phase as ``time/<phase>``: ``data`` and ``compute``, or
+  every phase of the step inside a ``raykit.recorder.recording()`` block), at the record's step;
 - an image ``test/<name>``: the first test view, rendered (left) beside its target (right), at the
   first record, then at the first record after each ``log_image_every_s`` seconds of wall time, and at
   the end of training.

@@ -13,8 +13,8 @@ step changes is what a checkpoint holds); the pieces around it already live in t
 from __future__ import annotations
 
 import hashlib
-import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import raykit
+import raykit.recorder
 from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json
 from raykit.loaders import RayLoader
+from raykit.rays import RayBatch
 from raykit.store import RayStore, open_store
 from raykit.trainer.budget import SampleBudget, current_memory_mb, take_rays
 from raykit.trainer.checkpoint import (
@@ -38,7 +40,7 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig, resolve_sampler
+from raykit.trainer.config import TrainConfig, default_reasons, resolve_sampler
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -59,9 +61,10 @@ from raykit.trainer.runtime import (
     resolve_device,
     start_processes,
 )
+from raykit.trainer.samplers import Samples
 from raykit.trainer.space import resolve_space, scene_space
 
-__all__ = ["TrainState", "parameter_digest", "train"]
+__all__ = ["TrainState", "parameter_digest", "step_losses", "train"]
 
 _PHASES = ("data", "sampling", "network", "rendering", "backward", "optimizer")
 
@@ -72,10 +75,10 @@ class TrainState:
 
     step: int = 0
     elapsed: float = 0.0
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_PHASES, 0.0))
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase (see _StepClock)
     rays: int = 0
-    samples: int = 0
-    loss_sum: float = 0.0
+    samples: int | torch.Tensor = 0  # summed on the device between records
+    loss_sum: float | torch.Tensor = 0.0  # summed on the device between records
     memory_mb: float = 0.0  # the window's largest memory in use just after a forward pass
 
 
@@ -122,48 +125,44 @@ def train(config: TrainConfig) -> Path:
     state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
     batches, window = run.loader.forever(), TrainState()
     bar = _progress_bar(config, state, run.procs)
+    clock = _StepClock(device, raykit.recorder.active())
     while state.step < config.steps:
-        clock = _shared_elapsed(config, state, run.procs)
-        if config.max_seconds is not None and clock >= config.max_seconds:
+        elapsed = _shared_elapsed(config, state, run.procs)
+        if config.max_seconds is not None and elapsed >= config.max_seconds:
             break
-        t = [time.perf_counter()]
+        clock.start()
         batch = (
             next(batches)
             if run.budget is None
             else take_rays(batches, run.budget.rays, config.budget_granule)
         )
-        t.append(time.perf_counter())
+        clock.lap("data")
         for group in run.optimizer.param_groups:
-            group["lr"] = learning_rate(config, state.step, clock)
+            group["lr"] = learning_rate(config, state.step, elapsed)
         if isinstance(grid, OccupancyGrid) and state.step % config.occ_update_every == 0:
             _refresh_grid(run, state.step)
-        samples = sample_rays(config, field_, grid, batch, state.step, run.jitter)
-        t.append(_sync(device))
-        sigmas, rgbs = query_field(run.model, samples, batch, config.mixed_precision)
-        t.append(_sync(device))
-        rendered = composite_samples(samples, sigmas, rgbs, background)
-        loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
-        total = loss
-        if isinstance(samples.trace, ProposalTrace):
-            total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+        loss, total, samples = step_losses(
+            config, run.model, field_, grid, batch, background, state.step, run.jitter, clock.lap
+        )
         window.memory_mb = max(window.memory_mb, current_memory_mb(device))
-        t.append(_sync(device))
         run.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if run.procs.distributed and isinstance(grid, ProposalNetworks):
             average_gradients(grid)
-        t.append(_sync(device))
+        clock.lap("backward")
         run.optimizer.step()
-        t.append(_sync(device))
+        clock.lap("optimizer")
+        logging = run.procs.is_main and (state.step + 1) % config.log_every == 0
         before = state.elapsed
-        n_samples = samples.n_samples
-        _account(state, window, t, len(batch), n_samples)
-        if run.budget is not None:
+        n_samples: int | torch.Tensor = samples.sample_count()  # on the device: read back when logged
+        if run.budget is not None:  # the budget steers the next batch from this one's count
+            n_samples = int(n_samples)
             run.budget.update(len(batch), n_samples)
-        window.loss_sum += loss.item()
+        _account(state, window, clock.finish(synchronise=logging), len(batch), n_samples)
+        window.loss_sum = window.loss_sum + loss.detach()
         state.step += 1
         window.step += 1
-        if run.procs.is_main and state.step % config.log_every == 0:
+        if logging:
             _write_log(run, _log_record(state, window, device))
             window = TrainState()
         if _progress_due(config, before, state.elapsed):
@@ -176,6 +175,7 @@ def train(config: TrainConfig) -> Path:
             bar.update(1)
     if bar is not None:
         bar.close()
+    _account(state, window, clock.settle(), 0, 0)  # the device's work after the last step's end
     if run.procs.is_main and window.rays:  # the last, partial logging window
         _write_log(run, _log_record(state, window, device))
     if run.tensorboard is not None:
@@ -189,6 +189,35 @@ def train(config: TrainConfig) -> Path:
     if run.procs.distributed:
         dist.barrier()
     return run.run_dir
+
+
+def step_losses(
+    config: TrainConfig,
+    model: Any,
+    field: RadianceField,
+    grid: Any,
+    batch: RayBatch,
+    background: torch.Tensor,
+    step: int,
+    generator: torch.Generator | None,
+    lap: Callable[[str], None] = lambda phase: None,
+) -> tuple[torch.Tensor, torch.Tensor, Samples]:
+    """The forward half of a training step: sample, query ``model`` (the field or its DDP wrapper),
+    composite, and the losses: ``(photometric MSE, MSE + the proposal networks' interlevel loss,
+    samples)``. ``lap(phase)`` is told when sampling, the network and the rendering end. Nothing is
+    read back to the host (the occupancy sampler's packed samples have a data-dependent size: that
+    one synchronisation is the sampler's)."""
+    samples = sample_rays(config, field, grid, batch, step, generator)
+    lap("sampling")
+    sigmas, rgbs = query_field(model, samples, batch, config.mixed_precision)
+    lap("network")
+    rendered = composite_samples(samples, sigmas, rgbs, background)
+    loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
+    total = loss
+    if isinstance(samples.trace, ProposalTrace):
+        total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+    lap("rendering")
+    return loss, total, samples
 
 
 def _setup(config: TrainConfig) -> _Run:
@@ -225,7 +254,7 @@ def _setup(config: TrainConfig) -> _Run:
         procs=procs,
         field=field_,
         grid=grid,
-        model=DistributedDataParallel(field_) if procs.distributed else field_,
+        model=_training_model(config, field_, procs),
         optimizer=torch.optim.Adam(
             [*field_.parameters(), *(grid.parameters() if grid is not None else ())],
             lr=config.lr,
@@ -251,6 +280,13 @@ def _setup(config: TrainConfig) -> _Run:
         },
         budget=budget,
     )
+
+
+def _training_model(config: TrainConfig, field_: RadianceField, procs: Processes) -> Any:
+    """What the step queries: the field, wrapped by DDP across processes, compiled with
+    ``--compile-field`` (the checkpoints and the evaluation keep using the plain field)."""
+    model: Any = DistributedDataParallel(field_) if procs.distributed else field_
+    return torch.compile(model, dynamic=True) if config.compile_field else model
 
 
 def _max_samples_per_ray(config: TrainConfig) -> int:
@@ -288,29 +324,82 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _account(state: TrainState, window: TrainState, t: list[float], n_rays: int, n_samples: int) -> None:
-    """Add one step's phase times (from the time stamps ``t``), rays and samples to both tallies."""
+class _StepClock:
+    """Where one step's time goes, measured off the hot path.
+
+    Always: the loader wait (``data``, host time) and the rest of the step (``compute``); the device is
+    synchronised only at the end of a step whose record is logged, so a logging window's seconds are
+    the device's. With a :mod:`raykit.recorder` active: every phase of ``_PHASES`` instead, the device
+    synchronised at each lap (as a profile needs), the seconds also added to the recorder (``"train"``).
+    """
+
+    def __init__(self, device: torch.device, recorder: raykit.recorder.Recorder | None) -> None:
+        self.device, self.recorder = device, recorder
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+        self.tail = self.last  # end of the last step, as the host saw it
+
+    def start(self) -> None:
+        self.laps, self.last = {}, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap to ``phase`` (only ``data`` unless recording)."""
+        if self.recorder is None and phase != "data":
+            return
+        now = time.perf_counter() if phase == "data" else _sync(self.device)
+        self.laps[phase] = now - self.last
+        self.last = now
+
+    def finish(self, synchronise: bool) -> dict[str, float]:
+        """The step's seconds per phase; ``synchronise``: wait for the device first (a logged step)."""
+        now = _sync(self.device) if synchronise else time.perf_counter()
+        seconds = self.laps
+        if self.recorder is None:
+            seconds["compute"] = now - self.last
+        else:
+            seconds["optimizer"] = seconds.get("optimizer", 0.0) + now - self.last
+            for phase, value in seconds.items():
+                self.recorder.add("train", phase, value)
+        self.tail = now
+        return seconds
+
+    def settle(self) -> dict[str, float]:
+        """Wait for the device: the seconds it still worked after the last step's end, charged to it."""
+        now = _sync(self.device)
+        extra, self.tail = now - self.tail, now
+        return {"compute" if self.recorder is None else "optimizer": extra}
+
+
+def _account(
+    state: TrainState,
+    window: TrainState,
+    seconds: dict[str, float],
+    n_rays: int,
+    n_samples: int | torch.Tensor,
+) -> None:
+    """Add one step's seconds per phase, rays and samples (a device tensor: no read-back) to both tallies."""
     for tally in (state, window):
-        for phase, (a, b) in zip(_PHASES, itertools.pairwise(t), strict=True):
-            tally.seconds[phase] += b - a
-        tally.elapsed += t[-1] - t[0]
+        for phase, value in seconds.items():
+            tally.seconds[phase] = tally.seconds.get(phase, 0.0) + value
+        tally.elapsed += sum(seconds.values())
         tally.rays += n_rays
-        tally.samples += n_samples
+        tally.samples = tally.samples + n_samples
 
 
 def _log_record(state: TrainState, window: TrainState, device: torch.device) -> dict[str, Any]:
     """One log.jsonl record: figures of the steps since the previous record (the window)."""
-    loss = window.loss_sum / max(window.step, 1)
+    loss = float(window.loss_sum) / max(window.step, 1)
+    samples = float(window.samples)
     return {
         "step": state.step,
         "loss": loss,
         "psnr": mse_to_psnr(loss),
         "rays_per_s": window.rays / max(window.elapsed, 1e-9),
-        "samples_per_ray": window.samples / max(window.rays, 1),
-        "loader_wait_fraction": window.seconds["data"] / max(window.elapsed, 1e-9),
+        "samples_per_ray": samples / max(window.rays, 1),
+        "loader_wait_fraction": window.seconds.get("data", 0.0) / max(window.elapsed, 1e-9),
         "step_time_s": window.elapsed,
         "rays_per_step": window.rays / max(window.step, 1),
-        "samples_per_step": window.samples / max(window.step, 1),
+        "samples_per_step": samples / max(window.step, 1),
         "step_memory_mb": window.memory_mb,
         "seconds": dict(window.seconds),
         "elapsed_s": state.elapsed,
@@ -336,11 +425,12 @@ def _refresh_grid(run: _Run, step: int) -> None:
     config = run.config
     if isinstance(run.grid, OccupancyGrid):
         fraction = 1.0 if step < config.occ_warmup_steps else config.occ_refresh_fraction
-        step_size = march_step_size(run.field.aabb, config.march_steps)
+        step_size = march_step_size(run.field.box, config.march_steps)
         density_fn: Any = run.field.density
         if run.field.space == "contract":  # the grid covers field coordinates; one step of s inside the ball
             density_fn = run.field.density_at_coords
-            step_size = float((run.field.aabb[3:] - run.field.aabb[:3]).max()) / config.march_steps
+            box = run.field.box
+            step_size = max(hi - lo for lo, hi in zip(box[:3], box[3:], strict=True)) / config.march_steps
         run.grid.refresh(density_fn, step_size, run.refresh, fraction)
 
 
@@ -390,7 +480,7 @@ def _checkpoint(run: _Run, state: TrainState) -> None:
             "elapsed": state.elapsed,
             "seconds": state.seconds,
             "rays": state.rays,
-            "samples": state.samples,
+            "samples": int(state.samples),
             **({"budget": run.budget.state_dict()} if run.budget is not None else {}),
         },
     )
@@ -463,7 +553,8 @@ def _record_run(
     space: dict[str, Any] | None = None,
     choices: dict[str, Any] | None = None,
 ) -> None:
-    """config.json and run.json: everything needed to reproduce the run."""
+    """config.json and run.json: everything needed to reproduce the run, and why: the automatic choices
+    (scene space, sampler, background) and every default the run kept (``defaults``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "log.jsonl").unlink(missing_ok=True)
     (run_dir / "progress.jsonl").unlink(missing_ok=True)
@@ -479,6 +570,7 @@ def _record_run(
             "environment": environment(device, procs),
             "scene_space": space or {},
             **(choices or {"sampler": {"name": config.sampler, "reason": ""}}),
+            "defaults": default_reasons(config),
         },
     )
 

@@ -15,6 +15,7 @@ refreshed and left out of the mean, as nerfacc leaves out the cells no camera se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +59,14 @@ class OccupancyGrid(nn.Module):
         reachable = self._in_ball() if ball else torch.ones(resolution**3, dtype=torch.bool)
         self.register_buffer("reachable", reachable, persistent=False)
         self.register_buffer("occupied", reachable.clone())
+        self._coarse: tuple[tuple[int, int, int], Tensor, float] | None = None  # see coarse_test
+        self._copy_to_host()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._copy_to_host())
+
+    def _copy_to_host(self) -> None:
+        """The cell size per axis on the host (marching reads it without a device round-trip)."""
+        sides = (self.aabb[3:] - self.aabb[:3]) / self.resolution
+        self.cell_size: tuple[float, ...] = tuple(sides.tolist())
 
     def _in_ball(self) -> Tensor:
         """(R^3,) bool: cells whose nearest point to the box centre lies within the inscribed ball."""
@@ -98,6 +107,47 @@ class OccupancyGrid(nn.Module):
         strides = torch.tensor([r * r, r, 1.0], dtype=cells.dtype, device=cells.device)
         return self.occupied[(cells @ strides).long()]
 
+    def coarse_test(
+        self, factor: int = 2, most: float = 0.5
+    ) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float] | None:
+        """A conservative occupancy test for skipping empty space in strides, and its stride; None
+        where it would not pay (a share above ``most`` of the coarse cells passes, as while the grid
+        is young: every stride would then be stepped through anyway).
+
+        Blocks of ``factor^3`` cells become one coarse cell, occupied when any of its cells is, then
+        dilated by one coarse cell. Returns ``(test, stride)``: ``test(rays_o (N, 3), rays_d (N, 3), t
+        (N, S)) -> (N, S)`` bool, and ``stride`` = one coarse cell (its smallest side). Wherever a point
+        at ``t`` lies in an occupied cell, the test is True at every ``t'`` within ``stride / 2`` of it
+        (a point within half a coarse cell of another lies in the same or a neighbouring coarse cell;
+        clamping to the grid, as :meth:`is_occupied_along` does, keeps that true).
+
+        The coarse grid is kept until the occupancy changes (a refresh, a load): its share is read
+        back to the host once per change, not once per step.
+        """
+        key = (factor, self.occupied._version, self.occupied.data_ptr())
+        if self._coarse is None or self._coarse[0] != key:
+            r = self.resolution
+            fine = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
+            coarse = torch.nn.functional.max_pool3d(fine, factor, factor, ceil_mode=True)
+            dilated = (torch.nn.functional.max_pool3d(coarse, 3, 1, padding=1)[0, 0] > 0).contiguous()
+            self._coarse = (key, dilated, float(dilated.float().mean()))
+        _, dilated, share = self._coarse
+        if share > most:
+            return None
+        r, rc = self.resolution, dilated.shape[0]
+        lo = self.aabb[:3]
+        scale = 1.0 / (factor * (self.aabb[3:] - lo) / r)
+        strides = torch.tensor([rc * rc, rc, 1.0], dtype=self.density.dtype, device=lo.device)
+        flat = dilated.reshape(-1)
+
+        def test(rays_o: Tensor, rays_d: Tensor, t: Tensor) -> Tensor:
+            origin, direction = ((rays_o - lo) * scale)[:, None, :], (rays_d * scale)[:, None, :]
+            cells = torch.addcmul(origin, direction, t[..., None])
+            cells.clamp_(0, rc - 1).trunc_()
+            return flat[(cells @ strides).long()]
+
+        return test, factor * min(self.cell_size)
+
     def cell_points(self, cells: Tensor, generator: torch.Generator | None) -> Tensor:
         """(K,) flat cell indices -> (K, 3) one point per cell: its centre, or jittered within it."""
         r = self.resolution
@@ -129,19 +179,25 @@ class OccupancyGrid(nn.Module):
         generator: torch.Generator | None,
         fraction: float = 1.0,
         chunk: int = 1 << 16,
-    ) -> float:
+    ) -> Tensor:
         """Re-evaluate cells (see :meth:`refresh_cells`), update their EMA and the occupancy.
 
-        Returns the occupied share of the grid.
+        Returns the occupied share of the grid, a 0-d tensor on the grid's device (nothing is read back
+        to the host here, so that a training step on a GPU does not wait for it).
         """
         cells = self.refresh_cells(fraction, generator)
         points = self.cell_points(cells, generator)
         fresh = torch.cat([density_fn(points[i : i + chunk]) for i in range(0, points.shape[0], chunk)])
         self.density[cells] = torch.maximum(self.density[cells] * self.decay, fresh)
         sigma_threshold = -math.log(1.0 - self.threshold) / step_size
-        self.occupied.copy_((self.density > min(self.mean_density(), sigma_threshold)) & self.reachable)
-        return float(self.occupied[self.reachable].float().mean())
+        limit = self.mean_density_tensor().clamp(max=sigma_threshold)
+        self.occupied.copy_((self.density > limit) & self.reachable)
+        return self.occupied[self.reachable].float().mean()
 
     def mean_density(self) -> float:
         """The mean cell density over the reachable cells."""
-        return float(self.density[self.reachable].mean())
+        return float(self.mean_density_tensor())
+
+    def mean_density_tensor(self) -> Tensor:
+        """:meth:`mean_density` as a 0-d tensor on the grid's device."""
+        return self.density[self.reachable].mean()

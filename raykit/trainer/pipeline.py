@@ -45,9 +45,13 @@ FieldFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """positions (..., 3), directions (..., 3) -> (sigma (...,), rgb (..., 3)); the field or its DDP wrapper."""
 
 
-def march_step_size(aabb: Tensor, march_steps: int) -> float:
-    """Occupancy marching step: the scene box diagonal divided by ``march_steps``."""
-    return float((aabb[3:] - aabb[:3]).norm()) / march_steps
+def march_step_size(aabb: Tensor | tuple[float, ...], march_steps: int) -> float:
+    """Occupancy marching step: the scene box diagonal divided by ``march_steps``.
+
+    ``aabb``: (6,), a tensor or (read without a device round-trip) the field's host copy ``box``.
+    """
+    lo, hi = list(aabb[:3]), list(aabb[3:])
+    return math.sqrt(sum((float(b) - float(a)) ** 2 for a, b in zip(lo, hi, strict=True))) / march_steps
 
 
 def sample_rays(
@@ -69,8 +73,9 @@ def sample_rays(
         generator: jitter source; None for deterministic evaluation samples.
     """
     frame = ray_frame(
-        field.space, field.aabb, field.ndc_frame, rays.origins, rays.directions, rays.near, rays.far
-    )
+        field.space, field.aabb, field.ndc_frame, rays.origins, rays.directions, rays.near, rays.far,
+        field.box, field.ndc_values,
+    )  # fmt: skip
     samples = _sample(config, field, grid, frame, step, generator)
     if field.space == "ndc":
         samples.origins, samples.directions = frame.origins, frame.directions
@@ -112,7 +117,7 @@ def _sample(
     density_fn = field.density if config.early_stop_eps > 0 else None
     if contracted:
         return _march_contracted(config, field, grid, frame, generator)
-    step_size = march_step_size(field.aabb, config.march_steps)
+    step_size = march_step_size(field.box, config.march_steps)
     return march_occupied(
         rays_o,
         rays_d,
@@ -123,6 +128,7 @@ def _sample(
         generator,
         density_fn,
         config.early_stop_eps,
+        grid.coarse_test(),
     )
 
 
@@ -133,11 +139,11 @@ def _march_contracted(
     ``occ_alpha_threshold`` and ``early_stop_eps`` are both 0) a no-gradient density pass that drops
     samples of opacity below ``min(occ_alpha_threshold, the grid's mean opacity per step)`` and those
     behind transmittance ``early_stop_eps`` (1e-4 when unset), as nerfacc does for unbounded scenes."""
-    alpha = config.occ_alpha_threshold
-    filtering = alpha > 0 or config.early_stop_eps > 0
-    if alpha > 0:  # a young field (low mean density) keeps its samples, as the grid keeps its cells
-        step = 2.0 * contracted_radius(field.aabb) / config.march_steps
-        alpha = min(alpha, 1.0 - math.exp(-grid.mean_density() * step))
+    alpha: float | Tensor = config.occ_alpha_threshold
+    filtering = config.occ_alpha_threshold > 0 or config.early_stop_eps > 0
+    if config.occ_alpha_threshold > 0:  # a young field (low mean density) keeps its samples, as the grid
+        step = 2.0 * contracted_radius(field.box) / config.march_steps  # keeps its cells (on the device)
+        alpha = (1.0 - torch.exp(-grid.mean_density_tensor() * step)).clamp(max=config.occ_alpha_threshold)
     return march_in_s(
         frame,
         config.march_steps,
@@ -149,9 +155,10 @@ def _march_contracted(
     )
 
 
-def contracted_radius(aabb: Tensor) -> float:
-    """The unit ball's radius in world units of a contracted field with box ``aabb`` (6,)."""
-    return float((aabb[3:] - aabb[:3]).max()) / 2
+def contracted_radius(aabb: Tensor | tuple[float, ...]) -> float:
+    """The unit ball's radius in world units of a contracted field with box ``aabb`` (6,) (a tensor, or
+    the field's host copy ``box``)."""
+    return max(float(b) - float(a) for a, b in zip(list(aabb[:3]), list(aabb[3:]), strict=True)) / 2
 
 
 def proposal_counts(text: str) -> list[int]:

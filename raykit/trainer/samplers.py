@@ -25,6 +25,7 @@ __all__ = [
     "intervals_from_points",
     "march_occupied",
     "ray_aabb_intersect",
+    "reference_march_occupied",
     "reference_sample_pdf",
     "sample_pdf",
     "stratified_samples",
@@ -54,7 +55,11 @@ class Samples:
     @property
     def n_samples(self) -> int:
         """Number of intervals with non-zero length (what the field is really asked about)."""
-        return int((self.t_ends > self.t_starts).sum())
+        return int(self.sample_count())
+
+    def sample_count(self) -> Tensor:
+        """:attr:`n_samples` as a 0-d tensor on the samples' device (no read-back to the host)."""
+        return (self.t_ends > self.t_starts).sum()
 
 
 def ray_aabb_intersect(rays_o: Tensor, rays_d: Tensor, aabb: Tensor) -> tuple[Tensor, Tensor]:
@@ -230,8 +235,78 @@ def march_occupied(
     generator: torch.Generator | None = None,
     density_fn: DensityFn | None = None,
     early_stop_eps: float = 1e-4,
+    coarse: tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float] | None = None,
 ) -> Samples:
     """Equal steps along each ray, kept only where the occupancy test passes; packed output.
+
+    With ``coarse`` (a conservative test and its stride, e.g.
+    :meth:`raykit.trainer.occupancy.OccupancyGrid.coarse_test`) each ray is first cut into strides
+    tested once each, and only the steps inside strides that pass are tested with ``occupied`` (a
+    ragged comb, ray-major): the result equals :func:`reference_march_occupied`'s, which tests a
+    rectangular comb of steps as long as the longest ray, with far fewer tests in empty space.
+
+    Args:
+        rays_o, rays_d: (N, 3) origins and directions.
+        t_min, t_max: (N,) the interval marched (e.g. near/far clipped to the scene box).
+        step_size: interval length.
+        occupied: ``(rays_o (K, 3), rays_d (K, 3), t (K, S)) -> (K, S)`` bool, e.g.
+            :meth:`raykit.trainer.occupancy.OccupancyGrid.is_occupied_along`.
+        generator: jitters the start of each ray's comb by a fraction of a step; None for none.
+        density_fn: when given, a no-gradient pass drops samples behind which the transmittance has
+            fallen below ``early_stop_eps`` (they would contribute less than that to the pixel).
+        coarse: ``(test, stride)``: ``test`` True within ``stride / 2`` of every occupied point.
+    """
+    if coarse is None:
+        return reference_march_occupied(
+            rays_o, rays_d, t_min, t_max, step_size, occupied, generator, density_fn, early_stop_eps
+        )
+    test, stride = coarse
+    n_rays, device, dtype = rays_o.shape[0], rays_o.device, rays_o.dtype
+    t_max = torch.maximum(t_max, t_min)
+    if generator is None:
+        offset = torch.full((n_rays,), 0.5, dtype=dtype, device=device)
+    else:  # the reference's draw: the same jitter from the same generator
+        offset = torch.rand((n_rays, 1), generator=generator, dtype=dtype, device=device)[:, 0]
+    longest = float((t_max - t_min).max()) if n_rays else 0.0
+    n_strides = max(1, math.ceil(longest / stride))
+    centres = t_min[:, None] + (torch.arange(n_strides, dtype=dtype, device=device) + 0.5) * stride
+    passed = test(rays_o, rays_d, centres) & (centres - 0.5 * stride < t_max[:, None])
+    ray_of, stride_of = torch.nonzero(passed, as_tuple=True)  # ray-major, strides in order
+    # Steps k of stride j: j * stride <= (k + offset) * step_size < (j + 1) * stride (a partition of k),
+    # at most ceil(stride / step_size) + 1 of them: a small rectangular comb per passing stride.
+    ratio = stride / step_size
+    offsets = offset[ray_of]
+    first = torch.ceil(stride_of.to(dtype) * ratio - offsets).clamp_min(0)
+    end = torch.ceil((stride_of + 1).to(dtype) * ratio - offsets)
+    steps = first[:, None] + torch.arange(math.ceil(ratio) + 1, dtype=dtype, device=device)  # (P, W)
+    t_mid = t_min[ray_of, None] + (steps + offsets[:, None]) * step_size
+    keep = (steps < end[:, None]) & (t_mid < t_max[ray_of, None])
+    keep &= occupied(rays_o[ray_of], rays_d[ray_of], t_mid)
+    pair, _ = torch.nonzero(keep, as_tuple=True)
+    ray_indices, t_mid_packed = ray_of[pair], t_mid[keep]
+    t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min[ray_indices])
+    t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max[ray_indices])
+    if density_fn is not None and ray_indices.numel():
+        with torch.no_grad():
+            sigmas = density_fn(rays_o[ray_indices] + rays_d[ray_indices] * t_mid_packed[:, None])
+            _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
+        alive = trans > early_stop_eps
+        t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
+    return Samples(t_starts, t_ends, ray_indices, n_rays)
+
+
+def reference_march_occupied(
+    rays_o: Tensor,
+    rays_d: Tensor,
+    t_min: Tensor,
+    t_max: Tensor,
+    step_size: float,
+    occupied: Callable[[Tensor, Tensor, Tensor], Tensor],
+    generator: torch.Generator | None = None,
+    density_fn: DensityFn | None = None,
+    early_stop_eps: float = 1e-4,
+) -> Samples:
+    """Simple twin of :func:`march_occupied`: a rectangular comb of steps, as long as the longest ray.
 
     Args:
         rays_o, rays_d: (N, 3) origins and directions.

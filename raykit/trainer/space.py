@@ -194,11 +194,13 @@ class RayFrame:
         return self.origins[:, None, :] + self.directions[:, None, :] * t[..., None]
 
 
-def _to_ndc(frame: Tensor, origins: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
+def _to_ndc(
+    frame: Tensor, origins: Tensor, directions: Tensor, values: tuple[float, ...] | None = None
+) -> tuple[Tensor, Tensor]:
     rotation, centre = frame[:9].view(3, 3), frame[9:12]
     o = (origins - centre) @ rotation.T
     d = directions @ rotation.T
-    fx, fy, width, height, near = (float(v) for v in frame[12:17])
+    fx, fy, width, height, near = values[12:17] if values is not None else frame[12:17].tolist()
     return ndc_rays(o, d, fx, fy, width, height, near)
 
 
@@ -210,16 +212,23 @@ def ray_frame(
     directions: Tensor,
     near: Tensor,
     far: Tensor,
+    box: tuple[float, ...] | None = None,
+    ndc_values: tuple[float, ...] | None = None,
 ) -> RayFrame:
-    """Frame world rays (N, 3) with bounds ``near``/``far`` (N,) for the field's space ``mode``."""
+    """Frame world rays (N, 3) with bounds ``near``/``far`` (N,) for the field's space ``mode``.
+
+    ``box`` and ``ndc_values``: host copies of ``aabb`` and ``ndc_frame`` (the field keeps them), so
+    that framing rays on a GPU reads nothing back from it.
+    """
     if mode == "contract":
-        radius = float((aabb[3:] - aabb[:3]).max()) / 2
+        sides = [hi - lo for lo, hi in zip(box[:3], box[3:], strict=True)] if box else None
+        radius = max(sides) / 2 if sides else float((aabb[3:] - aabb[:3]).max()) / 2
         s0, s1 = spacing(near / radius), spacing(far / radius)
         return RayFrame(origins, directions, s0, torch.maximum(s1, s0), radius)
     if mode == "ndc":
         if ndc_frame is None:
             raise TypeError("ray_frame: scene space ndc needs the field's ndc_frame")
-        origins, directions = _to_ndc(ndc_frame, origins, directions)
+        origins, directions = _to_ndc(ndc_frame, origins, directions, ndc_values)
         near = torch.zeros_like(near)
         far = torch.full_like(far, 1.0 - 1e-4)
     t_min, t_max = ray_aabb_intersect(origins, directions, aabb)
@@ -262,7 +271,7 @@ def march_in_s(
     generator: torch.Generator | None = None,
     density_fn: Any | None = None,
     early_stop_eps: float = 1e-4,
-    alpha_threshold: float = 0.0,
+    alpha_threshold: float | Tensor = 0.0,
 ) -> Samples:
     """Occupancy marching with steps of equal length in ``s`` (``1 / n_steps``); packed output.
 
@@ -310,7 +319,7 @@ def filter_marched(
     ray_indices: Tensor,
     n_rays: int,
     early_stop_eps: float,
-    alpha_threshold: float,
+    alpha_threshold: float | Tensor,
 ) -> Tensor:
     """(M,) bool: the packed samples worth the field's time (transmittance in front of them above
     ``early_stop_eps`` and opacity at least ``alpha_threshold``), from no-gradient densities (M,)."""

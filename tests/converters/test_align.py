@@ -1,4 +1,4 @@
-"""Umeyama similarity alignment and pose errors (raykit.converters.align)."""
+"""Umeyama similarity alignment and pose errors (raykit.poses.align)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from raykit.converters.align import pose_errors, rotation_angle_deg, umeyama
 from raykit.errors import ConfigError
+from raykit.poses.align import pose_errors, rotation_angle_deg, umeyama
 
 
 def _rotation(seed: int) -> np.ndarray:

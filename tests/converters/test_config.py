@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
 
 from raykit.converters import convert
 from raykit.converters.config import ConvertConfig, add_arguments, from_args
-from raykit.store.plan import StoreOptions
+from raykit.store import StoreSpec
 
 
 def _parse(argv: list[str]) -> ConvertConfig:
@@ -19,25 +20,34 @@ def _parse(argv: list[str]) -> ConvertConfig:
     return from_args(parser.parse_args(argv))
 
 
-def test_convert_takes_a_config_or_its_fields_as_keywords(tmp_path: Path) -> None:
-    """``convert(src, dst, config)`` and the keyword style of earlier releases write the same store;
-    a keyword that is no field of ``ConvertConfig`` is refused."""
+def test_convert_takes_the_config_fields_as_keywords(tmp_path: Path) -> None:
+    """One way to pass options: ``convert``'s keywords are ``ConvertConfig``'s fields with its defaults
+    (but ``progress``); a config runs as ``**config.convert_options()``; a keyword that is no field is
+    refused, and so is a config given as a third positional argument."""
     from raykit.scene import render_scene, write_blender
 
     write_blender(render_scene("tiny", seed=0), tmp_path / "cap")
     config = ConvertConfig(backend="wds", chunk_rays=512, progress=False)
-    by_config = convert(tmp_path / "cap", tmp_path / "a", config)
+    by_config = convert(tmp_path / "cap", tmp_path / "a", **config.convert_options())
     by_keywords = convert(tmp_path / "cap", tmp_path / "b", backend="wds", chunk_rays=512)
     assert by_config.fingerprint == by_keywords.fingerprint and by_config.backend == "wds"
     assert by_config.manifest["layout"]["chunk_rays"] == 512
     with pytest.raises(TypeError, match="chunk_size"):
-        convert(tmp_path / "cap", tmp_path / "c", chunk_size=512)
+        convert(tmp_path / "cap", tmp_path / "c", chunk_size=512)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="positional"):
+        convert(tmp_path / "cap", tmp_path / "c", config)  # type: ignore[misc]
+    defaults = inspect.signature(convert).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(ConvertConfig)}
+    assert {
+        n: p.default for n, p in defaults.items() if n in fields and n not in ("src", "dst", "progress")
+    } == {n: d for n, d in fields.items() if n not in ("src", "dst", "profile", "progress")}
 
 
 def test_store_options_carry_the_codec_in_every_layout() -> None:
     options = ConvertConfig(layout="images", rgba_codec="zstd").store_options()
-    assert options.layout == "images" and options.rgba_codec == "zstd"
-    assert ConvertConfig().store_options() == StoreOptions()  # one default for each option
+    assert options["layout"] == "images" and options["rgba_codec"] == "zstd"
+    options, spec = ConvertConfig().store_options(), StoreSpec()  # one default for each option
+    assert options == {"layout": spec.kind, **{k: getattr(spec, k) for k in options if k != "layout"}}
 
 
 def test_flags_round_trip() -> None:

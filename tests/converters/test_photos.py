@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raykit.converters.photos import check_photos, list_photos, looks_like_frames, one_device
 from raykit.errors import SourceError
+from raykit.poses.photos import check_photos, list_photos, looks_like_frames, one_device
 
 
 def _save(path: Path, size: tuple[int, int] = (32, 24), exif: dict[int, object] | None = None) -> None:

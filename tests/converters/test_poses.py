@@ -26,9 +26,9 @@ from raykit.cli import main
 from raykit.colmap_io import read_model
 from raykit.conventions import c2w_from_colmap
 from raykit.converters import convert
-from raykit.converters.align import pose_errors
-from raykit.converters.poses import PoseOptions, estimate_poses
 from raykit.errors import ConfigError, ResumeError
+from raykit.poses.align import pose_errors
+from raykit.poses.estimate import PoseOptions, estimate_poses
 from raykit.scene.photos import ScenePhotos, render_photos
 from raykit.store import open_store
 

@@ -10,8 +10,8 @@ from PIL import Image
 
 from raykit.cli import main
 from raykit.converters import convert
-from raykit.converters.poses import PoseOptions, estimate_poses
 from raykit.errors import ConfigError, SourceError
+from raykit.poses.estimate import PoseOptions, estimate_poses
 from raykit.scene.photos import orbit_poses, render_photos
 
 OPTS = PoseOptions(threads=2)

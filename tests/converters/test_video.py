@@ -15,10 +15,10 @@ from PIL import Image
 
 from raykit.colmap_io import read_model
 from raykit.conventions import c2w_from_colmap
-from raykit.converters.align import pose_errors
-from raykit.converters.poses import PoseOptions, estimate_poses
-from raykit.converters.video import extract_frames, frame_name, video_frames
 from raykit.errors import ConfigError, SourceError
+from raykit.poses.align import pose_errors
+from raykit.poses.estimate import PoseOptions, estimate_poses
+from raykit.poses.video import extract_frames, frame_name, video_frames
 from raykit.scene.photos import orbit_poses, render_photos
 
 

@@ -16,7 +16,7 @@ pytest.importorskip(
 
 from raykit.converters import convert
 from raykit.scene import render_scene, write_colmap
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGO = ROOT / "tests" / "data" / "lego_tiny"

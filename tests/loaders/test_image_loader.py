@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import json
 import threading
 from pathlib import Path
@@ -15,7 +17,7 @@ import torch
 from raykit.cameras import Camera, pixels_to_rays
 from raykit.errors import ConfigError, ResumeError
 from raykit.image_geometry import RemapTable, reference_remap, undistortion_coordinates
-from raykit.loaders import ImageBatch, ImageLoader, ImageLoaderConfig, LoaderConfig
+from raykit.loaders import ImageBatch, ImageLoader, ImageLoaderConfig
 from raykit.rays import unit_colours
 from raykit.store import ImageRecord, SceneInfo, write_store
 
@@ -100,24 +102,22 @@ def test_state_dict_resumes_exactly(stores: dict[str, Any]) -> None:
         ImageLoader(stores["wds"], "train", seed=2, crop=(8, 12)).load_state_dict({**state, "kind": "rays"})
 
 
-def test_config_equals_keywords_and_is_checked_once(stores: dict[str, Any]) -> None:
-    config = ImageLoaderConfig(split="train", batch_size=2, seed=5, crop=(8, 12), prefetch=3)
-    by_config = ImageLoader(stores["zarr"], config=config)
-    by_keywords = ImageLoader(stores["zarr"], "train", 2, 5, crop=(8, 12), prefetch=3)
-    assert by_config.config == by_keywords.config == config
-    assert by_config.state_dict() == by_keywords.state_dict()
-    got = [(b.names, b.crop_origin.tolist()) for b in by_config]
-    assert got == [(b.names, b.crop_origin.tolist()) for b in by_keywords]
-    assert len(got) == by_config.plan.n_batches
-    assert config.replace(seed=1).changed() == ["batch_size", "seed", "crop", "prefetch"]
+def test_keywords_are_checked_once_into_the_config(stores: dict[str, Any]) -> None:
+    """One way to pass options: keywords, whose defaults are ``ImageLoaderConfig``'s."""
+    loader = ImageLoader(stores["zarr"], "train", 2, 5, crop=(8, 12), prefetch=3)
+    assert loader.config == ImageLoaderConfig(split="train", batch_size=2, seed=5, crop=(8, 12), prefetch=3)
+    got = [(b.names, b.crop_origin.tolist()) for b in loader]
+    assert len(got) == loader.plan.n_batches
+    loader.close()
+    defaults = inspect.signature(ImageLoader).parameters
+    assert {n: p.default for n, p in defaults.items() if n in ImageLoaderConfig.__dataclass_fields__} == {
+        f.name: f.default for f in dataclasses.fields(ImageLoaderConfig)
+    }
+    assert "config" not in defaults
     with pytest.raises(ConfigError, match=r"batch_size: expected an integer >= 1, got 0.*convert_threads"):
         ImageLoaderConfig(batch_size=0, convert_threads=0)
-    with pytest.raises(ConfigError, match=r"both as config= and as keywords \(seed\)"):
-        ImageLoader(stores["zarr"], seed=1, config=config)
-    with pytest.raises(ConfigError, match="config: expected an ImageLoaderConfig, got LoaderConfig"):
-        ImageLoader(stores["zarr"], config=LoaderConfig())  # type: ignore[arg-type]
-    by_config.close()
-    by_keywords.close()
+    with pytest.raises(ConfigError, match=r"convert_threads: expected an integer >= 1, got 0"):
+        ImageLoader(stores["zarr"], convert_threads=0)
 
 
 def test_crops_are_windows_with_their_own_camera(stores: dict[str, Any]) -> None:
@@ -262,7 +262,7 @@ def test_an_images_layout_store_gives_the_same_batches(
     stores: dict[str, Any], tmp_path: Path, backend: str
 ) -> None:
     from raykit.store import open_store
-    from raykit.store.writer import copy_store
+    from raykit.store.write import copy_store
 
     copy_store(stores["zarr"].url, tmp_path / "images", backend=backend, layout="images")
     images = open_store(tmp_path / "images")

@@ -4,6 +4,7 @@ strategy seam; states in the format saved before the stages existed still resume
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from typing import Any
 
@@ -86,30 +87,27 @@ def test_window_groups_resume_from_their_own_state(stores: dict[str, Any]) -> No
     fetcher2.close()
 
 
-def test_loader_config_equals_keywords(stores: dict[str, Any]) -> None:
-    config = LoaderConfig(batch_size=64, seed=3, mix_chunks=2, group_rays=256)
-    by_config = RayLoader(stores["zarr"], make_batch=lambda raw: raw, config=config)
-    by_keywords = RayLoader(
-        stores["zarr"], "train", 64, 3, mix_chunks=2, group_rays=256, make_batch=lambda r: r
-    )
-    assert by_config.config == by_keywords.config == config
-    assert by_config.state_dict() == by_keywords.state_dict()
-    for a, b in zip(by_config, by_keywords, strict=True):
-        np.testing.assert_array_equal(a.pid, b.pid)
-    by_config.close()
-    by_keywords.close()
+def test_loader_takes_keywords_only_and_its_config_holds_them(stores: dict[str, Any]) -> None:
+    """One way to pass options: keywords, whose defaults are ``LoaderConfig``'s; ``loader.config`` is
+    the frozen, checked record of them; there is no second ``config=`` path."""
+    loader = RayLoader(stores["zarr"], "train", 64, 3, mix_chunks=2, group_rays=256, make_batch=lambda r: r)
+    assert loader.config == LoaderConfig(batch_size=64, seed=3, mix_chunks=2, group_rays=256)
+    loader.close()
+    defaults = inspect.signature(RayLoader).parameters
+    assert {n: p.default for n, p in defaults.items() if n in LoaderConfig.__dataclass_fields__} == {
+        f.name: f.default for f in dataclasses.fields(LoaderConfig)
+    }
+    assert "config" not in defaults
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.seed = 4  # type: ignore[misc]
+        loader.config.seed = 4  # type: ignore[misc]
 
 
 def test_loader_config_errors_name_the_options(stores: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=r"batch_size: expected an integer >= 1, got 0.*prefetch"):
         LoaderConfig(batch_size=0, prefetch=0)
-    with pytest.raises(ConfigError, match=r"both as config= and as keywords \(batch_size, seed\)"):
-        RayLoader(stores["zarr"], batch_size=8, seed=1, config=LoaderConfig())
-    with pytest.raises(ConfigError, match="config: expected a LoaderConfig, got dict"):
-        RayLoader(stores["zarr"], config={"batch_size": 8})  # type: ignore[arg-type]
-    assert LoaderConfig().replace(seed=2).changed() == ["seed"]
+    with pytest.raises(ConfigError, match=r"batch_size: expected an integer >= 1, got 0"):
+        RayLoader(stores["zarr"], batch_size=0)
+    assert LoaderConfig().replace(seed=2).seed == 2
 
 
 def test_state_saved_in_the_old_format_resumes(stores: dict[str, Any]) -> None:

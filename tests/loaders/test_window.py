@@ -129,16 +129,12 @@ def _raw_of(store: Any, batch: Any, images: dict[str, np.ndarray]) -> Any:
     return RawRays(rgba, pid.astype(np.uint32))
 
 
-def test_config_and_keywords_are_checked_as_on_a_rays_store(images_store) -> None:
-    from raykit.loaders import LoaderConfig
-
-    loader = RayLoader(images_store, config=LoaderConfig(batch_size=64, window_images=2))
+def test_keywords_are_checked_as_on_a_rays_store(images_store) -> None:
+    loader = RayLoader(images_store, batch_size=64, window_images=2)
     assert loader.plan.batch_size == 64 and loader.plan.window_images == 2
     assert len(next(iter(loader))) == 64
     with pytest.raises(TypeError, match="batch_sise"):
         RayLoader(images_store, batch_sise=64)  # type: ignore[call-arg]
-    with pytest.raises(ConfigError, match="both as config= and as keywords"):
-        RayLoader(images_store, batch_size=32, config=LoaderConfig(batch_size=64))
     with pytest.raises(ConfigError, match="window_images: expected an integer >= 1"):
         RayLoader(images_store, window_images=0)
 

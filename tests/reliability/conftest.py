@@ -18,7 +18,7 @@ import pytest
 
 from raykit.cameras import Camera
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 
 WIDTH, HEIGHT = 24, 16
 

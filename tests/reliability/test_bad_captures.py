@@ -31,7 +31,7 @@ from raykit.colmap_io import read_model, write_model
 from raykit.errors import SourceError
 from raykit.fileio import sha256_file
 from raykit.scene import render_scene, write_blender, write_colmap
-from raykit.store.integrity import json_digest
+from raykit.store.files import json_digest
 from raykit.trainer.deploy import transforms_views
 
 
@@ -391,7 +391,7 @@ def test_disk_full_names_the_file_and_the_partial_it_leaves(
             tmp.write_bytes(b"half")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    for name in ("raykit.store.commit", "raykit.store.rays_writer", "raykit.store.images_writer"):
+    for name in ("raykit.store.write.commit", "raykit.store.write.rays", "raykit.store.write.images"):
         importlib.import_module(name)
     for name, module in list(sys.modules.items()):
         if name.startswith("raykit.") and getattr(module, "atomic_write_bytes", None) is real:

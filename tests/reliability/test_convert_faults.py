@@ -23,7 +23,7 @@ import raykit.fileio
 from raykit.errors import StoreNotFoundError
 from raykit.scene import render_scene, write_blender
 from raykit.store import open_store
-from raykit.store.lock import lock_path, read_lock
+from raykit.store.files import lock_path, read_lock
 from raykit.trainer.checkpoint import (
     CheckpointMeta,
     latest_checkpoint,
@@ -62,7 +62,7 @@ def _files(store: Path) -> dict[str, Any]:
 
 _HOLD = """
 import sys, time
-from raykit.store.lock import store_lock
+from raykit.store.files import store_lock
 with store_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(120)
@@ -149,7 +149,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, code: int, after: int) -> list[str]
             raise OSError(code, os.strerror(code), str(path))
         real(path)
 
-    for name in ("raykit.store.commit", "raykit.store.rays_writer", "raykit.store.images_writer"):
+    for name in ("raykit.store.write.commit", "raykit.store.write.rays", "raykit.store.write.images"):
         importlib.import_module(name)  # every module that syncs files is loaded, then patched
     for name, module in list(sys.modules.items()):
         if name.startswith("raykit.") and getattr(module, "fsync_path", None) is real:

@@ -16,7 +16,7 @@ import pytest
 
 from raykit.loaders import RayLoader
 from raykit.store import open_store
-from raykit.store.remote import RangeIgnoredWarning
+from raykit.store.files import RangeIgnoredWarning
 
 from .conftest import http_server
 

@@ -19,7 +19,7 @@ import pytest
 
 from raykit.cameras import Camera
 from raykit.store import ImageRecord, SceneInfo, write_store
-from raykit.store.integrity import json_digest
+from raykit.store.files import json_digest
 
 WIDTH, HEIGHT = 12, 8
 SECRET = b"secret: nothing outside the received folder may be read\n"

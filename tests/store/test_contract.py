@@ -15,11 +15,10 @@ import torch
 from raykit.cameras import pixels_to_rays
 from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
-from raykit.store.backend import BACKENDS, backend_named
+from raykit.store.backends import BACKENDS, backend_named
 from raykit.store.reader import RayStore
-from raykit.store.summary import store_summary
-from raykit.store.validate import validate_store
-from raykit.store.writer import copy_store
+from raykit.store.validate import store_summary, validate_store
+from raykit.store.write import copy_store
 
 CHUNK_RAYS = 64
 SHARD_CHUNKS = 2

@@ -21,9 +21,8 @@ from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.cli import register
 from raykit.store.order import SplitOrder, reference_split_pids
 from raykit.store.schema import DerivedRays, RawRays
-from raykit.store.summary import store_summary
-from raykit.store.validate import validate_store
-from raykit.store.writer import copy_store
+from raykit.store.validate import store_summary, validate_store
+from raykit.store.write import copy_store
 
 
 def _order(sizes: list[int], seed: int = 3, first: int = 2) -> tuple[SplitOrder, np.ndarray]:
@@ -157,7 +156,7 @@ def test_copy_with_pids_keeps_the_fingerprint(
 
 def _resign(root: Path, rel: str, **changes: object) -> None:
     from raykit.fileio import sha256_file
-    from raykit.store.integrity import json_digest
+    from raykit.store.files import json_digest
 
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["files"][rel] = {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}

@@ -19,7 +19,7 @@ from raykit.converters.images import decode_image
 from raykit.errors import SourceError, StoreCorruptError
 from raykit.store import open_store, write_store
 from raykit.store.validate import validate_store
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 
 
 def _photo(seed: int, h: int, w: int) -> np.ndarray:
@@ -133,7 +133,7 @@ def test_resume_reuses_encoded_images(records, scene, tmp_path: Path, monkeypatc
     import dataclasses
     import functools
 
-    import raykit.store.images_writer as iw
+    import raykit.store.write.images as iw
 
     bad = list(records)
     bad[-1] = dataclasses.replace(bad[-1], load=functools.partial(np.zeros, (2, 2, 3), np.uint8))
@@ -228,8 +228,8 @@ def test_http_reads_images(images_store, http_root) -> None:
 def test_validate_checks_each_image_header_size(images_store) -> None:
     """Without decoding, validate reads each stored image's size from its header: an image whose
     header disagrees with the camera table is reported (the table is altered in memory here)."""
-    from raykit.store.images_check import ImagesCheck
     from raykit.store.reader import open_store
+    from raykit.store.validate import ImagesCheck
 
     store = open_store(images_store.url)
 
@@ -256,8 +256,8 @@ def test_validate_checks_each_image_crc_within_and_across_files(
     image held whole in a file and for one spanning two (tiny shards here). An image altered after its
     CRC was recorded, in a file whose manifest SHA-256 was rewritten to match (as a writer bug would
     leave it), is reported by name; nothing else is."""
-    import raykit.store.images_writer as images_writer
-    from raykit.store.integrity import json_digest
+    import raykit.store.write.images as images_writer
+    from raykit.store.files import json_digest
 
     monkeypatch.setattr(images_writer, "DEFAULT_IMAGE_CHUNK_BYTES", 4096)
     monkeypatch.setattr(images_writer, "DEFAULT_IMAGE_SHARD_CHUNKS", 1)
@@ -305,7 +305,7 @@ def test_validate_checks_each_image_crc_within_and_across_files(
 def test_header_size_beyond_the_first_bytes() -> None:
     """An image whose header ends past ``HEADER_BYTES`` (a 100 KB ICC profile before the frame header)
     has its size read from the whole image; an image cut inside its header is reported unreadable."""
-    from raykit.store.images_check import HEADER_BYTES, _head, _header_size
+    from raykit.store.validate import HEADER_BYTES, _head, _header_size
 
     buf = io.BytesIO()
     Image.new("RGB", (37, 23), (10, 200, 30)).save(buf, "JPEG", icc_profile=bytes(100_000))

@@ -15,10 +15,10 @@ import pytest
 from raykit.errors import StoreCorruptError
 from raykit.fileio import sha256_file
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.integrity import chunk_checksum, content_fingerprint, json_digest
+from raykit.store.files import chunk_checksum, content_fingerprint, json_digest
 from raykit.store.schema import DerivedRays
 from raykit.store.validate import validate_store
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 
 
 def test_chunk_checksum_is_one_stream_over_the_fields() -> None:

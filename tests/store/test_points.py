@@ -17,7 +17,7 @@ from raykit.store import open_store
 from raykit.store.cli import register
 from raykit.store.points import POINTS_FILE
 from raykit.store.validate import validate_store
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 
 
 def _run(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ from raykit.converters import convert
 from raykit.errors import ConfigError, StoreNotFoundError
 from raykit.loaders import RayLoader
 from raykit.store import open_store
-from raykit.store.remote_write import upload_store
+from raykit.store.write import upload_store
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raykit.store import SceneInfo, open_store, write_store, zarr_backend
-from raykit.store.backend import PayloadSpec
-from raykit.store.layout import StoreLayout
+from raykit.store import SceneInfo, open_store, write_store
+from raykit.store.backends import PayloadSpec
+from raykit.store.backends import zarr as zarr_backend
+from raykit.store.backends.zarr import document_bytes
 from raykit.store.order import (
     base_permutation,
     image_order,
@@ -26,7 +27,7 @@ from raykit.store.order import (
     reference_split_pids,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.zarr_read import document_bytes
+from raykit.store.spec import StoreSpec
 
 
 def reference_merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
@@ -152,7 +153,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
     if rgba is not None:
         record["rgba_codec"] = rgba
     record.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
-    layout = StoreLayout.from_dict(record)
+    layout = StoreSpec.from_dict(record)
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks
     for shard in range(-(-n_rays // shard_rays)):
@@ -162,7 +163,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
-    from raykit.store.rays_writer import write_shard_task
+    from raykit.store.write.rays import write_shard_task
 
     class CrashAfterStaging(concurrent.futures.Executor):
         def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]
@@ -207,7 +208,7 @@ def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blos
     specs = [FieldSpec("rgba", "uint8", 4), FieldSpec("pid", "uint32", 0), FieldSpec("origins", "float16", 3),
              FieldSpec("directions", "float32", 3)]  # fmt: skip
     fields = {spec.name: spec for spec in specs}
-    spec = PayloadSpec(fields, StoreLayout.from_dict(record))
+    spec = PayloadSpec(fields, StoreSpec.from_dict(record))
     ours = zarr_backend.metadata_documents(splits, spec)
     theirs = zarr_backend.reference_metadata_documents(splits, spec)
     assert {key: document_bytes(doc) for key, doc in ours.items()} == theirs
@@ -225,7 +226,7 @@ def test_merge_counts_of_equal_sizes_are_a_round_robin(images: int, n: int, data
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 640])
 @pytest.mark.parametrize("channels", [3, 4])
 def test_packed_pixels_match_their_twins(n: int, channels: int) -> None:
-    from raykit.store.pixels import pack_rgba, pack_rgba_reference, unpack_rgb, unpack_rgb_reference
+    from raykit.store.write.staging import pack_rgba, pack_rgba_reference, unpack_rgb, unpack_rgb_reference
 
     rng = np.random.default_rng(n * channels)
     image = rng.integers(0, 256, (n, channels), dtype=np.uint8)
@@ -249,7 +250,7 @@ def test_packed_pixels_match_their_twins(n: int, channels: int) -> None:
 
 
 def test_writer_drops_the_stage_index_memos(tmp_path: Path, records, scene: SceneInfo) -> None:
-    from raykit.store import staging
+    from raykit.store.write import staging
 
     held = staging.base_indices(0, "train", 10)
     assert staging.base_indices(0, "train", 10) is held  # memoised

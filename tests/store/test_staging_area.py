@@ -14,8 +14,14 @@ import pytest
 
 from raykit.errors import SourceError
 from raykit.store.phases import PhaseClock
-from raykit.store.pixels import pack_rgba
-from raykit.store.staging_area import DiskStaging, MemoryStaging, MergeBuffers, StagingArea, staging_file
+from raykit.store.write.staging import (
+    DiskStaging,
+    MemoryStaging,
+    MergeBuffers,
+    StagingArea,
+    pack_rgba,
+    staging_file,
+)
 
 
 @pytest.mark.parametrize("kind", ["disk", "memory"])

@@ -12,9 +12,9 @@ import pytest
 
 from raykit.fileio import sha256_file
 from raykit.store import SceneInfo, open_store, write_store
-from raykit.store.integrity import json_digest
+from raykit.store.backends.wds import npy_bytes
+from raykit.store.files import json_digest
 from raykit.store.validate import validate_store
-from raykit.store.wds_backend import npy_bytes
 
 
 def _rewrite_chunk(root: Path, split: str, chunk: int, values: dict[str, np.ndarray]) -> None:

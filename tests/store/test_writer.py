@@ -19,7 +19,7 @@ from raykit.errors import ConfigError, SourceError, StoreNotFoundError
 from raykit.fileio import punch_hole
 from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.rays_writer import write_shard_task
+from raykit.store.write.rays import write_shard_task
 
 OPTIONS: dict[str, Any] = {"chunk_rays": 64, "shard_chunks": 2, "seed": 1}
 
@@ -248,7 +248,7 @@ def test_rgba_codec_choice(tmp_path: Path, records, scene: SceneInfo) -> None:
 def test_serial_writer_releases_its_merge_buffers(tmp_path: Path, records, scene: SceneInfo) -> None:
     import gc
 
-    from raykit.store.staging_area import MemoryStaging, MergeBuffers
+    from raykit.store.write.staging import MemoryStaging, MergeBuffers
 
     def alive() -> int:
         gc.collect()
@@ -360,11 +360,11 @@ def test_phase_times_go_to_the_recording_block_of_their_own_thread(
 
     from raykit.store.phases import recording_phases
 
-    level = logging.getLogger("raykit.store.writer").level
+    level = logging.getLogger("raykit.store.write").level
     records = record_factory(2, [(8, 8, "train", 3)] * 4)
     other = threading.Thread(target=write_store, args=(tmp_path / "b", records), kwargs={"scene": scene})
     with recording_phases() as phases:
-        assert logging.getLogger("raykit.store.writer").level == level
+        assert logging.getLogger("raykit.store.write").level == level
         other.start()
         other.join()
         assert phases == {}

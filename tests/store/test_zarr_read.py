@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from raykit.errors import StoreCorruptError
-from raykit.store import SceneInfo, open_store, write_store, zarr_read
+from raykit.store import SceneInfo, open_store, write_store
+from raykit.store.backends import zarr as zarr_read
 from raykit.store.schema import ImageRecord
 
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-from raykit.store.writer import copy_store
+from raykit.store.write import copy_store
 from raykit.trainer import TrainConfig, train
 
-_spec = importlib.util.spec_from_file_location("tt", Path(__file__).with_name("test_train.py"))
-assert _spec is not None and _spec.loader is not None
-_tt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tt)
+from . import test_train as _tt
 
 
 def _losses(run: Path) -> list[float]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import raykit.recorder
 from raykit.errors import ConfigError
 from raykit.trainer import train
 from raykit.trainer.checkpoint import list_checkpoints
@@ -39,7 +40,7 @@ def test_tensorboard_scalars_and_test_view(tiny_store: Path, tmp_path: Path) -> 
     events = _events(run)
     tags = events.Tags()
     assert {f"train/{key}" for key in SCALARS} <= set(tags["scalars"])
-    assert "time/network" in tags["scalars"]
+    assert {"time/data", "time/compute"} <= set(tags["scalars"])  # no phases timed unless recording
     records = _log(run)
     for key in SCALARS:
         scalars = events.Scalars(f"train/{key}")
@@ -51,7 +52,11 @@ def test_tensorboard_scalars_and_test_view(tiny_store: Path, tmp_path: Path) -> 
     images = events.Images(tag)
     assert [im.step for im in images] == [2, 6]  # the first record and the end of training
     assert (images[0].width, images[0].height) == (24, 12)  # prediction beside target
-    plain = train(tiny_config(tiny_store, tmp_path / "plain", steps=6, log_every=2))
+    with raykit.recorder.recording() as recorder:  # every phase timed, the device synchronised at each
+        plain = train(tiny_config(tiny_store, tmp_path / "plain", steps=6, log_every=2))
+    phases = {"data", "sampling", "network", "rendering", "backward", "optimizer"}
+    assert set(recorder.seconds["train"]) == phases and all(v > 0 for v in recorder.seconds["train"].values())
+    assert all(set(r["seconds"]) == phases for r in _log(plain))
     assert [r["loss"] for r in _log(plain)] == [r["loss"] for r in records]  # monitoring changes nothing
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import raykit
 from raykit.errors import ConfigError, ResumeError
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from raykit.trainer.config import DEFAULT_REASONS
 
 from ..reliability.paused import start_paused
 
@@ -77,6 +79,11 @@ def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> N
     assert info["store_fingerprint"] == raykit.open_store(str(tiny_store)).fingerprint
     assert info["raykit_version"] == raykit.__version__ and info["seed"] == 0
     assert {"python", "torch", "platform", "device"} <= set(info["environment"])
+    assert set(DEFAULT_REASONS) == {f.name for f in dataclasses.fields(TrainConfig)}  # every default: why
+    defaults = info["defaults"]  # why each default the run kept is what it is; not those it set
+    assert defaults["lr"] == {"value": 1e-2, "why": DEFAULT_REASONS["lr"]} and defaults["lr"]["why"]
+    assert "sampler" not in defaults and "steps" not in defaults and "store" not in defaults
+    assert info["sampler"]["reason"] == "chosen with --sampler"
     records = _log(run)
     assert [r["step"] for r in records] == list(range(1, 9))
     for key in (

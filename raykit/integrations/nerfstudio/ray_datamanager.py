@@ -78,9 +78,15 @@ class RayRows:
     def __getitem__(self, rows: slice) -> RayRows:
         mask = None if self.mask is None else self.mask[rows]
         return RayRows(
-            self.indices[rows], self.image[rows], mask, self.origins[rows], self.directions[rows],
-            self.pixel_area[rows], self.directions_norm[rows], self.camera_indices[rows],
-        )  # fmt: skip
+            indices=self.indices[rows],
+            image=self.image[rows],
+            mask=mask,
+            origins=self.origins[rows],
+            directions=self.directions[rows],
+            pixel_area=self.pixel_area[rows],
+            directions_norm=self.directions_norm[rows],
+            camera_indices=self.camera_indices[rows],
+        )
 
     def bundle(self, device: Any) -> RayBundle:
         """The nerfstudio ``RayBundle`` of these rays on ``device``."""
@@ -159,9 +165,12 @@ class RaykitDataManager(DataManager):
         host = tabulated_or_stock(cameras.to("cpu"), self.config.ray_table_bytes, self._ray_tables)
         on_device = host if torch.device(self.device).type == "cpu" else host.to(self.device)
         make = PixelRays(
-            store, rows, host, dataset._dataparser_outputs.alpha_color,
-            bool(dataset.metadata.get("raykit_alpha_as_mask")),
-        )  # fmt: skip
+            store=store,
+            rows=rows,
+            generator=host,
+            alpha_color=dataset._dataparser_outputs.alpha_color,
+            alpha_as_mask=bool(dataset.metadata.get("raykit_alpha_as_mask")),
+        )
         loader = RayLoader(
             store, rows.split, batch_size, self.config.seed, cache_bytes=self.config.cache_bytes,
             num_workers=self.config.num_workers, rank=self.local_rank, world_size=self.world_size,

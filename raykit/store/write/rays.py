@@ -1,4 +1,4 @@
-"""The rays payload writer (``StoreOptions.layout == "rays"``), called by ``raykit.store.write_store``.
+"""The rays payload writer (``StoreSpec.kind == "rays"``), called by ``raykit.store.write_store``.
 
 Its phases in ``<dst>.partial/`` (decode images into staging, one task per shard, commit) and how a
 rerun resumes are docs/format.md's "Commit protocol". Planning lives in ``plan.py``, timing in
@@ -14,8 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backend import Backend, PayloadSpec, backend_named
-from raykit.store.commit import (
+from raykit.store.backends import Backend, PayloadSpec, backend_named
+from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
+from raykit.store.order import TRAIN_ORDER
+from raykit.store.phases import PhaseClock, Profile
+from raykit.store.schema import FORMAT_VERSION, SplitInfo
+from raykit.store.spec import StoreSpec
+from raykit.store.table import CameraTable, write_camera_table
+from raykit.store.write.commit import (
     StoreContent,
     commit,
     in_process,
@@ -24,14 +30,10 @@ from raykit.store.commit import (
     staged_content,
     write_shards,
 )
-from raykit.store.integrity import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest
-from raykit.store.layout import StoreLayout
-from raykit.store.location import local_files_bytes
-from raykit.store.order import TRAIN_ORDER
-from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import SHUFFLED_SPLITS, WriteRequest, record_plan, split_infos
-from raykit.store.schema import FORMAT_VERSION, SplitInfo
-from raykit.store.staging import (
+from raykit.store.write.job import SHUFFLED_SPLITS, WriteRequest, record_plan, split_infos
+from raykit.store.write.staging import (
+    DiskStaging,
+    MemoryStaging,
     StageJob,
     StagingSource,
     StoreSource,
@@ -41,16 +43,17 @@ from raykit.store.staging import (
     record_matches,
     stage_image,
 )
-from raykit.store.staging_area import DiskStaging, MemoryStaging
-from raykit.store.table import CameraTable, write_camera_table
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
 __all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
 
+
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
 _TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksums in "index"
+
+
 Source = StagingSource | StoreSource
 
 
@@ -107,13 +110,9 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
 def write_rays(request: WriteRequest) -> RayStore:
     """Write a rays-layout store (the caller holds ``request.dst``'s writer lock): stage every
     image, write the shards, commit; returns it opened."""
-    opts, ordered = request.options, request.records
-    opts.check()
+    opts, ordered = request.spec, request.records
     profile = Profile()
-    codecs = {"rgba_codec": opts.rgba_codec, "zstd_level": opts.zstd_level, "materialize": opts.materialize}
-    layout = StoreLayout.rays(
-        opts.chunk_rays, opts.shard_chunks, opts.seed, **codecs, train_order=TRAIN_ORDER
-    )
+    layout = opts.replace(train_order=TRAIN_ORDER)
     records_plan = [record_plan(r) for r in ordered]  # each image's part of the plan and its task key
     plan = {
         "format_version": FORMAT_VERSION,
@@ -150,13 +149,13 @@ def write_rays(request: WriteRequest) -> RayStore:
 def _staged_content(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     staged: Sequence[Mapping[str, Any]],
     staging: MemoryStaging | DiskStaging,
     profile: Profile,
 ) -> tuple[StoreContent, StagingSource]:
     """The camera table (written), the store's content and the source of the staged rays."""
-    opts, ordered = request.options, request.records
+    opts, ordered = request.spec, request.records
     splits = split_infos(ordered, opts.chunk_rays, "stored" if opts.with_pids else "derived")
     image_bytes = local_files_bytes([r.source_path for r in ordered])
     content = staged_content(request, partial, layout, splits, staged, profile, image_bytes=image_bytes)
@@ -236,11 +235,9 @@ def _job_rays(job: ShardJob) -> tuple[int, int]:
 
 def copy_rays(store: RayStore, request: WriteRequest, with_pids: bool) -> RayStore:
     """A rays-layout copy of a rays-layout store, shard by shard from its chunks (the caller holds
-    the destination's writer lock; ``raykit.store.writer.copy_store``)."""
+    the destination's writer lock; ``raykit.store.write.copy_store``)."""
     profile = Profile()
-    layout = store.store_layout
-    options = request.options
-    dataclasses.replace(options, chunk_rays=layout.chunk_rays, shard_chunks=layout.shard_chunks).check()
+    layout = options = request.spec  # the source's, in the destination's backend
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}

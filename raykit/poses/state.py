@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raykit.converters import sfm
 from raykit.errors import ConfigError, ResumeError
 from raykit.fileio import atomic_write_json, sha256_bytes
+from raykit.poses import sfm
 
 __all__ = ["MAX_LISTED", "STAGES", "STATE_FILE", "PoseState", "PoseSummary", "listing", "pose_cache"]
 

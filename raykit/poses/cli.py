@@ -1,6 +1,6 @@
-"""``raykit poses SRC OUT``: camera poses from photos or a video (see :mod:`raykit.converters.poses`).
+"""``raykit poses SRC OUT``: camera poses from photos or a video (see :mod:`raykit.poses.estimate`).
 
-The flags are generated from the fields of :class:`~raykit.converters.poses.PoseOptions`;
+The flags are generated from the fields of :class:`~raykit.poses.estimate.PoseOptions`;
 ``raykit convert --from photos|video`` adds the same flags (see :func:`add_pose_arguments`).
 """
 
@@ -12,7 +12,7 @@ import typing
 from collections.abc import Collection
 from typing import Any
 
-from raykit.converters.poses import PoseOptions, estimate_poses
+from raykit.poses.estimate import PoseOptions, estimate_poses
 
 __all__ = ["add_pose_arguments", "pose_options_from_args", "register", "run_poses"]
 

@@ -1,11 +1,30 @@
-"""Writer tasks: decode images into staging (phase 1) and gather the rays of one shard (phase 2).
+"""Phase 1 of a write and what it needs: packed pixels, the staging areas and merge buffers, and the
+writer tasks that stage decoded images and gather one shard's rays. Sections below, in that order.
+
+Packed pixels: RGB or RGBA ``uint8`` rows <-> one native ``uint32`` per pixel (bytes r, g, b, a).
+
+The writer stages every pixel as one ``uint32`` (alpha 255 for RGB) so that permuting and merging
+moves 4-byte words. numpy copies an ``(n, 3)`` <-> ``(n, 4)`` channel slice one 3-byte row at a time;
+these are whole-array strided passes (about 10x faster), tested against the plain slicing twins.
+
+Where the writer keeps decoded images between its phases, and the shard tasks' merge buffers: explicit
+objects the writer creates and hands to its tasks (in their jobs), so nothing is registered process-wide.
+
+A staging area (``StagingArea``) holds each image's staged rows (packed RGBA ``uint32``, one per pixel,
+in the order ``raykit.store.write.staging`` stages them): ``DiskStaging`` in scratch files, for tasks in any
+process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the writer frees the
+runs of the shards it has written), or ``MemoryStaging`` in this process's memory (it refuses to be pickled).
+``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no page faults of fresh
+allocations); a copy sent to a worker process becomes that process's own buffers.
+
+Writer tasks: decode images into staging (phase 1) and gather the rays of one shard (phase 2).
 
 Every task is a module-level function of one picklable job, so any ``concurrent.futures.Executor``
 runs it; it writes its outputs atomically and a JSON record keyed by its inputs, which a rerun with the
 same inputs reuses while the outputs' checksums match (docs/format.md, "Commit protocol"). Shuffled
 splits are staged and gathered in the order of ``raykit.store.order``, so a shard task reads one
 contiguous run of rays per image. The staged images live in the writer's ``StagingArea`` and shard
-tasks merge into its ``MergeBuffers`` (``raykit.store.staging_area``), both carried by the jobs.
+tasks merge into its ``MergeBuffers`` (``raykit.store.write.staging``), both carried by the jobs.
 """
 
 from __future__ import annotations
@@ -13,39 +32,278 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
+import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_json, sha256_file
-from raykit.store.integrity import file_record
+from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha256_file
+from raykit.store.files import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.phases import PhaseClock
-from raykit.store.pixels import pack_rgba, unpack_rgb
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.staging_area import DiskStaging, MergeBuffers, StagingArea, scratch_record
 from raykit.store.table import CameraTable
 
 __all__ = [
+    "DiskStaging",
+    "MemoryStaging",
+    "MergeBuffers",
     "StageJob",
+    "StagingArea",
     "StagingSource",
     "StoreSource",
     "base_indices",
     "bytes_record",
     "check_pixels",
     "finish_task",
+    "pack_rgba",
+    "pack_rgba_reference",
     "pixels_crc32c",
     "record_matches",
     "scratch_record",
     "stage_image",
+    "staging_file",
+    "unpack_rgb",
+    "unpack_rgb_reference",
 ]
+
+
+# The uint32 whose bytes in memory are (0, 0, 0, 255): the alpha byte of a packed pixel, any byte order.
+_ALPHA = np.frombuffer(bytes((0, 0, 0, 255)), dtype=np.uint32)[0]
+
+
+def pack_rgba(flat: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(n,) uint32 packed pixels of ``flat``: bytes r, g, b, a in memory (alpha 255 for RGB); for RGBA
+    without ``out``, a view of ``flat``'s (contiguous) bytes.
+
+    Args:
+        flat: (n, 3) or (n, 4) uint8 pixels.
+        out: optional (n,) uint32 to write into.
+    """
+    n, channels = flat.shape
+    if channels == 4:  # already packed: a view of the pixels (a copy only into ``out``)
+        words = np.ascontiguousarray(flat).view(np.uint32).reshape(n)
+        if out is None:
+            return words
+        np.copyto(out, words)
+        return out
+    if out is None:
+        out = np.empty(n, dtype=np.uint32)
+    if n == 0:
+        return out
+    data = np.ascontiguousarray(flat).reshape(-1)
+    # Pixel k's bytes r, g, b and the next pixel's r, read as one (unaligned) word at byte 3k, whose
+    # last byte the OR sets to 255. The last pixel has no next byte to read: it is packed on its own.
+    words = np.ndarray((n - 1,), dtype=np.uint32, buffer=data, strides=(3,))
+    np.bitwise_or(words, _ALPHA, out=out[:-1])
+    last = out[-1:].view(np.uint8)
+    last[:3] = data[-3:]
+    last[3] = 255
+    return out
+
+
+def unpack_rgb(packed: np.ndarray) -> np.ndarray:
+    """(n, 3) uint8 colours of (n,) uint32 packed pixels (alpha dropped): one strided pass per channel."""
+    n = len(packed)
+    source = np.ascontiguousarray(packed).view(np.uint8)
+    out = np.empty((n, 3), dtype=np.uint8)
+    flat = out.reshape(-1)
+    for c in range(3):
+        flat[c::3] = source[c::4]
+    return out
+
+
+def pack_rgba_reference(flat: np.ndarray) -> np.ndarray:
+    """Twin of :func:`pack_rgba` by channel slicing."""
+    rgba = np.full((len(flat), 4), 255, dtype=np.uint8)
+    rgba[:, : flat.shape[1]] = flat
+    return rgba.view(np.uint32).reshape(-1)
+
+
+def unpack_rgb_reference(packed: np.ndarray) -> np.ndarray:
+    """Twin of :func:`unpack_rgb` by channel slicing."""
+    return np.ascontiguousarray(np.ascontiguousarray(packed).view(np.uint8).reshape(-1, 4)[:, :3])
+
+
+def staging_file(index: int) -> str:
+    """Relative path of the staging file of image ``index``."""
+    return f"staging/{index:06d}.px"
+
+
+class StagingArea(Protocol):
+    """Staged rows of the images of the store being written."""
+
+    in_memory: bool  # True: nothing on disk, so there is nothing to resume from
+
+    def put(self, index: int, rows: np.ndarray, clock: PhaseClock, channels: int = 4) -> dict[str, Any]:
+        """Stage image ``index``'s (n,) uint32 rows (of a ``channels``-channel image: 3 means every alpha
+        byte is 255); returns the files written (rel -> scratch record)."""
+        ...
+
+    def read(self, index: int, lo: int, out: np.ndarray, channels: int = 4) -> None:
+        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of image ``index`` (as ``put`` was given)."""
+        ...
+
+    def release(self, index: int, lo: int, hi: int, channels: int = 4) -> None:
+        """Rows ``[lo, hi)`` of image ``index`` will not be read again: free their storage if it can."""
+        ...
+
+    def close(self) -> None:
+        """Drop what only this object holds (``with area:`` calls it on exit)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DiskStaging:
+    """Staging files under ``root`` (the partial directory); picklable, for tasks in any process."""
+
+    root: str
+    in_memory = False
+
+    def put(self, index: int, rows: np.ndarray, clock: PhaseClock, channels: int = 4) -> dict[str, Any]:
+        """Writes ``channels`` bytes a pixel: an RGB image's rows without their alpha bytes."""
+        words = np.ascontiguousarray(rows)
+        data = (unpack_rgb(words) if channels == 3 else words).data.cast("B")
+        atomic_write_bytes(Path(self.root) / staging_file(index), data, sync=False)  # redone if damaged
+        clock.lap("write")
+        record = scratch_record(data)
+        clock.lap("checksum")
+        return {staging_file(index): record}
+
+    def read(self, index: int, lo: int, out: np.ndarray, channels: int = 4) -> None:
+        """One ``preadv`` of the rows from the image's staging file (RGB ones packed again)."""
+        if channels != 3:
+            self.read_staged(index, lo, out, channels)
+            return
+        staged = np.empty((len(out), 3), dtype=np.uint8)
+        self.read_staged(index, lo, staged, channels)
+        pack_rgba(staged, out=out)
+
+    def read_staged(self, index: int, lo: int, out: np.ndarray, channels: int = 4) -> None:
+        """One ``preadv`` of the rows as staged (3 bytes a pixel for RGB) into the contiguous ``out``."""
+        path = Path(self.root) / staging_file(index)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [out.data.cast("B")], lo * _row_bytes(channels))
+        finally:
+            os.close(fd)
+        if got != out.nbytes:
+            raise SourceError(
+                f"{path}: staging file truncated: expected {out.nbytes} bytes at row {lo}, got {got}"
+            )
+
+    def release(self, index: int, lo: int, hi: int, channels: int = 4) -> None:
+        """Punches a hole over the rows (``raykit.fileio.punch_hole``; nothing where unsupported). The
+        file keeps its size but no longer its checksum, so a rerun stages the image again."""
+        row = _row_bytes(channels)
+        punch_hole(Path(self.root) / staging_file(index), lo * row, (hi - lo) * row)
+
+    def close(self) -> None:
+        """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
+
+    def __enter__(self) -> DiskStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MemoryStaging:
+    """Staged rows in this process's memory, dropped by :meth:`close` (or with the object).
+
+    A rerun after a crash decodes every image again (finished shards are still skipped: their task
+    records do not depend on staging).
+    """
+
+    in_memory = True
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label  # the partial directory, for error messages
+        self._rows: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def put(self, index: int, rows: np.ndarray, clock: PhaseClock, channels: int = 4) -> dict[str, Any]:
+        with self._lock:
+            self._rows[index] = np.ascontiguousarray(rows)
+        clock.lap("write")
+        return {}
+
+    def read(self, index: int, lo: int, out: np.ndarray, channels: int = 4) -> None:
+        staged = self._rows.get(index)
+        if staged is None:
+            raise SourceError(f"{self.label}: image {index} is not staged in memory")
+        out[...] = staged[lo : lo + len(out)]
+
+    def release(self, index: int, lo: int, hi: int, channels: int = 4) -> None:
+        """Nothing: an image's rows are one array, dropped with the area."""
+
+    def close(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+    def __enter__(self) -> MemoryStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
+
+
+class MergeBuffers:
+    """Per-thread reusable uint32 buffers for ``raykit.store.order.merge_into``'s ``alloc``.
+
+    The arrays ``alloc_for(field)`` allocates alias this thread's buffers for ``field``: valid until the
+    same thread merges that field again (a shard task has encoded and written them by then).
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def alloc_for(self, field: str) -> Callable[[str, tuple[int, ...]], np.ndarray]:
+        buffers: dict[str, np.ndarray] = self._local.__dict__.setdefault("buffers", {})
+
+        def alloc(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            numel, key = math.prod(shape), f"{field}:{name}"
+            buffer = buffers.get(key)
+            if buffer is None or len(buffer) < numel:
+                buffer = buffers[key] = np.empty(numel, dtype=np.uint32)
+            return buffer[:numel].reshape(shape)
+
+        return alloc
+
+    def __reduce__(self) -> Any:
+        return (_worker_buffers, ())  # a worker process reuses its own buffers across its tasks
+
+
+_WORKER_BUFFERS: MergeBuffers | None = None
+
+
+def _worker_buffers() -> MergeBuffers:
+    """The buffers of a worker process that received a job (one per process, freed with it)."""
+    global _WORKER_BUFFERS
+    if _WORKER_BUFFERS is None:
+        _WORKER_BUFFERS = MergeBuffers()
+    return _WORKER_BUFFERS
+
+
+def _row_bytes(channels: int) -> int:
+    """Bytes a staged pixel takes in a staging file."""
+    return 3 if channels == 3 else 4
+
+
+def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
+    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
+    return {"size": len(data), "crc32": zlib.crc32(data)}
 
 
 def record_matches(record_path: Path, key: str, root: Path, clock: PhaseClock) -> dict[str, Any] | None:

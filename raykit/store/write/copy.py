@@ -3,7 +3,7 @@ the other backend (docs/format.md, "Copies").
 
 The copy is written from the source store's own images (``RayStore.read_image``) as image records with
 the source's camera table, scene and layout options, by the payload writer of the target layout
-(``copy_request``; ``raykit.store.writer.copy_store`` runs it). An images store copied to images keeps
+(``copy_request``; ``raykit.store.write.copy_store`` runs it). An images store copied to images keeps
 every stored file's bytes (``StoreImageLoad.encoded``).
 """
 
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from raykit.store.image_codec import StoredImage
-from raykit.store.images_layout import join_parts
-from raykit.store.plan import StoreOptions, WriteRequest
+from raykit.store.reader import join_parts
 from raykit.store.schema import ImageRecord
+from raykit.store.spec import StoreSpec
 from raykit.store.table import order_records
+from raykit.store.write.job import WriteRequest
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -83,11 +84,17 @@ def copy_request(
 ) -> WriteRequest:
     """The write of ``store`` into ``layout`` (``rays`` or ``images``) and ``backend`` at ``dst``: its
     images as records, its scene, points, chunking and seed (a rays store copied to rays is copied
-    chunk by chunk instead: ``raykit.store.rays_writer.copy_rays``); the writer checks ``layout``."""
-    kept = store.store_layout
+    chunk by chunk instead: ``raykit.store.write.rays.copy_rays``); the writer checks ``layout``."""
+    kept = store.spec
     source = {k: v for k, v in store.manifest["source"].items() if k != "fingerprint"}
-    options = StoreOptions(layout, backend, kept.chunk_rays, kept.shard_chunks, kept.seed)
+    spec = StoreSpec(
+        kind=layout,
+        backend=backend,
+        chunk_rays=kept.chunk_rays,
+        shard_chunks=kept.shard_chunks,
+        seed=kept.seed,
+    )
     records = order_records(store_records(store))
     return WriteRequest(
-        dst, records, store.scene, options, executor, progress, source, overwrite, store.sparse_points()
+        dst, records, store.scene, spec, executor, progress, source, overwrite, store.sparse_points()
     )

@@ -1,6 +1,7 @@
 """What every payload writer shares, whatever the layout: the partial directory its plan keys
 (``open_partial``), its tasks on any executor (``run_tasks``), its shard phase (``write_shards``) and
-the last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``)."""
+the last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``).
+"""
 
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.backend import Backend, PayloadSpec, backend_named
-from raykit.store.destination import OVERWRITE_HINT, check_destination, prepare_partial
-from raykit.store.integrity import CHUNK_CHECKSUM, content_fingerprint, file_record, json_digest
-from raykit.store.layout import StoreLayout
+from raykit.store.backends import Backend, PayloadSpec, backend_named
+from raykit.store.files import (
+    CHUNK_CHECKSUM,
+    OVERWRITE_HINT,
+    check_destination,
+    content_fingerprint,
+    file_record,
+    json_digest,
+    prepare_partial,
+)
 from raykit.store.phases import Profile
-from raykit.store.plan import WriteRequest, field_specs
 from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
+from raykit.store.spec import StoreSpec
 from raykit.store.table import build_camera_table, write_camera_table, write_parquet
+from raykit.store.write.job import WriteRequest, field_specs
 from raykit.version import __version__
 
 if TYPE_CHECKING:
@@ -41,7 +49,10 @@ __all__ = [
     "write_shards",
 ]
 
+
 J = TypeVar("J")
+
+
 R = TypeVar("R")
 
 
@@ -51,7 +62,7 @@ class StoreContent:
     scene, splits, fields, the camera table (a ``pyarrow.Table``) and the sparse points."""
 
     backend: Backend
-    layout: StoreLayout
+    layout: StoreSpec
     source: Mapping[str, Any]
     scene: SceneInfo
     splits: Mapping[str, SplitInfo]
@@ -93,7 +104,7 @@ class StoreContent:
 def staged_content(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     splits: Mapping[str, SplitInfo],
     staged: Sequence[Mapping[str, Any]],
     profile: Profile,
@@ -110,14 +121,14 @@ def staged_content(
     profile.wall.lap("camera_table")
     source = {**request.source, "fingerprint": source_fingerprint(records, staged), **source}
     fields = field_specs(4 if any(alpha) else 3, layout.materialize)
-    backend = backend_named(request.options.backend)
+    backend = backend_named(request.spec.backend)
     return StoreContent(backend, layout, source, request.scene, splits, fields, table, request.points)
 
 
 def open_partial(request: WriteRequest, plan: dict[str, Any]) -> tuple[Path, str]:
     """The ``<dst>.partial`` directory of ``plan`` and the plan's key: kept when its ``plan.json``
     matches (resume), replaced otherwise; refuses to replace a store (unless ``overwrite``) or a
-    non-store directory (``raykit.store.destination``). The request's points join the plan (only
+    non-store directory (``raykit.store.files``). The request's points join the plan (only
     then: plans, and resume keys, of stores without points are unchanged)."""
     if request.points is not None:
         plan["points"] = points_digest(request.points)
@@ -158,7 +169,7 @@ def write_shards(
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in run_tasks(fn, jobs, request, f"write {request.options.backend} shards"):
+        for res in run_tasks(fn, jobs, request, f"write {request.spec.backend} shards"):
             synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
             results.append(res)
             if done is not None:

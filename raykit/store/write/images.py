@@ -2,7 +2,7 @@
 
 Its phases (docs/format.md, "The images layout", **Writing**) run in ``<dst>.partial/`` like the ray
 writer's; how a shard's bytes are laid out is the backend's (``Backend.images``), the shard phase, the
-manifest and the commit every layout's (``raykit.store.commit``).
+manifest and the commit every layout's (``raykit.store.write.commit``).
 """
 
 from __future__ import annotations
@@ -19,22 +19,28 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backend import ImageShard, ImagesPayload, StagedImage, backend_named
-from raykit.store.commit import commit, in_process, open_partial, run_tasks, staged_content, write_shards
+from raykit.store.backends import ImageShard, ImagesPayload, StagedImage, backend_named
+from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.images_layout import camera_record
-from raykit.store.integrity import file_record, json_digest
-from raykit.store.layout import (
+from raykit.store.phases import PhaseClock, Profile
+from raykit.store.reader import camera_record
+from raykit.store.schema import FORMAT_VERSION, ImageRecord
+from raykit.store.spec import (
     DEFAULT_IMAGE_CHUNK_BYTES,
     DEFAULT_IMAGE_SHARD_CHUNKS,
     IMAGES_LAYOUT,
-    StoreLayout,
+    StoreSpec,
 )
-from raykit.store.location import is_url
-from raykit.store.phases import PhaseClock, Profile
-from raykit.store.plan import WriteRequest, record_plan, split_infos
-from raykit.store.schema import FORMAT_VERSION, ImageRecord
-from raykit.store.staging import (
+from raykit.store.write.commit import (
+    commit,
+    in_process,
+    open_partial,
+    run_tasks,
+    staged_content,
+    write_shards,
+)
+from raykit.store.write.job import WriteRequest, record_plan, split_infos
+from raykit.store.write.staging import (
     bytes_record,
     check_pixels,
     finish_task,
@@ -48,7 +54,10 @@ if TYPE_CHECKING:
 
 __all__ = ["EncodeJob", "encode_image_task", "image_chunking", "write_images"]
 
+
 _TASK_FORMAT = 1  # of the encode tasks' records
+
+
 _SHARD_TASK_FORMAT = 2  # of the shard tasks' records (2: the backend's index entries in "index")
 
 
@@ -152,7 +161,7 @@ class ShardJob:
     rows: tuple[int, ...]
     exts: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]  # each image's camera record
-    layout: StoreLayout
+    layout: StoreSpec
     key: str
 
 
@@ -196,10 +205,9 @@ def write_images(request: WriteRequest) -> RayStore:
     ``chunk_rays`` and ``shard_chunks`` are the chunking of the store's rays view and of a ray-layout
     copy; ``seed`` is recorded as the store's default loader seed.
     """
-    opts, ordered = request.options, request.records
+    opts, ordered = request.spec, request.records
     profile = Profile()
-    opts.check()
-    layout = StoreLayout.images(opts.chunk_rays, opts.shard_chunks, opts.seed, REENCODE_FORMAT)
+    layout = opts.replace(image_codec=REENCODE_FORMAT, materialize=None)
     records_plan = [record_plan(r) for r in ordered]
     plan = {
         "format_version": FORMAT_VERSION,
@@ -231,13 +239,13 @@ def write_images(request: WriteRequest) -> RayStore:
 def _split_shards(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
     key: str,
 ) -> tuple[list[ShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    ordered, payload = request.records, backend_named(request.options.backend).images
+    ordered, payload = request.records, backend_named(request.spec.backend).images
     files: dict[str, Any] = {}
 
     def write(metadata: Mapping[str, bytes]) -> None:
@@ -274,14 +282,14 @@ def _split_shards(
 def _write_rest(
     request: WriteRequest,
     partial: Path,
-    layout: StoreLayout,
+    layout: StoreSpec,
     encoded: Sequence[Mapping[str, Any]],
     key: str,
     profile: Profile,
 ) -> RayStore:
     """Phases 2 and 3 of :func:`write_images`; ``profile`` gets the time per phase
     (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
-    infos = split_infos(request.records, request.options.chunk_rays, "derived", IMAGES_LAYOUT)
+    infos = split_infos(request.records, request.spec.chunk_rays, "derived", IMAGES_LAYOUT)
     content = staged_content(request, partial, layout, infos, encoded, profile)
     offsets = content.table.column("pixel_offset").to_pylist()
     jobs, index, files = _split_shards(request, partial, layout, encoded, offsets, key)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PIL import UnidentifiedImageError
 
-from raykit.converters.base import Problems
+from raykit.errors import SourceError
 from raykit.imagedecode import open_image
 
 __all__ = [
@@ -68,12 +68,9 @@ def _check_one(path: Path) -> str | None:
 
 def check_photos(folder: Path, names: Sequence[str]) -> None:
     """Decode every photo; raise :class:`~raykit.errors.SourceError` listing each unreadable one."""
-    problems = Problems()
-    for name in names:
-        problem = _check_one(folder / name)
-        if problem is not None:
-            problems.add(problem)
-    problems.raise_if_any()
+    problems = [p for p in (_check_one(folder / name) for name in names) if p is not None]
+    if problems:
+        raise SourceError(problems)
 
 
 def device_key(path: Path) -> tuple[object, ...]:

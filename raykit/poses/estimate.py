@@ -1,7 +1,7 @@
 """Camera poses from photos or a video with pycolmap: ``raykit poses SRC OUT``.
 
 Stages (each timed, with a progress bar): ``frames`` (video input only: frames cut with PyAV, see
-:mod:`raykit.converters.video`), ``features`` (SIFT), ``matching`` (exhaustive or sequential, with
+:mod:`raykit.poses.video`), ``features`` (SIFT), ``matching`` (exhaustive or sequential, with
 geometric verification), ``mapping`` (incremental structure from motion) and, on request,
 ``undistort``. The result is a COLMAP capture that ``raykit convert OUT`` reads:
 
@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from raykit.cameras import CAMERA_MODELS
-from raykit.converters import sfm
-from raykit.converters.photos import check_photos, list_photos, looks_like_frames, one_device
-from raykit.converters.pose_state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
-from raykit.converters.video import VIDEO_EXTENSIONS, extract_frames
 from raykit.errors import ConfigError, RaykitError, SourceError
 from raykit.options import config_problems
+from raykit.poses import sfm
+from raykit.poses.photos import check_photos, list_photos, looks_like_frames, one_device
+from raykit.poses.state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
+from raykit.poses.video import VIDEO_EXTENSIONS, extract_frames
 from raykit.progress import progress as progress_bar
 from raykit.ranges import IMAGE_SIDE, Range
 
@@ -262,9 +262,16 @@ def _mapping_stage(
     state.write_model(model)
     registered = tuple(n for n in names if n not in left_out)
     summary = PoseSummary(
-        str(state.out), len(names), registered, tuple(left_out), model.num_cameras(), model.num_points3D(),
-        float(model.compute_mean_reprojection_error()), matcher, single,
-    )  # fmt: skip
+        out=str(state.out),
+        given=len(names),
+        registered=registered,
+        unregistered=tuple(left_out),
+        cameras=model.num_cameras(),
+        points=model.num_points3D(),
+        reprojection_error=float(model.compute_mean_reprojection_error()),
+        matcher=matcher,
+        single_camera=single,
+    )
     state.finish("mapping", time.perf_counter() - start, summary=summary.to_dict())
 
 

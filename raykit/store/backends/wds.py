@@ -1,4 +1,11 @@
-"""WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk, one ``.npy``
+"""The WebDataset backend, both layouts: the images layout (``WdsImages``), then the rays payload
+(``WdsReader``, ``WdsBackend``, ``BACKEND``).
+
+The images layout in the WebDataset backend (docs/format.md, "The images layout"): one sample per
+image, ``KEY.jpg|png|webp`` then ``KEY.json`` (the camera record), in tars closed once they hold
+``layout.image_shard_bytes`` of images; ``index.json`` records each image's tar and data offset.
+
+WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk, one ``.npy``
 member per stored field (docs/format.md, "WebDataset"). Each member's data offset and size are
 recorded in ``index.json``, so one chunk is one byte-range read per field.
 """
@@ -6,7 +13,9 @@ recorded in ``index.json``, so one chunk is one byte-range read per field.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+import json
+import tarfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,12 +24,93 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.fileio import UntrustedFileError
-from raykit.store.backend import Backend, EncodedShard, ImagesPayload, PayloadSpec
-from raykit.store.images_wds import tar_bytes
-from raykit.store.location import filesystem
+from raykit.store.backends import (
+    Backend,
+    ByteRead,
+    EncodedShard,
+    ImageShard,
+    ImagesPayload,
+    PayloadSpec,
+    StagedImage,
+)
+from raykit.store.files import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.store.spec import StoreSpec
 
-__all__ = ["BACKEND", "WdsBackend", "WdsReader", "npy_bytes", "sample_key", "shard_file"]
+__all__ = [
+    "BACKEND",
+    "WDS_IMAGES",
+    "WdsBackend",
+    "WdsImages",
+    "WdsReader",
+    "npy_bytes",
+    "sample_key",
+    "shard_file",
+    "tar_bytes",
+]
+
+
+TAR_HEADER = 512  # one USTAR header block per member (names are short, no extension headers)
+
+
+def tar_bytes(members: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
+    """A deterministic tar (both layouts') of ``members``, ``(name, bytes)`` in order, and the offset of
+    each member's data in it. ``TarInfo``'s defaults make the headers the same on every run: mtime 0,
+    uid and gid 0, no owner names, mode 0644."""
+    buffer, offsets = io.BytesIO(), []
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            offsets.append(tar.offset + TAR_HEADER)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue(), offsets
+
+
+@dataclass(frozen=True)
+class WdsImages:
+    """How the WebDataset backend stores and reads images-layout splits (``ImagesPayload``)."""
+
+    def root_metadata(self) -> dict[str, bytes]:
+        return {}
+
+    def plan_split(
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        groups: list[list[int]] = [[]]  # images in order, a tar closed once full
+        held = 0
+        for i, size in enumerate(entry["image_bytes"]):
+            if groups[-1] and held + size > layout.image_shard_bytes:
+                groups.append([])
+                held = 0
+            groups[-1].append(i)
+            held += size
+        return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
+
+    def encode_shard(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
+    ) -> tuple[str, bytes, dict[str, list[Any]]]:
+        members = []
+        for i, image in enumerate(images):
+            key = f"{split}_{shard.images[0] + i:08d}"  # sample_key below
+            meta = (json.dumps(image.record, sort_keys=True, indent=1) + "\n").encode()
+            members += [(f"{key}.{image.ext}", image.data), (f"{key}.json", meta)]
+        data, offsets = tar_bytes(members)
+        index = {"image_shard": [shard.shard] * len(images), "image_member": offsets[::2]}
+        return f"wds/{split}-{shard.shard:06d}.tar", data, index
+
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
+        return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
+
+    def image_parts(
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
+    ) -> list[bytes | np.ndarray]:
+        offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
+        return [read(self.files_of(entry, split, i, layout)[0], offset, offset + size)]
+
+
+WDS_IMAGES = WdsImages()
+
 
 WDS_DIR = "wds"
 
@@ -63,7 +153,7 @@ class WdsReader:
         self._fs, self._root = filesystem(self._url)
         self._spec = spec
         self._index = index
-        self._ranges = ranges  # a raykit.store.remote.RangeFetcher for remote stores
+        self._ranges = ranges  # a raykit.store.files.RangeFetcher for remote stores
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
@@ -96,14 +186,13 @@ class WdsReader:
 
 @dataclass(frozen=True)
 class WdsBackend:
-    """The WebDataset backend (``raykit.store.backend.Backend``): no metadata files; each chunk's
+    """The WebDataset backend (``raykit.store.backends.Backend``): no metadata files; each chunk's
     shard number and member offsets go into ``index.json``."""
 
     name: str = "wds"
 
     @property
     def images(self) -> ImagesPayload:
-        from raykit.store.images_wds import WDS_IMAGES
 
         return WDS_IMAGES
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from raykit.store.layout import StoreLayout
 from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.store.spec import BACKENDS, StoreSpec
 
 if TYPE_CHECKING:
-    from raykit.store.remote import RangeFetcher
+    from raykit.store.files import RangeFetcher
 
 __all__ = [
     "BACKENDS",
@@ -36,10 +36,12 @@ __all__ = [
     "backend_named",
 ]
 
+
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
 # WebDataset backend and the other way round.
-_MODULES = {"zarr": "raykit.store.zarr_backend", "wds": "raykit.store.wds_backend"}
-BACKENDS = tuple(_MODULES)
+_MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.wds"}
+
+
 # ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
 ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
@@ -52,7 +54,7 @@ class PayloadSpec:
     format-3 split with derived pids stores no ``pid``)."""
 
     fields: Mapping[str, FieldSpec]
-    layout: StoreLayout
+    layout: StoreSpec
     stored: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def fields_of(self, split: str) -> dict[str, FieldSpec]:
@@ -62,7 +64,7 @@ class PayloadSpec:
 
     @classmethod
     def of(
-        cls, fields: Mapping[str, FieldSpec], layout: StoreLayout, splits: Mapping[str, SplitInfo]
+        cls, fields: Mapping[str, FieldSpec], layout: StoreSpec, splits: Mapping[str, SplitInfo]
     ) -> PayloadSpec:
         """The spec of a payload whose splits are ``splits`` (``SplitInfo.pids`` says whether a split
         stores its pids)."""
@@ -124,7 +126,7 @@ class ImagesPayload(Protocol):
         ...
 
     def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreLayout
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
     ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
         """The split's shards, its ``index.json`` entries known before any shard is written, and its
         metadata files, from each image's name and its ``index.json`` entries so far (``image_format``,
@@ -132,17 +134,17 @@ class ImagesPayload(Protocol):
         ...
 
     def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreLayout
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
     ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
         """The shard's relative path, bytes, and ``index.json`` entries for its images."""
         ...
 
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout) -> list[str]:
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
         """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
         ...
 
     def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreLayout
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
     ) -> list[bytes | np.ndarray]:
         """The stored bytes of image ``i``, in pieces that joined give the file (views of what
         ``read(rel, start, stop)`` returned: no copy)."""
@@ -188,7 +190,7 @@ class Backend(Protocol):
         self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: RangeFetcher | None = None
     ) -> PayloadReader:
         """A reader of the committed store at ``url`` with its ``index.json`` contents; ``ranges``
-        reads byte ranges of a remote store (``raykit.store.remote``), None for a local one."""
+        reads byte ranges of a remote store (``raykit.store.files``), None for a local one."""
         ...
 
 

@@ -3,7 +3,7 @@
 :func:`extract_frames` keeps about ``fps`` frames per second of video: for target times ``k / fps``
 (``k = 0, 1, ...``, measured from the first frame) it keeps the first decoded frame at or after each
 target. Frames are written as ``frame_00001.jpg``, ``frame_00002.jpg``, ... (JPEG quality 95,
-atomically), names that :func:`raykit.converters.photos.looks_like_frames` recognises so the matcher
+atomically), names that :func:`raykit.poses.photos.looks_like_frames` recognises so the matcher
 goes sequential. Pixels are used as decoded; a rotation tag in the container is not applied.
 """
 

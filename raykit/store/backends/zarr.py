@@ -1,0 +1,637 @@
+"""The Zarr v3 backend, both layouts: reading a rays payload (``ZarrReader``), the images layout
+(``ZarrImages``) and writing (``ZarrBackend``, ``BACKEND``). Sections below, in that order.
+
+Reading the Zarr v3 backend's ray payload (``raykit.store.backends.zarr`` writes it): which file holds
+a shard, and ``ZarrReader``, which reads raykit's own shards directly (one ``pread`` of the shard index
+and of each chunk) and anything else through zarr; also the bytes both layouts' zarr writers share
+(the root group, ``document_bytes``, ``crc32c_bytes``).
+
+The images layout in the Zarr v3 backend (docs/format.md, "The images layout"): a split's encoded
+images end to end in the sharded ``uint8`` array ``zarr/{split}/images``, each one's first byte in
+``zarr/{split}/image_offsets`` and in ``index.json`` (``image_offset``).
+
+Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed
+(docs/format.md, "Zarr v3"; the codecs' measurements: "Design choices and measurements").
+
+A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
+(``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
+(``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
+definition (``FieldCodec``). zarr is imported only by the twins and remote reads; reading is
+``raykit.store.backends.zarr``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import numpy as np
+
+from raykit.errors import StoreCorruptError, StoreNotFoundError
+from raykit.fileio import UntrustedFileError, atomic_write_bytes, open_regular, read_json
+from raykit.store.backends import (
+    Backend,
+    ByteRead,
+    EncodedShard,
+    ImageShard,
+    ImagesPayload,
+    PayloadSpec,
+    StagedImage,
+)
+from raykit.store.files import is_url
+from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.store.spec import IMAGES_LAYOUT, RGBA_CODECS, StoreSpec
+
+if TYPE_CHECKING:
+    from raykit.store.files import RangeFetcher
+
+__all__ = [
+    "ABSENT_CHUNK",
+    "BACKEND",
+    "ZARR_DIR",
+    "ZARR_IMAGES",
+    "ZARR_ROOT",
+    "FieldCodec",
+    "ZarrBackend",
+    "ZarrImages",
+    "ZarrReader",
+    "array_document",
+    "crc32c_bytes",
+    "direct_shard_codec",
+    "document_bytes",
+    "encode_shard",
+    "encode_shard_pieces",
+    "field_codec",
+    "images_metadata",
+    "metadata_documents",
+    "reference_encode_shard",
+    "reference_metadata_documents",
+    "shard_file",
+    "shard_pieces",
+]
+
+
+ZARR_DIR = "zarr"
+
+
+ABSENT_CHUNK = 2**64 - 1  # shard index entry of a chunk that is not stored
+
+
+ZARR_ROOT: dict[str, Any] = {
+    "attributes": {"raykit": "ray store payload"},
+    "zarr_format": 3,
+    "node_type": "group",
+}
+
+
+def document_bytes(document: Mapping[str, Any]) -> bytes:
+    """A ``zarr.json`` document's bytes, as zarr writes them (2-space indent, no final newline)."""
+    return json.dumps(document, indent=2).encode()
+
+
+def crc32c_bytes(data: bytes) -> bytes:
+    """The 4 little-endian bytes of ``data``'s CRC-32C (zarr's ``crc32c`` codec)."""
+    return int(google_crc32c.value(data)).to_bytes(4, "little")
+
+
+def shard_pieces(chunks: Iterable[bytes], shard_chunks: int) -> list[bytes]:
+    """A shard file as zarr writes it, in pieces written one after the other: each encoded inner
+    chunk in order then its crc32c, then the index at the end, one ``(offset, nbytes)`` uint64 pair
+    per chunk (``ABSENT_CHUNK`` for chunks past the end of the array), itself followed by its crc32c."""
+    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
+    pieces, offset = [], 0
+    for j, encoded in enumerate(chunks):
+        pieces += [encoded, crc32c_bytes(encoded)]
+        index[j] = (offset, len(encoded) + 4)
+        offset += len(encoded) + 4
+    raw = index.tobytes()
+    return [*pieces, raw, crc32c_bytes(raw)]
+
+
+def array_document(
+    shape: list[int], dtype: str, grid: list[int], codecs: list[Any], field: str, fill: float = 0
+) -> dict[str, Any]:
+    """The ``zarr.json`` zarr writes for an array of ``shape`` in chunks (or shards) of ``grid``."""
+    return {
+        "shape": shape,
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill,
+        "codecs": codecs,
+        "attributes": {"raykit_field": field},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
+    """Relative path (from the store root) of the shard file holding ``shard`` of ``split``'s ``spec``."""
+    key = f"c/{shard}/0" if spec.channels else f"c/{shard}"
+    return f"{ZARR_DIR}/{split}/{spec.name}/{key}"
+
+
+def _open_store(url: str) -> Any:
+    import zarr
+
+    if is_url(url):
+        return zarr.storage.FsspecStore.from_url(url, read_only=True)
+    return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
+
+
+@dataclass(frozen=True)
+class _ShardCodec:
+    """How to decode one inner chunk of a shard file raykit wrote (parsed from the array's zarr.json)."""
+
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    codec: Any
+
+
+def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
+    """The decoder of an array whose codecs are the ones raykit writes (sharding with the index at the
+    end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c), else None."""
+    codecs = meta.get("codecs") or []
+    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
+        return None
+    cfg = codecs[0].get("configuration", {})
+    inner = cfg.get("codecs", [])
+    index = [c.get("name") for c in cfg.get("index_codecs", [])]
+    names = [c.get("name") for c in inner]
+    if (
+        cfg.get("index_location", "end") != "end"
+        or index != ["bytes", "crc32c"]
+        or len(names) != 3
+        or names[0] != "bytes"
+        or names[1] not in ("zstd", "blosc")
+        or names[2] != "crc32c"
+        or inner[0].get("configuration", {}).get("endian", "little") != "little"
+    ):
+        return None
+    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
+
+    codec = Zstd() if names[1] == "zstd" else Blosc()
+    return _ShardCodec(tuple(int(n) for n in cfg["chunk_shape"]), dtype, codec)
+
+
+def _crc_ok(data: bytes) -> bool:
+    return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
+
+
+class ZarrReader:
+    """Reads chunks of a committed store's zarr payload (local path or fsspec URL).
+
+    Shard files with the codecs raykit writes are read directly (the shard index once per file, then
+    one read per chunk, both checked against their crc32c, decoded with zarr's numcodecs codec): several
+    times faster than zarr's read path, which remains the twin (``read_chunk(..., fast=False)``).
+    """
+
+    def __init__(self, url: str, spec: PayloadSpec, ranges: RangeFetcher | None = None) -> None:
+        self._url = url.rstrip("/")
+        self._spec = spec
+        # Remote stores: a raykit.store.files.RangeFetcher (correct on servers that ignore Range); the
+        # direct read path then serves remote shards too.
+        self._ranges: Any = ranges
+        self._shard_chunks = spec.layout.shard_chunks
+        self._store: Any = None
+        self._arrays: dict[tuple[str, str], Any] = {}
+        self._local = None if is_url(self._url) else Path(self._url.removeprefix("file://"))
+        self._codecs: dict[tuple[str, str], _ShardCodec | None] = {}
+        self._indexes: dict[str, np.ndarray] = {}
+
+    def _codec(self, split: str, name: str) -> _ShardCodec | None:
+        key = (split, name)
+        if key not in self._codecs:
+            rel = f"{ZARR_DIR}/{split}/{name}/zarr.json"
+            path = self._local / rel if self._local is not None else f"{self._url}/{rel}"
+            try:
+                if self._local is not None:
+                    meta = read_json(path)
+                else:
+                    meta = json.loads(self._ranges.read(rel, 0, self._ranges.size(rel)))
+            except (OSError, ValueError) as exc:
+                raise StoreCorruptError(f"{path}: zarr array metadata unreadable: {exc}") from exc
+            self._codecs[key] = direct_shard_codec(meta)
+        return self._codecs[key]
+
+    def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
+        rel = shard_file(info.name, spec, index // self._shard_chunks)
+        if self._local is None:  # by byte ranges
+
+            def read_range(offset: int, n: int) -> bytes:
+                return bytes(self._ranges.read(rel, offset, offset + n))
+
+            return self._read_from(
+                codec, info, index, f"{self._url}/{rel}", self._ranges.size(rel), read_range
+            )
+        path = self._local / rel
+        try:
+            handle = open_regular(path)  # never a FIFO or a device
+        except FileNotFoundError as exc:  # deleted since the store was opened
+            raise StoreNotFoundError(f"{path}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+        with handle:
+            fd = handle.fileno()
+            size = os.fstat(fd).st_size
+            return self._read_from(
+                codec, info, index, str(path), size, lambda offset, n: os.pread(fd, n, offset)
+            )
+
+    def _read_from(
+        self,
+        codec: _ShardCodec,
+        info: SplitInfo,
+        index: int,
+        where: str,
+        size: int,
+        read: Callable[[int, int], bytes],
+    ) -> np.ndarray:
+        """Chunk ``index`` from its shard file ``where`` of ``size`` bytes (``read(offset, n)``): the
+        shard index once per file, then the chunk, both checked against their crc32c, then decoded."""
+        table = self._indexes.get(where)
+        if table is None:
+            nbytes = self._shard_chunks * 16 + 4
+            raw = read(size - nbytes, nbytes) if size >= nbytes else b""
+            if len(raw) != nbytes or not _crc_ok(raw):
+                raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
+            table = self._indexes[where] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
+        offset, nbytes = (int(v) for v in table[index % self._shard_chunks])
+        if offset == ABSENT_CHUNK:
+            raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} is not stored")
+        data = read(offset, nbytes)
+        if len(data) != nbytes or not _crc_ok(data):
+            raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
+        try:
+            values = np.empty(codec.chunk_shape, dtype=codec.dtype)  # writable, decoded in place
+            codec.codec.decode(data[:-4], out=values)
+        except Exception as exc:
+            raise StoreCorruptError(
+                f"{where}: chunk {index} of split {info.name!r} undecodable: {exc}"
+            ) from exc
+        start, stop = info.chunk_range(index)
+        return values[: stop - start]
+
+    def _array(self, split: str, name: str) -> Any:
+        if (split, name) not in self._arrays:
+            if self._store is None:
+                self._store = _open_store(f"{self._url}/{ZARR_DIR}")
+            where = f"{self._url}/{ZARR_DIR}/{split}/{name}/zarr.json"
+            try:
+                import zarr
+
+                self._arrays[split, name] = zarr.open_array(self._store, path=f"{split}/{name}", mode="r")
+            except FileNotFoundError as exc:
+                raise StoreCorruptError(f"{where}: zarr array metadata missing") from exc
+            except Exception as exc:
+                raise StoreCorruptError(f"{where}: cannot open zarr array: {exc}") from exc
+        return self._arrays[split, name]
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Relative paths of the files holding chunk ``index`` of ``split``."""
+        shard = index // self._shard_chunks
+        return [shard_file(split, spec, shard) for spec in self._spec.fields_of(split).values()]
+
+    def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
+
+        ``fast=False`` always goes through zarr (the twin of the direct local read).
+        """
+        start, stop = info.chunk_range(index)
+        out = {}
+        shard = index // self._shard_chunks
+        for name, spec in self._spec.fields_of(info.name).items():
+            direct = self._local is not None or self._ranges is not None
+            codec = self._codec(info.name, name) if fast and direct else None
+            if codec is not None:
+                out[name] = self._read_direct(codec, info, spec, index)
+                continue
+            try:
+                out[name] = np.asarray(self._array(info.name, name)[start:stop])
+            except StoreCorruptError:
+                raise
+            except Exception as exc:
+                where = f"{self._url}/{shard_file(info.name, spec, shard)}"
+                raise StoreCorruptError(
+                    f"{where}: chunk {index} of split {info.name!r} unreadable: {exc}"
+                ) from exc
+        return out
+
+
+_BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
+
+
+def images_metadata(
+    split: str,
+    names: Sequence[str],
+    formats: Sequence[str],
+    offsets: Sequence[int],
+    layout: StoreSpec,
+) -> dict[str, bytes]:
+    """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
+    size, per = layout.image_chunk_bytes, layout.image_shard_chunks
+    sharding = {
+        "chunk_shape": [size],
+        "codecs": [_BYTES, {"name": "crc32c"}],
+        "index_codecs": [_LITTLE, {"name": "crc32c"}],
+        "index_location": "end",
+    }
+    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    images = array_document([int(offsets[-1])], "uint8", [size * per], codecs, "images")
+    n, checked = len(offsets), [_LITTLE, {"name": "crc32c"}]
+    offsets_doc = array_document([n], "int64", [n], checked, "image_offsets")
+    attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
+    group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
+    raw = np.asarray(offsets, dtype="<i8").tobytes()
+    base = f"zarr/{split}"
+    return {
+        f"{base}/zarr.json": document_bytes(group),
+        f"{base}/images/zarr.json": document_bytes(images),
+        f"{base}/image_offsets/zarr.json": document_bytes(offsets_doc),
+        f"{base}/image_offsets/c/0": raw + crc32c_bytes(raw),
+    }
+
+
+@dataclass(frozen=True)
+class ZarrImages:
+    """How the zarr backend stores and reads images-layout splits (an ``ImagesPayload``)."""
+
+    def root_metadata(self) -> dict[str, bytes]:
+        return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
+
+    def plan_split(
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        starts = np.concatenate([[0], np.cumsum(entry["image_bytes"])]).astype(np.int64).tolist()
+        n, per, shards = len(starts) - 1, layout.image_shard_bytes, []
+        for s in range(-(-starts[-1] // per)):
+            take = [j for j in range(n) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
+            shards.append(ImageShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
+        metadata = images_metadata(split, names, entry["image_format"], starts, layout)
+        return shards, {"image_offset": starts}, metadata
+
+    def encode_shard(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
+    ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
+        per = layout.image_shard_bytes
+        lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
+        blob = bytearray(hi - lo)
+        for image, offset in zip(images, shard.offsets, strict=True):
+            a, b = max(offset, lo), min(offset + len(image.data), hi)
+            blob[a - lo : b - lo] = image.data[a - offset : b - offset]
+        size = layout.image_chunk_bytes  # inner chunks, the last one zero-padded
+        chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
+        return f"zarr/{split}/images/c/{shard.shard}", shard_pieces(chunks, layout.image_shard_chunks), {}
+
+    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
+        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
+        per = layout.image_shard_bytes
+        return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
+
+    def image_parts(
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
+    ) -> list[bytes | np.ndarray]:
+        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
+        size, per = layout.image_chunk_bytes, layout.image_shard_chunks
+        parts: list[bytes | np.ndarray] = []  # read-only views of each inner chunk's share
+        c0 = lo // size
+        while c0 <= (hi - 1) // size:  # one read per shard the image spans
+            shard, j0 = divmod(c0, per)
+            j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
+            raw = read(f"zarr/{split}/images/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
+            if len(raw) != (j1 - j0 + 1) * (size + 4):
+                raise StoreCorruptError(f"{where}/zarr/{split}/images/c/{shard}: truncated")
+            view = np.frombuffer(raw, np.uint8)
+            for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
+                start = (shard * per + j0 + k) * size
+                a, b = max(lo - start, 0), min(hi - start, size)
+                parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
+            c0 = (shard + 1) * per
+        return parts
+
+
+ZARR_IMAGES = ZarrImages()
+
+
+# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every layout records
+# them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
+# RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
+_RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
+
+
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
+
+
+@dataclass(frozen=True)
+class FieldCodec:
+    """The inner compressor of one field, defined once: its zarr v3 name and configuration. The
+    metadata document, the zarr codec (the twins) and the numcodecs codec (the fast path) all derive
+    from it, so they cannot disagree."""
+
+    name: str  # "zstd" | "blosc"
+    configuration: Mapping[str, Any]
+
+    def document(self) -> dict[str, Any]:
+        """As zarr v3 metadata (``codecs`` entry)."""
+        return {"name": self.name, "configuration": dict(self.configuration)}
+
+    def zarr_codec(self) -> Any:
+        """The zarr codec object (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
+        from zarr.codecs import BloscCodec, ZstdCodec
+
+        return ZstdCodec(**self.configuration) if self.name == "zstd" else BloscCodec(**self.configuration)
+
+    def numcodecs_codec(self) -> Any:
+        """The numcodecs codec zarr runs for it (zarr's blosc is single-threaded)."""
+        from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
+
+        cfg = self.configuration
+        if self.name == "zstd":
+            return Zstd(level=cfg["level"], checksum=cfg["checksum"])
+        return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
+                     blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
+
+
+def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
+    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
+    with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
+    itemsize = np.dtype(spec.dtype).itemsize
+    if layout.rgba_codec not in RGBA_CODECS:
+        raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {layout.rgba_codec!r}")
+    if itemsize == 1 and layout.rgba_codec == "zstd":
+        return FieldCodec("zstd", {"level": layout.zstd_level, "checksum": False})
+    if itemsize == 1:
+        return FieldCodec("blosc", {"typesize": 1, **_RGBA_BLOSC})
+    config = {
+        "typesize": itemsize,
+        "cname": layout.blosc_cname,
+        "clevel": layout.blosc_clevel,
+        "shuffle": layout.blosc_shuffle,
+        "blocksize": 0,
+    }
+    return FieldCodec("blosc", config)
+
+
+def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
+    from zarr.codecs import Crc32cCodec
+
+    n_rays, chunk_rays = info.n_rays, info.chunk_rays
+    shard_rays = chunk_rays * layout.shard_chunks
+    tail = (spec.channels,) if spec.channels else ()
+    return {
+        "shape": (n_rays, *tail),
+        "dtype": spec.dtype,
+        "chunks": (chunk_rays, *tail),
+        "shards": (shard_rays, *tail),
+        "compressors": [field_codec(spec, layout).zarr_codec(), Crc32cCodec()],
+        "fill_value": 0,
+        "attributes": {"raykit_field": spec.name},
+    }
+
+
+def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
+    """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
+    tail = [spec.channels] if spec.channels else []
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
+    sharding = {
+        "chunk_shape": [info.chunk_rays, *tail],
+        "codecs": [inner_bytes, field_codec(spec, layout).document(), {"name": "crc32c"}],
+        "index_codecs": [little, {"name": "crc32c"}],
+        "index_location": "end",
+    }
+    dtype, grid = np.dtype(spec.dtype), [info.chunk_rays * layout.shard_chunks, *tail]
+    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    fill = 0.0 if dtype.kind == "f" else 0
+    return array_document([info.n_rays, *tail], dtype.name, grid, codecs, spec.name, fill)
+
+
+def metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, dict[str, Any]]:
+    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/``."""
+    docs: dict[str, dict[str, Any]] = {"zarr.json": ZARR_ROOT}
+    for split, info in splits.items():
+        docs[f"{split}/zarr.json"] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
+        for field in spec.fields_of(split).values():
+            docs[f"{split}/{field.name}/zarr.json"] = _array_document(field, info, spec.layout)
+    return docs
+
+
+def reference_metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, bytes]:
+    """Twin of ``metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
+    ``MemoryStore``; its files' bytes."""
+    import zarr
+
+    mem = zarr.storage.MemoryStore()
+    group = zarr.create_group(mem, attributes=ZARR_ROOT["attributes"])
+    for split, info in splits.items():
+        sub = group.create_group(split)
+        for field in spec.fields_of(split).values():
+            sub.create_array(field.name, **_array_kwargs(field, info, spec.layout))
+    return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
+
+
+def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> bytes:
+    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (``encode_shard_pieces``
+    joined)."""
+    return b"".join(encode_shard_pieces(values, spec, info, layout))
+
+
+def encode_shard_pieces(
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec
+) -> list[bytes]:
+    """The bytes zarr writes for one shard file of ``spec`` holding ``values``, (n, ...) with n <=
+    ``chunk_rays * shard_chunks`` (fast path), in pieces written one after the other (no join): inner
+    chunks in order (the last one zero-padded) each through the field's codecs, then the index
+    (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
+    """
+    chunk_rays = info.chunk_rays
+    codec = field_codec(spec, layout).numcodecs_codec()
+    values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
+
+    def encoded(lo: int) -> bytes:
+        chunk = values[lo : lo + chunk_rays]
+        if len(chunk) < chunk_rays:
+            padding = np.zeros((chunk_rays - len(chunk), *chunk.shape[1:]), chunk.dtype)
+            chunk = np.concatenate([chunk, padding])
+        return bytes(codec.encode(chunk))
+
+    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), layout.shard_chunks)
+
+
+def reference_encode_shard(
+    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreSpec
+) -> bytes:
+    """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
+    import zarr
+
+    start = shard * info.chunk_rays * layout.shard_chunks
+    mem = zarr.storage.MemoryStore()
+    # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
+    array = zarr.create_array(mem, **_array_kwargs(spec, info, layout), config={"write_empty_chunks": True})
+    array[start : start + len(values)] = values
+    key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
+    encoded: bytes = mem._store_dict[key].to_bytes()
+    return encoded
+
+
+@dataclass(frozen=True)
+class ZarrBackend:
+    """The Zarr v3 backend (``raykit.store.backends.Backend``)."""
+
+    name: str = "zarr"
+
+    @property
+    def images(self) -> ImagesPayload:
+
+        return ZARR_IMAGES
+
+    def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
+        return [shard_file(split, field, shard) for field in spec.fields_of(split).values()]
+
+    def encode_shard(
+        self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
+    ) -> EncodedShard:
+        fields = spec.fields
+        return EncodedShard(
+            {
+                shard_file(info.name, fields[name], shard): encode_shard_pieces(
+                    values, fields[name], info, spec.layout
+                )
+                for name, values in data.items()
+            }
+        )
+
+    def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
+        """The group and array ``zarr.json`` files (``metadata_documents``: the JSON zarr writes, so a
+        writer need not import zarr), written atomically; existing shards are left untouched."""
+        written = []
+        for key, document in sorted(metadata_documents(splits, spec).items()):
+            atomic_write_bytes(root / f"{ZARR_DIR}/{key}", document_bytes(document))
+            written.append(f"{ZARR_DIR}/{key}")
+        return written
+
+    def field_bytes(
+        self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
+    ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {name: {} for name in splits}
+        for rel, entry in files.items():  # the sizes of each field's shard files
+            parts = rel.split("/")
+            if len(parts) >= 4 and parts[0] == ZARR_DIR and parts[1] in out and parts[3] == "c":
+                counts = out[parts[1]]
+                counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
+        return out
+
+    def open_reader(
+        self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
+    ) -> ZarrReader:
+        return ZarrReader(url, spec, ranges)
+
+
+BACKEND: Backend = ZarrBackend()

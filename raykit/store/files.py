@@ -1,0 +1,543 @@
+"""A store's files: where they are (a local path or a URL; remote byte ranges), where a store is
+written (``DST`` and ``DST.partial``), how they are trusted (checksums, file records, the content
+fingerprint) and the one-writer lock. Sections below, in that order.
+
+Store locations: a local path, or a URL with a scheme (``https://``, ``s3://``, ``memory://``...).
+
+Text is a URL only when it contains ``://`` (and is not ``file://``); everything else is a local path,
+even when it contains characters fsspec would otherwise read as URL syntax (``::`` chains, ``#``).
+Opening a location turns fsspec's failures (an unknown or uninstalled protocol, a refused
+connection) into :class:`~raykit.errors.StoreError` lines that name the location.
+
+Byte ranges of a remote store's files, correct also on servers that ignore HTTP ``Range``.
+
+Some servers (Python's ``http.server``, some CDNs and gateways) answer a range request with status
+200 and the whole file, which fsspec returns as if it were the range. :class:`RangeFetcher` checks
+each answer's length against the range and the manifest's file size: the whole file where a shorter
+range was asked for means ``Range`` is ignored, so it warns once and keeps whole files (an LRU bounded
+in bytes) to serve later ranges from; any other length is a truncation (``StoreCorruptError``).
+
+Where a store is written: checks on ``DST`` and the ``DST.partial`` work folder beside it
+(docs/format.md, "Commit protocol"). ``DST`` must be absent, an empty folder, or (with ``overwrite``)
+a store; ``DST.partial/plan.json`` records what the unfinished work is for: a rerun with the same plan
+resumes it, another or an unreadable plan (with a warning) discards it.
+
+Checksums of a ray store (docs/format.md, "Integrity"): the per-chunk CRC of the decoded field
+bytes (the same in every backend, checked on every read), per-file SHA-256, and the content
+fingerprint, which hashes the logical content only (camera table rows, scene, splits, fields, chunk
+CRCs), so a store and its copy in the other backend share it.
+
+One writer per store: ``<dst>.lock``, a file beside the destination naming its owner (``{"pid",
+"host", "started", "command"}``), ``flock``ed while its writer runs (docs/reliability.md).
+
+The kernel drops the lock when the process ends in any way, so a second writer while the owner runs
+fails with :class:`~raykit.errors.StoreLockedError` naming the owner, and a lock file left by a killed
+writer is stale: reported (:class:`StaleLockWarning`, naming that owner) and taken over, so a rerun
+resumes its ``<dst>.partial``. The file is removed when the writer ends normally or by an exception.
+On file systems without ``flock`` for other hosts, a writer on another host is not seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import warnings
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+
+from raykit.errors import (
+    ConfigError,
+    RaykitWarning,
+    StoreCorruptError,
+    StoreError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
+from raykit.fileio import JSON_LIMIT, atomic_write_json, open_regular, sha256_file
+
+__all__ = [
+    "CHUNK_CHECKSUM",
+    "DEFAULT_KEEP_BYTES",
+    "OVERWRITE_HINT",
+    "RangeFetcher",
+    "RangeIgnoredWarning",
+    "StaleLockWarning",
+    "check_destination",
+    "chunk_checksum",
+    "content_fingerprint",
+    "file_record",
+    "filesystem",
+    "holding_store_lock",
+    "is_url",
+    "json_digest",
+    "local_files_bytes",
+    "lock_owner",
+    "lock_path",
+    "prepare_partial",
+    "read_errors",
+    "read_lock",
+    "store_lock",
+]
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` names a remote location (a scheme other than ``file://``)."""
+    return "://" in text and not text.startswith("file://")
+
+
+def local_files_bytes(paths: Sequence[str]) -> int | None:
+    """Total bytes of the files ``paths`` when there are some and every one is a local file, else None."""
+    if not paths or not all(isinstance(p, str) and p and os.path.isfile(p) for p in paths):
+        return None
+    return sum(os.path.getsize(p) for p in paths)
+
+
+class LocalFiles:
+    """The part of an fsspec filesystem that reading a store uses, for local files, without importing
+    fsspec (and asyncio): ``raykit info`` and ``validate`` start sooner."""
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of regular file ``path`` (``fileio.open_regular``: never a FIFO or a
+        device); a whole file at most ``fileio.JSON_LIMIT`` bytes."""
+        with open_regular(path, limit=None if end is not None else JSON_LIMIT) as handle:
+            if start is None and end is None:
+                return handle.read()
+            handle.seek(start or 0)
+            return handle.read(-1 if end is None else max(0, end - (start or 0)))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """``(filesystem, root path)`` of a location: ``LocalFiles`` for a local path (never parsed as a URL),
+    else an fsspec filesystem.
+
+    Raises:
+        StoreError: unknown protocol, or one whose package is not installed.
+    """
+    if not is_url(url):
+        return LocalFiles(), url.removeprefix("file://")
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise StoreError(
+            f"{url}: protocol {protocol!r} needs a package that is not installed ({exc})"
+        ) from None
+    except ValueError as exc:
+        raise StoreError(
+            f"{url}: cannot open ({exc}); expected a local path or an fsspec URL (http(s)://, s3://, "
+            "gs://, memory://, ...)"
+        ) from None
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """Exception types a remote read raises when the location cannot be reached (refused, reset,
+    timed out, HTTP error status)."""
+    errors: list[type[BaseException]] = [OSError, TimeoutError]
+    try:
+        import aiohttp
+
+        errors.append(aiohttp.ClientError)
+    except ImportError:  # pragma: no cover - aiohttp comes with fsspec[http]
+        pass
+    return tuple(errors)
+
+
+DEFAULT_KEEP_BYTES = 256 << 20  # whole files kept from servers that ignore Range
+
+
+class RangeIgnoredWarning(UserWarning):
+    """The server answered a range request with the whole file (reads fall back to whole files)."""
+
+
+class RangeFetcher:
+    """Reads byte ranges of the files of one remote store.
+
+    Args:
+        fs: the store's fsspec filesystem.
+        root: the store's root path on ``fs``.
+        url: the store's URL (for messages).
+        sizes: relative path -> size in bytes of every file (from the manifest).
+        keep_bytes: budget of whole files kept after a server ignored ``Range``.
+    """
+
+    def __init__(
+        self, fs: Any, root: str, url: str, sizes: Mapping[str, int], keep_bytes: int = DEFAULT_KEEP_BYTES
+    ) -> None:
+        self._fs, self._root, self._url = fs, root.rstrip("/"), url.rstrip("/")
+        self._sizes = dict(sizes)
+        self._keep_bytes = keep_bytes
+        self._whole: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+        self.ranges_ignored = False  # set once a server answered a range with the whole file
+        self.whole_fetches = 0
+
+    def size(self, rel: str) -> int:
+        """Recorded size of file ``rel``."""
+        if rel not in self._sizes:
+            raise StoreCorruptError(f"{self._url}/manifest.json: expected an entry for {rel}, not found")
+        return self._sizes[rel]
+
+    def read(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of file ``rel`` (``start`` < 0: that many bytes before the end)."""
+        size = self.size(rel)
+        if start < 0:
+            start, end = size + start, size
+        with self._lock:
+            whole = self._whole.get(rel)
+            if whole is not None:
+                self._whole.move_to_end(rel)
+        if whole is None and self.ranges_ignored:
+            whole = self._fetch_whole(rel)
+        if whole is not None:
+            return whole[start:end]
+        try:
+            data = bytes(self._fs.cat_file(f"{self._root}/{rel}", start=start, end=end))
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
+        if len(data) == end - start:
+            return data
+        if len(data) == size:  # a whole-file answer (status 200, no Content-Range) to a range request
+            self._ignored(rel)
+            self._keep(rel, data)
+            return data[start:end]
+        raise StoreCorruptError(
+            f"{self._url}/{rel}: truncated: expected {end - start} bytes at offset {start} of a "
+            f"{size}-byte file, got {len(data)}"
+        )
+
+    def _fetch_whole(self, rel: str) -> bytes:
+        try:
+            data = bytes(self._fs.cat_file(f"{self._root}/{rel}"))
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
+        if len(data) != self.size(rel):
+            raise StoreCorruptError(f"{self._url}/{rel}: expected {self.size(rel)} bytes, got {len(data)}")
+        self._keep(rel, data)
+        return data
+
+    def _ignored(self, rel: str) -> None:
+        if not self.ranges_ignored:
+            self.ranges_ignored = True
+            warnings.warn(
+                f"{self._url}: the server ignores HTTP Range requests (it sent all of {rel}); reading "
+                "whole files instead (a loader's disk_cache= keeps them on disk)",
+                RangeIgnoredWarning,
+                stacklevel=4,
+            )
+
+    def _keep(self, rel: str, data: bytes) -> None:
+        with self._lock:
+            self.whole_fetches += 1
+            self._whole[rel] = data
+            total = sum(len(v) for v in self._whole.values())
+            while total > self._keep_bytes and len(self._whole) > 1:
+                _, dropped = self._whole.popitem(last=False)
+                total -= len(dropped)
+
+
+OVERWRITE_HINT = "pass --overwrite (overwrite=True) to replace it"
+
+
+def check_destination(dst: Path, overwrite: bool) -> None:
+    """Refuse a ``dst`` that is a file, a folder of other things, or a store without ``overwrite``."""
+    if dst.is_file() or (dst.exists() and not dst.is_dir()):
+        raise ConfigError(f"{dst}: exists and is a file, not a raykit store; refusing to replace it")
+    if not dst.exists():
+        return
+    if (dst / "manifest.json").exists():
+        if not overwrite:
+            raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
+        return
+    try:
+        occupied = any(dst.iterdir())
+    except OSError as exc:
+        raise StoreError(f"{dst}: cannot list the destination folder ({exc.strerror or exc})") from None
+    if occupied:
+        raise ConfigError(f"{dst}: exists and is not a raykit store; refusing to replace it")
+
+
+def _saved_key(plan_path: Path) -> str | None:
+    """The key recorded in ``plan.json``; None when it is missing; warns when it is unreadable."""
+    if not plan_path.exists():
+        return None
+    try:
+        saved = json.loads(plan_path.read_text(encoding="utf-8"))
+        key = saved.get("key") if isinstance(saved, dict) else None
+        if not isinstance(key, str):
+            raise ValueError("no 'key' string")
+    except (OSError, ValueError) as exc:
+        warnings.warn(
+            f"{plan_path}: unreadable plan of an interrupted write ({exc}); discarding "
+            f"{plan_path.parent} and starting again",
+            RaykitWarning,
+            stacklevel=3,
+        )
+        return None
+    return key
+
+
+def prepare_partial(dst: Path, plan: Mapping[str, Any], key: str) -> Path:
+    """``DST.partial`` holding this plan: kept when its ``plan.json`` has ``key``, else emptied first.
+
+    Raises:
+        ConfigError: ``DST.partial`` is a file or a symlink (not raykit's; never removed).
+        StoreError: the folder cannot be created or written (read-only or virtual file system, no
+            permission), naming it.
+    """
+    partial = dst.with_name(dst.name + ".partial")
+    plan_path = partial / "plan.json"
+    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
+        raise ConfigError(
+            f"{partial}: exists and is not a folder, so it is not the work folder of an interrupted "
+            "write; remove or rename it"
+        )
+    try:
+        if partial.exists() and _saved_key(plan_path) != key:
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(plan_path, {"key": key, "plan": plan})
+    except OSError as exc:
+        raise StoreError(
+            f"{partial}: cannot create the store's work folder ({exc.strerror or exc}); choose a DST "
+            "in a writable folder"
+        ) from None
+    return partial
+
+
+CHUNK_CHECKSUM = "crc32c"  # the index.json key (and algorithm) of new stores; "crc32" (zlib) before
+
+
+def chunk_checksum(values: Mapping[str, np.ndarray], order: Sequence[str], kind: str = CHUNK_CHECKSUM) -> int:
+    """Checksum of the C-contiguous bytes of ``values[name]`` for ``name`` in ``order``, one stream.
+
+    ``kind`` is ``"crc32c"`` (Castagnoli, hardware-accelerated: about 2.5x faster than zlib's CRC-32
+    here) or ``"crc32"`` (zlib's, what stores written before it recorded).
+    """
+    if kind not in ("crc32c", "crc32"):
+        raise ValueError(f"chunk checksum: expected 'crc32c' or 'crc32', got {kind!r}")
+    crc = 0
+    for name in order:
+        data = np.ascontiguousarray(values[name]).reshape(-1).view(np.uint8)
+        if kind == "crc32":
+            crc = zlib.crc32(data.data, crc)
+        else:
+            readonly = data.view()
+            readonly.flags.writeable = False  # google_crc32c takes read-only buffers only
+            crc = google_crc32c.extend(crc, readonly)
+    return crc
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """``{"size": bytes, "sha256": hex}`` of a local file."""
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def json_digest(obj: Any) -> str:
+    """Hex SHA-256 of canonical JSON (sorted keys, no spaces) of ``obj``."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def content_fingerprint(
+    table: pa.Table,
+    scene: Mapping[str, Any],
+    splits: Mapping[str, Mapping[str, Any]],
+    fields: Mapping[str, Mapping[str, Any]],
+    chunk_crcs: Mapping[str, Sequence[int]],
+    checksum: str = CHUNK_CHECKSUM,
+) -> str:
+    """One hex digest of a store's logical content (the same for both backends).
+
+    ``checksum`` names the algorithm of ``chunk_crcs`` (``chunk_checksum``); ``"crc32"`` leaves it out
+    of the digest, so fingerprints of stores from before crc32c are unchanged.
+    """
+    content: dict[str, Any] = {
+        "cameras": json_digest(table.to_pylist()),  # the rows' values, whatever the parquet encoding
+        "scene": dict(scene),
+        "splits": {k: dict(v) for k, v in splits.items()},
+        "fields": {k: dict(v) for k, v in fields.items()},
+        "chunks": {k: list(v) for k, v in chunk_crcs.items()},
+    }
+    if checksum != "crc32":
+        content["chunk_checksum"] = checksum
+    return json_digest(content)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StaleLockWarning(RaykitWarning):
+    """A lock left by a writer that no longer runs was taken over."""
+
+
+def lock_path(dst: str | os.PathLike[str]) -> Path:
+    """``<dst>.lock``: beside the store, so it is not part of the store's files."""
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".lock")
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    """The owner record of lock file ``path`` (empty when unreadable, e.g. half written)."""
+    try:
+        owner = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def lock_owner(path: Path) -> dict[str, Any] | None:
+    """The owner record of lock file ``path`` while a running process holds it (its ``flock``), else
+    None. Looked up without taking the lock (a reader must not make a starting writer fail): in
+    ``/proc/locks`` on Linux, else by the recorded pid being alive on this host."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    owner = read_lock(path)
+    try:
+        with open("/proc/locks") as handle:
+            table = handle.read()
+    except OSError:
+        alive = owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
+        if alive:
+            try:
+                os.kill(owner["pid"], 0)
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                pass
+        return owner if alive else None
+    for line in table.splitlines():
+        fields = line.split()
+        if "FLOCK" not in fields or len(fields) < 6:
+            continue
+        device = next((f for f in fields if f.count(":") == 2), "")
+        try:
+            major, minor, inode = device.split(":")
+            same = (int(major, 16), int(minor, 16), int(inode)) == (
+                os.major(info.st_dev),
+                os.minor(info.st_dev),
+                info.st_ino,
+            )
+        except ValueError:
+            continue
+        if same:
+            return owner or {"pid": "?"}
+    return None
+
+
+def _who(owner: dict[str, Any]) -> str:
+    who = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
+    return who + (f", since {owner['started']}" if "started" in owner else "")
+
+
+def _acquire(path: Path, dst: Path, what: str) -> int:
+    """An open descriptor of ``path`` holding its ``flock``; raises ``StoreLockedError`` if taken."""
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"{dst}: another process is writing this {what} ({_who(read_lock(path))}, "
+                f"lock {path}); wait for it to finish"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its previous owner unlinked between our open and our flock
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def store_lock(
+    dst: str | os.PathLike[str], *, path: Path | None = None, what: str = "store"
+) -> Iterator[Path]:
+    """Hold ``<dst>.lock`` (or lock file ``path``) for the duration of the block; ``what`` names the
+    thing written in messages (``raykit run`` holds ``OUT/run.lock`` this way, ``what="run folder"``).
+
+    Raises:
+        StoreLockedError: another running writer holds it, named in the message.
+    """
+    dst = Path(dst)
+    path = lock_path(dst) if path is None else path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _acquire(path, dst, what)
+    except StoreLockedError:
+        raise
+    except OSError as exc:
+        raise StoreError(
+            f"{path}: cannot create the {what}'s lock file ({exc.strerror or exc}); choose a "
+            "destination in a writable folder"
+        ) from None
+    try:
+        stale = read_lock(path)
+        if stale:
+            warnings.warn(
+                f"{dst}: stale lock {path} left by {_who(stale)}, which no longer runs (killed?); "
+                "taking it over and resuming that writer's work",
+                StaleLockWarning,
+                stacklevel=4,
+            )
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join(sys.argv)[:500],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # while still holding it: a waiting opener re-checks the inode
+        os.close(fd)
+
+
+def holding_store_lock(argument: str) -> Callable[[F], F]:
+    """Decorate a writer so that it runs holding the lock of the store named by parameter ``argument``."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            dst = signature.bind(*args, **kwargs).arguments[argument]
+            with store_lock(dst):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

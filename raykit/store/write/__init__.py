@@ -1,0 +1,196 @@
+"""Write a store: ``write_store`` (from image records, converters) and ``copy_store`` (from another
+store, ``raykit copy``), the one entry point of every layout.
+
+``StoreSpec.kind`` picks the payload writer: ``raykit.store.write.rays`` (pre-shuffled rays) or
+``raykit.store.write.images`` (the encoded images); both end in ``raykit.store.write.commit``. Each holds
+``dst``'s writer lock (``raykit.store.files``).
+
+Object storage (``s3://bucket/scene`` or any writable fsspec URL; docs/format.md, "Object storage"):
+written locally by the ordinary writers in a work folder derived from the URL (so a rerun resumes it),
+then uploaded file by file with ``manifest.json`` last (until it is there, readers see no store);
+``overwrite`` deletes the old manifest first. The local copy is removed after the upload.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raykit.errors import ConfigError, StoreError
+from raykit.store.files import OVERWRITE_HINT, filesystem, holding_store_lock, read_errors
+from raykit.store.points import SparsePoints
+from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
+from raykit.store.table import order_records
+from raykit.store.write.images import write_images
+from raykit.store.write.job import WriteRequest
+from raykit.store.write.rays import copy_rays, write_rays
+
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
+
+__all__ = [
+    "copy_store",
+    "upload_store",
+    "work_folder",
+    "write_remote",
+    "write_store",
+]
+
+
+# the payload writer of each layout (``StoreSpec.kind``)
+_PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
+    RAYS_LAYOUT: write_rays,
+    IMAGES_LAYOUT: write_images,
+}
+
+
+_O = StoreSpec  # every default of write_store's options is StoreSpec's, written there once
+
+
+@holding_store_lock("dst")  # one writer per store (raykit.store.files)
+def write_store(
+    dst: str | Path,
+    records: Sequence[ImageRecord],
+    *,
+    scene: SceneInfo,
+    layout: str = _O.kind,
+    backend: str = _O.backend,
+    chunk_rays: int = _O.chunk_rays,
+    shard_chunks: int = _O.shard_chunks,
+    seed: int = _O.seed,
+    materialize: str | None = _O.materialize,
+    rgba_codec: str = _O.rgba_codec,
+    zstd_level: int = _O.zstd_level,
+    with_pids: bool = _O.with_pids,
+    memory_staging_bytes: int = _O.memory_staging_bytes,
+    executor: concurrent.futures.Executor | None = None,
+    progress: bool = False,
+    source: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    points: SparsePoints | None = None,
+) -> RayStore:
+    """Write a store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
+
+    Args:
+        records: one per image; ``load()`` must be picklable when ``executor`` is a process pool.
+        scene: world frame, transform from the source frame, bounds.
+        layout, backend, chunk_rays, ...: how the store is written, the fields of
+            :class:`~raykit.store.spec.StoreSpec` (their defaults and checks; ``layout`` is its ``kind``).
+        executor: runs the per-image and per-shard tasks; None runs them in this process.
+        source: description of the source (format, path, ...) recorded in the manifest.
+        overwrite: replace an existing store at ``dst``.
+        points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
+            (``raykit.store.points``).
+    """
+    spec = StoreSpec(
+        kind=layout,
+        backend=backend,
+        chunk_rays=chunk_rays,
+        shard_chunks=shard_chunks,
+        seed=seed,
+        materialize=materialize,
+        rgba_codec=rgba_codec,
+        zstd_level=zstd_level,
+        with_pids=with_pids,
+        memory_staging_bytes=memory_staging_bytes,
+    )
+    ordered = order_records(records)
+    request = WriteRequest(
+        Path(dst), ordered, scene, spec, executor, progress, dict(source or {}), overwrite, points
+    )
+    return _PAYLOAD_WRITERS[spec.kind](request)
+
+
+@holding_store_lock("dst")
+def copy_store(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    backend: str,
+    executor: concurrent.futures.Executor | None = None,
+    progress: bool = False,
+    overwrite: bool = False,
+    layout: str | None = None,
+    with_pids: bool = False,
+) -> RayStore:
+    """Copy the store at ``src`` (path or URL) to ``dst`` in ``backend``; same logical content.
+
+    The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
+    content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
+    source's) rewrites it in that layout from the source's images (``raykit.store.write.copy``).
+    ``with_pids`` stores every split's pids explicitly (a format-3 store derives them). A copy of a
+    format 1 or 2 store is written in the current format, its pids stored, its chunk checksums
+    computed anew: its content fingerprint is the same in every backend but not the source's.
+    """
+    from raykit.store.reader import open_store
+
+    store = open_store(src)
+    layout = layout or store.layout()
+    if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
+        spec = store.spec.replace(backend=backend)
+        points = store.sparse_points()
+        request = WriteRequest(Path(dst), [], store.scene, spec, executor, progress, {}, overwrite, points)
+        return copy_rays(store, request, with_pids)
+    from raykit.store.write.copy import copy_request
+
+    request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
+    return _PAYLOAD_WRITERS[request.spec.kind](request)
+
+
+# Object storage: written locally, then uploaded with the manifest last.
+
+
+def work_folder(url: str) -> Path:
+    """The local folder a store for ``url`` is written in before its upload (stable across reruns)."""
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"raykit-upload-{digest}"
+
+
+def upload_store(local: Path, url: str, *, overwrite: bool = False) -> list[str]:
+    """Upload the committed store at ``local`` to ``url``, ``manifest.json`` last; the uploaded
+    relative paths in upload order.
+
+    Raises:
+        ConfigError: a store exists at ``url`` and ``overwrite`` is False.
+        StoreError: the object store refused a write (naming the object).
+    """
+    if not (local / "manifest.json").is_file():
+        raise ConfigError(f"{local}: not a committed store (no manifest.json); nothing to upload")
+    fs, root = filesystem(url)
+    root = root.rstrip("/")
+    if fs.exists(f"{root}/manifest.json"):
+        if not overwrite:
+            raise ConfigError(f"{url}: a store already exists there ({OVERWRITE_HINT})")
+        fs.rm(f"{root}/manifest.json")  # the old store disappears first
+        fs.rm(root, recursive=True)
+    files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    order = [rel for rel in files if rel != "manifest.json"] + ["manifest.json"]
+    for rel in order:
+        try:
+            fs.put_file(str(local / rel), f"{root}/{rel}")
+        except read_errors() as exc:
+            raise StoreError(f"{url}/{rel}: upload failed ({type(exc).__name__}: {exc})") from None
+    return order
+
+
+def write_remote(url: str, write: Callable[[Path], Any], *, overwrite: bool = False) -> Any:
+    """Run ``write(local_dst)`` (a store writer), upload its store to ``url`` and open it there."""
+    from raykit.store.reader import open_store
+
+    fs, root = filesystem(url)
+    if fs.exists(f"{root.rstrip('/')}/manifest.json") and not overwrite:
+        raise ConfigError(f"{url}: a store already exists there ({OVERWRITE_HINT})")
+    folder = work_folder(url)
+    local = folder / "store"
+    if local.exists() and (local / "manifest.json").exists():
+        shutil.rmtree(local)  # an earlier upload's finished copy: write again (inputs may differ)
+    write(local)
+    upload_store(local, url, overwrite=overwrite)
+    shutil.rmtree(folder, ignore_errors=True)
+    return open_store(url)

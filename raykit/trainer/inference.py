@@ -1,0 +1,154 @@
+"""Rendering for evaluation: no gradients, empty space skipped, rays stopped once opaque.
+
+The one rendering path of ``eval.json``, the progress checks, ``raykit render`` and ``raykit export
+--verify`` (:func:`raykit.trainer.evaluate.render_batch` calls :func:`render_colours`). It places the
+samples exactly as training does (:func:`raykit.trainer.pipeline.sample_rays` without jitter: the
+occupancy grid, marched in strides through a coarse copy of it, or the proposal networks skip empty
+space), then composites them front to back in rounds (:func:`composite_front_to_back`): each round
+evaluates the density at the next few samples of every ray still visible, and the colour only where
+the compositing weight reaches :data:`LEAST_WEIGHT`; a ray stops once its transmittance falls below
+:data:`STOP_TRANSMITTANCE`. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
+``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth of one 8-bit level in all), so the
+renders are the every-sample ones (:func:`reference_colours`, their simple twin, renders every sample
+in one pass; the tests compare the two).
+
+Training keeps its own path: it needs the gradients of every sample.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from raykit.rays import RayBatch
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.field import RadianceField
+from raykit.trainer.pipeline import render_rays, sample_rays
+from raykit.trainer.samplers import Samples
+
+__all__ = [
+    "LEAST_WEIGHT",
+    "STOP_TRANSMITTANCE",
+    "composite_front_to_back",
+    "reference_colours",
+    "render_colours",
+]
+
+STOP_TRANSMITTANCE = 1e-4
+"""A ray stops once the light that still reaches it through its samples falls below this share."""
+LEAST_WEIGHT = 1e-7
+"""A sample of smaller compositing weight gets no colour evaluation (it would add less than this)."""
+_FIRST_ROUND, _LARGEST_ROUND = 8, 64  # samples per ray in the first round; rounds double up to this
+
+
+def _eval_config(config: TrainConfig, field: RadianceField) -> TrainConfig:
+    """``config`` for placing evaluation samples: in a bounded box the occupancy sampler's optional
+    early-stop pass (an extra density evaluation of every sample) is left to the front-to-back
+    compositing, which stops rays the same way without it."""
+    if field.space != "contract" and config.early_stop_eps > 0:
+        return config.replace(early_stop_eps=0.0)
+    return config
+
+
+@torch.no_grad()
+def render_colours(
+    config: TrainConfig, field: RadianceField, grid: Any, rays: RayBatch, background: Tensor
+) -> Tensor:
+    """Deterministic colours (N, 3) in [0, 1] of N rays, ``config.eval_chunk`` rays at a time.
+
+    Args:
+        config: the run's config (sampler resolved).
+        field: the radiance field.
+        grid: the sampler's state module (occupancy grid, proposal networks or None).
+        rays: N rays.
+        background: (3,) colour behind the scene.
+    """
+    sample_config = _eval_config(config, field)
+    parts = []
+    for lo in range(0, len(rays), config.eval_chunk):
+        chunk = rays[lo : lo + config.eval_chunk]
+        samples = sample_rays(sample_config, field, grid, chunk, config.steps, None)
+        parts.append(composite_front_to_back(field, samples, chunk, background))
+    if not parts:
+        return torch.zeros(0, 3, device=background.device)
+    return torch.cat(parts).clamp(0, 1)
+
+
+@torch.no_grad()
+def reference_colours(
+    config: TrainConfig, field: RadianceField, grid: Any, rays: RayBatch, background: Tensor
+) -> Tensor:
+    """Simple twin of :func:`render_colours`: every sample of every ray through the field at once."""
+    samples = sample_rays(config, field, grid, rays, config.steps, None)
+    return render_rays(field, samples, rays, background)["rgb"].clamp(0, 1)
+
+
+def _packed(samples: Samples) -> tuple[Tensor, Tensor, Tensor]:
+    """``(t_starts, t_ends, ray_indices)``, each (M,), of the samples with non-zero length, ray-major."""
+    if samples.ray_indices is not None:
+        return samples.t_starts, samples.t_ends, samples.ray_indices
+    keep = samples.t_ends > samples.t_starts  # padding and empty intervals contribute nothing
+    ray_indices = torch.nonzero(keep, as_tuple=True)[0]
+    return samples.t_starts[keep], samples.t_ends[keep], ray_indices
+
+
+def composite_front_to_back(
+    field: RadianceField,
+    samples: Samples,
+    rays: RayBatch,
+    background: Tensor,
+    stop: float = STOP_TRANSMITTANCE,
+    least_weight: float = LEAST_WEIGHT,
+) -> Tensor:
+    """Composite ``samples`` over ``background`` in rounds, stopping each ray once nearly opaque.
+
+    Round ``r`` evaluates the density at samples ``k_r .. k_r + K_r - 1`` of every ray still running
+    (``K`` starts at 8 and doubles up to 64), and the colour only where the compositing weight is at
+    least ``least_weight``; a ray stops when it has no samples left or its transmittance is below
+    ``stop``. The compositing is :func:`raykit.trainer.render.rendering`'s, carried from round to
+    round by each ray's transmittance.
+
+    Args:
+        field: the radiance field (its :meth:`~RadianceField.geometry` and :meth:`~RadianceField.colour`).
+        samples: padded (N, S) or packed (M,) intervals along the N rays.
+        rays: the N rays (view directions; positions unless ``samples`` carries its own frame).
+        background: (3,) colour seen through the transmittance left.
+        stop: transmittance below which a ray stops.
+        least_weight: weight below which a sample's colour is not evaluated (it adds less than that).
+
+    Returns:
+        (N, 3) colours (not clamped).
+    """
+    n_rays = samples.n_rays
+    t_starts, t_ends, ray_indices = _packed(samples)
+    origins = rays.origins if samples.origins is None else samples.origins
+    steps = rays.directions if samples.directions is None else samples.directions
+    view = rays.directions
+    device, dtype = background.device, background.dtype
+    counts = torch.bincount(ray_indices, minlength=n_rays)
+    offsets = torch.cumsum(counts, 0) - counts
+    transmittance = torch.ones(n_rays, device=device, dtype=dtype)
+    colour = torch.zeros(n_rays, 3, device=device, dtype=dtype)
+    running = torch.nonzero(counts > 0, as_tuple=True)[0]
+    done, width = 0, _FIRST_ROUND
+    while running.numel():
+        position = done + torch.arange(width, device=device)
+        valid = position[None, :] < counts[running, None]  # (A, K)
+        index = (offsets[running, None] + position[None, :])[valid]  # (P,) ray-major
+        ray = running[:, None].expand(-1, width)[valid]
+        start, end = t_starts[index], t_ends[index]
+        sigma, geo = field.geometry(origins[ray] + steps[ray] * (0.5 * (start + end))[:, None])
+        sigma_delta = torch.zeros(valid.shape, device=device, dtype=dtype)
+        sigma_delta[valid] = sigma.to(dtype) * (end - start)
+        before = torch.cumsum(sigma_delta, dim=1) - sigma_delta
+        weights = (transmittance[running, None] * torch.exp(-before) * (1.0 - torch.exp(-sigma_delta)))[valid]
+        seen = weights >= least_weight
+        rgb = field.colour(geo[seen], view[ray[seen]]).to(dtype)
+        colour.index_add_(0, ray[seen], weights[seen][:, None] * rgb)
+        transmittance[running] = transmittance[running] * torch.exp(-sigma_delta.sum(dim=1))
+        done += width
+        running = running[(transmittance[running] > stop) & (counts[running] > done)]
+        width = min(2 * width, _LARGEST_ROUND)
+    return colour + transmittance[:, None] * background
