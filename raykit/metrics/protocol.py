@@ -25,6 +25,7 @@ __all__ = [
     "background_tensor",
     "composite",
     "parse_background",
+    "parse_colour",
     "protocol_named",
     "quantize",
     "to_protocol_image",
@@ -111,10 +112,11 @@ def to_protocol_image(image: Tensor, background: Tensor | None = None) -> Tensor
     return quantize(image[..., :3])
 
 
-def parse_background(text: str) -> tuple[int, int, int]:
-    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> the 8-bit colour RGBA images are composited on.
+def parse_colour(text: str) -> tuple[float, float, float]:
+    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> three floats (the one parser of a background flag).
 
-    nerfbaselines stores a dataset's background as uint8; a float colour is quantised like an image.
+    Raises:
+        ConfigError: naming ``background`` and the text.
     """
     named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
     try:
@@ -123,7 +125,15 @@ def parse_background(text: str) -> tuple[int, int, int]:
         values = ()
     if len(values) != 3 or not all(0.0 <= v <= 1.0 for v in values):
         raise ConfigError(f"background: expected white, black or R,G,B in [0, 1], got {text!r}")
-    quantized = quantize(torch.tensor(values, dtype=torch.float32))
+    return (values[0], values[1], values[2])
+
+
+def parse_background(text: str) -> tuple[int, int, int]:
+    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> the 8-bit colour RGBA images are composited on.
+
+    nerfbaselines stores a dataset's background as uint8; a float colour is quantised like an image.
+    """
+    quantized = quantize(torch.tensor(parse_colour(text), dtype=torch.float32))
     return (int(quantized[0]), int(quantized[1]), int(quantized[2]))
 
 

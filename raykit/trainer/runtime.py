@@ -19,6 +19,7 @@ import torch.distributed as dist
 import raykit
 from raykit.errors import ConfigError
 from raykit.fileio import loads_json
+from raykit.metrics import parse_colour
 from raykit.store import RayStore
 from raykit.trainer.config import TrainConfig, parse_aabb
 
@@ -98,14 +99,7 @@ def resolve_background(config: TrainConfig, store: RayStore) -> tuple[TrainConfi
 
 def parse_background(text: str) -> torch.Tensor:
     """``white``, ``black`` or ``R,G,B`` in [0, 1] -> (3,) float32 (``auto`` unresolved: white)."""
-    named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0), "auto": (1.0, 1.0, 1.0)}
-    try:
-        values = named[text] if text in named else tuple(float(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 3 or not all(0.0 <= v <= 1.0 for v in values):
-        raise ConfigError(f"background: expected white, black or R,G,B in [0, 1], got {text!r}")
-    return torch.tensor(values, dtype=torch.float32)
+    return torch.tensor(parse_colour("white" if text == "auto" else text), dtype=torch.float32)
 
 
 def check_splits(config: TrainConfig, store: RayStore) -> None:
