@@ -13,6 +13,7 @@ uses to fill its cache at the start.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -37,10 +38,38 @@ from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store import RayStore, open_store
 
-__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader", "ImagePlan", "ImageSource"]
+__all__ = [
+    "IMAGE_STATE_VERSION",
+    "MAPPED_BUFFER_BYTES",
+    "ImageBatch",
+    "ImageBatches",
+    "ImageLoader",
+    "ImagePlan",
+    "ImageSource",
+    "mapped_empty",
+]
 
 IMAGE_STATE_VERSION = 1
 _ROWS = 64  # image rows converted to float per task
+MAPPED_BUFFER_BYTES = 1 << 20  # CPU batches at least this large get their own mapping (``mapped_empty``)
+
+
+def mapped_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor of ``shape`` in its own anonymous memory mapping, unmapped (its
+    pages back to the system) as soon as the last view of it is gone; below ``MAPPED_BUFFER_BYTES``
+    a plain ``torch.empty``.
+
+    Why: a batch buffer from the C heap, once freed, stays in the heap of the thread that made it until
+    the next trim (glibc raises its mmap threshold to the largest buffer freed, up to 32 MB, so 1080p
+    float batches stop being mapped after the first one is freed); each rank held about 50 MB of freed
+    batches (``benchmarks/bench_node.py``, BENCHMARKS.md).
+    """
+    element = torch.empty((), dtype=dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * element.element_size()
+    if nbytes < MAPPED_BUFFER_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    return torch.from_numpy(np.frombuffer(mapping, dtype=element.numpy().dtype).reshape(shape))
 
 
 @dataclass
@@ -603,7 +632,7 @@ class ImageLoader(BatchLoader):
             for i, image in enumerate(pixels):
                 host[i].copy_(torch.from_numpy(image))
             return unit_colours(host.to(self.device, non_blocking=True))
-        out = torch.empty(shape, dtype=torch.float32)
+        out = mapped_empty(shape, torch.float32) if self.device.type == "cpu" else torch.empty(shape)
         view = out.numpy()
         divisor = np.float32(255.0)  # a true division: the bits of raykit.rays.unit_colours
         pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]
