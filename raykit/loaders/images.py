@@ -373,7 +373,12 @@ class ImageLoader(BatchLoader):
         downscale: resolution level ``k``: every image served at 1/k, (H // k, W // k), with its
             camera scaled exactly (``raykit.loaders.levels``; JPEG decoded at 1/2, 1/4, 1/8 in the
             DCT domain, anything else area-filtered: ``raykit.imagedecode``); ``set_downscale``
-            changes it between iterations. Order, crops' seeds and resume do not depend on it.
+            changes it between iterations. Order, crops' seeds and resume do not depend on it. Or a
+            schedule, ``downscale(step) -> k``: each batch is served at the level it gives for its
+            ``step``, the loader's batch count over all epochs (``epoch * n_batches + batch``, so a
+            resumed loader follows it too); a change takes effect from the next batch (the batches
+            prefetched at the old level are dropped). E.g. splatfacto's ``num_downscales`` 2,
+            ``lambda step: 2 ** max(2 - step // 3000, 0)``.
         cache: ``"process"``: this loader's own cache; ``"node"``: one cache of ``cache_bytes`` shared
             by every process on the machine that serves the same images (all ranks, all levels), in
             shared memory, each image decoded once per machine
@@ -408,7 +413,7 @@ class ImageLoader(BatchLoader):
         prefetch: int = _D.prefetch,
         convert_threads: int | None = _D.convert_threads,
         transform: Callable[[np.ndarray], np.ndarray] | None = _D.transform,
-        downscale: int = _D.downscale,
+        downscale: int | Callable[[int], int] = _D.downscale,
         cache: str = _D.cache,
     ) -> None:
         cfg = self.config = ImageLoaderConfig(
@@ -441,8 +446,10 @@ class ImageLoader(BatchLoader):
         self.store, self.split, self.device = store, cfg.split, torch.device(cfg.device)
         self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform)
         self.transform = cfg.transform
-        if cfg.downscale != 1:
-            downscale = check_downscale(cfg.downscale, self.source.names, self.source.full_shapes)
+        self._schedule = cfg.downscale if callable(cfg.downscale) else None
+        first = cfg.downscale(0) if callable(cfg.downscale) else cfg.downscale  # a new loader is at step 0
+        if first != 1:
+            downscale = check_downscale(first, self.source.names, self.source.full_shapes)
             self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform, downscale)
         self.crop = checked_crop(cfg.crop, self.source)
         check_batch_sizes(self.source, cfg.batch_size, self.crop)
@@ -463,7 +470,34 @@ class ImageLoader(BatchLoader):
 
     def __iter__(self) -> Iterator[ImageBatch]:
         """The remaining batches of the current epoch; assembled on this thread when all of the
-        epoch's images are cached, else by a producer thread."""
+        epoch's images are cached, else by a producer thread. With a ``downscale`` schedule, each at
+        the level the schedule gives for its step."""
+        return self._epoch_batches() if self._schedule is None else self._scheduled(self._schedule)
+
+    def step(self) -> int:
+        """The step of the next batch: batches served before it over all epochs
+        (``epoch * n_batches + batch``), what a ``downscale`` schedule is given."""
+        if self.batch >= self.plan.n_batches:
+            return (self.epoch + 1) * self.plan.n_batches
+        return self.epoch * self.plan.n_batches + self.batch
+
+    def _scheduled(self, schedule: Callable[[int], int]) -> Iterator[ImageBatch]:
+        """``_epoch_batches`` at ``schedule(step)``: a level change between two batches of the epoch
+        closes the iterator (its prefetched batches are dropped) and goes on at the new level."""
+        while True:
+            self.set_downscale(schedule(self.step()))
+            batches = self._epoch_batches()
+            try:
+                for batch in batches:
+                    yield batch
+                    if self.batch < self.plan.n_batches and schedule(self.step()) != self.downscale:
+                        break
+                else:
+                    return
+            finally:
+                batches.close()
+
+    def _epoch_batches(self) -> Iterator[ImageBatch]:
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         cached = self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch))
         return self._counted(ImageBatches(self, cached), 0 if cached else self.prefetch, "raykit-images")
@@ -490,7 +524,8 @@ class ImageLoader(BatchLoader):
     def set_downscale(self, factor: int) -> None:
         """Serve level ``factor`` from the next iteration on (an iterator in hand is closed: iterate
         again); the other levels' cached images are freed, so the new level has the whole budget.
-        The position (epoch, batch), the order and the crops' seeds are unchanged.
+        The position (epoch, batch), the order and the crops' seeds are unchanged. With a
+        ``downscale`` schedule, the schedule chooses again when the loader is next iterated.
 
         Raises:
             ConfigError: not a positive integer, an image left without pixels, or a ``crop`` larger
