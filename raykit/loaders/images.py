@@ -16,7 +16,7 @@ import hashlib
 import mmap
 import os
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -497,7 +497,7 @@ class ImageLoader(BatchLoader):
             finally:
                 batches.close()
 
-    def _epoch_batches(self) -> Iterator[ImageBatch]:
+    def _epoch_batches(self) -> Generator[ImageBatch, None, None]:
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         cached = self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch))
         return self._counted(ImageBatches(self, cached), 0 if cached else self.prefetch, "raykit-images")
