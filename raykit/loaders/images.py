@@ -667,7 +667,8 @@ class ImageLoader(BatchLoader):
             for i, image in enumerate(pixels):
                 host[i].copy_(torch.from_numpy(image))
             return unit_colours(host.to(self.device, non_blocking=True))
-        out = mapped_empty(shape, torch.float32) if self.device.type == "cpu" else torch.empty(shape)
+        cpu = self.device.type == "cpu"
+        out = mapped_empty(shape, torch.float32) if cpu else torch.empty(shape, dtype=torch.float32)
         view = out.numpy()
         divisor = np.float32(255.0)  # a true division: the bits of raykit.rays.unit_colours
         pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]
