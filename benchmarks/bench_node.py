@@ -53,6 +53,32 @@ def tree_pss(pid: int) -> int:
     return total
 
 
+ROLLUP_FIELDS = ("Pss_Anon", "Pss_File", "Pss_Shmem")
+
+
+def tree_breakdown(pid: int) -> dict[str, dict[str, int]]:
+    """Per process of ``pid``'s tree: its command's last word and the PSS of its anonymous (private
+    heap: batches, decoded images), file-backed and shared-memory (the node cache's mapped images)
+    pages, in bytes (``/proc/PID/smaps_rollup``)."""
+    out, stack = {}, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = {}
+            for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines():
+                name = line.split(":")[0]
+                if name in ROLLUP_FIELDS or name == "Pss":
+                    fields[name] = int(line.split()[1]) * 1024
+            cmd = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")
+            fields["rank_worker"] = int(b"--rank-worker" in cmd and current != pid)  # not torchrun
+            out[str(current)] = fields
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
 def make_store(n: int) -> Path:
     import numpy as np
     from bench_decode import encoded, photo
@@ -125,13 +151,17 @@ def run_case(args: argparse.Namespace, store: Path, ranks: int, cache: str) -> d
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT.parent)}
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
-        rest, peak = None, 0
+        rest, peak, at_rest, at_peak = None, 0, {}, {}
         while process.poll() is None:
             pss = tree_pss(process.pid)
             if rest is None and len(list(meet.glob("rest-*"))) == ranks:
                 time.sleep(args.rest_s / 3)
                 rest = tree_pss(process.pid)
-            peak = max(peak, pss)
+                at_rest = tree_breakdown(process.pid)
+            if pss > peak:
+                peak = pss
+                if rest is not None:
+                    at_peak = tree_breakdown(process.pid)
             time.sleep(0.1)
         if process.returncode != 0:
             raise SystemExit(f"torchrun failed ({process.returncode}): {' '.join(command)}")
@@ -147,7 +177,15 @@ def run_case(args: argparse.Namespace, store: Path, ranks: int, cache: str) -> d
         "decodes_per_image": sum(r["decoded"] for r in results) / results[0]["n_images"],
         "first_batch_s": max(r["first_batch_s"] for r in results),
         "per_rank": results,
+        "ranks_at_rest_mb": _ranks_mb(at_rest),
+        "ranks_at_peak_mb": _ranks_mb(at_peak),
     }
+
+
+def _ranks_mb(breakdown: dict[str, dict[str, int]]) -> dict[str, float]:
+    """The ranks' PSS summed, split into anonymous / file / shared-memory pages, in MB."""
+    ranks = [fields for fields in breakdown.values() if fields.get("rank_worker")]
+    return {name: sum(f.get(name, 0) for f in ranks) / 2**20 for name in ("Pss", *ROLLUP_FIELDS)}
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import atexit
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Self
 
@@ -114,7 +114,7 @@ class BatchLoader:
     def _on_thread(self) -> None:
         """Run first on each producer thread."""
 
-    def _counted(self, stage: Stage[list[Any]], depth: int, name: str) -> Iterator[Any]:
+    def _counted(self, stage: Stage[list[Any]], depth: int, name: str) -> Generator[Any, None, None]:
         """The remaining batches of the current epoch from ``stage`` (lists of batches): behind a
         :class:`~raykit.loaders.stages.Prefetch` of ``depth`` items on a thread named ``name``, or on
         the calling thread when ``depth`` is 0. The position counts the batches yielded; afterwards it

@@ -102,7 +102,7 @@ class ImageLoaderConfig(_Options):
     prefetch: int = 2
     convert_threads: int | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
-    downscale: int = 1
+    downscale: int | Callable[[int], int] = 1
     cache: str = "process"
 
 

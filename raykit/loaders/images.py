@@ -13,9 +13,10 @@ uses to fill its cache at the start.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,10 +38,38 @@ from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store import RayStore, open_store
 
-__all__ = ["IMAGE_STATE_VERSION", "ImageBatch", "ImageBatches", "ImageLoader", "ImagePlan", "ImageSource"]
+__all__ = [
+    "IMAGE_STATE_VERSION",
+    "MAPPED_BUFFER_BYTES",
+    "ImageBatch",
+    "ImageBatches",
+    "ImageLoader",
+    "ImagePlan",
+    "ImageSource",
+    "mapped_empty",
+]
 
 IMAGE_STATE_VERSION = 1
 _ROWS = 64  # image rows converted to float per task
+MAPPED_BUFFER_BYTES = 1 << 20  # CPU batches at least this large get their own mapping (``mapped_empty``)
+
+
+def mapped_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor of ``shape`` in its own anonymous memory mapping, unmapped (its
+    pages back to the system) as soon as the last view of it is gone; below ``MAPPED_BUFFER_BYTES``
+    a plain ``torch.empty``.
+
+    Why: a batch buffer from the C heap, once freed, stays in the heap of the thread that made it until
+    the next trim (glibc raises its mmap threshold to the largest buffer freed, up to 32 MB, so 1080p
+    float batches stop being mapped after the first one is freed); each rank held about 50 MB of freed
+    batches (``benchmarks/bench_node.py``, BENCHMARKS.md).
+    """
+    element = torch.empty((), dtype=dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * element.element_size()
+    if nbytes < MAPPED_BUFFER_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    return torch.from_numpy(np.frombuffer(mapping, dtype=element.numpy().dtype).reshape(shape))
 
 
 @dataclass
@@ -344,7 +373,12 @@ class ImageLoader(BatchLoader):
         downscale: resolution level ``k``: every image served at 1/k, (H // k, W // k), with its
             camera scaled exactly (``raykit.loaders.levels``; JPEG decoded at 1/2, 1/4, 1/8 in the
             DCT domain, anything else area-filtered: ``raykit.imagedecode``); ``set_downscale``
-            changes it between iterations. Order, crops' seeds and resume do not depend on it.
+            changes it between iterations. Order, crops' seeds and resume do not depend on it. Or a
+            schedule, ``downscale(step) -> k``: each batch is served at the level it gives for its
+            ``step``, the loader's batch count over all epochs (``epoch * n_batches + batch``, so a
+            resumed loader follows it too); a change takes effect from the next batch (the batches
+            prefetched at the old level are dropped). E.g. splatfacto's ``num_downscales`` 2,
+            ``lambda step: 2 ** max(2 - step // 3000, 0)``.
         cache: ``"process"``: this loader's own cache; ``"node"``: one cache of ``cache_bytes`` shared
             by every process on the machine that serves the same images (all ranks, all levels), in
             shared memory, each image decoded once per machine
@@ -379,7 +413,7 @@ class ImageLoader(BatchLoader):
         prefetch: int = _D.prefetch,
         convert_threads: int | None = _D.convert_threads,
         transform: Callable[[np.ndarray], np.ndarray] | None = _D.transform,
-        downscale: int = _D.downscale,
+        downscale: int | Callable[[int], int] = _D.downscale,
         cache: str = _D.cache,
     ) -> None:
         cfg = self.config = ImageLoaderConfig(
@@ -412,8 +446,10 @@ class ImageLoader(BatchLoader):
         self.store, self.split, self.device = store, cfg.split, torch.device(cfg.device)
         self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform)
         self.transform = cfg.transform
-        if cfg.downscale != 1:
-            downscale = check_downscale(cfg.downscale, self.source.names, self.source.full_shapes)
+        self._schedule = cfg.downscale if callable(cfg.downscale) else None
+        first = cfg.downscale(0) if callable(cfg.downscale) else cfg.downscale  # a new loader is at step 0
+        if first != 1:
+            downscale = check_downscale(first, self.source.names, self.source.full_shapes)
             self.source = ImageSource(store, cfg.split, cfg.undistort, cfg.transform, downscale)
         self.crop = checked_crop(cfg.crop, self.source)
         check_batch_sizes(self.source, cfg.batch_size, self.crop)
@@ -434,7 +470,34 @@ class ImageLoader(BatchLoader):
 
     def __iter__(self) -> Iterator[ImageBatch]:
         """The remaining batches of the current epoch; assembled on this thread when all of the
-        epoch's images are cached, else by a producer thread."""
+        epoch's images are cached, else by a producer thread. With a ``downscale`` schedule, each at
+        the level the schedule gives for its step."""
+        return self._epoch_batches() if self._schedule is None else self._scheduled(self._schedule)
+
+    def step(self) -> int:
+        """The step of the next batch: batches served before it over all epochs
+        (``epoch * n_batches + batch``), what a ``downscale`` schedule is given."""
+        if self.batch >= self.plan.n_batches:
+            return (self.epoch + 1) * self.plan.n_batches
+        return self.epoch * self.plan.n_batches + self.batch
+
+    def _scheduled(self, schedule: Callable[[int], int]) -> Iterator[ImageBatch]:
+        """``_epoch_batches`` at ``schedule(step)``: a level change between two batches of the epoch
+        closes the iterator (its prefetched batches are dropped) and goes on at the new level."""
+        while True:
+            self.set_downscale(schedule(self.step()))
+            batches = self._epoch_batches()
+            try:
+                for batch in batches:
+                    yield batch
+                    if self.batch < self.plan.n_batches and schedule(self.step()) != self.downscale:
+                        break
+                else:
+                    return
+            finally:
+                batches.close()
+
+    def _epoch_batches(self) -> Generator[ImageBatch, None, None]:
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         cached = self._filled and all(int(p) in self.cache for p in self.plan.rank_order(epoch))
         return self._counted(ImageBatches(self, cached), 0 if cached else self.prefetch, "raykit-images")
@@ -461,7 +524,8 @@ class ImageLoader(BatchLoader):
     def set_downscale(self, factor: int) -> None:
         """Serve level ``factor`` from the next iteration on (an iterator in hand is closed: iterate
         again); the other levels' cached images are freed, so the new level has the whole budget.
-        The position (epoch, batch), the order and the crops' seeds are unchanged.
+        The position (epoch, batch), the order and the crops' seeds are unchanged. With a
+        ``downscale`` schedule, the schedule chooses again when the loader is next iterated.
 
         Raises:
             ConfigError: not a positive integer, an image left without pixels, or a ``crop`` larger
@@ -603,7 +667,8 @@ class ImageLoader(BatchLoader):
             for i, image in enumerate(pixels):
                 host[i].copy_(torch.from_numpy(image))
             return unit_colours(host.to(self.device, non_blocking=True))
-        out = torch.empty(shape, dtype=torch.float32)
+        cpu = self.device.type == "cpu"
+        out = mapped_empty(shape, torch.float32) if cpu else torch.empty(shape, dtype=torch.float32)
         view = out.numpy()
         divisor = np.float32(255.0)  # a true division: the bits of raykit.rays.unit_colours
         pieces = [(i, slice(r, r + _ROWS)) for i in range(shape[0]) for r in range(0, shape[1], _ROWS)]

@@ -333,3 +333,28 @@ def test_preload_fills_the_cache_and_cached_epochs_match_the_producer_thread(sto
     resumed = ImageLoader(store, "train", seed=4, crop=(8, 12), cache_bytes=0)
     resumed.load_state_dict(state)
     assert next(iter(resumed)).names == expected
+
+
+def _mappings() -> set[str]:
+    return {line.split()[0] for line in Path("/proc/self/maps").read_text().splitlines()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
+def test_large_cpu_batches_are_their_own_mapping_unmapped_when_dropped(tmp_path: Path) -> None:
+    """A float batch of >= 1 MiB is its own anonymous mapping, gone once the batch and its views are:
+    its pages return to the system instead of staying in a thread's heap (BENCHMARKS.md)."""
+    store = write_store(tmp_path / "big", _opencv_records(2, 400, 300), scene=SceneInfo(), chunk_rays=1 << 16)
+    with ImageLoader(store, "test", shuffle=False) as loader:
+        batches = list(loader)
+        pixels = _rgb(int(batches[0].names[0][4:7]), 300, 400)
+        np.testing.assert_array_equal(
+            batches[0].images[0].numpy(), unit_colours(torch.from_numpy(pixels)).numpy()
+        )
+        start = batches[0].images.untyped_storage().data_ptr()
+        region = next(m for m in _mappings() if int(m.split("-")[0], 16) == start)
+        assert int(region.split("-")[1], 16) - start >= 300 * 400 * 3 * 4
+        view = batches[0].images[0, :10]
+        del batches
+        assert region in _mappings()  # a view keeps it
+        del view
+        assert region not in _mappings()

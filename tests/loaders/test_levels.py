@@ -123,3 +123,34 @@ def test_bad_downscale_is_one_line(plant_stores: dict[int, Path]) -> None:
         with pytest.raises(ConfigError, match=r"crop 100x100 .* larger than"):
             loader.set_downscale(8)
         assert loader.downscale == 1
+
+
+@pytest.mark.filterwarnings("ignore:.*scaled uniformly")
+def test_a_downscale_schedule_sets_each_batchs_level_and_resumes(plant_stores: dict[int, Path]) -> None:
+    with ImageLoader(plant_stores[1], "train", seed=5) as full:
+        order = [b.names[0] for _ in range(3) for b in full]
+        height, width = full.source.full_shapes[0][:2]
+        n = full.plan.n_batches
+    assert n >= 2
+
+    def schedule(step: int) -> int:  # changes within the first epoch and where the second ends
+        return 4 if step < n - 1 else 2 if step < 2 * n else 1
+
+    with ImageLoader(plant_stores[1], "train", seed=5, downscale=schedule) as loader:
+        assert loader.downscale == 4 and loader.step() == 0
+        served, states = [], []
+        for _ in range(3):
+            for batch in loader:
+                served.append((batch.names[0], tuple(batch.images.shape[1:3])))
+                states.append(loader.state_dict())
+        assert loader.step() == 3 * n
+    assert [name for name, _ in served] == order  # the order does not depend on the level
+    levels = [schedule(step) for step in range(3 * n)]
+    assert [shape for _, shape in served] == [(height // k, width // k) for k in levels]
+    assert {shape for _, shape in served} == {(height // k, width // k) for k in (4, 2, 1)}
+    with ImageLoader(plant_stores[1], "train", seed=5, downscale=schedule) as resumed:
+        resumed.load_state_dict(states[n])  # mid-way through the second epoch, at level 2
+        rest = [(b.names[0], tuple(b.images.shape[1:3])) for _ in range(2) for b in resumed]
+    assert rest == served[n + 1 :]
+    with pytest.raises(ConfigError, match=r"downscale: expected a positive integer, got 0"):
+        ImageLoader(plant_stores[1], "train", downscale=lambda step: 0)
