@@ -9,8 +9,10 @@ and the PSNR of the renders (equal PSNR on both sides: the renders are the same)
 ``measure`` between checkouts, in subprocesses, block of views by block (``--block``), so that both
 checkouts meet the same load.
 
-    python benchmarks/bench_eval.py prepare --work /tmp/bench-eval
-    python benchmarks/bench_eval.py ab --work /tmp/bench-eval --trees /path/to/old,/path/to/new --threads 1
+    python benchmarks/bench_eval.py prepare --work benchmarks/data/bench-eval
+    python benchmarks/bench_eval.py ab --work benchmarks/data/bench-eval --trees ../base,. --threads 1
+
+(``../base``: a checkout of the base commit beside this one.)
 
 Results go to ``benchmarks/results/eval_ab.json``.
 """

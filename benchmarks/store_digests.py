@@ -2,7 +2,7 @@
 ``PYTHONPATH`` (or two thread counts) and compare the output to check that a change keeps store bytes.
 
     PYTHONPATH=. python benchmarks/store_digests.py --threads 1,2 > after.json
-    PYTHONPATH=/path/to/main python benchmarks/store_digests.py --threads 1,2 > before.json
+    PYTHONPATH=../base python benchmarks/store_digests.py --threads 1,2 > before.json
 
 Captures: those ``bench_convert.py`` (``convert-realistic-0``, its ``-photo2`` variant) and
 ``bench_layouts.py`` (``images-realistic-jpeg``) leave under ``benchmarks/data``; a missing one is

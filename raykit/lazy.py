@@ -15,6 +15,7 @@ the stand-in, so later uses cost nothing extra.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs
 
-__all__ = ["is_tensor", "lazy_torch"]
+__all__ = ["is_tensor", "lazy_attribute", "lazy_torch"]
 
 
 class _LazyTorch:
@@ -47,3 +48,17 @@ def is_tensor(value: Any) -> TypeIs[torch.Tensor]:
     """Whether ``value`` is a torch tensor, without importing torch (none exists before it is)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
+
+
+def lazy_attribute(package: str, modules: dict[str, str], namespace: dict[str, Any], name: str) -> Any:
+    """A package's ``__getattr__``: ``name`` imported from its submodule ``modules[name]`` on first use
+    and kept in ``namespace`` (the package's globals), so later lookups are plain.
+
+    Raises:
+        AttributeError: ``name`` is not one of ``modules``.
+    """
+    if name not in modules:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{package}.{modules[name]}"), name)
+    namespace[name] = value
+    return value

@@ -7,8 +7,9 @@ The names below are imported on first use (PEP 562), so that a worker process, w
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from raykit.lazy import lazy_attribute
 
 if TYPE_CHECKING:
     from raykit.loaders.batching import DeviceBatcher
@@ -63,11 +64,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _MODULES, globals(), name)
 
 
 def __dir__() -> list[str]:

@@ -10,8 +10,9 @@ order; the pipeline and the demo import the names below from the package (import
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from raykit.lazy import lazy_attribute
 
 if TYPE_CHECKING:
     from raykit.profiling.baselines import baseline_cached_images, baseline_precomputed_rays
@@ -28,11 +29,7 @@ __all__ = ["baseline_cached_images", "baseline_precomputed_rays", "run_bench"]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _MODULES, globals(), name)
 
 
 def __dir__() -> list[str]:

@@ -9,9 +9,9 @@ validation and summaries are imported on first use (PEP 562), so that reading a 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from raykit.lazy import lazy_attribute
 from raykit.store.files import is_url, store_lock
 from raykit.store.points import SparsePoints
 from raykit.store.reader import RayRangeError, RayStore, Timed, open_store
@@ -53,11 +53,7 @@ _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _MODULES, globals(), name)
 
 
 def __dir__() -> list[str]:
