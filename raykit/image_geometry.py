@@ -10,6 +10,10 @@ The fast path (:class:`RemapTable`: four precomputed taps and weights per output
 has a simple reference twin, :func:`reference_remap`, built on ``torch.nn.functional.grid_sample``
 (bilinear, zero outside the input); the tests compare them and check the table against
 ``raykit.cameras.unproject``/``project``.
+
+Per-image components (masks, depth maps) are resampled by the nearest sample instead
+(:meth:`RemapTable.apply_nearest`, twin :func:`reference_remap_nearest`): a mask stays a mask and a
+depth is always one the map holds (never a blend across an edge), 0 outside the input.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "crop_camera",
     "pinhole_camera",
     "reference_remap",
+    "reference_remap_nearest",
     "undistortion_coordinates",
 ]
 
@@ -83,12 +88,16 @@ class RemapTable:
         taps: (4, H * W) int32 flat indices into the input's pixels (0 where the tap is outside).
         weights: (4, H * W) float32 bilinear weights (0 for taps outside the input).
         out_shape: ``(H, W)``; in_shape: ``(H_in, W_in)``.
+        nearest: (H * W,) int32 flat index of each output pixel's nearest input pixel (the sample
+            position rounded half to even, as ``grid_sample``'s ``"nearest"``), -1 outside the input;
+            None for a table made without it.
     """
 
     taps: np.ndarray
     weights: np.ndarray
     out_shape: tuple[int, int]
     in_shape: tuple[int, int]
+    nearest: np.ndarray | None = None
 
     @classmethod
     def from_coordinates(cls, coords: torch.Tensor, in_shape: tuple[int, int]) -> RemapTable:
@@ -108,7 +117,10 @@ class RemapTable:
                 taps.append(np.where(inside, y * w_in + x, 0).astype(np.int32))
                 weights.append(np.where(inside, w, 0.0).astype(np.float32))
         out_shape = (int(coords.shape[0]), int(coords.shape[1]))
-        return cls(np.stack(taps), np.stack(weights), out_shape, (h_in, w_in))
+        near = np.rint(pos)
+        inside = (near[:, 0] >= 0) & (near[:, 0] < w_in) & (near[:, 1] >= 0) & (near[:, 1] < h_in) & finite
+        nearest = np.where(inside, near[:, 1] * w_in + near[:, 0], -1).astype(np.int32)
+        return cls(np.stack(taps), np.stack(weights), out_shape, (h_in, w_in), nearest)
 
     @classmethod
     def undistort(cls, camera: Camera) -> tuple[RemapTable, Camera]:
@@ -133,9 +145,24 @@ class RemapTable:
         np.clip(out, 0, 255, out=out)
         return out.astype(np.uint8).reshape(*self.out_shape, flat.shape[1])
 
+    def apply_nearest(self, image: np.ndarray) -> np.ndarray:
+        """``image`` (H_in, W_in) or (H_in, W_in, C) of any dtype resampled to (H, W[, C]) by the nearest
+        input pixel, 0 outside the input: how masks and depth maps are undistorted (no value is made
+        up: every output is an input value or 0, "unknown" for a depth, "not used" for a mask)."""
+        h_in, w_in = self.in_shape
+        if image.shape[:2] != (h_in, w_in):
+            raise CameraError(f"remap: expected a {w_in}x{h_in} image, got {image.shape[1]}x{image.shape[0]}")
+        if self.nearest is None:
+            raise CameraError("remap: this table was made without nearest taps (RemapTable.from_coordinates)")
+        flat = np.ascontiguousarray(image).reshape(h_in * w_in, -1)
+        out = np.take(flat, np.maximum(self.nearest, 0), axis=0)
+        out[self.nearest < 0] = 0
+        return out.reshape(*self.out_shape, *image.shape[2:])
+
     @property
     def nbytes(self) -> int:
-        return int(self.taps.nbytes + self.weights.nbytes)
+        extra = 0 if self.nearest is None else self.nearest.nbytes
+        return int(self.taps.nbytes + self.weights.nbytes + extra)
 
 
 def reference_remap(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
@@ -155,3 +182,21 @@ def reference_remap(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
         src, grid, mode="bilinear", padding_mode="zeros", align_corners=False
     )
     return (out[0].permute(1, 2, 0) + 0.5).clamp(0, 255).to(torch.uint8).numpy()
+
+
+def reference_remap_nearest(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
+    """Reference twin of :meth:`RemapTable.apply_nearest` (``grid_sample``, nearest, zeros outside).
+
+    Args:
+        image: (H_in, W_in) or (H_in, W_in, C), any dtype (float64 inside: exact for uint8, float16
+            and float32 values).
+        coords: (H, W, 2) continuous image coordinates to sample (NaN: outside).
+    """
+    h_in, w_in = image.shape[:2]
+    planes = image.reshape(h_in, w_in, -1)
+    src = torch.from_numpy(np.ascontiguousarray(planes)).permute(2, 0, 1)[None].to(torch.float64)
+    size = torch.tensor([w_in, h_in], dtype=torch.float64)
+    grid = torch.nan_to_num(coords.to(torch.float64) / size * 2 - 1, nan=-10.0)[None]
+    out = torch.nn.functional.grid_sample(src, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    result = out[0].permute(1, 2, 0).numpy().astype(image.dtype)
+    return result.reshape(*result.shape[:2], *image.shape[2:])

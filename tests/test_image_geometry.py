@@ -13,6 +13,7 @@ from raykit.image_geometry import (
     crop_camera,
     pinhole_camera,
     reference_remap,
+    reference_remap_nearest,
     undistortion_coordinates,
 )
 
@@ -80,3 +81,21 @@ def test_crop_moves_the_principal_point_only() -> None:
     np.testing.assert_allclose(crop.K()[:2, 2], camera.K()[:2, 2] - [10, 5])
     with pytest.raises(CameraError, match="leaves"):
         crop_camera(camera, 50, 0, 20, 16)
+
+
+@pytest.mark.parametrize("camera", DISTORTED, ids=lambda c: c.model)
+def test_nearest_remap_equals_its_twin_and_invents_no_values(camera: Camera) -> None:
+    """Masks and depth maps: every output is an input value (the nearest) or 0 outside, as the twin."""
+    rng = np.random.default_rng(1)
+    mask = np.where(rng.random((camera.height, camera.width)) < 0.5, 255, 0).astype(np.uint8)
+    depth = rng.uniform(0.5, 9.0, (camera.height, camera.width)).astype(np.float32)
+    depth[rng.random(depth.shape) < 0.2] = 0.0  # unknown
+    table, pinhole = RemapTable.undistort(camera)
+    coords = undistortion_coordinates(camera, pinhole)
+    for source in (mask, depth, np.stack([mask, mask // 2], -1)):
+        out = table.apply_nearest(source)
+        assert out.dtype == source.dtype and out.shape == source.shape
+        np.testing.assert_array_equal(out, reference_remap_nearest(source, coords))
+    values = set(np.unique(depth).tolist()) | {0.0}
+    assert set(np.unique(table.apply_nearest(depth)).tolist()) <= values
+    assert set(np.unique(table.apply_nearest(mask)).tolist()) <= {0, 255}
