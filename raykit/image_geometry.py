@@ -197,6 +197,8 @@ def reference_remap_nearest(image: np.ndarray, coords: torch.Tensor) -> np.ndarr
     src = torch.from_numpy(np.ascontiguousarray(planes)).permute(2, 0, 1)[None].to(torch.float64)
     size = torch.tensor([w_in, h_in], dtype=torch.float64)
     grid = torch.nan_to_num(coords.to(torch.float64) / size * 2 - 1, nan=-10.0)[None]
-    out = torch.nn.functional.grid_sample(src, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    out = torch.nn.functional.grid_sample(
+        src, grid, mode="nearest", padding_mode="zeros", align_corners=False
+    )
     result = out[0].permute(1, 2, 0).numpy().astype(image.dtype)
     return result.reshape(*result.shape[:2], *image.shape[2:])

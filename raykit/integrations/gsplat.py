@@ -15,12 +15,18 @@ cameras and ``imsize_dict`` those of :func:`raykit.loaders.level_camera` (W // f
 K / factor exactly, where gsplat rescales K by the resized files' rounded sizes).
 
 ``Dataset(parser, split)`` returns gsplat's items: ``K`` float32 (3, 3), ``camtoworld`` float32
-(4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id`` and, with ``load_depths``, ``points``
-(M, 2) pixel coordinates and ``depths`` (M,) camera-frame z of the sparse points that project into
-the image in front of the camera (the store keeps no per-image tracks, so points are selected by
-projection, not by observation). ``patch_size`` gives seeded random crops. Its ``loader()`` is the
-same split as a :class:`raykit.loaders.ImageLoader` (workers, byte-budgeted cache, seeded order and
-crops, exact resume) for loops that iterate instead of indexing.
+(4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id``; ``mask`` (H, W) bool (pixels the
+store's ``mask`` component uses, mask > 0) when the store has masks; and, with ``load_depths``,
+``points`` (M, 2) pixel coordinates and ``depths`` (M,) camera-frame z: when the store has ``depth``
+maps, every pixel of the image's map with a known depth (its centre, ``(x + 0.5, y + 0.5)``; depth in
+the parser's world units: the store's times the normalisation's scale), else the sparse points that
+project into the image in front of the camera (the store keeps no per-image tracks, so points are
+selected by projection, not by observation). Masks and depth maps are at the parser's level (the
+store's ``downscale_mask``/``downscale_depth``), undistorted by the nearest sample
+(:meth:`raykit.image_geometry.RemapTable.apply_nearest`) and cropped with the image. ``patch_size``
+gives seeded random crops. Its ``loader()`` is the same split as a :class:`raykit.loaders.ImageLoader`
+(workers, byte-budgeted cache, seeded order and crops, exact resume) for loops that iterate instead of
+indexing.
 """
 
 from __future__ import annotations
@@ -41,7 +47,22 @@ from raykit.integrations.gsplat_world import (
 from raykit.loaders import ImageLoader, ImagePlan, level_camera
 from raykit.store import RayStore, open_store
 
-__all__ = ["Dataset", "Parser", "align_principal_axes", "normalize_world", "similarity_from_cameras"]
+__all__ = [
+    "Dataset",
+    "Parser",
+    "align_principal_axes",
+    "depth_points",
+    "normalize_world",
+    "similarity_from_cameras",
+]
+
+
+def depth_points(depth: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """A depth map (H, W) (0 = unknown) -> gsplat's ``points`` (M, 2) float32 pixel centres
+    ``(x + 0.5, y + 0.5)`` and ``depths`` (M,) float32 (times ``scale``) of its known pixels, row-major."""
+    ys, xs = np.nonzero(depth > 0)
+    points = np.stack([xs + 0.5, ys + 0.5], axis=1).astype(np.float32)
+    return points, (depth[ys, xs].astype(np.float64) * scale).astype(np.float32)
 
 
 class Parser:
@@ -73,6 +94,7 @@ class Parser:
             c2w, moved, self.transform = normalize_world(c2w, xyz if len(xyz) >= 4 else None)
             xyz = transform_points(self.transform, xyz) if moved is None else moved
         self.camtoworlds = c2w
+        self.world_scale = float(np.cbrt(np.linalg.det(self.transform[:3, :3])))  # the similarity's scale
         self.points = xyz.astype(np.float32)
         self.points_rgb = np.zeros((0, 3), np.uint8) if points is None else points.rgb.astype(np.uint8)
         self.points_err = np.zeros(0, np.float32) if points is None else points.error.astype(np.float32)
@@ -126,20 +148,36 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.indices)
 
+    def _table(self, index: int) -> RemapTable | None:
+        """The undistortion table of store row ``index``'s camera (None for a pinhole)."""
+        camera_id = self.parser.camera_ids[index]
+        if camera_id not in self._tables:
+            camera = self.parser.cameras[camera_id]
+            self._tables[camera_id] = None if camera.is_pinhole else RemapTable.undistort(camera)[0]
+        return self._tables[camera_id]
+
     def _pixels(self, index: int) -> np.ndarray:
         """(H, W, 3) uint8 undistorted pixels of store row ``index``."""
         parser = self.parser
-        camera_id = parser.camera_ids[index]
-        if camera_id not in self._tables:
-            camera = parser.cameras[camera_id]
-            self._tables[camera_id] = None if camera.is_pinhole else RemapTable.undistort(camera)[0]
         image = parser.store.read_image(parser.image_names[index], downscale=parser.factor)[..., :3]
-        table = self._tables[camera_id]
+        table = self._table(index)
         return image if table is None else table.apply(np.ascontiguousarray(image))
+
+    def _component(self, index: int, name: str) -> np.ndarray | None:
+        """Store row ``index``'s component ``name`` as its pixels are served (level, undistortion by
+        the nearest sample), or None when the store has none."""
+        parser = self.parser
+        if name not in parser.store.components:
+            return None
+        array = parser.store.read_component(name, parser.image_names[index], downscale=parser.factor)
+        table = self._table(index)
+        return array if table is None else table.apply_nearest(array)
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         index, position = int(self.indices[item]), int(self.positions[item])
         image = self._pixels(index)
+        mask = self._component(index, "mask")
+        depth = self._component(index, "depth") if self.load_depths else None
         K = self.parser.Ks_dict[self.parser.camera_ids[index]].copy()
         if self.patch_size is not None:
             rng = np.random.default_rng([self.seed, position, int(self._draws[position])])
@@ -149,7 +187,10 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
                 int(rng.integers(max(w - self.patch_size, 1))),
                 int(rng.integers(max(h - self.patch_size, 1))),
             )
-            image = image[y : y + self.patch_size, x : x + self.patch_size]
+            window = (slice(y, y + self.patch_size), slice(x, x + self.patch_size))
+            image = image[window]
+            mask = None if mask is None else mask[window]
+            depth = None if depth is None else depth[window]
             K[0, 2] -= x
             K[1, 2] -= y
         c2w = self.parser.camtoworlds[index]
@@ -159,7 +200,12 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
             "image": torch.from_numpy(np.ascontiguousarray(image)).float(),
             "image_id": position,
         }
-        if self.load_depths:
+        if mask is not None:
+            data["mask"] = torch.from_numpy(np.ascontiguousarray(mask) > 0)
+        if depth is not None:
+            points, depths = depth_points(depth, self.parser.world_scale)
+            data["points"], data["depths"] = torch.from_numpy(points), torch.from_numpy(depths)
+        elif self.load_depths:
             points, depths = self._projected(K, c2w, image.shape[1], image.shape[0])
             data["points"], data["depths"] = (
                 torch.from_numpy(points).float(),

@@ -11,10 +11,11 @@ from typing import Any, Self
 
 import numpy as np
 
+from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args
 from raykit.ranges import Range, worker_range
 
-__all__ = ["IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"]
+__all__ = ["COMPONENTS", "IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"]
 
 # The default cache budgets, written here once: every default of a ``cache_bytes`` (the loaders, their
 # configs, the dataset adapter, the nerfstudio datamanagers) and of ``raykit bench --cache-mb`` is one
@@ -23,6 +24,11 @@ RAY_CACHE_BYTES = 512 << 20
 """``RayLoader``'s decoded-chunk cache (or, on an images-layout split, decoded images), per process."""
 IMAGE_CACHE_BYTES = 2 << 30
 """``ImageLoader``'s cache of decoded images, per split."""
+
+COMPONENTS = ("mask", "depth")
+"""The per-image components a loader serves beside the pixels (``components``: ``None``, the default,
+serves every one of them the store has; ``()`` none; a tuple of names exactly those, each of which the
+store must have)."""
 
 _COUNT, _OPTIONAL_COUNT = Range(1, integer=True), Range(1, integer=True, optional=True)
 # The numeric options of either config and their ranges (raykit.ranges), in the order their problems
@@ -44,6 +50,7 @@ class _Options:
             values["num_workers"] = None
         device = getattr(self, "device", "cpu")
         check_loader_args(device, **{name: (value, _RANGES[name]) for name, value in values.items()})
+        object.__setattr__(self, "components", checked_components(getattr(self, "components", None)))
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (checked again)."""
@@ -77,6 +84,7 @@ class LoaderConfig(_Options):
     gen_threads: int | None = None
     window_images: int | None = None
     cache: str = "process"
+    components: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,25 @@ class ImageLoaderConfig(_Options):
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     downscale: int | Callable[[int], int] = 1
     cache: str = "process"
+    components: tuple[str, ...] | None = None
+
+
+def checked_components(components: Any) -> tuple[str, ...] | None:
+    """``components`` as a tuple of names of :data:`COMPONENTS` (or None: every one the store has).
+
+    Raises:
+        ConfigError: not None nor a sequence of known, distinct names (one line naming the option).
+    """
+    if components is None:
+        return None
+    ok = isinstance(components, tuple | list)
+    ok = ok and all(isinstance(n, str) and n in COMPONENTS for n in components)
+    if not ok or len(set(components)) != len(components):
+        known = ", ".join(COMPONENTS)
+        raise ConfigError(
+            f"loader: components: expected None or distinct names of {known}, got {components!r}"
+        )
+    return tuple(components)
 
 
 GROUP_RAYS_MAX = 1 << 17  # the default group of a loader whose cache budget is not small

@@ -31,6 +31,13 @@ from raykit.imagedecode import downscale_area, level_size
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.base import BatchLoader, distributed_rank
 from raykit.loaders.cache import HeapTrim, ImageCache
+from raykit.loaders.components import (
+    ImageComponents,
+    component_budget,
+    component_bytes,
+    read_components,
+    served_components,
+)
 from raykit.loaders.config import ImageLoaderConfig
 from raykit.loaders.levels import LevelCache, check_downscale, level_camera
 from raykit.loaders.node_cache import NodeImageCache, check_cache_kind
@@ -89,6 +96,11 @@ class ImageBatch:
         image: (B,) int64 rows of the store's camera table.
         names: the B image names.
         crop_origin: (B, 2) int64 ``(x0, y0)`` of each crop in its image (zeros without cropping).
+        mask: (B, H, W) uint8 on the loader's device (0 = pixel not used, 1..255 used), or None when
+            not served (``components``; :mod:`raykit.loaders.components`): the store's mask at the
+            loader's level, undistorted and cropped as the pixels, by the nearest sample.
+        depth: (B, H, W) float32 on the loader's device (metres when the store knows the scale,
+            0 = unknown), or None when not served; transformed as ``mask``.
     """
 
     images: torch.Tensor
@@ -99,6 +111,8 @@ class ImageBatch:
     image: torch.Tensor
     names: tuple[str, ...]
     crop_origin: torch.Tensor
+    mask: torch.Tensor | None = None
+    depth: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -254,13 +268,26 @@ class ImageSource:
         """Image ``position`` served from its full-resolution pixels (level by the area filter)."""
         return self.prepare(position, np.ascontiguousarray(downscale_area(image, self.downscale)))
 
+    def remap(self, position: int) -> RemapTable | None:
+        """The undistortion table of image ``position``'s camera (None unless undistorting a
+        non-pinhole camera), computed once per camera."""
+        camera = self.source_cameras[position]
+        if not self.undistort or camera.is_pinhole:
+            return None
+        if camera not in self._tables:
+            self._tables[camera] = RemapTable.undistort(camera)
+        return self._tables[camera][0]
+
+    def components(self, position: int, names: Sequence[str]) -> ImageComponents:
+        """Components ``names`` of image ``position`` as served: at this level, undistorted (nearest
+        sample) when asked; never transformed."""
+        return read_components(self.store, self.names[position], names, self.downscale, self.remap(position))
+
     def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
         """``image`` as this source serves it (undistorted when asked, then transformed)."""
-        camera = self.source_cameras[position]
-        if self.undistort and not camera.is_pinhole:
-            if camera not in self._tables:
-                self._tables[camera] = RemapTable.undistort(camera)
-            image = self._tables[camera][0].apply(image)
+        table = self.remap(position)
+        if table is not None:
+            image = table.apply(image)
         if self.transform is not None:
             image = np.ascontiguousarray(self.transform(image))
         return image
@@ -384,6 +411,12 @@ class ImageLoader(BatchLoader):
             shared memory, each image decoded once per machine
             (:class:`~raykit.loaders.node_cache.NodeImageCache`). Batches, order and resume are the
             same either way.
+        components: per-image components batches carry (``ImageBatch.mask``, ``ImageBatch.depth``):
+            None (the default) every one the store has, ``()`` none, or a tuple of names. At the
+            loader's level (the store's rules: nearest for masks, no depth made up at edges),
+            undistorted by the nearest sample, cropped as the pixels; read on the loader's thread
+            (not in workers) into a cache of this process taking up to half of ``cache_bytes`` (what
+            they need), the rest is the images'.
 
     Attributes:
         config: the options, as an :class:`~raykit.loaders.config.ImageLoaderConfig` (the one place of
@@ -415,6 +448,7 @@ class ImageLoader(BatchLoader):
         transform: Callable[[np.ndarray], np.ndarray] | None = _D.transform,
         downscale: int | Callable[[int], int] = _D.downscale,
         cache: str = _D.cache,
+        components: tuple[str, ...] | None = _D.components,
     ) -> None:
         cfg = self.config = ImageLoaderConfig(
             split=split,
@@ -434,6 +468,7 @@ class ImageLoader(BatchLoader):
             transform=transform,
             downscale=downscale,
             cache=cache,
+            components=components,
         )
         opened = open_if_location(store)
         if not isinstance(opened, RayStore):
@@ -458,7 +493,15 @@ class ImageLoader(BatchLoader):
             self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
-        self.cache = LevelCache(self._shared_cache(cfg), self.source.downscale)
+        self.components = served_components(store, cfg.components)
+        share = 0
+        if self.components:
+            need = component_bytes(store, self.components, self.source.rows)
+            share = component_budget(cfg.cache_bytes, need)
+        self._component_cache = LevelCache(ImageCache(share), self.source.downscale)
+        self.cache = LevelCache(
+            self._shared_cache(cfg.replace(cache_bytes=cfg.cache_bytes - share)), self.source.downscale
+        )
         self._trim = HeapTrim()
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
         self._filled = False
@@ -541,6 +584,8 @@ class ImageLoader(BatchLoader):
         self.source, self._cameras, self._filled = level, {}, False
         self.cache = LevelCache(self.cache.shared, factor)
         self.cache.drop_other_levels()
+        self._component_cache = LevelCache(self._component_cache.shared, factor)
+        self._component_cache.drop_other_levels()
 
     def _batches(self, epoch: int, start: int) -> list[np.ndarray]:
         """Positions of batches ``start..`` of ``epoch`` (one order drawn)."""
@@ -591,20 +636,26 @@ class ImageLoader(BatchLoader):
     def _assemble(self, epoch: int, positions: np.ndarray, images: list[np.ndarray]) -> ImageBatch:
         """One batch from its uint8 images: crops, cameras, then one (pinned) copy to the device."""
         cameras, Ks, origins, pixels = [], [], [], []
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in self.components}
         for position, image in zip(positions, images, strict=True):
             camera, K = self._camera_and_K(int(position))
             x0 = y0 = 0
+            held = self._image_components(int(position)).arrays if self.components else {}
             if self.crop is not None:
                 h, w = self.crop
                 x0, y0 = self.plan.crop_origin(epoch, int(position), image.shape[:2], self.crop)
                 image = image[y0 : y0 + h, x0 : x0 + w]
+                held = {name: array[y0 : y0 + h, x0 : x0 + w] for name, array in held.items()}
                 camera = crop_camera(camera, x0, y0, w, h)
                 K = camera.K().astype(np.float32) if camera.is_pinhole else None
             cameras.append(camera)
             Ks.append(K)
             origins.append((x0, y0))
             pixels.append(image)
+            for name, array in held.items():
+                parts[name].append(array)
         cuda = self.device.type == "cuda"
+        served = {name: self._component_tensor(arrays, cuda) for name, arrays in parts.items()}
         data = self._as_served(pixels, cuda) if self.transform is not None else self._to_device(pixels, cuda)
         if len(positions) == 1:  # one image: copies of slices, no gathers
             p = int(positions[0])
@@ -628,7 +679,27 @@ class ImageLoader(BatchLoader):
             image=table_rows,
             names=tuple(self.source.names[int(p)] for p in positions),
             crop_origin=torch.from_numpy(np.asarray(origins, dtype=np.int64).reshape(-1, 2)),
+            mask=served.get("mask"),
+            depth=served.get("depth"),
         )
+
+    def _image_components(self, position: int) -> ImageComponents:
+        """Image ``position``'s components at the current level, through the components' cache."""
+        source = self.source
+        loaded: ImageComponents = self._component_cache.get_or_load(
+            position, lambda: source.components(position, self.components)
+        )
+        return loaded
+
+    def _component_tensor(self, arrays: list[np.ndarray], cuda: bool) -> torch.Tensor:
+        """(B, H, W) of B component arrays on the device: uint8 masks, float32 depth."""
+        host = np.stack(arrays)
+        if host.dtype == np.float16:
+            host = host.astype(np.float32)
+        tensor = torch.from_numpy(host)
+        if self.device.type == "cpu":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True) if cuda else tensor.to(self.device)
 
     def _camera_and_K(self, position: int) -> tuple[Camera, np.ndarray | None]:
         """The served camera of image ``position`` and its (3, 3) float32 K (None unless pinhole),

@@ -19,6 +19,13 @@ from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
+from raykit.loaders.components import (
+    ComponentGather,
+    WithComponents,
+    component_budget,
+    component_bytes,
+    served_components,
+)
 from raykit.loaders.config import LoaderConfig
 from raykit.loaders.node_cache import check_cache_kind
 from raykit.loaders.source import ChunkSource
@@ -67,10 +74,17 @@ class RayLoader(BatchLoader):
         cache: ``"process"``, or on an images-layout split ``"node"``: its decoded-image cache is the
             machine's, shared by every rank (as ``ImageLoader``'s ``cache="node"``,
             :mod:`raykit.loaders.node_cache`); batches, order and resume unchanged.
+        components: per-image components each ray carries (:mod:`raykit.loaders.components`): None
+            (the default) every one the store has of ``mask`` and ``depth``, ``()`` none, or a tuple
+            of names; they reach ``make_batch`` in ``raw.extra`` and batches in ``RayBatch.extra``
+            (``mask`` (N,) uint8, 0 = pixel not used; ``depth`` (N,) float32, 0 = unknown). Their
+            decoded images take up to half of ``cache_bytes`` (what they need), the rest is the
+            pixels'.
 
     Attributes:
         config: the options, as a :class:`~raykit.loaders.config.LoaderConfig` (the one place of their
             defaults and checks; the keywords' defaults are its own).
+        components: the components batches carry (``components`` resolved against the store).
         num_workers: the worker processes used (``"auto"`` resolved).
         workers_reason: why (``"given"``, or the reason ``"auto"`` chose this count).
         strategy: how the split is read (``strategy.name``: ``"rays"`` or ``"window"``), from its
@@ -104,6 +118,7 @@ class RayLoader(BatchLoader):
         make_batch: Callable[[RawRays], Any] | None = None,
         window_images: int | None = _D.window_images,
         cache: str = _D.cache,
+        components: tuple[str, ...] | None = _D.components,
     ) -> None:
         cfg = LoaderConfig(
             split=split,
@@ -124,15 +139,25 @@ class RayLoader(BatchLoader):
             gen_threads=gen_threads,
             window_images=window_images,
             cache=cache,
+            components=components,
         )
         store = open_if_location(store)
         self.store, self.split = store, cfg.split
         self.strategy: Strategy = strategy_for(store, cfg.split)
         self.source = self.strategy.source(store, cfg)
-        self.plan = self.strategy.plan(self.source, cfg, *distributed_rank(cfg.rank, cfg.world_size))
+        self.components = served_components(store, cfg.components)
+        gather: ComponentGather | None = None
+        pixels = cfg  # the pixels' options: what the components leave of the cache budget
+        if self.components:
+            assert isinstance(store, RayStore)
+            rows = store.split_rows(cfg.split)
+            share = component_budget(cfg.cache_bytes, component_bytes(store, self.components, rows))
+            gather = ComponentGather(store, self.components, rows, share)
+            pixels = cfg.replace(cache_bytes=cfg.cache_bytes - share)
+        self.plan = self.strategy.plan(self.source, pixels, *distributed_rank(cfg.rank, cfg.world_size))
         check_cache_kind(cfg.cache, self.strategy.name, cfg.split)
-        self.cache: ChunkCache[RawRays] = self.strategy.cache(cfg, self.source, self.plan)
-        group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(cfg)
+        self.cache: ChunkCache[RawRays] = self.strategy.cache(pixels, self.source, self.plan)
+        group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(pixels)
         self.prefetch, self.group_rays = cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
         if gen_threads is None:
@@ -147,6 +172,9 @@ class RayLoader(BatchLoader):
             self.num_workers, self.workers_reason = int(cfg.num_workers), "given"
         self.config = cfg
         self.make_batch = make_batch if make_batch is not None else _default_maker(store, cfg.device)
+        self._gather = gather
+        if gather is not None:
+            self.make_batch = WithComponents(gather, self.make_batch)
         self.seconds = dict.fromkeys(self.strategy.steps, 0.0)
         self._times = StageTimes(self.seconds)
         self._start()
@@ -172,6 +200,8 @@ class RayLoader(BatchLoader):
         for group in groups:
             t0 = time.perf_counter()
             raw = group.gather()
+            if self._gather is not None:
+                raw = self._gather(raw)
             self._times.add("gather", time.perf_counter() - t0)
             for lo, hi in group.bounds:
                 yield slice_batch(raw, lo, hi)

@@ -10,7 +10,14 @@
 
 from __future__ import annotations
 
-from raykit.metrics.image_metrics import psnr, reference_psnr, reference_ssim, ssim
+from raykit.metrics.image_metrics import (
+    masked_psnr,
+    psnr,
+    reference_masked_psnr,
+    reference_psnr,
+    reference_ssim,
+    ssim,
+)
 from raykit.metrics.lpips import (
     LPIPS,
     LPIPS_NETS,
@@ -22,10 +29,12 @@ from raykit.metrics.lpips import (
     reference_lpips,
 )
 from raykit.metrics.protocol import (
+    MASKED_SCORING,
     PROTOCOLS,
     Protocol,
     background_tensor,
     composite,
+    masked_pair,
     parse_background,
     parse_colour,
     protocol_named,
@@ -36,6 +45,7 @@ from raykit.metrics.protocol import (
 __all__ = [
     "LPIPS",
     "LPIPS_NETS",
+    "MASKED_SCORING",
     "MIN_SIDE",
     "PROTOCOLS",
     "LpipsWeights",
@@ -45,12 +55,15 @@ __all__ = [
     "composite",
     "load_lpips",
     "lpips_weight_paths",
+    "masked_pair",
+    "masked_psnr",
     "parse_background",
     "parse_colour",
     "protocol_named",
     "psnr",
     "quantize",
     "reference_lpips",
+    "reference_masked_psnr",
     "reference_psnr",
     "reference_ssim",
     "ssim",

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["psnr", "reference_psnr", "reference_ssim", "ssim"]
+__all__ = ["masked_psnr", "psnr", "reference_masked_psnr", "reference_psnr", "reference_ssim", "ssim"]
 
 _EPS = float(np.finfo(np.float32).eps) ** 2
 
@@ -64,6 +64,36 @@ def psnr(pred: Tensor, target: Tensor) -> Tensor:
     else:
         mse = ((_unit(pred) - _unit(target)) ** 2).flatten(1).mean(1)
     return -10.0 * torch.log10(mse)
+
+
+def masked_psnr(pred: Tensor, target: Tensor, used: Tensor) -> Tensor:
+    """``(B, H, W, C)`` pairs and ``(B, H, W)`` bool ``used`` pixels -> ``(B,)`` PSNR in dB over the used
+    pixels only (the mean squared error over them and the channels; exact for uint8); NaN for an image
+    without a used pixel, ``inf`` when they are identical there."""
+    out = []
+    for a, b, m in zip(pred, target, used.to(torch.bool), strict=True):
+        n = int(m.sum()) * a.shape[-1]
+        if n == 0:
+            out.append(torch.tensor(math.nan, dtype=torch.float64))
+            continue
+        if a.dtype == torch.uint8 and b.dtype == torch.uint8:
+            diff = a[m].to(torch.int64) - b[m].to(torch.int64)
+            mse = (diff * diff).sum().to(torch.float64).cpu() / (n * 255.0**2)
+        else:
+            mse = ((_unit(a[m]) - _unit(b[m])) ** 2).sum().cpu() / n
+        out.append(-10.0 * torch.log10(mse))
+    return torch.stack(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def reference_masked_psnr(pred: Tensor, target: Tensor, used: Tensor) -> Tensor:
+    """Slow twin of :func:`masked_psnr`: float64, pixel by pixel of the used ones."""
+    out = []
+    for a, b, m in zip(pred, target, used, strict=True):
+        errors = [float(((_unit(a[y, x]) - _unit(b[y, x])) ** 2).sum()) for y, x in m.nonzero().tolist()]
+        count = len(errors) * a.shape[-1]
+        mse = sum(errors) / count if count else math.nan
+        out.append(math.inf if mse == 0 else -10.0 * math.log10(mse) if count else math.nan)
+    return torch.tensor(out, dtype=torch.float64)
 
 
 def _histogram(a: Tensor, b: Tensor) -> Tensor:

@@ -7,6 +7,11 @@ makes them: RGBA is composited on the dataset's background in float32 (``rgb * a
 
 Two protocols name which LPIPS network is reported: ``default`` (AlexNet) and ``nerf`` (AlexNet and VGG,
 the protocol of Blender, Mip-NeRF 360 and Zip-NeRF in nerfbaselines).
+
+A *masked* evaluation (ground truth with per-image masks, e.g. a store's ``mask`` component) scores only
+the pixels the mask uses (:data:`MASKED_SCORING`, :func:`masked_pair`), as object-centric evaluations
+(DTU-style masked PSNR) do; its results say so (``"masked": true`` in the protocol block, and the protocol
+named ``"<name> (masked)"``), so its figures are never set against an unmasked evaluation's.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from torch import Tensor
 from raykit.errors import ConfigError
 
 __all__ = [
+    "MASKED_SCORING",
     "PROTOCOLS",
     "Protocol",
     "background_tensor",
     "composite",
+    "masked_pair",
     "parse_background",
     "parse_colour",
     "protocol_named",
@@ -74,6 +81,22 @@ PROTOCOLS: dict[str, Protocol] = {
     "default": Protocol("default", ("alex",)),
     "nerf": Protocol("nerf", ("alex", "vgg")),
 }
+
+
+MASKED_SCORING = (
+    "pixels whose mask is 0 are not scored: PSNR's mean squared error is over the used pixels (mask > 0) "
+    "and channels only; SSIM and LPIPS compare both images with every unused pixel set to the background"
+)
+"""How a masked evaluation scores (written to its results as the protocol block's ``mask``)."""
+
+
+def masked_pair(pred: Tensor, target: Tensor, used: Tensor, background: Tensor) -> tuple[Tensor, Tensor]:
+    """``(..., H, W, 3)`` protocol images (uint8, or float in [0, 1]) and ``(..., H, W)`` bool ``used``
+    pixels -> both with every unused pixel set to ``background`` (uint8 ``(3,)`` for uint8 images, else
+    float in [0, 1]): what SSIM and LPIPS compare in a masked evaluation."""
+    keep = used.to(torch.bool)[..., None]
+    fill = background.to(device=pred.device, dtype=pred.dtype)
+    return torch.where(keep, pred, fill), torch.where(keep, target, fill.to(target.dtype))
 
 
 def protocol_named(name: str) -> Protocol:

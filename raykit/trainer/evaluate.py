@@ -172,7 +172,7 @@ def quick_psnr(
     """Mean PSNR over the first ``progress_images`` images of the first eval split (no files written)."""
     split = config.eval_splits.split(",")[0]
     names = store.images(split)[: config.progress_images]
-    scorer = Scorer(parse_background(config.background), device, lpips=False)
+    scorer = Scorer(parse_background(config.background), device, lpips=False, masked=has_masks(store))
     values = [_protocol_psnr(scorer, config, store, name, field, grid, device) for name in names]
     return {
         "split": split,
@@ -191,8 +191,18 @@ def _protocol_psnr(
     device: torch.device,
 ) -> float:
     pred, target = render_image(config, store, name, field, grid, device)
-    value = scorer.score(pred, target, store.read_image(name))["psnr"]
+    value = scorer.score(pred, target, store.read_image(name), image_mask(store, name))["psnr"]
     return float("inf") if value is None else float(value)
+
+
+def has_masks(store: RayStore) -> bool:
+    """Whether ``store``'s images have masks: its evaluation is then masked (``raykit.trainer.scores``)."""
+    return "mask" in store.components
+
+
+def image_mask(store: RayStore, name: str) -> np.ndarray | None:
+    """Image ``name``'s (H, W) uint8 mask (0 = pixel not used), or None when the store has none."""
+    return store.read_component("mask", name) if has_masks(store) else None
 
 
 def _save_png(path: Path, image: torch.Tensor) -> None:
@@ -213,13 +223,14 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Metrics of one split (see the module docstring), writing its renders."""
     start = time.perf_counter()
-    scorer = scorer or Scorer(parse_background(config.background), device)
+    scorer = scorer or Scorer(parse_background(config.background), device, masked=has_masks(store))
     names = store.images(split)[: config.eval_max_images]
     images = []
     for i, name in enumerate(names):
         pred, target = render_image(config, store, name, field, grid, device)
         _save_png(run_dir / "renders" / split / f"{i:03d}_{Path(name).stem}.png", pred)
-        images.append({"name": name, **scorer.score(pred, target, store.read_image(name))})
+        mask = image_mask(store, name) if scorer.masked else None
+        images.append({"name": name, **scorer.score(pred, target, store.read_image(name), mask)})
     return {
         **split_means(images),
         "n_images": len(images),
@@ -253,7 +264,7 @@ def evaluate_run(
     checkpoint = latest_checkpoint(run_dir)
     result["checkpoint"] = None if checkpoint is None else str(checkpoint.relative_to(run_dir))
     result["step"] = step if step is not None else _step_of(checkpoint)
-    scorer = Scorer(parse_background(config.background), device)
+    scorer = Scorer(parse_background(config.background), device, masked=has_masks(store))
     if "protocol" not in result and result["splits"]:  # kept apart: never mixed with the protocol's figures
         result["splits_before_protocol"], result["splits"] = result["splits"], {}
     result["protocol"] = scorer.protocol_block()

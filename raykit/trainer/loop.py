@@ -64,7 +64,7 @@ from raykit.trainer.runtime import (
 from raykit.trainer.samplers import Samples
 from raykit.trainer.space import resolve_space, scene_space
 
-__all__ = ["TrainState", "parameter_digest", "step_losses", "train"]
+__all__ = ["TrainState", "parameter_digest", "photometric_loss", "step_losses", "train"]
 
 _PHASES = ("data", "sampling", "network", "rendering", "backward", "optimizer")
 
@@ -204,20 +204,31 @@ def step_losses(
 ) -> tuple[torch.Tensor, torch.Tensor, Samples]:
     """The forward half of a training step: sample, query ``model`` (the field or its DDP wrapper),
     composite, and the losses: ``(photometric MSE, MSE + the proposal networks' interlevel loss,
-    samples)``. ``lap(phase)`` is told when sampling, the network and the rendering end. Nothing is
-    read back to the host (the occupancy sampler's packed samples have a data-dependent size: that
-    one synchronisation is the sampler's)."""
+    samples)``. On a store with masks the MSE is over the rays whose pixel the mask uses
+    (:func:`photometric_loss`). ``lap(phase)`` is told when sampling, the network and the rendering
+    end. Nothing is read back to the host (the occupancy sampler's packed samples have a
+    data-dependent size: that one synchronisation is the sampler's)."""
     samples = sample_rays(config, field, grid, batch, step, generator)
     lap("sampling")
     sigmas, rgbs = query_field(model, samples, batch, config.mixed_precision)
     lap("network")
     rendered = composite_samples(samples, sigmas, rgbs, background)
-    loss = torch.mean((rendered["rgb"] - batch.composite(background)) ** 2)
+    loss = photometric_loss(rendered["rgb"], batch.composite(background), batch.extra.get("mask"))
     total = loss
     if isinstance(samples.trace, ProposalTrace):
         total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
     lap("rendering")
     return loss, total, samples
+
+
+def photometric_loss(rgb: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean squared error of (N, 3) colours against their targets; with the rays' (N,) uint8 ``mask``
+    (0 = pixel not used), over the used rays only (masked rays get no gradient; 0 when none is used)."""
+    squared = (rgb - target) ** 2
+    if mask is None:
+        return torch.mean(squared)
+    used = (mask > 0).to(squared.dtype)
+    return (squared.sum(dim=1) * used).sum() / (used.sum() * squared.shape[1]).clamp(min=1)
 
 
 def _setup(config: TrainConfig) -> _Run:
@@ -244,6 +255,7 @@ def _setup(config: TrainConfig) -> _Run:
         store, config.train_split, config.batch_size if budget is None else config.budget_granule,
         config.seed, device=device,
         num_workers=config.num_workers, rank=procs.rank, world_size=procs.world_size,
+        components=tuple(name for name in ("mask",) if name in store.components),  # the loss's masks
     )  # fmt: skip
     run_dir = Path(config.out)
     return _Run(

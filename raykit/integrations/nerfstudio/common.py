@@ -14,7 +14,14 @@ from raykit.errors import ConfigError
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 
-__all__ = ["DatasetRows", "ServedPixels", "float_colours", "setup_datasets", "uint8_colours"]
+__all__ = [
+    "DatasetRows",
+    "ServedPixels",
+    "float_colours",
+    "served_components",
+    "setup_datasets",
+    "uint8_colours",
+]
 
 
 def setup_datasets(manager: Any, config: Any, test_mode: str) -> None:
@@ -52,6 +59,12 @@ class DatasetRows:
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """(N,) store rows -> (N,) int64 dataset indices."""
         return self.lookup[rows]
+
+
+def served_components(dataset: Any) -> tuple[str, ...]:
+    """The store components the datamanagers serve for ``dataset`` (the parser's ``components`` the
+    store has)."""
+    return tuple(dataset.metadata.get("raykit_components", ()))
 
 
 def float_colours(rgba: torch.Tensor, alpha_color: torch.Tensor | None) -> torch.Tensor:

@@ -62,6 +62,9 @@ class RaykitDataParserConfig(DataParserConfig):
     """Extra scale on the camera positions (after ``auto_scale_poses``)."""
     load_3D_points: bool = True
     """Put the store's sparse points in ``metadata`` (splatfacto's initialisation)."""
+    components: tuple[str, ...] = ("mask", "depth")
+    """The store's per-image components served, of those it has: ``mask`` as nerfstudio's ``mask``
+    (H, W, 1) bool, ``depth`` as its ``depth_image`` (H, W, 1) float32 in nerfstudio's units."""
 
 
 @dataclass
@@ -125,6 +128,9 @@ class RaykitDataParser(DataParser):
             "raykit_split": name,
             "raykit_names": [table.names[r] for r in rows],
             "raykit_alpha_as_mask": bool(self.config.alpha_as_mask and self.store.rgba_channels == 4),
+            "raykit_components": [
+                c for c in ("mask", "depth") if c in self.config.components and c in self.store.components
+            ],
         }
         if self.config.load_3D_points:
             metadata.update(self._points(frame))

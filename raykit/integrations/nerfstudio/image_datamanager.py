@@ -12,7 +12,10 @@ epoch through the loader's producer thread.
 
 ``next_train`` returns ``(Cameras (1,) on the device, {"image_idx": int, "image": (H, W, 3|4) on the
 device})`` with ``image`` uint8 or float32 as ``cache_images_type`` says and the camera's
-``metadata["cam_idx"]``; ``next_eval`` / ``next_eval_image`` the same from the evaluation split;
+``metadata["cam_idx"]``, and the store's components the parser serves (``components``) as nerfstudio's
+datasets give them: ``mask`` (H, W, 1) bool and ``depth_image`` (H, W, 1) float32 in nerfstudio's units
+(downscaled and undistorted with the image by the loader, by the nearest sample); ``next_eval`` /
+``next_eval_image`` the same from the evaluation split;
 ``fixed_indices_eval_dataloader`` every evaluation image in order. Undistorted images keep their size,
 focal lengths and principal point (``raykit.image_geometry.pinhole_camera``); nerfstudio's own crops
 to the valid region instead.
@@ -38,7 +41,8 @@ from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 
 from raykit.image_geometry import pinhole_camera
-from raykit.integrations.nerfstudio.common import DatasetRows, ServedPixels, setup_datasets
+from raykit.integrations.nerfstudio.common import DatasetRows, ServedPixels, served_components, setup_datasets
+from raykit.integrations.nerfstudio.components import nerfstudio_components
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.loaders import IMAGE_CACHE_BYTES, ImageBatch, ImageLoader
@@ -155,7 +159,7 @@ class RaykitImageDataManager(DataManager):
             self.dataparser.store, split, 1, self.config.seed, shuffle=shuffle, device=self.device,
             num_workers=self.config.num_workers, cache_bytes=self.config.cache_bytes,
             rank=self.local_rank, world_size=self.world_size, undistort=self.config.undistort,
-            transform=served,
+            transform=served, components=served_components(dataset),
         )  # fmt: skip
 
     def _item(self, batch: ImageBatch, which: str) -> tuple[Cameras, dict[str, Any]]:
@@ -165,11 +169,16 @@ class RaykitImageDataManager(DataManager):
         index = int(rows(batch.image.numpy())[0])
         served = batch.images[0]
         data: dict[str, Any] = {"image_idx": index}
+        alpha_mask = None
         if dataset.metadata.get("raykit_alpha_as_mask"):
             data["image"] = served[..., :-1].to(self.device)
-            data["mask"] = (served[..., -1:] > 0).to(self.device)
+            alpha_mask = data["mask"] = (served[..., -1:] > 0).to(self.device)
         else:
             data["image"] = served.to(self.device)
+        mask = None if batch.mask is None else batch.mask[0].to(self.device)
+        depth = None if batch.depth is None else batch.depth[0].to(self.device)
+        scale = float(dataset._dataparser_outputs.dataparser_scale)
+        data.update(nerfstudio_components(mask, depth, scale, alpha_mask))
         camera = copy(self._one_camera(which, index))  # fresh metadata; tensors shared, as a slice's are
         camera.metadata = {"cam_idx": index} if which == "train" else camera.metadata
         return camera, data

@@ -3,7 +3,9 @@
 exact resume through the module's extra state (saved in nerfstudio's checkpoints with the pipeline).
 
 ``next_train`` / ``next_eval`` return ``(RayBundle, {"image": (N, 3|4) float32 CPU, "indices":
-(N, 3) int64 CPU [camera, y, x]})`` with the bundle on the device. Rays, colours and indices are made
+(N, 3) int64 CPU [camera, y, x]})`` with the bundle on the device, and the store's components the
+parser serves as nerfstudio's pixel sampler gives them: ``mask`` (N, 1) bool, ``depth_image`` (N, 1)
+float32 in nerfstudio's units (gathered per ray by the loader). Rays, colours and indices are made
 on the loader's generation threads for whole groups of batches (:class:`PixelRays`), off the trainer's
 thread: rays from the dataparser's cameras by per-camera tables of nerfstudio's own ray directions
 (:mod:`raykit.integrations.nerfstudio.rays`; nerfstudio's ``RayGenerator`` for cameras it cannot
@@ -22,7 +24,13 @@ from nerfstudio.cameras.rays import RayBundle
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
 
-from raykit.integrations.nerfstudio.common import DatasetRows, float_colours, setup_datasets
+from raykit.integrations.nerfstudio.common import (
+    DatasetRows,
+    float_colours,
+    served_components,
+    setup_datasets,
+)
+from raykit.integrations.nerfstudio.components import nerfstudio_components
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
 from raykit.integrations.nerfstudio.dataset import RaykitDataset
 from raykit.integrations.nerfstudio.rays import ray_bundle, tabulated_or_stock
@@ -58,14 +66,16 @@ class RayRows:
     """``N`` rays made on the loader's generation threads: what ``next_train`` returns, as tensors.
 
     ``indices`` (N, 3) int64 ``[camera, y, x]``, ``image`` (N, 3|4) float32 (nerfstudio's colours),
-    ``mask`` (N, 1) bool or None, and the ``RayBundle``'s fields: ``origins``, ``directions`` (N, 3),
-    ``pixel_area``, ``directions_norm`` (N, 1) float32, ``camera_indices`` (N, 1) int64. Sliceable,
-    as the loader cuts generated groups into batches (slices are views).
+    ``mask`` (N, 1) bool or None, ``depth_image`` (N, 1) float32 or None, and the ``RayBundle``'s
+    fields: ``origins``, ``directions`` (N, 3), ``pixel_area``, ``directions_norm`` (N, 1) float32,
+    ``camera_indices`` (N, 1) int64. Sliceable, as the loader cuts generated groups into batches
+    (slices are views).
     """
 
     indices: torch.Tensor
     image: torch.Tensor
     mask: torch.Tensor | None
+    depth_image: torch.Tensor | None
     origins: torch.Tensor
     directions: torch.Tensor
     pixel_area: torch.Tensor
@@ -77,10 +87,12 @@ class RayRows:
 
     def __getitem__(self, rows: slice) -> RayRows:
         mask = None if self.mask is None else self.mask[rows]
+        depth = None if self.depth_image is None else self.depth_image[rows]
         return RayRows(
             indices=self.indices[rows],
             image=self.image[rows],
             mask=mask,
+            depth_image=depth,
             origins=self.origins[rows],
             directions=self.directions[rows],
             pixel_area=self.pixel_area[rows],
@@ -109,10 +121,11 @@ class PixelRays:
     """
 
     def __init__(
-        self, store: RayStore, rows: DatasetRows, generator: Any, alpha_color: Any, alpha_as_mask: bool
-    ) -> None:
+        self, store: RayStore, rows: DatasetRows, generator: Any, alpha_color: Any, alpha_as_mask: bool,
+        scale: float = 1.0,
+    ) -> None:  # fmt: skip
         self.store, self.rows, self.generator = store, rows, generator
-        self.alpha_color, self.alpha_as_mask = alpha_color, alpha_as_mask
+        self.alpha_color, self.alpha_as_mask, self.scale = alpha_color, alpha_as_mask, scale
 
     def __call__(self, raw: RawRays) -> RayRows:
         image, pixel = self.store.decode_pids(raw.pid)
@@ -120,10 +133,18 @@ class PixelRays:
         rgba = torch.from_numpy(np.ascontiguousarray(raw.rgba))
         with torch.no_grad():
             bundle = self.generator(torch.from_numpy(indices))
+        mask, depth = (raw.extra.get(name) for name in ("mask", "depth"))
+        served = nerfstudio_components(
+            None if mask is None else torch.from_numpy(mask),
+            None if depth is None else torch.from_numpy(depth),
+            self.scale,
+            rgba[:, 3:] > 0 if self.alpha_as_mask else None,
+        )
         return RayRows(
             indices=torch.from_numpy(indices),
             image=float_colours(rgba, self.alpha_color),
-            mask=rgba[:, 3:] > 0 if self.alpha_as_mask else None,
+            mask=served.get("mask"),
+            depth_image=served.get("depth_image"),
             origins=bundle.origins.cpu(),
             directions=bundle.directions.cpu(),
             pixel_area=bundle.pixel_area.cpu(),
@@ -170,11 +191,12 @@ class RaykitDataManager(DataManager):
             generator=host,
             alpha_color=dataset._dataparser_outputs.alpha_color,
             alpha_as_mask=bool(dataset.metadata.get("raykit_alpha_as_mask")),
+            scale=float(dataset._dataparser_outputs.dataparser_scale),
         )
         loader = RayLoader(
             store, rows.split, batch_size, self.config.seed, cache_bytes=self.config.cache_bytes,
             num_workers=self.config.num_workers, rank=self.local_rank, world_size=self.world_size,
-            make_batch=make,
+            make_batch=make, components=served_components(dataset),
         )  # fmt: skip
         return loader, on_device
 
@@ -198,6 +220,8 @@ class RaykitDataManager(DataManager):
         batch = {"image": rays.image, "indices": rays.indices}
         if rays.mask is not None:
             batch["mask"] = rays.mask
+        if rays.depth_image is not None:
+            batch["depth_image"] = rays.depth_image
         return rays.bundle(self.device), batch
 
     def next_train(self, step: int) -> tuple[Any, dict[str, torch.Tensor]]:

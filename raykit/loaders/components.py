@@ -1,0 +1,222 @@
+"""Per-image components (masks, depth maps) served beside the pixels.
+
+A store may hold, per image, a ``mask`` (uint8 (H, W), 0 = pixel not used, 1..255 used) and a ``depth``
+map (float32 (H, W), metres when the store says so, 0 = unknown): ``RayStore.components`` and
+``RayStore.read_component``. The loaders serve those their ``components`` option names
+(:func:`served_components`; by default every one the store has):
+
+- :class:`ComponentGather` (``RayLoader``, either layout): each ray's values, gathered by its pixel id
+  from the image's decoded component (decoded once per image and cached), into ``raw.extra[name]``:
+  ``mask`` (N,) uint8, ``depth`` (N,) float32; the batch carries them in ``RayBatch.extra``.
+- :func:`read_components` (``ImageLoader``): an image's components at the loader's level (the store's
+  ``downscale_mask``/``downscale_depth`` rules) and, with ``undistort``, resampled by the nearest sample
+  (:meth:`raykit.image_geometry.RemapTable.apply_nearest`: no value made up at edges).
+
+Memory: components take what they need of the loader's ``cache_bytes``, at most half of it
+(:func:`component_budget`); the pixels' cache gets the rest. Components of a float16 depth store are
+held as float16 (exact), served as float32.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from raykit.errors import ConfigError
+from raykit.image_geometry import RemapTable
+from raykit.loaders.cache import ChunkCache
+from raykit.loaders.config import COMPONENTS
+from raykit.store import RawRays, RayStore
+
+__all__ = [
+    "ComponentGather",
+    "ImageComponents",
+    "WithComponents",
+    "component_budget",
+    "component_bytes",
+    "held_dtype",
+    "read_components",
+    "served_components",
+]
+
+
+def served_components(store: Any, requested: Sequence[str] | None) -> tuple[str, ...]:
+    """The components a loader of ``store`` serves: ``requested`` (each of which the store must have),
+    or with None every component of :data:`~raykit.loaders.config.COMPONENTS` the store has (none for a
+    chunk source that is not a store).
+
+    Raises:
+        ConfigError: a requested component the store lacks (one line naming the store).
+    """
+    have = store.components if isinstance(store, RayStore) else {}
+    if requested is None:
+        return tuple(name for name in COMPONENTS if name in have)
+    missing = [name for name in requested if name not in have]
+    if missing:
+        where = getattr(store, "url", None) or type(store).__name__
+        held = ", ".join(sorted(have)) or "none"
+        raise ConfigError(f"loader: {where}: no component {missing[0]!r} to serve (the store has: {held})")
+    return tuple(requested)
+
+
+def held_dtype(store: RayStore, name: str) -> np.dtype:
+    """How component ``name`` is held in a loader's cache: uint8 masks, depth as stored (float16 or
+    float32; read as float32, held as float16 only when stored so, which is exact)."""
+    if name == "mask":
+        return np.dtype(np.uint8)
+    return np.dtype(np.float16 if store.components[name].dtype == "float16" else np.float32)
+
+
+def component_bytes(store: RayStore, names: Sequence[str], rows: Sequence[int] | np.ndarray) -> int:
+    """Bytes the components ``names`` of table rows ``rows`` take at full resolution, as held."""
+    pixels = int(np.asarray(store.table.n_pixels)[np.asarray(rows, dtype=np.int64)].sum())
+    return pixels * sum(held_dtype(store, name).itemsize for name in names)
+
+
+def component_budget(cache_bytes: int, need: int) -> int:
+    """The share of a loader's ``cache_bytes`` its components take: what they ``need``, at most half."""
+    return min(int(need), int(cache_bytes) // 2)
+
+
+@dataclass
+class ImageComponents:
+    """One image's components as an ``ImageLoader`` caches them: name -> (H, W) array."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def read_components(
+    store: RayStore,
+    image_name: str,
+    names: Sequence[str],
+    downscale: int = 1,
+    remap: RemapTable | None = None,
+) -> ImageComponents:
+    """Components ``names`` of image ``image_name`` at level ``downscale`` (the size of
+    ``read_image(image_name, downscale=...)``), resampled by ``remap``'s nearest samples when given,
+    held as :func:`held_dtype` says."""
+    arrays = {}
+    for name in names:
+        array = store.read_component(name, image_name, downscale=downscale)
+        if remap is not None:
+            array = remap.apply_nearest(array)
+        arrays[name] = np.ascontiguousarray(array, dtype=held_dtype(store, name))
+    return ImageComponents(arrays)
+
+
+class ComponentGather:
+    """``gather(raw) -> raw`` with each ray's component values in ``raw.extra``: ``mask`` (N,) uint8,
+    ``depth`` (N,) float32, gathered by pixel id (``pid = pixel_offset[image] + y * W + x``).
+
+    Each image's components are decoded once (on first use) and held within ``budget`` bytes: when the
+    ``rows``' components fit, in one flat array per component indexed by pid (one gather per batch;
+    pages of other images are never touched); else per image in an LRU, the rays grouped by
+    image. Safe to call from several threads (the generation threads).
+
+    Args:
+        store: the store.
+        names: the components to serve.
+        rows: the table rows whose rays will be gathered (the split's): once all are decoded, no
+            image is looked up again (flat arrays).
+        budget: bytes the decoded components may take.
+    """
+
+    def __init__(self, store: RayStore, names: Sequence[str], rows: np.ndarray, budget: int) -> None:
+        self.store, self.names = store, tuple(names)
+        table = store.table
+        self.offsets = np.asarray(table.pixel_offset, dtype=np.int64)
+        self.n_pixels = np.asarray(table.n_pixels, dtype=np.int64)
+        self.dtypes = {name: held_dtype(store, name) for name in self.names}
+        total = int(self.offsets[-1] + self.n_pixels[-1]) if len(self.offsets) else 0
+        self.wanted = np.asarray(rows, dtype=np.int64)
+        self.flat: dict[str, np.ndarray] | None = None
+        if component_bytes(store, self.names, self.wanted) <= budget:  # (only the rows' pages are touched)
+            self.flat = {name: np.zeros(total, dtype) for name, dtype in self.dtypes.items()}
+        self.cache: ChunkCache[np.ndarray] = ChunkCache(budget if self.flat is None else 0)
+        self.loaded = np.zeros(len(self.offsets), dtype=bool)
+        self.complete = len(self.wanted) == 0
+        self._lock = threading.Lock()
+
+    def rows_of(self, pid: np.ndarray) -> np.ndarray:
+        """(N,) table rows of (N,) pixel ids."""
+        return np.searchsorted(self.offsets, pid, side="right").astype(np.int64) - 1
+
+    def _decode(self, row: int) -> dict[str, np.ndarray]:
+        """Row ``row``'s components, flattened row-major, as held."""
+        name = self.store.table.names[row]
+        return read_components(self.store, name, self.names).arrays
+
+    def __call__(self, raw: RawRays) -> RawRays:
+        pid = raw.pid
+        if self.flat is not None:
+            if not self.complete:
+                self._load(np.unique(self.rows_of(pid)))
+            values = {name: flat[pid] for name, flat in self.flat.items()}
+        else:
+            values = self._by_image(pid)
+        extra = dict(raw.extra)
+        for name, value in values.items():
+            extra[name] = value if value.dtype != np.float16 else value.astype(np.float32)
+        return RawRays(raw.rgba, pid, extra)
+
+    def _load(self, rows: np.ndarray) -> None:
+        """Decode the ``rows`` not decoded yet into the flat arrays."""
+        missing = rows[~self.loaded[rows]]
+        if len(missing) == 0:
+            return
+        assert self.flat is not None
+        with self._lock:  # one thread decodes a row; others wait for it
+            for row in missing.tolist():
+                if self.loaded[row]:
+                    continue
+                lo = int(self.offsets[row])
+                for name, array in self._decode(row).items():
+                    self.flat[name][lo : lo + array.size] = array.reshape(-1)
+                self.loaded[row] = True
+            self.complete = bool(self.loaded[self.wanted].all())
+
+    def _by_image(self, pid: np.ndarray) -> dict[str, np.ndarray]:
+        """Gather per image through the LRU (the store's components do not fit the budget)."""
+        rows = self.rows_of(pid)
+        order = np.argsort(rows, kind="stable")
+        ordered = rows[order]
+        cuts = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(ordered)]
+        out = {name: np.empty(len(pid), dtype) for name, dtype in self.dtypes.items()}
+        for lo, hi in itertools.pairwise(cuts):
+            if lo == hi:
+                continue
+            row = int(ordered[lo])
+            take = order[lo:hi]
+            local = pid[take].astype(np.int64) - self.offsets[row]
+            for name in self.names:
+                held = self.cache.get(("image", name, row))
+                if held is None:
+                    held = self._one(row, name)
+                    self.cache.put(("image", name, row), held)
+                out[name][take] = held[local]
+        return out
+
+    def _one(self, row: int, name: str) -> np.ndarray:
+        array = read_components(self.store, self.store.table.names[row], (name,)).arrays[name]
+        return array.reshape(-1)
+
+
+class WithComponents:
+    """``make_batch`` after :class:`ComponentGather`: the batch maker of a loader serving components
+    (``warm_up`` passed on)."""
+
+    def __init__(self, gather: ComponentGather, make_batch: Any) -> None:
+        self.gather, self.make_batch = gather, make_batch
+
+    def warm_up(self) -> None:
+        warm_up = getattr(self.make_batch, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+
+    def __call__(self, raw: RawRays) -> Any:
+        return self.make_batch(self.gather(raw))
