@@ -51,3 +51,43 @@ def test_training_step_ignores_masked_pixels(tiny_store: Path, tmp_path: Path) -
     for a, b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(a, b)
     assert loss_and_grads(batch.rgb, False)[0] != loss_and_grads(other, False)[0]
+
+
+def test_a_run_on_a_store_with_masks_is_evaluated_masked(tmp_path: Path) -> None:
+    """The run's loader serves the masks (not the depth), and eval.json names the masked protocol."""
+    import json
+
+    from raykit.converters import convert
+    from raykit.scene import render_scene, write_nerfstudio
+    from raykit.trainer import protocol_of, train
+
+    source = write_nerfstudio(render_scene("tiny"), tmp_path / "capture", masks=True, depth=True)
+    convert(source, tmp_path / "scene.zarr", threads=1)
+    config = tiny_config(tmp_path / "scene.zarr", tmp_path / "run", steps=2, eval_max_images=1)
+    run = train(config)
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert evaluation["protocol"]["masked"] is True and "mask" in evaluation["protocol"]
+    assert protocol_of(evaluation) == "default (masked)"
+    image = evaluation["splits"]["test"]["images"][0]
+    assert image["psnr"] is not None and image["ssim"] is not None
+
+
+def test_masked_scores_ignore_the_unused_pixels() -> None:
+    import numpy as np
+
+    from raykit.trainer.scores import Scorer
+
+    rng = np.random.default_rng(0)
+    stored = rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)
+    target = torch.from_numpy(stored).float() / 255
+    pred = (target + torch.from_numpy(rng.normal(0, 0.05, (24, 20, 3))).float()).clamp(0, 1)
+    mask = np.zeros((24, 20), np.uint8)
+    mask[4:20, 3:15] = 255
+    scorer = Scorer(torch.ones(3), torch.device("cpu"), lpips=False, masked=True)
+    scores = scorer.score(pred, target, stored, mask)
+    other = pred.clone()
+    other[torch.from_numpy(mask == 0)] = 0.0  # a render that differs only where the mask is 0
+    assert scorer.score(other, target, stored, mask) == scores
+    assert Scorer(torch.ones(3), torch.device("cpu"), lpips=False).score(other, target, stored) != scores
+    assert scorer.protocol_block()["masked"] is True
+    assert "masked" not in Scorer(torch.ones(3), torch.device("cpu"), lpips=False).protocol_block()
