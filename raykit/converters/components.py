@@ -19,10 +19,18 @@ import numpy as np
 
 from raykit.cameras import Camera
 from raykit.converters.base import SourceView
-from raykit.errors import SourceError
-from raykit.store import fit_component
+from raykit.errors import ConfigError, SourceError
+from raykit.fileio import UntrustedFileError, safe_path
+from raykit.store import COMPONENTS, RayStore, fit_component, open_store
 
-__all__ = ["ComponentFile", "component_problems", "component_size", "exif_metadata", "read_component_file"]
+__all__ = [
+    "ComponentFile",
+    "add_component_files",
+    "component_problems",
+    "component_size",
+    "exif_metadata",
+    "read_component_file",
+]
 
 
 def _open(path: Path) -> Any:
@@ -156,3 +164,102 @@ def exif_metadata(path: Path) -> dict[str, Any]:
 def merged_metadata(view: SourceView, exif: Mapping[str, Any]) -> dict[str, Any]:
     """A view's frame metadata: what the parser kept, then EXIF facts under ``exif``."""
     return {**dict(view.metadata), **exif}
+
+
+# ``raykit add-component STORE masks|depth DIR``
+
+_SUFFIXES = {
+    "mask": (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"),
+    "depth": (".png", ".tif", ".tiff", ".npy"),
+}
+KIND_NAMES = {"mask": "mask", "masks": "mask", "depth": "depth", "depths": "depth"}
+
+
+def component_file(folder: Path, name: str, kind: str) -> Path | None:
+    """The file of image ``name``'s ``kind`` in ``folder``: ``{name less its suffix}{suffix}`` for the
+    kind's suffixes (``.png``... for masks; ``.png``, ``.tif``, ``.npy`` for depth), then the same with
+    the name's last part only; None when there is none.
+
+    Raises:
+        UntrustedFileError: a name that leaves ``folder`` (``..``, absolute, a link out).
+    """
+    stem = name.rsplit(".", 1)[0] if "." in name.rsplit("/", 1)[-1] else name
+    for base in dict.fromkeys([stem, stem.rsplit("/", 1)[-1]]):
+        for suffix in _SUFFIXES[kind]:
+            path = safe_path(folder, base + suffix, where=str(folder))
+            if path.is_file():
+                return path
+    return None
+
+
+def add_component_files(
+    store_path: str | Path,
+    kind: str,
+    folder: str | Path,
+    *,
+    dtype: str = "",
+    depth_scale: float | None = None,
+    progress: bool = False,
+) -> RayStore:
+    """Add the masks or depth maps of ``folder`` (one file per image, found by
+    :func:`component_file`) to the local store at ``store_path`` as component ``kind``
+    (``raykit.store.add_component``: its pixels are not rewritten). Files at the source resolution of
+    a store converted with ``--downscale`` are downscaled by its rule. ``depth_scale``: file values ->
+    metres (unit ``"m"``); None keeps the values with an unknown unit.
+
+    Raises:
+        SourceError: a missing, unreadable, unsafe or wrongly sized file (one line); the store is
+            unchanged.
+    """
+    kind = KIND_NAMES.get(kind, kind)
+    if kind not in COMPONENTS:
+        raise ConfigError(f"component: expected masks or depth, got {kind!r}")
+    root = Path(folder)
+    if not root.is_dir():
+        raise SourceError(f"{root}: no such folder")
+    store = open_store(store_path)
+    source = store.manifest.get("source", {})
+    factor, rule = int(source.get("downscale", 1) or 1), str(source.get("downscale_rule", "exact"))
+    files: dict[str, Path] = {}
+    missing: list[str] = []
+    table = store.table
+    for row, name in enumerate(table.names):
+        try:
+            path = component_file(root, name, kind)
+        except UntrustedFileError as exc:
+            raise SourceError(f"{exc}") from None
+        if path is None:
+            missing.append(name)
+            continue
+        files[name] = path
+        width, height = component_size(path)
+        empty = np.zeros((height, width), dtype=np.uint8)
+        fit_component(kind, empty, int(table.height[row]), int(table.width[row]), factor, rule, str(path))
+    if missing:
+        raise SourceError(
+            f"{root}: no {kind} file for image {missing[0]!r} ({len(missing)} of {len(table.names)} images "
+            f"have none; looked for its name with {', '.join(_SUFFIXES[kind])})"
+        )
+    scale = 1.0 if depth_scale is None or kind == "mask" else float(depth_scale)
+    unit = "m" if kind == "depth" and depth_scale is not None else ""
+    load = _FolderLoad(files, kind, scale, factor, rule)
+    described = {"from": str(root.resolve())}
+    from raykit.store import add_component
+
+    return add_component(
+        store.url, kind, load, dtype=dtype, unit=unit, scale=scale, source=described, progress=progress
+    )
+
+
+@dataclass(frozen=True)
+class _FolderLoad:
+    files: Mapping[str, Path]
+    kind: str
+    scale: float
+    factor: int
+    rule: str
+
+    def __call__(self, name: str, height: int, width: int) -> np.ndarray:
+        path = self.files[name]
+        values = read_component_file(path, self.kind, self.scale)
+        return fit_component(self.kind, values, height, width, self.factor, self.rule, str(path))

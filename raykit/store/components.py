@@ -10,7 +10,7 @@ the same bytes in both backends and both layouts:
 * zarr: per split, the split's arrays end to end in the sharded ``uint8`` array
   ``zarr/{split}/{component}`` (inner chunks of 64 KiB, ``bytes`` + ``crc32c``, shards of 64 MiB),
   each one's first byte in ``zarr/{split}/{component}_offsets``, as the images layout stores images;
-* wds: tars ``wds/{split}-{component}-{shard:06d}.tar`` of members ``{split}_{i:08d}.{component}.npy``
+* wds: tars ``wds/{component}/{split}-{shard:06d}.tar`` of members ``{split}_{i:08d}.{component}.npy``
   (``i``: the image's index in its split), closed once they hold 64 MiB.
 
 ``index-{component}.json`` records per split each array's size and CRC-32C (checked on every read)
@@ -44,6 +44,7 @@ __all__ = [
     "COMPONENT_DTYPES",
     "FRAMES_FILE",
     "ComponentInfo",
+    "component_files",
     "decode_component",
     "encode_component",
     "fit_component",
@@ -137,6 +138,19 @@ class ComponentInfo:
             )
         except (ConfigError, KeyError, TypeError, ValueError) as exc:
             raise StoreCorruptError(f"{where}: component {name!r}: malformed record ({exc})") from None
+
+
+def component_files(files: Iterable[str]) -> set[str]:
+    """The files of ``files`` (relative paths) that belong to components, whatever the backend."""
+    found = set()
+    for rel in files:
+        parts = rel.split("/")
+        index = rel.startswith("index-") and rel.removeprefix("index-").removesuffix(".json") in COMPONENTS
+        zarr = len(parts) >= 3 and parts[0] == "zarr" and parts[2].removesuffix("_offsets") in COMPONENTS
+        wds = len(parts) == 3 and parts[0] == "wds" and parts[1] in COMPONENTS
+        if index or zarr or wds:
+            found.add(rel)
+    return found
 
 
 def store_fingerprint(content: str, components: Mapping[str, ComponentInfo]) -> str:
@@ -307,7 +321,7 @@ class _Sink:
             if pairs:
                 tar, offsets = tar_bytes((k.decode(), v) for k, v in pairs)
                 self.entry.setdefault("member", []).extend(offsets)
-                self._write(f"wds/{self.split}-{self.name}-{self._shard:06d}.tar", tar)
+                self._write(f"wds/{self.name}/{self.split}-{self._shard:06d}.tar", tar)
             self._held, self._size = [], 0
         self._shard += 1
 
@@ -429,7 +443,7 @@ def read_component_bytes(
             c = (shard + 1) * SHARD_CHUNKS
         data = b"".join(parts)
     else:
-        rel = f"wds/{split}-{name}-{int(entry['shard'][i]):06d}.tar"
+        rel = f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"
         offset = int(entry["member"][i])
         data = bytes(read(rel, offset, offset + size))
     if len(data) != size or int(google_crc32c.value(data)) != int(entry["crc32c"][i]):

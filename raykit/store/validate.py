@@ -31,7 +31,7 @@ import numpy as np
 from raykit.errors import RaykitError, StoreError
 from raykit.ordered import in_order
 from raykit.store.backends import backend_named
-from raykit.store.components import decode_component
+from raykit.store.components import component_files, decode_component
 from raykit.store.files import local_files_bytes
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
@@ -54,8 +54,16 @@ __all__ = [
 
 
 def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
-    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``)."""
-    return backend_named(store.backend).field_bytes(store.splits, store.files, store.index)
+    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``;
+    components are counted apart, ``component_bytes``)."""
+    skip = component_files(store.files)
+    files = {rel: entry for rel, entry in store.files.items() if rel not in skip}
+    return backend_named(store.backend).field_bytes(store.splits, files, store.index)
+
+
+def component_bytes(store: RayStore) -> int:
+    """Bytes on disk of the component files (payload, zarr metadata and index files)."""
+    return sum(int(store.files[rel]["size"]) for rel in component_files(store.files))
 
 
 def payload_bytes(store: RayStore) -> int:
@@ -91,6 +99,10 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "backend": store.backend,
         "format_version": store.manifest["format_version"],
         "content_fingerprint": store.fingerprint,
+        "store_fingerprint": store.store_fingerprint,
+        "components": {name: info.to_dict() for name, info in store.components.items()},
+        "frame_metadata": store.manifest.get("frame_metadata"),
+        "component_bytes": component_bytes(store),
         "splits": {
             name: {**info.to_dict(), "holds_images": info.holds_images} for name, info in store.splits.items()
         },
