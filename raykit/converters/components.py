@@ -232,13 +232,16 @@ def add_component_files(
             missing.append(name)
             continue
         files[name] = path
-        width, height = component_size(path)
-        empty = np.zeros((height, width), dtype=np.uint8)
-        fit_component(kind, empty, int(table.height[row]), int(table.width[row]), factor, rule, str(path))
     if missing:
         raise SourceError(
             f"{root}: no {kind} file for image {missing[0]!r} ({len(missing)} of {len(table.names)} images "
             f"have none; looked for its name with {', '.join(_SUFFIXES[kind])})"
+        )
+    for row, name in enumerate(table.names):  # sizes from the headers: nothing decoded, nothing written
+        width, height = component_size(files[name])
+        empty = np.zeros((height, width), dtype=np.uint8)
+        fit_component(
+            kind, empty, int(table.height[row]), int(table.width[row]), factor, rule, str(files[name])
         )
     scale = 1.0 if depth_scale is None or kind == "mask" else float(depth_scale)
     unit = "m" if kind == "depth" and depth_scale is not None else ""

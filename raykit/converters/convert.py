@@ -174,6 +174,8 @@ def _checked_cameras(
                 cameras.append(view.camera.scaled(factor))
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
+    if len(cameras) == len(views):  # masks and depth maps that do not fit their image, one line each
+        problems.extend(component_problems(views, cameras, factor, rule))
     problems.raise_if_any()
     _warn_large(views)
     return cameras, policies
@@ -250,8 +252,6 @@ def build_records(
     if downscale_rule == "mipnerf360" and factor != downscale:
         raise ConfigError("downscale_rule mipnerf360 downscales from full resolution, not from images_N")
     cameras, policies = _checked_cameras(capture, exif, factor, progress, threads, downscale_rule)
-    if bad := component_problems(views, cameras, factor, downscale_rule):
-        raise SourceError(bad)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
