@@ -223,7 +223,7 @@ def add_component_files(
     files: dict[str, Path] = {}
     missing: list[str] = []
     table = store.table
-    for row, name in enumerate(table.names):
+    for name in table.names:
         try:
             path = component_file(root, name, kind)
         except UntrustedFileError as exc:
