@@ -100,7 +100,8 @@ class ImageBatch:
             not served (``components``; :mod:`raykit.loaders.components`): the store's mask at the
             loader's level, undistorted and cropped as the pixels, by the nearest sample.
         depth: (B, H, W) float32 on the loader's device (metres when the store knows the scale,
-            0 = unknown), or None when not served; transformed as ``mask``.
+            0 = unknown), or None when not served; transformed as ``mask``. Both, on the CPU with
+            B = 1, views of the loader's cache: do not write into them.
     """
 
     images: torch.Tensor
@@ -692,8 +693,9 @@ class ImageLoader(BatchLoader):
         return loaded
 
     def _component_tensor(self, arrays: list[np.ndarray], cuda: bool) -> torch.Tensor:
-        """(B, H, W) of B component arrays on the device: uint8 masks, float32 depth."""
-        host = np.stack(arrays)
+        """(B, H, W) of B component arrays on the device: uint8 masks, float32 depth (on the CPU with
+        B = 1, a view of the cache, as the images with a ``transform``: do not write into it)."""
+        host = arrays[0][None] if len(arrays) == 1 else np.stack(arrays)
         if host.dtype == np.float16:
             host = host.astype(np.float32)
         tensor = torch.from_numpy(host)

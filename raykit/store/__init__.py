@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from raykit.lazy import lazy_attribute
+from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo, fit_component
 from raykit.store.files import is_url, store_lock
 from raykit.store.points import SparsePoints
 from raykit.store.reader import RayRangeError, RayStore, Timed, open_store
@@ -41,13 +42,13 @@ from raykit.store.spec import (
 if TYPE_CHECKING:
     from raykit.store.phases import format_phases, recording_phases
     from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
-    from raykit.store.write import copy_store, work_folder, write_remote, write_store
+    from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "phases": ("format_phases", "recording_phases"),
     "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
-    "write": ("copy_store", "work_folder", "write_remote", "write_store"),
+    "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -62,6 +63,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BACKENDS",
+    "COMPONENTS",
+    "COMPONENT_DTYPES",
     "DEFAULT_CHUNK_RAYS",
     "DEFAULT_SHARD_CHUNKS",
     "FORMAT_VERSION",
@@ -70,6 +73,7 @@ __all__ = [
     "RAYS_LAYOUT",
     "RGBA_CODEC",
     "RGBA_CODECS",
+    "ComponentInfo",
     "FieldSpec",
     "ImageRecord",
     "RawRays",
@@ -80,10 +84,12 @@ __all__ = [
     "SplitInfo",
     "StoreSpec",
     "Timed",
+    "add_component",
     "copy_store",
     "decode_pids",
     "encode_pids",
     "field_bytes",
+    "fit_component",
     "format_phases",
     "holds_images",
     "is_url",

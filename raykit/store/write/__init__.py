@@ -14,15 +14,29 @@ then uploaded file by file with ``manifest.json`` last (until it is there, reade
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from raykit.errors import ConfigError, StoreError
-from raykit.store.files import OVERWRITE_HINT, filesystem, holding_store_lock, read_errors
+from raykit.fileio import atomic_write_json
+from raykit.progress import progress as progress_bar
+from raykit.store.components import ComponentInfo, write_component
+from raykit.store.files import (
+    OVERWRITE_HINT,
+    filesystem,
+    holding_store_lock,
+    is_url,
+    json_digest,
+    read_errors,
+    store_lock,
+)
 from raykit.store.points import SparsePoints
 from raykit.store.schema import ImageRecord, SceneInfo
 from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
@@ -35,6 +49,7 @@ if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
 __all__ = [
+    "add_component",
     "copy_store",
     "upload_store",
     "work_folder",
@@ -74,6 +89,7 @@ def write_store(
     source: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     points: SparsePoints | None = None,
+    components: Sequence[ComponentInfo] = (),
 ) -> RayStore:
     """Write a store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
@@ -87,6 +103,9 @@ def write_store(
         overwrite: replace an existing store at ``dst``.
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
             (``raykit.store.points``).
+        components: the per-image components to store (``ComponentInfo``: name, dtype, unit, scale),
+            each record's ``components[name]()`` giving its array; records' ``metadata`` is kept as
+            per-frame metadata (``raykit.store.components``).
     """
     spec = StoreSpec(
         kind=layout,
@@ -102,7 +121,16 @@ def write_store(
     )
     ordered = order_records(records)
     request = WriteRequest(
-        Path(dst), ordered, scene, spec, executor, progress, dict(source or {}), overwrite, points
+        Path(dst),
+        ordered,
+        scene,
+        spec,
+        executor,
+        progress,
+        dict(source or {}),
+        overwrite,
+        points,
+        tuple(components),
     )
     return _PAYLOAD_WRITERS[spec.kind](request)
 
@@ -135,12 +163,76 @@ def copy_store(
     if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
         spec = store.spec.replace(backend=backend)
         points = store.sparse_points()
-        request = WriteRequest(Path(dst), [], store.scene, spec, executor, progress, {}, overwrite, points)
+        request = WriteRequest(
+            Path(dst), [], store.scene, spec, executor, progress, {}, overwrite, points, extras_from=store
+        )
         return copy_rays(store, request, with_pids)
     from raykit.store.write.copy import copy_request
 
     request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
+    request = dataclasses.replace(request, extras_from=store)  # its components and frame metadata
     return _PAYLOAD_WRITERS[request.spec.kind](request)
+
+
+def add_component(
+    path: str | Path,
+    name: str,
+    load: Callable[[str, int, int], np.ndarray],
+    *,
+    dtype: str = "",
+    unit: str = "",
+    scale: float = 1.0,
+    source: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> RayStore:
+    """Add component ``name`` to the committed local store at ``path`` without touching its pixels:
+    its files are written (each atomically), then the manifest is rewritten last with the component
+    in ``components`` and its files in ``files``; the content (pixel) fingerprint is unchanged, the
+    store fingerprint records the component. Holds the store's writer lock.
+
+    Args:
+        load: ``load(image name, height, width)`` -> the image's array at its stored size.
+
+    Raises:
+        ConfigError: a remote store, or one that has the component already.
+        SourceError: an array of the wrong size or values (one line naming the image); the store is
+            unchanged.
+    """
+    from raykit.store.reader import open_store
+
+    if is_url(str(path)):
+        raise ConfigError(f"{path}: add-component writes local stores only")
+    store = open_store(path)
+    root = Path(store.url)
+    with store_lock(root):
+        store = open_store(root)  # as committed now, under the lock
+        if name in store.components:
+            raise ConfigError(f"{store.url}: the store has a {name} component already")
+        info = ComponentInfo(name, dtype, unit, scale, source=dict(source or {}))
+        table = store.table
+        images = [
+            (table.names[r], table.splits[r], int(table.height[r]), int(table.width[r]))
+            for r in range(len(table.names))
+        ]
+
+        def bar(rows: Iterable[int]) -> Iterable[int]:
+            return progress_bar(
+                rows, total=len(images), desc=f"add {name}", unit="image", disable=not progress
+            )
+
+        done, files = write_component(
+            root, store.backend, info, images, lambda r: load(*_args(images[r])), bar
+        )
+        manifest = {k: v for k, v in store.manifest.items() if k != "manifest_digest"}
+        manifest["files"] = dict(sorted({**manifest["files"], **files}.items()))
+        manifest["components"] = {**manifest.get("components", {}), name: done.to_dict()}
+        manifest["manifest_digest"] = json_digest(manifest)
+        atomic_write_json(root / "manifest.json", manifest)
+    return open_store(root)
+
+
+def _args(image: tuple[str, str, int, int]) -> tuple[str, int, int]:
+    return image[0], image[2], image[3]
 
 
 # Object storage: written locally, then uploaded with the manifest last.

@@ -6,16 +6,18 @@ the last phase (``commit``: ``index.json``, the points, the manifest, the rename
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from raykit.errors import ConfigError
+from raykit.errors import ConfigError, SourceError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
 from raykit.store.backends import Backend, PayloadSpec, backend_named
+from raykit.store.components import FRAMES_FILE, write_component, write_frame_metadata
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
@@ -74,8 +76,14 @@ class StoreContent:
         """What the backend needs to encode this content's rays (``PayloadSpec``)."""
         return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
 
-    def manifest(self, files: Mapping[str, Any], index: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """The manifest of this content with ``files`` (relative path -> record) and ``index.json``."""
+    def manifest(
+        self,
+        files: Mapping[str, Any],
+        index: Mapping[str, Mapping[str, Any]],
+        extra: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The manifest of this content with ``files`` (relative path -> record), ``index.json`` and
+        the optional keys ``extra`` (``components``, ``frame_metadata``)."""
         splits = {k: v.to_dict() for k, v in self.splits.items()}
         hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
         fields = {spec.name: spec.to_dict() for spec in self.fields}
@@ -96,6 +104,7 @@ class StoreContent:
             "content_fingerprint": content_fingerprint(
                 self.table, self.scene.to_dict(), hashed, fields, crcs
             ),
+            **(extra or {}),
         }
         manifest["manifest_digest"] = json_digest(manifest)
         return manifest
@@ -197,7 +206,8 @@ def commit(
 ) -> RayStore:
     """The last phase of a write: ``index.json``, the points, the manifest, the rename to ``dst``;
     ``profile`` gets its laps and is finished. Returns the store opened."""
-    write_index_and_manifest(partial, content, files, index)
+    extra = write_extras(partial, request, content, files)
+    write_index_and_manifest(partial, content, files, index, extra)
     profile.wall.lap("index_manifest")
     store = commit_store(partial, request.dst, request.overwrite)
     profile.wall.lap("commit")
@@ -205,8 +215,60 @@ def commit(
     return store
 
 
+def write_extras(
+    partial: Path, request: WriteRequest, content: StoreContent, files: dict[str, Any]
+) -> dict[str, Any]:
+    """Write the request's components and per-frame metadata into ``partial`` (or, for a copy, those
+    of ``request.extras_from``); their file records go into ``files``. Returns the manifest keys that
+    describe them (none when there are none: such a store's bytes are those of a store without)."""
+    names = content.table.column("name").to_pylist()
+    columns = ("split", "height", "width")
+    rows = zip(names, *(content.table.column(k).to_pylist() for k in columns), strict=True)
+    images = [(n, s, int(h), int(w)) for n, s, h, w in rows]
+    src = request.extras_from
+    wanted = (
+        list(request.components) if src is None else [replace(i, index="") for i in src.components.values()]
+    )
+    by_name = {r.name: r for r in request.records}
+    extra: dict[str, Any] = {}
+    for info in wanted:
+        if src is not None:
+            load = functools.partial(_copied_component, src, info.name, names)
+        else:
+            missing = [n for n in names if info.name not in by_name[n].components]
+            if missing:
+                raise SourceError(
+                    f"image {missing[0]!r}: no {info.name} ({len(missing)} of {len(names)} images have none)"
+                )
+            load = functools.partial(_record_component, by_name, info.name, names)
+        done, written = write_component(partial, content.backend.name, info, images, load)
+        files.update(written)
+        extra.setdefault("components", {})[info.name] = done.to_dict()
+    if src is not None:
+        frames = {n: src.frame_metadata(n) for n in names}
+    else:
+        frames = {n: dict(by_name[n].metadata) for n in names if n in by_name}
+    frames = {k: v for k, v in frames.items() if v}
+    if frames:
+        files[FRAMES_FILE] = write_frame_metadata(partial, frames)
+        extra["frame_metadata"] = {"path": FRAMES_FILE, "n_frames": len(frames)}
+    return extra
+
+
+def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequence[str], row: int) -> Any:
+    return records[names[row]].components[name]()
+
+
+def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
+    return store.read_component(name, names[row])
+
+
 def write_index_and_manifest(
-    partial: Path, content: StoreContent, files: dict[str, Any], index: Mapping[str, Any]
+    partial: Path,
+    content: StoreContent,
+    files: dict[str, Any],
+    index: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Write ``index.json``, the points (when the content has them) and last ``manifest.json`` into
     ``partial``; ``files`` (the payload's records, ``cameras.parquet`` written already) gets theirs."""
@@ -217,7 +279,7 @@ def write_index_and_manifest(
         written.append(POINTS_FILE)
     for rel in written:
         files[rel] = file_record(partial / rel)
-    atomic_write_json(partial / "manifest.json", content.manifest(files, index))
+    atomic_write_json(partial / "manifest.json", content.manifest(files, index, extra))
 
 
 def source_fingerprint(records: Sequence[ImageRecord], staged: Sequence[Mapping[str, Any]]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from raykit.store.components import ComponentInfo
 from raykit.store.points import SparsePoints
 from raykit.store.schema import FieldSpec, ImageRecord, SceneInfo, SplitInfo
 from raykit.store.spec import RAYS_LAYOUT, StoreSpec, holds_images
@@ -42,6 +43,10 @@ class WriteRequest:
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the manifest's description
     overwrite: bool = False
     points: SparsePoints | None = None
+    # per-image components to write (each record's ``components[name]`` loads its array) and, for a
+    # copy, the store whose components and per-frame metadata it carries (``raykit.store.components``)
+    components: tuple[ComponentInfo, ...] = ()
+    extras_from: Any = None
 
 
 def record_plan(rec: ImageRecord) -> dict[str, Any]:
