@@ -97,7 +97,7 @@ class Scorer:
             psnr_value = float(masked_psnr(a, b, used[None])[0])
             psnr_float = float(masked_psnr(pred[None], target[None], used[None])[0])
             a, b = masked_pair(a, b, used[None], torch.tensor(self.background, dtype=torch.uint8))
-            pred, target = masked_pair(pred, target, used, background_tensor(self.background))
+            pred, target = masked_pair(pred, target, used, torch.tensor(self.background) / 255.0)
         record: dict[str, Any] = {
             "psnr": _finite(psnr_value),
             "ssim": float(ssim(a, b)[0]),
