@@ -10,7 +10,8 @@ Layouts of PRED (recognised in this order):
 - ``folder``: any folder of images (``.png``, ``.jpg``, ``.jpeg``, ``.webp``, ``.npy``, ``.exr``), searched
   recursively; raykit's own ``renders/SPLIT/NNN_NAME.png`` match ``NAME`` after the index prefix.
 
-GT is a folder of images or a raykit store split written ``STORE:SPLIT``. Images are matched by their path
+GT is a folder of images or a raykit store split written ``STORE:SPLIT`` (with the store's masks, when it
+has them: a masked evaluation, ``raykit.evaluation.score``). Images are matched by their path
 relative to the folder without the extension, then without a leading ``NNN_``, then by the file stem alone
 when it names one ground-truth image; every image must have exactly one partner. Every problem is a
 :class:`~raykit.errors.SourceError` whose one line names the file.
@@ -43,11 +44,13 @@ _INDEX_PREFIX = re.compile(r"^\d+_")
 @dataclass(frozen=True)
 class ImageRef:
     """One image: ``label`` names it in messages, ``loader`` returns its pixels (``(H, W, 3|4)`` uint8 or
-    float), ``file`` is the file whose bytes are hashed (None: the pixels are hashed)."""
+    float), ``file`` is the file whose bytes are hashed (None: the pixels are hashed); ``mask`` returns the
+    ground truth's ``(H, W)`` uint8 mask (0 = pixel not used; a store's ``mask`` component), or None."""
 
     label: str
     loader: Callable[[], np.ndarray]
     file: Path | None = None
+    mask: Callable[[], np.ndarray] | None = None
 
     def load(self) -> np.ndarray:
         return load_pixels(self.label, self.loader)
@@ -199,9 +202,12 @@ def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef
         raise SourceError(
             f"{text}: the store has no split {split!r} (it has {', '.join(sorted(store.splits))})"
         )
+    masked = "mask" in store.components
     return {
         Path(name).with_suffix("").as_posix(): ImageRef(
-            f"{text}/{name}", functools.partial(store.read_image, name)
+            f"{text}/{name}",
+            functools.partial(store.read_image, name),
+            mask=functools.partial(store.read_component, "mask", name) if masked else None,
         )
         for name in store.images(split)
     }

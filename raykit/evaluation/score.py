@@ -10,7 +10,10 @@
                  "prediction_sha256": "...", "ground_truth_sha256": "...",
                  "psnr": 27.5, "ssim": 0.94, "lpips": 0.07}, ...]}
 
-A PSNR of identical images (infinite) is written as null, and so is a mean over it. ``lpips`` is
+A PSNR of identical images (infinite) is written as null, and so is a mean over it. Ground truth from a
+store with masks is a *masked* evaluation (``--masks``, the default): each image is scored on the pixels
+its mask uses (``raykit.metrics.MASKED_SCORING``), and the protocol block says ``"masked": true`` and
+``"mask"`` (the rule), so the results are never mistaken for an unmasked evaluation's. ``lpips`` is
 AlexNet's figure, ``lpips_vgg`` VGG's (protocol ``nerf``). An image's sha256 is its file's bytes (or, for an
 image inside another file or a store, its pixels); a set's is the sha256 of its ``NAME SHA256`` lines in
 name order. Paths are written as given, so moving the inputs keeps the bytes.
@@ -34,11 +37,14 @@ from raykit.evaluation.inputs import Pair, PairSet, find_pairs
 from raykit.fileio import atomic_write_json
 from raykit.metrics import (
     LPIPS,
+    MASKED_SCORING,
     MIN_SIDE,
     Protocol,
     background_tensor,
     load_lpips,
     lpips_weight_paths,
+    masked_pair,
+    masked_psnr,
     parse_background,
     protocol_named,
     psnr,
@@ -87,6 +93,11 @@ class EvaluateConfig:
     )
     device: str = option("cpu", "device the metrics run on (cpu, cuda, cuda:1, ...)")
     threads: int = option(2, "threads reading and hashing images ahead of the metrics")
+    masks: bool = option(
+        True,
+        "score only the pixels the ground truth's masks use (a raykit store with masks); named a masked "
+        "evaluation in the results",
+    )
 
     def check(self) -> None:
         protocol_named(self.protocol)
@@ -108,20 +119,29 @@ class _Loaded:
     pred_sha256: str
     gt_sha256: str
     figures: dict[str, float | None] | None = None
+    used: torch.Tensor | None = None  # (H, W) bool: the pixels a masked evaluation scores
 
 
-def _figures(pred: torch.Tensor, gt: torch.Tensor, protocol: Protocol) -> dict[str, float | None]:
-    """PSNR and SSIM of one ``(1, H, W, 3)`` uint8 pair under ``protocol``."""
+def _figures(
+    pred: torch.Tensor, gt: torch.Tensor, protocol: Protocol, used: torch.Tensor | None = None
+) -> dict[str, float | None]:
+    """PSNR and SSIM of one ``(1, H, W, 3)`` uint8 pair under ``protocol`` (with ``used``, the pair
+    already masked: PSNR over the used pixels)."""
+    value = psnr(pred, gt) if used is None else masked_psnr(pred, gt, used[None].to(pred.device))
     return {
-        "psnr": _finite(float(psnr(pred, gt)[0])),
+        "psnr": _finite(float(value[0])),
         "ssim": float(ssim(pred, gt, kernel_size=protocol.ssim_kernel, sigma=protocol.ssim_sigma,
                             k1=protocol.ssim_k1, k2=protocol.ssim_k2)[0]),
     }  # fmt: skip
 
 
-def _load_pair(pair: Pair, background: torch.Tensor, protocol: Protocol | None) -> _Loaded:
+def _load_pair(
+    pair: Pair, background: torch.Tensor, protocol: Protocol | None, masks: bool = True
+) -> _Loaded:
     """Read, check, hash and convert one pair; with ``protocol`` (metrics on the CPU) score it too, here
-    on the reader thread, so that pairs are scored in parallel (OpenCV and numpy release the GIL)."""
+    on the reader thread, so that pairs are scored in parallel (OpenCV and numpy release the GIL). With
+    ``masks`` and a ground-truth mask, the pair's unused pixels are set to the background (SSIM and LPIPS
+    compare that pair; PSNR is over the used pixels)."""
     pred, gt = pair.pred.load(), pair.gt.load()
     if pred.shape[:2] != gt.shape[:2]:
         raise SourceError(
@@ -134,8 +154,15 @@ def _load_pair(pair: Pair, background: torch.Tensor, protocol: Protocol | None) 
         pair.pred.sha256(pred),
         pair.gt.sha256(gt),
     )
+    if masks and pair.gt.mask is not None:
+        mask = np.asarray(pair.gt.mask())
+        if mask.shape != gt.shape[:2]:
+            raise SourceError(f"{pair.gt.label}: its mask is {mask.shape[1]}x{mask.shape[0]}, the image not")
+        loaded.used = torch.from_numpy(mask > 0)
+        fill = (background * 255.0).round().to(torch.uint8)
+        loaded.pred, loaded.gt = masked_pair(loaded.pred, loaded.gt, loaded.used, fill)
     if protocol is not None:
-        loaded.figures = _figures(loaded.pred[None], loaded.gt[None], protocol)
+        loaded.figures = _figures(loaded.pred[None], loaded.gt[None], protocol, loaded.used)
     return loaded
 
 
@@ -155,7 +182,10 @@ def _scored(pairs: list[Pair], config: EvaluateConfig) -> Iterator[tuple[Pair, _
     on_cpu = protocol_named(config.protocol) if torch.device(config.device).type == "cpu" else None
     with ThreadPoolExecutor(config.threads) as pool:
         yield from in_order(
-            pool, lambda pair: _load_pair(pair, background, on_cpu), pairs, ahead=2 * config.threads
+            pool,
+            lambda pair: _load_pair(pair, background, on_cpu, config.masks),
+            pairs,
+            ahead=2 * config.threads,
         )
 
 
@@ -174,6 +204,7 @@ def score(found: PairSet, config: EvaluateConfig) -> dict[str, Any]:
     models = _lpips_models(config)
     device = torch.device(config.device)
     images = []
+    masked = False
     for pair, loaded in _scored(found.pairs, config):
         pred, gt = loaded.pred[None].to(device), loaded.gt[None].to(device)
         record: dict[str, Any] = {
@@ -182,17 +213,21 @@ def score(found: PairSet, config: EvaluateConfig) -> dict[str, Any]:
             "ground_truth": pair.gt.label,
             "prediction_sha256": loaded.pred_sha256,
             "ground_truth_sha256": loaded.gt_sha256,
-            **(loaded.figures or _figures(pred, gt, protocol)),
+            **(loaded.figures or _figures(pred, gt, protocol, loaded.used)),
         }
+        masked = masked or loaded.used is not None
         _check_lpips_size(pair, loaded.pred.shape, models)
         with torch.no_grad():
             for net, model in models.items():
                 record["lpips" if net == "alex" else f"lpips_{net}"] = float(model(pred, gt)[0])
         images.append(record)
     metrics = [k for k in ("psnr", "ssim", "lpips", "lpips_vgg") if images and k in images[0]]
+    block = protocol.to_dict()
+    if masked:
+        block.update(masked=True, mask=MASKED_SCORING)
     return {
         "raykit_version": __version__,
-        "protocol": protocol.to_dict(),
+        "protocol": block,
         "lpips_computed": bool(models),
         "background": list(parse_background(config.background)),
         "predictions": {
