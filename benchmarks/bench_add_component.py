@@ -83,7 +83,8 @@ def measure(capture: Path, work: Path, backend: str) -> dict[str, Any]:
     from raykit.converters.components import add_component_files
 
     t0 = time.perf_counter()
-    store = convert(capture, work / backend, layout="images", backend=backend, near=0.5, far=8.0, progress=False)
+    options = {"layout": "images", "backend": backend, "near": 0.5, "far": 8.0, "progress": False}
+    store = convert(capture, work / backend, **options)
     convert_s = time.perf_counter() - t0
     before = file_digests(work / backend)
     io0 = io_counters()
