@@ -300,7 +300,7 @@ class _Sink:
         atomic_write_bytes(self.root / rel, data)
         self.files[rel] = file_record(self.root / rel)
 
-    def _flush(self, last: bool = False) -> None:
+    def _flush(self) -> None:
         if self.backend == "zarr":
             from raykit.store.backends.zarr import shard_pieces
 
