@@ -188,6 +188,8 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
     depth = np.where(np.isfinite(depth), depth, np.float32(0))
     if (depth < 0).any():
         raise SourceError(f"{where}: negative depth values (min {float(depth.min()):.4g}); expected >= 0")
+    if info.dtype == "float16" and depth.size and float(depth.max()) > float(np.finfo(np.float16).max):
+        raise SourceError(f"{where}: depth {float(depth.max()):.6g} exceeds float16's range; store float32")
     return _npy(depth.astype(info.dtype))
 
 
@@ -298,7 +300,7 @@ class _Sink:
         atomic_write_bytes(self.root / rel, data)
         self.files[rel] = file_record(self.root / rel)
 
-    def _flush(self, last: bool = False) -> None:
+    def _flush(self) -> None:
         if self.backend == "zarr":
             from raykit.store.backends.zarr import shard_pieces
 
