@@ -7,7 +7,9 @@ map (float32 (H, W), metres when the store says so, 0 = unknown): ``RayStore.com
 
 - :class:`ComponentGather` (``RayLoader``, either layout): each ray's values, gathered by its pixel id
   from the image's decoded component (decoded once per image and cached), into ``raw.extra[name]``:
-  ``mask`` (N,) uint8, ``depth`` (N,) float32; the batch carries them in ``RayBatch.extra``.
+  ``mask`` (N,) uint8, ``depth`` (N,) float32; the batch carries them in ``RayBatch.extra``. On a
+  rays-layout split they are gathered once per chunk as the chunk is cached
+  (:class:`ComponentChunkCache`) and mixed with its rays; on an images-layout split, per group.
 - :func:`read_components` (``ImageLoader``): an image's components at the loader's level (the store's
   ``downscale_mask``/``downscale_depth`` rules) and, with ``undistort``, resampled by the nearest sample
   (:meth:`raykit.image_geometry.RemapTable.apply_nearest`: no value made up at edges).
@@ -34,6 +36,7 @@ from raykit.loaders.config import COMPONENTS
 from raykit.store import RawRays, RayStore
 
 __all__ = [
+    "ComponentChunkCache",
     "ComponentGather",
     "ImageComponents",
     "WithComponents",
@@ -152,17 +155,28 @@ class ComponentGather:
         return read_components(self.store, name, self.names).arrays
 
     def __call__(self, raw: RawRays) -> RawRays:
+        """``raw`` with its rays' components in ``extra`` (as it is when they are there already: rays
+        of chunks a :class:`ComponentChunkCache` held)."""
+        if all(name in raw.extra for name in self.names):
+            return raw
         pid = raw.pid
+        return RawRays(raw.rgba, pid, {**raw.extra, **self.values(pid)})
+
+    def attach(self, chunk: RawRays) -> None:
+        """Put the components of ``chunk``'s rays into its ``extra`` (in place)."""
+        if not all(name in chunk.extra for name in self.names):
+            chunk.extra.update(self.values(chunk.pid))
+
+    def values(self, pid: np.ndarray) -> dict[str, np.ndarray]:
+        """(N,) pixel ids -> each component's (N,) values: uint8 masks, float32 depth."""
         if self.flat is not None:
             if not self.complete:
                 self._load(np.unique(self.rows_of(pid)))
-            values = {name: flat[pid] for name, flat in self.flat.items()}
+            index = pid.astype(np.intp)  # converted once; ``take`` gathers about twice as fast as ``[]``
+            values = {name: np.take(flat, index) for name, flat in self.flat.items()}
         else:
             values = self._by_image(pid)
-        extra = dict(raw.extra)
-        for name, value in values.items():
-            extra[name] = value if value.dtype != np.float16 else value.astype(np.float32)
-        return RawRays(raw.rgba, pid, extra)
+        return {name: v if v.dtype != np.float16 else v.astype(np.float32) for name, v in values.items()}
 
     def _load(self, rows: np.ndarray) -> None:
         """Decode the ``rows`` not decoded yet into the flat arrays."""
@@ -204,6 +218,21 @@ class ComponentGather:
     def _one(self, row: int, name: str) -> np.ndarray:
         array = read_components(self.store, self.store.table.names[row], (name,)).arrays[name]
         return array.reshape(-1)
+
+
+class ComponentChunkCache(ChunkCache[RawRays]):
+    """A rays-layout loader's LRU of decoded chunks whose chunks carry their rays' components: gathered
+    once per chunk as it is cached (:meth:`ComponentGather.attach`), then mixed with the rays, so that
+    a split that fits the cache gathers nothing per batch (shuffled rays reach every image: a gather
+    per batch is one random read per ray and component). Chunks hold 5 more bytes per ray."""
+
+    def __init__(self, capacity: int, gather: ComponentGather) -> None:
+        super().__init__(capacity)
+        self.gather = gather
+
+    def put(self, key: Any, value: RawRays) -> None:
+        self.gather.attach(value)
+        super().put(key, value)
 
 
 class WithComponents:

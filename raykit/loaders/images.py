@@ -598,18 +598,35 @@ class ImageLoader(BatchLoader):
         (all of them when the capture fits ``cache_bytes``); the number cached.
 
         Afterwards a capture that fits is served from the cache on the calling thread from the first
-        batch on (nerfstudio's full-image datamanager likewise decodes everything at setup).
+        batch on (nerfstudio's full-image datamanager likewise decodes everything at setup). The
+        served components (``components``) of the same images are read too, while they fit theirs.
         """
         if self.source.shuffled_rays:
             self._fill_cache()
+            self._preload_components(range(self.source.n_images))
             return len(self.cache)
         epoch = self.epoch + 1 if self.batch >= self.plan.n_batches else self.epoch
         room = self.cache.capacity - self.cache.stats().bytes
-        chosen = self._fitting(dict.fromkeys(int(p) for p in self.plan.rank_order(epoch)), room)
+        order = dict.fromkeys(int(p) for p in self.plan.rank_order(epoch))
+        chosen = self._fitting(order, room)
         for _ in self._fetcher_ready().fetch(chosen):
             pass
         self._filled = True
+        self._preload_components(order)
         return len(self.cache)
+
+    def _preload_components(self, positions: Iterable[int]) -> None:
+        """Read the components of ``positions`` into their cache, in order, while they fit."""
+        if not self.components:
+            return
+        room = self._component_cache.capacity - self._component_cache.stats().bytes
+        for position in positions:
+            if position in self._component_cache:
+                continue
+            held = self._image_components(position)
+            room -= sum(array.nbytes for array in held.arrays.values())
+            if room <= 0:
+                return
 
     def _fill_cache(self) -> None:
         """On a shuffled ray-layout split, gather what fits in the cache in one pass (module docstring)."""

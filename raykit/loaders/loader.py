@@ -20,6 +20,7 @@ from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
 from raykit.loaders.components import (
+    ComponentChunkCache,
     ComponentGather,
     WithComponents,
     component_budget,
@@ -157,6 +158,8 @@ class RayLoader(BatchLoader):
         self.plan = self.strategy.plan(self.source, pixels, *distributed_rank(cfg.rank, cfg.world_size))
         check_cache_kind(cfg.cache, self.strategy.name, cfg.split)
         self.cache: ChunkCache[RawRays] = self.strategy.cache(pixels, self.source, self.plan)
+        if gather is not None and self.strategy.name == "rays":  # chunks carry their components
+            self.cache = ComponentChunkCache(self.cache.capacity, gather)
         group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(pixels)
         self.prefetch, self.group_rays = cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
