@@ -12,7 +12,7 @@ draining what its prefetch made meanwhile:
   over windows of ``--batches`` batches;
 * ``images_loader``: the same on the images-layout store (its window strategy);
 * ``image_loader``: ``ImageLoader`` on the images-layout store, one image a batch, images/s over windows
-  of ``--batches`` // 2 batches.
+  of ``--batches`` batches.
 
 Each window also records its figure per second of the process's CPU time (``*_cpu``: the loader's
 cost, steadier than wall time on a shared machine). The result is each figure's median over the
@@ -77,7 +77,7 @@ def measure(rays: Path, images: Path, rounds: int, window: int) -> list[dict[str
     kinds = {
         "rays_loader": (window, False),
         "images_loader": (window, False),
-        "image_loader": (window // 2, True),
+        "image_loader": (window, True),
     }
     unit = {True: "images_per_s", False: "rays_per_s"}
     records: dict[tuple[int, str], dict[str, Any]] = {}
