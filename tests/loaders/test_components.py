@@ -177,3 +177,18 @@ def test_eval_loader_rays_carry_the_images_components(capture: dict[str, Any]) -
         piece = next(image.batches(100))
         assert piece.extra["mask"].shape == (100,)
     assert next(iter(EvalLoader(store, "test", components=()))).rays.extra == {}
+
+
+def test_image_loader_with_a_worker_process_and_resume(capture: dict[str, Any]) -> None:
+    store = capture["images"]
+    with ImageLoader(store, "train", 1, 5, num_workers=1, undistort=True) as loader:
+        stream = iter(loader)
+        next(stream)
+        state = loader.state_dict()
+        expected = next(stream)
+    with ImageLoader(store, "train", 1, 5, undistort=True) as resumed:
+        resumed.load_state_dict(state)
+        again = next(iter(resumed))
+    assert again.names == expected.names
+    assert torch.equal(again.mask, expected.mask) and torch.equal(again.depth, expected.depth)
+    np.testing.assert_array_equal(again.mask[0].numpy(), _served(store, again.names[0], 1, True)["mask"])
