@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ import numpy as np
 from raykit.errors import ConfigError, SourceError, StoreCorruptError, StoreNotFoundError
 from raykit.fileio import UntrustedFileError, atomic_write_bytes, atomic_write_json, open_regular, safe_path
 from raykit.imagedecode import downscale_nearest
+from raykit.ordered import in_order
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "FRAMES_FILE",
     "ComponentInfo",
     "component_files",
+    "component_files_of",
     "decode_component",
     "encode_component",
     "fit_component",
@@ -348,7 +352,7 @@ def write_component(
     info: ComponentInfo,
     images: Sequence[tuple[str, str, int, int]],
     load: Callable[[int], np.ndarray],
-    progress: Callable[[Iterable[int]], Iterable[int]] = iter,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] = iter,
 ) -> tuple[ComponentInfo, dict[str, dict[str, Any]]]:
     """Write component ``info`` of the store at ``root`` (its files only, each atomically; the caller
     writes the manifest last).
@@ -356,7 +360,9 @@ def write_component(
     Args:
         backend: ``"zarr"`` or ``"wds"``.
         images: per camera-table row, ``(name, split, height, width)``.
-        load: ``load(row)`` -> the row's array at its stored size (``encode_component``'s input).
+        load: ``load(row)`` -> the row's array at its stored size (``encode_component``'s input);
+            called on a few threads, the arrays written in row order (the bytes do not depend on it).
+        progress: wraps the iterator of written rows (a progress bar).
 
     Returns:
         ``info`` completed (index path, counts, fingerprint) and the records of the files written
@@ -365,18 +371,23 @@ def write_component(
     Raises:
         SourceError: an array of the wrong size or values (one line naming the image).
     """
-    sinks: dict[str, _Sink] = {}
-    for row in progress(range(len(images))):
-        name, split, height, width = images[row]
+
+    def encoded(row: int) -> bytes:  # on a thread: decoding files and numpy release the GIL
+        name, _, height, width = images[row]
         values = np.asarray(load(row))
-        where = f"image {name!r}"
         if values.shape[:2] != (height, width):
-            raise SourceError(
-                f"{where}: {info.name} is {values.shape[1]}x{values.shape[0]}, expected {width}x{height}"
-            )
-        if split not in sinks:
-            sinks[split] = _Sink(root, backend, split, info.name)
-        sinks[split].add(encode_component(info, values, where))
+            shape = f"{values.shape[1]}x{values.shape[0]}" if values.ndim >= 2 else str(values.shape)
+            raise SourceError(f"image {name!r}: {info.name} is {shape}, expected {width}x{height}")
+        return encode_component(info, values, f"image {name!r}")
+
+    sinks: dict[str, _Sink] = {}
+    threads = max(1, min(4, os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads, "raykit-component") as pool:
+        for row, data in progress(in_order(pool, encoded, range(len(images)), 2 * threads)):
+            split = images[row][1]
+            if split not in sinks:
+                sinks[split] = _Sink(root, backend, split, info.name)
+            sinks[split].add(data)
     files: dict[str, dict[str, Any]] = {}
     index: dict[str, Any] = {}
     for split, sink in sinks.items():
@@ -418,6 +429,15 @@ def local_range_reader(url: str, root: str) -> ByteRange:
             raise StoreCorruptError(str(exc)) from None
 
     return read
+
+
+def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, Any], i: int) -> list[str]:
+    """Relative paths of the files holding image ``i`` (split-local) of component ``name``."""
+    if backend != "zarr":
+        return [f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"]
+    lo, per = int(entry["offset"][i]), CHUNK_BYTES * SHARD_CHUNKS
+    hi = lo + max(int(entry["bytes"][i]), 1)
+    return [f"zarr/{split}/{name}/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
 
 def read_component_bytes(

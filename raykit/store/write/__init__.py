@@ -215,7 +215,7 @@ def add_component(
             for r in range(len(table.names))
         ]
 
-        def bar(rows: Iterable[int]) -> Iterable[int]:
+        def bar(rows: Iterable[Any]) -> Iterable[Any]:
             return progress_bar(
                 rows, total=len(images), desc=f"add {name}", unit="image", disable=not progress
             )
