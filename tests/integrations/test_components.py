@@ -46,22 +46,29 @@ def _served(store: RayStore, name: str, key: str, level: int = 1, undistort: boo
     return array
 
 
-@pytest.mark.parametrize("layout", ["rays", "images"])
-def test_ray_datamanager_serves_mask_and_depth_image_per_ray(masked: dict[str, Path], layout: str) -> None:
+@pytest.mark.parametrize(("layout", "drop"), [("rays", False), ("images", False), ("rays", True)])
+def test_ray_datamanager_serves_mask_and_depth_image_per_ray(
+    masked: dict[str, Path], layout: str, drop: bool
+) -> None:
+    """With ``drop_masked`` (the default) only the rays the masks use are served, as nerfstudio's pixel
+    sampler samples inside masks; without, every ray with its mask."""
     from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
     from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 
     parser = RaykitDataParserConfig(data=masked[layout], scale_factor=0.5)
     manager = RaykitDataManagerConfig(
-        dataparser=parser, train_num_rays_per_batch=600, eval_num_rays_per_batch=600
+        dataparser=parser, train_num_rays_per_batch=600, eval_num_rays_per_batch=600, drop_masked=drop
     ).setup(device="cpu")
     store = open_store(masked[layout])
     names = manager.train_dataset.names
     for step in range(3):
-        _, batch = manager.next_train(step)
+        bundle, batch = manager.next_train(step)
         mask, depth, indices = batch["mask"], batch["depth_image"], batch["indices"]
-        assert mask.shape == (600, 1) and mask.dtype == torch.bool
-        assert depth.shape == (600, 1) and depth.dtype == torch.float32
+        n = len(indices)
+        assert n < 600 if drop else n == 600  # the scene's background is outside its masks
+        assert len(bundle) == len(batch["image"]) == n and (bool(mask.all()) or not drop)
+        assert mask.shape == (n, 1) and mask.dtype == torch.bool
+        assert depth.shape == (n, 1) and depth.dtype == torch.float32
         for (camera, y, x), used, z in zip(
             indices.tolist(), mask[:, 0].tolist(), depth[:, 0].tolist(), strict=True
         ):
@@ -69,7 +76,7 @@ def test_ray_datamanager_serves_mask_and_depth_image_per_ray(masked: dict[str, P
             assert used == bool(store.read_component("mask", name)[y, x] > 0)
             assert z == pytest.approx(float(store.read_component("depth", name)[y, x]) * 0.5, rel=1e-6)
     _, evaluation = manager.next_eval(0)
-    assert evaluation["mask"].shape == (600, 1)
+    assert evaluation["mask"].shape[1] == 1 and (bool(evaluation["mask"].all()) or not drop)
     camera, item = manager.next_eval_image(0)  # nerfstudio's eval dataloader: RaykitDataset.get_data
     name = manager.eval_dataset.names[int(item["image_idx"])]
     assert item["mask"].shape == (*item["image"].shape[:2], 1) and item["mask"].dtype == torch.bool

@@ -5,7 +5,10 @@ exact resume through the module's extra state (saved in nerfstudio's checkpoints
 ``next_train`` / ``next_eval`` return ``(RayBundle, {"image": (N, 3|4) float32 CPU, "indices":
 (N, 3) int64 CPU [camera, y, x]})`` with the bundle on the device, and the store's components the
 parser serves as nerfstudio's pixel sampler gives them: ``mask`` (N, 1) bool, ``depth_image`` (N, 1)
-float32 in nerfstudio's units (gathered per ray by the loader). Rays, colours and indices are made
+float32 in nerfstudio's units (gathered per ray by the loader). nerfstudio's ray models read masks
+through its pixel sampler, which samples only inside them; likewise, with the store's masks and
+``drop_masked`` (the default), a batch holds only the rays whose pixel the mask uses (those of the
+``N`` drawn: fewer than ``N``, every ``mask`` True). Rays, colours and indices are made
 on the loader's generation threads for whole groups of batches (:class:`PixelRays`), off the trainer's
 thread: rays from the dataparser's cameras by per-camera tables of nerfstudio's own ray directions
 (:mod:`raykit.integrations.nerfstudio.rays`; nerfstudio's ``RayGenerator`` for cameras it cannot
@@ -56,6 +59,9 @@ class RaykitDataManagerConfig(DataManagerConfig):
     """Budget of the loader's chunk cache (per split)."""
     num_workers: int = 0
     """Loader worker processes reading chunks."""
+    drop_masked: bool = True
+    """With the store's masks, leave out of each batch the rays whose pixel the mask does not use
+    (nerfstudio's pixel sampler samples only inside masks); False serves them with ``mask`` False."""
     ray_table_bytes: int = 256 << 20
     """Most bytes of per-camera ray tables (20 per pixel of each distinct set of intrinsics); cameras
     needing more are generated per batch by nerfstudio's ``RayGenerator``."""
@@ -85,7 +91,7 @@ class RayRows:
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
-    def __getitem__(self, rows: slice) -> RayRows:
+    def __getitem__(self, rows: slice | torch.Tensor) -> RayRows:
         mask = None if self.mask is None else self.mask[rows]
         depth = None if self.depth_image is None else self.depth_image[rows]
         return RayRows(
@@ -217,6 +223,9 @@ class RaykitDataManager(DataManager):
         if getattr(self, f"_{which}_stream") is None:
             setattr(self, f"_{which}_stream", getattr(self, f"{which}_loader").forever())
         rays: RayRows = next(getattr(self, f"_{which}_stream"))
+        dataset = self.train_dataset if which == "train" else self.eval_dataset
+        if self.config.drop_masked and rays.mask is not None and "mask" in served_components(dataset):
+            rays = rays[rays.mask[:, 0]]
         batch = {"image": rays.image, "indices": rays.indices}
         if rays.mask is not None:
             batch["mask"] = rays.mask
