@@ -135,11 +135,17 @@ class ComponentGather:
         self.offsets = np.asarray(table.pixel_offset, dtype=np.int64)
         self.n_pixels = np.asarray(table.n_pixels, dtype=np.int64)
         self.dtypes = {name: held_dtype(store, name) for name in self.names}
-        total = int(self.offsets[-1] + self.n_pixels[-1]) if len(self.offsets) else 0
         self.wanted = np.asarray(rows, dtype=np.int64)
+        # The flat arrays span the pixel ids of ``rows`` (``base`` on); only the rows' pages are touched,
+        # but a span far larger than the rows (a small split spread over a large store) is not mapped.
+        self.base, span = 0, 0
+        if len(self.wanted):
+            self.base = int(self.offsets[self.wanted].min())
+            span = int((self.offsets[self.wanted] + self.n_pixels[self.wanted]).max()) - self.base
+        per_pixel = sum(d.itemsize for d in self.dtypes.values())
         self.flat: dict[str, np.ndarray] | None = None
-        if component_bytes(store, self.names, self.wanted) <= budget:  # (only the rows' pages are touched)
-            self.flat = {name: np.zeros(total, dtype) for name, dtype in self.dtypes.items()}
+        if component_bytes(store, self.names, self.wanted) <= budget and span * per_pixel <= 4 * budget:
+            self.flat = {name: np.zeros(span, dtype) for name, dtype in self.dtypes.items()}
         self.cache: ChunkCache[np.ndarray] = ChunkCache(budget if self.flat is None else 0)
         self.loaded = np.zeros(len(self.offsets), dtype=bool)
         self.complete = len(self.wanted) == 0
@@ -173,6 +179,8 @@ class ComponentGather:
             if not self.complete:
                 self._load(np.unique(self.rows_of(pid)))
             index = pid.astype(np.intp)  # converted once; ``take`` gathers about twice as fast as ``[]``
+            if self.base:
+                index -= self.base
             values = {name: np.take(flat, index) for name, flat in self.flat.items()}
         else:
             values = self._by_image(pid)
@@ -188,7 +196,7 @@ class ComponentGather:
             for row in missing.tolist():
                 if self.loaded[row]:
                     continue
-                lo = int(self.offsets[row])
+                lo = int(self.offsets[row]) - self.base
                 for name, array in self._decode(row).items():
                     self.flat[name][lo : lo + array.size] = array.reshape(-1)
                 self.loaded[row] = True

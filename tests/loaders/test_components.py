@@ -95,6 +95,9 @@ def test_ray_loader_components_resume_and_opt_out(capture: dict[str, Any]) -> No
     for key in ("mask", "depth"):
         assert torch.equal(again.extra[key], expected.extra[key])
     _check_rays(store, again)
+    with RayLoader(store, "test", 500, 1, num_workers=0, shuffle=False) as held_out:  # rows not from 0
+        assert held_out._gather is not None and held_out._gather.base > 0
+        assert sum(_check_rays(store, batch) for batch in held_out) == len(held_out) * 500
     with RayLoader(store, "train", 500, 1, num_workers=0, components=()) as plain:
         assert plain.components == () and next(iter(plain)).extra == {}
     with RayLoader(store, "train", 500, 1, num_workers=0, components=("depth",)) as depth_only:
