@@ -63,13 +63,27 @@ def test_a_run_on_a_store_with_masks_is_evaluated_masked(tmp_path: Path) -> None
 
     source = write_nerfstudio(render_scene("tiny"), tmp_path / "capture", masks=True, depth=True)
     convert(source, tmp_path / "scene.zarr", threads=1)
-    config = tiny_config(tmp_path / "scene.zarr", tmp_path / "run", steps=2, eval_max_images=1)
+    config = tiny_config(tmp_path / "scene.zarr", tmp_path / "run", steps=2)
     run = train(config)
     evaluation = json.loads((run / "eval.json").read_text())
     assert evaluation["protocol"]["masked"] is True and "mask" in evaluation["protocol"]
     assert protocol_of(evaluation) == "default (masked)"
     image = evaluation["splits"]["test"]["images"][0]
     assert image["psnr"] is not None and image["ssim"] is not None
+    # raykit evaluate of the saved renders against the store (masked too) gives the same figures
+    import raykit.cli
+
+    out = tmp_path / "results.json"
+    gt = f"{tmp_path / 'scene.zarr'}:test"
+    background = ",".join(str(v / 255) for v in evaluation["protocol"]["background"])  # the run's
+    flags = ["--output", str(out), "--no-lpips", "--background", background]
+    assert raykit.cli.main(["evaluate", str(run / "renders" / "test"), gt, *flags]) == 0
+    scored = json.loads(out.read_text())
+    assert scored["protocol"]["masked"] is True and scored["n_images"] == 2
+    ours = {Path(im["name"]).name: im for im in evaluation["splits"]["test"]["images"]}
+    for im in scored["images"]:
+        assert im["psnr"] == ours[Path(im["name"]).name + ".png"]["psnr"]
+        assert im["ssim"] == ours[Path(im["name"]).name + ".png"]["ssim"]
 
 
 def test_masked_scores_ignore_the_unused_pixels() -> None:
