@@ -64,7 +64,7 @@ def timed(batches: Any, n: int, per_batch: bool) -> tuple[float, float]:
 
 
 def measure(rays: Path, images: Path, rounds: int, window: int) -> list[dict[str, Any]]:
-    """One record per (round, variant): the first epoch (round -1) then the interleaved windows."""
+    """One record per (round, variant): each loader's first epoch and its timed window."""
     from raykit.loaders import ImageLoader, RayLoader
     from raykit.store import open_store
 
@@ -81,23 +81,19 @@ def measure(rays: Path, images: Path, rounds: int, window: int) -> list[dict[str
     }
     unit = {True: "images_per_s", False: "rays_per_s"}
     records: dict[tuple[int, str], dict[str, Any]] = {}
-    for kind, (n, per_image) in kinds.items():
-        loaders = {variant: make(kind, components) for variant, components in VARIANTS.items()}
-        streams = {}
-        for variant, loader in loaders.items():
-            streams[variant] = loader.forever()
-            first, _ = timed(streams[variant], len(loader), per_image)
-            records.setdefault((-1, variant), {})[f"{kind}_first_epoch_{unit[per_image]}"] = first
-        for round_ in range(rounds):
+    for round_ in range(rounds):
+        for kind, (n, per_image) in kinds.items():
             for variant in VARIANTS if round_ % 2 == 0 else reversed(VARIANTS):
-                drain = n // 4 if not per_image else 4  # what its prefetch made while the other ran
-                timed(streams[variant], drain, per_image)
-                figure, per_cpu = timed(streams[variant], n, per_image)
+                loader = make(kind, VARIANTS[variant])  # a fresh loader: no instance's luck carries over
+                stream = loader.forever()
                 record = records.setdefault((round_, variant), {})
+                first, _ = timed(stream, len(loader), per_image)
+                record[f"{kind}_first_epoch_{unit[per_image]}"] = first
+                figure, per_cpu = timed(stream, n, per_image)
                 record[f"{kind}_{unit[per_image]}"] = figure
                 record[f"{kind}_{unit[per_image]}_cpu"] = per_cpu
-        for loader in loaders.values():
-            loader.close()
+                stream.close()
+                loader.close()
     return [{"round": r, "variant": v, **figures} for (r, v), figures in sorted(records.items())]
 
 
