@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,11 @@ from raykit.errors import ConfigError
 from raykit.image_geometry import RemapTable
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import COMPONENTS
+from raykit.ordered import in_order
 from raykit.store import RawRays, RayStore
 
 __all__ = [
+    "DECODE_THREADS",
     "ComponentChunkCache",
     "ComponentGather",
     "ImageComponents",
@@ -46,6 +49,9 @@ __all__ = [
     "read_components",
     "served_components",
 ]
+
+
+DECODE_THREADS = 2  # threads decoding the components of many images at once (a flat gather's first use)
 
 
 def served_components(store: Any, requested: Sequence[str] | None) -> tuple[str, ...]:
@@ -192,15 +198,25 @@ class ComponentGather:
         if len(missing) == 0:
             return
         assert self.flat is not None
-        with self._lock:  # one thread decodes a row; others wait for it
-            for row in missing.tolist():
-                if self.loaded[row]:
-                    continue
-                lo = int(self.offsets[row]) - self.base
-                for name, array in self._decode(row).items():
-                    self.flat[name][lo : lo + array.size] = array.reshape(-1)
-                self.loaded[row] = True
+        with self._lock:  # one caller decodes the missing rows; others wait for it
+            todo = [row for row in missing.tolist() if not self.loaded[row]]
+            if len(todo) > 1:  # e.g. a shuffled chunk's first read reaches every image: decode in parallel
+                threads = min(DECODE_THREADS, len(todo))
+                with ThreadPoolExecutor(threads, "raykit-components") as pool:
+                    for row, arrays in in_order(pool, self._decode, todo, 2 * threads):
+                        self._fill(row, arrays)
+            else:
+                for row in todo:
+                    self._fill(row, self._decode(row))
             self.complete = bool(self.loaded[self.wanted].all())
+
+    def _fill(self, row: int, arrays: dict[str, np.ndarray]) -> None:
+        """Row ``row``'s decoded components into the flat arrays."""
+        assert self.flat is not None
+        lo = int(self.offsets[row]) - self.base
+        for name, array in arrays.items():
+            self.flat[name][lo : lo + array.size] = array.reshape(-1)
+        self.loaded[row] = True
 
     def _by_image(self, pid: np.ndarray) -> dict[str, np.ndarray]:
         """Gather per image through the LRU (the store's components do not fit the budget)."""
