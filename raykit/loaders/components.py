@@ -261,7 +261,7 @@ class ComponentChunkCache(ChunkCache[RawRays]):
 
 class WithComponents:
     """``make_batch`` after :class:`ComponentGather`: the batch maker of a loader serving components
-    (``warm_up`` passed on)."""
+    (``warm_up`` and the wrapped maker's other attributes passed on)."""
 
     def __init__(self, gather: ComponentGather, make_batch: Any) -> None:
         self.gather, self.make_batch = gather, make_batch
@@ -273,3 +273,9 @@ class WithComponents:
 
     def __call__(self, raw: RawRays) -> Any:
         return self.make_batch(self.gather(raw))
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped maker's attributes (e.g. a ``DeviceBatcher``'s ``device``, which profiling reads)."""
+        if name in ("gather", "make_batch"):
+            raise AttributeError(name)
+        return getattr(self.make_batch, name)
