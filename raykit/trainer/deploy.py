@@ -35,7 +35,7 @@ from raykit.imagedecode import open_image
 from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
-from raykit.trainer.evaluate import models_from_state, render_batch
+from raykit.trainer.evaluate import image_mask, models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
 from raykit.trainer.runtime import parse_background, resolve_device
 from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
@@ -55,6 +55,7 @@ class View:
     width: int
     target: torch.Tensor | None = None  # (H, W, 3) over the model's background, on the CPU
     stored: np.ndarray | None = None  # (H, W, 3|4) uint8: the store's image, scored by the protocol
+    mask: np.ndarray | None = None  # (H, W) uint8: the store's mask (a masked evaluation), or None
 
 
 def _similarity_parts(matrix: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -98,7 +99,8 @@ def store_views(
         height, width = int(store.table.height[index]), int(store.table.width[index])
         rays = store.image_rays(name, device)
         target = rays.composite(background).view(height, width, 3).cpu()
-        yield View(name, _map_rays(rays, model_from_store), height, width, target, store.read_image(name))
+        stored, mask = store.read_image(name), image_mask(store, name)
+        yield View(name, _map_rays(rays, model_from_store), height, width, target, stored, mask)
 
 
 def _frame_size(intr: Mapping[str, Any], frame: Mapping[str, Any], base: Path) -> tuple[int, int]:
@@ -208,6 +210,7 @@ def _render(
     scorer = Scorer(background, device, lpips=False)
     images = []
     for i, view in enumerate(views):
+        scorer.masked = scorer.masked or view.mask is not None  # a store with masks: scored masked
         pred = render_batch(model.config, field, grid, view.rays, background)
         pred = pred.view(view.height, view.width, 3).cpu()
         record: dict[str, Any] = {"name": view.name}
@@ -216,7 +219,7 @@ def _render(
             with atomic_path(out / record["file"]) as tmp:
                 Image.fromarray(quantize(pred).numpy()).save(tmp, format="PNG")
         if view.target is not None and view.stored is not None:
-            scores = scorer.score(pred, view.target, view.stored)
+            scores = scorer.score(pred, view.target, view.stored, view.mask)
             record.update({k: scores[k] for k in ("psnr", "ssim", *FLOAT_KEYS)})
         images.append(record)
     scored = [im for im in images if "psnr" in im]

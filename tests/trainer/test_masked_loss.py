@@ -84,6 +84,11 @@ def test_a_run_on_a_store_with_masks_is_evaluated_masked(tmp_path: Path) -> None
     for im in scored["images"]:
         assert im["psnr"] == ours[Path(im["name"]).name + ".png"]["psnr"]
         assert im["ssim"] == ours[Path(im["name"]).name + ".png"]["ssim"]
+    # an export verifies against the run's masked figures, scored masked too
+    from raykit.trainer import export_run, verify_export
+
+    verified = verify_export(export_run(run, tmp_path / "model"))
+    assert verified["difference_db"] <= 0.05 and verified["protocol"] == "default (masked)"
 
 
 def test_masked_scores_ignore_the_unused_pixels() -> None:
