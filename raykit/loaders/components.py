@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +32,9 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.image_geometry import RemapTable
+from raykit.imagedecode import downscale_nearest
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import COMPONENTS
-from raykit.ordered import in_order
 from raykit.store import RawRays, RayStore
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "component_bytes",
     "held_dtype",
     "read_components",
+    "read_split_components",
     "served_components",
 ]
 
@@ -112,10 +113,34 @@ def read_components(
     arrays = {}
     for name in names:
         array = store.read_component(name, image_name, downscale=downscale)
-        if remap is not None:
-            array = remap.apply_nearest(array)
-        arrays[name] = np.ascontiguousarray(array, dtype=held_dtype(store, name))
+        arrays[name] = _as_held(store, name, array, remap)
     return ImageComponents(arrays)
+
+
+def read_split_components(
+    store: RayStore,
+    split: str,
+    local: Sequence[int],
+    names: Sequence[str],
+    downscale: int = 1,
+    remap: Callable[[int], RemapTable | None] | None = None,
+) -> dict[int, ImageComponents]:
+    """:func:`read_components` of images ``local`` (indices within ``split``) at once: each component's
+    stored bytes of images lying together read in one go (``RayStore.read_split_components``), the
+    same values. ``remap(i)``: image ``i``'s undistortion table (or None)."""
+    out = {int(i): ImageComponents() for i in local}
+    for name in names:
+        for i, array in store.read_split_components(name, split, out):
+            table = None if remap is None else remap(i)
+            out[i].arrays[name] = _as_held(store, name, downscale_nearest(array, downscale), table)
+    return out
+
+
+def _as_held(store: RayStore, name: str, array: np.ndarray, remap: RemapTable | None) -> np.ndarray:
+    """A component at its level, resampled by ``remap`` when given, as :func:`held_dtype` holds it."""
+    if remap is not None:
+        array = remap.apply_nearest(array)
+    return np.ascontiguousarray(array, dtype=held_dtype(store, name))
 
 
 class ComponentGather:
@@ -140,6 +165,7 @@ class ComponentGather:
         table = store.table
         self.offsets = np.asarray(table.pixel_offset, dtype=np.int64)
         self.n_pixels = np.asarray(table.n_pixels, dtype=np.int64)
+        self.splits = np.asarray(table.splits)
         self.dtypes = {name: held_dtype(store, name) for name in self.names}
         self.wanted = np.asarray(rows, dtype=np.int64)
         # The flat arrays span the pixel ids of ``rows`` (``base`` on); only the rows' pages are touched,
@@ -160,11 +186,6 @@ class ComponentGather:
     def rows_of(self, pid: np.ndarray) -> np.ndarray:
         """(N,) table rows of (N,) pixel ids."""
         return np.searchsorted(self.offsets, pid, side="right").astype(np.int64) - 1
-
-    def _decode(self, row: int) -> dict[str, np.ndarray]:
-        """Row ``row``'s components, flattened row-major, as held."""
-        name = self.store.table.names[row]
-        return read_components(self.store, name, self.names).arrays
 
     def __call__(self, raw: RawRays) -> RawRays:
         """``raw`` with its rays' components in ``extra`` (as it is when they are there already: rays
@@ -199,24 +220,33 @@ class ComponentGather:
             return
         assert self.flat is not None
         with self._lock:  # one caller decodes the missing rows; others wait for it
-            todo = [row for row in missing.tolist() if not self.loaded[row]]
-            if len(todo) > 1:  # e.g. a shuffled chunk's first read reaches every image: decode in parallel
-                threads = min(DECODE_THREADS, len(todo))
-                with ThreadPoolExecutor(threads, "raykit-components") as pool:
-                    for row, arrays in in_order(pool, self._decode, todo, 2 * threads):
-                        self._fill(row, arrays)
+            todo = np.sort(missing[~self.loaded[missing]])
+            if len(todo) == 0:  # another caller decoded them meanwhile
+                return
+            # e.g. a shuffled chunk's first read reaches every image: in parts read on a few threads
+            parts = [part for part in np.array_split(todo, min(DECODE_THREADS, len(todo))) if len(part)]
+            if len(parts) > 1:
+                with ThreadPoolExecutor(len(parts), "raykit-components") as pool:
+                    list(pool.map(self._fill_rows, parts))
             else:
-                for row in todo:
-                    self._fill(row, self._decode(row))
+                for part in parts:
+                    self._fill_rows(part)
+            self.loaded[todo] = True
             self.complete = bool(self.loaded[self.wanted].all())
 
-    def _fill(self, row: int, arrays: dict[str, np.ndarray]) -> None:
-        """Row ``row``'s decoded components into the flat arrays."""
+    def _fill_rows(self, rows: np.ndarray) -> None:
+        """Rows ``rows``' components into the flat arrays: per split and component, the stored bytes of
+        images lying together read at once (``RayStore.read_split_components``)."""
         assert self.flat is not None
-        lo = int(self.offsets[row]) - self.base
-        for name, array in arrays.items():
-            self.flat[name][lo : lo + array.size] = array.reshape(-1)
-        self.loaded[row] = True
+        splits = self.splits[rows]
+        for split in dict.fromkeys(splits.tolist()):
+            split_rows = self.store.split_rows(split)
+            local = np.searchsorted(split_rows, rows[splits == split]).tolist()
+            for name in self.names:
+                flat = self.flat[name]
+                for i, array in self.store.read_split_components(name, split, local):
+                    lo = int(self.offsets[split_rows[i]]) - self.base
+                    flat[lo : lo + array.size] = array.reshape(-1)
 
     def _by_image(self, pid: np.ndarray) -> dict[str, np.ndarray]:
         """Gather per image through the LRU (the store's components do not fit the budget)."""

@@ -24,10 +24,11 @@ Per-frame metadata (``frames.json``: image name -> JSON object) is optional like
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
+from numpy.lib import format as npy_format
 
 from raykit.errors import ConfigError, SourceError, StoreCorruptError, StoreNotFoundError
 from raykit.fileio import UntrustedFileError, atomic_write_bytes, atomic_write_json, open_regular, safe_path
@@ -54,6 +56,7 @@ __all__ = [
     "fit_component",
     "local_range_reader",
     "read_component_bytes",
+    "read_components_bytes",
     "store_fingerprint",
     "write_component",
     "write_frame_metadata",
@@ -66,6 +69,8 @@ UNITS = ("", "m")
 FRAMES_FILE = "frames.json"
 CHUNK_BYTES = 1 << 16  # zarr inner chunk
 SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
+SPAN_BYTES = 1 << 24  # read_components_bytes: at most this much of the files read at once
+GAP_BYTES = 1 << 16  # read_components_bytes: images at most this far apart in a file are read together
 
 
 @dataclass(frozen=True)
@@ -197,26 +202,70 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
     return _npy(depth.astype(info.dtype))
 
 
+@functools.lru_cache(maxsize=256)
+def _npy_header(descr: str, shape: tuple[int, int]) -> bytes:
+    """The header ``np.save`` writes (version 1.0) for a C-order array of ``descr`` and ``shape``."""
+    buffer = io.BytesIO()
+    npy_format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def _npy_values(
+    info: ComponentInfo, data: bytes, dtype: np.dtype, shape: tuple[int, int], where: str
+) -> np.ndarray:
+    """The ``.npy`` ``data`` of ``dtype`` and ``shape`` as a read-only view of it, its header checked
+    before any array is made (a header claiming a huge shape allocates nothing).
+
+    Raises:
+        StoreCorruptError: an unreadable header, another dtype or shape, or bytes of another length.
+    """
+    head = _npy_header(dtype.str, shape)  # the descr np.save writes for these plain dtypes
+    fortran = False
+    if data[: len(head)] == head:  # what raykit writes: no header to parse
+        offset = len(head)
+    else:
+        stream = io.BytesIO(data)
+        try:
+            version = npy_format.read_magic(stream)
+            if version == (1, 0):
+                got_shape, fortran, got_dtype = npy_format.read_array_header_1_0(stream)
+            elif version == (2, 0):
+                got_shape, fortran, got_dtype = npy_format.read_array_header_2_0(stream)
+            else:
+                raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
+        except (ValueError, OSError, EOFError) as exc:
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreCorruptError(f"{where}: unreadable {info.name} array: {message}"[:500]) from None
+        if got_dtype != dtype or tuple(got_shape) != shape:
+            got = f"{got_dtype} {tuple(got_shape)}"[:200]
+            raise StoreCorruptError(f"{where}: expected a {info.name} of {dtype} {shape}, got {got}")
+        offset = stream.tell()
+    count = shape[0] * shape[1]
+    if len(data) - offset != count * dtype.itemsize:
+        raise StoreCorruptError(
+            f"{where}: {info.name} array of {len(data) - offset} bytes, expected {count * dtype.itemsize} "
+            f"({dtype} {shape})"
+        )
+    values = np.frombuffer(data, dtype, count, offset)
+    return values.reshape(shape[::-1]).T if fortran else values.reshape(shape)
+
+
 def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, where: str) -> np.ndarray:
     """Stored bytes -> mask ``uint8 (H, W)`` (a 1-bit mask as 0/255) or depth ``float32 (H, W)``.
 
+    The ``.npy`` header is checked against the expected dtype and shape before anything is loaded: a
+    received store's header claiming a huge shape is an error, not an allocation.
+
     Raises:
-        StoreCorruptError: not an ``.npy`` of the expected dtype and shape.
+        StoreCorruptError: not an ``.npy`` of the expected dtype and shape (one line naming ``where``).
     """
-    try:
-        values = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise StoreCorruptError(f"{where}: unreadable {info.name} array: {exc}") from None
     bits = info.dtype == "bit"
     dtype = np.dtype(np.uint8 if bits else info.dtype)
     shape = (height, (width + 7) // 8) if bits else (height, width)
-    if values.dtype != dtype or values.shape != shape:
-        raise StoreCorruptError(
-            f"{where}: expected a {info.name} of {dtype} {shape}, got {values.dtype} {values.shape}"
-        )
+    values = _npy_values(info, data, dtype, shape, where)
     if bits:
         return np.unpackbits(values, axis=1, count=width) * np.uint8(255)
-    return values.astype(np.float32) if info.name == "depth" else values
+    return values.astype(np.float32) if info.name == "depth" else values.copy()
 
 
 def fit_component(
@@ -418,9 +467,14 @@ ByteRange = Callable[[str, int, int], bytes]
 def local_range_reader(url: str, root: str) -> ByteRange:
     """``read(rel, start, stop)`` of a local store's files: regular files inside the store only."""
 
+    paths: dict[str, Path] = {}  # each file's path, checked on its first read
+
     def read(rel: str, start: int, stop: int) -> bytes:
         try:
-            with open_regular(safe_path(root, rel, where=f"{url}/manifest.json")) as handle:
+            path = paths.get(rel)
+            if path is None:
+                path = paths[rel] = safe_path(root, rel, where=f"{url}/manifest.json")
+            with open_regular(path) as handle:
                 handle.seek(start)
                 return handle.read(stop - start)
         except FileNotFoundError as exc:
@@ -474,3 +528,80 @@ def read_component_bytes(
             f"(expected {size} bytes with crc32c {int(entry['crc32c'][i]):08x})"
         )
     return data, rel
+
+
+def _file_ranges(
+    backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
+) -> list[tuple[str, int, int]]:
+    """The byte ranges ``(file, start, stop)`` that ``read_component_bytes`` reads for image ``i``."""
+    size = int(entry["bytes"][i])
+    if backend != "zarr":
+        offset = int(entry["member"][i])
+        return [(f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar", offset, offset + size)]
+    lo, hi, ranges = int(entry["offset"][i]), int(entry["offset"][i]) + size, []
+    c = lo // CHUNK_BYTES
+    while c * CHUNK_BYTES < hi:
+        shard, j0 = divmod(c, SHARD_CHUNKS)
+        j1 = min((hi - 1) // CHUNK_BYTES, (shard + 1) * SHARD_CHUNKS - 1) - shard * SHARD_CHUNKS
+        ranges.append(
+            (f"zarr/{split}/{name}/c/{shard}", j0 * (CHUNK_BYTES + 4), (j1 + 1) * (CHUNK_BYTES + 4))
+        )
+        c = (shard + 1) * SHARD_CHUNKS
+    return ranges
+
+
+def read_components_bytes(
+    read: ByteRange,
+    url: str,
+    backend: str,
+    name: str,
+    split: str,
+    entry: Mapping[str, Any],
+    local: Iterable[int],
+    span: int = SPAN_BYTES,
+    gap: int = GAP_BYTES,
+) -> Iterator[tuple[int, bytes, str]]:
+    """``(i, bytes, file)`` of each image ``i`` of ``local`` (split-local, each once, in split order) as
+    ``read_component_bytes`` gives them, each checked against its size and CRC-32C, with one read of
+    each file per run of images lying at most ``gap`` bytes apart in it (``span`` bytes read at most
+    at once) instead of one read per image: what a loader's first epoch reads.
+
+    Raises:
+        StoreCorruptError: truncated or altered bytes, naming the file.
+    """
+
+    def served(buffers: dict[str, tuple[int, memoryview]]) -> ByteRange:
+        def read_held(rel: str, start: int, stop: int) -> Any:
+            held = buffers.get(rel)
+            if held is not None and held[0] <= start and stop <= held[0] + len(held[1]):
+                return held[1][start - held[0] : stop - held[0]]
+            return read(rel, start, stop)  # not read ahead (a range outside the run): read it alone
+
+        return read_held
+
+    def run(group: list[int], ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, bytes, str]]:
+        buffers = {rel: (lo, memoryview(read(rel, lo, hi))) for rel, (lo, hi) in ranges.items()}
+        for i in group:
+            yield (i, *read_component_bytes(served(buffers), url, backend, name, split, entry, i))
+
+    group: list[int] = []
+    ranges: dict[str, tuple[int, int]] = {}
+    for i in sorted({int(i) for i in local}):
+        merged, close = dict(ranges), True
+        for rel, lo, hi in _file_ranges(backend, name, split, entry, i):
+            if rel in merged:
+                start, stop = merged[rel]
+                close = close and lo - stop <= gap
+                merged[rel] = (min(start, lo), max(stop, hi))
+            else:
+                merged[rel] = (lo, hi)
+        if group and (not close or sum(hi - lo for lo, hi in merged.values()) > span):
+            yield from run(group, ranges)
+            group, merged = (
+                [],
+                {rel: (lo, hi) for rel, lo, hi in _file_ranges(backend, name, split, entry, i)},
+            )
+        group.append(i)
+        ranges = merged
+    if group:
+        yield from run(group, ranges)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -53,6 +53,7 @@ from raykit.store.components import (
     decode_component,
     local_range_reader,
     read_component_bytes,
+    read_components_bytes,
     store_fingerprint,
 )
 from raykit.store.files import (
@@ -1016,6 +1017,37 @@ class RayStore:
         h, w = int(self.table.height[row]), int(self.table.width[row])
         values = decode_component(self.components[component], data, h, w, f"{self._where(rel)}: {name!r}")
         return downscale_nearest(values, downscale)
+
+    def read_split_components(
+        self, component: str, split: str, local: Iterable[int]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """``(i, array)``: component ``component`` of each image ``i`` of ``local`` (indices within
+        ``split``, each once, in split order) at the stored resolution, as ``read_component`` reads it
+        (checked alike), the stored bytes of images lying together read at once
+        (``raykit.store.components.read_components_bytes``): a loader's first epoch.
+
+        Raises:
+            RayRangeError: no such component or image. StoreCorruptError: altered bytes, or no entry
+                for an image.
+        """
+        index = self._component_index(component)
+        info, entry, rows = self.components[component], index.get(split), self.split_rows(split)
+        wanted = [int(i) for i in local]
+        outside = [i for i in wanted if not 0 <= i < len(rows)]
+        if outside:
+            raise RayRangeError(f"{self.url}: split {split!r} has no image {outside[0]}")
+        n = len(entry.get("bytes", ())) if isinstance(entry, dict) else 0
+        missing = [i for i in wanted if i >= n]
+        if missing or not isinstance(entry, dict):
+            name = self.table.names[int(rows[missing[0]])] if missing else split
+            raise StoreCorruptError(f"{self.url}/{info.index}: no entry for image {name!r}")
+        table = self.table
+        for i, data, rel in read_components_bytes(
+            self._read_range, self.url, self.backend, component, split, entry, wanted
+        ):
+            row = int(rows[i])
+            h, w = int(table.height[row]), int(table.width[row])
+            yield i, decode_component(info, data, h, w, f"{self._where(rel)}: {table.names[row]!r}")
 
     def frame_metadata(self, name: str) -> dict[str, Any]:
         """Per-frame metadata of image ``name`` kept by the converter (unknown ``transforms.json``
