@@ -35,7 +35,9 @@ from raykit.loaders.components import (
     ImageComponents,
     component_budget,
     component_bytes,
+    held_dtype,
     read_components,
+    read_split_components,
     served_components,
 )
 from raykit.loaders.config import ImageLoaderConfig
@@ -59,6 +61,8 @@ __all__ = [
 IMAGE_STATE_VERSION = 1
 _ROWS = 64  # image rows converted to float per task
 MAPPED_BUFFER_BYTES = 1 << 20  # CPU batches at least this large get their own mapping (``mapped_empty``)
+COMPONENT_READ_AHEAD = 32  # images whose components a miss reads at once (``_image_components``) ...
+COMPONENT_READ_BYTES = 64 << 20  # ... taking at most this many bytes
 
 
 def mapped_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -284,6 +288,16 @@ class ImageSource:
         sample) when asked; never transformed."""
         return read_components(self.store, self.names[position], names, self.downscale, self.remap(position))
 
+    def components_of(self, positions: Sequence[int], names: Sequence[str]) -> dict[int, ImageComponents]:
+        """:meth:`components` of several images at once (the stored bytes of images lying together
+        read in one go: ``read_split_components``); the same values."""
+        return read_split_components(self.store, self.split, positions, names, self.downscale, self.remap)
+
+    def component_nbytes(self, position: int, names: Sequence[str]) -> int:
+        """Bytes components ``names`` of image ``position`` take as served (and cached)."""
+        h, w, _ = self.shape(position)
+        return h * w * sum(held_dtype(self.store, name).itemsize for name in names)
+
     def prepare(self, position: int, image: np.ndarray) -> np.ndarray:
         """``image`` as this source serves it (undistorted when asked, then transformed)."""
         table = self.remap(position)
@@ -500,6 +514,7 @@ class ImageLoader(BatchLoader):
             need = component_bytes(store, self.components, self.source.rows)
             share = component_budget(cfg.cache_bytes, need)
         self._component_cache = LevelCache(ImageCache(share), self.source.downscale)
+        self._order: tuple[int, list[int], dict[int, int]] | None = None  # ``_upcoming``
         self.cache = LevelCache(
             self._shared_cache(cfg.replace(cache_bytes=cfg.cache_bytes - share)), self.source.downscale
         )
@@ -620,10 +635,11 @@ class ImageLoader(BatchLoader):
         if not self.components:
             return
         room = self._component_cache.capacity - self._component_cache.stats().bytes
-        for position in positions:
+        positions = list(positions)
+        for k, position in enumerate(positions):
             if position in self._component_cache:
                 continue
-            held = self._image_components(position)
+            held = self._image_components(position, positions[k + 1 : k + 1 + COMPONENT_READ_AHEAD])
             room -= sum(array.nbytes for array in held.arrays.values())
             if room <= 0:
                 return
@@ -658,7 +674,8 @@ class ImageLoader(BatchLoader):
         for position, image in zip(positions, images, strict=True):
             camera, K = self._camera_and_K(int(position))
             x0 = y0 = 0
-            held = self._image_components(int(position)).arrays if self.components else {}
+            upcoming = self._upcoming(epoch, int(position)) if self.components else ()
+            held = self._image_components(int(position), upcoming).arrays if self.components else {}
             if self.crop is not None:
                 h, w = self.crop
                 x0, y0 = self.plan.crop_origin(epoch, int(position), image.shape[:2], self.crop)
@@ -701,13 +718,39 @@ class ImageLoader(BatchLoader):
             depth=served.get("depth"),
         )
 
-    def _image_components(self, position: int) -> ImageComponents:
-        """Image ``position``'s components at the current level, through the components' cache."""
-        source = self.source
-        loaded: ImageComponents = self._component_cache.get_or_load(
-            position, lambda: source.components(position, self.components)
-        )
-        return loaded
+    def _image_components(self, position: int, upcoming: Sequence[int] = ()) -> ImageComponents:
+        """Image ``position``'s components at the current level, through the components' cache. On a
+        miss, those of the ``upcoming`` positions not cached yet are read with it in one go, while
+        they fit the cache's room (:data:`COMPONENT_READ_AHEAD` images, ``COMPONENT_READ_BYTES``
+        at most): a first epoch reads the components in runs, not an image at a time."""
+        cache = self._component_cache
+        held: ImageComponents | None = cache.get(position)
+        if held is not None:
+            return held
+        block, room = [position], min(cache.capacity - cache.stats().bytes, COMPONENT_READ_BYTES)
+        room -= self.source.component_nbytes(position, self.components)
+        for other in upcoming:
+            if len(block) >= COMPONENT_READ_AHEAD:
+                break
+            nbytes = self.source.component_nbytes(other, self.components)
+            if other in block or other in cache or nbytes > room:
+                continue
+            block.append(other)
+            room -= nbytes
+        loaded = self.source.components_of(block, self.components)
+        for other in block:
+            cache.put(other, loaded[other])
+        return loaded[position]
+
+    def _upcoming(self, epoch: int, position: int) -> Sequence[int]:
+        """The positions this rank visits after ``position`` in epoch ``epoch`` (its order, kept for
+        the epoch)."""
+        if self._order is None or self._order[0] != epoch:
+            order = [int(p) for p in self.plan.rank_order(epoch)]
+            self._order = (epoch, order, {p: k for k, p in reversed(list(enumerate(order)))})
+        _, order, where = self._order
+        k = where.get(position)
+        return () if k is None else order[k + 1 : k + 1 + COMPONENT_READ_AHEAD]
 
     def _component_tensor(self, arrays: list[np.ndarray], cuda: bool) -> torch.Tensor:
         """(B, H, W) of B component arrays on the device: uint8 masks, float32 depth (on the CPU with
