@@ -54,6 +54,7 @@ __all__ = [
 
 DECODE_THREADS = 2  # threads decoding the components of many images at once (a flat gather's first use)
 DECODE_SHARED_PIXELS = 1 << 22  # ... when they hold at least this many pixels
+LOAD_AHEAD_BYTES = 16 << 20  # a flat gather decodes the rows it reaches and those after them up to this
 
 
 def served_components(store: Any, requested: Sequence[str] | None) -> tuple[str, ...]:
@@ -168,14 +169,14 @@ class ComponentGather:
         self.n_pixels = np.asarray(table.n_pixels, dtype=np.int64)
         self.splits = np.asarray(table.splits)
         self.dtypes = {name: held_dtype(store, name) for name in self.names}
-        self.wanted = np.asarray(rows, dtype=np.int64)
+        self.wanted = np.unique(np.asarray(rows, dtype=np.int64))
         # The flat arrays span the pixel ids of ``rows`` (``base`` on); only the rows' pages are touched,
         # but a span far larger than the rows (a small split spread over a large store) is not mapped.
         self.base, span = 0, 0
         if len(self.wanted):
             self.base = int(self.offsets[self.wanted].min())
             span = int((self.offsets[self.wanted] + self.n_pixels[self.wanted]).max()) - self.base
-        per_pixel = sum(d.itemsize for d in self.dtypes.values())
+        per_pixel = self.per_pixel = sum(d.itemsize for d in self.dtypes.values())
         self.flat: dict[str, np.ndarray] | None = None
         if component_bytes(store, self.names, self.wanted) <= budget and span * per_pixel <= 4 * budget:
             self.flat = {name: np.zeros(span, dtype) for name, dtype in self.dtypes.items()}
@@ -241,6 +242,7 @@ class ComponentGather:
             todo = np.sort(missing[~self.loaded[missing]])
             if len(todo) == 0:  # another caller decoded them meanwhile
                 return
+            todo = self._with_ahead(todo)
             # e.g. a shuffled chunk's first read reaches every image: in parts read on a few threads
             # when there is enough to share (starting threads costs more than a few small images)
             threads = DECODE_THREADS if int(self.n_pixels[todo].sum()) >= DECODE_SHARED_PIXELS else 1
@@ -253,6 +255,20 @@ class ComponentGather:
                     self._fill_rows(part)
             self.loaded[todo] = True
             self.complete = bool(self.loaded[self.wanted].all())
+
+    def _with_ahead(self, todo: np.ndarray) -> np.ndarray:
+        """``todo`` (sorted rows to decode) and the wanted rows not decoded yet that follow them in pid
+        (file) order, while all of them take at most :data:`LOAD_AHEAD_BYTES` as held: rows a window
+        reaches one or two at a time are decoded in runs (the flat arrays have their room already)."""
+        room = LOAD_AHEAD_BYTES - int(self.n_pixels[todo].sum()) * self.per_pixel
+        pending = self.wanted[~self.loaded[self.wanted]]
+        pending = pending[~np.isin(pending, todo)]
+        if room <= 0 or len(pending) == 0:
+            return todo
+        start = int(np.searchsorted(pending, todo[0]))
+        pending = np.concatenate([pending[start:], pending[:start]])
+        fits = int(np.searchsorted(np.cumsum(self.n_pixels[pending] * self.per_pixel), room, side="right"))
+        return np.sort(np.concatenate([todo, pending[:fits]]))
 
     def _fill_rows(self, rows: np.ndarray) -> None:
         """Rows ``rows``' components into the flat arrays: per split and component, the stored bytes of
