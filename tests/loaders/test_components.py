@@ -195,3 +195,36 @@ def test_image_loader_with_a_worker_process_and_resume(capture: dict[str, Any]) 
     assert again.names == expected.names
     assert torch.equal(again.mask, expected.mask) and torch.equal(again.depth, expected.depth)
     np.testing.assert_array_equal(again.mask[0].numpy(), _served(store, again.names[0], 1, True)["mask"])
+
+
+@pytest.mark.parametrize("block_bits,ahead", [(8, 0), (13, 0), (13, 1 << 24)])
+def test_gather_over_some_rows_finds_each_rays_image(
+    capture: dict[str, Any], block_bits: int, ahead: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows a flat gather decodes for a batch (``_reached``: blocks of pixel ids, some a few images
+    wide; with ``LOAD_AHEAD_BYTES``, the following rows too) hold every ray's image and only wanted
+    rows; values equal the store's, and every wanted row decoded once all are reached."""
+    from raykit.loaders import components
+    from raykit.loaders.components import ComponentGather
+
+    monkeypatch.setattr(components, "LOAD_AHEAD_BYTES", ahead)
+
+    store = capture["rays"]
+    rows = store.split_rows("train")[::2]  # every other image: the rows between are not wanted
+    gather = ComponentGather(store, ("mask", "depth"), rows, 64 << 20)
+    assert gather.flat is not None
+    gather.block_bits = block_bits
+    offsets, sizes = np.asarray(store.table.pixel_offset), np.asarray(store.table.n_pixels)
+    pid = np.concatenate([offsets[r] + np.arange(sizes[r]) for r in rows]).astype(np.uint32)
+    rng = np.random.default_rng(0)
+    for batch in np.array_split(rng.permutation(pid), 7):
+        reached = gather._reached(batch.astype(np.intp) - gather.base)
+        assert set(gather.rows_of(batch).tolist()) <= set(reached.tolist()) <= set(rows.tolist())
+        values = gather.values(batch)
+        for row in np.unique(gather.rows_of(batch)).tolist():
+            take = gather.rows_of(batch) == row
+            local = batch[take].astype(np.int64) - offsets[row]
+            expected = _components(store, store.table.names[row])
+            np.testing.assert_array_equal(values["mask"][take], expected["mask"].reshape(-1)[local])
+            np.testing.assert_array_equal(values["depth"][take], expected["depth"].reshape(-1)[local])
+    assert gather.complete and gather.loaded[rows].all() and gather.loaded.sum() == len(rows)

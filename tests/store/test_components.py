@@ -4,7 +4,9 @@ back against its source files transformed by the reference twin; adding a compon
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -84,8 +86,97 @@ def test_round_trip_equals_sources(capture: Path, tmp_path: Path, layout: str, b
             np.testing.assert_array_equal(store.read_component("depth", name, downscale=k), want)
         kept = {k: frame[k] for k in ("exposure_time", "timestamp", "sensor")}
         assert store.frame_metadata(name) == kept  # unknown per-frame keys are kept
+    _check_batched_reads(store)
     assert validate_store(store.url) == []
     assert store.store_fingerprint != store.fingerprint
+
+
+def _check_batched_reads(store) -> None:
+    """``read_split_components`` (runs of images read at once, in any order asked, a subset) gives
+    what ``read_component`` gives image by image; ``read_components_bytes`` likewise, with one read
+    per file in one run and one read per image when no two may share one."""
+    from raykit.store.components import read_component_bytes, read_components_bytes
+
+    calls: list[tuple[str, int, int]] = []
+
+    def read(rel: str, start: int, stop: int) -> bytes:
+        calls.append((rel, start, stop))
+        return store._read_range(rel, start, stop)
+
+    for split in store.splits:
+        rows = store.split_rows(split)
+        for component in ("mask", "depth"):
+            wanted = list(range(len(rows)))[::-1][::2]  # every other image, asked backwards
+            got = dict(store.read_split_components(component, split, wanted))
+            assert list(got) == sorted(wanted)
+            for i, array in got.items():
+                np.testing.assert_array_equal(
+                    array, store.read_component(component, store.table.names[rows[i]])
+                )
+            entry = store._component_index(component)[split]
+            calls.clear()
+
+            every = range(len(rows))
+            alone = [
+                read_component_bytes(store._read_range, store.url, store.backend, component, split, entry, i)
+                for i in every
+            ]
+            args = (read, store.url, store.backend, component, split, entry, every)
+            assert [(d, r) for _, d, r in read_components_bytes(*args)] == alone
+            assert len(calls) == len({rel for rel, _, _ in calls})  # one run: each file read once
+            calls.clear()
+            assert [(d, r) for _, d, r in read_components_bytes(*args, span=1, gap=0)] == alone
+            assert len(calls) >= len(rows)
+
+
+def _npy_bytes(values: np.ndarray, version: tuple[int, int] = (1, 0)) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, values, version=version, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def test_decode_component_checks_the_header_before_loading() -> None:
+    """raykit's own ``.npy`` (read without parsing), a version 2.0 header and Fortran order (parsed) give
+    np.load's values; a header of another dtype or shape, a bad magic or a wrong length: one line."""
+    from raykit.store.components import decode_component, encode_component
+
+    rng = np.random.default_rng(5)
+    depth = rng.random((7, 9)).astype(np.float32)
+    mask = rng.integers(0, 2, (7, 9)).astype(np.uint8)
+    infos = {
+        "depth": ComponentInfo("depth", "float32"),
+        "half": ComponentInfo("depth", "float16"),
+        "mask": ComponentInfo("mask", "uint8"),
+        "bits": ComponentInfo("mask", "bit"),
+    }
+    for key, values in (("depth", depth), ("half", depth), ("mask", mask * 200), ("bits", mask)):
+        info = infos[key]
+        data = encode_component(info, values, "x")
+        stored = np.load(io.BytesIO(data))
+        want = decode_component(info, data, 7, 9, "x")
+        if key == "bits":
+            np.testing.assert_array_equal(want, np.where(mask > 0, 255, 0))
+        else:
+            np.testing.assert_array_equal(want, stored.astype(want.dtype))
+        assert want.flags.writeable and want.dtype == (np.uint8 if info.name == "mask" else np.float32)
+        for other in (_npy_bytes(stored, (2, 0)), _npy_bytes(np.asfortranarray(stored))):
+            np.testing.assert_array_equal(decode_component(info, other, 7, 9, "x"), want)
+    info = infos["depth"]
+    bad = {
+        "got float64 (7, 9)": _npy_bytes(depth.astype(np.float64)),
+        "got float32 (9, 7)": _npy_bytes(depth.T.copy()),
+        "unreadable depth array": b"not an npy file at all" * 8,
+        "array of 248 bytes, expected 252": encode_component(info, depth, "x")[:-4],
+    }
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<f4", "fortran_order": False, "shape": (10**6, 10**6)}
+    )
+    bad["got float32 (1000000, 1000000)"] = buffer.getvalue() + depth.tobytes()
+    for words, data in bad.items():
+        with pytest.raises(StoreCorruptError, match=r"^store/x\.npy: .*" + re.escape(words)) as caught:
+            decode_component(info, data, 7, 9, "store/x.npy")
+        assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
