@@ -16,7 +16,7 @@ draining what its prefetch made meanwhile:
 
 Each window also records its figure per second of the process's CPU time (``*_cpu``: the loader's
 cost, steadier than wall time on a shared machine). The result is each figure's median over the
-rounds and the ratio on/off (target: at least 0.85).
+rounds and the ratio on/off (target: at least 0.85); the first epochs likewise (``*_first_epoch_*_cpu``).
 
     python benchmarks/bench_components.py --size small --rounds 10 --out benchmarks/results/components.json
 """
@@ -87,8 +87,9 @@ def measure(rays: Path, images: Path, rounds: int, window: int) -> list[dict[str
                 loader = make(kind, VARIANTS[variant])  # a fresh loader: no instance's luck carries over
                 stream = loader.forever()
                 record = records.setdefault((round_, variant), {})
-                first, _ = timed(stream, len(loader), per_image)
+                first, first_cpu = timed(stream, len(loader), per_image)
                 record[f"{kind}_first_epoch_{unit[per_image]}"] = first
+                record[f"{kind}_first_epoch_{unit[per_image]}_cpu"] = first_cpu
                 figure, per_cpu = timed(stream, n, per_image)
                 record[f"{kind}_{unit[per_image]}"] = figure
                 record[f"{kind}_{unit[per_image]}_cpu"] = per_cpu
@@ -113,6 +114,7 @@ def main() -> None:
     work = args.work or DATA / f"components-{args.size}"
     work.mkdir(parents=True, exist_ok=True)
     rays, images = make_stores(args.size, work)
+    load_before = os.getloadavg()[0]
     runs = measure(rays, images, args.rounds, args.batches)
     for run in runs:
         print(json.dumps(run), flush=True)
@@ -125,7 +127,8 @@ def main() -> None:
     }
     ratios = {key: medians["on"][key] / medians["off"][key] for key in sorted(medians["on"])}
     report = {"command": command_line(), "machine": describe(2), "size": args.size, "batches": args.batches,
-              "rounds": args.rounds, "loadavg_1m_after": os.getloadavg()[0], "medians": medians,
+              "rounds": args.rounds, "loadavg_1m_before": load_before,
+              "loadavg_1m_after": os.getloadavg()[0], "medians": medians,
               "ratio_on_off": ratios, "target": 0.85, "runs": runs}  # fmt: skip
     print(json.dumps({"ratio_on_off": ratios}, indent=2))
     if args.out:
