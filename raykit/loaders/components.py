@@ -12,7 +12,13 @@ map (float32 (H, W), metres when the store says so, 0 = unknown): ``RayStore.com
   (:class:`ComponentChunkCache`) and mixed with its rays; on an images-layout split, per group.
 - :func:`read_components` (``ImageLoader``): an image's components at the loader's level (the store's
   ``downscale_mask``/``downscale_depth`` rules) and, with ``undistort``, resampled by the nearest sample
-  (:meth:`raykit.image_geometry.RemapTable.apply_nearest`: no value made up at edges).
+  (:meth:`raykit.image_geometry.RemapTable.apply_nearest`: no value made up at edges);
+  :func:`read_split_components`: those of several images at once, the same values.
+
+Reading: the stored arrays of images lying together in a file are read with one range read
+(``RayStore.read_split_components``), each checked against its CRC-32C and its ``.npy`` header: a
+flat gather decodes the rows a batch reaches with the wanted rows after them in file order
+(:data:`LOAD_AHEAD_BYTES`), an ``ImageLoader`` miss the next images of the epoch's order.
 
 Memory: components take what they need of the loader's ``cache_bytes``, at most half of it
 (:func:`component_budget`); the pixels' cache gets the rest. Components of a float16 depth store are
@@ -151,8 +157,9 @@ class ComponentGather:
 
     Each image's components are decoded once (on first use) and held within ``budget`` bytes: when the
     ``rows``' components fit, in one flat array per component indexed by pid (one gather per batch;
-    pages of other images are never touched); else per image in an LRU, the rays grouped by
-    image. Safe to call from several threads (the generation threads).
+    pages of other images are never touched), decoded in runs (the rows reached and the wanted rows
+    after them, :meth:`_with_ahead`); else per image in an LRU, the rays grouped by image. Safe to
+    call from several threads (the generation threads).
 
     Args:
         store: the store.
