@@ -254,20 +254,26 @@ def march_occupied(
         generator: jitters the start of each ray's comb by a fraction of a step; None for none.
         density_fn: when given, a no-gradient pass drops samples behind which the transmittance has
             fallen below ``early_stop_eps`` (they would contribute less than that to the pixel).
-        coarse: ``(test, stride)``: ``test`` True within ``stride / 2`` of every occupied point.
+        coarse: ``(test, stride)``: ``test`` True within ``stride / (2 * max |rays_d|)`` of every
+            occupied point (``max |rays_d|``: the largest direction component of the batch).
     """
     if coarse is None:
         return reference_march_occupied(
             rays_o, rays_d, t_min, t_max, step_size, occupied, generator, density_fn, early_stop_eps
         )
-    test, stride = coarse
+    test, unit_stride = coarse
     n_rays, device, dtype = rays_o.shape[0], rays_o.device, rays_o.dtype
     t_max = torch.maximum(t_max, t_min)
     if generator is None:
         offset = torch.full((n_rays,), 0.5, dtype=dtype, device=device)
     else:  # the reference's draw: the same jitter from the same generator
         offset = torch.rand((n_rays, 1), generator=generator, dtype=dtype, device=device)[:, 0]
-    longest = float((t_max - t_min).max()) if n_rays else 0.0
+    longest, fastest = (  # one read-back: the longest interval, the largest direction component
+        torch.stack([(t_max - t_min).max(), rays_d.abs().max()]).tolist() if n_rays else (0.0, 1.0)
+    )
+    # The test holds within unit_stride / 2 of an occupied point for directions of components <= 1;
+    # a margin of 1e-3 keeps rounding on the safe side.
+    stride = unit_stride / max(fastest, 1e-6) * (1.0 - 1e-3)
     n_strides = max(1, math.ceil(longest / stride))
     centres = t_min[:, None] + (torch.arange(n_strides, dtype=dtype, device=device) + 0.5) * stride
     passed = test(rays_o, rays_d, centres) & (centres - 0.5 * stride < t_max[:, None])
