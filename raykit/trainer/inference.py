@@ -3,11 +3,13 @@
 The one rendering path of ``eval.json``, the progress checks, ``raykit render`` and ``raykit export
 --verify`` (:func:`raykit.trainer.evaluate.render_batch` calls :func:`render_colours`). It places the
 samples exactly as training does (:func:`raykit.trainer.pipeline.sample_rays` without jitter: the
-occupancy grid, marched in strides through a coarse copy of it, or the proposal networks skip empty
+occupancy grid, marched in strides through dilated copies of it, or the proposal networks skip empty
 space), then composites them front to back in rounds (:func:`composite_front_to_back`): each round
 evaluates the density at the next few samples of every ray still visible, and the colour only where
 the compositing weight reaches :data:`LEAST_WEIGHT`; a ray stops once its transmittance falls below
-:data:`STOP_TRANSMITTANCE`. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
+:data:`STOP_TRANSMITTANCE`. The field is evaluated by :func:`field_geometry` and :func:`field_colour`,
+the module's arithmetic without autograd's constraints (one feature buffer, activations in place):
+the same values, bit for bit. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
 ``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth of one 8-bit level in all), so the
 renders are the every-sample ones (:func:`reference_colours`, their simple twin, renders every sample
 in one pass; the tests compare the two).

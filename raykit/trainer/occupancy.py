@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from raykit.trainer.samplers import DensityFn
+from raykit.trainer.samplers import CoarseTest, DensityFn
 
 __all__ = ["OccupancyGrid"]
 
@@ -78,7 +78,8 @@ class OccupancyGrid(nn.Module):
         reachable = self._in_ball() if ball else torch.ones(resolution**3, dtype=torch.bool)
         self.register_buffer("reachable", reachable, persistent=False)
         self.register_buffer("occupied", reachable.clone())
-        self._coarse: tuple[tuple[int, int, int], Tensor, float] | None = None  # see coarse_test
+        self._coarse: dict[int, tuple[Tensor, float]] = {}  # radius -> dilated grid, share (coarse_test)
+        self._coarse_version: tuple[int, int] | None = None
         self._copy_to_host()
         self.register_load_state_dict_post_hook(lambda module, _keys: module._copy_to_host())
 
@@ -120,9 +121,16 @@ class OccupancyGrid(nn.Module):
         lo, hi = self.aabb[:3], self.aabb[3:]
         return self.occupied[_flat_cells(rays_o, rays_d, t, lo, self.resolution / (hi - lo), self.resolution)]
 
-    def coarse_test(
-        self, radius: int = 2, most: float = 0.5
-    ) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float] | None:
+    def coarse_tests(self, radii: tuple[int, ...] = (4, 1), most: float = 0.5) -> list[CoarseTest]:
+        """:meth:`coarse_test` at each of ``radii`` (coarsest first) where it pays; for
+        :func:`raykit.trainer.samplers.march_occupied`, which tests each level's strides only inside
+        the passing strides of the level before. On a trained lego-like grid, (4, 1) tests 0.44 M
+        strides of 8 cells, 0.34 M of 2 and 0.66 M steps for 40,000 rays, where strides of 4 cells
+        alone test 0.88 M strides and 1.05 M steps."""
+        levels = [self.coarse_test(radius, most) for radius in radii]
+        return [level for level in levels if level is not None]
+
+    def coarse_test(self, radius: int = 2, most: float = 0.5) -> CoarseTest | None:
         """A conservative occupancy test for skipping empty space in strides, and its stride; None
         where it would not pay (a share above ``most`` of the cells passes, as while the grid is
         young: every stride would then be stepped through anyway).
@@ -135,19 +143,26 @@ class OccupancyGrid(nn.Module):
         of a direction): the two points lie at most ``radius`` cells apart along each axis (clamping
         to the grid, as :meth:`is_occupied_along` does, keeps that true). Dilating the fine cells
         rather than coarse blocks of them lets fewer strides pass (on a trained lego-like grid: 23 %
-        at radius 2 against 26 % for blocks of 2^3 dilated by a block, at twice the stride).
+        of the cells at radius 2 against 26 % for blocks of 2^3 dilated by a block, at twice the
+        stride).
 
-        The dilated grid is kept until the occupancy changes (a refresh, a load): its share is read
-        back to the host once per change, not once per step.
+        The dilated grids are kept until the occupancy changes (a refresh, a load): each share is
+        read back to the host once per change, not once per step.
         """
-        key = (radius, self.occupied._version, self.occupied.data_ptr())
-        if self._coarse is None or self._coarse[0] != key:
+        version = (self.occupied._version, self.occupied.data_ptr())
+        if self._coarse_version != version:
+            self._coarse_version, self._coarse = version, {}
+        if radius not in self._coarse:
             r = self.resolution
-            fine = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
-            pooled = torch.nn.functional.max_pool3d(fine, 2 * radius + 1, 1, padding=radius)
-            dilated = (pooled[0, 0] > 0).reshape(-1).contiguous()
-            self._coarse = (key, dilated, float(dilated.float().mean()))
-        _, flat, share = self._coarse
+            grid = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
+            for axis in range(3):  # a box dilation, one axis at a time
+                kernel = [1, 1, 1]
+                kernel[axis] = 2 * radius + 1
+                padding = [k // 2 for k in kernel]
+                grid = torch.nn.functional.max_pool3d(grid, kernel, 1, padding=padding)
+            dilated = (grid[0, 0] > 0).reshape(-1).contiguous()
+            self._coarse[radius] = (dilated, float(dilated.float().mean()))
+        flat, share = self._coarse[radius]
         if share > most:
             return None
         r = self.resolution

@@ -149,10 +149,12 @@ def test_march_in_strides_equals_the_reference_comb() -> None:
     origins[:50] = origins[:50] * 0.1  # some rays start inside the box
     t_min, t_max = ray_aabb_intersect(origins, dirs, AABB)
     t_min = t_min.clamp_min(0.0)
-    for radius, length in ((1, 1.0), (2, 1.0), (3, 1.0), (8, 1.0), (2, 0.3), (2, 2.5)):
+    cases = [((1,), 1.0), ((2,), 1.0), ((3,), 1.0), ((8,), 1.0), ((2,), 0.3), ((2,), 2.5), ((4, 1), 1.0),
+             ((6, 2, 1), 0.7), ((3, 2), 1.0)]  # fmt: skip
+    for radii, length in cases:
         for seed in (None, 5):
             generators = [None if seed is None else torch.Generator().manual_seed(seed) for _ in range(2)]
-            coarse = grid.coarse_test(radius, most=1.0)  # strides even where they do not pay
+            coarse = grid.coarse_tests(radii, most=1.0)  # strides even where they do not pay
             d, lo, hi = dirs * length, t_min / length, t_max / length  # the same segments
             fast = march_occupied(origins, d, lo, hi, 0.02 / length, grid.is_occupied_along, generators[0],
                                   coarse=coarse)  # fmt: skip
