@@ -146,6 +146,11 @@ class TrainConfig:
     prop_loss_weight: float = _opt(
         1.0, "proposal: weight of the interlevel loss that trains the networks", valid=Range(0)
     )
+    distortion_weight: float = _opt(
+        0.0,
+        "proposal: weight of mip-NeRF 360's distortion loss on the field's weights (0: off)",
+        valid=Range(0),
+    )
     scene_space: str = _opt(
         "auto",
         "box (bounded), contract (unbounded 360), ndc (forward-facing); auto picks from the store's "
@@ -293,6 +298,7 @@ DEFAULT_REASONS: dict[str, str] = {
     "trained 6x the occupancy grid's rays/s this way (BENCHMARKS.md issue 30)",
     "prop_resolution": "64: the proposal networks only need coarse density",
     "prop_loss_weight": "1.0: mip-NeRF 360's interlevel loss weight",
+    "distortion_weight": "0 (off): PENDING",
     "scene_space": "auto: detected from the cameras and bounds (run.json's scene_space says which and why)",
     "samples_per_step": "None: a fixed batch of rays; the sample budget is opt-in",
     "budget_granule": "128: rays per step change in steps of 128 under --samples-per-step",

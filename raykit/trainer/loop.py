@@ -48,7 +48,13 @@ from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tens
 from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
-from raykit.trainer.proposal import ProposalNetworks, ProposalTrace, average_gradients, interlevel_loss
+from raykit.trainer.proposal import (
+    ProposalNetworks,
+    ProposalTrace,
+    average_gradients,
+    distortion_loss,
+    interlevel_loss,
+)
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
@@ -216,6 +222,10 @@ def step_losses(
     total = loss
     if isinstance(samples.trace, ProposalTrace):
         total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+        if config.distortion_weight > 0:
+            total = total + config.distortion_weight * distortion_loss(
+                samples.trace.final_edges, rendered["weights"]
+            )
     lap("rendering")
     return loss, total, samples
 

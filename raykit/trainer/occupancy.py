@@ -15,7 +15,6 @@ refreshed and left out of the mean, as nerfacc leaves out the cells no camera se
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

@@ -12,7 +12,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -268,7 +268,7 @@ def march_occupied(
         return reference_march_occupied(
             rays_o, rays_d, t_min, t_max, step_size, occupied, generator, density_fn, early_stop_eps
         )
-    levels: list[CoarseTest] = [coarse] if callable(coarse[0]) else list(coarse)  # type: ignore[list-item]
+    levels = [cast(CoarseTest, coarse)] if callable(coarse[0]) else list(cast(Sequence[CoarseTest], coarse))
     n_rays, device, dtype = rays_o.shape[0], rays_o.device, rays_o.dtype
     t_max = torch.maximum(t_max, t_min)
     if generator is None:
