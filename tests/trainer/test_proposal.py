@@ -146,3 +146,11 @@ def test_distortion_loss_equals_the_double_sum_and_prefers_one_surface() -> None
     assert distortion_loss(even, peaked) < distortion_loss(even, spread)
     # rescaled along each ray: the same loss whatever the units of the edges
     torch.testing.assert_close(distortion_loss(even * 7.0 + 2.0, spread), distortion_loss(even, spread))
+
+
+def test_proposal_density_without_autograd_is_the_same() -> None:
+    networks = ProposalNetworks(torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), 1, 16, seed=2)
+    positions = torch.rand(500, 3, generator=torch.Generator().manual_seed(1)) * 2.4 - 1.2
+    with_grad = networks.density(0, positions)
+    with torch.no_grad():
+        assert torch.equal(networks.density(0, positions), with_grad.detach())
