@@ -21,6 +21,7 @@ from raykit.ranges import Range, worker_range
 __all__ = [
     "AUTO_SAMPLERS",
     "DEFAULT_REASONS",
+    "FIELD_RESOLUTIONS",
     "LOGGERS",
     "SAMPLERS",
     "SAMPLER_CHOICES",
@@ -30,6 +31,7 @@ __all__ = [
     "default_reasons",
     "from_args",
     "parse_aabb",
+    "resolve_resolution",
     "resolve_sampler",
 ]
 
@@ -167,7 +169,12 @@ class TrainConfig:
     )
     levels: int = _opt(3, "field: feature-plane levels", valid=_COUNT)
     base_resolution: int = _opt(64, "field: coarsest plane resolution", valid=_COUNT)
-    max_resolution: int = _opt(256, "field: finest plane resolution", valid=_COUNT)
+    max_resolution: int | None = _opt(
+        None,
+        "field: finest plane resolution; default 256 in a box or NDC, 512 when contracted (recorded in "
+        "config.json, why in run.json)",
+        valid=Range(1, integer=True, optional=True),
+    )
     features: int = _opt(8, "field: features per level", valid=_COUNT)
     hidden: int = _opt(32, "field: MLP width", valid=_COUNT)
     log_every: int = _opt(50, "steps between log.jsonl records", valid=_COUNT)
@@ -305,7 +312,9 @@ DEFAULT_REASONS: dict[str, str] = {
     "levels": "3 plane resolutions, 64 to 256 (raykit.trainer.field: measured against voxel grids and hash "
     "tables on this CPU)",
     "base_resolution": "64: the coarsest plane (raykit.trainer.field)",
-    "max_resolution": "256: the finest plane; 2.1 M plane values in all (raykit.trainer.field)",
+    "max_resolution": "None: per scene space (resolve_resolution): 256 in a box or NDC (2.1 M plane values, "
+    "raykit.trainer.field), 512 when contracted, where the planes span [-2, 2] and the unit ball would get "
+    "half of them per axis (plant_capture, equal steps: +0.34 dB test PSNR; BENCHMARKS.md issue 47)",
     "features": "8 per level (raykit.trainer.field)",
     "hidden": "32: small MLPs, as instant-ngp's 64 wide networks halved for a CPU",
     "log_every": "50 steps: a record every second or so on a CPU, without slowing the step",
@@ -354,6 +363,27 @@ def resolve_sampler(config: TrainConfig) -> tuple[TrainConfig, str]:
     space = "box" if config.scene_space == "auto" else config.scene_space
     sampler, reason = AUTO_SAMPLERS[space]
     return config.replace(sampler=sampler), f"--sampler auto, scene space {space}: {reason}"
+
+
+FIELD_RESOLUTIONS = {"box": 256, "ndc": 256, "contract": 512}
+"""The finest plane resolution per scene space when ``--max-resolution`` is not given."""
+
+
+def resolve_resolution(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """``config`` with ``max_resolution`` resolved (None -> :data:`FIELD_RESOLUTIONS` of its scene
+    space), and why. The scene space should be resolved first (``auto`` counts as ``box``)."""
+    if config.max_resolution is not None:
+        return config, "chosen with --max-resolution"
+    space = "box" if config.scene_space == "auto" else config.scene_space
+    value = FIELD_RESOLUTIONS[space]
+    why = (
+        "a contracted field's planes span [-2, 2]: the unit ball gets a box field's resolution"
+        if space == "contract"
+        else "the finest plane of a bounded field"
+    )
+    return config.replace(
+        max_resolution=value
+    ), f"--max-resolution unset, scene space {space}: {value}, {why}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

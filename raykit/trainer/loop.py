@@ -40,7 +40,7 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig, default_reasons, resolve_sampler
+from raykit.trainer.config import TrainConfig, default_reasons, resolve_resolution, resolve_sampler
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -243,6 +243,7 @@ def _setup(config: TrainConfig) -> _Run:
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
     config, sampler_reason = resolve_sampler(config)
+    config, resolution_reason = resolve_resolution(config)
     config, background_reason = resolve_background(config, store)
     field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
     budget = None
@@ -287,6 +288,7 @@ def _setup(config: TrainConfig) -> _Run:
         choices={
             "sampler": {"name": config.sampler, "reason": sampler_reason},
             "background": {"colour": config.background, "reason": background_reason},
+            "field": {"max_resolution": config.max_resolution, "reason": resolution_reason},
         },
         budget=budget,
     )
