@@ -278,7 +278,8 @@ DEFAULT_REASONS: dict[str, str] = {
     "samples (nerfacc's examples aim at 256k samples per step on a GPU)",
     "lr": "1e-2: Adam's rate for feature planes and small MLPs (instant-ngp and nerfacc use 1e-2 for grids)",
     "lr_final": "1e-3: an exponential decay by 10x over the run, gentler than nerfacto's 100x (1e-2 to "
-    "1e-4) for runs of minutes",
+    "1e-4) for runs of minutes (plant_capture, 3000 steps: 100x cost 1.0 dB test PSNR, 3x gained 0.08, "
+    "noise; BENCHMARKS.md issue 47)",
     "seed": "0: runs reproduce unless asked otherwise",
     "background": "auto: white under alpha, black for opaque photos (run.json's background: which, why)",
     "aabb": "auto: the store's scene bounds, padded by 5 %",
@@ -316,7 +317,8 @@ DEFAULT_REASONS: dict[str, str] = {
     "base_resolution": "64: the coarsest plane (raykit.trainer.field)",
     "max_resolution": "None: per scene space (resolve_resolution): 256 in a box or NDC (2.1 M plane values, "
     "raykit.trainer.field), 512 when contracted, where the planes span [-2, 2] and the unit ball would get "
-    "half of them per axis (plant_capture, equal steps: +0.34 dB test PSNR; BENCHMARKS.md issue 47)",
+    "half of them per axis (plant_capture at equal steps: +0.34 dB test PSNR at 160x128, +0.29 dB at "
+    "320x256, ahead at equal time too; BENCHMARKS.md issue 47)",
     "features": "8 per level (raykit.trainer.field)",
     "hidden": "32: small MLPs, as instant-ngp's 64 wide networks halved for a CPU",
     "log_every": "50 steps: a record every second or so on a CPU, without slowing the step",
