@@ -21,6 +21,7 @@ from raykit.ranges import Range, worker_range
 __all__ = [
     "AUTO_SAMPLERS",
     "DEFAULT_REASONS",
+    "FIELD_RESOLUTIONS",
     "LOGGERS",
     "SAMPLERS",
     "SAMPLER_CHOICES",
@@ -30,6 +31,7 @@ __all__ = [
     "default_reasons",
     "from_args",
     "parse_aabb",
+    "resolve_resolution",
     "resolve_sampler",
 ]
 
@@ -146,6 +148,11 @@ class TrainConfig:
     prop_loss_weight: float = _opt(
         1.0, "proposal: weight of the interlevel loss that trains the networks", valid=Range(0)
     )
+    distortion_weight: float = _opt(
+        0.0,
+        "proposal: weight of mip-NeRF 360's distortion loss on the field's weights (0: off)",
+        valid=Range(0),
+    )
     scene_space: str = _opt(
         "auto",
         "box (bounded), contract (unbounded 360), ndc (forward-facing); auto picks from the store's "
@@ -162,7 +169,12 @@ class TrainConfig:
     )
     levels: int = _opt(3, "field: feature-plane levels", valid=_COUNT)
     base_resolution: int = _opt(64, "field: coarsest plane resolution", valid=_COUNT)
-    max_resolution: int = _opt(256, "field: finest plane resolution", valid=_COUNT)
+    max_resolution: int | None = _opt(
+        None,
+        "field: finest plane resolution; default 256 in a box or NDC, 512 when contracted (recorded in "
+        "config.json, why in run.json)",
+        valid=Range(1, integer=True, optional=True),
+    )
     features: int = _opt(8, "field: features per level", valid=_COUNT)
     hidden: int = _opt(32, "field: MLP width", valid=_COUNT)
     log_every: int = _opt(50, "steps between log.jsonl records", valid=_COUNT)
@@ -172,7 +184,7 @@ class TrainConfig:
     log_image_every_s: float = _opt(180.0, "tensorboard: seconds between test-view images", valid=_POSITIVE)
     ckpt_every: int = _opt(500, "steps between checkpoints (a crash loses at most this many)", valid=_COUNT)
     keep_checkpoints: int = _opt(2, "checkpoints kept on disk", valid=_COUNT)
-    eval_chunk: int = _opt(8192, "rays per forward pass when rendering full images", valid=_COUNT)
+    eval_chunk: int = _opt(65536, "rays per forward pass when rendering full images", valid=_COUNT)
     eval_max_images: int | None = _opt(
         None, "evaluate at most this many images per split", valid=Range(1, integer=True, optional=True)
     )
@@ -266,7 +278,8 @@ DEFAULT_REASONS: dict[str, str] = {
     "samples (nerfacc's examples aim at 256k samples per step on a GPU)",
     "lr": "1e-2: Adam's rate for feature planes and small MLPs (instant-ngp and nerfacc use 1e-2 for grids)",
     "lr_final": "1e-3: an exponential decay by 10x over the run, gentler than nerfacto's 100x (1e-2 to "
-    "1e-4) for runs of minutes",
+    "1e-4) for runs of minutes (plant_capture, 3000 steps: 100x cost 1.0 dB test PSNR, 3x gained 0.08, "
+    "noise; BENCHMARKS.md issue 47)",
     "seed": "0: runs reproduce unless asked otherwise",
     "background": "auto: white under alpha, black for opaque photos (run.json's background: which, why)",
     "aabb": "auto: the store's scene bounds, padded by 5 %",
@@ -293,13 +306,19 @@ DEFAULT_REASONS: dict[str, str] = {
     "trained 6x the occupancy grid's rays/s this way (BENCHMARKS.md issue 30)",
     "prop_resolution": "64: the proposal networks only need coarse density",
     "prop_loss_weight": "1.0: mip-NeRF 360's interlevel loss weight",
+    "distortion_weight": "0 (off): nerfacto's 0.002 cost 0.16 dB test PSNR on plant_capture at equal steps "
+    "(19.32 against 19.48 dB, 3000 steps, BENCHMARKS.md issue 47); it suppresses floaters rather than "
+    "raising PSNR at a few thousand steps; opt-in",
     "scene_space": "auto: detected from the cameras and bounds (run.json's scene_space says which and why)",
     "samples_per_step": "None: a fixed batch of rays; the sample budget is opt-in",
     "budget_granule": "128: rays per step change in steps of 128 under --samples-per-step",
     "levels": "3 plane resolutions, 64 to 256 (raykit.trainer.field: measured against voxel grids and hash "
     "tables on this CPU)",
     "base_resolution": "64: the coarsest plane (raykit.trainer.field)",
-    "max_resolution": "256: the finest plane; 2.1 M plane values in all (raykit.trainer.field)",
+    "max_resolution": "None: per scene space (resolve_resolution): 256 in a box or NDC (2.1 M plane values, "
+    "raykit.trainer.field), 512 when contracted, where the planes span [-2, 2] and the unit ball would get "
+    "half of them per axis (plant_capture at equal steps: +0.34 dB test PSNR at 160x128, +0.29 dB at "
+    "320x256, ahead at equal time too; BENCHMARKS.md issue 47)",
     "features": "8 per level (raykit.trainer.field)",
     "hidden": "32: small MLPs, as instant-ngp's 64 wide networks halved for a CPU",
     "log_every": "50 steps: a record every second or so on a CPU, without slowing the step",
@@ -307,8 +326,10 @@ DEFAULT_REASONS: dict[str, str] = {
     "log_image_every_s": "180 s: a test view every 3 minutes of a 5-minute run",
     "ckpt_every": "500 steps: a crash loses at most a few seconds of training on a CPU",
     "keep_checkpoints": "2: the newest and one before it, in case the newest is damaged",
-    "eval_chunk": "8192 rays: no larger chunk rendered faster on 2 shared, busy CPU cores (1 thread: 0.95 s "
-    "per 200x200 view at 8192, 1.17 s at 32768 and 65536; BENCHMARKS.md issue 47)",
+    "eval_chunk": "65536 rays: a 200x200 view in one pass, so each round of the front-to-back compositing "
+    "and each marching level runs once per view, not once per 8192 rays (fewer, larger operations; the "
+    "packed occupancy samples keep memory small; a 160x128 proposal view rendered in one pass took 0.15 GB "
+    "more than at 8192)",
     "eval_max_images": "None: the final evaluation scores every image of each split",
     "progress_every_s": "None: no progress checks unless asked (raykit run asks for 4)",
     "progress_images": "4 images: a check costs a fraction of a full evaluation",
@@ -346,6 +367,27 @@ def resolve_sampler(config: TrainConfig) -> tuple[TrainConfig, str]:
     space = "box" if config.scene_space == "auto" else config.scene_space
     sampler, reason = AUTO_SAMPLERS[space]
     return config.replace(sampler=sampler), f"--sampler auto, scene space {space}: {reason}"
+
+
+FIELD_RESOLUTIONS = {"box": 256, "ndc": 256, "contract": 512}
+"""The finest plane resolution per scene space when ``--max-resolution`` is not given."""
+
+
+def resolve_resolution(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """``config`` with ``max_resolution`` resolved (None -> :data:`FIELD_RESOLUTIONS` of its scene
+    space), and why. The scene space should be resolved first (``auto`` counts as ``box``)."""
+    if config.max_resolution is not None:
+        return config, "chosen with --max-resolution"
+    space = "box" if config.scene_space == "auto" else config.scene_space
+    value = FIELD_RESOLUTIONS[space]
+    why = (
+        "a contracted field's planes span [-2, 2]: the unit ball gets a box field's resolution"
+        if space == "contract"
+        else "the finest plane of a bounded field"
+    )
+    return config.replace(
+        max_resolution=value
+    ), f"--max-resolution unset, scene space {space}: {value}, {why}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

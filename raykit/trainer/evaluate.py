@@ -35,7 +35,7 @@ from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.config import TrainConfig, resolve_sampler
+from raykit.trainer.config import TrainConfig, resolve_resolution, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.inference import render_colours
 from raykit.trainer.occupancy import OccupancyGrid
@@ -65,7 +65,8 @@ def build_models(
     ``ndc_frame`` is the NDC reference camera of a field in scene space ``ndc``.
     """
     space = "box" if config.scene_space == "auto" else config.scene_space
-    config = resolve_sampler(config)[0]
+    config = resolve_resolution(resolve_sampler(config)[0])[0]
+    assert config.max_resolution is not None
     field = RadianceField(
         aabb,
         levels=config.levels,

@@ -33,6 +33,7 @@ __all__ = [
     "RadianceField",
     "grid_resolutions",
     "plane_features",
+    "plane_grid",
     "reference_plane_features",
     "sh_encode",
 ]
@@ -46,24 +47,25 @@ def grid_resolutions(levels: int, base: int, finest: int) -> list[int]:
     return [round(base * growth**level) for level in range(levels)]
 
 
-def _plane_coords(coords: Tensor) -> Tensor:
-    """(P, 3) -> (3, 1, P, 2): the (x, y), (x, z) and (y, z) projections, as ``grid_sample`` grids."""
-    return torch.stack([coords[:, [0, 1]], coords[:, [0, 2]], coords[:, [1, 2]]]).unsqueeze(1)
+def plane_grid(coords: Tensor) -> Tensor:
+    """(P, 3) -> (3, 1, P, 2): the (x, y), (x, z) and (y, z) projections, as ``grid_sample`` grids
+    (slices of ``coords``, copied once; shared by every level of a field)."""
+    return torch.stack([coords[:, :2], coords[:, ::2], coords[:, 1:]]).unsqueeze(1)
 
 
-def plane_features(planes: Tensor, coords: Tensor) -> Tensor:
+def plane_features(planes: Tensor, coords: Tensor, grid: Tensor | None = None) -> Tensor:
     """Product of bilinear lookups in three axis-aligned feature planes (fast path: ``grid_sample``).
 
     Args:
         planes: (3, F, R, R) planes xy, xz, yz; plane ``(a, b)`` is indexed ``[f, b, a]``.
         coords: (P, 3) ``(x, y, z)`` in [-1, 1]; -1 and 1 are the centres of the edge texels.
+        grid: ``plane_grid(coords)`` when already computed (the levels of a field share it).
 
     Returns:
         (P, F); zero outside [-1, 1].
     """
-    sampled = F.grid_sample(
-        planes, _plane_coords(coords), mode="bilinear", padding_mode="zeros", align_corners=True
-    )
+    grid = plane_grid(coords) if grid is None else grid
+    sampled = F.grid_sample(planes, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
     product = sampled[0] * sampled[1] * sampled[2]  # cheaper backward than .prod(dim=0)
     return product.view(planes.shape[1], -1).t()
 
@@ -187,7 +189,8 @@ class RadianceField(nn.Module):
         """(P, 3) positions (or field coordinates) -> (sigma (P,), geometry features (P, G))."""
         coords = positions if normalized else self.normalize(positions)
         inside = (coords.abs() <= 1.0).all(dim=-1)
-        feats = torch.cat([plane_features(planes, coords) for planes in self.planes], dim=-1)
+        grid = plane_grid(coords)
+        feats = torch.cat([plane_features(planes, coords, grid) for planes in self.planes], dim=-1)
         raw = self.density_mlp(feats)
         sigma = torch.exp(raw[:, 0].clamp(max=15.0)) * inside
         return sigma, raw[:, 1:]

@@ -3,11 +3,13 @@
 The one rendering path of ``eval.json``, the progress checks, ``raykit render`` and ``raykit export
 --verify`` (:func:`raykit.trainer.evaluate.render_batch` calls :func:`render_colours`). It places the
 samples exactly as training does (:func:`raykit.trainer.pipeline.sample_rays` without jitter: the
-occupancy grid, marched in strides through a coarse copy of it, or the proposal networks skip empty
+occupancy grid, marched in strides through dilated copies of it, or the proposal networks skip empty
 space), then composites them front to back in rounds (:func:`composite_front_to_back`): each round
 evaluates the density at the next few samples of every ray still visible, and the colour only where
 the compositing weight reaches :data:`LEAST_WEIGHT`; a ray stops once its transmittance falls below
-:data:`STOP_TRANSMITTANCE`. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
+:data:`STOP_TRANSMITTANCE`. The field is evaluated by :func:`field_geometry` and :func:`field_colour`,
+the module's arithmetic without autograd's constraints (one feature buffer, activations in place):
+the same values, bit for bit. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
 ``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth of one 8-bit level in all), so the
 renders are the every-sample ones (:func:`reference_colours`, their simple twin, renders every sample
 in one pass; the tests compare the two).
@@ -17,21 +19,26 @@ Training keeps its own path: it needs the gradients of every sample.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from raykit.rays import RayBatch
 from raykit.trainer.config import TrainConfig
-from raykit.trainer.field import RadianceField
+from raykit.trainer.field import RadianceField, plane_grid, sh_encode
 from raykit.trainer.pipeline import render_rays, sample_rays
 from raykit.trainer.samplers import Samples
 
 __all__ = [
     "LEAST_WEIGHT",
+    "ROUNDS",
     "STOP_TRANSMITTANCE",
     "composite_front_to_back",
+    "field_colour",
+    "field_geometry",
     "reference_colours",
     "render_colours",
 ]
@@ -40,7 +47,10 @@ STOP_TRANSMITTANCE = 1e-4
 """A ray stops once the light that still reaches it through its samples falls below this share."""
 LEAST_WEIGHT = 1e-7
 """A sample of smaller compositing weight gets no colour evaluation (it would add less than this)."""
-_FIRST_ROUND, _LARGEST_ROUND = 8, 64  # samples per ray in the first round; rounds double up to this
+ROUNDS = (4, 4, 8, 16, 32, 64)
+"""Samples per ray evaluated in each round of :func:`composite_front_to_back` (the last repeats): short
+first rounds, as most rays that hit something stop within a few samples (on a trained lego-like model
+the median ray holds 10 samples and (4, 4, 8, ...) evaluates 8 % fewer densities than (8, 16, ...))."""
 
 
 def _eval_config(config: TrainConfig, field: RadianceField) -> TrainConfig:
@@ -94,6 +104,49 @@ def _packed(samples: Samples) -> tuple[Tensor, Tensor, Tensor]:
     return samples.t_starts[keep], samples.t_ends[keep], ray_indices
 
 
+def _layers(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear]:
+    """The two linear layers of one of the field's MLPs (``Linear, ReLU, Linear``)."""
+    hidden, out = mlp[0], mlp[2]  # type: ignore[index]
+    if not isinstance(hidden, nn.Linear) or not isinstance(out, nn.Linear):
+        raise TypeError(f"expected Linear, ReLU, Linear; got {mlp}")
+    return hidden, out
+
+
+def field_geometry(field: RadianceField, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """:meth:`RadianceField.geometry` without autograd's constraints: the same values, bit for bit.
+
+    The plane features of every level are written into one channel-major buffer (no transposed
+    copies, no concatenation), and the activations work in place.
+
+    Args:
+        field: the radiance field.
+        positions: (P, 3) world positions.
+
+    Returns:
+        ``(sigma (P,), geometry features (P, G))``.
+    """
+    coords = field.normalize(positions)
+    grid = plane_grid(coords)
+    feats = positions.new_empty(sum(planes.shape[1] for planes in field.planes), coords.shape[0])
+    first = 0
+    for planes in field.planes:
+        sampled = F.grid_sample(planes, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+        rows = feats[first : first + planes.shape[1]]
+        torch.mul(sampled[0, :, 0], sampled[1, :, 0], out=rows).mul_(sampled[2, :, 0])
+        first += planes.shape[1]
+    hidden, out = _layers(field.density_mlp)
+    raw = F.linear(F.linear(feats.t(), hidden.weight, hidden.bias).relu_(), out.weight, out.bias)
+    inside = (coords.abs() <= 1.0).all(dim=-1)
+    return raw[:, 0].clamp(max=15.0).exp_().mul_(inside), raw[:, 1:]
+
+
+def field_colour(field: RadianceField, geo: Tensor, directions: Tensor) -> Tensor:
+    """:meth:`RadianceField.colour` with in-place activations: (P, G), (P, 3) -> (P, 3) rgb, the same."""
+    hidden, out = _layers(field.color_mlp)
+    x = torch.cat([geo, sh_encode(directions)], dim=-1)
+    return F.linear(F.linear(x, hidden.weight, hidden.bias).relu_(), out.weight, out.bias).sigmoid_()
+
+
 def composite_front_to_back(
     field: RadianceField,
     samples: Samples,
@@ -105,13 +158,13 @@ def composite_front_to_back(
     """Composite ``samples`` over ``background`` in rounds, stopping each ray once nearly opaque.
 
     Round ``r`` evaluates the density at samples ``k_r .. k_r + K_r - 1`` of every ray still running
-    (``K`` starts at 8 and doubles up to 64), and the colour only where the compositing weight is at
-    least ``least_weight``; a ray stops when it has no samples left or its transmittance is below
-    ``stop``. The compositing is :func:`raykit.trainer.render.rendering`'s, carried from round to
-    round by each ray's transmittance.
+    (``K`` runs through :data:`ROUNDS`, then stays at its last value), and the colour only where the
+    compositing weight is at least ``least_weight``; a ray stops when it has no samples left or its
+    transmittance is below ``stop``. The compositing is :func:`raykit.trainer.render.rendering`'s,
+    carried from round to round by each ray's transmittance.
 
     Args:
-        field: the radiance field (its :meth:`~RadianceField.geometry` and :meth:`~RadianceField.colour`).
+        field: the radiance field (through :func:`field_geometry` and :func:`field_colour`).
         samples: padded (N, S) or packed (M,) intervals along the N rays.
         rays: the N rays (view directions; positions unless ``samples`` carries its own frame).
         background: (3,) colour seen through the transmittance left.
@@ -132,23 +185,27 @@ def composite_front_to_back(
     transmittance = torch.ones(n_rays, device=device, dtype=dtype)
     colour = torch.zeros(n_rays, 3, device=device, dtype=dtype)
     running = torch.nonzero(counts > 0, as_tuple=True)[0]
-    done, width = 0, _FIRST_ROUND
-    while running.numel():
+    done = 0
+    for width in itertools.chain(ROUNDS, itertools.repeat(ROUNDS[-1])):
+        if not running.numel():
+            break
         position = done + torch.arange(width, device=device)
-        valid = position[None, :] < counts[running, None]  # (A, K)
-        index = (offsets[running, None] + position[None, :])[valid]  # (P,) ray-major
-        ray = running[:, None].expand(-1, width)[valid]
+        valid = (position[None, :] < counts[running, None]).view(-1)  # (A * K,)
+        flat = torch.nonzero(valid, as_tuple=True)[0]  # (P,) ray-major
+        index = (offsets[running, None] + position[None, :]).view(-1)[flat]
+        ray = ray_indices[index]
         start, end = t_starts[index], t_ends[index]
-        sigma, geo = field.geometry(origins[ray] + steps[ray] * (0.5 * (start + end))[:, None])
-        sigma_delta = torch.zeros(valid.shape, device=device, dtype=dtype)
-        sigma_delta[valid] = sigma.to(dtype) * (end - start)
+        sigma, geo = field_geometry(field, origins[ray] + steps[ray] * (0.5 * (start + end))[:, None])
+        sigma_delta = torch.zeros(running.numel(), width, device=device, dtype=dtype)
+        sigma_delta.view(-1)[flat] = sigma.to(dtype) * (end - start)
         before = torch.cumsum(sigma_delta, dim=1) - sigma_delta
-        weights = (transmittance[running, None] * torch.exp(-before) * (1.0 - torch.exp(-sigma_delta)))[valid]
-        seen = weights >= least_weight
-        rgb = field.colour(geo[seen], view[ray[seen]]).to(dtype)
-        colour.index_add_(0, ray[seen], weights[seen][:, None] * rgb)
+        weights = transmittance[running, None] * torch.exp(-before) * (1.0 - torch.exp(-sigma_delta))
+        weights = weights.view(-1)[flat]
+        seen = torch.nonzero(weights >= least_weight, as_tuple=True)[0]
+        seen_ray = ray[seen]
+        rgb = field_colour(field, geo[seen], view[seen_ray]).to(dtype)
+        colour.index_add_(0, seen_ray, weights[seen][:, None] * rgb)
         transmittance[running] = transmittance[running] * torch.exp(-sigma_delta.sum(dim=1))
         done += width
         running = running[(transmittance[running] > stop) & (counts[running] > done)]
-        width = min(2 * width, _LARGEST_ROUND)
     return colour + transmittance[:, None] * background

@@ -40,7 +40,7 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig, default_reasons, resolve_sampler
+from raykit.trainer.config import TrainConfig, default_reasons, resolve_resolution, resolve_sampler
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -48,7 +48,13 @@ from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tens
 from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
-from raykit.trainer.proposal import ProposalNetworks, ProposalTrace, average_gradients, interlevel_loss
+from raykit.trainer.proposal import (
+    ProposalNetworks,
+    ProposalTrace,
+    average_gradients,
+    distortion_loss,
+    interlevel_loss,
+)
 from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
@@ -217,6 +223,10 @@ def step_losses(
     total = loss
     if isinstance(samples.trace, ProposalTrace):
         total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+        if config.distortion_weight > 0:
+            total = total + config.distortion_weight * distortion_loss(
+                samples.trace.final_edges, rendered["weights"]
+            )
     lap("rendering")
     return loss, total, samples
 
@@ -244,6 +254,7 @@ def _setup(config: TrainConfig) -> _Run:
     config, reason = resolve_space(config, store)
     space = scene_space(config, store, reason)
     config, sampler_reason = resolve_sampler(config)
+    config, resolution_reason = resolve_resolution(config)
     config, background_reason = resolve_background(config, store)
     field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
     budget = None
@@ -289,6 +300,7 @@ def _setup(config: TrainConfig) -> _Run:
         choices={
             "sampler": {"name": config.sampler, "reason": sampler_reason},
             "background": {"colour": config.background, "reason": background_reason},
+            "field": {"max_resolution": config.max_resolution, "reason": resolution_reason},
         },
         budget=budget,
     )

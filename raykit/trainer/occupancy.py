@@ -15,14 +15,32 @@ refreshed and left out of the mean, as nerfacc leaves out the cells no camera se
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from raykit.trainer.samplers import DensityFn
+from raykit.trainer.samplers import CoarseTest, DensityFn
 
 __all__ = ["OccupancyGrid"]
+
+
+def _flat_cells(rays_o: Tensor, rays_d: Tensor, t: Tensor, lo: Tensor, scale: Tensor, r: int) -> Tensor:
+    """(N, S) flat indices of the cells of an ``r^3`` grid (corner ``lo`` (3,), cells per unit ``scale``
+    (3,)) holding the points at ``t`` (N, S) along rays (N, 3), clamped to the grid.
+
+    One axis at a time on (N, S) arrays (a multiply-add per point and axis, truncation instead of
+    floor, the flat index summed exactly in floats): 2-3x faster than on (N, S, 3) arrays, whose
+    innermost dimension of 3 the CPU kernels cannot vectorise; the same values.
+    """
+    origin, direction = (rays_o - lo) * scale, rays_d * scale
+    flat = None
+    for axis, stride in enumerate((r * r, r, 1)):
+        cells = torch.addcmul(origin[:, axis, None], direction[:, axis, None], t).clamp_(0, r - 1).trunc_()
+        if stride != 1:
+            cells.mul_(stride)
+        flat = cells if flat is None else flat.add_(cells)
+    assert flat is not None
+    return flat.long()
 
 
 class OccupancyGrid(nn.Module):
@@ -59,7 +77,8 @@ class OccupancyGrid(nn.Module):
         reachable = self._in_ball() if ball else torch.ones(resolution**3, dtype=torch.bool)
         self.register_buffer("reachable", reachable, persistent=False)
         self.register_buffer("occupied", reachable.clone())
-        self._coarse: tuple[tuple[int, int, int], Tensor, float] | None = None  # see coarse_test
+        self._coarse: dict[int, tuple[Tensor, float]] = {}  # radius -> dilated grid, share (coarse_test)
+        self._coarse_version: tuple[int, int] | None = None
         self._copy_to_host()
         self.register_load_state_dict_post_hook(lambda module, _keys: module._copy_to_host())
 
@@ -99,54 +118,60 @@ class OccupancyGrid(nn.Module):
         ``t`` is clipped to the box.
         """
         lo, hi = self.aabb[:3], self.aabb[3:]
-        scale = self.resolution / (hi - lo)
-        origin, direction = (rays_o - lo) * scale, rays_d * scale
-        cells = torch.addcmul(origin[:, None, :], direction[:, None, :], t[..., None])
-        cells.clamp_(0, self.resolution - 1).trunc_()
-        r = float(self.resolution)
-        strides = torch.tensor([r * r, r, 1.0], dtype=cells.dtype, device=cells.device)
-        return self.occupied[(cells @ strides).long()]
+        return self.occupied[_flat_cells(rays_o, rays_d, t, lo, self.resolution / (hi - lo), self.resolution)]
 
-    def coarse_test(
-        self, factor: int = 2, most: float = 0.5
-    ) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float] | None:
+    def coarse_tests(self, radii: tuple[int, ...] = (4, 1), most: float = 0.5) -> list[CoarseTest]:
+        """:meth:`coarse_test` at each of ``radii`` (coarsest first) where it pays; for
+        :func:`raykit.trainer.samplers.march_occupied`, which tests each level's strides only inside
+        the passing strides of the level before. On a trained lego-like grid, (4, 1) tests 0.44 M
+        strides of 8 cells, 0.34 M of 2 and 0.66 M steps for 40,000 rays, where strides of 4 cells
+        alone test 0.88 M strides and 1.05 M steps."""
+        levels = [self.coarse_test(radius, most) for radius in radii]
+        return [level for level in levels if level is not None]
+
+    def coarse_test(self, radius: int = 2, most: float = 0.5) -> CoarseTest | None:
         """A conservative occupancy test for skipping empty space in strides, and its stride; None
-        where it would not pay (a share above ``most`` of the coarse cells passes, as while the grid
-        is young: every stride would then be stepped through anyway).
+        where it would not pay (a share above ``most`` of the cells passes, as while the grid is
+        young: every stride would then be stepped through anyway).
 
-        Blocks of ``factor^3`` cells become one coarse cell, occupied when any of its cells is, then
-        dilated by one coarse cell. Returns ``(test, stride)``: ``test(rays_o (N, 3), rays_d (N, 3), t
-        (N, S)) -> (N, S)`` bool, and ``stride`` = one coarse cell (its smallest side). Wherever a point
-        at ``t`` lies in an occupied cell, the test is True at every ``t'`` within ``stride / 2`` of it
-        (a point within half a coarse cell of another lies in the same or a neighbouring coarse cell;
-        clamping to the grid, as :meth:`is_occupied_along` does, keeps that true).
+        The grid dilated by ``radius`` cells along each axis: a cell passes when an occupied cell lies
+        within ``radius`` cells of it in every axis. Returns ``(test, stride)``: ``test(rays_o (N, 3),
+        rays_d (N, 3), t (N, S)) -> (N, S)`` bool, and ``stride`` = ``2 * radius`` cells (their
+        smallest side). Wherever a point at ``t`` lies in an occupied cell, the test is True at every
+        ``t'`` within ``stride / (2 * max |rays_d|)`` of it (``max |rays_d|``: the largest component
+        of a direction): the two points lie at most ``radius`` cells apart along each axis (clamping
+        to the grid, as :meth:`is_occupied_along` does, keeps that true). Dilating the fine cells
+        rather than coarse blocks of them lets fewer strides pass (on a trained lego-like grid: 23 %
+        of the cells at radius 2 against 26 % for blocks of 2^3 dilated by a block, at twice the
+        stride).
 
-        The coarse grid is kept until the occupancy changes (a refresh, a load): its share is read
-        back to the host once per change, not once per step.
+        The dilated grids are kept until the occupancy changes (a refresh, a load): each share is
+        read back to the host once per change, not once per step.
         """
-        key = (factor, self.occupied._version, self.occupied.data_ptr())
-        if self._coarse is None or self._coarse[0] != key:
+        version = (self.occupied._version, self.occupied.data_ptr())
+        if self._coarse_version != version:
+            self._coarse_version, self._coarse = version, {}
+        if radius not in self._coarse:
             r = self.resolution
-            fine = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
-            coarse = torch.nn.functional.max_pool3d(fine, factor, factor, ceil_mode=True)
-            dilated = (torch.nn.functional.max_pool3d(coarse, 3, 1, padding=1)[0, 0] > 0).contiguous()
-            self._coarse = (key, dilated, float(dilated.float().mean()))
-        _, dilated, share = self._coarse
+            grid = self.occupied.view(1, 1, r, r, r).to(self.density.dtype)
+            for axis in range(3):  # a box dilation, one axis at a time
+                kernel = [1, 1, 1]
+                kernel[axis] = 2 * radius + 1
+                padding = [k // 2 for k in kernel]
+                grid = torch.nn.functional.max_pool3d(grid, kernel, 1, padding=padding)
+            dilated = (grid[0, 0] > 0).reshape(-1).contiguous()
+            self._coarse[radius] = (dilated, float(dilated.float().mean()))
+        flat, share = self._coarse[radius]
         if share > most:
             return None
-        r, rc = self.resolution, dilated.shape[0]
+        r = self.resolution
         lo = self.aabb[:3]
-        scale = 1.0 / (factor * (self.aabb[3:] - lo) / r)
-        strides = torch.tensor([rc * rc, rc, 1.0], dtype=self.density.dtype, device=lo.device)
-        flat = dilated.reshape(-1)
+        scale = r / (self.aabb[3:] - lo)
 
         def test(rays_o: Tensor, rays_d: Tensor, t: Tensor) -> Tensor:
-            origin, direction = ((rays_o - lo) * scale)[:, None, :], (rays_d * scale)[:, None, :]
-            cells = torch.addcmul(origin, direction, t[..., None])
-            cells.clamp_(0, rc - 1).trunc_()
-            return flat[(cells @ strides).long()]
+            return flat[_flat_cells(rays_o, rays_d, t, lo, scale, r)]
 
-        return test, factor * min(self.cell_size)
+        return test, 2 * radius * min(self.cell_size)
 
     def cell_points(self, cells: Tensor, generator: torch.Generator | None) -> Tensor:
         """(K,) flat cell indices -> (K, 3) one point per cell: its centre, or jittered within it."""

@@ -128,7 +128,7 @@ def _sample(
         generator,
         density_fn,
         config.early_stop_eps,
-        grid.coarse_test(),
+        grid.coarse_tests(),
     )
 
 

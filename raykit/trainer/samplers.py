@@ -8,10 +8,11 @@ occupancy grid (a variable number of samples per ray). ``generator=None`` means 
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -19,6 +20,7 @@ from torch import Tensor
 from raykit.trainer.render import render_weight_from_density, render_weight_from_density_packed
 
 __all__ = [
+    "CoarseTest",
     "DensityFn",
     "Samples",
     "hierarchical_samples",
@@ -34,6 +36,9 @@ __all__ = [
 
 DensityFn = Callable[[Tensor], Tensor]
 """positions (..., 3) -> densities (...,)."""
+CoarseTest = tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float]
+"""``(test, stride)``: a conservative occupancy test ``(rays_o (N, 3), rays_d (N, 3), t (N, S)) -> (N, S)``
+and the stride it holds for (:meth:`raykit.trainer.occupancy.OccupancyGrid.coarse_test`)."""
 
 
 @dataclass
@@ -235,12 +240,12 @@ def march_occupied(
     generator: torch.Generator | None = None,
     density_fn: DensityFn | None = None,
     early_stop_eps: float = 1e-4,
-    coarse: tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float] | None = None,
+    coarse: CoarseTest | Sequence[CoarseTest] | None = None,
 ) -> Samples:
     """Equal steps along each ray, kept only where the occupancy test passes; packed output.
 
-    With ``coarse`` (a conservative test and its stride, e.g.
-    :meth:`raykit.trainer.occupancy.OccupancyGrid.coarse_test`) each ray is first cut into strides
+    With ``coarse`` (conservative tests and their strides, e.g.
+    :meth:`raykit.trainer.occupancy.OccupancyGrid.coarse_tests`) each ray is first cut into strides
     tested once each, and only the steps inside strides that pass are tested with ``occupied`` (a
     ragged comb, ray-major): the result equals :func:`reference_march_occupied`'s, which tests a
     rectangular comb of steps as long as the longest ray, with far fewer tests in empty space.
@@ -254,24 +259,45 @@ def march_occupied(
         generator: jitters the start of each ray's comb by a fraction of a step; None for none.
         density_fn: when given, a no-gradient pass drops samples behind which the transmittance has
             fallen below ``early_stop_eps`` (they would contribute less than that to the pixel).
-        coarse: ``(test, stride)``: ``test`` True within ``stride / 2`` of every occupied point.
+        coarse: ``(test, stride)``, or a sequence of them from the coarsest (each stride a whole
+            multiple of the next): ``test`` True within ``stride / (2 * max |rays_d|)`` of every
+            occupied point (``max |rays_d|``: the largest direction component of the batch). Each
+            level tests only the strides inside the passing strides of the level before.
     """
-    if coarse is None:
+    if not coarse:
         return reference_march_occupied(
             rays_o, rays_d, t_min, t_max, step_size, occupied, generator, density_fn, early_stop_eps
         )
-    test, stride = coarse
+    levels = [cast(CoarseTest, coarse)] if callable(coarse[0]) else list(cast(Sequence[CoarseTest], coarse))
     n_rays, device, dtype = rays_o.shape[0], rays_o.device, rays_o.dtype
     t_max = torch.maximum(t_max, t_min)
     if generator is None:
         offset = torch.full((n_rays,), 0.5, dtype=dtype, device=device)
     else:  # the reference's draw: the same jitter from the same generator
         offset = torch.rand((n_rays, 1), generator=generator, dtype=dtype, device=device)[:, 0]
-    longest = float((t_max - t_min).max()) if n_rays else 0.0
-    n_strides = max(1, math.ceil(longest / stride))
-    centres = t_min[:, None] + (torch.arange(n_strides, dtype=dtype, device=device) + 0.5) * stride
-    passed = test(rays_o, rays_d, centres) & (centres - 0.5 * stride < t_max[:, None])
+    longest, fastest = (  # one read-back: the longest interval, the largest direction component
+        torch.stack([(t_max - t_min).max(), rays_d.abs().max()]).tolist() if n_rays else (0.0, 1.0)
+    )
+    # A test holds within unit_stride / 2 of an occupied point for directions of components <= 1; a
+    # margin of 1e-3 keeps rounding on the safe side. Each level's stride is a whole number of the
+    # next one's, so that its strides split into theirs.
+    stride = levels[-1][1] / max(fastest, 1e-6) * (1.0 - 1e-3)
+    splits = [max(1, math.floor(a[1] / b[1] + 1e-9)) for a, b in itertools.pairwise(levels)]
+    test, level_stride = levels[0][0], stride * math.prod(splits)
+    n_strides = max(1, math.ceil(longest / level_stride))
+    centres = t_min[:, None] + (torch.arange(n_strides, dtype=dtype, device=device) + 0.5) * level_stride
+    passed = test(rays_o, rays_d, centres) & (centres - 0.5 * level_stride < t_max[:, None])
     ray_of, stride_of = torch.nonzero(passed, as_tuple=True)  # ray-major, strides in order
+    for (test, _), split in zip(levels[1:], splits, strict=True):  # each passing stride cut in `split`
+        level_stride /= split
+        parts = stride_of[:, None] * split + torch.arange(split, device=device)  # (P, split)
+        centres = t_min[ray_of, None] + (parts.to(dtype) + 0.5) * level_stride
+        passed = test(rays_o[ray_of], rays_d[ray_of], centres) & (
+            centres - 0.5 * level_stride < t_max[ray_of, None]
+        )
+        kept = torch.nonzero(passed.view(-1), as_tuple=True)[0]
+        ray_of, stride_of = ray_of[kept // split], parts.view(-1)[kept]
+    stride = level_stride
     # Steps k of stride j: j * stride <= (k + offset) * step_size < (j + 1) * stride (a partition of k),
     # at most ceil(stride / step_size) + 1 of them: a small rectangular comb per passing stride.
     ratio = stride / step_size
@@ -282,8 +308,8 @@ def march_occupied(
     t_mid = t_min[ray_of, None] + (steps + offsets[:, None]) * step_size
     keep = (steps < end[:, None]) & (t_mid < t_max[ray_of, None])
     keep &= occupied(rays_o[ray_of], rays_d[ray_of], t_mid)
-    pair, _ = torch.nonzero(keep, as_tuple=True)
-    ray_indices, t_mid_packed = ray_of[pair], t_mid[keep]
+    kept = torch.nonzero(keep.view(-1), as_tuple=True)[0]
+    ray_indices, t_mid_packed = ray_of[kept // keep.shape[1]], t_mid.view(-1)[kept]
     t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min[ray_indices])
     t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max[ray_indices])
     if density_fn is not None and ray_indices.numel():

@@ -10,12 +10,21 @@ import torch
 
 from raykit.rays import RayBatch
 from raykit.store import open_store
-from raykit.trainer import TrainConfig
-from raykit.trainer.evaluate import build_models, render_batch
+from raykit.trainer import TrainConfig, inference
+from raykit.trainer.evaluate import build_models, evaluate_split, quick_psnr, render_batch
 from raykit.trainer.field import RadianceField
-from raykit.trainer.inference import composite_front_to_back, reference_colours, render_colours
+from raykit.trainer.inference import (
+    ROUNDS,
+    composite_front_to_back,
+    field_colour,
+    field_geometry,
+    reference_colours,
+    render_colours,
+)
 from raykit.trainer.pipeline import render_rays
+from raykit.trainer.runtime import parse_background
 from raykit.trainer.samplers import Samples
+from raykit.trainer.scores import Scorer
 
 CASES = [("occupancy", "box"), ("occupancy", "contract"), ("proposal", "box"), ("proposal", "contract"),
          ("stratified", "box"), ("hierarchical", "box"), ("hierarchical", "contract")]  # fmt: skip
@@ -40,7 +49,7 @@ def test_render_colours_match_every_sample_reference(tiny_store: Path, sampler: 
     torch.testing.assert_close(render_batch(config, field, grid, rays, background), fast)
 
 
-def test_front_to_back_stops_rays_and_matches_rendering() -> None:
+def test_front_to_back_stops_rays_and_matches_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
     aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
     field = RadianceField(aabb, levels=2, base_resolution=8, max_resolution=16, seed=3)
     n_rays, n_samples = 7, 100
@@ -56,7 +65,12 @@ def test_front_to_back_stops_rays_and_matches_rendering() -> None:
                     torch.zeros(n_rays, 2, dtype=torch.long), zeros, zeros + 5, zeros + 1)  # fmt: skip
     background = torch.tensor([0.1, 0.2, 0.3])
     evaluated: list[int] = []
-    field.density_mlp.register_forward_hook(lambda _m, args, _out: evaluated.append(args[0].shape[0]))
+
+    def counted(field: RadianceField, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        evaluated.append(positions.shape[0])
+        return field_geometry(field, positions)
+
+    monkeypatch.setattr(inference, "field_geometry", counted)
     samples = Samples(t0, t1, None, n_rays)
     for density in (0.5, 500.0):  # translucent: every sample counts; opaque: rays stop in their first round
         with torch.no_grad():
@@ -68,6 +82,50 @@ def test_front_to_back_stops_rays_and_matches_rendering() -> None:
         torch.testing.assert_close(fast, full, atol=1e-4, rtol=0)
         torch.testing.assert_close(fast[0], background)
         if density > 1:
-            assert fast_count <= 8 * (n_rays - 1), "opaque rays must stop in their first round"
+            assert fast_count <= ROUNDS[0] * (n_rays - 1), "opaque rays must stop in their first round"
         else:
             assert fast_count == (n_rays - 1) * n_samples
+
+
+def test_field_without_autograd_equals_the_field() -> None:
+    """The inference path's field functions give the module's values bit for bit (inside and outside)."""
+    aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
+    field = RadianceField(aabb, levels=3, base_resolution=8, max_resolution=32, seed=5)
+    generator = torch.Generator().manual_seed(0)
+    positions = torch.rand(3000, 3, generator=generator) * 2.4 - 1.2  # some outside the box
+    directions = torch.nn.functional.normalize(torch.randn(3000, 3, generator=generator), dim=-1)
+    with torch.no_grad():
+        sigma, geo = field.geometry(positions)
+        fast_sigma, fast_geo = field_geometry(field, positions)
+        assert torch.equal(fast_sigma, sigma) and torch.equal(fast_geo, geo)
+        assert torch.equal(field_colour(field, geo, directions), field.colour(geo, directions))
+
+
+@pytest.mark.parametrize("sampler", ["occupancy", "proposal"])
+def test_evaluation_scores_equal_the_every_sample_renders(
+    tiny_store: Path, tmp_path: Path, sampler: str
+) -> None:
+    """eval.json's figures (and the progress checks') are those of the every-sample renders."""
+    store = open_store(str(tiny_store))
+    config = TrainConfig(store=str(tiny_store), out=str(tmp_path), sampler=sampler, max_resolution=64,
+                         background="0,0,0", progress_images=2)  # fmt: skip
+    field, grid = build_models(config, torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), torch.device("cpu"))
+    with torch.no_grad():  # dense, textured by the planes' noise
+        field.density_mlp[-1].bias[0] = math.log(60.0)
+    if sampler == "occupancy":  # a ball of cells occupied: rays march in strides through the empty ones
+        centres = grid.cell_points(torch.arange(grid.resolution**3), None)
+        grid.occupied.copy_(centres.norm(dim=-1) < 0.5)
+        assert grid.coarse_test() is not None
+    background = parse_background(config.background)
+    scorer = Scorer(background, torch.device("cpu"), lpips=False)
+    result = evaluate_split(tmp_path, config, store, "test", field, grid, torch.device("cpu"), scorer)
+    for image in result["images"]:
+        rays = store.image_rays(image["name"])
+        height, width, _ = store.image_shape(image["name"])
+        pred = reference_colours(config, field, grid, rays, background).view(height, width, 3)
+        target = rays.composite(background).view(height, width, 3)
+        slow = scorer.score(pred, target, store.read_image(image["name"]))
+        for key in ("psnr", "ssim", "psnr_float", "ssim_float"):
+            assert image[key] == pytest.approx(slow[key], abs=1e-3), key
+    quick = quick_psnr(config, store, field, grid, torch.device("cpu"))
+    assert quick["psnr"] == pytest.approx(sum(i["psnr"] for i in result["images"][:2]) / 2, abs=1e-9)

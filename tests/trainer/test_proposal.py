@@ -7,9 +7,11 @@ import torch
 from raykit.trainer.proposal import (
     ProposalNetworks,
     ProposalTrace,
+    distortion_loss,
     interlevel_loss,
     outer_weights,
     proposal_samples,
+    reference_distortion_loss,
     reference_outer_weights,
 )
 from raykit.trainer.samplers import hierarchical_samples
@@ -127,3 +129,28 @@ def test_march_in_s_early_stop_drops_the_samples_behind_an_opaque_wall_and_nothi
         (int(r), round(float(t), 6)) in kept
         for r, t in zip(full.ray_indices[in_front], full.t_starts[in_front], strict=True)
     )
+
+
+def test_distortion_loss_equals_the_double_sum_and_prefers_one_surface() -> None:
+    generator = torch.Generator().manual_seed(0)
+    edges = torch.sort(torch.rand(6, 17, generator=generator) * 3.0 + 1.0, dim=-1).values
+    weights = torch.rand(6, 16, generator=generator) / 16
+    weights.requires_grad_(True)
+    fast = distortion_loss(edges, weights)
+    torch.testing.assert_close(fast, reference_distortion_loss(edges, weights))
+    fast.backward()
+    assert weights.grad is not None and torch.isfinite(weights.grad).all()
+    even = torch.linspace(0.0, 1.0, 17).expand(1, -1)
+    spread, peaked = torch.full((1, 16), 1 / 16), torch.zeros(1, 16)
+    peaked[0, 7] = 1.0  # the same total weight on one interval
+    assert distortion_loss(even, peaked) < distortion_loss(even, spread)
+    # rescaled along each ray: the same loss whatever the units of the edges
+    torch.testing.assert_close(distortion_loss(even * 7.0 + 2.0, spread), distortion_loss(even, spread))
+
+
+def test_proposal_density_without_autograd_is_the_same() -> None:
+    networks = ProposalNetworks(torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), 1, 16, seed=2)
+    positions = torch.rand(500, 3, generator=torch.Generator().manual_seed(1)) * 2.4 - 1.2
+    with_grad = networks.density(0, positions)
+    with torch.no_grad():
+        assert torch.equal(networks.density(0, positions), with_grad.detach())

@@ -140,7 +140,8 @@ def test_occupancy_grid_refresh_and_skipping() -> None:
 
 
 def test_march_in_strides_equals_the_reference_comb() -> None:
-    """Coarse strides skip empty space; the samples are the reference's, jittered or not, at any factor."""
+    """Strides skip empty space; the samples are the reference's, jittered or not, at any radius and for
+    directions of any length."""
     grid = OccupancyGrid(AABB, resolution=16)
     centre = torch.tensor([0.3, -0.2, 0.1])
     grid.refresh(lambda x: 100.0 * ((x - centre).norm(dim=-1) < 0.35).float(), 0.02, None)
@@ -148,19 +149,22 @@ def test_march_in_strides_equals_the_reference_comb() -> None:
     origins[:50] = origins[:50] * 0.1  # some rays start inside the box
     t_min, t_max = ray_aabb_intersect(origins, dirs, AABB)
     t_min = t_min.clamp_min(0.0)
-    for factor in (1, 2, 3, 8):
+    cases = [((1,), 1.0), ((2,), 1.0), ((3,), 1.0), ((8,), 1.0), ((2,), 0.3), ((2,), 2.5), ((4, 1), 1.0),
+             ((6, 2, 1), 0.7), ((3, 2), 1.0)]  # fmt: skip
+    for radii, length in cases:
         for seed in (None, 5):
             generators = [None if seed is None else torch.Generator().manual_seed(seed) for _ in range(2)]
-            coarse = grid.coarse_test(factor, most=1.0)  # strides even where they do not pay
-            fast = march_occupied(origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along, generators[0],
+            coarse = grid.coarse_tests(radii, most=1.0)  # strides even where they do not pay
+            d, lo, hi = dirs * length, t_min / length, t_max / length  # the same segments
+            fast = march_occupied(origins, d, lo, hi, 0.02 / length, grid.is_occupied_along, generators[0],
                                   coarse=coarse)  # fmt: skip
             slow = reference_march_occupied(
-                origins, dirs, t_min, t_max, 0.02, grid.is_occupied_along, generators[1]
+                origins, d, lo, hi, 0.02 / length, grid.is_occupied_along, generators[1]
             )
             assert fast.t_starts.numel() > 0
             for a, b in ((fast.t_starts, slow.t_starts), (fast.t_ends, slow.t_ends)):
                 assert torch.equal(a, b)
             assert torch.equal(fast.ray_indices, slow.ray_indices)
-    assert grid.coarse_test(2) is not None  # few coarse cells pass: strides pay
-    assert grid.coarse_test(8) is None  # 2^3 coarse cells, all dilated: they would not
+    assert grid.coarse_test(1) is not None  # few dilated cells pass: strides pay
+    assert grid.coarse_test(8) is None  # half the grid's width of dilation: everything passes
     assert OccupancyGrid(AABB, resolution=16).coarse_test() is None  # a young grid: everything occupied

@@ -19,6 +19,7 @@ from raykit.store import ImageRecord, SceneInfo, write_store
 from raykit.trainer import TrainConfig, compare, render, train
 from raykit.trainer.budget import SampleBudget, concat_batches
 from raykit.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from raykit.trainer.config import resolve_resolution
 
 from .conftest import SIZE, ball_image
 from .test_train import TINY
@@ -145,6 +146,8 @@ def test_sampler_auto_follows_the_scene_space(
         assert (config["scene_space"], config["sampler"]) == (space, sampler)
         choice = json.loads((run / "run.json").read_text())["sampler"]
         assert choice["name"] == sampler and f"scene space {space}" in choice["reason"]
+        field = json.loads((run / "run.json").read_text())["field"]
+        assert field["max_resolution"] == config["max_resolution"] and field["reason"]
         assert (run / "eval.json").exists()
     run = train(_config(unbounded_store, tmp_path / "explicit", sampler="stratified", steps=1, n_samples=8))
     assert json.loads((run / "run.json").read_text())["sampler"] == {
@@ -238,3 +241,12 @@ def test_concat_batches_inverts_split_extra_fields_included() -> None:
     torch.testing.assert_close(whole.extra["origins"], batch.extra["origins"], rtol=0, atol=0)
     for name in ("origins", "rgb", "image", "z_scale"):
         torch.testing.assert_close(getattr(whole, name), getattr(batch, name), rtol=0, atol=0)
+
+
+def test_field_resolution_follows_the_scene_space() -> None:
+    """Unset, the finest plane is 256 in a box and 512 contracted (the unit ball gets half the planes)."""
+    for space, value in (("box", 256), ("auto", 256), ("ndc", 256), ("contract", 512)):
+        config, reason = resolve_resolution(TrainConfig(scene_space=space))
+        assert config.max_resolution == value and "--max-resolution unset" in reason
+    config, reason = resolve_resolution(TrainConfig(scene_space="contract", max_resolution=64))
+    assert (config.max_resolution, reason) == (64, "chosen with --max-resolution")
