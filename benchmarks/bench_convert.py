@@ -55,7 +55,7 @@ from machine import command_line, describe
 from PIL import Image
 
 from raykit.converters import convert
-from raykit.store.phases import recording_phases
+from raykit.store import recording_phases
 
 ROOT = Path(__file__).resolve().parent
 TARGET_RATIO = 0.8

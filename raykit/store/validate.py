@@ -34,8 +34,9 @@ from raykit.store.backends import backend_named
 from raykit.store.files import local_files_bytes
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
-from raykit.store.points import check_points
 from raykit.store.reader import RayStore, join_parts, open_store
+from raykit.store.schema import check_points
+from raykit.store.table import materialized_rays
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -325,7 +326,7 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
 
 def _chunk_files(store: RayStore, split: str) -> list[str]:
     """The payload files the split index names for ray split ``split``'s chunks."""
-    files = (store.payload.chunk_files(split, i) for i in range(store.splits[split].n_chunks))
+    files = (store.chunk_files(split, i) for i in range(store.splits[split].n_chunks))
     return list(dict.fromkeys(rel for names in files for rel in names))
 
 
@@ -415,7 +416,7 @@ def _check_split(store: RayStore, split: str, bad_files: set[str], deep: bool) -
         for index, raw in in_order(pool, read, range(info.n_chunks), 2 * threads):
             if isinstance(raw, RaykitError):
                 unreadable = True
-                if not bad_files.intersection(store.payload.chunk_files(split, index)):
+                if not bad_files.intersection(store.chunk_files(split, index)):
                     problems.append(str(raw))
                 continue
             where = f"{store.url}: split {split!r} chunk {index}"
@@ -474,14 +475,11 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
         if np.any(alpha != 255):
             problems.append(f"{where}: images without alpha have alpha != 255")
     if "directions" in raw.extra:
-        import torch
-
-        batch = store.to_batch(raw, "cpu")
+        generated = materialized_rays(store.table, raw.pid, "float32")
         tol = 2e-3 if raw.extra["directions"].dtype == np.float16 else 1e-5
         for name in ("origins", "directions"):
-            stored = torch.from_numpy(raw.extra[name].astype(np.float32))
-            generated = getattr(batch, name)
-            scale = max(1.0, float(generated.abs().max()))
-            if not torch.allclose(stored, generated, atol=tol * scale, rtol=0):
+            stored = raw.extra[name].astype(np.float32)
+            scale = max(1.0, float(np.abs(generated[name]).max(initial=0.0)))
+            if not np.allclose(stored, generated[name], atol=tol * scale, rtol=0):
                 problems.append(f"{where}: materialised {name} differ from generated rays")
     return problems
