@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ranges",),
     ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version", "recorder"),
+    ("locks",),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),

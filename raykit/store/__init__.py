@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from raykit.errors import RayRangeError
 from raykit.lazy import lazy_attribute
-from raykit.store.files import is_url, store_lock
-from raykit.store.reader import RayRangeError, RayStore, Timed, open_store
+from raykit.store.files import is_url
+from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
     FieldSpec,
@@ -91,7 +92,6 @@ __all__ = [
     "open_store",
     "payload_bytes",
     "recording_phases",
-    "store_lock",
     "store_summary",
     "table_ray_generator",
     "validate_store",

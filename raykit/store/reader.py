@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from raykit.errors import (
+    RayRangeError,
     StoreChangedError,
     StoreCorruptError,
     StoreError,
@@ -36,6 +37,7 @@ from raykit.errors import (
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
 from raykit.imagedecode import downscale_area, level_size
+from raykit.locks import lock_owner, lock_path
 from raykit.store.backends import Backend, ChunkReader, backend_named
 from raykit.store.files import (
     RangeFetcher,
@@ -43,8 +45,6 @@ from raykit.store.files import (
     filesystem,
     is_url,
     json_digest,
-    lock_owner,
-    lock_path,
     read_errors,
 )
 from raykit.store.image_codec import decode_stored
@@ -67,7 +67,6 @@ from raykit.store.table import CameraTable, read_camera_table, read_parquet
 
 __all__ = [
     "ImageSplits",
-    "RayRangeError",
     "RaySplits",
     "RayStore",
     "Timed",
@@ -317,10 +316,6 @@ _PIECE = 4 << 20  # bytes read and hashed at a time: a piece stays in the CPU's 
 
 
 _SMALL = ("cameras.parquet", "index.json")
-
-
-class RayRangeError(StoreError, IndexError):
-    """A split, chunk, ray range or image that the store does not have."""
 
 
 def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:

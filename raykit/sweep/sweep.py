@@ -208,7 +208,7 @@ def run_sweep(spec_path: str | Path, out: str | Path, options: SweepOptions | No
 
         tracker = MlflowTracker(options.tracking_uri, out, spec)  # checks the server before any run
     out.mkdir(parents=True, exist_ok=True)
-    from raykit.store import store_lock
+    from raykit.locks import store_lock
 
     with store_lock(out, path=out / SWEEP_LOCK, what="sweep folder"):  # one `raykit sweep` per OUT
         return _sweep_locked(spec, out, options, tracker)

@@ -129,18 +129,14 @@ def _open_store(url: str) -> Any:
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
 
 
-@dataclass(frozen=True)
-class _ShardCodec:
-    """How to decode one inner chunk of a shard file raykit wrote (parsed from the array's zarr.json)."""
-
-    chunk_shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    codec: Any
+# ``decode(data)``: one inner chunk of a shard file (less its crc32c) decoded into a fresh, writable array
+ChunkDecoder = Callable[[bytes], np.ndarray]
 
 
-def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
-    """The decoder of an array whose codecs are the ones raykit writes (sharding with the index at the
-    end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c), else None."""
+def direct_shard_codec(meta: Mapping[str, Any]) -> ChunkDecoder | None:
+    """The chunk decoder of an array whose codecs are the ones raykit writes (sharding with the index
+    at the end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c),
+    else None."""
     codecs = meta.get("codecs") or []
     if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
         return None
@@ -161,8 +157,14 @@ def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
     from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
 
-    codec = Zstd() if names[1] == "zstd" else Blosc()
-    return _ShardCodec(tuple(int(n) for n in cfg["chunk_shape"]), dtype, codec)
+    codec, shape = Zstd() if names[1] == "zstd" else Blosc(), tuple(int(n) for n in cfg["chunk_shape"])
+
+    def decode(data: bytes) -> np.ndarray:
+        values = np.empty(shape, dtype=dtype)  # writable, decoded in place
+        codec.decode(data, out=values)
+        return values
+
+    return decode
 
 
 def _crc_ok(data: bytes) -> bool:
@@ -193,10 +195,10 @@ class ZarrReader:
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._local = None if is_url(self._url) else Path(self._url.removeprefix("file://"))
-        self._codecs: dict[tuple[str, str], _ShardCodec | None] = {}
+        self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
         self._indexes: dict[str, np.ndarray] = {}
 
-    def _codec(self, split: str, name: str) -> _ShardCodec | None:
+    def _codec(self, split: str, name: str) -> ChunkDecoder | None:
         key = (split, name)
         if key not in self._codecs:
             rel = f"{ZARR_DIR}/{split}/{name}/zarr.json"
@@ -211,7 +213,7 @@ class ZarrReader:
             self._codecs[key] = direct_shard_codec(meta)
         return self._codecs[key]
 
-    def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
+    def _read_direct(self, codec: ChunkDecoder, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
         rel = shard_file(info.name, spec, index // self._shard_chunks)
         if self._local is None:  # by byte ranges
 
@@ -237,7 +239,7 @@ class ZarrReader:
 
     def _read_from(
         self,
-        codec: _ShardCodec,
+        codec: ChunkDecoder,
         info: SplitInfo,
         index: int,
         where: str,
@@ -260,8 +262,7 @@ class ZarrReader:
         if len(data) != nbytes or not _crc_ok(data):
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
-            values = np.empty(codec.chunk_shape, dtype=codec.dtype)  # writable, decoded in place
-            codec.codec.decode(data[:-4], out=values)
+            values = codec(data[:-4])
         except Exception as exc:
             raise StoreCorruptError(
                 f"{where}: chunk {index} of split {info.name!r} undecodable: {exc}"

@@ -3,7 +3,7 @@ store, ``raykit copy``), the one entry point of every layout.
 
 ``StoreSpec.kind`` picks the payload writer: ``raykit.store.write.rays`` (pre-shuffled rays) or
 ``raykit.store.write.images`` (the encoded images); both end in ``raykit.store.write.commit``. Each holds
-``dst``'s writer lock (``raykit.store.files``).
+``dst``'s writer lock (``raykit.locks``).
 
 ``raykit copy --layout`` rewrites a store in the other layout (rays <-> images), or an images store in
 the other backend (docs/format.md, "Copies"), from the source store's own images (``RayStore.read_image``)
@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreError
-from raykit.store.files import OVERWRITE_HINT, filesystem, holding_store_lock, read_errors
+from raykit.locks import holding_store_lock
+from raykit.store.files import OVERWRITE_HINT, filesystem, read_errors
 from raykit.store.image_codec import StoredImage
 from raykit.store.reader import RayStore, join_parts, open_store
 from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
@@ -58,7 +59,7 @@ _PAYLOAD_WRITERS: dict[str, Callable[..., RayStore]] = {RAYS_LAYOUT: write_rays,
 _O = StoreSpec  # every default of write_store's options is StoreSpec's, written there once
 
 
-@holding_store_lock("dst")  # one writer per store (raykit.store.files)
+@holding_store_lock("dst")  # one writer per store (raykit.locks)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],

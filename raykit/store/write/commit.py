@@ -1,11 +1,11 @@
 """What every payload writer shares, whatever the layout: its plan (``record_plan``, ``field_specs``,
 ``split_infos``), the partial directory the plan keys (``open_partial``), its tasks on any executor
 (``task_runner``), its shard phase (``write_shards``), the last phase (``commit``: ``index.json``, the
-points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``, ``Profile``).
+points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``, ``PhaseClock``).
 
 Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
 a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and
-laps its own wall clock per step (``Profile``). A finished write hands its profile to the innermost
+laps its own wall clock per step. A finished write hands its profile to the innermost
 ``recording_phases`` block of the calling thread or task (a context variable: concurrent writes do not
 mix) and logs it at DEBUG level.
 """
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 __all__ = [
     "SHUFFLED_SPLITS",
     "PhaseClock",
-    "Profile",
     "TaskRunner",
     "commit",
     "commit_store",
@@ -91,25 +90,19 @@ _log = logging.getLogger("raykit.store.write")
 
 # -- where the time goes -------------------------------------------------------------------------
 class PhaseClock:
-    """Seconds spent per phase of a task, by laps: ``lap(name)`` charges the time since the last lap."""
+    """Seconds spent per phase, by laps: ``lap(name)`` charges the time since the last lap. A task
+    times its phases with one; a writer laps its own wall clock with one and sums its tasks' seconds
+    per kind of task and phase into ``tasks`` (``absorb``), whichever worker ran them."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.tasks: dict[str, dict[str, float]] = {}
         self._last = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
         self._last = now
-
-
-class Profile:
-    """Where a write's time went: wall seconds of the calling process per phase (laps), and the
-    tasks' own seconds per phase summed over all tasks (whichever worker ran them)."""
-
-    def __init__(self) -> None:
-        self.wall = PhaseClock()
-        self.tasks: dict[str, dict[str, float]] = {}
 
     def absorb(self, kind: str, results: list[dict[str, Any]]) -> None:
         totals = self.tasks.setdefault(kind, {})
@@ -120,7 +113,7 @@ class Profile:
     def finish(self, dst: Path) -> None:
         """Hand the times to the innermost ``recording_phases`` of this thread (or task) and log them
         at DEBUG level on ``raykit.store.write``."""
-        phases = {"wall": self.wall.seconds, "tasks": self.tasks}
+        phases = {"wall": self.seconds, "tasks": self.tasks}
         recording = _RECORDING.get()
         if recording is not None:
             recording.clear()
@@ -137,7 +130,7 @@ _RECORDING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextV
 @contextlib.contextmanager
 def recording_phases() -> Iterator[dict[str, Any]]:
     """Inside, the last store write's phase times land in the yielded dict:
-    ``{"wall": {phase: s}, "tasks": {"stage" | "shard": {phase: s}}}`` (``Profile``).
+    ``{"wall": {phase: s}, "tasks": {"stage" | "shard": {phase: s}}}`` (``PhaseClock``).
 
     ``wall`` is the writing process's wall time per step (``stage`` and ``shards`` cover the tasks);
     ``tasks`` sums each task's own time per phase over all tasks, whichever thread or worker ran it.
@@ -251,7 +244,7 @@ def write_shards(
     jobs: Sequence[J],
     splits: Sequence[str],
     partial: Path,
-    profile: Profile,
+    profile: PhaseClock,
     files: dict[str, Any],
     index: dict[str, dict[str, list[Any]]],
     done: Callable[[int], None] | None = None,
@@ -269,13 +262,13 @@ def write_shards(
             results.append(res)
             if done is not None:
                 done(len(results))
-        profile.wall.lap("shards")
+        profile.lap("shards")
         for future in synced:
             future.result()
         shard_dirs = {(partial / rel).parent for res in results for rel in res["files"]}
         list(syncing.map(fsync_path, sorted(shard_dirs)))
     profile.absorb("shard", results)
-    profile.wall.lap("fsync")
+    profile.lap("fsync")
     for split, res in zip(splits, results, strict=True):
         files.update(res["files"])
         for key, values in res["index"].items():
@@ -327,7 +320,7 @@ def commit(
     points: SparsePoints | None,
     files: dict[str, Any],
     index: Mapping[str, Any],
-    profile: Profile,
+    profile: PhaseClock,
 ) -> RayStore:
     """The last phase of a write: ``index.json``, the ``points``, ``manifest(files)`` (``files``: the
     payload's records, ``cameras.parquet`` written already, gets theirs), the rename to ``dst``;
@@ -340,9 +333,9 @@ def commit(
     for rel in written:
         files[rel] = file_record(partial / rel)
     atomic_write_json(partial / "manifest.json", manifest(files))
-    profile.wall.lap("index_manifest")
+    profile.lap("index_manifest")
     store = commit_store(partial, dst, overwrite)
-    profile.wall.lap("commit")
+    profile.lap("commit")
     profile.finish(dst)
     return store
 

@@ -29,7 +29,6 @@ from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHU
 from raykit.store.table import build_camera_table, write_camera_table
 from raykit.store.write.commit import (
     PhaseClock,
-    Profile,
     commit,
     field_specs,
     in_process,
@@ -216,7 +215,7 @@ def write_images(
     writer lock); returns it opened. ``spec.chunk_rays`` and ``shard_chunks`` are the chunking of the
     store's rays view and of a ray-layout copy.
     """
-    profile, run = Profile(), task_runner(executor, progress)
+    profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None)
     records_plan = [record_plan(r) for r in records]
     plan = {
@@ -234,22 +233,22 @@ def write_images(
         EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
         for i, r in enumerate(records)
     ]
-    profile.wall.lap("plan")
+    profile.lap("plan")
     try:
         encoded = list(run(encode_image_task, jobs, "encode images"))
         profile.absorb("stage", encoded)
-        profile.wall.lap("stage")
+        profile.lap("stage")
         spec = spec.replace(**image_chunking(records, encoded))
         splits = split_infos(records, spec.chunk_rays, "derived", IMAGES_LAYOUT)
         alpha = [s["channels"] == 4 for s in encoded]
         table = build_camera_table(records, alpha, [s["source_sha256"] for s in encoded], set())
         write_camera_table(table, partial)
-        profile.wall.lap("camera_table")
+        profile.lap("camera_table")
         source = {**source, "fingerprint": source_fingerprint(records, encoded)}
         fields = field_specs(4 if any(alpha) else 3, None)
         offsets = table.column("pixel_offset").to_pylist()
         shard_jobs, index, files = _split_shards(records, partial, spec, encoded, offsets, key)
-        profile.wall.lap("metadata")
+        profile.lap("metadata")
         splits_of = [job.split for job in shard_jobs]
         write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
 

@@ -25,7 +25,6 @@ from raykit.store.table import CameraTable, build_camera_table, write_camera_tab
 from raykit.store.write.commit import (
     SHUFFLED_SPLITS,
     PhaseClock,
-    Profile,
     TaskRunner,
     commit,
     field_specs,
@@ -139,7 +138,7 @@ def write_rays(
 ) -> RayStore:
     """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
     writer lock): stage every image, write the shards, commit; returns it opened."""
-    profile, run = Profile(), task_runner(executor, progress)
+    profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(train_order=TRAIN_ORDER)
     records_plan = [record_plan(r) for r in records]  # each image's part of the plan and its task key
     plan = {
@@ -153,7 +152,7 @@ def write_rays(
         "with_pids": spec.with_pids,
     }
     partial, plan_key = open_partial(dst, plan, points, overwrite)
-    profile.wall.lap("plan")
+    profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
@@ -168,14 +167,14 @@ def write_rays(
         finally:
             base_indices.cache_clear()  # the stage tasks' memoised index arrays
         profile.absorb("stage", staged)
-        profile.wall.lap("stage")
+        profile.lap("stage")
         # the camera table (written), then the source of the staged rays
         splits = split_infos(records, spec.chunk_rays, "stored" if spec.with_pids else "derived")
         alpha = [s["channels"] == 4 for s in staged]
         shuffled = {name for name, info in splits.items() if info.shuffled}
         table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
         write_camera_table(table, partial)
-        profile.wall.lap("camera_table")
+        profile.lap("camera_table")
         image_bytes = local_files_bytes([r.source_path for r in records])
         fingerprint = source_fingerprint(records, staged)
         source = {**source, "fingerprint": fingerprint, "image_bytes": image_bytes}
@@ -208,7 +207,7 @@ def _write_shards(
     fields: Mapping[str, FieldSpec],
     gather: Source,
     plan_key: str,
-    profile: Profile,
+    profile: PhaseClock,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
     backend = backend_named(spec.backend)
@@ -227,7 +226,7 @@ def _write_shards(
         for info in splits.values()
         for s in range(-(-info.n_chunks // spec.shard_chunks))
     ]
-    profile.wall.lap("metadata")
+    profile.lap("metadata")
     index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in splits}
     # Frees the staged rows of the shards written so far, a few times a split (``release(k)``: jobs
     # ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
@@ -264,7 +263,7 @@ def copy_rays(
     """A rays-layout copy of a rays-layout ``store`` written as ``spec`` (the source's, in the
     destination's backend), shard by shard from its chunks (the caller holds the destination's
     writer lock; ``raykit.store.write.copy_store``)."""
-    profile, run = Profile(), task_runner(executor, progress)
+    profile, run = PhaseClock(), task_runner(executor, progress)
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
