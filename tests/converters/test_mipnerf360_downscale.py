@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from raykit.cameras import Camera
-from raykit.errors import SourceError
 from raykit.converters import convert, mipnerf360_camera, resize_area, round_half_up_div
+from raykit.errors import SourceError
 
 
 def _nerfbaselines_v2(
