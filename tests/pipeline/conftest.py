@@ -30,9 +30,10 @@ def raykit_run(src: Path, out: Path, *flags: str, check: bool = True) -> subproc
     return done
 
 
-def start_run(src: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
+def start_run(src: Path, out: Path, *flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``raykit run`` with the tiny flags, not waited for; ``env``: entries added to its environment."""
     cmd = [sys.executable, "-m", "raykit", "run", str(src), str(out), *TINY_FLAGS, *flags]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
