@@ -26,6 +26,7 @@ __all__ = ["build_parser", "main"]
 COMMANDS: dict[str, str] = {
     "scene": "raykit.scene.cli",
     "convert": "raykit.converters.cli",
+    "add-component": "raykit.converters.cli",
     "poses": "raykit.poses.cli",
     "info": "raykit.store.cli",
     "validate": "raykit.store.cli",

@@ -22,11 +22,16 @@ import torch
 from raykit.cameras import Camera, pixel_grid, project, unproject
 from raykit.conventions import PIXEL_CENTER, pixel_centers
 from raykit.errors import CameraError
+from raykit.imagedecode import downscale_nearest, nearest_indices, reference_downscale_nearest
 
 __all__ = [
     "RemapTable",
     "crop_camera",
+    "downscale_depth",
+    "downscale_mask",
+    "nearest_indices",
     "pinhole_camera",
+    "reference_downscale_nearest",
     "reference_remap",
     "undistortion_coordinates",
 ]
@@ -155,3 +160,41 @@ def reference_remap(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
         src, grid, mode="bilinear", padding_mode="zeros", align_corners=False
     )
     return (out[0].permute(1, 2, 0) + 0.5).clamp(0, 255).to(torch.uint8).numpy()
+
+
+# Per-image components (masks, depth maps): downscaled by the sample under each output pixel's centre
+# (``raykit.imagedecode.downscale_nearest``, torch-free so that the store reads them without torch).
+
+
+def downscale_mask(mask: np.ndarray, factor: int, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Downscale a mask by the nearest sample (masks never blend).
+
+    Args:
+        mask: (H, W) uint8, 0 = pixel not used.
+        factor: positive integer.
+        size: None: level ``factor``, ``(H // factor, W // factor)`` from the top-left
+            ``factor``-multiple of the image (``RayStore.read_image(downscale=...)``, the loaders'
+            levels, ``raykit convert --downscale`` with the ``exact`` rule); else the output
+            ``(h, w)`` spanning the whole image (the ``mipnerf360`` rule's
+            ``round_half_up(H / factor)`` x ``round_half_up(W / factor)``).
+
+    Returns:
+        (h, w) uint8: each output pixel is the source pixel under its centre
+        (:func:`raykit.imagedecode.nearest_indices`); the twin is
+        :func:`raykit.imagedecode.reference_downscale_nearest`.
+    """
+    return downscale_nearest(np.asarray(mask), factor, size)
+
+
+def downscale_depth(depth: np.ndarray, factor: int, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Downscale a depth map without inventing depths: each output pixel takes the depth of the source
+    pixel under its centre, the same sample as :func:`downscale_mask` (an average across an object's
+    edge would be a depth no surface has); 0 (unknown) stays 0.
+
+    Args:
+        depth: (H, W) float32 depths, 0 = unknown. factor, size: as :func:`downscale_mask`.
+
+    Returns:
+        (h, w) float32.
+    """
+    return downscale_nearest(np.asarray(depth, dtype=np.float32), factor, size)

@@ -52,10 +52,13 @@ __all__ = [
     "decode_image_scaled",
     "downscale_area",
     "downscale_area_reference",
+    "downscale_nearest",
     "level_size",
+    "nearest_indices",
     "open_image",
     "reference_decode_image",
     "reference_decode_scaled",
+    "reference_downscale_nearest",
 ]
 
 ENV_VAR = "RAYKIT_IMAGE_DECODE"
@@ -223,6 +226,64 @@ def decode_image(data: bytes) -> np.ndarray:
 def level_size(height: int, width: int, factor: int) -> tuple[int, int]:
     """``(H // factor, W // factor)``: the size of level ``factor``."""
     return height // factor, width // factor
+
+
+def nearest_indices(size: int, out: int, span: int | None = None) -> np.ndarray:
+    """(out,) int64 source indices of ``out`` output pixels along an axis of ``size`` source pixels.
+
+    The output pixels tile the first ``span`` source pixels (default ``size``); output pixel ``o``'s
+    centre lies at the continuous coordinate ``(o + 0.5) * span / out`` and takes the source pixel that
+    contains it, ``floor((2 o + 1) span / (2 out))`` (a centre on a pixel border takes the later
+    pixel). With ``span = out * k`` (level ``k``) that is ``o * k + k // 2``.
+    """
+    span = size if span is None else span
+    if out < 1 or not 1 <= span <= size:
+        raise ValueError(
+            f"nearest downscale: expected 1 <= out and 1 <= span <= size, got {out}, {span}, {size}"
+        )
+    return (2 * np.arange(out, dtype=np.int64) + 1) * span // (2 * out)
+
+
+def downscale_nearest(values: np.ndarray, factor: int, size: tuple[int, int] | None = None) -> np.ndarray:
+    """(H, W, ...) -> (h, w, ...): each output pixel the source pixel under its centre.
+
+    ``size`` None: level ``factor`` (``level_size``: ``(H // factor, W // factor)``, the top-left
+    ``factor``-multiple of the image); else the output ``(h, w)`` spanning the whole image (the
+    ``mipnerf360`` conversion rule's size). Masks and depth maps (``raykit.image_geometry``).
+    """
+    if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+        raise ValueError(f"downscale: expected a positive integer factor, got {factor!r}")
+    height, width = values.shape[:2]
+    if size is None:
+        if factor == 1:
+            return values
+        h, w = level_size(height, width, factor)
+        rows, cols = nearest_indices(height, h, h * factor), nearest_indices(width, w, w * factor)
+    else:
+        h, w = size
+        rows, cols = nearest_indices(height, h), nearest_indices(width, w)
+    return np.ascontiguousarray(values[rows[:, None], cols[None, :]])
+
+
+def reference_downscale_nearest(
+    values: np.ndarray, factor: int, size: tuple[int, int] | None = None
+) -> np.ndarray:
+    """Loop-per-output-pixel twin of :func:`downscale_nearest` (exact rational pixel centres)."""
+    from fractions import Fraction
+
+    height, width = values.shape[:2]
+    if size is None:
+        h, w = height // factor, width // factor
+        span_h, span_w = h * factor, w * factor
+    else:
+        (h, w), span_h, span_w = size, height, width
+    out = np.zeros((h, w, *values.shape[2:]), dtype=values.dtype)
+    for oy in range(h):
+        for ox in range(w):
+            y = int((oy + Fraction(1, 2)) * Fraction(span_h, h))  # the floor of a positive number
+            x = int((ox + Fraction(1, 2)) * Fraction(span_w, w))
+            out[oy, ox] = values[y, x]
+    return out
 
 
 def downscale_area(image: np.ndarray, factor: int) -> np.ndarray:

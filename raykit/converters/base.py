@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,10 @@ class SourceView:
         image_path: the image file.
         split: the split the source assigns (Blender's files), or None to apply the split rule.
         near, far: ray bounds in source units when the source knows them, else None.
+        mask_path, depth_path: the view's mask and depth map files when the source names them
+            (nerfstudio ``mask_path``, ``depth_file_path``), at the image's resolution.
+        depth_scale: the factor from the depth file's values to metres (``depth_unit_scale_factor``).
+        metadata: JSON-able per-frame facts the converter keeps (``RayStore.frame_metadata``).
     """
 
     name: str
@@ -60,6 +64,10 @@ class SourceView:
     split: str | None = None
     near: float | None = None
     far: float | None = None
+    mask_path: Path | None = None
+    depth_path: Path | None = None
+    depth_scale: float = 1e-3
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from raykit.converters.config import add_arguments, from_args
 from raykit.converters.convert import POSE_SOURCES, convert
 from raykit.poses.cli import add_pose_arguments, pose_options_from_args
 
-__all__ = ["register", "run_convert"]
+__all__ = ["register", "run_add_component", "run_convert"]
 
 
 def register(subparsers: Any) -> None:
@@ -34,6 +34,34 @@ def register(subparsers: Any) -> None:
     group = parser.add_argument_group("pose estimation (--from photos|video; see raykit poses)")
     add_pose_arguments(group, skip=("threads", "seed"))
     parser.set_defaults(func=run_convert)
+    add = subparsers.add_parser(
+        "add-component",
+        help="add masks or depth maps to a store (its pixels are not rewritten)",
+        description="Add a per-image component to a local store: one file per image in DIR, named as "
+        "the image (its name less its suffix, or its last part) with .png/.jpg/.tif (masks) or "
+        ".png/.tif/.npy (depth). Files of the source resolution of a store converted with --downscale "
+        "are downscaled by its rule (nearest sample). Only the component's files and the manifest "
+        "are written; the content fingerprint is unchanged. A missing or wrongly sized file: one "
+        "line, and the store is unchanged.",
+    )
+    add.add_argument("store", help="local store path")
+    add.add_argument("component", choices=("masks", "mask", "depth"), help="the component")
+    add.add_argument("dir", help="folder of one file per image")
+    add.add_argument(
+        "--dtype",
+        default="",
+        choices=("", "bit", "uint8", "float16", "float32"),
+        help="stored type (masks: bit (default) or uint8; depth: float32 (default) or float16)",
+    )
+    add.add_argument(
+        "--depth-scale",
+        type=float,
+        default=None,
+        metavar="F",
+        help="depth file values times F are metres (e.g. 0.001 for millimetre PNGs); default: unit unknown",
+    )
+    add.add_argument("--progress", action="store_true", help="show a progress bar")
+    add.set_defaults(func=run_add_component)
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -59,4 +87,25 @@ def run_convert(args: argparse.Namespace) -> int:
         print(f"converted {pixels:.1f} M pixels in {seconds:.2f} s ({pixels / seconds:.1f} M pixels/s)")
         for line in format_phases(phases, seconds):
             print("  " + line)
+    return 0
+
+
+def run_add_component(args: argparse.Namespace) -> int:
+    """Handler of ``raykit add-component``; returns the exit status."""
+    from raykit.converters.components import add_component_files
+
+    store = add_component_files(
+        args.store,
+        args.component,
+        args.dir,
+        dtype=args.dtype,
+        depth_scale=args.depth_scale,
+        progress=args.progress,
+    )
+    kind = "mask" if args.component.startswith("mask") else "depth"
+    info = store.components[kind]
+    print(
+        f"added {kind} to {store.url}: {info.n_images} images, {info.stored_bytes} bytes ({info.dtype}"
+        f"{', ' + info.unit if info.unit else ''}); store fingerprint {store.store_fingerprint}"
+    )
     return 0

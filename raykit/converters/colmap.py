@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,24 @@ def _view(
         bad.setdefault(image.camera_id, [str(exc)]).append(image.name)
         return None
     name = image.name.replace("\\", "/")  # COLMAP run on Windows may store backslashes
-    return SourceView(name=name, camera=camera, c2w=image.c2w(), image_path=images_dir / name)
+    metadata = rig_metadata(image, rec)
+    return SourceView(name, camera, image.c2w(), images_dir / name, metadata=metadata)
+
+
+def rig_metadata(image: ColmapImage, rec: Reconstruction) -> dict[str, Any]:
+    """``{"colmap": {image_id, camera_id, rig_id, frame_id, sensor_id}}`` of an image taken by a rig
+    of several sensors (COLMAP 3.12+ rigs and frames: the frame whose data holds the image); ``{}``
+    for the trivial one-camera rig every model has (nothing to tell)."""
+    for frame in rec.frames.values():
+        for sensor_type, sensor_id, data_id in frame.data_ids:
+            if sensor_type != "CAMERA" or data_id != image.image_id:
+                continue
+            rig = rec.rigs.get(frame.rig_id)
+            if rig is None or not rig.sensors:
+                return {}
+            ids = {"image_id": image.image_id, "camera_id": image.camera_id, "rig_id": frame.rig_id}
+            return {"colmap": {**ids, "frame_id": frame.frame_id, "sensor_id": sensor_id}}
+    return {}
 
 
 def _some(names: list[str], n: int = 3) -> str:

@@ -21,6 +21,7 @@ from raykit.options import option
 from raykit.poses import POSE_SOURCES
 from raykit.store import (
     BACKENDS,
+    COMPONENT_DTYPES,
     DEFAULT_CHUNK_RAYS,
     DEFAULT_SHARD_CHUNKS,
     LAYOUTS,
@@ -81,6 +82,14 @@ class ConvertConfig:
     seed: int = option(0, "seed of the train split's ray permutation")
     rgba_codec: str = option(
         RGBA_CODEC, "colour codec of the rays layout in zarr: lz4 (fast) or zstd (small)", choices=RGBA_CODECS
+    )
+    mask_dtype: str = option(
+        "bit",
+        "masks (mask_path): bit (1 bit a pixel: mask > 0) or uint8 (8 bits)",
+        choices=COMPONENT_DTYPES["mask"],
+    )
+    depth_dtype: str = option(
+        "float32", "depth maps (depth_file_path), in metres", choices=COMPONENT_DTYPES["depth"]
     )
     overwrite: bool = option(False, "replace an existing store at DST")
     layout: str = option(

@@ -22,6 +22,7 @@ import numpy as np
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
+from raykit.converters.components import ComponentFile, component_problems, exif_metadata, merged_metadata
 from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
@@ -33,7 +34,7 @@ from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
 from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS, PoseOptions, poses_for_convert
 from raykit.progress import progress as progress_bar
 from raykit.ranges import IMAGE_PIXELS_WARN
-from raykit.store import LAYOUTS, ImageRecord, SceneInfo, SparsePoints, is_url
+from raykit.store import LAYOUTS, ComponentInfo, ImageRecord, SceneInfo, SparsePoints, is_url
 
 if TYPE_CHECKING:
     from raykit.store import RayStore
@@ -173,6 +174,8 @@ def _checked_cameras(
                 cameras.append(view.camera.scaled(factor))
         except CameraError as exc:
             problems.add(f"{view.image_path}: {exc}")
+    if len(cameras) == len(views):  # masks and depth maps that do not fit their image, one line each
+        problems.extend(component_problems(views, cameras, factor, rule))
     problems.raise_if_any()
     _warn_large(views)
     return cameras, policies
@@ -282,7 +285,38 @@ def _record(
         str(view.image_path), source.width, source.height, factor, exif, _camera_name(source), resize_to
     )
     c2w = apply_similarity(matrix, view.c2w)
-    return ImageRecord(view.name, split, camera, c2w, near, far, str(view.image_path), loader)
+    parts = {}
+    for kind, file, scale in (("mask", view.mask_path, 1.0), ("depth", view.depth_path, view.depth_scale)):
+        if file is not None:
+            parts[kind] = ComponentFile(str(file), kind, scale, camera.height, camera.width, factor, rule)
+    exif_facts = exif_metadata(view.image_path) if view.image_path.suffix.lower() in _EXIF_SUFFIXES else {}
+    metadata = merged_metadata(view, exif_facts)
+    path = str(view.image_path)
+    return ImageRecord(view.name, split, camera, c2w, near, far, path, loader, "", parts, metadata)
+
+
+_EXIF_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp")
+
+
+def component_infos(
+    records: Sequence[ImageRecord], views: Sequence[SourceView], config: ConvertConfig
+) -> list[ComponentInfo]:
+    """The components the records carry (``ImageRecord.components``), as the store records them."""
+    infos = []
+    if any("mask" in r.components for r in records):
+        infos.append(ComponentInfo("mask", config.mask_dtype, source={"from": "mask_path"}))
+    if any("depth" in r.components for r in records):
+        scales = sorted({v.depth_scale for v in views if v.depth_path is not None})
+        source = {
+            "from": "depth_file_path",
+            "depth_unit_scale_factor": scales if len(scales) > 1 else scales[0],
+        }
+        infos.append(
+            ComponentInfo(
+                "depth", config.depth_dtype, "m", scales[0] if len(scales) == 1 else 1.0, source=source
+            )
+        )
+    return infos
 
 
 def _pick(
@@ -325,6 +359,8 @@ def convert(
     shard_chunks: int = _C.shard_chunks,
     seed: int = _C.seed,
     rgba_codec: str = _C.rgba_codec,
+    mask_dtype: str = _C.mask_dtype,
+    depth_dtype: str = _C.depth_dtype,
     overwrite: bool = _C.overwrite,
     progress: bool = False,
     poses: PoseOptions | None = None,
@@ -367,6 +403,8 @@ def convert(
         shard_chunks=shard_chunks,
         seed=seed,
         rgba_codec=rgba_codec,
+        mask_dtype=mask_dtype,
+        depth_dtype=depth_dtype,
         overwrite=overwrite,
         progress=progress,
     )
@@ -408,7 +446,8 @@ def convert(
     info = {"format": capture.source, "path": str(Path(src).resolve()), "downscale": config.downscale,
             "downscale_rule": config.downscale_rule,
             "exif": exif, **{k: v for k, v in capture.params.items() if k != "prescaled"}}  # fmt: skip
-    write = _Write(records, scene, config, threads, info, _world_points(capture, scene))
+    components = component_infos(records, capture.views, config)
+    write = _Write(records, scene, config, threads, info, _world_points(capture, scene), tuple(components))
     if is_url(str(dst)):  # object storage: written locally, then uploaded with the manifest last
         from raykit.store import work_folder, write_remote
 
@@ -435,6 +474,7 @@ class _Write:
     threads: int
     info: Mapping[str, Any]
     points: SparsePoints | None
+    components: tuple[ComponentInfo, ...] = ()
 
     def to(self, dst: Path, overwrite: bool = False) -> RayStore:
         from raykit.store import write_store
@@ -451,4 +491,5 @@ class _Write:
                 source=self.info,
                 overwrite=overwrite,
                 points=self.points,
+                components=self.components,
             )

@@ -19,6 +19,12 @@ and ``rotation_scale`` in the store's ``source`` record. ``file_path`` may use
 Windows separators and may lack an extension. Frames whose image is missing are all listed in one
 error unless ``skip_missing``.
 
+Per frame, nerfstudio's ``mask_path`` and ``depth_file_path`` (relative to the JSON file, inside the
+capture) become the store's ``mask`` and ``depth`` components (every frame has one or none does);
+depth values are multiplied by ``depth_unit_scale_factor`` (top level or per frame; default 1e-3,
+nerfstudio's: millimetres) to give metres. Every other per-frame key raykit does not interpret is
+kept as the frame's metadata (``RayStore.frame_metadata``).
+
 Near/far: instant-ngp maps source points ``p`` into its unit cube by ``p * scale + offset`` (after
 cycling axes; defaults ``scale = 0.33``, ``offset = 0.5``) and the scene occupies a cube ``aabb_scale``
 times larger around the cube's centre. Without ``aabb_scale`` (nerfstudio) the box is the camera
@@ -28,6 +34,7 @@ corner and ``near`` the distance to the box (at least 1% of the box half-size).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -149,7 +156,69 @@ def _frame_view(
         bad_cameras.setdefault(text, []).append(index)  # one line per bad camera, not per frame
         return None, None
     name = relative_name(image, base)
-    return SourceView(name=name, camera=camera, c2w=opengl_to_opencv_c2w(c2w_gl), image_path=image), None
+    paths = {}
+    for key in COMPONENT_KEYS:
+        rel = frame.get(key)
+        if rel is None:
+            continue
+        if not isinstance(rel, str) or not rel:
+            problems.add(f"{where}: {key}: expected a relative file path, got {rel!r}"[:300])
+            return None, None
+        path = base / rel.replace("\\", "/")
+        outside = roots.outside(path, where, rel)
+        if outside:
+            problems.add(outside)
+            return None, None
+        if not path.is_file():
+            problems.add(f"{where}: {key} {shown_name(rel)} not found")
+            return None, None
+        paths[key] = path
+    scale = frame.get(DEPTH_SCALE_KEY, meta.get(DEPTH_SCALE_KEY, NERFSTUDIO_DEPTH_SCALE))
+    if "depth_file_path" in paths and not _positive(scale):
+        problems.add(f"{where}: {DEPTH_SCALE_KEY}: expected a number > 0, got {scale!r}"[:300])
+        return None, None
+    kept = {k: v for k, v in frame.items() if k not in _FRAME_KEYS}  # kept as per-frame metadata
+    view = SourceView(
+        name=name,
+        camera=camera,
+        c2w=opengl_to_opencv_c2w(c2w_gl),
+        image_path=image,
+        mask_path=paths.get("mask_path"),
+        depth_path=paths.get("depth_file_path"),
+        depth_scale=float(scale) if _positive(scale) else NERFSTUDIO_DEPTH_SCALE,
+        metadata=kept,
+    )
+    return view, None
+
+
+def _positive(value: Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
+COMPONENT_KEYS = ("mask_path", "depth_file_path")
+DEPTH_SCALE_KEY = "depth_unit_scale_factor"
+NERFSTUDIO_DEPTH_SCALE = 1e-3  # nerfstudio's default: millimetre depth files
+# keys read above, and nerf_synthetic's "rotation" (a constant of Blender's export script, meaningless)
+_FRAME_KEYS = frozenset(
+    {"file_path", "transform_matrix", "rotation", *INTRINSIC_KEYS, *COMPONENT_KEYS, DEPTH_SCALE_KEY}
+)
+
+
+def component_problems(json_path: Path, views: Sequence[SourceView]) -> list[str]:
+    """One line per component that some frames name and others do not (nerfstudio: every frame or
+    none)."""
+    lines = []
+    for what, key in (("mask_path", "mask_path"), ("depth_file_path", "depth_path")):
+        have = [v for v in views if getattr(v, key) is not None]
+        if have and len(have) != len(views):
+            lacking = next(v for v in views if getattr(v, key) is None)
+            lines.append(
+                f"{json_path}: {len(have)} of {len(views)} frames have a {what} ({lacking.name!r} has none); "
+                "expected every frame or none"
+            )
+    return lines
 
 
 def _frame_pose(matrix: Any, where: str, scales: list[float] | None) -> tuple[np.ndarray | None, str | None]:
@@ -258,6 +327,7 @@ def parse_ngp(
     scales: list[float] = []
     views, missing = parse_frames(json_path, meta, problems, exif, roots, scales)
     report_missing(json_path, missing, skip_missing, problems)
+    problems.extend(component_problems(json_path, views))
     if not views and not problems:
         problems.add(f"{json_path}: no frames with images")
     problems.raise_if_fatal(views)

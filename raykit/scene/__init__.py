@@ -2,18 +2,29 @@
 
 Deterministic from a seed: textured spheres, boxes, a cylinder and a checkered ground disc under one
 directional light with shadows, viewed from a hemisphere of cameras. Writers produce a Blender
-``nerf_synthetic`` folder or a COLMAP capture (optionally through a distorted OPENCV camera).
+``nerf_synthetic`` folder, a COLMAP capture (optionally through a distorted OPENCV camera) or a
+nerfstudio capture with masks and depth maps (``write_nerfstudio``).
 """
 
 from raykit.scene.builtin import SIZES, SceneData, render_scene, scene_camera
-from raykit.scene.writers import scene_reconstruction, write_blender, write_colmap
+from raykit.scene.writers import (
+    scene_depth,
+    scene_mask,
+    scene_reconstruction,
+    write_blender,
+    write_colmap,
+    write_nerfstudio,
+)
 
 __all__ = [
     "SIZES",
     "SceneData",
     "render_scene",
     "scene_camera",
+    "scene_depth",
+    "scene_mask",
     "scene_reconstruction",
     "write_blender",
     "write_colmap",
+    "write_nerfstudio",
 ]

@@ -35,10 +35,14 @@ from raykit.scene.render import shade
 __all__ = [
     "BLENDER_ROTATION",
     "encode_png",
+    "encode_png_gray",
+    "scene_depth",
+    "scene_mask",
     "scene_reconstruction",
     "surface_points",
     "write_blender",
     "write_colmap",
+    "write_nerfstudio",
 ]
 
 # The constant per-frame "rotation" that Blender's nerf_synthetic export script writes (2 pi / 500).
@@ -94,6 +98,94 @@ def write_blender(scene: SceneData, root: str | Path) -> Path:
         text = json.dumps({"camera_angle_x": angle_x, "frames": frames}, indent=4)
         atomic_write_bytes(root / f"transforms_{split}.json", text.encode())
     return root
+
+
+def scene_depth(scene: SceneData, index: int) -> np.ndarray:
+    """(H, W) float32 z-depth (scene units: metres) of view ``index`` at its pixel centres: the
+    distance along the camera's optical axis to the first surface hit, 0 where the ray misses."""
+    camera, w, h = scene.camera, scene.camera.width, scene.camera.height
+    pixels = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")[::-1], -1)
+    c2w = torch.as_tensor(scene.c2w[index], dtype=torch.float32)
+    origins, dirs, z_scale = pixels_to_rays(camera, c2w, pixels.reshape(-1, 2))
+    t, hit = intersect(scene.geometry, origins[:1], dirs)
+    depth = torch.where(hit >= 0, t * z_scale, torch.zeros_like(t))
+    return depth.reshape(h, w).numpy().astype(np.float32)
+
+
+def scene_mask(scene: SceneData, index: int) -> np.ndarray:
+    """(H, W) uint8 mask of view ``index``: 255 where the view's alpha is at least 128, else 0."""
+    return np.where(scene.images[index][..., 3] >= 128, 255, 0).astype(np.uint8)
+
+
+def write_nerfstudio(
+    scene: SceneData,
+    root: str | Path,
+    *,
+    masks: bool = True,
+    depth: bool = True,
+    depth_format: str = "png",
+    depth_unit_scale_factor: float = 1e-3,
+    metadata: bool = True,
+) -> Path:
+    """Write the scene as a nerfstudio capture with masks and depth maps (the form Polycam and Record3D
+    exports take): ``root/transforms.json``, ``images/{name}.png`` (RGB, composited over black),
+    ``masks/{name}.png`` (8-bit L, :func:`scene_mask`) named by each frame's ``mask_path``, and depth
+    maps named by ``depth_file_path``: ``depth/{name}.png`` (16-bit, ``round(depth /
+    depth_unit_scale_factor)``, so millimetres with the default 1e-3) or ``depth/{name}.npy`` (float32
+    metres divided by the factor) with ``depth_format="npy"``; the top-level
+    ``depth_unit_scale_factor`` says the factor (nerfstudio's default, 1e-3, when it is 1e-3).
+    ``metadata``: each frame also has keys raykit does not interpret (``"exposure_time"``,
+    ``"timestamp"``, ``"sensor": {"id": ...}``), which a conversion keeps as per-frame metadata.
+    Frames are listed in the scene's order; names are ``{split}_r_{i}`` (no folders).
+    """
+    root = Path(root)
+    if depth_format not in ("png", "npy"):
+        raise ConfigError(f"nerfstudio writer: expected depth_format 'png' or 'npy', got {depth_format!r}")
+    cam = scene.camera
+    fx, fy, cx, cy = cam.params[:4]
+    meta: dict[str, object] = {"camera_model": "OPENCV", "fl_x": fx, "fl_y": fy, "cx": cx, "cy": cy}
+    meta.update(w=cam.width, h=cam.height)
+    if cam.model == "OPENCV":
+        meta.update(k1=cam.params[4], k2=cam.params[5], p1=cam.params[6], p2=cam.params[7])
+    if depth:
+        meta["depth_unit_scale_factor"] = depth_unit_scale_factor
+    gl = opencv_to_opengl_c2w(scene.c2w)
+    frames = []
+    for i, full in enumerate(scene.names):
+        name = full.replace("/", "_")
+        frame: dict[str, object] = {"file_path": f"images/{name}.png", "transform_matrix": gl[i].tolist()}
+        atomic_write_bytes(root / "images" / f"{name}.png", encode_png(_over_black(scene.images[i])))
+        if masks:
+            frame["mask_path"] = f"masks/{name}.png"
+            atomic_write_bytes(root / "masks" / f"{name}.png", encode_png_gray(scene_mask(scene, i)))
+        if depth:
+            values = scene_depth(scene, i) / depth_unit_scale_factor
+            if depth_format == "png":
+                frame["depth_file_path"] = f"depth/{name}.png"
+                raw = np.clip(np.round(values), 0, 65535).astype(np.uint16)
+                atomic_write_bytes(root / "depth" / f"{name}.png", encode_png_gray(raw))
+            else:
+                frame["depth_file_path"] = f"depth/{name}.npy"
+                buffer = io.BytesIO()
+                np.save(buffer, values.astype(np.float32), allow_pickle=False)
+                atomic_write_bytes(root / "depth" / f"{name}.npy", buffer.getvalue())
+        if metadata:
+            frame.update(exposure_time=1 / (100 + i), timestamp=1.5 * i, sensor={"id": i % 2})
+        frames.append(frame)
+    text = json.dumps({**meta, "frames": frames}, indent=2)
+    atomic_write_bytes(root / "transforms.json", text.encode())
+    return root
+
+
+def encode_png_gray(values: np.ndarray) -> bytes:
+    """(H, W) uint8 or uint16 -> a single-channel PNG (8-bit L or 16-bit I;16), fixed settings."""
+    buf = io.BytesIO()
+    if values.dtype == np.uint16:
+        image = Image.fromarray(np.ascontiguousarray(values, dtype="<u2"))  # mode I;16
+    else:
+        image = Image.fromarray(np.ascontiguousarray(values, dtype=np.uint8))  # mode L
+    image.save(buf, format="PNG", compress_level=6, optimize=False)
+    return buf.getvalue()
 
 
 def surface_points(scene: SceneData, n_points: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

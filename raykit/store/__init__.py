@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.errors import RayRangeError
 from raykit.lazy import lazy_attribute
+from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo, fit_component
 from raykit.store.files import is_url
 from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
@@ -42,13 +43,13 @@ from raykit.store.table import table_ray_generator
 
 if TYPE_CHECKING:
     from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
-    from raykit.store.write import copy_store, work_folder, write_remote, write_store
+    from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
     from raykit.store.write.commit import format_phases, recording_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
-    "write": ("copy_store", "work_folder", "write_remote", "write_store"),
+    "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
     "write.commit": ("format_phases", "recording_phases"),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
@@ -64,6 +65,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BACKENDS",
+    "COMPONENTS",
+    "COMPONENT_DTYPES",
     "DEFAULT_CHUNK_RAYS",
     "DEFAULT_SHARD_CHUNKS",
     "FORMAT_VERSION",
@@ -72,6 +75,7 @@ __all__ = [
     "RAYS_LAYOUT",
     "RGBA_CODEC",
     "RGBA_CODECS",
+    "ComponentInfo",
     "FieldSpec",
     "ImageRecord",
     "RawRays",
@@ -82,10 +86,12 @@ __all__ = [
     "SplitInfo",
     "StoreSpec",
     "Timed",
+    "add_component",
     "copy_store",
     "decode_pids",
     "encode_pids",
     "field_bytes",
+    "fit_component",
     "format_phases",
     "holds_images",
     "is_url",

@@ -92,6 +92,16 @@ def _info(args: argparse.Namespace) -> int:
             f"images      {name}: {images['stored_bytes']} bytes stored ({', '.join(images['formats'])}), "
             f"{images['passthrough']} passed through unchanged"
         )
+    for name, comp in summary["components"].items():
+        unit = f", unit {comp['unit']}" if comp["unit"] else ""
+        print(
+            f"component   {name}: {comp['dtype']}{unit}, {comp['n_images']} images, "
+            f"{comp['stored_bytes']} bytes ({comp['index']})"
+        )
+    if summary["components"]:
+        print(f"store fp    {summary['store_fingerprint']} (pixels and components)")
+    if frames := summary["frame_metadata"]:
+        print(f"metadata    {frames['n_frames']} frames ({frames['path']})")
     points = summary["points"]
     if points is not None:
         print(

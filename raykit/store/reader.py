@@ -36,9 +36,18 @@ from raykit.errors import (
     StoreVersionError,
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
-from raykit.imagedecode import downscale_area, level_size
+from raykit.imagedecode import downscale_area, downscale_nearest, level_size
 from raykit.locks import lock_owner, lock_path
 from raykit.store.backends import Backend, ChunkReader, backend_named
+from raykit.store.components import (
+    COMPONENTS,
+    FRAMES_FILE,
+    ComponentInfo,
+    decode_component,
+    local_range_reader,
+    read_component_bytes,
+    store_fingerprint,
+)
 from raykit.store.files import (
     RangeFetcher,
     chunk_checksum,
@@ -784,6 +793,85 @@ class RayStore:
     @property
     def files(self) -> Mapping[str, Any]:
         return self.manifest["files"]
+
+    # -- components and per-frame metadata (``raykit.store.components``) -----------------------------
+    @cached_property
+    def components(self) -> dict[str, ComponentInfo]:
+        """The store's per-image components, name (``"mask"``, ``"depth"``) -> ``ComponentInfo``; empty
+        when it has none (components of names this raykit does not know are left out)."""
+        records = self.manifest.get("components") or {}
+        where = self._where("manifest.json")
+        return {k: ComponentInfo.from_dict(k, v, where) for k, v in records.items() if k in COMPONENTS}
+
+    @cached_property
+    def store_fingerprint(self) -> str:
+        """The content (pixel) fingerprint when the store has no component, else the SHA-256 of it and
+        of every component's fingerprint: adding a component changes this, never ``fingerprint``."""
+        return store_fingerprint(self.fingerprint, self.components)
+
+    def _component_index(self, component: str) -> dict[str, Any]:
+        cache = self.__dict__.setdefault("_component_indices", {})
+        if component not in cache:
+            info = self.components.get(component)
+            if info is None:
+                have = ", ".join(self.components) or "none"
+                raise RayRangeError(f"{self.url}: no {component!r} component (the store has: {have})")
+            cache[component] = self._loads(self.read_verified(info.index), info.index)
+        return dict(cache[component])
+
+    def _read_range(self, rel: str, start: int, stop: int) -> bytes:
+        reader = self.__dict__.get("_range_reader")
+        if reader is None:
+            if is_url(self.url):
+                sizes = {k: int(v["size"]) for k, v in self.manifest["files"].items()}
+                reader = RangeFetcher(self._fs, self._root, self.url, sizes).read
+            else:
+                reader = local_range_reader(self.url, self._root)
+            self.__dict__["_range_reader"] = reader
+        return bytes(reader(rel, start, stop))
+
+    def component_bytes(self, component: str, name: str) -> tuple[bytes, str]:
+        """The stored bytes (an ``.npy``) of component ``component`` of image ``name``, checked against
+        their CRC-32C, and the file they lie in."""
+        row = self.image_index(name)
+        split = self.table.splits[row]
+        entry = self._component_index(component).get(split)
+        local = int(np.searchsorted(self.split_rows(split), row))
+        if entry is None or local >= len(entry.get("bytes", ())):
+            raise StoreCorruptError(
+                f"{self.url}/{self.components[component].index}: no entry for image {name!r}"
+            )
+        return read_component_bytes(self._read_range, self.url, self.backend, component, split, entry, local)
+
+    def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
+        """Component ``component`` of image ``name`` at the stored resolution, or with ``downscale`` k
+        at level k (the size ``read_image(name, downscale=k)`` has, ``(H // k, W // k)``; nearest
+        sample, ``raykit.image_geometry.downscale_mask`` / ``downscale_depth``).
+
+        Returns:
+            mask: ``uint8 (H, W)``, 0 = pixel not used (a 1-bit mask reads 0 or 255); depth:
+            ``float32 (H, W)``, in metres when the component's ``unit`` is ``"m"``, 0 = unknown.
+
+        Raises:
+            RayRangeError: no such component or image. StoreCorruptError: altered bytes.
+        """
+        data, rel = self.component_bytes(component, name)
+        row = self.image_index(name)
+        h, w = int(self.table.height[row]), int(self.table.width[row])
+        values = decode_component(self.components[component], data, h, w, f"{self._where(rel)}: {name!r}")
+        return downscale_nearest(values, downscale)
+
+    def frame_metadata(self, name: str) -> dict[str, Any]:
+        """Per-frame metadata of image ``name`` kept by the converter (unknown ``transforms.json``
+        per-frame keys, EXIF exposure, ISO, shutter and time, COLMAP rig, frame and sensor ids; a
+        JSON-able dict), ``{}`` when none."""
+        self.image_index(name)
+        frames = self.__dict__.get("_frames")
+        if frames is None:
+            entry = self.manifest.get("frame_metadata")
+            frames = {} if not entry else self._loads(self.read_verified(FRAMES_FILE), FRAMES_FILE)
+            self.__dict__["_frames"] = frames
+        return dict(frames.get(name) or {})
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         """Pickle as its location: unpickling reopens the store (worker processes, dask tasks)."""

@@ -238,6 +238,10 @@ class ImageRecord:
         source_path: where the pixels came from (informational; hashed when it is a local file).
         load: picklable callable returning the pixels ``uint8 (H, W, 3|4)``.
         source_sha256: hex SHA-256 of the source file when the caller already knows it.
+        components: per-image components, name (``"mask"``, ``"depth"``) -> picklable callable
+            returning the array at the image's size (``raykit.store.components``; written when the
+            write asks for that component).
+        metadata: JSON-able per-frame metadata (``RayStore.frame_metadata``).
     """
 
     name: str
@@ -249,6 +253,8 @@ class ImageRecord:
     source_path: str
     load: Callable[[], np.ndarray]
     source_sha256: str = ""
+    components: Mapping[str, Callable[[], np.ndarray]] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

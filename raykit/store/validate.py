@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raykit.errors import RaykitError
+from raykit.errors import RaykitError, StoreError
 from raykit.ordered import in_order
 from raykit.store.backends import backend_named
+from raykit.store.components import component_files, decode_component
 from raykit.store.files import local_files_bytes
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
@@ -39,7 +40,7 @@ from raykit.store.schema import check_points
 from raykit.store.table import materialized_rays
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping, Sequence
+    from collections.abc import Collection, Iterable, Mapping, Sequence
 
     from raykit.store.reader import RayStore
 
@@ -54,8 +55,16 @@ __all__ = [
 
 
 def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
-    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``)."""
-    return backend_named(store.backend).field_bytes(store.splits, store.files, store.index)
+    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``;
+    components are counted apart, ``component_bytes``)."""
+    skip = component_files(store.files)
+    files = {rel: entry for rel, entry in store.files.items() if rel not in skip}
+    return backend_named(store.backend).field_bytes(store.splits, files, store.index)
+
+
+def component_bytes(store: RayStore) -> int:
+    """Bytes on disk of the component files (payload, zarr metadata and index files)."""
+    return sum(int(store.files[rel]["size"]) for rel in component_files(store.files))
 
 
 def payload_bytes(store: RayStore) -> int:
@@ -91,6 +100,10 @@ def store_summary(store: RayStore) -> dict[str, Any]:
         "backend": store.backend,
         "format_version": store.manifest["format_version"],
         "content_fingerprint": store.fingerprint,
+        "store_fingerprint": store.store_fingerprint,
+        "components": {name: info.to_dict() for name, info in store.components.items()},
+        "frame_metadata": store.manifest.get("frame_metadata"),
+        "component_bytes": component_bytes(store),
         "splits": {
             name: {**info.to_dict(), "holds_images": info.holds_images} for name, info in store.splits.items()
         },
@@ -321,7 +334,7 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
             problems += images[split].check_rest(bad_files)
         else:
             problems += _check_split(store, split, bad_files, deep)
-    return problems
+    return problems + _check_components(store, bad_files)
 
 
 def _chunk_files(store: RayStore, split: str) -> list[str]:
@@ -482,4 +495,29 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
             scale = max(1.0, float(np.abs(generated[name]).max(initial=0.0)))
             if not np.allclose(stored, generated[name], atol=tol * scale, rtol=0):
                 problems.append(f"{where}: materialised {name} differ from generated rays")
+    return problems
+
+
+def _check_components(store: RayStore, bad_files: Iterable[str] = ()) -> list[str]:
+    """``raykit validate``'s check of every component: each image's array read (size, CRC-32C) and
+    decoded (dtype, shape against its camera), but those in a file already reported."""
+    problems, bad = [], set(bad_files)
+    table = store.table
+    for name, info in store.components.items():
+        if info.index in bad:
+            continue
+        if info.n_images != len(table.names):
+            problems.append(
+                f"{store.url}/manifest.json: component {name}: {info.n_images} images, "
+                f"the store has {len(table.names)}"
+            )
+            continue
+        for row, image in enumerate(table.names):
+            try:
+                data, rel = store.component_bytes(name, image)
+                if rel not in bad:
+                    where = f"{store.url}/{rel}: {name} of image {image!r}"
+                    decode_component(info, data, int(table.height[row]), int(table.width[row]), where)
+            except StoreError as exc:
+                problems.append(str(exc))
     return problems

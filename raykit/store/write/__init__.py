@@ -23,7 +23,7 @@ import concurrent.futures
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,11 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreError
-from raykit.locks import holding_store_lock
-from raykit.store.files import OVERWRITE_HINT, filesystem, read_errors
+from raykit.fileio import atomic_write_json
+from raykit.locks import holding_store_lock, store_lock
+from raykit.progress import progress as progress_bar
+from raykit.store.components import ComponentInfo, write_component
+from raykit.store.files import OVERWRITE_HINT, filesystem, is_url, json_digest, read_errors
 from raykit.store.image_codec import StoredImage
 from raykit.store.reader import RayStore, join_parts, open_store
 from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
@@ -43,6 +46,7 @@ from raykit.store.write.rays import copy_rays, write_rays
 
 __all__ = [
     "StoreImageLoad",
+    "add_component",
     "copy_store",
     "store_records",
     "upload_store",
@@ -80,6 +84,7 @@ def write_store(
     source: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     points: SparsePoints | None = None,
+    components: Sequence[ComponentInfo] = (),
 ) -> RayStore:
     """Write a store at ``dst`` from ``records`` and return it opened (a ``RayStore``).
 
@@ -93,6 +98,9 @@ def write_store(
         overwrite: replace an existing store at ``dst``.
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
             (``raykit.store.schema``).
+        components: the per-image components to store (``ComponentInfo``: name, dtype, unit, scale),
+            each record's ``components[name]()`` giving its array; records' ``metadata`` is kept as
+            per-frame metadata (``raykit.store.components``).
     """
     spec = StoreSpec(
         kind=layout,
@@ -116,6 +124,7 @@ def write_store(
         source=dict(source or {}),
         overwrite=overwrite,
         points=points,
+        components=tuple(components),
     )
 
 
@@ -142,7 +151,13 @@ def copy_store(
     """
     store = open_store(src)
     layout = layout or store.layout()
-    tasks: dict[str, Any] = {"executor": executor, "progress": progress, "overwrite": overwrite}
+    # a copy carries the source's components and per-frame metadata (``raykit.store.components``)
+    tasks: dict[str, Any] = {
+        "executor": executor,
+        "progress": progress,
+        "overwrite": overwrite,
+        "extras_from": store,
+    }
     if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
         return copy_rays(store, Path(dst), store.spec.replace(backend=backend), **tasks, with_pids=with_pids)
     kept = store.spec  # its chunking and seed, in the target layout and backend (checked there)
@@ -198,6 +213,65 @@ def store_records(store: RayStore) -> list[ImageRecord]:
             ImageRecord(name, table.splits[i], camera, table.c2w[i].copy(), near, far, path, load, sha)
         )
     return records
+
+
+def add_component(
+    path: str | Path,
+    name: str,
+    load: Callable[[str, int, int], np.ndarray],
+    *,
+    dtype: str = "",
+    unit: str = "",
+    scale: float = 1.0,
+    source: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> RayStore:
+    """Add component ``name`` to the committed local store at ``path`` without touching its pixels:
+    its files are written (each atomically), then the manifest is rewritten last with the component
+    in ``components`` and its files in ``files``; the content (pixel) fingerprint is unchanged, the
+    store fingerprint records the component. Holds the store's writer lock.
+
+    Args:
+        load: ``load(image name, height, width)`` -> the image's array at its stored size.
+
+    Raises:
+        ConfigError: a remote store, or one that has the component already.
+        SourceError: an array of the wrong size or values (one line naming the image); the store is
+            unchanged.
+    """
+    if is_url(str(path)):
+        raise ConfigError(f"{path}: add-component writes local stores only")
+    store = open_store(path)
+    root = Path(store.url)
+    with store_lock(root):
+        store = open_store(root)  # as committed now, under the lock
+        if name in store.components:
+            raise ConfigError(f"{store.url}: the store has a {name} component already")
+        info = ComponentInfo(name, dtype, unit, scale, source=dict(source or {}))
+        table = store.table
+        images = [
+            (table.names[r], table.splits[r], int(table.height[r]), int(table.width[r]))
+            for r in range(len(table.names))
+        ]
+
+        def bar(rows: Iterable[int]) -> Iterable[int]:
+            return progress_bar(
+                rows, total=len(images), desc=f"add {name}", unit="image", disable=not progress
+            )
+
+        done, files = write_component(
+            root, store.backend, info, images, lambda r: load(*_args(images[r])), bar
+        )
+        manifest = {k: v for k, v in store.manifest.items() if k != "manifest_digest"}
+        manifest["files"] = dict(sorted({**manifest["files"], **files}.items()))
+        manifest["components"] = {**manifest.get("components", {}), name: done.to_dict()}
+        manifest["manifest_digest"] = json_digest(manifest)
+        atomic_write_json(root / "manifest.json", manifest)
+    return open_store(root)
+
+
+def _args(image: tuple[str, str, int, int]) -> tuple[str, int, int]:
+    return image[0], image[2], image[3]
 
 
 # Object storage: written locally, then uploaded with the manifest last.

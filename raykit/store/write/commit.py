@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
 import logging
 import shutil
@@ -26,9 +27,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from raykit.errors import ConfigError
+from raykit.errors import ConfigError, SourceError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
+from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component, write_frame_metadata
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
@@ -72,6 +74,7 @@ __all__ = [
     "split_infos",
     "store_manifest",
     "task_runner",
+    "write_extras",
     "write_shards",
 ]
 
@@ -286,9 +289,11 @@ def store_manifest(
     points: SparsePoints | None,
     files: Mapping[str, Any],
     index: Mapping[str, Mapping[str, Any]],
+    extra: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The manifest of a store written as ``spec`` from ``source`` (its description), with ``table``
-    (the camera table, a ``pyarrow.Table``), ``files`` (relative path -> record) and ``index.json``."""
+    (the camera table, a ``pyarrow.Table``), ``files`` (relative path -> record), ``index.json`` and
+    the optional keys ``extra`` (``components``, ``frame_metadata``: ``write_extras``)."""
     split_records = {k: v.to_dict() for k, v in splits.items()}
     hashed = {k: v.fingerprint_dict() for k, v in splits.items()}
     field_records = {name: f.to_dict() for name, f in fields.items()}
@@ -307,6 +312,7 @@ def store_manifest(
         "files": dict(sorted(files.items())),
         **({"points": points_entry(points)} if points is not None else {}),
         "content_fingerprint": content_fingerprint(table, scene.to_dict(), hashed, field_records, crcs),
+        **extra,
     }
     manifest["manifest_digest"] = json_digest(manifest)
     return manifest
@@ -338,6 +344,63 @@ def commit(
     profile.lap("commit")
     profile.finish(dst)
     return store
+
+
+def write_extras(
+    partial: Path,
+    table: Any,
+    backend: str,
+    records: Sequence[ImageRecord],
+    components: Sequence[ComponentInfo],
+    extras_from: RayStore | None,
+    files: dict[str, Any],
+) -> dict[str, Any]:
+    """Write the ``components`` of ``records`` and their per-frame metadata into ``partial`` (or, for a
+    copy, those of the store ``extras_from``); their file records go into ``files``. ``table``: the
+    camera table written. Returns the manifest keys that describe them (none when there are none:
+    such a store's bytes are those of a store without)."""
+    names = table.column("name").to_pylist()
+    columns = ("split", "height", "width")
+    rows = zip(names, *(table.column(k).to_pylist() for k in columns), strict=True)
+    images = [(n, s, int(h), int(w)) for n, s, h, w in rows]
+    src = extras_from
+    wanted = (
+        list(components)
+        if src is None
+        else [dataclasses.replace(i, index="") for i in src.components.values()]
+    )
+    by_name = {r.name: r for r in records}
+    extra: dict[str, Any] = {}
+    for info in wanted:
+        if src is not None:
+            load = functools.partial(_copied_component, src, info.name, names)
+        else:
+            missing = [n for n in names if info.name not in by_name[n].components]
+            if missing:
+                raise SourceError(
+                    f"image {missing[0]!r}: no {info.name} ({len(missing)} of {len(names)} images have none)"
+                )
+            load = functools.partial(_record_component, by_name, info.name, names)
+        done, written = write_component(partial, backend, info, images, load)
+        files.update(written)
+        extra.setdefault("components", {})[info.name] = done.to_dict()
+    if src is not None:
+        frames = {n: src.frame_metadata(n) for n in names}
+    else:
+        frames = {n: dict(by_name[n].metadata) for n in names if n in by_name}
+    frames = {k: v for k, v in frames.items() if v}
+    if frames:
+        files[FRAMES_FILE] = write_frame_metadata(partial, frames)
+        extra["frame_metadata"] = {"path": FRAMES_FILE, "n_frames": len(frames)}
+    return extra
+
+
+def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequence[str], row: int) -> Any:
+    return records[names[row]].components[name]()
+
+
+def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
+    return store.read_component(name, names[row])
 
 
 def source_fingerprint(records: Sequence[ImageRecord], staged: Sequence[Mapping[str, Any]]) -> str:

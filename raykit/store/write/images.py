@@ -21,6 +21,7 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, ImageShard, backend_named
+from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
 from raykit.store.reader import camera_record
@@ -38,6 +39,7 @@ from raykit.store.write.commit import (
     split_infos,
     store_manifest,
     task_runner,
+    write_extras,
     write_shards,
 )
 from raykit.store.write.staging import (
@@ -210,6 +212,8 @@ def write_images(
     source: Mapping[str, Any],
     overwrite: bool,
     points: SparsePoints | None,
+    components: Sequence[ComponentInfo] = (),
+    extras_from: RayStore | None = None,
 ) -> RayStore:
     """Write an images-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
     writer lock); returns it opened. ``spec.chunk_rays`` and ``shard_chunks`` are the chunking of the
@@ -251,9 +255,10 @@ def write_images(
         profile.lap("metadata")
         splits_of = [job.split for job in shard_jobs]
         write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
+        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
 
         def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-            return store_manifest(spec, source, scene, splits, fields, table, points, files, index)
+            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
 
         return commit(partial, dst, overwrite, manifest, points, files, index, profile)
     finally:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, backend_named
+from raykit.store.components import ComponentInfo
 from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SparsePoints, SplitInfo
@@ -35,6 +36,7 @@ from raykit.store.write.commit import (
     split_infos,
     store_manifest,
     task_runner,
+    write_extras,
     write_shards,
 )
 from raykit.store.write.staging import (
@@ -135,6 +137,8 @@ def write_rays(
     source: Mapping[str, Any],
     overwrite: bool,
     points: SparsePoints | None,
+    components: Sequence[ComponentInfo] = (),
+    extras_from: RayStore | None = None,
 ) -> RayStore:
     """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
     writer lock): stage every image, write the shards, commit; returns it opened."""
@@ -192,9 +196,10 @@ def write_rays(
             CameraTable.from_arrow(table) if spec.materialize else None,
         )
         files, index = _write_shards(run, partial, spec, splits, fields, gather, plan_key, profile)
+        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
 
         def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-            return store_manifest(spec, source, scene, splits, fields, table, points, files, index)
+            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
 
         return commit(partial, dst, overwrite, manifest, points, files, index, profile)
 
@@ -259,6 +264,7 @@ def copy_rays(
     progress: bool,
     overwrite: bool,
     with_pids: bool,
+    extras_from: RayStore | None = None,
 ) -> RayStore:
     """A rays-layout copy of a rays-layout ``store`` written as ``spec`` (the source's, in the
     destination's backend), shard by shard from its chunks (the caller holds the destination's
@@ -280,8 +286,9 @@ def copy_rays(
     write_camera_table(store.cameras, partial)
     source, table, fields = store.manifest["source"], store.cameras, store.fields
     files, index = _write_shards(run, partial, spec, splits, fields, CopySource(store.url), plan_key, profile)
+    extra = write_extras(partial, table, spec.backend, [], (), extras_from, files)
 
     def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-        return store_manifest(spec, source, store.scene, splits, fields, table, points, files, index)
+        return store_manifest(spec, source, store.scene, splits, fields, table, points, files, index, extra)
 
     return commit(partial, dst, overwrite, manifest, points, files, index, profile)

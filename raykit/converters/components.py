@@ -1,0 +1,268 @@
+"""Masks, depth maps and per-frame metadata of a capture (docs/format.md, "Components").
+
+A view's mask (``SourceView.mask_path``: any single-channel image, 0 = pixel not used) and depth map
+(``depth_path``: a 16- or 32-bit single-channel image or a ``.npy``, times ``depth_scale`` = metres)
+are read by picklable loaders (``ComponentFile``) when the store is written, brought to the image's
+stored size by the conversion's downscale rule (``raykit.store.components.fit_component``: the nearest
+sample). ``component_problems`` checks every file's size before anything is written: one line per
+bad file. ``exif_metadata`` reads a photo's exposure, ISO, shutter and time for its frame metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raykit.cameras import Camera
+from raykit.converters.base import SourceView
+from raykit.errors import ConfigError, SourceError
+from raykit.fileio import UntrustedFileError, safe_path
+from raykit.store import COMPONENTS, RayStore, fit_component, open_store
+
+__all__ = [
+    "ComponentFile",
+    "add_component_files",
+    "component_problems",
+    "component_size",
+    "exif_metadata",
+    "read_component_file",
+]
+
+
+def _open(path: Path) -> Any:
+    from PIL import Image
+
+    return Image.open(path)
+
+
+def component_size(path: Path) -> tuple[int, int]:
+    """``(width, height)`` of a mask or depth file from its header (``.npy``: its shape).
+
+    Raises:
+        SourceError: unreadable, or not single-channel (one line naming the file).
+    """
+    try:
+        if path.suffix.lower() == ".npy":
+            shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+            channels = 1 if len(shape) == 2 else shape[2] if len(shape) == 3 else 0
+        else:
+            with _open(path) as image:
+                shape = (image.size[1], image.size[0])
+                channels = len(image.getbands())
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise SourceError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    if channels != 1:
+        raise SourceError(f"{path}: expected a single-channel file, got shape {tuple(shape)}")
+    return int(shape[1]), int(shape[0])
+
+
+def read_component_file(path: Path, kind: str, scale: float = 1.0) -> np.ndarray:
+    """A mask file -> ``uint8 (H, W)`` (8-bit values as they are; 1-bit and 16-bit masks as 0/255)
+    or a depth file -> ``float32 (H, W)`` times ``scale``."""
+    try:
+        if path.suffix.lower() == ".npy":
+            values = np.load(path, allow_pickle=False)
+        else:
+            with _open(path) as image:
+                values = np.asarray(image)
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise SourceError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    if values.ndim == 3 and values.shape[2] == 1:
+        values = values[..., 0]
+    if values.ndim != 2:
+        raise SourceError(f"{path}: expected a single-channel {kind}, got shape {values.shape}")
+    if kind == "mask":
+        return values if values.dtype == np.uint8 else np.where(values > 0, 255, 0).astype(np.uint8)
+    if not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
+        raise SourceError(f"{path}: expected numeric depths, got {values.dtype}")
+    return values.astype(np.float32) * np.float32(scale)
+
+
+@dataclass(frozen=True)
+class ComponentFile:
+    """Picklable loader of one image's mask or depth map at the image's stored size."""
+
+    path: str
+    kind: str  # "mask" | "depth"
+    scale: float  # depth: file values -> metres
+    height: int
+    width: int
+    factor: int  # the conversion's downscale factor and rule
+    rule: str
+
+    def __call__(self) -> np.ndarray:
+        values = read_component_file(Path(self.path), self.kind, self.scale)
+        return fit_component(self.kind, values, self.height, self.width, self.factor, self.rule, self.path)
+
+
+def component_problems(
+    views: Sequence[SourceView], cameras: Sequence[Camera], factor: int, rule: str
+) -> list[str]:
+    """One line per mask or depth file that cannot be read or whose size does not fit its image
+    (``cameras``: the stored cameras; the file has the view's source size or the stored size)."""
+    problems = []
+    for view, camera in zip(views, cameras, strict=True):
+        for kind, path in (("mask", view.mask_path), ("depth", view.depth_path)):
+            if path is None:
+                continue
+            try:
+                width, height = component_size(path)
+                empty = np.zeros((height, width), dtype=np.uint8)  # the size rule only, no pixels read
+                fit_component(kind, empty, camera.height, camera.width, factor, rule, str(path))
+            except SourceError as exc:
+                problems.extend(exc.problems)
+    return problems
+
+
+# EXIF tags kept as per-frame metadata: name -> tag id (Exif IFD, or the main IFD for DateTime)
+_EXIF_TAGS = {
+    "exposure_time": 0x829A,  # ExposureTime, seconds
+    "f_number": 0x829D,  # FNumber
+    "iso": 0x8827,  # ISOSpeedRatings / PhotographicSensitivity
+    "shutter_speed_value": 0x9201,  # APEX
+    "exposure_bias": 0x9204,  # ExposureBiasValue, EV
+    "datetime_original": 0x9003,  # DateTimeOriginal, "YYYY:MM:DD HH:MM:SS"
+    "subsec_time_original": 0x9291,
+    "offset_time_original": 0x9011,
+}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("ascii", "replace").strip("\0 ")
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, str):
+        return value.strip("\0 ")
+    try:
+        number = float(value)  # Pillow's IFDRational, ints
+    except (TypeError, ValueError, ZeroDivisionError):
+        return str(value)
+    return int(number) if isinstance(value, int) else number if np.isfinite(number) else None
+
+
+def exif_metadata(path: Path) -> dict[str, Any]:
+    """The photo's EXIF exposure time, f-number, ISO, shutter (APEX), exposure bias and original
+    time, ``{"exif": {...}}``; ``{}`` when it has none (or is not a photo with EXIF)."""
+    try:
+        with _open(path) as image:
+            exif = image.getexif()
+            found = dict(exif.get_ifd(0x8769))  # the Exif IFD
+            if 0x0132 in exif:
+                found.setdefault(0x9003, exif[0x0132])  # DateTime when there is no DateTimeOriginal
+    except (OSError, ValueError, SyntaxError):
+        return {}
+    kept = {name: _json_value(found[tag]) for name, tag in _EXIF_TAGS.items() if tag in found}
+    kept = {k: v for k, v in kept.items() if v not in (None, "", [])}
+    return {"exif": kept} if kept else {}
+
+
+def merged_metadata(view: SourceView, exif: Mapping[str, Any]) -> dict[str, Any]:
+    """A view's frame metadata: what the parser kept, then EXIF facts under ``exif``."""
+    return {**dict(view.metadata), **exif}
+
+
+# ``raykit add-component STORE masks|depth DIR``
+
+_SUFFIXES = {
+    "mask": (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"),
+    "depth": (".png", ".tif", ".tiff", ".npy"),
+}
+KIND_NAMES = {"mask": "mask", "masks": "mask", "depth": "depth", "depths": "depth"}
+
+
+def component_file(folder: Path, name: str, kind: str) -> Path | None:
+    """The file of image ``name``'s ``kind`` in ``folder``: ``{name less its suffix}{suffix}`` for the
+    kind's suffixes (``.png``... for masks; ``.png``, ``.tif``, ``.npy`` for depth), then the same with
+    the name's last part only; None when there is none.
+
+    Raises:
+        UntrustedFileError: a name that leaves ``folder`` (``..``, absolute, a link out).
+    """
+    stem = name.rsplit(".", 1)[0] if "." in name.rsplit("/", 1)[-1] else name
+    for base in dict.fromkeys([stem, stem.rsplit("/", 1)[-1]]):
+        for suffix in _SUFFIXES[kind]:
+            path = safe_path(folder, base + suffix, where=str(folder))
+            if path.is_file():
+                return path
+    return None
+
+
+def add_component_files(
+    store_path: str | Path,
+    kind: str,
+    folder: str | Path,
+    *,
+    dtype: str = "",
+    depth_scale: float | None = None,
+    progress: bool = False,
+) -> RayStore:
+    """Add the masks or depth maps of ``folder`` (one file per image, found by
+    :func:`component_file`) to the local store at ``store_path`` as component ``kind``
+    (``raykit.store.add_component``: its pixels are not rewritten). Files at the source resolution of
+    a store converted with ``--downscale`` are downscaled by its rule. ``depth_scale``: file values ->
+    metres (unit ``"m"``); None keeps the values with an unknown unit.
+
+    Raises:
+        SourceError: a missing, unreadable, unsafe or wrongly sized file (one line); the store is
+            unchanged.
+    """
+    kind = KIND_NAMES.get(kind, kind)
+    if kind not in COMPONENTS:
+        raise ConfigError(f"component: expected masks or depth, got {kind!r}")
+    root = Path(folder)
+    if not root.is_dir():
+        raise SourceError(f"{root}: no such folder")
+    store = open_store(store_path)
+    source = store.manifest.get("source", {})
+    factor, rule = int(source.get("downscale", 1) or 1), str(source.get("downscale_rule", "exact"))
+    files: dict[str, Path] = {}
+    missing: list[str] = []
+    table = store.table
+    for name in table.names:
+        try:
+            path = component_file(root, name, kind)
+        except UntrustedFileError as exc:
+            raise SourceError(f"{exc}") from None
+        if path is None:
+            missing.append(name)
+            continue
+        files[name] = path
+    if missing:
+        raise SourceError(
+            f"{root}: no {kind} file for image {missing[0]!r} ({len(missing)} of {len(table.names)} images "
+            f"have none; looked for its name with {', '.join(_SUFFIXES[kind])})"
+        )
+    for row, name in enumerate(table.names):  # sizes from the headers: nothing decoded, nothing written
+        width, height = component_size(files[name])
+        empty = np.zeros((height, width), dtype=np.uint8)
+        fit_component(
+            kind, empty, int(table.height[row]), int(table.width[row]), factor, rule, str(files[name])
+        )
+    scale = 1.0 if depth_scale is None or kind == "mask" else float(depth_scale)
+    unit = "m" if kind == "depth" and depth_scale is not None else ""
+    load = _FolderLoad(files, kind, scale, factor, rule)
+    described = {"from": str(root.resolve())}
+    from raykit.store import add_component
+
+    return add_component(
+        store.url, kind, load, dtype=dtype, unit=unit, scale=scale, source=described, progress=progress
+    )
+
+
+@dataclass(frozen=True)
+class _FolderLoad:
+    files: Mapping[str, Path]
+    kind: str
+    scale: float
+    factor: int
+    rule: str
+
+    def __call__(self, name: str, height: int, width: int) -> np.ndarray:
+        path = self.files[name]
+        values = read_component_file(path, self.kind, self.scale)
+        return fit_component(self.kind, values, height, width, self.factor, self.rule, str(path))

@@ -1,0 +1,456 @@
+"""Per-image components of a store: masks and depth maps (docs/format.md, "Components"), and the
+per-frame metadata beside them.
+
+A component holds one array per image of the camera table, at the image's stored size: a mask
+``uint8 (H, W)`` (0 = pixel not used; stored as 1 bit a pixel, ``np.packbits`` of ``mask > 0`` along
+rows, or as 8 bits) or a depth map ``float32 (H, W)`` (0 = unknown; stored as float16 or float32, in
+metres when ``unit`` is ``"m"``). Each image's array is one ``.npy`` file's bytes (C order, no pickle),
+the same bytes in both backends and both layouts:
+
+* zarr: per split, the split's arrays end to end in the sharded ``uint8`` array
+  ``zarr/{split}/{component}`` (inner chunks of 64 KiB, ``bytes`` + ``crc32c``, shards of 64 MiB),
+  each one's first byte in ``zarr/{split}/{component}_offsets``, as the images layout stores images;
+* wds: tars ``wds/{component}/{split}-{shard:06d}.tar`` of members ``{split}_{i:08d}.{component}.npy``
+  (``i``: the image's index in its split), closed once they hold 64 MiB.
+
+``index-{component}.json`` records per split each array's size and CRC-32C (checked on every read)
+and where it lies (zarr ``offset``; wds ``shard``, ``member``); the manifest's ``components`` key
+describes each component (``ComponentInfo``) and ``files`` lists every file with its SHA-256. Writing
+one (``write_component``) writes only its own files, each atomically, and the caller rewrites the
+manifest last (``raykit.store.write.add_component``: an existing store; ``raykit.store.write.commit``:
+a new one).
+Per-frame metadata (``frames.json``: image name -> JSON object) is optional likewise.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+from raykit.errors import ConfigError, SourceError, StoreCorruptError, StoreNotFoundError
+from raykit.fileio import UntrustedFileError, atomic_write_bytes, atomic_write_json, open_regular, safe_path
+from raykit.imagedecode import downscale_nearest
+from raykit.store.files import file_record, json_digest
+
+__all__ = [
+    "COMPONENTS",
+    "COMPONENT_DTYPES",
+    "FRAMES_FILE",
+    "ComponentInfo",
+    "component_files",
+    "decode_component",
+    "encode_component",
+    "fit_component",
+    "local_range_reader",
+    "read_component_bytes",
+    "store_fingerprint",
+    "write_component",
+    "write_frame_metadata",
+]
+
+COMPONENTS = ("mask", "depth")
+COMPONENT_DTYPES = {"mask": ("bit", "uint8"), "depth": ("float16", "float32")}
+DEFAULT_DTYPES = {"mask": "bit", "depth": "float32"}
+UNITS = ("", "m")
+FRAMES_FILE = "frames.json"
+CHUNK_BYTES = 1 << 16  # zarr inner chunk
+SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
+
+
+@dataclass(frozen=True)
+class ComponentInfo:
+    """One component of a store (the manifest's ``components`` record).
+
+    Attributes:
+        name: ``"mask"`` or ``"depth"``.
+        dtype: mask ``"bit"`` (1 bit a pixel: 0 or 255 when read) or ``"uint8"``; depth ``"float16"``
+            or ``"float32"``.
+        unit: ``"m"`` when depths are in metres, else ``""`` (unknown scale; masks: ``""``).
+        scale: the factor applied to the source values when written (e.g. nerfstudio's
+            ``depth_unit_scale_factor``, 1e-3 for millimetre PNGs).
+        index: the relative path of its ``index-{name}.json``.
+        n_images: images it covers (every image of the camera table).
+        stored_bytes: the bytes of its per-image arrays (``.npy``) in all.
+        fingerprint: SHA-256 over its name, dtype, unit and every image's CRC-32C in table order.
+        source: where it came from (JSON-able description).
+    """
+
+    name: str
+    dtype: str = ""
+    unit: str = ""
+    scale: float = 1.0
+    index: str = ""
+    n_images: int = 0
+    stored_bytes: int = 0
+    fingerprint: str = ""
+    source: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in COMPONENTS:
+            raise ConfigError(f"component: expected one of {', '.join(COMPONENTS)}, got {self.name!r}")
+        dtype = self.dtype or DEFAULT_DTYPES[self.name]
+        if dtype not in COMPONENT_DTYPES[self.name]:
+            raise ConfigError(
+                f"component {self.name}: expected dtype in "
+                f"{', '.join(COMPONENT_DTYPES[self.name])}, got {dtype!r}"
+            )
+        if self.unit not in UNITS or (self.name == "mask" and self.unit):
+            raise ConfigError(f"component {self.name}: expected unit 'm' (depth) or '', got {self.unit!r}")
+        if not (isinstance(self.scale, int | float) and math.isfinite(self.scale) and self.scale > 0):
+            raise ConfigError(f"component {self.name}: expected a finite scale > 0, got {self.scale!r}")
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "index", self.index or f"index-{self.name}.json")
+        object.__setattr__(self, "source", dict(self.source))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "unit": self.unit,
+            "scale": self.scale,
+            "index": self.index,
+            "n_images": self.n_images,
+            "stored_bytes": self.stored_bytes,
+            "fingerprint": self.fingerprint,
+            "source": dict(self.source),
+        }
+
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any], where: str) -> ComponentInfo:
+        try:
+            return cls(
+                name=name,
+                dtype=str(d["dtype"]),
+                unit=str(d.get("unit", "")),
+                scale=float(d.get("scale", 1.0)),
+                index=str(d["index"]),
+                n_images=int(d["n_images"]),
+                stored_bytes=int(d.get("stored_bytes", 0)),
+                fingerprint=str(d["fingerprint"]),
+                source=dict(d.get("source") or {}),
+            )
+        except (ConfigError, KeyError, TypeError, ValueError) as exc:
+            raise StoreCorruptError(f"{where}: component {name!r}: malformed record ({exc})") from None
+
+
+def component_files(files: Iterable[str]) -> set[str]:
+    """The files of ``files`` (relative paths) that belong to components, whatever the backend."""
+    found = set()
+    for rel in files:
+        parts = rel.split("/")
+        index = rel.startswith("index-") and rel.removeprefix("index-").removesuffix(".json") in COMPONENTS
+        zarr = len(parts) >= 3 and parts[0] == "zarr" and parts[2].removesuffix("_offsets") in COMPONENTS
+        wds = len(parts) == 3 and parts[0] == "wds" and parts[1] in COMPONENTS
+        if index or zarr or wds:
+            found.add(rel)
+    return found
+
+
+def store_fingerprint(content: str, components: Mapping[str, ComponentInfo]) -> str:
+    """The store's fingerprint: the content (pixel) fingerprint alone when there is no component, else
+    the SHA-256 of it and every component's fingerprint."""
+    if not components:
+        return content
+    return json_digest({"content": content, "components": {k: v.fingerprint for k, v in components.items()}})
+
+
+# -- one image's array ---------------------------------------------------------------------------------
+
+
+def _npy(values: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> bytes:
+    """The stored bytes of one image's component: ``values`` (H, W) (mask: any integer or bool type,
+    0 = not used; depth: float, 0 = unknown, NaN and inf also unknown) as an ``.npy`` of ``info.dtype``.
+
+    Raises:
+        SourceError: not 2-D, or a negative depth (naming ``where``).
+    """
+    values = np.asarray(values)
+    if values.ndim != 2:
+        raise SourceError(f"{where}: expected a single-channel {info.name} (H, W), got shape {values.shape}")
+    if info.name == "mask":
+        if info.dtype == "bit":
+            return _npy(np.packbits(values > 0, axis=1))
+        return _npy(np.clip(values, 0, 255).astype(np.uint8) if values.dtype != np.uint8 else values)
+    depth = np.asarray(values, dtype=np.float32)
+    depth = np.where(np.isfinite(depth), depth, np.float32(0))
+    if (depth < 0).any():
+        raise SourceError(f"{where}: negative depth values (min {float(depth.min()):.4g}); expected >= 0")
+    if info.dtype == "float16" and depth.size and float(depth.max()) > float(np.finfo(np.float16).max):
+        raise SourceError(f"{where}: depth {float(depth.max()):.6g} exceeds float16's range; store float32")
+    return _npy(depth.astype(info.dtype))
+
+
+def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, where: str) -> np.ndarray:
+    """Stored bytes -> mask ``uint8 (H, W)`` (a 1-bit mask as 0/255) or depth ``float32 (H, W)``.
+
+    Raises:
+        StoreCorruptError: not an ``.npy`` of the expected dtype and shape.
+    """
+    try:
+        values = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise StoreCorruptError(f"{where}: unreadable {info.name} array: {exc}") from None
+    bits = info.dtype == "bit"
+    dtype = np.dtype(np.uint8 if bits else info.dtype)
+    shape = (height, (width + 7) // 8) if bits else (height, width)
+    if values.dtype != dtype or values.shape != shape:
+        raise StoreCorruptError(
+            f"{where}: expected a {info.name} of {dtype} {shape}, got {values.dtype} {values.shape}"
+        )
+    if bits:
+        return np.unpackbits(values, axis=1, count=width) * np.uint8(255)
+    return values.astype(np.float32) if info.name == "depth" else values
+
+
+def fit_component(
+    name: str, values: np.ndarray, height: int, width: int, factor: int, rule: str, where: str
+) -> np.ndarray:
+    """A source component (H0, W0) brought to its image's stored size ``(height, width)``: itself when it
+    has that size, else downscaled by ``factor`` under the conversion's ``rule`` (``exact``: H0 == k H,
+    level rule; ``mipnerf360``: round_half_up(H0 / k) == H) with the nearest sample
+    (``raykit.imagedecode.downscale_nearest``, as ``raykit.image_geometry.downscale_mask`` and
+    ``downscale_depth``).
+
+    Raises:
+        SourceError: no rule gives the image's size (one line naming ``where``).
+    """
+    h0, w0 = values.shape[:2]
+    if (h0, w0) == (height, width):
+        return values
+    if factor > 1 and rule == "exact" and (h0, w0) == (height * factor, width * factor):
+        return downscale_nearest(values, factor)
+    halves = ((2 * h0 + factor) // (2 * factor), (2 * w0 + factor) // (2 * factor))  # round half up
+    if factor > 1 and rule == "mipnerf360" and halves == (height, width):
+        return downscale_nearest(values, factor, (height, width))
+    expected = f"{width}x{height}" + (
+        f" (or {width * factor}x{height * factor} before --downscale {factor})" if factor > 1 else ""
+    )
+    raise SourceError(f"{where}: {name} is {w0}x{h0}, its image is {expected}")
+
+
+# -- the payload of one component -----------------------------------------------------------------------
+
+
+def _zarr_files(split: str, name: str, offsets: Sequence[int]) -> dict[str, bytes]:
+    from raykit.store.backends.zarr import array_document, crc32c_bytes, document_bytes
+
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    sharding = {
+        "chunk_shape": [CHUNK_BYTES],
+        "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+        "index_codecs": [little, {"name": "crc32c"}],
+        "index_location": "end",
+    }
+    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    doc = array_document([int(offsets[-1])], "uint8", [CHUNK_BYTES * SHARD_CHUNKS], codecs, name)
+    n = len(offsets)
+    offsets_doc = array_document([n], "int64", [n], [little, {"name": "crc32c"}], f"{name}_offsets")
+    raw = np.asarray(offsets, dtype="<i8").tobytes()
+    base = f"zarr/{split}"
+    return {
+        f"{base}/{name}/zarr.json": document_bytes(doc),
+        f"{base}/{name}_offsets/zarr.json": document_bytes(offsets_doc),
+        f"{base}/{name}_offsets/c/0": raw + crc32c_bytes(raw),
+    }
+
+
+class _Sink:
+    """Writes one split's arrays of one component as they come (each file atomically under ``root``)
+    and records what ``index-{component}.json`` and the manifest need."""
+
+    def __init__(self, root: Path, backend: str, split: str, name: str) -> None:
+        self.root, self.backend, self.split, self.name = root, backend, split, name
+        self.entry: dict[str, list[int]] = {"bytes": [], "crc32c": []}
+        self.files: dict[str, dict[str, Any]] = {}
+        self._held: list[bytes] = []
+        self._size, self._total, self._shard = 0, 0, 0
+
+    def add(self, data: bytes) -> None:
+        i = len(self.entry["bytes"])
+        self.entry["bytes"].append(len(data))
+        self.entry["crc32c"].append(int(google_crc32c.value(data)))
+        if self.backend == "zarr":
+            self.entry.setdefault("offset", []).append(self._total)
+        else:
+            if self._held and self._size + len(data) > CHUNK_BYTES * SHARD_CHUNKS:
+                self._flush()
+            self.entry.setdefault("shard", []).append(self._shard)
+            self._held.append(_member(self.split, i, self.name).encode())
+        self._held.append(data)
+        self._size += len(data)
+        self._total += len(data)
+        if self.backend == "zarr":
+            while self._size >= CHUNK_BYTES * SHARD_CHUNKS:
+                self._flush()
+
+    def _write(self, rel: str, data: bytes | list[bytes]) -> None:
+        atomic_write_bytes(self.root / rel, data)
+        self.files[rel] = file_record(self.root / rel)
+
+    def _flush(self, last: bool = False) -> None:
+        if self.backend == "zarr":
+            from raykit.store.backends.zarr import shard_pieces
+
+            per = CHUNK_BYTES * SHARD_CHUNKS
+            blob = b"".join(self._held)
+            body, rest = blob[:per], blob[per:]
+            if body:
+                chunks = (
+                    body[lo : lo + CHUNK_BYTES].ljust(CHUNK_BYTES, b"\0")
+                    for lo in range(0, len(body), CHUNK_BYTES)
+                )
+                self._write(
+                    f"zarr/{self.split}/{self.name}/c/{self._shard}", shard_pieces(chunks, SHARD_CHUNKS)
+                )
+            self._held, self._size = ([rest] if rest else []), len(rest)
+        else:
+            from raykit.store.backends.wds import tar_bytes
+
+            pairs = list(zip(self._held[::2], self._held[1::2], strict=True))
+            if pairs:
+                tar, offsets = tar_bytes((k.decode(), v) for k, v in pairs)
+                self.entry.setdefault("member", []).extend(offsets)
+                self._write(f"wds/{self.name}/{self.split}-{self._shard:06d}.tar", tar)
+            self._held, self._size = [], 0
+        self._shard += 1
+
+    def close(self) -> None:
+        if self.backend == "zarr":
+            while self._held:
+                self._flush()
+            offsets = [*self.entry["offset"], self._total]
+            for rel, data in _zarr_files(self.split, self.name, offsets).items():
+                self._write(rel, data)
+        else:
+            self._flush()
+
+
+def _member(split: str, i: int, name: str) -> str:
+    return f"{split}_{i:08d}.{name}.npy"
+
+
+def write_component(
+    root: Path,
+    backend: str,
+    info: ComponentInfo,
+    images: Sequence[tuple[str, str, int, int]],
+    load: Callable[[int], np.ndarray],
+    progress: Callable[[Iterable[int]], Iterable[int]] = iter,
+) -> tuple[ComponentInfo, dict[str, dict[str, Any]]]:
+    """Write component ``info`` of the store at ``root`` (its files only, each atomically; the caller
+    writes the manifest last).
+
+    Args:
+        backend: ``"zarr"`` or ``"wds"``.
+        images: per camera-table row, ``(name, split, height, width)``.
+        load: ``load(row)`` -> the row's array at its stored size (``encode_component``'s input).
+
+    Returns:
+        ``info`` completed (index path, counts, fingerprint) and the records of the files written
+        (relative path -> ``{size, sha256}``), its index file included.
+
+    Raises:
+        SourceError: an array of the wrong size or values (one line naming the image).
+    """
+    sinks: dict[str, _Sink] = {}
+    for row in progress(range(len(images))):
+        name, split, height, width = images[row]
+        values = np.asarray(load(row))
+        where = f"image {name!r}"
+        if values.shape[:2] != (height, width):
+            raise SourceError(
+                f"{where}: {info.name} is {values.shape[1]}x{values.shape[0]}, expected {width}x{height}"
+            )
+        if split not in sinks:
+            sinks[split] = _Sink(root, backend, split, info.name)
+        sinks[split].add(encode_component(info, values, where))
+    files: dict[str, dict[str, Any]] = {}
+    index: dict[str, Any] = {}
+    for split, sink in sinks.items():
+        sink.close()
+        files.update(sink.files)
+        index[split] = sink.entry
+    atomic_write_json(root / info.index, index)
+    files[info.index] = file_record(root / info.index)
+    crcs = [crc for split in index for crc in index[split]["crc32c"]]
+    stored = sum(n for split in index for n in index[split]["bytes"])
+    fingerprint = json_digest({"name": info.name, "dtype": info.dtype, "unit": info.unit, "crc32c": crcs})
+    done = replace(info, n_images=len(images), stored_bytes=stored, fingerprint=fingerprint)
+    return done, files
+
+
+def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Write ``frames.json`` (image name -> metadata object) atomically; its file record."""
+    atomic_write_json(root / FRAMES_FILE, {k: dict(v) for k, v in frames.items()})
+    return file_record(root / FRAMES_FILE)
+
+
+# -- reading ----------------------------------------------------------------------------------------------
+
+
+ByteRange = Callable[[str, int, int], bytes]
+
+
+def local_range_reader(url: str, root: str) -> ByteRange:
+    """``read(rel, start, stop)`` of a local store's files: regular files inside the store only."""
+
+    def read(rel: str, start: int, stop: int) -> bytes:
+        try:
+            with open_regular(safe_path(root, rel, where=f"{url}/manifest.json")) as handle:
+                handle.seek(start)
+                return handle.read(stop - start)
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{url}/{rel}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    return read
+
+
+def read_component_bytes(
+    read: ByteRange, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
+) -> tuple[bytes, str]:
+    """The stored bytes of image ``i`` (split-local) of component ``name`` and the file they lie in,
+    checked against their size and CRC-32C.
+
+    Raises:
+        StoreCorruptError: truncated or altered bytes, naming the file.
+    """
+    size = int(entry["bytes"][i])
+    if backend == "zarr":
+        lo, hi = int(entry["offset"][i]), int(entry["offset"][i]) + size
+        parts, rel = [], f"zarr/{split}/{name}/c/{lo // (CHUNK_BYTES * SHARD_CHUNKS)}"
+        c = lo // CHUNK_BYTES
+        while c * CHUNK_BYTES < hi:  # one read per shard the array spans
+            shard, j0 = divmod(c, SHARD_CHUNKS)
+            j1 = min((hi - 1) // CHUNK_BYTES, (shard + 1) * SHARD_CHUNKS - 1) - shard * SHARD_CHUNKS
+            raw = read(f"zarr/{split}/{name}/c/{shard}", j0 * (CHUNK_BYTES + 4), (j1 + 1) * (CHUNK_BYTES + 4))
+            for k in range(j1 - j0 + 1):  # each inner chunk's body (less its CRC-32C) within [lo, hi)
+                start = (shard * SHARD_CHUNKS + j0 + k) * CHUNK_BYTES
+                a, b = max(lo - start, 0), min(hi - start, CHUNK_BYTES)
+                parts.append(raw[k * (CHUNK_BYTES + 4) + a : k * (CHUNK_BYTES + 4) + b])
+            c = (shard + 1) * SHARD_CHUNKS
+        data = b"".join(parts)
+    else:
+        rel = f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"
+        offset = int(entry["member"][i])
+        data = bytes(read(rel, offset, offset + size))
+    if len(data) != size or int(google_crc32c.value(data)) != int(entry["crc32c"][i]):
+        raise StoreCorruptError(
+            f"{url}/{rel}: {name} of image {i} of split {split!r} fails its checksum "
+            f"(expected {size} bytes with crc32c {int(entry['crc32c'][i]):08x})"
+        )
+    return data, rel

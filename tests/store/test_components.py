@@ -1,0 +1,243 @@
+"""Per-image components (masks, depth maps) and per-frame metadata: the built-in scene written as a
+nerfstudio capture (``raykit.scene.write_nerfstudio``) converted in both layouts and backends, read
+back against its source files transformed by the reference twin; adding a component later; integrity."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from raykit.converters import convert
+from raykit.errors import ConfigError, SourceError, StoreCorruptError
+from raykit.image_geometry import downscale_depth, downscale_mask
+from raykit.imagedecode import downscale_nearest, reference_downscale_nearest
+from raykit.scene import render_scene, write_nerfstudio
+from raykit.store import ComponentInfo, add_component, copy_store, open_store, validate_store
+
+LAYOUTS = [("rays", "zarr"), ("rays", "wds"), ("images", "zarr"), ("images", "wds")]
+
+
+@pytest.fixture(scope="module")
+def scene():
+    return render_scene("tiny", seed=3)
+
+
+@pytest.fixture(scope="module")
+def capture(scene, tmp_path_factory) -> Path:
+    return write_nerfstudio(scene, tmp_path_factory.mktemp("ns") / "cap")
+
+
+def _sources(capture: Path, name: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The source mask (uint8), depth (float32 metres) and frame entry of image ``name``."""
+    meta = json.loads((capture / "transforms.json").read_text())
+    frame = next(f for f in meta["frames"] if f["file_path"] == name)
+    mask = np.asarray(Image.open(capture / frame["mask_path"]))
+    raw = np.asarray(Image.open(capture / frame["depth_file_path"])).astype(np.float32)
+    return mask, raw * np.float32(meta["depth_unit_scale_factor"]), frame
+
+
+@pytest.mark.parametrize("h,w", [(7, 9), (12, 12), (13, 5)])
+@pytest.mark.parametrize("factor", [1, 2, 3, 4])
+def test_downscale_nearest_matches_its_twin(h: int, w: int, factor: int) -> None:
+    values = np.random.default_rng(h * w + factor).random((h, w)).astype(np.float32)
+    np.testing.assert_array_equal(
+        downscale_depth(values, factor), reference_downscale_nearest(values, factor)
+    )
+    mask = (values * 255).astype(np.uint8)
+    np.testing.assert_array_equal(downscale_mask(mask, factor), reference_downscale_nearest(mask, factor))
+    assert downscale_mask(mask, factor).shape == (h // factor, w // factor)
+    size = ((2 * h + factor) // (2 * factor), (2 * w + factor) // (2 * factor))  # mipnerf360's
+    np.testing.assert_array_equal(
+        downscale_nearest(mask, factor, size), reference_downscale_nearest(mask, factor, size)
+    )
+    # level k takes the pixel under each k x k block's centre; depths are never blended
+    assert set(np.unique(downscale_depth(values, factor))) <= set(np.unique(values))
+
+
+@pytest.mark.parametrize("layout,backend", LAYOUTS)
+def test_round_trip_equals_sources(capture: Path, tmp_path: Path, layout: str, backend: str) -> None:
+    store = convert(capture, tmp_path / "s", layout=layout, backend=backend, progress=False)
+    assert set(store.components) == {"mask", "depth"}
+    mask_info, depth_info = store.components["mask"], store.components["depth"]
+    assert (mask_info.dtype, depth_info.dtype, depth_info.unit, depth_info.scale) == (
+        "bit",
+        "float32",
+        "m",
+        1e-3,
+    )
+    for name in store.table.names:
+        mask, depth, frame = _sources(capture, name)
+        np.testing.assert_array_equal(store.read_component("mask", name), np.where(mask > 0, 255, 0))
+        np.testing.assert_array_equal(store.read_component("depth", name), depth)
+        for k in (2, 3):  # the loaders' levels: read_image's size, nearest sample
+            got = store.read_component("mask", name, downscale=k)
+            assert got.shape == store.read_image(name, downscale=k).shape[:2]
+            np.testing.assert_array_equal(got, reference_downscale_nearest(np.where(mask > 0, 255, 0), k))
+            want = reference_downscale_nearest(depth, k)
+            np.testing.assert_array_equal(store.read_component("depth", name, downscale=k), want)
+        kept = {k: frame[k] for k in ("exposure_time", "timestamp", "sensor")}
+        assert store.frame_metadata(name) == kept  # unknown per-frame keys are kept
+    assert validate_store(store.url) == []
+    assert store.store_fingerprint != store.fingerprint
+
+
+@pytest.mark.parametrize(
+    "layout,backend,factor,rule", [("rays", "wds", 2, "exact"), ("images", "zarr", 5, "mipnerf360")]
+)
+def test_convert_time_downscale(capture: Path, tmp_path: Path, layout, backend, factor, rule) -> None:
+    store = convert(
+        capture, tmp_path / "s", layout=layout, backend=backend, downscale=factor, downscale_rule=rule,
+        mask_dtype="uint8", depth_dtype="float16", progress=False,
+    )  # fmt: skip
+    for name in store.table.names:
+        mask, depth, _ = _sources(capture, name)
+        h, w = store.image_shape(name)[:2]
+        size = None if rule == "exact" else (h, w)
+        got = store.read_component("mask", name)
+        assert got.shape == (h, w)
+        np.testing.assert_array_equal(got, reference_downscale_nearest(mask, factor, size))
+        want = reference_downscale_nearest(depth, factor, size).astype(np.float16).astype(np.float32)
+        np.testing.assert_array_equal(store.read_component("depth", name), want)
+
+
+def _digests(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_add_component_writes_only_the_component(scene, tmp_path: Path, backend: str) -> None:
+    plain = write_nerfstudio(scene, tmp_path / "plain", masks=False, depth=False, metadata=False)
+    full = write_nerfstudio(scene, tmp_path / "full", depth_format="npy")
+    store = convert(plain, tmp_path / "s", layout="images", backend=backend, progress=False)
+    assert store.components == {} and store.store_fingerprint == store.fingerprint
+    before = _digests(tmp_path / "s")
+    cli = [sys.executable, "-m", "raykit", "add-component", str(tmp_path / "s")]
+    done = subprocess.run([*cli, "masks", str(full / "masks")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        [*cli, "depth", str(full / "depth"), "--depth-scale", "0.001"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    after = _digests(tmp_path / "s")
+    changed = [rel for rel, data in before.items() if after[rel] != data]
+    assert changed == ["manifest.json"]  # pixels, camera table, index: byte for byte
+    added = open_store(tmp_path / "s")
+    assert added.fingerprint == store.fingerprint  # the pixel (content) fingerprint
+    assert added.store_fingerprint not in (store.fingerprint, store.store_fingerprint)
+    assert added.components["depth"].unit == "m"
+    for name in added.table.names:
+        stem = Path(name).stem
+        src = np.asarray(Image.open(full / "masks" / f"{stem}.png"))
+        np.testing.assert_array_equal(added.read_component("mask", name), np.where(src > 0, 255, 0))
+        want = np.load(full / "depth" / f"{stem}.npy") * np.float32(1e-3)
+        np.testing.assert_array_equal(added.read_component("depth", name), want)
+    assert validate_store(added.url) == []
+    info = subprocess.run(
+        [sys.executable, "-m", "raykit", "info", str(tmp_path / "s")], capture_output=True, text=True
+    )
+    assert (
+        "component   mask: bit, 12 images" in info.stdout
+        and "component   depth: float32, unit m" in info.stdout
+    )
+    with pytest.raises(ConfigError, match="has a mask component already"):
+        add_component(tmp_path / "s", "mask", lambda name, h, w: np.zeros((h, w), np.uint8))
+
+
+def test_add_component_bad_folder_is_one_line_and_changes_nothing(scene, tmp_path: Path) -> None:
+    plain = write_nerfstudio(scene, tmp_path / "plain", masks=False, depth=False, metadata=False)
+    full = write_nerfstudio(scene, tmp_path / "full", depth=False)
+    convert(plain, tmp_path / "s", layout="images", progress=False)
+    before = _digests(tmp_path / "s")
+    cli = [sys.executable, "-m", "raykit", "add-component", str(tmp_path / "s"), "masks", str(full / "masks")]
+    (full / "masks" / "train_r_1.png").unlink()
+    Image.fromarray(np.zeros((10, 10), np.uint8)).save(full / "masks" / "train_r_2.png")
+    outside = tmp_path / "outside.png"
+    Image.fromarray(np.zeros((48, 48), np.uint8)).save(outside)
+    for step in ("missing", "size", "link"):
+        if step == "size":
+            Image.fromarray(np.zeros((48, 48), np.uint8)).save(full / "masks" / "train_r_1.png")
+        if step == "link":
+            Image.fromarray(np.zeros((48, 48), np.uint8)).save(full / "masks" / "train_r_2.png")
+            (full / "masks" / "train_r_3.png").unlink()
+            (full / "masks" / "train_r_3.png").symlink_to(outside)
+        done = subprocess.run(cli, capture_output=True, text=True)
+        assert done.returncode == 2, (step, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, lines
+        assert {"missing": "train_r_1", "size": "train_r_2.png", "link": "train_r_3.png"}[step] in lines[0]
+        assert _digests(tmp_path / "s") == before
+
+
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
+def test_flipped_component_byte_is_caught(capture: Path, tmp_path: Path, backend: str) -> None:
+    store = convert(capture, tmp_path / "s", layout="rays", backend=backend, progress=False)
+    name = store.table.names[0]
+    data, where = store.component_bytes("mask", name)
+    path = tmp_path / "s" / where
+    raw = bytearray(path.read_bytes())
+    offset = raw.find(data) + len(data) - 1  # the image's last stored byte
+    raw[offset] ^= 0x01
+    path.write_bytes(bytes(raw))
+    problems = validate_store(tmp_path / "s")
+    assert any(where in p and "checksum" in p for p in problems), problems
+    with pytest.raises(StoreCorruptError, match="fails its checksum"):
+        open_store(tmp_path / "s").read_component("mask", name)
+
+
+def test_bad_mask_or_depth_file_is_one_line(capture: Path, tmp_path: Path) -> None:
+    cap = tmp_path / "cap"
+    shutil.copytree(capture, cap)
+    meta = json.loads((cap / "transforms.json").read_text())
+    frames = meta["frames"]
+    (cap / frames[1]["mask_path"]).unlink()
+    Image.fromarray(np.zeros((20, 30), np.uint16)).save(cap / frames[2]["depth_file_path"])
+    cli = [sys.executable, "-m", "raykit", "convert", str(cap), str(tmp_path / "s"), "--no-progress"]
+    done = subprocess.run(cli, capture_output=True, text=True)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in done.stderr, lines
+    assert frames[1]["mask_path"] in lines[0] and "not found" in lines[0]
+    assert frames[2]["depth_file_path"] in lines[1] and "30x20" in lines[1] and "48x48" in lines[1]
+    assert not (tmp_path / "s").exists() and not (tmp_path / "s.partial").exists()
+    del frames[3]["mask_path"]  # masks on some frames only: one line
+    (cap / "transforms.json").write_text(json.dumps(meta))
+    with pytest.raises(SourceError) as caught:
+        convert(cap, tmp_path / "s", progress=False)
+    assert any("frames have a mask_path" in p for p in caught.value.problems)
+
+
+def test_copy_keeps_components(capture: Path, tmp_path: Path) -> None:
+    store = convert(capture, tmp_path / "s", layout="images", backend="zarr", progress=False)
+    for backend, layout in (("wds", "images"), ("zarr", "rays"), ("wds", "rays")):
+        copy = copy_store(store.url, tmp_path / f"{backend}-{layout}", backend=backend, layout=layout)
+        assert {k: v.fingerprint for k, v in copy.components.items()} == {
+            k: v.fingerprint for k, v in store.components.items()
+        }
+        name = store.table.names[-1]
+        np.testing.assert_array_equal(copy.read_component("depth", name), store.read_component("depth", name))
+        assert copy.frame_metadata(name) == store.frame_metadata(name)
+        same_pixels = copy.fingerprint == store.fingerprint  # images to images keeps it; to rays, not
+        assert (copy.store_fingerprint == store.store_fingerprint) == same_pixels
+
+
+def test_read_over_http(capture: Path, tmp_path: Path, http_root) -> None:
+    root, url = http_root
+    store = convert(capture, root / "comp-wds", layout="rays", backend="wds", progress=False)
+    remote = open_store(f"{url}/comp-wds")
+    name = store.table.names[0]
+    np.testing.assert_array_equal(remote.read_component("mask", name), store.read_component("mask", name))
+    assert remote.frame_metadata(name) == store.frame_metadata(name)
+
+
+def test_component_info_checks_its_fields() -> None:
+    assert ComponentInfo("mask").dtype == "bit" and ComponentInfo("depth").dtype == "float32"
+    for bad in ({"name": "normal"}, {"name": "mask", "dtype": "float16"}, {"name": "mask", "unit": "m"}):
+        with pytest.raises(ConfigError):
+            ComponentInfo(**bad)
