@@ -34,8 +34,8 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from raykit.errors import ConfigError, SourceError, StoreCorruptError, StoreNotFoundError
-from raykit.fileio import UntrustedFileError, atomic_write_bytes, atomic_write_json, open_regular, safe_path
+from raykit.errors import ConfigError, SourceError, StoreCorruptError
+from raykit.fileio import atomic_write_bytes, atomic_write_json
 from raykit.imagedecode import downscale_nearest
 from raykit.store.files import file_record, json_digest
 
@@ -48,7 +48,6 @@ __all__ = [
     "decode_component",
     "encode_component",
     "fit_component",
-    "local_range_reader",
     "read_component_bytes",
     "store_fingerprint",
     "write_component",
@@ -302,19 +301,14 @@ class _Sink:
 
     def _flush(self, last: bool = False) -> None:
         if self.backend == "zarr":
-            from raykit.store.backends.zarr import shard_pieces
+            from raykit.store.backends.zarr import byte_shard_pieces
 
             per = CHUNK_BYTES * SHARD_CHUNKS
             blob = b"".join(self._held)
             body, rest = blob[:per], blob[per:]
             if body:
-                chunks = (
-                    body[lo : lo + CHUNK_BYTES].ljust(CHUNK_BYTES, b"\0")
-                    for lo in range(0, len(body), CHUNK_BYTES)
-                )
-                self._write(
-                    f"zarr/{self.split}/{self.name}/c/{self._shard}", shard_pieces(chunks, SHARD_CHUNKS)
-                )
+                pieces = byte_shard_pieces(body, CHUNK_BYTES, SHARD_CHUNKS)
+                self._write(f"zarr/{self.split}/{self.name}/c/{self._shard}", pieces)
             self._held, self._size = ([rest] if rest else []), len(rest)
         else:
             from raykit.store.backends.wds import tar_bytes
@@ -404,22 +398,6 @@ def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) ->
 ByteRange = Callable[[str, int, int], bytes]
 
 
-def local_range_reader(url: str, root: str) -> ByteRange:
-    """``read(rel, start, stop)`` of a local store's files: regular files inside the store only."""
-
-    def read(rel: str, start: int, stop: int) -> bytes:
-        try:
-            with open_regular(safe_path(root, rel, where=f"{url}/manifest.json")) as handle:
-                handle.seek(start)
-                return handle.read(stop - start)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{url}/{rel}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-
-    return read
-
-
 def read_component_bytes(
     read: ByteRange, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
 ) -> tuple[bytes, str]:
@@ -431,19 +409,12 @@ def read_component_bytes(
     """
     size = int(entry["bytes"][i])
     if backend == "zarr":
+        from raykit.store.backends.zarr import byte_array_parts
+
         lo, hi = int(entry["offset"][i]), int(entry["offset"][i]) + size
-        parts, rel = [], f"zarr/{split}/{name}/c/{lo // (CHUNK_BYTES * SHARD_CHUNKS)}"
-        c = lo // CHUNK_BYTES
-        while c * CHUNK_BYTES < hi:  # one read per shard the array spans
-            shard, j0 = divmod(c, SHARD_CHUNKS)
-            j1 = min((hi - 1) // CHUNK_BYTES, (shard + 1) * SHARD_CHUNKS - 1) - shard * SHARD_CHUNKS
-            raw = read(f"zarr/{split}/{name}/c/{shard}", j0 * (CHUNK_BYTES + 4), (j1 + 1) * (CHUNK_BYTES + 4))
-            for k in range(j1 - j0 + 1):  # each inner chunk's body (less its CRC-32C) within [lo, hi)
-                start = (shard * SHARD_CHUNKS + j0 + k) * CHUNK_BYTES
-                a, b = max(lo - start, 0), min(hi - start, CHUNK_BYTES)
-                parts.append(raw[k * (CHUNK_BYTES + 4) + a : k * (CHUNK_BYTES + 4) + b])
-            c = (shard + 1) * SHARD_CHUNKS
-        data = b"".join(parts)
+        rel = f"zarr/{split}/{name}/c/{lo // (CHUNK_BYTES * SHARD_CHUNKS)}"
+        parts = byte_array_parts(read, url, f"zarr/{split}/{name}", lo, hi, CHUNK_BYTES, SHARD_CHUNKS)
+        data = b"".join(part if isinstance(part, bytes) else part.data for part in parts)
     else:
         rel = f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"
         offset = int(entry["member"][i])

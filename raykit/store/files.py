@@ -38,7 +38,7 @@ import threading
 import warnings
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,14 @@ from raykit.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from raykit.fileio import JSON_LIMIT, atomic_write_json, open_regular, sha256_file
+from raykit.fileio import (
+    JSON_LIMIT,
+    UntrustedFileError,
+    atomic_write_json,
+    open_regular,
+    safe_path,
+    sha256_file,
+)
 
 __all__ = [
     "CHUNK_CHECKSUM",
@@ -69,6 +76,7 @@ __all__ = [
     "is_url",
     "json_digest",
     "local_files_bytes",
+    "local_range_reader",
     "prepare_partial",
     "read_errors",
 ]
@@ -234,6 +242,28 @@ class RangeFetcher:
             while total > self._keep_bytes and len(self._whole) > 1:
                 _, dropped = self._whole.popitem(last=False)
                 total -= len(dropped)
+
+
+def local_range_reader(root: str, url: str) -> Callable[[str, int, int], bytes]:
+    """``read(rel, start, stop)``: bytes of file ``rel`` of the local store at ``root`` (``url`` in
+    messages), from regular files inside it only (``fileio.safe_path``, checked once per file;
+    ``fileio.open_regular``: never a FIFO or a device). A remote store's: ``RangeFetcher.read``."""
+    inside: set[str] = set()
+
+    def read(rel: str, start: int, stop: int) -> bytes:
+        try:
+            if rel not in inside:
+                safe_path(root, rel, where=f"{url}/manifest.json")
+                inside.add(rel)
+            with open_regular(f"{root}/{rel}") as handle:
+                handle.seek(start)
+                return handle.read(stop - start)
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{url}/{rel}: payload file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    return read
 
 
 OVERWRITE_HINT = "pass --overwrite (overwrite=True) to replace it"

@@ -44,7 +44,6 @@ from raykit.store.components import (
     FRAMES_FILE,
     ComponentInfo,
     decode_component,
-    local_range_reader,
     read_component_bytes,
     store_fingerprint,
 )
@@ -54,6 +53,7 @@ from raykit.store.files import (
     filesystem,
     is_url,
     json_digest,
+    local_range_reader,
     read_errors,
 )
 from raykit.store.image_codec import decode_stored
@@ -185,9 +185,9 @@ class RaySplits:
 
 class ImageSplits:
     """The reader of an images-layout store (either backend): each image's stored bytes, laid out by
-    the ``backend``, checked against their CRC-32C, decoded and checked against the camera ``table``
-    (``channels``: the colour channels served, ``RayStore.rgba_channels``); ``ranges``: a
-    ``RangeFetcher`` for a remote store (None: local)."""
+    the ``backend`` and read by ``read(rel, start, stop)`` (``RayStore.read_range``), checked against
+    their CRC-32C, decoded and checked against the camera ``table`` (``channels``: the colour channels
+    served, ``RayStore.rgba_channels``)."""
 
     def __init__(
         self,
@@ -195,16 +195,13 @@ class ImageSplits:
         backend: Backend,
         spec: StoreSpec,
         index: Mapping[str, Any],
-        ranges: RangeFetcher | None,
+        read: Callable[[str, int, int], bytes],
         table: CameraTable,
         channels: int,
         split_rows: Callable[[str], np.ndarray],
     ) -> None:
-        self.url, self.spec, self.index = url.rstrip("/"), spec, index
+        self.url, self.spec, self.index, self._read = url.rstrip("/"), spec, index, read
         self.backend, self.table, self.channels, self.split_rows = backend, table, channels, split_rows
-        self._fs, self._root = filesystem(self.url)
-        self._ranges = ranges
-        self._inside: set[str] = set()  # local files checked to lie inside the store
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Files holding the images that chunk ``index`` of the split's rays view covers."""
@@ -213,21 +210,6 @@ class ImageSplits:
         lo, hi = index * self.spec.chunk_rays, (index + 1) * self.spec.chunk_rays
         taken = np.flatnonzero((starts < hi) & (starts + counts > lo))
         return sorted({rel for i in taken for rel in self.image_files(split, int(i))})
-
-    def _read(self, rel: str, start: int, stop: int) -> bytes:
-        if self._ranges is not None:
-            return bytes(self._ranges.read(rel, start, stop))
-        try:
-            if rel not in self._inside:  # once per file: no symlink out of the store (fileio.safe_path)
-                safe_path(self._root, rel, where=f"{self.url}/manifest.json")
-                self._inside.add(rel)
-            with open_regular(f"{self._root}/{rel}") as handle:  # never a FIFO or a device
-                handle.seek(start)
-                return handle.read(stop - start)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self.url}/{rel}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
 
     def image_files(self, split: str, i: int) -> list[str]:
         """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
@@ -550,9 +532,11 @@ class RayStore:
         if is_url(self.url):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
+        # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked
+        self.read_range = local_range_reader(self._root, self.url) if ranges is None else ranges.read
         if self.layout() == IMAGES_LAYOUT:
             args = (self.table, self.rgba_channels, self.split_rows)
-            return ImageSplits(self.url, backend, self.spec, self.index, ranges, *args)
+            return ImageSplits(self.url, backend, self.spec, self.index, self.read_range, *args)
         stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
         chunks = backend.open_reader(self.url, stored, self.spec, self.index, ranges)
         return RaySplits(
@@ -819,17 +803,6 @@ class RayStore:
             cache[component] = self._loads(self.read_verified(info.index), info.index)
         return dict(cache[component])
 
-    def _read_range(self, rel: str, start: int, stop: int) -> bytes:
-        reader = self.__dict__.get("_range_reader")
-        if reader is None:
-            if is_url(self.url):
-                sizes = {k: int(v["size"]) for k, v in self.manifest["files"].items()}
-                reader = RangeFetcher(self._fs, self._root, self.url, sizes).read
-            else:
-                reader = local_range_reader(self.url, self._root)
-            self.__dict__["_range_reader"] = reader
-        return bytes(reader(rel, start, stop))
-
     def component_bytes(self, component: str, name: str) -> tuple[bytes, str]:
         """The stored bytes (an ``.npy``) of component ``component`` of image ``name``, checked against
         their CRC-32C, and the file they lie in."""
@@ -841,7 +814,7 @@ class RayStore:
             raise StoreCorruptError(
                 f"{self.url}/{self.components[component].index}: no entry for image {name!r}"
             )
-        return read_component_bytes(self._read_range, self.url, self.backend, component, split, entry, local)
+        return read_component_bytes(self.read_range, self.url, self.backend, component, split, entry, local)
 
     def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
         """Component ``component`` of image ``name`` at the stored resolution, or with ``downscale`` k

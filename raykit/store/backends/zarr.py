@@ -45,6 +45,8 @@ __all__ = [
     "ZarrBackend",
     "ZarrReader",
     "array_document",
+    "byte_array_parts",
+    "byte_shard_pieces",
     "crc32c_bytes",
     "direct_shard_codec",
     "document_bytes",
@@ -591,9 +593,8 @@ class ZarrBackend:
         for (data, _, _), offset in zip(images, shard.offsets, strict=True):
             a, b = max(offset, lo), min(offset + len(data), hi)
             blob[a - lo : b - lo] = data[a - offset : b - offset]
-        size = spec.image_chunk_bytes  # inner chunks, the last one zero-padded
-        chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
-        return f"zarr/{split}/images/c/{shard.shard}", shard_pieces(chunks, spec.image_shard_chunks), {}
+        pieces = byte_shard_pieces(blob, spec.image_chunk_bytes, spec.image_shard_chunks)
+        return f"zarr/{split}/images/c/{shard.shard}", pieces, {}
 
     def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
@@ -604,22 +605,41 @@ class ZarrBackend:
         self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
     ) -> list[bytes | np.ndarray]:
         lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        size, per = spec.image_chunk_bytes, spec.image_shard_chunks
-        parts: list[bytes | np.ndarray] = []  # read-only views of each inner chunk's share
-        c0 = lo // size
-        while c0 <= (hi - 1) // size:  # one read per shard the image spans
-            shard, j0 = divmod(c0, per)
-            j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
-            raw = read(f"zarr/{split}/images/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
-            if len(raw) != (j1 - j0 + 1) * (size + 4):
-                raise StoreCorruptError(f"{where}/zarr/{split}/images/c/{shard}: truncated")
-            view = np.frombuffer(raw, np.uint8)
-            for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
-                start = (shard * per + j0 + k) * size
-                a, b = max(lo - start, 0), min(hi - start, size)
-                parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
-            c0 = (shard + 1) * per
-        return parts
+        return byte_array_parts(
+            read, where, f"zarr/{split}/images", lo, hi, spec.image_chunk_bytes, spec.image_shard_chunks
+        )
+
+
+def byte_array_parts(
+    read: ByteRead, where: str, base: str, lo: int, hi: int, size: int, per: int
+) -> list[bytes | np.ndarray]:
+    """Bytes ``[lo, hi)`` of the sharded ``uint8`` array at ``base`` (shard files ``{base}/c/{s}`` of
+    ``per`` inner chunks of ``size`` bytes, each followed by its crc32c: the images layout's and the
+    components' arrays) in pieces that joined give them: read-only views of each inner chunk's
+    share, one read per shard they span (``read(rel, start, stop)``; ``where``: the store, in
+    messages)."""
+    parts: list[bytes | np.ndarray] = []
+    c0 = lo // size
+    while c0 <= (hi - 1) // size:
+        shard, j0 = divmod(c0, per)
+        j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
+        raw = read(f"{base}/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
+        if len(raw) != (j1 - j0 + 1) * (size + 4):
+            raise StoreCorruptError(f"{where}/{base}/c/{shard}: truncated")
+        view = np.frombuffer(raw, np.uint8)
+        for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
+            start = (shard * per + j0 + k) * size
+            a, b = max(lo - start, 0), min(hi - start, size)
+            parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
+        c0 = (shard + 1) * per
+    return parts
+
+
+def byte_shard_pieces(blob: bytes | bytearray, size: int, per: int) -> list[bytes]:
+    """One shard file of a sharded ``uint8`` array holding ``blob`` (at most ``size * per`` bytes), in
+    pieces: inner chunks of ``size`` bytes, the last one zero-padded (``shard_pieces``)."""
+    chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
+    return shard_pieces(chunks, per)
 
 
 BACKEND: Backend = ZarrBackend()
