@@ -64,7 +64,7 @@ METADATA_PHASES = ("plan", "camera_table", "metadata", "zarr_metadata", "index_m
 
 def build_capture(size: str, seed: int, workers: int) -> Path:
     """Render the built-in scene and write its Blender form (reused when already there)."""
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     path = ROOT / "data" / f"convert-{size}-{seed}"
     if (path / "transforms_test.json").exists():

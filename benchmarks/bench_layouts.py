@@ -47,7 +47,7 @@ LAYOUTS = ("rays", "images")
 
 
 def png_capture(size: str) -> Path:
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     path = ROOT / "data" / f"images-{size}-png"
     if not (path / "transforms_test.json").exists():

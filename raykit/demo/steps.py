@@ -11,8 +11,8 @@ from raykit.converters import convert
 from raykit.errors import RaykitError
 from raykit.loaders import image_rays
 from raykit.profiling import baseline_cached_images, baseline_precomputed_rays, run_bench
-from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store import RayStore, open_store, validate_store
+from raykit.testing import render_scene, write_blender, write_colmap
 
 __all__ = ["compare_stores", "convert_all", "make_scene", "profile"]
 

@@ -85,7 +85,7 @@ class SweepOptions:
 
 def _scene_source(capture: Capture, out: Path) -> Path:
     """The built-in scene rendered once into ``OUT/scenes/<key>/`` (Blender form), atomically."""
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     dst = out / "scenes" / f"{capture.scene}-{capture.key()[:12]}"
     if dst.is_dir():

@@ -11,7 +11,7 @@ from raykit.converters import convert
 from raykit.loaders import image_rays
 
 scene_module = pytest.importorskip(
-    "raykit.scene", reason="raykit.scene (the built-in scene) is not available"
+    "raykit.testing", reason="raykit.testing (the built-in scene) is not available"
 )
 
 

@@ -56,7 +56,7 @@ def start_raykit() -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     path = tmp_path_factory.mktemp("scene") / "blender"
     write_blender(render_scene("tiny", seed=0), path)
@@ -74,7 +74,7 @@ def finished_run(tiny_scene: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def colmap_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``raykit run`` of the tiny scene's COLMAP form (cameras and sparse points), one sampler."""
-    from raykit.scene import render_scene, write_colmap
+    from raykit.testing import render_scene, write_colmap
 
     root = tmp_path_factory.mktemp("colmap")
     write_colmap(render_scene("tiny", seed=0), root / "capture", binary=True)

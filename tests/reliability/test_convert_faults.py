@@ -22,8 +22,8 @@ import torch
 import raykit.fileio
 from raykit.errors import StoreNotFoundError
 from raykit.locks import lock_path, read_lock
-from raykit.scene import render_scene, write_blender
 from raykit.store import open_store
+from raykit.testing import render_scene, write_blender
 from raykit.trainer.checkpoint import (
     CheckpointMeta,
     latest_checkpoint,

@@ -1,5 +1,5 @@
 """Per-image components (masks, depth maps) and per-frame metadata: the built-in scene written as a
-nerfstudio capture (``raykit.scene.write_nerfstudio``) converted in both layouts and backends, read
+nerfstudio capture (``raykit.testing.write_nerfstudio``) converted in both layouts and backends, read
 back against its source files transformed by the reference twin; adding a component later; integrity."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from raykit.converters import convert
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.image_geometry import downscale_depth, downscale_mask
 from raykit.imagedecode import downscale_nearest, reference_downscale_nearest
-from raykit.scene import render_scene, write_nerfstudio
 from raykit.store import ComponentInfo, add_component, copy_store, open_store, validate_store
+from raykit.testing import render_scene, write_nerfstudio
 
 LAYOUTS = [("rays", "zarr"), ("rays", "wds"), ("images", "zarr"), ("images", "wds")]
 
