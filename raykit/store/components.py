@@ -243,29 +243,6 @@ def fit_component(
 # -- the payload of one component -----------------------------------------------------------------------
 
 
-def _zarr_files(split: str, name: str, offsets: Sequence[int]) -> dict[str, bytes]:
-    from raykit.store.backends.zarr import array_document, crc32c_bytes, document_bytes
-
-    little = {"name": "bytes", "configuration": {"endian": "little"}}
-    sharding = {
-        "chunk_shape": [CHUNK_BYTES],
-        "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
-        "index_codecs": [little, {"name": "crc32c"}],
-        "index_location": "end",
-    }
-    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    doc = array_document([int(offsets[-1])], "uint8", [CHUNK_BYTES * SHARD_CHUNKS], codecs, name)
-    n = len(offsets)
-    offsets_doc = array_document([n], "int64", [n], [little, {"name": "crc32c"}], f"{name}_offsets")
-    raw = np.asarray(offsets, dtype="<i8").tobytes()
-    base = f"zarr/{split}"
-    return {
-        f"{base}/{name}/zarr.json": document_bytes(doc),
-        f"{base}/{name}_offsets/zarr.json": document_bytes(offsets_doc),
-        f"{base}/{name}_offsets/c/0": raw + crc32c_bytes(raw),
-    }
-
-
 class _Sink:
     """Writes one split's arrays of one component as they come (each file atomically under ``root``)
     and records what ``index-{component}.json`` and the manifest need."""
@@ -326,7 +303,12 @@ class _Sink:
             while self._held:
                 self._flush()
             offsets = [*self.entry["offset"], self._total]
-            for rel, data in _zarr_files(self.split, self.name, offsets).items():
+            from raykit.store.backends.zarr import byte_array_files
+
+            base, name = f"zarr/{self.split}", self.name
+            for rel, data in byte_array_files(
+                base, name, f"{name}_offsets", offsets, CHUNK_BYTES, SHARD_CHUNKS
+            ).items():
                 self._write(rel, data)
         else:
             self._flush()

@@ -45,6 +45,7 @@ __all__ = [
     "ZarrBackend",
     "ZarrReader",
     "array_document",
+    "byte_array_files",
     "byte_array_parts",
     "byte_shard_pieces",
     "crc32c_bytes",
@@ -321,15 +322,13 @@ class ZarrReader:
 _BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
 
 
-def images_metadata(
-    split: str,
-    names: Sequence[str],
-    formats: Sequence[str],
-    offsets: Sequence[int],
-    spec: StoreSpec,
+def byte_array_files(
+    base: str, name: str, offsets_name: str, offsets: Sequence[int], size: int, per: int
 ) -> dict[str, bytes]:
-    """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
-    size, per = spec.image_chunk_bytes, spec.image_shard_chunks
+    """The zarr files of blobs stored end to end (the images layout's images, a component's arrays):
+    the metadata of the sharded ``uint8`` array ``{base}/{name}`` (inner chunks of ``size`` bytes,
+    ``per`` a shard; ``byte_shard_pieces`` writes its shards), and the ``int64`` array
+    ``{base}/{offsets_name}`` of each blob's first byte and, last, the total: path -> bytes."""
     sharding = {
         "chunk_shape": [size],
         "codecs": [_BYTES, {"name": "crc32c"}],
@@ -337,18 +336,27 @@ def images_metadata(
         "index_location": "end",
     }
     codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    images = array_document([int(offsets[-1])], "uint8", [size * per], codecs, "images")
+    array = array_document([int(offsets[-1])], "uint8", [size * per], codecs, name)
     n, checked = len(offsets), [_LITTLE, {"name": "crc32c"}]
-    offsets_doc = array_document([n], "int64", [n], checked, "image_offsets")
+    offsets_doc = array_document([n], "int64", [n], checked, offsets_name)
+    raw = np.asarray(offsets, dtype="<i8").tobytes()
+    return {
+        f"{base}/{name}/zarr.json": document_bytes(array),
+        f"{base}/{offsets_name}/zarr.json": document_bytes(offsets_doc),
+        f"{base}/{offsets_name}/c/0": raw + crc32c_bytes(raw),
+    }
+
+
+def images_metadata(
+    split: str, names: Sequence[str], formats: Sequence[str], offsets: Sequence[int], spec: StoreSpec
+) -> dict[str, bytes]:
+    """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
     attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
     group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
-    raw = np.asarray(offsets, dtype="<i8").tobytes()
-    base = f"zarr/{split}"
+    size, per = spec.image_chunk_bytes, spec.image_shard_chunks
     return {
-        f"{base}/zarr.json": document_bytes(group),
-        f"{base}/images/zarr.json": document_bytes(images),
-        f"{base}/image_offsets/zarr.json": document_bytes(offsets_doc),
-        f"{base}/image_offsets/c/0": raw + crc32c_bytes(raw),
+        f"zarr/{split}/zarr.json": document_bytes(group),
+        **byte_array_files(f"zarr/{split}", "images", "image_offsets", offsets, size, per),
     }
 
 
