@@ -49,8 +49,8 @@ def register(subparsers: Any) -> None:
     add.add_argument("dir", help="folder of one file per image")
     add.add_argument(
         "--dtype",
-        default="",
-        choices=("", "bit", "uint8", "float16", "float32"),
+        default=None,
+        choices=("bit", "uint8", "float16", "float32"),
         help="stored type (masks: bit (default) or uint8; depth: float32 (default) or float16)",
     )
     add.add_argument(
@@ -98,7 +98,7 @@ def run_add_component(args: argparse.Namespace) -> int:
         args.store,
         args.component,
         args.dir,
-        dtype=args.dtype,
+        dtype=args.dtype or "",
         depth_scale=args.depth_scale,
         progress=args.progress,
     )

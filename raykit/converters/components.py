@@ -10,6 +10,7 @@ bad file. ``exif_metadata`` reads a photo's exposure, ISO, shutter and time for 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.converters.base import SourceView
 from raykit.errors import ConfigError, SourceError
-from raykit.fileio import UntrustedFileError, safe_path
+from raykit.fileio import UntrustedFileError, open_regular, read_bounded, safe_path
 from raykit.store import COMPONENTS, RayStore, fit_component, open_store
 
 __all__ = [
@@ -33,28 +34,34 @@ __all__ = [
 ]
 
 
-def _open(path: Path) -> Any:
+def _open(source: Any) -> Any:
     from PIL import Image
 
-    return Image.open(path)
+    return Image.open(source)
 
 
 def component_size(path: Path) -> tuple[int, int]:
-    """``(width, height)`` of a mask or depth file from its header (``.npy``: its shape).
+    """``(width, height)`` of a mask or depth file from its header (``.npy``: its shape); a regular
+    file only (``fileio.open_regular``: never a FIFO or a device).
 
     Raises:
         SourceError: unreadable, or not single-channel (one line naming the file).
     """
     try:
-        if path.suffix.lower() == ".npy":
-            shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
-            channels = 1 if len(shape) == 2 else shape[2] if len(shape) == 3 else 0
-        else:
-            with _open(path) as image:
-                shape = (image.size[1], image.size[0])
-                channels = len(image.getbands())
+        with open_regular(path) as handle:
+            if path.suffix.lower() == ".npy":
+                fmt = np.lib.format
+                version = fmt.read_magic(handle)
+                header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+                shape = header(handle)[0]  # the header only
+            else:
+                with _open(handle) as image:
+                    shape = (image.size[1], image.size[0], len(image.getbands()))
+    except UntrustedFileError as exc:
+        raise SourceError(str(exc)) from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise SourceError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    channels = 1 if len(shape) == 2 else shape[2] if len(shape) == 3 else 0
     if channels != 1:
         raise SourceError(f"{path}: expected a single-channel file, got shape {tuple(shape)}")
     return int(shape[1]), int(shape[0])
@@ -64,11 +71,14 @@ def read_component_file(path: Path, kind: str, scale: float = 1.0) -> np.ndarray
     """A mask file -> ``uint8 (H, W)`` (8-bit values as they are; 1-bit and 16-bit masks as 0/255)
     or a depth file -> ``float32 (H, W)`` times ``scale``."""
     try:
+        data = io.BytesIO(read_bounded(path))  # a regular file (``fileio``), read once
         if path.suffix.lower() == ".npy":
-            values = np.load(path, allow_pickle=False)
+            values = np.load(data, allow_pickle=False)
         else:
-            with _open(path) as image:
+            with _open(data) as image:
                 values = np.asarray(image)
+    except UntrustedFileError as exc:
+        raise SourceError(str(exc)) from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise SourceError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     if values.ndim == 3 and values.shape[2] == 1:

@@ -169,7 +169,7 @@ def _frame_view(
         if outside:
             problems.add(outside)
             return None, None
-        if not path.is_file():
+        if not path.exists():  # a FIFO or device is reported when its size is checked
             problems.add(f"{where}: {key} {shown_name(rel)} not found")
             return None, None
         paths[key] = path

@@ -90,7 +90,10 @@ def convert_stage(cfg: StageConfigs, out: Path, capture: Path, source_fp: str, p
 
     # The store's bytes do not depend on where it was converted (workers, scheduler, threads).
     executor = ("progress", "workers", "scheduler", "threads")
-    inputs = {"source": source_fp, "options": {k: v for k, v in options.items() if k not in executor}}
+    # Options added after run folders existed count only when set, so that those folders' stages stay done.
+    later = {"mask_dtype": "bit", "depth_dtype": "float32"}
+    kept = {k: v for k, v in options.items() if k not in executor and not (k in later and later[k] == v)}
+    inputs = {"source": source_fp, "options": kept}
     command = _raykit("convert", config.src, config.dst, *config_flags(config, skip=("progress",)))
     return Stage("convert", inputs, run, command, (out / "store",))
 

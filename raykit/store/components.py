@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ import numpy as np
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_bytes, atomic_write_json
 from raykit.imagedecode import downscale_nearest
+from raykit.ordered import in_order
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -276,7 +279,7 @@ class _Sink:
         atomic_write_bytes(self.root / rel, data)
         self.files[rel] = file_record(self.root / rel)
 
-    def _flush(self, last: bool = False) -> None:
+    def _flush(self) -> None:
         if self.backend == "zarr":
             from raykit.store.backends.zarr import byte_shard_pieces
 
@@ -324,7 +327,7 @@ def write_component(
     info: ComponentInfo,
     images: Sequence[tuple[str, str, int, int]],
     load: Callable[[int], np.ndarray],
-    progress: Callable[[Iterable[int]], Iterable[int]] = iter,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] = iter,
 ) -> tuple[ComponentInfo, dict[str, dict[str, Any]]]:
     """Write component ``info`` of the store at ``root`` (its files only, each atomically; the caller
     writes the manifest last).
@@ -332,7 +335,9 @@ def write_component(
     Args:
         backend: ``"zarr"`` or ``"wds"``.
         images: per camera-table row, ``(name, split, height, width)``.
-        load: ``load(row)`` -> the row's array at its stored size (``encode_component``'s input).
+        load: ``load(row)`` -> the row's array at its stored size (``encode_component``'s input);
+            called on a few threads, the arrays written in row order (the bytes do not depend on it).
+        progress: wraps the iterator of written rows (a progress bar).
 
     Returns:
         ``info`` completed (index path, counts, fingerprint) and the records of the files written
@@ -341,18 +346,23 @@ def write_component(
     Raises:
         SourceError: an array of the wrong size or values (one line naming the image).
     """
-    sinks: dict[str, _Sink] = {}
-    for row in progress(range(len(images))):
-        name, split, height, width = images[row]
+
+    def encoded(row: int) -> bytes:  # on a thread: decoding files and numpy release the GIL
+        name, _, height, width = images[row]
         values = np.asarray(load(row))
-        where = f"image {name!r}"
         if values.shape[:2] != (height, width):
-            raise SourceError(
-                f"{where}: {info.name} is {values.shape[1]}x{values.shape[0]}, expected {width}x{height}"
-            )
-        if split not in sinks:
-            sinks[split] = _Sink(root, backend, split, info.name)
-        sinks[split].add(encode_component(info, values, where))
+            shape = f"{values.shape[1]}x{values.shape[0]}" if values.ndim >= 2 else str(values.shape)
+            raise SourceError(f"image {name!r}: {info.name} is {shape}, expected {width}x{height}")
+        return encode_component(info, values, f"image {name!r}")
+
+    sinks: dict[str, _Sink] = {}
+    threads = max(1, min(4, os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads, "raykit-component") as pool:
+        for row, data in progress(in_order(pool, encoded, range(len(images)), 2 * threads)):
+            split = images[row][1]
+            if split not in sinks:
+                sinks[split] = _Sink(root, backend, split, info.name)
+            sinks[split].add(data)
     files: dict[str, dict[str, Any]] = {}
     index: dict[str, Any] = {}
     for split, sink in sinks.items():

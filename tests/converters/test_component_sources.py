@@ -64,3 +64,21 @@ def test_depth_scale_per_frame(make, tmp_path: Path) -> None:
         np.testing.assert_allclose(
             store.read_component("depth", f"images/f_{i}.png"), (i + 1) ** 2, rtol=1e-6
         )
+
+
+def test_a_fifo_as_mask_is_one_line_and_never_blocks(make, tmp_path: Path) -> None:
+    import os
+
+    import pytest
+
+    from raykit.errors import SourceError
+
+    frames = [make.ngp_frame(tmp_path, i, (8, 6), mask_path=f"masks/m_{i}.png") for i in range(2)]
+    (tmp_path / "masks").mkdir()
+    Image.fromarray(np.zeros((6, 8), np.uint8)).save(tmp_path / "masks" / "m_0.png")
+    os.mkfifo(tmp_path / "masks" / "m_1.png")  # opening it for reading would wait for a writer
+    make.ngp(tmp_path, frames, fl_x=10.0, fl_y=10.0)
+    with pytest.raises(SourceError) as caught:
+        convert(tmp_path, tmp_path / "s", progress=False, split="all", near=0.5, far=9.0)
+    assert len(caught.value.problems) == 1 and "m_1.png" in caught.value.problems[0]
+    assert "FIFO" in caught.value.problems[0] or "regular file" in caught.value.problems[0]

@@ -173,6 +173,17 @@ def test_add_component_bad_folder_is_one_line_and_changes_nothing(scene, tmp_pat
         assert len(lines) == 1 and "Traceback" not in done.stderr, lines
         assert {"missing": "train_r_1", "size": "train_r_2.png", "link": "train_r_3.png"}[step] in lines[0]
         assert _digests(tmp_path / "s") == before
+    (full / "masks" / "train_r_3.png").unlink()  # sound headers, a truncated last mask: fails when decoded
+    Image.fromarray(np.zeros((48, 48), np.uint8)).save(full / "masks" / "train_r_3.png")
+    last = full / "masks" / "val_r_1.png" if (full / "masks" / "val_r_1.png").exists() else None
+    last = last or sorted((full / "masks").glob("test_*.png"))[-1]
+    last.write_bytes(last.read_bytes()[:40])  # its header whole, its data cut short
+    listing = sorted(p for p in (tmp_path / "s").rglob("*"))
+    done = subprocess.run(cli, capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert last.name in done.stderr
+    assert sorted(p for p in (tmp_path / "s").rglob("*")) == listing  # no stray component file
+    assert _digests(tmp_path / "s") == before
 
 
 @pytest.mark.parametrize("backend", ["zarr", "wds"])
@@ -206,6 +217,15 @@ def test_bad_mask_or_depth_file_is_one_line(capture: Path, tmp_path: Path) -> No
     assert frames[1]["mask_path"] in lines[0] and "not found" in lines[0]
     assert frames[2]["depth_file_path"] in lines[1] and "30x20" in lines[1] and "48x48" in lines[1]
     assert not (tmp_path / "s").exists() and not (tmp_path / "s.partial").exists()
+    shutil.copy(capture / frames[1]["mask_path"], cap / frames[1]["mask_path"])
+    Image.fromarray(np.zeros((48, 48), np.uint16)).save(cap / frames[2]["depth_file_path"])
+    truncated = cap / frames[4]["mask_path"]
+    truncated.write_bytes(truncated.read_bytes()[:40])  # fails only when decoded, in the writer
+    with pytest.raises(SourceError) as caught:
+        convert(cap, tmp_path / "s", progress=False)
+    assert len(caught.value.problems) == 1 and frames[4]["mask_path"] in caught.value.problems[0]
+    assert not (tmp_path / "s").exists() and not (tmp_path / "s.partial").exists()
+    shutil.copy(capture / frames[4]["mask_path"], truncated)
     del frames[3]["mask_path"]  # masks on some frames only: one line
     (cap / "transforms.json").write_text(json.dumps(meta))
     with pytest.raises(SourceError) as caught:

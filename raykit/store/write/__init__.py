@@ -254,14 +254,20 @@ def add_component(
             for r in range(len(table.names))
         ]
 
-        def bar(rows: Iterable[int]) -> Iterable[int]:
+        def bar(rows: Iterable[Any]) -> Iterable[Any]:
             return progress_bar(
                 rows, total=len(images), desc=f"add {name}", unit="image", disable=not progress
             )
 
-        done, files = write_component(
-            root, store.backend, info, images, lambda r: load(*_args(images[r])), bar
-        )
+        present = set(root.rglob("*"))
+        try:
+            done, files = write_component(
+                root, store.backend, info, images, lambda r: load(*_args(images[r])), bar
+            )
+        except BaseException:  # a file that fails only when decoded: leave no stray file behind
+            for path in sorted(set(root.rglob("*")) - present, key=lambda p: -len(p.parts)):
+                path.rmdir() if path.is_dir() else path.unlink()
+            raise
         manifest = {k: v for k, v in store.manifest.items() if k != "manifest_digest"}
         manifest["files"] = dict(sorted({**manifest["files"], **files}.items()))
         manifest["components"] = {**manifest.get("components", {}), name: done.to_dict()}
