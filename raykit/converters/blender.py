@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from raykit.converters.base import Capture, Problems, SourceView, load_json
-from raykit.converters.ngp import box_near_far, parse_frames, report_missing
+from raykit.converters.ngp import box_near_far, component_problems, parse_frames, report_missing
 from raykit.converters.paths import ImageRoots
 
 __all__ = ["BLENDER_BOUNDS", "BLENDER_SPLITS", "parse_blender"]
@@ -64,6 +64,7 @@ def parse_blender(
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
         views += [_in_split(v, split) for v in found]
+    problems.extend(component_problems(src, views))  # masks, depth maps: every frame or none
     problems.raise_if_fatal(views)
     params = {"skipped_missing": sorted(skipped) if skip_missing else []}
     return Capture(

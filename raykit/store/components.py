@@ -48,6 +48,7 @@ __all__ = [
     "FRAMES_FILE",
     "ComponentInfo",
     "component_files",
+    "component_files_of",
     "decode_component",
     "encode_component",
     "fit_component",
@@ -388,6 +389,15 @@ def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) ->
 
 
 ByteRange = Callable[[str, int, int], bytes]
+
+
+def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, Any], i: int) -> list[str]:
+    """Relative paths of the files holding image ``i`` (split-local) of component ``name``."""
+    if backend != "zarr":
+        return [f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"]
+    lo, per = int(entry["offset"][i]), CHUNK_BYTES * SHARD_CHUNKS
+    hi = lo + max(int(entry["bytes"][i]), 1)
+    return [f"zarr/{split}/{name}/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
 
 
 def read_component_bytes(

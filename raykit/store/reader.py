@@ -43,6 +43,7 @@ from raykit.store.components import (
     COMPONENTS,
     FRAMES_FILE,
     ComponentInfo,
+    component_files_of,
     decode_component,
     read_component_bytes,
     store_fingerprint,
@@ -803,9 +804,9 @@ class RayStore:
             cache[component] = self._loads(self.read_verified(info.index), info.index)
         return dict(cache[component])
 
-    def component_bytes(self, component: str, name: str) -> tuple[bytes, str]:
-        """The stored bytes (an ``.npy``) of component ``component`` of image ``name``, checked against
-        their CRC-32C, and the file they lie in."""
+    def component_location(self, component: str, name: str) -> tuple[str, int, dict[str, Any]]:
+        """Where component ``component`` of image ``name`` is recorded: its split, its index in the
+        split and the split's ``index-{component}.json`` entry."""
         row = self.image_index(name)
         split = self.table.splits[row]
         entry = self._component_index(component).get(split)
@@ -814,7 +815,26 @@ class RayStore:
             raise StoreCorruptError(
                 f"{self.url}/{self.components[component].index}: no entry for image {name!r}"
             )
-        return read_component_bytes(self.read_range, self.url, self.backend, component, split, entry, local)
+        return split, local, entry
+
+    def component_files(self, component: str, name: str) -> list[str]:
+        """Relative paths of the files holding component ``component`` of image ``name``."""
+        split, local, entry = self.component_location(component, name)
+        return component_files_of(self.backend, component, split, entry, local)
+
+    def component_bytes(
+        self, component: str, name: str, held: Mapping[str, np.ndarray] | None = None
+    ) -> tuple[bytes, str]:
+        """The stored bytes (an ``.npy``) of component ``component`` of image ``name``, checked against
+        their CRC-32C, and the file they lie in; ``held``: files already in memory (relative path ->
+        read-only uint8 array, ``read_file_into``), read from there instead of the store."""
+        split, local, entry = self.component_location(component, name)
+
+        def read(rel: str, start: int, stop: int) -> bytes:
+            data = None if held is None else held.get(rel)
+            return self.read_range(rel, start, stop) if data is None else data[start:stop].tobytes()
+
+        return read_component_bytes(read, self.url, self.backend, component, split, entry, local)
 
     def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
         """Component ``component`` of image ``name`` at the stored resolution, or with ``downscale`` k

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raykit.errors import RaykitError, StoreError
+from raykit.errors import RaykitError
 from raykit.ordered import in_order
 from raykit.store.backends import backend_named
 from raykit.store.components import component_files, decode_component
@@ -40,7 +40,7 @@ from raykit.store.schema import check_points
 from raykit.store.table import materialized_rays
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
 
     from raykit.store.reader import RayStore
 
@@ -294,7 +294,9 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
             for split, info in store.splits.items()
             if info.holds_images
         }
-    owner = {rel: check for check in images.values() for rel in check.files}
+    components = ComponentsCheck(store)
+    owner: dict[str, Any] = {rel: check for check in images.values() for rel in check.files}
+    owner.update(dict.fromkeys(components.files, components))
 
     def check(rel: str) -> tuple[str | None, list[str]]:
         """``rel``'s own problem or None, and the problems of the stored images held whole in it."""
@@ -334,7 +336,8 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
             problems += images[split].check_rest(bad_files)
         else:
             problems += _check_split(store, split, bad_files, deep)
-    return problems + _check_components(store, bad_files)
+    problems += components.problems + [p for rel in components.files for p in found[rel][1]]
+    return problems + components.check_rest(bad_files)
 
 
 def _chunk_files(store: RayStore, split: str) -> list[str]:
@@ -498,26 +501,75 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
     return problems
 
 
-def _check_components(store: RayStore, bad_files: Iterable[str] = ()) -> list[str]:
-    """``raykit validate``'s check of every component: each image's array read (size, CRC-32C) and
-    decoded (dtype, shape against its camera), but those in a file already reported."""
-    problems, bad = [], set(bad_files)
-    table = store.table
-    for name, info in store.components.items():
-        if info.index in bad:
-            continue
-        if info.n_images != len(table.names):
-            problems.append(
-                f"{store.url}/manifest.json: component {name}: {info.n_images} images, "
-                f"the store has {len(table.names)}"
+class ComponentsCheck:
+    """The checks of every component (docs/format.md, "Components", **Validation**), from the bytes
+    the file hashing reads (as ``ImagesCheck``): each image's array its size and CRC-32C, then its
+    ``.npy`` dtype and shape against its camera; an array spanning two files is checked after both."""
+
+    def __init__(self, store: RayStore) -> None:
+        self.store = store
+        self.problems: list[str] = []
+        self._within: dict[str, list[tuple[str, int]]] = {}  # file -> (component, row) held whole
+        self._spanning: list[tuple[str, int]] = []
+        files: dict[str, None] = {}
+        names = store.table.names
+        try:
+            components = store.components
+        except RaykitError as exc:  # a malformed manifest record
+            components = {}
+            self.problems.append(str(exc))
+        for component, info in components.items():
+            if info.n_images != len(names):
+                self.problems.append(
+                    f"{store.url}/manifest.json: component {component}: {info.n_images} images, "
+                    f"the store has {len(names)}"
+                )
+                continue
+            for row, name in enumerate(names):
+                try:
+                    held = store.component_files(component, name)
+                except RaykitError as exc:
+                    self.problems.append(str(exc))
+                    break
+                files.update(dict.fromkeys(held))
+                if len(held) == 1:
+                    self._within.setdefault(held[0], []).append((component, row))
+                else:
+                    self._spanning.append((component, row))
+        self.files: list[str] = list(files)
+
+    def check_file(self, rel: str) -> tuple[str | None, list[str]]:
+        """File ``rel``'s own problem (its arrays are then not checked) or None, and the problems of
+        the arrays held whole in it."""
+        size = int(self.store.files.get(rel, {}).get("size", 0))
+        buffer = getattr(_buffers, "buffer", None)
+        if buffer is None or len(buffer) < size:
+            buffer = _buffers.buffer = bytearray(size)
+        try:
+            data = self.store.read_file_into(rel, buffer)
+        except RaykitError as exc:
+            return str(exc), []
+        return None, [p for item in self._within.get(rel, ()) for p in self._check(*item, {rel: data})]
+
+    def check_rest(self, bad_files: Collection[str]) -> list[str]:
+        """The arrays that span files, but those in a file already reported."""
+        return [
+            problem
+            for component, row in self._spanning
+            if not set(bad_files).intersection(
+                self.store.component_files(component, self.store.table.names[row])
             )
-            continue
-        for row, image in enumerate(table.names):
-            try:
-                data, rel = store.component_bytes(name, image)
-                if rel not in bad:
-                    where = f"{store.url}/{rel}: {name} of image {image!r}"
-                    decode_component(info, data, int(table.height[row]), int(table.width[row]), where)
-            except StoreError as exc:
-                problems.append(str(exc))
-    return problems
+            for problem in self._check(component, row, None)
+        ]
+
+    def _check(self, component: str, row: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
+        store, table = self.store, self.store.table
+        name = table.names[row]
+        try:
+            data, rel = store.component_bytes(component, name, held)
+            where = f"{store.url}/{rel}: {component} of image {name!r}"
+            info = store.components[component]
+            decode_component(info, data, int(table.height[row]), int(table.width[row]), where)
+        except RaykitError as exc:
+            return [str(exc)]
+        return []

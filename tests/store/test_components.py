@@ -202,6 +202,29 @@ def test_flipped_component_byte_is_caught(capture: Path, tmp_path: Path, backend
         open_store(tmp_path / "s").read_component("mask", name)
 
 
+def test_validate_checks_each_array_against_the_index(capture: Path, tmp_path: Path) -> None:
+    """An index whose CRC-32C disagrees with the bytes (every file's record consistent): one line."""
+    from raykit.store.files import file_record, json_digest
+
+    store = convert(capture, tmp_path / "s", layout="images", backend="zarr", progress=False)
+    index_path = tmp_path / "s" / "index-depth.json"
+    index = json.loads(index_path.read_text())
+    index["test"]["crc32c"][0] ^= 1
+    index_path.write_text(json.dumps(index))
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    manifest["files"]["index-depth.json"] = file_record(index_path)
+    del manifest["manifest_digest"]
+    manifest["manifest_digest"] = json_digest(manifest)
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
+    problems = validate_store(tmp_path / "s")
+    name = store.table.names[int(store.split_rows("test")[0])]
+    assert len(problems) == 1 and "depth of image 0 of split 'test' fails its checksum" in problems[0], (
+        problems
+    )
+    with pytest.raises(StoreCorruptError):
+        open_store(tmp_path / "s").read_component("depth", name)
+
+
 def test_bad_mask_or_depth_file_is_one_line(capture: Path, tmp_path: Path) -> None:
     cap = tmp_path / "cap"
     shutil.copytree(capture, cap)
