@@ -229,12 +229,12 @@ def test_validate_checks_each_image_header_size(images_store) -> None:
     """Without decoding, validate reads each stored image's size from its header: an image whose
     header disagrees with the camera table is reported (the table is altered in memory here)."""
     from raykit.store.reader import open_store
-    from raykit.store.validate import ImagesCheck
+    from raykit.store.validate import images_check
 
     store = open_store(images_store.url)
 
     def problems() -> list[str]:
-        check = ImagesCheck(store, "train")
+        check = images_check(store, "train")
         found = [check.check_file(rel) for rel in check.files]
         assert all(problem is None for problem, _ in found)
         return [p for _, image_problems in found for p in image_problems] + check.check_rest(set())
