@@ -40,6 +40,7 @@ from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_bytes, atomic_write_json
 from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
+from raykit.store.backends import ByteRead
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -388,9 +389,6 @@ def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) ->
 # -- reading ----------------------------------------------------------------------------------------------
 
 
-ByteRange = Callable[[str, int, int], bytes]
-
-
 def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, Any], i: int) -> list[str]:
     """Relative paths of the files holding image ``i`` (split-local) of component ``name``."""
     if backend != "zarr":
@@ -401,7 +399,7 @@ def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, 
 
 
 def read_component_bytes(
-    read: ByteRange, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
+    read: ByteRead, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
 ) -> tuple[bytes, str]:
     """The stored bytes of image ``i`` (split-local) of component ``name`` and the file they lie in,
     checked against their size and CRC-32C.

@@ -98,6 +98,19 @@ def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
     return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
 
 
+def held_first(
+    read: Callable[[str, int, int], bytes], held: Mapping[str, np.ndarray] | None
+) -> Callable[[str, int, int], bytes | np.ndarray]:
+    """``read(rel, start, stop)`` from the files in ``held`` (relative path -> read-only uint8 array
+    already in memory: a view, no copy), else from ``read``."""
+
+    def first(rel: str, start: int, stop: int) -> bytes | np.ndarray:
+        data = None if held is None else held.get(rel)
+        return read(rel, start, stop) if data is None else data[start:stop]
+
+    return first
+
+
 def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
     """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
     return {
@@ -231,11 +244,7 @@ class ImageSplits:
         same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
         from there instead of the store (a file not held is read from the store)."""
         entry = self.index[split]
-
-        def read(rel: str, start: int, stop: int) -> bytes | np.ndarray:
-            data = None if held is None else held.get(rel)
-            return self._read(rel, start, stop) if data is None else data[start:stop]
-
+        read = held_first(self._read, held)
         parts = self.backend.image_parts(read, self.url, entry, split, i, self.spec)
         crc, size = 0, 0
         for part in parts:
@@ -829,11 +838,7 @@ class RayStore:
         their CRC-32C, and the file they lie in; ``held``: files already in memory (relative path ->
         read-only uint8 array, ``read_file_into``), read from there instead of the store."""
         split, local, entry = self.component_location(component, name)
-
-        def read(rel: str, start: int, stop: int) -> bytes:
-            data = None if held is None else held.get(rel)
-            return self.read_range(rel, start, stop) if data is None else data[start:stop].tobytes()
-
+        read = held_first(self.read_range, held)
         return read_component_bytes(read, self.url, self.backend, component, split, entry, local)
 
     def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
