@@ -9,7 +9,9 @@ measures, on stores both checkouts read (format 3, made once by ``--make`` with 
 * ``images_loader``: the same ``RayLoader`` on the images-layout store (its window strategy);
 * ``image_loader``: ``ImageLoader`` on the images-layout store, one image a batch, images/s.
 
-Each run records its 1-minute load average, so noisy runs can be told apart.
+Each figure comes with the process's CPU seconds per unit (``*_cpu_us``: every thread's, so the
+loader's decode threads count; far less sensitive than the rate to other processes on a shared
+machine), and each run records its 1-minute load average, so noisy runs can be told apart.
 
     python benchmarks/ab_loaders.py ../base . --size small --rounds 3 --out benchmarks/results/loaders_ab.json
 """
@@ -38,25 +40,28 @@ def child(rays_store: str, images_store: str, batches: int) -> dict[str, Any]:
     from raykit.loaders import ImageLoader, RayLoader
     from raykit.store import open_store
 
-    def steady(loader: Any, warm: int, n: int, per_batch: bool) -> float:
+    def steady(loader: Any, warm: int, n: int, per_batch: bool) -> tuple[float, float]:
+        """Units (rays or images) per second, and CPU microseconds per unit."""
         batches_ = loader.forever()
         for _ in range(warm):
             next(batches_)
-        start, count = time.perf_counter(), 0
+        start, cpu, count = time.perf_counter(), time.process_time(), 0
         for _ in range(n):
             batch = next(batches_)
             count += 1 if per_batch else len(batch)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         loader.close()
-        return count / seconds
+        return count / seconds, cpu * 1e6 / count
 
     out: dict[str, Any] = {"raykit": Path(raykit.__file__).parent.parent.name}  # the checkout's folder name
     rays = RayLoader(open_store(rays_store), "train", 4096, 0, num_workers=0)
-    out["rays_loader_rays_per_s"] = steady(rays, batches, batches, False)
+    out["rays_loader_rays_per_s"], out["rays_loader_cpu_us"] = steady(rays, batches, batches, False)
     images = RayLoader(open_store(images_store), "train", 4096, 0, num_workers=0)
-    out["images_loader_rays_per_s"] = steady(images, batches, batches, False)
+    out["images_loader_rays_per_s"], out["images_loader_cpu_us"] = steady(images, batches, batches, False)
     whole = ImageLoader(open_store(images_store), "train", 1, 0)
-    out["image_loader_images_per_s"] = steady(whole, batches // 10, batches // 2, True)
+    out["image_loader_images_per_s"], out["image_loader_cpu_us"] = steady(
+        whole, batches // 10, batches // 2, True
+    )
     out["loadavg_1m"] = os.getloadavg()[0]
     return out
 

@@ -1,7 +1,7 @@
 """Loaders with masks and depth maps against the same loaders without them (issue 45): interleaved A/B.
 
 The built-in scene (``--size``) is written as a nerfstudio capture with masks and depth maps
-(``raykit.scene.write_nerfstudio``) and converted once to a rays-layout and an images-layout store
+(``raykit.testing.write_nerfstudio``) and converted once to a rays-layout and an images-layout store
 (``--work``, reused). In this one process, for each loader, one loader with ``components=()`` (off)
 and one with ``None`` (every component the store has: mask and depth, on) are made, each runs its first
 epoch (timed: ``*_first_epoch``, the cold cost, pixels and components decoded as first used), then
@@ -39,7 +39,7 @@ VARIANTS = {"off": (), "on": None}
 def make_stores(size: str, work: Path) -> tuple[Path, Path]:
     """The capture and its two stores (reused when there)."""
     from raykit.converters import convert
-    from raykit.scene import render_scene, write_nerfstudio
+    from raykit.testing import render_scene, write_nerfstudio
 
     rays, images = work / "rays.zarr", work / "images.zarr"
     capture = work / "capture"

@@ -55,7 +55,7 @@ from machine import command_line, describe
 from PIL import Image
 
 from raykit.converters import convert
-from raykit.store.phases import recording_phases
+from raykit.store import recording_phases
 
 ROOT = Path(__file__).resolve().parent
 TARGET_RATIO = 0.8
@@ -64,7 +64,7 @@ METADATA_PHASES = ("plan", "camera_table", "metadata", "zarr_metadata", "index_m
 
 def build_capture(size: str, seed: int, workers: int) -> Path:
     """Render the built-in scene and write its Blender form (reused when already there)."""
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     path = ROOT / "data" / f"convert-{size}-{seed}"
     if (path / "transforms_test.json").exists():

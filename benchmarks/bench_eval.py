@@ -43,8 +43,8 @@ def _store(work: Path) -> Path:
     """The 200x200 built-in scene with 100 train and 200 test views as a Zarr ray store (reused)."""
     import numpy as np
 
-    from raykit.scene import builtin
     from raykit.store import ImageRecord, SceneInfo, write_store
+    from raykit.testing import builtin
 
     path = work / "store"
     if (path / "manifest.json").exists():

@@ -52,7 +52,7 @@ RAY_CASES = ("vanilla", "raykit-rays", "raykit-rays-quarter")
 def prepare(work: Path, size: str) -> dict[str, str]:
     """The Blender capture and its two stores (made once per size)."""
     from raykit.converters import convert
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     root = work / size
     capture, rays, images = root / "capture", root / "rays.zarr", root / "images.zarr"

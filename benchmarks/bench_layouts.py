@@ -47,7 +47,7 @@ LAYOUTS = ("rays", "images")
 
 
 def png_capture(size: str) -> Path:
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     path = ROOT / "data" / f"images-{size}-png"
     if not (path / "transforms_test.json").exists():
@@ -114,7 +114,7 @@ def measure_store(
     """
     from raykit.converters import convert
     from raykit.converters.images import pixel_array
-    from raykit.store.phases import recording_phases
+    from raykit.store import recording_phases
 
     files = sorted(p for p in src.rglob("*") if p.suffix in (".png", ".jpg"))
     decode = decode_rate(files)

@@ -63,7 +63,7 @@ def build_capture(size: str, seed: int) -> Path:
     path = ROOT / "data" / f"loader-{size}-{seed}" / "capture"
     if (path / "transforms_test.json").exists():
         return path
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     scene = render_scene(size, seed=seed, workers=2)
     tmp = path.with_name("capture.tmp")

@@ -1,6 +1,6 @@
 """Pose estimation benchmark: time per stage and registered fraction of ``raykit poses``.
 
-The textured built-in scene (:func:`raykit.scene.photos.render_photos`, cameras on two rings) is
+The textured built-in scene (:func:`raykit.testing.photos.render_photos`, cameras on two rings) is
 rendered at two sizes, written as PNG photos into a temporary folder and run through
 :func:`raykit.poses.estimate.estimate_poses` with default options (exhaustive matching below 200
 photos, SIMPLE_RADIAL, one shared camera) and ``--threads`` (default 2). Recorded per size: wall time
@@ -31,7 +31,7 @@ from raykit.colmap_io import read_model
 from raykit.conventions import c2w_from_colmap
 from raykit.poses.align import pose_errors
 from raykit.poses.estimate import PoseOptions, estimate_poses
-from raykit.scene.photos import render_photos
+from raykit.testing.photos import render_photos
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_SIZES = ("24x240", "48x480")

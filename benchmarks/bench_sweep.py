@@ -194,7 +194,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS), help="JSON report")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:

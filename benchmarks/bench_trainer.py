@@ -33,8 +33,8 @@ from machine import command_line, describe, portable, write_report
 
 import raykit.recorder
 from raykit.errors import RaykitError
-from raykit.scene import render_scene
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
+from raykit.testing import render_scene
 from raykit.trainer import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent

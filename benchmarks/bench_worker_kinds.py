@@ -69,7 +69,7 @@ def main() -> None:
         url = sys.argv[1] if len(sys.argv) > 1 else None
         if url is None:
             from raykit.converters import convert
-            from raykit.scene import render_scene, write_blender
+            from raykit.testing import render_scene, write_blender
 
             capture = write_blender(render_scene("small"), Path(tmp) / "capture")
             url = str(Path(tmp) / "store.zarr")

@@ -24,7 +24,7 @@ API_MODULES = (
     "raykit.rays",
     "raykit.colmap_io",
     "raykit.store",
-    "raykit.scene",
+    "raykit.testing",
     "raykit.converters",
     "raykit.loaders",
     "raykit.evaluation",

@@ -24,7 +24,7 @@ __all__ = ["build_parser", "main"]
 # among them); ``raykit --help`` imports them all. tests/test_package.py checks the table against what
 # each module registers.
 COMMANDS: dict[str, str] = {
-    "scene": "raykit.scene.cli",
+    "scene": "raykit.testing.cli",
     "convert": "raykit.converters.cli",
     "add-component": "raykit.converters.cli",
     "poses": "raykit.poses.cli",

@@ -10,10 +10,13 @@ __all__ = [
     "CameraError",
     "ConfigError",
     "ExportError",
+    "RangeIgnoredWarning",
+    "RayRangeError",
     "RaykitError",
     "RaykitWarning",
     "ResumeError",
     "SourceError",
+    "StaleLockWarning",
     "StoreChangedError",
     "StoreCorruptError",
     "StoreError",
@@ -83,3 +86,15 @@ class StoreLockedError(StoreError, RuntimeError):
 
 class StoreChangedError(StoreError, RuntimeError):
     """The store was replaced (e.g. ``convert --overwrite``) while it was being read."""
+
+
+class RayRangeError(StoreError, IndexError):
+    """A split, chunk, ray range or image that the store does not have."""
+
+
+class RangeIgnoredWarning(RaykitWarning):
+    """A server answered a range request with the whole file (reads fall back to whole files)."""
+
+
+class StaleLockWarning(RaykitWarning):
+    """A lock left by a writer that no longer runs was taken over (``raykit.locks``)."""

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import raykit.cli
-from raykit.scene import render_scene, write_blender
 from raykit.store.schema import FORMAT_NAME
+from raykit.testing import render_scene, write_blender
 
 
 @pytest.fixture(scope="module")

@@ -18,22 +18,23 @@ import raykit
 ROOT = Path(__file__).resolve().parents[1]
 # The layer order, lowest first: a module imports its own unit (top-level module or subpackage) and
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
-# other) nor above it. ``scene`` sits above ``colmap_io`` because it writes COLMAP models.
+# other) nor above it. ``testing`` (the procedural scene) sits just below the applications that use it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ranges",),
     ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version", "recorder"),
+    ("locks",),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),
     ("rays",),
     ("colmap_io",),
-    ("scene",),
     ("store",),
     ("poses",),
     ("converters", "loaders", "evaluation"),
     ("profiling",),
     ("trainer", "integrations"),
     ("pipeline",),
+    ("testing",),
     ("demo", "sweep", "cli"),
     ("__main__",),
 )

@@ -18,7 +18,7 @@ it; a model without points uses the box around the camera centres (see
 :func:`raykit.converters.ngp.box_near_far`).
 
 The points themselves (position, colour, error, track length) go into the store as
-``points3D.parquet``, mapped into the store's world frame (:mod:`raykit.store.points`).
+``points3D.parquet``, mapped into the store's world frame (:mod:`raykit.store.schema`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ from typing import Any
 
 from raykit.converters import convert
 from raykit.errors import RaykitError
+from raykit.loaders import image_rays
 from raykit.profiling import baseline_cached_images, baseline_precomputed_rays, run_bench
-from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store import RayStore, open_store, validate_store
+from raykit.testing import render_scene, write_blender, write_colmap
 
 __all__ = ["compare_stores", "convert_all", "make_scene", "profile"]
 
@@ -92,7 +93,7 @@ def compare_stores(a: Any, b: Any, split: str) -> dict[str, float]:
     by_stem = {Path(n).with_suffix("").as_posix(): n for n in b.images(split)}
     worst = {"origins": 0.0, "directions": 0.0, "rgb": 0.0, "images": 0}
     for name in a.images(split):
-        ra, rb = a.image_rays(name), b.image_rays(by_stem[Path(name).with_suffix("").as_posix()])
+        ra, rb = image_rays(a, name), image_rays(b, by_stem[Path(name).with_suffix("").as_posix()])
         for key in ("origins", "directions", "rgb"):
             diff = (getattr(ra, key) - getattr(rb, key)).abs().max().item()
             worst[key] = max(worst[key], diff)

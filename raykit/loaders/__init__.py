@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from raykit.lazy import lazy_attribute
 
 if TYPE_CHECKING:
-    from raykit.loaders.batching import DeviceBatcher
+    from raykit.loaders.batching import DeviceBatcher, image_rays, ray_generator, reference_batch
     from raykit.loaders.cache import CacheStats, ChunkCache, DiskCache, ImageCache
     from raykit.loaders.config import IMAGE_CACHE_BYTES, RAY_CACHE_BYTES, ImageLoaderConfig, LoaderConfig
     from raykit.loaders.eval import EvalImage, EvalLoader
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # module -> the public names it defines (imported on first use)
 _PUBLIC = {
-    "batching": ("DeviceBatcher",),
+    "batching": ("DeviceBatcher", "image_rays", "ray_generator", "reference_batch"),
     "cache": ("CacheStats", "ChunkCache", "DiskCache", "ImageCache"),
     "config": ("IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"),
     "eval": ("EvalImage", "EvalLoader"),
@@ -59,7 +59,10 @@ __all__ = [
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",
+    "image_rays",
     "level_camera",
+    "ray_generator",
+    "reference_batch",
 ]
 
 

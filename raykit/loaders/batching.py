@@ -1,22 +1,53 @@
-"""Compact rays -> ``RayBatch`` on the target device: the loader's ray-generation stage.
+"""Rays from a store's camera table: compact rays -> ``RayBatch`` on the target device, the loaders'
+ray-generation stage (the store holds colours and pixel ids; making rays is done here).
 
-Only the compact layout crosses to the device (``rgba`` uint8 and ``pid`` uint32: 7-8 bytes per ray);
-pixel ids are decoded and rays generated there, vectorised. On CUDA the host arrays are staged in
-page-locked (pinned) memory and copied with ``non_blocking=True``. The simple twin is
-:meth:`raykit.store.RayStore.to_batch`, which tests compare against.
+``ray_generator(store, device)`` is a store's ``RayGenerator`` (memoised per store and device),
+``image_rays(store, name)`` the rays of one image. ``DeviceBatcher`` is the fast path: only the compact
+layout crosses to the device (``rgba`` uint8 and ``pid`` uint32: 7-8 bytes per ray); pixel ids are
+decoded and rays generated there, vectorised. On CUDA the host arrays are staged in page-locked
+(pinned) memory and copied with ``non_blocking=True``. Its simple twin is ``reference_batch``, which
+tests compare against.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
-from raykit.rays import RayBatch
-from raykit.store import RawRays, RayStore
+from raykit.rays import RayBatch, RayGenerator
+from raykit.store import RawRays, RayStore, table_ray_generator
 
-__all__ = ["DeviceBatcher"]
+__all__ = ["DeviceBatcher", "image_rays", "ray_generator", "reference_batch"]
+
+
+_GENERATORS: weakref.WeakKeyDictionary[RayStore, dict[str, RayGenerator]] = weakref.WeakKeyDictionary()
+
+
+def ray_generator(store: RayStore, device: torch.device | str = "cpu") -> RayGenerator:
+    """A ``raykit.rays.RayGenerator`` for ``store``'s images on ``device`` (memoised per store)."""
+    generators = _GENERATORS.setdefault(store, {})
+    key = str(torch.device(device))
+    if key not in generators:
+        generators[key] = table_ray_generator(store.table, device, near=store.scene.near, far=store.scene.far)
+    return generators[key]
+
+
+def reference_batch(store: RayStore, raw: RawRays, device: torch.device | str = "cpu") -> RayBatch:
+    """Twin of :class:`DeviceBatcher`: a ``RayBatch`` on ``device`` from compact rays of ``store``."""
+    generator = ray_generator(store, device)
+    pid = torch.from_numpy(raw.pid.astype(np.int64))
+    image, pixel, rays = generator.generate_from_pids(pid)
+    colour = torch.from_numpy(np.ascontiguousarray(raw.rgba)).to(generator.device)
+    extra = {k: torch.from_numpy(np.ascontiguousarray(v)).to(generator.device) for k, v in raw.extra.items()}
+    return RayBatch.from_rays(colour, image, pixel, rays, extra)
+
+
+def image_rays(store: RayStore, name: str, device: torch.device | str = "cpu") -> RayBatch:
+    """``RayBatch`` of every pixel of image ``name`` of ``store`` in row-major order, on ``device``."""
+    return reference_batch(store, store.image_raw(name), device)
 
 
 class DeviceBatcher:
@@ -28,7 +59,7 @@ class DeviceBatcher:
 
     def __init__(self, store: RayStore, device: Any = "cpu") -> None:
         self.device = torch.device(device)
-        self.generator = store.ray_generator(self.device)
+        self.generator = ray_generator(store, self.device)
         self.pinned = self.device.type == "cuda"
 
     def warm_up(self) -> None:

@@ -144,14 +144,14 @@ class CachedStoreSource(StoreSource):
         self.disk = DiskCache(self.cache_dir / remote.fingerprint[:16], fetch)
         info = remote.splits.get(split)
         chunks = [(name, i) for name, split_info in remote.splits.items() for i in range(split_info.n_chunks)]
-        payload = {rel for name, i in chunks for rel in remote.payload.chunk_files(name, i)}
+        payload = {rel for name, i in chunks for rel in remote.chunk_files(name, i)}
         for rel in ["manifest.json", *(rel for rel in remote.files if rel not in payload)]:
             self.disk.get(rel)
         super().__init__(open_store(self.disk.root), split)
         self.info = info if info is not None else self.info
 
     def read_chunk(self, index: int) -> RawRays:
-        files = self.store.payload.chunk_files(self.split, index)
+        files = self.store.chunk_files(self.split, index)
         for rel in files:
             self.disk.get(rel)
         try:

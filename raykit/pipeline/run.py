@@ -17,7 +17,7 @@ from raykit.pipeline.runner import Attempt, Stage, StageRunner
 
 __all__ = ["RUN_LOCK", "ExtraStages", "capture_and_store", "check_run_folder", "run_pipeline"]
 
-RUN_LOCK = "run.lock"  # OUT/run.lock: held by the one `raykit run` writing OUT (raykit.store.files)
+RUN_LOCK = "run.lock"  # OUT/run.lock: held by the one `raykit run` writing OUT (raykit.locks)
 
 # Stages a caller adds after evaluation (the demo's comparisons): given the runner and the results so
 # far, run them and return the report's extra sections as ``{"title": markdown}``.
@@ -36,7 +36,7 @@ def run_pipeline(
         raise SourceError(f"{src}: not found")
     check_run_folder(out)
     out.mkdir(parents=True, exist_ok=True)
-    from raykit.store import store_lock
+    from raykit.locks import store_lock
 
     with store_lock(out, path=out / RUN_LOCK, what="run folder"):  # one `raykit run` per OUT
         return _run_locked(cfg, out, extra, runner)

@@ -28,6 +28,7 @@ from PIL import Image
 
 from raykit.conventions import PIXEL_CENTER
 from raykit.errors import CameraError
+from raykit.loaders import ray_generator
 from raykit.store import RayStore
 
 __all__ = ["NerfstudioStyleRays", "baseline_cached_images", "baseline_precomputed_rays", "decode_float"]
@@ -53,7 +54,7 @@ def baseline_precomputed_rays(
     store: RayStore, capture: Path, batch_size: int, batches: int
 ) -> dict[str, Any]:
     """Vanilla NeRF: precompute all rays, reshuffle per epoch, slice; returns timings and memory."""
-    gen = store.ray_generator("cpu")
+    gen = ray_generator(store, "cpu")
     start = time.perf_counter()
     images = _train_images(store, capture)
     h, w = int(store.table.height[images[0][0]]), int(store.table.width[images[0][0]])
@@ -126,7 +127,7 @@ def baseline_cached_images(
     """
     if rays not in ("nerfstudio", "raykit"):
         raise ValueError(f"baseline b: expected rays 'nerfstudio' or 'raykit', got {rays!r}")
-    gen = store.ray_generator("cpu")
+    gen = ray_generator(store, "cpu")
     plain = NerfstudioStyleRays(gen) if rays == "nerfstudio" else None
     start = time.perf_counter()
     images = _train_images(store, capture)

@@ -32,16 +32,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import google_crc32c
 import numpy as np
 from numpy.lib import format as npy_format
 
-from raykit.errors import ConfigError, SourceError, StoreCorruptError, StoreNotFoundError
-from raykit.fileio import UntrustedFileError, atomic_write_bytes, atomic_write_json, open_regular, safe_path
+from raykit.errors import ConfigError, SourceError, StoreCorruptError
+from raykit.fileio import atomic_write_bytes, atomic_write_json
 from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
+from raykit.store.backends import ByteRead
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
     "decode_component",
     "encode_component",
     "fit_component",
-    "local_range_reader",
     "read_component_bytes",
     "read_components_bytes",
     "store_fingerprint",
@@ -297,29 +297,6 @@ def fit_component(
 # -- the payload of one component -----------------------------------------------------------------------
 
 
-def _zarr_files(split: str, name: str, offsets: Sequence[int]) -> dict[str, bytes]:
-    from raykit.store.backends.zarr import array_document, crc32c_bytes, document_bytes
-
-    little = {"name": "bytes", "configuration": {"endian": "little"}}
-    sharding = {
-        "chunk_shape": [CHUNK_BYTES],
-        "codecs": [{"name": "bytes"}, {"name": "crc32c"}],
-        "index_codecs": [little, {"name": "crc32c"}],
-        "index_location": "end",
-    }
-    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    doc = array_document([int(offsets[-1])], "uint8", [CHUNK_BYTES * SHARD_CHUNKS], codecs, name)
-    n = len(offsets)
-    offsets_doc = array_document([n], "int64", [n], [little, {"name": "crc32c"}], f"{name}_offsets")
-    raw = np.asarray(offsets, dtype="<i8").tobytes()
-    base = f"zarr/{split}"
-    return {
-        f"{base}/{name}/zarr.json": document_bytes(doc),
-        f"{base}/{name}_offsets/zarr.json": document_bytes(offsets_doc),
-        f"{base}/{name}_offsets/c/0": raw + crc32c_bytes(raw),
-    }
-
-
 class _Sink:
     """Writes one split's arrays of one component as they come (each file atomically under ``root``)
     and records what ``index-{component}.json`` and the manifest need."""
@@ -355,19 +332,14 @@ class _Sink:
 
     def _flush(self) -> None:
         if self.backend == "zarr":
-            from raykit.store.backends.zarr import shard_pieces
+            from raykit.store.backends.zarr import byte_shard_pieces
 
             per = CHUNK_BYTES * SHARD_CHUNKS
             blob = b"".join(self._held)
             body, rest = blob[:per], blob[per:]
             if body:
-                chunks = (
-                    body[lo : lo + CHUNK_BYTES].ljust(CHUNK_BYTES, b"\0")
-                    for lo in range(0, len(body), CHUNK_BYTES)
-                )
-                self._write(
-                    f"zarr/{self.split}/{self.name}/c/{self._shard}", shard_pieces(chunks, SHARD_CHUNKS)
-                )
+                pieces = byte_shard_pieces(body, CHUNK_BYTES, SHARD_CHUNKS)
+                self._write(f"zarr/{self.split}/{self.name}/c/{self._shard}", pieces)
             self._held, self._size = ([rest] if rest else []), len(rest)
         else:
             from raykit.store.backends.wds import tar_bytes
@@ -385,7 +357,12 @@ class _Sink:
             while self._held:
                 self._flush()
             offsets = [*self.entry["offset"], self._total]
-            for rel, data in _zarr_files(self.split, self.name, offsets).items():
+            from raykit.store.backends.zarr import byte_array_files
+
+            base, name = f"zarr/{self.split}", self.name
+            for rel, data in byte_array_files(
+                base, name, f"{name}_offsets", offsets, CHUNK_BYTES, SHARD_CHUNKS
+            ).items():
                 self._write(rel, data)
         else:
             self._flush()
@@ -461,30 +438,6 @@ def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) ->
 # -- reading ----------------------------------------------------------------------------------------------
 
 
-ByteRange = Callable[[str, int, int], bytes]
-
-
-def local_range_reader(url: str, root: str) -> ByteRange:
-    """``read(rel, start, stop)`` of a local store's files: regular files inside the store only."""
-
-    paths: dict[str, Path] = {}  # each file's path, checked on its first read
-
-    def read(rel: str, start: int, stop: int) -> bytes:
-        try:
-            path = paths.get(rel)
-            if path is None:
-                path = paths[rel] = safe_path(root, rel, where=f"{url}/manifest.json")
-            with open_regular(path) as handle:
-                handle.seek(start)
-                return handle.read(stop - start)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{url}/{rel}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-
-    return read
-
-
 def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, Any], i: int) -> list[str]:
     """Relative paths of the files holding image ``i`` (split-local) of component ``name``."""
     if backend != "zarr":
@@ -495,7 +448,7 @@ def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, 
 
 
 def read_component_bytes(
-    read: ByteRange, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
+    read: ByteRead, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
 ) -> tuple[bytes, str]:
     """The stored bytes of image ``i`` (split-local) of component ``name`` and the file they lie in,
     checked against their size and CRC-32C.
@@ -505,19 +458,12 @@ def read_component_bytes(
     """
     size = int(entry["bytes"][i])
     if backend == "zarr":
+        from raykit.store.backends.zarr import byte_array_parts
+
         lo, hi = int(entry["offset"][i]), int(entry["offset"][i]) + size
-        parts, rel = [], f"zarr/{split}/{name}/c/{lo // (CHUNK_BYTES * SHARD_CHUNKS)}"
-        c = lo // CHUNK_BYTES
-        while c * CHUNK_BYTES < hi:  # one read per shard the array spans
-            shard, j0 = divmod(c, SHARD_CHUNKS)
-            j1 = min((hi - 1) // CHUNK_BYTES, (shard + 1) * SHARD_CHUNKS - 1) - shard * SHARD_CHUNKS
-            raw = read(f"zarr/{split}/{name}/c/{shard}", j0 * (CHUNK_BYTES + 4), (j1 + 1) * (CHUNK_BYTES + 4))
-            for k in range(j1 - j0 + 1):  # each inner chunk's body (less its CRC-32C) within [lo, hi)
-                start = (shard * SHARD_CHUNKS + j0 + k) * CHUNK_BYTES
-                a, b = max(lo - start, 0), min(hi - start, CHUNK_BYTES)
-                parts.append(raw[k * (CHUNK_BYTES + 4) + a : k * (CHUNK_BYTES + 4) + b])
-            c = (shard + 1) * SHARD_CHUNKS
-        data = b"".join(parts)
+        rel = f"zarr/{split}/{name}/c/{lo // (CHUNK_BYTES * SHARD_CHUNKS)}"
+        parts = byte_array_parts(read, url, f"zarr/{split}/{name}", lo, hi, CHUNK_BYTES, SHARD_CHUNKS)
+        data = b"".join(part if isinstance(part, bytes) else part.data for part in parts)
     else:
         rel = f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"
         offset = int(entry["member"][i])
@@ -551,7 +497,7 @@ def _file_ranges(
 
 
 def read_components_bytes(
-    read: ByteRange,
+    read: ByteRead,
     url: str,
     backend: str,
     name: str,
@@ -570,7 +516,7 @@ def read_components_bytes(
         StoreCorruptError: truncated or altered bytes, naming the file.
     """
 
-    def served(buffers: dict[str, tuple[int, memoryview]]) -> ByteRange:
+    def served(buffers: dict[str, tuple[int, memoryview]]) -> ByteRead:
         def read_held(rel: str, start: int, stop: int) -> Any:
             held = buffers.get(rel)
             if held is not None and held[0] <= start and stop <= held[0] + len(held[1]):
@@ -580,7 +526,7 @@ def read_components_bytes(
         return read_held
 
     def run(group: list[int], ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, bytes, str]]:
-        buffers = {rel: (lo, memoryview(read(rel, lo, hi))) for rel, (lo, hi) in ranges.items()}
+        buffers = {rel: (lo, memoryview(cast(Any, read(rel, lo, hi)))) for rel, (lo, hi) in ranges.items()}
         for i in group:
             yield (i, *read_component_bytes(served(buffers), url, backend, name, split, entry, i))
 

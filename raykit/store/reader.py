@@ -1,23 +1,15 @@
-"""Reading a store: ``RayStore`` (``open_store``) and the readers of its two layouts (``RaySplits``,
-``ImageSplits`` behind ``SplitReader``; ``ImagesReader`` for stored images). Sections below: the
-images layout, the split readers, then ``RayStore``.
+"""Reading a store: ``RayStore`` (``open_store``) = its manifest, its camera table and one reader of
+its layout, ``RaySplits`` (stored ray chunks) or ``ImageSplits`` (stored images). Both answer the same
+questions (``read_chunk``, ``read_image``, ``image_raw``, ``image_parts``, ``image_files``,
+``chunk_files``), so ``RayStore`` never branches on the layout.
 
-The images layout (``IMAGES_LAYOUT``; docs/format.md, "The images layout"): a split's encoded images
-(``raykit.store.image_codec``) in camera-table order; read as rays, the images end to end, row-major.
-
-Each backend lays the bytes out by its ``ImagesPayload`` (``Backend.images``); ``ImagesReader`` reads
-them back through it, checking each image's CRC-32C. ``camera_record`` is the JSON beside each image in
-a tar.
-
-How ``RayStore`` reads one split, one class per layout: ``RaySplits`` (stored ray chunks, checked
-against their CRCs) and ``ImageSplits`` (stored images, decoded; their rays are the images end to
-end in row-major order). Both answer the same three questions (``SplitReader``), so ``RayStore``
-picks the reader of a split's layout and never branches on it.
-
-Read a committed ray store from a local path or any fsspec URL, checking what it reads
-(docs/format.md, "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of
-returning wrong rays. Each split is read by the reader of its layout (``raykit.store.reader``),
-so nothing here depends on the layout.
+A committed store is read from a local path or any fsspec URL, checking what is read (docs/format.md,
+"Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong
+rays. Ray chunks come from the backend's chunk reader (``Backend.open_reader``), checked against their
+CRCs here; images (docs/format.md, "The images layout") are laid out by the backend
+(``Backend.image_parts``), checked against their CRC-32C and decoded here (``raykit.store.image_codec``);
+read as rays, an images split is its images end to end, row-major. Making rays (origins, directions)
+from what a store holds is the loaders' (``raykit.loaders``).
 """
 
 from __future__ import annotations
@@ -29,13 +21,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import google_crc32c
 import numpy as np
 import pyarrow as pa
 
 from raykit.errors import (
+    RayRangeError,
     StoreChangedError,
     StoreCorruptError,
     StoreError,
@@ -44,14 +37,14 @@ from raykit.errors import (
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
 from raykit.imagedecode import downscale_area, downscale_nearest, level_size
-from raykit.store.backends import Backend, ImagesPayload, PayloadReader, PayloadSpec, backend_named
+from raykit.locks import lock_owner, lock_path
+from raykit.store.backends import Backend, ChunkReader, backend_named
 from raykit.store.components import (
     COMPONENTS,
     FRAMES_FILE,
     ComponentInfo,
     component_files_of,
     decode_component,
-    local_range_reader,
     read_component_bytes,
     read_components_bytes,
     store_fingerprint,
@@ -62,56 +55,61 @@ from raykit.store.files import (
     filesystem,
     is_url,
     json_digest,
-    lock_owner,
-    lock_path,
+    local_range_reader,
     read_errors,
 )
 from raykit.store.image_codec import decode_stored
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
-from raykit.store.points import POINTS_SCHEMA, SparsePoints
 from raykit.store.schema import (
+    POINTS_SCHEMA,
     DerivedRays,
     FieldSpec,
     ImageRecord,
     RawRays,
     SceneInfo,
+    SparsePoints,
     SplitInfo,
     check_manifest_files,
     check_manifest_header,
     split_sort_key,
 )
-from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
-from raykit.store.table import CameraTable, ray_generator, read_camera_table, read_parquet
-
-if TYPE_CHECKING:
-    import torch
-
-    from raykit.rays import RayBatch, RayGenerator
-    from raykit.store.files import RangeFetcher
+from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec
+from raykit.store.table import CameraTable, read_camera_table, read_parquet
 
 __all__ = [
     "ImageSplits",
-    "ImagesReader",
-    "RayRangeError",
     "RaySplits",
     "RayStore",
-    "SplitReader",
     "Timed",
     "camera_record",
     "empty_rays",
     "join_parts",
-    "layout_readers",
-    "open_payload",
     "open_store",
 ]
 
 
+Timed = Callable[[str, float], None]  # ``timed(step, seconds)``: a reader's own time per step, for profiling
+
+
 def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
-    """The bytes of an image's pieces (``ImagesReader.image_parts``), joined (one copy; none for an
-    image in one ``bytes`` piece)."""
+    """The bytes of an image's pieces (``image_parts``), joined (one copy; none for an image in one
+    ``bytes`` piece)."""
     if len(parts) == 1 and isinstance(parts[0], bytes):
         return parts[0]
     return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
+
+
+def held_first(
+    read: Callable[[str, int, int], bytes], held: Mapping[str, np.ndarray] | None
+) -> Callable[[str, int, int], bytes | np.ndarray]:
+    """``read(rel, start, stop)`` from the files in ``held`` (relative path -> read-only uint8 array
+    already in memory: a view, no copy), else from ``read``."""
+
+    def first(rel: str, start: int, stop: int) -> bytes | np.ndarray:
+        data = None if held is None else held.get(rel)
+        return read(rel, start, stop) if data is None else data[start:stop]
+
+    return first
 
 
 def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
@@ -128,142 +126,6 @@ def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
     }
 
 
-def open_payload(
-    images: bool,
-    backend: Backend,
-    url: str,
-    spec: PayloadSpec,
-    index: Mapping[str, Any],
-    ranges: RangeFetcher | None,
-    ray_starts: Callable[[], Mapping[str, Sequence[int]]],
-) -> PayloadReader:
-    """The payload reader of a committed store: the backend's images reader for an ``images`` store,
-    else its ray reader (``ray_starts``: each split's images' first rays and its ray count)."""
-    if images:
-        return ImagesReader(url, backend.images, spec.layout, index, ranges, ray_starts())
-    return backend.open_reader(url, spec, index, ranges)
-
-
-class ImagesReader:
-    """Reads stored image bytes of a committed store's images-layout splits (either backend).
-
-    Args:
-        url: the store's location; payload: its backend's ``images``; layout: the store's layout;
-        index: ``index.json``; ranges: a ``RangeFetcher`` for remote stores (None: local).
-    """
-
-    def __init__(
-        self,
-        url: str,
-        payload: ImagesPayload,
-        layout: StoreSpec,
-        index: Mapping[str, Any],
-        ranges: RangeFetcher | None = None,
-        ray_starts: Mapping[str, Sequence[int]] | None = None,
-    ) -> None:
-        self.url, self.layout, self.index = url.rstrip("/"), layout, index
-        self._payload = payload
-        self._fs, self._root = filesystem(self.url)
-        self._ranges = ranges
-        self._inside: set[str] = set()  # local files checked to lie inside the store
-        # per split: each image's first ray and, last, the split's ray count (the rays view)
-        self._ray_starts = {k: np.asarray(v, dtype=np.int64) for k, v in (ray_starts or {}).items()}
-
-    def chunk_files(self, split: str, index: int) -> list[str]:
-        """Files holding the images that chunk ``index`` of the split's rays view covers."""
-        starts, size = self._ray_starts[split], self.layout.chunk_rays
-        lo, hi = index * size, min((index + 1) * size, int(starts[-1]))
-        first = int(np.searchsorted(starts, lo, side="right")) - 1
-        last = int(np.searchsorted(starts, hi, side="left")) - 1
-        return sorted({rel for i in range(first, last + 1) for rel in self.files_of(split, i)})
-
-    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
-        """Not used: an images split's rays are decoded from its images (``ImagesSplits``)."""
-        raise StoreCorruptError(f"{self.url}: split {info.name!r} holds images, not ray chunks")
-
-    def _read(self, rel: str, start: int, stop: int) -> bytes:
-        if self._ranges is not None:
-            return bytes(self._ranges.read(rel, start, stop))
-        try:
-            if rel not in self._inside:  # once per file: no symlink out of the store (fileio.safe_path)
-                safe_path(self._root, rel, where=f"{self.url}/manifest.json")
-                self._inside.add(rel)
-            with open_regular(f"{self._root}/{rel}") as handle:  # never a FIFO or a device
-                handle.seek(start)
-                return handle.read(stop - start)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self.url}/{rel}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-
-    def files_of(self, split: str, i: int) -> list[str]:
-        """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
-        return self._payload.files_of(self.index[split], split, i, self.layout)
-
-    def image_bytes(self, split: str, i: int) -> bytes:
-        """The stored bytes of image ``i`` (split-local) of ``split``, checked against their CRC-32C.
-
-        Raises:
-            StoreCorruptError: truncated or altered bytes, naming the file.
-        """
-        return join_parts(self.image_parts(split, i))
-
-    def image_parts(
-        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
-    ) -> list[bytes | np.ndarray]:
-        """``image_bytes`` in pieces that joined give the image (``ImagesPayload.image_parts``), checked
-        the same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
-        from there instead of the store (a file not held is read from the store)."""
-        entry = self.index[split]
-
-        def read(rel: str, start: int, stop: int) -> bytes | np.ndarray:
-            data = None if held is None else held.get(rel)
-            return self._read(rel, start, stop) if data is None else data[start:stop]
-
-        parts = self._payload.image_parts(read, self.url, entry, split, i, self.layout)
-        crc, size = 0, 0
-        for part in parts:
-            crc, size = google_crc32c.extend(crc, part), size + len(part)
-        if size != int(entry["image_bytes"][i]) or crc != int(entry["crc32c"][i]):
-            raise StoreCorruptError(
-                f"{self.url}/{self.files_of(split, i)[0]}: image {i} of split {split!r} fails its checksum "
-                f"(expected {int(entry['image_bytes'][i])} bytes with crc32c {int(entry['crc32c'][i]):08x})"
-            )
-        return parts
-
-
-Timed = Callable[[str, float], None]  # ``timed(step, seconds)``: a reader's own time per step, for profiling
-
-
-class SplitReader(Protocol):
-    """Reads the splits of one layout."""
-
-    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
-        """Chunk ``index`` (in range) of split ``info``, checked."""
-        ...
-
-    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
-        """Camera-table row ``row``'s pixels, (H, W, C) uint8, at resolution level ``downscale``
-        (``raykit.imagedecode.decode_image_scaled``), or None: gathered from ``image_raw``;
-        ``timed`` is told the seconds of the ``"read"`` and ``"decode"`` of a stored image."""
-        ...
-
-    def image_raw(self, row: int) -> RawRays | None:
-        """Compact rays of every pixel of row ``row``, row-major, or None: gathered from the chunks."""
-        ...
-
-    def stored_image_parts(
-        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
-    ) -> list[bytes | np.ndarray]:
-        """The stored file of image ``local`` of ``split`` in pieces, checked (``StoreError`` when it
-        stores rays); ``held``: files already in memory (``ImagesReader.image_parts``)."""
-        ...
-
-    def image_files(self, split: str, local: int) -> list[str]:
-        """Relative paths of the files holding image ``local`` of ``split`` (none: it stores rays)."""
-        ...
-
-
 def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:
     """No rays, with the fields' dtypes and widths."""
     extra = {k: np.zeros((0, 3), dtype=s.dtype) for k, s in fields.items() if k not in ("rgba", "pid")}
@@ -272,12 +134,12 @@ def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:
 
 @dataclass(frozen=True)
 class RaySplits:
-    """Splits stored as ray chunks: values from the backend's ``payload``, checked against the chunk
-    CRCs of ``index.json`` (``crcs``; ``pid_crcs`` for format-3 stored pids, checked apart; format 1
-    and 2 sum every field at once, ``legacy``)."""
+    """The reader of a rays-layout store: chunks from the backend's ``chunks`` reader, checked against
+    the chunk CRCs of ``index.json`` (``crcs``; ``pid_crcs`` for format-3 stored pids, checked apart;
+    format 1 and 2 sum every field at once, ``legacy``)."""
 
     url: str
-    payload: PayloadReader
+    chunks: ChunkReader
     fields: Mapping[str, FieldSpec]
     checksum: str  # chunk checksum kind: "crc32c" or "crc32" (``integrity.chunk_checksum``)
     crcs: Mapping[str, np.ndarray]
@@ -286,11 +148,16 @@ class RaySplits:
     check_file: Callable[[str], None]  # size check of a payload file on first use
     split_order: Callable[[str], SplitOrder]
 
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Relative paths of the files holding chunk ``index`` of ``split``."""
+        return self.chunks.chunk_files(split, index)
+
     def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
-        files = self.payload.chunk_files(info.name, index)
+        """Chunk ``index`` (in range) of split ``info``, checked."""
+        files = self.chunks.chunk_files(info.name, index)
         for rel in files:
             self.check_file(rel)
-        values = self.payload.read_chunk(info, index)
+        values = self.chunks.read_chunk(info, index)
         summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
         self._check(files[0], info.name, index, chunk_checksum(values, summed, self.checksum), self.crcs)
         extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
@@ -313,39 +180,92 @@ class RaySplits:
             )
 
     def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
-        return None  # gathered from the split's rays by ``RayStore.image_raw``
+        """None: an image of a rays store is gathered from its rays (``RayStore.image_raw``)."""
+        return None
 
     def image_raw(self, row: int) -> RawRays | None:
-        return None  # gathered from the split's chunks by ``RayStore.image_raw``
+        """None: gathered from the split's chunks by ``RayStore.image_raw``."""
+        return None
 
-    def stored_image_parts(
-        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
+    def image_parts(
+        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
     ) -> list[bytes | np.ndarray]:
+        """Refused: a rays store stores no image files."""
         raise StoreError(f"{self.url}: split {split!r} stores rays, not image files")
 
-    def image_files(self, split: str, local: int) -> list[str]:
+    def image_files(self, split: str, i: int) -> list[str]:
+        """None: a rays store stores no image files."""
         return []
 
 
-@dataclass(frozen=True)
 class ImageSplits:
-    """Splits stored as encoded images (``raykit.store.reader``): each read checks the stored
-    bytes' CRC-32C (``ImagesReader.image_bytes``) and the decoded size against the camera table."""
+    """The reader of an images-layout store (either backend): each image's stored bytes, laid out by
+    the ``backend`` and read by ``read(rel, start, stop)`` (``RayStore.read_range``), checked against
+    their CRC-32C, decoded and checked against the camera ``table`` (``channels``: the colour channels
+    served, ``RayStore.rgba_channels``)."""
 
-    url: str
-    images: ImagesReader
-    table: CameraTable
-    channels: int  # colour channels served (``RayStore.rgba_channels``)
-    split_rows: Callable[[str], np.ndarray]
+    def __init__(
+        self,
+        url: str,
+        backend: Backend,
+        spec: StoreSpec,
+        index: Mapping[str, Any],
+        read: Callable[[str, int, int], bytes],
+        table: CameraTable,
+        channels: int,
+        split_rows: Callable[[str], np.ndarray],
+    ) -> None:
+        self.url, self.spec, self.index, self._read = url.rstrip("/"), spec, index, read
+        self.backend, self.table, self.channels, self.split_rows = backend, table, channels, split_rows
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Files holding the images that chunk ``index`` of the split's rays view covers."""
+        rows = self.split_rows(split)
+        starts, counts = self.table.ray_start[rows], self.table.n_pixels[rows]
+        lo, hi = index * self.spec.chunk_rays, (index + 1) * self.spec.chunk_rays
+        taken = np.flatnonzero((starts < hi) & (starts + counts > lo))
+        return sorted({rel for i in taken for rel in self.image_files(split, int(i))})
+
+    def image_files(self, split: str, i: int) -> list[str]:
+        """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
+        return self.backend.image_files(self.index[split], split, i, self.spec)
+
+    def image_bytes(self, split: str, i: int) -> bytes:
+        """The stored bytes of image ``i`` (split-local) of ``split``, checked against their CRC-32C.
+
+        Raises:
+            StoreCorruptError: truncated or altered bytes, naming the file.
+        """
+        return join_parts(self.image_parts(split, i))
+
+    def image_parts(
+        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """``image_bytes`` in pieces that joined give the image (``Backend.image_parts``), checked the
+        same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
+        from there instead of the store (a file not held is read from the store)."""
+        entry = self.index[split]
+        read = held_first(self._read, held)
+        parts = self.backend.image_parts(read, self.url, entry, split, i, self.spec)
+        crc, size = 0, 0
+        for part in parts:
+            crc, size = google_crc32c.extend(crc, part), size + len(part)
+        expected, expected_crc = int(entry["image_bytes"][i]), int(entry["crc32c"][i])
+        if size != expected or crc != expected_crc:
+            raise StoreCorruptError(
+                f"{self.url}/{self.image_files(split, i)[0]}: image {i} of split {split!r} fails its"
+                f" checksum (expected {expected} bytes with crc32c {expected_crc:08x})"
+            )
+        return parts
 
     def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
         """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``, at
         resolution level ``downscale`` (``(H // downscale, W // downscale)``)."""
         row = int(self.split_rows(split)[local])
         t0 = time.perf_counter()
-        data = self.images.image_bytes(split, local)
+        data = self.image_bytes(split, local)
         t1 = time.perf_counter()
-        where = f"{self.url}/{self.images.files_of(split, local)[0]}"
+        where = f"{self.url}/{self.image_files(split, local)[0]}"
         pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})", downscale)
         if timed is not None:
             timed("read", t1 - t0)
@@ -358,15 +278,10 @@ class ImageSplits:
             )
         return pixels
 
-    def stored_image_parts(
-        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
-    ) -> list[bytes | np.ndarray]:
-        return self.images.image_parts(split, local, held)
-
-    def image_files(self, split: str, local: int) -> list[str]:
-        return self.images.files_of(split, local)
-
     def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Camera-table row ``row``'s pixels, (H, W, C) uint8, at resolution level ``downscale``
+        (``raykit.imagedecode.decode_image_scaled``); ``timed`` is told the seconds of the ``"read"``
+        and ``"decode"``."""
         split = self.table.splits[row]
         return self.decode(split, int(np.searchsorted(self.split_rows(split), row)), timed, downscale)
 
@@ -399,27 +314,10 @@ class ImageSplits:
         return self._rays_of(row, self.read_image(row), 0, int(self.table.n_pixels[row]))
 
 
-def layout_readers(
-    rays: RaySplits,
-    payload: PayloadReader,
-    table: CameraTable,
-    channels: int,
-    split_rows: Callable[[str], np.ndarray],
-) -> dict[str, SplitReader]:
-    """Layout name -> the reader of its splits, for a store whose payload reader is ``payload``."""
-    if not isinstance(payload, ImagesReader):
-        return {RAYS_LAYOUT: rays}
-    return {RAYS_LAYOUT: rays, IMAGES_LAYOUT: ImageSplits(rays.url, payload, table, channels, split_rows)}
-
-
 _PIECE = 4 << 20  # bytes read and hashed at a time: a piece stays in the CPU's cache between the two
 
 
 _SMALL = ("cameras.parquet", "index.json")
-
-
-class RayRangeError(StoreError, IndexError):
-    """A split, chunk, ray range or image that the store does not have."""
 
 
 def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
@@ -436,11 +334,9 @@ def open_store(path_or_url: str | Path, *, verify: bool = False) -> RayStore:
 
 
 class RayStore:
-    """A committed ray store. See ``docs/format.md``.
-
-    ``backend`` is the manifest's backend name; ``payload`` the backend's reader
-    (``raykit.store.backends.PayloadReader``: ``chunk_files``, ``read_chunk`` without checksum checks).
-    """
+    """A committed ray store (``docs/format.md``): its manifest, camera table and ``reader``, the one
+    reader of its layout (``RaySplits`` or ``ImageSplits``). ``backend`` is the manifest's backend
+    name."""
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
         self.url = url
@@ -471,9 +367,7 @@ class RayStore:
                 raise StoreCorruptError(str(exc)) from None
             raise StoreCorruptError(f"{self.url}: store metadata incomplete or malformed: {exc!r}") from exc
         self._split_rows: dict[str, np.ndarray] = {}
-        self.payload: PayloadReader = self._open_payload()
-        self._readers = self._split_readers()
-        self._generators: dict[str, RayGenerator] = {}
+        self.reader: RaySplits | ImageSplits = self._open_reader()
         self._orders: dict[str, SplitOrder] = {}
         if verify:
             self.verify_files()
@@ -638,7 +532,7 @@ class RayStore:
             )
         self._checked.add(rel)
 
-    def _open_payload(self) -> PayloadReader:
+    def _open_reader(self) -> RaySplits | ImageSplits:
         try:
             backend = backend_named(self.backend)
         except KeyError:
@@ -649,23 +543,16 @@ class RayStore:
         if is_url(self.url):  # remote: honest byte ranges
             sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
             ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        self.payload_spec = PayloadSpec.of(self.fields, self.spec, self.splits)
-        images = holds_images(self.layout())
-        return open_payload(
-            images, backend, self.url, self.payload_spec, self.index, ranges, self._ray_starts
-        )
-
-    def _ray_starts(self) -> dict[str, list[int]]:
-        return {
-            split: [int(self.table.ray_start[i]) for i in self.split_rows(split)] + [info.n_rays]
-            for split, info in self.splits.items()
-        }
-
-    def _split_readers(self) -> dict[str, SplitReader]:
-        """The reader of each layout this store has (``raykit.store.reader``)."""
-        rays = RaySplits(
+        # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked
+        self.read_range = local_range_reader(self._root, self.url) if ranges is None else ranges.read
+        if self.layout() == IMAGES_LAYOUT:
+            args = (self.table, self.rgba_channels, self.split_rows)
+            return ImageSplits(self.url, backend, self.spec, self.index, self.read_range, *args)
+        stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
+        chunks = backend.open_reader(self.url, stored, self.spec, self.index, ranges)
+        return RaySplits(
             self.url,
-            self.payload,
+            chunks,
             self.fields,
             self.checksum_kind,
             self._crc,
@@ -674,10 +561,6 @@ class RayStore:
             self._check_file,
             self.split_order,
         )
-        return layout_readers(rays, self.payload, self.table, self.rgba_channels, self.split_rows)
-
-    def _reader(self, split: str) -> SplitReader:
-        return self._readers[self.layout(split)]
 
     def split_rows(self, split: str) -> np.ndarray:
         """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""
@@ -734,7 +617,7 @@ class RayStore:
 
     @cached_property
     def points(self) -> pa.Table | None:
-        """The capture's sparse 3-D points (``raykit.store.points``: ``point_id``, ``xyz`` in the
+        """The capture's sparse 3-D points (``raykit.store.schema``: ``point_id``, ``xyz`` in the
         store's world frame, ``rgb``, ``error``, ``track_length``), or None when the store has none.
 
         Read on first use and checked against the manifest's SHA-256.
@@ -771,7 +654,7 @@ class RayStore:
         if not 0 <= index < info.n_chunks:
             raise RayRangeError(f"{self.url}: chunk {index} of split {split!r} outside [0, {info.n_chunks})")
         try:
-            return self._reader(split).read_chunk(info, index)
+            return self.reader.read_chunk(info, index)
         except (StoreCorruptError, StoreNotFoundError) as exc:
             self._raise_if_replaced(exc)
             raise
@@ -819,36 +702,14 @@ class RayStore:
         offset = first * info.chunk_rays
         return raw.take(slice(start - offset, stop - offset))
 
-    # -- rays --------------------------------------------------------------------------------------
     def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(N,) uint32 pids -> ``(image (N,) int64, pixel (N, 2) int64 (x, y))``."""
         return self.table.decode(pid)
 
-    def ray_generator(self, device: torch.device | str = "cpu") -> RayGenerator:
-        """A ``raykit.rays.RayGenerator`` for this store's images on ``device`` (memoised)."""
-        import torch
-
-        key = str(torch.device(device))
-        if key not in self._generators:
-            self._generators[key] = ray_generator(
-                self.table, device, near=self.scene.near, far=self.scene.far
-            )
-        return self._generators[key]
-
-    def to_batch(self, raw: RawRays, device: torch.device | str = "cpu") -> RayBatch:
-        """Generate a ``RayBatch`` on ``device`` from compact rays."""
-        import torch
-
-        from raykit.rays import RayBatch
-
-        generator = self.ray_generator(device)
-        pid = torch.from_numpy(raw.pid.astype(np.int64))
-        image, pixel, rays = generator.generate_from_pids(pid)
-        colour = torch.from_numpy(np.ascontiguousarray(raw.rgba)).to(generator.device)
-        extra = {
-            k: torch.from_numpy(np.ascontiguousarray(v)).to(generator.device) for k, v in raw.extra.items()
-        }
-        return RayBatch.from_rays(colour, image, pixel, rays, extra)
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Relative paths of the files holding chunk ``index`` of ``split`` (of an images store: the
+        files of the images its rays view covers)."""
+        return self.reader.chunk_files(split, index)
 
     def image_index(self, name: str) -> int:
         """Row of image ``name`` in the camera table."""
@@ -863,7 +724,7 @@ class RayStore:
         Evaluation splits read one contiguous range; a shuffled split is scanned chunk by chunk.
         """
         i = self.image_index(name)
-        raw = self._reader(self.table.splits[i]).image_raw(i)
+        raw = self.reader.image_raw(i)
         if raw is not None:
             return raw
         split, start = self.table.splits[i], int(self.table.ray_start[i])
@@ -895,12 +756,12 @@ class RayStore:
         pieces that joined give the file, checked against its CRC-32C (``StoreError`` for a split that
         stores rays: ``image_files`` is empty). ``held``: files already in memory, relative path ->
         read-only uint8 array (``read_file_into``), read from there instead of the store."""
-        return self._reader(split).stored_image_parts(split, local, held)
+        return self.reader.image_parts(split, local, held)
 
     def image_files(self, split: str, local: int) -> list[str]:
         """Relative paths of the files holding image ``local`` (index within ``split``) of an
         images-layout split; empty for a split that stores rays."""
-        return self._reader(split).image_files(split, local)
+        return self.reader.image_files(split, local)
 
     def read_split_image(self, split: str, local: int, timed: Timed | None = None) -> np.ndarray:
         """Image ``local`` (index within ``split``, table order): (H, W, C) uint8 as ``read_image``."""
@@ -917,16 +778,12 @@ class RayStore:
         """
         h, w, c = self.image_shape(name)
         row = self.image_index(name)
-        pixels = self._reader(self.table.splits[row]).read_image(row, timed, downscale)
+        pixels = self.reader.read_image(row, timed, downscale)
         if pixels is not None:
             return pixels
         raw = self.image_raw(name)
         full = np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
         return np.ascontiguousarray(downscale_area(full, downscale))
-
-    def image_rays(self, name: str, device: torch.device | str = "cpu") -> RayBatch:
-        """``RayBatch`` of every pixel of image ``name`` in row-major order, on ``device``."""
-        return self.to_batch(self.image_raw(name), device)
 
     @property
     def files(self) -> Mapping[str, Any]:
@@ -957,17 +814,6 @@ class RayStore:
             cache[component] = self._loads(self.read_verified(info.index), info.index)
         return dict(cache[component])
 
-    def _read_range(self, rel: str, start: int, stop: int) -> bytes:
-        reader = self.__dict__.get("_range_reader")
-        if reader is None:
-            if is_url(self.url):
-                sizes = {k: int(v["size"]) for k, v in self.manifest["files"].items()}
-                reader = RangeFetcher(self._fs, self._root, self.url, sizes).read
-            else:
-                reader = local_range_reader(self.url, self._root)
-            self.__dict__["_range_reader"] = reader
-        return bytes(reader(rel, start, stop))
-
     def component_location(self, component: str, name: str) -> tuple[str, int, dict[str, Any]]:
         """Where component ``component`` of image ``name`` is recorded: its split, its index in the
         split and the split's ``index-{component}.json`` entry."""
@@ -993,11 +839,7 @@ class RayStore:
         their CRC-32C, and the file they lie in; ``held``: files already in memory (relative path ->
         read-only uint8 array, ``read_file_into``), read from there instead of the store."""
         split, local, entry = self.component_location(component, name)
-
-        def read(rel: str, start: int, stop: int) -> bytes:
-            data = None if held is None else held.get(rel)
-            return self._read_range(rel, start, stop) if data is None else data[start:stop].tobytes()
-
+        read = held_first(self.read_range, held)
         return read_component_bytes(read, self.url, self.backend, component, split, entry, local)
 
     def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
@@ -1043,7 +885,7 @@ class RayStore:
             raise StoreCorruptError(f"{self.url}/{info.index}: no entry for image {name!r}")
         table = self.table
         for i, data, rel in read_components_bytes(
-            self._read_range, self.url, self.backend, component, split, entry, wanted
+            self.read_range, self.url, self.backend, component, split, entry, wanted
         ):
             row = int(rows[i])
             h, w = int(table.height[row]), int(table.width[row])

@@ -30,10 +30,11 @@ __all__ = [
     "UNKNOWN_FAR",
     "CameraTable",
     "build_camera_table",
+    "materialized_rays",
     "order_records",
-    "ray_generator",
     "read_camera_table",
     "read_parquet",
+    "table_ray_generator",
     "write_camera_table",
     "write_parquet",
 ]
@@ -247,7 +248,7 @@ class CameraTable:
         return decode_pids(self.pixel_offset, self.width, pid)
 
 
-def ray_generator(
+def table_ray_generator(
     table: CameraTable, device: Any, *, near: float | None = None, far: float | None = None
 ) -> RayGenerator:
     """A ``raykit.rays.RayGenerator`` for ``table``'s images.
@@ -271,3 +272,13 @@ def ray_generator(
         dtype=torch.float32,
         pixel_offset=table.pixel_offset,
     )
+
+
+def materialized_rays(table: CameraTable, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
+    """``origins`` and ``directions`` (N, 3) of ``dtype`` of the rays of (N,) pids (``materialize``)."""
+    import torch
+
+    image, pixel = table.decode(pid)
+    generator = table_ray_generator(table, "cpu")
+    origins, directions, *_ = generator.generate(torch.from_numpy(image), torch.from_numpy(pixel))
+    return {"origins": origins.numpy().astype(dtype), "directions": directions.numpy().astype(dtype)}

@@ -4,7 +4,7 @@ file checks, and ``validate_store`` (``raykit validate``). Sections below, in th
 A store's JSON-able summary (``raykit info``, the layout measurements, the demo).
 
 ``raykit validate`` of an images-layout split: every stored image's bytes, format, size and channels,
-checked from its files' bytes as they are hashed, so that each file is read once (``ImagesCheck``).
+checked from its files' bytes as they are hashed, so that each file is read once (``BlobCheck``).
 
 ``raykit validate``: check everything a store claims (the checks of docs/format.md, "Integrity"),
 and report every problem found, one line each.
@@ -35,17 +35,20 @@ from raykit.store.components import component_files, decode_component
 from raykit.store.files import local_files_bytes
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
-from raykit.store.points import check_points
 from raykit.store.reader import RayStore, join_parts, open_store
+from raykit.store.schema import check_points
+from raykit.store.table import materialized_rays
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping, Sequence
+    from collections.abc import Callable, Collection, Mapping, Sequence
 
     from raykit.store.reader import RayStore
 
 __all__ = [
-    "ImagesCheck",
+    "BlobCheck",
+    "components_check",
     "field_bytes",
+    "images_check",
     "payload_bytes",
     "source_image_bytes",
     "store_summary",
@@ -162,41 +165,42 @@ HEADER_BYTES = 1 << 16  # an image's first bytes, enough for its header unless i
 _buffers = threading.local()  # each thread's file buffer (``RayStore.read_file_into``)
 
 
-class ImagesCheck:
-    """The checks of one images-layout split (docs/format.md, "The images layout", **Validation**).
+class BlobCheck:
+    """The checks of blobs stored in a store's files, from the bytes the file hashing reads, so that
+    each file is read once: an images-layout split's images (``images_check``; docs/format.md, "The
+    images layout", **Validation**) or the components' arrays (``components_check``, "Components").
 
-    ``check_file`` hashes one of the split's ``files`` and checks each image held whole in it from the
-    bytes read: its CRC-32C (so the index and the bytes agree), its format and, from its header, its
-    size; ``deep`` also checks its own SHA-256 and decodes it (its size, channels and alpha).
-    ``check_rest`` checks the images that span two files, once every file is hashed. Files are
-    checked on any thread (hashing, CRC-32C and decoding release the GIL).
+    ``check_file`` hashes one of ``files`` (missing, or not its manifest's size and SHA-256: its blobs
+    are then not checked) and checks each blob held whole in it from the bytes read; ``check_rest``
+    checks the blobs that span files, once every file is hashed, but those in a file already
+    reported. Files are checked on any thread (hashing, CRC-32C and decoding release the GIL).
+
+    Args:
+        blobs: each blob's key -> the files holding it.
+        check: ``check(key, held)`` -> the blob's problems, one line each (``held``: the file read,
+            relative path -> read-only uint8 array; None: read from the store).
     """
 
-    def __init__(self, store: RayStore, split: str, deep: bool = False) -> None:
-        self.store, self.split, self.deep = store, split, deep
-        self._within: dict[str, list[int]] = {}  # file -> the images held whole in it
-        self._spanning: list[int] = []
+    def __init__(
+        self,
+        store: RayStore,
+        blobs: Mapping[Any, Sequence[str]],
+        check: Callable[[Any, Mapping[str, np.ndarray] | None], list[str]],
+    ) -> None:
+        self.store, self._blobs, self._check = store, blobs, check
+        self._within: dict[str, list[Any]] = {}  # file -> the blobs held whole in it
+        self._spanning: list[Any] = []
         files: dict[str, None] = {}
-        for local in range(len(store.split_rows(split))):
-            held = store.image_files(split, local)
+        for key, held in blobs.items():
             files.update(dict.fromkeys(held))
             if len(held) == 1:
-                self._within.setdefault(held[0], []).append(local)
+                self._within.setdefault(held[0], []).append(key)
             else:
-                self._spanning.append(local)
+                self._spanning.append(key)
         self.files: list[str] = list(files)
-        rows = store.split_rows(split)  # what each image is checked against, looked up once
-        self._names = [store.table.names[int(row)] for row in rows]
-        self._sizes = list(
-            zip(store.table.width[rows].tolist(), store.table.height[rows].tolist(), strict=True)
-        )
-        source_sha = store.cameras.column("source_sha256").to_pylist()
-        self._source_sha = [source_sha[int(row)] for row in rows]
-        self._alpha = store.table.has_alpha[rows].tolist()
 
     def check_file(self, rel: str) -> tuple[str | None, list[str]]:
-        """File ``rel``'s own problem (missing, or not its manifest's size and SHA-256: its images are
-        then not checked) or None, and the problems of the images held whole in it."""
+        """File ``rel``'s own problem or None, and the problems of the blobs held whole in it."""
         size = int(self.store.files.get(rel, {}).get("size", 0))
         buffer = getattr(_buffers, "buffer", None)
         if buffer is None or len(buffer) < size:
@@ -205,37 +209,50 @@ class ImagesCheck:
             data = self.store.read_file_into(rel, buffer)
         except RaykitError as exc:
             return str(exc), []
-        return None, [p for local in self._within.get(rel, ()) for p in self._check_image(local, {rel: data})]
+        return None, [p for key in self._within.get(rel, ()) for p in self._check(key, {rel: data})]
 
     def check_rest(self, bad_files: Collection[str]) -> list[str]:
-        """Problems of the images that span files, but those in a file already reported."""
+        """Problems of the blobs that span files, but those in a file already reported."""
+        bad = set(bad_files)
         return [
-            problem
-            for local in self._spanning
-            if not set(bad_files).intersection(self.store.image_files(self.split, local))
-            for problem in self._check_image(local, None)
+            p
+            for key in self._spanning
+            if not bad.intersection(self._blobs[key])
+            for p in self._check(key, None)
         ]
 
-    def _check_image(self, local: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
-        store, split, entry = self.store, self.split, self.store.index[self.split]
-        where = f"{store.url}/{store.image_files(split, local)[0]}: image {self._names[local]!r}"
+
+def images_check(store: RayStore, split: str, deep: bool = False) -> BlobCheck:
+    """The checks of images-layout split ``split``'s images: from the bytes read, each one's CRC-32C
+    (so the index and the bytes agree), its format and, from its header, its size; ``deep`` also
+    checks its own SHA-256 and decodes it (its size, channels and alpha)."""
+    rows = store.split_rows(split)  # what each image is checked against, looked up once
+    names = [store.table.names[int(row)] for row in rows]
+    sizes = list(zip(store.table.width[rows].tolist(), store.table.height[rows].tolist(), strict=True))
+    source_sha = store.cameras.column("source_sha256").to_pylist()
+    source_shas = [source_sha[int(row)] for row in rows]
+    alphas = store.table.has_alpha[rows].tolist()
+    entry = store.index[split]
+
+    def check(local: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
+        where = f"{store.url}/{store.image_files(split, local)[0]}: image {names[local]!r}"
         try:
             parts = store.stored_image_parts(split, local, held)
-            pixels = store.read_split_image(split, local) if self.deep else None
+            pixels = store.read_split_image(split, local) if deep else None
         except RaykitError as exc:
             return [str(exc)]
         problems = []
-        if self.deep and _sha256(parts) != entry["image_sha256"][local]:
+        if deep and _sha256(parts) != entry["image_sha256"][local]:
             problems.append(f"{where}: SHA-256 differs from index.json")
         head = _head(parts, HEADER_BYTES)
         if image_format(head) != entry["image_format"][local]:
             problems.append(
                 f"{where}: expected a {entry['image_format'][local]} file, got {image_format(head)!r}"
             )
-        source_sha = self._source_sha[local]
+        source_sha = source_shas[local]
         if entry["passthrough"][local] and source_sha and source_sha != entry["image_sha256"][local]:
             problems.append(f"{where}: marked pass-through but differs from its source file's SHA-256")
-        expected = self._sizes[local]
+        expected = sizes[local]
         if pixels is None:
             try:
                 size = _header_size(head, parts)
@@ -245,9 +262,12 @@ class ImagesCheck:
                 problems.append(
                     f"{where}: expected {expected[0]}x{expected[1]} pixels, got {size[0]}x{size[1]}"
                 )
-        elif pixels.shape[2] == 4 and not self._alpha[local] and (pixels[..., 3] != 255).any():
+        elif pixels.shape[2] == 4 and not alphas[local] and (pixels[..., 3] != 255).any():
             problems.append(f"{where}: image without alpha has alpha != 255")
         return problems
+
+    blobs = {local: store.image_files(split, local) for local in range(len(rows))}
+    return BlobCheck(store, blobs, check)
 
 
 def _sha256(parts: Sequence[bytes | np.ndarray]) -> str:
@@ -287,13 +307,13 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
     except RaykitError as exc:
         return [str(exc)]
     images: dict[str, Any] = {}
-    if any(info.holds_images for info in store.splits.values()):  # stored images: ImagesCheck
+    if any(info.holds_images for info in store.splits.values()):  # stored images: images_check
         images = {
-            split: ImagesCheck(store, split, deep)
+            split: images_check(store, split, deep)
             for split, info in store.splits.items()
             if info.holds_images
         }
-    components = ComponentsCheck(store)
+    components, component_problems = components_check(store)
     owner: dict[str, Any] = {rel: check for check in images.values() for rel in check.files}
     owner.update(dict.fromkeys(components.files, components))
 
@@ -335,13 +355,13 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
             problems += images[split].check_rest(bad_files)
         else:
             problems += _check_split(store, split, bad_files, deep)
-    problems += components.problems + [p for rel in components.files for p in found[rel][1]]
+    problems += component_problems + [p for rel in components.files for p in found[rel][1]]
     return problems + components.check_rest(bad_files)
 
 
 def _chunk_files(store: RayStore, split: str) -> list[str]:
     """The payload files the split index names for ray split ``split``'s chunks."""
-    files = (store.payload.chunk_files(split, i) for i in range(store.splits[split].n_chunks))
+    files = (store.chunk_files(split, i) for i in range(store.splits[split].n_chunks))
     return list(dict.fromkeys(rel for names in files for rel in names))
 
 
@@ -431,7 +451,7 @@ def _check_split(store: RayStore, split: str, bad_files: set[str], deep: bool) -
         for index, raw in in_order(pool, read, range(info.n_chunks), 2 * threads):
             if isinstance(raw, RaykitError):
                 unreadable = True
-                if not bad_files.intersection(store.payload.chunk_files(split, index)):
+                if not bad_files.intersection(store.chunk_files(split, index)):
                     problems.append(str(raw))
                 continue
             where = f"{store.url}: split {split!r} chunk {index}"
@@ -490,83 +510,44 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
         if np.any(alpha != 255):
             problems.append(f"{where}: images without alpha have alpha != 255")
     if "directions" in raw.extra:
-        import torch
-
-        batch = store.to_batch(raw, "cpu")
+        generated = materialized_rays(store.table, raw.pid, "float32")
         tol = 2e-3 if raw.extra["directions"].dtype == np.float16 else 1e-5
         for name in ("origins", "directions"):
-            stored = torch.from_numpy(raw.extra[name].astype(np.float32))
-            generated = getattr(batch, name)
-            scale = max(1.0, float(generated.abs().max()))
-            if not torch.allclose(stored, generated, atol=tol * scale, rtol=0):
+            stored = raw.extra[name].astype(np.float32)
+            scale = max(1.0, float(np.abs(generated[name]).max(initial=0.0)))
+            if not np.allclose(stored, generated[name], atol=tol * scale, rtol=0):
                 problems.append(f"{where}: materialised {name} differ from generated rays")
     return problems
 
 
-class ComponentsCheck:
-    """The checks of every component (docs/format.md, "Components", **Validation**), from the bytes
-    the file hashing reads (as ``ImagesCheck``): each image's array its size and CRC-32C, then its
-    ``.npy`` dtype and shape against its camera; an array spanning two files is checked after both."""
-
-    def __init__(self, store: RayStore) -> None:
-        self.store = store
-        self.problems: list[str] = []
-        self._within: dict[str, list[tuple[str, int]]] = {}  # file -> (component, row) held whole
-        self._spanning: list[tuple[str, int]] = []
-        files: dict[str, None] = {}
-        names = store.table.names
-        try:
-            components = store.components
-        except RaykitError as exc:  # a malformed manifest record
-            components = {}
-            self.problems.append(str(exc))
-        for component, info in components.items():
-            if info.n_images != len(names):
-                self.problems.append(
-                    f"{store.url}/manifest.json: component {component}: {info.n_images} images, "
-                    f"the store has {len(names)}"
-                )
-                continue
-            for row, name in enumerate(names):
-                try:
-                    held = store.component_files(component, name)
-                except RaykitError as exc:
-                    self.problems.append(str(exc))
-                    break
-                files.update(dict.fromkeys(held))
-                if len(held) == 1:
-                    self._within.setdefault(held[0], []).append((component, row))
-                else:
-                    self._spanning.append((component, row))
-        self.files: list[str] = list(files)
-
-    def check_file(self, rel: str) -> tuple[str | None, list[str]]:
-        """File ``rel``'s own problem (its arrays are then not checked) or None, and the problems of
-        the arrays held whole in it."""
-        size = int(self.store.files.get(rel, {}).get("size", 0))
-        buffer = getattr(_buffers, "buffer", None)
-        if buffer is None or len(buffer) < size:
-            buffer = _buffers.buffer = bytearray(size)
-        try:
-            data = self.store.read_file_into(rel, buffer)
-        except RaykitError as exc:
-            return str(exc), []
-        return None, [p for item in self._within.get(rel, ()) for p in self._check(*item, {rel: data})]
-
-    def check_rest(self, bad_files: Collection[str]) -> list[str]:
-        """The arrays that span files, but those in a file already reported."""
-        return [
-            problem
-            for component, row in self._spanning
-            if not set(bad_files).intersection(
-                self.store.component_files(component, self.store.table.names[row])
+def components_check(store: RayStore) -> tuple[BlobCheck, list[str]]:
+    """The checks of every component's arrays (docs/format.md, "Components", **Validation**): each
+    array's size and CRC-32C, then its ``.npy`` dtype and shape against its camera; and the problems
+    found listing them (a malformed record, a count that is not the store's)."""
+    problems: list[str] = []
+    names, table = store.table.names, store.table
+    try:
+        components = store.components
+    except RaykitError as exc:  # a malformed manifest record
+        components, problems = {}, [str(exc)]
+    blobs: dict[tuple[str, int], list[str]] = {}
+    for component, info in components.items():
+        if info.n_images != len(names):
+            problems.append(
+                f"{store.url}/manifest.json: component {component}: {info.n_images} images, "
+                f"the store has {len(names)}"
             )
-            for problem in self._check(component, row, None)
-        ]
+            continue
+        for row, name in enumerate(names):
+            try:
+                blobs[component, row] = store.component_files(component, name)
+            except RaykitError as exc:
+                problems.append(str(exc))
+                break
 
-    def _check(self, component: str, row: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
-        store, table = self.store, self.store.table
-        name = table.names[row]
+    def check(key: tuple[str, int], held: Mapping[str, np.ndarray] | None) -> list[str]:
+        component, row = key
+        name = names[row]
         try:
             data, rel = store.component_bytes(component, name, held)
             where = f"{store.url}/{rel}: {component} of image {name!r}"
@@ -575,3 +556,5 @@ class ComponentsCheck:
         except RaykitError as exc:
             return [str(exc)]
         return []
+
+    return BlobCheck(store, blobs, check), problems

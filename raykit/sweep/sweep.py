@@ -85,7 +85,7 @@ class SweepOptions:
 
 def _scene_source(capture: Capture, out: Path) -> Path:
     """The built-in scene rendered once into ``OUT/scenes/<key>/`` (Blender form), atomically."""
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     dst = out / "scenes" / f"{capture.scene}-{capture.key()[:12]}"
     if dst.is_dir():
@@ -208,7 +208,7 @@ def run_sweep(spec_path: str | Path, out: str | Path, options: SweepOptions | No
 
         tracker = MlflowTracker(options.tracking_uri, out, spec)  # checks the server before any run
     out.mkdir(parents=True, exist_ok=True)
-    from raykit.store import store_lock
+    from raykit.locks import store_lock
 
     with store_lock(out, path=out / SWEEP_LOCK, what="sweep folder"):  # one `raykit sweep` per OUT
         return _sweep_locked(spec, out, options, tracker)

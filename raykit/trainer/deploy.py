@@ -32,6 +32,7 @@ from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.imagedecode import open_image
+from raykit.loaders import image_rays
 from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
@@ -97,7 +98,7 @@ def store_views(
     for name in store.images(split) if names is None else names:
         index = store.image_index(name)
         height, width = int(store.table.height[index]), int(store.table.width[index])
-        rays = store.image_rays(name, device)
+        rays = image_rays(store, name, device)
         target = rays.composite(background).view(height, width, 3).cpu()
         stored, mask = store.read_image(name), image_mask(store, name)
         yield View(name, _map_rays(rays, model_from_store), height, width, target, stored, mask)

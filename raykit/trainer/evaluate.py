@@ -31,6 +31,7 @@ from PIL import Image
 
 from raykit.errors import RaykitError, ResumeError
 from raykit.fileio import atomic_path, atomic_write_json, read_json
+from raykit.loaders import image_rays
 from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
@@ -107,7 +108,7 @@ def render_image(
     """Render image ``name``: ``(prediction (H, W, 3), target (H, W, 3))``, both over the background."""
     index = store.image_index(name)
     height, width = int(store.table.height[index]), int(store.table.width[index])
-    batch = store.image_rays(name, device)
+    batch = image_rays(store, name, device)
     background = parse_background(config.background).to(device)
     pred = render_batch(config, field, grid, batch, background).view(height, width, 3).cpu()
     target = batch.composite(background).view(height, width, 3).cpu()

@@ -10,6 +10,7 @@ import pytest
 from raykit.converters import convert
 from raykit.converters.colmap import image_near_far, parse_colmap
 from raykit.errors import RaykitWarning
+from raykit.loaders import image_rays
 
 MODEL_SETS = [
     ["SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL"],
@@ -39,7 +40,7 @@ def test_rays_equal_pycolmap(tmp_path: Path, make, models: list[str], binary: bo
     assert sum(info.n_images for info in store.splits.values()) == rec.num_images()
     rng = np.random.default_rng(0)
     for image in rec.images.values():
-        batch = store.image_rays(image.name)
+        batch = image_rays(store, image.name)
         pick = rng.choice(len(batch.pixel), size=40, replace=False)
         pixels = batch.pixel.numpy()[pick]
         origins, dirs = _pycolmap_rays(rec, image, pixels)
@@ -76,7 +77,7 @@ def test_normalize_unit_box_records_similarity(tmp_path: Path, make) -> None:
     lo, hi = unit.manifest["scene"]["bounds"]
     assert np.all(np.array(lo) >= -1 - 1e-9) and np.all(np.array(hi) <= 1 + 1e-9)
     for name in plain.table.names:
-        a, b = plain.image_rays(name), unit.image_rays(name)
+        a, b = image_rays(plain, name), image_rays(unit, name)
         np.testing.assert_allclose(b.directions.numpy(), a.directions.numpy(), atol=1e-6)
         expected = a.origins.double().numpy() @ w[:3, :3].T + w[:3, 3]
         np.testing.assert_allclose(b.origins.double().numpy(), expected, atol=1e-5)
@@ -102,7 +103,7 @@ def test_noncontiguous_ids_images_flag_and_no_points(tmp_path: Path, make) -> No
         store = convert(tmp_path / "model", tmp_path / "out.zarr", images=tmp_path / "pics", split="all")
     assert store.images("train") == sorted(image.name for image in images.values())
     for image in images.values():
-        batch = store.image_rays(image.name)
+        batch = image_rays(store, image.name)
         c2w = make.look_at_c2w(image.image_id)
         np.testing.assert_allclose(batch.origins.double().numpy()[0], c2w[:3, 3], atol=1e-6)
         assert 0 < float(batch.near[0]) < float(batch.far[0])

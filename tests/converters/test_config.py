@@ -24,7 +24,7 @@ def test_convert_takes_the_config_fields_as_keywords(tmp_path: Path) -> None:
     """One way to pass options: ``convert``'s keywords are ``ConvertConfig``'s fields with its defaults
     (but ``progress``); a config runs as ``**config.convert_options()``; a keyword that is no field is
     refused, and so is a config given as a third positional argument."""
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     write_blender(render_scene("tiny", seed=0), tmp_path / "cap")
     config = ConvertConfig(backend="wds", chunk_rays=512, progress=False)

@@ -10,6 +10,7 @@ import pytest
 
 from raykit.cameras import Camera
 from raykit.converters import convert, mipnerf360_camera, resize_area, round_half_up_div
+from raykit.errors import SourceError
 
 
 def _nerfbaselines_v2(
@@ -68,5 +69,5 @@ def test_convert_with_the_rule(tmp_path: Path, make) -> None:
     assert camera.params == pytest.approx(expected, rel=0, abs=1e-9)
     assert store.read_image(names[0]).shape == (9, 13, 3)
     assert store.manifest["source"]["downscale_rule"] == "mipnerf360"
-    with pytest.raises(Exception, match="divide"):
+    with pytest.raises(SourceError, match="divide"):
         convert(tmp_path / "cap", tmp_path / "exact.zarr", downscale=4)

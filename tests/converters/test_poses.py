@@ -29,8 +29,8 @@ from raykit.converters import convert
 from raykit.errors import ConfigError, ResumeError
 from raykit.poses.align import pose_errors
 from raykit.poses.estimate import PoseOptions, estimate_poses
-from raykit.scene.photos import ScenePhotos, render_photos
 from raykit.store import open_store
+from raykit.testing.photos import ScenePhotos, render_photos
 
 N_VIEWS, SIZE = 24, 240
 ROOT = Path(__file__).resolve().parents[2]

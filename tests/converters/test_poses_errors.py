@@ -12,7 +12,7 @@ from raykit.cli import main
 from raykit.converters import convert
 from raykit.errors import ConfigError, SourceError
 from raykit.poses.estimate import PoseOptions, estimate_poses
-from raykit.scene.photos import orbit_poses, render_photos
+from raykit.testing.photos import orbit_poses, render_photos
 
 OPTS = PoseOptions(threads=2)
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from raykit.converters import convert
+from raykit.loaders import image_rays
 
 scene_module = pytest.importorskip(
-    "raykit.scene", reason="raykit.scene (the built-in scene) is not available"
+    "raykit.testing", reason="raykit.testing (the built-in scene) is not available"
 )
 
 
@@ -30,7 +31,7 @@ def test_blender_and_colmap_forms_agree(tmp_path: Path, tiny_scene) -> None:
     for split in ("train", "val", "test"):
         assert from_blender.images(split) == from_colmap.images(split) == sorted(lists[split])
     for i, name in enumerate(names):
-        a, b = from_blender.image_rays(name), from_colmap.image_rays(name)
+        a, b = image_rays(from_blender, name), image_rays(from_colmap, name)
         assert np.array_equal(a.pixel.numpy(), b.pixel.numpy())
         np.testing.assert_allclose(a.origins.numpy(), b.origins.numpy(), atol=1e-5)
         np.testing.assert_allclose(a.directions.numpy(), b.directions.numpy(), atol=1e-5)

@@ -13,6 +13,7 @@ import pytest
 from raykit.converters import convert
 from raykit.converters.base import check_rigid, check_similarity
 from raykit.errors import RaykitWarning, SourceError
+from raykit.loaders import image_rays
 
 PLANT = Path(__file__).resolve().parents[1] / "data" / "plant_capture"
 
@@ -75,7 +76,7 @@ def test_ngp_similarity_converts_to_the_same_rays(tmp_path: Path, make) -> None:
     assert record["frames"] == 3 and record["min"] == pytest.approx(0.21) == record["max"]
     assert "rotation_scale" not in rigid.manifest["source"]
     for name in rigid.images("train"):
-        a, b = rigid.image_rays(name), store.image_rays(name)
+        a, b = image_rays(rigid, name), image_rays(store, name)
         np.testing.assert_allclose(b.origins.numpy(), a.origins.numpy(), atol=1e-6)
         np.testing.assert_allclose(b.directions.numpy(), a.directions.numpy(), atol=1e-6)
 
@@ -107,7 +108,7 @@ def test_plant_capture_converts(tmp_path: Path) -> None:
     frame = meta["frames"][0]
     gl = np.array(frame["transform_matrix"])
     name = frame["file_path"].removeprefix("./")
-    rays = store.image_rays(name)
+    rays = image_rays(store, name)
     np.testing.assert_allclose(rays.origins.numpy()[0], gl[:3, 3], atol=1e-5)
     pixel = rays.pixel.numpy().astype(np.float64)
     middle = np.argmin(np.abs(pixel - pixel.max(axis=0) / 2).sum(axis=1))

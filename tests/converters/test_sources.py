@@ -13,11 +13,12 @@ from raykit.converters import convert
 from raykit.converters.llff import llff_c2w
 from raykit.converters.ngp import camera_from_intrinsics
 from raykit.errors import SourceError
+from raykit.loaders import image_rays
 from raykit.store import open_store
 
 
 def _rays(store, name: str):
-    batch = store.image_rays(name)
+    batch = image_rays(store, name)
     return (batch.origins.double().numpy(), batch.directions.double().numpy(), batch.pixel.numpy(),
             batch.rgb.numpy(), None if batch.alpha is None else batch.alpha.numpy())  # fmt: skip
 
@@ -135,7 +136,7 @@ def test_llff_poses_bounds_and_prescaled_folder(tmp_path: Path, make) -> None:
     for i, name in enumerate(names):
         c2w = opengl_to_opencv_c2w(llff_c2w(poses[i, :15].reshape(3, 5)))
         np.testing.assert_allclose(c2w, make.look_at_c2w(200 + i), atol=1e-12)
-        batch = store.image_rays(name)
+        batch = image_rays(store, name)
         np.testing.assert_allclose(batch.near.numpy(), poses[i, 15], rtol=1e-6)
         np.testing.assert_allclose(batch.far.numpy(), poses[i, 16], rtol=1e-6)
         dirs = make.pinhole_directions(c2w, 14.0, 14.0, 8.0, 6.0, batch.pixel.numpy().astype(float))
@@ -145,7 +146,7 @@ def test_llff_poses_bounds_and_prescaled_folder(tmp_path: Path, make) -> None:
         small = np.asarray(__import__("PIL.Image").Image.open(src / "images" / name))[::2, ::2]
         make.write_image(src / "images_2" / name, np.ascontiguousarray(small))
     half = convert(src, tmp_path / "half.zarr", downscale=2)
-    batch = half.image_rays(names[1])
+    batch = image_rays(half, names[1])
     assert len(batch.pixel) == 8 * 6
     expected = np.asarray(__import__("PIL.Image").Image.open(src / "images_2" / names[1]))
     np.testing.assert_allclose(batch.rgb.numpy() * 255, expected.reshape(-1, 3), atol=1e-3)
@@ -155,7 +156,7 @@ def test_near_far_override(tmp_path: Path, make) -> None:
     src = make.blender(tmp_path / "src", counts={"train": 2})
     store = convert(src, tmp_path / "a.zarr", near=0.5, far=3.0, normalize="cameras")
     scale = float(np.cbrt(np.linalg.det(store.world_from_source[:3, :3])))
-    batch = store.image_rays("train/r_1.png")
+    batch = image_rays(store, "train/r_1.png")
     np.testing.assert_allclose(batch.near.numpy(), 0.5 * scale, rtol=1e-6)
     np.testing.assert_allclose(batch.far.numpy(), 3.0 * scale, rtol=1e-6)
     from raykit.errors import ConfigError
@@ -178,9 +179,9 @@ def test_exif_policies_end_to_end(tmp_path: Path, make) -> None:
         convert(root, tmp_path / "reject.zarr")
     ignored = convert(root, tmp_path / "ignore.zarr", exif="ignore", split="all")
     applied = convert(root, tmp_path / "apply.zarr", exif="apply", split="all")
-    as_stored = ignored.image_rays("images/f_1.png").rgb.numpy() * 255
+    as_stored = image_rays(ignored, "images/f_1.png").rgb.numpy() * 255
     np.testing.assert_allclose(as_stored.reshape(4, 6, 3), stored, atol=1e-3)
-    rotated = applied.image_rays("images/f_1.png").rgb.numpy() * 255
+    rotated = image_rays(applied, "images/f_1.png").rgb.numpy() * 255
     np.testing.assert_allclose(rotated.reshape(6, 4, 3), np.rot90(stored, k=-1), atol=1e-3)
     widths = dict(zip(applied.table.names, applied.cameras.column("width").to_pylist(), strict=True))
     assert widths["images/f_1.png"] == 4 and widths["images/f_0.png"] == 6

@@ -19,7 +19,7 @@ from raykit.errors import ConfigError, SourceError
 from raykit.poses.align import pose_errors
 from raykit.poses.estimate import PoseOptions, estimate_poses
 from raykit.poses.video import extract_frames, frame_name, video_frames
-from raykit.scene.photos import orbit_poses, render_photos
+from raykit.testing.photos import orbit_poses, render_photos
 
 
 def write_video(path: Path, frames: list[np.ndarray], rate: int) -> Path:

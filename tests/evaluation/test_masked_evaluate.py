@@ -10,8 +10,8 @@ from PIL import Image
 
 import raykit.cli
 from raykit.converters import convert
-from raykit.scene import render_scene, write_nerfstudio
 from raykit.store import open_store
+from raykit.testing import render_scene, write_nerfstudio
 
 
 def test_a_store_with_masks_is_scored_on_the_used_pixels(tmp_path: Path) -> None:

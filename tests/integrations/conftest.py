@@ -15,8 +15,8 @@ pytest.importorskip(
 )
 
 from raykit.converters import convert
-from raykit.scene import render_scene, write_colmap
 from raykit.store.write import copy_store
+from raykit.testing import render_scene, write_colmap
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGO = ROOT / "tests" / "data" / "lego_tiny"

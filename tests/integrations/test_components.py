@@ -20,8 +20,8 @@ from raykit.image_geometry import (
     undistortion_coordinates,
 )
 from raykit.loaders import level_camera
-from raykit.scene import render_scene, write_nerfstudio
 from raykit.store import RayStore, open_store
+from raykit.testing import render_scene, write_nerfstudio
 
 
 @pytest.fixture(scope="module")

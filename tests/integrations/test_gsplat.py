@@ -12,8 +12,8 @@ import torch
 from raykit.converters import convert
 from raykit.errors import ConfigError
 from raykit.integrations.gsplat import Dataset, Parser, align_principal_axes, similarity_from_cameras
-from raykit.scene import render_scene, write_colmap
 from raykit.store import open_store
+from raykit.testing import render_scene, write_colmap
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from raykit.converters import convert
-from raykit.scene import render_scene, write_colmap
+from raykit.testing import render_scene, write_colmap
 
 RANK_SCRIPT = Path(__file__).with_name("gsplat_rank.py")
 WORLD = 2

@@ -16,7 +16,7 @@ import pytest
 from raykit.colmap_io import read_model
 from raykit.converters import convert
 from raykit.integrations.gsplat import Parser, normalize_world
-from raykit.scene import render_scene, write_colmap
+from raykit.testing import render_scene, write_colmap
 
 PLANT = Path(__file__).resolve().parents[1] / "data" / "plant_capture"
 

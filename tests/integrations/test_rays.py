@@ -16,6 +16,8 @@ from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 from raykit.integrations.nerfstudio.rays import (
     TABLE_BYTES_PER_PIXEL,
     TabulatedRayGenerator,
+    perspective_table,
+    reference_table,
     table_bytes,
     tabulated_or_stock,
 )
@@ -97,11 +99,9 @@ def test_cameras_it_cannot_tabulate_use_nerfstudios_generator() -> None:
 
 def test_undistorted_perspective_tables_are_nerfstudios_own(lego: dict[str, Path]) -> None:
     """The written-out perspective table equals the one nerfstudio's generate_rays makes."""
-    from raykit.integrations.nerfstudio import rays
-
     cameras = RaykitDataParserConfig(data=lego["rays"]).setup().get_dataparser_outputs("train").cameras
     assert int(cameras.camera_type[0]) == CameraType.PERSPECTIVE.value
-    for ours, theirs in zip(rays._perspective(cameras[0:1]), rays._generated(cameras[0:1]), strict=True):
+    for ours, theirs in zip(perspective_table(cameras[0:1]), reference_table(cameras[0:1]), strict=True):
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
     _assert_same_rays(cameras, seed=5)

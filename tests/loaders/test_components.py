@@ -19,8 +19,8 @@ from raykit.image_geometry import (
     undistortion_coordinates,
 )
 from raykit.loaders import EvalLoader, ImageLoader, RayLoader, level_camera
-from raykit.scene import render_scene, scene_depth, scene_mask, write_nerfstudio
 from raykit.store import RayStore, open_store
+from raykit.testing import render_scene, scene_depth, scene_mask, write_nerfstudio
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from raykit.loaders import RayLoader
+from raykit.loaders import RayLoader, image_rays, reference_batch
 from raykit.loaders.eval import EvalLoader
 from raykit.loaders.torch_adapters import RayDataset, RayIterableDataset, collate_rays
 
@@ -20,7 +20,7 @@ def test_eval_loader_yields_whole_images_in_order(stores: dict[str, Any]) -> Non
     images = list(loader)
     assert [im.name for im in images] == store.images("test") and len(images) == 2
     for im in images:
-        reference = store.image_rays(im.name)
+        reference = image_rays(store, im.name)
         assert len(im.rays) == im.height * im.width
         assert torch.equal(im.rays.origins, reference.origins) and torch.equal(im.rays.rgb, reference.rgb)
         xy = im.rays.pixel
@@ -57,7 +57,7 @@ def test_map_dataset_gathers_batches(stores: dict[str, Any]) -> None:
     seen_all = torch.cat(seen)
     assert len(seen_all) == len(dataset) and len(torch.unique(seen_all)) == len(dataset)
     single = dataset[7]
-    reference = store.to_batch(everything.take(np.array([7])))
+    reference = reference_batch(store, everything.take(np.array([7])))
     assert torch.equal(single.rgb, reference.rgb) and torch.equal(single.origins, reference.origins)
 
 

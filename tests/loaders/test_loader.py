@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from raykit.errors import ResumeError
-from raykit.loaders import RayLoader
+from raykit.loaders import RayLoader, reference_batch
 from raykit.loaders.batching import DeviceBatcher
 from raykit.loaders.loader import SHUFFLED_SPLIT_MIX_RUN
 from raykit.store import RawRays
@@ -131,7 +131,7 @@ def test_device_batcher_matches_store_to_batch(stores: dict[str, Any]) -> None:
     store = stores["zarr"]
     loader = RayLoader(store, "train", batch_size=64, seed=0)
     raw = next(loader.raw_batches(0))
-    fast, reference = DeviceBatcher(store, "cpu")(raw), store.to_batch(raw, "cpu")
+    fast, reference = DeviceBatcher(store, "cpu")(raw), reference_batch(store, raw, "cpu")
     for name in FIELDS:
         assert torch.equal(getattr(fast, name), getattr(reference, name)), name
     batch = next(iter(loader))
@@ -229,6 +229,6 @@ def test_stored_rays_reach_the_batch(tmp_path: Any, group_rays: int) -> None:
         seen += len(batch)
     assert seen == len(loader) * 32
     raw = store.read_chunk("train", 0)
-    batch = store.to_batch(raw)
+    batch = reference_batch(store, raw)
     np.testing.assert_array_equal(batch.extra["directions"].numpy(), raw.extra["directions"])
-    assert store.to_batch(raw)[:5].extra["origins"].shape == (5, 3)
+    assert reference_batch(store, raw)[:5].extra["origins"].shape == (5, 3)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from raykit.converters import convert
-from raykit.scene import render_scene, write_colmap
+from raykit.testing import render_scene, write_colmap
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "loading.md"
 

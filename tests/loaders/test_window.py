@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from raykit.errors import ConfigError, ResumeError
-from raykit.loaders import RayLoader
+from raykit.loaders import RayLoader, reference_batch
 from raykit.loaders.window import WindowPlan, reference_epoch_rays
 from raykit.loaders.windowed import WindowImage, gather_planned
 from raykit.store import SceneInfo, write_store
@@ -111,7 +111,7 @@ def test_ray_loader_dispatches_and_rays_match_the_images(images_store) -> None:
     images = {name: images_store.read_image(name) for name in images_store.images("train")}
     for batch in loader:
         keys.append(_key(batch))
-        reference = images_store.to_batch(_raw_of(images_store, batch, images))
+        reference = reference_batch(images_store, _raw_of(images_store, batch, images))
         assert torch.equal(batch.origins, reference.origins) and torch.equal(batch.rgb, reference.rgb)
     assert len(torch.unique(torch.cat(keys))) == n == len(torch.cat(keys))
     assert loader.state_dict()["epoch"] == 1

@@ -30,9 +30,10 @@ def raykit_run(src: Path, out: Path, *flags: str, check: bool = True) -> subproc
     return done
 
 
-def start_run(src: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
+def start_run(src: Path, out: Path, *flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``raykit run`` with the tiny flags, not waited for; ``env``: entries added to its environment."""
     cmd = [sys.executable, "-m", "raykit", "run", str(src), str(out), *TINY_FLAGS, *flags]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -55,7 +56,7 @@ def start_raykit() -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from raykit.scene import render_scene, write_blender
+    from raykit.testing import render_scene, write_blender
 
     path = tmp_path_factory.mktemp("scene") / "blender"
     write_blender(render_scene("tiny", seed=0), path)
@@ -73,7 +74,7 @@ def finished_run(tiny_scene: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def colmap_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``raykit run`` of the tiny scene's COLMAP form (cameras and sparse points), one sampler."""
-    from raykit.scene import render_scene, write_colmap
+    from raykit.testing import render_scene, write_colmap
 
     root = tmp_path_factory.mktemp("colmap")
     write_colmap(render_scene("tiny", seed=0), root / "capture", binary=True)

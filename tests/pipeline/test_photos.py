@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from raykit.scene.photos import render_photos
+from raykit.testing.photos import render_photos
 
 
 def test_photos_without_poses_run_through_to_the_report(run_raykit: Any, tmp_path: Path) -> None:

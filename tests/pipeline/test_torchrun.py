@@ -6,13 +6,16 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raykit.trainer.checkpoint import latest_checkpoint
+
+from ..reliability.paused import paused_rank_env, wait_paused
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _worker(parent: int, rank: int) -> int | None:
@@ -33,21 +36,24 @@ def _worker(parent: int, rank: int) -> int | None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the rank's process through /proc")
 def test_a_killed_rank_is_restarted_by_torchrun(start_raykit: Any, tiny_scene: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
+    out, pause = tmp_path / "out", tmp_path / "pause"
+    run_dir = out / "runs" / "occupancy"
+    # Rank 0 pauses once it has written its first checkpoint (rank 1 then waits for it): the kill
+    # lands mid-run, after that checkpoint, for certain.
+    env = paused_rank_env(pause, f"{run_dir}/checkpoints/step-*", 0, str(ROOT))
     proc = start_raykit(
-        tiny_scene, out, "--samplers=occupancy", "--steps=40", "--nproc-per-node=2", "--max-restarts=1"
+        tiny_scene,
+        out,
+        "--samplers=occupancy",
+        "--steps=40",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        env=env,
     )
-    run_dir, deadline, victim = out / "runs" / "occupancy", time.monotonic() + 240, None
-    while (victim is None or latest_checkpoint(run_dir) is None) and time.monotonic() < deadline:
-        try:
-            attempt = json.loads((out / "pipeline.json").read_text())["stages"]["train-occupancy"][
-                "attempts"
-            ][-1]
-            victim = victim or _worker(attempt["pid"], rank=1)
-        except (OSError, KeyError, ValueError, IndexError):
-            pass
-        time.sleep(0.01)
-    assert victim is not None and latest_checkpoint(run_dir) is not None, "rank 1 or a checkpoint not seen"
+    paused_at = wait_paused(pause, proc)
+    attempt = json.loads((out / "pipeline.json").read_text())["stages"]["train-occupancy"]["attempts"][-1]
+    victim = _worker(attempt["pid"], rank=1)
+    assert victim is not None and latest_checkpoint(run_dir) == paused_at, (victim, paused_at)
     os.kill(victim, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]

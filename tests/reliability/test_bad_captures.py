@@ -30,8 +30,8 @@ import raykit.fileio
 from raykit.colmap_io import read_model, write_model
 from raykit.errors import SourceError
 from raykit.fileio import sha256_file
-from raykit.scene import render_scene, write_blender, write_colmap
 from raykit.store.files import json_digest
+from raykit.testing import render_scene, write_blender, write_colmap
 from raykit.trainer.deploy import transforms_views
 
 

@@ -21,9 +21,9 @@ import torch
 
 import raykit.fileio
 from raykit.errors import StoreNotFoundError
-from raykit.scene import render_scene, write_blender
+from raykit.locks import lock_path, read_lock
 from raykit.store import open_store
-from raykit.store.files import lock_path, read_lock
+from raykit.testing import render_scene, write_blender
 from raykit.trainer.checkpoint import (
     CheckpointMeta,
     latest_checkpoint,
@@ -62,7 +62,7 @@ def _files(store: Path) -> dict[str, Any]:
 
 _HOLD = """
 import sys, time
-from raykit.store.files import store_lock
+from raykit.locks import store_lock
 with store_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(120)

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from raykit.errors import RangeIgnoredWarning
 from raykit.loaders import RayLoader
 from raykit.store import open_store
-from raykit.store.files import RangeIgnoredWarning
 
 from .conftest import http_server
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raykit.scene import SceneData, render_scene
+from raykit.testing import SceneData, render_scene
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raykit.colmap_io import read_model
-from raykit.scene.cli import register
+from raykit.testing.cli import register
 
 
 def _run(argv: list[str]) -> int:

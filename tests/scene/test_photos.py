@@ -1,4 +1,4 @@
-"""The textured photo shoot of the built-in scene (raykit.scene.photos)."""
+"""The textured photo shoot of the built-in scene (raykit.testing.photos)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from raykit.errors import ConfigError
-from raykit.scene.builtin import CAMERA_DISTANCE, LOOK_AT
-from raykit.scene.geometry import build_geometry
-from raykit.scene.photos import orbit_poses, render_photos, textured_geometry
+from raykit.testing.builtin import CAMERA_DISTANCE, LOOK_AT
+from raykit.testing.geometry import build_geometry
+from raykit.testing.photos import orbit_poses, render_photos, textured_geometry
 
 
 def test_orbit_poses_look_at_the_centre_from_even_rings() -> None:

@@ -10,8 +10,8 @@ import torch
 
 from raykit.cameras import Camera, pixels_to_rays, project
 from raykit.errors import ConfigError
-from raykit.scene import SceneData, render_scene
-from raykit.scene.geometry import (
+from raykit.testing import SceneData, render_scene
+from raykit.testing.geometry import (
     BOUNDS,
     Primitive,
     SceneGeometry,
@@ -19,7 +19,7 @@ from raykit.scene.geometry import (
     intersect,
     reference_intersect,
 )
-from raykit.scene.render import render_image, render_image_reference, shade
+from raykit.testing.render import render_image, render_image_reference, shade
 
 
 def test_same_seed_same_pixels_other_seed_other_scene(tiny_pinhole: SceneData) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raykit.scene import SceneData, render_scene
-from raykit.scene.builtin import scene_camera
-from raykit.scene.geometry import build_geometry, intersect
-from raykit.scene.render import render_image, subpixel_directions
-from raykit.scene.unbounded import DOME_RADIUS, build_unbounded_geometry, render_unbounded_image, sky_color
+from raykit.testing import SceneData, render_scene
+from raykit.testing.builtin import scene_camera
+from raykit.testing.geometry import build_geometry, intersect
+from raykit.testing.render import render_image, subpixel_directions
+from raykit.testing.unbounded import DOME_RADIUS, build_unbounded_geometry, render_unbounded_image, sky_color
 
 
 def _world_rays(scene_c2w: np.ndarray, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,8 +16,8 @@ from raykit.cameras import unproject
 from raykit.colmap_io import ColmapCamera, read_model
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ConfigError
-from raykit.scene import SceneData, render_scene, write_blender, write_colmap
-from raykit.scene.geometry import intersect
+from raykit.testing import SceneData, render_scene, write_blender, write_colmap
+from raykit.testing.geometry import intersect
 
 LEGO = Path(__file__).resolve().parents[1] / "data" / "lego_tiny"
 

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from raykit.cameras import Camera
-from raykit.store import ImageRecord, SceneInfo, store_lock, write_store
+from raykit.locks import store_lock
+from raykit.store import ImageRecord, SceneInfo, write_store
 
 from .conftest import SECRET, _pixels, cli
 

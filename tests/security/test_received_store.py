@@ -142,7 +142,7 @@ def test_a_symlink_inside_the_store_pointing_inside_is_followed(received) -> Non
 
 def test_a_store_being_written_is_named_by_its_writer(tmp_path, capsys) -> None:
     """While a writer holds ``DST.lock``: "being written by pid N", not "an interrupted write"."""
-    from raykit.store import store_lock
+    from raykit.locks import store_lock
 
     dst = tmp_path / "store"
     (tmp_path / "store.partial").mkdir()

@@ -1,5 +1,5 @@
 """Per-image components (masks, depth maps) and per-frame metadata: the built-in scene written as a
-nerfstudio capture (``raykit.scene.write_nerfstudio``) converted in both layouts and backends, read
+nerfstudio capture (``raykit.testing.write_nerfstudio``) converted in both layouts and backends, read
 back against its source files transformed by the reference twin; adding a component later; integrity."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from raykit.converters import convert
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.image_geometry import downscale_depth, downscale_mask
 from raykit.imagedecode import downscale_nearest, reference_downscale_nearest
-from raykit.scene import render_scene, write_nerfstudio
 from raykit.store import ComponentInfo, add_component, copy_store, open_store, validate_store
+from raykit.testing import render_scene, write_nerfstudio
 
 LAYOUTS = [("rays", "zarr"), ("rays", "wds"), ("images", "zarr"), ("images", "wds")]
 
@@ -101,7 +101,7 @@ def _check_batched_reads(store) -> None:
 
     def read(rel: str, start: int, stop: int) -> bytes:
         calls.append((rel, start, stop))
-        return store._read_range(rel, start, stop)
+        return store.read_range(rel, start, stop)
 
     for split in store.splits:
         rows = store.split_rows(split)
@@ -118,7 +118,7 @@ def _check_batched_reads(store) -> None:
 
             every = range(len(rows))
             alone = [
-                read_component_bytes(store._read_range, store.url, store.backend, component, split, entry, i)
+                read_component_bytes(store.read_range, store.url, store.backend, component, split, entry, i)
                 for i in every
             ]
             args = (read, store.url, store.backend, component, split, entry, every)

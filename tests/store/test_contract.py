@@ -14,6 +14,7 @@ import torch
 
 from raykit.cameras import pixels_to_rays
 from raykit.errors import RaykitError, StoreCorruptError, StoreNotFoundError, StoreVersionError
+from raykit.loaders import image_rays, reference_batch
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
 from raykit.store.backends import BACKENDS, backend_named
 from raykit.store.reader import RayStore
@@ -72,11 +73,11 @@ class StoreContract:
         for split, info in store.splits.items():
             listed = set()
             for shard in range(-(-info.n_chunks // SHARD_CHUNKS)):
-                files = backend.shard_files(split, shard, store.payload_spec)
+                files = backend.shard_files(split, shard, info.stored_fields(store.fields))
                 assert files and set(files) <= set(store.files)
                 listed.update(files)
             for index in range(info.n_chunks):
-                assert set(store.payload.chunk_files(split, index)) <= listed
+                assert set(store.chunk_files(split, index)) <= listed
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -131,7 +132,7 @@ class StoreContract:
             rgba = np.concatenate([c.rgba for c in chunks])
             np.testing.assert_array_equal(rgba, _expected_rgba(records, store, pid))
             if self.materialize:
-                batch = store.to_batch(chunks[0])
+                batch = reference_batch(store, chunks[0])
                 tol = 2e-3 if self.materialize == "float16" else 1e-6
                 for name in ("origins", "directions"):
                     stored = torch.from_numpy(chunks[0].extra[name].astype(np.float32))
@@ -154,7 +155,7 @@ class StoreContract:
     def test_full_image_reads(self, store_dir: Path, records) -> None:
         store = open_store(store_dir)
         for rec in records:
-            batch = store.image_rays(rec.name, device="cpu")
+            batch = image_rays(store, rec.name, device="cpu")
             pixels = rec.load()
             h, w = pixels.shape[:2]
             ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
@@ -183,7 +184,7 @@ class StoreContract:
         with pytest.raises(RayRangeError, match="split"):
             store.read_chunk("nope", 0)
         with pytest.raises(RayRangeError, match="image"):
-            store.image_rays("nope")
+            image_rays(store, "nope")
         assert len(store.read("val", 3, 3)) == 0
 
     def test_corrupt_payload_files_are_named(self, scratch: Path) -> None:
@@ -278,7 +279,7 @@ class StoreContract:
                 np.testing.assert_array_equal(a.pid, b.pid)
                 np.testing.assert_array_equal(a.rgba, b.rgba)
         name0 = local.images("val")[0]
-        torch.testing.assert_close(remote.image_rays(name0).rgb, local.image_rays(name0).rgb)
+        torch.testing.assert_close(image_rays(remote, name0).rgb, image_rays(local, name0).rgb)
         assert store_summary(remote)["n_rays"] == store_summary(local)["n_rays"]
         assert validate_store(remote.url) == []
         copied = copy_store(remote.url, tmp_path / "copied", backend=self.backend)
@@ -295,7 +296,10 @@ class StoreContract:
         assert validate_store(copy.url) == []
         for split, info in store.splits.items():
             for i in range(info.n_chunks):
-                a, b = store.to_batch(store.read_chunk(split, i)), copy.to_batch(copy.read_chunk(split, i))
+                a, b = (
+                    reference_batch(store, store.read_chunk(split, i)),
+                    reference_batch(copy, copy.read_chunk(split, i)),
+                )
                 for name in ("origins", "directions", "rgb", "alpha", "image", "pixel", "near", "far"):
                     assert torch.equal(getattr(a, name), getattr(b, name)), name
 
@@ -402,11 +406,11 @@ def test_batches_on_cuda_match_cpu(tmp_path: Path, records, scene: SceneInfo) ->
         tmp_path / "s", records, scene=scene, chunk_rays=CHUNK_RAYS, shard_chunks=SHARD_CHUNKS
     )
     raw = store.read_chunk("train", 0)
-    cpu, gpu = store.to_batch(raw, "cpu"), store.to_batch(raw, "cuda")
+    cpu, gpu = reference_batch(store, raw, "cpu"), reference_batch(store, raw, "cuda")
     assert gpu.origins.is_cuda and gpu.rgb.is_cuda
     for name in ("origins", "directions", "rgb", "alpha", "image", "pixel", "near", "far", "z_scale"):
         torch.testing.assert_close(getattr(gpu, name).cpu(), getattr(cpu, name), atol=1e-5, rtol=1e-5)
     name = store.images("val")[0]
     torch.testing.assert_close(
-        store.image_rays(name, "cuda").directions.cpu(), store.image_rays(name).directions
+        image_rays(store, name, "cuda").directions.cpu(), image_rays(store, name).directions
     )

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raykit.errors import StoreVersionError
+from raykit.loaders import reference_batch
 from raykit.loaders.cache import ChunkCache, nbytes_of
 from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.cli import register
@@ -103,7 +104,7 @@ def test_rgb_without_alpha(tmp_path: Path, record_factory, scene: SceneInfo) -> 
     assert store.fields["rgba"].channels == 3 and store.rgba_channels == 3
     raw = store.read_chunk("train", 0)
     assert nbytes_of(raw) == 3 * len(raw)
-    assert store.to_batch(raw).alpha is None
+    assert reference_batch(store, raw).alpha is None
     summary = store_summary(store)
     assert set(summary["split_bytes_per_ray"]["train"]) == {"rgba"}
 
@@ -131,7 +132,7 @@ def test_copy_with_pids_keeps_the_fingerprint(
 
         native = zarr.open_array(tmp_path / "c" / "zarr", path="train/pid", mode="r")[:]
     else:
-        native = np.concatenate([copy.payload.read_chunk(copy.splits["train"], i)["pid"]
+        native = np.concatenate([copy.reader.chunks.read_chunk(copy.splits["train"], i)["pid"]
                                  for i in range(copy.splits["train"].n_chunks)])  # fmt: skip
     np.testing.assert_array_equal(native, store.read("train", 0, store.splits["train"].n_rays).pid)
     for split, info in store.splits.items():

@@ -71,7 +71,7 @@ def test_passthrough_keeps_source_bytes(images_store, capture: Path) -> None:
         assert all(entry["passthrough"])
         for local, name in enumerate(store.images(split)):
             path = sources[Path(name).name if Path(name).name in sources else Path(name).name + ".jpg"]
-            data = store.payload.image_bytes(split, local)
+            data = store.reader.image_bytes(split, local)
             assert hashlib.sha256(data).hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
             decoded = decode_image(path)
             served = store.read_image(name)
@@ -161,7 +161,7 @@ def test_plain_zarr_reader_slices_images(tmp_path: Path, capture: Path) -> None:
     names = group.attrs["image_names"]
     for i, name in enumerate(names):
         data = group["images"][offsets[i] : offsets[i + 1]].tobytes()
-        assert data == store.payload.image_bytes("train", i)
+        assert data == store.reader.image_bytes("train", i)
         pixels = np.asarray(Image.open(io.BytesIO(data)))
         assert np.array_equal(store.read_image(name)[..., : pixels.shape[2]], pixels)
 
@@ -201,7 +201,7 @@ def test_validate_finds_flipped_image_byte(images_store, tmp_path: Path) -> None
     assert validate_store(images_store.url) == validate_store(images_store.url, deep=True) == []
     dst = tmp_path / "bad"
     shutil.copytree(images_store.url, dst)
-    rel = images_store.payload.files_of("train", 0)[0]
+    rel = images_store.reader.image_files("train", 0)[0]
     offset = int(images_store.index["train"].get("image_member", [0])[0]) + 100
     data = bytearray((dst / rel).read_bytes())
     data[offset] ^= 0xFF
@@ -229,12 +229,12 @@ def test_validate_checks_each_image_header_size(images_store) -> None:
     """Without decoding, validate reads each stored image's size from its header: an image whose
     header disagrees with the camera table is reported (the table is altered in memory here)."""
     from raykit.store.reader import open_store
-    from raykit.store.validate import ImagesCheck
+    from raykit.store.validate import images_check
 
     store = open_store(images_store.url)
 
     def problems() -> list[str]:
-        check = ImagesCheck(store, "train")
+        check = images_check(store, "train")
         found = [check.check_file(rel) for rel in check.files]
         assert all(problem is None for problem, _ in found)
         return [p for _, image_problems in found for p in image_problems] + check.check_rest(set())

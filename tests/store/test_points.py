@@ -12,12 +12,12 @@ import pytest
 from raykit.colmap_io import read_model
 from raykit.converters import convert
 from raykit.errors import StoreCorruptError
-from raykit.scene import render_scene, write_colmap
 from raykit.store import open_store
 from raykit.store.cli import register
-from raykit.store.points import POINTS_FILE
+from raykit.store.schema import POINTS_FILE
 from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
+from raykit.testing import render_scene, write_colmap
 
 
 def _run(argv: list[str]) -> int:
@@ -121,7 +121,7 @@ def test_from_table_reads_sliced_and_chunked_tables() -> None:
     ``flatten`` would give them, without it)."""
     import pyarrow as pa
 
-    from raykit.store.points import SparsePoints
+    from raykit.store.schema import SparsePoints
 
     rng = np.random.default_rng(0)
     points = SparsePoints(

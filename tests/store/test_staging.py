@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store
-from raykit.store.backends import PayloadSpec
 from raykit.store.backends import zarr as zarr_backend
 from raykit.store.backends.zarr import document_bytes
 from raykit.store.order import (
@@ -208,9 +207,9 @@ def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blos
     specs = [FieldSpec("rgba", "uint8", 4), FieldSpec("pid", "uint32", 0), FieldSpec("origins", "float16", 3),
              FieldSpec("directions", "float32", 3)]  # fmt: skip
     fields = {spec.name: spec for spec in specs}
-    spec = PayloadSpec(fields, StoreSpec.from_dict(record))
-    ours = zarr_backend.metadata_documents(splits, spec)
-    theirs = zarr_backend.reference_metadata_documents(splits, spec)
+    spec = StoreSpec.from_dict(record)
+    ours = zarr_backend.metadata_documents(splits, fields, spec)
+    theirs = zarr_backend.reference_metadata_documents(splits, fields, spec)
     assert {key: document_bytes(doc) for key, doc in ours.items()} == theirs
 
 

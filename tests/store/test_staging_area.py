@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from raykit.errors import SourceError
-from raykit.store.phases import PhaseClock
+from raykit.store.write.commit import PhaseClock
 from raykit.store.write.staging import (
     DiskStaging,
     MemoryStaging,

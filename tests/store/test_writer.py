@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from raykit.cameras import Camera
 from raykit.errors import ConfigError, SourceError, StoreNotFoundError
 from raykit.fileio import punch_hole
+from raykit.loaders import image_rays
 from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
 from raykit.store.write.rays import write_shard_task
@@ -287,7 +288,7 @@ def test_rgb_only_store_has_three_channels(tmp_path: Path, scene: SceneInfo) -> 
         "a", "val", Camera("PINHOLE", 5, 4, (5.0, 5.0, 2.5, 2.0)), np.eye(4), None, None, "", pixels.copy
     )
     store = write_store(tmp_path / "s", [rec], scene=SceneInfo(near=0.1, far=3.0))
-    batch = store.image_rays("a")
+    batch = image_rays(store, "a")
     assert store.fields["rgba"].channels == 3 and batch.alpha is None
     np.testing.assert_array_equal(np.rint(batch.rgb.numpy() * 255).reshape(4, 5, 3), pixels)
     assert float(batch.near[0]) == pytest.approx(0.1) and float(batch.far[0]) == pytest.approx(3.0)
@@ -358,7 +359,7 @@ def test_phase_times_go_to_the_recording_block_of_their_own_thread(
     import logging
     import threading
 
-    from raykit.store.phases import recording_phases
+    from raykit.store.write.commit import recording_phases
 
     level = logging.getLogger("raykit.store.write").level
     records = record_factory(2, [(8, 8, "train", 3)] * 4)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from raykit.loaders import image_rays
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.evaluate import build_models
 from raykit.trainer.loop import step_losses
@@ -46,7 +47,7 @@ def _step_gradients(
     """One forward and backward of the training step on ``device``: its loss and gradients (on the CPU)."""
     aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
     field, grid = build_models(config, aabb, device)
-    batch = store.image_rays(store.images("train")[0], device)
+    batch = image_rays(store, store.images("train")[0], device)
     background = torch.ones(3, device=device)
     _, total, _ = step_losses(config, field, field, grid, batch, background, 0, None)
     total.backward()

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.runtime import Processes
 
+from ..reliability.paused import paused_rank_env, wait_paused
 from .test_train import config_flags, tiny_config
 
 STEPS = 24
@@ -78,17 +78,19 @@ def test_torchrun_restarts_a_killed_rank_and_resumes_exactly(tiny_store: Path, t
     )
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    crashed = tmp_path / "crashed"
+    crashed, pause = tmp_path / "crashed", tmp_path / "pause"
+    # Rank 0 pauses once it has written its first checkpoint (rank 1 then waits for it): the kill
+    # lands mid-run, after that checkpoint, for certain.
+    env = {
+        **env,
+        **paused_rank_env(pause, f"{crashed}/checkpoints/step-*", 0, os.environ.get("PYTHONPATH", "")),
+    }
     launcher = subprocess.Popen(
         _torchrun(tiny_store, crashed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
     )
-    deadline, victim = time.monotonic() + 240, None
-    while latest_checkpoint(crashed) is None and launcher.poll() is None and time.monotonic() < deadline:
-        victim = victim or _worker(launcher.pid, rank=1)
-        time.sleep(0.005)
-    victim = victim or _worker(launcher.pid, rank=1)
-    killed_at = latest_checkpoint(crashed)
-    assert victim is not None and killed_at is not None, "worker or first checkpoint not seen"
+    paused_at = wait_paused(pause, launcher)
+    victim, killed_at = _worker(launcher.pid, rank=1), latest_checkpoint(crashed)
+    assert victim is not None and killed_at == paused_at, (victim, killed_at, paused_at)
     os.kill(victim, signal.SIGKILL)
     _, stderr = launcher.communicate(timeout=300)
     # The agent saw the worker die of SIGKILL, and the group still finished: it was restarted (with

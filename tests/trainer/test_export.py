@@ -14,7 +14,7 @@ from PIL import Image
 from raykit.cli import main
 from raykit.converters import convert
 from raykit.errors import ExportError
-from raykit.scene import render_scene, write_blender
+from raykit.testing import render_scene, write_blender
 from raykit.trainer import train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from raykit.trainer.deploy import render_export, verify_export

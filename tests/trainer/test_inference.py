@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from raykit.loaders import image_rays
 from raykit.rays import RayBatch
 from raykit.store import open_store
 from raykit.trainer import TrainConfig, inference
@@ -40,7 +41,7 @@ def test_render_colours_match_every_sample_reference(tiny_store: Path, sampler: 
     with torch.no_grad():  # an opaque ball of radius 0.6: most rays stop early
         field.density_mlp[-1].bias[0] = math.log(60.0)
         field.planes[0].mul_(0.0).add_(1.0)
-    rays = store.image_rays(store.images("test")[0])
+    rays = image_rays(store, store.images("test")[0])
     background = torch.tensor([1.0, 1.0, 1.0])
     fast = render_colours(config, field, grid, rays, background)
     slow = reference_colours(config, field, grid, rays, background)
@@ -120,7 +121,7 @@ def test_evaluation_scores_equal_the_every_sample_renders(
     scorer = Scorer(background, torch.device("cpu"), lpips=False)
     result = evaluate_split(tmp_path, config, store, "test", field, grid, torch.device("cpu"), scorer)
     for image in result["images"]:
-        rays = store.image_rays(image["name"])
+        rays = image_rays(store, image["name"])
         height, width, _ = store.image_shape(image["name"])
         pred = reference_colours(config, field, grid, rays, background).view(height, width, 3)
         target = rays.composite(background).view(height, width, 3)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from raykit.loaders import image_rays
 from raykit.store import open_store
 from raykit.trainer.evaluate import build_models
 from raykit.trainer.loop import photometric_loss, step_losses
@@ -28,7 +29,7 @@ def test_training_step_ignores_masked_pixels(tiny_store: Path, tmp_path: Path) -
     mask they would (the check that fails when the loss ignores masks)."""
     store = open_store(str(tiny_store))
     config = tiny_config(tiny_store, tmp_path, sampler="stratified", scene_space="box")
-    batch = store.image_rays(store.images("train")[0], "cpu")
+    batch = image_rays(store, store.images("train")[0], "cpu")
     n = len(batch)
     mask = torch.zeros(n, dtype=torch.uint8)
     mask[: n // 2] = 255
@@ -58,7 +59,7 @@ def test_a_run_on_a_store_with_masks_is_evaluated_masked(tmp_path: Path) -> None
     import json
 
     from raykit.converters import convert
-    from raykit.scene import render_scene, write_nerfstudio
+    from raykit.testing import render_scene, write_nerfstudio
     from raykit.trainer import protocol_of, train
 
     source = write_nerfstudio(render_scene("tiny"), tmp_path / "capture", masks=True, depth=True)

@@ -14,8 +14,8 @@ import torch
 
 from raykit.cameras import Camera
 from raykit.rays import RayBatch
-from raykit.scene import render_scene
 from raykit.store import ImageRecord, SceneInfo, write_store
+from raykit.testing import render_scene
 from raykit.trainer import TrainConfig, compare, render, train
 from raykit.trainer.budget import SampleBudget, concat_batches
 from raykit.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint

@@ -34,8 +34,10 @@ from nerfstudio.model_components.ray_generators import RayGenerator
 __all__ = [
     "TABLE_BYTES_PER_PIXEL",
     "TabulatedRayGenerator",
+    "perspective_table",
     "ray_bundle",
     "reference_ray_bundle",
+    "reference_table",
     "tabulated_or_stock",
 ]
 
@@ -205,15 +207,16 @@ class TabulatedRayGenerator(torch.nn.Module):
 def _tabulate(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(P, 3) unit directions, (P, 1) norms, (P, 1) pixel areas of every pixel (row-major) of the
     one-camera ``camera`` in its own frame, by nerfstudio's ``generate_rays`` with an identity pose
-    (:func:`_perspective` for an undistorted perspective camera)."""
+    (:func:`perspective_table` for an undistorted perspective camera)."""
     perspective = int(camera.camera_type.reshape(-1)[0]) == CameraType.PERSPECTIVE.value
     if perspective and (camera.distortion_params is None or not bool(camera.distortion_params.any())):
-        return _perspective(camera)
-    return _generated(camera)
+        return perspective_table(camera)
+    return reference_table(camera)
 
 
-def _generated(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_tabulate` by nerfstudio's ``generate_rays`` itself, ``_ROWS`` image rows per call."""
+def reference_table(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_tabulate` by nerfstudio's ``generate_rays`` itself, ``_ROWS`` image rows per call: the
+    simple twin of :func:`perspective_table`, which tests compare against."""
     posed = Cameras(
         camera_to_worlds=torch.eye(4, dtype=camera.camera_to_worlds.dtype)[:3].unsqueeze(0),
         fx=camera.fx.cpu(),
@@ -238,7 +241,7 @@ def _generated(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return torch.cat(directions), torch.cat(norms), torch.cat(areas)
 
 
-def _perspective(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def perspective_table(camera: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_tabulate` of an undistorted perspective camera: ``_generate_rays_from_coords``'s float32
     operations (pixel centres, offsets by one pixel, OpenCV to OpenGL, normalisation, ``pixel_area``
     from the normalised neighbours) on the whole image in NumPy (single-threaded: torch's intra-op

@@ -1,19 +1,19 @@
-"""The interface every store backend implements, and the registry that names them.
+"""The one interface every store backend implements, and the registry that names them.
 
 A backend is the physical form of the payload; everything else about a store is the same whatever the
-backend. Its halves: ``Backend`` (writing shards and metadata, opening a reader), ``PayloadReader``
-(reading chunks) and ``Backend.images``, an ``ImagesPayload`` (the images layout). Backends are
-stateless frozen objects (picklable: writer tasks carry them). A new backend is one module defining
-``BACKEND``, one line in ``_MODULES`` and a subclass of the suite in ``tests/store/test_contract.py``.
+backend. One module per backend defines ``BACKEND``, a stateless frozen object (picklable: writer tasks
+carry it) that encodes a shard of either layout and opens a reader of a committed store's ray chunks.
+A new backend is one module, one line in ``_MODULES`` and a subclass of the suite in
+``tests/store/test_contract.py``.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import numpy as np
 
@@ -21,20 +21,11 @@ from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import BACKENDS, StoreSpec
 
 if TYPE_CHECKING:
+    from raykit.store.backends.wds import WdsReader
+    from raykit.store.backends.zarr import ZarrReader
     from raykit.store.files import RangeFetcher
 
-__all__ = [
-    "BACKENDS",
-    "Backend",
-    "ByteRead",
-    "EncodedShard",
-    "ImageShard",
-    "ImagesPayload",
-    "PayloadReader",
-    "PayloadSpec",
-    "StagedImage",
-    "backend_named",
-]
+__all__ = ["BACKENDS", "Backend", "ByteRead", "ChunkReader", "ImageShard", "StagedImage", "backend_named"]
 
 
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
@@ -42,59 +33,16 @@ __all__ = [
 _MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.wds"}
 
 
+# the reader of a committed store's ray chunks (``Backend.open_reader``)
+ChunkReader = Union["ZarrReader", "WdsReader"]
+
+
 # ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
 ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
 
-@dataclass(frozen=True)
-class PayloadSpec:
-    """What a backend needs to know about a payload besides its rays: the fields (name -> spec, in
-    stored order), the store's layout (chunk and shard sizes, codec settings) and which fields
-    each split stores (``stored``: split name -> field names; a split not named stores every field; a
-    format-3 split with derived pids stores no ``pid``)."""
-
-    fields: Mapping[str, FieldSpec]
-    layout: StoreSpec
-    stored: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def fields_of(self, split: str) -> dict[str, FieldSpec]:
-        """The fields split ``split`` stores, name -> spec, in stored order."""
-        names = self.stored.get(split)
-        return dict(self.fields) if names is None else {k: v for k, v in self.fields.items() if k in names}
-
-    @classmethod
-    def of(
-        cls, fields: Mapping[str, FieldSpec], layout: StoreSpec, splits: Mapping[str, SplitInfo]
-    ) -> PayloadSpec:
-        """The spec of a payload whose splits are ``splits`` (``SplitInfo.pids`` says whether a split
-        stores its pids)."""
-        stored = {
-            name: tuple(k for k in fields if k != "pid" or info.pids == "stored")
-            for name, info in splits.items()
-        }
-        return cls(fields, layout, stored)
-
-
-@dataclass(frozen=True)
-class EncodedShard:
-    """One shard of every field, encoded: ``files``, relative path -> its bytes (whole or in pieces
-    written one after the other); ``index``, the entries the backend adds to the split's ``index.json``
-    record, key -> one value per chunk of the shard (e.g. WebDataset member offsets)."""
-
-    files: dict[str, bytes | list[bytes]]
-    index: dict[str, list[Any]] = field(default_factory=dict)
-
-
-class PayloadReader(Protocol):
-    """Reads the payload of one committed store."""
-
-    def chunk_files(self, split: str, index: int) -> list[str]:
-        """Relative paths of the files holding chunk ``index`` of ``split``."""
-        ...
-
-    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info`` (n rays of the chunk)."""
-        ...
+# one encoded image as a shard is assembled from it: bytes, extension, camera record
+StagedImage = tuple[bytes, str, Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -109,74 +57,38 @@ class ImageShard:
     total: int = 0
 
 
-@dataclass(frozen=True)
-class StagedImage:
-    """One encoded image as a shard is assembled from it: bytes, extension, camera record."""
-
-    data: bytes
-    ext: str
-    record: Mapping[str, Any]
-
-
-class ImagesPayload(Protocol):
-    """How one backend stores the images layout (``Backend.images``)."""
-
-    def root_metadata(self) -> dict[str, bytes]:
-        """Files of the payload as a whole: relative path -> bytes."""
-        ...
-
-    def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        """The split's shards, its ``index.json`` entries known before any shard is written, and its
-        metadata files, from each image's name and its ``index.json`` entries so far (``image_format``,
-        the extension; ``image_bytes``, the stored size)."""
-        ...
-
-    def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
-    ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
-        """The shard's relative path, bytes, and ``index.json`` entries for its images."""
-        ...
-
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
-        """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
-        ...
-
-    def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
-    ) -> list[bytes | np.ndarray]:
-        """The stored bytes of image ``i``, in pieces that joined give the file (views of what
-        ``read(rel, start, stop)`` returned: no copy)."""
-        ...
-
-
 class Backend(Protocol):
-    """Writes a payload and opens readers on it."""
+    """Writes a payload of either layout and reads it back. ``fields``: a split's stored fields, name
+    -> spec in stored order (``SplitInfo.stored_fields``); ``spec``: the store's ``StoreSpec``."""
 
     @property
     def name(self) -> str:
         """The name recorded in the manifest (``"zarr"``, ``"wds"``)."""
         ...
 
-    @property
-    def images(self) -> ImagesPayload:
-        """How this backend stores and reads the images layout (``ImagesPayload``)."""
-        ...
-
-    def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
+    # -- the rays layout ---------------------------------------------------------------------------
+    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
         """Relative paths of the files holding shard ``shard`` of ``split``."""
         ...
 
     def encode_shard(
-        self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
-    ) -> EncodedShard:
+        self,
+        info: SplitInfo,
+        shard: int,
+        data: Mapping[str, np.ndarray],
+        fields: Mapping[str, FieldSpec],
+        spec: StoreSpec,
+    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
         """Encode shard ``shard`` of split ``info`` from ``data``: field name -> (n, ...) the shard's
-        rays (the last shard may be short), fields in ``spec.fields`` order."""
+        rays (the last shard may be short), in ``fields`` order. Returns the files (relative path ->
+        bytes, whole or in pieces written one after the other) and the entries the backend adds to the
+        split's ``index.json`` record (key -> one value per chunk of the shard)."""
         ...
 
-    def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
-        """Write the payload's metadata files under ``root`` atomically; their relative paths."""
+    def write_metadata(
+        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> list[str]:
+        """Write the rays payload's metadata files under ``root`` atomically; their relative paths."""
         ...
 
     def field_bytes(
@@ -187,10 +99,48 @@ class Backend(Protocol):
         ...
 
     def open_reader(
-        self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: RangeFetcher | None = None
-    ) -> PayloadReader:
-        """A reader of the committed store at ``url`` with its ``index.json`` contents; ``ranges``
-        reads byte ranges of a remote store (``raykit.store.files``), None for a local one."""
+        self,
+        url: str,
+        stored: Mapping[str, Mapping[str, FieldSpec]],
+        spec: StoreSpec,
+        index: Mapping[str, Any],
+        ranges: RangeFetcher | None = None,
+    ) -> ChunkReader:
+        """A reader of the ray chunks of the committed store at ``url`` (``stored``: split -> its
+        stored fields; ``index``: ``index.json``); ``ranges`` reads byte ranges of a remote store
+        (``raykit.store.files``), None for a local one. It has ``chunk_files(split, index)`` and
+        ``read_chunk(info, index)`` (field name -> (n, ...) values, unchecked)."""
+        ...
+
+    # -- the images layout -------------------------------------------------------------------------
+    def images_metadata(self) -> dict[str, bytes]:
+        """Files of an images payload as a whole: relative path -> bytes."""
+        ...
+
+    def plan_images(
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], spec: StoreSpec
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        """An images split's shards, its ``index.json`` entries known before any shard is written, and
+        its metadata files, from each image's name and its ``index.json`` entries so far
+        (``image_format``, the extension; ``image_bytes``, the stored size)."""
+        ...
+
+    def encode_images(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], spec: StoreSpec
+    ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
+        """Shard ``shard`` of an images split from its images (bytes, extension, camera record): its
+        relative path, bytes, and ``index.json`` entries for its images."""
+        ...
+
+    def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
+        """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
+        ...
+
+    def image_parts(
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
+    ) -> list[bytes | np.ndarray]:
+        """The stored bytes of image ``i``, in pieces that joined give the file (views of what
+        ``read(rel, start, stop)`` returned: no copy)."""
         ...
 
 

@@ -1,13 +1,12 @@
-"""The WebDataset backend, both layouts: the images layout (``WdsImages``), then the rays payload
-(``WdsReader``, ``WdsBackend``, ``BACKEND``).
+"""The WebDataset backend, both layouts (``WdsBackend``, ``BACKEND``; ``WdsReader`` reads ray chunks).
 
-The images layout in the WebDataset backend (docs/format.md, "The images layout"): one sample per
-image, ``KEY.jpg|png|webp`` then ``KEY.json`` (the camera record), in tars closed once they hold
-``layout.image_shard_bytes`` of images; ``index.json`` records each image's tar and data offset.
+Rays: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk, one ``.npy`` member per
+stored field (docs/format.md, "WebDataset"). Each member's data offset and size are recorded in
+``index.json``, so one chunk is one byte-range read per field.
 
-WebDataset backend: tar shards ``wds/{split}-{shard:06d}.tar``, one sample per chunk, one ``.npy``
-member per stored field (docs/format.md, "WebDataset"). Each member's data offset and size are
-recorded in ``index.json``, so one chunk is one byte-range read per field.
+Images (docs/format.md, "The images layout"): one sample per image, ``KEY.jpg|png|webp`` then
+``KEY.json`` (the camera record), in tars closed once they hold ``spec.image_shard_bytes`` of images;
+``index.json`` records each image's tar and data offset.
 """
 
 from __future__ import annotations
@@ -24,24 +23,14 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.fileio import UntrustedFileError
-from raykit.store.backends import (
-    Backend,
-    ByteRead,
-    EncodedShard,
-    ImageShard,
-    ImagesPayload,
-    PayloadSpec,
-    StagedImage,
-)
+from raykit.store.backends import Backend, ByteRead, ImageShard, StagedImage
 from raykit.store.files import filesystem
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 
 __all__ = [
     "BACKEND",
-    "WDS_IMAGES",
     "WdsBackend",
-    "WdsImages",
     "WdsReader",
     "npy_bytes",
     "sample_key",
@@ -65,51 +54,6 @@ def tar_bytes(members: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue(), offsets
-
-
-@dataclass(frozen=True)
-class WdsImages:
-    """How the WebDataset backend stores and reads images-layout splits (``ImagesPayload``)."""
-
-    def root_metadata(self) -> dict[str, bytes]:
-        return {}
-
-    def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        groups: list[list[int]] = [[]]  # images in order, a tar closed once full
-        held = 0
-        for i, size in enumerate(entry["image_bytes"]):
-            if groups[-1] and held + size > layout.image_shard_bytes:
-                groups.append([])
-                held = 0
-            groups[-1].append(i)
-            held += size
-        return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
-
-    def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
-    ) -> tuple[str, bytes, dict[str, list[Any]]]:
-        members = []
-        for i, image in enumerate(images):
-            key = f"{split}_{shard.images[0] + i:08d}"  # sample_key below
-            meta = (json.dumps(image.record, sort_keys=True, indent=1) + "\n").encode()
-            members += [(f"{key}.{image.ext}", image.data), (f"{key}.json", meta)]
-        data, offsets = tar_bytes(members)
-        index = {"image_shard": [shard.shard] * len(images), "image_member": offsets[::2]}
-        return f"wds/{split}-{shard.shard:06d}.tar", data, index
-
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
-        return [f"wds/{split}-{int(entry['image_shard'][i]):06d}.tar"]
-
-    def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
-    ) -> list[bytes | np.ndarray]:
-        offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
-        return [read(self.files_of(entry, split, i, layout)[0], offset, offset + size)]
-
-
-WDS_IMAGES = WdsImages()
 
 
 WDS_DIR = "wds"
@@ -148,10 +92,12 @@ def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
 class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
 
-    def __init__(self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None) -> None:
+    def __init__(
+        self, url: str, stored: Mapping[str, Mapping[str, FieldSpec]], index: Mapping[str, Any], ranges: Any
+    ) -> None:
         self._url = url.rstrip("/")
         self._fs, self._root = filesystem(self._url)
-        self._spec = spec
+        self._stored = stored
         self._index = index
         self._ranges = ranges  # a raykit.store.files.RangeFetcher for remote stores
 
@@ -165,7 +111,7 @@ class WdsReader:
         path = f"{self._root}/{rel}"
         members = self._index[info.name]["members"][index]
         out = {}
-        for name, spec in self._spec.fields_of(info.name).items():
+        for name, spec in self._stored[info.name].items():
             offset, size = members[name]
             try:
                 if self._ranges is not None:
@@ -187,36 +133,38 @@ class WdsReader:
 @dataclass(frozen=True)
 class WdsBackend:
     """The WebDataset backend (``raykit.store.backends.Backend``): no metadata files; each chunk's
-    shard number and member offsets go into ``index.json``."""
+    shard number and member offsets, and each image's tar and offset, go into ``index.json``."""
 
     name: str = "wds"
 
-    @property
-    def images(self) -> ImagesPayload:
-
-        return WDS_IMAGES
-
-    def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
+    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
         return [shard_file(split, shard)]
 
     def encode_shard(
-        self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
-    ) -> EncodedShard:
-        first = shard * spec.layout.shard_chunks
+        self,
+        info: SplitInfo,
+        shard: int,
+        data: Mapping[str, np.ndarray],
+        fields: Mapping[str, FieldSpec],
+        spec: StoreSpec,
+    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+        first = shard * spec.shard_chunks
         start = info.chunk_range(first)[0]
-        chunks = range(first, min(first + spec.layout.shard_chunks, info.n_chunks))
-        fields = []  # (chunk, field name, .npy bytes): the members in order
+        chunks = range(first, min(first + spec.shard_chunks, info.n_chunks))
+        members = []  # (chunk, field name, .npy bytes): the members in order
         for c in chunks:
             lo, hi = (b - start for b in info.chunk_range(c))
-            fields += [(c, name, npy_bytes(data[name][lo:hi])) for name in spec.fields_of(info.name)]
-        tar, offsets = tar_bytes((f"{sample_key(info.name, c)}.{name}.npy", npy) for c, name, npy in fields)
-        members: dict[int, dict[str, list[int]]] = {c: {} for c in chunks}  # field -> [data offset, size]
-        for (c, name, npy), offset in zip(fields, offsets, strict=True):
-            members[c][name] = [offset, len(npy)]
-        index: dict[str, list[Any]] = {"shard": [shard] * len(chunks), "members": list(members.values())}
-        return EncodedShard({shard_file(info.name, shard): tar}, index)
+            members += [(c, name, npy_bytes(data[name][lo:hi])) for name in fields]
+        tar, offsets = tar_bytes((f"{sample_key(info.name, c)}.{name}.npy", npy) for c, name, npy in members)
+        where: dict[int, dict[str, list[int]]] = {c: {} for c in chunks}  # field -> [data offset, size]
+        for (c, name, npy), offset in zip(members, offsets, strict=True):
+            where[c][name] = [offset, len(npy)]
+        index: dict[str, list[Any]] = {"shard": [shard] * len(chunks), "members": list(where.values())}
+        return {shard_file(info.name, shard): tar}, index
 
-    def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
+    def write_metadata(
+        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> list[str]:
         return []
 
     def field_bytes(
@@ -235,9 +183,51 @@ class WdsBackend:
         return out
 
     def open_reader(
-        self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
+        self,
+        url: str,
+        stored: Mapping[str, Mapping[str, FieldSpec]],
+        spec: StoreSpec,
+        index: Mapping[str, Any],
+        ranges: Any = None,
     ) -> WdsReader:
-        return WdsReader(url, spec, index, ranges=ranges)
+        return WdsReader(url, stored, index, ranges)
+
+    def images_metadata(self) -> dict[str, bytes]:
+        return {}
+
+    def plan_images(
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], spec: StoreSpec
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        groups: list[list[int]] = [[]]  # images in order, a tar closed once full
+        held = 0
+        for i, size in enumerate(entry["image_bytes"]):
+            if groups[-1] and held + size > spec.image_shard_bytes:
+                groups.append([])
+                held = 0
+            groups[-1].append(i)
+            held += size
+        return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
+
+    def encode_images(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], spec: StoreSpec
+    ) -> tuple[str, bytes, dict[str, list[Any]]]:
+        members = []
+        for i, (data, ext, record) in enumerate(images):
+            key = sample_key(split, shard.images[0] + i)
+            meta = (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
+            members += [(f"{key}.{ext}", data), (f"{key}.json", meta)]
+        tar, offsets = tar_bytes(members)
+        index = {"image_shard": [shard.shard] * len(images), "image_member": offsets[::2]}
+        return shard_file(split, shard.shard), tar, index
+
+    def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
+        return [shard_file(split, int(entry["image_shard"][i]))]
+
+    def image_parts(
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
+    ) -> list[bytes | np.ndarray]:
+        offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
+        return [read(self.image_files(entry, split, i, spec)[0], offset, offset + size)]
 
 
 BACKEND: Backend = WdsBackend()

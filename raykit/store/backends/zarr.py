@@ -1,23 +1,17 @@
-"""The Zarr v3 backend, both layouts: reading a rays payload (``ZarrReader``), the images layout
-(``ZarrImages``) and writing (``ZarrBackend``, ``BACKEND``). Sections below, in that order.
+"""The Zarr v3 backend, both layouts: reading ray chunks (``ZarrReader``), the images layout's
+metadata, the rays layout's codecs and shards, and the backend (``ZarrBackend``, ``BACKEND``).
 
-Reading the Zarr v3 backend's ray payload (``raykit.store.backends.zarr`` writes it): which file holds
-a shard, and ``ZarrReader``, which reads raykit's own shards directly (one ``pread`` of the shard index
-and of each chunk) and anything else through zarr; also the bytes both layouts' zarr writers share
-(the root group, ``document_bytes``, ``crc32c_bytes``).
-
-The images layout in the Zarr v3 backend (docs/format.md, "The images layout"): a split's encoded
-images end to end in the sharded ``uint8`` array ``zarr/{split}/images``, each one's first byte in
-``zarr/{split}/image_offsets`` and in ``index.json`` (``image_offset``).
-
-Zarr v3 backend: one group ``zarr/``, one array per split and field, sharded and compressed
-(docs/format.md, "Zarr v3"; the codecs' measurements: "Design choices and measurements").
-
+Rays: one group ``zarr/``, one array per split and field, sharded and compressed (docs/format.md,
+"Zarr v3"; the codecs' measurements: "Design choices and measurements"). ``ZarrReader`` reads raykit's
+own shards directly (one ``pread`` of the shard index and of each chunk) and anything else through zarr.
 A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
 (``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
 (``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
-definition (``FieldCodec``). zarr is imported only by the twins and remote reads; reading is
-``raykit.store.backends.zarr``.
+definition (``FieldCodec``). zarr is imported only by the twins and remote reads.
+
+Images (docs/format.md, "The images layout"): a split's encoded images end to end in the sharded
+``uint8`` array ``zarr/{split}/images``, each one's first byte in ``zarr/{split}/image_offsets`` and
+in ``index.json`` (``image_offset``).
 """
 
 from __future__ import annotations
@@ -34,18 +28,10 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError, StoreNotFoundError
 from raykit.fileio import UntrustedFileError, atomic_write_bytes, open_regular, read_json
-from raykit.store.backends import (
-    Backend,
-    ByteRead,
-    EncodedShard,
-    ImageShard,
-    ImagesPayload,
-    PayloadSpec,
-    StagedImage,
-)
+from raykit.store.backends import Backend, ByteRead, ImageShard, StagedImage
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.spec import IMAGES_LAYOUT, RGBA_CODECS, StoreSpec
+from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
 
 if TYPE_CHECKING:
     from raykit.store.files import RangeFetcher
@@ -54,13 +40,14 @@ __all__ = [
     "ABSENT_CHUNK",
     "BACKEND",
     "ZARR_DIR",
-    "ZARR_IMAGES",
     "ZARR_ROOT",
     "FieldCodec",
     "ZarrBackend",
-    "ZarrImages",
     "ZarrReader",
     "array_document",
+    "byte_array_files",
+    "byte_array_parts",
+    "byte_shard_pieces",
     "crc32c_bytes",
     "direct_shard_codec",
     "document_bytes",
@@ -145,18 +132,14 @@ def _open_store(url: str) -> Any:
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
 
 
-@dataclass(frozen=True)
-class _ShardCodec:
-    """How to decode one inner chunk of a shard file raykit wrote (parsed from the array's zarr.json)."""
-
-    chunk_shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    codec: Any
+# ``decode(data)``: one inner chunk of a shard file (less its crc32c) decoded into a fresh, writable array
+ChunkDecoder = Callable[[bytes], np.ndarray]
 
 
-def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
-    """The decoder of an array whose codecs are the ones raykit writes (sharding with the index at the
-    end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c), else None."""
+def direct_shard_codec(meta: Mapping[str, Any]) -> ChunkDecoder | None:
+    """The chunk decoder of an array whose codecs are the ones raykit writes (sharding with the index
+    at the end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c),
+    else None."""
     codecs = meta.get("codecs") or []
     if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
         return None
@@ -177,8 +160,14 @@ def direct_shard_codec(meta: Mapping[str, Any]) -> _ShardCodec | None:
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
     from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
 
-    codec = Zstd() if names[1] == "zstd" else Blosc()
-    return _ShardCodec(tuple(int(n) for n in cfg["chunk_shape"]), dtype, codec)
+    codec, shape = Zstd() if names[1] == "zstd" else Blosc(), tuple(int(n) for n in cfg["chunk_shape"])
+
+    def decode(data: bytes) -> np.ndarray:
+        values = np.empty(shape, dtype=dtype)  # writable, decoded in place
+        codec.decode(data, out=values)
+        return values
+
+    return decode
 
 
 def _crc_ok(data: bytes) -> bool:
@@ -193,20 +182,26 @@ class ZarrReader:
     times faster than zarr's read path, which remains the twin (``read_chunk(..., fast=False)``).
     """
 
-    def __init__(self, url: str, spec: PayloadSpec, ranges: RangeFetcher | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        stored: Mapping[str, Mapping[str, FieldSpec]],
+        spec: StoreSpec,
+        ranges: RangeFetcher | None = None,
+    ) -> None:
         self._url = url.rstrip("/")
-        self._spec = spec
+        self._stored = stored
         # Remote stores: a raykit.store.files.RangeFetcher (correct on servers that ignore Range); the
         # direct read path then serves remote shards too.
         self._ranges: Any = ranges
-        self._shard_chunks = spec.layout.shard_chunks
+        self._shard_chunks = spec.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._local = None if is_url(self._url) else Path(self._url.removeprefix("file://"))
-        self._codecs: dict[tuple[str, str], _ShardCodec | None] = {}
+        self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
         self._indexes: dict[str, np.ndarray] = {}
 
-    def _codec(self, split: str, name: str) -> _ShardCodec | None:
+    def _codec(self, split: str, name: str) -> ChunkDecoder | None:
         key = (split, name)
         if key not in self._codecs:
             rel = f"{ZARR_DIR}/{split}/{name}/zarr.json"
@@ -221,7 +216,7 @@ class ZarrReader:
             self._codecs[key] = direct_shard_codec(meta)
         return self._codecs[key]
 
-    def _read_direct(self, codec: _ShardCodec, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
+    def _read_direct(self, codec: ChunkDecoder, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
         rel = shard_file(info.name, spec, index // self._shard_chunks)
         if self._local is None:  # by byte ranges
 
@@ -247,7 +242,7 @@ class ZarrReader:
 
     def _read_from(
         self,
-        codec: _ShardCodec,
+        codec: ChunkDecoder,
         info: SplitInfo,
         index: int,
         where: str,
@@ -270,8 +265,7 @@ class ZarrReader:
         if len(data) != nbytes or not _crc_ok(data):
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
-            values = np.empty(codec.chunk_shape, dtype=codec.dtype)  # writable, decoded in place
-            codec.codec.decode(data[:-4], out=values)
+            values = codec(data[:-4])
         except Exception as exc:
             raise StoreCorruptError(
                 f"{where}: chunk {index} of split {info.name!r} undecodable: {exc}"
@@ -297,7 +291,7 @@ class ZarrReader:
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
         shard = index // self._shard_chunks
-        return [shard_file(split, spec, shard) for spec in self._spec.fields_of(split).values()]
+        return [shard_file(split, spec, shard) for spec in self._stored[split].values()]
 
     def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
         """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
@@ -307,7 +301,7 @@ class ZarrReader:
         start, stop = info.chunk_range(index)
         out = {}
         shard = index // self._shard_chunks
-        for name, spec in self._spec.fields_of(info.name).items():
+        for name, spec in self._stored[info.name].items():
             direct = self._local is not None or self._ranges is not None
             codec = self._codec(info.name, name) if fast and direct else None
             if codec is not None:
@@ -328,15 +322,13 @@ class ZarrReader:
 _BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
 
 
-def images_metadata(
-    split: str,
-    names: Sequence[str],
-    formats: Sequence[str],
-    offsets: Sequence[int],
-    layout: StoreSpec,
+def byte_array_files(
+    base: str, name: str, offsets_name: str, offsets: Sequence[int], size: int, per: int
 ) -> dict[str, bytes]:
-    """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
-    size, per = layout.image_chunk_bytes, layout.image_shard_chunks
+    """The zarr files of blobs stored end to end (the images layout's images, a component's arrays):
+    the metadata of the sharded ``uint8`` array ``{base}/{name}`` (inner chunks of ``size`` bytes,
+    ``per`` a shard; ``byte_shard_pieces`` writes its shards), and the ``int64`` array
+    ``{base}/{offsets_name}`` of each blob's first byte and, last, the total: path -> bytes."""
     sharding = {
         "chunk_shape": [size],
         "codecs": [_BYTES, {"name": "crc32c"}],
@@ -344,80 +336,28 @@ def images_metadata(
         "index_location": "end",
     }
     codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    images = array_document([int(offsets[-1])], "uint8", [size * per], codecs, "images")
+    array = array_document([int(offsets[-1])], "uint8", [size * per], codecs, name)
     n, checked = len(offsets), [_LITTLE, {"name": "crc32c"}]
-    offsets_doc = array_document([n], "int64", [n], checked, "image_offsets")
-    attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
-    group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
+    offsets_doc = array_document([n], "int64", [n], checked, offsets_name)
     raw = np.asarray(offsets, dtype="<i8").tobytes()
-    base = f"zarr/{split}"
     return {
-        f"{base}/zarr.json": document_bytes(group),
-        f"{base}/images/zarr.json": document_bytes(images),
-        f"{base}/image_offsets/zarr.json": document_bytes(offsets_doc),
-        f"{base}/image_offsets/c/0": raw + crc32c_bytes(raw),
+        f"{base}/{name}/zarr.json": document_bytes(array),
+        f"{base}/{offsets_name}/zarr.json": document_bytes(offsets_doc),
+        f"{base}/{offsets_name}/c/0": raw + crc32c_bytes(raw),
     }
 
 
-@dataclass(frozen=True)
-class ZarrImages:
-    """How the zarr backend stores and reads images-layout splits (an ``ImagesPayload``)."""
-
-    def root_metadata(self) -> dict[str, bytes]:
-        return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
-
-    def plan_split(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], layout: StoreSpec
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        starts = np.concatenate([[0], np.cumsum(entry["image_bytes"])]).astype(np.int64).tolist()
-        n, per, shards = len(starts) - 1, layout.image_shard_bytes, []
-        for s in range(-(-starts[-1] // per)):
-            take = [j for j in range(n) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
-            shards.append(ImageShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
-        metadata = images_metadata(split, names, entry["image_format"], starts, layout)
-        return shards, {"image_offset": starts}, metadata
-
-    def encode_shard(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], layout: StoreSpec
-    ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
-        per = layout.image_shard_bytes
-        lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
-        blob = bytearray(hi - lo)
-        for image, offset in zip(images, shard.offsets, strict=True):
-            a, b = max(offset, lo), min(offset + len(image.data), hi)
-            blob[a - lo : b - lo] = image.data[a - offset : b - offset]
-        size = layout.image_chunk_bytes  # inner chunks, the last one zero-padded
-        chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
-        return f"zarr/{split}/images/c/{shard.shard}", shard_pieces(chunks, layout.image_shard_chunks), {}
-
-    def files_of(self, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec) -> list[str]:
-        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        per = layout.image_shard_bytes
-        return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
-
-    def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, layout: StoreSpec
-    ) -> list[bytes | np.ndarray]:
-        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        size, per = layout.image_chunk_bytes, layout.image_shard_chunks
-        parts: list[bytes | np.ndarray] = []  # read-only views of each inner chunk's share
-        c0 = lo // size
-        while c0 <= (hi - 1) // size:  # one read per shard the image spans
-            shard, j0 = divmod(c0, per)
-            j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
-            raw = read(f"zarr/{split}/images/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
-            if len(raw) != (j1 - j0 + 1) * (size + 4):
-                raise StoreCorruptError(f"{where}/zarr/{split}/images/c/{shard}: truncated")
-            view = np.frombuffer(raw, np.uint8)
-            for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
-                start = (shard * per + j0 + k) * size
-                a, b = max(lo - start, 0), min(hi - start, size)
-                parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
-            c0 = (shard + 1) * per
-        return parts
-
-
-ZARR_IMAGES = ZarrImages()
+def images_metadata(
+    split: str, names: Sequence[str], formats: Sequence[str], offsets: Sequence[int], spec: StoreSpec
+) -> dict[str, bytes]:
+    """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
+    attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
+    group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
+    size, per = spec.image_chunk_bytes, spec.image_shard_chunks
+    return {
+        f"zarr/{split}/zarr.json": document_bytes(group),
+        **byte_array_files(f"zarr/{split}", "images", "image_offsets", offsets, size, per),
+    }
 
 
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every layout records
@@ -463,8 +403,6 @@ def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
     """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
     with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
     itemsize = np.dtype(spec.dtype).itemsize
-    if layout.rgba_codec not in RGBA_CODECS:
-        raise ValueError(f"rgba_codec: expected one of {RGBA_CODECS}, got {layout.rgba_codec!r}")
     if itemsize == 1 and layout.rgba_codec == "zstd":
         return FieldCodec("zstd", {"level": layout.zstd_level, "checksum": False})
     if itemsize == 1:
@@ -513,17 +451,21 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict
     return array_document([info.n_rays, *tail], dtype.name, grid, codecs, spec.name, fill)
 
 
-def metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, dict[str, Any]]:
-    """Every ``zarr.json`` of the payload, keyed by its path under ``zarr/``."""
+def metadata_documents(
+    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+) -> dict[str, dict[str, Any]]:
+    """Every ``zarr.json`` of the rays payload, keyed by its path under ``zarr/``."""
     docs: dict[str, dict[str, Any]] = {"zarr.json": ZARR_ROOT}
     for split, info in splits.items():
         docs[f"{split}/zarr.json"] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
-        for field in spec.fields_of(split).values():
-            docs[f"{split}/{field.name}/zarr.json"] = _array_document(field, info, spec.layout)
+        for field in info.stored_fields(fields).values():
+            docs[f"{split}/{field.name}/zarr.json"] = _array_document(field, info, spec)
     return docs
 
 
-def reference_metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> dict[str, bytes]:
+def reference_metadata_documents(
+    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+) -> dict[str, bytes]:
     """Twin of ``metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
     ``MemoryStore``; its files' bytes."""
     import zarr
@@ -532,8 +474,8 @@ def reference_metadata_documents(splits: Mapping[str, SplitInfo], spec: PayloadS
     group = zarr.create_group(mem, attributes=ZARR_ROOT["attributes"])
     for split, info in splits.items():
         sub = group.create_group(split)
-        for field in spec.fields_of(split).values():
-            sub.create_array(field.name, **_array_kwargs(field, info, spec.layout))
+        for field in info.stored_fields(fields).values():
+            sub.create_array(field.name, **_array_kwargs(field, info, spec))
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
 
@@ -587,32 +529,30 @@ class ZarrBackend:
 
     name: str = "zarr"
 
-    @property
-    def images(self) -> ImagesPayload:
-
-        return ZARR_IMAGES
-
-    def shard_files(self, split: str, shard: int, spec: PayloadSpec) -> list[str]:
-        return [shard_file(split, field, shard) for field in spec.fields_of(split).values()]
+    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
+        return [shard_file(split, field, shard) for field in fields.values()]
 
     def encode_shard(
-        self, info: SplitInfo, shard: int, data: Mapping[str, np.ndarray], spec: PayloadSpec
-    ) -> EncodedShard:
-        fields = spec.fields
-        return EncodedShard(
-            {
-                shard_file(info.name, fields[name], shard): encode_shard_pieces(
-                    values, fields[name], info, spec.layout
-                )
-                for name, values in data.items()
-            }
-        )
+        self,
+        info: SplitInfo,
+        shard: int,
+        data: Mapping[str, np.ndarray],
+        fields: Mapping[str, FieldSpec],
+        spec: StoreSpec,
+    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+        files: dict[str, bytes | list[bytes]] = {
+            shard_file(info.name, fields[name], shard): encode_shard_pieces(values, fields[name], info, spec)
+            for name, values in data.items()
+        }
+        return files, {}
 
-    def write_metadata(self, root: Path, splits: Mapping[str, SplitInfo], spec: PayloadSpec) -> list[str]:
+    def write_metadata(
+        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> list[str]:
         """The group and array ``zarr.json`` files (``metadata_documents``: the JSON zarr writes, so a
         writer need not import zarr), written atomically; existing shards are left untouched."""
         written = []
-        for key, document in sorted(metadata_documents(splits, spec).items()):
+        for key, document in sorted(metadata_documents(splits, fields, spec).items()):
             atomic_write_bytes(root / f"{ZARR_DIR}/{key}", document_bytes(document))
             written.append(f"{ZARR_DIR}/{key}")
         return written
@@ -629,9 +569,85 @@ class ZarrBackend:
         return out
 
     def open_reader(
-        self, url: str, spec: PayloadSpec, index: Mapping[str, Any], ranges: Any = None
+        self,
+        url: str,
+        stored: Mapping[str, Mapping[str, FieldSpec]],
+        spec: StoreSpec,
+        index: Mapping[str, Any],
+        ranges: Any = None,
     ) -> ZarrReader:
-        return ZarrReader(url, spec, ranges)
+        return ZarrReader(url, stored, spec, ranges)
+
+    def images_metadata(self) -> dict[str, bytes]:
+        return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
+
+    def plan_images(
+        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], spec: StoreSpec
+    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+        starts = np.concatenate([[0], np.cumsum(entry["image_bytes"])]).astype(np.int64).tolist()
+        n, per, shards = len(starts) - 1, spec.image_shard_bytes, []
+        for s in range(-(-starts[-1] // per)):
+            take = [j for j in range(n) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
+            shards.append(ImageShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
+        metadata = images_metadata(split, names, entry["image_format"], starts, spec)
+        return shards, {"image_offset": starts}, metadata
+
+    def encode_images(
+        self, split: str, shard: ImageShard, images: Sequence[StagedImage], spec: StoreSpec
+    ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
+        per = spec.image_shard_bytes
+        lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
+        blob = bytearray(hi - lo)
+        for (data, _, _), offset in zip(images, shard.offsets, strict=True):
+            a, b = max(offset, lo), min(offset + len(data), hi)
+            blob[a - lo : b - lo] = data[a - offset : b - offset]
+        pieces = byte_shard_pieces(blob, spec.image_chunk_bytes, spec.image_shard_chunks)
+        return f"zarr/{split}/images/c/{shard.shard}", pieces, {}
+
+    def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
+        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
+        per = spec.image_shard_bytes
+        return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
+
+    def image_parts(
+        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
+    ) -> list[bytes | np.ndarray]:
+        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
+        return byte_array_parts(
+            read, where, f"zarr/{split}/images", lo, hi, spec.image_chunk_bytes, spec.image_shard_chunks
+        )
+
+
+def byte_array_parts(
+    read: ByteRead, where: str, base: str, lo: int, hi: int, size: int, per: int
+) -> list[bytes | np.ndarray]:
+    """Bytes ``[lo, hi)`` of the sharded ``uint8`` array at ``base`` (shard files ``{base}/c/{s}`` of
+    ``per`` inner chunks of ``size`` bytes, each followed by its crc32c: the images layout's and the
+    components' arrays) in pieces that joined give them: read-only views of each inner chunk's
+    share, one read per shard they span (``read(rel, start, stop)``; ``where``: the store, in
+    messages)."""
+    parts: list[bytes | np.ndarray] = []
+    c0 = lo // size
+    while c0 <= (hi - 1) // size:
+        shard, j0 = divmod(c0, per)
+        j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
+        raw = read(f"{base}/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
+        if len(raw) != (j1 - j0 + 1) * (size + 4):
+            raise StoreCorruptError(f"{where}/{base}/c/{shard}: truncated")
+        view = np.frombuffer(raw, np.uint8)
+        for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
+            start = (shard * per + j0 + k) * size
+            a, b = max(lo - start, 0), min(hi - start, size)
+            parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
+        c0 = (shard + 1) * per
+    return parts
+
+
+def byte_shard_pieces(blob: bytes | bytearray, size: int, per: int) -> list[bytes]:
+    """One shard file of a sharded ``uint8`` array holding ``blob`` (at most ``size * per`` bytes), in
+    pieces: inner chunks of ``size`` bytes, the last one zero-padded (``shard_pieces``)."""
+    chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
+    return shard_pieces(chunks, per)
 
 
 BACKEND: Backend = ZarrBackend()

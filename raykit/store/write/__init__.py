@@ -3,7 +3,13 @@ store, ``raykit copy``), the one entry point of every layout.
 
 ``StoreSpec.kind`` picks the payload writer: ``raykit.store.write.rays`` (pre-shuffled rays) or
 ``raykit.store.write.images`` (the encoded images); both end in ``raykit.store.write.commit``. Each holds
-``dst``'s writer lock (``raykit.store.files``).
+``dst``'s writer lock (``raykit.locks``).
+
+``raykit copy --layout`` rewrites a store in the other layout (rays <-> images), or an images store in
+the other backend (docs/format.md, "Copies"), from the source store's own images (``RayStore.read_image``)
+as image records with the source's camera table, scene and chunking (``store_records``), by the payload
+writer of the target layout. An images store copied to images keeps every stored file's bytes
+(``StoreImageLoad.encoded``). A rays store copied to rays is copied chunk by chunk (``copy_rays``).
 
 Object storage (``s3://bucket/scene`` or any writable fsspec URL; docs/format.md, "Object storage"):
 written locally by the ordinary writers in a work folder derived from the URL (so a rerun resumes it),
@@ -14,43 +20,35 @@ then uploaded file by file with ``manifest.json`` last (until it is there, reade
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from raykit.errors import ConfigError, StoreError
 from raykit.fileio import atomic_write_json
+from raykit.locks import holding_store_lock, store_lock
 from raykit.progress import progress as progress_bar
 from raykit.store.components import ComponentInfo, write_component
-from raykit.store.files import (
-    OVERWRITE_HINT,
-    filesystem,
-    holding_store_lock,
-    is_url,
-    json_digest,
-    read_errors,
-    store_lock,
-)
-from raykit.store.points import SparsePoints
-from raykit.store.schema import ImageRecord, SceneInfo
+from raykit.store.files import OVERWRITE_HINT, filesystem, is_url, json_digest, read_errors
+from raykit.store.image_codec import StoredImage
+from raykit.store.reader import RayStore, join_parts, open_store
+from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
 from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import order_records
 from raykit.store.write.images import write_images
-from raykit.store.write.job import WriteRequest
 from raykit.store.write.rays import copy_rays, write_rays
 
-if TYPE_CHECKING:
-    from raykit.store.reader import RayStore
-
 __all__ = [
+    "StoreImageLoad",
     "add_component",
     "copy_store",
+    "store_records",
     "upload_store",
     "work_folder",
     "write_remote",
@@ -59,16 +57,13 @@ __all__ = [
 
 
 # the payload writer of each layout (``StoreSpec.kind``)
-_PAYLOAD_WRITERS: dict[str, Callable[[WriteRequest], RayStore]] = {
-    RAYS_LAYOUT: write_rays,
-    IMAGES_LAYOUT: write_images,
-}
+_PAYLOAD_WRITERS: dict[str, Callable[..., RayStore]] = {RAYS_LAYOUT: write_rays, IMAGES_LAYOUT: write_images}
 
 
 _O = StoreSpec  # every default of write_store's options is StoreSpec's, written there once
 
 
-@holding_store_lock("dst")  # one writer per store (raykit.store.files)
+@holding_store_lock("dst")  # one writer per store (raykit.locks)
 def write_store(
     dst: str | Path,
     records: Sequence[ImageRecord],
@@ -102,7 +97,7 @@ def write_store(
         source: description of the source (format, path, ...) recorded in the manifest.
         overwrite: replace an existing store at ``dst``.
         points: sparse 3-D points in the store's world frame, stored as ``points3D.parquet``
-            (``raykit.store.points``).
+            (``raykit.store.schema``).
         components: the per-image components to store (``ComponentInfo``: name, dtype, unit, scale),
             each record's ``components[name]()`` giving its array; records' ``metadata`` is kept as
             per-frame metadata (``raykit.store.components``).
@@ -119,20 +114,18 @@ def write_store(
         with_pids=with_pids,
         memory_staging_bytes=memory_staging_bytes,
     )
-    ordered = order_records(records)
-    request = WriteRequest(
+    return _PAYLOAD_WRITERS[spec.kind](
         Path(dst),
-        ordered,
+        order_records(records),
         scene,
         spec,
-        executor,
-        progress,
-        dict(source or {}),
-        overwrite,
-        points,
-        tuple(components),
+        executor=executor,
+        progress=progress,
+        source=dict(source or {}),
+        overwrite=overwrite,
+        points=points,
+        components=tuple(components),
     )
-    return _PAYLOAD_WRITERS[spec.kind](request)
 
 
 @holding_store_lock("dst")
@@ -151,27 +144,75 @@ def copy_store(
 
     The copy keeps the chunk and shard layout, the camera table, scene and source description, so its
     content fingerprint equals the source's. ``layout`` (``rays`` or ``images``; default: the
-    source's) rewrites it in that layout from the source's images (``raykit.store.write.copy``).
+    source's) rewrites it in that layout from the source's images (``store_records``).
     ``with_pids`` stores every split's pids explicitly (a format-3 store derives them). A copy of a
     format 1 or 2 store is written in the current format, its pids stored, its chunk checksums
     computed anew: its content fingerprint is the same in every backend but not the source's.
     """
-    from raykit.store.reader import open_store
-
     store = open_store(src)
     layout = layout or store.layout()
+    # a copy carries the source's components and per-frame metadata (``raykit.store.components``)
+    tasks: dict[str, Any] = {
+        "executor": executor,
+        "progress": progress,
+        "overwrite": overwrite,
+        "extras_from": store,
+    }
     if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
-        spec = store.spec.replace(backend=backend)
-        points = store.sparse_points()
-        request = WriteRequest(
-            Path(dst), [], store.scene, spec, executor, progress, {}, overwrite, points, extras_from=store
-        )
-        return copy_rays(store, request, with_pids)
-    from raykit.store.write.copy import copy_request
+        return copy_rays(store, Path(dst), store.spec.replace(backend=backend), **tasks, with_pids=with_pids)
+    kept = store.spec  # its chunking and seed, in the target layout and backend (checked there)
+    spec = StoreSpec(
+        kind=layout,
+        backend=backend,
+        chunk_rays=kept.chunk_rays,
+        shard_chunks=kept.shard_chunks,
+        seed=kept.seed,
+    )
+    source = {k: v for k, v in store.manifest["source"].items() if k != "fingerprint"}
+    records = order_records(store_records(store))
+    points = store.sparse_points()
+    return _PAYLOAD_WRITERS[layout](
+        Path(dst), records, store.scene, spec, **tasks, source=source, points=points
+    )
 
-    request = copy_request(store, Path(dst), layout, backend, executor, progress, overwrite)
-    request = dataclasses.replace(request, extras_from=store)  # its components and frame metadata
-    return _PAYLOAD_WRITERS[request.spec.kind](request)
+
+@dataclass(frozen=True)
+class StoreImageLoad:
+    """Picklable ``load()`` of one image of a store (reopened by location in worker processes)."""
+
+    url: str
+    name: str
+    channels: int  # 3 for an image without alpha, whatever the store serves
+
+    def __call__(self) -> np.ndarray:
+        return np.ascontiguousarray(open_store(self.url).read_image(self.name)[..., : self.channels])
+
+    def encoded(self) -> StoredImage | None:
+        """The stored file of an images-layout store (kept as is by the images writer), else None."""
+        store = open_store(self.url)
+        row = store.image_index(self.name)
+        split = store.table.splits[row]
+        local = int(np.searchsorted(store.split_rows(split), row))
+        if not store.image_files(split, local):
+            return None
+        data = join_parts(store.stored_image_parts(split, local))
+        entry = store.index[split]
+        return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
+
+
+def store_records(store: RayStore) -> list[ImageRecord]:
+    """One image record per camera-table row of ``store``, loading from the store."""
+    table, d = store.table, store.cameras.to_pydict()
+    records = []
+    for i, name in enumerate(table.names):
+        channels = 4 if table.has_alpha[i] else 3
+        camera = table.cameras[int(table.camera_index[i])]
+        load = StoreImageLoad(store.url, name, channels)
+        near, far, path, sha = d["near"][i], d["far"][i], d["source_path"][i], d["source_sha256"][i]
+        records.append(
+            ImageRecord(name, table.splits[i], camera, table.c2w[i].copy(), near, far, path, load, sha)
+        )
+    return records
 
 
 def add_component(
@@ -198,8 +239,6 @@ def add_component(
         SourceError: an array of the wrong size or values (one line naming the image); the store is
             unchanged.
     """
-    from raykit.store.reader import open_store
-
     if is_url(str(path)):
         raise ConfigError(f"{path}: add-component writes local stores only")
     store = open_store(path)
@@ -279,8 +318,6 @@ def upload_store(local: Path, url: str, *, overwrite: bool = False) -> list[str]
 
 def write_remote(url: str, write: Callable[[Path], Any], *, overwrite: bool = False) -> Any:
     """Run ``write(local_dst)`` (a store writer), upload its store to ``url`` and open it there."""
-    from raykit.store.reader import open_store
-
     fs, root = filesystem(url)
     if fs.exists(f"{root.rstrip('/')}/manifest.json") and not overwrite:
         raise ConfigError(f"{url}: a store already exists there ({OVERWRITE_HINT})")

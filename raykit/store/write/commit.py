@@ -1,23 +1,36 @@
-"""What every payload writer shares, whatever the layout: the partial directory its plan keys
-(``open_partial``), its tasks on any executor (``run_tasks``), its shard phase (``write_shards``) and
-the last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``).
+"""What every payload writer shares, whatever the layout: its plan (``record_plan``, ``field_specs``,
+``split_infos``), the partial directory the plan keys (``open_partial``), its tasks on any executor
+(``task_runner``), its shard phase (``write_shards``), the last phase (``commit``: ``index.json``, the
+points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``, ``PhaseClock``).
+
+Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
+a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and
+laps its own wall clock per step. A finished write hands its profile to the innermost
+``recording_phases`` block of the calling thread or task (a context variable: concurrent writes do not
+mix) and logs it at DEBUG level.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
+import dataclasses
 import functools
+import json
+import logging
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
 
 from raykit.errors import ConfigError, SourceError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.backends import Backend, PayloadSpec, backend_named
-from raykit.store.components import FRAMES_FILE, write_component, write_frame_metadata
+from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component, write_frame_metadata
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
@@ -27,27 +40,41 @@ from raykit.store.files import (
     json_digest,
     prepare_partial,
 )
-from raykit.store.phases import Profile
-from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
-from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SplitInfo
-from raykit.store.spec import StoreSpec
-from raykit.store.table import build_camera_table, write_camera_table, write_parquet
-from raykit.store.write.job import WriteRequest, field_specs
+from raykit.store.schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    POINTS_FILE,
+    FieldSpec,
+    ImageRecord,
+    SceneInfo,
+    SparsePoints,
+    SplitInfo,
+    points_digest,
+    points_entry,
+)
+from raykit.store.spec import RAYS_LAYOUT, StoreSpec, holds_images
+from raykit.store.table import write_parquet
 from raykit.version import __version__
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
 __all__ = [
-    "StoreContent",
+    "SHUFFLED_SPLITS",
+    "PhaseClock",
+    "TaskRunner",
     "commit",
     "commit_store",
-    "in_process",
+    "field_specs",
+    "format_phases",
     "open_partial",
-    "run_tasks",
+    "record_plan",
+    "recording_phases",
     "source_fingerprint",
-    "staged_content",
-    "write_index_and_manifest",
+    "split_infos",
+    "store_manifest",
+    "task_runner",
+    "write_extras",
     "write_shards",
 ]
 
@@ -58,92 +85,155 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class StoreContent:
-    """What a write's manifest describes besides its files: backend, layout, source description,
-    scene, splits, fields, the camera table (a ``pyarrow.Table``) and the sparse points."""
-
-    backend: Backend
-    layout: StoreSpec
-    source: Mapping[str, Any]
-    scene: SceneInfo
-    splits: Mapping[str, SplitInfo]
-    fields: Sequence[FieldSpec]
-    table: Any  # pyarrow.Table
-    points: SparsePoints | None = None
-
-    def spec(self) -> PayloadSpec:
-        """What the backend needs to encode this content's rays (``PayloadSpec``)."""
-        return PayloadSpec.of({f.name: f for f in self.fields}, self.layout, self.splits)
-
-    def manifest(
-        self,
-        files: Mapping[str, Any],
-        index: Mapping[str, Mapping[str, Any]],
-        extra: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """The manifest of this content with ``files`` (relative path -> record), ``index.json`` and
-        the optional keys ``extra`` (``components``, ``frame_metadata``)."""
-        splits = {k: v.to_dict() for k, v in self.splits.items()}
-        hashed = {k: v.fingerprint_dict() for k, v in self.splits.items()}
-        fields = {spec.name: spec.to_dict() for spec in self.fields}
-        crcs = {k: v[CHUNK_CHECKSUM] for k, v in index.items()}
-        manifest: dict[str, Any] = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "raykit_version": __version__,
-            "backend": self.backend.name,
-            "layout": self.layout.to_dict(),
-            "source": dict(self.source),
-            "scene": self.scene.to_dict(),
-            "splits": splits,
-            "fields": fields,
-            "n_images": self.table.num_rows,
-            "files": dict(sorted(files.items())),
-            **({"points": points_entry(self.points)} if self.points is not None else {}),
-            "content_fingerprint": content_fingerprint(
-                self.table, self.scene.to_dict(), hashed, fields, crcs
-            ),
-            **(extra or {}),
-        }
-        manifest["manifest_digest"] = json_digest(manifest)
-        return manifest
+SHUFFLED_SPLITS = frozenset({"train"})
 
 
-def staged_content(
-    request: WriteRequest,
-    partial: Path,
-    layout: StoreSpec,
-    splits: Mapping[str, SplitInfo],
-    staged: Sequence[Mapping[str, Any]],
-    profile: Profile,
-    **source: Any,
-) -> StoreContent:
-    """The content of a write whose images are ``staged`` (each one's stage or encode task result, in
-    table order): its camera table, written into ``partial``; the request's source description with
-    the source fingerprint and the entries ``source``; the fields of the images' channels."""
-    records = request.records
-    alpha = [s["channels"] == 4 for s in staged]
-    shuffled = {name for name, info in splits.items() if info.shuffled}
-    table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
-    write_camera_table(table, partial)
-    profile.wall.lap("camera_table")
-    source = {**request.source, "fingerprint": source_fingerprint(records, staged), **source}
-    fields = field_specs(4 if any(alpha) else 3, layout.materialize)
-    backend = backend_named(request.spec.backend)
-    return StoreContent(backend, layout, source, request.scene, splits, fields, table, request.points)
+_log = logging.getLogger("raykit.store.write")
 
 
-def open_partial(request: WriteRequest, plan: dict[str, Any]) -> tuple[Path, str]:
+# -- where the time goes -------------------------------------------------------------------------
+class PhaseClock:
+    """Seconds spent per phase, by laps: ``lap(name)`` charges the time since the last lap. A task
+    times its phases with one; a writer laps its own wall clock with one and sums its tasks' seconds
+    per kind of task and phase into ``tasks`` (``absorb``), whichever worker ran them."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.tasks: dict[str, dict[str, float]] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def absorb(self, kind: str, results: list[dict[str, Any]]) -> None:
+        totals = self.tasks.setdefault(kind, {})
+        for res in results:
+            for phase, seconds in res.pop("seconds", {}).items():
+                totals[phase] = totals.get(phase, 0.0) + seconds
+
+    def finish(self, dst: Path) -> None:
+        """Hand the times to the innermost ``recording_phases`` of this thread (or task) and log them
+        at DEBUG level on ``raykit.store.write``."""
+        phases = {"wall": self.seconds, "tasks": self.tasks}
+        recording = _RECORDING.get()
+        if recording is not None:
+            recording.clear()
+            recording.update(phases)
+        _log.debug("wrote %s: %s", dst, json.dumps(phases))
+
+
+# The dict the current ``recording_phases`` block collects into (None outside one).
+_RECORDING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "raykit_phases", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_phases() -> Iterator[dict[str, Any]]:
+    """Inside, the last store write's phase times land in the yielded dict:
+    ``{"wall": {phase: s}, "tasks": {"stage" | "shard": {phase: s}}}`` (``PhaseClock``).
+
+    ``wall`` is the writing process's wall time per step (``stage`` and ``shards`` cover the tasks);
+    ``tasks`` sums each task's own time per phase over all tasks, whichever thread or worker ran it.
+    """
+    found: dict[str, Any] = {}
+    token = _RECORDING.set(found)
+    try:
+        yield found
+    finally:
+        _RECORDING.reset(token)
+
+
+def format_phases(phases: Mapping[str, Any], seconds: float | None = None) -> list[str]:
+    """Human lines for ``recording_phases``' dict: wall time per step, then task time per phase."""
+    wall, tasks = phases.get("wall", {}), phases.get("tasks", {})
+    lines = ["wall s   " + "  ".join(f"{k} {v:.2f}" for k, v in wall.items())]
+    for kind, label in (("stage", "decode tasks"), ("shard", "shard tasks")):
+        if tasks.get(kind):
+            total = sum(tasks[kind].values())
+            parts = "  ".join(f"{k} {v:.2f}" for k, v in sorted(tasks[kind].items(), key=lambda kv: -kv[1]))
+            lines.append(f"{label} (summed over workers, {total:.2f} s): {parts}")
+    if seconds is not None:
+        outside = seconds - sum(wall.values())
+        lines.append(
+            f"total {seconds:.2f} s, of which outside the writer (parsing, probing, start-up) {outside:.2f} s"
+        )
+    return lines
+
+
+# -- the plan ------------------------------------------------------------------------------------
+def record_plan(rec: ImageRecord) -> dict[str, Any]:
+    """The JSON of an image record that keys its staging task and the whole write's plan."""
+    cam = rec.camera
+    return {
+        "name": rec.name,
+        "split": rec.split,
+        "camera": [cam.model, cam.width, cam.height, list(cam.params), cam.camera_id],
+        "c2w": np.asarray(rec.c2w, dtype=np.float64).reshape(16).tolist(),
+        "near": rec.near,
+        "far": rec.far,
+        "source_path": rec.source_path,
+        "source_sha256": rec.source_sha256,
+    }
+
+
+def field_specs(channels: int, materialize: str | None) -> dict[str, FieldSpec]:
+    """The stored fields in order, name -> spec: rgba, pid, and origins/directions when materialised."""
+    specs = [FieldSpec("rgba", "uint8", channels), FieldSpec("pid", "uint32", 0)]
+    if materialize:
+        specs += [FieldSpec("origins", materialize, 3), FieldSpec("directions", materialize, 3)]
+    return {spec.name: spec for spec in specs}
+
+
+def split_infos(
+    records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived", layout: str = RAYS_LAYOUT
+) -> dict[str, SplitInfo]:
+    """Every split's rays, images and first pid, from records in table order; ``pids``: whether the
+    splits' pids are ``"derived"`` from their order at read time (format 3) or ``"stored"``; an
+    ``IMAGES_LAYOUT`` split is never shuffled (its loaders shuffle)."""
+    infos: dict[str, SplitInfo] = {}
+    pid = 0
+    for rec in records:
+        n = rec.camera.width * rec.camera.height
+        old = infos.get(rec.split)
+        if old is None:
+            shuffled = rec.split in SHUFFLED_SPLITS and not holds_images(layout)
+            infos[rec.split] = SplitInfo(rec.split, n, 1, chunk_rays, shuffled, pid, pids, layout)
+        else:
+            infos[rec.split] = dataclasses.replace(old, n_rays=old.n_rays + n, n_images=old.n_images + 1)
+        pid += n
+    return infos
+
+
+def open_partial(
+    dst: Path, plan: dict[str, Any], points: SparsePoints | None, overwrite: bool
+) -> tuple[Path, str]:
     """The ``<dst>.partial`` directory of ``plan`` and the plan's key: kept when its ``plan.json``
     matches (resume), replaced otherwise; refuses to replace a store (unless ``overwrite``) or a
-    non-store directory (``raykit.store.files``). The request's points join the plan (only
-    then: plans, and resume keys, of stores without points are unchanged)."""
-    if request.points is not None:
-        plan["points"] = points_digest(request.points)
+    non-store directory (``raykit.store.files``). The ``points`` join the plan (only then: plans,
+    and resume keys, of stores without points are unchanged)."""
+    if points is not None:
+        plan["points"] = points_digest(points)
     key = json_digest(plan)
-    check_destination(request.dst, request.overwrite)
-    return prepare_partial(request.dst, plan, key), key
+    check_destination(dst, overwrite)
+    return prepare_partial(dst, plan, key), key
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+# ``run(fn, jobs, desc)``: the results of ``fn`` over ``jobs`` in order, as they finish
+TaskRunner = Callable[[Callable[[Any], Any], Sequence[Any], str], Iterator[Any]]
+
+
+def task_runner(executor: concurrent.futures.Executor | None, progress: bool) -> TaskRunner:
+    """Runs a write's tasks on ``executor`` (None: in this process), with a progress bar if asked."""
+
+    def run(fn: Callable[[J], R], jobs: Sequence[J], desc: str) -> Iterator[R]:
+        results: Iterable[R] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
+        yield from progress_bar(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
+
+    return run
 
 
 def in_process(executor: concurrent.futures.Executor | None) -> bool:
@@ -151,21 +241,13 @@ def in_process(executor: concurrent.futures.Executor | None) -> bool:
     return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
 
 
-def run_tasks(fn: Callable[[J], R], jobs: Sequence[J], request: WriteRequest, desc: str) -> Iterator[R]:
-    """The results of ``fn`` over ``jobs`` in order, as they finish, on the request's executor (with
-    a progress bar when it asks for one)."""
-    executor = request.executor
-    results: Iterable[R] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
-    yield from progress_bar(results, total=len(jobs), desc=desc, disable=not request.progress, unit="task")
-
-
 def write_shards(
+    run: TaskRunner,
     fn: Callable[[J], dict[str, Any]],
     jobs: Sequence[J],
     splits: Sequence[str],
-    request: WriteRequest,
     partial: Path,
-    profile: Profile,
+    profile: PhaseClock,
     files: dict[str, Any],
     index: dict[str, dict[str, list[Any]]],
     done: Callable[[int], None] | None = None,
@@ -178,58 +260,116 @@ def write_shards(
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in run_tasks(fn, jobs, request, f"write {request.spec.backend} shards"):
+        for res in run(fn, jobs, "write shards"):
             synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
             results.append(res)
             if done is not None:
                 done(len(results))
-        profile.wall.lap("shards")
+        profile.lap("shards")
         for future in synced:
             future.result()
         shard_dirs = {(partial / rel).parent for res in results for rel in res["files"]}
         list(syncing.map(fsync_path, sorted(shard_dirs)))
     profile.absorb("shard", results)
-    profile.wall.lap("fsync")
+    profile.lap("fsync")
     for split, res in zip(splits, results, strict=True):
         files.update(res["files"])
         for key, values in res["index"].items():
             index[split].setdefault(key, []).extend(values)
 
 
+# -- the commit ----------------------------------------------------------------------------------
+def store_manifest(
+    spec: StoreSpec,
+    source: Mapping[str, Any],
+    scene: SceneInfo,
+    splits: Mapping[str, SplitInfo],
+    fields: Mapping[str, FieldSpec],
+    table: Any,
+    points: SparsePoints | None,
+    files: Mapping[str, Any],
+    index: Mapping[str, Mapping[str, Any]],
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The manifest of a store written as ``spec`` from ``source`` (its description), with ``table``
+    (the camera table, a ``pyarrow.Table``), ``files`` (relative path -> record), ``index.json`` and
+    the optional keys ``extra`` (``components``, ``frame_metadata``: ``write_extras``)."""
+    split_records = {k: v.to_dict() for k, v in splits.items()}
+    hashed = {k: v.fingerprint_dict() for k, v in splits.items()}
+    field_records = {name: f.to_dict() for name, f in fields.items()}
+    crcs = {k: v[CHUNK_CHECKSUM] for k, v in index.items()}
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "raykit_version": __version__,
+        "backend": spec.backend,
+        "layout": spec.to_dict(),
+        "source": dict(source),
+        "scene": scene.to_dict(),
+        "splits": split_records,
+        "fields": field_records,
+        "n_images": table.num_rows,
+        "files": dict(sorted(files.items())),
+        **({"points": points_entry(points)} if points is not None else {}),
+        "content_fingerprint": content_fingerprint(table, scene.to_dict(), hashed, field_records, crcs),
+        **extra,
+    }
+    manifest["manifest_digest"] = json_digest(manifest)
+    return manifest
+
+
 def commit(
     partial: Path,
-    request: WriteRequest,
-    content: StoreContent,
+    dst: Path,
+    overwrite: bool,
+    manifest: Callable[[Mapping[str, Any]], dict[str, Any]],
+    points: SparsePoints | None,
     files: dict[str, Any],
     index: Mapping[str, Any],
-    profile: Profile,
+    profile: PhaseClock,
 ) -> RayStore:
-    """The last phase of a write: ``index.json``, the points, the manifest, the rename to ``dst``;
+    """The last phase of a write: ``index.json``, the ``points``, ``manifest(files)`` (``files``: the
+    payload's records, ``cameras.parquet`` written already, gets theirs), the rename to ``dst``;
     ``profile`` gets its laps and is finished. Returns the store opened."""
-    extra = write_extras(partial, request, content, files)
-    write_index_and_manifest(partial, content, files, index, extra)
-    profile.wall.lap("index_manifest")
-    store = commit_store(partial, request.dst, request.overwrite)
-    profile.wall.lap("commit")
-    profile.finish(request.dst)
+    atomic_write_json(partial / "index.json", index)
+    written = ["cameras.parquet", "index.json"]
+    if points is not None:
+        write_parquet(points.to_table(), partial / POINTS_FILE)
+        written.append(POINTS_FILE)
+    for rel in written:
+        files[rel] = file_record(partial / rel)
+    atomic_write_json(partial / "manifest.json", manifest(files))
+    profile.lap("index_manifest")
+    store = commit_store(partial, dst, overwrite)
+    profile.lap("commit")
+    profile.finish(dst)
     return store
 
 
 def write_extras(
-    partial: Path, request: WriteRequest, content: StoreContent, files: dict[str, Any]
+    partial: Path,
+    table: Any,
+    backend: str,
+    records: Sequence[ImageRecord],
+    components: Sequence[ComponentInfo],
+    extras_from: RayStore | None,
+    files: dict[str, Any],
 ) -> dict[str, Any]:
-    """Write the request's components and per-frame metadata into ``partial`` (or, for a copy, those
-    of ``request.extras_from``); their file records go into ``files``. Returns the manifest keys that
-    describe them (none when there are none: such a store's bytes are those of a store without)."""
-    names = content.table.column("name").to_pylist()
+    """Write the ``components`` of ``records`` and their per-frame metadata into ``partial`` (or, for a
+    copy, those of the store ``extras_from``); their file records go into ``files``. ``table``: the
+    camera table written. Returns the manifest keys that describe them (none when there are none:
+    such a store's bytes are those of a store without)."""
+    names = table.column("name").to_pylist()
     columns = ("split", "height", "width")
-    rows = zip(names, *(content.table.column(k).to_pylist() for k in columns), strict=True)
+    rows = zip(names, *(table.column(k).to_pylist() for k in columns), strict=True)
     images = [(n, s, int(h), int(w)) for n, s, h, w in rows]
-    src = request.extras_from
+    src = extras_from
     wanted = (
-        list(request.components) if src is None else [replace(i, index="") for i in src.components.values()]
+        list(components)
+        if src is None
+        else [dataclasses.replace(i, index="") for i in src.components.values()]
     )
-    by_name = {r.name: r for r in request.records}
+    by_name = {r.name: r for r in records}
     extra: dict[str, Any] = {}
     for info in wanted:
         if src is not None:
@@ -241,7 +381,7 @@ def write_extras(
                     f"image {missing[0]!r}: no {info.name} ({len(missing)} of {len(names)} images have none)"
                 )
             load = functools.partial(_record_component, by_name, info.name, names)
-        done, written = write_component(partial, content.backend.name, info, images, load)
+        done, written = write_component(partial, backend, info, images, load)
         files.update(written)
         extra.setdefault("components", {})[info.name] = done.to_dict()
     if src is not None:
@@ -261,25 +401,6 @@ def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequ
 
 def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
     return store.read_component(name, names[row])
-
-
-def write_index_and_manifest(
-    partial: Path,
-    content: StoreContent,
-    files: dict[str, Any],
-    index: Mapping[str, Any],
-    extra: Mapping[str, Any] | None = None,
-) -> None:
-    """Write ``index.json``, the points (when the content has them) and last ``manifest.json`` into
-    ``partial``; ``files`` (the payload's records, ``cameras.parquet`` written already) gets theirs."""
-    atomic_write_json(partial / "index.json", index)
-    written = ["cameras.parquet", "index.json"]
-    if content.points is not None:
-        write_parquet(content.points.to_table(), partial / POINTS_FILE)
-        written.append(POINTS_FILE)
-    for rel in written:
-        files[rel] = file_record(partial / rel)
-    atomic_write_json(partial / "manifest.json", content.manifest(files, index, extra))
 
 
 def source_fingerprint(records: Sequence[ImageRecord], staged: Sequence[Mapping[str, Any]]) -> str:

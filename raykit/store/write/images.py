@@ -7,6 +7,7 @@ manifest and the commit every layout's (``raykit.store.write.commit``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -19,27 +20,28 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import ImageShard, ImagesPayload, StagedImage, backend_named
+from raykit.store.backends import Backend, ImageShard, backend_named
+from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.phases import PhaseClock, Profile
 from raykit.store.reader import camera_record
-from raykit.store.schema import FORMAT_VERSION, ImageRecord
-from raykit.store.spec import (
-    DEFAULT_IMAGE_CHUNK_BYTES,
-    DEFAULT_IMAGE_SHARD_CHUNKS,
-    IMAGES_LAYOUT,
-    StoreSpec,
-)
+from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SparsePoints
+from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, IMAGES_LAYOUT, StoreSpec
+from raykit.store.table import build_camera_table, write_camera_table
 from raykit.store.write.commit import (
+    PhaseClock,
     commit,
+    field_specs,
     in_process,
     open_partial,
-    run_tasks,
-    staged_content,
+    record_plan,
+    source_fingerprint,
+    split_infos,
+    store_manifest,
+    task_runner,
+    write_extras,
     write_shards,
 )
-from raykit.store.write.job import WriteRequest, record_plan, split_infos
 from raykit.store.write.staging import (
     bytes_record,
     check_pixels,
@@ -52,7 +54,7 @@ from raykit.store.write.staging import (
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["EncodeJob", "encode_image_task", "image_chunking", "write_images"]
+__all__ = ["EncodeJob", "ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
 
 
 _TASK_FORMAT = 1  # of the encode tasks' records
@@ -150,18 +152,18 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ShardJob:
+class ImagesShardJob:
     """Phase-2 task: shard ``shard`` of split ``split``, assembled from the staged images ``rows``
-    (table indices of ``shard.images``) by the backend's ``payload``."""
+    (table indices of ``shard.images``) by the ``backend``."""
 
     root: str
-    payload: ImagesPayload
+    backend: Backend
     split: str
     shard: ImageShard
     rows: tuple[int, ...]
     exts: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]  # each image's camera record
-    layout: StoreSpec
+    spec: StoreSpec
     key: str
 
 
@@ -179,7 +181,7 @@ def _staged(root: Path, index: int) -> bytes:
     return data
 
 
-def write_shard_task(job: ShardJob) -> dict[str, Any]:
+def write_shard_task(job: ImagesShardJob) -> dict[str, Any]:
     """Phase 2 for one shard: ``{"files": {rel: record}, "index": {key: [per image]}}``."""
     root = Path(job.root)
     record_path = root / f"tasks/{job.split}-{job.shard.shard:06d}.json"
@@ -187,10 +189,10 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     if (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
     images = [
-        StagedImage(_staged(root, row), ext, record)
+        (_staged(root, row), ext, record)
         for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
     ]
-    rel, pieces, index = job.payload.encode_shard(job.split, job.shard, images, job.layout)
+    rel, pieces, index = job.backend.encode_images(job.split, job.shard, images, job.spec)
     clock.lap("gather")
     atomic_write_bytes(root / rel, pieces, sync=False)
     clock.lap("write")
@@ -199,53 +201,80 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     return finish_task(record_path, job.key, result, clock)
 
 
-def write_images(request: WriteRequest) -> RayStore:
-    """Write an images-layout store (the caller holds ``request.dst``'s writer lock); returns it opened.
-
-    ``chunk_rays`` and ``shard_chunks`` are the chunking of the store's rays view and of a ray-layout
-    copy; ``seed`` is recorded as the store's default loader seed.
+def write_images(
+    dst: Path,
+    records: Sequence[ImageRecord],
+    scene: SceneInfo,
+    spec: StoreSpec,
+    *,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    source: Mapping[str, Any],
+    overwrite: bool,
+    points: SparsePoints | None,
+    components: Sequence[ComponentInfo] = (),
+    extras_from: RayStore | None = None,
+) -> RayStore:
+    """Write an images-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
+    writer lock); returns it opened. ``spec.chunk_rays`` and ``shard_chunks`` are the chunking of the
+    store's rays view and of a ray-layout copy.
     """
-    opts, ordered = request.spec, request.records
-    profile = Profile()
-    layout = opts.replace(image_codec=REENCODE_FORMAT, materialize=None)
-    records_plan = [record_plan(r) for r in ordered]
+    profile, run = PhaseClock(), task_runner(executor, progress)
+    spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None)
+    records_plan = [record_plan(r) for r in records]
     plan = {
         "format_version": FORMAT_VERSION,
         "layout_kind": IMAGES_LAYOUT,
-        "backend": opts.backend,
-        "layout": layout.to_dict(),
-        "scene": request.scene.to_dict(),
+        "backend": spec.backend,
+        "layout": spec.to_dict(),
+        "scene": scene.to_dict(),
         "records": records_plan,
-        "source": dict(request.source),
+        "source": dict(source),
     }
-    partial, key = open_partial(request, plan)
-    memory = in_process(request.executor)
+    partial, key = open_partial(dst, plan, points, overwrite)
+    memory = in_process(executor)
     jobs = [
         EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
-        for i, r in enumerate(ordered)
+        for i, r in enumerate(records)
     ]
-    profile.wall.lap("plan")
+    profile.lap("plan")
     try:
-        encoded = list(run_tasks(encode_image_task, jobs, request, "encode images"))
+        encoded = list(run(encode_image_task, jobs, "encode images"))
         profile.absorb("stage", encoded)
-        profile.wall.lap("stage")
-        return _write_rest(
-            request, partial, layout.replace(**image_chunking(ordered, encoded)), encoded, key, profile
-        )
+        profile.lap("stage")
+        spec = spec.replace(**image_chunking(records, encoded))
+        splits = split_infos(records, spec.chunk_rays, "derived", IMAGES_LAYOUT)
+        alpha = [s["channels"] == 4 for s in encoded]
+        table = build_camera_table(records, alpha, [s["source_sha256"] for s in encoded], set())
+        write_camera_table(table, partial)
+        profile.lap("camera_table")
+        source = {**source, "fingerprint": source_fingerprint(records, encoded)}
+        fields = field_specs(4 if any(alpha) else 3, None)
+        offsets = table.column("pixel_offset").to_pylist()
+        shard_jobs, index, files = _split_shards(records, partial, spec, encoded, offsets, key)
+        profile.lap("metadata")
+        splits_of = [job.split for job in shard_jobs]
+        write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
+        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
+
+        def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
+            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
+
+        return commit(partial, dst, overwrite, manifest, points, files, index, profile)
     finally:
         _MEMORY.pop(str(partial), None)
 
 
 def _split_shards(
-    request: WriteRequest,
+    records: Sequence[ImageRecord],
     partial: Path,
-    layout: StoreSpec,
+    spec: StoreSpec,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
     key: str,
-) -> tuple[list[ShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
+) -> tuple[list[ImagesShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    ordered, payload = request.records, backend_named(request.spec.backend).images
+    backend = backend_named(spec.backend)
     files: dict[str, Any] = {}
 
     def write(metadata: Mapping[str, bytes]) -> None:
@@ -253,11 +282,11 @@ def _split_shards(
             atomic_write_bytes(partial / rel, data)
             files[rel] = file_record(partial / rel)
 
-    write(payload.root_metadata())
-    jobs: list[ShardJob] = []
+    write(backend.images_metadata())
+    jobs: list[ImagesShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
-    for name in dict.fromkeys(r.split for r in ordered):
-        rows = [i for i, r in enumerate(ordered) if r.split == name]
+    for name in dict.fromkeys(r.split for r in records):
+        rows = [i for i, r in enumerate(records) if r.split == name]
         entry: dict[str, list[Any]] = {
             "crc32c": [encoded[i]["crc32c"] for i in rows],
             "image_sha256": [encoded[i]["sha256"] for i in rows],
@@ -265,34 +294,17 @@ def _split_shards(
             "image_format": [encoded[i]["ext"] for i in rows],
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
-        shards, planned, meta = payload.plan_split(name, [ordered[i].name for i in rows], entry, layout)
+        shards, planned, meta = backend.plan_images(name, [records[i].name for i in rows], entry, spec)
         index[name] = {**entry, **planned}
         write(meta)
         for shard in shards:
             taken = [rows[j] for j in shard.images]
             exts = tuple(str(encoded[i]["ext"]) for i in taken)
-            records = tuple(camera_record(ordered[i], i, offsets_px[i]) for i in taken)
+            cameras = tuple(camera_record(records[i], i, offsets_px[i]) for i in taken)
             task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
             jobs.append(
-                ShardJob(str(partial), payload, name, shard, tuple(taken), exts, records, layout, task_key)
+                ImagesShardJob(
+                    str(partial), backend, name, shard, tuple(taken), exts, cameras, spec, task_key
+                )
             )
     return jobs, index, files
-
-
-def _write_rest(
-    request: WriteRequest,
-    partial: Path,
-    layout: StoreSpec,
-    encoded: Sequence[Mapping[str, Any]],
-    key: str,
-    profile: Profile,
-) -> RayStore:
-    """Phases 2 and 3 of :func:`write_images`; ``profile`` gets the time per phase
-    (``raykit.store.phases``: the encode tasks as ``stage``, the shard tasks as ``shard``)."""
-    infos = split_infos(request.records, request.spec.chunk_rays, "derived", IMAGES_LAYOUT)
-    content = staged_content(request, partial, layout, infos, encoded, profile)
-    offsets = content.table.column("pixel_offset").to_pylist()
-    jobs, index, files = _split_shards(request, partial, layout, encoded, offsets, key)
-    profile.wall.lap("metadata")
-    write_shards(write_shard_task, jobs, [job.split for job in jobs], request, partial, profile, files, index)
-    return commit(partial, request, content, files, index, profile)

@@ -1,12 +1,14 @@
-"""The rays payload writer (``StoreSpec.kind == "rays"``), called by ``raykit.store.write_store``.
+"""The rays payload writer (``StoreSpec.kind == "rays"``), called by ``raykit.store.write_store``, and
+the chunk-by-chunk copy of a rays store (``copy_rays``).
 
 Its phases in ``<dst>.partial/`` (decode images into staging, one task per shard, commit) and how a
-rerun resumes are docs/format.md's "Commit protocol". Planning lives in ``plan.py``, timing in
-``phases.py``, the tasks in ``staging.py``, the shard phase and the commit in ``commit.py``.
+rerun resumes are docs/format.md's "Commit protocol". The tasks live in ``staging.py``, the plan, the
+shard phase and the commit in ``commit.py``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,29 +16,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import Backend, PayloadSpec, backend_named
+from raykit.store.backends import Backend, backend_named
+from raykit.store.components import ComponentInfo
 from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
 from raykit.store.order import TRAIN_ORDER
-from raykit.store.phases import PhaseClock, Profile
-from raykit.store.schema import FORMAT_VERSION, SplitInfo
+from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SparsePoints, SplitInfo
 from raykit.store.spec import StoreSpec
-from raykit.store.table import CameraTable, write_camera_table
+from raykit.store.table import CameraTable, build_camera_table, write_camera_table
 from raykit.store.write.commit import (
-    StoreContent,
+    SHUFFLED_SPLITS,
+    PhaseClock,
+    TaskRunner,
     commit,
+    field_specs,
     in_process,
     open_partial,
-    run_tasks,
-    staged_content,
+    record_plan,
+    source_fingerprint,
+    split_infos,
+    store_manifest,
+    task_runner,
+    write_extras,
     write_shards,
 )
-from raykit.store.write.job import SHUFFLED_SPLITS, WriteRequest, record_plan, split_infos
 from raykit.store.write.staging import (
+    CopySource,
     DiskStaging,
     MemoryStaging,
     StageJob,
     StagingSource,
-    StoreSource,
     base_indices,
     bytes_record,
     finish_task,
@@ -54,20 +62,31 @@ __all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
 _TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksums in "index"
 
 
-Source = StagingSource | StoreSource
+Source = StagingSource | CopySource
 
 
 @dataclass(frozen=True)
 class ShardJob:
-    """Phase-2 task: write shard ``shard`` of split ``info`` into ``root``."""
+    """Phase-2 task: write shard ``shard`` of split ``info`` (its stored ``fields``) into ``root``."""
 
     root: str
     backend: Backend
     info: SplitInfo
     shard: int
-    spec: PayloadSpec  # the store's fields, layout and the fields each split stores
+    fields: Mapping[str, FieldSpec]
+    spec: StoreSpec
     source: Source
     key: str
+
+    def chunks(self) -> tuple[int, int]:
+        """``[first, last)``: the chunks of the job's shard."""
+        first = self.shard * self.spec.shard_chunks
+        return first, min(first + self.spec.shard_chunks, self.info.n_chunks)
+
+    def rays(self) -> tuple[int, int]:
+        """``[start, stop)``: the rays of the job's shard."""
+        first, last = self.chunks()
+        return self.info.chunk_range(first)[0], self.info.chunk_range(last - 1)[1]
 
 
 def write_shard_task(job: ShardJob) -> dict[str, Any]:
@@ -78,9 +97,9 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     clock = PhaseClock()
     if (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
-    first, last = _job_chunks(job)
-    start, stop = _job_rays(job)
-    stored = tuple(job.spec.fields_of(job.info.name))
+    first, last = job.chunks()
+    start, stop = job.rays()
+    stored = tuple(job.fields)
     data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
     data = {name: data[name] for name in stored}
     # The chunk checksum covers every stored field but the pids, which (when stored) have their own,
@@ -95,11 +114,11 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
         if "pid" in stored:
             index[pid_key].append(chunk_checksum(chunk, ["pid"], CHUNK_CHECKSUM))
     clock.lap("checksum")
-    encoded = job.backend.encode_shard(job.info, job.shard, data, job.spec)
-    result: dict[str, Any] = {"index": {**index, **encoded.index}}
+    files, entries = job.backend.encode_shard(job.info, job.shard, data, job.fields, job.spec)
+    result: dict[str, Any] = {"index": {**index, **entries}}
     clock.lap("compress")
     result["files"] = {}
-    for rel, payload in encoded.files.items():
+    for rel, payload in files.items():
         atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
@@ -107,155 +126,169 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     return finish_task(record_path, job.key, result, clock)
 
 
-def write_rays(request: WriteRequest) -> RayStore:
-    """Write a rays-layout store (the caller holds ``request.dst``'s writer lock): stage every
-    image, write the shards, commit; returns it opened."""
-    opts, ordered = request.spec, request.records
-    profile = Profile()
-    layout = opts.replace(train_order=TRAIN_ORDER)
-    records_plan = [record_plan(r) for r in ordered]  # each image's part of the plan and its task key
+def write_rays(
+    dst: Path,
+    records: Sequence[ImageRecord],
+    scene: SceneInfo,
+    spec: StoreSpec,
+    *,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    source: Mapping[str, Any],
+    overwrite: bool,
+    points: SparsePoints | None,
+    components: Sequence[ComponentInfo] = (),
+    extras_from: RayStore | None = None,
+) -> RayStore:
+    """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
+    writer lock): stage every image, write the shards, commit; returns it opened."""
+    profile, run = PhaseClock(), task_runner(executor, progress)
+    spec = spec.replace(train_order=TRAIN_ORDER)
+    records_plan = [record_plan(r) for r in records]  # each image's part of the plan and its task key
     plan = {
         "format_version": FORMAT_VERSION,
         "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
-        "backend": opts.backend,
-        "layout": layout.to_dict(),
-        "scene": request.scene.to_dict(),
+        "backend": spec.backend,
+        "layout": spec.to_dict(),
+        "scene": scene.to_dict(),
         "records": records_plan,
-        "source": dict(request.source),
-        "with_pids": opts.with_pids,
+        "source": dict(source),
+        "with_pids": spec.with_pids,
     }
-    partial, plan_key = open_partial(request, plan)
-    profile.wall.lap("plan")
-    staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in ordered)
-    memory = in_process(request.executor) and staged_bytes <= opts.memory_staging_bytes
+    partial, plan_key = open_partial(dst, plan, points, overwrite)
+    profile.lap("plan")
+    staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
+    memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
     with staging:
-        keys = [json_digest([entry, opts.seed]) for entry in records_plan]
+        keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
-            StageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, opts.seed)
-            for i, r in enumerate(ordered)
+            StageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
+            for i, r in enumerate(records)
         ]
         try:
-            staged = list(run_tasks(stage_image, stage_jobs, request, "decode images"))
+            staged = list(run(stage_image, stage_jobs, "decode images"))
         finally:
             base_indices.cache_clear()  # the stage tasks' memoised index arrays
         profile.absorb("stage", staged)
-        profile.wall.lap("stage")
-        content, gather = _staged_content(request, partial, layout, staged, staging, profile)
-        files, index = _write_shards(partial, content, gather, plan_key, request, profile)
-        return commit(partial, request, content, files, index, profile)
+        profile.lap("stage")
+        # the camera table (written), then the source of the staged rays
+        splits = split_infos(records, spec.chunk_rays, "stored" if spec.with_pids else "derived")
+        alpha = [s["channels"] == 4 for s in staged]
+        shuffled = {name for name, info in splits.items() if info.shuffled}
+        table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
+        write_camera_table(table, partial)
+        profile.lap("camera_table")
+        image_bytes = local_files_bytes([r.source_path for r in records])
+        fingerprint = source_fingerprint(records, staged)
+        source = {**source, "fingerprint": fingerprint, "image_bytes": image_bytes}
+        fields = field_specs(4 if any(alpha) else 3, spec.materialize)
+        gather = StagingSource(
+            str(partial),
+            tuple(int(v) for v in table.column("pixel_offset").to_pylist()),
+            tuple(r.camera.width * r.camera.height for r in records),
+            tuple(int(s["channels"]) for s in staged),
+            fields["rgba"].channels,
+            spec.materialize,
+            staging,
+            spec.seed,
+            # the cameras travel with the source (materialised rays need them): no task re-reads the table
+            CameraTable.from_arrow(table) if spec.materialize else None,
+        )
+        files, index = _write_shards(run, partial, spec, splits, fields, gather, plan_key, profile)
+        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
 
+        def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
+            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
 
-def _staged_content(
-    request: WriteRequest,
-    partial: Path,
-    layout: StoreSpec,
-    staged: Sequence[Mapping[str, Any]],
-    staging: MemoryStaging | DiskStaging,
-    profile: Profile,
-) -> tuple[StoreContent, StagingSource]:
-    """The camera table (written), the store's content and the source of the staged rays."""
-    opts, ordered = request.spec, request.records
-    splits = split_infos(ordered, opts.chunk_rays, "stored" if opts.with_pids else "derived")
-    image_bytes = local_files_bytes([r.source_path for r in ordered])
-    content = staged_content(request, partial, layout, splits, staged, profile, image_bytes=image_bytes)
-    table, channels = content.table, content.spec().fields["rgba"].channels
-    offsets = tuple(int(v) for v in table.column("pixel_offset").to_pylist())
-    sizes = tuple(r.camera.width * r.camera.height for r in ordered)
-    image_channels = tuple(int(s["channels"]) for s in staged)
-    # The cameras travel with the source (materialised rays need them): no task re-reads the table.
-    cameras = CameraTable.from_arrow(table) if opts.materialize else None
-    gather = StagingSource(
-        str(partial), offsets, sizes, image_channels, channels, opts.materialize, staging, opts.seed, cameras
-    )
-    return content, gather
+        return commit(partial, dst, overwrite, manifest, points, files, index, profile)
 
 
 def _write_shards(
+    run: TaskRunner,
     partial: Path,
-    content: StoreContent,
+    spec: StoreSpec,
+    splits: Mapping[str, SplitInfo],
+    fields: Mapping[str, FieldSpec],
     gather: Source,
     plan_key: str,
-    request: WriteRequest,
-    profile: Profile,
+    profile: PhaseClock,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
-    files = {
-        rel: file_record(partial / rel)
-        for rel in content.backend.write_metadata(partial, content.splits, content.spec())
-    }
-    spec, per = content.spec(), content.layout.shard_chunks
+    backend = backend_named(spec.backend)
+    files = {rel: file_record(partial / rel) for rel in backend.write_metadata(partial, splits, fields, spec)}
     jobs = [
         ShardJob(
-            str(partial), content.backend, info, s, spec, gather, f"{plan_key}:{info.name}:{s}:{_TASK_FORMAT}"
+            str(partial),
+            backend,
+            info,
+            s,
+            info.stored_fields(fields),
+            spec,
+            gather,
+            f"{plan_key}:{info.name}:{s}:{_TASK_FORMAT}",
         )
-        for info in content.splits.values()
-        for s in range(-(-info.n_chunks // per))
+        for info in splits.values()
+        for s in range(-(-info.n_chunks // spec.shard_chunks))
     ]
-    profile.wall.lap("metadata")
-    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in content.splits}
-    write_shards(
-        write_shard_task, jobs, [job.info.name for job in jobs], request, partial, profile, files, index,
-        _Release(jobs),
-    )  # fmt: skip
+    profile.lap("metadata")
+    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in splits}
+    # Frees the staged rows of the shards written so far, a few times a split (``release(k)``: jobs
+    # ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
+    # one hole in its staging file, so a release is one call per image, and the holes are large enough
+    # to free whole blocks: the staging shrinks as the store grows (peak disk about one copy of the rays).
+    step = max(1, -(-len(jobs) // max(1, 8 * len({job.info.name for job in jobs}))))
+    released = 0
+
+    def release(done: int) -> None:
+        nonlocal released
+        if done - released < step and done < len(jobs):
+            return
+        finished = jobs[released:done]
+        for name in dict.fromkeys(job.info.name for job in finished):  # a split's jobs: in shard order
+            mine = [job for job in finished if job.info.name == name]
+            mine[0].source.release(mine[0].info, mine[0].rays()[0], mine[-1].rays()[1])
+        released = done
+
+    splits_of = [job.info.name for job in jobs]
+    write_shards(run, write_shard_task, jobs, splits_of, partial, profile, files, index, release)
     return files, index
 
 
-class _Release:
-    """Frees the staged rows of the shards written so far, a few times a split (``release(k)``: jobs
-    ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
-    one hole in its staging file, so a release is one call per image, and the holes are large enough to
-    free whole blocks: the staging shrinks as the store grows (peak disk about one copy of the rays)."""
-
-    def __init__(self, jobs: Sequence[ShardJob], per_split: int = 8) -> None:
-        self.jobs, self.released = jobs, 0
-        self.step = max(1, -(-len(jobs) // max(1, per_split * len({job.info.name for job in jobs}))))
-
-    def __call__(self, done: int) -> None:
-        if done - self.released < self.step and done < len(self.jobs):
-            return
-        finished = self.jobs[self.released : done]
-        for name in dict.fromkeys(job.info.name for job in finished):  # a split's jobs: in shard order
-            mine = [job for job in finished if job.info.name == name]
-            mine[0].source.release(mine[0].info, _job_rays(mine[0])[0], _job_rays(mine[-1])[1])
-        self.released = done
-
-
-def _job_chunks(job: ShardJob) -> tuple[int, int]:
-    """``[first, last)``: the chunks of the job's shard."""
-    first = job.shard * job.spec.layout.shard_chunks
-    return first, min(first + job.spec.layout.shard_chunks, job.info.n_chunks)
-
-
-def _job_rays(job: ShardJob) -> tuple[int, int]:
-    """``[start, stop)``: the rays of the job's shard."""
-    first, last = _job_chunks(job)
-    return job.info.chunk_range(first)[0], job.info.chunk_range(last - 1)[1]
-
-
-def copy_rays(store: RayStore, request: WriteRequest, with_pids: bool) -> RayStore:
-    """A rays-layout copy of a rays-layout store, shard by shard from its chunks (the caller holds
-    the destination's writer lock; ``raykit.store.write.copy_store``)."""
-    profile = Profile()
-    layout = options = request.spec  # the source's, in the destination's backend
+def copy_rays(
+    store: RayStore,
+    dst: Path,
+    spec: StoreSpec,
+    *,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    overwrite: bool,
+    with_pids: bool,
+    extras_from: RayStore | None = None,
+) -> RayStore:
+    """A rays-layout copy of a rays-layout ``store`` written as ``spec`` (the source's, in the
+    destination's backend), shard by shard from its chunks (the caller holds the destination's
+    writer lock; ``raykit.store.write.copy_store``)."""
+    profile, run = PhaseClock(), task_runner(executor, progress)
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
     plan = {
         "copy_of": store.fingerprint,
-        "backend": options.backend,
-        "layout": layout.to_dict(),
+        "backend": spec.backend,
+        "layout": spec.to_dict(),
         "with_pids": with_pids,
     }
     if store.legacy:  # format 1 or 2, copied as the current format (its pids stored, checksums anew)
         plan["upgrade_to"] = FORMAT_VERSION
-    partial, plan_key = open_partial(request, plan)
+    points = store.sparse_points()
+    partial, plan_key = open_partial(dst, plan, points, overwrite)
     write_camera_table(store.cameras, partial)
-    backend = backend_named(options.backend)
-    source = store.manifest["source"]
-    fields = tuple(store.fields.values())
-    content = StoreContent(
-        backend, layout, source, store.scene, splits, fields, store.cameras, request.points
-    )
-    files, index = _write_shards(partial, content, StoreSource(store.url), plan_key, request, profile)
-    return commit(partial, request, content, files, index, profile)
+    source, table, fields = store.manifest["source"], store.cameras, store.fields
+    files, index = _write_shards(run, partial, spec, splits, fields, CopySource(store.url), plan_key, profile)
+    extra = write_extras(partial, table, spec.backend, [], (), extras_from, files)
+
+    def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
+        return store_manifest(spec, source, store.scene, splits, fields, table, points, files, index, extra)
+
+    return commit(partial, dst, overwrite, manifest, points, files, index, profile)

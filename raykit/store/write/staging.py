@@ -39,7 +39,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -48,18 +48,18 @@ from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha256_file
 from raykit.store.files import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
-from raykit.store.phases import PhaseClock
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.table import CameraTable
+from raykit.store.table import CameraTable, materialized_rays
+from raykit.store.write.commit import PhaseClock
 
 __all__ = [
+    "CopySource",
     "DiskStaging",
     "MemoryStaging",
     "MergeBuffers",
     "StageJob",
     "StagingArea",
     "StagingSource",
-    "StoreSource",
     "base_indices",
     "bytes_record",
     "check_pixels",
@@ -136,29 +136,6 @@ def unpack_rgb_reference(packed: np.ndarray) -> np.ndarray:
 def staging_file(index: int) -> str:
     """Relative path of the staging file of image ``index``."""
     return f"staging/{index:06d}.px"
-
-
-class StagingArea(Protocol):
-    """Staged rows of the images of the store being written."""
-
-    in_memory: bool  # True: nothing on disk, so there is nothing to resume from
-
-    def put(self, index: int, rows: np.ndarray, clock: PhaseClock, channels: int = 4) -> dict[str, Any]:
-        """Stage image ``index``'s (n,) uint32 rows (of a ``channels``-channel image: 3 means every alpha
-        byte is 255); returns the files written (rel -> scratch record)."""
-        ...
-
-    def read(self, index: int, lo: int, out: np.ndarray, channels: int = 4) -> None:
-        """Fill ``out`` with staged rows ``lo, lo + 1, ...`` of image ``index`` (as ``put`` was given)."""
-        ...
-
-    def release(self, index: int, lo: int, hi: int, channels: int = 4) -> None:
-        """Rows ``[lo, hi)`` of image ``index`` will not be read again: free their storage if it can."""
-        ...
-
-    def close(self) -> None:
-        """Drop what only this object holds (``with area:`` calls it on exit)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -257,6 +234,10 @@ class MemoryStaging:
 
     def __reduce__(self) -> Any:
         raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
+
+
+# Where the writer stages decoded images: in files (any process) or in this process's memory.
+StagingArea = DiskStaging | MemoryStaging
 
 
 class MergeBuffers:
@@ -548,7 +529,7 @@ class StagingSource:
         if self.materialize and pid is not None:
             if self.table is None:
                 raise ValueError("StagingSource: materialize needs the camera table")
-            out.update(_materialize(self.table, pid, self.materialize))
+            out.update(materialized_rays(self.table, pid, self.materialize))
             clock.lap("materialize")
         return out
 
@@ -586,22 +567,8 @@ class StagingSource:
                 self.staging.release(i, a, b, self.image_channels[i])
 
 
-def _materialize(table: CameraTable, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
-    import torch
-
-    from raykit.store.table import ray_generator
-
-    generator = ray_generator(table, "cpu")
-    image, pixel = table.decode(pid)
-    origins, directions, *_ = generator.generate(torch.from_numpy(image), torch.from_numpy(pixel))
-    return {
-        "origins": origins.numpy().astype(dtype),
-        "directions": directions.numpy().astype(dtype),
-    }
-
-
 @dataclass(frozen=True)
-class StoreSource:
+class CopySource:
     """Rays gathered from another committed store (``raykit copy``)."""
 
     url: str

@@ -19,9 +19,9 @@ import torch
 
 from raykit.cameras import Camera
 from raykit.errors import ConfigError
-from raykit.scene.geometry import BOUNDS, SceneGeometry, build_geometry
-from raykit.scene.render import _SUBPIXEL_CACHE, subpixel_directions
-from raykit.scene.unbounded import UNBOUNDED_BOUNDS, build_unbounded_geometry, render_view
+from raykit.testing.geometry import BOUNDS, SceneGeometry, build_geometry
+from raykit.testing.render import _SUBPIXEL_CACHE, subpixel_directions
+from raykit.testing.unbounded import UNBOUNDED_BOUNDS, build_unbounded_geometry, render_view
 
 __all__ = [
     "CAMERA_DISTANCE",
@@ -196,7 +196,7 @@ def render_scene(
             depend on it.
         supersample: ``k`` of the ``k x k`` sub-pixel samples at edges (alpha has ``k*k + 1`` levels).
         unbounded: render the unbounded variant (far background around the same objects, opaque
-            views, bounds enclosing the sky dome; see :mod:`raykit.scene.unbounded`).
+            views, bounds enclosing the sky dome; see :mod:`raykit.testing.unbounded`).
 
     Raises:
         ConfigError: unknown size or camera model, ``workers < 1`` or ``supersample < 1``.

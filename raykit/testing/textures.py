@@ -2,7 +2,7 @@
 
 Every texture is a pure elementwise function of the point, so the colour of a surface point does not
 depend on how rays are batched. ``q``: (M, 3) points in the primitive's frame (see
-:func:`raykit.scene.geometry.local_points`).
+:func:`raykit.testing.geometry.local_points`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from raykit.scene.geometry import Primitive, local_points
+from raykit.testing.geometry import Primitive, local_points
 
 __all__ = ["TEXTURES", "albedo", "value_noise"]
 

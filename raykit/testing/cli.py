@@ -6,8 +6,8 @@ import argparse
 import time
 from typing import Any
 
-from raykit.scene.builtin import SCENE_CAMERA_MODELS, SIZES, render_scene
-from raykit.scene.writers import write_blender, write_colmap
+from raykit.testing.builtin import SCENE_CAMERA_MODELS, SIZES, render_scene
+from raykit.testing.writers import write_blender, write_colmap
 
 __all__ = ["register"]
 

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from raykit.cameras import Camera
-from raykit.scene.geometry import Primitive, SceneGeometry, build_geometry
-from raykit.scene.render import render_image, subpixel_directions
-from raykit.scene.textures import value_noise
+from raykit.testing.geometry import Primitive, SceneGeometry, build_geometry
+from raykit.testing.render import render_image, subpixel_directions
+from raykit.testing.textures import value_noise
 
 __all__ = [
     "DOME_RADIUS",

@@ -2,7 +2,7 @@
 
 The plain scene's checkers and stripes repeat, which starves SIFT of distinctive features. Here every
 surface carries the ``speckle`` texture (multi-octave value noise in its own two colours, see
-:mod:`raykit.scene.textures`), and the cameras stand on evenly spaced horizontal rings around the scene,
+:mod:`raykit.testing.textures`), and the cameras stand on evenly spaced horizontal rings around the scene,
 so neighbouring views overlap well. The photos are RGB over a black background, as a pose estimator
 gets them; the true poses come with them to check a reconstruction against.
 """
@@ -17,9 +17,9 @@ import torch
 
 from raykit.cameras import Camera
 from raykit.errors import ConfigError
-from raykit.scene.builtin import CAMERA_DISTANCE, LOOK_AT, look_at_c2w, scene_camera
-from raykit.scene.geometry import SceneGeometry, build_geometry
-from raykit.scene.render import render_image
+from raykit.testing.builtin import CAMERA_DISTANCE, LOOK_AT, look_at_c2w, scene_camera
+from raykit.testing.geometry import SceneGeometry, build_geometry
+from raykit.testing.render import render_image
 
 __all__ = ["ScenePhotos", "orbit_poses", "render_photos", "textured_geometry"]
 

@@ -42,7 +42,7 @@ class Primitive:
         center: world position of the centre.
         size: see ``kind``.
         angle: rotation about the world z axis (radians) of the object and its texture.
-        texture: procedural texture name (see :mod:`raykit.scene.textures`).
+        texture: procedural texture name (see :mod:`raykit.testing.textures`).
         colors: the texture's two colours, linear RGB in [0, 1].
         scale: texture frequency (cells per unit length or per turn).
         specular: Blinn-Phong specular weight (0 = matte).

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from raykit.cameras import Camera, unproject
-from raykit.scene.geometry import SceneGeometry, intersect, normals, occluded
-from raykit.scene.textures import albedo
+from raykit.testing.geometry import SceneGeometry, intersect, normals, occluded
+from raykit.testing.textures import albedo
 
 __all__ = [
     "render_image",

@@ -6,8 +6,8 @@ directional light with shadows, viewed from a hemisphere of cameras. Writers pro
 nerfstudio capture with masks and depth maps (``write_nerfstudio``).
 """
 
-from raykit.scene.builtin import SIZES, SceneData, render_scene, scene_camera
-from raykit.scene.writers import (
+from raykit.testing.builtin import SIZES, SceneData, render_scene, scene_camera
+from raykit.testing.writers import (
     scene_depth,
     scene_mask,
     scene_reconstruction,

@@ -28,9 +28,9 @@ from raykit.colmap_io import (
 from raykit.conventions import colmap_from_c2w, opencv_to_opengl_c2w
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_bytes
-from raykit.scene.builtin import SPLITS, SceneData
-from raykit.scene.geometry import intersect
-from raykit.scene.render import shade
+from raykit.testing.builtin import SPLITS, SceneData
+from raykit.testing.geometry import intersect
+from raykit.testing.render import shade
 
 __all__ = [
     "BLENDER_ROTATION",
