@@ -289,7 +289,8 @@ DEFAULT_REASONS: dict[str, str] = {
     "with 1e-15 a feature value or weight whose gradients are tiny still moves by the full rate each step, "
     "and the built-in unbounded scene's training collapsed between steps 1150 and 1400 at --lr 1e-2 "
     "(15.89 dB test PSNR at 3000 steps); 1e-8 damps those steps and keeps the rate: 22.38 dB there, and "
-    "plant_capture 19.69 against 19.48 (3000 steps; --lr 5e-3 instead cost plant_capture 0.61 dB; "
+    "plant_capture 19.69 against 19.48 at 160x128, 17.26 against 17.32 at 320x256 (3000 steps; --lr 5e-3 "
+    "instead cost plant_capture 0.61 dB; "
     "BENCHMARKS.md issue 47)",
     "seed": "0: runs reproduce unless asked otherwise",
     "background": "auto: white under alpha, black for opaque photos (run.json's background: which, why)",
