@@ -91,6 +91,11 @@ class TrainConfig:
     lr_final: float = _opt(
         1e-3, "learning rate reached at the last step (exponential decay)", valid=_POSITIVE
     )
+    adam_eps: float = _opt(
+        1e-8,
+        "Adam's epsilon (added to the root of the second moment; larger damps small gradients)",
+        valid=_POSITIVE,
+    )
     seed: int = _opt(
         0, "seed for initialisation, the loader order and sample jitter", valid=Range(0, integer=True)
     )
@@ -280,6 +285,13 @@ DEFAULT_REASONS: dict[str, str] = {
     "lr_final": "1e-3: an exponential decay by 10x over the run, gentler than nerfacto's 100x (1e-2 to "
     "1e-4) for runs of minutes (plant_capture, 3000 steps: 100x cost 1.0 dB test PSNR, 3x gained 0.08, "
     "noise; BENCHMARKS.md issue 47)",
+    "adam_eps": "1e-8: Adam's own (Kingma and Ba; torch's default), not instant-ngp's and nerfacto's 1e-15: "
+    "with 1e-15 a feature value or weight whose gradients are tiny still moves by the full rate each step, "
+    "and the built-in unbounded scene's training collapsed between steps 1150 and 1400 at --lr 1e-2 "
+    "(15.89 dB test PSNR at 3000 steps); 1e-8 damps those steps and keeps the rate: 22.38 dB there, and "
+    "plant_capture 19.69 against 19.48 at 160x128, 17.26 against 17.32 at 320x256 (3000 steps; --lr 5e-3 "
+    "instead cost plant_capture 0.61 dB; "
+    "BENCHMARKS.md issue 47)",
     "seed": "0: runs reproduce unless asked otherwise",
     "background": "auto: white under alpha, black for opaque photos (run.json's background: which, why)",
     "aabb": "auto: the store's scene bounds, padded by 5 %",

@@ -281,7 +281,7 @@ def _setup(config: TrainConfig) -> _Run:
         optimizer=torch.optim.Adam(
             [*field_.parameters(), *(grid.parameters() if grid is not None else ())],
             lr=config.lr,
-            eps=1e-15,
+            eps=config.adam_eps,
             fused=True,
         ),
         loader=loader,

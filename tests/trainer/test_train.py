@@ -173,3 +173,13 @@ def test_resume_refuses_a_different_store_unless_forced(
         train(tiny_config(tiny_store, run, steps=4))
     train(tiny_config(other_store, run, steps=6, resume=True, force=True))
     assert _log(run)[-1]["step"] == 6
+
+
+def test_adam_eps_reaches_the_optimizer(tiny_store: Path, tmp_path: Path) -> None:
+    """Adam steps with the default epsilon (1e-8, not 1e-15) or the one asked for; the checkpoint says."""
+    for name, changes, eps in (("default", {}, 1e-8), ("asked", {"adam_eps": 1e-6}, 1e-6)):
+        run = train(tiny_config(tiny_store, tmp_path / name, sampler="stratified", steps=4, **changes))
+        path = latest_checkpoint(run)
+        assert path is not None
+        groups = load_checkpoint(path)[1]["optimizer"]["param_groups"]
+        assert [group["eps"] for group in groups] == [eps]
