@@ -5,7 +5,7 @@ A view's mask (``SourceView.mask_path``: any single-channel image, 0 = pixel not
 are read by picklable loaders (``ComponentFile``) when the store is written, brought to the image's
 stored size by the conversion's downscale rule (``raykit.store.components.fit_component``: the nearest
 sample). ``component_problems`` checks every file's size before anything is written: one line per
-bad file. ``exif_metadata`` reads a photo's exposure, ISO, shutter and time for its frame metadata.
+bad file. A photo's EXIF exposure, ISO, shutter and time come from ``raykit.converters.images.probe_image``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ __all__ = [
     "add_component_files",
     "component_problems",
     "component_size",
-    "exif_metadata",
     "read_component_file",
 ]
 
@@ -126,49 +125,6 @@ def component_problems(
             except SourceError as exc:
                 problems.extend(exc.problems)
     return problems
-
-
-# EXIF tags kept as per-frame metadata: name -> tag id (Exif IFD, or the main IFD for DateTime)
-_EXIF_TAGS = {
-    "exposure_time": 0x829A,  # ExposureTime, seconds
-    "f_number": 0x829D,  # FNumber
-    "iso": 0x8827,  # ISOSpeedRatings / PhotographicSensitivity
-    "shutter_speed_value": 0x9201,  # APEX
-    "exposure_bias": 0x9204,  # ExposureBiasValue, EV
-    "datetime_original": 0x9003,  # DateTimeOriginal, "YYYY:MM:DD HH:MM:SS"
-    "subsec_time_original": 0x9291,
-    "offset_time_original": 0x9011,
-}
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("ascii", "replace").strip("\0 ")
-    if isinstance(value, tuple):
-        return [_json_value(v) for v in value]
-    if isinstance(value, str):
-        return value.strip("\0 ")
-    try:
-        number = float(value)  # Pillow's IFDRational, ints
-    except (TypeError, ValueError, ZeroDivisionError):
-        return str(value)
-    return int(number) if isinstance(value, int) else number if np.isfinite(number) else None
-
-
-def exif_metadata(path: Path) -> dict[str, Any]:
-    """The photo's EXIF exposure time, f-number, ISO, shutter (APEX), exposure bias and original
-    time, ``{"exif": {...}}``; ``{}`` when it has none (or is not a photo with EXIF)."""
-    try:
-        with _open(path) as image:
-            exif = image.getexif()
-            found = dict(exif.get_ifd(0x8769))  # the Exif IFD
-            if 0x0132 in exif:
-                found.setdefault(0x9003, exif[0x0132])  # DateTime when there is no DateTimeOriginal
-    except (OSError, ValueError, SyntaxError):
-        return {}
-    kept = {name: _json_value(found[tag]) for name, tag in _EXIF_TAGS.items() if tag in found}
-    kept = {k: v for k, v in kept.items() if v not in (None, "", [])}
-    return {"exif": kept} if kept else {}
 
 
 def merged_metadata(view: SourceView, exif: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from raykit.cameras import Camera
 from raykit.converters.base import Capture, Problems, SourceView
-from raykit.converters.components import ComponentFile, component_problems, exif_metadata, merged_metadata
+from raykit.converters.components import ComponentFile, component_problems, merged_metadata
 from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
@@ -100,23 +100,28 @@ def parse_source(
     return parse_llff(src, downscale=downscale, exif=exif, allow_outside=allow_outside)
 
 
-def _image_problems(view: SourceView, exif: str) -> tuple[list[str], str]:
-    """The image's problems and the EXIF policy to decode it with (``auto`` resolved per image)."""
+def _image_problems(view: SourceView, exif: str) -> tuple[list[str], str, Mapping[str, Any]]:
+    """The image's problems, the EXIF policy to decode it with (``auto`` resolved per image) and its
+    EXIF facts for the frame's metadata (``ImageHeader.exif``), from one opening of the file."""
     cam = view.camera
     try:
         header = probe_image(view.image_path, exif="ignore" if exif == "auto" else exif)
         size = (header.width, header.height)
         if exif == "auto" and header.orientation != 1:
             exif = choose_layout(view.image_path, header.orientation, size, (cam.width, cam.height))
-            return [], exif  # the chosen layout has the camera's size
+            return [], exif, header.exif  # the chosen layout has the camera's size
     except SourceError as exc:
-        return exc.problems, exif
+        return exc.problems, exif, {}
     if size != (cam.width, cam.height):
-        return [
-            f"{view.image_path}: image is {size[0]}x{size[1]}, its camera "
-            f"({_camera_name(cam)}) expects {cam.width}x{cam.height}"
-        ], exif
-    return [], exif
+        return (
+            [
+                f"{view.image_path}: image is {size[0]}x{size[1]}, its camera "
+                f"({_camera_name(cam)}) expects {cam.width}x{cam.height}"
+            ],
+            exif,
+            header.exif,
+        )
+    return [], exif, header.exif
 
 
 def _camera_name(cam: Camera) -> str:
@@ -138,12 +143,12 @@ def _duplicates(views: Sequence[SourceView]) -> list[str]:
 
 def _checked_cameras(
     capture: Capture, exif: str, factor: int, progress: bool = False, threads: int = 1, rule: str = "exact"
-) -> tuple[list[Camera], list[str]]:
+) -> tuple[list[Camera], list[str], list[Mapping[str, Any]]]:
     """Probe every image (size, integrity, EXIF) and rescale every camera; ``threads`` > 1 probes that
     many images at a time (reading and checksumming files release the GIL).
 
     Returns:
-        The rescaled cameras and each image's EXIF policy (``auto`` resolved).
+        The rescaled cameras, each image's EXIF policy (``auto`` resolved) and its EXIF facts.
 
     Raises:
         SourceError: the parser's problems and these, all at once.
@@ -151,20 +156,23 @@ def _checked_cameras(
     views = capture.views
     if not isinstance(factor, int) or factor < 1:
         raise ConfigError(f"downscale: expected a positive integer, got {factor!r}")
-    problems, cameras, policies = Problems(), [], []
+    problems, cameras, policies, exif_facts = Problems(), [], [], []
     problems.extend(capture.problems)
     problems.extend(_duplicates(views))
     with contextlib.ExitStack() as stack:
-        probed: Iterable[tuple[list[str], str]] = (_image_problems(view, exif) for view in views)
+        probed: Iterable[tuple[list[str], str, Mapping[str, Any]]] = (
+            _image_problems(view, exif) for view in views
+        )
         if threads > 1 and len(views) > 1:
             pool = stack.enter_context(ThreadPoolExecutor(threads, "raykit-probe"))
             probed = pool.map(_image_problems, views, [exif] * len(views))
         found_all = list(
             progress_bar(probed, total=len(views), desc="check images", unit="image", disable=not progress)
         )
-    for view, (found, policy) in zip(views, found_all, strict=True):
+    for view, (found, policy, facts) in zip(views, found_all, strict=True):
         problems.extend(found)
         policies.append(policy)
+        exif_facts.append(facts)
         try:
             if factor == 1:
                 cameras.append(view.camera)
@@ -178,7 +186,7 @@ def _checked_cameras(
         problems.extend(component_problems(views, cameras, factor, rule))
     problems.raise_if_any()
     _warn_large(views)
-    return cameras, policies
+    return cameras, policies, exif_facts
 
 
 def _warn_large(views: Sequence[SourceView]) -> None:
@@ -251,7 +259,7 @@ def build_records(
         )
     if downscale_rule == "mipnerf360" and factor != downscale:
         raise ConfigError("downscale_rule mipnerf360 downscales from full resolution, not from images_N")
-    cameras, policies = _checked_cameras(capture, exif, factor, progress, threads, downscale_rule)
+    cameras, policies, exif_facts = _checked_cameras(capture, exif, factor, progress, threads, downscale_rule)
     splits = assign_splits([v.name for v in views], [v.split for v in views], split)
     centres = np.stack([v.c2w[:3, 3] for v in views])
     matrix, params = normalization(normalize, centres, capture.points)
@@ -259,9 +267,9 @@ def build_records(
     nears = [scale * _pick(near, v.near, capture.near, "near", v) for v in views]
     fars = [scale * _pick(far, v.far, capture.far, "far", v) for v in views]
     records = [
-        _record(view, camera, split_name, matrix, n, f, factor, policy, downscale_rule)
-        for view, camera, split_name, n, f, policy in zip(
-            views, cameras, splits, nears, fars, policies, strict=True
+        _record(view, camera, split_name, matrix, n, f, factor, policy, facts, downscale_rule)
+        for view, camera, split_name, n, f, policy, facts in zip(
+            views, cameras, splits, nears, fars, policies, exif_facts, strict=True
         )
     ]
     method = "identity" if normalize == "none" else f"normalize-{normalize}"
@@ -277,6 +285,7 @@ def _record(
     far: float,
     factor: int,
     exif: str,
+    exif_facts: Mapping[str, Any],
     rule: str = "exact",
 ) -> ImageRecord:
     source = view.camera
@@ -289,13 +298,9 @@ def _record(
     for kind, file, scale in (("mask", view.mask_path, 1.0), ("depth", view.depth_path, view.depth_scale)):
         if file is not None:
             parts[kind] = ComponentFile(str(file), kind, scale, camera.height, camera.width, factor, rule)
-    exif_facts = exif_metadata(view.image_path) if view.image_path.suffix.lower() in _EXIF_SUFFIXES else {}
     metadata = merged_metadata(view, exif_facts)
     path = str(view.image_path)
     return ImageRecord(view.name, split, camera, c2w, near, far, path, loader, "", parts, metadata)
-
-
-_EXIF_SUFFIXES = (".jpg", ".jpeg", ".tif", ".tiff", ".webp")
 
 
 def component_infos(

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
@@ -90,12 +92,14 @@ class ImageHeader:
         width, height: size as the pixels will be used (after ``exif="apply"`` rotation).
         channels: 3 or 4 after conversion.
         orientation: EXIF orientation tag (1 when absent).
+        exif: a JPEG's, TIFF's or WebP's EXIF exposure facts for its frame metadata (``exif_facts``).
     """
 
     width: int
     height: int
     channels: int
     orientation: int
+    exif: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _open(path: Path) -> Image.Image:
@@ -217,6 +221,51 @@ def choose_layout(
     raise _orientation_error(Path(path), orientation, why)
 
 
+# EXIF tags kept as per-frame metadata: name -> tag id (Exif IFD, or the main IFD for DateTime)
+_EXIF_TAGS = {
+    "exposure_time": 0x829A,  # ExposureTime, seconds
+    "f_number": 0x829D,  # FNumber
+    "iso": 0x8827,  # ISOSpeedRatings / PhotographicSensitivity
+    "shutter_speed_value": 0x9201,  # APEX
+    "exposure_bias": 0x9204,  # ExposureBiasValue, EV
+    "datetime_original": 0x9003,  # DateTimeOriginal, "YYYY:MM:DD HH:MM:SS"
+    "subsec_time_original": 0x9291,
+    "offset_time_original": 0x9011,
+}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("ascii", "replace").strip("\0 ")
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, str):
+        return value.strip("\0 ")
+    try:
+        number = float(value)  # Pillow's IFDRational, ints
+    except (TypeError, ValueError, ZeroDivisionError):
+        return str(value)
+    return int(number) if isinstance(value, int) else number if np.isfinite(number) else None
+
+
+_EXIF_FORMATS = ("JPEG", "MPO", "TIFF", "WEBP")  # the photos whose EXIF facts are kept
+
+
+def exif_facts(img: Image.Image) -> dict[str, Any]:
+    """An opened photo's EXIF exposure time, f-number, ISO, shutter (APEX), exposure bias and original
+    time, ``{"exif": {...}}``, read without decoding its pixels; ``{}`` when it has none."""
+    try:
+        exif = img.getexif()
+        found = dict(exif.get_ifd(0x8769))  # the Exif IFD
+        if 0x0132 in exif:
+            found.setdefault(0x9003, exif[0x0132])  # DateTime when there is no DateTimeOriginal
+    except (OSError, ValueError, SyntaxError):
+        return {}
+    kept = {name: _json_value(found[tag]) for name, tag in _EXIF_TAGS.items() if tag in found}
+    kept = {k: v for k, v in kept.items() if v not in (None, "", [])}
+    return {"exif": kept} if kept else {}
+
+
 def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: bool = True) -> ImageHeader:
     """Read an image's size, channel count and orientation without decoding its pixels.
 
@@ -232,6 +281,7 @@ def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: b
         orientation = _exif_orientation(img, path)
         width, height = img.size
         is_png = img.format == "PNG"
+        facts = exif_facts(img) if img.format in _EXIF_FORMATS else {}
     if verify and is_png:
         with _open(path) as img:
             try:
@@ -241,7 +291,7 @@ def probe_image(path: str | os.PathLike[str], *, exif: str = "reject", verify: b
     _check_orientation(orientation, exif, path)
     if exif == "apply" and orientation in _SWAPS_AXES:
         width, height = height, width
-    return ImageHeader(width=width, height=height, channels=channels, orientation=orientation)
+    return ImageHeader(width=width, height=height, channels=channels, orientation=orientation, exif=facts)
 
 
 def used_size(path: str | os.PathLike[str], exif: str = "auto") -> tuple[int, int]:
