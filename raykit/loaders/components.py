@@ -7,9 +7,14 @@ map (float32 (H, W), metres when the store says so, 0 = unknown): ``RayStore.com
 
 - :class:`ComponentGather` (``RayLoader``, either layout): each ray's values, gathered by its pixel id
   from the image's decoded component (decoded once per image and cached), into ``raw.extra[name]``:
-  ``mask`` (N,) uint8, ``depth`` (N,) float32; the batch carries them in ``RayBatch.extra``. On a
-  rays-layout split they are gathered once per chunk as the chunk is cached
-  (:class:`ComponentChunkCache`) and mixed with its rays; on an images-layout split, per group.
+  ``mask`` (N,) uint8, ``depth`` (N,) float32; the batch carries them in ``RayBatch.extra``. On an
+  images-layout split they are gathered per group.
+- :class:`StagedComponents` (``RayLoader``, a rays-layout split whose chunks derive their pids from the
+  split's order, format 3): every image's components decoded once, each put in the image's rank order
+  (``SplitOrder.stage``), so that a chunk's values are the merge of one contiguous run per image
+  (``SplitOrder.merged``), as its colours were written: read sequentially, never a random gather per
+  ray. They are attached to each chunk as it is read (:class:`ComponentChunkCache`) and mixed with its
+  rays.
 - :func:`read_components` (``ImageLoader``): an image's components at the loader's level (the store's
   ``downscale_mask``/``downscale_depth`` rules) and, with ``undistort``, resampled by the nearest sample
   (:meth:`raykit.image_geometry.RemapTable.apply_nearest`: no value made up at edges);
@@ -20,15 +25,22 @@ Reading: the stored arrays of images lying together in a file are read with one 
 flat gather decodes the rows a batch reaches with the wanted rows after them in file order
 (:data:`LOAD_AHEAD_BYTES`), an ``ImageLoader`` miss the next images of the epoch's order.
 
-Memory: components take what they need of the loader's ``cache_bytes``, at most half of it
-(:func:`component_budget`); the pixels' cache gets the rest. Components of a float16 depth store are
-held as float16 (exact), served as float32.
+Memory: components that take at most half of the loader's ``cache_bytes`` are held in memory, within it
+(:func:`component_budget`; the pixels' cache gets the rest). Larger ones are held in an unlinked scratch
+file in the temporary directory (``TMPDIR``), memory-mapped (:func:`scratch_array`): the operating
+system's page cache keeps what memory allows, the pixels keep the whole budget, and nothing is left
+behind when the process ends, however it ends. Without room for the file there, they are decoded per
+image into an LRU within half the budget (slow: a warning says so). Components of a float16 depth store
+are held as float16 (exact), served as float32.
 """
 
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,12 +60,14 @@ __all__ = [
     "ComponentChunkCache",
     "ComponentGather",
     "ImageComponents",
+    "StagedComponents",
     "WithComponents",
     "component_budget",
     "component_bytes",
     "held_dtype",
     "read_components",
     "read_split_components",
+    "scratch_array",
     "served_components",
 ]
 
@@ -97,8 +111,42 @@ def component_bytes(store: RayStore, names: Sequence[str], rows: Sequence[int] |
 
 
 def component_budget(cache_bytes: int, need: int) -> int:
-    """The share of a loader's ``cache_bytes`` its components take: what they ``need``, at most half."""
-    return min(int(need), int(cache_bytes) // 2)
+    """The share of a loader's ``cache_bytes`` its components take: what they ``need`` when that is at
+    most half of it, else none (they are held in a scratch file, :func:`scratch_array`, or without room
+    for one, in an LRU within half of it: :func:`held_array`)."""
+    need, half = int(need), int(cache_bytes) // 2
+    if need <= half or not scratch_room(need):
+        return min(need, half)
+    return 0
+
+
+SCRATCH_SPARE = 1 << 30  # a scratch file is made only when this much more is free beside it
+
+
+def scratch_room(nbytes: int) -> bool:
+    """Whether the temporary directory has room for a scratch file of ``nbytes`` (and
+    :data:`SCRATCH_SPARE` more)."""
+    try:
+        return shutil.disk_usage(tempfile.gettempdir()).free >= int(nbytes) + SCRATCH_SPARE
+    except OSError:
+        return False
+
+
+def scratch_array(n: int, dtype: np.dtype | type) -> np.ndarray:
+    """(n,) zeros of ``dtype`` in an unlinked temporary file, memory-mapped: pages the operating system
+    may drop and read back, not the process's memory; the file goes when the array does (or the
+    process ends, however)."""
+    dtype = np.dtype(dtype)
+    if n == 0:
+        return np.zeros(0, dtype)
+    with tempfile.TemporaryFile(prefix="raykit-components-") as file:  # unlinked at once (POSIX)
+        file.truncate(n * dtype.itemsize)  # sparse: zeros, no blocks written yet
+        return np.memmap(file, dtype=dtype, mode="r+", shape=(n,))  # the map keeps its own descriptor
+
+
+def held_array(n: int, dtype: np.dtype | type, in_memory: bool) -> np.ndarray:
+    """(n,) zeros of ``dtype``: in memory, or with ``in_memory`` False in a :func:`scratch_array`."""
+    return np.zeros(n, dtype) if in_memory else scratch_array(n, dtype)
 
 
 @dataclass
@@ -184,16 +232,39 @@ class ComponentGather:
             self.base = int(self.offsets[self.wanted].min())
             span = int((self.offsets[self.wanted] + self.n_pixels[self.wanted]).max()) - self.base
         per_pixel = self.per_pixel = sum(d.itemsize for d in self.dtypes.values())
-        self.flat: dict[str, np.ndarray] | None = None
-        if component_bytes(store, self.names, self.wanted) <= budget and span * per_pixel <= 4 * budget:
-            self.flat = {name: np.zeros(span, dtype) for name, dtype in self.dtypes.items()}
-        self.cache: ChunkCache[np.ndarray] = ChunkCache(budget if self.flat is None else 0)
+        self.need, self.budget = component_bytes(store, self.names, self.wanted), int(budget)
+        # Flat arrays: in memory within the budget, else in a scratch file; per image in an LRU when
+        # there is no room for one (each image decoded again whenever it left the LRU: slow).
+        self.in_memory = self.need <= self.budget and span * per_pixel <= 4 * self.budget
+        flat = self.in_memory or scratch_room(span * per_pixel)
+        if not flat and self.need:
+            warnings.warn(
+                f"loader: {getattr(store, 'url', store)}: components need {self.need} bytes, more than "
+                f"half the cache budget, and {tempfile.gettempdir()} has no room for a scratch file: "
+                "decoding them per image (slow; set TMPDIR to a disk with room)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self._flat: dict[str, np.ndarray] | None = None
+        self.flat_kind = "memory" if self.in_memory else "scratch" if flat else None
+        self.cache: ChunkCache[np.ndarray] = ChunkCache(0 if flat else self.budget)
         self.loaded = np.zeros(len(self.offsets), dtype=bool)
         self.is_wanted = np.zeros(len(self.offsets), dtype=bool)
         self.is_wanted[self.wanted] = True
         self.span, self.block_bits = span, max(8, span.bit_length() - 16)  # at most 2**16 blocks (_reached)
         self.complete = len(self.wanted) == 0
         self._lock = threading.Lock()
+
+    @property
+    def flat(self) -> dict[str, np.ndarray] | None:
+        """The flat arrays (made on first use: a rays-layout loader whose chunks carry their components
+        never needs them), or None (the LRU)."""
+        if self._flat is None and self.flat_kind is not None:
+            with self._lock:
+                if self._flat is None:
+                    memory = self.flat_kind == "memory"
+                    self._flat = {name: held_array(self.span, d, memory) for name, d in self.dtypes.items()}
+        return self._flat
 
     def rows_of(self, pid: np.ndarray) -> np.ndarray:
         """(N,) table rows of (N,) pixel ids."""
@@ -203,7 +274,10 @@ class ComponentGather:
         """``raw`` with its rays' components in ``extra`` (as it is when they are there already: rays
         of chunks a :class:`ComponentChunkCache` held)."""
         if all(name in raw.extra for name in self.names):
-            return raw
+            if all(raw.extra[name].dtype != np.float16 for name in self.names):
+                return raw
+            served = {name: raw.extra[name].astype(np.float32) for name in self.names if name == "depth"}
+            return RawRays(raw.rgba, raw.pid, {**raw.extra, **served})
         pid = raw.pid
         return RawRays(raw.rgba, pid, {**raw.extra, **self.values(pid)})
 
@@ -214,13 +288,14 @@ class ComponentGather:
 
     def values(self, pid: np.ndarray) -> dict[str, np.ndarray]:
         """(N,) pixel ids -> each component's (N,) values: uint8 masks, float32 depth."""
-        if self.flat is not None:
+        flat = self.flat
+        if flat is not None:
             index = pid.astype(np.intp)  # converted once; ``take`` gathers about twice as fast as ``[]``
             if self.base:
                 index -= self.base
             if not self.complete:
                 self._load(self._reached(index))
-            values = {name: np.take(flat, index) for name, flat in self.flat.items()}
+            values = {name: np.take(array, index) for name, array in flat.items()}
         else:
             values = self._by_image(pid)
         return {name: v if v.dtype != np.float16 else v.astype(np.float32) for name, v in values.items()}
@@ -317,18 +392,88 @@ class ComponentGather:
         return array.reshape(-1)
 
 
+class StagedComponents:
+    """A shuffled rays-layout split's components in each image's rank order, so that a chunk's values are
+    read as its colours were written: one contiguous run of each image (``SplitOrder.merged``).
+
+    A chunk whose pids derive from its split's order (format 3: ``chunk.order``, ``chunk.start``) reaches
+    every image of the split, so a per-ray gather is one random read per ray and component. Staged,
+    it is one sequential read per image and a blocked transpose, like the chunk's own pids: from memory,
+    or from a memory-mapped scratch file at the same speed while the page cache holds it.
+
+    Every image is decoded once, when the first chunk arrives (several at once, on
+    :data:`DECODE_THREADS` threads), and put in rank order (``SplitOrder.stage``).
+
+    Args:
+        gather: the loader's :class:`ComponentGather` (its store, components, budget and where its flat
+            arrays would go: in memory when they fit the budget, else a scratch file).
+    """
+
+    def __init__(self, gather: ComponentGather) -> None:
+        self.store, self.names, self.dtypes = gather.store, gather.names, gather.dtypes
+        self.in_memory, self.usable = gather.in_memory, gather.flat_kind is not None
+        self.staged: dict[str, dict[str, np.ndarray]] = {}  # split -> component -> (n_rays,)
+        self._lock = threading.Lock()
+
+    def attach(self, chunk: RawRays) -> bool:
+        """Put the components of ``chunk``'s rays into its ``extra`` (in place, as held: float16 depth
+        stays float16); False when the chunk has no order to follow (pids stored, before format 3)."""
+        if all(name in chunk.extra for name in self.names):
+            return True
+        order, start = getattr(chunk, "order", None), getattr(chunk, "start", None)
+        if order is None or start is None or not self.usable:
+            return False
+        staged = self.staged.get(order.split) or self._stage(order)
+        chunk.extra.update({name: order.merged(a, start, start + len(chunk)) for name, a in staged.items()})
+        return True
+
+    def _stage(self, order: Any) -> dict[str, np.ndarray]:
+        """Decode every image's components of ``order``'s split into rank order (once per split)."""
+        with self._lock:
+            if order.split in self.staged:
+                return self.staged[order.split]
+            split = order.split
+            rows = self.store.split_rows(split)
+            sizes = np.asarray(order.sizes, dtype=np.int64)
+            at = np.concatenate([[0], np.cumsum(sizes)])
+            staged = {name: held_array(int(at[-1]), d, self.in_memory) for name, d in self.dtypes.items()}
+            per_pixel = sum(d.itemsize for d in self.dtypes.values())
+            # images in runs of about LOAD_AHEAD_BYTES each (one range read a run), on a few threads
+            run = (np.cumsum(sizes * per_pixel) - 1) // LOAD_AHEAD_BYTES  # each image's run
+            parts = [np.flatnonzero(run == r).tolist() for r in np.unique(run)]
+
+            def fill(part: list[int]) -> None:
+                for name, array in staged.items():
+                    for i, values in self.store.read_split_components(name, split, part):
+                        array[at[i] : at[i + 1]] = order.stage(i, values.reshape(-1))
+
+            if tuple(int(r) for r in rows) != tuple(order.images):
+                raise ValueError(f"split {split!r}: the chunks' order is not the store's")  # never: one store
+            threads = min(DECODE_THREADS, len(parts))
+            if threads > 1:
+                with ThreadPoolExecutor(threads, "raykit-components") as pool:
+                    list(pool.map(fill, parts))
+            else:
+                for part in parts:
+                    fill(part)
+            self.staged[split] = staged
+            return staged
+
+
 class ComponentChunkCache(ChunkCache[RawRays]):
-    """A rays-layout loader's LRU of decoded chunks whose chunks carry their rays' components: gathered
-    once per chunk as it is cached (:meth:`ComponentGather.attach`), then mixed with the rays, so that
-    a split that fits the cache gathers nothing per batch (shuffled rays reach every image: a gather
-    per batch is one random read per ray and component). Chunks hold 5 more bytes per ray."""
+    """A rays-layout loader's LRU of decoded chunks whose chunks carry their rays' components, attached
+    once per chunk as it is read, then mixed with the rays: from the staged components
+    (:class:`StagedComponents`) when the chunk derives its pids from the split's order, else gathered by
+    pid (:meth:`ComponentGather.attach`). Chunks hold 2-5 more bytes per ray (1 for a mask, 2 or 4 for
+    a depth)."""
 
     def __init__(self, capacity: int, gather: ComponentGather) -> None:
         super().__init__(capacity)
-        self.gather = gather
+        self.gather, self.staged = gather, StagedComponents(gather)
 
     def put(self, key: Any, value: RawRays) -> None:
-        self.gather.attach(value)
+        if not self.staged.attach(value):
+            self.gather.attach(value)
         super().put(key, value)
 
 

@@ -303,6 +303,33 @@ class SplitOrder:
 
         return merge_into(fill, np.uint32, self.sizes, lo, hi, start, stop)
 
+    def stage(self, j: int, values: np.ndarray) -> np.ndarray:
+        """(n_j,) per-pixel ``values`` of the split's image ``j`` (row-major, ``values[y * W + x]``) in
+        the image's rank order: rank ``r`` holds ``values[pi_j[r]]`` (unshuffled: as given). The
+        images' staged values, concatenated in split order, are what :meth:`merged` reads."""
+        if not self.shuffled:
+            return values
+        n = self.sizes[j]
+        return np.take(values, image_order(self.seed, self.split, self.images[j], n))
+
+    def merged(self, staged: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """(stop - start,) values of rays ``[start, stop)`` of the split, in store order, from
+        ``staged`` (n_rays,): the images' :meth:`stage` d values concatenated in split order.
+
+        Ray ``p`` gets the value of its own pixel (``pids(start, stop)``): a chunk's per-pixel values
+        are the merge of one contiguous run of each image's staged values, as its colours were
+        written, so a caller reads them sequentially (a memory-mapped ``staged`` too)."""
+        self._check(start, stop)
+        if not self.shuffled:
+            return staged[start:stop]
+        at = self._memo("staged", lambda: np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64))
+        lo, hi = merge_counts(self.sizes, start), merge_counts(self.sizes, stop)
+
+        def fill(j: int, out: np.ndarray) -> None:
+            out[...] = staged[at[j] + lo[j] : at[j] + hi[j]]
+
+        return merge_into(fill, staged.dtype, self.sizes, lo, hi, start, stop)
+
     def pids_torch(self, start: int, stop: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """``pids`` computed by torch on ``device`` (e.g. CUDA): (stop - start,) int64.
 

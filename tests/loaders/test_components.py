@@ -4,6 +4,7 @@ transform (gathered by pixel id; levels; undistortion; crops), checked against t
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +68,39 @@ def _check_rays(store: RayStore, batch: Any) -> int:
 
 
 @pytest.mark.parametrize("layout", ["rays", "images"])
-@pytest.mark.parametrize("cache_bytes", [64 << 20, 48 * 48 * 5 * 3], ids=["flat", "per-image"])
+@pytest.mark.parametrize("held", ["memory", "scratch", "per-image"])
 def test_ray_loader_gathers_each_rays_values_by_pixel_id(
-    capture: dict[str, Any], layout: str, cache_bytes: int
+    capture: dict[str, Any], layout: str, held: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = capture[layout]
-    with RayLoader(store, "train", 1000, 3, num_workers=0, cache_bytes=cache_bytes) as loader:
+    # 64 MiB holds the split's components in memory; 48 x 48 x 5 x 3 bytes does not (a scratch file);
+    # without room for a scratch file, per image through an LRU
+    cache_bytes = 64 << 20 if held == "memory" else 48 * 48 * 5 * 3
+    if held == "per-image":
+        monkeypatch.setattr("raykit.loaders.components.SCRATCH_SPARE", 1 << 62)
+    no_room = held == "per-image"
+    with (
+        pytest.warns(RuntimeWarning, match="no room for a scratch file")
+        if no_room
+        else contextlib.nullcontext()
+    ):
+        loader = RayLoader(store, "train", 1000, 3, num_workers=0, cache_bytes=cache_bytes)
+    with loader:
         assert loader.components == ("mask", "depth")
         checked = sum(_check_rays(store, batch) for batch in loader)
         assert checked == len(loader) * 1000
-        if cache_bytes < 1 << 20:  # the split's components do not fit: per image through the LRU
-            assert loader._gather is not None and loader._gather.flat is None
+        gather = loader._gather
+        assert gather is not None and gather.flat_kind == (None if held == "per-image" else held)
+        if layout == "rays":  # chunks take their values from the staged components, in rank order
+            staged = loader.cache.staged.staged  # type: ignore[attr-defined]
+            assert (set(staged) == {"train"}) == (held != "per-image")
+            if held == "scratch":
+                assert isinstance(staged["train"]["depth"], np.memmap)
+            assert gather._flat is None  # never needed
+        else:
+            assert (gather._flat is None) == (held == "per-image")
+            if held == "scratch":
+                assert gather._flat is not None and isinstance(gather._flat["mask"], np.memmap)
         batch = next(iter(loader))
         assert batch.extra["mask"].dtype == torch.uint8 and batch.extra["depth"].dtype == torch.float32
 

@@ -211,3 +211,21 @@ def test_split_pids_are_the_spec(sizes: list[int]) -> None:
     np.testing.assert_array_equal(reference_split_pids(9, "train", images, tuple(sizes), offsets), expected)
     order = SplitOrder(9, "train", True, tuple(images), tuple(sizes), tuple(offsets))
     np.testing.assert_array_equal(order.pids(0, sum(sizes)), expected)
+
+
+@pytest.mark.parametrize("shuffled", [True, False])
+@pytest.mark.parametrize("sizes", [[12, 12, 12], [12, 7, 30, 7], [1, 5]])
+def test_staged_values_merge_into_each_rays_own_pixel(sizes: list[int], shuffled: bool) -> None:
+    """``SplitOrder.merged`` of the images' ``stage``d per-pixel values gives every ray of any range its
+    own pixel's value: the values indexed by the spec's pids."""
+    images = list(range(3, 3 + len(sizes)))
+    offsets = list(itertools.accumulate((40, *sizes[:-1])))
+    order = SplitOrder(9, "train", shuffled, tuple(images), tuple(sizes), tuple(offsets))
+    by_pid = np.random.default_rng(1).integers(0, 1 << 30, sum(sizes)).astype(np.float32)  # pid 40 on
+    at = [0, *itertools.accumulate(sizes)]
+    staged = np.concatenate([order.stage(j, by_pid[at[j] : at[j + 1]]) for j in range(len(sizes))])
+    n = sum(sizes)
+    pids = np.asarray(spec_pids(9, "train", images, sizes, offsets) if shuffled else range(40, 40 + n))
+    for start, stop in [(0, n), (0, 1), (n - 1, n), (2, n - 3), (n // 3, 2 * n // 3), (5, 5)]:
+        stop = max(start, min(stop, n))
+        np.testing.assert_array_equal(order.merged(staged, start, stop), by_pid[pids[start:stop] - 40])
