@@ -309,8 +309,10 @@ class SplitOrder:
         images' staged values, concatenated in split order, are what :meth:`merged` reads."""
         if not self.shuffled:
             return values
-        n = self.sizes[j]
-        return np.take(values, image_order(self.seed, self.split, self.images[j], n))
+        n, s = self.sizes[j], int(self._rotations()[j])
+        # rank r is pixel base[(r + s) mod n]: the base order's values, rotated by s
+        taken = np.take(values, self._memo(("intp", n), lambda: self._base(n).astype(np.intp)))
+        return np.concatenate([taken[s:], taken[:s]])
 
     def merged(self, staged: np.ndarray, start: int, stop: int) -> np.ndarray:
         """(stop - start,) values of rays ``[start, stop)`` of the split, in store order, from
@@ -322,6 +324,13 @@ class SplitOrder:
         self._check(start, stop)
         if not self.shuffled:
             return staged[start:stop]
+        images = len(self.sizes)
+        if len(set(self.sizes)) == 1:  # a round robin: the transpose of (images, ranks) rows, as ``pids``
+            r0, r1 = start // images, -(-stop // images)
+            grid = np.empty((r1 - r0, images), dtype=staged.dtype)
+            grid[...] = staged.reshape(images, self.sizes[0])[:, r0:r1].T
+            offset = start - r0 * images
+            return grid.reshape(-1)[offset : offset + stop - start]
         at = self._memo("staged", lambda: np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64))
         lo, hi = merge_counts(self.sizes, start), merge_counts(self.sizes, stop)
 

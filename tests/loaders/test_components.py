@@ -95,12 +95,12 @@ def test_ray_loader_gathers_each_rays_values_by_pixel_id(
             staged = loader.cache.staged.staged  # type: ignore[attr-defined]
             assert (set(staged) == {"train"}) == (held != "per-image")
             if held == "scratch":
-                assert isinstance(staged["train"]["depth"], np.memmap)
+                assert isinstance(staged["train"]["depth"].base, np.memmap)
             assert gather._flat is None  # never needed
         else:
             assert (gather._flat is None) == (held == "per-image")
             if held == "scratch":
-                assert gather._flat is not None and isinstance(gather._flat["mask"], np.memmap)
+                assert gather._flat is not None and isinstance(gather._flat["mask"].base, np.memmap)
         batch = next(iter(loader))
         assert batch.extra["mask"].dtype == torch.uint8 and batch.extra["depth"].dtype == torch.float32
 
