@@ -26,12 +26,12 @@ flat gather decodes the rows a batch reaches with the wanted rows after them in 
 (:data:`LOAD_AHEAD_BYTES`), an ``ImageLoader`` miss the next images of the epoch's order.
 
 Memory: components that take at most half of the loader's ``cache_bytes`` are held in memory, within it
-(:func:`component_budget`; the pixels' cache gets the rest). Larger ones are held in an unlinked scratch
-file in the temporary directory (``TMPDIR``), memory-mapped (:func:`scratch_array`): the operating
-system's page cache keeps what memory allows, the pixels keep the whole budget, and nothing is left
-behind when the process ends, however it ends. Without room for the file there, they are decoded per
-image into an LRU within half the budget (slow: a warning says so). Components of a float16 depth store
-are held as float16 (exact), served as float32.
+(:func:`component_budget`; the pixels' cache gets the rest). ``RayLoader`` holds larger ones in an
+unlinked scratch file in the temporary directory (``TMPDIR``), memory-mapped (:func:`scratch_array`):
+the operating system's page cache keeps what memory allows, the pixels keep the whole budget, and
+nothing is left behind when the process ends, however it ends. Without room for the file there, and in
+``ImageLoader``, they are held per image within half the budget (in ``RayLoader`` an LRU: slow, a
+warning says so). Components of a float16 depth store are held as float16 (exact), served as float32.
 """
 
 from __future__ import annotations
@@ -113,14 +113,15 @@ def component_bytes(store: RayStore, names: Sequence[str], rows: Sequence[int] |
     return pixels * sum(held_dtype(store, name).itemsize for name in names)
 
 
-def component_budget(cache_bytes: int, need: int) -> int:
-    """The share of a loader's ``cache_bytes`` its components take: what they ``need`` when that is at
-    most half of it, else none (they are held in a scratch file, :func:`scratch_array`, or without room
-    for one, in an LRU within half of it: :func:`held_array`)."""
+def component_budget(cache_bytes: int, need: int, scratch: bool = False) -> int:
+    """The share of a loader's ``cache_bytes`` its components take: what they ``need``, at most half of
+    it. With ``scratch`` (``RayLoader``), none when they need more than half and the temporary directory
+    has room for them: they are held in a scratch file (:func:`scratch_array`) and the pixels keep the
+    whole budget."""
     need, half = int(need), int(cache_bytes) // 2
-    if need <= half or not scratch_room(need):
-        return min(need, half)
-    return 0
+    if need > half and scratch and scratch_room(need):
+        return 0
+    return min(need, half)
 
 
 SCRATCH_SPARE = 1 << 30  # a scratch file is made only when this much more is free beside it
