@@ -69,6 +69,7 @@ __all__ = [
     "held_dtype",
     "read_components",
     "read_split_components",
+    "record_dtype",
     "scratch_array",
     "scratch_file",
     "served_components",
@@ -107,9 +108,20 @@ def held_dtype(store: RayStore, name: str) -> np.dtype:
     return np.dtype(np.float16 if store.components[name].dtype == "float16" else np.float32)
 
 
-def component_bytes(store: RayStore, names: Sequence[str], rows: Sequence[int] | np.ndarray) -> int:
-    """Bytes the components ``names`` of table rows ``rows`` take at full resolution, as held."""
+def record_dtype(store: RayStore, names: Sequence[str]) -> np.dtype:
+    """The record of a pixel's components ``names`` as held (:func:`held_dtype`), its fields aligned:
+    1, 2, 4 or 8 bytes for a mask and a depth (a uint8 mask and a float32 depth: 8)."""
+    return np.dtype([(name, held_dtype(store, name)) for name in names], align=True)
+
+
+def component_bytes(
+    store: RayStore, names: Sequence[str], rows: Sequence[int] | np.ndarray, records: bool = False
+) -> int:
+    """Bytes the components ``names`` of table rows ``rows`` take at full resolution, as held: an array
+    per component, or with ``records`` one array of :func:`record_dtype`."""
     pixels = int(np.asarray(store.table.n_pixels)[np.asarray(rows, dtype=np.int64)].sum())
+    if records:
+        return pixels * record_dtype(store, names).itemsize
     return pixels * sum(held_dtype(store, name).itemsize for name in names)
 
 
@@ -240,11 +252,12 @@ class ComponentGather:
     """``gather(raw) -> raw`` with each ray's component values in ``raw.extra``: ``mask`` (N,) uint8,
     ``depth`` (N,) float32, gathered by pixel id (``pid = pixel_offset[image] + y * W + x``).
 
-    Each image's components are decoded once (on first use) and held within ``budget`` bytes: when the
-    ``rows``' components fit, in one flat array per component indexed by pid (one gather per batch;
-    pages of other images are never touched), decoded in runs (the rows reached and the wanted rows
-    after them, :meth:`_with_ahead`); else per image in an LRU, the rays grouped by image. Safe to
-    call from several threads (the generation threads).
+    Each image's components are decoded once (on first use) into one flat array of records indexed by
+    pid (:func:`record_dtype`: a ray's values are one read, of 1, 2, 4 or 8 bytes, not one per
+    component; pages of other images are never touched), decoded in runs (the rows reached and the
+    wanted rows after them, :meth:`_with_ahead`): in memory when the ``rows``' records fit ``budget``,
+    else in a scratch file; without room for one, per image in an LRU within ``budget``, the rays
+    grouped by image. Safe to call from several threads (the generation threads).
 
     Args:
         store: the store.
@@ -268,8 +281,9 @@ class ComponentGather:
         if len(self.wanted):
             self.base = int(self.offsets[self.wanted].min())
             span = int((self.offsets[self.wanted] + self.n_pixels[self.wanted]).max()) - self.base
-        per_pixel = self.per_pixel = sum(d.itemsize for d in self.dtypes.values())
-        self.need, self.budget = component_bytes(store, self.names, self.wanted), int(budget)
+        self.record = record_dtype(store, self.names)
+        per_pixel = self.per_pixel = self.record.itemsize
+        self.need, self.budget = component_bytes(store, self.names, self.wanted, True), int(budget)
         # Flat arrays: in memory within the budget, else in a scratch file; per image in an LRU when
         # there is no room for one (each image decoded again whenever it left the LRU: slow).
         self.in_memory = self.need <= self.budget and span * per_pixel <= 4 * self.budget
@@ -282,7 +296,8 @@ class ComponentGather:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        self._flat: dict[str, np.ndarray] | None = None
+        self._flat: np.ndarray | None = None
+        self._words: np.ndarray | None = None  # the records as one unsigned integer each, when they fit
         self.flat_kind = "memory" if self.in_memory else "scratch" if flat else None
         self.cache: ChunkCache[np.ndarray] = ChunkCache(0 if flat else self.budget)
         self.loaded = np.zeros(len(self.offsets), dtype=bool)
@@ -293,14 +308,16 @@ class ComponentGather:
         self._lock = threading.Lock()
 
     @property
-    def flat(self) -> dict[str, np.ndarray] | None:
-        """The flat arrays (made on first use: a rays-layout loader whose chunks carry their components
-        never needs them), or None (the LRU)."""
+    def flat(self) -> np.ndarray | None:
+        """(span,) records of :func:`record_dtype`, by pid from ``base`` (made on first use: a rays-layout
+        loader whose chunks carry their components never needs them), or None (the LRU)."""
         if self._flat is None and self.flat_kind is not None:
             with self._lock:
                 if self._flat is None:
-                    memory = self.flat_kind == "memory"
-                    self._flat = {name: held_array(self.span, d, memory) for name, d in self.dtypes.items()}
+                    flat = held_array(self.span, self.record, self.flat_kind == "memory")
+                    size = self.record.itemsize  # ``take`` copies 1, 2, 4 or 8 bytes fastest as integers
+                    self._words = flat.view(f"u{size}") if size in (1, 2, 4, 8) else flat
+                    self._flat = flat
         return self._flat
 
     def rows_of(self, pid: np.ndarray) -> np.ndarray:
@@ -332,7 +349,9 @@ class ComponentGather:
                 index -= self.base
             if not self.complete:
                 self._load(self._reached(index))
-            values = {name: np.take(array, index) for name, array in flat.items()}
+            assert self._words is not None
+            records = np.take(self._words, index).view(self.record)
+            values = {name: np.ascontiguousarray(records[name]) for name in self.names}
         else:
             values = self._by_image(pid)
         return {name: v if v.dtype != np.float16 else v.astype(np.float32) for name, v in values.items()}
@@ -398,7 +417,7 @@ class ComponentGather:
             split_rows = self.store.split_rows(split)
             local = np.searchsorted(split_rows, rows[splits == split]).tolist()
             for name in self.names:
-                flat = self.flat[name]
+                flat = self.flat[name]  # the field's strided view
                 for i, array in self.store.read_split_components(name, split, local):
                     lo = int(self.offsets[split_rows[i]]) - self.base
                     flat[lo : lo + array.size] = array.reshape(-1)

@@ -152,7 +152,8 @@ class RayLoader(BatchLoader):
         if self.components:
             assert isinstance(store, RayStore)
             rows = store.split_rows(cfg.split)
-            share = component_budget(cfg.cache_bytes, component_bytes(store, self.components, rows), True)
+            need = component_bytes(store, self.components, rows, True)
+            share = component_budget(cfg.cache_bytes, need, True)
             gather = ComponentGather(store, self.components, rows, share)
             pixels = cfg.replace(cache_bytes=cfg.cache_bytes - share)
         self.plan = self.strategy.plan(self.source, pixels, *distributed_rank(cfg.rank, cfg.world_size))

@@ -100,7 +100,7 @@ def test_ray_loader_gathers_each_rays_values_by_pixel_id(
         else:
             assert (gather._flat is None) == (held == "per-image")
             if held == "scratch":
-                assert gather._flat is not None and isinstance(gather._flat["mask"].base, np.memmap)
+                assert gather._flat is not None and isinstance(gather._flat.base, np.memmap)
         batch = next(iter(loader))
         assert batch.extra["mask"].dtype == torch.uint8 and batch.extra["depth"].dtype == torch.float32
 
