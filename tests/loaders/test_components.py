@@ -5,6 +5,7 @@ transform (gathered by pixel id; levels; undistortion; crops), checked against t
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,19 @@ def test_gather_over_some_rows_finds_each_rays_image(
             np.testing.assert_array_equal(values["mask"][take], expected["mask"].reshape(-1)[local])
             np.testing.assert_array_equal(values["depth"][take], expected["depth"].reshape(-1)[local])
     assert gather.complete and gather.loaded[rows].all() and gather.loaded.sum() == len(rows)
+
+
+def test_scratch_arrays_leave_no_file_behind(
+    capture: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Components held in a scratch file: the file is unlinked from the start (nothing to clean up
+    after a crash), yet the loader's values are right; the arrays are mapped, not the process's heap."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    store = capture["rays"]
+    with RayLoader(store, "train", 1000, 3, num_workers=0, cache_bytes=48 * 48 * 5 * 3) as loader:
+        assert sum(_check_rays(store, batch) for batch in loader) == len(loader) * 1000
+        staged = loader.cache.staged.staged["train"]  # type: ignore[attr-defined]
+        assert all(isinstance(array.base, np.memmap) for array in staged.values())
+        assert list(scratch.iterdir()) == []
