@@ -18,12 +18,10 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 
@@ -38,15 +36,21 @@ from raykit.errors import (
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
 from raykit.imagedecode import downscale_area, downscale_nearest, level_size
 from raykit.locks import lock_owner, lock_path
-from raykit.store.backends import Backend, ChunkReader, backend_named
+from raykit.store.backends import (
+    Backend,
+    ByteRead,
+    ChunkReader,
+    backend_named,
+    component_blobs,
+    image_blobs,
+    read_blob,
+    read_blobs,
+)
 from raykit.store.components import (
     COMPONENTS,
     FRAMES_FILE,
     ComponentInfo,
-    component_files_of,
     decode_component,
-    read_component_bytes,
-    read_components_bytes,
     store_fingerprint,
 )
 from raykit.store.files import (
@@ -99,9 +103,7 @@ def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
     return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
 
 
-def held_first(
-    read: Callable[[str, int, int], bytes], held: Mapping[str, np.ndarray] | None
-) -> Callable[[str, int, int], bytes | np.ndarray]:
+def held_first(read: ByteRead, held: Mapping[str, np.ndarray] | None) -> ByteRead:
     """``read(rel, start, stop)`` from the files in ``held`` (relative path -> read-only uint8 array
     already in memory: a view, no copy), else from ``read``."""
 
@@ -132,21 +134,13 @@ def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:
     return RawRays(np.zeros((0, fields["rgba"].channels), np.uint8), np.zeros(0, np.uint32), extra)
 
 
-@dataclass(frozen=True)
 class RaySplits:
-    """The reader of a rays-layout store: chunks from the backend's ``chunks`` reader, checked against
-    the chunk CRCs of ``index.json`` (``crcs``; ``pid_crcs`` for format-3 stored pids, checked apart;
-    format 1 and 2 sum every field at once, ``legacy``)."""
+    """The reader of a rays-layout ``store``: chunks from the backend's ``chunks`` reader, checked
+    against the chunk CRCs of ``index.json`` (format 3 checks stored pids apart; formats 1 and 2 sum
+    every field at once, ``RayStore.legacy``)."""
 
-    url: str
-    chunks: ChunkReader
-    fields: Mapping[str, FieldSpec]
-    checksum: str  # chunk checksum kind: "crc32c" or "crc32" (``integrity.chunk_checksum``)
-    crcs: Mapping[str, np.ndarray]
-    pid_crcs: Mapping[str, np.ndarray]
-    legacy: bool
-    check_file: Callable[[str], None]  # size check of a payload file on first use
-    split_order: Callable[[str], SplitOrder]
+    def __init__(self, store: RayStore, chunks: ChunkReader) -> None:
+        self.store, self.chunks = store, chunks
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
@@ -154,29 +148,33 @@ class RaySplits:
 
     def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
         """Chunk ``index`` (in range) of split ``info``, checked."""
+        store, legacy = self.store, self.store.legacy
         files = self.chunks.chunk_files(info.name, index)
         for rel in files:
-            self.check_file(rel)
+            store._check_file(rel)
         values = self.chunks.read_chunk(info, index)
-        summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
-        self._check(files[0], info.name, index, chunk_checksum(values, summed, self.checksum), self.crcs)
+        summed = [k for k in store.fields if k in values and (legacy or k != "pid")]
+        self._check(files[0], info.name, index, chunk_checksum(values, summed, store.checksum_kind), "")
         extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
         if info.pids == "derived":
             start = info.chunk_range(index)[0]
-            return DerivedRays(values["rgba"], self.split_order(info.name), start, extra)
-        if not self.legacy:
-            crc = chunk_checksum(values, ["pid"], self.checksum)
-            pid_file = next((rel for rel in files if "/pid/" in rel), files[0])
-            self._check(pid_file, info.name, index, crc, self.pid_crcs, "pid ")
+            return DerivedRays(values["rgba"], store.split_order(info.name), start, extra)
+        if not legacy:
+            crc = chunk_checksum(values, ["pid"], store.checksum_kind)
+            self._check(
+                next((rel for rel in files if "/pid/" in rel), files[0]), info.name, index, crc, "pid_"
+            )
         return RawRays(values["rgba"], values["pid"], extra)
 
-    def _check(
-        self, rel: str, split: str, index: int, crc: int, expected: Mapping[str, np.ndarray], what: str = ""
-    ) -> None:
-        if crc != expected[split][index]:
+    def _check(self, rel: str, split: str, index: int, crc: int, what: str) -> None:
+        """Raise unless ``crc`` is chunk ``index``'s recorded checksum (``what``: ``"pid_"`` for the
+        stored pids' own)."""
+        kind = self.store.checksum_kind
+        expected = int((self.store._pid_crc if what else self.store._crc)[split][index])
+        if crc != expected:
             raise StoreCorruptError(
-                f"{self.url}/{rel}: chunk {index} of split {split!r} fails its {what}checksum "
-                f"(expected {self.checksum} {int(expected[split][index]):08x}, got {crc:08x})"
+                f"{self.store.url}/{rel}: chunk {index} of split {split!r} fails its {what.replace('_', ' ')}"
+                f"checksum (expected {kind} {expected:08x}, got {crc:08x})"
             )
 
     def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
@@ -191,7 +189,7 @@ class RaySplits:
         self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
     ) -> list[bytes | np.ndarray]:
         """Refused: a rays store stores no image files."""
-        raise StoreError(f"{self.url}: split {split!r} stores rays, not image files")
+        raise StoreError(f"{self.store.url}: split {split!r} stores rays, not image files")
 
     def image_files(self, split: str, i: int) -> list[str]:
         """None: a rays store stores no image files."""
@@ -199,36 +197,26 @@ class RaySplits:
 
 
 class ImageSplits:
-    """The reader of an images-layout store (either backend): each image's stored bytes, laid out by
-    the ``backend`` and read by ``read(rel, start, stop)`` (``RayStore.read_range``), checked against
-    their CRC-32C, decoded and checked against the camera ``table`` (``channels``: the colour channels
-    served, ``RayStore.rgba_channels``)."""
+    """The reader of an images-layout ``store`` (either backend): each image's stored bytes, laid out
+    by the ``backend`` (``raykit.store.backends.read_blob``) and read by ``RayStore.read_range``,
+    checked against their CRC-32C, decoded and checked against the camera table."""
 
-    def __init__(
-        self,
-        url: str,
-        backend: Backend,
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: Callable[[str, int, int], bytes],
-        table: CameraTable,
-        channels: int,
-        split_rows: Callable[[str], np.ndarray],
-    ) -> None:
-        self.url, self.spec, self.index, self._read = url.rstrip("/"), spec, index, read
-        self.backend, self.table, self.channels, self.split_rows = backend, table, channels, split_rows
+    def __init__(self, store: RayStore, backend: Backend) -> None:
+        self.store, self.backend, self.blobs = store, backend, image_blobs(store.spec)
+        self.url, self.table, self.split_rows = store.url, store.table, store.split_rows
+        self.channels = store.rgba_channels  # the colour channels served
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Files holding the images that chunk ``index`` of the split's rays view covers."""
         rows = self.split_rows(split)
         starts, counts = self.table.ray_start[rows], self.table.n_pixels[rows]
-        lo, hi = index * self.spec.chunk_rays, (index + 1) * self.spec.chunk_rays
+        lo, hi = index * self.store.spec.chunk_rays, (index + 1) * self.store.spec.chunk_rays
         taken = np.flatnonzero((starts < hi) & (starts + counts > lo))
         return sorted({rel for i in taken for rel in self.image_files(split, int(i))})
 
     def image_files(self, split: str, i: int) -> list[str]:
         """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
-        return self.backend.image_files(self.index[split], split, i, self.spec)
+        return [rel for rel, _, _ in self.backend.blob_ranges(self.blobs, split, self.store.index[split], i)]
 
     def image_bytes(self, split: str, i: int) -> bytes:
         """The stored bytes of image ``i`` (split-local) of ``split``, checked against their CRC-32C.
@@ -241,22 +229,11 @@ class ImageSplits:
     def image_parts(
         self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
     ) -> list[bytes | np.ndarray]:
-        """``image_bytes`` in pieces that joined give the image (``Backend.image_parts``), checked the
-        same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
-        from there instead of the store (a file not held is read from the store)."""
-        entry = self.index[split]
-        read = held_first(self._read, held)
-        parts = self.backend.image_parts(read, self.url, entry, split, i, self.spec)
-        crc, size = 0, 0
-        for part in parts:
-            crc, size = google_crc32c.extend(crc, part), size + len(part)
-        expected, expected_crc = int(entry["image_bytes"][i]), int(entry["crc32c"][i])
-        if size != expected or crc != expected_crc:
-            raise StoreCorruptError(
-                f"{self.url}/{self.image_files(split, i)[0]}: image {i} of split {split!r} fails its"
-                f" checksum (expected {expected} bytes with crc32c {expected_crc:08x})"
-            )
-        return parts
+        """``image_bytes`` in pieces that joined give the image, checked the same way; ``held``: files
+        already in memory (relative path -> read-only uint8 array), read from there instead of the
+        store (a file not held is read from the store)."""
+        read = held_first(self.store.read_range, held)
+        return read_blob(self.backend, self.blobs, read, self.url, split, self.store.index[split], i)
 
     def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
         """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``, at
@@ -345,7 +322,7 @@ class RayStore:
         self._checked: set[str] = set()
         try:
             self._parse_manifest()
-            small = {rel: self.read_verified(rel) for rel in self._metadata_files()}
+            small = self._metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
             self.cameras: pa.Table = read_camera_table(
                 small["cameras.parquet"], self._where("cameras.parquet")
             )
@@ -539,28 +516,16 @@ class RayStore:
             raise StoreCorruptError(
                 f"{self._where('manifest.json')}: unknown backend {self.backend!r}"
             ) from None
-        ranges = None
-        if is_url(self.url):  # remote: honest byte ranges
-            sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
-            ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked
-        self.read_range = local_range_reader(self._root, self.url) if ranges is None else ranges.read
+        sizes = {rel: int(entry["size"]) for rel, entry in self.files.items()}
+        # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked (a remote
+        # store's: honest byte ranges)
+        remote = RangeFetcher(self._fs, self._root, self.url, sizes) if is_url(self.url) else None
+        self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, self.url)
         if self.layout() == IMAGES_LAYOUT:
-            args = (self.table, self.rgba_channels, self.split_rows)
-            return ImageSplits(self.url, backend, self.spec, self.index, self.read_range, *args)
+            return ImageSplits(self, backend)
         stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
-        chunks = backend.open_reader(self.url, stored, self.spec, self.index, ranges)
-        return RaySplits(
-            self.url,
-            chunks,
-            self.fields,
-            self.checksum_kind,
-            self._crc,
-            self._pid_crc,
-            self.legacy,
-            self._check_file,
-            self.split_order,
-        )
+        args = (self.index, self.read_range, sizes, self._metadata)
+        return RaySplits(self, backend.open_reader(self.url, stored, self.spec, *args))
 
     def split_rows(self, split: str) -> np.ndarray:
         """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""
@@ -830,7 +795,8 @@ class RayStore:
     def component_files(self, component: str, name: str) -> list[str]:
         """Relative paths of the files holding component ``component`` of image ``name``."""
         split, local, entry = self.component_location(component, name)
-        return component_files_of(self.backend, component, split, entry, local)
+        ranges = backend_named(self.backend).blob_ranges(component_blobs(component), split, entry, local)
+        return [rel for rel, _, _ in ranges]
 
     def component_bytes(
         self, component: str, name: str, held: Mapping[str, np.ndarray] | None = None
@@ -839,8 +805,9 @@ class RayStore:
         their CRC-32C, and the file they lie in; ``held``: files already in memory (relative path ->
         read-only uint8 array, ``read_file_into``), read from there instead of the store."""
         split, local, entry = self.component_location(component, name)
-        read = held_first(self.read_range, held)
-        return read_component_bytes(read, self.url, self.backend, component, split, entry, local)
+        read, backend = held_first(self.read_range, held), backend_named(self.backend)
+        parts = read_blob(backend, component_blobs(component), read, self.url, split, entry, local)
+        return join_parts(parts), self.component_files(component, name)[0]
 
     def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
         """Component ``component`` of image ``name`` at the stored resolution, or with ``downscale`` k
@@ -866,7 +833,7 @@ class RayStore:
         """``(i, array)``: component ``component`` of each image ``i`` of ``local`` (indices within
         ``split``, each once, in split order) at the stored resolution, as ``read_component`` reads it
         (checked alike), the stored bytes of images lying together read at once
-        (``raykit.store.components.read_components_bytes``): a loader's first epoch.
+        (``raykit.store.backends.read_blobs``): a loader's first epoch.
 
         Raises:
             RayRangeError: no such component or image. StoreCorruptError: altered bytes, or no entry
@@ -883,13 +850,14 @@ class RayStore:
         if missing or not isinstance(entry, dict):
             name = self.table.names[int(rows[missing[0]])] if missing else split
             raise StoreCorruptError(f"{self.url}/{info.index}: no entry for image {name!r}")
-        table = self.table
-        for i, data, rel in read_components_bytes(
-            self.read_range, self.url, self.backend, component, split, entry, wanted
-        ):
-            row = int(rows[i])
+        table, backend, blobs = self.table, backend_named(self.backend), component_blobs(component)
+        for i, parts in read_blobs(backend, blobs, self.read_range, self.url, split, entry, wanted):
+            row, rel = int(rows[i]), backend.blob_ranges(blobs, split, entry, i)[0][0]
             h, w = int(table.height[row]), int(table.width[row])
-            yield i, decode_component(info, data, h, w, f"{self._where(rel)}: {table.names[row]!r}")
+            yield (
+                i,
+                decode_component(info, join_parts(parts), h, w, f"{self._where(rel)}: {table.names[row]!r}"),
+            )
 
     def frame_metadata(self, name: str) -> dict[str, Any]:
         """Per-frame metadata of image ``name`` kept by the converter (unknown ``transforms.json``

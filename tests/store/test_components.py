@@ -93,9 +93,9 @@ def test_round_trip_equals_sources(capture: Path, tmp_path: Path, layout: str, b
 
 def _check_batched_reads(store) -> None:
     """``read_split_components`` (runs of images read at once, in any order asked, a subset) gives
-    what ``read_component`` gives image by image; ``read_components_bytes`` likewise, with one read
-    per file in one run and one read per image when no two may share one."""
-    from raykit.store.components import read_component_bytes, read_components_bytes
+    what ``read_component`` gives image by image; ``read_blobs`` likewise, with one read per file in
+    one run and one read per image when no two may share one."""
+    from raykit.store.backends import backend_named, component_blobs, read_blob, read_blobs
 
     calls: list[tuple[str, int, int]] = []
 
@@ -103,6 +103,7 @@ def _check_batched_reads(store) -> None:
         calls.append((rel, start, stop))
         return store.read_range(rel, start, stop)
 
+    backend = backend_named(store.backend)
     for split in store.splits:
         rows = store.split_rows(split)
         for component in ("mask", "depth"):
@@ -113,19 +114,19 @@ def _check_batched_reads(store) -> None:
                 np.testing.assert_array_equal(
                     array, store.read_component(component, store.table.names[rows[i]])
                 )
-            entry = store._component_index(component)[split]
+            entry, blobs = store._component_index(component)[split], component_blobs(component)
             calls.clear()
 
             every = range(len(rows))
             alone = [
-                read_component_bytes(store.read_range, store.url, store.backend, component, split, entry, i)
+                bytes(b"".join(read_blob(backend, blobs, store.read_range, store.url, split, entry, i)))
                 for i in every
             ]
-            args = (read, store.url, store.backend, component, split, entry, every)
-            assert [(d, r) for _, d, r in read_components_bytes(*args)] == alone
+            args = (backend, blobs, read, store.url, split, entry, every)
+            assert [bytes(b"".join(p)) for _, p in read_blobs(*args)] == alone
             assert len(calls) == len({rel for rel, _, _ in calls})  # one run: each file read once
             calls.clear()
-            assert [(d, r) for _, d, r in read_components_bytes(*args, span=1, gap=0)] == alone
+            assert [bytes(b"".join(p)) for _, p in read_blobs(*args, span=1, gap=0)] == alone
             assert len(calls) >= len(rows)
 
 

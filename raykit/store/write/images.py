@@ -20,7 +20,7 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import Backend, ImageShard, backend_named
+from raykit.store.backends import Backend, Blobs, ImageShard, backend_named, image_blobs
 from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
@@ -163,7 +163,7 @@ class ImagesShardJob:
     rows: tuple[int, ...]
     exts: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]  # each image's camera record
-    spec: StoreSpec
+    blobs: Blobs
     key: str
 
 
@@ -192,7 +192,7 @@ def write_shard_task(job: ImagesShardJob) -> dict[str, Any]:
         (_staged(root, row), ext, record)
         for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
     ]
-    rel, pieces, index = job.backend.encode_images(job.split, job.shard, images, job.spec)
+    rel, pieces, index = job.backend.encode_blobs(job.blobs, job.split, job.shard, images)
     clock.lap("gather")
     atomic_write_bytes(root / rel, pieces, sync=False)
     clock.lap("write")
@@ -274,7 +274,7 @@ def _split_shards(
     key: str,
 ) -> tuple[list[ImagesShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    backend = backend_named(spec.backend)
+    backend, blobs = backend_named(spec.backend), image_blobs(spec)
     files: dict[str, Any] = {}
 
     def write(metadata: Mapping[str, bytes]) -> None:
@@ -282,7 +282,6 @@ def _split_shards(
             atomic_write_bytes(partial / rel, data)
             files[rel] = file_record(partial / rel)
 
-    write(backend.images_metadata())
     jobs: list[ImagesShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
     for name in dict.fromkeys(r.split for r in records):
@@ -294,9 +293,11 @@ def _split_shards(
             "image_format": [encoded[i]["ext"] for i in rows],
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
-        shards, planned, meta = backend.plan_images(name, [records[i].name for i in rows], entry, spec)
+        shards, planned, meta = backend.plan_blobs(blobs, name, entry["image_bytes"])
         index[name] = {**entry, **planned}
-        write(meta)
+        write(
+            {**backend.images_metadata(name, [records[i].name for i in rows], entry["image_format"]), **meta}
+        )
         for shard in shards:
             taken = [rows[j] for j in shard.images]
             exts = tuple(str(encoded[i]["ext"]) for i in taken)
@@ -304,7 +305,7 @@ def _split_shards(
             task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
             jobs.append(
                 ImagesShardJob(
-                    str(partial), backend, name, shard, tuple(taken), exts, cameras, spec, task_key
+                    str(partial), backend, name, shard, tuple(taken), exts, cameras, blobs, task_key
                 )
             )
     return jobs, index, files
