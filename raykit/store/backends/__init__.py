@@ -124,10 +124,6 @@ class Backend(Protocol):
         ...
 
     # -- the rays layout ---------------------------------------------------------------------------
-    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
-        """Relative paths of the files holding shard ``shard`` of ``split``."""
-        ...
-
     def encode_shard(
         self,
         info: SplitInfo,

@@ -127,9 +127,6 @@ class WdsBackend:
 
     name: str = "wds"
 
-    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
-        return [shard_file(split, shard)]
-
     def encode_shard(
         self,
         info: SplitInfo,

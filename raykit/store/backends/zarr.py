@@ -49,7 +49,6 @@ __all__ = [
     "crc32c_bytes",
     "direct_shard_codec",
     "document_bytes",
-    "encode_shard",
     "encode_shard_pieces",
     "field_codec",
     "metadata_documents",
@@ -430,12 +429,6 @@ def reference_metadata_documents(
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
 
-def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> bytes:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (``encode_shard_pieces``
-    joined)."""
-    return b"".join(encode_shard_pieces(values, spec, info, layout))
-
-
 def encode_shard_pieces(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec
 ) -> list[bytes]:
@@ -461,7 +454,8 @@ def encode_shard_pieces(
 def reference_encode_shard(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreSpec
 ) -> bytes:
-    """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
+    """Slow twin of ``encode_shard_pieces`` (joined): write the values into an in-memory zarr array,
+    take the shard."""
     import zarr
 
     start = shard * info.chunk_rays * layout.shard_chunks
@@ -479,9 +473,6 @@ class ZarrBackend:
     """The Zarr v3 backend (``raykit.store.backends.Backend``)."""
 
     name: str = "zarr"
-
-    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
-        return [shard_file(split, field, shard) for field in fields.values()]
 
     def encode_shard(
         self,

@@ -72,7 +72,6 @@ __all__ = [
     "recording_phases",
     "source_fingerprint",
     "split_infos",
-    "store_manifest",
     "task_runner",
     "write_extras",
     "write_shards",
@@ -279,7 +278,10 @@ def write_shards(
 
 
 # -- the commit ----------------------------------------------------------------------------------
-def store_manifest(
+def commit(
+    partial: Path,
+    dst: Path,
+    overwrite: bool,
     spec: StoreSpec,
     source: Mapping[str, Any],
     scene: SceneInfo,
@@ -287,16 +289,26 @@ def store_manifest(
     fields: Mapping[str, FieldSpec],
     table: Any,
     points: SparsePoints | None,
-    files: Mapping[str, Any],
+    files: dict[str, Any],
     index: Mapping[str, Mapping[str, Any]],
-    extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The manifest of a store written as ``spec`` from ``source`` (its description), with ``table``
-    (the camera table, a ``pyarrow.Table``), ``files`` (relative path -> record), ``index.json`` and
-    the optional keys ``extra`` (``components``, ``frame_metadata``: ``write_extras``)."""
-    split_records = {k: v.to_dict() for k, v in splits.items()}
-    hashed = {k: v.fingerprint_dict() for k, v in splits.items()}
+    profile: PhaseClock,
+    extras: tuple[Sequence[ImageRecord], Sequence[ComponentInfo], RayStore | None] = ((), (), None),
+) -> RayStore:
+    """The last phase of a write as ``spec`` from ``source`` (its description), its payload written
+    (``files``: relative path -> record; ``table``: the camera table, a ``pyarrow.Table``, written
+    already): the components and per-frame metadata (``extras``: ``write_extras``' records,
+    components and source store), ``index.json``, the ``points``, the manifest, the rename to
+    ``dst``; ``profile`` gets its laps and is finished. Returns the store opened."""
+    extra = write_extras(partial, table, spec.backend, *extras, files)
+    atomic_write_json(partial / "index.json", index)
+    written = ["cameras.parquet", "index.json"]
+    if points is not None:
+        write_parquet(points.to_table(), partial / POINTS_FILE)
+        written.append(POINTS_FILE)
+    for rel in written:
+        files[rel] = file_record(partial / rel)
     field_records = {name: f.to_dict() for name, f in fields.items()}
+    hashed = {k: v.fingerprint_dict() for k, v in splits.items()}
     crcs = {k: v[CHUNK_CHECKSUM] for k, v in index.items()}
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
@@ -306,7 +318,7 @@ def store_manifest(
         "layout": spec.to_dict(),
         "source": dict(source),
         "scene": scene.to_dict(),
-        "splits": split_records,
+        "splits": {k: v.to_dict() for k, v in splits.items()},
         "fields": field_records,
         "n_images": table.num_rows,
         "files": dict(sorted(files.items())),
@@ -315,30 +327,7 @@ def store_manifest(
         **extra,
     }
     manifest["manifest_digest"] = json_digest(manifest)
-    return manifest
-
-
-def commit(
-    partial: Path,
-    dst: Path,
-    overwrite: bool,
-    manifest: Callable[[Mapping[str, Any]], dict[str, Any]],
-    points: SparsePoints | None,
-    files: dict[str, Any],
-    index: Mapping[str, Any],
-    profile: PhaseClock,
-) -> RayStore:
-    """The last phase of a write: ``index.json``, the ``points``, ``manifest(files)`` (``files``: the
-    payload's records, ``cameras.parquet`` written already, gets theirs), the rename to ``dst``;
-    ``profile`` gets its laps and is finished. Returns the store opened."""
-    atomic_write_json(partial / "index.json", index)
-    written = ["cameras.parquet", "index.json"]
-    if points is not None:
-        write_parquet(points.to_table(), partial / POINTS_FILE)
-        written.append(POINTS_FILE)
-    for rel in written:
-        files[rel] = file_record(partial / rel)
-    atomic_write_json(partial / "manifest.json", manifest(files))
+    atomic_write_json(partial / "manifest.json", manifest)
     profile.lap("index_manifest")
     store = commit_store(partial, dst, overwrite)
     profile.lap("commit")

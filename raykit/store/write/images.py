@@ -37,9 +37,7 @@ from raykit.store.write.commit import (
     record_plan,
     source_fingerprint,
     split_infos,
-    store_manifest,
     task_runner,
-    write_extras,
     write_shards,
 )
 from raykit.store.write.staging import (
@@ -255,12 +253,8 @@ def write_images(
         profile.lap("metadata")
         splits_of = [job.split for job in shard_jobs]
         write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
-        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
-
-        def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
-
-        return commit(partial, dst, overwrite, manifest, points, files, index, profile)
+        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
+        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
     finally:
         _MEMORY.pop(str(partial), None)
 

@@ -34,9 +34,7 @@ from raykit.store.write.commit import (
     record_plan,
     source_fingerprint,
     split_infos,
-    store_manifest,
     task_runner,
-    write_extras,
     write_shards,
 )
 from raykit.store.write.staging import (
@@ -196,12 +194,8 @@ def write_rays(
             CameraTable.from_arrow(table) if spec.materialize else None,
         )
         files, index = _write_shards(run, partial, spec, splits, fields, gather, plan_key, profile)
-        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
-
-        def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
-
-        return commit(partial, dst, overwrite, manifest, points, files, index, profile)
+        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
+        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
 
 
 def _write_shards(
@@ -286,9 +280,5 @@ def copy_rays(
     write_camera_table(store.cameras, partial)
     source, table, fields = store.manifest["source"], store.cameras, store.fields
     files, index = _write_shards(run, partial, spec, splits, fields, CopySource(store.url), plan_key, profile)
-    extra = write_extras(partial, table, spec.backend, [], (), extras_from, files)
-
-    def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-        return store_manifest(spec, source, store.scene, splits, fields, table, points, files, index, extra)
-
-    return commit(partial, dst, overwrite, manifest, points, files, index, profile)
+    args = (spec, source, store.scene, splits, fields, table, points, files, index, profile)
+    return commit(partial, dst, overwrite, *args, ((), (), extras_from))
