@@ -177,13 +177,34 @@ class RaySplits:
                 f"checksum (expected {kind} {expected:08x}, got {crc:08x})"
             )
 
-    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
-        """None: an image of a rays store is gathered from its rays (``RayStore.image_raw``)."""
-        return None
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Camera-table row ``row``'s pixels gathered from its rays (``image_raw``), area-filtered to
+        level ``downscale``."""
+        h, w, c = (
+            int(self.store.table.height[row]),
+            int(self.store.table.width[row]),
+            self.store.rgba_channels,
+        )
+        full = np.ascontiguousarray(self.image_raw(row).rgba[:, :c]).reshape(h, w, c)
+        return np.ascontiguousarray(downscale_area(full, downscale))
 
-    def image_raw(self, row: int) -> RawRays | None:
-        """None: gathered from the split's chunks by ``RayStore.image_raw``."""
-        return None
+    def image_raw(self, row: int) -> RawRays:
+        """Compact rays of every pixel of camera-table row ``row``, row-major: an evaluation split's
+        one contiguous range; a shuffled split's gathered chunk by chunk."""
+        store = self.store
+        split, start, n = (
+            store.table.splits[row],
+            int(store.table.ray_start[row]),
+            int(store.table.n_pixels[row]),
+        )
+        if start >= 0:
+            return store.read(split, start, start + n)
+        lo, parts = int(store.table.pixel_offset[row]), []
+        for c in range(store.splits[split].n_chunks):
+            raw = store.read_chunk(split, c)
+            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
+        raw = RawRays.concat(parts)
+        return raw.take(np.argsort(raw.pid, kind="stable"))
 
     def image_parts(
         self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
@@ -317,7 +338,9 @@ class RayStore:
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
         self.url = url
-        self._fs, self._root = filesystem(url)
+        # an fsspec filesystem for a URL; a local store is read with plain file calls (no fsspec import)
+        self._fs: Any
+        self._fs, self._root = filesystem(url) if is_url(url) else (None, url.removeprefix("file://"))
         self.manifest: dict[str, Any] = self._read_manifest()
         self._checked: set[str] = set()
         try:
@@ -413,7 +436,8 @@ class RayStore:
         return manifest
 
     def _no_manifest_message(self) -> str:
-        if self.url.endswith(".partial") or self._fs.exists(f"{self._root}.partial"):
+        exists = os.path.exists if self._fs is None else self._fs.exists
+        if self.url.endswith(".partial") or exists(f"{self._root}.partial"):
             owner = None if is_url(self.url) else lock_owner(lock_path(self._root.removesuffix(".partial")))
             if owner is not None:
                 return (
@@ -421,9 +445,9 @@ class RayStore:
                     f"{owner.get('host', '?')}; wait for it to finish"
                 )
             return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
-        if not self._fs.exists(self._root):
+        if not exists(self._root):
             return f"no such store: {self.url}"
-        if self._fs.isfile(self._root):
+        if (os.path.isfile if self._fs is None else self._fs.isfile)(self._root):
             return f"not a raykit store: {self.url} is a file (a store is a folder holding manifest.json)"
         return f"not a raykit store (no manifest.json): {self.url}"
 
@@ -684,25 +708,8 @@ class RayStore:
             raise RayRangeError(f"{self.url}: no image named {name!r}") from None
 
     def image_raw(self, name: str) -> RawRays:
-        """Compact rays of every pixel of image ``name`` in row-major order.
-
-        Evaluation splits read one contiguous range; a shuffled split is scanned chunk by chunk.
-        """
-        i = self.image_index(name)
-        raw = self.reader.image_raw(i)
-        if raw is not None:
-            return raw
-        split, start = self.table.splits[i], int(self.table.ray_start[i])
-        n = int(self.table.n_pixels[i])
-        if start >= 0:
-            return self.read(split, start, start + n)
-        lo = int(self.table.pixel_offset[i])
-        parts = []
-        for c in range(self.splits[split].n_chunks):
-            raw = self.read_chunk(split, c)
-            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
-        raw = RawRays.concat(parts)
-        return raw.take(np.argsort(raw.pid, kind="stable"))
+        """Compact rays of every pixel of image ``name`` in row-major order."""
+        return self.reader.image_raw(self.image_index(name))
 
     def image_shape(self, name: str) -> tuple[int, int, int]:
         """``(height, width, channels)`` of image ``name`` as ``read_image`` returns it."""
@@ -741,14 +748,7 @@ class RayStore:
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
         (telling ``timed(step, seconds)`` how long reading and decoding took).
         """
-        h, w, c = self.image_shape(name)
-        row = self.image_index(name)
-        pixels = self.reader.read_image(row, timed, downscale)
-        if pixels is not None:
-            return pixels
-        raw = self.image_raw(name)
-        full = np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
-        return np.ascontiguousarray(downscale_area(full, downscale))
+        return self.reader.read_image(self.image_index(name), timed, downscale)
 
     @property
     def files(self) -> Mapping[str, Any]:

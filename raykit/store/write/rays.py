@@ -9,6 +9,7 @@ shard phase and the commit in ``commit.py``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -158,7 +159,7 @@ def write_rays(
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
-    with staging:
+    with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
             StageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)

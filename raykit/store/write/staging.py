@@ -186,12 +186,6 @@ class DiskStaging:
     def close(self) -> None:
         """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
 
-    def __enter__(self) -> DiskStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class MemoryStaging:
     """Staged rows in this process's memory, dropped by :meth:`close` (or with the object).
@@ -225,12 +219,6 @@ class MemoryStaging:
     def close(self) -> None:
         with self._lock:
             self._rows.clear()
-
-    def __enter__(self) -> MemoryStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __reduce__(self) -> Any:
         raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
