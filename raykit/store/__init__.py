@@ -44,13 +44,13 @@ from raykit.store.table import table_ray_generator
 if TYPE_CHECKING:
     from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
     from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
-    from raykit.store.write.commit import format_phases, recording_phases
+    from raykit.store.write.commit import format_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
     "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
-    "write.commit": ("format_phases", "recording_phases"),
+    "write.commit": ("format_phases",),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -97,7 +97,6 @@ __all__ = [
     "is_url",
     "open_store",
     "payload_bytes",
-    "recording_phases",
     "store_summary",
     "table_ray_generator",
     "validate_store",
