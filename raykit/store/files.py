@@ -217,18 +217,21 @@ class RangeFetcher:
                 total -= len(dropped)
 
 
-def local_range_reader(root: str, url: str) -> Callable[[str, int, int], bytes]:
+def local_range_reader(root: str, url: str, sizes: Mapping[str, int]) -> Callable[[str, int, int], bytes]:
     """``read(rel, start, stop)``: bytes of file ``rel`` of the local store at ``root`` (``url`` in
     messages), from regular files inside it only (``fileio.safe_path``, checked once per file;
-    ``fileio.open_regular``: never a FIFO or a device). A remote store's: ``RangeFetcher.read``."""
+    ``fileio.open_regular``: never a FIFO or a device) of the size the manifest records (``sizes``,
+    checked on every open, before anything is read). A remote store's: ``RangeFetcher.read``."""
     inside: set[str] = set()
 
     def read(rel: str, start: int, stop: int) -> bytes:
+        if rel not in sizes:
+            raise StoreCorruptError(f"{url}/manifest.json: expected an entry for {rel}, not found")
         try:
             if rel not in inside:
                 safe_path(root, rel, where=f"{url}/manifest.json")
                 inside.add(rel)
-            with open_regular(f"{root}/{rel}") as handle:
+            with open_regular(f"{root}/{rel}", size=sizes[rel]) as handle:
                 handle.seek(start)
                 return handle.read(stop - start)
         except FileNotFoundError as exc:

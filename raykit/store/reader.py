@@ -150,8 +150,6 @@ class RaySplits:
         """Chunk ``index`` (in range) of split ``info``, checked."""
         store, legacy = self.store, self.store.legacy
         files = self.chunks.chunk_files(info.name, index)
-        for rel in files:
-            store._check_file(rel)
         values = self.chunks.read_chunk(info, index)
         summed = [k for k in store.fields if k in values and (legacy or k != "pid")]
         self._check(files[0], info.name, index, chunk_checksum(values, summed, store.checksum_kind), "")
@@ -342,7 +340,6 @@ class RayStore:
         self._fs: Any
         self._fs, self._root = filesystem(url) if is_url(url) else (None, url.removeprefix("file://"))
         self.manifest: dict[str, Any] = self._read_manifest()
-        self._checked: set[str] = set()
         try:
             self._parse_manifest()
             small = self._metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
@@ -525,13 +522,12 @@ class RayStore:
 
     def _check_digest(self, rel: str, expected: dict[str, Any], size: int, sha256: str) -> None:
         """File ``rel`` measured ``size`` bytes with hex ``sha256``: raise unless that is ``expected``
-        (its manifest record), else remember it as checked."""
+        (its manifest record)."""
         if size != expected["size"] or sha256 != expected["sha256"]:
             raise StoreCorruptError(
                 f"{self._where(rel)}: checksum mismatch (expected {expected['size']} bytes with sha256 "
                 f"{expected['sha256'][:12]}..., got {size} bytes with sha256 {sha256[:12]}...)"
             )
-        self._checked.add(rel)
 
     def _open_reader(self) -> RaySplits | ImageSplits:
         try:
@@ -544,7 +540,7 @@ class RayStore:
         # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked (a remote
         # store's: honest byte ranges)
         remote = RangeFetcher(self._fs, self._root, self.url, sizes) if is_url(self.url) else None
-        self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, self.url)
+        self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, self.url, sizes)
         if self.layout() == IMAGES_LAYOUT:
             return ImageSplits(self, backend)
         stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
@@ -567,26 +563,6 @@ class RayStore:
             return self._split(split).layout
         images = bool(self.splits) and all(info.holds_images for info in self.splits.values())
         return IMAGES_LAYOUT if images else RAYS_LAYOUT
-
-    def _check_file(self, rel: str) -> None:
-        if rel in self._checked:
-            return
-        expected = self._manifest_entry(rel)
-        try:
-            if is_url(self.url):
-                size = self._fs.size(f"{self._root}/{rel}")
-            else:  # a regular file inside the store: what the payload readers then open
-                with open_regular(self._local_path(rel)) as handle:
-                    size = os.fstat(handle.fileno()).st_size
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self._where(rel)}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-        if size != expected["size"]:
-            raise StoreCorruptError(
-                f"{self._where(rel)}: expected {expected['size']} bytes, got {size} (truncated?)"
-            )
-        self._checked.add(rel)
 
     def verify_files(self) -> None:
         """Hash every file listed in the manifest; raise on the first mismatch."""
