@@ -39,7 +39,6 @@ from raykit.store.spec import (
     StoreSpec,
     holds_images,
 )
-from raykit.store.table import table_ray_generator
 
 if TYPE_CHECKING:
     from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
@@ -98,7 +97,6 @@ __all__ = [
     "open_store",
     "payload_bytes",
     "store_summary",
-    "table_ray_generator",
     "validate_store",
     "work_folder",
     "write_remote",

@@ -30,7 +30,6 @@ from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
 from raykit.store.reader import RayStore, join_parts, open_store
 from raykit.store.schema import check_points
-from raykit.store.table import materialized_rays
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence
@@ -503,6 +502,8 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
         if np.any(alpha != 255):
             problems.append(f"{where}: images without alpha have alpha != 255")
     if "directions" in raw.extra:
+        from raykit.rays import materialized_rays  # imports torch: only for materialised rays
+
         generated = materialized_rays(store.table, raw.pid, "float32")
         tol = 2e-3 if raw.extra["directions"].dtype == np.float16 else 1e-5
         for name in ("origins", "directions"):

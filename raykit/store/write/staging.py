@@ -49,7 +49,7 @@ from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha
 from raykit.store.files import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.table import CameraTable, materialized_rays
+from raykit.store.table import CameraTable
 from raykit.store.write.commit import PhaseClock
 
 __all__ = [
@@ -517,6 +517,8 @@ class StagingSource:
         if self.materialize and pid is not None:
             if self.table is None:
                 raise ValueError("StagingSource: materialize needs the camera table")
+            from raykit.rays import materialized_rays  # imports torch: only for materialised rays
+
             out.update(materialized_rays(self.table, pid, self.materialize))
             clock.lap("materialize")
         return out
