@@ -42,7 +42,7 @@ from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_bytes, atomic_write_json
 from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
-from raykit.store.backends import backend_named, component_blobs
+from raykit.store.backends import backend_named, component_blobs, npy_bytes
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -55,9 +55,7 @@ __all__ = [
     "decode_component",
     "encode_component",
     "fit_component",
-    "store_fingerprint",
     "write_component",
-    "write_frame_metadata",
 ]
 
 COMPONENTS = ("mask", "depth")
@@ -156,21 +154,7 @@ def component_files(files: Iterable[str]) -> set[str]:
     return found
 
 
-def store_fingerprint(content: str, components: Mapping[str, ComponentInfo]) -> str:
-    """The store's fingerprint: the content (pixel) fingerprint alone when there is no component, else
-    the SHA-256 of it and every component's fingerprint."""
-    if not components:
-        return content
-    return json_digest({"content": content, "components": {k: v.fingerprint for k, v in components.items()}})
-
-
 # -- one image's array ---------------------------------------------------------------------------------
-
-
-def _npy(values: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
-    return buffer.getvalue()
 
 
 def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> bytes:
@@ -185,15 +169,15 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
         raise SourceError(f"{where}: expected a single-channel {info.name} (H, W), got shape {values.shape}")
     if info.name == "mask":
         if info.dtype == "bit":
-            return _npy(np.packbits(values > 0, axis=1))
-        return _npy(np.clip(values, 0, 255).astype(np.uint8) if values.dtype != np.uint8 else values)
+            return npy_bytes(np.packbits(values > 0, axis=1))
+        return npy_bytes(np.clip(values, 0, 255).astype(np.uint8) if values.dtype != np.uint8 else values)
     depth = np.asarray(values, dtype=np.float32)
     depth = np.where(np.isfinite(depth), depth, np.float32(0))
     if (depth < 0).any():
         raise SourceError(f"{where}: negative depth values (min {float(depth.min()):.4g}); expected >= 0")
     if info.dtype == "float16" and depth.size and float(depth.max()) > float(np.finfo(np.float16).max):
         raise SourceError(f"{where}: depth {float(depth.max()):.6g} exceeds float16's range; store float32")
-    return _npy(depth.astype(info.dtype))
+    return npy_bytes(depth.astype(info.dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -378,9 +362,3 @@ def write_component(
     fingerprint = json_digest({"name": info.name, "dtype": info.dtype, "unit": info.unit, "crc32c": crcs})
     done = replace(info, n_images=len(images), stored_bytes=stored, fingerprint=fingerprint)
     return done, dict(files)
-
-
-def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Write ``frames.json`` (image name -> metadata object) atomically; its file record."""
-    atomic_write_json(root / FRAMES_FILE, {k: dict(v) for k, v in frames.items()})
-    return file_record(root / FRAMES_FILE)

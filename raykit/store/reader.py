@@ -51,7 +51,6 @@ from raykit.store.components import (
     FRAMES_FILE,
     ComponentInfo,
     decode_component,
-    store_fingerprint,
 )
 from raykit.store.files import (
     RangeFetcher,
@@ -743,7 +742,10 @@ class RayStore:
     def store_fingerprint(self) -> str:
         """The content (pixel) fingerprint when the store has no component, else the SHA-256 of it and
         of every component's fingerprint: adding a component changes this, never ``fingerprint``."""
-        return store_fingerprint(self.fingerprint, self.components)
+        if not self.components:
+            return self.fingerprint
+        prints = {k: v.fingerprint for k, v in self.components.items()}
+        return json_digest({"content": self.fingerprint, "components": prints})
 
     def _component_index(self, component: str) -> dict[str, Any]:
         cache = self.__dict__.setdefault("_component_indices", {})

@@ -10,6 +10,7 @@ A new backend is one module, one line in ``_MODULES`` and a subclass of the suit
 from __future__ import annotations
 
 import importlib
+import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "backend_named",
     "component_blobs",
     "image_blobs",
+    "npy_bytes",
     "read_blob",
     "read_blobs",
 ]
@@ -88,6 +90,13 @@ class Blobs:
     @property
     def shard_bytes(self) -> int:
         return self.chunk_bytes * self.shard_chunks
+
+
+def npy_bytes(values: np.ndarray) -> bytes:
+    """``.npy`` serialisation of ``values`` (C order, no pickle): a WebDataset ray field, a component."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
+    return buffer.getvalue()
 
 
 def image_blobs(spec: StoreSpec) -> Blobs:

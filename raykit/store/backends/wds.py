@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, ByteRead, ImageShard, StagedImage
+from raykit.store.backends import Backend, Blobs, ByteRead, ImageShard, StagedImage, npy_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 
@@ -30,7 +30,6 @@ __all__ = [
     "BACKEND",
     "WdsBackend",
     "WdsReader",
-    "npy_bytes",
     "sample_key",
     "shard_file",
     "tar_bytes",
@@ -65,13 +64,6 @@ def shard_file(split: str, shard: int) -> str:
 def sample_key(split: str, chunk: int) -> str:
     """WebDataset key of chunk ``chunk`` (no dots: webdataset splits keys from fields at the first dot)."""
     return f"{split}_{chunk:08d}"
-
-
-def npy_bytes(values: np.ndarray) -> bytes:
-    """``.npy`` serialisation of ``values`` (C order, no pickle)."""
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
-    return buffer.getvalue()
 
 
 def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:

@@ -28,7 +28,7 @@ import raykit.recorder
 from raykit.errors import ConfigError, SourceError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component, write_frame_metadata
+from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
@@ -356,7 +356,8 @@ def write_extras(
         frames = {n: dict(by_name[n].metadata) for n in names if n in by_name}
     frames = {k: v for k, v in frames.items() if v}
     if frames:
-        files[FRAMES_FILE] = write_frame_metadata(partial, frames)
+        atomic_write_json(partial / FRAMES_FILE, frames)
+        files[FRAMES_FILE] = file_record(partial / FRAMES_FILE)
         extra["frame_metadata"] = {"path": FRAMES_FILE, "n_frames": len(frames)}
     return extra
 
