@@ -41,6 +41,7 @@ from raykit.store.write.commit import (
     write_shards,
 )
 from raykit.store.write.staging import (
+    ImageJob,
     bytes_record,
     check_pixels,
     finish_task,
@@ -52,7 +53,7 @@ from raykit.store.write.staging import (
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["EncodeJob", "ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
+__all__ = ["ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
 
 
 _TASK_FORMAT = 1  # of the encode tasks' records
@@ -77,25 +78,13 @@ def image_chunking(ordered: Sequence[ImageRecord], encoded: Sequence[Mapping[str
     return {"image_chunk_bytes": size, "image_shard_chunks": min(per_shard, largest)}
 
 
-@dataclass(frozen=True)
-class EncodeJob:
-    """Phase-1 task: image ``index`` (table order) of ``root``'s plan; ``memory``: keep the bytes in
-    this process (``_MEMORY``) instead of a staging file (tasks run in the writing process)."""
-
-    root: str
-    index: int
-    record: ImageRecord
-    key: str
-    memory: bool = False
-
-
 # Encoded images of in-process writes: partial directory -> table index -> the bytes (no staging
 # files), or, for a pass-through image, its source file's path, size and CRC-32C: read again when its
 # shard is written, so that memory does not grow with the number of images.
 _MEMORY: dict[str, dict[int, bytes | tuple[str, int, int]]] = {}
 
 
-def encode_image_task(job: EncodeJob) -> dict[str, Any]:
+def encode_image_task(job: ImageJob) -> dict[str, Any]:
     """Phase 1 for one image: ``{"files", "ext", "passthrough", "channels", "size", "crc32c",
     "sha256", "source_sha256", "pixels_crc32c"}``."""
     root, rel = Path(job.root), f"staging/{job.index:06d}.img"
@@ -232,7 +221,7 @@ def write_images(
     partial, key = open_partial(dst, plan, points, overwrite)
     memory = in_process(executor)
     jobs = [
-        EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
+        ImageJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory=memory)
         for i, r in enumerate(records)
     ]
     profile.lap("plan")

@@ -41,8 +41,8 @@ from raykit.store.write.commit import (
 from raykit.store.write.staging import (
     CopySource,
     DiskStaging,
+    ImageJob,
     MemoryStaging,
-    StageJob,
     StagingSource,
     base_indices,
     bytes_record,
@@ -162,7 +162,7 @@ def write_rays(
     with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
-            StageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
+            ImageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
             for i, r in enumerate(records)
         ]
         try:

@@ -55,9 +55,9 @@ from raykit.store.write.commit import PhaseClock
 __all__ = [
     "CopySource",
     "DiskStaging",
+    "ImageJob",
     "MemoryStaging",
     "MergeBuffers",
-    "StageJob",
     "StagingArea",
     "StagingSource",
     "base_indices",
@@ -316,21 +316,26 @@ def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class StageJob:
-    """Decode image ``index`` of the table into its staging area (``staging``): one packed RGBA
-    ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a shuffled split in
-    ``image_order``, so a shard task reads each image's run of rays in one read and recomputes their
-    pids from the shared base permutation (``order_run``). (Permuting whole images here, each in cache,
-    is about three times faster than gathering each shard's runs from row-major images.)
+class ImageJob:
+    """Phase-1 task of either layout: image ``index`` (table order) of ``root``'s plan, task key ``key``.
+
+    Rays (``stage_image``): decode it into the writer's staging area (``staging``): one packed RGBA
+    ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a ``shuffled`` split in
+    ``image_order`` (``seed``), so a shard task reads each image's run of rays in one read and
+    recomputes their pids from the shared base permutation (``order_run``). (Permuting whole images
+    here, each in cache, is about three times faster than gathering each shard's runs from row-major
+    images.) Images (``raykit.store.write.images.encode_image_task``): encode it; ``memory``: keep
+    the bytes in this process instead of a staging file (tasks run in the writing process).
     """
 
     root: str
     index: int
     record: ImageRecord
     key: str
-    staging: StagingArea  # where to stage: the writer's staging area
+    staging: StagingArea | None = None
     shuffled: bool = False
     seed: int = 0
+    memory: bool = False
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -367,7 +372,7 @@ def pixels_crc32c(flat: np.ndarray) -> int:
     return int(google_crc32c.value(readonly))
 
 
-def stage_image(job: StageJob) -> dict[str, Any]:
+def stage_image(job: ImageJob) -> dict[str, Any]:
     """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_crc32c", "seconds"}``.
 
     ``pixels_crc32c`` is the CRC-32C of the decoded pixels, (H*W, C) uint8 bytes in row-major
@@ -376,7 +381,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    area = job.staging
+    area = job.staging if job.staging is not None else DiskStaging(job.root)
     if not area.in_memory and (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
     rec = job.record
