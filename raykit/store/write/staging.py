@@ -1,30 +1,23 @@
 """Phase 1 of a write and what it needs: packed pixels, the staging areas and merge buffers, and the
 writer tasks that stage decoded images and gather one shard's rays. Sections below, in that order.
 
-Packed pixels: RGB or RGBA ``uint8`` rows <-> one native ``uint32`` per pixel (bytes r, g, b, a).
+Packed pixels: the writer stages every pixel as one native ``uint32`` (bytes r, g, b, a; alpha 255
+for RGB) so that permuting and merging moves 4-byte words. numpy copies an ``(n, 3)`` <-> ``(n, 4)``
+channel slice one 3-byte row at a time; these are whole-array strided passes (about 10x faster),
+tested against the plain slicing twins.
 
-The writer stages every pixel as one ``uint32`` (alpha 255 for RGB) so that permuting and merging
-moves 4-byte words. numpy copies an ``(n, 3)`` <-> ``(n, 4)`` channel slice one 3-byte row at a time;
-these are whole-array strided passes (about 10x faster), tested against the plain slicing twins.
-
-Where the writer keeps decoded images between its phases, and the shard tasks' merge buffers: explicit
-objects the writer creates and hands to its tasks (in their jobs), so nothing is registered process-wide.
-
-A staging area (``StagingArea``) holds each image's staged rows (packed RGBA ``uint32``, one per pixel,
-in the order ``raykit.store.write.staging`` stages them): ``DiskStaging`` in scratch files, for tasks in any
-process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the writer frees the
-runs of the shards it has written), or ``MemoryStaging`` in this process's memory (it refuses to be pickled).
-``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no page faults of fresh
-allocations); a copy sent to a worker process becomes that process's own buffers.
-
-Writer tasks: decode images into staging (phase 1) and gather the rays of one shard (phase 2).
+A staging area (``StagingArea``) holds each image's staged rows: ``DiskStaging`` in scratch files,
+for tasks in any process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the
+writer frees the runs of the shards it has written), or ``MemoryStaging`` in this process's memory
+(it refuses to be pickled). ``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no
+page faults of fresh allocations); a copy sent to a worker process becomes that process's own. The
+writer makes both and hands them to its tasks in their jobs: nothing is registered process-wide.
 
 Every task is a module-level function of one picklable job, so any ``concurrent.futures.Executor``
 runs it; it writes its outputs atomically and a JSON record keyed by its inputs, which a rerun with the
 same inputs reuses while the outputs' checksums match (docs/format.md, "Commit protocol"). Shuffled
 splits are staged and gathered in the order of ``raykit.store.order``, so a shard task reads one
-contiguous run of rays per image. The staged images live in the writer's ``StagingArea`` and shard
-tasks merge into its ``MergeBuffers`` (``raykit.store.write.staging``), both carried by the jobs.
+contiguous run of rays per image.
 """
 
 from __future__ import annotations
