@@ -6,10 +6,10 @@ questions (``read_chunk``, ``read_image``, ``image_raw``, ``image_parts``, ``ima
 A committed store is read from a local path or any fsspec URL, checking what is read (docs/format.md,
 "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong
 rays. Ray chunks come from the backend's chunk reader (``Backend.open_reader``), checked against their
-CRCs here; images (docs/format.md, "The images layout") are laid out by the backend
-(``Backend.image_parts``), checked against their CRC-32C and decoded here (``raykit.store.image_codec``);
-read as rays, an images split is its images end to end, row-major. Making rays (origins, directions)
-from what a store holds is the loaders' (``raykit.loaders``).
+CRCs here; images (docs/format.md, "The images layout") and component arrays are blobs laid out by
+the backend and checked against their CRC-32C (``raykit.store.backends.read_blob``), images decoded
+here (``raykit.store.image_codec``); read as rays, an images split is its images end to end,
+row-major. Making rays (origins, directions) from what a store holds is the loaders' (``raykit.rays``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Write an images-layout store (``layout="images"``): every image stored encoded, shuffled at load time.
 
 Its phases (docs/format.md, "The images layout", **Writing**) run in ``<dst>.partial/`` like the ray
-writer's; how a shard's bytes are laid out is the backend's (``Backend.images``), the shard phase, the
+writer's; how a shard's bytes are laid out is the backend's (``Backend.encode_blobs``), the shard phase, the
 manifest and the commit every layout's (``raykit.store.write.commit``).
 """
 
