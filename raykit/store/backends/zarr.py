@@ -3,15 +3,15 @@ metadata, the rays layout's codecs and shards, and the backend (``ZarrBackend``,
 
 Rays: one group ``zarr/``, one array per split and field, sharded and compressed (docs/format.md,
 "Zarr v3"; the codecs' measurements: "Design choices and measurements"). ``ZarrReader`` reads raykit's
-own shards directly (one ``pread`` of the shard index and of each chunk) and anything else through zarr.
+own shards directly (one read of the shard index and of each chunk) and anything else through zarr.
 A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
 (``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
 (``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
-definition (``FieldCodec``). zarr is imported only by the twins and remote reads.
+definition (``field_codec``). zarr is imported only by the twins and remote reads.
 
-Images (docs/format.md, "The images layout"): a split's encoded images end to end in the sharded
-``uint8`` array ``zarr/{split}/images``, each one's first byte in ``zarr/{split}/image_offsets`` and
-in ``index.json`` (``image_offset``).
+Blobs (``raykit.store.backends.Blobs``; docs/format.md, "The images layout", "Components"): a split's
+encoded images, or a component's arrays, end to end in the sharded ``uint8`` array
+``zarr/{split}/{array}``, each one's first byte in ``zarr/{split}/{offsets}`` and in the index.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ __all__ = [
     "BACKEND",
     "ZARR_DIR",
     "ZARR_ROOT",
-    "FieldCodec",
     "ZarrBackend",
     "ZarrReader",
     "array_document",
@@ -52,10 +51,12 @@ __all__ = [
     "encode_shard_pieces",
     "field_codec",
     "metadata_documents",
+    "numcodecs_codec",
     "reference_encode_shard",
     "reference_metadata_documents",
     "shard_file",
     "shard_pieces",
+    "zarr_codec",
 ]
 
 
@@ -319,44 +320,18 @@ _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffl
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
 
 
-@dataclass(frozen=True)
-class FieldCodec:
-    """The inner compressor of one field, defined once: its zarr v3 name and configuration. The
-    metadata document, the zarr codec (the twins) and the numcodecs codec (the fast path) all derive
-    from it, so they cannot disagree."""
+def field_codec(spec: FieldSpec, layout: StoreSpec) -> dict[str, Any]:
+    """The inner compressor of one field, defined once as its zarr v3 ``codecs`` entry (name and
+    configuration): the metadata document, the zarr codec (``zarr_codec``: the twins) and the
+    numcodecs codec (``numcodecs_codec``: the fast path) all derive from it, so they cannot disagree.
 
-    name: str  # "zstd" | "blosc"
-    configuration: Mapping[str, Any]
-
-    def document(self) -> dict[str, Any]:
-        """As zarr v3 metadata (``codecs`` entry)."""
-        return {"name": self.name, "configuration": dict(self.configuration)}
-
-    def zarr_codec(self) -> Any:
-        """The zarr codec object (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
-        from zarr.codecs import BloscCodec, ZstdCodec
-
-        return ZstdCodec(**self.configuration) if self.name == "zstd" else BloscCodec(**self.configuration)
-
-    def numcodecs_codec(self) -> Any:
-        """The numcodecs codec zarr runs for it (zarr's blosc is single-threaded)."""
-        from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
-
-        cfg = self.configuration
-        if self.name == "zstd":
-            return Zstd(level=cfg["level"], checksum=cfg["checksum"])
-        return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
-                     blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
-
-
-def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
-    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
+    Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
     with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
     itemsize = np.dtype(spec.dtype).itemsize
     if itemsize == 1 and layout.rgba_codec == "zstd":
-        return FieldCodec("zstd", {"level": layout.zstd_level, "checksum": False})
+        return {"name": "zstd", "configuration": {"level": layout.zstd_level, "checksum": False}}
     if itemsize == 1:
-        return FieldCodec("blosc", {"typesize": 1, **_RGBA_BLOSC})
+        return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
     config = {
         "typesize": itemsize,
         "cname": layout.blosc_cname,
@@ -364,7 +339,26 @@ def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
         "shuffle": layout.blosc_shuffle,
         "blocksize": 0,
     }
-    return FieldCodec("blosc", config)
+    return {"name": "blosc", "configuration": config}
+
+
+def zarr_codec(codec: Mapping[str, Any]) -> Any:
+    """The zarr codec object of a ``field_codec`` entry (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    cfg = codec["configuration"]
+    return ZstdCodec(**cfg) if codec["name"] == "zstd" else BloscCodec(**cfg)
+
+
+def numcodecs_codec(codec: Mapping[str, Any]) -> Any:
+    """The numcodecs codec zarr runs for a ``field_codec`` entry (zarr's blosc is single-threaded)."""
+    from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
+
+    cfg = codec["configuration"]
+    if codec["name"] == "zstd":
+        return Zstd(level=cfg["level"], checksum=cfg["checksum"])
+    return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
+                 blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
 
 
 def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
@@ -378,7 +372,7 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[s
         "dtype": spec.dtype,
         "chunks": (chunk_rays, *tail),
         "shards": (shard_rays, *tail),
-        "compressors": [field_codec(spec, layout).zarr_codec(), Crc32cCodec()],
+        "compressors": [zarr_codec(field_codec(spec, layout)), Crc32cCodec()],
         "fill_value": 0,
         "attributes": {"raykit_field": spec.name},
     }
@@ -391,7 +385,7 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict
     inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
     sharding = {
         "chunk_shape": [info.chunk_rays, *tail],
-        "codecs": [inner_bytes, field_codec(spec, layout).document(), {"name": "crc32c"}],
+        "codecs": [inner_bytes, field_codec(spec, layout), {"name": "crc32c"}],
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end",
     }
@@ -438,7 +432,7 @@ def encode_shard_pieces(
     (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
     """
     chunk_rays = info.chunk_rays
-    codec = field_codec(spec, layout).numcodecs_codec()
+    codec = numcodecs_codec(field_codec(spec, layout))
     values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
 
     def encoded(lo: int) -> bytes:
