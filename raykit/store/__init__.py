@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.errors import RayRangeError
 from raykit.lazy import lazy_attribute
-from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo, fit_component
+from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo
 from raykit.store.files import is_url
 from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
@@ -90,7 +90,6 @@ __all__ = [
     "decode_pids",
     "encode_pids",
     "field_bytes",
-    "fit_component",
     "format_phases",
     "holds_images",
     "is_url",

@@ -40,7 +40,6 @@ from numpy.lib import format as npy_format
 
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_bytes, atomic_write_json
-from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
 from raykit.store.backends import backend_named, component_blobs, npy_bytes
 from raykit.store.files import file_record, json_digest
@@ -51,10 +50,9 @@ __all__ = [
     "FRAMES_FILE",
     "ComponentInfo",
     "component_files",
-    "component_size",
     "decode_component",
     "encode_component",
-    "fit_component",
+    "stored_size",
     "write_component",
 ]
 
@@ -235,7 +233,7 @@ def _stored_form(info: ComponentInfo, height: int, width: int) -> tuple[np.dtype
     return np.dtype(info.dtype), (height, width)
 
 
-def component_size(info: ComponentInfo, height: int, width: int) -> int:
+def stored_size(info: ComponentInfo, height: int, width: int) -> int:
     """Bytes of the ``.npy`` stored for an image of ``(height, width)`` (``encode_component``'s)."""
     dtype, shape = _stored_form(info, height, width)
     return len(_npy_header(dtype.str, shape)) + shape[0] * shape[1] * dtype.itemsize
@@ -255,32 +253,6 @@ def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, 
     if info.dtype == "bit":
         return np.unpackbits(values, axis=1, count=width) * np.uint8(255)
     return values.astype(np.float32) if info.name == "depth" else values.copy()
-
-
-def fit_component(
-    name: str, values: np.ndarray, height: int, width: int, factor: int, rule: str, where: str
-) -> np.ndarray:
-    """A source component (H0, W0) brought to its image's stored size ``(height, width)``: itself when it
-    has that size, else downscaled by ``factor`` under the conversion's ``rule`` (``exact``: H0 == k H,
-    level rule; ``mipnerf360``: round_half_up(H0 / k) == H) with the nearest sample
-    (``raykit.imagedecode.downscale_nearest``, as ``raykit.image_geometry.downscale_mask`` and
-    ``downscale_depth``).
-
-    Raises:
-        SourceError: no rule gives the image's size (one line naming ``where``).
-    """
-    h0, w0 = values.shape[:2]
-    if (h0, w0) == (height, width):
-        return values
-    if factor > 1 and rule == "exact" and (h0, w0) == (height * factor, width * factor):
-        return downscale_nearest(values, factor)
-    halves = ((2 * h0 + factor) // (2 * factor), (2 * w0 + factor) // (2 * factor))  # round half up
-    if factor > 1 and rule == "mipnerf360" and halves == (height, width):
-        return downscale_nearest(values, factor, (height, width))
-    expected = f"{width}x{height}" + (
-        f" (or {width * factor}x{height * factor} before --downscale {factor})" if factor > 1 else ""
-    )
-    raise SourceError(f"{where}: {name} is {w0}x{h0}, its image is {expected}")
 
 
 # -- the payload of one component -----------------------------------------------------------------------
@@ -335,7 +307,7 @@ def write_component(
     with ThreadPoolExecutor(threads, "raykit-component") as pool:
         arrays = iter(progress(in_order(pool, encoded, range(len(images)), 2 * threads)))
         for split, rows in splits.items():
-            sizes = [component_size(info, images[r][2], images[r][3]) for r in rows]
+            sizes = [stored_size(info, images[r][2], images[r][3]) for r in rows]
             shards, planned, metadata = store.plan_blobs(blobs, split, sizes)
             entry = index[split] = {"bytes": sizes, "crc32c": [], **planned}
             held: dict[int, bytes] = {}  # split-local index -> bytes, for the shards to come

@@ -131,16 +131,16 @@ def _check_batched_reads(store) -> None:
 
 
 @pytest.mark.parametrize("h,w", [(1, 1), (7, 9), (13, 64), (300, 301)])
-def test_component_size_is_the_encoded_size(h: int, w: int) -> None:
-    """The writer plans a split's shards from ``component_size`` before encoding: it is the length of
+def test_stored_size_is_the_encoded_size(h: int, w: int) -> None:
+    """The writer plans a split's shards from ``stored_size`` before encoding: it is the length of
     ``encode_component``'s bytes for every dtype and width (a bit mask's rows round up to bytes)."""
-    from raykit.store.components import component_size, encode_component
+    from raykit.store.components import encode_component, stored_size
 
     values = np.random.default_rng(h * w).random((h, w)).astype(np.float32)
     for name, dtype in (("mask", "bit"), ("mask", "uint8"), ("depth", "float16"), ("depth", "float32")):
         info = ComponentInfo(name, dtype)
         data = encode_component(info, (values * 255).astype(np.uint8) if name == "mask" else values, "x")
-        assert component_size(info, h, w) == len(data)
+        assert stored_size(info, h, w) == len(data)
 
 
 def _npy_bytes(values: np.ndarray, version: tuple[int, int] = (1, 0)) -> bytes:
