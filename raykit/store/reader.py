@@ -67,7 +67,6 @@ from raykit.store.schema import (
     POINTS_SCHEMA,
     DerivedRays,
     FieldSpec,
-    ImageRecord,
     RawRays,
     SceneInfo,
     SparsePoints,
@@ -84,7 +83,6 @@ __all__ = [
     "RaySplits",
     "RayStore",
     "Timed",
-    "camera_record",
     "empty_rays",
     "join_parts",
     "open_store",
@@ -111,20 +109,6 @@ def held_first(read: ByteRead, held: Mapping[str, np.ndarray] | None) -> ByteRea
         return read(rel, start, stop) if data is None else data[start:stop]
 
     return first
-
-
-def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
-    """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
-    return {
-        "name": rec.name,
-        "split": rec.split,
-        "index": index,
-        "pixel_offset": offset,
-        "camera": rec.camera.to_dict(),
-        "c2w": np.asarray(rec.c2w, np.float64).tolist(),
-        "near": rec.near,
-        "far": rec.far,
-    }
 
 
 def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:

@@ -24,7 +24,6 @@ from raykit.store.backends import Backend, Blobs, ImageShard, backend_named, ima
 from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.reader import camera_record
 from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SparsePoints
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, IMAGES_LAYOUT, StoreSpec
 from raykit.store.table import build_camera_table, write_camera_table
@@ -140,18 +139,30 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ImagesShardJob:
-    """Phase-2 task: shard ``shard`` of split ``split``, assembled from the staged images ``rows``
-    (table indices of ``shard.images``) by the ``backend``."""
+    """Phase-2 task: shard ``shard`` of split ``split``, assembled by the ``backend`` from its staged
+    images: ``items``, per image of ``shard.images``, its table index, extension and camera record."""
 
     root: str
     backend: Backend
     split: str
     shard: ImageShard
-    rows: tuple[int, ...]
-    exts: tuple[str, ...]
-    records: tuple[Mapping[str, Any], ...]  # each image's camera record
+    items: tuple[tuple[int, str, Mapping[str, Any]], ...]
     blobs: Blobs
     key: str
+
+
+def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
+    """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
+    return {
+        "name": rec.name,
+        "split": rec.split,
+        "index": index,
+        "pixel_offset": offset,
+        "camera": rec.camera.to_dict(),
+        "c2w": np.asarray(rec.c2w, np.float64).tolist(),
+        "near": rec.near,
+        "far": rec.far,
+    }
 
 
 def _staged(root: Path, index: int) -> bytes:
@@ -175,10 +186,7 @@ def write_shard_task(job: ImagesShardJob) -> dict[str, Any]:
     clock = PhaseClock()
     if (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
-    images = [
-        (_staged(root, row), ext, record)
-        for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
-    ]
+    images = [(_staged(root, row), ext, record) for row, ext, record in job.items]
     rel, pieces, index = job.backend.encode_blobs(job.blobs, job.split, job.shard, images)
     clock.lap("gather")
     atomic_write_bytes(root / rel, pieces, sync=False)
@@ -282,13 +290,10 @@ def _split_shards(
             {**backend.images_metadata(name, [records[i].name for i in rows], entry["image_format"]), **meta}
         )
         for shard in shards:
-            taken = [rows[j] for j in shard.images]
-            exts = tuple(str(encoded[i]["ext"]) for i in taken)
-            cameras = tuple(camera_record(records[i], i, offsets_px[i]) for i in taken)
-            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
-            jobs.append(
-                ImagesShardJob(
-                    str(partial), backend, name, shard, tuple(taken), exts, cameras, blobs, task_key
-                )
+            items = tuple(
+                (i, str(encoded[i]["ext"]), camera_record(records[i], i, offsets_px[i]))
+                for i in (rows[j] for j in shard.images)
             )
+            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
+            jobs.append(ImagesShardJob(str(partial), backend, name, shard, items, blobs, task_key))
     return jobs, index, files
