@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "Backend",
+    "BlobShard",
     "Blobs",
     "ByteRead",
     "ChunkReader",
-    "ImageShard",
-    "StagedImage",
+    "StagedBlob",
     "backend_named",
     "component_blobs",
     "image_blobs",
@@ -59,7 +59,7 @@ ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
 # one blob as a shard is assembled from it: bytes, its extension (a WebDataset member's) and, for an
 # image, its camera record (the member ``KEY.json``; None: no record)
-StagedImage = tuple[bytes, str, "Mapping[str, Any] | None"]
+StagedBlob = tuple[bytes, str, "Mapping[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ class Blobs:
             each blob's first byte (and, last, the total).
         tars: the folder of the WebDataset tars ``{tars}/{split}-{shard:06d}.tar``.
         key: the prefix of the ``index`` keys ``{key}bytes``, ``{key}offset`` (zarr: each blob's first
-            byte, and the total when ``total``), ``{key}shard`` and ``{key}member`` (wds).
+            byte), ``{key}shard`` and ``{key}member`` (wds); total: ``{key}offset`` ends with the
+            total too (the images layout's).
         chunk_bytes, shard_chunks: the zarr array's inner chunks and chunks per shard (a tar is
             closed once it holds that many bytes).
         what: how a message names blob ``i``: ``what.format(i)``.
@@ -112,7 +113,7 @@ def component_blobs(name: str) -> Blobs:
 
 
 @dataclass(frozen=True)
-class ImageShard:
+class BlobShard:
     """One shard file of a split's blobs: ``images``, the split-local indices of the blobs it holds
     (whole or in part); for a byte-array backend, ``offsets`` (each one's first byte in the split's
     array) and ``total`` (the array's bytes)."""
@@ -184,13 +185,13 @@ class Backend(Protocol):
 
     def plan_blobs(
         self, blobs: Blobs, split: str, sizes: Sequence[int]
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+    ) -> tuple[list[BlobShard], dict[str, list[Any]], dict[str, bytes]]:
         """A split's shards of ``blobs`` of ``sizes`` bytes, its ``index`` entries known before any
         shard is written, and its metadata files (path -> bytes)."""
         ...
 
     def encode_blobs(
-        self, blobs: Blobs, split: str, shard: ImageShard, items: Sequence[StagedImage]
+        self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
     ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
         """Shard ``shard`` of a split's ``blobs`` from its blobs: its relative path, bytes (whole or in
         pieces written one after the other), and ``index`` entries for its blobs."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, ByteRead, ImageShard, StagedImage, npy_bytes
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 
@@ -178,7 +178,7 @@ class WdsBackend:
 
     def plan_blobs(
         self, blobs: Blobs, split: str, sizes: Sequence[int]
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+    ) -> tuple[list[BlobShard], dict[str, list[Any]], dict[str, bytes]]:
         groups: list[list[int]] = [[]]  # blobs in order, a tar closed once full
         held = 0
         for i, size in enumerate(sizes):
@@ -187,10 +187,10 @@ class WdsBackend:
                 held = 0
             groups[-1].append(i)
             held += size
-        return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
+        return [BlobShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
 
     def encode_blobs(
-        self, blobs: Blobs, split: str, shard: ImageShard, items: Sequence[StagedImage]
+        self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
     ) -> tuple[str, bytes, dict[str, list[Any]]]:
         """One sample per blob: ``KEY.{ext}``, then for an image its camera record ``KEY.json``."""
         members: list[tuple[str, bytes]] = []

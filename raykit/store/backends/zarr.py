@@ -27,7 +27,7 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import Backend, Blobs, ByteRead, ImageShard, StagedImage
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
@@ -527,18 +527,18 @@ class ZarrBackend:
 
     def plan_blobs(
         self, blobs: Blobs, split: str, sizes: Sequence[int]
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
+    ) -> tuple[list[BlobShard], dict[str, list[Any]], dict[str, bytes]]:
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
         n, per, shards = len(starts) - 1, blobs.shard_bytes, []
         for s in range(-(-starts[-1] // per)):
             take = [j for j in range(n) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
-            shards.append(ImageShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
+            shards.append(BlobShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
         size, base = blobs.chunk_bytes, f"zarr/{split}"
         metadata = byte_array_files(base, blobs.array, blobs.offsets, starts, size, blobs.shard_chunks)
         return shards, {blobs.key + "offset": starts if blobs.total else starts[:-1]}, metadata
 
     def encode_blobs(
-        self, blobs: Blobs, split: str, shard: ImageShard, items: Sequence[StagedImage]
+        self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
     ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
         per = blobs.shard_bytes
         lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)

@@ -20,7 +20,7 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import Backend, Blobs, ImageShard, backend_named, image_blobs
+from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
@@ -145,7 +145,7 @@ class ImagesShardJob:
     root: str
     backend: Backend
     split: str
-    shard: ImageShard
+    shard: BlobShard
     items: tuple[tuple[int, str, Mapping[str, Any]], ...]
     blobs: Blobs
     key: str
