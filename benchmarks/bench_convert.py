@@ -55,7 +55,7 @@ from machine import command_line, describe
 from PIL import Image
 
 from raykit.converters import convert
-from raykit.store import recording_phases
+from raykit.recorder import recording
 
 ROOT = Path(__file__).resolve().parent
 TARGET_RATIO = 0.8
@@ -169,7 +169,7 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
     ``orchestration`` is the rest of the wall time of the decode and shard phases (scheduling, task
     transport, waiting for workers); ``converter`` is everything outside ``write_store`` (parsing).
     """
-    stage, shard, wall = phases["tasks"].get("stage", {}), phases["tasks"].get("shard", {}), phases["wall"]
+    stage, shard, wall = phases.get("write.stage", {}), phases.get("write.shard", {}), phases.get("write", {})
     out = {
         "decode": stage.get("decode", 0.0),
         "permutation": stage.get("permutation", 0.0) + shard.get("permutation", 0.0),
@@ -180,7 +180,7 @@ def breakdown(phases: dict[str, Any], seconds: float) -> dict[str, float]:
         "checksums": stage.get("checksum", 0.0) + shard.get("checksum", 0.0),
         "metadata": sum(wall.get(k, 0.0) for k in METADATA_PHASES),
     }  # fmt: skip
-    task_total = sum(sum(v.values()) for v in phases["tasks"].values())
+    task_total = sum(sum(v.values()) for k, v in phases.items() if k.startswith("write."))
     workers_wall = wall.get("stage", 0.0) + wall.get("shards", 0.0)
     out["orchestration"] = workers_wall - task_total if task_total <= workers_wall else 0.0
     out["converter"] = seconds - sum(wall.values())
@@ -221,7 +221,7 @@ def timed_convert(
     options: dict[str, Any] = (
         {"scheduler": scheduler} if scheduler else {"workers": workers, "threads": threads}
     )
-    with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp, recording_phases() as phases:
+    with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp, recording() as recorder:
         load = os.getloadavg()[0]
         start, cpu = time.perf_counter(), time.process_time()
         store = convert(src, Path(tmp) / "store.zarr", rgba_codec=rgba_codec, **options)
@@ -248,8 +248,8 @@ def timed_convert(
         "format_version": store.manifest["format_version"],
         "store_bytes_per_ray_by_field": by_field,
         "fingerprint": fingerprint,
-        "phases_s": breakdown(phases, seconds),
-        "writer_phases_raw": phases,
+        "phases_s": breakdown(recorder.seconds, seconds),
+        "writer_phases_raw": recorder.seconds,
     }
 
 

@@ -114,7 +114,7 @@ def measure_store(
     """
     from raykit.converters import convert
     from raykit.converters.images import pixel_array
-    from raykit.store import recording_phases
+    from raykit.recorder import recording
 
     files = sorted(p for p in src.rglob("*") if p.suffix in (".png", ".jpg"))
     decode = decode_rate(files)
@@ -128,7 +128,7 @@ def measure_store(
         for n in threads:
             shutil.rmtree(dst, ignore_errors=True)
             load = os.getloadavg()[0]
-            with recording_phases() as phases:
+            with recording() as recorder:
                 start, cpu = time.perf_counter(), time.process_time()
                 store = convert(src, dst, layout=layout, threads=n, near=0.5, far=8.0, **split)
                 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -141,7 +141,7 @@ def measure_store(
                 "cpu_vs_decode": cpu / decode["seconds"],
                 "loadavg_1m_before": load,
                 "fingerprint": store.fingerprint,
-                "phases": phases,
+                "phases": recorder.seconds,
             }
         seconds = runs[str(threads[0])]["seconds"]
         payload = sum(v["size"] for k, v in store.files.items() if k.startswith(("zarr/", "wds/")))

@@ -10,8 +10,9 @@ generator) that tests compare against.
 
 Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
 
-Length (about 400 lines): ``RayBatch`` (with its split/concat/device helpers), ``RayGenerator`` and
-its reference twin, each short; the generator's parts live in ``pixel_layout``/``ray_directions``.
+Length (about 450 lines): ``RayBatch`` (with its split/concat/device helpers), ``RayGenerator`` and
+its reference twin, each short; the generator's parts live in ``pixel_layout``/``ray_directions``;
+last, the generator of a store's camera table (``table_ray_generator``, ``materialized_rays``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ from raykit.errors import CameraError
 from raykit.pixel_layout import PixelLayout, ThreadScratch, index_float
 from raykit.ray_directions import Pixels, directions_for
 
-__all__ = ["RayBatch", "RayGenerator", "Rays", "reference_rays", "unit_colours"]
+__all__ = [
+    "UNKNOWN_FAR",
+    "RayBatch",
+    "RayGenerator",
+    "Rays",
+    "materialized_rays",
+    "reference_rays",
+    "table_ray_generator",
+    "unit_colours",
+]
 
 Tensor = torch.Tensor
 
@@ -438,3 +448,38 @@ def _rows_to_points(rows: Tensor) -> Tensor:
 
 def _shapes(n: int) -> dict[str, tuple[int, ...]]:
     return {"origins": (n, 3), "directions": (n, 3), "z_scale": (n,), "near": (n,), "far": (n,)}
+
+
+UNKNOWN_FAR = 1e10  # far bound of images whose far is unknown (neither per image nor per scene)
+
+
+def table_ray_generator(
+    table: Any, device: Any, *, near: float | None = None, far: float | None = None
+) -> RayGenerator:
+    """A :class:`RayGenerator` for the images of a store's camera table (``raykit.store``'s
+    ``CameraTable``: ``cameras``, ``camera_index``, ``c2w``, ``near``, ``far``, ``pixel_offset``).
+
+    Unknown per-image near/far fall back to ``near``/``far`` (the scene's), then to 0 and
+    ``UNKNOWN_FAR`` (rays need finite bounds).
+    """
+    near_arr = np.where(np.isnan(table.near), 0.0 if near is None else near, table.near)
+    far_arr = np.where(np.isnan(table.far), UNKNOWN_FAR if far is None else far, table.far)
+    return RayGenerator(
+        table.cameras,
+        torch.from_numpy(table.camera_index),
+        torch.from_numpy(table.c2w),
+        torch.from_numpy(near_arr),
+        torch.from_numpy(far_arr),
+        device=device,
+        dtype=torch.float32,
+        pixel_offset=table.pixel_offset,
+    )
+
+
+def materialized_rays(table: Any, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
+    """``origins`` and ``directions`` (N, 3) of ``dtype`` of the rays of (N,) pids of a camera table's
+    images (a store's ``materialize``; ``table.decode(pid)``: image and pixel)."""
+    image, pixel = table.decode(pid)
+    generator = table_ray_generator(table, "cpu")
+    origins, directions, *_ = generator.generate(torch.from_numpy(image), torch.from_numpy(pixel))
+    return {"origins": origins.numpy().astype(dtype), "directions": directions.numpy().astype(dtype)}

@@ -7,6 +7,7 @@ import contextlib
 import time
 from typing import Any
 
+import raykit.recorder
 from raykit.converters.config import add_arguments, from_args
 from raykit.converters.convert import POSE_SOURCES, convert
 from raykit.poses.cli import add_pose_arguments, pose_options_from_args
@@ -66,13 +67,12 @@ def register(subparsers: Any) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     """Handler of ``raykit convert``; returns the exit status."""
-    from raykit.store import format_phases, recording_phases
+    from raykit.store import format_phases
 
     config = from_args(args)
     start = time.perf_counter()
-    recording: contextlib.AbstractContextManager[dict[str, Any]]
-    recording = recording_phases() if config.profile else contextlib.nullcontext({})
-    with recording as phases:
+    recording = raykit.recorder.recording() if config.profile else contextlib.nullcontext(None)
+    with recording as recorder:
         poses = pose_options_from_args(args) if config.source in POSE_SOURCES else None
         store = convert(
             config.src, config.dst, **config.convert_options(), poses=poses, allow_outside=args.allow_outside
@@ -85,7 +85,7 @@ def run_convert(args: argparse.Namespace) -> int:
     if config.profile:
         pixels = sum(info.n_rays for info in store.splits.values()) / 1e6
         print(f"converted {pixels:.1f} M pixels in {seconds:.2f} s ({pixels / seconds:.1f} M pixels/s)")
-        for line in format_phases(phases, seconds):
+        for line in format_phases(recorder.seconds if recorder else {}, seconds):
             print("  " + line)
     return 0
 

@@ -3,9 +3,9 @@
 A view's mask (``SourceView.mask_path``: any single-channel image, 0 = pixel not used) and depth map
 (``depth_path``: a 16- or 32-bit single-channel image or a ``.npy``, times ``depth_scale`` = metres)
 are read by picklable loaders (``ComponentFile``) when the store is written, brought to the image's
-stored size by the conversion's downscale rule (``raykit.store.components.fit_component``: the nearest
-sample). ``component_problems`` checks every file's size before anything is written: one line per
-bad file. A photo's EXIF exposure, ISO, shutter and time come from ``raykit.converters.images.probe_image``.
+stored size by the conversion's downscale rule (``fit_component``: the nearest sample).
+``component_problems`` checks every file's size before anything is written: one line per bad file. A
+photo's EXIF exposure, ISO, shutter and time come from ``raykit.converters.images.probe_image``.
 """
 
 from __future__ import annotations
@@ -22,15 +22,43 @@ from raykit.cameras import Camera
 from raykit.converters.base import SourceView
 from raykit.errors import ConfigError, SourceError
 from raykit.fileio import UntrustedFileError, open_regular, read_bounded, safe_path
-from raykit.store import COMPONENTS, RayStore, fit_component, open_store
+from raykit.imagedecode import downscale_nearest
+from raykit.store import COMPONENTS, RayStore, open_store
 
 __all__ = [
     "ComponentFile",
     "add_component_files",
     "component_problems",
     "component_size",
+    "fit_component",
     "read_component_file",
 ]
+
+
+def fit_component(
+    name: str, values: np.ndarray, height: int, width: int, factor: int, rule: str, where: str
+) -> np.ndarray:
+    """A source component (H0, W0) brought to its image's stored size ``(height, width)``: itself when it
+    has that size, else downscaled by ``factor`` under the conversion's ``rule`` (``exact``: H0 == k H,
+    level rule; ``mipnerf360``: round_half_up(H0 / k) == H) with the nearest sample
+    (``raykit.imagedecode.downscale_nearest``, as ``raykit.image_geometry.downscale_mask`` and
+    ``downscale_depth``).
+
+    Raises:
+        SourceError: no rule gives the image's size (one line naming ``where``).
+    """
+    h0, w0 = values.shape[:2]
+    if (h0, w0) == (height, width):
+        return values
+    if factor > 1 and rule == "exact" and (h0, w0) == (height * factor, width * factor):
+        return downscale_nearest(values, factor)
+    halves = ((2 * h0 + factor) // (2 * factor), (2 * w0 + factor) // (2 * factor))  # round half up
+    if factor > 1 and rule == "mipnerf360" and halves == (height, width):
+        return downscale_nearest(values, factor, (height, width))
+    expected = f"{width}x{height}" + (
+        f" (or {width * factor}x{height * factor} before --downscale {factor})" if factor > 1 else ""
+    )
+    raise SourceError(f"{where}: {name} is {w0}x{h0}, its image is {expected}")
 
 
 def _open(source: Any) -> Any:

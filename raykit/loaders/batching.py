@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raykit.rays import RayBatch, RayGenerator
-from raykit.store import RawRays, RayStore, table_ray_generator
+from raykit.rays import RayBatch, RayGenerator, table_ray_generator
+from raykit.store import RawRays, RayStore
 
 __all__ = ["DeviceBatcher", "image_rays", "ray_generator", "reference_batch"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.errors import RayRangeError
 from raykit.lazy import lazy_attribute
-from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo, fit_component
+from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo
 from raykit.store.files import is_url
 from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
@@ -39,18 +39,17 @@ from raykit.store.spec import (
     StoreSpec,
     holds_images,
 )
-from raykit.store.table import table_ray_generator
 
 if TYPE_CHECKING:
     from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
     from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
-    from raykit.store.write.commit import format_phases, recording_phases
+    from raykit.store.write.commit import format_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
     "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
-    "write.commit": ("format_phases", "recording_phases"),
+    "write.commit": ("format_phases",),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -91,15 +90,12 @@ __all__ = [
     "decode_pids",
     "encode_pids",
     "field_bytes",
-    "fit_component",
     "format_phases",
     "holds_images",
     "is_url",
     "open_store",
     "payload_bytes",
-    "recording_phases",
     "store_summary",
-    "table_ray_generator",
     "validate_store",
     "work_folder",
     "write_remote",

@@ -28,11 +28,11 @@ import functools
 import io
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -40,9 +40,8 @@ from numpy.lib import format as npy_format
 
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_bytes, atomic_write_json
-from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
-from raykit.store.backends import ByteRead
+from raykit.store.backends import backend_named, component_blobs, npy_bytes
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -51,15 +50,10 @@ __all__ = [
     "FRAMES_FILE",
     "ComponentInfo",
     "component_files",
-    "component_files_of",
     "decode_component",
     "encode_component",
-    "fit_component",
-    "read_component_bytes",
-    "read_components_bytes",
-    "store_fingerprint",
+    "stored_size",
     "write_component",
-    "write_frame_metadata",
 ]
 
 COMPONENTS = ("mask", "depth")
@@ -67,10 +61,6 @@ COMPONENT_DTYPES = {"mask": ("bit", "uint8"), "depth": ("float16", "float32")}
 DEFAULT_DTYPES = {"mask": "bit", "depth": "float32"}
 UNITS = ("", "m")
 FRAMES_FILE = "frames.json"
-CHUNK_BYTES = 1 << 16  # zarr inner chunk
-SHARD_CHUNKS = 1024  # 64 MiB shard files (zarr) / tars closed at 64 MiB (wds)
-SPAN_BYTES = 1 << 24  # read_components_bytes: at most this much of the files read at once
-GAP_BYTES = 1 << 16  # read_components_bytes: images at most this far apart in a file are read together
 
 
 @dataclass(frozen=True)
@@ -162,21 +152,7 @@ def component_files(files: Iterable[str]) -> set[str]:
     return found
 
 
-def store_fingerprint(content: str, components: Mapping[str, ComponentInfo]) -> str:
-    """The store's fingerprint: the content (pixel) fingerprint alone when there is no component, else
-    the SHA-256 of it and every component's fingerprint."""
-    if not components:
-        return content
-    return json_digest({"content": content, "components": {k: v.fingerprint for k, v in components.items()}})
-
-
 # -- one image's array ---------------------------------------------------------------------------------
-
-
-def _npy(values: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
-    return buffer.getvalue()
 
 
 def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> bytes:
@@ -191,15 +167,15 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
         raise SourceError(f"{where}: expected a single-channel {info.name} (H, W), got shape {values.shape}")
     if info.name == "mask":
         if info.dtype == "bit":
-            return _npy(np.packbits(values > 0, axis=1))
-        return _npy(np.clip(values, 0, 255).astype(np.uint8) if values.dtype != np.uint8 else values)
+            return npy_bytes(np.packbits(values > 0, axis=1))
+        return npy_bytes(np.clip(values, 0, 255).astype(np.uint8) if values.dtype != np.uint8 else values)
     depth = np.asarray(values, dtype=np.float32)
     depth = np.where(np.isfinite(depth), depth, np.float32(0))
     if (depth < 0).any():
         raise SourceError(f"{where}: negative depth values (min {float(depth.min()):.4g}); expected >= 0")
     if info.dtype == "float16" and depth.size and float(depth.max()) > float(np.finfo(np.float16).max):
         raise SourceError(f"{where}: depth {float(depth.max()):.6g} exceeds float16's range; store float32")
-    return _npy(depth.astype(info.dtype))
+    return npy_bytes(depth.astype(info.dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -250,6 +226,19 @@ def _npy_values(
     return values.reshape(shape[::-1]).T if fortran else values.reshape(shape)
 
 
+def _stored_form(info: ComponentInfo, height: int, width: int) -> tuple[np.dtype[Any], tuple[int, int]]:
+    """The dtype and shape of the ``.npy`` stored for an image of ``(height, width)``."""
+    if info.dtype == "bit":
+        return np.dtype(np.uint8), (height, (width + 7) // 8)
+    return np.dtype(info.dtype), (height, width)
+
+
+def stored_size(info: ComponentInfo, height: int, width: int) -> int:
+    """Bytes of the ``.npy`` stored for an image of ``(height, width)`` (``encode_component``'s)."""
+    dtype, shape = _stored_form(info, height, width)
+    return len(_npy_header(dtype.str, shape)) + shape[0] * shape[1] * dtype.itemsize
+
+
 def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, where: str) -> np.ndarray:
     """Stored bytes -> mask ``uint8 (H, W)`` (a 1-bit mask as 0/255) or depth ``float32 (H, W)``.
 
@@ -259,117 +248,14 @@ def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, 
     Raises:
         StoreCorruptError: not an ``.npy`` of the expected dtype and shape (one line naming ``where``).
     """
-    bits = info.dtype == "bit"
-    dtype = np.dtype(np.uint8 if bits else info.dtype)
-    shape = (height, (width + 7) // 8) if bits else (height, width)
+    dtype, shape = _stored_form(info, height, width)
     values = _npy_values(info, data, dtype, shape, where)
-    if bits:
+    if info.dtype == "bit":
         return np.unpackbits(values, axis=1, count=width) * np.uint8(255)
     return values.astype(np.float32) if info.name == "depth" else values.copy()
 
 
-def fit_component(
-    name: str, values: np.ndarray, height: int, width: int, factor: int, rule: str, where: str
-) -> np.ndarray:
-    """A source component (H0, W0) brought to its image's stored size ``(height, width)``: itself when it
-    has that size, else downscaled by ``factor`` under the conversion's ``rule`` (``exact``: H0 == k H,
-    level rule; ``mipnerf360``: round_half_up(H0 / k) == H) with the nearest sample
-    (``raykit.imagedecode.downscale_nearest``, as ``raykit.image_geometry.downscale_mask`` and
-    ``downscale_depth``).
-
-    Raises:
-        SourceError: no rule gives the image's size (one line naming ``where``).
-    """
-    h0, w0 = values.shape[:2]
-    if (h0, w0) == (height, width):
-        return values
-    if factor > 1 and rule == "exact" and (h0, w0) == (height * factor, width * factor):
-        return downscale_nearest(values, factor)
-    halves = ((2 * h0 + factor) // (2 * factor), (2 * w0 + factor) // (2 * factor))  # round half up
-    if factor > 1 and rule == "mipnerf360" and halves == (height, width):
-        return downscale_nearest(values, factor, (height, width))
-    expected = f"{width}x{height}" + (
-        f" (or {width * factor}x{height * factor} before --downscale {factor})" if factor > 1 else ""
-    )
-    raise SourceError(f"{where}: {name} is {w0}x{h0}, its image is {expected}")
-
-
 # -- the payload of one component -----------------------------------------------------------------------
-
-
-class _Sink:
-    """Writes one split's arrays of one component as they come (each file atomically under ``root``)
-    and records what ``index-{component}.json`` and the manifest need."""
-
-    def __init__(self, root: Path, backend: str, split: str, name: str) -> None:
-        self.root, self.backend, self.split, self.name = root, backend, split, name
-        self.entry: dict[str, list[int]] = {"bytes": [], "crc32c": []}
-        self.files: dict[str, dict[str, Any]] = {}
-        self._held: list[bytes] = []
-        self._size, self._total, self._shard = 0, 0, 0
-
-    def add(self, data: bytes) -> None:
-        i = len(self.entry["bytes"])
-        self.entry["bytes"].append(len(data))
-        self.entry["crc32c"].append(int(google_crc32c.value(data)))
-        if self.backend == "zarr":
-            self.entry.setdefault("offset", []).append(self._total)
-        else:
-            if self._held and self._size + len(data) > CHUNK_BYTES * SHARD_CHUNKS:
-                self._flush()
-            self.entry.setdefault("shard", []).append(self._shard)
-            self._held.append(_member(self.split, i, self.name).encode())
-        self._held.append(data)
-        self._size += len(data)
-        self._total += len(data)
-        if self.backend == "zarr":
-            while self._size >= CHUNK_BYTES * SHARD_CHUNKS:
-                self._flush()
-
-    def _write(self, rel: str, data: bytes | list[bytes]) -> None:
-        atomic_write_bytes(self.root / rel, data)
-        self.files[rel] = file_record(self.root / rel)
-
-    def _flush(self) -> None:
-        if self.backend == "zarr":
-            from raykit.store.backends.zarr import byte_shard_pieces
-
-            per = CHUNK_BYTES * SHARD_CHUNKS
-            blob = b"".join(self._held)
-            body, rest = blob[:per], blob[per:]
-            if body:
-                pieces = byte_shard_pieces(body, CHUNK_BYTES, SHARD_CHUNKS)
-                self._write(f"zarr/{self.split}/{self.name}/c/{self._shard}", pieces)
-            self._held, self._size = ([rest] if rest else []), len(rest)
-        else:
-            from raykit.store.backends.wds import tar_bytes
-
-            pairs = list(zip(self._held[::2], self._held[1::2], strict=True))
-            if pairs:
-                tar, offsets = tar_bytes((k.decode(), v) for k, v in pairs)
-                self.entry.setdefault("member", []).extend(offsets)
-                self._write(f"wds/{self.name}/{self.split}-{self._shard:06d}.tar", tar)
-            self._held, self._size = [], 0
-        self._shard += 1
-
-    def close(self) -> None:
-        if self.backend == "zarr":
-            while self._held:
-                self._flush()
-            offsets = [*self.entry["offset"], self._total]
-            from raykit.store.backends.zarr import byte_array_files
-
-            base, name = f"zarr/{self.split}", self.name
-            for rel, data in byte_array_files(
-                base, name, f"{name}_offsets", offsets, CHUNK_BYTES, SHARD_CHUNKS
-            ).items():
-                self._write(rel, data)
-        else:
-            self._flush()
-
-
-def _member(split: str, i: int, name: str) -> str:
-    return f"{split}_{i:08d}.{name}.npy"
 
 
 def write_component(
@@ -381,7 +267,8 @@ def write_component(
     progress: Callable[[Iterable[Any]], Iterable[Any]] = iter,
 ) -> tuple[ComponentInfo, dict[str, dict[str, Any]]]:
     """Write component ``info`` of the store at ``root`` (its files only, each atomically; the caller
-    writes the manifest last).
+    writes the manifest last), each split's arrays laid out by the ``backend`` as the images layout's
+    images are (``raykit.store.backends.Blobs``), one shard held at a time.
 
     Args:
         backend: ``"zarr"`` or ``"wds"``.
@@ -406,148 +293,44 @@ def write_component(
             raise SourceError(f"image {name!r}: {info.name} is {shape}, expected {width}x{height}")
         return encode_component(info, values, f"image {name!r}")
 
-    sinks: dict[str, _Sink] = {}
+    store, blobs, files = backend_named(backend), component_blobs(info.name), {}
+
+    def write(rel: str, data: bytes | list[bytes]) -> None:
+        atomic_write_bytes(root / rel, data)
+        files[rel] = file_record(root / rel)
+
+    index: dict[str, Any] = {}
+    splits: dict[str, list[int]] = {}  # each split's rows: one run of the table
+    for row, (_, split, _, _) in enumerate(images):
+        splits.setdefault(split, []).append(row)
     threads = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(threads, "raykit-component") as pool:
-        for row, data in progress(in_order(pool, encoded, range(len(images)), 2 * threads)):
-            split = images[row][1]
-            if split not in sinks:
-                sinks[split] = _Sink(root, backend, split, info.name)
-            sinks[split].add(data)
-    files: dict[str, dict[str, Any]] = {}
-    index: dict[str, Any] = {}
-    for split, sink in sinks.items():
-        sink.close()
-        files.update(sink.files)
-        index[split] = sink.entry
+        arrays = iter(progress(in_order(pool, encoded, range(len(images)), 2 * threads)))
+        for split, rows in splits.items():
+            sizes = [stored_size(info, images[r][2], images[r][3]) for r in rows]
+            shards, planned, metadata = store.plan_blobs(blobs, split, sizes)
+            entry = index[split] = {"bytes": sizes, "crc32c": [], **planned}
+            held: dict[int, bytes] = {}  # split-local index -> bytes, for the shards to come
+            for shard in shards:
+                while len(entry["crc32c"]) <= shard.images[-1]:
+                    _, data = next(arrays)
+                    i = len(entry["crc32c"])
+                    if len(data) != sizes[i]:
+                        raise ValueError(f"component {info.name}: {len(data)} bytes, expected {sizes[i]}")
+                    entry["crc32c"].append(int(google_crc32c.value(data)))
+                    held[i] = data
+                items = [(held[i], f"{info.name}.npy", None) for i in shard.images]
+                rel, data, entries = store.encode_blobs(blobs, split, shard, items)
+                write(rel, data)
+                for key, values in entries.items():
+                    entry.setdefault(key, []).extend(values)
+                held = {shard.images[-1]: held[shard.images[-1]]}  # it may run into the next shard
+            for rel, data in metadata.items():
+                write(rel, data)
     atomic_write_json(root / info.index, index)
     files[info.index] = file_record(root / info.index)
     crcs = [crc for split in index for crc in index[split]["crc32c"]]
     stored = sum(n for split in index for n in index[split]["bytes"])
     fingerprint = json_digest({"name": info.name, "dtype": info.dtype, "unit": info.unit, "crc32c": crcs})
     done = replace(info, n_images=len(images), stored_bytes=stored, fingerprint=fingerprint)
-    return done, files
-
-
-def write_frame_metadata(root: Path, frames: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Write ``frames.json`` (image name -> metadata object) atomically; its file record."""
-    atomic_write_json(root / FRAMES_FILE, {k: dict(v) for k, v in frames.items()})
-    return file_record(root / FRAMES_FILE)
-
-
-# -- reading ----------------------------------------------------------------------------------------------
-
-
-def component_files_of(backend: str, name: str, split: str, entry: Mapping[str, Any], i: int) -> list[str]:
-    """Relative paths of the files holding image ``i`` (split-local) of component ``name``."""
-    if backend != "zarr":
-        return [f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"]
-    lo, per = int(entry["offset"][i]), CHUNK_BYTES * SHARD_CHUNKS
-    hi = lo + max(int(entry["bytes"][i]), 1)
-    return [f"zarr/{split}/{name}/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
-
-
-def read_component_bytes(
-    read: ByteRead, url: str, backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
-) -> tuple[bytes, str]:
-    """The stored bytes of image ``i`` (split-local) of component ``name`` and the file they lie in,
-    checked against their size and CRC-32C.
-
-    Raises:
-        StoreCorruptError: truncated or altered bytes, naming the file.
-    """
-    size = int(entry["bytes"][i])
-    if backend == "zarr":
-        from raykit.store.backends.zarr import byte_array_parts
-
-        lo, hi = int(entry["offset"][i]), int(entry["offset"][i]) + size
-        rel = f"zarr/{split}/{name}/c/{lo // (CHUNK_BYTES * SHARD_CHUNKS)}"
-        parts = byte_array_parts(read, url, f"zarr/{split}/{name}", lo, hi, CHUNK_BYTES, SHARD_CHUNKS)
-        data = b"".join(part if isinstance(part, bytes) else part.data for part in parts)
-    else:
-        rel = f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar"
-        offset = int(entry["member"][i])
-        data = bytes(read(rel, offset, offset + size))
-    if len(data) != size or int(google_crc32c.value(data)) != int(entry["crc32c"][i]):
-        raise StoreCorruptError(
-            f"{url}/{rel}: {name} of image {i} of split {split!r} fails its checksum "
-            f"(expected {size} bytes with crc32c {int(entry['crc32c'][i]):08x})"
-        )
-    return data, rel
-
-
-def _file_ranges(
-    backend: str, name: str, split: str, entry: Mapping[str, Any], i: int
-) -> list[tuple[str, int, int]]:
-    """The byte ranges ``(file, start, stop)`` that ``read_component_bytes`` reads for image ``i``."""
-    size = int(entry["bytes"][i])
-    if backend != "zarr":
-        offset = int(entry["member"][i])
-        return [(f"wds/{name}/{split}-{int(entry['shard'][i]):06d}.tar", offset, offset + size)]
-    lo, hi, ranges = int(entry["offset"][i]), int(entry["offset"][i]) + size, []
-    c = lo // CHUNK_BYTES
-    while c * CHUNK_BYTES < hi:
-        shard, j0 = divmod(c, SHARD_CHUNKS)
-        j1 = min((hi - 1) // CHUNK_BYTES, (shard + 1) * SHARD_CHUNKS - 1) - shard * SHARD_CHUNKS
-        ranges.append(
-            (f"zarr/{split}/{name}/c/{shard}", j0 * (CHUNK_BYTES + 4), (j1 + 1) * (CHUNK_BYTES + 4))
-        )
-        c = (shard + 1) * SHARD_CHUNKS
-    return ranges
-
-
-def read_components_bytes(
-    read: ByteRead,
-    url: str,
-    backend: str,
-    name: str,
-    split: str,
-    entry: Mapping[str, Any],
-    local: Iterable[int],
-    span: int = SPAN_BYTES,
-    gap: int = GAP_BYTES,
-) -> Iterator[tuple[int, bytes, str]]:
-    """``(i, bytes, file)`` of each image ``i`` of ``local`` (split-local, each once, in split order) as
-    ``read_component_bytes`` gives them, each checked against its size and CRC-32C, with one read of
-    each file per run of images lying at most ``gap`` bytes apart in it (``span`` bytes read at most
-    at once) instead of one read per image: what a loader's first epoch reads.
-
-    Raises:
-        StoreCorruptError: truncated or altered bytes, naming the file.
-    """
-
-    def served(buffers: dict[str, tuple[int, memoryview]]) -> ByteRead:
-        def read_held(rel: str, start: int, stop: int) -> Any:
-            held = buffers.get(rel)
-            if held is not None and held[0] <= start and stop <= held[0] + len(held[1]):
-                return held[1][start - held[0] : stop - held[0]]
-            return read(rel, start, stop)  # not read ahead (a range outside the run): read it alone
-
-        return read_held
-
-    def run(group: list[int], ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, bytes, str]]:
-        buffers = {rel: (lo, memoryview(cast(Any, read(rel, lo, hi)))) for rel, (lo, hi) in ranges.items()}
-        for i in group:
-            yield (i, *read_component_bytes(served(buffers), url, backend, name, split, entry, i))
-
-    group: list[int] = []
-    ranges: dict[str, tuple[int, int]] = {}
-    for i in sorted({int(i) for i in local}):
-        merged, close = dict(ranges), True
-        for rel, lo, hi in _file_ranges(backend, name, split, entry, i):
-            if rel in merged:
-                start, stop = merged[rel]
-                close = close and lo - stop <= gap
-                merged[rel] = (min(start, lo), max(stop, hi))
-            else:
-                merged[rel] = (lo, hi)
-        if group and (not close or sum(hi - lo for lo, hi in merged.values()) > span):
-            yield from run(group, ranges)
-            group, merged = (
-                [],
-                {rel: (lo, hi) for rel, lo, hi in _file_ranges(backend, name, split, entry, i)},
-            )
-        group.append(i)
-        ranges = merged
-    if group:
-        yield from run(group, ranges)
+    return done, dict(files)

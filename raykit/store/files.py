@@ -55,7 +55,6 @@ from raykit.errors import (
     StoreNotFoundError,
 )
 from raykit.fileio import (
-    JSON_LIMIT,
     UntrustedFileError,
     atomic_write_json,
     open_regular,
@@ -94,38 +93,12 @@ def local_files_bytes(paths: Sequence[str]) -> int | None:
     return sum(os.path.getsize(p) for p in paths)
 
 
-class LocalFiles:
-    """The part of an fsspec filesystem that reading a store uses, for local files, without importing
-    fsspec (and asyncio): ``raykit info`` and ``validate`` start sooner."""
-
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of regular file ``path`` (``fileio.open_regular``: never a FIFO or a
-        device); a whole file at most ``fileio.JSON_LIMIT`` bytes."""
-        with open_regular(path, limit=None if end is not None else JSON_LIMIT) as handle:
-            if start is None and end is None:
-                return handle.read()
-            handle.seek(start or 0)
-            return handle.read(-1 if end is None else max(0, end - (start or 0)))
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def isfile(self, path: str) -> bool:
-        return os.path.isfile(path)
-
-    def size(self, path: str) -> int:
-        return os.path.getsize(path)
-
-
 def filesystem(url: str) -> tuple[Any, str]:
-    """``(filesystem, root path)`` of a location: ``LocalFiles`` for a local path (never parsed as a URL),
-    else an fsspec filesystem.
+    """``(fsspec filesystem, root path)`` of a URL (``is_url``).
 
     Raises:
         StoreError: unknown protocol, or one whose package is not installed.
     """
-    if not is_url(url):
-        return LocalFiles(), url.removeprefix("file://")
     import fsspec
 
     protocol = url.split("://", 1)[0]
@@ -244,18 +217,21 @@ class RangeFetcher:
                 total -= len(dropped)
 
 
-def local_range_reader(root: str, url: str) -> Callable[[str, int, int], bytes]:
+def local_range_reader(root: str, url: str, sizes: Mapping[str, int]) -> Callable[[str, int, int], bytes]:
     """``read(rel, start, stop)``: bytes of file ``rel`` of the local store at ``root`` (``url`` in
     messages), from regular files inside it only (``fileio.safe_path``, checked once per file;
-    ``fileio.open_regular``: never a FIFO or a device). A remote store's: ``RangeFetcher.read``."""
+    ``fileio.open_regular``: never a FIFO or a device) of the size the manifest records (``sizes``,
+    checked on every open, before anything is read). A remote store's: ``RangeFetcher.read``."""
     inside: set[str] = set()
 
     def read(rel: str, start: int, stop: int) -> bytes:
+        if rel not in sizes:
+            raise StoreCorruptError(f"{url}/manifest.json: expected an entry for {rel}, not found")
         try:
             if rel not in inside:
                 safe_path(root, rel, where=f"{url}/manifest.json")
                 inside.add(rel)
-            with open_regular(f"{root}/{rel}") as handle:
+            with open_regular(f"{root}/{rel}", size=sizes[rel]) as handle:
                 handle.seek(start)
                 return handle.read(stop - start)
         except FileNotFoundError as exc:

@@ -6,10 +6,10 @@ questions (``read_chunk``, ``read_image``, ``image_raw``, ``image_parts``, ``ima
 A committed store is read from a local path or any fsspec URL, checking what is read (docs/format.md,
 "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong
 rays. Ray chunks come from the backend's chunk reader (``Backend.open_reader``), checked against their
-CRCs here; images (docs/format.md, "The images layout") are laid out by the backend
-(``Backend.image_parts``), checked against their CRC-32C and decoded here (``raykit.store.image_codec``);
-read as rays, an images split is its images end to end, row-major. Making rays (origins, directions)
-from what a store holds is the loaders' (``raykit.loaders``).
+CRCs here; images (docs/format.md, "The images layout") and component arrays are blobs laid out by
+the backend and checked against their CRC-32C (``raykit.store.backends.read_blob``), images decoded
+here (``raykit.store.image_codec``); read as rays, an images split is its images end to end,
+row-major. Making rays (origins, directions) from what a store holds is the loaders' (``raykit.rays``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 
@@ -38,16 +36,21 @@ from raykit.errors import (
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
 from raykit.imagedecode import downscale_area, downscale_nearest, level_size
 from raykit.locks import lock_owner, lock_path
-from raykit.store.backends import Backend, ChunkReader, backend_named
+from raykit.store.backends import (
+    Backend,
+    ByteRead,
+    ChunkReader,
+    backend_named,
+    component_blobs,
+    image_blobs,
+    read_blob,
+    read_blobs,
+)
 from raykit.store.components import (
     COMPONENTS,
     FRAMES_FILE,
     ComponentInfo,
-    component_files_of,
     decode_component,
-    read_component_bytes,
-    read_components_bytes,
-    store_fingerprint,
 )
 from raykit.store.files import (
     RangeFetcher,
@@ -64,7 +67,6 @@ from raykit.store.schema import (
     POINTS_SCHEMA,
     DerivedRays,
     FieldSpec,
-    ImageRecord,
     RawRays,
     SceneInfo,
     SparsePoints,
@@ -81,7 +83,6 @@ __all__ = [
     "RaySplits",
     "RayStore",
     "Timed",
-    "camera_record",
     "empty_rays",
     "join_parts",
     "open_store",
@@ -99,9 +100,7 @@ def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
     return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
 
 
-def held_first(
-    read: Callable[[str, int, int], bytes], held: Mapping[str, np.ndarray] | None
-) -> Callable[[str, int, int], bytes | np.ndarray]:
+def held_first(read: ByteRead, held: Mapping[str, np.ndarray] | None) -> ByteRead:
     """``read(rel, start, stop)`` from the files in ``held`` (relative path -> read-only uint8 array
     already in memory: a view, no copy), else from ``read``."""
 
@@ -112,41 +111,19 @@ def held_first(
     return first
 
 
-def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
-    """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
-    return {
-        "name": rec.name,
-        "split": rec.split,
-        "index": index,
-        "pixel_offset": offset,
-        "camera": rec.camera.to_dict(),
-        "c2w": np.asarray(rec.c2w, np.float64).tolist(),
-        "near": rec.near,
-        "far": rec.far,
-    }
-
-
 def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:
     """No rays, with the fields' dtypes and widths."""
     extra = {k: np.zeros((0, 3), dtype=s.dtype) for k, s in fields.items() if k not in ("rgba", "pid")}
     return RawRays(np.zeros((0, fields["rgba"].channels), np.uint8), np.zeros(0, np.uint32), extra)
 
 
-@dataclass(frozen=True)
 class RaySplits:
-    """The reader of a rays-layout store: chunks from the backend's ``chunks`` reader, checked against
-    the chunk CRCs of ``index.json`` (``crcs``; ``pid_crcs`` for format-3 stored pids, checked apart;
-    format 1 and 2 sum every field at once, ``legacy``)."""
+    """The reader of a rays-layout ``store``: chunks from the backend's ``chunks`` reader, checked
+    against the chunk CRCs of ``index.json`` (format 3 checks stored pids apart; formats 1 and 2 sum
+    every field at once, ``RayStore.legacy``)."""
 
-    url: str
-    chunks: ChunkReader
-    fields: Mapping[str, FieldSpec]
-    checksum: str  # chunk checksum kind: "crc32c" or "crc32" (``integrity.chunk_checksum``)
-    crcs: Mapping[str, np.ndarray]
-    pid_crcs: Mapping[str, np.ndarray]
-    legacy: bool
-    check_file: Callable[[str], None]  # size check of a payload file on first use
-    split_order: Callable[[str], SplitOrder]
+    def __init__(self, store: RayStore, chunks: ChunkReader) -> None:
+        self.store, self.chunks = store, chunks
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
@@ -154,44 +131,67 @@ class RaySplits:
 
     def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
         """Chunk ``index`` (in range) of split ``info``, checked."""
+        store, legacy = self.store, self.store.legacy
         files = self.chunks.chunk_files(info.name, index)
-        for rel in files:
-            self.check_file(rel)
         values = self.chunks.read_chunk(info, index)
-        summed = [k for k in self.fields if k in values and (self.legacy or k != "pid")]
-        self._check(files[0], info.name, index, chunk_checksum(values, summed, self.checksum), self.crcs)
+        summed = [k for k in store.fields if k in values and (legacy or k != "pid")]
+        self._check(files[0], info.name, index, chunk_checksum(values, summed, store.checksum_kind), "")
         extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
         if info.pids == "derived":
             start = info.chunk_range(index)[0]
-            return DerivedRays(values["rgba"], self.split_order(info.name), start, extra)
-        if not self.legacy:
-            crc = chunk_checksum(values, ["pid"], self.checksum)
-            pid_file = next((rel for rel in files if "/pid/" in rel), files[0])
-            self._check(pid_file, info.name, index, crc, self.pid_crcs, "pid ")
+            return DerivedRays(values["rgba"], store.split_order(info.name), start, extra)
+        if not legacy:
+            crc = chunk_checksum(values, ["pid"], store.checksum_kind)
+            self._check(
+                next((rel for rel in files if "/pid/" in rel), files[0]), info.name, index, crc, "pid_"
+            )
         return RawRays(values["rgba"], values["pid"], extra)
 
-    def _check(
-        self, rel: str, split: str, index: int, crc: int, expected: Mapping[str, np.ndarray], what: str = ""
-    ) -> None:
-        if crc != expected[split][index]:
+    def _check(self, rel: str, split: str, index: int, crc: int, what: str) -> None:
+        """Raise unless ``crc`` is chunk ``index``'s recorded checksum (``what``: ``"pid_"`` for the
+        stored pids' own)."""
+        kind = self.store.checksum_kind
+        expected = int((self.store._pid_crc if what else self.store._crc)[split][index])
+        if crc != expected:
             raise StoreCorruptError(
-                f"{self.url}/{rel}: chunk {index} of split {split!r} fails its {what}checksum "
-                f"(expected {self.checksum} {int(expected[split][index]):08x}, got {crc:08x})"
+                f"{self.store.url}/{rel}: chunk {index} of split {split!r} fails its {what.replace('_', ' ')}"
+                f"checksum (expected {kind} {expected:08x}, got {crc:08x})"
             )
 
-    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray | None:
-        """None: an image of a rays store is gathered from its rays (``RayStore.image_raw``)."""
-        return None
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Camera-table row ``row``'s pixels gathered from its rays (``image_raw``), area-filtered to
+        level ``downscale``."""
+        h, w, c = (
+            int(self.store.table.height[row]),
+            int(self.store.table.width[row]),
+            self.store.rgba_channels,
+        )
+        full = np.ascontiguousarray(self.image_raw(row).rgba[:, :c]).reshape(h, w, c)
+        return np.ascontiguousarray(downscale_area(full, downscale))
 
-    def image_raw(self, row: int) -> RawRays | None:
-        """None: gathered from the split's chunks by ``RayStore.image_raw``."""
-        return None
+    def image_raw(self, row: int) -> RawRays:
+        """Compact rays of every pixel of camera-table row ``row``, row-major: an evaluation split's
+        one contiguous range; a shuffled split's gathered chunk by chunk."""
+        store = self.store
+        split, start, n = (
+            store.table.splits[row],
+            int(store.table.ray_start[row]),
+            int(store.table.n_pixels[row]),
+        )
+        if start >= 0:
+            return store.read(split, start, start + n)
+        lo, parts = int(store.table.pixel_offset[row]), []
+        for c in range(store.splits[split].n_chunks):
+            raw = store.read_chunk(split, c)
+            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
+        raw = RawRays.concat(parts)
+        return raw.take(np.argsort(raw.pid, kind="stable"))
 
     def image_parts(
         self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
     ) -> list[bytes | np.ndarray]:
         """Refused: a rays store stores no image files."""
-        raise StoreError(f"{self.url}: split {split!r} stores rays, not image files")
+        raise StoreError(f"{self.store.url}: split {split!r} stores rays, not image files")
 
     def image_files(self, split: str, i: int) -> list[str]:
         """None: a rays store stores no image files."""
@@ -199,36 +199,26 @@ class RaySplits:
 
 
 class ImageSplits:
-    """The reader of an images-layout store (either backend): each image's stored bytes, laid out by
-    the ``backend`` and read by ``read(rel, start, stop)`` (``RayStore.read_range``), checked against
-    their CRC-32C, decoded and checked against the camera ``table`` (``channels``: the colour channels
-    served, ``RayStore.rgba_channels``)."""
+    """The reader of an images-layout ``store`` (either backend): each image's stored bytes, laid out
+    by the ``backend`` (``raykit.store.backends.read_blob``) and read by ``RayStore.read_range``,
+    checked against their CRC-32C, decoded and checked against the camera table."""
 
-    def __init__(
-        self,
-        url: str,
-        backend: Backend,
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: Callable[[str, int, int], bytes],
-        table: CameraTable,
-        channels: int,
-        split_rows: Callable[[str], np.ndarray],
-    ) -> None:
-        self.url, self.spec, self.index, self._read = url.rstrip("/"), spec, index, read
-        self.backend, self.table, self.channels, self.split_rows = backend, table, channels, split_rows
+    def __init__(self, store: RayStore, backend: Backend) -> None:
+        self.store, self.backend, self.blobs = store, backend, image_blobs(store.spec)
+        self.url, self.table, self.split_rows = store.url, store.table, store.split_rows
+        self.channels = store.rgba_channels  # the colour channels served
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Files holding the images that chunk ``index`` of the split's rays view covers."""
         rows = self.split_rows(split)
         starts, counts = self.table.ray_start[rows], self.table.n_pixels[rows]
-        lo, hi = index * self.spec.chunk_rays, (index + 1) * self.spec.chunk_rays
+        lo, hi = index * self.store.spec.chunk_rays, (index + 1) * self.store.spec.chunk_rays
         taken = np.flatnonzero((starts < hi) & (starts + counts > lo))
         return sorted({rel for i in taken for rel in self.image_files(split, int(i))})
 
     def image_files(self, split: str, i: int) -> list[str]:
         """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
-        return self.backend.image_files(self.index[split], split, i, self.spec)
+        return [rel for rel, _, _ in self.backend.blob_ranges(self.blobs, split, self.store.index[split], i)]
 
     def image_bytes(self, split: str, i: int) -> bytes:
         """The stored bytes of image ``i`` (split-local) of ``split``, checked against their CRC-32C.
@@ -241,22 +231,11 @@ class ImageSplits:
     def image_parts(
         self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
     ) -> list[bytes | np.ndarray]:
-        """``image_bytes`` in pieces that joined give the image (``Backend.image_parts``), checked the
-        same way; ``held``: files already in memory (relative path -> read-only uint8 array), read
-        from there instead of the store (a file not held is read from the store)."""
-        entry = self.index[split]
-        read = held_first(self._read, held)
-        parts = self.backend.image_parts(read, self.url, entry, split, i, self.spec)
-        crc, size = 0, 0
-        for part in parts:
-            crc, size = google_crc32c.extend(crc, part), size + len(part)
-        expected, expected_crc = int(entry["image_bytes"][i]), int(entry["crc32c"][i])
-        if size != expected or crc != expected_crc:
-            raise StoreCorruptError(
-                f"{self.url}/{self.image_files(split, i)[0]}: image {i} of split {split!r} fails its"
-                f" checksum (expected {expected} bytes with crc32c {expected_crc:08x})"
-            )
-        return parts
+        """``image_bytes`` in pieces that joined give the image, checked the same way; ``held``: files
+        already in memory (relative path -> read-only uint8 array), read from there instead of the
+        store (a file not held is read from the store)."""
+        read = held_first(self.store.read_range, held)
+        return read_blob(self.backend, self.blobs, read, self.url, split, self.store.index[split], i)
 
     def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
         """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = ``channels``, at
@@ -340,12 +319,13 @@ class RayStore:
 
     def __init__(self, url: str, *, verify: bool = False) -> None:
         self.url = url
-        self._fs, self._root = filesystem(url)
+        # an fsspec filesystem for a URL; a local store is read with plain file calls (no fsspec import)
+        self._fs: Any
+        self._fs, self._root = filesystem(url) if is_url(url) else (None, url.removeprefix("file://"))
         self.manifest: dict[str, Any] = self._read_manifest()
-        self._checked: set[str] = set()
         try:
             self._parse_manifest()
-            small = {rel: self.read_verified(rel) for rel in self._metadata_files()}
+            small = self._metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
             self.cameras: pa.Table = read_camera_table(
                 small["cameras.parquet"], self._where("cameras.parquet")
             )
@@ -436,7 +416,8 @@ class RayStore:
         return manifest
 
     def _no_manifest_message(self) -> str:
-        if self.url.endswith(".partial") or self._fs.exists(f"{self._root}.partial"):
+        exists = os.path.exists if self._fs is None else self._fs.exists
+        if self.url.endswith(".partial") or exists(f"{self._root}.partial"):
             owner = None if is_url(self.url) else lock_owner(lock_path(self._root.removesuffix(".partial")))
             if owner is not None:
                 return (
@@ -444,9 +425,9 @@ class RayStore:
                     f"{owner.get('host', '?')}; wait for it to finish"
                 )
             return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
-        if not self._fs.exists(self._root):
+        if not exists(self._root):
             return f"no such store: {self.url}"
-        if self._fs.isfile(self._root):
+        if (os.path.isfile if self._fs is None else self._fs.isfile)(self._root):
             return f"not a raykit store: {self.url} is a file (a store is a folder holding manifest.json)"
         return f"not a raykit store (no manifest.json): {self.url}"
 
@@ -462,16 +443,13 @@ class RayStore:
 
     def read_verified(self, rel: str) -> bytes:
         """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
+        if not is_url(self.url):  # checked against the record before reading, never read past it
+            return self._hash_local(rel, bytearray(), keep=True).tobytes()
         expected = self._manifest_entry(rel)
         try:
-            if is_url(self.url):
-                data = self._fs.cat_file(f"{self._root}/{rel}")
-            else:  # checked against the record before reading, never read past it
-                data = read_bounded(self._local_path(rel), size=expected["size"])
+            data = self._fs.cat_file(f"{self._root}/{rel}")
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{self._where(rel)}: file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(f"{exc}; checksum not computed") from None
         self._check_digest(rel, expected, len(data), hashlib.sha256(data).hexdigest())
         return bytes(data)
 
@@ -524,13 +502,12 @@ class RayStore:
 
     def _check_digest(self, rel: str, expected: dict[str, Any], size: int, sha256: str) -> None:
         """File ``rel`` measured ``size`` bytes with hex ``sha256``: raise unless that is ``expected``
-        (its manifest record), else remember it as checked."""
+        (its manifest record)."""
         if size != expected["size"] or sha256 != expected["sha256"]:
             raise StoreCorruptError(
                 f"{self._where(rel)}: checksum mismatch (expected {expected['size']} bytes with sha256 "
                 f"{expected['sha256'][:12]}..., got {size} bytes with sha256 {sha256[:12]}...)"
             )
-        self._checked.add(rel)
 
     def _open_reader(self) -> RaySplits | ImageSplits:
         try:
@@ -539,28 +516,16 @@ class RayStore:
             raise StoreCorruptError(
                 f"{self._where('manifest.json')}: unknown backend {self.backend!r}"
             ) from None
-        ranges = None
-        if is_url(self.url):  # remote: honest byte ranges
-            sizes = {rel: int(entry["size"]) for rel, entry in self.manifest["files"].items()}
-            ranges = RangeFetcher(self._fs, self._root, self.url, sizes)
-        # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked
-        self.read_range = local_range_reader(self._root, self.url) if ranges is None else ranges.read
+        sizes = {rel: int(entry["size"]) for rel, entry in self.files.items()}
+        # ``read_range(rel, start, stop)``: a byte range of one of the store's files, checked (a remote
+        # store's: honest byte ranges)
+        remote = RangeFetcher(self._fs, self._root, self.url, sizes) if is_url(self.url) else None
+        self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, self.url, sizes)
         if self.layout() == IMAGES_LAYOUT:
-            args = (self.table, self.rgba_channels, self.split_rows)
-            return ImageSplits(self.url, backend, self.spec, self.index, self.read_range, *args)
+            return ImageSplits(self, backend)
         stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
-        chunks = backend.open_reader(self.url, stored, self.spec, self.index, ranges)
-        return RaySplits(
-            self.url,
-            chunks,
-            self.fields,
-            self.checksum_kind,
-            self._crc,
-            self._pid_crc,
-            self.legacy,
-            self._check_file,
-            self.split_order,
-        )
+        args = (self.index, self.read_range, sizes, self._metadata)
+        return RaySplits(self, backend.open_reader(self.url, stored, self.spec, *args))
 
     def split_rows(self, split: str) -> np.ndarray:
         """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""
@@ -578,26 +543,6 @@ class RayStore:
             return self._split(split).layout
         images = bool(self.splits) and all(info.holds_images for info in self.splits.values())
         return IMAGES_LAYOUT if images else RAYS_LAYOUT
-
-    def _check_file(self, rel: str) -> None:
-        if rel in self._checked:
-            return
-        expected = self._manifest_entry(rel)
-        try:
-            if is_url(self.url):
-                size = self._fs.size(f"{self._root}/{rel}")
-            else:  # a regular file inside the store: what the payload readers then open
-                with open_regular(self._local_path(rel)) as handle:
-                    size = os.fstat(handle.fileno()).st_size
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self._where(rel)}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-        if size != expected["size"]:
-            raise StoreCorruptError(
-                f"{self._where(rel)}: expected {expected['size']} bytes, got {size} (truncated?)"
-            )
-        self._checked.add(rel)
 
     def verify_files(self) -> None:
         """Hash every file listed in the manifest; raise on the first mismatch."""
@@ -719,25 +664,8 @@ class RayStore:
             raise RayRangeError(f"{self.url}: no image named {name!r}") from None
 
     def image_raw(self, name: str) -> RawRays:
-        """Compact rays of every pixel of image ``name`` in row-major order.
-
-        Evaluation splits read one contiguous range; a shuffled split is scanned chunk by chunk.
-        """
-        i = self.image_index(name)
-        raw = self.reader.image_raw(i)
-        if raw is not None:
-            return raw
-        split, start = self.table.splits[i], int(self.table.ray_start[i])
-        n = int(self.table.n_pixels[i])
-        if start >= 0:
-            return self.read(split, start, start + n)
-        lo = int(self.table.pixel_offset[i])
-        parts = []
-        for c in range(self.splits[split].n_chunks):
-            raw = self.read_chunk(split, c)
-            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
-        raw = RawRays.concat(parts)
-        return raw.take(np.argsort(raw.pid, kind="stable"))
+        """Compact rays of every pixel of image ``name`` in row-major order."""
+        return self.reader.image_raw(self.image_index(name))
 
     def image_shape(self, name: str) -> tuple[int, int, int]:
         """``(height, width, channels)`` of image ``name`` as ``read_image`` returns it."""
@@ -776,14 +704,7 @@ class RayStore:
         gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
         (telling ``timed(step, seconds)`` how long reading and decoding took).
         """
-        h, w, c = self.image_shape(name)
-        row = self.image_index(name)
-        pixels = self.reader.read_image(row, timed, downscale)
-        if pixels is not None:
-            return pixels
-        raw = self.image_raw(name)
-        full = np.ascontiguousarray(raw.rgba[:, :c]).reshape(h, w, c)
-        return np.ascontiguousarray(downscale_area(full, downscale))
+        return self.reader.read_image(self.image_index(name), timed, downscale)
 
     @property
     def files(self) -> Mapping[str, Any]:
@@ -802,7 +723,10 @@ class RayStore:
     def store_fingerprint(self) -> str:
         """The content (pixel) fingerprint when the store has no component, else the SHA-256 of it and
         of every component's fingerprint: adding a component changes this, never ``fingerprint``."""
-        return store_fingerprint(self.fingerprint, self.components)
+        if not self.components:
+            return self.fingerprint
+        prints = {k: v.fingerprint for k, v in self.components.items()}
+        return json_digest({"content": self.fingerprint, "components": prints})
 
     def _component_index(self, component: str) -> dict[str, Any]:
         cache = self.__dict__.setdefault("_component_indices", {})
@@ -830,7 +754,8 @@ class RayStore:
     def component_files(self, component: str, name: str) -> list[str]:
         """Relative paths of the files holding component ``component`` of image ``name``."""
         split, local, entry = self.component_location(component, name)
-        return component_files_of(self.backend, component, split, entry, local)
+        ranges = backend_named(self.backend).blob_ranges(component_blobs(component), split, entry, local)
+        return [rel for rel, _, _ in ranges]
 
     def component_bytes(
         self, component: str, name: str, held: Mapping[str, np.ndarray] | None = None
@@ -839,8 +764,9 @@ class RayStore:
         their CRC-32C, and the file they lie in; ``held``: files already in memory (relative path ->
         read-only uint8 array, ``read_file_into``), read from there instead of the store."""
         split, local, entry = self.component_location(component, name)
-        read = held_first(self.read_range, held)
-        return read_component_bytes(read, self.url, self.backend, component, split, entry, local)
+        read, backend = held_first(self.read_range, held), backend_named(self.backend)
+        parts = read_blob(backend, component_blobs(component), read, self.url, split, entry, local)
+        return join_parts(parts), self.component_files(component, name)[0]
 
     def read_component(self, component: str, name: str, downscale: int = 1) -> np.ndarray:
         """Component ``component`` of image ``name`` at the stored resolution, or with ``downscale`` k
@@ -866,7 +792,7 @@ class RayStore:
         """``(i, array)``: component ``component`` of each image ``i`` of ``local`` (indices within
         ``split``, each once, in split order) at the stored resolution, as ``read_component`` reads it
         (checked alike), the stored bytes of images lying together read at once
-        (``raykit.store.components.read_components_bytes``): a loader's first epoch.
+        (``raykit.store.backends.read_blobs``): a loader's first epoch.
 
         Raises:
             RayRangeError: no such component or image. StoreCorruptError: altered bytes, or no entry
@@ -883,13 +809,14 @@ class RayStore:
         if missing or not isinstance(entry, dict):
             name = self.table.names[int(rows[missing[0]])] if missing else split
             raise StoreCorruptError(f"{self.url}/{info.index}: no entry for image {name!r}")
-        table = self.table
-        for i, data, rel in read_components_bytes(
-            self.read_range, self.url, self.backend, component, split, entry, wanted
-        ):
-            row = int(rows[i])
+        table, backend, blobs = self.table, backend_named(self.backend), component_blobs(component)
+        for i, parts in read_blobs(backend, blobs, self.read_range, self.url, split, entry, wanted):
+            row, rel = int(rows[i]), backend.blob_ranges(blobs, split, entry, i)[0][0]
             h, w = int(table.height[row]), int(table.width[row])
-            yield i, decode_component(info, data, h, w, f"{self._where(rel)}: {table.names[row]!r}")
+            yield (
+                i,
+                decode_component(info, join_parts(parts), h, w, f"{self._where(rel)}: {table.names[row]!r}"),
+            )
 
     def frame_metadata(self, name: str) -> dict[str, Any]:
         """Per-frame metadata of image ``name`` kept by the converter (unknown ``transforms.json``

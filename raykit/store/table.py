@@ -23,24 +23,19 @@ from raykit.store.schema import MAX_PIXELS, ImageRecord, decode_pids, split_sort
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
-    from raykit.rays import RayGenerator
 
 __all__ = [
     "CAMERA_TABLE_SCHEMA",
-    "UNKNOWN_FAR",
     "CameraTable",
     "build_camera_table",
-    "materialized_rays",
     "order_records",
     "read_camera_table",
     "read_parquet",
-    "table_ray_generator",
     "write_camera_table",
     "write_parquet",
 ]
 
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
-UNKNOWN_FAR = 1e10  # far bound of images whose far is unknown (neither per image nor per scene)
 
 CAMERA_TABLE_SCHEMA = pa.schema(
     [
@@ -246,39 +241,3 @@ class CameraTable:
     def decode(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(N,) uint32 pids -> (image (N,) int64, pixel (N, 2) int64 ``(x, y)``)."""
         return decode_pids(self.pixel_offset, self.width, pid)
-
-
-def table_ray_generator(
-    table: CameraTable, device: Any, *, near: float | None = None, far: float | None = None
-) -> RayGenerator:
-    """A ``raykit.rays.RayGenerator`` for ``table``'s images.
-
-    Unknown per-image near/far fall back to ``near``/``far`` (the scene's), then to 0 and
-    ``UNKNOWN_FAR`` (rays need finite bounds).
-    """
-    import torch
-
-    from raykit.rays import RayGenerator
-
-    near_arr = np.where(np.isnan(table.near), 0.0 if near is None else near, table.near)
-    far_arr = np.where(np.isnan(table.far), UNKNOWN_FAR if far is None else far, table.far)
-    return RayGenerator(
-        table.cameras,
-        torch.from_numpy(table.camera_index),
-        torch.from_numpy(table.c2w),
-        torch.from_numpy(near_arr),
-        torch.from_numpy(far_arr),
-        device=device,
-        dtype=torch.float32,
-        pixel_offset=table.pixel_offset,
-    )
-
-
-def materialized_rays(table: CameraTable, pid: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
-    """``origins`` and ``directions`` (N, 3) of ``dtype`` of the rays of (N,) pids (``materialize``)."""
-    import torch
-
-    image, pixel = table.decode(pid)
-    generator = table_ray_generator(table, "cpu")
-    origins, directions, *_ = generator.generate(torch.from_numpy(image), torch.from_numpy(pixel))
-    return {"origins": origins.numpy().astype(dtype), "directions": directions.numpy().astype(dtype)}

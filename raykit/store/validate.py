@@ -1,20 +1,13 @@
-"""What a store holds and whether it is sound: its summary (``raykit info``), the images layout's
-file checks, and ``validate_store`` (``raykit validate``). Sections below, in that order.
-
-A store's JSON-able summary (``raykit info``, the layout measurements, the demo).
-
-``raykit validate`` of an images-layout split: every stored image's bytes, format, size and channels,
-checked from its files' bytes as they are hashed, so that each file is read once (``BlobCheck``).
-
-``raykit validate``: check everything a store claims (the checks of docs/format.md, "Integrity"),
-and report every problem found, one line each.
+"""What a store holds and whether it is sound: its JSON-able summary (``store_summary``: ``raykit
+info``, the layout measurements, the demo), then ``validate_store`` (``raykit validate``): everything a
+store claims checked (docs/format.md, "Integrity"), every problem reported, one line each.
 
 By default every file is hashed and checked against its SHA-256, and the metadata, the camera table,
-the points, each stored image's CRC-32C, format and header size and each derived ray order are
-checked: at about the speed of hashing the store's bytes, since those bytes are all it reads, once
-(a stored image is checked from its file's bytes as they are hashed). ``deep`` also
-decodes every chunk and image and checks what only the decoded values show (every pixel once, alpha,
-materialised rays), on every core.
+the points, each stored image's and component array's CRC-32C (an image's format and header size, an
+array's ``.npy`` header too) and each derived ray order are checked: at about the speed of hashing the
+store's bytes, since those bytes are all it reads, once (a stored blob is checked from its file's bytes
+as they are hashed, ``BlobCheck``). ``deep`` also decodes every chunk and image and checks what only
+the decoded values show (every pixel once, alpha, materialised rays), on every core.
 """
 
 from __future__ import annotations
@@ -37,7 +30,6 @@ from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
 from raykit.store.reader import RayStore, join_parts, open_store
 from raykit.store.schema import check_points
-from raykit.store.table import materialized_rays
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence
@@ -510,6 +502,8 @@ def _check_values(store: RayStore, raw: Any, where: str) -> list[str]:
         if np.any(alpha != 255):
             problems.append(f"{where}: images without alpha have alpha != 255")
     if "directions" in raw.extra:
+        from raykit.rays import materialized_rays  # imports torch: only for materialised rays
+
         generated = materialized_rays(store.table, raw.pid, "float32")
         tol = 2e-3 if raw.extra["directions"].dtype == np.float16 else 1e-5
         for name in ("origins", "directions"):

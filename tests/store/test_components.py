@@ -93,9 +93,9 @@ def test_round_trip_equals_sources(capture: Path, tmp_path: Path, layout: str, b
 
 def _check_batched_reads(store) -> None:
     """``read_split_components`` (runs of images read at once, in any order asked, a subset) gives
-    what ``read_component`` gives image by image; ``read_components_bytes`` likewise, with one read
-    per file in one run and one read per image when no two may share one."""
-    from raykit.store.components import read_component_bytes, read_components_bytes
+    what ``read_component`` gives image by image; ``read_blobs`` likewise, with one read per file in
+    one run and one read per image when no two may share one."""
+    from raykit.store.backends import backend_named, component_blobs, read_blob, read_blobs
 
     calls: list[tuple[str, int, int]] = []
 
@@ -103,6 +103,7 @@ def _check_batched_reads(store) -> None:
         calls.append((rel, start, stop))
         return store.read_range(rel, start, stop)
 
+    backend = backend_named(store.backend)
     for split in store.splits:
         rows = store.split_rows(split)
         for component in ("mask", "depth"):
@@ -113,20 +114,33 @@ def _check_batched_reads(store) -> None:
                 np.testing.assert_array_equal(
                     array, store.read_component(component, store.table.names[rows[i]])
                 )
-            entry = store._component_index(component)[split]
+            entry, blobs = store._component_index(component)[split], component_blobs(component)
             calls.clear()
 
             every = range(len(rows))
             alone = [
-                read_component_bytes(store.read_range, store.url, store.backend, component, split, entry, i)
+                bytes(b"".join(read_blob(backend, blobs, store.read_range, store.url, split, entry, i)))
                 for i in every
             ]
-            args = (read, store.url, store.backend, component, split, entry, every)
-            assert [(d, r) for _, d, r in read_components_bytes(*args)] == alone
+            args = (backend, blobs, read, store.url, split, entry, every)
+            assert [bytes(b"".join(p)) for _, p in read_blobs(*args)] == alone
             assert len(calls) == len({rel for rel, _, _ in calls})  # one run: each file read once
             calls.clear()
-            assert [(d, r) for _, d, r in read_components_bytes(*args, span=1, gap=0)] == alone
+            assert [bytes(b"".join(p)) for _, p in read_blobs(*args, span=1, gap=0)] == alone
             assert len(calls) >= len(rows)
+
+
+@pytest.mark.parametrize("h,w", [(1, 1), (7, 9), (13, 64), (300, 301)])
+def test_stored_size_is_the_encoded_size(h: int, w: int) -> None:
+    """The writer plans a split's shards from ``stored_size`` before encoding: it is the length of
+    ``encode_component``'s bytes for every dtype and width (a bit mask's rows round up to bytes)."""
+    from raykit.store.components import encode_component, stored_size
+
+    values = np.random.default_rng(h * w).random((h, w)).astype(np.float32)
+    for name, dtype in (("mask", "bit"), ("mask", "uint8"), ("depth", "float16"), ("depth", "float32")):
+        info = ComponentInfo(name, dtype)
+        data = encode_component(info, (values * 255).astype(np.uint8) if name == "mask" else values, "x")
+        assert stored_size(info, h, w) == len(data)
 
 
 def _npy_bytes(values: np.ndarray, version: tuple[int, int] = (1, 0)) -> bytes:

@@ -3,6 +3,7 @@ its process; merge buffers are per thread and per object, and go with the object
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import pickle
 import threading
@@ -75,7 +76,7 @@ def test_damaged_staging_file_names_the_file(tmp_path: Path) -> None:
 
 
 def test_memory_staging_stays_in_its_process_and_is_dropped_on_close(tmp_path: Path) -> None:
-    with MemoryStaging("out.partial") as area:
+    with contextlib.closing(MemoryStaging("out.partial")) as area:
         area.put(0, np.arange(4, dtype=np.uint32), PhaseClock())
         with pytest.raises(TypeError, match="in-memory staging cannot leave its process"):
             pickle.dumps(area)

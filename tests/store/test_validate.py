@@ -12,7 +12,7 @@ import pytest
 
 from raykit.fileio import sha256_file
 from raykit.store import SceneInfo, open_store, write_store
-from raykit.store.backends.wds import npy_bytes
+from raykit.store.backends import npy_bytes
 from raykit.store.files import json_digest
 from raykit.store.validate import validate_store
 

@@ -359,18 +359,19 @@ def test_phase_times_go_to_the_recording_block_of_their_own_thread(
     import logging
     import threading
 
-    from raykit.store.write.commit import recording_phases
+    from raykit.recorder import recording
 
     level = logging.getLogger("raykit.store.write").level
     records = record_factory(2, [(8, 8, "train", 3)] * 4)
     other = threading.Thread(target=write_store, args=(tmp_path / "b", records), kwargs={"scene": scene})
-    with recording_phases() as phases:
+    with recording() as recorder:
         assert logging.getLogger("raykit.store.write").level == level
         other.start()
         other.join()
-        assert phases == {}
+        assert recorder.seconds == {}
         write_store(tmp_path / "a", records, scene=scene, chunk_rays=64)
-    assert {"plan", "stage", "shards", "commit"} <= set(phases["wall"])
-    assert set(phases["tasks"]) == {"stage", "shard"}
+    phases = dict(recorder.seconds)
+    assert {"plan", "stage", "shards", "commit"} <= set(phases["write"])
+    assert set(phases) == {"write", "write.stage", "write.shard"}
     write_store(tmp_path / "c", records, scene=scene)
-    assert "plan" in phases["wall"] and open_store(tmp_path / "b").fingerprint
+    assert recorder.seconds == phases and open_store(tmp_path / "b").fingerprint

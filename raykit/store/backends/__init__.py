@@ -10,22 +10,38 @@ A new backend is one module, one line in ``_MODULES`` and a subclass of the suit
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+import io
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union, cast
 
+import google_crc32c
 import numpy as np
 
+from raykit.errors import StoreCorruptError
 from raykit.store.schema import FieldSpec, SplitInfo
-from raykit.store.spec import BACKENDS, StoreSpec
+from raykit.store.spec import BACKENDS, DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 
 if TYPE_CHECKING:
     from raykit.store.backends.wds import WdsReader
     from raykit.store.backends.zarr import ZarrReader
-    from raykit.store.files import RangeFetcher
 
-__all__ = ["BACKENDS", "Backend", "ByteRead", "ChunkReader", "ImageShard", "StagedImage", "backend_named"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BlobShard",
+    "Blobs",
+    "ByteRead",
+    "ChunkReader",
+    "StagedBlob",
+    "backend_named",
+    "component_blobs",
+    "image_blobs",
+    "npy_bytes",
+    "read_blob",
+    "read_blobs",
+]
 
 
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
@@ -41,13 +57,64 @@ ChunkReader = Union["ZarrReader", "WdsReader"]
 ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
 
-# one encoded image as a shard is assembled from it: bytes, extension, camera record
-StagedImage = tuple[bytes, str, Mapping[str, Any]]
+# one blob as a shard is assembled from it: bytes, its extension (a WebDataset member's) and, for an
+# image, its camera record (the member ``KEY.json``; None: no record)
+StagedBlob = tuple[bytes, str, "Mapping[str, Any] | None"]
 
 
 @dataclass(frozen=True)
-class ImageShard:
-    """One shard file of an images split: ``images``, the split-local indices of the images it holds
+class Blobs:
+    """One kind of per-image blob, a split's blobs end to end in one byte stream: the images layout's
+    encoded images (``image_blobs``) or a component's arrays (``component_blobs``; docs/format.md).
+
+    Attributes:
+        array: zarr's sharded ``uint8`` array ``zarr/{split}/{array}``; offsets: its ``int64`` array of
+            each blob's first byte (and, last, the total).
+        tars: the folder of the WebDataset tars ``{tars}/{split}-{shard:06d}.tar``.
+        key: the prefix of the ``index`` keys ``{key}bytes``, ``{key}offset`` (zarr: each blob's first
+            byte), ``{key}shard`` and ``{key}member`` (wds); total: ``{key}offset`` ends with the
+            total too (the images layout's).
+        chunk_bytes, shard_chunks: the zarr array's inner chunks and chunks per shard (a tar is
+            closed once it holds that many bytes).
+        what: how a message names blob ``i``: ``what.format(i)``.
+    """
+
+    array: str
+    offsets: str
+    tars: str
+    key: str
+    total: bool
+    chunk_bytes: int
+    shard_chunks: int
+    what: str
+
+    @property
+    def shard_bytes(self) -> int:
+        return self.chunk_bytes * self.shard_chunks
+
+
+def npy_bytes(values: np.ndarray) -> bytes:
+    """``.npy`` serialisation of ``values`` (C order, no pickle): a WebDataset ray field, a component."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def image_blobs(spec: StoreSpec) -> Blobs:
+    """The encoded images of an images-layout store written as ``spec``."""
+    size, per = spec.image_chunk_bytes, spec.image_shard_chunks
+    return Blobs("images", "image_offsets", "wds", "image_", True, size, per, "image {}")
+
+
+def component_blobs(name: str) -> Blobs:
+    """The arrays of component ``name`` (inner chunks of 64 KiB, shards of 64 MiB)."""
+    size, per = DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS
+    return Blobs(name, f"{name}_offsets", f"wds/{name}", "", False, size, per, name + " of image {}")
+
+
+@dataclass(frozen=True)
+class BlobShard:
+    """One shard file of a split's blobs: ``images``, the split-local indices of the blobs it holds
     (whole or in part); for a byte-array backend, ``offsets`` (each one's first byte in the split's
     array) and ``total`` (the array's bytes)."""
 
@@ -67,10 +134,6 @@ class Backend(Protocol):
         ...
 
     # -- the rays layout ---------------------------------------------------------------------------
-    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
-        """Relative paths of the files holding shard ``shard`` of ``split``."""
-        ...
-
     def encode_shard(
         self,
         info: SplitInfo,
@@ -104,44 +167,117 @@ class Backend(Protocol):
         stored: Mapping[str, Mapping[str, FieldSpec]],
         spec: StoreSpec,
         index: Mapping[str, Any],
-        ranges: RangeFetcher | None = None,
+        read: ByteRead,
+        sizes: Mapping[str, int],
+        metadata: Mapping[str, bytes],
     ) -> ChunkReader:
         """A reader of the ray chunks of the committed store at ``url`` (``stored``: split -> its
-        stored fields; ``index``: ``index.json``); ``ranges`` reads byte ranges of a remote store
-        (``raykit.store.files``), None for a local one. It has ``chunk_files(split, index)`` and
-        ``read_chunk(info, index)`` (field name -> (n, ...) values, unchecked)."""
+        stored fields; ``index``: ``index.json``; ``read``: byte ranges of its files, whose ``sizes``
+        the manifest records; ``metadata``: its verified metadata files, path -> bytes). It has
+        ``chunk_files(split, index)`` and ``read_chunk(info, index)`` (field name -> (n, ...) values,
+        unchecked)."""
         ...
 
-    # -- the images layout -------------------------------------------------------------------------
-    def images_metadata(self) -> dict[str, bytes]:
-        """Files of an images payload as a whole: relative path -> bytes."""
+    # -- per-image blobs (``Blobs``): the images layout's images, the components' arrays -------------
+    def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
+        """Files describing an images split as a whole (its images' names and formats): path -> bytes."""
         ...
 
-    def plan_images(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], spec: StoreSpec
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        """An images split's shards, its ``index.json`` entries known before any shard is written, and
-        its metadata files, from each image's name and its ``index.json`` entries so far
-        (``image_format``, the extension; ``image_bytes``, the stored size)."""
+    def plan_blobs(
+        self, blobs: Blobs, split: str, sizes: Sequence[int]
+    ) -> tuple[list[BlobShard], dict[str, list[Any]], dict[str, bytes]]:
+        """A split's shards of ``blobs`` of ``sizes`` bytes, its ``index`` entries known before any
+        shard is written, and its metadata files (path -> bytes)."""
         ...
 
-    def encode_images(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], spec: StoreSpec
+    def encode_blobs(
+        self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
     ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
-        """Shard ``shard`` of an images split from its images (bytes, extension, camera record): its
-        relative path, bytes, and ``index.json`` entries for its images."""
+        """Shard ``shard`` of a split's ``blobs`` from its blobs: its relative path, bytes (whole or in
+        pieces written one after the other), and ``index`` entries for its blobs."""
         ...
 
-    def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
-        """Relative paths of the files holding image ``i`` (``entry``: the split's ``index.json``)."""
+    def blob_ranges(
+        self, blobs: Blobs, split: str, entry: Mapping[str, Any], i: int
+    ) -> list[tuple[str, int, int]]:
+        """The byte ranges ``(file, start, stop)`` holding blob ``i`` (``entry``: the split's index)."""
         ...
 
-    def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
+    def blob_parts(
+        self, blobs: Blobs, read: ByteRead, split: str, entry: Mapping[str, Any], i: int
     ) -> list[bytes | np.ndarray]:
-        """The stored bytes of image ``i``, in pieces that joined give the file (views of what
-        ``read(rel, start, stop)`` returned: no copy)."""
+        """The stored bytes of blob ``i``, unchecked, in pieces that joined give it (views of what
+        ``read(rel, start, stop)`` returned for ``blob_ranges``: no copy)."""
         ...
+
+
+def read_blob(
+    backend: Backend, blobs: Blobs, read: ByteRead, where: str, split: str, entry: Mapping[str, Any], i: int
+) -> list[bytes | np.ndarray]:
+    """Blob ``i`` of ``split`` in pieces (``Backend.blob_parts``), checked against its size and CRC-32C
+    (``entry``: the split's index; ``where``: the store, in messages).
+
+    Raises:
+        StoreCorruptError: truncated or altered bytes, naming the file.
+    """
+    parts = backend.blob_parts(blobs, read, split, entry, i)
+    crc, size = 0, 0
+    for part in parts:
+        crc, size = google_crc32c.extend(crc, part), size + len(part)
+    expected, expected_crc = int(entry[blobs.key + "bytes"][i]), int(entry["crc32c"][i])
+    if size != expected or crc != expected_crc:
+        rel = backend.blob_ranges(blobs, split, entry, i)[0][0]
+        raise StoreCorruptError(
+            f"{where}/{rel}: {blobs.what.format(i)} of split {split!r} fails its checksum "
+            f"(expected {expected} bytes with crc32c {expected_crc:08x})"
+        )
+    return parts
+
+
+def read_blobs(
+    backend: Backend,
+    blobs: Blobs,
+    read: ByteRead,
+    where: str,
+    split: str,
+    entry: Mapping[str, Any],
+    local: Iterable[int],
+    span: int = 1 << 24,
+    gap: int = 1 << 16,
+) -> Iterator[tuple[int, list[bytes | np.ndarray]]]:
+    """``(i, parts)`` of each blob ``i`` of ``local`` (split-local, each once, in split order) as
+    ``read_blob`` gives them, checked alike, with one read of each file per run of blobs lying at most
+    ``gap`` bytes apart in it (``span`` bytes read at most at once) instead of one read per blob: what
+    a loader's first epoch reads."""
+
+    def run(group: list[int], ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, Any]]:
+        buffers = {rel: (lo, memoryview(cast(Any, read(rel, lo, hi)))) for rel, (lo, hi) in ranges.items()}
+
+        def served(rel: str, start: int, stop: int) -> Any:
+            held = buffers.get(rel)
+            if held is not None and held[0] <= start and stop <= held[0] + len(held[1]):
+                return held[1][start - held[0] : stop - held[0]]
+            return read(rel, start, stop)  # not read ahead (a range outside the run): read it alone
+
+        for i in group:
+            yield i, read_blob(backend, blobs, served, where, split, entry, i)
+
+    group: list[int] = []
+    ranges: dict[str, tuple[int, int]] = {}
+    for i in sorted({int(i) for i in local}):
+        mine = backend.blob_ranges(blobs, split, entry, i)
+        merged, close = dict(ranges), True
+        for rel, lo, hi in mine:
+            start, stop = merged.get(rel, (lo, hi))
+            close = close and (rel not in merged or lo - stop <= gap)
+            merged[rel] = (min(start, lo), max(stop, hi))
+        if group and (not close or sum(hi - lo for lo, hi in merged.values()) > span):
+            yield from run(group, ranges)
+            group, merged = [], {rel: (lo, hi) for rel, lo, hi in mine}
+        group.append(i)
+        ranges = merged
+    if group:
+        yield from run(group, ranges)
 
 
 def backend_named(name: str) -> Backend:

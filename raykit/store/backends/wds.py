@@ -21,10 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from raykit.errors import StoreCorruptError, StoreNotFoundError
-from raykit.fileio import UntrustedFileError
-from raykit.store.backends import Backend, ByteRead, ImageShard, StagedImage
-from raykit.store.files import filesystem
+from raykit.errors import StoreCorruptError
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 
@@ -32,7 +30,6 @@ __all__ = [
     "BACKEND",
     "WdsBackend",
     "WdsReader",
-    "npy_bytes",
     "sample_key",
     "shard_file",
     "tar_bytes",
@@ -69,13 +66,6 @@ def sample_key(split: str, chunk: int) -> str:
     return f"{split}_{chunk:08d}"
 
 
-def npy_bytes(values: np.ndarray) -> bytes:
-    """``.npy`` serialisation of ``values`` (C order, no pickle)."""
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
-    return buffer.getvalue()
-
-
 def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
     try:
         values = np.load(io.BytesIO(data), allow_pickle=False)
@@ -90,16 +80,17 @@ def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
 
 
 class WdsReader:
-    """Reads chunks of a committed store's WebDataset payload with byte-range reads."""
+    """Reads chunks of a committed store's WebDataset payload with byte-range reads
+    (``read(rel, start, stop)``: a local or remote store's)."""
 
     def __init__(
-        self, url: str, stored: Mapping[str, Mapping[str, FieldSpec]], index: Mapping[str, Any], ranges: Any
+        self,
+        url: str,
+        stored: Mapping[str, Mapping[str, FieldSpec]],
+        index: Mapping[str, Any],
+        read: ByteRead,
     ) -> None:
-        self._url = url.rstrip("/")
-        self._fs, self._root = filesystem(self._url)
-        self._stored = stored
-        self._index = index
-        self._ranges = ranges  # a raykit.store.files.RangeFetcher for remote stores
+        self._url, self._stored, self._index, self._read = url.rstrip("/"), stored, index, read
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
@@ -108,20 +99,11 @@ class WdsReader:
         """Field name -> (n, ...) values of chunk ``index`` of split ``info``."""
         start, stop = info.chunk_range(index)
         rel = self.chunk_files(info.name, index)[0]
-        path = f"{self._root}/{rel}"
         members = self._index[info.name]["members"][index]
         out = {}
         for name, spec in self._stored[info.name].items():
             offset, size = members[name]
-            try:
-                if self._ranges is not None:
-                    data = self._ranges.read(rel, offset, offset + size)
-                else:
-                    data = self._fs.cat_file(path, start=offset, end=offset + size)
-            except FileNotFoundError as exc:
-                raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
-            except UntrustedFileError as exc:  # a FIFO or device in its place (``LocalFiles``)
-                raise StoreCorruptError(str(exc)) from None
+            data = bytes(self._read(rel, offset, offset + size))
             if len(data) != size:
                 raise StoreCorruptError(
                     f"{self._url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
@@ -136,9 +118,6 @@ class WdsBackend:
     shard number and member offsets, and each image's tar and offset, go into ``index.json``."""
 
     name: str = "wds"
-
-    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
-        return [shard_file(split, shard)]
 
     def encode_shard(
         self,
@@ -188,46 +167,60 @@ class WdsBackend:
         stored: Mapping[str, Mapping[str, FieldSpec]],
         spec: StoreSpec,
         index: Mapping[str, Any],
-        ranges: Any = None,
+        read: ByteRead,
+        sizes: Mapping[str, int],
+        metadata: Mapping[str, bytes],
     ) -> WdsReader:
-        return WdsReader(url, stored, index, ranges)
+        return WdsReader(url, stored, index, read)
 
-    def images_metadata(self) -> dict[str, bytes]:
+    def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         return {}
 
-    def plan_images(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], spec: StoreSpec
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        groups: list[list[int]] = [[]]  # images in order, a tar closed once full
+    def plan_blobs(
+        self, blobs: Blobs, split: str, sizes: Sequence[int]
+    ) -> tuple[list[BlobShard], dict[str, list[Any]], dict[str, bytes]]:
+        groups: list[list[int]] = [[]]  # blobs in order, a tar closed once full
         held = 0
-        for i, size in enumerate(entry["image_bytes"]):
-            if groups[-1] and held + size > spec.image_shard_bytes:
+        for i, size in enumerate(sizes):
+            if groups[-1] and held + size > blobs.shard_bytes:
                 groups.append([])
                 held = 0
             groups[-1].append(i)
             held += size
-        return [ImageShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
+        return [BlobShard(shard=s, images=tuple(group)) for s, group in enumerate(groups)], {}, {}
 
-    def encode_images(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], spec: StoreSpec
+    def encode_blobs(
+        self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
     ) -> tuple[str, bytes, dict[str, list[Any]]]:
-        members = []
-        for i, (data, ext, record) in enumerate(images):
+        """One sample per blob: ``KEY.{ext}``, then for an image its camera record ``KEY.json``."""
+        members: list[tuple[str, bytes]] = []
+        data_members = []
+        for i, (data, ext, record) in enumerate(items):
             key = sample_key(split, shard.images[0] + i)
-            meta = (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
-            members += [(f"{key}.{ext}", data), (f"{key}.json", meta)]
+            data_members.append(len(members))
+            members.append((f"{key}.{ext}", data))
+            if record is not None:
+                members.append(
+                    (f"{key}.json", (json.dumps(record, sort_keys=True, indent=1) + "\n").encode())
+                )
         tar, offsets = tar_bytes(members)
-        index = {"image_shard": [shard.shard] * len(images), "image_member": offsets[::2]}
-        return shard_file(split, shard.shard), tar, index
+        index = {
+            blobs.key + "shard": [shard.shard] * len(items),
+            blobs.key + "member": [offsets[k] for k in data_members],
+        }
+        return f"{blobs.tars}/{split}-{shard.shard:06d}.tar", tar, index
 
-    def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
-        return [shard_file(split, int(entry["image_shard"][i]))]
+    def blob_ranges(
+        self, blobs: Blobs, split: str, entry: Mapping[str, Any], i: int
+    ) -> list[tuple[str, int, int]]:
+        offset, size = int(entry[blobs.key + "member"][i]), int(entry[blobs.key + "bytes"][i])
+        return [(f"{blobs.tars}/{split}-{int(entry[blobs.key + 'shard'][i]):06d}.tar", offset, offset + size)]
 
-    def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
+    def blob_parts(
+        self, blobs: Blobs, read: ByteRead, split: str, entry: Mapping[str, Any], i: int
     ) -> list[bytes | np.ndarray]:
-        offset, size = int(entry["image_member"][i]), int(entry["image_bytes"][i])
-        return [read(self.image_files(entry, split, i, spec)[0], offset, offset + size)]
+        data = read(*self.blob_ranges(blobs, split, entry, i)[0])
+        return [data if isinstance(data, bytes | np.ndarray) else np.frombuffer(data, np.uint8)]
 
 
 BACKEND: Backend = WdsBackend()

@@ -3,21 +3,20 @@ metadata, the rays layout's codecs and shards, and the backend (``ZarrBackend``,
 
 Rays: one group ``zarr/``, one array per split and field, sharded and compressed (docs/format.md,
 "Zarr v3"; the codecs' measurements: "Design choices and measurements"). ``ZarrReader`` reads raykit's
-own shards directly (one ``pread`` of the shard index and of each chunk) and anything else through zarr.
+own shards directly (one read of the shard index and of each chunk) and anything else through zarr.
 A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
 (``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
 (``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
-definition (``FieldCodec``). zarr is imported only by the twins and remote reads.
+definition (``field_codec``). zarr is imported only by the twins and remote reads.
 
-Images (docs/format.md, "The images layout"): a split's encoded images end to end in the sharded
-``uint8`` array ``zarr/{split}/images``, each one's first byte in ``zarr/{split}/image_offsets`` and
-in ``index.json`` (``image_offset``).
+Blobs (``raykit.store.backends.Blobs``; docs/format.md, "The images layout", "Components"): a split's
+encoded images, or a component's arrays, end to end in the sharded ``uint8`` array
+``zarr/{split}/{array}``, each one's first byte in ``zarr/{split}/{offsets}`` and in the index.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,40 +25,38 @@ from typing import TYPE_CHECKING, Any
 import google_crc32c
 import numpy as np
 
-from raykit.errors import StoreCorruptError, StoreNotFoundError
-from raykit.fileio import UntrustedFileError, atomic_write_bytes, open_regular, read_json
-from raykit.store.backends import Backend, ByteRead, ImageShard, StagedImage
+from raykit.errors import StoreCorruptError
+from raykit.fileio import atomic_write_bytes
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
 
 if TYPE_CHECKING:
-    from raykit.store.files import RangeFetcher
+    pass
 
 __all__ = [
     "ABSENT_CHUNK",
     "BACKEND",
     "ZARR_DIR",
     "ZARR_ROOT",
-    "FieldCodec",
     "ZarrBackend",
     "ZarrReader",
     "array_document",
     "byte_array_files",
-    "byte_array_parts",
     "byte_shard_pieces",
     "crc32c_bytes",
     "direct_shard_codec",
     "document_bytes",
-    "encode_shard",
     "encode_shard_pieces",
     "field_codec",
-    "images_metadata",
     "metadata_documents",
+    "numcodecs_codec",
     "reference_encode_shard",
     "reference_metadata_documents",
     "shard_file",
     "shard_pieces",
+    "zarr_codec",
 ]
 
 
@@ -175,11 +172,13 @@ def _crc_ok(data: bytes) -> bool:
 
 
 class ZarrReader:
-    """Reads chunks of a committed store's zarr payload (local path or fsspec URL).
+    """Reads chunks of a committed store's zarr payload through ``read(rel, start, stop)`` (a local or
+    remote store's byte ranges) and its verified ``zarr.json`` documents (``metadata``: path -> bytes).
 
     Shard files with the codecs raykit writes are read directly (the shard index once per file, then
     one read per chunk, both checked against their crc32c, decoded with zarr's numcodecs codec): several
-    times faster than zarr's read path, which remains the twin (``read_chunk(..., fast=False)``).
+    times faster than zarr's read path, which remains the twin (``read_chunk(..., fast=False)``) and
+    reads arrays of other codecs.
     """
 
     def __init__(
@@ -187,17 +186,15 @@ class ZarrReader:
         url: str,
         stored: Mapping[str, Mapping[str, FieldSpec]],
         spec: StoreSpec,
-        ranges: RangeFetcher | None = None,
+        read: ByteRead,
+        sizes: Mapping[str, int],
+        metadata: Mapping[str, bytes],
     ) -> None:
-        self._url = url.rstrip("/")
-        self._stored = stored
-        # Remote stores: a raykit.store.files.RangeFetcher (correct on servers that ignore Range); the
-        # direct read path then serves remote shards too.
-        self._ranges: Any = ranges
+        self._url, self._stored, self._read = url.rstrip("/"), stored, read
+        self._sizes, self._metadata = sizes, metadata
         self._shard_chunks = spec.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
-        self._local = None if is_url(self._url) else Path(self._url.removeprefix("file://"))
         self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
         self._indexes: dict[str, np.ndarray] = {}
 
@@ -205,63 +202,31 @@ class ZarrReader:
         key = (split, name)
         if key not in self._codecs:
             rel = f"{ZARR_DIR}/{split}/{name}/zarr.json"
-            path = self._local / rel if self._local is not None else f"{self._url}/{rel}"
             try:
-                if self._local is not None:
-                    meta = read_json(path)
-                else:
-                    meta = json.loads(self._ranges.read(rel, 0, self._ranges.size(rel)))
-            except (OSError, ValueError) as exc:
-                raise StoreCorruptError(f"{path}: zarr array metadata unreadable: {exc}") from exc
+                meta = json.loads(self._metadata[rel])
+            except (KeyError, ValueError) as exc:
+                raise StoreCorruptError(
+                    f"{self._url}/{rel}: zarr array metadata unreadable: {exc!r}"
+                ) from None
             self._codecs[key] = direct_shard_codec(meta)
         return self._codecs[key]
 
     def _read_direct(self, codec: ChunkDecoder, info: SplitInfo, spec: FieldSpec, index: int) -> np.ndarray:
+        """Chunk ``index`` from its shard file: the shard index once per file, then the chunk, both
+        checked against their crc32c, then decoded."""
         rel = shard_file(info.name, spec, index // self._shard_chunks)
-        if self._local is None:  # by byte ranges
-
-            def read_range(offset: int, n: int) -> bytes:
-                return bytes(self._ranges.read(rel, offset, offset + n))
-
-            return self._read_from(
-                codec, info, index, f"{self._url}/{rel}", self._ranges.size(rel), read_range
-            )
-        path = self._local / rel
-        try:
-            handle = open_regular(path)  # never a FIFO or a device
-        except FileNotFoundError as exc:  # deleted since the store was opened
-            raise StoreNotFoundError(f"{path}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-        with handle:
-            fd = handle.fileno()
-            size = os.fstat(fd).st_size
-            return self._read_from(
-                codec, info, index, str(path), size, lambda offset, n: os.pread(fd, n, offset)
-            )
-
-    def _read_from(
-        self,
-        codec: ChunkDecoder,
-        info: SplitInfo,
-        index: int,
-        where: str,
-        size: int,
-        read: Callable[[int, int], bytes],
-    ) -> np.ndarray:
-        """Chunk ``index`` from its shard file ``where`` of ``size`` bytes (``read(offset, n)``): the
-        shard index once per file, then the chunk, both checked against their crc32c, then decoded."""
-        table = self._indexes.get(where)
+        where = f"{self._url}/{rel}"
+        table = self._indexes.get(rel)
         if table is None:
-            nbytes = self._shard_chunks * 16 + 4
-            raw = read(size - nbytes, nbytes) if size >= nbytes else b""
+            nbytes, size = self._shard_chunks * 16 + 4, int(self._sizes.get(rel, 0))
+            raw = bytes(self._read(rel, size - nbytes, size)) if size >= nbytes else b""
             if len(raw) != nbytes or not _crc_ok(raw):
                 raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
-            table = self._indexes[where] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
+            table = self._indexes[rel] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
         offset, nbytes = (int(v) for v in table[index % self._shard_chunks])
         if offset == ABSENT_CHUNK:
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} is not stored")
-        data = read(offset, nbytes)
+        data = bytes(self._read(rel, offset, offset + nbytes))
         if len(data) != nbytes or not _crc_ok(data):
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
@@ -302,8 +267,7 @@ class ZarrReader:
         out = {}
         shard = index // self._shard_chunks
         for name, spec in self._stored[info.name].items():
-            direct = self._local is not None or self._ranges is not None
-            codec = self._codec(info.name, name) if fast and direct else None
+            codec = self._codec(info.name, name) if fast else None
             if codec is not None:
                 out[name] = self._read_direct(codec, info, spec, index)
                 continue
@@ -347,19 +311,6 @@ def byte_array_files(
     }
 
 
-def images_metadata(
-    split: str, names: Sequence[str], formats: Sequence[str], offsets: Sequence[int], spec: StoreSpec
-) -> dict[str, bytes]:
-    """The zarr files of one images split (metadata and the offsets array): path -> bytes."""
-    attributes = {"raykit_layout": IMAGES_LAYOUT, "image_names": list(names), "image_formats": list(formats)}
-    group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
-    size, per = spec.image_chunk_bytes, spec.image_shard_chunks
-    return {
-        f"zarr/{split}/zarr.json": document_bytes(group),
-        **byte_array_files(f"zarr/{split}", "images", "image_offsets", offsets, size, per),
-    }
-
-
 # Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every layout records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
 # RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
@@ -369,44 +320,18 @@ _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffl
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
 
 
-@dataclass(frozen=True)
-class FieldCodec:
-    """The inner compressor of one field, defined once: its zarr v3 name and configuration. The
-    metadata document, the zarr codec (the twins) and the numcodecs codec (the fast path) all derive
-    from it, so they cannot disagree."""
+def field_codec(spec: FieldSpec, layout: StoreSpec) -> dict[str, Any]:
+    """The inner compressor of one field, defined once as its zarr v3 ``codecs`` entry (name and
+    configuration): the metadata document, the zarr codec (``zarr_codec``: the twins) and the
+    numcodecs codec (``numcodecs_codec``: the fast path) all derive from it, so they cannot disagree.
 
-    name: str  # "zstd" | "blosc"
-    configuration: Mapping[str, Any]
-
-    def document(self) -> dict[str, Any]:
-        """As zarr v3 metadata (``codecs`` entry)."""
-        return {"name": self.name, "configuration": dict(self.configuration)}
-
-    def zarr_codec(self) -> Any:
-        """The zarr codec object (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
-        from zarr.codecs import BloscCodec, ZstdCodec
-
-        return ZstdCodec(**self.configuration) if self.name == "zstd" else BloscCodec(**self.configuration)
-
-    def numcodecs_codec(self) -> Any:
-        """The numcodecs codec zarr runs for it (zarr's blosc is single-threaded)."""
-        from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
-
-        cfg = self.configuration
-        if self.name == "zstd":
-            return Zstd(level=cfg["level"], checksum=cfg["checksum"])
-        return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
-                     blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
-
-
-def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
-    """Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
+    Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
     with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
     itemsize = np.dtype(spec.dtype).itemsize
     if itemsize == 1 and layout.rgba_codec == "zstd":
-        return FieldCodec("zstd", {"level": layout.zstd_level, "checksum": False})
+        return {"name": "zstd", "configuration": {"level": layout.zstd_level, "checksum": False}}
     if itemsize == 1:
-        return FieldCodec("blosc", {"typesize": 1, **_RGBA_BLOSC})
+        return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
     config = {
         "typesize": itemsize,
         "cname": layout.blosc_cname,
@@ -414,7 +339,26 @@ def field_codec(spec: FieldSpec, layout: StoreSpec) -> FieldCodec:
         "shuffle": layout.blosc_shuffle,
         "blocksize": 0,
     }
-    return FieldCodec("blosc", config)
+    return {"name": "blosc", "configuration": config}
+
+
+def zarr_codec(codec: Mapping[str, Any]) -> Any:
+    """The zarr codec object of a ``field_codec`` entry (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    cfg = codec["configuration"]
+    return ZstdCodec(**cfg) if codec["name"] == "zstd" else BloscCodec(**cfg)
+
+
+def numcodecs_codec(codec: Mapping[str, Any]) -> Any:
+    """The numcodecs codec zarr runs for a ``field_codec`` entry (zarr's blosc is single-threaded)."""
+    from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
+
+    cfg = codec["configuration"]
+    if codec["name"] == "zstd":
+        return Zstd(level=cfg["level"], checksum=cfg["checksum"])
+    return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
+                 blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
 
 
 def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
@@ -428,7 +372,7 @@ def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[s
         "dtype": spec.dtype,
         "chunks": (chunk_rays, *tail),
         "shards": (shard_rays, *tail),
-        "compressors": [field_codec(spec, layout).zarr_codec(), Crc32cCodec()],
+        "compressors": [zarr_codec(field_codec(spec, layout)), Crc32cCodec()],
         "fill_value": 0,
         "attributes": {"raykit_field": spec.name},
     }
@@ -441,7 +385,7 @@ def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict
     inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
     sharding = {
         "chunk_shape": [info.chunk_rays, *tail],
-        "codecs": [inner_bytes, field_codec(spec, layout).document(), {"name": "crc32c"}],
+        "codecs": [inner_bytes, field_codec(spec, layout), {"name": "crc32c"}],
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end",
     }
@@ -479,12 +423,6 @@ def reference_metadata_documents(
     return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
 
 
-def encode_shard(values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> bytes:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values`` (``encode_shard_pieces``
-    joined)."""
-    return b"".join(encode_shard_pieces(values, spec, info, layout))
-
-
 def encode_shard_pieces(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec
 ) -> list[bytes]:
@@ -494,7 +432,7 @@ def encode_shard_pieces(
     (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
     """
     chunk_rays = info.chunk_rays
-    codec = field_codec(spec, layout).numcodecs_codec()
+    codec = numcodecs_codec(field_codec(spec, layout))
     values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
 
     def encoded(lo: int) -> bytes:
@@ -510,7 +448,8 @@ def encode_shard_pieces(
 def reference_encode_shard(
     values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreSpec
 ) -> bytes:
-    """Slow twin of ``encode_shard``: write the values into an in-memory zarr array, take the shard."""
+    """Slow twin of ``encode_shard_pieces`` (joined): write the values into an in-memory zarr array,
+    take the shard."""
     import zarr
 
     start = shard * info.chunk_rays * layout.shard_chunks
@@ -528,9 +467,6 @@ class ZarrBackend:
     """The Zarr v3 backend (``raykit.store.backends.Backend``)."""
 
     name: str = "zarr"
-
-    def shard_files(self, split: str, shard: int, fields: Mapping[str, FieldSpec]) -> list[str]:
-        return [shard_file(split, field, shard) for field in fields.values()]
 
     def encode_shard(
         self,
@@ -574,73 +510,74 @@ class ZarrBackend:
         stored: Mapping[str, Mapping[str, FieldSpec]],
         spec: StoreSpec,
         index: Mapping[str, Any],
-        ranges: Any = None,
+        read: ByteRead,
+        sizes: Mapping[str, int],
+        metadata: Mapping[str, bytes],
     ) -> ZarrReader:
-        return ZarrReader(url, stored, spec, ranges)
+        return ZarrReader(url, stored, spec, read, sizes, metadata)
 
-    def images_metadata(self) -> dict[str, bytes]:
-        return {"zarr/zarr.json": document_bytes(ZARR_ROOT)}
+    def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
+        attributes = {
+            "raykit_layout": IMAGES_LAYOUT,
+            "image_names": list(names),
+            "image_formats": list(formats),
+        }
+        group = {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
+        return {"zarr/zarr.json": document_bytes(ZARR_ROOT), f"zarr/{split}/zarr.json": document_bytes(group)}
 
-    def plan_images(
-        self, split: str, names: Sequence[str], entry: Mapping[str, Sequence[Any]], spec: StoreSpec
-    ) -> tuple[list[ImageShard], dict[str, list[Any]], dict[str, bytes]]:
-        starts = np.concatenate([[0], np.cumsum(entry["image_bytes"])]).astype(np.int64).tolist()
-        n, per, shards = len(starts) - 1, spec.image_shard_bytes, []
+    def plan_blobs(
+        self, blobs: Blobs, split: str, sizes: Sequence[int]
+    ) -> tuple[list[BlobShard], dict[str, list[Any]], dict[str, bytes]]:
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
+        n, per, shards = len(starts) - 1, blobs.shard_bytes, []
         for s in range(-(-starts[-1] // per)):
             take = [j for j in range(n) if starts[j] < (s + 1) * per and starts[j + 1] > s * per]
-            shards.append(ImageShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
-        metadata = images_metadata(split, names, entry["image_format"], starts, spec)
-        return shards, {"image_offset": starts}, metadata
+            shards.append(BlobShard(s, tuple(take), tuple(starts[j] for j in take), starts[-1]))
+        size, base = blobs.chunk_bytes, f"zarr/{split}"
+        metadata = byte_array_files(base, blobs.array, blobs.offsets, starts, size, blobs.shard_chunks)
+        return shards, {blobs.key + "offset": starts if blobs.total else starts[:-1]}, metadata
 
-    def encode_images(
-        self, split: str, shard: ImageShard, images: Sequence[StagedImage], spec: StoreSpec
+    def encode_blobs(
+        self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
     ) -> tuple[str, list[bytes], dict[str, list[Any]]]:
-        per = spec.image_shard_bytes
+        per = blobs.shard_bytes
         lo, hi = shard.shard * per, min((shard.shard + 1) * per, shard.total)
         blob = bytearray(hi - lo)
-        for (data, _, _), offset in zip(images, shard.offsets, strict=True):
+        for (data, _, _), offset in zip(items, shard.offsets, strict=True):
             a, b = max(offset, lo), min(offset + len(data), hi)
             blob[a - lo : b - lo] = data[a - offset : b - offset]
-        pieces = byte_shard_pieces(blob, spec.image_chunk_bytes, spec.image_shard_chunks)
-        return f"zarr/{split}/images/c/{shard.shard}", pieces, {}
+        pieces = byte_shard_pieces(blob, blobs.chunk_bytes, blobs.shard_chunks)
+        return f"zarr/{split}/{blobs.array}/c/{shard.shard}", pieces, {}
 
-    def image_files(self, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec) -> list[str]:
-        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        per = spec.image_shard_bytes
-        return [f"zarr/{split}/images/c/{s}" for s in range(lo // per, (hi - 1) // per + 1)]
+    def blob_ranges(
+        self, blobs: Blobs, split: str, entry: Mapping[str, Any], i: int
+    ) -> list[tuple[str, int, int]]:
+        """Whole inner chunks (each followed by its CRC-32C), one range per shard file."""
+        lo = int(entry[blobs.key + "offset"][i])
+        hi, size, per = lo + max(int(entry[blobs.key + "bytes"][i]), 1), blobs.chunk_bytes, blobs.shard_chunks
+        ranges, c = [], lo // size
+        while c * size < hi:
+            shard, j0 = divmod(c, per)
+            j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
+            ranges.append((f"zarr/{split}/{blobs.array}/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4)))
+            c = (shard + 1) * per
+        return ranges
 
-    def image_parts(
-        self, read: ByteRead, where: str, entry: Mapping[str, Any], split: str, i: int, spec: StoreSpec
+    def blob_parts(
+        self, blobs: Blobs, read: ByteRead, split: str, entry: Mapping[str, Any], i: int
     ) -> list[bytes | np.ndarray]:
-        lo, hi = int(entry["image_offset"][i]), int(entry["image_offset"][i + 1])
-        return byte_array_parts(
-            read, where, f"zarr/{split}/images", lo, hi, spec.image_chunk_bytes, spec.image_shard_chunks
-        )
-
-
-def byte_array_parts(
-    read: ByteRead, where: str, base: str, lo: int, hi: int, size: int, per: int
-) -> list[bytes | np.ndarray]:
-    """Bytes ``[lo, hi)`` of the sharded ``uint8`` array at ``base`` (shard files ``{base}/c/{s}`` of
-    ``per`` inner chunks of ``size`` bytes, each followed by its crc32c: the images layout's and the
-    components' arrays) in pieces that joined give them: read-only views of each inner chunk's
-    share, one read per shard they span (``read(rel, start, stop)``; ``where``: the store, in
-    messages)."""
-    parts: list[bytes | np.ndarray] = []
-    c0 = lo // size
-    while c0 <= (hi - 1) // size:
-        shard, j0 = divmod(c0, per)
-        j1 = min((hi - 1) // size, (shard + 1) * per - 1) - shard * per
-        raw = read(f"{base}/c/{shard}", j0 * (size + 4), (j1 + 1) * (size + 4))
-        if len(raw) != (j1 - j0 + 1) * (size + 4):
-            raise StoreCorruptError(f"{where}/{base}/c/{shard}: truncated")
-        view = np.frombuffer(raw, np.uint8)
-        for k in range(j1 - j0 + 1):  # chunk k's body, less its CRC-32C, within [lo, hi)
-            start = (shard * per + j0 + k) * size
-            a, b = max(lo - start, 0), min(hi - start, size)
-            parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
-        c0 = (shard + 1) * per
-    return parts
+        """Read-only views of each inner chunk's share of the blob, less its CRC-32C."""
+        lo, size = int(entry[blobs.key + "offset"][i]), blobs.chunk_bytes
+        hi, c = lo + int(entry[blobs.key + "bytes"][i]), lo // size
+        parts: list[bytes | np.ndarray] = []
+        for rel, start, stop in self.blob_ranges(blobs, split, entry, i):
+            view = np.frombuffer(read(rel, start, stop), np.uint8)
+            for k in range((stop - start) // (size + 4)):  # chunk c + k's body within [lo, hi)
+                first = (c + k) * size
+                a, b = max(lo - first, 0), min(hi - first, size)
+                parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
+            c += (stop - start) // (size + 4)
+        return parts
 
 
 def byte_shard_pieces(blob: bytes | bytearray, size: int, per: int) -> list[bytes]:

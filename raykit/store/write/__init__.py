@@ -20,10 +20,11 @@ then uploaded file by file with ``manifest.json`` last (until it is there, reade
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,16 +254,13 @@ def add_component(
             (table.names[r], table.splits[r], int(table.height[r]), int(table.width[r]))
             for r in range(len(table.names))
         ]
-
-        def bar(rows: Iterable[Any]) -> Iterable[Any]:
-            return progress_bar(
-                rows, total=len(images), desc=f"add {name}", unit="image", disable=not progress
-            )
-
+        bar = functools.partial(
+            progress_bar, total=len(images), desc=f"add {name}", unit="image", disable=not progress
+        )
         present = set(root.rglob("*"))
         try:
             done, files = write_component(
-                root, store.backend, info, images, lambda r: load(*_args(images[r])), bar
+                root, store.backend, info, images, lambda r: load(images[r][0], *images[r][2:]), bar
             )
         except BaseException:  # a file that fails only when decoded: leave no stray file behind
             for path in sorted(set(root.rglob("*")) - present, key=lambda p: -len(p.parts)):
@@ -274,10 +272,6 @@ def add_component(
         manifest["manifest_digest"] = json_digest(manifest)
         atomic_write_json(root / "manifest.json", manifest)
     return open_store(root)
-
-
-def _args(image: tuple[str, str, int, int]) -> tuple[str, int, int]:
-    return image[0], image[2], image[3]
 
 
 # Object storage: written locally, then uploaded with the manifest last.

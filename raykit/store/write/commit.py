@@ -1,20 +1,17 @@
 """What every payload writer shares, whatever the layout: its plan (``record_plan``, ``field_specs``,
 ``split_infos``), the partial directory the plan keys (``open_partial``), its tasks on any executor
 (``task_runner``), its shard phase (``write_shards``), the last phase (``commit``: ``index.json``, the
-points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``, ``PhaseClock``).
+points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``).
 
 Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
 a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and
-laps its own wall clock per step. A finished write hands its profile to the innermost
-``recording_phases`` block of the calling thread or task (a context variable: concurrent writes do not
-mix) and logs it at DEBUG level.
+laps its own wall clock per step. A finished write adds its profile to the active ``raykit.recorder``
+(a context variable: concurrent writes do not mix) and logs it at DEBUG level.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import json
@@ -27,10 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+import raykit.recorder
 from raykit.errors import ConfigError, SourceError
 from raykit.fileio import atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component, write_frame_metadata
+from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
@@ -69,10 +67,8 @@ __all__ = [
     "format_phases",
     "open_partial",
     "record_plan",
-    "recording_phases",
     "source_fingerprint",
     "split_infos",
-    "store_manifest",
     "task_runner",
     "write_extras",
     "write_shards",
@@ -114,49 +110,29 @@ class PhaseClock:
                 totals[phase] = totals.get(phase, 0.0) + seconds
 
     def finish(self, dst: Path) -> None:
-        """Hand the times to the innermost ``recording_phases`` of this thread (or task) and log them
-        at DEBUG level on ``raykit.store.write``."""
-        phases = {"wall": self.seconds, "tasks": self.tasks}
-        recording = _RECORDING.get()
-        if recording is not None:
-            recording.clear()
-            recording.update(phases)
-        _log.debug("wrote %s: %s", dst, json.dumps(phases))
+        """Add the times to the active ``raykit.recorder`` of this thread or task (scopes ``write``: the
+        writer's wall time per step; ``write.stage``, ``write.shard``: its tasks' time per phase, summed
+        over tasks, whichever worker ran them) and log them at DEBUG level on ``raykit.store.write``."""
+        scopes = {"write": self.seconds, **{f"write.{kind}": phases for kind, phases in self.tasks.items()}}
+        recorder = raykit.recorder.active()
+        if recorder is not None:
+            for scope, phases in scopes.items():
+                for phase, seconds in phases.items():
+                    recorder.add(scope, phase, seconds)
+        _log.debug("wrote %s: %s", dst, json.dumps(scopes))
 
 
-# The dict the current ``recording_phases`` block collects into (None outside one).
-_RECORDING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "raykit_phases", default=None
-)
-
-
-@contextlib.contextmanager
-def recording_phases() -> Iterator[dict[str, Any]]:
-    """Inside, the last store write's phase times land in the yielded dict:
-    ``{"wall": {phase: s}, "tasks": {"stage" | "shard": {phase: s}}}`` (``PhaseClock``).
-
-    ``wall`` is the writing process's wall time per step (``stage`` and ``shards`` cover the tasks);
-    ``tasks`` sums each task's own time per phase over all tasks, whichever thread or worker ran it.
-    """
-    found: dict[str, Any] = {}
-    token = _RECORDING.set(found)
-    try:
-        yield found
-    finally:
-        _RECORDING.reset(token)
-
-
-def format_phases(phases: Mapping[str, Any], seconds: float | None = None) -> list[str]:
-    """Human lines for ``recording_phases``' dict: wall time per step, then task time per phase."""
-    wall, tasks = phases.get("wall", {}), phases.get("tasks", {})
-    lines = ["wall s   " + "  ".join(f"{k} {v:.2f}" for k, v in wall.items())]
-    for kind, label in (("stage", "decode tasks"), ("shard", "shard tasks")):
-        if tasks.get(kind):
-            total = sum(tasks[kind].values())
-            parts = "  ".join(f"{k} {v:.2f}" for k, v in sorted(tasks[kind].items(), key=lambda kv: -kv[1]))
+def format_phases(phases: Mapping[str, Mapping[str, float]], seconds: float | None = None) -> list[str]:
+    """Human lines for a recorder's writer phases (``PhaseClock.finish``): wall time per step, then
+    task time per phase."""
+    lines = ["wall s   " + "  ".join(f"{k} {v:.2f}" for k, v in phases.get("write", {}).items())]
+    for kind, label in (("write.stage", "decode tasks"), ("write.shard", "shard tasks")):
+        if phases.get(kind):
+            total = sum(phases[kind].values())
+            parts = "  ".join(f"{k} {v:.2f}" for k, v in sorted(phases[kind].items(), key=lambda kv: -kv[1]))
             lines.append(f"{label} (summed over workers, {total:.2f} s): {parts}")
     if seconds is not None:
-        outside = seconds - sum(wall.values())
+        outside = seconds - sum(phases.get("write", {}).values())
         lines.append(
             f"total {seconds:.2f} s, of which outside the writer (parsing, probing, start-up) {outside:.2f} s"
         )
@@ -279,7 +255,10 @@ def write_shards(
 
 
 # -- the commit ----------------------------------------------------------------------------------
-def store_manifest(
+def commit(
+    partial: Path,
+    dst: Path,
+    overwrite: bool,
     spec: StoreSpec,
     source: Mapping[str, Any],
     scene: SceneInfo,
@@ -287,16 +266,26 @@ def store_manifest(
     fields: Mapping[str, FieldSpec],
     table: Any,
     points: SparsePoints | None,
-    files: Mapping[str, Any],
+    files: dict[str, Any],
     index: Mapping[str, Mapping[str, Any]],
-    extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The manifest of a store written as ``spec`` from ``source`` (its description), with ``table``
-    (the camera table, a ``pyarrow.Table``), ``files`` (relative path -> record), ``index.json`` and
-    the optional keys ``extra`` (``components``, ``frame_metadata``: ``write_extras``)."""
-    split_records = {k: v.to_dict() for k, v in splits.items()}
-    hashed = {k: v.fingerprint_dict() for k, v in splits.items()}
+    profile: PhaseClock,
+    extras: tuple[Sequence[ImageRecord], Sequence[ComponentInfo], RayStore | None] = ((), (), None),
+) -> RayStore:
+    """The last phase of a write as ``spec`` from ``source`` (its description), its payload written
+    (``files``: relative path -> record; ``table``: the camera table, a ``pyarrow.Table``, written
+    already): the components and per-frame metadata (``extras``: ``write_extras``' records,
+    components and source store), ``index.json``, the ``points``, the manifest, the rename to
+    ``dst``; ``profile`` gets its laps and is finished. Returns the store opened."""
+    extra = write_extras(partial, table, spec.backend, *extras, files)
+    atomic_write_json(partial / "index.json", index)
+    written = ["cameras.parquet", "index.json"]
+    if points is not None:
+        write_parquet(points.to_table(), partial / POINTS_FILE)
+        written.append(POINTS_FILE)
+    for rel in written:
+        files[rel] = file_record(partial / rel)
     field_records = {name: f.to_dict() for name, f in fields.items()}
+    hashed = {k: v.fingerprint_dict() for k, v in splits.items()}
     crcs = {k: v[CHUNK_CHECKSUM] for k, v in index.items()}
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
@@ -306,7 +295,7 @@ def store_manifest(
         "layout": spec.to_dict(),
         "source": dict(source),
         "scene": scene.to_dict(),
-        "splits": split_records,
+        "splits": {k: v.to_dict() for k, v in splits.items()},
         "fields": field_records,
         "n_images": table.num_rows,
         "files": dict(sorted(files.items())),
@@ -315,30 +304,7 @@ def store_manifest(
         **extra,
     }
     manifest["manifest_digest"] = json_digest(manifest)
-    return manifest
-
-
-def commit(
-    partial: Path,
-    dst: Path,
-    overwrite: bool,
-    manifest: Callable[[Mapping[str, Any]], dict[str, Any]],
-    points: SparsePoints | None,
-    files: dict[str, Any],
-    index: Mapping[str, Any],
-    profile: PhaseClock,
-) -> RayStore:
-    """The last phase of a write: ``index.json``, the ``points``, ``manifest(files)`` (``files``: the
-    payload's records, ``cameras.parquet`` written already, gets theirs), the rename to ``dst``;
-    ``profile`` gets its laps and is finished. Returns the store opened."""
-    atomic_write_json(partial / "index.json", index)
-    written = ["cameras.parquet", "index.json"]
-    if points is not None:
-        write_parquet(points.to_table(), partial / POINTS_FILE)
-        written.append(POINTS_FILE)
-    for rel in written:
-        files[rel] = file_record(partial / rel)
-    atomic_write_json(partial / "manifest.json", manifest(files))
+    atomic_write_json(partial / "manifest.json", manifest)
     profile.lap("index_manifest")
     store = commit_store(partial, dst, overwrite)
     profile.lap("commit")
@@ -390,7 +356,8 @@ def write_extras(
         frames = {n: dict(by_name[n].metadata) for n in names if n in by_name}
     frames = {k: v for k, v in frames.items() if v}
     if frames:
-        files[FRAMES_FILE] = write_frame_metadata(partial, frames)
+        atomic_write_json(partial / FRAMES_FILE, frames)
+        files[FRAMES_FILE] = file_record(partial / FRAMES_FILE)
         extra["frame_metadata"] = {"path": FRAMES_FILE, "n_frames": len(frames)}
     return extra
 

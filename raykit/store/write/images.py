@@ -1,7 +1,7 @@
 """Write an images-layout store (``layout="images"``): every image stored encoded, shuffled at load time.
 
 Its phases (docs/format.md, "The images layout", **Writing**) run in ``<dst>.partial/`` like the ray
-writer's; how a shard's bytes are laid out is the backend's (``Backend.images``), the shard phase, the
+writer's; how a shard's bytes are laid out is the backend's (``Backend.encode_blobs``), the shard phase, the
 manifest and the commit every layout's (``raykit.store.write.commit``).
 """
 
@@ -20,11 +20,10 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import Backend, ImageShard, backend_named
+from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.reader import camera_record
 from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SparsePoints
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, IMAGES_LAYOUT, StoreSpec
 from raykit.store.table import build_camera_table, write_camera_table
@@ -37,12 +36,11 @@ from raykit.store.write.commit import (
     record_plan,
     source_fingerprint,
     split_infos,
-    store_manifest,
     task_runner,
-    write_extras,
     write_shards,
 )
 from raykit.store.write.staging import (
+    ImageJob,
     bytes_record,
     check_pixels,
     finish_task,
@@ -54,7 +52,7 @@ from raykit.store.write.staging import (
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["EncodeJob", "ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
+__all__ = ["ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
 
 
 _TASK_FORMAT = 1  # of the encode tasks' records
@@ -79,25 +77,13 @@ def image_chunking(ordered: Sequence[ImageRecord], encoded: Sequence[Mapping[str
     return {"image_chunk_bytes": size, "image_shard_chunks": min(per_shard, largest)}
 
 
-@dataclass(frozen=True)
-class EncodeJob:
-    """Phase-1 task: image ``index`` (table order) of ``root``'s plan; ``memory``: keep the bytes in
-    this process (``_MEMORY``) instead of a staging file (tasks run in the writing process)."""
-
-    root: str
-    index: int
-    record: ImageRecord
-    key: str
-    memory: bool = False
-
-
 # Encoded images of in-process writes: partial directory -> table index -> the bytes (no staging
 # files), or, for a pass-through image, its source file's path, size and CRC-32C: read again when its
 # shard is written, so that memory does not grow with the number of images.
 _MEMORY: dict[str, dict[int, bytes | tuple[str, int, int]]] = {}
 
 
-def encode_image_task(job: EncodeJob) -> dict[str, Any]:
+def encode_image_task(job: ImageJob) -> dict[str, Any]:
     """Phase 1 for one image: ``{"files", "ext", "passthrough", "channels", "size", "crc32c",
     "sha256", "source_sha256", "pixels_crc32c"}``."""
     root, rel = Path(job.root), f"staging/{job.index:06d}.img"
@@ -153,18 +139,30 @@ def encode_image_task(job: EncodeJob) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ImagesShardJob:
-    """Phase-2 task: shard ``shard`` of split ``split``, assembled from the staged images ``rows``
-    (table indices of ``shard.images``) by the ``backend``."""
+    """Phase-2 task: shard ``shard`` of split ``split``, assembled by the ``backend`` from its staged
+    images: ``items``, per image of ``shard.images``, its table index, extension and camera record."""
 
     root: str
     backend: Backend
     split: str
-    shard: ImageShard
-    rows: tuple[int, ...]
-    exts: tuple[str, ...]
-    records: tuple[Mapping[str, Any], ...]  # each image's camera record
-    spec: StoreSpec
+    shard: BlobShard
+    items: tuple[tuple[int, str, Mapping[str, Any]], ...]
+    blobs: Blobs
     key: str
+
+
+def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
+    """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
+    return {
+        "name": rec.name,
+        "split": rec.split,
+        "index": index,
+        "pixel_offset": offset,
+        "camera": rec.camera.to_dict(),
+        "c2w": np.asarray(rec.c2w, np.float64).tolist(),
+        "near": rec.near,
+        "far": rec.far,
+    }
 
 
 def _staged(root: Path, index: int) -> bytes:
@@ -188,11 +186,8 @@ def write_shard_task(job: ImagesShardJob) -> dict[str, Any]:
     clock = PhaseClock()
     if (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
-    images = [
-        (_staged(root, row), ext, record)
-        for row, ext, record in zip(job.rows, job.exts, job.records, strict=True)
-    ]
-    rel, pieces, index = job.backend.encode_images(job.split, job.shard, images, job.spec)
+    images = [(_staged(root, row), ext, record) for row, ext, record in job.items]
+    rel, pieces, index = job.backend.encode_blobs(job.blobs, job.split, job.shard, images)
     clock.lap("gather")
     atomic_write_bytes(root / rel, pieces, sync=False)
     clock.lap("write")
@@ -234,7 +229,7 @@ def write_images(
     partial, key = open_partial(dst, plan, points, overwrite)
     memory = in_process(executor)
     jobs = [
-        EncodeJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory)
+        ImageJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory=memory)
         for i, r in enumerate(records)
     ]
     profile.lap("plan")
@@ -255,12 +250,8 @@ def write_images(
         profile.lap("metadata")
         splits_of = [job.split for job in shard_jobs]
         write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
-        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
-
-        def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
-
-        return commit(partial, dst, overwrite, manifest, points, files, index, profile)
+        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
+        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
     finally:
         _MEMORY.pop(str(partial), None)
 
@@ -274,7 +265,7 @@ def _split_shards(
     key: str,
 ) -> tuple[list[ImagesShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    backend = backend_named(spec.backend)
+    backend, blobs = backend_named(spec.backend), image_blobs(spec)
     files: dict[str, Any] = {}
 
     def write(metadata: Mapping[str, bytes]) -> None:
@@ -282,7 +273,6 @@ def _split_shards(
             atomic_write_bytes(partial / rel, data)
             files[rel] = file_record(partial / rel)
 
-    write(backend.images_metadata())
     jobs: list[ImagesShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
     for name in dict.fromkeys(r.split for r in records):
@@ -294,17 +284,16 @@ def _split_shards(
             "image_format": [encoded[i]["ext"] for i in rows],
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
-        shards, planned, meta = backend.plan_images(name, [records[i].name for i in rows], entry, spec)
+        shards, planned, meta = backend.plan_blobs(blobs, name, entry["image_bytes"])
         index[name] = {**entry, **planned}
-        write(meta)
+        write(
+            {**backend.images_metadata(name, [records[i].name for i in rows], entry["image_format"]), **meta}
+        )
         for shard in shards:
-            taken = [rows[j] for j in shard.images]
-            exts = tuple(str(encoded[i]["ext"]) for i in taken)
-            cameras = tuple(camera_record(records[i], i, offsets_px[i]) for i in taken)
-            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
-            jobs.append(
-                ImagesShardJob(
-                    str(partial), backend, name, shard, tuple(taken), exts, cameras, spec, task_key
-                )
+            items = tuple(
+                (i, str(encoded[i]["ext"]), camera_record(records[i], i, offsets_px[i]))
+                for i in (rows[j] for j in shard.images)
             )
+            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
+            jobs.append(ImagesShardJob(str(partial), backend, name, shard, items, blobs, task_key))
     return jobs, index, files

@@ -9,6 +9,7 @@ shard phase and the commit in ``commit.py``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,16 +35,14 @@ from raykit.store.write.commit import (
     record_plan,
     source_fingerprint,
     split_infos,
-    store_manifest,
     task_runner,
-    write_extras,
     write_shards,
 )
 from raykit.store.write.staging import (
     CopySource,
     DiskStaging,
+    ImageJob,
     MemoryStaging,
-    StageJob,
     StagingSource,
     base_indices,
     bytes_record,
@@ -160,10 +159,10 @@ def write_rays(
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
     staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
-    with staging:
+    with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
-            StageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
+            ImageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
             for i, r in enumerate(records)
         ]
         try:
@@ -196,12 +195,8 @@ def write_rays(
             CameraTable.from_arrow(table) if spec.materialize else None,
         )
         files, index = _write_shards(run, partial, spec, splits, fields, gather, plan_key, profile)
-        extra = write_extras(partial, table, spec.backend, records, components, extras_from, files)
-
-        def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-            return store_manifest(spec, source, scene, splits, fields, table, points, files, index, extra)
-
-        return commit(partial, dst, overwrite, manifest, points, files, index, profile)
+        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
+        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
 
 
 def _write_shards(
@@ -286,9 +281,5 @@ def copy_rays(
     write_camera_table(store.cameras, partial)
     source, table, fields = store.manifest["source"], store.cameras, store.fields
     files, index = _write_shards(run, partial, spec, splits, fields, CopySource(store.url), plan_key, profile)
-    extra = write_extras(partial, table, spec.backend, [], (), extras_from, files)
-
-    def manifest(files: Mapping[str, Any]) -> dict[str, Any]:
-        return store_manifest(spec, source, store.scene, splits, fields, table, points, files, index, extra)
-
-    return commit(partial, dst, overwrite, manifest, points, files, index, profile)
+    args = (spec, source, store.scene, splits, fields, table, points, files, index, profile)
+    return commit(partial, dst, overwrite, *args, ((), (), extras_from))

@@ -1,30 +1,23 @@
 """Phase 1 of a write and what it needs: packed pixels, the staging areas and merge buffers, and the
 writer tasks that stage decoded images and gather one shard's rays. Sections below, in that order.
 
-Packed pixels: RGB or RGBA ``uint8`` rows <-> one native ``uint32`` per pixel (bytes r, g, b, a).
+Packed pixels: the writer stages every pixel as one native ``uint32`` (bytes r, g, b, a; alpha 255
+for RGB) so that permuting and merging moves 4-byte words. numpy copies an ``(n, 3)`` <-> ``(n, 4)``
+channel slice one 3-byte row at a time; these are whole-array strided passes (about 10x faster),
+tested against the plain slicing twins.
 
-The writer stages every pixel as one ``uint32`` (alpha 255 for RGB) so that permuting and merging
-moves 4-byte words. numpy copies an ``(n, 3)`` <-> ``(n, 4)`` channel slice one 3-byte row at a time;
-these are whole-array strided passes (about 10x faster), tested against the plain slicing twins.
-
-Where the writer keeps decoded images between its phases, and the shard tasks' merge buffers: explicit
-objects the writer creates and hands to its tasks (in their jobs), so nothing is registered process-wide.
-
-A staging area (``StagingArea``) holds each image's staged rows (packed RGBA ``uint32``, one per pixel,
-in the order ``raykit.store.write.staging`` stages them): ``DiskStaging`` in scratch files, for tasks in any
-process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the writer frees the
-runs of the shards it has written), or ``MemoryStaging`` in this process's memory (it refuses to be pickled).
-``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no page faults of fresh
-allocations); a copy sent to a worker process becomes that process's own buffers.
-
-Writer tasks: decode images into staging (phase 1) and gather the rays of one shard (phase 2).
+A staging area (``StagingArea``) holds each image's staged rows: ``DiskStaging`` in scratch files,
+for tasks in any process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the
+writer frees the runs of the shards it has written), or ``MemoryStaging`` in this process's memory
+(it refuses to be pickled). ``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no
+page faults of fresh allocations); a copy sent to a worker process becomes that process's own. The
+writer makes both and hands them to its tasks in their jobs: nothing is registered process-wide.
 
 Every task is a module-level function of one picklable job, so any ``concurrent.futures.Executor``
 runs it; it writes its outputs atomically and a JSON record keyed by its inputs, which a rerun with the
 same inputs reuses while the outputs' checksums match (docs/format.md, "Commit protocol"). Shuffled
 splits are staged and gathered in the order of ``raykit.store.order``, so a shard task reads one
-contiguous run of rays per image. The staged images live in the writer's ``StagingArea`` and shard
-tasks merge into its ``MergeBuffers`` (``raykit.store.write.staging``), both carried by the jobs.
+contiguous run of rays per image.
 """
 
 from __future__ import annotations
@@ -49,15 +42,15 @@ from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha
 from raykit.store.files import file_record
 from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
 from raykit.store.schema import ImageRecord, SplitInfo
-from raykit.store.table import CameraTable, materialized_rays
+from raykit.store.table import CameraTable
 from raykit.store.write.commit import PhaseClock
 
 __all__ = [
     "CopySource",
     "DiskStaging",
+    "ImageJob",
     "MemoryStaging",
     "MergeBuffers",
-    "StageJob",
     "StagingArea",
     "StagingSource",
     "base_indices",
@@ -186,12 +179,6 @@ class DiskStaging:
     def close(self) -> None:
         """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
 
-    def __enter__(self) -> DiskStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class MemoryStaging:
     """Staged rows in this process's memory, dropped by :meth:`close` (or with the object).
@@ -225,12 +212,6 @@ class MemoryStaging:
     def close(self) -> None:
         with self._lock:
             self._rows.clear()
-
-    def __enter__(self) -> MemoryStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __reduce__(self) -> Any:
         raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
@@ -328,21 +309,26 @@ def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class StageJob:
-    """Decode image ``index`` of the table into its staging area (``staging``): one packed RGBA
-    ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a shuffled split in
-    ``image_order``, so a shard task reads each image's run of rays in one read and recomputes their
-    pids from the shared base permutation (``order_run``). (Permuting whole images here, each in cache,
-    is about three times faster than gathering each shard's runs from row-major images.)
+class ImageJob:
+    """Phase-1 task of either layout: image ``index`` (table order) of ``root``'s plan, task key ``key``.
+
+    Rays (``stage_image``): decode it into the writer's staging area (``staging``): one packed RGBA
+    ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a ``shuffled`` split in
+    ``image_order`` (``seed``), so a shard task reads each image's run of rays in one read and
+    recomputes their pids from the shared base permutation (``order_run``). (Permuting whole images
+    here, each in cache, is about three times faster than gathering each shard's runs from row-major
+    images.) Images (``raykit.store.write.images.encode_image_task``): encode it; ``memory``: keep
+    the bytes in this process instead of a staging file (tasks run in the writing process).
     """
 
     root: str
     index: int
     record: ImageRecord
     key: str
-    staging: StagingArea  # where to stage: the writer's staging area
+    staging: StagingArea | None = None
     shuffled: bool = False
     seed: int = 0
+    memory: bool = False
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -379,7 +365,7 @@ def pixels_crc32c(flat: np.ndarray) -> int:
     return int(google_crc32c.value(readonly))
 
 
-def stage_image(job: StageJob) -> dict[str, Any]:
+def stage_image(job: ImageJob) -> dict[str, Any]:
     """Phase-1 task. Returns ``{"files", "channels", "source_sha256", "pixels_crc32c", "seconds"}``.
 
     ``pixels_crc32c`` is the CRC-32C of the decoded pixels, (H*W, C) uint8 bytes in row-major
@@ -388,7 +374,7 @@ def stage_image(job: StageJob) -> dict[str, Any]:
     root = Path(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
-    area = job.staging
+    area = job.staging if job.staging is not None else DiskStaging(job.root)
     if not area.in_memory and (done := record_matches(record_path, job.key, root, clock)) is not None:
         return done
     rec = job.record
@@ -529,6 +515,8 @@ class StagingSource:
         if self.materialize and pid is not None:
             if self.table is None:
                 raise ValueError("StagingSource: materialize needs the camera table")
+            from raykit.rays import materialized_rays  # imports torch: only for materialised rays
+
             out.update(materialized_rays(self.table, pid, self.materialize))
             clock.lap("materialize")
         return out
