@@ -618,7 +618,7 @@ class RayStore:
             ) from exc
 
     def split_order(self, split: str) -> SplitOrder:
-        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""
+        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``)."""
         info = self._split(split)
         order = self._orders.get(split)
         if order is None:
