@@ -93,9 +93,7 @@ def test_merge_into_matches_the_merge(sizes: list[int], data: st.DataObject) -> 
         lo, hi = merge_counts(tuple(equal), start), merge_counts(tuple(equal), stop)
         runs = [np.arange(a, b) + 1000 * i for i, (a, b) in enumerate(zip(lo, hi, strict=True))]
         keys = sorted((Fraction(2 * r + 1, 2 * n), i, r) for i, n in enumerate(equal) for r in range(n))
-        assert _merge(runs, equal, lo, start, stop).tolist() == [
-            1000 * i + r for _, i, r in keys[start:stop]
-        ]
+        assert _merge(runs, equal, lo, start, stop).tolist() == [1000 * i + r for _, i, r in keys[start:stop]]
 
 
 def test_chunks_hold_each_image_share(tmp_path: Path, record_factory, scene: SceneInfo) -> None:
