@@ -29,7 +29,6 @@ __all__ = [
     "image_rotation",
     "merge_counts",
     "merge_into",
-    "order_run",
     "reference_split_pids",
     "shared_order",
 ]
@@ -68,17 +67,6 @@ def image_order(seed: int, split: str, index: int, n_pixels: int) -> np.ndarray:
     base = base_permutation(seed, split, n_pixels)
     s = image_rotation(seed, split, index, n_pixels)
     return np.concatenate([base[s:], base[:s]])
-
-
-def order_run(seed: int, split: str, index: int, n_pixels: int, lo: int, hi: int) -> np.ndarray:
-    """(hi - lo,) uint32 ``pi_i[lo:hi]``, without building ``pi_i``: a read-only view of ``base_n``, or
-    two slices of it joined when the run wraps around."""
-    base = base_permutation(seed, split, n_pixels)
-    a = (lo + image_rotation(seed, split, index, n_pixels)) % max(n_pixels, 1)
-    first = base[a : a + hi - lo]
-    if len(first) == hi - lo:
-        return first
-    return np.concatenate([first, base[: hi - lo - len(first)]])
 
 
 def _key(rank: int, size: int) -> Fraction:
