@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,16 +107,8 @@ class ComponentInfo:
         object.__setattr__(self, "source", dict(self.source))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "unit": self.unit,
-            "scale": self.scale,
-            "index": self.index,
-            "n_images": self.n_images,
-            "stored_bytes": self.stored_bytes,
-            "fingerprint": self.fingerprint,
-            "source": dict(self.source),
-        }
+        """The manifest record: every attribute but the name (its key)."""
+        return {k: v for k, v in asdict(self).items() if k != "name"}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any], where: str) -> ComponentInfo:
