@@ -24,24 +24,21 @@ Per-frame metadata (``frames.json``: image name -> JSON object) is optional like
 
 from __future__ import annotations
 
-import functools
-import io
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import google_crc32c
 import numpy as np
-from numpy.lib import format as npy_format
 
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_bytes, atomic_write_json
 from raykit.ordered import in_order
-from raykit.store.backends import backend_named, component_blobs, npy_bytes
+from raykit.store.backends import backend_named, component_blobs, npy_bytes, npy_header, npy_values
 from raykit.store.files import file_record, json_digest
 
 __all__ = [
@@ -110,16 +107,8 @@ class ComponentInfo:
         object.__setattr__(self, "source", dict(self.source))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "unit": self.unit,
-            "scale": self.scale,
-            "index": self.index,
-            "n_images": self.n_images,
-            "stored_bytes": self.stored_bytes,
-            "fingerprint": self.fingerprint,
-            "source": dict(self.source),
-        }
+        """The manifest record: every attribute but the name (its key)."""
+        return {k: v for k, v in asdict(self).items() if k != "name"}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any], where: str) -> ComponentInfo:
@@ -178,54 +167,6 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
     return npy_bytes(depth.astype(info.dtype))
 
 
-@functools.lru_cache(maxsize=256)
-def _npy_header(descr: str, shape: tuple[int, int]) -> bytes:
-    """The header ``np.save`` writes (version 1.0) for a C-order array of ``descr`` and ``shape``."""
-    buffer = io.BytesIO()
-    npy_format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
-    return buffer.getvalue()
-
-
-def _npy_values(
-    info: ComponentInfo, data: bytes, dtype: np.dtype, shape: tuple[int, int], where: str
-) -> np.ndarray:
-    """The ``.npy`` ``data`` of ``dtype`` and ``shape`` as a read-only view of it, its header checked
-    before any array is made (a header claiming a huge shape allocates nothing).
-
-    Raises:
-        StoreCorruptError: an unreadable header, another dtype or shape, or bytes of another length.
-    """
-    head = _npy_header(dtype.str, shape)  # the descr np.save writes for these plain dtypes
-    fortran = False
-    if data[: len(head)] == head:  # what raykit writes: no header to parse
-        offset = len(head)
-    else:
-        stream = io.BytesIO(data)
-        try:
-            version = npy_format.read_magic(stream)
-            if version == (1, 0):
-                got_shape, fortran, got_dtype = npy_format.read_array_header_1_0(stream)
-            elif version == (2, 0):
-                got_shape, fortran, got_dtype = npy_format.read_array_header_2_0(stream)
-            else:
-                raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
-        except (ValueError, OSError, EOFError) as exc:
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise StoreCorruptError(f"{where}: unreadable {info.name} array: {message}"[:500]) from None
-        if got_dtype != dtype or tuple(got_shape) != shape:
-            got = f"{got_dtype} {tuple(got_shape)}"[:200]
-            raise StoreCorruptError(f"{where}: expected a {info.name} of {dtype} {shape}, got {got}")
-        offset = stream.tell()
-    count = shape[0] * shape[1]
-    if len(data) - offset != count * dtype.itemsize:
-        raise StoreCorruptError(
-            f"{where}: {info.name} array of {len(data) - offset} bytes, expected {count * dtype.itemsize} "
-            f"({dtype} {shape})"
-        )
-    values = np.frombuffer(data, dtype, count, offset)
-    return values.reshape(shape[::-1]).T if fortran else values.reshape(shape)
-
-
 def _stored_form(info: ComponentInfo, height: int, width: int) -> tuple[np.dtype[Any], tuple[int, int]]:
     """The dtype and shape of the ``.npy`` stored for an image of ``(height, width)``."""
     if info.dtype == "bit":
@@ -236,7 +177,7 @@ def _stored_form(info: ComponentInfo, height: int, width: int) -> tuple[np.dtype
 def stored_size(info: ComponentInfo, height: int, width: int) -> int:
     """Bytes of the ``.npy`` stored for an image of ``(height, width)`` (``encode_component``'s)."""
     dtype, shape = _stored_form(info, height, width)
-    return len(_npy_header(dtype.str, shape)) + shape[0] * shape[1] * dtype.itemsize
+    return len(npy_header(dtype.str, shape)) + shape[0] * shape[1] * dtype.itemsize
 
 
 def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, where: str) -> np.ndarray:
@@ -249,7 +190,7 @@ def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, 
         StoreCorruptError: not an ``.npy`` of the expected dtype and shape (one line naming ``where``).
     """
     dtype, shape = _stored_form(info, height, width)
-    values = _npy_values(info, data, dtype, shape, where)
+    values = npy_values(data, dtype, shape, info.name, where)
     if info.dtype == "bit":
         return np.unpackbits(values, axis=1, count=width) * np.uint8(255)
     return values.astype(np.float32) if info.name == "depth" else values.copy()

@@ -16,13 +16,10 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "TRAIN_ORDER",
@@ -32,8 +29,6 @@ __all__ = [
     "image_rotation",
     "merge_counts",
     "merge_into",
-    "merge_runs",
-    "order_run",
     "reference_split_pids",
     "shared_order",
 ]
@@ -74,17 +69,6 @@ def image_order(seed: int, split: str, index: int, n_pixels: int) -> np.ndarray:
     return np.concatenate([base[s:], base[:s]])
 
 
-def order_run(seed: int, split: str, index: int, n_pixels: int, lo: int, hi: int) -> np.ndarray:
-    """(hi - lo,) uint32 ``pi_i[lo:hi]``, without building ``pi_i``: a read-only view of ``base_n``, or
-    two slices of it joined when the run wraps around."""
-    base = base_permutation(seed, split, n_pixels)
-    a = (lo + image_rotation(seed, split, index, n_pixels)) % max(n_pixels, 1)
-    first = base[a : a + hi - lo]
-    if len(first) == hi - lo:
-        return first
-    return np.concatenate([first, base[: hi - lo - len(first)]])
-
-
 def _key(rank: int, size: int) -> Fraction:
     return Fraction(2 * rank + 1, 2 * size)
 
@@ -117,27 +101,6 @@ def merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
             if counts[i] < sizes[i]:
                 heapq.heappush(heap, (_key(counts[i], sizes[i]), i))
     return counts
-
-
-def merge_runs(
-    runs: Sequence[np.ndarray], sizes: Sequence[int], lo: Sequence[int], start: int, stop: int
-) -> np.ndarray:
-    """The merge of one shard: (stop - start,) values in merge order.
-
-    Args:
-        runs: per image of the split, its values for ranks ``lo[i] .. lo[i] + len(runs[i])`` (the
-            image's run in this shard, ``merge_counts`` at ``start`` and ``stop``).
-        sizes: every image's pixel count ``n_i``.
-        lo: every image's first rank in the shard.
-        start, stop: the shard's ray range in the split.
-    """
-    dtype = runs[0].dtype if len(runs) else np.dtype(np.uint32)
-    hi = [a + len(run) for run, a in zip(runs, lo, strict=True)]
-
-    def fill(i: int, out: np.ndarray) -> None:
-        out[...] = runs[i]
-
-    return merge_into(fill, dtype, sizes, lo, hi, start, stop)
 
 
 _TRANSPOSE_BLOCK = 2048  # ranks per block of the round robin's transposed copy (fits in L2 per image set)
@@ -338,63 +301,6 @@ class SplitOrder:
             out[...] = staged[at[j] + lo[j] : at[j] + hi[j]]
 
         return merge_into(fill, staged.dtype, self.sizes, lo, hi, start, stop)
-
-    def pids_torch(self, start: int, stop: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """``pids`` computed by torch on ``device`` (e.g. CUDA): (stop - start,) int64.
-
-        The same values as ``pids`` (tested); images of mixed sizes whose merge keys need exact
-        fractions (``_EXACT_FLOAT_PIXELS``) are merged on the CPU.
-        """
-        import torch
-
-        self._check(start, stop)
-        dev = torch.device(device)
-        if not self.shuffled:
-            return torch.arange(start, stop, dtype=torch.int64, device=dev) + self.offsets[0]
-        if start == stop:
-            return torch.zeros(0, dtype=torch.int64, device=dev)
-        sizes = torch.tensor(self.sizes, dtype=torch.int64, device=dev)
-        offsets = torch.tensor(self.offsets, dtype=torch.int64, device=dev)
-        rotations = torch.from_numpy(self._rotations()).to(dev)
-        distinct = sorted(set(self.sizes))
-        bases = self._torch_bases(distinct, dev)  # one tensor: every distinct size's base, in turn
-        base_start = torch.tensor(
-            np.cumsum([0, *distinct[:-1]])[[distinct.index(n) for n in self.sizes]],
-            dtype=torch.int64,
-            device=dev,
-        )
-        images = len(self.sizes)
-        if len(distinct) == 1:
-            r0, r1 = start // images, -(-stop // images)
-            rank = torch.arange(r0, r1, dtype=torch.int64, device=dev)[:, None]
-            position = torch.remainder(rank + rotations[None, :], sizes[None, :])
-            grid = bases[position] + offsets[None, :]
-            offset = start - r0 * images
-            return grid.reshape(-1)[offset : offset + stop - start]
-        if max(self.sizes) >= _EXACT_FLOAT_PIXELS:
-            return torch.from_numpy(self.pids(start, stop).astype(np.int64)).to(dev)
-        lo, hi = merge_counts(self.sizes, start), merge_counts(self.sizes, stop)
-        counts = torch.tensor([b - a for a, b in zip(lo, hi, strict=True)], dtype=torch.int64, device=dev)
-        image = torch.repeat_interleave(torch.arange(images, device=dev), counts)
-        first = torch.cumsum(counts, 0) - counts
-        rank = torch.tensor(lo, dtype=torch.int64, device=dev)[image] + (
-            torch.arange(len(image), device=dev) - first[image]
-        )
-        n = sizes[image]
-        pid = offsets[image] + bases[base_start[image] + torch.remainder(rank + rotations[image], n)]
-        key = (2 * rank + 1).to(torch.float64) / (2 * n).to(torch.float64)
-        order = torch.sort(key, stable=True).indices  # built in image order: ties go to the lower image
-        return pid[order]
-
-    def _torch_bases(self, distinct: list[int], device: torch.device) -> torch.Tensor:
-        import torch
-
-        def joined() -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([self._base(n) for n in distinct]).astype(np.int64)).to(
-                device
-            )
-
-        return self._memo(("torch", str(device)), joined)
 
 
 @functools.lru_cache(maxsize=16)

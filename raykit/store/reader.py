@@ -220,20 +220,13 @@ class ImageSplits:
         """Relative paths of the files holding image ``i`` (split-local) of ``split``."""
         return [rel for rel, _, _ in self.backend.blob_ranges(self.blobs, split, self.store.index[split], i)]
 
-    def image_bytes(self, split: str, i: int) -> bytes:
-        """The stored bytes of image ``i`` (split-local) of ``split``, checked against their CRC-32C.
-
-        Raises:
-            StoreCorruptError: truncated or altered bytes, naming the file.
-        """
-        return join_parts(self.image_parts(split, i))
-
     def image_parts(
         self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
     ) -> list[bytes | np.ndarray]:
-        """``image_bytes`` in pieces that joined give the image, checked the same way; ``held``: files
-        already in memory (relative path -> read-only uint8 array), read from there instead of the
-        store (a file not held is read from the store)."""
+        """The stored bytes of image ``i`` (split-local) of ``split`` in pieces that joined give the
+        image (``join_parts``), checked against their CRC-32C (``StoreCorruptError`` naming the file);
+        ``held``: files already in memory (relative path -> read-only uint8 array), read from there
+        instead of the store (a file not held is read from the store)."""
         read = held_first(self.store.read_range, held)
         return read_blob(self.backend, self.blobs, read, self.url, split, self.store.index[split], i)
 
@@ -242,7 +235,7 @@ class ImageSplits:
         resolution level ``downscale`` (``(H // downscale, W // downscale)``)."""
         row = int(self.split_rows(split)[local])
         t0 = time.perf_counter()
-        data = self.image_bytes(split, local)
+        data = join_parts(self.image_parts(split, local))
         t1 = time.perf_counter()
         where = f"{self.url}/{self.image_files(split, local)[0]}"
         pixels = decode_stored(data, self.channels, f"{where} (image {self.table.names[row]!r})", downscale)
@@ -618,7 +611,7 @@ class RayStore:
             ) from exc
 
     def split_order(self, split: str) -> SplitOrder:
-        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``, ``pids_torch``)."""
+        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``)."""
         info = self._split(split)
         order = self._orders.get(split)
         if order is None:

@@ -1,5 +1,5 @@
-"""Format 3: pids derived from the split's order (``SplitOrder`` against the slow definition, numpy and
-torch), colours-only chunks and caches, ``--with-pids`` copies, ``rgb`` without alpha, ``raykit info``."""
+"""Format 3: pids derived from the split's order (``SplitOrder`` against the slow definition),
+colours-only chunks and caches, ``--with-pids`` copies, ``rgb`` without alpha, ``raykit info``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,9 +46,6 @@ def test_derived_pids_match_the_definition(sizes: list[int], data: st.DataObject
     stop = data.draw(st.integers(start, len(reference)))
     np.testing.assert_array_equal(order.pids(start, stop), reference[start:stop])
     assert order.pids(start, stop).dtype == np.uint32
-    torch_pids = order.pids_torch(start, stop)
-    assert torch_pids.dtype == torch.int64
-    np.testing.assert_array_equal(torch_pids.numpy(), reference[start:stop].astype(np.int64))
     again = pickle.loads(pickle.dumps(order))  # pickles without its memoised bases
     np.testing.assert_array_equal(again.pids(start, stop), reference[start:stop])
 
@@ -57,20 +53,8 @@ def test_derived_pids_match_the_definition(sizes: list[int], data: st.DataObject
 def test_unshuffled_pids_are_sequential_and_ranges_are_checked() -> None:
     order = SplitOrder(0, "val", False, (4, 5), (6, 10), (50, 56))
     np.testing.assert_array_equal(order.pids(3, 9), np.arange(53, 59, dtype=np.uint32))
-    np.testing.assert_array_equal(order.pids_torch(3, 9).numpy(), np.arange(53, 59))
     with pytest.raises(IndexError, match="outside"):
         order.pids(0, 17)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_derived_pids_on_cuda_match_numpy() -> None:
-    for sizes in ([640 * 480] * 9, [300, 1200, 300, 77, 5000]):
-        order, reference = _order(sizes)
-        for start, stop in [(0, len(reference)), (17, len(reference) // 3)]:
-            pids = order.pids_torch(start, stop, "cuda")
-            assert pids.is_cuda
-            np.testing.assert_array_equal(pids.cpu().numpy(), reference[start:stop].astype(np.int64))
 
 
 def test_chunks_hold_colours_only(tmp_path: Path, records, scene: SceneInfo) -> None:

@@ -21,8 +21,7 @@ from raykit.store.order import (
     image_order,
     image_rotation,
     merge_counts,
-    merge_runs,
-    order_run,
+    merge_into,
     reference_split_pids,
 )
 from raykit.store.schema import FieldSpec, SplitInfo
@@ -60,15 +59,23 @@ def test_image_orders_are_rotations_of_a_shared_permutation() -> None:
     for i, order in enumerate(orders):
         s = image_rotation(3, "train", i, 50)
         assert order.tolist() == [int(base[(r + s) % 50]) for r in range(50)]
-        for lo, hi in [(0, 50), (7, 7), (13, 44), (45, 50)]:
-            assert order_run(3, "train", i, 50, lo, hi).tolist() == order[lo:hi].tolist()
     assert len({o.tobytes() for o in orders}) > 1  # the rotations differ
     assert not np.array_equal(base_permutation(3, "val", 50), base)
 
 
+def _merge(runs: list[np.ndarray], sizes: list[int], lo: list[int], start: int, stop: int) -> np.ndarray:
+    """The merge of one shard's ``runs`` (image ``i``'s values for ranks ``lo[i]`` on)."""
+    hi = [a + len(run) for run, a in zip(runs, lo, strict=True)]
+
+    def fill(i: int, out: np.ndarray) -> None:
+        out[...] = runs[i]
+
+    return merge_into(fill, runs[0].dtype, sizes, lo, hi, start, stop)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 30), min_size=1, max_size=5), st.data())
-def test_merge_runs_match_the_merge(sizes: list[int], data: st.DataObject) -> None:
+def test_merge_into_matches_the_merge(sizes: list[int], data: st.DataObject) -> None:
     # Runs hold (image, rank) codes, so the merge is checked value by value against sorted keys.
     total = sum(sizes)
     start = data.draw(st.integers(0, total))
@@ -77,15 +84,13 @@ def test_merge_runs_match_the_merge(sizes: list[int], data: st.DataObject) -> No
     runs = [np.arange(a, b, dtype=np.int64) + 1000 * i for i, (a, b) in enumerate(zip(lo, hi, strict=True))]
     keys = sorted((Fraction(2 * r + 1, 2 * n), i, r) for i, n in enumerate(sizes) for r in range(n))
     expected = [1000 * i + r for _, i, r in keys[start:stop]]
-    assert merge_runs(runs, sizes, lo, start, stop).tolist() == expected
+    assert _merge(runs, sizes, lo, start, stop).tolist() == expected
     if len(sizes) > 1 and len(set(sizes)) > 1:  # the round-robin fast path agrees with sorting
         equal = [max(sizes)] * len(sizes)
         lo, hi = merge_counts(tuple(equal), start), merge_counts(tuple(equal), stop)
         runs = [np.arange(a, b) + 1000 * i for i, (a, b) in enumerate(zip(lo, hi, strict=True))]
         keys = sorted((Fraction(2 * r + 1, 2 * n), i, r) for i, n in enumerate(equal) for r in range(n))
-        assert merge_runs(runs, equal, lo, start, stop).tolist() == [
-            1000 * i + r for _, i, r in keys[start:stop]
-        ]
+        assert _merge(runs, equal, lo, start, stop).tolist() == [1000 * i + r for _, i, r in keys[start:stop]]
 
 
 def test_chunks_hold_each_image_share(tmp_path: Path, record_factory, scene: SceneInfo) -> None:

@@ -9,8 +9,10 @@ A new backend is one module, one line in ``_MODULES`` and a subclass of the suit
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union, cast
 
 import google_crc32c
 import numpy as np
+from numpy.lib import format as npy_format
 
 from raykit.errors import StoreCorruptError
 from raykit.store.schema import FieldSpec, SplitInfo
@@ -39,6 +42,8 @@ __all__ = [
     "component_blobs",
     "image_blobs",
     "npy_bytes",
+    "npy_header",
+    "npy_values",
     "read_blob",
     "read_blobs",
 ]
@@ -98,6 +103,55 @@ def npy_bytes(values: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(values), allow_pickle=False)
     return buffer.getvalue()
+
+
+@functools.lru_cache(maxsize=256)
+def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    """The header ``np.save`` writes (version 1.0) for a C-order array of ``descr`` and ``shape``."""
+    buffer = io.BytesIO()
+    npy_format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def npy_values(
+    data: bytes | bytearray, dtype: np.dtype[Any], shape: tuple[int, ...], what: str, where: str
+) -> np.ndarray:
+    """The ``.npy`` ``data`` (``npy_bytes``) of ``dtype`` and ``shape`` as a view of it (writable when
+    ``data`` is a ``bytearray``), its header checked before any array is made (a header claiming a huge
+    shape allocates nothing). ``what`` names the array in messages (a field, a component).
+
+    Raises:
+        StoreCorruptError: an unreadable header, another dtype or shape, or bytes of another length.
+    """
+    head = npy_header(dtype.str, shape)  # the descr np.save writes for these plain dtypes
+    fortran = False
+    if data[: len(head)] == head:  # what raykit writes: no header to parse
+        offset = len(head)
+    else:
+        stream = io.BytesIO(data)
+        try:
+            version = npy_format.read_magic(stream)
+            if version == (1, 0):
+                got_shape, fortran, got_dtype = npy_format.read_array_header_1_0(stream)
+            elif version == (2, 0):
+                got_shape, fortran, got_dtype = npy_format.read_array_header_2_0(stream)
+            else:
+                raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
+        except (ValueError, OSError, EOFError) as exc:
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreCorruptError(f"{where}: unreadable {what} array: {message}"[:500]) from None
+        if got_dtype != dtype or tuple(got_shape) != shape:
+            got = f"{got_dtype} {tuple(got_shape)}"[:200]
+            raise StoreCorruptError(f"{where}: expected a {what} of {dtype} {shape}, got {got}")
+        offset = stream.tell()
+    count = math.prod(shape)
+    if len(data) - offset != count * dtype.itemsize:
+        raise StoreCorruptError(
+            f"{where}: {what} array of {len(data) - offset} bytes, expected {count * dtype.itemsize} "
+            f"({dtype} {shape})"
+        )
+    values = np.frombuffer(data, dtype, count, offset)
+    return values.reshape(shape[::-1]).T if fortran else values.reshape(shape)
 
 
 def image_blobs(spec: StoreSpec) -> Blobs:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes, npy_values
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 
@@ -66,19 +66,6 @@ def sample_key(split: str, chunk: int) -> str:
     return f"{split}_{chunk:08d}"
 
 
-def _parse_npy(data: bytes, spec: FieldSpec, n: int, where: str) -> np.ndarray:
-    try:
-        values = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise StoreCorruptError(f"{where}: member {spec.name}.npy unreadable: {exc}") from exc
-    if values.dtype != np.dtype(spec.dtype) or values.shape != spec.shape(n):
-        raise StoreCorruptError(
-            f"{where}: member {spec.name}.npy: expected {spec.dtype} {spec.shape(n)}, "
-            f"got {values.dtype} {values.shape}"
-        )
-    return values
-
-
 class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads
     (``read(rel, start, stop)``: a local or remote store's)."""
@@ -103,12 +90,13 @@ class WdsReader:
         out = {}
         for name, spec in self._stored[info.name].items():
             offset, size = members[name]
-            data = bytes(self._read(rel, offset, offset + size))
+            data = bytearray(self._read(rel, offset, offset + size))  # the values' own, writable memory
             if len(data) != size:
                 raise StoreCorruptError(
                     f"{self._url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
                 )
-            out[name] = _parse_npy(data, spec, stop - start, f"{self._url}/{rel}")
+            dtype, shape = np.dtype(spec.dtype), spec.shape(stop - start)
+            out[name] = npy_values(data, dtype, shape, f"member {name}.npy", f"{self._url}/{rel}")
         return out
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha256_file
 from raykit.store.files import file_record
-from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, order_run
+from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, shared_order
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
 from raykit.store.write.commit import PhaseClock
@@ -315,7 +315,7 @@ class ImageJob:
     Rays (``stage_image``): decode it into the writer's staging area (``staging``): one packed RGBA
     ``uint32`` per pixel (alpha 255 for RGB), in row-major order, or in a ``shuffled`` split in
     ``image_order`` (``seed``), so a shard task reads each image's run of rays in one read and
-    recomputes their pids from the shared base permutation (``order_run``). (Permuting whole images
+    recomputes their pids from the shared base permutation (``SplitOrder``). (Permuting whole images
     here, each in cache, is about three times faster than gathering each shard's runs from row-major
     images.) Images (``raykit.store.write.images.encode_image_task``): encode it; ``memory``: keep
     the bytes in this process instead of a staging file (tasks run in the writing process).
@@ -475,11 +475,6 @@ class StagingSource:
         if info.shuffled:
             images, sizes = self._images(info)
             lo, hi = merge_counts(sizes, start), merge_counts(sizes, stop)
-            seed, split, offsets = self.seed, info.name, self.pixel_offset
-
-            def fill_pid(j: int, out: np.ndarray) -> None:
-                i = images[j]
-                np.add(order_run(seed, split, i, sizes[j], lo[j], hi[j]), np.uint32(offsets[i]), out=out)
 
             def fill_colour(j: int, out: np.ndarray) -> None:  # staged in the image's order: one run
                 if j in first:
@@ -487,11 +482,9 @@ class StagingSource:
                 else:
                     self.staging.read(images[j], lo[j], out, self.image_channels[images[j]])
 
-            pid = (
-                merge_into(fill_pid, np.uint32, sizes, lo, hi, start, stop, self.buffers.alloc_for("pid"))
-                if pids
-                else None
-            )
+            offsets = tuple(self.pixel_offset[i] for i in images)
+            order = shared_order(self.seed, info.name, True, tuple(images), sizes, offsets)
+            pid = order.pids(start, stop) if pids else None
             clock.lap("permutation")
             first, rgb = self._packed_rgb_runs(images, lo, hi)  # RGB runs read here: timed as the gather
             packed = merge_into(
