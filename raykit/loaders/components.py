@@ -489,7 +489,8 @@ class StagedComponents:
             if order.split in self.staged:
                 return self.staged[order.split]
             split = order.split
-            rows = self.store.split_rows(split)
+            if tuple(int(r) for r in self.store.split_rows(split)) != tuple(order.images):
+                raise ValueError(f"split {split!r}: the chunks' order is not the store's")  # never: one store
             sizes = np.asarray(order.sizes, dtype=np.int64)
             at = np.concatenate([[0], np.cumsum(sizes)])
             total = int(at[-1])
@@ -513,8 +514,6 @@ class StagedComponents:
                         else:
                             staged[name][at[i] : at[i + 1]] = ranked
 
-            if tuple(int(r) for r in rows) != tuple(order.images):
-                raise ValueError(f"split {split!r}: the chunks' order is not the store's")  # never: one store
             try:
                 threads = min(DECODE_THREADS, len(parts))
                 if threads > 1:
