@@ -28,21 +28,20 @@ def _flat_cells(rays_o: Tensor, rays_d: Tensor, t: Tensor, lo: Tensor, scale: Te
     """(N, S) flat int32 indices of the cells of an ``r^3`` grid (corner ``lo`` (3,), cells per unit ``scale``
     (3,)) holding the points at ``t`` (N, S) along rays (N, 3), clamped to the grid.
 
-    One axis at a time on (N, S) arrays (a multiply-add per point and axis, truncation instead of
-    floor, the flat index summed exactly in floats): 2-3x faster than on (N, S, 3) arrays, whose
-    innermost dimension of 3 the CPU kernels cannot vectorise; the same values. Returned as int32 (an
-    index ``index_select`` takes, holding every index the float sum holds exactly): half the bytes of
-    int64.
+    One axis at a time on (N, S) arrays (a multiply-add per point and axis, clamped, then truncated by the
+    conversion to int32, which is the floor there), 2-3x faster than on (N, S, 3) arrays, whose
+    innermost dimension of 3 the CPU kernels cannot vectorise; the same values. int32: an index
+    ``index_select`` takes, with half the bytes of int64 to write and read.
     """
     origin, direction = (rays_o - lo) * scale, rays_d * scale
     flat = None
     for axis, stride in enumerate((r * r, r, 1)):
-        cells = torch.addcmul(origin[:, axis, None], direction[:, axis, None], t).clamp_(0, r - 1).trunc_()
+        cells = torch.addcmul(origin[:, axis, None], direction[:, axis, None], t).clamp_(0, r - 1).int()
         if stride != 1:
             cells.mul_(stride)
         flat = cells if flat is None else flat.add_(cells)
     assert flat is not None
-    return flat.int()
+    return flat
 
 
 def _take(values: Tensor, index: Tensor) -> Tensor:
