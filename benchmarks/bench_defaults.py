@@ -13,6 +13,14 @@ comparable within a pair). A configuration is a name and ``raykit train`` flags:
 Each run is ``raykit train STORE --out WORK/NAME --steps N --threads 1 --ckpt-every 100000 FLAGS``
 (with ``OMP_WAIT_POLICY=PASSIVE``); ``--collect`` only reads finished run folders. Results go to
 ``benchmarks/results/defaults.json`` (``--out``), merged by run name.
+
+``--trees A,B --seconds S`` is the other comparison: default flags at equal time between two checkouts
+(e.g. a round's start and its end), ``raykit train STORE --out WORK/ab-I-TREE --max-seconds S
+--ckpt-every 100000`` with each checkout on ``PYTHONPATH`` and torch's own threads, one run at a time,
+``--pairs`` pairs in alternating order (A B, B A, ...), so that both checkouts meet the same load:
+
+    python benchmarks/bench_defaults.py --store STORE --trees ../base,. --seconds 75 --pairs 3 \
+        --out benchmarks/results/defaults_ab.json
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +52,51 @@ def train(store: str, out: Path, steps: int, flags: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def train_for(tree: str, store: str, out: Path, seconds: float) -> float:
+    """One default-flags run of ``seconds`` with the checkout ``tree`` (a fresh interpreter): its wall
+    seconds (training, then the final evaluation)."""
+    argv = [sys.executable, "-m", "raykit", "train", store, "--out", str(out), "--max-seconds", str(seconds),
+            "--ckpt-every", "100000"]  # fmt: skip
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": tree}
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def equal_time_ab(store: str, trees: list[str], seconds: float, pairs: int, work: Path, out: str) -> None:
+    """Default flags at equal time, ``pairs`` pairs of runs alternating between the checkouts ``trees``."""
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    for pair in range(pairs):
+        for tree in trees if pair % 2 == 0 else trees[::-1]:
+            run = work / f"ab-{pair}-{Path(tree).resolve().name}"
+            shutil.rmtree(run, ignore_errors=True)
+            load = os.getloadavg()[0]
+            wall = train_for(tree, store, run, seconds)
+            test = json.loads((run / "eval.json").read_text())["splits"]["test"]
+            record = {"pair": pair, **figures(run), "eval_seconds": test["seconds"], "wall_seconds": wall,
+                      "load_before": load, "load_after": os.getloadavg()[0]}  # fmt: skip
+            runs[tree].append(record)
+            print(portable(tree), json.dumps(record), flush=True)
+    summary = {}
+    for tree, records in runs.items():
+        summary[portable(tree)] = {
+            key: sum(r[key] for r in records) / len(records)
+            for key in ("psnr", "ssim", "steps", "train_seconds", "eval_seconds")
+        } | {"runs": records}
+    first, last = runs[trees[0]], runs[trees[-1]]
+    report = {
+        "benchmark": "defaults_equal_time_ab",
+        "store": portable(store),
+        "seconds": seconds,
+        "machine": describe(),
+        "command": command_line(),
+        "psnr_difference_per_pair": [b["psnr"] - a["psnr"] for a, b in zip(first, last, strict=True)],
+        "steps_ratio_per_pair": [b["steps"] / a["steps"] for a, b in zip(first, last, strict=True)],
+        "results": summary,
+    }
+    write_report(out, report)
+
+
 def figures(run: Path) -> dict[str, Any]:
     """Test figures and training time of a finished run folder."""
     test = json.loads((run / "eval.json").read_text())["splits"]["test"]
@@ -56,9 +110,9 @@ def figures(run: Path) -> dict[str, Any]:
         "steps": last["step"],
         "train_seconds": last["elapsed_s"],
         "seconds_per_step": last["elapsed_s"] / max(last["step"], 1),
-        "sampler": config["sampler"],
-        "scene_space": config["scene_space"],
-        "max_resolution": config["max_resolution"],
+        "sampler": config.get("sampler"),
+        "scene_space": config.get("scene_space"),
+        "max_resolution": config.get("max_resolution"),
     }
 
 
@@ -73,8 +127,14 @@ def main() -> None:
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "raykit-bench-defaults"))
     parser.add_argument("--collect", action="store_true", help="only read finished run folders")
     parser.add_argument("--out", default=str(ROOT / "results" / "defaults.json"))
+    parser.add_argument("--trees", default=None, help="A,B: default flags at equal time between checkouts")
+    parser.add_argument("--seconds", type=float, default=75.0, help="--trees: training seconds per run")
+    parser.add_argument("--pairs", type=int, default=3, help="--trees: pairs of runs")
     args = parser.parse_args()
     work = Path(args.work)
+    if args.trees:
+        equal_time_ab(args.store, args.trees.split(","), args.seconds, args.pairs, work, args.out)
+        return
     configs = {}
     for item in args.config:
         name, _, flags = item.partition("=")

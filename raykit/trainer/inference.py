@@ -8,11 +8,13 @@ space), then composites them front to back in rounds (:func:`composite_front_to_
 evaluates the density at the next few samples of every ray still visible, and the colour only where
 the compositing weight reaches :data:`LEAST_WEIGHT`; a ray stops once its transmittance falls below
 :data:`STOP_TRANSMITTANCE`. The field is evaluated by :func:`field_geometry` and :func:`field_colour`,
-the module's arithmetic without autograd's constraints (one feature buffer, activations in place):
-the same values, bit for bit. What is left out changes a pixel by less than ``1e-4`` behind an opacity of
-``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth of one 8-bit level in all), so the
-renders are the every-sample ones (:func:`reference_colours`, their simple twin, renders every sample
-in one pass; the tests compare the two).
+the module's arithmetic without autograd's constraints (one feature buffer, activations in place,
+each ray's direction encoded once, the plane lookups cut in parts that keep every CPU thread busy:
+:func:`plane_parts`): the same values, bit for bit. Gathers go through ``index_select`` (several times
+faster on a CPU than advanced indexing, the same values). What is left out changes a pixel by less
+than ``1e-4`` behind an opacity of ``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth
+of one 8-bit level in all), so the renders are the every-sample ones (:func:`reference_colours`, their
+simple twin, renders every sample in one pass; the tests compare the two).
 
 Training keeps its own path: it needs the gradients of every sample.
 """
