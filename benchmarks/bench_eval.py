@@ -5,9 +5,11 @@ nerf_synthetic's lego at ``--downscale 4``) and 100 training views. ``prepare`` 
 (``--sampler`` for ``--train-steps``, with the checkout this script lives in) and saves its tensors;
 ``measure`` renders every test view with the checkout on ``PYTHONPATH`` (``raykit.trainer``'s
 ``render_image``, the path of ``eval.json``, progress checks and ``raykit render``), and reports rays/s
-and the PSNR of the renders (equal PSNR on both sides: the renders are the same); ``ab`` alternates
-``measure`` between checkouts, in subprocesses, block of views by block (``--block``), so that both
-checkouts meet the same load.
+and the PSNR of the renders (equal PSNR on both sides: the renders are the same), and the process's
+CPU seconds beside the wall seconds (on a shared machine the CPU time carries better; at 2 threads
+set ``OMP_WAIT_POLICY=PASSIVE`` so that a thread waiting for a taken core does not spin and count);
+``ab`` alternates ``measure`` between checkouts, in subprocesses, block of views by block
+(``--block``), so that both checkouts meet the same load, and reports both speed-ups.
 
     python benchmarks/bench_eval.py prepare --work benchmarks/data/bench-eval
     python benchmarks/bench_eval.py ab --work benchmarks/data/bench-eval --trees ../base,. --threads 1

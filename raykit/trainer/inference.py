@@ -280,10 +280,8 @@ def composite_front_to_back(
         weights = weights.view(-1).index_select(0, flat)
         seen = torch.nonzero(weights >= least_weight, as_tuple=True)[0]
         seen_ray = ray.index_select(0, seen)
-        rgb = colour_of_encoding(field, geo.index_select(0, seen), encoded.index_select(0, seen_ray)).to(
-            dtype
-        )
-        colour.index_add_(0, seen_ray, weights.index_select(0, seen)[:, None] * rgb)
+        rgb = colour_of_encoding(field, geo.index_select(0, seen), encoded.index_select(0, seen_ray))
+        colour.index_add_(0, seen_ray, weights.index_select(0, seen)[:, None] * rgb.to(dtype))
         run_transmittance = run_transmittance * torch.exp(-sigma_delta.sum(dim=1))
         transmittance.index_copy_(0, running, run_transmittance)
         done += width
