@@ -60,18 +60,9 @@ def train_for(tree: str, store: str, out: Path, seconds: float, steps: int) -> f
     """One default-flags run of ``seconds`` (or, for 0, of ``steps`` steps on one thread) with the
     checkout ``tree`` (a fresh interpreter): its wall seconds (training, then the final evaluation)."""
     budget = ["--max-seconds", str(seconds)] if seconds else ["--steps", str(steps), "--threads", "1"]
-    argv = [
-        sys.executable,
-        "-m",
-        "raykit",
-        "train",
-        store,
-        "--out",
-        str(out),
-        *budget,
-        "--ckpt-every",
-        "100000",
-    ]
+    # -P: the working directory does not go first on sys.path, so that PYTHONPATH picks the checkout
+    argv = [sys.executable, "-P", "-m", "raykit", "train", store, "--out", str(out), *budget,
+            "--ckpt-every", "100000"]  # fmt: skip
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": tree, **({} if seconds else {"OMP_WAIT_POLICY": "PASSIVE"})}
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
