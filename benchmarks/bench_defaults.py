@@ -131,7 +131,7 @@ def figures(run: Path) -> dict[str, Any]:
     return {
         "psnr": test["psnr"],
         "ssim": test["ssim"],
-        "psnr_float": test["psnr_float"],
+        "psnr_float": test.get("psnr_float"),  # None in an eval.json from before the protocol
         "steps": last["step"],
         "train_seconds": last["elapsed_s"],
         "seconds_per_step": last["elapsed_s"] / max(last["step"], 1),
