@@ -13,6 +13,18 @@ comparable within a pair). A configuration is a name and ``raykit train`` flags:
 Each run is ``raykit train STORE --out WORK/NAME --steps N --threads 1 --ckpt-every 100000 FLAGS``
 (with ``OMP_WAIT_POLICY=PASSIVE``); ``--collect`` only reads finished run folders. Results go to
 ``benchmarks/results/defaults.json`` (``--out``), merged by run name.
+
+``--trees A,B --seconds S`` is the other comparison: default flags at equal time between two checkouts
+(e.g. a round's start and its end), ``raykit train STORE --out WORK/ab-I-TREE --max-seconds S
+--ckpt-every 100000`` with each checkout on ``PYTHONPATH`` and torch's own threads, one run at a time,
+``--pairs`` pairs in alternating order (A B, B A, ...), so that both checkouts meet the same load:
+
+    python benchmarks/bench_defaults.py --store STORE --trees ../base,. --seconds 75 --pairs 3 \\
+        --out benchmarks/results/defaults_ab.json
+
+With ``--seconds 0`` the pairs train ``--steps`` steps instead, one torch thread each
+(``OMP_WAIT_POLICY=PASSIVE``), the two runs of a pair at the same time (equal steps; on a shared
+machine the pair still meets the same load).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +56,72 @@ def train(store: str, out: Path, steps: int, flags: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def train_for(tree: str, store: str, out: Path, seconds: float, steps: int) -> float:
+    """One default-flags run of ``seconds`` (or, for 0, of ``steps`` steps on one thread) with the
+    checkout ``tree`` (a fresh interpreter): its wall seconds (training, then the final evaluation)."""
+    budget = ["--max-seconds", str(seconds)] if seconds else ["--steps", str(steps), "--threads", "1"]
+    # -P: the working directory does not go first on sys.path, so that PYTHONPATH picks the checkout
+    argv = [sys.executable, "-P", "-m", "raykit", "train", store, "--out", str(out), *budget,
+            "--ckpt-every", "100000"]  # fmt: skip
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": tree, **({} if seconds else {"OMP_WAIT_POLICY": "PASSIVE"})}
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def trees_ab(
+    store: str, trees: list[str], seconds: float, steps: int, pairs: int, work: Path, out: str
+) -> None:
+    """Default flags at equal time (``seconds``; or at equal steps for 0), ``pairs`` pairs of runs
+    alternating between the checkouts ``trees`` (at equal steps the runs of a pair at once)."""
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    for pair in range(pairs):
+        order = trees if pair % 2 == 0 else trees[::-1]
+        folders = {tree: work / f"ab-{pair}-{Path(tree).resolve().name}" for tree in order}
+        for run in folders.values():
+            shutil.rmtree(run, ignore_errors=True)
+        load = os.getloadavg()[0]
+        walls = {}
+        if seconds:
+            for tree in order:
+                walls[tree] = train_for(tree, store, folders[tree], seconds, steps)
+        else:
+            with ThreadPoolExecutor(len(order)) as pool:
+                jobs = {
+                    tree: pool.submit(train_for, tree, store, folders[tree], seconds, steps) for tree in order
+                }
+                walls = {tree: job.result() for tree, job in jobs.items()}
+        for tree in order:
+            test = json.loads((folders[tree] / "eval.json").read_text())["splits"]["test"]
+            record = {"pair": pair, **figures(folders[tree]), "eval_seconds": test["seconds"],
+                      "wall_seconds": walls[tree], "load_before": load,
+                      "load_after": os.getloadavg()[0]}  # fmt: skip
+            runs[tree].append(record)
+            print(portable(tree), json.dumps(record), flush=True)
+    summary = {}
+    for tree, records in runs.items():
+        summary[portable(tree)] = {
+            key: sum(r[key] for r in records) / len(records)
+            for key in ("psnr", "ssim", "steps", "train_seconds", "seconds_per_step", "eval_seconds")
+        } | {"runs": records}
+    first, last = runs[trees[0]], runs[trees[-1]]
+    report = {
+        "benchmark": "defaults_equal_time_ab" if seconds else "defaults_equal_steps_ab",
+        "store": portable(store),
+        "seconds": seconds,
+        "steps": None if seconds else steps,
+        "machine": describe(),
+        "command": command_line(),
+        "psnr_difference_per_pair": [b["psnr"] - a["psnr"] for a, b in zip(first, last, strict=True)],
+        "steps_ratio_per_pair": [b["steps"] / a["steps"] for a, b in zip(first, last, strict=True)],
+        "seconds_per_step_ratio_per_pair": [
+            b["seconds_per_step"] / a["seconds_per_step"] for a, b in zip(first, last, strict=True)
+        ],
+        "results": summary,
+    }
+    write_report(out, report)
+
+
 def figures(run: Path) -> dict[str, Any]:
     """Test figures and training time of a finished run folder."""
     test = json.loads((run / "eval.json").read_text())["splits"]["test"]
@@ -52,13 +131,13 @@ def figures(run: Path) -> dict[str, Any]:
     return {
         "psnr": test["psnr"],
         "ssim": test["ssim"],
-        "psnr_float": test["psnr_float"],
+        "psnr_float": test.get("psnr_float"),  # None in an eval.json from before the protocol
         "steps": last["step"],
         "train_seconds": last["elapsed_s"],
         "seconds_per_step": last["elapsed_s"] / max(last["step"], 1),
-        "sampler": config["sampler"],
-        "scene_space": config["scene_space"],
-        "max_resolution": config["max_resolution"],
+        "sampler": config.get("sampler"),
+        "scene_space": config.get("scene_space"),
+        "max_resolution": config.get("max_resolution"),
     }
 
 
@@ -73,8 +152,16 @@ def main() -> None:
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "raykit-bench-defaults"))
     parser.add_argument("--collect", action="store_true", help="only read finished run folders")
     parser.add_argument("--out", default=str(ROOT / "results" / "defaults.json"))
+    parser.add_argument("--trees", default=None, help="A,B: default flags at equal time between checkouts")
+    parser.add_argument(
+        "--seconds", type=float, default=75.0, help="--trees: training seconds per run (0: --steps, 1 thread)"
+    )
+    parser.add_argument("--pairs", type=int, default=3, help="--trees: pairs of runs")
     args = parser.parse_args()
     work = Path(args.work)
+    if args.trees:
+        trees_ab(args.store, args.trees.split(","), args.seconds, args.steps, args.pairs, work, args.out)
+        return
     configs = {}
     for item in args.config:
         name, _, flags = item.partition("=")

@@ -5,9 +5,11 @@ nerf_synthetic's lego at ``--downscale 4``) and 100 training views. ``prepare`` 
 (``--sampler`` for ``--train-steps``, with the checkout this script lives in) and saves its tensors;
 ``measure`` renders every test view with the checkout on ``PYTHONPATH`` (``raykit.trainer``'s
 ``render_image``, the path of ``eval.json``, progress checks and ``raykit render``), and reports rays/s
-and the PSNR of the renders (equal PSNR on both sides: the renders are the same); ``ab`` alternates
-``measure`` between checkouts, in subprocesses, block of views by block (``--block``), so that both
-checkouts meet the same load.
+and the PSNR of the renders (equal PSNR on both sides: the renders are the same), and the process's
+CPU seconds beside the wall seconds (on a shared machine the CPU time carries better; at 2 threads
+set ``OMP_WAIT_POLICY=PASSIVE`` so that a thread waiting for a taken core does not spin and count);
+``ab`` alternates ``measure`` between checkouts, in subprocesses, block of views by block
+(``--block``), so that both checkouts meet the same load, and reports both speed-ups.
 
     python benchmarks/bench_eval.py prepare --work benchmarks/data/bench-eval
     python benchmarks/bench_eval.py ab --work benchmarks/data/bench-eval --trees ../base,. --threads 1
@@ -111,17 +113,19 @@ def measure(
     names = store.images("test")[first : None if images is None else first + images]
     render_image(config, store, names[0], field, grid, device)  # warm-up: first-use allocations
     values, rays = [], 0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for name in names:
         pred, target = render_image(config, store, name, field, grid, device)
         values.append(psnr(pred, target))
         rays += pred.shape[0] * pred.shape[1]
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return {
         "images": len(names),
         "rays": rays,
         "seconds": seconds,
         "rays_per_s": rays / seconds,
+        "cpu_seconds": cpu_seconds,
+        "rays_per_cpu_s": rays / cpu_seconds,
         "psnr": float(np.mean(values)),
         "torch_threads": torch.get_num_threads(),
         "load_average_1min": os.getloadavg()[0],
@@ -148,9 +152,12 @@ def ab(work: Path, trees: list[str], sampler: str, block: int, threads: int | No
     summary = {}
     for tree, runs in results.items():
         rays, seconds = sum(r["rays"] for r in runs), sum(r["seconds"] for r in runs)
+        cpu_seconds = sum(r.get("cpu_seconds", float("nan")) for r in runs)
         summary[portable(tree)] = {
             "rays_per_s": rays / seconds,
             "seconds_for_the_split": seconds,
+            "rays_per_cpu_s": rays / cpu_seconds,
+            "cpu_seconds_for_the_split": cpu_seconds,
             "images": sum(r["images"] for r in runs),
             "psnr": sum(r["psnr"] * r["images"] for r in runs) / sum(r["images"] for r in runs),
             "runs": runs,
@@ -159,6 +166,12 @@ def ab(work: Path, trees: list[str], sampler: str, block: int, threads: int | No
         b["rays_per_s"] / a["rays_per_s"] for a, b in zip(results[trees[0]], results[trees[-1]], strict=True)
     )
     base, new = (summary[portable(t)]["rays_per_s"] for t in (trees[0], trees[-1]))
+    base_cpu, new_cpu = (summary[portable(t)]["rays_per_cpu_s"] for t in (trees[0], trees[-1]))
+    cpu_ratios = sorted(
+        b["rays_per_cpu_s"] / a["rays_per_cpu_s"]
+        for a, b in zip(results[trees[0]], results[trees[-1]], strict=True)
+    )
+    loads = [r["load_average_1min"] for runs in results.values() for r in runs]
     report = {
         "benchmark": "eval_ab",
         "scene": f"built-in scene {SIZE}x{SIZE}, {N_TEST} test views, model trained {sampler}",
@@ -168,10 +181,16 @@ def ab(work: Path, trees: list[str], sampler: str, block: int, threads: int | No
         "speedup_last_over_first": new / base,
         "speedup_per_block": ratios,
         "speedup_median_block": ratios[len(ratios) // 2],
+        "cpu_speedup_last_over_first": new_cpu / base_cpu,
+        "cpu_speedup_per_block": cpu_ratios,
+        "cpu_speedup_median_block": cpu_ratios[len(cpu_ratios) // 2],
+        "load_average_1min_range": [min(loads), max(loads)],
         "results": summary,
     }
     write_report(out, report)
-    print(f"speed-up {new / base:.2f}x (blocks: median {ratios[len(ratios) // 2]:.2f}x)")
+    print(f"speed-up {new / base:.2f}x (blocks: median {ratios[len(ratios) // 2]:.2f}x); in CPU time "
+          f"{new_cpu / base_cpu:.2f}x (blocks: median {cpu_ratios[len(cpu_ratios) // 2]:.2f}x); "
+          f"load {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
 
 
 def main() -> None:

@@ -32,11 +32,10 @@ from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.imagedecode import open_image
-from raykit.loaders import image_rays
 from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
-from raykit.trainer.evaluate import image_mask, models_from_state, render_batch
+from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
 from raykit.trainer.runtime import parse_background, resolve_device
 from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
@@ -98,9 +97,9 @@ def store_views(
     for name in store.images(split) if names is None else names:
         index = store.image_index(name)
         height, width = int(store.table.height[index]), int(store.table.width[index])
-        rays = image_rays(store, name, device)
+        rays, stored = image_rays_and_pixels(store, name, device)  # the image read once
         target = rays.composite(background).view(height, width, 3).cpu()
-        stored, mask = store.read_image(name), image_mask(store, name)
+        mask = image_mask(store, name)
         yield View(name, _map_rays(rays, model_from_store), height, width, target, stored, mask)
 
 

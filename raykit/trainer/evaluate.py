@@ -31,7 +31,7 @@ from PIL import Image
 
 from raykit.errors import RaykitError, ResumeError
 from raykit.fileio import atomic_path, atomic_write_json, read_json
-from raykit.loaders import image_rays
+from raykit.loaders import reference_batch
 from raykit.metrics import quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
@@ -48,11 +48,13 @@ from raykit.trainer.scores import Scorer, split_means
 __all__ = [
     "build_models",
     "evaluate_run",
+    "image_rays_and_pixels",
     "models_from_state",
     "quick_psnr",
     "render",
     "render_batch",
     "render_image",
+    "render_view",
 ]
 
 
@@ -96,6 +98,16 @@ def build_models(
     return field, grid
 
 
+def image_rays_and_pixels(store: RayStore, name: str, device: torch.device) -> tuple[RayBatch, np.ndarray]:
+    """Image ``name``'s rays (as ``raykit.loaders.image_rays`` makes them) and its stored pixels (H, W, C)
+    uint8 (as ``store.read_image(name)`` returns them), from one read of the image: an evaluation
+    scores against both, and a second read would decode the image again."""
+    raw = store.image_raw(name)
+    height, width, channels = store.image_shape(name)
+    pixels = np.ascontiguousarray(raw.rgba[:, :channels]).reshape(height, width, channels)
+    return reference_batch(store, raw, device), pixels
+
+
 @torch.no_grad()
 def render_image(
     config: TrainConfig,
@@ -106,13 +118,27 @@ def render_image(
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Render image ``name``: ``(prediction (H, W, 3), target (H, W, 3))``, both over the background."""
-    index = store.image_index(name)
-    height, width = int(store.table.height[index]), int(store.table.width[index])
-    batch = image_rays(store, name, device)
+    pred, target, _ = render_view(config, store, name, field, grid, device)
+    return pred, target
+
+
+@torch.no_grad()
+def render_view(
+    config: TrainConfig,
+    store: RayStore,
+    name: str,
+    field: RadianceField,
+    grid: Any,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """:func:`render_image` and the image's stored pixels (H, W, C) uint8 (``store.read_image(name)``),
+    the image read once (:func:`image_rays_and_pixels`)."""
+    height, width, _ = store.image_shape(name)
+    batch, pixels = image_rays_and_pixels(store, name, device)
     background = parse_background(config.background).to(device)
     pred = render_batch(config, field, grid, batch, background).view(height, width, 3).cpu()
     target = batch.composite(background).view(height, width, 3).cpu()
-    return pred, target
+    return pred, target, pixels
 
 
 @torch.no_grad()
@@ -192,8 +218,8 @@ def _protocol_psnr(
     grid: Any,
     device: torch.device,
 ) -> float:
-    pred, target = render_image(config, store, name, field, grid, device)
-    value = scorer.score(pred, target, store.read_image(name), image_mask(store, name))["psnr"]
+    pred, target, pixels = render_view(config, store, name, field, grid, device)
+    value = scorer.score(pred, target, pixels, image_mask(store, name))["psnr"]
     return float("inf") if value is None else float(value)
 
 
@@ -229,10 +255,10 @@ def evaluate_split(
     names = store.images(split)[: config.eval_max_images]
     images = []
     for i, name in enumerate(names):
-        pred, target = render_image(config, store, name, field, grid, device)
+        pred, target, pixels = render_view(config, store, name, field, grid, device)
         _save_png(run_dir / "renders" / split / f"{i:03d}_{Path(name).stem}.png", pred)
         mask = image_mask(store, name) if scorer.masked else None
-        images.append({"name": name, **scorer.score(pred, target, store.read_image(name), mask)})
+        images.append({"name": name, **scorer.score(pred, target, pixels, mask)})
     return {
         **split_means(images),
         "n_images": len(images),

@@ -25,22 +25,29 @@ __all__ = ["OccupancyGrid"]
 
 
 def _flat_cells(rays_o: Tensor, rays_d: Tensor, t: Tensor, lo: Tensor, scale: Tensor, r: int) -> Tensor:
-    """(N, S) flat indices of the cells of an ``r^3`` grid (corner ``lo`` (3,), cells per unit ``scale``
+    """(N, S) flat int32 indices of the cells of an ``r^3`` grid (corner ``lo`` (3,), cells per unit ``scale``
     (3,)) holding the points at ``t`` (N, S) along rays (N, 3), clamped to the grid.
 
-    One axis at a time on (N, S) arrays (a multiply-add per point and axis, truncation instead of
-    floor, the flat index summed exactly in floats): 2-3x faster than on (N, S, 3) arrays, whose
-    innermost dimension of 3 the CPU kernels cannot vectorise; the same values.
+    One axis at a time on (N, S) arrays (a multiply-add per point and axis, clamped, then truncated by the
+    conversion to int32, which is the floor there), 2-3x faster than on (N, S, 3) arrays, whose
+    innermost dimension of 3 the CPU kernels cannot vectorise; the same values. int32: an index
+    ``index_select`` takes, with half the bytes of int64 to write and read.
     """
     origin, direction = (rays_o - lo) * scale, rays_d * scale
     flat = None
     for axis, stride in enumerate((r * r, r, 1)):
-        cells = torch.addcmul(origin[:, axis, None], direction[:, axis, None], t).clamp_(0, r - 1).trunc_()
+        cells = torch.addcmul(origin[:, axis, None], direction[:, axis, None], t).clamp_(0, r - 1).int()
         if stride != 1:
             cells.mul_(stride)
         flat = cells if flat is None else flat.add_(cells)
     assert flat is not None
-    return flat.long()
+    return flat
+
+
+def _take(values: Tensor, index: Tensor) -> Tensor:
+    """``values[index]`` for a 1-D ``values`` and an index of any shape, through ``index_select``
+    (several times faster on a CPU than advanced indexing; the same values)."""
+    return values.index_select(0, index.reshape(-1)).view(index.shape)
 
 
 class OccupancyGrid(nn.Module):
@@ -118,7 +125,8 @@ class OccupancyGrid(nn.Module):
         ``t`` is clipped to the box.
         """
         lo, hi = self.aabb[:3], self.aabb[3:]
-        return self.occupied[_flat_cells(rays_o, rays_d, t, lo, self.resolution / (hi - lo), self.resolution)]
+        scale = self.resolution / (hi - lo)
+        return _take(self.occupied, _flat_cells(rays_o, rays_d, t, lo, scale, self.resolution))
 
     def coarse_tests(self, radii: tuple[int, ...] = (4, 1), most: float = 0.5) -> list[CoarseTest]:
         """:meth:`coarse_test` at each of ``radii`` (coarsest first) where it pays; for
@@ -169,7 +177,7 @@ class OccupancyGrid(nn.Module):
         scale = r / (self.aabb[3:] - lo)
 
         def test(rays_o: Tensor, rays_d: Tensor, t: Tensor) -> Tensor:
-            return flat[_flat_cells(rays_o, rays_d, t, lo, scale, r)]
+            return _take(flat, _flat_cells(rays_o, rays_d, t, lo, scale, r))
 
         return test, 2 * radius * min(self.cell_size)
 

@@ -291,27 +291,29 @@ def march_occupied(
     for (test, _), split in zip(levels[1:], splits, strict=True):  # each passing stride cut in `split`
         level_stride /= split
         parts = stride_of[:, None] * split + torch.arange(split, device=device)  # (P, split)
-        centres = t_min[ray_of, None] + (parts.to(dtype) + 0.5) * level_stride
-        passed = test(rays_o[ray_of], rays_d[ray_of], centres) & (
-            centres - 0.5 * level_stride < t_max[ray_of, None]
+        centres = t_min.index_select(0, ray_of)[:, None] + (parts.to(dtype) + 0.5) * level_stride
+        passed = test(rays_o.index_select(0, ray_of), rays_d.index_select(0, ray_of), centres) & (
+            centres - 0.5 * level_stride < t_max.index_select(0, ray_of)[:, None]
         )
         kept = torch.nonzero(passed.view(-1), as_tuple=True)[0]
-        ray_of, stride_of = ray_of[kept // split], parts.view(-1)[kept]
+        ray_of, stride_of = ray_of.index_select(0, kept // split), parts.view(-1).index_select(0, kept)
     stride = level_stride
     # Steps k of stride j: j * stride <= (k + offset) * step_size < (j + 1) * stride (a partition of k),
     # at most ceil(stride / step_size) + 1 of them: a small rectangular comb per passing stride.
     ratio = stride / step_size
-    offsets = offset[ray_of]
+    # Gathers by index_select (several times faster on a CPU than advanced indexing; the same values).
+    offsets = offset.index_select(0, ray_of)
     first = torch.ceil(stride_of.to(dtype) * ratio - offsets).clamp_min(0)
     end = torch.ceil((stride_of + 1).to(dtype) * ratio - offsets)
     steps = first[:, None] + torch.arange(math.ceil(ratio) + 1, dtype=dtype, device=device)  # (P, W)
-    t_mid = t_min[ray_of, None] + (steps + offsets[:, None]) * step_size
-    keep = (steps < end[:, None]) & (t_mid < t_max[ray_of, None])
-    keep &= occupied(rays_o[ray_of], rays_d[ray_of], t_mid)
+    t_mid = t_min.index_select(0, ray_of)[:, None] + (steps + offsets[:, None]) * step_size
+    keep = (steps < end[:, None]) & (t_mid < t_max.index_select(0, ray_of)[:, None])
+    keep &= occupied(rays_o.index_select(0, ray_of), rays_d.index_select(0, ray_of), t_mid)
     kept = torch.nonzero(keep.view(-1), as_tuple=True)[0]
-    ray_indices, t_mid_packed = ray_of[kept // keep.shape[1]], t_mid.view(-1)[kept]
-    t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min[ray_indices])
-    t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max[ray_indices])
+    ray_indices = ray_of.index_select(0, kept // keep.shape[1])
+    t_mid_packed = t_mid.view(-1).index_select(0, kept)
+    t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min.index_select(0, ray_indices))
+    t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max.index_select(0, ray_indices))
     if density_fn is not None and ray_indices.numel():
         with torch.no_grad():
             sigmas = density_fn(rays_o[ray_indices] + rays_d[ray_indices] * t_mid_packed[:, None])

@@ -5,14 +5,22 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from raykit.loaders import image_rays
 from raykit.rays import RayBatch
-from raykit.store import open_store
+from raykit.store import RayStore, open_store
+from raykit.store.write import copy_store
 from raykit.trainer import TrainConfig, inference
-from raykit.trainer.evaluate import build_models, evaluate_split, quick_psnr, render_batch
+from raykit.trainer.evaluate import (
+    build_models,
+    evaluate_split,
+    image_rays_and_pixels,
+    quick_psnr,
+    render_batch,
+)
 from raykit.trainer.field import RadianceField
 from raykit.trainer.inference import (
     ROUNDS,
@@ -102,6 +110,30 @@ def test_field_without_autograd_equals_the_field() -> None:
         assert torch.equal(field_colour(field, geo, directions), field.colour(geo, directions))
 
 
+@pytest.mark.parametrize("threads", [2, 4])
+def test_plane_lookups_in_parts_equal_the_field(threads: int) -> None:
+    """Points cut into parts (one copy of the planes each, so that every thread has work) give the
+    module's values bit for bit, a part padded; the copies follow the planes when they change."""
+    aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
+    field = RadianceField(aabb, levels=3, base_resolution=8, max_resolution=32, seed=5)
+    generator = torch.Generator().manual_seed(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        parts = inference.plane_parts(torch.device("cpu"), 4 * inference.PLANE_PART_LEAST + 1)
+        assert parts == {2: 2, 4: 4}[threads]
+        positions = torch.rand(parts * inference.PLANE_PART_LEAST + 3, 3, generator=generator) * 2.2 - 1.1
+        with torch.no_grad():
+            for _ in range(2):  # the second time after an in-place change of the planes
+                sigma, geo = field.geometry(positions)
+                fast_sigma, fast_geo = field_geometry(field, positions)
+                assert torch.equal(fast_sigma, sigma) and torch.equal(fast_geo, geo)
+                field.planes[1].mul_(1.5)
+    finally:
+        torch.set_num_threads(before)
+    assert inference.plane_parts(torch.device("cpu"), 10) == 1
+
+
 @pytest.mark.parametrize("sampler", ["occupancy", "proposal"])
 def test_evaluation_scores_equal_the_every_sample_renders(
     tiny_store: Path, tmp_path: Path, sampler: str
@@ -130,3 +162,49 @@ def test_evaluation_scores_equal_the_every_sample_renders(
             assert image[key] == pytest.approx(slow[key], abs=1e-3), key
     quick = quick_psnr(config, store, field, grid, torch.device("cpu"))
     assert quick["psnr"] == pytest.approx(sum(i["psnr"] for i in result["images"][:2]) / 2, abs=1e-9)
+
+
+@pytest.mark.parametrize("layout", ["rays", "images"])
+def test_evaluation_reads_each_image_once(
+    tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """A view's rays and its stored pixels come from one read: the pixels are read_image's, the rays
+    image_rays'; evaluate_split reads each image once and scores what the two reads scored."""
+    path = (
+        str(tiny_store)
+        if layout == "rays"
+        else copy_store(tiny_store, tmp_path / "images", backend="zarr", layout="images").url
+    )
+    store = open_store(path)
+    name = store.images("test")[0]
+    rays, pixels = image_rays_and_pixels(store, name, torch.device("cpu"))
+    expected = image_rays(store, name)
+    assert np.array_equal(pixels, store.read_image(name)) and pixels.dtype == np.uint8
+    for key in ("origins", "directions", "rgb", "pixel", "near", "far"):
+        assert torch.equal(getattr(rays, key), getattr(expected, key)), key
+    config = TrainConfig(store=path, out=str(tmp_path), sampler="occupancy", max_resolution=64)
+    field, grid = build_models(config, torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), torch.device("cpu"))
+    scorer = Scorer(parse_background(config.background), torch.device("cpu"), lpips=False)
+    reads: list[str] = []
+    for method in ("image_raw", "read_image"):
+        real = getattr(RayStore, method)
+
+        def counted(
+            self: RayStore, image: str, *args: object, _real: object = real, **kwargs: object
+        ) -> object:
+            reads.append(image)
+            return _real(self, image, *args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(RayStore, method, counted)
+    result = evaluate_split(tmp_path, config, store, "test", field, grid, torch.device("cpu"), scorer)
+    names = store.images("test")
+    assert sorted(reads) == sorted(names), "each test image read once"
+    monkeypatch.undo()
+    for image in result["images"]:
+        rays = image_rays(store, image["name"])
+        height, width, _ = store.image_shape(image["name"])
+        background = parse_background(config.background)
+        pred = render_batch(config, field, grid, rays, background).view(height, width, 3)
+        target = rays.composite(background).view(height, width, 3)
+        slow = scorer.score(pred, target, store.read_image(image["name"]))
+        assert {k: image[k] for k in slow} == slow
