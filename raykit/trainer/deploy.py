@@ -33,7 +33,7 @@ from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.imagedecode import open_image
 from raykit.metrics import quantize
-from raykit.rays import RayBatch
+from raykit.rays import UNKNOWN_FAR, RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
@@ -41,8 +41,6 @@ from raykit.trainer.runtime import parse_background, resolve_device
 from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
 
 __all__ = ["View", "render_export", "store_views", "transforms_views", "verify_export"]
-
-_UNKNOWN_FAR = 1e10
 
 
 @dataclass
@@ -159,7 +157,7 @@ def transforms_views(
         raise SourceError([f"{path}: {_frames(indices)}: {problem}" for problem, indices in problems.items()])
     world = model.world_from_source
     scene = model.manifest["scene"]
-    near, far = scene.get("near") or 0.0, scene.get("far") or _UNKNOWN_FAR
+    near, far = scene.get("near") or 0.0, scene.get("far") or UNKNOWN_FAR
     for name, camera, c2w_source in frames:
         c2w = world @ c2w_source
         c2w[:3, :3] /= float(np.cbrt(np.linalg.det(world[:3, :3])))
