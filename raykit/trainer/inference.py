@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ __all__ = [
     "field_colour",
     "field_geometry",
     "plane_parts",
+    "planes_changed",
     "reference_colours",
     "render_colours",
 ]
@@ -145,6 +147,15 @@ def plane_parts(device: torch.device, n_points: int) -> int:
     threads = torch.get_num_threads()
     parts = min(threads // math.gcd(threads, 3), PLANE_PARTS_MOST)
     return parts if n_points >= parts * PLANE_PART_LEAST else 1
+
+
+def planes_changed(params: Iterable[Tensor]) -> None:
+    """Mark ``params`` as changed for the plane copies :func:`field_geometry` keeps (keyed by each
+    plane's version counter): a fused optimiser step (``torch.optim.Adam(fused=True)``, the trainer's)
+    writes them in place without counting a new version, and the copies would go stale. Call it
+    after such a step."""
+    for param in params:
+        torch.autograd.graph.increment_version(param)
 
 
 def _plane_copies(field: RadianceField, parts: int) -> list[Tensor]:

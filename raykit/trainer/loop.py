@@ -44,6 +44,7 @@ from raykit.trainer.config import TrainConfig, default_reasons, resolve_resoluti
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
+from raykit.trainer.inference import planes_changed
 from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
 from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
@@ -157,6 +158,7 @@ def train(config: TrainConfig) -> Path:
             average_gradients(grid)
         clock.lap("backward")
         run.optimizer.step()
+        planes_changed(p for group in run.optimizer.param_groups for p in group["params"])  # fused Adam
         clock.lap("optimizer")
         logging = run.procs.is_main and (state.step + 1) % config.log_every == 0
         before = state.elapsed

@@ -208,3 +208,31 @@ def test_evaluation_reads_each_image_once(
         target = rays.composite(background).view(height, width, 3)
         slow = scorer.score(pred, target, store.read_image(image["name"]))
         assert {k: image[k] for k in slow} == slow
+
+
+def test_plane_copies_follow_a_fused_optimiser_step() -> None:
+    """A fused Adam step (the trainer's) changes the planes without counting a new version: after
+    ``planes_changed`` (the trainer calls it after every step) the looked-up values are the field's own,
+    not those of the planes' copies made before the step (the demo's evaluations scored 11.7-13.8 dB
+    against 22.8 from the exported model before this)."""
+    aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
+    field = RadianceField(aabb, levels=3, base_resolution=8, max_resolution=32, seed=5)
+    optimizer = torch.optim.Adam(field.parameters(), lr=1e-2, fused=True)
+    generator = torch.Generator().manual_seed(2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        positions = torch.rand(2 * inference.PLANE_PART_LEAST + 5, 3, generator=generator) * 2 - 1
+        with torch.no_grad():
+            field_geometry(field, positions)  # copies made
+        for _ in range(2):
+            optimizer.zero_grad()
+            field.geometry(positions)[0].square().sum().backward()
+            optimizer.step()
+            inference.planes_changed(field.parameters())
+        with torch.no_grad():
+            sigma, geo = field.geometry(positions)
+            fast_sigma, fast_geo = field_geometry(field, positions)
+        assert torch.equal(fast_sigma, sigma) and torch.equal(fast_geo, geo)
+    finally:
+        torch.set_num_threads(before)
