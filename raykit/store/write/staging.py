@@ -22,7 +22,6 @@ contiguous run of rays per image.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -40,7 +39,13 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha256_file
 from raykit.store.files import file_record
-from raykit.store.order import base_permutation, image_rotation, merge_counts, merge_into, shared_order
+from raykit.store.order import (
+    base_indices,
+    merge_counts,
+    merge_into,
+    rank_order,
+    shared_order,
+)
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
 from raykit.store.write.commit import PhaseClock
@@ -348,16 +353,6 @@ def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
     return array
 
 
-@functools.lru_cache(maxsize=2)
-def base_indices(seed: int, split: str, n_pixels: int) -> np.ndarray:
-    """``base_permutation`` as read-only ``intp`` (memoised: 8 bytes per pixel, e.g. 96 MB for 12 MP
-    images, so only two sizes are kept; the writer drops them when its stage phase ends): ``np.take``
-    converts other index types to ``intp`` on every call, which costs as much as the gather itself."""
-    base = base_permutation(seed, split, n_pixels).astype(np.intp)
-    base.flags.writeable = False
-    return base
-
-
 def pixels_crc32c(flat: np.ndarray) -> int:
     """CRC-32C of the decoded pixels' C-contiguous bytes (the source fingerprint's decoded-pixel check)."""
     readonly = np.ascontiguousarray(flat).reshape(-1).view(np.uint8)
@@ -388,15 +383,8 @@ def stage_image(job: ImageJob) -> dict[str, Any]:
     clock.lap("checksum")
     rows = pack_rgba(flat)
     clock.lap("pack")
-    if job.shuffled:  # rank r holds pixel pi_i[r] = base[(r + s) mod n]: two gathers, no order array
-        n = len(rows)
-        base = base_indices(job.seed, rec.split, n)
-        s = image_rotation(job.seed, rec.split, job.index, n)
-        staged = np.empty_like(rows)
-        # mode="clip" skips the bounds check: base is a permutation of range(n)
-        np.take(rows, base[s:], out=staged[: n - s], mode="clip")
-        np.take(rows, base[:s], out=staged[n - s :], mode="clip")
-        rows = staged
+    if job.shuffled:  # rank r holds pixel pi_i[r]
+        rows = rank_order(rows, job.seed, rec.split, job.index)
         clock.lap("permutation")
     result.update(files=area.put(job.index, rows, clock, result["channels"]), source_sha256=source_sha)
     return finish_task(None if area.in_memory else record_path, job.key, result, clock)
