@@ -170,7 +170,8 @@ def scratch_file(nbytes: int) -> Any:
 
 def mapped(file: Any, n: int, dtype: np.dtype | type) -> np.ndarray:
     """(n,) ``dtype`` over ``file`` memory-mapped: a plain ndarray whose ``base`` is the ``np.memmap``
-    (slicing a memmap costs 2 us more a slice). The map keeps its own descriptor: ``file`` may close."""
+    (slicing an ``np.memmap`` runs its Python ``__array_finalize__`` per slice). The map keeps its own
+    descriptor: ``file`` may close."""
     return np.asarray(np.memmap(file, dtype=dtype, mode="r+", shape=(n,)))
 
 
@@ -186,7 +187,7 @@ def scratch_array(n: int, dtype: np.dtype | type) -> np.ndarray:
 
 def write_at(file: Any, values: np.ndarray, offset: int) -> None:
     """Write contiguous ``values`` into ``file`` at byte ``offset`` (no page faults, unlike a store
-    through a map: a write fault per page costs 5 us)."""
+    through a map: one write fault per page)."""
     view = memoryview(np.ascontiguousarray(values).view(np.uint8).reshape(-1).data)
     while len(view):
         done = os.pwrite(file.fileno(), view, offset)
