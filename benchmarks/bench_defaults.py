@@ -24,7 +24,9 @@ Each run is ``raykit train STORE --out WORK/NAME --steps N --threads 1 --ckpt-ev
 
 With ``--seconds 0`` the pairs train ``--steps`` steps instead, one torch thread each
 (``OMP_WAIT_POLICY=PASSIVE``), the two runs of a pair at the same time (equal steps; on a shared
-machine the pair still meets the same load).
+machine the pair still meets the same load). ``--together`` runs the two runs of an equal-time pair
+at the same time too, one torch thread each (on a machine shared with other work: each run has a
+core, and both meet the same load).
 """
 
 from __future__ import annotations
@@ -56,24 +58,37 @@ def train(store: str, out: Path, steps: int, flags: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def train_for(tree: str, store: str, out: Path, seconds: float, steps: int) -> float:
-    """One default-flags run of ``seconds`` (or, for 0, of ``steps`` steps on one thread) with the
-    checkout ``tree`` (a fresh interpreter): its wall seconds (training, then the final evaluation)."""
-    budget = ["--max-seconds", str(seconds)] if seconds else ["--steps", str(steps), "--threads", "1"]
+def train_for(
+    tree: str, store: str, out: Path, seconds: float, steps: int, one_thread: bool = False
+) -> float:
+    """One default-flags run of ``seconds`` (or, for 0, of ``steps`` steps on one thread; with
+    ``one_thread`` on one thread either way) with the checkout ``tree`` (a fresh interpreter): its wall
+    seconds (training, then the final evaluation)."""
+    one_thread = one_thread or not seconds
+    budget = ["--max-seconds", str(seconds)] if seconds else ["--steps", str(steps)]
+    budget += ["--threads", "1"] if one_thread else []
     # -P: the working directory does not go first on sys.path, so that PYTHONPATH picks the checkout
     argv = [sys.executable, "-P", "-m", "raykit", "train", store, "--out", str(out), *budget,
             "--ckpt-every", "100000"]  # fmt: skip
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": tree, **({} if seconds else {"OMP_WAIT_POLICY": "PASSIVE"})}
+    env = {**os.environ, "PYTHONPATH": tree, **({"OMP_WAIT_POLICY": "PASSIVE"} if one_thread else {})}
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
 def trees_ab(
-    store: str, trees: list[str], seconds: float, steps: int, pairs: int, work: Path, out: str
+    store: str,
+    trees: list[str],
+    seconds: float,
+    steps: int,
+    pairs: int,
+    work: Path,
+    out: str,
+    together: bool = False,
 ) -> None:
     """Default flags at equal time (``seconds``; or at equal steps for 0), ``pairs`` pairs of runs
-    alternating between the checkouts ``trees`` (at equal steps the runs of a pair at once)."""
+    alternating between the checkouts ``trees`` (at equal steps, or ``together``, the runs of a pair at
+    once, one thread each)."""
     runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
     for pair in range(pairs):
         order = trees if pair % 2 == 0 else trees[::-1]
@@ -82,13 +97,14 @@ def trees_ab(
             shutil.rmtree(run, ignore_errors=True)
         load = os.getloadavg()[0]
         walls = {}
-        if seconds:
+        if seconds and not together:
             for tree in order:
                 walls[tree] = train_for(tree, store, folders[tree], seconds, steps)
         else:
             with ThreadPoolExecutor(len(order)) as pool:
                 jobs = {
-                    tree: pool.submit(train_for, tree, store, folders[tree], seconds, steps) for tree in order
+                    tree: pool.submit(train_for, tree, store, folders[tree], seconds, steps, True)
+                    for tree in order
                 }
                 walls = {tree: job.result() for tree, job in jobs.items()}
         for tree in order:
@@ -110,6 +126,7 @@ def trees_ab(
         "store": portable(store),
         "seconds": seconds,
         "steps": None if seconds else steps,
+        "together": together or not seconds,
         "machine": describe(),
         "command": command_line(),
         "psnr_difference_per_pair": [b["psnr"] - a["psnr"] for a, b in zip(first, last, strict=True)],
@@ -157,10 +174,14 @@ def main() -> None:
         "--seconds", type=float, default=75.0, help="--trees: training seconds per run (0: --steps, 1 thread)"
     )
     parser.add_argument("--pairs", type=int, default=3, help="--trees: pairs of runs")
+    parser.add_argument(
+        "--together", action="store_true", help="--trees: the runs of a pair at once, one thread each"
+    )
     args = parser.parse_args()
     work = Path(args.work)
     if args.trees:
-        trees_ab(args.store, args.trees.split(","), args.seconds, args.steps, args.pairs, work, args.out)
+        trees = args.trees.split(",")
+        trees_ab(args.store, trees, args.seconds, args.steps, args.pairs, work, args.out, args.together)
         return
     configs = {}
     for item in args.config:
