@@ -219,19 +219,18 @@ def in_process(executor: concurrent.futures.Executor | None) -> bool:
 
 def write_shards(
     run: TaskRunner,
-    fn: Callable[[J], dict[str, Any]],
-    jobs: Sequence[J],
-    splits: Sequence[str],
+    fn: Callable[[Any], dict[str, Any]],
+    jobs: Sequence[Any],
     partial: Path,
     profile: PhaseClock,
     files: dict[str, Any],
     index: dict[str, dict[str, list[Any]]],
     done: Callable[[int], None] | None = None,
 ) -> None:
-    """The shard phase of either layout: run ``fn`` over ``jobs`` (``splits``: each job's split),
-    fsync their files, and add each result's file records (``"files"``) to ``files`` and its
-    ``index.json`` entries (``"index"``: key -> values, in job order) to ``index``. ``done(k)`` is
-    called as results come in (in job order): jobs ``[0, k)`` have finished and recorded."""
+    """The shard phase of either layout: run ``fn`` (``staging.write_shard_task``) over ``jobs``
+    (``ShardJob``), fsync their files, and add each result's file records (``"files"``) to ``files``
+    and its ``index.json`` entries (``"index"``: key -> values, in job order) to ``index[job.split]``.
+    ``done(k)`` is called as results come in (in job order): jobs ``[0, k)`` have finished and recorded."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
@@ -248,10 +247,10 @@ def write_shards(
         list(syncing.map(fsync_path, sorted(shard_dirs)))
     profile.absorb("shard", results)
     profile.lap("fsync")
-    for split, res in zip(splits, results, strict=True):
+    for job, res in zip(jobs, results, strict=True):
         files.update(res["files"])
         for key, values in res["index"].items():
-            index[split].setdefault(key, []).extend(values)
+            index[job.split].setdefault(key, []).extend(values)
 
 
 # -- the commit ----------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ manifest and the commit every layout's (``raykit.store.write.commit``).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,18 +41,19 @@ from raykit.store.write.commit import (
 )
 from raykit.store.write.staging import (
     ImageJob,
-    bytes_record,
+    ShardJob,
     check_pixels,
     finish_task,
     pixels_crc32c,
     record_matches,
     scratch_record,
+    write_shard_task,
 )
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
+__all__ = ["encode_image_shard", "encode_image_task", "image_chunking", "write_images"]
 
 
 _TASK_FORMAT = 1  # of the encode tasks' records
@@ -137,20 +138,6 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
     return finish_task(None if job.memory else record_path, job.key, result, clock)
 
 
-@dataclass(frozen=True)
-class ImagesShardJob:
-    """Phase-2 task: shard ``shard`` of split ``split``, assembled by the ``backend`` from its staged
-    images: ``items``, per image of ``shard.images``, its table index, extension and camera record."""
-
-    root: str
-    backend: Backend
-    split: str
-    shard: BlobShard
-    items: tuple[tuple[int, str, Mapping[str, Any]], ...]
-    blobs: Blobs
-    key: str
-
-
 def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
     """An image's camera, pose and bounds (the ``KEY.json`` of a WebDataset sample)."""
     return {
@@ -179,21 +166,22 @@ def _staged(root: Path, index: int) -> bytes:
     return data
 
 
-def write_shard_task(job: ImagesShardJob) -> dict[str, Any]:
-    """Phase 2 for one shard: ``{"files": {rel: record}, "index": {key: [per image]}}``."""
-    root = Path(job.root)
-    record_path = root / f"tasks/{job.split}-{job.shard.shard:06d}.json"
-    clock = PhaseClock()
-    if (done := record_matches(record_path, job.key, root, clock)) is not None:
-        return done
-    images = [(_staged(root, row), ext, record) for row, ext, record in job.items]
-    rel, pieces, index = job.backend.encode_blobs(job.blobs, job.split, job.shard, images)
+def encode_image_shard(
+    backend: Backend,
+    blobs: Blobs,
+    root: str,
+    split: str,
+    shard: BlobShard,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    clock: PhaseClock,
+) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+    """A ``ShardJob``'s ``encode``: shard ``shard`` of split ``split``, assembled by the ``backend``
+    from its staged images: ``items``, per image of ``shard.images``, its table index, extension and
+    camera record."""
+    images = [(_staged(Path(root), row), ext, record) for row, ext, record in items]
+    rel, pieces, index = backend.encode_blobs(blobs, split, shard, images)
     clock.lap("gather")
-    atomic_write_bytes(root / rel, pieces, sync=False)
-    clock.lap("write")
-    result = {"files": {rel: bytes_record(pieces)}, "index": index}
-    clock.lap("checksum")
-    return finish_task(record_path, job.key, result, clock)
+    return {rel: pieces}, index
 
 
 def write_images(
@@ -248,8 +236,7 @@ def write_images(
         offsets = table.column("pixel_offset").to_pylist()
         shard_jobs, index, files = _split_shards(records, partial, spec, encoded, offsets, key)
         profile.lap("metadata")
-        splits_of = [job.split for job in shard_jobs]
-        write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
+        write_shards(run, write_shard_task, shard_jobs, partial, profile, files, index)
         args = (spec, source, scene, splits, fields, table, points, files, index, profile)
         return commit(partial, dst, overwrite, *args, (records, components, extras_from))
     finally:
@@ -263,7 +250,7 @@ def _split_shards(
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
     key: str,
-) -> tuple[list[ImagesShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
+) -> tuple[list[ShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
     backend, blobs = backend_named(spec.backend), image_blobs(spec)
     files: dict[str, Any] = {}
@@ -273,7 +260,7 @@ def _split_shards(
             atomic_write_bytes(partial / rel, data)
             files[rel] = file_record(partial / rel)
 
-    jobs: list[ImagesShardJob] = []
+    jobs: list[ShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
     for name in dict.fromkeys(r.split for r in records):
         rows = [i for i, r in enumerate(records) if r.split == name]
@@ -295,5 +282,6 @@ def _split_shards(
                 for i in (rows[j] for j in shard.images)
             )
             task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
-            jobs.append(ImagesShardJob(str(partial), backend, name, shard, items, blobs, task_key))
+            encode = functools.partial(encode_image_shard, backend, blobs, str(partial), name, shard, items)
+            jobs.append(ShardJob(str(partial), name, shard.shard, task_key, encode))
     return jobs, index, files

@@ -11,12 +11,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, backend_named
 from raykit.store.components import ComponentInfo
 from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
@@ -43,18 +42,17 @@ from raykit.store.write.staging import (
     DiskStaging,
     ImageJob,
     MemoryStaging,
+    ShardJob,
     StagingSource,
     base_indices,
-    bytes_record,
-    finish_task,
-    record_matches,
     stage_image,
+    write_shard_task,
 )
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
+__all__ = ["copy_rays", "encode_ray_shard", "shard_rays", "write_rays"]
 
 
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
@@ -64,65 +62,43 @@ _TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksu
 Source = StagingSource | CopySource
 
 
-@dataclass(frozen=True)
-class ShardJob:
-    """Phase-2 task: write shard ``shard`` of split ``info`` (its stored ``fields``) into ``root``."""
-
-    root: str
-    backend: Backend
-    info: SplitInfo
-    shard: int
-    fields: Mapping[str, FieldSpec]
-    spec: StoreSpec
-    source: Source
-    key: str
-
-    def chunks(self) -> tuple[int, int]:
-        """``[first, last)``: the chunks of the job's shard."""
-        first = self.shard * self.spec.shard_chunks
-        return first, min(first + self.spec.shard_chunks, self.info.n_chunks)
-
-    def rays(self) -> tuple[int, int]:
-        """``[start, stop)``: the rays of the job's shard."""
-        first, last = self.chunks()
-        return self.info.chunk_range(first)[0], self.info.chunk_range(last - 1)[1]
+def shard_rays(info: SplitInfo, spec: StoreSpec, shard: int) -> tuple[range, int, int]:
+    """The chunks of shard ``shard`` of split ``info`` and its rays ``[start, stop)``."""
+    first = shard * spec.shard_chunks
+    chunks = range(first, min(first + spec.shard_chunks, info.n_chunks))
+    return chunks, info.chunk_range(chunks[0])[0], info.chunk_range(chunks[-1])[1]
 
 
-def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [per chunk]}}`` (the chunk
-    checksums and the backend's entries) and ``"seconds"``, the time per phase (not recorded)."""
-    root = Path(job.root)
-    record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
-    clock = PhaseClock()
-    if (done := record_matches(record_path, job.key, root, clock)) is not None:
-        return done
-    first, last = job.chunks()
-    start, stop = job.rays()
-    stored = tuple(job.fields)
-    data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
+def encode_ray_shard(
+    backend: Backend,
+    info: SplitInfo,
+    shard: int,
+    fields: Mapping[str, FieldSpec],
+    spec: StoreSpec,
+    source: Source,
+    clock: PhaseClock,
+) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+    """A ``ShardJob``'s ``encode``: shard ``shard`` of split ``info`` (its stored ``fields``) from
+    ``source``'s rays, its files and ``index.json`` entries (the chunk checksums and the backend's)."""
+    chunks, start, stop = shard_rays(info, spec, shard)
+    stored = tuple(fields)
+    data = source.gather(info, start, stop, clock, pids="pid" in stored)
     data = {name: data[name] for name in stored}
     # The chunk checksum covers every stored field but the pids, which (when stored) have their own,
     # so a copy with or without stored pids keeps its checksums and fingerprint.
     summed = [name for name in stored if name != "pid"]
     pid_key = f"pid_{CHUNK_CHECKSUM}"
     index: dict[str, list[Any]] = {CHUNK_CHECKSUM: [], **({pid_key: []} if "pid" in stored else {})}
-    for c in range(first, last):
-        lo, hi = (b - start for b in job.info.chunk_range(c))
+    for c in chunks:
+        lo, hi = (b - start for b in info.chunk_range(c))
         chunk = {name: data[name][lo:hi] for name in stored}
         index[CHUNK_CHECKSUM].append(chunk_checksum(chunk, summed, CHUNK_CHECKSUM))
         if "pid" in stored:
             index[pid_key].append(chunk_checksum(chunk, ["pid"], CHUNK_CHECKSUM))
     clock.lap("checksum")
-    files, entries = job.backend.encode_shard(job.info, job.shard, data, job.fields, job.spec)
-    result: dict[str, Any] = {"index": {**index, **entries}}
+    files, entries = backend.encode_shard(info, shard, data, fields, spec)
     clock.lap("compress")
-    result["files"] = {}
-    for rel, payload in files.items():
-        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
-        clock.lap("write")
-        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
-        clock.lap("checksum")
-    return finish_task(record_path, job.key, result, clock)
+    return files, {**index, **entries}
 
 
 def write_rays(
@@ -212,19 +188,16 @@ def _write_shards(
     """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
     backend = backend_named(spec.backend)
     files = {rel: file_record(partial / rel) for rel in backend.write_metadata(partial, splits, fields, spec)}
+    shards = [(info, s) for info in splits.values() for s in range(-(-info.n_chunks // spec.shard_chunks))]
     jobs = [
         ShardJob(
             str(partial),
-            backend,
-            info,
+            info.name,
             s,
-            info.stored_fields(fields),
-            spec,
-            gather,
             f"{plan_key}:{info.name}:{s}:{_TASK_FORMAT}",
+            functools.partial(encode_ray_shard, backend, info, s, info.stored_fields(fields), spec, gather),
         )
-        for info in splits.values()
-        for s in range(-(-info.n_chunks // spec.shard_chunks))
+        for info, s in shards
     ]
     profile.lap("metadata")
     index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in splits}
@@ -232,21 +205,20 @@ def _write_shards(
     # ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
     # one hole in its staging file, so a release is one call per image, and the holes are large enough
     # to free whole blocks: the staging shrinks as the store grows (peak disk about one copy of the rays).
-    step = max(1, -(-len(jobs) // max(1, 8 * len({job.info.name for job in jobs}))))
+    step = max(1, -(-len(jobs) // max(1, 8 * len(splits))))
     released = 0
 
     def release(done: int) -> None:
         nonlocal released
         if done - released < step and done < len(jobs):
             return
-        finished = jobs[released:done]
-        for name in dict.fromkeys(job.info.name for job in finished):  # a split's jobs: in shard order
-            mine = [job for job in finished if job.info.name == name]
-            mine[0].source.release(mine[0].info, mine[0].rays()[0], mine[-1].rays()[1])
+        finished = shards[released:done]
+        for name in dict.fromkeys(info.name for info, _ in finished):  # a split's shards: in order
+            mine, info = [s for i, s in finished if i.name == name], splits[name]
+            gather.release(info, shard_rays(info, spec, mine[0])[1], shard_rays(info, spec, mine[-1])[2])
         released = done
 
-    splits_of = [job.info.name for job in jobs]
-    write_shards(run, write_shard_task, jobs, splits_of, partial, profile, files, index, release)
+    write_shards(run, write_shard_task, jobs, partial, profile, files, index, release)
     return files, index
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "ImageJob",
     "MemoryStaging",
     "MergeBuffers",
+    "ShardJob",
     "StagingArea",
     "StagingSource",
     "base_indices",
@@ -71,6 +72,7 @@ __all__ = [
     "staging_file",
     "unpack_rgb",
     "unpack_rgb_reference",
+    "write_shard_task",
 ]
 
 
@@ -400,6 +402,41 @@ def finish_task(
         atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
         clock.lap("write")
     return {**result, "seconds": clock.seconds}
+
+
+# ``encode(clock)``: a shard's files (relative path -> bytes, whole or in pieces written one after the
+# other) and its ``index.json`` entries (key -> values, in order)
+ShardEncode = Callable[[PhaseClock], tuple[dict[str, Any], dict[str, list[Any]]]]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Phase-2 task of either layout: shard ``shard`` of split ``split`` of ``root``'s plan, task key
+    ``key``, encoded by ``encode`` (a picklable partial of the layout's encoder)."""
+
+    root: str
+    split: str
+    shard: int
+    key: str
+    encode: ShardEncode
+
+
+def write_shard_task(job: ShardJob) -> dict[str, Any]:
+    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [values]}}`` and ``"seconds"``,
+    the time per phase (not recorded)."""
+    root = Path(job.root)
+    record_path = root / f"tasks/{job.split}-{job.shard:06d}.json"
+    clock = PhaseClock()
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
+    files, index = job.encode(clock)
+    result: dict[str, Any] = {"files": {}, "index": index}
+    for rel, payload in files.items():
+        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
+        clock.lap("write")
+        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
+        clock.lap("checksum")
+    return finish_task(record_path, job.key, result, clock)
 
 
 @dataclass(frozen=True)
