@@ -1,7 +1,8 @@
-"""What every payload writer shares, whatever the layout: its plan (``record_plan``, ``field_specs``,
-``split_infos``), the partial directory the plan keys (``open_partial``), its tasks on any executor
-(``task_runner``), its shard phase (``write_shards``), the last phase (``commit``: ``index.json``, the
-points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``).
+"""What every payload writer shares, whatever the layout: its plan and the partial directory the
+plan keys (``open_write``, ``open_partial``), what staging decides (``staged_payload``: splits, camera
+table, fields), its tasks on any executor (``task_runner``), its shard phase (``write_shards``), the
+last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``) and where
+its time goes (``PhaseClock``).
 
 Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
 a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import pyarrow as pa
 
 import raykit.recorder
 from raykit.errors import ConfigError, SourceError
@@ -51,7 +53,7 @@ from raykit.store.schema import (
     points_entry,
 )
 from raykit.store.spec import RAYS_LAYOUT, StoreSpec, holds_images
-from raykit.store.table import write_parquet
+from raykit.store.table import build_camera_table, write_camera_table, write_parquet
 from raykit.version import __version__
 
 if TYPE_CHECKING:
@@ -63,12 +65,12 @@ __all__ = [
     "TaskRunner",
     "commit",
     "commit_store",
-    "field_specs",
     "format_phases",
     "open_partial",
+    "open_write",
     "record_plan",
-    "source_fingerprint",
     "split_infos",
+    "staged_payload",
     "task_runner",
     "write_extras",
     "write_shards",
@@ -155,14 +157,6 @@ def record_plan(rec: ImageRecord) -> dict[str, Any]:
     }
 
 
-def field_specs(channels: int, materialize: str | None) -> dict[str, FieldSpec]:
-    """The stored fields in order, name -> spec: rgba, pid, and origins/directions when materialised."""
-    specs = [FieldSpec("rgba", "uint8", channels), FieldSpec("pid", "uint32", 0)]
-    if materialize:
-        specs += [FieldSpec("origins", materialize, 3), FieldSpec("directions", materialize, 3)]
-    return {spec.name: spec for spec in specs}
-
-
 def split_infos(
     records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived", layout: str = RAYS_LAYOUT
 ) -> dict[str, SplitInfo]:
@@ -195,6 +189,62 @@ def open_partial(
     key = json_digest(plan)
     check_destination(dst, overwrite)
     return prepare_partial(dst, plan, key), key
+
+
+def open_write(
+    dst: Path,
+    records: Sequence[ImageRecord],
+    scene: SceneInfo,
+    spec: StoreSpec,
+    source: Mapping[str, Any],
+    points: SparsePoints | None,
+    overwrite: bool,
+) -> tuple[Path, str, list[dict[str, Any]]]:
+    """``open_partial`` for a write of ``records`` (in table order) as ``spec``: the partial directory,
+    the plan's key and each record's part of the plan (``record_plan``: it keys the record's task)."""
+    records_plan = [record_plan(r) for r in records]
+    plan = {
+        "format_version": FORMAT_VERSION,
+        "backend": spec.backend,
+        "layout": spec.to_dict(),  # the kind, codecs and train order: a .partial of another is discarded
+        "with_pids": spec.with_pids,
+        "scene": scene.to_dict(),
+        "records": records_plan,
+        "source": dict(source),
+    }
+    return (*open_partial(dst, plan, points, overwrite), records_plan)
+
+
+def staged_payload(
+    records: Sequence[ImageRecord],
+    staged: list[dict[str, Any]],
+    spec: StoreSpec,
+    partial: Path,
+    profile: PhaseClock,
+) -> tuple[dict[str, SplitInfo], pa.Table, dict[str, FieldSpec], str]:
+    """What the stage tasks' results ``staged`` (per record: channels, source SHA-256, pixel CRC)
+    decide for a write as ``spec``: its splits, its camera table (written into ``partial``), its
+    stored fields in order (rgba, pid, and origins/directions when materialised) and the source
+    fingerprint."""
+    profile.absorb("stage", staged)
+    profile.lap("stage")
+    splits = split_infos(records, spec.chunk_rays, "stored" if spec.with_pids else "derived", spec.kind)
+    alpha = [s["channels"] == 4 for s in staged]
+    shuffled = {name for name, info in splits.items() if info.shuffled}
+    table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
+    write_camera_table(table, partial)
+    profile.lap("camera_table")
+    fields = [FieldSpec("rgba", "uint8", 4 if any(alpha) else 3), FieldSpec("pid", "uint32", 0)]
+    if spec.materialize:
+        fields += [FieldSpec("origins", spec.materialize, 3), FieldSpec("directions", spec.materialize, 3)]
+    # the source fingerprint: every image's name, source file SHA-256, decoded shape and pixel CRC-32C
+    fingerprint = json_digest(
+        [
+            [r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]], s["pixels_crc32c"]]
+            for r, s in zip(records, staged, strict=True)
+        ]
+    )
+    return splits, table, {f.name: f for f in fields}, fingerprint
 
 
 # -- tasks ---------------------------------------------------------------------------------------
@@ -367,17 +417,6 @@ def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequ
 
 def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
     return store.read_component(name, names[row])
-
-
-def source_fingerprint(records: Sequence[ImageRecord], staged: Sequence[Mapping[str, Any]]) -> str:
-    """The source fingerprint (either layout): every image's name, source file SHA-256, decoded shape
-    and pixel CRC-32C (``staged``: each image's stage or encode task result, in table order)."""
-    return json_digest(
-        [
-            [r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]], s["pixels_crc32c"]]
-            for r, s in zip(records, staged, strict=True)
-        ]
-    )
 
 
 def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:

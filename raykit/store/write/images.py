@@ -24,18 +24,14 @@ from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, imag
 from raykit.store.components import ComponentInfo
 from raykit.store.files import file_record, is_url, json_digest
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SparsePoints
-from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, IMAGES_LAYOUT, StoreSpec
-from raykit.store.table import build_camera_table, write_camera_table
+from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
+from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
     PhaseClock,
     commit,
-    field_specs,
     in_process,
-    open_partial,
-    record_plan,
-    source_fingerprint,
-    split_infos,
+    open_write,
+    staged_payload,
     task_runner,
     write_shards,
 )
@@ -203,18 +199,8 @@ def write_images(
     store's rays view and of a ray-layout copy.
     """
     profile, run = PhaseClock(), task_runner(executor, progress)
-    spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None)
-    records_plan = [record_plan(r) for r in records]
-    plan = {
-        "format_version": FORMAT_VERSION,
-        "layout_kind": IMAGES_LAYOUT,
-        "backend": spec.backend,
-        "layout": spec.to_dict(),
-        "scene": scene.to_dict(),
-        "records": records_plan,
-        "source": dict(source),
-    }
-    partial, key = open_partial(dst, plan, points, overwrite)
+    spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
+    partial, key, records_plan = open_write(dst, records, scene, spec, source, points, overwrite)
     memory = in_process(executor)
     jobs = [
         ImageJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory=memory)
@@ -223,16 +209,9 @@ def write_images(
     profile.lap("plan")
     try:
         encoded = list(run(encode_image_task, jobs, "encode images"))
-        profile.absorb("stage", encoded)
-        profile.lap("stage")
         spec = spec.replace(**image_chunking(records, encoded))
-        splits = split_infos(records, spec.chunk_rays, "derived", IMAGES_LAYOUT)
-        alpha = [s["channels"] == 4 for s in encoded]
-        table = build_camera_table(records, alpha, [s["source_sha256"] for s in encoded], set())
-        write_camera_table(table, partial)
-        profile.lap("camera_table")
-        source = {**source, "fingerprint": source_fingerprint(records, encoded)}
-        fields = field_specs(4 if any(alpha) else 3, None)
+        splits, table, fields, fingerprint = staged_payload(records, encoded, spec, partial, profile)
+        source = {**source, "fingerprint": fingerprint}
         offsets = table.column("pixel_offset").to_pylist()
         shard_jobs, index, files = _split_shards(records, partial, spec, encoded, offsets, key)
         profile.lap("metadata")

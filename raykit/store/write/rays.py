@@ -22,18 +22,16 @@ from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SparsePoints, SplitInfo
 from raykit.store.spec import StoreSpec
-from raykit.store.table import CameraTable, build_camera_table, write_camera_table
+from raykit.store.table import CameraTable, write_camera_table
 from raykit.store.write.commit import (
     SHUFFLED_SPLITS,
     PhaseClock,
     TaskRunner,
     commit,
-    field_specs,
     in_process,
     open_partial,
-    record_plan,
-    source_fingerprint,
-    split_infos,
+    open_write,
+    staged_payload,
     task_runner,
     write_shards,
 )
@@ -119,18 +117,7 @@ def write_rays(
     writer lock): stage every image, write the shards, commit; returns it opened."""
     profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(train_order=TRAIN_ORDER)
-    records_plan = [record_plan(r) for r in records]  # each image's part of the plan and its task key
-    plan = {
-        "format_version": FORMAT_VERSION,
-        "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
-        "backend": spec.backend,
-        "layout": spec.to_dict(),
-        "scene": scene.to_dict(),
-        "records": records_plan,
-        "source": dict(source),
-        "with_pids": spec.with_pids,
-    }
-    partial, plan_key = open_partial(dst, plan, points, overwrite)
+    partial, plan_key, records_plan = open_write(dst, records, scene, spec, source, points, overwrite)
     profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
@@ -145,19 +132,9 @@ def write_rays(
             staged = list(run(stage_image, stage_jobs, "decode images"))
         finally:
             base_indices.cache_clear()  # the stage tasks' memoised index arrays
-        profile.absorb("stage", staged)
-        profile.lap("stage")
-        # the camera table (written), then the source of the staged rays
-        splits = split_infos(records, spec.chunk_rays, "stored" if spec.with_pids else "derived")
-        alpha = [s["channels"] == 4 for s in staged]
-        shuffled = {name for name, info in splits.items() if info.shuffled}
-        table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
-        write_camera_table(table, partial)
-        profile.lap("camera_table")
+        splits, table, fields, fingerprint = staged_payload(records, staged, spec, partial, profile)
         image_bytes = local_files_bytes([r.source_path for r in records])
-        fingerprint = source_fingerprint(records, staged)
         source = {**source, "fingerprint": fingerprint, "image_bytes": image_bytes}
-        fields = field_specs(4 if any(alpha) else 3, spec.materialize)
         gather = StagingSource(
             str(partial),
             tuple(int(v) for v in table.column("pixel_offset").to_pylist()),
