@@ -8,6 +8,7 @@ manifest and the commit every layout's (``raykit.store.write.commit``).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import os
@@ -36,13 +37,15 @@ from raykit.store.write.commit import (
     write_shards,
 )
 from raykit.store.write.staging import (
+    DiskStaging,
     ImageJob,
+    MemoryStaging,
     ShardJob,
+    StagingArea,
     check_pixels,
     finish_task,
     pixels_crc32c,
     record_matches,
-    scratch_record,
     write_shard_task,
 )
 
@@ -74,16 +77,10 @@ def image_chunking(ordered: Sequence[ImageRecord], encoded: Sequence[Mapping[str
     return {"image_chunk_bytes": size, "image_shard_chunks": min(per_shard, largest)}
 
 
-# Encoded images of in-process writes: partial directory -> table index -> the bytes (no staging
-# files), or, for a pass-through image, its source file's path, size and CRC-32C: read again when its
-# shard is written, so that memory does not grow with the number of images.
-_MEMORY: dict[str, dict[int, bytes | tuple[str, int, int]]] = {}
-
-
 def encode_image_task(job: ImageJob) -> dict[str, Any]:
     """Phase 1 for one image: ``{"files", "ext", "passthrough", "channels", "size", "crc32c",
     "sha256", "source_sha256", "pixels_crc32c"}``."""
-    root, rel = Path(job.root), f"staging/{job.index:06d}.img"
+    root, area = Path(job.root), job.staging or DiskStaging(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
     if (done := record_matches(record_path, job.key, root, clock)) is not None:  # staged by an earlier run
@@ -109,18 +106,12 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
     clock.lap("encode")
     crc = int(google_crc32c.value(stored.data))
-    if job.memory:
-        held: bytes | tuple[str, int, int] = stored.data
-        if source is not None and stored.data is source:  # the source file's bytes: not held twice
-            held = (str(path), len(source), crc)
-        _MEMORY.setdefault(job.root, {})[job.index] = held
-    else:
-        atomic_write_bytes(root / rel, stored.data, sync=False)
+    files = area.put_encoded(job.index, stored.data, crc, str(path) if stored.data is source else "")
     clock.lap("write")
     # a pass-through image is the source file's bytes: one hash for both
     stored_sha = source_sha if stored.data is source else hashlib.sha256(stored.data).hexdigest()
     result = {
-        "files": {} if job.memory else {rel: scratch_record(stored.data)},
+        "files": files,
         "ext": stored.ext,
         "passthrough": stored.passthrough,
         "channels": int(pixels.shape[2]),
@@ -131,7 +122,7 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
         "pixels_crc32c": pixels_crc32c(pixels),
     }
     clock.lap("checksum")
-    return finish_task(None if job.memory else record_path, job.key, result, clock)
+    return finish_task(None if area.in_memory else record_path, job.key, result, clock)
 
 
 def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
@@ -148,24 +139,10 @@ def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
     }
 
 
-def _staged(root: Path, index: int) -> bytes:
-    """Image ``index``'s stored bytes: held in memory, its source file's (checked), or staged."""
-    held = _MEMORY.get(str(root), {}).get(index)
-    if held is None:
-        return (root / f"staging/{index:06d}.img").read_bytes()
-    if isinstance(held, bytes):
-        return held
-    path, size, crc = held
-    data = Path(path).read_bytes()
-    if len(data) != size or google_crc32c.value(data) != crc:
-        raise SourceError(f"{path}: the file changed while it was being converted")
-    return data
-
-
 def encode_image_shard(
     backend: Backend,
     blobs: Blobs,
-    root: str,
+    staging: StagingArea,
     split: str,
     shard: BlobShard,
     items: Sequence[tuple[int, str, Mapping[str, Any]]],
@@ -174,7 +151,7 @@ def encode_image_shard(
     """A ``ShardJob``'s ``encode``: shard ``shard`` of split ``split``, assembled by the ``backend``
     from its staged images: ``items``, per image of ``shard.images``, its table index, extension and
     camera record."""
-    images = [(_staged(Path(root), row), ext, record) for row, ext, record in items]
+    images = [(staging.encoded(row), ext, record) for row, ext, record in items]
     rel, pieces, index = backend.encode_blobs(blobs, split, shard, images)
     clock.lap("gather")
     return {rel: pieces}, index
@@ -201,31 +178,28 @@ def write_images(
     profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
     partial, key, records_plan = open_write(dst, records, scene, spec, source, points, overwrite)
-    memory = in_process(executor)
-    jobs = [
-        ImageJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory=memory)
-        for i, r in enumerate(records)
-    ]
+    staging = MemoryStaging(str(partial)) if in_process(executor) else DiskStaging(str(partial))
+    keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]
+    jobs = [ImageJob(str(partial), i, r, keys[i], staging) for i, r in enumerate(records)]
     profile.lap("plan")
-    try:
+    with contextlib.closing(staging):
         encoded = list(run(encode_image_task, jobs, "encode images"))
         spec = spec.replace(**image_chunking(records, encoded))
         splits, table, fields, fingerprint = staged_payload(records, encoded, spec, partial, profile)
         source = {**source, "fingerprint": fingerprint}
         offsets = table.column("pixel_offset").to_pylist()
-        shard_jobs, index, files = _split_shards(records, partial, spec, encoded, offsets, key)
+        shard_jobs, index, files = _split_shards(records, partial, spec, staging, encoded, offsets, key)
         profile.lap("metadata")
         write_shards(run, write_shard_task, shard_jobs, partial, profile, files, index)
         args = (spec, source, scene, splits, fields, table, points, files, index, profile)
         return commit(partial, dst, overwrite, *args, (records, components, extras_from))
-    finally:
-        _MEMORY.pop(str(partial), None)
 
 
 def _split_shards(
     records: Sequence[ImageRecord],
     partial: Path,
     spec: StoreSpec,
+    staging: StagingArea,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
     key: str,
@@ -261,6 +235,6 @@ def _split_shards(
                 for i in (rows[j] for j in shard.images)
             )
             task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
-            encode = functools.partial(encode_image_shard, backend, blobs, str(partial), name, shard, items)
+            encode = functools.partial(encode_image_shard, backend, blobs, staging, name, shard, items)
             jobs.append(ShardJob(str(partial), name, shard.shard, task_key, encode))
     return jobs, index, files

@@ -6,7 +6,8 @@ for RGB) so that permuting and merging moves 4-byte words. numpy copies an ``(n,
 channel slice one 3-byte row at a time; these are whole-array strided passes (about 10x faster),
 tested against the plain slicing twins.
 
-A staging area (``StagingArea``) holds each image's staged rows: ``DiskStaging`` in scratch files,
+A staging area (``StagingArea``) holds each image's staged rows (the rays layout) or stored bytes
+(the images layout): ``DiskStaging`` in scratch files,
 for tasks in any process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the
 writer frees the runs of the shards it has written), or ``MemoryStaging`` in this process's memory
 (it refuses to be pickled). ``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no
@@ -183,6 +184,17 @@ class DiskStaging:
         row = _row_bytes(channels)
         punch_hole(Path(self.root) / staging_file(index), lo * row, (hi - lo) * row)
 
+    def put_encoded(self, index: int, data: bytes, crc32c: int, source: str = "") -> dict[str, Any]:
+        """Stages an images-layout image's stored bytes (``data``, of CRC-32C ``crc32c``; ``source``:
+        the file they are the bytes of, if any)."""
+        rel = f"staging/{index:06d}.img"
+        atomic_write_bytes(Path(self.root) / rel, data, sync=False)
+        return {rel: scratch_record(data)}
+
+    def encoded(self, index: int) -> bytes:
+        """Image ``index``'s staged stored bytes (``put_encoded``)."""
+        return (Path(self.root) / f"staging/{index:06d}.img").read_bytes()
+
     def close(self) -> None:
         """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
 
@@ -199,6 +211,7 @@ class MemoryStaging:
     def __init__(self, label: str = "") -> None:
         self.label = label  # the partial directory, for error messages
         self._rows: dict[int, np.ndarray] = {}
+        self._encoded: dict[int, bytes | tuple[str, int, int]] = {}  # the images layout's
         self._lock = threading.Lock()
 
     def put(self, index: int, rows: np.ndarray, clock: PhaseClock, channels: int = 4) -> dict[str, Any]:
@@ -216,9 +229,29 @@ class MemoryStaging:
     def release(self, index: int, lo: int, hi: int, channels: int = 4) -> None:
         """Nothing: an image's rows are one array, dropped with the area."""
 
+    def put_encoded(self, index: int, data: bytes, crc32c: int, source: str = "") -> dict[str, Any]:
+        """Holds the bytes, or only where they come from when they are ``source``'s: read again when
+        its shard is written, so that memory does not grow with the number of images."""
+        with self._lock:
+            self._encoded[index] = (source, len(data), crc32c) if source else data
+        return {}
+
+    def encoded(self, index: int) -> bytes:
+        held = self._encoded.get(index)
+        if held is None:  # staged in a file by an earlier run (a resumed write)
+            return DiskStaging(self.label).encoded(index)
+        if isinstance(held, bytes):
+            return held
+        path, size, crc = held
+        data = Path(path).read_bytes()
+        if len(data) != size or google_crc32c.value(data) != crc:
+            raise SourceError(f"{path}: the file changed while it was being converted")
+        return data
+
     def close(self) -> None:
         with self._lock:
             self._rows.clear()
+            self._encoded.clear()
 
     def __reduce__(self) -> Any:
         raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
@@ -324,8 +357,7 @@ class ImageJob:
     ``image_order`` (``seed``), so a shard task reads each image's run of rays in one read and
     recomputes their pids from the shared base permutation (``SplitOrder``). (Permuting whole images
     here, each in cache, is about three times faster than gathering each shard's runs from row-major
-    images.) Images (``raykit.store.write.images.encode_image_task``): encode it; ``memory``: keep
-    the bytes in this process instead of a staging file (tasks run in the writing process).
+    images.) Images (``raykit.store.write.images.encode_image_task``): encode it into ``staging``.
     """
 
     root: str
@@ -335,7 +367,6 @@ class ImageJob:
     staging: StagingArea | None = None
     shuffled: bool = False
     seed: int = 0
-    memory: bool = False
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
