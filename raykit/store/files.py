@@ -56,6 +56,7 @@ from raykit.errors import (
 )
 from raykit.fileio import (
     UntrustedFileError,
+    atomic_write_bytes,
     atomic_write_json,
     open_regular,
     safe_path,
@@ -78,6 +79,7 @@ __all__ = [
     "local_range_reader",
     "prepare_partial",
     "read_errors",
+    "write_files",
 ]
 
 
@@ -337,6 +339,14 @@ def chunk_checksum(values: Mapping[str, np.ndarray], order: Sequence[str], kind:
 def file_record(path: Path) -> dict[str, Any]:
     """``{"size": bytes, "sha256": hex}`` of a local file."""
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def write_files(root: Path, files: Mapping[str, bytes | list[bytes]], records: dict[str, Any]) -> None:
+    """Write ``files`` (relative path -> bytes, whole or in pieces written one after the other) under
+    ``root``, each atomically, and add their records (``file_record``) to ``records``."""
+    for rel, data in files.items():
+        atomic_write_bytes(root / rel, data)
+        records[rel] = file_record(root / rel)
 
 
 def json_digest(obj: Any) -> str:

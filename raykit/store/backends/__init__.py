@@ -15,7 +15,6 @@ import io
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union, cast
 
 import google_crc32c
@@ -202,10 +201,10 @@ class Backend(Protocol):
         split's ``index.json`` record (key -> one value per chunk of the shard)."""
         ...
 
-    def write_metadata(
-        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-    ) -> list[str]:
-        """Write the rays payload's metadata files under ``root`` atomically; their relative paths."""
+    def rays_metadata(
+        self, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> dict[str, bytes]:
+        """The rays payload's metadata files: path -> bytes."""
         ...
 
     def field_bytes(

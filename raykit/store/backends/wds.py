@@ -16,7 +16,6 @@ import json
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,10 +128,10 @@ class WdsBackend:
         index: dict[str, list[Any]] = {"shard": [shard] * len(chunks), "members": list(where.values())}
         return {shard_file(info.name, shard): tar}, index
 
-    def write_metadata(
-        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-    ) -> list[str]:
-        return []
+    def rays_metadata(
+        self, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> dict[str, bytes]:
+        return {}
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]

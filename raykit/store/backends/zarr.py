@@ -19,14 +19,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
@@ -482,16 +480,13 @@ class ZarrBackend:
         }
         return files, {}
 
-    def write_metadata(
-        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-    ) -> list[str]:
+    def rays_metadata(
+        self, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> dict[str, bytes]:
         """The group and array ``zarr.json`` files (``metadata_documents``: the JSON zarr writes, so a
-        writer need not import zarr), written atomically; existing shards are left untouched."""
-        written = []
-        for key, document in sorted(metadata_documents(splits, fields, spec).items()):
-            atomic_write_bytes(root / f"{ZARR_DIR}/{key}", document_bytes(document))
-            written.append(f"{ZARR_DIR}/{key}")
-        return written
+        writer need not import zarr)."""
+        documents = sorted(metadata_documents(splits, fields, spec).items())
+        return {f"{ZARR_DIR}/{key}": document_bytes(document) for key, document in documents}
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]

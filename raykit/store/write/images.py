@@ -20,10 +20,9 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.components import ComponentInfo
-from raykit.store.files import file_record, is_url, json_digest
+from raykit.store.files import is_url, json_digest, write_files
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
 from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
@@ -207,12 +206,6 @@ def _split_shards(
     """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
     backend, blobs = backend_named(spec.backend), image_blobs(spec)
     files: dict[str, Any] = {}
-
-    def write(metadata: Mapping[str, bytes]) -> None:
-        for rel, data in metadata.items():
-            atomic_write_bytes(partial / rel, data)
-            files[rel] = file_record(partial / rel)
-
     jobs: list[ShardJob] = []
     index: dict[str, dict[str, list[Any]]] = {}
     for name in dict.fromkeys(r.split for r in records):
@@ -226,9 +219,8 @@ def _split_shards(
         }
         shards, planned, meta = backend.plan_blobs(blobs, name, entry["image_bytes"])
         index[name] = {**entry, **planned}
-        write(
-            {**backend.images_metadata(name, [records[i].name for i in rows], entry["image_format"]), **meta}
-        )
+        names = [records[i].name for i in rows]
+        write_files(partial, {**backend.images_metadata(name, names, entry["image_format"]), **meta}, files)
         for shard in shards:
             items = tuple(
                 (i, str(encoded[i]["ext"]), camera_record(records[i], i, offsets_px[i]))

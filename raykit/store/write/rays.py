@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from raykit.store.backends import Backend, backend_named
 from raykit.store.components import ComponentInfo
-from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
+from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, json_digest, local_files_bytes, write_files
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SparsePoints, SplitInfo
 from raykit.store.spec import StoreSpec
@@ -164,7 +164,8 @@ def _write_shards(
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
     """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
     backend = backend_named(spec.backend)
-    files = {rel: file_record(partial / rel) for rel in backend.write_metadata(partial, splits, fields, spec)}
+    files: dict[str, Any] = {}
+    write_files(partial, backend.rays_metadata(splits, fields, spec), files)
     shards = [(info, s) for info in splits.values() for s in range(-(-info.n_chunks // spec.shard_chunks))]
     jobs = [
         ShardJob(
