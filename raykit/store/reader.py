@@ -318,7 +318,8 @@ class RayStore:
         self.manifest: dict[str, Any] = self._read_manifest()
         try:
             self._parse_manifest()
-            small = self._metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
+            # the small files, verified: cameras.parquet, index.json, zarr.json (the backend's reader's)
+            small = self.metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
             self.cameras: pa.Table = read_camera_table(
                 small["cameras.parquet"], self._where("cameras.parquet")
             )
@@ -516,9 +517,7 @@ class RayStore:
         self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, self.url, sizes)
         if self.layout() == IMAGES_LAYOUT:
             return ImageSplits(self, backend)
-        stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
-        args = (self.index, self.read_range, sizes, self._metadata)
-        return RaySplits(self, backend.open_reader(self.url, stored, self.spec, *args))
+        return RaySplits(self, backend.open_reader(self))
 
     def split_rows(self, split: str) -> np.ndarray:
         """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""

@@ -28,6 +28,7 @@ from raykit.store.spec import BACKENDS, DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE
 if TYPE_CHECKING:
     from raykit.store.backends.wds import WdsReader
     from raykit.store.backends.zarr import ZarrReader
+    from raykit.store.reader import RayStore
 
 __all__ = [
     "BACKENDS",
@@ -214,21 +215,10 @@ class Backend(Protocol):
         records; ``index``: ``index.json``); container overhead under a name of its own (``"tar"``)."""
         ...
 
-    def open_reader(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> ChunkReader:
-        """A reader of the ray chunks of the committed store at ``url`` (``stored``: split -> its
-        stored fields; ``index``: ``index.json``; ``read``: byte ranges of its files, whose ``sizes``
-        the manifest records; ``metadata``: its verified metadata files, path -> bytes). It has
-        ``chunk_files(split, index)`` and ``read_chunk(info, index)`` (field name -> (n, ...) values,
-        unchecked)."""
+    def open_reader(self, store: RayStore) -> ChunkReader:
+        """A reader of the ray chunks of the committed ``store`` (opened up to its metadata: its
+        ``index``, ``read_range`` and verified ``metadata`` files). It has ``chunk_files(split,
+        index)`` and ``read_chunk(info, index)`` (field name -> (n, ...) values, unchecked)."""
         ...
 
     # -- per-image blobs (``Blobs``): the images layout's images, the components' arrays -------------

@@ -16,7 +16,7 @@ import json
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from raykit.errors import StoreCorruptError
 from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes, npy_values
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
+
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
 
 __all__ = [
     "BACKEND",
@@ -69,14 +72,9 @@ class WdsReader:
     """Reads chunks of a committed store's WebDataset payload with byte-range reads
     (``read(rel, start, stop)``: a local or remote store's)."""
 
-    def __init__(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        index: Mapping[str, Any],
-        read: ByteRead,
-    ) -> None:
-        self._url, self._stored, self._index, self._read = url.rstrip("/"), stored, index, read
+    def __init__(self, store: RayStore) -> None:
+        self._url, self._index, self._read = store.url.rstrip("/"), store.index, store.read_range
+        self._stored = {name: info.stored_fields(store.fields) for name, info in store.splits.items()}
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
@@ -148,17 +146,8 @@ class WdsBackend:
             counts["tar"] = total - sum(counts.values())
         return out
 
-    def open_reader(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> WdsReader:
-        return WdsReader(url, stored, index, read)
+    def open_reader(self, store: RayStore) -> WdsReader:
+        return WdsReader(store)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         return {}

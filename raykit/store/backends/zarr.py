@@ -31,7 +31,7 @@ from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
 
 if TYPE_CHECKING:
-    pass
+    from raykit.store.reader import RayStore
 
 __all__ = [
     "ABSENT_CHUNK",
@@ -179,18 +179,10 @@ class ZarrReader:
     reads arrays of other codecs.
     """
 
-    def __init__(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> None:
-        self._url, self._stored, self._read = url.rstrip("/"), stored, read
-        self._sizes, self._metadata = sizes, metadata
-        self._shard_chunks = spec.shard_chunks
+    def __init__(self, store: RayStore) -> None:
+        self._url, self._read, self._files = store.url.rstrip("/"), store.read_range, store.files
+        self._stored = {name: info.stored_fields(store.fields) for name, info in store.splits.items()}
+        self._metadata, self._shard_chunks = store.metadata, store.spec.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
@@ -216,7 +208,7 @@ class ZarrReader:
         where = f"{self._url}/{rel}"
         table = self._indexes.get(rel)
         if table is None:
-            nbytes, size = self._shard_chunks * 16 + 4, int(self._sizes.get(rel, 0))
+            nbytes, size = self._shard_chunks * 16 + 4, int(self._files.get(rel, {}).get("size", 0))
             raw = bytes(self._read(rel, size - nbytes, size)) if size >= nbytes else b""
             if len(raw) != nbytes or not _crc_ok(raw):
                 raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
@@ -499,17 +491,8 @@ class ZarrBackend:
                 counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
         return out
 
-    def open_reader(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> ZarrReader:
-        return ZarrReader(url, stored, spec, read, sizes, metadata)
+    def open_reader(self, store: RayStore) -> ZarrReader:
+        return ZarrReader(store)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         attributes = {
