@@ -27,25 +27,24 @@ from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_
 from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
+    Partial,
     PhaseClock,
+    ShardJob,
     commit,
+    finish_task,
     in_process,
     open_write,
+    record_matches,
     staged_payload,
-    task_runner,
     write_shards,
 )
 from raykit.store.write.staging import (
     DiskStaging,
     ImageJob,
     MemoryStaging,
-    ShardJob,
     StagingArea,
     check_pixels,
-    finish_task,
     pixels_crc32c,
-    record_matches,
-    write_shard_task,
 )
 
 if TYPE_CHECKING:
@@ -174,40 +173,35 @@ def write_images(
     writer lock); returns it opened. ``spec.chunk_rays`` and ``shard_chunks`` are the chunking of the
     store's rays view and of a ray-layout copy.
     """
-    profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
-    partial, key, records_plan = open_write(dst, records, scene, spec, source, points, overwrite)
-    staging = MemoryStaging(str(partial)) if in_process(executor) else DiskStaging(str(partial))
+    tasks = {"executor": executor, "progress": progress, "overwrite": overwrite}
+    w, records_plan = open_write(dst, records, scene, spec, source, points, **tasks)
+    partial = str(w.root)
+    staging = MemoryStaging(partial) if in_process(executor) else DiskStaging(partial)
     keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]
-    jobs = [ImageJob(str(partial), i, r, keys[i], staging) for i, r in enumerate(records)]
-    profile.lap("plan")
+    jobs = [ImageJob(partial, i, r, keys[i], staging) for i, r in enumerate(records)]
+    w.profile.lap("plan")
     with contextlib.closing(staging):
-        encoded = list(run(encode_image_task, jobs, "encode images"))
-        spec = spec.replace(**image_chunking(records, encoded))
-        splits, table, fields, fingerprint = staged_payload(records, encoded, spec, partial, profile)
-        source = {**source, "fingerprint": fingerprint}
+        encoded = list(w.run(encode_image_task, jobs, "encode images"))
+        w.spec = spec.replace(**image_chunking(records, encoded))
+        splits, table, fields, fingerprint = staged_payload(w, records, encoded)
         offsets = table.column("pixel_offset").to_pylist()
-        shard_jobs, index, files = _split_shards(records, partial, spec, staging, encoded, offsets, key)
-        profile.lap("metadata")
-        write_shards(run, write_shard_task, shard_jobs, partial, profile, files, index)
-        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
-        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
+        write_shards(w, _split_shards(w, records, staging, encoded, offsets))
+        source = {**source, "fingerprint": fingerprint}
+        return commit(w, source, scene, splits, fields, table, (records, components, extras_from))
 
 
 def _split_shards(
+    w: Partial,
     records: Sequence[ImageRecord],
-    partial: Path,
-    spec: StoreSpec,
     staging: StagingArea,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
-    key: str,
-) -> tuple[list[ShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
-    """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    backend, blobs = backend_named(spec.backend), image_blobs(spec)
-    files: dict[str, Any] = {}
+) -> list[ShardJob]:
+    """Every split's shard tasks of the write ``w``; its ``index.json`` entries known before any shard
+    is written and its metadata files (written) go into ``w``."""
+    backend, blobs = backend_named(w.spec.backend), image_blobs(w.spec)
     jobs: list[ShardJob] = []
-    index: dict[str, dict[str, list[Any]]] = {}
     for name in dict.fromkeys(r.split for r in records):
         rows = [i for i, r in enumerate(records) if r.split == name]
         entry: dict[str, list[Any]] = {
@@ -218,15 +212,16 @@ def _split_shards(
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
         shards, planned, meta = backend.plan_blobs(blobs, name, entry["image_bytes"])
-        index[name] = {**entry, **planned}
+        w.index[name] = {**entry, **planned}
         names = [records[i].name for i in rows]
-        write_files(partial, {**backend.images_metadata(name, names, entry["image_format"]), **meta}, files)
+        write_files(w.root, {**backend.images_metadata(name, names, entry["image_format"]), **meta}, w.files)
         for shard in shards:
             items = tuple(
                 (i, str(encoded[i]["ext"]), camera_record(records[i], i, offsets_px[i]))
                 for i in (rows[j] for j in shard.images)
             )
-            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
+            task_key = f"{w.key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
             encode = functools.partial(encode_image_shard, backend, blobs, staging, name, shard, items)
-            jobs.append(ShardJob(str(partial), name, shard.shard, task_key, encode))
-    return jobs, index, files
+            jobs.append(ShardJob(str(w.root), name, shard.shard, task_key, encode))
+    w.profile.lap("metadata")
+    return jobs

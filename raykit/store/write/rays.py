@@ -25,14 +25,14 @@ from raykit.store.spec import StoreSpec
 from raykit.store.table import CameraTable, write_camera_table
 from raykit.store.write.commit import (
     SHUFFLED_SPLITS,
+    Partial,
     PhaseClock,
-    TaskRunner,
+    ShardJob,
     commit,
     in_process,
     open_partial,
     open_write,
     staged_payload,
-    task_runner,
     write_shards,
 )
 from raykit.store.write.staging import (
@@ -40,11 +40,9 @@ from raykit.store.write.staging import (
     DiskStaging,
     ImageJob,
     MemoryStaging,
-    ShardJob,
     StagingSource,
     base_indices,
     stage_image,
-    write_shard_task,
 )
 
 if TYPE_CHECKING:
@@ -115,28 +113,29 @@ def write_rays(
 ) -> RayStore:
     """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
     writer lock): stage every image, write the shards, commit; returns it opened."""
-    profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(train_order=TRAIN_ORDER)
-    partial, plan_key, records_plan = open_write(dst, records, scene, spec, source, points, overwrite)
-    profile.lap("plan")
+    tasks = {"executor": executor, "progress": progress, "overwrite": overwrite}
+    w, records_plan = open_write(dst, records, scene, spec, source, points, **tasks)
+    w.profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
-    staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
+    partial = str(w.root)
+    staging = MemoryStaging(partial) if memory else DiskStaging(partial)
     with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
-            ImageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
+            ImageJob(partial, i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
             for i, r in enumerate(records)
         ]
         try:
-            staged = list(run(stage_image, stage_jobs, "decode images"))
+            staged = list(w.run(stage_image, stage_jobs, "decode images"))
         finally:
             base_indices.cache_clear()  # the stage tasks' memoised index arrays
-        splits, table, fields, fingerprint = staged_payload(records, staged, spec, partial, profile)
+        splits, table, fields, fingerprint = staged_payload(w, records, staged)
         image_bytes = local_files_bytes([r.source_path for r in records])
         source = {**source, "fingerprint": fingerprint, "image_bytes": image_bytes}
         gather = StagingSource(
-            str(partial),
+            partial,
             tuple(int(v) for v in table.column("pixel_offset").to_pylist()),
             tuple(r.camera.width * r.camera.height for r in records),
             tuple(int(s["channels"]) for s in staged),
@@ -147,38 +146,28 @@ def write_rays(
             # the cameras travel with the source (materialised rays need them): no task re-reads the table
             CameraTable.from_arrow(table) if spec.materialize else None,
         )
-        files, index = _write_shards(run, partial, spec, splits, fields, gather, plan_key, profile)
-        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
-        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
+        _write_shards(w, splits, fields, gather)
+        return commit(w, source, scene, splits, fields, table, (records, components, extras_from))
 
 
 def _write_shards(
-    run: TaskRunner,
-    partial: Path,
-    spec: StoreSpec,
-    splits: Mapping[str, SplitInfo],
-    fields: Mapping[str, FieldSpec],
-    gather: Source,
-    plan_key: str,
-    profile: PhaseClock,
-) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
-    """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
-    backend = backend_named(spec.backend)
-    files: dict[str, Any] = {}
-    write_files(partial, backend.rays_metadata(splits, fields, spec), files)
+    w: Partial, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], gather: Source
+) -> None:
+    """Phase 2 of the write ``w``: every shard of ``gather``'s rays, and the backend's metadata."""
+    spec, backend = w.spec, backend_named(w.spec.backend)
+    write_files(w.root, backend.rays_metadata(splits, fields, spec), w.files)
     shards = [(info, s) for info in splits.values() for s in range(-(-info.n_chunks // spec.shard_chunks))]
     jobs = [
         ShardJob(
-            str(partial),
+            str(w.root),
             info.name,
             s,
-            f"{plan_key}:{info.name}:{s}:{_TASK_FORMAT}",
+            f"{w.key}:{info.name}:{s}:{_TASK_FORMAT}",
             functools.partial(encode_ray_shard, backend, info, s, info.stored_fields(fields), spec, gather),
         )
         for info, s in shards
     ]
-    profile.lap("metadata")
-    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in splits}
+    w.profile.lap("metadata")
     # Frees the staged rows of the shards written so far, a few times a split (``release(k)``: jobs
     # ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
     # one hole in its staging file, so a release is one call per image, and the holes are large enough
@@ -196,8 +185,7 @@ def _write_shards(
             gather.release(info, shard_rays(info, spec, mine[0])[1], shard_rays(info, spec, mine[-1])[2])
         released = done
 
-    write_shards(run, write_shard_task, jobs, partial, profile, files, index, release)
-    return files, index
+    write_shards(w, jobs, release)
 
 
 def copy_rays(
@@ -214,7 +202,6 @@ def copy_rays(
     """A rays-layout copy of a rays-layout ``store`` written as ``spec`` (the source's, in the
     destination's backend), shard by shard from its chunks (the caller holds the destination's
     writer lock; ``raykit.store.write.copy_store``)."""
-    profile, run = PhaseClock(), task_runner(executor, progress)
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
@@ -227,9 +214,8 @@ def copy_rays(
     if store.legacy:  # format 1 or 2, copied as the current format (its pids stored, checksums anew)
         plan["upgrade_to"] = FORMAT_VERSION
     points = store.sparse_points()
-    partial, plan_key = open_partial(dst, plan, points, overwrite)
-    write_camera_table(store.cameras, partial)
-    source, table, fields = store.manifest["source"], store.cameras, store.fields
-    files, index = _write_shards(run, partial, spec, splits, fields, CopySource(store.url), plan_key, profile)
-    args = (spec, source, store.scene, splits, fields, table, points, files, index, profile)
-    return commit(partial, dst, overwrite, *args, ((), (), extras_from))
+    w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
+    write_camera_table(store.cameras, w.root)
+    _write_shards(w, splits, store.fields, CopySource(store.url))
+    source, table = store.manifest["source"], store.cameras
+    return commit(w, source, store.scene, splits, store.fields, table, ((), (), extras_from))

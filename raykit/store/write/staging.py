@@ -23,12 +23,9 @@ contiguous run of rays per image.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +35,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha256_file
-from raykit.store.files import file_record
+from raykit.fileio import atomic_write_bytes, punch_hole, sha256_file
 from raykit.store.order import (
     base_indices,
     merge_counts,
@@ -49,7 +45,7 @@ from raykit.store.order import (
 )
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
-from raykit.store.write.commit import PhaseClock
+from raykit.store.write.commit import PhaseClock, finish_task, record_matches, scratch_record
 
 __all__ = [
     "CopySource",
@@ -57,23 +53,17 @@ __all__ = [
     "ImageJob",
     "MemoryStaging",
     "MergeBuffers",
-    "ShardJob",
     "StagingArea",
     "StagingSource",
     "base_indices",
-    "bytes_record",
     "check_pixels",
-    "finish_task",
     "pack_rgba",
     "pack_rgba_reference",
     "pixels_crc32c",
-    "record_matches",
-    "scratch_record",
     "stage_image",
     "staging_file",
     "unpack_rgb",
     "unpack_rgb_reference",
-    "write_shard_task",
 ]
 
 
@@ -303,51 +293,6 @@ def _row_bytes(channels: int) -> int:
     return 3 if channels == 3 else 4
 
 
-def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
-    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
-    return {"size": len(data), "crc32": zlib.crc32(data)}
-
-
-def record_matches(record_path: Path, key: str, root: Path, clock: PhaseClock) -> dict[str, Any] | None:
-    """The stored result of a finished task (with ``seconds``: ``clock``'s, lapped as the resume
-    check) if its key matches and its files are intact, else None."""
-    if not record_path.exists():
-        return None
-    try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("key") != key:
-        return None
-    for rel, expected in record["result"].get("files", {}).items():
-        path = root / rel
-        if not path.exists() or _file_check(path, expected) != expected:
-            return None
-    clock.lap("resume_check")
-    return {**record["result"], "seconds": clock.seconds}
-
-
-def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
-    """The record of the file at ``path`` in the kind of ``expected`` (SHA-256, or CRC-32 for scratch)."""
-    if "crc32" not in expected:
-        return file_record(path)
-    crc = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            crc = zlib.crc32(block, crc)
-    return {"size": path.stat().st_size, "crc32": crc}
-
-
-def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
-    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
-    equals ``file_record`` of the written file."""
-    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
-    digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(piece)
-    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
-
-
 @dataclass(frozen=True)
 class ImageJob:
     """Phase-1 task of either layout: image ``index`` (table order) of ``root``'s plan, task key ``key``.
@@ -421,53 +366,6 @@ def stage_image(job: ImageJob) -> dict[str, Any]:
         clock.lap("permutation")
     result.update(files=area.put(job.index, rows, clock, result["channels"]), source_sha256=source_sha)
     return finish_task(None if area.in_memory else record_path, job.key, result, clock)
-
-
-def finish_task(
-    record_path: Path | None, key: str, result: dict[str, Any], clock: PhaseClock
-) -> dict[str, Any]:
-    """``result`` with ``seconds`` (``clock``'s, not recorded), after recording it for a rerun at
-    ``record_path`` (None: nothing to resume from) as canonical JSON, atomically without fsync (a lost
-    record only redoes its task)."""
-    if record_path is not None:
-        atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
-        clock.lap("write")
-    return {**result, "seconds": clock.seconds}
-
-
-# ``encode(clock)``: a shard's files (relative path -> bytes, whole or in pieces written one after the
-# other) and its ``index.json`` entries (key -> values, in order)
-ShardEncode = Callable[[PhaseClock], tuple[dict[str, Any], dict[str, list[Any]]]]
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    """Phase-2 task of either layout: shard ``shard`` of split ``split`` of ``root``'s plan, task key
-    ``key``, encoded by ``encode`` (a picklable partial of the layout's encoder)."""
-
-    root: str
-    split: str
-    shard: int
-    key: str
-    encode: ShardEncode
-
-
-def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [values]}}`` and ``"seconds"``,
-    the time per phase (not recorded)."""
-    root = Path(job.root)
-    record_path = root / f"tasks/{job.split}-{job.shard:06d}.json"
-    clock = PhaseClock()
-    if (done := record_matches(record_path, job.key, root, clock)) is not None:
-        return done
-    files, index = job.encode(clock)
-    result: dict[str, Any] = {"files": {}, "index": index}
-    for rel, payload in files.items():
-        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
-        clock.lap("write")
-        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
-        clock.lap("checksum")
-    return finish_task(record_path, job.key, result, clock)
 
 
 @dataclass(frozen=True)
