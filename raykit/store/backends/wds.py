@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes, npy_values
+from raykit.store.backends import (
+    Backend,
+    Blobs,
+    BlobShard,
+    ByteRead,
+    RaySplits,
+    StagedBlob,
+    npy_bytes,
+    npy_values,
+)
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 
@@ -68,32 +77,32 @@ def sample_key(split: str, chunk: int) -> str:
     return f"{split}_{chunk:08d}"
 
 
-class WdsReader:
+class WdsReader(RaySplits):
     """Reads chunks of a committed store's WebDataset payload with byte-range reads
-    (``read(rel, start, stop)``: a local or remote store's)."""
+    (``RaySplits.read``: a local or remote store's)."""
 
     def __init__(self, store: RayStore) -> None:
-        self._url, self._index, self._read = store.url.rstrip("/"), store.index, store.read_range
-        self._stored = {name: info.stored_fields(store.fields) for name, info in store.splits.items()}
+        super().__init__(store)
+        self._index = store.index
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
 
-    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info``."""
+    def values(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``, unchecked."""
         start, stop = info.chunk_range(index)
         rel = self.chunk_files(info.name, index)[0]
         members = self._index[info.name]["members"][index]
         out = {}
-        for name, spec in self._stored[info.name].items():
+        for name, spec in self.stored[info.name].items():
             offset, size = members[name]
-            data = bytearray(self._read(rel, offset, offset + size))  # the values' own, writable memory
+            data = bytearray(self.read(rel, offset, offset + size))  # the values' own, writable memory
             if len(data) != size:
                 raise StoreCorruptError(
-                    f"{self._url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
+                    f"{self.url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
                 )
             dtype, shape = np.dtype(spec.dtype), spec.shape(stop - start)
-            out[name] = npy_values(data, dtype, shape, f"member {name}.npy", f"{self._url}/{rel}")
+            out[name] = npy_values(data, dtype, shape, f"member {name}.npy", f"{self.url}/{rel}")
         return out
 
 
