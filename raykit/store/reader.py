@@ -6,10 +6,11 @@ questions (``read_chunk``, ``read_image``, ``image_raw``, ``image_parts``, ``ima
 
 A committed store is read from a local path or any fsspec URL, checking what is read (docs/format.md,
 "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong
-rays. Ray chunks are read by the backend's ``RaySplits``, checked against their CRCs there; images (docs/format.md, "The images layout") and component arrays are blobs laid out by
-the backend and checked against their CRC-32C (``raykit.store.backends.read_blob``), images decoded
-here (``raykit.store.image_codec``); read as rays, an images split is its images end to end,
-row-major. Making rays (origins, directions) from what a store holds is the loaders' (``raykit.rays``).
+rays. Ray chunks are read by the backend's ``RaySplits``, checked against their CRCs there; images
+(docs/format.md, "The images layout") and component arrays are blobs laid out by the backend and
+checked against their CRC-32C (``raykit.store.backends.read_blob``), images decoded here
+(``raykit.store.image_codec``); read as rays, an images split is its images end to end, row-major.
+Making rays (origins, directions) from what a store holds is the loaders' (``raykit.rays``).
 """
 
 from __future__ import annotations
