@@ -299,13 +299,10 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
         store = open_store(path_or_url)
     except RaykitError as exc:
         return [str(exc)]
-    images: dict[str, Any] = {}
-    if any(info.holds_images for info in store.splits.values()):  # stored images: images_check
-        images = {
-            split: images_check(store, split, deep)
-            for split, info in store.splits.items()
-            if info.holds_images
-        }
+    # the stored images' checks, per images-layout split
+    images = {
+        split: images_check(store, split, deep) for split, info in store.splits.items() if info.holds_images
+    }
     components, component_problems = components_check(store)
     owner: dict[str, Any] = {rel: check for check in images.values() for rel in check.files}
     owner.update(dict.fromkeys(components.files, components))
