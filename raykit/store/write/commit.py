@@ -1,8 +1,9 @@
-"""What every payload writer shares, whatever the layout: its plan and the partial directory the
-plan keys (``open_write``, ``open_partial``), what staging decides (``staged_payload``: splits, camera
-table, fields), its tasks on any executor (``task_runner``), its shard phase (``write_shards``), the
-last phase (``commit``: ``index.json``, the points, the manifest, the rename to ``dst``) and where
-its time goes (``PhaseClock``).
+"""What every payload writer shares, whatever the layout: a write in progress (``Partial``), its plan
+and the partial directory the plan keys (``open_write``, ``open_partial``), what staging decides
+(``staged_payload``: splits, camera table, fields), its tasks on any executor (``task_runner``) and
+their records for a rerun (``record_matches``, ``finish_task``), the one shard task (``ShardJob``,
+``write_shard_task``) and shard phase (``write_shards``), the last phase (``commit``: ``index.json``,
+the points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``).
 
 Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
 a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and

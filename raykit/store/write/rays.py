@@ -2,8 +2,8 @@
 the chunk-by-chunk copy of a rays store (``copy_rays``).
 
 Its phases in ``<dst>.partial/`` (decode images into staging, one task per shard, commit) and how a
-rerun resumes are docs/format.md's "Commit protocol". The tasks live in ``staging.py``, the plan, the
-shard phase and the commit in ``commit.py``.
+rerun resumes are docs/format.md's "Commit protocol". The stage task and the gather of a shard's
+rays live in ``staging.py``; the plan, the shard task and phase and the commit in ``commit.py``.
 """
 
 from __future__ import annotations
