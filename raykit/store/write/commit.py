@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import shutil
@@ -38,6 +37,7 @@ from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
+    bytes_record,
     check_destination,
     content_fingerprint,
     file_record,
@@ -69,7 +69,6 @@ __all__ = [
     "PhaseClock",
     "ShardJob",
     "TaskRunner",
-    "bytes_record",
     "commit",
     "commit_store",
     "finish_task",
@@ -364,16 +363,6 @@ def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
         while block := handle.read(1 << 20):
             crc = zlib.crc32(block, crc)
     return {"size": path.stat().st_size, "crc32": crc}
-
-
-def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
-    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
-    equals ``file_record`` of the written file."""
-    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
-    digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(piece)
-    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
 
 
 def finish_task(
