@@ -237,11 +237,13 @@ def open_write(
     spec: StoreSpec,
     source: Mapping[str, Any],
     points: SparsePoints | None,
-    **tasks: Any,
+    *,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    overwrite: bool,
 ) -> tuple[Partial, list[dict[str, Any]]]:
-    """``open_partial`` for a write of ``records`` (in table order) as ``spec`` (``tasks``: its
-    ``executor``, ``progress`` and ``overwrite``), and each record's part of the plan
-    (``record_plan``: it keys the record's task)."""
+    """``open_partial`` for a write of ``records`` (in table order) as ``spec``, and each record's
+    part of the plan (``record_plan``: it keys the record's task)."""
     records_plan = [record_plan(r) for r in records]
     plan = {
         "format_version": FORMAT_VERSION,
@@ -252,7 +254,8 @@ def open_write(
         "records": records_plan,
         "source": dict(source),
     }
-    return open_partial(dst, plan, spec, points, **tasks), records_plan
+    w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
+    return w, records_plan
 
 
 def staged_payload(

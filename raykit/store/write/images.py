@@ -174,8 +174,9 @@ def write_images(
     store's rays view and of a ray-layout copy.
     """
     spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
-    tasks = {"executor": executor, "progress": progress, "overwrite": overwrite}
-    w, records_plan = open_write(dst, records, scene, spec, source, points, **tasks)
+    w, records_plan = open_write(
+        dst, records, scene, spec, source, points, executor=executor, progress=progress, overwrite=overwrite
+    )
     partial = str(w.root)
     staging = MemoryStaging(partial) if in_process(executor) else DiskStaging(partial)
     keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]

@@ -114,8 +114,9 @@ def write_rays(
     """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
     writer lock): stage every image, write the shards, commit; returns it opened."""
     spec = spec.replace(train_order=TRAIN_ORDER)
-    tasks = {"executor": executor, "progress": progress, "overwrite": overwrite}
-    w, records_plan = open_write(dst, records, scene, spec, source, points, **tasks)
+    w, records_plan = open_write(
+        dst, records, scene, spec, source, points, executor=executor, progress=progress, overwrite=overwrite
+    )
     w.profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
