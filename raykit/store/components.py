@@ -36,10 +36,10 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
-from raykit.fileio import atomic_write_bytes, atomic_write_json
+from raykit.fileio import atomic_write_json
 from raykit.ordered import in_order
 from raykit.store.backends import backend_named, component_blobs, npy_bytes, npy_header, npy_values
-from raykit.store.files import file_record, json_digest
+from raykit.store.files import file_record, json_digest, write_files
 
 __all__ = [
     "COMPONENTS",
@@ -234,11 +234,8 @@ def write_component(
             raise SourceError(f"image {name!r}: {info.name} is {shape}, expected {width}x{height}")
         return encode_component(info, values, f"image {name!r}")
 
-    store, blobs, files = backend_named(backend), component_blobs(info.name), {}
-
-    def write(rel: str, data: bytes | list[bytes]) -> None:
-        atomic_write_bytes(root / rel, data)
-        files[rel] = file_record(root / rel)
+    store, blobs = backend_named(backend), component_blobs(info.name)
+    files: dict[str, Any] = {}
 
     index: dict[str, Any] = {}
     splits: dict[str, list[int]] = {}  # each split's rows: one run of the table
@@ -262,12 +259,11 @@ def write_component(
                     held[i] = data
                 items = [(held[i], f"{info.name}.npy", None) for i in shard.images]
                 rel, data, entries = store.encode_blobs(blobs, split, shard, items)
-                write(rel, data)
+                write_files(root, {rel: data}, files)
                 for key, values in entries.items():
                     entry.setdefault(key, []).extend(values)
                 held = {shard.images[-1]: held[shard.images[-1]]}  # it may run into the next shard
-            for rel, data in metadata.items():
-                write(rel, data)
+            write_files(root, metadata, files)
     atomic_write_json(root / info.index, index)
     files[info.index] = file_record(root / info.index)
     crcs = [crc for split in index for crc in index[split]["crc32c"]]

@@ -56,6 +56,7 @@ from raykit.errors import (
 )
 from raykit.fileio import (
     UntrustedFileError,
+    atomic_write_bytes,
     atomic_write_json,
     open_regular,
     safe_path,
@@ -67,6 +68,7 @@ __all__ = [
     "DEFAULT_KEEP_BYTES",
     "OVERWRITE_HINT",
     "RangeFetcher",
+    "bytes_record",
     "check_destination",
     "chunk_checksum",
     "content_fingerprint",
@@ -78,6 +80,7 @@ __all__ = [
     "local_range_reader",
     "prepare_partial",
     "read_errors",
+    "write_files",
 ]
 
 
@@ -337,6 +340,25 @@ def chunk_checksum(values: Mapping[str, np.ndarray], order: Sequence[str], kind:
 def file_record(path: Path) -> dict[str, Any]:
     """``{"size": bytes, "sha256": hex}`` of a local file."""
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
+    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
+    equals ``file_record`` of the written file."""
+    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
+
+
+def write_files(root: Path, files: Mapping[str, bytes | list[bytes]], records: dict[str, Any]) -> None:
+    """Write ``files`` (relative path -> bytes, whole or in pieces written one after the other) under
+    ``root``, each atomically, and add their records (``bytes_record``: hashed from memory, never
+    re-read) to ``records``."""
+    for rel, data in files.items():
+        atomic_write_bytes(root / rel, data)
+        records[rel] = bytes_record(data)
 
 
 def json_digest(obj: Any) -> str:

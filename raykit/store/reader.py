@@ -1,15 +1,16 @@
 """Reading a store: ``RayStore`` (``open_store``) = its manifest, its camera table and one reader of
-its layout, ``RaySplits`` (stored ray chunks) or ``ImageSplits`` (stored images). Both answer the same
+its layout, a ``RaySplits`` (stored ray chunks: the backend's subclass, ``Backend.open_reader``) or
+``ImageSplits`` (stored images). Both answer the same
 questions (``read_chunk``, ``read_image``, ``image_raw``, ``image_parts``, ``image_files``,
 ``chunk_files``), so ``RayStore`` never branches on the layout.
 
 A committed store is read from a local path or any fsspec URL, checking what is read (docs/format.md,
 "Integrity"): corruption raises a ``StoreCorruptError`` naming the file instead of returning wrong
-rays. Ray chunks come from the backend's chunk reader (``Backend.open_reader``), checked against their
-CRCs here; images (docs/format.md, "The images layout") and component arrays are blobs laid out by
-the backend and checked against their CRC-32C (``raykit.store.backends.read_blob``), images decoded
-here (``raykit.store.image_codec``); read as rays, an images split is its images end to end,
-row-major. Making rays (origins, directions) from what a store holds is the loaders' (``raykit.rays``).
+rays. Ray chunks are read by the backend's ``RaySplits``, checked against their CRCs there; images
+(docs/format.md, "The images layout") and component arrays are blobs laid out by the backend and
+checked against their CRC-32C (``raykit.store.backends.read_blob``), images decoded here
+(``raykit.store.image_codec``); read as rays, an images split is its images end to end, row-major.
+Making rays (origins, directions) from what a store holds is the loaders' (``raykit.rays``).
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from raykit.errors import (
     StoreVersionError,
 )
 from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
-from raykit.imagedecode import downscale_area, downscale_nearest, level_size
+from raykit.imagedecode import downscale_nearest, level_size
 from raykit.locks import lock_owner, lock_path
 from raykit.store.backends import (
     Backend,
     ByteRead,
-    ChunkReader,
+    RaySplits,
     backend_named,
     component_blobs,
     image_blobs,
@@ -54,7 +55,6 @@ from raykit.store.components import (
 )
 from raykit.store.files import (
     RangeFetcher,
-    chunk_checksum,
     filesystem,
     is_url,
     json_digest,
@@ -65,7 +65,6 @@ from raykit.store.image_codec import decode_stored
 from raykit.store.order import TRAIN_ORDER, SplitOrder, shared_order
 from raykit.store.schema import (
     POINTS_SCHEMA,
-    DerivedRays,
     FieldSpec,
     RawRays,
     SceneInfo,
@@ -115,87 +114,6 @@ def empty_rays(fields: Mapping[str, FieldSpec]) -> RawRays:
     """No rays, with the fields' dtypes and widths."""
     extra = {k: np.zeros((0, 3), dtype=s.dtype) for k, s in fields.items() if k not in ("rgba", "pid")}
     return RawRays(np.zeros((0, fields["rgba"].channels), np.uint8), np.zeros(0, np.uint32), extra)
-
-
-class RaySplits:
-    """The reader of a rays-layout ``store``: chunks from the backend's ``chunks`` reader, checked
-    against the chunk CRCs of ``index.json`` (format 3 checks stored pids apart; formats 1 and 2 sum
-    every field at once, ``RayStore.legacy``)."""
-
-    def __init__(self, store: RayStore, chunks: ChunkReader) -> None:
-        self.store, self.chunks = store, chunks
-
-    def chunk_files(self, split: str, index: int) -> list[str]:
-        """Relative paths of the files holding chunk ``index`` of ``split``."""
-        return self.chunks.chunk_files(split, index)
-
-    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
-        """Chunk ``index`` (in range) of split ``info``, checked."""
-        store, legacy = self.store, self.store.legacy
-        files = self.chunks.chunk_files(info.name, index)
-        values = self.chunks.read_chunk(info, index)
-        summed = [k for k in store.fields if k in values and (legacy or k != "pid")]
-        self._check(files[0], info.name, index, chunk_checksum(values, summed, store.checksum_kind), "")
-        extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
-        if info.pids == "derived":
-            start = info.chunk_range(index)[0]
-            return DerivedRays(values["rgba"], store.split_order(info.name), start, extra)
-        if not legacy:
-            crc = chunk_checksum(values, ["pid"], store.checksum_kind)
-            self._check(
-                next((rel for rel in files if "/pid/" in rel), files[0]), info.name, index, crc, "pid_"
-            )
-        return RawRays(values["rgba"], values["pid"], extra)
-
-    def _check(self, rel: str, split: str, index: int, crc: int, what: str) -> None:
-        """Raise unless ``crc`` is chunk ``index``'s recorded checksum (``what``: ``"pid_"`` for the
-        stored pids' own)."""
-        kind = self.store.checksum_kind
-        expected = int((self.store._pid_crc if what else self.store._crc)[split][index])
-        if crc != expected:
-            raise StoreCorruptError(
-                f"{self.store.url}/{rel}: chunk {index} of split {split!r} fails its {what.replace('_', ' ')}"
-                f"checksum (expected {kind} {expected:08x}, got {crc:08x})"
-            )
-
-    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
-        """Camera-table row ``row``'s pixels gathered from its rays (``image_raw``), area-filtered to
-        level ``downscale``."""
-        h, w, c = (
-            int(self.store.table.height[row]),
-            int(self.store.table.width[row]),
-            self.store.rgba_channels,
-        )
-        full = np.ascontiguousarray(self.image_raw(row).rgba[:, :c]).reshape(h, w, c)
-        return np.ascontiguousarray(downscale_area(full, downscale))
-
-    def image_raw(self, row: int) -> RawRays:
-        """Compact rays of every pixel of camera-table row ``row``, row-major: an evaluation split's
-        one contiguous range; a shuffled split's gathered chunk by chunk."""
-        store = self.store
-        split, start, n = (
-            store.table.splits[row],
-            int(store.table.ray_start[row]),
-            int(store.table.n_pixels[row]),
-        )
-        if start >= 0:
-            return store.read(split, start, start + n)
-        lo, parts = int(store.table.pixel_offset[row]), []
-        for c in range(store.splits[split].n_chunks):
-            raw = store.read_chunk(split, c)
-            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
-        raw = RawRays.concat(parts)
-        return raw.take(np.argsort(raw.pid, kind="stable"))
-
-    def image_parts(
-        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
-    ) -> list[bytes | np.ndarray]:
-        """Refused: a rays store stores no image files."""
-        raise StoreError(f"{self.store.url}: split {split!r} stores rays, not image files")
-
-    def image_files(self, split: str, i: int) -> list[str]:
-        """None: a rays store stores no image files."""
-        return []
 
 
 class ImageSplits:
@@ -318,7 +236,8 @@ class RayStore:
         self.manifest: dict[str, Any] = self._read_manifest()
         try:
             self._parse_manifest()
-            small = self._metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
+            # the small files, verified: cameras.parquet, index.json, zarr.json (the backend's reader's)
+            small = self.metadata = {rel: self.read_verified(rel) for rel in self._metadata_files()}
             self.cameras: pa.Table = read_camera_table(
                 small["cameras.parquet"], self._where("cameras.parquet")
             )
@@ -326,9 +245,10 @@ class RayStore:
             # index key crc32c in format 2; zlib crc32 in format 1 (and in copies of format-1 stores)
             kind = "crc32c" if all("crc32c" in self.index[k] for k in self.splits) else "crc32"
             self.checksum_kind: str = kind  # "crc32c" or "crc32" (``integrity.chunk_checksum``)
-            self._crc = {k: np.asarray(self.index[k][kind], dtype=np.int64) for k in self.splits}
+            # split -> its chunk (or image) checksums, as int64 arrays
+            self.chunk_crcs = {k: np.asarray(self.index[k][kind], dtype=np.int64) for k in self.splits}
             # format 3 checks stored pids apart ("pid_crc32c"); formats 1 and 2 sum every field at once
-            self._pid_crc = {
+            self.pid_crcs = {
                 k: np.asarray(self.index[k][f"pid_{kind}"], dtype=np.int64)
                 for k, info in self.splits.items()
                 if not self.legacy and info.pids == "stored"
@@ -516,9 +436,7 @@ class RayStore:
         self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, self.url, sizes)
         if self.layout() == IMAGES_LAYOUT:
             return ImageSplits(self, backend)
-        stored = {name: info.stored_fields(self.fields) for name, info in self.splits.items()}
-        args = (self.index, self.read_range, sizes, self._metadata)
-        return RaySplits(self, backend.open_reader(self.url, stored, self.spec, *args))
+        return backend.open_reader(self)
 
     def split_rows(self, split: str) -> np.ndarray:
         """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""

@@ -9,6 +9,7 @@ pixel count of the rows before it. Every split's images are therefore one contig
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -119,28 +120,13 @@ class SceneInfo:
         return np.array(self.world_from_source, dtype=np.float64)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "world_frame": self.world_frame,
-            "world_from_source": [list(row) for row in self.world_from_source],
-            "transform_method": self.transform_method,
-            "transform_params": dict(self.transform_params),
-            "bounds": None if self.bounds is None else [list(c) for c in self.bounds],
-            "near": self.near,
-            "far": self.far,
-        }
+        """The manifest's ``scene`` record: every attribute (tuples are JSON arrays)."""
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SceneInfo:
-        bounds = d.get("bounds")
-        return cls(
-            world_frame=str(d.get("world_frame", "source")),
-            world_from_source=d.get("world_from_source", _IDENTITY),
-            transform_method=str(d.get("transform_method", "identity")),
-            transform_params=dict(d.get("transform_params") or {}),
-            bounds=None if bounds is None else (tuple(bounds[0]), tuple(bounds[1])),
-            near=d.get("near"),
-            far=d.get("far"),
-        )
+        """The record ``d``; a key it lacks (or holds as null) takes its default."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if d.get(f.name) is not None})
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,15 @@ def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"write_store: image names must be unique, got duplicates {dupes[:5]}")
-    problems = [p for r in records for p in _record_problems(r)]
+    problems = [
+        f"image {r.name!r}: expected a split name of letters, digits, '_' or '-', got {r.split!r}"
+        for r in records
+        if not _SPLIT_NAME.fullmatch(r.split)
+    ]
+    bad = np.full((4, 4), np.nan)  # a c2w of another shape: reported as not a 4x4
+    c2w = np.stack([np.asarray(r.c2w, np.float64) if np.shape(r.c2w) == (4, 4) else bad for r in records])
+    bounds = np.array([[np.nan if v is None else v for v in (r.near, r.far)] for r in records], np.float64)
+    problems += record_problems(names, c2w, bounds[:, 0], bounds[:, 1])
     if problems:
         raise ConfigError("write_store: invalid image records: " + "; ".join(problems[:10]))
     ordered = sorted(records, key=lambda r: (split_sort_key(r.split), r.name))
@@ -80,22 +88,31 @@ def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
     return ordered
 
 
-def _record_problems(rec: ImageRecord) -> list[str]:
-    """Problems of one record (empty when valid): split name, pose, near/far."""
-    who = f"image {rec.name!r}"
+def record_problems(names: Sequence[str], c2w: np.ndarray, near: np.ndarray, far: np.ndarray) -> list[str]:
+    """One line per image whose pose or bounds are bad, the writer's check of its records and
+    ``raykit validate``'s of a camera table: ``c2w`` (N, 4, 4) a finite 4x4 with last row
+    ``[0, 0, 0, 1]`` and an orthonormal right-handed rotation; ``near``, ``far`` (N,) (NaN: unknown)
+    finite, non-negative and ``near < far``."""
+    finite = np.isfinite(c2w).all(axis=(1, 2))
+    safe = np.where(finite[:, None, None], c2w, np.eye(4))
+    affine = finite & np.isclose(safe[:, 3], [0, 0, 0, 1]).all(axis=1)
+    rot = safe[:, :3, :3]
+    gram = np.einsum("nji,njk->nik", rot, rot)  # rot.T @ rot per pose
+    proper = np.isclose(gram, np.eye(3), atol=1e-4).all(axis=(1, 2)) & (np.linalg.det(rot) > 0)
+    bounds = np.stack([near, far])
+    sound = (np.isnan(bounds) | (np.isfinite(bounds) & (bounds >= 0))).all(axis=0)
+    ordered = ~(near >= far)  # False for NaN: an unknown bound
     problems = []
-    if not _SPLIT_NAME.fullmatch(rec.split):
-        problems.append(f"{who}: expected a split name of letters, digits, '_' or '-', got {rec.split!r}")
-    c2w = np.asarray(rec.c2w, dtype=np.float64)
-    if c2w.shape != (4, 4) or not np.all(np.isfinite(c2w)) or not np.allclose(c2w[3], [0, 0, 0, 1]):
-        problems.append(f"{who}: expected c2w a finite 4x4 with last row [0, 0, 0, 1], got {c2w.tolist()}")
-    elif not np.allclose(c2w[:3, :3].T @ c2w[:3, :3], np.eye(3), atol=1e-4) or np.linalg.det(c2w[:3, :3]) < 0:
-        problems.append(f"{who}: expected c2w with an orthonormal right-handed rotation")
-    bounds = [v for v in (rec.near, rec.far) if v is not None]
-    if not all(np.isfinite(v) and v >= 0 for v in bounds):
-        problems.append(f"{who}: expected finite non-negative near/far, got {rec.near}, {rec.far}")
-    elif len(bounds) == 2 and not bounds[0] < bounds[1]:
-        problems.append(f"{who}: expected near < far, got {rec.near}, {rec.far}")
+    for i in np.flatnonzero(~affine | ~proper | ~sound | ~ordered):
+        who = f"image {names[int(i)]!r}"
+        if not affine[i]:
+            problems.append(f"{who}: expected c2w a finite 4x4 with last row [0, 0, 0, 1]")
+        elif not proper[i]:
+            problems.append(f"{who}: expected c2w with an orthonormal right-handed rotation")
+        if not sound[i]:
+            problems.append(f"{who}: expected finite non-negative near/far, got {near[i]}, {far[i]}")
+        elif not ordered[i]:
+            problems.append(f"{who}: expected near < far, got {near[i]}, {far[i]}")
     return problems
 
 

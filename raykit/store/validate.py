@@ -30,6 +30,7 @@ from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
 from raykit.store.reader import RayStore, join_parts, open_store
 from raykit.store.schema import check_points
+from raykit.store.table import record_problems
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence
@@ -298,13 +299,10 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
         store = open_store(path_or_url)
     except RaykitError as exc:
         return [str(exc)]
-    images: dict[str, Any] = {}
-    if any(info.holds_images for info in store.splits.values()):  # stored images: images_check
-        images = {
-            split: images_check(store, split, deep)
-            for split, info in store.splits.items()
-            if info.holds_images
-        }
+    # the stored images' checks, per images-layout split
+    images = {
+        split: images_check(store, split, deep) for split, info in store.splits.items() if info.holds_images
+    }
     components, component_problems = components_check(store)
     owner: dict[str, Any] = {rel: check for check in images.values() for rel in check.files}
     owner.update(dict.fromkeys(components.files, components))
@@ -397,27 +395,7 @@ def _check_table(store: RayStore) -> list[str]:
         offsets = table.pixel_offset[rows] - info.pid_start
         if not info.shuffled and not np.array_equal(table.ray_start[rows], offsets):
             problems.append(f"{where}: split {split!r}: ray_start does not match the image order")
-    problems += _check_poses(table.c2w, table.names, where)
-    bad = np.flatnonzero(table.near >= table.far)
-    problems += [
-        f"{where}: image {table.names[i]!r}: near {table.near[i]} >= far {table.far[i]}" for i in bad
-    ]
-    return problems
-
-
-def _check_poses(c2w: np.ndarray, names: list[str], where: str) -> list[str]:
-    """One line per image whose ``c2w`` (N, 4, 4) is not a finite affine 4x4 with a proper rotation
-    (the tests of ``np.allclose``, for every pose at once)."""
-    finite = np.isfinite(c2w).all(axis=(1, 2))
-    safe = np.where(finite[:, None, None], c2w, np.eye(4))
-    affine = finite & np.isclose(safe[:, 3], [0, 0, 0, 1]).all(axis=1)
-    rot = safe[:, :3, :3]
-    gram = np.einsum("nji,njk->nik", rot, rot)  # rot.T @ rot per pose
-    proper = np.isclose(gram, np.eye(3), atol=1e-5).all(axis=(1, 2)) & (np.linalg.det(rot) > 0)
-    problems = []
-    for i in np.flatnonzero(~affine | ~proper):
-        what = "is not a finite affine 4x4" if not affine[i] else "rotation is not a proper rotation"
-        problems.append(f"{where}: image {names[i]!r}: c2w {what}")
+    problems += [f"{where}: {p}" for p in record_problems(table.names, table.c2w, table.near, table.far)]
     return problems
 
 

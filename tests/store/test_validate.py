@@ -117,3 +117,23 @@ def test_local_paths_with_url_syntax_are_local(tmp_path: Path, records, scene: S
         assert store.url == str(root.resolve())
         assert validate_store(root) == []
         assert open_store(root).read_chunk("train", 0).pid.size == 64
+
+
+def test_writer_and_validate_share_one_pose_check(tmp_path: Path, records, scene: SceneInfo) -> None:
+    """A pose the writer accepts validates (one tolerance: a rotation 5e-5 off orthonormal passes
+    both), and a bad one gets one line from the one check (``raykit.store.table.record_problems``)."""
+    import dataclasses
+
+    from raykit.errors import ConfigError
+    from raykit.store.table import record_problems
+
+    nearly = np.array(records[0].c2w, dtype=np.float64)
+    nearly[:3, :3] *= 1 + 5e-5
+    store = write_store(tmp_path / "a", [dataclasses.replace(records[0], c2w=nearly)], scene=scene)
+    assert validate_store(store.url) == []
+    mirrored = nearly @ np.diag([1.0, 1.0, -1.0, 1.0])
+    message = f"image {records[0].name!r}: expected c2w with an orthonormal right-handed rotation"
+    with pytest.raises(ConfigError, match=message):
+        write_store(tmp_path / "b", [dataclasses.replace(records[0], c2w=mirrored)], scene=scene)
+    unknown = np.full(1, np.nan)
+    assert record_problems([records[0].name], mirrored[None], unknown, unknown) == [message]

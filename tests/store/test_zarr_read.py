@@ -26,13 +26,13 @@ def store(tmp_path_factory: pytest.TempPathFactory, records: list[ImageRecord], 
 
 
 def test_direct_reads_equal_zarr_reads(store: Any) -> None:
-    reader = store.reader.chunks
+    reader = store.reader
     assert isinstance(reader, zarr_read.ZarrReader)
     for info in store.splits.values():
         assert info.n_rays % info.chunk_rays, "the fixture should have a short last chunk"
         for index in range(info.n_chunks):
-            fast = reader.read_chunk(info, index)
-            slow = reader.read_chunk(info, index, fast=False)
+            fast = reader.values(info, index)
+            slow = reader.values(info, index, fast=False)
             assert fast.keys() == slow.keys()
             for name in fast:
                 assert fast[name].flags.writeable
@@ -69,4 +69,4 @@ def test_damaged_shards_are_named(store: Any, tmp_path: Path, where: str) -> Non
     damaged = open_store(root)
     info = damaged.splits["train"]
     with pytest.raises(StoreCorruptError, match=r"zarr/train/pid/c/0.*(crc32c|shard index)"):
-        damaged.reader.chunks.read_chunk(info, 0)
+        damaged.reader.values(info, 0)

@@ -15,20 +15,20 @@ import io
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Union, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import google_crc32c
 import numpy as np
 from numpy.lib import format as npy_format
 
-from raykit.errors import StoreCorruptError
-from raykit.store.schema import FieldSpec, SplitInfo
+from raykit.errors import StoreCorruptError, StoreError
+from raykit.imagedecode import downscale_area
+from raykit.store.files import chunk_checksum
+from raykit.store.schema import DerivedRays, FieldSpec, RawRays, SplitInfo
 from raykit.store.spec import BACKENDS, DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 
 if TYPE_CHECKING:
-    from raykit.store.backends.wds import WdsReader
-    from raykit.store.backends.zarr import ZarrReader
+    from raykit.store.reader import RayStore, Timed
 
 __all__ = [
     "BACKENDS",
@@ -36,7 +36,7 @@ __all__ = [
     "BlobShard",
     "Blobs",
     "ByteRead",
-    "ChunkReader",
+    "RaySplits",
     "StagedBlob",
     "backend_named",
     "component_blobs",
@@ -52,10 +52,6 @@ __all__ = [
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
 # WebDataset backend and the other way round.
 _MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.wds"}
-
-
-# the reader of a committed store's ray chunks (``Backend.open_reader``)
-ChunkReader = Union["ZarrReader", "WdsReader"]
 
 
 # ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
@@ -202,10 +198,10 @@ class Backend(Protocol):
         split's ``index.json`` record (key -> one value per chunk of the shard)."""
         ...
 
-    def write_metadata(
-        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-    ) -> list[str]:
-        """Write the rays payload's metadata files under ``root`` atomically; their relative paths."""
+    def rays_metadata(
+        self, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> dict[str, bytes]:
+        """The rays payload's metadata files: path -> bytes."""
         ...
 
     def field_bytes(
@@ -215,21 +211,9 @@ class Backend(Protocol):
         records; ``index``: ``index.json``); container overhead under a name of its own (``"tar"``)."""
         ...
 
-    def open_reader(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> ChunkReader:
-        """A reader of the ray chunks of the committed store at ``url`` (``stored``: split -> its
-        stored fields; ``index``: ``index.json``; ``read``: byte ranges of its files, whose ``sizes``
-        the manifest records; ``metadata``: its verified metadata files, path -> bytes). It has
-        ``chunk_files(split, index)`` and ``read_chunk(info, index)`` (field name -> (n, ...) values,
-        unchecked)."""
+    def open_reader(self, store: RayStore) -> RaySplits:
+        """The reader of the committed rays-layout ``store`` (opened up to its metadata: its
+        ``index``, ``read_range`` and verified ``metadata`` files)."""
         ...
 
     # -- per-image blobs (``Blobs``): the images layout's images, the components' arrays -------------
@@ -332,6 +316,93 @@ def read_blobs(
         ranges = merged
     if group:
         yield from run(group, ranges)
+
+
+class RaySplits:
+    """The reader of a rays-layout ``store`` (``Backend.open_reader``), one subclass per backend,
+    which names a chunk's files (``chunk_files``) and reads its stored values (``values``,
+    unchecked). Chunks are checked here against the chunk CRCs of ``index.json`` (format 3 checks
+    stored pids apart; formats 1 and 2 sum every field at once, ``RayStore.legacy``)."""
+
+    def __init__(self, store: RayStore) -> None:
+        self.store, self.url, self.read = store, store.url.rstrip("/"), store.read_range
+        self.stored = {name: info.stored_fields(store.fields) for name, info in store.splits.items()}
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Relative paths of the files holding chunk ``index`` of ``split``."""
+        raise NotImplementedError
+
+    def values(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``, as stored (unchecked)."""
+        raise NotImplementedError
+
+    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
+        """Chunk ``index`` (in range) of split ``info``, checked."""
+        store, legacy = self.store, self.store.legacy
+        files = self.chunk_files(info.name, index)
+        values = self.values(info, index)
+        summed = [k for k in store.fields if k in values and (legacy or k != "pid")]
+        self._check(files[0], info.name, index, chunk_checksum(values, summed, store.checksum_kind), "")
+        extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
+        if info.pids == "derived":
+            start = info.chunk_range(index)[0]
+            return DerivedRays(values["rgba"], store.split_order(info.name), start, extra)
+        if not legacy:
+            crc = chunk_checksum(values, ["pid"], store.checksum_kind)
+            self._check(
+                next((rel for rel in files if "/pid/" in rel), files[0]), info.name, index, crc, "pid_"
+            )
+        return RawRays(values["rgba"], values["pid"], extra)
+
+    def _check(self, rel: str, split: str, index: int, crc: int, what: str) -> None:
+        """Raise unless ``crc`` is chunk ``index``'s recorded checksum (``what``: ``"pid_"`` for the
+        stored pids' own)."""
+        kind = self.store.checksum_kind
+        expected = int((self.store.pid_crcs if what else self.store.chunk_crcs)[split][index])
+        if crc != expected:
+            raise StoreCorruptError(
+                f"{self.store.url}/{rel}: chunk {index} of split {split!r} fails its {what.replace('_', ' ')}"
+                f"checksum (expected {kind} {expected:08x}, got {crc:08x})"
+            )
+
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Camera-table row ``row``'s pixels gathered from its rays (``image_raw``), area-filtered to
+        level ``downscale``."""
+        h, w, c = (
+            int(self.store.table.height[row]),
+            int(self.store.table.width[row]),
+            self.store.rgba_channels,
+        )
+        full = np.ascontiguousarray(self.image_raw(row).rgba[:, :c]).reshape(h, w, c)
+        return np.ascontiguousarray(downscale_area(full, downscale))
+
+    def image_raw(self, row: int) -> RawRays:
+        """Compact rays of every pixel of camera-table row ``row``, row-major: an evaluation split's
+        one contiguous range; a shuffled split's gathered chunk by chunk."""
+        store = self.store
+        split, start, n = (
+            store.table.splits[row],
+            int(store.table.ray_start[row]),
+            int(store.table.n_pixels[row]),
+        )
+        if start >= 0:
+            return store.read(split, start, start + n)
+        lo, parts = int(store.table.pixel_offset[row]), []
+        for c in range(store.splits[split].n_chunks):
+            raw = store.read_chunk(split, c)
+            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
+        raw = RawRays.concat(parts)
+        return raw.take(np.argsort(raw.pid, kind="stable"))
+
+    def image_parts(
+        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> list[bytes | np.ndarray]:
+        """Refused: a rays store stores no image files."""
+        raise StoreError(f"{self.store.url}: split {split!r} stores rays, not image files")
+
+    def image_files(self, split: str, i: int) -> list[str]:
+        """None: a rays store stores no image files."""
+        return []
 
 
 def backend_named(name: str) -> Backend:

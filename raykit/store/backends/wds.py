@@ -16,15 +16,26 @@ import json
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob, npy_bytes, npy_values
+from raykit.store.backends import (
+    Backend,
+    Blobs,
+    BlobShard,
+    ByteRead,
+    RaySplits,
+    StagedBlob,
+    npy_bytes,
+    npy_values,
+)
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
+
+if TYPE_CHECKING:
+    from raykit.store.reader import RayStore
 
 __all__ = [
     "BACKEND",
@@ -66,37 +77,32 @@ def sample_key(split: str, chunk: int) -> str:
     return f"{split}_{chunk:08d}"
 
 
-class WdsReader:
+class WdsReader(RaySplits):
     """Reads chunks of a committed store's WebDataset payload with byte-range reads
-    (``read(rel, start, stop)``: a local or remote store's)."""
+    (``RaySplits.read``: a local or remote store's)."""
 
-    def __init__(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        index: Mapping[str, Any],
-        read: ByteRead,
-    ) -> None:
-        self._url, self._stored, self._index, self._read = url.rstrip("/"), stored, index, read
+    def __init__(self, store: RayStore) -> None:
+        super().__init__(store)
+        self._index = store.index
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
 
-    def read_chunk(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info``."""
+    def values(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``, unchecked."""
         start, stop = info.chunk_range(index)
         rel = self.chunk_files(info.name, index)[0]
         members = self._index[info.name]["members"][index]
         out = {}
-        for name, spec in self._stored[info.name].items():
+        for name, spec in self.stored[info.name].items():
             offset, size = members[name]
-            data = bytearray(self._read(rel, offset, offset + size))  # the values' own, writable memory
+            data = bytearray(self.read(rel, offset, offset + size))  # the values' own, writable memory
             if len(data) != size:
                 raise StoreCorruptError(
-                    f"{self._url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
+                    f"{self.url}/{rel}: truncated: expected {size} bytes at offset {offset}, got {len(data)}"
                 )
             dtype, shape = np.dtype(spec.dtype), spec.shape(stop - start)
-            out[name] = npy_values(data, dtype, shape, f"member {name}.npy", f"{self._url}/{rel}")
+            out[name] = npy_values(data, dtype, shape, f"member {name}.npy", f"{self.url}/{rel}")
         return out
 
 
@@ -129,10 +135,10 @@ class WdsBackend:
         index: dict[str, list[Any]] = {"shard": [shard] * len(chunks), "members": list(where.values())}
         return {shard_file(info.name, shard): tar}, index
 
-    def write_metadata(
-        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-    ) -> list[str]:
-        return []
+    def rays_metadata(
+        self, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> dict[str, bytes]:
+        return {}
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
@@ -149,17 +155,8 @@ class WdsBackend:
             counts["tar"] = total - sum(counts.values())
         return out
 
-    def open_reader(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> WdsReader:
-        return WdsReader(url, stored, index, read)
+    def open_reader(self, store: RayStore) -> WdsReader:
+        return WdsReader(store)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         return {}

@@ -19,21 +19,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.fileio import atomic_write_bytes
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, RaySplits, StagedBlob
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
 
 if TYPE_CHECKING:
-    pass
+    from raykit.store.reader import RayStore
 
 __all__ = [
     "ABSENT_CHUNK",
@@ -171,28 +169,19 @@ def _crc_ok(data: bytes) -> bool:
     return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
 
 
-class ZarrReader:
-    """Reads chunks of a committed store's zarr payload through ``read(rel, start, stop)`` (a local or
-    remote store's byte ranges) and its verified ``zarr.json`` documents (``metadata``: path -> bytes).
+class ZarrReader(RaySplits):
+    """Reads chunks of a committed store's zarr payload through its byte ranges (``RaySplits.read``: a
+    local or remote store's) and its verified ``zarr.json`` documents (``RayStore.metadata``).
 
     Shard files with the codecs raykit writes are read directly (the shard index once per file, then
     one read per chunk, both checked against their crc32c, decoded with zarr's numcodecs codec): several
-    times faster than zarr's read path, which remains the twin (``read_chunk(..., fast=False)``) and
+    times faster than zarr's read path, which remains the twin (``values(..., fast=False)``) and
     reads arrays of other codecs.
     """
 
-    def __init__(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> None:
-        self._url, self._stored, self._read = url.rstrip("/"), stored, read
-        self._sizes, self._metadata = sizes, metadata
-        self._shard_chunks = spec.shard_chunks
+    def __init__(self, store: RayStore) -> None:
+        super().__init__(store)
+        self._files, self._metadata, self._shard_chunks = store.files, store.metadata, store.spec.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
@@ -206,7 +195,7 @@ class ZarrReader:
                 meta = json.loads(self._metadata[rel])
             except (KeyError, ValueError) as exc:
                 raise StoreCorruptError(
-                    f"{self._url}/{rel}: zarr array metadata unreadable: {exc!r}"
+                    f"{self.url}/{rel}: zarr array metadata unreadable: {exc!r}"
                 ) from None
             self._codecs[key] = direct_shard_codec(meta)
         return self._codecs[key]
@@ -215,18 +204,18 @@ class ZarrReader:
         """Chunk ``index`` from its shard file: the shard index once per file, then the chunk, both
         checked against their crc32c, then decoded."""
         rel = shard_file(info.name, spec, index // self._shard_chunks)
-        where = f"{self._url}/{rel}"
+        where = f"{self.url}/{rel}"
         table = self._indexes.get(rel)
         if table is None:
-            nbytes, size = self._shard_chunks * 16 + 4, int(self._sizes.get(rel, 0))
-            raw = bytes(self._read(rel, size - nbytes, size)) if size >= nbytes else b""
+            nbytes, size = self._shard_chunks * 16 + 4, int(self._files.get(rel, {}).get("size", 0))
+            raw = bytes(self.read(rel, size - nbytes, size)) if size >= nbytes else b""
             if len(raw) != nbytes or not _crc_ok(raw):
                 raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
             table = self._indexes[rel] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
         offset, nbytes = (int(v) for v in table[index % self._shard_chunks])
         if offset == ABSENT_CHUNK:
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} is not stored")
-        data = bytes(self._read(rel, offset, offset + nbytes))
+        data = bytes(self.read(rel, offset, offset + nbytes))
         if len(data) != nbytes or not _crc_ok(data):
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
@@ -241,8 +230,8 @@ class ZarrReader:
     def _array(self, split: str, name: str) -> Any:
         if (split, name) not in self._arrays:
             if self._store is None:
-                self._store = _open_store(f"{self._url}/{ZARR_DIR}")
-            where = f"{self._url}/{ZARR_DIR}/{split}/{name}/zarr.json"
+                self._store = _open_store(f"{self.url}/{ZARR_DIR}")
+            where = f"{self.url}/{ZARR_DIR}/{split}/{name}/zarr.json"
             try:
                 import zarr
 
@@ -256,17 +245,15 @@ class ZarrReader:
     def chunk_files(self, split: str, index: int) -> list[str]:
         """Relative paths of the files holding chunk ``index`` of ``split``."""
         shard = index // self._shard_chunks
-        return [shard_file(split, spec, shard) for spec in self._stored[split].values()]
+        return [shard_file(split, spec, shard) for spec in self.stored[split].values()]
 
-    def read_chunk(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info``.
-
-        ``fast=False`` always goes through zarr (the twin of the direct local read).
-        """
+    def values(self, info: SplitInfo, index: int, fast: bool = True) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``, unchecked. ``fast=False``
+        always goes through zarr (the twin of the direct local read)."""
         start, stop = info.chunk_range(index)
         out = {}
         shard = index // self._shard_chunks
-        for name, spec in self._stored[info.name].items():
+        for name, spec in self.stored[info.name].items():
             codec = self._codec(info.name, name) if fast else None
             if codec is not None:
                 out[name] = self._read_direct(codec, info, spec, index)
@@ -276,7 +263,7 @@ class ZarrReader:
             except StoreCorruptError:
                 raise
             except Exception as exc:
-                where = f"{self._url}/{shard_file(info.name, spec, shard)}"
+                where = f"{self.url}/{shard_file(info.name, spec, shard)}"
                 raise StoreCorruptError(
                     f"{where}: chunk {index} of split {info.name!r} unreadable: {exc}"
                 ) from exc
@@ -482,16 +469,13 @@ class ZarrBackend:
         }
         return files, {}
 
-    def write_metadata(
-        self, root: Path, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-    ) -> list[str]:
+    def rays_metadata(
+        self, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> dict[str, bytes]:
         """The group and array ``zarr.json`` files (``metadata_documents``: the JSON zarr writes, so a
-        writer need not import zarr), written atomically; existing shards are left untouched."""
-        written = []
-        for key, document in sorted(metadata_documents(splits, fields, spec).items()):
-            atomic_write_bytes(root / f"{ZARR_DIR}/{key}", document_bytes(document))
-            written.append(f"{ZARR_DIR}/{key}")
-        return written
+        writer need not import zarr)."""
+        documents = sorted(metadata_documents(splits, fields, spec).items())
+        return {f"{ZARR_DIR}/{key}": document_bytes(document) for key, document in documents}
 
     def field_bytes(
         self, splits: Mapping[str, SplitInfo], files: Mapping[str, Any], index: Mapping[str, Any]
@@ -504,17 +488,8 @@ class ZarrBackend:
                 counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
         return out
 
-    def open_reader(
-        self,
-        url: str,
-        stored: Mapping[str, Mapping[str, FieldSpec]],
-        spec: StoreSpec,
-        index: Mapping[str, Any],
-        read: ByteRead,
-        sizes: Mapping[str, int],
-        metadata: Mapping[str, bytes],
-    ) -> ZarrReader:
-        return ZarrReader(url, stored, spec, read, sizes, metadata)
+    def open_reader(self, store: RayStore) -> ZarrReader:
+        return ZarrReader(store)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         attributes = {

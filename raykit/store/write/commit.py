@@ -1,7 +1,9 @@
-"""What every payload writer shares, whatever the layout: its plan (``record_plan``, ``field_specs``,
-``split_infos``), the partial directory the plan keys (``open_partial``), its tasks on any executor
-(``task_runner``), its shard phase (``write_shards``), the last phase (``commit``: ``index.json``, the
-points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``).
+"""What every payload writer shares, whatever the layout: a write in progress (``Partial``), its plan
+and the partial directory the plan keys (``open_write``, ``open_partial``), what staging decides
+(``staged_payload``: splits, camera table, fields), its tasks on any executor (``task_runner``) and
+their records for a rerun (``record_matches``, ``finish_task``), the one shard task (``ShardJob``,
+``write_shard_task``) and shard phase (``write_shards``), the last phase (``commit``: ``index.json``,
+the points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``).
 
 Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
 a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and
@@ -18,20 +20,24 @@ import json
 import logging
 import shutil
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import pyarrow as pa
 
 import raykit.recorder
 from raykit.errors import ConfigError, SourceError
-from raykit.fileio import atomic_write_json, fsync_path
+from raykit.fileio import atomic_write_bytes, atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
 from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
+    bytes_record,
     check_destination,
     content_fingerprint,
     file_record,
@@ -51,7 +57,7 @@ from raykit.store.schema import (
     points_entry,
 )
 from raykit.store.spec import RAYS_LAYOUT, StoreSpec, holds_images
-from raykit.store.table import write_parquet
+from raykit.store.table import build_camera_table, write_camera_table, write_parquet
 from raykit.version import __version__
 
 if TYPE_CHECKING:
@@ -59,18 +65,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SHUFFLED_SPLITS",
+    "Partial",
     "PhaseClock",
+    "ShardJob",
     "TaskRunner",
     "commit",
     "commit_store",
-    "field_specs",
+    "finish_task",
     "format_phases",
     "open_partial",
+    "open_write",
+    "record_matches",
     "record_plan",
-    "source_fingerprint",
+    "scratch_record",
     "split_infos",
+    "staged_payload",
     "task_runner",
     "write_extras",
+    "write_shard_task",
     "write_shards",
 ]
 
@@ -155,14 +167,6 @@ def record_plan(rec: ImageRecord) -> dict[str, Any]:
     }
 
 
-def field_specs(channels: int, materialize: str | None) -> dict[str, FieldSpec]:
-    """The stored fields in order, name -> spec: rgba, pid, and origins/directions when materialised."""
-    specs = [FieldSpec("rgba", "uint8", channels), FieldSpec("pid", "uint32", 0)]
-    if materialize:
-        specs += [FieldSpec("origins", materialize, 3), FieldSpec("directions", materialize, 3)]
-    return {spec.name: spec for spec in specs}
-
-
 def split_infos(
     records: Sequence[ImageRecord], chunk_rays: int, pids: str = "derived", layout: str = RAYS_LAYOUT
 ) -> dict[str, SplitInfo]:
@@ -183,18 +187,103 @@ def split_infos(
     return infos
 
 
+@dataclass
+class Partial:
+    """One write in progress, from its plan to its commit: the store ``dst`` written as ``spec`` in
+    ``root`` (``<dst>.partial``, kept for a rerun while its plan's ``key`` matches), replacing a store
+    there only with ``overwrite``, with the sparse ``points``; its tasks run by ``run`` and timed by
+    ``profile``; the records of the files written so far (``files``: relative path -> record) and the
+    ``index.json`` entries (``index``: split -> key -> values)."""
+
+    dst: Path
+    root: Path
+    key: str
+    spec: StoreSpec
+    overwrite: bool
+    points: SparsePoints | None
+    run: TaskRunner
+    profile: PhaseClock
+    files: dict[str, Any] = dataclasses.field(default_factory=dict)
+    index: dict[str, dict[str, list[Any]]] = dataclasses.field(default_factory=dict)
+
+
 def open_partial(
-    dst: Path, plan: dict[str, Any], points: SparsePoints | None, overwrite: bool
-) -> tuple[Path, str]:
-    """The ``<dst>.partial`` directory of ``plan`` and the plan's key: kept when its ``plan.json``
+    dst: Path,
+    plan: dict[str, Any],
+    spec: StoreSpec,
+    points: SparsePoints | None,
+    *,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    overwrite: bool,
+) -> Partial:
+    """The write of ``plan`` as ``spec`` in ``<dst>.partial``: the folder kept when its ``plan.json``
     matches (resume), replaced otherwise; refuses to replace a store (unless ``overwrite``) or a
     non-store directory (``raykit.store.files``). The ``points`` join the plan (only then: plans,
     and resume keys, of stores without points are unchanged)."""
+    profile = PhaseClock()
     if points is not None:
         plan["points"] = points_digest(points)
     key = json_digest(plan)
     check_destination(dst, overwrite)
-    return prepare_partial(dst, plan, key), key
+    root = prepare_partial(dst, plan, key)
+    return Partial(dst, root, key, spec, overwrite, points, task_runner(executor, progress), profile)
+
+
+def open_write(
+    dst: Path,
+    records: Sequence[ImageRecord],
+    scene: SceneInfo,
+    spec: StoreSpec,
+    source: Mapping[str, Any],
+    points: SparsePoints | None,
+    *,
+    executor: concurrent.futures.Executor | None,
+    progress: bool,
+    overwrite: bool,
+) -> tuple[Partial, list[dict[str, Any]]]:
+    """``open_partial`` for a write of ``records`` (in table order) as ``spec``, and each record's
+    part of the plan (``record_plan``: it keys the record's task)."""
+    records_plan = [record_plan(r) for r in records]
+    plan = {
+        "format_version": FORMAT_VERSION,
+        "backend": spec.backend,
+        "layout": spec.to_dict(),  # the kind, codecs and train order: a .partial of another is discarded
+        "with_pids": spec.with_pids,
+        "scene": scene.to_dict(),
+        "records": records_plan,
+        "source": dict(source),
+    }
+    w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
+    return w, records_plan
+
+
+def staged_payload(
+    w: Partial, records: Sequence[ImageRecord], staged: list[dict[str, Any]]
+) -> tuple[dict[str, SplitInfo], pa.Table, dict[str, FieldSpec], str]:
+    """What the stage tasks' results ``staged`` (per record: channels, source SHA-256, pixel CRC)
+    decide for the write ``w``: its splits, its camera table (written), its stored fields in order
+    (rgba, pid, and origins/directions when materialised) and the source fingerprint."""
+    spec = w.spec
+    w.profile.absorb("stage", staged)
+    w.profile.lap("stage")
+    splits = split_infos(records, spec.chunk_rays, "stored" if spec.with_pids else "derived", spec.kind)
+    alpha = [s["channels"] == 4 for s in staged]
+    shuffled = {name for name, info in splits.items() if info.shuffled}
+    table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
+    write_camera_table(table, w.root)
+    w.profile.lap("camera_table")
+    fields = [FieldSpec("rgba", "uint8", 4 if any(alpha) else 3), FieldSpec("pid", "uint32", 0)]
+    if spec.materialize:
+        fields += [FieldSpec("origins", spec.materialize, 3), FieldSpec("directions", spec.materialize, 3)]
+    # the source fingerprint: every image's name, source file SHA-256, decoded shape and pixel CRC-32C
+    fingerprint = json_digest(
+        [
+            [r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]], s["pixels_crc32c"]]
+            for r, s in zip(records, staged, strict=True)
+        ]
+    )
+    return splits, table, {f.name: f for f in fields}, fingerprint
 
 
 # -- tasks ---------------------------------------------------------------------------------------
@@ -217,65 +306,131 @@ def in_process(executor: concurrent.futures.Executor | None) -> bool:
     return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
 
 
-def write_shards(
-    run: TaskRunner,
-    fn: Callable[[J], dict[str, Any]],
-    jobs: Sequence[J],
-    splits: Sequence[str],
-    partial: Path,
-    profile: PhaseClock,
-    files: dict[str, Any],
-    index: dict[str, dict[str, list[Any]]],
-    done: Callable[[int], None] | None = None,
-) -> None:
-    """The shard phase of either layout: run ``fn`` over ``jobs`` (``splits``: each job's split),
-    fsync their files, and add each result's file records (``"files"``) to ``files`` and its
-    ``index.json`` entries (``"index"``: key -> values, in job order) to ``index``. ``done(k)`` is
-    called as results come in (in job order): jobs ``[0, k)`` have finished and recorded."""
+def write_shards(w: Partial, jobs: Sequence[ShardJob], done: Callable[[int], None] | None = None) -> None:
+    """The shard phase of either layout: run ``write_shard_task`` over ``jobs``, fsync their files,
+    and add each result's file records (``"files"``) to ``w.files`` and its ``index.json`` entries
+    (``"index"``: key -> values, in job order) to ``w.index[job.split]``. ``done(k)`` is called as
+    results come in (in job order): jobs ``[0, k)`` have finished and recorded."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as syncing:
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in run(fn, jobs, "write shards"):
-            synced += [syncing.submit(fsync_path, partial / rel) for rel in res["files"]]
+        for res in w.run(write_shard_task, jobs, "write shards"):
+            synced += [syncing.submit(fsync_path, w.root / rel) for rel in res["files"]]
             results.append(res)
             if done is not None:
                 done(len(results))
-        profile.lap("shards")
+        w.profile.lap("shards")
         for future in synced:
             future.result()
-        shard_dirs = {(partial / rel).parent for res in results for rel in res["files"]}
+        shard_dirs = {(w.root / rel).parent for res in results for rel in res["files"]}
         list(syncing.map(fsync_path, sorted(shard_dirs)))
-    profile.absorb("shard", results)
-    profile.lap("fsync")
-    for split, res in zip(splits, results, strict=True):
-        files.update(res["files"])
+    w.profile.absorb("shard", results)
+    w.profile.lap("fsync")
+    for job, res in zip(jobs, results, strict=True):
+        w.files.update(res["files"])
         for key, values in res["index"].items():
-            index[split].setdefault(key, []).extend(values)
+            w.index.setdefault(job.split, {}).setdefault(key, []).extend(values)
+
+
+def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
+    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
+    return {"size": len(data), "crc32": zlib.crc32(data)}
+
+
+def record_matches(record_path: Path, key: str, root: Path, clock: PhaseClock) -> dict[str, Any] | None:
+    """The stored result of a finished task (with ``seconds``: ``clock``'s, lapped as the resume
+    check) if its key matches and its files are intact, else None."""
+    if not record_path.exists():
+        return None
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("key") != key:
+        return None
+    for rel, expected in record["result"].get("files", {}).items():
+        path = root / rel
+        if not path.exists() or _file_check(path, expected) != expected:
+            return None
+    clock.lap("resume_check")
+    return {**record["result"], "seconds": clock.seconds}
+
+
+def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
+    """The record of the file at ``path`` in the kind of ``expected`` (SHA-256, or CRC-32 for scratch)."""
+    if "crc32" not in expected:
+        return file_record(path)
+    crc = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            crc = zlib.crc32(block, crc)
+    return {"size": path.stat().st_size, "crc32": crc}
+
+
+def finish_task(
+    record_path: Path | None, key: str, result: dict[str, Any], clock: PhaseClock
+) -> dict[str, Any]:
+    """``result`` with ``seconds`` (``clock``'s, not recorded), after recording it for a rerun at
+    ``record_path`` (None: nothing to resume from) as canonical JSON, atomically without fsync (a lost
+    record only redoes its task)."""
+    if record_path is not None:
+        atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
+        clock.lap("write")
+    return {**result, "seconds": clock.seconds}
+
+
+# ``encode(clock)``: a shard's files (relative path -> bytes, whole or in pieces written one after the
+# other) and its ``index.json`` entries (key -> values, in order)
+ShardEncode = Callable[[PhaseClock], tuple[dict[str, Any], dict[str, list[Any]]]]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Phase-2 task of either layout: shard ``shard`` of split ``split`` of ``root``'s plan, task key
+    ``key``, encoded by ``encode`` (a picklable partial of the layout's encoder)."""
+
+    root: str
+    split: str
+    shard: int
+    key: str
+    encode: ShardEncode
+
+
+def write_shard_task(job: ShardJob) -> dict[str, Any]:
+    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [values]}}`` and ``"seconds"``,
+    the time per phase (not recorded)."""
+    root = Path(job.root)
+    record_path = root / f"tasks/{job.split}-{job.shard:06d}.json"
+    clock = PhaseClock()
+    if (done := record_matches(record_path, job.key, root, clock)) is not None:
+        return done
+    files, index = job.encode(clock)
+    result: dict[str, Any] = {"files": {}, "index": index}
+    for rel, payload in files.items():
+        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
+        clock.lap("write")
+        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
+        clock.lap("checksum")
+    return finish_task(record_path, job.key, result, clock)
 
 
 # -- the commit ----------------------------------------------------------------------------------
 def commit(
-    partial: Path,
-    dst: Path,
-    overwrite: bool,
-    spec: StoreSpec,
+    w: Partial,
     source: Mapping[str, Any],
     scene: SceneInfo,
     splits: Mapping[str, SplitInfo],
     fields: Mapping[str, FieldSpec],
     table: Any,
-    points: SparsePoints | None,
-    files: dict[str, Any],
-    index: Mapping[str, Mapping[str, Any]],
-    profile: PhaseClock,
     extras: tuple[Sequence[ImageRecord], Sequence[ComponentInfo], RayStore | None] = ((), (), None),
 ) -> RayStore:
-    """The last phase of a write as ``spec`` from ``source`` (its description), its payload written
-    (``files``: relative path -> record; ``table``: the camera table, a ``pyarrow.Table``, written
-    already): the components and per-frame metadata (``extras``: ``write_extras``' records,
-    components and source store), ``index.json``, the ``points``, the manifest, the rename to
-    ``dst``; ``profile`` gets its laps and is finished. Returns the store opened."""
+    """The last phase of the write ``w`` from ``source`` (its description), its payload written
+    (``table``: the camera table, a ``pyarrow.Table``, written already): the components and per-frame
+    metadata (``extras``: ``write_extras``' records, components and source store), ``index.json``,
+    the points, the manifest, the rename to ``dst``; its profile gets its laps and is finished.
+    Returns the store opened."""
+    partial, spec, points, files, index = w.root, w.spec, w.points, w.files, w.index
     extra = write_extras(partial, table, spec.backend, *extras, files)
     atomic_write_json(partial / "index.json", index)
     written = ["cameras.parquet", "index.json"]
@@ -305,10 +460,10 @@ def commit(
     }
     manifest["manifest_digest"] = json_digest(manifest)
     atomic_write_json(partial / "manifest.json", manifest)
-    profile.lap("index_manifest")
-    store = commit_store(partial, dst, overwrite)
-    profile.lap("commit")
-    profile.finish(dst)
+    w.profile.lap("index_manifest")
+    store = commit_store(partial, w.dst, w.overwrite)
+    w.profile.lap("commit")
+    w.profile.finish(w.dst)
     return store
 
 
@@ -368,17 +523,6 @@ def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequ
 
 def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
     return store.read_component(name, names[row])
-
-
-def source_fingerprint(records: Sequence[ImageRecord], staged: Sequence[Mapping[str, Any]]) -> str:
-    """The source fingerprint (either layout): every image's name, source file SHA-256, decoded shape
-    and pixel CRC-32C (``staged``: each image's stage or encode task result, in table order)."""
-    return json_digest(
-        [
-            [r.name, s["source_sha256"], [r.camera.height, r.camera.width, s["channels"]], s["pixels_crc32c"]]
-            for r, s in zip(records, staged, strict=True)
-        ]
-    )
 
 
 def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:

@@ -8,10 +8,11 @@ manifest and the commit every layout's (``raykit.store.write.commit``).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import functools
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,40 +20,37 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.components import ComponentInfo
-from raykit.store.files import file_record, is_url, json_digest
+from raykit.store.files import is_url, json_digest, write_files
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.schema import FORMAT_VERSION, ImageRecord, SceneInfo, SparsePoints
-from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, IMAGES_LAYOUT, StoreSpec
-from raykit.store.table import build_camera_table, write_camera_table
+from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
+from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
+    Partial,
     PhaseClock,
+    ShardJob,
     commit,
-    field_specs,
+    finish_task,
     in_process,
-    open_partial,
-    record_plan,
-    source_fingerprint,
-    split_infos,
-    task_runner,
+    open_write,
+    record_matches,
+    staged_payload,
     write_shards,
 )
 from raykit.store.write.staging import (
+    DiskStaging,
     ImageJob,
-    bytes_record,
+    MemoryStaging,
+    StagingArea,
     check_pixels,
-    finish_task,
     pixels_crc32c,
-    record_matches,
-    scratch_record,
 )
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["ImagesShardJob", "encode_image_task", "image_chunking", "write_images"]
+__all__ = ["encode_image_shard", "encode_image_task", "image_chunking", "write_images"]
 
 
 _TASK_FORMAT = 1  # of the encode tasks' records
@@ -77,16 +75,10 @@ def image_chunking(ordered: Sequence[ImageRecord], encoded: Sequence[Mapping[str
     return {"image_chunk_bytes": size, "image_shard_chunks": min(per_shard, largest)}
 
 
-# Encoded images of in-process writes: partial directory -> table index -> the bytes (no staging
-# files), or, for a pass-through image, its source file's path, size and CRC-32C: read again when its
-# shard is written, so that memory does not grow with the number of images.
-_MEMORY: dict[str, dict[int, bytes | tuple[str, int, int]]] = {}
-
-
 def encode_image_task(job: ImageJob) -> dict[str, Any]:
     """Phase 1 for one image: ``{"files", "ext", "passthrough", "channels", "size", "crc32c",
     "sha256", "source_sha256", "pixels_crc32c"}``."""
-    root, rel = Path(job.root), f"staging/{job.index:06d}.img"
+    root, area = Path(job.root), job.staging or DiskStaging(job.root)
     record_path = root / f"staging/{job.index:06d}.json"
     clock = PhaseClock()
     if (done := record_matches(record_path, job.key, root, clock)) is not None:  # staged by an earlier run
@@ -112,18 +104,12 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
     clock.lap("encode")
     crc = int(google_crc32c.value(stored.data))
-    if job.memory:
-        held: bytes | tuple[str, int, int] = stored.data
-        if source is not None and stored.data is source:  # the source file's bytes: not held twice
-            held = (str(path), len(source), crc)
-        _MEMORY.setdefault(job.root, {})[job.index] = held
-    else:
-        atomic_write_bytes(root / rel, stored.data, sync=False)
+    files = area.put_encoded(job.index, stored.data, crc, str(path) if stored.data is source else "")
     clock.lap("write")
     # a pass-through image is the source file's bytes: one hash for both
     stored_sha = source_sha if stored.data is source else hashlib.sha256(stored.data).hexdigest()
     result = {
-        "files": {} if job.memory else {rel: scratch_record(stored.data)},
+        "files": files,
         "ext": stored.ext,
         "passthrough": stored.passthrough,
         "channels": int(pixels.shape[2]),
@@ -134,21 +120,7 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
         "pixels_crc32c": pixels_crc32c(pixels),
     }
     clock.lap("checksum")
-    return finish_task(None if job.memory else record_path, job.key, result, clock)
-
-
-@dataclass(frozen=True)
-class ImagesShardJob:
-    """Phase-2 task: shard ``shard`` of split ``split``, assembled by the ``backend`` from its staged
-    images: ``items``, per image of ``shard.images``, its table index, extension and camera record."""
-
-    root: str
-    backend: Backend
-    split: str
-    shard: BlobShard
-    items: tuple[tuple[int, str, Mapping[str, Any]], ...]
-    blobs: Blobs
-    key: str
+    return finish_task(None if area.in_memory else record_path, job.key, result, clock)
 
 
 def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
@@ -165,35 +137,22 @@ def camera_record(rec: ImageRecord, index: int, offset: int) -> dict[str, Any]:
     }
 
 
-def _staged(root: Path, index: int) -> bytes:
-    """Image ``index``'s stored bytes: held in memory, its source file's (checked), or staged."""
-    held = _MEMORY.get(str(root), {}).get(index)
-    if held is None:
-        return (root / f"staging/{index:06d}.img").read_bytes()
-    if isinstance(held, bytes):
-        return held
-    path, size, crc = held
-    data = Path(path).read_bytes()
-    if len(data) != size or google_crc32c.value(data) != crc:
-        raise SourceError(f"{path}: the file changed while it was being converted")
-    return data
-
-
-def write_shard_task(job: ImagesShardJob) -> dict[str, Any]:
-    """Phase 2 for one shard: ``{"files": {rel: record}, "index": {key: [per image]}}``."""
-    root = Path(job.root)
-    record_path = root / f"tasks/{job.split}-{job.shard.shard:06d}.json"
-    clock = PhaseClock()
-    if (done := record_matches(record_path, job.key, root, clock)) is not None:
-        return done
-    images = [(_staged(root, row), ext, record) for row, ext, record in job.items]
-    rel, pieces, index = job.backend.encode_blobs(job.blobs, job.split, job.shard, images)
+def encode_image_shard(
+    backend: Backend,
+    blobs: Blobs,
+    staging: StagingArea,
+    split: str,
+    shard: BlobShard,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    clock: PhaseClock,
+) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+    """A ``ShardJob``'s ``encode``: shard ``shard`` of split ``split``, assembled by the ``backend``
+    from its staged images: ``items``, per image of ``shard.images``, its table index, extension and
+    camera record."""
+    images = [(staging.encoded(row), ext, record) for row, ext, record in items]
+    rel, pieces, index = backend.encode_blobs(blobs, split, shard, images)
     clock.lap("gather")
-    atomic_write_bytes(root / rel, pieces, sync=False)
-    clock.lap("write")
-    result = {"files": {rel: bytes_record(pieces)}, "index": index}
-    clock.lap("checksum")
-    return finish_task(record_path, job.key, result, clock)
+    return {rel: pieces}, index
 
 
 def write_images(
@@ -214,67 +173,36 @@ def write_images(
     writer lock); returns it opened. ``spec.chunk_rays`` and ``shard_chunks`` are the chunking of the
     store's rays view and of a ray-layout copy.
     """
-    profile, run = PhaseClock(), task_runner(executor, progress)
-    spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None)
-    records_plan = [record_plan(r) for r in records]
-    plan = {
-        "format_version": FORMAT_VERSION,
-        "layout_kind": IMAGES_LAYOUT,
-        "backend": spec.backend,
-        "layout": spec.to_dict(),
-        "scene": scene.to_dict(),
-        "records": records_plan,
-        "source": dict(source),
-    }
-    partial, key = open_partial(dst, plan, points, overwrite)
-    memory = in_process(executor)
-    jobs = [
-        ImageJob(str(partial), i, r, json_digest([records_plan[i], _TASK_FORMAT]), memory=memory)
-        for i, r in enumerate(records)
-    ]
-    profile.lap("plan")
-    try:
-        encoded = list(run(encode_image_task, jobs, "encode images"))
-        profile.absorb("stage", encoded)
-        profile.lap("stage")
-        spec = spec.replace(**image_chunking(records, encoded))
-        splits = split_infos(records, spec.chunk_rays, "derived", IMAGES_LAYOUT)
-        alpha = [s["channels"] == 4 for s in encoded]
-        table = build_camera_table(records, alpha, [s["source_sha256"] for s in encoded], set())
-        write_camera_table(table, partial)
-        profile.lap("camera_table")
-        source = {**source, "fingerprint": source_fingerprint(records, encoded)}
-        fields = field_specs(4 if any(alpha) else 3, None)
+    spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
+    w, records_plan = open_write(
+        dst, records, scene, spec, source, points, executor=executor, progress=progress, overwrite=overwrite
+    )
+    partial = str(w.root)
+    staging = MemoryStaging(partial) if in_process(executor) else DiskStaging(partial)
+    keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]
+    jobs = [ImageJob(partial, i, r, keys[i], staging) for i, r in enumerate(records)]
+    w.profile.lap("plan")
+    with contextlib.closing(staging):
+        encoded = list(w.run(encode_image_task, jobs, "encode images"))
+        w.spec = spec.replace(**image_chunking(records, encoded))
+        splits, table, fields, fingerprint = staged_payload(w, records, encoded)
         offsets = table.column("pixel_offset").to_pylist()
-        shard_jobs, index, files = _split_shards(records, partial, spec, encoded, offsets, key)
-        profile.lap("metadata")
-        splits_of = [job.split for job in shard_jobs]
-        write_shards(run, write_shard_task, shard_jobs, splits_of, partial, profile, files, index)
-        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
-        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
-    finally:
-        _MEMORY.pop(str(partial), None)
+        write_shards(w, _split_shards(w, records, staging, encoded, offsets))
+        source = {**source, "fingerprint": fingerprint}
+        return commit(w, source, scene, splits, fields, table, (records, components, extras_from))
 
 
 def _split_shards(
+    w: Partial,
     records: Sequence[ImageRecord],
-    partial: Path,
-    spec: StoreSpec,
+    staging: StagingArea,
     encoded: Sequence[Mapping[str, Any]],
     offsets_px: Sequence[int],
-    key: str,
-) -> tuple[list[ImagesShardJob], dict[str, dict[str, list[Any]]], dict[str, Any]]:
-    """Every split's shard tasks, ``index.json`` entries and metadata files (written, with records)."""
-    backend, blobs = backend_named(spec.backend), image_blobs(spec)
-    files: dict[str, Any] = {}
-
-    def write(metadata: Mapping[str, bytes]) -> None:
-        for rel, data in metadata.items():
-            atomic_write_bytes(partial / rel, data)
-            files[rel] = file_record(partial / rel)
-
-    jobs: list[ImagesShardJob] = []
-    index: dict[str, dict[str, list[Any]]] = {}
+) -> list[ShardJob]:
+    """Every split's shard tasks of the write ``w``; its ``index.json`` entries known before any shard
+    is written and its metadata files (written) go into ``w``."""
+    backend, blobs = backend_named(w.spec.backend), image_blobs(w.spec)
+    jobs: list[ShardJob] = []
     for name in dict.fromkeys(r.split for r in records):
         rows = [i for i, r in enumerate(records) if r.split == name]
         entry: dict[str, list[Any]] = {
@@ -285,15 +213,16 @@ def _split_shards(
             "passthrough": [encoded[i]["passthrough"] for i in rows],
         }
         shards, planned, meta = backend.plan_blobs(blobs, name, entry["image_bytes"])
-        index[name] = {**entry, **planned}
-        write(
-            {**backend.images_metadata(name, [records[i].name for i in rows], entry["image_format"]), **meta}
-        )
+        w.index[name] = {**entry, **planned}
+        names = [records[i].name for i in rows]
+        write_files(w.root, {**backend.images_metadata(name, names, entry["image_format"]), **meta}, w.files)
         for shard in shards:
             items = tuple(
                 (i, str(encoded[i]["ext"]), camera_record(records[i], i, offsets_px[i]))
                 for i in (rows[j] for j in shard.images)
             )
-            task_key = f"{key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
-            jobs.append(ImagesShardJob(str(partial), backend, name, shard, items, blobs, task_key))
-    return jobs, index, files
+            task_key = f"{w.key}:{name}:{shard.shard}:{_SHARD_TASK_FORMAT}"
+            encode = functools.partial(encode_image_shard, backend, blobs, staging, name, shard, items)
+            jobs.append(ShardJob(str(w.root), name, shard.shard, task_key, encode))
+    w.profile.lap("metadata")
+    return jobs

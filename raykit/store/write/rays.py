@@ -2,8 +2,8 @@
 the chunk-by-chunk copy of a rays store (``copy_rays``).
 
 Its phases in ``<dst>.partial/`` (decode images into staging, one task per shard, commit) and how a
-rerun resumes are docs/format.md's "Commit protocol". The tasks live in ``staging.py``, the plan, the
-shard phase and the commit in ``commit.py``.
+rerun resumes are docs/format.md's "Commit protocol". The stage task and the gather of a shard's
+rays live in ``staging.py``; the plan, the shard task and phase and the commit in ``commit.py``.
 """
 
 from __future__ import annotations
@@ -11,31 +11,28 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raykit.fileio import atomic_write_bytes
 from raykit.store.backends import Backend, backend_named
 from raykit.store.components import ComponentInfo
-from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, file_record, json_digest, local_files_bytes
+from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, json_digest, local_files_bytes, write_files
 from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SparsePoints, SplitInfo
 from raykit.store.spec import StoreSpec
-from raykit.store.table import CameraTable, build_camera_table, write_camera_table
+from raykit.store.table import CameraTable, write_camera_table
 from raykit.store.write.commit import (
     SHUFFLED_SPLITS,
+    Partial,
     PhaseClock,
-    TaskRunner,
+    ShardJob,
     commit,
-    field_specs,
     in_process,
     open_partial,
-    record_plan,
-    source_fingerprint,
-    split_infos,
-    task_runner,
+    open_write,
+    staged_payload,
     write_shards,
 )
 from raykit.store.write.staging import (
@@ -45,16 +42,13 @@ from raykit.store.write.staging import (
     MemoryStaging,
     StagingSource,
     base_indices,
-    bytes_record,
-    finish_task,
-    record_matches,
     stage_image,
 )
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
 
-__all__ = ["ShardJob", "copy_rays", "write_rays", "write_shard_task"]
+__all__ = ["copy_rays", "encode_ray_shard", "shard_rays", "write_rays"]
 
 
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
@@ -64,65 +58,43 @@ _TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksu
 Source = StagingSource | CopySource
 
 
-@dataclass(frozen=True)
-class ShardJob:
-    """Phase-2 task: write shard ``shard`` of split ``info`` (its stored ``fields``) into ``root``."""
-
-    root: str
-    backend: Backend
-    info: SplitInfo
-    shard: int
-    fields: Mapping[str, FieldSpec]
-    spec: StoreSpec
-    source: Source
-    key: str
-
-    def chunks(self) -> tuple[int, int]:
-        """``[first, last)``: the chunks of the job's shard."""
-        first = self.shard * self.spec.shard_chunks
-        return first, min(first + self.spec.shard_chunks, self.info.n_chunks)
-
-    def rays(self) -> tuple[int, int]:
-        """``[start, stop)``: the rays of the job's shard."""
-        first, last = self.chunks()
-        return self.info.chunk_range(first)[0], self.info.chunk_range(last - 1)[1]
+def shard_rays(info: SplitInfo, spec: StoreSpec, shard: int) -> tuple[range, int, int]:
+    """The chunks of shard ``shard`` of split ``info`` and its rays ``[start, stop)``."""
+    first = shard * spec.shard_chunks
+    chunks = range(first, min(first + spec.shard_chunks, info.n_chunks))
+    return chunks, info.chunk_range(chunks[0])[0], info.chunk_range(chunks[-1])[1]
 
 
-def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [per chunk]}}`` (the chunk
-    checksums and the backend's entries) and ``"seconds"``, the time per phase (not recorded)."""
-    root = Path(job.root)
-    record_path = root / f"tasks/{job.info.name}-{job.shard:06d}.json"
-    clock = PhaseClock()
-    if (done := record_matches(record_path, job.key, root, clock)) is not None:
-        return done
-    first, last = job.chunks()
-    start, stop = job.rays()
-    stored = tuple(job.fields)
-    data = job.source.gather(job.info, start, stop, clock, pids="pid" in stored)
+def encode_ray_shard(
+    backend: Backend,
+    info: SplitInfo,
+    shard: int,
+    fields: Mapping[str, FieldSpec],
+    spec: StoreSpec,
+    source: Source,
+    clock: PhaseClock,
+) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+    """A ``ShardJob``'s ``encode``: shard ``shard`` of split ``info`` (its stored ``fields``) from
+    ``source``'s rays, its files and ``index.json`` entries (the chunk checksums and the backend's)."""
+    chunks, start, stop = shard_rays(info, spec, shard)
+    stored = tuple(fields)
+    data = source.gather(info, start, stop, clock, pids="pid" in stored)
     data = {name: data[name] for name in stored}
     # The chunk checksum covers every stored field but the pids, which (when stored) have their own,
     # so a copy with or without stored pids keeps its checksums and fingerprint.
     summed = [name for name in stored if name != "pid"]
     pid_key = f"pid_{CHUNK_CHECKSUM}"
     index: dict[str, list[Any]] = {CHUNK_CHECKSUM: [], **({pid_key: []} if "pid" in stored else {})}
-    for c in range(first, last):
-        lo, hi = (b - start for b in job.info.chunk_range(c))
+    for c in chunks:
+        lo, hi = (b - start for b in info.chunk_range(c))
         chunk = {name: data[name][lo:hi] for name in stored}
         index[CHUNK_CHECKSUM].append(chunk_checksum(chunk, summed, CHUNK_CHECKSUM))
         if "pid" in stored:
             index[pid_key].append(chunk_checksum(chunk, ["pid"], CHUNK_CHECKSUM))
     clock.lap("checksum")
-    files, entries = job.backend.encode_shard(job.info, job.shard, data, job.fields, job.spec)
-    result: dict[str, Any] = {"index": {**index, **entries}}
+    files, entries = backend.encode_shard(info, shard, data, fields, spec)
     clock.lap("compress")
-    result["files"] = {}
-    for rel, payload in files.items():
-        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
-        clock.lap("write")
-        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
-        clock.lap("checksum")
-    return finish_task(record_path, job.key, result, clock)
+    return files, {**index, **entries}
 
 
 def write_rays(
@@ -141,49 +113,30 @@ def write_rays(
 ) -> RayStore:
     """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
     writer lock): stage every image, write the shards, commit; returns it opened."""
-    profile, run = PhaseClock(), task_runner(executor, progress)
     spec = spec.replace(train_order=TRAIN_ORDER)
-    records_plan = [record_plan(r) for r in records]  # each image's part of the plan and its task key
-    plan = {
-        "format_version": FORMAT_VERSION,
-        "train_order": TRAIN_ORDER,  # a .partial of a writer with another order is discarded
-        "backend": spec.backend,
-        "layout": spec.to_dict(),
-        "scene": scene.to_dict(),
-        "records": records_plan,
-        "source": dict(source),
-        "with_pids": spec.with_pids,
-    }
-    partial, plan_key = open_partial(dst, plan, points, overwrite)
-    profile.lap("plan")
+    w, records_plan = open_write(
+        dst, records, scene, spec, source, points, executor=executor, progress=progress, overwrite=overwrite
+    )
+    w.profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
     memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
-    staging = MemoryStaging(str(partial)) if memory else DiskStaging(str(partial))
+    partial = str(w.root)
+    staging = MemoryStaging(partial) if memory else DiskStaging(partial)
     with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
-            ImageJob(str(partial), i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
+            ImageJob(partial, i, r, keys[i], staging, r.split in SHUFFLED_SPLITS, spec.seed)
             for i, r in enumerate(records)
         ]
         try:
-            staged = list(run(stage_image, stage_jobs, "decode images"))
+            staged = list(w.run(stage_image, stage_jobs, "decode images"))
         finally:
             base_indices.cache_clear()  # the stage tasks' memoised index arrays
-        profile.absorb("stage", staged)
-        profile.lap("stage")
-        # the camera table (written), then the source of the staged rays
-        splits = split_infos(records, spec.chunk_rays, "stored" if spec.with_pids else "derived")
-        alpha = [s["channels"] == 4 for s in staged]
-        shuffled = {name for name, info in splits.items() if info.shuffled}
-        table = build_camera_table(records, alpha, [s["source_sha256"] for s in staged], shuffled)
-        write_camera_table(table, partial)
-        profile.lap("camera_table")
+        splits, table, fields, fingerprint = staged_payload(w, records, staged)
         image_bytes = local_files_bytes([r.source_path for r in records])
-        fingerprint = source_fingerprint(records, staged)
         source = {**source, "fingerprint": fingerprint, "image_bytes": image_bytes}
-        fields = field_specs(4 if any(alpha) else 3, spec.materialize)
         gather = StagingSource(
-            str(partial),
+            partial,
             tuple(int(v) for v in table.column("pixel_offset").to_pylist()),
             tuple(r.camera.width * r.camera.height for r in records),
             tuple(int(s["channels"]) for s in staged),
@@ -194,60 +147,46 @@ def write_rays(
             # the cameras travel with the source (materialised rays need them): no task re-reads the table
             CameraTable.from_arrow(table) if spec.materialize else None,
         )
-        files, index = _write_shards(run, partial, spec, splits, fields, gather, plan_key, profile)
-        args = (spec, source, scene, splits, fields, table, points, files, index, profile)
-        return commit(partial, dst, overwrite, *args, (records, components, extras_from))
+        _write_shards(w, splits, fields, gather)
+        return commit(w, source, scene, splits, fields, table, (records, components, extras_from))
 
 
 def _write_shards(
-    run: TaskRunner,
-    partial: Path,
-    spec: StoreSpec,
-    splits: Mapping[str, SplitInfo],
-    fields: Mapping[str, FieldSpec],
-    gather: Source,
-    plan_key: str,
-    profile: PhaseClock,
-) -> tuple[dict[str, Any], dict[str, dict[str, list[Any]]]]:
-    """Phase 2: every shard (and the backend's metadata). Returns (file records, chunk index)."""
-    backend = backend_named(spec.backend)
-    files = {rel: file_record(partial / rel) for rel in backend.write_metadata(partial, splits, fields, spec)}
+    w: Partial, splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], gather: Source
+) -> None:
+    """Phase 2 of the write ``w``: every shard of ``gather``'s rays, and the backend's metadata."""
+    spec, backend = w.spec, backend_named(w.spec.backend)
+    write_files(w.root, backend.rays_metadata(splits, fields, spec), w.files)
+    shards = [(info, s) for info in splits.values() for s in range(-(-info.n_chunks // spec.shard_chunks))]
     jobs = [
         ShardJob(
-            str(partial),
-            backend,
-            info,
+            str(w.root),
+            info.name,
             s,
-            info.stored_fields(fields),
-            spec,
-            gather,
-            f"{plan_key}:{info.name}:{s}:{_TASK_FORMAT}",
+            f"{w.key}:{info.name}:{s}:{_TASK_FORMAT}",
+            functools.partial(encode_ray_shard, backend, info, s, info.stored_fields(fields), spec, gather),
         )
-        for info in splits.values()
-        for s in range(-(-info.n_chunks // spec.shard_chunks))
+        for info, s in shards
     ]
-    profile.lap("metadata")
-    index: dict[str, dict[str, list[Any]]] = {name: {CHUNK_CHECKSUM: []} for name in splits}
+    w.profile.lap("metadata")
     # Frees the staged rows of the shards written so far, a few times a split (``release(k)``: jobs
     # ``[0, k)`` are done; their runs are never read again). Each image's run since the last release is
     # one hole in its staging file, so a release is one call per image, and the holes are large enough
     # to free whole blocks: the staging shrinks as the store grows (peak disk about one copy of the rays).
-    step = max(1, -(-len(jobs) // max(1, 8 * len({job.info.name for job in jobs}))))
+    step = max(1, -(-len(jobs) // max(1, 8 * len(splits))))
     released = 0
 
     def release(done: int) -> None:
         nonlocal released
         if done - released < step and done < len(jobs):
             return
-        finished = jobs[released:done]
-        for name in dict.fromkeys(job.info.name for job in finished):  # a split's jobs: in shard order
-            mine = [job for job in finished if job.info.name == name]
-            mine[0].source.release(mine[0].info, mine[0].rays()[0], mine[-1].rays()[1])
+        finished = shards[released:done]
+        for name in dict.fromkeys(info.name for info, _ in finished):  # a split's shards: in order
+            mine, info = [s for i, s in finished if i.name == name], splits[name]
+            gather.release(info, shard_rays(info, spec, mine[0])[1], shard_rays(info, spec, mine[-1])[2])
         released = done
 
-    splits_of = [job.info.name for job in jobs]
-    write_shards(run, write_shard_task, jobs, splits_of, partial, profile, files, index, release)
-    return files, index
+    write_shards(w, jobs, release)
 
 
 def copy_rays(
@@ -264,7 +203,6 @@ def copy_rays(
     """A rays-layout copy of a rays-layout ``store`` written as ``spec`` (the source's, in the
     destination's backend), shard by shard from its chunks (the caller holds the destination's
     writer lock; ``raykit.store.write.copy_store``)."""
-    profile, run = PhaseClock(), task_runner(executor, progress)
     splits = store.splits
     if with_pids:
         splits = {name: dataclasses.replace(info, pids="stored") for name, info in splits.items()}
@@ -277,9 +215,8 @@ def copy_rays(
     if store.legacy:  # format 1 or 2, copied as the current format (its pids stored, checksums anew)
         plan["upgrade_to"] = FORMAT_VERSION
     points = store.sparse_points()
-    partial, plan_key = open_partial(dst, plan, points, overwrite)
-    write_camera_table(store.cameras, partial)
-    source, table, fields = store.manifest["source"], store.cameras, store.fields
-    files, index = _write_shards(run, partial, spec, splits, fields, CopySource(store.url), plan_key, profile)
-    args = (spec, source, store.scene, splits, fields, table, points, files, index, profile)
-    return commit(partial, dst, overwrite, *args, ((), (), extras_from))
+    w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
+    write_camera_table(store.cameras, w.root)
+    _write_shards(w, splits, store.fields, CopySource(store.url))
+    source, table = store.manifest["source"], store.cameras
+    return commit(w, source, store.scene, splits, store.fields, table, ((), (), extras_from))

@@ -6,7 +6,8 @@ for RGB) so that permuting and merging moves 4-byte words. numpy copies an ``(n,
 channel slice one 3-byte row at a time; these are whole-array strided passes (about 10x faster),
 tested against the plain slicing twins.
 
-A staging area (``StagingArea``) holds each image's staged rows: ``DiskStaging`` in scratch files,
+A staging area (``StagingArea``) holds each image's staged rows (the rays layout) or stored bytes
+(the images layout): ``DiskStaging`` in scratch files,
 for tasks in any process (a rerun reuses intact ones; RGB images take 3 bytes a pixel there, and the
 writer frees the runs of the shards it has written), or ``MemoryStaging`` in this process's memory
 (it refuses to be pickled). ``MergeBuffers`` gives each thread reusable buffers for a shard's merge (no
@@ -22,12 +23,9 @@ contiguous run of rays per image.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +35,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import SourceError
-from raykit.fileio import atomic_write_bytes, atomic_write_json, punch_hole, sha256_file
-from raykit.store.files import file_record
+from raykit.fileio import atomic_write_bytes, punch_hole, sha256_file
 from raykit.store.order import (
     base_indices,
     merge_counts,
@@ -48,7 +45,7 @@ from raykit.store.order import (
 )
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
-from raykit.store.write.commit import PhaseClock
+from raykit.store.write.commit import PhaseClock, finish_task, record_matches, scratch_record
 
 __all__ = [
     "CopySource",
@@ -59,14 +56,10 @@ __all__ = [
     "StagingArea",
     "StagingSource",
     "base_indices",
-    "bytes_record",
     "check_pixels",
-    "finish_task",
     "pack_rgba",
     "pack_rgba_reference",
     "pixels_crc32c",
-    "record_matches",
-    "scratch_record",
     "stage_image",
     "staging_file",
     "unpack_rgb",
@@ -181,6 +174,17 @@ class DiskStaging:
         row = _row_bytes(channels)
         punch_hole(Path(self.root) / staging_file(index), lo * row, (hi - lo) * row)
 
+    def put_encoded(self, index: int, data: bytes, crc32c: int, source: str = "") -> dict[str, Any]:
+        """Stages an images-layout image's stored bytes (``data``, of CRC-32C ``crc32c``; ``source``:
+        the file they are the bytes of, if any)."""
+        rel = f"staging/{index:06d}.img"
+        atomic_write_bytes(Path(self.root) / rel, data, sync=False)
+        return {rel: scratch_record(data)}
+
+    def encoded(self, index: int) -> bytes:
+        """Image ``index``'s staged stored bytes (``put_encoded``)."""
+        return (Path(self.root) / f"staging/{index:06d}.img").read_bytes()
+
     def close(self) -> None:
         """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
 
@@ -197,6 +201,7 @@ class MemoryStaging:
     def __init__(self, label: str = "") -> None:
         self.label = label  # the partial directory, for error messages
         self._rows: dict[int, np.ndarray] = {}
+        self._encoded: dict[int, bytes | tuple[str, int, int]] = {}  # the images layout's
         self._lock = threading.Lock()
 
     def put(self, index: int, rows: np.ndarray, clock: PhaseClock, channels: int = 4) -> dict[str, Any]:
@@ -214,9 +219,29 @@ class MemoryStaging:
     def release(self, index: int, lo: int, hi: int, channels: int = 4) -> None:
         """Nothing: an image's rows are one array, dropped with the area."""
 
+    def put_encoded(self, index: int, data: bytes, crc32c: int, source: str = "") -> dict[str, Any]:
+        """Holds the bytes, or only where they come from when they are ``source``'s: read again when
+        its shard is written, so that memory does not grow with the number of images."""
+        with self._lock:
+            self._encoded[index] = (source, len(data), crc32c) if source else data
+        return {}
+
+    def encoded(self, index: int) -> bytes:
+        held = self._encoded.get(index)
+        if held is None:  # staged in a file by an earlier run (a resumed write)
+            return DiskStaging(self.label).encoded(index)
+        if isinstance(held, bytes):
+            return held
+        path, size, crc = held
+        data = Path(path).read_bytes()
+        if len(data) != size or google_crc32c.value(data) != crc:
+            raise SourceError(f"{path}: the file changed while it was being converted")
+        return data
+
     def close(self) -> None:
         with self._lock:
             self._rows.clear()
+            self._encoded.clear()
 
     def __reduce__(self) -> Any:
         raise TypeError("MemoryStaging: in-memory staging cannot leave its process (use DiskStaging)")
@@ -268,51 +293,6 @@ def _row_bytes(channels: int) -> int:
     return 3 if channels == 3 else 4
 
 
-def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
-    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
-    return {"size": len(data), "crc32": zlib.crc32(data)}
-
-
-def record_matches(record_path: Path, key: str, root: Path, clock: PhaseClock) -> dict[str, Any] | None:
-    """The stored result of a finished task (with ``seconds``: ``clock``'s, lapped as the resume
-    check) if its key matches and its files are intact, else None."""
-    if not record_path.exists():
-        return None
-    try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("key") != key:
-        return None
-    for rel, expected in record["result"].get("files", {}).items():
-        path = root / rel
-        if not path.exists() or _file_check(path, expected) != expected:
-            return None
-    clock.lap("resume_check")
-    return {**record["result"], "seconds": clock.seconds}
-
-
-def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
-    """The record of the file at ``path`` in the kind of ``expected`` (SHA-256, or CRC-32 for scratch)."""
-    if "crc32" not in expected:
-        return file_record(path)
-    crc = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            crc = zlib.crc32(block, crc)
-    return {"size": path.stat().st_size, "crc32": crc}
-
-
-def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
-    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
-    equals ``file_record`` of the written file."""
-    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
-    digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(piece)
-    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
-
-
 @dataclass(frozen=True)
 class ImageJob:
     """Phase-1 task of either layout: image ``index`` (table order) of ``root``'s plan, task key ``key``.
@@ -322,8 +302,7 @@ class ImageJob:
     ``image_order`` (``seed``), so a shard task reads each image's run of rays in one read and
     recomputes their pids from the shared base permutation (``SplitOrder``). (Permuting whole images
     here, each in cache, is about three times faster than gathering each shard's runs from row-major
-    images.) Images (``raykit.store.write.images.encode_image_task``): encode it; ``memory``: keep
-    the bytes in this process instead of a staging file (tasks run in the writing process).
+    images.) Images (``raykit.store.write.images.encode_image_task``): encode it into ``staging``.
     """
 
     root: str
@@ -333,7 +312,6 @@ class ImageJob:
     staging: StagingArea | None = None
     shuffled: bool = False
     seed: int = 0
-    memory: bool = False
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
@@ -388,18 +366,6 @@ def stage_image(job: ImageJob) -> dict[str, Any]:
         clock.lap("permutation")
     result.update(files=area.put(job.index, rows, clock, result["channels"]), source_sha256=source_sha)
     return finish_task(None if area.in_memory else record_path, job.key, result, clock)
-
-
-def finish_task(
-    record_path: Path | None, key: str, result: dict[str, Any], clock: PhaseClock
-) -> dict[str, Any]:
-    """``result`` with ``seconds`` (``clock``'s, not recorded), after recording it for a rerun at
-    ``record_path`` (None: nothing to resume from) as canonical JSON, atomically without fsync (a lost
-    record only redoes its task)."""
-    if record_path is not None:
-        atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
-        clock.lap("write")
-    return {**result, "seconds": clock.seconds}
 
 
 @dataclass(frozen=True)
