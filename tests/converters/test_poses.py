@@ -116,7 +116,8 @@ def _images_in_database(database: Path) -> int:
     process must not share a database file); in-process counts go through :func:`_count_images`.
     """
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.01)) as con:
+        # waits out the writer's lock (a read that gave up at once saw 0 for a whole run under load)
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.5)) as con:
             return int(con.execute("SELECT count(*) FROM images").fetchone()[0])
     except sqlite3.Error:
         return 0
@@ -142,6 +143,7 @@ def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     while _images_in_database(out / "database.db") == 0 and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    assert proc.poll() is None, "the pose run ended before the test saw an image in its database"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
