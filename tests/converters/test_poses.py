@@ -116,7 +116,6 @@ def _images_in_database(database: Path) -> int:
     process must not share a database file); in-process counts go through :func:`_count_images`.
     """
     try:
-        # waits out the writer's lock (a read that gave up at once saw 0 for a whole run under load)
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.5)) as con:
             return int(con.execute("SELECT count(*) FROM images").fetchone()[0])
     except sqlite3.Error:
@@ -139,12 +138,20 @@ def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "raykit", "poses", str(folder), str(out), "--threads", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while _images_in_database(out / "database.db") == 0 and proc.poll() is None:
-        assert time.monotonic() < deadline
+    # The run holds still (SIGSTOP) while the test counts its images; once some but not all are in, the
+    # Ctrl-C is sent while it is stopped, so it lands in the extraction the test saw, whatever the load.
+    deadline, seen = time.monotonic() + 120, 0
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGSTOP)
+        seen = _images_in_database(out / "database.db")
+        if 0 < seen < N_VIEWS:
+            proc.send_signal(signal.SIGINT)  # pending until the run continues
+            proc.send_signal(signal.SIGCONT)
+            break
+        proc.send_signal(signal.SIGCONT)
+        assert seen < N_VIEWS, "the extraction ended between two counts of the test"
         time.sleep(0.01)
-    assert proc.poll() is None, "the pose run ended before the test saw an image in its database"
-    proc.send_signal(signal.SIGINT)
+    assert 0 < seen < N_VIEWS, f"no count during the extraction (last {seen}; run rc {proc.poll()})"
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "raykit: interrupted" in err
