@@ -130,6 +130,10 @@ def _count_images(database: Path) -> int:
         db.close()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path
 ) -> None:
@@ -137,7 +141,11 @@ def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "raykit", "poses", str(folder), str(out), "--threads", "1", "--no-progress"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the run: a test suite started in the background (``&`` without job
+    # control) ignores SIGINT, and the run would inherit that and never see the Ctrl-C
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint
+    )
     # The run holds still (SIGSTOP) while the test counts its images; once some but not all are in, the
     # Ctrl-C is sent while it is stopped, so it lands in the extraction the test saw, whatever the load.
     deadline, seen = time.monotonic() + 120, 0
