@@ -53,7 +53,6 @@ __all__ = [
     "quick_psnr",
     "render",
     "render_batch",
-    "render_image",
     "render_view",
 ]
 
@@ -109,20 +108,6 @@ def image_rays_and_pixels(store: RayStore, name: str, device: torch.device) -> t
 
 
 @torch.no_grad()
-def render_image(
-    config: TrainConfig,
-    store: RayStore,
-    name: str,
-    field: RadianceField,
-    grid: Any,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Render image ``name``: ``(prediction (H, W, 3), target (H, W, 3))``, both over the background."""
-    pred, target, _ = render_view(config, store, name, field, grid, device)
-    return pred, target
-
-
-@torch.no_grad()
 def render_view(
     config: TrainConfig,
     store: RayStore,
@@ -131,8 +116,9 @@ def render_view(
     grid: Any,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """:func:`render_image` and the image's stored pixels (H, W, C) uint8 (``store.read_image(name)``),
-    the image read once (:func:`image_rays_and_pixels`)."""
+    """Render image ``name``: ``(prediction (H, W, 3), target (H, W, 3))``, both over the background,
+    and its stored pixels (H, W, C) uint8 (``store.read_image(name)``), the image read once
+    (:func:`image_rays_and_pixels`)."""
     height, width, _ = store.image_shape(name)
     batch, pixels = image_rays_and_pixels(store, name, device)
     background = parse_background(config.background).to(device)

@@ -123,13 +123,14 @@ def first_test_view(
     config: TrainConfig, store: RayStore, field: Any, grid: Any, device: torch.device
 ) -> tuple[str, torch.Tensor, torch.Tensor] | None:
     """The first image of the first eval split: ``(name, prediction, target)``, or None if there is none."""
-    from raykit.trainer.evaluate import render_image
+    from raykit.trainer.evaluate import render_view
 
     split = config.eval_splits.split(",")[0]
     names = store.images(split) if split in store.splits else []
     if not names:
         return None
-    return (names[0], *render_image(config, store, names[0], field, grid, device))
+    pred, target, _ = render_view(config, store, names[0], field, grid, device)
+    return names[0], pred, target
 
 
 def open_tensorboard(
