@@ -32,6 +32,7 @@ from raykit.trainer.contraction import field_coords
 __all__ = [
     "RadianceField",
     "grid_resolutions",
+    "lookup_parts",
     "plane_features",
     "plane_grid",
     "reference_plane_features",
@@ -47,27 +48,53 @@ def grid_resolutions(levels: int, base: int, finest: int) -> list[int]:
     return [round(base * growth**level) for level in range(levels)]
 
 
-def plane_grid(coords: Tensor) -> Tensor:
-    """(P, 3) -> (3, 1, P, 2): the (x, y), (x, z) and (y, z) projections, as ``grid_sample`` grids
-    (slices of ``coords``, copied once; shared by every level of a field)."""
-    return torch.stack([coords[:, :2], coords[:, ::2], coords[:, 1:]]).unsqueeze(1)
+def plane_grid(coords: Tensor, parts: int = 1) -> Tensor:
+    """(P, 3) -> (3 * parts, 1, P, 2): the (x, y), (x, z) and (y, z) projections, as ``grid_sample``
+    grids, each repeated ``parts`` times (see :func:`lookup_parts`; slices of ``coords``, copied once;
+    shared by every level of a field with that many parts)."""
+    projections = (coords[:, :2], coords[:, ::2], coords[:, 1:])
+    return torch.stack([p for p in projections for _ in range(parts)]).unsqueeze(1)
 
 
-def plane_features(planes: Tensor, coords: Tensor, grid: Tensor | None = None) -> Tensor:
+def lookup_parts(features: int, device: torch.device) -> int:
+    """Parts to cut each plane's ``features`` channels into for one ``grid_sample`` of a field level.
+
+    ``grid_sample``'s CPU kernel runs the images of its batch in parallel, one image per thread at a
+    time, in both directions; the three planes of a level are three images, so two threads split them
+    two to one and one thread waits a third of the lookup. Cut into ``parts`` images of ``features /
+    parts`` channels each (a view of the planes: the same values and gradients bit for bit), ``3 * parts``
+    images share out evenly. ``parts`` is the largest divisor of ``features`` not above the number of
+    threads; 1 on a GPU (its kernel is parallel over points) and with one thread.
+    """
+    if device.type != "cpu":
+        return 1
+    threads = torch.get_num_threads()
+    return max(p for p in range(1, features + 1) if features % p == 0 and p <= threads)
+
+
+def plane_features(planes: Tensor, coords: Tensor, grid: Tensor | None = None, parts: int = 1) -> Tensor:
     """Product of bilinear lookups in three axis-aligned feature planes (fast path: ``grid_sample``).
 
     Args:
         planes: (3, F, R, R) planes xy, xz, yz; plane ``(a, b)`` is indexed ``[f, b, a]``.
         coords: (P, 3) ``(x, y, z)`` in [-1, 1]; -1 and 1 are the centres of the edge texels.
-        grid: ``plane_grid(coords)`` when already computed (the levels of a field share it).
+        grid: ``plane_grid(coords, parts)`` when already computed (the levels of a field share it).
+        parts: lookup images per plane (a divisor of F; :func:`lookup_parts`): the same result for any.
 
     Returns:
         (P, F); zero outside [-1, 1].
     """
-    grid = plane_grid(coords) if grid is None else grid
-    sampled = F.grid_sample(planes, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+    grid = plane_grid(coords, parts) if grid is None else grid
+    n, f, r, _ = planes.shape
+    sampled = F.grid_sample(
+        planes.reshape(n * parts, f // parts, r, r),
+        grid,
+        mode="bilinear",
+        padding_mode="zeros",
+        align_corners=True,
+    ).view(n, f, -1)
     product = sampled[0] * sampled[1] * sampled[2]  # cheaper backward than .prod(dim=0)
-    return product.view(planes.shape[1], -1).t()
+    return product.t()
 
 
 def reference_plane_features(planes: Tensor, coords: Tensor) -> Tensor:
@@ -189,8 +216,9 @@ class RadianceField(nn.Module):
         """(P, 3) positions (or field coordinates) -> (sigma (P,), geometry features (P, G))."""
         coords = positions if normalized else self.normalize(positions)
         inside = (coords.abs() <= 1.0).all(dim=-1)
-        grid = plane_grid(coords)
-        feats = torch.cat([plane_features(planes, coords, grid) for planes in self.planes], dim=-1)
+        parts = lookup_parts(self.planes[0].shape[1], coords.device)
+        grid = plane_grid(coords, parts)
+        feats = torch.cat([plane_features(planes, coords, grid, parts) for planes in self.planes], dim=-1)
         raw = self.density_mlp(feats)
         sigma = torch.exp(raw[:, 0].clamp(max=15.0)) * inside
         return sigma, raw[:, 1:]
