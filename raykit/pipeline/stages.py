@@ -145,7 +145,7 @@ def train_config(cfg: StageConfigs, url: str, out: Path, sampler: str) -> TrainC
         store=url,
         out=str(out / "runs" / sampler),
         sampler=sampler,
-        steps=cfg.run.steps or 10**9,
+        steps=cfg.run.steps,  # None with the time budget: no step limit (resolve_steps)
         max_seconds=budget,
         resume=True,
         progress=False,
@@ -168,8 +168,7 @@ def train_argv(config: TrainConfig, nproc_per_node: int | None = None, max_resta
         config.store,
         f"--out={config.out}",
         f"--sampler={config.sampler}",
-        f"--steps={config.steps}",
-        *config_flags(config, skip=("store", "out", "sampler", "steps")),
+        *config_flags(config, skip=("store", "out", "sampler")),
     ]
     if nproc_per_node is None:
         return [sys.executable, "-m", "raykit.trainer", *flags]

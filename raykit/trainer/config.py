@@ -21,11 +21,13 @@ from raykit.ranges import Range, worker_range
 __all__ = [
     "AUTO_SAMPLERS",
     "DEFAULT_REASONS",
+    "DEFAULT_STEPS",
     "FIELD_RESOLUTIONS",
     "LOGGERS",
     "SAMPLERS",
     "SAMPLER_CHOICES",
     "SCENE_SPACES",
+    "UNLIMITED_STEPS",
     "TrainConfig",
     "add_arguments",
     "default_reasons",
@@ -33,6 +35,8 @@ __all__ = [
     "parse_aabb",
     "resolve_resolution",
     "resolve_sampler",
+    "resolve_steps",
+    "step_limit",
 ]
 
 SAMPLERS = ("stratified", "hierarchical", "occupancy", "proposal")
@@ -76,7 +80,12 @@ class TrainConfig:
         "contracted or in NDC) and records the choice in config.json and why in run.json",
         choices=SAMPLER_CHOICES,
     )
-    steps: int = _opt(5000, "optimisation steps (upper bound when --max-seconds is given)", valid=_COUNT)
+    steps: int | None = _opt(
+        None,
+        "optimisation steps; default 5000, or, with --max-seconds, no limit (the time budget ends the "
+        "run); with both, whichever comes first",
+        valid=Range(1, integer=True, optional=True),
+    )
     max_seconds: float | None = _opt(
         None,
         "training time budget in seconds; training stops, then evaluates",
@@ -149,6 +158,18 @@ class TrainConfig:
     )
     prop_resolution: int = _opt(
         64, "proposal: feature-plane resolution of each proposal network", valid=_COUNT
+    )
+    prop_update_every: int = _opt(
+        5,
+        "proposal: after the warm-up, train the proposal networks on one step in this many (the others "
+        "query them without gradients), as nerfacto does",
+        valid=_COUNT,
+    )
+    prop_update_warmup: int = _opt(
+        5000,
+        "proposal: steps over which the interval between proposal updates grows from 1 to "
+        "--prop-update-every",
+        valid=Range(0, integer=True),
     )
     prop_loss_weight: float = _opt(
         1.0, "proposal: weight of the interlevel loss that trains the networks", valid=Range(0)
@@ -277,7 +298,10 @@ DEFAULT_REASONS: dict[str, str] = {
     "store": "no default: the store is the positional argument",
     "out": "no default: --out is required",
     "sampler": "auto: the sampler that suits the scene space (run.json's sampler records which and why)",
-    "steps": "5000: an upper bound; the pipeline and most runs stop on --max-seconds",
+    "steps": "None: 5000 steps (DEFAULT_STEPS), or, with --max-seconds, no step limit (UNLIMITED_STEPS), "
+    "so that a time budget is trained in full on a fast machine too (5000 steps capped a 300 s run on "
+    "plant_capture at 287 s on 2 CPU threads, and would cap one on a GPU at about 50 s); resolved in "
+    "config.json, why in run.json",
     "max_seconds": "None: train for --steps; raykit run sets its time budget here",
     "batch_size": "1024 rays: small batches and many steps suit a CPU, where a step's cost grows with its "
     "samples (nerfacc's examples aim at 256k samples per step on a GPU)",
@@ -317,6 +341,13 @@ DEFAULT_REASONS: dict[str, str] = {
     "prop_final": "24 field samples per ray: nerfacto's 48 halved for a CPU's budget; plant_capture "
     "trained 6x the occupancy grid's rays/s this way (BENCHMARKS.md issue 30)",
     "prop_resolution": "64: the proposal networks only need coarse density",
+    "prop_update_every": "5: nerfacto's proposal_update_every; the proposal networks only have to bound the "
+    "field's weights, and a step that does not train them skips their backward and the interlevel loss: "
+    "at 3000 steps on one thread plant_capture (160x128) scored 19.67 dB against 19.69 training them on "
+    "every step, in 0.90x the time, and the built-in unbounded scene 22.15 against 21.46 in 0.93x "
+    "(BENCHMARKS.md issue 47, round 6)",
+    "prop_update_warmup": "5000: nerfacto's proposal_warmup; the interval grows from 1 over these steps, "
+    "so a short run trains the networks more often while they form",
     "prop_loss_weight": "1.0: mip-NeRF 360's interlevel loss weight",
     "distortion_weight": "0 (off): nerfacto's 0.002 cost 0.16 dB test PSNR on plant_capture at equal steps "
     "(19.32 against 19.48 dB, 3000 steps, BENCHMARKS.md issue 47); it suppresses floaters rather than "
@@ -379,6 +410,32 @@ def resolve_sampler(config: TrainConfig) -> tuple[TrainConfig, str]:
     space = "box" if config.scene_space == "auto" else config.scene_space
     sampler, reason = AUTO_SAMPLERS[space]
     return config.replace(sampler=sampler), f"--sampler auto, scene space {space}: {reason}"
+
+
+DEFAULT_STEPS = 5000
+"""Training steps when neither ``--steps`` nor ``--max-seconds`` is given."""
+UNLIMITED_STEPS = 10**9
+"""``--steps`` of a run with a time budget and no step limit (the budget ends it)."""
+
+
+def step_limit(config: TrainConfig) -> int:
+    """The run's step limit: ``steps``, or when unset :data:`DEFAULT_STEPS` (no time budget) or
+    :data:`UNLIMITED_STEPS` (with ``max_seconds``)."""
+    if config.steps is not None:
+        return config.steps
+    return DEFAULT_STEPS if config.max_seconds is None else UNLIMITED_STEPS
+
+
+def resolve_steps(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """``config`` with ``steps`` resolved (:func:`step_limit`), and why."""
+    if config.steps is not None:
+        return config, "chosen with --steps"
+    if config.max_seconds is not None:
+        return config.replace(steps=step_limit(config)), (
+            f"--steps unset, --max-seconds {config.max_seconds:g}: no step limit, the time budget ends "
+            "the run and paces the learning-rate decay"
+        )
+    return config.replace(steps=step_limit(config)), f"--steps and --max-seconds unset: {DEFAULT_STEPS} steps"
 
 
 FIELD_RESOLUTIONS = {"box": 256, "ndc": 256, "contract": 512}

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raykit.rays import RayBatch
-from raykit.trainer.config import TrainConfig
+from raykit.trainer.config import TrainConfig, step_limit
 from raykit.trainer.field import RadianceField, plane_grid, sh_encode
 from raykit.trainer.pipeline import render_rays, sample_rays
 from raykit.trainer.samplers import Samples
@@ -89,7 +89,7 @@ def render_colours(
     parts = []
     for lo in range(0, len(rays), config.eval_chunk):
         chunk = rays[lo : lo + config.eval_chunk]
-        samples = sample_rays(sample_config, field, grid, chunk, config.steps, None)
+        samples = sample_rays(sample_config, field, grid, chunk, step_limit(config), None)
         parts.append(composite_front_to_back(field, samples, chunk, background))
     if not parts:
         return torch.zeros(0, 3, device=background.device)
@@ -101,7 +101,7 @@ def reference_colours(
     config: TrainConfig, field: RadianceField, grid: Any, rays: RayBatch, background: Tensor
 ) -> Tensor:
     """Simple twin of :func:`render_colours`: every sample of every ray through the field at once."""
-    samples = sample_rays(config, field, grid, rays, config.steps, None)
+    samples = sample_rays(config, field, grid, rays, step_limit(config), None)
     return render_rays(field, samples, rays, background)["rgb"].clamp(0, 1)
 
 

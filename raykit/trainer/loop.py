@@ -40,7 +40,14 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import TrainConfig, default_reasons, resolve_resolution, resolve_sampler
+from raykit.trainer.config import (
+    TrainConfig,
+    default_reasons,
+    resolve_resolution,
+    resolve_sampler,
+    resolve_steps,
+    step_limit,
+)
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
@@ -133,7 +140,7 @@ def train(config: TrainConfig) -> Path:
     batches, window = run.loader.forever(), TrainState()
     bar = _progress_bar(config, state, run.procs)
     clock = _StepClock(device, raykit.recorder.active())
-    while state.step < config.steps:
+    while state.step < step_limit(config):
         elapsed = _shared_elapsed(config, state, run.procs)
         if config.max_seconds is not None and elapsed >= config.max_seconds:
             break
@@ -224,7 +231,8 @@ def step_losses(
     loss = photometric_loss(rendered["rgb"], batch.composite(background), batch.extra.get("mask"))
     total = loss
     if isinstance(samples.trace, ProposalTrace):
-        total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
+        if samples.trace.trains_networks:
+            total = loss + config.prop_loss_weight * interlevel_loss(samples.trace, rendered["weights"])
         if config.distortion_weight > 0:
             total = total + config.distortion_weight * distortion_loss(
                 samples.trace.final_edges, rendered["weights"]
@@ -257,6 +265,7 @@ def _setup(config: TrainConfig) -> _Run:
     space = scene_space(config, store, reason)
     config, sampler_reason = resolve_sampler(config)
     config, resolution_reason = resolve_resolution(config)
+    config, steps_reason = resolve_steps(config)
     config, background_reason = resolve_background(config, store)
     field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
     budget = None
@@ -303,6 +312,7 @@ def _setup(config: TrainConfig) -> _Run:
             "sampler": {"name": config.sampler, "reason": sampler_reason},
             "background": {"colour": config.background, "reason": background_reason},
             "field": {"max_resolution": config.max_resolution, "reason": resolution_reason},
+            "steps": {"steps": config.steps, "reason": steps_reason},
         },
         budget=budget,
     )
@@ -340,7 +350,7 @@ def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> A
             mininterval=1.0,
         )
     return progress_bar(
-        total=config.steps, initial=state.step, unit="step", desc=config.sampler, mininterval=1.0
+        total=step_limit(config), initial=state.step, unit="step", desc=config.sampler, mininterval=1.0
     )
 
 

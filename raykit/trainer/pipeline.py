@@ -20,7 +20,7 @@ from raykit.rays import RayBatch
 from raykit.trainer.config import TrainConfig, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
-from raykit.trainer.proposal import ProposalNetworks, proposal_samples
+from raykit.trainer.proposal import ProposalNetworks, proposal_samples, proposal_update_due
 from raykit.trainer.render import rendering
 from raykit.trainer.samplers import (
     Samples,
@@ -111,7 +111,8 @@ def _sample(
         if not isinstance(grid, ProposalNetworks):
             raise TypeError("sample_rays: the proposal sampler needs its ProposalNetworks")
         counts = proposal_counts(config.prop_samples)
-        return proposal_samples(grid, frame, counts, config.prop_final, uniform, generator)
+        train_networks = proposal_update_due(step, config.prop_update_every, config.prop_update_warmup)
+        return proposal_samples(grid, frame, counts, config.prop_final, uniform, generator, train_networks)
     if not isinstance(grid, OccupancyGrid):
         raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
     density_fn = field.density if config.early_stop_eps > 0 else None

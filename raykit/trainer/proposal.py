@@ -39,6 +39,7 @@ __all__ = [
     "interlevel_loss",
     "outer_weights",
     "proposal_samples",
+    "proposal_update_due",
     "reference_distortion_loss",
     "reference_outer_weights",
 ]
@@ -131,6 +132,8 @@ class ProposalTrace:
 
     levels: list[tuple[Tensor, Tensor]]
     final_edges: Tensor
+    trains_networks: bool = True
+    """False when the networks were queried without gradients: no interlevel loss this step."""
 
 
 def outer_weights(edges: Tensor, env_edges: Tensor, env_weights: Tensor) -> Tensor:
@@ -219,6 +222,19 @@ def _resample(
         return sample_pdf(edges, (1.0 - uniform) * w + uniform * flat, count + 1, generator)
 
 
+def proposal_update_due(step: int, every: int, warmup: int) -> bool:
+    """Whether training step ``step`` trains the proposal networks (nerfacto's update schedule).
+
+    The interval between updates grows linearly from 1 at step 0 to ``every`` at step ``warmup``
+    (rounded down), and a step trains them when it is a multiple of the interval: a function of the
+    step alone, so a resumed run keeps the schedule. ``every`` = 1 trains them on every step.
+    """
+    if every <= 1:
+        return True
+    progress = 1.0 if warmup <= 0 else min(1.0, step / warmup)
+    return step % int(1 + (every - 1) * progress) == 0
+
+
 def proposal_samples(
     networks: ProposalNetworks,
     frame: object,
@@ -226,6 +242,7 @@ def proposal_samples(
     n_final: int,
     uniform: float,
     generator: torch.Generator | None = None,
+    train_networks: bool = True,
 ) -> Samples:
     """Proposal levels, then ``n_final`` field intervals per ray (padded (N, n_final)).
 
@@ -236,10 +253,12 @@ def proposal_samples(
         n_final: intervals returned for the radiance field.
         uniform: uniform share mixed into each histogram before resampling, in [0, 1].
         generator: jitter source; None for deterministic samples.
+        train_networks: False queries the networks without gradients (a step that does not train
+            them; :func:`proposal_update_due`).
 
     Returns:
         :class:`Samples` whose ``trace`` is a :class:`ProposalTrace` (with gradients into the
-        proposal networks when grad is enabled).
+        proposal networks when grad is enabled and ``train_networks``).
     """
     s0, s1 = frame.s0, frame.s1  # type: ignore[attr-defined]
     first = stratified_samples(s0, s1, counts[0], generator)
@@ -251,8 +270,9 @@ def proposal_samples(
         t_edges = frame.to_t(edges)  # type: ignore[attr-defined]
         t_starts, t_ends = t_edges[:, :-1], t_edges[:, 1:]
         positions = frame.positions(0.5 * (t_starts + t_ends))  # type: ignore[attr-defined]
-        sigmas = networks.density(level, positions)
-        weights = render_weight_from_density(t_starts, t_ends, sigmas)[0]
+        with torch.set_grad_enabled(torch.is_grad_enabled() and train_networks):
+            sigmas = networks.density(level, positions)
+            weights = render_weight_from_density(t_starts, t_ends, sigmas)[0]
         levels.append((edges, weights))
     final = _resample(edges, levels[-1][1], n_final, uniform, generator)
     t_final = frame.to_t(final)  # type: ignore[attr-defined]
@@ -261,7 +281,7 @@ def proposal_samples(
         t_final[:, 1:].contiguous(),
         None,
         s0.shape[0],
-        trace=ProposalTrace(levels, final),
+        trace=ProposalTrace(levels, final, train_networks),
     )
 
 

@@ -21,7 +21,7 @@ from raykit.errors import ConfigError
 from raykit.fileio import loads_json
 from raykit.metrics import parse_colour
 from raykit.store import RayStore
-from raykit.trainer.config import TrainConfig, parse_aabb
+from raykit.trainer.config import TrainConfig, parse_aabb, step_limit
 
 __all__ = [
     "JsonlLog",
@@ -134,7 +134,7 @@ def learning_rate(config: TrainConfig, step: int, elapsed: float) -> float:
     Progress is ``step / steps``, or, with a time budget, the larger of that and
     ``elapsed / max_seconds`` (so a budgeted run still anneals; then the schedule depends on speed).
     """
-    progress = step / config.steps
+    progress = step / step_limit(config)
     if config.max_seconds is not None:
         progress = max(progress, elapsed / config.max_seconds)
     progress = min(progress, 1.0)

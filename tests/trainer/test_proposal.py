@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import torch
 
+from raykit.loaders import image_rays
+from raykit.store import open_store
+from raykit.trainer.evaluate import build_models
+from raykit.trainer.loop import step_losses
 from raykit.trainer.proposal import (
     ProposalNetworks,
     ProposalTrace,
@@ -11,11 +18,14 @@ from raykit.trainer.proposal import (
     interlevel_loss,
     outer_weights,
     proposal_samples,
+    proposal_update_due,
     reference_distortion_loss,
     reference_outer_weights,
 )
 from raykit.trainer.samplers import hierarchical_samples
 from raykit.trainer.space import RayFrame, hierarchical_in_s, march_in_s
+
+from .test_train import tiny_config
 
 GEN = torch.Generator().manual_seed(3)
 
@@ -88,6 +98,30 @@ def test_proposal_samples_are_sorted_contiguous_and_deterministic_in_a_contracte
     assert torch.equal(again.t_starts, proposal_samples(networks, frame, [16, 8], 6, 0.1, None).t_starts)
 
 
+def test_proposal_update_schedule_grows_to_every_nth_step_after_the_warmup() -> None:
+    assert all(proposal_update_due(step, 1, 100) for step in range(300))
+    due = [step for step in range(400) if proposal_update_due(step, 5, 100)]
+    assert due[:3] == [0, 1, 2]  # the interval starts at 1
+    after = [step for step in due if step >= 100]
+    assert after[:3] == [100, 105, 110] and all(b - a == 5 for a, b in itertools.pairwise(after))
+    assert 20 < sum(1 for step in due if step < 100) < 100  # the interval grows during the warm-up
+    assert [s for s in range(20) if proposal_update_due(s, 4, 0)] == [0, 4, 8, 12, 16]  # no warm-up
+
+
+def test_proposal_samples_without_training_the_networks_are_the_same_samples_without_gradients() -> None:
+    aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
+    networks = ProposalNetworks(aabb, levels=2, resolution=8, space="contract")
+    rays_o = torch.randn(5, 3, generator=GEN) * 0.3
+    rays_d = torch.nn.functional.normalize(torch.randn(5, 3, generator=GEN), dim=-1)
+    frame = RayFrame(rays_o, rays_d, torch.full((5,), 0.01), torch.full((5,), 0.99), scale=1.0)
+    trained = proposal_samples(networks, frame, [16, 8], 6, 0.1, torch.Generator().manual_seed(1))
+    skipped = proposal_samples(networks, frame, [16, 8], 6, 0.1, torch.Generator().manual_seed(1), False)
+    assert torch.equal(trained.t_starts, skipped.t_starts) and torch.equal(trained.t_ends, skipped.t_ends)
+    assert trained.trace.trains_networks and not skipped.trace.trains_networks
+    assert not any(w.requires_grad for _, w in skipped.trace.levels)
+    assert torch.equal(trained.trace.final_edges, skipped.trace.final_edges)
+
+
 def test_march_in_s_covers_the_interval_when_everything_is_occupied_and_skips_empty_space() -> None:
     rays_o = torch.zeros(3, 3)
     rays_d = torch.eye(3)
@@ -154,3 +188,30 @@ def test_proposal_density_without_autograd_is_the_same() -> None:
     with_grad = networks.density(0, positions)
     with torch.no_grad():
         assert torch.equal(networks.density(0, positions), with_grad.detach())
+
+
+def test_a_step_that_does_not_train_the_proposal_networks_leaves_them_without_gradients(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    """--prop-update-every: the field trains on every step, the proposal networks on the due ones
+    only (no interlevel loss otherwise), and the samples are the same either way."""
+    store = open_store(str(tiny_store))
+    config = tiny_config(
+        tiny_store, tmp_path, sampler="proposal", scene_space="contract", prop_update_every=4,
+        prop_update_warmup=0,
+    )  # fmt: skip
+    batch = image_rays(store, store.images("train")[0], "cpu")
+    results = []
+    for step in (8, 9):  # due, not due
+        field, grid = build_models(
+            config, torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), torch.device("cpu")
+        )
+        loss, total, _ = step_losses(
+            config, field, field, grid, batch, torch.ones(3), step, torch.Generator().manual_seed(0)
+        )
+        total.backward()
+        assert all(p.grad is not None for p in field.parameters())
+        results.append((float(loss), float(total), [p.grad is not None for p in grid.parameters()]))
+    (loss_due, total_due, grads_due), (loss_not, total_not, grads_not) = results
+    assert loss_due == loss_not and total_due >= loss_due and total_not == loss_not
+    assert all(grads_due) and not any(grads_not)

@@ -16,7 +16,7 @@ import raykit
 from raykit.errors import ConfigError, ResumeError
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.config import DEFAULT_REASONS
+from raykit.trainer.config import DEFAULT_REASONS, DEFAULT_STEPS, UNLIMITED_STEPS, resolve_steps
 
 from ..reliability.paused import start_paused
 
@@ -183,3 +183,24 @@ def test_adam_eps_reaches_the_optimizer(tiny_store: Path, tmp_path: Path) -> Non
         assert path is not None
         groups = load_checkpoint(path)[1]["optimizer"]["param_groups"]
         assert [group["eps"] for group in groups] == [eps]
+
+
+def test_steps_default_to_5000_or_to_the_time_budget() -> None:
+    """Unset --steps: 5000 steps, or no step limit under --max-seconds (a 300 s budget is trained in
+    full however fast the machine); set, it is kept (and with a budget, whichever comes first)."""
+    assert TrainConfig().steps is None
+    config, why = resolve_steps(TrainConfig())
+    assert config.steps == DEFAULT_STEPS == 5000 and "5000" in why
+    config, why = resolve_steps(TrainConfig(max_seconds=300))
+    assert config.steps == UNLIMITED_STEPS and "no step limit" in why
+    config, why = resolve_steps(TrainConfig(steps=40, max_seconds=300))
+    assert config.steps == 40 and why == "chosen with --steps"
+
+
+def test_a_time_budget_without_steps_is_not_cut_at_5000_steps(tiny_store: Path, tmp_path: Path) -> None:
+    run = train(tiny_config(tiny_store, tmp_path / "run", sampler="stratified", steps=None, max_seconds=3))
+    info = json.loads((run / "run.json").read_text())
+    assert info["steps"] == {"steps": UNLIMITED_STEPS, "reason": info["steps"]["reason"]}
+    assert "no step limit" in info["steps"]["reason"]
+    assert json.loads((run / "config.json").read_text())["steps"] == UNLIMITED_STEPS
+    assert 1 <= _log(run)[-1]["step"] < UNLIMITED_STEPS
