@@ -79,12 +79,17 @@ def test_hierarchical_in_s_equals_hierarchical_when_s_is_t() -> None:
         assert torch.allclose(a.t_starts, b.t_starts) and torch.allclose(a.t_ends, b.t_ends)
 
 
-def test_proposal_samples_are_sorted_contiguous_and_deterministic_in_a_contracted_frame() -> None:
+def _contracted_networks_and_frame() -> tuple[ProposalNetworks, RayFrame]:
+    """Two small proposal networks in a contracted field and 5 rays from near its centre."""
     aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
     networks = ProposalNetworks(aabb, levels=2, resolution=8, space="contract")
     rays_o = torch.randn(5, 3, generator=GEN) * 0.3
     rays_d = torch.nn.functional.normalize(torch.randn(5, 3, generator=GEN), dim=-1)
-    frame = RayFrame(rays_o, rays_d, torch.full((5,), 0.01), torch.full((5,), 0.99), scale=1.0)
+    return networks, RayFrame(rays_o, rays_d, torch.full((5,), 0.01), torch.full((5,), 0.99), scale=1.0)
+
+
+def test_proposal_samples_are_sorted_contiguous_and_deterministic_in_a_contracted_frame() -> None:
+    networks, frame = _contracted_networks_and_frame()
     samples = proposal_samples(networks, frame, [16, 8], 6, 0.1, torch.Generator().manual_seed(0))
     assert samples.t_starts.shape == (5, 6)
     assert torch.equal(samples.t_starts[:, 1:], samples.t_ends[:, :-1])
@@ -109,11 +114,7 @@ def test_proposal_update_schedule_grows_to_every_nth_step_after_the_warmup() -> 
 
 
 def test_proposal_samples_without_training_the_networks_are_the_same_samples_without_gradients() -> None:
-    aabb = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
-    networks = ProposalNetworks(aabb, levels=2, resolution=8, space="contract")
-    rays_o = torch.randn(5, 3, generator=GEN) * 0.3
-    rays_d = torch.nn.functional.normalize(torch.randn(5, 3, generator=GEN), dim=-1)
-    frame = RayFrame(rays_o, rays_d, torch.full((5,), 0.01), torch.full((5,), 0.99), scale=1.0)
+    networks, frame = _contracted_networks_and_frame()
     trained = proposal_samples(networks, frame, [16, 8], 6, 0.1, torch.Generator().manual_seed(1))
     skipped = proposal_samples(networks, frame, [16, 8], 6, 0.1, torch.Generator().manual_seed(1), False)
     assert torch.equal(trained.t_starts, skipped.t_starts) and torch.equal(trained.t_ends, skipped.t_ends)
