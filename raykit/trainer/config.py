@@ -430,12 +430,13 @@ def resolve_steps(config: TrainConfig) -> tuple[TrainConfig, str]:
     """``config`` with ``steps`` resolved (:func:`step_limit`), and why."""
     if config.steps is not None:
         return config, "chosen with --steps"
-    if config.max_seconds is not None:
-        return config.replace(steps=step_limit(config)), (
-            f"--steps unset, --max-seconds {config.max_seconds:g}: no step limit, the time budget ends "
-            "the run and paces the learning-rate decay"
-        )
-    return config.replace(steps=step_limit(config)), f"--steps and --max-seconds unset: {DEFAULT_STEPS} steps"
+    why = (
+        f"--steps and --max-seconds unset: {DEFAULT_STEPS} steps"
+        if config.max_seconds is None
+        else f"--steps unset, --max-seconds {config.max_seconds:g}: no step limit, the time budget ends "
+        "the run and paces the learning-rate decay"
+    )
+    return config.replace(steps=step_limit(config)), why
 
 
 FIELD_RESOLUTIONS = {"box": 256, "ndc": 256, "contract": 512}
