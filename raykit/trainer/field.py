@@ -57,7 +57,8 @@ def plane_grid(coords: Tensor, parts: int = 1) -> Tensor:
 
 
 def lookup_parts(features: int, device: torch.device) -> int:
-    """Parts to cut each plane's ``features`` channels into for one ``grid_sample`` of a field level.
+    """Parts to cut each plane's ``features`` channels into for one ``grid_sample`` of a field level
+    or a proposal network.
 
     ``grid_sample``'s CPU kernel runs the images of its batch in parallel, one image per thread at a
     time, in both directions; the three planes of a level are three images, so two threads split them

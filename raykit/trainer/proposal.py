@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raykit.trainer.contraction import field_coords
-from raykit.trainer.field import plane_features
+from raykit.trainer.field import lookup_parts, plane_features
 from raykit.trainer.render import render_weight_from_density
 from raykit.trainer.samplers import Samples, sample_pdf, stratified_samples
 
@@ -79,7 +79,9 @@ class ProposalDensity(nn.Module):
         Without autograd (evaluation) the activations work in place: the same values, less memory
         traffic on a CPU."""
         inside = (coords.abs() <= 1.0).all(dim=-1)
-        features = plane_features(self.planes, coords)
+        features = plane_features(
+            self.planes, coords, parts=lookup_parts(self.planes.shape[1], coords.device)
+        )
         hidden, out = self.mlp[0], self.mlp[2]
         if torch.is_grad_enabled() or not isinstance(hidden, nn.Linear) or not isinstance(out, nn.Linear):
             raw = self.mlp(features)[:, 0]

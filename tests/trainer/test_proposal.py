@@ -191,6 +191,24 @@ def test_proposal_density_without_autograd_is_the_same() -> None:
         assert torch.equal(networks.density(0, positions), with_grad.detach())
 
 
+def test_proposal_density_is_the_same_whatever_the_threads_cut_its_planes_into() -> None:
+    networks = ProposalNetworks(torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), 1, 16, seed=2)
+    positions = torch.rand(500, 3, generator=torch.Generator().manual_seed(1)) * 2.4 - 1.2
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 4):  # 4 threads cut the 4-channel planes into 4 lookup images each
+            torch.set_num_threads(count)
+            networks.zero_grad(set_to_none=True)
+            density = networks.density(0, positions)
+            density.square().sum().backward()
+            results.append((density.detach(), networks.nets[0].planes.grad))
+    finally:
+        torch.set_num_threads(threads)
+    (one, one_grad), (cut, cut_grad) = results
+    assert torch.equal(one, cut) and one_grad is not None and torch.equal(one_grad, cut_grad)
+
+
 def test_a_step_that_does_not_train_the_proposal_networks_leaves_them_without_gradients(
     tiny_store: Path, tmp_path: Path
 ) -> None:
