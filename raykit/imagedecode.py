@@ -31,7 +31,6 @@ call, so it reaches loader worker processes too): for A/B measurements and to ru
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import re
@@ -43,6 +42,7 @@ from typing import IO, Any
 import numpy as np
 from PIL import Image
 
+from raykit.lazy import optional_module
 from raykit.ranges import IMAGE_PIXELS
 
 __all__ = [
@@ -98,22 +98,12 @@ def open_image(source: str | os.PathLike[str] | IO[bytes]) -> Any:
             ) from None
 
 
-@functools.cache
 def _simplejpeg() -> ModuleType | None:
-    try:
-        import simplejpeg
-    except ImportError:
-        return None
-    return simplejpeg
+    return optional_module("simplejpeg")
 
 
-@functools.cache
 def _cv2() -> ModuleType | None:
-    try:
-        import cv2
-    except ImportError:
-        return None
-    return cv2
+    return optional_module("cv2")
 
 
 def reference_decode_image(data: bytes) -> np.ndarray:

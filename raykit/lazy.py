@@ -15,15 +15,17 @@ the stand-in, so later uses cost nothing extra.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs
 
-__all__ = ["is_tensor", "lazy_attribute", "lazy_torch"]
+__all__ = ["is_tensor", "lazy_attribute", "lazy_torch", "optional_module"]
 
 
 class _LazyTorch:
@@ -62,3 +64,13 @@ def lazy_attribute(package: str, modules: dict[str, str], namespace: dict[str, A
     value = getattr(importlib.import_module(f"{package}.{modules[name]}"), name)
     namespace[name] = value
     return value
+
+
+@functools.cache
+def optional_module(name: str) -> ModuleType | None:
+    """The module ``name`` when it is installed, else None: for optional accelerators (OpenCV,
+    simplejpeg) that a module uses when present; looked up once per name."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
 # other) nor above it. ``testing`` (the procedural scene) sits just below the applications that use it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ranges",),
-    ("errors", "fileio", "options", "progress", "imagedecode", "lazy", "ordered", "version", "recorder"),
+    ("ranges", "lazy"),
+    ("errors", "fileio", "options", "progress", "imagedecode", "ordered", "version", "recorder"),
     ("locks",),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),

@@ -18,7 +18,6 @@ or floats in [0, 1] already on that grid; values are ``x / 255``. Results are ``
 
 from __future__ import annotations
 
-import functools
 import math
 from types import ModuleType
 
@@ -26,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from raykit.lazy import optional_module
 
 __all__ = ["masked_psnr", "psnr", "reference_masked_psnr", "reference_psnr", "reference_ssim", "ssim"]
 
@@ -46,13 +47,8 @@ def _unit32(images: Tensor) -> Tensor:
     return images.to(torch.float32).clamp(0, 1) - 0.5
 
 
-@functools.cache
 def _cv2() -> ModuleType | None:
-    try:
-        import cv2
-    except ImportError:
-        return None
-    return cv2
+    return optional_module("cv2")
 
 
 def psnr(pred: Tensor, target: Tensor) -> Tensor:
