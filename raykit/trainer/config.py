@@ -381,7 +381,8 @@ DEFAULT_REASONS: dict[str, str] = {
     "mixed_precision": "on: bfloat16 autocast for the field on CUDA only (ignored on a CPU)",
     "compile_field": "off: torch.compile has not been measured faster for this field (a launch-bound GPU "
     "step is where it could help; benchmarks/gpu_check.sh measures it when a GPU is lent; on a CPU it "
-    "costs a compiler and minutes of compiling)",
+    "costs a compiler and the compiling, and the compiled step was slower: plant_capture at 320x256, 2 "
+    "threads, 60 s: 222 steps against 1,058, 86 ms a step against 56 once compiled; BENCHMARKS.md issue 47)",
     "threads": "None: torch's choice (all cores)",
     "progress": "off: a bar only when asked (logs stay clean)",
     "resume": "off: a run starts fresh unless asked to continue",
