@@ -6,14 +6,14 @@ Everything random comes from two explicit generators (sample jitter, seeded per 
 identical on every rank), saved in each checkpoint with the loader position, so a resumed run
 continues the very same stream of batches and samples.
 
-Length (about 460 lines): the loop and the run state it saves and restores are read together (what a
-step changes is what a checkpoint holds); the pieces around it already live in their own modules.
+Length (about 510 lines): the loop and the run state it saves and restores are read together (what a
+step changes is what a checkpoint holds); the pieces around it live in their own modules (the step's
+timing and log records in :mod:`raykit.trainer.steptime`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +53,6 @@ from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
 from raykit.trainer.inference import planes_changed
 from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
-from raykit.trainer.metrics import mse_to_psnr
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
 from raykit.trainer.proposal import (
@@ -70,30 +69,15 @@ from raykit.trainer.runtime import (
     environment,
     learning_rate,
     parse_background,
-    peak_memory_mb,
     resolve_background,
     resolve_device,
     start_processes,
 )
 from raykit.trainer.samplers import Samples
 from raykit.trainer.space import resolve_space, scene_space
+from raykit.trainer.steptime import StepClock, TrainState, account, log_record
 
-__all__ = ["TrainState", "parameter_digest", "photometric_loss", "step_losses", "train"]
-
-_PHASES = ("data", "sampling", "network", "rendering", "backward", "optimizer")
-
-
-@dataclass
-class TrainState:
-    """Loop counters that a checkpoint carries besides weights (also used for one logging window)."""
-
-    step: int = 0
-    elapsed: float = 0.0
-    seconds: dict[str, float] = field(default_factory=dict)  # per phase (see _StepClock)
-    rays: int = 0
-    samples: int | torch.Tensor = 0  # summed on the device between records
-    loss_sum: float | torch.Tensor = 0.0  # summed on the device between records
-    memory_mb: float = 0.0  # the window's largest memory in use just after a forward pass
+__all__ = ["parameter_digest", "photometric_loss", "step_losses", "train"]
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -139,7 +123,7 @@ def train(config: TrainConfig) -> Path:
     state = _restore(run) if config.resume and latest_checkpoint(run.run_dir) else _start(run)
     batches, window = run.loader.forever(), TrainState()
     bar = _progress_bar(config, state, run.procs)
-    clock = _StepClock(device, raykit.recorder.active())
+    clock = StepClock(device, raykit.recorder.active())
     while state.step < step_limit(config):
         elapsed = _shared_elapsed(config, state, run.procs)
         if config.max_seconds is not None and elapsed >= config.max_seconds:
@@ -173,12 +157,12 @@ def train(config: TrainConfig) -> Path:
         if run.budget is not None:  # the budget steers the next batch from this one's count
             n_samples = int(n_samples)
             run.budget.update(len(batch), n_samples)
-        _account(state, window, clock.finish(synchronise=logging), len(batch), n_samples)
+        account(state, window, clock.finish(synchronise=logging), len(batch), n_samples)
         window.loss_sum = window.loss_sum + loss.detach()
         state.step += 1
         window.step += 1
         if logging:
-            _write_log(run, _log_record(state, window, device))
+            _write_log(run, log_record(state, window, device))
             window = TrainState()
         if _progress_due(config, before, state.elapsed):
             _write_progress(run, state)
@@ -190,9 +174,9 @@ def train(config: TrainConfig) -> Path:
             bar.update(1)
     if bar is not None:
         bar.close()
-    _account(state, window, clock.settle(), 0, 0)  # the device's work after the last step's end
+    account(state, window, clock.settle(), 0, 0)  # the device's work after the last step's end
     if run.procs.is_main and window.rays:  # the last, partial logging window
-        _write_log(run, _log_record(state, window, device))
+        _write_log(run, log_record(state, window, device))
     if run.tensorboard is not None:
         run.tensorboard.finish(state.step)
     _checkpoint(run, state)
@@ -352,95 +336,6 @@ def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> A
     return progress_bar(
         total=step_limit(config), initial=state.step, unit="step", desc=config.sampler, mininterval=1.0
     )
-
-
-def _sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-class _StepClock:
-    """Where one step's time goes, measured off the hot path.
-
-    Always: the loader wait (``data``, host time) and the rest of the step (``compute``); the device is
-    synchronised only at the end of a step whose record is logged, so a logging window's seconds are
-    the device's. With a :mod:`raykit.recorder` active: every phase of ``_PHASES`` instead, the device
-    synchronised at each lap (as a profile needs), the seconds also added to the recorder (``"train"``).
-    """
-
-    def __init__(self, device: torch.device, recorder: raykit.recorder.Recorder | None) -> None:
-        self.device, self.recorder = device, recorder
-        self.laps: dict[str, float] = {}
-        self.last = time.perf_counter()
-        self.tail = self.last  # end of the last step, as the host saw it
-
-    def start(self) -> None:
-        self.laps, self.last = {}, time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        """Charge the time since the previous lap to ``phase`` (only ``data`` unless recording)."""
-        if self.recorder is None and phase != "data":
-            return
-        now = time.perf_counter() if phase == "data" else _sync(self.device)
-        self.laps[phase] = now - self.last
-        self.last = now
-
-    def finish(self, synchronise: bool) -> dict[str, float]:
-        """The step's seconds per phase; ``synchronise``: wait for the device first (a logged step)."""
-        now = _sync(self.device) if synchronise else time.perf_counter()
-        seconds = self.laps
-        if self.recorder is None:
-            seconds["compute"] = now - self.last
-        else:
-            seconds["optimizer"] = seconds.get("optimizer", 0.0) + now - self.last
-            for phase, value in seconds.items():
-                self.recorder.add("train", phase, value)
-        self.tail = now
-        return seconds
-
-    def settle(self) -> dict[str, float]:
-        """Wait for the device: the seconds it still worked after the last step's end, charged to it."""
-        now = _sync(self.device)
-        extra, self.tail = now - self.tail, now
-        return {"compute" if self.recorder is None else "optimizer": extra}
-
-
-def _account(
-    state: TrainState,
-    window: TrainState,
-    seconds: dict[str, float],
-    n_rays: int,
-    n_samples: int | torch.Tensor,
-) -> None:
-    """Add one step's seconds per phase, rays and samples (a device tensor: no read-back) to both tallies."""
-    for tally in (state, window):
-        for phase, value in seconds.items():
-            tally.seconds[phase] = tally.seconds.get(phase, 0.0) + value
-        tally.elapsed += sum(seconds.values())
-        tally.rays += n_rays
-        tally.samples = tally.samples + n_samples
-
-
-def _log_record(state: TrainState, window: TrainState, device: torch.device) -> dict[str, Any]:
-    """One log.jsonl record: figures of the steps since the previous record (the window)."""
-    loss = float(window.loss_sum) / max(window.step, 1)
-    samples = float(window.samples)
-    return {
-        "step": state.step,
-        "loss": loss,
-        "psnr": mse_to_psnr(loss),
-        "rays_per_s": window.rays / max(window.elapsed, 1e-9),
-        "samples_per_ray": samples / max(window.rays, 1),
-        "loader_wait_fraction": window.seconds.get("data", 0.0) / max(window.elapsed, 1e-9),
-        "step_time_s": window.elapsed,
-        "rays_per_step": window.rays / max(window.step, 1),
-        "samples_per_step": samples / max(window.step, 1),
-        "step_memory_mb": window.memory_mb,
-        "seconds": dict(window.seconds),
-        "elapsed_s": state.elapsed,
-        "peak_memory_mb": peak_memory_mb(device),
-    }
 
 
 def _shared_elapsed(config: TrainConfig, state: TrainState, procs: Processes) -> float:

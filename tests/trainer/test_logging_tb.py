@@ -15,6 +15,7 @@ from raykit.errors import ConfigError
 from raykit.trainer import train
 from raykit.trainer.checkpoint import list_checkpoints
 from raykit.trainer.logging_tb import TensorBoardLog
+from raykit.trainer.steptime import PHASES
 
 from .test_train import tiny_config
 
@@ -54,7 +55,7 @@ def test_tensorboard_scalars_and_test_view(tiny_store: Path, tmp_path: Path) -> 
     assert (images[0].width, images[0].height) == (24, 12)  # prediction beside target
     with raykit.recorder.recording() as recorder:  # every phase timed, the device synchronised at each
         plain = train(tiny_config(tiny_store, tmp_path / "plain", steps=6, log_every=2))
-    phases = {"data", "sampling", "network", "rendering", "backward", "optimizer"}
+    phases = set(PHASES)
     assert set(recorder.seconds["train"]) == phases and all(v > 0 for v in recorder.seconds["train"].values())
     assert all(set(r["seconds"]) == phases for r in _log(plain))
     assert [r["loss"] for r in _log(plain)] == [r["loss"] for r in records]  # monitoring changes nothing
