@@ -8,7 +8,8 @@ Field ``some_name`` becomes ``--some-name`` (or ``flag``), a ``bool`` field a ``
 (a :class:`raykit.ranges.Range`) is its expected range: ``config_problems`` checks every such field
 (the configs call it in ``__post_init__``, so a value from the command line, a JSON file or Python is
 checked alike: ``--lr nan`` is refused before anything starts).
-Used by ``TrainConfig``, ``ConvertConfig`` and ``BenchConfig``.
+Used by ``TrainConfig``, ``ConvertConfig``, ``PoseOptions``, ``RunConfig`` and ``BenchConfig``; ``raykit run``
+adds several configs' flags to one parser (``skip`` leaves out what it sets itself).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from collections.abc import Collection
 from typing import Any
 
 from raykit.ranges import Range
 
-__all__ = ["add_arguments", "config_problems", "from_args", "option"]
+__all__ = ["add_arguments", "config_flags", "config_problems", "from_args", "option", "with_keywords"]
 
 
 def option(
@@ -65,17 +67,18 @@ def add_arguments(
     *,
     positional: tuple[str, ...] = (),
     required: tuple[str, ...] = (),
+    skip: Collection[str] = (),
 ) -> None:
     """Add one argument per field of dataclass ``config`` whose metadata has a ``help``.
 
     ``positional`` and ``required`` name fields that are positional or required besides those whose
-    ``option`` says so.
+    ``option`` says so; fields in ``skip`` get no flag (a command that sets them itself).
     """
     hints = typing.get_type_hints(config)
     groups: dict[str, Any] = {}
     for f in dataclasses.fields(config):
         meta = f.metadata
-        if "help" not in meta:
+        if "help" not in meta or f.name in skip:
             continue
         target: Any = parser
         if meta.get("group"):
@@ -105,11 +108,31 @@ def add_arguments(
         target.add_argument(flag, **kwargs)
 
 
-def from_args(config: type[Any], args: argparse.Namespace) -> Any:
-    """The ``config`` instance described by parsed arguments (extra attributes are ignored)."""
-    return config(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(config) if "help" in f.metadata}
-    )
+def from_args(config: type[Any], args: argparse.Namespace, skip: Collection[str] = (), **fixed: Any) -> Any:
+    """The ``config`` instance described by parsed arguments: each option field the arguments carry,
+    except those in ``skip`` (left at their defaults), then ``fixed`` (extra attributes are ignored)."""
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(config)
+        if "help" in f.metadata and f.name not in skip and hasattr(args, f.name)
+    }
+    return config(**{**values, **fixed})
+
+
+def config_flags(config: Any, skip: Collection[str] = ()) -> list[str]:
+    """The flags that set every field of ``config`` differing from its default (``--x``/``--no-x`` for
+    booleans; positional fields and those in ``skip`` left out): ``add_arguments``'s inverse."""
+    flags: list[str] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in skip or f.metadata.get("positional") or value == f.default:
+            continue
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag.removeprefix("--"))
+        elif value is not None:
+            flags.append(f"{flag}={value}")
+    return flags
 
 
 def config_problems(config: Any) -> list[str]:
@@ -124,3 +147,21 @@ def config_problems(config: Any) -> list[str]:
         elif choices is not None and value not in choices:
             problems.append(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
     return problems
+
+
+def with_keywords(config: Any, keywords: dict[str, Any], what: str, fixed: Collection[str] = ()) -> Any:
+    """``config`` with the fields named by ``keywords`` replaced: a function whose keywords are a config's
+    fields takes ``**keywords`` and calls this, so each option is written once, in the config.
+
+    Raises:
+        TypeError: a keyword that is no field of ``config`` (or is one of ``fixed``), as Python's own
+            message for an unexpected keyword argument of ``what``.
+    """
+    names = {f.name for f in dataclasses.fields(config)} - set(fixed)
+    unknown = sorted(set(keywords) - names)
+    if unknown:
+        raise TypeError(
+            f"{what} got unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
+            f"(its keywords are the fields of {type(config).__name__})"
+        )
+    return dataclasses.replace(config, **keywords)

@@ -29,8 +29,9 @@ from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera
 from raykit.converters.executor import conversion_executor
 from raykit.converters.images import ImageFileDecoder, choose_layout, probe_image
 from raykit.converters.normalize import apply_similarity, normalization
-from raykit.converters.splits import SplitSpec, assign_splits
+from raykit.converters.splits import assign_splits
 from raykit.errors import CameraError, ConfigError, RaykitWarning, SourceError
+from raykit.options import with_keywords
 from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS, PoseOptions, poses_for_convert
 from raykit.progress import progress as progress_bar
 from raykit.ranges import IMAGE_PIXELS_WARN
@@ -338,46 +339,22 @@ def _world_points(capture: Capture, scene: SceneInfo) -> SparsePoints | None:
     return None if capture.sparse is None else capture.sparse.transformed(scene.matrix())
 
 
-_C = ConvertConfig  # every default below is ConvertConfig's, written there once
-
-
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    source: str = _C.source,
-    backend: str = _C.backend,
-    layout: str = _C.layout,
-    downscale: int = _C.downscale,
-    downscale_rule: str = _C.downscale_rule,
-    split: SplitSpec = _C.split,
-    normalize: str = _C.normalize,
-    workers: int = _C.workers,
-    scheduler: str | None = _C.scheduler,
-    threads: int | None = _C.threads,
-    skip_missing: bool = _C.skip_missing,
-    images: str | None = _C.images,
-    exif: str = _C.exif,
-    near: float | None = _C.near,
-    far: float | None = _C.far,
-    chunk_rays: int = _C.chunk_rays,
-    shard_chunks: int = _C.shard_chunks,
-    seed: int = _C.seed,
-    rgba_codec: str = _C.rgba_codec,
-    mask_dtype: str = _C.mask_dtype,
-    depth_dtype: str = _C.depth_dtype,
-    overwrite: bool = _C.overwrite,
-    progress: bool = False,
     poses: PoseOptions | None = None,
     allow_outside: Sequence[str | os.PathLike[str]] = (),
+    **options: Any,
 ) -> RayStore:
     """Convert the capture at ``src`` into a ray store at ``dst`` and return it opened.
 
     Args:
-        source, backend, layout, ...: the options of :class:`~raykit.converters.config.ConvertConfig`
-            (``raykit convert``'s flags), as keywords with its defaults, but ``progress`` (no bars
-            unless asked); ``convert(config.src, config.dst, **config.convert_options())`` runs a
-            config. ``split`` may also be explicit lists (see :mod:`raykit.converters.splits`).
+        options: the fields of :class:`~raykit.converters.config.ConvertConfig` (``raykit convert``'s
+            flags: ``backend="wds"``, ``layout="images"``, ``downscale=2``, ...) with its defaults, but
+            ``progress`` (no bars unless asked); ``convert(config.src, config.dst,
+            **config.convert_options())`` runs a config. ``split`` may also be explicit lists (see
+            :mod:`raykit.converters.splits`).
         allow_outside: folders outside the capture that its image paths may point into (by default
             every image must lie inside the capture folder, or ``images``; see
             :mod:`raykit.converters.paths`).
@@ -387,31 +364,10 @@ def convert(
     Raises:
         SourceError: every problem with the capture, one line each; nothing is written.
         ConfigError: invalid options.
+        TypeError: a keyword that is no option.
     """
-    config = ConvertConfig(
-        source=source,
-        backend=backend,
-        layout=layout,
-        downscale=downscale,
-        downscale_rule=downscale_rule,
-        split=split,  # type: ignore[arg-type]
-        normalize=normalize,
-        workers=workers,
-        scheduler=scheduler,
-        threads=threads,
-        skip_missing=skip_missing,
-        images=images,
-        exif=exif,
-        near=near,
-        far=far,
-        chunk_rays=chunk_rays,
-        shard_chunks=shard_chunks,
-        seed=seed,
-        rgba_codec=rgba_codec,
-        mask_dtype=mask_dtype,
-        depth_dtype=depth_dtype,
-        overwrite=overwrite,
-        progress=progress,
+    config: ConvertConfig = with_keywords(
+        ConvertConfig(progress=False), options, "convert()", fixed=("src", "dst", "profile")
     )
     if config.layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {config.layout!r}")

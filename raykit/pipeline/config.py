@@ -10,16 +10,14 @@ pose estimation and training alike.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
-from raykit.options import config_problems, option
+from raykit.options import config_flags, config_problems, option
+from raykit.options import from_args as config_from_args
 from raykit.poses import PoseOptions
 from raykit.ranges import Range
 from raykit.trainer import SAMPLERS, TrainConfig
@@ -116,17 +114,6 @@ class StageConfigs:
     train: TrainConfig
 
 
-def _subset(config: type[Any], skip: Collection[str]) -> type[Any]:
-    """A dataclass with ``config``'s fields but those in ``skip`` (same defaults, types and help)."""
-    hints = typing.get_type_hints(config)
-    fields = [
-        (f.name, hints[f.name], dataclasses.field(default=f.default, metadata=f.metadata))
-        for f in dataclasses.fields(config)
-        if f.name not in skip
-    ]
-    return dataclasses.make_dataclass(config.__name__, fields, frozen=True)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``raykit run``'s flags: its own, then conversion's, pose estimation's and training's."""
     add_config_arguments(parser, RunConfig)
@@ -135,38 +122,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         (PoseOptions, "pose estimation (photos, video)"),
         (TrainConfig, "training"),
     ):
-        add_config_arguments(parser.add_argument_group(title), _subset(config, STAGE_SKIPS[config]))  # type: ignore[arg-type]
+        add_config_arguments(parser.add_argument_group(title), config, skip=STAGE_SKIPS[config])  # type: ignore[arg-type]
 
 
 def from_args(args: argparse.Namespace) -> StageConfigs:
     """The configs described by parsed arguments."""
-    values = vars(args)
-
-    def read(config: type[Any], **fixed: Any) -> Any:
-        names = [f.name for f in dataclasses.fields(config) if f.name not in STAGE_SKIPS.get(config, ())]
-        return config(**{name: values[name] for name in names if name in values}, **fixed)
-
-    run: RunConfig = read(RunConfig)
+    run: RunConfig = config_from_args(RunConfig, args)
     common = {"seed": run.seed, "threads": run.threads}
+    skips = STAGE_SKIPS
     return StageConfigs(
         run=run,
-        convert=read(ConvertConfig, src=run.src, dst="", progress=run.progress, **common),
-        poses=read(PoseOptions, **common),
-        train=read(TrainConfig, store="", out="", **common),
+        convert=config_from_args(
+            ConvertConfig, args, skips[ConvertConfig], src=run.src, dst="", progress=run.progress, **common
+        ),
+        poses=config_from_args(PoseOptions, args, skips[PoseOptions], **common),
+        train=config_from_args(TrainConfig, args, skips[TrainConfig], store="", out="", **common),
     )
-
-
-def config_flags(config: Any, skip: Collection[str] = ()) -> list[str]:
-    """The flags that set every field of ``config`` differing from its default (``--x``/``--no-x`` for
-    booleans; positional fields and those in ``skip`` left out)."""
-    flags: list[str] = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name in skip or f.metadata.get("positional") or value == f.default:
-            continue
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag.removeprefix("--"))
-        elif value is not None:
-            flags.append(f"{flag}={value}")
-    return flags

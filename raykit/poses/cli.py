@@ -7,49 +7,25 @@ The flags are generated from the fields of :class:`~raykit.poses.estimate.PoseOp
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from collections.abc import Collection
 from typing import Any
 
+from raykit.options import add_arguments, from_args
 from raykit.poses.estimate import PoseOptions, estimate_poses
 
 __all__ = ["add_pose_arguments", "pose_options_from_args", "register", "run_poses"]
 
 
-def _base_type(annotation: Any) -> Any:
-    """``int | None`` -> int; ``float`` -> float."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if args else annotation
-
-
 def add_pose_arguments(parser: Any, skip: Collection[str] = ()) -> None:
     """Add one flag per :class:`PoseOptions` field except those in ``skip`` (e.g. ``threads``) to
     ``parser`` (an ``argparse`` parser or argument group)."""
-    hints = typing.get_type_hints(PoseOptions)
-    for f in dataclasses.fields(PoseOptions):
-        if f.name in skip:
-            continue
-        flag, kind, help_text = "--" + f.name.replace("_", "-"), _base_type(hints[f.name]), f.metadata["help"]
-        if kind is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-            continue
-        kwargs: dict[str, Any] = {"type": kind, "default": f.default, "dest": f.name}
-        kwargs["help"] = f"{help_text} (default: {'all' if f.default is None else f.default})"
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-            kwargs["metavar"] = "NAME" if len(f.metadata["choices"]) > 5 else None
-        else:
-            kwargs["metavar"] = "N"
-        parser.add_argument(flag, **kwargs)
+    add_arguments(parser, PoseOptions, skip=skip)
 
 
 def pose_options_from_args(args: argparse.Namespace) -> PoseOptions:
     """The :class:`PoseOptions` of parsed arguments (fields without a flag keep their defaults)."""
-    names = [f.name for f in dataclasses.fields(PoseOptions) if hasattr(args, f.name)]
-    return PoseOptions(**{name: getattr(args, name) for name in names})
+    options: PoseOptions = from_args(PoseOptions, args)
+    return options
 
 
 def register(subparsers: Any) -> None:

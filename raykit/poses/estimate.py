@@ -30,13 +30,13 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from raykit.cameras import CAMERA_MODELS
 from raykit.errors import ConfigError, RaykitError, SourceError
-from raykit.options import config_problems
+from raykit.options import config_problems, option
 from raykit.poses import sfm
 from raykit.poses.photos import check_photos, list_photos, looks_like_frames, one_device
 from raykit.poses.state import MAX_LISTED, PoseState, PoseSummary, listing, pose_cache
@@ -62,36 +62,42 @@ MIN_REGISTERED_FRACTION = 0.5
 _SIDE = Range(16, IMAGE_SIDE.high, integer=True)  # pixels of an image's longest side
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass(frozen=True)
 class PoseOptions:
     """Options of pose estimation; the fields generate the ``raykit poses`` flags (see ``pose_cli``)."""
 
-    matcher: str = _opt(
+    matcher: str = option(
         "auto",
         "exhaustive (all pairs), sequential (neighbours in name order) or auto: sequential for "
         f"video-frame names or more than {SEQUENTIAL_ABOVE} photos",
         choices=MATCHERS,
     )
-    camera_model: str = _opt(
+    camera_model: str = option(
         "SIMPLE_RADIAL",
         "COLMAP camera model fitted; OPENCV suits wide-angle lenses",
         choices=tuple(CAMERA_MODELS),
+        metavar="NAME",
     )
-    single_camera: bool | None = _opt(
+    single_camera: bool | None = option(
         None, "share one camera between all photos (default: when size and EXIF make/model/focal agree)"
     )
-    max_image_size: int = _opt(3200, "longest side in pixels that features are extracted at", valid=_SIDE)
-    max_features: int = _opt(8192, "SIFT features per photo at most", valid=Range(16, integer=True))
-    threads: int | None = _opt(None, "CPU threads", valid=Range(1, integer=True, optional=True))
-    fps: float = _opt(
-        2.0, "video input: frames kept per second of video", valid=Range(0, 1000, low_open=True)
+    max_image_size: int = option(
+        3200, "longest side in pixels that features are extracted at", valid=_SIDE, metavar="N"
     )
-    seed: int = _opt(0, "seed of the mapper's random sampling", valid=Range(0, integer=True))
-    undistort: bool = _opt(False, "also write undistorted images and a PINHOLE model in OUT/undistorted")
+    max_features: int = option(
+        8192, "SIFT features per photo at most", valid=Range(16, integer=True), metavar="N"
+    )
+    threads: int | None = option(
+        None, "CPU threads (default: all)", valid=Range(1, integer=True, optional=True), metavar="N"
+    )
+    fps: float = option(
+        2.0,
+        "video input: frames kept per second of video",
+        metavar="N",
+        valid=Range(0, 1000, low_open=True),
+    )
+    seed: int = option(0, "seed of the mapper's random sampling", valid=Range(0, integer=True), metavar="N")
+    undistort: bool = option(False, "also write undistorted images and a PINHOLE model in OUT/undistorted")
 
     def __post_init__(self) -> None:
         problems = config_problems(self)  # every option in its range or among its choices

@@ -8,7 +8,9 @@ DDP over gloo; each rank reads its share of every epoch (the loader's rank shard
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 from raykit.errors import RaykitError
 from raykit.trainer.cli import build_train_parser
@@ -16,8 +18,15 @@ from raykit.trainer.config import from_args
 from raykit.trainer.loop import train
 
 
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """torchrun's SIGTERM (another rank failed, or the job is stopped) unwinds like an error: the
+    loader and the process group end in order (``train``'s ``finally``), with status 128 + signal."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     args = build_train_parser("python -m raykit.trainer").parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         train(from_args(args))
     except RaykitError as exc:

@@ -66,6 +66,7 @@ from raykit.trainer.runtime import (
     JsonlLog,
     Processes,
     check_splits,
+    end_processes,
     environment,
     learning_rate,
     parse_background,
@@ -115,8 +116,20 @@ class _Run:
 
 
 def train(config: TrainConfig) -> Path:
-    """Train a radiance field on ``config.store``; evaluate; return the run directory."""
+    """Train a radiance field on ``config.store``; evaluate; return the run directory.
+
+    Whatever the outcome (done, an exception, a signal turned into one), the loader and its threads and
+    workers end first, then the process group this run joined.
+    """
     run = _setup(config)
+    try:
+        return _train(run)
+    finally:
+        run.loader.close()
+        end_processes(run.procs)
+
+
+def _train(run: _Run) -> Path:
     config = run.config  # the scene space resolved
     field_, grid, device = run.field, run.grid, run.device
     background = parse_background(config.background).to(device)
@@ -243,6 +256,15 @@ def _setup(config: TrainConfig) -> _Run:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     procs = start_processes(device)
+    try:
+        return _build(config, device, procs)
+    except BaseException:
+        end_processes(procs)
+        raise
+
+
+def _build(config: TrainConfig, device: torch.device, procs: Processes) -> _Run:
+    """:func:`_setup` once the process group is joined: the store, models, optimizer, loader, logs."""
     store = open_store(config.store)
     check_splits(config, store)
     config, reason = resolve_space(config, store)

@@ -27,6 +27,7 @@ __all__ = [
     "JsonlLog",
     "Processes",
     "check_splits",
+    "end_processes",
     "environment",
     "learning_rate",
     "parse_background",
@@ -45,6 +46,7 @@ class Processes:
     rank: int
     world_size: int
     local_rank: int
+    owns_group: bool = False  # this run joined the process group, so it leaves it (end_processes)
 
     @property
     def distributed(self) -> bool:
@@ -64,7 +66,20 @@ def start_processes(device: torch.device) -> Processes:
         from raykit.trainer.elastic import init_process_group
 
         init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Processes(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        owns = True
+    else:
+        owns = False
+    return Processes(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), owns)
+
+
+def end_processes(procs: Processes) -> None:
+    """Leave the process group this run joined (a group the caller made is the caller's to end).
+
+    Without it gloo's threads outlive the interpreter's teardown and a rank may abort at exit
+    (``terminate called without an active exception``, SIGABRT), whatever the run's outcome.
+    """
+    if procs.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def resolve_device(name: str) -> torch.device:
