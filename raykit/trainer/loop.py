@@ -6,31 +6,26 @@ Everything random comes from two explicit generators (sample jitter, seeded per 
 identical on every rank), saved in each checkpoint with the loader position, so a resumed run
 continues the very same stream of batches and samples.
 
-Length (about 510 lines): the loop and the run state it saves and restores are read together (what a
-step changes is what a checkpoint holds); the pieces around it live in their own modules (the step's
-timing and log records in :mod:`raykit.trainer.steptime`).
+The loop and the run state it saves and restores are read together (what a step changes is what a
+checkpoint holds); the pieces around it live in their own modules: what is built before the first step
+and the run's records in :mod:`raykit.trainer.setup`, the step's timing and log records in
+:mod:`raykit.trainer.steptime`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 import raykit
 import raykit.recorder
 from raykit.errors import ConfigError, ResumeError
-from raykit.fileio import atomic_write_json
-from raykit.loaders import RayLoader
 from raykit.rays import RayBatch
-from raykit.store import RayStore, open_store
-from raykit.trainer.budget import SampleBudget, current_memory_mb, take_rays
+from raykit.trainer.budget import current_memory_mb, take_rays
 from raykit.trainer.checkpoint import (
     CheckpointMeta,
     check_resumable,
@@ -42,17 +37,12 @@ from raykit.trainer.checkpoint import (
 )
 from raykit.trainer.config import (
     TrainConfig,
-    default_reasons,
-    resolve_resolution,
-    resolve_sampler,
-    resolve_steps,
     step_limit,
 )
 from raykit.trainer.elastic import gather_rank_states, rank_state
-from raykit.trainer.evaluate import build_models, evaluate_run, quick_psnr
+from raykit.trainer.evaluate import evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField
 from raykit.trainer.inference import planes_changed
-from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import composite_samples, march_step_size, query_field, sample_rays
 from raykit.trainer.proposal import (
@@ -63,56 +53,16 @@ from raykit.trainer.proposal import (
     interlevel_loss,
 )
 from raykit.trainer.runtime import (
-    JsonlLog,
     Processes,
-    check_splits,
     end_processes,
-    environment,
     learning_rate,
     parse_background,
-    resolve_background,
-    resolve_device,
-    start_processes,
 )
 from raykit.trainer.samplers import Samples
-from raykit.trainer.space import resolve_space, scene_space
+from raykit.trainer.setup import Run, record_run, setup_run, write_rank_digest
 from raykit.trainer.steptime import StepClock, TrainState, account, log_record
 
-__all__ = ["parameter_digest", "photometric_loss", "step_losses", "train"]
-
-
-def parameter_digest(module: torch.nn.Module) -> str:
-    """SHA-256 of every parameter and buffer's bytes, in state-dict order (equal models, equal digests)."""
-    digest = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-@dataclass
-class _Run:
-    """What one training process holds (built by :func:`_setup`)."""
-
-    config: TrainConfig
-    run_dir: Path
-    store: RayStore
-    device: torch.device
-    procs: Processes
-    field: RadianceField
-    grid: Any  # the sampler's state: OccupancyGrid, ProposalNetworks or None
-    model: Any
-    optimizer: torch.optim.Optimizer
-    loader: RayLoader
-    jitter: torch.Generator
-    refresh: torch.Generator
-    log: JsonlLog
-    progress: JsonlLog
-    tensorboard: TensorBoardLog | None
-    progress_step: int = -1
-    space: dict[str, Any] = field(default_factory=dict)
-    choices: dict[str, Any] = field(default_factory=dict)  # run.json's "sampler" and "background": why
-    budget: SampleBudget | None = None
+__all__ = ["photometric_loss", "step_losses", "train"]
 
 
 def train(config: TrainConfig) -> Path:
@@ -121,7 +71,7 @@ def train(config: TrainConfig) -> Path:
     Whatever the outcome (done, an exception, a signal turned into one), the loader and its threads and
     workers end first, then the process group this run joined.
     """
-    run = _setup(config)
+    run = setup_run(config)
     try:
         return _train(run)
     finally:
@@ -129,7 +79,7 @@ def train(config: TrainConfig) -> Path:
         end_processes(run.procs)
 
 
-def _train(run: _Run) -> Path:
+def _train(run: Run) -> Path:
     config = run.config  # the scene space resolved
     field_, grid, device = run.field, run.grid, run.device
     background = parse_background(config.background).to(device)
@@ -194,7 +144,7 @@ def _train(run: _Run) -> Path:
         run.tensorboard.finish(state.step)
     _checkpoint(run, state)
     _write_progress(run, state)
-    _write_rank_digest(run.run_dir, run.procs, field_, grid, state.step)
+    write_rank_digest(run.run_dir, run.procs, field_, grid, state.step)
     run.loader.close()
     if run.procs.is_main:
         evaluate_run(run.run_dir, config, run.store, field_, grid, device)
@@ -248,98 +198,6 @@ def photometric_loss(rgb: torch.Tensor, target: torch.Tensor, mask: torch.Tensor
     return (squared.sum(dim=1) * used).sum() / (used.sum() * squared.shape[1]).clamp(min=1)
 
 
-def _setup(config: TrainConfig) -> _Run:
-    """Device, processes, store, models, optimizer, loader and generators for ``config``."""
-    if Path(config.out).exists() and not Path(config.out).is_dir():
-        raise ConfigError(f"{config.out}: --out is a file; expected a run folder (new or existing)")
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
-    procs = start_processes(device)
-    try:
-        return _build(config, device, procs)
-    except BaseException:
-        end_processes(procs)
-        raise
-
-
-def _build(config: TrainConfig, device: torch.device, procs: Processes) -> _Run:
-    """:func:`_setup` once the process group is joined: the store, models, optimizer, loader, logs."""
-    store = open_store(config.store)
-    check_splits(config, store)
-    config, reason = resolve_space(config, store)
-    space = scene_space(config, store, reason)
-    config, sampler_reason = resolve_sampler(config)
-    config, resolution_reason = resolve_resolution(config)
-    config, steps_reason = resolve_steps(config)
-    config, background_reason = resolve_background(config, store)
-    field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
-    budget = None
-    if config.samples_per_step is not None:
-        budget = SampleBudget.start(
-            config.samples_per_step, config.budget_granule, _max_samples_per_ray(config)
-        )
-    loader = RayLoader(
-        store, config.train_split, config.batch_size if budget is None else config.budget_granule,
-        config.seed, device=device,
-        num_workers=config.num_workers, rank=procs.rank, world_size=procs.world_size,
-        components=tuple(name for name in ("mask",) if name in store.components),  # the loss's masks
-    )  # fmt: skip
-    run_dir = Path(config.out)
-    return _Run(
-        config=config,
-        run_dir=run_dir,
-        store=store,
-        device=device,
-        procs=procs,
-        field=field_,
-        grid=grid,
-        model=_training_model(config, field_, procs),
-        optimizer=torch.optim.Adam(
-            [*field_.parameters(), *(grid.parameters() if grid is not None else ())],
-            lr=config.lr,
-            eps=config.adam_eps,
-            fused=True,
-        ),
-        loader=loader,
-        jitter=torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank),
-        refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
-        log=JsonlLog(run_dir / "log.jsonl"),
-        progress=JsonlLog(run_dir / "progress.jsonl"),
-        tensorboard=open_tensorboard(
-            config.logger,
-            run_dir,
-            procs.is_main,
-            lambda: first_test_view(config, store, field_, grid, device),
-            config.log_image_every_s,
-        ),
-        space=space.describe(),
-        choices={
-            "sampler": {"name": config.sampler, "reason": sampler_reason},
-            "background": {"colour": config.background, "reason": background_reason},
-            "field": {"max_resolution": config.max_resolution, "reason": resolution_reason},
-            "steps": {"steps": config.steps, "reason": steps_reason},
-        },
-        budget=budget,
-    )
-
-
-def _training_model(config: TrainConfig, field_: RadianceField, procs: Processes) -> Any:
-    """What the step queries: the field, wrapped by DDP across processes, compiled with
-    ``--compile-field`` (the checkpoints and the evaluation keep using the plain field)."""
-    model: Any = DistributedDataParallel(field_) if procs.distributed else field_
-    return torch.compile(model, dynamic=True) if config.compile_field else model
-
-
-def _max_samples_per_ray(config: TrainConfig) -> int:
-    """The most field samples a ray can get from the configured sampler (the budget's first guess)."""
-    return {
-        "stratified": config.n_samples,
-        "hierarchical": config.hier_fine,
-        "proposal": config.prop_final,
-    }.get(config.sampler, config.march_steps)
-
-
 def _progress_bar(config: TrainConfig, state: TrainState, procs: Processes) -> Any:
     """A bar over training seconds (with a time budget) or steps; None unless asked for (rank 0)."""
     if not (config.progress and procs.is_main):
@@ -373,7 +231,7 @@ def _shared_elapsed(config: TrainConfig, state: TrainState, procs: Processes) ->
     return float(clock.item())
 
 
-def _refresh_grid(run: _Run, step: int) -> None:
+def _refresh_grid(run: Run, step: int) -> None:
     """Refresh the occupancy grid: every cell during warm-up, then a random share plus the occupied ones."""
     config = run.config
     if isinstance(run.grid, OccupancyGrid):
@@ -387,7 +245,7 @@ def _refresh_grid(run: _Run, step: int) -> None:
         run.grid.refresh(density_fn, step_size, run.refresh, fraction)
 
 
-def _write_log(run: _Run, record: dict[str, Any]) -> None:
+def _write_log(run: Run, record: dict[str, Any]) -> None:
     record = {**record, "lr": run.optimizer.param_groups[0]["lr"]}  # the rate of the window's last step
     run.log.write(record)
     if run.tensorboard is not None:
@@ -400,7 +258,7 @@ def _progress_due(config: TrainConfig, before: float, after: float) -> bool:
     return every is not None and int(after // every) > int(before // every)
 
 
-def _write_progress(run: _Run, state: TrainState) -> None:
+def _write_progress(run: Run, state: TrainState) -> None:
     """progress.jsonl: quick test PSNR against training time (rank 0; the time is not counted)."""
     if run.procs.is_main and run.config.progress_every_s is not None and run.progress_step != state.step:
         run.progress_step = state.step
@@ -408,7 +266,7 @@ def _write_progress(run: _Run, state: TrainState) -> None:
         run.progress.write({"step": state.step, "elapsed_s": state.elapsed, **quick})
 
 
-def _rng_states(run: _Run) -> dict[str, str]:
+def _rng_states(run: Run) -> dict[str, str]:
     return {
         "jitter": encode_rng_state(run.jitter),
         "refresh": encode_rng_state(run.refresh),
@@ -416,7 +274,7 @@ def _rng_states(run: _Run) -> dict[str, str]:
     }
 
 
-def _checkpoint(run: _Run, state: TrainState) -> None:
+def _checkpoint(run: Run, state: TrainState) -> None:
     """Rank 0 writes the checkpoint (every rank's model is identical under DDP; generators are not)."""
     own = {"jitter": encode_rng_state(run.jitter), "torch": encode_rng_state(torch.default_generator)}
     other_ranks = gather_rank_states(run.procs, own)
@@ -445,7 +303,7 @@ def _checkpoint(run: _Run, state: TrainState) -> None:
     save_checkpoint(run.run_dir, meta, tensors, keep=run.config.keep_checkpoints)
 
 
-def _restore(run: _Run) -> TrainState:
+def _restore(run: Run) -> TrainState:
     """Load the newest checkpoint into the models, optimizer, loader and generators."""
     path = latest_checkpoint(run.run_dir)
     if path is None:
@@ -483,7 +341,7 @@ def _first_line(exc: BaseException) -> str:
     return text[:300]
 
 
-def _start(run: _Run) -> TrainState:
+def _start(run: Run) -> TrainState:
     """A fresh run: refuse a directory that holds another run's checkpoints; rank 0 records the run."""
     if latest_checkpoint(run.run_dir) is not None:
         raise ConfigError(
@@ -491,47 +349,6 @@ def _start(run: _Run) -> TrainState:
             "or choose another --out"
         )
     if run.procs.is_main:
-        _record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space,
+        record_run(run.config, run.run_dir, run.store, run.field.aabb, run.device, run.procs, run.space,
                     run.choices)  # fmt: skip
     return TrainState()
-
-
-def _record_run(
-    config: TrainConfig,
-    run_dir: Path,
-    store: RayStore,
-    aabb: torch.Tensor,
-    device: torch.device,
-    procs: Processes,
-    space: dict[str, Any] | None = None,
-    choices: dict[str, Any] | None = None,
-) -> None:
-    """config.json and run.json: everything needed to reproduce the run, and why: the automatic choices
-    (scene space, sampler, background) and every default the run kept (``defaults``)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "log.jsonl").unlink(missing_ok=True)
-    (run_dir / "progress.jsonl").unlink(missing_ok=True)
-    atomic_write_json(run_dir / "config.json", config.to_dict())
-    atomic_write_json(
-        run_dir / "run.json",
-        {
-            "store": config.store,
-            "store_fingerprint": store.fingerprint,
-            "raykit_version": raykit.__version__,
-            "seed": config.seed,
-            "aabb": aabb.tolist(),
-            "environment": environment(device, procs),
-            "scene_space": space or {},
-            **(choices or {"sampler": {"name": config.sampler, "reason": ""}}),
-            "defaults": default_reasons(config),
-        },
-    )
-
-
-def _write_rank_digest(run_dir: Path, procs: Processes, field_: Any, grid: Any, step: int) -> None:
-    """ranks/rank-R.json: this rank's final parameter digests (equal on every rank under DDP): the
-    field's, and the proposal networks' (trained outside DDP, gradients averaged by hand)."""
-    record: dict[str, Any] = {"rank": procs.rank, "step": step, "parameters_sha256": parameter_digest(field_)}
-    if isinstance(grid, ProposalNetworks):
-        record["proposal_sha256"] = parameter_digest(grid)
-    atomic_write_json(run_dir / "ranks" / f"rank-{procs.rank}.json", record)
