@@ -126,11 +126,16 @@ def test_ranks_in_processes_decode_each_image_once_per_machine(
     assert caches(shm) == []
 
 
+def FOUR(key: object) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of every entry of the caches made directly here."""
+    return (4, 4, 3), np.dtype(np.uint8)
+
+
 HOLDER = textwrap.dedent(
     """
     import sys, time, numpy as np
     from raykit.loaders.node_cache import NodeImageCache
-    cache = NodeImageCache("k", 1 << 20)
+    cache = NodeImageCache("k", 1 << 20, lambda key: ((4, 4, 3), np.dtype(np.uint8)))
     cache.put((1, 0), np.ones((4, 4, 3), np.uint8))
     def stuck():
         (cache.root / f"tmp-{__import__('os').getpid()}-0-1_1.npy").write_bytes(b"half")
@@ -145,13 +150,13 @@ def test_a_rank_killed_while_decoding_neither_corrupts_nor_blocks_nor_leaves_the
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, env=env)
     assert child.stdout is not None and child.stdout.readline().strip() == b"decoding"
-    survivor = NodeImageCache("k", 1 << 20)
+    survivor = NodeImageCache("k", 1 << 20, FOUR)
     assert survivor.get((1, 0)) is not None  # the child's image is there
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    value = survivor.get_or_load((1, 1), lambda: np.full((2, 2, 3), 7, np.uint8))  # the lock was dropped
+    value = survivor.get_or_load((1, 1), lambda: np.full((4, 4, 3), 7, np.uint8))  # the lock was dropped
     assert int(value[0, 0, 0]) == 7
-    again = NodeImageCache("k", 1 << 20)  # a new user removes the dead writer's temporary file
+    again = NodeImageCache("k", 1 << 20, FOUR)  # a new user removes the dead writer's temporary file
     assert list(again.root.glob("tmp-*")) == []
     again.close()
     survivor.close()
@@ -168,7 +173,7 @@ def test_a_cache_whose_every_user_was_killed_is_removed_by_the_next(shm: Path) -
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert len(caches(shm)) == 1  # nobody left to remove it
-    other = NodeImageCache("another key", 1 << 20)
+    other = NodeImageCache("another key", 1 << 20, FOUR)
     assert caches(shm) == [other.root]
     other.close()
     assert caches(shm) == []
@@ -240,5 +245,5 @@ def test_an_unusable_cache_folder_is_one_line(
     blocker = tmp_path / "a file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(blocker))
-    with pytest.raises(ConfigError, match=r"node cache: .*a file/raykit-node-\w+: cannot use it"):
+    with pytest.raises(ConfigError, match=r"node cache: .*a file/raykit-node-\d+-\w+: cannot use it"):
         ImageLoader(store, "train", cache="node")
