@@ -3,8 +3,8 @@ other users (docs/reliability.md, "Shared machines").
 
 A folder is used only if it is a real folder (not a symlink), owned by this user and closed to every
 other (mode ``0700``); it is created so. Every file in it is opened relative to the folder's
-descriptor with ``O_NOFOLLOW | O_NONBLOCK`` and used only if it is a regular file of this user's,
-closed to others: a symlink, FIFO, device or socket is a :class:`NodeCacheError` naming it (never
+descriptor with ``O_NOFOLLOW | O_NONBLOCK`` and used only if it is a regular file of this user's: a
+symlink, FIFO, device or socket is a :class:`NodeCacheError` naming it (never
 followed, never waited on). Files are created ``0600``. Stale folders are removed only when they carry
 this user's uid in their name and pass the same checks: another user's folder is never touched.
 """
@@ -61,15 +61,16 @@ def _kind(mode: int) -> str:
 
 
 def _refuse_if_foreign(fd: int, where: Path, want: int) -> None:
-    """``NodeCacheError`` (``fd`` closed) unless ``fd`` is of type ``want``, this user's, closed to others."""
+    """``NodeCacheError`` (``fd`` closed) unless ``fd`` is of type ``want`` and this user's (a folder:
+    closed to others)."""
     info = os.fstat(fd)
     problem = None
     if stat.S_IFMT(info.st_mode) != want:
         problem = f"{_kind(info.st_mode)}, expected {_kind(want)}"
     elif info.st_uid != os.getuid():
         problem = f"owned by uid {info.st_uid}, not by this user (uid {os.getuid()})"
-    elif info.st_mode & 0o077:
-        problem = f"mode {stat.S_IMODE(info.st_mode):04o} lets other users in (expected 0700 / 0600)"
+    elif want == stat.S_IFDIR and info.st_mode & 0o077:  # its files are out of others' reach
+        problem = f"mode {stat.S_IMODE(info.st_mode):04o} lets other users in (expected 0700)"
     if problem is not None:
         os.close(fd)
         raise NodeCacheError(f"node cache: {where}: {problem}; not used")
