@@ -5,6 +5,7 @@ Every test points ``RAYKIT_NODE_CACHE_DIR`` at its own folder, which the child p
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -247,3 +248,86 @@ def test_an_unusable_cache_folder_is_one_line(
     monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(blocker))
     with pytest.raises(ConfigError, match=r"node cache: .*a file/raykit-node-\d+-\w+: cannot use it"):
         ImageLoader(store, "train", cache="node")
+
+
+BUDGET = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from raykit.loaders import ImageLoader
+    store, me, budget, meet = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+
+    def barrier(word):
+        (meet / f"{word}-{me}").touch()
+        while len(list(meet.glob(f"{word}-*"))) < 2:
+            time.sleep(0.02)
+
+    with ImageLoader(store, "train", cache="node", cache_bytes=budget, components=(), seed=me) as loader:
+        barrier("start")
+        for _ in range(2):
+            for batch in loader:
+                pass
+        barrier("end")  # both have asked for every image twice; neither has left
+        stats = loader.cache_stats()
+        sizes = [p.stat().st_size for p in loader.cache.shared.root.glob("*.npy")]
+        print(json.dumps({"capacity": loader.cache.capacity, "bytes": stats.bytes, "items": stats.items,
+                          "sizes": sizes}))
+        barrier("measured")
+    """
+)
+
+
+def test_one_byte_budget_for_every_process_of_the_machine(store: Path, shm: Path, tmp_path: Path) -> None:
+    """docs/loading.md: ``cache="node"`` has one ``cache_bytes`` budget for the machine, not one per
+    process: two processes that each want every image keep no more than ``cache_bytes`` together."""
+    with ImageLoader(store, "train") as loader:
+        h, w, c = loader.source.shape(0)
+        n = loader.source.n_images
+    budget = int(3.5 * (h * w * c + 128))  # 3 images (with their .npy headers) of the 10
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUDGET, str(store), str(me), str(budget), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        for me in range(2)
+    ]
+    results = [json.loads(run.communicate(timeout=300)[0]) for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    sizes = results[0]["sizes"]
+    assert sorted(sizes) == sorted(results[1]["sizes"])  # one folder
+    assert all(r["capacity"] == budget for r in results)
+    assert sum(sizes) <= budget < sum(sizes) + sizes[0] and len(sizes) == 3 < n  # full, and no more
+    assert all(r["bytes"] == sum(sizes) and r["items"] == 3 for r in results)  # the machine's count
+    assert caches(shm) == []
+
+
+ADMITTING = textwrap.dedent(
+    """
+    import fcntl, time, numpy as np
+    from raykit.loaders.node_cache import NodeImageCache
+    from raykit.loaders.node_folder import flocked
+    cache = NodeImageCache("k", 1 << 20, lambda key: ((4, 4, 3), np.dtype(np.uint8)))
+    with flocked(cache._folder, "admit.lock", cache.root, fcntl.LOCK_EX):
+        print("admitting", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_process_killed_while_admitting_does_not_wedge_the_next(shm: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", ADMITTING], stdout=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stdout.readline().strip() == b"admitting"
+    cache = NodeImageCache("k", 1 << 20, FOUR)
+    lock = os.open(cache.root / "admit.lock", os.O_RDWR)
+    with pytest.raises(BlockingIOError):  # the child holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(lock)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    cache.put((1, 0), np.full((4, 4, 3), 3, np.uint8))  # the kernel dropped the dead holder's lock
+    assert int(cache.get((1, 0))[0, 0, 0]) == 3
+    cache.close()
+    assert caches(shm) == []
