@@ -128,12 +128,16 @@ class NodeImageCache:
     def _join(self) -> tuple[int, int]:
         """Hold a shared lock on ``users`` of a folder that is (still) this cache's."""
         while True:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
             try:
                 folder = private_folder(self.root, create=True)
             except FileNotFoundError:  # removed by its last user between our mkdir and open
                 continue
             try:
                 users = open_file(folder, "users", self.root, os.O_RDWR | os.O_CREAT)
+            except FileNotFoundError:  # removed by its last user between our open and this one
+                os.close(folder)
+                continue
             except BaseException:
                 os.close(folder)
                 raise
