@@ -12,10 +12,8 @@ uses to fill its cache at the start.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
-import pickle
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ from raykit.loaders.components import (
 )
 from raykit.loaders.config import ImageLoaderConfig
 from raykit.loaders.levels import LevelCache, check_downscale, level_camera
-from raykit.loaders.node_cache import NodeImageCache, check_cache_kind
+from raykit.loaders.node_cache import check_cache_kind, image_node_cache
 from raykit.loaders.stages import Positioned
 from raykit.rays import unit_colours
 from raykit.store import RayStore, open_store
@@ -566,14 +564,8 @@ class ImageLoader(BatchLoader):
         check_cache_kind(cfg.cache, "window", cfg.split)
         if cfg.cache == "process":
             return ImageCache(cfg.cache_bytes)
-        try:
-            transform = hashlib.sha256(pickle.dumps(cfg.transform)).hexdigest()
-        except Exception as exc:  # pickling raises many kinds
-            raise ConfigError(
-                f"image loader: cache 'node' names its images by the transform, which does not pickle ({exc})"
-            ) from None
-        key = f"{self.store.fingerprint}|{self.split}|{cfg.undistort}|{transform}"
-        return NodeImageCache(key, cfg.cache_bytes)
+        shapes = self.source.full_shapes
+        return image_node_cache(self.store, self.split, cfg.undistort, cfg.transform, shapes, cfg.cache_bytes)
 
     @property
     def downscale(self) -> int:

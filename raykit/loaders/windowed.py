@@ -105,7 +105,9 @@ class WindowStrategy:
         budget = max(0, cfg.cache_bytes - held * largest)
         if cfg.cache == "node":
             key = f"{source.store.fingerprint}|{cfg.split}|window images"
-            return cast(ChunkCache[RawRays], NodeRays(NodeImageCache(key, budget)))
+            channels, rays = source.store.rgba_channels, plan.image_rays
+            shared = NodeImageCache(key, budget, lambda image: ((rays[image], channels), np.dtype(np.uint8)))
+            return cast(ChunkCache[RawRays], NodeRays(shared))
         return ImageCache(budget)
 
     def group_rays(self, cfg: LoaderConfig) -> int:

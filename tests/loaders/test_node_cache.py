@@ -5,6 +5,7 @@ Every test points ``RAYKIT_NODE_CACHE_DIR`` at its own folder, which the child p
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -126,11 +127,16 @@ def test_ranks_in_processes_decode_each_image_once_per_machine(
     assert caches(shm) == []
 
 
+def FOUR(key: object) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of every entry of the caches made directly here."""
+    return (4, 4, 3), np.dtype(np.uint8)
+
+
 HOLDER = textwrap.dedent(
     """
     import sys, time, numpy as np
     from raykit.loaders.node_cache import NodeImageCache
-    cache = NodeImageCache("k", 1 << 20)
+    cache = NodeImageCache("k", 1 << 20, lambda key: ((4, 4, 3), np.dtype(np.uint8)))
     cache.put((1, 0), np.ones((4, 4, 3), np.uint8))
     def stuck():
         (cache.root / f"tmp-{__import__('os').getpid()}-0-1_1.npy").write_bytes(b"half")
@@ -145,13 +151,13 @@ def test_a_rank_killed_while_decoding_neither_corrupts_nor_blocks_nor_leaves_the
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, env=env)
     assert child.stdout is not None and child.stdout.readline().strip() == b"decoding"
-    survivor = NodeImageCache("k", 1 << 20)
+    survivor = NodeImageCache("k", 1 << 20, FOUR)
     assert survivor.get((1, 0)) is not None  # the child's image is there
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    value = survivor.get_or_load((1, 1), lambda: np.full((2, 2, 3), 7, np.uint8))  # the lock was dropped
+    value = survivor.get_or_load((1, 1), lambda: np.full((4, 4, 3), 7, np.uint8))  # the lock was dropped
     assert int(value[0, 0, 0]) == 7
-    again = NodeImageCache("k", 1 << 20)  # a new user removes the dead writer's temporary file
+    again = NodeImageCache("k", 1 << 20, FOUR)  # a new user removes the dead writer's temporary file
     assert list(again.root.glob("tmp-*")) == []
     again.close()
     survivor.close()
@@ -168,7 +174,7 @@ def test_a_cache_whose_every_user_was_killed_is_removed_by_the_next(shm: Path) -
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert len(caches(shm)) == 1  # nobody left to remove it
-    other = NodeImageCache("another key", 1 << 20)
+    other = NodeImageCache("another key", 1 << 20, FOUR)
     assert caches(shm) == [other.root]
     other.close()
     assert caches(shm) == []
@@ -240,5 +246,88 @@ def test_an_unusable_cache_folder_is_one_line(
     blocker = tmp_path / "a file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(blocker))
-    with pytest.raises(ConfigError, match=r"node cache: .*a file/raykit-node-\w+: cannot use it"):
+    with pytest.raises(ConfigError, match=r"node cache: .*a file/raykit-node-\d+-\w+: cannot use it"):
         ImageLoader(store, "train", cache="node")
+
+
+BUDGET = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from raykit.loaders import ImageLoader
+    store, me, budget, meet = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+
+    def barrier(word):
+        (meet / f"{word}-{me}").touch()
+        while len(list(meet.glob(f"{word}-*"))) < 2:
+            time.sleep(0.02)
+
+    with ImageLoader(store, "train", cache="node", cache_bytes=budget, components=(), seed=me) as loader:
+        barrier("start")
+        for _ in range(2):
+            for batch in loader:
+                pass
+        barrier("end")  # both have asked for every image twice; neither has left
+        stats = loader.cache_stats()
+        sizes = [p.stat().st_size for p in loader.cache.shared.root.glob("*.npy")]
+        print(json.dumps({"capacity": loader.cache.capacity, "bytes": stats.bytes, "items": stats.items,
+                          "sizes": sizes}))
+        barrier("measured")
+    """
+)
+
+
+def test_one_byte_budget_for_every_process_of_the_machine(store: Path, shm: Path, tmp_path: Path) -> None:
+    """docs/loading.md: ``cache="node"`` has one ``cache_bytes`` budget for the machine, not one per
+    process: two processes that each want every image keep no more than ``cache_bytes`` together."""
+    with ImageLoader(store, "train") as loader:
+        h, w, c = loader.source.shape(0)
+        n = loader.source.n_images
+    budget = int(3.5 * (h * w * c + 128))  # 3 images (with their .npy headers) of the 10
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUDGET, str(store), str(me), str(budget), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        for me in range(2)
+    ]
+    results = [json.loads(run.communicate(timeout=300)[0]) for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    sizes = results[0]["sizes"]
+    assert sorted(sizes) == sorted(results[1]["sizes"])  # one folder
+    assert all(r["capacity"] == budget for r in results)
+    assert sum(sizes) <= budget < sum(sizes) + sizes[0] and len(sizes) == 3 < n  # full, and no more
+    assert all(r["bytes"] == sum(sizes) and r["items"] == 3 for r in results)  # the machine's count
+    assert caches(shm) == []
+
+
+ADMITTING = textwrap.dedent(
+    """
+    import fcntl, time, numpy as np
+    from raykit.loaders.node_cache import NodeImageCache
+    from raykit.loaders.node_folder import flocked
+    cache = NodeImageCache("k", 1 << 20, lambda key: ((4, 4, 3), np.dtype(np.uint8)))
+    with flocked(cache._folder, "admit.lock", cache.root, fcntl.LOCK_EX):
+        print("admitting", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_process_killed_while_admitting_does_not_wedge_the_next(shm: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", ADMITTING], stdout=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stdout.readline().strip() == b"admitting"
+    cache = NodeImageCache("k", 1 << 20, FOUR)
+    lock = os.open(cache.root / "admit.lock", os.O_RDWR)
+    with pytest.raises(BlockingIOError):  # the child holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(lock)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    cache.put((1, 0), np.full((4, 4, 3), 3, np.uint8))  # the kernel dropped the dead holder's lock
+    assert int(cache.get((1, 0))[0, 0, 0]) == 3
+    cache.close()
+    assert caches(shm) == []
