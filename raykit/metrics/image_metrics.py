@@ -28,7 +28,15 @@ from torch import Tensor
 
 from raykit.lazy import optional_module
 
-__all__ = ["masked_psnr", "psnr", "reference_masked_psnr", "reference_psnr", "reference_ssim", "ssim"]
+__all__ = [
+    "masked_psnr",
+    "mse_to_psnr",
+    "psnr",
+    "reference_masked_psnr",
+    "reference_psnr",
+    "reference_ssim",
+    "ssim",
+]
 
 _EPS = float(np.finfo(np.float32).eps) ** 2
 
@@ -49,6 +57,11 @@ def _unit32(images: Tensor) -> Tensor:
 
 def _cv2() -> ModuleType | None:
     return optional_module("cv2")
+
+
+def mse_to_psnr(mse: float) -> float:
+    """PSNR in dB of a mean squared error of values in [0, 1] (``inf`` for zero error): the training log's."""
+    return math.inf if mse <= 0 else -10.0 * math.log10(mse)
 
 
 def psnr(pred: Tensor, target: Tensor) -> Tensor:
