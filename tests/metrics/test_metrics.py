@@ -63,6 +63,16 @@ def test_float_inputs_and_identical_images() -> None:
     torch.testing.assert_close(ssim(ta, ta), torch.ones(2, dtype=torch.float64))
 
 
+def test_ssim_is_symmetric_and_falls_with_noise() -> None:
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(1, 20, 24, 3, generator=g)
+    noisy = (img + 0.05 * torch.randn(img.shape, generator=g)).clamp(0, 1)
+    noisier = (img + 0.2 * torch.randn(img.shape, generator=g)).clamp(0, 1)
+    assert ssim(img, noisy)[0] > ssim(img, noisier)[0] > 0
+    torch.testing.assert_close(ssim(img, noisy), ssim(noisy, img), rtol=0, atol=1e-7)
+    assert float(psnr(torch.zeros(1, 4, 4, 3), torch.full((1, 4, 4, 3), 0.1))[0]) == pytest.approx(20.0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_equals_cpu() -> None:
