@@ -165,7 +165,8 @@ def _ssim_opencv(cv2: ModuleType, a: np.ndarray, b: np.ndarray, g: np.ndarray, k
     ]
     total, count = 0.0, 0
     for lo in range(0, height - 2 * r, _ROWS):
-        block = _ssim_map(*(torch.from_numpy(m[lo : lo + _ROWS]) for m in blurred), k1, k2)
+        mu0, mu1, s00, s11, s01 = (torch.from_numpy(m[lo : lo + _ROWS]) for m in blurred)
+        block = _ssim_map(mu0, mu1, s00, s11, s01, k1, k2)
         total += float(block.sum(dtype=torch.float64))
         count += block.numel()
     return total / count
