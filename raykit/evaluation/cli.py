@@ -20,7 +20,8 @@ def register(subparsers: Any) -> None:
             "Score PRED against GT as nerfbaselines does: 8-bit sRGB after compositing on --background, "
             "PSNR and SSIM per image, LPIPS AlexNet (--protocol default) or AlexNet and VGG (nerf). "
             "Writes --output (results.json) with per-image metrics, means, every image's sha256 and the "
-            "protocol; nothing is downloaded (see docs/evaluation.md)."
+            "protocol; LPIPS's trunk weights are fetched once, checked by hash, unless --offline "
+            "(see docs/evaluation.md)."
         ),
     )
     add_arguments(parser, EvaluateConfig)

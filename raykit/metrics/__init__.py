@@ -4,14 +4,18 @@
   after compositing on the background (:func:`to_protocol_image`).
 - :mod:`~raykit.metrics.image_metrics`: :func:`psnr` and :func:`ssim` of ``(B, H, W, C)`` images, equal
   to nerfbaselines' ``metrics.py``; twins :func:`reference_psnr`, :func:`reference_ssim`.
-- :mod:`~raykit.metrics.lpips`: :class:`LPIPS` (AlexNet, VGG) built here in torchvision's layout, weights
-  from files only (:func:`lpips_weight_paths`, :func:`load_lpips`); twin :func:`reference_lpips`.
+- :mod:`~raykit.metrics.lpips`: :class:`LPIPS` (AlexNet, VGG) built here in torchvision's layout, the
+  trunk's weights fetched once into torch hub's cache and checked by hash unless offline
+  (:func:`lpips_weight_paths`, :func:`load_lpips`); twin :func:`reference_lpips`.
+- :mod:`~raykit.metrics.scores`: :class:`Scorer`, the one per-image scorer (``raykit evaluate``, the
+  trainer's ``eval.json``, quick checks, exports); :func:`protocol_of` an ``eval.json``.
 """
 
 from __future__ import annotations
 
 from raykit.metrics.image_metrics import (
     masked_psnr,
+    mse_to_psnr,
     psnr,
     reference_masked_psnr,
     reference_psnr,
@@ -22,6 +26,8 @@ from raykit.metrics.lpips import (
     LPIPS,
     LPIPS_NETS,
     MIN_SIDE,
+    OFFLINE_ENV,
+    TRUNK_URLS,
     LpipsWeights,
     LpipsWeightsError,
     load_lpips,
@@ -41,25 +47,34 @@ from raykit.metrics.protocol import (
     quantize,
     to_protocol_image,
 )
+from raykit.metrics.scores import LPIPS_KEYS, METRIC_KEYS, OLD_PROTOCOL, Scorer, protocol_of
 
 __all__ = [
     "LPIPS",
+    "LPIPS_KEYS",
     "LPIPS_NETS",
     "MASKED_SCORING",
+    "METRIC_KEYS",
     "MIN_SIDE",
+    "OFFLINE_ENV",
+    "OLD_PROTOCOL",
     "PROTOCOLS",
+    "TRUNK_URLS",
     "LpipsWeights",
     "LpipsWeightsError",
     "Protocol",
+    "Scorer",
     "background_tensor",
     "composite",
     "load_lpips",
     "lpips_weight_paths",
     "masked_pair",
     "masked_psnr",
+    "mse_to_psnr",
     "parse_background",
     "parse_colour",
     "protocol_named",
+    "protocol_of",
     "psnr",
     "quantize",
     "reference_lpips",

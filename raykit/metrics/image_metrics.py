@@ -28,7 +28,15 @@ from torch import Tensor
 
 from raykit.lazy import optional_module
 
-__all__ = ["masked_psnr", "psnr", "reference_masked_psnr", "reference_psnr", "reference_ssim", "ssim"]
+__all__ = [
+    "masked_psnr",
+    "mse_to_psnr",
+    "psnr",
+    "reference_masked_psnr",
+    "reference_psnr",
+    "reference_ssim",
+    "ssim",
+]
 
 _EPS = float(np.finfo(np.float32).eps) ** 2
 
@@ -49,6 +57,11 @@ def _unit32(images: Tensor) -> Tensor:
 
 def _cv2() -> ModuleType | None:
     return optional_module("cv2")
+
+
+def mse_to_psnr(mse: float) -> float:
+    """PSNR in dB of a mean squared error of values in [0, 1] (``inf`` for zero error): the training log's."""
+    return math.inf if mse <= 0 else -10.0 * math.log10(mse)
 
 
 def psnr(pred: Tensor, target: Tensor) -> Tensor:
@@ -144,7 +157,7 @@ _ROWS = 48  # output rows per block of the CPU path: the block's temporaries sta
 
 def _ssim_opencv(cv2: ModuleType, a: np.ndarray, b: np.ndarray, g: np.ndarray, k1: float, k2: float) -> float:
     """:func:`_ssim_torch` on the CPU: ``cv2.sepFilter2D`` on the ``(H, W, C)`` moments (the same sums
-    of products in another order), then the map in blocks of rows with in-place numpy arithmetic."""
+    of products in another order), then :func:`_ssim_map` in blocks of rows (they stay in the caches)."""
     r = g.shape[0] // 2
     height, width = a.shape[:2]
     blurred = [
@@ -152,40 +165,11 @@ def _ssim_opencv(cv2: ModuleType, a: np.ndarray, b: np.ndarray, g: np.ndarray, k
     ]
     total, count = 0.0, 0
     for lo in range(0, height - 2 * r, _ROWS):
-        mu0, mu1, s00, s11, s01 = (np.array(m[lo : lo + _ROWS]) for m in blurred)
-        block = _ssim_block(mu0, mu1, s00, s11, s01, k1, k2)
-        total += float(block.sum(dtype=np.float64))
-        count += block.size
+        mu0, mu1, s00, s11, s01 = (torch.from_numpy(m[lo : lo + _ROWS]) for m in blurred)
+        block = _ssim_map(mu0, mu1, s00, s11, s01, k1, k2)
+        total += float(block.sum(dtype=torch.float64))
+        count += block.numel()
     return total / count
-
-
-def _ssim_block(
-    mu0: np.ndarray, mu1: np.ndarray, s00: np.ndarray, s11: np.ndarray, s01: np.ndarray, k1: float, k2: float
-) -> np.ndarray:
-    """:func:`_ssim_map` in numpy, overwriting its (block) inputs."""
-    s00 -= mu0 * mu0
-    np.maximum(s00, _EPS, out=s00)
-    s11 -= mu1 * mu1
-    np.maximum(s11, _EPS, out=s11)
-    s01 -= mu0 * mu1
-    limit = np.sqrt(s00 * s11)
-    np.clip(s01, -limit, limit, out=s01)
-    mu0 += 0.5
-    mu1 += 0.5
-    num = mu0 * mu1
-    num *= 2
-    num += k1**2
-    s01 *= 2
-    s01 += k2**2
-    num *= s01
-    den = mu0 * mu0
-    den += mu1 * mu1
-    den += k1**2
-    s00 += s11
-    s00 += k2**2
-    den *= s00
-    num /= den
-    return num
 
 
 def ssim(

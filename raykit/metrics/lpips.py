@@ -3,10 +3,13 @@
 The trunks are laid out as torchvision lays out ``alexnet().features`` and ``vgg16().features`` (module
 indices included), so torchvision's published state dicts load into them (``features.N.weight``; the
 classifier's keys are ignored). The linear heads are the ``lpips`` package's ``lin0..lin4`` 1x1
-convolutions (keys ``linK.model.1.weight``). Nothing is downloaded: :func:`lpips_weight_paths` finds the
-trunk in torch hub's cache (``$TORCH_HOME/hub/checkpoints``) and the heads in the installed ``lpips``
-wheel's data files (located without importing it), or takes the paths given; a missing file is one
-:class:`LpipsWeightsError` naming it and how to get it.
+convolutions (keys ``linK.model.1.weight``). :func:`lpips_weight_paths` finds the trunk in torch hub's
+cache (``$TORCH_HOME/hub/checkpoints``), fetching it once from :data:`TRUNK_URLS` when it is absent (the
+file checked against the sha256 prefix its torchvision name carries, as
+``torch.hub.load_state_dict_from_url(..., check_hash=True)`` checks it), and the heads in the installed
+``lpips`` wheel's data files (located without importing it), or takes the paths given. Offline
+(``offline=True`` or ``RAYKIT_OFFLINE=1``) nothing is fetched; a missing or refused file is one
+:class:`LpipsWeightsError` line naming it and how to get it.
 
 Inputs are ``(B, H, W, 3)`` protocol images (uint8, or floats in [0, 1]); each is mapped to ``2 x - 1``
 as nerfbaselines does. :func:`reference_lpips` is the twin: the same weights applied layer by layer with
@@ -15,7 +18,12 @@ as nerfbaselines does. :func:`reference_lpips` is the twin: the same weights app
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import re
+import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +33,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raykit.errors import ConfigError, RaykitError
+from raykit.fileio import atomic_path
 
 __all__ = [
     "LPIPS",
     "LPIPS_NETS",
     "MIN_SIDE",
+    "OFFLINE_ENV",
+    "TRUNK_URLS",
     "LpipsWeights",
     "LpipsWeightsError",
     "load_lpips",
@@ -39,12 +50,12 @@ __all__ = [
 
 
 class LpipsWeightsError(RaykitError, FileNotFoundError):
-    """A weight file LPIPS needs is not on this machine (raykit never downloads it)."""
+    """A weight file LPIPS needs is not on this machine and could not be fetched (or is not one)."""
 
 
 # Per net: torchvision's feature layers ("C" conv out-channels kernel stride padding, "R" ReLU, "M" max
 # pool 3/2 for AlexNet, 2/2 for VGG), the module index after which each LPIPS tap is taken, the trunk's
-# published file name.
+# published file (torchvision's name: the first digits of its sha256 after the last "-").
 _ALEX = [("C", 64, 11, 4, 2), ("R",), ("M",), ("C", 192, 5, 1, 2), ("R",), ("M",),
          ("C", 384, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",), ("C", 256, 3, 1, 1), ("R",)]  # fmt: skip
 _VGG = [("C", 64, 3, 1, 1), ("R",), ("C", 64, 3, 1, 1), ("R",), ("M",),
@@ -59,27 +70,19 @@ class _Net:
     layers: list[tuple[Any, ...]]
     taps: tuple[int, ...]
     pool: int
-    trunk_file: str
-    trunk_url: str
 
 
-_NETS = {
-    "alex": _Net(
-        _ALEX,
-        (1, 4, 7, 9, 11),
-        3,
-        "alexnet-owt-7be5be79.pth",
-        "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
-    ),
-    "vgg": _Net(
-        _VGG,
-        (3, 8, 15, 22, 29),
-        2,
-        "vgg16-397923af.pth",
-        "https://download.pytorch.org/models/vgg16-397923af.pth",
-    ),
-}
+_NETS = {"alex": _Net(_ALEX, (1, 4, 7, 9, 11), 3), "vgg": _Net(_VGG, (3, 8, 15, 22, 29), 2)}
 LPIPS_NETS = tuple(_NETS)
+# Where each trunk is fetched from (the tests point these at a server on loopback); the file keeps its name
+# in torch hub's cache, and the hex digits after its last "-" are the prefix its sha256 must have.
+TRUNK_URLS = {
+    "alex": "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
+    "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth",
+}
+OFFLINE_ENV = "RAYKIT_OFFLINE"  # set to 1: nothing is fetched (as offline=True / --offline)
+_HASH = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's HASH_REGEX
+_TIMEOUT_S = 60.0  # a stalled server is an error, never a hang
 # The smallest image side each trunk takes (AlexNet: 11/4 convolution and two 3/2 pools; VGG: four 2/2 pools).
 MIN_SIDE = {"alex": 31, "vgg": 16}
 _SHIFT = (-0.030, -0.088, -0.188)
@@ -103,26 +106,63 @@ def _lpips_data_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _offline(offline: bool | None) -> bool:
+    return offline if offline is not None else os.environ.get(OFFLINE_ENV, "") not in ("", "0")
+
+
+def _fetch(net: str, url: str, path: Path) -> None:
+    """Download ``url`` to ``path`` (atomically), checked against the sha256 prefix in its name."""
+    found = _HASH.search(path.name)
+    prefix = found.group(1) if found else ""
+    digest = hashlib.sha256()
+    try:
+        with atomic_path(path) as tmp, urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+            if sys.stderr.isatty():
+                print(f"raykit: fetching LPIPS {net} trunk weights {url} -> {path}", file=sys.stderr)
+            with open(tmp, "wb") as out:
+                while block := response.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+            if not digest.hexdigest().startswith(prefix):
+                raise ValueError(digest.hexdigest())  # nothing is kept: atomic_path removes the file
+    except ValueError as exc:
+        raise LpipsWeightsError(
+            f"{url}: refused: its sha256 {exc} does not begin with {prefix}, the digits its name carries; "
+            f"nothing was kept at {path}"
+        ) from None
+    except OSError as exc:  # no network, refused, timed out, HTTP errors (urllib's are OSErrors)
+        reason = getattr(exc, "reason", None) or exc
+        raise LpipsWeightsError(
+            f"{url}: could not fetch LPIPS {net} trunk weights ({reason}); download it to {path} (or give "
+            f"its path with --lpips-{net}-trunk, or pass --no-lpips)"
+        ) from None
+
+
 def lpips_weight_paths(
-    net: str, trunk: str | Path | None = None, heads: str | Path | None = None
+    net: str, trunk: str | Path | None = None, heads: str | Path | None = None, offline: bool | None = None
 ) -> LpipsWeights:
     """The weight files of ``net`` (``alex`` or ``vgg``), checked to exist.
 
     ``trunk`` defaults to torch hub's cache (``$TORCH_HOME/hub/checkpoints/<torchvision file>``),
-    ``heads`` to ``<lpips package>/weights/v0.1/<net>.pth``. Raises :class:`LpipsWeightsError` naming the
-    missing file and how to get it.
+    fetched once from :data:`TRUNK_URLS` when absent unless ``offline`` (default: the
+    ``RAYKIT_OFFLINE`` environment variable); ``heads`` to ``<lpips package>/weights/v0.1/<net>.pth``.
+    Raises :class:`LpipsWeightsError` naming the missing (or refused) file and how to get it.
     """
     if net not in _NETS:
         raise ConfigError(f"unknown LPIPS net {net!r}: expected one of {', '.join(LPIPS_NETS)}")
-    spec = _NETS[net]
+    url = TRUNK_URLS[net]
     trunk_path = (
-        Path(trunk) if trunk is not None else Path(torch.hub.get_dir()) / "checkpoints" / spec.trunk_file
+        Path(trunk) if trunk is not None else Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/")[-1]
     )
     if not trunk_path.is_file():
-        raise LpipsWeightsError(
-            f"{trunk_path}: LPIPS {net} trunk weights not found; download {spec.trunk_url} to that path "
-            f"(or give its path with --lpips-{net}-trunk, or pass --no-lpips); raykit never downloads"
-        )
+        if trunk is None and not _offline(offline):
+            _fetch(net, url, trunk_path)
+        else:
+            why = "" if trunk is not None else f"; offline (--offline or {OFFLINE_ENV}=1), nothing is fetched"
+            raise LpipsWeightsError(
+                f"{trunk_path}: LPIPS {net} trunk weights not found; download {url} to that path "
+                f"(or give its path with --lpips-{net}-trunk, or pass --no-lpips){why}"
+            )
     if heads is None:
         package = _lpips_data_dir()
         if package is None:

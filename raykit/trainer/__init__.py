@@ -11,13 +11,13 @@ the run's evaluation and ``render_export(out, cameras, dir)`` renders from it al
 
 from __future__ import annotations
 
+from raykit.metrics import OLD_PROTOCOL, protocol_of
 from raykit.trainer.compare import compare
 from raykit.trainer.config import AUTO_SAMPLERS, SAMPLERS, TrainConfig
 from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.evaluate import render
 from raykit.trainer.export import export_run, load_export
 from raykit.trainer.loop import train
-from raykit.trainer.scores import OLD_PROTOCOL, protocol_of
 
 __all__ = [
     "AUTO_SAMPLERS",

@@ -87,5 +87,5 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps([row.to_dict() for row in rows], indent=2))
     else:
         print(format_table(rows, "A", "B"))
-        print(f"protocol: A {protocol_a}, B {protocol_b}; psnr_float and ssim_float are the float figures")
+        print(f"protocol: A {protocol_a}, B {protocol_b}; psnr_float, ssim_float: float figures of old runs")
     return 0

@@ -1,9 +1,9 @@
 """``raykit compare RUN_A RUN_B``: metric differences between two runs' ``eval.json``.
 
-Per split: ``psnr``, ``ssim`` and ``lpips`` under the community protocol, then the float figures
-``psnr_float`` and ``ssim_float`` (extra columns). A run evaluated before the protocol has only float
-figures: its ``psnr``/``ssim`` are shown as ``psnr_float``/``ssim_float`` and its protocol figures are
-missing ("-"), so a row never sets figures of two protocols against each other.
+Per split: ``psnr``, ``ssim`` and ``lpips`` under the community protocol. A run evaluated before the
+protocol has only float figures: its ``psnr``/``ssim`` are shown as ``psnr_float``/``ssim_float`` and its
+protocol figures are missing ("-"), so a row never sets figures of two protocols against each other; those
+rows appear only when a run has such figures (the float columns of earlier releases' ``eval.json`` too).
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ResumeError
+from raykit.metrics import METRIC_KEYS, OLD_PROTOCOL, protocol_of
 from raykit.ranges import Range
-from raykit.trainer.scores import FLOAT_KEYS, METRIC_KEYS, OLD_PROTOCOL, protocol_of
 
 __all__ = ["TRAIN_METRICS", "MetricDiff", "compare", "eval_protocols", "format_table"]
+
+_FLOAT_KEYS = ("psnr_float", "ssim_float")  # figures of runs scored before the protocol (never written now)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ def compare(run_a: str | Path, run_b: str | Path) -> list[MetricDiff]:
     b = _figures(_read_eval(b_dir), b_dir / "eval.json")
     rows = []
     for split in sorted(set(a) | set(b)):
-        for metric in (*METRIC_KEYS, *FLOAT_KEYS):
+        figures = [f for f in (a.get(split), b.get(split)) if isinstance(f, dict)]
+        for metric in (*METRIC_KEYS, *(k for k in _FLOAT_KEYS if any(k in f for f in figures))):
             values = [
                 _metric(splits.get(split), metric, run / "eval.json", f"splits.{split}.")
                 for splits, run in ((a, a_dir), (b, b_dir))

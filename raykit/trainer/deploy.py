@@ -32,13 +32,12 @@ from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.imagedecode import open_image
-from raykit.metrics import quantize
+from raykit.metrics import Scorer, protocol_of, psnr, quantize
 from raykit.rays import UNKNOWN_FAR, RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, render_batch
 from raykit.trainer.export import ExportedModel, load_export
 from raykit.trainer.runtime import parse_background, resolve_device
-from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
 
 __all__ = ["View", "render_export", "store_views", "transforms_views", "verify_export"]
 
@@ -200,15 +199,19 @@ def _camera_view(
 
 
 def _render(
-    model: ExportedModel, views: Iterator[View], device: torch.device, out: Path | None
+    model: ExportedModel,
+    views: Iterator[View],
+    device: torch.device,
+    out: Path | None,
+    float_psnr: bool = False,
 ) -> dict[str, Any]:
-    """Render ``views``; PNGs into ``out`` when given; per-image and mean metrics where targets exist."""
+    """Render ``views``; PNGs into ``out`` when given; per-image and mean metrics where targets exist
+    (``float_psnr``: PSNR of the float render and target, as figures from before the protocol were)."""
     field, grid = models_from_state(model.config, model.state, device, str(model.path), ExportError)
     background = parse_background(model.config.background).to(device)
-    scorer = Scorer(background, device, lpips=False)
+    scorer = Scorer(background, lpips=False)
     images = []
     for i, view in enumerate(views):
-        scorer.masked = scorer.masked or view.mask is not None  # a store with masks: scored masked
         pred = render_batch(model.config, field, grid, view.rays, background)
         pred = pred.view(view.height, view.width, 3).cpu()
         record: dict[str, Any] = {"name": view.name}
@@ -217,12 +220,13 @@ def _render(
             with atomic_path(out / record["file"]) as tmp:
                 Image.fromarray(quantize(pred).numpy()).save(tmp, format="PNG")
         if view.target is not None and view.stored is not None:
-            scores = scorer.score(pred, view.target, view.stored, view.mask)
-            record.update({k: scores[k] for k in ("psnr", "ssim", *FLOAT_KEYS)})
+            record.update(scorer.figures(*scorer.prepare(pred, view.stored, view.mask)))
+            if float_psnr:
+                record["psnr"] = float(psnr(pred[None], view.target[None].cpu())[0])
         images.append(record)
     scored = [im for im in images if "psnr" in im]
-    means = split_means(scored) if scored else {}
-    figures = {k: means.get(k) for k in ("psnr", "ssim", *FLOAT_KEYS)}
+    means = scorer.means(scored)
+    figures = {k: means[k] for k in ("psnr", "ssim")}
     return {"n_images": len(images), **figures, "protocol": scorer.protocol_block(), "images": images}
 
 
@@ -293,15 +297,15 @@ def verify_export(
     names = [image["name"] for image in figures["images"]]
     if not names:
         raise ExportError(f"{model_path}: the run evaluated no image of split {split!r}; nothing to verify")
-    rendered = _render(model, store_views(model, ray_store, split, torch_device, names), torch_device, None)
-    # figures of the float protocol (exports from before the community protocol) verify the float column
-    key = "psnr" if model.eval_protocol is not None else "psnr_float"
-    difference = abs(rendered[key] - figures["psnr"])
+    views = store_views(model, ray_store, split, torch_device, names)
+    # figures of the float protocol (exports from before the community protocol) verify a float PSNR
+    rendered = _render(model, views, torch_device, None, float_psnr=model.eval_protocol is None)
+    difference = abs(rendered["psnr"] - figures["psnr"])
     result = {
         "split": split,
         "n_images": rendered["n_images"],
         "protocol": protocol_of({"protocol": model.eval_protocol}),
-        "psnr": rendered[key],
+        "psnr": rendered["psnr"],
         "run_psnr": figures["psnr"],
         "difference_db": difference,
         "tolerance_db": tolerance_db,

@@ -4,16 +4,15 @@
 
     {"step": 1234, "checkpoint": "checkpoints/step-00001234",
      "protocol": {"name": "default", "ssim": {...}, "lpips": {...}, "background": [255, 255, 255],
-                  "lpips_status": "computed (AlexNet)", "float_columns": ["psnr_float", "ssim_float"], ...},
-     "splits": {"test": {"psnr": 27.1, "ssim": 0.93, "lpips": 0.08, "psnr_float": 27.3, "ssim_float": 0.94,
-                         "n_images": 10, "seconds": 4.2,
-                         "images": [{"name": "r_0.png", "psnr": 27.5, "ssim": 0.94, "lpips": 0.07,
-                                     "psnr_float": 27.7, "ssim_float": 0.95}, ...]}}}
+                  "lpips_status": "computed (alex)", ...},
+     "splits": {"test": {"psnr": 27.1, "ssim": 0.93, "lpips": 0.08, "n_images": 10, "seconds": 4.2,
+                         "images": [{"name": "r_0.png", "psnr": 27.5, "ssim": 0.94, "lpips": 0.07}, ...]}}}
 
-``psnr``, ``ssim`` and ``lpips`` follow the community protocol (:mod:`raykit.trainer.scores`; ``lpips``
-is null without the published weights); ``psnr_float`` and ``ssim_float`` are the float figures of earlier
-releases. Split values are means over images. An ``eval.json`` without ``protocol`` was written before
-the protocol (its ``psnr``/``ssim`` are float figures). Renders go to
+``psnr``, ``ssim`` and ``lpips`` follow the community protocol, scored by :class:`raykit.metrics.Scorer`
+as ``raykit evaluate`` scores them (``lpips`` is null unless the published weights are in torch hub's
+cache: training never fetches them). Split values are means over images. An ``eval.json`` without
+``protocol`` was written before the protocol (its ``psnr``/``ssim`` are float figures); the
+``psnr_float``/``ssim_float`` columns of earlier releases are no longer written. Renders go to
 ``RUN_DIR/renders/SPLIT/NNN_NAME.png``, quantised as the protocol quantises, so ``raykit evaluate
 RUN_DIR/renders/test STORE:test`` gives the same figures. Rendering is deterministic: bin centres for
 stratified/hierarchical sampling, no jitter when marching.
@@ -32,7 +31,7 @@ from PIL import Image
 from raykit.errors import RaykitError, ResumeError
 from raykit.fileio import atomic_path, atomic_write_json, read_json
 from raykit.loaders import reference_batch
-from raykit.metrics import quantize
+from raykit.metrics import Scorer, quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
@@ -43,7 +42,6 @@ from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import proposal_counts
 from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
-from raykit.trainer.scores import Scorer, split_means
 
 __all__ = [
     "build_models",
@@ -186,7 +184,7 @@ def quick_psnr(
     """Mean PSNR over the first ``progress_images`` images of the first eval split (no files written)."""
     split = config.eval_splits.split(",")[0]
     names = store.images(split)[: config.progress_images]
-    scorer = Scorer(parse_background(config.background), device, lpips=False, masked=has_masks(store))
+    scorer = Scorer(parse_background(config.background), lpips=False, masked=has_masks(store))
     values = [_protocol_psnr(scorer, config, store, name, field, grid, device) for name in names]
     return {
         "split": split,
@@ -204,13 +202,13 @@ def _protocol_psnr(
     grid: Any,
     device: torch.device,
 ) -> float:
-    pred, target, pixels = render_view(config, store, name, field, grid, device)
-    value = scorer.score(pred, target, pixels, image_mask(store, name))["psnr"]
+    pred, _, pixels = render_view(config, store, name, field, grid, device)
+    value = scorer.score(pred, pixels, image_mask(store, name))["psnr"]
     return float("inf") if value is None else float(value)
 
 
 def has_masks(store: RayStore) -> bool:
-    """Whether ``store``'s images have masks: its evaluation is then masked (``raykit.trainer.scores``)."""
+    """Whether ``store``'s images have masks: its evaluation is then masked (``raykit.metrics.Scorer``)."""
     return "mask" in store.components
 
 
@@ -237,16 +235,16 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Metrics of one split (see the module docstring), writing its renders."""
     start = time.perf_counter()
-    scorer = scorer or Scorer(parse_background(config.background), device, masked=has_masks(store))
+    scorer = scorer or _scorer(config, store, device)
     names = store.images(split)[: config.eval_max_images]
     images = []
     for i, name in enumerate(names):
-        pred, target, pixels = render_view(config, store, name, field, grid, device)
+        pred, _, pixels = render_view(config, store, name, field, grid, device)
         _save_png(run_dir / "renders" / split / f"{i:03d}_{Path(name).stem}.png", pred)
         mask = image_mask(store, name) if scorer.masked else None
-        images.append({"name": name, **scorer.score(pred, target, pixels, mask)})
+        images.append({"name": name, **scorer.score(pred, pixels, mask)})
     return {
-        **split_means(images),
+        **scorer.means(images),
         "n_images": len(images),
         "seconds": time.perf_counter() - start,
         "images": images,
@@ -278,7 +276,7 @@ def evaluate_run(
     checkpoint = latest_checkpoint(run_dir)
     result["checkpoint"] = None if checkpoint is None else str(checkpoint.relative_to(run_dir))
     result["step"] = step if step is not None else _step_of(checkpoint)
-    scorer = Scorer(parse_background(config.background), device, masked=has_masks(store))
+    scorer = _scorer(config, store, device)
     if "protocol" not in result and result["splits"]:  # kept apart: never mixed with the protocol's figures
         result["splits_before_protocol"], result["splits"] = result["splits"], {}
     result["protocol"] = scorer.protocol_block()
@@ -289,6 +287,11 @@ def evaluate_run(
             )
     atomic_write_json(path, result)
     return result
+
+
+def _scorer(config: TrainConfig, store: RayStore, device: torch.device) -> Scorer:
+    """The run's scorer: LPIPS when the published weights are on this machine (training never fetches)."""
+    return Scorer(parse_background(config.background), device=device, offline=True, masked=has_masks(store))
 
 
 def _step_of(checkpoint: Path | None) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import raykit.recorder
-from raykit.trainer.metrics import mse_to_psnr
+from raykit.metrics import mse_to_psnr
 from raykit.trainer.runtime import peak_memory_mb
 
 __all__ = ["PHASES", "StepClock", "TrainState", "account", "log_record"]

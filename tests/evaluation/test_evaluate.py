@@ -1,5 +1,6 @@
 """``raykit evaluate PRED GT``: layouts, store splits, results.json (hashes, protocol, same bytes), and
-one line with exit status 2 and no results file for every bad input."""
+one line with exit status 2 and no results file for every bad input. The figures are checked against
+nerfbaselines' values on the same images, committed in tests/data/oracles."""
 
 from __future__ import annotations
 
@@ -17,20 +18,10 @@ from raykit.cameras import Camera
 from raykit.metrics import LPIPS, reference_lpips
 from raykit.store import ImageRecord, SceneInfo, write_store
 
-nb_metrics = pytest.importorskip(
-    "nerfbaselines.metrics", reason="the oracle: pip install --no-deps nerfbaselines"
-)
+from ..data.oracles import cases
+from ..data.oracles.cases import SIZE
 
-SIZE = (32, 40)  # H, W: AlexNet takes 31 pixels a side at least
-
-
-def _image(seed: int, channels: int = 3) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (*SIZE, channels), dtype=np.uint8)
-
-
-def _noisy(image: np.ndarray, seed: int) -> np.ndarray:
-    noise = np.random.default_rng(seed).integers(-30, 30, image[..., :3].shape)
-    return np.clip(image[..., :3].astype(np.int64) + noise, 0, 255).astype(np.uint8)
+_image, _noisy = cases.image, cases.noisy
 
 
 def _save(path: Path, pixels: np.ndarray) -> None:
@@ -51,8 +42,9 @@ def _evaluate(*args: str | Path, lpips: bool = False) -> int:
 
 
 def _oracle(pred: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
-    p, g = pred[None].astype(np.float32) / 255, gt[None].astype(np.float32) / 255
-    return float(nb_metrics.psnr(nb_metrics.mse(p, g))[0]), float(nb_metrics.ssim(g, p)[0])
+    """nerfbaselines' PSNR and SSIM of one pair (committed: ``cases.evaluation_pairs``)."""
+    psnr, ssim = cases.nerfbaselines_metrics(pred[None], gt[None])
+    return float(psnr[0]), float(ssim[0])
 
 
 def test_folders_results_match_nerfbaselines_and_hashes(tmp_path: Path) -> None:
@@ -144,9 +136,7 @@ def test_store_split_ground_truth_composited_on_background(tmp_path: Path) -> No
         assert results["ground_truth"]["kind"] == "store" and results["ground_truth"]["split"] == "test"
         assert results["background"] == [colour] * 3
         for image, i in zip(results["images"], (1, 2), strict=True):
-            a = rgba[i].astype(np.float32) / 255
-            comp = a[..., :3] * a[..., 3:] + (1 - a[..., 3:]) * (colour / 255)
-            gt = (comp * 255).clip(0, 255).astype(np.uint8)
+            gt = cases.composite(rgba[i], colour)
             pred = np.asarray(Image.open(tmp_path / "pred" / f"v_{i}.png"))
             assert image["psnr"] == pytest.approx(_oracle(pred, gt)[0], abs=1e-5)
 

@@ -1,15 +1,13 @@
-"""The protocol's metrics: equal to nerfbaselines' metrics.py (the oracle, installed with --no-deps),
-batched equal to one by one, and equal to their reference twins."""
+"""The protocol's metrics: equal to nerfbaselines' metrics.py (its values committed in
+tests/data/oracles, so these run everywhere; one test also runs the installed package), batched equal to
+one by one, and equal to their reference twins."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from raykit.imagedecode import decode_image
 from raykit.metrics import (
     image_metrics,
     psnr,
@@ -20,34 +18,15 @@ from raykit.metrics import (
     to_protocol_image,
 )
 
-nb_metrics = pytest.importorskip(
-    "nerfbaselines.metrics", reason="the oracle: pip install --no-deps nerfbaselines"
-)
-nb_utils = pytest.importorskip("nerfbaselines.utils")
+from ..data.oracles import cases
+from ..data.oracles.cases import nerfbaselines_metrics, noisy_pairs
 
-PHOTOS = Path(__file__).resolve().parents[1] / "data" / "plant_capture" / "images"
+_oracle = nerfbaselines_metrics
 
 
-def _noisy_pairs(seed: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    a = rng.integers(0, 256, shape, dtype=np.uint8)
-    b = np.clip(a.astype(np.int64) + rng.integers(-40, 40, shape), 0, 255).astype(np.uint8)
-    return a, b
-
-
-def _oracle(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """nerfbaselines' figures of uint8 pairs, as its compute_metrics makes them (ssim(gt, pred))."""
-    af, bf = a.astype(np.float32) / 255.0, b.astype(np.float32) / 255.0
-    return nb_metrics.psnr(nb_metrics.mse(af, bf)), nb_metrics.ssim(bf, af)
-
-
-def _photos() -> tuple[np.ndarray, np.ndarray]:
-    return tuple(decode_image((PHOTOS / n).read_bytes()) for n in ("frame_00001.jpg", "frame_00037.jpg"))  # type: ignore[return-value]
-
-
-@pytest.mark.parametrize("shape", [(3, 32, 45, 3), (2, 11, 11, 3), (1, 64, 40, 4)])
-def test_psnr_ssim_equal_nerfbaselines_on_random_images(shape: tuple[int, ...]) -> None:
-    a, b = _noisy_pairs(sum(shape), shape)
+@pytest.mark.parametrize("seed", list(cases.RANDOM_CASES))
+def test_psnr_ssim_equal_nerfbaselines_on_random_images(seed: int) -> None:
+    a, b = noisy_pairs(seed, cases.RANDOM_CASES[seed])
     nb_psnr, nb_ssim = _oracle(a, b)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     assert np.abs(psnr(ta, tb).numpy() - nb_psnr).max() < 1e-5
@@ -55,10 +34,7 @@ def test_psnr_ssim_equal_nerfbaselines_on_random_images(shape: tuple[int, ...]) 
 
 
 def test_psnr_ssim_equal_nerfbaselines_on_real_photos() -> None:
-    first, second = _photos()
-    noisy = np.clip(first.astype(np.int64) + np.random.default_rng(1).integers(-6, 7, first.shape), 0, 255)
-    a = np.stack([first, first, second])
-    b = np.stack([second, noisy.astype(np.uint8), first])
+    a, b = cases.photo_pairs()
     nb_psnr, nb_ssim = _oracle(a, b)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     got_psnr, got_ssim = psnr(ta, tb).numpy(), ssim(ta, tb).numpy()
@@ -68,7 +44,7 @@ def test_psnr_ssim_equal_nerfbaselines_on_real_photos() -> None:
 
 
 def test_batched_equals_one_by_one_and_twins() -> None:
-    a, b = _noisy_pairs(5, (3, 24, 30, 3))
+    a, b = noisy_pairs(5, (3, 24, 30, 3))
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     batched_psnr, batched_ssim = psnr(ta, tb), ssim(ta, tb)
     for i in range(3):
@@ -79,7 +55,7 @@ def test_batched_equals_one_by_one_and_twins() -> None:
 
 
 def test_float_inputs_and_identical_images() -> None:
-    a, b = _noisy_pairs(7, (2, 20, 20, 3))
+    a, b = noisy_pairs(7, (2, 20, 20, 3))
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     torch.testing.assert_close(psnr(ta.double() / 255, tb.double() / 255), psnr(ta, tb), rtol=0, atol=1e-9)
     torch.testing.assert_close(ssim(ta.float() / 255, tb.float() / 255), ssim(ta, tb), rtol=0, atol=1e-7)
@@ -87,10 +63,20 @@ def test_float_inputs_and_identical_images() -> None:
     torch.testing.assert_close(ssim(ta, ta), torch.ones(2, dtype=torch.float64))
 
 
+def test_ssim_is_symmetric_and_falls_with_noise() -> None:
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(1, 20, 24, 3, generator=g)
+    noisy = (img + 0.05 * torch.randn(img.shape, generator=g)).clamp(0, 1)
+    noisier = (img + 0.2 * torch.randn(img.shape, generator=g)).clamp(0, 1)
+    assert ssim(img, noisy)[0] > ssim(img, noisier)[0] > 0
+    torch.testing.assert_close(ssim(img, noisy), ssim(noisy, img), rtol=0, atol=1e-7)
+    assert float(psnr(torch.zeros(1, 4, 4, 3), torch.full((1, 4, 4, 3), 0.1))[0]) == pytest.approx(20.0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_equals_cpu() -> None:
-    a, b = _noisy_pairs(9, (2, 40, 50, 3))
+    a, b = noisy_pairs(9, (2, 40, 50, 3))
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     torch.testing.assert_close(psnr(ta.cuda(), tb.cuda()).cpu(), psnr(ta, tb))
     torch.testing.assert_close(ssim(ta.cuda(), tb.cuda()).cpu(), ssim(ta, tb), rtol=0, atol=1e-6)
@@ -98,24 +84,31 @@ def test_cuda_equals_cpu() -> None:
 
 def test_protocol_image_equals_nerfbaselines_image_to_srgb() -> None:
     """Compositing RGBA on the background and quantising floats as nerfbaselines does (truncation)."""
-    rng = np.random.default_rng(3)
-    rgba = rng.integers(0, 256, (2, 9, 7, 4), dtype=np.uint8)
-    background = np.array([255, 128, 0], dtype=np.uint8)
-    expected = nb_utils.image_to_srgb(rgba, np.uint8, background_color=background)
+    rgba, background, floats = cases.srgb_inputs()
+    expected = cases.nerfbaselines_srgb(rgba, background)
     got = to_protocol_image(torch.from_numpy(rgba), torch.from_numpy(background).float() / 255.0)
-    assert np.array_equal(got.numpy(), expected)
-    floats = rng.random((5, 6, 3)).astype(np.float32) * 1.2 - 0.1
-    assert np.array_equal(
-        quantize(torch.from_numpy(floats)).numpy(), nb_utils.image_to_srgb(floats, np.uint8)
-    )
+    assert np.array_equal(got.numpy(), expected) and len(np.unique(expected)) > 100
+    assert np.array_equal(quantize(torch.from_numpy(floats)).numpy(), cases.nerfbaselines_srgb(floats))
 
 
 def test_torch_path_equals_the_opencv_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ssim``'s any-device path (grouped convolutions) against its CPU path (OpenCV) and the oracle."""
-    a, b = _noisy_pairs(11, (2, 30, 41, 3))
+    a, b = noisy_pairs(11, cases.RANDOM_CASES[11])
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     cpu = ssim(ta, tb)
     monkeypatch.setattr(image_metrics, "_cv2", lambda: None)
     anywhere = ssim(ta, tb)
     torch.testing.assert_close(anywhere, cpu, rtol=0, atol=1e-6)
     assert np.abs(anywhere.numpy() - _oracle(a, b)[1]).max() < 1e-5
+
+
+def test_nerfbaselines_itself_where_it_is_installed() -> None:
+    """The committed values are the installed nerfbaselines' (skips where it is not installed)."""
+    nb = pytest.importorskip(
+        "nerfbaselines.metrics", reason="the oracle: pip install --no-deps nerfbaselines"
+    )
+    for seed, shape in cases.RANDOM_CASES.items():
+        a, b = noisy_pairs(seed, shape)
+        af, bf = a.astype(np.float32) / 255.0, b.astype(np.float32) / 255.0
+        np.testing.assert_allclose(nb.psnr(nb.mse(af, bf)), _oracle(a, b)[0], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(nb.ssim(bf, af), _oracle(a, b)[1], rtol=0, atol=1e-6)

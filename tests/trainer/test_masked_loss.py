@@ -95,7 +95,7 @@ def test_a_run_on_a_store_with_masks_is_evaluated_masked(tmp_path: Path) -> None
 def test_masked_scores_ignore_the_unused_pixels() -> None:
     import numpy as np
 
-    from raykit.trainer.scores import Scorer
+    from raykit.metrics import Scorer
 
     rng = np.random.default_rng(0)
     stored = rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)
@@ -103,11 +103,11 @@ def test_masked_scores_ignore_the_unused_pixels() -> None:
     pred = (target + torch.from_numpy(rng.normal(0, 0.05, (24, 20, 3))).float()).clamp(0, 1)
     mask = np.zeros((24, 20), np.uint8)
     mask[4:20, 3:15] = 255
-    scorer = Scorer(torch.ones(3), torch.device("cpu"), lpips=False, masked=True)
-    scores = scorer.score(pred, target, stored, mask)
+    scorer = Scorer(torch.ones(3), lpips=False, masked=True)
+    scores = scorer.score(pred, stored, mask)
     other = pred.clone()
     other[torch.from_numpy(mask == 0)] = 0.0  # a render that differs only where the mask is 0
-    assert scorer.score(other, target, stored, mask) == scores
-    assert Scorer(torch.ones(3), torch.device("cpu"), lpips=False).score(other, target, stored) != scores
+    assert scorer.score(other, stored, mask) == scores
+    assert Scorer(torch.ones(3), lpips=False).score(other, stored) != scores
     assert scorer.protocol_block()["masked"] is True
-    assert "masked" not in Scorer(torch.ones(3), torch.device("cpu"), lpips=False).protocol_block()
+    assert "masked" not in Scorer(torch.ones(3), lpips=False).protocol_block()
