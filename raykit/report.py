@@ -75,8 +75,9 @@ def printable(text: object) -> str:
 
 
 def md_text(text: object) -> str:
-    """Text in CommonMark: every character that could start markup backslash-escaped."""
-    return re.sub(r"([\\`*_\[\]<>!|&#~])", r"\\\1", printable(text))
+    """Text in CommonMark: every character that could start markup backslash-escaped (``_`` only
+    where it could: not between two letters or digits, as in ``test_psnr``)."""
+    return re.sub(r"[\\`*\[\]<>!|&#~]|(?<![^\W_])_|_(?![^\W_])", lambda m: "\\" + m.group(), printable(text))
 
 
 def md_code(text: object) -> str:

@@ -25,7 +25,7 @@ def _report(out: Path, figure: str = "plot.png") -> tuple[str, str]:
     Image.fromarray(np.full((4, 6, 3), 90, np.uint8)).save(out / "figures" / "plot.png")
     sections = [
         Section(HOSTILE[3], [para("text ", HOSTILE[0], " and ", Code(HOSTILE[1]), " ", Code(HOSTILE[2]))]),
-        Section("Table", [Table(["name", "a|b"], [[HOSTILE[0], "1 | 2"], [HOSTILE[2], HOSTILE[3]]])]),
+        Section("Table", [Table(["test_psnr", "a|b"], [[HOSTILE[0], "1 | 2"], [HOSTILE[2], HOSTILE[3]]])]),
         Section(
             "Figure", [Figure(figure, HOSTILE[2]), Scene({"cameras": [], "points": [[0, 0, 0, "</script>"]]})]
         ),
@@ -43,6 +43,7 @@ def test_markdown_keeps_every_name_as_text(tmp_path: Path) -> None:
     ]
     assert "<a " not in html and "<em>" not in html and "<script" not in html and html.count("<h1>") == 1
     assert "<code>a`b``c</code>" in html and "<code>&lt;script&gt;alert(1)&lt;/script&gt;</code>" in html
+    assert "| test_psnr | a\\|b |" in md and "<th>test_psnr</th>" in html  # no needless escape
     assert "<td>![x](/etc/passwd)</td>" in html and "<td>1 | 2</td>" in html and "<th>a|b</th>" in html
     assert "*em* _u_ [l](http://x) &amp;amp; #\\n\\n# h" in html  # the heading, shown as written
 
