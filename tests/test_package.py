@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ranges", "lazy"),
     ("errors", "fileio", "options", "progress", "imagedecode", "ordered", "version", "recorder"),
-    ("locks",),
+    ("locks", "report"),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry"),

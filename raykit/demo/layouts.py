@@ -20,7 +20,7 @@ from raykit.profiling import run_bench
 from raykit.store import open_store, validate_store
 from raykit.trainer import AUTO_SAMPLERS, TrainConfig, train
 
-__all__ = ["compare_layouts", "layouts_section"]
+__all__ = ["compare_layouts"]
 
 SAMPLER = AUTO_SAMPLERS["box"][0]  # what the default --sampler auto picks for this (bounded) capture
 
@@ -66,29 +66,3 @@ def compare_layouts(
         "rays": _layout_row(rays["path"], rays["convert_s"], plan, runs[SAMPLER]["psnr"]),
         "images": _layout_row(images.url, images_s, plan, psnr),
     }
-
-
-def layouts_section(layouts: dict[str, Any]) -> str:
-    """The report's table comparing the two layouts."""
-    header = "| layout | MB on disk | convert s | loader M rays/s | MB/s read | decode share | " \
-             "distinct images / batch (uniform) | TV vs uniform | test PSNR dB (protocol) |"  # fmt: skip
-    lines = ["Rays vs images (Zarr, train split, batch 4096, CPU).", "", header, "|" + "---|" * 9]
-    for name in ("rays", "images"):
-        r = layouts[name]
-        q = r["shuffle_quality"] or {}
-        lines.append(
-            f"| {name} | {r['bytes_on_disk'] / 1e6:.2f} | {r['convert_s']:.1f} | "
-            f"{r['rays_per_s'] / 1e6:.2f} | "
-            f"{(r['read_mb_per_s'] or 0):.1f} | {(r['decode_share'] or 0):.2f} | "
-            f"{q.get('distinct_images', 0):.1f} ({q.get('uniform_expected', 0):.1f}) | "
-            f"{q.get('tv_ratio', 0):.2f}x | {r['test_psnr']:.2f} |"
-        )
-    lines += [
-        "",
-        f"Same capture, same sampler (`{layouts['sampler']}`) and training budget "
-        f"({layouts['train_seconds']:.0f} s). The images layout keeps the capture's PNGs (passed through "
-        "byte for byte) and shuffles at load time within a window of decoded images, so its batches mix "
-        "fewer images than the ray layout's pre-shuffled rays (distinct images per batch and the "
-        "histogram distance, TV, against a uniform draw).",
-    ]
-    return "\n".join(lines)

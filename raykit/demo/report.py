@@ -1,4 +1,5 @@
-"""The demo's sections of the report (beside the pipeline's): stores, the loader grid and its baselines."""
+"""The demo's sections of the report (beside the pipeline's): stores, the loader grid and its baselines,
+the two layouts (``raykit.report``'s model)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-__all__ = ["dataset_section", "loader_section", "plot_throughput"]
+from raykit.report import Code, Figure, Section, Table, para
+
+__all__ = ["dataset_section", "layouts_section", "loader_section", "plot_throughput"]
 
 
 def plot_throughput(bench: dict[str, Any], path: Path) -> Path:
@@ -51,12 +54,6 @@ def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], path: Path) -> Path
     return path
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _store_row(name: str, s: dict[str, Any]) -> list[str]:
     rays = sum(v["rays"] for v in s["splits"].values())
     mb = s["bytes_on_disk"] / 1e6
@@ -78,57 +75,73 @@ def _bench_row(r: dict[str, Any]) -> list[str]:
     return [str(settings["workers"]), str(settings["batch_size"]), *rates, f"{cold['first_batch_s']:.3f}"]
 
 
-def dataset_section(scene: dict[str, Any], stores: dict[str, Any]) -> str:
+def dataset_section(scene: dict[str, Any], stores: dict[str, Any]) -> Section:
     """The demo's stores: both forms and both backends of the scene, and how their rays compare."""
     views = ", ".join(f"{n} {s}" for s, n in scene["views"].items())
     rows = [_store_row(name, s) for name, s in stores.items() if isinstance(s, dict) and "backend" in s]
     same = stores["blender_vs_colmap"]
-    return "\n".join([
-        f"Built-in scene `{scene['size']}` (seed {scene['seed']}): {scene['width']}x{scene['height']} "
-        f"{scene['camera_model']}, {views}; rendered in {scene['render_s']:.1f} s.",
-        "",
-        _table(["store", "backend", "rays", "MB on disk", "bytes/ray", "convert s", "fingerprint"], rows),
-        "",
-        f"Every store passed `raykit validate`. Zarr and WebDataset copies share one content fingerprint: "
-        f"**{stores['equal_fingerprints_zarr_wds']}**. Blender vs COLMAP forms, largest difference over "
-        f"{same['images']} test images: origins {same['origins']:.2e}, directions {same['directions']:.2e}, "
-        f"rgb {same['rgb']:.2e}.",
+    return Section("Dataset", [
+        para("Built-in scene ", Code(scene["size"]), f" (seed {scene['seed']}): "
+             f"{scene['width']}x{scene['height']} {scene['camera_model']}, {views}; rendered in "
+             f"{scene['render_s']:.1f} s."),
+        Table(["store", "backend", "rays", "MB on disk", "bytes/ray", "convert s", "fingerprint"], rows),
+        para("Every store passed ", Code("raykit validate"), ". Zarr and WebDataset copies share one content "
+             f"fingerprint: {stores['equal_fingerprints_zarr_wds']}. Blender vs COLMAP forms, largest "
+             f"difference over {same['images']} test images: origins {same['origins']:.2e}, directions "
+             f"{same['directions']:.2e}, rgb {same['rgb']:.2e}."),
     ])  # fmt: skip
 
 
-def loader_section(out: Path, bench: dict[str, Any]) -> str:
+def loader_section(out: Path, bench: dict[str, Any]) -> Section:
     """The loader over worker counts and batch sizes, and the two baselines (plots figures/throughput.png)."""
     (out / "figures").mkdir(exist_ok=True)
     plot_throughput(bench, out / "figures" / "throughput.png")
-    rows = [_bench_row(r) for r in bench["grid"]]
     base = [
         [name, f"{b['steady_rays_per_s'] / 1e6:.2f}", f"{b['time_to_first_batch_s']:.2f}",
          f"{b['host_bytes_per_cached_ray']:.0f}"]
         for name, b in bench["baselines"].items()
     ]  # fmt: skip
     stages = bench["grid"][0]["stages"]
-    stage_rows = [[k, f"{v['rays_per_s'] / 1e6:.2f}"] for k, v in stages.items() if v]
     quality = bench["grid"][0].get("shuffle_quality") or {}
-    return "\n".join([
-        "Train split, CPU.",
-        "",
-        _table(["workers", "batch", "cold M rays/s", "warm M rays/s", "warm MB/s", "first batch s"], rows),
-        "",
-        f"WebDataset copy, batch 4096: {bench['wds_4096']['warm']['rays_per_s'] / 1e6:.2f} M rays/s warm.",
-        "",
-        "Baselines on the same data, batch 4096: (a) decode everything to float32 and precompute every ray; "
-        "(b) cache float32 images and generate random pixels' rays per batch, the way nerfstudio's "
-        "`Cameras.generate_rays` does. On a scene this small every "
-        "approach fits in memory and (a) slices an array that fits in the CPU cache; compare start-up and "
-        "bytes per ray too, and see BENCHMARKS.md for the 100-view 800x800 scene.",
-        "",
-        _table(["baseline", "M rays/s", "first batch s", "host bytes/ray"], base),
-        "",
-        "Stage breakdown (first grid row):",
-        "",
-        _table(["stage", "M rays/s"], stage_rows),
-        "",
-        f"Shuffle quality: {', '.join(f'{k} {v:.3f}' for k, v in quality.items())}",
-        "",
-        "![throughput](figures/throughput.png)",
+    return Section("Loader grid and baselines", [
+        para("Train split, CPU."),
+        Table(["workers", "batch", "cold M rays/s", "warm M rays/s", "warm MB/s", "first batch s"],
+              [_bench_row(r) for r in bench["grid"]]),
+        para(f"WebDataset copy, batch 4096: {bench['wds_4096']['warm']['rays_per_s'] / 1e6:.2f} M rays/s "
+             "warm."),
+        para("Baselines on the same data, batch 4096: (a) decode everything to float32 and precompute "
+             "every ray; (b) cache float32 images and generate random pixels' rays per batch, the way "
+             "nerfstudio's ", Code("Cameras.generate_rays"), " does. On a scene this small every approach "
+             "fits in memory and (a) slices an array that fits in the CPU cache; compare start-up and bytes "
+             "per ray too, and see BENCHMARKS.md for the 100-view 800x800 scene."),
+        Table(["baseline", "M rays/s", "first batch s", "host bytes/ray"], base),
+        para("Stage breakdown (first grid row):"),
+        Table(["stage", "M rays/s"], [[k, f"{v['rays_per_s'] / 1e6:.2f}"] for k, v in stages.items() if v]),
+        para(f"Shuffle quality: {', '.join(f'{k} {v:.3f}' for k, v in quality.items())}"),
+        Figure("throughput.png", "throughput"),
+    ])  # fmt: skip
+
+
+def layouts_section(layouts: dict[str, Any]) -> Section:
+    """The table comparing the two layouts."""
+    rows = []
+    for name in ("rays", "images"):
+        r = layouts[name]
+        q = r["shuffle_quality"] or {}
+        rows.append([
+            name, f"{r['bytes_on_disk'] / 1e6:.2f}", f"{r['convert_s']:.1f}", f"{r['rays_per_s'] / 1e6:.2f}",
+            f"{(r['read_mb_per_s'] or 0):.1f}", f"{(r['decode_share'] or 0):.2f}",
+            f"{q.get('distinct_images', 0):.1f} ({q.get('uniform_expected', 0):.1f})",
+            f"{q.get('tv_ratio', 0):.2f}x", f"{r['test_psnr']:.2f}",
+        ])  # fmt: skip
+    header = ["layout", "MB on disk", "convert s", "loader M rays/s", "MB/s read", "decode share",
+              "distinct images / batch (uniform)", "TV vs uniform", "test PSNR dB (protocol)"]  # fmt: skip
+    return Section("Layouts", [
+        para("Rays vs images (Zarr, train split, batch 4096, CPU)."),
+        Table(header, rows),
+        para("Same capture, same sampler (", Code(layouts["sampler"]), ") and training budget "
+             f"({layouts['train_seconds']:.0f} s). The images layout keeps the capture's PNGs (passed "
+             "through byte for byte) and shuffles at load time within a window of decoded images, so its "
+             "batches mix fewer images than the ray layout's pre-shuffled rays (distinct images per batch "
+             "and the histogram distance, TV, against a uniform draw)."),
     ])  # fmt: skip

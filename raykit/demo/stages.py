@@ -69,9 +69,9 @@ def demo_configs(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) ->
 def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) -> Any:
     """The ``extra`` of ``run_pipeline``: the demo's stages, ``results.json``, the report's sections."""
 
-    def extra(runner: StageRunner, results: dict[str, Any]) -> dict[str, str]:
-        from raykit.demo.layouts import compare_layouts, layouts_section
-        from raykit.demo.report import dataset_section, loader_section
+    def extra(runner: StageRunner, results: dict[str, Any]) -> list[Any]:
+        from raykit.demo.layouts import compare_layouts
+        from raykit.demo.report import dataset_section, layouts_section, loader_section
         from raykit.demo.steps import convert_all, profile
 
         store = results["store"]
@@ -121,10 +121,6 @@ def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) -> A
                 "timings_s": timings,
             },
         )
-        return {
-            "Dataset": dataset_section(scene, stores),
-            "Loader grid and baselines": loader_section(out, bench),
-            "Layouts": layouts_section(layouts),
-        }
+        return [dataset_section(scene, stores), loader_section(out, bench), layouts_section(layouts)]
 
     return extra

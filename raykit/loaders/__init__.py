@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
+    from raykit.loaders.torch_adapters import RayDataset, RayIterableDataset, collate_rays
     from raykit.loaders.window import WindowPlan
 
 # module -> the public names it defines (imported on first use)
@@ -34,6 +35,7 @@ _PUBLIC = {
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
+    "torch_adapters": ("RayDataset", "RayIterableDataset", "collate_rays"),
     "window": ("WindowPlan",),
 }
 _MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
@@ -55,10 +57,13 @@ __all__ = [
     "ImagePlan",
     "LoaderConfig",
     "MemorySource",
+    "RayDataset",
+    "RayIterableDataset",
     "RayLoader",
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",
+    "collate_rays",
     "image_rays",
     "level_camera",
     "ray_generator",

@@ -1,9 +1,9 @@
-"""``report.md`` of a pipeline run and its figures (PNG, in ``OUT/figures``)."""
+"""The run's report: its sections in ``raykit.report``'s model (``OUT/report.md`` and the self-contained
+``OUT/report.html``) and its figures (PNG, in ``OUT/figures``)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,26 +15,12 @@ import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
+from raykit.report import Code, Figure, Scene, Section, Table, para, write_report
 from raykit.trainer import OLD_PROTOCOL
 
-__all__ = ["capture_summary", "code", "figures", "render_strip", "table", "write_markdown"]
+__all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "write"]
 
-
-def code(text: object) -> str:
-    """``text`` (a name from a capture or a store: anything) as one markdown code span that shows it
-    literally and cannot end early (for paragraphs, not table cells): control characters written as
-    escapes (a newline as ``\\n``: no line break, no new block), and a fence of one backtick more than
-    the longest run of backticks inside, padded with a space where the text starts or ends with a
-    backtick or a space. Inside a code span nothing is markup: ``![x](/etc/passwd)`` stays text."""
-    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+MAX_POINTS = 4000  # sparse points drawn in the 3-D view
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -166,7 +152,7 @@ def capture_summary(cfg: StageConfigs, results: Mapping[str, Any]) -> dict[str, 
     poses = results.get("poses")
     if poses:
         left_out = [(n, "not registered by structure from motion") for n in poses["summary"]["unregistered"]]
-    store_bytes = sum(int(v["size"]) for v in store.files.values())
+    points = store.sparse_points()
     return {
         "source": cfg.run.src,
         "kind": results["kind"],
@@ -176,154 +162,127 @@ def capture_summary(cfg: StageConfigs, results: Mapping[str, Any]) -> dict[str, 
         "splits": {s: i.n_images for s, i in store.splits.items()},
         "rays": sum(i.n_rays for i in store.splits.values()),
         "left_out": left_out,
-        "store_bytes": store_bytes,
+        "store_bytes": sum(int(v["size"]) for v in store.files.values()),
         "source_bytes": results["store"].get("source_bytes"),
         "backend": store.backend,
         "layout": store.layout("train"),
         "fingerprint": store.fingerprint,
-        "points": 0 if store.sparse_points() is None else len(store.sparse_points().xyz),  # type: ignore[union-attr]
+        "points": 0 if points is None else len(points.xyz),
     }
 
 
-def sections(cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str, Any]) -> dict[str, str]:
-    """The report's sections as markdown (shared by report.md and report.html)."""
+def scene_points(url: str, seed: int = 0) -> dict[str, Any]:
+    """Cameras (centre and a point along the viewing axis) and up to ``MAX_POINTS`` sparse points
+    (``[x, y, z, css colour]``), centred and scaled into the unit ball: the report's 3-D view."""
+    from raykit.store import open_store
+
+    store = open_store(url)
+    c2w = store.table.c2w
+    centres, forward = c2w[:, :3, 3], c2w[:, :3, 2]  # OpenCV camera frame: z looks forward
+    points = store.sparse_points()
+    xyz = np.zeros((0, 3)) if points is None else points.xyz
+    rgb = np.zeros((0, 3), np.uint8) if points is None else points.rgb
+    if len(xyz) > MAX_POINTS:
+        keep = np.random.default_rng(seed).choice(len(xyz), MAX_POINTS, replace=False)
+        xyz, rgb = xyz[keep], rgb[keep]
+    everything = np.concatenate([centres, xyz])
+    middle = np.median(everything, axis=0)
+    scale = float(np.percentile(np.linalg.norm(everything - middle, axis=1), 95)) or 1.0
+    length = 0.15 * scale
+
+    def unit(p: np.ndarray) -> list[float]:
+        return [round(float(v), 4) for v in (p - middle) / scale]
+
+    cameras = [[unit(c), unit(c + length * f)] for c, f in zip(centres, forward, strict=True)]
+    dots = [[*unit(p), "#" + "".join(f"{int(v):02x}" for v in col)] for p, col in zip(xyz, rgb, strict=True)]
+    return {"cameras": cameras, "points": dots}
+
+
+def _listed(parts: Sequence[Sequence[str | Code]], sep: str) -> Iterator[str | Code]:
+    for index, part in enumerate(parts):
+        if index:
+            yield sep
+        yield from part
+
+
+def _capture(cfg: StageConfigs, results: Mapping[str, Any]) -> list[Any]:
     cap = capture_summary(cfg, results)
-    left = "; ".join(f"{code(n)} ({why})" for n, why in cap["left_out"]) or "none"
-    ratio = (
-        "" if not cap["source_bytes"] else f" ({cap['store_bytes'] / cap['source_bytes']:.2f}x the source)"
-    )
-    source_mb = "-" if not cap["source_bytes"] else f"{cap['source_bytes'] / 1e6:.2f}"
-    capture = "\n".join(
-        [
-            f"Source {code(cap['source'])} ({cap['kind']}): {cap['cameras']} camera(s) "
-            f"({', '.join(cap['models'])}), "
-            f"resolution {', '.join(cap['resolutions'])}, images "
-            + ", ".join(f"{s} {n}" for s, n in cap["splits"].items())
-            + f", {cap['rays']:,} rays, "
-            f"{cap['points']:,} sparse points.",
-            "",
-            f"Photos left out: {left}.",
-            "",
-            table(
-                ["", "MB"],
-                [
-                    ["source", source_mb],
-                    [
-                        f"store ({cap['backend']}, {cap['layout']} layout)",
-                        f"{cap['store_bytes'] / 1e6:.2f}{ratio}",
-                    ],
-                ],
-            ),
-        ]
-    )
-    prof = results["profile"]
-    rows = [[k, f"{v['rays_per_s'] / 1e6:.2f}"] for k, v in (prof["stages"] or {}).items() if v]
-    rows += [
-        ["end to end, cold", f"{prof['cold']['rays_per_s'] / 1e6:.2f}"],
-        ["end to end, warm", f"{prof['warm']['rays_per_s'] / 1e6:.2f}"],
-    ]
-    loader = table(["loader stage (train split)", "M rays/s"], rows)
-    runs = results["runs"]
-    train_rows = [
-        [
-            s,
-            f"{r['psnr']:.2f}",
-            f"{r['ssim']:.3f}",
-            _fmt(r.get("lpips"), ".3f"),
-            _fmt(r.get("psnr_float"), ".2f"),
-            r.get("protocol", OLD_PROTOCOL),
-            str(r["step"]),
-            _fmt(r["samples_per_ray"], ".1f"),
-            _fmt(r["rays_per_s"], ".0f"),
-            _fmt(r["memory_mb"], ".0f"),
-            _fmt(records[f"train-{s}"].get("peak_rss_mb"), ".0f"),
-            _fmt(r["loader_wait_fraction"], ".3f"),
-        ]
+    left: list[list[str | Code]] = [[Code(name), f" ({why})"] for name, why in cap["left_out"]]
+    source = cap["source_bytes"]
+    ratio = f" ({cap['store_bytes'] / source:.2f}x the source)" if source else ""
+    splits = ", ".join(f"{s} {n}" for s, n in cap["splits"].items())
+    return [
+        para("Source ", Code(cap["source"]), f" ({cap['kind']}): {cap['cameras']} camera(s) "
+             f"({', '.join(cap['models'])}), resolution {', '.join(cap['resolutions'])}, images {splits}, "
+             f"{cap['rays']:,} rays, {cap['points']:,} sparse points."),
+        para("Photos left out: ", *(_listed(left, "; ") if left else ["none"]), "."),
+        Table(["", "MB"], [
+            ["source", f"{source / 1e6:.2f}" if source else "-"],
+            [f"store ({cap['backend']}, {cap['layout']} layout)", f"{cap['store_bytes'] / 1e6:.2f}{ratio}"],
+        ]),
+        Scene(scene_points(results["store"]["url"], cfg.run.seed)),
+    ]  # fmt: skip
+
+
+def sections(
+    cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str, Any], made: Mapping[str, str]
+) -> list[Section]:
+    """The report's sections (``made``: the figures' file names by key, see :func:`figures`)."""
+    prof, runs = results["profile"], results["runs"]
+    loader = [[k, f"{v['rays_per_s'] / 1e6:.2f}"] for k, v in (prof["stages"] or {}).items() if v]
+    loader += [[f"end to end, {k}", f"{prof[k]['rays_per_s'] / 1e6:.2f}"] for k in ("cold", "warm")]
+    training = [
+        [s, f"{r['psnr']:.2f}", f"{r['ssim']:.3f}", _fmt(r.get("lpips"), ".3f"), _fmt(r.get("psnr_float")),
+         r.get("protocol", OLD_PROTOCOL), str(r["step"]), _fmt(r["samples_per_ray"], ".1f"),
+         _fmt(r["rays_per_s"], ".0f"), _fmt(r["memory_mb"], ".0f"),
+         _fmt(records[f"train-{s}"].get("peak_rss_mb"), ".0f"), _fmt(r["loader_wait_fraction"], ".3f")]
         for s, r in runs.items()
-    ]
-    training = table(
-        [
-            "sampler",
-            "PSNR dB",
-            "SSIM",
-            "LPIPS",
-            "float PSNR dB (extra)",
-            "protocol",
-            "steps",
-            "samples/ray",
-            "rays/s",
-            "trainer memory MB",
-            "peak RSS MB",
-            "loader wait",
-        ],
-        train_rows,
-    )
-    exports = table(
-        ["sampler", "export MB", "PSNR from export", "run's PSNR", "difference dB", "verified"],
-        [
-            [
-                s,
-                f"{e['bytes'] / 1e6:.2f}",
-                f"{e['verify']['psnr']:.3f}",
-                f"{e['verify']['run_psnr']:.3f}",
-                f"{e['verify']['difference_db']:.4f}",
-                "yes",
-            ]
-            for s, e in results["exports"].items()
-        ],
-    )
-    stage_rows = [
-        [
-            n,
-            r["status"],
-            _fmt(r.get("wall_s"), ".1f"),
-            _fmt(r.get("cpu_s"), ".1f"),
-            _fmt(r.get("peak_rss_mb"), ".0f"),
-            _fmt(r.get("peak_gpu_mb"), ".0f"),
-            str(len(r["attempts"])),
-        ]
+    ]  # fmt: skip
+    header = ["sampler", "PSNR dB", "SSIM", "LPIPS", "float PSNR dB (extra)", "protocol", "steps",
+              "samples/ray", "rays/s", "trainer memory MB", "peak RSS MB", "loader wait"]  # fmt: skip
+    floats = any(r.get("psnr_float") is not None for r in runs.values())  # runs of earlier releases
+    if not floats:
+        header, training = header[:4] + header[5:], [row[:4] + row[5:] for row in training]
+    exports = [
+        [s, f"{e['bytes'] / 1e6:.2f}", *(f"{e['verify'][k]:.{d}f}" for k, d in
+         (("psnr", 3), ("run_psnr", 3), ("difference_db", 4))), "yes"]
+        for s, e in results["exports"].items()
+    ]  # fmt: skip
+    stages = [
+        [n, r["status"], *(_fmt(r.get(k), d) for k, d in
+         (("wall_s", ".1f"), ("cpu_s", ".1f"), ("peak_rss_mb", ".0f"), ("peak_gpu_mb", ".0f"))),
+         str(len(r["attempts"]))]
         for n, r in records.items()
-    ]
-    stages = table(
-        ["stage", "status", "wall s", "CPU s", "peak RSS MB", "peak GPU MB", "attempts"], stage_rows
-    )
-    views = ", ".join(code(n) for n in results["render"]["views"])
-    return {
-        "Capture": capture,
-        "Loader throughput": loader,
-        "Training": training
-        + "\n\nBudget: "
-        + (f"{cfg.run.steps} steps per sampler" if cfg.run.steps else f"{cfg.run.minutes} min split evenly")
-        + ". PSNR, SSIM and LPIPS follow the community evaluation protocol (8-bit images, as nerfbaselines "
-        "scores them; LPIPS AlexNet, '-' without its weights); the float PSNR, the figure of earlier "
-        "releases, is an extra column.",
-        "Test views": f"Ground truth, then {', '.join(runs)}: {views}.",
-        "Export verification": exports,
-        "Stage times": stages + "\n\nEvery stage's command, inputs and attempts: `pipeline.json`.",
-    }
+    ]  # fmt: skip
+    budget = f"{cfg.run.steps} steps per sampler" if cfg.run.steps else f"{cfg.run.minutes} min split evenly"
+    views: list[list[str | Code]] = [[Code(n)] for n in results["render"]["views"]]
+    return [
+        Section("Capture", _capture(cfg, results)),
+        Section("Loader throughput", [Table(["loader stage (train split)", "M rays/s"], loader),
+                                      Figure(made["loader"], "loader")]),
+        Section("Training", [
+            Table(header, training),
+            para(f"Budget: {budget}. PSNR, SSIM and LPIPS follow the community evaluation protocol (8-bit "
+                 "images, as nerfbaselines scores them; LPIPS AlexNet, '-' without its weights)"
+                 + ("; the float PSNR, the figure of earlier releases, is an extra column." if floats
+                    else ".")),
+            Figure(made["psnr"], "psnr"), Figure(made["samplers"], "samplers"),
+        ]),
+        Section("Test views", [para(f"Ground truth, then {', '.join(runs)}: ", *_listed(views, ", "), "."),
+                               Figure(made["renders"], "renders")]),
+        Section("Export verification", [Table(["sampler", "export MB", "PSNR from export", "run's PSNR",
+                                               "difference dB", "verified"], exports)]),
+        Section("Stage times", [
+            Table(["stage", "status", "wall s", "CPU s", "peak RSS MB", "peak GPU MB", "attempts"], stages),
+            para("Every stage's command, inputs and attempts: ", Code("pipeline.json"), "."),
+            Figure(made["stages"], "stages"),
+        ]),
+    ]  # fmt: skip
 
 
-FIGURES = {
-    "Loader throughput": ("loader",),
-    "Training": ("psnr", "samplers"),
-    "Test views": ("renders",),
-    "Stage times": ("stages",),
-}
-
-
-def write_markdown(
-    out: Path,
-    cfg: StageConfigs,
-    results: Mapping[str, Any],
-    records: Mapping[str, Any],
-    extra: Mapping[str, str],
-    made: Mapping[str, str],
-) -> Path:
-    """Write ``OUT/report.md`` (``made``: the figures' file names by key, see :func:`figures`)."""
-    parts = ["# raykit run report", "The interactive view of cameras and points is in `report.html`."]
-    for title, body in {**sections(cfg, results, records), **extra}.items():
-        images = [f"![{key}](figures/{made[key]})" for key in FIGURES.get(title, ())]
-        parts.append("\n\n".join([f"## {title}", body, *images]))
-    path = out / "report.md"
-    path.write_text("\n\n".join(parts) + "\n")
-    return path
+def write(
+    out: Path, cfg: StageConfigs, results: Mapping[str, Any], records: Mapping[str, Any], extra: list[Section]
+) -> tuple[Path, Path]:
+    """Plot the figures, write ``OUT/report.md`` and ``OUT/report.html``; their paths."""
+    made = figures(out, results, records)
+    return write_report(out, "raykit run report", [*sections(cfg, results, records, made), *extra])

@@ -14,14 +14,15 @@ from raykit.pipeline import stages
 from raykit.pipeline.config import StageConfigs
 from raykit.pipeline.records import PIPELINE_FILE, Records, fingerprint, tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, StageRunner
+from raykit.report import Section
 
 __all__ = ["RUN_LOCK", "ExtraStages", "capture_and_store", "check_run_folder", "run_pipeline"]
 
 RUN_LOCK = "run.lock"  # OUT/run.lock: held by the one `raykit run` writing OUT (raykit.locks)
 
 # Stages a caller adds after evaluation (the demo's comparisons): given the runner and the results so
-# far, run them and return the report's extra sections as ``{"title": markdown}``.
-ExtraStages = Callable[[StageRunner, dict[str, Any]], dict[str, str]]
+# far, run them and return the report's extra sections (``raykit.report.Section``).
+ExtraStages = Callable[[StageRunner, dict[str, Any]], list[Section]]
 
 
 def run_pipeline(
@@ -81,7 +82,7 @@ def _run_locked(cfg: StageConfigs, out: Path, extra: ExtraStages | None, runner:
     results["evaluate"] = runner.execute(stages.evaluate_stage(runs))
     results["exports"] = {s: runner.execute(stages.export_stage(r, out, s)) for s, r in runs.items()}
     results["render"] = runner.execute(render_stage(cfg, out, url, runs))
-    sections = extra(runner, results) if extra is not None else {}
+    sections = extra(runner, results) if extra is not None else []
     report = runner.execute(report_stage(cfg, out, runner, results, sections))
     total = time.perf_counter() - started
     print(
@@ -149,20 +150,17 @@ def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -
 
 
 def report_stage(
-    cfg: StageConfigs, out: Path, runner: StageRunner, results: dict[str, Any], sections: dict[str, str]
+    cfg: StageConfigs, out: Path, runner: StageRunner, results: dict[str, Any], sections: list[Section]
 ) -> Stage:
     """``report.md`` and a self-contained ``report.html`` from every stage's record."""
-    from raykit.pipeline.html import write_html
-    from raykit.pipeline.report import figures, write_markdown
+    from raykit.pipeline.report import write
 
     names = list(runner.seen)
     upstream = {name: runner.records.stages[name]["fingerprint"] for name in names}
 
     def run(attempt: Attempt) -> dict[str, Any]:
         records = {name: runner.records.stages[name] for name in names}
-        made = figures(out, results, records)
-        md = write_markdown(out, cfg, results, records, sections, made)
-        html = write_html(out, cfg, results, records, sections, made)
+        md, html = write(out, cfg, results, records, sections)
         return {"markdown": str(md), "html": str(html), "output": tree_fingerprint(html)}
 
     inputs = {"upstream": fingerprint(upstream), "sections": fingerprint(sections)}

@@ -8,9 +8,7 @@ PSNR against training time, one figure per capture (``OUT/figures/curves-<captur
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import html
 import itertools
 import json
 import math
@@ -21,20 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from raykit.fileio import atomic_path, atomic_write_bytes
+from raykit.fileio import atomic_path
+from raykit.report import Block, Code, Figure, Section, Table, para
+from raykit.report import write_report as render_report
 from raykit.sweep.results import read_results
 from raykit.sweep.spec import LOWER_IS_BETTER
 
-__all__ = ["Section", "paired_comparison", "summarise", "write_report"]
+__all__ = ["paired_comparison", "summarise", "write_report"]
 
-# A section is a title and blocks: ("text", str), ("table", header, rows) or ("image", path, alt).
-Section = tuple[str, list[tuple[Any, ...]]]
 SKIP_FIGURES = ("n_images", "seconds")
-
-_CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:2px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:.5em 0}
-code{background:#eee;padding:0 3px}"""
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -173,191 +166,90 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "capture"
 
 
+def _capture(rows: Sequence[dict[str, Any]], capture: str, figures: list[str], out: Path) -> Section:
+    """Every run of ``capture``, the mean and standard deviation over seeds, its curves' figure."""
+    mine = [r for r in rows if r["capture"] == capture]
+    runs = [
+        [r["config"], str(r["seed"]), str(r.get("status")), _fmt(r.get("steps")),
+         *[_fmt(r.get(f)) for f in figures], _fmt(r.get("train_s"), 1), _fmt(r.get("rays_per_s"), 0),
+         _fmt(r.get("loader_wait_fraction"), 3), _fmt(r.get("peak_rss_mb"), 0)]
+        for r in mine
+    ]  # fmt: skip
+    stats = {f: summarise(mine, f) for f in figures}
+    summary = [
+        [config, str(stats[figures[0]].get((capture, config), {}).get("n", 0)) if figures else "0",
+         *[(f"{s['mean']:.3f} ± {s['std']:.3f}" if (s := stats[f].get((capture, config))) else "-")
+           for f in figures]]
+        for config in dict.fromkeys(r["config"] for r in rows)
+    ]  # fmt: skip
+    header = ["config", "seed", "status", "steps", *figures, "train s", "rays/s", "loader wait", "peak MB"]
+    blocks: list[Block] = [
+        Table(header, runs),
+        para("Mean ± standard deviation over seeds:"),
+        Table(["config", "seeds", *figures], summary),
+    ]
+    name = _curves_figure(rows, capture, out / "figures" / f"curves-{_slug(capture)}.png")
+    if name is not None:
+        blocks.append(Figure(name, f"curves {capture}"))
+    return Section(f"Capture: {capture}", blocks)
+
+
+def _paired(rows: Sequence[dict[str, Any]], column: str, higher: bool) -> Section:
+    table = [
+        [p["a"], p["b"], *(str(p[k]) for k in ("pairs", "a_wins", "b_wins", "ties")), _fmt(p["mean_diff"]),
+         f"{_fmt(p['min_diff'])} .. {_fmt(p['max_diff'])}",
+         f"{p['captures_a']} / {p['captures_b']} of {p['captures']}"]
+        for p in paired_comparison(rows, column, higher)
+    ]  # fmt: skip
+    header = [
+        "A",
+        "B",
+        "pairs",
+        "A wins",
+        "B wins",
+        "ties",
+        "mean A - B",
+        "range",
+        "captures won (mean) A / B",
+    ]
+    return Section("Paired comparison", [
+        para("Each pair of configurations on the (capture, seed) pairs both finished: wins on ", Code(column),
+             ", and the difference A - B."),
+        Table(header, table),
+    ])  # fmt: skip
+
+
 def _sections(out: Path, rows: Sequence[dict[str, Any]], metric: str) -> list[Section]:
     higher = not any(word in metric.lower() for word in LOWER_IS_BETTER)
     column = primary_column(rows, metric)
-    figures = metric_columns(rows)
     done = [r for r in rows if r.get("status") == "done"]
     failed = [r for r in rows if r.get("status") != "done"]
     captures = list(dict.fromkeys(r["capture"] for r in rows))
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    overview: list[tuple[Any, ...]] = [
-        (
-            "text",
-            f"{len(rows)} runs: {len(done)} finished, {len(failed)} failed; "
-            f"{len(captures)} captures x {len(configs)} configurations x seeds "
-            f"{', '.join(str(s) for s in sorted({r['seed'] for r in rows}))}. "
-            f"Compared on `{column or metric}` ({'higher' if higher else 'lower'} is better).",
-        )
-    ]
+    seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in rows}))
+    overview: list[Block] = [
+        para(f"{len(rows)} runs: {len(done)} finished, {len(failed)} failed; {len(captures)} captures x "
+             f"{len(configs)} configurations x seeds {seeds}. Compared on ", Code(column or metric),
+             f" ({'higher' if higher else 'lower'} is better)."),
+    ]  # fmt: skip
     if failed:
-        overview.append(
-            (
-                "table",
-                ["capture", "config", "seed", "error"],
-                [[r["capture"], r["config"], str(r["seed"]), str(r.get("error"))] for r in failed],
-            )
-        )
-    sections: list[Section] = [("Runs", overview)]
-    for capture in captures:
-        mine = [r for r in rows if r["capture"] == capture]
-        header = [
-            "config",
-            "seed",
-            "status",
-            "steps",
-            *figures,
-            "train s",
-            "rays/s",
-            "loader wait",
-            "peak MB",
-        ]
-        table = [
-            [
-                r["config"],
-                str(r["seed"]),
-                str(r.get("status")),
-                _fmt(r.get("steps")),
-                *[_fmt(r.get(f)) for f in figures],
-                _fmt(r.get("train_s"), 1),
-                _fmt(r.get("rays_per_s"), 0),
-                _fmt(r.get("loader_wait_fraction"), 3),
-                _fmt(r.get("peak_rss_mb"), 0),
-            ]
-            for r in mine
-        ]
-        stats = {f: summarise(mine, f) for f in figures}
-        summary = [
-            [
-                config,
-                str(stats[figures[0]].get((capture, config), {}).get("n", 0)) if figures else "0",
-                *[
-                    (f"{s['mean']:.3f} ± {s['std']:.3f}" if (s := stats[f].get((capture, config))) else "-")
-                    for f in figures
-                ],
-            ]
-            for config in configs
-        ]
-        blocks: list[tuple[Any, ...]] = [
-            ("table", header, table),
-            ("text", "Mean ± standard deviation over seeds:"),
-            ("table", ["config", "seeds", *figures], summary),
-        ]
-        name = _curves_figure(rows, capture, out / "figures" / f"curves-{_slug(capture)}.png")
-        if name is not None:
-            blocks.append(("image", f"figures/{name}", f"curves {capture}"))
-        sections.append((f"Capture: {capture}", blocks))
+        errors = [[r["capture"], r["config"], str(r["seed"]), str(r.get("error"))] for r in failed]
+        overview.append(Table(["capture", "config", "seed", "error"], errors))
+    sections = [Section("Runs", overview)]
+    sections += [_capture(rows, capture, metric_columns(rows), out) for capture in captures]
     if column is not None and len(configs) > 1:
-        pairs = paired_comparison(rows, column, higher)
-        table = [
-            [
-                p["a"],
-                p["b"],
-                str(p["pairs"]),
-                str(p["a_wins"]),
-                str(p["b_wins"]),
-                str(p["ties"]),
-                _fmt(p["mean_diff"]),
-                f"{_fmt(p['min_diff'])} .. {_fmt(p['max_diff'])}",
-                f"{p['captures_a']} / {p['captures_b']} of {p['captures']}",
-            ]
-            for p in pairs
-        ]
-        sections.append(
-            (
-                "Paired comparison",
-                [
-                    (
-                        "text",
-                        f"Each pair of configurations on the (capture, seed) pairs both finished: wins on "
-                        f"`{column}`, and the difference A - B.",
-                    ),
-                    (
-                        "table",
-                        [
-                            "A",
-                            "B",
-                            "pairs",
-                            "A wins",
-                            "B wins",
-                            "ties",
-                            "mean A - B",
-                            "range",
-                            "captures won (mean) A / B",
-                        ],
-                        table,
-                    ),
-                ],
-            )
-        )
+        sections.append(_paired(rows, column, higher))
     timing = [
-        [
-            r["capture"],
-            r["config"],
-            str(r["seed"]),
-            _fmt(r.get("wall_s"), 1),
-            _fmt(r.get("train_s"), 1),
-            _fmt(r.get("eval_s"), 1),
-            _fmt(r.get("overhead_s"), 1),
-        ]
+        [r["capture"], r["config"], str(r["seed"]),
+         *(_fmt(r.get(k), 1) for k in ("wall_s", "train_s", "eval_s", "overhead_s"))]
         for r in done
-    ]
-    sections.append(
-        (
-            "Costs",
-            [
-                (
-                    "text",
-                    "Wall time of each run, its training and evaluation time, and the rest (overhead: "
-                    "process start, checkpoints, records).",
-                ),
-                ("table", ["capture", "config", "seed", "wall s", "train s", "eval s", "overhead s"], timing),
-            ],
-        )
-    )
-    return sections
-
-
-def _markdown(title: str, sections: list[Section]) -> str:
-    lines = [f"# {title}", ""]
-    for heading, blocks in sections:
-        lines += [f"## {heading}", ""]
-        for block in blocks:
-            if block[0] == "text":
-                lines += [block[1], ""]
-            elif block[0] == "table":
-                header, body = block[1], block[2]
-                lines.append("| " + " | ".join(header) + " |")
-                lines.append("|" + "|".join("---" for _ in header) + "|")
-                lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in body]
-                lines.append("")
-            else:
-                lines += [f"![{block[2]}]({block[1]})", ""]
-    return "\n".join(lines)
-
-
-def _html(out: Path, title: str, sections: list[Section]) -> str:
-    parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
-    ]
-    code = re.compile(r"`([^`]*)`")
-    for heading, blocks in sections:
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
-        for block in blocks:
-            if block[0] == "text":
-                parts.append("<p>" + code.sub(r"<code>\1</code>", html.escape(block[1])) + "</p>")
-            elif block[0] == "table":
-                head = "".join(f"<th>{html.escape(h)}</th>" for h in block[1])
-                body = "".join(
-                    "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block[2]
-                )
-                parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-            else:
-                data = base64.b64encode((out / block[1]).read_bytes()).decode()
-                parts.append(f"<img alt='{html.escape(block[2])}' src='data:image/png;base64,{data}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    ]  # fmt: skip
+    costs: list[Block] = [
+        para("Wall time of each run, its training and evaluation time, and the rest (overhead: process "
+             "start, checkpoints, records)."),
+        Table(["capture", "config", "seed", "wall s", "train s", "eval s", "overhead s"], timing),
+    ]  # fmt: skip
+    return [*sections, Section("Costs", costs)]
 
 
 def write_report(out: Path) -> Path:
@@ -368,9 +260,5 @@ def write_report(out: Path) -> Path:
     if record_path.is_file():
         with contextlib.suppress(ValueError):
             metric = json.loads(record_path.read_text()).get("metric", metric)
-    sections = _sections(out, rows, metric)
-    title = f"raykit sweep: {out.resolve().name}"
-    md = out / "report.md"
-    atomic_write_bytes(md, (_markdown(title, sections) + "\n").encode(), sync=False)
-    atomic_write_bytes(out / "report.html", _html(out, title, sections).encode(), sync=False)
+    md, _ = render_report(out, f"raykit sweep: {out.resolve().name}", _sections(out, rows, metric))
     return md

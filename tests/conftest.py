@@ -1,0 +1,44 @@
+"""The whole suite: with ``RAYKIT_CI_NO_SKIPS=1`` (``.ci/run`` sets it) any skip but CUDA's fails the run.
+
+A check that skips where its oracle (a package, a browser) is missing checks nothing; CI installs them
+all, so there a skip means a missing install step. Tests that need a CUDA device (or none) say
+``CUDA`` in their skip reason and may skip anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+NO_SKIPS = "RAYKIT_CI_NO_SKIPS"
+_SKIPS: list[str] = []
+
+
+def _record(report: Any) -> None:
+    if not report.skipped or getattr(report, "wasxfail", None) is not None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if "CUDA" not in reason:
+        _SKIPS.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _record(report)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get(NO_SKIPS) == "1" and _SKIPS and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if os.environ.get(NO_SKIPS) == "1" and _SKIPS:
+        terminalreporter.section(f"{NO_SKIPS}=1: skips other than CUDA's fail the run", red=True)
+        for line in _SKIPS:
+            terminalreporter.line(line, red=True)
