@@ -57,35 +57,6 @@ def test_lpips_equals_reference_twin(tmp_path: Path, net: str) -> None:
         assert model(a, a).abs().max() < 1e-6
 
 
-def test_the_lpips_package_itself_where_it_imports(tmp_path: Path) -> None:
-    """The committed values are the installed lpips package's (skips where it does not import: it
-    needs torchvision)."""
-    try:
-        import lpips
-    except Exception as exc:  # torchvision is not installed, or does not import against this torch
-        pytest.skip(f"the lpips package does not import here ({type(exc).__name__}: {exc})")
-    for net in ("alex", "vgg"):
-        oracle = cases.lpips_package(net)
-        _, heads_path, trunk, _ = _random_weights(tmp_path, net, oracle["seed"])
-        theirs = lpips.LPIPS(
-            net=net, pretrained=True, pnet_rand=True, model_path=str(heads_path), verbose=False
-        )
-        ends = {"alex": (2, 5, 8, 10), "vgg": (4, 9, 16, 23)}[net]
-        theirs.net.load_state_dict(
-            {
-                f"slice{1 + sum(int(k.split('.')[1]) >= e for e in ends)}.{k.split('.', 1)[1]}": v
-                for k, v in trunk.items()
-                if k.startswith("features.")
-            }
-        )
-        a, b = (x.permute(0, 3, 1, 2).float() / 127.5 - 1 for x in _images(oracle["seed"]))
-        with torch.no_grad():
-            got = theirs.eval()(a, b).flatten().double()
-        torch.testing.assert_close(
-            got, torch.tensor(oracle["values"], dtype=torch.float64), rtol=0, atol=1e-6
-        )
-
-
 def test_published_heads_located_without_importing_lpips(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
