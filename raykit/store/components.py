@@ -26,19 +26,33 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import google_crc32c
 import numpy as np
 
-from raykit.errors import ConfigError, SourceError, StoreCorruptError
+from raykit.errors import ConfigError, RayRangeError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_json
+from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
-from raykit.store.backends import backend_named, component_blobs, npy_bytes, npy_header, npy_values
+from raykit.store.backends import (
+    Backend,
+    backend_named,
+    component_blobs,
+    held_first,
+    join_parts,
+    npy_bytes,
+    npy_header,
+    npy_values,
+    read_blob,
+    read_blobs,
+)
+from raykit.store.byteview import StoreView
 from raykit.store.files import file_record, json_digest, write_files
 
 __all__ = [
@@ -46,6 +60,7 @@ __all__ = [
     "COMPONENT_DTYPES",
     "FRAMES_FILE",
     "ComponentInfo",
+    "ComponentReader",
     "component_files",
     "decode_component",
     "encode_component",
@@ -194,6 +209,109 @@ def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, 
     if info.dtype == "bit":
         return np.unpackbits(values, axis=1, count=width) * np.uint8(255)
     return values.astype(np.float32) if info.name == "depth" else values.copy()
+
+
+# -- reading -------------------------------------------------------------------------------------------
+
+
+class ComponentReader:
+    """A committed store's components and per-frame metadata, read through its ``view`` (``backend``:
+    the manifest's; ``manifest``: its ``components`` and ``frame_metadata`` records; ``read_json``:
+    a checked JSON file of the store, ``raykit.store.byteview.StoreBytes.read_json``)."""
+
+    def __init__(
+        self, view: StoreView, backend: Backend, manifest: Mapping[str, Any], read_json: Callable[[str], Any]
+    ) -> None:
+        self.view, self.backend, self._manifest, self._read_json = view, backend, manifest, read_json
+        self._indices: dict[str, dict[str, Any]] = {}
+
+    @cached_property
+    def components(self) -> dict[str, ComponentInfo]:
+        """Name (``"mask"``, ``"depth"``) -> ``ComponentInfo``; empty when the store has none (components
+        of names this raykit does not know are left out)."""
+        records, where = self._manifest.get("components") or {}, f"{self.view.url}/manifest.json"
+        return {k: ComponentInfo.from_dict(k, v, where) for k, v in records.items() if k in COMPONENTS}
+
+    def _index(self, component: str) -> dict[str, Any]:
+        if component not in self._indices:
+            info = self.components.get(component)
+            if info is None:
+                have = ", ".join(self.components) or "none"
+                raise RayRangeError(f"{self.view.url}: no {component!r} component (the store has: {have})")
+            self._indices[component] = self._read_json(info.index)
+        return self._indices[component]
+
+    def _located(self, component: str, split: str, local: Sequence[int]) -> dict[str, Any]:
+        """The split's ``index-{component}.json`` entry, once images ``local`` of it are in it."""
+        entry, rows = self._index(component).get(split), self.view.rows(split)
+        outside = [i for i in local if not 0 <= i < len(rows)]
+        if outside:
+            raise RayRangeError(f"{self.view.url}: split {split!r} has no image {outside[0]}")
+        n = len(entry.get("bytes", ())) if isinstance(entry, dict) else 0
+        missing = [i for i in local if i >= n]
+        if missing or not isinstance(entry, dict):
+            name = self.view.table.names[int(rows[missing[0]])] if missing else split
+            raise StoreCorruptError(
+                f"{self.view.url}/{self.components[component].index}: no entry for image {name!r}"
+            )
+        return entry
+
+    def _where(
+        self, component: str, split: str, entry: Mapping[str, Any], local: int
+    ) -> tuple[str, int, int, str]:
+        """Image ``local``'s name, height, width and the file its component starts in, for messages."""
+        row, table = int(self.view.rows(split)[local]), self.view.table
+        rel = self.backend.blob_ranges(component_blobs(component), split, entry, local)[0][0]
+        return table.names[row], int(table.height[row]), int(table.width[row]), f"{self.view.url}/{rel}"
+
+    def files(self, component: str, row: int) -> list[str]:
+        """Relative paths of the files holding component ``component`` of camera-table row ``row``."""
+        split = self.view.table.splits[row]
+        local = int(np.searchsorted(self.view.rows(split), row))
+        entry = self._located(component, split, [local])
+        return [
+            rel for rel, _, _ in self.backend.blob_ranges(component_blobs(component), split, entry, local)
+        ]
+
+    def stored(
+        self, component: str, row: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> tuple[bytes, str]:
+        """The stored bytes (an ``.npy``) of component ``component`` of camera-table row ``row``, checked
+        against their CRC-32C, and the file they lie in; ``held``: files already in memory (relative
+        path -> read-only uint8 array), read from there instead of the store."""
+        split = self.view.table.splits[row]
+        local = int(np.searchsorted(self.view.rows(split), row))
+        entry, blobs = self._located(component, split, [local]), component_blobs(component)
+        read = held_first(self.view.read, held)
+        parts = read_blob(self.backend, blobs, read, self.view.url, split, entry, local)
+        return join_parts(parts), self.backend.blob_ranges(blobs, split, entry, local)[0][0]
+
+    def read(self, component: str, row: int, downscale: int = 1) -> np.ndarray:
+        """Component ``component`` of camera-table row ``row`` (``RayStore.read_component``)."""
+        data, rel = self.stored(component, row)
+        table = self.view.table
+        h, w, name = int(table.height[row]), int(table.width[row]), table.names[row]
+        values = decode_component(self.components[component], data, h, w, f"{self.view.url}/{rel}: {name!r}")
+        return downscale_nearest(values, downscale)
+
+    def read_split(
+        self, component: str, split: str, local: Iterable[int]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """``(i, array)`` of each image ``i`` of ``local`` (``RayStore.read_split_components``)."""
+        wanted = [int(i) for i in local]
+        entry, blobs = self._located(component, split, wanted), component_blobs(component)
+        info, url = self.components[component], self.view.url
+        for i, parts in read_blobs(self.backend, blobs, self.view.read, url, split, entry, wanted):
+            name, h, w, where = self._where(component, split, entry, i)
+            yield i, decode_component(info, join_parts(parts), h, w, f"{where}: {name!r}")
+
+    @cached_property
+    def _frames(self) -> dict[str, Any]:
+        return dict(self._read_json(FRAMES_FILE)) if self._manifest.get("frame_metadata") else {}
+
+    def frame_metadata(self, name: str) -> dict[str, Any]:
+        """Per-frame metadata of image ``name`` (``RayStore.frame_metadata``), ``{}`` when none."""
+        return dict(self._frames.get(name) or {})
 
 
 # -- the payload of one component -----------------------------------------------------------------------

@@ -23,12 +23,12 @@ import numpy as np
 
 from raykit.errors import RaykitError
 from raykit.ordered import in_order
-from raykit.store.backends import backend_named
+from raykit.store.backends import backend_named, join_parts
 from raykit.store.components import component_files, decode_component
 from raykit.store.files import local_files_bytes
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
-from raykit.store.reader import RayStore, join_parts, open_store
+from raykit.store.reader import RayStore, open_store
 from raykit.store.schema import check_points
 from raykit.store.table import record_problems
 
@@ -73,7 +73,7 @@ def source_image_bytes(store: RayStore) -> int | None:
     recorded = store.manifest.get("source", {}).get("image_bytes")
     if recorded is not None:
         return int(recorded)
-    return local_files_bytes(store.cameras.column("source_path").to_pylist())
+    return local_files_bytes(store.table_arrow.column("source_path").to_pylist())
 
 
 def store_summary(store: RayStore) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def _points_summary(store: RayStore) -> dict[str, Any] | None:
 HEADER_BYTES = 1 << 16  # an image's first bytes, enough for its header unless its metadata is larger
 
 
-_buffers = threading.local()  # each thread's file buffer (``RayStore.read_file_into``)
+_buffers = threading.local()  # each thread's file buffer (``StoreBytes.read_file_into``)
 
 
 class BlobCheck:
@@ -222,7 +222,7 @@ def images_check(store: RayStore, split: str, deep: bool = False) -> BlobCheck:
     rows = store.split_rows(split)  # what each image is checked against, looked up once
     names = [store.table.names[int(row)] for row in rows]
     sizes = list(zip(store.table.width[rows].tolist(), store.table.height[rows].tolist(), strict=True))
-    source_sha = store.cameras.column("source_sha256").to_pylist()
+    source_sha = store.table_arrow.column("source_sha256").to_pylist()
     source_shas = [source_sha[int(row)] for row in rows]
     alphas = store.table.has_alpha[rows].tolist()
     entry = store.index[split]
@@ -510,9 +510,9 @@ def components_check(store: RayStore) -> tuple[BlobCheck, list[str]]:
                 f"the store has {len(names)}"
             )
             continue
-        for row, name in enumerate(names):
+        for row in range(len(names)):
             try:
-                blobs[component, row] = store.component_files(component, name)
+                blobs[component, row] = store.component_reader.files(component, row)
             except RaykitError as exc:
                 problems.append(str(exc))
                 break
@@ -521,7 +521,7 @@ def components_check(store: RayStore) -> tuple[BlobCheck, list[str]]:
         component, row = key
         name = names[row]
         try:
-            data, rel = store.component_bytes(component, name, held)
+            data, rel = store.component_reader.stored(component, row, held)
             where = f"{store.url}/{rel}: {component} of image {name!r}"
             info = store.components[component]
             decode_component(info, data, int(table.height[row]), int(table.width[row]), where)

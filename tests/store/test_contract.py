@@ -105,8 +105,8 @@ class StoreContract:
         np.testing.assert_array_equal(store.world_from_source, scene.matrix())
         assert store.scene == scene
         by_name = {r.name: r for r in records}
-        assert store.cameras.num_rows == len(records)
-        for row in store.cameras.to_pylist():
+        assert store.table_arrow.num_rows == len(records)
+        for row in store.table_arrow.to_pylist():
             rec = by_name[row["name"]]
             assert row["split"] == rec.split and row["near"] == rec.near and row["far"] == rec.far
             np.testing.assert_array_equal(np.reshape(row["c2w"], (4, 4)), rec.c2w)

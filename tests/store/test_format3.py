@@ -116,7 +116,7 @@ def test_copy_with_pids_keeps_the_fingerprint(
 
         native = zarr.open_array(tmp_path / "c" / "zarr", path="train/pid", mode="r")[:]
     else:
-        native = np.concatenate([copy.reader.values(copy.splits["train"], i)["pid"]
+        native = np.concatenate([copy.reader.chunks.values(copy.splits["train"], i)["pid"]
                                  for i in range(copy.splits["train"].n_chunks)])  # fmt: skip
     np.testing.assert_array_equal(native, store.read("train", 0, store.splits["train"].n_rays).pid)
     for split, info in store.splits.items():

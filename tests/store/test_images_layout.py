@@ -18,7 +18,7 @@ from raykit.converters import convert
 from raykit.converters.images import decode_image
 from raykit.errors import SourceError, StoreCorruptError
 from raykit.store import open_store, write_store
-from raykit.store.reader import join_parts
+from raykit.store.backends import join_parts
 from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 

@@ -113,8 +113,10 @@ def test_shard_gathers_match_the_definition(tmp_path: Path, record_factory, scen
         )  # fmt: skip
         info = store.splits["train"]
         pids = np.concatenate([store.read_chunk("train", c).pid for c in range(info.n_chunks)])
-        rows = [i for i, split in enumerate(store.cameras.column("split").to_pylist()) if split == "train"]
-        sizes = tuple(store.cameras.column("n_pixels").to_pylist()[i] for i in rows)
+        rows = [
+            i for i, split in enumerate(store.table_arrow.column("split").to_pylist()) if split == "train"
+        ]
+        sizes = tuple(store.table_arrow.column("n_pixels").to_pylist()[i] for i in rows)
         offsets = list(itertools.accumulate((0, *sizes[:-1])))
         expected = reference_split_pids(5, "train", rows, sizes, offsets)
         np.testing.assert_array_equal(pids, expected)

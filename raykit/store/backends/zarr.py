@@ -19,19 +19,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, RaySplits, StagedBlob
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
+from raykit.store.byteview import StoreView
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
-
-if TYPE_CHECKING:
-    from raykit.store.reader import RayStore
 
 __all__ = [
     "ABSENT_CHUNK",
@@ -169,9 +167,9 @@ def _crc_ok(data: bytes) -> bool:
     return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
 
 
-class ZarrReader(RaySplits):
-    """Reads chunks of a committed store's zarr payload through its byte ranges (``RaySplits.read``: a
-    local or remote store's) and its verified ``zarr.json`` documents (``RayStore.metadata``).
+class ZarrReader:
+    """Reads chunks of a committed store's zarr payload (``raykit.store.backends.RayChunks``) through
+    its ``view``: its byte ranges (a local or remote store's) and verified ``zarr.json`` documents.
 
     Shard files with the codecs raykit writes are read directly (the shard index once per file, then
     one read per chunk, both checked against their crc32c, decoded with zarr's numcodecs codec): several
@@ -179,9 +177,10 @@ class ZarrReader(RaySplits):
     reads arrays of other codecs.
     """
 
-    def __init__(self, store: RayStore) -> None:
-        super().__init__(store)
-        self._files, self._metadata, self._shard_chunks = store.files, store.metadata, store.spec.shard_chunks
+    def __init__(self, view: StoreView) -> None:
+        self.url, self.read, self._sizes = view.url, view.read, view.sizes
+        self.stored = {name: info.stored_fields(view.fields) for name, info in view.splits.items()}
+        self._metadata, self._shard_chunks = view.metadata, view.spec.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
@@ -207,7 +206,7 @@ class ZarrReader(RaySplits):
         where = f"{self.url}/{rel}"
         table = self._indexes.get(rel)
         if table is None:
-            nbytes, size = self._shard_chunks * 16 + 4, int(self._files.get(rel, {}).get("size", 0))
+            nbytes, size = self._shard_chunks * 16 + 4, int(self._sizes.get(rel, 0))
             raw = bytes(self.read(rel, size - nbytes, size)) if size >= nbytes else b""
             if len(raw) != nbytes or not _crc_ok(raw):
                 raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
@@ -488,8 +487,8 @@ class ZarrBackend:
                 counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
         return out
 
-    def open_reader(self, store: RayStore) -> ZarrReader:
-        return ZarrReader(store)
+    def open_reader(self, view: StoreView) -> ZarrReader:
+        return ZarrReader(view)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         attributes = {

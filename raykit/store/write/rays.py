@@ -216,7 +216,7 @@ def copy_rays(
         plan["upgrade_to"] = FORMAT_VERSION
     points = store.sparse_points()
     w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
-    write_camera_table(store.cameras, w.root)
+    write_camera_table(store.table_arrow, w.root)
     _write_shards(w, splits, store.fields, CopySource(store.url))
-    source, table = store.manifest["source"], store.cameras
+    source, table = store.manifest["source"], store.table_arrow
     return commit(w, source, store.scene, splits, store.fields, table, ((), (), extras_from))

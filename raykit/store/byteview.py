@@ -1,0 +1,307 @@
+"""The byte layer of a committed store: its files, read checked (docs/format.md, "Integrity").
+
+``StoreBytes`` opens a store's manifest (a local path or any fsspec URL; its digest and file records
+checked) and reads the files it lists: whole and checked against their SHA-256 (``read_verified``,
+``read_file_into``), or in byte ranges (``read_range``: regular files inside the store of the recorded
+size; a remote store's through ``files.RangeFetcher``). Nearby ranges are read at once through
+``merged_reader`` (the merging is ``fsspec.utils.merge_offset_ranges``'). It knows nothing of
+layouts, rays or images. ``StoreView`` is what a layout reader (``raykit.store.layouts``), a backend's
+chunk reader and the components' reader are given: those ranged reads and the store's small records,
+never the store itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from fsspec.utils import merge_offset_ranges
+
+from raykit.errors import RayRangeError, StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
+from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
+from raykit.locks import lock_owner, lock_path
+from raykit.store.files import RangeFetcher, filesystem, is_url, json_digest, local_range_reader, read_errors
+from raykit.store.order import SplitOrder, shared_order
+from raykit.store.schema import FieldSpec, SplitInfo, check_manifest_files, check_manifest_header
+from raykit.store.spec import StoreSpec
+from raykit.store.table import CameraTable
+
+__all__ = ["ByteRead", "StoreBytes", "StoreView", "merged_reader"]
+
+
+# ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
+ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
+
+
+_PIECE = 4 << 20  # bytes read and hashed at a time: a piece stays in the CPU's cache between the two
+
+
+def merged_reader(
+    read: ByteRead, ranges: Iterable[tuple[str, int, int]], gap: int = 1 << 16, span: int = 1 << 24
+) -> ByteRead:
+    """A ``read`` that serves ``ranges`` (``(file, start, stop)``, to be asked for in file order) from
+    blocks of ``read``: ranges at most ``gap`` bytes apart in a file read at once, ``span`` bytes at
+    most a block (``fsspec.utils.merge_offset_ranges``), one block per file held at a time (views of
+    it, no copy); a range outside them is read alone."""
+    listed = list(ranges)
+    paths, starts, stops = merge_offset_ranges(
+        [r[0] for r in listed], [r[1] for r in listed], [r[2] for r in listed], max_gap=gap, max_block=span
+    )
+    blocks: dict[str, tuple[list[int], list[int]]] = {}
+    for rel, start, stop in zip(paths, starts, stops, strict=True):
+        block = blocks.setdefault(rel, ([], []))
+        block[0].append(start)
+        block[1].append(int(cast(int, stop)))
+    held: dict[str, tuple[int, memoryview]] = {}
+
+    def served(rel: str, start: int, stop: int) -> Any:
+        got = held.get(rel)
+        if got is None or not got[0] <= start <= stop <= got[0] + len(got[1]):
+            firsts, lasts = blocks.get(rel, ([], []))
+            k = bisect.bisect_right(firsts, start) - 1
+            while k >= 0 and lasts[k] < stop:  # overlapping blocks (long runs): an earlier one
+                k -= 1
+            if k < 0 or firsts[k] > start:
+                return read(rel, start, stop)
+            got = held[rel] = (firsts[k], memoryview(cast(Any, read(rel, firsts[k], lasts[k]))))
+        return got[1][start - got[0] : stop - got[0]]
+
+    return served
+
+
+class StoreBytes:
+    """The files of the committed store at ``url`` (a resolved local path or an fsspec URL), opened up
+    to its checked ``manifest``.
+
+    Raises:
+        StoreNotFoundError: no store there, no manifest (e.g. an incomplete write).
+        StoreVersionError: the store was written by a newer format version.
+        StoreCorruptError: the manifest fails its digest or is malformed.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # an fsspec filesystem for a URL; a local store is read with plain file calls (no fsspec import)
+        self._fs: Any
+        self._fs, self._root = filesystem(url) if is_url(url) else (None, url.removeprefix("file://"))
+        self.manifest: dict[str, Any] = self.read_manifest()
+        self.records: dict[str, Any] = self.manifest["files"]
+        sizes = {rel: int(entry["size"]) for rel, entry in self.records.items()}
+        # a byte range of one of the store's files, checked (a remote store's: honest byte ranges)
+        remote = RangeFetcher(self._fs, self._root, url, sizes) if is_url(url) else None
+        self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, url, sizes)
+
+    def where(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def loads(self, data: bytes, rel: str) -> Any:
+        """JSON record ``rel`` of the store, within ``fileio.loads_json``'s bounds."""
+        try:
+            return loads_json(data, self.where(rel))
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    def read_json(self, rel: str) -> Any:
+        """JSON file ``rel``, checked (``read_verified``)."""
+        return self.loads(self.read_verified(rel), rel)
+
+    def _local_path(self, rel: str) -> Path:
+        """Local file ``rel`` (a name from the manifest) inside the store (``fileio.safe_path``)."""
+        try:
+            return safe_path(self._root, rel, where=self.where("manifest.json"))
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    def read_manifest(self) -> dict[str, Any]:
+        """``manifest.json``, its header, file records and digest checked."""
+        where = self.where("manifest.json")
+        try:
+            if is_url(self.url):
+                data = self._fs.cat_file(f"{self._root}/manifest.json")
+            else:  # a regular file inside the store, bounded: never a FIFO, a device or a link out
+                data = read_bounded(self._local_path("manifest.json"), limit=JSON_LIMIT)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise StoreNotFoundError(self._no_manifest_message()) from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+        except read_errors() as exc:
+            raise StoreError(f"{where}: cannot read ({type(exc).__name__}: {exc})") from None
+        manifest = self.loads(data, "manifest.json")
+        if not isinstance(manifest, dict):
+            raise StoreCorruptError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+        check_manifest_header(manifest, where)
+        check_manifest_files(manifest, where)
+        body = {k: v for k, v in manifest.items() if k != "manifest_digest"}
+        if manifest.get("manifest_digest") != json_digest(body):
+            raise StoreCorruptError(f"{where}: manifest_digest does not match the manifest's content")
+        return manifest
+
+    def raise_if_replaced(self, exc: Exception) -> None:
+        """Raise ``StoreChangedError`` (from ``exc``, a failed read) if the manifest on disk is not the
+        one opened (``convert --overwrite`` replaced the store: chunks of two versions never mix)."""
+        opened = self.manifest["content_fingerprint"]
+        try:
+            now = self.read_manifest().get("content_fingerprint")
+        except (OSError, ValueError, StoreError):
+            now = None  # gone or half replaced: changed as well
+        if now != opened:
+            raise StoreChangedError(
+                f"{self.url}: the store was replaced while being read (opened with fingerprint "
+                f"{opened[:12]}..., now {str(now)[:12]}...); reopen it to read the new version ({exc})"
+            ) from exc
+
+    def _no_manifest_message(self) -> str:
+        exists = os.path.exists if self._fs is None else self._fs.exists
+        if self.url.endswith(".partial") or exists(f"{self._root}.partial"):
+            owner = None if is_url(self.url) else lock_owner(lock_path(self._root.removesuffix(".partial")))
+            if owner is not None:
+                return (
+                    f"incomplete store: {self.url} is being written by pid {owner.get('pid', '?')} on host "
+                    f"{owner.get('host', '?')}; wait for it to finish"
+                )
+            return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
+        if not exists(self._root):
+            return f"no such store: {self.url}"
+        if (os.path.isfile if self._fs is None else self._fs.isfile)(self._root):
+            return f"not a raykit store: {self.url} is a file (a store is a folder holding manifest.json)"
+        return f"not a raykit store (no manifest.json): {self.url}"
+
+    def _record(self, rel: str) -> dict[str, Any]:
+        """The manifest's size and checksum record of file ``rel``."""
+        expected = self.records.get(rel)
+        if expected is None:
+            raise StoreCorruptError(f"{self.where('manifest.json')}: expected an entry for {rel}, not found")
+        return dict(expected)
+
+    def read_verified(self, rel: str) -> bytes:
+        """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
+        if not is_url(self.url):  # checked against the record before reading, never read past it
+            return self._hash_local(rel, bytearray(), keep=True).tobytes()
+        expected = self._record(rel)
+        try:
+            data = self._fs.cat_file(f"{self._root}/{rel}")
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self.where(rel)}: file missing") from exc
+        self._check_digest(rel, expected, len(data), hashlib.sha256(data).hexdigest())
+        return bytes(data)
+
+    def verify_file(self, rel: str) -> None:
+        """Check file ``rel``'s size and SHA-256 as ``read_verified`` does, without holding its bytes: a
+        local file is hashed in 4 MiB pieces through one reused buffer (whole 64 MiB shards read into
+        fresh memory cost a page fault per 4 KiB, about as much as the hashing)."""
+        if is_url(self.url):
+            self.read_verified(rel)
+        else:
+            self._hash_local(rel, bytearray(_PIECE), keep=False)
+
+    def read_file_into(self, rel: str, buffer: bytearray) -> np.ndarray:
+        """File ``rel``'s bytes, checked as ``read_verified`` does, as a read-only ``uint8`` view of
+        ``buffer`` (a local file: one read into memory reused between files, so no page faults) or of
+        fresh memory (a remote file, or one larger than ``buffer``); a view of ``buffer`` is valid
+        until ``buffer`` is filled again."""
+        if is_url(self.url):
+            return np.frombuffer(self.read_verified(rel), np.uint8)
+        return self._hash_local(rel, buffer, keep=True)
+
+    def _hash_local(self, rel: str, buffer: bytearray, keep: bool) -> np.ndarray:
+        """Read local file ``rel`` in ``_PIECE`` pieces, each hashed while it is in the CPU's cache, and
+        check it (``_check_digest``); ``keep``: the pieces fill ``buffer`` (grown to the file when
+        smaller) and the file's bytes are returned, else each piece overwrites the last and nothing
+        is."""
+        expected = self._record(rel)
+        digest, n = hashlib.sha256(), 0
+        size = expected["size"]
+        try:  # a regular file inside the store of the recorded size, read up to that size only
+            with open_regular(self._local_path(rel), size=size) as handle:
+                if keep and size > len(buffer):
+                    buffer = bytearray(size)
+                view = memoryview(buffer)
+                while n < size and (
+                    got := handle.readinto(
+                        view[n : min(n + _PIECE, size)] if keep else view[: min(_PIECE, size - n)]
+                    )
+                ):
+                    digest.update(view[n : n + got] if keep else view[:got])
+                    n += got
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self.where(rel)}: file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(f"{exc}; checksum not computed") from None
+        self._check_digest(rel, expected, n, digest.hexdigest())
+        data = np.frombuffer(buffer, np.uint8, count=n if keep else 0)
+        data.flags.writeable = False
+        return data
+
+    def _check_digest(self, rel: str, expected: dict[str, Any], size: int, sha256: str) -> None:
+        """File ``rel`` measured ``size`` bytes with hex ``sha256``: raise unless that is ``expected``
+        (its manifest record)."""
+        if size != expected["size"] or sha256 != expected["sha256"]:
+            raise StoreCorruptError(
+                f"{self.where(rel)}: checksum mismatch (expected {expected['size']} bytes with sha256 "
+                f"{expected['sha256'][:12]}..., got {size} bytes with sha256 {sha256[:12]}...)"
+            )
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """The narrow view of a committed store its readers read through, with no way back to the store.
+
+    Attributes:
+        url: the store, in messages. read: checked byte ranges of its files (``StoreBytes.read_range``).
+        sizes: each file's recorded bytes. metadata: its small files, verified (relative path -> bytes:
+            ``index.json``, the ``zarr.json`` documents). index: ``index.json``. table: the camera table.
+        spec, fields, splits: the manifest's. legacy: format 1 or 2 (every pid stored, one checksum).
+    """
+
+    url: str
+    read: ByteRead
+    sizes: Mapping[str, int]
+    metadata: Mapping[str, bytes]
+    index: Mapping[str, Any]
+    table: CameraTable
+    spec: StoreSpec
+    fields: Mapping[str, FieldSpec]
+    splits: Mapping[str, SplitInfo]
+    legacy: bool
+    _rows: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    _orders: dict[str, SplitOrder] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def channels(self) -> int:
+        """Colour channels every image is served with (3 = rgb, 4 = rgba)."""
+        return int(self.fields["rgba"].channels)
+
+    def split(self, name: str) -> SplitInfo:
+        if name not in self.splits:
+            raise RayRangeError(f"{self.url}: no split {name!r}; expected one of {sorted(self.splits)}")
+        return self.splits[name]
+
+    def rows(self, split: str) -> np.ndarray:
+        """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""
+        rows = self._rows.get(split)
+        if rows is None:
+            self.split(split)
+            rows = self._rows[split] = np.flatnonzero(np.asarray(self.table.splits) == split)
+            rows.flags.writeable = False
+        return rows
+
+    def order(self, split: str) -> SplitOrder:
+        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``)."""
+        order = self._orders.get(split)
+        if order is None:
+            rows, table = self.rows(split), self.table
+            order = self._orders[split] = shared_order(
+                self.spec.seed,
+                split,
+                self.split(split).shuffled,
+                tuple(int(i) for i in rows),
+                tuple(int(table.n_pixels[i]) for i in rows),
+                tuple(int(table.pixel_offset[i]) for i in rows),
+            )
+        return order
