@@ -75,6 +75,7 @@ class RayStore:
         files = self.storage
         self.read_verified, self.verify_file = files.read_verified, files.verify_file
         self.read_file_into, self.read_range = files.read_file_into, files.read_range
+        self.files: Mapping[str, Any] = files.records  # relative path -> ``{size, sha256}``
         where = files.where("manifest.json")
         try:
             self.backend: str = self.manifest["backend"]
@@ -168,11 +169,6 @@ class RayStore:
             self.read_verified(rel)
 
     @property
-    def files(self) -> Mapping[str, Any]:
-        """The manifest's file records: relative path -> ``{size, sha256}``."""
-        return self.storage.records
-
-    @property
     def world_from_source(self) -> np.ndarray:
         """(4, 4) similarity from the source frame to the store's world frame."""
         return self.scene.matrix()
@@ -188,8 +184,7 @@ class RayStore:
         rel = str(entry["path"])
         return read_parquet(self.read_verified(rel), POINTS_SCHEMA, self.storage.where(rel))
 
-    def sparse_points(self) -> SparsePoints | None:
-        """``points`` as numpy arrays, or None."""
+    def sparse_points(self) -> SparsePoints | None:  # ``points`` as numpy arrays, or None
         return None if self.points is None else SparsePoints.from_table(self.points)
 
     def images(self, split: str) -> list[str]:
@@ -213,8 +208,7 @@ class RayStore:
         """Colour channels every image of this store is served with (3 = rgb, 4 = rgba)."""
         return self.view.channels
 
-    def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(N,) uint32 pids -> ``(image (N,) int64, pixel (N, 2) int64 (x, y))``."""
+    def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # ``CameraTable.decode``
         return self.table.decode(pid)
 
     # -- rays and images: the layout's ``reader`` ------------------------------------------------------
@@ -243,9 +237,8 @@ class RayStore:
         k, resolution level k, (H // k, W // k, C) (``raykit.imagedecode``'s rule: JPEG decoded at
         1/k in the DCT domain, anything else area-filtered).
 
-        The one way every loader reads a whole image, whatever the store's layout: a ray-layout store
-        gathers the image's rays (``image_raw``); an images-layout store decodes the stored file
-        (telling ``timed(step, seconds)`` how long reading and decoding took).
+        The one way every loader reads a whole image, whatever the layout: from its rays (``image_raw``)
+        or its stored file, decoded (``timed(step, seconds)`` told how long reading and decoding took).
         """
         return self._guarded(lambda: self.reader.read_image(self.image_index(name), timed, downscale))
 
@@ -272,8 +265,7 @@ class RayStore:
         return ComponentReader(self.view, backend_named(self.backend), self.manifest, self.storage.read_json)
 
     @property
-    def components(self) -> dict[str, ComponentInfo]:
-        """The store's per-image components, name (``"mask"``, ``"depth"``) -> ``ComponentInfo``."""
+    def components(self) -> dict[str, ComponentInfo]:  # name (``"mask"``, ``"depth"``) -> its record
         return self.component_reader.components
 
     @cached_property

@@ -159,13 +159,13 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
     if rgba is not None:
         record["rgba_codec"] = rgba
     record.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
-    layout = StoreSpec.from_dict(record)
+    store_spec = StoreSpec.from_dict(record)
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks
     for shard in range(-(-n_rays // shard_rays)):
         part = values[shard * shard_rays : (shard + 1) * shard_rays]
-        fast = b"".join(zarr_backend.encode_shard_pieces(part, spec, info, layout))
-        assert fast == zarr_backend.reference_encode_shard(part, spec, info, shard, layout)
+        fast = b"".join(zarr_backend.encode_shard_pieces(part, spec, info, store_spec))
+        assert fast == zarr_backend.reference_encode_shard(part, spec, info, shard, store_spec)
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:

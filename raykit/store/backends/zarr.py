@@ -297,32 +297,32 @@ def byte_array_files(
     }
 
 
-# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every layout records
+# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every spec records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
-# RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
+# RGBA chunk); "zstd" uses ``zstd_level``; a spec without ``rgba_codec`` (older stores) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
 
 
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
 
 
-def field_codec(spec: FieldSpec, layout: StoreSpec) -> dict[str, Any]:
+def field_codec(field: FieldSpec, spec: StoreSpec) -> dict[str, Any]:
     """The inner compressor of one field, defined once as its zarr v3 ``codecs`` entry (name and
     configuration): the metadata document, the zarr codec (``zarr_codec``: the twins) and the
     numcodecs codec (``numcodecs_codec``: the fast path) all derive from it, so they cannot disagree.
 
     Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
     with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
-    itemsize = np.dtype(spec.dtype).itemsize
-    if itemsize == 1 and layout.rgba_codec == "zstd":
-        return {"name": "zstd", "configuration": {"level": layout.zstd_level, "checksum": False}}
+    itemsize = np.dtype(field.dtype).itemsize
+    if itemsize == 1 and spec.rgba_codec == "zstd":
+        return {"name": "zstd", "configuration": {"level": spec.zstd_level, "checksum": False}}
     if itemsize == 1:
         return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
     config = {
         "typesize": itemsize,
-        "cname": layout.blosc_cname,
-        "clevel": layout.blosc_clevel,
-        "shuffle": layout.blosc_shuffle,
+        "cname": spec.blosc_cname,
+        "clevel": spec.blosc_clevel,
+        "shuffle": spec.blosc_shuffle,
         "blocksize": 0,
     }
     return {"name": "blosc", "configuration": config}
@@ -347,38 +347,38 @@ def numcodecs_codec(codec: Mapping[str, Any]) -> Any:
                  blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
 
 
-def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
+def _array_kwargs(field: FieldSpec, info: SplitInfo, spec: StoreSpec) -> dict[str, Any]:
     from zarr.codecs import Crc32cCodec
 
     n_rays, chunk_rays = info.n_rays, info.chunk_rays
-    shard_rays = chunk_rays * layout.shard_chunks
-    tail = (spec.channels,) if spec.channels else ()
+    shard_rays = chunk_rays * spec.shard_chunks
+    tail = (field.channels,) if field.channels else ()
     return {
         "shape": (n_rays, *tail),
-        "dtype": spec.dtype,
+        "dtype": field.dtype,
         "chunks": (chunk_rays, *tail),
         "shards": (shard_rays, *tail),
-        "compressors": [zarr_codec(field_codec(spec, layout)), Crc32cCodec()],
+        "compressors": [zarr_codec(field_codec(field, spec)), Crc32cCodec()],
         "fill_value": 0,
-        "attributes": {"raykit_field": spec.name},
+        "attributes": {"raykit_field": field.name},
     }
 
 
-def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
+def _array_document(field: FieldSpec, info: SplitInfo, spec: StoreSpec) -> dict[str, Any]:
     """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
-    tail = [spec.channels] if spec.channels else []
+    tail = [field.channels] if field.channels else []
     little = {"name": "bytes", "configuration": {"endian": "little"}}
-    inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
+    inner_bytes = {"name": "bytes"} if np.dtype(field.dtype).itemsize == 1 else little
     sharding = {
         "chunk_shape": [info.chunk_rays, *tail],
-        "codecs": [inner_bytes, field_codec(spec, layout), {"name": "crc32c"}],
+        "codecs": [inner_bytes, field_codec(field, spec), {"name": "crc32c"}],
         "index_codecs": [little, {"name": "crc32c"}],
         "index_location": "end",
     }
-    dtype, grid = np.dtype(spec.dtype), [info.chunk_rays * layout.shard_chunks, *tail]
+    dtype, grid = np.dtype(field.dtype), [info.chunk_rays * spec.shard_chunks, *tail]
     codecs = [{"name": "sharding_indexed", "configuration": sharding}]
     fill = 0.0 if dtype.kind == "f" else 0
-    return array_document([info.n_rays, *tail], dtype.name, grid, codecs, spec.name, fill)
+    return array_document([info.n_rays, *tail], dtype.name, grid, codecs, field.name, fill)
 
 
 def metadata_documents(
@@ -410,16 +410,16 @@ def reference_metadata_documents(
 
 
 def encode_shard_pieces(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec
+    values: np.ndarray, field: FieldSpec, info: SplitInfo, spec: StoreSpec
 ) -> list[bytes]:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values``, (n, ...) with n <=
+    """The bytes zarr writes for one shard file of ``field`` holding ``values``, (n, ...) with n <=
     ``chunk_rays * shard_chunks`` (fast path), in pieces written one after the other (no join): inner
     chunks in order (the last one zero-padded) each through the field's codecs, then the index
     (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
     """
     chunk_rays = info.chunk_rays
-    codec = numcodecs_codec(field_codec(spec, layout))
-    values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
+    codec = numcodecs_codec(field_codec(field, spec))
+    values = np.ascontiguousarray(values, dtype=np.dtype(field.dtype).newbyteorder("<"))
 
     def encoded(lo: int) -> bytes:
         chunk = values[lo : lo + chunk_rays]
@@ -428,22 +428,22 @@ def encode_shard_pieces(
             chunk = np.concatenate([chunk, padding])
         return bytes(codec.encode(chunk))
 
-    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), layout.shard_chunks)
+    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), spec.shard_chunks)
 
 
 def reference_encode_shard(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreSpec
+    values: np.ndarray, field: FieldSpec, info: SplitInfo, shard: int, spec: StoreSpec
 ) -> bytes:
     """Slow twin of ``encode_shard_pieces`` (joined): write the values into an in-memory zarr array,
     take the shard."""
     import zarr
 
-    start = shard * info.chunk_rays * layout.shard_chunks
+    start = shard * info.chunk_rays * spec.shard_chunks
     mem = zarr.storage.MemoryStore()
     # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
-    array = zarr.create_array(mem, **_array_kwargs(spec, info, layout), config={"write_empty_chunks": True})
+    array = zarr.create_array(mem, **_array_kwargs(field, info, spec), config={"write_empty_chunks": True})
     array[start : start + len(values)] = values
-    key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
+    key = shard_file(info.name, field, shard).split(f"/{field.name}/", 1)[1]
     encoded: bytes = mem._store_dict[key].to_bytes()
     return encoded
 
