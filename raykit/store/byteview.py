@@ -21,18 +21,39 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-from fsspec.utils import merge_offset_ranges
 
-from raykit.errors import RayRangeError, StoreChangedError, StoreCorruptError, StoreError, StoreNotFoundError
-from raykit.fileio import JSON_LIMIT, UntrustedFileError, loads_json, open_regular, read_bounded, safe_path
+from raykit.errors import (
+    RayRangeError,
+    StoreChangedError,
+    StoreCorruptError,
+    StoreError,
+    StoreNotFoundError,
+    StoreVersionError,
+)
+from raykit.fileio import (
+    JSON_LIMIT,
+    UntrustedFileError,
+    check_relative,
+    loads_json,
+    open_regular,
+    read_bounded,
+    safe_path,
+)
 from raykit.locks import lock_owner, lock_path
 from raykit.store.files import RangeFetcher, filesystem, is_url, json_digest, local_range_reader, read_errors
 from raykit.store.order import SplitOrder, shared_order
-from raykit.store.schema import FieldSpec, SplitInfo, check_manifest_files, check_manifest_header
+from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 from raykit.store.table import CameraTable
 
-__all__ = ["ByteRead", "StoreBytes", "StoreView", "merged_reader"]
+__all__ = [
+    "ByteRead",
+    "StoreBytes",
+    "StoreView",
+    "check_manifest_files",
+    "check_manifest_header",
+    "merged_reader",
+]
 
 
 # ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
@@ -49,6 +70,8 @@ def merged_reader(
     blocks of ``read``: ranges at most ``gap`` bytes apart in a file read at once, ``span`` bytes at
     most a block (``fsspec.utils.merge_offset_ranges``), one block per file held at a time (views of
     it, no copy); a range outside them is read alone."""
+    from fsspec.utils import merge_offset_ranges  # here: reading a local store imports no fsspec
+
     listed = list(ranges)
     paths, starts, stops = merge_offset_ranges(
         [r[0] for r in listed], [r[1] for r in listed], [r[2] for r in listed], max_gap=gap, max_block=span
@@ -73,6 +96,61 @@ def merged_reader(
         return got[1][start - got[0] : stop - got[0]]
 
     return served
+
+
+def check_manifest_header(manifest: Mapping[str, Any], where: str) -> None:
+    """Raise unless ``manifest`` is a raykit store manifest of a format version this code reads."""
+    if manifest.get("format") != FORMAT_NAME:
+        raise StoreCorruptError(f"{where}: expected format {FORMAT_NAME!r}, got {manifest.get('format')!r}")
+    version = manifest.get("format_version")
+    if not isinstance(version, int):
+        raise StoreCorruptError(f"{where}: expected an integer format_version, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{where}: store format version {version} is newer than this raykit reads "
+            f"(<= {FORMAT_VERSION}); upgrade raykit"
+        )
+    if version < 1:  # 1 and 2 store every pid; 3 derives them (SplitInfo.pids)
+        raise StoreVersionError(f"{where}: unknown store format version {version}")
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def check_manifest_files(manifest: Mapping[str, Any], where: str) -> None:
+    """Raise unless every name the manifest gives a path by is a plain path inside the store and every
+    file record is ``{"size": int >= 0, "sha256": 64 hex digits}``: file names (no ``..``, absolute
+    path, backslash or NUL: ``fileio.safe_path``'s rules), split names (one plain path part each, as
+    payload paths are made of them) and the points' path. Symlinks are checked where files are read.
+
+    Raises:
+        StoreCorruptError: naming ``where`` and the first bad entry.
+    """
+    files = manifest.get("files")
+    if not isinstance(files, Mapping):
+        raise StoreCorruptError(f"{where}: expected 'files' to be an object of file records")
+    splits = manifest.get("splits")
+    splits = splits if isinstance(splits, Mapping) else {}
+    names = [*splits, *(s["name"] for s in splits.values() if isinstance(s, Mapping) and "name" in s)]
+    try:
+        for rel, entry in files.items():
+            check_relative(rel, where)
+            size, sha = (
+                (entry.get("size"), entry.get("sha256")) if isinstance(entry, Mapping) else (None, None)
+            )
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise StoreCorruptError(f"{where}: file {rel!r}: expected a size in bytes, got {size!r}")
+            if not isinstance(sha, str) or len(sha) != 64 or not _HEX.issuperset(sha):
+                raise StoreCorruptError(f"{where}: file {rel!r}: expected a hex sha256, got {sha!r}"[:300])
+        for name in names:
+            if not isinstance(name, str) or "/" in name:
+                raise StoreCorruptError(f"{where}: split name {name!r} is not a plain name")
+            check_relative(name, where)
+        points = manifest.get("points")
+        if isinstance(points, Mapping) and "path" in points:
+            check_relative(points["path"], where)
+    except UntrustedFileError as exc:
+        raise StoreCorruptError(str(exc)) from None
 
 
 class StoreBytes:

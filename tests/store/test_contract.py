@@ -18,7 +18,8 @@ from raykit.loaders import image_rays, reference_batch
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
 from raykit.store.backends import BACKENDS, backend_named
 from raykit.store.reader import RayStore
-from raykit.store.validate import store_summary, validate_store
+from raykit.store.summary import store_summary
+from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 
 CHUNK_RAYS = 64

@@ -21,7 +21,8 @@ from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.cli import register
 from raykit.store.order import SplitOrder, reference_split_pids
 from raykit.store.schema import DerivedRays, RawRays
-from raykit.store.validate import store_summary, validate_store
+from raykit.store.summary import store_summary
+from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 
 
