@@ -2,9 +2,15 @@
 
 ``StoreBytes`` opens a store's manifest (a local path or any fsspec URL; its digest and file records
 checked) and reads the files it lists: whole and checked against their SHA-256 (``read_verified``,
-``read_file_into``), or in byte ranges (``read_range``: regular files inside the store of the recorded
-size; a remote store's through ``files.RangeFetcher``). Nearby ranges are read at once through
-``merged_reader`` (the merging is ``fsspec.utils.merge_offset_ranges``'). It knows nothing of
+``read_file_into``), or in byte ranges (``read_range``: regular files inside the store of the
+recorded size; a remote store's checked against it). Nearby ranges are read at once through
+``merged_reader`` (merged by ``fsspec.utils.merge_offset_ranges``).
+
+Some servers (Python's ``http.server``, some CDNs and gateways) answer a range request with status
+200 and the whole file, which fsspec returns as if it were the range. Each answer's length is
+checked against the range and the file's recorded size: the whole file where a shorter range was
+asked for means ``Range`` is ignored, so it warns once (``RangeIgnoredWarning``) and keeps whole files
+(an LRU of ``KEEP_BYTES``) to serve later ranges from; any other length is a truncation. It knows nothing of
 layouts, rays or images. ``StoreView`` is what a layout reader (``raykit.store.layouts``), a backend's
 chunk reader and the components' reader are given: those ranged reads and the store's small records,
 never the store itself.
@@ -15,6 +21,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import threading
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +32,7 @@ from typing import Any, cast
 import numpy as np
 
 from raykit.errors import (
+    RangeIgnoredWarning,
     RayRangeError,
     StoreChangedError,
     StoreCorruptError,
@@ -40,7 +50,7 @@ from raykit.fileio import (
     safe_path,
 )
 from raykit.locks import lock_owner, lock_path
-from raykit.store.files import RangeFetcher, filesystem, is_url, json_digest, local_range_reader, read_errors
+from raykit.store.files import filesystem, is_url, json_digest, read_errors
 from raykit.store.order import SplitOrder, shared_order
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
@@ -61,6 +71,7 @@ ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
 
 _PIECE = 4 << 20  # bytes read and hashed at a time: a piece stays in the CPU's cache between the two
+KEEP_BYTES = 256 << 20  # whole files kept from servers that ignore Range
 
 
 def merged_reader(
@@ -170,10 +181,13 @@ class StoreBytes:
         self._fs, self._root = filesystem(url) if is_url(url) else (None, url.removeprefix("file://"))
         self.manifest: dict[str, Any] = self.read_manifest()
         self.records: dict[str, Any] = self.manifest["files"]
-        sizes = {rel: int(entry["size"]) for rel, entry in self.records.items()}
+        self.sizes = {rel: int(entry["size"]) for rel, entry in self.records.items()}
         # a byte range of one of the store's files, checked (a remote store's: honest byte ranges)
-        remote = RangeFetcher(self._fs, self._root, url, sizes) if is_url(url) else None
-        self.read_range: ByteRead = remote.read if remote else local_range_reader(self._root, url, sizes)
+        self.read_range: ByteRead = self._read_remote if is_url(url) else self._read_local
+        self._inside: set[str] = set()  # local files found inside the store (``fileio.safe_path``)
+        self._whole: OrderedDict[str, bytes] = OrderedDict()  # remote files read whole, see above
+        self._lock = threading.Lock()
+        self.ranges_ignored, self.whole_fetches = False, 0
 
     def where(self, rel: str) -> str:
         return f"{self.url}/{rel}"
@@ -257,17 +271,85 @@ class StoreBytes:
             raise StoreCorruptError(f"{self.where('manifest.json')}: expected an entry for {rel}, not found")
         return dict(expected)
 
+    def _open_local(self, rel: str) -> Any:
+        """Local file ``rel`` open for reading: a regular file inside the store (``fileio.safe_path``,
+        checked once per file) of its recorded size (``fileio.open_regular``, checked on every open,
+        before anything is read; never a FIFO or a device)."""
+        if rel not in self._inside:
+            self._record(rel)  # listed in the manifest, else StoreCorruptError
+            self._local_path(rel)
+            self._inside.add(rel)
+        try:
+            return open_regular(f"{self._root}/{rel}", size=self.sizes[rel])
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self.where(rel)}: file missing") from exc
+        except UntrustedFileError as exc:
+            raise StoreCorruptError(str(exc)) from None
+
+    def _cat(self, rel: str, start: int | None = None, stop: int | None = None) -> bytes:
+        """Bytes ``[start, stop)`` of remote file ``rel`` as the server sends them (whole: no range)."""
+        try:
+            return bytes(self._fs.cat_file(f"{self._root}/{rel}", start=start, end=stop))
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{self.where(rel)}: file missing") from exc
+
+    def _read_remote(self, rel: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of remote file ``rel``, of its recorded size (see the module)."""
+        size = self.sizes[rel] if rel in self.sizes else self._record(rel)["size"]
+        with self._lock:
+            whole = self._whole.get(rel)
+            if whole is not None:
+                self._whole.move_to_end(rel)
+        if whole is None and self.ranges_ignored:
+            whole = self._cat(rel)
+            if len(whole) != size:
+                raise StoreCorruptError(f"{self.where(rel)}: expected {size} bytes, got {len(whole)}")
+            self._keep(rel, whole)
+        if whole is not None:
+            return whole[start:stop]
+        data = self._cat(rel, start, stop)
+        if len(data) == stop - start:
+            return data
+        if len(data) == size:  # a whole-file answer (status 200, no Content-Range) to a range request
+            if not self.ranges_ignored:
+                self.ranges_ignored = True
+                warnings.warn(
+                    f"{self.url}: the server ignores HTTP Range requests (it sent all of {rel}); reading "
+                    "whole files instead (a loader's disk_cache= keeps them on disk)",
+                    RangeIgnoredWarning,
+                    stacklevel=4,
+                )
+            self._keep(rel, data)
+            return data[start:stop]
+        raise StoreCorruptError(
+            f"{self.where(rel)}: truncated: expected {stop - start} bytes at offset {start} of a "
+            f"{size}-byte file, got {len(data)}"
+        )
+
+    def _keep(self, rel: str, data: bytes) -> None:
+        with self._lock:
+            self.whole_fetches += 1
+            self._whole[rel] = data
+            total = sum(len(v) for v in self._whole.values())
+            while total > KEEP_BYTES and len(self._whole) > 1:
+                _, dropped = self._whole.popitem(last=False)
+                total -= len(dropped)
+
+    def _read_local(self, rel: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of local file ``rel`` (``_open_local``)."""
+        with self._open_local(rel) as handle:
+            handle.seek(start)
+            data: bytes = handle.read(stop - start)
+            return data
+
     def read_verified(self, rel: str) -> bytes:
         """Bytes of file ``rel`` (relative to the store) after checking its size and SHA-256."""
         if not is_url(self.url):  # checked against the record before reading, never read past it
             return self._hash_local(rel, bytearray(), keep=True).tobytes()
         expected = self._record(rel)
-        try:
-            data = self._fs.cat_file(f"{self._root}/{rel}")
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self.where(rel)}: file missing") from exc
+        data = self._cat(rel)
         self._check_digest(rel, expected, len(data), hashlib.sha256(data).hexdigest())
-        return bytes(data)
+        return data
 
     def verify_file(self, rel: str) -> None:
         """Check file ``rel``'s size and SHA-256 as ``read_verified`` does, without holding its bytes: a
@@ -296,21 +378,20 @@ class StoreBytes:
         digest, n = hashlib.sha256(), 0
         size = expected["size"]
         try:  # a regular file inside the store of the recorded size, read up to that size only
-            with open_regular(self._local_path(rel), size=size) as handle:
-                if keep and size > len(buffer):
-                    buffer = bytearray(size)
-                view = memoryview(buffer)
-                while n < size and (
-                    got := handle.readinto(
-                        view[n : min(n + _PIECE, size)] if keep else view[: min(_PIECE, size - n)]
-                    )
-                ):
-                    digest.update(view[n : n + got] if keep else view[:got])
-                    n += got
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self.where(rel)}: file missing") from exc
-        except UntrustedFileError as exc:
+            handle = self._open_local(rel)
+        except StoreCorruptError as exc:
             raise StoreCorruptError(f"{exc}; checksum not computed") from None
+        with handle:
+            if keep and size > len(buffer):
+                buffer = bytearray(size)
+            view = memoryview(buffer)
+            while n < size and (
+                got := handle.readinto(
+                    view[n : min(n + _PIECE, size)] if keep else view[: min(_PIECE, size - n)]
+                )
+            ):
+                digest.update(view[n : n + got] if keep else view[:got])
+                n += got
         self._check_digest(rel, expected, n, digest.hexdigest())
         data = np.frombuffer(buffer, np.uint8, count=n if keep else 0)
         data.flags.writeable = False

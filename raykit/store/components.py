@@ -260,19 +260,15 @@ class ComponentReader:
             )
         return entry
 
-    def _where(
-        self, component: str, split: str, entry: Mapping[str, Any], local: int
-    ) -> tuple[str, int, int, str]:
-        """Image ``local``'s name, height, width and the file its component starts in, for messages."""
-        row, table = int(self.view.rows(split)[local]), self.view.table
-        rel = self.backend.blob_ranges(component_blobs(component), split, entry, local)[0][0]
-        return table.names[row], int(table.height[row]), int(table.width[row]), f"{self.view.url}/{rel}"
+    def _at(self, component: str, row: int) -> tuple[str, int, dict[str, Any]]:
+        """Camera-table row ``row``'s split, index in it and the split's index entry."""
+        split = self.view.table.splits[row]
+        local = int(np.searchsorted(self.view.rows(split), row))
+        return split, local, self._located(component, split, [local])
 
     def files(self, component: str, row: int) -> list[str]:
         """Relative paths of the files holding component ``component`` of camera-table row ``row``."""
-        split = self.view.table.splits[row]
-        local = int(np.searchsorted(self.view.rows(split), row))
-        entry = self._located(component, split, [local])
+        split, local, entry = self._at(component, row)
         return [
             rel for rel, _, _ in self.backend.blob_ranges(component_blobs(component), split, entry, local)
         ]
@@ -283,31 +279,33 @@ class ComponentReader:
         """The stored bytes (an ``.npy``) of component ``component`` of camera-table row ``row``, checked
         against their CRC-32C, and the file they lie in; ``held``: files already in memory (relative
         path -> read-only uint8 array), read from there instead of the store."""
-        split = self.view.table.splits[row]
-        local = int(np.searchsorted(self.view.rows(split), row))
-        entry, blobs = self._located(component, split, [local]), component_blobs(component)
-        read = held_first(self.view.read, held)
+        split, local, entry = self._at(component, row)
+        read, blobs = held_first(self.view.read, held), component_blobs(component)
         parts = read_blob(self.backend, blobs, read, self.view.url, split, entry, local)
-        return join_parts(parts), self.backend.blob_ranges(blobs, split, entry, local)[0][0]
+        return join_parts(parts), self.files(component, row)[0]
+
+    def _decoded(self, component: str, row: int, data: bytes, rel: str) -> np.ndarray:
+        table, info = self.view.table, self.components[component]
+        h, w, where = (
+            int(table.height[row]),
+            int(table.width[row]),
+            f"{self.view.url}/{rel}: {table.names[row]!r}",
+        )
+        return decode_component(info, data, h, w, where)
 
     def read(self, component: str, row: int, downscale: int = 1) -> np.ndarray:
         """Component ``component`` of camera-table row ``row`` (``RayStore.read_component``)."""
-        data, rel = self.stored(component, row)
-        table = self.view.table
-        h, w, name = int(table.height[row]), int(table.width[row]), table.names[row]
-        values = decode_component(self.components[component], data, h, w, f"{self.view.url}/{rel}: {name!r}")
-        return downscale_nearest(values, downscale)
+        return downscale_nearest(self._decoded(component, row, *self.stored(component, row)), downscale)
 
     def read_split(
         self, component: str, split: str, local: Iterable[int]
     ) -> Iterator[tuple[int, np.ndarray]]:
         """``(i, array)`` of each image ``i`` of ``local`` (``RayStore.read_split_components``)."""
-        wanted = [int(i) for i in local]
+        wanted, rows = [int(i) for i in local], self.view.rows(split)
         entry, blobs = self._located(component, split, wanted), component_blobs(component)
-        info, url = self.components[component], self.view.url
-        for i, parts in read_blobs(self.backend, blobs, self.view.read, url, split, entry, wanted):
-            name, h, w, where = self._where(component, split, entry, i)
-            yield i, decode_component(info, join_parts(parts), h, w, f"{where}: {name!r}")
+        for i, parts in read_blobs(self.backend, blobs, self.view.read, self.view.url, split, entry, wanted):
+            rel = self.backend.blob_ranges(blobs, split, entry, i)[0][0]
+            yield i, self._decoded(component, int(rows[i]), join_parts(parts), rel)
 
     @cached_property
     def _frames(self) -> dict[str, Any]:

@@ -40,6 +40,12 @@ class _Layout:
     def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
         raise NotImplementedError
 
+    def _empty(self) -> RawRays:
+        """No rays, with the fields' dtypes and widths."""
+        fields, gone = self.view.fields, ("rgba", "pid")
+        extra = {k: np.zeros((0, 3), dtype=s.dtype) for k, s in fields.items() if k not in gone}
+        return RawRays(np.zeros((0, fields["rgba"].channels), np.uint8), np.zeros(0, np.uint32), extra)
+
     def read(self, split: str, start: int, stop: int) -> RawRays:
         """Rays ``[start, stop)`` of ``split`` in stored order."""
         info = self.view.split(split)
@@ -48,11 +54,7 @@ class _Layout:
                 f"{self.view.url}: rays [{start}, {stop}) of split {split!r} outside [0, {info.n_rays}]"
             )
         if start == stop:
-            fields = self.view.fields
-            extra = {
-                k: np.zeros((0, 3), dtype=s.dtype) for k, s in fields.items() if k not in ("rgba", "pid")
-            }
-            return RawRays(np.zeros((0, fields["rgba"].channels), np.uint8), np.zeros(0, np.uint32), extra)
+            return self._empty()
         first, last = start // info.chunk_rays, (stop - 1) // info.chunk_rays
         raw = RawRays.concat([self.read_chunk(info, i) for i in range(first, last + 1)])
         offset = first * info.chunk_rays
@@ -170,15 +172,16 @@ class ImageSplits(_Layout):
         read, view = held_first(self.view.read, held), self.view
         return read_blob(self.backend, self.blobs, read, view.url, split, view.index[split], i)
 
-    def decode(self, split: str, local: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
-        """Image ``local`` (index within ``split``) as ``uint8 (H, W, C)``, C = the view's ``channels``,
-        at resolution level ``downscale`` (``(H // downscale, W // downscale)``)."""
-        table, row = self.view.table, int(self.view.rows(split)[local])
+    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
+        """Camera-table row ``row``'s pixels, ``uint8 (H, W, C)``, C = the view's ``channels``, at
+        resolution level ``downscale`` (``(H // downscale, W // downscale)``); ``timed`` is told the
+        seconds of the ``"read"`` and ``"decode"``."""
+        table, split = self.view.table, self.view.table.splits[row]
+        local = int(np.searchsorted(self.view.rows(split), row))
         t0 = time.perf_counter()
         data = join_parts(self.image_parts(split, local))
         t1 = time.perf_counter()
-        where = f"{self.view.url}/{self.image_files(split, local)[0]}"
-        name = table.names[row]
+        where, name = f"{self.view.url}/{self.image_files(split, local)[0]}", table.names[row]
         pixels = decode_stored(data, self.view.channels, f"{where} (image {name!r})", downscale)
         if timed is not None:
             timed("read", t1 - t0)
@@ -190,13 +193,6 @@ class ImageSplits(_Layout):
                 f"its camera expects {expected[1]}x{expected[0]}"
             )
         return pixels
-
-    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
-        """Camera-table row ``row``'s pixels, (H, W, C) uint8, at resolution level ``downscale``
-        (``raykit.imagedecode.decode_image_scaled``); ``timed`` is told the seconds of the ``"read"``
-        and ``"decode"``."""
-        split = self.view.table.splits[row]
-        return self.decode(split, int(np.searchsorted(self.view.rows(split), row)), timed, downscale)
 
     def _rays_of(self, row: int, pixels: np.ndarray, lo: int, hi: int) -> RawRays:
         flat = pixels.reshape(-1, pixels.shape[2])[lo:hi]
@@ -216,9 +212,9 @@ class ImageSplits(_Layout):
                 break
             lo, hi = max(start - a, 0), min(stop - a, int(counts[local]))
             if hi > lo:
-                parts.append(self._rays_of(int(rows[local]), self.decode(info.name, local), lo, hi))
+                parts.append(self._rays_of(int(rows[local]), self.read_image(int(rows[local])), lo, hi))
         if not parts:
-            return RawRays(np.zeros((0, self.view.channels), np.uint8), np.zeros(0, np.uint32))
+            return self._empty()
         return parts[0] if len(parts) == 1 else RawRays.concat(parts)
 
     def image_raw(self, row: int) -> RawRays:

@@ -29,7 +29,7 @@ from raykit.store.byteview import StoreBytes, StoreView
 from raykit.store.components import ComponentInfo, ComponentReader
 from raykit.store.files import is_url, json_digest
 from raykit.store.layouts import ImageSplits, RaySplits, Timed
-from raykit.store.order import TRAIN_ORDER, SplitOrder
+from raykit.store.order import TRAIN_ORDER
 from raykit.store.schema import (
     POINTS_SCHEMA,
     FieldSpec,
@@ -73,8 +73,6 @@ class RayStore:
         self.storage = StoreBytes(url)
         self.manifest: dict[str, Any] = self.storage.manifest
         files = self.storage
-        self.read_verified, self.verify_file = files.read_verified, files.verify_file
-        self.read_file_into, self.read_range = files.read_file_into, files.read_range
         self.files: Mapping[str, Any] = files.records  # relative path -> ``{size, sha256}``
         where = files.where("manifest.json")
         try:
@@ -106,20 +104,12 @@ class RayStore:
             )
             self.index: dict[str, Any] = files.loads(small["index.json"], "index.json")
             self.table = CameraTable.from_arrow(self.table_arrow)
-            sizes = {rel: int(entry["size"]) for rel, entry in files.records.items()}
-            self.view = StoreView(
-                url,
-                files.read_range,
-                sizes,
-                small,
-                self.index,
-                self.table,
-                self.spec,
-                self.fields,
-                self.splits,
-                self.legacy,
-            )
+            narrow = (files.read_range, files.sizes, small, self.index, self.table, self.spec, self.fields)
+            self.view = view = StoreView(url, *narrow, self.splits, self.legacy)
             self.reader: RaySplits | ImageSplits = self._open_reader(where)
+            # the split's camera-table rows (``StoreView.rows``) and pid order; the colour channels served
+            self.split_rows, self.split_order, self.rgba_channels = view.rows, view.order, view.channels
+            self.decode_pids = self.table.decode  # (N,) uint32 pids -> image (N,), pixel (N, 2) (x, y)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StoreError):
                 raise
@@ -155,18 +145,10 @@ class RayStore:
         images = bool(self.splits) and all(info.holds_images for info in self.splits.values())
         return IMAGES_LAYOUT if images else RAYS_LAYOUT
 
-    def split_rows(self, split: str) -> np.ndarray:
-        """(n_images,) int64 camera-table rows of ``split``'s images, in table (pid) order."""
-        return self.view.rows(split)
-
-    def split_order(self, split: str) -> SplitOrder:
-        """The order of ``split``: it derives the split's pids (``SplitOrder.pids``)."""
-        return self.view.order(split)
-
     def verify_files(self) -> None:
         """Hash every file listed in the manifest; raise on the first mismatch."""
         for rel in self.files:
-            self.read_verified(rel)
+            self.storage.read_verified(rel)
 
     @property
     def world_from_source(self) -> np.ndarray:
@@ -182,7 +164,7 @@ class RayStore:
         if entry is None:
             return None
         rel = str(entry["path"])
-        return read_parquet(self.read_verified(rel), POINTS_SCHEMA, self.storage.where(rel))
+        return read_parquet(self.storage.read_verified(rel), POINTS_SCHEMA, self.storage.where(rel))
 
     def sparse_points(self) -> SparsePoints | None:  # ``points`` as numpy arrays, or None
         return None if self.points is None else SparsePoints.from_table(self.points)
@@ -202,14 +184,6 @@ class RayStore:
         """``(height, width, channels)`` of image ``name`` as ``read_image`` returns it."""
         i = self.image_index(name)
         return int(self.table.height[i]), int(self.table.width[i]), self.rgba_channels
-
-    @property
-    def rgba_channels(self) -> int:
-        """Colour channels every image of this store is served with (3 = rgb, 4 = rgba)."""
-        return self.view.channels
-
-    def decode_pids(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # ``CameraTable.decode``
-        return self.table.decode(pid)
 
     # -- rays and images: the layout's ``reader`` ------------------------------------------------------
     def read_chunk(self, split: str, index: int) -> RawRays:
@@ -250,13 +224,6 @@ class RayStore:
         """Relative paths of the files holding image ``local`` (index within ``split``) of an
         images-layout split; empty for a split that stores rays."""
         return self.reader.image_files(split, local)
-
-    def stored_image_parts(
-        self, split: str, local: int, held: Mapping[str, np.ndarray] | None = None
-    ) -> list[bytes | np.ndarray]:
-        """The stored file of image ``local`` (index within ``split``) of an images-layout split in
-        pieces (``ImageSplits.image_parts``; ``StoreError`` for a split that stores rays)."""
-        return self.reader.image_parts(split, local, held)
 
     # -- components and per-frame metadata: the ``component_reader`` ----------------------------------
     @cached_property

@@ -91,7 +91,7 @@ class BlobCheck:
         if buffer is None or len(buffer) < size:
             buffer = _buffers.buffer = bytearray(size)
         try:
-            data = self.store.read_file_into(rel, buffer)
+            data = self.store.storage.read_file_into(rel, buffer)
         except RaykitError as exc:
             return str(exc), []
         return None, [p for key in self._within.get(rel, ()) for p in self._check(key, {rel: data})]
@@ -122,7 +122,7 @@ def images_check(store: RayStore, split: str, deep: bool = False) -> BlobCheck:
     def check(local: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
         where = f"{store.url}/{store.image_files(split, local)[0]}: image {names[local]!r}"
         try:
-            parts = store.stored_image_parts(split, local, held)
+            parts = store.reader.image_parts(split, local, held)
             pixels = store.read_split_image(split, local) if deep else None
         except RaykitError as exc:
             return [str(exc)]
@@ -204,7 +204,7 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
         if rel in owner:
             return owner[rel].check_file(rel)
         try:
-            store.verify_file(rel)
+            store.storage.verify_file(rel)
         except RaykitError as exc:
             return str(exc), []
         return None, []

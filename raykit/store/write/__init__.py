@@ -197,7 +197,7 @@ class StoreImageLoad:
         local = int(np.searchsorted(store.split_rows(split), row))
         if not store.image_files(split, local):
             return None
-        data = join_parts(store.stored_image_parts(split, local))
+        data = join_parts(store.reader.image_parts(split, local))
         entry = store.index[split]
         return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
 
