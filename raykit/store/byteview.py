@@ -213,11 +213,12 @@ class StoreBytes:
     def read_manifest(self) -> dict[str, Any]:
         """``manifest.json``, its header, file records and digest checked."""
         where = self.where("manifest.json")
+        local = None if is_url(self.url) else self._local_path("manifest.json")
         try:
-            if is_url(self.url):
+            if local is None:
                 data = self._fs.cat_file(f"{self._root}/manifest.json")
             else:  # a regular file inside the store, bounded: never a FIFO, a device or a link out
-                data = read_bounded(self._local_path("manifest.json"), limit=JSON_LIMIT)
+                data = read_bounded(local, limit=JSON_LIMIT)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise StoreNotFoundError(self._no_manifest_message()) from exc
         except UntrustedFileError as exc:
