@@ -208,7 +208,7 @@ class RayGenerator:
 
     Attributes:
         mode: ``"pinhole"`` (analytic), ``"lut"`` (one table gather) or ``"unproject"``.
-        layout: the :class:`~raykit.pixel_layout.PixelLayout` of the images' pids.
+        pixels: the :class:`~raykit.pixel_layout.PixelLayout` of the images' pids.
         directions: the camera kind's direction functions.
 
     Raises:
@@ -239,7 +239,7 @@ class RayGenerator:
         self.camera_index, self.c2w = cam_idx, poses
         self.near, self.far = _per_image("near", near, n_images), _per_image("far", far, n_images)
         sizes = np.array([(c.width, c.height) for c in self.cameras], dtype=np.int64).reshape(-1, 2)
-        self.layout = PixelLayout.build(sizes[cam_idx, 0], sizes[cam_idx, 1], pixel_offset, self.device)
+        self.pixels = PixelLayout.build(sizes[cam_idx, 0], sizes[cam_idx, 1], pixel_offset, self.device)
         self.directions = directions_for(self.cameras, cam_idx, dtype, self.device, lut_max_bytes)
         # The per-image parts gathered per ray: the 9 direction columns, (9, I) so that a gather along
         # dim 1 gives a contiguous row per column; origins as (I, 3) rows; near and far as (I,).
@@ -266,24 +266,24 @@ class RayGenerator:
     @property
     def widths(self) -> np.ndarray:
         """(I,) int64 image widths."""
-        return self.layout.widths
+        return self.pixels.widths
 
     @property
     def heights(self) -> np.ndarray:
         """(I,) int64 image heights."""
-        return self.layout.heights
+        return self.pixels.heights
 
     @property
     def pixel_offset(self) -> np.ndarray:
         """(I + 1,) int64 first pid of every image, then the end of the last."""
-        return self.layout.pixel_offset
+        return self.pixels.pixel_offset
 
     @property
     def pid_decoding(self) -> str:
         """How :meth:`decode_pids` finds a pid's image: ``"uniform"`` (images of one size packed
         without gaps: a division), ``"blocks"`` (a block table, at most two images per block) or
         ``"search"`` (a binary search over the images' first ids)."""
-        return self.layout.decoding
+        return self.pixels.decoding
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, image: Tensor, pixel: Tensor, check: bool = False) -> Rays:
@@ -301,7 +301,7 @@ class RayGenerator:
         image = image.to(self.device, torch.int64, non_blocking=True)
         pixel = pixel.to(self.device, torch.int64, non_blocking=True)
         if check:
-            self.layout.check_pixels(image, pixel)
+            self.pixels.check_pixels(image, pixel)
         return self._generate(image, pixel[:, 0], pixel[:, 1])
 
     def _generate(
@@ -337,7 +337,7 @@ class RayGenerator:
         and ``image``/``pixel`` of another: two allocations of the same sizes per batch, which keeps
         the memory of a loader generating on several threads from fragmenting.
         """
-        uniform = self.layout.uniform is not None
+        uniform = self.pixels.uniform is not None
         if not (
             self.device.type == "cpu" and self.dtype == torch.float32 and uniform and self.mode == "pinhole"
         ):
@@ -356,7 +356,7 @@ class RayGenerator:
         for lo in range(0, n, GENERATE_BLOCK):
             hi = min(n, lo + GENERATE_BLOCK)
             block_image = image[lo:hi]
-            _, _, x, y = self.layout.decode_uniform(pid[lo:hi], self._scratch, block_image, pixel[lo:hi])
+            _, _, x, y = self.pixels.decode_uniform(pid[lo:hi], self._scratch, block_image, pixel[lo:hi])
             rows = Rays(origins[lo:hi], directions[lo:hi], z_scale[lo:hi], near[lo:hi], far[lo:hi])
             self._generate(block_image, x, y, out=rows)
         colour.copy_(rgba).div_(255.0)
@@ -367,28 +367,27 @@ class RayGenerator:
 
     def decode_pids(self, pid: Tensor) -> tuple[Tensor, Tensor]:
         """(N,) global pixel ids -> ``(image (N,) int64, pixel (N, 2) int64)`` on the device."""
-        image, x, y, _ = self.layout.decode(pid.to(self.device).to(torch.int64))
+        image, x, y, _ = self.pixels.decode(pid.to(self.device).to(torch.int64))
         return image, torch.stack((x, y), dim=-1)
 
     def generate_from_pids(self, pid: Tensor, check: bool = False) -> tuple[Tensor, Tensor, Rays]:
         """(N,) global pixel ids -> ``(image (N,), pixel (N, 2), rays)``; see :meth:`generate`."""
         pid = pid.to(self.device).to(torch.int64)
         if check:
-            self.layout.check_pids(pid)
-        layout = self.layout
+            self.pixels.check_pids(pid)
         if (
-            layout.uniform is not None
+            self.pixels.uniform is not None
             and self.mode == "pinhole"
             and index_float(self.device) == torch.float64
         ):
-            image, pixel, xf, yf = layout.decode_uniform(pid, self._scratch)
+            image, pixel, xf, yf = self.pixels.decode_uniform(pid, self._scratch)
             if check:
-                layout.check_pixels(image, pixel)
+                self.pixels.check_pixels(image, pixel)
             return image, pixel, self._generate(image, xf, yf)
-        image, x, y, local = layout.decode(pid)
+        image, x, y, local = self.pixels.decode(pid)
         pixel = torch.stack((x, y), dim=-1)
         if check:
-            layout.check_pixels(image, pixel)
+            self.pixels.check_pixels(image, pixel)
         return image, pixel, self._generate(image, x, y, local)
 
     def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:

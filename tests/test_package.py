@@ -176,6 +176,32 @@ def test_no_import_circles_inside_a_package() -> None:
     assert _circles(graph) == []
 
 
+def test_no_import_circles_through_package_faces() -> None:
+    """Issue 56: no circle either when a package's ``__init__`` counts as a module of its parent
+    package (``raykit.store.backends`` beside ``raykit.store.reader``): the store's readers are
+    handed narrow views, so no lower module imports the store's reader back."""
+    files = dict(_library_files())
+    graph = {module: _sibling_imports(module, path, set(files)) for module, path in files.items()}
+    assert _circles(graph) == []
+
+
+def test_store_face_is_small() -> None:
+    """Issue 56: ``RayStore`` is the face that hands out readers, at most 250 lines (its class body,
+    docstring included, by the AST)."""
+    tree = ast.parse((ROOT / "raykit/store/reader.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RayStore"]
+    assert cls.end_lineno is not None and cls.end_lineno - cls.lineno + 1 <= 250
+
+
+def test_no_store_file_over_500_lines() -> None:
+    """Issue 56: no file of ``raykit/store`` over 500 lines."""
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+        for p in (ROOT / "raykit/store").rglob("*.py")
+    }
+    assert {rel: n for rel, n in sizes.items() if n > 500} == {}
+
+
 def test_circle_check_finds_circles(tmp_path: Path) -> None:
     """The check itself: a circle of two and of three is found, a chain and a self-import are not, and
     a ``from package import module`` inside a function counts."""

@@ -59,7 +59,7 @@ def photo_records(
 
 def _bytes_per_ray(store: RayStore) -> dict[str, float]:
     """Payload bytes per ray of each split's stored fields (and container overhead), as the backend
-    counts them (``raykit.store.validate.field_bytes``), keyed ``"split/field"``."""
+    counts them (``raykit.store.field_bytes``), keyed ``"split/field"``."""
     per_ray = {
         f"{split}/{name}": round(size / store.splits[split].n_rays, 3)
         for split, counts in field_bytes(store).items()

@@ -41,13 +41,15 @@ from raykit.store.spec import (
 )
 
 if TYPE_CHECKING:
-    from raykit.store.validate import field_bytes, payload_bytes, store_summary, validate_store
+    from raykit.store.summary import field_bytes, payload_bytes, store_summary
+    from raykit.store.validate import validate_store
     from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
     from raykit.store.write.commit import format_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
-    "validate": ("field_bytes", "payload_bytes", "store_summary", "validate_store"),
+    "summary": ("field_bytes", "payload_bytes", "store_summary"),
+    "validate": ("validate_store",),
     "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
     "write.commit": ("format_phases",),
 }

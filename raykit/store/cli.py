@@ -12,7 +12,8 @@ from raykit.errors import StoreCorruptError, StoreVersionError
 from raykit.store.backends import BACKENDS
 from raykit.store.reader import open_store
 from raykit.store.spec import LAYOUTS
-from raykit.store.validate import store_summary, validate_store
+from raykit.store.summary import store_summary
+from raykit.store.validate import validate_store
 
 __all__ = ["register"]
 
@@ -84,9 +85,9 @@ def _info(args: argparse.Namespace) -> int:
     )
     fields = [f"{name} {spec['dtype']}x{spec['channels'] or 1}" for name, spec in summary["fields"].items()]
     print(f"fields      {', '.join(fields)}")
-    layout = summary["layout"]
-    print(f"layout      {layout['chunk_rays']} rays/chunk, {layout['shard_chunks']} chunks/shard")
-    print(f"seed        {layout['seed']}")
+    spec = summary["spec"]
+    print(f"chunking    {spec['chunk_rays']} rays/chunk, {spec['shard_chunks']} chunks/shard")
+    print(f"seed        {spec['seed']}")
     for name, images in summary["images_layout"].items():
         print(
             f"images      {name}: {images['stored_bytes']} bytes stored ({', '.join(images['formats'])}), "

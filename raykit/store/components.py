@@ -24,33 +24,52 @@ Per-frame metadata (``frames.json``: image name -> JSON object) is optional like
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import google_crc32c
 import numpy as np
 
-from raykit.errors import ConfigError, SourceError, StoreCorruptError
+from raykit.errors import ConfigError, RayRangeError, SourceError, StoreCorruptError
 from raykit.fileio import atomic_write_json
+from raykit.imagedecode import downscale_nearest
 from raykit.ordered import in_order
-from raykit.store.backends import backend_named, component_blobs, npy_bytes, npy_header, npy_values
+from raykit.store.backends import (
+    Backend,
+    backend_named,
+    component_blobs,
+    held_first,
+    join_parts,
+    npy_bytes,
+    npy_header,
+    npy_values,
+    read_blob,
+    read_blobs,
+)
+from raykit.store.byteview import StoreView
 from raykit.store.files import file_record, json_digest, write_files
+from raykit.store.schema import ImageRecord
 
 __all__ = [
     "COMPONENTS",
     "COMPONENT_DTYPES",
     "FRAMES_FILE",
     "ComponentInfo",
+    "ComponentReader",
     "component_files",
     "decode_component",
     "encode_component",
     "stored_size",
     "write_component",
+    "write_extras",
 ]
 
 COMPONENTS = ("mask", "depth")
@@ -196,6 +215,107 @@ def decode_component(info: ComponentInfo, data: bytes, height: int, width: int, 
     return values.astype(np.float32) if info.name == "depth" else values.copy()
 
 
+# -- reading -------------------------------------------------------------------------------------------
+
+
+class ComponentReader:
+    """A committed store's components and per-frame metadata, read through its ``view`` (``backend``:
+    the manifest's; ``manifest``: its ``components`` and ``frame_metadata`` records; ``read_json``:
+    a checked JSON file of the store, ``raykit.store.byteview.StoreBytes.read_json``)."""
+
+    def __init__(
+        self, view: StoreView, backend: Backend, manifest: Mapping[str, Any], read_json: Callable[[str], Any]
+    ) -> None:
+        self.view, self.backend, self._manifest, self._read_json = view, backend, manifest, read_json
+        self._indices: dict[str, dict[str, Any]] = {}
+
+    @cached_property
+    def components(self) -> dict[str, ComponentInfo]:
+        """Name (``"mask"``, ``"depth"``) -> ``ComponentInfo``; empty when the store has none (components
+        of names this raykit does not know are left out)."""
+        records, where = self._manifest.get("components") or {}, f"{self.view.url}/manifest.json"
+        return {k: ComponentInfo.from_dict(k, v, where) for k, v in records.items() if k in COMPONENTS}
+
+    def _index(self, component: str) -> dict[str, Any]:
+        if component not in self._indices:
+            info = self.components.get(component)
+            if info is None:
+                have = ", ".join(self.components) or "none"
+                raise RayRangeError(f"{self.view.url}: no {component!r} component (the store has: {have})")
+            self._indices[component] = self._read_json(info.index)
+        return self._indices[component]
+
+    def _located(self, component: str, split: str, local: Sequence[int]) -> dict[str, Any]:
+        """The split's ``index-{component}.json`` entry, once images ``local`` of it are in it."""
+        entry, rows = self._index(component).get(split), self.view.rows(split)
+        outside = [i for i in local if not 0 <= i < len(rows)]
+        if outside:
+            raise RayRangeError(f"{self.view.url}: split {split!r} has no image {outside[0]}")
+        n = len(entry.get("bytes", ())) if isinstance(entry, dict) else 0
+        missing = [i for i in local if i >= n]
+        if missing or not isinstance(entry, dict):
+            name = self.view.table.names[int(rows[missing[0]])] if missing else split
+            raise StoreCorruptError(
+                f"{self.view.url}/{self.components[component].index}: no entry for image {name!r}"
+            )
+        return entry
+
+    def _at(self, component: str, row: int) -> tuple[str, int, dict[str, Any]]:
+        """Camera-table row ``row``'s split, index in it and the split's index entry."""
+        split = self.view.table.splits[row]
+        local = int(np.searchsorted(self.view.rows(split), row))
+        return split, local, self._located(component, split, [local])
+
+    def files(self, component: str, row: int) -> list[str]:
+        """Relative paths of the files holding component ``component`` of camera-table row ``row``."""
+        split, local, entry = self._at(component, row)
+        return [
+            rel for rel, _, _ in self.backend.blob_ranges(component_blobs(component), split, entry, local)
+        ]
+
+    def stored(
+        self, component: str, row: int, held: Mapping[str, np.ndarray] | None = None
+    ) -> tuple[bytes, str]:
+        """The stored bytes (an ``.npy``) of component ``component`` of camera-table row ``row``, checked
+        against their CRC-32C, and the file they lie in; ``held``: files already in memory (relative
+        path -> read-only uint8 array), read from there instead of the store."""
+        split, local, entry = self._at(component, row)
+        read, blobs = held_first(self.view.read, held), component_blobs(component)
+        parts = read_blob(self.backend, blobs, read, self.view.url, split, entry, local)
+        return join_parts(parts), self.files(component, row)[0]
+
+    def _decoded(self, component: str, row: int, data: bytes, rel: str) -> np.ndarray:
+        table, info = self.view.table, self.components[component]
+        h, w, where = (
+            int(table.height[row]),
+            int(table.width[row]),
+            f"{self.view.url}/{rel}: {table.names[row]!r}",
+        )
+        return decode_component(info, data, h, w, where)
+
+    def read(self, component: str, row: int, downscale: int = 1) -> np.ndarray:
+        """Component ``component`` of camera-table row ``row`` (``RayStore.read_component``)."""
+        return downscale_nearest(self._decoded(component, row, *self.stored(component, row)), downscale)
+
+    def read_split(
+        self, component: str, split: str, local: Iterable[int]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """``(i, array)`` of each image ``i`` of ``local`` (``RayStore.read_split_components``)."""
+        wanted, rows = [int(i) for i in local], self.view.rows(split)
+        entry, blobs = self._located(component, split, wanted), component_blobs(component)
+        for i, parts in read_blobs(self.backend, blobs, self.view.read, self.view.url, split, entry, wanted):
+            rel = self.backend.blob_ranges(blobs, split, entry, i)[0][0]
+            yield i, self._decoded(component, int(rows[i]), join_parts(parts), rel)
+
+    @cached_property
+    def _frames(self) -> dict[str, Any]:
+        return dict(self._read_json(FRAMES_FILE)) if self._manifest.get("frame_metadata") else {}
+
+    def frame_metadata(self, name: str) -> dict[str, Any]:
+        """Per-frame metadata of image ``name`` (``RayStore.frame_metadata``), ``{}`` when none."""
+        return dict(self._frames.get(name) or {})
+
+
 # -- the payload of one component -----------------------------------------------------------------------
 
 
@@ -271,3 +391,61 @@ def write_component(
     fingerprint = json_digest({"name": info.name, "dtype": info.dtype, "unit": info.unit, "crc32c": crcs})
     done = replace(info, n_images=len(images), stored_bytes=stored, fingerprint=fingerprint)
     return done, dict(files)
+
+
+def write_extras(
+    partial: Path,
+    table: Any,
+    backend: str,
+    records: Sequence[ImageRecord],
+    components: Sequence[ComponentInfo],
+    extras_from: Any,
+    files: dict[str, Any],
+) -> dict[str, Any]:
+    """Write the ``components`` of ``records`` and their per-frame metadata into ``partial`` (or, for a
+    copy, those of the ``RayStore`` ``extras_from``); their file records go into ``files``. ``table``: the
+    camera table written. Returns the manifest keys that describe them (none when there are none:
+    such a store's bytes are those of a store without)."""
+    names = table.column("name").to_pylist()
+    columns = ("split", "height", "width")
+    rows = zip(names, *(table.column(k).to_pylist() for k in columns), strict=True)
+    images = [(n, s, int(h), int(w)) for n, s, h, w in rows]
+    src = extras_from
+    wanted = (
+        list(components)
+        if src is None
+        else [dataclasses.replace(i, index="") for i in src.components.values()]
+    )
+    by_name = {r.name: r for r in records}
+    extra: dict[str, Any] = {}
+    for info in wanted:
+        if src is not None:
+            load = functools.partial(_copied_component, src, info.name, names)
+        else:
+            missing = [n for n in names if info.name not in by_name[n].components]
+            if missing:
+                raise SourceError(
+                    f"image {missing[0]!r}: no {info.name} ({len(missing)} of {len(names)} images have none)"
+                )
+            load = functools.partial(_record_component, by_name, info.name, names)
+        done, written = write_component(partial, backend, info, images, load)
+        files.update(written)
+        extra.setdefault("components", {})[info.name] = done.to_dict()
+    if src is not None:
+        frames = {n: src.frame_metadata(n) for n in names}
+    else:
+        frames = {n: dict(by_name[n].metadata) for n in names if n in by_name}
+    frames = {k: v for k, v in frames.items() if v}
+    if frames:
+        atomic_write_json(partial / FRAMES_FILE, frames)
+        files[FRAMES_FILE] = file_record(partial / FRAMES_FILE)
+        extra["frame_metadata"] = {"path": FRAMES_FILE, "n_frames": len(frames)}
+    return extra
+
+
+def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequence[str], row: int) -> Any:
+    return records[names[row]].components[name]()
+
+
+def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
+    return store.read_component(name, names[row])

@@ -1,4 +1,4 @@
-"""A store's files: where they are (a local path or a URL; remote byte ranges), where a store is
+"""A store's files: where they are (a local path or a URL), where a store is
 written (``DST`` and ``DST.partial``) and how they are trusted (checksums, file records, the content
 fingerprint). Sections below, in that order. One writer per store: ``raykit.locks``.
 
@@ -9,13 +9,8 @@ even when it contains characters fsspec would otherwise read as URL syntax (``::
 Opening a location turns fsspec's failures (an unknown or uninstalled protocol, a refused
 connection) into :class:`~raykit.errors.StoreError` lines that name the location.
 
-Byte ranges of a remote store's files, correct also on servers that ignore HTTP ``Range``.
-
-Some servers (Python's ``http.server``, some CDNs and gateways) answer a range request with status
-200 and the whole file, which fsspec returns as if it were the range. :class:`RangeFetcher` checks
-each answer's length against the range and the manifest's file size: the whole file where a shorter
-range was asked for means ``Range`` is ignored, so it warns once and keeps whole files (an LRU bounded
-in bytes) to serve later ranges from; any other length is a truncation (``StoreCorruptError``).
+Reading a committed store's files (whole and checked, or in byte ranges, also from servers that ignore
+HTTP ``Range``) is the byte layer's: ``raykit.store.byteview``.
 
 Where a store is written: checks on ``DST`` and the ``DST.partial`` work folder beside it
 (docs/format.md, "Commit protocol"). ``DST`` must be absent, an empty folder, or (with ``overwrite``)
@@ -34,11 +29,9 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import warnings
 import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,26 +41,18 @@ import pyarrow as pa
 
 from raykit.errors import (
     ConfigError,
-    RangeIgnoredWarning,
     RaykitWarning,
-    StoreCorruptError,
     StoreError,
-    StoreNotFoundError,
 )
 from raykit.fileio import (
-    UntrustedFileError,
     atomic_write_bytes,
     atomic_write_json,
-    open_regular,
-    safe_path,
     sha256_file,
 )
 
 __all__ = [
     "CHUNK_CHECKSUM",
-    "DEFAULT_KEEP_BYTES",
     "OVERWRITE_HINT",
-    "RangeFetcher",
     "bytes_record",
     "check_destination",
     "chunk_checksum",
@@ -77,7 +62,6 @@ __all__ = [
     "is_url",
     "json_digest",
     "local_files_bytes",
-    "local_range_reader",
     "prepare_partial",
     "read_errors",
     "write_files",
@@ -129,120 +113,6 @@ def read_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - aiohttp comes with fsspec[http]
         pass
     return tuple(errors)
-
-
-DEFAULT_KEEP_BYTES = 256 << 20  # whole files kept from servers that ignore Range
-
-
-class RangeFetcher:
-    """Reads byte ranges of the files of one remote store.
-
-    Args:
-        fs: the store's fsspec filesystem.
-        root: the store's root path on ``fs``.
-        url: the store's URL (for messages).
-        sizes: relative path -> size in bytes of every file (from the manifest).
-        keep_bytes: budget of whole files kept after a server ignored ``Range``.
-    """
-
-    def __init__(
-        self, fs: Any, root: str, url: str, sizes: Mapping[str, int], keep_bytes: int = DEFAULT_KEEP_BYTES
-    ) -> None:
-        self._fs, self._root, self._url = fs, root.rstrip("/"), url.rstrip("/")
-        self._sizes = dict(sizes)
-        self._keep_bytes = keep_bytes
-        self._whole: OrderedDict[str, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-        self.ranges_ignored = False  # set once a server answered a range with the whole file
-        self.whole_fetches = 0
-
-    def size(self, rel: str) -> int:
-        """Recorded size of file ``rel``."""
-        if rel not in self._sizes:
-            raise StoreCorruptError(f"{self._url}/manifest.json: expected an entry for {rel}, not found")
-        return self._sizes[rel]
-
-    def read(self, rel: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of file ``rel`` (``start`` < 0: that many bytes before the end)."""
-        size = self.size(rel)
-        if start < 0:
-            start, end = size + start, size
-        with self._lock:
-            whole = self._whole.get(rel)
-            if whole is not None:
-                self._whole.move_to_end(rel)
-        if whole is None and self.ranges_ignored:
-            whole = self._fetch_whole(rel)
-        if whole is not None:
-            return whole[start:end]
-        try:
-            data = bytes(self._fs.cat_file(f"{self._root}/{rel}", start=start, end=end))
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
-        if len(data) == end - start:
-            return data
-        if len(data) == size:  # a whole-file answer (status 200, no Content-Range) to a range request
-            self._ignored(rel)
-            self._keep(rel, data)
-            return data[start:end]
-        raise StoreCorruptError(
-            f"{self._url}/{rel}: truncated: expected {end - start} bytes at offset {start} of a "
-            f"{size}-byte file, got {len(data)}"
-        )
-
-    def _fetch_whole(self, rel: str) -> bytes:
-        try:
-            data = bytes(self._fs.cat_file(f"{self._root}/{rel}"))
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{self._url}/{rel}: payload file missing") from exc
-        if len(data) != self.size(rel):
-            raise StoreCorruptError(f"{self._url}/{rel}: expected {self.size(rel)} bytes, got {len(data)}")
-        self._keep(rel, data)
-        return data
-
-    def _ignored(self, rel: str) -> None:
-        if not self.ranges_ignored:
-            self.ranges_ignored = True
-            warnings.warn(
-                f"{self._url}: the server ignores HTTP Range requests (it sent all of {rel}); reading "
-                "whole files instead (a loader's disk_cache= keeps them on disk)",
-                RangeIgnoredWarning,
-                stacklevel=4,
-            )
-
-    def _keep(self, rel: str, data: bytes) -> None:
-        with self._lock:
-            self.whole_fetches += 1
-            self._whole[rel] = data
-            total = sum(len(v) for v in self._whole.values())
-            while total > self._keep_bytes and len(self._whole) > 1:
-                _, dropped = self._whole.popitem(last=False)
-                total -= len(dropped)
-
-
-def local_range_reader(root: str, url: str, sizes: Mapping[str, int]) -> Callable[[str, int, int], bytes]:
-    """``read(rel, start, stop)``: bytes of file ``rel`` of the local store at ``root`` (``url`` in
-    messages), from regular files inside it only (``fileio.safe_path``, checked once per file;
-    ``fileio.open_regular``: never a FIFO or a device) of the size the manifest records (``sizes``,
-    checked on every open, before anything is read). A remote store's: ``RangeFetcher.read``."""
-    inside: set[str] = set()
-
-    def read(rel: str, start: int, stop: int) -> bytes:
-        if rel not in sizes:
-            raise StoreCorruptError(f"{url}/manifest.json: expected an entry for {rel}, not found")
-        try:
-            if rel not in inside:
-                safe_path(root, rel, where=f"{url}/manifest.json")
-                inside.add(rel)
-            with open_regular(f"{root}/{rel}", size=sizes[rel]) as handle:
-                handle.seek(start)
-                return handle.read(stop - start)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{url}/{rel}: payload file missing") from exc
-        except UntrustedFileError as exc:
-            raise StoreCorruptError(str(exc)) from None
-
-    return read
 
 
 OVERWRITE_HINT = "pass --overwrite (overwrite=True) to replace it"

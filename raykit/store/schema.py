@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
-from raykit.fileio import UntrustedFileError, check_relative
 from raykit.store.spec import LAYOUTS, RAYS_LAYOUT, holds_images
 
 if TYPE_CHECKING:
@@ -43,8 +42,6 @@ __all__ = [
     "SceneInfo",
     "SparsePoints",
     "SplitInfo",
-    "check_manifest_files",
-    "check_manifest_header",
     "check_points",
     "decode_pids",
     "encode_pids",
@@ -371,61 +368,6 @@ def decode_pids(
     w = width[image]
     pixel = np.stack([local % w, local // w], axis=1)
     return image.astype(np.int64), pixel
-
-
-def check_manifest_header(manifest: Mapping[str, Any], where: str) -> None:
-    """Raise unless ``manifest`` is a raykit store manifest of a format version this code reads."""
-    if manifest.get("format") != FORMAT_NAME:
-        raise StoreCorruptError(f"{where}: expected format {FORMAT_NAME!r}, got {manifest.get('format')!r}")
-    version = manifest.get("format_version")
-    if not isinstance(version, int):
-        raise StoreCorruptError(f"{where}: expected an integer format_version, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise StoreVersionError(
-            f"{where}: store format version {version} is newer than this raykit reads "
-            f"(<= {FORMAT_VERSION}); upgrade raykit"
-        )
-    if version < 1:  # 1 and 2 store every pid; 3 derives them (SplitInfo.pids)
-        raise StoreVersionError(f"{where}: unknown store format version {version}")
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def check_manifest_files(manifest: Mapping[str, Any], where: str) -> None:
-    """Raise unless every name the manifest gives a path by is a plain path inside the store and every
-    file record is ``{"size": int >= 0, "sha256": 64 hex digits}``: file names (no ``..``, absolute
-    path, backslash or NUL: ``fileio.safe_path``'s rules), split names (one plain path part each, as
-    payload paths are made of them) and the points' path. Symlinks are checked where files are read.
-
-    Raises:
-        StoreCorruptError: naming ``where`` and the first bad entry.
-    """
-    files = manifest.get("files")
-    if not isinstance(files, Mapping):
-        raise StoreCorruptError(f"{where}: expected 'files' to be an object of file records")
-    splits = manifest.get("splits")
-    splits = splits if isinstance(splits, Mapping) else {}
-    names = [*splits, *(s["name"] for s in splits.values() if isinstance(s, Mapping) and "name" in s)]
-    try:
-        for rel, entry in files.items():
-            check_relative(rel, where)
-            size, sha = (
-                (entry.get("size"), entry.get("sha256")) if isinstance(entry, Mapping) else (None, None)
-            )
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise StoreCorruptError(f"{where}: file {rel!r}: expected a size in bytes, got {size!r}")
-            if not isinstance(sha, str) or len(sha) != 64 or not _HEX.issuperset(sha):
-                raise StoreCorruptError(f"{where}: file {rel!r}: expected a hex sha256, got {sha!r}"[:300])
-        for name in names:
-            if not isinstance(name, str) or "/" in name:
-                raise StoreCorruptError(f"{where}: split name {name!r} is not a plain name")
-            check_relative(name, where)
-        points = manifest.get("points")
-        if isinstance(points, Mapping) and "path" in points:
-            check_relative(points["path"], where)
-    except UntrustedFileError as exc:
-        raise StoreCorruptError(str(exc)) from None
 
 
 # Sparse 3-D points of a capture (COLMAP ``points3D``), stored as ``points3D.parquet``: one row per point

@@ -1,6 +1,6 @@
-"""What a store holds and whether it is sound: its JSON-able summary (``store_summary``: ``raykit
-info``, the layout measurements, the demo), then ``validate_store`` (``raykit validate``): everything a
-store claims checked (docs/format.md, "Integrity"), every problem reported, one line each.
+"""Whether a store is sound: ``validate_store`` (``raykit validate``): everything a store claims checked
+(docs/format.md, "Integrity"), every problem reported, one line each (what it holds:
+``raykit.store.summary``).
 
 By default every file is hashed and checked against its SHA-256, and the metadata, the camera table,
 the points, each stored image's and component array's CRC-32C (an image's format and header size, an
@@ -23,12 +23,11 @@ import numpy as np
 
 from raykit.errors import RaykitError
 from raykit.ordered import in_order
-from raykit.store.backends import backend_named
-from raykit.store.components import component_files, decode_component
-from raykit.store.files import local_files_bytes
+from raykit.store.backends import join_parts
+from raykit.store.components import decode_component
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
-from raykit.store.reader import RayStore, join_parts, open_store
+from raykit.store.reader import RayStore, open_store
 from raykit.store.schema import check_points
 from raykit.store.table import record_problems
 
@@ -40,122 +39,15 @@ if TYPE_CHECKING:
 __all__ = [
     "BlobCheck",
     "components_check",
-    "field_bytes",
     "images_check",
-    "payload_bytes",
-    "source_image_bytes",
-    "store_summary",
     "validate_store",
 ]
-
-
-def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
-    """Payload bytes per split and stored field, ``{split: {field: bytes}}`` (``Backend.field_bytes``;
-    components are counted apart, ``component_bytes``)."""
-    skip = component_files(store.files)
-    files = {rel: entry for rel, entry in store.files.items() if rel not in skip}
-    return backend_named(store.backend).field_bytes(store.splits, files, store.index)
-
-
-def component_bytes(store: RayStore) -> int:
-    """Bytes on disk of the component files (payload, zarr metadata and index files)."""
-    return sum(int(store.files[rel]["size"]) for rel in component_files(store.files))
-
-
-def payload_bytes(store: RayStore) -> int:
-    """Bytes of the payload files (shards; no metadata), whatever the backend and layout."""
-    return sum(size for counts in field_bytes(store).values() for size in counts.values())
-
-
-def source_image_bytes(store: RayStore) -> int | None:
-    """Bytes of the source image files: as recorded when the store was written, else the sizes of
-    the camera table's ``source_path`` files when they are all local files; None when unknown."""
-    recorded = store.manifest.get("source", {}).get("image_bytes")
-    if recorded is not None:
-        return int(recorded)
-    return local_files_bytes(store.cameras.column("source_path").to_pylist())
-
-
-def store_summary(store: RayStore) -> dict[str, Any]:
-    """JSON-able summary: splits, counts, cameras, bytes on disk, bytes per ray (in all and per
-    field), the ratio of store bytes to source image bytes, layout."""
-    files = store.files
-    payload = payload_bytes(store)
-    total = sum(v["size"] for v in files.values())
-    n_rays = sum(info.n_rays for info in store.splits.values())
-    table = store.table
-    per_split = field_bytes(store)
-    per_field: dict[str, int] = {}
-    for counts in per_split.values():
-        for name, size in counts.items():
-            per_field[name] = per_field.get(name, 0) + size
-    source_bytes = source_image_bytes(store)
-    return {
-        "store": store.url,
-        "backend": store.backend,
-        "format_version": store.manifest["format_version"],
-        "content_fingerprint": store.fingerprint,
-        "store_fingerprint": store.store_fingerprint,
-        "components": {name: info.to_dict() for name, info in store.components.items()},
-        "frame_metadata": store.manifest.get("frame_metadata"),
-        "component_bytes": component_bytes(store),
-        "splits": {
-            name: {**info.to_dict(), "holds_images": info.holds_images} for name, info in store.splits.items()
-        },
-        "fields": {name: spec.to_dict() for name, spec in store.fields.items()},
-        "layout": store.spec.to_dict(),
-        "cameras": {
-            "n_images": len(table.names),
-            "n_cameras": len(table.camera_keys),
-            "models": sorted({key[0] for key in table.camera_keys}),
-            "sizes": sorted({f"{key[1]}x{key[2]}" for key in table.camera_keys}),
-            "with_alpha": int(table.has_alpha.sum()),
-        },
-        "scene": store.manifest["scene"],
-        "points": _points_summary(store),
-        "bytes_on_disk": total,
-        "payload_bytes": payload,
-        "n_rays": n_rays,
-        "bytes_per_ray": payload / max(n_rays, 1),
-        "field_bytes": per_split,
-        "bytes_per_ray_by_field": {name: size / max(n_rays, 1) for name, size in per_field.items()},
-        "split_bytes_per_ray": {
-            name: {k: v / max(store.splits[name].n_rays, 1) for k, v in counts.items()}
-            for name, counts in per_split.items()
-        },
-        "source_image_bytes": source_bytes,
-        "store_to_source": None if not source_bytes else total / source_bytes,
-        "images_layout": {  # per images-layout split: stored bytes, pass-through count, formats
-            name: {
-                "stored_bytes": sum(int(b) for b in store.index[name]["image_bytes"]),
-                "passthrough": sum(bool(p) for p in store.index[name]["passthrough"]),
-                "formats": sorted(set(store.index[name]["image_format"])),
-            }
-            for name in store.splits
-            if store.splits[name].holds_images
-        },
-    }
-
-
-def _points_summary(store: RayStore) -> dict[str, Any] | None:
-    """Count, world-frame bounds and mean track length of the sparse points, or None."""
-    points = store.sparse_points()
-    if points is None:
-        return None
-    n = len(points)
-    return {
-        "file": store.manifest["points"]["path"],
-        "n_points": n,
-        "bounds": [points.xyz.min(axis=0).tolist(), points.xyz.max(axis=0).tolist()] if n else None,
-        "mean_track_length": float(points.track_length.mean()) if n else 0.0,
-        "mean_error": float(points.error.mean()) if n else 0.0,
-    }
 
 
 HEADER_BYTES = 1 << 16  # an image's first bytes, enough for its header unless its metadata is larger
 
 
-_buffers = threading.local()  # each thread's file buffer (``RayStore.read_file_into``)
+_buffers = threading.local()  # each thread's file buffer (``StoreBytes.read_file_into``)
 
 
 class BlobCheck:
@@ -199,7 +91,7 @@ class BlobCheck:
         if buffer is None or len(buffer) < size:
             buffer = _buffers.buffer = bytearray(size)
         try:
-            data = self.store.read_file_into(rel, buffer)
+            data = self.store.storage.read_file_into(rel, buffer)
         except RaykitError as exc:
             return str(exc), []
         return None, [p for key in self._within.get(rel, ()) for p in self._check(key, {rel: data})]
@@ -222,7 +114,7 @@ def images_check(store: RayStore, split: str, deep: bool = False) -> BlobCheck:
     rows = store.split_rows(split)  # what each image is checked against, looked up once
     names = [store.table.names[int(row)] for row in rows]
     sizes = list(zip(store.table.width[rows].tolist(), store.table.height[rows].tolist(), strict=True))
-    source_sha = store.cameras.column("source_sha256").to_pylist()
+    source_sha = store.table_arrow.column("source_sha256").to_pylist()
     source_shas = [source_sha[int(row)] for row in rows]
     alphas = store.table.has_alpha[rows].tolist()
     entry = store.index[split]
@@ -230,7 +122,7 @@ def images_check(store: RayStore, split: str, deep: bool = False) -> BlobCheck:
     def check(local: int, held: Mapping[str, np.ndarray] | None) -> list[str]:
         where = f"{store.url}/{store.image_files(split, local)[0]}: image {names[local]!r}"
         try:
-            parts = store.stored_image_parts(split, local, held)
+            parts = store.reader.image_parts(split, local, held)
             pixels = store.read_split_image(split, local) if deep else None
         except RaykitError as exc:
             return [str(exc)]
@@ -312,7 +204,7 @@ def validate_store(path_or_url: str | Path, deep: bool = False) -> list[str]:
         if rel in owner:
             return owner[rel].check_file(rel)
         try:
-            store.verify_file(rel)
+            store.storage.verify_file(rel)
         except RaykitError as exc:
             return str(exc), []
         return None, []
@@ -510,9 +402,9 @@ def components_check(store: RayStore) -> tuple[BlobCheck, list[str]]:
                 f"the store has {len(names)}"
             )
             continue
-        for row, name in enumerate(names):
+        for row in range(len(names)):
             try:
-                blobs[component, row] = store.component_files(component, name)
+                blobs[component, row] = store.component_reader.files(component, row)
             except RaykitError as exc:
                 problems.append(str(exc))
                 break
@@ -521,7 +413,7 @@ def components_check(store: RayStore) -> tuple[BlobCheck, list[str]]:
         component, row = key
         name = names[row]
         try:
-            data, rel = store.component_bytes(component, name, held)
+            data, rel = store.component_reader.stored(component, row, held)
             where = f"{store.url}/{rel}: {component} of image {name!r}"
             info = store.components[component]
             decode_component(info, data, int(table.height[row]), int(table.width[row]), where)

@@ -185,7 +185,7 @@ def test_convert_from_photos_with_undistort(
     assert (cache / "sparse" / "0" / "cameras.bin").is_file()
     assert (cache / "undistorted" / "sparse" / "cameras.bin").is_file()
     assert sum(info.n_images for info in store.splits.values()) == N_VIEWS
-    assert set(store.cameras.column("model").to_pylist()) == {"PINHOLE"}
+    assert set(store.table_arrow.column("model").to_pylist()) == {"PINHOLE"}
     assert open_store(dst, verify=True).fingerprint == store.fingerprint
 
 
@@ -198,7 +198,7 @@ def test_convert_cli_from_photos(shoot: tuple[Path, ScenePhotos, list[str]], tmp
     assert record["stages"]["features"]["key"]["max_features"] == 4096
     store = open_store(dst)
     assert sum(info.n_images for info in store.splits.values()) == N_VIEWS
-    assert set(store.cameras.column("model").to_pylist()) == {"SIMPLE_PINHOLE"}
+    assert set(store.table_arrow.column("model").to_pylist()) == {"SIMPLE_PINHOLE"}
 
 
 def test_unregistered_photos_are_listed_and_left_out(

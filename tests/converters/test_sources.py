@@ -91,7 +91,7 @@ def test_ngp_per_frame_intrinsics_fisheye_and_windows_paths(tmp_path: Path, make
         ref_o, ref_d, _ = pixels_to_rays(camera, torch.tensor(c2w), torch.tensor(pixel))
         np.testing.assert_allclose(dirs, ref_d.double().numpy(), atol=1e-5)
         np.testing.assert_allclose(origins, ref_o.double().numpy(), atol=1e-5)
-    models = set(store.cameras.column("model").to_pylist())
+    models = set(store.table_arrow.column("model").to_pylist())
     assert {"OPENCV", "OPENCV_FISHEYE"} <= models
     half = 4 * 0.5 / 0.33  # aabb_scale 4 around instant-ngp's default unit cube (scale 0.33, offset 0.5)
     np.testing.assert_allclose(store.manifest["scene"]["bounds"], [[-half] * 3, [half] * 3])
@@ -183,5 +183,5 @@ def test_exif_policies_end_to_end(tmp_path: Path, make) -> None:
     np.testing.assert_allclose(as_stored.reshape(4, 6, 3), stored, atol=1e-3)
     rotated = image_rays(applied, "images/f_1.png").rgb.numpy() * 255
     np.testing.assert_allclose(rotated.reshape(6, 4, 3), np.rot90(stored, k=-1), atol=1e-3)
-    widths = dict(zip(applied.table.names, applied.cameras.column("width").to_pylist(), strict=True))
+    widths = dict(zip(applied.table.names, applied.table_arrow.column("width").to_pylist(), strict=True))
     assert widths["images/f_1.png"] == 4 and widths["images/f_0.png"] == 6

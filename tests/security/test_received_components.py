@@ -46,7 +46,7 @@ def _forge(store: Path, backend: str) -> tuple[str, str]:
     add_component(store, "depth", lambda name, h, w: np.full((h, w), 2.5, np.float32))
     reader = open_store(store)
     name = reader.table.names[int(reader.split_rows("train")[0])]
-    data, rel = reader.component_bytes("depth", name)
+    data, rel = reader.component_reader.stored("depth", reader.image_index(name))
     forged = _huge_header(128) + data[128:]
     raw = bytearray((store / rel).read_bytes())
     at = raw.find(data)

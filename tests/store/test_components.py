@@ -94,14 +94,14 @@ def test_round_trip_equals_sources(capture: Path, tmp_path: Path, layout: str, b
 def _check_batched_reads(store) -> None:
     """``read_split_components`` (runs of images read at once, in any order asked, a subset) gives
     what ``read_component`` gives image by image; ``read_blobs`` likewise, with one read per file in
-    one run and one read per image when no two may share one."""
+    one run and each blob's range read alone when no two may share a read."""
     from raykit.store.backends import backend_named, component_blobs, read_blob, read_blobs
 
     calls: list[tuple[str, int, int]] = []
 
     def read(rel: str, start: int, stop: int) -> bytes:
         calls.append((rel, start, stop))
-        return store.read_range(rel, start, stop)
+        return store.storage.read_range(rel, start, stop)
 
     backend = backend_named(store.backend)
     for split in store.splits:
@@ -114,20 +114,21 @@ def _check_batched_reads(store) -> None:
                 np.testing.assert_array_equal(
                     array, store.read_component(component, store.table.names[rows[i]])
                 )
-            entry, blobs = store._component_index(component)[split], component_blobs(component)
+            entry, blobs = store.component_reader._index(component)[split], component_blobs(component)
             calls.clear()
 
             every = range(len(rows))
-            alone = [
-                bytes(b"".join(read_blob(backend, blobs, store.read_range, store.url, split, entry, i)))
-                for i in every
-            ]
+            ranged, url = store.storage.read_range, store.url
+            alone = [bytes(b"".join(read_blob(backend, blobs, ranged, url, split, entry, i))) for i in every]
             args = (backend, blobs, read, store.url, split, entry, every)
             assert [bytes(b"".join(p)) for _, p in read_blobs(*args)] == alone
             assert len(calls) == len({rel for rel, _, _ in calls})  # one run: each file read once
             calls.clear()
             assert [bytes(b"".join(p)) for _, p in read_blobs(*args, span=1, gap=0)] == alone
-            assert len(calls) >= len(rows)
+            # nothing merged: each blob range read at most once, as is (a range inside another: not at all)
+            ranges = {r for i in every for r in backend.blob_ranges(blobs, split, entry, i)}
+            assert set(calls) <= ranges and len(calls) == len(set(calls))
+            assert all(any(c[0] == r[0] and c[1] <= r[1] and r[2] <= c[2] for c in calls) for r in ranges)
 
 
 @pytest.mark.parametrize("h,w", [(1, 1), (7, 9), (13, 64), (300, 301)])
@@ -295,7 +296,7 @@ def test_add_component_bad_folder_is_one_line_and_changes_nothing(scene, tmp_pat
 def test_flipped_component_byte_is_caught(capture: Path, tmp_path: Path, backend: str) -> None:
     store = convert(capture, tmp_path / "s", layout="rays", backend=backend, progress=False)
     name = store.table.names[0]
-    data, where = store.component_bytes("mask", name)
+    data, where = store.component_reader.stored("mask", store.image_index(name))
     path = tmp_path / "s" / where
     raw = bytearray(path.read_bytes())
     offset = raw.find(data) + len(data) - 1  # the image's last stored byte

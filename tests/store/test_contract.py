@@ -18,7 +18,8 @@ from raykit.loaders import image_rays, reference_batch
 from raykit.store import ImageRecord, RayRangeError, SceneInfo, open_store, write_store
 from raykit.store.backends import BACKENDS, backend_named
 from raykit.store.reader import RayStore
-from raykit.store.validate import store_summary, validate_store
+from raykit.store.summary import store_summary
+from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 
 CHUNK_RAYS = 64
@@ -105,8 +106,8 @@ class StoreContract:
         np.testing.assert_array_equal(store.world_from_source, scene.matrix())
         assert store.scene == scene
         by_name = {r.name: r for r in records}
-        assert store.cameras.num_rows == len(records)
-        for row in store.cameras.to_pylist():
+        assert store.table_arrow.num_rows == len(records)
+        for row in store.table_arrow.to_pylist():
             rec = by_name[row["name"]]
             assert row["split"] == rec.split and row["near"] == rec.near and row["far"] == rec.far
             np.testing.assert_array_equal(np.reshape(row["c2w"], (4, 4)), rec.c2w)

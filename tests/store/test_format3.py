@@ -21,7 +21,8 @@ from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.cli import register
 from raykit.store.order import SplitOrder, reference_split_pids
 from raykit.store.schema import DerivedRays, RawRays
-from raykit.store.validate import store_summary, validate_store
+from raykit.store.summary import store_summary
+from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 
 
@@ -116,7 +117,7 @@ def test_copy_with_pids_keeps_the_fingerprint(
 
         native = zarr.open_array(tmp_path / "c" / "zarr", path="train/pid", mode="r")[:]
     else:
-        native = np.concatenate([copy.reader.values(copy.splits["train"], i)["pid"]
+        native = np.concatenate([copy.reader.chunks.values(copy.splits["train"], i)["pid"]
                                  for i in range(copy.splits["train"].n_chunks)])  # fmt: skip
     np.testing.assert_array_equal(native, store.read("train", 0, store.splits["train"].n_rays).pid)
     for split, info in store.splits.items():

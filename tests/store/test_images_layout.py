@@ -18,7 +18,7 @@ from raykit.converters import convert
 from raykit.converters.images import decode_image
 from raykit.errors import SourceError, StoreCorruptError
 from raykit.store import open_store, write_store
-from raykit.store.reader import join_parts
+from raykit.store.backends import join_parts
 from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 
@@ -72,7 +72,7 @@ def test_passthrough_keeps_source_bytes(images_store, capture: Path) -> None:
         assert all(entry["passthrough"])
         for local, name in enumerate(store.images(split)):
             path = sources[Path(name).name if Path(name).name in sources else Path(name).name + ".jpg"]
-            data = join_parts(store.stored_image_parts(split, local))
+            data = join_parts(store.reader.image_parts(split, local))
             assert hashlib.sha256(data).hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
             decoded = decode_image(path)
             served = store.read_image(name)
@@ -162,7 +162,7 @@ def test_plain_zarr_reader_slices_images(tmp_path: Path, capture: Path) -> None:
     names = group.attrs["image_names"]
     for i, name in enumerate(names):
         data = group["images"][offsets[i] : offsets[i + 1]].tobytes()
-        assert data == join_parts(store.stored_image_parts("train", i))
+        assert data == join_parts(store.reader.image_parts("train", i))
         pixels = np.asarray(Image.open(io.BytesIO(data)))
         assert np.array_equal(store.read_image(name)[..., : pixels.shape[2]], pixels)
 

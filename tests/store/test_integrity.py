@@ -67,7 +67,7 @@ def downgrade(root: Path, version: int) -> None:
     splits = {name: info.legacy_dict() for name, info in store.splits.items()}
     layout = {k: v for k, v in manifest["layout"].items() if k != "train_order"}
     fingerprint = content_fingerprint(
-        store.cameras, manifest["scene"], splits, manifest["fields"], crcs, kind
+        store.table_arrow, manifest["scene"], splits, manifest["fields"], crcs, kind
     )
     _resign_manifest(
         root, ("index.json",), format_version=version, content_fingerprint=fingerprint, splits=splits,
@@ -81,14 +81,14 @@ def test_older_format_stores_read_check_and_copy(
 ) -> None:
     kw: dict[str, Any] = {"scene": scene, "backend": backend, "chunk_rays": 64, "shard_chunks": 2}
     fresh = write_store(tmp_path / "v3", records, **kw)
-    assert fresh.checksum_kind == "crc32c" and fresh.manifest["format_version"] == 3
+    assert fresh.reader.checksum_kind == "crc32c" and fresh.manifest["format_version"] == 3
     assert all(info.pids == "derived" for info in fresh.splits.values())
     old = tmp_path / f"v{version}"
     write_store(old, records, with_pids=True, **kw)
     downgrade(old, version)
     store = open_store(old)
     kind = "crc32" if version == 1 else "crc32c"
-    assert store.legacy and store.checksum_kind == kind and validate_store(str(old)) == []
+    assert store.legacy and store.reader.checksum_kind == kind and validate_store(str(old)) == []
     for split, info in store.splits.items():
         for i in range(info.n_chunks):
             a, b = store.read_chunk(split, i), fresh.read_chunk(split, i)
@@ -103,7 +103,7 @@ def test_older_format_stores_read_check_and_copy(
         for with_pids in (False, True)
     ]
     for copy in copies:
-        assert copy.checksum_kind == "crc32c" and copy.manifest["format_version"] == 3
+        assert copy.reader.checksum_kind == "crc32c" and copy.manifest["format_version"] == 3
         assert not copy.legacy and {info.pids for info in copy.splits.values()} == {"stored"}
         assert copy.fingerprint == copies[0].fingerprint and validate_store(copy.url) == []
         np.testing.assert_array_equal(copy.read("train", 0, 50).pid, fresh.read("train", 0, 50).pid)

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
 from raykit.store import SceneInfo, SplitInfo, decode_pids, encode_pids, write_store
+from raykit.store.byteview import check_manifest_header
 from raykit.store.cli import register
-from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, check_manifest_header
+from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION
 
 
 @given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 50)), min_size=1, max_size=8), st.data())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,67 @@ def reference_merge_counts(sizes: tuple[int, ...], k: int) -> list[int]:
     for _, i in keys[:k]:
         counts[i] += 1
     return counts
+
+
+# -- zarr itself, the oracle of the zarr backend's writer: its metadata documents and shard files -------
+
+
+def zarr_codec(codec: Mapping[str, Any]) -> Any:
+    """The zarr codec object of a ``field_codec`` entry (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    cfg = codec["configuration"]
+    return ZstdCodec(**cfg) if codec["name"] == "zstd" else BloscCodec(**cfg)
+
+
+def _array_kwargs(field: FieldSpec, info: SplitInfo, spec: StoreSpec) -> dict[str, Any]:
+    from zarr.codecs import Crc32cCodec
+
+    n_rays, chunk_rays = info.n_rays, info.chunk_rays
+    shard_rays = chunk_rays * spec.shard_chunks
+    tail = (field.channels,) if field.channels else ()
+    return {
+        "shape": (n_rays, *tail),
+        "dtype": field.dtype,
+        "chunks": (chunk_rays, *tail),
+        "shards": (shard_rays, *tail),
+        "compressors": [zarr_codec(zarr_backend.field_codec(field, spec)), Crc32cCodec()],
+        "fill_value": 0,
+        "attributes": {"raykit_field": field.name},
+    }
+
+
+def reference_metadata_documents(
+    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
+) -> dict[str, bytes]:
+    """Twin of ``zarr.metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
+    ``MemoryStore``; its files' bytes."""
+    import zarr
+
+    mem = zarr.storage.MemoryStore()
+    group = zarr.create_group(mem, attributes=zarr_backend.ZARR_ROOT["attributes"])
+    for split, info in splits.items():
+        sub = group.create_group(split)
+        for field in info.stored_fields(fields).values():
+            sub.create_array(field.name, **_array_kwargs(field, info, spec))
+    return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
+
+
+def reference_encode_shard(
+    values: np.ndarray, field: FieldSpec, info: SplitInfo, shard: int, spec: StoreSpec
+) -> bytes:
+    """Slow twin of ``zarr.encode_shard_pieces`` (joined): write the values into an in-memory zarr array,
+    take the shard."""
+    import zarr
+
+    start = shard * info.chunk_rays * spec.shard_chunks
+    mem = zarr.storage.MemoryStore()
+    # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
+    array = zarr.create_array(mem, **_array_kwargs(field, info, spec), config={"write_empty_chunks": True})
+    array[start : start + len(values)] = values
+    key = zarr_backend.shard_file(info.name, field, shard).split(f"/{field.name}/", 1)[1]
+    encoded: bytes = mem._store_dict[key].to_bytes()
+    return encoded
 
 
 @settings(max_examples=60, deadline=None)
@@ -113,8 +175,10 @@ def test_shard_gathers_match_the_definition(tmp_path: Path, record_factory, scen
         )  # fmt: skip
         info = store.splits["train"]
         pids = np.concatenate([store.read_chunk("train", c).pid for c in range(info.n_chunks)])
-        rows = [i for i, split in enumerate(store.cameras.column("split").to_pylist()) if split == "train"]
-        sizes = tuple(store.cameras.column("n_pixels").to_pylist()[i] for i in rows)
+        rows = [
+            i for i, split in enumerate(store.table_arrow.column("split").to_pylist()) if split == "train"
+        ]
+        sizes = tuple(store.table_arrow.column("n_pixels").to_pylist()[i] for i in rows)
         offsets = list(itertools.accumulate((0, *sizes[:-1])))
         expected = reference_split_pids(5, "train", rows, sizes, offsets)
         np.testing.assert_array_equal(pids, expected)
@@ -157,13 +221,13 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
     if rgba is not None:
         record["rgba_codec"] = rgba
     record.update(blosc_cname=blosc[0], blosc_shuffle=blosc[1])
-    layout = StoreSpec.from_dict(record)
+    store_spec = StoreSpec.from_dict(record)
     values = np.random.default_rng(n_rays).integers(0, 200, spec.shape(n_rays)).astype(spec.dtype)
     shard_rays = chunk_rays * shard_chunks
     for shard in range(-(-n_rays // shard_rays)):
         part = values[shard * shard_rays : (shard + 1) * shard_rays]
-        fast = b"".join(zarr_backend.encode_shard_pieces(part, spec, info, layout))
-        assert fast == zarr_backend.reference_encode_shard(part, spec, info, shard, layout)
+        fast = b"".join(zarr_backend.encode_shard_pieces(part, spec, info, store_spec))
+        assert fast == reference_encode_shard(part, spec, info, shard, store_spec)
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
@@ -214,7 +278,7 @@ def test_zarr_metadata_matches_zarr(n_rays, chunk_rays, shard_chunks, rgba, blos
     fields = {spec.name: spec for spec in specs}
     spec = StoreSpec.from_dict(record)
     ours = zarr_backend.metadata_documents(splits, fields, spec)
-    theirs = zarr_backend.reference_metadata_documents(splits, fields, spec)
+    theirs = reference_metadata_documents(splits, fields, spec)
     assert {key: document_bytes(doc) for key, doc in ours.items()} == theirs
 
 

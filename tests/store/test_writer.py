@@ -267,7 +267,7 @@ def test_source_hash_of_local_files(tmp_path: Path, records, scene: SceneInfo) -
     store = write_store(tmp_path / "s", [rec], scene=scene, source={"format": "test"}, **OPTIONS)
     import hashlib
 
-    assert store.cameras.column("source_sha256")[0].as_py() == hashlib.sha256(b"pixels").hexdigest()
+    assert store.table_arrow.column("source_sha256")[0].as_py() == hashlib.sha256(b"pixels").hexdigest()
     assert store.manifest["source"]["format"] == "test" and store.manifest["source"]["fingerprint"]
 
 

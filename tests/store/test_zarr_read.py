@@ -26,7 +26,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, records: list[ImageRecord], 
 
 
 def test_direct_reads_equal_zarr_reads(store: Any) -> None:
-    reader = store.reader
+    reader = store.reader.chunks
     assert isinstance(reader, zarr_read.ZarrReader)
     for info in store.splits.values():
         assert info.n_rays % info.chunk_rays, "the fixture should have a short last chunk"
@@ -69,4 +69,4 @@ def test_damaged_shards_are_named(store: Any, tmp_path: Path, where: str) -> Non
     damaged = open_store(root)
     info = damaged.splits["train"]
     with pytest.raises(StoreCorruptError, match=r"zarr/train/pid/c/0.*(crc32c|shard index)"):
-        damaged.reader.values(info, 0)
+        damaged.reader.chunks.values(info, 0)

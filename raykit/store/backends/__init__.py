@@ -2,7 +2,9 @@
 
 A backend is the physical form of the payload; everything else about a store is the same whatever the
 backend. One module per backend defines ``BACKEND``, a stateless frozen object (picklable: writer tasks
-carry it) that encodes a shard of either layout and opens a reader of a committed store's ray chunks.
+carry it) that encodes a shard of either layout and opens a reader of a committed store's ray chunks
+(``RayChunks``, given the store's ``StoreView``: the rays reader, ``raykit.store.layouts.RaySplits``,
+holds one and checks what it reads).
 A new backend is one module, one line in ``_MODULES`` and a subclass of the suite in
 ``tests/store/test_contract.py``.
 """
@@ -13,22 +15,18 @@ import functools
 import importlib
 import io
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol
 
 import google_crc32c
 import numpy as np
 from numpy.lib import format as npy_format
 
-from raykit.errors import StoreCorruptError, StoreError
-from raykit.imagedecode import downscale_area
-from raykit.store.files import chunk_checksum
-from raykit.store.schema import DerivedRays, FieldSpec, RawRays, SplitInfo
+from raykit.errors import StoreCorruptError
+from raykit.store.byteview import ByteRead, StoreView, merged_reader
+from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import BACKENDS, DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
-
-if TYPE_CHECKING:
-    from raykit.store.reader import RayStore, Timed
 
 __all__ = [
     "BACKENDS",
@@ -36,11 +34,13 @@ __all__ = [
     "BlobShard",
     "Blobs",
     "ByteRead",
-    "RaySplits",
+    "RayChunks",
     "StagedBlob",
     "backend_named",
     "component_blobs",
+    "held_first",
     "image_blobs",
+    "join_parts",
     "npy_bytes",
     "npy_header",
     "npy_values",
@@ -52,10 +52,6 @@ __all__ = [
 # name -> module defining ``BACKEND``; imported on first use, so reading a zarr store never imports the
 # WebDataset backend and the other way round.
 _MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.wds"}
-
-
-# ``read(rel, start, stop)``: a byte range of a store's file, as ``bytes`` or a read-only uint8 array
-ByteRead = Callable[[str, int, int], "bytes | np.ndarray"]
 
 
 # one blob as a shard is assembled from it: bytes, its extension (a WebDataset member's) and, for an
@@ -174,6 +170,18 @@ class BlobShard:
     total: int = 0
 
 
+class RayChunks(Protocol):
+    """A backend's reader of a rays-layout store's chunks (``Backend.open_reader``), unchecked."""
+
+    def chunk_files(self, split: str, index: int) -> list[str]:
+        """Relative paths of the files holding chunk ``index`` of ``split``."""
+        ...
+
+    def values(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
+        """Field name -> (n, ...) values of chunk ``index`` of split ``info``, as stored."""
+        ...
+
+
 class Backend(Protocol):
     """Writes a payload of either layout and reads it back. ``fields``: a split's stored fields, name
     -> spec in stored order (``SplitInfo.stored_fields``); ``spec``: the store's ``StoreSpec``."""
@@ -211,9 +219,8 @@ class Backend(Protocol):
         records; ``index``: ``index.json``); container overhead under a name of its own (``"tar"``)."""
         ...
 
-    def open_reader(self, store: RayStore) -> RaySplits:
-        """The reader of the committed rays-layout ``store`` (opened up to its metadata: its
-        ``index``, ``read_range`` and verified ``metadata`` files)."""
+    def open_reader(self, view: StoreView) -> RayChunks:
+        """The reader of the ray chunks of the committed rays-layout store ``view`` shows."""
         ...
 
     # -- per-image blobs (``Blobs``): the images layout's images, the components' arrays -------------
@@ -284,125 +291,32 @@ def read_blobs(
     gap: int = 1 << 16,
 ) -> Iterator[tuple[int, list[bytes | np.ndarray]]]:
     """``(i, parts)`` of each blob ``i`` of ``local`` (split-local, each once, in split order) as
-    ``read_blob`` gives them, checked alike, with one read of each file per run of blobs lying at most
-    ``gap`` bytes apart in it (``span`` bytes read at most at once) instead of one read per blob: what
-    a loader's first epoch reads."""
-
-    def run(group: list[int], ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, Any]]:
-        buffers = {rel: (lo, memoryview(cast(Any, read(rel, lo, hi)))) for rel, (lo, hi) in ranges.items()}
-
-        def served(rel: str, start: int, stop: int) -> Any:
-            held = buffers.get(rel)
-            if held is not None and held[0] <= start and stop <= held[0] + len(held[1]):
-                return held[1][start - held[0] : stop - held[0]]
-            return read(rel, start, stop)  # not read ahead (a range outside the run): read it alone
-
-        for i in group:
-            yield i, read_blob(backend, blobs, served, where, split, entry, i)
-
-    group: list[int] = []
-    ranges: dict[str, tuple[int, int]] = {}
-    for i in sorted({int(i) for i in local}):
-        mine = backend.blob_ranges(blobs, split, entry, i)
-        merged, close = dict(ranges), True
-        for rel, lo, hi in mine:
-            start, stop = merged.get(rel, (lo, hi))
-            close = close and (rel not in merged or lo - stop <= gap)
-            merged[rel] = (min(start, lo), max(stop, hi))
-        if group and (not close or sum(hi - lo for lo, hi in merged.values()) > span):
-            yield from run(group, ranges)
-            group, merged = [], {rel: (lo, hi) for rel, lo, hi in mine}
-        group.append(i)
-        ranges = merged
-    if group:
-        yield from run(group, ranges)
+    ``read_blob`` gives them, checked alike, the ranges of blobs lying at most ``gap`` bytes apart in a
+    file read at once, ``span`` bytes at most (``raykit.store.byteview.merged_reader``), instead of one
+    read per blob: what a loader's first epoch reads."""
+    wanted = sorted({int(i) for i in local})
+    ranges = (r for i in wanted for r in backend.blob_ranges(blobs, split, entry, i))
+    served = merged_reader(read, ranges, gap, span)
+    for i in wanted:
+        yield i, read_blob(backend, blobs, served, where, split, entry, i)
 
 
-class RaySplits:
-    """The reader of a rays-layout ``store`` (``Backend.open_reader``), one subclass per backend,
-    which names a chunk's files (``chunk_files``) and reads its stored values (``values``,
-    unchecked). Chunks are checked here against the chunk CRCs of ``index.json`` (format 3 checks
-    stored pids apart; formats 1 and 2 sum every field at once, ``RayStore.legacy``)."""
+def join_parts(parts: Sequence[bytes | np.ndarray]) -> bytes:
+    """The bytes of a blob's pieces (``read_blob``), joined (one copy; none for one ``bytes`` piece)."""
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        return parts[0]
+    return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
 
-    def __init__(self, store: RayStore) -> None:
-        self.store, self.url, self.read = store, store.url.rstrip("/"), store.read_range
-        self.stored = {name: info.stored_fields(store.fields) for name, info in store.splits.items()}
 
-    def chunk_files(self, split: str, index: int) -> list[str]:
-        """Relative paths of the files holding chunk ``index`` of ``split``."""
-        raise NotImplementedError
+def held_first(read: ByteRead, held: Mapping[str, np.ndarray] | None) -> ByteRead:
+    """``read(rel, start, stop)`` from the files in ``held`` (relative path -> read-only uint8 array
+    already in memory: a view, no copy), else from ``read``."""
 
-    def values(self, info: SplitInfo, index: int) -> dict[str, np.ndarray]:
-        """Field name -> (n, ...) values of chunk ``index`` of split ``info``, as stored (unchecked)."""
-        raise NotImplementedError
+    def first(rel: str, start: int, stop: int) -> bytes | np.ndarray:
+        data = None if held is None else held.get(rel)
+        return read(rel, start, stop) if data is None else data[start:stop]
 
-    def read_chunk(self, info: SplitInfo, index: int) -> RawRays:
-        """Chunk ``index`` (in range) of split ``info``, checked."""
-        store, legacy = self.store, self.store.legacy
-        files = self.chunk_files(info.name, index)
-        values = self.values(info, index)
-        summed = [k for k in store.fields if k in values and (legacy or k != "pid")]
-        self._check(files[0], info.name, index, chunk_checksum(values, summed, store.checksum_kind), "")
-        extra = {k: v for k, v in values.items() if k not in ("rgba", "pid")}
-        if info.pids == "derived":
-            start = info.chunk_range(index)[0]
-            return DerivedRays(values["rgba"], store.split_order(info.name), start, extra)
-        if not legacy:
-            crc = chunk_checksum(values, ["pid"], store.checksum_kind)
-            self._check(
-                next((rel for rel in files if "/pid/" in rel), files[0]), info.name, index, crc, "pid_"
-            )
-        return RawRays(values["rgba"], values["pid"], extra)
-
-    def _check(self, rel: str, split: str, index: int, crc: int, what: str) -> None:
-        """Raise unless ``crc`` is chunk ``index``'s recorded checksum (``what``: ``"pid_"`` for the
-        stored pids' own)."""
-        kind = self.store.checksum_kind
-        expected = int((self.store.pid_crcs if what else self.store.chunk_crcs)[split][index])
-        if crc != expected:
-            raise StoreCorruptError(
-                f"{self.store.url}/{rel}: chunk {index} of split {split!r} fails its {what.replace('_', ' ')}"
-                f"checksum (expected {kind} {expected:08x}, got {crc:08x})"
-            )
-
-    def read_image(self, row: int, timed: Timed | None = None, downscale: int = 1) -> np.ndarray:
-        """Camera-table row ``row``'s pixels gathered from its rays (``image_raw``), area-filtered to
-        level ``downscale``."""
-        h, w, c = (
-            int(self.store.table.height[row]),
-            int(self.store.table.width[row]),
-            self.store.rgba_channels,
-        )
-        full = np.ascontiguousarray(self.image_raw(row).rgba[:, :c]).reshape(h, w, c)
-        return np.ascontiguousarray(downscale_area(full, downscale))
-
-    def image_raw(self, row: int) -> RawRays:
-        """Compact rays of every pixel of camera-table row ``row``, row-major: an evaluation split's
-        one contiguous range; a shuffled split's gathered chunk by chunk."""
-        store = self.store
-        split, start, n = (
-            store.table.splits[row],
-            int(store.table.ray_start[row]),
-            int(store.table.n_pixels[row]),
-        )
-        if start >= 0:
-            return store.read(split, start, start + n)
-        lo, parts = int(store.table.pixel_offset[row]), []
-        for c in range(store.splits[split].n_chunks):
-            raw = store.read_chunk(split, c)
-            parts.append(raw.take(np.flatnonzero((raw.pid >= lo) & (raw.pid < lo + n))))
-        raw = RawRays.concat(parts)
-        return raw.take(np.argsort(raw.pid, kind="stable"))
-
-    def image_parts(
-        self, split: str, i: int, held: Mapping[str, np.ndarray] | None = None
-    ) -> list[bytes | np.ndarray]:
-        """Refused: a rays store stores no image files."""
-        raise StoreError(f"{self.store.url}: split {split!r} stores rays, not image files")
-
-    def image_files(self, split: str, i: int) -> list[str]:
-        """None: a rays store stores no image files."""
-        return []
+    return first
 
 
 def backend_named(name: str) -> Backend:

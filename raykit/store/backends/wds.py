@@ -16,7 +16,7 @@ import json
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,16 +26,13 @@ from raykit.store.backends import (
     Blobs,
     BlobShard,
     ByteRead,
-    RaySplits,
     StagedBlob,
     npy_bytes,
     npy_values,
 )
+from raykit.store.byteview import StoreView
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
-
-if TYPE_CHECKING:
-    from raykit.store.reader import RayStore
 
 __all__ = [
     "BACKEND",
@@ -77,13 +74,13 @@ def sample_key(split: str, chunk: int) -> str:
     return f"{split}_{chunk:08d}"
 
 
-class WdsReader(RaySplits):
-    """Reads chunks of a committed store's WebDataset payload with byte-range reads
-    (``RaySplits.read``: a local or remote store's)."""
+class WdsReader:
+    """Reads chunks of a committed store's WebDataset payload (``raykit.store.backends.RayChunks``)
+    with byte-range reads through its ``view`` (a local or remote store's)."""
 
-    def __init__(self, store: RayStore) -> None:
-        super().__init__(store)
-        self._index = store.index
+    def __init__(self, view: StoreView) -> None:
+        self.url, self.read, self._index = view.url, view.read, view.index
+        self.stored = {name: info.stored_fields(view.fields) for name, info in view.splits.items()}
 
     def chunk_files(self, split: str, index: int) -> list[str]:
         return [shard_file(split, int(self._index[split]["shard"][index]))]
@@ -155,8 +152,8 @@ class WdsBackend:
             counts["tar"] = total - sum(counts.values())
         return out
 
-    def open_reader(self, store: RayStore) -> WdsReader:
-        return WdsReader(store)
+    def open_reader(self, view: StoreView) -> WdsReader:
+        return WdsReader(view)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         return {}

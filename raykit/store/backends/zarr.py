@@ -5,9 +5,9 @@ Rays: one group ``zarr/``, one array per split and field, sharded and compressed
 "Zarr v3"; the codecs' measurements: "Design choices and measurements"). ``ZarrReader`` reads raykit's
 own shards directly (one read of the shard index and of each chunk) and anything else through zarr.
 A writer encodes a whole shard in memory with zarr's numcodecs codecs called directly
-(``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against zarr
-(``reference_encode_shard``, ``reference_metadata_documents``); all three derive from one codec
-definition (``field_codec``). zarr is imported only by the twins and remote reads.
+(``encode_shard_pieces``: zarr's own write path costs as much again), tested byte for byte against
+zarr itself (``tests/store/test_staging.py``); the metadata and the codecs derive from one codec
+definition (``field_codec``). zarr is imported only to read arrays of other codecs.
 
 Blobs (``raykit.store.backends.Blobs``; docs/format.md, "The images layout", "Components"): a split's
 encoded images, or a component's arrays, end to end in the sharded ``uint8`` array
@@ -19,19 +19,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, RaySplits, StagedBlob
+from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
+from raykit.store.byteview import StoreView
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
-
-if TYPE_CHECKING:
-    from raykit.store.reader import RayStore
 
 __all__ = [
     "ABSENT_CHUNK",
@@ -50,11 +48,8 @@ __all__ = [
     "field_codec",
     "metadata_documents",
     "numcodecs_codec",
-    "reference_encode_shard",
-    "reference_metadata_documents",
     "shard_file",
     "shard_pieces",
-    "zarr_codec",
 ]
 
 
@@ -95,10 +90,25 @@ def shard_pieces(chunks: Iterable[bytes], shard_chunks: int) -> list[bytes]:
     return [*pieces, raw, crc32c_bytes(raw)]
 
 
+_BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
+_CRC32C = {"name": "crc32c"}
+
+
 def array_document(
-    shape: list[int], dtype: str, grid: list[int], codecs: list[Any], field: str, fill: float = 0
+    shape: list[int],
+    dtype: str,
+    grid: list[int],
+    codecs: list[Any],
+    field: str,
+    fill: float = 0,
+    chunk: Any = None,
 ) -> dict[str, Any]:
-    """The ``zarr.json`` zarr writes for an array of ``shape`` in chunks (or shards) of ``grid``."""
+    """The ``zarr.json`` zarr writes for an array of ``shape`` in chunks of ``grid`` through ``codecs``;
+    with ``chunk``, as raykit shards: shards of ``grid`` holding inner chunks of ``chunk`` through
+    ``codecs`` then a crc32c, the index at the end (little-endian, then a crc32c)."""
+    if chunk is not None:
+        sharding = {"chunk_shape": chunk, "codecs": [*codecs, _CRC32C], "index_codecs": [_LITTLE, _CRC32C]}
+        codecs = [{"name": "sharding_indexed", "configuration": {**sharding, "index_location": "end"}}]
     return {
         "shape": shape,
         "data_type": dtype,
@@ -169,9 +179,9 @@ def _crc_ok(data: bytes) -> bool:
     return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
 
 
-class ZarrReader(RaySplits):
-    """Reads chunks of a committed store's zarr payload through its byte ranges (``RaySplits.read``: a
-    local or remote store's) and its verified ``zarr.json`` documents (``RayStore.metadata``).
+class ZarrReader:
+    """Reads chunks of a committed store's zarr payload (``raykit.store.backends.RayChunks``) through
+    its ``view``: its byte ranges (a local or remote store's) and verified ``zarr.json`` documents.
 
     Shard files with the codecs raykit writes are read directly (the shard index once per file, then
     one read per chunk, both checked against their crc32c, decoded with zarr's numcodecs codec): several
@@ -179,9 +189,10 @@ class ZarrReader(RaySplits):
     reads arrays of other codecs.
     """
 
-    def __init__(self, store: RayStore) -> None:
-        super().__init__(store)
-        self._files, self._metadata, self._shard_chunks = store.files, store.metadata, store.spec.shard_chunks
+    def __init__(self, view: StoreView) -> None:
+        self.url, self.read, self._sizes = view.url, view.read, view.sizes
+        self.stored = {name: info.stored_fields(view.fields) for name, info in view.splits.items()}
+        self._metadata, self._shard_chunks = view.metadata, view.spec.shard_chunks
         self._store: Any = None
         self._arrays: dict[tuple[str, str], Any] = {}
         self._codecs: dict[tuple[str, str], ChunkDecoder | None] = {}
@@ -207,7 +218,7 @@ class ZarrReader(RaySplits):
         where = f"{self.url}/{rel}"
         table = self._indexes.get(rel)
         if table is None:
-            nbytes, size = self._shard_chunks * 16 + 4, int(self._files.get(rel, {}).get("size", 0))
+            nbytes, size = self._shard_chunks * 16 + 4, int(self._sizes.get(rel, 0))
             raw = bytes(self.read(rel, size - nbytes, size)) if size >= nbytes else b""
             if len(raw) != nbytes or not _crc_ok(raw):
                 raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
@@ -270,9 +281,6 @@ class ZarrReader(RaySplits):
         return out
 
 
-_BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
-
-
 def byte_array_files(
     base: str, name: str, offsets_name: str, offsets: Sequence[int], size: int, per: int
 ) -> dict[str, bytes]:
@@ -280,16 +288,9 @@ def byte_array_files(
     the metadata of the sharded ``uint8`` array ``{base}/{name}`` (inner chunks of ``size`` bytes,
     ``per`` a shard; ``byte_shard_pieces`` writes its shards), and the ``int64`` array
     ``{base}/{offsets_name}`` of each blob's first byte and, last, the total: path -> bytes."""
-    sharding = {
-        "chunk_shape": [size],
-        "codecs": [_BYTES, {"name": "crc32c"}],
-        "index_codecs": [_LITTLE, {"name": "crc32c"}],
-        "index_location": "end",
-    }
-    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
-    array = array_document([int(offsets[-1])], "uint8", [size * per], codecs, name)
-    n, checked = len(offsets), [_LITTLE, {"name": "crc32c"}]
-    offsets_doc = array_document([n], "int64", [n], checked, offsets_name)
+    array = array_document([int(offsets[-1])], "uint8", [size * per], [_BYTES], name, chunk=[size])
+    n = len(offsets)
+    offsets_doc = array_document([n], "int64", [n], [_LITTLE, _CRC32C], offsets_name)
     raw = np.asarray(offsets, dtype="<i8").tobytes()
     return {
         f"{base}/{name}/zarr.json": document_bytes(array),
@@ -298,43 +299,29 @@ def byte_array_files(
     }
 
 
-# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every layout records
+# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every spec records
 # them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
-# RGBA chunk); "zstd" uses ``zstd_level``; a layout without ``rgba_codec`` (older stores) means zstd.
+# RGBA chunk); "zstd" uses ``zstd_level``; a spec without ``rgba_codec`` (older stores) means zstd.
 _RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
 
 
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
 
 
-def field_codec(spec: FieldSpec, layout: StoreSpec) -> dict[str, Any]:
+def field_codec(field: FieldSpec, spec: StoreSpec) -> dict[str, Any]:
     """The inner compressor of one field, defined once as its zarr v3 ``codecs`` entry (name and
-    configuration): the metadata document, the zarr codec (``zarr_codec``: the twins) and the
-    numcodecs codec (``numcodecs_codec``: the fast path) all derive from it, so they cannot disagree.
+    configuration): the metadata document and the numcodecs codec (``numcodecs_codec``: the fast path)
+    both derive from it (zarr's own codec too, in the tests' twins), so they cannot disagree.
 
     Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
     with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
-    itemsize = np.dtype(spec.dtype).itemsize
-    if itemsize == 1 and layout.rgba_codec == "zstd":
-        return {"name": "zstd", "configuration": {"level": layout.zstd_level, "checksum": False}}
+    itemsize = np.dtype(field.dtype).itemsize
+    if itemsize == 1 and spec.rgba_codec == "zstd":
+        return {"name": "zstd", "configuration": {"level": spec.zstd_level, "checksum": False}}
     if itemsize == 1:
         return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
-    config = {
-        "typesize": itemsize,
-        "cname": layout.blosc_cname,
-        "clevel": layout.blosc_clevel,
-        "shuffle": layout.blosc_shuffle,
-        "blocksize": 0,
-    }
-    return {"name": "blosc", "configuration": config}
-
-
-def zarr_codec(codec: Mapping[str, Any]) -> Any:
-    """The zarr codec object of a ``field_codec`` entry (``zarr.codecs.ZstdCodec`` or ``BloscCodec``)."""
-    from zarr.codecs import BloscCodec, ZstdCodec
-
-    cfg = codec["configuration"]
-    return ZstdCodec(**cfg) if codec["name"] == "zstd" else BloscCodec(**cfg)
+    config = {"typesize": itemsize, "cname": spec.blosc_cname, "clevel": spec.blosc_clevel}
+    return {"name": "blosc", "configuration": {**config, "shuffle": spec.blosc_shuffle, "blocksize": 0}}
 
 
 def numcodecs_codec(codec: Mapping[str, Any]) -> Any:
@@ -348,38 +335,13 @@ def numcodecs_codec(codec: Mapping[str, Any]) -> Any:
                  blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
 
 
-def _array_kwargs(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
-    from zarr.codecs import Crc32cCodec
-
-    n_rays, chunk_rays = info.n_rays, info.chunk_rays
-    shard_rays = chunk_rays * layout.shard_chunks
-    tail = (spec.channels,) if spec.channels else ()
-    return {
-        "shape": (n_rays, *tail),
-        "dtype": spec.dtype,
-        "chunks": (chunk_rays, *tail),
-        "shards": (shard_rays, *tail),
-        "compressors": [zarr_codec(field_codec(spec, layout)), Crc32cCodec()],
-        "fill_value": 0,
-        "attributes": {"raykit_field": spec.name},
-    }
-
-
-def _array_document(spec: FieldSpec, info: SplitInfo, layout: StoreSpec) -> dict[str, Any]:
-    """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for ``_array_kwargs``)."""
-    tail = [spec.channels] if spec.channels else []
-    little = {"name": "bytes", "configuration": {"endian": "little"}}
-    inner_bytes = {"name": "bytes"} if np.dtype(spec.dtype).itemsize == 1 else little
-    sharding = {
-        "chunk_shape": [info.chunk_rays, *tail],
-        "codecs": [inner_bytes, field_codec(spec, layout), {"name": "crc32c"}],
-        "index_codecs": [little, {"name": "crc32c"}],
-        "index_location": "end",
-    }
-    dtype, grid = np.dtype(spec.dtype), [info.chunk_rays * layout.shard_chunks, *tail]
-    codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+def _array_document(field: FieldSpec, info: SplitInfo, spec: StoreSpec) -> dict[str, Any]:
+    """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for such an array)."""
+    tail, dtype = [field.channels] if field.channels else [], np.dtype(field.dtype)
+    inner = [_BYTES if dtype.itemsize == 1 else _LITTLE, field_codec(field, spec)]
+    chunk, grid = [info.chunk_rays, *tail], [info.chunk_rays * spec.shard_chunks, *tail]
     fill = 0.0 if dtype.kind == "f" else 0
-    return array_document([info.n_rays, *tail], dtype.name, grid, codecs, spec.name, fill)
+    return array_document([info.n_rays, *tail], dtype.name, grid, inner, field.name, fill, chunk)
 
 
 def metadata_documents(
@@ -394,33 +356,17 @@ def metadata_documents(
     return docs
 
 
-def reference_metadata_documents(
-    splits: Mapping[str, SplitInfo], fields: Mapping[str, FieldSpec], spec: StoreSpec
-) -> dict[str, bytes]:
-    """Twin of ``metadata_documents`` (as ``document_bytes``): zarr builds the hierarchy in a
-    ``MemoryStore``; its files' bytes."""
-    import zarr
-
-    mem = zarr.storage.MemoryStore()
-    group = zarr.create_group(mem, attributes=ZARR_ROOT["attributes"])
-    for split, info in splits.items():
-        sub = group.create_group(split)
-        for field in info.stored_fields(fields).values():
-            sub.create_array(field.name, **_array_kwargs(field, info, spec))
-    return {key: buffer.to_bytes() for key, buffer in mem._store_dict.items()}
-
-
 def encode_shard_pieces(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, layout: StoreSpec
+    values: np.ndarray, field: FieldSpec, info: SplitInfo, spec: StoreSpec
 ) -> list[bytes]:
-    """The bytes zarr writes for one shard file of ``spec`` holding ``values``, (n, ...) with n <=
+    """The bytes zarr writes for one shard file of ``field`` holding ``values``, (n, ...) with n <=
     ``chunk_rays * shard_chunks`` (fast path), in pieces written one after the other (no join): inner
     chunks in order (the last one zero-padded) each through the field's codecs, then the index
-    (``shard_pieces``). ``reference_encode_shard`` is the twin that lets zarr do it.
+    (``shard_pieces``); the tests' twin lets zarr do it.
     """
     chunk_rays = info.chunk_rays
-    codec = numcodecs_codec(field_codec(spec, layout))
-    values = np.ascontiguousarray(values, dtype=np.dtype(spec.dtype).newbyteorder("<"))
+    codec = numcodecs_codec(field_codec(field, spec))
+    values = np.ascontiguousarray(values, dtype=np.dtype(field.dtype).newbyteorder("<"))
 
     def encoded(lo: int) -> bytes:
         chunk = values[lo : lo + chunk_rays]
@@ -429,24 +375,7 @@ def encode_shard_pieces(
             chunk = np.concatenate([chunk, padding])
         return bytes(codec.encode(chunk))
 
-    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), layout.shard_chunks)
-
-
-def reference_encode_shard(
-    values: np.ndarray, spec: FieldSpec, info: SplitInfo, shard: int, layout: StoreSpec
-) -> bytes:
-    """Slow twin of ``encode_shard_pieces`` (joined): write the values into an in-memory zarr array,
-    take the shard."""
-    import zarr
-
-    start = shard * info.chunk_rays * layout.shard_chunks
-    mem = zarr.storage.MemoryStore()
-    # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
-    array = zarr.create_array(mem, **_array_kwargs(spec, info, layout), config={"write_empty_chunks": True})
-    array[start : start + len(values)] = values
-    key = shard_file(info.name, spec, shard).split(f"/{spec.name}/", 1)[1]
-    encoded: bytes = mem._store_dict[key].to_bytes()
-    return encoded
+    return shard_pieces(map(encoded, range(0, len(values), chunk_rays)), spec.shard_chunks)
 
 
 @dataclass(frozen=True)
@@ -488,8 +417,8 @@ class ZarrBackend:
                 counts[parts[2]] = counts.get(parts[2], 0) + int(entry["size"])
         return out
 
-    def open_reader(self, store: RayStore) -> ZarrReader:
-        return ZarrReader(store)
+    def open_reader(self, view: StoreView) -> ZarrReader:
+        return ZarrReader(view)
 
     def images_metadata(self, split: str, names: Sequence[str], formats: Sequence[str]) -> dict[str, bytes]:
         attributes = {

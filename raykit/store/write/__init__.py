@@ -35,10 +35,11 @@ from raykit.errors import ConfigError, StoreError
 from raykit.fileio import atomic_write_json
 from raykit.locks import holding_store_lock, store_lock
 from raykit.progress import progress as progress_bar
+from raykit.store.backends import join_parts
 from raykit.store.components import ComponentInfo, write_component
 from raykit.store.files import OVERWRITE_HINT, filesystem, is_url, json_digest, read_errors
 from raykit.store.image_codec import StoredImage
-from raykit.store.reader import RayStore, join_parts, open_store
+from raykit.store.reader import RayStore, open_store
 from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
 from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import order_records
@@ -196,14 +197,14 @@ class StoreImageLoad:
         local = int(np.searchsorted(store.split_rows(split), row))
         if not store.image_files(split, local):
             return None
-        data = join_parts(store.stored_image_parts(split, local))
+        data = join_parts(store.reader.image_parts(split, local))
         entry = store.index[split]
         return StoredImage(data, str(entry["image_format"][local]), bool(entry["passthrough"][local]))
 
 
 def store_records(store: RayStore) -> list[ImageRecord]:
     """One image record per camera-table row of ``store``, loading from the store."""
-    table, d = store.table, store.cameras.to_pydict()
+    table, d = store.table, store.table_arrow.to_pydict()
     records = []
     for i, name in enumerate(table.names):
         channels = 4 if table.has_alpha[i] else 3

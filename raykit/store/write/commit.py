@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import json
 import logging
 import shutil
@@ -30,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 
 import raykit.recorder
-from raykit.errors import ConfigError, SourceError
+from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_bytes, atomic_write_json, fsync_path
 from raykit.progress import progress as progress_bar
-from raykit.store.components import FRAMES_FILE, ComponentInfo, write_component
+from raykit.store.components import ComponentInfo, write_extras
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
@@ -81,7 +80,6 @@ __all__ = [
     "split_infos",
     "staged_payload",
     "task_runner",
-    "write_extras",
     "write_shard_task",
     "write_shards",
 ]
@@ -465,64 +463,6 @@ def commit(
     w.profile.lap("commit")
     w.profile.finish(w.dst)
     return store
-
-
-def write_extras(
-    partial: Path,
-    table: Any,
-    backend: str,
-    records: Sequence[ImageRecord],
-    components: Sequence[ComponentInfo],
-    extras_from: RayStore | None,
-    files: dict[str, Any],
-) -> dict[str, Any]:
-    """Write the ``components`` of ``records`` and their per-frame metadata into ``partial`` (or, for a
-    copy, those of the store ``extras_from``); their file records go into ``files``. ``table``: the
-    camera table written. Returns the manifest keys that describe them (none when there are none:
-    such a store's bytes are those of a store without)."""
-    names = table.column("name").to_pylist()
-    columns = ("split", "height", "width")
-    rows = zip(names, *(table.column(k).to_pylist() for k in columns), strict=True)
-    images = [(n, s, int(h), int(w)) for n, s, h, w in rows]
-    src = extras_from
-    wanted = (
-        list(components)
-        if src is None
-        else [dataclasses.replace(i, index="") for i in src.components.values()]
-    )
-    by_name = {r.name: r for r in records}
-    extra: dict[str, Any] = {}
-    for info in wanted:
-        if src is not None:
-            load = functools.partial(_copied_component, src, info.name, names)
-        else:
-            missing = [n for n in names if info.name not in by_name[n].components]
-            if missing:
-                raise SourceError(
-                    f"image {missing[0]!r}: no {info.name} ({len(missing)} of {len(names)} images have none)"
-                )
-            load = functools.partial(_record_component, by_name, info.name, names)
-        done, written = write_component(partial, backend, info, images, load)
-        files.update(written)
-        extra.setdefault("components", {})[info.name] = done.to_dict()
-    if src is not None:
-        frames = {n: src.frame_metadata(n) for n in names}
-    else:
-        frames = {n: dict(by_name[n].metadata) for n in names if n in by_name}
-    frames = {k: v for k, v in frames.items() if v}
-    if frames:
-        atomic_write_json(partial / FRAMES_FILE, frames)
-        files[FRAMES_FILE] = file_record(partial / FRAMES_FILE)
-        extra["frame_metadata"] = {"path": FRAMES_FILE, "n_frames": len(frames)}
-    return extra
-
-
-def _record_component(records: Mapping[str, ImageRecord], name: str, names: Sequence[str], row: int) -> Any:
-    return records[names[row]].components[name]()
-
-
-def _copied_component(store: Any, name: str, names: Sequence[str], row: int) -> Any:
-    return store.read_component(name, names[row])
 
 
 def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:

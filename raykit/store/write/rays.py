@@ -36,7 +36,6 @@ from raykit.store.write.commit import (
     write_shards,
 )
 from raykit.store.write.staging import (
-    CopySource,
     DiskStaging,
     ImageJob,
     MemoryStaging,
@@ -46,6 +45,8 @@ from raykit.store.write.staging import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from raykit.store.reader import RayStore
 
 __all__ = ["copy_rays", "encode_ray_shard", "shard_rays", "write_rays"]
@@ -53,6 +54,26 @@ __all__ = ["copy_rays", "encode_ray_shard", "shard_rays", "write_rays"]
 
 # Part of every shard task's resume key: records of an older task result layout are redone, not reused.
 _TASK_FORMAT = 4  # 3: format-3 stores (pids derived, checked apart); 4: checksums in "index"
+
+
+@dataclasses.dataclass(frozen=True)
+class CopySource:
+    """Rays gathered from another committed store (``raykit copy``)."""
+
+    url: str
+
+    def gather(
+        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None, pids: bool = True
+    ) -> dict[str, np.ndarray]:
+        from raykit.store.reader import open_store
+
+        raw = open_store(self.url).read(info.name, start, stop)
+        if clock is not None:
+            clock.lap("gather")
+        return {"rgba": raw.rgba, **({"pid": raw.pid} if pids else {}), **raw.extra}
+
+    def release(self, info: SplitInfo, start: int, stop: int) -> None:
+        """Nothing: the source store stays as it is."""
 
 
 Source = StagingSource | CopySource
@@ -216,7 +237,7 @@ def copy_rays(
         plan["upgrade_to"] = FORMAT_VERSION
     points = store.sparse_points()
     w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
-    write_camera_table(store.cameras, w.root)
+    write_camera_table(store.table_arrow, w.root)
     _write_shards(w, splits, store.fields, CopySource(store.url))
-    source, table = store.manifest["source"], store.cameras
+    source, table = store.manifest["source"], store.table_arrow
     return commit(w, source, store.scene, splits, store.fields, table, ((), (), extras_from))

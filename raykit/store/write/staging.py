@@ -36,19 +36,12 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes, punch_hole, sha256_file
-from raykit.store.order import (
-    base_indices,
-    merge_counts,
-    merge_into,
-    rank_order,
-    shared_order,
-)
+from raykit.store.order import base_indices, merge_counts, merge_into, rank_order, shared_order
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
 from raykit.store.write.commit import PhaseClock, finish_task, record_matches, scratch_record
 
 __all__ = [
-    "CopySource",
     "DiskStaging",
     "ImageJob",
     "MemoryStaging",
@@ -500,23 +493,3 @@ class StagingSource:
         for i, a, b in runs:
             if b > a:
                 self.staging.release(i, a, b, self.image_channels[i])
-
-
-@dataclass(frozen=True)
-class CopySource:
-    """Rays gathered from another committed store (``raykit copy``)."""
-
-    url: str
-
-    def gather(
-        self, info: SplitInfo, start: int, stop: int, clock: PhaseClock | None = None, pids: bool = True
-    ) -> dict[str, np.ndarray]:
-        from raykit.store.reader import open_store
-
-        raw = open_store(self.url).read(info.name, start, stop)
-        if clock is not None:
-            clock.lap("gather")
-        return {"rgba": raw.rgba, **({"pid": raw.pid} if pids else {}), **raw.extra}
-
-    def release(self, info: SplitInfo, start: int, stop: int) -> None:
-        """Nothing: the source store stays as it is."""
