@@ -13,7 +13,7 @@ from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json, output_problem
 from raykit.loaders import RAY_CACHE_BYTES
 from raykit.options import add_arguments, config_problems, from_args, option
-from raykit.ranges import Range, worker_range
+from raykit.ranges import SEED, Range, worker_range
 
 __all__ = ["BenchConfig", "register", "run"]
 
@@ -32,7 +32,7 @@ class BenchConfig:
     cache_mb: float = option(RAY_CACHE_BYTES / MB, "decoded-chunk cache budget in MB", valid=Range(0))
     device: str = option("cpu", "where rays are generated")
     batches: int = option(200, "batches per measurement", valid=Range(1, integer=True))
-    seed: int = option(0, "sampling seed", valid=Range(0, integer=True))
+    seed: int = option(0, "sampling seed", valid=SEED)
     json: str | None = option(None, "write the report as JSON to this file", metavar="OUT")
     png: str | None = option(None, "write a bar chart (PNG) to this file", metavar="OUT")
 
