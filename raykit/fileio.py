@@ -103,7 +103,7 @@ def output_problem(
             return f"{path}: {what} is there, expected a folder this command wrote; not replaced"
         if not directory and not stat.S_ISREG(info.st_mode):
             return f"{path}: {_kind(info.st_mode)} is there, expected a regular file; not replaced"
-    real = os.path.realpath(path)
+    real = os.path.realpath(path) if inputs else ""
     for source in inputs:
         try:
             same = info is not None and os.path.samefile(path, source)
