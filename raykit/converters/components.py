@@ -22,8 +22,8 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.converters.base import SourceView
 from raykit.errors import ConfigError, SourceError
-from raykit.fileio import UntrustedFileError, open_regular, read_bounded, safe_path
-from raykit.imagedecode import downscale_nearest
+from raykit.fileio import IMAGE_FILE_LIMIT, UntrustedFileError, open_regular, read_bounded, safe_path
+from raykit.imagedecode import downscale_nearest, open_image
 from raykit.ranges import Range
 from raykit.store import COMPONENTS, RayStore, open_store
 
@@ -64,12 +64,6 @@ def fit_component(
     raise SourceError(f"{where}: {name} is {w0}x{h0}, its image is {expected}")
 
 
-def _open(source: Any) -> Any:
-    from PIL import Image
-
-    return Image.open(source)
-
-
 def component_size(path: Path) -> tuple[int, int]:
     """``(width, height)`` of a mask or depth file from its header (``.npy``: its shape); a regular
     file only (``fileio.open_regular``: never a FIFO or a device).
@@ -78,14 +72,14 @@ def component_size(path: Path) -> tuple[int, int]:
         SourceError: unreadable, or not single-channel (one line naming the file).
     """
     try:
-        with open_regular(path) as handle:
+        with open_regular(path, limit=IMAGE_FILE_LIMIT) as handle:
             if path.suffix.lower() == ".npy":
                 fmt = np.lib.format
                 version = fmt.read_magic(handle)
                 header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
                 shape = header(handle)[0]  # the header only
             else:
-                with _open(handle) as image:
+                with open_image(handle) as image:
                     shape = (image.size[1], image.size[0], len(image.getbands()))
     except UntrustedFileError as exc:
         raise SourceError(str(exc)) from None
@@ -101,11 +95,11 @@ def read_component_file(path: Path, kind: str, scale: float = 1.0) -> np.ndarray
     """A mask file -> ``uint8 (H, W)`` (8-bit values as they are; 1-bit and 16-bit masks as 0/255)
     or a depth file -> ``float32 (H, W)`` times ``scale``."""
     try:
-        data = io.BytesIO(read_bounded(path))  # a regular file (``fileio``), read once
+        data = io.BytesIO(read_bounded(path, limit=IMAGE_FILE_LIMIT))  # a regular file, read once
         if path.suffix.lower() == ".npy":
             values = np.load(data, allow_pickle=False)
         else:
-            with _open(data) as image:
+            with open_image(data) as image:
                 values = np.asarray(image)
     except UntrustedFileError as exc:
         raise SourceError(str(exc)) from None

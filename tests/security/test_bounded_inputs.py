@@ -182,3 +182,13 @@ def test_evaluate_reads_predictions_bounded(tmp_path: Path) -> None:
 def _pngs_one(path: Path, seed: int) -> None:
     pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(path)
+
+
+def test_a_mask_declaring_too_many_pixels_is_one_line(tmp_path: Path) -> None:
+    from raykit.converters.components import component_size, read_component_file
+    from raykit.errors import SourceError
+
+    (tmp_path / "r_0.png").write_bytes(bomb_png(40000, 40000))  # past Pillow's own error too
+    for read in (lambda p: read_component_file(p, "mask"), component_size):
+        with pytest.raises(SourceError, match=r"r_0\.png: unreadable .*1,600,000,000 pixels"):
+            read(tmp_path / "r_0.png")
