@@ -9,8 +9,12 @@ Reading what a folder's own records name (docs/reliability.md, "Received folders
 resolves a recorded name inside its folder (no ``..``, no absolute path, no symlink leading out),
 ``open_regular`` opens regular files only (never blocks on a FIFO, never reads a device) and checks
 the size against the record before a byte is read, ``read_bounded`` never reads past the recorded
-size, and ``loads_json``/``read_json`` bound what a JSON record may hold (size, nesting, digits),
-naming the file in every error (:class:`UntrustedFileError`).
+size, and ``loads_json``/``read_json`` (``loads_toml``/``read_toml``) bound what a JSON (TOML) record
+may hold (size, nesting, digits), naming the file in every error (:class:`UntrustedFileError`).
+
+Writing (docs/reliability.md, "Shared machines"): ``atomic_path`` never replaces what is not a regular
+file (a device, FIFO, socket or folder, or a symlink to one) and ``check_output`` also refuses one of
+the command's own inputs: :class:`UnsafeOutputError`, an ``OSError`` the command line prints as one line.
 """
 
 from __future__ import annotations
@@ -31,20 +35,27 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "IMAGE_FILE_LIMIT",
     "JSON_LIMIT",
+    "TOML_LIMIT",
+    "UnsafeOutputError",
     "UntrustedFileError",
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
+    "check_output",
     "check_relative",
     "fsync_path",
     "json_bytes",
     "libc_function",
     "loads_json",
+    "loads_toml",
     "open_regular",
+    "output_problem",
     "punch_hole",
     "read_bounded",
     "read_json",
+    "read_toml",
     "safe_path",
     "sha256_bytes",
     "sha256_file",
@@ -60,6 +71,59 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class UnsafeOutputError(OSError):
+    """An output that would replace something other than a regular file (a device, a FIFO, a socket, a
+    folder, or a symlink to one), or one of the command's own inputs; the one-line message names it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)  # one argument: str() is the message, errno is None (exit status 2)
+
+
+def output_problem(
+    path: str | os.PathLike[str],
+    *,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    directory: bool = False,
+) -> str | None:
+    """Why ``path`` must not be (re)written, or None: it is there and is not a regular file (with
+    ``directory``: not a folder; a symlink is judged by what it points to, a folder must be a real
+    one), or it is one of ``inputs`` (the same file, also by another name, or a file inside an input
+    that is a folder)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None  # nothing there (or a dangling symlink, which a rename replaces)
+    except OSError as exc:
+        return f"{path}: cannot be written ({exc.strerror or exc})"
+    if info is not None:
+        if directory and not (stat.S_ISDIR(info.st_mode) and not os.path.islink(path)):
+            what = "a symlink" if os.path.islink(path) else _kind(info.st_mode)
+            return f"{path}: {what} is there, expected a folder this command wrote; not replaced"
+        if not directory and not stat.S_ISREG(info.st_mode):
+            return f"{path}: {_kind(info.st_mode)} is there, expected a regular file; not replaced"
+    real = os.path.realpath(path) if inputs else ""
+    for source in inputs:
+        try:
+            same = info is not None and os.path.samefile(path, source)
+        except OSError:
+            same = False
+        inside = os.path.isdir(source) and real.startswith(os.path.join(os.path.realpath(source), ""))
+        if same or inside:
+            return f"{path}: is one of this command's inputs ({source}); choose another output"
+    return None
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    *,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    directory: bool = False,
+) -> None:
+    """Raise :class:`UnsafeOutputError` with ``output_problem``'s line when ``path`` must not be written."""
+    if (problem := output_problem(path, inputs=inputs, directory=directory)) is not None:
+        raise UnsafeOutputError(problem)
 
 
 def _umask() -> int:
@@ -89,8 +153,13 @@ def atomic_path(
             atomic against a killed process, and after a power loss a damaged file fails its
             record's size and checksum and is redone.
         directory: yield a temporary directory instead of a file; an existing ``path`` is replaced.
+
+    Raises:
+        UnsafeOutputError: ``path`` is there and is not a regular file (``directory``: not a folder),
+            before anything is written (``check_output``).
     """
     final = Path(path)
+    check_output(final, directory=directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
@@ -105,6 +174,7 @@ def atomic_path(
         if sync:
             for item in sorted(tmp.iterdir()) if directory else [tmp]:
                 fsync_path(item)
+        check_output(final, directory=directory)  # again: it may have been replaced meanwhile
         if directory:
             if final.exists():
                 shutil.rmtree(final)
@@ -194,6 +264,8 @@ def punch_hole(path: str | os.PathLike[str], offset: int, length: int) -> bool:
 # -- reading files named by other files ------------------------------------------------------------
 
 JSON_LIMIT = 256 << 20  # bytes of a JSON record (a store manifest of 10^6 files is about 150 MB)
+TOML_LIMIT = 4 << 20  # bytes of a TOML file (a sweep's SPEC: a few hundred lines)
+IMAGE_FILE_LIMIT = 1 << 30  # bytes of one encoded image, mask or .npy (IMAGE_PIXELS of RGBA: 716 MB)
 _JSON_DEPTH = 64  # nesting of a JSON record: raykit's records nest less than 10 deep
 _JSON_DIGITS = 400  # characters of one JSON number (a float64's shortest repr is at most 24)
 
@@ -255,18 +327,23 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(
-    path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None
+    path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None, follow: bool = True
 ) -> io.FileIO:
     """Open ``path`` for unbuffered reading if it is a regular file (a FIFO, device or socket is refused
     without blocking: the open does not wait for a FIFO's writer) of exactly ``size`` bytes or at most
-    ``limit`` bytes, checked before anything is read.
+    ``limit`` bytes, checked before anything is read. ``follow=False``: a symlink is refused too.
 
     Raises:
         FileNotFoundError: no such file.
         UntrustedFileError: not a regular file, or of another size, naming ``path``.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW))
+    except OSError:
+        if not follow and os.path.islink(path):
+            raise UntrustedFileError(f"{path}: a symlink, expected a regular file; not read") from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -359,3 +436,39 @@ def read_json(path: str | os.PathLike[str], *, limit: int = JSON_LIMIT) -> Any:
         UntrustedFileError: not a regular file, too large, or not valid bounded JSON, naming ``path``.
     """
     return loads_json(read_bounded(path, limit=limit), str(path), limit=limit)
+
+
+def loads_toml(text: str, where: str, *, limit: int = TOML_LIMIT) -> dict[str, Any]:
+    """Parse TOML ``text`` read from ``where`` with ``loads_json``'s bounds (size, nesting 64 deep).
+
+    Raises:
+        UntrustedFileError: one line naming ``where`` and the problem.
+    """
+    import tomllib
+
+    if len(text) > limit:
+        raise UntrustedFileError(f"{where}: {len(text)} characters, more than the {limit} accepted")
+    try:
+        value = tomllib.loads(text)
+    except RecursionError:
+        raise UntrustedFileError(f"{where}: not valid TOML: nested too deep") from None
+    except ValueError as exc:  # TOMLDecodeError, an integer of too many digits
+        raise UntrustedFileError(f"{where}: not valid TOML: {exc}"[:500]) from None
+    if _depth(value) > _JSON_DEPTH:
+        raise UntrustedFileError(f"{where}: not valid TOML: nested more than {_JSON_DEPTH} deep")
+    return value
+
+
+def read_toml(path: str | os.PathLike[str], *, limit: int = TOML_LIMIT) -> dict[str, Any]:
+    """The TOML document in regular file ``path`` (``read_bounded`` then ``loads_toml``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        UntrustedFileError: not a regular file, too large, not UTF-8 or not valid bounded TOML.
+    """
+    data = read_bounded(path, limit=limit)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UntrustedFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return loads_toml(text, str(path), limit=limit)

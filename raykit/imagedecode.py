@@ -20,10 +20,13 @@ agree bit for bit:
   raise ``OSError`` or ``ValueError``, an image whose Pillow mode is not RGB or RGBA raises
   ``UnsupportedImageModeError`` (a ``ValueError``) naming the mode.
 
-Every Pillow open goes through :func:`open_image`: an image of more than
-:data:`raykit.ranges.IMAGE_PIXELS` pixels raises :class:`ImageTooLargeError` (a ``ValueError``) naming its
-size, in place of Pillow's ``DecompressionBombError``, and Pillow's raw ``DecompressionBombWarning``
-(above 89 Mpx) is not shown: the converters say it once per image, in one line.
+Every decode path checks the size its header declares before any decoder runs (Pillow's through
+:func:`open_image`, simplejpeg's through the JPEG header, OpenCV's through the PNG ``IHDR`` or the WebP
+``VP8L`` header): an image of more than :data:`raykit.ranges.IMAGE_PIXELS` pixels raises
+:class:`ImageTooLargeError` (a ``ValueError``) naming its size, in place of Pillow's
+``DecompressionBombError`` (and whatever ``PIL.Image.MAX_IMAGE_PIXELS`` says), and Pillow's raw
+``DecompressionBombWarning`` (above 89 Mpx) is not shown: the converters say it once per image, in
+one line.
 
 Setting the environment variable ``RAYKIT_IMAGE_DECODE=pillow`` forces the Pillow path (read at every
 call, so it reaches loader worker processes too): for A/B measurements and to rule the fast path out.
@@ -48,6 +51,7 @@ from raykit.ranges import IMAGE_PIXELS
 __all__ = [
     "ImageTooLargeError",
     "UnsupportedImageModeError",
+    "check_pixels",
     "decode_image",
     "decode_image_scaled",
     "downscale_area",
@@ -89,13 +93,35 @@ def open_image(source: str | os.PathLike[str] | IO[bytes]) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            return Image.open(source)
+            image = Image.open(source)
         except Image.DecompressionBombError as exc:
             found = re.search(r"\((\d+) pixels\)", str(exc))
             size = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
-            raise ImageTooLargeError(
-                f"image declares {size}; expected at most {IMAGE_PIXELS.high:,.0f} (a decompression bomb?)"
-            ) from None
+            raise ImageTooLargeError(f"image declares {size}; {_BOMB}") from None
+    try:
+        check_pixels(*image.size)  # also where another library lifted Pillow's limit
+    except ImageTooLargeError:
+        image.close()
+        raise
+    return image
+
+
+_BOMB = f"expected at most {IMAGE_PIXELS.high:,.0f} pixels (a decompression bomb?)"
+
+
+def check_pixels(width: int, height: int) -> None:
+    """Raise :class:`ImageTooLargeError` when a header declares more than ``IMAGE_PIXELS`` pixels."""
+    if not IMAGE_PIXELS.contains(width * height):
+        raise ImageTooLargeError(f"image declares {width}x{height} ({width * height:,} pixels); {_BOMB}")
+
+
+def _opencv_size(data: bytes) -> tuple[int, int]:
+    """``(width, height)`` from the header of a PNG (``IHDR``) or a lossless WebP (``VP8L``): what
+    OpenCV is given, checked before it decodes."""
+    if data[:8] == _PNG_MAGIC:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    bits = int.from_bytes(data[21:25], "little")  # after the VP8L signature byte 0x2f: 14 + 14 bits
+    return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
 
 
 def _simplejpeg() -> ModuleType | None:
@@ -145,8 +171,13 @@ def _fast_jpeg(data: bytes) -> np.ndarray | None:
     if sj is None:
         return None
     try:
-        if sj.decode_jpeg_header(data)[2] not in _JPEG_COLOURSPACES:
-            return None
+        height, width, colourspace, _ = sj.decode_jpeg_header(data)
+    except (ValueError, OSError, RuntimeError):
+        return None
+    check_pixels(width, height)
+    if colourspace not in _JPEG_COLOURSPACES:
+        return None
+    try:
         # strict: libjpeg-turbo's warnings (corrupt data it recovers from) raise, and Pillow decides.
         return sj.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
     except (ValueError, OSError, RuntimeError):
@@ -155,8 +186,9 @@ def _fast_jpeg(data: bytes) -> np.ndarray | None:
 
 def _fast_opencv(data: bytes) -> np.ndarray | None:
     cv2 = _cv2()
-    if cv2 is None:
+    if cv2 is None or len(data) < 33:
         return None
+    check_pixels(*_opencv_size(data))
     try:
         bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error:
@@ -349,7 +381,7 @@ def reference_decode_scaled(data: bytes, factor: int) -> np.ndarray:
     :func:`decode_image_scaled` (see the rule above)."""
     scale = _dct_scale(factor) if data[:3] == b"\xff\xd8\xff" else 1
     if scale > 1:
-        with Image.open(io.BytesIO(data)) as img:
+        with open_image(io.BytesIO(data)) as img:
             width, height = img.size
             if img.mode == "RGB":
                 img.draft("RGB", (-(-width // scale), -(-height // scale)))
@@ -387,8 +419,12 @@ def _fast_jpeg_scaled(data: bytes, scale: int) -> tuple[np.ndarray, tuple[int, i
         return None
     try:
         height, width, colourspace, _ = sj.decode_jpeg_header(data)
-        if colourspace not in _JPEG_COLOURSPACES:
-            return None
+    except (ValueError, OSError, RuntimeError):
+        return None
+    check_pixels(width, height)
+    if colourspace not in _JPEG_COLOURSPACES:
+        return None
+    try:
         size = (-(-height // scale), -(-width // scale))
         out = sj.decode_jpeg(
             data, colorspace="RGB", fastdct=False, fastupsample=False, min_height=size[0],

@@ -7,6 +7,11 @@ fails with :class:`~raykit.errors.StoreLockedError` naming the owner, and a lock
 writer is stale: reported (:class:`StaleLockWarning`, naming that owner) and taken over, so a rerun
 resumes its work. The file is removed when the writer ends normally or by an exception. On file
 systems without ``flock`` for other hosts, a writer on another host is not seen.
+
+A lock file may lie in a folder others can write (a received run folder, a shared sticky folder): it
+is created ``O_EXCL | O_NOFOLLOW``, or opened ``O_NOFOLLOW`` and used only if it is a regular file of
+this user with one name, so a planted symlink, hard link, FIFO or device is refused (one line naming
+it, ``StoreError``) and never truncated, written nor read through.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import inspect
 import json
 import os
 import socket
+import stat
 import sys
 import time
 import warnings
@@ -26,11 +32,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from raykit.errors import StaleLockWarning, StoreError, StoreLockedError
+from raykit.fileio import loads_json, open_regular
 
 __all__ = ["holding_store_lock", "lock_owner", "lock_path", "read_lock", "store_lock"]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+LOCK_LIMIT = 64 << 10  # bytes read of a lock file's owner record (about 600 are written)
 
 
 def lock_path(dst: str | os.PathLike[str]) -> Path:
@@ -40,12 +48,13 @@ def lock_path(dst: str | os.PathLike[str]) -> Path:
 
 
 def read_lock(path: Path) -> dict[str, Any]:
-    """The owner record of lock file ``path`` (empty when unreadable, e.g. half written)."""
+    """The owner record of lock file ``path`` (empty when unreadable, e.g. half written, or when it is
+    not a regular file: a symlink, a FIFO or a device is never followed nor read)."""
     try:
-        owner = json.loads(path.read_text())
+        with open_regular(path, follow=False) as handle:
+            return _owner_record(handle.read(LOCK_LIMIT), path)
     except (OSError, ValueError):
         return {}
-    return owner if isinstance(owner, dict) else {}
 
 
 def lock_owner(path: Path) -> dict[str, Any] | None:
@@ -53,8 +62,10 @@ def lock_owner(path: Path) -> dict[str, Any] | None:
     None. Looked up without taking the lock (a reader must not make a starting writer fail): in
     ``/proc/locks`` on Linux, else by the recorded pid being alive on this host."""
     try:
-        info = os.stat(path)
+        info = os.lstat(path)
     except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
         return None
     owner = read_lock(path)
     try:
@@ -94,10 +105,48 @@ def _who(owner: dict[str, Any]) -> str:
     return who + (f", since {owner['started']}" if "started" in owner else "")
 
 
+def _open_lock(path: Path, what: str) -> int:
+    """A read-write descriptor of lock file ``path``: created here (``O_EXCL``), or an existing one that
+    is a regular file of this user with one name; never through a symlink (``O_NOFOLLOW``), never a
+    FIFO or device (``O_NONBLOCK``, then ``fstat``).
+
+    Raises:
+        StoreError: ``path`` is something else (one line naming it; it is left untouched).
+    """
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise StoreError(
+                f"{path}: the {what}'s lock file is a symlink; not followed nor written (remove it if "
+                "you did not put it there)"
+            ) from None
+        raise StoreError(f"{path}: cannot open the {what}'s lock file ({exc.strerror or exc})") from None
+    info = os.fstat(fd)
+    problem = (
+        f"{_kind(info.st_mode)}, not a regular file"
+        if not stat.S_ISREG(info.st_mode)
+        else f"owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+        if info.st_uid != os.geteuid()
+        else f"a file of {info.st_nlink} names (a hard link)"
+        if info.st_nlink != 1
+        else None
+    )
+    if problem is not None:
+        os.close(fd)
+        raise StoreError(f"{path}: the {what}'s lock file is {problem}; not written (remove it if stale)")
+    return fd
+
+
 def _acquire(path: Path, dst: Path, what: str) -> int:
     """An open descriptor of ``path`` holding its ``flock``; raises ``StoreLockedError`` if taken."""
     while True:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = _open_lock(path, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -107,12 +156,16 @@ def _acquire(path: Path, dst: Path, what: str) -> int:
                 f"lock {path}); wait for it to finish"
             ) from None
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            same = os.fstat(fd).st_ino == os.lstat(path).st_ino
         except FileNotFoundError:
             same = False
         if same:  # not a file its previous owner unlinked between our open and our flock
             return fd
         os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
 
 
 @contextlib.contextmanager
@@ -130,7 +183,7 @@ def store_lock(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _acquire(path, dst, what)
-    except StoreLockedError:
+    except StoreError:
         raise
     except OSError as exc:
         raise StoreError(
@@ -138,7 +191,7 @@ def store_lock(
             "destination in a writable folder"
         ) from None
     try:
-        stale = read_lock(path)
+        stale = _owner_record(os.pread(fd, LOCK_LIMIT, 0), path)
         if stale:
             warnings.warn(
                 f"{dst}: stale lock {path} left by {_who(stale)}, which no longer runs (killed?); "
@@ -159,6 +212,15 @@ def store_lock(
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # while still holding it: a waiting opener re-checks the inode
         os.close(fd)
+
+
+def _owner_record(data: bytes, path: Path) -> dict[str, Any]:
+    """The owner record in a lock file's bytes ``data`` (empty when not a JSON object)."""
+    try:
+        owner = loads_json(data, str(path), limit=LOCK_LIMIT)
+    except ValueError:
+        return {}
+    return owner if isinstance(owner, dict) else {}
 
 
 def holding_store_lock(argument: str) -> Callable[[F], F]:

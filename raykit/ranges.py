@@ -22,6 +22,7 @@ __all__ = [
     "IMAGE_PIXELS",
     "IMAGE_PIXELS_WARN",
     "IMAGE_SIDE",
+    "SEED",
     "Range",
     "device_problem",
     "image_size_problem",
@@ -52,6 +53,7 @@ class Range:
     def describe(self) -> str:
         """What is expected, e.g. ``an integer >= 1`` or ``a number in (0, 3.14159)``."""
         kind = "an integer" if self.integer else "a finite number"
+        _fmt = _fmt_int if self.integer else _fmt_float
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
             return f"{kind} in {left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
@@ -92,8 +94,12 @@ def range_problems(values: Mapping[str, tuple[Any, Range]]) -> list[str]:
     return [p for name, (value, expected) in values.items() if (p := expected.problem(name, value))]
 
 
-def _fmt(bound: float) -> str:
+def _fmt_float(bound: float) -> str:
     return f"{bound:.6g}"
+
+
+def _fmt_int(bound: float) -> str:
+    return str(int(bound))
 
 
 def _shown(value: Any, typed: bool = False) -> str:
@@ -117,6 +123,11 @@ IMAGE_PIXELS = Range(1, 2 * IMAGE_PIXELS_WARN, integer=True)
 """Pixels of one image (width x height): more is refused, as Pillow refuses decompression bombs."""
 IMAGE_SIDE = Range(1, 65_535, integer=True)
 """Width or height of one image in pixels (JPEG's and WebP's limit)."""
+
+
+SEED = Range(0, 2**32 - 1, integer=True)
+"""A random seed (``--seed``, a sweep's seeds): 32 bits, as numpy's legacy seeding takes; the trainer
+derives its generators' seeds as ``seed * 1_000_003 + k``, which torch takes below 2**64."""
 
 
 def image_size_problem(width: Any, height: Any) -> str | None:

@@ -11,6 +11,7 @@ photo's EXIF exposure, ISO, shutter and time come from ``raykit.converters.image
 from __future__ import annotations
 
 import io
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,9 @@ import numpy as np
 from raykit.cameras import Camera
 from raykit.converters.base import SourceView
 from raykit.errors import ConfigError, SourceError
-from raykit.fileio import UntrustedFileError, open_regular, read_bounded, safe_path
-from raykit.imagedecode import downscale_nearest
+from raykit.fileio import IMAGE_FILE_LIMIT, UntrustedFileError, open_regular, read_bounded, safe_path
+from raykit.imagedecode import downscale_nearest, open_image
+from raykit.ranges import Range
 from raykit.store import COMPONENTS, RayStore, open_store
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "add_component_files",
     "component_problems",
     "component_size",
+    "depth_scale_problem",
     "fit_component",
     "read_component_file",
 ]
@@ -61,12 +64,6 @@ def fit_component(
     raise SourceError(f"{where}: {name} is {w0}x{h0}, its image is {expected}")
 
 
-def _open(source: Any) -> Any:
-    from PIL import Image
-
-    return Image.open(source)
-
-
 def component_size(path: Path) -> tuple[int, int]:
     """``(width, height)`` of a mask or depth file from its header (``.npy``: its shape); a regular
     file only (``fileio.open_regular``: never a FIFO or a device).
@@ -75,14 +72,14 @@ def component_size(path: Path) -> tuple[int, int]:
         SourceError: unreadable, or not single-channel (one line naming the file).
     """
     try:
-        with open_regular(path) as handle:
+        with open_regular(path, limit=IMAGE_FILE_LIMIT) as handle:
             if path.suffix.lower() == ".npy":
                 fmt = np.lib.format
                 version = fmt.read_magic(handle)
                 header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
                 shape = header(handle)[0]  # the header only
             else:
-                with _open(handle) as image:
+                with open_image(handle) as image:
                     shape = (image.size[1], image.size[0], len(image.getbands()))
     except UntrustedFileError as exc:
         raise SourceError(str(exc)) from None
@@ -98,11 +95,11 @@ def read_component_file(path: Path, kind: str, scale: float = 1.0) -> np.ndarray
     """A mask file -> ``uint8 (H, W)`` (8-bit values as they are; 1-bit and 16-bit masks as 0/255)
     or a depth file -> ``float32 (H, W)`` times ``scale``."""
     try:
-        data = io.BytesIO(read_bounded(path))  # a regular file (``fileio``), read once
+        data = io.BytesIO(read_bounded(path, limit=IMAGE_FILE_LIMIT))  # a regular file, read once
         if path.suffix.lower() == ".npy":
             values = np.load(data, allow_pickle=False)
         else:
-            with _open(data) as image:
+            with open_image(data) as image:
                 values = np.asarray(image)
     except UntrustedFileError as exc:
         raise SourceError(str(exc)) from None
@@ -116,7 +113,21 @@ def read_component_file(path: Path, kind: str, scale: float = 1.0) -> np.ndarray
         return values if values.dtype == np.uint8 else np.where(values > 0, 255, 0).astype(np.uint8)
     if not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
         raise SourceError(f"{path}: expected numeric depths, got {values.dtype}")
-    return values.astype(np.float32) * np.float32(scale)
+    depth = values.astype(np.float32) * np.float32(scale)
+    lost = np.isfinite(values) & (values != 0) & ((depth == 0) | ~np.isfinite(depth))
+    if lost.any():
+        raise SourceError(
+            f"{path}: depth {values[lost].flat[0]} times the scale {scale:g} is "
+            f"{depth[lost].flat[0]} in float32 ({int(lost.sum())} pixels); check the depth scale"
+        )
+    return depth
+
+
+def depth_scale_problem(scale: float, dtype: str = "") -> str | None:
+    """Why ``scale`` (file values -> metres) cannot scale depths stored as ``dtype`` (default
+    ``float32``): not a positive number, or one that underflows or overflows that type, or None."""
+    info = np.finfo(np.float16 if dtype == "float16" else np.float32)
+    return Range(float(info.tiny), float(info.max)).problem("--depth-scale", scale)
 
 
 @dataclass(frozen=True)
@@ -169,18 +180,25 @@ _SUFFIXES = {
 KIND_NAMES = {"mask": "mask", "masks": "mask", "depth": "depth", "depths": "depth"}
 
 
-def component_file(folder: Path, name: str, kind: str) -> Path | None:
+def component_file(folder: Path, name: str, kind: str, *, shared: bool = False) -> Path | None:
     """The file of image ``name``'s ``kind`` in ``folder``: ``{name less its suffix}{suffix}`` for the
     kind's suffixes (``.png``... for masks; ``.png``, ``.tif``, ``.npy`` for depth), then the same with
-    the name's last part only; None when there is none.
+    the name's last part only; None when there is none. ``shared``: another image of the store has the
+    same last part (``train/r_0.png`` and ``test/r_0.png``), so the last part alone names no image.
 
     Raises:
         UntrustedFileError: a name that leaves ``folder`` (``..``, absolute, a link out).
+        SourceError: ``shared``, and only the last part's file is there (which image's is it?).
     """
     stem = name.rsplit(".", 1)[0] if "." in name.rsplit("/", 1)[-1] else name
     for base in dict.fromkeys([stem, stem.rsplit("/", 1)[-1]]):
         for suffix in _SUFFIXES[kind]:
             path = safe_path(folder, base + suffix, where=str(folder))
+            if path.is_file() and shared and base != stem:
+                raise SourceError(
+                    f"{path}: a {kind} file named by the last part of image {name!r}, which images of "
+                    f"other splits share; put it at {stem}{suffix} in {folder} (by split and name)"
+                )
             if path.is_file():
                 return path
     return None
@@ -208,6 +226,8 @@ def add_component_files(
     kind = KIND_NAMES.get(kind, kind)
     if kind not in COMPONENTS:
         raise ConfigError(f"component: expected masks or depth, got {kind!r}")
+    if kind == "depth" and depth_scale is not None and (problem := depth_scale_problem(depth_scale, dtype)):
+        raise ConfigError(f"{problem} (a smaller or larger factor stores every depth as 0 or infinity)")
     root = Path(folder)
     if not root.is_dir():
         raise SourceError(f"{root}: no such folder")
@@ -217,9 +237,10 @@ def add_component_files(
     files: dict[str, Path] = {}
     missing: list[str] = []
     table = store.table
+    last_parts = Counter(_last_stem(name) for name in table.names)
     for name in table.names:
         try:
-            path = component_file(root, name, kind)
+            path = component_file(root, name, kind, shared=last_parts[_last_stem(name)] > 1)
         except UntrustedFileError as exc:
             raise SourceError(f"{exc}") from None
         if path is None:
@@ -246,6 +267,12 @@ def add_component_files(
     return add_component(
         store.url, kind, load, dtype=dtype, unit=unit, scale=scale, source=described, progress=progress
     )
+
+
+def _last_stem(name: str) -> str:
+    """``train/r_0.png`` -> ``r_0``: what a flat folder's file of that image is named."""
+    last = name.rsplit("/", 1)[-1]
+    return last.rsplit(".", 1)[0] if "." in last else last
 
 
 @dataclass(frozen=True)

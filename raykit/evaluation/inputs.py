@@ -14,13 +14,16 @@ GT is a folder of images or a raykit store split written ``STORE:SPLIT`` (with t
 has them: a masked evaluation, ``raykit.evaluation.score``). Images are matched by their path
 relative to the folder without the extension, then without a leading ``NNN_``, then by the file stem alone
 when it names one ground-truth image; every image must have exactly one partner. Every problem is a
-:class:`~raykit.errors.SourceError` whose one line names the file.
+:class:`~raykit.errors.SourceError` whose one line names the file. Every file is read once, bounded
+(``raykit.fileio.read_bounded``: a regular file of at most ``IMAGE_FILE_LIMIT`` bytes, never a FIFO or a
+device), and its declared size is checked before it is decoded (``raykit.imagedecode.check_pixels``).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 import re
 from collections.abc import Callable
@@ -30,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from raykit.errors import SourceError, StoreError
-from raykit.fileio import sha256_file
-from raykit.imagedecode import decode_image
+from raykit.fileio import IMAGE_FILE_LIMIT, UntrustedFileError, open_regular, read_bounded
+from raykit.imagedecode import check_pixels, decode_image
 
 __all__ = ["IMAGE_SUFFIXES", "ImageRef", "Pair", "PairSet", "find_pairs", "load_pixels"]
 
@@ -45,12 +48,14 @@ _INDEX_PREFIX = re.compile(r"^\d+_")
 class ImageRef:
     """One image: ``label`` names it in messages, ``loader`` returns its pixels (``(H, W, 3|4)`` uint8 or
     float), ``file`` is the file whose bytes are hashed (None: the pixels are hashed); ``mask`` returns the
-    ground truth's ``(H, W)`` uint8 mask (0 = pixel not used; a store's ``mask`` component), or None."""
+    ground truth's ``(H, W)`` uint8 mask (0 = pixel not used; a store's ``mask`` component), or None;
+    ``source`` is the file or folder the pixels come from (default ``file``): an output never replaces it."""
 
     label: str
     loader: Callable[[], np.ndarray]
     file: Path | None = None
     mask: Callable[[], np.ndarray] | None = None
+    source: Path | None = None
 
     def load(self) -> np.ndarray:
         return load_pixels(self.label, self.loader)
@@ -58,7 +63,11 @@ class ImageRef:
     def sha256(self, pixels: np.ndarray) -> str:
         """sha256 of the file's bytes, or of ``shape`` and the pixels for an image inside another."""
         if self.file is not None:
-            return sha256_file(self.file)
+            try:
+                with open_regular(self.file, limit=IMAGE_FILE_LIMIT) as handle:
+                    return hashlib.file_digest(handle, "sha256").hexdigest()
+            except (OSError, ValueError) as exc:
+                raise SourceError(f"{self.file}: not readable ({exc})") from None
         digest = hashlib.sha256(f"{pixels.dtype.str}{pixels.shape}".encode())
         digest.update(np.ascontiguousarray(pixels).tobytes())
         return digest.hexdigest()
@@ -81,6 +90,11 @@ class PairSet:
     gt_split: str | None = None
     gsplat_step: int | None = None
 
+    def inputs(self) -> list[Path]:
+        """Every file (and store folder) the pairs are read from: what an output must not replace."""
+        refs = [ref for pair in self.pairs for ref in (pair.pred, pair.gt)]
+        return sorted({p for ref in refs if (p := ref.source or ref.file) is not None})
+
 
 def load_pixels(label: str, loader: Callable[[], np.ndarray]) -> np.ndarray:
     """``loader()`` checked: ``(H, W, 3|4)``, uint8 or finite floats; otherwise one line naming ``label``."""
@@ -88,6 +102,8 @@ def load_pixels(label: str, loader: Callable[[], np.ndarray]) -> np.ndarray:
         pixels = loader()
     except SourceError:
         raise
+    except UntrustedFileError as exc:  # not a regular file, or too large: the line names the file
+        raise SourceError(str(exc)) from None
     except Exception as exc:  # Pillow, OpenCV and numpy raise many types for a file that is not an image
         raise SourceError(f"{label}: not a readable image ({type(exc).__name__}: {exc})") from None
     if pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
@@ -101,19 +117,52 @@ def load_pixels(label: str, loader: Callable[[], np.ndarray]) -> np.ndarray:
 
 
 def _read_file(path: Path) -> np.ndarray:
+    data = read_bounded(path, limit=IMAGE_FILE_LIMIT)
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        return np.load(path, allow_pickle=False)
+        with io.BytesIO(data) as handle:
+            fmt = np.lib.format
+            header = (
+                fmt.read_array_header_1_0 if fmt.read_magic(handle) == (1, 0) else fmt.read_array_header_2_0
+            )
+            shape = header(handle)[0]  # the header only
+            if len(shape) >= 2:
+                check_pixels(int(shape[1]), int(shape[0]))
+            handle.seek(0)
+            return np.load(handle, allow_pickle=False)
     if suffix == ".exr":
-        return _read_exr(path)
-    return decode_image(path.read_bytes())
+        return _read_exr(path, data)
+    return decode_image(data)
 
 
-def _read_exr(path: Path) -> np.ndarray:
+def _exr_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` of an OpenEXR file's ``dataWindow`` header attribute, or None."""
+    if data[:4] != b"\x76\x2f\x31\x01":
+        return None
+    pos = 8
+    while pos < min(len(data), 1 << 16) and data[pos]:
+        name_end = data.find(b"\0", pos)
+        type_end = data.find(b"\0", name_end + 1)
+        if name_end < 0 or type_end < 0 or type_end + 4 > len(data):
+            return None
+        size = int.from_bytes(data[type_end + 1 : type_end + 5], "little")
+        value = data[type_end + 5 : type_end + 5 + size]
+        if data[pos:name_end] == b"dataWindow" and size == 16:
+            x0, y0, x1, y1 = np.frombuffer(value, "<i4").tolist()
+            return x1 - x0 + 1, y1 - y0 + 1
+        pos = type_end + 5 + size
+    return None
+
+
+def _read_exr(path: Path, data: bytes) -> np.ndarray:
     os.environ.setdefault("OPENCV_IO_ENABLE_OPENEXR", "1")  # read at OpenCV's import
     import cv2
 
-    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    size = _exr_size(data)
+    if size is None:
+        raise SourceError(f"{path}: not an OpenEXR file (no dataWindow in its header)")
+    check_pixels(*size)
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if image is None:
         raise SourceError(
             f"{path}: not a readable EXR image (OpenCV with OPENCV_IO_ENABLE_OPENEXR=1 reads them)"
@@ -129,7 +178,7 @@ def _file_ref(path: Path) -> ImageRef:
 
 def _half(path: Path, right: bool) -> ImageRef:
     def load() -> np.ndarray:
-        canvas = decode_image(path.read_bytes())
+        canvas = decode_image(read_bounded(path, limit=IMAGE_FILE_LIMIT))
         if canvas.shape[1] % 2:
             raise SourceError(
                 f"{path}: a gsplat canvas has an even width (ground truth | render), got {canvas.shape[1]}"
@@ -137,7 +186,7 @@ def _half(path: Path, right: bool) -> ImageRef:
         width = canvas.shape[1] // 2
         return np.ascontiguousarray(canvas[:, width:] if right else canvas[:, :width])
 
-    return ImageRef(f"{path} ({'right' if right else 'left'} half)", load)
+    return ImageRef(f"{path} ({'right' if right else 'left'} half)", load, source=path)
 
 
 def _image_files(folder: Path) -> dict[str, Path]:
@@ -208,6 +257,7 @@ def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef
             f"{text}/{name}",
             functools.partial(store.read_image, name),
             mask=functools.partial(store.read_component, "mask", name) if masked else None,
+            source=None if "://" in store_path else Path(store_path),
         )
         for name in store.images(split)
     }

@@ -19,7 +19,7 @@ from raykit.options import add_arguments as add_config_arguments
 from raykit.options import config_flags, config_problems, option
 from raykit.options import from_args as config_from_args
 from raykit.poses import PoseOptions
-from raykit.ranges import Range
+from raykit.ranges import SEED, Range
 from raykit.trainer import SAMPLERS, TrainConfig
 
 __all__ = ["DEFAULT_SAMPLER", "RunConfig", "StageConfigs", "add_arguments", "config_flags", "from_args"]
@@ -82,7 +82,7 @@ class RunConfig:
     )
     bench_batches: int = option(100, "batches the loader profile reads per measurement", valid=_AT_LEAST_1)
     render_views: int = option(3, "test views shown beside the ground truth in the report", valid=_AT_LEAST_1)
-    seed: int = option(0, "seed of conversion, pose estimation and training", valid=_AT_LEAST_0)
+    seed: int = option(0, "seed of conversion, pose estimation and training", valid=SEED)
     threads: int | None = option(
         None, "CPU threads of every stage (default: each stage's choice)", valid=_OPTIONAL_COUNT
     )

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_json
+from raykit.fileio import atomic_path, atomic_write_json, output_problem
 from raykit.loaders import RAY_CACHE_BYTES
 from raykit.options import add_arguments, config_problems, from_args, option
-from raykit.ranges import Range, worker_range
+from raykit.ranges import SEED, Range, worker_range
 
 __all__ = ["BenchConfig", "register", "run"]
 
@@ -32,25 +32,27 @@ class BenchConfig:
     cache_mb: float = option(RAY_CACHE_BYTES / MB, "decoded-chunk cache budget in MB", valid=Range(0))
     device: str = option("cpu", "where rays are generated")
     batches: int = option(200, "batches per measurement", valid=Range(1, integer=True))
-    seed: int = option(0, "sampling seed", valid=Range(0, integer=True))
+    seed: int = option(0, "sampling seed", valid=SEED)
     json: str | None = option(None, "write the report as JSON to this file", metavar="OUT")
     png: str | None = option(None, "write a bar chart (PNG) to this file", metavar="OUT")
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
-        problems += [
-            p for flag in ("json", "png") if (p := _output_problem(f"--{flag}", getattr(self, flag)))
-        ]
+        for flag in ("json", "png"):
+            if (problem := _output_problem(f"--{flag}", getattr(self, flag), self.store)) is not None:
+                problems.append(problem)
         if problems:
             raise ConfigError("; ".join(problems))
 
 
-def _output_problem(flag: str, path: str | None) -> str | None:
-    """Why ``path`` cannot receive an output file (a folder is there, or its folder is missing), or None."""
+def _output_problem(flag: str, path: str | None, store: str) -> str | None:
+    """Why ``path`` cannot receive an output file (not a regular file, its folder is missing, or inside
+    the store read), or None."""
     if path is None:
         return None
-    if Path(path).is_dir():
-        return f"{flag} {path}: is a folder; expected a file name"
+    inputs = [] if "://" in store or not store else [store]
+    if (problem := output_problem(path, inputs=inputs)) is not None:
+        return f"{flag} {problem}"
     if not Path(path).resolve().parent.is_dir():
         return f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist"
     return None
@@ -82,5 +84,6 @@ def run(args: argparse.Namespace) -> int:
     if config.json:
         atomic_write_json(config.json, json.loads(json.dumps(report)))
     if config.png:
-        write_png(report, config.png)
+        with atomic_path(config.png) as tmp, open(tmp, "wb") as handle:
+            write_png(report, handle)
     return 0

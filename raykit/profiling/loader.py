@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -232,8 +232,8 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join([header, *lines, *footer])
 
 
-def write_png(report: dict[str, Any], path: str) -> None:
-    """Bar chart of rays/s by stage and end to end (matplotlib, Agg backend)."""
+def write_png(report: dict[str, Any], path: str | IO[bytes]) -> None:
+    """Bar chart of rays/s by stage and end to end (matplotlib, Agg backend) as a PNG file."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,5 +256,5 @@ def write_png(report: dict[str, Any], path: str) -> None:
         title += f", shuffle quality {q['ratio']:.2f}"
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
+from raykit.errors import ConfigError
+from raykit.fileio import atomic_write_json, read_json, sha256_file
 from raykit.testing.builtin import SCENE_CAMERA_MODELS, SIZES, render_scene
 from raykit.testing.writers import write_blender, write_colmap
 
 __all__ = ["register"]
 
 FORMATS = ("blender", "colmap", "colmap-text")
+WRITTEN = ".raykit-scene.json"  # DIR/.raykit-scene.json: the files `scene make` wrote there (sha256)
 
 
 def register(subparsers: Any) -> None:
@@ -40,6 +44,7 @@ def register(subparsers: Any) -> None:
 
 def make_scene(args: argparse.Namespace) -> int:
     """Handler of ``raykit scene make``; returns the exit status."""
+    _check_folder(Path(args.dir))
     scene = render_scene(
         args.size, args.seed, args.camera_model, workers=args.workers, unbounded=args.unbounded
     )
@@ -48,6 +53,45 @@ def make_scene(args: argparse.Namespace) -> int:
         write_blender(scene, args.dir)
     else:
         write_colmap(scene, args.dir, binary=args.format == "colmap")
+    _record_folder(Path(args.dir))
     print(scene.summary())
     print(f"wrote {args.format} layout to {args.dir} in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def _files(root: Path) -> dict[str, Path]:
+    """Every entry of ``root`` but its folders (a symlink to a folder counts), by relative name."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_dir():
+            found[path.relative_to(root).as_posix()] = path
+    found.pop(WRITTEN, None)
+    return found
+
+
+def _check_folder(root: Path) -> None:
+    """Refuse ``root`` when it holds a file this command did not write, or one changed since (the
+    user's ``transforms_train.json``...): a new or empty folder, or one of its own earlier outputs."""
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise ConfigError(f"{root}: not a folder")
+    written: dict[str, str] = {}
+    if (root / WRITTEN).exists():
+        try:
+            written = dict(read_json(root / WRITTEN)["files"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{root / WRITTEN}: not a record of `raykit scene make` ({exc})") from None
+    for rel, path in _files(root).items():
+        ours = rel in written and path.is_file() and not path.is_symlink()
+        if not ours or sha256_file(path) != written[rel]:
+            raise ConfigError(
+                f"{path}: a file `raykit scene make` did not write{' (or changed since)' if ours else ''}; "
+                "not overwritten: choose a new or empty folder"
+            )
+
+
+def _record_folder(root: Path) -> None:
+    """Record every file of ``root`` (all written by this command, ``_check_folder``) and its sha256."""
+    files = {rel: sha256_file(path) for rel, path in _files(root).items()}
+    atomic_write_json(root / WRITTEN, {"files": files})

@@ -16,7 +16,7 @@ from raykit.errors import ConfigError
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import config_problems
 from raykit.options import from_args as config_from_args
-from raykit.ranges import Range, worker_range
+from raykit.ranges import SEED, Range, worker_range
 
 __all__ = [
     "AUTO_SAMPLERS",
@@ -105,9 +105,7 @@ class TrainConfig:
         "Adam's epsilon (added to the root of the second moment; larger damps small gradients)",
         valid=_POSITIVE,
     )
-    seed: int = _opt(
-        0, "seed for initialisation, the loader order and sample jitter", valid=Range(0, integer=True)
-    )
+    seed: int = _opt(0, "seed for initialisation, the loader order and sample jitter", valid=SEED)
     background: str = _opt(
         "auto",
         "background colour: white, black or R,G,B in [0, 1]; auto: white for images with alpha, black for "

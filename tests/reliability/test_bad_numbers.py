@@ -65,7 +65,7 @@ CLI_CASES = [
     (["bench", "{w}/s.zarr", "--split", "nope"], "--split: {w}/s.zarr has no split 'nope'"),
     (["bench", "{w}/s.zarr", "--cache-mb", "nan"], "--cache-mb: expected a finite number >= 0, got nan"),
     (["bench", "{w}/s.zarr", "--batches", "0"], "--batches: expected an integer >= 1, got 0"),
-    (["bench", "{w}/s.zarr", "--json", "{w}/adir"], "--json {w}/adir: is a folder; expected a file name"),
+    (["bench", "{w}/s.zarr", "--json", "{w}/adir"], "--json {w}/adir: a directory is there"),
     (["bench", "{w}/s.zarr", "--png", "{w}/nowhere/x.png"], "--png {w}/nowhere/x.png: its folder"),
     (
         ["compare", "{w}/run_a", "{w}/run_b"],
