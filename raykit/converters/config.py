@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raykit.converters.downscale import DOWNSCALE_RULES
-from raykit.converters.images import EXIF_POLICIES
+from raykit.converters.exif import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import from_args as config_from_args
