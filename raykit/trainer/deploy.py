@@ -36,7 +36,7 @@ from raykit.metrics import quantize
 from raykit.rays import UNKNOWN_FAR, RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, render_batch
-from raykit.trainer.export import ExportedModel, load_export
+from raykit.trainer.exported import ExportedModel, load_export
 from raykit.trainer.runtime import parse_background, resolve_device
 from raykit.trainer.scores import FLOAT_KEYS, Scorer, protocol_of, split_means
 
