@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from raykit.errors import ConfigError
+from raykit.options import add_command
 from raykit.trainer.config import add_arguments, from_args
 from raykit.trainer.export_cli import add_render_model_arguments, register_export, render_model
 
@@ -15,9 +16,11 @@ __all__ = ["build_train_parser", "register"]
 
 def register(subparsers: Any) -> None:
     """Add ``train``, ``render`` and ``compare`` to the ``raykit`` parser."""
-    train = subparsers.add_parser(
+    train = add_command(
+        subparsers,
         "train",
-        help="train a radiance field on a ray store",
+        "train a radiance field on a ray store",
+        _train,
         description=(
             "Train a radiance field on a ray store. Under torchrun (python -m raykit.trainer), "
             "--max-restarts N with --resume restarts the group after a rank fails and resumes exactly "
@@ -25,10 +28,11 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_arguments(train)
-    train.set_defaults(func=_train)
-    render = subparsers.add_parser(
+    render = add_command(
+        subparsers,
         "render",
-        help="render and evaluate a run's newest checkpoint, or an exported model (--model)",
+        "render and evaluate a run's newest checkpoint, or an exported model (--model)",
+        _render,
         description=(
             "raykit render RUN evaluates the run's newest checkpoint on --split (eval.json, PNGs). "
             "raykit render --model OUT --cameras STORE|transforms.json --out DIR renders from an "
@@ -39,13 +43,11 @@ def register(subparsers: Any) -> None:
     render.add_argument("--split", default="test", help="split to render (default: test)")
     render.add_argument("--device", default=None, help="device (default: the run's)")
     add_render_model_arguments(render)
-    render.set_defaults(func=_render)
     register_export(subparsers)
-    compare = subparsers.add_parser("compare", help="metric differences between two runs")
+    compare = add_command(subparsers, "compare", "metric differences between two runs", _compare)
     compare.add_argument("run_a", help="first run directory")
     compare.add_argument("run_b", help="second run directory")
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    compare.set_defaults(func=_compare)
 
 
 def build_train_parser(prog: str = "raykit train") -> argparse.ArgumentParser:

@@ -6,15 +6,18 @@ import argparse
 from typing import Any
 
 from raykit.errors import ConfigError
+from raykit.options import add_command
 
 __all__ = ["add_render_model_arguments", "register_export", "render_model"]
 
 
 def register_export(subparsers: Any) -> None:
     """Add ``raykit export RUN OUT [--verify]`` and ``raykit export --verify OUT``."""
-    export = subparsers.add_parser(
+    export = add_command(
+        subparsers,
         "export",
-        help="write a self-contained model of a run (safetensors, config, sampler state, eval figures)",
+        "write a self-contained model of a run (safetensors, config, sampler state, eval figures)",
+        _export,
         description=(
             "raykit export RUN OUT writes the run's evaluated checkpoint as a self-contained model; "
             "with --verify it then re-renders the test split from the export and fails unless the "
@@ -29,7 +32,6 @@ def register_export(subparsers: Any) -> None:
     export.add_argument("--store", default=None, help="the run's store, if it moved since training")
     export.add_argument("--device", default=None, help="device for --verify (default: the run's)")
     export.add_argument("--force", action="store_true", help="replace an existing export directory")
-    export.set_defaults(func=_export)
 
 
 def _export(args: argparse.Namespace) -> int:
