@@ -187,26 +187,18 @@ def quick_psnr(
     split = config.eval_splits.split(",")[0]
     names = store.images(split)[: config.progress_images]
     scorer = Scorer(parse_background(config.background), device, lpips=False, masked=has_masks(store))
-    values = [_protocol_psnr(scorer, config, store, name, field, grid, device) for name in names]
+
+    def psnr(name: str) -> float:
+        pred, target, pixels = render_view(config, store, name, field, grid, device)
+        value = scorer.score(pred, target, pixels, image_mask(store, name))["psnr"]
+        return float("inf") if value is None else float(value)
+
+    values = [psnr(name) for name in names]
     return {
         "split": split,
         "n_images": len(values),
         "psnr": float(np.mean(values)) if values else float("nan"),
     }
-
-
-def _protocol_psnr(
-    scorer: Scorer,
-    config: TrainConfig,
-    store: RayStore,
-    name: str,
-    field: RadianceField,
-    grid: Any,
-    device: torch.device,
-) -> float:
-    pred, target, pixels = render_view(config, store, name, field, grid, device)
-    value = scorer.score(pred, target, pixels, image_mask(store, name))["psnr"]
-    return float("inf") if value is None else float(value)
 
 
 def has_masks(store: RayStore) -> bool:
