@@ -13,10 +13,9 @@ from raykit.conventions import c2w_from_colmap
 if TYPE_CHECKING:
     from raykit.cameras import Camera
 
+# The package's records (re-exported by raykit.colmap_io); FILES, POINT2D_DTYPE, SENSOR_IDS, check_camera,
+# points2d_arrays and sorted_rows serve its readers and writers.
 __all__ = [
-    "FILES",
-    "POINT2D_DTYPE",
-    "SENSOR_IDS",
     "SENSOR_TYPES",
     "ColmapCamera",
     "ColmapFrame",
@@ -25,9 +24,6 @@ __all__ = [
     "ColmapRig",
     "ColmapRigSensor",
     "Reconstruction",
-    "check_camera",
-    "points2d_arrays",
-    "sorted_rows",
 ]
 
 SENSOR_TYPES: dict[int, str] = {-1: "INVALID", 0: "CAMERA", 1: "IMU"}
