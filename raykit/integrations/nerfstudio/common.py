@@ -34,6 +34,8 @@ class StoreDataManager(DataManager):
     dataparser: RaykitDataParser
     train_dataset: RaykitDataset
     eval_dataset: RaykitDataset
+    train_loader: Any  # the subclass's loaders: RayLoader or ImageLoader
+    eval_loader: Any
 
     def __init__(
         self,
