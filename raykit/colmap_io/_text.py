@@ -108,9 +108,8 @@ def _rig_txt(t: _Tokens) -> records.ColmapRig:
     for _ in range(1, n):
         stype, sid, has_pose = t.sensor("SENSOR_TYPE"), t.integer("SENSOR_ID"), t.integer("HAS_POSE")
         pose = t.floats(7, "QW QX QY QZ TX TY TZ") if has_pose else None
-        sensors.append(
-            records.ColmapRigSensor(stype, sid, pose[:4] if pose else None, pose[4:] if pose else None)
-        )  # type: ignore[arg-type]
+        rotation, translation = (pose[:4], pose[4:]) if pose else (None, None)
+        sensors.append(records.ColmapRigSensor(stype, sid, rotation, translation))  # type: ignore[arg-type]
     t.done()
     return records.ColmapRig(rid, ref, tuple(sensors))
 
