@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -75,13 +75,7 @@ class ColmapCamera(_Record):
         return cls(cid, camera.model, camera.width, camera.height, tuple(camera.params))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "camera_id": self.camera_id,
-            "model": self.model,
-            "width": self.width,
-            "height": self.height,
-            "params": list(self.params),
-        }
+        return {**asdict(self), "params": list(self.params)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ColmapCamera:
