@@ -17,12 +17,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from raykit.ranges import Range
 
-__all__ = ["add_arguments", "config_flags", "config_problems", "from_args", "option", "with_keywords"]
+__all__ = [
+    "add_arguments",
+    "add_command",
+    "config_flags",
+    "config_problems",
+    "from_args",
+    "option",
+    "with_keywords",
+]
 
 
 def option(
@@ -165,3 +173,23 @@ def with_keywords(config: Any, keywords: dict[str, Any], what: str, fixed: Colle
             f"(its keywords are the fields of {type(config).__name__})"
         )
     return dataclasses.replace(config, **keywords)
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    help: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    description: str | None = None,
+    config: type[Any] | None = None,
+    **flags: Any,
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` (``help`` in the command list, ``description`` atop its own help), run
+    by ``func(args)``; with ``config``, one flag per option field (``flags``: :func:`add_arguments`'s
+    keywords). Returns its parser, for the flags the command adds itself."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help, description=description)
+    if config is not None:
+        add_arguments(parser, config, **flags)
+    parser.set_defaults(func=func)
+    return parser

@@ -33,39 +33,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from raykit.colmap_io import records
 from raykit.colmap_io._binary import encode_binary, read_binary
 from raykit.colmap_io._text import encode_text, read_text
-from raykit.colmap_io.records import (
-    FILES,
-    SENSOR_TYPES,
-    ColmapCamera,
-    ColmapFrame,
-    ColmapImage,
-    ColmapPoint3D,
-    ColmapRig,
-    ColmapRigSensor,
-    Reconstruction,
-)
+from raykit.colmap_io.records import *  # noqa: F403  (the records, re-exported: see __all__)
+from raykit.colmap_io.records import FILES, Reconstruction
 from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes
 from raykit.ranges import Range, range_problems
 
-__all__ = [
-    "QVEC_NORM",
-    "SENSOR_TYPES",
-    "ColmapCamera",
-    "ColmapFrame",
-    "ColmapImage",
-    "ColmapPoint3D",
-    "ColmapRig",
-    "ColmapRigSensor",
-    "Reconstruction",
-    "check_model",
-    "find_model_files",
-    "pose_problem",
-    "read_model",
-    "write_model",
-]
+__all__ = ["QVEC_NORM", "check_model", "find_model_files", "pose_problem", "read_model", "write_model"]
+__all__ += records.__all__
 
 _ID_FIELD = {
     "cameras": "camera_id",

@@ -10,21 +10,7 @@ from typing import Any
 import numpy as np
 
 from raykit.camera_models import CAMERA_MODELS, MODEL_NAMES_BY_ID
-from raykit.colmap_io.records import (
-    POINT2D_DTYPE,
-    SENSOR_IDS,
-    SENSOR_TYPES,
-    ColmapCamera,
-    ColmapFrame,
-    ColmapImage,
-    ColmapPoint3D,
-    ColmapRig,
-    ColmapRigSensor,
-    Reconstruction,
-    check_camera,
-    points2d_arrays,
-    sorted_rows,
-)
+from raykit.colmap_io import records
 
 __all__ = ["encode_binary", "read_binary"]
 
@@ -86,15 +72,15 @@ class _BinReader:
 
 
 def _sensor_name(reader: _BinReader, type_id: int, where: str) -> str:
-    if type_id not in SENSOR_TYPES:
+    if type_id not in records.SENSOR_TYPES:
         raise _Stop(
             f"{reader.path}: byte {reader.pos - 8}: {where} has unknown sensor type {type_id} "
-            f"(expected one of {sorted(SENSOR_TYPES)})"
+            f"(expected one of {sorted(records.SENSOR_TYPES)})"
         )
-    return SENSOR_TYPES[type_id]
+    return records.SENSOR_TYPES[type_id]
 
 
-def _read_cameras_bin(r: _BinReader) -> list[ColmapCamera]:
+def _read_cameras_bin(r: _BinReader) -> list[records.ColmapCamera]:
     out = []
     for i in range(r.count("cameras", 24)):
         cid, model_id, width, height = r.take("<IiQQ", f"the header of camera #{i}")
@@ -106,35 +92,37 @@ def _read_cameras_bin(r: _BinReader) -> list[ColmapCamera]:
         model = MODEL_NAMES_BY_ID[model_id]
         k = CAMERA_MODELS[model].num_params
         params = r.take(f"<{k}d", f"{k} params of camera {cid} ({model})")
-        out.append(ColmapCamera(cid, model, width, height, tuple(params)))
+        out.append(records.ColmapCamera(cid, model, width, height, tuple(params)))
     return out
 
 
-def _read_images_bin(r: _BinReader, load_points2d: bool) -> list[ColmapImage]:
+def _read_images_bin(r: _BinReader, load_points2d: bool) -> list[records.ColmapImage]:
     out = []
     for i in range(r.count("images", 69)):
         iid, *pose, cid = r.take("<I7dI", f"the header of image #{i}")
         name = r.cstring(f"the name of image {iid}")
         (n2d,) = r.take("<Q", f"the number of points2D of image {iid} ({name})")
-        pts = r.array(POINT2D_DTYPE, n2d, f"{n2d} points2D of image {iid} ({name})")
+        pts = r.array(records.POINT2D_DTYPE, n2d, f"{n2d} points2D of image {iid} ({name})")
         xy = ids = None
         if load_points2d:
             xy = np.stack([pts["x"], pts["y"]], -1).astype(np.float64)
             ids = pts["id"].astype(np.int64)  # 2**64 - 1 wraps to -1
-        out.append(ColmapImage(iid, tuple(pose[:4]), tuple(pose[4:]), cid, name, xy, ids))
+        out.append(records.ColmapImage(iid, tuple(pose[:4]), tuple(pose[4:]), cid, name, xy, ids))
     return out
 
 
-def _read_points3d_bin(r: _BinReader) -> list[ColmapPoint3D]:
+def _read_points3d_bin(r: _BinReader) -> list[records.ColmapPoint3D]:
     out = []
     for i in range(r.count("points3D", 51)):
         pid, x, y, z, cr, cg, cb, err, n = r.take("<Q3d3BdQ", f"point3D #{i}")
         track = r.array(np.dtype("<u4"), 2 * n, f"the track ({n} elements) of point3D {pid}")
-        out.append(ColmapPoint3D(pid, (x, y, z), (cr, cg, cb), err, track.astype(np.int64).reshape(-1, 2)))
+        out.append(
+            records.ColmapPoint3D(pid, (x, y, z), (cr, cg, cb), err, track.astype(np.int64).reshape(-1, 2))
+        )
     return out
 
 
-def _read_rigs_bin(r: _BinReader) -> list[ColmapRig]:
+def _read_rigs_bin(r: _BinReader) -> list[records.ColmapRig]:
     out = []
     for i in range(r.count("rigs", 8)):
         rid, n_sensors = r.take("<II", f"the header of rig #{i}")
@@ -147,18 +135,18 @@ def _read_rigs_bin(r: _BinReader) -> list[ColmapRig]:
             t, sid, has_pose = r.take("<iIB", f"sensor #{j} of rig {rid}")
             pose = r.take("<7d", f"the pose of sensor {sid} of rig {rid}") if has_pose else None
             sensors.append(
-                ColmapRigSensor(
+                records.ColmapRigSensor(
                     _sensor_name(r, t, f"rig {rid}"),
                     sid,
                     tuple(pose[:4]) if pose else None,
                     tuple(pose[4:]) if pose else None,
                 )
             )
-        out.append(ColmapRig(rid, ref, tuple(sensors)))
+        out.append(records.ColmapRig(rid, ref, tuple(sensors)))
     return out
 
 
-def _read_frames_bin(r: _BinReader) -> list[ColmapFrame]:
+def _read_frames_bin(r: _BinReader) -> list[records.ColmapFrame]:
     out = []
     for i in range(r.count("frames", 68)):
         fid, rid, *pose, n = r.take("<II7dI", f"the header of frame #{i}")
@@ -166,7 +154,7 @@ def _read_frames_bin(r: _BinReader) -> list[ColmapFrame]:
         for _ in range(n):
             t, sid, did = r.take("<iIQ", f"a data id of frame {fid}")
             data.append((_sensor_name(r, t, f"frame {fid}"), sid, did))
-        out.append(ColmapFrame(fid, rid, tuple(pose[:4]), tuple(pose[4:]), tuple(data)))
+        out.append(records.ColmapFrame(fid, rid, tuple(pose[:4]), tuple(pose[4:]), tuple(data)))
     return out
 
 
@@ -196,17 +184,17 @@ def read_binary(name: str, path: Path, load_points2d: bool, problems: list[str])
     return rows
 
 
-def encode_binary(rec: Reconstruction) -> dict[str, bytes]:
+def encode_binary(rec: records.Reconstruction) -> dict[str, bytes]:
     cams = [struct.pack("<Q", len(rec.cameras))]
-    for c in sorted_rows(rec.cameras):
-        check_camera(c)
+    for c in records.sorted_rows(rec.cameras):
+        records.check_camera(c)
         cams.append(
             struct.pack(f"<IiQQ{len(c.params)}d", c.camera_id, c.model_id, c.width, c.height, *c.params)
         )
     imgs = [struct.pack("<Q", len(rec.images))]
-    for im in sorted_rows(rec.images):
-        xy, ids = points2d_arrays(im)
-        pts = np.zeros(len(xy), dtype=POINT2D_DTYPE)
+    for im in records.sorted_rows(rec.images):
+        xy, ids = records.points2d_arrays(im)
+        pts = np.zeros(len(xy), dtype=records.POINT2D_DTYPE)
         pts["x"], pts["y"], pts["id"] = xy[:, 0], xy[:, 1], ids.astype(np.uint64)
         imgs += [
             struct.pack("<I7dI", im.image_id, *im.qvec, *im.tvec, im.camera_id),
@@ -215,7 +203,7 @@ def encode_binary(rec: Reconstruction) -> dict[str, bytes]:
             pts.tobytes(),
         ]
     pts3 = [struct.pack("<Q", len(rec.points3d))]
-    for p in sorted_rows(rec.points3d):
+    for p in records.sorted_rows(rec.points3d):
         track = np.asarray(p.track, dtype="<u4").reshape(-1)
         pts3 += [
             struct.pack("<Q3d3BdQ", p.point3d_id, *p.xyz, *p.rgb, p.error, len(track) // 2),
@@ -224,19 +212,19 @@ def encode_binary(rec: Reconstruction) -> dict[str, bytes]:
     out = {"cameras": b"".join(cams), "images": b"".join(imgs), "points3D": b"".join(pts3)}
     if rec.rigs or rec.frames:
         rigs = [struct.pack("<Q", len(rec.rigs))]
-        for rig in sorted_rows(rec.rigs):
+        for rig in records.sorted_rows(rec.rigs):
             n = 0 if rig.ref_sensor is None else 1 + len(rig.sensors)
             rigs.append(struct.pack("<II", rig.rig_id, n))
             if rig.ref_sensor is not None:
-                rigs.append(struct.pack("<iI", SENSOR_IDS[rig.ref_sensor[0]], rig.ref_sensor[1]))
+                rigs.append(struct.pack("<iI", records.SENSOR_IDS[rig.ref_sensor[0]], rig.ref_sensor[1]))
             for s in rig.sensors:
                 has_pose = s.qvec is not None and s.tvec is not None
-                rigs.append(struct.pack("<iIB", SENSOR_IDS[s.sensor_type], s.sensor_id, has_pose))
+                rigs.append(struct.pack("<iIB", records.SENSOR_IDS[s.sensor_type], s.sensor_id, has_pose))
                 if has_pose:
                     rigs.append(struct.pack("<7d", *s.qvec, *s.tvec))
         frames = [struct.pack("<Q", len(rec.frames))]
-        for f in sorted_rows(rec.frames):
+        for f in records.sorted_rows(rec.frames):
             frames.append(struct.pack("<II7dI", f.frame_id, f.rig_id, *f.qvec, *f.tvec, len(f.data_ids)))
-            frames += [struct.pack("<iIQ", SENSOR_IDS[t], sid, did) for t, sid, did in f.data_ids]
+            frames += [struct.pack("<iIQ", records.SENSOR_IDS[t], sid, did) for t, sid, did in f.data_ids]
         out |= {"rigs": b"".join(rigs), "frames": b"".join(frames)}
     return out

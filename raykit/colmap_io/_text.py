@@ -8,20 +8,7 @@ from typing import Any
 import numpy as np
 
 from raykit.camera_models import CAMERA_MODELS
-from raykit.colmap_io.records import (
-    FILES,
-    SENSOR_IDS,
-    ColmapCamera,
-    ColmapFrame,
-    ColmapImage,
-    ColmapPoint3D,
-    ColmapRig,
-    ColmapRigSensor,
-    Reconstruction,
-    check_camera,
-    points2d_arrays,
-    sorted_rows,
-)
+from raykit.colmap_io import records
 
 __all__ = ["encode_text", "read_text"]
 
@@ -59,8 +46,8 @@ class _Tokens:
 
     def sensor(self, what: str) -> str:
         tok = self._next(what)
-        if tok not in SENSOR_IDS:
-            raise _Bad(f"expected {what} (one of {sorted(SENSOR_IDS)}), got {tok!r}")
+        if tok not in records.SENSOR_IDS:
+            raise _Bad(f"expected {what} (one of {sorted(records.SENSOR_IDS)}), got {tok!r}")
         return tok
 
     def done(self) -> None:
@@ -68,7 +55,7 @@ class _Tokens:
             raise _Bad(f"expected end of line, got {len(self.tokens) - self.i} extra values")
 
 
-def _camera_txt(t: _Tokens) -> ColmapCamera:
+def _camera_txt(t: _Tokens) -> records.ColmapCamera:
     cid, model, width, height = (
         t.integer("CAMERA_ID"),
         t._next("MODEL"),
@@ -81,10 +68,10 @@ def _camera_txt(t: _Tokens) -> ColmapCamera:
     k = CAMERA_MODELS[model].num_params
     if len(params) != k:
         raise _Bad(f"camera {cid} ({model}): expected {k} params, got {len(params)}")
-    return ColmapCamera(cid, model, width, height, params)
+    return records.ColmapCamera(cid, model, width, height, params)
 
 
-def _image_txt(t: _Tokens, points_line: str, load_points2d: bool) -> ColmapImage:
+def _image_txt(t: _Tokens, points_line: str, load_points2d: bool) -> records.ColmapImage:
     iid, pose, cid = t.integer("IMAGE_ID"), t.floats(7, "QW QX QY QZ TX TY TZ"), t.integer("CAMERA_ID")
     name = t._next("NAME")
     xy = ids = None
@@ -102,36 +89,37 @@ def _image_txt(t: _Tokens, points_line: str, load_points2d: bool) -> ColmapImage
                 f"image {iid}: expected numbers in the POINTS2D line, got {points_line[:60]!r}"
             ) from None
         xy, ids = arr[:, :2].copy(), arr[:, 2].astype(np.int64)
-    return ColmapImage(iid, pose[:4], pose[4:], cid, name, xy, ids)  # type: ignore[arg-type]
+    return records.ColmapImage(iid, pose[:4], pose[4:], cid, name, xy, ids)  # type: ignore[arg-type]
 
 
-def _point3d_txt(t: _Tokens) -> ColmapPoint3D:
+def _point3d_txt(t: _Tokens) -> records.ColmapPoint3D:
     pid, xyz = t.integer("POINT3D_ID"), t.floats(3, "X Y Z")
     rgb, err = (t.integer("R"), t.integer("G"), t.integer("B")), t.number("ERROR")
     if (len(t.tokens) - t.i) % 2:
         raise _Bad(f"point3D {pid}: expected TRACK as (IMAGE_ID, POINT2D_IDX) pairs, got an odd count")
     track = [t.integer("IMAGE_ID or POINT2D_IDX") for _ in range(len(t.tokens) - t.i)]
-    return ColmapPoint3D(pid, xyz, rgb, err, np.array(track, dtype=np.int64).reshape(-1, 2))  # type: ignore[arg-type]
+    return records.ColmapPoint3D(pid, xyz, rgb, err, np.array(track, dtype=np.int64).reshape(-1, 2))  # type: ignore[arg-type]
 
 
-def _rig_txt(t: _Tokens) -> ColmapRig:
+def _rig_txt(t: _Tokens) -> records.ColmapRig:
     rid, n = t.integer("RIG_ID"), t.integer("NUM_SENSORS")
     ref = (t.sensor("REF_SENSOR_TYPE"), t.integer("REF_SENSOR_ID")) if n > 0 else None
     sensors = []
     for _ in range(1, n):
         stype, sid, has_pose = t.sensor("SENSOR_TYPE"), t.integer("SENSOR_ID"), t.integer("HAS_POSE")
         pose = t.floats(7, "QW QX QY QZ TX TY TZ") if has_pose else None
-        sensors.append(ColmapRigSensor(stype, sid, pose[:4] if pose else None, pose[4:] if pose else None))  # type: ignore[arg-type]
+        rotation, translation = (pose[:4], pose[4:]) if pose else (None, None)
+        sensors.append(records.ColmapRigSensor(stype, sid, rotation, translation))  # type: ignore[arg-type]
     t.done()
-    return ColmapRig(rid, ref, tuple(sensors))
+    return records.ColmapRig(rid, ref, tuple(sensors))
 
 
-def _frame_txt(t: _Tokens) -> ColmapFrame:
+def _frame_txt(t: _Tokens) -> records.ColmapFrame:
     fid, rid, pose = t.integer("FRAME_ID"), t.integer("RIG_ID"), t.floats(7, "QW QX QY QZ TX TY TZ")
     n = t.integer("NUM_DATA_IDS")
     data = tuple((t.sensor("SENSOR_TYPE"), t.integer("SENSOR_ID"), t.integer("DATA_ID")) for _ in range(n))
     t.done()
-    return ColmapFrame(fid, rid, pose[:4], pose[4:], data)  # type: ignore[arg-type]
+    return records.ColmapFrame(fid, rid, pose[:4], pose[4:], data)  # type: ignore[arg-type]
 
 
 def read_text(name: str, path: Path, load_points2d: bool, problems: list[str]) -> list[Any]:
@@ -182,7 +170,7 @@ _HEADERS = {
 }
 
 
-def _rig_line(rig: ColmapRig) -> str:
+def _rig_line(rig: records.ColmapRig) -> str:
     if rig.ref_sensor is None:
         return f"{rig.rig_id} 0"
     parts = [f"{rig.rig_id} {1 + len(rig.sensors)} {rig.ref_sensor[0]} {rig.ref_sensor[1]}"]
@@ -192,29 +180,29 @@ def _rig_line(rig: ColmapRig) -> str:
     return " ".join(parts)
 
 
-def encode_text(rec: Reconstruction) -> dict[str, bytes]:
-    lines: dict[str, list[str]] = {name: [] for name in FILES}
-    for c in sorted_rows(rec.cameras):
-        check_camera(c)
+def encode_text(rec: records.Reconstruction) -> dict[str, bytes]:
+    lines: dict[str, list[str]] = {name: [] for name in records.FILES}
+    for c in records.sorted_rows(rec.cameras):
+        records.check_camera(c)
         lines["cameras"].append(f"{c.camera_id} {c.model} {c.width} {c.height} {_f(c.params)}")
-    for im in sorted_rows(rec.images):
-        xy, ids = points2d_arrays(im)
+    for im in records.sorted_rows(rec.images):
+        xy, ids = records.points2d_arrays(im)
         lines["images"].append(f"{im.image_id} {_f((*im.qvec, *im.tvec))} {im.camera_id} {im.name}")
         lines["images"].append(
             " ".join(f"{x!r} {y!r} {i}" for (x, y), i in zip(xy.tolist(), ids.tolist(), strict=True))
         )
-    for p in sorted_rows(rec.points3d):
+    for p in records.sorted_rows(rec.points3d):
         track = " ".join(str(v) for v in np.asarray(p.track, dtype=np.int64).reshape(-1).tolist())
         lines["points3D"].append(
             f"{p.point3d_id} {_f(p.xyz)} {' '.join(map(str, p.rgb))} {_f([p.error])} {track}"
         )
-    lines["rigs"] = [_rig_line(rig) for rig in sorted_rows(rec.rigs)]
-    for f in sorted_rows(rec.frames):
+    lines["rigs"] = [_rig_line(rig) for rig in records.sorted_rows(rec.rigs)]
+    for f in records.sorted_rows(rec.frames):
         data = " ".join(f"{t} {sid} {did}" for t, sid, did in f.data_ids)
         lines["frames"].append(
             f"{f.frame_id} {f.rig_id} {_f((*f.qvec, *f.tvec))} {len(f.data_ids)} {data}".rstrip()
         )
-    names = FILES if rec.rigs or rec.frames else FILES[:3]
+    names = records.FILES if rec.rigs or rec.frames else records.FILES[:3]
     return {
         name: (
             _HEADERS[name]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,10 +13,9 @@ from raykit.conventions import c2w_from_colmap
 if TYPE_CHECKING:
     from raykit.cameras import Camera
 
+# The package's records (re-exported by raykit.colmap_io); FILES, POINT2D_DTYPE, SENSOR_IDS, check_camera,
+# points2d_arrays and sorted_rows serve its readers and writers.
 __all__ = [
-    "FILES",
-    "POINT2D_DTYPE",
-    "SENSOR_IDS",
     "SENSOR_TYPES",
     "ColmapCamera",
     "ColmapFrame",
@@ -25,9 +24,6 @@ __all__ = [
     "ColmapRig",
     "ColmapRigSensor",
     "Reconstruction",
-    "check_camera",
-    "points2d_arrays",
-    "sorted_rows",
 ]
 
 SENSOR_TYPES: dict[int, str] = {-1: "INVALID", 0: "CAMERA", 1: "IMU"}
@@ -79,13 +75,7 @@ class ColmapCamera(_Record):
         return cls(cid, camera.model, camera.width, camera.height, tuple(camera.params))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "camera_id": self.camera_id,
-            "model": self.model,
-            "width": self.width,
-            "height": self.height,
-            "params": list(self.params),
-        }
+        return {**asdict(self), "params": list(self.params)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ColmapCamera:

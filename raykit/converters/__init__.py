@@ -6,8 +6,9 @@ estimates the poses first with :mod:`raykit.poses`.
 """
 
 from raykit.converters.config import ConvertConfig
-from raykit.converters.convert import SOURCES, build_records, convert, detect_source, parse_source
+from raykit.converters.convert import SOURCES, convert, detect_source, parse_source
 from raykit.converters.downscale import DOWNSCALE_RULES, mipnerf360_camera, resize_area, round_half_up_div
+from raykit.converters.records import build_records
 
 __all__ = [
     "DOWNSCALE_RULES",

@@ -8,23 +8,26 @@ import time
 from typing import Any
 
 import raykit.recorder
-from raykit.converters.config import add_arguments, from_args
+from raykit.converters.config import ConvertConfig
 from raykit.converters.convert import POSE_SOURCES, convert
-from raykit.poses.cli import add_pose_arguments, pose_options_from_args
+from raykit.options import add_arguments, add_command, from_args
+from raykit.poses import PoseOptions
 
 __all__ = ["register", "run_add_component", "run_convert"]
 
 
 def register(subparsers: Any) -> None:
     """Add the ``convert`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "convert",
-        help="convert a COLMAP, Blender, instant-ngp/nerfstudio or LLFF capture into a ray store",
+        "convert a COLMAP, Blender, instant-ngp/nerfstudio or LLFF capture into a ray store",
+        run_convert,
+        config=ConvertConfig,
         description="Convert a capture into a ray store. Every problem with the capture is listed, one per "
         "line, and nothing is written; the store appears at DST only when complete, and rerunning an "
         "interrupted conversion resumes it.",
     )
-    add_arguments(parser)
     parser.add_argument(
         "--allow-outside",
         action="append",
@@ -33,11 +36,12 @@ def register(subparsers: Any) -> None:
         help="let image paths point into DIR outside the capture folder (repeatable; default: refused)",
     )
     group = parser.add_argument_group("pose estimation (--from photos|video; see raykit poses)")
-    add_pose_arguments(group, skip=("threads", "seed"))
-    parser.set_defaults(func=run_convert)
-    add = subparsers.add_parser(
+    add_arguments(group, PoseOptions, skip=("threads", "seed"))  # type: ignore[arg-type]
+    add = add_command(
+        subparsers,
         "add-component",
-        help="add masks or depth maps to a store (its pixels are not rewritten)",
+        "add masks or depth maps to a store (its pixels are not rewritten)",
+        run_add_component,
         description="Add a per-image component to a local store: one file per image in DIR, named as "
         "the image (its name less its suffix, or its last part) with .png/.jpg/.tif (masks) or "
         ".png/.tif/.npy (depth). Files of the source resolution of a store converted with --downscale "
@@ -62,18 +66,17 @@ def register(subparsers: Any) -> None:
         help="depth file values times F are metres (e.g. 0.001 for millimetre PNGs); default: unit unknown",
     )
     add.add_argument("--progress", action="store_true", help="show a progress bar")
-    add.set_defaults(func=run_add_component)
 
 
 def run_convert(args: argparse.Namespace) -> int:
     """Handler of ``raykit convert``; returns the exit status."""
     from raykit.store import format_phases
 
-    config = from_args(args)
+    config: ConvertConfig = from_args(ConvertConfig, args)
     start = time.perf_counter()
     recording = raykit.recorder.recording() if config.profile else contextlib.nullcontext(None)
     with recording as recorder:
-        poses = pose_options_from_args(args) if config.source in POSE_SOURCES else None
+        poses = from_args(PoseOptions, args) if config.source in POSE_SOURCES else None
         store = convert(
             config.src, config.dst, **config.convert_options(), poses=poses, allow_outside=args.allow_outside
         )

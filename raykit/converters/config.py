@@ -1,22 +1,20 @@
 """``ConvertConfig``: every option of ``raykit convert``, written once; its fields generate the flags.
 
-``add_arguments(parser)`` builds the command's arguments, ``from_args(args)`` reads them back, and
+``raykit.options.add_arguments(parser, ConvertConfig)`` builds the command's arguments,
+``raykit.options.from_args(ConvertConfig, args)`` reads them back, and
 ``convert(config.src, config.dst, **config.convert_options())`` runs it (:func:`raykit.converters.convert`);
 ``config.store_options()`` is the part the store writer takes.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from raykit.converters.downscale import DOWNSCALE_RULES
-from raykit.converters.images import EXIF_POLICIES
+from raykit.converters.exif import EXIF_POLICIES
 from raykit.converters.normalize import NORMALIZE_MODES
-from raykit.options import add_arguments as add_config_arguments
-from raykit.options import from_args as config_from_args
 from raykit.options import option
 from raykit.poses import POSE_SOURCES
 from raykit.store import (
@@ -29,7 +27,7 @@ from raykit.store import (
     RGBA_CODECS,
 )
 
-__all__ = ["SOURCES", "ConvertConfig", "add_arguments", "from_args"]
+__all__ = ["SOURCES", "ConvertConfig"]
 
 SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
 
@@ -111,14 +109,3 @@ class ConvertConfig:
         return {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _COMMAND_ONLY
         }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one argument per :class:`ConvertConfig` field."""
-    add_config_arguments(parser, ConvertConfig)
-
-
-def from_args(args: argparse.Namespace) -> ConvertConfig:
-    """The :class:`ConvertConfig` described by parsed arguments."""
-    config: ConvertConfig = config_from_args(ConvertConfig, args)
-    return config

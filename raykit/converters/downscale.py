@@ -1,7 +1,10 @@
 """Downscale rules of ``raykit convert --downscale N``: ``exact`` and ``mipnerf360``.
 
-- ``exact`` (the default): N must divide every image's width and height; pixels are averaged over N x N
-  blocks and intrinsics divided by N (:meth:`raykit.cameras.Camera.scaled`).
+- ``exact`` (the default): N must divide every image's width and height (no cropping); every output pixel
+  is the mean of an N x N block, rounded half up in integer arithmetic, and intrinsics are divided by N
+  (:meth:`raykit.cameras.Camera.scaled`). RGBA is averaged with premultiplied alpha (colours weighted by
+  alpha, so transparent pixels do not bleed their colour into edges); a block with zero total alpha takes
+  its plain colour mean.
 - ``mipnerf360``: the Mip-NeRF 360 protocol as nerfbaselines prepares it. Images are downscaled from full
   resolution (never from a capture's pre-scaled ``images_N`` folder) to ``w = round_half_up(W / N)``,
   ``h = round_half_up(H / N)`` with an area (box) filter (Pillow's ``BOX``); focal lengths become
@@ -16,9 +19,10 @@ import numpy as np
 from PIL import Image
 
 from raykit.cameras import Camera
-from raykit.errors import CameraError, ConfigError
+from raykit.errors import CameraError, ConfigError, SourceError
+from raykit.imagedecode import downscale_area as area_filter
 
-__all__ = ["DOWNSCALE_RULES", "mipnerf360_camera", "resize_area", "round_half_up_div"]
+__all__ = ["DOWNSCALE_RULES", "downscale_area", "mipnerf360_camera", "resize_area", "round_half_up_div"]
 
 DOWNSCALE_RULES = ("exact", "mipnerf360")
 
@@ -54,3 +58,28 @@ def resize_area(image: np.ndarray, width: int, height: int) -> np.ndarray:
         for c in range(image.shape[2])
     ]
     return np.stack(channels, axis=-1)
+
+
+def _check_factor(height: int, width: int, factor: int, where: str) -> None:
+    if not isinstance(factor, int | np.integer) or factor < 1:
+        raise SourceError(f"{where}: downscale factor must be a positive integer, got {factor!r}")
+    if height % factor or width % factor:
+        raise SourceError(
+            f"{where}: image size {width}x{height} is not divisible by the downscale factor {factor}"
+        )
+
+
+def downscale_area(image: np.ndarray, factor: int, *, where: str = "image") -> np.ndarray:
+    """Exact box-filter downscale (:func:`raykit.imagedecode.downscale_area`, the one rule shared with
+    the loaders' resolution levels) of an image whose size ``factor`` divides.
+
+    Args:
+        image: (H, W, C) uint8, C = 3 or 4 (straight alpha).
+        factor: integer dividing both H and W.
+
+    Returns:
+        (H // factor, W // factor, C) uint8; RGBA averaged with premultiplied alpha.
+    """
+    height, width, _ = image.shape
+    _check_factor(height, width, factor, where)
+    return area_filter(image, factor)

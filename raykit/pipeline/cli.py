@@ -10,18 +10,20 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     """Add ``raykit run`` to the ``raykit`` parser."""
+    from raykit.options import add_command
     from raykit.pipeline.config import add_arguments
 
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "run",
-        help="capture to verified model and report: poses, convert, validate, profile, train, export, report",
+        "capture to verified model and report: poses, convert, validate, profile, train, export, report",
+        _run,
         description="Run every stage from a capture (or a store) to an exported, verified model and "
         "OUT/report.md + OUT/report.html. OUT/pipeline.json records each stage's fingerprint, costs and "
         "command: a rerun skips unchanged stages, redoes those downstream of a change and resumes an "
         "interrupted one (training exactly, from its newest checkpoint).",
     )
     add_arguments(parser)
-    parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

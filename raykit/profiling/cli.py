@@ -12,7 +12,7 @@ from typing import Any
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_path, atomic_write_json, output_problem
 from raykit.loaders import RAY_CACHE_BYTES
-from raykit.options import add_arguments, config_problems, from_args, option
+from raykit.options import add_command, config_problems, from_args, option
 from raykit.ranges import SEED, Range, worker_range
 
 __all__ = ["BenchConfig", "register", "run"]
@@ -60,14 +60,15 @@ def _output_problem(flag: str, path: str | None, store: str) -> str | None:
 
 def register(subparsers: Any) -> None:
     """Add the ``bench`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "bench",
-        help="measure loader throughput by stage, cold and warm",
+        "measure loader throughput by stage, cold and warm",
+        run,
+        config=BenchConfig,
         description="Measure rays/s and MB/s of loading a ray store: cold and warm, by stage "
         "(read+decompress, shuffle/gather, ray generation, host-to-device), and the shuffle quality.",
     )
-    add_arguments(parser, BenchConfig)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

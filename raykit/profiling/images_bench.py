@@ -16,53 +16,30 @@ in a loader that decodes on its own thread (each step on its thread, so they ove
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from raykit.loaders import RAY_CACHE_BYTES, RayLoader, WindowPlan
+from raykit.loaders import RayLoader, WindowPlan
 from raykit.profiling.mixing import shuffle_quality
+from raykit.profiling.timing import MB, rate, report_head, timed_loop
 from raykit.store import RayStore
 
 __all__ = ["run_images_bench"]
 
-MB = 1 << 20
-
-
-def _rate(rays: int, seconds: float, bytes_per_ray: float) -> dict[str, float]:
-    seconds = max(seconds, 1e-9)
-    return {"seconds": seconds, "rays_per_s": rays / seconds, "mb_per_s": rays * bytes_per_ray / seconds / MB}
-
-
-def _timed_loop(loader: Any, batches: int, bytes_per_ray: float) -> dict[str, float]:
-    start = time.perf_counter()
-    iterator = iter(loader)
-    first = next(iterator)
-    first_s = time.perf_counter() - start
-    rays = len(first)
-    for _, batch in zip(range(batches - 1), iterator, strict=False):
-        rays += len(batch)
-    device = getattr(loader.make_batch, "device", None)
-    if isinstance(device, torch.device) and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    out = _rate(rays, time.perf_counter() - start, bytes_per_ray)
-    del iterator
-    return {**out, "first_batch_s": first_s, "batches": batches}
-
 
 def run_images_bench(
     store: RayStore,
-    split: str = "train",
-    batch_size: int = 4096,
-    workers: int = 0,
-    cache_bytes: int = RAY_CACHE_BYTES,
-    device: Any = "cpu",
-    batches: int = 200,
-    seed: int = 0,
+    split: str,
+    batch_size: int,
+    workers: int,
+    cache_bytes: int,
+    device: Any,
+    batches: int,
+    seed: int,
 ) -> dict[str, Any]:
-    """Profile ``batches`` batches of the images-layout ``split``; a JSON-able report."""
+    """:func:`raykit.profiling.loader.run_bench` of an images-layout ``split`` (its arguments)."""
     device = torch.device(device)
     info = store.splits[split]
     channels = store.rgba_channels
@@ -72,10 +49,10 @@ def run_images_bench(
               "cache_bytes": cache_bytes}  # fmt: skip
     loader = RayLoader(store, split, **kwargs)  # the window strategy (the split's layout)
     batches = max(1, min(batches, len(loader)))
-    cold = _timed_loop(loader, batches, channels + 4)
+    cold = timed_loop(loader, batches, channels + 4)
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
     loader.wait_for_workers()
-    warm = _timed_loop(loader, batches, channels + 4)
+    warm = timed_loop(loader, batches, channels + 4)
     loader.close()
     plan = loader.plan
     assert isinstance(plan, WindowPlan)
@@ -96,31 +73,19 @@ def run_images_bench(
     seconds = staged.seconds
     stages = {
         "read": {
-            **_rate(rays, seconds["read"], stored_per_ray),
+            **rate(rays, seconds["read"], stored_per_ray),
             "mb_per_s": read_bytes / max(seconds["read"], 1e-9) / MB,
         },
-        "decode": _rate(rays, seconds["decode"], channels),
-        "enter": _rate(rays, seconds["enter"], channels),
-        "gather": _rate(rays, seconds["gather"], channels + 4),
-        "generate": _rate(rays, seconds["generate"], channels + 4),
+        "decode": rate(rays, seconds["decode"], channels),
+        "enter": rate(rays, seconds["enter"], channels),
+        "gather": rate(rays, seconds["gather"], channels + 4),
+        "generate": rate(rays, seconds["generate"], channels + 4),
     }
     total = sum(s["seconds"] for s in stages.values())
+    settings = {"batch_size": batch_size, "workers": workers, "cache_bytes": cache_bytes, "device": device,
+                "batches": batches, "seed": seed, "window_images": plan.window_images}  # fmt: skip
     return {
-        "store": store.url,
-        "backend": store.backend,
-        "layout": "images",
-        "split": split,
-        "n_rays": info.n_rays,
-        "settings": {
-            "batch_size": batch_size,
-            "workers": workers,
-            "cache_bytes": cache_bytes,
-            "device": str(device),
-            "batches": batches,
-            "seed": seed,
-            "torch_threads": torch.get_num_threads(),
-            "window_images": plan.window_images,
-        },
+        **report_head(store, split, "images", **settings),
         "cold": cold,
         "warm": warm,
         "cache": {"hit_rate": 0.0, "bytes": 0, "window_images": plan.window_images},

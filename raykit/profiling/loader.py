@@ -27,37 +27,11 @@ import torch
 from raykit.errors import ConfigError
 from raykit.loaders import RAY_CACHE_BYTES, DeviceBatcher, RayLoader
 from raykit.profiling.mixing import shuffle_quality
+from raykit.profiling.timing import MB, rate, report_head, timed_loop
 from raykit.ranges import device_problem
 from raykit.store import RawRays, RayStore, payload_bytes
 
 __all__ = ["format_table", "run_bench", "write_png"]
-
-MB = 1 << 20
-
-
-def _rate(rays: int, seconds: float, bytes_per_ray: float) -> dict[str, float]:
-    seconds = max(seconds, 1e-9)
-    return {"seconds": seconds, "rays_per_s": rays / seconds, "mb_per_s": rays * bytes_per_ray / seconds / MB}
-
-
-def _end_to_end(loader: RayLoader, batches: int, bytes_per_ray: float) -> dict[str, float]:
-    start = time.perf_counter()
-    iterator = iter(loader)
-    first = next(iterator)
-    first_s = time.perf_counter() - start
-    rays = len(first)
-    for _, batch in zip(range(batches - 1), iterator, strict=False):
-        rays += len(batch)
-    _sync(loader)
-    out = _rate(rays, time.perf_counter() - start, bytes_per_ray)
-    del iterator
-    return {**out, "first_batch_s": first_s, "batches": batches}
-
-
-def _sync(loader: RayLoader) -> None:
-    device = getattr(loader.make_batch, "device", None)
-    if isinstance(device, torch.device) and device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _stage_read(store: RayStore, split: str, chunks: list[int], bytes_per_ray: float) -> dict[str, float]:
@@ -66,7 +40,7 @@ def _stage_read(store: RayStore, split: str, chunks: list[int], bytes_per_ray: f
     fresh = open_store(store.url)
     start = time.perf_counter()
     rays = sum(len(fresh.read_chunk(split, c)) for c in chunks)
-    return _rate(rays, time.perf_counter() - start, bytes_per_ray)
+    return rate(rays, time.perf_counter() - start, bytes_per_ray)
 
 
 def _stage_generate(
@@ -83,7 +57,7 @@ def _stage_generate(
         if batcher.device.type == "cuda":
             torch.cuda.synchronize(batcher.device)
         seconds = time.perf_counter() - start
-    return _rate(sum(len(r) for r in raws), seconds, bytes_per_ray)
+    return rate(sum(len(r) for r in raws), seconds, bytes_per_ray)
 
 
 def _stage_h2d(raws: list[RawRays], device: torch.device, bytes_per_ray: float) -> dict[str, float] | None:
@@ -98,7 +72,7 @@ def _stage_h2d(raws: list[RawRays], device: torch.device, bytes_per_ray: float) 
     for rgba, pid in pinned:
         rgba.to(device, non_blocking=True), pid.to(device, non_blocking=True)
     torch.cuda.synchronize(device)
-    return _rate(sum(len(r) for r in raws), time.perf_counter() - start, bytes_per_ray)
+    return rate(sum(len(r) for r in raws), time.perf_counter() - start, bytes_per_ray)
 
 
 def run_bench(
@@ -136,17 +110,17 @@ def run_bench(
     }
     loader = RayLoader(store, split, **kwargs)
     batches = max(1, min(batches, len(loader)))
-    cold = _end_to_end(loader, batches, bytes_per_ray)
+    cold = timed_loop(loader, batches, bytes_per_ray)
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
     loader.wait_for_workers()  # their start-up (importing torch) counts in cold only
-    warm = _end_to_end(loader, batches, bytes_per_ray)
+    warm = timed_loop(loader, batches, bytes_per_ray)
     cache = loader.cache_stats().to_dict()
     loader.close()
     stage_loader = RayLoader(store, split, **{**kwargs, "num_workers": 0})
     stage_loader.cache = loader.cache  # warm: the chunks the end-to-end runs cached
     gather_start = time.perf_counter()
     raws = [raw for _, raw in zip(range(batches), stage_loader.raw_batches(0), strict=False)]
-    gather = _rate(sum(len(r) for r in raws), time.perf_counter() - gather_start, bytes_per_ray)
+    gather = rate(sum(len(r) for r in raws), time.perf_counter() - gather_start, bytes_per_ray)
     needed = min(info.n_chunks, -(-batches * batch_size // info.chunk_rays) + loader.plan.mix_chunks)
     stages = {
         "read": _stage_read(store, split, loader.plan.chunk_order(0)[:needed].tolist(), bytes_per_ray),
@@ -159,26 +133,15 @@ def run_bench(
     images = [store.decode_pids(r.pid)[0] - in_split[0] for r in raws[:50] if len(r) == batch_size]
     stored = payload_bytes(store)
     stage_s = sum(r["seconds"] for r in stages.values() if r is not None)
+    settings = {"batch_size": batch_size, "workers": workers, "cache_bytes": cache_bytes, "device": device,
+                "batches": batches, "seed": seed}  # fmt: skip
     return {
-        "store": store.url,
-        "backend": store.backend,
-        "layout": "rays",
+        **report_head(store, split, "rays", **settings),
         "read_mb_per_s": stored
         / max(sum(i.n_rays for i in store.splits.values()), 1)
         * warm["rays_per_s"]
         / MB,  # each ray read once an epoch, at the payload's bytes per ray
         "decode_share": stages["read"]["seconds"] / max(stage_s, 1e-9),  # type: ignore[index]  # read: decompressing
-        "split": split,
-        "n_rays": info.n_rays,
-        "settings": {
-            "batch_size": batch_size,
-            "workers": workers,
-            "cache_bytes": cache_bytes,
-            "device": str(device),
-            "batches": batches,
-            "seed": seed,
-            "torch_threads": torch.get_num_threads(),
-        },
         "cold": cold,
         "warm": warm,
         "cache": cache,

@@ -16,7 +16,8 @@ from raykit.trainer.compare import compare
 from raykit.trainer.config import AUTO_SAMPLERS, SAMPLERS, TrainConfig
 from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.evaluate import render
-from raykit.trainer.export import export_run, load_export
+from raykit.trainer.export import export_run
+from raykit.trainer.exported import load_export
 from raykit.trainer.loop import train
 
 __all__ = [

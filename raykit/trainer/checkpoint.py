@@ -22,7 +22,7 @@ import base64
 import io
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +71,11 @@ class CheckpointMeta:
     files: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return {
-            "step": self.step,
-            "config": self.config,
-            "loader_state": self.loader_state,
-            "rng_states": self.rng_states,
-            "store_fingerprint": self.store_fingerprint,
-            "raykit_version": self.raykit_version,
-            "extra": self.extra,
-            **({"files": self.files} if self.files else {}),
-        }
+        """JSON-able dict (``files`` once set)."""
+        data = asdict(self)
+        if not self.files:
+            del data["files"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointMeta:

@@ -36,7 +36,7 @@ from raykit.metrics import Scorer, protocol_of, psnr, quantize
 from raykit.rays import UNKNOWN_FAR, RayBatch
 from raykit.store import RayStore
 from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, render_batch
-from raykit.trainer.export import ExportedModel, load_export
+from raykit.trainer.exported import ExportedModel, load_export
 from raykit.trainer.runtime import parse_background, resolve_device
 
 __all__ = ["View", "render_export", "store_views", "transforms_views", "verify_export"]

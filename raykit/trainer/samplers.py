@@ -23,11 +23,12 @@ __all__ = [
     "CoarseTest",
     "DensityFn",
     "Samples",
+    "early_stopped",
+    "filter_marched",
     "hierarchical_samples",
     "intervals_from_points",
     "march_occupied",
     "ray_aabb_intersect",
-    "reference_march_occupied",
     "reference_sample_pdf",
     "sample_pdf",
     "stratified_samples",
@@ -247,8 +248,8 @@ def march_occupied(
     With ``coarse`` (conservative tests and their strides, e.g.
     :meth:`raykit.trainer.occupancy.OccupancyGrid.coarse_tests`) each ray is first cut into strides
     tested once each, and only the steps inside strides that pass are tested with ``occupied`` (a
-    ragged comb, ray-major): the result equals :func:`reference_march_occupied`'s, which tests a
-    rectangular comb of steps as long as the longest ray, with far fewer tests in empty space.
+    ragged comb, ray-major): the result equals that without ``coarse``, a rectangular comb of steps as
+    long as the longest ray, every step tested, with far fewer tests in empty space.
 
     Args:
         rays_o, rays_d: (N, 3) origins and directions.
@@ -264,17 +265,30 @@ def march_occupied(
             occupied point (``max |rays_d|``: the largest direction component of the batch). Each
             level tests only the strides inside the passing strides of the level before.
     """
-    if not coarse:
-        return reference_march_occupied(
-            rays_o, rays_d, t_min, t_max, step_size, occupied, generator, density_fn, early_stop_eps
-        )
-    levels = [cast(CoarseTest, coarse)] if callable(coarse[0]) else list(cast(Sequence[CoarseTest], coarse))
     n_rays, device, dtype = rays_o.shape[0], rays_o.device, rays_o.dtype
     t_max = torch.maximum(t_max, t_min)
     if generator is None:
         offset = torch.full((n_rays,), 0.5, dtype=dtype, device=device)
-    else:  # the reference's draw: the same jitter from the same generator
+    else:  # one jitter per ray, the same draw with or without coarse tests
         offset = torch.rand((n_rays, 1), generator=generator, dtype=dtype, device=device)[:, 0]
+
+    def packed(t_mid: Tensor, ray_indices: Tensor) -> Samples:  # steps centred on t_mid (M,), clipped
+        t_starts = torch.maximum(t_mid - 0.5 * step_size, t_min.index_select(0, ray_indices))
+        t_ends = torch.minimum(t_mid + 0.5 * step_size, t_max.index_select(0, ray_indices))
+        with torch.no_grad():
+            points = (
+                None if density_fn is None else rays_o[ray_indices] + rays_d[ray_indices] * t_mid[:, None]
+            )
+        return early_stopped(t_starts, t_ends, ray_indices, n_rays, density_fn, points, early_stop_eps)
+
+    if not coarse:  # the rectangular comb
+        longest = float((t_max - t_min).max()) if n_rays else 0.0
+        steps = torch.arange(max(1, math.ceil(longest / step_size)), dtype=dtype, device=device)
+        t_mid = t_min[:, None] + (steps + offset[:, None]) * step_size
+        keep = (t_mid < t_max[:, None]) & occupied(rays_o, rays_d, t_mid)
+        ray_indices, step_indices = torch.nonzero(keep, as_tuple=True)
+        return packed(t_mid[ray_indices, step_indices], ray_indices)
+    levels = [cast(CoarseTest, coarse)] if callable(coarse[0]) else list(cast(Sequence[CoarseTest], coarse))
     longest, fastest = (  # one read-back: the longest interval, the largest direction component
         torch.stack([(t_max - t_min).max(), rays_d.abs().max()]).tolist() if n_rays else (0.0, 1.0)
     )
@@ -310,62 +324,39 @@ def march_occupied(
     keep = (steps < end[:, None]) & (t_mid < t_max.index_select(0, ray_of)[:, None])
     keep &= occupied(rays_o.index_select(0, ray_of), rays_d.index_select(0, ray_of), t_mid)
     kept = torch.nonzero(keep.view(-1), as_tuple=True)[0]
-    ray_indices = ray_of.index_select(0, kept // keep.shape[1])
-    t_mid_packed = t_mid.view(-1).index_select(0, kept)
-    t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min.index_select(0, ray_indices))
-    t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max.index_select(0, ray_indices))
-    if density_fn is not None and ray_indices.numel():
-        with torch.no_grad():
-            sigmas = density_fn(rays_o[ray_indices] + rays_d[ray_indices] * t_mid_packed[:, None])
-            _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
-        alive = trans > early_stop_eps
-        t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
-    return Samples(t_starts, t_ends, ray_indices, n_rays)
+    return packed(t_mid.view(-1).index_select(0, kept), ray_of.index_select(0, kept // keep.shape[1]))
 
 
-def reference_march_occupied(
-    rays_o: Tensor,
-    rays_d: Tensor,
-    t_min: Tensor,
-    t_max: Tensor,
-    step_size: float,
-    occupied: Callable[[Tensor, Tensor, Tensor], Tensor],
-    generator: torch.Generator | None = None,
-    density_fn: DensityFn | None = None,
-    early_stop_eps: float = 1e-4,
+def early_stopped(
+    t_starts: Tensor,
+    t_ends: Tensor,
+    ray_indices: Tensor,
+    n_rays: int,
+    density_fn: DensityFn | None,
+    positions: Tensor | None,
+    early_stop_eps: float,
+    alpha_threshold: float | Tensor = 0.0,
 ) -> Samples:
-    """Simple twin of :func:`march_occupied`: a rectangular comb of steps, as long as the longest ray.
-
-    Args:
-        rays_o, rays_d: (N, 3) origins and directions.
-        t_min, t_max: (N,) the interval marched (e.g. near/far clipped to the scene box).
-        step_size: interval length.
-        occupied: ``(rays_o (N, 3), rays_d (N, 3), t (N, S)) -> (N, S)`` bool, e.g.
-            :meth:`raykit.trainer.occupancy.OccupancyGrid.is_occupied_along`.
-        generator: jitters the start of each ray's comb by a fraction of a step; None for none.
-        density_fn: when given, a no-gradient pass drops samples behind which the transmittance has
-            fallen below ``early_stop_eps`` (they would contribute less than that to the pixel).
-    """
-    n_rays = rays_o.shape[0]
-    t_max = torch.maximum(t_max, t_min)
-    longest = float((t_max - t_min).max()) if n_rays else 0.0
-    n_steps = max(1, math.ceil(longest / step_size))
-    shape = (n_rays, 1)
-    if generator is None:
-        offset = torch.full(shape, 0.5, dtype=rays_o.dtype, device=rays_o.device)
-    else:
-        offset = torch.rand(shape, generator=generator, dtype=rays_o.dtype, device=rays_o.device)
-    steps = torch.arange(n_steps, dtype=rays_o.dtype, device=rays_o.device)
-    t_mid = t_min[:, None] + (steps + offset) * step_size
-    keep = (t_mid < t_max[:, None]) & occupied(rays_o, rays_d, t_mid)
-    ray_indices, step_indices = torch.nonzero(keep, as_tuple=True)
-    t_mid_packed = t_mid[ray_indices, step_indices]
-    t_starts = torch.maximum(t_mid_packed - 0.5 * step_size, t_min[ray_indices])
-    t_ends = torch.minimum(t_mid_packed + 0.5 * step_size, t_max[ray_indices])
-    if density_fn is not None and ray_indices.numel():
+    """The packed samples worth the field's time: with ``density_fn``, no-gradient densities at
+    ``positions`` (M, 3) drop those :func:`filter_marched` drops; without, all of them."""
+    if density_fn is not None and positions is not None and ray_indices.numel():
         with torch.no_grad():
-            sigmas = density_fn(rays_o[ray_indices] + rays_d[ray_indices] * t_mid_packed[:, None])
-            _, trans, _ = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
-        alive = trans > early_stop_eps
+            sigmas = density_fn(positions)
+        alive = filter_marched(t_starts, t_ends, sigmas, ray_indices, n_rays, early_stop_eps, alpha_threshold)
         t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
     return Samples(t_starts, t_ends, ray_indices, n_rays)
+
+
+def filter_marched(
+    t_starts: Tensor,
+    t_ends: Tensor,
+    sigmas: Tensor,
+    ray_indices: Tensor,
+    n_rays: int,
+    early_stop_eps: float,
+    alpha_threshold: float | Tensor,
+) -> Tensor:
+    """(M,) bool: the packed samples worth the field's time (transmittance in front of them above
+    ``early_stop_eps`` and opacity at least ``alpha_threshold``), from no-gradient densities (M,)."""
+    _, trans, alphas = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
+    return (trans > early_stop_eps) & (alphas >= alpha_threshold)

@@ -32,9 +32,9 @@ from raykit.errors import ConfigError
 from raykit.store import RayStore
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.contraction import focus_point, ndc_rays, spacing, spacing_inverse
-from raykit.trainer.render import render_weight_from_density, render_weight_from_density_packed
+from raykit.trainer.render import render_weight_from_density
 from raykit.trainer.runtime import scene_aabb
-from raykit.trainer.samplers import Samples, ray_aabb_intersect, sample_pdf, stratified_samples
+from raykit.trainer.samplers import Samples, early_stopped, ray_aabb_intersect, sample_pdf, stratified_samples
 
 __all__ = [
     "FORWARD_FACING_DEGREES",
@@ -42,7 +42,6 @@ __all__ = [
     "RayFrame",
     "SceneSpace",
     "detect_space",
-    "filter_marched",
     "hierarchical_in_s",
     "march_in_s",
     "ndc_frame_of",
@@ -283,7 +282,7 @@ def march_in_s(
         density_fn: (K, 3) positions -> (K,) densities; when given, a no-gradient pass drops the
             samples behind which the transmittance has fallen below ``early_stop_eps`` (as
             ``raykit.trainer.samplers.march_occupied`` does in a box) and those whose opacity is below
-            ``alpha_threshold`` (nerfacc's ``alpha_thre``); see :func:`filter_marched` and its twin.
+            ``alpha_threshold`` (nerfacc's ``alpha_thre``); see ``samplers.filter_marched``.
     """
     n_rays = frame.s0.shape[0]
     ds = 1.0 / n_steps
@@ -304,27 +303,9 @@ def march_in_s(
     s_starts = torch.maximum(s_packed - 0.5 * ds, frame.s0[ray_indices])
     s_ends = torch.minimum(s_packed + 0.5 * ds, frame.s1[ray_indices])
     t_starts, t_ends = frame.to_t(s_starts), frame.to_t(s_ends)
-    if density_fn is not None and ray_indices.numel():
-        with torch.no_grad():
-            sigmas = density_fn(positions)
-        alive = filter_marched(t_starts, t_ends, sigmas, ray_indices, n_rays, early_stop_eps, alpha_threshold)
-        t_starts, t_ends, ray_indices = t_starts[alive], t_ends[alive], ray_indices[alive]
-    return Samples(t_starts, t_ends, ray_indices, n_rays)
-
-
-def filter_marched(
-    t_starts: Tensor,
-    t_ends: Tensor,
-    sigmas: Tensor,
-    ray_indices: Tensor,
-    n_rays: int,
-    early_stop_eps: float,
-    alpha_threshold: float | Tensor,
-) -> Tensor:
-    """(M,) bool: the packed samples worth the field's time (transmittance in front of them above
-    ``early_stop_eps`` and opacity at least ``alpha_threshold``), from no-gradient densities (M,)."""
-    _, trans, alphas = render_weight_from_density_packed(t_starts, t_ends, sigmas, ray_indices, n_rays)
-    return (trans > early_stop_eps) & (alphas >= alpha_threshold)
+    return early_stopped(
+        t_starts, t_ends, ray_indices, n_rays, density_fn, positions, early_stop_eps, alpha_threshold
+    )
 
 
 def reference_filter_marched(

@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from raykit.converters import convert
-from raykit.converters.config import ConvertConfig, add_arguments, from_args
+from raykit.converters.config import ConvertConfig
+from raykit.options import add_arguments, from_args
 from raykit.store import StoreSpec
 
 
 def _parse(argv: list[str]) -> ConvertConfig:
     parser = argparse.ArgumentParser(prog="raykit convert")
-    add_arguments(parser)
-    return from_args(parser.parse_args(argv))
+    add_arguments(parser, ConvertConfig)
+    config: ConvertConfig = from_args(ConvertConfig, parser.parse_args(argv))
+    return config
 
 
 def test_convert_takes_the_config_fields_as_keywords(tmp_path: Path) -> None:

@@ -14,14 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from raykit.converters.images import (
-    ImageFileDecoder,
-    decode_image,
-    downscale_area,
-    downscale_area_reference,
-    probe_image,
-)
+from raykit.converters.downscale import downscale_area
+from raykit.converters.images import ImageFileDecoder, decode_image, probe_image
 from raykit.errors import SourceError
+from raykit.imagedecode import downscale_area_reference
 
 
 def _filter_row(line: np.ndarray, prev: np.ndarray, kind: int, bpp: int) -> np.ndarray:

@@ -15,8 +15,8 @@ import torch
 
 from raykit.errors import ExportError, ResumeError
 from raykit.fileio import json_bytes, sha256_bytes
+from raykit.trainer import export_run, load_export
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.export import export_run, load_export
 
 from .conftest import SECRET, cli, replace_with, secret_digest
 

@@ -9,7 +9,8 @@ import torch
 
 from raykit.trainer.contraction import field_coords
 from raykit.trainer.occupancy import OccupancyGrid
-from raykit.trainer.space import filter_marched, march_in_s, ray_frame, reference_filter_marched
+from raykit.trainer.samplers import filter_marched
+from raykit.trainer.space import march_in_s, ray_frame, reference_filter_marched
 
 CUBE = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
 WORLD = torch.tensor([-2.0, -2.0, -2.0, 2.0, 2.0, 2.0])  # a contracted field: unit ball of radius 2

@@ -15,10 +15,10 @@ from raykit.cli import main
 from raykit.converters import convert
 from raykit.errors import ExportError
 from raykit.testing import render_scene, write_blender
-from raykit.trainer import train
+from raykit.trainer import load_export, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from raykit.trainer.deploy import render_export, verify_export
-from raykit.trainer.export import MODEL_FILE, export_run, flatten_state, load_export, unflatten_state
+from raykit.trainer.export import MODEL_FILE, export_run, flatten_state, unflatten_state
 
 from .test_train import tiny_config
 

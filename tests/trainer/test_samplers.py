@@ -10,7 +10,6 @@ from raykit.trainer.samplers import (
     hierarchical_samples,
     march_occupied,
     ray_aabb_intersect,
-    reference_march_occupied,
     reference_sample_pdf,
     sample_pdf,
     stratified_samples,
@@ -158,9 +157,7 @@ def test_march_in_strides_equals_the_reference_comb() -> None:
             d, lo, hi = dirs * length, t_min / length, t_max / length  # the same segments
             fast = march_occupied(origins, d, lo, hi, 0.02 / length, grid.is_occupied_along, generators[0],
                                   coarse=coarse)  # fmt: skip
-            slow = reference_march_occupied(
-                origins, d, lo, hi, 0.02 / length, grid.is_occupied_along, generators[1]
-            )
+            slow = march_occupied(origins, d, lo, hi, 0.02 / length, grid.is_occupied_along, generators[1])
             assert fast.t_starts.numel() > 0
             for a, b in ((fast.t_starts, slow.t_starts), (fast.t_ends, slow.t_ends)):
                 assert torch.equal(a, b)

@@ -1,14 +1,16 @@
-"""What both raykit datamanagers share: the parser's outputs, datasets, and colours as nerfstudio's
-``InputDataset`` computes them (so batches equal those of nerfstudio's own datamanagers)."""
+"""What both raykit datamanagers share: their constructor, the parser's outputs, datasets, the loaders'
+streams and colours as nerfstudio's ``InputDataset`` computes them (so batches equal those of
+nerfstudio's own datamanagers)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from nerfstudio.data.datamanagers.base_datamanager import DataManager
 
 from raykit.errors import ConfigError
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
@@ -17,33 +19,77 @@ from raykit.integrations.nerfstudio.dataset import RaykitDataset
 __all__ = [
     "DatasetRows",
     "ServedPixels",
+    "StoreDataManager",
     "float_colours",
     "served_components",
-    "setup_datasets",
     "uint8_colours",
 ]
 
 
-def setup_datasets(manager: Any, config: Any, test_mode: str) -> None:
-    """Sets ``manager``'s dataparser, ``train_dataparser_outputs``, ``train_dataset`` and
-    ``eval_dataset`` (:class:`RaykitDataset`) as nerfstudio's datamanagers do."""
-    if not isinstance(config.dataparser, RaykitDataParserConfig):
-        raise ConfigError(
-            f"raykit datamanager: expected the raykit-data dataparser, got {type(config.dataparser).__name__}"
-        )
-    if config.data is not None:
-        config.dataparser.data = Path(config.data)
-    else:
-        config.data = config.dataparser.data
-    manager.test_mode = test_mode
-    manager.test_split = "test" if test_mode in ("test", "inference") else "val"
-    manager.dataparser_config = config.dataparser
-    manager.dataparser = config.dataparser.setup()
-    manager.includes_time = False
-    manager.train_dataparser_outputs = manager.dataparser.get_dataparser_outputs(split="train")
-    manager.train_dataset = RaykitDataset(manager.train_dataparser_outputs)
-    manager.eval_dataset = RaykitDataset(manager.dataparser.get_dataparser_outputs(split=manager.test_split))
-    manager.exclude_batch_keys_from_device = list(manager.train_dataset.exclude_batch_keys_from_device)
+class StoreDataManager(DataManager):
+    """The datamanagers' base: nerfstudio's constructor arguments; the dataparser, its outputs and the
+    datasets (:class:`RaykitDataset`) set as nerfstudio's datamanagers set them, then the subclass's
+    :meth:`setup_loaders`, then nerfstudio's own ``DataManager.__init__``."""
+
+    dataparser: RaykitDataParser
+    train_dataset: RaykitDataset
+    eval_dataset: RaykitDataset
+    train_loader: Any  # the subclass's loaders: RayLoader or ImageLoader
+    eval_loader: Any
+
+    def __init__(
+        self,
+        config: Any,
+        device: torch.device | str = "cpu",
+        test_mode: Literal["test", "val", "inference"] = "val",
+        world_size: int = 1,
+        local_rank: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(config.dataparser, RaykitDataParserConfig):
+            got = type(config.dataparser).__name__
+            raise ConfigError(f"raykit datamanager: expected the raykit-data dataparser, got {got}")
+        if config.data is not None:
+            config.dataparser.data = Path(config.data)
+        else:
+            config.data = config.dataparser.data
+        self.config, self.device = config, device
+        self.world_size, self.local_rank = world_size, local_rank
+        self.sampler = None
+        self.test_mode = test_mode
+        self.test_split = "test" if test_mode in ("test", "inference") else "val"
+        self.dataparser_config = config.dataparser
+        self.dataparser = config.dataparser.setup()
+        self.includes_time = False
+        self.train_dataparser_outputs = self.dataparser.get_dataparser_outputs(split="train")
+        self.train_dataset = RaykitDataset(self.train_dataparser_outputs)
+        self.eval_dataset = RaykitDataset(self.dataparser.get_dataparser_outputs(split=self.test_split))
+        self.exclude_batch_keys_from_device = list(self.train_dataset.exclude_batch_keys_from_device)
+        self._train_stream: Any = None
+        self._eval_stream: Any = None
+        self.setup_loaders(test_mode)
+        super().__init__()
+
+    def setup_loaders(self, test_mode: str) -> None:
+        """What the subclass sets up once the datasets are there (before nerfstudio's setup)."""
+
+    def next_batch(self, which: str) -> Any:
+        """The next batch of the ``which`` (``train`` or ``eval``) loader, its stream started once."""
+        if getattr(self, f"_{which}_stream") is None:
+            setattr(self, f"_{which}_stream", getattr(self, f"{which}_loader").forever())
+        return next(getattr(self, f"_{which}_stream"))
+
+    def load_loader_states(self, state: Any) -> None:
+        """Continue both loaders from ``get_extra_state``'s positions."""
+        self.train_loader.load_state_dict(state["train"])
+        self.eval_loader.load_state_dict(state["eval"])
+        self._train_stream = self._eval_stream = None
+
+    def get_datapath(self) -> Any:
+        return self.config.dataparser.data
+
+    def get_param_groups(self) -> dict[str, list[Any]]:
+        return {}
 
 
 class DatasetRows:

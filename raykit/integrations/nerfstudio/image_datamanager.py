@@ -38,13 +38,17 @@ from typing import Any, Literal, cast
 
 import torch
 from nerfstudio.cameras.cameras import Cameras, CameraType
-from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
+from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 
 from raykit.image_geometry import pinhole_camera
-from raykit.integrations.nerfstudio.common import DatasetRows, ServedPixels, served_components, setup_datasets
+from raykit.integrations.nerfstudio.common import (
+    DatasetRows,
+    ServedPixels,
+    StoreDataManager,
+    served_components,
+)
 from raykit.integrations.nerfstudio.components import nerfstudio_components
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
-from raykit.integrations.nerfstudio.dataset import RaykitDataset
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 from raykit.loaders import IMAGE_CACHE_BYTES, ImageBatch, ImageLoader
 
 __all__ = ["RaykitImageDataManager", "RaykitImageDataManagerConfig", "level_at", "splatfacto_on_levels"]
@@ -113,27 +117,13 @@ def served_cameras(dataset: Any, undistort: bool) -> Cameras:
     return cameras
 
 
-class RaykitImageDataManager(DataManager):
+class RaykitImageDataManager(StoreDataManager):
     """See the module docstring; the constructor's arguments are nerfstudio's."""
 
     config: RaykitImageDataManagerConfig
-    dataparser: RaykitDataParser
-    train_dataset: RaykitDataset
-    eval_dataset: RaykitDataset
 
-    def __init__(
-        self,
-        config: RaykitImageDataManagerConfig,
-        device: torch.device | str = "cpu",
-        test_mode: Literal["test", "val", "inference"] = "val",
-        world_size: int = 1,
-        local_rank: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        self.config, self.device = config, device
-        self.world_size, self.local_rank = world_size, local_rank
-        self.sampler = None
-        setup_datasets(self, config, test_mode)
+    def setup_loaders(self, test_mode: str) -> None:
+        config = self.config
         self.train_cameras = served_cameras(self.train_dataset, config.undistort)
         self.eval_cameras = served_cameras(self.eval_dataset, config.undistort)
         self._camera_slices: dict[str, dict[int, Cameras]] = {}
@@ -143,9 +133,6 @@ class RaykitImageDataManager(DataManager):
         self.eval_loader = self._loader(self.eval_rows.split, shuffle=True)
         if test_mode != "inference":  # decode what fits now, as nerfstudio's own caches at setup
             self.train_loader.preload()
-        self._train_stream: Any = None
-        self._eval_stream: Any = None
-        super().__init__()
 
     def _loader(self, split: str, shuffle: bool) -> ImageLoader:
         dataset = self.train_dataset if split == self.train_rows.split else self.eval_dataset
@@ -192,9 +179,7 @@ class RaykitImageDataManager(DataManager):
         return known[index]
 
     def _next(self, which: str) -> tuple[Cameras, dict[str, Any]]:
-        if getattr(self, f"_{which}_stream") is None:
-            setattr(self, f"_{which}_stream", getattr(self, f"{which}_loader").forever())
-        return self._item(next(getattr(self, f"_{which}_stream")), which)
+        return self._item(self.next_batch(which), which)
 
     def next_train(self, step: int) -> tuple[Cameras, dict[str, Any]]:
         self.train_count += 1
@@ -227,17 +212,9 @@ class RaykitImageDataManager(DataManager):
         camera = self.train_cameras[0]
         return int(camera.width.item() * camera.height.item())
 
-    def get_datapath(self) -> Any:
-        return self.config.dataparser.data
-
-    def get_param_groups(self) -> dict[str, list[Any]]:
-        return {}
-
     def get_extra_state(self) -> dict[str, Any]:
         """The loaders' positions (JSON-able), saved in the pipeline's ``state_dict``."""
         return {"train": self.train_loader.state_dict(), "eval": self.eval_loader.state_dict()}
 
     def set_extra_state(self, state: Any) -> None:
-        self.train_loader.load_state_dict(state["train"])
-        self.eval_loader.load_state_dict(state["eval"])
-        self._train_stream = self._eval_stream = None
+        self.load_loader_states(state)

@@ -19,23 +19,22 @@ dataset item)`` as its ``RandIndicesEvalDataloader`` does, from a seeded draw.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from nerfstudio.cameras.rays import RayBundle
-from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
+from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
 
 from raykit.integrations.nerfstudio.common import (
     DatasetRows,
+    StoreDataManager,
     float_colours,
     served_components,
-    setup_datasets,
 )
 from raykit.integrations.nerfstudio.components import nerfstudio_components
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParser, RaykitDataParserConfig
-from raykit.integrations.nerfstudio.dataset import RaykitDataset
+from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 from raykit.integrations.nerfstudio.rays import ray_bundle, tabulated_or_stock
 from raykit.loaders import RAY_CACHE_BYTES, RayLoader
 from raykit.store import RawRays, RayStore
@@ -159,30 +158,15 @@ class PixelRays:
         )
 
 
-class RaykitDataManager(DataManager):
+class RaykitDataManager(StoreDataManager):
     """See the module docstring; the constructor's arguments are nerfstudio's."""
 
     config: RaykitDataManagerConfig
-    dataparser: RaykitDataParser
-    train_dataset: RaykitDataset
-    eval_dataset: RaykitDataset
 
-    def __init__(
-        self,
-        config: RaykitDataManagerConfig,
-        device: torch.device | str = "cpu",
-        test_mode: Literal["test", "val", "inference"] = "val",
-        world_size: int = 1,
-        local_rank: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        self.config, self.device = config, device
-        self.world_size, self.local_rank = world_size, local_rank
-        self.sampler = None
+    def setup_loaders(self, test_mode: str) -> None:
+        """Nothing yet: nerfstudio's setup calls :meth:`setup_train` and :meth:`setup_eval`."""
         self.eval_image_draws = 0
         self._ray_tables: dict[bytes, Any] = {}  # shared by the splits' ray generators
-        setup_datasets(self, config, test_mode)
-        super().__init__()
 
     def _loader(self, dataset: Any, batch_size: int) -> tuple[RayLoader, Any]:
         """The split's ``RayLoader`` making :class:`RayRows`, and the split's ray generator on the device."""
@@ -210,19 +194,17 @@ class RaykitDataManager(DataManager):
         self.train_loader, self.train_ray_generator = self._loader(
             self.train_dataset, self.config.train_num_rays_per_batch
         )
-        self._train_stream: Any = None
+        self._train_stream = None
 
     def setup_eval(self) -> None:
         n_rays = self.dataparser.store.splits[self.eval_dataset.metadata["raykit_split"]].n_rays
         self.eval_rays_per_batch = min(self.config.eval_num_rays_per_batch, n_rays)
         self.eval_loader, self.eval_ray_generator = self._loader(self.eval_dataset, self.eval_rays_per_batch)
-        self._eval_stream: Any = None
+        self._eval_stream = None
         self.fixed_indices_eval_dataloader = FixedIndicesEvalDataloader(self.eval_dataset, device=self.device)
 
     def _rays(self, which: str) -> tuple[Any, dict[str, torch.Tensor]]:
-        if getattr(self, f"_{which}_stream") is None:
-            setattr(self, f"_{which}_stream", getattr(self, f"{which}_loader").forever())
-        rays: RayRows = next(getattr(self, f"_{which}_stream"))
+        rays: RayRows = self.next_batch(which)
         dataset = self.train_dataset if which == "train" else self.eval_dataset
         if self.config.drop_masked and rays.mask is not None and "mask" in served_components(dataset):
             rays = rays[rays.mask[:, 0]]
@@ -252,12 +234,6 @@ class RaykitDataManager(DataManager):
     def get_eval_rays_per_batch(self) -> int:
         return self.eval_rays_per_batch
 
-    def get_datapath(self) -> Any:
-        return self.config.dataparser.data
-
-    def get_param_groups(self) -> dict[str, list[Any]]:
-        return {}
-
     def get_extra_state(self) -> dict[str, Any]:
         """The loaders' positions (JSON-able), saved in the pipeline's ``state_dict``; empty in
         nerfstudio's "inference" mode (ns-render, the viewer), which sets up no loader."""
@@ -272,7 +248,5 @@ class RaykitDataManager(DataManager):
     def set_extra_state(self, state: Any) -> None:
         if not state or not hasattr(self, "train_loader"):  # inference mode: nothing to continue
             return
-        self.train_loader.load_state_dict(state["train"])
-        self.eval_loader.load_state_dict(state["eval"])
+        self.load_loader_states(state)
         self.eval_image_draws = int(state["eval_image_draws"])
-        self._train_stream = self._eval_stream = None

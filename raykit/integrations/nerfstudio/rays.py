@@ -36,7 +36,6 @@ __all__ = [
     "TabulatedRayGenerator",
     "perspective_table",
     "ray_bundle",
-    "reference_ray_bundle",
     "reference_table",
     "tabulated_or_stock",
 ]
@@ -62,23 +61,6 @@ _BUNDLE_FIELDS = (
 _FAST_BUNDLE = tuple(f.name for f in dataclasses.fields(RayBundle)) == _BUNDLE_FIELDS
 
 
-def reference_ray_bundle(
-    origins: torch.Tensor,
-    directions: torch.Tensor,
-    pixel_area: torch.Tensor,
-    camera_indices: torch.Tensor,
-    directions_norm: torch.Tensor,
-) -> RayBundle:
-    """The ``RayBundle`` of N rays as nerfstudio builds it (its constructor broadcasts every field)."""
-    return RayBundle(
-        origins=origins,
-        directions=directions,
-        pixel_area=pixel_area,
-        camera_indices=camera_indices,
-        metadata={"directions_norm": directions_norm},
-    )
-
-
 def ray_bundle(
     origins: torch.Tensor,
     directions: torch.Tensor,
@@ -87,7 +69,7 @@ def ray_bundle(
     directions_norm: torch.Tensor,
 ) -> RayBundle:
     """``origins``, ``directions`` (N, 3), ``pixel_area``, ``directions_norm`` (N, 1) float32,
-    ``camera_indices`` (N, 1) int64 -> their ``RayBundle``, equal to :func:`reference_ray_bundle`'s.
+    ``camera_indices`` (N, 1) int64 -> their ``RayBundle``, equal to the one nerfstudio's constructor builds.
 
     Fields of these shapes already have the bundle's batch shape ``(N,)``, so nerfstudio's
     ``TensorDataclass.__post_init__`` (which broadcasts every field to it) changes nothing; it costs
@@ -97,7 +79,13 @@ def ray_bundle(
     n = origins.shape[0]
     shapes = (origins.shape, directions.shape, pixel_area.shape, camera_indices.shape, directions_norm.shape)
     if not _FAST_BUNDLE or shapes != ((n, 3), (n, 3), (n, 1), (n, 1), (n, 1)):
-        return reference_ray_bundle(origins, directions, pixel_area, camera_indices, directions_norm)
+        return RayBundle(
+            origins=origins,
+            directions=directions,
+            pixel_area=pixel_area,
+            camera_indices=camera_indices,
+            metadata={"directions_norm": directions_norm},
+        )
     bundle = object.__new__(RayBundle)
     values = (
         origins,

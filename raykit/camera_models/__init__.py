@@ -15,16 +15,28 @@ Model families:
 Tensors: ``xy`` (..., 2) image coordinates, ``points`` (..., 3) camera-frame points, ``rays`` (..., 3).
 Vectorised over the leading dimensions; every function works in float32 and float64, on any device.
 
-Length (about 480 lines): the 17 models' projection and unprojection formulas, one short function
-each, kept together so the models can be read and compared side by side.
+The additive distortion terms and their Newton inversion are :mod:`raykit.camera_models.distortion`;
+the 17 models' projection and unprojection formulas, one short function each, are kept together here
+so the models can be read and compared side by side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raykit.camera_models.distortion import (
+    Dual,
+    Params,
+    full_opencv,
+    no_distortion,
+    opencv,
+    rad_tan_thin_prism,
+    radial,
+    thin_prism,
+    undistort_newton,
+)
 from raykit.lazy import lazy_torch
 
 if TYPE_CHECKING:
@@ -42,10 +54,6 @@ __all__ = [
     "undistort_newton",
     "unproject_model",
 ]
-
-# Parameters in COLMAP order: floats (one camera) or (...) tensors broadcasting against the points
-# (one camera per element, e.g. per ray).
-Params = Sequence[Any]
 
 
 @dataclass(frozen=True)
@@ -81,119 +89,6 @@ class CameraModel:
         return tuple(range(len(self.focal_idx) + 2, self.num_params))
 
 
-class Dual:
-    """A value with its partial derivatives w.r.t. ``(u, v)``: minimal forward-mode autodiff.
-
-    Plays the role of COLMAP's ``ceres::Jet<double, 2>`` so that each distortion formula is written
-    once and yields its own 2x2 Jacobian for Newton's method.
-    """
-
-    __slots__ = ("du", "dv", "val")
-
-    def __init__(self, val: Tensor, du: Tensor | float, dv: Tensor | float) -> None:
-        self.val, self.du, self.dv = val, du, dv
-
-    def __add__(self, other: Dual | float) -> Dual:
-        if isinstance(other, Dual):
-            return Dual(self.val + other.val, self.du + other.du, self.dv + other.dv)
-        return Dual(self.val + other, self.du, self.dv)
-
-    __radd__ = __add__
-
-    def __neg__(self) -> Dual:
-        return Dual(-self.val, -self.du, -self.dv)
-
-    def __sub__(self, other: Dual | float) -> Dual:
-        return self + (-other)
-
-    def __rsub__(self, other: float) -> Dual:
-        return (-self) + other
-
-    def __mul__(self, other: Dual | float) -> Dual:
-        if isinstance(other, Dual):
-            return Dual(
-                self.val * other.val,
-                self.du * other.val + self.val * other.du,
-                self.dv * other.val + self.val * other.dv,
-            )
-        return Dual(self.val * other, self.du * other, self.dv * other)
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other: Dual | float) -> Dual:
-        if isinstance(other, Dual):
-            inv = 1.0 / other.val
-            val = self.val * inv
-            return Dual(val, (self.du - val * other.du) * inv, (self.dv - val * other.dv) * inv)
-        return Dual(self.val / other, self.du / other, self.dv / other)
-
-
-# ---------------------------------------------------------------------------------------------
-# Additive distortion terms D(u, v); u, v are Tensors or Duals, extra the model's extra params.
-
-
-def _radial_poly(u: Any, v: Any, coeffs: Params) -> tuple[Any, Any]:
-    """``radial = sum_i k_i r^(2i)``; ``D = (u, v) * radial``."""
-    r2 = u * u + v * v
-    radial = r2 * coeffs[-1]
-    for k in reversed(coeffs[:-1]):
-        radial = (radial + k) * r2
-    return u * radial, v * radial
-
-
-def _no_distortion(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    return u * 0.0, v * 0.0
-
-
-def _radial(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    return _radial_poly(u, v, extra)
-
-
-def _opencv(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    k1, k2, p1, p2 = extra
-    du, dv = _radial_poly(u, v, (k1, k2))
-    uv, r2 = u * v, u * u + v * v
-    return (
-        du + 2.0 * p1 * uv + p2 * (r2 + 2.0 * u * u),
-        dv + 2.0 * p2 * uv + p1 * (r2 + 2.0 * v * v),
-    )
-
-
-def _full_opencv(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    k1, k2, p1, p2, k3, k4, k5, k6 = extra
-    r2 = u * u + v * v
-    r4 = r2 * r2
-    r6 = r4 * r2
-    radial = (1.0 + k1 * r2 + k2 * r4 + k3 * r6) / (1.0 + k4 * r2 + k5 * r4 + k6 * r6)
-    uv = u * v
-    return (
-        u * radial + 2.0 * p1 * uv + p2 * (r2 + 2.0 * u * u) - u,
-        v * radial + 2.0 * p2 * uv + p1 * (r2 + 2.0 * v * v) - v,
-    )
-
-
-def _thin_prism(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    k1, k2, p1, p2, k3, k4, sx1, sy1 = extra
-    du, dv = _radial_poly(u, v, (k1, k2, k3, k4))
-    uv, r2 = u * v, u * u + v * v
-    return (
-        du + 2.0 * p1 * uv + p2 * (r2 + 2.0 * u * u) + sx1 * r2,
-        dv + 2.0 * p2 * uv + p1 * (r2 + 2.0 * v * v) + sy1 * r2,
-    )
-
-
-def _rad_tan_thin_prism(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    p0, p1, s0, s1, s2, s3 = extra[6:]
-    du, dv = _radial_poly(u, v, extra[:6])
-    x, y = u + du, v + dv
-    r2 = x * x + y * y
-    r4 = r2 * r2
-    xy = x * y
-    x_dist = x + 2.0 * p1 * xy + p0 * (r2 + 2.0 * x * x) + s0 * r2 + s1 * r4
-    y_dist = y + 2.0 * p0 * xy + p1 * (r2 + 2.0 * y * y) + s2 * r2 + s3 * r4
-    return x_dist - u, y_dist - v
-
-
 def _spec(
     model_id: int, name: str, params: str, family: str, distortion: Callable[..., Any] | None = None
 ) -> CameraModel:
@@ -213,36 +108,34 @@ def _spec(
 CAMERA_MODELS: dict[str, CameraModel] = {
     spec.name: spec
     for spec in (
-        _spec(0, "SIMPLE_PINHOLE", "f, cx, cy", "perspective", _no_distortion),
-        _spec(1, "PINHOLE", "fx, fy, cx, cy", "perspective", _no_distortion),
-        _spec(2, "SIMPLE_RADIAL", "f, cx, cy, k", "perspective", _radial),
-        _spec(3, "RADIAL", "f, cx, cy, k1, k2", "perspective", _radial),
-        _spec(4, "OPENCV", "fx, fy, cx, cy, k1, k2, p1, p2", "perspective", _opencv),
-        _spec(5, "OPENCV_FISHEYE", "fx, fy, cx, cy, k1, k2, k3, k4", "fisheye", _radial),
-        _spec(
-            6, "FULL_OPENCV", "fx, fy, cx, cy, k1, k2, p1, p2, k3, k4, k5, k6", "perspective", _full_opencv
-        ),
+        _spec(0, "SIMPLE_PINHOLE", "f, cx, cy", "perspective", no_distortion),
+        _spec(1, "PINHOLE", "fx, fy, cx, cy", "perspective", no_distortion),
+        _spec(2, "SIMPLE_RADIAL", "f, cx, cy, k", "perspective", radial),
+        _spec(3, "RADIAL", "f, cx, cy, k1, k2", "perspective", radial),
+        _spec(4, "OPENCV", "fx, fy, cx, cy, k1, k2, p1, p2", "perspective", opencv),
+        _spec(5, "OPENCV_FISHEYE", "fx, fy, cx, cy, k1, k2, k3, k4", "fisheye", radial),
+        _spec(6, "FULL_OPENCV", "fx, fy, cx, cy, k1, k2, p1, p2, k3, k4, k5, k6", "perspective", full_opencv),
         _spec(7, "FOV", "fx, fy, cx, cy, omega", "fov"),
-        _spec(8, "SIMPLE_RADIAL_FISHEYE", "f, cx, cy, k", "fisheye", _radial),
-        _spec(9, "RADIAL_FISHEYE", "f, cx, cy, k1, k2", "fisheye", _radial),
+        _spec(8, "SIMPLE_RADIAL_FISHEYE", "f, cx, cy, k", "fisheye", radial),
+        _spec(9, "RADIAL_FISHEYE", "f, cx, cy, k1, k2", "fisheye", radial),
         _spec(
             10,
             "THIN_PRISM_FISHEYE",
             "fx, fy, cx, cy, k1, k2, p1, p2, k3, k4, sx1, sy1",
             "fisheye",
-            _thin_prism,
+            thin_prism,
         ),
         _spec(
             11,
             "RAD_TAN_THIN_PRISM_FISHEYE",
             "fx, fy, cx, cy, k0, k1, k2, k3, k4, k5, p0, p1, s0, s1, s2, s3",
             "fisheye",
-            _rad_tan_thin_prism,
+            rad_tan_thin_prism,
         ),
         _spec(12, "SIMPLE_DIVISION", "f, cx, cy, k", "division"),
         _spec(13, "DIVISION", "fx, fy, cx, cy, k", "division"),
-        _spec(14, "SIMPLE_FISHEYE", "f, cx, cy", "fisheye", _no_distortion),
-        _spec(15, "FISHEYE", "fx, fy, cx, cy", "fisheye", _no_distortion),
+        _spec(14, "SIMPLE_FISHEYE", "f, cx, cy", "fisheye", no_distortion),
+        _spec(15, "FISHEYE", "fx, fy, cx, cy", "fisheye", no_distortion),
         _spec(16, "EUCM", "fx, fy, cx, cy, alpha, beta", "eucm"),
     )
 }
@@ -265,51 +158,6 @@ def _extra(spec: CameraModel, params: Params) -> tuple[float, ...]:
 
 def _nan_where(mask: Tensor, values: Tensor) -> Tensor:
     return torch.where(mask, values, torch.full_like(values, float("nan")))
-
-
-# ---------------------------------------------------------------------------------------------
-# Newton's method for the additive distortion (COLMAP's IterativeUndistortion, batched).
-
-
-def undistort_newton(
-    distortion: Callable[..., tuple[Any, Any]],
-    extra: Params,
-    u0: Tensor,
-    v0: Tensor,
-    max_iter: int = 100,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Solve ``(u, v) + D(u, v) = (u0, v0)`` for every element with Newton's method.
-
-    Uses COLMAP's trust region (a step is at most ``max(0.1 * |(u, v)|, 0.1)`` long) and stops once
-    every element's step is below the dtype's tolerance or after ``max_iter`` iterations.
-
-    Args:
-        distortion: ``D(u, v, extra) -> (du, dv)``, written with arithmetic only (works on Dual).
-        extra: the model's distortion parameters.
-        u0: (...) distorted normalised x.
-        v0: (...) distorted normalised y.
-        max_iter: iteration cap.
-
-    Returns:
-        ``(u, v, converged)``: (...) undistorted coordinates and a bool mask of converged elements.
-    """
-    tol_sq = 1e-22 if u0.dtype == torch.float64 else 1e-11
-    u, v = u0.clone(), v0.clone()
-    converged = torch.zeros_like(u0, dtype=torch.bool)
-    for _ in range(max_iter):
-        du, dv = distortion(Dual(u, 1.0, 0.0), Dual(v, 0.0, 1.0), extra)
-        r0, r1 = u + du.val - u0, v + dv.val - v0
-        j00, j01, j10, j11 = 1.0 + du.du, du.dv, dv.du, 1.0 + dv.dv
-        inv_det = 1.0 / (j00 * j11 - j01 * j10)
-        su, sv = (j11 * r0 - j01 * r1) * inv_det, (j00 * r1 - j10 * r0) * inv_det
-        step_sq = su * su + sv * sv
-        radius_sq = torch.clamp((u * u + v * v) * 0.01, min=0.01)
-        shrink = torch.where(step_sq > radius_sq, torch.sqrt(radius_sq / step_sq), torch.ones_like(step_sq))
-        u, v = u - su * shrink, v - sv * shrink
-        converged = step_sq * shrink * shrink < tol_sq
-        if bool(converged.all()):
-            break
-    return u, v, converged & torch.isfinite(u) & torch.isfinite(v)
 
 
 # ---------------------------------------------------------------------------------------------
