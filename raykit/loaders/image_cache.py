@@ -76,6 +76,10 @@ class ViewCache:
         self.components_cache = LevelCache(self.components_cache.shared, source.downscale)
         self.components_cache.drop_other_levels()
 
+    def set_views(self, views: ViewSampler) -> None:
+        """Follow ``views``'s orders from now on (fill order, components read ahead)."""
+        self.views, self._order = views, None
+
     def holds(self, positions: Iterable[int]) -> bool:
         """Whether the images of ``positions`` are all cached (and the cache was filled)."""
         return self.filled and all(int(p) in self.images for p in positions)

@@ -99,8 +99,9 @@ class ImagePlan:
 
 class ViewSampler(Protocol):
     """The seam of the view-sampling stage: which views (positions of the split's images) this rank
-    visits in an epoch, ``plan.per_rank`` of them in order, and the stage's own JSON-able state (kept
-    in the loader's state under ``"views"`` when not empty)."""
+    visits in an epoch, ``plan.per_rank`` of them in order (the same for the same epoch and state:
+    the loader asks more than once), and the stage's own JSON-able state (kept in the loader's state
+    under ``"views"`` when not empty). Set one with ``ImageLoader.views = sampler``."""
 
     def epoch_views(self, epoch: int) -> np.ndarray: ...
 

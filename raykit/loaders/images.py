@@ -129,9 +129,8 @@ class ImageLoader(BatchLoader):
         self.plan = ImagePlan(
             self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
         )
-        self.views: ViewSampler = UniformViews(self.plan)
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
-        self.cached = cached = ViewCache(store, cfg, self.source, self.views)
+        self.cached = cached = ViewCache(store, cfg, self.source, UniformViews(self.plan))
         self.components = cached.components
         self._trim = HeapTrim()
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
@@ -148,6 +147,17 @@ class ImageLoader(BatchLoader):
     def cache(self) -> LevelCache:
         """The cache of decoded images at the served level."""
         return self.cached.images
+
+    @property
+    def views(self) -> ViewSampler:
+        """The view-sampling stage (``UniformViews`` unless another is set): which views this rank
+        visits in each epoch, from the next iteration on."""
+        return self.cached.views
+
+    @views.setter
+    def views(self, sampler: ViewSampler) -> None:
+        self.close()  # iterators in hand start again from the position, with the new views
+        self.cached.set_views(sampler)
 
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[ImageBatch]:

@@ -102,6 +102,49 @@ def test_state_dict_resumes_exactly(stores: dict[str, Any]) -> None:
         ImageLoader(stores["wds"], "train", seed=2, crop=(8, 12)).load_state_dict({**state, "kind": "rays"})
 
 
+class _Reversed:
+    """A view-sampling stage for the seam: the uniform order reversed, every ``turn``-th epoch not,
+    with a JSON-able state (``turn``)."""
+
+    def __init__(self, loader: ImageLoader, turn: int) -> None:
+        self.plan, self.turn = loader.plan, turn
+
+    def epoch_views(self, epoch: int) -> np.ndarray:
+        order = self.plan.rank_order(epoch)
+        return order if epoch % self.turn == 0 else order[::-1].copy()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.turn = int(state["turn"])
+
+
+def test_a_view_sampling_stage_plugs_in_with_its_state(stores: dict[str, Any]) -> None:
+    """The seam of view sampling (issue 57): another stage decides the views, resumes with its state;
+    the uniform stage keeps the state as it was (no ``views`` key)."""
+    with ImageLoader(stores["zarr"], "train", seed=2) as uniform:
+        orders = [[b.names[0] for b in uniform] for _ in range(3)]
+        assert "views" not in uniform.state_dict()
+    with ImageLoader(stores["zarr"], "train", seed=2) as loader:
+        loader.views = _Reversed(loader, 2)
+        got = [[b.names[0] for b in loader] for _ in range(2)]
+        assert got == [orders[0], orders[1][::-1]]
+        it = iter(loader)
+        next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert state["views"] == {"turn": 2}
+        rest = [b.names[0] for b in it]
+    resumed = ImageLoader(stores["zarr"], "train", seed=2)
+    resumed.views = _Reversed(resumed, 5)
+    resumed.load_state_dict(state)
+    assert resumed.views.state_dict() == {"turn": 2}
+    assert [b.names[0] for b in resumed] == rest == orders[2][1:]
+    with pytest.raises(ResumeError, match="uniform views keep no state"):
+        ImageLoader(stores["zarr"], "train", seed=2).load_state_dict(state)
+    resumed.close()
+
+
 def test_keywords_are_checked_once_into_the_config(stores: dict[str, Any]) -> None:
     """One place for the options: ``ImageLoaderConfig``'s fields, given by name (``split``,
     ``batch_size``, ``seed`` also by position), as a config, or a config with overrides."""
