@@ -89,30 +89,66 @@ class LoaderConfig(_Options):
 
 @dataclass(frozen=True)
 class ImageLoaderConfig(_Options):
-    """Every option of an :class:`~raykit.loaders.ImageLoader` but the store.
-
-    The fields are ``ImageLoader``'s keywords, with the same defaults and meanings (see its docstring);
-    the options it shares with :class:`LoaderConfig` have the same names and checks.
+    """Every option of an :class:`~raykit.loaders.ImageLoader` but the store: the one place of their
+    names, defaults, meanings and checks (``ImageLoader(store, config, **overrides)`` takes them as
+    keywords too). The options it shares with :class:`LoaderConfig` have the same names and checks.
     """
 
     split: str = "train"
+    """The split whose images are served."""
     batch_size: int = 1
+    """Images per batch; without ``crop``, the split's images must share one size when it is above 1."""
     seed: int = 0
+    """Seed of the order and the crops."""
     shuffle: bool = True
+    """``False`` visits images in table order."""
     crop: tuple[int, int] | None = None
+    """``(h, w)``: a seeded random window of each image (patch training), with its own camera."""
     device: Any = "cpu"
+    """Where batches go (``"cpu"``, ``"cuda"``...)."""
     num_workers: int = 0
+    """Worker processes reading (and undistorting) images; 0 reads on the loader's thread."""
     cache_bytes: int = IMAGE_CACHE_BYTES
+    """Budget of the decoded uint8 image cache."""
     rank: int | None = None
+    """This rank; defaults to ``torch.distributed``'s."""
     world_size: int | None = None
+    """The number of ranks; defaults to ``torch.distributed``'s."""
     undistort: bool = False
+    """Resample non-pinhole images to a pinhole camera (same size, focal lengths and principal point),
+    remap computed once per camera; batches report that camera."""
     drop_last: bool = True
+    """Drop the last short batch (and share only whole images between ranks): see ``ImagePlan``."""
     prefetch: int = 2
+    """Batches prepared ahead of the consumer."""
     convert_threads: int | None = None
+    """Threads converting uint8 pixels to float off the GPU (default: 2, or the CPU count if lower)."""
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    """``transform(image) -> array``: applied once to each (H, W, C) uint8 image as read (after
+    undistortion), before the cache; it keeps H and W (crops are cut afterwards) and may change
+    channels and dtype; batches then carry its output as it is (no float conversion, ``alpha`` None).
+    Must pickle with ``num_workers > 0`` (it runs in the workers)."""
     downscale: int | Callable[[int], int] = 1
+    """Resolution level ``k``: every image served at 1/k, (H // k, W // k), with its camera scaled
+    exactly (``raykit.loaders.levels``; JPEG decoded at 1/2, 1/4, 1/8 in the DCT domain, anything else
+    area-filtered: ``raykit.imagedecode``); ``ImageLoader.set_downscale`` changes it (at once between
+    iterations, from the next epoch when called inside one). Order, crops' seeds and resume do not
+    depend on it. Or a schedule, ``downscale(step) -> k``: each batch is served at the level it gives
+    for its ``step``, the loader's batch count over all epochs (``epoch * n_batches + batch``, so a
+    resumed loader follows it too); a change takes effect from the next batch (the batches prefetched
+    at the old level are dropped). E.g. splatfacto's ``num_downscales`` 2,
+    ``lambda step: 2 ** max(2 - step // 3000, 0)``."""
     cache: str = "process"
+    """``"process"``: the loader's own cache; ``"node"``: one cache of ``cache_bytes`` shared by every
+    process on the machine that serves the same images (all ranks, all levels), in shared memory, each
+    image decoded once per machine (``raykit.loaders.node_cache.NodeImageCache``). Batches, order and
+    resume are the same either way."""
     components: tuple[str, ...] | None = None
+    """Per-image components batches carry (``ImageBatch.mask``, ``ImageBatch.depth``): None every one
+    the store has, ``()`` none, or a tuple of names. At the loader's level (the store's rules: nearest
+    for masks, no depth made up at edges), undistorted by the nearest sample, cropped as the pixels;
+    read on the loader's thread (not in workers) into a cache of this process taking up to half of
+    ``cache_bytes`` (what they need), the rest is the images'."""
 
 
 def checked_components(components: Any) -> tuple[str, ...] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import json
@@ -103,22 +102,76 @@ def test_state_dict_resumes_exactly(stores: dict[str, Any]) -> None:
         ImageLoader(stores["wds"], "train", seed=2, crop=(8, 12)).load_state_dict({**state, "kind": "rays"})
 
 
+class _Reversed:
+    """A view-sampling stage for the seam: the uniform order reversed, every ``turn``-th epoch not,
+    with a JSON-able state (``turn``)."""
+
+    def __init__(self, loader: ImageLoader, turn: int) -> None:
+        self.plan, self.turn = loader.plan, turn
+
+    def epoch_views(self, epoch: int) -> np.ndarray:
+        order = self.plan.rank_order(epoch)
+        return order if epoch % self.turn == 0 else order[::-1].copy()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.turn = int(state["turn"])
+
+
+def test_a_view_sampling_stage_plugs_in_with_its_state(stores: dict[str, Any]) -> None:
+    """The seam of view sampling (issue 57): another stage decides the views, resumes with its state;
+    the uniform stage keeps the state as it was (no ``views`` key)."""
+    with ImageLoader(stores["zarr"], "train", seed=2) as uniform:
+        orders = [[b.names[0] for b in uniform] for _ in range(3)]
+        assert "views" not in uniform.state_dict()
+    with ImageLoader(stores["zarr"], "train", seed=2) as loader:
+        loader.views = _Reversed(loader, 2)
+        got = [[b.names[0] for b in loader] for _ in range(2)]
+        assert got == [orders[0], orders[1][::-1]]
+        it = iter(loader)
+        next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert state["views"] == {"turn": 2}
+        rest = [b.names[0] for b in it]
+    resumed = ImageLoader(stores["zarr"], "train", seed=2)
+    resumed.views = _Reversed(resumed, 5)
+    resumed.load_state_dict(state)
+    assert resumed.views.state_dict() == {"turn": 2}
+    assert [b.names[0] for b in resumed] == rest == orders[2][1:]
+    with pytest.raises(ResumeError, match="uniform views keep no state"):
+        ImageLoader(stores["zarr"], "train", seed=2).load_state_dict(state)
+    resumed.close()
+
+
 def test_keywords_are_checked_once_into_the_config(stores: dict[str, Any]) -> None:
-    """One way to pass options: keywords, whose defaults are ``ImageLoaderConfig``'s."""
+    """One place for the options: ``ImageLoaderConfig``'s fields, given by name (``split``,
+    ``batch_size``, ``seed`` also by position), as a config, or a config with overrides."""
     loader = ImageLoader(stores["zarr"], "train", 2, 5, crop=(8, 12), prefetch=3)
-    assert loader.config == ImageLoaderConfig(split="train", batch_size=2, seed=5, crop=(8, 12), prefetch=3)
+    expected = ImageLoaderConfig(split="train", batch_size=2, seed=5, crop=(8, 12), prefetch=3)
+    assert loader.config == expected
     got = [(b.names, b.crop_origin.tolist()) for b in loader]
     assert len(got) == loader.plan.n_batches
     loader.close()
-    defaults = inspect.signature(ImageLoader).parameters
-    assert {n: p.default for n, p in defaults.items() if n in ImageLoaderConfig.__dataclass_fields__} == {
-        f.name: f.default for f in dataclasses.fields(ImageLoaderConfig)
-    }
-    assert "config" not in defaults
+    assert ImageLoader(stores["zarr"]).config == ImageLoaderConfig()
+    base = ImageLoaderConfig(batch_size=2, seed=5, crop=(8, 12))
+    with ImageLoader(stores["zarr"], base, prefetch=3) as by_config:
+        assert by_config.config == expected
+        assert [(b.names, b.crop_origin.tolist()) for b in by_config] == got
+    assert ImageLoader(stores["zarr"], config=expected).config is expected
+    parameters = inspect.signature(ImageLoader).parameters
+    assert not set(parameters) & set(ImageLoaderConfig.__dataclass_fields__)  # written once: the config's
     with pytest.raises(ConfigError, match=r"batch_size: expected an integer >= 1, got 0.*convert_threads"):
         ImageLoaderConfig(batch_size=0, convert_threads=0)
     with pytest.raises(ConfigError, match=r"convert_threads: expected an integer >= 1, got 0"):
         ImageLoader(stores["zarr"], convert_threads=0)
+    with pytest.raises(ConfigError, match=r"unknown option 'batchsize'; the options are split, batch_size"):
+        ImageLoader(stores["zarr"], batchsize=2)
+    with pytest.raises(ConfigError, match=r"option 'split' given twice"):
+        ImageLoader(stores["zarr"], "train", split="test")
+    with pytest.raises(ConfigError, match=r"at most 3 options by position"):
+        ImageLoader(stores["zarr"], "train", 1, 0, True)
 
 
 def test_crops_are_windows_with_their_own_camera(stores: dict[str, Any]) -> None:
@@ -346,23 +399,37 @@ def _mapping_of(address: int) -> tuple[int, int] | None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
-def test_large_cpu_batches_are_their_own_mapping_unmapped_when_dropped(tmp_path: Path) -> None:
-    """A float batch of >= 1 MiB is its own anonymous mapping, gone once the batch and its views are:
-    its pages return to the system instead of staying in a thread's heap (BENCHMARKS.md)."""
-    store = write_store(tmp_path / "big", _opencv_records(2, 400, 300), scene=SceneInfo(), chunk_rays=1 << 16)
+def test_large_cpu_batches_are_recycled_mappings_returned_when_dropped(tmp_path: Path) -> None:
+    """A float batch of >= 1 MiB is an anonymous mapping, not heap: it goes back to the loader's pool
+    once the batch and its views are gone, and later batches are made in it (no fresh pages to fault
+    in and zero); the pool keeps a few, and closing the loader unmaps them (BENCHMARKS.md)."""
+    store = write_store(tmp_path / "big", _opencv_records(3, 400, 300), scene=SceneInfo(), chunk_rays=1 << 16)
     with ImageLoader(store, "test", shuffle=False) as loader:
+        pool = loader.batcher.transfer.buffers
         batches = list(loader)
         pixels = _rgb(int(batches[0].names[0][4:7]), 300, 400)
         np.testing.assert_array_equal(
             batches[0].images[0].numpy(), unit_colours(torch.from_numpy(pixels)).numpy()
         )
-        start = batches[0].images.untyped_storage().data_ptr()
+        starts = [batch.images.untyped_storage().data_ptr() for batch in batches]
         nbytes = 300 * 400 * 3 * 4
-        assert start % mmap.PAGESIZE == 0  # its own mapping starts on a page, not inside a heap chunk
-        region = _mapping_of(start)
-        assert region is not None and region[1] - start >= nbytes
-        view = batches[0].images[0, :10]
+        for start in starts:
+            assert start % mmap.PAGESIZE == 0  # its own mapping starts on a page, not inside a heap chunk
+            region = _mapping_of(start)
+            assert region is not None and region[1] - start >= nbytes
+        view = batches[0].images[0, :10].numpy()
         del batches
-        assert _mapping_of(start) is not None  # a view keeps it
+        assert pool.free == 2 and pool.made == 3  # the view keeps the first batch's buffer
         del view
-        assert _mapping_of(start) is None  # unmapped: its pages are back with the system
+        assert pool.free == 2  # at most ``keep`` kept: the oldest free one was unmapped
+        assert sum(_mapping_of(start) is not None for start in starts) >= 2
+        again = [(b.images.untyped_storage().data_ptr(), b.names[0], b.images.clone()) for b in loader]
+        assert pool.made <= 4  # the free buffers reused
+        assert len({start for start, _, _ in again} & set(starts)) >= 2
+        for _, name, images in again:
+            pixels = _rgb(int(name[4:7]), 300, 400)
+            np.testing.assert_array_equal(images[0].numpy(), unit_colours(torch.from_numpy(pixels)).numpy())
+        del again
+        loader.close()
+        assert pool.free == 0
+        assert all(_mapping_of(start) is None for start in starts)  # unmapped: pages back with the system

@@ -17,7 +17,7 @@ import pytest
 from raykit.errors import WorkerError
 from raykit.loaders import ImageLoader
 
-from .conftest import subprocess_env
+from .conftest import HEIGHT, WIDTH, subprocess_env
 from .processes import wait_gone
 
 _RAISING = """
@@ -89,3 +89,56 @@ def test_killed_worker_raises_naming_it_then_restarts(stores: dict[str, Any]) ->
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batch": 0})
     assert names(loader) == expected
     loader.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("workers", "cache_bytes"), [(0, 0), (2, 0), (0, 1 << 20), (2, 1 << 20)])
+def test_set_downscale_inside_the_loop_takes_effect_at_the_next_epoch(
+    stores: dict[str, Any], workers: int, cache_bytes: int
+) -> None:
+    """The natural place of a coarse-to-fine change, inside ``for batch in loader:`` (issue 60: it
+    hung at the next step): the epoch goes on at its level, the next one is at the new level."""
+    with ImageLoader(stores["zarr"], "train", seed=1) as reference:
+        order = [b.names for _ in range(3) for b in reference]
+    options = {"num_workers": workers, "cache_bytes": cache_bytes, "prefetch": 1}
+    with ImageLoader(stores["zarr"], "train", seed=1, **options) as loader:
+        served = []
+        for epoch in range(3):
+            for k, batch in enumerate(loader):
+                served.append((batch.names, tuple(batch.images.shape[1:3])))
+                if epoch == 0 and k == 1:
+                    loader.set_downscale(2)
+                    assert loader.downscale == 1  # this epoch goes on at its level
+                if epoch == 1 and k == 0:
+                    loader.set_downscale(2)  # the level served: nothing to do
+        assert loader.downscale == 2
+    n = len(order) // 3
+    assert [names for names, _ in served] == order
+    assert {shape for _, shape in served[:n]} == {(HEIGHT, WIDTH)}
+    assert {shape for _, shape in served[n:]} == {(HEIGHT // 2, WIDTH // 2)}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_goes_on_after_close_and_a_new_iteration_takes_a_pending_level(
+    stores: dict[str, Any], workers: int
+) -> None:
+    """``close()`` while a loop runs (its producer thread is gone) does not leave the loop waiting:
+    it goes on from the loader's position; a level asked for while the loop runs is taken by the
+    next iteration, from where the loop left off (nerfstudio's datamanager drops its stream)."""
+    with ImageLoader(stores["zarr"], "train", seed=1) as reference:
+        order = [b.names for b in reference]
+    with ImageLoader(
+        stores["zarr"], "train", seed=1, num_workers=workers, cache_bytes=0, prefetch=1
+    ) as loader:
+        it = iter(loader)
+        assert next(it).names == order[0]
+        loader.close()
+        assert next(it).names == order[1]
+        loader.set_downscale(2)
+        assert loader.downscale == 1
+        del it  # the loop left
+        rest = [(b.names, tuple(b.images.shape[1:3])) for b in loader]
+        assert loader.downscale == 2
+    assert rest == [(names, (HEIGHT // 2, WIDTH // 2)) for names in order[2:]]
+    assert not _raykit_threads()
