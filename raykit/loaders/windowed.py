@@ -135,7 +135,9 @@ class WindowDraws(Positioned):
         self.source: WindowImageSource = inputs.source
         self._fetcher: Callable[[], ChunkFetcher] = inputs.fetcher
         self._times, self.group_rays = inputs.times, inputs.group_rays
+        self.sampler = inputs.sampler
         self._bases: dict[tuple[int, int], np.ndarray] = {}
+        self._inverses: dict[tuple[int, int], np.ndarray] = {}
         self._trim = HeapTrim()  # decoded images, made on the decoding threads, freed as they leave
 
     def __iter__(self) -> Iterator[RawGroup]:
@@ -158,6 +160,7 @@ class WindowDraws(Positioned):
         held: dict[int, WindowImage] = {}  # the images the group's batches draw from
         draws: list[Draw] = []
         sizes: list[int] = []
+        picks: list[Picked] = []  # the loss sampling stage's draws
         for k, batch in enumerate(plan.iter_draws(epoch, start), start):
             if batch.entered:
                 t0 = time.perf_counter()
@@ -171,21 +174,43 @@ class WindowDraws(Positioned):
                 held.update(window)
             draws += batch.draws
             sizes.append(plan.batch_size if k != last else sum(hi - lo for _, lo, hi in batch.pieces()))
+            if self.sampler is not None:  # drawn from the window's images instead of the plan's ranks
+                picks.append(self._pick(epoch, k, sorted(window), sizes[-1]))
             if k == start or len(sizes) >= per_group:
-                yield self._group(epoch, sizes, draws, held)
-                held, draws, sizes = {}, [], []
+                yield self._group(epoch, sizes, draws, held, picks)
+                held, draws, sizes, picks = {}, [], [], []
             for i in batch.done:
                 del window[i]  # used up: leaves the window
         if sizes:
-            yield self._group(epoch, sizes, draws, held)
+            yield self._group(epoch, sizes, draws, held, picks)
 
     def _group(
-        self, epoch: int, sizes: list[int], draws: list[Draw], held: dict[int, WindowImage]
-    ) -> WindowGroup:
+        self, epoch: int, sizes: list[int], draws: list[Draw], held: dict[int, WindowImage],
+        picks: list[Picked],
+    ) -> WindowGroup:  # fmt: skip
         first = self.batch
         self.batch += len(sizes)
         stops = np.cumsum(sizes).tolist()  # each batch's (lo, hi) in the group
-        return WindowGroup(epoch, first, list(zip([0, *stops[:-1]], stops, strict=True)), [], draws, held)
+        bounds = list(zip([0, *stops[:-1]], stops, strict=True))
+        return WindowGroup(epoch, first, bounds, [], draws, held, picks)
+
+    def _pick(self, epoch: int, k: int, images: list[int], size: int) -> Picked:
+        """Batch ``k``'s rays drawn by the sampling stage from the window ``images``."""
+        sampler = self.sampler
+        rng, snapshot = sampler.rng(epoch, k), sampler.snapshot(epoch, k)
+        image, pixel, prob, weight = sampler.draw_images(snapshot, np.asarray(images, np.int64), size, rng)
+        inverses = {i: self._inverse(epoch, self.plan.image_rays[i]) for i in np.unique(image).tolist()}
+        return Picked(image, pixel, prob, weight, inverses)
+
+    def _inverse(self, epoch: int, n: int) -> np.ndarray:
+        """(n,) int64: the rank order of ``epoch``'s base permutation of ``n`` (pixel -> its position)."""
+        if (epoch, n) not in self._inverses:
+            self._inverses = {k: v for k, v in self._inverses.items() if k[0] == epoch}
+            base = self._doubled(epoch, n)[:n]
+            inverse = np.empty(n, np.int64)
+            inverse[base] = np.arange(n)
+            self._inverses[(epoch, n)] = inverse
+        return self._inverses[(epoch, n)]
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
@@ -264,12 +289,39 @@ class WindowGroup(RawGroup):
 
     draws: list[Draw] = field(default_factory=list)
     held: dict[int, WindowImage] = field(default_factory=dict)
+    picks: list[Picked] = field(default_factory=list)
 
     def gather(self) -> RawRays:
+        if self.picks:
+            return RawRays.concat([pick.gather(self.held) for pick in self.picks])
         if len(self.draws) == 1:
             return gather_pieces(*self.draws[0], self.held)
         image, lo, hi = (np.concatenate(part) for part in zip(*self.draws, strict=True))
         return gather_pieces(image, lo, hi, self.held)
+
+
+class Picked(NamedTuple):
+    """One batch drawn by the sampling stage: split image and row-major pixel of each ray, with the
+    probability it was drawn with and its weight, and the epoch's rank order per image size."""
+
+    image: np.ndarray
+    pixel: np.ndarray
+    prob: np.ndarray
+    weight: np.ndarray
+    inverses: dict[int, np.ndarray]
+
+    def gather(self, held: Mapping[int, WindowImage]) -> RawRays:
+        """The batch's rays from the window images ``held`` (safe on any thread)."""
+        first = held[int(self.image[0])].ranked
+        rgba = np.empty((len(self.image), first.shape[1]), first.dtype)
+        pid = np.empty(len(self.image), np.uint32)
+        for i in np.unique(self.image).tolist():
+            at = self.image == i
+            source, n = held[i], len(held[i].doubled) // 2
+            rank = (self.inverses[i][self.pixel[at]] - source.rotation) % n
+            rgba[at] = source.ranked[rank]
+            pid[at] = source.offset + self.pixel[at]
+        return RawRays(rgba, pid, {"prob": self.prob, "weight": self.weight})
 
 
 def gather_pieces(
