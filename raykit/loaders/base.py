@@ -195,6 +195,8 @@ class BatchLoader:
         mine = self.state_dict()
         epoch, batch = resume_position(state, mine, keys, PARTITION_KEYS, self._what)
         sampler = getattr(self, "sampler", None)
+        if sampler is None and "sampling" in state:
+            raise ResumeError(f"{self._what}: expected uniform sampling, got {state['sampling']!r}")
         if sampler is not None:
             if "sampling_state" not in state:
                 raise ResumeError(f"{self._what}: expected the loss sampling stage's sampling_state")
