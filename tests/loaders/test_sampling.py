@@ -185,13 +185,17 @@ def _loss_of(batch: Any) -> Any:
     return (batch.pixel[:, 0] > 12).float() * 4 + (batch.image == 3).float() * 8 + 0.5
 
 
+def _keys(batch: Any) -> np.ndarray:
+    """Each ray as ``image * 10^6 + y * 1000 + x``."""
+    return batch.image.numpy() * 10**6 + batch.pixel[:, 1].numpy() * 1000 + batch.pixel[:, 0].numpy()
+
+
 def _run(loader: RayLoader, n: int, observe: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for batch in loader.forever():
         if observe:
             loader.observe(batch, _loss_of(batch))
-        out.append((batch.image.numpy() * 10**6 + batch.pixel[:, 1].numpy() * 1000 + batch.pixel[:, 0].numpy(),
-                    batch.extra["prob"].numpy().copy()))  # fmt: skip
+        out.append((_keys(batch), batch.extra["prob"].numpy().copy()))
         if len(out) == n:
             return out
     raise AssertionError("unreachable")
