@@ -87,7 +87,7 @@ class LoaderConfig(_Options):
         group_rays: rays gathered and generated together (consecutive batches of one epoch), which
             amortises per-call overhead at small batch sizes; batches are then views of the group.
             Default: 2^17, less for a small ``cache_bytes`` (:func:`default_group_rays`); with
-            ``sampling="loss"`` at most 4 batches (the map's lag grows with it).
+            ``sampling="loss"`` at most 8 batches (the map's lag grows with it).
         gen_threads: threads generating groups concurrently (each with one torch intra-op thread);
             default 2 on CPU, 1 on GPUs.
         window_images: images in the window of an images-layout split (its windowed shuffle,

@@ -56,7 +56,7 @@ from raykit.store import RawRays, RayStore
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 
-LOSS_GROUP_BATCHES = 4  # batches per group with ``sampling="loss"`` (the map's lag grows with it)
+LOSS_GROUP_BATCHES = 8  # batches per group with ``sampling="loss"`` (the map's lag grows with it)
 
 
 class RayLoader(BatchLoader):

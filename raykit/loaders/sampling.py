@@ -172,12 +172,11 @@ class ImageGeometry:
             self._areas[key] = area
         return self._areas[key]
 
-    def pixels_in_cells(
-        self, image: int, cells: np.ndarray, side: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        """A uniform row-major pixel within each Z-order cell ``cells`` of split image ``image``."""
-        h, w = int(self.height[image]), int(self.width[image])
-        cy, cx = _unmorton(cells)
+    def pixels_in_cells(self, image: np.ndarray, cells: np.ndarray, side: int, rng: np.random.Generator
+                        ) -> np.ndarray:  # fmt: skip
+        """A uniform row-major pixel within each Z-order cell ``cells`` of split images ``image``."""
+        h, w = self.height[image], self.width[image]
+        cy, cx = _unmorton(cells, side)
         y0, y1 = (cy * h + side - 1) // side, ((cy + 1) * h + side - 1) // side
         x0, x1 = (cx * w + side - 1) // side, ((cx + 1) * w + side - 1) // side
         u = rng.random((2, len(cells)))
@@ -186,15 +185,19 @@ class ImageGeometry:
         return y * w + x
 
 
-def _unmorton(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    def squash(v: np.ndarray) -> np.ndarray:
-        v = v & 0x5555
-        v = (v | (v >> 1)) & 0x3333
-        v = (v | (v >> 2)) & 0x0F0F
-        return (v | (v >> 4)) & 0x00FF
+_UNMORTON: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    code = code.astype(np.int64)
-    return squash(code >> 1), squash(code)
+
+def _unmorton(code: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(cy, cx)`` of Z-order cells ``code`` at ``side`` cells per side (a table per side)."""
+    if side not in _UNMORTON:
+        cy, cx = np.divmod(np.arange(side * side), side)
+        tables = (np.empty(side * side, np.int64), np.empty(side * side, np.int64))
+        z = _morton(cy, cx)
+        tables[0][z], tables[1][z] = cy, cx
+        _UNMORTON[side] = tables
+    cy_of, cx_of = _UNMORTON[side]
+    return cy_of[code], cx_of[code]
 
 
 @dataclass(frozen=True)
@@ -356,6 +359,8 @@ class LossSampler:
         self.errors, self.seed, self.rank, self.world_size = errors, seed, rank, world_size
         self.n_batches = n_batches
         self.floor = errors.config.floor
+        self._cdf_key: tuple[Snapshot, bytes] | None = None
+        self._cdf = np.zeros(0)
         self.stopped: Any = None  # set by the producer: a callable telling it to give up waiting
 
     def rng(self, epoch: int, k: int) -> np.random.Generator:
@@ -368,29 +373,42 @@ class LossSampler:
     def draw_images(self, snap: Snapshot, images: np.ndarray, n: int, rng: np.random.Generator
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """``n`` rays of the split images ``images``: ``(image, row-major pixel, prob, weight)``."""
-        geometry = self.errors.geometry
+        geometry, cells_per = self.errors.geometry, snap.side * snap.side
         sizes = geometry.n_pixels[images]
         resident = int(sizes.sum())
         n_uniform = round(self.floor * n)
         u = rng.integers(0, resident, n_uniform)
         ends = np.cumsum(sizes)
         at = np.searchsorted(ends, u, side="right")
-        image, pixel = [images[at]], [u - (ends[at] - sizes[at])]
-        mass = snap.mass[images]
-        total = float(mass.sum())
-        picks = np.searchsorted(np.cumsum(mass), rng.random(n - n_uniform) * total, side="right")
-        picks = np.minimum(picks, len(images) - 1)
-        for j, count in zip(*np.unique(picks, return_counts=True), strict=True):
-            i = int(images[j])
-            cdf = np.cumsum(snap.est[i] * geometry.area(i, snap.side))
-            cells = np.searchsorted(cdf, rng.random(count) * cdf[-1], side="right")
-            cells = np.minimum(cells, len(cdf) - 1)
-            image.append(np.full(count, i, np.int64))
-            pixel.append(geometry.pixels_in_cells(i, cells, snap.side, rng))
-        image_all, pixel_all = np.concatenate(image), np.concatenate(pixel)
-        est = snap.est[image_all, geometry.cells(image_all, pixel_all, snap.side)]
-        prob = self.floor / resident + (1 - self.floor) * est.astype(np.float64) / total
+        cdf = self._window_cdf(snap, images)  # the images' cells' masses, cumulated image after image
+        ends_mass = cdf[cells_per - 1 :: cells_per]  # each image's cumulated error mass
+        total = float(ends_mass[-1])
+        # level 1: an image by its error mass
+        j = np.minimum(
+            np.searchsorted(ends_mass, rng.random(n - n_uniform) * total, side="right"), len(images) - 1
+        )
+        first = np.where(j > 0, ends_mass[np.maximum(j - 1, 0)], 0.0)
+        # level 2: a cell by that image's cumulated masses, then a pixel uniformly in the cell
+        cell = np.searchsorted(cdf, first + rng.random(len(j)) * (ends_mass[j] - first), side="right")
+        cell = np.clip(cell - j * cells_per, 0, cells_per - 1)
+        image_u, pixel_u = images[at], u - (ends[at] - sizes[at])
+        picked = geometry.pixels_in_cells(images[j], cell, snap.side, rng)
+        image_all, pixel_all = np.concatenate([image_u, images[j]]), np.concatenate([pixel_u, picked])
+        est_u = snap.est[image_u, geometry.cells(image_u, pixel_u, snap.side)]
+        est = np.concatenate([est_u, snap.est[images[j], cell]]).astype(np.float64)
+        prob = self.floor / resident + (1 - self.floor) * est / total
         return image_all, pixel_all, prob.astype(np.float32), (1 / (resident * prob)).astype(np.float32)
+
+    def _window_cdf(self, snap: Snapshot, images: np.ndarray) -> np.ndarray:
+        """The cumulated masses (estimate x area) of the cells of ``images``, image after image
+        (the last one's kept: a window changes every few batches)."""
+        key = (snap, images.tobytes())
+        if self._cdf_key is None or self._cdf_key[0] is not snap or self._cdf_key[1] != key[1]:
+            geometry = self.errors.geometry
+            areas = np.stack([geometry.area(int(i), snap.side) for i in images])
+            self._cdf = np.cumsum(snap.est[images] * areas, dtype=np.float64).reshape(-1)
+            self._cdf_key = key
+        return self._cdf
 
     # ---- the rays layout: a mixed window ---------------------------------------------------
     def draw_window(self, snap: Snapshot, window: Any, n: int, rng: np.random.Generator

@@ -312,15 +312,20 @@ class Picked(NamedTuple):
 
     def gather(self, held: Mapping[int, WindowImage]) -> RawRays:
         """The batch's rays from the window images ``held`` (safe on any thread)."""
-        first = held[int(self.image[0])].ranked
-        rgba = np.empty((len(self.image), first.shape[1]), first.dtype)
-        pid = np.empty(len(self.image), np.uint32)
-        for i in np.unique(self.image).tolist():
-            at = self.image == i
-            source, n = held[i], len(held[i].doubled) // 2
-            rank = (self.inverses[i][self.pixel[at]] - source.rotation) % n
-            rgba[at] = source.ranked[rank]
-            pid[at] = source.offset + self.pixel[at]
+        order = np.argsort(self.image, kind="stable")
+        ids, starts = np.unique(self.image[order], return_index=True)
+        channels = held[int(ids[0])].ranked.shape[1]
+        rgba = np.empty((len(order), channels), np.uint8)
+        colours = rgba.view(np.uint32)[:, 0] if channels == 4 else rgba  # four channels as one uint32
+        pid = np.empty(len(order), np.uint32)
+        pixels = self.pixel[order]
+        for i, a, b in zip(ids.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)], strict=True):
+            source = held[i]
+            rank = self.inverses[i][pixels[a:b]] - source.rotation
+            rank[rank < 0] += len(source.ranked)
+            ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
+            colours[order[a:b]] = np.take(ranked, rank, axis=0)
+            pid[order[a:b]] = source.offset + pixels[a:b]
         return RawRays(rgba, pid, {"prob": self.prob, "weight": self.weight})
 
 
