@@ -5,13 +5,15 @@
   interleaved (``--rounds`` rounds, each mode a fresh loader, ``--batches`` batches after the first,
   ``num_workers=0``, 2 torch threads); the ``loss`` loop feeds ``observe`` a per-ray loss (the
   colour's distance from grey, a stand-in with a real spatial structure). Target: loss >= 0.85x.
-* ``quality``: ``raykit train`` on a capture (``--capture``, converted once at ``--downscale``) for
-  ``--seconds`` per run, ``--ray-sampling uniform`` then ``loss`` for each seed (paired, interleaved),
+* ``quality``: ``raykit train`` on a capture (``--capture``, converted once at ``--downscale``; or
+  ``builtin:SIZE``, the built-in scene) for ``--seconds`` (or ``--steps``: equal work, for a loaded
+  machine) per run, ``--ray-sampling uniform`` then ``loss`` for each seed (paired, interleaved),
   test PSNR from each run's ``eval.json``.
 
     python benchmarks/bench_sampling.py throughput --size small --rounds 3
     python benchmarks/bench_sampling.py quality --capture ../shared/data/plant_capture --downscale 4 \\
         --seconds 75 --seeds 0 1
+    python benchmarks/bench_sampling.py quality --capture builtin:small --steps 200 --seeds 0 1
 
 Results: ``benchmarks/results/sampling_<what>.json``.
 """
@@ -105,17 +107,20 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
     from raykit.converters import convert
 
     work = Path(args.work)
-    store = work / f"{Path(args.capture).name}-d{args.downscale}"
-    if not (store / "manifest.json").exists():
-        convert(args.capture, store, downscale=args.downscale, overwrite=True)
+    if args.capture.startswith("builtin:"):  # the built-in scene's rays-layout store
+        store = scene_stores(args.capture.split(":", 1)[1], work)["rays"]
+    else:
+        store = work / f"{Path(args.capture).name}-d{args.downscale}"
+        if not (store / "manifest.json").exists():
+            convert(args.capture, store, downscale=args.downscale, overwrite=True)
+    budget = ["--steps", str(args.steps)] if args.steps else ["--max-seconds", str(args.seconds)]
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     for seed in args.seeds:
         for mode in MODES:
             out = work / f"run-{store.name}-{mode}-s{seed}"
             shutil.rmtree(out, ignore_errors=True)
-            cmd = [sys.executable, "-m", "raykit", "train", str(store), "--out", str(out),
-                   "--max-seconds", str(args.seconds), "--seed", str(seed), "--ray-sampling", mode,
-                   "--threads", str(args.threads)]  # fmt: skip
+            cmd = [sys.executable, "-m", "raykit", "train", str(store), "--out", str(out), *budget,
+                   "--seed", str(seed), "--ray-sampling", mode, "--threads", str(args.threads)]  # fmt: skip
             t0 = time.perf_counter()
             subprocess.run(cmd, check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL)
             evaluated = json.loads((out / "eval.json").read_text())
@@ -124,6 +129,7 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
                                   "wall_s": round(time.perf_counter() - t0, 1)})  # fmt: skip
     deltas = [b["psnr"] - a["psnr"] for a, b in zip(results["uniform"], results["loss"], strict=True)]
     return {"capture": Path(args.capture).name, "downscale": args.downscale, "seconds": args.seconds,
+            "steps": args.steps,
             "threads": args.threads, "results": results, "loss_minus_uniform_db": deltas}  # fmt: skip
 
 
@@ -142,7 +148,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--capture", default=str(ROOT.parent.parent / "shared" / "data" / "plant_capture"))
     parser.add_argument("--downscale", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=75.0)
+    parser.add_argument("--seconds", type=float, default=75.0, help="time budget per run (quality)")
+    parser.add_argument("--steps", type=int, default=None, help="equal steps per run instead of --seconds")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", default=str(ROOT / "data" / "sampling"))
