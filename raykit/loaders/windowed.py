@@ -311,21 +311,35 @@ class Picked(NamedTuple):
     inverses: dict[int, np.ndarray]
 
     def gather(self, held: Mapping[int, WindowImage]) -> RawRays:
-        """The batch's rays from the window images ``held`` (safe on any thread)."""
+        """The batch's rays from the window images ``held`` (safe on any thread): grouped by image,
+        ranks computed at once per image size, one ``take`` per image, put back in draw order."""
         order = np.argsort(self.image, kind="stable")
-        ids, starts = np.unique(self.image[order], return_index=True)
-        channels = held[int(ids[0])].ranked.shape[1]
-        rgba = np.empty((len(order), channels), np.uint8)
-        colours = rgba.view(np.uint32)[:, 0] if channels == 4 else rgba  # four channels as one uint32
-        pid = np.empty(len(order), np.uint32)
+        image_sorted = self.image[order]
+        ids, starts, counts = np.unique(image_sorted, return_index=True, return_counts=True)
         pixels = self.pixel[order]
-        for i, a, b in zip(ids.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)], strict=True):
-            source = held[i]
-            rank = self.inverses[i][pixels[a:b]] - source.rotation
-            rank[rank < 0] += len(source.ranked)
+        sources = [held[i] for i in ids.tolist()]
+        rotation = np.repeat([s.rotation for s in sources], counts)
+        size = np.repeat([len(s.ranked) for s in sources], counts)
+        sizes = np.unique(size)
+        if len(sizes) == 1:  # one inverse per image size (usually one size)
+            rank = self.inverses[int(image_sorted[0])][pixels]
+        else:
+            rank = np.empty(len(order), np.int64)
+            for n in sizes.tolist():
+                same = size == n
+                rank[same] = self.inverses[int(image_sorted[np.argmax(same)])][pixels[same]]
+        rank -= rotation
+        rank[rank < 0] += size[rank < 0]
+        channels = sources[0].ranked.shape[1]
+        sorted_rgba = np.empty((len(order), channels), np.uint8)
+        out = sorted_rgba.view(np.uint32)[:, 0] if channels == 4 else sorted_rgba  # 4 channels: a uint32
+        for source, a, b in zip(sources, starts.tolist(), (starts + counts).tolist(), strict=True):
             ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
-            colours[order[a:b]] = np.take(ranked, rank, axis=0)
-            pid[order[a:b]] = source.offset + pixels[a:b]
+            out[a:b] = np.take(ranked, rank[a:b], axis=0)
+        rgba = np.empty_like(sorted_rgba)
+        rgba[order] = sorted_rgba
+        pid = np.empty(len(order), np.uint32)
+        pid[order] = np.repeat([s.offset for s in sources], counts) + pixels
         return RawRays(rgba, pid, {"prob": self.prob, "weight": self.weight})
 
 
