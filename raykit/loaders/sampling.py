@@ -327,9 +327,8 @@ class ErrorMap:
         if sums.shape != self.sums.shape or counts.shape != self.counts.shape:
             raise ResumeError(f"loader state: sampling: expected maps of shape {self.sums.shape}")
         with self._ready:
-            self.sums, self.counts, self.rebuilds, self.snapshots = sums, counts, rebuilds, snaps
-            if 0 not in snaps and not snaps:
-                self.snapshots = {0: self._flat()}
+            self.sums, self.counts, self.rebuilds = sums, counts, rebuilds
+            self.snapshots = snaps or {0: self._flat()}
 
 
 class _Stopped(Exception):
