@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from raykit.loaders.levels import level_camera
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
+    from raykit.loaders.sampling import SamplingConfig
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
     from raykit.loaders.window import WindowPlan
 
@@ -33,6 +34,7 @@ _PUBLIC = {
     "levels": ("level_camera",),
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
+    "sampling": ("SamplingConfig",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
     "window": ("WindowPlan",),
 }
@@ -56,6 +58,7 @@ __all__ = [
     "LoaderConfig",
     "MemorySource",
     "RayLoader",
+    "SamplingConfig",
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",

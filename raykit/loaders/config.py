@@ -101,7 +101,7 @@ class LoaderConfig(_Options):
             ``cache_bytes``.
         sampling: which resident rays a batch holds: ``"uniform"`` (the plan's order), ``"loss"``
             (error-map importance sampling fed by ``RayLoader.observe``), or a
-            :class:`~raykit.loaders.sampling.SamplingConfig` (its options);
+            :class:`~raykit.loaders.SamplingConfig` (its options);
             :mod:`raykit.loaders.sampling`.
     """
 
