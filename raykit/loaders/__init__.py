@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from raykit.loaders.levels import level_camera
     from raykit.loaders.loader import RayLoader
     from raykit.loaders.plan import SamplingPlan
+    from raykit.loaders.sampling import SamplingConfig
     from raykit.loaders.source import ChunkSource, MemorySource, StoreSource
     from raykit.loaders.torch_adapters import RayDataset, RayIterableDataset, collate_rays
     from raykit.loaders.window import WindowPlan
@@ -34,6 +35,7 @@ _PUBLIC = {
     "levels": ("level_camera",),
     "loader": ("RayLoader",),
     "plan": ("SamplingPlan",),
+    "sampling": ("SamplingConfig",),
     "source": ("ChunkSource", "MemorySource", "StoreSource"),
     "torch_adapters": ("RayDataset", "RayIterableDataset", "collate_rays"),
     "window": ("WindowPlan",),
@@ -60,6 +62,7 @@ __all__ = [
     "RayDataset",
     "RayIterableDataset",
     "RayLoader",
+    "SamplingConfig",
     "SamplingPlan",
     "StoreSource",
     "WindowPlan",

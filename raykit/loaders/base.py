@@ -123,6 +123,7 @@ class BatchLoader:
             self.epoch, self.batch = self.epoch + 1, 0
         epoch = self.epoch
         state = {"epoch": epoch, "batch": self.batch}
+        self._settle(epoch, self.batch)  # the rebuilds due before the producer starts
         running: contextlib.AbstractContextManager[Iterator[Any]]
         if depth == 0:
             stage.load_state_dict(state)
@@ -133,9 +134,16 @@ class BatchLoader:
             running = prefetch.running(self._running)
         with running as batches:
             for batch in batches:
+                self._settle(epoch, self.batch)
                 self.batch += 1
                 yield batch
         self.epoch, self.batch = epoch + 1, 0
+
+    def _settle(self, epoch: int, batch: int) -> None:
+        """Batch ``batch`` of ``epoch`` is handed out: the sampling stage captures the rebuilds due."""
+        sampler = getattr(self, "sampler", None)
+        if sampler is not None:
+            sampler.errors.settle(epoch * self.plan.n_batches + batch)
 
     # ---- state -------------------------------------------------------------------------------
     def _state_tag(self) -> dict[str, Any]:
@@ -159,7 +167,13 @@ class BatchLoader:
             "n_batches": plan.n_batches,
             **self._plan_fields(),
             **{key: getattr(plan, key) for key in PARTITION_KEYS},
+            **self._sampling_state(),
         }
+
+    def _sampling_state(self) -> dict[str, Any]:
+        """The sampling stage's state (its maps), when it has one."""
+        sampler = getattr(self, "sampler", None)
+        return {"sampling_state": sampler.errors.state_dict()} if sampler is not None else {}
 
     def _check_version(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != self.STATE_VERSION:
@@ -178,7 +192,16 @@ class BatchLoader:
         state = check_state(state)
         self._check_version(state)
         keys = (*self._state_tag(), "split", "fingerprint", *self._plan_fields())
-        self.epoch, self.batch = resume_position(state, self.state_dict(), keys, PARTITION_KEYS, self._what)
+        mine = self.state_dict()
+        epoch, batch = resume_position(state, mine, keys, PARTITION_KEYS, self._what)
+        sampler = getattr(self, "sampler", None)
+        if sampler is None and "sampling" in state:
+            raise ResumeError(f"{self._what}: expected uniform sampling, got {state['sampling']!r}")
+        if sampler is not None:
+            if "sampling_state" not in state:
+                raise ResumeError(f"{self._what}: expected the loss sampling stage's sampling_state")
+            sampler.errors.load_state_dict(state["sampling_state"])
+        self.epoch, self.batch = epoch, batch
 
     # ---- resources ---------------------------------------------------------------------------
     def _lookahead(self) -> int:

@@ -19,7 +19,15 @@ from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
 from raykit.store import RawRays, RayStore
 
-__all__ = ["RAYS", "SHUFFLED_SPLIT_MIX_RUN", "ChunkStrategy", "ChunkWindows", "Window", "WindowGroups"]
+__all__ = [
+    "RAYS",
+    "SHUFFLED_SPLIT_MIX_RUN",
+    "ChunkStrategy",
+    "ChunkWindows",
+    "Drawn",
+    "Window",
+    "WindowGroups",
+]
 
 # Rays moved together by the mixing permutation when the stored split is already shuffled.
 SHUFFLED_SPLIT_MIX_RUN = 16
@@ -68,6 +76,27 @@ class Window:
             rgba = rgba.view(np.uint8).reshape(-1, 4)
         return RawRays(rgba, pid, extra)
 
+    def take_index(self, index: np.ndarray) -> RawRays:
+        """The window's rays at ``index`` (positions in reading order, before mixing)."""
+        rgba = np.take(self.rgba, index, axis=0)
+        if self.channels == 4:
+            rgba = rgba.view(np.uint8).reshape(-1, 4)
+        extra = {k: np.take(v, index, axis=0) for k, v in self.extra.items()}
+        return RawRays(rgba, np.take(self.pid, index), extra)
+
+
+class Drawn:
+    """Rays drawn from a window by the sampling stage, with the probability each was drawn with
+    (``prob``) and its weight (``weight``; see :mod:`raykit.loaders.sampling`) in ``extra``."""
+
+    def __init__(self, window: Window, index: np.ndarray, prob: np.ndarray, weight: np.ndarray) -> None:
+        self.window, self.index, self.prob, self.weight = window, index, prob, weight
+
+    def take(self, lo: int, hi: int) -> RawRays:
+        raw = self.window.take_index(self.index[lo:hi])
+        raw.extra.update(prob=self.prob[lo:hi], weight=self.weight[lo:hi])
+        return raw
+
 
 class ChunkWindows(Positioned):
     """Stage chunks -> windows: the mixed windows of one epoch from window ``window`` on."""
@@ -104,8 +133,10 @@ class WindowGroups(Positioned):
     ``group_rays`` rays), from batch ``batch`` on. The first batch goes alone, so that it is ready as
     soon as its window is."""
 
-    def __init__(self, plan: SamplingPlan, windows: ChunkWindows, group_rays: int) -> None:
-        self.plan, self.windows, self.group_rays = plan, windows, group_rays
+    def __init__(
+        self, plan: SamplingPlan, windows: ChunkWindows, group_rays: int, sampler: Any = None
+    ) -> None:
+        self.plan, self.windows, self.group_rays, self.sampler = plan, windows, group_rays, sampler
 
     def __iter__(self) -> Iterator[RawGroup]:
         plan, epoch, start = self.plan, self.epoch, self.batch
@@ -124,8 +155,21 @@ class WindowGroups(Positioned):
                     loaded = {i: w for i, w in loaded.items() if i >= pieces[0][0]}
                     loaded[j] = next(windows)
             bounds = [(a - lo, b - lo) for a, b in map(plan.batch_span, range(k0, k1))]
+            slices: list[tuple[Any, int, int]] = [(loaded[j], a, b) for j, a, b in pieces]
+            if self.sampler is not None:  # each batch's pieces drawn from their windows instead
+                slices = [s for k in range(k0, k1) for s in self._drawn(epoch, k, loaded)]
             self.batch = k1
-            yield RawGroup(epoch, k0, bounds, [(loaded[j], a, b) for j, a, b in pieces])
+            yield RawGroup(epoch, k0, bounds, slices)
+
+    def _drawn(self, epoch: int, k: int, loaded: dict[int, Window]) -> list[tuple[Any, int, int]]:
+        """Batch ``k``'s rays drawn by the sampling stage, piece by piece from the piece's window."""
+        sampler = self.sampler
+        rng, snapshot = sampler.rng(epoch, k), sampler.snapshot(epoch, k)
+        out: list[tuple[Any, int, int]] = []
+        for j, a, b in self.plan.batch_windows(k):
+            index, prob, weight = sampler.draw_window(snapshot, loaded[j], b - a, rng)
+            out.append((Drawn(loaded[j], index, prob, weight), 0, b - a))
+        return out
 
 
 class ChunkStrategy:
@@ -176,7 +220,7 @@ class ChunkStrategy:
     def groups(self, inputs: StrategyInputs) -> WindowGroups:
         """:class:`WindowGroups` over :class:`ChunkWindows`."""
         windows = ChunkWindows(inputs.plan, inputs.fetcher, inputs.times)
-        return WindowGroups(inputs.plan, windows, inputs.group_rays)
+        return WindowGroups(inputs.plan, windows, inputs.group_rays, inputs.sampler)
 
 
 RAYS = ChunkStrategy()

@@ -7,12 +7,13 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.arguments import check_loader_args
+from raykit.loaders.sampling import SamplingConfig, check_sampling
 from raykit.ranges import Range, worker_range
 
 __all__ = ["COMPONENTS", "IMAGE_CACHE_BYTES", "RAY_CACHE_BYTES", "ImageLoaderConfig", "LoaderConfig"]
@@ -59,11 +60,49 @@ class _Options:
 
 @dataclass(frozen=True)
 class LoaderConfig(_Options):
-    """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``.
+    """Every option of a :class:`~raykit.loaders.RayLoader` but the store and ``make_batch``: its
+    keywords are these fields (the one place of their names, defaults, meanings and checks). ``None``
+    is "the default" the loader resolves. A bad value raises ``ConfigError`` naming every bad option
+    (``loader: name: expected ..., got ...``).
 
-    The fields are ``RayLoader``'s keywords, with the same defaults and meanings (see its docstring;
-    ``None`` is "the default" the loader resolves). A bad value raises ``ConfigError`` naming every bad
-    option (``loader: name: expected ..., got ...``).
+    Attributes:
+        split: the split to read.
+        batch_size: rays per batch.
+        seed: seed of the chunk order, the mixing and the sampling stage's draws.
+        shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
+        device: where batches are generated (``"cpu"``, ``"cuda"``...).
+        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's
+            thread; ``"auto"`` picks 0 or a few by the cores, the layout and where the store is
+            (:func:`~raykit.loaders.auto.choose_workers`), recorded in ``workers_reason``.
+        cache_bytes: budget of the decoded-chunk LRU cache (the components' share and the sampling
+            stage's error maps come out of it).
+        disk_cache: directory for local copies of a remote store's shards (shared by worker
+            processes, filled atomically); ignored for local stores.
+        rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
+        drop_last: see :mod:`raykit.loaders.plan`.
+        mix_chunks: mixing-buffer size in chunks (ray-chunk splits).
+        mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when
+            the stored split is shuffled, else 1 (ray-chunk splits).
+        prefetch: batches prepared ahead of the consumer (rounded up to whole groups).
+        group_rays: rays gathered and generated together (consecutive batches of one epoch), which
+            amortises per-call overhead at small batch sizes; batches are then views of the group.
+            Default: 2^17, less for a small ``cache_bytes`` (:func:`default_group_rays`); with
+            ``sampling="loss"`` at most 8 batches (the map's lag grows with it).
+        gen_threads: threads generating groups concurrently (each with one torch intra-op thread);
+            default 2 on CPU, 1 on GPUs.
+        window_images: images in the window of an images-layout split (its windowed shuffle,
+            :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``,
+            at most 32 (:func:`~raykit.loaders.windowed.default_window`).
+        cache: ``"process"``, or on an images-layout split ``"node"``: its decoded-image cache is
+            the machine's, shared by every rank (:mod:`raykit.loaders.node_cache`).
+        components: per-image components each ray carries (:mod:`raykit.loaders.components`): None
+            every one the store has of ``mask`` and ``depth``, ``()`` none, or a tuple of names; in
+            ``raw.extra`` and ``RayBatch.extra``; their decoded images take up to half of
+            ``cache_bytes``.
+        sampling: which resident rays a batch holds: ``"uniform"`` (the plan's order), ``"loss"``
+            (error-map importance sampling fed by ``RayLoader.observe``), or a
+            :class:`~raykit.loaders.SamplingConfig` (its options);
+            :mod:`raykit.loaders.sampling`.
     """
 
     split: str = "train"
@@ -85,6 +124,38 @@ class LoaderConfig(_Options):
     window_images: int | None = None
     cache: str = "process"
     components: tuple[str, ...] | None = None
+    sampling: SamplingConfig | str = "uniform"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "sampling", check_sampling(self.sampling))
+
+    @property
+    def sampler(self) -> SamplingConfig:
+        """``sampling`` as checked (a :class:`~raykit.loaders.sampling.SamplingConfig`)."""
+        return cast(SamplingConfig, self.sampling)
+
+    @classmethod
+    def from_keywords(cls, args: tuple[Any, ...], overrides: dict[str, Any], base: LoaderConfig | None = None
+                      ) -> LoaderConfig:  # fmt: skip
+        """``base`` (or the defaults) with the positional ``split, batch_size, seed`` and keywords
+        ``overrides`` (``TypeError`` naming an unknown keyword, as Python does for a signature)."""
+        if len(args) > len(POSITIONAL):
+            raise TypeError(f"RayLoader takes the store and at most {len(POSITIONAL)} positional options "
+                            f"({', '.join(POSITIONAL)}), got {len(args)}")  # fmt: skip
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"RayLoader got an unexpected keyword argument {unknown[0]!r}")
+        given = dict(zip(POSITIONAL, args, strict=False))
+        twice = sorted(set(given) & set(overrides))
+        if twice:
+            raise TypeError(f"RayLoader got multiple values for argument {twice[0]!r}")
+        changes = {**given, **overrides}
+        return (base or cls()).replace(**changes) if changes or base is None else base
+
+
+POSITIONAL = ("split", "batch_size", "seed")  # RayLoader's options that may also be given by position
 
 
 @dataclass(frozen=True)

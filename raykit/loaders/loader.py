@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
+from raykit.errors import ConfigError
 from raykit.loaders.arguments import open_if_location
 from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
@@ -29,62 +31,55 @@ from raykit.loaders.components import (
 )
 from raykit.loaders.config import LoaderConfig
 from raykit.loaders.node_cache import check_cache_kind
+from raykit.loaders.sampling import (
+    MAP_BYTES_MAX,
+    ErrorMap,
+    ImageGeometry,
+    LossSampler,
+    loss_lag,
+    map_bytes,
+    map_grid,
+    sampling_record,
+)
 from raykit.loaders.source import ChunkSource
-from raykit.loaders.stages import Generate, GroupStage, StageTimes, StrategyInputs, slice_batch
+from raykit.loaders.stages import (
+    Generate,
+    GroupStage,
+    StageTimes,
+    StrategyInputs,
+    producer_stopped,
+    slice_batch,
+)
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
+from raykit.rays import RayBatch
 from raykit.store import RawRays, RayStore
 
 __all__ = ["SHUFFLED_SPLIT_MIX_RUN", "STATE_VERSION", "RayLoader", "distributed_rank"]
 
-
-_D = LoaderConfig  # the keywords' defaults, written there once
+LOSS_GROUP_BATCHES = 8  # batches per group with ``sampling="loss"`` (the map's lag grows with it)
 
 
 class RayLoader(BatchLoader):
     """Yields ray batches of one split, epoch after epoch.
 
+    ``RayLoader(store, split, batch_size, seed, *, config=None, make_batch=None, **options)``: the
+    options are the fields of :class:`~raykit.loaders.config.LoaderConfig` (their one place: names,
+    defaults, meanings and checks), given as keywords, the first three also by position, or as a
+    whole ``config`` (keywords then change it).
+
     Args:
         store: a :class:`raykit.store.RayStore`, a store path or URL (opened here), or any
             :class:`~raykit.loaders.source.ChunkSource`.
-        seed: seed of the chunk order and the mixing.
-        shuffle: ``False`` reads in stored order (still chunked, cached and prefetched).
-        device: where batches are generated (``"cpu"``, ``"cuda"``...).
-        num_workers: worker processes reading and decompressing chunks; 0 reads on the loader's thread;
-            ``"auto"`` (the default) picks 0 or a few by the cores, the layout and where the store is
-            (:func:`~raykit.loaders.auto.choose_workers`), recorded in ``workers_reason``.
-        cache_bytes: budget of the decoded-chunk LRU cache.
-        disk_cache: directory for local copies of a remote store's shards (shared by worker
-            processes, filled atomically); ignored for local stores.
-        rank, world_size: this rank and the number of ranks; default to ``torch.distributed``'s.
-        drop_last: see :mod:`raykit.loaders.plan`.
-        mix_chunks: mixing-buffer size in chunks (ray-chunk splits).
-        mix_run: rays moved together when mixing (see :mod:`raykit.loaders.plan`); default 16 when the
-            stored split is shuffled, else 1 (ray-chunk splits).
-        prefetch: batches prepared ahead of the consumer (rounded up to whole groups).
-        gen_threads: threads generating groups concurrently (each with one torch intra-op thread, so
-            they never spin against each other or the caller); default 2 on CPU, 1 on GPUs.
-        group_rays: rays gathered and generated together (consecutive batches of one epoch), which
-            amortises per-call overhead at small batch sizes; batches are then views of the group.
-            Default: 2^17, less for a small ``cache_bytes``
-            (:func:`~raykit.loaders.config.default_group_rays`).
         make_batch: ``make_batch(raw: RawRays) -> batch``; defaults to on-device ray generation
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
-        window_images: images in the window of an images-layout split (its windowed shuffle,
-            :mod:`raykit.loaders.window`); default: as many decoded images as fit ``cache_bytes``, at
-            most 32 (:func:`~raykit.loaders.windowed.default_window`).
-        cache: ``"process"``, or on an images-layout split ``"node"``: its decoded-image cache is the
-            machine's, shared by every rank (as ``ImageLoader``'s ``cache="node"``,
-            :mod:`raykit.loaders.node_cache`); batches, order and resume unchanged.
-        components: per-image components each ray carries (:mod:`raykit.loaders.components`): None
-            (the default) every one the store has of ``mask`` and ``depth``, ``()`` none, or a tuple
-            of names; they reach ``make_batch`` in ``raw.extra`` and batches in ``RayBatch.extra``
-            (``mask`` (N,) uint8, 0 = pixel not used; ``depth`` (N,) float32, 0 = unknown). Their
-            decoded images take up to half of ``cache_bytes`` (what they need), the rest is the
-            pixels'.
+
+    Its stages, each an object with its own options: the strategy's source, plan and cache
+    (:mod:`raykit.loaders.strategies`), the components (:mod:`raykit.loaders.components`), the
+    sampling stage (``sampler``, :mod:`raykit.loaders.sampling`), the strategy's groups and the
+    batcher (``make_batch``, run by :class:`~raykit.loaders.stages.Generate`).
 
     Attributes:
-        config: the options, as a :class:`~raykit.loaders.config.LoaderConfig` (the one place of their
-            defaults and checks; the keywords' defaults are its own).
+        config: the options (a :class:`~raykit.loaders.config.LoaderConfig`).
         components: the components batches carry (``components`` resolved against the store).
         num_workers: the worker processes used (``"auto"`` resolved).
         workers_reason: why (``"given"``, or the reason ``"auto"`` chose this count).
@@ -92,6 +87,8 @@ class RayLoader(BatchLoader):
             recorded layout (:mod:`raykit.loaders.strategies`).
         plan: the strategy's plan (:class:`~raykit.loaders.plan.SamplingPlan` or
             :class:`~raykit.loaders.window.WindowPlan`).
+        sampler: the ``loss`` sampling stage (:class:`~raykit.loaders.sampling.LossSampler`), or
+            None for ``uniform``.
         seconds: seconds spent so far in each step the stages time (``strategy.steps``), each on its own
             thread: the profile of :mod:`raykit.profiling`.
     """
@@ -99,49 +96,12 @@ class RayLoader(BatchLoader):
     def __init__(
         self,
         store: RayStore | ChunkSource | str | os.PathLike[str],
-        split: str = _D.split,
-        batch_size: int = _D.batch_size,
-        seed: int = _D.seed,
-        *,
-        shuffle: bool = _D.shuffle,
-        device: Any = _D.device,
-        num_workers: int | str = _D.num_workers,
-        cache_bytes: int = _D.cache_bytes,
-        disk_cache: str | os.PathLike[str] | None = _D.disk_cache,
-        rank: int | None = _D.rank,
-        world_size: int | None = _D.world_size,
-        drop_last: bool = _D.drop_last,
-        mix_chunks: int = _D.mix_chunks,
-        mix_run: int | None = _D.mix_run,
-        prefetch: int = _D.prefetch,
-        group_rays: int | None = _D.group_rays,
-        gen_threads: int | None = _D.gen_threads,
+        *args: Any,
+        config: LoaderConfig | None = None,
         make_batch: Callable[[RawRays], Any] | None = None,
-        window_images: int | None = _D.window_images,
-        cache: str = _D.cache,
-        components: tuple[str, ...] | None = _D.components,
+        **options: Any,
     ) -> None:
-        cfg = LoaderConfig(
-            split=split,
-            batch_size=batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            device=device,
-            num_workers=num_workers,
-            cache_bytes=cache_bytes,
-            disk_cache=disk_cache,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            mix_chunks=mix_chunks,
-            mix_run=mix_run,
-            prefetch=prefetch,
-            group_rays=group_rays,
-            gen_threads=gen_threads,
-            window_images=window_images,
-            cache=cache,
-            components=components,
-        )
+        cfg = LoaderConfig.from_keywords(args, options, config)
         store = open_if_location(store)
         self.store, self.split = store, cfg.split
         self.strategy: Strategy = strategy_for(store, cfg.split)
@@ -156,17 +116,34 @@ class RayLoader(BatchLoader):
             share = component_budget(cfg.cache_bytes, need, True)
             gather = ComponentGather(store, self.components, rows, share)
             pixels = cfg.replace(cache_bytes=cfg.cache_bytes - share)
-        self.plan = self.strategy.plan(self.source, pixels, *distributed_rank(cfg.rank, cfg.world_size))
+        geometry, grid = None, 0
+        if cfg.sampler.kind == "loss":  # the error maps come out of the budget too
+            if not isinstance(store, RayStore):
+                raise ConfigError("loader: sampling='loss' reads a RayStore's images (got a chunk source)")
+            geometry = ImageGeometry.of_store(store, cfg.split)
+            grid = map_grid(len(geometry), cfg.sampler.grid, min(MAP_BYTES_MAX, pixels.cache_bytes // 4))
+            pixels = pixels.replace(cache_bytes=pixels.cache_bytes - map_bytes(len(geometry), grid))
+        rank, world_size = distributed_rank(cfg.rank, cfg.world_size)
+        self.plan = self.strategy.plan(self.source, pixels, rank, world_size)
         check_cache_kind(cfg.cache, self.strategy.name, cfg.split)
         self.cache: ChunkCache[RawRays] = self.strategy.cache(pixels, self.source, self.plan)
         if gather is not None and self.strategy.name == "rays":  # chunks carry their components
             self.cache = ComponentChunkCache(self.cache.capacity, gather)
         group_rays = cfg.group_rays if cfg.group_rays is not None else self.strategy.group_rays(pixels)
+        if geometry is not None and cfg.group_rays is None:  # a short lag for the map
+            group_rays = min(group_rays, LOSS_GROUP_BATCHES * cfg.batch_size)
         self.prefetch, self.group_rays = cfg.prefetch, group_rays
         gen_threads = cfg.gen_threads
         if gen_threads is None:
             gen_threads = 1 if torch.device(cfg.device).type == "cuda" else min(2, os.cpu_count() or 1)
         self.gen_threads = gen_threads
+        self.sampler: LossSampler | None = None
+        if geometry is not None:
+            per_group = max(1, group_rays // self.plan.batch_size)
+            lag = loss_lag(gen_threads, -(-self.prefetch // per_group), per_group)
+            errors = ErrorMap(geometry, grid, cfg.sampler, lag)
+            self.sampler = LossSampler(errors, cfg.seed, rank, world_size, self.plan.n_batches)
+            self.sampler.stopped = producer_stopped
         if cfg.num_workers == "auto":
             self.num_workers, self.workers_reason = choose_workers(
                 source_url(self.source), self.source.n_chunks, layout_of(store, cfg.split), gen_threads,
@@ -198,7 +175,8 @@ class RayLoader(BatchLoader):
         torch.set_num_threads(1)  # per producer thread: leaves the caller's intra-op threads alone
 
     def raw_batches(self, epoch: int, start: int = 0) -> Iterator[RawRays]:
-        """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread."""
+        """The compact rays of batches ``start..`` of ``epoch``, computed on the calling thread (the
+        loss sampling stage's map settles as they are yielded)."""
         groups = self._group_stage()
         groups.load_state_dict({"epoch": epoch, "batch": start})
         for group in groups:
@@ -207,8 +185,36 @@ class RayLoader(BatchLoader):
             if self._gather is not None:
                 raw = self._gather(raw)
             self._times.add("gather", time.perf_counter() - t0)
-            for lo, hi in group.bounds:
+            for k, (lo, hi) in enumerate(group.bounds, group.first):
+                self._settle(epoch, k)
                 yield slice_batch(raw, lo, hi)
+
+    def observe(self, batch: Any, losses: Any) -> None:
+        """Feed back the per-ray ``losses`` of ``batch`` (a ``RayBatch`` or ``RawRays`` this loader
+        yielded; a tensor or array of ``len(batch)`` numbers) to the ``loss`` sampling stage (a no-op
+        for ``uniform``). Observe each batch before taking the next: batches then depend only on the
+        seed and the losses (``docs/loading.md``, "Sampling").
+
+        Raises:
+            ConfigError: ``losses`` is not one number per ray of ``batch``.
+        """
+        if self.sampler is None:
+            return
+        if isinstance(losses, torch.Tensor):
+            losses = losses.detach().to("cpu", torch.float32).numpy()
+        values = np.asarray(losses, dtype=np.float32).reshape(-1)
+        geometry = self.sampler.errors.geometry
+        if isinstance(batch, RayBatch):
+            image = geometry.local[batch.image.cpu().numpy()]
+            xy = batch.pixel.cpu().numpy()
+            pixel = xy[:, 1] * geometry.width[image] + xy[:, 0]
+        else:
+            image, pixel = geometry.image_pixel_of_pid(np.asarray(batch.pid))
+        if len(values) != len(image):
+            raise ConfigError(
+                f"loader: observe: expected {len(image)} losses (one per ray), got {len(values)}"
+            )
+        self.sampler.errors.observe(image, pixel, values)
 
     # ---- state -------------------------------------------------------------------------------
     def _state_tag(self) -> dict[str, Any]:
@@ -216,7 +222,10 @@ class RayLoader(BatchLoader):
         return {"strategy": name} if name != "rays" else {}
 
     def _plan_fields(self) -> dict[str, Any]:
-        return self.strategy.state_fields(self.plan)
+        fields = self.strategy.state_fields(self.plan)
+        if self.sampler is not None:
+            fields["sampling"] = sampling_record(self.config.sampler)
+        return fields
 
     def _lookahead(self) -> int:
         return self.strategy.lookahead(self.plan, self.num_workers)
@@ -225,7 +234,9 @@ class RayLoader(BatchLoader):
     def _group_stage(self) -> GroupStage:
         """The strategy's stages, ending in groups of consecutive batches."""
         return self.strategy.groups(
-            StrategyInputs(self.source, self.plan, self._fetcher_ready, self._times, self.group_rays)
+            StrategyInputs(
+                self.source, self.plan, self._fetcher_ready, self._times, self.group_rays, self.sampler
+            )
         )
 
     def _gen_pool(self) -> ThreadPoolExecutor:

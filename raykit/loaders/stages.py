@@ -36,11 +36,20 @@ __all__ = [
     "Stage",
     "StageTimes",
     "StrategyInputs",
+    "producer_stopped",
     "slice_batch",
 ]
 
 T_co = TypeVar("T_co", covariant=True)
 DONE = object()  # the producer's last item of an epoch
+_PRODUCER = threading.local()  # the producer thread's stop event (``producer_stopped``)
+
+
+def producer_stopped() -> bool:
+    """Whether the calling thread is a :class:`Prefetch` producer told to stop (a stage that waits
+    checks it, so that stopping never hangs)."""
+    stop = getattr(_PRODUCER, "stop", None)
+    return stop is not None and stop.is_set()
 
 
 class Stage(Protocol[T_co]):
@@ -119,6 +128,7 @@ class StrategyInputs:
     fetcher: Callable[[], Any]
     times: StageTimes
     group_rays: int
+    sampler: Any = None  # the loss sampling stage (raykit.loaders.sampling.LossSampler), or None
 
 
 class StageTimes:
@@ -240,6 +250,7 @@ class Prefetch(Positioned):
                 yield batch
 
     def _produce(self, items: queue.Queue[Any], stop: threading.Event) -> None:
+        _PRODUCER.stop = stop
         self._on_thread()
         iterator = cast(Generator[list[Any], None, None], iter(self.upstream))
         try:

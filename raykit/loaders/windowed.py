@@ -137,7 +137,9 @@ class WindowDraws(Positioned):
         self.source: WindowImageSource = inputs.source
         self._fetcher: Callable[[], ChunkFetcher] = inputs.fetcher
         self._times, self.group_rays = inputs.times, inputs.group_rays
+        self.sampler = inputs.sampler
         self._bases: dict[tuple[int, int], np.ndarray] = {}
+        self._inverses: dict[tuple[int, int], np.ndarray] = {}
         self._trim = HeapTrim()  # decoded images, made on the decoding threads, freed as they leave
 
     def __iter__(self) -> Iterator[RawGroup]:
@@ -160,6 +162,7 @@ class WindowDraws(Positioned):
         held: dict[int, WindowImage] = {}  # the images the group's batches draw from
         draws: list[Draw] = []
         sizes: list[int] = []
+        picks: list[Picked] = []  # the loss sampling stage's draws
         for k, batch in enumerate(plan.iter_draws(epoch, start), start):
             if batch.entered:
                 t0 = time.perf_counter()
@@ -173,21 +176,43 @@ class WindowDraws(Positioned):
                 held.update(window)
             draws += batch.draws
             sizes.append(plan.batch_size if k != last else sum(hi - lo for _, lo, hi in batch.pieces()))
+            if self.sampler is not None:  # drawn from the window's images instead of the plan's ranks
+                picks.append(self._pick(epoch, k, sorted(window), sizes[-1]))
             if k == start or len(sizes) >= per_group:
-                yield self._group(epoch, sizes, draws, held)
-                held, draws, sizes = {}, [], []
+                yield self._group(epoch, sizes, draws, held, picks)
+                held, draws, sizes, picks = {}, [], [], []
             for i in batch.done:
                 del window[i]  # used up: leaves the window
         if sizes:
-            yield self._group(epoch, sizes, draws, held)
+            yield self._group(epoch, sizes, draws, held, picks)
 
     def _group(
-        self, epoch: int, sizes: list[int], draws: list[Draw], held: dict[int, WindowImage]
-    ) -> WindowGroup:
+        self, epoch: int, sizes: list[int], draws: list[Draw], held: dict[int, WindowImage],
+        picks: list[Picked],
+    ) -> WindowGroup:  # fmt: skip
         first = self.batch
         self.batch += len(sizes)
         stops = np.cumsum(sizes).tolist()  # each batch's (lo, hi) in the group
-        return WindowGroup(epoch, first, list(zip([0, *stops[:-1]], stops, strict=True)), [], draws, held)
+        bounds = list(zip([0, *stops[:-1]], stops, strict=True))
+        return WindowGroup(epoch, first, bounds, [], draws, held, picks)
+
+    def _pick(self, epoch: int, k: int, images: list[int], size: int) -> Picked:
+        """Batch ``k``'s rays drawn by the sampling stage from the window ``images``."""
+        sampler = self.sampler
+        rng, snapshot = sampler.rng(epoch, k), sampler.snapshot(epoch, k)
+        image, pixel, prob, weight = sampler.draw_images(snapshot, np.asarray(images, np.int64), size, rng)
+        inverses = {i: self._inverse(epoch, self.plan.image_rays[i]) for i in np.unique(image).tolist()}
+        return Picked(image, pixel, prob, weight, inverses)
+
+    def _inverse(self, epoch: int, n: int) -> np.ndarray:
+        """(n,) int64: the rank order of ``epoch``'s base permutation of ``n`` (pixel -> its position)."""
+        if (epoch, n) not in self._inverses:
+            self._inverses = {k: v for k, v in self._inverses.items() if k[0] == epoch}
+            base = self._doubled(epoch, n)[:n]
+            inverse = np.empty(n, np.int64)
+            inverse[base] = np.arange(n)
+            self._inverses[(epoch, n)] = inverse
+        return self._inverses[(epoch, n)]
 
     def enter(self, epoch: int, image: int, rgba: np.ndarray) -> WindowImage:
         """Split-local ``image``'s decoded (n, C) colours as they enter the window in ``epoch``."""
@@ -266,12 +291,58 @@ class WindowGroup(RawGroup):
 
     draws: list[Draw] = field(default_factory=list)
     held: dict[int, WindowImage] = field(default_factory=dict)
+    picks: list[Picked] = field(default_factory=list)
 
     def gather(self) -> RawRays:
+        if self.picks:
+            return RawRays.concat([pick.gather(self.held) for pick in self.picks])
         if len(self.draws) == 1:
             return gather_pieces(*self.draws[0], self.held)
         image, lo, hi = (np.concatenate(part) for part in zip(*self.draws, strict=True))
         return gather_pieces(image, lo, hi, self.held)
+
+
+class Picked(NamedTuple):
+    """One batch drawn by the sampling stage: split image and row-major pixel of each ray, with the
+    probability it was drawn with and its weight, and the epoch's rank order per image size."""
+
+    image: np.ndarray
+    pixel: np.ndarray
+    prob: np.ndarray
+    weight: np.ndarray
+    inverses: dict[int, np.ndarray]
+
+    def gather(self, held: Mapping[int, WindowImage]) -> RawRays:
+        """The batch's rays from the window images ``held`` (safe on any thread): grouped by image,
+        ranks computed at once per image size, one ``take`` per image, put back in draw order."""
+        order = np.argsort(self.image, kind="stable")
+        image_sorted = self.image[order]
+        ids, starts, counts = np.unique(image_sorted, return_index=True, return_counts=True)
+        pixels = self.pixel[order]
+        sources = [held[i] for i in ids.tolist()]
+        rotation = np.repeat([s.rotation for s in sources], counts)
+        size = np.repeat([len(s.ranked) for s in sources], counts)
+        sizes = np.unique(size)
+        if len(sizes) == 1:  # one inverse per image size (usually one size)
+            rank = self.inverses[int(image_sorted[0])][pixels]
+        else:
+            rank = np.empty(len(order), np.int64)
+            for n in sizes.tolist():
+                same = size == n
+                rank[same] = self.inverses[int(image_sorted[np.argmax(same)])][pixels[same]]
+        rank -= rotation
+        rank[rank < 0] += size[rank < 0]
+        channels = sources[0].ranked.shape[1]
+        sorted_rgba = np.empty((len(order), channels), np.uint8)
+        out = sorted_rgba.view(np.uint32)[:, 0] if channels == 4 else sorted_rgba  # 4 channels: a uint32
+        for source, a, b in zip(sources, starts.tolist(), (starts + counts).tolist(), strict=True):
+            ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
+            out[a:b] = np.take(ranked, rank[a:b], axis=0)
+        rgba = np.empty_like(sorted_rgba)
+        rgba[order] = sorted_rgba
+        pid = np.empty(len(order), np.uint32)
+        pid[order] = np.repeat([s.offset for s in sources], counts) + pixels
+        return RawRays(rgba, pid, {"prob": self.prob, "weight": self.weight})
 
 
 def gather_pieces(

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_STEPS",
     "FIELD_RESOLUTIONS",
     "LOGGERS",
+    "RAY_SAMPLINGS",
     "SAMPLERS",
     "SAMPLER_CHOICES",
     "SCENE_SPACES",
@@ -53,6 +54,8 @@ AUTO_SAMPLERS = {
 }
 """Scene space -> (sampler, reason) for ``--sampler auto``."""
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
+RAY_SAMPLINGS = ("uniform", "loss")
+"""``--ray-sampling``: the loader's sampling stage (``raykit.loaders``' ``sampling``)."""
 LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
 _REQUIRED = ("out",)
@@ -219,6 +222,12 @@ class TrainConfig:
     )
     progress_images: int = _opt(4, "images of the first eval split used by the quick checks", valid=_COUNT)
     num_workers: int = _opt(0, "loader worker processes", valid=worker_range())
+    ray_sampling: str = _opt(
+        "uniform",
+        "which rays a batch holds: uniform (the loader's shuffle) or loss (the loader's error-map "
+        "importance sampling, fed each step's per-ray losses; losses not reweighted; run.json records it)",
+        choices=RAY_SAMPLINGS,
+    )
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")
     compile_field: bool = _opt(
@@ -296,6 +305,8 @@ DEFAULT_REASONS: dict[str, str] = {
     "store": "no default: the store is the positional argument",
     "out": "no default: --out is required",
     "sampler": "auto: the sampler that suits the scene space (run.json's sampler records which and why)",
+    "ray_sampling": "uniform: until loss-driven sampling measures better on the captures (BENCHMARKS.md, "
+    "issue 57's section)",
     "steps": "None: 5000 steps (DEFAULT_STEPS), or, with --max-seconds, no step limit (UNLIMITED_STEPS), "
     "so that a time budget is trained in full on a fast machine too (5000 steps capped a 300 s run on "
     "plant_capture at 287 s on 2 CPU threads, and would cap one on a GPU at about 50 s); resolved in "

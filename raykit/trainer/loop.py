@@ -14,6 +14,7 @@ and the run's records in :mod:`raykit.trainer.setup`, the step's timing and log 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,9 @@ def _train(run: Run) -> Path:
             group["lr"] = learning_rate(config, state.step, elapsed)
         if isinstance(grid, OccupancyGrid) and state.step % config.occ_update_every == 0:
             _refresh_grid(run, state.step)
+        observe = functools.partial(run.loader.observe, batch) if config.ray_sampling == "loss" else None
         loss, total, samples = step_losses(
-            config, run.model, field_, grid, batch, background, state.step, run.jitter, clock.lap
+            config, run.model, field_, grid, batch, background, state.step, run.jitter, clock.lap, observe
         )
         window.memory_mb = max(window.memory_mb, current_memory_mb(device))
         run.optimizer.zero_grad(set_to_none=True)
@@ -163,19 +165,24 @@ def step_losses(
     step: int,
     generator: torch.Generator | None,
     lap: Callable[[str], None] = lambda phase: None,
+    observe: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Samples]:
     """The forward half of a training step: sample, query ``model`` (the field or its DDP wrapper),
     composite, and the losses: ``(photometric MSE, MSE + the proposal networks' interlevel loss,
     samples)``. On a store with masks the MSE is over the rays whose pixel the mask uses
     (:func:`photometric_loss`). ``lap(phase)`` is told when sampling, the network and the rendering
     end. Nothing is read back to the host (the occupancy sampler's packed samples have a
-    data-dependent size: that one synchronisation is the sampler's)."""
+    data-dependent size: that one synchronisation is the sampler's), but for ``observe``, which gets
+    each ray's squared error (detached, on the host: the loader's loss sampling stage)."""
     samples = sample_rays(config, field, grid, batch, step, generator)
     lap("sampling")
     sigmas, rgbs = query_field(model, samples, batch, config.mixed_precision)
     lap("network")
     rendered = composite_samples(samples, sigmas, rgbs, background)
-    loss = photometric_loss(rendered["rgb"], batch.composite(background), batch.extra.get("mask"))
+    target = batch.composite(background)
+    loss = photometric_loss(rendered["rgb"], target, batch.extra.get("mask"))
+    if observe is not None:
+        observe(((rendered["rgb"].detach() - target) ** 2).mean(dim=1).float().cpu())
     total = loss
     if isinstance(samples.trace, ProposalTrace):
         if samples.trace.trains_networks:

@@ -104,6 +104,7 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
         config.seed, device=device,
         num_workers=config.num_workers, rank=procs.rank, world_size=procs.world_size,
         components=tuple(name for name in ("mask",) if name in store.components),  # the loss's masks
+        sampling=config.ray_sampling,
     )  # fmt: skip
     run_dir = Path(config.out)
     return Run(
@@ -139,6 +140,7 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
             "background": {"colour": config.background, "reason": background_reason},
             "field": {"max_resolution": config.max_resolution, "reason": resolution_reason},
             "steps": {"steps": config.steps, "reason": steps_reason},
+            "ray_sampling": {"name": config.ray_sampling, "reweight": False},  # losses not reweighted
         },
         budget=budget,
     )

@@ -48,3 +48,17 @@ def test_two_gloo_ranks_partition_the_split(
         np.testing.assert_array_equal(np.sort(union), np.sort(split))  # the union is the split
     shares = [len(r["pids"]) for r in results]
     assert max(shares) - min(shares) <= 1
+
+
+def test_two_gloo_ranks_share_one_loss_map_and_draw_their_own_streams(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    script = Path(__file__).with_name("dist_loss_rank.py")
+    url = stores["zarr"].url
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(WORLD), url, str(tmp_path)])
+             for r in range(WORLD)]  # fmt: skip
+    assert [p.wait(timeout=120) for p in procs] == [0] * WORLD
+    results = [np.load(tmp_path / f"loss{r}.npz") for r in range(WORLD)]
+    assert all(int(r["rebuilds"][0]) >= 3 for r in results)
+    np.testing.assert_array_equal(results[0]["est"], results[1]["est"])  # one map, reduced
+    assert not np.array_equal(results[0]["pids"], results[1]["pids"])  # each rank its own stream

@@ -87,17 +87,23 @@ def test_window_groups_resume_from_their_own_state(stores: dict[str, Any]) -> No
     fetcher2.close()
 
 
-def test_loader_takes_keywords_only_and_its_config_holds_them(stores: dict[str, Any]) -> None:
-    """One way to pass options: keywords, whose defaults are ``LoaderConfig``'s; ``loader.config`` is
-    the frozen, checked record of them; there is no second ``config=`` path."""
+def test_loader_options_are_the_config_fields_written_once(stores: dict[str, Any]) -> None:
+    """The options are ``LoaderConfig``'s fields, written there only: keywords (the first three also
+    by position) or a whole ``config`` (keywords change it); ``loader.config`` is their frozen,
+    checked record; an unknown keyword is a ``TypeError`` as for any signature."""
     loader = RayLoader(stores["zarr"], "train", 64, 3, mix_chunks=2, group_rays=256, make_batch=lambda r: r)
     assert loader.config == LoaderConfig(batch_size=64, seed=3, mix_chunks=2, group_rays=256)
     loader.close()
-    defaults = inspect.signature(RayLoader).parameters
-    assert {n: p.default for n, p in defaults.items() if n in LoaderConfig.__dataclass_fields__} == {
-        f.name: f.default for f in dataclasses.fields(LoaderConfig)
-    }
-    assert "config" not in defaults
+    parameters = inspect.signature(RayLoader).parameters
+    assert not set(parameters) & set(LoaderConfig.__dataclass_fields__)  # not spelled a second time
+    base = LoaderConfig(batch_size=64, seed=3, mix_chunks=2)
+    again = RayLoader(stores["zarr"], config=base, group_rays=256, make_batch=lambda r: r)
+    assert again.config == loader.config
+    again.close()
+    with pytest.raises(TypeError, match="mix_chunk"):
+        RayLoader(stores["zarr"], mix_chunk=2)
+    with pytest.raises(TypeError, match="batch_size"):
+        RayLoader(stores["zarr"], "train", 64, batch_size=64)
     with pytest.raises(dataclasses.FrozenInstanceError):
         loader.config.seed = 4  # type: ignore[misc]
 
