@@ -85,9 +85,9 @@ def machine_fault(exc: BaseException) -> bool:
 
 
 def portable(obj: Any, root: str) -> Any:
-    """``obj`` with every absolute path inside folder ``root`` (as given or resolved) written
-    ``./<relative path>``: what the records hold, so that a folder moved or copied is rerun where it
-    now is (:func:`located`)."""
+    """``obj`` with every absolute path inside folder ``root`` (as given or resolved; a command's
+    ``--flag=PATH`` too) written ``./<relative path>``: what the records hold, so that a folder moved or
+    copied is rerun where it now is (:func:`located`)."""
     roots = {os.path.abspath(root), os.path.realpath(root)}
 
     def relative(value: Any) -> Any:
@@ -95,11 +95,14 @@ def portable(obj: Any, root: str) -> Any:
             return {k: relative(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [relative(v) for v in value]
-        if isinstance(value, str) and os.path.isabs(value):
-            path = os.path.normpath(value)
-            for base in roots:
-                if path == base or path.startswith(base.rstrip(os.sep) + os.sep):
-                    return "./" + os.path.relpath(path, base).replace(os.sep, "/")
+        if isinstance(value, str):
+            flag, _, rest = value.rpartition("=") if value.startswith("--") else ("", "", value)
+            if os.path.isabs(rest):
+                path = os.path.normpath(rest)
+                for base in roots:
+                    if path == base or path.startswith(base.rstrip(os.sep) + os.sep):
+                        rel = os.path.relpath(path, base).replace(os.sep, "/")
+                        return f"{flag}{'=' if flag else ''}./{rel}"
         return value
 
     return relative(obj)
@@ -168,7 +171,7 @@ class StageRunner:
         if not resume:
             for path in stage.outputs:
                 _remove(path)
-        record = stage_record(stage.name, fp, inputs, list(stage.command))
+        record = stage_record(stage.name, fp, inputs, portable(list(stage.command), self.root))
         attempts = old.get("attempts") if resume and old else None
         record["attempts"] = (
             [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []

@@ -134,7 +134,7 @@ def _convert(
     cfg = StageConfigs(run=run, convert=convert, poses=PoseOptions(seed=convert.seed), train=TrainConfig())
     folder.mkdir(parents=True, exist_ok=True)
     echo(f"capture {capture.name}: {src}")
-    results = capture_and_store(cfg, folder, StageRunner(folder, options.retries, echo=echo))
+    results = capture_and_store(cfg, folder, StageRunner(folder, options.retries, echo=echo, root=out))
     store = results["store"]
     source = store["output"] if results["kind"] == "store" else tree_fingerprint(src)
     return {"url": store["url"], "output": store["output"], "source": source, "kind": results["kind"]}
