@@ -12,8 +12,22 @@ from __future__ import annotations
 from raykit.pipeline.config import DEFAULT_SAMPLER, RunConfig, StageConfigs
 from raykit.pipeline.records import PIPELINE_FILE, fingerprint, tree_fingerprint
 from raykit.pipeline.run import capture_and_store, check_run_folder, run_pipeline
-from raykit.pipeline.runner import Attempt, Stage, StageError, StageRunner, WarmStarter, machine_fault
-from raykit.pipeline.stages import export_stage, train_summary, training_stage, with_progress_checks
+from raykit.pipeline.runner import (
+    Attempt,
+    Stage,
+    StageError,
+    StageRunner,
+    WarmStarter,
+    kill_children,
+    machine_fault,
+)
+from raykit.pipeline.stages import (
+    export_stage,
+    read_jsonl,
+    train_summary,
+    training_stage,
+    with_progress_checks,
+)
 
 __all__ = [
     "DEFAULT_SAMPLER",
@@ -29,7 +43,9 @@ __all__ = [
     "check_run_folder",
     "export_stage",
     "fingerprint",
+    "kill_children",
     "machine_fault",
+    "read_jsonl",
     "run_pipeline",
     "train_summary",
     "training_stage",

@@ -43,25 +43,33 @@ def run_pipeline(
         return _run_locked(cfg, out, extra, runner)
 
 
-def check_run_folder(out: Path) -> None:
-    """Refuse an ``OUT`` that exists and is not a run folder of raykit's own: a run folder holds
-    ``pipeline.json`` (its records), or nothing but a lock left by a run killed before it wrote any.
-    A rerun removes what its stages wrote in there, so nobody else's files may be in it.
+def check_run_folder(
+    out: Path,
+    *,
+    record: str = PIPELINE_FILE,
+    lock: str = RUN_LOCK,
+    command: str = "raykit run",
+    read: Callable[[Path], object] = Records,
+) -> None:
+    """Refuse an ``OUT`` that exists and is not a folder of ``command``'s own: such a folder holds its
+    ``record`` (``pipeline.json``; ``raykit sweep``: ``sweep.json``), or nothing but the ``lock`` left
+    by a command killed before it wrote any. A rerun rewrites and removes what the command wrote in
+    there, so nobody else's files (a ``report.md``, a ``results.csv``) may be in it.
 
     Raises:
-        ConfigError: one line naming ``OUT``; nothing is read beyond its listing and records, nothing
-            written or removed.
+        ConfigError: one line naming ``OUT``; nothing is read beyond its listing and its record
+            (``read(out)`` checks the record: one line naming it), nothing written or removed.
     """
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a directory")
-    if (out / PIPELINE_FILE).is_file():
-        Records(out)  # readable records of raykit run (else one line naming pipeline.json)
+    if (out / record).is_file():
+        read(out)
         return
-    if {p.name for p in out.iterdir()} - {RUN_LOCK}:
+    if {p.name for p in out.iterdir()} - {lock}:
         raise ConfigError(
-            f"{out}: exists and is not a raykit run folder (no {PIPELINE_FILE}); raykit run removes "
+            f"{out}: exists and is not a {command} folder (no {record}); {command} rewrites and removes "
             "what it wrote there on a rerun, so it refuses to write into another folder: choose a new "
             "or empty OUT"
         )

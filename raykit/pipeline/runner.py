@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ConfigError, RaykitError, WorkerError
+from raykit.fileio import UntrustedFileError, check_relative
 from raykit.pipeline.records import Meter, Records, fingerprint, stage_record
 
-__all__ = ["Attempt", "Stage", "StageError", "StageRunner", "WarmStarter", "run_process"]
+__all__ = ["Attempt", "Stage", "StageError", "StageRunner", "WarmStarter", "kill_children", "run_process"]
 
 
 class StageError(RaykitError, RuntimeError):
@@ -83,11 +84,62 @@ def machine_fault(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and not isinstance(exc, RaykitError)
 
 
-class StageRunner:
-    """Executes stages in order against ``OUT/pipeline.json`` (see the module)."""
+def portable(obj: Any, root: str) -> Any:
+    """``obj`` with every absolute path inside folder ``root`` (as given or resolved; a command's
+    ``--flag=PATH`` too) written ``./<relative path>``: what the records hold, so that a folder moved or
+    copied is rerun where it now is (:func:`located`)."""
+    roots = {os.path.abspath(root), os.path.realpath(root)}
 
-    def __init__(self, out: Path, retries: int = 0, echo: Callable[[str], None] = print) -> None:
+    def relative(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: relative(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [relative(v) for v in value]
+        if isinstance(value, str):
+            flag, _, rest = value.rpartition("=") if value.startswith("--") else ("", "", value)
+            if os.path.isabs(rest):
+                path = os.path.normpath(rest)
+                for base in roots:
+                    if path == base or path.startswith(base.rstrip(os.sep) + os.sep):
+                        rel = os.path.relpath(path, base).replace(os.sep, "/")
+                        return f"{flag}{'=' if flag else ''}./{rel}"
+        return value
+
+    return relative(obj)
+
+
+def located(obj: Any, root: str, where: str) -> Any:
+    """``obj`` read from the records of folder ``root`` (``where``), its ``./`` paths made absolute
+    there; such a path must be plain (no ``..``: ``fileio.check_relative``), or ConfigError names it."""
+    if isinstance(obj, dict):
+        return {k: located(v, root, where) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [located(v, root, where) for v in obj]
+    if isinstance(obj, str) and obj.startswith("./"):
+        if obj == "./.":
+            return root
+        try:
+            parts = check_relative(obj[2:], where)
+        except UntrustedFileError as exc:
+            raise ConfigError(str(exc)) from None
+        return os.path.join(root, *parts)
+    return obj
+
+
+class StageRunner:
+    """Executes stages in order against ``OUT/pipeline.json`` (see the module).
+
+    Paths inside ``root`` (default ``out``; a sweep's runs: the sweep's folder) are recorded relative
+    to it (:func:`portable`), in fingerprints and results alike: a folder moved or copied resumes and
+    skips as it would have where it was. Records written before (absolute paths) are still up to date
+    where they were written.
+    """
+
+    def __init__(
+        self, out: Path, retries: int = 0, echo: Callable[[str], None] = print, root: Path | None = None
+    ) -> None:
         self.out, self.retries, self.echo = out, retries, echo
+        self.root = os.path.abspath(root if root is not None else out)
         self.records = Records(out)
         self.ran: list[str] = []  # stages run by this invocation
         self.seen: list[str] = []  # stages executed or found up to date
@@ -101,21 +153,25 @@ class StageRunner:
             raise ConfigError(
                 f"{self.records.path}: stage {name!r}: expected a result object, got {result!r}"[:300]
             )
-        return result
+        located_result: dict[str, Any] = located(result, self.root, f"{self.records.path}: stage {name!r}")
+        return located_result
 
     def execute(self, stage: Stage) -> dict[str, Any]:
         """Run ``stage`` unless it is up to date; return its result."""
-        fp = fingerprint(dict(stage.inputs))
+        inputs = portable(dict(stage.inputs), self.root)
+        fp = fingerprint(inputs)
         self.seen.append(stage.name)
         old = self.records.get(stage.name)
-        if old is not None and old.get("fingerprint") == fp and old.get("status") == "done":
+        # A record from before relative paths: its fingerprint is of the absolute inputs.
+        same = old is not None and old.get("fingerprint") in (fp, fingerprint(dict(stage.inputs)))
+        if old is not None and same and old.get("status") == "done":
             self.echo(f"==> {stage.name}: up to date")
             return self.result(stage.name)
-        resume = stage.resumable and old is not None and old.get("fingerprint") == fp
+        resume = stage.resumable and same
         if not resume:
             for path in stage.outputs:
                 _remove(path)
-        record = stage_record(stage.name, fp, stage.inputs, list(stage.command))
+        record = stage_record(stage.name, fp, inputs, portable(list(stage.command), self.root))
         attempts = old.get("attempts") if resume and old else None
         record["attempts"] = (
             [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
@@ -166,7 +222,7 @@ class StageRunner:
                 attempt.log.write_text("".join(traceback.format_exception(exc)))
             self._finish(stage, record, entry, attempt, "failed", f"{type(exc).__name__}: {exc}")
             return exc
-        record["result"] = _finite(result)
+        record["result"] = portable(_finite(result), self.root)
         self._finish(stage, record, entry, attempt, "done", None)
         self.echo(f"    done in {attempt.meter.wall_s:.1f} s")
         return None
@@ -208,10 +264,58 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# Process groups of the children running now (each child leads its own session): killed with the
+# caller's interruption (``kill_children``), since a child in its own session misses the terminal's Ctrl-C.
+_CHILDREN: set[int] = set()
+
+
+def kill_children(sig: int = signal.SIGINT) -> None:
+    """Send ``sig`` to the process group of every child running now (a sweep interrupted while its runs
+    train: their trainers, and whatever those started, stop with it)."""
+    for pgid in list(_CHILDREN):
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, sig)
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the child gets SIGKILL when the pipeline dies (no orphan trainer holding the run)."""
+    """Linux: the child gets SIGKILL when its parent dies (no orphan trainer holding the run)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _watch_owner(owner: int) -> None:  # pragma: no cover - runs in the child
+    """Kill this child's process group the moment process ``owner`` (the sweep or pipeline that started
+    it, not the fork server it was forked from) ends, however it ends (SIGKILL included): a thread
+    waits on the owner's pidfd (Linux >= 5.3), else polls it every second."""
+    import select
+    import threading
+
+    def kill_group() -> None:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    try:
+        pidfd = os.pidfd_open(owner)
+    except ProcessLookupError:  # the owner ended before the child started
+        kill_group()
+        return
+    except (OSError, AttributeError):  # an older kernel, or not Linux
+        pidfd = -1
+
+    def watch() -> None:
+        if pidfd >= 0:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(1.0)
+        kill_group()
+
+    threading.Thread(target=watch, name="raykit-owner-watch", daemon=True).start()
 
 
 def run_process(argv: Sequence[str], attempt: Attempt, env: Mapping[str, str] | None = None) -> None:
@@ -226,15 +330,20 @@ def run_process(argv: Sequence[str], attempt: Attempt, env: Mapping[str, str] | 
             stdout=log,
             stderr=subprocess.STDOUT,
             env=dict(env or os.environ),
+            start_new_session=True,  # its own process group: killed as one (kill_children)
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+        _CHILDREN.add(proc.pid)
         attempt.on_pid(proc.pid)
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGINT)
             attempt.meter.child = {"exit_status": proc.wait()}
             raise
+        finally:
+            _CHILDREN.discard(proc.pid)
         proc.returncode = os.waitstatus_to_exitcode(status)
     attempt.meter.child = {"exit_status": proc.returncode, "peak_rss_mb": usage.ru_maxrss / 1e3}
     _judge(argv[0], proc.returncode, attempt)
@@ -288,7 +397,7 @@ class WarmStarter:
         usage = attempt.log.with_name(attempt.log.name + ".rusage")
         attempt.log.write_bytes(b"")
         process = self.context.Process(
-            target=_warm_child, args=(module, list(args), str(attempt.log), str(usage))
+            target=_warm_child, args=(module, list(args), str(attempt.log), str(usage), os.getpid())
         )
         try:
             process.start()
@@ -296,14 +405,18 @@ class WarmStarter:
             run_process(argv, attempt)
             return
         assert process.pid is not None
+        _CHILDREN.add(process.pid)
         attempt.on_pid(process.pid)
         try:
             process.join()
         except KeyboardInterrupt:
-            os.kill(process.pid, signal.SIGINT)
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGINT)
             process.join()
             attempt.meter.child = {"exit_status": process.exitcode or 0}
             raise
+        finally:
+            _CHILDREN.discard(process.pid)
         code = process.exitcode if process.exitcode is not None else 1
         attempt.meter.child = {"exit_status": code}
         with contextlib.suppress(OSError, ValueError):
@@ -312,12 +425,19 @@ class WarmStarter:
         _judge(argv[0], code, attempt)
 
 
-def _warm_child(module: str, args: list[str], log: str, usage: str) -> None:  # pragma: no cover - child
-    """A :class:`WarmStarter` child: ``python -m module *args`` with its output in ``log``."""
+def _warm_child(
+    module: str, args: list[str], log: str, usage: str, owner: int
+) -> None:  # pragma: no cover - runs in the child
+    """A :class:`WarmStarter` child: ``python -m module *args`` with its output in ``log``, leading its
+    own process group, and killed with it when process ``owner`` ends. Its parent is the fork server,
+    which outlives a SIGKILLed owner while any child holds the server's "alive" pipe: the parent's death
+    signal alone would leave the child running."""
     import importlib
     import resource
 
+    os.setsid()
     _die_with_parent()
+    _watch_owner(owner)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

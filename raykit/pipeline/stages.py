@@ -16,7 +16,7 @@ import numpy as np
 
 from raykit.converters import detect_source
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
-from raykit.fileio import loads_json, read_json, sha256_file
+from raykit.fileio import loads_json, read_bounded, read_json, sha256_file
 from raykit.pipeline.config import StageConfigs, config_flags
 from raykit.pipeline.records import tree_fingerprint
 from raykit.pipeline.runner import Attempt, Stage, WarmStarter, run_process
@@ -25,6 +25,7 @@ from raykit.trainer import OLD_PROTOCOL, TrainConfig, protocol_of
 
 __all__ = [
     "export_stage",
+    "read_jsonl",
     "source_kind",
     "train_config",
     "train_stage",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+JSONL_LIMIT = 1 << 30  # bytes of a run's log.jsonl (a record per log_every steps: ~300 bytes each)
 
 
 def source_kind(src: Path, source: str) -> str:
@@ -232,12 +234,13 @@ def _record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a run's JSON-lines log; a line that is not one (torn by a kill) is skipped."""
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's JSON-lines log, read bounded (``fileio``: a regular file of at most
+    ``JSONL_LIMIT`` bytes); a line that is not one (torn by a kill) is skipped."""
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in read_bounded(path, limit=JSONL_LIMIT).decode(errors="replace").splitlines():
         try:
             record = loads_json(line, str(path))
         except ValueError:
@@ -250,7 +253,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def train_summary(run_dir: Path) -> dict[str, Any]:
     """What the report needs of a finished run (its eval.json, log.jsonl and progress.jsonl)."""
     evaluation = _record(run_dir / "eval.json")
-    log, progress = _jsonl(run_dir / "log.jsonl"), _jsonl(run_dir / "progress.jsonl")
+    log, progress = read_jsonl(run_dir / "log.jsonl"), read_jsonl(run_dir / "progress.jsonl")
     test = evaluation["splits"].get("test") or next(iter(evaluation["splits"].values()))
 
     def mean(key: str) -> float | None:

@@ -7,6 +7,8 @@ trains and evaluates through them in ``OUT/runs/<id>/`` (:mod:`raykit.sweep.runs
 Dask cluster (:mod:`raykit.sweep.executors`); a finished run is never run again. Results:
 ``OUT/results.parquet`` and ``results.csv`` (:mod:`raykit.sweep.results`), ``OUT/report.md`` and
 ``report.html`` (:mod:`raykit.sweep.report`), and optionally MLflow (:mod:`raykit.sweep.tracking`).
+OUT holds only what the sweep wrote (a folder with other files is refused); a SPEC of more than
+``MAX_RUNS`` runs is refused with its count; when every run failed, :class:`RunsFailedError`.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from __future__ import annotations
 from raykit.sweep.report import paired_comparison, summarise, write_report
 from raykit.sweep.results import RESULTS, read_results, write_results
 from raykit.sweep.runs import TIMING_COLUMNS, RunTask, comparable, execute_run, run_identity
-from raykit.sweep.spec import Capture, Configuration, SweepSpec, config_hash, load_spec
-from raykit.sweep.sweep import SWEEP_FILE, SweepOptions, plan_sweep, run_sweep
+from raykit.sweep.spec import MAX_RUNS, Capture, Configuration, SweepSpec, config_hash, load_spec
+from raykit.sweep.sweep import SWEEP_FILE, RunsFailedError, SweepOptions, plan_sweep, run_sweep
 
 __all__ = [
+    "MAX_RUNS",
     "RESULTS",
     "SWEEP_FILE",
     "TIMING_COLUMNS",
     "Capture",
     "Configuration",
     "RunTask",
+    "RunsFailedError",
     "SweepOptions",
     "SweepSpec",
     "comparable",

@@ -20,7 +20,10 @@ def register(subparsers: Any) -> None:
         "converted once, each run trained and evaluated by raykit run's stages and named by its identity "
         "(store fingerprint, config hash, seed, raykit version); a finished run is never run again, so a "
         "killed sweep reruns only what had not finished. Writes OUT/results.parquet, OUT/results.csv, "
-        "OUT/report.md and OUT/report.html.",
+        "OUT/report.md and OUT/report.html. OUT must be new, empty or an earlier sweep's (sweep.json): "
+        "a folder holding other files is refused. A SPEC of more than 10,000 runs, an unreachable "
+        "--scheduler or tracking server are refused before anything is converted; exit status 2 when "
+        "every run failed.",
     )
     parser.add_argument("spec", nargs="?", metavar="SPEC", help="the sweep's TOML file")
     parser.add_argument("out", nargs="?", metavar="OUT", help="output folder (stores, runs, results, report)")

@@ -14,14 +14,17 @@ so), and hand each row to ``on_row`` as the run finishes, in the coordinating pr
 from __future__ import annotations
 
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from raykit.errors import ConfigError
+from raykit.pipeline import kill_children
 from raykit.sweep.runs import RunTask, execute_run
 
-__all__ = ["local_threads", "run_dask", "run_local"]
+__all__ = ["check_scheduler", "local_threads", "run_dask", "run_local"]
 
 OnRow = Callable[[RunTask, dict[str, Any]], None]
 
@@ -31,13 +34,46 @@ def local_threads(jobs: int, cpus: int | None = None) -> int:
     return max(1, (cpus or os.cpu_count() or 1) // max(jobs, 1))
 
 
+PROBE_SECONDS = 5.0  # how long --scheduler is given to accept a connection, before any conversion
+
+
+def check_scheduler(address: str, timeout: float = PROBE_SECONDS) -> None:
+    """Refuse a ``--scheduler`` that does not accept a TCP connection within ``timeout`` seconds
+    (asked before any capture is converted; other transports than tcp/tls are left to Dask).
+
+    Raises:
+        ConfigError: one line naming the address and why.
+    """
+    parsed = urllib.parse.urlsplit(address)
+    if parsed.scheme not in ("tcp", "tls"):
+        return
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError as exc:
+        raise ConfigError(f"--scheduler {address}: {exc}") from None
+    if not host or port is None:
+        raise ConfigError(f"--scheduler {address}: expected host and port, like tcp://host:8786")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise ConfigError(f"--scheduler {address}: cannot connect ({reason})") from None
+
+
 def run_local(tasks: Sequence[RunTask], jobs: int, on_row: OnRow) -> None:
     """Execute ``tasks``, ``jobs`` at a time."""
     threads = local_threads(jobs)
-    with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="raykit-sweep") as pool:
+    pool = ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="raykit-sweep")
+    try:
         futures = {pool.submit(execute_run, task, threads, "local"): task for task in tasks}
         for future in as_completed(futures):
             on_row(futures[future], future.result())
+    except BaseException:  # Ctrl-C or a failure here: no new run starts, the running ones stop
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_children()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _on_worker(task: RunTask, gpu: bool) -> dict[str, Any]:  # pragma: no cover - runs in a Dask worker

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import raykit
-from raykit.errors import RaykitError
-from raykit.fileio import atomic_write_json
+from raykit.errors import ConfigError, RaykitError
+from raykit.fileio import atomic_write_json, read_json
+from raykit.locks import lock_owner, lock_path
 from raykit.pipeline import (
     StageError,
     StageRunner,
@@ -31,6 +32,7 @@ from raykit.pipeline import (
     export_stage,
     fingerprint,
     machine_fault,
+    read_jsonl,
     training_stage,
 )
 from raykit.sweep.spec import Capture, Configuration, config_hash
@@ -143,20 +145,36 @@ def run_tasks(
     return tasks
 
 
+ROW_LIMIT = 16 << 20  # bytes of a row.json (a row with its curve is kilobytes)
+
+
 def finished_row(task: RunTask) -> dict[str, Any] | None:
-    """The row of a run that finished (successfully) under this identity, else None."""
+    """The row of a run that finished (successfully) under this identity, else None.
+
+    Raises:
+        ConfigError: ``row.json`` is there but not a row (not a regular file, too large, not a JSON
+            object): one line naming it.
+    """
     path = Path(task.run_dir) / ROW_FILE
     try:
-        row: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
+        row = read_json(path, limit=ROW_LIMIT)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path}: unreadable run row ({text}); remove it to rerun the run") from None
+    if not isinstance(row, dict):
+        raise ConfigError(
+            f"{path}: expected a JSON object (a run's row), got {type(row).__name__}; remove it to rerun "
+            "the run"
+        )
     return row if row.get("run_id") == task.run_id and row.get("status") == "done" else None
 
 
 def _metrics(run_dir: Path) -> dict[str, Any]:
     """Every figure of ``eval.json``, read generically: ``<split>_<name>`` for each number or string
     of each split (means over images), and the protocol block (any top-level table but the splits)."""
-    evaluation = json.loads((run_dir / "eval.json").read_text())
+    evaluation = read_json(run_dir / "eval.json")
     columns: dict[str, Any] = {}
     for split, figures in evaluation.get("splits", {}).items():
         for name, value in figures.items():
@@ -226,7 +244,13 @@ def execute_run(task: RunTask, threads: int | None = None, executor: str = "loca
     started = time.perf_counter()
     runner: StageRunner | None = None
     try:
-        runner = StageRunner(run_dir, task.retries, echo=echo)
+        owner = lock_owner(lock_path(config.out))
+        if owner is not None:  # a trainer of an earlier sweep still runs there: never a second one
+            raise ConfigError(
+                f"{config.out}: a trainer still runs in this run folder (pid {owner.get('pid', '?')} on "
+                f"host {owner.get('host', '?')}); rerun the sweep once it has ended"
+            )
+        runner = StageRunner(run_dir, task.retries, echo=echo, root=run_dir.parent.parent)
         summary = runner.execute(training_stage(config, task.store_fp, "train", starter=warm_starter()))
         if task.export:
             exported = runner.execute(export_stage(summary, run_dir, "model"))
@@ -259,9 +283,9 @@ def execute_run(task: RunTask, threads: int | None = None, executor: str = "loca
 def _measurements(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """Steps, metrics, training and evaluation seconds, rays/s, loader wait, the PSNR-against-time curve."""
     train_dir = Path(summary["run_dir"])
-    evaluation = json.loads((train_dir / "eval.json").read_text())
+    evaluation = read_json(train_dir / "eval.json")
     eval_s = sum(float(f.get("seconds") or 0.0) for f in evaluation.get("splits", {}).values())
-    log = [json.loads(line) for line in (train_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+    log = read_jsonl(train_dir / "log.jsonl")
     if summary["progress"]:
         curve = [[p["elapsed_s"], p["psnr"]] for p in summary["progress"] if p.get("psnr") is not None]
         curve_kind = "test"

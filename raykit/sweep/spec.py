@@ -27,13 +27,18 @@
 
 Everything is checked when the file is read: an unknown field, a value of the wrong type or out of
 range, a missing capture, two entries that are the same, each one :class:`ConfigError` line that names
-the SPEC and the entry, before anything runs.
+the SPEC and the entry, before anything runs. The runs are counted before any is made: a SPEC of more
+than ``MAX_RUNS`` (10,000) runs (captures x configurations x seeds) is refused with its count; seeds
+are integers in ``[0, SEED_MAX]`` (2**32 - 1: the trainer seeds its generators with
+``seed * 1_000_003 + rank``, which must fit 64 bits). The SPEC itself is read bounded
+(``fileio.read_bounded``, at most ``SPEC_LIMIT`` bytes, a regular file).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -42,11 +47,14 @@ from typing import Any
 
 from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError, RaykitError
+from raykit.fileio import read_bounded
 from raykit.pipeline import fingerprint
 from raykit.trainer import TrainConfig
 
 __all__ = [
     "IDENTITY_SKIP",
+    "MAX_RUNS",
+    "SEED_MAX",
     "Capture",
     "Configuration",
     "SweepSpec",
@@ -65,6 +73,9 @@ SCENE_SIZES = ("tiny", "small", "realistic")
 SCENE_CAMERAS = ("PINHOLE", "OPENCV")
 TOP_KEYS = ("seeds", "export", "evaluation", "train", "grid", "configs", "captures")
 LOWER_IS_BETTER = ("lpips", "loss", "mse")
+MAX_RUNS = 10_000  # runs of one sweep (captures x configurations x seeds), counted before any is made
+SEED_MAX = 2**32 - 1
+SPEC_LIMIT = 16 << 20  # bytes of a SPEC file
 
 
 @dataclass(frozen=True)
@@ -211,10 +222,11 @@ def _configurations(spec: Path, data: dict[str, Any], evaluation: dict[str, Any]
         if c.hash in seen:
             raise _fail(spec, f"configuration {c.name!r}", f"the same configuration as {seen[c.hash]!r}")
         seen[c.hash] = c.name
-    names = [c.name for c in configs]
-    for name in names:
-        if names.count(name) > 1:
-            raise _fail(spec, f"configuration {name!r}", "name used twice")
+    names: set[str] = set()
+    for c in configs:
+        if c.name in names:
+            raise _fail(spec, f"configuration {c.name!r}", "name used twice")
+        names.add(c.name)
     return configs
 
 
@@ -288,10 +300,11 @@ def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
         if c.key() in keys:
             raise _fail(spec, f"capture {c.name!r}", f"the same capture as {keys[c.key()]!r}")
         keys[c.key()] = c.name
-    names = [c.name for c in captures]
-    for name in names:
-        if names.count(name) > 1:
-            raise _fail(spec, f"capture {name!r}", "name used twice (set `name`)")
+    names: set[str] = set()
+    for c in captures:
+        if c.name in names:
+            raise _fail(spec, f"capture {c.name!r}", "name used twice (set `name`)")
+        names.add(c.name)
     return captures
 
 
@@ -321,22 +334,21 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and check SPEC (see the module); raise :class:`ConfigError` naming the first bad entry."""
     spec = Path(path)
     try:
-        data = tomllib.loads(spec.read_text())
+        data = tomllib.loads(read_bounded(spec, limit=SPEC_LIMIT).decode())
     except FileNotFoundError as exc:
         raise ConfigError(f"{spec}: not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{spec}: unreadable ({exc})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{spec}: not valid TOML ({exc})") from exc
+    except RecursionError:
+        raise ConfigError(f"{spec}: not valid TOML (nested too deep)") from None
+    except (OSError, ValueError) as exc:  # fileio's refusals (a FIFO, a device, too large) name the file
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(text if text.startswith(str(spec)) else f"{spec}: unreadable ({text})") from None
     for key in data:
         if key not in TOP_KEYS:
             raise _fail(spec, key, f"unknown field (expected one of {', '.join(TOP_KEYS)})")
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or any(_check_type(s, int) for s in seeds):
-        raise _fail(spec, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
-    for seed in seeds:
-        if seeds.count(seed) > 1:
-            raise _fail(spec, "seeds", f"seed {seed} listed twice")
+    seeds = _seeds(spec, data.get("seeds", [0]))
+    _count_runs(spec, data, len(seeds))
     export = data.get("export", False)
     if not isinstance(export, bool):
         raise _fail(spec, "export", f"expected true or false, got {export!r}")
@@ -344,3 +356,38 @@ def load_spec(path: str | Path) -> SweepSpec:
     configs = _configurations(spec, data, evaluation)
     captures = _captures(spec, data)
     return SweepSpec(str(spec), tuple(captures), tuple(configs), tuple(seeds), metric, export)
+
+
+def _seeds(spec: Path, seeds: Any) -> list[int]:
+    """The SPEC's seeds, each an integer the trainer accepts, none twice (checked in linear time)."""
+    if not isinstance(seeds, list) or not seeds:
+        raise _fail(spec, "seeds", f"expected a non-empty list of integers, got {seeds!r}"[:300])
+    valid = next(f for f in dataclasses.fields(TrainConfig) if f.name == "seed").metadata.get("valid")
+    seen: set[int] = set()
+    for seed in seeds:
+        if _check_type(seed, int):
+            raise _fail(spec, "seeds", f"expected integers, got {seed!r}"[:300])
+        if not 0 <= seed <= SEED_MAX or (valid is not None and not valid.contains(seed)):
+            raise _fail(spec, "seeds", f"seed {seed} out of range (expected an integer in [0, {SEED_MAX}])")
+        if seed in seen:
+            raise _fail(spec, "seeds", f"seed {seed} listed twice")
+        seen.add(seed)
+    return seeds
+
+
+def _count_runs(spec: Path, data: dict[str, Any], seeds: int) -> int:
+    """The number of runs the SPEC makes, counted (not enumerated); more than ``MAX_RUNS`` is refused.
+    A malformed [grid], configs or captures counts as one here and is refused when read."""
+    grid, entries, captures = data.get("grid", {}), data.get("configs", [{}]), data.get("captures")
+    points = math.prod(len(v) for v in grid.values() if isinstance(v, list)) if isinstance(grid, dict) else 1
+    configs = points * (len(entries) if isinstance(entries, list) else 1)
+    n_captures = len(captures) if isinstance(captures, list) else 1
+    runs = n_captures * configs * seeds
+    if runs > MAX_RUNS:
+        raise _fail(
+            spec,
+            "runs",
+            f"{n_captures} captures x {configs} configurations x {seeds} seeds = {runs} runs, more than "
+            f"the {MAX_RUNS} one sweep accepts; split it into several sweeps",
+        )
+    return runs

@@ -1,19 +1,24 @@
 """``run_sweep``: check the SPEC, convert each capture once, run what has not finished, write the results
 and the report.
 
-Order: the SPEC is read and checked (:func:`raykit.sweep.spec.load_spec`); each capture is converted
+Order: the SPEC is read and checked (:func:`raykit.sweep.spec.load_spec`, runs counted, not enumerated);
+OUT is refused unless it is new, empty or a sweep's own folder (``sweep.json``: files the sweep did not
+write are never overwritten); ``--scheduler`` and the tracking server are asked, with short timeouts;
+``OUT/sweep.json`` is written (what makes OUT a sweep folder); then each capture is converted
 into ``OUT/stores/<key>/`` by ``raykit run``'s own stages (:func:`raykit.pipeline.capture_and_store`,
 make-like: a capture already converted with the same options is not converted again, and two entries
 of one capture share a store); every run's identity is computed and two runs with one identity are an
 error, all before any run starts. Then the runs without a finished ``row.json`` execute (locally or on
 Dask), each finished row updates ``OUT/results.parquet`` and ``OUT/results.csv``, and at the end
 ``OUT/report.md`` and ``OUT/report.html`` are written. ``OUT/sweep.json`` records each invocation:
-which runs it ran and which it found finished.
+which runs it ran and which it found finished. When every run failed, the command exits 2 (one line
+naming the first failure). Each trainer leads its own process group and dies with the sweep (a
+SIGKILLed sweep included), and holds its run folder's lock while it trains: a rerun never trains a
+second process into a live run folder.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
@@ -25,30 +30,33 @@ from typing import Any
 
 import raykit
 from raykit.converters import ConvertConfig
-from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_json
+from raykit.errors import ConfigError, RaykitError
+from raykit.fileio import atomic_write_json, read_bounded, read_json
 from raykit.options import option
 from raykit.pipeline import (
     RunConfig,
     StageConfigs,
     StageRunner,
     capture_and_store,
+    check_run_folder,
     fingerprint,
     tree_fingerprint,
 )
 from raykit.poses import PoseOptions
-from raykit.sweep.executors import run_dask, run_local
+from raykit.sweep.executors import check_scheduler, run_dask, run_local
 from raykit.sweep.report import write_report
 from raykit.sweep.results import write_results
 from raykit.sweep.runs import RunTask, finished_row, run_tasks, warm_starter
-from raykit.sweep.spec import Capture, SweepSpec, load_spec
+from raykit.sweep.spec import SPEC_LIMIT, Capture, SweepSpec, load_spec
 from raykit.trainer import TrainConfig
 
-__all__ = ["SWEEP_FILE", "SweepOptions", "plan_sweep", "run_sweep"]
+__all__ = ["SWEEP_FILE", "RunsFailedError", "SweepOptions", "plan_sweep", "read_record", "run_sweep"]
 
 SWEEP_FILE = "sweep.json"
 SWEEP_LOCK = "sweep.lock"  # held by the one `raykit sweep` writing OUT (raykit.store.lock)
 TRACKERS = ("none", "mlflow")
+FORMAT = "raykit-sweep"
+RECORD_LIMIT = 64 << 20  # bytes of sweep.json (a record per invocation of at most MAX_RUNS runs)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,11 @@ class SweepOptions:
         if self.scheduler is not None and "://" not in self.scheduler:
             raise ConfigError(
                 f"--scheduler: expected an address like tcp://host:8786, got {self.scheduler!r}"
+            )
+        if self.tracking_uri is not None and "://" not in self.tracking_uri:
+            raise ConfigError(
+                "--tracking-uri: expected a URI with its scheme, like http://host:5000 or "
+                f"sqlite:///path/mlflow.db, got {self.tracking_uri!r}"
             )
 
 
@@ -121,7 +134,7 @@ def _convert(
     cfg = StageConfigs(run=run, convert=convert, poses=PoseOptions(seed=convert.seed), train=TrainConfig())
     folder.mkdir(parents=True, exist_ok=True)
     echo(f"capture {capture.name}: {src}")
-    results = capture_and_store(cfg, folder, StageRunner(folder, options.retries, echo=echo))
+    results = capture_and_store(cfg, folder, StageRunner(folder, options.retries, echo=echo, root=out))
     store = results["store"]
     source = store["output"] if results["kind"] == "store" else tree_fingerprint(src)
     return {"url": store["url"], "output": store["output"], "source": source, "kind": results["kind"]}
@@ -157,27 +170,23 @@ def plan_sweep(
 
 
 class _Record:
-    """``OUT/sweep.json``: the plan and each invocation (what it ran, what it found finished)."""
+    """``OUT/sweep.json``: the plan and each invocation (what it ran, what it found finished). Written
+    first (before any conversion): it is what makes OUT a sweep folder (``check_run_folder``)."""
 
-    def __init__(self, out: Path, spec: SweepSpec, tasks: list[RunTask], options: SweepOptions) -> None:
+    def __init__(self, out: Path, spec: SweepSpec, options: SweepOptions) -> None:
         self.path = out / SWEEP_FILE
-        data: dict[str, Any] = {}
-        if self.path.is_file():
-            try:
-                data = json.loads(self.path.read_text())
-            except (OSError, ValueError) as exc:
-                raise ConfigError(
-                    f"{self.path}: unreadable sweep record ({exc}); remove it to start over"
-                ) from exc
+        previous = read_record(out) if self.path.is_file() else {}
         self.data: dict[str, Any] = {
-            "format": "raykit-sweep",
+            "format": FORMAT,
             "version": 1,
             "spec": spec.path,
-            "spec_fingerprint": fingerprint(Path(spec.path).read_text()),
+            "spec_fingerprint": fingerprint(
+                read_bounded(spec.path, limit=SPEC_LIMIT).decode(errors="replace")
+            ),
             "raykit_version": raykit.__version__,
             "metric": spec.metric,
-            "runs": [{"run_id": t.run_id, "label": t.label, "dir": Path(t.run_dir).name} for t in tasks],
-            "invocations": list(data.get("invocations", [])),
+            "runs": previous.get("runs", []),
+            "invocations": list(previous.get("invocations", [])),
         }
         self.invocation: dict[str, Any] = {
             "started": time.time(),
@@ -189,37 +198,89 @@ class _Record:
         }
         self.data["invocations"].append(self.invocation)
         self.lock = threading.Lock()
+        self.save()
+
+    def plan(self, tasks: list[RunTask]) -> None:
+        self.data["runs"] = [
+            {"run_id": t.run_id, "label": t.label, "dir": Path(t.run_dir).name} for t in tasks
+        ]
 
     def save(self) -> None:
         with self.lock:
             atomic_write_json(self.path, self.data, sync=False)
 
 
+def read_record(out: Path) -> dict[str, Any]:
+    """``OUT/sweep.json``, read bounded (``fileio.read_json``) and checked to be a sweep's record.
+
+    Raises:
+        ConfigError: one line naming the file and the problem.
+    """
+    path = out / SWEEP_FILE
+    try:
+        data = read_json(path, limit=RECORD_LIMIT)
+    except (OSError, ValueError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path}: unreadable sweep record ({text}); remove it to start over") from None
+    problem = None
+    if not isinstance(data, dict):
+        problem = f"expected a JSON object, got {type(data).__name__}"
+    elif data.get("format", FORMAT) != FORMAT:
+        problem = f"expected format {FORMAT!r}, got {data.get('format')!r}"
+    elif not isinstance(data.get("invocations", []), list) or not all(
+        isinstance(i, dict) for i in data.get("invocations", [])
+    ):
+        problem = "expected 'invocations' to be a list of objects"
+    elif not isinstance(data.get("runs", []), list):
+        problem = "expected 'runs' to be a list"
+    if problem:
+        raise ConfigError(f"{path}: not a sweep record ({problem}); remove it to start over"[:400])
+    return dict(data)
+
+
+class RunsFailedError(RaykitError, RuntimeError):
+    """Every run of a sweep failed (its report says why, run by run)."""
+
+
 def run_sweep(spec_path: str | Path, out: str | Path, options: SweepOptions | None = None) -> Path:
-    """Run the sweep SPEC into OUT (see the module); return the path of ``report.md``."""
+    """Run the sweep SPEC into OUT (see the module); return the path of ``report.md``.
+
+    Before anything is converted: OUT must be new, empty or a sweep's own folder (files the sweep did
+    not write are never overwritten), ``--scheduler`` and the tracking server must answer.
+
+    Raises:
+        ConfigError: bad SPEC, OUT, records or options (one line).
+        RunsFailedError: every run failed (after the results and the report are written).
+    """
     options = options or SweepOptions()
     out = Path(out)
     spec = load_spec(spec_path)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a directory")
-    tracker = None
+    check_run_folder(out, record=SWEEP_FILE, lock=SWEEP_LOCK, command="raykit sweep", read=read_record)
+    if options.scheduler:
+        check_scheduler(options.scheduler)
     if options.tracking == "mlflow":
-        from raykit.sweep.tracking import MlflowTracker
+        from raykit.sweep.tracking import check_tracking
 
-        tracker = MlflowTracker(options.tracking_uri, out, spec)  # checks the server before any run
+        check_tracking(options.tracking_uri)
     out.mkdir(parents=True, exist_ok=True)
     from raykit.locks import store_lock
 
     with store_lock(out, path=out / SWEEP_LOCK, what="sweep folder"):  # one `raykit sweep` per OUT
-        return _sweep_locked(spec, out, options, tracker)
+        record = _Record(out, spec, options)
+        tracker = None
+        if options.tracking == "mlflow":
+            from raykit.sweep.tracking import MlflowTracker
+
+            tracker = MlflowTracker(options.tracking_uri, out, spec)  # its store checked before any run
+        return _sweep_locked(spec, out, options, tracker, record)
 
 
-def _sweep_locked(spec: SweepSpec, out: Path, options: SweepOptions, tracker: Any) -> Path:
+def _sweep_locked(spec: SweepSpec, out: Path, options: SweepOptions, tracker: Any, record: _Record) -> Path:
     started = time.perf_counter()
     if not options.scheduler:
         warm_starter().start()  # torch and the trainer imported once, while the captures convert
     tasks = plan_sweep(spec, out, options)
-    record = _Record(out, spec, tasks, options)
+    record.plan(tasks)
     rows: dict[str, dict[str, Any]] = {}
     pending = []
     for task in tasks:
@@ -278,4 +339,9 @@ def _sweep_locked(spec: SweepSpec, out: Path, options: SweepOptions, tracker: An
         f"ran {len(pending)}, {len(failed)} failed)",
         flush=True,
     )
+    if failed and len(failed) == len(ordered):
+        first = str(failed[0].get("error") or "unknown").splitlines()[0][:300]
+        raise RunsFailedError(
+            f"{out}: every run failed ({len(failed)} of {len(ordered)}; the first: {first}); see {report}"
+        )
     return report

@@ -8,16 +8,19 @@ wait); artifacts: the row as ``results.json``, the run's ``eval.json`` and its e
 one. At the end a ``sweep`` run holds ``report.md``, ``report.html``, ``results.parquet`` and
 ``results.csv``. ``--tracking-uri``: a tracking server (``http://host:5000``) or a local store (default:
 ``sqlite:///OUT/mlflow.db``, artifacts in ``OUT/mlartifacts``). Logging never stops the sweep: a
-failure is one warning line; an unreachable server is an error before any run starts.
+failure is one warning line; a server that does not answer within seconds, or answers an error
+(a 503), is an error before any capture is converted; MLflow's own retries are bounded (``HTTP_LIMITS``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +30,7 @@ from raykit.errors import ConfigError
 from raykit.sweep.runs import RunTask
 from raykit.sweep.spec import SweepSpec
 
-__all__ = ["MlflowTracker"]
+__all__ = ["MlflowTracker", "check_tracking"]
 
 PARAM_MAX = 6000
 _PARAM_COLUMNS = (
@@ -42,27 +45,60 @@ _PARAM_COLUMNS = (
 )
 
 
+PROBE_SECONDS = 5.0  # how long the tracking server is given to answer, before any conversion
+# MLflow's own HTTP retries (default: 7 with exponential backoff, 120 s timeouts: minutes of silence
+# per call to a failing server), unless the environment sets them.
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+def check_tracking(uri: str | None, timeout: float = PROBE_SECONDS) -> None:
+    """Refuse ``--tracking mlflow`` without mlflow installed, or with a tracking server (``http(s)://``)
+    whose health or REST API does not answer within ``timeout`` seconds, or answers an error (a 503).
+
+    Raises:
+        ConfigError: one line naming the URI and why.
+    """
+    try:
+        import mlflow.tracking  # noqa: F401 - only whether it imports
+    except ImportError as exc:
+        raise ConfigError(
+            "--tracking mlflow: mlflow is not installed (pip install 'raykit[mlflow]')"
+        ) from exc
+    if uri is None or not uri.startswith(("http://", "https://")):
+        return
+    query = urllib.parse.urlencode({"experiment_name": "raykit sweep probe"})
+    for path in ("/health", f"/api/2.0/mlflow/experiments/get-by-name?{query}"):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + path, timeout=timeout) as reply:
+                reply.read(1 << 16)
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 and path != "/health":  # 404: no such experiment, the API answers
+                continue
+            raise ConfigError(
+                f"--tracking-uri {uri}: tracking server not reachable (HTTP {exc.code} {exc.reason} "
+                f"for {path.split('?')[0]})"
+            ) from None
+        except (OSError, ValueError) as exc:  # refused, timed out, not HTTP
+            reason = getattr(exc, "reason", None) or exc
+            raise ConfigError(f"--tracking-uri {uri}: tracking server not reachable ({reason})") from None
+
+
 class MlflowTracker:
     """Logs a sweep's runs to MLflow (see the module)."""
 
     def __init__(self, uri: str | None, out: Path, spec: SweepSpec) -> None:
-        try:
-            from mlflow.tracking import MlflowClient
-        except ImportError as exc:
-            raise ConfigError(
-                "--tracking mlflow: mlflow is not installed (pip install 'raykit[mlflow]')"
-            ) from exc
+        check_tracking(uri)
+        from mlflow.tracking import MlflowClient
+
         self.out = out.resolve()
         self.local = uri is None
         self.uri = uri or f"sqlite:///{self.out / 'mlflow.db'}"
-        if self.uri.startswith(("http://", "https://")):
-            try:
-                with urllib.request.urlopen(self.uri.rstrip("/") + "/health", timeout=10) as reply:
-                    reply.read()
-            except (OSError, urllib.error.URLError) as exc:
-                raise ConfigError(
-                    f"--tracking-uri {self.uri}: tracking server not reachable ({exc})"
-                ) from exc
+        for name, value in HTTP_LIMITS.items():  # a server failing later costs seconds, not minutes
+            os.environ.setdefault(name, value)
         self.out.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.lock = threading.Lock()

@@ -46,6 +46,22 @@ def test_rerun_with_nothing_changed_runs_nothing(
     assert records(finished_run) == before
 
 
+def test_a_moved_run_folder_is_rerun_where_it_is(
+    run_raykit: Any, tiny_scene: Path, finished_run: Path, tmp_path: Path
+) -> None:
+    """Records hold paths relative to their folder: a copy, moved away from where it was written, is up
+    to date where it now is and names nothing of the old place."""
+    import shutil
+
+    copied = Path(shutil.copytree(finished_run, tmp_path / "copy", symlinks=True))
+    moved = copied.rename(tmp_path / "moved")
+    text = (moved / "pipeline.json").read_text()
+    assert str(finished_run) not in text and '"./store"' in text
+    done = run_raykit(tiny_scene, moved, "--samplers=occupancy,stratified", "--steps=24")
+    assert "ran: nothing, all up to date" in done.stdout and str(moved / "report.md") in done.stdout
+    assert (moved / "pipeline.json").read_text() == text
+
+
 def test_a_new_budget_retrains_but_does_not_convert(
     run_raykit: Any, tiny_scene: Path, tmp_path: Path
 ) -> None:

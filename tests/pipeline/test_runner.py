@@ -114,3 +114,92 @@ def test_a_warm_started_child_fails_as_a_fresh_one_would(tmp_path: Path) -> None
     with pytest.raises(StageError) as info:
         starter.run("raykit.trainer", ["--help"], killed)
     assert info.value.machine and "signal 9" in str(info.value)
+
+
+def _located_stage(folder: Path, calls: list[Attempt]) -> Stage:
+    """A stage whose inputs and result name paths inside ``folder``."""
+
+    def run(attempt: Attempt) -> dict[str, Any]:
+        calls.append(attempt)
+        (folder / "made").mkdir(exist_ok=True)
+        return {"path": str(folder / "made"), "files": [str(folder / "made" / "a.png")], "output": "fp"}
+
+    inputs = {"out": str(folder / "made"), "store": str(folder / "store")}
+    return Stage("work", inputs, run, ["raykit", "work"], (folder / "made",))
+
+
+def test_a_moved_folder_is_up_to_date_where_it_now_is(tmp_path: Path) -> None:
+    calls: list[Attempt] = []
+    first = tmp_path / "first"
+    StageRunner(first, echo=lambda _: None).execute(_located_stage(first, calls))
+    record = _record(first)
+    assert record["result"]["path"] == "./made" and record["inputs"]["store"] == "./store"
+    moved = first.rename(tmp_path / "moved")
+    runner = StageRunner(moved, echo=lambda _: None)
+    result = runner.execute(_located_stage(moved, calls))
+    assert runner.ran == [] and len(calls) == 1  # up to date, not rerun
+    assert result["path"] == str(moved / "made") and result["files"] == [str(moved / "made" / "a.png")]
+
+
+def test_a_recorded_path_leading_out_of_the_folder_is_one_line(tmp_path: Path) -> None:
+    from raykit.errors import ConfigError
+
+    calls: list[Attempt] = []
+    runner = StageRunner(tmp_path, echo=lambda _: None)
+    runner.execute(_located_stage(tmp_path, calls))
+    data = json.loads((tmp_path / "pipeline.json").read_text())
+    data["stages"]["work"]["result"]["path"] = "./../../etc"
+    (tmp_path / "pipeline.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"pipeline\.json: stage 'work': file name '\.\./\.\./etc'"):
+        StageRunner(tmp_path, echo=lambda _: None).execute(_located_stage(tmp_path, calls))
+
+
+def test_a_child_leads_its_own_process_group_and_dies_with_its_owner(tmp_path: Path) -> None:
+    """A warm-started child is in its own session (killed as a group) and watches the process that
+    started it, not its parent (the fork server): when that owner ends, the child ends."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from raykit.pipeline import WarmStarter\n"
+        "from raykit.pipeline.records import Meter\n"
+        "from raykit.pipeline.runner import Attempt\n"
+        "out = Path(sys.argv[1])\n"
+        "def on_pid(pid):\n"
+        "    (out / 'pid').write_text(str(pid))\n"
+        "if __name__ == '__main__':\n"
+        "    starter = WarmStarter(('json',))\n"
+        "    starter.run('sleeper', [], Attempt(1, out / 'c.log', False, Meter(), on_pid))\n"
+    )
+    (tmp_path / "sleeper").mkdir()
+    (tmp_path / "sleeper" / "__init__.py").write_text("")
+    (tmp_path / "sleeper" / "__main__.py").write_text("import time\ndef main():\n    time.sleep(600)\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    owner = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "pid").is_file() or not (tmp_path / "pid").read_text():
+        assert owner.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int((tmp_path / "pid").read_text())
+    while os.getsid(child) != child:  # the child's first act: its own session
+        assert time.monotonic() < deadline, "the child never left its owner's session"
+        time.sleep(0.05)
+    assert os.getpgid(child) == child and os.getsid(owner.pid) != child
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with open(f"/proc/{child}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        assert time.monotonic() < deadline, f"child {child} outlived its owner"
+        time.sleep(0.05)
