@@ -8,17 +8,13 @@ DDP over gloo; each rank reads its share of every epoch (the loader's rank shard
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 from types import FrameType
 
 from raykit.errors import RaykitError
-from raykit.locks import store_lock
-from raykit.trainer.cli import build_train_parser
+from raykit.trainer.cli import build_train_parser, train_in_folder
 from raykit.trainer.config import from_args
-from raykit.trainer.loop import train
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -31,12 +27,7 @@ def main() -> int:
     args = build_train_parser("python -m raykit.trainer").parse_args()
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        config = from_args(args)
-        # One trainer per run folder: rank 0 holds ``<out>.lock`` while it trains, so a second trainer
-        # (a rerun after its sweep or pipeline was killed) is refused, naming the live one.
-        first = os.environ.get("RANK", "0") == "0" and config.out
-        with store_lock(config.out, what="training run") if first else contextlib.nullcontext():
-            train(config)
+        train_in_folder(from_args(args))
     except RaykitError as exc:
         print(f"raykit: error: {exc}", file=sys.stderr)
         return 2

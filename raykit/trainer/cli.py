@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from raykit.errors import ConfigError
+from raykit.locks import store_lock
 from raykit.options import add_command
-from raykit.trainer.config import add_arguments, from_args
+from raykit.trainer.config import TrainConfig, add_arguments, from_args
 
-__all__ = ["build_train_parser", "register"]
+__all__ = ["build_train_parser", "register", "train_in_folder"]
 
 
 def register(subparsers: Any) -> None:
@@ -79,10 +83,19 @@ def build_train_parser(prog: str = "raykit train") -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args: argparse.Namespace) -> int:
+def train_in_folder(config: TrainConfig) -> Path:
+    """``train(config)`` holding ``<out>.lock`` on rank 0: one trainer per run folder, so a second one
+    (a rerun after its sweep or pipeline was killed, or a second ``raykit train``) is refused, naming
+    the live one."""
     from raykit.trainer.loop import train
 
-    run_dir = train(from_args(args))
+    first = os.environ.get("RANK", "0") == "0" and config.out
+    with store_lock(config.out, what="training run") if first else contextlib.nullcontext():
+        return train(config)
+
+
+def _train(args: argparse.Namespace) -> int:
+    run_dir = train_in_folder(from_args(args))
     print(f"run directory: {run_dir}")
     return 0
 

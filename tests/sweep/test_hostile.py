@@ -251,3 +251,10 @@ def test_a_second_trainer_into_a_live_run_folder_is_refused(
     line = _error_line(done)
     assert f"{run}: another process is writing this training run (pid {os.getpid()}" in line
     assert not run.exists()
+    with store_lock(run, what="training run"):  # ``raykit train`` takes the same lock
+        done = subprocess.run(
+            [sys.executable, "-m", "raykit", "train", *argv[3:]],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+    assert f"{run}: another process is writing this training run" in _error_line(done)
+    assert not run.exists()
