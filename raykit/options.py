@@ -27,8 +27,10 @@ __all__ = [
     "add_command",
     "config_flags",
     "config_problems",
+    "field_types",
     "from_args",
     "option",
+    "value_problem",
     "with_keywords",
 ]
 
@@ -193,3 +195,28 @@ def add_command(
         add_arguments(parser, config, **flags)
     parser.set_defaults(func=func)
     return parser
+
+
+def value_problem(value: Any, annotation: Any) -> str | None:
+    """None when ``value`` (from TOML or JSON) fits a field's ``annotation`` (``int``, ``float | None``, ...),
+    else why not: the typed entry points (``raykit sweep``'s SPEC) check values as the flags' types do."""
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = kinds[0]
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:  # pragma: no cover - every config field is one of the above
+        ok = True
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
+    return None if ok else f"expected {name}, got {value!r}"
+
+
+def field_types(config: type[Any], skip: Collection[str] = ()) -> dict[str, Any]:
+    """Each field of dataclass ``config`` but those in ``skip``: its type annotation."""
+    hints = typing.get_type_hints(config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config) if f.name not in skip}

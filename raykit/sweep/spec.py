@@ -48,6 +48,7 @@ from typing import Any
 from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError, RaykitError
 from raykit.fileio import read_bounded
+from raykit.options import field_types, value_problem
 from raykit.pipeline import fingerprint
 from raykit.trainer import TrainConfig
 
@@ -136,29 +137,6 @@ def _fail(spec: Path, entry: str, problem: str) -> ConfigError:
     return ConfigError(f"{spec}: {entry}: {problem}")
 
 
-def _check_type(value: Any, annotation: Any) -> str | None:
-    """None when ``value`` (from TOML) fits ``annotation`` (``int``, ``float | None``, ...), else why not."""
-    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    kind = kinds[0]
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif kind is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif kind is str:
-        ok = isinstance(value, str)
-    else:  # pragma: no cover - every config field is one of the above
-        ok = True
-    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
-    return None if ok else f"expected {name}, got {value!r}"
-
-
-def _fields(config: type[Any], skip: tuple[str, ...]) -> dict[str, Any]:
-    hints = typing.get_type_hints(config)
-    return {f.name: hints[f.name] for f in dataclasses.fields(config) if f.name not in skip}
-
-
 def _train_values(spec: Path, entry: str, table: Any, fields: dict[str, Any]) -> dict[str, Any]:
     """``table``'s TrainConfig values, each field known and of its type (float fields as floats)."""
     if not isinstance(table, dict):
@@ -169,7 +147,7 @@ def _train_values(spec: Path, entry: str, table: Any, fields: dict[str, Any]) ->
             raise _fail(spec, f"{entry}.{key}", "set by the sweep (seeds come from `seeds`), not by SPEC")
         if key not in fields:
             raise _fail(spec, f"{entry}.{key}", "unknown field (not a TrainConfig field)")
-        problem = _check_type(value, fields[key])
+        problem = value_problem(value, fields[key])
         if problem:
             raise _fail(spec, f"{entry}.{key}", problem)
         values[key] = float(value) if float in typing.get_args(fields[key]) or fields[key] is float else value
@@ -181,7 +159,7 @@ def _label(values: dict[str, Any]) -> str:
 
 
 def _configurations(spec: Path, data: dict[str, Any], evaluation: dict[str, Any]) -> list[Configuration]:
-    fields = _fields(TrainConfig, ())
+    fields = field_types(TrainConfig, ())
     base = _train_values(spec, "train", data.get("train", {}), fields)
     grid_table = data.get("grid", {})
     if not isinstance(grid_table, dict):
@@ -234,7 +212,7 @@ def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
     entries = data.get("captures")
     if not isinstance(entries, list) or not entries:
         raise _fail(spec, "captures", "expected a non-empty array of tables ([[captures]])")
-    convert_fields = _fields(ConvertConfig, CONVERT_SET)
+    convert_fields = field_types(ConvertConfig, CONVERT_SET)
     captures = []
     for index, entry in enumerate(entries):
         where = f"captures[{index}]"
@@ -256,7 +234,7 @@ def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
                 raise _fail(
                     spec, f"{where}.{key}", "unknown field (not a capture key or ConvertConfig field)"
                 )
-            problem = _check_type(value, convert_fields[key])
+            problem = value_problem(value, convert_fields[key])
             if problem:
                 raise _fail(spec, f"{where}.{key}", problem)
             options[key] = value
@@ -279,7 +257,7 @@ def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
                     spec, f"{where}.scene", f"expected one of {', '.join(SCENE_SIZES)}, got {scene!r}"
                 )
             seed, camera = entry.get("scene_seed", 0), entry.get("camera_model", "PINHOLE")
-            if _check_type(seed, int):
+            if value_problem(seed, int):
                 raise _fail(spec, f"{where}.scene_seed", f"expected an integer, got {seed!r}")
             if camera not in SCENE_CAMERAS:
                 raise _fail(
@@ -317,7 +295,7 @@ def _evaluation(spec: Path, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     metric = table.pop("metric", "psnr")
     if not isinstance(metric, str) or not metric:
         raise _fail(spec, "evaluation.metric", f"expected a metric name, got {metric!r}")
-    fields = _fields(TrainConfig, ())
+    fields = field_types(TrainConfig, ())
     values = {}
     for key, value in table.items():
         name = f"eval_{key}"
@@ -365,7 +343,7 @@ def _seeds(spec: Path, seeds: Any) -> list[int]:
     valid = next(f for f in dataclasses.fields(TrainConfig) if f.name == "seed").metadata.get("valid")
     seen: set[int] = set()
     for seed in seeds:
-        if _check_type(seed, int):
+        if value_problem(seed, int):
             raise _fail(spec, "seeds", f"expected integers, got {seed!r}"[:300])
         if not 0 <= seed <= SEED_MAX or (valid is not None and not valid.contains(seed)):
             raise _fail(spec, "seeds", f"seed {seed} out of range (expected an integer in [0, {SEED_MAX}])")
