@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SHUFFLED_SPLITS",
     "Partial",
+    "PayloadWrite",
     "PhaseClock",
     "ShardJob",
     "TaskRunner",
@@ -228,32 +229,43 @@ def open_partial(
     return Partial(dst, root, key, spec, overwrite, points, task_runner(executor, progress), profile)
 
 
-def open_write(
-    dst: Path,
-    records: Sequence[ImageRecord],
-    scene: SceneInfo,
-    spec: StoreSpec,
-    source: Mapping[str, Any],
-    points: SparsePoints | None,
-    *,
-    executor: concurrent.futures.Executor | None,
-    progress: bool,
-    overwrite: bool,
-) -> tuple[Partial, list[dict[str, Any]]]:
-    """``open_partial`` for a write of ``records`` (in table order) as ``spec``, and each record's
-    part of the plan (``record_plan``: it keys the record's task)."""
-    records_plan = [record_plan(r) for r in records]
+@dataclass(frozen=True)
+class PayloadWrite:
+    """A write of ``records`` (in table order) at ``dst`` from ``source`` (its description), the caller
+    holding its writer lock: what every layout's payload writer takes (``write_rays``,
+    ``write_images``); ``components`` and ``extras_from`` go to ``write_extras``."""
+
+    dst: Path
+    records: Sequence[ImageRecord]
+    scene: SceneInfo
+    source: Mapping[str, Any]
+    points: SparsePoints | None
+    executor: concurrent.futures.Executor | None
+    progress: bool
+    overwrite: bool
+    components: Sequence[ComponentInfo] = ()
+    extras_from: RayStore | None = None
+
+    def extras(self) -> tuple[Sequence[ImageRecord], Sequence[ComponentInfo], RayStore | None]:
+        """``commit``'s ``extras``: the records, their components and the store they are copied from."""
+        return self.records, self.components, self.extras_from
+
+
+def open_write(job: PayloadWrite, spec: StoreSpec) -> tuple[Partial, list[dict[str, Any]]]:
+    """``open_partial`` for ``job`` as ``spec``, and each record's part of the plan (``record_plan``:
+    it keys the record's task)."""
+    records_plan = [record_plan(r) for r in job.records]
     plan = {
         "format_version": FORMAT_VERSION,
         "backend": spec.backend,
         "layout": spec.to_dict(),  # the kind, codecs and train order: a .partial of another is discarded
         "with_pids": spec.with_pids,
-        "scene": scene.to_dict(),
+        "scene": job.scene.to_dict(),
         "records": records_plan,
-        "source": dict(source),
+        "source": dict(job.source),
     }
-    w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
-    return w, records_plan
+    tasks: dict[str, Any] = {"executor": job.executor, "progress": job.progress, "overwrite": job.overwrite}
+    return open_partial(job.dst, plan, spec, job.points, **tasks), records_plan
 
 
 def staged_payload(
