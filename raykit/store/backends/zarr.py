@@ -25,7 +25,7 @@ import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
+from raykit.store.backends import Arrays, Backend, Blobs, BlobShard, ByteRead, EncodedShard, StagedBlob
 from raykit.store.byteview import StoreView
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
@@ -385,13 +385,8 @@ class ZarrBackend:
     name: str = "zarr"
 
     def encode_shard(
-        self,
-        info: SplitInfo,
-        shard: int,
-        data: Mapping[str, np.ndarray],
-        fields: Mapping[str, FieldSpec],
-        spec: StoreSpec,
-    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+        self, info: SplitInfo, shard: int, data: Arrays, fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> EncodedShard:
         files: dict[str, bytes | list[bytes]] = {
             shard_file(info.name, fields[name], shard): encode_shard_pieces(values, fields[name], info, spec)
             for name, values in data.items()
