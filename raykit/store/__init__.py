@@ -15,6 +15,7 @@ from raykit.errors import RayRangeError
 from raykit.lazy import lazy_attribute
 from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo
 from raykit.store.files import is_url
+from raykit.store.points import SparsePoints
 from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
@@ -22,7 +23,6 @@ from raykit.store.schema import (
     ImageRecord,
     RawRays,
     SceneInfo,
-    SparsePoints,
     SplitInfo,
     decode_pids,
     encode_pids,

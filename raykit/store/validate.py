@@ -27,8 +27,8 @@ from raykit.store.backends import join_parts
 from raykit.store.components import decode_component
 from raykit.store.image_codec import header_size, image_format
 from raykit.store.order import base_permutation, merge_counts
+from raykit.store.points import check_points
 from raykit.store.reader import RayStore, open_store
-from raykit.store.schema import check_points
 from raykit.store.table import record_problems
 
 if TYPE_CHECKING:

@@ -39,8 +39,9 @@ from raykit.store.backends import join_parts
 from raykit.store.components import ComponentInfo, write_component
 from raykit.store.files import OVERWRITE_HINT, filesystem, is_url, json_digest, read_errors
 from raykit.store.image_codec import StoredImage
+from raykit.store.points import SparsePoints
 from raykit.store.reader import RayStore, open_store
-from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
+from raykit.store.schema import ImageRecord, SceneInfo
 from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import order_records
 from raykit.store.write.commit import PayloadWrite

@@ -43,17 +43,14 @@ from raykit.store.files import (
     json_digest,
     prepare_partial,
 )
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    POINTS_FILE,
     FieldSpec,
     ImageRecord,
     SceneInfo,
-    SparsePoints,
     SplitInfo,
-    points_digest,
-    points_entry,
 )
 from raykit.store.spec import RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import build_camera_table, write_camera_table, write_parquet
