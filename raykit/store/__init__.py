@@ -44,14 +44,14 @@ if TYPE_CHECKING:
     from raykit.store.summary import field_bytes, payload_bytes, store_summary
     from raykit.store.validate import validate_store
     from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
-    from raykit.store.write.commit import format_phases
+    from raykit.store.write.tasks import format_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "summary": ("field_bytes", "payload_bytes", "store_summary"),
     "validate": ("validate_store",),
     "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
-    "write.commit": ("format_phases",),
+    "write.tasks": ("format_phases",),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 

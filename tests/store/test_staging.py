@@ -231,7 +231,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
-    from raykit.store.write.commit import write_shard_task
+    from raykit.store.write.tasks import write_shard_task
 
     class CrashAfterStaging(concurrent.futures.Executor):
         def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]

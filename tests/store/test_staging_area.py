@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from raykit.errors import SourceError
-from raykit.store.write.commit import PhaseClock
 from raykit.store.write.staging import (
     DiskStaging,
     MemoryStaging,
@@ -23,6 +22,7 @@ from raykit.store.write.staging import (
     pack_rgba,
     staging_file,
 )
+from raykit.store.write.tasks import PhaseClock
 
 
 @pytest.mark.parametrize("kind", ["disk", "memory"])

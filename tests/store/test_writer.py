@@ -20,7 +20,7 @@ from raykit.fileio import punch_hole
 from raykit.loaders import image_rays
 from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.write.commit import write_shard_task
+from raykit.store.write.tasks import write_shard_task
 
 OPTIONS: dict[str, Any] = {"chunk_rays": 64, "shard_chunks": 2, "seed": 1}
 

@@ -36,7 +36,7 @@ from raykit.fileio import atomic_write_json
 from raykit.locks import holding_store_lock, store_lock
 from raykit.progress import progress as progress_bar
 from raykit.store.backends import join_parts
-from raykit.store.components import ComponentInfo, write_component
+from raykit.store.components import ComponentInfo
 from raykit.store.files import OVERWRITE_HINT, filesystem, is_url, json_digest, read_errors
 from raykit.store.image_codec import StoredImage
 from raykit.store.points import SparsePoints
@@ -45,6 +45,7 @@ from raykit.store.schema import ImageRecord, SceneInfo
 from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import order_records
 from raykit.store.write.commit import PayloadWrite
+from raykit.store.write.components import write_component
 from raykit.store.write.images import write_images
 from raykit.store.write.rays import copy_rays, write_rays
 

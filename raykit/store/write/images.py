@@ -27,13 +27,8 @@ from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHU
 from raykit.store.write.commit import (
     Partial,
     PayloadWrite,
-    PhaseClock,
-    ShardJob,
     commit,
-    finish_task,
-    in_process,
     open_write,
-    record_matches,
     staged_payload,
     write_shards,
 )
@@ -45,6 +40,7 @@ from raykit.store.write.staging import (
     check_pixels,
     pixels_crc32c,
 )
+from raykit.store.write.tasks import PhaseClock, ShardJob, finish_task, in_process, record_matches
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore

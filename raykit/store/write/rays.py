@@ -26,10 +26,7 @@ from raykit.store.write.commit import (
     SHUFFLED_SPLITS,
     Partial,
     PayloadWrite,
-    PhaseClock,
-    ShardJob,
     commit,
-    in_process,
     open_partial,
     open_write,
     staged_payload,
@@ -43,6 +40,7 @@ from raykit.store.write.staging import (
     base_indices,
     stage_image,
 )
+from raykit.store.write.tasks import PhaseClock, ShardJob, in_process
 
 if TYPE_CHECKING:
     import numpy as np

@@ -39,7 +39,7 @@ from raykit.fileio import atomic_write_bytes, punch_hole, sha256_file
 from raykit.store.order import base_indices, merge_counts, merge_into, rank_order, shared_order
 from raykit.store.schema import ImageRecord, SplitInfo
 from raykit.store.table import CameraTable
-from raykit.store.write.commit import PhaseClock, finish_task, record_matches, scratch_record
+from raykit.store.write.tasks import PhaseClock, finish_task, record_matches, scratch_record
 
 __all__ = [
     "DiskStaging",
