@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from raykit.errors import SourceError
+from raykit.store.write.gather import MergeBuffers
 from raykit.store.write.staging import (
     DiskStaging,
     MemoryStaging,
-    MergeBuffers,
     StagingArea,
     pack_rgba,
     staging_file,

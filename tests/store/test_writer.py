@@ -249,7 +249,8 @@ def test_rgba_codec_choice(tmp_path: Path, records, scene: SceneInfo) -> None:
 def test_serial_writer_releases_its_merge_buffers(tmp_path: Path, records, scene: SceneInfo) -> None:
     import gc
 
-    from raykit.store.write.staging import MemoryStaging, MergeBuffers
+    from raykit.store.write.gather import MergeBuffers
+    from raykit.store.write.staging import MemoryStaging
 
     def alive() -> int:
         gc.collect()

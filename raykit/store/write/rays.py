@@ -32,11 +32,11 @@ from raykit.store.write.commit import (
     staged_payload,
     write_shards,
 )
+from raykit.store.write.gather import StagingSource
 from raykit.store.write.staging import (
     DiskStaging,
     ImageJob,
     MemoryStaging,
-    StagingSource,
     base_indices,
     stage_image,
 )
