@@ -35,12 +35,12 @@ from raykit.store.write.commit import (
 from raykit.store.write.staging import (
     DiskStaging,
     ImageJob,
-    MemoryStaging,
     StagingArea,
     check_pixels,
     pixels_crc32c,
+    staging_area,
 )
-from raykit.store.write.tasks import PhaseClock, ShardJob, finish_task, in_process, record_matches
+from raykit.store.write.tasks import PhaseClock, ShardJob, finish_task, record_matches
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -157,7 +157,7 @@ def write_images(job: PayloadWrite, spec: StoreSpec) -> RayStore:
     w, records_plan = open_write(job, spec)
     records = job.records
     partial = str(w.root)
-    staging = MemoryStaging(partial) if in_process(job.executor) else DiskStaging(partial)
+    staging = staging_area(partial, job.executor)
     keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]
     jobs = [ImageJob(partial, i, r, keys[i], staging) for i, r in enumerate(records)]
     w.profile.lap("plan")

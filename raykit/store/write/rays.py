@@ -34,13 +34,12 @@ from raykit.store.write.commit import (
 )
 from raykit.store.write.gather import StagingSource
 from raykit.store.write.staging import (
-    DiskStaging,
     ImageJob,
-    MemoryStaging,
     base_indices,
     stage_image,
+    staging_area,
 )
-from raykit.store.write.tasks import PhaseClock, ShardJob, in_process
+from raykit.store.write.tasks import PhaseClock, ShardJob
 
 if TYPE_CHECKING:
     import numpy as np
@@ -124,9 +123,8 @@ def write_rays(job: PayloadWrite, spec: StoreSpec) -> RayStore:
     records, executor = job.records, job.executor
     w.profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
-    memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
     partial = str(w.root)
-    staging = MemoryStaging(partial) if memory else DiskStaging(partial)
+    staging = staging_area(partial, executor, staged_bytes <= spec.memory_staging_bytes)
     with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [

@@ -23,6 +23,7 @@ contiguous run of rays per image.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from raykit.errors import SourceError
 from raykit.fileio import atomic_write_bytes, punch_hole, sha256_file
 from raykit.store.order import base_indices, rank_order
 from raykit.store.schema import ImageRecord
-from raykit.store.write.tasks import PhaseClock, finish_task, record_matches, scratch_record
+from raykit.store.write.tasks import PhaseClock, finish_task, in_process, record_matches, scratch_record
 
 __all__ = [
     "DiskStaging",
@@ -49,6 +50,7 @@ __all__ = [
     "pack_rgba_reference",
     "pixels_crc32c",
     "stage_image",
+    "staging_area",
     "staging_file",
     "unpack_rgb",
     "unpack_rgb_reference",
@@ -237,6 +239,12 @@ class MemoryStaging:
 
 # Where the writer stages decoded images: in files (any process) or in this process's memory.
 StagingArea = DiskStaging | MemoryStaging
+
+
+def staging_area(root: str, executor: concurrent.futures.Executor | None, fits: bool = True) -> StagingArea:
+    """The staging area of the write in ``root``: this process's memory when its tasks run here
+    (``in_process``: ``executor`` None or a thread pool) and its images ``fits`` there, else files."""
+    return MemoryStaging(root) if fits and in_process(executor) else DiskStaging(root)
 
 
 def _row_bytes(channels: int) -> int:
