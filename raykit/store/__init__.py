@@ -15,6 +15,7 @@ from raykit.errors import RayRangeError
 from raykit.lazy import lazy_attribute
 from raykit.store.components import COMPONENT_DTYPES, COMPONENTS, ComponentInfo
 from raykit.store.files import is_url
+from raykit.store.points import SparsePoints
 from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
@@ -22,7 +23,6 @@ from raykit.store.schema import (
     ImageRecord,
     RawRays,
     SceneInfo,
-    SparsePoints,
     SplitInfo,
     decode_pids,
     encode_pids,
@@ -44,14 +44,14 @@ if TYPE_CHECKING:
     from raykit.store.summary import field_bytes, payload_bytes, store_summary
     from raykit.store.validate import validate_store
     from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
-    from raykit.store.write.commit import format_phases
+    from raykit.store.write.tasks import format_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "summary": ("field_bytes", "payload_bytes", "store_summary"),
     "validate": ("validate_store",),
     "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
-    "write.commit": ("format_phases",),
+    "write.tasks": ("format_phases",),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import os
 import threading
 import warnings
 from collections import OrderedDict
@@ -38,21 +37,18 @@ from raykit.errors import (
     StoreCorruptError,
     StoreError,
     StoreNotFoundError,
-    StoreVersionError,
 )
 from raykit.fileio import (
     JSON_LIMIT,
     UntrustedFileError,
-    check_relative,
     loads_json,
     open_regular,
     read_bounded,
     safe_path,
 )
-from raykit.locks import lock_owner, lock_path
-from raykit.store.files import filesystem, is_url, json_digest, read_errors
+from raykit.store.files import check_manifest, filesystem, is_url, missing_store_message, read_errors
 from raykit.store.order import SplitOrder, shared_order
-from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, SplitInfo
+from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 from raykit.store.table import CameraTable
 
@@ -60,8 +56,6 @@ __all__ = [
     "ByteRead",
     "StoreBytes",
     "StoreView",
-    "check_manifest_files",
-    "check_manifest_header",
     "merged_reader",
 ]
 
@@ -107,61 +101,6 @@ def merged_reader(
         return got[1][start - got[0] : stop - got[0]]
 
     return served
-
-
-def check_manifest_header(manifest: Mapping[str, Any], where: str) -> None:
-    """Raise unless ``manifest`` is a raykit store manifest of a format version this code reads."""
-    if manifest.get("format") != FORMAT_NAME:
-        raise StoreCorruptError(f"{where}: expected format {FORMAT_NAME!r}, got {manifest.get('format')!r}")
-    version = manifest.get("format_version")
-    if not isinstance(version, int):
-        raise StoreCorruptError(f"{where}: expected an integer format_version, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise StoreVersionError(
-            f"{where}: store format version {version} is newer than this raykit reads "
-            f"(<= {FORMAT_VERSION}); upgrade raykit"
-        )
-    if version < 1:  # 1 and 2 store every pid; 3 derives them (SplitInfo.pids)
-        raise StoreVersionError(f"{where}: unknown store format version {version}")
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def check_manifest_files(manifest: Mapping[str, Any], where: str) -> None:
-    """Raise unless every name the manifest gives a path by is a plain path inside the store and every
-    file record is ``{"size": int >= 0, "sha256": 64 hex digits}``: file names (no ``..``, absolute
-    path, backslash or NUL: ``fileio.safe_path``'s rules), split names (one plain path part each, as
-    payload paths are made of them) and the points' path. Symlinks are checked where files are read.
-
-    Raises:
-        StoreCorruptError: naming ``where`` and the first bad entry.
-    """
-    files = manifest.get("files")
-    if not isinstance(files, Mapping):
-        raise StoreCorruptError(f"{where}: expected 'files' to be an object of file records")
-    splits = manifest.get("splits")
-    splits = splits if isinstance(splits, Mapping) else {}
-    names = [*splits, *(s["name"] for s in splits.values() if isinstance(s, Mapping) and "name" in s)]
-    try:
-        for rel, entry in files.items():
-            check_relative(rel, where)
-            size, sha = (
-                (entry.get("size"), entry.get("sha256")) if isinstance(entry, Mapping) else (None, None)
-            )
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise StoreCorruptError(f"{where}: file {rel!r}: expected a size in bytes, got {size!r}")
-            if not isinstance(sha, str) or len(sha) != 64 or not _HEX.issuperset(sha):
-                raise StoreCorruptError(f"{where}: file {rel!r}: expected a hex sha256, got {sha!r}"[:300])
-        for name in names:
-            if not isinstance(name, str) or "/" in name:
-                raise StoreCorruptError(f"{where}: split name {name!r} is not a plain name")
-            check_relative(name, where)
-        points = manifest.get("points")
-        if isinstance(points, Mapping) and "path" in points:
-            check_relative(points["path"], where)
-    except UntrustedFileError as exc:
-        raise StoreCorruptError(str(exc)) from None
 
 
 class StoreBytes:
@@ -220,20 +159,12 @@ class StoreBytes:
             else:  # a regular file inside the store, bounded: never a FIFO, a device or a link out
                 data = read_bounded(local, limit=JSON_LIMIT)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-            raise StoreNotFoundError(self._no_manifest_message()) from exc
+            raise StoreNotFoundError(missing_store_message(self.url, self._root, self._fs)) from exc
         except UntrustedFileError as exc:
             raise StoreCorruptError(str(exc)) from None
         except read_errors() as exc:
             raise StoreError(f"{where}: cannot read ({type(exc).__name__}: {exc})") from None
-        manifest = self.loads(data, "manifest.json")
-        if not isinstance(manifest, dict):
-            raise StoreCorruptError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
-        check_manifest_header(manifest, where)
-        check_manifest_files(manifest, where)
-        body = {k: v for k, v in manifest.items() if k != "manifest_digest"}
-        if manifest.get("manifest_digest") != json_digest(body):
-            raise StoreCorruptError(f"{where}: manifest_digest does not match the manifest's content")
-        return manifest
+        return check_manifest(self.loads(data, "manifest.json"), where)
 
     def raise_if_replaced(self, exc: Exception) -> None:
         """Raise ``StoreChangedError`` (from ``exc``, a failed read) if the manifest on disk is not the
@@ -248,22 +179,6 @@ class StoreBytes:
                 f"{self.url}: the store was replaced while being read (opened with fingerprint "
                 f"{opened[:12]}..., now {str(now)[:12]}...); reopen it to read the new version ({exc})"
             ) from exc
-
-    def _no_manifest_message(self) -> str:
-        exists = os.path.exists if self._fs is None else self._fs.exists
-        if self.url.endswith(".partial") or exists(f"{self._root}.partial"):
-            owner = None if is_url(self.url) else lock_owner(lock_path(self._root.removesuffix(".partial")))
-            if owner is not None:
-                return (
-                    f"incomplete store: {self.url} is being written by pid {owner.get('pid', '?')} on host "
-                    f"{owner.get('host', '?')}; wait for it to finish"
-                )
-            return f"incomplete store (an interrupted write; rerun it to resume): {self.url}"
-        if not exists(self._root):
-            return f"no such store: {self.url}"
-        if (os.path.isfile if self._fs is None else self._fs.isfile)(self._root):
-            return f"not a raykit store: {self.url} is a file (a store is a folder holding manifest.json)"
-        return f"not a raykit store (no manifest.json): {self.url}"
 
     def _record(self, rel: str) -> dict[str, Any]:
         """The manifest's size and checksum record of file ``rel``."""

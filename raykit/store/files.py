@@ -1,6 +1,7 @@
 """A store's files: where they are (a local path or a URL), where a store is
 written (``DST`` and ``DST.partial``) and how they are trusted (checksums, file records, the content
-fingerprint). Sections below, in that order. One writer per store: ``raykit.locks``.
+fingerprint, the manifest's header and file records). Sections below, in that order. One writer per store:
+``raykit.locks``.
 
 Store locations: a local path, or a URL with a scheme (``https://``, ``s3://``, ``memory://``...).
 
@@ -39,22 +40,25 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from raykit.errors import (
-    ConfigError,
-    RaykitWarning,
-    StoreError,
-)
+from raykit.errors import ConfigError, RaykitWarning, StoreCorruptError, StoreError, StoreVersionError
 from raykit.fileio import (
+    UntrustedFileError,
     atomic_write_bytes,
     atomic_write_json,
+    check_relative,
     sha256_file,
 )
+from raykit.locks import lock_owner, lock_path
+from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION
 
 __all__ = [
     "CHUNK_CHECKSUM",
     "OVERWRITE_HINT",
     "bytes_record",
     "check_destination",
+    "check_manifest",
+    "check_manifest_files",
+    "check_manifest_header",
     "chunk_checksum",
     "content_fingerprint",
     "file_record",
@@ -62,6 +66,7 @@ __all__ = [
     "is_url",
     "json_digest",
     "local_files_bytes",
+    "missing_store_message",
     "prepare_partial",
     "read_errors",
     "write_files",
@@ -260,3 +265,89 @@ def content_fingerprint(
     if checksum != "crc32":
         content["chunk_checksum"] = checksum
     return json_digest(content)
+
+
+def check_manifest_header(manifest: Mapping[str, Any], where: str) -> None:
+    """Raise unless ``manifest`` is a raykit store manifest of a format version this code reads."""
+    if manifest.get("format") != FORMAT_NAME:
+        raise StoreCorruptError(f"{where}: expected format {FORMAT_NAME!r}, got {manifest.get('format')!r}")
+    version = manifest.get("format_version")
+    if not isinstance(version, int):
+        raise StoreCorruptError(f"{where}: expected an integer format_version, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{where}: store format version {version} is newer than this raykit reads "
+            f"(<= {FORMAT_VERSION}); upgrade raykit"
+        )
+    if version < 1:  # 1 and 2 store every pid; 3 derives them (SplitInfo.pids)
+        raise StoreVersionError(f"{where}: unknown store format version {version}")
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def check_manifest_files(manifest: Mapping[str, Any], where: str) -> None:
+    """Raise unless every name the manifest gives a path by is a plain path inside the store and every
+    file record is ``{"size": int >= 0, "sha256": 64 hex digits}``: file names (no ``..``, absolute
+    path, backslash or NUL: ``fileio.safe_path``'s rules), split names (one plain path part each, as
+    payload paths are made of them) and the points' path. Symlinks are checked where files are read.
+
+    Raises:
+        StoreCorruptError: naming ``where`` and the first bad entry.
+    """
+    files = manifest.get("files")
+    if not isinstance(files, Mapping):
+        raise StoreCorruptError(f"{where}: expected 'files' to be an object of file records")
+    splits = manifest.get("splits")
+    splits = splits if isinstance(splits, Mapping) else {}
+    names = [*splits, *(s["name"] for s in splits.values() if isinstance(s, Mapping) and "name" in s)]
+    try:
+        for rel, entry in files.items():
+            check_relative(rel, where)
+            size, sha = (
+                (entry.get("size"), entry.get("sha256")) if isinstance(entry, Mapping) else (None, None)
+            )
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise StoreCorruptError(f"{where}: file {rel!r}: expected a size in bytes, got {size!r}")
+            if not isinstance(sha, str) or len(sha) != 64 or not _HEX.issuperset(sha):
+                raise StoreCorruptError(f"{where}: file {rel!r}: expected a hex sha256, got {sha!r}"[:300])
+        for name in names:
+            if not isinstance(name, str) or "/" in name:
+                raise StoreCorruptError(f"{where}: split name {name!r} is not a plain name")
+            check_relative(name, where)
+        points = manifest.get("points")
+        if isinstance(points, Mapping) and "path" in points:
+            check_relative(points["path"], where)
+    except UntrustedFileError as exc:
+        raise StoreCorruptError(str(exc)) from None
+
+
+def missing_store_message(url: str, root: str, fs: Any) -> str:
+    """Why no store opens at ``url`` (``root`` on filesystem ``fs``; None: local) without a manifest:
+    a write in progress (its lock's owner), an interrupted one, nothing there, a file, another folder."""
+    exists = os.path.exists if fs is None else fs.exists
+    if url.endswith(".partial") or exists(f"{root}.partial"):
+        owner = None if is_url(url) else lock_owner(lock_path(root.removesuffix(".partial")))
+        if owner is not None:
+            return (
+                f"incomplete store: {url} is being written by pid {owner.get('pid', '?')} on host "
+                f"{owner.get('host', '?')}; wait for it to finish"
+            )
+        return f"incomplete store (an interrupted write; rerun it to resume): {url}"
+    if not exists(root):
+        return f"no such store: {url}"
+    if (os.path.isfile if fs is None else fs.isfile)(root):
+        return f"not a raykit store: {url} is a file (a store is a folder holding manifest.json)"
+    return f"not a raykit store (no manifest.json): {url}"
+
+
+def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
+    """``manifest`` (a parsed ``manifest.json``) once its header, file records and digest check."""
+    if not isinstance(manifest, dict):
+        raise StoreCorruptError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    check_manifest_header(manifest, where)
+    check_manifest_files(manifest, where)
+    body = {k: v for k, v in manifest.items() if k != "manifest_digest"}
+    if manifest.get("manifest_digest") != json_digest(body):
+        raise StoreCorruptError(f"{where}: manifest_digest does not match the manifest's content")
+    return manifest

@@ -30,12 +30,11 @@ from raykit.store.components import ComponentInfo, ComponentReader
 from raykit.store.files import is_url, json_digest
 from raykit.store.layouts import ImageSplits, RaySplits, Timed
 from raykit.store.order import TRAIN_ORDER
+from raykit.store.points import POINTS_SCHEMA, SparsePoints
 from raykit.store.schema import (
-    POINTS_SCHEMA,
     FieldSpec,
     RawRays,
     SceneInfo,
-    SparsePoints,
     SplitInfo,
     split_sort_key,
 )

@@ -229,8 +229,8 @@ def test_http_reads_images(images_store, http_root) -> None:
 def test_validate_checks_each_image_header_size(images_store) -> None:
     """Without decoding, validate reads each stored image's size from its header: an image whose
     header disagrees with the camera table is reported (the table is altered in memory here)."""
+    from raykit.store.blobcheck import images_check
     from raykit.store.reader import open_store
-    from raykit.store.validate import images_check
 
     store = open_store(images_store.url)
 
@@ -306,7 +306,7 @@ def test_validate_checks_each_image_crc_within_and_across_files(
 def test_header_size_beyond_the_first_bytes() -> None:
     """An image whose header ends past ``HEADER_BYTES`` (a 100 KB ICC profile before the frame header)
     has its size read from the whole image; an image cut inside its header is reported unreadable."""
-    from raykit.store.validate import HEADER_BYTES, _head, _header_size
+    from raykit.store.blobcheck import HEADER_BYTES, _head, _header_size
 
     buf = io.BytesIO()
     Image.new("RGB", (37, 23), (10, 200, 30)).save(buf, "JPEG", icc_profile=bytes(100_000))

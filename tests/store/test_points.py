@@ -14,7 +14,7 @@ from raykit.converters import convert
 from raykit.errors import StoreCorruptError
 from raykit.store import open_store
 from raykit.store.cli import register
-from raykit.store.schema import POINTS_FILE
+from raykit.store.points import POINTS_FILE
 from raykit.store.validate import validate_store
 from raykit.store.write import copy_store
 from raykit.testing import render_scene, write_colmap
@@ -121,7 +121,7 @@ def test_from_table_reads_sliced_and_chunked_tables() -> None:
     ``flatten`` would give them, without it)."""
     import pyarrow as pa
 
-    from raykit.store.schema import SparsePoints
+    from raykit.store.points import SparsePoints
 
     rng = np.random.default_rng(0)
     points = SparsePoints(

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
 from raykit.store import SceneInfo, SplitInfo, decode_pids, encode_pids, write_store
-from raykit.store.byteview import check_manifest_header
 from raykit.store.cli import register
+from raykit.store.files import check_manifest_header
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION
 
 

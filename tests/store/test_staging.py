@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.backends import zarr as zarr_backend
-from raykit.store.backends.zarr import document_bytes
+from raykit.store.backends import zarr_format
+from raykit.store.backends.zarr_format import document_bytes
 from raykit.store.order import (
     base_permutation,
     image_order,
@@ -59,7 +60,7 @@ def _array_kwargs(field: FieldSpec, info: SplitInfo, spec: StoreSpec) -> dict[st
         "dtype": field.dtype,
         "chunks": (chunk_rays, *tail),
         "shards": (shard_rays, *tail),
-        "compressors": [zarr_codec(zarr_backend.field_codec(field, spec)), Crc32cCodec()],
+        "compressors": [zarr_codec(zarr_format.field_codec(field, spec)), Crc32cCodec()],
         "fill_value": 0,
         "attributes": {"raykit_field": field.name},
     }
@@ -73,7 +74,7 @@ def reference_metadata_documents(
     import zarr
 
     mem = zarr.storage.MemoryStore()
-    group = zarr.create_group(mem, attributes=zarr_backend.ZARR_ROOT["attributes"])
+    group = zarr.create_group(mem, attributes=zarr_format.ZARR_ROOT["attributes"])
     for split, info in splits.items():
         sub = group.create_group(split)
         for field in info.stored_fields(fields).values():
@@ -93,7 +94,7 @@ def reference_encode_shard(
     # Write every chunk, even all-zero ones, so that every shard file exists and reads are checked.
     array = zarr.create_array(mem, **_array_kwargs(field, info, spec), config={"write_empty_chunks": True})
     array[start : start + len(values)] = values
-    key = zarr_backend.shard_file(info.name, field, shard).split(f"/{field.name}/", 1)[1]
+    key = zarr_format.shard_file(info.name, field, shard).split(f"/{field.name}/", 1)[1]
     encoded: bytes = mem._store_dict[key].to_bytes()
     return encoded
 
@@ -231,7 +232,7 @@ def test_shard_encoder_matches_zarr(chunk_rays, shard_chunks, n_rays, field, lev
 
 
 def test_damaged_staging_file_is_redone(tmp_path: Path, records, scene: SceneInfo) -> None:
-    from raykit.store.write.commit import write_shard_task
+    from raykit.store.write.tasks import write_shard_task
 
     class CrashAfterStaging(concurrent.futures.Executor):
         def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]

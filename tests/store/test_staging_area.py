@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from raykit.errors import SourceError
-from raykit.store.write.commit import PhaseClock
+from raykit.store.write.gather import MergeBuffers
 from raykit.store.write.staging import (
     DiskStaging,
     MemoryStaging,
-    MergeBuffers,
     StagingArea,
     pack_rgba,
     staging_file,
 )
+from raykit.store.write.tasks import PhaseClock
 
 
 @pytest.mark.parametrize("kind", ["disk", "memory"])

@@ -20,7 +20,7 @@ from raykit.fileio import punch_hole
 from raykit.loaders import image_rays
 from raykit.profiling.mixing import chunk_shuffle_quality
 from raykit.store import ImageRecord, SceneInfo, open_store, write_store
-from raykit.store.write.commit import write_shard_task
+from raykit.store.write.tasks import write_shard_task
 
 OPTIONS: dict[str, Any] = {"chunk_rays": 64, "shard_chunks": 2, "seed": 1}
 
@@ -249,7 +249,8 @@ def test_rgba_codec_choice(tmp_path: Path, records, scene: SceneInfo) -> None:
 def test_serial_writer_releases_its_merge_buffers(tmp_path: Path, records, scene: SceneInfo) -> None:
     import gc
 
-    from raykit.store.write.staging import MemoryStaging, MergeBuffers
+    from raykit.store.write.gather import MergeBuffers
+    from raykit.store.write.staging import MemoryStaging
 
     def alive() -> int:
         gc.collect()

@@ -12,6 +12,7 @@ import pytest
 from raykit.errors import StoreCorruptError
 from raykit.store import SceneInfo, open_store, write_store
 from raykit.store.backends import zarr as zarr_read
+from raykit.store.backends import zarr_format
 from raykit.store.schema import ImageRecord
 
 
@@ -42,14 +43,14 @@ def test_direct_reads_equal_zarr_reads(store: Any) -> None:
 
 def test_only_raykits_own_layout_takes_the_direct_path(store: Any) -> None:
     meta = json.loads((Path(store.url.removeprefix("file://")) / "zarr/train/pid/zarr.json").read_text())
-    assert zarr_read.direct_shard_codec(meta) is not None
+    assert zarr_format.direct_shard_codec(meta) is not None
     other = json.loads(json.dumps(meta))
     other["codecs"][0]["configuration"]["index_location"] = "start"
-    assert zarr_read.direct_shard_codec(other) is None
+    assert zarr_format.direct_shard_codec(other) is None
     other = json.loads(json.dumps(meta))
     other["codecs"][0]["configuration"]["codecs"][1] = {"name": "gzip", "configuration": {"level": 1}}
-    assert zarr_read.direct_shard_codec(other) is None
-    assert zarr_read.direct_shard_codec({"codecs": [{"name": "bytes"}]}) is None
+    assert zarr_format.direct_shard_codec(other) is None
+    assert zarr_format.direct_shard_codec({"codecs": [{"name": "bytes"}]}) is None
 
 
 def _copy(store: Any, dst: Path) -> Path:

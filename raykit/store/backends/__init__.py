@@ -30,10 +30,12 @@ from raykit.store.spec import BACKENDS, DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE
 
 __all__ = [
     "BACKENDS",
+    "Arrays",
     "Backend",
     "BlobShard",
     "Blobs",
     "ByteRead",
+    "EncodedShard",
     "RayChunks",
     "StagedBlob",
     "backend_named",
@@ -57,6 +59,9 @@ _MODULES = {"zarr": "raykit.store.backends.zarr", "wds": "raykit.store.backends.
 # one blob as a shard is assembled from it: bytes, its extension (a WebDataset member's) and, for an
 # image, its camera record (the member ``KEY.json``; None: no record)
 StagedBlob = tuple[bytes, str, "Mapping[str, Any] | None"]
+Arrays = Mapping[str, np.ndarray]  # field name -> values
+# an encoded shard: its files (relative path -> bytes, whole or in pieces) and its index.json entries
+EncodedShard = tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]
 
 
 @dataclass(frozen=True)
@@ -193,13 +198,8 @@ class Backend(Protocol):
 
     # -- the rays layout ---------------------------------------------------------------------------
     def encode_shard(
-        self,
-        info: SplitInfo,
-        shard: int,
-        data: Mapping[str, np.ndarray],
-        fields: Mapping[str, FieldSpec],
-        spec: StoreSpec,
-    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+        self, info: SplitInfo, shard: int, data: Arrays, fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> EncodedShard:
         """Encode shard ``shard`` of split ``info`` from ``data``: field name -> (n, ...) the shard's
         rays (the last shard may be short), in ``fields`` order. Returns the files (relative path ->
         bytes, whole or in pieces written one after the other) and the entries the backend adds to the

@@ -22,10 +22,12 @@ import numpy as np
 
 from raykit.errors import StoreCorruptError
 from raykit.store.backends import (
+    Arrays,
     Backend,
     Blobs,
     BlobShard,
     ByteRead,
+    EncodedShard,
     StagedBlob,
     npy_bytes,
     npy_values,
@@ -111,13 +113,8 @@ class WdsBackend:
     name: str = "wds"
 
     def encode_shard(
-        self,
-        info: SplitInfo,
-        shard: int,
-        data: Mapping[str, np.ndarray],
-        fields: Mapping[str, FieldSpec],
-        spec: StoreSpec,
-    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+        self, info: SplitInfo, shard: int, data: Arrays, fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> EncodedShard:
         first = shard * spec.shard_chunks
         start = info.chunk_range(first)[0]
         chunks = range(first, min(first + spec.shard_chunks, info.n_chunks))

@@ -1,5 +1,6 @@
 """The Zarr v3 backend, both layouts: reading ray chunks (``ZarrReader``), the images layout's
-metadata, the rays layout's codecs and shards, and the backend (``ZarrBackend``, ``BACKEND``).
+metadata, the rays layout's shards, and the backend (``ZarrBackend``, ``BACKEND``); the bytes zarr
+writes (documents, shard files, codecs) are ``raykit.store.backends.zarr_format``'s.
 
 Rays: one group ``zarr/``, one array per split and field, sharded and compressed (docs/format.md,
 "Zarr v3"; the codecs' measurements: "Design choices and measurements"). ``ZarrReader`` reads raykit's
@@ -17,116 +18,46 @@ encoded images, or a component's arrays, end to end in the sharded ``uint8`` arr
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import numpy as np
 
 from raykit.errors import StoreCorruptError
-from raykit.store.backends import Backend, Blobs, BlobShard, ByteRead, StagedBlob
+from raykit.store.backends import Arrays, Backend, Blobs, BlobShard, ByteRead, EncodedShard, StagedBlob
+from raykit.store.backends.zarr_format import (
+    ABSENT_CHUNK,
+    BYTES_CODEC,
+    CRC32C_CODEC,
+    LITTLE_CODEC,
+    ZARR_DIR,
+    ZARR_ROOT,
+    ChunkDecoder,
+    array_document,
+    byte_shard_pieces,
+    crc32c_bytes,
+    crc_ok,
+    direct_shard_codec,
+    document_bytes,
+    field_codec,
+    numcodecs_codec,
+    shard_file,
+    shard_pieces,
+)
 from raykit.store.byteview import StoreView
 from raykit.store.files import is_url
 from raykit.store.schema import FieldSpec, SplitInfo
 from raykit.store.spec import IMAGES_LAYOUT, StoreSpec
 
 __all__ = [
-    "ABSENT_CHUNK",
     "BACKEND",
-    "ZARR_DIR",
-    "ZARR_ROOT",
     "ZarrBackend",
     "ZarrReader",
-    "array_document",
     "byte_array_files",
-    "byte_shard_pieces",
-    "crc32c_bytes",
-    "direct_shard_codec",
-    "document_bytes",
     "encode_shard_pieces",
-    "field_codec",
     "metadata_documents",
-    "numcodecs_codec",
-    "shard_file",
-    "shard_pieces",
 ]
-
-
-ZARR_DIR = "zarr"
-
-
-ABSENT_CHUNK = 2**64 - 1  # shard index entry of a chunk that is not stored
-
-
-ZARR_ROOT: dict[str, Any] = {
-    "attributes": {"raykit": "ray store payload"},
-    "zarr_format": 3,
-    "node_type": "group",
-}
-
-
-def document_bytes(document: Mapping[str, Any]) -> bytes:
-    """A ``zarr.json`` document's bytes, as zarr writes them (2-space indent, no final newline)."""
-    return json.dumps(document, indent=2).encode()
-
-
-def crc32c_bytes(data: bytes) -> bytes:
-    """The 4 little-endian bytes of ``data``'s CRC-32C (zarr's ``crc32c`` codec)."""
-    return int(google_crc32c.value(data)).to_bytes(4, "little")
-
-
-def shard_pieces(chunks: Iterable[bytes], shard_chunks: int) -> list[bytes]:
-    """A shard file as zarr writes it, in pieces written one after the other: each encoded inner
-    chunk in order then its crc32c, then the index at the end, one ``(offset, nbytes)`` uint64 pair
-    per chunk (``ABSENT_CHUNK`` for chunks past the end of the array), itself followed by its crc32c."""
-    index = np.full((shard_chunks, 2), ABSENT_CHUNK, dtype="<u8")
-    pieces, offset = [], 0
-    for j, encoded in enumerate(chunks):
-        pieces += [encoded, crc32c_bytes(encoded)]
-        index[j] = (offset, len(encoded) + 4)
-        offset += len(encoded) + 4
-    raw = index.tobytes()
-    return [*pieces, raw, crc32c_bytes(raw)]
-
-
-_BYTES, _LITTLE = {"name": "bytes"}, {"name": "bytes", "configuration": {"endian": "little"}}
-_CRC32C = {"name": "crc32c"}
-
-
-def array_document(
-    shape: list[int],
-    dtype: str,
-    grid: list[int],
-    codecs: list[Any],
-    field: str,
-    fill: float = 0,
-    chunk: Any = None,
-) -> dict[str, Any]:
-    """The ``zarr.json`` zarr writes for an array of ``shape`` in chunks of ``grid`` through ``codecs``;
-    with ``chunk``, as raykit shards: shards of ``grid`` holding inner chunks of ``chunk`` through
-    ``codecs`` then a crc32c, the index at the end (little-endian, then a crc32c)."""
-    if chunk is not None:
-        sharding = {"chunk_shape": chunk, "codecs": [*codecs, _CRC32C], "index_codecs": [_LITTLE, _CRC32C]}
-        codecs = [{"name": "sharding_indexed", "configuration": {**sharding, "index_location": "end"}}]
-    return {
-        "shape": shape,
-        "data_type": dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill,
-        "codecs": codecs,
-        "attributes": {"raykit_field": field},
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
-
-
-def shard_file(split: str, spec: FieldSpec, shard: int) -> str:
-    """Relative path (from the store root) of the shard file holding ``shard`` of ``split``'s ``spec``."""
-    key = f"c/{shard}/0" if spec.channels else f"c/{shard}"
-    return f"{ZARR_DIR}/{split}/{spec.name}/{key}"
 
 
 def _open_store(url: str) -> Any:
@@ -135,48 +66,6 @@ def _open_store(url: str) -> Any:
     if is_url(url):
         return zarr.storage.FsspecStore.from_url(url, read_only=True)
     return zarr.storage.LocalStore(url.removeprefix("file://"), read_only=True)
-
-
-# ``decode(data)``: one inner chunk of a shard file (less its crc32c) decoded into a fresh, writable array
-ChunkDecoder = Callable[[bytes], np.ndarray]
-
-
-def direct_shard_codec(meta: Mapping[str, Any]) -> ChunkDecoder | None:
-    """The chunk decoder of an array whose codecs are the ones raykit writes (sharding with the index
-    at the end; inner ``bytes`` little-endian -> zstd | blosc -> crc32c; index ``bytes`` -> crc32c),
-    else None."""
-    codecs = meta.get("codecs") or []
-    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
-        return None
-    cfg = codecs[0].get("configuration", {})
-    inner = cfg.get("codecs", [])
-    index = [c.get("name") for c in cfg.get("index_codecs", [])]
-    names = [c.get("name") for c in inner]
-    if (
-        cfg.get("index_location", "end") != "end"
-        or index != ["bytes", "crc32c"]
-        or len(names) != 3
-        or names[0] != "bytes"
-        or names[1] not in ("zstd", "blosc")
-        or names[2] != "crc32c"
-        or inner[0].get("configuration", {}).get("endian", "little") != "little"
-    ):
-        return None
-    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-    from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
-
-    codec, shape = Zstd() if names[1] == "zstd" else Blosc(), tuple(int(n) for n in cfg["chunk_shape"])
-
-    def decode(data: bytes) -> np.ndarray:
-        values = np.empty(shape, dtype=dtype)  # writable, decoded in place
-        codec.decode(data, out=values)
-        return values
-
-    return decode
-
-
-def _crc_ok(data: bytes) -> bool:
-    return len(data) >= 4 and google_crc32c.value(data[:-4]) == int.from_bytes(data[-4:], "little")
 
 
 class ZarrReader:
@@ -220,14 +109,14 @@ class ZarrReader:
         if table is None:
             nbytes, size = self._shard_chunks * 16 + 4, int(self._sizes.get(rel, 0))
             raw = bytes(self.read(rel, size - nbytes, size)) if size >= nbytes else b""
-            if len(raw) != nbytes or not _crc_ok(raw):
+            if len(raw) != nbytes or not crc_ok(raw):
                 raise StoreCorruptError(f"{where}: shard index unreadable or fails its crc32c")
             table = self._indexes[rel] = np.frombuffer(raw[:-4], dtype="<u8").reshape(self._shard_chunks, 2)
         offset, nbytes = (int(v) for v in table[index % self._shard_chunks])
         if offset == ABSENT_CHUNK:
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} is not stored")
         data = bytes(self.read(rel, offset, offset + nbytes))
-        if len(data) != nbytes or not _crc_ok(data):
+        if len(data) != nbytes or not crc_ok(data):
             raise StoreCorruptError(f"{where}: chunk {index} of split {info.name!r} fails its crc32c")
         try:
             values = codec(data[:-4])
@@ -288,9 +177,9 @@ def byte_array_files(
     the metadata of the sharded ``uint8`` array ``{base}/{name}`` (inner chunks of ``size`` bytes,
     ``per`` a shard; ``byte_shard_pieces`` writes its shards), and the ``int64`` array
     ``{base}/{offsets_name}`` of each blob's first byte and, last, the total: path -> bytes."""
-    array = array_document([int(offsets[-1])], "uint8", [size * per], [_BYTES], name, chunk=[size])
+    array = array_document([int(offsets[-1])], "uint8", [size * per], [BYTES_CODEC], name, chunk=[size])
     n = len(offsets)
-    offsets_doc = array_document([n], "int64", [n], [_LITTLE, _CRC32C], offsets_name)
+    offsets_doc = array_document([n], "int64", [n], [LITTLE_CODEC, CRC32C_CODEC], offsets_name)
     raw = np.asarray(offsets, dtype="<i8").tobytes()
     return {
         f"{base}/{name}/zarr.json": document_bytes(array),
@@ -299,46 +188,10 @@ def byte_array_files(
     }
 
 
-# Codec constants (``BLOSC_*``, ``RGBA_CODEC(S)``) live in ``raykit.store.spec``: every spec records
-# them. Byte fields (rgba): "lz4" is blosc-lz4 without shuffle in one 256 KiB block (a whole 65536-ray
-# RGBA chunk); "zstd" uses ``zstd_level``; a spec without ``rgba_codec`` (older stores) means zstd.
-_RGBA_BLOSC: dict[str, Any] = {"cname": "lz4", "clevel": 9, "shuffle": "noshuffle", "blocksize": 1 << 18}
-
-
-_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}  # numcodecs' Blosc.NOSHUFFLE, SHUFFLE, BITSHUFFLE
-
-
-def field_codec(field: FieldSpec, spec: StoreSpec) -> dict[str, Any]:
-    """The inner compressor of one field, defined once as its zarr v3 ``codecs`` entry (name and
-    configuration): the metadata document and the numcodecs codec (``numcodecs_codec``: the fast path)
-    both derive from it (zarr's own codec too, in the tests' twins), so they cannot disagree.
-
-    Byte fields (rgba): blosc-lz4 or zstd (``rgba_codec``); wider types (pids, floats): blosc-lz4
-    with bit shuffle, which groups the slowly varying high bits of pids together (docs/format.md)."""
-    itemsize = np.dtype(field.dtype).itemsize
-    if itemsize == 1 and spec.rgba_codec == "zstd":
-        return {"name": "zstd", "configuration": {"level": spec.zstd_level, "checksum": False}}
-    if itemsize == 1:
-        return {"name": "blosc", "configuration": {"typesize": 1, **_RGBA_BLOSC}}
-    config = {"typesize": itemsize, "cname": spec.blosc_cname, "clevel": spec.blosc_clevel}
-    return {"name": "blosc", "configuration": {**config, "shuffle": spec.blosc_shuffle, "blocksize": 0}}
-
-
-def numcodecs_codec(codec: Mapping[str, Any]) -> Any:
-    """The numcodecs codec zarr runs for a ``field_codec`` entry (zarr's blosc is single-threaded)."""
-    from numcodecs import Blosc, Zstd  # imported where used: reading an images store needs neither
-
-    cfg = codec["configuration"]
-    if codec["name"] == "zstd":
-        return Zstd(level=cfg["level"], checksum=cfg["checksum"])
-    return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=_SHUFFLE[cfg["shuffle"]],
-                 blocksize=cfg["blocksize"], typesize=cfg["typesize"])  # fmt: skip
-
-
 def _array_document(field: FieldSpec, info: SplitInfo, spec: StoreSpec) -> dict[str, Any]:
     """``zarr.json`` of array ``{split}/{field}`` (what zarr writes for such an array)."""
     tail, dtype = [field.channels] if field.channels else [], np.dtype(field.dtype)
-    inner = [_BYTES if dtype.itemsize == 1 else _LITTLE, field_codec(field, spec)]
+    inner = [BYTES_CODEC if dtype.itemsize == 1 else LITTLE_CODEC, field_codec(field, spec)]
     chunk, grid = [info.chunk_rays, *tail], [info.chunk_rays * spec.shard_chunks, *tail]
     fill = 0.0 if dtype.kind == "f" else 0
     return array_document([info.n_rays, *tail], dtype.name, grid, inner, field.name, fill, chunk)
@@ -385,13 +238,8 @@ class ZarrBackend:
     name: str = "zarr"
 
     def encode_shard(
-        self,
-        info: SplitInfo,
-        shard: int,
-        data: Mapping[str, np.ndarray],
-        fields: Mapping[str, FieldSpec],
-        spec: StoreSpec,
-    ) -> tuple[dict[str, bytes | list[bytes]], dict[str, list[Any]]]:
+        self, info: SplitInfo, shard: int, data: Arrays, fields: Mapping[str, FieldSpec], spec: StoreSpec
+    ) -> EncodedShard:
         files: dict[str, bytes | list[bytes]] = {
             shard_file(info.name, fields[name], shard): encode_shard_pieces(values, fields[name], info, spec)
             for name, values in data.items()
@@ -482,13 +330,6 @@ class ZarrBackend:
                 parts.append(view[k * (size + 4) + a : k * (size + 4) + b])
             c += (stop - start) // (size + 4)
         return parts
-
-
-def byte_shard_pieces(blob: bytes | bytearray, size: int, per: int) -> list[bytes]:
-    """One shard file of a sharded ``uint8`` array holding ``blob`` (at most ``size * per`` bytes), in
-    pieces: inner chunks of ``size`` bytes, the last one zero-padded (``shard_pieces``)."""
-    chunks = (bytes(blob[lo : lo + size]).ljust(size, b"\0") for lo in range(0, len(blob), size))
-    return shard_pieces(chunks, per)
 
 
 BACKEND: Backend = ZarrBackend()

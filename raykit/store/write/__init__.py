@@ -36,13 +36,16 @@ from raykit.fileio import atomic_write_json
 from raykit.locks import holding_store_lock, store_lock
 from raykit.progress import progress as progress_bar
 from raykit.store.backends import join_parts
-from raykit.store.components import ComponentInfo, write_component
+from raykit.store.components import ComponentInfo
 from raykit.store.files import OVERWRITE_HINT, filesystem, is_url, json_digest, read_errors
 from raykit.store.image_codec import StoredImage
+from raykit.store.points import SparsePoints
 from raykit.store.reader import RayStore, open_store
-from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
+from raykit.store.schema import ImageRecord, SceneInfo
 from raykit.store.spec import IMAGES_LAYOUT, RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import order_records
+from raykit.store.write.commit import PayloadWrite
+from raykit.store.write.components import write_component
 from raykit.store.write.images import write_images
 from raykit.store.write.rays import copy_rays, write_rays
 
@@ -59,7 +62,10 @@ __all__ = [
 
 
 # the payload writer of each layout (``StoreSpec.kind``)
-_PAYLOAD_WRITERS: dict[str, Callable[..., RayStore]] = {RAYS_LAYOUT: write_rays, IMAGES_LAYOUT: write_images}
+_PAYLOAD_WRITERS: dict[str, Callable[[PayloadWrite, StoreSpec], RayStore]] = {
+    RAYS_LAYOUT: write_rays,
+    IMAGES_LAYOUT: write_images,
+}
 
 
 _O = StoreSpec  # every default of write_store's options is StoreSpec's, written there once
@@ -116,18 +122,10 @@ def write_store(
         with_pids=with_pids,
         memory_staging_bytes=memory_staging_bytes,
     )
-    return _PAYLOAD_WRITERS[spec.kind](
-        Path(dst),
-        order_records(records),
-        scene,
-        spec,
-        executor=executor,
-        progress=progress,
-        source=dict(source or {}),
-        overwrite=overwrite,
-        points=points,
-        components=tuple(components),
-    )
+    tasks: dict[str, Any] = {"executor": executor, "progress": progress, "overwrite": overwrite}
+    ordered, source = order_records(records), dict(source or {})
+    job = PayloadWrite(Path(dst), ordered, scene, source, points, **tasks, components=tuple(components))
+    return _PAYLOAD_WRITERS[spec.kind](job, spec)
 
 
 @holding_store_lock("dst")
@@ -153,15 +151,11 @@ def copy_store(
     """
     store = open_store(src)
     layout = layout or store.layout()
+    tasks: dict[str, Any] = {"executor": executor, "progress": progress, "overwrite": overwrite}
     # a copy carries the source's components and per-frame metadata (``raykit.store.components``)
-    tasks: dict[str, Any] = {
-        "executor": executor,
-        "progress": progress,
-        "overwrite": overwrite,
-        "extras_from": store,
-    }
     if layout == store.layout() and not holds_images(layout):  # rays to rays: chunk by chunk
-        return copy_rays(store, Path(dst), store.spec.replace(backend=backend), **tasks, with_pids=with_pids)
+        spec = store.spec.replace(backend=backend)
+        return copy_rays(store, Path(dst), spec, **tasks, with_pids=with_pids, extras_from=store)
     kept = store.spec  # its chunking and seed, in the target layout and backend (checked there)
     spec = StoreSpec(
         kind=layout,
@@ -173,9 +167,8 @@ def copy_store(
     source = {k: v for k, v in store.manifest["source"].items() if k != "fingerprint"}
     records = order_records(store_records(store))
     points = store.sparse_points()
-    return _PAYLOAD_WRITERS[layout](
-        Path(dst), records, store.scene, spec, **tasks, source=source, points=points
-    )
+    job = PayloadWrite(Path(dst), records, store.scene, source, points, **tasks, extras_from=store)
+    return _PAYLOAD_WRITERS[layout](job, spec)
 
 
 @dataclass(frozen=True)

@@ -1,62 +1,48 @@
 """What every payload writer shares, whatever the layout: a write in progress (``Partial``), its plan
 and the partial directory the plan keys (``open_write``, ``open_partial``), what staging decides
-(``staged_payload``: splits, camera table, fields), its tasks on any executor (``task_runner``) and
-their records for a rerun (``record_matches``, ``finish_task``), the one shard task (``ShardJob``,
-``write_shard_task``) and shard phase (``write_shards``), the last phase (``commit``: ``index.json``,
-the points, the manifest, the rename to ``dst``) and where its time goes (``PhaseClock``).
-
-Timing (``raykit convert --profile``, ``benchmarks/bench_convert.py``): each task times its phases with
-a ``PhaseClock`` and returns the seconds with its result; the writer sums them per kind of task and
-laps its own wall clock per step. A finished write adds its profile to the active ``raykit.recorder``
-(a context variable: concurrent writes do not mix) and logs it at DEBUG level.
+(``staged_payload``: splits, camera table, fields), the shard phase (``write_shards``, its tasks:
+``raykit.store.write.tasks``) and the last phase (``commit``: ``index.json``, the points, the manifest,
+the rename to ``dst``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
-import logging
 import shutil
-import time
-import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-import raykit.recorder
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_bytes, atomic_write_json, fsync_path
-from raykit.progress import progress as progress_bar
-from raykit.store.components import ComponentInfo, write_extras
+from raykit.fileio import atomic_write_json, fsync_path
+from raykit.store.components import ComponentInfo
 from raykit.store.files import (
     CHUNK_CHECKSUM,
     OVERWRITE_HINT,
-    bytes_record,
     check_destination,
     content_fingerprint,
     file_record,
     json_digest,
     prepare_partial,
 )
+from raykit.store.points import POINTS_FILE, SparsePoints, points_digest, points_entry
 from raykit.store.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    POINTS_FILE,
     FieldSpec,
     ImageRecord,
     SceneInfo,
-    SparsePoints,
     SplitInfo,
-    points_digest,
-    points_entry,
 )
 from raykit.store.spec import RAYS_LAYOUT, StoreSpec, holds_images
 from raykit.store.table import build_camera_table, write_camera_table, write_parquet
+from raykit.store.write.components import write_extras
+from raykit.store.write.tasks import PhaseClock, ShardJob, TaskRunner, task_runner, write_shard_task
 from raykit.version import __version__
 
 if TYPE_CHECKING:
@@ -65,88 +51,19 @@ if TYPE_CHECKING:
 __all__ = [
     "SHUFFLED_SPLITS",
     "Partial",
-    "PhaseClock",
-    "ShardJob",
-    "TaskRunner",
+    "PayloadWrite",
     "commit",
     "commit_store",
-    "finish_task",
-    "format_phases",
     "open_partial",
     "open_write",
-    "record_matches",
     "record_plan",
-    "scratch_record",
     "split_infos",
     "staged_payload",
-    "task_runner",
-    "write_shard_task",
     "write_shards",
 ]
 
 
-J = TypeVar("J")
-
-
-R = TypeVar("R")
-
-
 SHUFFLED_SPLITS = frozenset({"train"})
-
-
-_log = logging.getLogger("raykit.store.write")
-
-
-# -- where the time goes -------------------------------------------------------------------------
-class PhaseClock:
-    """Seconds spent per phase, by laps: ``lap(name)`` charges the time since the last lap. A task
-    times its phases with one; a writer laps its own wall clock with one and sums its tasks' seconds
-    per kind of task and phase into ``tasks`` (``absorb``), whichever worker ran them."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.tasks: dict[str, dict[str, float]] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
-        self._last = now
-
-    def absorb(self, kind: str, results: list[dict[str, Any]]) -> None:
-        totals = self.tasks.setdefault(kind, {})
-        for res in results:
-            for phase, seconds in res.pop("seconds", {}).items():
-                totals[phase] = totals.get(phase, 0.0) + seconds
-
-    def finish(self, dst: Path) -> None:
-        """Add the times to the active ``raykit.recorder`` of this thread or task (scopes ``write``: the
-        writer's wall time per step; ``write.stage``, ``write.shard``: its tasks' time per phase, summed
-        over tasks, whichever worker ran them) and log them at DEBUG level on ``raykit.store.write``."""
-        scopes = {"write": self.seconds, **{f"write.{kind}": phases for kind, phases in self.tasks.items()}}
-        recorder = raykit.recorder.active()
-        if recorder is not None:
-            for scope, phases in scopes.items():
-                for phase, seconds in phases.items():
-                    recorder.add(scope, phase, seconds)
-        _log.debug("wrote %s: %s", dst, json.dumps(scopes))
-
-
-def format_phases(phases: Mapping[str, Mapping[str, float]], seconds: float | None = None) -> list[str]:
-    """Human lines for a recorder's writer phases (``PhaseClock.finish``): wall time per step, then
-    task time per phase."""
-    lines = ["wall s   " + "  ".join(f"{k} {v:.2f}" for k, v in phases.get("write", {}).items())]
-    for kind, label in (("write.stage", "decode tasks"), ("write.shard", "shard tasks")):
-        if phases.get(kind):
-            total = sum(phases[kind].values())
-            parts = "  ".join(f"{k} {v:.2f}" for k, v in sorted(phases[kind].items(), key=lambda kv: -kv[1]))
-            lines.append(f"{label} (summed over workers, {total:.2f} s): {parts}")
-    if seconds is not None:
-        outside = seconds - sum(phases.get("write", {}).values())
-        lines.append(
-            f"total {seconds:.2f} s, of which outside the writer (parsing, probing, start-up) {outside:.2f} s"
-        )
-    return lines
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -228,32 +145,43 @@ def open_partial(
     return Partial(dst, root, key, spec, overwrite, points, task_runner(executor, progress), profile)
 
 
-def open_write(
-    dst: Path,
-    records: Sequence[ImageRecord],
-    scene: SceneInfo,
-    spec: StoreSpec,
-    source: Mapping[str, Any],
-    points: SparsePoints | None,
-    *,
-    executor: concurrent.futures.Executor | None,
-    progress: bool,
-    overwrite: bool,
-) -> tuple[Partial, list[dict[str, Any]]]:
-    """``open_partial`` for a write of ``records`` (in table order) as ``spec``, and each record's
-    part of the plan (``record_plan``: it keys the record's task)."""
-    records_plan = [record_plan(r) for r in records]
+@dataclass(frozen=True)
+class PayloadWrite:
+    """A write of ``records`` (in table order) at ``dst`` from ``source`` (its description), the caller
+    holding its writer lock: what every layout's payload writer takes (``write_rays``,
+    ``write_images``); ``components`` and ``extras_from`` go to ``write_extras``."""
+
+    dst: Path
+    records: Sequence[ImageRecord]
+    scene: SceneInfo
+    source: Mapping[str, Any]
+    points: SparsePoints | None
+    executor: concurrent.futures.Executor | None
+    progress: bool
+    overwrite: bool
+    components: Sequence[ComponentInfo] = ()
+    extras_from: RayStore | None = None
+
+    def extras(self) -> tuple[Sequence[ImageRecord], Sequence[ComponentInfo], RayStore | None]:
+        """``commit``'s ``extras``: the records, their components and the store they are copied from."""
+        return self.records, self.components, self.extras_from
+
+
+def open_write(job: PayloadWrite, spec: StoreSpec) -> tuple[Partial, list[dict[str, Any]]]:
+    """``open_partial`` for ``job`` as ``spec``, and each record's part of the plan (``record_plan``:
+    it keys the record's task)."""
+    records_plan = [record_plan(r) for r in job.records]
     plan = {
         "format_version": FORMAT_VERSION,
         "backend": spec.backend,
         "layout": spec.to_dict(),  # the kind, codecs and train order: a .partial of another is discarded
         "with_pids": spec.with_pids,
-        "scene": scene.to_dict(),
+        "scene": job.scene.to_dict(),
         "records": records_plan,
-        "source": dict(source),
+        "source": dict(job.source),
     }
-    w = open_partial(dst, plan, spec, points, executor=executor, progress=progress, overwrite=overwrite)
-    return w, records_plan
+    tasks: dict[str, Any] = {"executor": job.executor, "progress": job.progress, "overwrite": job.overwrite}
+    return open_partial(job.dst, plan, spec, job.points, **tasks), records_plan
 
 
 def staged_payload(
@@ -284,26 +212,7 @@ def staged_payload(
     return splits, table, {f.name: f for f in fields}, fingerprint
 
 
-# -- tasks ---------------------------------------------------------------------------------------
-# ``run(fn, jobs, desc)``: the results of ``fn`` over ``jobs`` in order, as they finish
-TaskRunner = Callable[[Callable[[Any], Any], Sequence[Any], str], Iterator[Any]]
-
-
-def task_runner(executor: concurrent.futures.Executor | None, progress: bool) -> TaskRunner:
-    """Runs a write's tasks on ``executor`` (None: in this process), with a progress bar if asked."""
-
-    def run(fn: Callable[[J], R], jobs: Sequence[J], desc: str) -> Iterator[R]:
-        results: Iterable[R] = map(fn, jobs) if executor is None else executor.map(fn, jobs)
-        yield from progress_bar(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
-
-    return run
-
-
-def in_process(executor: concurrent.futures.Executor | None) -> bool:
-    """True when the executor runs tasks in this process (None: serially; or a thread pool)."""
-    return executor is None or isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-
-
+# -- the shard phase ------------------------------------------------------------------------------
 def write_shards(w: Partial, jobs: Sequence[ShardJob], done: Callable[[int], None] | None = None) -> None:
     """The shard phase of either layout: run ``write_shard_task`` over ``jobs``, fsync their files,
     and add each result's file records (``"files"``) to ``w.files`` and its ``index.json`` entries
@@ -329,88 +238,6 @@ def write_shards(w: Partial, jobs: Sequence[ShardJob], done: Callable[[int], Non
         w.files.update(res["files"])
         for key, values in res["index"].items():
             w.index.setdefault(job.split, {}).setdefault(key, []).extend(values)
-
-
-def scratch_record(data: bytes | memoryview) -> dict[str, Any]:
-    """``{"size", "crc32"}`` of a scratch file's bytes (staging): enough to catch a damaged file on resume."""
-    return {"size": len(data), "crc32": zlib.crc32(data)}
-
-
-def record_matches(record_path: Path, key: str, root: Path, clock: PhaseClock) -> dict[str, Any] | None:
-    """The stored result of a finished task (with ``seconds``: ``clock``'s, lapped as the resume
-    check) if its key matches and its files are intact, else None."""
-    if not record_path.exists():
-        return None
-    try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("key") != key:
-        return None
-    for rel, expected in record["result"].get("files", {}).items():
-        path = root / rel
-        if not path.exists() or _file_check(path, expected) != expected:
-            return None
-    clock.lap("resume_check")
-    return {**record["result"], "seconds": clock.seconds}
-
-
-def _file_check(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
-    """The record of the file at ``path`` in the kind of ``expected`` (SHA-256, or CRC-32 for scratch)."""
-    if "crc32" not in expected:
-        return file_record(path)
-    crc = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            crc = zlib.crc32(block, crc)
-    return {"size": path.stat().st_size, "crc32": crc}
-
-
-def finish_task(
-    record_path: Path | None, key: str, result: dict[str, Any], clock: PhaseClock
-) -> dict[str, Any]:
-    """``result`` with ``seconds`` (``clock``'s, not recorded), after recording it for a rerun at
-    ``record_path`` (None: nothing to resume from) as canonical JSON, atomically without fsync (a lost
-    record only redoes its task)."""
-    if record_path is not None:
-        atomic_write_json(record_path, {"key": key, "result": result}, sync=False)
-        clock.lap("write")
-    return {**result, "seconds": clock.seconds}
-
-
-# ``encode(clock)``: a shard's files (relative path -> bytes, whole or in pieces written one after the
-# other) and its ``index.json`` entries (key -> values, in order)
-ShardEncode = Callable[[PhaseClock], tuple[dict[str, Any], dict[str, list[Any]]]]
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    """Phase-2 task of either layout: shard ``shard`` of split ``split`` of ``root``'s plan, task key
-    ``key``, encoded by ``encode`` (a picklable partial of the layout's encoder)."""
-
-    root: str
-    split: str
-    shard: int
-    key: str
-    encode: ShardEncode
-
-
-def write_shard_task(job: ShardJob) -> dict[str, Any]:
-    """Phase-2 task. Returns ``{"files": {rel: record}, "index": {key: [values]}}`` and ``"seconds"``,
-    the time per phase (not recorded)."""
-    root = Path(job.root)
-    record_path = root / f"tasks/{job.split}-{job.shard:06d}.json"
-    clock = PhaseClock()
-    if (done := record_matches(record_path, job.key, root, clock)) is not None:
-        return done
-    files, index = job.encode(clock)
-    result: dict[str, Any] = {"files": {}, "index": index}
-    for rel, payload in files.items():
-        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
-        clock.lap("write")
-        result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
-        clock.lap("checksum")
-    return finish_task(record_path, job.key, result, clock)
 
 
 # -- the commit ----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ manifest and the commit every layout's (``raykit.store.write.commit``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -21,31 +20,27 @@ import numpy as np
 
 from raykit.errors import SourceError
 from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
-from raykit.store.components import ComponentInfo
 from raykit.store.files import is_url, json_digest, write_files
 from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
-from raykit.store.schema import ImageRecord, SceneInfo, SparsePoints
+from raykit.store.schema import ImageRecord
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
     Partial,
-    PhaseClock,
-    ShardJob,
+    PayloadWrite,
     commit,
-    finish_task,
-    in_process,
     open_write,
-    record_matches,
     staged_payload,
     write_shards,
 )
 from raykit.store.write.staging import (
     DiskStaging,
     ImageJob,
-    MemoryStaging,
     StagingArea,
     check_pixels,
     pixels_crc32c,
+    staging_area,
 )
+from raykit.store.write.tasks import PhaseClock, ShardJob, finish_task, record_matches
 
 if TYPE_CHECKING:
     from raykit.store.reader import RayStore
@@ -155,30 +150,14 @@ def encode_image_shard(
     return {rel: pieces}, index
 
 
-def write_images(
-    dst: Path,
-    records: Sequence[ImageRecord],
-    scene: SceneInfo,
-    spec: StoreSpec,
-    *,
-    executor: concurrent.futures.Executor | None,
-    progress: bool,
-    source: Mapping[str, Any],
-    overwrite: bool,
-    points: SparsePoints | None,
-    components: Sequence[ComponentInfo] = (),
-    extras_from: RayStore | None = None,
-) -> RayStore:
-    """Write an images-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
-    writer lock); returns it opened. ``spec.chunk_rays`` and ``shard_chunks`` are the chunking of the
-    store's rays view and of a ray-layout copy.
-    """
+def write_images(job: PayloadWrite, spec: StoreSpec) -> RayStore:
+    """Write an images-layout store of ``job``; returns it opened. ``spec.chunk_rays`` and
+    ``shard_chunks`` are the chunking of the store's rays view and of a ray-layout copy."""
     spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
-    w, records_plan = open_write(
-        dst, records, scene, spec, source, points, executor=executor, progress=progress, overwrite=overwrite
-    )
+    w, records_plan = open_write(job, spec)
+    records = job.records
     partial = str(w.root)
-    staging = MemoryStaging(partial) if in_process(executor) else DiskStaging(partial)
+    staging = staging_area(partial, job.executor)
     keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]
     jobs = [ImageJob(partial, i, r, keys[i], staging) for i, r in enumerate(records)]
     w.profile.lap("plan")
@@ -188,8 +167,8 @@ def write_images(
         splits, table, fields, fingerprint = staged_payload(w, records, encoded)
         offsets = table.column("pixel_offset").to_pylist()
         write_shards(w, _split_shards(w, records, staging, encoded, offsets))
-        source = {**source, "fingerprint": fingerprint}
-        return commit(w, source, scene, splits, fields, table, (records, components, extras_from))
+        source = {**job.source, "fingerprint": fingerprint}
+        return commit(w, source, job.scene, splits, fields, table, job.extras())
 
 
 def _split_shards(

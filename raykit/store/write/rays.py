@@ -12,37 +12,34 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raykit.store.backends import Backend, backend_named
-from raykit.store.components import ComponentInfo
 from raykit.store.files import CHUNK_CHECKSUM, chunk_checksum, json_digest, local_files_bytes, write_files
 from raykit.store.order import TRAIN_ORDER
-from raykit.store.schema import FORMAT_VERSION, FieldSpec, ImageRecord, SceneInfo, SparsePoints, SplitInfo
+from raykit.store.schema import FORMAT_VERSION, FieldSpec, SplitInfo
 from raykit.store.spec import StoreSpec
 from raykit.store.table import CameraTable, write_camera_table
 from raykit.store.write.commit import (
     SHUFFLED_SPLITS,
     Partial,
-    PhaseClock,
-    ShardJob,
+    PayloadWrite,
     commit,
-    in_process,
     open_partial,
     open_write,
     staged_payload,
     write_shards,
 )
+from raykit.store.write.gather import StagingSource
 from raykit.store.write.staging import (
-    DiskStaging,
     ImageJob,
-    MemoryStaging,
-    StagingSource,
     base_indices,
     stage_image,
+    staging_area,
 )
+from raykit.store.write.tasks import PhaseClock, ShardJob
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,31 +115,16 @@ def encode_ray_shard(
     return files, {**index, **entries}
 
 
-def write_rays(
-    dst: Path,
-    records: Sequence[ImageRecord],
-    scene: SceneInfo,
-    spec: StoreSpec,
-    *,
-    executor: concurrent.futures.Executor | None,
-    progress: bool,
-    source: Mapping[str, Any],
-    overwrite: bool,
-    points: SparsePoints | None,
-    components: Sequence[ComponentInfo] = (),
-    extras_from: RayStore | None = None,
-) -> RayStore:
-    """Write a rays-layout store of ``records`` (in table order) at ``dst`` (the caller holds its
-    writer lock): stage every image, write the shards, commit; returns it opened."""
+def write_rays(job: PayloadWrite, spec: StoreSpec) -> RayStore:
+    """Write a rays-layout store of ``job``: stage every image, write the shards, commit; returns it
+    opened."""
     spec = spec.replace(train_order=TRAIN_ORDER)
-    w, records_plan = open_write(
-        dst, records, scene, spec, source, points, executor=executor, progress=progress, overwrite=overwrite
-    )
+    w, records_plan = open_write(job, spec)
+    records, executor = job.records, job.executor
     w.profile.lap("plan")
     staged_bytes = sum(r.camera.width * r.camera.height * 4 for r in records)
-    memory = in_process(executor) and staged_bytes <= spec.memory_staging_bytes
     partial = str(w.root)
-    staging = MemoryStaging(partial) if memory else DiskStaging(partial)
+    staging = staging_area(partial, executor, staged_bytes <= spec.memory_staging_bytes)
     with contextlib.closing(staging):
         keys = [json_digest([entry, spec.seed]) for entry in records_plan]
         stage_jobs = [
@@ -155,7 +137,7 @@ def write_rays(
             base_indices.cache_clear()  # the stage tasks' memoised index arrays
         splits, table, fields, fingerprint = staged_payload(w, records, staged)
         image_bytes = local_files_bytes([r.source_path for r in records])
-        source = {**source, "fingerprint": fingerprint, "image_bytes": image_bytes}
+        source = {**job.source, "fingerprint": fingerprint, "image_bytes": image_bytes}
         gather = StagingSource(
             partial,
             tuple(int(v) for v in table.column("pixel_offset").to_pylist()),
@@ -169,7 +151,7 @@ def write_rays(
             CameraTable.from_arrow(table) if spec.materialize else None,
         )
         _write_shards(w, splits, fields, gather)
-        return commit(w, source, scene, splits, fields, table, (records, components, extras_from))
+        return commit(w, source, job.scene, splits, fields, table, job.extras())
 
 
 def _write_shards(
