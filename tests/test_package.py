@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
 # other) nor above it. ``testing`` (the procedural scene) sits just below the applications that use it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ranges", "lazy"),
+    ("ranges", "lazy", "safe_io"),
     ("errors", "fileio", "options", "progress", "imagedecode", "ordered", "version", "recorder"),
     ("locks", "report"),
     ("conventions", "camera_models", "metrics"),
