@@ -170,7 +170,8 @@ def atomic_path(
             it appears. ``False`` for files a writer fsyncs later or can redo: the rename is still
             atomic against a killed process, and after a power loss a damaged file fails its
             record's size and checksum and is redone.
-        directory: yield a temporary directory instead of a file; an existing ``path`` is replaced.
+        directory: yield a temporary directory instead of a file (mode ``0777 & ~umask``, as
+            ``mkdir`` gives); an existing ``path`` is replaced by ``replace_dir``.
 
     Raises:
         UnsafeOutputError: ``path`` is there and is not a regular file (``directory``: not a folder),
@@ -181,6 +182,7 @@ def atomic_path(
     final.parent.mkdir(parents=True, exist_ok=True)
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would make the folder private to its writer
     else:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
         os.close(fd)
@@ -190,7 +192,7 @@ def atomic_path(
     try:
         yield tmp
         if sync:
-            for item in sorted(tmp.iterdir()) if directory else [tmp]:
+            for item in [*sorted(tmp.iterdir()), tmp] if directory else [tmp]:
                 fsync_path(item)
         check_output(final, directory=directory)  # again: it may have been replaced meanwhile
         if directory:
