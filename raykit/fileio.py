@@ -1,20 +1,18 @@
-"""Atomic file writes and content hashes, shared by every module that writes files; the one safe way
-to read a file named by another file (a received store, export or run folder).
+"""Atomic file and folder writes, content hashes and file records, shared by every module that writes
+files. Reading a file named by another file (a received store, export or run folder) is
+``raykit.safe_io``'s.
 
 A file written here appears under its final name only when complete: bytes go to a temporary name in
 the same directory, are flushed and fsynced, then renamed over the destination. On any failure the
-temporary file is removed, so a crash never leaves a half-written file under a real name.
-
-Reading what a folder's own records name (docs/reliability.md, "Received folders"): ``safe_path``
-resolves a recorded name inside its folder (no ``..``, no absolute path, no symlink leading out),
-``open_regular`` opens regular files only (never blocks on a FIFO, never reads a device) and checks
-the size against the record before a byte is read, ``read_bounded`` never reads past the recorded
-size, and ``loads_json``/``read_json`` (``loads_toml``/``read_toml``) bound what a JSON (TOML) record
-may hold (size, nesting, digits), naming the file in every error (:class:`UntrustedFileError`).
+temporary file is removed, so a crash never leaves a half-written file under a real name. A folder is
+swapped in whole by ``replace_dir``, the one directory swap of raykit.
 
 Writing (docs/reliability.md, "Shared machines"): ``atomic_path`` never replaces what is not a regular
 file (a device, FIFO, socket or folder, or a symlink to one) and ``check_output`` also refuses one of
 the command's own inputs: :class:`UnsafeOutputError`, an ``OSError`` the command line prints as one line.
+File records (``file_record``, ``bytes_record``) are ``{"size", "sha256"}`` everywhere (stores, model
+exports, checkpoints); ``record_size`` also reads the ``{"bytes", "sha256"}`` of older exports and
+checkpoints.
 """
 
 from __future__ import annotations
@@ -23,16 +21,32 @@ import contextlib
 import ctypes
 import functools
 import hashlib
-import io
 import json
 import os
 import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+# Re-exported for the callers that read through raykit.fileio; new code imports raykit.safe_io.
+from raykit.safe_io import (
+    IMAGE_FILE_LIMIT,
+    JSON_LIMIT,
+    TOML_LIMIT,
+    UntrustedFileError,
+    check_relative,
+    file_kind,
+    loads_json,
+    loads_toml,
+    open_regular,
+    read_bounded,
+    read_json,
+    read_toml,
+    safe_path,
+)
 
 __all__ = [
     "IMAGE_FILE_LIMIT",
@@ -43,8 +57,10 @@ __all__ = [
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
+    "bytes_record",
     "check_output",
     "check_relative",
+    "file_record",
     "fsync_path",
     "json_bytes",
     "libc_function",
@@ -56,6 +72,8 @@ __all__ = [
     "read_bounded",
     "read_json",
     "read_toml",
+    "record_size",
+    "replace_dir",
     "safe_path",
     "sha256_bytes",
     "sha256_file",
@@ -99,10 +117,10 @@ def output_problem(
         return f"{path}: cannot be written ({exc.strerror or exc})"
     if info is not None:
         if directory and not (stat.S_ISDIR(info.st_mode) and not os.path.islink(path)):
-            what = "a symlink" if os.path.islink(path) else _kind(info.st_mode)
+            what = "a symlink" if os.path.islink(path) else file_kind(info.st_mode)
             return f"{path}: {what} is there, expected a folder this command wrote; not replaced"
         if not directory and not stat.S_ISREG(info.st_mode):
-            return f"{path}: {_kind(info.st_mode)} is there, expected a regular file; not replaced"
+            return f"{path}: {file_kind(info.st_mode)} is there, expected a regular file; not replaced"
     real = os.path.realpath(path) if inputs else ""
     for source in inputs:
         try:
@@ -152,7 +170,8 @@ def atomic_path(
             it appears. ``False`` for files a writer fsyncs later or can redo: the rename is still
             atomic against a killed process, and after a power loss a damaged file fails its
             record's size and checksum and is redone.
-        directory: yield a temporary directory instead of a file; an existing ``path`` is replaced.
+        directory: yield a temporary directory instead of a file (mode ``0777 & ~umask``, as
+            ``mkdir`` gives); an existing ``path`` is replaced by ``replace_dir``.
 
     Raises:
         UnsafeOutputError: ``path`` is there and is not a regular file (``directory``: not a folder),
@@ -163,6 +182,7 @@ def atomic_path(
     final.parent.mkdir(parents=True, exist_ok=True)
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would make the folder private to its writer
     else:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
         os.close(fd)
@@ -172,15 +192,11 @@ def atomic_path(
     try:
         yield tmp
         if sync:
-            for item in sorted(tmp.iterdir()) if directory else [tmp]:
+            for item in [*sorted(tmp.iterdir()), tmp] if directory else [tmp]:
                 fsync_path(item)
         check_output(final, directory=directory)  # again: it may have been replaced meanwhile
         if directory:
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            if sync:
-                fsync_path(final.parent)
+            replace_dir(tmp, final, sync=sync)
         else:
             os.replace(tmp, final)
     except BaseException as exc:
@@ -216,6 +232,74 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, sync: bool = Tr
 def sha256_bytes(data: bytes) -> str:
     """Hex SHA-256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
+
+
+def replace_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, sync: bool = True) -> None:
+    """Rename folder ``src`` to ``dst`` (on the same file system): the one directory swap of raykit.
+
+    An existing ``dst`` is exchanged with ``src`` in one step where the system can (Linux's
+    ``renameat2(RENAME_EXCHANGE)``), else renamed aside first (``.NAME.old.PID``, renamed back if the
+    second rename fails); then the old folder is removed. ``dst`` is never half of either. With
+    ``sync`` the parent folder is fsynced after the rename.
+
+    Raises:
+        UnsafeOutputError: ``dst`` is there and is not a real folder (a symlink, even to a folder, is
+            never followed nor replaced), before anything is renamed.
+    """
+    src, dst = Path(src), Path(dst)
+    if os.path.islink(dst):  # also a dangling one, which check_output lets through for a file
+        raise UnsafeOutputError(
+            f"{dst}: a symlink is there, expected a folder this command wrote; not replaced"
+        )
+    check_output(dst, directory=True)
+    old: Path | None = None
+    if os.path.lexists(dst):
+        exchange = libc_function(
+            "renameat2", ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint
+        )
+        at_cwd, rename_exchange = -100, 2  # linux/fcntl.h, linux/fs.h
+        if (
+            exchange is not None
+            and exchange(at_cwd, os.fsencode(src), at_cwd, os.fsencode(dst), rename_exchange) == 0
+        ):
+            old = src  # src now holds what was dst
+        else:
+            old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(dst, old)
+            try:
+                os.rename(src, dst)
+            except BaseException:
+                os.rename(old, dst)
+                raise
+    else:
+        os.rename(src, dst)
+    if sync:
+        fsync_path(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def file_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``{"size": bytes, "sha256": hex}`` of a local file: the one file record of raykit."""
+    return {"size": os.stat(path).st_size, "sha256": sha256_file(path)}
+
+
+def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
+    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
+    equals ``file_record`` of the written file."""
+    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
+
+
+def record_size(entry: Mapping[str, Any]) -> int | None:
+    """The size of a file record: ``size``, or ``bytes`` in the exports and checkpoints written before
+    records had one shape; None when neither is a non-negative integer."""
+    size = entry.get("size", entry.get("bytes"))
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -259,216 +343,3 @@ def punch_hole(path: str | os.PathLike[str], offset: int, length: int) -> bool:
         return bool(function(fd, mode, offset, length) == 0)
     finally:
         os.close(fd)
-
-
-# -- reading files named by other files ------------------------------------------------------------
-
-JSON_LIMIT = 256 << 20  # bytes of a JSON record (a store manifest of 10^6 files is about 150 MB)
-TOML_LIMIT = 4 << 20  # bytes of a TOML file (a sweep's SPEC: a few hundred lines)
-IMAGE_FILE_LIMIT = 1 << 30  # bytes of one encoded image, mask or .npy (IMAGE_PIXELS of RGBA: 716 MB)
-_JSON_DEPTH = 64  # nesting of a JSON record: raykit's records nest less than 10 deep
-_JSON_DIGITS = 400  # characters of one JSON number (a float64's shortest repr is at most 24)
-
-
-class UntrustedFileError(ValueError):
-    """A name recorded in a file that leads outside its folder, a file that is not a regular file or
-    not of its recorded size, or a JSON record beyond the bounds; the message names the file."""
-
-
-def check_relative(rel: object, where: str) -> list[str]:
-    """The parts of ``rel``, a name read from a file in ``where``, if it is a relative POSIX path of
-    plain parts (no empty part, ``.``, ``..``, backslash or NUL): lexical rules only, see ``safe_path``.
-
-    Raises:
-        UntrustedFileError: naming ``where`` and the name.
-    """
-    if not isinstance(rel, str) or not rel:
-        raise UntrustedFileError(f"{where}: expected a file name, got {rel!r}"[:300])
-    parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
-        raise UntrustedFileError(f"{where}: file name {rel!r} is not a plain path inside the folder"[:300])
-    return parts
-
-
-def safe_path(root: str | os.PathLike[str], rel: object, *, where: str | None = None) -> Path:
-    """``root / rel`` for a name ``rel`` read from a file in folder ``root``, checked to stay inside it.
-
-    ``rel`` must be a relative POSIX path of plain parts (``check_relative``), and after resolving
-    symlinks it must still lie inside ``root`` (resolved): a symlink within the folder is followed
-    only when it points within the folder.
-
-    Raises:
-        UntrustedFileError: naming ``where`` (default: ``root``) and the name.
-    """
-    label = where or str(root)
-    parts = check_relative(rel, label)
-    base = Path(root).resolve()
-    path = base.joinpath(*parts)
-    try:
-        resolved = path.resolve()
-    except (OSError, RuntimeError) as exc:  # a symlink loop
-        raise UntrustedFileError(f"{label}: file name {rel!r} does not resolve ({exc})") from None
-    if resolved != base and base not in resolved.parents:
-        raise UntrustedFileError(f"{label}: {rel!r} leads outside the folder (to {resolved})")
-    return path
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def open_regular(
-    path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None, follow: bool = True
-) -> io.FileIO:
-    """Open ``path`` for unbuffered reading if it is a regular file (a FIFO, device or socket is refused
-    without blocking: the open does not wait for a FIFO's writer) of exactly ``size`` bytes or at most
-    ``limit`` bytes, checked before anything is read. ``follow=False``: a symlink is refused too.
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: not a regular file, or of another size, naming ``path``.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-    try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW))
-    except OSError:
-        if not follow and os.path.islink(path):
-            raise UntrustedFileError(f"{path}: a symlink, expected a regular file; not read") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UntrustedFileError(f"{path}: {_kind(info.st_mode)}, expected a regular file; not read")
-        if size is not None and info.st_size != size:
-            raise UntrustedFileError(
-                f"{path}: {info.st_size} bytes, expected {size} as recorded (truncated or replaced?)"
-            )
-        if limit is not None and info.st_size > limit:
-            raise UntrustedFileError(f"{path}: {info.st_size} bytes, more than the {limit} accepted")
-        return io.FileIO(fd, "rb", closefd=True)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_bounded(path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None) -> bytes:
-    """The bytes of regular file ``path`` (``open_regular``: exactly ``size`` bytes, or at most
-    ``limit``), never reading past that bound even if the file grows meanwhile.
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: see ``open_regular``; or the file changed size while being read.
-    """
-    bound = size if size is not None else limit
-    with open_regular(path, size=size, limit=limit) as handle:
-        expected = (
-            os.fstat(handle.fileno()).st_size
-            if bound is None
-            else min(bound, os.fstat(handle.fileno()).st_size)
-        )
-        data = bytearray(expected)
-        view, n = memoryview(data), 0
-        while n < expected and (got := handle.readinto(view[n:])):
-            n += got
-        if n != expected or handle.read(1):
-            raise UntrustedFileError(f"{path}: changed size while being read")
-    return bytes(data)
-
-
-def _json_number(text: str) -> Any:
-    if len(text) > _JSON_DIGITS:
-        raise ValueError(f"a number of {len(text)} characters (at most {_JSON_DIGITS} accepted)")
-    return float(text) if any(c in text for c in ".eE") else int(text)
-
-
-def _json_constant(text: str) -> Any:
-    raise ValueError(f"{text} is not JSON")
-
-
-def loads_json(data: bytes | str, where: str, *, limit: int = JSON_LIMIT) -> Any:
-    """Parse JSON record ``data`` read from ``where``: at most ``limit`` bytes, nested at most 64 deep,
-    numbers of at most 400 characters, no NaN/Infinity.
-
-    Raises:
-        UntrustedFileError: one line naming ``where`` and the problem.
-    """
-    if len(data) > limit:
-        raise UntrustedFileError(f"{where}: {len(data)} bytes, more than the {limit} accepted for a record")
-    try:
-        value = json.loads(
-            data, parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant
-        )
-    except RecursionError:
-        raise UntrustedFileError(f"{where}: not valid JSON: nested too deep") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, our number and constant checks
-        raise UntrustedFileError(f"{where}: not valid JSON: {exc}") from None
-    if _depth(value) > _JSON_DEPTH:
-        raise UntrustedFileError(f"{where}: not valid JSON: nested more than {_JSON_DEPTH} deep")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, depth)
-            if depth <= _JSON_DEPTH:
-                stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
-    return deepest
-
-
-def read_json(path: str | os.PathLike[str], *, limit: int = JSON_LIMIT) -> Any:
-    """The JSON record in regular file ``path`` (``read_bounded`` then ``loads_json``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: not a regular file, too large, or not valid bounded JSON, naming ``path``.
-    """
-    return loads_json(read_bounded(path, limit=limit), str(path), limit=limit)
-
-
-def loads_toml(text: str, where: str, *, limit: int = TOML_LIMIT) -> dict[str, Any]:
-    """Parse TOML ``text`` read from ``where`` with ``loads_json``'s bounds (size, nesting 64 deep).
-
-    Raises:
-        UntrustedFileError: one line naming ``where`` and the problem.
-    """
-    import tomllib
-
-    if len(text) > limit:
-        raise UntrustedFileError(f"{where}: {len(text)} characters, more than the {limit} accepted")
-    try:
-        value = tomllib.loads(text)
-    except RecursionError:
-        raise UntrustedFileError(f"{where}: not valid TOML: nested too deep") from None
-    except ValueError as exc:  # TOMLDecodeError, an integer of too many digits
-        raise UntrustedFileError(f"{where}: not valid TOML: {exc}"[:500]) from None
-    if _depth(value) > _JSON_DEPTH:
-        raise UntrustedFileError(f"{where}: not valid TOML: nested more than {_JSON_DEPTH} deep")
-    return value
-
-
-def read_toml(path: str | os.PathLike[str], *, limit: int = TOML_LIMIT) -> dict[str, Any]:
-    """The TOML document in regular file ``path`` (``read_bounded`` then ``loads_toml``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: not a regular file, too large, not UTF-8 or not valid bounded TOML.
-    """
-    data = read_bounded(path, limit=limit)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UntrustedFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return loads_toml(text, str(path), limit=limit)

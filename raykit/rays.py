@@ -10,18 +10,16 @@ generator) that tests compare against.
 
 Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
 
-Length (about 450 lines): ``RayBatch`` (with its split/concat/device helpers), ``RayGenerator`` and
-its reference twin, each short; the generator's parts live in ``pixel_layout``/``ray_directions``;
-last, the generator of a store's camera table (``table_ray_generator``, ``materialized_rays``).
+``RayBatch`` and ``Rays`` (the batch containers, with their split/device helpers and the one 8-bit
+colour conversion) live in ``raykit.ray_batch`` and are re-exported here; the generator's parts live
+in ``pixel_layout``/``ray_directions``; last, the generator of a store's camera table
+(``table_ray_generator``, ``materialized_rays``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from dataclasses import field as dataclass_field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +27,7 @@ import torch
 from raykit.cameras import Camera, pixels_to_rays
 from raykit.errors import CameraError
 from raykit.pixel_layout import PixelLayout, ThreadScratch, index_float
+from raykit.ray_batch import RayBatch, Rays, unit_colours
 from raykit.ray_directions import Pixels, directions_for
 
 __all__ = [
@@ -45,143 +44,28 @@ __all__ = [
 Tensor = torch.Tensor
 
 
-@dataclass
-class RayBatch:
-    """A batch of rays with their pixels' colours.
-
-    Attributes:
-        origins: (N, 3) world-frame ray origins.
-        directions: (N, 3) unit world-frame directions.
-        rgb: (N, 3) float colours in [0, 1] (straight, not premultiplied by alpha).
-        alpha: (N,) float coverage in [0, 1], or None for opaque images.
-        image: (N,) int64 row index into the store's camera/image table.
-        pixel: (N, 2) int64 integer pixels ``(x, y)``.
-        near: (N,) near bounds (distance along the unit ray).
-        far: (N,) far bounds.
-        z_scale: (N,) camera-frame z of the unit direction (``depth_z = t * z_scale``).
-        extra: fields the store holds besides colours and pixel ids, e.g. materialised ``origins`` and
-            ``directions`` as stored (float16/float32, (N, 3)); empty for compact stores.
-    """
-
-    origins: Tensor
-    directions: Tensor
-    rgb: Tensor
-    alpha: Tensor | None
-    image: Tensor
-    pixel: Tensor
-    near: Tensor
-    far: Tensor
-    z_scale: Tensor
-    extra: dict[str, Tensor] = dataclass_field(default_factory=dict)
-
-    @classmethod
-    def from_rays(
-        cls, rgba: Tensor, image: Tensor, pixel: Tensor, rays: Rays, extra: Mapping[str, Tensor] | None = None
-    ) -> RayBatch:
-        """Assemble a batch from generated ``rays``, (N, 3|4) uint8 colours and the stored ``extra``
-        fields, all on the same device."""
-        scaled = unit_colours(rgba)
-        return cls(
-            origins=rays.origins,
-            directions=rays.directions,
-            rgb=scaled[:, :3],
-            alpha=scaled[:, 3] if rgba.shape[1] == 4 else None,
-            image=image,
-            pixel=pixel,
-            near=rays.near,
-            far=rays.far,
-            z_scale=rays.z_scale,
-            extra=dict(extra or {}),
-        )
-
-    def __len__(self) -> int:
-        return int(self.origins.shape[0])
-
-    def _map(self, fn: Any) -> RayBatch:
-        mapped = {k: None if (v := getattr(self, k)) is None else fn(v) for k in _FIELDS}
-        return RayBatch(**mapped, extra={k: fn(v) for k, v in self.extra.items()})  # type: ignore[arg-type]
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> RayBatch:
-        """A copy with every tensor on ``device`` (``non_blocking`` for pinned host memory)."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> RayBatch:
-        """A copy in page-locked host memory (for asynchronous host-to-GPU copies)."""
-        return self._map(lambda t: t.pin_memory())
-
-    def __getitem__(self, index: slice | Tensor) -> RayBatch:
-        """The sub-batch selected by a slice, an index tensor or a bool mask."""
-        return self._map(lambda t: t[index])
-
-    def split(self, sizes: Sequence[int]) -> list[RayBatch]:
-        """Consecutive sub-batches (views) of the given sizes, which must add up to ``len(self)``.
-
-        Same result as slicing one by one, with one split per field instead of one slice per
-        field and sub-batch (the loader cuts every generated group of rays this way).
-        """
-        parts = [None if v is None else v.split(list(sizes)) for v in map(self.__getattribute__, _FIELDS)]
-        extra = {k: v.split(list(sizes)) for k, v in self.extra.items()}
-        batches = []
-        for i in range(len(sizes)):
-            tensors = {name: None if p is None else p[i] for name, p in zip(_FIELDS, parts, strict=True)}
-            batches.append(RayBatch(**tensors, extra={k: v[i] for k, v in extra.items()}))  # type: ignore[arg-type]
-        return batches
-
-    def composite(self, background: Tensor | Sequence[float]) -> Tensor:
-        """(N, 3) colours over ``background`` (3,): ``rgb * alpha + background * (1 - alpha)``.
-
-        Returns ``rgb`` unchanged when there is no alpha.
-        """
-        if self.alpha is None:
-            return self.rgb
-        bg = torch.as_tensor(background, dtype=self.rgb.dtype, device=self.rgb.device)
-        a = self.alpha[:, None].to(self.rgb.dtype)
-        return self.rgb * a + bg * (1.0 - a)
-
-
-_FIELDS = tuple(f.name for f in fields(RayBatch) if f.name != "extra")  # the tensor fields
-
-# k / 255 for k = 0..255, correctly rounded float32 division, made on the CPU: what the CPU's
-# ``div_(255.0)`` gives. On CUDA, division by a Python scalar multiplies by its reciprocal, which
-# differs in the last bit for 126 of the 256 values, so other devices look the values up here.
-_UNIT = torch.arange(256, dtype=torch.float32).div_(255.0)
-
-
-def unit_colours(colours: Tensor) -> Tensor:
-    """(...) uint8 -> (...) float32 ``colours / 255`` on their device, the same bits on every device.
-
-    The one conversion of stored 8-bit colours to [0, 1]: on the CPU a true division in place of a
-    copy, elsewhere a lookup in the CPU's 256 quotients (CUDA's scalar division is not exact).
-    """
-    if colours.device.type == "cpu":
-        return colours.to(torch.float32).div_(255.0)
-    return _unit_on(colours.device)[colours.to(torch.int32)]
-
-
-@functools.lru_cache(maxsize=8)
-def _unit_on(device: torch.device) -> Tensor:
-    """(256,) float32 ``_UNIT`` on ``device`` (copied there once)."""
-    return _UNIT.to(device)
-
-
 GENERATE_BLOCK = 1 << 15  # rays generated per block on the CPU (RayGenerator.batch_from_pids)
 
 
-class Rays(NamedTuple):
-    """Output of :meth:`RayGenerator.generate`; unpacks as a 5-tuple."""
-
-    origins: Tensor
-    directions: Tensor
-    z_scale: Tensor
-    near: Tensor
-    far: Tensor
-
-
-def _per_image(name: str, values: Any, n_images: int) -> np.ndarray:
-    arr = np.broadcast_to(np.asarray(values, dtype=np.float64), (n_images,))
-    if not np.isfinite(arr).all():
-        raise CameraError(f"RayGenerator: {name} must be finite")
-    return arr
+def _image_inputs(
+    n_cameras: int, camera_index: Any, c2w: Any, near: Any, far: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The per-image inputs of a generator (and its twin), checked: (I,) int64 camera indices, (I, 4, 4)
+    float64 poses and (I,) finite float64 near and far bounds (a scalar applies to every image)."""
+    cam_idx = np.asarray(camera_index, dtype=np.int64).reshape(-1)
+    n_images = len(cam_idx)
+    poses = np.asarray(c2w.cpu() if isinstance(c2w, Tensor) else c2w, dtype=np.float64)
+    if poses.shape != (n_images, 4, 4):
+        raise CameraError(f"RayGenerator: expected c2w of shape ({n_images}, 4, 4), got {poses.shape}")
+    if n_images and (cam_idx.min() < 0 or cam_idx.max() >= n_cameras):
+        raise CameraError(f"RayGenerator: camera_index outside [0, {n_cameras})")
+    bounds = []
+    for name, values in (("near", near), ("far", far)):
+        arr = np.broadcast_to(np.asarray(values, dtype=np.float64), (n_images,))
+        if not np.isfinite(arr).all():
+            raise CameraError(f"RayGenerator: {name} must be finite")
+        bounds.append(arr)
+    return cam_idx, poses, bounds[0], bounds[1]
 
 
 class RayGenerator:
@@ -229,15 +113,8 @@ class RayGenerator:
     ) -> None:
         self.cameras = tuple(cameras)
         self.device, self.dtype = torch.device(device), dtype
-        cam_idx = np.asarray(camera_index, dtype=np.int64).reshape(-1)
-        n_images = len(cam_idx)
-        poses = np.asarray(c2w.cpu() if isinstance(c2w, Tensor) else c2w, dtype=np.float64)
-        if poses.shape != (n_images, 4, 4):
-            raise CameraError(f"RayGenerator: expected c2w of shape ({n_images}, 4, 4), got {poses.shape}")
-        if n_images and (cam_idx.min() < 0 or cam_idx.max() >= len(self.cameras)):
-            raise CameraError(f"RayGenerator: camera_index outside [0, {len(self.cameras)})")
+        cam_idx, poses, self.near, self.far = _image_inputs(len(self.cameras), camera_index, c2w, near, far)
         self.camera_index, self.c2w = cam_idx, poses
-        self.near, self.far = _per_image("near", near, n_images), _per_image("far", far, n_images)
         sizes = np.array([(c.width, c.height) for c in self.cameras], dtype=np.int64).reshape(-1, 2)
         self.pixels = PixelLayout.build(sizes[cam_idx, 0], sizes[cam_idx, 1], pixel_offset, self.device)
         self.directions = directions_for(self.cameras, cam_idx, dtype, self.device, lut_max_bytes)
@@ -417,9 +294,7 @@ def reference_rays(
         image: (N,) int image indices; pixel: (N, 2) int pixels ``(x, y)``.
     """
     device = torch.device(device)
-    cam_idx = np.asarray(camera_index, dtype=np.int64).reshape(-1)
-    poses = np.asarray(c2w.cpu() if isinstance(c2w, Tensor) else c2w, dtype=np.float64)
-    near, far = _per_image("near", near, len(cam_idx)), _per_image("far", far, len(cam_idx))
+    cam_idx, poses, near, far = _image_inputs(len(cameras), camera_index, c2w, near, far)
     image, pixel = image.to(device, torch.int64), pixel.to(device, torch.int64)
     n = image.shape[0]
     out = {k: torch.zeros(s, dtype=dtype, device=device) for k, s in _shapes(n).items()}

@@ -6,11 +6,17 @@ from pathlib import Path
 
 import pytest
 
+import raykit.fileio
 from raykit.fileio import (
+    UnsafeOutputError,
     atomic_path,
     atomic_write_bytes,
     atomic_write_json,
+    bytes_record,
+    file_record,
     punch_hole,
+    record_size,
+    replace_dir,
     sha256_bytes,
     sha256_file,
 )
@@ -73,6 +79,65 @@ def test_atomic_directory_replaces_and_cleans_up(tmp_path: Path) -> None:
         raise RuntimeError("killed mid-write")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert sorted(p.name for p in final.iterdir()) == ["b"]
+
+
+def _folder(path: Path, **files: str) -> Path:
+    path.mkdir()
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
+def test_replace_dir_swaps_in_the_new_folder_and_removes_the_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    if not exchange:  # a system without renameat2: the old folder is renamed aside first
+        monkeypatch.setattr(raykit.fileio, "libc_function", lambda name, *args: None)
+    dst = tmp_path / "out"
+    replace_dir(_folder(tmp_path / "a", x="1"), dst)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    replace_dir(_folder(tmp_path / "b", y="2"), dst)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no old folder, no source left
+    assert sorted(p.name for p in dst.iterdir()) == ["y"]
+
+
+def test_replace_dir_restores_the_old_folder_when_the_rename_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(raykit.fileio, "libc_function", lambda name, *args: None)
+    dst = _folder(tmp_path / "out", x="1")
+    with pytest.raises(FileNotFoundError):
+        replace_dir(tmp_path / "missing", dst)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (dst / "x").read_text() == "1"
+
+
+@pytest.mark.parametrize("kind", ["symlink to a folder", "dangling symlink", "file"])
+def test_replace_dir_refuses_what_is_not_a_real_folder(tmp_path: Path, kind: str) -> None:
+    target = _folder(tmp_path / "elsewhere", keep="me")
+    dst = tmp_path / "out"
+    if kind == "file":
+        dst.write_text("data")
+    else:
+        dst.symlink_to(target if kind == "symlink to a folder" else tmp_path / "gone")
+    src = _folder(tmp_path / "new", x="1")
+    with pytest.raises(UnsafeOutputError, match="not replaced"):
+        replace_dir(src, dst)
+    assert (src / "x").exists() and (target / "keep").read_text() == "me"
+    assert dst.is_symlink() or dst.read_text() == "data"
+
+
+def test_file_records_have_one_shape_and_old_records_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"abcdef")
+    record = file_record(path)
+    assert record == {"size": 6, "sha256": sha256_bytes(b"abcdef")}
+    assert bytes_record([b"abc", b"def"]) == bytes_record(b"abcdef") == record
+    assert record_size(record) == 6
+    assert record_size({"bytes": 6, "sha256": record["sha256"]}) == 6  # exports/checkpoints before
+    for bad in ({}, {"size": -1}, {"size": True}, {"bytes": "6"}):
+        assert record_size(bad) is None
 
 
 def test_punch_hole_frees_blocks_and_keeps_the_rest(tmp_path: Path) -> None:

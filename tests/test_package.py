@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # units of strictly lower layers, never a unit beside it (converters and loaders never import each
 # other) nor above it. ``testing`` (the procedural scene) sits just below the applications that use it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ranges", "lazy"),
+    ("ranges", "lazy", "safe_io", "resample"),
     ("errors", "fileio", "options", "progress", "imagedecode", "ordered", "version", "recorder"),
     ("locks", "report"),
     ("conventions", "camera_models", "metrics"),
     ("cameras", "pixel_layout"),
-    ("ray_directions", "camera_json", "image_geometry"),
+    ("ray_directions", "camera_json", "image_geometry", "ray_batch"),
     ("rays",),
     ("colmap_io",),
     ("store",),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from raykit import pixel_layout
+from raykit import pixel_layout, ray_batch
 from raykit import rays as rays_module
 from raykit.cameras import Camera
 from raykit.errors import CameraError
@@ -284,7 +284,6 @@ def test_batch_from_pids_equals_from_rays(cameras: list[Camera], channels: int) 
 def test_batch_from_pids_in_blocks_equals_one_pass(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU path generates in blocks of ``GENERATE_BLOCK`` rays: every block size, partial last
     blocks included, gives the same batch, bit for bit, as ``from_rays`` over the whole batch."""
-    import raykit.rays as rays_module
 
     gen = make_generator(PINHOLES[:1], n_images=6)
     image, pixel = random_rays(gen, 500, 5)
@@ -301,7 +300,7 @@ def test_unit_colours_are_exact_quotients_on_every_path() -> None:
     k = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
     expected = k.numpy().astype(np.float32) / np.float32(255.0)
     np.testing.assert_array_equal(unit_colours(k).numpy(), expected)
-    table = rays_module._unit_on(torch.device("cpu"))
+    table = ray_batch._unit_on(torch.device("cpu"))
     np.testing.assert_array_equal(table[k.to(torch.int32)].numpy(), expected)
     # multiplying by the reciprocal (what CUDA does for a scalar divisor) is not the same
     assert (k.numpy().astype(np.float32) * np.float32(1.0 / 255.0) != expected).sum() > 100

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ConfigError, ResumeError
-from raykit.fileio import atomic_write_json, sha256_bytes
+from raykit.fileio import atomic_write_json, replace_dir, sha256_bytes
 from raykit.poses import sfm
 
 __all__ = ["MAX_LISTED", "STAGES", "STATE_FILE", "PoseState", "PoseSummary", "listing", "pose_cache"]
@@ -275,11 +275,11 @@ class PoseState:
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
         model.write(scratch)
-        os.replace(scratch, final)
+        replace_dir(scratch, final)
 
     def write_undistorted(self, photos: Path, threads: int, progress: bool) -> None:
         """Undistorted images and PINHOLE model into ``OUT/undistorted`` via a scratch folder."""
         scratch = self.out / ".undistorted.partial"
         shutil.rmtree(scratch, ignore_errors=True)
         sfm.undistort(self.out / "sparse" / "0", photos, scratch, threads=threads, progress=progress)
-        os.replace(scratch, self.out / "undistorted")
+        replace_dir(scratch, self.out / "undistorted")

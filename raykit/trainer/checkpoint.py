@@ -29,14 +29,8 @@ from typing import Any
 import torch
 
 from raykit.errors import ResumeError
-from raykit.fileio import (
-    atomic_path,
-    json_bytes,
-    read_bounded,
-    read_json,
-    safe_path,
-    sha256_bytes,
-)
+from raykit.fileio import atomic_path, bytes_record, json_bytes, record_size, sha256_bytes
+from raykit.safe_io import read_bounded, read_json, safe_path
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -67,7 +61,8 @@ class CheckpointMeta:
     store_fingerprint: str
     raykit_version: str
     extra: dict[str, Any] = field(default_factory=dict)
-    # the record of state.pt, {"state.pt": {"bytes", "sha256"}}: set by save_checkpoint, not compared
+    # the record of state.pt, {"state.pt": {"size", "sha256"}} (older checkpoints: {"bytes", "sha256"}):
+    # set by save_checkpoint, not compared
     files: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,7 +138,7 @@ def save_checkpoint(
     buffer = io.BytesIO()
     torch.save(tensors, buffer)
     state = buffer.getbuffer()
-    files = {STATE_FILE: {"bytes": len(state), "sha256": sha256_bytes(bytes(state))}}
+    files = {STATE_FILE: bytes_record(state)}
     record = CheckpointMeta(**{**meta.__dict__, "files": files}).to_dict()
     with atomic_path(final, directory=True) as tmp:  # every file fsynced, then one rename
         (tmp / STATE_FILE).write_bytes(state)
@@ -173,9 +168,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[CheckpointMeta, dict[
     entry = meta.files.get(STATE_FILE)
     try:
         if entry is not None:  # the record: size checked before reading, SHA-256 before unpickling
-            if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
-                raise ValueError(f"{meta_path}: expected files.{STATE_FILE} = {{bytes, sha256}}")
-            raw = read_bounded(safe_path(path, STATE_FILE), size=entry["bytes"])
+            size = record_size(entry) if isinstance(entry, dict) else None
+            if size is None:
+                raise ValueError(f"{meta_path}: expected files.{STATE_FILE} = {{size, sha256}}")
+            raw = read_bounded(safe_path(path, STATE_FILE), size=size)
             if sha256_bytes(raw) != entry.get("sha256"):
                 raise ValueError(
                     f"{state_path}: checksum mismatch (expected sha256 {str(entry.get('sha256'))[:12]}..., "

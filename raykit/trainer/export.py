@@ -19,16 +19,15 @@ tensor by tensor, nested dicts flattened with ``/``. A new sampler's or scene ma
 exports without changes here; :func:`raykit.trainer.evaluate.models_from_state` builds the models from it.
 
 Writes are atomic (a hidden temporary directory beside OUT, every file fsynced, manifest last, one
-rename). Reading checks every file's size and checksum first; a mismatch raises :class:`ExportError`
-naming the file.
+folder swap: ``raykit.fileio.atomic_path``). Every file's record is ``{"size", "sha256"}``; reading
+checks each file's size and checksum first (older exports' ``{"bytes", "sha256"}`` too); a mismatch
+raises :class:`ExportError` naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,8 @@ import torch
 
 import raykit
 from raykit.errors import ExportError, RaykitError
-from raykit.fileio import (
-    UntrustedFileError,
-    fsync_path,
-    read_json,
-    safe_path,
-    sha256_bytes,
-)
+from raykit.fileio import atomic_path, bytes_record, json_bytes
+from raykit.safe_io import UntrustedFileError, read_json, safe_path
 from raykit.trainer.checkpoint import CheckpointMeta, latest_checkpoint, load_checkpoint
 from raykit.trainer.config import TrainConfig
 
@@ -177,14 +171,8 @@ def _store_scene(store_path: str, meta: CheckpointMeta) -> dict[str, Any]:
 
 
 def _write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
-    path = directory / name
-    path.write_bytes(data)
-    fsync_path(path)
-    return {"bytes": len(data), "sha256": sha256_bytes(data)}
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+    (directory / name).write_bytes(data)  # fsynced by atomic_path before the folder appears
+    return bytes_record(data)
 
 
 def export_run(
@@ -240,36 +228,14 @@ def export_run(
         "eval_protocol": evaluation.get("protocol") if matches and evaluation else None,
         "state": {"groups": sorted(groups), "values": values, "empty": empty, "n_tensors": len(flat)},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private to its writer
+    with atomic_path(out, directory=True) as tmp:  # every file fsynced, then one folder swap
         model = canonical_safetensors(save(flat, metadata={"format": "pt", "raykit_export": EXPORT_FORMAT}))
         manifest["files"] = {
             MODEL_FILE: _write_file(tmp, MODEL_FILE, model),
-            CONFIG_FILE: _write_file(tmp, CONFIG_FILE, _json_bytes(config.to_dict())),
+            CONFIG_FILE: _write_file(tmp, CONFIG_FILE, json_bytes(config.to_dict())),
         }
-        _write_file(tmp, MANIFEST_FILE, _json_bytes(manifest))
-        fsync_path(tmp)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _write_file(tmp, MANIFEST_FILE, json_bytes(manifest))
     return out
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename ``src`` to ``dst``; an existing ``dst`` is moved aside first and removed after."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
-        os.rename(dst, old)
-    os.rename(src, dst)
-    fsync_path(dst.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def canonical_safetensors(data: bytes) -> bytes:

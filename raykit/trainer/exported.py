@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import ExportError
-from raykit.fileio import UntrustedFileError, loads_json, read_bounded, safe_path, sha256_bytes
+from raykit.fileio import record_size, sha256_bytes
+from raykit.safe_io import UntrustedFileError, loads_json, read_bounded, safe_path
 from raykit.trainer.checkpoint import check_state
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.export import (
@@ -66,10 +67,10 @@ class ExportedModel:
 
 def _checked_bytes(path: Path, entry: Mapping[str, Any]) -> bytes:
     """File ``path`` of an export, read only as a regular file of the recorded size, then checked."""
-    size = entry.get("bytes")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    size = record_size(entry)  # {"size", "sha256"}, or the {"bytes", "sha256"} of older exports
+    if size is None:
         raise ExportError(
-            f"{path.parent / MANIFEST_FILE}: files.{path.name}.bytes: expected a size, got {size!r}"
+            f"{path.parent / MANIFEST_FILE}: files.{path.name}: expected a size, got {dict(entry)!r}"[:300]
         )
     try:
         data = read_bounded(path, size=size)
@@ -77,9 +78,9 @@ def _checked_bytes(path: Path, entry: Mapping[str, Any]) -> bytes:
         raise ExportError(f"{exc}; export the run again") from None
     except OSError as exc:
         raise ExportError(f"{path}: missing or unreadable export file ({exc})") from None
-    if len(data) != entry.get("bytes") or sha256_bytes(data) != entry.get("sha256"):
+    if len(data) != size or sha256_bytes(data) != entry.get("sha256"):
         raise ExportError(
-            f"{path}: corrupt export file: expected {entry.get('bytes')} bytes with sha256 "
+            f"{path}: corrupt export file: expected {size} bytes with sha256 "
             f"{entry.get('sha256')}, got {len(data)} bytes with sha256 {sha256_bytes(data)}; "
             "export the run again"
         )
@@ -110,7 +111,7 @@ def load_export(path: str | os.PathLike[str]) -> ExportedModel:
         )
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(entry, dict) for entry in files.values()):
-        raise ExportError(f"{manifest_path}: expected a 'files' object of {{name: {{bytes, sha256}}}}")
+        raise ExportError(f"{manifest_path}: expected a 'files' object of {{name: {{size, sha256}}}}")
     missing = [name for name in (MODEL_FILE, CONFIG_FILE) if name not in files]
     if missing:
         raise ExportError(f"{manifest_path}: manifest lists no {', '.join(missing)}")

@@ -14,6 +14,7 @@ from PIL import Image
 from raykit.cli import main
 from raykit.converters import convert
 from raykit.errors import ExportError
+from raykit.fileio import json_bytes, sha256_bytes
 from raykit.testing import render_scene, write_blender
 from raykit.trainer import load_export, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -115,6 +116,36 @@ def test_corrupt_or_wrong_exports_fail_clearly(
     assert "expected --cameras" in capsys.readouterr().err
     with pytest.raises(ExportError, match="no checkpoint to export"):
         export_run(tmp_path / "empty", tmp_path / "nothing")
+
+
+def test_records_are_size_and_sha256_and_older_bytes_records_still_open(
+    scene_run: dict[str, Path], tmp_path: Path
+) -> None:
+    """Exports and checkpoints write the store's file record, {"size", "sha256"}; an export or a
+    checkpoint written before (records {"bytes", "sha256"}) still opens, and is still checked."""
+    out = export_run(scene_run["run"], tmp_path / "model")
+    manifest = json.loads((out / "export.json").read_text())
+    assert all(set(entry) == {"size", "sha256"} for entry in manifest["files"].values())
+    files = {name: {"bytes": e["size"], "sha256": e["sha256"]} for name, e in manifest["files"].items()}
+    (out / "export.json").write_text(json.dumps({**manifest, "files": files}))
+    assert load_export(out).step == manifest["step"]
+    files[MODEL_FILE]["bytes"] += 1
+    (out / "export.json").write_text(json.dumps({**manifest, "files": files}))
+    with pytest.raises(ExportError, match=r"model\.safetensors: .*expected \d+ as recorded"):
+        load_export(out)
+
+    checkpoint = tmp_path / "run" / "checkpoints"
+    shutil.copytree(latest_checkpoint(scene_run["run"]), checkpoint / "step_00000012")  # type: ignore[arg-type]
+    meta = json.loads((checkpoint / "step_00000012" / "meta.json").read_text())
+    record = meta["files"]["state.pt"]
+    assert set(record) == {"size", "sha256"}
+    meta.pop("meta_sha256")
+    meta["files"]["state.pt"] = {"bytes": record["size"], "sha256": record["sha256"]}
+    (checkpoint / "step_00000012" / "meta.json").write_bytes(
+        json_bytes({**meta, "meta_sha256": sha256_bytes(json_bytes(meta))})
+    )
+    loaded, _ = load_checkpoint(checkpoint / "step_00000012")
+    assert loaded.step == 12 and loaded.files["state.pt"]["bytes"] == record["size"]
 
 
 def test_verify_fails_when_psnr_differs_beyond_tolerance(scene_run: dict[str, Path], tmp_path: Path) -> None:
