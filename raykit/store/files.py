@@ -45,8 +45,9 @@ from raykit.fileio import (
     UntrustedFileError,
     atomic_write_bytes,
     atomic_write_json,
+    bytes_record,
     check_relative,
-    sha256_file,
+    file_record,
 )
 from raykit.locks import lock_owner, lock_path
 from raykit.store.schema import FORMAT_NAME, FORMAT_VERSION
@@ -210,21 +211,6 @@ def chunk_checksum(values: Mapping[str, np.ndarray], order: Sequence[str], kind:
             readonly.flags.writeable = False  # google_crc32c takes read-only buffers only
             crc = google_crc32c.extend(crc, readonly)
     return crc
-
-
-def file_record(path: Path) -> dict[str, Any]:
-    """``{"size": bytes, "sha256": hex}`` of a local file."""
-    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def bytes_record(data: bytes | memoryview | Sequence[bytes]) -> dict[str, Any]:
-    """``{"size", "sha256"}`` of bytes about to be written (or of pieces written one after the other):
-    equals ``file_record`` of the written file."""
-    pieces = [data] if isinstance(data, bytes | bytearray | memoryview) else data
-    digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(piece)
-    return {"size": sum(len(piece) for piece in pieces), "sha256": digest.hexdigest()}
 
 
 def write_files(root: Path, files: Mapping[str, bytes | list[bytes]], records: dict[str, Any]) -> None:

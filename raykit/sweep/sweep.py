@@ -31,7 +31,7 @@ from typing import Any
 import raykit
 from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError, RaykitError
-from raykit.fileio import atomic_write_json, read_bounded, read_json
+from raykit.fileio import atomic_write_json, read_bounded, read_json, replace_dir
 from raykit.options import option
 from raykit.pipeline import (
     RunConfig,
@@ -108,7 +108,7 @@ def _scene_source(capture: Capture, out: Path) -> Path:
     try:
         scene = render_scene(capture.scene, seed=capture.scene_seed, camera_model=capture.camera_model)
         write_blender(scene, tmp / "scene")
-        (tmp / "scene").rename(dst)
+        replace_dir(tmp / "scene", dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dst

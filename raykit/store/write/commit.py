@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from raykit.errors import ConfigError
-from raykit.fileio import atomic_write_json, fsync_path
+from raykit.fileio import atomic_write_json, fsync_path, replace_dir
 from raykit.store.components import ComponentInfo
 from raykit.store.files import (
     CHUNK_CHECKSUM,
@@ -302,16 +302,9 @@ def commit_store(partial: Path, dst: Path, overwrite: bool) -> RayStore:
         path.unlink()  # temporary files of writers killed mid-write (the atomic-write prefix and suffix)
     for path in partial.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)  # temporary files are created 0600
-    if dst.exists():
-        if not overwrite and (dst / "manifest.json").exists():
-            raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
-        old = dst.with_name(dst.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        dst.rename(old)
-        partial.rename(dst)
-        shutil.rmtree(old)
-    else:
-        partial.rename(dst)
+    if not overwrite and (dst / "manifest.json").exists():
+        raise ConfigError(f"{dst}: a store already exists there ({OVERWRITE_HINT})")
+    replace_dir(partial, dst)
     from raykit.store.reader import open_store
 
     return open_store(str(dst))
