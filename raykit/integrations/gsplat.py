@@ -44,7 +44,7 @@ from raykit.integrations.gsplat_world import (
     similarity_from_cameras,
     transform_points,
 )
-from raykit.loaders import ImageLoader, ImagePlan, level_camera
+from raykit.loaders import ImageBatch, ImageLoader, ImageLoaderConfig, ImagePlan, level_camera
 from raykit.store import RayStore, open_store
 
 __all__ = [
@@ -119,11 +119,14 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
     rank gets ``n_images // world_size``), so a ``DataLoader(shuffle=True)`` per rank sees no image
     twice per epoch across the machine. ``image_id`` stays the image's position in the whole split
     (``n_images`` of them: size per-image embeddings by it, not by ``len``).
+
+    ``sampling="loss"`` makes :meth:`loader` draw views by their loss (``ImageLoaderConfig.sampling``):
+    feed each batch's per-view losses back through :meth:`observe` (``docs/integrations.md``).
     """
 
     def __init__(
         self, parser: Parser, split: str = "train", patch_size: int | None = None, load_depths: bool = False,
-        seed: int = 0, world_size: int = 1, rank: int = 0,
+        seed: int = 0, world_size: int = 1, rank: int = 0, sampling: Any = "uniform",
     ) -> None:  # fmt: skip
         self.parser, self.split, self.patch_size, self.load_depths, self.seed = (
             parser,
@@ -137,6 +140,8 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.plan = ImagePlan(self.n_images, 1, seed, world_size=world_size, rank=rank)
         self._tables: dict[int, RemapTable | None] = {}
         self._draws = np.zeros(self.n_images, dtype=np.int64)
+        self.sampling = ImageLoaderConfig(sampling=sampling).sampling  # checked now
+        self._loader: ImageLoader | None = None  # the last ``loader()``, which ``observe`` feeds
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -227,13 +232,26 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def loader(self, **options: Any) -> ImageLoader:
         """This split as an ``ImageLoader`` (undistorted; ``patch_size`` crops; the parser's ``factor``
-        as its ``downscale``; this dataset's ranks); ``options`` go to it. Its batches hold cameras in
-        the store's world, not in the parser's normalised frame."""
+        as its ``downscale``; this dataset's ranks and ``sampling``); ``options`` go to it. Its batches
+        hold cameras in the store's world, not in the parser's normalised frame."""
         crop = None if self.patch_size is None else (self.patch_size, self.patch_size)
         split = self.parser.splits[int(self.split_rows[0])]
         if self.plan.world_size > 1:
             options = {"world_size": self.plan.world_size, "rank": self.plan.rank, **options}
-        return ImageLoader(
+        options = {"sampling": self.sampling, **options}
+        self._loader = ImageLoader(
             self.parser.store, split, undistort=True, crop=crop, seed=self.seed, downscale=self.parser.factor,
             **options,
         )  # fmt: skip
+        return self._loader
+
+    def observe(self, batch: ImageBatch, losses: Any) -> None:
+        """Feed back the loss of each view of ``batch`` (one from :meth:`loader`'s last loader; ``(B,)``)
+        to its view sampling: ``ImageLoader.observe`` (a no-op with uniform sampling).
+
+        Raises:
+            ConfigError: no loader made yet, or not one finite loss >= 0 per view.
+        """
+        if self._loader is None:
+            raise ConfigError("gsplat dataset: observe: no loader() made yet to feed")
+        self._loader.observe(batch, losses)

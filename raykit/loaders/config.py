@@ -220,6 +220,15 @@ class ImageLoaderConfig(_Options):
     for masks, no depth made up at edges), undistorted by the nearest sample, cropped as the pixels;
     read on the loader's thread (not in workers) into a cache of this process taking up to half of
     ``cache_bytes`` (what they need), the rest is the images'."""
+    sampling: SamplingConfig | str = "uniform"
+    """Which views each epoch draws: ``"uniform"`` (every view once, in the seeded order) or ``"loss"``
+    (views drawn by the moving average of their losses fed back through ``ImageLoader.observe``, with
+    a uniform ``floor``; ``raykit.loaders.image_views``); or a :class:`~raykit.loaders.SamplingConfig`
+    (``kind``, ``floor`` and ``decay`` apply to views)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "sampling", check_sampling(self.sampling))
 
 
 def checked_components(components: Any) -> tuple[str, ...] | None:

@@ -52,6 +52,8 @@ class ImageBatch:
         depth: (B, H, W) float32 on the loader's device (metres when the store knows the scale,
             0 = unknown), or None when not served; transformed as ``mask``. Both, on the CPU with
             B = 1, views of the loader's cache: do not write into them.
+        prob: (B,) float32 on the loader's device: the probability each view was drawn with (one
+            draw) under ``sampling="loss"``; None with uniform views.
     """
 
     images: torch.Tensor
@@ -64,6 +66,7 @@ class ImageBatch:
     crop_origin: torch.Tensor
     mask: torch.Tensor | None = None
     depth: torch.Tensor | None = None
+    prob: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.names)

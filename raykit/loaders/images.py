@@ -5,8 +5,9 @@ The loader is a few stages, each a small object over the loader's frozen
 
 * plan (:class:`~raykit.loaders.image_plan.ImagePlan`): ranks, batches, epochs and crops, from the seed;
 * view sampling (``views``, :class:`~raykit.loaders.image_plan.ViewSampler`): which views a rank visits
-  in an epoch and in what order; today :class:`~raykit.loaders.image_plan.UniformViews`, the plan's
-  seeded permutation;
+  in an epoch and in what order: :class:`~raykit.loaders.image_plan.UniformViews`, the plan's
+  seeded permutation, or (``sampling="loss"``) :class:`~raykit.loaders.image_views.LossViews`, views
+  drawn by their losses fed back through :meth:`ImageLoader.observe`;
 * source (:class:`~raykit.loaders.image_source.ImageSource`): reading and decoding from the store, at
   one level, undistorted and transformed, in worker processes through the ray loader's
   :class:`~raykit.loaders.processes.ChunkFetcher` (an image is one read unit);
@@ -39,7 +40,9 @@ from raykit.loaders.image_batcher import DeviceTransfer, ImageBatch, ImageBatche
 from raykit.loaders.image_cache import ViewCache
 from raykit.loaders.image_plan import ImagePlan, UniformViews, ViewSampler
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop
+from raykit.loaders.image_views import LossViews, view_losses
 from raykit.loaders.levels import LevelCache, check_downscale
+from raykit.loaders.sampling import SamplingConfig, sampling_record
 from raykit.loaders.stages import Positioned
 from raykit.store import RayStore
 
@@ -130,7 +133,10 @@ class ImageLoader(BatchLoader):
             self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
-        self.cached = cached = ViewCache(store, cfg, self.source, UniformViews(self.plan))
+        sampling = cast(SamplingConfig, cfg.sampling)
+        views = LossViews(self.plan, sampling) if sampling.kind == "loss" else UniformViews(self.plan)
+        self.cached = cached = ViewCache(store, cfg, self.source, views)
+        self._position_of_row = {int(row): k for k, row in enumerate(self.source.rows)}
         self.components = cached.components
         self._trim = HeapTrim()
         self.convert_threads = cfg.convert_threads or min(2, os.cpu_count() or 1)
@@ -158,6 +164,24 @@ class ImageLoader(BatchLoader):
     def views(self, sampler: ViewSampler) -> None:
         self.close()  # iterators in hand start again from the position, with the new views
         self.cached.set_views(sampler)
+
+    def observe(self, batch: ImageBatch, losses: Any) -> None:
+        """Feed back the loss of each view of ``batch`` (one this loader yielded; ``losses`` a tensor or
+        array of shape ``(len(batch),)``, detached and copied to the host here) to the view-sampling
+        stage (a no-op for uniform views). The views of an epoch are drawn when it starts, from the
+        losses observed before (``docs/loading.md``, "View sampling").
+
+        Raises:
+            ConfigError: ``losses`` is not one finite, non-negative number per view of ``batch``.
+        """
+        values = view_losses(losses, len(batch))
+        observe = getattr(self.views, "observe", None)
+        if observe is not None:
+            rows = batch.image.tolist()
+            positions = np.asarray([self._position_of_row.get(int(row), -1) for row in rows], np.int64)
+            if (positions < 0).any():
+                raise ConfigError(f"image loader: observe: a batch of another split (rows {rows})")
+            observe(positions, values)
 
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[ImageBatch]:
@@ -280,8 +304,12 @@ class ImageLoader(BatchLoader):
     def _plan_fields(self) -> dict[str, Any]:
         plan = self.plan
         crop = None if self.crop is None else list(self.crop)
-        return {"n_images": plan.n_images, "seed": plan.seed, "shuffle": plan.shuffle, "crop": crop,
-                "undistort": self.undistort}  # fmt: skip
+        fields = {"n_images": plan.n_images, "seed": plan.seed, "shuffle": plan.shuffle, "crop": crop,
+                  "undistort": self.undistort}  # fmt: skip
+        sampling = cast(SamplingConfig, self.config.sampling)
+        if sampling.kind != "uniform":  # a uniform loader's state is as it was
+            fields["view_sampling"] = sampling_record(sampling)
+        return fields
 
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-able position (``BatchLoader.state_dict``), with the view-sampling stage's state
@@ -324,15 +352,20 @@ class ImageBatches(Positioned):
         if not self.cached:
             loader.cached.fill(epoch)
         views, size = loader.views.epoch_views(epoch), plan.batch_size
-        batches = [views[k * size : (k + 1) * size] for k in range(self.batch, plan.n_batches)]
+        probs = loader.views.epoch_probs(epoch) if isinstance(loader.views, LossViews) else None
+        starts = range(self.batch * size, plan.n_batches * size, size)
+        batches = [views[k : k + size] for k in starts]
         wanted = [int(p) for b in batches for p in b]
         if self.cached:
             images = (loader.cache.get(p) for p in wanted)
         else:
             images = (image for _, image in loader._fetcher_ready().fetch(wanted))
-        for positions in batches:
+        for start, positions in zip(starts, batches, strict=True):
             read = [cast(np.ndarray, next(images)) for _ in positions]
             batch = loader.batcher(epoch, positions, read)
+            if probs is not None:
+                prob = torch.from_numpy(probs[start : start + len(positions)].astype(np.float32))
+                batch.prob = loader.batcher.transfer.small(prob)
             if not self.cached:  # images read and batches made on this thread, freed by the consumer
                 loader._trim.add(sum(image.nbytes for image in read) + batch.images.nbytes)
             self.batch += 1

@@ -99,6 +99,27 @@ def test_loader_serves_the_same_images(store: Path) -> None:
     assert torch.equal((batch.images[0] * 255).round(), dataset[0]["image"])
 
 
+def test_loss_view_sampling_through_the_dataset(store: Path) -> None:
+    dataset = Dataset(Parser(str(store)), "train", sampling="loss")
+    with pytest.raises(ConfigError, match="no loader"):
+        dataset.observe(None, torch.zeros(1))  # type: ignore[arg-type]
+    with dataset.loader() as loader:
+        assert loader.config.sampling.kind == "loss"  # type: ignore[union-attr]
+        target = loader.source.names[0]  # the one view with a loss: drawn far more than 1 / n
+        drawn = []
+        for _ in range(6):
+            for batch in loader:
+                assert batch.prob is not None
+                drawn += batch.names
+                dataset.observe(batch, torch.tensor([1.0 if n == target else 0.0 for n in batch.names]))
+        with pytest.raises(ConfigError, match=r"shape \(1,\)"):
+            dataset.observe(batch, torch.zeros(2))
+    late = drawn[len(drawn) // 2 :]
+    assert late.count(target) > 2 * len(late) / loader.plan.n_images
+    with pytest.raises(ConfigError, match="sampling"):
+        Dataset(Parser(str(store)), "train", sampling="best")
+
+
 def test_data_factor_serves_the_level_with_its_exact_K(store: Path) -> None:
     full, half = Dataset(Parser(str(store))), Dataset(Parser(str(store), factor=2))
     a, b = full[0], half[0]
