@@ -112,7 +112,7 @@ def map_grid(n_images: int, grid: int, budget: int = MAP_BYTES_MAX) -> int:
     return grid
 
 
-def _spread(v: np.ndarray) -> np.ndarray:
+def _spread_bits(v: np.ndarray) -> np.ndarray:
     """The bits of ``v`` (< 256) moved to the even bit positions (Morton)."""
     v = v.astype(np.int64)
     v = (v | (v << 4)) & 0x0F0F
@@ -120,8 +120,11 @@ def _spread(v: np.ndarray) -> np.ndarray:
     return (v | (v << 1)) & 0x5555
 
 
+_SPREAD = _spread_bits(np.arange(256))  # a table: one lookup per coordinate instead of six passes
+
+
 def _morton(cy: np.ndarray, cx: np.ndarray) -> np.ndarray:
-    return (_spread(cy) << 1) | _spread(cx)
+    return (_SPREAD[cy] << 1) | _SPREAD[cx]
 
 
 class ImageGeometry:
@@ -156,7 +159,7 @@ class ImageGeometry:
     def cells(self, image: np.ndarray, pixel: np.ndarray, side: int) -> np.ndarray:
         """Z-order cell (at ``side`` cells per side) of row-major ``pixel`` of split images ``image``."""
         w, h = self.width[image], self.height[image]
-        y, x = pixel // w, pixel % w
+        y, x = np.divmod(pixel, w)
         return _morton(y * side // h, x * side // w)
 
     def area(self, image: int, side: int) -> np.ndarray:

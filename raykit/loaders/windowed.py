@@ -294,8 +294,11 @@ class WindowGroup(RawGroup):
     picks: list[Picked] = field(default_factory=list)
 
     def gather(self) -> RawRays:
-        if self.picks:
-            return RawRays.concat([pick.gather(self.held) for pick in self.picks])
+        if self.picks:  # the group's batches gathered at once: one ``take`` per image per group
+            parts = zip(*(pick[:4] for pick in self.picks), strict=True)
+            inverses = {i: v for pick in self.picks for i, v in pick.inverses.items()}
+            image, pixel, prob, weight = (np.concatenate(part) for part in parts)
+            return Picked(image, pixel, prob, weight, inverses).gather(self.held)
         if len(self.draws) == 1:
             return gather_pieces(*self.draws[0], self.held)
         image, lo, hi = (np.concatenate(part) for part in zip(*self.draws, strict=True))
@@ -337,7 +340,7 @@ class Picked(NamedTuple):
         out = sorted_rgba.view(np.uint32)[:, 0] if channels == 4 else sorted_rgba  # 4 channels: a uint32
         for source, a, b in zip(sources, starts.tolist(), (starts + counts).tolist(), strict=True):
             ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
-            out[a:b] = np.take(ranked, rank[a:b], axis=0)
+            out[a:b] = ranked.take(rank[a:b], axis=0)
         rgba = np.empty_like(sorted_rgba)
         rgba[order] = sorted_rgba
         pid = np.empty(len(order), np.uint32)
