@@ -71,7 +71,7 @@ def gather(pixels: int, rounds: int) -> dict[str, float]:
 
 def staging_and_merge(store_path: str, rounds: int) -> dict[str, float]:
     """Seconds: staging the train split's components (memory, scratch) and merging an epoch's chunks."""
-    from raykit.loaders import components
+    from raykit.loaders import component_gather as components
     from raykit.store import open_store
 
     components.DECODE_THREADS = 1  # one thread: the work, not the machine's load

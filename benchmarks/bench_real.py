@@ -35,7 +35,7 @@ from machine import command_line, describe, portable, write_report
 from raykit.converters import convert
 from raykit.store import open_store
 from raykit.trainer import SAMPLERS, TrainConfig, train
-from raykit.trainer.config import resolve_sampler
+from raykit.trainer.defaults import resolve_sampler
 from raykit.trainer.space import resolve_space
 
 ROOT = Path(__file__).resolve().parent

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Self
 from raykit.errors import ResumeError
 from raykit.loaders.arguments import check_state, resume_position
 from raykit.loaders.cache import CacheStats
-from raykit.loaders.processes import ChunkFetcher
+from raykit.loaders.fetcher import ChunkFetcher
 from raykit.loaders.stages import Prefetch, Stage
 
 if TYPE_CHECKING:

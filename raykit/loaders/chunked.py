@@ -13,8 +13,8 @@ import numpy as np
 from raykit.errors import ConfigError
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.config import LoaderConfig, default_group_rays
+from raykit.loaders.fetcher import ChunkFetcher
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
-from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, as_source
 from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
 from raykit.store import RawRays, RayStore

@@ -21,14 +21,8 @@ from raykit.loaders.auto import choose_workers, source_url, usable_cores
 from raykit.loaders.base import STATE_VERSION, BatchLoader, distributed_rank
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
-from raykit.loaders.components import (
-    ComponentChunkCache,
-    ComponentGather,
-    WithComponents,
-    component_budget,
-    component_bytes,
-    served_components,
-)
+from raykit.loaders.component_gather import ComponentChunkCache, ComponentGather, WithComponents
+from raykit.loaders.components import component_budget, component_bytes, served_components
 from raykit.loaders.config import LoaderConfig
 from raykit.loaders.node_cache import check_cache_kind
 from raykit.loaders.sampling import (
@@ -74,7 +68,7 @@ class RayLoader(BatchLoader):
             (:class:`~raykit.loaders.batching.DeviceBatcher`) for stores and to the raw rays otherwise.
 
     Its stages, each an object with its own options: the strategy's source, plan and cache
-    (:mod:`raykit.loaders.strategies`), the components (:mod:`raykit.loaders.components`), the
+    (:mod:`raykit.loaders.strategies`), the components (:mod:`raykit.loaders.component_gather`), the
     sampling stage (``sampler``, :mod:`raykit.loaders.sampling`), the strategy's groups and the
     batcher (``make_batch``, run by :class:`~raykit.loaders.stages.Generate`).
 

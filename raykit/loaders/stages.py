@@ -6,7 +6,7 @@ A stage is an iterable with a small JSON-able position (torchdata-nodes style): 
 The concurrency model is one for all stages: they are pull iterators run on a single producer thread
 (:class:`Prefetch`'s), with parallel work only as ordered futures on the generation pool
 (:class:`Generate`: at most ``threads + 1`` groups in flight) and as chunk reads inside the
-:class:`~raykit.loaders.processes.ChunkFetcher` a strategy reads through.
+:class:`~raykit.loaders.fetcher.ChunkFetcher` a strategy reads through.
 
 A strategy's stages end in :class:`RawGroup` items for :class:`Generate`; the stages and their
 states: ``docs/loading.md``.
@@ -121,7 +121,7 @@ GroupStage = Stage[RawGroup]  # a strategy's last stage: groups from ``{"epoch",
 class StrategyInputs:
     """What a loading strategy builds its stages from (see ``raykit.loaders.strategies``): the split's
     chunk source and the strategy's plan, the loader's ``fetcher`` (a callable returning its live
-    :class:`~raykit.loaders.processes.ChunkFetcher`), its :class:`StageTimes` and rays per group."""
+    :class:`~raykit.loaders.fetcher.ChunkFetcher`), its :class:`StageTimes` and rays per group."""
 
     source: Any
     plan: Any

@@ -18,8 +18,8 @@ from raykit.errors import ConfigError
 from raykit.loaders.auto import usable_cores
 from raykit.loaders.cache import ChunkCache, HeapTrim, ImageCache
 from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
+from raykit.loaders.fetcher import ChunkFetcher
 from raykit.loaders.node_cache import NodeImageCache, NodeRays
-from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
 from raykit.loaders.window import Draw, Piece, WindowPlan

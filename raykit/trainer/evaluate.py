@@ -35,7 +35,8 @@ from raykit.metrics import Scorer, quantize
 from raykit.rays import RayBatch
 from raykit.store import RayStore
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.config import TrainConfig, resolve_resolution, resolve_sampler
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.defaults import resolve_resolution, resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.inference import render_colours
 from raykit.trainer.occupancy import OccupancyGrid

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raykit.rays import RayBatch
-from raykit.trainer.config import TrainConfig, step_limit
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.defaults import step_limit
 from raykit.trainer.field import RadianceField, plane_grid, sh_encode
 from raykit.trainer.pipeline import render_rays, sample_rays
 from raykit.trainer.samplers import Samples

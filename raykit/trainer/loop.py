@@ -36,10 +36,8 @@ from raykit.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from raykit.trainer.config import (
-    TrainConfig,
-    step_limit,
-)
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.defaults import step_limit
 from raykit.trainer.elastic import gather_rank_states, rank_state
 from raykit.trainer.evaluate import evaluate_run, quick_psnr
 from raykit.trainer.field import RadianceField

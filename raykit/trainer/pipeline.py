@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from raykit.rays import RayBatch
-from raykit.trainer.config import TrainConfig, resolve_sampler
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.defaults import resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.proposal import ProposalNetworks, proposal_samples, proposal_update_due

@@ -21,7 +21,8 @@ from raykit.errors import ConfigError
 from raykit.fileio import loads_json
 from raykit.metrics import parse_colour
 from raykit.store import RayStore
-from raykit.trainer.config import TrainConfig, parse_aabb, step_limit
+from raykit.trainer.config import TrainConfig, parse_aabb
+from raykit.trainer.defaults import step_limit
 
 __all__ = [
     "JsonlLog",

@@ -17,13 +17,8 @@ from raykit.fileio import atomic_write_json
 from raykit.loaders import RayLoader
 from raykit.store import RayStore, open_store
 from raykit.trainer.budget import SampleBudget
-from raykit.trainer.config import (
-    TrainConfig,
-    default_reasons,
-    resolve_resolution,
-    resolve_sampler,
-    resolve_steps,
-)
+from raykit.trainer.config import TrainConfig
+from raykit.trainer.defaults import default_reasons, resolve_resolution, resolve_sampler, resolve_steps
 from raykit.trainer.evaluate import build_models
 from raykit.trainer.field import RadianceField
 from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard

@@ -228,10 +228,10 @@ def test_gather_over_some_rows_finds_each_rays_image(
     """The rows a flat gather decodes for a batch (``_reached``: blocks of pixel ids, some a few images
     wide; with ``LOAD_AHEAD_BYTES``, the following rows too) hold every ray's image and only wanted
     rows; values equal the store's, and every wanted row decoded once all are reached."""
-    from raykit.loaders import components
-    from raykit.loaders.components import ComponentGather
+    from raykit.loaders import component_gather
+    from raykit.loaders.component_gather import ComponentGather
 
-    monkeypatch.setattr(components, "LOAD_AHEAD_BYTES", ahead)
+    monkeypatch.setattr(component_gather, "LOAD_AHEAD_BYTES", ahead)
 
     store = capture["rays"]
     rows = store.split_rows("train")[::2]  # every other image: the rows between are not wanted

@@ -16,8 +16,8 @@ from raykit.loaders import LoaderConfig, RayLoader
 from raykit.loaders import strategies as strategies_module
 from raykit.loaders.cache import ChunkCache
 from raykit.loaders.chunked import RAYS, ChunkStrategy, ChunkWindows, WindowGroups
+from raykit.loaders.fetcher import ChunkFetcher
 from raykit.loaders.plan import SamplingPlan
-from raykit.loaders.processes import ChunkFetcher
 from raykit.loaders.source import as_source
 from raykit.loaders.stages import StageTimes, StrategyInputs
 from raykit.loaders.strategies import layout_of, strategy_for

@@ -101,7 +101,7 @@ def test_info_and_loader_workers_import_no_torch(tmp_path: Path, records, scene:
         f"    status += main(['validate', {str(tmp_path / 'z')!r}])\n"
         "from raykit.loaders.processes import serve\n"
         "from raykit.loaders.source import StoreSource\n"
-        "from raykit.loaders.processes import ChunkFetcher\n"
+        "from raykit.loaders.fetcher import ChunkFetcher\n"
         "from raykit.store import open_store\n"
         f"raw = StoreSource(open_store({str(tmp_path / 'z')!r}), 'train').read_chunk(0)\n"
         "print(status, len(raw.pid), 'torch' in sys.modules)\n"

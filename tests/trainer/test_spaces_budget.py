@@ -19,7 +19,7 @@ from raykit.testing import render_scene
 from raykit.trainer import TrainConfig, compare, render, train
 from raykit.trainer.budget import SampleBudget, concat_batches
 from raykit.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from raykit.trainer.config import resolve_resolution
+from raykit.trainer.defaults import resolve_resolution
 
 from .conftest import SIZE, ball_image
 from .test_train import TINY

@@ -16,7 +16,7 @@ import raykit
 from raykit.errors import ConfigError, ResumeError
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.config import DEFAULT_REASONS, DEFAULT_STEPS, UNLIMITED_STEPS, resolve_steps
+from raykit.trainer.defaults import DEFAULT_REASONS, DEFAULT_STEPS, UNLIMITED_STEPS, resolve_steps
 
 from ..reliability.paused import start_paused
 
