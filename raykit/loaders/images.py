@@ -10,7 +10,7 @@ The loader is a few stages, each a small object over the loader's frozen
   drawn by their losses fed back through :meth:`ImageLoader.observe`;
 * source (:class:`~raykit.loaders.image_source.ImageSource`): reading and decoding from the store, at
   one level, undistorted and transformed, in worker processes through the ray loader's
-  :class:`~raykit.loaders.processes.ChunkFetcher` (an image is one read unit);
+  :class:`~raykit.loaders.fetcher.ChunkFetcher` (an image is one read unit);
 * cache (:class:`~raykit.loaders.image_cache.ViewCache`): the decoded images of the level (this
   process's or the machine's) and their components;
 * batcher (:class:`~raykit.loaders.image_batcher.ImageBatcher`): crops, cameras, poses, components,
