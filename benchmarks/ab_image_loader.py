@@ -32,29 +32,12 @@ ROOT = Path(__file__).resolve().parent
 
 
 def make_capture(n: int) -> tuple[Path, Path]:
-    """The capture folder and its images-layout store (made once)."""
-    import numpy as np
-    from bench_decode import encoded, photo
+    """``n`` photo-like 1080p JPEGs (instant-ngp's fox has 50) and their images-layout store: the
+    capture ``bench_node.py`` makes, shared."""
+    from bench_node import make_store
 
-    from raykit.converters import convert
-
-    folder = ROOT / "data" / f"fox-like-{n}"
-    capture, store = folder / "capture", folder / "store.zarr"
-    if (store / "manifest.json").exists():
-        return capture, store
-    (capture / "images").mkdir(parents=True, exist_ok=True)
-    frames = []
-    for i in range(n):
-        path = capture / "images" / f"{i:04d}.jpg"
-        if not path.exists():
-            path.write_bytes(encoded(photo(1080, 1920, seed=i), "JPEG", quality=90))
-        pose = np.eye(4)
-        pose[:3, 3] = [np.cos(i / 7), np.sin(i / 7), 0.1 * (i % 5)]
-        frames.append({"file_path": f"images/{i:04d}.jpg", "transform_matrix": pose.tolist()})
-    meta = {"fl_x": 1500.0, "fl_y": 1500.0, "cx": 960.0, "cy": 540.0, "w": 1920, "h": 1080, "frames": frames}
-    (capture / "transforms.json").write_text(json.dumps(meta))
-    convert(capture, store, layout="images", split="all", progress=False)
-    return capture, store
+    store = make_store(n)
+    return store.parent / "capture", store
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,7 @@ all, so there a skip means a missing install step. Tests that need a CUDA device
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,3 +43,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.section(f"{NO_SKIPS}=1: skips other than CUDA's fail the run", red=True)
         for line in _SKIPS:
             terminalreporter.line(line, red=True)
+
+
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private stand-in for ``/dev/shm``: the node cache's folders go there (``RAYKIT_NODE_CACHE_DIR``)."""
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(folder))
+    return folder

@@ -37,14 +37,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(folder))
-    return folder
-
-
 def caches(shm: Path) -> list[Path]:
     return sorted(shm.glob(NODE_CACHE_PREFIX + "*"))
 

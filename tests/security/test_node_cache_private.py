@@ -32,14 +32,6 @@ OTHER_UID = 12345
 
 
 @pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture
 def images(pristine: dict[str, Path]) -> Path:
     return pristine["images"]
 
