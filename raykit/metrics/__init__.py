@@ -13,41 +13,95 @@
 
 from __future__ import annotations
 
-from raykit.metrics.image_metrics import (
-    masked_psnr,
-    mse_to_psnr,
-    psnr,
-    reference_masked_psnr,
-    reference_psnr,
-    reference_ssim,
-    ssim,
-)
-from raykit.metrics.lpips import (
-    LPIPS,
-    LPIPS_NETS,
-    MIN_SIDE,
-    OFFLINE_ENV,
-    TRUNK_URLS,
-    LpipsWeights,
-    LpipsWeightsError,
-    load_lpips,
-    lpips_weight_paths,
-    reference_lpips,
-)
-from raykit.metrics.protocol import (
-    MASKED_SCORING,
-    PROTOCOLS,
-    Protocol,
-    background_tensor,
-    composite,
-    masked_pair,
-    parse_background,
-    parse_colour,
-    protocol_named,
-    quantize,
-    to_protocol_image,
-)
-from raykit.metrics.scores import LPIPS_KEYS, METRIC_KEYS, OLD_PROTOCOL, Scorer, protocol_of
+from typing import TYPE_CHECKING, Any
+
+from raykit.lazy import lazy_attribute
+
+if TYPE_CHECKING:
+    from raykit.metrics.image_metrics import (
+        masked_psnr,
+        mse_to_psnr,
+        psnr,
+        reference_masked_psnr,
+        reference_psnr,
+        reference_ssim,
+        ssim,
+    )
+    from raykit.metrics.lpips import (
+        LPIPS,
+        LPIPS_NETS,
+        MIN_SIDE,
+        OFFLINE_ENV,
+        TRUNK_URLS,
+        LpipsWeights,
+        LpipsWeightsError,
+        load_lpips,
+        lpips_weight_paths,
+        reference_lpips,
+    )
+    from raykit.metrics.protocol import (
+        MASKED_SCORING,
+        OLD_PROTOCOL,
+        PROTOCOLS,
+        Protocol,
+        background_tensor,
+        composite,
+        masked_pair,
+        parse_background,
+        parse_colour,
+        protocol_named,
+        protocol_of,
+        quantize,
+        to_protocol_image,
+    )
+    from raykit.metrics.scores import LPIPS_KEYS, METRIC_KEYS, Scorer
+
+# module -> the public names it defines, imported on first use (PEP 562): what only reads a protocol's
+# name or an ``eval.json`` does not wait for torch.
+_PUBLIC = {
+    "image_metrics": (
+        "masked_psnr",
+        "mse_to_psnr",
+        "psnr",
+        "reference_masked_psnr",
+        "reference_psnr",
+        "reference_ssim",
+        "ssim",
+    ),
+    "lpips": (
+        "LPIPS",
+        "LPIPS_NETS",
+        "MIN_SIDE",
+        "OFFLINE_ENV",
+        "TRUNK_URLS",
+        "LpipsWeights",
+        "LpipsWeightsError",
+        "load_lpips",
+        "lpips_weight_paths",
+        "reference_lpips",
+    ),
+    "protocol": (
+        "MASKED_SCORING",
+        "OLD_PROTOCOL",
+        "PROTOCOLS",
+        "Protocol",
+        "background_tensor",
+        "composite",
+        "masked_pair",
+        "parse_background",
+        "parse_colour",
+        "protocol_named",
+        "protocol_of",
+        "quantize",
+        "to_protocol_image",
+    ),
+    "scores": (
+        "LPIPS_KEYS",
+        "METRIC_KEYS",
+        "Scorer",
+    ),
+}
+_MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = [
     "LPIPS",
@@ -84,3 +138,7 @@ __all__ = [
     "ssim",
     "to_protocol_image",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(__name__, _MODULES, globals(), name)

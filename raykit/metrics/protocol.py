@@ -17,15 +17,20 @@ named ``"<name> (masked)"``), so its figures are never set against an unmasked e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from raykit.errors import ConfigError
+from raykit.lazy import lazy_torch
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    torch = lazy_torch(globals())  # reading a protocol's name (``protocol_of``) needs no torch
 
 __all__ = [
     "MASKED_SCORING",
+    "OLD_PROTOCOL",
     "PROTOCOLS",
     "Protocol",
     "background_tensor",
@@ -34,6 +39,7 @@ __all__ = [
     "parse_background",
     "parse_colour",
     "protocol_named",
+    "protocol_of",
     "quantize",
     "to_protocol_image",
 ]
@@ -163,3 +169,19 @@ def parse_background(text: str) -> tuple[int, int, int]:
 def background_tensor(color: tuple[int, int, int]) -> Tensor:
     """An 8-bit background colour as the float32 ``(3,)`` :func:`composite` takes (``uint8 / 255``)."""
     return torch.tensor(color, dtype=torch.float32) / 255.0
+
+
+OLD_PROTOCOL = "float (before the community protocol)"
+
+
+def protocol_of(document: dict[str, Any]) -> str:
+    """The protocol an ``eval.json`` was scored under: a name of :data:`raykit.metrics.PROTOCOLS`,
+    :data:`OLD_PROTOCOL` without a ``protocol`` block, ``"unknown"`` for any other (a received run
+    folder's text never reaches a report as it is)."""
+    block = document.get("protocol")
+    if not isinstance(block, dict):
+        return OLD_PROTOCOL
+    name = block.get("name")
+    if not (isinstance(name, str) and name in PROTOCOLS):
+        return "unknown"
+    return f"{name} (masked)" if block.get("masked") is True else name

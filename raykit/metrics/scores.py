@@ -26,7 +26,6 @@ from raykit.metrics.image_metrics import masked_psnr, psnr, ssim
 from raykit.metrics.lpips import LPIPS, MIN_SIDE, LpipsWeightsError, load_lpips, lpips_weight_paths
 from raykit.metrics.protocol import (
     MASKED_SCORING,
-    PROTOCOLS,
     Protocol,
     background_tensor,
     masked_pair,
@@ -35,24 +34,10 @@ from raykit.metrics.protocol import (
     to_protocol_image,
 )
 
-__all__ = ["LPIPS_KEYS", "METRIC_KEYS", "OLD_PROTOCOL", "Scorer", "protocol_of"]
+__all__ = ["LPIPS_KEYS", "METRIC_KEYS", "Scorer"]
 
 LPIPS_KEYS = {"alex": "lpips", "vgg": "lpips_vgg"}
 METRIC_KEYS = ("psnr", "ssim", "lpips")  # the default protocol's figures (eval.json's, per image and split)
-OLD_PROTOCOL = "float (before the community protocol)"
-
-
-def protocol_of(document: dict[str, Any]) -> str:
-    """The protocol an ``eval.json`` was scored under: a name of :data:`raykit.metrics.PROTOCOLS`,
-    :data:`OLD_PROTOCOL` without a ``protocol`` block, ``"unknown"`` for any other (a received run
-    folder's text never reaches a report as it is)."""
-    block = document.get("protocol")
-    if not isinstance(block, dict):
-        return OLD_PROTOCOL
-    name = block.get("name")
-    if not (isinstance(name, str) and name in PROTOCOLS):
-        return "unknown"
-    return f"{name} (masked)" if block.get("masked") is True else name
 
 
 class Scorer:

@@ -11,14 +11,32 @@ the run's evaluation and ``render_export(out, cameras, dir)`` renders from it al
 
 from __future__ import annotations
 
-from raykit.metrics import OLD_PROTOCOL, protocol_of
-from raykit.trainer.compare import compare
-from raykit.trainer.config import AUTO_SAMPLERS, SAMPLERS, TrainConfig
-from raykit.trainer.deploy import render_export, verify_export
-from raykit.trainer.evaluate import render
-from raykit.trainer.export import export_run
-from raykit.trainer.exported import load_export
-from raykit.trainer.loop import train
+from typing import TYPE_CHECKING, Any
+
+from raykit.lazy import lazy_attribute
+
+if TYPE_CHECKING:
+    from raykit.metrics import OLD_PROTOCOL, protocol_of
+    from raykit.trainer.compare import compare
+    from raykit.trainer.config import AUTO_SAMPLERS, SAMPLERS, TrainConfig
+    from raykit.trainer.deploy import render_export, verify_export
+    from raykit.trainer.evaluate import render
+    from raykit.trainer.export import export_run
+    from raykit.trainer.exported import load_export
+    from raykit.trainer.loop import train
+
+# module -> the public names it defines, imported on first use (PEP 562): ``raykit sweep``, ``raykit run``
+# and their refusals read ``TrainConfig`` without the seconds torch takes to import.
+_PUBLIC = {
+    "compare": ("compare",),
+    "config": ("AUTO_SAMPLERS", "SAMPLERS", "TrainConfig"),
+    "deploy": ("render_export", "verify_export"),
+    "evaluate": ("render",),
+    "export": ("export_run",),
+    "exported": ("load_export",),
+    "loop": ("train",),
+}
+_MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = [
     "AUTO_SAMPLERS",
@@ -34,3 +52,13 @@ __all__ = [
     "train",
     "verify_export",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("OLD_PROTOCOL", "protocol_of"):
+        import raykit.metrics
+
+        value = getattr(raykit.metrics, name)
+        globals()[name] = value
+        return value
+    return lazy_attribute(__name__, _MODULES, globals(), name)
