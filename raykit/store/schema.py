@@ -204,7 +204,7 @@ class SplitInfo:
 
 TIME = Range()
 """A view's time: any finite number (D-NeRF's lie in [0, 1])."""
-TIME_INDEX = Range(0, 2**62, integer=True)
+TIME_INDEX = Range(0, 2**31 - 1, integer=True)
 """A rig camera's or a video frame's index."""
 
 

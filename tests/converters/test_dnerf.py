@@ -141,3 +141,32 @@ def test_time_on_some_frames_only_is_one_line(dnerf: dict[str, Any], tmp_path: P
         f"{tmp_path / 'bad'}: 23 of 24 frames have a time ('train/c1_t1.png' has none); "
         "expected every frame or none"
     ]
+
+
+def test_writer_refuses_bad_or_partial_times(tmp_path: Path) -> None:
+    import dataclasses
+    import functools
+
+    from raykit.cameras import Camera
+    from raykit.errors import ConfigError
+    from raykit.store import ImageRecord, SceneInfo, write_store
+
+    camera = Camera("PINHOLE", 4, 4, (4.0, 4.0, 2.0, 2.0))
+    load = functools.partial(np.zeros, (4, 4, 3), np.uint8)
+    records = [
+        ImageRecord(f"im{i}", "train", camera, np.eye(4), 0.1, 5.0, "", load, time=i / 2, camera_index=0)
+        for i in range(3)
+    ]
+    store = write_store(tmp_path / "ok", records, scene=SceneInfo())
+    assert store.table.time.tolist() == [0.0, 0.5, 1.0] and store.table.rig_camera.tolist() == [0, 0, 0]
+    bad = [dataclasses.replace(records[0], time=math.inf), dataclasses.replace(records[1], frame_index=-1)]
+    with pytest.raises(ConfigError) as info:
+        write_store(
+            tmp_path / "bad", [*bad, dataclasses.replace(records[2], frame_index=None)], scene=SceneInfo()
+        )
+    assert str(info.value) == (
+        "write_store: invalid image records: image 'im0': time: expected a finite number, got inf; "
+        "image 'im1': frame_index: expected an integer in [0, 2147483647], got -1; "
+        "1 of 3 images have a frame_index (image 'im0' has none); expected every image or none"
+    )
+    assert not (tmp_path / "bad").exists()

@@ -56,3 +56,17 @@ def test_gsplat_items_carry_their_views_time(dnerf: dict[str, Any]) -> None:
         assert data["time"].dtype == torch.float32 and float(data["time"]) == pytest.approx(times[name])
     batch = torch.utils.data.default_collate([dataset[0], dataset[1]])
     assert batch["time"].shape == (2,)
+
+
+def test_ray_datamanager_bundles_carry_times(dnerf: dict[str, Any]) -> None:
+    """raykit's ray datamanager hands each ray its camera's time, as nerfstudio's ray generator does."""
+    from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
+
+    ours = RaykitDataManagerConfig(
+        dataparser=RaykitDataParserConfig(data=dnerf["rays"]), train_num_rays_per_batch=256,
+        eval_num_rays_per_batch=256,
+    ).setup(device="cpu")  # fmt: skip
+    bundle, batch = ours.next_train(0)
+    expected = RayGenerator(ours.train_dataset.cameras)(batch["indices"])
+    assert bundle.times is not None and torch.equal(bundle.times, expected.times)
+    assert len(set(bundle.times[:, 0].tolist())) > 1
