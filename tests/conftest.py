@@ -70,6 +70,6 @@ def dnerf(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for layout in ("rays", "images"):
         out[layout] = root / f"{layout}.zarr"
         convert(capture, out[layout], layout=layout, chunk_rays=1024)
-        out[f"{layout}_wds"] = root / f"{layout}.wds"
-        copy_store(out[layout], out[f"{layout}_wds"], backend="wds")
+        out[f"{layout}_wds"] = root / f"{layout}.wds"  # the images one re-laid out from the rays store
+        copy_store(out["rays"], out[f"{layout}_wds"], backend="wds", layout=layout)
     return out
