@@ -90,5 +90,5 @@ class DeviceBatcher:
         extra = {k: self._to_device(v) for k, v in raw.extra.items()}
         batch = self.generator.batch_from_pids(pid, self._to_device(raw.rgba), extra)
         if self.times is not None:
-            batch.times = self.times[batch.image]
+            batch.times = self.times.index_select(0, batch.image)  # half the time of [] indexing
         return batch
