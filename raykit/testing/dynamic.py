@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from raykit.cameras import Camera
 from raykit.conventions import opencv_to_opengl_c2w
@@ -88,17 +89,22 @@ def render_dynamic(seed: int = 0, n_cameras: int = 4, n_times: int = 6, size: in
     poses = look_at_c2w(np.asarray(LOOK_AT) + CAMERA_DISTANCE * dirs)
     shared, own = scene_camera(size, size), _own_camera(size)
     names, splits, rows, cameras, images = [], [], [], [], []
-    for j in range(n_times):
-        time = j / (n_times - 1)
-        moved = moving_geometry(geometry, time)
-        for c in range(n_cameras):
-            split = "train" if c < n_cameras - 1 else ("val" if j % 2 == 0 else "test")
-            camera = own if c == 1 else shared
-            names.append(f"{split}/c{c}_t{j}")
-            splits.append(split)
-            rows.append((time, c, j))
-            cameras.append(camera)
-            images.append(render_view(moved, camera, poses[c], 1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small elementwise ops: threads cost more than they bring
+    try:
+        for j in range(n_times):
+            time = j / (n_times - 1)
+            moved = moving_geometry(geometry, time)
+            for c in range(n_cameras):
+                split = "train" if c < n_cameras - 1 else ("val" if j % 2 == 0 else "test")
+                camera = own if c == 1 else shared
+                names.append(f"{split}/c{c}_t{j}")
+                splits.append(split)
+                rows.append((time, c, j))
+                cameras.append(camera)
+                images.append(render_view(moved, camera, poses[c], 1))
+    finally:
+        torch.set_num_threads(threads)
     times, cams, frames = (np.array(v) for v in zip(*rows, strict=True))
     return DynamicScene(
         tuple(names), tuple(splits), times.astype(np.float64), cams.astype(np.int64),
