@@ -45,6 +45,8 @@ class RayBatch:
         z_scale: (N,) camera-frame z of the unit direction (``depth_z = t * z_scale``).
         extra: fields the store holds besides colours and pixel ids, e.g. materialised ``origins`` and
             ``directions`` as stored (float16/float32, (N, 3)); empty for compact stores.
+        times: (N,) float32 time of each ray's view, or None when the store has no time (a static
+            capture; ``raykit.store.FrameTime``).
     """
 
     origins: Tensor
@@ -57,6 +59,7 @@ class RayBatch:
     far: Tensor
     z_scale: Tensor
     extra: dict[str, Tensor] = dataclass_field(default_factory=dict)
+    times: Tensor | None = None
 
     @classmethod
     def from_rays(

@@ -52,3 +52,24 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.mkdir()
     monkeypatch.setenv("RAYKIT_NODE_CACHE_DIR", str(folder))
     return folder
+
+
+@pytest.fixture(scope="session")
+def dnerf(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The built-in dynamic scene (4 cameras x 6 times, 32x32; camera 1 with its own intrinsics) as a
+    D-NeRF capture, converted in both layouts and backends: ``{"scene", "capture", "rays", "images",
+    "rays_wds", "images_wds"}`` (issue 58's time tests)."""
+    from raykit.converters import convert
+    from raykit.store import copy_store
+    from raykit.testing import render_dynamic, write_dnerf
+
+    root = tmp_path_factory.mktemp("dnerf")
+    scene = render_dynamic()
+    capture = write_dnerf(scene, root / "capture")
+    out: dict[str, Any] = {"scene": scene, "capture": capture}
+    for layout in ("rays", "images"):
+        out[layout] = root / f"{layout}.zarr"
+        convert(capture, out[layout], layout=layout, chunk_rays=1024)
+        out[f"{layout}_wds"] = root / f"{layout}.wds"  # the images one re-laid out from the rays store
+        copy_store(out["rays"], out[f"{layout}_wds"], backend="wds", layout=layout)
+    return out

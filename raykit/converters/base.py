@@ -20,7 +20,7 @@ import numpy as np
 
 from raykit.cameras import Camera
 from raykit.errors import SourceError
-from raykit.store import SparsePoints
+from raykit.store import FrameTime, SparsePoints
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -41,7 +41,7 @@ RIGID_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True, eq=False)
-class SourceView:
+class SourceView(FrameTime):
     """One image of a capture as its source describes it.
 
     Attributes:
@@ -55,6 +55,7 @@ class SourceView:
             (nerfstudio ``mask_path``, ``depth_file_path``), at the image's resolution.
         depth_scale: the factor from the depth file's values to metres (``depth_unit_scale_factor``).
         metadata: JSON-able per-frame facts the converter keeps (``RayStore.frame_metadata``).
+        time, camera_index, frame_index: when and by which rig camera (``raykit.store.FrameTime``).
     """
 
     name: str

@@ -7,6 +7,10 @@ half-resolution copy of the images gets half the focal length); ``camera_angle_y
 /``cx``/``cy`` are used when present. Principal point defaults to the image centre ``(W/2, H/2)``.
 Poses are OpenGL camera-to-world and become OpenCV. RGBA PNGs keep their alpha.
 
+D-NeRF captures are this format with a per-frame ``time`` in [0, 1] (every frame or none): each
+view's time (``raykit.store.FrameTime``). Their frames' own ``fl_x``, ``fl_y``, ``cx``, ``cy``, ``w``,
+``h`` are honoured, as any frame's (D-NeRF's own loaders read only ``camera_angle_x``).
+
 Scene box and near/far: nerf_synthetic objects lie in the box ``[-1.5, 1.5]^3`` (the box instant-ngp
 and nerfacc use for them); per view, ``far`` is the distance to the box's farthest corner and ``near``
 the distance to the box (see :func:`raykit.converters.ngp.box_near_far`). For the original scenes
@@ -25,11 +29,14 @@ import numpy as np
 from raykit.converters.base import Capture, Problems, SourceView, load_json
 from raykit.converters.ngp import box_near_far, component_problems, parse_frames, report_missing
 from raykit.converters.paths import ImageRoots
+from raykit.ranges import Range
 
 __all__ = ["BLENDER_BOUNDS", "BLENDER_SPLITS", "parse_blender"]
 
 BLENDER_SPLITS = ("train", "val", "test")
 BLENDER_BOUNDS = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
+DNERF_TIME = Range(0.0, 1.0)
+"""D-NeRF's per-frame ``time``."""
 
 
 def parse_blender(
@@ -58,13 +65,13 @@ def parse_blender(
             continue
         if isinstance(meta, dict) and "camera_model" not in meta:
             meta = {**meta, "camera_model": "PINHOLE"}
-        found, missing = parse_frames(path, meta, problems, exif, roots)
+        found, missing = parse_frames(path, meta, problems, exif, roots, time_range=DNERF_TIME)
         if isinstance(meta, dict) and meta.get("frames") == []:
             assumed.append(("splits", f"{path}: no frames, so no {split} images come from it"))
         report_missing(path, missing, skip_missing, problems)
         skipped += missing
         views += [_in_split(v, split) for v in found]
-    problems.extend(component_problems(src, views))  # masks, depth maps: every frame or none
+    problems.extend(component_problems(src, views))  # masks, depth maps, time: every frame or none
     problems.raise_if_fatal(views)
     params = {"skipped_missing": sorted(skipped) if skip_missing else []}
     return Capture(

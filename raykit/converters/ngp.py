@@ -23,7 +23,9 @@ Per frame, nerfstudio's ``mask_path`` and ``depth_file_path`` (relative to the J
 capture) become the store's ``mask`` and ``depth`` components (every frame has one or none does);
 depth values are multiplied by ``depth_unit_scale_factor`` (top level or per frame; default 1e-3,
 nerfstudio's: millimetres) to give metres. Every other per-frame key raykit does not interpret is
-kept as the frame's metadata (``RayStore.frame_metadata``).
+kept as the frame's metadata (``RayStore.frame_metadata``), but ``time`` (nerfstudio's dynamic
+captures; D-NeRF's, in [0, 1], through :mod:`raykit.converters.blender`): the view's time
+(``raykit.store.FrameTime``), a finite number on every frame or on none.
 
 Near/far: instant-ngp maps source points ``p`` into its unit cube by ``p * scale + offset`` (after
 cycling axes; defaults ``scale = 0.33``, ``offset = 0.5``) and the scene occupies a cube ``aabb_scale``
@@ -119,6 +121,7 @@ def _frame_view(
     roots: ImageRoots,
     bad_cameras: dict[str, list[int]],
     scales: list[float] | None,
+    time_range: Range,
 ) -> tuple[SourceView | None, str | None]:
     """One frame -> (view, missing file path or None); other problems go to ``problems``, camera
     problems to ``bad_cameras`` (problem -> frame indices). With ``scales`` (a list), a uniformly
@@ -177,6 +180,10 @@ def _frame_view(
     if "depth_file_path" in paths and not _positive(scale):
         problems.add(f"{where}: {DEPTH_SCALE_KEY}: expected a number > 0, got {scale!r}"[:300])
         return None, None
+    time = frame.get("time")
+    if time is not None and (bad := time_range.problem("time", time)):
+        problems.add(f"{where}: {bad}")
+        return None, None
     kept = {k: v for k, v in frame.items() if k not in _FRAME_KEYS}  # kept as per-frame metadata
     view = SourceView(
         name=name,
@@ -187,6 +194,7 @@ def _frame_view(
         depth_path=paths.get("depth_file_path"),
         depth_scale=float(scale) if _positive(scale) else NERFSTUDIO_DEPTH_SCALE,
         metadata=kept,
+        time=None if time is None else float(time),
     )
     return view, None
 
@@ -197,20 +205,21 @@ def _positive(value: Any) -> bool:
     )
 
 
+ANY_TIME = Range()  # nerfstudio's per-frame ``time``: any finite number
 COMPONENT_KEYS = ("mask_path", "depth_file_path")
 DEPTH_SCALE_KEY = "depth_unit_scale_factor"
 NERFSTUDIO_DEPTH_SCALE = 1e-3  # nerfstudio's default: millimetre depth files
 # keys read above, and nerf_synthetic's "rotation" (a constant of Blender's export script, meaningless)
 _FRAME_KEYS = frozenset(
-    {"file_path", "transform_matrix", "rotation", *INTRINSIC_KEYS, *COMPONENT_KEYS, DEPTH_SCALE_KEY}
+    {"file_path", "transform_matrix", "rotation", "time", *INTRINSIC_KEYS, *COMPONENT_KEYS, DEPTH_SCALE_KEY}
 )
 
 
 def component_problems(json_path: Path, views: Sequence[SourceView]) -> list[str]:
-    """One line per component that some frames name and others do not (nerfstudio: every frame or
-    none)."""
+    """One line per component (or ``time``) that some frames name and others do not (nerfstudio:
+    every frame or none)."""
     lines = []
-    for what, key in (("mask_path", "mask_path"), ("depth_file_path", "depth_path")):
+    for what, key in (("mask_path", "mask_path"), ("depth_file_path", "depth_path"), ("time", "time")):
         have = [v for v in views if getattr(v, key) is not None]
         if have and len(have) != len(views):
             lacking = next(v for v in views if getattr(v, key) is None)
@@ -256,12 +265,13 @@ def parse_frames(
     exif: str = "auto",
     roots: ImageRoots | None = None,
     scales: list[float] | None = None,
+    time_range: Range = ANY_TIME,
 ) -> tuple[list[SourceView], list[str]]:
     """Every frame of one transforms file -> (views, missing image paths).
 
     ``roots``: where image files may lie (default: the JSON file's folder only). ``scales``: when
     given, uniformly scaled rotations are accepted and their scales appended (see :func:`scale_note`);
-    when None, every pose must be rigid.
+    when None, every pose must be rigid. ``time_range``: the per-frame ``time`` values accepted.
     """
     roots = roots or ImageRoots(json_path.parent)
     if not isinstance(meta, Mapping) or not isinstance(meta.get("frames"), list):
@@ -270,7 +280,9 @@ def parse_frames(
     views, missing = [], []
     bad_cameras: dict[str, list[int]] = {}
     for index, frame in enumerate(meta["frames"]):
-        view, gone = _frame_view(frame, index, meta, json_path, problems, exif, roots, bad_cameras, scales)
+        view, gone = _frame_view(
+            frame, index, meta, json_path, problems, exif, roots, bad_cameras, scales, time_range
+        )
         if gone is not None:
             missing.append(gone)
         elif view is not None:

@@ -231,7 +231,10 @@ def _record(
             parts[kind] = ComponentFile(str(file), kind, scale, camera.height, camera.width, factor, rule)
     metadata = merged_metadata(view, exif_facts)
     path = str(view.image_path)
-    return ImageRecord(view.name, split, camera, c2w, near, far, path, loader, "", parts, metadata)
+    return ImageRecord(
+        view.name, split, camera, c2w, near, far, path, loader, "", parts, metadata,
+        time=view.time, camera_index=view.camera_index, frame_index=view.frame_index,
+    )  # fmt: skip
 
 
 def _pick(

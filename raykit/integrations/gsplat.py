@@ -3,7 +3,8 @@
 ``Parser(store)`` has what the trainer reads from gsplat's parser: ``camtoworlds`` (I, 4, 4) OpenCV,
 ``camera_ids``, ``image_names``, ``Ks_dict`` / ``imsize_dict`` / ``params_dict`` / ``mask_dict`` per
 camera id, ``points`` (P, 3) float32, ``points_rgb`` (P, 3) uint8, ``points_err`` (P,),
-``scene_scale`` (largest camera distance from the cameras' mean) and ``transform`` (4, 4), the
+``scene_scale`` (largest camera distance from the cameras' mean), ``times`` (I,) float32 each view's
+time (None for a static store) and ``transform`` (4, 4), the
 world normalisation applied (identity unless ``normalize=True``, which gives gsplat's own world frame
 exactly: ``raykit.integrations.gsplat_world.normalize_world``, T1 T2 and the upside-down flip T3 of
 gsplat's ``examples/datasets/colmap.py``, points read as float32 as gsplat reads them). Images are served
@@ -15,7 +16,8 @@ cameras and ``imsize_dict`` those of :func:`raykit.loaders.level_camera` (W // f
 K / factor exactly, where gsplat rescales K by the resized files' rounded sizes).
 
 ``Dataset(parser, split)`` returns gsplat's items: ``K`` float32 (3, 3), ``camtoworld`` float32
-(4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id``; ``mask`` (H, W) bool (pixels the
+(4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id``; ``time`` float32 (a 0-d tensor) when
+the store has time (a dynamic capture, for 4-D trainers); ``mask`` (H, W) bool (pixels the
 store's ``mask`` component uses, mask > 0) when the store has masks; and, with ``load_depths``,
 ``points`` (M, 2) pixel coordinates and ``depths`` (M,) camera-frame z: when the store has ``depth``
 maps, every pixel of the image's map with a known depth (its centre, ``(x + 0.5, y + 0.5)``; depth in
@@ -94,6 +96,7 @@ class Parser:
             c2w, moved, self.transform = normalize_world(c2w, xyz if len(xyz) >= 4 else None)
             xyz = transform_points(self.transform, xyz) if moved is None else moved
         self.camtoworlds = c2w
+        self.times = None if table.time is None else table.time.astype(np.float32)  # (I,), or None: static
         self.world_scale = float(np.cbrt(np.linalg.det(self.transform[:3, :3])))  # the similarity's scale
         self.points = xyz.astype(np.float32)
         self.points_rgb = np.zeros((0, 3), np.uint8) if points is None else points.rgb.astype(np.uint8)
@@ -205,6 +208,8 @@ class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
             "image": torch.from_numpy(np.ascontiguousarray(image)).float(),
             "image_id": position,
         }
+        if self.parser.times is not None:
+            data["time"] = torch.tensor(self.parser.times[index])
         if mask is not None:
             data["mask"] = torch.from_numpy(np.ascontiguousarray(mask) > 0)
         if depth is not None:

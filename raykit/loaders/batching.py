@@ -4,7 +4,8 @@ ray-generation stage (the store holds colours and pixel ids; making rays is done
 ``ray_generator(store, device)`` is a store's ``RayGenerator`` (memoised per store and device),
 ``image_rays(store, name)`` the rays of one image. ``DeviceBatcher`` is the fast path: only the compact
 layout crosses to the device (``rgba`` uint8 and ``pid`` uint32: 7-8 bytes per ray); pixel ids are
-decoded and rays generated there, vectorised. On CUDA the host arrays are staged in page-locked
+decoded and rays generated there, vectorised; a store with time gives each ray its view's time
+(``RayBatch.times``, looked up by image on the device). On CUDA the host arrays are staged in page-locked
 (pinned) memory and copied with ``non_blocking=True``. Its simple twin is ``reference_batch``, which
 tests compare against.
 """
@@ -42,7 +43,12 @@ def reference_batch(store: RayStore, raw: RawRays, device: torch.device | str = 
     image, pixel, rays = generator.generate_from_pids(pid)
     colour = torch.from_numpy(np.ascontiguousarray(raw.rgba)).to(generator.device)
     extra = {k: torch.from_numpy(np.ascontiguousarray(v)).to(generator.device) for k, v in raw.extra.items()}
-    return RayBatch.from_rays(colour, image, pixel, rays, extra)
+    batch = RayBatch.from_rays(colour, image, pixel, rays, extra)
+    if store.table.time is not None:
+        batch.times = torch.from_numpy(store.table.time[image.cpu().numpy()].astype(np.float32)).to(
+            image.device
+        )
+    return batch
 
 
 def image_rays(store: RayStore, name: str, device: torch.device | str = "cpu") -> RayBatch:
@@ -61,6 +67,8 @@ class DeviceBatcher:
         self.device = torch.device(device)
         self.generator = ray_generator(store, self.device)
         self.pinned = self.device.type == "cuda"
+        time = store.table.time  # (I,) per image; None for a static store: nothing done per batch
+        self.times = None if time is None else torch.from_numpy(time.astype(np.float32)).to(self.device)
 
     def warm_up(self) -> None:
         """Run the generation path once on one ray (first calls of torch ops cost milliseconds)."""
@@ -80,4 +88,7 @@ class DeviceBatcher:
         else:
             pid = torch.from_numpy(np.ascontiguousarray(raw.pid))  # uint32, widened by the generator
         extra = {k: self._to_device(v) for k, v in raw.extra.items()}
-        return self.generator.batch_from_pids(pid, self._to_device(raw.rgba), extra)
+        batch = self.generator.batch_from_pids(pid, self._to_device(raw.rgba), extra)
+        if self.times is not None:
+            batch.times = self.times.index_select(0, batch.image)  # half the time of [] indexing
+        return batch

@@ -54,6 +54,8 @@ class ImageBatch:
             B = 1, views of the loader's cache: do not write into them.
         prob: (B,) float32 on the loader's device: the probability each view was drawn with (one
             draw) under ``sampling="loss"``; None with uniform views.
+        times: (B,) float32 on the loader's device: each view's time, or None when the store has
+            no time (``raykit.store.FrameTime``).
     """
 
     images: torch.Tensor
@@ -67,6 +69,7 @@ class ImageBatch:
     mask: torch.Tensor | None = None
     depth: torch.Tensor | None = None
     prob: torch.Tensor | None = None
+    times: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -166,6 +169,9 @@ class ImageBatcher:
         table = source.store.table
         self._c2w = torch.from_numpy(table.c2w[source.rows].astype(np.float32))
         self._rows = torch.from_numpy(source.rows.astype(np.int64))
+        self._times = (
+            None if table.time is None else torch.from_numpy(table.time[source.rows].astype(np.float32))
+        )
         self.set_source(source, crop)
 
     def set_source(self, source: ImageSource, crop: tuple[int, int] | None) -> None:
@@ -213,10 +219,12 @@ class ImageBatcher:
         if len(positions) == 1:  # one image: copies of slices, no gathers
             p = int(positions[0])
             c2w, table_rows = self._c2w[p : p + 1].clone(), self._rows[p : p + 1].clone()
+            times = None if self._times is None else self._times[p : p + 1].clone()
             K_all = None if Ks[0] is None else torch.from_numpy(Ks[0]).unsqueeze(0).clone()
         else:
             index = torch.from_numpy(positions)
             c2w, table_rows = self._c2w[index], self._rows[index]
+            times = None if self._times is None else self._times[index]
             K_all = (
                 None if any(K is None for K in Ks) else torch.from_numpy(np.stack(cast(list[np.ndarray], Ks)))
             )
@@ -231,4 +239,5 @@ class ImageBatcher:
             crop_origin=torch.from_numpy(np.asarray(origins, dtype=np.int64).reshape(-1, 2)),
             mask=served.get("mask"),
             depth=served.get("depth"),
+            times=None if times is None else self.transfer.small(times),
         )

@@ -20,6 +20,7 @@ from raykit.store.reader import RayStore, Timed, open_store
 from raykit.store.schema import (
     FORMAT_VERSION,
     FieldSpec,
+    FrameTime,
     ImageRecord,
     RawRays,
     SceneInfo,
@@ -78,6 +79,7 @@ __all__ = [
     "RGBA_CODECS",
     "ComponentInfo",
     "FieldSpec",
+    "FrameTime",
     "ImageRecord",
     "RawRays",
     "RayRangeError",

@@ -101,6 +101,16 @@ def _info(args: argparse.Namespace) -> int:
         )
     if summary["components"]:
         print(f"store fp    {summary['store_fingerprint']} (pixels and components)")
+    if time := summary["time"]:
+        lo, hi = time["span"]
+        per_camera, per_instant = (
+            "-".join(dict.fromkeys(map(str, v)))
+            for v in (time["frames_per_camera"], time["cameras_per_instant"])
+        )
+        print(
+            f"time        {lo:g} to {hi:g} ({time['n_instants']} instants); {time['n_cameras']} cameras "
+            f"(by {time['cameras_by']}): {per_camera} frames per camera, {per_instant} cameras per instant"
+        )
     if frames := summary["frame_metadata"]:
         print(f"metadata    {frames['n_frames']} frames ({frames['path']})")
     points = summary["points"]

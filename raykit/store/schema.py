@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raykit.errors import ConfigError, StoreCorruptError, StoreVersionError
+from raykit.ranges import Range, range_problems
 from raykit.store.spec import LAYOUTS, RAYS_LAYOUT, holds_images
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "SPLIT_ORDER",
     "DerivedRays",
     "FieldSpec",
+    "FrameTime",
     "ImageRecord",
     "RawRays",
     "SceneInfo",
@@ -200,8 +202,40 @@ class SplitInfo:
         )
 
 
+TIME = Range()
+"""A view's time: any finite number (D-NeRF's lie in [0, 1])."""
+TIME_INDEX = Range(0, 2**31 - 1, integer=True)
+"""A rig camera's or a video frame's index."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class FrameTime:
+    """When a view was taken, for captures that move (D-NeRF, nerfstudio ``time``, multi-view video):
+    the one definition of these fields, shared by a parser's ``SourceView`` and the writer's
+    ``ImageRecord`` (keyword-only, after their other fields). A store keeps each as a column of its
+    camera table when any view has one (then every view must).
+
+    Attributes:
+        time: the view's time (any finite number; in [0, 1] for D-NeRF), or None for a static capture.
+        camera_index: the rig camera (0-based) of a multi-view video's frame, or None.
+        frame_index: the frame's index in its camera's video, or None.
+    """
+
+    time: float | None = None
+    camera_index: int | None = None
+    frame_index: int | None = None
+
+    def time_problems(self) -> list[str]:
+        """One line per field outside its range (None is fine)."""
+        ranges = {"time": TIME, "camera_index": TIME_INDEX, "frame_index": TIME_INDEX}
+        return range_problems({k: (v, r) for k, r in ranges.items() if (v := getattr(self, k)) is not None})
+
+
+TIME_FIELDS = tuple(f.name for f in dataclasses.fields(FrameTime))
+
+
 @dataclass(frozen=True, eq=False)
-class ImageRecord:
+class ImageRecord(FrameTime):
     """One source image handed to the writer by a converter.
 
     Attributes:
@@ -217,6 +251,7 @@ class ImageRecord:
             returning the array at the image's size (``raykit.store.components``; written when the
             write asks for that component).
         metadata: JSON-able per-frame metadata (``RayStore.frame_metadata``).
+        time, camera_index, frame_index: see :class:`FrameTime`.
     """
 
     name: str

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from raykit.store.backends import backend_named
 from raykit.store.components import component_files
 from raykit.store.files import local_files_bytes
 from raykit.store.reader import RayStore
+from raykit.store.table import CameraTable
 
-__all__ = ["component_bytes", "field_bytes", "payload_bytes", "source_image_bytes", "store_summary"]
+__all__ = [
+    "component_bytes",
+    "field_bytes",
+    "payload_bytes",
+    "source_image_bytes",
+    "store_summary",
+    "time_summary",
+]
 
 
 def field_bytes(store: RayStore) -> dict[str, dict[str, int]]:
@@ -78,6 +88,7 @@ def store_summary(store: RayStore) -> dict[str, Any]:
             "with_alpha": int(table.has_alpha.sum()),
         },
         "scene": store.manifest["scene"],
+        "time": time_summary(store.table),
         "points": _points_summary(store),
         "bytes_on_disk": total,
         "payload_bytes": payload,
@@ -115,4 +126,28 @@ def _points_summary(store: RayStore) -> dict[str, Any] | None:
         "bounds": [points.xyz.min(axis=0).tolist(), points.xyz.max(axis=0).tolist()] if n else None,
         "mean_track_length": float(points.track_length.mean()) if n else 0.0,
         "mean_error": float(points.error.mean()) if n else 0.0,
+    }
+
+
+def time_summary(table: CameraTable) -> dict[str, Any] | None:
+    """The time span of a store with time, its instants (distinct times), and ``[min, max]`` frames
+    per camera and cameras per instant; None for a static store. Cameras are the rig cameras
+    (``camera_index``) when the store has them, else the distinct poses and intrinsics (``by``)."""
+    if table.time is None:
+        return None
+    by = "camera_index" if table.rig_camera is not None else "pose"
+    if table.rig_camera is not None:
+        camera = table.rig_camera
+    else:
+        keys = np.concatenate([table.c2w.reshape(len(table.time), 16), table.camera_index[:, None]], axis=1)
+        camera = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    per_camera = np.unique(camera, return_counts=True)[1]
+    per_instant = np.unique(table.time, return_counts=True)[1]
+    return {
+        "span": [float(table.time.min()), float(table.time.max())],
+        "n_instants": len(per_instant),
+        "n_cameras": len(per_camera),
+        "cameras_by": by,
+        "frames_per_camera": [int(per_camera.min()), int(per_camera.max())],
+        "cameras_per_instant": [int(per_instant.min()), int(per_instant.max())],
     }

@@ -19,13 +19,14 @@ import pyarrow.parquet as pq
 
 from raykit.errors import ConfigError, StoreCorruptError
 from raykit.fileio import atomic_path
-from raykit.store.schema import MAX_PIXELS, ImageRecord, decode_pids, split_sort_key
+from raykit.store.schema import MAX_PIXELS, TIME_FIELDS, ImageRecord, decode_pids, split_sort_key
 
 if TYPE_CHECKING:
     from raykit.cameras import Camera
 
 __all__ = [
     "CAMERA_TABLE_SCHEMA",
+    "TIME_COLUMNS",
     "CameraTable",
     "build_camera_table",
     "order_records",
@@ -60,6 +61,9 @@ CAMERA_TABLE_SCHEMA = pa.schema(
         ("source_sha256", pa.string()),
     ]
 )
+TIME_COLUMNS = pa.schema([("time", pa.float64()), ("camera_index", pa.int64()), ("frame_index", pa.int64())])
+"""Optional columns (``raykit.store.FrameTime``), after the others: written when any image has the value
+(then every image has it); a store without them is static."""
 
 
 def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
@@ -79,6 +83,7 @@ def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
     c2w = np.stack([np.asarray(r.c2w, np.float64) if np.shape(r.c2w) == (4, 4) else bad for r in records])
     bounds = np.array([[np.nan if v is None else v for v in (r.near, r.far)] for r in records], np.float64)
     problems += record_problems(names, c2w, bounds[:, 0], bounds[:, 1])
+    problems += _time_problems(records)
     if problems:
         raise ConfigError("write_store: invalid image records: " + "; ".join(problems[:10]))
     ordered = sorted(records, key=lambda r: (split_sort_key(r.split), r.name))
@@ -86,6 +91,19 @@ def order_records(records: Sequence[ImageRecord]) -> list[ImageRecord]:
     if total >= MAX_PIXELS:
         raise ConfigError(f"write_store: expected fewer than 2**32 pixels in one store, got {total}")
     return ordered
+
+
+def _time_problems(records: Sequence[ImageRecord]) -> list[str]:
+    """Lines for ``FrameTime`` values out of range, and for a field some records have and others lack."""
+    problems = [f"image {r.name!r}: {p}" for r in records for p in r.time_problems()]
+    for name in TIME_FIELDS:
+        lacking = [r.name for r in records if getattr(r, name) is None]
+        if lacking and len(lacking) < len(records):
+            problems.append(
+                f"{len(records) - len(lacking)} of {len(records)} images have a {name} "
+                f"(image {lacking[0]!r} has none); expected every image or none"
+            )
+    return problems
 
 
 def record_problems(names: Sequence[str], c2w: np.ndarray, near: np.ndarray, far: np.ndarray) -> list[str]:
@@ -153,7 +171,12 @@ def build_camera_table(
         }
         for key, value in values.items():
             rows[key].append(value)
-    return pa.table(rows, schema=CAMERA_TABLE_SCHEMA)
+    table = pa.table(rows, schema=CAMERA_TABLE_SCHEMA)
+    for column in TIME_COLUMNS:
+        if getattr(records[0], column.name) is not None:
+            times = [getattr(r, column.name) for r in records]
+            table = table.append_column(column, pa.array(times, type=column.type))
+    return table
 
 
 def write_parquet(table: pa.Table, path: Path) -> None:
@@ -168,9 +191,10 @@ def write_camera_table(table: pa.Table, root: Path) -> None:
     write_parquet(table, root / "cameras.parquet")
 
 
-def read_parquet(data: bytes, schema: pa.Schema, where: str) -> pa.Table:
+def read_parquet(data: bytes, schema: pa.Schema, where: str, optional: pa.Schema | None = None) -> pa.Table:
     """Parse parquet bytes and check that they hold ``schema``'s columns (``cameras.parquet``,
-    ``points3D.parquet``); ``where`` names the file in errors.
+    ``points3D.parquet``), then those of ``optional`` they have, of its types; ``where`` names the
+    file in errors.
 
     Not ``pq.read_table``: its dataset scanner's worker threads may drop the last reference to ``data``
     after the call returned, and one doing so while the interpreter exits aborts the process
@@ -183,12 +207,17 @@ def read_parquet(data: bytes, schema: pa.Schema, where: str) -> pa.Table:
     missing = [n for n in schema.names if n not in table.column_names]
     if missing:
         raise StoreCorruptError(f"{where}: expected columns {missing}, not found")
-    return table.select(schema.names)
+    extra = [c for c in optional or () if c.name in table.column_names]
+    for column in extra:
+        if table.schema.field(column.name).type != column.type:
+            found = table.schema.field(column.name).type
+            raise StoreCorruptError(f"{where}: expected column {column.name} of {column.type}, got {found}")
+    return table.select([*schema.names, *(c.name for c in extra)])
 
 
 def read_camera_table(data: bytes, where: str) -> pa.Table:
-    """Parse and check ``cameras.parquet`` bytes (``read_parquet``)."""
-    return read_parquet(data, CAMERA_TABLE_SCHEMA, where)
+    """Parse and check ``cameras.parquet`` bytes (``read_parquet``), with its time columns if any."""
+    return read_parquet(data, CAMERA_TABLE_SCHEMA, where, TIME_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -197,7 +226,9 @@ class CameraTable:
 
     ``camera_keys`` are the distinct cameras' records ``(model, width, height, params, camera_id)``;
     ``cameras`` builds ``raykit.cameras.Camera`` objects from them on first use, which imports torch
-    (``raykit info`` and ``validate`` of a rays store need none).
+    (``raykit info`` and ``validate`` of a rays store need none). ``time``, ``rig_camera`` and
+    ``frame_index`` are the ``TIME_COLUMNS`` (``rig_camera``: the ``camera_index`` column, the rig
+    camera of a multi-view video), each None when the store has no such column (a static capture).
     """
 
     names: list[str]
@@ -212,6 +243,9 @@ class CameraTable:
     pixel_offset: np.ndarray  # (I,) int64
     ray_start: np.ndarray  # (I,) int64, -1 in shuffled splits
     has_alpha: np.ndarray  # (I,) bool
+    time: np.ndarray | None = None  # (I,) float64
+    rig_camera: np.ndarray | None = None  # (I,) int64
+    frame_index: np.ndarray | None = None  # (I,) int64
 
     @cached_property
     def cameras(self) -> list[Camera]:
@@ -253,6 +287,9 @@ class CameraTable:
             pixel_offset=np.array(d["pixel_offset"], dtype=np.int64),
             ray_start=np.array([-1 if v is None else v for v in d["ray_start"]], dtype=np.int64),
             has_alpha=np.array(d["has_alpha"], dtype=bool),
+            time=floats("time") if "time" in d else None,
+            rig_camera=np.array(d["camera_index"], dtype=np.int64) if "camera_index" in d else None,
+            frame_index=np.array(d["frame_index"], dtype=np.int64) if "frame_index" in d else None,
         )
 
     def decode(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -137,6 +137,8 @@ def _check_table(store: RayStore) -> list[str]:
         if not info.shuffled and not np.array_equal(table.ray_start[rows], offsets):
             problems.append(f"{where}: split {split!r}: ray_start does not match the image order")
     problems += [f"{where}: {p}" for p in record_problems(table.names, table.c2w, table.near, table.far)]
+    if table.time is not None and not np.isfinite(table.time).all():
+        problems.append(f"{where}: expected a finite time on every image, got {table.time.tolist()[:10]}")
     return problems
 
 

@@ -1,4 +1,5 @@
-"""``raykit scene make DIR``: render the built-in scene and write it as Blender or COLMAP data."""
+"""``raykit scene make DIR``: render the built-in scene and write it as Blender or COLMAP data (or
+its small dynamic variant as a D-NeRF capture)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json, read_json, sha256_file
 from raykit.testing.builtin import SCENE_CAMERA_MODELS, SIZES, render_scene
+from raykit.testing.dynamic import render_dynamic, write_dnerf
 from raykit.testing.writers import write_blender, write_colmap
 
 __all__ = ["register"]
 
-FORMATS = ("blender", "colmap", "colmap-text")
+FORMATS = ("blender", "colmap", "colmap-text", "dnerf")
 WRITTEN = ".raykit-scene.json"  # DIR/.raykit-scene.json: the files `scene make` wrote there (sha256)
 
 
@@ -27,7 +29,12 @@ def register(subparsers: Any) -> None:
     make.add_argument(
         "--size", choices=list(SIZES), default="tiny", help="views and resolution (default: tiny)"
     )
-    make.add_argument("--format", choices=FORMATS, default="blender", help="output layout (default: blender)")
+    make.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="blender",
+        help="output layout (default: blender); dnerf: the dynamic variant, 4 cameras x 6 times at 32x32",
+    )
     make.add_argument(
         "--camera-model",
         choices=SCENE_CAMERA_MODELS,
@@ -45,6 +52,11 @@ def register(subparsers: Any) -> None:
 def make_scene(args: argparse.Namespace) -> int:
     """Handler of ``raykit scene make``; returns the exit status."""
     _check_folder(Path(args.dir))
+    if args.format == "dnerf":
+        write_dnerf(render_dynamic(args.seed), args.dir)
+        _record_folder(Path(args.dir))
+        print(f"wrote the built-in dynamic scene (seed {args.seed}) as a D-NeRF capture to {args.dir}")
+        return 0
     scene = render_scene(
         args.size, args.seed, args.camera_model, workers=args.workers, unbounded=args.unbounded
     )

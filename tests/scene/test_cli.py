@@ -35,6 +35,17 @@ def test_scene_make_colmap_text_opencv(tmp_path: Path, capsys: pytest.CaptureFix
     assert read_model(tmp_path / "c" / "sparse" / "0").cameras[1].model == "OPENCV"
 
 
+def test_scene_make_dnerf_writes_the_dynamic_scene(tmp_path: Path, dnerf: dict) -> None:
+    """The same files as the test kit's D-NeRF capture (the ``dnerf`` fixture, seed 0)."""
+    assert _run(["scene", "make", str(tmp_path / "d"), "--format", "dnerf"]) == 0
+    for split in ("train", "val", "test"):
+        name = f"transforms_{split}.json"
+        assert (tmp_path / "d" / name).read_bytes() == (dnerf["capture"] / name).read_bytes()
+    assert (tmp_path / "d" / "train" / "c1_t5.png").read_bytes() == (
+        dnerf["capture"] / "train" / "c1_t5.png"
+    ).read_bytes()
+
+
 def test_scene_make_rejects_unknown_format(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         _run(["scene", "make", str(tmp_path), "--format", "ply"])

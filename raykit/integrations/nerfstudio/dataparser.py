@@ -167,6 +167,9 @@ class RaykitDataParser(DataParser):
             height=torch.from_numpy(table.height[rows].astype(np.int64))[:, None],
             distortion_params=torch.tensor([k.distortion for k in intrinsics], dtype=torch.float32),
             camera_type=[CameraType[k.camera_type] for k in intrinsics],
+            times=None
+            if table.time is None
+            else torch.from_numpy(table.time[rows].astype(np.float32))[:, None],
         )
 
     def _scene_box(self, frame: _Frame, cameras: Cameras) -> SceneBox:

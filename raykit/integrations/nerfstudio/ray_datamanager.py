@@ -73,8 +73,8 @@ class RayRows:
     ``indices`` (N, 3) int64 ``[camera, y, x]``, ``image`` (N, 3|4) float32 (nerfstudio's colours),
     ``mask`` (N, 1) bool or None, ``depth_image`` (N, 1) float32 or None, and the ``RayBundle``'s
     fields: ``origins``, ``directions`` (N, 3), ``pixel_area``, ``directions_norm`` (N, 1) float32,
-    ``camera_indices`` (N, 1) int64. Sliceable, as the loader cuts generated groups into batches
-    (slices are views).
+    ``camera_indices`` (N, 1) int64, ``times`` (N, 1) float32 when the store has time, else None.
+    Sliceable, as the loader cuts generated groups into batches (slices are views).
     """
 
     indices: torch.Tensor
@@ -86,6 +86,7 @@ class RayRows:
     pixel_area: torch.Tensor
     directions_norm: torch.Tensor
     camera_indices: torch.Tensor
+    times: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -103,17 +104,21 @@ class RayRows:
             pixel_area=self.pixel_area[rows],
             directions_norm=self.directions_norm[rows],
             camera_indices=self.camera_indices[rows],
+            times=None if self.times is None else self.times[rows],
         )
 
     def bundle(self, device: Any) -> RayBundle:
         """The nerfstudio ``RayBundle`` of these rays on ``device``."""
-        return ray_bundle(
+        bundle = ray_bundle(
             self.origins.to(device),
             self.directions.to(device),
             self.pixel_area.to(device),
             self.camera_indices.to(device),
             self.directions_norm.to(device),
         )
+        if self.times is not None:
+            bundle.times = self.times.to(device)
+        return bundle
 
 
 class PixelRays:
@@ -155,6 +160,7 @@ class PixelRays:
             pixel_area=bundle.pixel_area.cpu(),
             directions_norm=bundle.metadata["directions_norm"].cpu(),
             camera_indices=bundle.camera_indices.cpu(),
+            times=None if bundle.times is None else bundle.times.cpu(),
         )
 
 

@@ -204,8 +204,11 @@ def store_records(store: RayStore) -> list[ImageRecord]:
         camera = table.cameras[int(table.camera_index[i])]
         load = StoreImageLoad(store.url, name, channels)
         near, far, path, sha = d["near"][i], d["far"][i], d["source_path"][i], d["source_sha256"][i]
+        timing = {k: d[k][i] for k in ("time", "camera_index", "frame_index") if k in d}
         records.append(
-            ImageRecord(name, table.splits[i], camera, table.c2w[i].copy(), near, far, path, load, sha)
+            ImageRecord(
+                name, table.splits[i], camera, table.c2w[i].copy(), near, far, path, load, sha, **timing
+            )
         )
     return records
 
