@@ -1,0 +1,136 @@
+"""Sampling over (frame, pixel) by DyNeRF's temporal weights (ISG early, IST later): exact, in bounded memory.
+
+The weights (``raykit.temporal_weights``: per frame, (h, w) float16 at level ``factor`` of the frame)
+give each (frame, pixel) the probability ``w / total``, ``total`` the sum over every frame of the split.
+A draw takes three levels, each by exact cumulated masses (the loss sampler's two-level draw,
+:func:`raykit.loaders.sampling.draw_groups` and :func:`~raykit.loaders.sampling.draw_within`, applied
+twice): a frame by its mass, a row of it by the frame's row masses, a pixel of the row by the row's
+weights. The product is the frame's CDF over its pixels: no subset, no cap on the number of weights. It
+holds the row masses of every frame (``F * h`` float64 per kind: 24 MB for 6,000 frames of 507 rows)
+and reads the drawn frames' weights through a callable, one frame at a time. Sums of float16 weights
+are exact in float64, so each frame's mass is the sum of its rows'.
+
+A drawn weight pixel ``(y, x)`` stands for a ``factor`` x ``factor`` block of the frame; the ray's pixel
+is uniform within the block (``prob`` divided by ``factor²``); rows and columns past the last whole block
+are not drawn. Batch ``step``'s draws come from a generator keyed by ``(seed, step)``: the same seed and
+step give the same batch, and nothing else is state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from raykit.errors import ConfigError, SourceError
+from raykit.loaders.sampling import draw_groups, draw_within
+from raykit.ranges import Range, range_problems
+
+__all__ = ["TEMPORAL_KINDS", "TemporalDraw", "TemporalSampler", "TemporalSamplingConfig", "row_masses"]
+
+TEMPORAL_KINDS = ("isg", "ist")
+_TAG_TEMPORAL = 58
+
+
+@dataclass(frozen=True)
+class TemporalSamplingConfig:
+    """The schedule of the temporal weights.
+
+    Attributes:
+        ist_step: batches before it draw by ISG, batches from it by IST (0: IST throughout; K-Planes'
+            DyNeRF configurations switch at 50,000).
+    """
+
+    ist_step: int = 50_000
+
+    def __post_init__(self) -> None:
+        problems = range_problems({"ist_step": (self.ist_step, Range(0, integer=True))})
+        if problems:
+            raise ConfigError("loader: temporal sampling: " + "; ".join(problems))
+
+    def kind_at(self, step: int) -> str:
+        """The weights batch ``step`` draws by: ``"isg"`` or ``"ist"``."""
+        return "isg" if step < self.ist_step else "ist"
+
+
+class TemporalDraw(NamedTuple):
+    """``n`` drawn rays: ``frame``, ``y``, ``x`` (n,) int64 (pixels of the full frame), ``prob`` (n,)
+    float64, the probability of that (frame, pixel), and ``kind``, the weights drawn by."""
+
+    frame: np.ndarray
+    y: np.ndarray
+    x: np.ndarray
+    prob: np.ndarray
+    kind: str
+
+
+def row_masses(weights: np.ndarray) -> np.ndarray:
+    """(F, h, w) float16 -> (F, h) float64: each frame's row sums (exact; frames may come one at a time,
+    as (1, h, w), and be stacked)."""
+    return np.asarray(weights, np.float64).sum(axis=-1)
+
+
+class TemporalSampler:
+    """Exact draws of (frame, pixel) by the temporal weights (see the module).
+
+    Args:
+        rows: per kind (``"isg"``, ``"ist"``), the (F, h) float64 row masses of every frame
+            (:func:`row_masses`), frames in the order the callable numbers them.
+        weights: ``weights(kind, frame)`` -> (h, w) float16, that frame's weights of that kind.
+        width: ``w``, the weights' columns.
+        factor: the weights' level (a weight pixel is a ``factor`` x ``factor`` block of its frame).
+        config: the schedule; ``seed``: the draws' seed.
+    """
+
+    def __init__(self, rows: Mapping[str, np.ndarray], weights: Callable[[str, int], np.ndarray],
+                 width: int, factor: int = 1, config: TemporalSamplingConfig | None = None,
+                 seed: int = 0) -> None:  # fmt: skip
+        self.config = TemporalSamplingConfig() if config is None else config
+        self.weights, self.width, self.factor = weights, int(width), int(factor)
+        self._key = np.random.SeedSequence([seed, _TAG_TEMPORAL]).generate_state(2, np.uint64)
+        self._cdf: dict[str, np.ndarray] = {}
+        shapes = {np.shape(rows[kind]) for kind in TEMPORAL_KINDS if kind in rows}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise SourceError(f"temporal weights: expected row masses (F, h) of one shape, got {shapes}")
+        self.frames, self.height = next(iter(shapes))
+        for kind in TEMPORAL_KINDS:
+            if kind in rows:
+                cdf = np.cumsum(np.asarray(rows[kind], np.float64).reshape(-1))
+                if not cdf[-1] > 0:
+                    raise SourceError(f"temporal weights: the {kind.upper()} weights are all zero")
+                self._cdf[kind] = cdf
+
+    def rng(self, step: int) -> np.random.Generator:
+        """Batch ``step``'s generator: Philox keyed by the seed, ``step`` in its counter."""
+        return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, 0, step]))
+
+    def draw(self, step: int, n: int) -> TemporalDraw:
+        """``n`` rays of batch ``step``, by the weights the schedule names for it."""
+        kind = self.config.kind_at(step)
+        if kind not in self._cdf:
+            raise ConfigError(f"loader: temporal sampling: batch {step} draws by {kind.upper()}, not given")
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"loader: temporal sampling: expected a positive number of rays, got {n!r}")
+        rng, cdf, h, w = self.rng(step), self._cdf[kind], self.height, self.width
+        frame = draw_groups(cdf[h - 1 :: h], rng.random(n))  # a frame by its mass
+        y = draw_within(cdf, h, frame, rng.random(n))  # a row by the frame's row masses
+        gathered = np.empty((n, w), np.float64)
+        order = np.argsort(frame, kind="stable")
+        starts = np.flatnonzero(np.diff(frame[order], prepend=-1))
+        for group in np.split(order, starts[1:]):  # one read per drawn frame
+            gathered[group] = self._frame(kind, int(frame[group[0]]))[y[group]]
+        x = draw_within(np.cumsum(gathered), w, np.arange(n), rng.random(n))  # a pixel by the row's weights
+        prob = gathered[np.arange(n), x] / cdf[-1] / self.factor**2
+        if self.factor > 1:
+            y = y * self.factor + rng.integers(0, self.factor, n)
+            x = x * self.factor + rng.integers(0, self.factor, n)
+        return TemporalDraw(frame, y, x, prob, kind)
+
+    def _frame(self, kind: str, frame: int) -> np.ndarray:
+        weights = np.asarray(self.weights(kind, frame))
+        if weights.shape != (self.height, self.width):
+            raise SourceError(f"temporal weights: frame {frame}: expected {kind.upper()} weights of shape "
+                              f"{(self.height, self.width)}, got {weights.shape}")  # fmt: skip
+        return weights
