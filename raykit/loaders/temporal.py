@@ -69,7 +69,7 @@ class TemporalDraw(NamedTuple):
 def row_masses(weights: np.ndarray) -> np.ndarray:
     """(F, h, w) float16 -> (F, h) float64: each frame's row sums (exact; frames may come one at a time,
     as (1, h, w), and be stacked)."""
-    return np.asarray(weights, np.float64).sum(axis=-1)
+    return np.asarray(weights).sum(axis=-1, dtype=np.float64)  # cast in buffers, not as a whole
 
 
 class TemporalSampler:
