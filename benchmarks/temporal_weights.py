@@ -9,7 +9,9 @@ background, a moving and colour-changing rectangle, a flickering patch, mild noi
 frames x 676 x 507); the weights are then dropped (a converter hands them to the store's writer),
 keeping each frame's row masses, what the sampler holds (``raykit.loaders.temporal``). ``--cameras``
 fewer than 20 measures those and extrapolates the time per camera (the memory does not grow with
-cameras).
+cameras). Then ``--draws`` batches of 4096 rays are drawn by ``TemporalSampler`` over every frame's
+row masses (ISG, then IST), the drawn rows' weights gathered from the last camera's weights, kept in
+memory (a stand-in for a store's rows: the draw's own cost, no reads).
 
     python benchmarks/temporal_weights.py                       # 20 cameras
     python benchmarks/temporal_weights.py --cameras 3           # extrapolated to 20
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start_rss = rss()
     per_camera, weight_bytes, weight_count = [], 0, 0
     rows: dict[str, list[np.ndarray]] = {"isg": [], "ist": []}
+    last: dict[str, np.ndarray] = {}
     for camera in range(args.cameras):
         clock = [0.0]
         start = time.perf_counter()
@@ -80,8 +83,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "peak_rss_mib": round(peak_rss() / 2**20, 1)})  # fmt: skip
         print(f"camera {camera}: {seconds:.1f} s ({clock[0]:.1f} s making frames), "
               f"peak RSS {peak_rss() / 2**20:.0f} MiB", flush=True)  # fmt: skip
+        last = {"isg": out.isg, "ist": out.ist}
         del out
     h, w = height // args.factor, width // args.factor
+    draw_ms = draw_cost(rows, last, args.draws, args.factor)
     seconds = sum(c["seconds"] for c in per_camera)
     scale = N3DV_CAMERAS / args.cameras
     row_bytes = sum(sum(r.nbytes for r in kind_rows) for kind_rows in rows.values())
@@ -103,6 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_bytes": peak_rss(),
         "rss_at_start_bytes": start_rss,
         "per_camera": per_camera,
+        "draw_ms_per_4096": draw_ms,
         "n3dv_20_cameras": {
             "extrapolated": args.cameras != N3DV_CAMERAS,
             "seconds": round(seconds * scale, 1),
@@ -119,6 +125,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def draw_cost(rows: dict[str, list[np.ndarray]], last: dict[str, np.ndarray], draws: int, factor: int
+              ) -> dict[str, float]:  # fmt: skip
+    """Median milliseconds of one batch of 4096 rays drawn by each kind over every frame's row masses."""
+    from raykit.loaders.temporal import TemporalSampler, TemporalSamplingConfig
+
+    frames = len(last["isg"])
+    masses = {kind: np.concatenate(kind_rows) for kind, kind_rows in rows.items()}
+    sampler = TemporalSampler(masses, lambda kind, f, y: last[kind][f % frames, y], last["isg"].shape[2],
+                              factor, TemporalSamplingConfig(ist_step=draws), seed=0)  # fmt: skip
+    times: dict[str, list[float]] = {"isg": [], "ist": []}
+    for step in range(2 * draws):
+        start = time.perf_counter()
+        kind = sampler.draw(step, 4096).kind
+        times[kind].append(1e3 * (time.perf_counter() - start))
+    return {kind: round(float(np.median(t)), 2) for kind, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -127,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--size", type=int, nargs=2, default=(1352, 1014), metavar=("W", "H"))
     parser.add_argument("--factor", type=int, default=2)
+    parser.add_argument("--draws", type=int, default=50, help="batches of 4096 drawn by each kind")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "temporal_weights.json")
     args = parser.parse_args(argv)
     report = {"command": command_line(), "machine": describe(), **run(args)}

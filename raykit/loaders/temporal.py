@@ -7,8 +7,9 @@ A draw takes three levels, each by exact cumulated masses (the loss sampler's tw
 twice): a frame by its mass, a row of it by the frame's row masses, a pixel of the row by the row's
 weights. The product is the frame's CDF over its pixels: no subset, no cap on the number of weights. It
 holds the row masses of every frame (``F * h`` float64 per kind: 24 MB for 6,000 frames of 507 rows)
-and reads the drawn frames' weights through a callable, one frame at a time. Sums of float16 weights
-are exact in float64, so each frame's mass is the sum of its rows'.
+and reads only the drawn rows' weights, through a callable (a memory map, a store component chunked by
+rows, an array). Sums of float16 weights are exact in float64 (below 2^29 in all), so each frame's mass
+is the sum of its rows'.
 
 A drawn weight pixel ``(y, x)`` stands for a ``factor`` x ``factor`` block of the frame; the ray's pixel
 is uniform within the block (``prob`` divided by ``factor²``); rows and columns past the last whole block
@@ -78,13 +79,15 @@ class TemporalSampler:
     Args:
         rows: per kind (``"isg"``, ``"ist"``), the (F, h) float64 row masses of every frame
             (:func:`row_masses`), frames in the order the callable numbers them.
-        weights: ``weights(kind, frame)`` -> (h, w) float16, that frame's weights of that kind.
+        weights: ``weights(kind, frame, row)`` -> (n, w) float16: row ``row[i]`` of frame ``frame[i]``'s
+            weights of that kind, for (n,) int64 ``frame`` and ``row``.
         width: ``w``, the weights' columns.
         factor: the weights' level (a weight pixel is a ``factor`` x ``factor`` block of its frame).
         config: the schedule; ``seed``: the draws' seed.
     """
 
-    def __init__(self, rows: Mapping[str, np.ndarray], weights: Callable[[str, int], np.ndarray],
+    def __init__(self, rows: Mapping[str, np.ndarray],
+                 weights: Callable[[str, np.ndarray, np.ndarray], np.ndarray],
                  width: int, factor: int = 1, config: TemporalSamplingConfig | None = None,
                  seed: int = 0) -> None:  # fmt: skip
         self.config = TemporalSamplingConfig() if config is None else config
@@ -116,21 +119,13 @@ class TemporalSampler:
         rng, cdf, h, w = self.rng(step), self._cdf[kind], self.height, self.width
         frame = draw_groups(cdf[h - 1 :: h], rng.random(n))  # a frame by its mass
         y = draw_within(cdf, h, frame, rng.random(n))  # a row by the frame's row masses
-        gathered = np.empty((n, w), np.float64)
-        order = np.argsort(frame, kind="stable")
-        starts = np.flatnonzero(np.diff(frame[order], prepend=-1))
-        for group in np.split(order, starts[1:]):  # one read per drawn frame
-            gathered[group] = self._frame(kind, int(frame[group[0]]))[y[group]]
+        gathered = np.asarray(self.weights(kind, frame, y), np.float64)  # the drawn rows' weights
+        if gathered.shape != (n, w):
+            raise SourceError(f"temporal weights: expected {kind.upper()} rows of shape {(n, w)}, got "
+                              f"{gathered.shape}")  # fmt: skip
         x = draw_within(np.cumsum(gathered), w, np.arange(n), rng.random(n))  # a pixel by the row's weights
         prob = gathered[np.arange(n), x] / cdf[-1] / self.factor**2
         if self.factor > 1:
             y = y * self.factor + rng.integers(0, self.factor, n)
             x = x * self.factor + rng.integers(0, self.factor, n)
         return TemporalDraw(frame, y, x, prob, kind)
-
-    def _frame(self, kind: str, frame: int) -> np.ndarray:
-        weights = np.asarray(self.weights(kind, frame))
-        if weights.shape != (self.height, self.width):
-            raise SourceError(f"temporal weights: frame {frame}: expected {kind.upper()} weights of shape "
-                              f"{(self.height, self.width)}, got {weights.shape}")  # fmt: skip
-        return weights

@@ -102,7 +102,7 @@ def _sampler(capture: np.ndarray, config: TemporalWeightsConfig, factor: int, is
     twins = [twin_weights(frames, config) for frames in capture]
     target = {kind: np.concatenate([t[i] for t in twins]).astype(np.float64) for i, kind in enumerate(stored)}
     rows = {kind: row_masses(weights) for kind, weights in stored.items()}
-    sampler = TemporalSampler(rows, lambda kind, f: stored[kind][f], stored["isg"].shape[2], factor,
+    sampler = TemporalSampler(rows, lambda kind, f, y: stored[kind][f, y], stored["isg"].shape[2], factor,
                               TemporalSamplingConfig(ist_step=ist_step), seed=7)  # fmt: skip
     return sampler, {kind: p / p.sum() for kind, p in target.items()}
 
@@ -130,7 +130,7 @@ def test_draws_match_the_twins_distribution_and_not_a_wrong_one() -> None:
 
 
 def test_draws_are_seeded_and_blocks_are_uniform() -> None:
-    capture = moving_capture(1, 6, 8, 8, seed=5)
+    capture, ist = moving_capture(1, 6, 8, 8, seed=5), TemporalSamplingConfig(ist_step=0)
     sampler, target = _sampler(capture, TemporalWeightsConfig(shift=2, factor=2), factor=2, ist_step=0)
     a, b = sampler.draw(3, 20_000), sampler.draw(3, 20_000)
     assert all(np.array_equal(u, v) for u, v in zip(a[:4], b[:4], strict=True))
@@ -143,3 +143,11 @@ def test_draws_are_seeded_and_blocks_are_uniform() -> None:
     assert chi_square_p(counts, np.full(4, len(within) / 4)) > 1e-4
     with pytest.raises(ConfigError, match="positive number of rays"):
         sampler.draw(0, 0)
+    with pytest.raises(ConfigError, match="batch 0 draws by ISG, not given"):
+        TemporalSampler({"ist": np.ones((2, 3))}, lambda kind, f, y: np.ones((len(f), 4)), 4).draw(0, 5)
+    with pytest.raises(SourceError, match=r"expected IST rows of shape \(5, 4\), got \(5, 3\)"):
+        TemporalSampler(
+            {"ist": np.ones((2, 3))}, lambda kind, f, y: np.ones((len(f), 3)), 4, config=ist
+        ).draw(0, 5)
+    with pytest.raises(SourceError, match="the ISG weights are all zero"):
+        TemporalSampler({"isg": np.zeros((2, 3))}, lambda kind, f, y: np.ones((len(f), 4)), 4)
