@@ -9,7 +9,8 @@ weights. The product is the frame's CDF over its pixels: no subset, no cap on th
 holds the row masses of every frame (``F * h`` float64 per kind: 24 MB for 6,000 frames of 507 rows)
 and reads only the drawn rows' weights, through a callable (a memory map, a store component chunked by
 rows, an array). Sums of float16 weights are exact in float64 (below 2^29 in all), so each frame's mass
-is the sum of its rows'.
+is the sum of its rows'. A draw holds the gathered rows of at most ``ROWS_BYTES`` at once, so it may
+draw many batches' rays in one call (e.g. rays to be sorted by frame, each frame then read once).
 
 A drawn weight pixel ``(y, x)`` stands for a ``factor`` x ``factor`` block of the frame; the ray's pixel
 is uniform within the block (``prob`` divided by ``factor²``); rows and columns past the last whole block
@@ -29,9 +30,17 @@ from raykit.errors import ConfigError, SourceError
 from raykit.loaders.sampling import draw_groups, draw_within
 from raykit.ranges import Range, range_problems
 
-__all__ = ["TEMPORAL_KINDS", "TemporalDraw", "TemporalSampler", "TemporalSamplingConfig", "row_masses"]
+__all__ = [
+    "ROWS_BYTES",
+    "TEMPORAL_KINDS",
+    "TemporalDraw",
+    "TemporalSampler",
+    "TemporalSamplingConfig",
+    "row_masses",
+]
 
 TEMPORAL_KINDS = ("isg", "ist")
+ROWS_BYTES = 32 * 2**20  # the drawn rows' weights (float64) gathered at once
 _TAG_TEMPORAL = 58
 
 
@@ -119,12 +128,17 @@ class TemporalSampler:
         rng, cdf, h, w = self.rng(step), self._cdf[kind], self.height, self.width
         frame = draw_groups(cdf[h - 1 :: h], rng.random(n))  # a frame by its mass
         y = draw_within(cdf, h, frame, rng.random(n))  # a row by the frame's row masses
-        gathered = np.asarray(self.weights(kind, frame, y), np.float64)  # the drawn rows' weights
-        if gathered.shape != (n, w):
-            raise SourceError(f"temporal weights: expected {kind.upper()} rows of shape {(n, w)}, got "
-                              f"{gathered.shape}")  # fmt: skip
-        x = draw_within(np.cumsum(gathered), w, np.arange(n), rng.random(n))  # a pixel by the row's weights
-        prob = gathered[np.arange(n), x] / cdf[-1] / self.factor**2
+        u, x, prob = rng.random(n), np.empty(n, np.int64), np.empty(n, np.float64)
+        chunk = max(1, ROWS_BYTES // (8 * w))
+        for a in range(0, n, chunk):  # a pixel by the row's weights, rows gathered a chunk at a time
+            b = min(n, a + chunk)
+            gathered = np.asarray(self.weights(kind, frame[a:b], y[a:b]), np.float64)
+            if gathered.shape != (b - a, w):
+                raise SourceError(f"temporal weights: expected {kind.upper()} rows of shape {(b - a, w)}, "
+                                  f"got {gathered.shape}")  # fmt: skip
+            x[a:b] = draw_within(np.cumsum(gathered), w, np.arange(b - a), u[a:b])
+            prob[a:b] = gathered[np.arange(b - a), x[a:b]]
+        prob /= cdf[-1] * self.factor**2
         if self.factor > 1:
             y = y * self.factor + rng.integers(0, self.factor, n)
             x = x * self.factor + rng.integers(0, self.factor, n)
