@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, list[np.ndarray]] = {"isg": [], "ist": []}
     last: dict[str, np.ndarray] = {}
     for camera in range(args.cameras):
+        last.clear()  # the previous camera's weights go before the next ones are computed
         clock = [0.0]
         start = time.perf_counter()
         out = temporal_weights(camera_frames(camera, args.frames, height, width, clock), config)
