@@ -11,7 +11,8 @@ keeping each frame's row masses, what the sampler holds (``raykit.loaders.tempor
 fewer than 20 measures those and extrapolates the time per camera (the memory does not grow with
 cameras). Then ``--draws`` batches of 4096 rays are drawn by ``TemporalSampler`` over every frame's
 row masses (ISG, then IST), the drawn rows' weights gathered from the last camera's weights, kept in
-memory (a stand-in for a store's rows: the draw's own cost, no reads).
+memory (a stand-in for a store's rows: the draw's own cost, no reads); and 2048 batches' rays at once
+by ``draw_by_frame`` (sorted by frame, each frame's weights read once), per 4096 rays.
 
     python benchmarks/temporal_weights.py                       # 20 cameras
     python benchmarks/temporal_weights.py --cameras 3           # extrapolated to 20
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parent
 N3DV_CAMERAS = 20
 KPLANES_WEIGHTS = 1.95e9  # K-Planes issue 29: ISG weights of one N3DV scene, float32, all in RAM
 KPLANES_OOM_BYTES = 123e9  # the RAM K-Planes was killed at
+BY_FRAME = 2048  # batches of 4096 rays drawn at once by draw_by_frame
 
 
 def camera_frames(camera: int, frames: int, height: int, width: int, clock: list[float]
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         last = {"isg": out.isg, "ist": out.ist}
         del out
     h, w = height // args.factor, width // args.factor
+    peak_weights = peak_rss()
     draw_ms = draw_cost(rows, last, args.draws, args.factor)
     seconds = sum(c["seconds"] for c in per_camera)
     scale = N3DV_CAMERAS / args.cameras
@@ -106,6 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(seconds, 1),
         "seconds_per_camera": round(seconds / args.cameras, 2),
         "making_frames_s": round(sum(c["making_frames_s"] for c in per_camera), 1),
+        "peak_rss_weights_bytes": peak_weights,
         "peak_rss_bytes": peak_rss(),
         "rss_at_start_bytes": start_rss,
         "per_camera": per_camera,
@@ -135,11 +139,15 @@ def draw_cost(rows: dict[str, list[np.ndarray]], last: dict[str, np.ndarray], dr
     masses = {kind: np.concatenate(kind_rows) for kind, kind_rows in rows.items()}
     sampler = TemporalSampler(masses, lambda kind, f, y: last[kind][f % frames, y], last["isg"].shape[2],
                               factor, TemporalSamplingConfig(ist_step=draws), seed=0)  # fmt: skip
-    times: dict[str, list[float]] = {"isg": [], "ist": []}
+    times: dict[str, list[float]] = {"isg": [], "ist": [], "isg_by_frame": [], "ist_by_frame": []}
     for step in range(2 * draws):
         start = time.perf_counter()
         kind = sampler.draw(step, 4096).kind
         times[kind].append(1e3 * (time.perf_counter() - start))
+    for step in (0, draws):  # BY_FRAME batches' rays at once, sorted by frame: per 4096 rays
+        start = time.perf_counter()
+        kind = sampler.draw_by_frame(step, BY_FRAME * 4096).kind
+        times[f"{kind}_by_frame"].append(1e3 * (time.perf_counter() - start) / BY_FRAME)
     return {kind: round(float(np.median(t)), 2) for kind, t in times.items()}
 
 

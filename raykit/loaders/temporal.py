@@ -9,8 +9,11 @@ weights. The product is the frame's CDF over its pixels: no subset, no cap on th
 holds the row masses of every frame (``F * h`` float64 per kind: 24 MB for 6,000 frames of 507 rows)
 and reads only the drawn rows' weights, through a callable (a memory map, a store component chunked by
 rows, an array). Sums of float16 weights are exact in float64 (below 2^29 in all), so each frame's mass
-is the sum of its rows'. A draw holds the gathered rows of at most ``ROWS_BYTES`` at once, so it may
-draw many batches' rays in one call (e.g. rays to be sorted by frame, each frame then read once).
+is the sum of its rows'. A draw holds the gathered rows of at most ``ROWS_BYTES`` at once. Its cost
+is ``O(w)`` a ray (the row's cumulated weights); for many batches' rays at once,
+:meth:`TemporalSampler.draw_by_frame` draws the same law with the rays sorted by frame, reading each
+drawn frame's weights once and drawing its pixels by the frame's whole CDF (``O(h w)`` a frame,
+``O(log(h w))`` a ray).
 
 A drawn weight pixel ``(y, x)`` stands for a ``factor`` x ``factor`` block of the frame; the ray's pixel
 is uniform within the block (``prob`` divided by ``factor²``); rows and columns past the last whole block
@@ -120,30 +123,58 @@ class TemporalSampler:
         return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, 0, step]))
 
     def draw(self, step: int, n: int) -> TemporalDraw:
-        """``n`` rays of batch ``step``, by the weights the schedule names for it."""
-        kind = self.config.kind_at(step)
-        if kind not in self._cdf:
-            raise ConfigError(f"loader: temporal sampling: batch {step} draws by {kind.upper()}, not given")
-        if not isinstance(n, int) or n < 1:
-            raise ConfigError(f"loader: temporal sampling: expected a positive number of rays, got {n!r}")
-        rng, cdf, h, w = self.rng(step), self._cdf[kind], self.height, self.width
+        """``n`` rays of batch ``step``, by the weights the schedule names for it (a row read per ray)."""
+        kind, rng, cdf = self._start(step, n)
+        h, w = self.height, self.width
         frame = draw_groups(cdf[h - 1 :: h], rng.random(n))  # a frame by its mass
         y = draw_within(cdf, h, frame, rng.random(n))  # a row by the frame's row masses
         u, x, prob = rng.random(n), np.empty(n, np.int64), np.empty(n, np.float64)
         chunk = max(1, ROWS_BYTES // (8 * w))
         for a in range(0, n, chunk):  # a pixel by the row's weights, rows gathered a chunk at a time
-            b = min(n, a + chunk)
-            gathered = _float64(self.weights(kind, frame[a:b], y[a:b]))
-            if gathered.shape != (b - a, w):
-                raise SourceError(f"temporal weights: expected {kind.upper()} rows of shape {(b - a, w)}, "
-                                  f"got {gathered.shape}")  # fmt: skip
-            x[a:b] = draw_within(np.cumsum(gathered), w, np.arange(b - a), u[a:b])
-            prob[a:b] = gathered[np.arange(b - a), x[a:b]]
-        prob /= cdf[-1] * self.factor**2
+            gathered = self._rows(kind, frame[a : a + chunk], y[a : a + chunk])
+            x[a : a + chunk] = draw_within(np.cumsum(gathered), w, np.arange(len(gathered)), u[a : a + chunk])
+            prob[a : a + chunk] = gathered[np.arange(len(gathered)), x[a : a + chunk]]
+        return self._finish(kind, frame, y, x, prob / cdf[-1], rng)
+
+    def draw_by_frame(self, step: int, n: int) -> TemporalDraw:
+        """``n`` rays of batch ``step`` by the same law as :meth:`draw`, sorted by frame: each drawn
+        frame's weights read once, a pixel drawn by the frame's whole CDF. For many batches' rays at
+        once (each frame's colours then read once too, the rays shuffled after)."""
+        kind, rng, cdf = self._start(step, n)
+        h, w = self.height, self.width
+        frame = np.sort(draw_groups(cdf[h - 1 :: h], rng.random(n)))  # a frame by its mass
+        u, pixel, prob = rng.random(n), np.empty(n, np.int64), np.empty(n, np.float64)
+        frames, starts, counts = np.unique(frame, return_index=True, return_counts=True)
+        for f, a, k in zip(frames.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            weights = self._rows(kind, np.full(h, f), np.arange(h)).reshape(-1)
+            pixel[a : a + k] = draw_within(np.cumsum(weights), h * w, np.zeros(k, np.int64), u[a : a + k])
+            prob[a : a + k] = weights[pixel[a : a + k]]
+        y, x = np.divmod(pixel, w)
+        return self._finish(kind, frame, y, x, prob / cdf[-1], rng)
+
+    def _start(self, step: int, n: int) -> tuple[str, np.random.Generator, np.ndarray]:
+        kind = self.config.kind_at(step)
+        if kind not in self._cdf:
+            raise ConfigError(f"loader: temporal sampling: batch {step} draws by {kind.upper()}, not given")
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"loader: temporal sampling: expected a positive number of rays, got {n!r}")
+        return kind, self.rng(step), self._cdf[kind]
+
+    def _rows(self, kind: str, frame: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """(n, w) float64: the weights of rows ``row`` of frames ``frame``."""
+        gathered = _float64(self.weights(kind, frame, row))
+        if gathered.shape != (len(frame), self.width):
+            raise SourceError(f"temporal weights: expected {kind.upper()} rows of shape "
+                              f"{(len(frame), self.width)}, got {gathered.shape}")  # fmt: skip
+        return gathered
+
+    def _finish(self, kind: str, frame: np.ndarray, y: np.ndarray, x: np.ndarray, prob: np.ndarray,
+                rng: np.random.Generator) -> TemporalDraw:  # fmt: skip
+        """The draw in the frame's pixels: a pixel uniform within each drawn weight pixel's block."""
         if self.factor > 1:
-            y = y * self.factor + rng.integers(0, self.factor, n)
-            x = x * self.factor + rng.integers(0, self.factor, n)
-        return TemporalDraw(frame, y, x, prob, kind)
+            y = y * self.factor + rng.integers(0, self.factor, len(y))
+            x = x * self.factor + rng.integers(0, self.factor, len(x))
+        return TemporalDraw(frame, y, x, prob / self.factor**2, kind)
 
 
 def _float64(values: np.ndarray) -> np.ndarray:

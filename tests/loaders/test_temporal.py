@@ -108,12 +108,13 @@ def _sampler(capture: np.ndarray, config: TemporalWeightsConfig, factor: int, is
     return sampler, {kind: p / p.sum() for kind, p in target.items()}
 
 
-def test_draws_match_the_twins_distribution_and_not_a_wrong_one() -> None:
+@pytest.mark.parametrize("method", ["draw", "draw_by_frame"])
+def test_draws_match_the_twins_distribution_and_not_a_wrong_one(method: str) -> None:
     capture = moving_capture(2, 8, 6, 5, seed=3)  # 16 frames x 30 pixels = 480 cells
     sampler, target = _sampler(capture, TemporalWeightsConfig(shift=2, factor=1), factor=1, ist_step=2)
     n, shape = 100_000, target["isg"].shape
     for step, kind in ((0, "isg"), (1, "isg"), (2, "ist"), (9, "ist")):
-        draw = sampler.draw(step, n)
+        draw = getattr(sampler, method)(step, n)
         assert draw.kind == kind
         cell = np.ravel_multi_index((draw.frame, draw.y, draw.x), shape)
         observed = np.bincount(cell, minlength=target[kind].size).astype(np.float64)
@@ -124,7 +125,7 @@ def test_draws_match_the_twins_distribution_and_not_a_wrong_one() -> None:
         uniform = np.full(p.size, n / p.size)
         assert chi_square_p(observed, uniform) < 1e-12  # the test has the power to reject a wrong law
     other = TemporalWeightsConfig(shift=2, factor=1, gamma=0.2)  # a near miss: another gamma's ISG
-    draw = sampler.draw(0, n)
+    draw = getattr(sampler, method)(0, n)
     near = _sampler(capture, other, 1, 10)[1]["isg"].reshape(-1)
     cell = np.ravel_multi_index((draw.frame, draw.y, draw.x), shape)
     assert chi_square_p(np.bincount(cell, minlength=near.size).astype(np.float64), n * near) < 1e-12
@@ -138,6 +139,10 @@ def test_draws_are_seeded_and_blocks_are_uniform(monkeypatch: pytest.MonkeyPatch
     b = sampler.draw(3, 20_000)
     assert all(np.array_equal(u, v) for u, v in zip(a[:4], b[:4], strict=True))
     assert not np.array_equal(a.frame, sampler.draw(4, 20_000).frame)
+    c = sampler.draw_by_frame(3, 20_000)  # the same law, sorted by frame, each frame read once
+    assert (np.diff(c.frame) >= 0).all() and c.y.max() < 8 and c.x.max() < 8
+    cell_c = np.ravel_multi_index((c.frame, c.y // 2, c.x // 2), target["ist"].shape)
+    np.testing.assert_allclose(c.prob, target["ist"].reshape(-1)[cell_c] / 4, rtol=2e-3)
     assert a.y.max() < 8 and a.x.max() < 8 and a.y.min() >= 0
     cell = np.ravel_multi_index((a.frame, a.y // 2, a.x // 2), target["ist"].shape)
     np.testing.assert_allclose(a.prob, target["ist"].reshape(-1)[cell] / 4, rtol=2e-3)
