@@ -93,7 +93,8 @@ class TemporalSampler:
         rows: per kind (``"isg"``, ``"ist"``), the (F, h) float64 row masses of every frame
             (:func:`row_masses`), frames in the order the callable numbers them.
         weights: ``weights(kind, frame, row)`` -> (n, w) float16: row ``row[i]`` of frame ``frame[i]``'s
-            weights of that kind, for (n,) int64 ``frame`` and ``row``.
+            weights of that kind, for (n,) int64 ``frame`` and ``row`` (``draw_by_frame`` asks for one
+            frame's rows ``0 .. h-1`` at a time).
         width: ``w``, the weights' columns.
         factor: the weights' level (a weight pixel is a ``factor`` x ``factor`` block of its frame).
         config: the schedule; ``seed``: the draws' seed.
