@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ranges", "lazy", "safe_io", "resample"),
     ("errors", "fileio", "options", "progress", "imagedecode", "ordered", "version", "recorder"),
     ("locks", "report"),
-    ("conventions", "camera_models", "metrics"),
+    ("conventions", "camera_models", "metrics", "temporal_weights"),
     ("cameras", "pixel_layout"),
     ("ray_directions", "camera_json", "image_geometry", "ray_batch"),
     ("rays",),

@@ -354,6 +354,21 @@ def _reduce_mean(*arrays: np.ndarray) -> int:
     return int(dist.get_world_size())
 
 
+def draw_groups(ends: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Level 1 of the two-level draw: a group by its mass (``ends``: the groups' cumulated masses, float64;
+    ``u``: uniform in [0, 1)); a group of zero mass is never drawn."""
+    return np.minimum(np.searchsorted(ends, u * ends[-1], side="right"), len(ends) - 1)
+
+
+def draw_within(cdf: np.ndarray, per: int, j: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Level 2: an item (``0 <= item < per``) of each group ``j`` by the group's masses, where ``cdf``
+    cumulates the masses of groups of ``per`` items, group after group (``u``: uniform in [0, 1))."""
+    ends = cdf[per - 1 :: per]
+    first = np.where(j > 0, ends[np.maximum(j - 1, 0)], 0.0)
+    item = np.searchsorted(cdf, first + u * (ends[j] - first), side="right")
+    return np.clip(item - j * per, 0, per - 1)
+
+
 class LossSampler:
     """The ``loss`` sampling stage of one rank: draws from resident rays by the map (see the module)."""
 
@@ -388,14 +403,9 @@ class LossSampler:
         cdf = self._window_cdf(snap, images)  # the images' cells' masses, cumulated image after image
         ends_mass = cdf[cells_per - 1 :: cells_per]  # each image's cumulated error mass
         total = float(ends_mass[-1])
-        # level 1: an image by its error mass
-        j = np.minimum(
-            np.searchsorted(ends_mass, rng.random(n - n_uniform) * total, side="right"), len(images) - 1
-        )
-        first = np.where(j > 0, ends_mass[np.maximum(j - 1, 0)], 0.0)
+        j = draw_groups(ends_mass, rng.random(n - n_uniform))  # level 1: an image by its error mass
         # level 2: a cell by that image's cumulated masses, then a pixel uniformly in the cell
-        cell = np.searchsorted(cdf, first + rng.random(len(j)) * (ends_mass[j] - first), side="right")
-        cell = np.clip(cell - j * cells_per, 0, cells_per - 1)
+        cell = draw_within(cdf, cells_per, j, rng.random(len(j)))
         image_u, pixel_u = images[at], u - (ends[at] - sizes[at])
         picked = geometry.pixels_in_cells(images[j], cell, snap.side, rng)
         image_all, pixel_all = np.concatenate([image_u, images[j]]), np.concatenate([pixel_u, picked])
