@@ -23,6 +23,7 @@ from raykit.store import (
     COMPONENT_DTYPES,
     DEFAULT_CHUNK_RAYS,
     DEFAULT_SHARD_CHUNKS,
+    IMAGE_CODECS,
     LAYOUTS,
     RGBA_CODEC,
     RGBA_CODECS,
@@ -114,12 +115,19 @@ class ConvertConfig:
         "rays: pre-shuffled rays; images: the encoded images, shuffled at load time",
         choices=LAYOUTS,
     )
+    image_codec: str = option(
+        IMAGE_CODECS[0],
+        "images layout: how images are stored that do not pass through as their source JPEG/PNG (video "
+        "frames, other formats): webp (lossless), png (lossless) or jpeg (quality 95, lossy: the decoded "
+        "JPEG's pixels are the store's)",
+        choices=IMAGE_CODECS,
+    )
     progress: bool = option(True, "progress bars")
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
 
     def store_options(self) -> dict[str, Any]:
         """How the store is written: keywords of :func:`raykit.store.write_store`."""
-        names = ("layout", "backend", "chunk_rays", "shard_chunks", "seed", "rgba_codec")
+        names = ("layout", "backend", "chunk_rays", "shard_chunks", "seed", "rgba_codec", "image_codec")
         return {name: getattr(self, name) for name in names}
 
     def video_options(self) -> dict[str, Any]:

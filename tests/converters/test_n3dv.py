@@ -18,21 +18,9 @@ from raykit.converters.video import _READERS, VideoFrame
 from raykit.errors import ConfigError, SourceError
 from raykit.loaders import image_rays
 from raykit.store import open_store
-from raykit.testing.dynamic import render_dynamic, rgb_over_white, write_n3dv, write_video
+from raykit.testing.dynamic import rgb_over_white, write_video
 
 TOLERANCE = 1  # colour levels: libx264rgb at crf 0 is lossless (rgb24 in, rgb24 out)
-
-
-@pytest.fixture(scope="module")
-def n3dv(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("n3dv")
-    scene = render_dynamic(own_intrinsics=-1)
-    capture = write_n3dv(scene, root / "capture")
-    return {
-        "scene": scene,
-        "capture": capture,
-        "store": convert(capture, root / "rays.zarr", chunk_rays=1024),
-    }
 
 
 def _llff_rays(row: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,11 +48,11 @@ def test_rays_times_and_splits_follow_the_capture(n3dv: dict[str, Any]) -> None:
     rows = np.load(n3dv["capture"] / "poses_bounds.npy")
     _check_rays(store, rows)
     table = store.table
-    expected = [f"cam{c:02d}/{f:05d}" for f in range(6) for c in range(4)]  # time-major
-    assert sorted(table.names) == sorted(expected)
+    train = [f"{f:05d}/cam{c:02d}" for f in range(6) for c in range(1, 4)]  # time-major, as decoded
+    assert table.names == train + [f"{f:05d}/cam00" for f in range(6)]
     rows_of = zip(table.names, table.splits, table.time, table.rig_camera, table.frame_index, strict=True)
     for name, split, t, cam, frame in rows_of:
-        assert name == f"cam{cam:02d}/{frame:05d}" and t == pytest.approx(frame / 5)
+        assert name == f"{frame:05d}/cam{cam:02d}" and t == pytest.approx(frame / 5)
         assert split == ("test" if cam == 0 else "train")
         assert image_rays(store, name).near[0] == pytest.approx(rows[cam, 15], rel=1e-6)
         view = next(
@@ -89,8 +77,8 @@ def test_frame_range_stride_test_camera_and_dropped_camera(n3dv: dict[str, Any],
     ]
     assert sorted(set(table.time.tolist())) == pytest.approx([0.2, 0.6])  # over the whole video: f / 5
     splits = dict(zip(table.names, table.splits, strict=True))
-    assert {s for n, s in splits.items() if n.startswith("cam02")} == {"test"}
-    assert {s for n, s in splits.items() if not n.startswith("cam02")} == {"train"}
+    assert {s for n, s in splits.items() if n.endswith("cam02")} == {"test"}
+    assert {s for n, s in splits.items() if not n.endswith("cam02")} == {"train"}
     _check_rays(store, np.load(n3dv["capture"] / "poses_bounds.npy"))
 
 
@@ -192,3 +180,28 @@ def test_cli_makes_detects_and_converts(tmp_path: Path, capsys: pytest.CaptureFi
     assert store.manifest["source"]["format"] == "n3dv" and len(store.table.names) == 6
     assert main(["convert", str(capture), str(tmp_path / "x"), "--drop-cameras", "cam00"]) == 2
     assert "raykit: error: drop_cameras: cam00 is the test camera" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("codec", "ext", "exact"), [("webp", "webp", True), ("png", "png", True), ("jpeg", "jpg", False)]
+)
+def test_frames_go_into_the_images_layout_through_the_codec_picked(
+    n3dv: dict[str, Any], tmp_path: Path, codec: str, ext: str, exact: bool
+) -> None:
+    from raykit.store import validate_store
+
+    store = convert(n3dv["capture"], tmp_path / "s.zarr", layout="images", image_codec=codec, frame_stop=2)
+    assert store.manifest["layout"]["image_codec"] == codec
+    assert set(store.index["train"]["image_format"]) == {ext}
+    assert validate_store(tmp_path / "s.zarr", deep=True) == []
+    rays = n3dv["store"]
+    errors = np.stack(
+        [
+            np.abs(store.read_image(name).astype(int) - rays.read_image(name).astype(int))
+            for name in store.table.names
+        ]
+    )
+    if exact:
+        assert errors.max() == 0
+    else:  # JPEG quality 95, 4:4:4, on sharp 32x32 frames
+        assert 0 < errors.mean() <= 3 and errors.max() <= 32
