@@ -5,8 +5,9 @@ with ``(H, W, focal)``, then near and far), one row per video in the order of ``
 Every video must have the same frame count and size. Frames are decoded with PyAV
 (:mod:`raykit.converters.video`), streaming: no frame is written to disk before the store.
 
-Each view is one frame of one camera, named ``camNN/FFFFF`` (``FFFFF`` the frame's index in its
-video), in time-major order; it carries ``camera_index = NN``, ``frame_index`` and
+Each view is one frame of one camera, named ``FFFFF/camNN`` (``FFFFF`` the frame's index in its
+video): the store's table order (split, then name) is time-major, the order its frames are decoded in;
+it carries ``camera_index = NN``, ``frame_index`` and
 ``time = frame_index / (frames - 1)``: normalised over the **whole** video, whatever frame range is
 converted, so a frame keeps its time in every conversion of the capture (and the times of a range are
 not stretched to [0, 1]). Options: the frame range ``[frame_start, frame_stop)`` and ``frame_stride``;
@@ -166,7 +167,7 @@ def parse_n3dv(
     last = max(first_info.frames - 1, 1)
     views = [
         SourceView(
-            f"{video.stem}/{f:05d}",
+            f"{f:05d}/{video.stem}",
             camera,
             c2w,
             video,
