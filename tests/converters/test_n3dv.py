@@ -205,3 +205,23 @@ def test_frames_go_into_the_images_layout_through_the_codec_picked(
         assert errors.max() == 0
     else:  # JPEG quality 95, 4:4:4, on sharp 32x32 frames
         assert 0 < errors.mean() <= 3 and errors.max() <= 32
+
+
+def test_each_video_is_decoded_once_in_order(
+    n3dv: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time-major table order and one forward-only decoder per video: with 4 threads, each video is
+    opened once to probe it and once to decode it, never again (no seeking back)."""
+    import av
+
+    opened: list[str] = []
+    real = av.open
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(str(path)).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(av, "open", counting)
+    convert(n3dv["capture"], tmp_path / "s.zarr", threads=4, layout="images")
+    assert sorted(opened) == sorted([f"cam{c:02d}.mp4" for c in range(4)] * 2)
+    assert not _READERS

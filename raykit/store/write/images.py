@@ -159,7 +159,10 @@ def write_images(job: PayloadWrite, spec: StoreSpec) -> RayStore:
     w, records_plan = open_write(job, spec)
     records = job.records
     partial = str(w.root)
-    staging = staging_area(partial, job.executor)
+    # the memory area holds the bytes of images with no source file to read again (video frames,
+    # copies): at most their raw size; past the budget they are staged in files (bounded memory)
+    held = sum(r.camera.width * r.camera.height * 3 for r in records if not os.path.isfile(r.source_path))
+    staging = staging_area(partial, job.executor, held <= spec.memory_staging_bytes)
     codec = spec.image_codec
     keys = [json_digest([entry, _TASK_FORMAT, codec]) for entry in records_plan]
     jobs = [ImageJob(partial, i, r, keys[i], staging, codec=codec) for i, r in enumerate(records)]
