@@ -225,3 +225,27 @@ def test_each_video_is_decoded_once_in_order(
     convert(n3dv["capture"], tmp_path / "s.zarr", threads=4, layout="images")
     assert sorted(opened) == sorted([f"cam{c:02d}.mp4" for c in range(4)] * 2)
     assert not _READERS
+
+
+def test_a_video_cut_short_fails_the_conversion_in_one_line(n3dv: dict[str, Any], tmp_path: Path) -> None:
+    """Its header (written first: ``faststart``) still says 6 frames; decoding finds fewer, in the
+    writer: one line for all its frames, nothing left behind."""
+    import av
+
+    def cut(capture: Path) -> None:
+        path = capture / "cam02.mp4"
+        with av.open(str(path), "w", options={"movflags": "faststart"}) as container:
+            stream = container.add_stream("libx264rgb", rate=30, options={"crf": "0"})
+            stream.pix_fmt, stream.width, stream.height = "rgb24", 32, 32
+            rng = np.random.default_rng(0)
+            for _ in range(6):
+                pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode())
+        path.write_bytes(path.read_bytes()[: int(path.stat().st_size * 0.6)])
+
+    problems = _bad(n3dv, tmp_path, cut)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{tmp_path / 'bad' / 'cam02.mp4'}: video ends after ")
+    assert problems[0].endswith(" frames; the conversion reads frames up to 5")
+    assert not (tmp_path / "out.zarr.partial").exists() and not _READERS
