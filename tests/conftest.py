@@ -73,3 +73,20 @@ def dnerf(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         out[f"{layout}_wds"] = root / f"{layout}.wds"  # the images one re-laid out from the rays store
         copy_store(out["rays"], out[f"{layout}_wds"], backend="wds", layout=layout)
     return out
+
+
+@pytest.fixture(scope="session")
+def n3dv(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The built-in dynamic scene (4 cameras x 6 times, 32x32, one shared camera) as a Neural 3D Video
+    capture and its rays-layout store: ``{"scene", "capture", "store"}`` (issue 58's video tests)."""
+    from raykit.converters import convert
+    from raykit.testing import render_dynamic, write_n3dv
+
+    root = tmp_path_factory.mktemp("n3dv")
+    scene = render_dynamic(own_intrinsics=-1)
+    capture = write_n3dv(scene, root / "capture")
+    return {
+        "scene": scene,
+        "capture": capture,
+        "store": convert(capture, root / "rays.zarr", chunk_rays=1024),
+    }

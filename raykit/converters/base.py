@@ -55,6 +55,9 @@ class SourceView(FrameTime):
             (nerfstudio ``mask_path``, ``depth_file_path``), at the image's resolution.
         depth_scale: the factor from the depth file's values to metres (``depth_unit_scale_factor``).
         metadata: JSON-able per-frame facts the converter keeps (``RayStore.frame_metadata``).
+        frame: for a view that is no image file of its own (a video's frame), a picklable callable
+            returning its pixels ``uint8 (H, W, 3|4)`` at the camera's size; ``image_path`` then names
+            the file they come from (in messages); None for an image file.
         time, camera_index, frame_index: when and by which rig camera (``raykit.store.FrameTime``).
     """
 
@@ -69,6 +72,7 @@ class SourceView(FrameTime):
     depth_path: Path | None = None
     depth_scale: float = 1e-3
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    frame: Callable[[], np.ndarray] | None = None
 
 
 @dataclass
@@ -76,7 +80,7 @@ class Capture:
     """A parsed capture: its views and, when the source has them, scene points in the source frame.
 
     Attributes:
-        source: format name (``colmap``, ``blender``, ``ngp``, ``llff``).
+        source: format name (``colmap``, ``blender``, ``ngp``, ``llff``, ``n3dv``).
         views: every image, in the source's order.
         points: (P, 3) float64 scene points (COLMAP points3D), or None.
         sparse: the same points with colour, error and track length (stored as the store's

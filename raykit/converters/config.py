@@ -14,6 +14,7 @@ from typing import Any
 
 from raykit.converters.downscale import DOWNSCALE_RULES
 from raykit.converters.exif import EXIF_POLICIES
+from raykit.converters.n3dv import N3DV_DEFAULTS
 from raykit.converters.normalize import NORMALIZE_MODES
 from raykit.options import option
 from raykit.poses import POSE_SOURCES
@@ -22,6 +23,7 @@ from raykit.store import (
     COMPONENT_DTYPES,
     DEFAULT_CHUNK_RAYS,
     DEFAULT_SHARD_CHUNKS,
+    IMAGE_CODECS,
     LAYOUTS,
     RGBA_CODEC,
     RGBA_CODECS,
@@ -29,7 +31,7 @@ from raykit.store import (
 
 __all__ = ["SOURCES", "ConvertConfig"]
 
-SOURCES = ("auto", "colmap", "blender", "ngp", "llff")
+SOURCES = ("auto", "colmap", "blender", "ngp", "llff", "n3dv")
 
 _SPLIT_HELP = (
     "auto | source | all | every:N | test=FILE[,val=FILE][,train=FILE] (auto: the source's own splits, "
@@ -73,6 +75,24 @@ class ConvertConfig:
         "EXIF orientation policy (auto: per image, the layout whose size matches its camera)",
         choices=EXIF_POLICIES,
     )
+    frame_start: int = option(N3DV_DEFAULTS["frame_start"], "n3dv: first video frame converted", metavar="F")
+    frame_stop: int | None = option(
+        N3DV_DEFAULTS["frame_stop"],
+        "n3dv: video frame to stop before (default: the video's end)",
+        metavar="F",
+    )
+    frame_stride: int = option(N3DV_DEFAULTS["frame_stride"], "n3dv: convert every N-th frame", metavar="N")
+    test_camera: str = option(
+        N3DV_DEFAULTS["test_camera"],
+        "n3dv: the camera whose frames are all test (others: train)",
+        metavar="CAM",
+    )
+    drop_cameras: str = option(
+        N3DV_DEFAULTS["drop_cameras"],
+        "n3dv: cameras left out, comma-separated (e.g. cam13, coffee_martini's unsynchronised one); "
+        "none unless named",
+        metavar="CAMS",
+    )
     near: float | None = option(None, "override every image's near bound (source units)")
     far: float | None = option(None, "override every image's far bound (source units)")
     chunk_rays: int = option(DEFAULT_CHUNK_RAYS, "rays per chunk", metavar="N")
@@ -95,13 +115,24 @@ class ConvertConfig:
         "rays: pre-shuffled rays; images: the encoded images, shuffled at load time",
         choices=LAYOUTS,
     )
+    image_codec: str = option(
+        IMAGE_CODECS[0],
+        "images layout: how images are stored that do not pass through as their source JPEG/PNG (video "
+        "frames, other formats): webp (lossless), png (lossless) or jpeg (quality 95, lossy: the decoded "
+        "JPEG's pixels are the store's)",
+        choices=IMAGE_CODECS,
+    )
     progress: bool = option(True, "progress bars")
     profile: bool = option(False, "print where the time went (per writer step and task phase)")
 
     def store_options(self) -> dict[str, Any]:
         """How the store is written: keywords of :func:`raykit.store.write_store`."""
-        names = ("layout", "backend", "chunk_rays", "shard_chunks", "seed", "rgba_codec")
+        names = ("layout", "backend", "chunk_rays", "shard_chunks", "seed", "rgba_codec", "image_codec")
         return {name: getattr(self, name) for name in names}
+
+    def video_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`raykit.converters.n3dv.parse_n3dv` (Neural 3D Video only)."""
+        return {name: getattr(self, name) for name in N3DV_DEFAULTS}
 
     def convert_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`raykit.converters.convert` (all but ``src``, ``dst`` and the pose

@@ -20,6 +20,7 @@ from raykit.converters.config import SOURCES, ConvertConfig
 from raykit.converters.decoding import decode_problems, discard_partial
 from raykit.converters.executor import conversion_executor
 from raykit.converters.records import build_records
+from raykit.converters.video import close_videos
 from raykit.errors import ConfigError, RaykitWarning, SourceError
 from raykit.options import with_keywords
 from raykit.poses import POSE_SOURCES, VIDEO_EXTENSIONS, PoseOptions, poses_for_convert
@@ -32,8 +33,9 @@ __all__ = ["POSE_SOURCES", "SOURCES", "convert", "detect_source", "parse_source"
 
 
 def detect_source(src: Path) -> str:
-    """The format of the capture at ``src`` (``blender``, ``ngp``, ``llff`` or ``colmap``)."""
+    """The format of the capture at ``src`` (``blender``, ``ngp``, ``n3dv``, ``llff`` or ``colmap``)."""
     from raykit.converters.colmap import find_colmap_model
+    from raykit.converters.n3dv import is_n3dv
 
     if src.is_file() and src.suffix == ".json":
         return "ngp"
@@ -41,6 +43,8 @@ def detect_source(src: Path) -> str:
         return "blender"
     if (src / "transforms.json").is_file():
         return "ngp"
+    if is_n3dv(src):
+        return "n3dv"
     if (src / "poses_bounds.npy").is_file():
         return "llff"
     if find_colmap_model(src) is not None:
@@ -62,9 +66,11 @@ def parse_source(
     downscale: int,
     exif: str = "auto",
     allow_outside: Sequence[Path] = (),
+    video: Mapping[str, Any] | None = None,
 ) -> Capture:
     """Parse ``src`` as ``source`` (``auto`` detects it); images must lie inside the capture (or
-    ``images``) or one of ``allow_outside``."""
+    ``images``) or one of ``allow_outside``; ``video``: the Neural 3D Video options
+    (``ConvertConfig.video_options``), which other formats refuse unless they are the defaults."""
     if source not in SOURCES:
         raise ConfigError(f"source: expected one of {', '.join(SOURCES)}, got {source!r}")
     if not src.exists():
@@ -72,6 +78,14 @@ def parse_source(
     kind = detect_source(src) if source == "auto" else source
     if images is not None and kind != "colmap":
         raise ConfigError(f"--images applies to COLMAP captures only, got a {kind} capture")
+    from raykit.converters.n3dv import N3DV_DEFAULTS, parse_n3dv
+
+    video = dict(video or {})
+    if kind == "n3dv":
+        return parse_n3dv(src, **video)
+    changed = [name for name, value in video.items() if value != N3DV_DEFAULTS[name]]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)}: Neural 3D Video (n3dv) options, got a {kind} capture")
     if kind == "colmap":
         from raykit.converters.colmap import parse_colmap
 
@@ -160,6 +174,7 @@ def convert(
         downscale=config.downscale if config.downscale_rule == "exact" else 1,
         exif=exif,
         allow_outside=[Path(p) for p in allow_outside],
+        video=config.video_options(),
     )
     if not capture.views:
         raise SourceError(f"{src}: no images to convert")
@@ -194,11 +209,15 @@ def convert(
         except SourceError as exc:
             discard_partial(local_dst)
             raise SourceError(decode_problems(records, exc)) from None
+        finally:
+            close_videos()
     try:
         return write.to(Path(dst), config.overwrite)
     except SourceError as exc:  # an image that fails only when decoded: list them all, keep nothing
         discard_partial(Path(dst))
         raise SourceError(decode_problems(records, exc)) from None
+    finally:
+        close_videos()
 
 
 @dataclass(frozen=True)

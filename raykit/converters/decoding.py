@@ -34,7 +34,8 @@ def decode_problems(records: Sequence[ImageRecord], first: SourceError) -> list[
     """Every image's decode (or size) problem, in record order; ``first`` (what stopped the writer)
     is kept when decoding again does not reproduce it."""
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        found = [line for lines in pool.map(_problem, records) for line in lines]
+        # one line per problem: the frames of a video that does not decode share theirs
+        found = list(dict.fromkeys(line for lines in pool.map(_problem, records) for line in lines))
     return found + [line for line in first.problems if line not in found]
 
 

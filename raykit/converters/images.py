@@ -21,7 +21,7 @@ EXIF orientation: the policies of :mod:`raykit.converters.exif`. Downscaling: th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,6 +256,8 @@ class ImageFileDecoder:
         resize_to: ``(width, height)`` to area-resample to instead (the ``mipnerf360`` downscale rule).
         exif: EXIF orientation policy (see the module docstring).
         label: camera/image label for messages.
+        frame: the pixels' source when they are no image file (``SourceView.frame``); ``path`` then
+            names the file they come from.
     """
 
     path: str
@@ -265,9 +267,10 @@ class ImageFileDecoder:
     exif: str = "reject"
     label: str = ""
     resize_to: tuple[int, int] | None = None
+    frame: Callable[[], np.ndarray] | None = None
 
     def __call__(self) -> np.ndarray:
-        image = decode_image(self.path, exif=self.exif)
+        image = decode_image(self.path, exif=self.exif) if self.frame is None else self.frame()
         got_h, got_w = image.shape[:2]
         if (got_w, got_h) != (self.width, self.height):
             raise SourceError(

@@ -25,7 +25,7 @@ from raykit.converters.images import probe_image, used_size
 from raykit.converters.paths import ImageRoots
 from raykit.errors import CameraError, SourceError
 
-__all__ = ["llff_c2w", "parse_llff"]
+__all__ = ["llff_c2w", "load_poses_bounds", "parse_llff"]
 
 _LLFF_EXTENSIONS = (".png", ".jpg", ".jpeg")
 
@@ -38,7 +38,8 @@ def llff_c2w(pose: np.ndarray) -> np.ndarray:
     return c2w
 
 
-def _load(path: Path) -> np.ndarray:
+def load_poses_bounds(path: Path) -> np.ndarray:
+    """``poses_bounds.npy`` as float64 ``(I, 17)``; SourceError naming the file otherwise."""
     try:
         array = np.load(path, allow_pickle=False)
     except FileNotFoundError:
@@ -115,7 +116,7 @@ def parse_llff(
             problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     path = src / "poses_bounds.npy"
-    data = _load(path)
+    data = load_poses_bounds(path)
     prescaled = downscale if downscale > 1 and (src / f"images_{downscale}").is_dir() else 1
     folder = src / ("images" if prescaled == 1 else f"images_{downscale}")
     if not folder.is_dir():

@@ -35,6 +35,8 @@ def _image_problems(view: SourceView, exif: str) -> tuple[list[str], str, Mappin
     """The image's problems, the EXIF policy to decode it with (``auto`` resolved per image) and its
     EXIF facts for the frame's metadata (``ImageHeader.exif``), from one opening of the file."""
     cam = view.camera
+    if view.frame is not None:  # no file of its own: its parser checked its size
+        return [], exif, {}
     try:
         header = probe_image(view.image_path, exif="ignore" if exif == "auto" else exif)
         size = (header.width, header.height)
@@ -222,7 +224,14 @@ def _record(
     source = view.camera
     resize_to = (camera.width, camera.height) if rule == "mipnerf360" and factor > 1 else None
     loader = ImageFileDecoder(
-        str(view.image_path), source.width, source.height, factor, exif, _camera_name(source), resize_to
+        str(view.image_path),
+        source.width,
+        source.height,
+        factor,
+        exif,
+        _camera_name(source),
+        resize_to,
+        view.frame,
     )
     c2w = apply_similarity(matrix, view.c2w)
     parts = {}
@@ -230,7 +239,7 @@ def _record(
         if file is not None:
             parts[kind] = ComponentFile(str(file), kind, scale, camera.height, camera.width, factor, rule)
     metadata = merged_metadata(view, exif_facts)
-    path = str(view.image_path)
+    path = str(view.image_path) if view.frame is None else f"{view.image_path}#{view.frame_index}"
     return ImageRecord(
         view.name, split, camera, c2w, near, far, path, loader, "", parts, metadata,
         time=view.time, camera_index=view.camera_index, frame_index=view.frame_index,

@@ -225,10 +225,20 @@ class ImageLoaderConfig(_Options):
     (views drawn by the moving average of their losses fed back through ``ImageLoader.observe``, with
     a uniform ``floor``; ``raykit.loaders.image_views``); or a :class:`~raykit.loaders.SamplingConfig`
     (``kind``, ``floor`` and ``decay`` apply to views)."""
+    synchronous: bool = False
+    """Time-synchronous batches (a store with times, e.g. multi-view video; for splatting trainers):
+    each batch holds whole instants, all the cameras of one time ordered by camera, so ``batch_size``
+    must be a multiple of the cameras per instant (equal to it: one instant a batch); instants in a
+    seeded order per epoch, ranks disjoint (``raykit.loaders.image_views.SynchronousViews``). With
+    ``sampling="uniform"`` only."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "sampling", check_sampling(self.sampling))
+        if self.synchronous and cast(SamplingConfig, self.sampling).kind != "uniform":
+            raise ConfigError(
+                "image loader: synchronous batches draw whole instants: sampling must be uniform"
+            )
 
 
 def checked_components(components: Any) -> tuple[str, ...] | None:

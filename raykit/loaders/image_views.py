@@ -1,4 +1,6 @@
-"""The image loader's ``loss`` view-sampling stage: views drawn by their recent loss.
+"""The image loader's ``loss`` view-sampling stage (views drawn by their recent loss) and its
+time-synchronous views (:class:`SynchronousViews`, ``ImageLoaderConfig(synchronous=True)``: each batch
+whole instants, all cameras of one time).
 
 :class:`LossViews` plugs into :class:`~raykit.loaders.ImageLoader`'s view-sampling seam
 (:class:`~raykit.loaders.image_plan.ViewSampler`; ``ImageLoaderConfig(sampling="loss")``). The
@@ -28,7 +30,7 @@ from raykit.errors import ConfigError, ResumeError
 from raykit.loaders.image_plan import ImagePlan
 from raykit.loaders.sampling import SamplingConfig, _reduce_mean
 
-__all__ = ["LossViews", "view_losses"]
+__all__ = ["LossViews", "SynchronousViews", "instants_of", "view_losses"]
 
 _TAG_VIEWS = 0x76696577  # "view"
 
@@ -142,3 +144,67 @@ class LossViews:
         if ema.shape != (n,) or counts.shape != (n,):
             raise ResumeError(f"image loader state: views: expected {n} views, got {ema.shape[0]}")
         self.ema, self.counts, self._planned = ema, counts, kept
+
+
+_TAG_INSTANTS = 0x696E7374  # "inst"
+
+
+def instants_of(times: np.ndarray | None, cameras: np.ndarray | None, where: str) -> np.ndarray:
+    """(n_instants, K) positions of the views of each instant (rows by time, each row by camera) of
+    a split whose views have ``times`` (and rig ``cameras``, when the store has them).
+
+    Raises:
+        ConfigError: no times, or instants of different numbers of views, or a camera twice in one.
+    """
+    if times is None:
+        raise ConfigError(f"image loader: synchronous: {where} has no times (a static capture)")
+    values, inverse, counts = np.unique(times, return_inverse=True, return_counts=True)
+    if counts.min() != counts.max():
+        few, many = int(np.argmin(counts)), int(np.argmax(counts))
+        raise ConfigError(
+            f"image loader: synchronous: {where}: instants of different sizes (time {values[few]:g}: "
+            f"{counts[few]} views, time {values[many]:g}: {counts[many]}); expected every camera at every "
+            "time"
+        )
+    key = np.zeros(len(times), np.int64) if cameras is None else np.asarray(cameras, np.int64)
+    order = np.lexsort((key, inverse))
+    grouped = order.reshape(len(values), int(counts[0]))
+    if cameras is not None and np.any(np.diff(key[grouped], axis=1) == 0):
+        raise ConfigError(f"image loader: synchronous: {where}: a camera twice at one time")
+    return grouped
+
+
+class SynchronousViews:
+    """Time-synchronous views for splatting trainers: every batch holds whole instants (all the
+    cameras of one time, by camera), so a batch of ``K`` views (K cameras an instant) is one instant.
+
+    Epoch ``e`` visits the instants in the order ``default_rng([seed, 0x696E7374, e]).permutation(T)``
+    (``arange(T)`` without shuffling); rank ``r`` of ``R`` takes instants ``r, r + R, ...`` of its
+    first ``R * (T // R)``, so ranks are disjoint and each sees ``T // R`` instants an epoch (the
+    plan's ``per_rank`` is ``K`` times that). A pure function of the seed: resuming is the loader's
+    position; the state records the instants' shape, checked on resume.
+    """
+
+    def __init__(self, plan: ImagePlan, instants: np.ndarray) -> None:
+        self.plan, self.instants = plan, instants
+        self._last: tuple[int, np.ndarray] | None = None
+
+    def epoch_views(self, epoch: int) -> np.ndarray:
+        if self._last is None or self._last[0] != epoch:
+            plan, n = self.plan, len(self.instants)
+            order = np.arange(n)
+            if plan.shuffle:
+                order = np.random.default_rng([plan.seed, _TAG_INSTANTS, epoch]).permutation(n)
+            mine = order[plan.rank : plan.world_size * (n // plan.world_size) : plan.world_size]
+            self._last = epoch, self.instants[mine].reshape(-1).astype(np.int64)
+        return self._last[1]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "synchronous", "instants": list(self.instants.shape)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if dict(state) != self.state_dict():
+            raise ResumeError(
+                "image loader state: views: expected the synchronous views of "
+                f"{self.state_dict()['instants']} (instants, cameras), got {dict(state)!r}"
+            )

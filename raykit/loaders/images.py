@@ -40,7 +40,7 @@ from raykit.loaders.image_batcher import DeviceTransfer, ImageBatch, ImageBatche
 from raykit.loaders.image_cache import ViewCache
 from raykit.loaders.image_plan import ImagePlan, UniformViews, ViewSampler
 from raykit.loaders.image_source import ImageSource, check_batch_sizes, checked_crop
-from raykit.loaders.image_views import LossViews, view_losses
+from raykit.loaders.image_views import LossViews, SynchronousViews, instants_of, view_losses
 from raykit.loaders.levels import LevelCache, check_downscale
 from raykit.loaders.sampling import SamplingConfig, sampling_record
 from raykit.loaders.stages import Positioned
@@ -129,12 +129,20 @@ class ImageLoader(BatchLoader):
         self.crop = checked_crop(cfg.crop, self.source)
         check_batch_sizes(self.source, cfg.batch_size, self.crop)
         rank, world_size = distributed_rank(cfg.rank, cfg.world_size)
+        n_images, instants = self.source.n_images, None
+        if cfg.synchronous:
+            instants = _instants(store, cfg.split, self.source.rows, cfg.batch_size)
+            n_images = instants.shape[1] * world_size * (len(instants) // world_size)
         self.plan = ImagePlan(
-            self.source.n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
+            n_images, cfg.batch_size, cfg.seed, cfg.shuffle, cfg.drop_last, world_size, rank
         )
         self.undistort, self.num_workers, self.prefetch = cfg.undistort, cfg.num_workers, cfg.prefetch
         sampling = cast(SamplingConfig, cfg.sampling)
-        views = LossViews(self.plan, sampling) if sampling.kind == "loss" else UniformViews(self.plan)
+        views: ViewSampler = (
+            LossViews(self.plan, sampling) if sampling.kind == "loss" else UniformViews(self.plan)
+        )
+        if instants is not None:
+            views = SynchronousViews(self.plan, instants)
         self.cached = cached = ViewCache(store, cfg, self.source, views)
         self._position_of_row = {int(row): k for k, row in enumerate(self.source.rows)}
         self.components = cached.components
@@ -309,6 +317,8 @@ class ImageLoader(BatchLoader):
         sampling = cast(SamplingConfig, self.config.sampling)
         if sampling.kind != "uniform":  # a uniform loader's state is as it was
             fields["view_sampling"] = sampling_record(sampling)
+        if self.config.synchronous:
+            fields["synchronous"] = True
         return fields
 
     def state_dict(self) -> dict[str, Any]:
@@ -370,3 +380,18 @@ class ImageBatches(Positioned):
                 loader._trim.add(sum(image.nbytes for image in read) + batch.images.nbytes)
             self.batch += 1
             yield [batch]
+
+
+def _instants(store: RayStore, split: str, rows: np.ndarray, batch_size: int) -> np.ndarray:
+    """(instants, cameras) positions of ``split``'s views (``instants_of``), for a ``batch_size`` of
+    whole instants."""
+    table = store.table
+    times = None if table.time is None else table.time[rows]
+    cameras = None if table.rig_camera is None else table.rig_camera[rows]
+    instants = instants_of(times, cameras, f"{store.url} split {split!r}")
+    if batch_size % instants.shape[1]:
+        raise ConfigError(
+            f"image loader: synchronous: batch_size {batch_size} is not a multiple of the "
+            f"{instants.shape[1]} cameras per instant of split {split!r}"
+        )
+    return instants

@@ -1,8 +1,10 @@
 """Encoded images of an images-layout store (docs/format.md, "What is stored per image").
 
 ``encode_for_store`` stores a JPEG or PNG source file unchanged when its plain decode (Pillow, no EXIF
-rotation) is exactly the converter's pixels, else re-encodes them losslessly: WebP (``exact``), or PNG
-beyond WebP's 16,383-pixel limit. ``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)``
+rotation) is exactly the converter's pixels, else re-encodes them with the write's ``image_codec``
+(``raykit.store.spec.IMAGE_CODECS``): losslessly as WebP (``exact``; PNG beyond WebP's 16,383-pixel
+limit) or PNG, or lossily as JPEG (quality :data:`JPEG_QUALITY`; the writer then keeps the decoded JPEG's
+pixels as the store's). ``decode_stored`` turns stored bytes back into ``uint8 (H, W, C)``
 (``raykit.imagedecode``: Pillow's pixels exactly); the writer checks that it gives the converter's.
 """
 
@@ -18,6 +20,8 @@ from raykit.errors import StoreCorruptError
 from raykit.imagedecode import UnsupportedImageModeError, decode_image_scaled, open_image
 
 __all__ = [
+    "JPEG_QUALITY",
+    "LOSSY",
     "REENCODE_FORMAT",
     "StoredImage",
     "decode_stored",
@@ -30,6 +34,8 @@ __all__ = [
 ]
 
 REENCODE_FORMAT = "webp"
+LOSSY = ("jpeg",)
+JPEG_QUALITY = 95
 _WEBP_MAX = 16383
 _PASSTHROUGH = ("JPEG", "PNG")
 _PLAIN_CHANNELS = {"RGB": 3, "RGBA": 4}  # image modes whose plain decode is 8-bit RGB or RGBA as is
@@ -122,22 +128,27 @@ def passthrough_bytes(data: bytes, pixels: np.ndarray) -> bool:
         return False
 
 
-def encode_lossless(pixels: np.ndarray) -> StoredImage:
-    """``pixels`` (H, W, 3|4) uint8 -> WebP lossless (PNG beyond WebP's size limit)."""
+def encode_lossless(pixels: np.ndarray, codec: str = REENCODE_FORMAT) -> StoredImage:
+    """``pixels`` (H, W, 3|4) uint8 -> ``codec``: WebP lossless (PNG beyond WebP's size limit), PNG,
+    or JPEG at :data:`JPEG_QUALITY` (4:4:4) for RGB (lossy: the one codec of ``LOSSY``; RGBA stays WebP)."""
     img = Image.fromarray(np.ascontiguousarray(pixels))
     out = io.BytesIO()
-    if max(pixels.shape[:2]) <= _WEBP_MAX:
+    if codec == "jpeg" and pixels.shape[2] == 3:
+        img.save(out, "JPEG", quality=JPEG_QUALITY, subsampling=0)  # 4:4:4: no colour bleeding
+        return StoredImage(out.getvalue(), "jpg", False)
+    if codec != "png" and max(pixels.shape[:2]) <= _WEBP_MAX:
         img.save(out, "WEBP", lossless=True, quality=0, method=0, exact=True)
         return StoredImage(out.getvalue(), "webp", False)
     img.save(out, "PNG", compress_level=3)
     return StoredImage(out.getvalue(), "png", False)
 
 
-def encode_for_store(source: bytes | None, pixels: np.ndarray) -> StoredImage:
-    """The stored form of an image: ``source`` unchanged when it passes through, else re-encoded."""
+def encode_for_store(source: bytes | None, pixels: np.ndarray, codec: str = REENCODE_FORMAT) -> StoredImage:
+    """The stored form of an image: ``source`` unchanged when it passes through, else re-encoded as
+    ``codec``."""
     if source is not None and passthrough_bytes(source, pixels):
         return StoredImage(source, image_format(source), True)
-    return encode_lossless(pixels)
+    return encode_lossless(pixels, codec)
 
 
 def decode_stored(data: bytes, channels: int, where: str, downscale: int = 1) -> np.ndarray:

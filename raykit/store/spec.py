@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_MEMORY_STAGING_BYTES",
     "DEFAULT_SHARD_CHUNKS",
     "IMAGES_LAYOUT",
+    "IMAGE_CODECS",
     "LAYOUTS",
     "RAYS_LAYOUT",
     "RGBA_CODEC",
@@ -55,6 +56,12 @@ RGBA_CODECS = ("lz4", "zstd")
 
 
 RGBA_CODEC = "lz4"
+
+
+# How the images layout stores an image that does not pass through as its source file: "webp" (WebP
+# lossless, the default), "png" (lossless) or "jpeg" (lossy, quality 95: its decoded pixels are the
+# store's). raykit.store.image_codec encodes them.
+IMAGE_CODECS = ("webp", "png", "jpeg")
 
 
 DEFAULT_IMAGE_CHUNK_BYTES = 1 << 16  # zarr inner chunk (the padding of a split's last chunk: <= 64 KiB)
@@ -108,7 +115,7 @@ class StoreSpec:
             (``rgba_codec``: zarr's colours, ``"lz4"``, fast, or ``"zstd"``, about two thirds the size).
         train_order: the name of the shuffled splits' order (``raykit.store.order.TRAIN_ORDER``).
         image_chunk_bytes, image_shard_chunks, image_codec: the images layout's chunking and the
-            codec of images re-encoded losslessly.
+            codec of images that do not pass through (``IMAGE_CODECS``; ``webp``, lossless, by default).
         with_pids: rays layout: also store every split's pids (format 3 derives them from the split's
             order at read time). Not recorded: a split's ``pids`` says it.
         memory_staging_bytes: rays layout: when every task runs in this process (no executor or a
@@ -132,7 +139,7 @@ class StoreSpec:
     train_order: str | None = None
     image_chunk_bytes: int = DEFAULT_IMAGE_CHUNK_BYTES
     image_shard_chunks: int = DEFAULT_IMAGE_SHARD_CHUNKS
-    image_codec: str | None = None
+    image_codec: str = IMAGE_CODECS[0]
     with_pids: bool = False
     memory_staging_bytes: int = dataclasses.field(default=DEFAULT_MEMORY_STAGING_BYTES, compare=False)
     recorded: tuple[str, ...] = ()
@@ -144,6 +151,8 @@ class StoreSpec:
             raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {self.kind!r}")
         if self.rgba_codec not in RGBA_CODECS:
             raise ConfigError(f"rgba_codec: expected one of {RGBA_CODECS}, got {self.rgba_codec!r}")
+        if self.image_codec not in IMAGE_CODECS:
+            raise ConfigError(f"image_codec: expected one of {IMAGE_CODECS}, got {self.image_codec!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"store backend: expected one of {BACKENDS}, got {self.backend!r}")
         for name in ("chunk_rays", "shard_chunks"):

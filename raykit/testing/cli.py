@@ -1,5 +1,5 @@
 """``raykit scene make DIR``: render the built-in scene and write it as Blender or COLMAP data (or
-its small dynamic variant as a D-NeRF capture)."""
+its small dynamic variant as a D-NeRF or Neural 3D Video capture)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json, read_json, sha256_file
 from raykit.testing.builtin import SCENE_CAMERA_MODELS, SIZES, render_scene
-from raykit.testing.dynamic import render_dynamic, write_dnerf
+from raykit.testing.dynamic import render_dynamic, write_dnerf, write_n3dv
 from raykit.testing.writers import write_blender, write_colmap
 
 __all__ = ["register"]
 
-FORMATS = ("blender", "colmap", "colmap-text", "dnerf")
+FORMATS = ("blender", "colmap", "colmap-text", "dnerf", "n3dv")
 WRITTEN = ".raykit-scene.json"  # DIR/.raykit-scene.json: the files `scene make` wrote there (sha256)
 
 
@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
         "--format",
         choices=FORMATS,
         default="blender",
-        help="output layout (default: blender); dnerf: the dynamic variant, 4 cameras x 6 times at 32x32",
+        help="output layout (default: blender); dnerf: the dynamic variant, 4 cameras x 6 times at 32x32; "
+        "n3dv: the same as a Neural 3D Video capture (camNN.mp4, lossless H.264, and poses_bounds.npy)",
     )
     make.add_argument(
         "--camera-model",
@@ -52,10 +53,14 @@ def register(subparsers: Any) -> None:
 def make_scene(args: argparse.Namespace) -> int:
     """Handler of ``raykit scene make``; returns the exit status."""
     _check_folder(Path(args.dir))
-    if args.format == "dnerf":
-        write_dnerf(render_dynamic(args.seed), args.dir)
+    if args.format in ("dnerf", "n3dv"):
+        if args.format == "dnerf":
+            write_dnerf(render_dynamic(args.seed), args.dir)
+        else:
+            write_n3dv(render_dynamic(args.seed, own_intrinsics=-1), args.dir)
         _record_folder(Path(args.dir))
-        print(f"wrote the built-in dynamic scene (seed {args.seed}) as a D-NeRF capture to {args.dir}")
+        kind = "a D-NeRF" if args.format == "dnerf" else "a Neural 3D Video"
+        print(f"wrote the built-in dynamic scene (seed {args.seed}) as {kind} capture to {args.dir}")
         return 0
     scene = render_scene(
         args.size, args.seed, args.camera_model, workers=args.workers, unbounded=args.unbounded

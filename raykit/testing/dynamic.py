@@ -1,5 +1,6 @@
 """The built-in dynamic scene: the built-in objects with one sphere moving along x, seen from fixed
-cameras at evenly spaced times, written as a D-NeRF capture (:func:`write_dnerf`).
+cameras at evenly spaced times, written as a D-NeRF capture (:func:`write_dnerf`) or, every camera
+sharing one camera (``own_intrinsics=-1``), as a Neural 3D Video capture (:func:`write_n3dv`).
 
 Cameras stand on a ring (elevation 30 degrees, ``CAMERA_DISTANCE`` from the centre) and look at the
 scene centre. Every camera but one is a centred pinhole with the Blender layout's ``camera_angle_x``;
@@ -27,9 +28,19 @@ from raykit.testing.geometry import SceneGeometry, build_geometry
 from raykit.testing.unbounded import render_view
 from raykit.testing.writers import encode_png
 
-__all__ = ["DynamicScene", "moving_geometry", "render_dynamic", "write_dnerf"]
+__all__ = [
+    "N3DV_BOUNDS",
+    "DynamicScene",
+    "moving_geometry",
+    "render_dynamic",
+    "rgb_over_white",
+    "write_dnerf",
+    "write_n3dv",
+    "write_video",
+]
 
 TRAVEL = 0.6  # how far the sphere moves along x between time 0 and time 1
+N3DV_BOUNDS = (CAMERA_DISTANCE - 2.5, CAMERA_DISTANCE + 2.5)  # near, far of every camera in write_n3dv
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,8 +84,11 @@ def _own_camera(size: int) -> Camera:
     )
 
 
-def render_dynamic(seed: int = 0, n_cameras: int = 4, n_times: int = 6, size: int = 32) -> DynamicScene:
-    """Render every camera at every time (``n_cameras >= 2``, ``n_times >= 2``; 32x32 images)."""
+def render_dynamic(
+    seed: int = 0, n_cameras: int = 4, n_times: int = 6, size: int = 32, own_intrinsics: int = 1
+) -> DynamicScene:
+    """Render every camera at every time (``n_cameras >= 2``, ``n_times >= 2``; 32x32 images);
+    ``own_intrinsics = -1``: every camera shares the scene camera (a video rig's capture)."""
     geometry = build_geometry(seed)
     azimuth = np.linspace(0, 2 * math.pi, n_cameras, endpoint=False) + 0.3
     elevation = math.radians(30)
@@ -97,7 +111,7 @@ def render_dynamic(seed: int = 0, n_cameras: int = 4, n_times: int = 6, size: in
             moved = moving_geometry(geometry, time)
             for c in range(n_cameras):
                 split = "train" if c < n_cameras - 1 else ("val" if j % 2 == 0 else "test")
-                camera = own if c == 1 else shared
+                camera = own if c == own_intrinsics else shared
                 names.append(f"{split}/c{c}_t{j}")
                 splits.append(split)
                 rows.append((time, c, j))
@@ -108,7 +122,7 @@ def render_dynamic(seed: int = 0, n_cameras: int = 4, n_times: int = 6, size: in
     times, cams, frames = (np.array(v) for v in zip(*rows, strict=True))
     return DynamicScene(
         tuple(names), tuple(splits), times.astype(np.float64), cams.astype(np.int64),
-        frames.astype(np.int64), tuple(cameras), poses[cams], tuple(images),
+        frames.astype(np.int64), tuple(cameras), poses[cams], tuple(images), own_intrinsics,
     )  # fmt: skip
 
 
@@ -132,4 +146,51 @@ def write_dnerf(scene: DynamicScene, root: str | Path) -> Path:
             frames.append(frame)
         text = json.dumps({"camera_angle_x": angle_x, "frames": frames}, indent=4)
         atomic_write_bytes(root / f"transforms_{split}.json", text.encode())
+    return root
+
+
+def rgb_over_white(rgba: np.ndarray) -> np.ndarray:
+    """(H, W, 4) straight-alpha uint8 -> (H, W, 3) uint8 over a white background (a video's frame)."""
+    alpha = rgba[..., 3:].astype(np.float64) / 255
+    return np.round(rgba[..., :3] * alpha + 255 * (1 - alpha)).astype(np.uint8)
+
+
+def write_video(path: Path, frames: list[np.ndarray], crf: int = 0) -> None:
+    """(H, W, 3) uint8 frames -> an mp4 at 30 fps through PyAV: ``libx264rgb`` at ``crf`` (0:
+    lossless) where FFmpeg has it, else MPEG-4 (4:2:0) at 20 Mbit/s."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        try:
+            stream = container.add_stream("libx264rgb", rate=30, options={"crf": str(crf)})
+            stream.pix_fmt = "rgb24"
+        except (av.FFmpegError, ValueError):
+            stream = container.add_stream("mpeg4", rate=30)
+            stream.pix_fmt, stream.bit_rate = "yuv420p", 20_000_000
+        stream.height, stream.width = frames[0].shape[:2]
+        for pixels in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+
+
+def write_n3dv(scene: DynamicScene, root: str | Path, *, crf: int = 0) -> Path:
+    """Write the scene as a Neural 3D Video capture: ``root/camNN.mp4`` (camera ``NN``'s frames in
+    time order, over white, H.264 through PyAV: ``libx264rgb`` at ``crf`` (0: lossless) where FFmpeg has
+    it, else MPEG-4 at a high bit rate) and ``root/poses_bounds.npy`` (LLFF's rows, near and far
+    :data:`N3DV_BOUNDS`). Every camera must share one camera (``render_dynamic(own_intrinsics=-1)``)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    cams = sorted(set(scene.camera_index.tolist()))
+    rows = []
+    for c in cams:
+        views = sorted((int(scene.frame_index[i]), i) for i in np.flatnonzero(scene.camera_index == c))
+        cam = scene.cameras[views[0][1]]
+        fx, fy, cx, cy = cam.params
+        if fx != fy or (cx, cy) != (cam.width / 2, cam.height / 2):
+            raise ValueError(f"camera {c}: an LLFF camera is a centred pinhole with fx = fy")
+        gl = opencv_to_opengl_c2w(scene.c2w[views[0][1]])
+        pose = np.stack([-gl[:3, 1], gl[:3, 0], gl[:3, 2], gl[:3, 3], [cam.height, cam.width, fx]], 1)
+        rows.append(np.concatenate([pose.reshape(-1), N3DV_BOUNDS]))
+        write_video(root / f"cam{c:02d}.mp4", [rgb_over_white(scene.images[i]) for _, i in views], crf)
+    np.save(root / "poses_bounds.npy", np.stack(rows))
     return root

@@ -21,7 +21,7 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.files import is_url, json_digest, write_files
-from raykit.store.image_codec import REENCODE_FORMAT, decode_stored, encode_for_store
+from raykit.store.image_codec import LOSSY, decode_stored, encode_for_store
 from raykit.store.schema import ImageRecord
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
@@ -92,10 +92,12 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
         source, source_sha = None, ""  # the file at the recorded path changed since: not the recorded source
     clock.lap("checksum")
     if stored is None:
-        stored = encode_for_store(source, pixels)
+        stored = encode_for_store(source, pixels, job.codec)
     if not stored.passthrough and not callable(kept):  # lossless by construction; checked all the same
         again = decode_stored(stored.data, pixels.shape[2], rec.source_path or rec.name)
-        if not np.array_equal(again, pixels):
+        if job.codec in LOSSY:  # the store's pixels are the decoded ones
+            pixels = again
+        elif not np.array_equal(again, pixels):
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
     clock.lap("encode")
     crc = int(google_crc32c.value(stored.data))
@@ -153,13 +155,17 @@ def encode_image_shard(
 def write_images(job: PayloadWrite, spec: StoreSpec) -> RayStore:
     """Write an images-layout store of ``job``; returns it opened. ``spec.chunk_rays`` and
     ``shard_chunks`` are the chunking of the store's rays view and of a ray-layout copy."""
-    spec = spec.replace(image_codec=REENCODE_FORMAT, materialize=None, with_pids=False)
+    spec = spec.replace(image_codec=spec.image_codec, materialize=None, with_pids=False)  # recorded
     w, records_plan = open_write(job, spec)
     records = job.records
     partial = str(w.root)
-    staging = staging_area(partial, job.executor)
-    keys = [json_digest([entry, _TASK_FORMAT]) for entry in records_plan]
-    jobs = [ImageJob(partial, i, r, keys[i], staging) for i, r in enumerate(records)]
+    # the memory area holds the bytes of images with no source file to read again (video frames,
+    # copies): at most their raw size; past the budget they are staged in files (bounded memory)
+    held = sum(r.camera.width * r.camera.height * 3 for r in records if not os.path.isfile(r.source_path))
+    staging = staging_area(partial, job.executor, held <= spec.memory_staging_bytes)
+    codec = spec.image_codec
+    keys = [json_digest([entry, _TASK_FORMAT, codec]) for entry in records_plan]
+    jobs = [ImageJob(partial, i, r, keys[i], staging, codec=codec) for i, r in enumerate(records)]
     w.profile.lap("plan")
     with contextlib.closing(staging):
         encoded = list(w.run(encode_image_task, jobs, "encode images"))

@@ -271,6 +271,7 @@ class ImageJob:
     staging: StagingArea | None = None
     shuffled: bool = False
     seed: int = 0
+    codec: str = "webp"  # the images layout's ``image_codec``
 
 
 def check_pixels(rec: ImageRecord, pixels: Any) -> np.ndarray:
