@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from raykit.errors import ConfigError, SourceError
-from raykit.loaders.sampling import draw_groups, draw_within
+from raykit.loaders.sampling import SamplingConfig, draw_groups, draw_within
 from raykit.ranges import Range, range_problems
 
 __all__ = [
@@ -57,7 +57,7 @@ class TemporalSamplingConfig:
             DyNeRF configurations switch at 50,000).
     """
 
-    ist_step: int = 50_000
+    ist_step: int = SamplingConfig.ist_step
 
     def __post_init__(self) -> None:
         problems = range_problems({"ist_step": (self.ist_step, Range(0, integer=True))})
@@ -97,16 +97,17 @@ class TemporalSampler:
             frame's rows ``0 .. h-1`` at a time).
         width: ``w``, the weights' columns.
         factor: the weights' level (a weight pixel is a ``factor`` x ``factor`` block of its frame).
-        config: the schedule; ``seed``: the draws' seed.
+        config: the schedule; ``seed``: the draws' seed; ``stream``: more ints keying them (a rank's
+            ``(world_size, rank)``: disjoint streams).
     """
 
     def __init__(self, rows: Mapping[str, np.ndarray],
                  weights: Callable[[str, np.ndarray, np.ndarray], np.ndarray],
                  width: int, factor: int = 1, config: TemporalSamplingConfig | None = None,
-                 seed: int = 0) -> None:  # fmt: skip
+                 seed: int = 0, stream: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.config = TemporalSamplingConfig() if config is None else config
         self.weights, self.width, self.factor = weights, int(width), int(factor)
-        self._key = np.random.SeedSequence([seed, _TAG_TEMPORAL]).generate_state(2, np.uint64)
+        self._key = np.random.SeedSequence([seed, _TAG_TEMPORAL, *stream]).generate_state(2, np.uint64)
         self._cdf: dict[str, np.ndarray] = {}
         shapes = {np.shape(rows[kind]) for kind in TEMPORAL_KINDS if kind in rows}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
@@ -122,6 +123,10 @@ class TemporalSampler:
     def rng(self, step: int) -> np.random.Generator:
         """Batch ``step``'s generator: Philox keyed by the seed, ``step`` in its counter."""
         return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, 0, step]))
+
+    def shuffle_rng(self, step: int) -> np.random.Generator:
+        """A second generator of batch ``step`` (apart from :meth:`rng`'s): to shuffle sorted draws."""
+        return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, 1, step]))
 
     def draw(self, step: int, n: int) -> TemporalDraw:
         """``n`` rays of batch ``step``, by the weights the schedule names for it (a row read per ray)."""
