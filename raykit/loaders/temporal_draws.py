@@ -132,7 +132,7 @@ class TemporalStrategy:
     def state_fields(self, plan: WindowPlan) -> dict[str, Any]:
         prints = {kind: self.store.components[kind].fingerprint for kind in TEMPORAL_KINDS}
         return {"n_rays": int(sum(plan.image_rays)), "seed": plan.seed, "batch_size": plan.batch_size,
-                "sampling": self.record, "weights": prints}  # fmt: skip
+                "temporal_sampling": self.record, "weights": prints}  # fmt: skip
 
     def groups(self, inputs: StrategyInputs) -> TemporalDraws:
         return TemporalDraws(inputs, self)
