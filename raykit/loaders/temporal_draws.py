@@ -4,12 +4,13 @@ weights (``raykit add-component STORE temporal``; :mod:`raykit.loaders.temporal`
 Every (frame, pixel) of the split is drawn with probability its weight over the split's total: ISG for
 batches before ``sampling.ist_step`` (counted over epochs), IST from it. The draws are exact
 (:class:`~raykit.loaders.temporal.TemporalSampler`: a frame by its mass, a pixel by the frame's CDF),
-``GROUP_BATCHES`` batches at a time, sorted by frame (:meth:`~raykit.loaders.temporal.TemporalSampler.
-draw_by_frame`: each drawn frame's weights and colours read once a group), then shuffled. A group is
-keyed by its first batch (groups start at multiples of ``GROUP_BATCHES`` within an epoch, and a group
-is split where the schedule switches), so the loader's position (epoch, batch) is its whole state:
-resuming redraws the group and skips the batches already handed out. Ranks draw disjoint streams
-(keyed by ``(seed, world_size, rank)``), each ``n_batches`` batches an epoch as the uniform loader.
+a group of batches at a time (``group_rays`` rays, default ``GROUP_RAYS_MAX``), sorted by frame
+(``TemporalSampler.draw_by_frame``: each drawn frame's weights and colours read once a group), then
+shuffled. A group is keyed by its first batch (groups start at multiples of its batches within an
+epoch, and a group is split where the schedule switches), so the loader's position (epoch, batch) is
+its whole state: resuming redraws the group and skips the batches already handed out. Ranks draw
+disjoint streams (keyed by ``(seed, world_size, rank)``), each ``n_batches`` batches an epoch as the
+uniform loader.
 
 Frames are decoded on the generation threads through the loader's image cache (a split that fits
 ``cache_bytes`` is decoded once). The weights are held in memory (padded to the split's largest weight
@@ -30,7 +31,7 @@ import numpy as np
 
 from raykit.errors import ConfigError
 from raykit.loaders.cache import ChunkCache
-from raykit.loaders.config import LoaderConfig
+from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
 from raykit.loaders.sampling import sampling_record
 from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
@@ -39,9 +40,8 @@ from raykit.loaders.window import WindowPlan
 from raykit.loaders.windowed import WINDOW
 from raykit.store import IMAGES_LAYOUT, RawRays, RayStore
 
-__all__ = ["GROUP_BATCHES", "WEIGHTS_HELD_BYTES", "TemporalStrategy"]
+__all__ = ["WEIGHTS_HELD_BYTES", "TemporalStrategy"]
 
-GROUP_BATCHES = 16  # batches drawn at once (sorted by frame: each drawn frame read once a group)
 WEIGHTS_HELD_BYTES = 512 * 2**20  # the split's weights (both kinds, float16) held in memory up to this
 
 
@@ -108,12 +108,15 @@ class TemporalStrategy:
         self.schedule = TemporalSamplingConfig(cfg.sampler.ist_step)
         self.record = sampling_record(cfg.sampler)
         self.sampler: TemporalSampler | None = None
+        self.group_batches = 1
 
     def source(self, store: RayStore | ChunkSource, cfg: LoaderConfig) -> WindowImageSource:
         return WINDOW.source(store, cfg)
 
     def plan(self, source: WindowImageSource, cfg: LoaderConfig, rank: int, world_size: int) -> WindowPlan:
         stream = (world_size, rank) if world_size > 1 else ()
+        rays = GROUP_RAYS_MAX if cfg.group_rays is None else cfg.group_rays
+        self.group_batches = max(1, rays // cfg.batch_size)  # drawn at once: each drawn frame read once
         weights = self.weights
         self.sampler = TemporalSampler(
             weights.rows, weights, weights.width, weights.factor, self.schedule, cfg.seed, stream
@@ -124,14 +127,14 @@ class TemporalStrategy:
         return WINDOW.cache(cfg, source, plan)
 
     def group_rays(self, cfg: LoaderConfig) -> int:
-        return GROUP_BATCHES * cfg.batch_size
+        return GROUP_RAYS_MAX
 
     def lookahead(self, plan: WindowPlan, num_workers: int) -> int:
         return 0
 
     def state_fields(self, plan: WindowPlan) -> dict[str, Any]:
         prints = {kind: self.store.components[kind].fingerprint for kind in TEMPORAL_KINDS}
-        return {"n_rays": int(sum(plan.image_rays)), "seed": plan.seed, "batch_size": plan.batch_size,
+        return {"n_rays": int(sum(plan.image_rays)), "seed": plan.seed, "group_batches": self.group_batches,
                 "temporal_sampling": self.record, "weights": prints}  # fmt: skip
 
     def groups(self, inputs: StrategyInputs) -> TemporalDraws:
@@ -139,7 +142,7 @@ class TemporalStrategy:
 
 
 class TemporalDraws(Positioned):
-    """Stage -> groups of up to ``GROUP_BATCHES`` full batches of one epoch (see the module)."""
+    """Stage -> groups of up to ``group_batches`` full batches of one epoch (see the module)."""
 
     def __init__(self, inputs: StrategyInputs, strategy: TemporalStrategy) -> None:
         self.plan: WindowPlan = inputs.plan
@@ -149,9 +152,10 @@ class TemporalDraws(Positioned):
     def __iter__(self) -> Iterator[RawGroup]:
         epoch, start, n, size = self.epoch, self.batch, self.plan.n_batches, self.plan.batch_size
         cache = self.inputs.fetcher().cache
-        k0 = start - start % GROUP_BATCHES
+        per = self.strategy.group_batches
+        k0 = start - start % per
         while k0 < n:
-            k1 = min(k0 + GROUP_BATCHES, n)
+            k1 = min(k0 + per, n)
             first = max(k0, start)
             bounds = [(i * size, (i + 1) * size) for i in range(k1 - first)]
             self.batch = k1

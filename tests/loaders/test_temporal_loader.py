@@ -108,7 +108,7 @@ def _law(video: Path, kind: str) -> dict[int, np.ndarray]:
 
 
 def test_draws_follow_isg_then_ist_from_ist_step(video: Path) -> None:
-    switch = 37  # inside a group of 16: the group is split where the schedule switches
+    switch = 37  # inside a group (of an epoch's 13 batches): the group is split where the schedule switches
     loader = _raw_loader(video, sampling={"kind": "temporal", "ist_step": switch})
     batches = take(loader, 2 * switch)  # epochs of 13 batches: the schedule counts over epochs
     laws = {kind: _law(video, kind) for kind in ("isg", "ist")}
