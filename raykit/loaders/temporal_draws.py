@@ -15,7 +15,8 @@ uniform loader.
 Frames are decoded on the generation threads through the loader's image cache (a split that fits
 ``cache_bytes`` is decoded once). The weights are held in memory (padded to the split's largest weight
 map, zeros never drawn) when they fit ``WEIGHTS_HELD_BYTES``, else each drawn frame's are read from
-the store. Each ray carries ``prob`` (of its pixel) and ``weight = 1 / (pixels of the split * prob)``
+the store; each kind's whole CDF when it fits ``FLAT_BYTES`` (a ray is then one search in it). Each
+ray carries ``prob`` (of its pixel) and ``weight = 1 / (pixels of the split * prob)``
 (mean 1) in ``RawRays.extra``, as the ``loss`` stage's.
 """
 
@@ -40,9 +41,10 @@ from raykit.loaders.window import WindowPlan
 from raykit.loaders.windowed import WINDOW
 from raykit.store import IMAGES_LAYOUT, RawRays, RayStore
 
-__all__ = ["WEIGHTS_HELD_BYTES", "TemporalStrategy"]
+__all__ = ["FLAT_BYTES", "WEIGHTS_HELD_BYTES", "TemporalStrategy"]
 
 WEIGHTS_HELD_BYTES = 512 * 2**20  # the split's weights (both kinds, float16) held in memory up to this
+FLAT_BYTES = 256 * 2**20  # a kind's whole CDF (float64 a weight) held up to this: one search a ray
 
 
 class FrameWeights:
@@ -119,7 +121,7 @@ class TemporalStrategy:
         self.group_batches = max(1, rays // cfg.batch_size)  # drawn at once: each drawn frame read once
         weights = self.weights
         self.sampler = TemporalSampler(
-            weights.rows, weights, weights.width, weights.factor, self.schedule, cfg.seed, stream
+            weights.rows, weights, weights.width, weights.factor, self.schedule, cfg.seed, stream, FLAT_BYTES
         )
         return WINDOW.plan(source, cfg, rank, world_size)
 
@@ -194,15 +196,16 @@ class TemporalGroup(RawGroup):
         t0 = time.perf_counter()  # "take": the pixels, the frames' reads and decodes ("read", "decode") in it
         widths = np.asarray(source.store.table.width)[source.store.split_rows(source.split)]
         pixel = drawn.y * widths[drawn.frame] + drawn.x
-        frames, starts, counts = np.unique(drawn.frame, return_index=True, return_counts=True)
+        starts = np.flatnonzero(np.diff(drawn.frame, prepend=-1))  # the draws come sorted by frame
+        stops = np.append(starts[1:], n)
+        order = sampler.shuffle_rng(step).permutation(n)  # sorted ray j goes to position order[j]
         rgba = np.empty((n, source.store.rgba_channels), np.uint8)
-        for f, a, k in zip(frames.tolist(), starts.tolist(), counts.tolist(), strict=True):
+        for f, a, b in zip(drawn.frame[starts].tolist(), starts.tolist(), stops.tolist(), strict=True):
             colours = self.cache.get_or_load(f, lambda f=f: source.read_chunk(f, times.add)).rgba
-            rgba[a : a + k] = colours.take(pixel[a : a + k], axis=0)
-        pid = (source.pixel_offsets[drawn.frame] + pixel).astype(np.uint32)
-        prob = drawn.prob
-        weight = 1.0 / (source.n_rays * prob)
-        order = sampler.shuffle_rng(step).permutation(n)
-        extra = {"prob": prob[order].astype(np.float32), "weight": weight[order].astype(np.float32)}
+            rgba[order[a:b]] = colours.take(pixel[a:b], axis=0)
+        pid, prob = np.empty(n, np.uint32), np.empty(n, np.float32)
+        pid[order] = source.pixel_offsets[drawn.frame] + pixel
+        prob[order] = drawn.prob
+        extra = {"prob": prob, "weight": (1.0 / (source.n_rays * prob.astype(np.float64))).astype(np.float32)}
         times.add("take", time.perf_counter() - t0)
-        return RawRays(rgba[order], pid[order], extra)
+        return RawRays(rgba, pid, extra)
