@@ -151,7 +151,7 @@ def test_resume_is_exact_and_ranks_draw_apart(video: Path) -> None:
 
 
 def test_stores_without_indices_or_weights_are_one_line(
-    video: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    video: Path, stores: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plain = write_video_store(tmp_path / "plain.zarr", indexed=False)
     assert raykit.cli.main(["add-component", str(plain), "temporal"]) == 2
@@ -163,5 +163,7 @@ def test_stores_without_indices_or_weights_are_one_line(
     assert "isg" not in open_store(plain).components
     with pytest.raises(ConfigError, match=r"raykit add-component .* temporal"):
         _raw_loader(plain, sampling="temporal")
+    with pytest.raises(ConfigError, match="images-layout split"):
+        RayLoader(stores["zarr"], "train", 64, 0, sampling="temporal")  # a rays-layout store
     with pytest.raises(ConfigError, match="use RayLoader"):
         ImageLoader(video, "train", 2, sampling="temporal")
