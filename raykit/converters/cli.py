@@ -13,6 +13,7 @@ from raykit.converters.convert import POSE_SOURCES, convert
 from raykit.errors import ConfigError
 from raykit.options import add_arguments, add_command, from_args
 from raykit.poses import PoseOptions
+from raykit.temporal_weights import TemporalWeightsConfig
 
 __all__ = ["register", "run_add_component", "run_convert"]
 
@@ -69,7 +70,7 @@ def register(subparsers: Any) -> None:
     )
     add.add_argument(
         "--factor", type=int, default=None, metavar="K",
-        help="temporal: the weights' level (K x K blocks averaged; default 4)",
+        help=f"temporal: the weights' level (K x K blocks averaged; default {TemporalWeightsConfig.factor})",
     )  # fmt: skip
     add.add_argument("--progress", action="store_true", help="show a progress bar")
 
@@ -105,7 +106,6 @@ def run_add_component(args: argparse.Namespace) -> int:
 
     if args.component == "temporal":
         from raykit.converters.weights import add_temporal_weights
-        from raykit.temporal_weights import TemporalWeightsConfig
 
         factor = {} if args.factor is None else {"factor": args.factor}
         store = add_temporal_weights(args.store, TemporalWeightsConfig(**factor), progress=args.progress)
