@@ -10,8 +10,10 @@ from typing import Any
 import raykit.recorder
 from raykit.converters.config import ConvertConfig
 from raykit.converters.convert import POSE_SOURCES, convert
+from raykit.errors import ConfigError
 from raykit.options import add_arguments, add_command, from_args
 from raykit.poses import PoseOptions
+from raykit.temporal_weights import TemporalWeightsConfig
 
 __all__ = ["register", "run_add_component", "run_convert"]
 
@@ -40,18 +42,19 @@ def register(subparsers: Any) -> None:
     add = add_command(
         subparsers,
         "add-component",
-        "add masks or depth maps to a store (its pixels are not rewritten)",
+        "add masks, depth maps or temporal weights to a store (its pixels are not rewritten)",
         run_add_component,
         description="Add a per-image component to a local store: one file per image in DIR, named as "
         "the image (its name less its suffix, or its last part) with .png/.jpg/.tif (masks) or "
         ".png/.tif/.npy (depth). Files of the source resolution of a store converted with --downscale "
         "are downscaled by its rule (nearest sample). Only the component's files and the manifest "
         "are written; the content fingerprint is unchanged. A missing or wrongly sized file: one "
-        "line, and the store is unchanged.",
+        "line, and the store is unchanged. 'temporal' (no DIR) computes DyNeRF's ISG and IST weights of "
+        "a multi-view video store from its own images, camera by camera, as components isg and ist.",
     )
     add.add_argument("store", help="local store path")
-    add.add_argument("component", choices=("masks", "mask", "depth"), help="the component")
-    add.add_argument("dir", help="folder of one file per image")
+    add.add_argument("component", choices=("masks", "mask", "depth", "temporal"), help="the component")
+    add.add_argument("dir", nargs="?", help="folder of one file per image (masks, depth)")
     add.add_argument(
         "--dtype",
         default=None,
@@ -65,6 +68,10 @@ def register(subparsers: Any) -> None:
         metavar="F",
         help="depth file values times F are metres (e.g. 0.001 for millimetre PNGs); default: unit unknown",
     )
+    add.add_argument(
+        "--factor", type=int, default=None, metavar="K",
+        help=f"temporal: the weights' level (K x K blocks averaged; default {TemporalWeightsConfig.factor})",
+    )  # fmt: skip
     add.add_argument("--progress", action="store_true", help="show a progress bar")
 
 
@@ -97,6 +104,17 @@ def run_add_component(args: argparse.Namespace) -> int:
     """Handler of ``raykit add-component``; returns the exit status."""
     from raykit.converters.components import add_component_files
 
+    if args.component == "temporal":
+        from raykit.converters.weights import add_temporal_weights
+
+        factor = {} if args.factor is None else {"factor": args.factor}
+        store = add_temporal_weights(args.store, TemporalWeightsConfig(**factor), progress=args.progress)
+        isg = store.components["isg"]
+        print(f"added isg, ist to {store.url}: {isg.n_images} images, 2 x {isg.stored_bytes} bytes "
+              f"(float16 at level {isg.factor}); store fingerprint {store.store_fingerprint}")  # fmt: skip
+        return 0
+    if args.dir is None:
+        raise ConfigError(f"add-component {args.component}: expected a folder of one file per image")
     store = add_component_files(
         args.store,
         args.component,

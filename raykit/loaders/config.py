@@ -235,6 +235,8 @@ class ImageLoaderConfig(_Options):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "sampling", check_sampling(self.sampling))
+        if cast(SamplingConfig, self.sampling).kind == "temporal":
+            raise ConfigError("image loader: sampling='temporal' draws rays by weight: use RayLoader")
         if self.synchronous and cast(SamplingConfig, self.sampling).kind != "uniform":
             raise ConfigError(
                 "image loader: synchronous batches draw whole instants: sampling must be uniform"

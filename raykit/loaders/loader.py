@@ -45,6 +45,7 @@ from raykit.loaders.stages import (
     slice_batch,
 )
 from raykit.loaders.strategies import Strategy, layout_of, strategy_for
+from raykit.loaders.temporal_draws import TemporalStrategy
 from raykit.rays import RayBatch
 from raykit.store import RawRays, RayStore
 
@@ -82,7 +83,8 @@ class RayLoader(BatchLoader):
         plan: the strategy's plan (:class:`~raykit.loaders.plan.SamplingPlan` or
             :class:`~raykit.loaders.window.WindowPlan`).
         sampler: the ``loss`` sampling stage (:class:`~raykit.loaders.sampling.LossSampler`), or
-            None for ``uniform``.
+            None for ``uniform`` and ``temporal`` (whose draws are its strategy's,
+            :class:`~raykit.loaders.temporal_draws.TemporalStrategy`).
         seconds: seconds spent so far in each step the stages time (``strategy.steps``), each on its own
             thread: the profile of :mod:`raykit.profiling`.
     """
@@ -99,6 +101,8 @@ class RayLoader(BatchLoader):
         store = open_if_location(store)
         self.store, self.split = store, cfg.split
         self.strategy: Strategy = strategy_for(store, cfg.split)
+        if cfg.sampler.kind == "temporal":  # the images layout's source and plan, drawn by the weights
+            self.strategy = TemporalStrategy(store, cfg)
         self.source = self.strategy.source(store, cfg)
         self.components = served_components(store, cfg.components)
         gather: ComponentGather | None = None
@@ -138,7 +142,9 @@ class RayLoader(BatchLoader):
             errors = ErrorMap(geometry, grid, cfg.sampler, lag)
             self.sampler = LossSampler(errors, cfg.seed, rank, world_size, self.plan.n_batches)
             self.sampler.stopped = producer_stopped
-        if cfg.num_workers == "auto":
+        if cfg.num_workers == "auto" and cfg.sampler.kind == "temporal":
+            self.num_workers, self.workers_reason = 0, "temporal sampling decodes on the generation threads"
+        elif cfg.num_workers == "auto":
             self.num_workers, self.workers_reason = choose_workers(
                 source_url(self.source), self.source.n_chunks, layout_of(store, cfg.split), gen_threads,
                 usable_cores(),
@@ -192,7 +198,7 @@ class RayLoader(BatchLoader):
         Raises:
             ConfigError: ``losses`` is not one number per ray of ``batch``.
         """
-        if self.sampler is None:
+        if self.sampler is None:  # uniform and temporal: nothing to feed back
             return
         if isinstance(losses, torch.Tensor):
             losses = losses.detach().to("cpu", torch.float32).numpy()

@@ -1,4 +1,5 @@
-"""The loader's sampling stage: which resident rays a batch holds (``uniform`` or ``loss``).
+"""The loader's sampling stage: which resident rays a batch holds (``uniform`` or ``loss``; ``temporal``:
+:mod:`raykit.loaders.temporal_draws`).
 
 ``uniform`` is the plans' own order (:mod:`raykit.loaders.plan`, :mod:`raykit.loaders.window`).
 ``loss`` keeps an *error map* per image of the split (instant-ngp's idea): each observed ray's loss is
@@ -42,18 +43,10 @@ import numpy as np
 from raykit.errors import ConfigError, ResumeError
 from raykit.ranges import Range, range_problems
 
-__all__ = [
-    "MAP_BYTES_MAX",
-    "SAMPLINGS",
-    "ErrorMap",
-    "ImageGeometry",
-    "LossSampler",
-    "SamplingConfig",
-    "map_bytes",
-    "map_grid",
-]
+__all__ = ["MAP_BYTES_MAX", "SAMPLINGS", "ErrorMap", "ImageGeometry", "LossSampler", "SamplingConfig",
+           "map_bytes", "map_grid"]  # fmt: skip
 
-SAMPLINGS = ("uniform", "loss")
+SAMPLINGS = ("uniform", "loss", "temporal")
 MAP_BYTES_MAX = 128 * 10**6  # the maps' bound whatever the split (2,010 1080p photos: grid 32, 33 MB)
 _BYTES_PER_CELL = 16  # accumulator (sum, count: float32) + two snapshots' float32 estimates
 _TAG_LOSS = 21
@@ -65,7 +58,8 @@ class SamplingConfig:
     """The sampling stage's options (``RayLoader(sampling=...)``: a name or this).
 
     Attributes:
-        kind: ``"uniform"`` (the plan's order) or ``"loss"`` (error-map importance sampling).
+        kind: ``"uniform"`` (the plan's order), ``"loss"`` (error-map importance sampling) or
+            ``"temporal"`` (the store's ISG/IST weights, :mod:`raykit.loaders.temporal_draws`).
         grid: the finest cells per side of an image's map (a power of two; lowered until the maps
             fit :func:`map_grid`'s bound).
         interval: batches between the first rebuilds of the map.
@@ -73,6 +67,7 @@ class SamplingConfig:
         max_interval: the longest interval.
         floor: the fraction of every batch drawn uniformly from what is resident.
         decay: the accumulator is multiplied by this after each rebuild (older losses fade).
+        ist_step: ``temporal``: batches before it draw by ISG, from it by IST (K-Planes' DyNeRF: 50,000).
     """
 
     kind: str = "uniform"
@@ -82,6 +77,7 @@ class SamplingConfig:
     max_interval: int = 1024
     floor: float = 0.5
     decay: float = 0.5
+    ist_step: int = 50_000
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLINGS:
@@ -93,6 +89,7 @@ class SamplingConfig:
             "max_interval": (self.max_interval, Range(self.interval, integer=True)),
             "floor": (self.floor, Range(0, 1)),
             "decay": (self.decay, Range(0, 1)),
+            "ist_step": (self.ist_step, Range(0, integer=True)),
         })  # fmt: skip
         if not problems and self.grid & (self.grid - 1):
             problems.append(f"grid: expected a power of two, got {self.grid}")
@@ -492,4 +489,4 @@ def check_sampling(value: Any) -> SamplingConfig:
 
 def sampling_record(config: SamplingConfig) -> dict[str, Any]:
     """The sampling options as recorded (loader state, run records)."""
-    return asdict(config)
+    return {k: v for k, v in asdict(config).items() if k != "ist_step" or config.kind == "temporal"}

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from raykit.errors import ConfigError, SourceError
-from raykit.loaders.sampling import draw_groups, draw_within
+from raykit.loaders.sampling import SamplingConfig, draw_groups, draw_within
 from raykit.ranges import Range, range_problems
 
 __all__ = [
@@ -57,7 +57,7 @@ class TemporalSamplingConfig:
             DyNeRF configurations switch at 50,000).
     """
 
-    ist_step: int = 50_000
+    ist_step: int = SamplingConfig.ist_step
 
     def __post_init__(self) -> None:
         problems = range_problems({"ist_step": (self.ist_step, Range(0, integer=True))})
@@ -97,16 +97,19 @@ class TemporalSampler:
             frame's rows ``0 .. h-1`` at a time).
         width: ``w``, the weights' columns.
         factor: the weights' level (a weight pixel is a ``factor`` x ``factor`` block of its frame).
-        config: the schedule; ``seed``: the draws' seed.
+        config: the schedule; ``seed``: the draws' seed; ``stream``: more ints keying them (a rank's
+            ``(world_size, rank)``: disjoint streams).
+        flat_bytes: :meth:`draw_by_frame` holds every frame's cumulated weights (``F * h * w``
+            float64 a kind, read here) when they fit this, and draws a ray by one search in them.
     """
 
     def __init__(self, rows: Mapping[str, np.ndarray],
                  weights: Callable[[str, np.ndarray, np.ndarray], np.ndarray],
                  width: int, factor: int = 1, config: TemporalSamplingConfig | None = None,
-                 seed: int = 0) -> None:  # fmt: skip
+                 seed: int = 0, stream: tuple[int, ...] = (), flat_bytes: int = 0) -> None:  # fmt: skip
         self.config = TemporalSamplingConfig() if config is None else config
         self.weights, self.width, self.factor = weights, int(width), int(factor)
-        self._key = np.random.SeedSequence([seed, _TAG_TEMPORAL]).generate_state(2, np.uint64)
+        self._key = np.random.SeedSequence([seed, _TAG_TEMPORAL, *stream]).generate_state(2, np.uint64)
         self._cdf: dict[str, np.ndarray] = {}
         shapes = {np.shape(rows[kind]) for kind in TEMPORAL_KINDS if kind in rows}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
@@ -118,10 +121,20 @@ class TemporalSampler:
                 if not cdf[-1] > 0:
                     raise SourceError(f"temporal weights: the {kind.upper()} weights are all zero")
                 self._cdf[kind] = cdf
+        self._flat: dict[str, np.ndarray] = {}
+        if self.frames * self.height * self.width * 8 <= flat_bytes:
+            every = np.arange(self.height)
+            for kind in self._cdf:  # the frames' weights end to end, cumulated: the whole law's CDF
+                frames = [self._rows(kind, np.full(self.height, f), every) for f in range(self.frames)]
+                self._flat[kind] = np.cumsum(np.concatenate(frames).reshape(-1))
 
     def rng(self, step: int) -> np.random.Generator:
         """Batch ``step``'s generator: Philox keyed by the seed, ``step`` in its counter."""
         return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, 0, step]))
+
+    def shuffle_rng(self, step: int) -> np.random.Generator:
+        """A second generator of batch ``step`` (apart from :meth:`rng`'s): to shuffle sorted draws."""
+        return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, 1, step]))
 
     def draw(self, step: int, n: int) -> TemporalDraw:
         """``n`` rays of batch ``step``, by the weights the schedule names for it (a row read per ray)."""
@@ -140,9 +153,24 @@ class TemporalSampler:
     def draw_by_frame(self, step: int, n: int) -> TemporalDraw:
         """``n`` rays of batch ``step`` by the same law as :meth:`draw`, sorted by frame: each drawn
         frame's weights read once, a pixel drawn by the frame's whole CDF. For many batches' rays at
-        once (each frame's colours then read once too, the rays shuffled after)."""
+        once (each frame's colours then read once too, the rays shuffled after). With the whole CDF
+        held (``flat_bytes``), a ray is one search in it (sorted uniforms: the rays come out sorted)."""
         kind, rng, cdf = self._start(step, n)
         h, w = self.height, self.width
+        flat = self._flat.get(kind)
+        if flat is not None:
+            target, hw = np.sort(rng.random(n)) * flat[-1], h * w
+            frame = np.minimum(np.searchsorted(flat[hw - 1 :: hw], target, side="right"), self.frames - 1)
+            bounds = np.searchsorted(frame, np.arange(self.frames + 1)).tolist()
+            index = np.empty(n, np.int64)  # = searchsorted(flat, target), a frame's CDF at a time (cached)
+            for f in np.unique(frame).tolist():
+                a, b = bounds[f], bounds[f + 1]
+                index[a:b] = f * hw + np.searchsorted(flat[f * hw : (f + 1) * hw], target[a:b], side="right")
+            index = np.minimum(index, len(flat) - 1)  # a pixel by its weight: zeros never drawn
+            weight = flat[index] - np.where(index > 0, flat[index - 1], 0.0)  # exact: sums of float16
+            frame, pixel = np.divmod(index, h * w)
+            y, x = np.divmod(pixel, w)
+            return self._finish(kind, frame, y, x, weight / flat[-1], rng)
         frame = np.sort(draw_groups(cdf[h - 1 :: h], rng.random(n)))  # a frame by its mass
         u, pixel, prob = rng.random(n), np.empty(n, np.int64), np.empty(n, np.float64)
         frames, starts, counts = np.unique(frame, return_index=True, return_counts=True)
@@ -172,9 +200,9 @@ class TemporalSampler:
     def _finish(self, kind: str, frame: np.ndarray, y: np.ndarray, x: np.ndarray, prob: np.ndarray,
                 rng: np.random.Generator) -> TemporalDraw:  # fmt: skip
         """The draw in the frame's pixels: a pixel uniform within each drawn weight pixel's block."""
-        if self.factor > 1:
-            y = y * self.factor + rng.integers(0, self.factor, len(y))
-            x = x * self.factor + rng.integers(0, self.factor, len(x))
+        if self.factor > 1:  # one draw of the block's factor² pixels
+            dy, dx = np.divmod(rng.integers(0, self.factor**2, len(y)), self.factor)
+            y, x = y * self.factor + dy, x * self.factor + dx
         return TemporalDraw(frame, y, x, prob / self.factor**2, kind)
 
 

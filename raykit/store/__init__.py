@@ -45,14 +45,21 @@ from raykit.store.spec import (
 if TYPE_CHECKING:
     from raykit.store.summary import field_bytes, payload_bytes, store_summary
     from raykit.store.validate import validate_store
-    from raykit.store.write import add_component, copy_store, work_folder, write_remote, write_store
+    from raykit.store.write import (
+        add_component,
+        add_components,
+        copy_store,
+        work_folder,
+        write_remote,
+        write_store,
+    )
     from raykit.store.write.tasks import format_phases
 
 # module -> the public names it defines that are imported on first use
 _LAZY = {
     "summary": ("field_bytes", "payload_bytes", "store_summary"),
     "validate": ("validate_store",),
-    "write": ("add_component", "copy_store", "work_folder", "write_remote", "write_store"),
+    "write": ("add_component", "add_components", "copy_store", "work_folder", "write_remote", "write_store"),
     "write.tasks": ("format_phases",),
 }
 _MODULES = {name: module for module, names in _LAZY.items() for name in names}
@@ -92,6 +99,7 @@ __all__ = [
     "StoreSpec",
     "Timed",
     "add_component",
+    "add_components",
     "copy_store",
     "decode_pids",
     "encode_pids",

@@ -1,11 +1,13 @@
-"""Per-image components of a store: masks and depth maps (docs/format.md, "Components"), and the
-per-frame metadata beside them.
+"""Per-image components of a store: masks, depth maps and DyNeRF's temporal weights (docs/format.md,
+"Components"), and the per-frame metadata beside them.
 
 A component holds one array per image of the camera table, at the image's stored size: a mask
 ``uint8 (H, W)`` (0 = pixel not used; stored as 1 bit a pixel, ``np.packbits`` of ``mask > 0`` along
-rows, or as 8 bits) or a depth map ``float32 (H, W)`` (0 = unknown; stored as float16 or float32, in
-metres when ``unit`` is ``"m"``). Each image's array is one ``.npy`` file's bytes (C order, no pickle),
-the same bytes in both backends and both layouts:
+rows, or as 8 bits), a depth map ``float32 (H, W)`` (0 = unknown; stored as float16 or float32, in
+metres when ``unit`` is ``"m"``) or a temporal weight map ``isg``/``ist`` ``float16 (H // factor,
+W // factor)`` (``raykit.temporal_weights``: level ``factor`` of the image, ``factor`` recorded).
+Each image's array is one ``.npy`` file's bytes (C order, no pickle), the same bytes in both backends
+and both layouts:
 
 * zarr: per split, the split's arrays end to end in the sharded ``uint8`` array
   ``zarr/{split}/{component}`` (inner chunks of 64 KiB, ``bytes`` + ``crc32c``, shards of 64 MiB),
@@ -54,14 +56,17 @@ __all__ = [
     "ComponentInfo",
     "ComponentReader",
     "component_files",
+    "component_shape",
     "decode_component",
     "encode_component",
     "stored_size",
 ]
 
-COMPONENTS = ("mask", "depth")
-COMPONENT_DTYPES = {"mask": ("bit", "uint8"), "depth": ("float16", "float32")}
-DEFAULT_DTYPES = {"mask": "bit", "depth": "float32"}
+COMPONENTS = ("mask", "depth", "isg", "ist")
+WEIGHTS = ("isg", "ist")  # DyNeRF's temporal weights: float16 at level ``factor`` of the image
+COMPONENT_DTYPES = {"mask": ("bit", "uint8"), "depth": ("float16", "float32"), "isg": ("float16",),
+                    "ist": ("float16",)}  # fmt: skip
+DEFAULT_DTYPES = {"mask": "bit", "depth": "float32", "isg": "float16", "ist": "float16"}
 UNITS = ("", "m")
 FRAMES_FILE = "frames.json"
 
@@ -71,7 +76,7 @@ class ComponentInfo:
     """One component of a store (the manifest's ``components`` record).
 
     Attributes:
-        name: ``"mask"`` or ``"depth"``.
+        name: ``"mask"``, ``"depth"``, ``"isg"`` or ``"ist"``.
         dtype: mask ``"bit"`` (1 bit a pixel: 0 or 255 when read) or ``"uint8"``; depth ``"float16"``
             or ``"float32"``.
         unit: ``"m"`` when depths are in metres, else ``""`` (unknown scale; masks: ``""``).
@@ -81,7 +86,9 @@ class ComponentInfo:
         n_images: images it covers (every image of the camera table).
         stored_bytes: the bytes of its per-image arrays (``.npy``) in all.
         fingerprint: SHA-256 over its name, dtype, unit and every image's CRC-32C in table order.
-        source: where it came from (JSON-able description).
+        source: where it came from (JSON-able description; the temporal weights' options).
+        factor: the arrays' level (``isg``/``ist``: each pixel a ``factor`` x ``factor`` block of its
+            image; masks and depth: 1, the image's size).
     """
 
     name: str
@@ -93,6 +100,7 @@ class ComponentInfo:
     stored_bytes: int = 0
     fingerprint: str = ""
     source: Mapping[str, Any] = field(default_factory=dict)
+    factor: int = 1
 
     def __post_init__(self) -> None:
         if self.name not in COMPONENTS:
@@ -107,14 +115,19 @@ class ComponentInfo:
             raise ConfigError(f"component {self.name}: expected unit 'm' (depth) or '', got {self.unit!r}")
         if not (isinstance(self.scale, int | float) and math.isfinite(self.scale) and self.scale > 0):
             raise ConfigError(f"component {self.name}: expected a finite scale > 0, got {self.scale!r}")
+        levels = range(1, 65) if self.name in WEIGHTS else (1,)
+        if type(self.factor) is not int or self.factor not in levels:
+            raise ConfigError(
+                f"component {self.name}: expected a level factor in {levels}, got {self.factor!r}"
+            )
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "scale", float(self.scale))
         object.__setattr__(self, "index", self.index or f"index-{self.name}.json")
         object.__setattr__(self, "source", dict(self.source))
 
     def to_dict(self) -> dict[str, Any]:
-        """The manifest record: every attribute but the name (its key)."""
-        return {k: v for k, v in asdict(self).items() if k != "name"}
+        """The manifest record: every attribute but the name (its key), and ``factor`` when 1."""
+        return {k: v for k, v in asdict(self).items() if k != "name" and (k, v) != ("factor", 1)}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any], where: str) -> ComponentInfo:
@@ -129,6 +142,7 @@ class ComponentInfo:
                 stored_bytes=int(d.get("stored_bytes", 0)),
                 fingerprint=str(d["fingerprint"]),
                 source=dict(d.get("source") or {}),
+                factor=int(d.get("factor", 1)),
             )
         except (ConfigError, KeyError, TypeError, ValueError) as exc:
             raise StoreCorruptError(f"{where}: component {name!r}: malformed record ({exc})") from None
@@ -160,6 +174,11 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
     values = np.asarray(values)
     if values.ndim != 2:
         raise SourceError(f"{where}: expected a single-channel {info.name} (H, W), got shape {values.shape}")
+    if info.name in WEIGHTS:
+        weights = np.asarray(values, dtype=np.float16)
+        if not np.isfinite(weights).all() or (weights < 0).any():
+            raise SourceError(f"{where}: {info.name} weights must be finite and >= 0")
+        return npy_bytes(weights)
     if info.name == "mask":
         if info.dtype == "bit":
             return npy_bytes(np.packbits(values > 0, axis=1))
@@ -173,8 +192,14 @@ def encode_component(info: ComponentInfo, values: np.ndarray, where: str) -> byt
     return npy_bytes(depth.astype(info.dtype))
 
 
+def component_shape(info: ComponentInfo, height: int, width: int) -> tuple[int, int]:
+    """The (rows, columns) of component ``info``'s array of an image of ``(height, width)``."""
+    return height // info.factor, width // info.factor
+
+
 def _stored_form(info: ComponentInfo, height: int, width: int) -> tuple[np.dtype[Any], tuple[int, int]]:
     """The dtype and shape of the ``.npy`` stored for an image of ``(height, width)``."""
+    height, width = component_shape(info, height, width)
     if info.dtype == "bit":
         return np.dtype(np.uint8), (height, (width + 7) // 8)
     return np.dtype(info.dtype), (height, width)

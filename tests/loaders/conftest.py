@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,18 @@ from raykit.store import ImageRecord, SceneInfo, open_store, write_store
 from raykit.store.write import copy_store
 
 WIDTH, HEIGHT = 24, 16
+
+
+def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
+    """Upper-tail p-value of Pearson's statistic, cells expecting < 5 pooled (Wilson-Hilferty)."""
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    assert observed[expected == 0].sum() == 0 or not keep.all()
+    stat, dof = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:

@@ -3,8 +3,6 @@ exact three-level draw (raykit.loaders.temporal) against the twin's distribution
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,8 @@ from raykit.errors import ConfigError, SourceError
 from raykit.loaders.temporal import TemporalSampler, TemporalSamplingConfig, row_masses
 from raykit.resample import downscale_area
 from raykit.temporal_weights import TemporalWeightsConfig, temporal_weights
+
+from .conftest import chi_square_p
 
 
 def twin_weights(stack: np.ndarray, config: TemporalWeightsConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -81,18 +81,6 @@ def test_bad_frames_and_options_are_one_line() -> None:
         TemporalWeightsConfig(shift=0)
     with pytest.raises(ConfigError, match="ist_step"):
         TemporalSamplingConfig(ist_step=-1)
-
-
-def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
-    """Upper-tail p-value of Pearson's statistic, cells expecting < 5 pooled (Wilson-Hilferty)."""
-    small = expected < 5
-    obs = np.append(observed[~small], observed[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    keep = exp > 0
-    assert observed[expected == 0].sum() == 0 or not keep.all()
-    stat, dof = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def _sampler(capture: np.ndarray, config: TemporalWeightsConfig, factor: int, ist_step: int

@@ -52,6 +52,7 @@ from raykit.store.write.rays import copy_rays, write_rays
 __all__ = [
     "StoreImageLoad",
     "add_component",
+    "add_components",
     "copy_store",
     "store_records",
     "upload_store",
@@ -239,38 +240,71 @@ def add_component(
         SourceError: an array of the wrong size or values (one line naming the image); the store is
             unchanged.
     """
+    info = ComponentInfo(name, dtype, unit, scale, source=dict(source or {}))
+    return add_components(path, [info], lambda _, *image: load(*image), progress=progress)
+
+
+def add_components(
+    path: str | Path,
+    infos: Sequence[ComponentInfo],
+    load: Callable[[str, str, int, int], np.ndarray],
+    *,
+    progress: bool = False,
+) -> RayStore:
+    """Add the components ``infos`` to the committed local store at ``path`` as :func:`add_component`
+    adds one: every component's files, then one manifest with all of them (none if any fails).
+
+    Args:
+        load: ``load(component, image name, height, width)`` -> that component's array of the image
+            at its stored size (``raykit.store.components.component_shape``).
+    """
     if is_url(str(path)):
         raise ConfigError(f"{path}: add-component writes local stores only")
     store = open_store(path)
     root = Path(store.url)
     with store_lock(root):
         store = open_store(root)  # as committed now, under the lock
-        if name in store.components:
-            raise ConfigError(f"{store.url}: the store has a {name} component already")
-        info = ComponentInfo(name, dtype, unit, scale, source=dict(source or {}))
+        for info in infos:
+            if info.name in store.components:
+                raise ConfigError(f"{store.url}: the store has a {info.name} component already")
         table = store.table
         images = [
             (table.names[r], table.splits[r], int(table.height[r]), int(table.width[r]))
             for r in range(len(table.names))
         ]
-        bar = functools.partial(
-            progress_bar, total=len(images), desc=f"add {name}", unit="image", disable=not progress
-        )
         present = set(root.rglob("*"))
+        written: dict[str, Any] = {}
+        done = {}
         try:
-            done, files = write_component(
-                root, store.backend, info, images, lambda r: load(images[r][0], *images[r][2:]), bar
-            )
+            for info in infos:
+                bar = functools.partial(
+                    progress_bar, total=len(images), desc=f"add {info.name}", unit="image",
+                    disable=not progress,
+                )  # fmt: skip
+                done[info.name], files = write_component(
+                    root, store.backend, info, images,
+                    functools.partial(_load_row, load, info.name, images), bar,
+                )  # fmt: skip
+                written.update(files)
         except BaseException:  # a file that fails only when decoded: leave no stray file behind
             for path in sorted(set(root.rglob("*")) - present, key=lambda p: -len(p.parts)):
                 path.rmdir() if path.is_dir() else path.unlink()
             raise
         manifest = {k: v for k, v in store.manifest.items() if k != "manifest_digest"}
-        manifest["files"] = dict(sorted({**manifest["files"], **files}.items()))
-        manifest["components"] = {**manifest.get("components", {}), name: done.to_dict()}
+        manifest["files"] = dict(sorted({**manifest["files"], **written}.items()))
+        manifest["components"] = {
+            **manifest.get("components", {}),
+            **{k: v.to_dict() for k, v in done.items()},
+        }
         manifest["manifest_digest"] = json_digest(manifest)
         atomic_write_json(root / "manifest.json", manifest)
     return open_store(root)
+
+
+def _load_row(load: Callable[..., np.ndarray], name: str, images: Sequence[tuple[str, str, int, int]],
+              row: int) -> np.ndarray:  # fmt: skip
+    image, _, height, width = images[row]
+    return load(name, image, height, width)
 
 
 # Object storage: written locally, then uploaded with the manifest last.

@@ -21,7 +21,7 @@ from raykit.errors import SourceError
 from raykit.fileio import atomic_write_json
 from raykit.ordered import in_order
 from raykit.store.backends import backend_named, component_blobs
-from raykit.store.components import FRAMES_FILE, ComponentInfo, encode_component, stored_size
+from raykit.store.components import FRAMES_FILE, ComponentInfo, component_shape, encode_component, stored_size
 from raykit.store.files import file_record, json_digest, write_files
 from raykit.store.schema import ImageRecord
 
@@ -43,7 +43,8 @@ def write_component(
     Args:
         backend: ``"zarr"`` or ``"wds"``.
         images: per camera-table row, ``(name, split, height, width)``.
-        load: ``load(row)`` -> the row's array at its stored size (``encode_component``'s input);
+        load: ``load(row)`` -> the row's array at its stored size (``component_shape``;
+            ``encode_component``'s input);
             called on a few threads, the arrays written in row order (the bytes do not depend on it).
         progress: wraps the iterator of written rows (a progress bar).
 
@@ -58,9 +59,10 @@ def write_component(
     def encoded(row: int) -> bytes:  # on a thread: decoding files and numpy release the GIL
         name, _, height, width = images[row]
         values = np.asarray(load(row))
-        if values.shape[:2] != (height, width):
+        rows, columns = component_shape(info, height, width)
+        if values.shape[:2] != (rows, columns):
             shape = f"{values.shape[1]}x{values.shape[0]}" if values.ndim >= 2 else str(values.shape)
-            raise SourceError(f"image {name!r}: {info.name} is {shape}, expected {width}x{height}")
+            raise SourceError(f"image {name!r}: {info.name} is {shape}, expected {columns}x{rows}")
         return encode_component(info, values, f"image {name!r}")
 
     store, blobs = backend_named(backend), component_blobs(info.name)
