@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from raykit.errors import SourceError
+from raykit.poses import video_stream
 
 __all__ = ["AHEAD", "VideoFrame", "VideoInfo", "close_videos", "probe_video"]
 
@@ -43,21 +44,11 @@ def probe_video(path: Path) -> VideoInfo:
     Raises:
         SourceError: missing, not a video, or no video stream.
     """
-    import av  # PyAV: imported here so that importing raykit does not load FFmpeg
-
-    if not path.is_file():
-        raise SourceError(f"{path}: video file not found")
-    try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise SourceError(f"{path}: no video stream")
-            stream = container.streams.video[0]
-            frames = int(stream.frames or 0)
-            if frames == 0:
-                frames = sum(1 for packet in container.demux(stream) if packet.size)
-            return VideoInfo(frames, int(stream.codec_context.width), int(stream.codec_context.height))
-    except av.FFmpegError as exc:
-        raise SourceError(f"{path}: cannot read video ({exc})") from None
+    with video_stream(path) as (container, stream):
+        frames = int(stream.frames or 0)
+        if frames == 0:
+            frames = sum(1 for packet in container.demux(stream) if packet.size)
+        return VideoInfo(frames, int(stream.codec_context.width), int(stream.codec_context.height))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from raykit.poses.estimate import (
     estimate_poses,
     poses_for_convert,
 )
-from raykit.poses.video import VIDEO_EXTENSIONS
+from raykit.poses.video import VIDEO_EXTENSIONS, video_stream
 
 __all__ = [
     "MATCHERS",
@@ -29,4 +29,5 @@ __all__ = [
     "poses_for_convert",
     "rotation_angle_deg",
     "umeyama",
+    "video_stream",
 ]

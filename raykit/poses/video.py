@@ -9,17 +9,19 @@ goes sequential. Pixels are used as decoded; a rotation tag in the container is 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from raykit.errors import ConfigError, SourceError
 from raykit.fileio import atomic_write_bytes
 
-__all__ = ["VIDEO_EXTENSIONS", "extract_frames", "frame_name", "video_frames"]
+__all__ = ["VIDEO_EXTENSIONS", "extract_frames", "frame_name", "video_frames", "video_stream"]
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm")
 JPEG_QUALITY = 95
@@ -30,6 +32,27 @@ def frame_name(index: int) -> str:
     return f"frame_{index:05d}.jpg"
 
 
+@contextlib.contextmanager
+def video_stream(path: Path) -> Iterator[tuple[Any, Any]]:
+    """``(container, stream)``: ``path`` opened with PyAV and its first video stream, closed after the
+    block; FFmpeg's errors inside the block become one line naming the file.
+
+    Raises:
+        SourceError: the file is missing, not a video, has no video stream or fails to decode.
+    """
+    import av  # PyAV: imported here so that importing raykit does not load FFmpeg
+
+    if not path.is_file():
+        raise SourceError(f"{path}: video file not found")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise SourceError(f"{path}: no video stream")
+            yield container, container.streams.video[0]
+    except av.FFmpegError as exc:
+        raise SourceError(f"{path}: cannot decode video ({exc})") from None
+
+
 def video_frames(video: Path, fps: float) -> Iterator[np.ndarray]:
     """Yield (H, W, 3) uint8 RGB frames of ``video`` sampled at about ``fps`` frames per second.
 
@@ -37,28 +60,18 @@ def video_frames(video: Path, fps: float) -> Iterator[np.ndarray]:
         ConfigError: ``fps`` is not a positive finite number.
         SourceError: the file is missing, not a video, has no video stream or fails to decode.
     """
-    import av  # PyAV: imported here so that importing raykit does not load FFmpeg
-
     if not (isinstance(fps, int | float) and math.isfinite(fps) and fps > 0):
         raise ConfigError(f"fps: expected a positive number, got {fps!r}")
-    if not video.is_file():
-        raise SourceError(f"{video}: video file not found")
-    try:
-        with av.open(str(video)) as container:
-            if not container.streams.video:
-                raise SourceError(f"{video}: no video stream")
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            start: float | None = None
-            k = 0
-            for frame in container.decode(stream):
-                t = frame.time if frame.time is not None else 0.0
-                start = t if start is None else start
-                if t - start + 1e-6 >= k / fps:
-                    yield frame.to_ndarray(format="rgb24")
-                    k = math.floor((t - start) * fps + 1e-6) + 1
-    except av.FFmpegError as exc:
-        raise SourceError(f"{video}: cannot decode video ({exc})") from None
+    with video_stream(video) as (container, stream):
+        stream.thread_type = "AUTO"
+        start: float | None = None
+        k = 0
+        for frame in container.decode(stream):
+            t = frame.time if frame.time is not None else 0.0
+            start = t if start is None else start
+            if t - start + 1e-6 >= k / fps:
+                yield frame.to_ndarray(format="rgb24")
+                k = math.floor((t - start) * fps + 1e-6) + 1
 
 
 def extract_frames(

@@ -122,7 +122,7 @@ def test_bad_inputs_are_one_line_each(n3dv: dict[str, Any], tmp_path: Path) -> N
         f"{other / 'poses_bounds.npy'}: 4 rows but 3 camNN.mp4 videos in {other}"
     ]
     assert _bad(n3dv, tmp_path, lambda c: (c / "cam01.mp4").write_bytes(b"not a video" * 100)) == [
-        f"{bad / 'cam01.mp4'}: cannot read video (" + _bad_message(bad / "cam01.mp4")
+        f"{bad / 'cam01.mp4'}: cannot decode video (" + _bad_message(bad / "cam01.mp4")
     ]
     shutil.rmtree(bad)
     assert _bad(n3dv, tmp_path, lambda c: write_video(c / "cam02.mp4", _frames(5))) == [
@@ -143,7 +143,7 @@ def _bad_message(path: Path) -> str:
         from raykit.converters.video import probe_video
 
         probe_video(path)
-    return str(info.value).split(": cannot read video (", 1)[1]
+    return str(info.value).split(": cannot decode video (", 1)[1]
 
 
 def test_a_video_shorter_than_its_header_is_one_line(n3dv: dict[str, Any]) -> None:
