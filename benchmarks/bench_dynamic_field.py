@@ -66,12 +66,13 @@ def main() -> None:
     capture = write_dnerf(
         render_dynamic(n_cameras=args.cameras, n_times=args.times, size=args.size), work / "cap"
     )
-    store = convert(capture, work / "store.zarr")
+    store = work / "store.zarr"
+    convert(capture, store)
     runs = []
     for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
         order = ("static", "kplanes") if i % 2 == 0 else ("kplanes", "static")
         for field in order:
-            record = _one(Path(store), work / f"{field}-{seed}", field, args.seconds, seed, args.threads)
+            record = _one(store, work / f"{field}-{seed}", field, args.seconds, seed, args.threads)
             print(json.dumps(record), flush=True)
             runs.append(record)
     means = {

@@ -17,6 +17,8 @@ holds 2.1 M plane values; the MLPs are two layers of width ``hidden``.
 Layout: positions are mapped from the scene box ``aabb`` to [-1, 1]^3; plane features -> density MLP
 -> ``sigma = exp(raw)`` (clamped) and a geometry feature; geometry feature + degree-2 spherical
 harmonics of the view direction -> colour MLP -> sigmoid. Samples outside the box have zero density.
+For captures that move, :class:`raykit.trainer.spacetime.SpaceTimeField` adds K-Planes' three time
+planes per level to these, through the same lookups.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def plane_features(planes: Tensor, coords: Tensor, grid: Tensor | None = None, p
     Args:
         planes: (3, F, H, W) planes xy, xz, yz (or those of ``grid``'s axis pairs); plane ``(a, b)`` is
             indexed ``[f, b, a]`` (W along ``a``, H along ``b``).
-        coords: (P, 3) ``(x, y, z)`` in [-1, 1]; -1 and 1 are the centres of the edge texels.
+        coords: (P, 3) ``(x, y, z)`` in [-1, 1] (or (P, 4) with time last); -1 and 1 are the centres of
+            the edge texels.
         grid: ``plane_grid(coords, parts)`` when already computed (the levels of a field share it).
         parts: lookup images per plane (a divisor of F; :func:`lookup_parts`): the same result for any.
 
