@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from raykit.errors import ConfigError
+from raykit.errors import ConfigError, SourceError
 from raykit.trainer import TrainConfig, train
 from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from raykit.trainer.deploy import verify_export
+from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.export import export_run
 from raykit.trainer.field import RadianceField
 from raykit.trainer.spacetime import SpaceTimeField, max_over_time, plane_tv, regularisation, time_smoothness
@@ -145,3 +145,13 @@ def test_a_kplanes_export_verifies_at_zero_difference(dnerf: dict[str, Any], tmp
     result = verify_export(out)
     assert result["difference_db"] == 0.0
     assert TrainConfig.from_dict(json.loads((out / "config.json").read_text())).field == "kplanes"
+    # New cameras at given times: the capture's transforms file renders; a frame without a time is refused.
+    transforms = json.loads((dnerf["capture"] / "transforms_test.json").read_text())
+    frames, transforms = transforms["frames"][:2], {**transforms, "w": 32, "h": 32}  # images stay put
+    (tmp_path / "timed.json").write_text(json.dumps({**transforms, "frames": frames}))
+    figures = render_export(out, tmp_path / "timed.json", tmp_path / "renders")
+    assert figures["n_images"] == 2 and len(list((tmp_path / "renders").glob("*.png"))) == 2
+    untimed = [{k: v for k, v in frame.items() if k != "time"} for frame in frames]
+    (tmp_path / "untimed.json").write_text(json.dumps({**transforms, "frames": untimed}))
+    with pytest.raises(SourceError, match="time: expected a finite number"):
+        render_export(out, tmp_path / "untimed.json", tmp_path / "refused")
