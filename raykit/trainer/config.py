@@ -20,6 +20,7 @@ from raykit.ranges import SEED, Range, worker_range
 
 __all__ = [
     "AUTO_SAMPLERS",
+    "FIELDS",
     "LOGGERS",
     "RAY_SAMPLINGS",
     "SAMPLERS",
@@ -45,6 +46,8 @@ AUTO_SAMPLERS = {
 }
 """Scene space -> (sampler, reason) for ``--sampler auto``."""
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
+FIELDS = ("auto", "static", "kplanes")
+"""``--field``: the static field, K-Planes' space-time field, or auto (kplanes when the store holds time)."""
 RAY_SAMPLINGS = ("uniform", "loss")
 """``--ray-sampling``: the loader's sampling stage (``raykit.loaders``' ``sampling``)."""
 LOGGERS = ("jsonl", "tensorboard")
@@ -195,6 +198,34 @@ class TrainConfig:
     )
     features: int = _opt(8, "field: features per level", valid=_COUNT)
     hidden: int = _opt(32, "field: MLP width", valid=_COUNT)
+    field: str = _opt(
+        "auto",
+        "static (one field for all views) or kplanes (K-Planes' space-time planes: xy, xz, yz, xt, yt, "
+        "zt per level); auto: kplanes when the store holds per-view times, else static (recorded in "
+        "config.json, why in run.json)",
+        choices=FIELDS,
+    )
+    time_resolution: int | None = _opt(
+        None,
+        "kplanes: cells along time of each time plane; default half the store's distinct view times, "
+        "at least 2 (recorded in config.json, why in run.json)",
+        valid=Range(1, integer=True, optional=True),
+    )
+    plane_tv_weight: float = _opt(
+        1e-4, "kplanes: weight of the total variation of the space planes (0: off)", valid=Range(0)
+    )
+    time_smoothness_weight: float = _opt(
+        1e-3,
+        "kplanes: weight of the smoothness along time (mean squared second difference) of the time "
+        "planes (0: off)",
+        valid=Range(0),
+    )
+    occ_time_samples: int = _opt(
+        4,
+        "occupancy with kplanes: times per cell at each grid refresh, the densest kept (moving content "
+        "stays occupied)",
+        valid=_COUNT,
+    )
     log_every: int = _opt(50, "steps between log.jsonl records", valid=_COUNT)
     logger: str = _opt(
         "jsonl", "monitoring besides log.jsonl: jsonl (nothing else) or tensorboard", choices=LOGGERS

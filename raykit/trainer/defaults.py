@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raykit.errors import ConfigError
 from raykit.trainer.config import AUTO_SAMPLERS, TrainConfig
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "FIELD_RESOLUTIONS",
     "UNLIMITED_STEPS",
     "default_reasons",
+    "resolve_field",
     "resolve_resolution",
     "resolve_sampler",
     "resolve_steps",
@@ -97,6 +99,14 @@ DEFAULT_REASONS: dict[str, str] = {
     "320x256, ahead at equal time too; BENCHMARKS.md issue 47)",
     "features": "8 per level (raykit.trainer.field)",
     "hidden": "32: small MLPs, as instant-ngp's 64 wide networks halved for a CPU",
+    "field": "auto: kplanes when the store holds per-view times (a static field averages the motion "
+    "away), else static (run.json's field says which and why)",
+    "time_resolution": "None: half the store's distinct view times, at least 2 (resolve_field; K-Planes "
+    "uses 150 cells for DyNeRF's 300 frames)",
+    "plane_tv_weight": "1e-4: K-Planes' plane_tv_weight in its D-NeRF configs",
+    "time_smoothness_weight": "1e-3: K-Planes' time_smoothness_weight in its D-NeRF configs",
+    "occ_time_samples": "4: a few times per cell and refresh; with the grid's decaying maximum over "
+    "refreshes, a cell that moving content passes through stays occupied",
     "log_every": "50 steps: a record every second or so on a CPU, without slowing the step",
     "logger": "jsonl: no extra dependency; tensorboard is opt-in",
     "log_image_every_s": "180 s: a test view every 3 minutes of a 5-minute run",
@@ -192,3 +202,32 @@ def resolve_resolution(config: TrainConfig) -> tuple[TrainConfig, str]:
     return config.replace(
         max_resolution=value
     ), f"--max-resolution unset, scene space {space}: {value}, {why}"
+
+
+def resolve_field(config: TrainConfig, distinct_times: int) -> tuple[TrainConfig, str]:
+    """``config`` with ``field`` (``auto`` -> kplanes when the store holds time) and, for kplanes,
+    ``time_resolution`` resolved, and why. ``distinct_times``: the store's distinct view times (0 for
+    a store without time).
+
+    Raises:
+        ConfigError: ``--field kplanes`` on a store without time.
+    """
+    if config.field == "auto":
+        kind = "kplanes" if distinct_times else "static"
+        why = (
+            f"--field auto: the store holds per-view times ({distinct_times} distinct): kplanes, a "
+            "space-time field (a static field would average the motion away)"
+            if distinct_times
+            else "--field auto: the store holds no per-view time: static"
+        )
+        config = config.replace(field=kind)
+    else:
+        why = "chosen with --field"
+    if config.field != "kplanes":
+        return config, why
+    if not distinct_times:
+        raise ConfigError(f"{config.store}: --field kplanes needs per-view times; the store holds none")
+    if config.time_resolution is not None:
+        return config, f"{why}; --time-resolution {config.time_resolution}"
+    cells = max(2, distinct_times // 2)
+    return config.replace(time_resolution=cells), f"{why}; time resolution {cells}: half the distinct times"

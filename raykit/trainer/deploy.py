@@ -5,7 +5,9 @@ split (with PSNR/SSIM, since the store holds the pixels) or every frame of a ``t
 (instant-ngp / nerfstudio / Blender; no store needed) into ``DIR/NNN_NAME.png`` plus ``DIR/render.json``.
 Cameras are mapped into the model's frame: a ``transforms.json`` is in the capture's frame and goes
 through the export's ``world_from_source``; a store whose frame differs from the export's goes through
-the capture's frame too. New cameras get the training store's near/far range.
+the capture's frame too. New cameras get the training store's near/far range. A time-conditioned
+model (``--field kplanes``) renders a store's view at that view's time and a ``transforms.json`` frame at
+its ``time`` (required there, as in D-NeRF's files).
 
 ``raykit export --verify`` (:func:`verify_export`) re-renders the images of the run's evaluation from
 the export and the store and fails unless the mean PSNR of each verified split is within ``tolerance_db``
@@ -80,6 +82,7 @@ def _map_rays(rays: RayBatch, model_from_store: np.ndarray) -> RayBatch:
         near=rays.near * scale,
         far=rays.far * scale,
         z_scale=rays.z_scale,
+        times=rays.times,
     )
 
 
@@ -148,7 +151,8 @@ def transforms_views(
             intr = {k: frame.get(k, meta.get(k)) for k in INTRINSIC_KEYS if k in frame or k in meta}
             width, height = _frame_size(intr, frame, path.parent)
             camera = camera_from_intrinsics(intr, width, height, label=str(path))
-            frames.append((_frame_name(frame, i), camera, _c2w(frame.get("transform_matrix"))))
+            time = _frame_time(frame, model.config.field == "kplanes")
+            frames.append((_frame_name(frame, i), camera, _c2w(frame.get("transform_matrix")), time))
         except (SourceError, ValueError, TypeError) as exc:
             for problem in getattr(exc, "problems", [str(exc)]):
                 problems.setdefault(problem, []).append(i)  # a problem many frames share: said once
@@ -157,10 +161,20 @@ def transforms_views(
     world = model.world_from_source
     scene = model.manifest["scene"]
     near, far = scene.get("near") or 0.0, scene.get("far") or UNKNOWN_FAR
-    for name, camera, c2w_source in frames:
+    for name, camera, c2w_source, time in frames:
         c2w = world @ c2w_source
         c2w[:3, :3] /= float(np.cbrt(np.linalg.det(world[:3, :3])))
-        yield _camera_view(name, camera, c2w, near, far, device)
+        yield _camera_view(name, camera, c2w, near, far, device, time)
+
+
+def _frame_time(frame: Mapping[str, Any], timed: bool) -> float | None:
+    """A frame's ``time`` for a time-conditioned model (required there), else None."""
+    if not timed:
+        return None
+    time = frame.get("time")
+    if isinstance(time, bool) or not isinstance(time, int | float) or not np.isfinite(time):
+        raise SourceError(f"time: expected a finite number (the model is time-conditioned), got {time!r}")
+    return float(time)
 
 
 def _frames(indices: list[int]) -> str:
@@ -177,9 +191,15 @@ def _frame_name(frame: Mapping[str, Any], index: int) -> str:
 
 
 def _camera_view(
-    name: str, camera: Any, c2w: np.ndarray, near: float, far: float, device: torch.device
+    name: str,
+    camera: Any,
+    c2w: np.ndarray,
+    near: float,
+    far: float,
+    device: torch.device,
+    time: float | None = None,
 ) -> View:
-    """All pixels of one camera, row-major, as a ray batch on ``device``."""
+    """All pixels of one camera, row-major, as a ray batch on ``device`` (at ``time`` when given)."""
     ys, xs = torch.meshgrid(torch.arange(camera.height), torch.arange(camera.width), indexing="ij")
     pixels = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
     origins, directions, z_scale = pixels_to_rays(camera, torch.as_tensor(c2w), pixels, dtype=torch.float32)
@@ -194,6 +214,7 @@ def _camera_view(
         near=torch.full((n,), float(near)),
         far=torch.full((n,), float(far)),
         z_scale=z_scale,
+        times=None if time is None else torch.full((n,), time),
     )
     return View(name, rays.to(device), camera.height, camera.width)
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from raykit.errors import RaykitError, ResumeError
+from raykit.errors import ConfigError, RaykitError, ResumeError
 from raykit.fileio import atomic_path, atomic_write_json, read_json
 from raykit.loaders import reference_batch
 from raykit.metrics import Scorer, quantize
@@ -43,6 +43,7 @@ from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.pipeline import proposal_counts
 from raykit.trainer.proposal import ProposalNetworks
 from raykit.trainer.runtime import parse_background, resolve_device
+from raykit.trainer.spacetime import SpaceTimeField
 
 __all__ = [
     "build_models",
@@ -57,19 +58,32 @@ __all__ = [
 
 
 def build_models(
-    config: TrainConfig, aabb: torch.Tensor, device: torch.device, ndc_frame: torch.Tensor | None = None
+    config: TrainConfig,
+    aabb: torch.Tensor,
+    device: torch.device,
+    ndc_frame: torch.Tensor | None = None,
+    time_range: Any = None,
 ) -> tuple[RadianceField, Any]:
     """The field (seeded by ``config.seed``) and the sampler's state module, on ``device``.
 
-    The state module is the occupancy sampler's :class:`OccupancyGrid` (over the field coordinates
-    when the field is contracted), the proposal sampler's :class:`ProposalNetworks`, else None.
-    ``ndc_frame`` is the NDC reference camera of a field in scene space ``ndc``.
+    The field is a :class:`SpaceTimeField` over ``time_range`` (default (0, 1)) when ``config.field``
+    is ``kplanes``, else the static :class:`RadianceField`. The state module is the occupancy
+    sampler's :class:`OccupancyGrid` (over the field coordinates when the field is contracted), the
+    proposal sampler's :class:`ProposalNetworks`, else None. ``ndc_frame`` is the NDC reference camera
+    of a field in scene space ``ndc``.
     """
     space = "box" if config.scene_space == "auto" else config.scene_space
     config = resolve_resolution(resolve_sampler(config)[0])[0]
     assert config.max_resolution is not None
-    field = RadianceField(
+    timed: dict[str, Any] = {}
+    if config.field == "kplanes":
+        timed = {"time_range": (0.0, 1.0) if time_range is None else time_range}
+        if config.time_resolution is None:  # resolved from the store by the trainer (resolve_field)
+            raise ConfigError("--field kplanes: --time-resolution unresolved (expected a number)")
+        timed["time_resolution"] = config.time_resolution
+    field = (SpaceTimeField if timed else RadianceField)(
         aabb,
+        **timed,
         levels=config.levels,
         base_resolution=config.base_resolution,
         max_resolution=config.max_resolution,
@@ -160,8 +174,9 @@ def models_from_state(
             models the config builds (missing keys, wrong shapes), naming ``where``.
     """
     try:
+        state = tensors["field"]
         field, grid = build_models(
-            config, tensors["field"]["aabb"], device, tensors["field"].get("ndc_frame")
+            config, state["aabb"], device, state.get("ndc_frame"), state.get("time_range")
         )
         field.load_state_dict(tensors["field"])
         if grid is not None:

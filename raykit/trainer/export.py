@@ -170,6 +170,13 @@ def _store_scene(store_path: str, meta: CheckpointMeta) -> dict[str, Any]:
     }
 
 
+def _field_kind(config: TrainConfig, groups: dict[str, Any]) -> dict[str, Any]:
+    """The field's kind and, for a time-conditioned field, the time range its views span (renders at
+    other times read the edge of the time planes)."""
+    time_range = groups.get("field", {}).get("time_range")
+    return {"field": config.field, "time_range": None if time_range is None else time_range.tolist()}
+
+
 def _write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
     (directory / name).write_bytes(data)  # fsynced by atomic_path before the folder appears
     return bytes_record(data)
@@ -222,7 +229,7 @@ def export_run(
         "step": meta.step,
         "checkpoint": checkpoint.name,
         "store_fingerprint": meta.store_fingerprint,
-        "scene": {"aabb": aabb, **scene},
+        "scene": {"aabb": aabb, **scene, **_field_kind(config, groups)},
         "run": run_record,
         "eval": evaluation["splits"] if matches and evaluation else None,
         "eval_protocol": evaluation.get("protocol") if matches and evaluation else None,

@@ -17,6 +17,8 @@ holds 2.1 M plane values; the MLPs are two layers of width ``hidden``.
 Layout: positions are mapped from the scene box ``aabb`` to [-1, 1]^3; plane features -> density MLP
 -> ``sigma = exp(raw)`` (clamped) and a geometry feature; geometry feature + degree-2 spherical
 harmonics of the view direction -> colour MLP -> sigmoid. Samples outside the box have zero density.
+For captures that move, :class:`raykit.trainer.spacetime.SpaceTimeField` adds K-Planes' three time
+planes per level to these, through the same lookups.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch import Tensor, nn
 from raykit.trainer.contraction import field_coords
 
 __all__ = [
+    "SPACE_PAIRS",
     "RadianceField",
     "grid_resolutions",
     "lookup_parts",
@@ -48,11 +51,15 @@ def grid_resolutions(levels: int, base: int, finest: int) -> list[int]:
     return [round(base * growth**level) for level in range(levels)]
 
 
-def plane_grid(coords: Tensor, parts: int = 1) -> Tensor:
-    """(P, 3) -> (3 * parts, 1, P, 2): the (x, y), (x, z) and (y, z) projections, as ``grid_sample``
-    grids, each repeated ``parts`` times (see :func:`lookup_parts`; slices of ``coords``, copied once;
-    shared by every level of a field with that many parts)."""
-    projections = (coords[:, :2], coords[:, ::2], coords[:, 1:])
+SPACE_PAIRS = ((0, 1), (0, 2), (1, 2))
+"""The axes of the three space planes xy, xz, yz."""
+
+
+def plane_grid(coords: Tensor, parts: int = 1, pairs: tuple[tuple[int, int], ...] = SPACE_PAIRS) -> Tensor:
+    """(P, D) -> (3 * parts, 1, P, 2): the projections on the axis ``pairs`` (default (x, y), (x, z),
+    (y, z)), as ``grid_sample`` grids, each repeated ``parts`` times (see :func:`lookup_parts`; copied
+    once; shared by every level of a field with that many parts)."""
+    projections = [coords[:, a : b + 1 : b - a] for a, b in pairs]  # views: (x, y) is coords[:, 0:2:1]
     return torch.stack([p for p in projections for _ in range(parts)]).unsqueeze(1)
 
 
@@ -77,8 +84,10 @@ def plane_features(planes: Tensor, coords: Tensor, grid: Tensor | None = None, p
     """Product of bilinear lookups in three axis-aligned feature planes (fast path: ``grid_sample``).
 
     Args:
-        planes: (3, F, R, R) planes xy, xz, yz; plane ``(a, b)`` is indexed ``[f, b, a]``.
-        coords: (P, 3) ``(x, y, z)`` in [-1, 1]; -1 and 1 are the centres of the edge texels.
+        planes: (3, F, H, W) planes xy, xz, yz (or those of ``grid``'s axis pairs); plane ``(a, b)`` is
+            indexed ``[f, b, a]`` (W along ``a``, H along ``b``).
+        coords: (P, 3) ``(x, y, z)`` in [-1, 1] (or (P, 4) with time last); -1 and 1 are the centres of
+            the edge texels.
         grid: ``plane_grid(coords, parts)`` when already computed (the levels of a field share it).
         parts: lookup images per plane (a divisor of F; :func:`lookup_parts`): the same result for any.
 
@@ -86,9 +95,9 @@ def plane_features(planes: Tensor, coords: Tensor, grid: Tensor | None = None, p
         (P, F); zero outside [-1, 1].
     """
     grid = plane_grid(coords, parts) if grid is None else grid
-    n, f, r, _ = planes.shape
+    n, f, h, w = planes.shape
     sampled = F.grid_sample(
-        planes.reshape(n * parts, f // parts, r, r),
+        planes.reshape(n * parts, f // parts, h, w),
         grid,
         mode="bilinear",
         padding_mode="zeros",
@@ -154,6 +163,8 @@ class RadianceField(nn.Module):
 
     aabb: Tensor
     ndc_frame: Tensor | None
+    timed = False
+    """Whether the field depends on time (:class:`raykit.trainer.spacetime.SpaceTimeField`)."""
 
     def __init__(
         self,
@@ -208,38 +219,53 @@ class RadianceField(nn.Module):
         """(..., 3) world positions -> (..., 3) field coordinates in [-1, 1] inside the field."""
         return field_coords(positions, self.aabb, self.space == "contract")
 
-    def density_at_coords(self, coords: Tensor) -> Tensor:
-        """(..., 3) field coordinates -> (...,) densities (the occupancy grid of a contracted field)."""
-        sigma, _ = self._geometry(coords.reshape(-1, 3), normalized=True)
+    def density_at_coords(self, coords: Tensor, times: Tensor | None = None) -> Tensor:
+        """(..., 3) field coordinates (and (...,) times) -> (...,) densities (the occupancy grid of a
+        contracted field)."""
+        sigma, _ = self._geometry(coords.reshape(-1, 3), True, _flat(times))
         return sigma.view(coords.shape[:-1])
 
-    def _geometry(self, positions: Tensor, normalized: bool = False) -> tuple[Tensor, Tensor]:
-        """(P, 3) positions (or field coordinates) -> (sigma (P,), geometry features (P, G))."""
-        coords = positions if normalized else self.normalize(positions)
-        inside = (coords.abs() <= 1.0).all(dim=-1)
+    def plane_lookup(self, coords: Tensor, times: Tensor | None) -> Tensor:
+        """(P, 3) field coordinates -> (P, levels * F) features: each level's product of plane lookups
+        (``times`` (P,) is for time-conditioned fields; this one ignores it)."""
         parts = lookup_parts(self.planes[0].shape[1], coords.device)
         grid = plane_grid(coords, parts)
-        feats = torch.cat([plane_features(planes, coords, grid, parts) for planes in self.planes], dim=-1)
-        raw = self.density_mlp(feats)
+        return torch.cat([plane_features(planes, coords, grid, parts) for planes in self.planes], dim=-1)
+
+    def _geometry(
+        self, positions: Tensor, normalized: bool = False, times: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(P, 3) positions (or field coordinates), (P,) times -> (sigma (P,), geometry features (P, G))."""
+        coords = positions if normalized else self.normalize(positions)
+        inside = (coords.abs() <= 1.0).all(dim=-1)
+        raw = self.density_mlp(self.plane_lookup(coords, times))
         sigma = torch.exp(raw[:, 0].clamp(max=15.0)) * inside
         return sigma, raw[:, 1:]
 
-    def density(self, positions: Tensor) -> Tensor:
-        """(..., 3) positions -> (...,) non-negative densities (zero outside the box)."""
-        sigma, _ = self._geometry(positions.reshape(-1, 3))
+    def density(self, positions: Tensor, times: Tensor | None = None) -> Tensor:
+        """(..., 3) positions (and (...,) times) -> (...,) non-negative densities (zero outside the box)."""
+        sigma, _ = self._geometry(positions.reshape(-1, 3), times=_flat(times))
         return sigma.view(positions.shape[:-1])
 
-    def geometry(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(P, 3) positions -> (sigma (P,), geometry features (P, G)): the first half of :meth:`forward`."""
-        return self._geometry(positions)
+    def geometry(self, positions: Tensor, times: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(P, 3) positions (and (P,) times) -> (sigma (P,), geometry features (P, G)): the first half of
+        :meth:`forward`."""
+        return self._geometry(positions, times=times)
 
     def colour(self, geo: Tensor, directions: Tensor) -> Tensor:
         """(P, G) geometry features and (P, 3) unit directions -> (P, 3) rgb in [0, 1]: the second half."""
         return torch.sigmoid(self.color_mlp(torch.cat([geo, sh_encode(directions)], dim=-1)))
 
-    def forward(self, positions: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
-        """(..., 3) positions and unit directions -> (sigma (...,), rgb (..., 3) in [0, 1])."""
+    def forward(
+        self, positions: Tensor, directions: Tensor, times: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(..., 3) positions and unit directions (and (...,) times of a time-conditioned field) ->
+        (sigma (...,), rgb (..., 3) in [0, 1])."""
         shape = positions.shape[:-1]
-        sigma, geo = self._geometry(positions.reshape(-1, 3))
+        sigma, geo = self._geometry(positions.reshape(-1, 3), times=_flat(times))
         rgb = self.colour(geo, directions.reshape(-1, 3))
         return sigma.view(shape), rgb.view(*shape, 3)
+
+
+def _flat(times: Tensor | None) -> Tensor | None:
+    return None if times is None else times.reshape(-1)

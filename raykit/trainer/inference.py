@@ -10,7 +10,9 @@ the compositing weight reaches :data:`LEAST_WEIGHT`; a ray stops once its transm
 :data:`STOP_TRANSMITTANCE`. The field is evaluated by :func:`field_geometry` and :func:`field_colour`,
 the module's arithmetic without autograd's constraints (one feature buffer, activations in place,
 each ray's direction encoded once, the plane lookups cut in parts that keep every CPU thread busy:
-:func:`plane_parts`): the same values, bit for bit. Gathers go through ``index_select`` (several times
+:func:`plane_parts`): the same values, bit for bit. A time-conditioned field
+(:class:`raykit.trainer.spacetime.SpaceTimeField`) is evaluated through its own ``geometry``, each
+sample at its ray's time. Gathers go through ``index_select`` (several times
 faster on a CPU than advanced indexing, the same values). What is left out changes a pixel by less
 than ``1e-4`` behind an opacity of ``1 - 1e-4``, plus ``1e-7`` per sample skipped in front (a fortieth
 of one 8-bit level in all), so the renders are the every-sample ones (:func:`reference_colours`, their
@@ -229,6 +231,12 @@ def colour_of_encoding(field: RadianceField, geo: Tensor, encoded: Tensor) -> Te
     return F.linear(F.linear(x, hidden.weight, hidden.bias).relu_(), out.weight, out.bias).sigmoid_()
 
 
+def _times(rays: RayBatch) -> Tensor:
+    if rays.times is None:
+        raise ValueError("a time-conditioned field renders rays with times (RayBatch.times)")
+    return rays.times
+
+
 def composite_front_to_back(
     field: RadianceField,
     samples: Samples,
@@ -284,7 +292,11 @@ def composite_front_to_back(
         ray = ray_indices.index_select(0, index)
         start, end = t_starts.index_select(0, index), t_ends.index_select(0, index)
         mid = (0.5 * (start + end))[:, None]
-        sigma, geo = field_geometry(field, origins.index_select(0, ray) + steps.index_select(0, ray) * mid)
+        positions = origins.index_select(0, ray) + steps.index_select(0, ray) * mid
+        if field.timed:  # the module's own path, each sample at its ray's time
+            sigma, geo = field.geometry(positions, _times(rays).index_select(0, ray))
+        else:
+            sigma, geo = field_geometry(field, positions)
         sigma_delta = torch.zeros(running.numel(), width, device=device, dtype=dtype)
         sigma_delta.view(-1).index_copy_(0, flat, sigma.to(dtype) * (end - start))
         before = torch.cumsum(sigma_delta, dim=1) - sigma_delta

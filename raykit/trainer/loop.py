@@ -59,6 +59,7 @@ from raykit.trainer.runtime import (
 )
 from raykit.trainer.samplers import Samples
 from raykit.trainer.setup import Run, record_run, setup_run, write_rank_digest
+from raykit.trainer.spacetime import SpaceTimeField, max_over_time, regularisation
 from raykit.trainer.steptime import StepClock, TrainState, account, log_record
 
 __all__ = ["photometric_loss", "step_losses", "train"]
@@ -166,10 +167,10 @@ def step_losses(
     observe: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Samples]:
     """The forward half of a training step: sample, query ``model`` (the field or its DDP wrapper),
-    composite, and the losses: ``(photometric MSE, MSE + the proposal networks' interlevel loss,
-    samples)``. On a store with masks the MSE is over the rays whose pixel the mask uses
-    (:func:`photometric_loss`). ``lap(phase)`` is told when sampling, the network and the rendering
-    end. Nothing is read back to the host (the occupancy sampler's packed samples have a
+    composite, and the losses: ``(photometric MSE, MSE + the proposal networks' interlevel loss + a
+    kplanes field's regularisers, samples)``. On a store with masks the MSE is over the rays whose
+    pixel the mask uses (:func:`photometric_loss`). ``lap(phase)`` is told when sampling, the network
+    and the rendering end. Nothing is read back to the host (the occupancy sampler's packed samples have a
     data-dependent size: that one synchronisation is the sampler's), but for ``observe``, which gets
     each ray's squared error (detached, on the host: the loader's loss sampling stage)."""
     samples = sample_rays(config, field, grid, batch, step, generator)
@@ -189,6 +190,9 @@ def step_losses(
             total = total + config.distortion_weight * distortion_loss(
                 samples.trace.final_edges, rendered["weights"]
             )
+    regulariser = regularisation(field, config.plane_tv_weight, config.time_smoothness_weight)
+    if regulariser is not None:  # a kplanes field: K-Planes' plane TV and smoothness along time
+        total = total + regulariser
     lap("rendering")
     return loss, total, samples
 
@@ -247,6 +251,10 @@ def _refresh_grid(run: Run, step: int) -> None:
             density_fn = run.field.density_at_coords
             box = run.field.box
             step_size = max(hi - lo for lo, hi in zip(box[:3], box[3:], strict=True)) / config.march_steps
+        if isinstance(
+            run.field, SpaceTimeField
+        ):  # the densest of a few times per cell: moving content stays occupied
+            density_fn = max_over_time(density_fn, run.field.time_range, config.occ_time_samples, run.refresh)
         run.grid.refresh(density_fn, step_size, run.refresh, fraction)
 
 

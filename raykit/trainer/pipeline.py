@@ -42,8 +42,9 @@ __all__ = [
     "sample_rays",
 ]
 
-FieldFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-"""positions (..., 3), directions (..., 3) -> (sigma (...,), rgb (..., 3)); the field or its DDP wrapper."""
+FieldFn = Callable[..., tuple[Tensor, Tensor]]
+"""positions (..., 3), directions (..., 3)[, times (...,) of a time-conditioned field] -> (sigma (...,),
+rgb (..., 3)); the field or its DDP wrapper."""
 
 
 def march_step_size(aabb: Tensor | tuple[float, ...], march_steps: int) -> float:
@@ -77,7 +78,7 @@ def sample_rays(
         field.space, field.aabb, field.ndc_frame, rays.origins, rays.directions, rays.near, rays.far,
         field.box, field.ndc_values,
     )  # fmt: skip
-    samples = _sample(config, field, grid, frame, step, generator)
+    samples = _sample(config, field, grid, frame, step, generator, rays.times if field.timed else None)
     if field.space == "ndc":
         samples.origins, samples.directions = frame.origins, frame.directions
     return samples
@@ -90,23 +91,23 @@ def _sample(
     frame: RayFrame,
     step: int,
     generator: torch.Generator | None,
+    times: Tensor | None = None,
 ) -> Samples:
     if config.sampler == "auto":  # resolved by train(); here for direct callers
         config = resolve_sampler(config.replace(scene_space=field.space))[0]
     rays_o, rays_d, t0, t1 = frame.origins, frame.directions, frame.s0, frame.s1
     contracted = frame.scale > 0
     uniform = uniform_fraction(step, config.hier_anneal_steps, config.hier_uniform)
+    density: Any = field.density if times is None else _density_at(field, times)
     if config.sampler == "stratified":
         samples = stratified_samples(t0, t1, config.n_samples, generator)
         samples.t_starts, samples.t_ends = frame.to_t(samples.t_starts), frame.to_t(samples.t_ends)
         return samples
     if config.sampler == "hierarchical":
         if contracted:
-            return hierarchical_in_s(
-                field.density, frame, config.hier_coarse, config.hier_fine, uniform, generator
-            )
+            return hierarchical_in_s(density, frame, config.hier_coarse, config.hier_fine, uniform, generator)
         return hierarchical_samples(
-            field.density, rays_o, rays_d, t0, t1, config.hier_coarse, config.hier_fine, uniform, generator
+            density, rays_o, rays_d, t0, t1, config.hier_coarse, config.hier_fine, uniform, generator
         )
     if config.sampler == "proposal":
         if not isinstance(grid, ProposalNetworks):
@@ -116,6 +117,8 @@ def _sample(
         return proposal_samples(grid, frame, counts, config.prop_final, uniform, generator, train_networks)
     if not isinstance(grid, OccupancyGrid):
         raise TypeError("sample_rays: the occupancy sampler needs an OccupancyGrid")
+    if field.timed:  # the no-gradient passes would need each packed sample's time: skipped (run.json)
+        config = config.replace(early_stop_eps=0.0, occ_alpha_threshold=0.0)
     density_fn = field.density if config.early_stop_eps > 0 else None
     if contracted:
         return _march_contracted(config, field, grid, frame, generator)
@@ -132,6 +135,18 @@ def _sample(
         config.early_stop_eps,
         grid.coarse_tests(),
     )
+
+
+def _density_at(field: RadianceField, times: Tensor) -> Callable[[Tensor], Tensor]:
+    """positions (N, ..., 3) along N rays -> (N, ...) densities of a time-conditioned field at the rays'
+    times (N,)."""
+
+    def density(positions: Tensor) -> Tensor:
+        shape = positions.shape[:-1]
+        ray_times = times.view(-1, *([1] * (len(shape) - 1))).expand(shape)
+        return field.density(positions, ray_times)
+
+    return density
 
 
 def _march_contracted(
@@ -191,9 +206,20 @@ def query_field(
     else:
         positions = rays_o[samples.ray_indices] + step_d[samples.ray_indices] * t_mid[:, None]
         directions = rays_d[samples.ray_indices]
+    times = None if rays.times is None or not _timed(model) else rays.times
+    if times is not None:  # a time-conditioned field: each sample at its ray's time
+        times = (
+            times[:, None].expand(t_mid.shape) if samples.ray_indices is None else times[samples.ray_indices]
+        )
     with _autocast(rays_o.device, mixed_precision):
-        sigmas, rgbs = model(positions, directions)
+        sigmas, rgbs = model(positions, directions) if times is None else model(positions, directions, times)
     return sigmas.float(), rgbs.float()
+
+
+def _timed(model: Any) -> bool:
+    """Whether ``model`` (a field, or a field wrapped by DDP or ``torch.compile``) depends on time."""
+    inner = getattr(model, "_orig_mod", model)
+    return bool(getattr(getattr(inner, "module", inner), "timed", False))
 
 
 def composite_samples(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -18,7 +19,13 @@ from raykit.loaders import RayLoader
 from raykit.store import RayStore, open_store
 from raykit.trainer.budget import SampleBudget
 from raykit.trainer.config import TrainConfig
-from raykit.trainer.defaults import default_reasons, resolve_resolution, resolve_sampler, resolve_steps
+from raykit.trainer.defaults import (
+    default_reasons,
+    resolve_field,
+    resolve_resolution,
+    resolve_sampler,
+    resolve_steps,
+)
 from raykit.trainer.evaluate import build_models
 from raykit.trainer.field import RadianceField
 from raykit.trainer.logging_tb import TensorBoardLog, first_test_view, open_tensorboard
@@ -88,7 +95,11 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
     config, resolution_reason = resolve_resolution(config)
     config, steps_reason = resolve_steps(config)
     config, background_reason = resolve_background(config, store)
-    field_, grid = build_models(config, space.aabb, device, space.ndc_frame)
+    times = store.table.time
+    distinct = 0 if times is None else len(np.unique(times))
+    config, field_reason = resolve_field(config, distinct)
+    time_range = None if times is None else (float(times.min()), float(times.max()))
+    field_, grid = build_models(config, space.aabb, device, space.ndc_frame, time_range)
     budget = None
     if config.samples_per_step is not None:
         budget = SampleBudget.start(
@@ -133,12 +144,36 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
         choices={
             "sampler": {"name": config.sampler, "reason": sampler_reason},
             "background": {"colour": config.background, "reason": background_reason},
-            "field": {"max_resolution": config.max_resolution, "reason": resolution_reason},
+            "field": {
+                "max_resolution": config.max_resolution,
+                "reason": resolution_reason,
+                "kind": config.field,
+                "kind_reason": field_reason,
+                **_time_choices(config, time_range),
+            },
             "steps": {"steps": config.steps, "reason": steps_reason},
             "ray_sampling": {"name": config.ray_sampling, "reweight": False},  # losses not reweighted
         },
         budget=budget,
     )
+
+
+def _time_choices(config: TrainConfig, time_range: tuple[float, float] | None) -> dict[str, Any]:
+    """run.json's record of a kplanes field: its time range and resolution, and what each sampler
+    does with time (:mod:`raykit.trainer.spacetime`)."""
+    if config.field != "kplanes":
+        return {}
+    over_time = {
+        "occupancy": f"the grid keeps, per refreshed cell, the densest of {config.occ_time_samples} "
+        "stratified times (--occ-time-samples), so moving content stays occupied; the optional "
+        "no-gradient early-stop and opacity passes are skipped",
+        "proposal": "the proposal networks are static: they bound the field's weights over all times",
+    }.get(config.sampler, "samples are placed per ray at the ray's time")
+    return {
+        "time_range": time_range,
+        "time_resolution": config.time_resolution,
+        "sampler_over_time": over_time,
+    }
 
 
 def _training_model(config: TrainConfig, field_: RadianceField, procs: Processes) -> Any:

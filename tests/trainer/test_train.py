@@ -74,7 +74,7 @@ def test_run_directory_records_everything(tiny_store: Path, tmp_path: Path) -> N
     run = train(tiny_config(tiny_store, tmp_path / "run", sampler="stratified"))
     config = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
     expected = tiny_config(tiny_store, tmp_path / "run", sampler="stratified")
-    assert config == expected.replace(scene_space="box", background="white")  # auto, resolved from the store
+    assert config == expected.replace(scene_space="box", background="white", field="static")  # auto, resolved
     info = json.loads((run / "run.json").read_text())
     assert info["store_fingerprint"] == raykit.open_store(str(tiny_store)).fingerprint
     assert info["raykit_version"] == raykit.__version__ and info["seed"] == 0

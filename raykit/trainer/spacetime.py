@@ -1,0 +1,143 @@
+"""A time-conditioned radiance field (K-Planes' space-time planes) and its regularisers.
+
+K-Planes (Fridovich-Keil et al., CVPR 2023) factorises a 4-D field into six planes per level: the
+space planes xy, xz, yz of the static field and three time planes xt, yt, zt; a point's feature at a
+level is the product (Hadamard) of its six bilinear lookups. :class:`SpaceTimeField` is the static
+:class:`~raykit.trainer.field.RadianceField` with those three time planes added per level, looked up by
+the same ``grid_sample`` path (:func:`~raykit.trainer.field.plane_features` over another pair of axes).
+The time planes have ``time_resolution`` cells along time (every level the same, as in K-Planes, whose
+multiscale levels are spatial only) and start at one, as K-Planes initialises them: the field starts
+static (the space planes drawn as the static field draws them, from the same seed) and learns motion
+where the images ask for it. Times are mapped from the store's time range ``time_range`` to [-1, 1]
+(clamped: a time outside the range reads the edge texel).
+
+The regularisers are K-Planes' (its D-NeRF configs' weights are the defaults): total variation on the
+space planes (:func:`plane_tv`, ``plane_tv_weight`` 1e-4) and smoothness along time on the time
+planes, the mean squared second difference (:func:`time_smoothness`, ``time_smoothness_weight`` 1e-3).
+
+Samplers: stratified and hierarchical sampling and the field itself get each ray's time; the occupancy
+grid of a time-conditioned field keeps, per refreshed cell, the densest of a few stratified times
+(:func:`max_over_time`), so content that moves through a cell keeps it occupied; proposal networks
+stay static: trained by the interlevel loss against every time's weights, they bound the union of
+the scene over time (K-Planes' own proposal networks are time-conditioned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from raykit.trainer.field import RadianceField, lookup_parts, plane_features, plane_grid
+
+__all__ = ["TIME_PAIRS", "SpaceTimeField", "max_over_time", "plane_tv", "regularisation", "time_smoothness"]
+
+TIME_PAIRS = ((0, 3), (1, 3), (2, 3))
+"""The axes of the three time planes xt, yt, zt (coordinate 3 is time)."""
+
+
+class SpaceTimeField(RadianceField):
+    """Density and view-dependent colour at 3-D points and times (K-Planes' six planes per level).
+
+    Args:
+        aabb: (6,) scene box, as for :class:`~raykit.trainer.field.RadianceField`.
+        time_range: ``(first, last)`` time of the store's views (mapped to -1 and 1).
+        time_resolution: cells along time of every time plane.
+        **kwargs: the static field's (``levels``, ``features``, ``seed``, ``space``, ...).
+    """
+
+    timed = True
+    time_range: Tensor
+
+    def __init__(
+        self, aabb: Tensor, time_range: Any = (0.0, 1.0), time_resolution: int = 25, **kwargs: Any
+    ) -> None:
+        super().__init__(aabb, **kwargs)
+        self.register_buffer("time_range", torch.as_tensor(time_range, dtype=torch.float32).clone())
+        features = self.planes[0].shape[1]
+        self.time_planes = nn.ParameterList(
+            nn.Parameter(torch.ones(3, features, time_resolution, r)) for r in self.resolutions
+        )
+
+    def time_coords(self, times: Tensor) -> Tensor:
+        """(P,) times -> (P,) time coordinates in [-1, 1] (clamped outside the time range)."""
+        lo, hi = self.time_range[0], self.time_range[1]
+        return ((times - lo) / (hi - lo).clamp_min(1e-12) * 2.0 - 1.0).clamp(-1.0, 1.0)
+
+    def plane_lookup(self, coords: Tensor, times: Tensor | None) -> Tensor:
+        """(P, 3) field coordinates and (P,) times -> (P, levels * F): per level, the product of the six
+        plane lookups."""
+        if times is None:
+            raise ValueError("a time-conditioned field needs each point's time (RayBatch.times)")
+        coords4 = torch.cat([coords, self.time_coords(times.to(coords.dtype))[:, None]], dim=-1)
+        parts = lookup_parts(self.planes[0].shape[1], coords.device)
+        space, time = plane_grid(coords4, parts), plane_grid(coords4, parts, TIME_PAIRS)
+        return torch.cat(
+            [
+                plane_features(planes, coords4, space, parts) * plane_features(steps, coords4, time, parts)
+                for planes, steps in zip(self.planes, self.time_planes, strict=True)
+            ],
+            dim=-1,
+        )
+
+
+def plane_tv(planes: Iterable[Tensor]) -> Tensor:
+    """K-Planes' total variation of (3, F, H, W) plane stacks: per plane, twice the mean squared
+    difference of neighbouring texels along H plus that along W; summed over planes and stacks."""
+    terms = [
+        2.0 * ((p[..., 1:, :] - p[..., :-1, :]).square().mean(dim=(1, 2, 3)).sum())
+        + 2.0 * ((p[..., 1:] - p[..., :-1]).square().mean(dim=(1, 2, 3)).sum())
+        for p in planes
+    ]
+    return torch.stack(terms).sum()
+
+
+def time_smoothness(planes: Iterable[Tensor]) -> Tensor:
+    """K-Planes' smoothness along time of (3, F, T, W) time-plane stacks: per plane, the mean squared
+    second difference along T (zero when T < 3); summed over planes and stacks."""
+    terms = [
+        (p[..., 2:, :] - 2.0 * p[..., 1:-1, :] + p[..., :-2, :]).square().mean(dim=(1, 2, 3)).sum()
+        if p.shape[-2] >= 3
+        else p.sum() * 0.0
+        for p in planes
+    ]
+    return torch.stack(terms).sum()
+
+
+def regularisation(field: RadianceField, tv_weight: float, smoothness_weight: float) -> Tensor | None:
+    """The weighted K-Planes regularisers of a time-conditioned field; None for a static field or when
+    both weights are 0 (nothing computed)."""
+    if not isinstance(field, SpaceTimeField) or (tv_weight <= 0 and smoothness_weight <= 0):
+        return None
+    total = field.planes[0].new_zeros(())
+    if tv_weight > 0:
+        total = total + tv_weight * plane_tv(field.planes)
+    if smoothness_weight > 0:
+        total = total + smoothness_weight * time_smoothness(field.time_planes)
+    return total
+
+
+def max_over_time(
+    density_fn: Callable[[Tensor, Tensor], Tensor],
+    time_range: Tensor,
+    samples: int,
+    generator: torch.Generator | None,
+) -> Callable[[Tensor], Tensor]:
+    """``positions (P, 3) -> (P,)``: the largest of ``density_fn(positions, times)`` over ``samples``
+    stratified times in ``time_range`` (2,), one jittered time per stratum and point (stratum centres
+    when ``generator`` is None): the occupancy grid's density of a time-conditioned field."""
+
+    def densest(positions: Tensor) -> Tensor:
+        n, device = positions.shape[0], positions.device
+        if generator is None:
+            u = torch.full((samples, n), 0.5, device=device)
+        else:
+            u = torch.rand((samples, n), generator=generator, device=device)
+        lo, hi = time_range[0], time_range[1]
+        strata = torch.arange(samples, device=device, dtype=u.dtype)[:, None]
+        times = lo + (hi - lo) * (strata + u) / samples
+        return torch.stack([density_fn(positions, t) for t in times]).amax(dim=0)
+
+    return densest
