@@ -319,6 +319,18 @@ def test_all_names_exist(name: str) -> None:
         assert hasattr(module, exported), f"{name}.__all__ names {exported!r}, which does not exist"
 
 
+def test_no_package_exports_a_name_of_its_own_submodule() -> None:
+    """A package whose names are imported on first use (PEP 562) loses one to the import system when a
+    submodule of the same name is imported (the package's attribute becomes the module)."""
+    clashes = []
+    for name in _raykit_modules():
+        module = importlib.import_module(name)
+        if hasattr(module, "__path__") and "__getattr__" in vars(module):  # a lazy face
+            submodules = {info.name for info in pkgutil.iter_modules(module.__path__)}
+            clashes += [f"{name}.{n}" for n in getattr(module, "__all__", []) if n in submodules]
+    assert clashes == []
+
+
 def test_readme_test_command_is_ci() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]

@@ -17,7 +17,7 @@ from raykit.lazy import lazy_attribute
 
 if TYPE_CHECKING:
     from raykit.metrics import OLD_PROTOCOL, protocol_of
-    from raykit.trainer.compare import compare
+    from raykit.trainer.comparison import compare
     from raykit.trainer.config import AUTO_SAMPLERS, SAMPLERS, TrainConfig
     from raykit.trainer.deploy import render_export, verify_export
     from raykit.trainer.evaluate import render
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # module -> the public names it defines, imported on first use (PEP 562): ``raykit sweep``, ``raykit run``
 # and their refusals read ``TrainConfig`` without the seconds torch takes to import.
 _PUBLIC = {
-    "compare": ("compare",),
+    "comparison": ("compare",),
     "config": ("AUTO_SAMPLERS", "SAMPLERS", "TrainConfig"),
     "deploy": ("render_export", "verify_export"),
     "evaluate": ("render",),

@@ -116,7 +116,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from raykit.trainer.compare import compare, eval_protocols, format_table
+    from raykit.trainer.comparison import compare, eval_protocols, format_table
 
     rows = compare(args.run_a, args.run_b)
     protocol_a, protocol_b = eval_protocols(args.run_a, args.run_b)

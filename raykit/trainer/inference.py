@@ -250,7 +250,7 @@ def composite_front_to_back(
     Round ``r`` evaluates the density at samples ``k_r .. k_r + K_r - 1`` of every ray still running
     (``K`` runs through :data:`ROUNDS`, then stays at its last value), and the colour only where the
     compositing weight is at least ``least_weight``; a ray stops when it has no samples left or its
-    transmittance is below ``stop``. The compositing is :func:`raykit.trainer.render.rendering`'s,
+    transmittance is below ``stop``. The compositing is :func:`raykit.trainer.compositing.rendering`'s,
     carried from round to round by each ray's transmittance.
 
     Args:

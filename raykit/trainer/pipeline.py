@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 
 from raykit.rays import RayBatch
+from raykit.trainer.compositing import rendering
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.defaults import resolve_sampler
 from raykit.trainer.field import RadianceField
 from raykit.trainer.occupancy import OccupancyGrid
 from raykit.trainer.proposal import ProposalNetworks, proposal_samples, proposal_update_due
-from raykit.trainer.render import rendering
 from raykit.trainer.samplers import (
     Samples,
     hierarchical_samples,
@@ -225,7 +225,7 @@ def _timed(model: Any) -> bool:
 def composite_samples(
     samples: Samples, sigmas: Tensor, rgbs: Tensor, background: Tensor
 ) -> dict[str, Tensor]:
-    """Volume-render the samples over ``background``: :func:`raykit.trainer.render.rendering`'s dict."""
+    """Volume-render the samples over ``background``: :func:`raykit.trainer.compositing.rendering`'s dict."""
     return rendering(
         samples.t_starts, samples.t_ends, sigmas, rgbs, background, samples.ray_indices, samples.n_rays
     )

@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raykit.trainer.compositing import render_weight_from_density
 from raykit.trainer.contraction import field_coords
 from raykit.trainer.field import lookup_parts, plane_features
-from raykit.trainer.render import render_weight_from_density
 from raykit.trainer.samplers import Samples, sample_pdf, stratified_samples
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from raykit.trainer.render import render_weight_from_density, render_weight_from_density_packed
+from raykit.trainer.compositing import render_weight_from_density, render_weight_from_density_packed
 
 __all__ = [
     "CoarseTest",

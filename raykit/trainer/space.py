@@ -30,9 +30,9 @@ from torch import Tensor
 
 from raykit.errors import ConfigError
 from raykit.store import RayStore
+from raykit.trainer.compositing import render_weight_from_density
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.contraction import focus_point, ndc_rays, spacing, spacing_inverse
-from raykit.trainer.render import render_weight_from_density
 from raykit.trainer.runtime import scene_aabb
 from raykit.trainer.samplers import Samples, early_stopped, ray_aabb_intersect, sample_pdf, stratified_samples
 

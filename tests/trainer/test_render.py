@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from raykit.trainer.render import (
+from raykit.trainer.compositing import (
     exclusive_cumsum_packed,
     pack_padded,
     reference_render,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from raykit.trainer.compositing import rendering
 from raykit.trainer.occupancy import OccupancyGrid
-from raykit.trainer.render import rendering
 from raykit.trainer.samplers import (
     hierarchical_samples,
     march_occupied,
