@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,9 +16,11 @@ from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatama
 from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
 from nerfstudio.model_components.ray_generators import RayGenerator
 
+from raykit.errors import ConfigError
 from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
 from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
+from raykit.loaders import RayLoader
 
 
 def _shape(value: Any) -> Any:
@@ -32,11 +35,63 @@ def _shape(value: Any) -> Any:
     return type(value).__name__
 
 
-def _rays_manager(store: Path, rays: int = 500) -> Any:
+def _rays_manager(store: Path, rays: int = 500, sampling: str = "uniform") -> Any:
     parser = RaykitDataParserConfig(data=store)
     return RaykitDataManagerConfig(
-        dataparser=parser, train_num_rays_per_batch=rays, eval_num_rays_per_batch=rays
+        dataparser=parser, train_num_rays_per_batch=rays, eval_num_rays_per_batch=rays, sampling=sampling
     ).setup(device="cpu")
+
+
+def _left_quarter_loss(pixel_x: torch.Tensor, width: int) -> torch.Tensor:
+    """A loss of 1 on the left quarter of every image, 0 elsewhere."""
+    return (pixel_x < width // 4).to(torch.float32)
+
+
+@pytest.mark.parametrize("form", ["rays", "images"])
+def test_ray_datamanager_loss_sampling_is_the_loaders(lego: dict[str, Any], form: str) -> None:
+    """``sampling="loss"``: each batch is the one ``RayLoader(sampling="loss")`` gives for the same seed
+    and the same fed-back losses (ranks of the loader, not a sampler of the datamanager's own), carries
+    the draw's ``prob`` and ``weight``, and after the map's first rebuild draws the lossy quarter more."""
+    ours = _rays_manager(lego[form], sampling="loss")
+    with pytest.raises(ConfigError, match="no training batch"):
+        ours.observe(torch.zeros(500))
+    store = ours.dataparser.store
+    width = int(store.table.width[0])
+    reference = RayLoader(store, "train", 500, 0, sampling="loss")
+    stream = reference.forever()
+    left = []
+    for step in range(100):
+        _, batch = ours.next_train(step)
+        theirs = next(stream)
+        assert torch.equal(batch["indices"][:, 2], theirs.pixel[:, 0]), step
+        assert torch.equal(batch["indices"][:, 1], theirs.pixel[:, 1]), step
+        assert batch["prob"].shape == batch["weight"].shape == (500, 1)
+        torch.testing.assert_close(batch["prob"][:, 0], theirs.extra["prob"].to(torch.float32))
+        loss = _left_quarter_loss(batch["indices"][:, 2], width)
+        ours.observe(loss[:, None])  # nerfstudio's (N, 1) form
+        reference.observe(theirs, loss)
+        left.append(float(loss.mean()))
+    with pytest.raises(ConfigError, match="one per ray"):
+        ours.observe(torch.zeros(3))
+    assert np.mean(left[:20]) < 0.35 < 0.45 < np.mean(left[-20:])  # uniform: 0.25
+
+
+def test_ray_datamanager_feeds_back_nerfactos_per_ray_loss(lego: dict[str, Any]) -> None:
+    """``observe_outputs``: the per-ray loss fed back is the squared error nerfacto's loss averages
+    (through the model's background blending when it has one); uniform sampling ignores it."""
+    ours = _rays_manager(lego["rays"], sampling="loss")
+    _, batch = ours.next_train(0)
+    fed: list[torch.Tensor] = []
+    ours.train_loader.observe = lambda rays, losses: fed.append(torch.as_tensor(losses))
+    rgb = torch.rand(len(batch["image"]), 3)
+    ours.observe_outputs(None, {"rgb": rgb})
+    expected = ((rgb - batch["image"][:, :3]) ** 2).mean(-1)
+    torch.testing.assert_close(fed[0], expected)
+    plain = _rays_manager(lego["rays"])
+    plain.next_train(0)
+    plain.train_loader.observe = lambda rays, losses: fed.append(losses)
+    plain.observe_outputs(None, {"rgb": rgb})
+    assert len(fed) == 1
 
 
 @pytest.mark.parametrize("form", ["rays", "images"])

@@ -3,7 +3,10 @@ with raykit's datamanagers and the ``raykit-data`` dataparser.
 
 Registered under nerfstudio's ``nerfstudio.method_configs`` entry point (pyproject.toml). The specs
 are built on first access (module ``__getattr__``), because nerfstudio's method configs import its
-model and pipeline modules, which import torchvision: importing this module needs neither.
+model and pipeline modules, which import torchvision: importing this module needs neither. So is
+``RaykitPipeline`` (nerfacto-raykit's pipeline: nerfstudio's ``VanillaPipeline`` that feeds each
+training step's per-ray losses back to the ray datamanager, ``RaykitDataManager.observe_outputs``,
+which draws by them with ``sampling="loss"`` and ignores them otherwise).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def method_spec(name: str) -> Any:
             train_num_rays_per_batch=old.train_num_rays_per_batch,
             eval_num_rays_per_batch=old.eval_num_rays_per_batch,
         )
+        config.pipeline._target = _pipeline_class()  # feeds back per-ray losses (sampling="loss")
     else:
         model = config.pipeline.model
         config.pipeline.datamanager = RaykitImageDataManagerConfig(
@@ -59,7 +63,29 @@ def method_spec(name: str) -> Any:
     return MethodSpecification(config=config, description=description)
 
 
+def _pipeline_class() -> type:
+    """``RaykitPipeline``, made once (its base imports torchvision); found by this module's name."""
+    if "RaykitPipeline" not in globals():
+        from nerfstudio.pipelines.base_pipeline import VanillaPipeline
+
+        class RaykitPipeline(VanillaPipeline):
+            """``VanillaPipeline`` whose training step also calls the datamanager's ``observe_outputs``."""
+
+            def get_train_loss_dict(self, step: int) -> Any:
+                outputs, loss_dict, metrics_dict = super().get_train_loss_dict(step)
+                observe = getattr(self.datamanager, "observe_outputs", None)
+                if observe is not None:
+                    observe(self.model, outputs)
+                return outputs, loss_dict, metrics_dict
+
+        RaykitPipeline.__qualname__ = "RaykitPipeline"  # saved configs and pickles name it here
+        globals()["RaykitPipeline"] = RaykitPipeline
+    return globals()["RaykitPipeline"]
+
+
 def __getattr__(attribute: str) -> Any:
+    if attribute == "RaykitPipeline":
+        return _pipeline_class()
     if attribute in _ATTRIBUTES:
         return method_spec(_ATTRIBUTES[attribute])
     raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

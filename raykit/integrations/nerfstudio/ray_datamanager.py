@@ -18,7 +18,7 @@ dataset item)`` as its ``RandIndicesEvalDataloader`` does, from a seeded draw.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from nerfstudio.cameras.rays import RayBundle
 from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 from nerfstudio.data.utils.dataloaders import FixedIndicesEvalDataloader
 
+from raykit.errors import ConfigError
 from raykit.integrations.nerfstudio.common import (
     DatasetRows,
     StoreDataManager,
@@ -64,6 +65,10 @@ class RaykitDataManagerConfig(DataManagerConfig):
     ray_table_bytes: int = 256 << 20
     """Most bytes of per-camera ray tables (20 per pixel of each distinct set of intrinsics); cameras
     needing more are generated per batch by nerfstudio's ``RayGenerator``."""
+    sampling: str = "uniform"
+    """Which rays a training batch holds: ``uniform`` (the loader's shuffle) or ``loss`` (the loader's
+    error-map importance sampling, fed back through :meth:`RaykitDataManager.observe`, which
+    :class:`RaykitPipeline` calls each step). Batches then carry ``prob`` and ``weight``."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,11 @@ class RayRows:
     ``indices`` (N, 3) int64 ``[camera, y, x]``, ``image`` (N, 3|4) float32 (nerfstudio's colours),
     ``mask`` (N, 1) bool or None, ``depth_image`` (N, 1) float32 or None, and the ``RayBundle``'s
     fields: ``origins``, ``directions`` (N, 3), ``pixel_area``, ``directions_norm`` (N, 1) float32,
-    ``camera_indices`` (N, 1) int64, ``times`` (N, 1) float32 when the store has time, else None.
-    Sliceable, as the loader cuts generated groups into batches (slices are views).
+    ``camera_indices`` (N, 1) int64, ``times`` (N, 1) float32 when the store has time, else None;
+    ``pid`` (N,) int64, the store's pixel ids (what :meth:`RaykitDataManager.observe` feeds back), and
+    with ``sampling="loss"`` ``prob`` and ``weight`` (N, 1) float32 (``raykit.loaders``' sampling stage:
+    the probability each ray was drawn with, and ``1 / (resident rays * prob)``). Sliceable, as the
+    loader cuts generated groups into batches (slices are views).
     """
 
     indices: torch.Tensor
@@ -87,25 +95,17 @@ class RayRows:
     directions_norm: torch.Tensor
     camera_indices: torch.Tensor
     times: torch.Tensor | None = None
+    pid: torch.Tensor | None = None
+    prob: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
     def __getitem__(self, rows: slice | torch.Tensor) -> RayRows:
-        mask = None if self.mask is None else self.mask[rows]
-        depth = None if self.depth_image is None else self.depth_image[rows]
-        return RayRows(
-            indices=self.indices[rows],
-            image=self.image[rows],
-            mask=mask,
-            depth_image=depth,
-            origins=self.origins[rows],
-            directions=self.directions[rows],
-            pixel_area=self.pixel_area[rows],
-            directions_norm=self.directions_norm[rows],
-            camera_indices=self.camera_indices[rows],
-            times=None if self.times is None else self.times[rows],
-        )
+        cut: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        sliced: dict[str, Any] = {name: None if value is None else value[rows] for name, value in cut.items()}
+        return RayRows(**sliced)
 
     def bundle(self, device: Any) -> RayBundle:
         """The nerfstudio ``RayBundle`` of these rays on ``device``."""
@@ -161,7 +161,15 @@ class PixelRays:
             directions_norm=bundle.metadata["directions_norm"].cpu(),
             camera_indices=bundle.camera_indices.cpu(),
             times=None if bundle.times is None else bundle.times.cpu(),
+            pid=torch.from_numpy(np.asarray(raw.pid, np.int64)),
+            prob=_column(raw.extra.get("prob")),
+            weight=_column(raw.extra.get("weight")),
         )
+
+
+def _column(values: np.ndarray | None) -> torch.Tensor | None:
+    """(N,) numbers -> (N, 1) float32, as nerfstudio's batches hold per-ray values; None stays None."""
+    return None if values is None else torch.from_numpy(np.asarray(values, np.float32)).reshape(-1, 1)
 
 
 class RaykitDataManager(StoreDataManager):
@@ -193,6 +201,7 @@ class RaykitDataManager(StoreDataManager):
             store, rows.split, batch_size, self.config.seed, cache_bytes=self.config.cache_bytes,
             num_workers=self.config.num_workers, rank=self.local_rank, world_size=self.world_size,
             make_batch=make, components=served_components(dataset),
+            sampling=self.config.sampling if dataset is self.train_dataset else "uniform",
         )  # fmt: skip
         return loader, on_device
 
@@ -219,11 +228,45 @@ class RaykitDataManager(StoreDataManager):
             batch["mask"] = rays.mask
         if rays.depth_image is not None:
             batch["depth_image"] = rays.depth_image
+        for name in ("prob", "weight"):
+            if (value := getattr(rays, name)) is not None:
+                batch[name] = value
+        if which == "train":
+            self._last_train = rays
         return rays.bundle(self.device), batch
 
     def next_train(self, step: int) -> tuple[Any, dict[str, torch.Tensor]]:
         self.train_count += 1
         return self._rays("train")
+
+    def observe(self, losses: Any) -> None:
+        """Feed back the per-ray ``losses`` of the last :meth:`next_train` batch ((N,) or (N, 1), one
+        per ray it returned) to the loader's sampling stage; a no-op with ``sampling="uniform"``.
+        Observe each batch before taking the next: batches then depend only on the seed and the losses.
+
+        Raises:
+            ConfigError: no training batch was taken yet, or not one loss per ray of it.
+        """
+        last = getattr(self, "_last_train", None)
+        if last is None:
+            raise ConfigError("datamanager: observe: no training batch to observe (call next_train first)")
+        self.train_loader.observe(last, losses)
+
+    def observe_outputs(self, model: Any, outputs: dict[str, Any]) -> None:
+        """With ``sampling="loss"``, feed back the last training batch's per-ray squared error of
+        ``outputs["rgb"]`` (the mean over channels of what nerfacto's ``rgb_loss`` averages, through
+        ``model.renderer_rgb``'s background blending when the model has one); else nothing.
+        :class:`RaykitPipeline` calls it after each step's loss."""
+        if self.config.sampling == "uniform":
+            return
+        pred = outputs["rgb"].detach()
+        image = self._last_train.image.to(pred.device)
+        renderer = getattr(model, "renderer_rgb", None)
+        if renderer is not None and "accumulation" in outputs:
+            pred, image = renderer.blend_background_for_loss_computation(
+                pred_image=pred, pred_accumulation=outputs["accumulation"].detach(), gt_image=image
+            )
+        self.observe(((pred - image[..., :3]) ** 2).mean(-1))
 
     def next_eval(self, step: int) -> tuple[Any, dict[str, torch.Tensor]]:
         self.eval_count += 1
