@@ -216,6 +216,22 @@ class RayLoader(BatchLoader):
             )
         self.sampler.errors.observe(image, pixel, values)
 
+    def sampling_map(self, image: int) -> np.ndarray | None:
+        """With ``loss`` sampling, where the error map puts the rays of the store's image (camera-table
+        row) ``image`` of this split: (H, W) float32, draws per pixel relative to uniform (1)
+        (:meth:`raykit.loaders.sampling.ErrorMap.density`); None with other samplings.
+
+        Raises:
+            ConfigError: ``image`` is not an image of this loader's split.
+        """
+        if self.sampler is None:
+            return None
+        errors = self.sampler.errors
+        local = int(errors.geometry.local[image]) if 0 <= image < len(errors.geometry.local) else -1
+        if local < 0:
+            raise ConfigError(f"loader: sampling_map: image {image} is not in split {self.split!r}")
+        return errors.density(local)
+
     # ---- state -------------------------------------------------------------------------------
     def _state_tag(self) -> dict[str, Any]:
         name = self.strategy.name

@@ -224,6 +224,32 @@ def test_same_losses_same_batches_for_any_workers_and_the_map_follows_the_loss(
         loader.close()
 
 
+def test_the_sampling_map_shows_where_the_rays_go(two_layouts: dict[str, Any]) -> None:
+    """``sampling_map``: draws per pixel relative to uniform, averaging 1 over the split; higher where
+    the loss is (image 3, the right halves); uniform sampling has none; another split's image is refused."""
+    store = two_layouts["images"]
+    loader = RayLoader(store, num_workers=0, **_KW)
+    rows = [int(r) for r in store.split_rows(loader.split)]
+    flat = [loader.sampling_map(r) for r in rows]
+    assert all(np.allclose(m, 1.0) for m in flat if m is not None)  # before any rebuild: uniform
+    _run(loader, 40)
+    maps = {r: loader.sampling_map(r) for r in rows}
+    total = sum(float(m.sum()) for m in maps.values() if m is not None)
+    assert total == pytest.approx(sum(m.size for m in maps.values() if m is not None), rel=1e-4)
+    cold = next(r for r in rows if r != 3)
+    assert maps[3] is not None and maps[cold] is not None
+    assert maps[3].mean() > 1.5 * maps[cold].mean()
+    assert maps[cold][:, 16:].mean() > 1.5 * maps[cold][:, :8].mean()
+    other = sorted(set(range(len(store.table.names))) - set(rows))
+    if other:
+        with pytest.raises(ConfigError, match="not in split"):
+            loader.sampling_map(other[0])
+    loader.close()
+    plain = RayLoader(store, num_workers=0, **{**_KW, "sampling": "uniform"})
+    assert plain.sampling_map(rows[0]) is None
+    plain.close()
+
+
 @pytest.mark.parametrize("layout", ["rays", "images"])
 def test_a_resumed_loader_continues_exactly(two_layouts: dict[str, Any], layout: str) -> None:
     store = two_layouts[layout]
