@@ -219,7 +219,8 @@ class RayLoader(BatchLoader):
     def sampling_map(self, image: int) -> np.ndarray | None:
         """With ``loss`` sampling, where the error map puts the rays of the store's image (camera-table
         row) ``image`` of this split: (H, W) float32, draws per pixel relative to uniform (1)
-        (:meth:`raykit.loaders.sampling.ErrorMap.density`); None with other samplings.
+        (by the newest map, with the ``floor`` share uniform; what is resident aside: see
+        :mod:`raykit.loaders.sampling`; averages 1 over the split's pixels); None with other samplings.
 
         Raises:
             ConfigError: ``image`` is not an image of this loader's split.
@@ -227,10 +228,14 @@ class RayLoader(BatchLoader):
         if self.sampler is None:
             return None
         errors = self.sampler.errors
-        local = int(errors.geometry.local[image]) if 0 <= image < len(errors.geometry.local) else -1
+        geometry, snap, floor = errors.geometry, errors.newest(), errors.config.floor
+        local = int(geometry.local[image]) if 0 <= image < len(geometry.local) else -1
         if local < 0:
             raise ConfigError(f"loader: sampling_map: image {image} is not in split {self.split!r}")
-        return errors.density(local)
+        h, w, total = int(geometry.height[local]), int(geometry.width[local]), float(geometry.n_pixels.sum())
+        cell = geometry.cells(np.full(h * w, local), np.arange(h * w), snap.side)
+        importance = snap.est[local][cell].astype(np.float64) / float(snap.mass.sum())
+        return (floor + (1 - floor) * importance * total).astype(np.float32).reshape(h, w)
 
     # ---- state -------------------------------------------------------------------------------
     def _state_tag(self) -> dict[str, Any]:

@@ -305,18 +305,10 @@ class ErrorMap:
             return self.snapshots[due]
 
     # ---- state ------------------------------------------------------------------------------
-    def density(self, image: int) -> np.ndarray:
-        """(H, W) float32: how often split image ``image``'s pixels are drawn, relative to a uniform
-        draw over the split (1), by the newest snapshot with the ``floor`` share uniform (what is
-        resident aside: see the module). Over every pixel of the split the values average to 1."""
+    def newest(self) -> Snapshot:
+        """The newest snapshot captured (what the coming batches draw with, once it takes effect)."""
         with self._ready:
-            snap = self.snapshots[max(self.snapshots)]
-        geometry = self.geometry
-        h, w, total = int(geometry.height[image]), int(geometry.width[image]), float(geometry.n_pixels.sum())
-        cell = geometry.cells(np.full(h * w, image), np.arange(h * w), snap.side)
-        importance = snap.est[image][cell].astype(np.float64) / float(snap.mass.sum())
-        floor = self.config.floor
-        return ((floor / total + (1 - floor) * importance) * total).astype(np.float32).reshape(h, w)
+            return self.snapshots[max(self.snapshots)]
 
     def state_dict(self) -> dict[str, Any]:
         with self._ready:

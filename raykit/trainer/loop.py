@@ -58,6 +58,7 @@ from raykit.trainer.runtime import (
     parse_background,
 )
 from raykit.trainer.samplers import Samples
+from raykit.trainer.sampling_map import write_sampling_map
 from raykit.trainer.setup import Run, record_run, setup_run, write_rank_digest
 from raykit.trainer.spacetime import SpaceTimeField, max_over_time, regularisation
 from raykit.trainer.steptime import StepClock, TrainState, account, log_record
@@ -73,7 +74,10 @@ def train(config: TrainConfig) -> Path:
     """
     run = setup_run(config)
     try:
-        return _train(run)
+        run_dir = _train(run)
+        if run.procs.is_main:  # the loss sampler's map beside the views it favours (none: uniform)
+            write_sampling_map(run.loader, run.store, config.train_split, run.run_dir)
+        return run_dir
     finally:
         run.loader.close()
         end_processes(run.procs)

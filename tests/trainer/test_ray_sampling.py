@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from raykit.trainer import train
 from raykit.trainer.checkpoint import latest_checkpoint
@@ -23,8 +24,11 @@ def test_loss_sampling_is_recorded_and_resumes_exactly(tiny_store: Path, tmp_pat
     straight = train(tiny_config(tiny_store, tmp_path / "straight", ray_sampling="loss", **STEPS))
     record = json.loads((straight / "run.json").read_text())
     assert record["ray_sampling"] == {"name": "loss", "reweight": False}
+    with Image.open(straight / "sampling_map.png") as figure:  # the views beside their maps
+        assert figure.size[0] > 300 and figure.size[1] > 200
     uniform = train(tiny_config(tiny_store, tmp_path / "uniform", **STEPS))
     assert [r["loss"] for r in _log(uniform)] != [r["loss"] for r in _log(straight)]  # other rays
+    assert not (uniform / "sampling_map.png").exists()
     crashed = tmp_path / "crashed"
     config = tiny_config(tiny_store, crashed, ray_sampling="loss", **STEPS)
     args = ["train", str(tiny_store), *config_flags(config)]
