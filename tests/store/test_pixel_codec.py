@@ -72,20 +72,23 @@ def test_corrupt_files_are_refused_in_one_line(codec: str) -> None:
         assert "\n" not in str(info.value), case
 
 
+@pytest.mark.parametrize("backend", ["zarr", "wds"])
 def test_a_store_of_pixel_files_reads_validates_and_names_a_damaged_file(
-    records: list, scene: object, tmp_path: Path
+    records: list, scene: object, tmp_path: Path, backend: str
 ) -> None:
     from raykit.store import write_store
 
     dst = tmp_path / "px.zarr"
-    store = write_store(dst, records, scene=scene, layout="images", image_codec="lz4")
+    store = write_store(dst, records, scene=scene, layout="images", image_codec="lz4", backend=backend)
     assert validate_store(dst, deep=True) == []
+    assert {f for split in store.splits for f in store.index[split]["image_format"]} == {"rkpx"}
     for name in store.table.names:
         pixels = np.asarray(next(r for r in records if r.name == name).load())
         np.testing.assert_array_equal(store.read_image(name)[..., : pixels.shape[2]], pixels)
     rel = store.image_files("train", 0)[0]
     blob = bytearray((dst / rel).read_bytes())
-    blob[20] ^= 0xFF  # within the first image's pixel file
+    start = 0 if backend == "zarr" else int(store.index["train"]["image_member"][0])  # the image's bytes
+    blob[start + 20] ^= 0xFF  # within the first image's pixel file
     (dst / rel).write_bytes(bytes(blob))
     problems = validate_store(dst)
     assert problems and all("\n" not in p and rel in p for p in problems)
