@@ -12,7 +12,16 @@ Measured, each in a fresh process (its peak RSS, ``ru_maxrss``, is the process's
   the videos decoded ``--threads`` at a time (one decoder each, as the converter does);
 * ``convert_<layout>_<codec>``: ``raykit.converters.convert`` with ``--threads`` threads, wall time,
   frames per second, ``vs_floor`` (floor seconds / conversion seconds), peak RSS, and for the images
-  layout the stored bytes per frame (``index.json``'s ``image_bytes``) against the mp4's.
+  layout the stored bytes per frame (``index.json``'s ``image_bytes``) against the mp4's and
+  ``decode_ms``, the loaders' decode of one stored frame (``RayStore.read_image``'s ``"decode"`` step,
+  the median over ``--decode-frames`` frames), and ``decode_cpu_ms``, the CPU time of that
+  ``read_image`` (read, CRC check and decode: what a loaded machine changes less).
+
+Each child also reports its CPU seconds (user + system, all its threads): ``vs_floor_cpu`` (floor CPU
+seconds / conversion CPU seconds) is the ratio of the work done, which neighbours on a shared machine
+change less than the wall times. Both kinds of child warm up before their clock starts (the floor
+decodes a frame, the conversion converts each camera's first frame elsewhere): imports and first calls
+are a constant of the process, not of the video, and would weigh on a short capture only.
 
     python benchmarks/bench_video.py                                  # 4 cameras x 60 frames, 1352x1014
     python benchmarks/bench_video.py --frames 10 --out /tmp/v.json    # a quick look
@@ -94,27 +103,57 @@ def _decode_all(path: str) -> int:
     return n
 
 
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def floor(capture: str, threads: int) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
+    import av
+
     videos = sorted(str(p) for p in Path(capture).glob("cam*.mp4"))
-    start = time.perf_counter()
+    with av.open(videos[0]) as container:  # the warm-up
+        next(container.decode(video=0)).to_ndarray(format="rgb24")
+    start, cpu = time.perf_counter(), _cpu()
     with ThreadPoolExecutor(threads) as pool:
         frames = sum(pool.map(_decode_all, videos))
-    return {"seconds": time.perf_counter() - start, "frames": frames}
+    return {"seconds": time.perf_counter() - start, "cpu_seconds": _cpu() - cpu, "frames": frames}
 
 
-def conversion(capture: str, dst: str, layout: str, codec: str, threads: int) -> dict[str, float]:
+def _decode_ms(store: object, names: list[str]) -> tuple[float, float]:
+    """Median milliseconds of the loaders' decode of one stored frame: wall (``read_image``'s own
+    ``"decode"`` timing) and CPU (this thread's, over the whole ``read_image``: read, check, decode)."""
+    wall: list[float] = []
+    cpu: list[float] = []
+    for name in names:
+        start = time.thread_time()
+        store.read_image(name, timed=lambda step, s: wall.append(s * 1e3) if step == "decode" else None)  # type: ignore[attr-defined]
+        cpu.append((time.thread_time() - start) * 1e3)
+    return float(np.median(wall)), float(np.median(cpu))
+
+
+def conversion(
+    capture: str, dst: str, layout: str, codec: str, threads: int, sample: int
+) -> dict[str, float]:
     from raykit.converters import convert
 
+    options = {"layout": layout, "image_codec": codec, "threads": threads}
+    shutil.rmtree(dst + ".warm", ignore_errors=True)
+    convert(capture, dst + ".warm", frame_stop=1, **options)  # the warm-up
+    shutil.rmtree(dst + ".warm", ignore_errors=True)
     shutil.rmtree(dst, ignore_errors=True)
-    start = time.perf_counter()
-    store = convert(capture, dst, layout=layout, image_codec=codec, threads=threads)
-    seconds = time.perf_counter() - start
-    out = {"seconds": seconds, "frames": len(store.table.names)}
+    start, cpu = time.perf_counter(), _cpu()
+    store = convert(capture, dst, **options)
+    seconds, cpu = time.perf_counter() - start, _cpu() - cpu
+    out = {"seconds": seconds, "cpu_seconds": cpu, "frames": len(store.table.names)}
     if layout == "images":
         sizes = [b for split in store.splits for b in store.index[split]["image_bytes"]]
         out["bytes_per_frame"] = float(np.mean(sizes))
+        names = store.table.names
+        picked = np.linspace(0, len(names) - 1, sample, dtype=int)
+        out["decode_ms"], out["decode_cpu_ms"] = _decode_ms(store, [names[k] for k in picked])
     shutil.rmtree(dst, ignore_errors=True)
     return out
 
@@ -122,15 +161,15 @@ def conversion(capture: str, dst: str, layout: str, codec: str, threads: int) ->
 def _child(args: argparse.Namespace) -> None:
     kind = args.child
     result = floor(args.capture, args.threads) if kind == "floor" else conversion(
-        args.capture, args.dst, *kind.split(":"), args.threads
+        args.capture, args.dst, *kind.split(":"), args.threads, args.decode_frames
     )  # fmt: skip
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 
-def _run(kind: str, capture: Path, threads: int, dst: Path) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", kind, "--capture", str(capture), "--threads", str(threads),
-           "--dst", str(dst)]  # fmt: skip
+def _run(kind: str, capture: Path, args: argparse.Namespace, dst: Path) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--child", kind, "--capture", str(capture), "--threads",
+           str(args.threads), "--dst", str(dst), "--decode-frames", str(args.decode_frames)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -144,7 +183,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1352)
     parser.add_argument("--height", type=int, default=1014)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--runs", default="images:webp,images:png,images:jpeg,rays:webp")
+    parser.add_argument(
+        "--runs", default="images:lz4,images:raw,images:webp,images:png,images:jpeg,rays:webp"
+    )
+    parser.add_argument("--decode-frames", type=int, default=12)
     parser.add_argument("--out", default=str(ROOT / "results" / "video.json"))
     parser.add_argument("--child", default=None)
     parser.add_argument("--capture", default=None)
@@ -161,16 +203,20 @@ def main() -> None:
     dst = ROOT / "data" / f"{name}.store"
     report: dict[str, object] = {"capture": name, "threads": args.threads, "setup_s": setup,
                                  "mp4_bytes_per_frame": mp4}  # fmt: skip
-    base = _run("floor", capture, args.threads, dst)
+    base = _run("floor", capture, args, dst)
     report["floor"] = base
-    print(f"floor: {base['frames'] / base['seconds']:.1f} frames/s, peak {base['peak_rss_mib']:.0f} MiB")
+    print(f"floor: {base['frames'] / base['seconds']:.1f} frames/s ({base['cpu_seconds']:.2f} CPU s), "
+          f"peak {base['peak_rss_mib']:.0f} MiB")  # fmt: skip
     for kind in args.runs.split(","):
-        res = _run(kind, capture, args.threads, dst)
+        res = _run(kind, capture, args, dst)
         res["vs_floor"] = base["seconds"] / res["seconds"]
+        res["vs_floor_cpu"] = base["cpu_seconds"] / res["cpu_seconds"]
         report[f"convert_{kind.replace(':', '_')}"] = res
-        per = f", {res['bytes_per_frame'] / 1e6:.2f} MB/frame" if "bytes_per_frame" in res else ""
-        print(f"{kind}: {res['frames'] / res['seconds']:.1f} frames/s ({res['vs_floor']:.2f}x the floor), "
-              f"peak {res['peak_rss_mib']:.0f} MiB{per}")  # fmt: skip
+        per = (f", {res['bytes_per_frame'] / 1e6:.2f} MB/frame, decode {res['decode_ms']:.1f} ms/frame "
+               f"({res.get('decode_cpu_ms', 0):.1f} CPU ms)"
+               if "bytes_per_frame" in res else "")  # fmt: skip
+        print(f"{kind}: {res['frames'] / res['seconds']:.1f} frames/s ({res['vs_floor']:.2f}x the floor, "
+              f"{res['vs_floor_cpu']:.2f}x in CPU), peak {res['peak_rss_mib']:.0f} MiB{per}")  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
 

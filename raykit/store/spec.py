@@ -59,9 +59,11 @@ RGBA_CODEC = "lz4"
 
 
 # How the images layout stores an image that does not pass through as its source file: "webp" (WebP
-# lossless, the default), "png" (lossless) or "jpeg" (lossy, quality 95: its decoded pixels are the
-# store's). raykit.store.image_codec encodes them.
-IMAGE_CODECS = ("webp", "png", "jpeg")
+# lossless, the default), "png" (lossless), "jpeg" (lossy, quality 95: its decoded pixels are the
+# store's), "lz4" (lossless: raykit's pixel file, rows' differences LZ4-compressed; for video frames,
+# several times faster to write and read, larger) or "raw" (its pixels uncompressed). raykit.store.image_codec
+# encodes them.
+IMAGE_CODECS = ("webp", "png", "jpeg", "lz4", "raw")
 
 
 DEFAULT_IMAGE_CHUNK_BYTES = 1 << 16  # zarr inner chunk (the padding of a split's last chunk: <= 64 KiB)

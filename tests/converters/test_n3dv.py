@@ -183,8 +183,10 @@ def test_cli_makes_detects_and_converts(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 @pytest.mark.parametrize(
-    ("codec", "ext", "exact"), [("webp", "webp", True), ("png", "png", True), ("jpeg", "jpg", False)]
-)
+    ("codec", "ext", "exact"),
+    [("webp", "webp", True), ("png", "png", True), ("jpeg", "jpg", False), ("lz4", "rkpx", True),
+     ("raw", "rkpx", True)],
+)  # fmt: skip
 def test_frames_go_into_the_images_layout_through_the_codec_picked(
     n3dv: dict[str, Any], tmp_path: Path, codec: str, ext: str, exact: bool
 ) -> None:

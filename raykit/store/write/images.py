@@ -21,7 +21,7 @@ import numpy as np
 from raykit.errors import SourceError
 from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.files import is_url, json_digest, write_files
-from raykit.store.image_codec import LOSSY, decode_stored, encode_for_store
+from raykit.store.image_codec import LOSSY, PIXEL_CODECS, decode_stored, encode_for_store
 from raykit.store.schema import ImageRecord
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
@@ -93,7 +93,8 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
     clock.lap("checksum")
     if stored is None:
         stored = encode_for_store(source, pixels, job.codec)
-    if not stored.passthrough and not callable(kept):  # lossless by construction; checked all the same
+    # lossless by construction; checked all the same (a pixel file is exact by construction: image_codec)
+    if not stored.passthrough and not callable(kept) and job.codec not in PIXEL_CODECS:
         again = decode_stored(stored.data, pixels.shape[2], rec.source_path or rec.name)
         if job.codec in LOSSY:  # the store's pixels are the decoded ones
             pixels = again
