@@ -15,10 +15,11 @@ import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
-from raykit.report import Code, Figure, Scene, Section, Table, para, write_report
+from raykit.pipeline.timeline import plot_psnr_over_time, test_camera, write_test_video
+from raykit.report import Code, Figure, Scene, Section, Table, Video, para, write_report
 from raykit.trainer import OLD_PROTOCOL
 
-__all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "write"]
+__all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "test_video", "write"]
 
 MAX_POINTS = 4000  # sparse points drawn in the 3-D view
 
@@ -57,6 +58,21 @@ def render_strip(url: str, runs: Mapping[str, Any], path: Path, views: int) -> l
     path.parent.mkdir(parents=True, exist_ok=True)
     img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST).save(path)
     return names
+
+
+def test_video(url: str, runs: Mapping[str, Any], out: Path) -> dict[str, Any] | None:
+    """A capture with times: its test camera over time, ground truth beside each run's renders, as
+    ``OUT/figures/test_camera.mp4`` (``raykit.pipeline.timeline``); None for a static capture."""
+    from raykit.pipeline.run import own_path
+    from raykit.store import open_store
+
+    found = test_camera(runs)
+    if found is None:
+        return None
+    store = open_store(url)
+    truth = {f["name"]: _on_white(store.read_image(f["name"])) for f in found[1]}
+    renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
+    return write_test_video(runs, truth, out / "figures", renders)
 
 
 def _save(fig: Any, path: Path) -> str:
@@ -138,6 +154,10 @@ def figures(out: Path, results: Mapping[str, Any], records: Mapping[str, Any]) -
     ax.set(xlabel="wall time of the last attempt (s)", title="Stage times")
     made["stages"] = _save(fig, folder / "stages.png")
     made["renders"] = Path(results["render"]["path"]).name
+    if plot_psnr_over_time(runs, folder / "psnr_time.png"):
+        made["psnr_time"] = "psnr_time.png"
+    if (video := results["render"].get("video")) is not None:
+        made["video"] = Path(video["path"]).name
     return made
 
 
@@ -266,10 +286,10 @@ def sections(
                  "images, as nerfbaselines scores them; LPIPS AlexNet, '-' without its weights)"
                  + ("; the float PSNR, the figure of earlier releases, is an extra column." if floats
                     else ".")),
-            Figure(made["psnr"], "psnr"), Figure(made["samplers"], "samplers"),
+            Figure(made["psnr"], "psnr"), Figure(made["samplers"], "samplers"), *_over_time(made),
         ]),
         Section("Test views", [para(f"Ground truth, then {', '.join(runs)}: ", *_listed(views, ", "), "."),
-                               Figure(made["renders"], "renders")]),
+                               Figure(made["renders"], "renders"), *_video(results, made)]),
         Section("Export verification", [Table(["sampler", "export MB", "PSNR from export", "run's PSNR",
                                                "difference dB", "verified"], exports)]),
         Section("Stage times", [
@@ -278,6 +298,25 @@ def sections(
             Figure(made["stages"], "stages"),
         ]),
     ]  # fmt: skip
+
+
+def _over_time(made: Mapping[str, str]) -> list[Any]:
+    """A capture with times: test PSNR against each test frame's scene time."""
+    if "psnr_time" not in made:
+        return []
+    return [para("Test PSNR of each test frame against its scene time (the final evaluation):"),
+            Figure(made["psnr_time"], "test PSNR against scene time")]  # fmt: skip
+
+
+def _video(results: Mapping[str, Any], made: Mapping[str, str]) -> list[Any]:
+    """A capture with times: the test camera over time, ground truth beside each sampler's render."""
+    video = results["render"].get("video")
+    if video is None or "video" not in made:
+        return []
+    times = ", ".join(f"{t:.3f}" for t in video["times"])
+    return [para(f"Test camera over time, {video['camera']} ({len(video['times'])} frames at "
+                 f"{video['fps']} fps, scene times {times}): {', '.join(video['columns'])}."),
+            Video(made["video"], f"{video['camera']} over time")]  # fmt: skip
 
 
 def write(

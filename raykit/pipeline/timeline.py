@@ -1,0 +1,152 @@
+"""A dynamic capture in the run's report: test PSNR against scene time, and a test camera over time.
+
+A run on a store with times records each test frame (``train_summary``'s ``frames``: name, camera,
+time, PSNR, render file, from ``eval.json``). :func:`plot_psnr_over_time` draws PSNR against the frames'
+scene times, one line per sampler and test camera, labelled with the run's field and its ray sampling
+over time (``run.json``). :func:`write_test_video` writes the test camera with the most frames as a
+short MP4 (H.264, yuv420p: what browsers play inline), ground truth beside each sampler's render, in
+time order; where FFmpeg has no H.264 encoder, an animated GIF (Pillow) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from raykit.fileio import atomic_path
+
+__all__ = ["plot_psnr_over_time", "test_camera", "timed_runs", "write_test_video"]
+
+VIDEO_TILE = 128  # pixels: each tile of the video is scaled up (nearest) to at least this height
+MAX_FPS = 8
+
+
+def timed_runs(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """``{sampler: its test frames}`` of the runs whose store has times (none: a static capture)."""
+    return {s: r["frames"] for s, r in runs.items() if r.get("frames")}
+
+
+def _schedule(run: Mapping[str, Any]) -> str:
+    """The run's field and ray sampling over time, as ``run.json`` records them (one line of text)."""
+    sampling = run.get("ray_sampling") or {}
+    parts = [f"{k} {v}" for k, v in sampling.items() if k != "name" and isinstance(v, str | int | float)]
+    name = sampling.get("name", "uniform")
+    return f"{run.get('field') or 'field ?'}, ray sampling {name}" + (
+        f" ({', '.join(parts)})" if parts else ""
+    )
+
+
+def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> bool:
+    """Test PSNR against scene time per sampler and test camera into ``path`` (PNG); False when no run
+    has timed frames (nothing written)."""
+    timed = timed_runs(runs)
+    if not timed:
+        return False
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for sampler, frames in timed.items():
+        for camera in _cameras(frames):
+            points = sorted((f["time"], f["psnr"]) for f in frames if f["camera"] == camera)
+            points = [(t, p) for t, p in points if p is not None]
+            if points:
+                label = f"{sampler}, {_camera(camera)} ({_schedule(runs[sampler])})"
+                ax.plot(*zip(*points, strict=True), marker="o", label=label)
+    ax.set(xlabel="scene time", ylabel="test PSNR (dB)", title="Test PSNR against scene time")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _cameras(frames: list[dict[str, Any]]) -> list[str | None]:
+    """The frames' rig cameras (None: a capture without rig cameras, one moving camera), sorted."""
+    return sorted({f["camera"] for f in frames}, key=lambda c: (c is not None, c or ""))
+
+
+def _camera(camera: str | None) -> str:
+    return camera if camera is not None else "the test views, one moving camera"
+
+
+def test_camera(runs: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The test camera with the most frames in the first timed run (its label: ``camNN``, or ``the
+    test views, one moving camera`` of a capture without rig cameras) and its frames in time order."""
+    timed = timed_runs(runs)
+    if not timed:
+        return None
+    frames = next(iter(timed.values()))
+    camera = max(_cameras(frames), key=lambda c: sum(f["camera"] == c for f in frames))
+    chosen = sorted((f for f in frames if f["camera"] == camera), key=lambda f: f["time"])
+    return _camera(camera), chosen
+
+
+def _sheet(tiles: list[np.ndarray]) -> np.ndarray:
+    """(H, W, 3) uint8 tiles side by side, scaled up (nearest) to ``VIDEO_TILE`` rows, even sizes."""
+    height = tiles[0].shape[0]
+    row = np.concatenate([t if t.shape[0] == height else np.full_like(tiles[0], 255) for t in tiles], axis=1)
+    scale = max(1, -(-VIDEO_TILE // height))
+    row = row.repeat(scale, axis=0).repeat(scale, axis=1)
+    return np.ascontiguousarray(row[: row.shape[0] // 2 * 2, : row.shape[1] // 2 * 2])
+
+
+def write_test_video(
+    runs: Mapping[str, Any], truth: Mapping[str, np.ndarray], folder: Path, render_dir: Mapping[str, Path]
+) -> dict[str, Any] | None:
+    """The test camera over time (:func:`test_camera`) as ``folder/test_camera.mp4`` (or ``.gif``):
+    each frame the ground truth (``truth[name]``, (H, W, 3) uint8 over white) beside each timed run's
+    render (``render_dir[sampler] / file``). Returns ``{"path", "camera", "times", "columns", "fps"}``,
+    or None for a static capture."""
+    found = test_camera(runs)
+    if found is None:
+        return None
+    camera, frames = found
+    timed = timed_runs(runs)
+    sheets = []
+    for frame in frames:
+        tiles = [truth[frame["name"]]]
+        for sampler, own in timed.items():
+            match = [f for f in own if f["name"] == frame["name"]]
+            file = render_dir[sampler] / match[0]["file"] if match else None
+            tiles.append(_rgb(file) if file is not None and file.is_file() else np.full_like(tiles[0], 255))
+        sheets.append(_sheet(tiles))
+    fps = max(1, min(MAX_FPS, len(sheets) // 2))
+    path = _encode(folder / "test_camera", sheets, fps)
+    times = [f["time"] for f in frames]
+    return {"path": str(path), "camera": camera, "times": times, "columns": ["truth", *timed], "fps": fps}
+
+
+def _rgb(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _encode(stem: Path, sheets: list[np.ndarray], fps: int) -> Path:
+    """``stem.mp4`` (H.264, yuv420p) through PyAV, else ``stem.gif`` (Pillow, looping); its path."""
+    import av
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    path = stem.with_suffix(".mp4")
+    try:
+        with atomic_path(path) as tmp, av.open(str(tmp), "w", format="mp4") as container:
+            stream = container.add_stream("libx264", rate=fps, options={"crf": "18"})
+            stream.pix_fmt = "yuv420p"
+            stream.height, stream.width = sheets[0].shape[:2]
+            for pixels in sheets:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode())
+        return path
+    except (av.FFmpegError, ValueError):  # no H.264 encoder in this FFmpeg build
+        path.unlink(missing_ok=True)
+    path = stem.with_suffix(".gif")
+    images = [Image.fromarray(s) for s in sheets]
+    with atomic_path(path) as tmp:
+        images[0].save(
+            tmp, format="GIF", save_all=True, append_images=images[1:], duration=1000 // fps, loop=0
+        )
+    return path
