@@ -40,29 +40,31 @@ def _schedule(run: Mapping[str, Any]) -> str:
     )
 
 
-def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> bool:
-    """Test PSNR against scene time per sampler and test camera into ``path`` (PNG); False when no run
-    has timed frames (nothing written)."""
-    timed = timed_runs(runs)
-    if not timed:
-        return False
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for sampler, frames in timed.items():
+def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[tuple[float, float]]]:
+    """Test PSNR against scene time, one line per sampler and test camera, into ``path`` (PNG); the
+    lines drawn (``{legend label: [(time, PSNR)] in time order}``), empty when no run has timed frames
+    (then nothing is written)."""
+    lines = {}
+    for sampler, frames in timed_runs(runs).items():
         for camera in _cameras(frames):
             points = sorted((f["time"], f["psnr"]) for f in frames if f["camera"] == camera)
             points = [(t, p) for t, p in points if p is not None]
             if points:
-                label = f"{sampler}, {_camera(camera)} ({_schedule(runs[sampler])})"
-                ax.plot(*zip(*points, strict=True), marker="o", label=label)
+                lines[f"{sampler}, {_camera(camera)} ({_schedule(runs[sampler])})"] = points
+    if not lines:
+        return lines
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, points in lines.items():
+        ax.plot(*zip(*points, strict=True), marker="o", label=label)
     ax.set(xlabel="scene time", ylabel="test PSNR (dB)", title="Test PSNR against scene time")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return True
+    return lines
 
 
 def _cameras(frames: list[dict[str, Any]]) -> list[str | None]:
