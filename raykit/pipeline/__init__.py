@@ -28,6 +28,7 @@ from raykit.pipeline.stages import (
     training_stage,
     with_progress_checks,
 )
+from raykit.pipeline.timeline import plot_psnr_over_time, test_video
 
 __all__ = [
     "DEFAULT_SAMPLER",
@@ -45,8 +46,10 @@ __all__ = [
     "fingerprint",
     "kill_children",
     "machine_fault",
+    "plot_psnr_over_time",
     "read_jsonl",
     "run_pipeline",
+    "test_video",
     "train_summary",
     "training_stage",
     "tree_fingerprint",

@@ -15,11 +15,11 @@ import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
-from raykit.pipeline.timeline import plot_psnr_over_time, test_camera, write_test_video
+from raykit.pipeline.timeline import over_white, plot_psnr_over_time
 from raykit.report import Code, Figure, Scene, Section, Table, Video, para, write_report
 from raykit.trainer import OLD_PROTOCOL
 
-__all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "test_video", "write"]
+__all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "write"]
 
 MAX_POINTS = 4000  # sparse points drawn in the 3-D view
 
@@ -28,23 +28,15 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _on_white(image: np.ndarray) -> np.ndarray:
-    """(H, W, 3|4) uint8 -> (H, W, 3) uint8 composited over white."""
-    if image.shape[-1] == 3:
-        return image
-    alpha = image[..., 3:].astype(np.float32) / 255.0
-    return (image[..., :3] * alpha + 255.0 * (1.0 - alpha) + 0.5).astype(np.uint8)
-
-
 def render_strip(url: str, runs: Mapping[str, Any], path: Path, views: int) -> list[str]:
     """Rows: test views; columns: the store's ground truth, then each sampler's render. Returns names."""
     from raykit.store import open_store
 
     store = open_store(url)
     names = store.images("test")[:views]
-    truth = [_on_white(store.read_image(n)) for n in names]
+    truth = [over_white(store.read_image(n)) for n in names]
     columns = [truth] + [
-        [_on_white(np.asarray(Image.open(p).convert("RGBA"))) for p in r["renders"][:views]]
+        [over_white(np.asarray(Image.open(p).convert("RGBA"))) for p in r["renders"][:views]]
         for r in runs.values()
     ]
     height, width = truth[0].shape[:2]
@@ -58,21 +50,6 @@ def render_strip(url: str, runs: Mapping[str, Any], path: Path, views: int) -> l
     path.parent.mkdir(parents=True, exist_ok=True)
     img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST).save(path)
     return names
-
-
-def test_video(url: str, runs: Mapping[str, Any], out: Path) -> dict[str, Any] | None:
-    """A capture with times: its test camera over time, ground truth beside each run's renders, as
-    ``OUT/figures/test_camera.mp4`` (``raykit.pipeline.timeline``); None for a static capture."""
-    from raykit.pipeline.run import own_path
-    from raykit.store import open_store
-
-    found = test_camera(runs)
-    if found is None:
-        return None
-    store = open_store(url)
-    truth = {f["name"]: _on_white(store.read_image(f["name"])) for f in found[1]}
-    renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
-    return write_test_video(runs, truth, out / "figures", renders)
 
 
 def _save(fig: Any, path: Path) -> str:

@@ -147,7 +147,8 @@ def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -
     reproduced from the export) and the store's own pixels, as ``OUT/figures/renders.png``; for a
     capture with times, a test camera over time too (``raykit.pipeline.timeline``: ``OUT/figures/
     test_camera.mp4``)."""
-    from raykit.pipeline.report import render_strip, test_video
+    from raykit.pipeline.report import render_strip
+    from raykit.pipeline.timeline import test_video
 
     path = out / "figures" / "renders.png"
     videos = [out / "figures" / "test_camera.mp4", out / "figures" / "test_camera.gif"]

@@ -19,7 +19,7 @@ from PIL import Image
 
 from raykit.fileio import atomic_path
 
-__all__ = ["plot_psnr_over_time", "test_camera", "timed_runs", "write_test_video"]
+__all__ = ["over_white", "plot_psnr_over_time", "test_camera", "test_video", "timed_runs", "write_test_video"]
 
 VIDEO_TILE = 128  # pixels: each tile of the video is scaled up (nearest) to at least this height
 MAX_FPS = 8
@@ -68,17 +68,17 @@ def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[t
 
 
 def _cameras(frames: list[dict[str, Any]]) -> list[str | None]:
-    """The frames' rig cameras (None: a capture without rig cameras, one moving camera), sorted."""
+    """The frames' rig cameras (None: a capture without rig cameras, D-NeRF's), sorted."""
     return sorted({f["camera"] for f in frames}, key=lambda c: (c is not None, c or ""))
 
 
 def _camera(camera: str | None) -> str:
-    return camera if camera is not None else "the test views, one moving camera"
+    return camera if camera is not None else "the test views in time order"
 
 
 def test_camera(runs: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
     """The test camera with the most frames in the first timed run (its label: ``camNN``, or ``the
-    test views, one moving camera`` of a capture without rig cameras) and its frames in time order."""
+    test views in time order`` of a capture without rig cameras) and its frames in time order."""
     timed = timed_runs(runs)
     if not timed:
         return None
@@ -98,9 +98,13 @@ def _sheet(tiles: list[np.ndarray]) -> np.ndarray:
 
 
 def write_test_video(
-    runs: Mapping[str, Any], truth: Mapping[str, np.ndarray], folder: Path, render_dir: Mapping[str, Path]
+    runs: Mapping[str, Any],
+    truth: Mapping[str, np.ndarray],
+    folder: Path,
+    render_dir: Mapping[str, Path],
+    name: str = "test_camera",
 ) -> dict[str, Any] | None:
-    """The test camera over time (:func:`test_camera`) as ``folder/test_camera.mp4`` (or ``.gif``):
+    """The test camera over time (:func:`test_camera`) as ``folder/NAME.mp4`` (or ``.gif``):
     each frame the ground truth (``truth[name]``, (H, W, 3) uint8 over white) beside each timed run's
     render (``render_dir[sampler] / file``). Returns ``{"path", "camera", "times", "columns", "fps"}``,
     or None for a static capture."""
@@ -118,7 +122,7 @@ def write_test_video(
             tiles.append(_rgb(file) if file is not None and file.is_file() else np.full_like(tiles[0], 255))
         sheets.append(_sheet(tiles))
     fps = max(1, min(MAX_FPS, len(sheets) // 2))
-    path = _encode(folder / "test_camera", sheets, fps)
+    path = _encode(folder / name, sheets, fps)
     times = [f["time"] for f in frames]
     return {"path": str(path), "camera": camera, "times": times, "columns": ["truth", *timed], "fps": fps}
 
@@ -152,3 +156,28 @@ def _encode(stem: Path, sheets: list[np.ndarray], fps: int) -> Path:
             tmp, format="GIF", save_all=True, append_images=images[1:], duration=1000 // fps, loop=0
         )
     return path
+
+
+def test_video(
+    url: str, runs: Mapping[str, Any], out: Path, name: str = "test_camera"
+) -> dict[str, Any] | None:
+    """:func:`write_test_video` of ``runs`` (``train_summary``'s, each run folder inside ``out``) on the
+    store at ``url`` into ``OUT/figures/NAME.mp4``; None for a static capture."""
+    from raykit.pipeline.run import own_path
+    from raykit.store import open_store
+
+    found = test_camera(runs)
+    if found is None:
+        return None
+    store = open_store(url)
+    truth = {f["name"]: over_white(store.read_image(f["name"])) for f in found[1]}
+    renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
+    return write_test_video(runs, truth, out / "figures", renders, name)
+
+
+def over_white(image: np.ndarray) -> np.ndarray:
+    """(H, W, 3|4) uint8 -> (H, W, 3) uint8 composited over white."""
+    if image.shape[-1] == 3:
+        return image
+    alpha = image[..., 3:].astype(np.float32) / 255.0
+    return (image[..., :3] * alpha + 255.0 * (1.0 - alpha) + 0.5).astype(np.uint8)
