@@ -54,7 +54,8 @@ def dynamic_stage(
             runs[field]["field"] = field
         (out / "figures").mkdir(parents=True, exist_ok=True)
         plot_psnr_over_time(runs, out / "figures" / FIGURE)
-        video = test_video(store.url, runs, out, VIDEO)
+        renders = {field: Path(r["run_dir"]) / "renders" / "test" for field, r in runs.items()}
+        video = test_video(store.url, runs, out / "figures", renders, VIDEO)
         views = {split: int(info.n_images) for split, info in store.splits.items()}
         return {"views": views, "seconds": plan.dynamic_seconds, "runs": runs, "video": video, "output": ""}
 

@@ -155,7 +155,8 @@ def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -
 
     def run(attempt: Attempt) -> dict[str, Any]:
         names = render_strip(url, runs, path, cfg.run.render_views)
-        video = test_video(url, runs, out)
+        renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
+        video = test_video(url, runs, out / "figures", renders)
         made = tree_fingerprint(path)
         if video is not None:  # a capture with times
             made = fingerprint([made, tree_fingerprint(Path(video["path"]))])

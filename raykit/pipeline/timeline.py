@@ -159,11 +159,10 @@ def _encode(stem: Path, sheets: list[np.ndarray], fps: int) -> Path:
 
 
 def test_video(
-    url: str, runs: Mapping[str, Any], out: Path, name: str = "test_camera"
+    url: str, runs: Mapping[str, Any], folder: Path, render_dir: Mapping[str, Path], name: str = "test_camera"
 ) -> dict[str, Any] | None:
-    """:func:`write_test_video` of ``runs`` (``train_summary``'s, each run folder inside ``out``) on the
-    store at ``url`` into ``OUT/figures/NAME.mp4``; None for a static capture."""
-    from raykit.pipeline.run import own_path
+    """:func:`write_test_video` of ``runs`` (``train_summary``'s; their renders in ``render_dir``) on
+    the store at ``url``, its ground truth read from the store; None for a static capture."""
     from raykit.store import open_store
 
     found = test_camera(runs)
@@ -171,8 +170,7 @@ def test_video(
         return None
     store = open_store(url)
     truth = {f["name"]: over_white(store.read_image(f["name"])) for f in found[1]}
-    renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
-    return write_test_video(runs, truth, out / "figures", renders, name)
+    return write_test_video(runs, truth, folder, render_dir, name)
 
 
 def over_white(image: np.ndarray) -> np.ndarray:
