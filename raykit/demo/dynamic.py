@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from raykit.pipeline import Attempt, Stage, plot_psnr_over_time, test_video, train_summary
+from raykit.pipeline import Attempt, Stage, camera_video, plot_psnr_over_time, train_summary
 from raykit.report import Figure, Section, Table, Video, para
 from raykit.trainer import TrainConfig
 
@@ -55,7 +55,7 @@ def dynamic_stage(
         (out / "figures").mkdir(parents=True, exist_ok=True)
         plot_psnr_over_time(runs, out / "figures" / FIGURE)
         renders = {field: Path(r["run_dir"]) / "renders" / "test" for field, r in runs.items()}
-        video = test_video(store.url, runs, out / "figures", renders, VIDEO)
+        video = camera_video(store.url, runs, out / "figures", renders, VIDEO)
         views = {split: int(info.n_images) for split, info in store.splits.items()}
         return {"views": views, "seconds": plan.dynamic_seconds, "runs": runs, "video": video, "output": ""}
 

@@ -28,7 +28,7 @@ from raykit.pipeline.stages import (
     training_stage,
     with_progress_checks,
 )
-from raykit.pipeline.timeline import plot_psnr_over_time, test_video
+from raykit.pipeline.timeline import camera_video, plot_psnr_over_time
 
 __all__ = [
     "DEFAULT_SAMPLER",
@@ -40,6 +40,7 @@ __all__ = [
     "StageError",
     "StageRunner",
     "WarmStarter",
+    "camera_video",
     "capture_and_store",
     "check_run_folder",
     "export_stage",
@@ -49,7 +50,6 @@ __all__ = [
     "plot_psnr_over_time",
     "read_jsonl",
     "run_pipeline",
-    "test_video",
     "train_summary",
     "training_stage",
     "tree_fingerprint",

@@ -148,7 +148,7 @@ def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -
     capture with times, a test camera over time too (``raykit.pipeline.timeline``: ``OUT/figures/
     test_camera.mp4``)."""
     from raykit.pipeline.report import render_strip
-    from raykit.pipeline.timeline import test_video
+    from raykit.pipeline.timeline import camera_video
 
     path = out / "figures" / "renders.png"
     videos = [out / "figures" / "test_camera.mp4", out / "figures" / "test_camera.gif"]
@@ -156,7 +156,7 @@ def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -
     def run(attempt: Attempt) -> dict[str, Any]:
         names = render_strip(url, runs, path, cfg.run.render_views)
         renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
-        video = test_video(url, runs, out / "figures", renders)
+        video = camera_video(url, runs, out / "figures", renders)
         made = tree_fingerprint(path)
         if video is not None:  # a capture with times
             made = fingerprint([made, tree_fingerprint(Path(video["path"]))])

@@ -3,7 +3,7 @@
 A run on a store with times records each test frame (``train_summary``'s ``frames``: name, camera,
 time, PSNR, render file, from ``eval.json``). :func:`plot_psnr_over_time` draws PSNR against the frames'
 scene times, one line per sampler and test camera, labelled with the run's field and its ray sampling
-over time (``run.json``). :func:`write_test_video` writes the test camera with the most frames as a
+over time (``run.json``). :func:`write_camera_video` writes the test camera with the most frames as a
 short MP4 (H.264, yuv420p: what browsers play inline), ground truth beside each sampler's render, in
 time order; where FFmpeg has no H.264 encoder, an animated GIF (Pillow) instead.
 """
@@ -19,8 +19,16 @@ from PIL import Image
 
 from raykit.fileio import atomic_path
 
-__all__ = ["over_white", "plot_psnr_over_time", "test_camera", "test_video", "timed_runs", "write_test_video"]
+__all__ = [
+    "camera_video",
+    "over_white",
+    "plot_psnr_over_time",
+    "timed_runs",
+    "video_camera",
+    "write_camera_video",
+]
 
+H264 = "libx264"  # FFmpeg's H.264 encoder: an MP4 of it (yuv420p) plays inline in every browser
 VIDEO_TILE = 128  # pixels: each tile of the video is scaled up (nearest) to at least this height
 MAX_FPS = 8
 
@@ -47,12 +55,15 @@ def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[t
     lines = {}
     for sampler, frames in timed_runs(runs).items():
         for camera in _cameras(frames):
-            points = sorted((f["time"], f["psnr"]) for f in frames if f["camera"] == camera)
-            points = [(t, p) for t, p in points if p is not None]
+            mine = [f for f in frames if f["camera"] == camera and f["psnr"] is not None]
+            points = sorted((f["time"], f["psnr"]) for f in mine)
             if points:
                 lines[f"{sampler}, {_camera(camera)} ({_schedule(runs[sampler])})"] = points
     if not lines:
         return lines
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -76,7 +87,7 @@ def _camera(camera: str | None) -> str:
     return camera if camera is not None else "the test views in time order"
 
 
-def test_camera(runs: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
+def video_camera(runs: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
     """The test camera with the most frames in the first timed run (its label: ``camNN``, or ``the
     test views in time order`` of a capture without rig cameras) and its frames in time order."""
     timed = timed_runs(runs)
@@ -97,18 +108,20 @@ def _sheet(tiles: list[np.ndarray]) -> np.ndarray:
     return np.ascontiguousarray(row[: row.shape[0] // 2 * 2, : row.shape[1] // 2 * 2])
 
 
-def write_test_video(
+def write_camera_video(
     runs: Mapping[str, Any],
     truth: Mapping[str, np.ndarray],
     folder: Path,
     render_dir: Mapping[str, Path],
     name: str = "test_camera",
+    codec: str = H264,
 ) -> dict[str, Any] | None:
-    """The test camera over time (:func:`test_camera`) as ``folder/NAME.mp4`` (or ``.gif``):
+    """The test camera over time (:func:`video_camera`) as ``folder/NAME.mp4`` (``codec``; where FFmpeg
+    has no such encoder, ``folder/NAME.gif``):
     each frame the ground truth (``truth[name]``, (H, W, 3) uint8 over white) beside each timed run's
     render (``render_dir[sampler] / file``). Returns ``{"path", "camera", "times", "columns", "fps"}``,
     or None for a static capture."""
-    found = test_camera(runs)
+    found = video_camera(runs)
     if found is None:
         return None
     camera, frames = found
@@ -122,7 +135,7 @@ def write_test_video(
             tiles.append(_rgb(file) if file is not None and file.is_file() else np.full_like(tiles[0], 255))
         sheets.append(_sheet(tiles))
     fps = max(1, min(MAX_FPS, len(sheets) // 2))
-    path = _encode(folder / name, sheets, fps)
+    path = _encode(folder / name, sheets, fps, codec)
     times = [f["time"] for f in frames]
     return {"path": str(path), "camera": camera, "times": times, "columns": ["truth", *timed], "fps": fps}
 
@@ -132,22 +145,22 @@ def _rgb(path: Path) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
-def _encode(stem: Path, sheets: list[np.ndarray], fps: int) -> Path:
-    """``stem.mp4`` (H.264, yuv420p) through PyAV, else ``stem.gif`` (Pillow, looping); its path."""
+def _encode(stem: Path, sheets: list[np.ndarray], fps: int, codec: str) -> Path:
+    """``stem.mp4`` (``codec``, yuv420p) through PyAV, else ``stem.gif`` (Pillow, looping); its path."""
     import av
 
     stem.parent.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".mp4")
     try:
         with atomic_path(path) as tmp, av.open(str(tmp), "w", format="mp4") as container:
-            stream = container.add_stream("libx264", rate=fps, options={"crf": "18"})
+            stream = container.add_stream(codec, rate=fps, options={"crf": "18"})
             stream.pix_fmt = "yuv420p"
             stream.height, stream.width = sheets[0].shape[:2]
             for pixels in sheets:
                 container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
             container.mux(stream.encode())
         return path
-    except (av.FFmpegError, ValueError):  # no H.264 encoder in this FFmpeg build
+    except (av.FFmpegError, ValueError):  # no such encoder in this FFmpeg build
         path.unlink(missing_ok=True)
     path = stem.with_suffix(".gif")
     images = [Image.fromarray(s) for s in sheets]
@@ -158,19 +171,19 @@ def _encode(stem: Path, sheets: list[np.ndarray], fps: int) -> Path:
     return path
 
 
-def test_video(
+def camera_video(
     url: str, runs: Mapping[str, Any], folder: Path, render_dir: Mapping[str, Path], name: str = "test_camera"
 ) -> dict[str, Any] | None:
-    """:func:`write_test_video` of ``runs`` (``train_summary``'s; their renders in ``render_dir``) on
+    """:func:`write_camera_video` of ``runs`` (``train_summary``'s; their renders in ``render_dir``) on
     the store at ``url``, its ground truth read from the store; None for a static capture."""
     from raykit.store import open_store
 
-    found = test_camera(runs)
+    found = video_camera(runs)
     if found is None:
         return None
     store = open_store(url)
     truth = {f["name"]: over_white(store.read_image(f["name"])) for f in found[1]}
-    return write_test_video(runs, truth, folder, render_dir, name)
+    return write_camera_video(runs, truth, folder, render_dir, name)
 
 
 def over_white(image: np.ndarray) -> np.ndarray:
