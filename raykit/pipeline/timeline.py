@@ -154,6 +154,8 @@ def _encode(stem: Path, sheets: list[np.ndarray], fps: int, codec: str) -> Path:
     try:
         with atomic_path(path) as tmp, av.open(str(tmp), "w", format="mp4") as container:
             stream = container.add_stream(codec, rate=fps, options={"crf": "18"})
+            if not isinstance(stream, av.VideoStream):
+                raise ValueError(f"{codec}: not a video encoder")
             stream.pix_fmt = "yuv420p"
             stream.height, stream.width = sheets[0].shape[:2]
             for pixels in sheets:
