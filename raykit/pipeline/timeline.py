@@ -38,14 +38,15 @@ def timed_runs(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {s: r["frames"] for s, r in runs.items() if r.get("frames")}
 
 
-def _schedule(run: Mapping[str, Any]) -> str:
-    """The run's field and ray sampling over time, as ``run.json`` records them (one line of text)."""
+def _label(key: str, camera: str | None, run: Mapping[str, Any]) -> str:
+    """A line's legend: the run's key (a sampler), the rig camera if any, and the run's field and ray
+    sampling over time as ``run.json`` records them."""
     sampling = run.get("ray_sampling") or {}
-    parts = [f"{k} {v}" for k, v in sampling.items() if k != "name" and isinstance(v, str | int | float)]
-    name = sampling.get("name", "uniform")
-    return f"{run.get('field') or 'field ?'}, ray sampling {name}" + (
-        f" ({', '.join(parts)})" if parts else ""
-    )
+    field = run.get("field")
+    schedule = [f"field {field}"] if field and field != key else []
+    schedule.append(f"ray sampling {sampling.get('name', 'uniform')}")
+    schedule += [f"{k} {v}" for k, v in sampling.items() if k != "name" and isinstance(v, str | int | float)]
+    return f"{key}{f', {camera}' if camera else ''} ({', '.join(schedule)})"
 
 
 def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[tuple[float, float]]]:
@@ -58,7 +59,7 @@ def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[t
             mine = [f for f in frames if f["camera"] == camera and f["psnr"] is not None]
             points = sorted((f["time"], f["psnr"]) for f in mine)
             if points:
-                lines[f"{sampler}, {_camera(camera)} ({_schedule(runs[sampler])})"] = points
+                lines[_label(sampler, camera, runs[sampler])] = points
     if not lines:
         return lines
     import matplotlib

@@ -38,11 +38,11 @@ def test_psnr_is_plotted_against_scene_time_per_sampler_and_camera(tmp_path: Pat
         run["frames"].append({"name": "x", "camera": "cam02", "time": 0.25, "psnr": None, "file": "x.png"})
     lines = plot_psnr_over_time(runs, tmp_path / "plot.png")
     assert list(lines) == [
-        f"{s}, {c} (kplanes, ray sampling uniform)"
+        f"{s}, {c} (field kplanes, ray sampling uniform)"
         for s in ("occupancy", "stratified")
         for c in ("cam00", "cam02")
     ]
-    assert lines["stratified, cam02 (kplanes, ray sampling uniform)"] == [
+    assert lines["stratified, cam02 (field kplanes, ray sampling uniform)"] == [
         (0.0, 21.0),
         (0.5, 21.5),
         (1.0, 22.0),
