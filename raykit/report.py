@@ -2,10 +2,11 @@
 
 A report is a title and sections; a section holds blocks of plain data (named tuples, so a report is
 JSON as it is: the pipeline fingerprints the sections it is given): paragraphs of text and literal
-``Code`` spans, tables of text cells, figures (PNGs in ``OUT/figures``) and the 3-D view of a run's
-cameras and points. Jinja2 renders it twice, from ``raykit/templates``: ``report.md`` (every piece of
-text escaped for CommonMark, every literal in one code span) and one self-contained ``report.html``
-(autoescaped; figures read through ``fileio.safe_path`` and embedded as data URIs, inline CSS and JS:
+``Code`` spans, tables of text cells, figures (PNGs in ``OUT/figures``), videos (an MP4, or an
+animated GIF, in ``OUT/figures``: played inline, looping) and the 3-D view of a run's cameras and
+points. Jinja2 renders it twice, from ``raykit/templates``: ``report.md`` (every piece of text escaped
+for CommonMark, every literal in one code span) and one self-contained ``report.html`` (autoescaped;
+figures and videos read through ``fileio.safe_path`` and embedded as data URIs, inline CSS and JS:
 nothing is fetched when it is viewed). Names from a capture or a store reach either file only as text.
 """
 
@@ -22,9 +23,21 @@ import jinja2
 from raykit.errors import ConfigError
 from raykit.fileio import UntrustedFileError, atomic_write_bytes, read_bounded, safe_path
 
-__all__ = ["Block", "Code", "Figure", "Paragraph", "Scene", "Section", "Table", "para", "write_report"]
+__all__ = [
+    "Block",
+    "Code",
+    "Figure",
+    "Paragraph",
+    "Scene",
+    "Section",
+    "Table",
+    "Video",
+    "para",
+    "write_report",
+]
 
-FIGURE_NAME = re.compile(r"[A-Za-z0-9_.-]+\.png")  # a file the report's writer made in OUT/figures
+FIGURE_NAME = re.compile(r"[A-Za-z0-9_.-]+\.(png|mp4|gif)")  # a file the report's writer made in OUT/figures
+MEDIA_TYPES = {"png": "image/png", "mp4": "video/mp4", "gif": "image/gif"}
 FIGURE_LIMIT = 64 << 20
 
 
@@ -50,6 +63,14 @@ class Figure(NamedTuple):
     alt: str
 
 
+class Video(NamedTuple):
+    """MP4 (or animated GIF) ``name`` in ``OUT/figures``: played inline, muted and looping, in report.html;
+    a link in report.md."""
+
+    name: str
+    alt: str
+
+
 class Scene(NamedTuple):
     """The run's camera poses and sparse points, ``{"cameras": [[centre, ahead]], "points": [[x, y, z,
     css colour]]}`` in the unit ball: a canvas to drag in report.html, a pointer to it in report.md."""
@@ -57,7 +78,7 @@ class Scene(NamedTuple):
     data: dict[str, Any]
 
 
-Block = Paragraph | Table | Figure | Scene
+Block = Paragraph | Table | Figure | Video | Scene
 
 
 class Section(NamedTuple):
@@ -91,14 +112,15 @@ def md_code(text: object) -> str:
 
 
 def _data_uri(folder: Path, name: str) -> str:
-    """PNG ``name`` of ``folder`` (a regular file inside it, at most 64 MiB) as a data URI."""
+    """Figure or video ``name`` of ``folder`` (a regular file inside it, at most 64 MiB) as a data URI."""
     try:
         if not FIGURE_NAME.fullmatch(name):
             raise UntrustedFileError(f"not a figure name: {name!r}")
         data = read_bounded(safe_path(folder, name), limit=FIGURE_LIMIT)
     except (OSError, UntrustedFileError) as exc:
         raise ConfigError(f"{folder / name}: figure not embedded in the report ({exc})") from None
-    return "data:image/png;base64," + base64.b64encode(data).decode()
+    media = MEDIA_TYPES[name.rpartition(".")[2]]
+    return f"data:{media};base64," + base64.b64encode(data).decode()
 
 
 def _environment(autoescape: bool) -> jinja2.Environment:
@@ -117,7 +139,12 @@ def _environment(autoescape: bool) -> jinja2.Environment:
 
 def render(title: str, sections: Sequence[Section], figures: Path) -> tuple[str, str]:
     """``(report.md, report.html)`` of the report; figures are read from folder ``figures``."""
-    data = {b.name: _data_uri(figures, b.name) for s in sections for b in s.blocks if isinstance(b, Figure)}
+    data = {
+        b.name: _data_uri(figures, b.name)
+        for s in sections
+        for b in s.blocks
+        if isinstance(b, Figure | Video)
+    }
     context = {"title": title, "sections": sections}
     markdown = _environment(False).get_template("report.md.j2").render(context)
     page = _environment(True).get_template("report.html.j2").render(context, data=data)

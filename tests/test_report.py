@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from PIL import Image
 
 from raykit.errors import ConfigError
-from raykit.report import Code, Figure, Scene, Section, Table, para, write_report
+from raykit.report import Code, Figure, Scene, Section, Table, Video, para, write_report
 
 HOSTILE = [
     "![x](/etc/passwd)",
@@ -67,3 +68,17 @@ def test_only_pngs_the_writer_made_in_figures_are_embedded(tmp_path: Path, name:
     with pytest.raises(ConfigError, match="figure not embedded in the report") as caught:
         _report(tmp_path, name)
     assert "\n" not in str(caught.value) and not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize(("name", "media"), [("clip.mp4", "video/mp4"), ("clip.gif", "image/gif")])
+def test_a_video_plays_inline_in_html_and_is_linked_from_markdown(
+    tmp_path: Path, name: str, media: str
+) -> None:
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / name).write_bytes(b"clip bytes")
+    md, html = write_report(tmp_path, "t", [Section("Video", [Video(name, HOSTILE[2])])])
+    page = html.read_text()
+    data = "data:" + media + ";base64," + base64.b64encode(b"clip bytes").decode()
+    tag = "video controls autoplay loop muted playsinline aria-label" if name.endswith(".mp4") else "img alt"
+    assert page.count(f'<{tag}="&lt;script&gt;alert(1)&lt;/script&gt;" src="{data}"') == 1
+    assert f"(figures/{name}) (a video; it plays in `report.html`)" in md.read_text()

@@ -10,7 +10,9 @@ Stages (each recorded in ``OUT/pipeline.json``; a rerun skips what is up to date
    validated, and the forms and backends compared ray for ray;
 4. ``demo-loader``: the loader over worker counts and batch sizes against the two classic baselines;
 5. ``demo-layouts``: the images layout against the ray layout (``raykit.demo.layouts``);
-6. the report: ``report.md`` and ``report.html`` with the pipeline's sections and the demo's, and
+6. ``demo-dynamic`` (with ``--dynamic``): the built-in dynamic scene, the static field against the
+   time-conditioned one (``raykit.demo.dynamic``);
+7. the report: ``report.md`` and ``report.html`` with the pipeline's sections and the demo's, and
    ``results.json`` with every figure.
 
 ``--quick`` runs the same stages on the tiny scene with short budgets (about two minutes).
@@ -42,17 +44,21 @@ class DemoPlan:
     bench_batch_sizes: tuple[int, ...]
     eval_max_images: int
     progress_every_s: float
+    dynamic_seconds: float  # ``--dynamic``: training time of each field on the dynamic scene
 
 
 def plan_for(quick: bool) -> DemoPlan:
     """The full plan (about 8 minutes on 2 cores) or the ``--quick`` one (about 2 minutes)."""
     if quick:
-        return DemoPlan("tiny", 6.0, 40, (0, 1), (1024, 4096), 2, 2.0)
-    return DemoPlan("small", 75.0, 300, (0, 1, 2), (1024, 4096, 16384), 10, 10.0)
+        return DemoPlan("tiny", 6.0, 40, (0, 1), (1024, 4096), 2, 2.0, 5.0)
+    return DemoPlan("small", 75.0, 300, (0, 1, 2), (1024, 4096, 16384), 10, 10.0, 40.0)
 
 
-def run_demo(out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0) -> Path:
-    """Run every stage into ``out`` (resuming what an earlier demo left there); return the report's path."""
+def run_demo(
+    out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0, dynamic: bool = False
+) -> Path:
+    """Run every stage into ``out`` (resuming what an earlier demo left there); return the report's path.
+    ``dynamic``: the dynamic scene's section too (``raykit.demo.dynamic``)."""
     from raykit.demo.stages import demo_configs, demo_extra, scene_stage
     from raykit.pipeline import StageRunner, check_run_folder, run_pipeline
 
@@ -63,7 +69,7 @@ def run_demo(out: str | os.PathLike[str], *, quick: bool = False, seed: int = 0)
     runner = StageRunner(out_dir)
     scene = runner.execute(scene_stage(out_dir, plan, seed))
     cfg = demo_configs(out_dir, scene, plan, seed)
-    report = run_pipeline(cfg, extra=demo_extra(out_dir, scene, plan, seed), runner=runner)
+    report = run_pipeline(cfg, extra=demo_extra(out_dir, scene, plan, seed, dynamic), runner=runner)
     print(f"report: {report}")
     return report
 

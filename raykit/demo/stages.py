@@ -66,10 +66,12 @@ def demo_configs(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) ->
     return StageConfigs(run=run, convert=convert, poses=PoseOptions(seed=seed), train=train)
 
 
-def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) -> Any:
-    """The ``extra`` of ``run_pipeline``: the demo's stages, ``results.json``, the report's sections."""
+def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int, dynamic: bool = False) -> Any:
+    """The ``extra`` of ``run_pipeline``: the demo's stages, ``results.json``, the report's sections
+    (``dynamic``: the dynamic scene's too)."""
 
     def extra(runner: StageRunner, results: dict[str, Any]) -> list[Any]:
+        from raykit.demo.dynamic import dynamic_section, dynamic_stage
         from raykit.demo.layouts import compare_layouts
         from raykit.demo.report import dataset_section, layouts_section, loader_section
         from raykit.demo.steps import convert_all, profile
@@ -106,6 +108,7 @@ def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) -> A
         inputs = {**base, "plan": plan_dict(plan), "runs": {s: r["output"] for s, r in runs.items()}}
         images = [out / "stores" / "blender-zarr-images", out / "runs" / f"{TrainConfig.sampler}-images"]
         layouts = runner.execute(Stage("demo-layouts", inputs, layouts_run, command, images, resumable=False))
+        moving = runner.execute(dynamic_stage(out, plan, seed, command)) if dynamic else None
         timings = {name: runner.records.stages[name].get("wall_s") for name in runner.seen}
         write_results(
             out,
@@ -118,9 +121,11 @@ def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int) -> A
                 "bench": bench,
                 "runs": runs,
                 "layouts": layouts,
+                "dynamic": moving,
                 "timings_s": timings,
             },
         )
-        return [dataset_section(scene, stores), loader_section(out, bench), layouts_section(layouts)]
+        sections = [dataset_section(scene, stores), loader_section(out, bench), layouts_section(layouts)]
+        return sections + ([dynamic_section(moving)] if moving is not None else [])
 
     return extra

@@ -6,7 +6,15 @@ splits); :func:`evaluate` scores them and writes ``results.json`` (see :mod:`ray
 
 from __future__ import annotations
 
-from raykit.evaluation.inputs import IMAGE_SUFFIXES, ImageRef, Pair, PairSet, find_pairs
+from raykit.evaluation.inputs import (
+    IMAGE_SUFFIXES,
+    ImageRef,
+    Pair,
+    PairSet,
+    find_pairs,
+    render_stem,
+    view_time,
+)
 from raykit.evaluation.score import EvaluateConfig, evaluate, score, set_sha256
 
 __all__ = [
@@ -17,6 +25,8 @@ __all__ = [
     "PairSet",
     "evaluate",
     "find_pairs",
+    "render_stem",
     "score",
     "set_sha256",
+    "view_time",
 ]

@@ -8,7 +8,9 @@ Layouts of PRED (recognised in this order):
   ground truth on the left half and the render on the right (the newest step is scored; the ground truth is
   the left halves when GT is PRED itself, else GT's images in sorted order, matched by ``IIII``);
 - ``folder``: any folder of images (``.png``, ``.jpg``, ``.jpeg``, ``.webp``, ``.npy``, ``.exr``), searched
-  recursively; raykit's own ``renders/SPLIT/NNN_NAME.png`` match ``NAME`` after the index prefix.
+  recursively; raykit's own ``renders/SPLIT/NNN_NAME.png`` match ``NAME`` after the index prefix, and
+  its renders of a store with times, ``NNN_CAMERA_tTIME.png`` (:func:`render_stem`), match the store's
+  view of that camera and time.
 
 GT is a folder of images or a raykit store split written ``STORE:SPLIT`` (with the store's masks, when it
 has them: a masked evaluation, ``raykit.evaluation.score``). Images are matched by their path
@@ -29,6 +31,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,7 +39,19 @@ from raykit.errors import SourceError, StoreError
 from raykit.fileio import IMAGE_FILE_LIMIT, UntrustedFileError, open_regular, read_bounded
 from raykit.imagedecode import check_pixels, decode_image
 
-__all__ = ["IMAGE_SUFFIXES", "ImageRef", "Pair", "PairSet", "find_pairs", "load_pixels"]
+if TYPE_CHECKING:
+    from raykit.store import RayStore
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageRef",
+    "Pair",
+    "PairSet",
+    "find_pairs",
+    "load_pixels",
+    "render_stem",
+    "view_time",
+]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".npy", ".exr")
 _IGNORED_SUFFIXES = (".json", ".txt", ".md", ".csv", ".yaml", ".yml", ".log")
@@ -240,7 +255,29 @@ def _store_split(text: str) -> tuple[str, str] | None:
     return base, split
 
 
-def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef]:
+def view_time(store: RayStore, name: str) -> tuple[str | None, float] | None:
+    """Image ``name``'s rig camera and time in a store with times (None in a static store): the camera
+    is ``camNN`` for a multi-view video's rig camera ``NN``, None without one (a D-NeRF capture's
+    moving camera)."""
+    table = store.table
+    if table.time is None:
+        return None
+    index = store.image_index(name)
+    rig = table.rig_camera
+    return (None if rig is None else f"cam{int(rig[index]):02d}"), float(table.time[index])
+
+
+def render_stem(store: RayStore, name: str) -> str:
+    """The file stem of image ``name``'s render (after raykit's ``NNN_`` index prefix): the name's stem
+    in a static store; in a store with times, camera and time (:func:`view_time`): ``cam03_t0.2500``,
+    or without a rig camera the name's stem and time, ``r_000_t0.2500``."""
+    when = view_time(store, name)
+    if when is None:
+        return Path(name).stem
+    return f"{when[0] or Path(name).stem}_t{when[1]:.4f}"
+
+
+def _gt_from_store(text: str, store_path: str, split: str) -> tuple[dict[str, ImageRef], dict[str, str]]:
     from raykit.store import open_store
 
     try:
@@ -252,7 +289,7 @@ def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef
             f"{text}: the store has no split {split!r} (it has {', '.join(sorted(store.splits))})"
         )
     masked = "mask" in store.components
-    return {
+    refs = {
         Path(name).with_suffix("").as_posix(): ImageRef(
             f"{text}/{name}",
             functools.partial(store.read_image, name),
@@ -261,22 +298,35 @@ def _gt_from_store(text: str, store_path: str, split: str) -> dict[str, ImageRef
         )
         for name in store.images(split)
     }
+    if store.table.time is None:
+        return refs, {}
+    return refs, {render_stem(store, n): Path(n).with_suffix("").as_posix() for n in store.images(split)}
 
 
-def _ground_truth(gt: str) -> tuple[dict[str, ImageRef], str, str | None]:
+def _ground_truth(gt: str) -> tuple[dict[str, ImageRef], str, str | None, dict[str, str]]:
+    """Ground-truth images by key, their kind, the store's split, and aliases (render stem -> key)."""
     if (found := _store_split(gt)) is not None:
-        return _gt_from_store(gt, *found), "store", found[1]
+        refs, aliases = _gt_from_store(gt, *found)
+        return refs, "store", found[1], aliases
     path = Path(gt)
     if Path(path, "manifest.json").is_file():
         raise SourceError(f"{gt}: a raykit store: name its split, e.g. {gt}:test")
     if not path.is_dir():
         raise SourceError(f"{gt}: no such folder of ground-truth images or STORE:SPLIT")
-    return {key: _file_ref(p) for key, p in _image_files(path).items()}, "folder", None
+    return {key: _file_ref(p) for key, p in _image_files(path).items()}, "folder", None, {}
 
 
-def _match(pred: dict[str, ImageRef], gt: dict[str, ImageRef], pred_root: str, gt_root: str) -> list[Pair]:
+def _match(
+    pred: dict[str, ImageRef],
+    gt: dict[str, ImageRef],
+    pred_root: str,
+    gt_root: str,
+    aliases: dict[str, str] | None = None,
+) -> list[Pair]:
     """Pairs by key; failing that, a prediction matches by its key without raykit's ``NNN_`` render
-    prefix, then by its file stem alone when exactly one ground-truth image has that stem."""
+    prefix, then by that as an alias of a key (a timed store's ``CAMERA_tTIME``), then by its file stem
+    alone when exactly one ground-truth image has that stem."""
+    aliases = aliases or {}
     by_stem: dict[str, list[str]] = {}
     for key in gt:
         by_stem.setdefault(key.rpartition("/")[2], []).append(key)
@@ -284,7 +334,7 @@ def _match(pred: dict[str, ImageRef], gt: dict[str, ImageRef], pred_root: str, g
     for key, ref in pred.items():
         head, _, tail = key.rpartition("/")
         stripped = _INDEX_PREFIX.sub("", tail)
-        exact = [c for c in (key, (head + "/" if head else "") + stripped) if c in gt]
+        exact = [c for c in (key, (head + "/" if head else "") + stripped, aliases.get(stripped)) if c in gt]
         stems = by_stem.get(tail) or by_stem.get(stripped) or []
         found = exact[0] if exact else stems[0] if len(stems) == 1 else None
         if found is None:
@@ -312,19 +362,19 @@ def find_pairs(pred: str, gt: str) -> PairSet:
             return PairSet(
                 _match(preds, gts, str(root / "rgb"), str(root / "gt-rgb")), "ns-render", "ns-render"
             )
-        gts, kind, split = _ground_truth(gt)
-        return PairSet(_match(preds, gts, str(root / "rgb"), gt), "ns-render", kind, split)
+        gts, kind, split, aliases = _ground_truth(gt)
+        return PairSet(_match(preds, gts, str(root / "rgb"), gt, aliases), "ns-render", kind, split)
     if (canvases := _gsplat_canvases(pred_path)) is not None:
         step, files = canvases
         preds = {f"{i:04d}": _half(p, right=True) for i, p in sorted(files.items())}
         if same:
             gts = {f"{i:04d}": _half(p, right=False) for i, p in sorted(files.items())}
             return PairSet(_match(preds, gts, pred, pred), "gsplat", "gsplat", None, step)
-        named, kind, split = _ground_truth(gt)
+        named, kind, split, _ = _ground_truth(gt)
         gts = {f"{i:04d}": ref for i, (_, ref) in enumerate(sorted(named.items()))}
         return PairSet(_match(preds, gts, pred, gt), "gsplat", kind, split, step)
     if same:
         raise SourceError(f"{pred}: GT is PRED itself, which only an ns-render or gsplat output can be")
     preds = {k: _file_ref(p) for k, p in _image_files(pred_path).items()}
-    gts, kind, split = _ground_truth(gt)
-    return PairSet(_match(preds, gts, pred, gt), "folder", kind, split)
+    gts, kind, split, aliases = _ground_truth(gt)
+    return PairSet(_match(preds, gts, pred, gt, aliases), "folder", kind, split)

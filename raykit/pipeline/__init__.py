@@ -28,6 +28,7 @@ from raykit.pipeline.stages import (
     training_stage,
     with_progress_checks,
 )
+from raykit.pipeline.timeline import camera_video, plot_psnr_over_time
 
 __all__ = [
     "DEFAULT_SAMPLER",
@@ -39,12 +40,14 @@ __all__ = [
     "StageError",
     "StageRunner",
     "WarmStarter",
+    "camera_video",
     "capture_and_store",
     "check_run_folder",
     "export_stage",
     "fingerprint",
     "kill_children",
     "machine_fault",
+    "plot_psnr_over_time",
     "read_jsonl",
     "run_pipeline",
     "train_summary",

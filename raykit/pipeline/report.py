@@ -15,7 +15,8 @@ import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
-from raykit.report import Code, Figure, Scene, Section, Table, para, write_report
+from raykit.pipeline.timeline import over_white, plot_psnr_over_time
+from raykit.report import Code, Figure, Scene, Section, Table, Video, para, write_report
 from raykit.trainer import OLD_PROTOCOL
 
 __all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "write"]
@@ -27,23 +28,15 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _on_white(image: np.ndarray) -> np.ndarray:
-    """(H, W, 3|4) uint8 -> (H, W, 3) uint8 composited over white."""
-    if image.shape[-1] == 3:
-        return image
-    alpha = image[..., 3:].astype(np.float32) / 255.0
-    return (image[..., :3] * alpha + 255.0 * (1.0 - alpha) + 0.5).astype(np.uint8)
-
-
 def render_strip(url: str, runs: Mapping[str, Any], path: Path, views: int) -> list[str]:
     """Rows: test views; columns: the store's ground truth, then each sampler's render. Returns names."""
     from raykit.store import open_store
 
     store = open_store(url)
     names = store.images("test")[:views]
-    truth = [_on_white(store.read_image(n)) for n in names]
+    truth = [over_white(store.read_image(n)) for n in names]
     columns = [truth] + [
-        [_on_white(np.asarray(Image.open(p).convert("RGBA"))) for p in r["renders"][:views]]
+        [over_white(np.asarray(Image.open(p).convert("RGBA"))) for p in r["renders"][:views]]
         for r in runs.values()
     ]
     height, width = truth[0].shape[:2]
@@ -138,6 +131,10 @@ def figures(out: Path, results: Mapping[str, Any], records: Mapping[str, Any]) -
     ax.set(xlabel="wall time of the last attempt (s)", title="Stage times")
     made["stages"] = _save(fig, folder / "stages.png")
     made["renders"] = Path(results["render"]["path"]).name
+    if plot_psnr_over_time(runs, folder / "psnr_time.png"):
+        made["psnr_time"] = "psnr_time.png"
+    if (video := results["render"].get("video")) is not None:
+        made["video"] = Path(video["path"]).name
     return made
 
 
@@ -266,10 +263,10 @@ def sections(
                  "images, as nerfbaselines scores them; LPIPS AlexNet, '-' without its weights)"
                  + ("; the float PSNR, the figure of earlier releases, is an extra column." if floats
                     else ".")),
-            Figure(made["psnr"], "psnr"), Figure(made["samplers"], "samplers"),
+            Figure(made["psnr"], "psnr"), Figure(made["samplers"], "samplers"), *_over_time(made),
         ]),
         Section("Test views", [para(f"Ground truth, then {', '.join(runs)}: ", *_listed(views, ", "), "."),
-                               Figure(made["renders"], "renders")]),
+                               Figure(made["renders"], "renders"), *_video(results, made)]),
         Section("Export verification", [Table(["sampler", "export MB", "PSNR from export", "run's PSNR",
                                                "difference dB", "verified"], exports)]),
         Section("Stage times", [
@@ -278,6 +275,25 @@ def sections(
             Figure(made["stages"], "stages"),
         ]),
     ]  # fmt: skip
+
+
+def _over_time(made: Mapping[str, str]) -> list[Any]:
+    """A capture with times: test PSNR against each test frame's scene time."""
+    if "psnr_time" not in made:
+        return []
+    return [para("Test PSNR of each test frame against its scene time (the final evaluation):"),
+            Figure(made["psnr_time"], "test PSNR against scene time")]  # fmt: skip
+
+
+def _video(results: Mapping[str, Any], made: Mapping[str, str]) -> list[Any]:
+    """A capture with times: the test camera over time, ground truth beside each sampler's render."""
+    video = results["render"].get("video")
+    if video is None or "video" not in made:
+        return []
+    times = ", ".join(f"{t:.3f}" for t in video["times"])
+    return [para(f"Test camera over time, {video['camera']} ({len(video['times'])} frames at "
+                 f"{video['fps']} fps, scene times {times}): {', '.join(video['columns'])}."),
+            Video(made["video"], f"{video['camera']} over time")]  # fmt: skip
 
 
 def write(

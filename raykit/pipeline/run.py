@@ -144,17 +144,26 @@ def capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict
 
 def render_stage(cfg: StageConfigs, out: Path, url: str, runs: dict[str, Any]) -> Stage:
     """Test views beside the ground truth: the evaluation's renders (which ``export --verify``
-    reproduced from the export) and the store's own pixels, as ``OUT/figures/renders.png``."""
+    reproduced from the export) and the store's own pixels, as ``OUT/figures/renders.png``; for a
+    capture with times, a test camera over time too (``raykit.pipeline.timeline``: ``OUT/figures/
+    test_camera.mp4``)."""
     from raykit.pipeline.report import render_strip
+    from raykit.pipeline.timeline import camera_video
 
     path = out / "figures" / "renders.png"
+    videos = [out / "figures" / "test_camera.mp4", out / "figures" / "test_camera.gif"]
 
     def run(attempt: Attempt) -> dict[str, Any]:
         names = render_strip(url, runs, path, cfg.run.render_views)
-        return {"path": str(path), "views": names, "output": tree_fingerprint(path)}
+        renders = {s: own_path(out, Path(r["run_dir"]) / "renders" / "test") for s, r in runs.items()}
+        video = camera_video(url, runs, out / "figures", renders)
+        made = tree_fingerprint(path)
+        if video is not None:  # a capture with times
+            made = fingerprint([made, tree_fingerprint(Path(video["path"]))])
+        return {"path": str(path), "views": names, "video": video, "output": made}
 
     inputs = {"runs": {s: r["output"] for s, r in runs.items()}, "views": cfg.run.render_views}
-    return Stage("render", inputs, run, ["raykit", "run", cfg.run.src, cfg.run.out], (path,))
+    return Stage("render", inputs, run, ["raykit", "run", cfg.run.src, cfg.run.out], (path, *videos))
 
 
 def report_stage(

@@ -282,8 +282,24 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
         "n_images": test.get("n_images"),
         "progress": [{k: p.get(k) for k in ("step", "elapsed_s", "psnr", "n_images")} for p in progress],
         "renders": sorted(str(p) for p in (run_dir / "renders" / "test").glob("*.png")),
+        **_timed(run_dir, test["images"]),
         "output": sha256_file(run_dir / "eval.json"),
     }
+
+
+def _timed(run_dir: Path, images: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run on a store with times: its test frames (name, camera, time, PSNR, render file; the report's
+    PSNR against scene time and its video), field and ray sampling (``run.json``). Else nothing."""
+    frames = [
+        {k: image.get(k) for k in ("name", "camera", "time", "psnr", "file")}
+        for image in images
+        if image.get("time") is not None
+    ]
+    if not frames:
+        return {}
+    record = _record(run_dir / "run.json")
+    field = (record.get("field") or {}).get("kind")
+    return {"frames": frames, "field": field, "ray_sampling": record.get("ray_sampling") or {}}
 
 
 def evaluate_stage(runs: dict[str, dict[str, Any]]) -> Stage:

@@ -2,7 +2,8 @@
 
 ``raykit render --model OUT --cameras STORE|transforms.json --out DIR`` renders every view of a store
 split (with PSNR/SSIM, since the store holds the pixels) or every frame of a ``transforms.json``
-(instant-ngp / nerfstudio / Blender; no store needed) into ``DIR/NNN_NAME.png`` plus ``DIR/render.json``.
+(instant-ngp / nerfstudio / Blender; no store needed) into ``DIR/NNN_NAME.png`` plus ``DIR/render.json``
+(``DIR/NNN_CAMERA_tTIME.png`` at a view with a time: ``raykit.evaluation.render_stem``).
 Cameras are mapped into the model's frame: a ``transforms.json`` is in the capture's frame and goes
 through the export's ``world_from_source``; a store whose frame differs from the export's goes through
 the capture's frame too. New cameras get the training store's near/far range. A time-conditioned
@@ -32,6 +33,7 @@ from raykit.camera_json import INTRINSIC_KEYS, camera_from_intrinsics, image_siz
 from raykit.cameras import pixels_to_rays
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
+from raykit.evaluation import render_stem
 from raykit.fileio import atomic_path, atomic_write_json
 from raykit.imagedecode import open_image
 from raykit.metrics import Scorer, protocol_of, psnr, quantize
@@ -55,6 +57,7 @@ class View:
     target: torch.Tensor | None = None  # (H, W, 3) over the model's background, on the CPU
     stored: np.ndarray | None = None  # (H, W, 3|4) uint8: the store's image, scored by the protocol
     mask: np.ndarray | None = None  # (H, W) uint8: the store's mask (a masked evaluation), or None
+    stem: str = ""  # the render's file stem (default: the name's stem)
 
 
 def _similarity_parts(matrix: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -100,7 +103,8 @@ def store_views(
         rays, stored = image_rays_and_pixels(store, name, device)  # the image read once
         target = rays.composite(background).view(height, width, 3).cpu()
         mask = image_mask(store, name)
-        yield View(name, _map_rays(rays, model_from_store), height, width, target, stored, mask)
+        stem = render_stem(store, name)
+        yield View(name, _map_rays(rays, model_from_store), height, width, target, stored, mask, stem)
 
 
 def _frame_size(intr: Mapping[str, Any], frame: Mapping[str, Any], base: Path) -> tuple[int, int]:
@@ -204,6 +208,7 @@ def _camera_view(
     pixels = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
     origins, directions, z_scale = pixels_to_rays(camera, torch.as_tensor(c2w), pixels, dtype=torch.float32)
     n = pixels.shape[0]
+    stem = Path(name).stem if time is None else f"{Path(name).stem}_t{time:.4f}"
     rays = RayBatch(
         origins=origins,
         directions=directions,
@@ -216,7 +221,7 @@ def _camera_view(
         z_scale=z_scale,
         times=None if time is None else torch.full((n,), time),
     )
-    return View(name, rays.to(device), camera.height, camera.width)
+    return View(name, rays.to(device), camera.height, camera.width, stem=stem)
 
 
 def _render(
@@ -237,7 +242,7 @@ def _render(
         pred = pred.view(view.height, view.width, 3).cpu()
         record: dict[str, Any] = {"name": view.name}
         if out is not None:
-            record["file"] = f"{i:03d}_{Path(view.name).stem}.png"
+            record["file"] = f"{i:03d}_{view.stem or Path(view.name).stem}.png"
             with atomic_path(out / record["file"]) as tmp:
                 Image.fromarray(quantize(pred).numpy()).save(tmp, format="PNG")
         if view.target is not None and view.stored is not None:

@@ -14,7 +14,9 @@ cache: training never fetches them). Split values are means over images. An ``ev
 ``protocol`` was written before the protocol (its ``psnr``/``ssim`` are float figures); the
 ``psnr_float``/``ssim_float`` columns of earlier releases are no longer written. Renders go to
 ``RUN_DIR/renders/SPLIT/NNN_NAME.png``, quantised as the protocol quantises, so ``raykit evaluate
-RUN_DIR/renders/test STORE:test`` gives the same figures. Rendering is deterministic: bin centres for
+RUN_DIR/renders/test STORE:test`` gives the same figures. A store with times names them by camera and
+time, ``NNN_cam03_t0.2500.png`` (``raykit.evaluation.render_stem``), and each image's entry carries its
+``camera``, ``time`` and render ``file``. Rendering is deterministic: bin centres for
 stratified/hierarchical sampling, no jitter when marching.
 """
 
@@ -29,6 +31,7 @@ import torch
 from PIL import Image
 
 from raykit.errors import ConfigError, RaykitError, ResumeError
+from raykit.evaluation import render_stem, view_time
 from raykit.fileio import atomic_path, atomic_write_json, read_json
 from raykit.loaders import reference_batch
 from raykit.metrics import Scorer, quantize
@@ -256,9 +259,12 @@ def evaluate_split(
     images = []
     for i, name in enumerate(names):
         pred, _, pixels = render_view(config, store, name, field, grid, device)
-        _save_png(run_dir / "renders" / split / f"{i:03d}_{Path(name).stem}.png", pred)
+        file = f"{i:03d}_{render_stem(store, name)}.png"
+        _save_png(run_dir / "renders" / split / file, pred)
         mask = image_mask(store, name) if scorer.masked else None
-        images.append({"name": name, **scorer.score(pred, pixels, mask)})
+        when = view_time(store, name)
+        timed = {} if when is None else {"camera": when[0], "time": when[1], "file": file}
+        images.append({"name": name, **timed, **scorer.score(pred, pixels, mask)})
     return {
         **scorer.means(images),
         "n_images": len(images),

@@ -33,6 +33,13 @@ def test_every_stage_is_recorded(finished_run: Path) -> None:
     assert train["command"][1:3] == ["-m", "raykit.trainer"] and "--steps=24" in train["command"]
     assert stages["export-occupancy"]["result"]["verify"]["difference_db"] <= 0.05
     assert stages["convert"]["command"][:2] == ["raykit", "convert"]
+    # a static capture: renders keep the image names; no PSNR against scene time, no video
+    renders = sorted(p.name for p in (finished_run / "runs" / "occupancy" / "renders" / "test").iterdir())
+    assert renders[0] == "000_r_0.png" and "frames" not in stages["train-occupancy"]["result"]
+    assert stages["render"]["result"]["video"] is None
+    assert {p.name for p in (finished_run / "figures").iterdir()}.isdisjoint(
+        {"psnr_time.png", "test_camera.mp4"}
+    )
 
 
 def test_rerun_with_nothing_changed_runs_nothing(
