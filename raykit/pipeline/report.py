@@ -17,7 +17,7 @@ from PIL import Image
 from raykit.pipeline.config import StageConfigs
 from raykit.pipeline.timeline import over_white, plot_psnr_over_time
 from raykit.report import Code, Figure, Scene, Section, Table, Video, para, write_report
-from raykit.trainer import OLD_PROTOCOL
+from raykit.trainer import OLD_PROTOCOL, SAMPLING_MAP
 
 __all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "write"]
 
@@ -135,6 +135,12 @@ def figures(out: Path, results: Mapping[str, Any], records: Mapping[str, Any]) -
         made["psnr_time"] = "psnr_time.png"
     if (video := results["render"].get("video")) is not None:
         made["video"] = Path(video["path"]).name
+    for sampler, run in runs.items():  # --ray-sampling loss: where the map put the rays
+        source = Path(run["run_dir"]) / SAMPLING_MAP
+        if source.is_file():
+            target = folder / f"sampling_map_{sampler}.png"
+            target.write_bytes(source.read_bytes())
+            made[f"sampling_map:{sampler}"] = target.name
     return made
 
 
@@ -264,6 +270,7 @@ def sections(
                  + ("; the float PSNR, the figure of earlier releases, is an extra column." if floats
                     else ".")),
             Figure(made["psnr"], "psnr"), Figure(made["samplers"], "samplers"), *_over_time(made),
+            *_sampling_maps(made),
         ]),
         Section("Test views", [para(f"Ground truth, then {', '.join(runs)}: ", *_listed(views, ", "), "."),
                                Figure(made["renders"], "renders"), *_video(results, made)]),
@@ -283,6 +290,16 @@ def _over_time(made: Mapping[str, str]) -> list[Any]:
         return []
     return [para("Test PSNR of each test frame against its scene time (the final evaluation):"),
             Figure(made["psnr_time"], "test PSNR against scene time")]  # fmt: skip
+
+
+def _sampling_maps(made: Mapping[str, str]) -> list[Any]:
+    """Runs with ``--ray-sampling loss``: the training views the map favoured beside their maps."""
+    maps = {key.split(":", 1)[1]: name for key, name in made.items() if key.startswith("sampling_map:")}
+    if not maps:
+        return []
+    return [para("Where the loss sampling put the rays (training views the error map favoured most, "
+                 "beside their maps: rays per pixel against uniform, log2):"),
+            *(Figure(name, f"{sampler}: sampling map") for sampler, name in maps.items())]  # fmt: skip
 
 
 def _video(results: Mapping[str, Any], made: Mapping[str, str]) -> list[Any]:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from raykit.trainer.export import export_run
     from raykit.trainer.exported import load_export
     from raykit.trainer.loop import train
+    from raykit.trainer.sampling_map import SAMPLING_MAP
 
 # module -> the public names it defines, imported on first use (PEP 562): ``raykit sweep``, ``raykit run``
 # and their refusals read ``TrainConfig`` without the seconds torch takes to import.
@@ -35,6 +36,7 @@ _PUBLIC = {
     "export": ("export_run",),
     "exported": ("load_export",),
     "loop": ("train",),
+    "sampling_map": ("SAMPLING_MAP",),
 }
 _MODULES = {name: module for module, names in _PUBLIC.items() for name in names}
 
@@ -42,6 +44,7 @@ __all__ = [
     "AUTO_SAMPLERS",
     "OLD_PROTOCOL",
     "SAMPLERS",
+    "SAMPLING_MAP",
     "TrainConfig",
     "compare",
     "export_run",

@@ -73,10 +73,11 @@ def finished_run(tiny_scene: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="session")
 def colmap_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``raykit run`` of the tiny scene's COLMAP form (cameras and sparse points), one sampler."""
+    """``raykit run`` of the tiny scene's COLMAP form (cameras and sparse points), one sampler, rays
+    drawn by their loss (the report shows the sampling map)."""
     from raykit.testing import render_scene, write_colmap
 
     root = tmp_path_factory.mktemp("colmap")
     write_colmap(render_scene("tiny", seed=0), root / "capture", binary=True)
-    raykit_run(root / "capture", root / "out", "--steps=8")
+    raykit_run(root / "capture", root / "out", "--steps=8", "--ray-sampling=loss")
     return root / "out"

@@ -138,6 +138,7 @@ def _rect(page: DevTools, selector: str, index: int = 0) -> dict[str, float]:
 def test_every_image_and_plot_shows(loaded: DevTools) -> None:
     images = loaded.evaluate("Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])")
     assert {alt for alt, _, _ in images} >= {"loader", "psnr", "samplers", "renders", "stages"}
+    assert any(alt.endswith(": sampling map") for alt, _, _ in images)  # --ray-sampling loss
     for index, (alt, complete, width) in enumerate(images):
         assert complete and width > 0, alt
         assert loaded.screenshot(_rect(loaded, "img", index)).std() > 5.0, f"{alt} is blank on screen"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 from safetensors.torch import load_file
 
 from raykit.trainer.checkpoint import latest_checkpoint
@@ -194,3 +195,12 @@ def test_an_existing_store_is_trained_on_as_it_is(
     assert list(stages)[:2] == ["validate", "profile"] and not (out / "store").exists()
     assert stages["validate"]["inputs"]["store"] == records(finished_run)["convert"]["result"]["output"]
     assert "store (zarr, rays layout)" in (out / "report.md").read_text()
+
+
+def test_a_loss_sampled_run_reports_where_the_rays_went(colmap_run: Path) -> None:
+    """``--ray-sampling loss``: the report shows each run's sampling map (copied into its figures)."""
+    maps = sorted((colmap_run / "figures").glob("sampling_map_*.png"))
+    assert len(maps) == 1
+    with Image.open(maps[0]) as figure:
+        assert figure.size[0] > 300
+    assert f"]({'figures/' + maps[0].name})" in (colmap_run / "report.md").read_text()
