@@ -205,19 +205,36 @@ class TemporalSampler:
         whole CDF held (``flat_bytes``), a ray is one guided search in it, the rays drawn in the
         batch's order and then grouped by frame (``order``: a stable radix sort of their frames);
         else they are drawn sorted and ``order`` is a permutation from :meth:`shuffle_rng`."""
+        return self.begin_by_frame(step, n)()
+
+    def begin_by_frame(self, step: int, n: int) -> Callable[[], TemporalDraw]:
+        """:meth:`draw_by_frame` in two parts, for two threads: the rays' frames now (with the whole
+        CDF held: the uniforms, their frames, ``order``), the rest (the pixels) when the returned
+        callable is called; the same draw."""
         kind, rng, cdf = self._start(step, n)
+        if kind not in self._flat:
+            return lambda: self._by_frame(kind, rng, cdf, step, n)
+        by_frame, by_cell, _ = self._flat[kind]
+        target = rng.random(n) * by_cell.cdf[-1]
+        frame = by_frame(target)  # = its cell's frame (the frames' ends are entries of the CDF)
+        order = np.argsort(frame.astype(np.uint16) if self.frames < 2**16 else frame, kind="stable")
+        return lambda: self._by_cell(kind, rng, target.take(order), order)
+
+    def _by_cell(self, kind: str, rng: np.random.Generator, target: np.ndarray, order: np.ndarray
+                 ) -> TemporalDraw:  # fmt: skip
+        """The rays of ``target`` (grouped by frame): a guided search each in the held CDF."""
+        _, by_cell, last = self._flat[kind]
+        flat, hw = by_cell.cdf, self.height * self.width
+        cell = np.minimum(by_cell(target), last)  # 1 + the cell: zero weights never drawn
+        weight = flat.take(cell) - flat.take(cell - 1)  # exact: sums of float16
+        frame = (cell - 1) // hw
+        y, x = np.divmod(cell - 1 - frame * hw, self.width)
+        return self._finish(kind, frame, y, x, weight / flat[-1], rng, order)
+
+    def _by_frame(self, kind: str, rng: np.random.Generator, cdf: np.ndarray, step: int, n: int
+                  ) -> TemporalDraw:  # fmt: skip
+        """The rays sorted by frame, each drawn frame's weights read once and cumulated."""
         h, w = self.height, self.width
-        if kind in self._flat:  # unsorted targets grouped by frame (a radix sort), a guided search each
-            by_frame, by_cell, last = self._flat[kind]
-            flat = by_cell.cdf
-            target = rng.random(n) * flat[-1]
-            frame = by_frame(target)  # = its cell's frame (the frames' ends are entries of the CDF)
-            order = np.argsort(frame.astype(np.uint16) if self.frames < 2**16 else frame, kind="stable")
-            cell = np.minimum(by_cell(target.take(order)), last)  # 1 + the cell: zero weights never drawn
-            weight = flat.take(cell) - flat.take(cell - 1)  # exact: sums of float16
-            frame = (cell - 1) // (h * w)
-            y, x = np.divmod(cell - 1 - frame * (h * w), w)
-            return self._finish(kind, frame, y, x, weight / flat[-1], rng, order)
         frame = np.sort(draw_groups(cdf[h - 1 :: h], rng.random(n)))  # a frame by its mass
         u, pixel, prob = rng.random(n), np.empty(n, np.int64), np.empty(n, np.float64)
         frames, starts, counts = np.unique(frame, return_index=True, return_counts=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,23 +177,25 @@ class TemporalDraws(Positioned):
             yield TemporalGroup(epoch, first, bounds, [], self, cache, drawn, first - k0)
             k0 = k1
 
-    def draw(self, step: int, count: int) -> list[TemporalDraw]:
-        """The draws of the group of ``count`` batches from global batch ``step``, on this (the
-        producer's) thread: the generation threads take the colours. Split where the schedule switches."""
+    def draw(self, step: int, count: int) -> list[Callable[[], TemporalDraw]]:
+        """The draws of the group of ``count`` batches from global batch ``step``, begun on this (the
+        producer's) thread (the rays' frames), finished on a generation thread (their pixels, then
+        their colours): the work shared by the threads. Split where the schedule switches."""
         sampler, size = self.strategy.sampler, self.plan.batch_size
         assert sampler is not None
         t0 = time.perf_counter()
         switch, stop = sampler.config.ist_step, step + count
         cuts = [step, *([switch] if step < switch < stop else []), stop]
-        drawn = [sampler.draw_by_frame(a, (b - a) * size) for a, b in itertools.pairwise(cuts)]
+        drawn = [sampler.begin_by_frame(a, (b - a) * size) for a, b in itertools.pairwise(cuts)]
         self.inputs.times.add("draw", time.perf_counter() - t0)
         return drawn
 
 
 @dataclass(frozen=True)
 class TemporalGroup(RawGroup):
-    """Batches ``first ..`` of a group of draws (``drawn``, the group's parts, the first ``skip``
-    batches already handed out); the frames' colours are taken in :meth:`gather`."""
+    """Batches ``first ..`` of a group of draws (``drawn``, the group's parts, begun; the first
+    ``skip`` batches already handed out); the draws are finished and the colours taken in
+    :meth:`gather`."""
 
     draws: Any = None
     cache: Any = None
@@ -201,15 +203,19 @@ class TemporalGroup(RawGroup):
     skip: int = 0
 
     def gather(self) -> RawRays:
-        parts = [self._taken(drawn) for drawn in self.drawn]
+        parts = [self._taken(finish) for finish in self.drawn]
         raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
         size = self.draws.plan.batch_size
         return raw.take(slice(self.skip * size, None)) if self.skip else raw
 
-    def _taken(self, drawn: TemporalDraw) -> RawRays:
+    def _taken(self, finish: Callable[[], TemporalDraw]) -> RawRays:
         """The drawn rays' colours, read frame by frame, at their places (``drawn.order``)."""
-        draws, times, n = self.draws, self.draws.inputs.times, len(drawn.frame)
+        draws, times = self.draws, self.draws.inputs.times
         source: WindowImageSource = draws.source
+        t0 = time.perf_counter()
+        drawn = finish()
+        times.add("draw", time.perf_counter() - t0)
+        n = len(drawn.frame)
         t0 = time.perf_counter()  # "take": the pixels, the frames' reads and decodes ("read", "decode") in it
         pixel = drawn.y * draws.widths.take(drawn.frame) + drawn.x
         starts = np.flatnonzero(np.diff(drawn.frame, prepend=-1))  # runs of a frame (sorted by frame)
