@@ -6,11 +6,12 @@ batches before ``sampling.ist_step`` (counted over epochs), IST from it. The dra
 (:class:`~raykit.loaders.temporal.TemporalSampler`: a frame by its mass, a pixel by the frame's CDF),
 a group of batches at a time (``group_rays`` rays, default ``GROUP_RAYS_MAX``), sorted by frame
 (``TemporalSampler.draw_by_frame``: each drawn frame's weights and colours read once a group), each
-ray then put at its place in the batch. A group is drawn on the loader's producer thread as it is
-handed out, its colours taken on a generation thread (as the window strategy's shuffles and
-gathers). A group is keyed by its first batch (groups start at multiples of its batches within an
-epoch, and a group is split where the schedule switches), so the loader's position (epoch, batch) is
-its whole state: resuming redraws the group and skips the batches already handed out. Ranks draw
+ray then put at its place in the batch. A group's draw is begun on the loader's producer thread as
+it is handed out (the rays' frames) and finished on a generation thread (their pixels, then their
+colours): the work shared by the threads. A group is keyed by its first batch (groups start at
+multiples of its batches within an epoch, and a group is split where the schedule switches), so the
+loader's position (epoch, batch) is its whole state: resuming redraws the group and skips the batches
+already handed out. Ranks draw
 disjoint streams (keyed by ``(seed, world_size, rank)``), each ``n_batches`` batches an epoch as the
 uniform loader.
 
