@@ -8,7 +8,9 @@ STORE temporal`` adds its ISG and IST weights (level 4). Both loaders are built 
 split decoded into their image caches), then timed in interleaved turns of ``--batches`` batches of
 4096 rays, the order alternating per round; ``mode`` ``batch`` times the ``RayBatch``es (rays generated
 on the CPU, as a trainer gets them), ``raw`` the compact rays the stages hand the batcher (the sampling
-stage's own cost). ``ist_step`` is half the batches a loader yields, so both kinds are drawn.
+stage's own cost). ``ist_step`` is half the batches a loader yields, so both kinds are drawn. Each
+turn also records the process's CPU time (all its threads) per 2^17 rays, steadier than the rate on a
+shared machine.
 
     python benchmarks/bench_temporal_loader.py            # 6 cameras x 60 frames of 338x253
 
@@ -81,17 +83,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(args.warm):
                     next(stream)
             rates: dict[str, list[float]] = {k: [] for k in streams}
+            cpu: dict[str, list[float]] = {k: [] for k in streams}  # the process's CPU ms per 2^17 rays
             for r in range(args.rounds):
                 for k in sorted(streams, reverse=bool(r % 2)):
-                    start = time.perf_counter()
+                    start, clock = time.perf_counter(), time.process_time()
                     for _ in range(args.batches):
                         next(streams[k])
                     rates[k].append(args.batches * BATCH / (time.perf_counter() - start) / 1e6)
+                    cpu[k].append((time.process_time() - clock) * 1e3 * 2**17 / (args.batches * BATCH))
             medians = {k: float(np.median(v)) for k, v in rates.items()}
             results[mode] = {
                 "mrays_per_s": rates,
                 "median_mrays_per_s": medians,
                 "temporal_over_uniform": medians["temporal"] / medians["uniform"],
+                "cpu_ms_per_2e17_rays": {k: round(float(np.median(v)), 1) for k, v in cpu.items()},
                 "seconds_by_step": {
                     k: {s: round(t, 3) for s, t in loader.seconds.items()} for k, loader in loaders.items()
                 },
@@ -99,7 +104,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for loader in loaders.values():
                 loader.close()
             print(mode, {k: round(v, 2) for k, v in medians.items()},
-                  f"ratio {results[mode]['temporal_over_uniform']:.2f}", flush=True)  # fmt: skip
+                  f"ratio {results[mode]['temporal_over_uniform']:.2f}",
+                  "cpu ms per 2^17 rays", results[mode]["cpu_ms_per_2e17_rays"], flush=True)  # fmt: skip
     return {"store": {"cameras": args.cameras, "frames": args.frames, "size": [width, height],
                       "weights_factor": 4, "write_and_weights_s": round(written, 2)},
             "batch_size": BATCH, "rounds": args.rounds, "batches_per_turn": args.batches,

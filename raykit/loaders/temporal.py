@@ -13,7 +13,9 @@ is the sum of its rows'. A draw holds the gathered rows of at most ``ROWS_BYTES`
 is ``O(w)`` a ray (the row's cumulated weights); for many batches' rays at once,
 :meth:`TemporalSampler.draw_by_frame` draws the same law with the rays sorted by frame, reading each
 drawn frame's weights once and drawing its pixels by the frame's whole CDF (``O(h w)`` a frame,
-``O(log(h w))`` a ray).
+``O(log(h w))`` a ray). With every frame's cumulated weights held (``flat_bytes``: 16 bytes a
+weight), it is one search a ray in the law's whole CDF at ``O(1)`` expected cost
+(:class:`GuidedSearch`), the rays grouped by frame by a radix sort of their frames: no Python per frame.
 
 A drawn weight pixel ``(y, x)`` stands for a ``factor`` x ``factor`` block of the frame; the ray's pixel
 is uniform within the block (``prob`` divided by ``factor²``); rows and columns past the last whole block
@@ -44,6 +46,7 @@ __all__ = [
 
 TEMPORAL_KINDS = ("isg", "ist")
 ROWS_BYTES = 32 * 2**20  # the drawn rows' weights (float64) gathered at once
+FLAT_CELL_BYTES = 16  # a weight's share of the held CDF: float64, and its guide's int64 (``GuidedSearch``)
 _TAG_TEMPORAL = 58
 _HALF = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float64)  # every float16, exactly
 
@@ -71,13 +74,50 @@ class TemporalSamplingConfig:
 
 class TemporalDraw(NamedTuple):
     """``n`` drawn rays: ``frame``, ``y``, ``x`` (n,) int64 (pixels of the full frame), ``prob`` (n,)
-    float64, the probability of that (frame, pixel), and ``kind``, the weights drawn by."""
+    float64, the probability of that (frame, pixel), and ``kind``, the weights drawn by; ``order``
+    (``draw_by_frame``): each ray's place in the batch (a permutation; the rays come sorted by frame)."""
 
     frame: np.ndarray
     y: np.ndarray
     x: np.ndarray
     prob: np.ndarray
     kind: str
+    order: np.ndarray | None = None
+
+
+class GuidedSearch:
+    """``np.searchsorted(cdf, t, side="right")`` of many unsorted targets ``0 <= t <= cdf[-1]`` (``cdf``
+    non-decreasing, ``cdf[-1] > 0``) at O(1) expected cost each.
+
+    A guide table (Chen and Asau's cut points): ``[0, cdf[-1]]`` cut into ``buckets`` equal spans,
+    ``starts[k]`` the number of entries in spans before ``k``. A target's span ``k`` (the same monotone
+    function of a value as an entry's) bounds its answer to ``[starts[k], starts[k + 1]]`` (entries
+    of earlier spans are below it, of later ones above), bisected there: the same answers as
+    ``searchsorted``, in about one step a target with ``len(cdf)`` buckets.
+    """
+
+    def __init__(self, cdf: np.ndarray, buckets: int) -> None:
+        self.cdf, self.scale = cdf, max(1, int(buckets)) / cdf[-1]
+        self.starts = np.zeros(int(buckets) + 3, np.int64)  # spans 0 .. buckets (cdf[-1]'s, rounded)
+        np.cumsum(np.bincount(self._bucket(cdf), minlength=int(buckets) + 2), out=self.starts[1:])
+
+    def _bucket(self, values: np.ndarray) -> np.ndarray:
+        return (values * self.scale).astype(np.int64)
+
+    def __call__(self, target: np.ndarray) -> np.ndarray:
+        k = self._bucket(target)
+        found, stop = self.starts.take(k), self.starts[1:].take(k)
+        (todo,) = np.nonzero(stop > found)  # the answer is in [found, stop]: bisect where it is open
+        lo, hi, value = found.take(todo), stop.take(todo), target.take(todo)
+        while len(todo):
+            mid = (lo + hi) >> 1
+            right = self.cdf.take(mid) <= value
+            lo, hi = np.where(right, mid + 1, lo), np.where(right, hi, mid)
+            found[todo] = lo
+            (still,) = np.nonzero(lo < hi)
+            if len(still) < len(todo):
+                todo, lo, hi, value = todo.take(still), lo.take(still), hi.take(still), value.take(still)
+        return found
 
 
 def row_masses(weights: np.ndarray) -> np.ndarray:
@@ -121,12 +161,20 @@ class TemporalSampler:
                 if not cdf[-1] > 0:
                     raise SourceError(f"temporal weights: the {kind.upper()} weights are all zero")
                 self._cdf[kind] = cdf
-        self._flat: dict[str, np.ndarray] = {}
-        if self.frames * self.height * self.width * 8 <= flat_bytes:
-            every = np.arange(self.height)
-            for kind in self._cdf:  # the frames' weights end to end, cumulated: the whole law's CDF
-                frames = [self._rows(kind, np.full(self.height, f), every) for f in range(self.frames)]
-                self._flat[kind] = np.cumsum(np.concatenate(frames).reshape(-1))
+        self._flat: dict[str, tuple[GuidedSearch, GuidedSearch, int]] = {}
+        if self.frames * self.height * self.width * FLAT_CELL_BYTES <= flat_bytes:
+            self._flat = {kind: self._held(kind) for kind in self._cdf}
+
+    def _held(self, kind: str) -> tuple[GuidedSearch, GuidedSearch, int]:
+        """The whole law's CDF (every frame's weights end to end, cumulated after a 0) searched by frame
+        (a frame's end) and by cell; and 1 + the last cell of positive weight."""
+        hw, every = self.height * self.width, np.arange(self.height)
+        flat = np.zeros(self.frames * hw + 1)
+        for f in range(self.frames):
+            flat[1 + f * hw : 1 + (f + 1) * hw] = self._rows(kind, np.full(self.height, f), every).reshape(-1)
+        np.cumsum(flat, out=flat)
+        frames = GuidedSearch(np.ascontiguousarray(flat[hw::hw]), 16 * self.frames)
+        return frames, GuidedSearch(flat, len(flat)), int(np.searchsorted(flat, flat[-1]))
 
     def rng(self, step: int) -> np.random.Generator:
         """Batch ``step``'s generator: Philox keyed by the seed, ``step`` in its counter."""
@@ -151,26 +199,42 @@ class TemporalSampler:
         return self._finish(kind, frame, y, x, prob / cdf[-1], rng)
 
     def draw_by_frame(self, step: int, n: int) -> TemporalDraw:
-        """``n`` rays of batch ``step`` by the same law as :meth:`draw`, sorted by frame: each drawn
-        frame's weights read once, a pixel drawn by the frame's whole CDF. For many batches' rays at
-        once (each frame's colours then read once too, the rays shuffled after). With the whole CDF
-        held (``flat_bytes``), a ray is one search in it (sorted uniforms: the rays come out sorted)."""
+        """``n`` rays of batch ``step`` by the same law as :meth:`draw`, sorted by frame, ``order``
+        their places in the batch: each drawn frame's weights read once, a pixel drawn by the frame's
+        whole CDF. For many batches' rays at once (each frame's colours then read once too). With the
+        whole CDF held (``flat_bytes``), a ray is one guided search in it, the rays drawn in the
+        batch's order and then grouped by frame (``order``: a stable radix sort of their frames);
+        else they are drawn sorted and ``order`` is a permutation from :meth:`shuffle_rng`."""
+        return self.begin_by_frame(step, n)()
+
+    def begin_by_frame(self, step: int, n: int) -> Callable[[], TemporalDraw]:
+        """:meth:`draw_by_frame` in two parts, for two threads: the rays' frames now (with the whole
+        CDF held: the uniforms, their frames, ``order``), the rest (the pixels) when the returned
+        callable is called; the same draw."""
         kind, rng, cdf = self._start(step, n)
+        if kind not in self._flat:
+            return lambda: self._by_frame(kind, rng, cdf, step, n)
+        by_frame, by_cell, _ = self._flat[kind]
+        target = rng.random(n) * by_cell.cdf[-1]
+        frame = by_frame(target)  # = its cell's frame (the frames' ends are entries of the CDF)
+        order = np.argsort(frame.astype(np.uint16) if self.frames < 2**16 else frame, kind="stable")
+        return lambda: self._by_cell(kind, rng, target.take(order), order)
+
+    def _by_cell(self, kind: str, rng: np.random.Generator, target: np.ndarray, order: np.ndarray
+                 ) -> TemporalDraw:  # fmt: skip
+        """The rays of ``target`` (grouped by frame): a guided search each in the held CDF."""
+        _, by_cell, last = self._flat[kind]
+        flat, hw = by_cell.cdf, self.height * self.width
+        cell = np.minimum(by_cell(target), last)  # 1 + the cell: zero weights never drawn
+        weight = flat.take(cell) - flat.take(cell - 1)  # exact: sums of float16
+        frame = (cell - 1) // hw
+        y, x = np.divmod(cell - 1 - frame * hw, self.width)
+        return self._finish(kind, frame, y, x, weight / flat[-1], rng, order)
+
+    def _by_frame(self, kind: str, rng: np.random.Generator, cdf: np.ndarray, step: int, n: int
+                  ) -> TemporalDraw:  # fmt: skip
+        """The rays sorted by frame, each drawn frame's weights read once and cumulated."""
         h, w = self.height, self.width
-        flat = self._flat.get(kind)
-        if flat is not None:
-            target, hw = np.sort(rng.random(n)) * flat[-1], h * w
-            frame = np.minimum(np.searchsorted(flat[hw - 1 :: hw], target, side="right"), self.frames - 1)
-            bounds = np.searchsorted(frame, np.arange(self.frames + 1)).tolist()
-            index = np.empty(n, np.int64)  # = searchsorted(flat, target), a frame's CDF at a time (cached)
-            for f in np.unique(frame).tolist():
-                a, b = bounds[f], bounds[f + 1]
-                index[a:b] = f * hw + np.searchsorted(flat[f * hw : (f + 1) * hw], target[a:b], side="right")
-            index = np.minimum(index, len(flat) - 1)  # a pixel by its weight: zeros never drawn
-            weight = flat[index] - np.where(index > 0, flat[index - 1], 0.0)  # exact: sums of float16
-            frame, pixel = np.divmod(index, h * w)
-            y, x = np.divmod(pixel, w)
-            return self._finish(kind, frame, y, x, weight / flat[-1], rng)
         frame = np.sort(draw_groups(cdf[h - 1 :: h], rng.random(n)))  # a frame by its mass
         u, pixel, prob = rng.random(n), np.empty(n, np.int64), np.empty(n, np.float64)
         frames, starts, counts = np.unique(frame, return_index=True, return_counts=True)
@@ -179,7 +243,8 @@ class TemporalSampler:
             pixel[a : a + k] = draw_within(np.cumsum(weights), h * w, np.zeros(k, np.int64), u[a : a + k])
             prob[a : a + k] = weights[pixel[a : a + k]]
         y, x = np.divmod(pixel, w)
-        return self._finish(kind, frame, y, x, prob / cdf[-1], rng)
+        order = self.shuffle_rng(step).permutation(n)
+        return self._finish(kind, frame, y, x, prob / cdf[-1], rng, order)
 
     def _start(self, step: int, n: int) -> tuple[str, np.random.Generator, np.ndarray]:
         kind = self.config.kind_at(step)
@@ -198,12 +263,13 @@ class TemporalSampler:
         return gathered
 
     def _finish(self, kind: str, frame: np.ndarray, y: np.ndarray, x: np.ndarray, prob: np.ndarray,
-                rng: np.random.Generator) -> TemporalDraw:  # fmt: skip
+                rng: np.random.Generator, order: np.ndarray | None = None) -> TemporalDraw:  # fmt: skip
         """The draw in the frame's pixels: a pixel uniform within each drawn weight pixel's block."""
         if self.factor > 1:  # one draw of the block's factor² pixels
-            dy, dx = np.divmod(rng.integers(0, self.factor**2, len(y)), self.factor)
+            small = np.uint8 if self.factor**2 <= 256 else np.int64
+            dy, dx = np.divmod(rng.integers(0, self.factor**2, len(y), dtype=small), small(self.factor))
             y, x = y * self.factor + dy, x * self.factor + dx
-        return TemporalDraw(frame, y, x, prob / self.factor**2, kind)
+        return TemporalDraw(frame, y, x, prob / self.factor**2, kind, order)
 
 
 def _float64(values: np.ndarray) -> np.ndarray:

@@ -5,17 +5,21 @@ Every (frame, pixel) of the split is drawn with probability its weight over the 
 batches before ``sampling.ist_step`` (counted over epochs), IST from it. The draws are exact
 (:class:`~raykit.loaders.temporal.TemporalSampler`: a frame by its mass, a pixel by the frame's CDF),
 a group of batches at a time (``group_rays`` rays, default ``GROUP_RAYS_MAX``), sorted by frame
-(``TemporalSampler.draw_by_frame``: each drawn frame's weights and colours read once a group), then
-shuffled. A group is keyed by its first batch (groups start at multiples of its batches within an
-epoch, and a group is split where the schedule switches), so the loader's position (epoch, batch) is
-its whole state: resuming redraws the group and skips the batches already handed out. Ranks draw
+(``TemporalSampler.draw_by_frame``: each drawn frame's weights and colours read once a group), each
+ray then put at its place in the batch. A group's draw is begun on the loader's producer thread as
+it is handed out (the rays' frames) and finished on a generation thread (their pixels, then their
+colours): the work shared by the threads. A group is keyed by its first batch (groups start at
+multiples of its batches within an epoch, and a group is split where the schedule switches), so the
+loader's position (epoch, batch) is its whole state: resuming redraws the group and skips the batches
+already handed out. Ranks draw
 disjoint streams (keyed by ``(seed, world_size, rank)``), each ``n_batches`` batches an epoch as the
 uniform loader.
 
 Frames are decoded on the generation threads through the loader's image cache (a split that fits
 ``cache_bytes`` is decoded once). The weights are held in memory (padded to the split's largest weight
 map, zeros never drawn) when they fit ``WEIGHTS_HELD_BYTES``, else each drawn frame's are read from
-the store; each kind's whole CDF when it fits ``FLAT_BYTES`` (a ray is then one search in it). Each
+the store; each kind's whole CDF when it fits ``FLAT_BYTES`` (a ray is then one guided search in
+it, O(1) expected). Each
 ray carries ``prob`` (of its pixel) and ``weight = 1 / (pixels of the split * prob)``
 (mean 1) in ``RawRays.extra``, as the ``loss`` stage's.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +40,13 @@ from raykit.loaders.config import GROUP_RAYS_MAX, LoaderConfig
 from raykit.loaders.sampling import sampling_record
 from raykit.loaders.source import ChunkSource, WindowImageSource
 from raykit.loaders.stages import Positioned, RawGroup, StrategyInputs
-from raykit.loaders.temporal import TEMPORAL_KINDS, TemporalSampler, TemporalSamplingConfig, row_masses
+from raykit.loaders.temporal import (
+    TEMPORAL_KINDS,
+    TemporalDraw,
+    TemporalSampler,
+    TemporalSamplingConfig,
+    row_masses,
+)
 from raykit.loaders.window import WindowPlan
 from raykit.loaders.windowed import WINDOW
 from raykit.store import IMAGES_LAYOUT, RawRays, RayStore
@@ -44,7 +54,7 @@ from raykit.store import IMAGES_LAYOUT, RawRays, RayStore
 __all__ = ["FLAT_BYTES", "WEIGHTS_HELD_BYTES", "TemporalStrategy"]
 
 WEIGHTS_HELD_BYTES = 512 * 2**20  # the split's weights (both kinds, float16) held in memory up to this
-FLAT_BYTES = 256 * 2**20  # a kind's whole CDF (float64 a weight) held up to this: one search a ray
+FLAT_BYTES = 256 * 2**20  # a kind's whole CDF held up to this (16 bytes a weight): one search a ray
 
 
 class FrameWeights:
@@ -150,6 +160,9 @@ class TemporalDraws(Positioned):
         self.plan: WindowPlan = inputs.plan
         self.source: WindowImageSource = inputs.source
         self.inputs, self.strategy = inputs, strategy
+        self.widths = np.asarray(self.source.store.table.width)[
+            self.source.store.split_rows(self.source.split)
+        ]
 
     def __iter__(self) -> Iterator[RawGroup]:
         epoch, start, n, size = self.epoch, self.batch, self.plan.n_batches, self.plan.batch_size
@@ -160,52 +173,67 @@ class TemporalDraws(Positioned):
             k1 = min(k0 + per, n)
             first = max(k0, start)
             bounds = [(i * size, (i + 1) * size) for i in range(k1 - first)]
+            drawn = self.draw(epoch * n + k0, k1 - k0)
             self.batch = k1
-            yield TemporalGroup(epoch, first, bounds, [], self, cache, epoch * n + k0, k1 - k0, first - k0)
+            yield TemporalGroup(epoch, first, bounds, [], self, cache, drawn, first - k0)
             k0 = k1
+
+    def draw(self, step: int, count: int) -> list[Callable[[], TemporalDraw]]:
+        """The draws of the group of ``count`` batches from global batch ``step``, begun on this (the
+        producer's) thread (the rays' frames), finished on a generation thread (their pixels, then
+        their colours): the work shared by the threads. Split where the schedule switches."""
+        sampler, size = self.strategy.sampler, self.plan.batch_size
+        assert sampler is not None
+        t0 = time.perf_counter()
+        switch, stop = sampler.config.ist_step, step + count
+        cuts = [step, *([switch] if step < switch < stop else []), stop]
+        drawn = [sampler.begin_by_frame(a, (b - a) * size) for a, b in itertools.pairwise(cuts)]
+        self.inputs.times.add("draw", time.perf_counter() - t0)
+        return drawn
 
 
 @dataclass(frozen=True)
 class TemporalGroup(RawGroup):
-    """Batches ``first ..`` of the group drawn at global batch ``step`` (``count`` batches, the first
-    ``skip`` of them already handed out); the draws and reads happen in :meth:`gather`."""
+    """Batches ``first ..`` of a group of draws (``drawn``, the group's parts, begun; the first
+    ``skip`` batches already handed out); the draws are finished and the colours taken in
+    :meth:`gather`."""
 
     draws: Any = None
     cache: Any = None
-    step: int = 0
-    count: int = 0
+    drawn: Any = None
     skip: int = 0
 
     def gather(self) -> RawRays:
-        draws: TemporalDraws = self.draws
-        sampler, size = draws.strategy.sampler, draws.plan.batch_size
-        assert sampler is not None
-        switch, stop = sampler.config.ist_step, self.step + self.count
-        cuts = [self.step, *([switch] if self.step < switch < stop else []), stop]
-        parts = [self._drawn(sampler, a, (b - a) * size) for a, b in itertools.pairwise(cuts)]
+        parts = [self._taken(finish) for finish in self.drawn]
         raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
+        size = self.draws.plan.batch_size
         return raw.take(slice(self.skip * size, None)) if self.skip else raw
 
-    def _drawn(self, sampler: TemporalSampler, step: int, n: int) -> RawRays:
-        """``n`` rays drawn by batch ``step``'s key, read frame by frame, then shuffled."""
+    def _taken(self, finish: Callable[[], TemporalDraw]) -> RawRays:
+        """The drawn rays' colours, read frame by frame, at their places (``drawn.order``)."""
         draws, times = self.draws, self.draws.inputs.times
         source: WindowImageSource = draws.source
         t0 = time.perf_counter()
-        drawn = sampler.draw_by_frame(step, n)
+        drawn = finish()
         times.add("draw", time.perf_counter() - t0)
+        n = len(drawn.frame)
         t0 = time.perf_counter()  # "take": the pixels, the frames' reads and decodes ("read", "decode") in it
-        widths = np.asarray(source.store.table.width)[source.store.split_rows(source.split)]
-        pixel = drawn.y * widths[drawn.frame] + drawn.x
-        starts = np.flatnonzero(np.diff(drawn.frame, prepend=-1))  # the draws come sorted by frame
+        pixel = drawn.y * draws.widths.take(drawn.frame) + drawn.x
+        starts = np.flatnonzero(np.diff(drawn.frame, prepend=-1))  # runs of a frame (sorted by frame)
         stops = np.append(starts[1:], n)
-        order = sampler.shuffle_rng(step).permutation(n)  # sorted ray j goes to position order[j]
-        rgba = np.empty((n, source.store.rgba_channels), np.uint8)
+        channels = source.store.rgba_channels
+        row = np.dtype((np.void, channels))  # a pixel's colour as one item: 4x faster takes and puts
+        colours = np.empty(n, row)
         for f, a, b in zip(drawn.frame[starts].tolist(), starts.tolist(), stops.tolist(), strict=True):
-            colours = self.cache.get_or_load(f, lambda f=f: source.read_chunk(f, times.add)).rgba
-            rgba[order[a:b]] = colours.take(pixel[a:b], axis=0)
-        pid, prob = np.empty(n, np.uint32), np.empty(n, np.float32)
-        pid[order] = source.pixel_offsets[drawn.frame] + pixel
-        prob[order] = drawn.prob
+            image = self.cache.get_or_load(f, lambda f=f: source.read_chunk(f, times.add)).rgba
+            colour = np.ascontiguousarray(image).view(row).reshape(-1)
+            np.take(colour, pixel[a:b], out=colours[a:b], mode="clip")  # (in range: no check)
+        order = drawn.order  # sorted ray j goes to place order[j]
+        assert order is not None
+        rgba, pid, prob = np.empty((n, channels), np.uint8), np.empty(n, np.uint32), np.empty(n, np.float32)
+        np.put(rgba.view(row).reshape(-1), order, colours)
+        np.put(pid, order, source.pixel_offsets.take(drawn.frame) + pixel)
+        np.put(prob, order, drawn.prob)
         extra = {"prob": prob, "weight": (1.0 / (source.n_rays * prob.astype(np.float64))).astype(np.float32)}
         times.add("take", time.perf_counter() - t0)
         return RawRays(rgba, pid, extra)

@@ -83,27 +83,35 @@ def test_bad_frames_and_options_are_one_line() -> None:
         TemporalSamplingConfig(ist_step=-1)
 
 
-def _sampler(capture: np.ndarray, config: TemporalWeightsConfig, factor: int, ist_step: int
-             ) -> tuple[TemporalSampler, dict[str, np.ndarray]]:  # fmt: skip
-    """The sampler over every frame of every camera (camera-major), and the twin's (F, h, w) distributions."""
+def _sampler(capture: np.ndarray, config: TemporalWeightsConfig, factor: int, ist_step: int,
+             flat_bytes: int = 0) -> tuple[TemporalSampler, dict[str, np.ndarray]]:  # fmt: skip
+    """The sampler over every frame of every camera (camera-major), and the twin's (F, h, w) distributions
+    (``flat_bytes``: the whole CDF held, ``draw_by_frame`` by guided searches in it)."""
     ours = [temporal_weights(iter(frames), config) for frames in capture]
     stored = {"isg": np.concatenate([o.isg for o in ours]), "ist": np.concatenate([o.ist for o in ours])}
     twins = [twin_weights(frames, config) for frames in capture]
     target = {kind: np.concatenate([t[i] for t in twins]).astype(np.float64) for i, kind in enumerate(stored)}
     rows = {kind: row_masses(weights) for kind, weights in stored.items()}
+    schedule = TemporalSamplingConfig(ist_step=ist_step)
     sampler = TemporalSampler(rows, lambda kind, f, y: stored[kind][f, y], stored["isg"].shape[2], factor,
-                              TemporalSamplingConfig(ist_step=ist_step), seed=7)  # fmt: skip
+                              schedule, seed=7, flat_bytes=flat_bytes)  # fmt: skip
     return sampler, {kind: p / p.sum() for kind, p in target.items()}
 
 
-@pytest.mark.parametrize("method", ["draw", "draw_by_frame"])
-def test_draws_match_the_twins_distribution_and_not_a_wrong_one(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "flat_bytes"), [("draw", 0), ("draw_by_frame", 0), ("draw_by_frame", 2**20)]
+)
+def test_draws_match_the_twins_distribution_and_not_a_wrong_one(method: str, flat_bytes: int) -> None:
     capture = moving_capture(2, 8, 6, 5, seed=3)  # 16 frames x 30 pixels = 480 cells
-    sampler, target = _sampler(capture, TemporalWeightsConfig(shift=2, factor=1), factor=1, ist_step=2)
+    config = TemporalWeightsConfig(shift=2, factor=1)
+    sampler, target = _sampler(capture, config, factor=1, ist_step=2, flat_bytes=flat_bytes)
     n, shape = 100_000, target["isg"].shape
     for step, kind in ((0, "isg"), (1, "isg"), (2, "ist"), (9, "ist")):
         draw = getattr(sampler, method)(step, n)
         assert draw.kind == kind
+        if method == "draw_by_frame":  # sorted by frame, each ray's place a permutation of the batch's
+            assert (np.diff(draw.frame) >= 0).all() and draw.order is not None
+            assert np.array_equal(np.sort(draw.order), np.arange(n))
         cell = np.ravel_multi_index((draw.frame, draw.y, draw.x), shape)
         observed = np.bincount(cell, minlength=target[kind].size).astype(np.float64)
         p = target[kind].reshape(-1)
@@ -112,6 +120,11 @@ def test_draws_match_the_twins_distribution_and_not_a_wrong_one(method: str) -> 
         np.testing.assert_allclose(draw.prob, p[cell], rtol=2e-3)  # the twin's within float16
         uniform = np.full(p.size, n / p.size)
         assert chi_square_p(observed, uniform) < 1e-12  # the test has the power to reject a wrong law
+    if flat_bytes:  # the draws are the batch's, in any order: the same for the same seed and step
+        again = _sampler(capture, config, factor=1, ist_step=2, flat_bytes=flat_bytes)[0].draw_by_frame(9, n)
+        assert all(
+            np.array_equal(u, v) for u, v in zip(draw[:4] + draw[5:], again[:4] + again[5:], strict=True)
+        )
     other = TemporalWeightsConfig(shift=2, factor=1, gamma=0.2)  # a near miss: another gamma's ISG
     draw = getattr(sampler, method)(0, n)
     near = _sampler(capture, other, 1, 10)[1]["isg"].reshape(-1)
@@ -147,3 +160,15 @@ def test_draws_are_seeded_and_blocks_are_uniform(monkeypatch: pytest.MonkeyPatch
         ).draw(0, 5)
     with pytest.raises(SourceError, match="the ISG weights are all zero"):
         TemporalSampler({"isg": np.zeros((2, 3))}, lambda kind, f, y: np.ones((len(f), 4)), 4)
+
+
+def test_guided_search_is_searchsorted() -> None:
+    rng = np.random.default_rng(11)
+    weights = rng.random(3000) ** 8  # many tiny weights in one span, and runs of zeros, of every length
+    weights[rng.random(3000) < 0.3] = 0
+    weights[:40] = weights[1000:1700] = weights[-50:] = 0
+    cdf = np.concatenate([[0.0], np.cumsum(weights.astype(np.float16).astype(np.float64))])
+    targets = np.concatenate([rng.random(20_000) * cdf[-1], cdf, [0.0, cdf[-1]], np.nextafter(cdf, 0)])
+    for buckets in (1, 7, len(cdf), 4 * len(cdf)):  # one span holds everything .. most spans empty
+        found = temporal.GuidedSearch(cdf, buckets)(targets)
+        assert np.array_equal(found, np.searchsorted(cdf, targets, side="right"))
