@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raykit.errors import ConfigError
+from raykit.loaders import SamplingConfig
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import config_problems
 from raykit.options import from_args as config_from_args
@@ -48,7 +49,7 @@ AUTO_SAMPLERS = {
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
 FIELDS = ("auto", "static", "kplanes")
 """``--field``: the static field, K-Planes' space-time field, or auto (kplanes when the store holds time)."""
-RAY_SAMPLINGS = ("uniform", "loss")
+RAY_SAMPLINGS = ("uniform", "loss", "temporal")
 """``--ray-sampling``: the loader's sampling stage (``raykit.loaders``' ``sampling``)."""
 LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
@@ -247,8 +248,17 @@ class TrainConfig:
     ray_sampling: str = _opt(
         "uniform",
         "which rays a batch holds: uniform (the loader's shuffle) or loss (the loader's error-map "
-        "importance sampling, fed each step's per-ray losses; losses not reweighted; run.json records it)",
+        "importance sampling, fed each step's per-ray losses; losses not reweighted; run.json records it) "
+        "or temporal (a multi-view video store's ISG weights, then IST from --ist-step: DyNeRF's "
+        "importance sampling over (frame, pixel); needs an images-layout store with `raykit "
+        "add-component STORE temporal`)",
         choices=RAY_SAMPLINGS,
+    )
+    ist_step: int = _opt(
+        SamplingConfig.ist_step,  # the loader's: K-Planes' DyNeRF switch
+        "--ray-sampling temporal: steps drawn by the ISG weights before the IST weights take over (0: "
+        "IST throughout; with --samples-per-step, the rays of this many --batch-size steps)",
+        valid=_STEPS,
     )
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")

@@ -33,6 +33,9 @@ DEFAULT_REASONS: dict[str, str] = {
     "sampler": "auto: the sampler that suits the scene space (run.json's sampler records which and why)",
     "ray_sampling": "uniform: until loss-driven sampling measures better on the captures (BENCHMARKS.md, "
     "issue 57's section)",
+    "ist_step": "50,000: K-Planes' DyNeRF configurations switch from ISG to IST there (raykit.loaders' "
+    "SamplingConfig); a run of this trainer's default 5000 steps, or of minutes on a CPU, stays on ISG "
+    "(BENCHMARKS.md, issue 59's time-sampling section)",
     "steps": "None: 5000 steps (DEFAULT_STEPS), or, with --max-seconds, no step limit (UNLIMITED_STEPS), "
     "so that a time budget is trained in full on a fast machine too (5000 steps capped a 300 s run on "
     "plant_capture at 287 s on 2 CPU threads, and would cap one on a GPU at about 50 s); resolved in "
