@@ -12,11 +12,14 @@ Every run logs quick test-PSNR checks every ``--progress-every-s`` training seco
 views (``progress.jsonl``; the checks' time is not training time).
 
 Per seed, the target is uniform's last check (its PSNR at the end of its budget); for every arm, the
-training seconds of its first check at or above it (None: not reached) and, as a ratio, over
-uniform's budget; and each run's final ``eval.json`` test PSNR.
+training seconds and the step of its first check at or above it (None: not reached), the seconds as a
+ratio of uniform's budget (steps do not depend on the machine's load, seconds do); and each run's
+final ``eval.json`` test PSNR. ``--train-flags`` passes more ``raykit train`` flags (a smaller field
+for a short budget on a loaded machine).
 
     python benchmarks/bench_time_sampling.py --seconds 300 --seeds 0 1 2
-    python benchmarks/bench_time_sampling.py --seconds 75 --seeds 0 1 --progress-every-s 7.5
+    python benchmarks/bench_time_sampling.py --seconds 90 --seeds 0 1 --progress-every-s 10 \\
+        --arms uniform temporal temporal@0 --train-flags "--levels 2 --base-resolution 32 --max-resolution 64"
 
 Results: ``benchmarks/results/time_sampling.json``.
 """
@@ -67,7 +70,8 @@ def train_run(store: Path, out: Path, arm: str, seed: int, args: argparse.Namesp
     cmd = [sys.executable, "-m", "raykit", "train", str(store), "--out", str(out),
            "--max-seconds", str(args.seconds), "--seed", str(seed), "--threads", str(args.threads),
            "--ray-sampling", mode, *(["--ist-step", ist] if ist else []),
-           "--progress-every-s", str(args.progress_every_s), "--progress-images", "100000"]  # fmt: skip
+           "--progress-every-s", str(args.progress_every_s), "--progress-images", "100000",
+           *args.train_flags.split()]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL)
     checks = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
@@ -79,15 +83,15 @@ def train_run(store: Path, out: Path, arm: str, seed: int, args: argparse.Namesp
         "seed": seed,
         "steps": log[-1]["step"],
         "final_psnr": round(float(evaluated["splits"]["test"]["psnr"]), 3),
-        "checks": [(round(c["elapsed_s"], 2), round(c["psnr"], 3)) for c in checks],
+        "checks": [(round(c["elapsed_s"], 2), c["step"], round(c["psnr"], 3)) for c in checks],
         "schedule": choice.get("schedule", mode),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 
 
-def time_to_reach(checks: list[tuple[float, float]], target: float) -> float | None:
-    """Training seconds of the first check at or above ``target`` (None: never)."""
-    return next((t for t, psnr in checks if psnr >= target), None)
+def time_to_reach(checks: list[tuple[float, int, float]], target: float) -> tuple[float, int] | None:
+    """Training seconds and step of the first check at or above ``target`` (None: never)."""
+    return next(((t, step) for t, step, psnr in checks if psnr >= target), None)
 
 
 def summarise(runs: list[dict[str, Any]], arms: list[str], seeds: list[int]) -> dict[str, Any]:
@@ -95,16 +99,22 @@ def summarise(runs: list[dict[str, Any]], arms: list[str], seeds: list[int]) -> 
     per_seed = []
     for seed in seeds:
         uniform = by[("uniform", seed)]
-        target = uniform["checks"][-1][1]
-        budget = uniform["checks"][-1][0]
-        row: dict[str, Any] = {"seed": seed, "target_psnr": target, "uniform_s": budget}
+        budget, steps, target = uniform["checks"][-1]
+        row: dict[str, Any] = {
+            "seed": seed,
+            "target_psnr": target,
+            "uniform_s": budget,
+            "uniform_steps": steps,
+        }
         for arm in arms:
             run = by[(arm, seed)]
             reached = time_to_reach(run["checks"], target)
             row[arm] = {
-                "time_to_target_s": reached,
-                "ratio_to_uniform": None if reached is None else round(reached / budget, 3),
-                "last_check_psnr": run["checks"][-1][1],
+                "time_to_target_s": None if reached is None else reached[0],
+                "ratio_to_uniform": None if reached is None else round(reached[0] / budget, 3),
+                "steps_to_target": None if reached is None else reached[1],
+                "steps": run["steps"],
+                "last_check_psnr": run["checks"][-1][2],
                 "final_psnr": run["final_psnr"],
                 "final_minus_uniform_db": round(run["final_psnr"] - uniform["final_psnr"], 3),
             }
@@ -123,6 +133,7 @@ def main() -> None:
                         help="uniform, temporal, temporal@N (--ist-step N)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-flags", default="", help="more raykit train flags, one string")
     parser.add_argument("--work", default=str(ROOT / "data" / "time_sampling"))
     parser.add_argument("--out", default=str(ROOT / "results" / "time_sampling.json"))
     args = parser.parse_args()
@@ -142,6 +153,7 @@ def main() -> None:
         "capture": {"cameras": args.cameras, "times": args.times, "size": args.size, "store": store.name},
         "seconds": args.seconds,
         "progress_every_s": args.progress_every_s,
+        "train_flags": args.train_flags,
         "runs": runs,
         **summarise(runs, args.arms, args.seeds),
     }

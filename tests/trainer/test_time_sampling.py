@@ -102,7 +102,9 @@ def test_a_store_that_cannot_serve_it_is_one_line(
         tiny_config(video["weighted"], out, ist_step=-1)
 
 
-def test_raykit_run_and_sweep_specs_carry_it(tmp_path: Path) -> None:
+def test_raykit_run_and_sweep_specs_carry_it(
+    n3dv: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from raykit.pipeline import config as run_config
     from raykit.pipeline.stages import train_argv
     from raykit.sweep import load_spec
@@ -121,3 +123,9 @@ def test_raykit_run_and_sweep_specs_carry_it(tmp_path: Path) -> None:
     )
     pairs = [(c.train.ray_sampling, c.train.ist_step) for c in load_spec(spec).configs]
     assert pairs == [("uniform", 100), ("temporal", 100)]
+    # A capture is refused before it is converted: the weights need a store made for them.
+    argv = ["run", str(n3dv["capture"]), str(tmp_path / "run"), "--ray-sampling", "temporal"]
+    assert raykit.cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`raykit add-component STORE temporal`, then give STORE as SRC" in err[0]
+    assert not (tmp_path / "run" / "store").exists()
