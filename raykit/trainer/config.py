@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raykit.errors import ConfigError
-from raykit.loaders import SamplingConfig
 from raykit.options import add_arguments as add_config_arguments
 from raykit.options import config_problems
 from raykit.options import from_args as config_from_args
@@ -255,9 +254,10 @@ class TrainConfig:
         choices=RAY_SAMPLINGS,
     )
     ist_step: int = _opt(
-        SamplingConfig.ist_step,  # the loader's: K-Planes' DyNeRF switch
+        0,
         "--ray-sampling temporal: steps drawn by the ISG weights before the IST weights take over (0: "
-        "IST throughout; with --samples-per-step, the rays of this many --batch-size steps)",
+        "IST throughout; K-Planes' DyNeRF runs switch at 50000; with --samples-per-step, the rays of this "
+        "many --batch-size steps)",
         valid=_STEPS,
     )
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
