@@ -7,7 +7,8 @@ among static objects, fixed cameras on a ring, the last camera held out, its odd
 through PyAV, ``write_n3dv``), converted to the images layout, and given its ISG/IST weights
 (``raykit add-component STORE temporal``, default level). Then ``raykit train`` (the field ``auto``
 picks: kplanes) for ``--seconds`` per run, each arm of ``--arms`` for each seed in turn (paired,
-interleaved): ``uniform``, ``temporal`` (the default schedule) and ``temporal@N`` (``--ist-step N``).
+interleaved): ``uniform``, ``temporal`` (the trainer's default ``--ist-step``) and ``temporal@N``
+(``--ist-step N``: 0 is IST throughout, a step past the run's last is ISG throughout).
 Every run logs quick test-PSNR checks every ``--progress-every-s`` training seconds over all the test
 views (``progress.jsonl``; the checks' time is not training time).
 
@@ -18,8 +19,9 @@ final ``eval.json`` test PSNR. ``--train-flags`` passes more ``raykit train`` fl
 for a short budget on a loaded machine).
 
     python benchmarks/bench_time_sampling.py --seconds 300 --seeds 0 1 2
-    python benchmarks/bench_time_sampling.py --seconds 90 --seeds 0 1 --progress-every-s 10 \\
-        --arms uniform temporal temporal@0 --train-flags "--levels 2 --base-resolution 32 --max-resolution 64"
+    python benchmarks/bench_time_sampling.py --arms uniform temporal@50000 temporal@0 --train-flags "..."
+
+(BENCHMARKS.md, issue 59's time-sampling section, has the short run's whole command.)
 
 Results: ``benchmarks/results/time_sampling.json``.
 """
