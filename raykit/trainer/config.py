@@ -248,8 +248,8 @@ class TrainConfig:
         "uniform",
         "which rays a batch holds: uniform (the loader's shuffle) or loss (the loader's error-map "
         "importance sampling, fed each step's per-ray losses; losses not reweighted; run.json records it) "
-        "or temporal (a multi-view video store's ISG weights, then IST from --ist-step: DyNeRF's "
-        "importance sampling over (frame, pixel); needs an images-layout store with `raykit "
+        "or temporal (DyNeRF's importance sampling over (frame, pixel) of a multi-view video: by the "
+        "store's ISG weights before --ist-step, IST from it; needs an images-layout store with `raykit "
         "add-component STORE temporal`)",
         choices=RAY_SAMPLINGS,
     )
