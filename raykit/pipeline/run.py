@@ -131,6 +131,11 @@ def capture_and_store(cfg: StageConfigs, out: Path, runner: StageRunner) -> dict
         store = open_store(src)
         results["store"] = {"url": store.url, "output": store.fingerprint, "source_bytes": None}
         return results
+    if cfg.train.ray_sampling == "temporal":  # the weights are computed on an images-layout store
+        raise ConfigError(
+            f"{src}: --ray-sampling temporal trains on a store with ISG/IST weights: `raykit convert "
+            f"{src} STORE --layout images`, `raykit add-component STORE temporal`, then give STORE as SRC"
+        )
     capture, source_fp = src, tree_fingerprint(src)
     if kind in ("photos", "video"):
         results["poses"] = runner.execute(stages.poses_stage(cfg, out, kind))

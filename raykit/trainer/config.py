@@ -48,7 +48,7 @@ AUTO_SAMPLERS = {
 SCENE_SPACES = ("auto", "box", "contract", "ndc")
 FIELDS = ("auto", "static", "kplanes")
 """``--field``: the static field, K-Planes' space-time field, or auto (kplanes when the store holds time)."""
-RAY_SAMPLINGS = ("uniform", "loss")
+RAY_SAMPLINGS = ("uniform", "loss", "temporal")
 """``--ray-sampling``: the loader's sampling stage (``raykit.loaders``' ``sampling``)."""
 LOGGERS = ("jsonl", "tensorboard")
 _POSITIONAL = ("store",)
@@ -247,8 +247,18 @@ class TrainConfig:
     ray_sampling: str = _opt(
         "uniform",
         "which rays a batch holds: uniform (the loader's shuffle) or loss (the loader's error-map "
-        "importance sampling, fed each step's per-ray losses; losses not reweighted; run.json records it)",
+        "importance sampling, fed each step's per-ray losses; losses not reweighted; run.json records it) "
+        "or temporal (DyNeRF's importance sampling over (frame, pixel) of a multi-view video: by the "
+        "store's ISG weights before --ist-step, IST from it; needs an images-layout store with `raykit "
+        "add-component STORE temporal`)",
         choices=RAY_SAMPLINGS,
+    )
+    ist_step: int = _opt(
+        0,
+        "--ray-sampling temporal: steps drawn by the ISG weights before the IST weights take over (0: "
+        "IST throughout; K-Planes' DyNeRF runs switch at 50000; with --samples-per-step, the rays of this "
+        "many --batch-size steps)",
+        valid=_STEPS,
     )
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto")
     mixed_precision: bool = _opt(True, "bfloat16 autocast for the field (CUDA only; ignored on CPU)")

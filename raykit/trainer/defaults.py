@@ -33,6 +33,12 @@ DEFAULT_REASONS: dict[str, str] = {
     "sampler": "auto: the sampler that suits the scene space (run.json's sampler records which and why)",
     "ray_sampling": "uniform: until loss-driven sampling measures better on the captures (BENCHMARKS.md, "
     "issue 57's section)",
+    "ist_step": "0, IST throughout: on the built-in multi-view video (12 cameras x 24 frames, lossless) ISG "
+    "weighs 91 % of the pixels zero (a static pixel equals its temporal median), so ISG draws never train "
+    "the static scene: 9.8 and 10.1 dB test PSNR after 90 s against uniform's 20.0 and 21.3, while IST (its "
+    "floor alpha keeps every pixel drawn) stayed level with uniform (+0.76 and -0.51 dB; BENCHMARKS.md, "
+    "issue 59's time-sampling section, a short budget); K-Planes' DyNeRF runs draw by ISG for 50,000 "
+    "steps, on real video whose noise gives every pixel some ISG weight",
     "steps": "None: 5000 steps (DEFAULT_STEPS), or, with --max-seconds, no step limit (UNLIMITED_STEPS), "
     "so that a time budget is trained in full on a fast machine too (5000 steps capped a 300 s run on "
     "plant_capture at 287 s on 2 CPU threads, and would cap one on a GPU at about 50 s); resolved in "

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 import raykit
 from raykit.errors import ConfigError
 from raykit.fileio import atomic_write_json
-from raykit.loaders import RayLoader
-from raykit.store import RayStore, open_store
+from raykit.loaders import RayLoader, SamplingConfig
+from raykit.store import IMAGES_LAYOUT, RayStore, open_store
 from raykit.trainer.budget import SampleBudget
 from raykit.trainer.config import TrainConfig
 from raykit.trainer.defaults import (
@@ -110,7 +110,7 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
         config.seed, device=device,
         num_workers=config.num_workers, rank=procs.rank, world_size=procs.world_size,
         components=tuple(name for name in ("mask",) if name in store.components),  # the loss's masks
-        sampling=config.ray_sampling,
+        sampling=_loader_sampling(config, store),
     )  # fmt: skip
     run_dir = Path(config.out)
     return Run(
@@ -152,7 +152,7 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
                 **_time_choices(config, time_range),
             },
             "steps": {"steps": config.steps, "reason": steps_reason},
-            "ray_sampling": {"name": config.ray_sampling, "reweight": False},  # losses not reweighted
+            "ray_sampling": _sampling_choices(config, store),
         },
         budget=budget,
     )
@@ -174,6 +174,49 @@ def _time_choices(config: TrainConfig, time_range: tuple[float, float] | None) -
         "time_resolution": config.time_resolution,
         "sampler_over_time": over_time,
     }
+
+
+def _loader_sampling(config: TrainConfig, store: RayStore) -> SamplingConfig:
+    """The loader's sampling stage for ``--ray-sampling`` (``temporal``: ``--ist-step`` in the loader's
+    batches, which are the steps' unless ``--samples-per-step`` draws steps from granules).
+
+    Raises:
+        ConfigError: ``temporal`` on a store that cannot serve it: one line saying what to run.
+    """
+    if config.ray_sampling != "temporal":
+        return SamplingConfig(kind=config.ray_sampling)
+    if store.layout(config.train_split) != IMAGES_LAYOUT:
+        raise ConfigError(
+            f"{config.store}: --ray-sampling temporal draws from an images-layout store (split "
+            f"{config.train_split!r} is pre-shuffled rays): convert with --layout images, or `raykit copy "
+            f"{config.store} DST --format zarr --layout images`"
+        )
+    if not {"isg", "ist"} <= set(store.components):
+        raise ConfigError(
+            f"{config.store}: --ray-sampling temporal draws by the store's ISG/IST weights, which it "
+            f"lacks: run `raykit add-component {config.store} temporal`"
+        )
+    ist_step = config.ist_step
+    if config.samples_per_step is not None:  # the loader's batches are granules
+        ist_step = -(-config.ist_step * config.batch_size // config.budget_granule)
+    return SamplingConfig(kind="temporal", ist_step=ist_step)
+
+
+def _sampling_choices(config: TrainConfig, store: RayStore) -> dict[str, Any]:
+    """run.json's record of ``--ray-sampling``: losses are never reweighted by the draw's probability;
+    ``temporal`` adds its schedule and the weights' level and options."""
+    record: dict[str, Any] = {"name": config.ray_sampling, "reweight": False}
+    if config.ray_sampling == "temporal":
+        isg = store.components["isg"]
+        record.update(
+            ist_step=config.ist_step,
+            schedule=f"ISG weights for steps 0 to {config.ist_step - 1}, IST from step {config.ist_step}"
+            if config.ist_step
+            else "IST weights throughout",
+            weights_factor=isg.factor,  # a weight stands for a factor x factor block of its frame
+            weights_source=dict(isg.source),
+        )
+    return record
 
 
 def _training_model(config: TrainConfig, field_: RadianceField, procs: Processes) -> Any:
