@@ -21,7 +21,8 @@ test PSNR (the protocol's, every test view), the steps and the seconds a step::
 
     python benchmarks/bench_dynamic_field.py --seconds 60 --seeds 0,1
 
-Results go to ``benchmarks/results/dynamic_field.json`` (``--out``).
+Results go to ``benchmarks/results/dynamic_field.json`` (``--out``). ``--pieces`` times the pieces of
+a step instead (:func:`pieces`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,69 @@ def static_bound(scene: Any) -> float:
     return float(np.mean(-10 * np.log10(np.maximum(mse, 1e-10))))
 
 
+def pieces(points: int = 33_000, repeats: int = 3) -> dict[str, float]:
+    """Seconds of the pieces of a step, the default fields in one process, interleaved, the median of
+    ``repeats``: forward + backward of ``points`` samples, the regularisers per step (every step, as
+    the first round took them, and as now, an 8-step window's mean), and one full refresh of a 64^3
+    occupancy grid (a kplanes field at 4 and at 1 time per cell, the static field)."""
+    import time
+
+    import torch
+
+    from raykit.trainer.field import RadianceField
+    from raykit.trainer.occupancy import OccupancyGrid
+    from raykit.trainer.spacetime import (
+        TV_EVERY,
+        SpaceTimeField,
+        max_over_time,
+        plane_tv,
+        regularisation,
+        time_smoothness,
+    )
+
+    aabb = torch.tensor([-1.5, -1.5, -1.5, 1.5, 1.5, 1.5])
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.rand(points, 3, generator=gen) * 3 - 1.5
+    dirs = torch.nn.functional.normalize(torch.randn(points, 3, generator=gen), dim=-1)
+    times = torch.rand(points, generator=gen)
+    static, timed = RadianceField(aabb), SpaceTimeField(aabb, (0.0, 1.0), 6)
+    grid = OccupancyGrid(aabb, 64)
+
+    def step(field: Any) -> None:
+        sigma, rgb = field(pos, dirs, times if field.timed else None)
+        (sigma.sum() + rgb.sum()).backward()
+
+    def regularise_every_step() -> None:
+        (1e-4 * plane_tv(timed.planes) + 1e-3 * time_smoothness(timed.time_planes)).backward()
+
+    def regularise_now() -> None:
+        for k in range(TV_EVERY):
+            regularisation(timed, 1e-4, 1e-3, k).backward()  # type: ignore[union-attr]
+
+    jobs = {
+        "static_forward_backward_s": (lambda: step(static), 1),
+        "kplanes_forward_backward_s": (lambda: step(timed), 1),
+        "regularisers_every_step_s": (regularise_every_step, 1),
+        "regularisers_now_per_step_s": (regularise_now, TV_EVERY),
+        "refresh_kplanes_4_times_s": (
+            lambda: grid.refresh(max_over_time(timed.density, timed.time_range, 4, gen), 0.02, gen),
+            1,
+        ),
+        "refresh_kplanes_1_time_s": (
+            lambda: grid.refresh(max_over_time(timed.density, timed.time_range, 1, gen), 0.02, gen),
+            1,
+        ),
+        "refresh_static_s": (lambda: grid.refresh(static.density, 0.02, gen), 1),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in jobs}
+    for _ in range(repeats):
+        for name, (job, per) in jobs.items():
+            start = time.perf_counter()
+            job()
+            seconds[name].append((time.perf_counter() - start) / per)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -119,8 +183,16 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-per-frame", action="store_true")
+    parser.add_argument("--pieces", action="store_true", help="time the pieces of a step instead (pieces())")
     parser.add_argument("--out", default=str(ROOT / "results" / "dynamic_field.json"))
     args = parser.parse_args()
+    if args.pieces:
+        measured = pieces()
+        Path(args.out).write_text(
+            json.dumps({"benchmark": "dynamic_field_pieces", **measured}, indent=2) + "\n"
+        )
+        print(json.dumps(measured, indent=1))
+        return
 
     from raykit.converters import convert
     from raykit.testing import render_dynamic, write_dnerf
