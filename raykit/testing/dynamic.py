@@ -1,6 +1,7 @@
-"""The built-in dynamic scene: the built-in objects with one sphere moving along x, seen from fixed
-cameras at evenly spaced times, written as a D-NeRF capture (:func:`write_dnerf`) or, every camera
-sharing one camera (``own_intrinsics=-1``), as a Neural 3D Video capture (:func:`write_n3dv`).
+"""The built-in dynamic scene: the built-in objects with one sphere moving along x (or more objects,
+each along its own direction: ``moving``), seen from fixed cameras at evenly spaced times, written as
+a D-NeRF capture (:func:`write_dnerf`) or, every camera sharing one camera (``own_intrinsics=-1``), as
+a Neural 3D Video capture (:func:`write_n3dv`).
 
 Cameras stand on a ring (elevation 30 degrees, ``CAMERA_DISTANCE`` from the centre) and look at the
 scene centre. Every camera but one is a centred pinhole with the Blender layout's ``camera_angle_x``;
@@ -29,6 +30,7 @@ from raykit.testing.unbounded import render_view
 from raykit.testing.writers import encode_png
 
 __all__ = [
+    "MOVERS",
     "N3DV_BOUNDS",
     "DynamicScene",
     "moving_geometry",
@@ -67,12 +69,22 @@ class DynamicScene:
     own_intrinsics: int = 1
 
 
-def moving_geometry(geometry: SceneGeometry, time: float) -> SceneGeometry:
-    """``geometry`` with its first sphere moved by ``TRAVEL * (time - 0.5)`` along x."""
+MOVERS = ((1,), (2,), (4,), (5,), (3, 6), (7,))
+"""The primitives that move, in order (``moving`` takes the first groups): the large sphere, the
+small sphere, the tall box, the cylinder, the red box with the sphere resting on it, the last sphere."""
+
+
+def moving_geometry(geometry: SceneGeometry, time: float, moving: int = 1) -> SceneGeometry:
+    """``geometry`` with the first ``moving`` groups of :data:`MOVERS` moved by ``TRAVEL * (time -
+    0.5)`` on the ground plane, group ``k`` along the direction ``2.4 k`` radians from x (the first,
+    the large sphere, along x)."""
     prims = list(geometry.primitives)
-    i = next(k for k, p in enumerate(prims) if p.kind == "sphere")
-    x, y, z = prims[i].center
-    prims[i] = replace(prims[i], center=(x + TRAVEL * (time - 0.5), y, z))
+    shift = TRAVEL * (time - 0.5)
+    for k, group in enumerate(MOVERS[:moving]):
+        dx, dy = (shift, 0.0) if k == 0 else (shift * math.cos(2.4 * k), shift * math.sin(2.4 * k))
+        for i in group:
+            x, y, z = prims[i].center
+            prims[i] = replace(prims[i], center=(x + dx, y + dy, z))
     return replace(geometry, primitives=tuple(prims))
 
 
@@ -85,10 +97,18 @@ def _own_camera(size: int) -> Camera:
 
 
 def render_dynamic(
-    seed: int = 0, n_cameras: int = 4, n_times: int = 6, size: int = 32, own_intrinsics: int = 1
+    seed: int = 0,
+    n_cameras: int = 4,
+    n_times: int = 6,
+    size: int = 32,
+    own_intrinsics: int = 1,
+    moving: int = 1,
 ) -> DynamicScene:
     """Render every camera at every time (``n_cameras >= 2``, ``n_times >= 2``; 32x32 images);
-    ``own_intrinsics = -1``: every camera shares the scene camera (a video rig's capture)."""
+    ``own_intrinsics = -1``: every camera shares the scene camera (a video rig's capture);
+    ``moving``: how many groups of objects move (:func:`moving_geometry`, 1 to 6)."""
+    if not 1 <= moving <= len(MOVERS):
+        raise ValueError(f"moving must be 1 to {len(MOVERS)}, not {moving}")
     geometry = build_geometry(seed)
     azimuth = np.linspace(0, 2 * math.pi, n_cameras, endpoint=False) + 0.3
     elevation = math.radians(30)
@@ -108,7 +128,7 @@ def render_dynamic(
     try:
         for j in range(n_times):
             time = j / (n_times - 1)
-            moved = moving_geometry(geometry, time)
+            moved = moving_geometry(geometry, time, moving)
             for c in range(n_cameras):
                 split = "train" if c < n_cameras - 1 else ("val" if j % 2 == 0 else "test")
                 camera = own if c == own_intrinsics else shared

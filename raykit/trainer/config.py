@@ -221,9 +221,9 @@ class TrainConfig:
         valid=Range(0),
     )
     occ_time_samples: int = _opt(
-        4,
-        "occupancy with kplanes: times per cell at each grid refresh, the densest kept (moving content "
-        "stays occupied)",
+        1,
+        "occupancy with kplanes: random times per cell at each grid refresh, the densest kept (with the "
+        "grid's decaying maximum over refreshes, moving content stays occupied)",
         valid=_COUNT,
     )
     log_every: int = _opt(50, "steps between log.jsonl records", valid=_COUNT)

@@ -111,8 +111,9 @@ DEFAULT_REASONS: dict[str, str] = {
     "uses 150 cells for DyNeRF's 300 frames)",
     "plane_tv_weight": "1e-4: K-Planes' plane_tv_weight in its D-NeRF configs",
     "time_smoothness_weight": "1e-3: K-Planes' time_smoothness_weight in its D-NeRF configs",
-    "occ_time_samples": "4: a few times per cell and refresh; with the grid's decaying maximum over "
-    "refreshes, a cell that moving content passes through stays occupied",
+    "occ_time_samples": "1: one random time per cell and refresh, the static field's cost (4 cost 4x a "
+    "refresh); the grid's decaying maximum over refreshes covers time, so a cell that moving content "
+    "passes through stays occupied (BENCHMARKS.md issue 59, second round)",
     "log_every": "50 steps: a record every second or so on a CPU, without slowing the step",
     "logger": "jsonl: no extra dependency; tensorboard is opt-in",
     "log_image_every_s": "180 s: a test view every 3 minutes of a 5-minute run",

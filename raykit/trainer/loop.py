@@ -194,7 +194,7 @@ def step_losses(
             total = total + config.distortion_weight * distortion_loss(
                 samples.trace.final_edges, rendered["weights"]
             )
-    regulariser = regularisation(field, config.plane_tv_weight, config.time_smoothness_weight)
+    regulariser = regularisation(field, config.plane_tv_weight, config.time_smoothness_weight, step)
     if regulariser is not None:  # a kplanes field: K-Planes' plane TV and smoothness along time
         total = total + regulariser
     lap("rendering")

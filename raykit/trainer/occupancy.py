@@ -7,6 +7,11 @@ of one marching step through it, ``1 - exp(-ema * step_size)``, exceeds ``thresh
 grid's mean, whichever is lower, so a young field never empties the grid). Rays then march only
 through occupied cells (:func:`raykit.trainer.samplers.march_occupied`).
 
+The grid has no time axis: for a time-conditioned field a refresh evaluates each cell at a random time
+(:func:`raykit.trainer.spacetime.max_over_time`), and the moving maximum keeps a cell occupied for as
+long as any recent refresh found it dense, so content that moves through a cell is not frozen out (the
+grid bounds the scene's union over time).
+
 Over a contracted field (``ball=True``: the grid covers field coordinates, where all of space lies
 in the unit ball) the cells wholly outside the ball are unreachable: they are never occupied, never
 refreshed and left out of the mean, as nerfacc leaves out the cells no camera sees.

@@ -164,8 +164,9 @@ def _time_choices(config: TrainConfig, time_range: tuple[float, float] | None) -
     if config.field != "kplanes":
         return {}
     over_time = {
-        "occupancy": f"the grid keeps, per refreshed cell, the densest of {config.occ_time_samples} "
-        "stratified times (--occ-time-samples), so moving content stays occupied; the optional "
+        "occupancy": f"the grid evaluates each refreshed cell at {config.occ_time_samples} random "
+        "time(s) (--occ-time-samples) and keeps the densest, decaying over refreshes, so moving content "
+        "stays occupied; the optional "
         "no-gradient early-stop and opacity passes are skipped",
         "proposal": "the proposal networks are static: they bound the field's weights over all times",
     }.get(config.sampler, "samples are placed per ray at the ray's time")

@@ -14,12 +14,19 @@ where the images ask for it. Times are mapped from the store's time range ``time
 The regularisers are K-Planes' (its D-NeRF configs' weights are the defaults): total variation on the
 space planes (:func:`plane_tv`, ``plane_tv_weight`` 1e-4) and smoothness along time on the time
 planes, the mean squared second difference (:func:`time_smoothness`, ``time_smoothness_weight`` 1e-3).
+The smoothness (over the small time planes) is taken every step; the total variation, over every
+space-plane value (2.1 M in the default field, its forward and backward about a quarter of a step's
+cost on a CPU), every :data:`TV_EVERY` steps at ``TV_EVERY`` times its weight: the same sum of
+gradients over a window, at an eighth of the cost.
 
-Samplers: stratified and hierarchical sampling and the field itself get each ray's time; the occupancy
-grid of a time-conditioned field keeps, per refreshed cell, the densest of a few stratified times
-(:func:`max_over_time`), so content that moves through a cell keeps it occupied; proposal networks
-stay static: trained by the interlevel loss against every time's weights, they bound the union of
-the scene over time (K-Planes' own proposal networks are time-conditioned).
+Samplers: stratified and hierarchical sampling and the field itself get each ray's time. The
+occupancy grid of a time-conditioned field evaluates each refreshed cell at a random time (one per
+cell and refresh by default, ``--occ-time-samples``; the densest kept, :func:`max_over_time`): the
+grid's decaying maximum over refreshes (decay 0.95 a refresh) then holds, per cell, the densest of
+the times it drew recently, so a cell that moving content passes through stays occupied at every
+time, at the static field's cost of one evaluation per cell and refresh. Proposal networks stay
+static: trained by the interlevel loss against every time's weights, they bound the union of the
+scene over time (K-Planes' own proposal networks are time-conditioned).
 """
 
 from __future__ import annotations
@@ -32,10 +39,22 @@ from torch import Tensor, nn
 
 from raykit.trainer.field import RadianceField, lookup_parts, plane_features, plane_grid
 
-__all__ = ["TIME_PAIRS", "SpaceTimeField", "max_over_time", "plane_tv", "regularisation", "time_smoothness"]
+__all__ = [
+    "TIME_PAIRS",
+    "TV_EVERY",
+    "SpaceTimeField",
+    "max_over_time",
+    "plane_tv",
+    "regularisation",
+    "time_smoothness",
+]
 
 TIME_PAIRS = ((0, 3), (1, 3), (2, 3))
 """The axes of the three time planes xt, yt, zt (coordinate 3 is time)."""
+
+TV_EVERY = 8
+"""Steps between two evaluations of the space planes' total variation (each at this many times its
+weight)."""
 
 
 class SpaceTimeField(RadianceField):
@@ -106,17 +125,21 @@ def time_smoothness(planes: Iterable[Tensor]) -> Tensor:
     return torch.stack(terms).sum()
 
 
-def regularisation(field: RadianceField, tv_weight: float, smoothness_weight: float) -> Tensor | None:
-    """The weighted K-Planes regularisers of a time-conditioned field; None for a static field or when
-    both weights are 0 (nothing computed)."""
-    if not isinstance(field, SpaceTimeField) or (tv_weight <= 0 and smoothness_weight <= 0):
+def regularisation(
+    field: RadianceField, tv_weight: float, smoothness_weight: float, step: int = 0
+) -> Tensor | None:
+    """The weighted K-Planes regularisers of a time-conditioned field at training step ``step``: the
+    smoothness along time every step, the space planes' total variation on steps that are multiples of
+    :data:`TV_EVERY`, at ``TV_EVERY`` times ``tv_weight``; None for a static field or when nothing is
+    computed this step."""
+    if not isinstance(field, SpaceTimeField):
         return None
-    total = field.planes[0].new_zeros(())
-    if tv_weight > 0:
-        total = total + tv_weight * plane_tv(field.planes)
+    terms = []
+    if tv_weight > 0 and step % TV_EVERY == 0:
+        terms.append(TV_EVERY * tv_weight * plane_tv(field.planes))
     if smoothness_weight > 0:
-        total = total + smoothness_weight * time_smoothness(field.time_planes)
-    return total
+        terms.append(smoothness_weight * time_smoothness(field.time_planes))
+    return torch.stack(terms).sum() if terms else None
 
 
 def max_over_time(

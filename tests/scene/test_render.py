@@ -179,3 +179,23 @@ def test_bad_arguments_raise_config_error() -> None:
         render_scene("tiny", camera_model="FISHEYE")
     with pytest.raises(ConfigError, match="workers"):
         render_scene("tiny", workers=0)
+
+
+def test_the_dynamic_scene_moves_the_chosen_groups_and_only_them() -> None:
+    from raykit.testing import render_dynamic
+    from raykit.testing.dynamic import MOVERS, TRAVEL, moving_geometry
+    from raykit.testing.geometry import build_geometry
+
+    geometry = build_geometry(0)
+    still = [p.center for p in geometry.primitives]
+    assert [p.center for p in moving_geometry(geometry, 0.5, 6).primitives] == still  # mid-time: at rest
+    one = [p.center for p in moving_geometry(geometry, 1.0).primitives]  # the default: the sphere along x
+    assert one[1] == (still[1][0] + TRAVEL / 2, still[1][1], still[1][2])
+    assert [c for i, c in enumerate(one) if i != 1] == [c for i, c in enumerate(still) if i != 1]
+    five = [p.center for p in moving_geometry(geometry, 1.0, 5).primitives]
+    moved = {i for i, (a, b) in enumerate(zip(five, still, strict=True)) if a != b}
+    assert moved == {i for group in MOVERS[:5] for i in group}  # the sphere on the red box moves with it
+    shift = np.subtract(five[3], still[3])
+    assert np.allclose(np.subtract(five[6], still[6]), shift) and math.hypot(*shift[:2]) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="moving must be 1 to 6"):
+        render_dynamic(moving=7)

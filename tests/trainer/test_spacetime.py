@@ -18,7 +18,15 @@ from raykit.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from raykit.trainer.deploy import render_export, verify_export
 from raykit.trainer.export import export_run
 from raykit.trainer.field import RadianceField
-from raykit.trainer.spacetime import SpaceTimeField, max_over_time, plane_tv, regularisation, time_smoothness
+from raykit.trainer.occupancy import OccupancyGrid
+from raykit.trainer.spacetime import (
+    TV_EVERY,
+    SpaceTimeField,
+    max_over_time,
+    plane_tv,
+    regularisation,
+    time_smoothness,
+)
 
 from ..reliability.paused import start_paused
 from .test_train import config_flags, tiny_config
@@ -79,9 +87,14 @@ def test_regularisers_vanish_on_smooth_planes_and_match_their_definitions() -> N
     timed = SpaceTimeField(AABB, (0.0, 1.0), 5, **SMALL)
     assert regularisation(RadianceField(AABB, **SMALL), 1e-4, 1e-3) is None  # the static field: none
     assert regularisation(timed, 0.0, 0.0) is None
-    with torch.no_grad():
-        value = regularisation(timed, 1.0, 0.0)
-        assert value is not None and float(value) == pytest.approx(float(plane_tv(timed.planes)))
+    with torch.no_grad():  # the total variation every TV_EVERY steps, at TV_EVERY times its weight
+        value = regularisation(timed, 1.0, 0.0, step=2 * TV_EVERY)
+        assert value is not None and float(value) == pytest.approx(TV_EVERY * float(plane_tv(timed.planes)))
+        assert regularisation(timed, 1.0, 0.0, step=TV_EVERY + 1) is None
+        smooth = regularisation(timed, 1.0, 0.5, step=1)  # the smoothness along time every step
+        assert smooth is not None and float(smooth) == pytest.approx(
+            0.5 * float(time_smoothness(timed.time_planes))
+        )
 
 
 def test_occupancy_density_is_the_densest_of_the_stratified_times() -> None:
@@ -94,6 +107,26 @@ def test_occupancy_density_is_the_densest_of_the_stratified_times() -> None:
     assert torch.equal(densest, expected.amax(0)) and bool((densest > 0.5 * points[:, 0]).all())
     jittered = max_over_time(density, torch.tensor([0.0, 1.0]), 4, torch.Generator().manual_seed(0))(points)
     assert jittered.shape == (10,) and bool((jittered >= 0).all())
+
+
+def test_one_random_time_per_refresh_keeps_every_cell_that_moving_content_crosses() -> None:
+    """The default --occ-time-samples 1: each refresh sees one time per cell, the grid's decaying
+    maximum over refreshes covers time: a dense cell sweeping along x over time leaves every cell of
+    its path occupied and no other (it is dense at each one an eighth of the time)."""
+
+    def sweep(positions: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        cells = (positions * 8).floor()
+        now = (times * 8).floor().clamp(max=7)
+        on_path = (cells[:, 1] == 4) & (cells[:, 2] == 4)
+        return 100.0 * (on_path & (cells[:, 0] == now)).float()
+
+    grid = OccupancyGrid(torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0]), resolution=8)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        grid.refresh(max_over_time(sweep, torch.tensor([0.0, 1.0]), 1, generator), 0.1, generator)
+    path = torch.zeros(8, 8, 8, dtype=torch.bool)
+    path[:, 4, 4] = True
+    assert torch.equal(grid.occupied.view(8, 8, 8), path)
 
 
 def test_auto_picks_kplanes_on_a_dynamic_store_and_records_why(
