@@ -24,7 +24,7 @@ decodes a frame, the conversion converts each camera's first frame elsewhere): i
 are a constant of the process, not of the video, and would weigh on a short capture only.
 
     python benchmarks/bench_video.py                                  # 4 cameras x 60 frames, 1352x1014
-    python benchmarks/bench_video.py --frames 10 --out /tmp/v.json    # a quick look
+    python benchmarks/bench_video.py --frames 10 --out benchmarks/results/video_quick.json    # a quick look
 
 Results go to ``benchmarks/results/video.json``.
 """

@@ -7,12 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import raykit.testing as scene_module
 from raykit.converters import convert
 from raykit.loaders import image_rays
-
-scene_module = pytest.importorskip(
-    "raykit.testing", reason="raykit.testing (the built-in scene) is not available"
-)
 
 
 @pytest.fixture(scope="module")

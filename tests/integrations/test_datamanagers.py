@@ -9,8 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-pytest.importorskip("nerfstudio.data.datamanagers.full_images_datamanager")
 from nerfstudio.data.datamanagers.base_datamanager import VanillaDataManagerConfig
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
 from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
