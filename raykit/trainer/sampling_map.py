@@ -23,11 +23,11 @@ def write_sampling_map(loader: Any, store: Any, split: str, run_dir: Path, views
     """Write ``run_dir / SAMPLING_MAP`` for the ``views`` training views of ``split`` whose maps draw
     the most rays a pixel (of the first ``_CANDIDATES``); return its path, or None without a map."""
     rows = [int(r) for r in store.split_rows(split)[:_CANDIDATES]]
-    maps = {row: loader.sampling_map(row) for row in rows}
-    maps = {row: m for row, m in maps.items() if m is not None}
-    if not maps:
+    if not rows or loader.sampling_map(rows[0]) is None:
         return None
-    chosen = sorted(maps, key=lambda row: -float(maps[row].mean()))[:views]
+    scores = {row: float(loader.sampling_map(row).mean()) for row in rows}  # one full map held at a time
+    chosen = sorted(rows, key=lambda row: -scores[row])[:views]
+    maps = {row: loader.sampling_map(row) for row in chosen}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,7 +37,7 @@ def write_sampling_map(loader: Any, store: Any, split: str, run_dir: Path, views
     names = store.table.names
     for (left, right), row in zip(axes, chosen, strict=True):
         image = store.read_image(names[row])
-        left.imshow(image[..., :3])
+        left.imshow(image)  # RGBA over the white figure
         left.set_title(f"{names[row]}", fontsize=9)
         shown = right.imshow(np.log2(np.maximum(maps[row], 1e-3)), cmap="magma", vmin=-2, vmax=3)
         right.set_title(f"rays per pixel vs uniform (log2), mean {maps[row].mean():.2f}x", fontsize=9)
