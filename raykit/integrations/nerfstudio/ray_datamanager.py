@@ -79,10 +79,11 @@ class RayRows:
     ``mask`` (N, 1) bool or None, ``depth_image`` (N, 1) float32 or None, and the ``RayBundle``'s
     fields: ``origins``, ``directions`` (N, 3), ``pixel_area``, ``directions_norm`` (N, 1) float32,
     ``camera_indices`` (N, 1) int64, ``times`` (N, 1) float32 when the store has time, else None;
-    ``pid`` (N,) int64, the store's pixel ids (what :meth:`RaykitDataManager.observe` feeds back), and
-    with ``sampling="loss"`` ``prob`` and ``weight`` (N, 1) float32 (``raykit.loaders``' sampling stage:
-    the probability each ray was drawn with, and ``1 / (resident rays * prob)``). Sliceable, as the
-    loader cuts generated groups into batches (slices are views).
+    with ``sampling="loss"`` ``pid`` (N,) int64, the store's pixel ids (what
+    :meth:`RaykitDataManager.observe` feeds back), ``prob`` and ``weight`` (N, 1) float32
+    (``raykit.loaders``' sampling stage: the probability each ray was drawn with, and
+    ``1 / (resident rays * prob)``). Sliceable, as the loader cuts generated groups into batches
+    (slices are views).
     """
 
     indices: torch.Tensor
@@ -132,10 +133,11 @@ class PixelRays:
 
     def __init__(
         self, store: RayStore, rows: DatasetRows, generator: Any, alpha_color: Any, alpha_as_mask: bool,
-        scale: float = 1.0,
+        scale: float = 1.0, pids: bool = False,
     ) -> None:  # fmt: skip
         self.store, self.rows, self.generator = store, rows, generator
         self.alpha_color, self.alpha_as_mask, self.scale = alpha_color, alpha_as_mask, scale
+        self.pids = pids  # keep each ray's pixel id (what observe feeds back; loss sampling only)
 
     def __call__(self, raw: RawRays) -> RayRows:
         image, pixel = self.store.decode_pids(raw.pid)
@@ -161,7 +163,7 @@ class PixelRays:
             directions_norm=bundle.metadata["directions_norm"].cpu(),
             camera_indices=bundle.camera_indices.cpu(),
             times=None if bundle.times is None else bundle.times.cpu(),
-            pid=torch.from_numpy(np.asarray(raw.pid, np.int64)),
+            pid=torch.from_numpy(np.asarray(raw.pid, np.int64)) if self.pids else None,
             prob=_column(raw.extra.get("prob")),
             weight=_column(raw.extra.get("weight")),
         )
@@ -189,6 +191,7 @@ class RaykitDataManager(StoreDataManager):
         cameras = dataset.cameras
         host = tabulated_or_stock(cameras.to("cpu"), self.config.ray_table_bytes, self._ray_tables)
         on_device = host if torch.device(self.device).type == "cpu" else host.to(self.device)
+        sampling = self.config.sampling if dataset is self.train_dataset else "uniform"
         make = PixelRays(
             store=store,
             rows=rows,
@@ -196,12 +199,13 @@ class RaykitDataManager(StoreDataManager):
             alpha_color=dataset._dataparser_outputs.alpha_color,
             alpha_as_mask=bool(dataset.metadata.get("raykit_alpha_as_mask")),
             scale=float(dataset._dataparser_outputs.dataparser_scale),
+            pids=sampling != "uniform",
         )
         loader = RayLoader(
             store, rows.split, batch_size, self.config.seed, cache_bytes=self.config.cache_bytes,
             num_workers=self.config.num_workers, rank=self.local_rank, world_size=self.world_size,
             make_batch=make, components=served_components(dataset),
-            sampling=self.config.sampling if dataset is self.train_dataset else "uniform",
+            sampling=sampling,
         )  # fmt: skip
         return loader, on_device
 
