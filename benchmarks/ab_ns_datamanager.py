@@ -1,8 +1,8 @@
 """nerfstudio's ray datamanager (``RaykitDataManager.next_train``) rays/s on ``tests/data/lego_tiny``:
 run once per checkout with that checkout first on ``PYTHONPATH`` and compare (A/B, alternating order).
 
-    PYTHONPATH=../base python benchmarks/ab_ns_datamanager.py --store /tmp/ns_lego.zarr
-    PYTHONPATH=. python benchmarks/ab_ns_datamanager.py --store /tmp/ns_lego.zarr
+    PYTHONPATH=../base python benchmarks/ab_ns_datamanager.py --store benchmarks/data/ns_lego.zarr
+    PYTHONPATH=. python benchmarks/ab_ns_datamanager.py --store benchmarks/data/ns_lego.zarr
 
 Prints ``{"rays_per_s": ...}`` (2 torch threads, batch 2048, 1000 batches after 50 warm ones).
 """
