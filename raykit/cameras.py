@@ -63,14 +63,10 @@ class Camera:
     Attributes:
         model: COLMAP model name (``"PINHOLE"``, ``"OPENCV"``, ...); an int model id is accepted and
             converted to the name.
-        width: image width in pixels (> 0).
-        height: image height in pixels (> 0).
+        width, height: image size in pixels (> 0).
         params: parameters in COLMAP order (see ``CAMERA_MODELS[model].param_names``).
         camera_id: the source's camera id (for error messages and round trips).
         label: where the camera came from, e.g. the source file (for error messages).
-
-    Raises:
-        CameraError: unknown model, wrong parameter count, non-finite or non-positive values.
     """
 
     model: str
@@ -194,9 +190,7 @@ class Camera:
         A continuous image coordinate ``p`` becomes ``p / factor`` (pixel corners stay on corners, so
         pixel centres stay at ``+0.5``): focal lengths and principal point are divided by ``factor``;
         distortion parameters act on normalised coordinates and are unchanged, for every model.
-
-        Raises:
-            CameraError: ``factor`` is not positive or does not divide width and height exactly.
+        ``factor`` must divide width and height exactly.
         """
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise CameraError(f"{self._who()}: expected a positive scale factor, got {factor!r}")
@@ -247,16 +241,9 @@ class Camera:
 
 
 def project(camera: Camera, points: torch.Tensor) -> torch.Tensor:
-    """Project camera-frame points to continuous COLMAP image coordinates.
-
-    Args:
-        camera: the camera.
-        points: (..., 3) points in the OpenCV camera frame, float32 or float64.
-
-    Returns:
-        (..., 2) image coordinates on the input's device and dtype; NaN where the model cannot project
-        the point (behind a perspective camera, outside a fisheye's domain).
-    """
+    """(..., 3) camera-frame points, float32 or float64 -> (..., 2) continuous COLMAP image coordinates;
+    NaN where the model cannot project the point (behind a perspective camera, outside a fisheye's
+    domain)."""
     return project_model(camera.spec, camera.params, points)
 
 
@@ -268,17 +255,9 @@ def unproject_valid(camera: Camera, xy: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def unproject(camera: Camera, xy: torch.Tensor) -> torch.Tensor:
-    """Unproject continuous COLMAP image coordinates to unit rays in the camera frame.
-
-    Models without a closed-form inverse use Newton's method (COLMAP's iterative undistortion).
-
-    Args:
-        camera: the camera.
-        xy: (..., 2) image coordinates (pixel centres at ``+0.5``), float32 or float64.
-
-    Returns:
-        (..., 3) unit directions in the OpenCV camera frame, on the input's device and dtype.
-    """
+    """(..., 2) continuous COLMAP image coordinates, float32 or float64 -> (..., 3) unit camera-frame
+    directions. Models without a closed-form inverse use Newton's method (COLMAP's iterative
+    undistortion)."""
     return unproject_valid(camera, xy)[0]
 
 
@@ -325,15 +304,12 @@ def _cached_lut(camera: Camera, dtype: torch.dtype, device: torch.device) -> tor
 def direction_lut(
     camera: Camera, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Unit camera-frame directions of every pixel centre, computed once per camera (``dtype``:
-    float32 unless given).
+    """(H, W, 3): ``lut[y, x]`` is the unit camera-frame direction through pixel ``(x, y)``'s centre
+    (``dtype``: float32 unless given).
 
     Computed in float64 (float32 on MPS) and memoised on ``(camera intrinsics, dtype, device)``
     (least recently used tables are dropped beyond 1 GiB); the returned tensor is shared, so never
     modify it in place.
-
-    Returns:
-        (H, W, 3) tensor; ``lut[y, x]`` is the direction through the centre of pixel ``(x, y)``.
     """
     # Key on the intrinsics only: cameras that differ in camera_id or label share one table.
     key = Camera(camera.model, camera.width, camera.height, camera.params)
@@ -361,7 +337,6 @@ def pixels_to_rays(
     """World-frame rays through the centres of integer pixels.
 
     Args:
-        camera: the camera.
         c2w: (4, 4) or (N, 4, 4) camera-to-world pose(s), OpenCV camera frame, orthonormal rotation.
         pixels: (N, 2) integer pixels ``(x, y)`` inside the image.
         dtype: output dtype; default: ``c2w``'s dtype if it is a float tensor, else float32.
@@ -369,9 +344,6 @@ def pixels_to_rays(
     Returns:
         ``(origins (N, 3), directions (N, 3) unit, z_scale (N,))`` on ``pixels``' device, where
         ``z_scale`` is the camera-frame z of the unit direction (``depth_z = t * z_scale``).
-
-    Raises:
-        CameraError: pixels outside the image or of a non-integer dtype.
     """
     if pixels.is_floating_point() or pixels.ndim != 2 or pixels.shape[-1] != 2:
         raise CameraError(

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -63,6 +64,7 @@ __all__ = [
     "file_record",
     "fsync_path",
     "json_bytes",
+    "json_safe",
     "libc_function",
     "loads_json",
     "loads_toml",
@@ -173,9 +175,7 @@ def atomic_path(
         directory: yield a temporary directory instead of a file (mode ``0777 & ~umask``, as
             ``mkdir`` gives); an existing ``path`` is replaced by ``replace_dir``.
 
-    Raises:
-        UnsafeOutputError: ``path`` is there and is not a regular file (``directory``: not a folder),
-            before anything is written (``check_output``).
+    ``check_output`` runs before anything is written.
     """
     final = Path(path)
     check_output(final, directory=directory)
@@ -224,6 +224,22 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` as plain strict JSON values: string keys, lists for tuples, NaN and infinities as None,
+    numpy and torch scalars as Python numbers, paths as strings."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and callable(obj.item):
+        return json_safe(obj.item())
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, sync: bool = True) -> None:
     """Write ``obj`` as canonical JSON (``json_bytes``) atomically."""
     atomic_write_bytes(path, json_bytes(obj), sync=sync)
@@ -240,11 +256,8 @@ def replace_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, syn
     An existing ``dst`` is exchanged with ``src`` in one step where the system can (Linux's
     ``renameat2(RENAME_EXCHANGE)``), else renamed aside first (``.NAME.old.PID``, renamed back if the
     second rename fails); then the old folder is removed. ``dst`` is never half of either. With
-    ``sync`` the parent folder is fsynced after the rename.
-
-    Raises:
-        UnsafeOutputError: ``dst`` is there and is not a real folder (a symlink, even to a folder, is
-            never followed nor replaced), before anything is renamed.
+    ``sync`` the parent folder is fsynced after the rename. A ``dst`` that is not a real folder (a
+    symlink, even to a folder) raises :class:`UnsafeOutputError` before anything is renamed.
     """
     src, dst = Path(src), Path(dst)
     if os.path.islink(dst):  # also a dangling one, which check_output lets through for a file

@@ -7,13 +7,9 @@ coordinates its ray has in the input image), computed once per camera. Conventio
 ``(x + 0.5, y + 0.5)``; images are ``(H, W, C)``.
 
 The fast path (:class:`RemapTable`: four precomputed taps and weights per output pixel, one gather)
-has a simple reference twin, :func:`reference_remap`, built on ``torch.nn.functional.grid_sample``
-(bilinear, zero outside the input); the tests compare them and check the table against
-``raykit.cameras.unproject``/``project``.
-
+has a reference twin, :func:`reference_remap`, built on ``torch.nn.functional.grid_sample``.
 Per-image components (masks, depth maps) are resampled by the nearest sample instead
-(:meth:`RemapTable.apply_nearest`, twin :func:`reference_remap_nearest`): a mask stays a mask and a
-depth is always one the map holds (never a blend across an edge), 0 outside the input.
+(:meth:`RemapTable.apply_nearest`): a mask stays a mask and a depth is always one the map holds.
 """
 
 from __future__ import annotations
@@ -46,9 +42,6 @@ def crop_camera(camera: Camera, x0: int, y0: int, width: int, height: int) -> Ca
     """``camera`` for the window of ``width x height`` pixels whose top-left pixel is ``(x0, y0)``.
 
     Distortion acts on normalised coordinates, so only the principal point moves (by ``-x0, -y0``).
-
-    Raises:
-        CameraError: the window does not lie inside the image.
     """
     if not (x0 >= 0 and y0 >= 0 and width >= 1 and height >= 1):
         raise CameraError(f"{camera._who()}: crop ({x0}, {y0}, {width}x{height}) is not a window")
@@ -65,22 +58,15 @@ def crop_camera(camera: Camera, x0: int, y0: int, width: int, height: int) -> Ca
 
 
 def pinhole_camera(camera: Camera) -> Camera:
-    """The ``PINHOLE`` camera an undistorted ``camera`` image is resampled to.
-
-    Same size, focal lengths and principal point as ``camera`` (so the centre of the image keeps its
-    scale); a wide-angle (fisheye) input keeps the part of its field of view a pinhole of that focal
-    length covers.
-    """
+    """The ``PINHOLE`` camera (same size, focal lengths and principal point) an undistorted ``camera``
+    image is resampled to; a fisheye input keeps the part of its field of view that pinhole covers."""
     (fx, fy), (cx, cy) = camera.focal, camera.principal_point
     return Camera("PINHOLE", camera.width, camera.height, (fx, fy, cx, cy), camera.camera_id, camera.label)
 
 
 def undistortion_coordinates(camera: Camera, pinhole: Camera) -> torch.Tensor:
-    """(H, W, 2) float64 continuous coordinates, in ``camera``'s image, of each ``pinhole`` pixel's ray.
-
-    Every output pixel centre is unprojected through ``pinhole`` and projected through ``camera``;
-    NaN where ``camera`` cannot see the ray.
-    """
+    """(H, W, 2) float64 continuous coordinates, in ``camera``'s image, of each ``pinhole`` pixel's ray
+    (NaN where ``camera`` cannot see it)."""
     centres = pixel_centers(pixel_grid(pinhole.width, pinhole.height)).to(torch.float64)
     return project(camera, unproject(pinhole, centres))
 
@@ -134,12 +120,16 @@ class RemapTable:
         coords = undistortion_coordinates(camera, pinhole)
         return cls.from_coordinates(coords, (camera.height, camera.width)), pinhole
 
-    def apply(self, image: np.ndarray) -> np.ndarray:
-        """``image`` (H_in, W_in, C) uint8 resampled to (H, W, C) uint8 (rounded; zero outside)."""
+    def _flat(self, image: np.ndarray) -> np.ndarray:
+        """``image``'s pixels as (H_in * W_in, C) rows, its size checked."""
         h_in, w_in = self.in_shape
         if image.shape[:2] != (h_in, w_in):
             raise CameraError(f"remap: expected a {w_in}x{h_in} image, got {image.shape[1]}x{image.shape[0]}")
-        flat = np.ascontiguousarray(image).reshape(h_in * w_in, -1)
+        return np.ascontiguousarray(image).reshape(h_in * w_in, -1)
+
+    def apply(self, image: np.ndarray) -> np.ndarray:
+        """``image`` (H_in, W_in, C) uint8 resampled to (H, W, C) uint8 (rounded; zero outside)."""
+        flat = self._flat(image)
         shape = (self.taps.shape[1], flat.shape[1])
         out = np.full(shape, 0.5, dtype=np.float32)  # +0.5: rounding
         tap, term = np.empty(shape, dtype=np.uint8), np.empty(shape, dtype=np.float32)
@@ -154,12 +144,9 @@ class RemapTable:
         """``image`` (H_in, W_in) or (H_in, W_in, C) of any dtype resampled to (H, W[, C]) by the nearest
         input pixel, 0 outside the input: how masks and depth maps are undistorted (no value is made
         up: every output is an input value or 0, "unknown" for a depth, "not used" for a mask)."""
-        h_in, w_in = self.in_shape
-        if image.shape[:2] != (h_in, w_in):
-            raise CameraError(f"remap: expected a {w_in}x{h_in} image, got {image.shape[1]}x{image.shape[0]}")
+        flat = self._flat(image)
         if self.nearest is None:
             raise CameraError("remap: this table was made without nearest taps (RemapTable.from_coordinates)")
-        flat = np.ascontiguousarray(image).reshape(h_in * w_in, -1)
         out = np.take(flat, np.maximum(self.nearest, 0), axis=0)
         out[self.nearest < 0] = 0
         return out.reshape(*self.out_shape, *image.shape[2:])
@@ -170,42 +157,29 @@ class RemapTable:
         return int(self.taps.nbytes + self.weights.nbytes + extra)
 
 
-def reference_remap(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
-    """Reference twin of :meth:`RemapTable.apply` (``grid_sample``, bilinear, zeros outside).
-
-    Args:
-        image: (H_in, W_in, C) uint8.
-        coords: (H, W, 2) continuous image coordinates to sample (NaN: outside).
-    """
+def _grid_sample(image: np.ndarray, coords: torch.Tensor, mode: str) -> torch.Tensor:
+    """(H, W, C) float64: ``image`` (H_in, W_in[, C]) sampled at ``coords`` (H, W, 2) continuous image
+    coordinates (NaN: outside) by ``grid_sample`` with ``mode``, zeros outside."""
     h_in, w_in = image.shape[:2]
-    src = torch.from_numpy(image).permute(2, 0, 1)[None].to(torch.float64)
+    planes = np.ascontiguousarray(image.reshape(h_in, w_in, -1))
+    src = torch.from_numpy(planes).permute(2, 0, 1)[None].to(torch.float64)
     # grid_sample with align_corners=False puts -1 and +1 at the image's outer pixel edges, i.e. at
     # continuous coordinates 0 and W (H): the COLMAP convention itself.
     size = torch.tensor([w_in, h_in], dtype=torch.float64)
     grid = torch.nan_to_num(coords.to(torch.float64) / size * 2 - 1, nan=-10.0)[None]
-    out = torch.nn.functional.grid_sample(
-        src, grid, mode="bilinear", padding_mode="zeros", align_corners=False
-    )
-    return (out[0].permute(1, 2, 0) + 0.5).clamp(0, 255).to(torch.uint8).numpy()
+    out = torch.nn.functional.grid_sample(src, grid, mode=mode, padding_mode="zeros", align_corners=False)
+    return out[0].permute(1, 2, 0)
+
+
+def reference_remap(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
+    """Reference twin of :meth:`RemapTable.apply`: ``image`` (H_in, W_in, C) uint8, bilinear."""
+    return (_grid_sample(image, coords, "bilinear") + 0.5).clamp(0, 255).to(torch.uint8).numpy()
 
 
 def reference_remap_nearest(image: np.ndarray, coords: torch.Tensor) -> np.ndarray:
-    """Reference twin of :meth:`RemapTable.apply_nearest` (``grid_sample``, nearest, zeros outside).
-
-    Args:
-        image: (H_in, W_in) or (H_in, W_in, C), any dtype (float64 inside: exact for uint8, float16
-            and float32 values).
-        coords: (H, W, 2) continuous image coordinates to sample (NaN: outside).
-    """
-    h_in, w_in = image.shape[:2]
-    planes = image.reshape(h_in, w_in, -1)
-    src = torch.from_numpy(np.ascontiguousarray(planes)).permute(2, 0, 1)[None].to(torch.float64)
-    size = torch.tensor([w_in, h_in], dtype=torch.float64)
-    grid = torch.nan_to_num(coords.to(torch.float64) / size * 2 - 1, nan=-10.0)[None]
-    out = torch.nn.functional.grid_sample(
-        src, grid, mode="nearest", padding_mode="zeros", align_corners=False
-    )
-    result = out[0].permute(1, 2, 0).numpy().astype(image.dtype)
+    """Reference twin of :meth:`RemapTable.apply_nearest`: ``image`` (H_in, W_in[, C]) of any dtype
+    (float64 inside: exact for uint8, float16 and float32 values)."""
+    result = _grid_sample(image, coords, "nearest").numpy().astype(image.dtype)
     return result.reshape(*result.shape[:2], *image.shape[2:])
 
 
@@ -214,21 +188,16 @@ def reference_remap_nearest(image: np.ndarray, coords: torch.Tensor) -> np.ndarr
 
 
 def downscale_mask(mask: np.ndarray, factor: int, size: tuple[int, int] | None = None) -> np.ndarray:
-    """Downscale a mask by the nearest sample (masks never blend).
+    """Downscale a mask (H, W) uint8 (0 = pixel not used) by the nearest sample (masks never blend).
 
     Args:
-        mask: (H, W) uint8, 0 = pixel not used.
-        factor: positive integer.
         size: None: level ``factor``, ``(H // factor, W // factor)`` from the top-left
             ``factor``-multiple of the image (``RayStore.read_image(downscale=...)``, the loaders'
             levels, ``raykit convert --downscale`` with the ``exact`` rule); else the output
             ``(h, w)`` spanning the whole image (the ``mipnerf360`` rule's
             ``round_half_up(H / factor)`` x ``round_half_up(W / factor)``).
 
-    Returns:
-        (h, w) uint8: each output pixel is the source pixel under its centre
-        (:func:`raykit.imagedecode.nearest_indices`); the twin is
-        :func:`raykit.imagedecode.reference_downscale_nearest`.
+    Each output pixel is the source pixel under its centre (:func:`raykit.imagedecode.nearest_indices`).
     """
     return downscale_nearest(np.asarray(mask), factor, size)
 
@@ -236,12 +205,6 @@ def downscale_mask(mask: np.ndarray, factor: int, size: tuple[int, int] | None =
 def downscale_depth(depth: np.ndarray, factor: int, size: tuple[int, int] | None = None) -> np.ndarray:
     """Downscale a depth map without inventing depths: each output pixel takes the depth of the source
     pixel under its centre, the same sample as :func:`downscale_mask` (an average across an object's
-    edge would be a depth no surface has); 0 (unknown) stays 0.
-
-    Args:
-        depth: (H, W) float32 depths, 0 = unknown. factor, size: as :func:`downscale_mask`.
-
-    Returns:
-        (h, w) float32.
-    """
+    edge would be a depth no surface has); 0 (unknown) stays 0. ``factor``, ``size``: as
+    :func:`downscale_mask`."""
     return downscale_nearest(np.asarray(depth, dtype=np.float32), factor, size)

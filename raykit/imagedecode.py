@@ -94,12 +94,8 @@ class ImageTooLargeError(ValueError):
 
 def open_image(source: str | os.PathLike[str] | IO[bytes]) -> Any:
     """``PIL.Image.open(source)`` with raykit's pixel limit in place of Pillow's decompression-bomb
-    warning and error (the image is not decoded yet; use it as a context manager).
-
-    Raises:
-        ImageTooLargeError: the header declares more than ``IMAGE_PIXELS`` pixels.
-        OSError, ValueError: Pillow cannot identify or open it.
-    """
+    warning and error (:class:`ImageTooLargeError`); the image is not decoded yet (use it as a context
+    manager)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -143,12 +139,8 @@ def _cv2() -> ModuleType | None:
 
 
 def reference_decode_image(data: bytes) -> np.ndarray:
-    """The plain Pillow decode: ``uint8 (H, W, 3|4)``, writable and C-contiguous.
-
-    Raises:
-        UnsupportedImageModeError: the image's mode is not RGB or RGBA.
-        OSError, ValueError: the bytes do not decode.
-    """
+    """The plain Pillow decode: ``uint8 (H, W, 3|4)``, writable and C-contiguous (errors: the
+    module docstring's)."""
     with open_image(io.BytesIO(data)) as img:
         img.load()
         if img.mode not in ("RGB", "RGBA"):
@@ -228,12 +220,7 @@ def _fast(data: bytes) -> np.ndarray | None:
 def decode_image(data: bytes) -> np.ndarray:
     """Encoded image bytes -> ``uint8 (H, W, 3|4)``, writable and C-contiguous: exactly
     ``reference_decode_image(data)``, through simplejpeg or OpenCV where they are installed and agree
-    with Pillow (module docstring).
-
-    Raises:
-        UnsupportedImageModeError: the image's mode is not RGB or RGBA.
-        OSError, ValueError: the bytes do not decode (Pillow's errors).
-    """
+    with Pillow (module docstring, errors too)."""
     if os.environ.get(ENV_VAR, "") != "pillow":
         array = _fast(data)
         if array is not None:
@@ -292,11 +279,7 @@ def reference_decode_scaled(data: bytes, factor: int) -> np.ndarray:
 
 def decode_image_scaled(data: bytes, factor: int) -> np.ndarray:
     """Encoded image bytes -> level ``factor``: ``uint8 (H // factor, W // factor, 3|4)``, writable and
-    C-contiguous; exactly :func:`reference_decode_scaled`, faster (simplejpeg's scaled decode).
-
-    Raises:
-        UnsupportedImageModeError, OSError, ValueError: as :func:`decode_image`.
-    """
+    C-contiguous; exactly :func:`reference_decode_scaled`, faster (simplejpeg's scaled decode)."""
     if factor == 1:
         return decode_image(data)
     scale = _dct_scale(factor) if data[:3] == b"\xff\xd8\xff" else 1

@@ -55,9 +55,6 @@ def is_tensor(value: Any) -> TypeIs[torch.Tensor]:
 def lazy_attribute(package: str, modules: dict[str, str], namespace: dict[str, Any], name: str) -> Any:
     """A package's ``__getattr__``: ``name`` imported from its submodule ``modules[name]`` on first use
     and kept in ``namespace`` (the package's globals), so later lookups are plain.
-
-    Raises:
-        AttributeError: ``name`` is not one of ``modules``.
     """
     if name not in modules:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -109,9 +109,6 @@ def _open_lock(path: Path, what: str) -> int:
     """A read-write descriptor of lock file ``path``: created here (``O_EXCL``), or an existing one that
     is a regular file of this user with one name; never through a symlink (``O_NOFOLLOW``), never a
     FIFO or device (``O_NONBLOCK``, then ``fstat``).
-
-    Raises:
-        StoreError: ``path`` is something else (one line naming it; it is left untouched).
     """
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:

@@ -47,16 +47,10 @@ def option(
     group: str | None = None,
     valid: Range | None = None,
 ) -> Any:
-    """A dataclass field that is also a command-line option.
+    """A dataclass field that is also a command-line option (``add_argument``'s meanings, and):
 
     Args:
-        default: the field's default (and the flag's).
-        help: the flag's help text.
         flag: the flag's name when it is not ``--`` + the field name with dashes.
-        positional: a positional argument instead of a flag.
-        required: the flag must be given.
-        choices: allowed values.
-        metavar: the value's name in the usage line.
         group: fields of the same group are mutually exclusive on the command line.
         valid: the expected range of a numeric field (checked by :func:`config_problems`).
     """
@@ -161,11 +155,8 @@ def config_problems(config: Any) -> list[str]:
 
 def with_keywords(config: Any, keywords: dict[str, Any], what: str, fixed: Collection[str] = ()) -> Any:
     """``config`` with the fields named by ``keywords`` replaced: a function whose keywords are a config's
-    fields takes ``**keywords`` and calls this, so each option is written once, in the config.
-
-    Raises:
-        TypeError: a keyword that is no field of ``config`` (or is one of ``fixed``), as Python's own
-            message for an unexpected keyword argument of ``what``.
+    fields takes ``**keywords`` and calls this, so each option is written once, in the config. A
+    keyword that is no field (or is one of ``fixed``) raises ``TypeError``, as Python does for ``what``.
     """
     names = {f.name for f in dataclasses.fields(config)} - set(fixed)
     unknown = sorted(set(keywords) - names)

@@ -99,9 +99,6 @@ class PixelLayout:
     ) -> PixelLayout:
         """The layout of images of ``widths`` x ``heights`` (I,) with first ids ``pixel_offset``
         ((I,) or (I + 1,); default: the running sum of ``W * H``).
-
-        Raises:
-            CameraError: ``pixel_offset`` gives an image fewer than ``W * H`` ids, or is out of order.
         """
         device = torch.device(device)
         w, h = np.asarray(widths, np.int64).reshape(-1), np.asarray(heights, np.int64).reshape(-1)

@@ -8,12 +8,8 @@ gather per ray plus a few element-wise ops, whatever the model. :func:`reference
 twin (a loop over images calling :func:`raykit.cameras.pixels_to_rays`, sharing no state with the
 generator) that tests compare against.
 
-Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras.
-
-``RayBatch`` and ``Rays`` (the batch containers, with their split/device helpers and the one 8-bit
-colour conversion) live in ``raykit.ray_batch`` and are re-exported here; the generator's parts live
-in ``pixel_layout``/``ray_directions``; last, the generator of a store's camera table
-(``table_ray_generator``, ``materialized_rays``).
+Vocabulary: ``N`` rays, ``I`` images, ``C`` cameras. ``RayBatch`` and ``Rays`` live in
+``raykit.ray_batch`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -69,21 +65,13 @@ def _image_inputs(
 
 
 class RayGenerator:
-    """Vectorised (image, pixel) -> world-frame rays for a fixed set of images.
-
-    Composes a :class:`~raykit.pixel_layout.PixelLayout` (pid decoding), the
-    :mod:`~raykit.ray_directions` kind of its cameras (chosen once) and one packed per-image table
-    on the device: each image's three direction columns (see ``Directions.columns``), origin, near
-    and far.
+    """Vectorised (image, pixel) -> world-frame rays for a fixed set of images (see the module).
 
     Args:
         cameras: (C) cameras.
         camera_index: (I,) int camera row of each image.
         c2w: (I, 4, 4) camera-to-world poses (OpenCV camera frame), numpy or torch.
-        near: (I,) or scalar near bound per image.
-        far: (I,) or scalar far bound per image.
-        device: where rays are generated.
-        dtype: float dtype of the rays.
+        near, far: (I,) or scalar bounds per image.
         pixel_offset: (I,) or (I + 1,) int first global pixel id of each image; default: the running
             sum of ``W * H`` in image order (``pid = pixel_offset[image] + y * W + x``).
         lut_max_bytes: memory limit of the concatenated direction table. Above it (e.g. thousands of
@@ -94,9 +82,6 @@ class RayGenerator:
         mode: ``"pinhole"`` (analytic), ``"lut"`` (one table gather) or ``"unproject"``.
         pixels: the :class:`~raykit.pixel_layout.PixelLayout` of the images' pids.
         directions: the camera kind's direction functions.
-
-    Raises:
-        CameraError: inconsistent shapes or camera indices.
     """
 
     def __init__(
@@ -267,13 +252,6 @@ class RayGenerator:
             self.pixels.check_pixels(image, pixel)
         return image, pixel, self._generate(image, x, y, local)
 
-    def reference_generate(self, image: Tensor, pixel: Tensor) -> Rays:
-        """Simple twin of :meth:`generate`: :func:`reference_rays` on this generator's inputs."""
-        return reference_rays(
-            self.cameras, self.camera_index, self.c2w, self.near, self.far, image, pixel,
-            device=self.device, dtype=self.dtype,
-        )  # fmt: skip
-
 
 def reference_rays(
     cameras: Sequence[Camera],
@@ -287,12 +265,8 @@ def reference_rays(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Rays:
-    """The simple twin of :meth:`RayGenerator.generate` (same arguments as the generator, then the
-    rays): a loop over the images calling ``pixels_to_rays``; shares nothing with the fast path.
-
-    Args:
-        image: (N,) int image indices; pixel: (N, 2) int pixels ``(x, y)``.
-    """
+    """The simple twin of :meth:`RayGenerator.generate` (the generator's arguments, then its
+    ``generate``'s): a loop over the images calling ``pixels_to_rays``; shares nothing with the fast path."""
     device = torch.device(device)
     cam_idx, poses, near, far = _image_inputs(len(cameras), camera_index, c2w, near, far)
     image, pixel = image.to(device, torch.int64), pixel.to(device, torch.int64)

@@ -49,10 +49,7 @@ class UntrustedFileError(ValueError):
 def check_relative(rel: object, where: str) -> list[str]:
     """The parts of ``rel``, a name read from a file in ``where``, if it is a relative POSIX path of
     plain parts (no empty part, ``.``, ``..``, backslash or NUL): lexical rules only, see ``safe_path``.
-
-    Raises:
-        UntrustedFileError: naming ``where`` and the name.
-    """
+    Else :class:`UntrustedFileError` names ``where`` and the name."""
     if not isinstance(rel, str) or not rel:
         raise UntrustedFileError(f"{where}: expected a file name, got {rel!r}"[:300])
     parts = rel.split("/")
@@ -66,10 +63,7 @@ def safe_path(root: str | os.PathLike[str], rel: object, *, where: str | None = 
 
     ``rel`` must be a relative POSIX path of plain parts (``check_relative``), and after resolving
     symlinks it must still lie inside ``root`` (resolved): a symlink within the folder is followed
-    only when it points within the folder.
-
-    Raises:
-        UntrustedFileError: naming ``where`` (default: ``root``) and the name.
+    only when it points within the folder. Errors name ``where`` (default: ``root``) and the name.
     """
     label = where or str(root)
     parts = check_relative(rel, label)
@@ -103,11 +97,8 @@ def open_regular(
 ) -> io.FileIO:
     """Open ``path`` for unbuffered reading if it is a regular file (a FIFO, device or socket is refused
     without blocking: the open does not wait for a FIFO's writer) of exactly ``size`` bytes or at most
-    ``limit`` bytes, checked before anything is read. ``follow=False``: a symlink is refused too.
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: not a regular file, or of another size, naming ``path``.
+    ``limit`` bytes, checked before anything is read (:class:`UntrustedFileError` naming ``path``).
+    ``follow=False``: a symlink is refused too.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
@@ -134,12 +125,8 @@ def open_regular(
 
 def read_bounded(path: str | os.PathLike[str], *, size: int | None = None, limit: int | None = None) -> bytes:
     """The bytes of regular file ``path`` (``open_regular``: exactly ``size`` bytes, or at most
-    ``limit``), never reading past that bound even if the file grows meanwhile.
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: see ``open_regular``; or the file changed size while being read.
-    """
+    ``limit``), never reading past that bound even if the file grows meanwhile (a file that changes
+    size while being read: :class:`UntrustedFileError`)."""
     bound = size if size is not None else limit
     with open_regular(path, size=size, limit=limit) as handle:
         expected = (
@@ -168,11 +155,8 @@ def _json_constant(text: str) -> Any:
 
 def loads_json(data: bytes | str, where: str, *, limit: int = JSON_LIMIT) -> Any:
     """Parse JSON record ``data`` read from ``where``: at most ``limit`` bytes, nested at most 64 deep,
-    numbers of at most 400 characters, no NaN/Infinity.
-
-    Raises:
-        UntrustedFileError: one line naming ``where`` and the problem.
-    """
+    numbers of at most 400 characters, no NaN/Infinity; else :class:`UntrustedFileError`, one line
+    naming ``where`` and the problem."""
     if len(data) > limit:
         raise UntrustedFileError(f"{where}: {len(data)} bytes, more than the {limit} accepted for a record")
     try:
@@ -201,21 +185,12 @@ def _depth(value: Any) -> int:
 
 
 def read_json(path: str | os.PathLike[str], *, limit: int = JSON_LIMIT) -> Any:
-    """The JSON record in regular file ``path`` (``read_bounded`` then ``loads_json``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: not a regular file, too large, or not valid bounded JSON, naming ``path``.
-    """
+    """The JSON record in regular file ``path`` (``read_bounded`` then ``loads_json``)."""
     return loads_json(read_bounded(path, limit=limit), str(path), limit=limit)
 
 
 def loads_toml(text: str, where: str, *, limit: int = TOML_LIMIT) -> dict[str, Any]:
-    """Parse TOML ``text`` read from ``where`` with ``loads_json``'s bounds (size, nesting 64 deep).
-
-    Raises:
-        UntrustedFileError: one line naming ``where`` and the problem.
-    """
+    """Parse TOML ``text`` read from ``where`` with ``loads_json``'s bounds (size, nesting 64 deep)."""
     import tomllib
 
     if len(text) > limit:
@@ -232,12 +207,7 @@ def loads_toml(text: str, where: str, *, limit: int = TOML_LIMIT) -> dict[str, A
 
 
 def read_toml(path: str | os.PathLike[str], *, limit: int = TOML_LIMIT) -> dict[str, Any]:
-    """The TOML document in regular file ``path`` (``read_bounded`` then ``loads_toml``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        UntrustedFileError: not a regular file, too large, not UTF-8 or not valid bounded TOML.
-    """
+    """The TOML document in UTF-8 regular file ``path`` (``read_bounded`` then ``loads_toml``)."""
     data = read_bounded(path, limit=limit)
     try:
         text = data.decode("utf-8")

@@ -228,11 +228,7 @@ def _to_array(img: Image.Image, path: Path) -> np.ndarray:
 
 
 def decode_image(path: str | os.PathLike[str], *, exif: str = "reject") -> np.ndarray:
-    """Decode an image file to ``uint8 (H, W, 3|4)`` following the module's colour and EXIF rules.
-
-    Raises:
-        SourceError: naming the file, for every unreadable, truncated or unsupported image.
-    """
+    """Decode an image file to ``uint8 (H, W, 3|4)`` following the module's colour and EXIF rules."""
     path = Path(path)
     with _open(path) as img:
         _channels(img, path)

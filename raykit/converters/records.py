@@ -82,9 +82,6 @@ def _checked_cameras(
 
     Returns:
         The rescaled cameras, each image's EXIF policy (``auto`` resolved) and its EXIF facts.
-
-    Raises:
-        SourceError: the parser's problems and these, all at once.
     """
     views = capture.views
     if not isinstance(factor, int) or factor < 1:

@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+
+from raykit.fileio import json_safe
 
 __all__ = ["DemoPlan", "plan_for", "run_demo"]
 
@@ -89,21 +90,9 @@ def machine_info() -> dict[str, Any]:
 def write_results(out: Path, results: dict[str, Any]) -> Path:
     """``out/results.json``: every figure of the demo (plan, machine, scene, stores, loader, runs)."""
     path = out / "results.json"
-    path.write_text(json.dumps(_jsonable(results), indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(results), indent=2) + "\n")
     return path
 
 
 def plan_dict(plan: DemoPlan) -> dict[str, Any]:
     return asdict(plan)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj

@@ -142,11 +142,7 @@ def to_protocol_image(image: Tensor, background: Tensor | None = None) -> Tensor
 
 
 def parse_colour(text: str) -> tuple[float, float, float]:
-    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> three floats (the one parser of a background flag).
-
-    Raises:
-        ConfigError: naming ``background`` and the text.
-    """
+    """``white``, ``black`` or ``R,G,B`` in [0, 1] -> three floats (the one parser of a background flag)."""
     named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
     try:
         values = named[text] if text in named else tuple(float(v) for v in text.split(","))

@@ -104,9 +104,6 @@ def _run_locked(cfg: StageConfigs, out: Path, extra: ExtraStages | None, runner:
 def own_path(folder: Path, recorded: Any) -> Path:
     """A path a stage recorded in ``OUT/pipeline.json``, checked to lie inside ``folder``
     (``fileio.safe_path``): the records of a received run folder cannot point raykit at other files.
-
-    Raises:
-        ConfigError: naming ``pipeline.json`` and the path.
     """
     where = str(folder)
     base = os.path.abspath(folder)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import os
 import shutil
 import signal
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raykit.errors import ConfigError, RaykitError, WorkerError
-from raykit.fileio import UntrustedFileError, check_relative
+from raykit.fileio import UntrustedFileError, check_relative, json_safe
 from raykit.pipeline.records import Meter, Records, fingerprint, stage_record
 
 __all__ = ["Attempt", "Stage", "StageError", "StageRunner", "WarmStarter", "kill_children", "run_process"]
@@ -222,7 +221,7 @@ class StageRunner:
                 attempt.log.write_text("".join(traceback.format_exception(exc)))
             self._finish(stage, record, entry, attempt, "failed", f"{type(exc).__name__}: {exc}")
             return exc
-        record["result"] = portable(_finite(result), self.root)
+        record["result"] = portable(json_safe(result), self.root)
         self._finish(stage, record, entry, attempt, "done", None)
         self.echo(f"    done in {attempt.meter.wall_s:.1f} s")
         return None
@@ -247,21 +246,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
-
-
-def _finite(obj: Any) -> Any:
-    """``obj`` with NaN and infinities as None (pipeline.json is strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if hasattr(obj, "item") and callable(obj.item):
-        return _finite(obj.item())
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 # Process groups of the children running now (each child leads its own session): killed with the

@@ -40,9 +40,6 @@ PROBE_SECONDS = 5.0  # how long --scheduler is given to accept a connection, bef
 def check_scheduler(address: str, timeout: float = PROBE_SECONDS) -> None:
     """Refuse a ``--scheduler`` that does not accept a TCP connection within ``timeout`` seconds
     (asked before any capture is converted; other transports than tcp/tls are left to Dask).
-
-    Raises:
-        ConfigError: one line naming the address and why.
     """
     parsed = urllib.parse.urlsplit(address)
     if parsed.scheme not in ("tcp", "tls"):

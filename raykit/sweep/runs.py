@@ -11,7 +11,6 @@ from its newest checkpoint, machine faults are retried, bad input is not. ``row.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import raykit
 from raykit.errors import ConfigError, RaykitError
-from raykit.fileio import atomic_write_json, read_json
+from raykit.fileio import atomic_write_json, json_safe, read_json
 from raykit.locks import lock_owner, lock_path
 from raykit.pipeline import (
     StageError,
@@ -276,8 +275,8 @@ def execute_run(task: RunTask, threads: int | None = None, executor: str = "loca
     if row["status"] == "done" and train_s is not None:
         row["overhead_s"] = max(row["wall_s"] - train_s - (eval_s or 0.0), 0.0)
     row.update(executor=executor, threads=config.threads, host=os.uname().nodename, finished_at=time.time())
-    atomic_write_json(run_dir / ROW_FILE, _finite(row))
-    return _finite(row)
+    atomic_write_json(run_dir / ROW_FILE, json_safe(row))
+    return dict(json_safe(row))
 
 
 def _measurements(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -304,7 +303,3 @@ def _measurements(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         "curve_kind": curve_kind,
         "curve": json.dumps(curve),
     }
-
-
-def _finite(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}

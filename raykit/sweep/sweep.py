@@ -211,11 +211,7 @@ class _Record:
 
 
 def read_record(out: Path) -> dict[str, Any]:
-    """``OUT/sweep.json``, read bounded (``fileio.read_json``) and checked to be a sweep's record.
-
-    Raises:
-        ConfigError: one line naming the file and the problem.
-    """
+    """``OUT/sweep.json``, read bounded (``fileio.read_json``) and checked to be a sweep's record."""
     path = out / SWEEP_FILE
     try:
         data = read_json(path, limit=RECORD_LIMIT)

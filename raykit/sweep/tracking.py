@@ -58,9 +58,6 @@ HTTP_LIMITS = {
 def check_tracking(uri: str | None, timeout: float = PROBE_SECONDS) -> None:
     """Refuse ``--tracking mlflow`` without mlflow installed, or with a tracking server (``http(s)://``)
     whose health or REST API does not answer within ``timeout`` seconds, or answers an error (a 503).
-
-    Raises:
-        ConfigError: one line naming the URI and why.
     """
     try:
         import mlflow.tracking  # noqa: F401 - only whether it imports

@@ -74,11 +74,7 @@ class CheckpointMeta:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointMeta:
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            ValueError: a missing, unknown or mistyped field, naming it.
-        """
+        """Inverse of :meth:`to_dict`."""
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object, got {type(data).__name__}")
         types = {"step": int, "config": dict, "loader_state": dict, "rng_states": dict,
@@ -149,11 +145,7 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[CheckpointMeta, dict[str, Any]]:
-    """Read a checkpoint directory, checked (see the module): (metadata, tensors).
-
-    Raises:
-        ResumeError: one line naming the file and the problem.
-    """
+    """Read a checkpoint directory, checked (see the module): (metadata, tensors)."""
     path = Path(path)
     meta_path, state_path = path / META_FILE, path / STATE_FILE
     try:

@@ -316,11 +316,7 @@ _COORDINATE = Range()  # any finite number
 
 
 def parse_aabb(text: str) -> tuple[float, ...]:
-    """``XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX`` -> six finite numbers with each min < max.
-
-    Raises:
-        ConfigError: naming ``--aabb`` and what is wrong.
-    """
+    """``XMIN,YMIN,ZMIN,XMAX,YMAX,ZMAX`` -> six finite numbers with each min < max."""
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:

@@ -215,9 +215,6 @@ def resolve_field(config: TrainConfig, distinct_times: int) -> tuple[TrainConfig
     """``config`` with ``field`` (``auto`` -> kplanes when the store holds time) and, for kplanes,
     ``time_resolution`` resolved, and why. ``distinct_times``: the store's distinct view times (0 for
     a store without time).
-
-    Raises:
-        ConfigError: ``--field kplanes`` on a store without time.
     """
     if config.field == "auto":
         kind = "kplanes" if distinct_times else "static"

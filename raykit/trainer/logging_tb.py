@@ -39,11 +39,7 @@ TestView = Callable[[], tuple[str, torch.Tensor, torch.Tensor] | None]
 
 
 def require_tensorboard() -> Any:
-    """torch's ``SummaryWriter`` class.
-
-    Raises:
-        ConfigError: the ``tensorboard`` package is not installed (naming the install command).
-    """
+    """torch's ``SummaryWriter`` class."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:

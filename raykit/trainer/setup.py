@@ -180,9 +180,6 @@ def _time_choices(config: TrainConfig, time_range: tuple[float, float] | None) -
 def _loader_sampling(config: TrainConfig, store: RayStore) -> SamplingConfig:
     """The loader's sampling stage for ``--ray-sampling`` (``temporal``: ``--ist-step`` in the loader's
     batches, which are the steps' unless ``--samples-per-step`` draws steps from granules).
-
-    Raises:
-        ConfigError: ``temporal`` on a store that cannot serve it: one line saying what to run.
     """
     if config.ray_sampling != "temporal":
         return SamplingConfig(kind=config.ray_sampling)
