@@ -54,14 +54,8 @@ def _like(matrix: np.ndarray, ref: ArrayT) -> ArrayT:
 
 
 def opengl_to_opencv_c2w(c2w: ArrayT) -> ArrayT:
-    """Convert camera-to-world poses from an OpenGL/Blender camera frame to OpenCV.
-
-    Args:
-        c2w: (..., 4, 4) camera-to-world with camera axes x right, y up, z backward.
-
-    Returns:
-        (..., 4, 4) camera-to-world with camera axes x right, y down, z forward (same world frame).
-    """
+    """(..., 4, 4) camera-to-world poses with OpenGL/Blender camera axes (x right, y up, z backward)
+    -> with OpenCV camera axes (x right, y down, z forward), in the same world frame."""
     # Flip the camera's y and z axes: right-multiply by diag(1, -1, -1, 1).
     return c2w @ _like(OPENGL_TO_OPENCV, c2w)
 

@@ -157,10 +157,7 @@ def undistort_newton(
 
     Args:
         distortion: ``D(u, v, extra) -> (du, dv)``, written with arithmetic only (works on Dual).
-        extra: the model's distortion parameters.
-        u0: (...) distorted normalised x.
-        v0: (...) distorted normalised y.
-        max_iter: iteration cap.
+        u0, v0: (...) distorted normalised coordinates.
 
     Returns:
         ``(u, v, converged)``: (...) undistorted coordinates and a bool mask of converged elements.

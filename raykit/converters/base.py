@@ -4,7 +4,8 @@ A parser turns a capture folder into a :class:`Capture`: one :class:`SourceView`
 camera (at the source image resolution), its OpenCV camera-to-world pose in the source's world frame,
 the image file, an optional fixed split (Blender) and optional near/far bounds. Parsers never stop at
 the first problem: they append one line per problem to a :class:`Problems` list and the caller raises
-a single :class:`~raykit.errors.SourceError` listing them all.
+a single :class:`~raykit.errors.SourceError` listing them all (a parser raises itself only for
+unreadable files or when no view is usable: :meth:`Problems.raise_if_fatal`).
 """
 
 from __future__ import annotations

@@ -45,10 +45,6 @@ def parse_blender(
     """Parse every ``transforms_{split}.json`` in ``src``.
 
     Image files must lie in ``src`` or one of ``allow_outside`` (see :mod:`raykit.converters.paths`).
-
-    Raises:
-        SourceError: unreadable files, or no usable view (every problem found, one line each); other
-            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     problems = Problems()
     files = [(split, src / f"transforms_{split}.json") for split in BLENDER_SPLITS]

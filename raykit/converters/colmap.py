@@ -174,10 +174,6 @@ def parse_colmap(
 
     Image files must lie in the images folder or one of ``allow_outside`` (see
     :mod:`raykit.converters.paths`).
-
-    Raises:
-        SourceError: unreadable files, or no usable view (every problem found, one line each); other
-            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     model = find_colmap_model(src)
     if model is None:

@@ -46,9 +46,6 @@ def fit_component(
     level rule; ``mipnerf360``: round_half_up(H0 / k) == H) with the nearest sample
     (``raykit.imagedecode.downscale_nearest``, as ``raykit.image_geometry.downscale_mask`` and
     ``downscale_depth``).
-
-    Raises:
-        SourceError: no rule gives the image's size (one line naming ``where``).
     """
     h0, w0 = values.shape[:2]
     if (h0, w0) == (height, width):
@@ -67,9 +64,6 @@ def fit_component(
 def component_size(path: Path) -> tuple[int, int]:
     """``(width, height)`` of a mask or depth file from its header (``.npy``: its shape); a regular
     file only (``fileio.open_regular``: never a FIFO or a device).
-
-    Raises:
-        SourceError: unreadable, or not single-channel (one line naming the file).
     """
     try:
         with open_regular(path, limit=IMAGE_FILE_LIMIT) as handle:

@@ -71,15 +71,8 @@ def _check_factor(height: int, width: int, factor: int, where: str) -> None:
 
 def downscale_area(image: np.ndarray, factor: int, *, where: str = "image") -> np.ndarray:
     """Exact box-filter downscale (:func:`raykit.imagedecode.downscale_area`, the one rule shared with
-    the loaders' resolution levels) of an image whose size ``factor`` divides.
-
-    Args:
-        image: (H, W, C) uint8, C = 3 or 4 (straight alpha).
-        factor: integer dividing both H and W.
-
-    Returns:
-        (H // factor, W // factor, C) uint8; RGBA averaged with premultiplied alpha.
-    """
+    the loaders' resolution levels) of an image whose size ``factor`` divides, checked: one
+    ``SourceError`` naming ``where`` otherwise."""
     height, width, _ = image.shape
     _check_factor(height, width, factor, where)
     return area_filter(image, factor)

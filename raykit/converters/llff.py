@@ -110,10 +110,6 @@ def parse_llff(
     Returns:
         A capture whose ``params["prescaled"]`` is the factor already applied by an ``images_N``
         folder (1 when the full-resolution images are used).
-
-    Raises:
-        SourceError: unreadable files, or no usable view (every problem found, one line each); other
-            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     path = src / "poses_bounds.npy"
     data = load_poses_bounds(path)

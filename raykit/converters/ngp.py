@@ -1,23 +1,11 @@
 """instant-ngp / nerfstudio ``transforms.json`` captures.
 
-Intrinsics come from the top level and may be overridden per frame by the same keys:
-``fl_x``, ``fl_y`` (pixels) or ``camera_angle_x``/``camera_angle_y`` (radians, full field of view),
-``cx``, ``cy`` (default: image centre), ``w``, ``h`` (default: the image file's size), distortion
-``k1``-``k4``, ``p1``, ``p2`` and ``camera_model``:
-
-* ``OPENCV`` (default): no distortion -> ``PINHOLE``; ``k1, k2, p1, p2`` -> ``OPENCV``; with ``k3``
-  -> ``FULL_OPENCV`` (``k4..k6 = 0``); nerfstudio's ``k4`` (an r^8 numerator term) has no COLMAP
-  equivalent and is an error.
-* ``OPENCV_FISHEYE`` (or instant-ngp's ``"is_fisheye": true``): ``k1``-``k4``; tangential terms are
-  an error.
-* ``PINHOLE`` / ``SIMPLE_PINHOLE``: no distortion allowed.
-
-``cx``/``cy`` use COLMAP's convention (pixel centres at +0.5), as both instant-ngp and nerfstudio do.
-Poses are OpenGL camera-to-world (``transform_matrix``), converted to OpenCV; a rotation scaled
-uniformly (a similarity, as some nerfstudio exports write) has its scale taken out, with one warning
-and ``rotation_scale`` in the store's ``source`` record. ``file_path`` may use
-Windows separators and may lack an extension. Frames whose image is missing are all listed in one
-error unless ``skip_missing``.
+Intrinsics come from the top level and may be overridden per frame by the same keys (read by
+:mod:`raykit.camera_json`; ``w``, ``h`` default to the image file's size). Poses are OpenGL
+camera-to-world (``transform_matrix``), converted to OpenCV; a rotation scaled uniformly (a
+similarity, as some nerfstudio exports write) has its scale taken out, with one warning and
+``rotation_scale`` in the store's ``source`` record. ``file_path`` may use Windows separators and may
+lack an extension. Frames whose image is missing are all listed in one error unless ``skip_missing``.
 
 Per frame, nerfstudio's ``mask_path`` and ``depth_file_path`` (relative to the JSON file, inside the
 capture) become the store's ``mask`` and ``depth`` components (every frame has one or none does);
@@ -327,10 +315,6 @@ def parse_ngp(
 
     Image files must lie in the JSON file's folder or one of ``allow_outside``
     (see :mod:`raykit.converters.paths`).
-
-    Raises:
-        SourceError: unreadable files, or no usable view (every problem found, one line each); other
-            problems are returned in ``Capture.problems`` for the converter to report with its own.
     """
     json_path = src if src.is_file() else src / "transforms.json"
     problems = Problems()

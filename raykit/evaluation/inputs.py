@@ -1,24 +1,15 @@
 """What ``raykit evaluate PRED GT`` scores: image pairs found in folders, known render layouts and stores.
 
-Layouts of PRED (recognised in this order):
-
-- ``ns-render``: nerfstudio's ``ns-render dataset`` output, ``PRED[/SPLIT]/rgb/NAME`` beside
-  ``PRED[/SPLIT]/gt-rgb/NAME`` (the ground truth is ``gt-rgb`` when GT is PRED itself);
-- ``gsplat``: gsplat's ``simple_trainer`` ``renders/`` folder, ``STAGE_stepSTEP_IIII.png`` canvases with the
-  ground truth on the left half and the render on the right (the newest step is scored; the ground truth is
-  the left halves when GT is PRED itself, else GT's images in sorted order, matched by ``IIII``);
-- ``folder``: any folder of images (``.png``, ``.jpg``, ``.jpeg``, ``.webp``, ``.npy``, ``.exr``), searched
-  recursively; raykit's own ``renders/SPLIT/NNN_NAME.png`` match ``NAME`` after the index prefix, and
-  its renders of a store with times, ``NNN_CAMERA_tTIME.png`` (:func:`render_stem`), match the store's
-  view of that camera and time.
-
-GT is a folder of images or a raykit store split written ``STORE:SPLIT`` (with the store's masks, when it
-has them: a masked evaluation, ``raykit.evaluation.score``). Images are matched by their path
-relative to the folder without the extension, then without a leading ``NNN_``, then by the file stem alone
-when it names one ground-truth image; every image must have exactly one partner. Every problem is a
+Layouts of PRED, recognised in this order: ``ns-render`` (nerfstudio's ``rgb/`` beside ``gt-rgb/``),
+``gsplat`` (``simple_trainer``'s ``STAGE_stepSTEP_IIII.png`` canvases, ground truth on the left half,
+the newest step scored) and ``folder`` (any folder of images, searched recursively). GT is a folder
+of images or a store split ``STORE:SPLIT``. Images are matched by their path relative to the folder
+without the extension, then without a leading ``NNN_`` (raykit's renders, :func:`render_stem` for a
+store with times), then by the file stem alone when it names one ground-truth image; every image
+must have exactly one partner (docs/evaluation.md). Every problem is a
 :class:`~raykit.errors.SourceError` whose one line names the file. Every file is read once, bounded
-(``raykit.fileio.read_bounded``: a regular file of at most ``IMAGE_FILE_LIMIT`` bytes, never a FIFO or a
-device), and its declared size is checked before it is decoded (``raykit.imagedecode.check_pixels``).
+(``raykit.fileio.read_bounded``), and its declared size is checked before it is decoded
+(``raykit.imagedecode.check_pixels``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """Score matched pairs under a protocol and write ``results.json`` (same inputs, same bytes).
 
-``results.json``::
-
-    {"raykit_version": "0.1.0", "protocol": {...every parameter...}, "background": [255, 255, 255],
-     "predictions": {"path": "PRED", "layout": "folder", "sha256": "<set hash>"},
-     "ground_truth": {"path": "GT", "kind": "store", "split": "test", "sha256": "<set hash>"},
-     "n_images": 2, "means": {"psnr": 27.1, "ssim": 0.93, "lpips": 0.08},
-     "images": [{"name": "r_0", "prediction": "PRED/r_0.png", "ground_truth": "GT/r_0.png",
-                 "prediction_sha256": "...", "ground_truth_sha256": "...",
-                 "psnr": 27.5, "ssim": 0.94, "lpips": 0.07}, ...]}
-
-Every figure comes from :class:`raykit.metrics.Scorer`, the scorer of the trainer's ``eval.json`` too. A
-PSNR of identical images (infinite) is written as null, and so is a mean over it. Ground truth from a
-store with masks is a *masked* evaluation (``--masks``, the default): each image is scored on the pixels
-its mask uses (``raykit.metrics.MASKED_SCORING``), and the protocol block says ``"masked": true`` and
-``"mask"`` (the rule), so the results are never mistaken for an unmasked evaluation's. ``lpips`` is
-AlexNet's figure, ``lpips_vgg`` VGG's (protocol ``nerf``); null with ``--no-lpips``. The published LPIPS
-trunk weights are fetched once into torch hub's cache, checked by hash, unless ``--offline`` (or
-``RAYKIT_OFFLINE=1``). An image's sha256 is its file's bytes (or, for an
-image inside another file or a store, its pixels); a set's is the sha256 of its ``NAME SHA256`` lines in
-name order. Paths are written as given, so moving the inputs keeps the bytes.
+Every figure comes from :class:`raykit.metrics.Scorer`, the scorer of the trainer's ``eval.json`` too;
+ground truth from a store with masks is a *masked* evaluation (``raykit.metrics.MASKED_SCORING``). The
+fields of ``results.json``, hashes and nulls: docs/evaluation.md, "raykit evaluate PRED GT".
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """A raykit store in place of gsplat's COLMAP ``Parser`` and ``Dataset`` (``examples/simple_trainer.py``).
 
-``Parser(store)`` has what the trainer reads from gsplat's parser: ``camtoworlds`` (I, 4, 4) OpenCV,
-``camera_ids``, ``image_names``, ``Ks_dict`` / ``imsize_dict`` / ``params_dict`` / ``mask_dict`` per
-camera id, ``points`` (P, 3) float32, ``points_rgb`` (P, 3) uint8, ``points_err`` (P,),
-``scene_scale`` (largest camera distance from the cameras' mean), ``times`` (I,) float32 each view's
-time (None for a static store) and ``transform`` (4, 4), the
-world normalisation applied (identity unless ``normalize=True``, which gives gsplat's own world frame
-exactly: ``raykit.integrations.gsplat_world.normalize_world``, T1 T2 and the upside-down flip T3 of
-gsplat's ``examples/datasets/colmap.py``, points read as float32 as gsplat reads them). Images are served
-undistorted to their pinhole cameras (same size, focal lengths and principal point), so
-``params_dict`` holds empty arrays, as gsplat's does for pinhole captures. ``factor`` (gsplat's
-``--data_factor``) serves resolution level ``factor`` instead of gsplat's pre-resized ``images_{f}``
-folders: images decoded at 1/factor (``RayStore.read_image(downscale=...)``: JPEG in the DCT domain),
-cameras and ``imsize_dict`` those of :func:`raykit.loaders.level_camera` (W // factor, H // factor;
-K / factor exactly, where gsplat rescales K by the resized files' rounded sizes).
-
-``Dataset(parser, split)`` returns gsplat's items: ``K`` float32 (3, 3), ``camtoworld`` float32
-(4, 4), ``image`` float32 (H, W, 3) in 0..255, ``image_id``; ``time`` float32 (a 0-d tensor) when
-the store has time (a dynamic capture, for 4-D trainers); ``mask`` (H, W) bool (pixels the
-store's ``mask`` component uses, mask > 0) when the store has masks; and, with ``load_depths``,
-``points`` (M, 2) pixel coordinates and ``depths`` (M,) camera-frame z: when the store has ``depth``
-maps, every pixel of the image's map with a known depth (its centre, ``(x + 0.5, y + 0.5)``; depth in
-the parser's world units: the store's times the normalisation's scale), else the sparse points that
-project into the image in front of the camera (the store keeps no per-image tracks, so points are
-selected by projection, not by observation). Masks and depth maps are at the parser's level (the
-store's ``downscale_mask``/``downscale_depth``), undistorted by the nearest sample
-(:meth:`raykit.image_geometry.RemapTable.apply_nearest`) and cropped with the image. ``patch_size``
-gives seeded random crops. Its ``loader()`` is the same split as a :class:`raykit.loaders.ImageLoader`
-(workers, byte-budgeted cache, seeded order and crops, exact resume) for loops that iterate instead of
-indexing.
+``Parser(store)`` has what the trainer reads from gsplat's parser (``camtoworlds`` OpenCV, ``Ks_dict``,
+``points``, ``transform``...; ``normalize=True``: gsplat's own world frame,
+``raykit.integrations.gsplat_world``); ``factor`` serves resolution level ``factor`` of the full-size
+store, images undistorted to their pinhole cameras. ``Dataset(parser, split)`` returns gsplat's items
+(with ``time``, ``mask``, ``points``/``depths`` where the store has them); its ``loader()`` is the same
+split as a :class:`raykit.loaders.ImageLoader`. The contract, field by field: docs/integrations.md,
+"gsplat".
 """
 
 from __future__ import annotations

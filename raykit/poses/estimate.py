@@ -1,26 +1,10 @@
 """Camera poses from photos or a video with pycolmap: ``raykit poses SRC OUT``.
 
-Stages (each timed, with a progress bar): ``frames`` (video input only: frames cut with PyAV, see
-:mod:`raykit.poses.video`), ``features`` (SIFT), ``matching`` (exhaustive or sequential, with
-geometric verification), ``mapping`` (incremental structure from motion) and, on request,
-``undistort``. The result is a COLMAP capture that ``raykit convert OUT`` reads:
-
-* ``OUT/images``: the photos (a symbolic link to the photo folder; a copy only where links are not
-  supported; the extracted frames for a video);
-* ``OUT/sparse/0``: the binary model of the registered photos (written whole or not at all);
-* ``OUT/database.db``: pycolmap's feature database, kept so that reruns are cheap;
-* ``OUT/poses.json``: what was run, with which inputs and options, and the summary;
-* ``OUT/undistorted/{images,sparse}``: with ``undistort``, PINHOLE images and model.
-
-Resume: a rerun with the same inputs skips finished stages and continues an interrupted one from the
-database. Different photos or feature options than recorded raise :class:`ResumeError` unless
-``restart`` (``--overwrite``) starts over; a different matcher or seed reruns matching or mapping.
-
-Defaults: camera model ``SIMPLE_RADIAL`` (focal length, principal point, one radial term; COLMAP's
-own default, stable on small captures; pick ``OPENCV`` for wide-angle or strongly distorted lenses).
-One camera is shared by all photos when they have the same size and EXIF make, model and focal
-length. Matching is sequential (neighbours in name order, for video) when the names look like video
-frames or there are more than 200 photos, else exhaustive.
+Stages (each timed, with a progress bar): ``frames`` (video input only: :mod:`raykit.poses.video`),
+``features`` (SIFT), ``matching`` (exhaustive or sequential, with geometric verification), ``mapping``
+(incremental structure from motion) and, on request, ``undistort``. The result is a COLMAP capture
+that ``raykit convert OUT`` reads. What is written, the defaults and why, and how a rerun resumes:
+docs/poses.md.
 """
 
 from __future__ import annotations

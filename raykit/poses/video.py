@@ -54,12 +54,7 @@ def video_stream(path: Path) -> Iterator[tuple[Any, Any]]:
 
 
 def video_frames(video: Path, fps: float) -> Iterator[np.ndarray]:
-    """Yield (H, W, 3) uint8 RGB frames of ``video`` sampled at about ``fps`` frames per second.
-
-    Raises:
-        ConfigError: ``fps`` is not a positive finite number.
-        SourceError: the file is missing, not a video, has no video stream or fails to decode.
-    """
+    """Yield (H, W, 3) uint8 RGB frames of ``video`` sampled at about ``fps`` frames per second."""
     if not (isinstance(fps, int | float) and math.isfinite(fps) and fps > 0):
         raise ConfigError(f"fps: expected a positive number, got {fps!r}")
     with video_stream(video) as (container, stream):
@@ -81,9 +76,6 @@ def extract_frames(
 
     Args:
         progress: called with 1 after each frame written.
-
-    Raises:
-        SourceError: the video cannot be read or yields no frame.
     """
     from PIL import Image
 

@@ -148,12 +148,7 @@ ROW_LIMIT = 16 << 20  # bytes of a row.json (a row with its curve is kilobytes)
 
 
 def finished_row(task: RunTask) -> dict[str, Any] | None:
-    """The row of a run that finished (successfully) under this identity, else None.
-
-    Raises:
-        ConfigError: ``row.json`` is there but not a row (not a regular file, too large, not a JSON
-            object): one line naming it.
-    """
+    """The row of a run that finished (successfully) under this identity, else None."""
     path = Path(task.run_dir) / ROW_FILE
     try:
         row = read_json(path, limit=ROW_LIMIT)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import tomllib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any
 
 from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError, RaykitError
-from raykit.fileio import read_bounded
+from raykit.fileio import read_toml
 from raykit.options import field_types, value_problem
 from raykit.pipeline import fingerprint
 from raykit.trainer import TrainConfig
@@ -137,6 +136,30 @@ def _fail(spec: Path, entry: str, problem: str) -> ConfigError:
     return ConfigError(f"{spec}: {entry}: {problem}")
 
 
+def _typed(spec: Path, where: str, key: str, value: Any, fields: dict[str, Any], known: str) -> Any:
+    """``value`` of field ``key`` (entry ``where``), checked to be one of ``fields`` and of its type."""
+    if key not in fields:
+        raise _fail(spec, where, f"unknown field ({known})")
+    if problem := value_problem(value, fields[key]):
+        raise _fail(spec, where, problem)
+    return value
+
+
+def _name(spec: Path, where: str, name: Any) -> None:
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise _fail(spec, f"{where}.name", f"expected a non-empty string, got {name!r}")
+
+
+def _unique(spec: Path, what: str, entries: list[Any], key: Any, same: str, twice: str) -> None:
+    """Refuse two entries with one ``key`` (``same``) or one name (``twice``)."""
+    for attribute, problem in ((key, same), (lambda e: e.name, twice)):
+        seen: dict[Any, str] = {}
+        for entry in entries:
+            if (value := attribute(entry)) in seen:
+                raise _fail(spec, f"{what} {entry.name!r}", problem.format(seen[value]))
+            seen[value] = entry.name
+
+
 def _train_values(spec: Path, entry: str, table: Any, fields: dict[str, Any]) -> dict[str, Any]:
     """``table``'s TrainConfig values, each field known and of its type (float fields as floats)."""
     if not isinstance(table, dict):
@@ -145,11 +168,7 @@ def _train_values(spec: Path, entry: str, table: Any, fields: dict[str, Any]) ->
     for key, value in table.items():
         if key in SWEEP_SET:
             raise _fail(spec, f"{entry}.{key}", "set by the sweep (seeds come from `seeds`), not by SPEC")
-        if key not in fields:
-            raise _fail(spec, f"{entry}.{key}", "unknown field (not a TrainConfig field)")
-        problem = value_problem(value, fields[key])
-        if problem:
-            raise _fail(spec, f"{entry}.{key}", problem)
+        _typed(spec, f"{entry}.{key}", key, value, fields, "not a TrainConfig field")
         values[key] = float(value) if float in typing.get_args(fields[key]) or fields[key] is float else value
     return values
 
@@ -179,8 +198,7 @@ def _configurations(spec: Path, data: dict[str, Any], evaluation: dict[str, Any]
             raise _fail(spec, where, f"expected a table, got {entry!r}")
         entry = dict(entry)
         name = entry.pop("name", None)
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise _fail(spec, f"{where}.name", f"expected a non-empty string, got {name!r}")
+        _name(spec, where, name)
         where = f"configs[{index}] {name!r}" if name else where
         own = _train_values(spec, where, entry, fields)
         overlap = sorted(set(own) & set(grid))
@@ -195,16 +213,8 @@ def _configurations(spec: Path, data: dict[str, Any], evaluation: dict[str, Any]
             except (RaykitError, TypeError, ValueError) as exc:
                 raise _fail(spec, f"configuration {label!r}", str(exc).replace("\n", " ")) from exc
             configs.append(Configuration(label, config))
-    seen: dict[str, str] = {}
-    for c in configs:
-        if c.hash in seen:
-            raise _fail(spec, f"configuration {c.name!r}", f"the same configuration as {seen[c.hash]!r}")
-        seen[c.hash] = c.name
-    names: set[str] = set()
-    for c in configs:
-        if c.name in names:
-            raise _fail(spec, f"configuration {c.name!r}", "name used twice")
-        names.add(c.name)
+    same = "the same configuration as {!r}"
+    _unique(spec, "configuration", configs, lambda c: c.hash, same, "name used twice")
     return configs
 
 
@@ -222,22 +232,15 @@ def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
         if (path is None) == (scene is None):
             raise _fail(spec, where, "expected one of path (a capture or store) or scene (built-in)")
         name = entry.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise _fail(spec, f"{where}.name", f"expected a non-empty string, got {name!r}")
+        _name(spec, where, name)
         options: dict[str, Any] = {}
         for key, value in entry.items():
             if key in CAPTURE_KEYS:
                 continue
             if key in CONVERT_SET:
                 raise _fail(spec, f"{where}.{key}", "set by the sweep, not by SPEC")
-            if key not in convert_fields:
-                raise _fail(
-                    spec, f"{where}.{key}", "unknown field (not a capture key or ConvertConfig field)"
-                )
-            problem = value_problem(value, convert_fields[key])
-            if problem:
-                raise _fail(spec, f"{where}.{key}", problem)
-            options[key] = value
+            known = "not a capture key or ConvertConfig field"
+            options[key] = _typed(spec, f"{where}.{key}", key, value, convert_fields, known)
         try:
             ConvertConfig(src="x", dst="y", **options)
         except (RaykitError, TypeError, ValueError) as exc:
@@ -273,16 +276,8 @@ def _captures(spec: Path, data: dict[str, Any]) -> list[Capture]:
                 convert=tuple(sorted(options.items())),
             )
         captures.append(capture)
-    keys: dict[str, str] = {}
-    for c in captures:
-        if c.key() in keys:
-            raise _fail(spec, f"capture {c.name!r}", f"the same capture as {keys[c.key()]!r}")
-        keys[c.key()] = c.name
-    names: set[str] = set()
-    for c in captures:
-        if c.name in names:
-            raise _fail(spec, f"capture {c.name!r}", "name used twice (set `name`)")
-        names.add(c.name)
+    same, twice = "the same capture as {!r}", "name used twice (set `name`)"
+    _unique(spec, "capture", captures, Capture.key, same, twice)
     return captures
 
 
@@ -312,14 +307,10 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and check SPEC (see the module); raise :class:`ConfigError` naming the first bad entry."""
     spec = Path(path)
     try:
-        data = tomllib.loads(read_bounded(spec, limit=SPEC_LIMIT).decode())
+        data = read_toml(spec, limit=SPEC_LIMIT)
     except FileNotFoundError as exc:
         raise ConfigError(f"{spec}: not found") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{spec}: not valid TOML ({exc})") from exc
-    except RecursionError:
-        raise ConfigError(f"{spec}: not valid TOML (nested too deep)") from None
-    except (OSError, ValueError) as exc:  # fileio's refusals (a FIFO, a device, too large) name the file
+    except (OSError, ValueError) as exc:  # fileio's refusals (a FIFO, a device, too large, bad TOML)
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(text if text.startswith(str(spec)) else f"{spec}: unreadable ({text})") from None
     for key in data:

@@ -1,20 +1,12 @@
 """``run_sweep``: check the SPEC, convert each capture once, run what has not finished, write the results
-and the report.
+and the report (the order: docs/architecture.md, ``raykit.sweep``).
 
-Order: the SPEC is read and checked (:func:`raykit.sweep.spec.load_spec`, runs counted, not enumerated);
-OUT is refused unless it is new, empty or a sweep's own folder (``sweep.json``: files the sweep did not
-write are never overwritten); ``--scheduler`` and the tracking server are asked, with short timeouts;
-``OUT/sweep.json`` is written (what makes OUT a sweep folder); then each capture is converted
-into ``OUT/stores/<key>/`` by ``raykit run``'s own stages (:func:`raykit.pipeline.capture_and_store`,
-make-like: a capture already converted with the same options is not converted again, and two entries
-of one capture share a store); every run's identity is computed and two runs with one identity are an
-error, all before any run starts. Then the runs without a finished ``row.json`` execute (locally or on
-Dask), each finished row updates ``OUT/results.parquet`` and ``OUT/results.csv``, and at the end
-``OUT/report.md`` and ``OUT/report.html`` are written. ``OUT/sweep.json`` records each invocation:
-which runs it ran and which it found finished. When every run failed, the command exits 2 (one line
-naming the first failure). Each trainer leads its own process group and dies with the sweep (a
-SIGKILLed sweep included), and holds its run folder's lock while it trains: a rerun never trains a
-second process into a live run folder.
+Everything is checked before any run starts: the SPEC, OUT (new, empty or a sweep's own folder:
+``sweep.json``; files the sweep did not write are never overwritten), ``--scheduler`` and the tracking
+server, and every run's identity (two runs with one identity are an error). ``OUT/sweep.json``
+records each invocation: which runs it ran and which it found finished. Each trainer leads its own
+process group, dies with the sweep (a SIGKILLed sweep included) and holds its run folder's lock while
+it trains: a rerun never trains a second process into a live run folder.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ import raykit
 from raykit.converters import ConvertConfig
 from raykit.errors import ConfigError, RaykitError
 from raykit.fileio import atomic_write_json, read_bounded, read_json, replace_dir
-from raykit.options import option
+from raykit.options import config_problems, option
 from raykit.pipeline import (
     RunConfig,
     StageConfigs,
@@ -43,6 +35,7 @@ from raykit.pipeline import (
     tree_fingerprint,
 )
 from raykit.poses import PoseOptions
+from raykit.ranges import Range
 from raykit.sweep.executors import check_scheduler, run_dask, run_local
 from raykit.sweep.report import write_report
 from raykit.sweep.results import write_results
@@ -63,14 +56,18 @@ RECORD_LIMIT = 64 << 20  # bytes of sweep.json (a record per invocation of at mo
 class SweepOptions:
     """How a sweep executes (never what it computes: that is the SPEC)."""
 
-    jobs: int = option(1, "local: concurrent runs, the machine's cores split between them")
+    jobs: int = option(
+        1, "local: concurrent runs, the machine's cores split between them", valid=Range(1, integer=True)
+    )
     scheduler: str | None = option(
         None,
         "run on the Dask cluster at URL (tcp://host:8786); workers' GPU resources held one per run",
         metavar="URL",
     )
     retries: int = option(
-        0, "retry a run's stage that failed for a machine reason (killed, out of memory, I/O)"
+        0,
+        "retry a run's stage that failed for a machine reason (killed, out of memory, I/O)",
+        valid=Range(0, integer=True),
     )
     tracking: str = option("none", "also log each run to MLflow (the mlflow extra)", choices=TRACKERS)
     tracking_uri: str | None = option(
@@ -79,12 +76,8 @@ class SweepOptions:
     threads: int | None = option(None, "CPU threads of the conversions (default: the converter's choice)")
 
     def __post_init__(self) -> None:
-        if self.jobs < 1:
-            raise ConfigError(f"--jobs: expected >= 1, got {self.jobs}")
-        if self.retries < 0:
-            raise ConfigError(f"--retries: expected >= 0, got {self.retries}")
-        if self.tracking not in TRACKERS:
-            raise ConfigError(f"--tracking: expected none or mlflow, got {self.tracking!r}")
+        if problems := config_problems(self):  # --jobs, --retries in range, --tracking known
+            raise ConfigError(problems[0])
         if self.scheduler is not None and "://" not in self.scheduler:
             raise ConfigError(
                 f"--scheduler: expected an address like tcp://host:8786, got {self.scheduler!r}"

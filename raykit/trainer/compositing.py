@@ -37,15 +37,8 @@ __all__ = [
 
 
 def pack_padded(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Keep the masked entries of a padded tensor in packed (ray-major) order.
-
-    Args:
-        values: (N, S, ...) per-sample values.
-        mask: (N, S) bool, the samples to keep.
-
-    Returns:
-        ``(packed (M, ...), ray_indices (M,) int64)``, sorted by ray then sample.
-    """
+    """Keep the entries of padded ``values`` (N, S, ...) where ``mask`` (N, S) holds, in packed order:
+    ``(packed (M, ...), ray_indices (M,) int64)``, sorted by ray then sample."""
     ray_indices = torch.nonzero(mask, as_tuple=True)[0]
     return values[mask], ray_indices
 
@@ -63,14 +56,7 @@ def exclusive_cumsum_packed(values: Tensor, ray_indices: Tensor, n_rays: int) ->
 
     Computed by scattering into a padded ``(N, S)`` buffer, so the sums are as exact as the padded
     ``torch.cumsum`` (a global cumsum over all rays would lose float32 precision on long batches).
-
-    Args:
-        values: (M,) packed values.
-        ray_indices: (M,) int64, sorted ascending.
-        n_rays: number of rays N.
-
-    Returns:
-        (M,) the sum of the earlier samples of the same ray.
+    Returns (M,): the sum of the earlier samples of the same ray.
     """
     positions, longest = _padded_positions(ray_indices, n_rays)
     padded = values.new_zeros(n_rays, longest + 1)
@@ -81,16 +67,7 @@ def exclusive_cumsum_packed(values: Tensor, ray_indices: Tensor, n_rays: int) ->
 def render_weight_from_density(
     t_starts: Tensor, t_ends: Tensor, sigmas: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Compositing weights of padded samples.
-
-    Args:
-        t_starts: (N, S) interval starts.
-        t_ends: (N, S) interval ends.
-        sigmas: (N, S) non-negative densities.
-
-    Returns:
-        ``(weights, transmittance, alphas)``, each (N, S).
-    """
+    """Compositing weights of padded samples: ``(weights, transmittance, alphas)``, each (N, S)."""
     sigma_delta = sigmas * (t_ends - t_starts)
     alphas = 1.0 - torch.exp(-sigma_delta)
     before = torch.cumsum(sigma_delta, dim=-1) - sigma_delta
@@ -101,18 +78,7 @@ def render_weight_from_density(
 def render_weight_from_density_packed(
     t_starts: Tensor, t_ends: Tensor, sigmas: Tensor, ray_indices: Tensor, n_rays: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Compositing weights of packed samples (see the module docstring for the layout).
-
-    Args:
-        t_starts: (M,) interval starts.
-        t_ends: (M,) interval ends.
-        sigmas: (M,) non-negative densities.
-        ray_indices: (M,) int64, sorted ascending.
-        n_rays: number of rays N.
-
-    Returns:
-        ``(weights, transmittance, alphas)``, each (M,).
-    """
+    """Compositing weights of packed samples: ``(weights, transmittance, alphas)``, each (M,)."""
     sigma_delta = sigmas * (t_ends - t_starts)
     alphas = 1.0 - torch.exp(-sigma_delta)
     transmittance = torch.exp(-exclusive_cumsum_packed(sigma_delta, ray_indices, n_rays))
@@ -122,17 +88,8 @@ def render_weight_from_density_packed(
 def accumulate_along_rays(
     weights: Tensor, values: Tensor | None, ray_indices: Tensor | None = None, n_rays: int | None = None
 ) -> Tensor:
-    """Weighted sum of per-sample values along each ray.
-
-    Args:
-        weights: (N, S) padded or (M,) packed.
-        values: (N, S, D) / (M, D) values, or None to sum the weights alone (opacity).
-        ray_indices: (M,) for packed input, None for padded.
-        n_rays: N, required with ``ray_indices``.
-
-    Returns:
-        (N, D), or (N, 1) when ``values`` is None.
-    """
+    """Weighted sum (N, D) of per-sample ``values`` (N, S, D) / (M, D) along each ray; ``values`` None
+    sums the weights alone (opacity, (N, 1)). ``ray_indices`` and ``n_rays``: packed input only."""
     src = weights[..., None] if values is None else weights[..., None] * values
     if ray_indices is None:
         return src.sum(dim=-2)
@@ -158,12 +115,7 @@ def rendering(
 ) -> dict[str, Tensor]:
     """Render colour, opacity and depth from densities and colours, padded or packed.
 
-    Args:
-        t_starts, t_ends, sigmas: (N, S) padded, or (M,) packed with ``ray_indices``.
-        rgbs: (N, S, 3) / (M, 3) sample colours in [0, 1].
-        background: (3,) colour seen through the transmittance left after the last sample.
-        ray_indices: (M,) sorted, packed input only.
-        n_rays: N, packed input only.
+    ``rgbs``: (N, S, 3) / (M, 3) sample colours in [0, 1]; ``background`` (3,).
 
     Returns:
         ``rgb (N, 3)`` over the background, ``opacity (N, 1)``, ``depth (N, 1)`` (expected distance

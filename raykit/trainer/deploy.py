@@ -12,12 +12,13 @@ its ``time`` (required there, as in D-NeRF's files).
 
 ``raykit export --verify`` (:func:`verify_export`) re-renders the images of the run's evaluation from
 the export and the store and fails unless the mean PSNR of each verified split is within ``tolerance_db``
-(0.05 dB) of the run's ``eval.json``. Both use :func:`raykit.trainer.evaluate.render_batch`, the path
+(0.05 dB) of the run's ``eval.json``. Both use :func:`raykit.trainer.inference.render_colours`, the path
 of the run's own evaluation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -27,20 +28,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from raykit.camera_json import INTRINSIC_KEYS, camera_from_intrinsics, image_size
 from raykit.cameras import pixels_to_rays
 from raykit.conventions import opengl_to_opencv_c2w
 from raykit.errors import ExportError, SourceError
 from raykit.evaluation import render_stem
-from raykit.fileio import atomic_path, atomic_write_json
+from raykit.fileio import atomic_write_json
 from raykit.imagedecode import open_image
-from raykit.metrics import Scorer, protocol_of, psnr, quantize
+from raykit.metrics import Scorer, protocol_of, psnr
 from raykit.rays import UNKNOWN_FAR, RayBatch
 from raykit.store import RayStore
-from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, render_batch
+from raykit.trainer.evaluate import image_mask, image_rays_and_pixels, models_from_state, save_render
 from raykit.trainer.exported import ExportedModel, load_export
+from raykit.trainer.inference import render_colours
 from raykit.trainer.runtime import parse_background, resolve_device
 
 __all__ = ["View", "render_export", "store_views", "transforms_views", "verify_export"]
@@ -60,32 +61,21 @@ class View:
     stem: str = ""  # the render's file stem (default: the name's stem)
 
 
-def _similarity_parts(matrix: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """``s * R | t`` -> (A = s * R (3, 3), t (3,), s) as float32 tensors and a float."""
-    scale = float(np.cbrt(np.linalg.det(matrix[:3, :3])))
-    a = torch.as_tensor(matrix[:3, :3], dtype=torch.float32)
-    t = torch.as_tensor(matrix[:3, 3], dtype=torch.float32)
-    return a, t, scale
-
-
 def _map_rays(rays: RayBatch, model_from_store: np.ndarray) -> RayBatch:
-    """Rays of one world frame in another (a similarity); the identity returns ``rays`` unchanged."""
+    """Rays of one world frame in another (a similarity ``s * R | t``); the identity returns ``rays``."""
     if np.allclose(model_from_store, np.eye(4), atol=1e-12):
         return rays
-    a, t, scale = _similarity_parts(model_from_store)
-    a, t = a.to(rays.origins.device), t.to(rays.origins.device)
+    scale = float(np.cbrt(np.linalg.det(model_from_store[:3, :3])))
+    a = torch.as_tensor(model_from_store[:3, :3], dtype=torch.float32, device=rays.origins.device)
+    t = torch.as_tensor(model_from_store[:3, 3], dtype=torch.float32, device=rays.origins.device)
     directions = rays.directions @ a.T
-    return RayBatch(
+    return dataclasses.replace(
+        rays,
         origins=rays.origins @ a.T + t,
         directions=directions / directions.norm(dim=-1, keepdim=True),
-        rgb=rays.rgb,
-        alpha=rays.alpha,
-        image=rays.image,
-        pixel=rays.pixel,
         near=rays.near * scale,
         far=rays.far * scale,
-        z_scale=rays.z_scale,
-        times=rays.times,
+        extra={},
     )
 
 
@@ -135,11 +125,8 @@ def _c2w(value: Any) -> np.ndarray:
 def transforms_views(
     model: ExportedModel, path: str | os.PathLike[str], device: torch.device
 ) -> Iterator[View]:
-    """Every frame of a ``transforms.json`` as a view in the model's frame (no targets).
-
-    Raises:
-        SourceError: unreadable file or bad frames, every problem listed, naming the file and the frame.
-    """
+    """Every frame of a ``transforms.json`` as a view in the model's frame (no targets); bad frames:
+    one ``SourceError`` listing every problem, naming the file and the frames."""
     path = Path(path)
     try:
         meta = json.loads(path.read_text())
@@ -238,13 +225,12 @@ def _render(
     scorer = Scorer(background, lpips=False)
     images = []
     for i, view in enumerate(views):
-        pred = render_batch(model.config, field, grid, view.rays, background)
+        pred = render_colours(model.config, field, grid, view.rays, background)
         pred = pred.view(view.height, view.width, 3).cpu()
         record: dict[str, Any] = {"name": view.name}
         if out is not None:
             record["file"] = f"{i:03d}_{view.stem or Path(view.name).stem}.png"
-            with atomic_path(out / record["file"]) as tmp:
-                Image.fromarray(quantize(pred).numpy()).save(tmp, format="PNG")
+            save_render(out / record["file"], pred)
         if view.target is not None and view.stored is not None:
             record.update(scorer.figures(*scorer.prepare(pred, view.stored, view.mask)))
             if float_psnr:
@@ -300,10 +286,6 @@ def verify_export(
     figures recorded before it, the float PSNR. The 0.05 dB tolerance holds for either: the export and
     the run render the same images through the same path, so only float noise in rendering separates
     them, and one 8-bit step flipped in a pixel moves a PSNR by far less.
-
-    Raises:
-        ExportError: a corrupt export, no eval figures for ``split``, a store that is not the run's, or
-            a PSNR difference above ``tolerance_db``.
     """
     from raykit.store import open_store
 

@@ -8,16 +8,11 @@
      "splits": {"test": {"psnr": 27.1, "ssim": 0.93, "lpips": 0.08, "n_images": 10, "seconds": 4.2,
                          "images": [{"name": "r_0.png", "psnr": 27.5, "ssim": 0.94, "lpips": 0.07}, ...]}}}
 
-``psnr``, ``ssim`` and ``lpips`` follow the community protocol, scored by :class:`raykit.metrics.Scorer`
-as ``raykit evaluate`` scores them (``lpips`` is null unless the published weights are in torch hub's
-cache: training never fetches them). Split values are means over images. An ``eval.json`` without
-``protocol`` was written before the protocol (its ``psnr``/``ssim`` are float figures); the
-``psnr_float``/``ssim_float`` columns of earlier releases are no longer written. Renders go to
-``RUN_DIR/renders/SPLIT/NNN_NAME.png``, quantised as the protocol quantises, so ``raykit evaluate
-RUN_DIR/renders/test STORE:test`` gives the same figures. A store with times names them by camera and
-time, ``NNN_cam03_t0.2500.png`` (``raykit.evaluation.render_stem``), and each image's entry carries its
-``camera``, ``time`` and render ``file``. Rendering is deterministic: bin centres for
-stratified/hierarchical sampling, no jitter when marching.
+Figures from :class:`raykit.metrics.Scorer`, split values are means over images (docs/evaluation.md,
+"raykit's own figures": the protocol, masks, older runs). Renders go to
+``RUN_DIR/renders/SPLIT/NNN_NAME.png`` (``raykit.evaluation.render_stem``; a timed image's entry also
+carries its ``camera``, ``time`` and ``file``), quantised as the protocol quantises, so ``raykit
+evaluate RUN_DIR/renders/test STORE:test`` gives the same figures. Rendering is deterministic.
 """
 
 from __future__ import annotations
@@ -55,8 +50,8 @@ __all__ = [
     "models_from_state",
     "quick_psnr",
     "render",
-    "render_batch",
     "render_view",
+    "save_render",
 ]
 
 
@@ -138,26 +133,9 @@ def render_view(
     height, width, _ = store.image_shape(name)
     batch, pixels = image_rays_and_pixels(store, name, device)
     background = parse_background(config.background).to(device)
-    pred = render_batch(config, field, grid, batch, background).view(height, width, 3).cpu()
+    pred = render_colours(config, field, grid, batch, background).view(height, width, 3).cpu()
     target = batch.composite(background).view(height, width, 3).cpu()
     return pred, target, pixels
-
-
-@torch.no_grad()
-def render_batch(
-    config: TrainConfig,
-    field: RadianceField,
-    grid: OccupancyGrid | None,
-    rays: RayBatch,
-    background: torch.Tensor,
-) -> torch.Tensor:
-    """Deterministic colours (N, 3) in [0, 1] of N rays, ``config.eval_chunk`` rays at a time.
-
-    The one rendering path of evaluation, quick checks and exported models (``raykit render --model``,
-    ``raykit export --verify``): :func:`raykit.trainer.inference.render_colours`, without gradients,
-    skipping empty space and stopping rays once opaque.
-    """
-    return render_colours(config, field, grid, rays, background)
 
 
 def models_from_state(
@@ -170,11 +148,8 @@ def models_from_state(
     """The models of a checkpoint's (or an export's) tensors, on ``device``, in evaluation mode.
 
     Shared by ``raykit render RUN`` and ``raykit render --model OUT``: ``tensors`` holds one state dict
-    per model under the checkpoint's group names (``field``, ``grid``).
-
-    Raises:
-        error: (``ResumeError``; an export's loader passes ``ExportError``) the tensors do not fit the
-            models the config builds (missing keys, wrong shapes), naming ``where``.
+    per model under the checkpoint's group names (``field``, ``grid``). Tensors that do not fit the
+    models raise ``error`` (an export's loader passes ``ExportError``) naming ``where``.
     """
     try:
         state = tensors["field"]
@@ -236,7 +211,8 @@ def image_mask(store: RayStore, name: str) -> np.ndarray | None:
     return store.read_component("mask", name) if has_masks(store) else None
 
 
-def _save_png(path: Path, image: torch.Tensor) -> None:
+def save_render(path: Path, image: torch.Tensor) -> None:
+    """``image`` (H, W, 3) in [0, 1] as a PNG, quantised as the protocol quantises, written atomically."""
     pixels = quantize(image).numpy()  # as the protocol quantises: raykit evaluate reproduces eval.json
     with atomic_path(path) as tmp:
         Image.fromarray(pixels).save(tmp, format="PNG")
@@ -260,7 +236,7 @@ def evaluate_split(
     for i, name in enumerate(names):
         pred, _, pixels = render_view(config, store, name, field, grid, device)
         file = f"{i:03d}_{render_stem(store, name)}.png"
-        _save_png(run_dir / "renders" / split / file, pred)
+        save_render(run_dir / "renders" / split / file, pred)
         mask = image_mask(store, name) if scorer.masked else None
         when = view_time(store, name)
         timed = {} if when is None else {"camera": when[0], "time": when[1], "file": file}

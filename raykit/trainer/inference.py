@@ -1,7 +1,7 @@
 """Rendering for evaluation: no gradients, empty space skipped, rays stopped once opaque.
 
 The one rendering path of ``eval.json``, the progress checks, ``raykit render`` and ``raykit export
---verify`` (:func:`raykit.trainer.evaluate.render_batch` calls :func:`render_colours`). It places the
+--verify`` (all through :func:`render_colours`). It places the
 samples exactly as training does (:func:`raykit.trainer.pipeline.sample_rays` without jitter: the
 occupancy grid, marched in strides through dilated copies of it, or the proposal networks skip empty
 space), then composites them front to back in rounds (:func:`composite_front_to_back`): each round
@@ -81,12 +81,8 @@ def render_colours(
 ) -> Tensor:
     """Deterministic colours (N, 3) in [0, 1] of N rays, ``config.eval_chunk`` rays at a time.
 
-    Args:
-        config: the run's config (sampler resolved).
-        field: the radiance field.
-        grid: the sampler's state module (occupancy grid, proposal networks or None).
-        rays: N rays.
-        background: (3,) colour behind the scene.
+    The one rendering path of evaluation, quick checks and exported models; ``config``: the run's
+    (sampler resolved), ``grid``: the sampler's state module, ``background``: (3,).
     """
     sample_config = _eval_config(config, field)
     parts = []
@@ -181,13 +177,7 @@ def field_geometry(field: RadianceField, positions: Tensor) -> tuple[Tensor, Ten
     copies, no concatenation), and the activations work in place. On a CPU with several threads the
     points are cut into :func:`plane_parts` parts, each looked up in its own copy of the planes, so
     that the lookups keep every thread busy (each point's lookup is the same computation).
-
-    Args:
-        field: the radiance field.
-        positions: (P, 3) world positions.
-
-    Returns:
-        ``(sigma (P,), geometry features (P, G))``.
+    ``positions`` (P, 3) -> ``(sigma (P,), geometry features (P, G))``.
     """
     coords = field.normalize(positions)
     n_points = coords.shape[0]

@@ -69,16 +69,8 @@ class Samples:
 
 
 def ray_aabb_intersect(rays_o: Tensor, rays_d: Tensor, aabb: Tensor) -> tuple[Tensor, Tensor]:
-    """Entry and exit distances of rays through an axis-aligned box.
-
-    Args:
-        rays_o: (N, 3) origins.
-        rays_d: (N, 3) directions.
-        aabb: (6,) ``(xmin, ymin, zmin, xmax, ymax, zmax)``.
-
-    Returns:
-        ``(t_min (N,), t_max (N,))``; ``t_max <= t_min`` where the ray misses the box.
-    """
+    """Entry and exit distances ``(t_min (N,), t_max (N,))`` of rays (N, 3) through the box ``aabb``
+    (6,) ``(xmin, ymin, zmin, xmax, ymax, zmax)``; ``t_max <= t_min`` where the ray misses it."""
     safe_d = torch.where(rays_d.abs() < 1e-12, torch.full_like(rays_d, 1e-12), rays_d)
     t0 = (aabb[:3] - rays_o) / safe_d
     t1 = (aabb[3:] - rays_o) / safe_d
@@ -88,16 +80,8 @@ def ray_aabb_intersect(rays_o: Tensor, rays_d: Tensor, aabb: Tensor) -> tuple[Te
 
 
 def intervals_from_points(points: Tensor, near: Tensor, far: Tensor) -> tuple[Tensor, Tensor]:
-    """Contiguous intervals around sorted sample points: boundaries at midpoints, ends at near/far.
-
-    Args:
-        points: (N, S) sorted distances within ``[near, far]``.
-        near: (N,) start of the first interval.
-        far: (N,) end of the last interval.
-
-    Returns:
-        ``(t_starts, t_ends)``, each (N, S), covering ``[near, far]`` without gaps.
-    """
+    """Contiguous intervals ``(t_starts, t_ends)`` (N, S) around sorted ``points`` (N, S) within
+    ``[near, far]`` (N,): boundaries at midpoints, ends at near/far, no gaps."""
     mids = 0.5 * (points[:, 1:] + points[:, :-1])
     t_starts = torch.cat([near[:, None], mids], dim=1)
     t_ends = torch.cat([mids, far[:, None]], dim=1)
@@ -107,14 +91,8 @@ def intervals_from_points(points: Tensor, near: Tensor, far: Tensor) -> tuple[Te
 def stratified_samples(
     near: Tensor, far: Tensor, n_samples: int, generator: torch.Generator | None = None
 ) -> Samples:
-    """``n_samples`` jittered points per ray, one in each of ``n_samples`` equal bins of [near, far].
-
-    Args:
-        near: (N,) start distances.
-        far: (N,) end distances (``far <= near`` gives empty intervals).
-        n_samples: S.
-        generator: jitter source; None puts each point at its bin's centre.
-    """
+    """``n_samples`` jittered points per ray, one in each of ``n_samples`` equal bins of [near, far]
+    (N,) (``far <= near`` gives empty intervals); ``generator`` None puts each at its bin's centre."""
     n_rays = near.shape[0]
     far = torch.maximum(far, near)
     if generator is None:
@@ -208,14 +186,7 @@ def hierarchical_samples(
     does): intervals are short where the weight is and their midpoints, where the field is queried,
     stay close to the surfaces; what lies outside the first and last edge counts as empty.
 
-    Args:
-        density_fn: positions (..., 3) -> densities (...,).
-        rays_o, rays_d: (N, 3) origins and directions.
-        near, far: (N,) the interval sampled.
-        n_coarse: samples in the coarse pass.
-        n_fine: samples returned.
-        uniform: weight of the uniform distribution in the mixture, in [0, 1].
-        generator: jitter source; None for deterministic samples.
+    ``rays_o``, ``rays_d``: (N, 3); ``near``, ``far``: (N,); ``uniform`` in [0, 1].
     """
     coarse = stratified_samples(near, far, n_coarse, generator)
     with torch.no_grad():
@@ -252,9 +223,7 @@ def march_occupied(
     long as the longest ray, every step tested, with far fewer tests in empty space.
 
     Args:
-        rays_o, rays_d: (N, 3) origins and directions.
         t_min, t_max: (N,) the interval marched (e.g. near/far clipped to the scene box).
-        step_size: interval length.
         occupied: ``(rays_o (K, 3), rays_d (K, 3), t (K, S)) -> (K, S)`` bool, e.g.
             :meth:`raykit.trainer.occupancy.OccupancyGrid.is_occupied_along`.
         generator: jitters the start of each ray's comb by a fraction of a step; None for none.

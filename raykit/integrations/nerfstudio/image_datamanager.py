@@ -1,32 +1,9 @@
 """``RaykitImageDataManager``: nerfstudio's full-image datamanager contract (``FullImageDatamanager``'s)
-served by ``ImageLoader``: a byte-budgeted cache instead of every image held in memory, undistortion to
-pinhole cameras computed once per camera, a seeded order and exact resume.
-
-The cache holds each image as ``next_train`` returns it (composited over the parser's background and
-converted to ``cache_images_type`` once, by :class:`~raykit.integrations.nerfstudio.common.ServedPixels`,
-before it is cached): with ``"uint8"`` (splatfacto's setting) 3 bytes per RGB pixel, with ``"float32"``
-12. What fits is decoded when the datamanager is set up (as nerfstudio's own does for everything); a
-capture that fits is then served from the cache on the calling thread, the returned image a view of
-the cache (as nerfstudio's returns its cached tensor), and one that does not streams the rest of each
-epoch through the loader's producer thread.
-
-``next_train`` returns ``(Cameras (1,) on the device, {"image_idx": int, "image": (H, W, 3|4) on the
-device})`` with ``image`` uint8 or float32 as ``cache_images_type`` says and the camera's
-``metadata["cam_idx"]``, and the store's components the parser serves (``components``) as nerfstudio's
-datasets give them: ``mask`` (H, W, 1) bool and ``depth_image`` (H, W, 1) float32 in nerfstudio's units
-(downscaled and undistorted with the image by the loader, by the nearest sample); ``next_eval`` /
-``next_eval_image`` the same from the evaluation split;
-``fixed_indices_eval_dataloader`` every evaluation image in order. Undistorted images keep their size,
-focal lengths and principal point (``raykit.image_geometry.pinhole_camera``); nerfstudio's own crops
-to the valid region instead.
-
-Coarse to fine: with ``num_downscales`` n, ``next_train(step)`` serves training images at
-``2 ** max(n - step // resolution_schedule, 0)`` times smaller, splatfacto's schedule
-(``SplatfactoModel._get_downscale_factor``), as the loader's resolution levels (JPEG decoded at that
-scale, ``ImageLoader.set_downscale``) instead of full images the model shrinks; the camera stays the
-full-resolution one, which splatfacto scales itself (``rescale_output_resolution``, the same
-intrinsics as the level's). ``splatfacto-raykit`` copies its model's two values here and uses a
-model (:func:`splatfacto_on_levels`) that takes an image already at the rendered size as it is.
+served by ``ImageLoader``: a byte-budgeted cache of images as served (composited and converted to
+``cache_images_type`` once, by :class:`~raykit.integrations.nerfstudio.common.ServedPixels`),
+undistortion to pinhole cameras computed once per camera, a seeded order, exact resume, and
+splatfacto's coarse-to-fine schedule as the loader's resolution levels (:func:`splatfacto_on_levels`).
+What ``next_train`` returns and why: docs/integrations.md, "Datamanagers".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """``RaykitDataManager``: nerfstudio's ray datamanager contract (``VanillaDataManager``'s) served by
 ``RayLoader``: rays shuffled across every image of the split, memory bounded by ``cache_bytes``,
 exact resume through the module's extra state (saved in nerfstudio's checkpoints with the pipeline).
-
-``next_train`` / ``next_eval`` return ``(RayBundle, {"image": (N, 3|4) float32 CPU, "indices":
-(N, 3) int64 CPU [camera, y, x]})`` with the bundle on the device, and the store's components the
-parser serves as nerfstudio's pixel sampler gives them: ``mask`` (N, 1) bool, ``depth_image`` (N, 1)
-float32 in nerfstudio's units (gathered per ray by the loader). nerfstudio's ray models read masks
-through its pixel sampler, which samples only inside them; likewise, with the store's masks and
-``drop_masked`` (the default), a batch holds only the rays whose pixel the mask uses (those of the
-``N`` drawn: fewer than ``N``, every ``mask`` True). Rays, colours and indices are made
-on the loader's generation threads for whole groups of batches (:class:`PixelRays`), off the trainer's
-thread: rays from the dataparser's cameras by per-camera tables of nerfstudio's own ray directions
-(:mod:`raykit.integrations.nerfstudio.rays`; nerfstudio's ``RayGenerator`` for cameras it cannot
-tabulate), so ``next_train`` only cuts and wraps them. ``next_eval_image`` returns ``(Cameras (1,),
-dataset item)`` as its ``RandIndicesEvalDataloader`` does, from a seeded draw.
+Rays, colours and indices are made on the loader's generation threads for whole groups of batches
+(:class:`PixelRays`), through per-camera tables of nerfstudio's own ray directions
+(:mod:`raykit.integrations.nerfstudio.rays`), so ``next_train`` only cuts and wraps them. What it
+returns: docs/integrations.md, "Datamanagers".
 """
 
 from __future__ import annotations
