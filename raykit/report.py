@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import jinja2
 
 from raykit.errors import ConfigError
-from raykit.fileio import UntrustedFileError, atomic_write_bytes, read_bounded, safe_path
+from raykit.fileio import UntrustedFileError, atomic_path, atomic_write_bytes, read_bounded, safe_path
 
 __all__ = [
     "Block",
@@ -33,6 +33,8 @@ __all__ = [
     "Table",
     "Video",
     "para",
+    "pyplot",
+    "save_figure",
     "write_report",
 ]
 
@@ -149,6 +151,26 @@ def render(title: str, sections: Sequence[Section], figures: Path) -> tuple[str,
     markdown = _environment(False).get_template("report.md.j2").render(context)
     page = _environment(True).get_template("report.html.j2").render(context, data=data)
     return re.sub(r"\n{3,}", "\n\n", markdown).strip() + "\n", page
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Lay out matplotlib figure ``fig``, write it to ``path`` as a PNG (atomically) and close it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    pyplot().close(fig)
+    return path
 
 
 def write_report(out: Path, title: str, sections: Sequence[Section]) -> tuple[Path, Path]:

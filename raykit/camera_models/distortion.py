@@ -77,8 +77,8 @@ class Dual:
 # Additive distortion terms D(u, v); u, v are Tensors or Duals, extra the model's extra params.
 
 
-def _radial_poly(u: Any, v: Any, coeffs: Params) -> tuple[Any, Any]:
-    """``radial = sum_i k_i r^(2i)``; ``D = (u, v) * radial``."""
+def radial(u: Any, v: Any, coeffs: Params) -> tuple[Any, Any]:
+    """``radial = sum_i k_i r^(2i)``; ``D = (u, v) * radial`` (the models' ``extra`` are the ``k_i``)."""
     r2 = u * u + v * v
     radial = r2 * coeffs[-1]
     for k in reversed(coeffs[:-1]):
@@ -90,13 +90,9 @@ def no_distortion(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
     return u * 0.0, v * 0.0
 
 
-def radial(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
-    return _radial_poly(u, v, extra)
-
-
 def opencv(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
     k1, k2, p1, p2 = extra
-    du, dv = _radial_poly(u, v, (k1, k2))
+    du, dv = radial(u, v, (k1, k2))
     uv, r2 = u * v, u * u + v * v
     return (
         du + 2.0 * p1 * uv + p2 * (r2 + 2.0 * u * u),
@@ -119,7 +115,7 @@ def full_opencv(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
 
 def thin_prism(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
     k1, k2, p1, p2, k3, k4, sx1, sy1 = extra
-    du, dv = _radial_poly(u, v, (k1, k2, k3, k4))
+    du, dv = radial(u, v, (k1, k2, k3, k4))
     uv, r2 = u * v, u * u + v * v
     return (
         du + 2.0 * p1 * uv + p2 * (r2 + 2.0 * u * u) + sx1 * r2,
@@ -129,7 +125,7 @@ def thin_prism(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
 
 def rad_tan_thin_prism(u: Any, v: Any, extra: Params) -> tuple[Any, Any]:
     p0, p1, s0, s1, s2, s3 = extra[6:]
-    du, dv = _radial_poly(u, v, extra[:6])
+    du, dv = radial(u, v, extra[:6])
     x, y = u + du, v + dv
     r2 = x * x + y * y
     r4 = r2 * r2

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,3 @@ def write_results(out: Path, results: dict[str, Any]) -> Path:
     path = out / "results.json"
     path.write_text(json.dumps(json_safe(results), indent=2) + "\n")
     return path
-
-
-def plan_dict(plan: DemoPlan) -> dict[str, Any]:
-    return asdict(plan)

@@ -6,12 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from raykit.report import Code, Figure, Section, Table, para, pyplot, save_figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from raykit.report import Code, Figure, Section, Table, para
+plt = pyplot()
 
 __all__ = ["dataset_section", "layouts_section", "loader_section", "plot_throughput"]
 
@@ -48,10 +45,7 @@ def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], path: Path) -> Path
     ax.set_title(labels[2])
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def _store_row(name: str, s: dict[str, Any]) -> list[str]:

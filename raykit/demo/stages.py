@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from raykit.converters import ConvertConfig
-from raykit.demo import DemoPlan, machine_info, plan_dict, write_results
+from raykit.demo import DemoPlan, machine_info, write_results
 from raykit.pipeline import (
     Attempt,
     RunConfig,
@@ -95,7 +96,7 @@ def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int, dyna
         bench = runner.execute(
             Stage(
                 "demo-loader",
-                {**base, "plan": plan_dict(plan)},
+                {**base, "plan": asdict(plan)},
                 lambda a: {**profile(out, stores, scene, plan), "output": ""},
                 command,
             )
@@ -105,7 +106,7 @@ def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int, dyna
         def layouts_run(attempt: Attempt) -> dict[str, Any]:
             return {**compare_layouts(out, scene, stores, runs, plan, seed), "output": ""}
 
-        inputs = {**base, "plan": plan_dict(plan), "runs": {s: r["output"] for s, r in runs.items()}}
+        inputs = {**base, "plan": asdict(plan), "runs": {s: r["output"] for s, r in runs.items()}}
         images = [out / "stores" / "blender-zarr-images", out / "runs" / f"{TrainConfig.sampler}-images"]
         layouts = runner.execute(Stage("demo-layouts", inputs, layouts_run, command, images, resumable=False))
         moving = runner.execute(dynamic_stage(out, plan, seed, command)) if dynamic else None
@@ -113,7 +114,7 @@ def demo_extra(out: Path, scene: dict[str, Any], plan: DemoPlan, seed: int, dyna
         write_results(
             out,
             {
-                "plan": plan_dict(plan),
+                "plan": asdict(plan),
                 "seed": seed,
                 "machine": machine_info(),
                 "scene": scene,

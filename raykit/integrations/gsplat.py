@@ -94,15 +94,10 @@ class Parser:
 class Dataset(torch.utils.data.Dataset[dict[str, Any]]):
     """gsplat's ``Dataset`` items for one split of a :class:`Parser` (see the module docstring).
 
-    With ``world_size`` > 1 (gsplat's multi-GPU ``world_size`` / ``world_rank``) the dataset is rank
-    ``rank``'s share of the split: epoch ``e``'s shares (``set_epoch(e)``, 0 at first) are those of
-    :class:`raykit.loaders.ImagePlan` with this ``seed``, disjoint across ranks (``drop_last``: each
-    rank gets ``n_images // world_size``), so a ``DataLoader(shuffle=True)`` per rank sees no image
-    twice per epoch across the machine. ``image_id`` stays the image's position in the whole split
-    (``n_images`` of them: size per-image embeddings by it, not by ``len``).
-
-    ``sampling="loss"`` makes :meth:`loader` draw views by their loss (``ImageLoaderConfig.sampling``):
-    feed each batch's per-view losses back through :meth:`observe` (``docs/integrations.md``).
+    With ``world_size`` > 1 the dataset is rank ``rank``'s share of epoch ``set_epoch(e)``'s split
+    (:class:`raykit.loaders.ImagePlan`'s shares with this ``seed``, ``drop_last``); ``image_id`` stays
+    the image's position in the whole split. ``sampling="loss"``: feed each batch's per-view losses
+    back through :meth:`observe` (docs/integrations.md, "gsplat").
     """
 
     def __init__(

@@ -7,17 +7,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from PIL import Image
 
 from raykit.pipeline.config import StageConfigs
 from raykit.pipeline.timeline import over_white, plot_psnr_over_time
-from raykit.report import Code, Figure, Scene, Section, Table, Video, para, write_report
+from raykit.report import Code, Figure, Scene, Section, Table, Video, para, pyplot, save_figure, write_report
 from raykit.trainer import OLD_PROTOCOL, SAMPLING_MAP
+
+plt = pyplot()
 
 __all__ = ["capture_summary", "figures", "psnr_curve", "render_strip", "scene_points", "write"]
 
@@ -50,13 +48,6 @@ def render_strip(url: str, runs: Mapping[str, Any], path: Path, views: int) -> l
     path.parent.mkdir(parents=True, exist_ok=True)
     img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST).save(path)
     return names
-
-
-def _save(fig: Any, path: Path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
 
 
 def _images(count: int | None) -> str:
@@ -104,7 +95,7 @@ def figures(out: Path, results: Mapping[str, Any], records: Mapping[str, Any]) -
     )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    made["psnr"] = _save(fig, folder / "psnr.png")
+    made["psnr"] = save_figure(fig, folder / "psnr.png").name
     names = list(runs)
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
     memory = {s: runs[s]["memory_mb"] or 0.0 for s in names}
@@ -118,18 +109,18 @@ def figures(out: Path, results: Mapping[str, Any], records: Mapping[str, Any]) -
         ax.bar(names, values, color="tab:blue")
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    made["samplers"] = _save(fig, folder / "samplers.png")
+    made["samplers"] = save_figure(fig, folder / "samplers.png").name
     stages = {k: v["rays_per_s"] / 1e6 for k, v in (results["profile"]["stages"] or {}).items() if v}
     stages["end to end (warm)"] = results["profile"]["warm"]["rays_per_s"] / 1e6
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.barh(list(stages), list(stages.values()), color="tab:green")
     ax.set(xlabel="M rays/s", title="Loader throughput by stage")
-    made["loader"] = _save(fig, folder / "loader.png")
+    made["loader"] = save_figure(fig, folder / "loader.png").name
     fig, ax = plt.subplots(figsize=(6, 0.4 * len(records) + 1.2))
     ax.barh(list(records), [r.get("wall_s") or 0.0 for r in records.values()], color="tab:orange")
     ax.invert_yaxis()
     ax.set(xlabel="wall time of the last attempt (s)", title="Stage times")
-    made["stages"] = _save(fig, folder / "stages.png")
+    made["stages"] = save_figure(fig, folder / "stages.png").name
     made["renders"] = Path(results["render"]["path"]).name
     if plot_psnr_over_time(runs, folder / "psnr_time.png"):
         made["psnr_time"] = "psnr_time.png"

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from raykit.fileio import atomic_path
+from raykit.report import pyplot, save_figure
 
 __all__ = [
     "camera_video",
@@ -62,10 +63,7 @@ def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[t
                 lines[_label(sampler, camera, runs[sampler])] = points
     if not lines:
         return lines
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, points in lines.items():
@@ -73,9 +71,7 @@ def plot_psnr_over_time(runs: Mapping[str, Any], path: Path) -> dict[str, list[t
     ax.set(xlabel="scene time", ylabel="test PSNR (dB)", title="Test PSNR against scene time")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     return lines
 
 

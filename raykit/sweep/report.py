@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from raykit.fileio import atomic_path
-from raykit.report import Block, Code, Figure, Section, Table, para
+from raykit.report import Block, Code, Figure, Section, Table, para, pyplot, save_figure
 from raykit.report import write_report as render_report
 from raykit.sweep.results import read_results
 from raykit.sweep.spec import LOWER_IS_BETTER
@@ -124,10 +123,7 @@ def paired_comparison(
 
 
 def _curves_figure(rows: Sequence[dict[str, Any]], capture: str, path: Path) -> str | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     mine = [r for r in rows if r["capture"] == capture and r.get("status") == "done" and r.get("curve")]
     if not mine:
@@ -154,12 +150,7 @@ def _curves_figure(rows: Sequence[dict[str, Any]], capture: str, path: Path) -> 
     ax.set_title(capture)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    return path.name
+    return save_figure(fig, path).name
 
 
 def _slug(name: str) -> str:

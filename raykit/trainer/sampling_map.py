@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from raykit.report import pyplot, save_figure
+
 __all__ = ["SAMPLING_MAP", "write_sampling_map"]
 
 SAMPLING_MAP = "sampling_map.png"
@@ -28,10 +30,7 @@ def write_sampling_map(loader: Any, store: Any, split: str, run_dir: Path, views
     scores = {row: float(loader.sampling_map(row).mean()) for row in rows}  # one full map held at a time
     chosen = sorted(rows, key=lambda row: -scores[row])[:views]
     maps = {row: loader.sampling_map(row) for row in chosen}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(len(chosen), 2, figsize=(7, 3.2 * len(chosen)), squeeze=False)
     names = store.table.names
@@ -44,8 +43,4 @@ def write_sampling_map(loader: Any, store: Any, split: str, run_dir: Path, views
         fig.colorbar(shown, ax=right, fraction=0.046)
         for ax in (left, right):
             ax.set_axis_off()
-    fig.tight_layout()
-    path = run_dir / SAMPLING_MAP
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, run_dir / SAMPLING_MAP, dpi=90)
