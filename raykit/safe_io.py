@@ -15,6 +15,7 @@ import io
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,18 +158,29 @@ def loads_json(data: bytes | str, where: str, *, limit: int = JSON_LIMIT) -> Any
     """Parse JSON record ``data`` read from ``where``: at most ``limit`` bytes, nested at most 64 deep,
     numbers of at most 400 characters, no NaN/Infinity; else :class:`UntrustedFileError`, one line
     naming ``where`` and the problem."""
-    if len(data) > limit:
-        raise UntrustedFileError(f"{where}: {len(data)} bytes, more than the {limit} accepted for a record")
-    try:
-        value = json.loads(
-            data, parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant
+
+    def parse(text: bytes | str) -> Any:
+        return json.loads(
+            text, parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant
         )
+
+    return _parse("JSON", parse, data, where, limit, "bytes")
+
+
+def _parse(
+    kind: str, parse: Callable[[Any], Any], data: bytes | str, where: str, limit: int, unit: str
+) -> Any:
+    """``parse(data)``, bounded: at most ``limit`` ``unit`` and nested at most 64 deep."""
+    if len(data) > limit:
+        raise UntrustedFileError(f"{where}: {len(data)} {unit}, more than the {limit} accepted")
+    try:
+        value = parse(data)
     except RecursionError:
-        raise UntrustedFileError(f"{where}: not valid JSON: nested too deep") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, our number and constant checks
-        raise UntrustedFileError(f"{where}: not valid JSON: {exc}") from None
+        raise UntrustedFileError(f"{where}: not valid {kind}: nested too deep") from None
+    except ValueError as exc:  # a decode error (JSON, TOML, UTF-8), a number of too many digits
+        raise UntrustedFileError(f"{where}: not valid {kind}: {exc}"[:500]) from None
     if _depth(value) > _JSON_DEPTH:
-        raise UntrustedFileError(f"{where}: not valid JSON: nested more than {_JSON_DEPTH} deep")
+        raise UntrustedFileError(f"{where}: not valid {kind}: nested more than {_JSON_DEPTH} deep")
     return value
 
 
@@ -193,16 +205,7 @@ def loads_toml(text: str, where: str, *, limit: int = TOML_LIMIT) -> dict[str, A
     """Parse TOML ``text`` read from ``where`` with ``loads_json``'s bounds (size, nesting 64 deep)."""
     import tomllib
 
-    if len(text) > limit:
-        raise UntrustedFileError(f"{where}: {len(text)} characters, more than the {limit} accepted")
-    try:
-        value = tomllib.loads(text)
-    except RecursionError:
-        raise UntrustedFileError(f"{where}: not valid TOML: nested too deep") from None
-    except ValueError as exc:  # TOMLDecodeError, an integer of too many digits
-        raise UntrustedFileError(f"{where}: not valid TOML: {exc}"[:500]) from None
-    if _depth(value) > _JSON_DEPTH:
-        raise UntrustedFileError(f"{where}: not valid TOML: nested more than {_JSON_DEPTH} deep")
+    value: dict[str, Any] = _parse("TOML", tomllib.loads, text, where, limit, "characters")
     return value
 
 

@@ -36,16 +36,8 @@ def _box(centres: np.ndarray, points: np.ndarray | None, mode: str) -> tuple[np.
 def normalization(
     mode: str, centres: np.ndarray, points: np.ndarray | None = None
 ) -> tuple[np.ndarray, dict[str, object]]:
-    """The similarity for ``mode``.
-
-    Args:
-        mode: one of :data:`NORMALIZE_MODES`.
-        centres: (I, 3) camera centres in the source frame.
-        points: (P, 3) scene points in the source frame, or None.
-
-    Returns:
-        ``world_from_source`` (4, 4) float64 and its parameters ``{"center": [..], "scale": s}``.
-    """
+    """The similarity for ``mode`` of camera ``centres`` (I, 3) and scene ``points`` (P, 3) in the source
+    frame: ``world_from_source`` (4, 4) float64 and its parameters ``{"center": [..], "scale": s}``."""
     if mode not in NORMALIZE_MODES:
         raise ConfigError(f"normalize: expected one of {', '.join(NORMALIZE_MODES)}, got {mode!r}")
     if mode == "none":

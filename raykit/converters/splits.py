@@ -79,16 +79,8 @@ def _from_lists(names: Sequence[str], lists: Mapping[str, Sequence[str]]) -> dic
 
 
 def assign_splits(names: Sequence[str], source_splits: Sequence[str | None], spec: SplitSpec) -> list[str]:
-    """The split of every image.
-
-    Args:
-        names: (I,) unique image names.
-        source_splits: (I,) the source's own split per image, or None where it has none.
-        spec: the rule (see the module docstring).
-
-    Returns:
-        (I,) split names, aligned with ``names``.
-    """
+    """The (I,) split of every image of (I,) unique ``names`` under rule ``spec`` (see the module
+    docstring); ``source_splits``: the source's own split per image, or None where it has none."""
     has_source = len(names) > 0 and all(s is not None for s in source_splits)
     if spec is None or spec == "auto":
         spec = "source" if has_source else f"every:{DEFAULT_HOLDOUT}"
