@@ -51,6 +51,7 @@ __all__ = [
     "header_size_reference",
     "image_format",
     "passthrough_bytes",
+    "pixel_file_bytes",
 ]
 
 REENCODE_FORMAT = "webp"
@@ -183,6 +184,12 @@ def encode_pixels(pixels: np.ndarray, codec: str = "lz4") -> StoredImage:
     rows[:1] = pixels[:1]
     np.subtract(pixels[1:], pixels[:-1], out=rows[1:])  # uint8: modulo 256
     return StoredImage(header + lz4.compress(rows), "rkpx", False)
+
+
+def pixel_file_bytes(codec: str, height: int, width: int, channels: int) -> int | None:
+    """The bytes of a pixel file of ``codec`` holding ``height x width x channels`` pixels when they
+    do not depend on the pixels (``raw``), else None."""
+    return _PIXELS.size + height * width * channels if codec == "raw" else None
 
 
 def _pixels_header(data: bytes) -> tuple[int, int, int, int, int]:

@@ -175,6 +175,9 @@ class DiskStaging:
         """Image ``index``'s staged stored bytes (``put_encoded``)."""
         return (Path(self.root) / f"staging/{index:06d}.img").read_bytes()
 
+    def release_encoded(self, index: int) -> None:
+        """Nothing: the file stays for a rerun until the commit removes ``staging/``."""
+
     def close(self) -> None:
         """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
 
@@ -227,6 +230,11 @@ class MemoryStaging:
         if len(data) != size or google_crc32c.value(data) != crc:
             raise SourceError(f"{path}: the file changed while it was being converted")
         return data
+
+    def release_encoded(self, index: int) -> None:
+        """Drops image ``index``'s bytes: its shards are written."""
+        with self._lock:
+            self._encoded.pop(index, None)
 
     def close(self) -> None:
         with self._lock:
