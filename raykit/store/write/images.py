@@ -22,7 +22,14 @@ from raykit.errors import SourceError
 from raykit.progress import progress as progress_bar
 from raykit.store.backends import Backend, Blobs, BlobShard, backend_named, image_blobs
 from raykit.store.files import is_url, json_digest, write_files
-from raykit.store.image_codec import LOSSY, PIXEL_CODECS, decode_stored, encode_for_store, pixel_file_bytes
+from raykit.store.image_codec import (
+    LOSSY,
+    PIXEL_CODECS,
+    PIXEL_HEADER_BYTES,
+    decode_stored,
+    encode_for_store,
+    pixel_file_bytes,
+)
 from raykit.store.schema import ImageRecord
 from raykit.store.spec import DEFAULT_IMAGE_CHUNK_BYTES, DEFAULT_IMAGE_SHARD_CHUNKS, StoreSpec
 from raykit.store.write.commit import (
@@ -38,6 +45,7 @@ from raykit.store.write.staging import (
     ImageJob,
     StagingArea,
     check_pixels,
+    crc32c_combine,
     pixels_crc32c,
     staging_area,
 )
@@ -87,7 +95,7 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
     if (done := record_matches(record_path, job.key, root, clock)) is not None:  # staged by an earlier run
         return done
     rec = job.record
-    pixels = np.ascontiguousarray(check_pixels(rec, rec.load()))  # the one decode: fails on a corrupt file
+    pixels = check_pixels(rec, rec.load())  # the one decode: fails on a corrupt file
     clock.lap("decode")
     kept = getattr(rec.load, "encoded", None)  # a copy of an images store keeps its stored files
     stored = kept() if callable(kept) else None
@@ -109,11 +117,21 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
         elif not np.array_equal(again, pixels):
             raise SourceError(f"{rec.source_path or rec.name}: lossless re-encoding changed the pixels")
     clock.lap("encode")
-    crc = int(google_crc32c.value(stored.data))
+    if job.codec == "raw" and not callable(kept) and not stored.passthrough:
+        # a raw pixel file is its header then the pixels: one CRC-32C pass over the pixels for both
+        body = np.frombuffer(stored.data, np.uint8, offset=PIXEL_HEADER_BYTES)
+        pixels_crc = int(google_crc32c.value(body))
+        head = google_crc32c.value(stored.data[:PIXEL_HEADER_BYTES])
+        crc = crc32c_combine(int(head), pixels_crc, len(body))
+    else:
+        crc, pixels_crc = int(google_crc32c.value(stored.data)), pixels_crc32c(pixels)
     files = area.put_encoded(job.index, stored.data, crc, str(path) if stored.data is source else "")
     clock.lap("write")
-    # a pass-through image is the source file's bytes: one hash for both
-    stored_sha = source_sha if stored.data is source else hashlib.sha256(stored.data).hexdigest()
+    # a pass-through image is the source file's bytes: one hash for both; a pixel file has none of its
+    # own (its shard file's SHA-256 and its own CRC-32C cover its bytes: docs/format.md)
+    stored_sha = source_sha if stored.data is source else ""
+    if stored.ext != "rkpx" and stored.data is not source:
+        stored_sha = hashlib.sha256(stored.data).hexdigest()
     result = {
         "files": files,
         "ext": stored.ext,
@@ -123,7 +141,7 @@ def encode_image_task(job: ImageJob) -> dict[str, Any]:
         "crc32c": crc,
         "sha256": stored_sha,
         "source_sha256": rec.source_sha256 or source_sha,
-        "pixels_crc32c": pixels_crc32c(pixels),
+        "pixels_crc32c": pixels_crc,
     }
     clock.lap("checksum")
     return finish_task(None if area.in_memory else record_path, job.key, result, clock)
