@@ -187,14 +187,15 @@ def write_images(job: PayloadWrite, spec: StoreSpec) -> RayStore:
     records = job.records
     partial = str(w.root)
     # the memory area holds the bytes of images with no source file to read again (video frames,
-    # copies): at most their raw size; past the budget they are staged in files (bounded memory)
-    held = sum(r.camera.width * r.camera.height * 3 for r in records if not os.path.isfile(r.source_path))
-    staging = staging_area(partial, job.executor, held <= spec.memory_staging_bytes)
+    # copies): at most their raw size; past the budget they are staged in files (bounded memory),
+    # unless each image is dropped once its shards are written (a pipeline: stored sizes known)
     codec = spec.image_codec
+    sizes = _known_sizes(records, codec) if in_process(job.executor) else None
+    held = sum(r.camera.width * r.camera.height * 3 for r in records if not os.path.isfile(r.source_path))
+    staging = staging_area(partial, job.executor, sizes is not None or held <= spec.memory_staging_bytes)
     keys = [json_digest([entry, _TASK_FORMAT, codec]) for entry in records_plan]
     jobs = [ImageJob(partial, i, r, keys[i], staging, codec=codec) for i, r in enumerate(records)]
     w.profile.lap("plan")
-    sizes = _known_sizes(records, codec) if in_process(job.executor) else None
     with contextlib.closing(staging):
         if sizes is None:  # the shards' plan needs every image's size: encoded first
             encoded = list(w.run(encode_image_task, jobs, "encode images"))
