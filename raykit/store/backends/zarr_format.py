@@ -238,10 +238,13 @@ _BUFFERS = threading.local()
 
 
 def _shard_buffer(nbytes: int) -> np.ndarray:
-    """The first ``nbytes`` of this thread's reusable shard buffer (grown when too small), page-aligned."""
+    """The first ``nbytes`` of this thread's reusable shard buffer (grown when too small), page-aligned;
+    a fresh one on the main thread, which would hold it for the life of the process."""
     buffer = getattr(_BUFFERS, "shard", None)
     if buffer is None or len(buffer) < nbytes:  # page-aligned: the shard writer may write it directly
         raw = np.empty(nbytes + 4096, np.uint8)
         skip = -raw.ctypes.data % 4096
-        buffer = _BUFFERS.shard = raw[skip : skip + nbytes]
+        buffer = raw[skip : skip + nbytes]
+        if threading.current_thread() is not threading.main_thread():  # a worker's, gone with it
+            _BUFFERS.shard = buffer
     return buffer[:nbytes]
