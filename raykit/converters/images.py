@@ -265,6 +265,11 @@ class ImageFileDecoder:
     resize_to: tuple[int, int] | None = None
     frame: Callable[[], np.ndarray] | None = None
 
+    @property
+    def channels(self) -> int | None:
+        """The pixels' channels when known before decoding (a video frame's), else None."""
+        return getattr(self.frame, "channels", None)
+
     def __call__(self) -> np.ndarray:
         image = decode_image(self.path, exif=self.exif) if self.frame is None else self.frame()
         got_h, got_w = image.shape[:2]

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -60,6 +60,7 @@ class VideoFrame:
     path: str
     index: int
     wanted: tuple[int, int, int]
+    channels: ClassVar[int] = 3  # rgb24: the store writer knows a frame's stored size before decoding it
 
     def __call__(self) -> np.ndarray:
         with _LOCK:

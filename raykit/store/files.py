@@ -213,7 +213,9 @@ def chunk_checksum(values: Mapping[str, np.ndarray], order: Sequence[str], kind:
     return crc
 
 
-def write_files(root: Path, files: Mapping[str, bytes | list[bytes]], records: dict[str, Any]) -> None:
+def write_files(
+    root: Path, files: Mapping[str, bytes | memoryview | list[bytes]], records: dict[str, Any]
+) -> None:
     """Write ``files`` (relative path -> bytes, whole or in pieces written one after the other) under
     ``root``, each atomically, and add their records (``bytes_record``: hashed from memory, never
     re-read) to ``records``."""

@@ -40,6 +40,7 @@ __all__ = [
     "JPEG_QUALITY",
     "LOSSY",
     "PIXEL_CODECS",
+    "PIXEL_HEADER_BYTES",
     "REENCODE_FORMAT",
     "StoredImage",
     "decode_pixels",
@@ -51,6 +52,7 @@ __all__ = [
     "header_size_reference",
     "image_format",
     "passthrough_bytes",
+    "pixel_file_bytes",
 ]
 
 REENCODE_FORMAT = "webp"
@@ -63,6 +65,8 @@ PIXEL_CODECS = {"lz4": (1, 1), "raw": (0, 0)}
 """The codecs stored as a pixel file (module docstring): name -> (compression, filter)."""
 _PIXELS = struct.Struct("<4sBBBBII")  # magic, version, compression, filter, channels, height, width
 _PIXELS_MAGIC = b"RKPX"
+PIXEL_HEADER_BYTES = _PIXELS.size
+"""A pixel file's header: the pixels follow (``raw``: as they are)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,12 @@ def encode_pixels(pixels: np.ndarray, codec: str = "lz4") -> StoredImage:
     rows[:1] = pixels[:1]
     np.subtract(pixels[1:], pixels[:-1], out=rows[1:])  # uint8: modulo 256
     return StoredImage(header + lz4.compress(rows), "rkpx", False)
+
+
+def pixel_file_bytes(codec: str, height: int, width: int, channels: int) -> int | None:
+    """The bytes of a pixel file of ``codec`` holding ``height x width x channels`` pixels when they
+    do not depend on the pixels (``raw``), else None."""
+    return PIXEL_HEADER_BYTES + height * width * channels if codec == "raw" else None
 
 
 def _pixels_header(data: bytes) -> tuple[int, int, int, int, int]:

@@ -209,8 +209,9 @@ def test_frames_go_into_the_images_layout_through_the_codec_picked(
         assert 0 < errors.mean() <= 3 and errors.max() <= 32
 
 
+@pytest.mark.parametrize("codec", ["webp", "raw"])  # raw: encoding and writing shards as one pipeline
 def test_each_video_is_decoded_once_in_order(
-    n3dv: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    n3dv: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str
 ) -> None:
     """Time-major table order and one forward-only decoder per video: with 4 threads, each video is
     opened once to probe it and once to decode it, never again (no seeking back)."""
@@ -224,12 +225,15 @@ def test_each_video_is_decoded_once_in_order(
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(av, "open", counting)
-    convert(n3dv["capture"], tmp_path / "s.zarr", threads=4, layout="images")
+    convert(n3dv["capture"], tmp_path / "s.zarr", threads=4, layout="images", image_codec=codec)
     assert sorted(opened) == sorted([f"cam{c:02d}.mp4" for c in range(4)] * 2)
     assert not _READERS
 
 
-def test_a_video_cut_short_fails_the_conversion_in_one_line(n3dv: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [{}, {"layout": "images", "image_codec": "raw", "threads": 2}])
+def test_a_video_cut_short_fails_the_conversion_in_one_line(
+    n3dv: dict[str, Any], tmp_path: Path, options: dict[str, Any]
+) -> None:
     """Its header (written first: ``faststart``) still says 6 frames; decoding finds fewer, in the
     writer: one line for all its frames, nothing left behind."""
     import av
@@ -246,7 +250,7 @@ def test_a_video_cut_short_fails_the_conversion_in_one_line(n3dv: dict[str, Any]
             container.mux(stream.encode())
         path.write_bytes(path.read_bytes()[: int(path.stat().st_size * 0.6)])
 
-    problems = _bad(n3dv, tmp_path, cut)
+    problems = _bad(n3dv, tmp_path, cut, **options)
     assert len(problems) == 1
     assert problems[0].startswith(f"{tmp_path / 'bad' / 'cam02.mp4'}: video ends after ")
     assert problems[0].endswith(" frames; the conversion reads frames up to 5")

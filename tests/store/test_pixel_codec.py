@@ -4,7 +4,9 @@ where it was read from."""
 
 from __future__ import annotations
 
+import functools
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +96,46 @@ def test_a_store_of_pixel_files_reads_validates_and_names_a_damaged_file(
     assert problems and all("\n" not in p and rel in p for p in problems)
     with pytest.raises(StoreCorruptError, match=rel):
         open_store(dst).read_split_image("train", 0)
+
+
+class _Frame:
+    """A ``load()`` that declares its pixels' channels before decoding, as video frames do."""
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        self.pixels, self.channels = pixels, pixels.shape[2]
+
+    def __call__(self) -> np.ndarray:
+        return self.pixels
+
+
+def test_raw_frames_are_written_as_a_pipeline_byte_for_byte(scene: object, tmp_path: Path) -> None:
+    """Raw frames whose loader declares their channels are written as one pipeline (each shard as
+    soon as its frames are encoded, each frame dropped once its last shard is written): the same
+    files as when every image is encoded first, here over two 64 MiB shards with a frame across them
+    (and a one-shard split), read back exactly."""
+    from raykit.cameras import Camera
+    from raykit.store import ImageRecord, write_store
+    from raykit.store.write.images import _known_sizes
+
+    base = np.random.default_rng(3).integers(0, 256, (3400, 3400, 3), dtype=np.uint8)  # 34.7 MB
+    frames = [base, np.roll(base, 1, axis=1), base[:9, :7]]
+    splits = ["train", "train", "test"]
+    written = {}
+    for kind, load in [("pipelined", _Frame), ("encoded first", lambda px: functools.partial(np.array, px))]:
+        records = []
+        for i, (pixels, split) in enumerate(zip(frames, splits, strict=True)):
+            h, w = pixels.shape[:2]
+            camera = Camera("PINHOLE", w, h, (w, w, w / 2, h / 2), camera_id=i + 1)
+            records.append(
+                ImageRecord(f"f{i}", split, camera, np.eye(4), 0.5, 4.0, f"mem://{i}", load(pixels))
+            )
+        assert (_known_sizes(records, "raw") is not None) == (kind == "pipelined")
+        dst = tmp_path / kind.replace(" ", "_")
+        with ThreadPoolExecutor(2) as pool:
+            store = write_store(dst, records, scene=scene, layout="images", image_codec="raw", executor=pool)
+        written[kind] = (dict(store.files), (dst / "index.json").read_bytes())
+    assert len([f for f in written["pipelined"][0] if f.startswith("zarr/train/images/c/")]) == 2
+    assert written["pipelined"] == written["encoded first"]
+    store = open_store(tmp_path / "pipelined")
+    for i, pixels in enumerate(frames):
+        np.testing.assert_array_equal(store.read_image(f"f{i}"), pixels)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import os
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -328,3 +329,34 @@ def test_writer_drops_the_stage_index_memos(tmp_path: Path, records, scene: Scen
     base = staging.base_indices(3, "train", 50)  # the memo is base_n as intp, read-only
     assert base.dtype == np.intp and not base.flags.writeable
     np.testing.assert_array_equal(base, base_permutation(3, "train", 50))
+
+
+def test_crc32c_combine_equals_the_crc_of_the_joined_bytes() -> None:
+    import google_crc32c
+
+    from raykit.store.write.staging import crc32c_combine
+
+    rng = np.random.default_rng(5)
+    for n1, n2 in [(0, 0), (16, 0), (0, 9), (16, 4096 * 3 + 5), (1, 1), (1000, 77)]:
+        a, b = rng.integers(0, 256, n1, np.uint8).tobytes(), rng.integers(0, 256, n2, np.uint8).tobytes()
+        assert crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), n2) == google_crc32c.value(
+            a + b
+        )
+
+
+def test_a_shard_written_past_the_page_cache_has_its_bytes(tmp_path: Path) -> None:
+    """``write_uncached``: its aligned prefix direct where the file system takes it (here, and on a
+    tmpfs that refuses ``O_DIRECT``: written plainly), the rest after it; unaligned data plainly."""
+    from raykit.store.write.tasks import ALIGN, write_uncached
+
+    raw = np.random.default_rng(6).integers(0, 256, 3 * ALIGN + 100 + ALIGN, np.uint8)
+    aligned = raw[-raw.ctypes.data % ALIGN :][: 3 * ALIGN + 100]
+    folders = [tmp_path] + ([Path("/dev/shm")] if Path("/dev/shm").is_dir() else [])
+    for folder in folders:
+        for name, data in [("aligned", aligned), ("unaligned", raw[1 : 2 * ALIGN + 1])]:
+            path = folder / f"raykit-test-{os.getpid()}-{name}"
+            try:
+                write_uncached(path, data.data)
+                assert path.read_bytes() == data.tobytes()
+            finally:
+                path.unlink(missing_ok=True)

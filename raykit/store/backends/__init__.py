@@ -237,9 +237,10 @@ class Backend(Protocol):
 
     def encode_blobs(
         self, blobs: Blobs, split: str, shard: BlobShard, items: Sequence[StagedBlob]
-    ) -> tuple[str, bytes | list[bytes], dict[str, list[Any]]]:
+    ) -> tuple[str, bytes | memoryview | list[bytes], dict[str, list[Any]]]:
         """Shard ``shard`` of a split's ``blobs`` from its blobs: its relative path, bytes (whole or in
-        pieces written one after the other), and ``index`` entries for its blobs."""
+        pieces written one after the other; a view valid until this thread encodes another shard),
+        and ``index`` entries for its blobs."""
         ...
 
     def blob_ranges(

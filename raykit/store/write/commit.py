@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,8 +213,14 @@ def staged_payload(
 
 
 # -- the shard phase ------------------------------------------------------------------------------
-def write_shards(w: Partial, jobs: Sequence[ShardJob], done: Callable[[int], None] | None = None) -> None:
-    """The shard phase of either layout: run ``write_shard_task`` over ``jobs``, fsync their files,
+def write_shards(
+    w: Partial,
+    jobs: Sequence[ShardJob],
+    done: Callable[[int], None] | None = None,
+    ran: Iterable[dict[str, Any]] | None = None,
+) -> None:
+    """The shard phase of either layout: run ``write_shard_task`` over ``jobs`` (or take their results
+    from ``ran``, in order: a pipeline running them), fsync their files,
     and add each result's file records (``"files"``) to ``w.files`` and its ``index.json`` entries
     (``"index"``: key -> values, in job order) to ``w.index[job.split]``. ``done(k)`` is called as
     results come in (in job order): jobs ``[0, k)`` have finished and recorded."""
@@ -222,7 +228,7 @@ def write_shards(w: Partial, jobs: Sequence[ShardJob], done: Callable[[int], Non
         # Shard files reach the disk while later shards are being encoded (fsync mostly waits on I/O)
         synced: list[concurrent.futures.Future[None]] = []
         results: list[dict[str, Any]] = []
-        for res in w.run(write_shard_task, jobs, "write shards"):
+        for res in w.run(write_shard_task, jobs, "write shards") if ran is None else ran:
             synced += [syncing.submit(fsync_path, w.root / rel) for rel in res["files"]]
             results.append(res)
             if done is not None:

@@ -24,6 +24,7 @@ contiguous run of rays per image.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "StagingArea",
     "base_indices",
     "check_pixels",
+    "crc32c_combine",
     "pack_rgba",
     "pack_rgba_reference",
     "pixels_crc32c",
@@ -175,6 +177,9 @@ class DiskStaging:
         """Image ``index``'s staged stored bytes (``put_encoded``)."""
         return (Path(self.root) / f"staging/{index:06d}.img").read_bytes()
 
+    def release_encoded(self, index: int) -> None:
+        """Nothing: the file stays for a rerun until the commit removes ``staging/``."""
+
     def close(self) -> None:
         """Nothing to drop: the files stay for a rerun until the commit removes ``staging/``."""
 
@@ -227,6 +232,11 @@ class MemoryStaging:
         if len(data) != size or google_crc32c.value(data) != crc:
             raise SourceError(f"{path}: the file changed while it was being converted")
         return data
+
+    def release_encoded(self, index: int) -> None:
+        """Drops image ``index``'s bytes: its shards are written."""
+        with self._lock:
+            self._encoded.pop(index, None)
 
     def close(self) -> None:
         with self._lock:
@@ -296,6 +306,37 @@ def pixels_crc32c(flat: np.ndarray) -> int:
     readonly = np.ascontiguousarray(flat).reshape(-1).view(np.uint8)
     readonly.flags.writeable = False  # google_crc32c takes read-only buffers only
     return int(google_crc32c.value(readonly))
+
+
+_CRC32C_POLY = 0x82F63B78  # CRC-32C's polynomial, bit-reflected
+
+
+def _multiply(a: int, b: int) -> int:
+    """``a * b`` modulo CRC-32C's polynomial (bit-reflected: ``1 << 31`` is 1; zlib's ``multmodp``)."""
+    product, bit = 0, 1 << 31
+    while bit:
+        if a & bit:
+            product ^= b
+        b = (b >> 1) ^ _CRC32C_POLY if b & 1 else b >> 1
+        bit >>= 1
+    return product
+
+
+@functools.lru_cache(maxsize=64)
+def _shift(nbytes: int) -> int:
+    """``x ** (8 * nbytes)`` modulo CRC-32C's polynomial: appending ``nbytes`` bytes to a CRC's state."""
+    result, power = 1 << 31, 1 << 23  # x^0; x^8 (one byte)
+    while nbytes:
+        if nbytes & 1:
+            result = _multiply(result, power)
+        power, nbytes = _multiply(power, power), nbytes >> 1
+    return result
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32C of ``a + b`` from ``crc1`` of ``a``, ``crc2`` of ``b`` and ``len2 = len(b)``
+    (zlib's ``crc32_combine``): no pass over the bytes again."""
+    return _multiply(_shift(len2), crc1) ^ crc2
 
 
 def stage_image(job: ImageJob) -> dict[str, Any]:

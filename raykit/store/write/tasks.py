@@ -11,17 +11,23 @@ laps its own wall clock per step. A finished write adds its profile to the activ
 from __future__ import annotations
 
 import concurrent.futures
+import errno
+import fcntl
 import json
 import logging
+import os
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 import raykit.recorder
-from raykit.fileio import atomic_write_bytes, atomic_write_json
+from raykit.fileio import atomic_path, atomic_write_bytes, atomic_write_json
 from raykit.progress import progress as progress_bar
 from raykit.store.files import bytes_record, file_record
 
@@ -34,6 +40,7 @@ __all__ = [
     "in_process",
     "record_matches",
     "scratch_record",
+    "stream_tasks",
     "task_runner",
     "write_shard_task",
 ]
@@ -108,6 +115,56 @@ def task_runner(executor: concurrent.futures.Executor | None, progress: bool) ->
         yield from progress_bar(results, total=len(jobs), desc=desc, disable=not progress, unit="task")
 
     return run
+
+
+def stream_tasks(
+    executor: concurrent.futures.Executor | None,
+    stage: Callable[[J], R],
+    jobs: Sequence[J],
+    shard_jobs: Sequence[ShardJob],
+    needs: Sequence[int],
+    staged: list[R],
+    window: int = 8,
+) -> Iterator[dict[str, Any]]:
+    """Both phases of a write as one pipeline: ``stage`` over ``jobs`` on ``executor`` (None: in
+    this thread; results appended to ``staged`` in order) and ``write_shard_task`` over
+    ``shard_jobs`` on a writer thread of its own, shard job ``k`` submitted as soon as jobs ``[0,
+    needs[k])`` have finished (``needs`` non-decreasing, at most ``len(jobs)``), so that shards are
+    written while later images are decoded; yields the shard results in order. At most ``window``
+    jobs run or wait ahead of the oldest unfinished one and at most two shard jobs, so what is staged
+    and not yet written stays bounded. On an error nothing submitted is left running: pending tasks
+    are cancelled, running ones waited for.
+    """
+
+    def submit(job: J) -> concurrent.futures.Future[R]:
+        if executor is not None:
+            return executor.submit(stage, job)
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        future.set_result(stage(job))  # an error is raised here, in order
+        return future
+
+    pending: deque[concurrent.futures.Future[R]] = deque()
+    shards: deque[concurrent.futures.Future[dict[str, Any]]] = deque()
+    submitted = ready = 0
+    with concurrent.futures.ThreadPoolExecutor(1, "raykit-shard-writer") as writer:
+        try:
+            while len(staged) < len(jobs) or ready < len(shard_jobs) or shards:
+                while submitted < len(jobs) and submitted - len(staged) < window:
+                    pending.append(submit(jobs[submitted]))
+                    submitted += 1
+                if pending:
+                    staged.append(pending.popleft().result())
+                while ready < len(shard_jobs) and needs[ready] <= len(staged):
+                    shards.append(writer.submit(write_shard_task, shard_jobs[ready]))
+                    ready += 1
+                while shards and (shards[0].done() or len(shards) > 2 or not pending):
+                    yield shards.popleft().result()
+        except BaseException:
+            futures: list[concurrent.futures.Future[Any]] = [*pending, *shards]
+            for future in futures:
+                future.cancel()
+            concurrent.futures.wait(futures)
+            raise
 
 
 def in_process(executor: concurrent.futures.Executor | None) -> bool:
@@ -190,8 +247,52 @@ def write_shard_task(job: ShardJob) -> dict[str, Any]:
     files, index = job.encode(clock)
     result: dict[str, Any] = {"files": {}, "index": index}
     for rel, payload in files.items():
-        atomic_write_bytes(root / rel, payload, sync=False)  # fsynced in the background before the manifest
+        if isinstance(payload, memoryview) and len(payload) >= _UNCACHED_BYTES:
+            write_uncached(root / rel, payload)
+        else:
+            atomic_write_bytes(
+                root / rel, payload, sync=False
+            )  # fsynced in the background before the manifest
         clock.lap("write")
         result["files"][rel] = bytes_record(payload)  # hashed from memory, never re-read
         clock.lap("checksum")
     return finish_task(record_path, job.key, result, clock)
+
+
+_UNCACHED_BYTES = 1 << 22  # shards at least this large bypass the page cache (``write_uncached``)
+ALIGN = 4096
+"""The alignment of a direct write's buffer, offset and size (a multiple of every logical block size)."""
+
+
+def write_uncached(path: Path, data: memoryview) -> None:
+    """Write ``data`` to ``path`` atomically (``atomic_path``, not fsynced: the writer fsyncs its shards
+    in the background), its largest prefix of whole ``ALIGN`` blocks with ``O_DIRECT`` when ``data``
+    starts at an aligned address and the file system takes it: a shard is not read again by the
+    writer, and copying tens of MB into the page cache costs more CPU than making them (a plain
+    write otherwise, and for the rest)."""
+    head = len(data) // ALIGN * ALIGN if np.frombuffer(data, np.uint8).ctypes.data % ALIGN == 0 else 0
+    with atomic_path(path, sync=False) as tmp:
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            done = 0
+            if head and hasattr(os, "O_DIRECT"):
+                flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+                try:
+                    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+                    done = _write_all(fd, data[:head])
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:  # EINVAL: no direct writes here; written plainly
+                        raise
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+            os.lseek(fd, done, os.SEEK_SET)
+            _write_all(fd, data[done:])
+        finally:
+            os.close(fd)
+
+
+def _write_all(fd: int, data: memoryview) -> int:
+    """``os.write`` until all of ``data`` is written; returns its length."""
+    done = 0
+    while done < len(data):
+        done += os.write(fd, data[done:])
+    return done
