@@ -1,0 +1,156 @@
+"""The ``loss`` sampling stage's draws from what is resident (the law: :mod:`raykit.loaders.sampling`).
+
+Each batch draws ``round(floor * n)`` rays uniformly and the rest by the map, from tables kept while
+the resident rays and the snapshot stay the same (a few per window, not per batch), so that a batch
+costs a few vectorised passes over its own rays:
+
+* the images layout: the window images' cells in a row (each cell's image, pixel box and estimate),
+  with their cumulated areas (the uniform share) and masses (estimate x area); a draw is a cell by
+  one search of those, then a pixel uniformly in its box. One search over the window's cells is the
+  two levels (an image by its mass, a cell by the image's masses) at once;
+* the rays layout: each ray of the mixed window with its cell's estimate, cumulated: a draw is one
+  search of those (a ray by its estimate), the uniform share one multiplication.
+
+Every draw's random numbers come from its batch's generator (:meth:`LossSampler.rng`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from raykit.loaders.sampling import ErrorMap, Snapshot, draw_groups, draw_within
+
+__all__ = ["LossSampler", "loss_lag"]
+
+_TAG_LOSS = 21
+
+
+class ImageCells:
+    """The cells of window images ``images`` at snapshot ``snap``, image after image (see the module)."""
+
+    def __init__(self, errors: ErrorMap, snap: Snapshot, images: np.ndarray) -> None:
+        geometry, self.per, self.side = errors.geometry, snap.side * snap.side, snap.side
+        self.geometry, self.images = geometry, images
+        boxes = np.concatenate([geometry.boxes(int(i), snap.side) for i in images], axis=1)
+        self.first_y, self.rows, self.first_x, self.cols = boxes
+        self.width = np.repeat(geometry.width[images], self.per)
+        self.sizes = geometry.n_pixels[images]
+        self.ends = np.cumsum(self.sizes)
+        self.est = snap.est[images].reshape(-1).astype(np.float64)
+        self.cdf = np.cumsum(self.est * (self.rows * self.cols), dtype=np.float64)
+        self.masses = self.cdf[self.per - 1 :: self.per]  # each image's, cumulated
+
+    def draw(self, n: int, floor: float, rng: np.random.Generator
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """``n`` rays: ``(split image, row-major pixel, prob, weight)``."""
+        resident, total = int(self.ends[-1]), float(self.masses[-1])
+        n_uniform = round(floor * n)
+        u = rng.integers(0, resident, n_uniform)
+        at = np.searchsorted(self.ends, u, side="right")
+        image_u, pixel_u = self.images[at], u - (self.ends[at] - self.sizes[at])
+        j = draw_groups(self.masses, rng.random(n - n_uniform))  # level 1: an image by its error mass
+        cell = j * self.per + draw_within(self.cdf, self.per, j, rng.random(len(j)))  # level 2: a cell
+        rows, cols, offset = self.rows[cell], self.cols[cell], rng.random((2, len(cell)))  # a pixel in it
+        y = self.first_y[cell] + np.minimum((offset[0] * rows).astype(np.int64), rows - 1)
+        x = self.first_x[cell] + np.minimum((offset[1] * cols).astype(np.int64), cols - 1)
+        y_u, x_u = np.divmod(pixel_u, self.geometry.width[image_u])
+        cell_u = at * self.per + self.geometry.cells_yx(image_u, y_u, x_u, self.side)
+        est = self.est[np.concatenate([cell_u, cell])]
+        prob = floor / resident + (1 - floor) * est / total
+        image = np.concatenate([image_u, self.images[j]])
+        pixel = np.concatenate([pixel_u, y * self.width[cell] + x])
+        return image, pixel, prob.astype(np.float32), (1 / (resident * prob)).astype(np.float32)
+
+
+class LossSampler:
+    """The ``loss`` sampling stage of one rank: draws from resident rays by the map (see the module)."""
+
+    def __init__(self, errors: ErrorMap, seed: int, rank: int, world_size: int, n_batches: int) -> None:
+        self.errors, self.seed, self.rank, self.world_size = errors, seed, rank, world_size
+        self.n_batches = n_batches
+        self._key = np.random.SeedSequence([seed, _TAG_LOSS, world_size, rank]).generate_state(2, np.uint64)
+        self.floor = errors.config.floor
+        self._cells: list[tuple[Snapshot, bytes, ImageCells]] = []
+        self._lock = threading.Lock()
+        self.stopped: Any = None  # set by the producer: a callable telling it to give up waiting
+
+    def rng(self, epoch: int, k: int) -> np.random.Generator:
+        """Batch ``k`` of ``epoch``'s generator: Philox keyed by (seed, rank), its counter's high words
+        ``(epoch, k)`` (a batch's draws advance the low word only; half the cost of a seeded PCG64)."""
+        return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, epoch, k]))
+
+    def snapshot(self, epoch: int, k: int) -> Snapshot:
+        return self.errors.snapshot(epoch * self.n_batches + k, self.stopped)
+
+    # ---- the images layout: window images --------------------------------------------------
+    def draw_images(self, snap: Snapshot, images: np.ndarray, n: int, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """``n`` rays of the split images ``images``: ``(image, row-major pixel, prob, weight)``."""
+        key = images.tobytes()
+        found = [cells for s, k, cells in self._cells if s is snap and k == key]
+        if not found:  # the last few kept: a window changes in waves, generation threads overlap
+            found = [ImageCells(self.errors, snap, images)]
+            self._cells = [*self._cells[-3:], (snap, key, found[0])]
+        return found[0].draw(n, self.floor, rng)
+
+    # ---- the rays layout: a mixed window ---------------------------------------------------
+    def draw_window(self, snap: Snapshot, window: Any, n: int, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """``n`` rays of ``window`` (its ``pid`` in reading order): ``(index, prob, weight)``."""
+        order, cells, starts, counts, cdf, shift = self._window_cells(snap, window)
+        size, total = len(order), float(cdf[-1])
+        n_uniform = round(self.floor * n)
+        uniform = rng.integers(0, size, n_uniform)
+        drawn = np.minimum(
+            np.searchsorted(cdf, rng.random(n - n_uniform) * total, side="right"), len(cdf) - 1
+        )
+        in_cell = counts[drawn]
+        within = np.minimum((rng.random(len(drawn)) * in_cell).astype(np.int64), in_cell - 1)
+        index = np.concatenate([uniform, order[starts[drawn] + within]])
+        est = snap.est.reshape(-1)[cells[index] >> shift].astype(np.float64)
+        prob = self.floor / size + (1 - self.floor) * est / total
+        return index, prob.astype(np.float32), (1 / (size * prob)).astype(np.float32)
+
+    def _window_cells(self, snap: Snapshot, window: Any) -> tuple[Any, ...]:
+        """The window's rays sorted by cell, and its occupied cells at ``snap``'s level, cached on the
+        window (for the last two snapshots: two generation threads may draw across a rebuild):
+        ``(order, cells, starts, counts, cumulated masses, shift)``."""
+        drawing = getattr(window, "_drawing", ())
+        for cached in drawing:
+            if cached[0] is snap:
+                return cached[1]
+        with self._lock:  # computed once, whichever thread comes first
+            order, ordered, cells = self._window_keys(window)
+            shift = 2 * (self.errors.bits - (snap.side.bit_length() - 1))
+            level = ordered >> shift  # image * side² + cell: sorted, since Z order nests
+            starts = np.flatnonzero(np.diff(level, prepend=-1))
+            counts = np.diff(starts, append=len(order))
+            cdf = np.cumsum(snap.est.reshape(-1)[level[starts]] * counts, dtype=np.float64)
+            tables = (order, cells, starts, counts, cdf, shift)
+            window._drawing = (*getattr(window, "_drawing", ())[-1:], (snap, tables))
+        return tables
+
+    def _window_keys(self, window: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The window's rays' finest cells ``image * grid² + cell`` (int32), and the rays sorted by
+        them (a stable radix sort of 16-bit digits), cached on the window: (order, sorted, cells)."""
+        keyed = getattr(window, "_keys", None)
+        if keyed is None:
+            errors = self.errors
+            image, pixel = errors.geometry.image_pixel_of_pid(window.pid)
+            cells = image * (errors.grid * errors.grid) + errors.geometry.cells(image, pixel, errors.grid)
+            cells = cells.astype(np.int32)
+            order = np.argsort(cells.astype(np.uint16), kind="stable")  # the low digit
+            if len(errors.geometry) * errors.grid * errors.grid > 1 << 16:  # then the high one
+                order = order[np.argsort((cells[order] >> 16).astype(np.uint16), kind="stable")]
+            keyed = window._keys = (order, cells[order], cells)
+        return keyed
+
+
+def loss_lag(gen_threads: int, prefetch_items: int, per_group: int) -> int:
+    """Batches a rebuild is captured ahead of taking effect: more than the pipeline holds ahead of its
+    consumer (groups in generation, queued, being put and being consumed, and the group being drawn),
+    with at least 2 generation threads counted, so that it does not depend on the machine."""
+    return (max(2, gen_threads) + prefetch_items + 3) * per_group + 1
