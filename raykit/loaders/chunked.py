@@ -96,19 +96,19 @@ class Drawn:
         self.sampler, self.epoch, self.pieces = sampler, epoch, pieces
 
     def take(self, lo: int, hi: int) -> RawRays:
-        sampler, rng, k = self.sampler, None, -1
-        runs: list[tuple[Window, list[tuple[np.ndarray, ...]]]] = []
+        sampler, rngs = (
+            self.sampler,
+            {k: self.sampler.rng(self.epoch, k) for k in {p[1] for p in self.pieces}},
+        )
+        runs: list[tuple[Window, Any, list[tuple[int, Any]]]] = []  # pieces of one window and snapshot
         for window, batch, n, snapshot in self.pieces:
-            if batch != k:
-                rng, k = sampler.rng(self.epoch, batch), batch
-            drawn = sampler.draw_window(snapshot, window, n, rng)
-            if runs and runs[-1][0] is window:
-                runs[-1][1].append(drawn)
+            if runs and runs[-1][0] is window and runs[-1][1] is snapshot:
+                runs[-1][2].append((n, rngs[batch]))
             else:
-                runs.append((window, [drawn]))
+                runs.append((window, snapshot, [(n, rngs[batch])]))
         parts = []
-        for window, drawn in runs:  # one gather per window
-            index, prob, weight = (np.concatenate(part) for part in zip(*drawn, strict=True))
+        for window, snapshot, requests in runs:  # one draw and one gather per run
+            index, prob, weight = sampler.draw_window(snapshot, window, requests)
             raw = window.take_index(index)
             raw.extra.update(prob=prob, weight=weight)
             parts.append(raw)

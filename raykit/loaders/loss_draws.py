@@ -43,26 +43,61 @@ class ImageCells:
         self.cdf = np.cumsum(self.est * (self.rows * self.cols), dtype=np.float64)
         self.masses = self.cdf[self.per - 1 :: self.per]  # each image's, cumulated
 
-    def draw(self, n: int, floor: float, rng: np.random.Generator
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """``n`` rays: ``(split image, row-major pixel, prob, weight)``."""
+    def draw(self, floor: float, requests: Requests) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` rays for each ``(n, generator)`` of ``requests``, in a row: ``(split image, row-major
+        pixel, prob, weight)`` (each request's random numbers drawn first, then one pass for all)."""
         resident, total = int(self.ends[-1]), float(self.masses[-1])
-        n_uniform = round(floor * n)
-        u = rng.integers(0, resident, n_uniform)
+        uniform, r = _random_parts(requests, floor, lambda rng, n_uniform, n: (
+            rng.integers(0, resident, n_uniform), rng.random(n), rng.random(n), rng.random((2, n))
+        ))  # fmt: skip
+        u = uniform[0]
         at = np.searchsorted(self.ends, u, side="right")
         image_u, pixel_u = self.images[at], u - (self.ends[at] - self.sizes[at])
-        j = draw_groups(self.masses, rng.random(n - n_uniform))  # level 1: an image by its error mass
-        cell = j * self.per + draw_within(self.cdf, self.per, j, rng.random(len(j)))  # level 2: a cell
-        rows, cols, offset = self.rows[cell], self.cols[cell], rng.random((2, len(cell)))  # a pixel in it
+        j = draw_groups(self.masses, r[0])  # level 1: an image by its error mass
+        cell = j * self.per + draw_within(self.cdf, self.per, j, r[1])  # level 2: a cell
+        rows, cols, offset = self.rows[cell], self.cols[cell], r[2]  # then a pixel in it
         y = self.first_y[cell] + np.minimum((offset[0] * rows).astype(np.int64), rows - 1)
         x = self.first_x[cell] + np.minimum((offset[1] * cols).astype(np.int64), cols - 1)
         y_u, x_u = np.divmod(pixel_u, self.geometry.width[image_u])
         cell_u = at * self.per + self.geometry.cells_yx(image_u, y_u, x_u, self.side)
-        est = self.est[np.concatenate([cell_u, cell])]
+        mask = uniform[1]
+        est = _merge(mask, self.est[cell_u], self.est[cell])
         prob = floor / resident + (1 - floor) * est / total
-        image = np.concatenate([image_u, self.images[j]])
-        pixel = np.concatenate([pixel_u, y * self.width[cell] + x])
+        image = _merge(mask, image_u, self.images[j])
+        pixel = _merge(mask, pixel_u, y * self.width[cell] + x)
         return image, pixel, prob.astype(np.float32), (1 / (resident * prob)).astype(np.float32)
+
+
+Requests = list[tuple[int, np.random.Generator]]
+
+
+def _random_parts(
+    requests: Requests, floor: float, draw: Any
+) -> tuple[tuple[np.ndarray, np.ndarray], list[Any]]:
+    """Each request's random numbers, in its generator's order: ``draw(rng, n_uniform, n_rest)``
+    returns the uniform share's first, then the rest's arrays. Returns ``((the uniform shares
+    concatenated, the mask of their places in the output), [each other array concatenated])``."""
+    parts, counts = [], []
+    for n, rng in requests:
+        n_uniform = round(floor * n)
+        parts.append(draw(rng, n_uniform, n - n_uniform))
+        counts.append((n_uniform, n))
+    joined = [
+        np.concatenate(part, axis=-1) if len(parts) > 1 else part[0] for part in zip(*parts, strict=True)
+    ]
+    mask = np.zeros(sum(n for _, n in counts), bool)
+    at = 0
+    for n_uniform, n in counts:
+        mask[at : at + n_uniform] = True
+        at += n
+    return (joined[0], mask), joined[1:]
+
+
+def _merge(mask: np.ndarray, uniform: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """The uniform share's values where ``mask``, the rest's elsewhere, each in order."""
+    out = np.empty(len(mask), np.result_type(uniform, rest))
+    out[mask], out[~mask] = uniform, rest
+    return out
 
 
 class LossSampler:
@@ -86,30 +121,31 @@ class LossSampler:
         return self.errors.snapshot(epoch * self.n_batches + k, self.stopped)
 
     # ---- the images layout: window images --------------------------------------------------
-    def draw_images(self, snap: Snapshot, images: np.ndarray, n: int, rng: np.random.Generator
+    def draw_images(self, snap: Snapshot, images: np.ndarray, requests: Requests
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """``n`` rays of the split images ``images``: ``(image, row-major pixel, prob, weight)``."""
+        """``n`` rays of the split images ``images`` for each ``(n, generator)`` of ``requests``, in a row:
+        ``(image, row-major pixel, prob, weight)``."""
         key = images.tobytes()
         found = [cells for s, k, cells in self._cells if s is snap and k == key]
         if not found:  # the last few kept: a window changes in waves, generation threads overlap
             found = [ImageCells(self.errors, snap, images)]
             self._cells = [*self._cells[-3:], (snap, key, found[0])]
-        return found[0].draw(n, self.floor, rng)
+        return found[0].draw(self.floor, requests)
 
     # ---- the rays layout: a mixed window ---------------------------------------------------
-    def draw_window(self, snap: Snapshot, window: Any, n: int, rng: np.random.Generator
+    def draw_window(self, snap: Snapshot, window: Any, requests: Requests
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """``n`` rays of ``window`` (its ``pid`` in reading order): ``(index, prob, weight)``."""
+        """``n`` rays of ``window`` (its ``pid`` in reading order) for each ``(n, generator)`` of
+        ``requests``, in a row: ``(index, prob, weight)``."""
         order, cells, starts, counts, cdf, shift = self._window_cells(snap, window)
         size, total = len(order), float(cdf[-1])
-        n_uniform = round(self.floor * n)
-        uniform = rng.integers(0, size, n_uniform)
-        drawn = np.minimum(
-            np.searchsorted(cdf, rng.random(n - n_uniform) * total, side="right"), len(cdf) - 1
-        )
+        uniform, r = _random_parts(requests, self.floor, lambda rng, n_uniform, n: (
+            rng.integers(0, size, n_uniform), rng.random(n), rng.random(n)
+        ))  # fmt: skip
+        drawn = np.minimum(np.searchsorted(cdf, r[0] * total, side="right"), len(cdf) - 1)
         in_cell = counts[drawn]
-        within = np.minimum((rng.random(len(drawn)) * in_cell).astype(np.int64), in_cell - 1)
-        index = np.concatenate([uniform, order[starts[drawn] + within]])
+        within = np.minimum((r[1] * in_cell).astype(np.int64), in_cell - 1)
+        index = _merge(uniform[1], uniform[0], order[starts[drawn] + within])
         est = snap.est.reshape(-1)[cells[index] >> shift].astype(np.float64)
         prob = self.floor / size + (1 - self.floor) * est / total
         return index, prob.astype(np.float32), (1 / (size * prob)).astype(np.float32)

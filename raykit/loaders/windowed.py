@@ -299,8 +299,14 @@ class WindowGroup(RawGroup):
     def gather(self) -> RawRays:
         if self.picks:  # drawn here, then the group's batches gathered at once (a take per image)
             sampler = self.sampler
-            drawn = [sampler.draw_images(p.snapshot, p.images, p.size, sampler.rng(self.epoch, p.batch))
-                     for p in self.picks]  # fmt: skip
+            runs: list[tuple[Any, np.ndarray, list[Any]]] = []  # picks of one snapshot and window: one draw
+            for p in self.picks:
+                request = (p.size, sampler.rng(self.epoch, p.batch))
+                if runs and runs[-1][0] is p.snapshot and np.array_equal(runs[-1][1], p.images):
+                    runs[-1][2].append(request)
+                else:
+                    runs.append((p.snapshot, p.images, [request]))
+            drawn = [sampler.draw_images(snapshot, images, requests) for snapshot, images, requests in runs]
             inverses = {i: v for pick in self.picks for i, v in pick.inverses.items()}
             image, pixel, prob, weight = (np.concatenate(part) for part in zip(*drawn, strict=True))
             return Picked(image, pixel, prob, weight, inverses).gather(self.held)

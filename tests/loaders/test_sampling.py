@@ -87,7 +87,9 @@ def test_image_draws_follow_the_map_and_report_their_probability(floor: float) -
     starts = {0: 0, 2: SIZES[0][0] * SIZES[0][1]}
     counts = np.zeros(len(expected))
     for k in range(300):
-        image, pixel, prob, weight = sampler.draw_images(snapshot, np.array(images), 1000, sampler.rng(0, k))
+        image, pixel, prob, weight = sampler.draw_images(
+            snapshot, np.array(images), [(1000, sampler.rng(0, k))]
+        )
         flat = np.array([starts[int(i)] for i in image]) + pixel
         np.testing.assert_allclose(prob, expected[flat], rtol=1e-5)  # what was drawn with
         np.testing.assert_allclose(weight, 1 / (len(expected) * expected[flat]), rtol=1e-5)
@@ -115,11 +117,28 @@ def test_window_draws_follow_the_map_within_the_window() -> None:
     expected = 0.25 / len(pid) + 0.75 * est / est.sum()
     counts = np.zeros(len(pid))
     for k in range(200):
-        index, prob, _ = sampler.draw_window(snapshot, window, 1000, sampler.rng(1, k))
+        index, prob, _ = sampler.draw_window(snapshot, window, [(1000, sampler.rng(1, k))])
         np.testing.assert_allclose(prob, expected[index], rtol=1e-5)
         counts += np.bincount(index, minlength=len(pid))
     assert _chi2(counts, expected) < _bound(len(pid) - 1)
     assert _chi2(counts, np.full(len(pid), 1 / len(pid))) > 10 * _bound(len(pid) - 1)
+
+
+def test_batches_drawn_together_are_those_drawn_one_by_one() -> None:
+    """Several batches' requests in one draw (a group's, on a generation thread) give each batch the
+    rays, probabilities and weights it gets alone: each keeps its own generator's numbers."""
+    sampler, snapshot = _sampler(0.3)
+    images = np.array([0, 2])
+
+    class Window:
+        pid = np.random.default_rng(1).integers(0, int(sampler.errors.geometry.n_pixels.sum()), 200)
+
+    sizes = [50, 37, 64]
+    for draw, source in ((sampler.draw_images, images), (sampler.draw_window, Window())):
+        together = draw(snapshot, source, [(n, sampler.rng(5, k)) for k, n in enumerate(sizes)])
+        alone = [draw(snapshot, source, [(n, sampler.rng(5, k))]) for k, n in enumerate(sizes)]
+        for joined, parts in zip(together, zip(*alone, strict=True), strict=True):
+            np.testing.assert_array_equal(joined, np.concatenate(parts))
 
 
 @pytest.mark.parametrize("floor", [0.0, 0.5])
@@ -134,7 +153,7 @@ def test_the_floor_is_drawn_uniformly(floor: float) -> None:
     n_uniform = round(floor * 1000)
     head, tail = [], []
     for k in range(50):
-        image, pixel, _, _ = sampler.draw_images(snapshot, images, 1000, sampler.rng(2, k))
+        image, pixel, _, _ = sampler.draw_images(snapshot, images, [(1000, sampler.rng(2, k))])
         flat = starts[image] + pixel
         head.append(cold[flat[:n_uniform]])
         tail.append(cold[flat[n_uniform:]])
