@@ -338,29 +338,33 @@ class Picked(NamedTuple):
     inverses: dict[int, np.ndarray]
 
     def gather(self, held: Mapping[int, WindowImage]) -> RawRays:
-        """The batch's rays from the window images ``held`` (safe on any thread): sorted by image (a
-        radix sort of small window positions), one ``take`` per image, put back in draw order."""
+        """The batch's rays from the window images ``held`` (safe on any thread): each ray's rank in
+        its image at once, then one ``take`` per image over the rays sorted by image (a radix sort of
+        small window positions), put back in draw order."""
         ids = np.fromiter(held, np.int64, len(held))
         ids.sort()
+        sources = [held[i] for i in ids.tolist()]
         local = np.searchsorted(ids, self.image).astype(np.int16 if len(ids) < 1 << 15 else np.int64)
+        pid = np.array([s.offset for s in sources], np.uint32)[local] + self.pixel.astype(np.uint32)
         order = np.argsort(local, kind="stable")
+        local, pixel = local[order], self.pixel[order]
         stops = np.cumsum(np.bincount(local, minlength=len(ids))).tolist()
-        pixels = self.pixel[order]
-        channels = next(iter(held.values())).ranked.shape[1]
+        spans = list(zip(ids.tolist(), [0, *stops[:-1]], stops, strict=True))
+        if all(self.inverses[i] is self.inverses[int(ids[0])] for i in ids.tolist()):  # one image size
+            rank = self.inverses[int(ids[0])][pixel]
+        else:
+            rank = np.concatenate([self.inverses[i][pixel[a:b]] for i, a, b in spans])
+        rank -= np.array([s.rotation for s in sources], np.int64)[local]  # the rank order starts there
+        rank += np.where(rank < 0, np.array([len(s.ranked) for s in sources], np.int64)[local], 0)
+        channels = sources[0].ranked.shape[1]
         sorted_rgba = np.empty((len(order), channels), np.uint8)
         out = sorted_rgba.view(np.uint32)[:, 0] if channels == 4 else sorted_rgba  # 4 channels: a uint32
-        pid = np.empty(len(order), np.uint32)
-        for i, a, b in zip(ids.tolist(), [0, *stops[:-1]], stops, strict=True):
-            if a == b:
-                continue
-            source, here = held[i], pixels[a:b]
-            rank = self.inverses[i][here] - source.rotation  # the pixel's rank in the image
-            rank[rank < 0] += len(source.ranked)
-            ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
-            out[a:b] = ranked.take(rank, axis=0)
-            pid[order[a:b]] = here + source.offset
+        for source, (_, a, b) in zip(sources, spans, strict=True):
+            if a < b:
+                ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
+                ranked.take(rank[a:b], axis=0, out=out[a:b])
         rgba = np.empty_like(sorted_rgba)
-        rgba[order] = sorted_rgba
+        (rgba.view(np.uint32)[:, 0] if channels == 4 else rgba)[order] = out
         return RawRays(rgba, pid, {"prob": self.prob, "weight": self.weight})
 
 
