@@ -1,17 +1,20 @@
 """The ``loss`` sampling stage's draws from what is resident (the law: :mod:`raykit.loaders.sampling`).
 
-Each batch draws ``round(floor * n)`` rays uniformly and the rest by the map, from tables kept while
-the resident rays and the snapshot stay the same (a few per window, not per batch), so that a batch
-costs a few vectorised passes over its own rays:
+Each batch draws ``round(floor * n)`` rays uniformly and the rest by the map in two levels, from
+tables kept while the resident rays and the snapshot stay the same (built once per window and
+snapshot, not per batch):
 
-* the images layout: the window images' cells in a row (each cell's image, pixel box and estimate),
-  with their cumulated areas (the uniform share) and masses (estimate x area); a draw is a cell by
-  one search of those, then a pixel uniformly in its box. One search over the window's cells is the
-  two levels (an image by its mass, a cell by the image's masses) at once;
-* the rays layout: each ray of the mixed window with its cell's estimate, cumulated: a draw is one
-  search of those (a ray by its estimate), the uniform share one multiplication.
+* the images layout (:class:`ImageCells`): the window images' cells in a row (each cell's pixel box
+  and estimate) and their masses (estimate x area) cumulated; an image by its mass, a cell by the
+  image's masses, a pixel uniformly in the cell's box; the uniform share is a pixel of the window;
+* the rays layout: the mixed window's rays sorted by their finest cell (a stable radix sort, once
+  per window) and its occupied cells' masses (estimate x rays) cumulated at the snapshot's level; a
+  cell by its mass, a ray uniformly among the window's rays in it.
 
-Every draw's random numbers come from its batch's generator (:meth:`LossSampler.rng`).
+The draws run where a group is gathered (a generation thread): the snapshot of each batch is fixed
+on the producer's thread in batch order, and each batch's random numbers come from its own generator
+(:meth:`LossSampler.rng`), drawn first; then the group's batches of one window and snapshot are drawn
+in one vectorised pass. So the batches are those of drawing one by one, on any thread.
 """
 
 from __future__ import annotations

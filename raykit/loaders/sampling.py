@@ -14,7 +14,8 @@ A batch draws from what is resident (the rays layout's mixed window, the images 
 images): a ``floor`` fraction uniformly, the rest in two levels (the images layout: an image by its
 error mass, a cell by the image's cumulative masses, a pixel uniformly within the cell; the rays
 layout: an occupied cell of the window by its mass, a ray uniformly among the window's rays in it).
-No categorical distribution is larger than the window. Each ray carries the probability it was drawn
+No categorical distribution is larger than the window (how the draws are made:
+:mod:`raykit.loaders.loss_draws`). Each ray carries the probability it was drawn
 with (``prob``, that of the mixture) and ``weight = 1 / (resident rays * prob)`` (mean 1), in
 ``RawRays.extra`` and so ``RayBatch.extra``.
 
