@@ -340,3 +340,31 @@ def test_batches_are_pinned_by_a_digest(two_layouts: dict[str, Any], layout: str
             break
     loader.close()
     assert digest.hexdigest() == _DIGESTS[layout]
+
+
+@pytest.mark.parametrize("layout", ["rays", "images"])
+def test_images_of_two_sizes_give_each_ray_its_own_colour(tmp_path: Path, layout: str) -> None:
+    """Per-size tables (cells) and per-size rank orders (the images layout's gather): every drawn
+    ray's colour is its image's pixel, with images of two sizes in one split."""
+    import dataclasses
+
+    small = [dataclasses.replace(r, name=f"s_{r.name}") for r in make_records(3, 0, width=20, height=12)]
+    records = make_records(3, 0) + small
+    store = write_store(tmp_path / layout, records, scene=SceneInfo(), backend="zarr", layout=layout,
+                        **({"chunk_rays": 128} if layout == "rays" else {}))  # fmt: skip
+    loader = RayLoader(store, num_workers=0, **{**_KW, "split": "train"})
+    pixels = {row: store.image_raw(name).rgba for row, name in enumerate(store.table.names)}
+    seen = set()
+    for i, batch in enumerate(loader.forever()):
+        loader.observe(batch, _loss_of(batch))
+        image, xy = batch.image.numpy(), batch.pixel.numpy()
+        for row in np.unique(image).tolist():
+            here = image == row
+            width = int(store.table.width[row])
+            expected = pixels[row][xy[here, 1] * width + xy[here, 0], :3] / 255.0
+            np.testing.assert_allclose(batch.rgb.numpy()[here], expected, atol=1e-6)
+            seen.add(width)
+        if i == 12:  # past a few rebuilds (interval 3)
+            break
+    loader.close()
+    assert seen == {20, 24}
