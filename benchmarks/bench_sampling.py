@@ -60,19 +60,20 @@ def loader_rate(store: Any, mode: str, batches: int) -> dict[str, float]:
     from raykit.loaders import RayLoader
 
     loader = RayLoader(store, "train", 4096, 0, num_workers=0, sampling=mode)
-    seen = 0
+    seen, cpu = 0, 0.0
     t0 = start = time.perf_counter()
     for i, batch in enumerate(loader.forever()):
         loader.observe(batch, (batch.rgb - 0.5).abs().mean(dim=1).to(torch.float32))
         if i == 0:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
         else:
             seen += len(batch)
         if i == batches:
             break
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     loader.close()
-    return {"rays_per_s": seen / elapsed, "first_batch_s": start - t0}
+    rates = {"rays_per_s": seen / elapsed, "first_batch_s": start - t0}
+    return {**rates, "cpu_ms_per_batch": 1e3 * cpu / batches}  # all threads' CPU time
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,9 +92,11 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     for layout, modes in runs.items():
         rates = {m: [r["rays_per_s"] for r in modes[m]] for m in MODES}
         ratios = [b / a for a, b in zip(rates["uniform"], rates["loss"], strict=True)]
+        cpu = {m: [r["cpu_ms_per_batch"] for r in modes[m]] for m in MODES}
         summary[layout] = {"uniform_mrays_s": [round(r / 1e6, 3) for r in rates["uniform"]],
                            "loss_mrays_s": [round(r / 1e6, 3) for r in rates["loss"]],
-                           "ratio_per_round": [round(r, 3) for r in ratios]}  # fmt: skip
+                           "ratio_per_round": [round(r, 3) for r in ratios],
+                           "cpu_ms_per_batch": {m: [round(c, 2) for c in cpu[m]] for m in MODES}}  # fmt: skip
     return {
         "size": args.size,
         "batches": args.batches,

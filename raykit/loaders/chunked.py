@@ -16,7 +16,7 @@ from raykit.loaders.config import LoaderConfig, default_group_rays
 from raykit.loaders.fetcher import ChunkFetcher
 from raykit.loaders.plan import SamplingPlan, runs_to_positions
 from raykit.loaders.source import ChunkSource, as_source
-from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs
+from raykit.loaders.stages import Positioned, RawGroup, StageTimes, StrategyInputs, slice_batch
 from raykit.store import RawRays, RayStore
 
 __all__ = [
@@ -86,16 +86,34 @@ class Window:
 
 
 class Drawn:
-    """Rays drawn from a window by the sampling stage, with the probability each was drawn with
-    (``prob``) and its weight (``weight``; see :mod:`raykit.loaders.sampling`) in ``extra``."""
+    """Consecutive batches' rays to draw from their windows by the sampling stage: ``pieces`` of
+    ``(window, batch, rays, snapshot)``, drawn when gathered (on a generation thread; a batch's
+    generator is shared by its pieces, so the draws are those of drawing in batch order anywhere),
+    with the probability each ray was drawn with (``prob``) and its weight (``weight``; see
+    :mod:`raykit.loaders.sampling`) in ``extra``."""
 
-    def __init__(self, window: Window, index: np.ndarray, prob: np.ndarray, weight: np.ndarray) -> None:
-        self.window, self.index, self.prob, self.weight = window, index, prob, weight
+    def __init__(self, sampler: Any, epoch: int, pieces: list[tuple[Window, int, int, Any]]) -> None:
+        self.sampler, self.epoch, self.pieces = sampler, epoch, pieces
 
     def take(self, lo: int, hi: int) -> RawRays:
-        raw = self.window.take_index(self.index[lo:hi])
-        raw.extra.update(prob=self.prob[lo:hi], weight=self.weight[lo:hi])
-        return raw
+        sampler, rngs = (
+            self.sampler,
+            {k: self.sampler.rng(self.epoch, k) for k in {p[1] for p in self.pieces}},
+        )
+        runs: list[tuple[Window, Any, list[tuple[int, Any]]]] = []  # pieces of one window and snapshot
+        for window, batch, n, snapshot in self.pieces:
+            if runs and runs[-1][0] is window and runs[-1][1] is snapshot:
+                runs[-1][2].append((n, rngs[batch]))
+            else:
+                runs.append((window, snapshot, [(n, rngs[batch])]))
+        parts = []
+        for window, snapshot, requests in runs:  # one draw and one gather per run
+            index, prob, weight = sampler.draw_window(snapshot, window, requests)
+            raw = window.take_index(index)
+            raw.extra.update(prob=prob, weight=weight)
+            parts.append(raw)
+        raw = parts[0] if len(parts) == 1 else RawRays.concat(parts)
+        return raw if (lo, hi) == (0, len(raw)) else slice_batch(raw, lo, hi)
 
 
 class ChunkWindows(Positioned):
@@ -156,20 +174,19 @@ class WindowGroups(Positioned):
                     loaded[j] = next(windows)
             bounds = [(a - lo, b - lo) for a, b in map(plan.batch_span, range(k0, k1))]
             slices: list[tuple[Any, int, int]] = [(loaded[j], a, b) for j, a, b in pieces]
-            if self.sampler is not None:  # each batch's pieces drawn from their windows instead
-                slices = [s for k in range(k0, k1) for s in self._drawn(epoch, k, loaded)]
+            if self.sampler is not None:  # the batches' pieces drawn from their windows instead
+                slices = self._drawn(epoch, range(k0, k1), loaded)
             self.batch = k1
             yield RawGroup(epoch, k0, bounds, slices)
 
-    def _drawn(self, epoch: int, k: int, loaded: dict[int, Window]) -> list[tuple[Any, int, int]]:
-        """Batch ``k``'s rays drawn by the sampling stage, piece by piece from the piece's window."""
-        sampler = self.sampler
-        rng, snapshot = sampler.rng(epoch, k), sampler.snapshot(epoch, k)
-        out: list[tuple[Any, int, int]] = []
-        for j, a, b in self.plan.batch_windows(k):
-            index, prob, weight = sampler.draw_window(snapshot, loaded[j], b - a, rng)
-            out.append((Drawn(loaded[j], index, prob, weight), 0, b - a))
-        return out
+    def _drawn(self, epoch: int, batches: range, loaded: dict[int, Window]) -> list[tuple[Any, int, int]]:
+        """The ``batches``' rays to draw by the sampling stage, piece by piece from the piece's window,
+        with the snapshot each batch draws with (waited for here, in batch order)."""
+        sampler, pieces = self.sampler, []
+        for k in batches:
+            snapshot = sampler.snapshot(epoch, k)
+            pieces += [(loaded[j], k, b - a, snapshot) for j, a, b in self.plan.batch_windows(k)]
+        return [(Drawn(sampler, epoch, pieces), 0, sum(piece[2] for piece in pieces))]
 
 
 class ChunkStrategy:

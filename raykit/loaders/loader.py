@@ -24,13 +24,12 @@ from raykit.loaders.chunked import SHUFFLED_SPLIT_MIX_RUN
 from raykit.loaders.component_gather import ComponentChunkCache, ComponentGather, WithComponents
 from raykit.loaders.components import component_budget, component_bytes, served_components
 from raykit.loaders.config import LoaderConfig
+from raykit.loaders.loss_draws import LossSampler, loss_lag
 from raykit.loaders.node_cache import check_cache_kind
 from raykit.loaders.sampling import (
     MAP_BYTES_MAX,
     ErrorMap,
     ImageGeometry,
-    LossSampler,
-    loss_lag,
     map_bytes,
     map_grid,
     sampling_record,
@@ -207,14 +206,15 @@ class RayLoader(BatchLoader):
         if isinstance(batch, RayBatch):
             image = geometry.local[batch.image.cpu().numpy()]
             xy = batch.pixel.cpu().numpy()
-            pixel = xy[:, 1] * geometry.width[image] + xy[:, 0]
+            y, x = xy[:, 1], xy[:, 0]
         else:
             image, pixel = geometry.image_pixel_of_pid(np.asarray(batch.pid))
+            y, x = np.divmod(pixel, geometry.width[image])
         if len(values) != len(image):
             raise ConfigError(
                 f"loader: observe: expected {len(image)} losses (one per ray), got {len(values)}"
             )
-        self.sampler.errors.observe(image, pixel, values)
+        self.sampler.errors.observe(image, y, x, values)
 
     def sampling_map(self, image: int) -> np.ndarray | None:
         """With ``loss`` sampling, where the error map puts the rays of the store's image (camera-table

@@ -14,7 +14,8 @@ A batch draws from what is resident (the rays layout's mixed window, the images 
 images): a ``floor`` fraction uniformly, the rest in two levels (the images layout: an image by its
 error mass, a cell by the image's cumulative masses, a pixel uniformly within the cell; the rays
 layout: an occupied cell of the window by its mass, a ray uniformly among the window's rays in it).
-No categorical distribution is larger than the window. Each ray carries the probability it was drawn
+No categorical distribution is larger than the window (how the draws are made:
+:mod:`raykit.loaders.loss_draws`). Each ray carries the probability it was drawn
 with (``prob``, that of the mixture) and ``weight = 1 / (resident rays * prob)`` (mean 1), in
 ``RawRays.extra`` and so ``RayBatch.extra``.
 
@@ -43,13 +44,13 @@ import numpy as np
 from raykit.errors import ConfigError, ResumeError
 from raykit.ranges import Range, range_problems
 
-__all__ = ["MAP_BYTES_MAX", "SAMPLINGS", "ErrorMap", "ImageGeometry", "LossSampler", "SamplingConfig",
+__all__ = ["MAP_BYTES_MAX", "SAMPLINGS", "ErrorMap", "ImageGeometry", "SamplingConfig", "Snapshot",
            "map_bytes", "map_grid"]  # fmt: skip
 
 SAMPLINGS = ("uniform", "loss", "temporal")
 MAP_BYTES_MAX = 128 * 10**6  # the maps' bound whatever the split (2,010 1080p photos: grid 32, 33 MB)
 _BYTES_PER_CELL = 16  # accumulator (sum, count: float32) + two snapshots' float32 estimates
-_TAG_LOSS = 21
+_FLUSH_RAYS = 1 << 16  # observed rays held before they are added to the sums
 _PRIOR_RAYS = 1.0  # a cell's estimate is its mean loss smoothed by this many rays of the split's mean
 
 
@@ -135,7 +136,11 @@ class ImageGeometry:
         self.local = np.full(n_table_rows, -1, np.int64)
         self.local[self.rows] = np.arange(len(rows))
         self._order = np.argsort(self.offset, kind="stable")
-        self._areas: dict[tuple[int, int, int], np.ndarray] = {}
+        self._boxes: dict[tuple[int, int, int], np.ndarray] = {}
+        sizes = self.height * (1 << 32) + self.width
+        self._by_size = {int(v): np.flatnonzero(sizes == v) for v in np.unique(sizes)}
+        self._size_of = np.zeros(len(rows), np.int64)
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def of_store(cls, store: Any, split: str) -> ImageGeometry:
@@ -155,49 +160,56 @@ class ImageGeometry:
 
     def cells(self, image: np.ndarray, pixel: np.ndarray, side: int) -> np.ndarray:
         """Z-order cell (at ``side`` cells per side) of row-major ``pixel`` of split images ``image``."""
-        w, h = self.width[image], self.height[image]
-        y, x = np.divmod(pixel, w)
-        return _morton(y * side // h, x * side // w)
+        y, x = np.divmod(pixel, self.width[image])
+        return self.cells_yx(image, y, x, side)
+
+    def cells_yx(self, image: np.ndarray, y: np.ndarray, x: np.ndarray, side: int) -> np.ndarray:
+        """Z-order cell (at ``side`` cells per side) of pixel ``(y, x)`` of split images ``image``: two
+        lookups in tables per image size (no division per pixel)."""
+        if side not in self._tables:
+            sizes = list(self._by_size)
+            ys = np.zeros((len(sizes), int(self.height.max())), np.int64)
+            xs = np.zeros((len(sizes), int(self.width.max())), np.int64)
+            for g, key in enumerate(sizes):
+                h, w = key >> 32, key & 0xFFFFFFFF
+                ys[g, :h] = _SPREAD[np.arange(h) * side // h] << 1
+                xs[g, :w] = _SPREAD[np.arange(w) * side // w]
+                self._size_of[self._by_size[key]] = g
+            self._tables[side] = (ys, xs)
+        ys, xs = self._tables[side]
+        if len(ys) == 1:  # one image size: no per-image lookup
+            return ys[0][y] | xs[0][x]
+        size = self._size_of[image]
+        return ys[size, y] | xs[size, x]
+
+    def boxes(self, image: int, side: int) -> np.ndarray:
+        """(4, side²) int64: each Z-order cell's first row, rows, first column and columns in split image
+        ``image`` at ``side`` cells per side (the pixels ``p`` with ``p * side // size`` the cell's)."""
+        h, w = int(self.height[image]), int(self.width[image])
+        key = (h, w, side)
+        if key not in self._boxes:
+            first_y, first_x = (
+                (np.arange(side + 1) * h + side - 1) // side,
+                (np.arange(side + 1) * w + side - 1) // side,
+            )
+            cy, cx = np.divmod(np.arange(side * side), side)
+            boxes = np.empty((4, side * side), np.int64)
+            boxes[:, _morton(cy, cx)] = (first_y[cy], np.diff(first_y)[cy], first_x[cx], np.diff(first_x)[cx])
+            self._boxes[key] = boxes
+        return self._boxes[key]
 
     def area(self, image: int, side: int) -> np.ndarray:
         """(side², ) pixels of each Z-order cell of split image ``image`` at ``side`` cells per side."""
-        h, w = int(self.height[image]), int(self.width[image])
-        key = (h, w, side)
-        if key not in self._areas:
-            rows = np.bincount(np.arange(h) * side // h, minlength=side)
-            cols = np.bincount(np.arange(w) * side // w, minlength=side)
-            cy, cx = np.divmod(np.arange(side * side), side)
-            area = np.zeros(side * side, np.float64)
-            area[_morton(cy, cx)] = (rows[:, None] * cols[None, :]).reshape(-1)
-            self._areas[key] = area
-        return self._areas[key]
+        boxes = self.boxes(image, side)
+        return (boxes[1] * boxes[3]).astype(np.float64)
 
-    def pixels_in_cells(self, image: np.ndarray, cells: np.ndarray, side: int, rng: np.random.Generator
-                        ) -> np.ndarray:  # fmt: skip
-        """A uniform row-major pixel within each Z-order cell ``cells`` of split images ``image``."""
-        h, w = self.height[image], self.width[image]
-        cy, cx = _unmorton(cells, side)
-        y0, y1 = (cy * h + side - 1) // side, ((cy + 1) * h + side - 1) // side
-        x0, x1 = (cx * w + side - 1) // side, ((cx + 1) * w + side - 1) // side
-        u = rng.random((2, len(cells)))
-        y = np.minimum(y0 + (u[0] * (y1 - y0)).astype(np.int64), y1 - 1)
-        x = np.minimum(x0 + (u[1] * (x1 - x0)).astype(np.int64), x1 - 1)
-        return y * w + x
-
-
-_UNMORTON: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _unmorton(code: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(cy, cx)`` of Z-order cells ``code`` at ``side`` cells per side (a table per side)."""
-    if side not in _UNMORTON:
-        cy, cx = np.divmod(np.arange(side * side), side)
-        tables = (np.empty(side * side, np.int64), np.empty(side * side, np.int64))
-        z = _morton(cy, cx)
-        tables[0][z], tables[1][z] = cy, cx
-        _UNMORTON[side] = tables
-    cy_of, cx_of = _UNMORTON[side]
-    return cy_of[code], cx_of[code]
+    def masses(self, est: np.ndarray, side: int) -> np.ndarray:
+        """(I,) float64 each image's error mass by the (I, side²) cell estimates ``est``: one product
+        per image size."""
+        mass = np.empty(len(self), np.float64)
+        for members in self._by_size.values():
+            mass[members] = est[members].astype(np.float64) @ self.area(int(members[0]), side)
+        return mass
 
 
 @dataclass(frozen=True)
@@ -232,6 +244,9 @@ class ErrorMap:
         self._points_lock = threading.Lock()
         self.snapshots: dict[int, Snapshot] = {0: self._flat()}
         self._ready = threading.Condition()
+        self._pending: list[tuple[np.ndarray, ...]] = []  # observed, not yet added
+        self._pending_rays = 0
+        self._quiet = 0  # settle(t) has nothing to do for t below this
 
     @property
     def nbytes(self) -> int:
@@ -251,16 +266,34 @@ class ErrorMap:
         return Snapshot(1, est, self.geometry.n_pixels.astype(np.float64))
 
     # ---- the consumer's side ----------------------------------------------------------------
-    def observe(self, image: np.ndarray, pixel: np.ndarray, losses: np.ndarray) -> None:
-        """Add ``losses`` of the rays at row-major ``pixel`` of split images ``image`` (``-1``: skip)."""
+    def observe(self, image: np.ndarray, y: np.ndarray, x: np.ndarray, losses: np.ndarray) -> None:
+        """Add ``losses`` of the rays at pixels ``(y, x)`` of split images ``image`` (``-1``: skip).
+        Copied, and added in order ``_FLUSH_RAYS`` at a time and before each rebuild: one pass for many
+        batches, the sums those of adding them batch by batch."""
+        values = np.array(losses, np.float32)
+        self._pending.append(
+            (np.array(image, np.int64), np.array(y, np.int64), np.array(x, np.int64), values)
+        )
+        self._pending_rays += len(values)
+        if self._pending_rays >= _FLUSH_RAYS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        image, y, x, losses = (np.concatenate(part) for part in zip(*self._pending, strict=True))
+        self._pending, self._pending_rays = [], 0
         keep = (image >= 0) & np.isfinite(losses)
-        image, pixel, losses = image[keep], pixel[keep], losses[keep].astype(np.float32)
-        flat = image * self.grid * self.grid + self.geometry.cells(image, pixel, self.grid)
+        if not keep.all():
+            image, y, x, losses = image[keep], y[keep], x[keep], losses[keep]
+        flat = image * self.grid * self.grid + self.geometry.cells_yx(image, y, x, self.grid)
         np.add.at(self.sums.reshape(-1), flat, losses)
         np.add.at(self.counts.reshape(-1), flat, np.float32(1))
 
     def settle(self, t: int) -> None:
         """Batch ``t`` is handed out (every batch before it settled): capture the rebuilds due."""
+        if t < self._quiet:  # no rebuild to capture, no snapshot to drop
+            return
         while self.rebuild_at(self.rebuilds + 1) - self.lag <= t:
             self.rebuilds += 1
             snapshot = self._capture()
@@ -270,6 +303,8 @@ class ErrorMap:
         current = self._due(t)
         with self._ready:  # snapshots no batch from ``t`` on uses
             self.snapshots = {r: s for r, s in self.snapshots.items() if r >= current}
+        following = self._points[bisect.bisect_right(self._points, t)]  # the next rebuild to take effect
+        self._quiet = min(self.rebuild_at(self.rebuilds + 1) - self.lag, following)
 
     def _due(self, t: int) -> int:
         """The rebuild point batch ``t`` draws with."""
@@ -278,6 +313,7 @@ class ErrorMap:
         return self._points[bisect.bisect_right(self._points, t) - 1]
 
     def _capture(self) -> Snapshot:
+        self._flush()
         ranks = _reduce_mean(self.sums, self.counts)
         geometry, total = self.geometry, float(self.counts.sum())
         n = total * ranks / max(1, len(geometry))  # samples per image since the start (decayed)
@@ -288,7 +324,7 @@ class ErrorMap:
         prior = float(self.sums.sum(dtype=np.float64)) / total if total > 0 else 1.0
         est = (sums + _PRIOR_RAYS * prior) / (counts + _PRIOR_RAYS)
         est = np.maximum(est, 1e-12 * max(prior, 1e-30)).astype(np.float32)
-        mass = np.array([float(est[i] @ geometry.area(i, side)) for i in range(len(geometry))])
+        mass = geometry.masses(est, side)
         self.sums *= np.float32(self.config.decay)
         self.counts *= np.float32(self.config.decay)
         return Snapshot(side, est, mass)
@@ -311,6 +347,7 @@ class ErrorMap:
             return self.snapshots[max(self.snapshots)]
 
     def state_dict(self) -> dict[str, Any]:
+        self._flush()
         with self._ready:
             snaps = {str(r): {"side": s.side, "est": _encode(s.est), "mass": _encode(s.mass)}
                      for r, s in self.snapshots.items()}  # fmt: skip
@@ -333,6 +370,7 @@ class ErrorMap:
             raise ResumeError(f"loader state: sampling: expected maps of shape {self.sums.shape}")
         with self._ready:
             self.sums, self.counts, self.rebuilds = sums, counts, rebuilds
+            self._pending, self._pending_rays, self._quiet = [], 0, 0
             self.snapshots = snaps or {0: self._flat()}
 
 
@@ -369,112 +407,6 @@ def draw_within(cdf: np.ndarray, per: int, j: np.ndarray, u: np.ndarray) -> np.n
     first = np.where(j > 0, ends[np.maximum(j - 1, 0)], 0.0)
     item = np.searchsorted(cdf, first + u * (ends[j] - first), side="right")
     return np.clip(item - j * per, 0, per - 1)
-
-
-class LossSampler:
-    """The ``loss`` sampling stage of one rank: draws from resident rays by the map (see the module)."""
-
-    def __init__(self, errors: ErrorMap, seed: int, rank: int, world_size: int, n_batches: int) -> None:
-        self.errors, self.seed, self.rank, self.world_size = errors, seed, rank, world_size
-        self.n_batches = n_batches
-        self._key = np.random.SeedSequence([seed, _TAG_LOSS, world_size, rank]).generate_state(2, np.uint64)
-        self.floor = errors.config.floor
-        self._cdf_key: tuple[Snapshot, bytes] | None = None
-        self._cdf = np.zeros(0)
-        self.stopped: Any = None  # set by the producer: a callable telling it to give up waiting
-
-    def rng(self, epoch: int, k: int) -> np.random.Generator:
-        """Batch ``k`` of ``epoch``'s generator: Philox keyed by (seed, rank), its counter's high words
-        ``(epoch, k)`` (a batch's draws advance the low word only; half the cost of a seeded PCG64)."""
-        return np.random.Generator(np.random.Philox(key=self._key, counter=[0, 0, epoch, k]))
-
-    def snapshot(self, epoch: int, k: int) -> Snapshot:
-        return self.errors.snapshot(epoch * self.n_batches + k, self.stopped)
-
-    # ---- the images layout: window images --------------------------------------------------
-    def draw_images(self, snap: Snapshot, images: np.ndarray, n: int, rng: np.random.Generator
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """``n`` rays of the split images ``images``: ``(image, row-major pixel, prob, weight)``."""
-        geometry, cells_per = self.errors.geometry, snap.side * snap.side
-        sizes = geometry.n_pixels[images]
-        resident = int(sizes.sum())
-        n_uniform = round(self.floor * n)
-        u = rng.integers(0, resident, n_uniform)
-        ends = np.cumsum(sizes)
-        at = np.searchsorted(ends, u, side="right")
-        cdf = self._window_cdf(snap, images)  # the images' cells' masses, cumulated image after image
-        ends_mass = cdf[cells_per - 1 :: cells_per]  # each image's cumulated error mass
-        total = float(ends_mass[-1])
-        j = draw_groups(ends_mass, rng.random(n - n_uniform))  # level 1: an image by its error mass
-        # level 2: a cell by that image's cumulated masses, then a pixel uniformly in the cell
-        cell = draw_within(cdf, cells_per, j, rng.random(len(j)))
-        image_u, pixel_u = images[at], u - (ends[at] - sizes[at])
-        picked = geometry.pixels_in_cells(images[j], cell, snap.side, rng)
-        image_all, pixel_all = np.concatenate([image_u, images[j]]), np.concatenate([pixel_u, picked])
-        est_u = snap.est[image_u, geometry.cells(image_u, pixel_u, snap.side)]
-        est = np.concatenate([est_u, snap.est[images[j], cell]]).astype(np.float64)
-        prob = self.floor / resident + (1 - self.floor) * est / total
-        return image_all, pixel_all, prob.astype(np.float32), (1 / (resident * prob)).astype(np.float32)
-
-    def _window_cdf(self, snap: Snapshot, images: np.ndarray) -> np.ndarray:
-        """The cumulated masses (estimate x area) of the cells of ``images``, image after image
-        (the last one's kept: a window changes every few batches)."""
-        key = (snap, images.tobytes())
-        if self._cdf_key is None or self._cdf_key[0] is not snap or self._cdf_key[1] != key[1]:
-            geometry = self.errors.geometry
-            areas = np.stack([geometry.area(int(i), snap.side) for i in images])
-            self._cdf = np.cumsum(snap.est[images] * areas, dtype=np.float64).reshape(-1)
-            self._cdf_key = key
-        return self._cdf
-
-    # ---- the rays layout: a mixed window ---------------------------------------------------
-    def draw_window(self, snap: Snapshot, window: Any, n: int, rng: np.random.Generator
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """``n`` rays of ``window`` (its ``pid`` in reading order): ``(index, prob, weight)``."""
-        order, keys = self._window_keys(window)
-        size = len(order)
-        shift = 2 * (self.errors.bits - (snap.side.bit_length() - 1))
-        cached = getattr(window, "_drawing", None)
-        if cached is None or cached[0] is not snap:
-            level = keys >> shift  # image * side² + cell: sorted, since Z order nests
-            starts = np.flatnonzero(np.diff(level, prepend=-1))
-            counts = np.diff(starts, append=size)
-            cdf = np.cumsum(snap.est.reshape(-1)[level[starts]] * counts, dtype=np.float64)
-            cached = (snap, starts, counts, cdf)
-            window._drawing = cached
-        _, starts, counts, cdf = cached
-        total = float(cdf[-1])
-        n_uniform = round(self.floor * n)
-        uniform = rng.integers(0, size, n_uniform)
-        cells = np.minimum(
-            np.searchsorted(cdf, rng.random(n - n_uniform) * total, side="right"), len(cdf) - 1
-        )
-        within = np.minimum((rng.random(len(cells)) * counts[cells]).astype(np.int64), counts[cells] - 1)
-        index = np.concatenate([uniform, order[starts[cells] + within]])
-        est = snap.est.reshape(-1)[self._window_level_of(window, index, shift)].astype(np.float64)
-        prob = self.floor / size + (1 - self.floor) * est / total
-        return index, prob.astype(np.float32), (1 / (size * prob)).astype(np.float32)
-
-    def _window_keys(self, window: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The window's rays sorted by ``image * grid² + cell`` (cached on the window): (order, keys)."""
-        keyed = getattr(window, "_keys", None)
-        if keyed is None:
-            errors = self.errors
-            image, pixel = errors.geometry.image_pixel_of_pid(window.pid)
-            keys = image * errors.grid * errors.grid + errors.geometry.cells(image, pixel, errors.grid)
-            order = np.argsort(keys, kind="stable")
-            keyed = window._keys = (order, keys[order], keys)
-        return keyed[0], keyed[1]
-
-    def _window_level_of(self, window: Any, index: np.ndarray, shift: int) -> np.ndarray:
-        return window._keys[2][index] >> shift
-
-
-def loss_lag(gen_threads: int, prefetch_items: int, per_group: int) -> int:
-    """Batches a rebuild is captured ahead of taking effect: more than the pipeline holds ahead of its
-    consumer (groups in generation, queued, being put and being consumed, and the group being drawn),
-    with at least 2 generation threads counted, so that it does not depend on the machine."""
-    return (max(2, gen_threads) + prefetch_items + 3) * per_group + 1
 
 
 def check_sampling(value: Any) -> SamplingConfig:

@@ -140,6 +140,7 @@ class WindowDraws(Positioned):
         self.sampler = inputs.sampler
         self._bases: dict[tuple[int, int], np.ndarray] = {}
         self._inverses: dict[tuple[int, int], np.ndarray] = {}
+        self._window_inverses: tuple[Any, dict[int, np.ndarray]] = (None, {})
         self._trim = HeapTrim()  # decoded images, made on the decoding threads, freed as they leave
 
     def __iter__(self) -> Iterator[RawGroup]:
@@ -162,7 +163,7 @@ class WindowDraws(Positioned):
         held: dict[int, WindowImage] = {}  # the images the group's batches draw from
         draws: list[Draw] = []
         sizes: list[int] = []
-        picks: list[Picked] = []  # the loss sampling stage's draws
+        picks: list[Pick] = []  # the loss sampling stage's draws
         for k, batch in enumerate(plan.iter_draws(epoch, start), start):
             if batch.entered:
                 t0 = time.perf_counter()
@@ -188,21 +189,22 @@ class WindowDraws(Positioned):
 
     def _group(
         self, epoch: int, sizes: list[int], draws: list[Draw], held: dict[int, WindowImage],
-        picks: list[Picked],
+        picks: list[Pick],
     ) -> WindowGroup:  # fmt: skip
         first = self.batch
         self.batch += len(sizes)
         stops = np.cumsum(sizes).tolist()  # each batch's (lo, hi) in the group
         bounds = list(zip([0, *stops[:-1]], stops, strict=True))
-        return WindowGroup(epoch, first, bounds, [], draws, held, picks)
+        return WindowGroup(epoch, first, bounds, [], draws, held, picks, self.sampler)
 
-    def _pick(self, epoch: int, k: int, images: list[int], size: int) -> Picked:
-        """Batch ``k``'s rays drawn by the sampling stage from the window ``images``."""
-        sampler = self.sampler
-        rng, snapshot = sampler.rng(epoch, k), sampler.snapshot(epoch, k)
-        image, pixel, prob, weight = sampler.draw_images(snapshot, np.asarray(images, np.int64), size, rng)
-        inverses = {i: self._inverse(epoch, self.plan.image_rays[i]) for i in np.unique(image).tolist()}
-        return Picked(image, pixel, prob, weight, inverses)
+    def _pick(self, epoch: int, k: int, images: list[int], size: int) -> Pick:
+        """Batch ``k``'s rays to draw by the sampling stage from the window ``images`` (drawn when the
+        group is gathered, on a generation thread), with the snapshot it draws with (waited for here)."""
+        if self._window_inverses[0] != (epoch, images):  # the window's images' rank orders
+            rays = self.plan.image_rays
+            self._window_inverses = ((epoch, images), {i: self._inverse(epoch, rays[i]) for i in images})
+        snapshot = self.sampler.snapshot(epoch, k)
+        return Pick(k, np.asarray(images, np.int64), size, snapshot, self._window_inverses[1])
 
     def _inverse(self, epoch: int, n: int) -> np.ndarray:
         """(n,) int64: the rank order of ``epoch``'s base permutation of ``n`` (pixel -> its position)."""
@@ -291,18 +293,38 @@ class WindowGroup(RawGroup):
 
     draws: list[Draw] = field(default_factory=list)
     held: dict[int, WindowImage] = field(default_factory=dict)
-    picks: list[Picked] = field(default_factory=list)
+    picks: list[Pick] = field(default_factory=list)
+    sampler: Any = None
 
     def gather(self) -> RawRays:
-        if self.picks:  # the group's batches gathered at once: one ``take`` per image per group
-            parts = zip(*(pick[:4] for pick in self.picks), strict=True)
+        if self.picks:  # drawn here, then the group's batches gathered at once (a take per image)
+            sampler = self.sampler
+            runs: list[tuple[Any, np.ndarray, list[Any]]] = []  # picks of one snapshot and window: one draw
+            for p in self.picks:
+                request = (p.size, sampler.rng(self.epoch, p.batch))
+                if runs and runs[-1][0] is p.snapshot and np.array_equal(runs[-1][1], p.images):
+                    runs[-1][2].append(request)
+                else:
+                    runs.append((p.snapshot, p.images, [request]))
+            drawn = [sampler.draw_images(snapshot, images, requests) for snapshot, images, requests in runs]
             inverses = {i: v for pick in self.picks for i, v in pick.inverses.items()}
-            image, pixel, prob, weight = (np.concatenate(part) for part in parts)
+            image, pixel, prob, weight = (np.concatenate(part) for part in zip(*drawn, strict=True))
             return Picked(image, pixel, prob, weight, inverses).gather(self.held)
         if len(self.draws) == 1:
             return gather_pieces(*self.draws[0], self.held)
         image, lo, hi = (np.concatenate(part) for part in zip(*self.draws, strict=True))
         return gather_pieces(image, lo, hi, self.held)
+
+
+class Pick(NamedTuple):
+    """Batch ``batch``'s draw to make: ``size`` rays of the window images ``images`` by ``snapshot``,
+    and the epoch's rank order of each window image."""
+
+    batch: int
+    images: np.ndarray
+    size: int
+    snapshot: Any
+    inverses: dict[int, np.ndarray]
 
 
 class Picked(NamedTuple):
@@ -316,35 +338,33 @@ class Picked(NamedTuple):
     inverses: dict[int, np.ndarray]
 
     def gather(self, held: Mapping[int, WindowImage]) -> RawRays:
-        """The batch's rays from the window images ``held`` (safe on any thread): grouped by image,
-        ranks computed at once per image size, one ``take`` per image, put back in draw order."""
-        order = np.argsort(self.image, kind="stable")
-        image_sorted = self.image[order]
-        ids, starts, counts = np.unique(image_sorted, return_index=True, return_counts=True)
-        pixels = self.pixel[order]
+        """The batch's rays from the window images ``held`` (safe on any thread): each ray's rank in
+        its image at once, then one ``take`` per image over the rays sorted by image (a radix sort of
+        small window positions), put back in draw order."""
+        ids = np.fromiter(held, np.int64, len(held))
+        ids.sort()
         sources = [held[i] for i in ids.tolist()]
-        rotation = np.repeat([s.rotation for s in sources], counts)
-        size = np.repeat([len(s.ranked) for s in sources], counts)
-        sizes = np.unique(size)
-        if len(sizes) == 1:  # one inverse per image size (usually one size)
-            rank = self.inverses[int(image_sorted[0])][pixels]
+        local = np.searchsorted(ids, self.image).astype(np.int16 if len(ids) < 1 << 15 else np.int64)
+        pid = np.array([s.offset for s in sources], np.uint32)[local] + self.pixel.astype(np.uint32)
+        order = np.argsort(local, kind="stable")
+        local, pixel = local[order], self.pixel[order]
+        stops = np.cumsum(np.bincount(local, minlength=len(ids))).tolist()
+        spans = list(zip(ids.tolist(), [0, *stops[:-1]], stops, strict=True))
+        if all(self.inverses[i] is self.inverses[int(ids[0])] for i in ids.tolist()):  # one image size
+            rank = self.inverses[int(ids[0])][pixel]
         else:
-            rank = np.empty(len(order), np.int64)
-            for n in sizes.tolist():
-                same = size == n
-                rank[same] = self.inverses[int(image_sorted[np.argmax(same)])][pixels[same]]
-        rank -= rotation
-        rank[rank < 0] += size[rank < 0]
+            rank = np.concatenate([self.inverses[i][pixel[a:b]] for i, a, b in spans])
+        rank -= np.array([s.rotation for s in sources], np.int64)[local]  # the rank order starts there
+        rank += np.where(rank < 0, np.array([len(s.ranked) for s in sources], np.int64)[local], 0)
         channels = sources[0].ranked.shape[1]
         sorted_rgba = np.empty((len(order), channels), np.uint8)
         out = sorted_rgba.view(np.uint32)[:, 0] if channels == 4 else sorted_rgba  # 4 channels: a uint32
-        for source, a, b in zip(sources, starts.tolist(), (starts + counts).tolist(), strict=True):
-            ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
-            out[a:b] = ranked.take(rank[a:b], axis=0)
+        for source, (_, a, b) in zip(sources, spans, strict=True):
+            if a < b:
+                ranked = source.ranked.view(np.uint32)[:, 0] if channels == 4 else source.ranked
+                ranked.take(rank[a:b], axis=0, out=out[a:b])
         rgba = np.empty_like(sorted_rgba)
-        rgba[order] = sorted_rgba
-        pid = np.empty(len(order), np.uint32)
-        pid[order] = np.repeat([s.offset for s in sources], counts) + pixels
+        (rgba.view(np.uint32)[:, 0] if channels == 4 else rgba)[order] = out
         return RawRays(rgba, pid, {"prob": self.prob, "weight": self.weight})
 
 
