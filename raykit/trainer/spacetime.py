@@ -151,8 +151,9 @@ class _SixPlanes(torch.autograd.Function):
         saved = []
         for level, (space, time) in enumerate(pairs):
             s, t = _sample(space, grids[0], parts), _sample(time, grids[1], parts)
-            torch.mul(s[0] * s[1] * s[2], t[0] * t[1] * t[2], out=out[level * f : (level + 1) * f])
-            saved += [s, t]
+            products = s[0] * s[1] * s[2], t[0] * t[1] * t[2]
+            torch.mul(*products, out=out[level * f : (level + 1) * f])
+            saved += [s, t, *products]
         ctx.parts, ctx.levels = parts, levels
         ctx.save_for_backward(*grids, *planes, *saved)
         return out.t()
@@ -162,21 +163,21 @@ class _SixPlanes(torch.autograd.Function):
         levels, parts = ctx.levels, ctx.parts
         grids, planes, saved = (
             ctx.saved_tensors[:2],
-            ctx.saved_tensors[2 : -2 * levels],
-            ctx.saved_tensors[-2 * levels :],
+            ctx.saved_tensors[2 : 2 + 2 * levels],
+            ctx.saved_tensors[2 + 2 * levels :],
         )
         f = planes[0].shape[1]
         g_all = grad.t().contiguous()
         grads: list[Tensor | None] = [None] * (2 * levels)
         for level in range(levels):
             g = g_all[level * f : (level + 1) * f]
-            s, t = saved[2 * level], saved[2 * level + 1]
+            s, t, s_product, t_product = saved[4 * level : 4 * level + 4]
             others = torch.empty_like(s)
-            for k, (factors, rest) in enumerate(((s, t), (t, s))):
+            for k, (factors, rest) in enumerate(((s, t_product), (t, s_product))):
                 index = level + k * levels
                 if not ctx.needs_input_grad[2 + index]:
                     continue
-                g_own = g * (rest[0] * rest[1] * rest[2])
+                g_own = g * rest
                 g_factors = _products_of_two(factors, others).mul_(g_own)
                 plane = planes[index]
                 n, _, h, w = plane.shape
