@@ -11,6 +11,11 @@ running them alternately (``PYTHONPATH``) and taking the ratio of each pair::
 
     PYTHONPATH=../base python benchmarks/bench_field_step.py --field kplanes
     PYTHONPATH=. python benchmarks/bench_field_step.py --field kplanes
+
+``--forward-backward`` times the fields alone instead (:func:`forward_backward`): both default
+fields in one process, the forward and backward of the samples of 1024 rays (32 each, through the
+scene box, each ray at one of 12 times), CPU milliseconds, the median of 9 after a warm-up, the least
+of 3 rounds, and the kplanes / static ratio.
 """
 
 from __future__ import annotations
@@ -74,6 +79,48 @@ def measure(store: Path, field: str, steps: int, skip: int, threads: int, seed: 
     }
 
 
+def forward_backward(threads: int, rays: int = 1024, samples: int = 32) -> dict[str, float]:
+    """CPU milliseconds of the forward and backward of the static and the kplanes field (defaults,
+    time resolution 6) at the samples of ``rays`` rays, ``samples`` each, on ``threads`` threads."""
+    import statistics
+
+    import torch
+
+    from raykit.trainer.field import RadianceField
+    from raykit.trainer.spacetime import SpaceTimeField
+
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    origins = torch.nn.functional.normalize(torch.randn(rays, 3, generator=gen), dim=-1) * 1.4
+    dirs = torch.nn.functional.normalize(-origins + 0.3 * torch.randn(rays, 3, generator=gen), dim=-1)
+    positions = (origins[:, None] + dirs[:, None] * torch.linspace(0, 2.8, samples)[None, :, None]).reshape(
+        -1, 3
+    )
+    directions = dirs[:, None].expand(rays, samples, 3).reshape(-1, 3)
+    times = (torch.randint(0, 12, (rays,), generator=gen).float() / 11).repeat_interleave(samples)
+    aabb = torch.tensor([-1.5, -1.5, -1.5, 1.5, 1.5, 1.5])
+    fields = {"static": RadianceField(aabb), "kplanes": SpaceTimeField(aabb, (0.0, 1.0), 6)}
+
+    def once(name: str) -> float:
+        field = fields[name]
+        start = time.process_time()
+        sigma, rgb = field(positions, directions, times if field.timed else None)
+        (sigma.sum() + rgb.sum()).backward()
+        return time.process_time() - start
+
+    best: dict[str, float] = {}
+    for _ in range(3):
+        for name in fields:
+            once(name)
+            median = statistics.median(once(name) for _ in range(9))
+            best[name] = min(best.get(name, median), median)
+    return {
+        "static_cpu_ms": 1e3 * best["static"],
+        "kplanes_cpu_ms": 1e3 * best["kplanes"],
+        "kplanes_over_static": best["kplanes"] / best["static"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,8 +132,15 @@ def main() -> None:
     parser.add_argument("--cameras", type=int, default=16)
     parser.add_argument("--moving", type=int, default=3)
     parser.add_argument("--work", default=str(ROOT / "data"))
+    parser.add_argument("--forward-backward", action="store_true", help="time the fields alone")
     parser.add_argument("--out", default=str(ROOT / "results" / "field_step.json"))
     args = parser.parse_args()
+    if args.forward_backward:
+        measured = {"benchmark": "field_forward_backward", "threads": args.threads}
+        measured.update(forward_backward(args.threads))
+        Path(args.out).write_text(json.dumps(measured, indent=2) + "\n")
+        print(json.dumps(measured))
+        return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     store = scene_store(work, args.cameras, args.moving)
