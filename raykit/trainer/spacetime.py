@@ -4,7 +4,8 @@ K-Planes (Fridovich-Keil et al., CVPR 2023) factorises a 4-D field into six plan
 space planes xy, xz, yz of the static field and three time planes xt, yt, zt; a point's feature at a
 level is the product (Hadamard) of its six bilinear lookups. :class:`SpaceTimeField` is the static
 :class:`~raykit.trainer.field.RadianceField` with those three time planes added per level, looked up by
-the same ``grid_sample`` path (:func:`~raykit.trainer.field.plane_features` over another pair of axes).
+``grid_sample`` as the space planes are, each level's six lookups and their product in one autograd
+function with its own backward (:meth:`SpaceTimeField.reference_lookup` is the plain twin).
 The time planes have ``time_resolution`` cells along time (every level the same, as in K-Planes, whose
 multiscale levels are spatial only) and start at one, as K-Planes initialises them: the field starts
 static (the space planes drawn as the static field draws them, from the same seed) and learns motion
