@@ -4,7 +4,8 @@ K-Planes (Fridovich-Keil et al., CVPR 2023) factorises a 4-D field into six plan
 space planes xy, xz, yz of the static field and three time planes xt, yt, zt; a point's feature at a
 level is the product (Hadamard) of its six bilinear lookups. :class:`SpaceTimeField` is the static
 :class:`~raykit.trainer.field.RadianceField` with those three time planes added per level, looked up by
-the same ``grid_sample`` path (:func:`~raykit.trainer.field.plane_features` over another pair of axes).
+``grid_sample`` as the space planes are, each level's six lookups and their product in one autograd
+function with its own backward (:meth:`SpaceTimeField.reference_lookup` is the plain twin).
 The time planes have ``time_resolution`` cells along time (every level the same, as in K-Planes, whose
 multiscale levels are spatial only) and start at one, as K-Planes initialises them: the field starts
 static (the space planes drawn as the static field draws them, from the same seed) and learns motion
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raykit.trainer.field import RadianceField, lookup_parts, plane_features, plane_grid
@@ -90,16 +92,101 @@ class SpaceTimeField(RadianceField):
         plane lookups."""
         if times is None:
             raise ValueError("a time-conditioned field needs each point's time (RayBatch.times)")
+        if coords.requires_grad or times.requires_grad:  # the fast path does not differentiate the grid
+            return self.reference_lookup(coords, times)
         coords4 = torch.cat([coords, self.time_coords(times.to(coords.dtype))[:, None]], dim=-1)
         parts = lookup_parts(self.planes[0].shape[1], coords.device)
-        space, time = plane_grid(coords4, parts), plane_grid(coords4, parts, TIME_PAIRS)
+        grids = plane_grid(coords4, parts), plane_grid(coords4, parts, TIME_PAIRS)
+        features: Tensor = _SixPlanes.apply(grids, parts, *self.planes, *self.time_planes)
+        return features
+
+    def reference_lookup(self, coords: Tensor, times: Tensor) -> Tensor:
+        """The plain twin of :meth:`plane_lookup` (autograd through each level's two
+        :func:`~raykit.trainer.field.plane_features`): the same values and gradients to float32 rounding."""
+        coords4 = torch.cat([coords, self.time_coords(times.to(coords.dtype))[:, None]], dim=-1)
         return torch.cat(
             [
-                plane_features(planes, coords4, space, parts) * plane_features(steps, coords4, time, parts)
+                plane_features(planes, coords4)
+                * plane_features(steps, coords4, plane_grid(coords4, 1, TIME_PAIRS))
                 for planes, steps in zip(self.planes, self.time_planes, strict=True)
             ],
             dim=-1,
         )
+
+
+def _sample(planes: Tensor, grid: Tensor, parts: int) -> Tensor:
+    """(3, F, H, W) planes at a ``plane_grid`` in ``parts`` -> (3, F, P) bilinear lookups."""
+    n, f, h, w = planes.shape
+    images = planes.reshape(n * parts, f // parts, h, w)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=True).view(
+        n, f, -1
+    )
+
+
+def _products_of_two(a: Tensor, out: Tensor) -> Tensor:
+    """(3, F, P) factors -> (3, F, P) ``out``: per factor the product of the other two."""
+    torch.mul(a[1], a[2], out=out[0])
+    torch.mul(a[0], a[2], out=out[1])
+    torch.mul(a[0], a[1], out=out[2])
+    return out
+
+
+class _SixPlanes(torch.autograd.Function):
+    """Each level's product of six plane lookups, levels stacked: ``(P, levels * F)`` (a transposed
+    view of ``(levels * F, P)``), with a backward written for this product.
+
+    Autograd through :func:`~raykit.trainer.field.plane_features` spends most of a step outside the
+    lookups on a CPU: each ``sampled[i]`` select's backward fills and adds a zero tensor of every
+    lookup, and the products' and the concatenation's gradients mix a ``(P, F)`` transposed layout
+    with ``(F, P)`` (strided elementwise passes). Here every product and gradient is a contiguous
+    ``(F, P)`` pass and each plane stack's gradient one ``grid_sampler_2d_backward`` (planes only:
+    the grid is not differentiated, as :meth:`SpaceTimeField.plane_lookup` builds it from positions
+    that need no gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, grids: tuple[Tensor, Tensor], parts: int, *planes: Tensor) -> Tensor:
+        levels = len(planes) // 2
+        pairs = list(zip(planes[:levels], planes[levels:], strict=True))
+        f, points = planes[0].shape[1], grids[0].shape[2]
+        out = planes[0].new_empty(levels * f, points)
+        saved = []
+        for level, (space, time) in enumerate(pairs):
+            s, t = _sample(space, grids[0], parts), _sample(time, grids[1], parts)
+            products = s[0] * s[1] * s[2], t[0] * t[1] * t[2]
+            torch.mul(*products, out=out[level * f : (level + 1) * f])
+            saved += [s, t, *products]
+        ctx.parts, ctx.levels = parts, levels
+        ctx.save_for_backward(*grids, *planes, *saved)
+        return out.t()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        levels, parts = ctx.levels, ctx.parts
+        grids, planes, saved = (
+            ctx.saved_tensors[:2],
+            ctx.saved_tensors[2 : 2 + 2 * levels],
+            ctx.saved_tensors[2 + 2 * levels :],
+        )
+        f = planes[0].shape[1]
+        g_all = grad.t().contiguous()
+        grads: list[Tensor | None] = [None] * (2 * levels)
+        for level in range(levels):
+            g = g_all[level * f : (level + 1) * f]
+            s, t, s_product, t_product = saved[4 * level : 4 * level + 4]
+            others = torch.empty_like(s)
+            for k, (factors, rest) in enumerate(((s, t_product), (t, s_product))):
+                index = level + k * levels
+                if not ctx.needs_input_grad[2 + index]:
+                    continue
+                g_own = g * rest
+                g_factors = _products_of_two(factors, others).mul_(g_own)
+                plane = planes[index]
+                n, _, h, w = plane.shape
+                images = plane.reshape(n * parts, f // parts, h, w)
+                grads[index] = torch.ops.aten.grid_sampler_2d_backward(
+                    g_factors.view(n * parts, f // parts, 1, -1), images, grids[k], 0, 0, True, [True, False]
+                )[0].view(plane.shape)
+        return (None, None, *grads)
 
 
 def plane_tv(planes: Iterable[Tensor]) -> Tensor:

@@ -72,6 +72,40 @@ def test_the_space_time_field_starts_as_the_static_field_and_depends_on_time() -
         timed.density(points)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_six_plane_lookup_equals_its_plain_twin_in_values_and_gradients(threads: int) -> None:
+    """``plane_lookup`` (one autograd function for a level's six lookups and their product, in
+    ``lookup_parts`` parts) against ``reference_lookup`` (autograd through each plane stack's
+    ``plane_features``): the same features and plane gradients to float32 rounding, points inside
+    and outside the box, times inside and outside the time range (clamped)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        timed = SpaceTimeField(AABB, (0.5, 2.0), 5, **SMALL)
+        generator = torch.Generator().manual_seed(threads)
+        with torch.no_grad():  # away from one, so that every factor's gradient differs
+            for p in [*timed.planes, *timed.time_planes]:
+                p.uniform_(0.5, 1.5, generator=generator)
+        coords = torch.rand(300, 3, generator=generator) * 2.4 - 1.2
+        times = torch.rand(300, generator=generator) * 2.0 + 0.25
+        weights = torch.randn(300, 8, generator=generator)  # levels x features
+        results = []
+        for lookup in (timed.plane_lookup, timed.reference_lookup):
+            timed.zero_grad(set_to_none=True)
+            features = lookup(coords, times)
+            (features * weights).sum().backward()
+            grads = [p.grad for p in [*timed.planes, *timed.time_planes]]
+            assert all(g is not None and float(g.abs().sum()) > 0 for g in grads)
+            results.append((features.detach(), grads))
+        (fast, fast_grads), (plain, plain_grads) = results
+        assert fast.shape == (300, 8) and bool((fast == 0).any())  # some points outside the box
+        assert torch.allclose(fast, plain, rtol=1e-6, atol=1e-7)
+        for a, b in zip(fast_grads, plain_grads, strict=True):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), float((a - b).abs().max())
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_regularisers_vanish_on_smooth_planes_and_match_their_definitions() -> None:
     flat = torch.ones(3, 2, 5, 6)
     ramp = torch.linspace(0, 1, 5)[None, None, :, None].expand(3, 2, 5, 6)  # linear along time
