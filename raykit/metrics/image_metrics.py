@@ -28,16 +28,6 @@ from torch import Tensor
 
 from raykit.lazy import optional_module
 
-__all__ = [
-    "masked_psnr",
-    "mse_to_psnr",
-    "psnr",
-    "reference_masked_psnr",
-    "reference_psnr",
-    "reference_ssim",
-    "ssim",
-]
-
 _EPS = float(np.finfo(np.float32).eps) ** 2
 
 

@@ -35,19 +35,6 @@ from torch import Tensor, nn
 from raykit.errors import ConfigError, RaykitError
 from raykit.fileio import atomic_path
 
-__all__ = [
-    "LPIPS",
-    "LPIPS_NETS",
-    "MIN_SIDE",
-    "OFFLINE_ENV",
-    "TRUNK_URLS",
-    "LpipsWeights",
-    "LpipsWeightsError",
-    "load_lpips",
-    "lpips_weight_paths",
-    "reference_lpips",
-]
-
 
 class LpipsWeightsError(RaykitError, FileNotFoundError):
     """A weight file LPIPS needs is not on this machine and could not be fetched (or is not one)."""

@@ -28,22 +28,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_torch(globals())  # reading a protocol's name (``protocol_of``) needs no torch
 
-__all__ = [
-    "MASKED_SCORING",
-    "OLD_PROTOCOL",
-    "PROTOCOLS",
-    "Protocol",
-    "background_tensor",
-    "composite",
-    "masked_pair",
-    "parse_background",
-    "parse_colour",
-    "protocol_named",
-    "protocol_of",
-    "quantize",
-    "to_protocol_image",
-]
-
 
 @dataclass(frozen=True)
 class Protocol:

@@ -18,25 +18,6 @@ from typing import Any
 
 from raykit.errors import ConfigError, StoreCorruptError
 
-__all__ = [
-    "BACKENDS",
-    "BLOSC_CLEVEL",
-    "BLOSC_CNAME",
-    "BLOSC_SHUFFLE",
-    "DEFAULT_CHUNK_RAYS",
-    "DEFAULT_MEMORY_STAGING_BYTES",
-    "DEFAULT_SHARD_CHUNKS",
-    "IMAGES_LAYOUT",
-    "IMAGE_CODECS",
-    "LAYOUTS",
-    "RAYS_LAYOUT",
-    "RGBA_CODEC",
-    "RGBA_CODECS",
-    "StoreSpec",
-    "holds_images",
-]
-
-
 BACKENDS = ("zarr", "wds")  # each one module of raykit.store.backends
 DEFAULT_CHUNK_RAYS = 65536
 DEFAULT_SHARD_CHUNKS = 16
