@@ -20,7 +20,9 @@ def test_a_skip_other_than_cuda_fails_the_run_when_switched_on(tmp_path: Path) -
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
 
     def pytest_(switch: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "RAYKIT_CI_NO_SKIPS": switch}
+        # without the installed plugins (xdist, hypothesis, zarr's...): the conftest needs none of them,
+        # and loading them is most of each child's start
+        env = {**os.environ, "RAYKIT_CI_NO_SKIPS": switch, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
     done = pytest_("1")

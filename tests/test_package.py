@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import pkgutil
@@ -57,8 +58,14 @@ def _raykit_modules() -> list[str]:
     return [m.name for m in pkgutil.walk_packages(raykit.__path__, "raykit.") if m.name != "raykit.__main__"]
 
 
+@functools.cache
+def _parsed(text: str) -> ast.Module:
+    """A source's tree, parsed once for all the checks below (they only read it)."""
+    return ast.parse(text)
+
+
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path.read_text())
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -128,7 +135,7 @@ def _sibling_imports(module: str, path: Path, modules: set[str]) -> set[str]:
     the package's ``__init__`` excluded."""
     package = module.rsplit(".", 1)[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -235,7 +242,7 @@ def _submodule_imports(module: str, path: Path) -> list[str]:
     own = module.split(".")[1]  # raykit.store.reader -> store (raykit.cli -> cli, no package)
     packages = {p.parent.name for p in (ROOT / "raykit").glob("*/__init__.py")}
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path.read_text())):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -301,7 +308,7 @@ def test_no_type_ignore_where_nerfstudio_is_imported() -> None:
     bad = []
     for module, path in _library_files():
         imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path.read_text())):
             if isinstance(node, ast.Import):
                 imported.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from raykit.cli import main
 from raykit.converters import convert
 from raykit.errors import ConfigError, SourceError, StoreCorruptError
 from raykit.image_geometry import downscale_depth, downscale_mask
@@ -217,19 +218,32 @@ def _digests(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def _raykit(
+    argv: list[str], child: bool, capsys: pytest.CaptureFixture[str]
+) -> subprocess.CompletedProcess[str]:
+    """``raykit ARGV`` in a child (the real entry point: no traceback, one line) or, to spare a child's
+    start (torch's import), through ``raykit.cli.main`` in this process."""
+    if child:
+        return subprocess.run([sys.executable, "-m", "raykit", *argv], capture_output=True, text=True)
+    capsys.readouterr()
+    status = main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)
+
+
 @pytest.mark.parametrize("backend", ["zarr", "wds"])
-def test_add_component_writes_only_the_component(scene, tmp_path: Path, backend: str) -> None:
+def test_add_component_writes_only_the_component(
+    scene, tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
     plain = write_nerfstudio(scene, tmp_path / "plain", masks=False, depth=False, metadata=False)
     full = write_nerfstudio(scene, tmp_path / "full", depth_format="npy")
     store = convert(plain, tmp_path / "s", layout="images", backend=backend, progress=False)
     assert store.components == {} and store.store_fingerprint == store.fingerprint
     before = _digests(tmp_path / "s")
-    cli = [sys.executable, "-m", "raykit", "add-component", str(tmp_path / "s")]
-    done = subprocess.run([*cli, "masks", str(full / "masks")], capture_output=True, text=True)
+    cli, child = ["add-component", str(tmp_path / "s")], backend == "zarr"  # wds: in this process
+    done = _raykit([*cli, "masks", str(full / "masks")], child, capsys)
     assert done.returncode == 0, done.stderr
-    done = subprocess.run(
-        [*cli, "depth", str(full / "depth"), "--depth-scale", "0.001"], capture_output=True, text=True
-    )
+    done = _raykit([*cli, "depth", str(full / "depth"), "--depth-scale", "0.001"], child, capsys)
     assert done.returncode == 0, done.stderr
     after = _digests(tmp_path / "s")
     changed = [rel for rel, data in before.items() if after[rel] != data]
@@ -245,9 +259,7 @@ def test_add_component_writes_only_the_component(scene, tmp_path: Path, backend:
         want = np.load(full / "depth" / f"{stem}.npy") * np.float32(1e-3)
         np.testing.assert_array_equal(added.read_component("depth", name), want)
     assert validate_store(added.url) == []
-    info = subprocess.run(
-        [sys.executable, "-m", "raykit", "info", str(tmp_path / "s")], capture_output=True, text=True
-    )
+    info = _raykit(["info", str(tmp_path / "s")], child, capsys)
     assert (
         "component   mask: bit, 12 images" in info.stdout
         and "component   depth: float32, unit m" in info.stdout
@@ -256,12 +268,14 @@ def test_add_component_writes_only_the_component(scene, tmp_path: Path, backend:
         add_component(tmp_path / "s", "mask", lambda name, h, w: np.zeros((h, w), np.uint8))
 
 
-def test_add_component_bad_folder_is_one_line_and_changes_nothing(scene, tmp_path: Path) -> None:
+def test_add_component_bad_folder_is_one_line_and_changes_nothing(
+    scene, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plain = write_nerfstudio(scene, tmp_path / "plain", masks=False, depth=False, metadata=False)
     full = write_nerfstudio(scene, tmp_path / "full", depth=False)
     convert(plain, tmp_path / "s", layout="images", progress=False)
     before = _digests(tmp_path / "s")
-    cli = [sys.executable, "-m", "raykit", "add-component", str(tmp_path / "s"), "masks", str(full / "masks")]
+    cli = ["add-component", str(tmp_path / "s"), "masks", str(full / "masks")]
     (full / "masks" / "train_r_1.png").unlink()
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(full / "masks" / "train_r_2.png")
     outside = tmp_path / "outside.png"
@@ -273,7 +287,7 @@ def test_add_component_bad_folder_is_one_line_and_changes_nothing(scene, tmp_pat
             Image.fromarray(np.zeros((48, 48), np.uint8)).save(full / "masks" / "train_r_2.png")
             (full / "masks" / "train_r_3.png").unlink()
             (full / "masks" / "train_r_3.png").symlink_to(outside)
-        done = subprocess.run(cli, capture_output=True, text=True)
+        done = _raykit(cli, step == "missing", capsys)  # the first in a child, the others in this process
         assert done.returncode == 2, (step, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in done.stderr, lines
@@ -285,7 +299,7 @@ def test_add_component_bad_folder_is_one_line_and_changes_nothing(scene, tmp_pat
     last = last or sorted((full / "masks").glob("test_*.png"))[-1]
     last.write_bytes(last.read_bytes()[:40])  # its header whole, its data cut short
     listing = sorted(p for p in (tmp_path / "s").rglob("*"))
-    done = subprocess.run(cli, capture_output=True, text=True)
+    done = _raykit(cli, False, capsys)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert last.name in done.stderr
     assert sorted(p for p in (tmp_path / "s").rglob("*")) == listing  # no stray component file

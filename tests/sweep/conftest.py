@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -50,6 +52,24 @@ def raykit_sweep(*args: str, check: bool = True, timeout: float = 300) -> subpro
     return done
 
 
+def sweep_main(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``raykit sweep`` through ``raykit.cli.main`` in this process: a refusal's status and lines without
+    a child's start (tests/sweep/test_spec.py checks the same refusal through the real entry point)."""
+    from raykit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["sweep", *map(str, args)]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as exc:  # argparse's refusals
+            status = exc.code if isinstance(exc.code, int) else 2
+    done = subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 def start_sweep(*args: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "raykit", "sweep", *map(str, args)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -82,6 +102,12 @@ name = "tiny"
 def sweep_cli() -> Any:
     """``raykit_sweep(*args, check=True, timeout=300)``: ``raykit sweep`` in a child."""
     return raykit_sweep
+
+
+@pytest.fixture(scope="session")
+def sweep_in_process() -> Any:
+    """``sweep_main(*args, check=True)``: ``raykit sweep`` through ``raykit.cli.main``, in this process."""
+    return sweep_main
 
 
 @pytest.fixture(scope="session")

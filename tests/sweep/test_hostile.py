@@ -32,20 +32,20 @@ def _error_line(done: Any) -> str:
 
 @pytest.mark.parametrize("name", ["report.md", "report.html", "results.csv"])
 def test_a_folder_holding_the_users_files_is_refused_and_untouched(
-    tmp_path: Path, spec_writer: Any, sweep_cli: Any, name: str
+    tmp_path: Path, spec_writer: Any, sweep_in_process: Any, name: str
 ) -> None:
     spec = spec_writer(tmp_path / "spec.toml", SCENE)
     out = tmp_path / "out"
     out.mkdir()
     (out / name).write_text("the user's own notes\n")
-    line = _error_line(sweep_cli(spec, out, check=False))
+    line = _error_line(sweep_in_process(spec, out, check=False))
     assert str(out) in line and "not a raykit sweep folder" in line
     assert [p.name for p in out.iterdir()] == [name]
     assert (out / name).read_text() == "the user's own notes\n"
 
 
 def test_a_huge_grid_is_refused_with_its_count_before_enumeration(
-    tmp_path: Path, spec_writer: Any, sweep_cli: Any
+    tmp_path: Path, spec_writer: Any, sweep_in_process: Any
 ) -> None:
     fields = ["hidden", "levels", "features", "n_samples", "batch_size", "base_resolution",
               "max_resolution", "hier_coarse", "hier_fine", "march_steps"]  # fmt: skip
@@ -53,7 +53,7 @@ def test_a_huge_grid_is_refused_with_its_count_before_enumeration(
     spec = spec_writer(tmp_path / "spec.toml", SCENE + grid, train="")
     with pytest.raises(ConfigError, match=r"= 10000000000 runs, more than the 10000"):
         load_spec(spec)  # 10^10 configurations: enumerated, this would never return
-    line = _error_line(sweep_cli(spec, tmp_path / "out", check=False))
+    line = _error_line(sweep_in_process(spec, tmp_path / "out", check=False))
     assert "1 captures x 10000000000 configurations x 1 seeds = 10000000000 runs" in line
     assert not (tmp_path / "out").exists()
 
@@ -81,10 +81,12 @@ def test_an_unreachable_scheduler_stops_before_any_conversion(
     assert not (tmp_path / "out").exists()
 
 
-def test_a_tracking_uri_without_scheme_is_one_line(tmp_path: Path, spec_writer: Any, sweep_cli: Any) -> None:
+def test_a_tracking_uri_without_scheme_is_one_line(
+    tmp_path: Path, spec_writer: Any, sweep_in_process: Any
+) -> None:
     spec = spec_writer(tmp_path / "spec.toml", SCENE)
     flags = ["--tracking=mlflow", "--tracking-uri=localhost:5000"]
-    done = sweep_cli(spec, tmp_path / "out", *flags, check=False)
+    done = sweep_in_process(spec, tmp_path / "out", *flags, check=False)
     assert "--tracking-uri: expected a URI with its scheme" in _error_line(done)
     assert not (tmp_path / "out").exists()
 
@@ -144,23 +146,23 @@ def _copy(local_sweep: tuple[Path, Path], tmp_path: Path) -> Path:
     ],
 )
 def test_a_damaged_record_is_one_line(
-    local_sweep: tuple[Path, Path], tmp_path: Path, sweep_cli: Any, name: str, text: str, problem: str
+    local_sweep: tuple[Path, Path], tmp_path: Path, sweep_in_process: Any, name: str, text: str, problem: str
 ) -> None:
     out = _copy(local_sweep, tmp_path)
     path = out / name if name == "sweep.json" else next((out / "runs").iterdir()) / name
     path.write_text(text)
-    line = _error_line(sweep_cli(local_sweep[0], out, check=False))
+    line = _error_line(sweep_in_process(local_sweep[0], out, check=False))
     assert str(path) in line and problem in line
 
 
 def test_a_row_that_is_a_fifo_is_refused_without_hanging(
-    local_sweep: tuple[Path, Path], tmp_path: Path, sweep_cli: Any
+    local_sweep: tuple[Path, Path], tmp_path: Path, sweep_in_process: Any
 ) -> None:
     out = _copy(local_sweep, tmp_path)
     row = next((out / "runs").iterdir()) / "row.json"
     row.unlink()
     os.mkfifo(row)
-    line = _error_line(sweep_cli(local_sweep[0], out, check=False, timeout=120))
+    line = _error_line(sweep_in_process(local_sweep[0], out, check=False))
     assert str(row) in line and "a FIFO" in line
 
 

@@ -73,31 +73,42 @@ def _losses(run: Path) -> list[tuple[int, float]]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
 def test_torchrun_restarts_a_killed_rank_and_resumes_exactly(tiny_store: Path, tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    straight = subprocess.run(
-        _torchrun(tiny_store, tmp_path / "straight"), capture_output=True, text=True, timeout=300, env=env
-    )
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    # The uninterrupted reference runs meanwhile (its own rendezvous port; the store is only read).
+    straight = subprocess.Popen(
+        _torchrun(tiny_store, tmp_path / "straight"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
 
-    crashed, pause = tmp_path / "crashed", tmp_path / "pause"
-    # Rank 0 pauses once it has written its first checkpoint (rank 1 then waits for it): the kill
-    # lands mid-run, after that checkpoint, for certain.
-    env = {
-        **env,
-        **paused_rank_env(pause, f"{crashed}/checkpoints/step-*", 0, os.environ.get("PYTHONPATH", "")),
-    }
-    launcher = subprocess.Popen(
-        _torchrun(tiny_store, crashed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
-    )
-    paused_at = wait_paused(pause, launcher)
-    victim, killed_at = _worker(launcher.pid, rank=1), latest_checkpoint(crashed)
-    assert victim is not None and killed_at == paused_at, (victim, killed_at, paused_at)
-    os.kill(victim, signal.SIGKILL)
-    _, stderr = launcher.communicate(timeout=300)
-    # The agent saw the worker die of SIGKILL, and the group still finished: it was restarted (with
-    # no restart left, torchrun exits non-zero).
-    assert f"exitcode: -9) local_rank: 1 (pid: {victim})" in stderr, stderr[-3000:]
-    assert launcher.returncode == 0, stderr[-3000:]
-    assert int(killed_at.name.split("-")[-1]) < STEPS  # killed mid-run
+    try:
+        crashed, pause = tmp_path / "crashed", tmp_path / "pause"
+        # Rank 0 pauses once it has written its first checkpoint (rank 1 then waits for it): the kill
+        # lands mid-run, after that checkpoint, for certain.
+        env = {
+            **env,
+            **paused_rank_env(pause, f"{crashed}/checkpoints/step-*", 0, os.environ.get("PYTHONPATH", "")),
+        }
+        launcher = subprocess.Popen(
+            _torchrun(tiny_store, crashed),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        paused_at = wait_paused(pause, launcher)
+        victim, killed_at = _worker(launcher.pid, rank=1), latest_checkpoint(crashed)
+        assert victim is not None and killed_at == paused_at, (victim, killed_at, paused_at)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = launcher.communicate(timeout=300)
+        # The agent saw the worker die of SIGKILL, and the group still finished: it was restarted (with
+        # no restart left, torchrun exits non-zero).
+        assert f"exitcode: -9) local_rank: 1 (pid: {victim})" in stderr, stderr[-3000:]
+        assert launcher.returncode == 0, stderr[-3000:]
+        assert int(killed_at.name.split("-")[-1]) < STEPS  # killed mid-run
+        _, straight_err = straight.communicate(timeout=300)
+    finally:
+        straight.kill()  # a no-op once it has ended
+        straight.wait()
+    assert straight.returncode == 0, straight_err[-3000:]
 
     weights, digests = _final(crashed)
     expected, expected_digests = _final(tmp_path / "straight")
