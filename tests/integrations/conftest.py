@@ -10,10 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip(
-    "nerfstudio", reason="nerfstudio is not installed (see README: the test command installs it)"
-)
-
 from raykit.converters import convert
 from raykit.store.write import copy_store
 from raykit.testing import render_scene, write_colmap

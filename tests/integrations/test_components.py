@@ -52,6 +52,7 @@ def test_ray_datamanager_serves_mask_and_depth_image_per_ray(
 ) -> None:
     """With ``drop_masked`` (the default) only the rays the masks use are served, as nerfstudio's pixel
     sampler samples inside masks; without, every ray with its mask."""
+    pytest.importorskip("nerfstudio")
     from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
     from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 
@@ -85,6 +86,7 @@ def test_ray_datamanager_serves_mask_and_depth_image_per_ray(
 
 
 def test_image_datamanager_serves_them_undistorted_at_each_level(masked: dict[str, Path]) -> None:
+    pytest.importorskip("nerfstudio")
     from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
     from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig, level_at
 
