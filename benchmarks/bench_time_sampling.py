@@ -8,7 +8,9 @@ through PyAV, ``write_n3dv``), converted to the images layout, and given its ISG
 (``raykit add-component STORE temporal``, default level). Then ``raykit train`` (the field ``auto``
 picks: kplanes) for ``--seconds`` per run, each arm of ``--arms`` for each seed in turn (paired,
 interleaved): ``uniform``, ``temporal`` (the trainer's default ``--ist-step``) and ``temporal@N``
-(``--ist-step N``: 0 is IST throughout, a step past the run's last is ISG throughout).
+(``--ist-step N``: 0 is IST throughout, a step past the run's last is ISG throughout);
+``--side-by-side`` runs a seed's arms at the same time instead, each its own process of
+``--threads`` threads, so that every arm meets the same load on a shared machine.
 Every run logs quick test-PSNR checks every ``--progress-every-s`` training seconds over all the test
 views (``progress.jsonl``; the checks' time is not training time).
 
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -65,17 +66,18 @@ def video_store(args: argparse.Namespace) -> Path:
     return store
 
 
-def train_run(store: Path, out: Path, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One ``raykit train`` run of ``arm``; its progress checks and final test PSNR."""
+def train_command(store: Path, out: Path, arm: str, seed: int, args: argparse.Namespace) -> list[str]:
+    """The ``raykit train`` command line of one run of ``arm``."""
     mode, _, ist = arm.partition("@")
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "raykit", "train", str(store), "--out", str(out),
-           "--max-seconds", str(args.seconds), "--seed", str(seed), "--threads", str(args.threads),
-           "--ray-sampling", mode, *(["--ist-step", ist] if ist else []),
-           "--progress-every-s", str(args.progress_every_s), "--progress-images", "100000",
-           *args.train_flags.split()]  # fmt: skip
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL)
+    return [sys.executable, "-m", "raykit", "train", str(store), "--out", str(out),
+            "--max-seconds", str(args.seconds), "--seed", str(seed), "--threads", str(args.threads),
+            "--ray-sampling", mode, *(["--ist-step", ist] if ist else []),
+            "--progress-every-s", str(args.progress_every_s), "--progress-images", "100000",
+            *args.train_flags.split()]  # fmt: skip
+
+
+def run_record(out: Path, arm: str, seed: int, wall_s: float) -> dict[str, Any]:
+    """One finished run's progress checks and final test PSNR."""
     checks = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
     evaluated = json.loads((out / "eval.json").read_text())
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -86,9 +88,33 @@ def train_run(store: Path, out: Path, arm: str, seed: int, args: argparse.Namesp
         "steps": log[-1]["step"],
         "final_psnr": round(float(evaluated["splits"]["test"]["psnr"]), 3),
         "checks": [(round(c["elapsed_s"], 2), c["step"], round(c["psnr"], 3)) for c in checks],
-        "schedule": choice.get("schedule", mode),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "schedule": choice.get("schedule", arm.partition("@")[0]),
+        "wall_s": round(wall_s, 1),
     }
+
+
+def train_seed(store: Path, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every arm of one seed: one after the other, or all at once (``--side-by-side``: each arm its
+    own process of ``--threads`` threads, so the arms share whatever else loads the machine)."""
+    outs = {arm: Path(args.work) / f"run-{arm.replace('@', '-')}-s{seed}" for arm in args.arms}
+    for out in outs.values():
+        shutil.rmtree(out, ignore_errors=True)
+    commands = {arm: train_command(store, outs[arm], arm, seed, args) for arm in args.arms}
+    records = []
+    if args.side_by_side:
+        t0 = time.perf_counter()
+        procs = {arm: subprocess.Popen(cmd, stdout=subprocess.DEVNULL) for arm, cmd in commands.items()}
+        for arm, proc in procs.items():
+            if proc.wait() != 0:
+                raise subprocess.CalledProcessError(proc.returncode, commands[arm])
+        wall = time.perf_counter() - t0
+        records = [run_record(outs[arm], arm, seed, wall) for arm in args.arms]
+    else:
+        for arm, cmd in commands.items():
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            records.append(run_record(outs[arm], arm, seed, time.perf_counter() - t0))
+    return records
 
 
 def time_to_reach(checks: list[tuple[float, int, float]], target: float) -> tuple[float, int] | None:
@@ -135,6 +161,9 @@ def main() -> None:
                         help="uniform, temporal, temporal@N (--ist-step N)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--side-by-side", action="store_true", help="run a seed's arms at once, a process of --threads each"
+    )
     parser.add_argument("--train-flags", default="", help="more raykit train flags, one string")
     parser.add_argument("--work", default=str(ROOT / "data" / "time_sampling"))
     parser.add_argument("--out", default=str(ROOT / "results" / "time_sampling.json"))
@@ -145,10 +174,9 @@ def main() -> None:
     store = video_store(args)
     runs = []
     for seed in args.seeds:  # paired, interleaved: every arm of a seed before the next seed
-        for arm in args.arms:
-            out = Path(args.work) / f"run-{arm.replace('@', '-')}-s{seed}"
-            runs.append(train_run(store, out, arm, seed, args))
-            print(json.dumps({k: v for k, v in runs[-1].items() if k != "checks"}), flush=True)
+        for record in train_seed(store, seed, args):
+            runs.append(record)
+            print(json.dumps({k: v for k, v in record.items() if k != "checks"}), flush=True)
     report = {
         "command": command_line(),
         "machine": describe(args.threads),
@@ -156,6 +184,7 @@ def main() -> None:
         "seconds": args.seconds,
         "progress_every_s": args.progress_every_s,
         "train_flags": args.train_flags,
+        "side_by_side": args.side_by_side,
         "runs": runs,
         **summarise(runs, args.arms, args.seeds),
     }

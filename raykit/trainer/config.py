@@ -220,6 +220,12 @@ class TrainConfig:
         "planes (0: off)",
         valid=Range(0),
     )
+    time_lr_scale: float = _opt(
+        4.0,
+        "kplanes: the time planes' learning rate as a multiple of the schedule's (--lr decaying to "
+        "--lr-final)",
+        valid=_POSITIVE,
+    )
     occ_time_samples: int = _opt(
         1,
         "occupancy with kplanes: random times per cell at each grid refresh, the densest kept (with the "

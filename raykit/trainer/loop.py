@@ -102,8 +102,9 @@ def _train(run: Run) -> Path:
             else take_rays(batches, run.budget.rays, config.budget_granule)
         )
         clock.lap("data")
+        rate = learning_rate(config, state.step, elapsed)
         for group in run.optimizer.param_groups:
-            group["lr"] = learning_rate(config, state.step, elapsed)
+            group["lr"] = rate * group.get("lr_scale", 1.0)  # older checkpoints: one group, no scale
         if isinstance(grid, OccupancyGrid) and state.step % config.occ_update_every == 0:
             _refresh_grid(run, state.step)
         observe = functools.partial(run.loader.observe, batch) if config.ray_sampling == "loss" else None

@@ -122,12 +122,7 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
         field=field_,
         grid=grid,
         model=_training_model(config, field_, procs),
-        optimizer=torch.optim.Adam(
-            [*field_.parameters(), *(grid.parameters() if grid is not None else ())],
-            lr=config.lr,
-            eps=config.adam_eps,
-            fused=True,
-        ),
+        optimizer=torch.optim.Adam(_param_groups(config, field_, grid), eps=config.adam_eps, fused=True),
         loader=loader,
         jitter=torch.Generator(device).manual_seed(config.seed * 1_000_003 + procs.rank),
         refresh=torch.Generator(device).manual_seed(config.seed * 1_000_003 + 999_983),
@@ -158,6 +153,18 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
     )
 
 
+def _param_groups(config: TrainConfig, field_: RadianceField, grid: Any) -> list[dict[str, Any]]:
+    """Adam's parameter groups, each with its ``lr_scale`` of the schedule's rate (the loop sets
+    ``lr``): a kplanes field's time planes at ``--time-lr-scale``, everything else at 1."""
+    timed = set(map(id, getattr(field_, "time_planes", ())))
+    params = [*field_.parameters(), *(grid.parameters() if grid is not None else ())]
+    groups = [{"params": [p for p in params if id(p) not in timed], "lr": config.lr, "lr_scale": 1.0}]
+    if timed:
+        scale = config.time_lr_scale
+        groups.append({"params": list(field_.time_planes), "lr": config.lr * scale, "lr_scale": scale})
+    return groups
+
+
 def _time_choices(config: TrainConfig, time_range: tuple[float, float] | None) -> dict[str, Any]:
     """run.json's record of a kplanes field: its time range and resolution, and what each sampler
     does with time (:mod:`raykit.trainer.spacetime`)."""
@@ -173,6 +180,7 @@ def _time_choices(config: TrainConfig, time_range: tuple[float, float] | None) -
     return {
         "time_range": time_range,
         "time_resolution": config.time_resolution,
+        "time_lr_scale": config.time_lr_scale,
         "sampler_over_time": over_time,
     }
 

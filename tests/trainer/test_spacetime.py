@@ -176,6 +176,10 @@ def test_auto_picks_kplanes_on_a_dynamic_store_and_records_why(
     assert record["field"]["time_range"] == [0.0, 1.0] and "densest" in record["field"]["sampler_over_time"]
     state = _field_state(run)  # the time planes learned (gradients reached them) and were checkpointed
     assert any(not torch.equal(state[k], torch.ones_like(state[k])) for k in state if "time_planes" in k)
+    path = latest_checkpoint(run)  # the time planes step at --time-lr-scale times the schedule's rate
+    assert path is not None and record["field"]["time_lr_scale"] == config["time_lr_scale"] == 4.0
+    rest, timed = load_checkpoint(path)[1]["optimizer"]["param_groups"]
+    assert len(timed["params"]) == 2 and timed["lr"] == rest["lr"] * 4.0 and rest["lr_scale"] == 1.0
     assert json.loads((run / "eval.json").read_text())["splits"]["test"]["psnr"] > 0
 
     static = train(tiny_config(tiny_store, tmp_path / "static"))
