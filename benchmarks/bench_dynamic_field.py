@@ -16,10 +16,13 @@ training each, one after the other (the order rotating per seed, so all meet the
 ``static_bound_psnr`` is the most a static field can score on the test views (:func:`static_bound`):
 how much of the images the motion is.
 
-Every other flag is at its default (the same sampler and settings for all). Each run records the
-test PSNR (the protocol's, every test view), the steps and the seconds a step::
+Every other flag is at its default (the same sampler and settings for all) unless ``--set KEY=VALUE``
+gives a ``TrainConfig`` field for every run; ``--steps`` trains each run for a number of steps instead
+of ``--seconds`` (equal steps), ``--fields`` picks the fields. Each run records the test PSNR (the
+protocol's, every test view), the steps and the seconds a step::
 
     python benchmarks/bench_dynamic_field.py --seconds 60 --seeds 0,1
+    python benchmarks/bench_dynamic_field.py --steps 800 --fields kplanes --no-per-frame --set time_lr_scale=1
 
 Results go to ``benchmarks/results/dynamic_field.json`` (``--out``). ``--pieces`` times the pieces of
 a step instead (:func:`pieces`).
@@ -41,15 +44,13 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _one(
-    store: Path, out: Path, field: str, seconds: float, seed: int, threads: int | None
+    store: Path, out: Path, field: str, budget: dict[str, Any], seed: int, extra: dict[str, Any]
 ) -> dict[str, Any]:
+    """One training run of ``field`` for ``budget`` (``max_seconds`` or ``steps``), ``extra`` the other
+    ``TrainConfig`` fields (``--threads``, ``--set``)."""
     from raykit.trainer import TrainConfig, train
 
-    run = train(
-        TrainConfig(
-            store=str(store), out=str(out), field=field, max_seconds=seconds, seed=seed, threads=threads
-        )
-    )
+    run = train(TrainConfig(store=str(store), out=str(out), field=field, seed=seed, **budget, **extra))
     test = json.loads((run / "eval.json").read_text())["splits"]["test"]
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     steps, elapsed = log[-1]["step"], log[-1]["elapsed_s"]
@@ -73,24 +74,27 @@ def _frame_scene(scene: Any, frame: int) -> Any:
     )
 
 
-def _per_frame(scene: Any, work: Path, seconds: float, seed: int, threads: int | None) -> dict[str, Any]:
-    """``kplanes`` trained on each test frame alone for ``seconds / frames``; the mean over frames."""
+def _per_frame(
+    scene: Any, work: Path, budget: dict[str, Any], seed: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """``kplanes`` trained on each test frame alone for ``budget / frames``; the mean over frames."""
     from raykit.converters import convert
     from raykit.testing import write_dnerf
 
     frames = sorted({int(scene.frame_index[i]) for i, s in enumerate(scene.splits) if s == "test"})
-    share = seconds / len(set(scene.frame_index.tolist()))
+    times = len(set(scene.frame_index.tolist()))
+    share = {k: v / times if k == "max_seconds" else max(1, round(v / times)) for k, v in budget.items()}
     records = []
     for frame in frames:
         store = work / f"frame{frame}.zarr"
         if not store.exists():
             convert(write_dnerf(_frame_scene(scene, frame), work / f"frame{frame}"), store)
-        records.append(_one(store, work / f"per_frame-{seed}-{frame}", "kplanes", share, seed, threads))
+        records.append(_one(store, work / f"per_frame-{seed}-{frame}", "kplanes", share, seed, extra))
     return {
         "psnr": statistics.mean(r["psnr"] for r in records),
         "steps": sum(r["steps"] for r in records),
         "ms_per_step": statistics.mean(r["ms_per_step"] for r in records),
-        "seconds_per_frame": share,
+        "budget_per_frame": share,
         "frame_psnr": {str(f): r["psnr"] for f, r in zip(frames, records, strict=True)},
     }
 
@@ -106,6 +110,36 @@ def static_bound(scene: Any) -> float:
     images = np.stack([rgb_over_white(scene.images[i]).astype(np.float64) / 255 for i in test])
     mse = ((images - images.mean(axis=0)) ** 2).mean(axis=(1, 2, 3))
     return float(np.mean(-10 * np.log10(np.maximum(mse, 1e-10))))
+
+
+def error_split(scene: Any, run: Path) -> dict[str, float]:
+    """Where a run's test error is: the held-out camera's pixels that change over its frames (the
+    motion) against the rest. ``moving_share``: the moving pixels' part of the squared error;
+    ``psnr_static_pixels`` / ``psnr_moving_pixels``: the PSNR if the other part were exact (the mean
+    squared error over the test views, every pixel counted)."""
+    from PIL import Image
+
+    from raykit.testing.dynamic import rgb_over_white
+
+    held = int(scene.camera_index[next(i for i, s in enumerate(scene.splits) if s == "test")])
+    frames = np.stack([rgb_over_white(scene.images[i]) for i in np.flatnonzero(scene.camera_index == held)])
+    moving = (frames != frames[:1]).any(axis=(0, 3))
+    index = {name: i for i, name in enumerate(scene.names)}
+    images = json.loads((run / "eval.json").read_text())["splits"]["test"]["images"]
+    on_moving, on_static = [], []
+    for image in images:
+        truth = rgb_over_white(scene.images[index[image["name"].removesuffix(".png")]]).astype(np.float64)
+        render = np.asarray(Image.open(run / "renders" / "test" / image["file"]).convert("RGB"), np.float64)
+        squared = (((truth - render) / 255) ** 2).mean(axis=-1)
+        on_moving.append(squared[moving].sum() / squared.size)
+        on_static.append(squared[~moving].sum() / squared.size)
+    moving_mse, static_mse = float(np.mean(on_moving)), float(np.mean(on_static))
+    return {
+        "moving_pixels": float(moving.mean()),
+        "moving_share": moving_mse / (moving_mse + static_mse),
+        "psnr_static_pixels": float(-10 * np.log10(static_mse)),
+        "psnr_moving_pixels": float(-10 * np.log10(moving_mse)),
+    }
 
 
 def pieces(points: int = 33_000, repeats: int = 3) -> dict[str, float]:
@@ -181,7 +215,12 @@ def main() -> None:
     parser.add_argument("--moving", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--steps", type=int, default=None, help="train each run for this many steps instead")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--fields", default="static,kplanes", help="which of static, kplanes to train")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig field for every run"
+    )
     parser.add_argument("--no-per-frame", action="store_true")
     parser.add_argument("--pieces", action="store_true", help="time the pieces of a step instead (pieces())")
     parser.add_argument("--out", default=str(ROOT / "results" / "dynamic_field.json"))
@@ -201,14 +240,23 @@ def main() -> None:
     scene = render_dynamic(n_cameras=args.cameras, n_times=args.times, size=args.size, moving=args.moving)
     store = work / "store.zarr"
     convert(write_dnerf(scene, work / "cap"), store)
-    kinds = ["static", "kplanes"] + ([] if args.no_per_frame else ["per_frame"])
+    budget = {"max_seconds": args.seconds} if args.steps is None else {"steps": args.steps}
+    extra: dict[str, Any] = {"threads": args.threads}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[key] = value
+    kinds = args.fields.split(",") + ([] if args.no_per_frame else ["per_frame"])
     runs = []
     for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
         for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
             if kind == "per_frame":
-                result = _per_frame(scene, work, args.seconds, seed, args.threads)
+                result = _per_frame(scene, work, budget, seed, extra)
             else:
-                result = _one(store, work / f"{kind}-{seed}", kind, args.seconds, seed, args.threads)
+                result = _one(store, work / f"{kind}-{seed}", kind, budget, seed, extra)
+                result["error_split"] = error_split(scene, work / f"{kind}-{seed}")
             record = {"field": kind, "seed": seed, **result}
             print(json.dumps(record), flush=True)
             runs.append(record)
@@ -217,12 +265,14 @@ def main() -> None:
         "benchmark": "dynamic_field",
         "scene": {"cameras": args.cameras, "times": args.times, "size": args.size, "moving": args.moving},
         "static_bound_psnr": static_bound(scene),
-        "seconds": args.seconds,
+        **budget,
+        "settings": extra,
         "runs": runs,
         "mean_psnr": means,
-        "kplanes_minus_static_db": means["kplanes"] - means["static"],
     }
-    if "per_frame" in means:
+    if {"static", "kplanes"} <= means.keys():
+        report["kplanes_minus_static_db"] = means["kplanes"] - means["static"]
+    if {"kplanes", "per_frame"} <= means.keys():
         report["kplanes_minus_per_frame_db"] = means["kplanes"] - means["per_frame"]
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k not in ("runs", "scene", "benchmark")}))

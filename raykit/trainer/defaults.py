@@ -112,9 +112,9 @@ DEFAULT_REASONS: dict[str, str] = {
     "plane_tv_weight": "1e-4: K-Planes' plane_tv_weight in its D-NeRF configs",
     "time_smoothness_weight": "1e-3: K-Planes' time_smoothness_weight in its D-NeRF configs",
     "time_lr_scale": "4: on the built-in dynamic scene (16 cameras, 3 moving groups) at 800 equal steps, "
-    "test PSNR +1.9 dB over 1 (x10: +1.8 dB; K-Planes uses one rate): a time-plane texel spans a whole "
-    "line of space and gathers gradients of opposite signs, so Adam moves it less (BENCHMARKS.md issue 59, "
-    "fourth round)",
+    "test PSNR +1.6 and +1.9 dB over 1 on two seeds (x10: +1.8 dB; K-Planes uses one rate): a time-plane "
+    "texel is shared by a whole plane of space whose gradients disagree, so Adam moves it less "
+    "(BENCHMARKS.md issue 59, fourth round)",
     "occ_time_samples": "1: one random time per cell and refresh, the static field's cost (4 cost 4x a "
     "refresh); the grid's decaying maximum over refreshes covers time, so a cell that moving content "
     "passes through stays occupied (BENCHMARKS.md issue 59, second round)",
