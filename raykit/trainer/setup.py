@@ -156,12 +156,13 @@ def _build(config: TrainConfig, device: torch.device, procs: Processes) -> Run:
 def _param_groups(config: TrainConfig, field_: RadianceField, grid: Any) -> list[dict[str, Any]]:
     """Adam's parameter groups, each with its ``lr_scale`` of the schedule's rate (the loop sets
     ``lr``): a kplanes field's time planes at ``--time-lr-scale``, everything else at 1."""
-    timed = set(map(id, getattr(field_, "time_planes", ())))
+    time_planes: list[torch.nn.Parameter] = list(getattr(field_, "time_planes", ()))
+    timed = set(map(id, time_planes))
     params = [*field_.parameters(), *(grid.parameters() if grid is not None else ())]
     groups = [{"params": [p for p in params if id(p) not in timed], "lr": config.lr, "lr_scale": 1.0}]
-    if timed:
+    if time_planes:
         scale = config.time_lr_scale
-        groups.append({"params": list(field_.time_planes), "lr": config.lr * scale, "lr_scale": scale})
+        groups.append({"params": time_planes, "lr": config.lr * scale, "lr_scale": scale})
     return groups
 
 
