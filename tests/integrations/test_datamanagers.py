@@ -10,19 +10,27 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip(
-    "nerfstudio", reason="nerfstudio is not installed (the README's test command installs it)"
-)
-from nerfstudio.data.datamanagers.base_datamanager import VanillaDataManagerConfig
-from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
-from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
-from nerfstudio.model_components.ray_generators import RayGenerator
-
 from raykit.errors import ConfigError
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
-from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
-from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 from raykit.loaders import RayLoader
+
+
+@pytest.fixture(autouse=True)
+def _nerfstudio() -> None:
+    """nerfstudio's classes and raykit's datamanagers (which subclass them) for every test here, each
+    test skipping on its own when nerfstudio is missing (the README's test command installs it)."""
+    pytest.importorskip(
+        "nerfstudio", reason="nerfstudio is not installed (the README's test command installs it)"
+    )
+    global VanillaDataManagerConfig, FullImageDatamanagerConfig, BlenderDataParserConfig, RayGenerator
+    global RaykitDataParserConfig, RaykitImageDataManagerConfig, RaykitDataManagerConfig
+    from nerfstudio.data.datamanagers.base_datamanager import VanillaDataManagerConfig
+    from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+    from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
+    from nerfstudio.model_components.ray_generators import RayGenerator
+
+    from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+    from raykit.integrations.nerfstudio.image_datamanager import RaykitImageDataManagerConfig
+    from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
 
 
 def _shape(value: Any) -> Any:

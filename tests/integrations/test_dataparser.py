@@ -17,14 +17,21 @@ from raykit.store import open_store
 
 from .conftest import similarity
 
-ns_parsers = pytest.importorskip("nerfstudio.data.dataparsers.blender_dataparser")
-from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig  # noqa: E402
-from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig  # noqa: E402
-from nerfstudio.data.datasets.base_dataset import InputDataset  # noqa: E402
-from nerfstudio.model_components.ray_generators import RayGenerator  # noqa: E402
 
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig  # noqa: E402
-from raykit.integrations.nerfstudio.dataset import RaykitDataset  # noqa: E402
+@pytest.fixture(autouse=True)
+def _nerfstudio() -> None:
+    """nerfstudio's parsers and raykit's (which subclass them) for every test here, each test skipping
+    on its own when nerfstudio is missing (the README's test command installs it)."""
+    global ns_parsers, ColmapDataParserConfig, NerfstudioDataParserConfig, InputDataset, RayGenerator
+    global RaykitDataParserConfig, RaykitDataset
+    ns_parsers = pytest.importorskip("nerfstudio.data.dataparsers.blender_dataparser")
+    from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+    from nerfstudio.data.datasets.base_dataset import InputDataset
+    from nerfstudio.model_components.ray_generators import RayGenerator
+
+    from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+    from raykit.integrations.nerfstudio.dataset import RaykitDataset
 
 
 def _rays(outputs: Any, index: int) -> tuple[torch.Tensor, torch.Tensor]:

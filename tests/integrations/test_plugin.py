@@ -9,17 +9,27 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-pytest.importorskip("nerfstudio.plugins.registry_dataparser")
-from nerfstudio.plugins.registry_dataparser import DataParserSpecification, discover_dataparsers
-
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 from raykit.integrations.nerfstudio.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("nerfstudio.dataparser_configs", "nerfstudio.method_configs")
+
+
+def _registry() -> Any:
+    """nerfstudio's dataparser registry (the test skips without nerfstudio)."""
+    return pytest.importorskip("nerfstudio.plugins.registry_dataparser")
+
+
+def _parser_config() -> Any:
+    """raykit's dataparser config class (it subclasses nerfstudio's)."""
+    _registry()
+    from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+
+    return RaykitDataParserConfig
 
 
 def _declared() -> dict[str, dict[str, str]]:
@@ -37,8 +47,9 @@ def test_pyproject_declares_the_dataparser_and_both_methods() -> None:
 
 def test_dataparser_entry_point_loads_a_specification() -> None:
     value = _declared()["nerfstudio.dataparser_configs"]["raykit-data"]
+    registry, config_class = _registry(), _parser_config()
     spec = importlib.metadata.EntryPoint("raykit-data", value, GROUPS[0]).load()
-    assert isinstance(spec, DataParserSpecification) and isinstance(spec.config, RaykitDataParserConfig)
+    assert isinstance(spec, registry.DataParserSpecification) and isinstance(spec.config, config_class)
 
 
 def test_installed_metadata_registers_the_plugin() -> None:
@@ -53,8 +64,8 @@ def test_installed_metadata_registers_the_plugin() -> None:
         )
     for group, declared in _declared().items():
         assert {k: installed[group][k] for k in declared} == declared
-    configs, descriptions = discover_dataparsers()
-    assert isinstance(configs["raykit-data"], RaykitDataParserConfig) and descriptions["raykit-data"]
+    configs, descriptions = _registry().discover_dataparsers()
+    assert isinstance(configs["raykit-data"], _parser_config()) and descriptions["raykit-data"]
 
 
 def test_method_specs_copy_nerfacto_and_splatfacto_with_raykit_datamanagers() -> None:
@@ -62,6 +73,7 @@ def test_method_specs_copy_nerfacto_and_splatfacto_with_raykit_datamanagers() ->
     builds, or fails with an import error. The test command installs nerfstudio without its model
     dependencies (torchvision's C extension does not load beside the CPU torch), so there it fails;
     benchmarks/gpu_nerfstudio.sh trains both where a full nerfstudio is installed."""
+    _registry()
     from raykit.integrations.nerfstudio import methods
 
     try:
@@ -81,6 +93,7 @@ def test_method_specs_copy_nerfacto_and_splatfacto_with_raykit_datamanagers() ->
 
 
 def test_data_path_does_not_import_torchvision() -> None:
+    _registry()
     code = (
         "import sys\n"
         "import raykit.integrations.nerfstudio.dataparser, raykit.integrations.nerfstudio.ray_datamanager\n"
