@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -76,8 +77,6 @@ def test_a_moved_run_folder_is_rerun_where_it_is(
 def test_a_new_budget_retrains_but_does_not_convert(
     run_raykit: Any, tiny_scene: Path, finished_run: Path, tmp_path: Path
 ) -> None:
-    import shutil
-
     out = Path(shutil.copytree(finished_run, tmp_path / "out", symlinks=True))  # 24 steps a sampler
     first = records(out)
     done = run_raykit(tiny_scene, out, "--samplers=occupancy,stratified", "--steps=26")
