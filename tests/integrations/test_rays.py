@@ -8,19 +8,35 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("nerfstudio.cameras.cameras")
-from nerfstudio.cameras.cameras import Cameras, CameraType
-from nerfstudio.model_components.ray_generators import RayGenerator
 
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
-from raykit.integrations.nerfstudio.rays import (
-    TABLE_BYTES_PER_PIXEL,
-    TabulatedRayGenerator,
-    perspective_table,
-    reference_table,
-    table_bytes,
-    tabulated_or_stock,
-)
+@pytest.fixture(autouse=True)
+def _nerfstudio() -> None:
+    """nerfstudio's cameras and raykit's ray tables for every test here, each test skipping on its
+    own when nerfstudio is missing."""
+    global \
+        Cameras, \
+        CameraType, \
+        RayGenerator, \
+        RaykitDataParserConfig, \
+        TABLE_BYTES_PER_PIXEL, \
+        TabulatedRayGenerator, \
+        perspective_table, \
+        reference_table, \
+        table_bytes, \
+        tabulated_or_stock
+    pytest.importorskip("nerfstudio.cameras.cameras")
+    from nerfstudio.cameras.cameras import Cameras, CameraType
+    from nerfstudio.model_components.ray_generators import RayGenerator
+
+    from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
+    from raykit.integrations.nerfstudio.rays import (
+        TABLE_BYTES_PER_PIXEL,
+        TabulatedRayGenerator,
+        perspective_table,
+        reference_table,
+        table_bytes,
+        tabulated_or_stock,
+    )
 
 
 def _random_indices(cameras: Cameras, n: int, seed: int) -> torch.Tensor:

@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("nerfstudio")
-from raykit.integrations.nerfstudio.common import ServedPixels, float_colours, uint8_colours
+
+@pytest.fixture(autouse=True)
+def _nerfstudio() -> None:
+    """raykit's nerfstudio colour functions for every test here, each test skipping on its own when
+    nerfstudio is missing."""
+    global ServedPixels, float_colours, uint8_colours
+    pytest.importorskip("nerfstudio")
+    from raykit.integrations.nerfstudio.common import ServedPixels, float_colours, uint8_colours
 
 
 def _image(channels: int) -> np.ndarray:

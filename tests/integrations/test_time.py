@@ -12,12 +12,19 @@ import torch
 
 from raykit.integrations.gsplat import Dataset, Parser
 
-dnerf_parser = pytest.importorskip("nerfstudio.data.dataparsers.dnerf_dataparser")
-from nerfstudio.model_components.ray_generators import RayGenerator  # noqa: E402
 
-from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig  # noqa: E402
+@pytest.fixture
+def _nerfstudio() -> None:
+    """nerfstudio's D-NeRF parser and raykit's for the tests that compare with it, each skipping on
+    its own when nerfstudio is missing."""
+    global dnerf_parser, RayGenerator, RaykitDataParserConfig
+    dnerf_parser = pytest.importorskip("nerfstudio.data.dataparsers.dnerf_dataparser")
+    from nerfstudio.model_components.ray_generators import RayGenerator
+
+    from raykit.integrations.nerfstudio.dataparser import RaykitDataParserConfig
 
 
+@pytest.mark.usefixtures("_nerfstudio")
 @pytest.mark.parametrize("form", ["rays", "images_wds"])
 def test_cameras_times_match_nerfstudios_dnerf_parser(dnerf: dict[str, Any], form: str) -> None:
     theirs = dnerf_parser.DNeRFDataParserConfig(data=dnerf["capture"]).setup()
@@ -36,6 +43,7 @@ def test_cameras_times_match_nerfstudios_dnerf_parser(dnerf: dict[str, Any], for
         assert torch.equal(bundle.times[:, 0], mine.cameras.times[[1, 0], 0])
 
 
+@pytest.mark.usefixtures("_nerfstudio")
 def test_static_store_has_no_camera_times(tmp_path: Path) -> None:
     from raykit.converters import convert
 
@@ -58,6 +66,7 @@ def test_gsplat_items_carry_their_views_time(dnerf: dict[str, Any]) -> None:
     assert batch["time"].shape == (2,)
 
 
+@pytest.mark.usefixtures("_nerfstudio")
 def test_ray_datamanager_bundles_carry_times(dnerf: dict[str, Any]) -> None:
     """raykit's ray datamanager hands each ray its camera's time, as nerfstudio's ray generator does."""
     from raykit.integrations.nerfstudio.ray_datamanager import RaykitDataManagerConfig
