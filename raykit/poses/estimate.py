@@ -80,7 +80,9 @@ class PoseOptions:
         metavar="N",
         valid=Range(0, 1000, low_open=True),
     )
-    seed: int = option(0, "seed of the mapper's random sampling", valid=Range(0, integer=True), metavar="N")
+    seed: int = option(
+        0, "seed of the random sampling in matching and mapping", valid=Range(0, integer=True), metavar="N"
+    )
     undistort: bool = option(False, "also write undistorted images and a PINHOLE model in OUT/undistorted")
 
     def __post_init__(self) -> None:
@@ -232,10 +234,11 @@ def _matching_stage(
     auto_sequential = kind == "video" or looks_like_frames(names) or len(names) > SEQUENTIAL_ABOVE
     sequential = options.matcher == "sequential" or (options.matcher == "auto" and auto_sequential)
     matcher = "sequential" if sequential else "exhaustive"
-    if state.begin("matching", {"features": features_key, "matcher": matcher}):
+    if state.begin("matching", {"features": features_key, "matcher": matcher, "seed": options.seed}):
         start = time.perf_counter()
         database = state.out / "database.db"
-        sfm.match(database, sequential=sequential, threads=_threads(options), progress=state.progress)
+        threads, seed = _threads(options), options.seed
+        sfm.match(database, sequential=sequential, threads=threads, seed=seed, progress=state.progress)
         state.finish("matching", time.perf_counter() - start)
     return matcher
 

@@ -57,7 +57,9 @@ def quiet_pycolmap() -> Iterator[None]:
 
 @contextlib.contextmanager
 def database_counter(database: Path, what: str) -> Iterator[Callable[[], int | None]]:
-    """A poll function counting ``what`` (``images`` or ``matched_pairs``) in the feature database.
+    """A poll function counting ``what`` in the feature database (the database is created if missing).
+
+    ``what``: ``features`` (images whose keypoints are in) or ``matched_pairs``.
 
     The database is opened through pycolmap itself: a second SQLite library in the same process (the
     ``sqlite3`` module) must never touch a database that pycolmap is writing, since closing its file
@@ -65,7 +67,11 @@ def database_counter(database: Path, what: str) -> Iterator[Callable[[], int | N
     """
     pycolmap = import_pycolmap()
     db = pycolmap.Database.open(str(database))
-    method = db.num_images if what == "images" else db.num_matched_image_pairs
+
+    def with_features() -> int:
+        return sum(1 for image in db.read_all_images() if db.exists_keypoints(image.image_id))
+
+    method = with_features if what == "features" else db.num_matched_image_pairs
 
     def poll() -> int | None:
         try:
@@ -169,6 +175,11 @@ def extract(
     mode = pycolmap.CameraMode.SINGLE if single else pycolmap.CameraMode.PER_IMAGE
 
     def work(token: Any) -> None:
+        # The images (and their cameras) enter the database first, one after another in name order,
+        # so that their ids, and with them the matches and the model, are the same on every run:
+        # extraction's worker threads number new images in the order they finish. On a resumed
+        # extraction the images already in are kept as they are.
+        pycolmap.import_images(database, images, camera_mode=mode, image_names=list(names), options=reader)
         pycolmap.extract_features(
             database,
             images,
@@ -179,7 +190,7 @@ def extract(
             cancellation_token=token,
         )
 
-    with database_counter(database, "images") as poll:
+    with database_counter(database, "features") as poll:
         run_cancellable(work, desc="features", total=len(names), progress=progress, poll=poll)
 
 
@@ -193,18 +204,24 @@ def _pair_count(pycolmap: Any, database: Path, sequential: bool) -> int:
         db.close()
 
 
-def match(database: Path, *, sequential: bool, threads: int, progress: bool) -> None:
-    """Match features between image pairs (all pairs, or neighbours in name order) and verify them."""
+def match(database: Path, *, sequential: bool, threads: int, seed: int, progress: bool) -> None:
+    """Match features between image pairs (all pairs, or neighbours in name order) and verify them.
+
+    The verification's RANSAC draws from ``seed`` (pycolmap's default seeds each worker thread from
+    the clock, so two runs on the same photos verified different inliers).
+    """
     pycolmap = import_pycolmap()
     options = pycolmap.FeatureMatchingOptions()
     options.num_threads = threads
+    verification = pycolmap.TwoViewGeometryOptions()
+    verification.ransac.random_seed = seed
     total = _pair_count(pycolmap, database, sequential)
 
     def work(token: Any) -> None:
-        if sequential:
-            pycolmap.match_sequential(database, matching_options=options, cancellation_token=token)
-        else:
-            pycolmap.match_exhaustive(database, matching_options=options, cancellation_token=token)
+        matcher = pycolmap.match_sequential if sequential else pycolmap.match_exhaustive
+        matcher(
+            database, matching_options=options, verification_options=verification, cancellation_token=token
+        )
 
     with database_counter(database, "matched_pairs") as poll:
         run_cancellable(work, desc="matching", total=total, progress=progress, unit="pair", poll=poll)

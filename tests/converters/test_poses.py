@@ -82,6 +82,32 @@ def test_poses_match_the_true_poses_and_a_rerun_skips_every_stage(
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
 
 
+def test_the_same_photos_and_seed_give_the_same_model_and_another_seed_rematches(
+    shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path
+) -> None:
+    """Two threads extracting and verifying, twice: byte for byte the same database rows and model.
+
+    (pycolmap numbers photos as its extraction threads finish and seeds each verification thread
+    from the clock; raykit imports the photos in name order first and seeds the verification.)
+    """
+    folder, _, names = shoot
+    models, matches = [], []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        estimate_poses(folder, out, PoseOptions(threads=2))
+        models.append({p.name: p.read_bytes() for p in (out / "sparse" / "0").iterdir()})
+        with contextlib.closing(sqlite3.connect(f"file:{out / 'database.db'}?mode=ro", uri=True)) as con:
+            ids = [name for (name,) in con.execute("SELECT name FROM images ORDER BY image_id")]
+            query = "SELECT pair_id, config, data FROM two_view_geometries ORDER BY pair_id"
+            rows = con.execute(query).fetchall()
+        assert ids == names  # numbered in name order
+        matches.append(rows)
+    assert matches[0] == matches[1] and len(matches[0]) == N_VIEWS * (N_VIEWS - 1) // 2
+    assert models[0] == models[1]
+    summary = estimate_poses(folder, tmp_path / "a", PoseOptions(threads=2, seed=1))
+    assert set(summary.seconds) == {"matching", "mapping"} and summary.skipped == ("features",)
+
+
 def test_other_feature_options_need_restart_and_other_matcher_reruns_matching(
     shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path
 ) -> None:
@@ -109,23 +135,27 @@ def test_out_must_be_new_empty_or_made_by_raykit(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-def _images_in_database(database: Path) -> int:
-    """Rows of the images table, read while another process writes; 0 while absent or locked.
+def _features_in_database(database: Path) -> int:
+    """Photos whose keypoints are in, read while another process writes; 0 while absent or locked.
 
-    Only for a database that no pycolmap in this process has open (two SQLite libraries in one
-    process must not share a database file); in-process counts go through :func:`_count_images`.
+    (The photos themselves enter the database first, all at once: their keypoints mark the
+    extraction's progress.) Only for a database that no pycolmap in this process has open (two
+    SQLite libraries in one process must not share a database file); in-process counts go through
+    :func:`_count_features`.
     """
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.5)) as con:
-            return int(con.execute("SELECT count(*) FROM images").fetchone()[0])
+            return int(con.execute("SELECT count(*) FROM keypoints").fetchone()[0])
     except sqlite3.Error:
         return 0
 
 
-def _count_images(database: Path) -> int:
+def _count_features(database: Path) -> tuple[int, int]:
+    """(photos in the database, photos with their keypoints)."""
     db = pycolmap.Database.open(str(database))
     try:
-        return int(db.num_images())
+        images = db.read_all_images()
+        return len(images), sum(1 for image in images if db.exists_keypoints(image.image_id))
     finally:
         db.close()
 
@@ -146,12 +176,13 @@ def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint
     )
-    # The run holds still (SIGSTOP) while the test counts its images; once some but not all are in, the
-    # Ctrl-C is sent while it is stopped, so it lands in the extraction the test saw, whatever the load.
+    # The run holds still (SIGSTOP) while the test counts the photos with features; once some but not all
+    # have them, the Ctrl-C is sent while it is stopped, so it lands in the extraction the test saw,
+    # whatever the load.
     deadline, seen = time.monotonic() + 120, 0
     while proc.poll() is None and time.monotonic() < deadline:
         proc.send_signal(signal.SIGSTOP)
-        seen = _images_in_database(out / "database.db")
+        seen = _features_in_database(out / "database.db")
         if 0 < seen < N_VIEWS:
             proc.send_signal(signal.SIGINT)  # pending until the run continues
             proc.send_signal(signal.SIGCONT)
@@ -163,14 +194,14 @@ def test_ctrl_c_during_extraction_leaves_a_resumable_state(
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "raykit: interrupted" in err
-    interrupted_at = _count_images(out / "database.db")
-    assert 0 < interrupted_at < N_VIEWS
+    photos_in, interrupted_at = _count_features(out / "database.db")
+    assert photos_in == N_VIEWS and 0 < interrupted_at < N_VIEWS
     record = json.loads((out / "poses.json").read_text())
     assert record["stages"]["features"]["done"] is False and not (out / "sparse" / "0").exists()
 
     summary = estimate_poses(folder, out, PoseOptions(threads=2))
     assert "features" in summary.seconds and len(summary.registered) == N_VIEWS
-    assert _count_images(out / "database.db") == N_VIEWS  # resumed: no photo twice
+    assert _count_features(out / "database.db") == (N_VIEWS, N_VIEWS)  # resumed: no photo twice
     _assert_accurate(out / "sparse" / "0", photos.c2w, names)
 
 
