@@ -83,6 +83,11 @@ class PoseOptions:
     seed: int = option(
         0, "seed of the random sampling in matching and mapping", valid=Range(0, integer=True), metavar="N"
     )
+    brute_force_matching: bool = option(
+        False,
+        "match by exact brute force rather than pycolmap's FAISS index: the same matches on every run "
+        "(FAISS's differ in rare runs), about 25x slower",
+    )
     undistort: bool = option(False, "also write undistorted images and a PINHOLE model in OUT/undistorted")
 
     def __post_init__(self) -> None:
@@ -230,15 +235,32 @@ def _features_stage(state: PoseState, photos: Path, names: list[str], key: dict[
 def _matching_stage(
     state: PoseState, kind: str, names: list[str], features_key: dict[str, Any], options: PoseOptions
 ) -> str:
-    """Match (unless done with this matcher); return the matcher's name."""
+    """Match (unless done with this matcher and seed); return the matcher's name.
+
+    The database keeps what another matcher or seed did only where this run would have done the
+    same: raw matches are kept unless the matcher now pairs fewer photos (exhaustive, then
+    sequential) or brute force was switched, verifications only under the same seed. So a folder
+    rerun with other options holds the matches a new folder would.
+    """
     auto_sequential = kind == "video" or looks_like_frames(names) or len(names) > SEQUENTIAL_ABOVE
     sequential = options.matcher == "sequential" or (options.matcher == "auto" and auto_sequential)
     matcher = "sequential" if sequential else "exhaustive"
-    if state.begin("matching", {"features": features_key, "matcher": matcher, "seed": options.seed}):
+    brute_force = options.brute_force_matching
+    key = {"features": features_key, "matcher": matcher, "brute_force": brute_force, "seed": options.seed}
+    before = state.data["stages"].get("matching", {}).get("key")
+    if state.begin("matching", key):
         start = time.perf_counter()
         database = state.out / "database.db"
+        if isinstance(before, dict):  # an earlier matching run on these features (older keys lack fields)
+            fewer_pairs = before.get("matcher") == "exhaustive" and sequential
+            raw = fewer_pairs or before.get("brute_force", False) != brute_force
+            if raw or before.get("seed") != options.seed:
+                sfm.discard_matches(database, raw=raw)
         threads, seed = _threads(options), options.seed
-        sfm.match(database, sequential=sequential, threads=threads, seed=seed, progress=state.progress)
+        sfm.match(
+            database, sequential=sequential, brute_force=brute_force, threads=threads, seed=seed,
+            progress=state.progress,
+        )  # fmt: skip
         state.finish("matching", time.perf_counter() - start)
     return matcher
 

@@ -21,6 +21,7 @@ from raykit.progress import progress as progress_bar
 
 __all__ = [
     "database_counter",
+    "discard_matches",
     "extract",
     "import_pycolmap",
     "map_incremental",
@@ -81,6 +82,21 @@ def database_counter(database: Path, what: str) -> Iterator[Callable[[], int | N
 
     try:
         yield poll
+    finally:
+        db.close()
+
+
+def discard_matches(database: Path, *, raw: bool) -> None:
+    """Drop every pair's geometric verification, and with ``raw`` its raw matches too.
+
+    pycolmap's matchers skip a pair that already has both, and verify a pair that has only raw
+    matches; raw matches depend on the features alone, verification also on the seed.
+    """
+    db = import_pycolmap().Database.open(str(database))
+    try:
+        db.clear_two_view_geometries()
+        if raw:
+            db.clear_matches()
     finally:
         db.close()
 
@@ -204,15 +220,19 @@ def _pair_count(pycolmap: Any, database: Path, sequential: bool) -> int:
         db.close()
 
 
-def match(database: Path, *, sequential: bool, threads: int, seed: int, progress: bool) -> None:
+def match(
+    database: Path, *, sequential: bool, brute_force: bool, threads: int, seed: int, progress: bool
+) -> None:
     """Match features between image pairs (all pairs, or neighbours in name order) and verify them.
 
     The verification's RANSAC draws from ``seed`` (pycolmap's default seeds each worker thread from
-    the clock, so two runs on the same photos verified different inliers).
+    the clock, so two runs on the same photos verified different inliers). ``brute_force``: exact
+    nearest neighbours instead of pycolmap's FAISS index, whose matches differ in rare runs.
     """
     pycolmap = import_pycolmap()
     options = pycolmap.FeatureMatchingOptions()
     options.num_threads = threads
+    options.sift.cpu_brute_force_matcher = brute_force
     verification = pycolmap.TwoViewGeometryOptions()
     verification.ransac.random_seed = seed
     total = _pair_count(pycolmap, database, sequential)

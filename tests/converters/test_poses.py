@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pycolmap
@@ -28,7 +29,7 @@ from raykit.conventions import c2w_from_colmap
 from raykit.converters import convert
 from raykit.errors import ConfigError, ResumeError
 from raykit.poses.align import pose_errors
-from raykit.poses.estimate import PoseOptions, estimate_poses
+from raykit.poses.estimate import PoseOptions, PoseSummary, estimate_poses
 from raykit.store import open_store
 from raykit.testing.photos import ScenePhotos, render_photos
 
@@ -82,30 +83,46 @@ def test_poses_match_the_true_poses_and_a_rerun_skips_every_stage(
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
 
 
-def test_the_same_photos_and_seed_give_the_same_model_and_another_seed_rematches(
+def _outcome(out: Path) -> tuple[list[str], list[tuple[int, int, bytes]], dict[str, bytes]]:
+    """Image names in id order, every verified pair's row, and the model's files."""
+    with contextlib.closing(sqlite3.connect(f"file:{out / 'database.db'}?mode=ro", uri=True)) as con:
+        ids = [name for (name,) in con.execute("SELECT name FROM images ORDER BY image_id")]
+        pairs = con.execute(
+            "SELECT pair_id, config, data FROM two_view_geometries ORDER BY pair_id"
+        ).fetchall()
+    return ids, pairs, {p.name: p.read_bytes() for p in (out / "sparse" / "0").iterdir()}
+
+
+def test_the_same_photos_and_options_give_the_same_model_in_a_new_or_a_rerun_folder(
     shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path
 ) -> None:
-    """Two threads extracting and verifying, twice: byte for byte the same database rows and model.
+    """Two threads extracting, matching and verifying: byte for byte the same database rows and model.
 
     (pycolmap numbers photos as its extraction threads finish and seeds each verification thread
-    from the clock; raykit imports the photos in name order first and seeds the verification.)
+    from the clock; raykit imports the photos in name order first and seeds the verification.
+    pycolmap's FAISS matching differs in rare runs: brute force here.) A folder rerun with another
+    seed or a matcher that pairs fewer photos ends as a new folder would.
     """
     folder, _, names = shoot
-    models, matches = [], []
-    for run in ("a", "b"):
-        out = tmp_path / run
-        estimate_poses(folder, out, PoseOptions(threads=2))
-        models.append({p.name: p.read_bytes() for p in (out / "sparse" / "0").iterdir()})
-        with contextlib.closing(sqlite3.connect(f"file:{out / 'database.db'}?mode=ro", uri=True)) as con:
-            ids = [name for (name,) in con.execute("SELECT name FROM images ORDER BY image_id")]
-            query = "SELECT pair_id, config, data FROM two_view_geometries ORDER BY pair_id"
-            rows = con.execute(query).fetchall()
-        assert ids == names  # numbered in name order
-        matches.append(rows)
-    assert matches[0] == matches[1] and len(matches[0]) == N_VIEWS * (N_VIEWS - 1) // 2
-    assert models[0] == models[1]
-    summary = estimate_poses(folder, tmp_path / "a", PoseOptions(threads=2, seed=1))
+
+    def run(name: str, **options: Any) -> tuple[PoseSummary, tuple[Any, ...]]:
+        opts = PoseOptions(threads=2, brute_force_matching=True, **options)
+        return estimate_poses(folder, tmp_path / name, opts), _outcome(tmp_path / name)
+
+    _, first = run("a")
+    _, again = run("b")
+    assert first[0] == names  # numbered in name order
+    assert len(first[1]) == N_VIEWS * (N_VIEWS - 1) // 2 and again == first
+    summary, reseeded = run("a", seed=1)
     assert set(summary.seconds) == {"matching", "mapping"} and summary.skipped == ("features",)
+    assert reseeded[1] != first[1]  # verified again, under seed 1
+    fresh = run("c", seed=1)[1]
+    assert fresh[1] == reseeded[1] and fresh[2] == reseeded[2]
+    summary, fewer = run("b", matcher="sequential")
+    assert set(summary.seconds) == {"matching", "mapping"} and len(fewer[1]) < len(first[1])
+    fresh = run("d", matcher="sequential")[1]
+    assert fresh[1] == fewer[1]  # the same verified pairs
+    assert fresh[2] == fewer[2]  # the same model
 
 
 def test_other_feature_options_need_restart_and_other_matcher_reruns_matching(
@@ -113,13 +130,14 @@ def test_other_feature_options_need_restart_and_other_matcher_reruns_matching(
 ) -> None:
     folder, photos, names = shoot
     out = tmp_path / "out"
-    estimate_poses(folder, out, PoseOptions(threads=2, matcher="sequential"))
+    exact = {"threads": 2, "brute_force_matching": True}  # the same matches on every run
+    estimate_poses(folder, out, PoseOptions(matcher="sequential", **exact))
     with pytest.raises(ResumeError, match=r"max_features 8192 -> 2048.*--overwrite"):
-        estimate_poses(folder, out, PoseOptions(threads=2, max_features=2048))
+        estimate_poses(folder, out, PoseOptions(max_features=2048, **exact))
     assert (out / "sparse" / "0").is_dir()  # refused: nothing discarded
-    summary = estimate_poses(folder, out, PoseOptions(threads=2, matcher="exhaustive"))
+    summary = estimate_poses(folder, out, PoseOptions(matcher="exhaustive", **exact))
     assert set(summary.seconds) == {"matching", "mapping"} and summary.skipped == ("features",)
-    summary = estimate_poses(folder, out, PoseOptions(threads=2, max_features=2048), restart=True)
+    summary = estimate_poses(folder, out, PoseOptions(max_features=2048, **exact), restart=True)
     assert set(summary.seconds) == {"features", "matching", "mapping"}
     assert len(summary.registered) == N_VIEWS
     _assert_accurate(out / "sparse" / "0", photos.c2w, names)
