@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 _POLL_S = 0.2
+_IMPORT_SLICE = 32  # photos imported per pycolmap call (Ctrl-C is seen between calls)
 
 
 def import_pycolmap() -> Any:
@@ -194,8 +195,15 @@ def extract(
         # The images (and their cameras) enter the database first, one after another in name order,
         # so that their ids, and with them the matches and the model, are the same on every run:
         # extraction's worker threads number new images in the order they finish. On a resumed
-        # extraction the images already in are kept as they are.
-        pycolmap.import_images(database, images, camera_mode=mode, image_names=list(names), options=reader)
+        # extraction the images already in are kept as they are. The import reads every photo and
+        # takes no token: in slices, so that a Ctrl-C waits for one slice at most. Each slice starts
+        # with the previous one's last photo, already in: pycolmap takes the camera to share (one
+        # camera for all) from it, where a slice of new photos only would add a camera.
+        for start in range(0, len(names), _IMPORT_SLICE):
+            if token.is_cancelled:
+                return
+            part = list(names[max(start - 1, 0) : start + _IMPORT_SLICE])
+            pycolmap.import_images(database, images, camera_mode=mode, image_names=part, options=reader)
         pycolmap.extract_features(
             database,
             images,

@@ -28,6 +28,7 @@ from raykit.colmap_io import read_model
 from raykit.conventions import c2w_from_colmap
 from raykit.converters import convert
 from raykit.errors import ConfigError, ResumeError
+from raykit.poses import sfm
 from raykit.poses.align import pose_errors
 from raykit.poses.estimate import PoseOptions, PoseSummary, estimate_poses
 from raykit.store import open_store
@@ -81,6 +82,27 @@ def test_poses_match_the_true_poses_and_a_rerun_skips_every_stage(
     summary = estimate_poses(folder, out, PoseOptions(threads=2))
     assert summary.seconds == {} and summary.skipped == ("features", "matching", "mapping")
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_photos_enter_the_database_in_name_order_slice_by_slice_with_one_camera_when_shared(
+    shoot: tuple[Path, ScenePhotos, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, single: bool
+) -> None:
+    folder, _, names = shoot
+    monkeypatch.setattr(sfm, "_IMPORT_SLICE", 5)  # 24 photos: five slices
+    database = tmp_path / "database.db"
+    sfm.extract(
+        database, folder, names, camera_model="SIMPLE_RADIAL", single=single, max_image_size=3200,
+        max_features=8192, threads=2, progress=False,
+    )  # fmt: skip
+    db = pycolmap.Database.open(str(database))
+    try:
+        images = sorted(db.read_all_images(), key=lambda image: image.image_id)
+        assert [image.name for image in images] == names
+        assert all(db.exists_keypoints(image.image_id) for image in images)
+        assert db.num_cameras() == (1 if single else N_VIEWS) and db.num_frames() == N_VIEWS
+    finally:
+        db.close()
 
 
 def _outcome(out: Path) -> tuple[list[str], list[tuple[int, int, bytes]], dict[str, bytes]]:
