@@ -19,9 +19,6 @@ from raykit.loaders import RayLoader
 from raykit.store import open_store
 from raykit.store.write import upload_store
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto.server")
-
 _spec = importlib.util.spec_from_file_location("til", Path(__file__).with_name("test_images_layout.py"))
 assert _spec is not None and _spec.loader is not None
 _til = importlib.util.module_from_spec(_spec)
@@ -30,7 +27,12 @@ _spec.loader.exec_module(_til)
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:
-    """A moto S3 server on 127.0.0.1 with bucket ``raykit``; fsspec and worker processes point at it."""
+    """A moto S3 server on 127.0.0.1 with bucket ``raykit``; fsspec and worker processes point at it.
+
+    Skips the tests that use it when s3fs or moto's server is missing (both in the dev extra).
+    """
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
     import fsspec
     from moto.server import ThreadedMotoServer
 

@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
 pytestmark = pytest.mark.slow
+
+
+def _needs_mlflow() -> None:
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
 
 
 def _free_port() -> int:
@@ -27,6 +30,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    _needs_mlflow()
     root = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
@@ -88,6 +92,7 @@ def test_runs_and_the_sweep_are_logged_once(
 def test_an_unreachable_server_stops_before_any_run(
     local_sweep: tuple[Path, Path], sweep_cli: Any, tmp_path: Path
 ) -> None:
+    _needs_mlflow()
     spec, _ = local_sweep
     url = f"http://127.0.0.1:{_free_port()}"
     done = sweep_cli(spec, tmp_path / "out", "--tracking=mlflow", f"--tracking-uri={url}", check=False)
