@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pycolmap
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,8 +20,6 @@ from raykit.colmap_io import (
     write_model,
 )
 from raykit.errors import CameraError, SourceError
-
-pycolmap = pytest.importorskip("pycolmap")
 
 NAMES = ["a b/c d.png", "sub/dir/img 001.jpg", "x.png", "deep/er/Ünïcode name.PNG", "plain.jpg"]
 
