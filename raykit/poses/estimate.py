@@ -256,10 +256,9 @@ def _matching_stage(
             raw = fewer_pairs or before.get("brute_force", False) != brute_force
             if raw or before.get("seed") != options.seed:
                 sfm.discard_matches(database, raw=raw)
-        threads, seed = _threads(options), options.seed
         sfm.match(
-            database, sequential=sequential, brute_force=brute_force, threads=threads, seed=seed,
-            progress=state.progress,
+            database, sequential=sequential, brute_force=brute_force, threads=_threads(options),
+            seed=options.seed, progress=state.progress,
         )  # fmt: skip
         state.finish("matching", time.perf_counter() - start)
     return matcher

@@ -69,9 +69,15 @@ def database_counter(database: Path, what: str) -> Iterator[Callable[[], int | N
     """
     pycolmap = import_pycolmap()
     db = pycolmap.Database.open(str(database))
+    seen: list[int] = [-1]  # images in the database at the last read of their ids
+    waiting: list[int] = []  # the ids of those without keypoints at the last count (checked again only)
 
     def with_features() -> int:
-        return sum(1 for image in db.read_all_images() if db.exists_keypoints(image.image_id))
+        images = db.num_images()
+        if images != seen[0]:  # photos were imported since: read the ids again
+            seen[0], waiting[:] = images, [image.image_id for image in db.read_all_images()]
+        waiting[:] = [image_id for image_id in waiting if not db.exists_keypoints(image_id)]
+        return images - len(waiting)
 
     method = with_features if what == "features" else db.num_matched_image_pairs
 

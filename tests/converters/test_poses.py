@@ -103,6 +103,8 @@ def test_photos_enter_the_database_in_name_order_slice_by_slice_with_one_camera_
         assert db.num_cameras() == (1 if single else N_VIEWS) and db.num_frames() == N_VIEWS
     finally:
         db.close()
+    with sfm.database_counter(database, "features") as poll:  # the progress bar's count
+        assert poll() == N_VIEWS
 
 
 def _outcome(out: Path) -> tuple[list[str], list[tuple[int, int, bytes]], dict[str, bytes]]:
