@@ -85,8 +85,8 @@ class PoseOptions:
     )
     brute_force_matching: bool = option(
         False,
-        "match by exact brute force rather than pycolmap's FAISS index: the same matches on every run "
-        "(FAISS's differ in rare runs), about 25x slower",
+        "match by exact brute force rather than pycolmap's FAISS index: exact nearest neighbours, the "
+        "same on every run by construction, about 25x slower",
     )
     undistort: bool = option(False, "also write undistorted images and a PINHOLE model in OUT/undistorted")
 

@@ -241,7 +241,7 @@ def match(
 
     The verification's RANSAC draws from ``seed`` (pycolmap's default seeds each worker thread from
     the clock, so two runs on the same photos verified different inliers). ``brute_force``: exact
-    nearest neighbours instead of pycolmap's FAISS index, whose matches differ in rare runs.
+    nearest neighbours instead of pycolmap's FAISS index (see docs/poses.md, "Reproducible").
     """
     pycolmap = import_pycolmap()
     options = pycolmap.FeatureMatchingOptions()

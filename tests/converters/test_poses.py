@@ -124,8 +124,8 @@ def test_the_same_photos_and_options_give_the_same_model_in_a_new_or_a_rerun_fol
 
     (pycolmap numbers photos as its extraction threads finish and seeds each verification thread
     from the clock; raykit imports the photos in name order first and seeds the verification.
-    pycolmap's FAISS matching differs in rare runs: brute force here.) A folder rerun with another
-    seed or a matcher that pairs fewer photos ends as a new folder would.
+    Brute-force matching here: exact by construction, where FAISS's differed in a few stress runs.)
+    A folder rerun with another seed or a matcher that pairs fewer photos ends as a new folder would.
     """
     folder, _, names = shoot
 
@@ -154,7 +154,7 @@ def test_other_feature_options_need_restart_and_other_matcher_reruns_matching(
 ) -> None:
     folder, photos, names = shoot
     out = tmp_path / "out"
-    exact = {"threads": 2, "brute_force_matching": True}  # the same matches on every run
+    exact = {"threads": 2, "brute_force_matching": True}  # exact matches: the same on every run
     estimate_poses(folder, out, PoseOptions(matcher="sequential", **exact))
     with pytest.raises(ResumeError, match=r"max_features 8192 -> 2048.*--overwrite"):
         estimate_poses(folder, out, PoseOptions(max_features=2048, **exact))
